@@ -1,0 +1,171 @@
+//! General matrix multiply and the linear-layer products built on it.
+//!
+//! Matrices are row-major. Weights are stored `[out, in]` (the PyTorch layout, so checkpoints
+//! load there unchanged), which makes the forward product `x @ W^T`. The heavy lifting is
+//! `matrixmultiply`, whose blocked kernels give every output element to one thread with a fixed
+//! summation order: results do not depend on the thread count.
+
+/// `C = alpha * op(A) @ op(B) + beta * C` with `op(X) = X` or `X^T`; `op(A)` is `m x k`,
+/// `op(B)` is `k x n`, `C` is `m x n`. `beta = 0` ignores C's old contents.
+#[allow(clippy::too_many_arguments)]
+pub fn sgemm(
+    trans_a: bool,
+    trans_b: bool,
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    a: &[f32],
+    b: &[f32],
+    beta: f32,
+    c: &mut [f32],
+) {
+    assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n);
+    // Row/column strides of op(A) and op(B) as stored.
+    let (rsa, csa) = if trans_a { (1, m) } else { (k, 1) };
+    let (rsb, csb) = if trans_b { (1, k) } else { (n, 1) };
+    // SAFETY: the asserts above guarantee every index the strides reach is in bounds, and
+    // `c` does not alias `a` or `b` (distinct borrows).
+    unsafe {
+        matrixmultiply::sgemm(
+            m,
+            k,
+            n,
+            alpha,
+            a.as_ptr(),
+            rsa as isize,
+            csa as isize,
+            b.as_ptr(),
+            rsb as isize,
+            csb as isize,
+            beta,
+            c.as_mut_ptr(),
+            n as isize,
+            1,
+        );
+    }
+}
+
+/// `out[n, c_out] = inp[n, c_in] @ weight[c_out, c_in]^T + bias`.
+pub fn linear_forward(
+    out: &mut [f32],
+    inp: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    n: usize,
+    c_in: usize,
+    c_out: usize,
+) {
+    sgemm(false, true, n, c_out, c_in, 1.0, inp, weight, 0.0, out);
+    if let Some(bias) = bias {
+        for row in out.chunks_mut(c_out) {
+            row.iter_mut().zip(bias).for_each(|(o, b)| *o += b);
+        }
+    }
+}
+
+/// Backward of [`linear_forward`]: overwrites `dinp`, accumulates into `dweight` and `dbias`.
+#[allow(clippy::too_many_arguments)]
+pub fn linear_backward(
+    dinp: &mut [f32],
+    dweight: &mut [f32],
+    dbias: Option<&mut [f32]>,
+    dout: &[f32],
+    inp: &[f32],
+    weight: &[f32],
+    n: usize,
+    c_in: usize,
+    c_out: usize,
+) {
+    sgemm(false, false, n, c_in, c_out, 1.0, dout, weight, 0.0, dinp);
+    sgemm(true, false, c_out, c_in, n, 1.0, dout, inp, 1.0, dweight);
+    if let Some(dbias) = dbias {
+        for row in dout.chunks(c_out) {
+            dbias.iter_mut().zip(row).for_each(|(db, d)| *db += d);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::cpu::testutil::{assert_close, random};
+
+    fn naive(ta: bool, tb: bool, m: usize, n: usize, k: usize, a: &[f32], b: &[f32]) -> Vec<f32> {
+        let at = |i: usize, p: usize| if ta { a[p * m + i] } else { a[i * k + p] };
+        let bt = |p: usize, j: usize| if tb { b[j * k + p] } else { b[p * n + j] };
+        let mut c = vec![0.0f32; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                c[i * n + j] = (0..k)
+                    .map(|p| at(i, p) as f64 * bt(p, j) as f64)
+                    .sum::<f64>() as f32;
+            }
+        }
+        c
+    }
+
+    #[test]
+    fn all_transposes_match_naive() {
+        let (m, n, k) = (37, 29, 53);
+        for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+            let a = random(m * k, 1, 1.0);
+            let b = random(k * n, 2, 1.0);
+            let mut c = random(m * n, 3, 1.0);
+            let c0 = c.clone();
+            sgemm(ta, tb, m, n, k, 0.5, &a, &b, 2.0, &mut c);
+            let want: Vec<f32> = naive(ta, tb, m, n, k, &a, &b)
+                .iter()
+                .zip(&c0)
+                .map(|(p, c)| 0.5 * p + 2.0 * c)
+                .collect();
+            assert_close(&c, &want, 1e-5, &format!("sgemm ta={ta} tb={tb}"));
+        }
+    }
+
+    #[test]
+    fn linear_backward_matches_naive_products() {
+        let (n, ci, co) = (11, 7, 5);
+        let inp = random(n * ci, 4, 1.0);
+        let w = random(co * ci, 5, 1.0);
+        let bias = random(co, 6, 1.0);
+        let mut out = vec![9.0; n * co];
+        linear_forward(&mut out, &inp, &w, Some(&bias), n, ci, co);
+        let mut want = naive(false, true, n, co, ci, &inp, &w);
+        for (i, v) in want.iter_mut().enumerate() {
+            *v += bias[i % co];
+        }
+        assert_close(&out, &want, 1e-5, "linear forward");
+
+        let dout = random(n * co, 7, 1.0);
+        let mut dinp = vec![9.0; n * ci];
+        let mut dw = vec![1.0; co * ci];
+        let mut db = vec![1.0; co];
+        linear_backward(
+            &mut dinp,
+            &mut dw,
+            Some(&mut db),
+            &dout,
+            &inp,
+            &w,
+            n,
+            ci,
+            co,
+        );
+        assert_close(
+            &dinp,
+            &naive(false, false, n, ci, co, &dout, &w),
+            1e-5,
+            "dinp",
+        );
+        let dw_want: Vec<f32> = naive(true, false, co, ci, n, &dout, &inp)
+            .iter()
+            .map(|v| v + 1.0)
+            .collect();
+        assert_close(&dw, &dw_want, 1e-5, "dweight accumulates");
+        let db_want: Vec<f32> = (0..co)
+            .map(|j| 1.0 + (0..n).map(|i| dout[i * co + j]).sum::<f32>())
+            .collect();
+        assert_close(&db, &db_want, 1e-5, "dbias accumulates");
+    }
+}

@@ -1,0 +1,47 @@
+//! The engine: devices, dtypes, tensors, memory pools and the operations layers call.
+//!
+//! Layers never branch on the device. They call [`ops`], which looks at where the tensors live
+//! and runs the matching kernel (`cpu/` today, the CUDA backend behind the same functions).
+//! Every buffer comes from a [`pool::MemoryPool`] that keeps books, so out-of-memory is a typed
+//! error the trainer can act on, and planned memory can be checked against measured memory.
+
+pub mod cpu;
+pub mod device;
+pub mod dtype;
+pub mod ops;
+pub mod pool;
+pub mod rng;
+pub mod tensor;
+
+pub use device::Device;
+pub use dtype::DType;
+pub use pool::{MemoryPool, MemoryStats};
+pub use tensor::Tensor;
+
+use thiserror::Error;
+
+/// Failures of the engine that callers are expected to handle (not bugs).
+#[derive(Debug, Error)]
+pub enum EngineError {
+    #[error(
+        "out of memory on {device}: asked for {requested} bytes with {in_use} in use and a limit of {limit} bytes"
+    )]
+    OutOfMemory {
+        device: Device,
+        requested: usize,
+        in_use: usize,
+        limit: usize,
+    },
+    #[error("shape mismatch in {op}: {detail}")]
+    Shape { op: &'static str, detail: String },
+    #[error("{op} needs all tensors on one device, got {a} and {b}")]
+    DeviceMismatch {
+        op: &'static str,
+        a: Device,
+        b: Device,
+    },
+    #[error("device '{0}' is not available: {1}")]
+    Unavailable(String, String),
+}
+
+pub type Result<T> = std::result::Result<T, EngineError>;

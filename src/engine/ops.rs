@@ -1,0 +1,367 @@
+//! Device dispatch: the one place that decides which kernel runs for which device.
+//!
+//! Every function checks that its tensors share a device, allocates its outputs from that
+//! device's pool (so out-of-memory surfaces here as a typed error) and calls the kernel.
+//! Layers call these and stay device-agnostic.
+
+use super::cpu;
+use super::cpu::adamw::AdamWStep;
+use super::cpu::attention::AttnShape;
+use super::{DType, Device, EngineError, Result, Tensor};
+
+/// The common device of `ts`, or an error naming the op.
+fn device_of(op: &'static str, ts: &[&Tensor]) -> Result<Device> {
+    let d = ts[0].device();
+    for t in &ts[1..] {
+        if t.device() != d {
+            return Err(EngineError::DeviceMismatch {
+                op,
+                a: d,
+                b: t.device(),
+            });
+        }
+    }
+    match d {
+        Device::Cpu => Ok(d),
+        Device::Cuda(_) => Err(EngineError::Unavailable(
+            d.to_string(),
+            format!("no CUDA kernel for {op} in this build"),
+        )),
+    }
+}
+
+fn expect_len(op: &'static str, what: &str, t: &Tensor, len: usize) -> Result<()> {
+    if t.len() == len {
+        Ok(())
+    } else {
+        Err(EngineError::Shape {
+            op,
+            detail: format!("{what} has shape {:?}, expected {len} elements", t.shape()),
+        })
+    }
+}
+
+fn rows_cols(op: &'static str, t: &Tensor) -> Result<(usize, usize)> {
+    match t.shape() {
+        [.., c] if *c > 0 => Ok((t.len() / c, *c)),
+        s => Err(EngineError::Shape {
+            op,
+            detail: format!("expected a non-empty last dimension, got {s:?}"),
+        }),
+    }
+}
+
+/// `x[.., c_in] @ w[c_out, c_in]^T + b` -> `[.., c_out]`.
+pub fn linear_forward(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+    device_of("linear", &[x, w])?;
+    let (n, c_in) = rows_cols("linear", x)?;
+    let c_out = w.shape()[0];
+    expect_len("linear", "weight", w, c_out * c_in)?;
+    if let Some(b) = b {
+        expect_len("linear", "bias", b, c_out)?;
+    }
+    let mut shape = x.shape().to_vec();
+    *shape.last_mut().expect("rows_cols checked rank") = c_out;
+    let mut out = Tensor::zeros(x.pool(), &shape, DType::F32)?;
+    cpu::gemm::linear_forward(
+        out.host_mut(),
+        x.host(),
+        w.host(),
+        b.map(|b| b.host()),
+        n,
+        c_in,
+        c_out,
+    );
+    Ok(out)
+}
+
+/// Returns `dx`; accumulates into `dw` and `db`.
+pub fn linear_backward(
+    dout: &Tensor,
+    x: &Tensor,
+    w: &Tensor,
+    dw: &mut Tensor,
+    db: Option<&mut Tensor>,
+) -> Result<Tensor> {
+    device_of("linear_backward", &[dout, x, w, dw])?;
+    let (n, c_in) = rows_cols("linear_backward", x)?;
+    let c_out = w.shape()[0];
+    expect_len("linear_backward", "dout", dout, n * c_out)?;
+    let mut dx = Tensor::zeros(x.pool(), x.shape(), DType::F32)?;
+    cpu::gemm::linear_backward(
+        dx.host_mut(),
+        dw.host_mut(),
+        db.map(|b| b.host_mut()),
+        dout.host(),
+        x.host(),
+        w.host(),
+        n,
+        c_in,
+        c_out,
+    );
+    Ok(dx)
+}
+
+/// What a layernorm forward saves for its backward.
+pub struct NormStats {
+    pub mean: Tensor,
+    pub rstd: Tensor,
+}
+
+fn norm_stats(x: &Tensor, n: usize) -> Result<NormStats> {
+    Ok(NormStats {
+        mean: Tensor::zeros(x.pool(), &[n], DType::F32)?,
+        rstd: Tensor::zeros(x.pool(), &[n], DType::F32)?,
+    })
+}
+
+pub fn layernorm_forward(x: &Tensor, gamma: &Tensor, beta: &Tensor) -> Result<(Tensor, NormStats)> {
+    device_of("layernorm", &[x, gamma, beta])?;
+    let (n, c) = rows_cols("layernorm", x)?;
+    expect_len("layernorm", "gamma", gamma, c)?;
+    let mut out = Tensor::zeros(x.pool(), x.shape(), DType::F32)?;
+    let mut st = norm_stats(x, n)?;
+    cpu::layernorm::layernorm_forward(
+        out.host_mut(),
+        st.mean.host_mut(),
+        st.rstd.host_mut(),
+        x.host(),
+        gamma.host(),
+        beta.host(),
+        c,
+    );
+    Ok((out, st))
+}
+
+/// `sum = x + delta`, `out = layernorm(sum)`: returns `(sum, out, stats)`.
+pub fn residual_layernorm_forward(
+    x: &Tensor,
+    delta: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+) -> Result<(Tensor, Tensor, NormStats)> {
+    device_of("residual_layernorm", &[x, delta, gamma, beta])?;
+    let (n, c) = rows_cols("residual_layernorm", x)?;
+    expect_len("residual_layernorm", "delta", delta, n * c)?;
+    let mut sum = Tensor::zeros(x.pool(), x.shape(), DType::F32)?;
+    let mut out = Tensor::zeros(x.pool(), x.shape(), DType::F32)?;
+    let mut st = norm_stats(x, n)?;
+    cpu::layernorm::residual_layernorm_forward(
+        sum.host_mut(),
+        out.host_mut(),
+        st.mean.host_mut(),
+        st.rstd.host_mut(),
+        x.host(),
+        delta.host(),
+        gamma.host(),
+        beta.host(),
+        c,
+    );
+    Ok((sum, out, st))
+}
+
+/// Accumulates the input gradient into `dx` (the residual stream's gradient) and the
+/// parameter gradients into `dgamma`, `dbeta`.
+pub fn layernorm_backward(
+    dx: &mut Tensor,
+    dgamma: &mut Tensor,
+    dbeta: &mut Tensor,
+    dout: &Tensor,
+    x: &Tensor,
+    gamma: &Tensor,
+    st: &NormStats,
+) -> Result<()> {
+    device_of("layernorm_backward", &[dx, dgamma, dbeta, dout, x, gamma])?;
+    let (_, c) = rows_cols("layernorm_backward", x)?;
+    expect_len("layernorm_backward", "dout", dout, x.len())?;
+    cpu::layernorm::layernorm_backward(
+        dx.host_mut(),
+        dgamma.host_mut(),
+        dbeta.host_mut(),
+        dout.host(),
+        x.host(),
+        gamma.host(),
+        st.mean.host(),
+        st.rstd.host(),
+        c,
+    );
+    Ok(())
+}
+
+pub fn gelu_forward(x: &Tensor) -> Result<Tensor> {
+    device_of("gelu", &[x])?;
+    let mut out = Tensor::zeros(x.pool(), x.shape(), DType::F32)?;
+    cpu::gelu::gelu_forward(out.host_mut(), x.host());
+    Ok(out)
+}
+
+pub fn gelu_backward(x: &Tensor, dout: &Tensor) -> Result<Tensor> {
+    device_of("gelu_backward", &[x, dout])?;
+    expect_len("gelu_backward", "dout", dout, x.len())?;
+    let mut dx = Tensor::zeros(x.pool(), x.shape(), DType::F32)?;
+    cpu::gelu::gelu_backward(dx.host_mut(), x.host(), dout.host());
+    Ok(dx)
+}
+
+/// Causal attention over fused `qkv[B, T, 3C]`: returns `out[B, T, C]` and what the backward
+/// needs (the probabilities on the CPU).
+pub fn attention_forward(qkv: &Tensor, s: AttnShape) -> Result<(Tensor, Tensor)> {
+    device_of("attention", &[qkv])?;
+    expect_len("attention", "qkv", qkv, s.batch * s.seq * 3 * s.channels)?;
+    let mut out = Tensor::zeros(qkv.pool(), &[s.batch, s.seq, s.channels], DType::F32)?;
+    let mut probs = Tensor::zeros(qkv.pool(), &[s.batch, s.heads, s.seq, s.seq], DType::F32)?;
+    cpu::attention::attention_forward(out.host_mut(), probs.host_mut(), qkv.host(), s);
+    Ok((out, probs))
+}
+
+pub fn attention_backward(
+    dout: &Tensor,
+    qkv: &Tensor,
+    probs: &Tensor,
+    s: AttnShape,
+) -> Result<Tensor> {
+    device_of("attention_backward", &[dout, qkv, probs])?;
+    let mut dqkv = Tensor::zeros(qkv.pool(), qkv.shape(), DType::F32)?;
+    cpu::attention::attention_backward(dqkv.host_mut(), dout.host(), qkv.host(), probs.host(), s);
+    Ok(dqkv)
+}
+
+fn check_targets(op: &'static str, logits: &Tensor, targets: &[u32]) -> Result<(usize, usize)> {
+    let (n, v) = rows_cols(op, logits)?;
+    if targets.len() != n {
+        return Err(EngineError::Shape {
+            op,
+            detail: format!("{} targets for {n} rows", targets.len()),
+        });
+    }
+    if let Some(&t) = targets.iter().find(|&&t| t as usize >= v) {
+        return Err(EngineError::Shape {
+            op,
+            detail: format!("target id {t} outside the vocabulary of {v}"),
+        });
+    }
+    Ok((n, v))
+}
+
+/// Per-row cross-entropy losses of `logits[N, V]`.
+pub fn cross_entropy(logits: &Tensor, targets: &[u32]) -> Result<Vec<f32>> {
+    device_of("cross_entropy", &[logits])?;
+    let (n, v) = check_targets("cross_entropy", logits, targets)?;
+    let mut losses = vec![0.0; n];
+    cpu::cross_entropy::cross_entropy_forward(&mut losses, logits.host(), targets, v);
+    Ok(losses)
+}
+
+/// Per-row losses; `logits` becomes the gradient of `grad_scale * sum(losses)`.
+pub fn cross_entropy_fused(
+    logits: &mut Tensor,
+    targets: &[u32],
+    grad_scale: f32,
+) -> Result<Vec<f32>> {
+    device_of("cross_entropy_fused", &[logits])?;
+    let (n, v) = check_targets("cross_entropy_fused", logits, targets)?;
+    let mut losses = vec![0.0; n];
+    cpu::cross_entropy::cross_entropy_fused(&mut losses, logits.host_mut(), targets, v, grad_scale);
+    Ok(losses)
+}
+
+/// `wte[tokens] + wpe[position]` -> `[B, T, C]`.
+pub fn embedding_forward(
+    tokens: &[u32],
+    batch: usize,
+    seq: usize,
+    wte: &Tensor,
+    wpe: &Tensor,
+) -> Result<Tensor> {
+    device_of("embedding", &[wte, wpe])?;
+    let (vocab, c) = rows_cols("embedding", wte)?;
+    if tokens.len() != batch * seq || wpe.len() < seq * c {
+        return Err(EngineError::Shape {
+            op: "embedding",
+            detail: format!(
+                "{} tokens for batch {batch} x seq {seq} (positions available: {})",
+                tokens.len(),
+                wpe.len() / c
+            ),
+        });
+    }
+    if let Some(&t) = tokens.iter().find(|&&t| t as usize >= vocab) {
+        return Err(EngineError::Shape {
+            op: "embedding",
+            detail: format!("token id {t} outside the vocabulary of {vocab}"),
+        });
+    }
+    let mut out = Tensor::zeros(wte.pool(), &[batch, seq, c], DType::F32)?;
+    cpu::embedding::embedding_forward(out.host_mut(), tokens, wte.host(), wpe.host(), seq, c);
+    Ok(out)
+}
+
+pub fn embedding_backward(
+    dwte: &mut Tensor,
+    dwpe: &mut Tensor,
+    dout: &Tensor,
+    tokens: &[u32],
+    seq: usize,
+) -> Result<()> {
+    device_of("embedding_backward", &[dwte, dwpe, dout])?;
+    let (_, c) = rows_cols("embedding_backward", dwte)?;
+    cpu::embedding::embedding_backward(
+        dwte.host_mut(),
+        dwpe.host_mut(),
+        dout.host(),
+        tokens,
+        seq,
+        c,
+    );
+    Ok(())
+}
+
+/// Sum of squares in f64 (for the global gradient norm and the inf/NaN check: a non-finite
+/// element makes the sum non-finite).
+pub fn sum_squares(t: &Tensor) -> Result<f64> {
+    device_of("sum_squares", &[t])?;
+    Ok(t.host().iter().map(|&x| x as f64 * x as f64).sum())
+}
+
+/// Multiplies every element in place (loss scaling of the output gradient, tests).
+pub fn scale_in_place(t: &mut Tensor, s: f32) -> Result<()> {
+    device_of("scale", &[t])?;
+    t.host_mut().iter_mut().for_each(|x| *x *= s);
+    Ok(())
+}
+
+/// Rounds every element to `dtype` in place (emulating a narrower activation on the CPU).
+pub fn round_in_place(t: &mut Tensor, dtype: DType) -> Result<()> {
+    device_of("round", &[t])?;
+    dtype.round_slice(t.host_mut());
+    Ok(())
+}
+
+/// One fused AdamW step over a parameter; see [`cpu::adamw`].
+pub fn adamw_update(
+    param: &mut Tensor,
+    grad: &Tensor,
+    m: &mut Tensor,
+    v: &mut Tensor,
+    compute: Option<&mut Tensor>,
+    h: AdamWStep,
+) -> Result<()> {
+    device_of("adamw", &[param, grad, m, v])?;
+    let n = param.len();
+    for (what, t) in [("grad", grad), ("m", &*m), ("v", &*v)] {
+        expect_len("adamw", what, t, n)?;
+    }
+    let compute = compute.map(|c| {
+        let dtype = c.dtype();
+        (c.host_mut(), dtype)
+    });
+    cpu::adamw::adamw_update(
+        param.host_mut(),
+        grad.host(),
+        m.host_mut(),
+        v.host_mut(),
+        compute,
+        h,
+    );
+    Ok(())
+}

@@ -1,0 +1,125 @@
+//! Memory pools that keep books.
+//!
+//! Each device has one pool. It counts the bytes in use now, the peak since the last reset and
+//! the bytes reserved from the system, and it can be given a limit. An allocation over the limit
+//! is refused with [`EngineError::OutOfMemory`] before any memory is touched, which is how
+//! out-of-memory handling is provoked and tested on a machine with plenty of RAM.
+//!
+//! The CPU pool hands out fresh vectors and returns them to the allocator on drop, so its
+//! reserved bytes equal its bytes in use.
+
+use super::{Device, EngineError, Result};
+use serde::Serialize;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// A snapshot of a pool's books.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct MemoryStats {
+    pub current: usize,
+    pub peak: usize,
+    pub reserved: usize,
+    /// 0 means no limit.
+    pub limit: usize,
+}
+
+#[derive(Debug)]
+pub struct MemoryPool {
+    device: Device,
+    current: AtomicUsize,
+    peak: AtomicUsize,
+    limit: AtomicUsize,
+}
+
+impl MemoryPool {
+    pub fn new(device: Device) -> Arc<Self> {
+        Arc::new(MemoryPool {
+            device,
+            current: AtomicUsize::new(0),
+            peak: AtomicUsize::new(0),
+            limit: AtomicUsize::new(0),
+        })
+    }
+
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// Sets the limit in bytes (0 removes it). Memory already in use is not affected.
+    pub fn set_limit(&self, bytes: usize) {
+        self.limit.store(bytes, Ordering::SeqCst);
+    }
+
+    /// Books `bytes` as in use, or refuses if that would cross the limit.
+    pub fn reserve(&self, bytes: usize) -> Result<()> {
+        let limit = self.limit.load(Ordering::SeqCst);
+        let mut cur = self.current.load(Ordering::SeqCst);
+        loop {
+            let next = cur.saturating_add(bytes);
+            if limit != 0 && next > limit {
+                return Err(EngineError::OutOfMemory {
+                    device: self.device,
+                    requested: bytes,
+                    in_use: cur,
+                    limit,
+                });
+            }
+            match self
+                .current
+                .compare_exchange(cur, next, Ordering::SeqCst, Ordering::SeqCst)
+            {
+                Ok(_) => {
+                    self.peak.fetch_max(next, Ordering::SeqCst);
+                    return Ok(());
+                }
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    pub fn release(&self, bytes: usize) {
+        self.current.fetch_sub(bytes, Ordering::SeqCst);
+    }
+
+    /// Starts a new peak measurement from the current usage.
+    pub fn reset_peak(&self) {
+        self.peak
+            .store(self.current.load(Ordering::SeqCst), Ordering::SeqCst);
+    }
+
+    pub fn stats(&self) -> MemoryStats {
+        let current = self.current.load(Ordering::SeqCst);
+        MemoryStats {
+            current,
+            peak: self.peak.load(Ordering::SeqCst),
+            reserved: current,
+            limit: self.limit.load(Ordering::SeqCst),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn books_balance_and_the_limit_refuses() {
+        let pool = MemoryPool::new(Device::Cpu);
+        pool.reserve(100).unwrap();
+        pool.reserve(50).unwrap();
+        pool.release(100);
+        let s = pool.stats();
+        assert_eq!((s.current, s.peak), (50, 150));
+        pool.set_limit(120);
+        match pool.reserve(80) {
+            Err(EngineError::OutOfMemory {
+                requested, in_use, ..
+            }) => assert_eq!((requested, in_use), (80, 50)),
+            other => panic!("expected OOM, got {other:?}"),
+        }
+        assert_eq!(pool.stats().current, 50, "a refused request books nothing");
+        pool.reserve(70).unwrap();
+        pool.reset_peak();
+        assert_eq!(pool.stats().peak, 120);
+    }
+}

@@ -1,0 +1,9 @@
+//! kiln: a hardware-aware training engine.
+//!
+//! The library is layered; a module uses only the ones listed after it:
+//! `cli` (one file per subcommand) -> `train` (the step, precision, checkpoints, metrics) ->
+//! `models` (GPT) -> `nn` (layers with explicit backward and cost) -> `optim` ->
+//! `data` (corpus, tokenizers, batches) -> `config` -> `engine` (devices, tensors, pools,
+//! kernels).
+
+pub mod engine;
