@@ -6,4 +6,8 @@
 //! `data` (corpus, tokenizers, batches) -> `config` -> `engine` (devices, tensors, pools,
 //! kernels).
 
+pub mod config;
+pub mod data;
 pub mod engine;
+pub mod models;
+pub mod nn;

@@ -1,0 +1,588 @@
+//! Layered run configuration for kiln.
+//!
+//! A run's settings come from three layers, each overriding the one before:
+//! built-in defaults, then an optional TOML file (`--config FILE`), then
+//! `KEY=VALUE` overrides on dotted keys such as `train.steps=50`. The file
+//! holds the settings a user wants to keep and share; overrides are for the
+//! one-off tweak on the command line, so they win. Every value remembers
+//! which layer set it, so `--print-config` can show why a run used what it
+//! used.
+//!
+//! Layers are merged as flat maps from dotted key to TOML value rather than
+//! as typed structs. That way a layer only has to mention the keys it
+//! changes, every key can be checked against the known set (with a
+//! "did you mean" hint) before anything is decoded, and type errors can name
+//! the key and the layer that supplied the bad value.
+
+mod error;
+mod validate;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use toml::{Table, Value};
+
+pub use error::ConfigError;
+
+/// The full configuration of a training run.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Model architecture.
+    pub model: ModelConfig,
+    /// Corpus, tokenizer and data loading.
+    pub data: DataConfig,
+    /// Device, precision, batch shape, schedule of evals and checkpoints.
+    pub train: TrainConfig,
+    /// Optimizer (AdamW) and learning-rate schedule.
+    pub optim: OptimConfig,
+}
+
+// `default` on the sections lets a config saved by an older build, which
+// lacks keys added since, still load; resolution itself always supplies
+// every key.
+
+/// `[model]`: the network's shape.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelConfig {
+    /// Model family; only "gpt" exists so far.
+    pub kind: String,
+    /// Width of the residual stream (embedding size).
+    pub d_model: usize,
+    /// Number of transformer blocks.
+    pub n_layers: usize,
+    /// Attention heads per block; must divide `d_model`.
+    pub n_heads: usize,
+    /// Longest sequence the model can attend over (size of the position table).
+    pub context: usize,
+    /// Share the token embedding matrix with the output head.
+    pub tied_head: bool,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        Self {
+            kind: "gpt".into(),
+            d_model: 128,
+            n_layers: 4,
+            n_heads: 4,
+            context: 128,
+            tied_head: true,
+        }
+    }
+}
+
+/// `[data]`: what to train on and how to feed it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataConfig {
+    /// Path of a text corpus; empty means the bundled Shakespeare corpus.
+    pub corpus: String,
+    /// Tokenizer: "byte" (256 raw bytes) or "gpt2" (BPE).
+    pub tokenizer: String,
+    /// Fraction of the corpus held out for validation, in (0, 0.5).
+    pub val_fraction: f64,
+    /// Batches prepared ahead of the training loop.
+    pub prefetch: usize,
+}
+
+impl Default for DataConfig {
+    fn default() -> Self {
+        Self {
+            corpus: String::new(),
+            tokenizer: "byte".into(),
+            val_fraction: 0.05,
+            prefetch: 4,
+        }
+    }
+}
+
+/// `[train]`: where and how the training loop runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainConfig {
+    /// "auto" (GPU if present), "cpu", "cuda" or "cuda:N" for GPU number N.
+    pub device: String,
+    /// Numeric precision: "fp32", "tf32", "bf16-mixed" or "fp16-mixed".
+    pub precision: String,
+    /// Tokens per training sequence; at most `model.context`.
+    pub seq_len: usize,
+    /// Sequences per forward/backward pass.
+    pub micro_batch: usize,
+    /// Micro-batches accumulated into one optimizer step.
+    pub grad_accum: usize,
+    /// Number of optimizer steps to run.
+    pub steps: usize,
+    /// Seed for weight init and data order; same seed, same run.
+    pub seed: u64,
+    /// Evaluate every this many steps; 0 evaluates only at the end.
+    pub eval_every: usize,
+    /// Validation batches averaged per evaluation.
+    pub eval_batches: usize,
+    /// Save a checkpoint every this many steps; 0 saves only at the end.
+    pub checkpoint_every: usize,
+    /// Print training metrics every this many steps.
+    pub log_every: usize,
+    /// Starting loss scale for fp16-mixed; a power of two.
+    pub loss_scale_init: f64,
+    /// Overflow-free steps before the fp16 loss scale doubles.
+    pub loss_scale_growth_interval: usize,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            device: "auto".into(),
+            precision: "fp32".into(),
+            seq_len: 128,
+            micro_batch: 16,
+            grad_accum: 1,
+            steps: 300,
+            seed: 1337,
+            eval_every: 100,
+            eval_batches: 16,
+            checkpoint_every: 100,
+            log_every: 10,
+            loss_scale_init: 65536.0,
+            loss_scale_growth_interval: 2000,
+        }
+    }
+}
+
+/// `[optim]`: AdamW and the warmup + cosine learning-rate schedule.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OptimConfig {
+    /// Peak learning rate, reached after warmup.
+    pub lr: f64,
+    /// Learning rate at the end of the cosine decay.
+    pub min_lr: f64,
+    /// Steps of linear warmup from 0 to `lr`.
+    pub warmup_steps: usize,
+    /// Decoupled (AdamW) weight decay.
+    pub weight_decay: f64,
+    /// Adam first-moment decay.
+    pub beta1: f64,
+    /// Adam second-moment decay.
+    pub beta2: f64,
+    /// Adam denominator epsilon, for numerical stability.
+    pub eps: f64,
+    /// Clip the global gradient norm to this; 0 disables clipping.
+    pub grad_clip: f64,
+}
+
+impl Default for OptimConfig {
+    fn default() -> Self {
+        Self {
+            lr: 3e-3,
+            min_lr: 3e-4,
+            warmup_steps: 20,
+            weight_decay: 0.1,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            grad_clip: 1.0,
+        }
+    }
+}
+
+/// Every key with its `--help` text, in the order the sections and fields
+/// are declared. A test checks this list against the structs so the two
+/// cannot drift apart.
+const KEYS: &[(&str, &str)] = &[
+    ("model.kind", "model family (only \"gpt\")"),
+    ("model.d_model", "embedding width"),
+    ("model.n_layers", "number of transformer blocks"),
+    ("model.n_heads", "attention heads; must divide d_model"),
+    ("model.context", "max sequence length the model supports"),
+    ("model.tied_head", "share embedding and output weights"),
+    (
+        "data.corpus",
+        "text file to train on; empty = bundled Shakespeare",
+    ),
+    ("data.tokenizer", "\"byte\" or \"gpt2\""),
+    (
+        "data.val_fraction",
+        "share of corpus held out for validation",
+    ),
+    ("data.prefetch", "batches prepared ahead of time"),
+    ("train.device", "\"auto\", \"cpu\", \"cuda\" or \"cuda:N\""),
+    (
+        "train.precision",
+        "\"fp32\", \"tf32\", \"bf16-mixed\" or \"fp16-mixed\"",
+    ),
+    ("train.seq_len", "tokens per sequence; <= model.context"),
+    ("train.micro_batch", "sequences per forward/backward pass"),
+    ("train.grad_accum", "micro-batches per optimizer step"),
+    ("train.steps", "optimizer steps to run"),
+    ("train.seed", "random seed"),
+    (
+        "train.eval_every",
+        "steps between evals; 0 = only at the end",
+    ),
+    ("train.eval_batches", "batches per eval"),
+    (
+        "train.checkpoint_every",
+        "steps between checkpoints; 0 = only at the end",
+    ),
+    ("train.log_every", "steps between log lines"),
+    (
+        "train.loss_scale_init",
+        "initial fp16 loss scale (power of two)",
+    ),
+    (
+        "train.loss_scale_growth_interval",
+        "clean steps before the fp16 loss scale doubles",
+    ),
+    ("optim.lr", "peak learning rate"),
+    ("optim.min_lr", "final learning rate after cosine decay"),
+    ("optim.warmup_steps", "linear warmup steps"),
+    ("optim.weight_decay", "AdamW weight decay"),
+    ("optim.beta1", "Adam beta1"),
+    ("optim.beta2", "Adam beta2"),
+    ("optim.eps", "Adam epsilon"),
+    ("optim.grad_clip", "max gradient norm; 0 disables clipping"),
+];
+
+/// Every dotted key, in section and field order.
+pub fn all_keys() -> Vec<&'static str> {
+    KEYS.iter().map(|(k, _)| *k).collect()
+}
+
+/// Short description of a dotted key, for `--help` text.
+pub fn key_help(key: &str) -> Option<&'static str> {
+    KEYS.iter().find(|(k, _)| *k == key).map(|(_, h)| *h)
+}
+
+/// Which layer set a value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Source {
+    /// The built-in default.
+    Default,
+    /// The `--config` file at this path.
+    File(PathBuf),
+    /// A `KEY=VALUE` override.
+    Override,
+}
+
+/// A validated configuration plus the layer each key's value came from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResolvedConfig {
+    pub config: Config,
+    /// Dotted key -> the layer that set it; has an entry for every key.
+    pub sources: BTreeMap<String, Source>,
+}
+
+/// The flat working form of a config while layers are merged.
+type Flat = BTreeMap<String, Value>;
+
+impl ResolvedConfig {
+    /// Applies defaults, then the file (if any), then the overrides ("key=value" strings), then validates.
+    pub fn resolve(file: Option<&Path>, overrides: &[String]) -> Result<Self, ConfigError> {
+        let mut values = default_flat()?;
+        let mut sources: BTreeMap<String, Source> = values
+            .keys()
+            .map(|k| (k.clone(), Source::Default))
+            .collect();
+
+        if let Some(path) = file {
+            let origin = Source::File(path.to_path_buf());
+            let text = std::fs::read_to_string(path).map_err(|e| ConfigError::ReadFile {
+                path: path.to_path_buf(),
+                reason: e.to_string(),
+            })?;
+            let table: Table =
+                text.parse()
+                    .map_err(|e: toml::de::Error| ConfigError::ParseFile {
+                        path: path.to_path_buf(),
+                        reason: e.to_string().trim_end().to_string(),
+                    })?;
+            let mut entries = Vec::new();
+            flatten_file(&table, "", &origin, &values, &mut entries)?;
+            for (key, value) in entries {
+                set(&mut values, &mut sources, key, value, &origin)?;
+            }
+        }
+
+        for arg in overrides {
+            let (key, value) = parse_override(arg, &values)?;
+            set(&mut values, &mut sources, key, value, &Source::Override)?;
+        }
+
+        let config = decode(&values)?;
+        config.validate()?;
+        Ok(Self { config, sources })
+    }
+
+    /// One line per key, in section order: `train.micro_batch = 16    # default` (aligned columns), for --print-config.
+    pub fn render(&self) -> String {
+        let values = match flatten_config(&self.config) {
+            Ok(v) => v,
+            // Serializing plain structs of numbers, strings and bools
+            // cannot fail; print something rather than panic if it ever did.
+            Err(e) => return format!("# {e}\n"),
+        };
+        let rows: Vec<(&str, String, String)> = KEYS
+            .iter()
+            .map(|(key, _)| {
+                let value = values.get(*key).map(Value::to_string).unwrap_or_default();
+                let source = self
+                    .sources
+                    .get(*key)
+                    .map(Source::to_string)
+                    .unwrap_or_else(|| Source::Default.to_string());
+                (*key, value, source)
+            })
+            .collect();
+        let key_w = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
+        let val_w = rows.iter().map(|r| r.1.len()).max().unwrap_or(0);
+        let mut out = String::new();
+        for (key, value, source) in rows {
+            let _ = writeln!(out, "{key:<key_w$} = {value:<val_w$}  # {source}");
+        }
+        out
+    }
+
+    /// The resolved config as a TOML document (all keys), which `resolve(Some(file), &[])` reads back to an equal Config.
+    pub fn to_toml(&self) -> String {
+        let values = match flatten_config(&self.config) {
+            Ok(v) => v,
+            Err(e) => return format!("# {e}\n"),
+        };
+        let mut out = String::from("# kiln run configuration\n");
+        let mut section = "";
+        for (key, help) in KEYS {
+            let Some((sec, field)) = key.split_once('.') else {
+                continue;
+            };
+            if sec != section {
+                let _ = write!(out, "\n[{sec}]\n");
+                section = sec;
+            }
+            if let Some(value) = values.get(*key) {
+                let _ = writeln!(out, "# {help}\n{field} = {value}");
+            }
+        }
+        out
+    }
+}
+
+/// Flattens a config into dotted keys, e.g. `train.steps -> 300`.
+fn flatten_config(config: &Config) -> Result<Flat, ConfigError> {
+    let table = Table::try_from(config).map_err(|e| ConfigError::Decode {
+        reason: e.to_string(),
+    })?;
+    let mut flat = Flat::new();
+    for (section, inner) in &table {
+        if let Value::Table(fields) = inner {
+            for (field, value) in fields {
+                flat.insert(format!("{section}.{field}"), value.clone());
+            }
+        }
+    }
+    Ok(flat)
+}
+
+fn default_flat() -> Result<Flat, ConfigError> {
+    flatten_config(&Config::default())
+}
+
+fn static_key(key: &str) -> Option<&'static str> {
+    KEYS.iter().map(|(k, _)| *k).find(|k| *k == key)
+}
+
+fn is_section(name: &str) -> bool {
+    KEYS.iter()
+        .any(|(k, _)| k.split_once('.').is_some_and(|(s, _)| s == name))
+}
+
+fn example_key_in(section: &str) -> String {
+    KEYS.iter()
+        .find_map(|(k, _)| {
+            k.split_once('.')
+                .filter(|(s, _)| *s == section)
+                .map(|_| k.to_string())
+        })
+        .unwrap_or_default()
+}
+
+fn section_as_value(section: &str, origin: &Source, defaults: &Flat) -> ConfigError {
+    let key = example_key_in(section);
+    let value = defaults.get(&key).map(Value::to_string).unwrap_or_default();
+    ConfigError::SectionAsValue {
+        section: section.to_string(),
+        origin: origin.clone(),
+        example: format!("{key}={value}"),
+    }
+}
+
+fn value_as_section(key: &str, origin: &Source, defaults: &Flat) -> ConfigError {
+    ConfigError::ValueAsSection {
+        key: key.to_string(),
+        origin: origin.clone(),
+        example: defaults.get(key).map(Value::to_string).unwrap_or_default(),
+    }
+}
+
+fn unknown_key(key: &str, origin: &Source) -> ConfigError {
+    ConfigError::UnknownKey {
+        key: key.to_string(),
+        origin: origin.clone(),
+        hint: error::unknown_key_hint(key, &all_keys()),
+    }
+}
+
+/// Walks a parsed file into `(dotted key, value)` pairs, rejecting keys that
+/// do not exist and tables/values in each other's places.
+fn flatten_file(
+    table: &Table,
+    prefix: &str,
+    origin: &Source,
+    known: &Flat,
+    out: &mut Vec<(String, Value)>,
+) -> Result<(), ConfigError> {
+    for (name, value) in table {
+        let key = if prefix.is_empty() {
+            name.clone()
+        } else {
+            format!("{prefix}.{name}")
+        };
+        match value {
+            Value::Table(inner) => {
+                if known.contains_key(&key) {
+                    return Err(value_as_section(&key, origin, known));
+                }
+                // An empty unknown table has no leaf to complain about, so
+                // report it here rather than silently accept a typo'd section.
+                if inner.is_empty() && !is_section(&key) {
+                    return Err(unknown_key(&key, origin));
+                }
+                flatten_file(inner, &key, origin, known, out)?;
+            }
+            _ if is_section(&key) => return Err(section_as_value(&key, origin, known)),
+            _ => {
+                if !known.contains_key(&key) {
+                    return Err(unknown_key(&key, origin));
+                }
+                out.push((key, value.clone()));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Splits `KEY=VALUE`, checks the key, and reads VALUE as a TOML literal,
+/// falling back to a bare string so paths and names need no quoting.
+fn parse_override(arg: &str, known: &Flat) -> Result<(String, Value), ConfigError> {
+    let syntax = || ConfigError::OverrideSyntax {
+        arg: arg.to_string(),
+    };
+    let (key, raw) = arg.split_once('=').ok_or_else(syntax)?;
+    let (key, raw) = (key.trim(), raw.trim());
+    if key.is_empty() {
+        return Err(syntax());
+    }
+    let origin = Source::Override;
+    if is_section(key) {
+        return Err(section_as_value(key, &origin, known));
+    }
+    if !known.contains_key(key) {
+        // `train.steps.x=1` should say steps is a value, not "unknown key".
+        let mut prefix = key;
+        while let Some((head, _)) = prefix.rsplit_once('.') {
+            if known.contains_key(head) {
+                return Err(value_as_section(head, &origin, known));
+            }
+            prefix = head;
+        }
+        return Err(unknown_key(key, &origin));
+    }
+    let expects_string = matches!(known.get(key), Some(Value::String(_)));
+    let value = match raw.parse::<Value>() {
+        Ok(Value::String(s)) => Value::String(s),
+        // For string keys any text is a valid value, so something that
+        // happens to look like another type (`data.corpus=2024-01-01`,
+        // `train.device=inf`) is still taken as the text it is.
+        Ok(_) if expects_string => Value::String(raw.to_string()),
+        Ok(v) => v,
+        Err(_) => Value::String(raw.to_string()),
+    };
+    Ok((key.to_string(), value))
+}
+
+fn type_name(value: &Value) -> &'static str {
+    match value {
+        Value::String(_) => "string",
+        Value::Integer(_) => "integer",
+        Value::Float(_) => "float",
+        Value::Boolean(_) => "boolean",
+        Value::Datetime(_) => "datetime",
+        Value::Array(_) => "array",
+        Value::Table(_) => "table",
+    }
+}
+
+/// Stores `value` under `key` after checking it has the type the key's
+/// default has. Integers are widened for float keys, since writing `lr = 1`
+/// for `1.0` is an easy and harmless slip.
+fn set(
+    values: &mut Flat,
+    sources: &mut BTreeMap<String, Source>,
+    key: String,
+    value: Value,
+    origin: &Source,
+) -> Result<(), ConfigError> {
+    let (Some(default), Some(static_key)) = (values.get(&key), static_key(&key)) else {
+        return Err(unknown_key(&key, origin));
+    };
+    let wrong = |expected: &'static str| ConfigError::WrongType {
+        key: static_key,
+        expected,
+        got: value.to_string(),
+        got_type: type_name(&value),
+        origin: origin.clone(),
+        example: default.to_string(),
+    };
+    let checked = match (default, &value) {
+        (Value::Integer(_), Value::Integer(i)) if *i >= 0 => value.clone(),
+        (Value::Integer(_), _) => return Err(wrong("a non-negative integer")),
+        (Value::Float(_), Value::Float(_)) => value.clone(),
+        (Value::Float(_), Value::Integer(i)) => Value::Float(*i as f64),
+        (Value::Float(_), _) => return Err(wrong("a number")),
+        (Value::Boolean(_), Value::Boolean(_)) => value.clone(),
+        (Value::Boolean(_), _) => return Err(wrong("true or false")),
+        (Value::String(_), Value::String(_)) => value.clone(),
+        (Value::String(_), _) => return Err(wrong("a string")),
+        _ => return Err(wrong("a scalar value")),
+    };
+    values.insert(key.clone(), checked);
+    sources.insert(key, origin.clone());
+    Ok(())
+}
+
+/// Rebuilds the nested table from the flat map and decodes it.
+fn decode(values: &Flat) -> Result<Config, ConfigError> {
+    let mut root = Table::new();
+    for (key, value) in values {
+        let Some((section, field)) = key.split_once('.') else {
+            continue;
+        };
+        let entry = root
+            .entry(section.to_string())
+            .or_insert_with(|| Value::Table(Table::new()));
+        if let Value::Table(t) = entry {
+            t.insert(field.to_string(), value.clone());
+        }
+    }
+    Value::Table(root)
+        .try_into()
+        .map_err(|e: toml::de::Error| ConfigError::Decode {
+            reason: e.to_string(),
+        })
+}

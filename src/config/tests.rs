@@ -1,0 +1,543 @@
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::error::edit_distance;
+use super::*;
+
+/// A file under the temp dir, removed on drop, named uniquely per process
+/// and per call so parallel tests never collide.
+struct TempFile(PathBuf);
+
+impl TempFile {
+    fn new(contents: &str) -> Self {
+        static COUNTER: AtomicUsize = AtomicUsize::new(0);
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let path =
+            std::env::temp_dir().join(format!("kiln_config_test_{}_{n}.toml", std::process::id()));
+        std::fs::write(&path, contents).expect("write temp config");
+        Self(path)
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn ov(items: &[&str]) -> Vec<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}
+
+fn resolve_err(file: Option<&Path>, overrides: &[&str]) -> String {
+    match ResolvedConfig::resolve(file, &ov(overrides)) {
+        Ok(r) => panic!("expected an error, got {:?}", r.config),
+        Err(e) => e.to_string(),
+    }
+}
+
+fn override_err(overrides: &[&str]) -> String {
+    resolve_err(None, overrides)
+}
+
+/// Validates the defaults with one tweak and returns the error message.
+fn validate_err(tweak: impl FnOnce(&mut Config)) -> String {
+    let mut c = Config::default();
+    tweak(&mut c);
+    match c.validate() {
+        Ok(()) => panic!("expected validation to fail for {c:?}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn defaults_resolve_and_validate() {
+    let r = ResolvedConfig::resolve(None, &[]).expect("defaults resolve");
+    assert_eq!(r.config, Config::default());
+    Config::default().validate().expect("defaults validate");
+    assert_eq!(r.config.train.micro_batch, 16);
+    assert_eq!(r.config.optim.lr, 3e-3);
+    assert_eq!(r.config.train.loss_scale_init, 65536.0);
+    assert_eq!(r.sources.len(), all_keys().len());
+    assert!(r.sources.values().all(|s| *s == Source::Default));
+}
+
+#[test]
+fn key_table_matches_structs() {
+    let from_structs: Vec<String> = flatten_config(&Config::default())
+        .expect("flatten")
+        .into_keys()
+        .collect();
+    let mut listed: Vec<String> = all_keys().iter().map(|k| k.to_string()).collect();
+    assert_eq!(listed.len(), 31);
+    listed.sort();
+    assert_eq!(listed, from_structs);
+    assert_eq!(all_keys()[0], "model.kind");
+    assert_eq!(all_keys().last(), Some(&"optim.grad_clip"));
+    for key in all_keys() {
+        let help = key_help(key).expect("every key has help");
+        assert!(!help.is_empty() && help.len() <= 60, "{key}: {help}");
+    }
+    assert_eq!(key_help("train.nope"), None);
+}
+
+#[test]
+fn file_then_override_precedence_and_sources() {
+    let f = TempFile::new(
+        "[train]\nsteps = 50\nmicro_batch = 8\n\n[optim]\nlr = 1e-3\n\n[model]\ntied_head = false\n",
+    );
+    let r = ResolvedConfig::resolve(
+        Some(f.path()),
+        &ov(&["train.steps=70", "data.tokenizer=gpt2"]),
+    )
+    .expect("resolves");
+    let file_src = Source::File(f.path().to_path_buf());
+
+    assert_eq!(r.config.train.steps, 70);
+    assert_eq!(r.sources["train.steps"], Source::Override);
+    assert_eq!(r.config.train.micro_batch, 8);
+    assert_eq!(r.sources["train.micro_batch"], file_src);
+    assert_eq!(r.config.optim.lr, 1e-3);
+    assert_eq!(r.sources["optim.lr"], file_src);
+    assert!(!r.config.model.tied_head);
+    assert_eq!(r.config.data.tokenizer, "gpt2");
+    assert_eq!(r.sources["data.tokenizer"], Source::Override);
+    assert_eq!(r.config.train.seq_len, 128);
+    assert_eq!(r.sources["train.seq_len"], Source::Default);
+
+    let rendered = r.render();
+    let line = rendered
+        .lines()
+        .find(|l| l.starts_with("train.steps "))
+        .expect("steps line");
+    assert!(
+        line.contains("= 70") && line.ends_with("# override"),
+        "{line}"
+    );
+    let line = rendered
+        .lines()
+        .find(|l| l.starts_with("train.micro_batch "))
+        .expect("micro_batch line");
+    assert!(
+        line.ends_with(&format!("# {}", f.path().display())),
+        "{line}"
+    );
+}
+
+#[test]
+fn later_override_wins() {
+    let r = ResolvedConfig::resolve(None, &ov(&["train.steps=5", "train.steps=9"])).expect("ok");
+    assert_eq!(r.config.train.steps, 9);
+}
+
+#[test]
+fn render_is_aligned_and_in_key_order() {
+    let r = ResolvedConfig::resolve(None, &[]).expect("ok");
+    let text = r.render();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), all_keys().len());
+    for (line, key) in lines.iter().zip(all_keys()) {
+        assert!(line.starts_with(key), "{line} should start with {key}");
+        assert!(line.ends_with("# default"), "{line}");
+    }
+    let eq_cols: Vec<usize> = lines.iter().filter_map(|l| l.find(" = ")).collect();
+    let hash_cols: Vec<usize> = lines.iter().filter_map(|l| l.find("  # ")).collect();
+    assert_eq!(eq_cols.len(), lines.len());
+    assert!(eq_cols.windows(2).all(|w| w[0] == w[1]), "{text}");
+    assert!(hash_cols.windows(2).all(|w| w[0] == w[1]), "{text}");
+    assert!(text.contains("train.micro_batch"));
+    assert!(text.contains("\"gpt\""), "strings are shown quoted: {text}");
+}
+
+#[test]
+fn unknown_key_in_override_suggests() {
+    let msg = override_err(&["train.micro_bach=3"]);
+    assert!(
+        msg.contains("unknown config key 'train.micro_bach'"),
+        "{msg}"
+    );
+    assert!(msg.contains("did you mean 'train.micro_batch'?"), "{msg}");
+    assert!(msg.contains("override"), "{msg}");
+}
+
+#[test]
+fn unknown_key_in_file_suggests_and_names_file() {
+    let f = TempFile::new("[model]\ndmodel = 64\n");
+    let msg = resolve_err(Some(f.path()), &[]);
+    assert!(msg.contains("'model.dmodel'"), "{msg}");
+    assert!(msg.contains("did you mean 'model.d_model'"), "{msg}");
+    assert!(msg.contains(&f.path().display().to_string()), "{msg}");
+}
+
+#[test]
+fn unknown_section_in_file_suggests() {
+    let f = TempFile::new("[modle]\nd_model = 64\n");
+    let msg = resolve_err(Some(f.path()), &[]);
+    assert!(msg.contains("did you mean 'model.d_model'"), "{msg}");
+}
+
+#[test]
+fn field_in_wrong_section_is_suggested() {
+    let msg = override_err(&["train.lr=0.1"]);
+    assert!(msg.contains("'optim.lr'"), "{msg}");
+    let msg = override_err(&["train.batch=4"]);
+    assert!(msg.contains("did you mean 'train.micro_batch'"), "{msg}");
+    let msg = override_err(&["steps=10"]);
+    assert!(msg.contains("'train.steps'"), "{msg}");
+}
+
+#[test]
+fn unknown_key_without_close_match_lists_section() {
+    let msg = override_err(&["optim.learning_rate_schedule=cosine"]);
+    assert!(msg.contains("valid keys in [optim]"), "{msg}");
+    assert!(msg.contains("optim.warmup_steps"), "{msg}");
+    let msg = override_err(&["zzzzzzzz.qqqqqqqqqq=1"]);
+    assert!(msg.contains("model, data, train, optim"), "{msg}");
+}
+
+#[test]
+fn suggestions_are_capped_at_three() {
+    let hint = error::unknown_key_hint("train.every", &all_keys());
+    assert!(hint.starts_with("did you mean"), "{hint}");
+    assert!(hint.matches('\'').count() <= 6, "{hint}");
+}
+
+#[test]
+fn edit_distance_basics() {
+    assert_eq!(edit_distance("", ""), 0);
+    assert_eq!(edit_distance("abc", ""), 3);
+    assert_eq!(edit_distance("kitten", "sitting"), 3);
+    assert_eq!(edit_distance("micro_bach", "micro_batch"), 1);
+    assert_eq!(edit_distance("flaw", "lawn"), 2);
+}
+
+#[test]
+fn override_without_equals() {
+    let msg = override_err(&["train.steps"]);
+    assert!(msg.contains("KEY=VALUE"), "{msg}");
+    assert!(msg.contains("train.steps=100"), "{msg}");
+    let msg = override_err(&["=5"]);
+    assert!(msg.contains("KEY=VALUE"), "{msg}");
+}
+
+#[test]
+fn wrong_type_names_key_expected_and_given() {
+    let msg = override_err(&["train.steps=abc"]);
+    assert!(
+        msg.starts_with("train.steps expects a non-negative integer, got \"abc\" (string)"),
+        "{msg}"
+    );
+    let msg = override_err(&["train.steps=-5"]);
+    assert!(msg.contains("got -5 (integer)"), "{msg}");
+    let msg = override_err(&["model.tied_head=yes"]);
+    assert!(
+        msg.contains("model.tied_head expects true or false"),
+        "{msg}"
+    );
+    let msg = override_err(&["optim.lr=fast"]);
+    assert!(msg.contains("optim.lr expects a number"), "{msg}");
+    let msg = override_err(&["train.steps=1.5"]);
+    assert!(msg.contains("(float)"), "{msg}");
+
+    let f = TempFile::new("[train]\nseed = \"x\"\n");
+    let msg = resolve_err(Some(f.path()), &[]);
+    assert!(msg.contains("train.seed expects"), "{msg}");
+    assert!(msg.contains(&f.path().display().to_string()), "{msg}");
+    let f = TempFile::new("[data]\ncorpus = 5\n");
+    let msg = resolve_err(Some(f.path()), &[]);
+    assert!(msg.contains("data.corpus expects a string"), "{msg}");
+}
+
+#[test]
+fn int_for_float_is_accepted() {
+    let r = ResolvedConfig::resolve(None, &ov(&["optim.lr=1", "optim.grad_clip=0"])).expect("ok");
+    assert_eq!(r.config.optim.lr, 1.0);
+    assert_eq!(r.config.optim.grad_clip, 0.0);
+    let f = TempFile::new("[train]\nloss_scale_init = 1024\n");
+    let r = ResolvedConfig::resolve(Some(f.path()), &[]).expect("ok");
+    assert_eq!(r.config.train.loss_scale_init, 1024.0);
+}
+
+#[test]
+fn literal_and_bare_string_overrides() {
+    let r = ResolvedConfig::resolve(
+        None,
+        &ov(&[
+            "train.precision=bf16-mixed",
+            "data.corpus=/tmp/x.txt",
+            "train.device = cuda:1",
+            "optim.lr=1e-3",
+            "model.tied_head=false",
+        ]),
+    )
+    .expect("ok");
+    assert_eq!(r.config.train.precision, "bf16-mixed");
+    assert_eq!(r.config.data.corpus, "/tmp/x.txt");
+    assert_eq!(r.config.train.device, "cuda:1");
+    assert_eq!(r.config.optim.lr, 1e-3);
+    assert!(!r.config.model.tied_head);
+
+    let r = ResolvedConfig::resolve(
+        None,
+        &ov(&["train.precision=\"fp16-mixed\"", "data.corpus=2024-01-01"]),
+    )
+    .expect("ok");
+    assert_eq!(r.config.train.precision, "fp16-mixed");
+    assert_eq!(r.config.data.corpus, "2024-01-01");
+}
+
+#[test]
+fn to_toml_round_trips() {
+    let r = ResolvedConfig::resolve(
+        None,
+        &ov(&[
+            "optim.lr=1e-4",
+            "optim.min_lr=1e-5",
+            "optim.eps=1e-12",
+            "data.corpus=C:\\data\\\"quoted\" file.txt",
+            "train.precision=fp16-mixed",
+            "train.seed=18446744",
+            "model.tied_head=false",
+        ]),
+    )
+    .expect("ok");
+    let text = r.to_toml();
+    assert!(text.contains("[optim]"), "{text}");
+    let f = TempFile::new(&text);
+    let back = ResolvedConfig::resolve(Some(f.path()), &[]).expect("reads back");
+    assert_eq!(back.config, r.config);
+    assert!(
+        back.sources
+            .values()
+            .all(|s| *s == Source::File(f.path().to_path_buf())),
+        "every key is written out"
+    );
+}
+
+#[test]
+fn config_survives_json() {
+    let c = Config::default();
+    let json = serde_json::to_string(&c).expect("serialize");
+    let back: Config = serde_json::from_str(&json).expect("deserialize");
+    assert_eq!(back, c);
+    assert!(serde_json::from_str::<Config>(r#"{"model":{"typo":1}}"#).is_err());
+}
+
+#[test]
+fn missing_file_names_path() {
+    let path = std::env::temp_dir().join(format!(
+        "kiln_config_test_missing_{}.toml",
+        std::process::id()
+    ));
+    let msg = resolve_err(Some(&path), &[]);
+    assert!(msg.contains("cannot read config file"), "{msg}");
+    assert!(msg.contains(&path.display().to_string()), "{msg}");
+}
+
+#[test]
+fn bad_toml_names_path_and_error() {
+    let f = TempFile::new("[train]\nsteps = = 3\n");
+    let msg = resolve_err(Some(f.path()), &[]);
+    assert!(msg.contains("is not valid TOML"), "{msg}");
+    assert!(msg.contains(&f.path().display().to_string()), "{msg}");
+    assert!(msg.contains("line 2"), "{msg}");
+}
+
+#[test]
+fn section_and_value_mixups() {
+    let msg = override_err(&["model=3"]);
+    assert!(
+        msg.contains("'model'") && msg.contains("is a section"),
+        "{msg}"
+    );
+    let msg = override_err(&["train.steps.max=3"]);
+    assert!(
+        msg.contains("'train.steps'") && msg.contains("not a section"),
+        "{msg}"
+    );
+
+    let f = TempFile::new("model = 3\n");
+    let msg = resolve_err(Some(f.path()), &[]);
+    assert!(msg.contains("is a section"), "{msg}");
+    let f = TempFile::new("[train.steps]\nmax = 3\n");
+    let msg = resolve_err(Some(f.path()), &[]);
+    assert!(
+        msg.contains("'train.steps'") && msg.contains("not a section"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn non_finite_floats_rejected() {
+    let msg = override_err(&["optim.lr=nan"]);
+    assert!(msg.contains("optim.lr") && msg.contains("finite"), "{msg}");
+    let msg = validate_err(|c| c.optim.beta2 = f64::INFINITY);
+    assert!(
+        msg.contains("optim.beta2") && msg.contains("finite"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn validate_positive_sizes() {
+    type Tweak = fn(&mut Config);
+    let cases: [(&str, Tweak); 12] = [
+        ("model.d_model", |c| c.model.d_model = 0),
+        ("model.n_layers", |c| c.model.n_layers = 0),
+        ("model.n_heads", |c| c.model.n_heads = 0),
+        ("model.context", |c| c.model.context = 0),
+        ("data.prefetch", |c| c.data.prefetch = 0),
+        ("train.seq_len", |c| c.train.seq_len = 0),
+        ("train.micro_batch", |c| c.train.micro_batch = 0),
+        ("train.grad_accum", |c| c.train.grad_accum = 0),
+        ("train.steps", |c| c.train.steps = 0),
+        ("train.eval_batches", |c| c.train.eval_batches = 0),
+        ("train.log_every", |c| c.train.log_every = 0),
+        ("train.loss_scale_growth_interval", |c| {
+            c.train.loss_scale_growth_interval = 0
+        }),
+    ];
+    for (key, tweak) in cases {
+        let msg = validate_err(tweak);
+        assert!(msg.starts_with(key), "{key}: {msg}");
+        assert!(msg.contains("at least 1"), "{key}: {msg}");
+    }
+}
+
+#[test]
+fn validate_zero_intervals_mean_only_at_end() {
+    let mut c = Config::default();
+    c.train.eval_every = 0;
+    c.train.checkpoint_every = 0;
+    c.optim.grad_clip = 0.0;
+    c.optim.weight_decay = 0.0;
+    c.optim.min_lr = 0.0;
+    c.validate()
+        .expect("zero intervals and disabled extras are valid");
+}
+
+#[test]
+fn validate_heads_divide_width() {
+    let msg = validate_err(|c| c.model.d_model = 130);
+    assert_eq!(
+        msg,
+        "model.d_model 130 is not divisible by model.n_heads 4; pick d_model as a multiple of n_heads"
+    );
+}
+
+#[test]
+fn validate_seq_len_within_context() {
+    let msg = validate_err(|c| c.train.seq_len = 256);
+    assert_eq!(
+        msg,
+        "train.seq_len 256 is longer than the model's context model.context 128; lower train.seq_len or raise model.context"
+    );
+    let r = ResolvedConfig::resolve(None, &ov(&["train.seq_len=256", "model.context=256"]))
+        .expect("raising both is fine");
+    assert_eq!(r.config.train.seq_len, 256);
+}
+
+#[test]
+fn validate_val_fraction() {
+    for bad in [0.0, 0.5, 0.7, -0.1] {
+        let msg = validate_err(|c| c.data.val_fraction = bad);
+        assert!(msg.starts_with("data.val_fraction"), "{msg}");
+        assert!(msg.contains("less than 0.5"), "{msg}");
+    }
+}
+
+#[test]
+fn validate_learning_rates() {
+    let msg = validate_err(|c| c.optim.lr = 0.0);
+    assert!(
+        msg.starts_with("optim.lr") && msg.contains("greater than 0"),
+        "{msg}"
+    );
+    let msg = validate_err(|c| c.optim.min_lr = 0.01);
+    assert!(msg.starts_with("optim.min_lr"), "{msg}");
+    assert!(msg.contains("optim.lr (0.003)"), "{msg}");
+    let msg = validate_err(|c| c.optim.min_lr = -1e-5);
+    assert!(msg.starts_with("optim.min_lr"), "{msg}");
+}
+
+#[test]
+fn validate_adam_terms() {
+    let msg = validate_err(|c| c.optim.beta1 = 1.0);
+    assert!(
+        msg.starts_with("optim.beta1") && msg.contains("less than 1"),
+        "{msg}"
+    );
+    let msg = validate_err(|c| c.optim.beta2 = -0.1);
+    assert!(msg.starts_with("optim.beta2"), "{msg}");
+    let msg = validate_err(|c| c.optim.eps = 0.0);
+    assert!(msg.starts_with("optim.eps"), "{msg}");
+    let msg = validate_err(|c| c.optim.weight_decay = -0.1);
+    assert!(msg.starts_with("optim.weight_decay"), "{msg}");
+    let msg = validate_err(|c| c.optim.grad_clip = -1.0);
+    assert!(msg.starts_with("optim.grad_clip"), "{msg}");
+}
+
+#[test]
+fn validate_loss_scale_power_of_two() {
+    for bad in [0.0, -1024.0, 1000.0, 3.0] {
+        let msg = validate_err(|c| c.train.loss_scale_init = bad);
+        assert!(msg.starts_with("train.loss_scale_init"), "{msg}");
+        assert!(msg.contains("power of two"), "{msg}");
+    }
+    for good in [1.0, 2.0, 1024.0, 65536.0, 0.5, 2f64.powi(24)] {
+        let mut c = Config::default();
+        c.train.loss_scale_init = good;
+        c.validate().expect("power of two is valid");
+    }
+}
+
+#[test]
+fn validate_choices() {
+    let msg = validate_err(|c| c.train.precision = "fp8".into());
+    assert!(msg.starts_with("train.precision"), "{msg}");
+    assert!(msg.contains("fp32, tf32, bf16-mixed, fp16-mixed"), "{msg}");
+    let msg = validate_err(|c| c.data.tokenizer = "sentencepiece".into());
+    assert!(
+        msg.starts_with("data.tokenizer") && msg.contains("byte, gpt2"),
+        "{msg}"
+    );
+    let msg = validate_err(|c| c.model.kind = "llama".into());
+    assert!(
+        msg.starts_with("model.kind") && msg.contains("gpt"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn validate_device() {
+    for bad in ["gpu", "cuda:", "cuda:x", "cuda:+1", "CUDA", "cpu:0", ""] {
+        let msg = validate_err(|c| c.train.device = bad.into());
+        assert!(msg.starts_with("train.device"), "{bad}: {msg}");
+        assert!(msg.contains("cuda:N"), "{msg}");
+    }
+    for good in ["auto", "cpu", "cuda", "cuda:0", "cuda:7"] {
+        let mut c = Config::default();
+        c.train.device = good.into();
+        c.validate().expect("device is valid");
+    }
+}
+
+#[test]
+fn validation_runs_after_all_layers() {
+    let msg = override_err(&["model.d_model=130"]);
+    assert!(msg.contains("not divisible"), "{msg}");
+}
+
+#[test]
+fn source_display() {
+    assert_eq!(Source::Default.to_string(), "default");
+    assert_eq!(Source::Override.to_string(), "override");
+    assert_eq!(
+        Source::File(PathBuf::from("/tmp/run.toml")).to_string(),
+        "/tmp/run.toml"
+    );
+}

@@ -1,0 +1,187 @@
+//! Range and consistency checks on a decoded [`Config`].
+//!
+//! These run after all layers are merged, because several rules relate two
+//! keys (`train.seq_len` vs `model.context`) that may come from different
+//! layers; checking a layer on its own would reject valid combinations.
+
+use super::{Config, ConfigError};
+
+pub(crate) const MODEL_KINDS: &[&str] = &["gpt"];
+pub(crate) const TOKENIZERS: &[&str] = &["byte", "gpt2"];
+pub(crate) const PRECISIONS: &[&str] = &["fp32", "tf32", "bf16-mixed", "fp16-mixed"];
+
+fn out_of_range(key: &'static str, value: impl ToString, rule: impl Into<String>) -> ConfigError {
+    ConfigError::OutOfRange {
+        key,
+        value: value.to_string(),
+        rule: rule.into(),
+    }
+}
+
+fn at_least_one(key: &'static str, value: usize) -> Result<(), ConfigError> {
+    if value >= 1 {
+        Ok(())
+    } else {
+        Err(out_of_range(key, value, "it must be at least 1"))
+    }
+}
+
+fn one_of(key: &'static str, value: &str, allowed: &[&str]) -> Result<(), ConfigError> {
+    if allowed.contains(&value) {
+        Ok(())
+    } else {
+        Err(ConfigError::NotAllowed {
+            key,
+            value: value.to_string(),
+            allowed: allowed.join(", "),
+        })
+    }
+}
+
+/// `auto`, `cpu`, `cuda`, or `cuda:N` with N a GPU index.
+fn is_device(s: &str) -> bool {
+    match s {
+        "auto" | "cpu" | "cuda" => true,
+        _ => s.strip_prefix("cuda:").is_some_and(|n| {
+            !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) && n.parse::<usize>().is_ok()
+        }),
+    }
+}
+
+fn is_power_of_two(x: f64) -> bool {
+    if !(x > 0.0 && x.is_finite()) {
+        return false;
+    }
+    let exp = x.log2().round();
+    // powi needs an i32; beyond that range no f64 is a finite power of two.
+    (-1100.0..=1100.0).contains(&exp) && 2f64.powi(exp as i32) == x
+}
+
+impl Config {
+    /// Checks every range and cross-key rule; the error names the key and the fix.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let (m, d, t, o) = (&self.model, &self.data, &self.train, &self.optim);
+
+        // Checked first so later comparisons never see a NaN, which would
+        // quietly pass or fail them for the wrong reason.
+        let floats = [
+            ("data.val_fraction", d.val_fraction),
+            ("train.loss_scale_init", t.loss_scale_init),
+            ("optim.lr", o.lr),
+            ("optim.min_lr", o.min_lr),
+            ("optim.weight_decay", o.weight_decay),
+            ("optim.beta1", o.beta1),
+            ("optim.beta2", o.beta2),
+            ("optim.eps", o.eps),
+            ("optim.grad_clip", o.grad_clip),
+        ];
+        for (key, value) in floats {
+            if !value.is_finite() {
+                return Err(ConfigError::NotFinite { key, value });
+            }
+        }
+
+        one_of("model.kind", &m.kind, MODEL_KINDS)?;
+        at_least_one("model.d_model", m.d_model)?;
+        at_least_one("model.n_layers", m.n_layers)?;
+        at_least_one("model.n_heads", m.n_heads)?;
+        at_least_one("model.context", m.context)?;
+        if m.d_model % m.n_heads != 0 {
+            return Err(ConfigError::HeadsDoNotDivide {
+                d_model: m.d_model,
+                n_heads: m.n_heads,
+            });
+        }
+
+        one_of("data.tokenizer", &d.tokenizer, TOKENIZERS)?;
+        if !(d.val_fraction > 0.0 && d.val_fraction < 0.5) {
+            return Err(out_of_range(
+                "data.val_fraction",
+                d.val_fraction,
+                "it must be greater than 0 and less than 0.5, e.g. 0.05",
+            ));
+        }
+        at_least_one("data.prefetch", d.prefetch)?;
+
+        if !is_device(&t.device) {
+            return Err(ConfigError::NotAllowed {
+                key: "train.device",
+                value: t.device.clone(),
+                allowed: "auto, cpu, cuda, cuda:N (N = GPU index, e.g. cuda:0)".into(),
+            });
+        }
+        one_of("train.precision", &t.precision, PRECISIONS)?;
+        at_least_one("train.seq_len", t.seq_len)?;
+        at_least_one("train.micro_batch", t.micro_batch)?;
+        at_least_one("train.grad_accum", t.grad_accum)?;
+        at_least_one("train.steps", t.steps)?;
+        at_least_one("train.eval_batches", t.eval_batches)?;
+        at_least_one("train.log_every", t.log_every)?;
+        at_least_one(
+            "train.loss_scale_growth_interval",
+            t.loss_scale_growth_interval,
+        )?;
+        if t.seq_len > m.context {
+            return Err(ConfigError::SeqLenExceedsContext {
+                seq_len: t.seq_len,
+                context: m.context,
+            });
+        }
+        if !is_power_of_two(t.loss_scale_init) {
+            return Err(out_of_range(
+                "train.loss_scale_init",
+                t.loss_scale_init,
+                "it must be a positive power of two, e.g. 65536",
+            ));
+        }
+
+        if o.lr <= 0.0 {
+            return Err(out_of_range(
+                "optim.lr",
+                o.lr,
+                "it must be greater than 0, e.g. 0.003",
+            ));
+        }
+        if !(0.0..=o.lr).contains(&o.min_lr) {
+            return Err(out_of_range(
+                "optim.min_lr",
+                o.min_lr,
+                format!(
+                    "it must be between 0 and optim.lr ({}); lower optim.min_lr or raise optim.lr",
+                    o.lr
+                ),
+            ));
+        }
+        for (key, beta) in [("optim.beta1", o.beta1), ("optim.beta2", o.beta2)] {
+            if !(0.0..1.0).contains(&beta) {
+                return Err(out_of_range(
+                    key,
+                    beta,
+                    "it must be at least 0 and less than 1, e.g. 0.9",
+                ));
+            }
+        }
+        if o.eps <= 0.0 {
+            return Err(out_of_range(
+                "optim.eps",
+                o.eps,
+                "it must be greater than 0, e.g. 1e-8",
+            ));
+        }
+        if o.weight_decay < 0.0 {
+            return Err(out_of_range(
+                "optim.weight_decay",
+                o.weight_decay,
+                "it must be 0 or more (0 disables decay)",
+            ));
+        }
+        if o.grad_clip < 0.0 {
+            return Err(out_of_range(
+                "optim.grad_clip",
+                o.grad_clip,
+                "it must be 0 or more (0 disables clipping)",
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,25 @@
+//! The data pipeline: corpus, tokenizers, train/validation split, batches and the
+//! background loader.
+//!
+//! Everything here is deterministic. The validation set is a fixed tail of the token stream,
+//! validation windows are evenly spaced, and each training window's position is a pure
+//! function of `(seed, step, micro, row)`, so a run's data is fully described by its
+//! configuration and the step it is at.
+
+mod batch;
+mod corpus;
+mod error;
+mod prefetch;
+mod tokenizer;
+
+pub use batch::{
+    Batch, TokenSplits, check_train_len, split_tokens, train_batch, train_rows,
+    unigram_cross_entropy, val_batches, window_counter,
+};
+pub use corpus::{BUNDLED_SOURCE, Corpus};
+pub use error::DataError;
+pub use prefetch::{DataSpec, Prefetcher};
+pub use tokenizer::{
+    ByteTokenizer, Gpt2Tokenizer, TOKENIZER_NAMES, Tokenizer, chunk_text, encode_chunked,
+    tokenizer_by_name, tokenizer_vocab_size,
+};

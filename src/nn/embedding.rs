@@ -1,0 +1,94 @@
+//! Token and learned position embeddings, summed.
+
+use super::{Cost, Init, Param};
+use crate::engine::rng::Rng;
+use crate::engine::{MemoryPool, Result, Tensor, ops};
+use std::sync::Arc;
+
+pub struct Embedding {
+    /// `[vocab, C]`; also the output head's weight when the head is tied.
+    pub wte: Param,
+    /// `[context, C]`.
+    pub wpe: Param,
+}
+
+impl Embedding {
+    pub fn new(
+        pool: &Arc<MemoryPool>,
+        vocab: usize,
+        context: usize,
+        c: usize,
+        rng: &mut Rng,
+    ) -> Result<Embedding> {
+        Ok(Embedding {
+            wte: Param::new(
+                pool,
+                "wte.weight".into(),
+                &[vocab, c],
+                Init::Normal(0.02),
+                rng,
+            )?,
+            wpe: Param::new(
+                pool,
+                "wpe.weight".into(),
+                &[context, c],
+                Init::Normal(0.02),
+                rng,
+            )?,
+        })
+    }
+
+    pub fn forward(&self, tokens: &[u32], batch: usize, seq: usize) -> Result<Tensor> {
+        ops::embedding_forward(tokens, batch, seq, self.wte.weight(), self.wpe.weight())
+    }
+
+    /// Accumulates into the table gradients; the tokens are the forward's.
+    pub fn backward(&mut self, dout: &Tensor, tokens: &[u32], seq: usize) -> Result<()> {
+        ops::embedding_backward(&mut self.wte.grad, &mut self.wpe.grad, dout, tokens, seq)
+    }
+
+    pub fn params(&self) -> Vec<&Param> {
+        vec![&self.wte, &self.wpe]
+    }
+
+    pub fn params_mut(&mut self) -> Vec<&mut Param> {
+        vec![&mut self.wte, &mut self.wpe]
+    }
+
+    /// Saves only the token ids (4 bytes per token).
+    pub fn cost(&self, tokens: usize) -> Cost {
+        let c = self.wte.value.shape()[1] as u64;
+        Cost {
+            params: self.wte.value.len() + self.wpe.value.len(),
+            flops_forward: tokens as u64 * c,
+            flops_backward: 2 * tokens as u64 * c,
+            saved_bytes: 4 * tokens,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nn::gradcheck::*;
+
+    #[test]
+    fn backward_matches_finite_differences() {
+        let p = pool();
+        let mut emb = Embedding::new(&p, 7, 4, 3, &mut rng(1)).unwrap();
+        let tokens = [1u32, 6, 1, 0, 2, 2, 5, 1];
+        let w = random_tensor(&p, &[2, 4, 3], 2);
+        emb.backward(&w, &tokens, 4).unwrap();
+        let (dte, dpe) = (emb.wte.grad.to_vec(), emb.wpe.grad.to_vec());
+        let (te, pe) = (
+            emb.wte.value.try_clone().unwrap(),
+            emb.wpe.value.try_clone().unwrap(),
+        );
+        check("dwte", &te, &dte, 100, |t| {
+            weighted_sum(&ops::embedding_forward(&tokens, 2, 4, t, &pe).unwrap(), &w)
+        });
+        check("dwpe", &pe, &dpe, 100, |q| {
+            weighted_sum(&ops::embedding_forward(&tokens, 2, 4, &te, q).unwrap(), &w)
+        });
+    }
+}

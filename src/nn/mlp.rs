@@ -1,0 +1,99 @@
+//! The transformer feed-forward: `proj(gelu(fc(x)))`, widening the stream four times.
+
+use super::linear::Linear;
+use super::{Cost, Param, f32_bytes};
+use crate::engine::rng::Rng;
+use crate::engine::{MemoryPool, Result, Tensor, ops};
+use std::sync::Arc;
+
+pub struct Mlp {
+    pub fc: Linear,
+    pub proj: Linear,
+}
+
+/// Activations the backward needs: the pre-activation and the GELU output.
+pub struct MlpSaved {
+    pub pre: Tensor,
+    pub act: Tensor,
+}
+
+impl Mlp {
+    /// `proj_std` is smaller than the default init: it scales the residual contributions so
+    /// the stream's variance does not grow with depth (GPT-2's 1/sqrt(2 * layers) rule).
+    pub fn new(
+        pool: &Arc<MemoryPool>,
+        name: &str,
+        c: usize,
+        proj_std: f32,
+        rng: &mut Rng,
+    ) -> Result<Mlp> {
+        Ok(Mlp {
+            fc: Linear::new(pool, &format!("{name}.fc"), c, 4 * c, true, 0.02, rng)?,
+            proj: Linear::new(pool, &format!("{name}.proj"), 4 * c, c, true, proj_std, rng)?,
+        })
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<(Tensor, MlpSaved)> {
+        let pre = self.fc.forward(x)?;
+        let act = ops::gelu_forward(&pre)?;
+        let out = self.proj.forward(&act)?;
+        Ok((out, MlpSaved { pre, act }))
+    }
+
+    /// Returns `dx`; `x` is the forward's input.
+    pub fn backward(&mut self, dout: &Tensor, x: &Tensor, saved: &MlpSaved) -> Result<Tensor> {
+        let dact = self.proj.backward(dout, &saved.act)?;
+        let dpre = ops::gelu_backward(&saved.pre, &dact)?;
+        self.fc.backward(&dpre, x)
+    }
+
+    pub fn params(&self) -> Vec<&Param> {
+        [self.fc.params(), self.proj.params()].concat()
+    }
+
+    pub fn params_mut(&mut self) -> Vec<&mut Param> {
+        let mut v = self.fc.params_mut();
+        v.extend(self.proj.params_mut());
+        v
+    }
+
+    pub fn cost(&self, tokens: usize) -> Cost {
+        let hidden = (tokens * self.fc.c_out) as u64;
+        let gelu = Cost {
+            flops_forward: 8 * hidden,
+            flops_backward: 12 * hidden,
+            saved_bytes: f32_bytes(2 * hidden as usize),
+            ..Cost::default()
+        };
+        self.fc.cost(tokens) + gelu + self.proj.cost(tokens)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nn::gradcheck::*;
+
+    #[test]
+    fn backward_matches_finite_differences() {
+        let p = pool();
+        let mut mlp = Mlp::new(&p, "mlp", 4, 0.3, &mut rng(3)).unwrap();
+        let x = random_tensor(&p, &[5, 4], 4);
+        let w = random_tensor(&p, &[5, 4], 5);
+        let (_, saved) = mlp.forward(&x).unwrap();
+        let dx = mlp.backward(&w, &x, &saved).unwrap();
+        check("dx", &x, dx.host(), 100, |x| {
+            weighted_sum(&mlp.forward(x).unwrap().0, &w)
+        });
+        let dfc = mlp.fc.weight.grad.to_vec();
+        let fc0 = mlp.fc.weight.value.try_clone().unwrap();
+        check("dfc", &fc0, &dfc, 40, |wt| {
+            let pre =
+                ops::linear_forward(&x, wt, Some(&mlp.fc.bias.as_ref().unwrap().value)).unwrap();
+            weighted_sum(
+                &mlp.proj.forward(&ops::gelu_forward(&pre).unwrap()).unwrap(),
+                &w,
+            )
+        });
+    }
+}

@@ -1,0 +1,188 @@
+//! Layers with explicit forward and backward passes.
+//!
+//! A layer owns its parameters, runs its forward through `engine::ops` (so it works on any
+//! device), returns what its backward needs, and reports its [`Cost`]: parameter count, FLOPs
+//! and saved-activation bytes for a given batch, which is what makes memory planning and MFU
+//! exact rather than estimated.
+
+pub mod attention;
+pub mod embedding;
+pub mod layernorm;
+pub mod linear;
+pub mod mlp;
+
+use crate::engine::rng::Rng;
+use crate::engine::{DType, MemoryPool, Result, Tensor};
+use std::ops::Add;
+use std::sync::Arc;
+
+/// One trainable tensor: the fp32 master value, its gradient, and under mixed precision the
+/// rounded copy the forward and backward compute with.
+pub struct Param {
+    pub name: String,
+    pub value: Tensor,
+    pub grad: Tensor,
+    pub compute: Option<Tensor>,
+    /// Whether weight decay applies (matrices yes; biases and norm gains no).
+    pub decay: bool,
+}
+
+/// How to fill a new parameter.
+#[derive(Clone, Copy)]
+pub enum Init {
+    Zeros,
+    Ones,
+    Normal(f32),
+}
+
+impl Param {
+    pub fn new(
+        pool: &Arc<MemoryPool>,
+        name: String,
+        shape: &[usize],
+        init: Init,
+        rng: &mut Rng,
+    ) -> Result<Param> {
+        let n: usize = shape.iter().product();
+        let values: Vec<f32> = match init {
+            Init::Zeros => vec![0.0; n],
+            Init::Ones => vec![1.0; n],
+            Init::Normal(std) => (0..n).map(|_| rng.normal() * std).collect(),
+        };
+        Ok(Param {
+            name,
+            value: Tensor::from_vec(pool, shape, DType::F32, values)?,
+            grad: Tensor::zeros(pool, shape, DType::F32)?,
+            compute: None,
+            decay: shape.len() >= 2,
+        })
+    }
+
+    /// The tensor the forward and backward read: the compute copy if there is one.
+    pub fn weight(&self) -> &Tensor {
+        self.compute.as_ref().unwrap_or(&self.value)
+    }
+
+    /// The weight to read and the gradient to write, borrowed together.
+    pub fn weight_and_grad(&mut self) -> (&Tensor, &mut Tensor) {
+        (self.compute.as_ref().unwrap_or(&self.value), &mut self.grad)
+    }
+
+    /// Creates or refreshes the compute copy (`None` keeps computing on the master).
+    pub fn set_compute_dtype(&mut self, dtype: Option<DType>) -> Result<()> {
+        self.compute = match dtype {
+            None | Some(DType::F32) => None,
+            Some(d) => Some(Tensor::from_vec(
+                self.value.pool(),
+                self.value.shape(),
+                d,
+                self.value.to_vec(),
+            )?),
+        };
+        Ok(())
+    }
+}
+
+/// What a layer costs for one micro-batch of `batch x seq` tokens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Cost {
+    pub params: usize,
+    pub flops_forward: u64,
+    pub flops_backward: u64,
+    /// Bytes of activations kept from the forward for the backward.
+    pub saved_bytes: usize,
+}
+
+impl Cost {
+    pub fn flops_per_token(&self, tokens: usize) -> f64 {
+        (self.flops_forward + self.flops_backward) as f64 / tokens as f64
+    }
+}
+
+impl Add for Cost {
+    type Output = Cost;
+    fn add(self, o: Cost) -> Cost {
+        Cost {
+            params: self.params + o.params,
+            flops_forward: self.flops_forward + o.flops_forward,
+            flops_backward: self.flops_backward + o.flops_backward,
+            saved_bytes: self.saved_bytes + o.saved_bytes,
+        }
+    }
+}
+
+impl std::iter::Sum for Cost {
+    fn sum<I: Iterator<Item = Cost>>(iter: I) -> Cost {
+        iter.fold(Cost::default(), |a, b| a + b)
+    }
+}
+
+/// Bytes of `n` f32 activations.
+pub(crate) fn f32_bytes(n: usize) -> usize {
+    n * 4
+}
+
+#[cfg(test)]
+pub(crate) mod gradcheck {
+    //! Finite-difference checks shared by the layer tests.
+    use crate::engine::rng::{Rng, stream};
+    use crate::engine::{DType, Device, MemoryPool, Tensor};
+    use std::sync::Arc;
+
+    pub fn pool() -> Arc<MemoryPool> {
+        MemoryPool::new(Device::Cpu)
+    }
+
+    pub fn rng(seed: u64) -> Rng {
+        Rng::new(seed, stream::INIT)
+    }
+
+    pub fn random_tensor(pool: &Arc<MemoryPool>, shape: &[usize], seed: u64) -> Tensor {
+        let mut r = rng(seed);
+        let n = shape.iter().product();
+        Tensor::from_vec(
+            pool,
+            shape,
+            DType::F32,
+            (0..n).map(|_| r.next_f32() * 2.0 - 1.0).collect(),
+        )
+        .unwrap()
+    }
+
+    /// Checks `analytic` (d loss / d x) against central differences of `loss` at `x`,
+    /// on every element (or a strided sample of at most `max_checks`).
+    pub fn check(
+        name: &str,
+        x: &Tensor,
+        analytic: &[f32],
+        max_checks: usize,
+        mut loss: impl FnMut(&Tensor) -> f64,
+    ) {
+        let h = 1e-2f32;
+        let n = x.len();
+        let stride = n.div_ceil(max_checks).max(1);
+        for i in (0..n).step_by(stride) {
+            let mut v = x.to_vec();
+            v[i] += h;
+            let plus = loss(&Tensor::from_vec(x.pool(), x.shape(), DType::F32, v.clone()).unwrap());
+            v[i] -= 2.0 * h;
+            let minus = loss(&Tensor::from_vec(x.pool(), x.shape(), DType::F32, v).unwrap());
+            let fd = ((plus - minus) / (2.0 * h as f64)) as f32;
+            let err = (analytic[i] - fd).abs() / fd.abs().max(1.0);
+            assert!(
+                err < 1e-2,
+                "{name}[{i}]: analytic {} vs finite difference {fd}",
+                analytic[i]
+            );
+        }
+    }
+
+    /// `sum(out * w)` in f64: a scalar loss that weights every output differently.
+    pub fn weighted_sum(out: &Tensor, w: &Tensor) -> f64 {
+        out.host()
+            .iter()
+            .zip(w.host())
+            .map(|(a, b)| *a as f64 * *b as f64)
+            .sum()
+    }
+}
