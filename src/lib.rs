@@ -6,8 +6,12 @@
 //! `data` (corpus, tokenizers, batches) -> `config` -> `engine` (devices, tensors, pools,
 //! kernels).
 
+pub mod cli;
 pub mod config;
 pub mod data;
 pub mod engine;
+pub mod error;
 pub mod models;
 pub mod nn;
+pub mod optim;
+pub mod train;

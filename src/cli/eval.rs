@@ -1,0 +1,57 @@
+//! `kiln eval`: loss and bits per token of a checkpoint on the held-out tail of its corpus.
+
+use crate::data::{self, Corpus};
+use crate::error::Result;
+use crate::train;
+use clap::Args;
+use std::path::PathBuf;
+
+#[derive(Args, Debug)]
+#[command(after_help = "EXAMPLES:
+  kiln eval                         evaluate the most recent run
+  kiln eval --run runs/big --batches 64 --seq-len 64")]
+pub struct EvalArgs {
+    /// Run directory written by `kiln train` (default: the most recent run).
+    #[arg(long, value_name = "DIR")]
+    pub run: Option<PathBuf>,
+    /// Number of evaluation batches (default: the run's train.eval_batches).
+    #[arg(long)]
+    pub batches: Option<usize>,
+    /// Tokens per evaluated sequence (default: the run's train.seq_len; at most its context).
+    #[arg(long)]
+    pub seq_len: Option<usize>,
+}
+
+pub fn run(a: EvalArgs) -> Result<()> {
+    let run_dir = super::find_run(a.run)?;
+    let loaded = train::load_run(&run_dir)?;
+    let cfg = &loaded.config;
+    let seq = a.seq_len.unwrap_or(cfg.train.seq_len);
+    let corpus = Corpus::load(train::data_spec(cfg).corpus.as_deref())?;
+    let tokenizer = data::tokenizer_by_name(&cfg.data.tokenizer)?;
+    let splits = data::split_tokens(tokenizer.encode(&corpus.text), cfg.data.val_fraction);
+    let batches = data::val_batches(
+        &splits.val,
+        a.batches.unwrap_or(cfg.train.eval_batches),
+        cfg.train.micro_batch,
+        seq,
+    )?;
+    let mut loss = 0.0;
+    let mut tokens = 0usize;
+    for b in &batches {
+        loss += crate::models::Model::loss(&loaded.model, &b.inputs, &b.targets, b.batch, b.seq)?;
+        tokens += b.inputs.len();
+    }
+    let loss = loss / tokens as f64;
+    let unigram = data::unigram_cross_entropy(&splits.train, &splits.val, tokenizer.vocab_size());
+    println!(
+        "checkpoint {} (step {})",
+        loaded.checkpoint.display(),
+        loaded.step
+    );
+    println!(
+        "val loss {loss:.4} nats/token, {:.4} bits/token over {tokens} tokens; unigram baseline {unigram:.4} nats/token",
+        loss / std::f64::consts::LN_2
+    );
+    Ok(())
+}

@@ -1,0 +1,114 @@
+//! Command-line interface: one file per subcommand, each a thin layer over the library.
+
+pub mod bench;
+pub mod eval;
+pub mod generate;
+pub mod train;
+
+use crate::error::{KilnError, Result};
+use clap::{Parser, Subcommand};
+use std::path::{Path, PathBuf};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "kiln",
+    version,
+    about = "A hardware-aware training engine: trains GPT-style language models on the CPU or NVIDIA GPUs.",
+    long_about = "kiln trains GPT-style language models. `kiln train` with no arguments trains a small \
+model on the bundled Shakespeare corpus; `kiln generate` then samples from it.\n\n\
+Settings come from defaults, then an optional --config TOML file, then KEY=VALUE overrides \
+(for example train.steps=100 optim.lr=1e-3); `kiln train --print-config` shows every key, its \
+value and where the value came from."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Train a model (a small GPT on the bundled corpus by default).
+    Train(train::TrainArgs),
+    /// Evaluate a run's latest checkpoint on the held-out tail of its corpus.
+    Eval(eval::EvalArgs),
+    /// Sample text from a run's latest checkpoint.
+    Generate(generate::GenerateArgs),
+    /// Measure performance (`kiln bench train`).
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
+}
+
+pub fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Train(a) => train::run(a),
+        Command::Eval(a) => eval::run(a),
+        Command::Generate(a) => generate::run(a),
+        Command::Bench(b) => bench::run(b),
+    }
+}
+
+/// Where runs go by default, and the file naming the most recent one.
+pub const RUNS_DIR: &str = "runs";
+const LATEST_RUN: &str = "LATEST";
+
+/// `runs/LATEST` records the newest run so `eval` and `generate` find it without flags.
+pub fn record_latest_run(run_dir: &Path) {
+    let _ = std::fs::write(
+        Path::new(RUNS_DIR).join(LATEST_RUN),
+        run_dir.display().to_string(),
+    );
+}
+
+/// The run directory a command should read: the one given, or the most recent run.
+pub fn find_run(given: Option<PathBuf>) -> Result<PathBuf> {
+    if let Some(p) = given {
+        return Ok(p);
+    }
+    let pointer = Path::new(RUNS_DIR).join(LATEST_RUN);
+    std::fs::read_to_string(&pointer).map(|s| PathBuf::from(s.trim())).map_err(|_| {
+        KilnError::Setting(format!(
+            "no run given and no {} found; pass --run DIR (a directory written by `kiln train`) or train first",
+            pointer.display()
+        ))
+    })
+}
+
+/// A new run directory name from the current UTC time, `runs/run-YYYYMMDD-HHMMSS`.
+pub fn new_run_dir() -> PathBuf {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    let (y, m, d) = civil_from_days(days as i64);
+    Path::new(RUNS_DIR).join(format!(
+        "run-{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60
+    ))
+}
+
+/// Days since 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's algorithm).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn civil_dates() {
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(20_779), (2026, 11, 21));
+        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
+    }
+}

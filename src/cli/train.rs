@@ -1,0 +1,92 @@
+//! `kiln train`: resolve the configuration, train, print the summary.
+
+use crate::config::ResolvedConfig;
+use crate::error::Result;
+use crate::train::{self, RunOptions};
+use clap::Args;
+use std::path::PathBuf;
+
+#[derive(Args, Debug)]
+#[command(after_help = "EXAMPLES:
+  kiln train                                   train the default small GPT on the bundled corpus
+  kiln train train.steps=1000 model.n_layers=6 override any key (see --print-config)
+  kiln train --config my.toml --out runs/big   settings from a file, run directory chosen
+  kiln train --resume runs/big train.steps=2000 continue a run from its latest checkpoint
+  kiln train --print-config optim.lr=1e-3      show every key, its value and where it came from
+
+A run directory holds config.toml (the resolved settings), metrics.jsonl (one JSON object per
+log step and eval), checkpoints/ (weights and optimizer state as safetensors, trainer state as
+JSON) and summary.json.")]
+pub struct TrainArgs {
+    /// TOML file with settings (sections [model], [data], [train], [optim]).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Run directory to create (default: runs/run-<UTC time>).
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Continue the run in DIR from its latest checkpoint, with its saved config.toml as the
+    /// settings file (overrides still apply).
+    #[arg(long, value_name = "DIR", conflicts_with = "out")]
+    pub resume: Option<PathBuf>,
+    /// Stop after optimizer step N, keeping the LR schedule of train.steps (resume later).
+    #[arg(long, value_name = "N")]
+    pub stop_after: Option<u64>,
+    /// Print every setting with its value and origin, then exit without training.
+    #[arg(long)]
+    pub print_config: bool,
+    /// Print only the final summary.
+    #[arg(long, short)]
+    pub quiet: bool,
+    /// Overrides on dotted keys, e.g. train.steps=100 optim.lr=1e-3 data.tokenizer=gpt2.
+    #[arg(value_name = "KEY=VALUE")]
+    pub overrides: Vec<String>,
+}
+
+pub fn run(a: TrainArgs) -> Result<()> {
+    let file = a
+        .config
+        .clone()
+        .or_else(|| a.resume.as_ref().map(|d| d.join("config.toml")));
+    let config = ResolvedConfig::resolve(file.as_deref(), &a.overrides)?;
+    if a.print_config {
+        print!("{}", config.render());
+        return Ok(());
+    }
+    let run_dir = a
+        .resume
+        .clone()
+        .or(a.out)
+        .unwrap_or_else(super::new_run_dir);
+    let summary = train::run(RunOptions {
+        config,
+        run_dir: run_dir.clone(),
+        resume: a.resume.is_some(),
+        stop_after: a.stop_after,
+        quiet: a.quiet,
+    })?;
+    if run_dir.starts_with(super::RUNS_DIR) {
+        super::record_latest_run(&run_dir);
+    }
+    println!(
+        "done: {} steps, {} tokens in {:.0}s ({:.0} tok/s) on {} ({})",
+        summary.steps,
+        summary.tokens,
+        summary.elapsed_s,
+        summary.tokens_per_s,
+        summary.device,
+        summary.precision
+    );
+    println!(
+        "val loss {:.4} ({:.3} bits/token) vs unigram {:.4}; train loss {:.4}",
+        summary.val_loss, summary.val_bits_per_token, summary.unigram_val_loss, summary.train_loss
+    );
+    if let Some(c) = &summary.checkpoint {
+        println!("checkpoint: {c}");
+    }
+    println!(
+        "run directory: {}   (try: kiln generate --run {})",
+        run_dir.display(),
+        run_dir.display()
+    );
+    Ok(())
+}

@@ -1,0 +1,67 @@
+//! The error every public entry point returns, and the exit code each kind maps to.
+//!
+//! Each variant's message is written for the person at the terminal: what went wrong, where,
+//! and what to do about it.
+
+use crate::config::ConfigError;
+use crate::data::DataError;
+use crate::engine::EngineError;
+use std::path::PathBuf;
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum KilnError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Data(#[from] DataError),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// A setting that is valid on its own but impossible here (a device or mode this machine lacks).
+    #[error("{0}")]
+    Setting(String),
+    #[error("checkpoint {}: {reason}", path.display())]
+    Checkpoint { path: PathBuf, reason: String },
+    #[error(
+        "training stopped: the {what} at step {step} is {value}; {kept}. Lower optim.lr, set optim.grad_clip, or use train.precision=fp32, then resume"
+    )]
+    NonFinite {
+        what: &'static str,
+        step: u64,
+        value: f64,
+        kept: String,
+    },
+    #[error("cannot write {}: {reason}; choose a writable --out directory", path.display())]
+    Output { path: PathBuf, reason: String },
+}
+
+impl KilnError {
+    /// Process exit code: 2 for bad settings (as for bad flags), then one code per kind.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            KilnError::Config(_) | KilnError::Setting(_) => 2,
+            KilnError::Data(_) => 3,
+            KilnError::Checkpoint { .. } => 4,
+            KilnError::NonFinite { .. } => 5,
+            KilnError::Engine(EngineError::OutOfMemory { .. }) => 6,
+            KilnError::Output { .. } => 7,
+            KilnError::Engine(_) => 1,
+        }
+    }
+
+    pub(crate) fn output(path: impl Into<PathBuf>, err: impl std::fmt::Display) -> KilnError {
+        KilnError::Output {
+            path: path.into(),
+            reason: err.to_string(),
+        }
+    }
+
+    pub(crate) fn checkpoint(path: impl Into<PathBuf>, reason: impl Into<String>) -> KilnError {
+        KilnError::Checkpoint {
+            path: path.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, KilnError>;

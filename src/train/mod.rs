@@ -1,0 +1,330 @@
+//! The training loop and everything it owns: precision policy, loss scaling, gradient
+//! accumulation, evaluation, checkpoints, metrics and the progress line.
+//!
+//! [`run`] is what `kiln train` calls: it resolves the device and precision, restores a
+//! checkpoint when resuming (before writing anything, so a bad checkpoint leaves the run
+//! directory untouched), starts the background data loader, and loops over [`Trainer::step`].
+
+pub mod checkpoint;
+pub mod metrics;
+pub mod precision;
+pub mod scaler;
+pub mod trainer;
+
+pub use precision::Precision;
+pub use trainer::{StepReport, TrainState, Trainer};
+
+use crate::config::ResolvedConfig;
+use crate::data::{self, Batch, DataSpec, Prefetcher};
+use crate::engine::Device;
+use crate::engine::device::{self, DeviceRequest};
+use crate::error::{KilnError, Result};
+use crate::models::Model;
+use metrics::{MetricsWriter, Progress, format_bytes, format_duration};
+use serde::Serialize;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// How to run: the resolved configuration and where the run lives.
+pub struct RunOptions {
+    pub config: ResolvedConfig,
+    pub run_dir: PathBuf,
+    /// Continue from the run directory's latest checkpoint.
+    pub resume: bool,
+    /// Stop after this optimizer step even if `train.steps` is larger (the schedule still
+    /// spans `train.steps`), to split a run into parts.
+    pub stop_after: Option<u64>,
+    pub quiet: bool,
+}
+
+/// The outcome of a run, also written as `summary.json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub steps: u64,
+    pub tokens: u64,
+    pub params: usize,
+    pub device: String,
+    pub precision: String,
+    pub train_loss: f64,
+    pub val_loss: f64,
+    pub val_bits_per_token: f64,
+    pub unigram_val_loss: f64,
+    pub elapsed_s: f64,
+    pub tokens_per_s: f64,
+    pub skipped_steps: u64,
+    pub data_wait_s: f64,
+    pub peak_memory_bytes: usize,
+    pub checkpoint: Option<String>,
+}
+
+/// Picks the device and checks the precision against it; returns notes for the user.
+pub fn resolve_device(device: &str, precision: &str) -> Result<(Device, Precision, Vec<String>)> {
+    let request: DeviceRequest = device.parse().map_err(KilnError::Setting)?;
+    let (device, note) = device::resolve(request)?;
+    let precision = Precision::parse(precision)?;
+    let mut notes: Vec<String> = note.into_iter().collect();
+    notes.extend(precision.check_device(device)?);
+    Ok((device, precision, notes))
+}
+
+pub fn data_spec(cfg: &crate::config::Config) -> DataSpec {
+    DataSpec {
+        corpus: (!cfg.data.corpus.is_empty()).then(|| PathBuf::from(&cfg.data.corpus)),
+        tokenizer: cfg.data.tokenizer.clone(),
+        val_fraction: cfg.data.val_fraction,
+        seed: cfg.train.seed,
+        micro_batch: cfg.train.micro_batch,
+        seq: cfg.train.seq_len,
+        grad_accum: cfg.train.grad_accum,
+    }
+}
+
+/// Writes `bytes` to `path` through a temporary file and a rename.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    fs::write(&tmp, bytes).map_err(|e| KilnError::output(&tmp, e))?;
+    fs::rename(&tmp, path).map_err(|e| KilnError::output(path, e))
+}
+
+#[derive(Serialize)]
+struct TrainRecord {
+    kind: &'static str,
+    step: u64,
+    loss: f64,
+    lr: f64,
+    grad_norm: f64,
+    loss_scale: f64,
+    skipped: bool,
+    tokens: u64,
+    tokens_per_s: f64,
+    mem_current: usize,
+    mem_peak: usize,
+    mem_reserved: usize,
+    elapsed_s: f64,
+}
+
+#[derive(Serialize)]
+struct EvalRecord {
+    kind: &'static str,
+    step: u64,
+    val_loss: f64,
+    val_bits_per_token: f64,
+}
+
+pub fn run(opts: RunOptions) -> Result<Summary> {
+    let cfg = opts.config.config.clone();
+    let mut progress = Progress::new(opts.quiet);
+    let (device, precision, notes) = resolve_device(&cfg.train.device, &cfg.train.precision)?;
+    for n in notes {
+        progress.message(&format!("note: {n}"));
+    }
+    let vocab = data::tokenizer_vocab_size(&cfg.data.tokenizer)?;
+    let mut trainer = Trainer::new(&cfg, vocab, device, precision)?;
+
+    // Restore before writing anything: a bad checkpoint must leave the run directory as it was.
+    let run_dir = &opts.run_dir;
+    if opts.resume {
+        let ckpt = checkpoint::latest(run_dir)?.ok_or_else(|| {
+            KilnError::checkpoint(
+                checkpoint::checkpoints_dir(run_dir),
+                "has no checkpoint to resume from; train without --resume to start a new run",
+            )
+        })?;
+        checkpoint::load_into(&mut trainer, &ckpt)?;
+        progress.message(&format!(
+            "resumed from {} at step {}",
+            ckpt.display(),
+            trainer.state.step
+        ));
+    } else if checkpoint::latest(run_dir)?.is_some() {
+        return Err(KilnError::Setting(format!(
+            "{} already holds a run with checkpoints; add --resume to continue it or choose another --out",
+            run_dir.display()
+        )));
+    }
+    fs::create_dir_all(run_dir).map_err(|e| KilnError::output(run_dir, e))?;
+    write_atomic(
+        &run_dir.join("config.toml"),
+        opts.config.to_toml().as_bytes(),
+    )?;
+    let mut metrics = MetricsWriter::open(&run_dir.join("metrics.jsonl"))?;
+
+    let mut loader = Prefetcher::spawn(data_spec(&cfg), trainer.state.data_step, cfg.data.prefetch);
+    let splits = loader.splits()?;
+    let val = data::val_batches(
+        &splits.val,
+        cfg.train.eval_batches,
+        cfg.train.micro_batch,
+        cfg.train.seq_len,
+    )?;
+    let unigram = data::unigram_cross_entropy(&splits.train, &splits.val, vocab);
+    let params: usize = trainer.model.cost(1, 1).params;
+    progress.message(&format!(
+        "training {params} parameters on {device} in {precision}: {} train / {} val tokens; unigram val loss {unigram:.3}",
+        splits.train.len(),
+        splits.val.len()
+    ));
+
+    let total = cfg.train.steps as u64;
+    let last = opts.stop_after.map_or(total, |s| s.min(total));
+    let every = |n: usize, step: u64| n > 0 && step % n as u64 == 0;
+    let started = Instant::now();
+    let mut window = (Instant::now(), 0u64);
+    let mut last_ckpt: Option<PathBuf> = checkpoint::latest(run_dir)?;
+    let mut train_loss = f64::NAN;
+    let mut val_loss = f64::NAN;
+    let start_tokens = trainer.state.tokens;
+    let start_step = trainer.state.step;
+    trainer.pool.reset_peak();
+
+    while trainer.state.step < last {
+        let mut micro: Vec<Batch> = Vec::with_capacity(cfg.train.grad_accum);
+        for _ in 0..cfg.train.grad_accum {
+            micro.push(loader.next()?.2);
+        }
+        let report = trainer
+            .step(&micro)
+            .map_err(|e| with_checkpoint_note(e, &last_ckpt))?;
+        let step = trainer.state.step;
+        train_loss = report.loss;
+        window.1 += report.tokens;
+        if report.skipped {
+            progress.message(&format!(
+                "step {}: gradients overflowed in fp16; skipped, loss scale now {}",
+                step + 1,
+                trainer.loss_scale()
+            ));
+        }
+        let mem = trainer.pool.stats();
+        if every(cfg.train.log_every, step) || step == last {
+            let secs = window.0.elapsed().as_secs_f64();
+            let tps = window.1 as f64 / secs.max(1e-9);
+            let per_step = started.elapsed().as_secs_f64() / (step - start_step).max(1) as f64;
+            let eta = Duration::from_secs_f64((last - step) as f64 * per_step);
+            progress.update(&format!(
+                "step {step:>5}/{total} | loss {:.4} | lr {:.2e} | {:.1}k tok/s | mem {} | eta {}",
+                report.loss,
+                report.lr,
+                tps / 1000.0,
+                format_bytes(mem.peak),
+                format_duration(eta)
+            ));
+            metrics.write(&TrainRecord {
+                kind: "train",
+                step,
+                loss: report.loss,
+                lr: report.lr,
+                grad_norm: report.grad_norm,
+                loss_scale: report.loss_scale,
+                skipped: report.skipped,
+                tokens: trainer.state.tokens,
+                tokens_per_s: tps,
+                mem_current: mem.current,
+                mem_peak: mem.peak,
+                mem_reserved: mem.reserved,
+                elapsed_s: started.elapsed().as_secs_f64(),
+            })?;
+            window = (Instant::now(), 0);
+        }
+        if report.skipped {
+            continue;
+        }
+        if every(cfg.train.eval_every, step) || step == last {
+            val_loss = trainer.evaluate(&val)?;
+            metrics.write(&EvalRecord {
+                kind: "eval",
+                step,
+                val_loss,
+                val_bits_per_token: val_loss / std::f64::consts::LN_2,
+            })?;
+            progress.message(&format!(
+                "step {step:>5}: val loss {val_loss:.4} ({:.3} bits/token)",
+                val_loss / std::f64::consts::LN_2
+            ));
+        }
+        if every(cfg.train.checkpoint_every, step) || step == last {
+            last_ckpt = Some(checkpoint::save(&trainer, run_dir)?);
+        }
+    }
+    progress.finish();
+    if val_loss.is_nan() {
+        val_loss = trainer.evaluate(&val)?;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let tokens = trainer.state.tokens - start_tokens;
+    let summary = Summary {
+        steps: trainer.state.step,
+        tokens: trainer.state.tokens,
+        params,
+        device: device.to_string(),
+        precision: precision.to_string(),
+        train_loss,
+        val_loss,
+        val_bits_per_token: val_loss / std::f64::consts::LN_2,
+        unigram_val_loss: unigram,
+        elapsed_s: elapsed,
+        tokens_per_s: tokens as f64 / elapsed.max(1e-9),
+        skipped_steps: trainer.state.scaler.map_or(0, |s| s.skipped),
+        data_wait_s: loader.wait_stats().as_secs_f64(),
+        peak_memory_bytes: trainer.pool.stats().peak,
+        checkpoint: last_ckpt.map(|p| p.display().to_string()),
+    };
+    let json = serde_json::to_vec_pretty(&summary).map_err(|e| KilnError::output(run_dir, e))?;
+    write_atomic(&run_dir.join("summary.json"), &json)?;
+    Ok(summary)
+}
+
+/// Adds where the last good checkpoint is to a divergence error.
+fn with_checkpoint_note(e: KilnError, last: &Option<PathBuf>) -> KilnError {
+    match e {
+        KilnError::NonFinite {
+            what, step, value, ..
+        } => KilnError::NonFinite {
+            what,
+            step,
+            value,
+            kept: match last {
+                Some(p) => format!("the last good checkpoint is kept at {}", p.display()),
+                None => "no checkpoint had been written yet".into(),
+            },
+        },
+        other => other,
+    }
+}
+
+/// A trained model read back from a run directory, for evaluation and generation.
+pub struct LoadedRun {
+    pub config: crate::config::Config,
+    pub model: crate::models::gpt::Gpt,
+    pub step: u64,
+    pub checkpoint: PathBuf,
+}
+
+/// Loads a run's saved configuration and its latest checkpoint's weights (fp32, CPU).
+pub fn load_run(run_dir: &Path) -> Result<LoadedRun> {
+    let config_path = run_dir.join("config.toml");
+    if !config_path.is_file() {
+        return Err(KilnError::Setting(format!(
+            "{} is not a kiln run directory (no config.toml); pass the directory `kiln train` wrote",
+            run_dir.display()
+        )));
+    }
+    let config = ResolvedConfig::resolve(Some(&config_path), &[])?.config;
+    let ckpt = checkpoint::latest(run_dir)?.ok_or_else(|| {
+        KilnError::checkpoint(
+            checkpoint::checkpoints_dir(run_dir),
+            "has no checkpoint yet; train longer or with train.checkpoint_every set",
+        )
+    })?;
+    let vocab = data::tokenizer_vocab_size(&config.data.tokenizer)?;
+    let trainer = Trainer::new(&config, vocab, Device::Cpu, Precision::Fp32)?;
+    let mut model = trainer.model;
+    let meta = checkpoint::load_weights(&ckpt, &mut model, &config.model, vocab)?;
+    Ok(LoadedRun {
+        config,
+        model,
+        step: meta.state.step,
+        checkpoint: ckpt,
+    })
+}

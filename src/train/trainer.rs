@@ -1,0 +1,199 @@
+//! One optimizer step, top to bottom: accumulate gradients over the micro-batches, check
+//! them, clip, update, advance the schedule.
+
+use super::precision::Precision;
+use super::scaler::LossScaler;
+use crate::config::Config;
+use crate::data::Batch;
+use crate::engine::{Device, MemoryPool};
+use crate::error::{KilnError, Result};
+use crate::models::gpt::{Gpt, GptConfig};
+use crate::models::{Model, StepPrecision};
+use crate::optim::adamw::{AdamW, AdamWConfig};
+use crate::optim::schedule::CosineSchedule;
+use crate::optim::{clip_coefficient, grad_sum_squares};
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+/// Everything besides tensors that a resumed run needs to continue exactly.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct TrainState {
+    /// Optimizer steps taken (the LR schedule's position).
+    pub step: u64,
+    /// Global batches drawn from the data stream (a skipped fp16 step consumes one too).
+    pub data_step: u64,
+    pub tokens: u64,
+    pub scaler: Option<LossScaler>,
+}
+
+/// What one call to [`Trainer::step`] did.
+#[derive(Debug, Clone, Copy)]
+pub struct StepReport {
+    /// Mean loss per token over the global batch.
+    pub loss: f64,
+    /// Global gradient norm before clipping (unscaled).
+    pub grad_norm: f64,
+    pub lr: f64,
+    pub skipped: bool,
+    pub loss_scale: f64,
+    pub tokens: u64,
+}
+
+pub struct Trainer {
+    pub cfg: Config,
+    pub model: Gpt,
+    pub opt: AdamW,
+    pub precision: Precision,
+    pub schedule: CosineSchedule,
+    pub state: TrainState,
+    pub pool: Arc<MemoryPool>,
+}
+
+impl Trainer {
+    pub fn new(
+        cfg: &Config,
+        vocab: usize,
+        device: Device,
+        precision: Precision,
+    ) -> Result<Trainer> {
+        let pool = MemoryPool::new(device);
+        let m = &cfg.model;
+        let gpt = GptConfig {
+            vocab,
+            d_model: m.d_model,
+            n_layers: m.n_layers,
+            n_heads: m.n_heads,
+            context: m.context,
+            tied_head: m.tied_head,
+        };
+        let mut model = Gpt::new(&pool, gpt, cfg.train.seed)?;
+        for p in model.params_mut() {
+            p.set_compute_dtype(precision.compute_dtype())?;
+        }
+        let o = &cfg.optim;
+        let opt = AdamW::new(
+            AdamWConfig {
+                beta1: o.beta1 as f32,
+                beta2: o.beta2 as f32,
+                eps: o.eps as f32,
+                weight_decay: o.weight_decay as f32,
+            },
+            &model.params(),
+        )?;
+        let scaler = precision.uses_loss_scaling().then(|| {
+            LossScaler::new(
+                cfg.train.loss_scale_init,
+                cfg.train.loss_scale_growth_interval as u64,
+            )
+        });
+        Ok(Trainer {
+            cfg: cfg.clone(),
+            model,
+            opt,
+            precision,
+            schedule: CosineSchedule {
+                max_lr: o.lr,
+                min_lr: o.min_lr,
+                warmup_steps: o.warmup_steps as u64,
+                total_steps: cfg.train.steps as u64,
+            },
+            state: TrainState {
+                step: 0,
+                data_step: 0,
+                tokens: 0,
+                scaler,
+            },
+            pool,
+        })
+    }
+
+    pub fn loss_scale(&self) -> f64 {
+        self.state.scaler.map_or(1.0, |s| s.scale)
+    }
+
+    /// Zeroes the gradients and accumulates those of all `micro` batches, each token's loss
+    /// weighted by `loss_scale / tokens in the global batch`: the result is the gradient of
+    /// the global batch's mean loss (times the scale), however the batch is split.
+    /// Returns the summed token loss.
+    pub fn accumulate(&mut self, micro: &[Batch]) -> Result<f64> {
+        for p in self.model.params_mut() {
+            p.grad.fill_zero();
+        }
+        let tokens: usize = micro.iter().map(|b| b.inputs.len()).sum();
+        let p = StepPrecision {
+            grad_scale: (self.loss_scale() / tokens as f64) as f32,
+            grad_dtype: self.precision.grad_dtype(),
+        };
+        let mut loss = 0.0;
+        for b in micro {
+            loss += self
+                .model
+                .forward_backward(&b.inputs, &b.targets, b.batch, b.seq, p)?;
+        }
+        Ok(loss)
+    }
+
+    /// One optimizer step on the global batch made of `micro`.
+    pub fn step(&mut self, micro: &[Batch]) -> Result<StepReport> {
+        let tokens: u64 = micro.iter().map(|b| b.inputs.len() as u64).sum();
+        let loss = self.accumulate(micro)? / tokens as f64;
+        let step = self.state.step;
+        if !loss.is_finite() {
+            return Err(self.non_finite("loss", loss));
+        }
+        let scale = self.loss_scale();
+        let grad_norm = grad_sum_squares(&self.model.params())?.sqrt() / scale;
+        self.state.data_step += 1;
+        self.state.tokens += tokens;
+        let lr = self.schedule.lr(step);
+        if let Some(scaler) = &mut self.state.scaler {
+            if scaler.update(!grad_norm.is_finite()) {
+                return Ok(StepReport {
+                    loss,
+                    grad_norm,
+                    lr,
+                    skipped: true,
+                    loss_scale: scale,
+                    tokens,
+                });
+            }
+        } else if !grad_norm.is_finite() {
+            return Err(self.non_finite("gradient norm", grad_norm));
+        }
+        let coef = clip_coefficient(grad_norm, self.cfg.optim.grad_clip);
+        self.opt.step(
+            &mut self.model.params_mut(),
+            lr as f32,
+            (coef / scale) as f32,
+        )?;
+        self.state.step += 1;
+        Ok(StepReport {
+            loss,
+            grad_norm,
+            lr,
+            skipped: false,
+            loss_scale: scale,
+            tokens,
+        })
+    }
+
+    fn non_finite(&self, what: &'static str, value: f64) -> KilnError {
+        KilnError::NonFinite {
+            what,
+            step: self.state.step + 1,
+            value,
+            kept: "no checkpoint was written for this step".into(),
+        }
+    }
+
+    /// Mean loss per token over `batches`.
+    pub fn evaluate(&self, batches: &[Batch]) -> Result<f64> {
+        let mut loss = 0.0;
+        let mut tokens = 0usize;
+        for b in batches {
+            loss += self.model.loss(&b.inputs, &b.targets, b.batch, b.seq)?;
+            tokens += b.inputs.len();
+        }
+        Ok(loss / tokens as f64)
+    }
+}
