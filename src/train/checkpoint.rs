@@ -42,11 +42,12 @@ pub fn checkpoints_dir(run_dir: &Path) -> PathBuf {
 /// The checkpoint `latest` points to in `run_dir`, if any.
 pub fn latest(run_dir: &Path) -> Result<Option<PathBuf>> {
     let pointer = checkpoints_dir(run_dir).join(LATEST);
-    match fs::read_to_string(&pointer) {
-        Ok(name) => Ok(Some(checkpoints_dir(run_dir).join(name.trim()))),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(KilnError::checkpoint(pointer, e.to_string())),
+    if !pointer.is_file() {
+        return Ok(None);
     }
+    let name =
+        fs::read_to_string(&pointer).map_err(|e| KilnError::checkpoint(&pointer, e.to_string()))?;
+    Ok(Some(checkpoints_dir(run_dir).join(name.trim())))
 }
 
 fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {

@@ -168,7 +168,7 @@ pub fn run(opts: RunOptions) -> Result<Summary> {
 
     let total = cfg.train.steps as u64;
     let last = opts.stop_after.map_or(total, |s| s.min(total));
-    let every = |n: usize, step: u64| n > 0 && step % n as u64 == 0;
+    let every = |n: usize, step: u64| n > 0 && step.is_multiple_of(n as u64);
     let started = Instant::now();
     let mut window = (Instant::now(), 0u64);
     let mut last_ckpt: Option<PathBuf> = checkpoint::latest(run_dir)?;
