@@ -31,6 +31,9 @@ pub enum KilnError {
         value: f64,
         kept: String,
     },
+    /// A GPU kernel disagreed with its CPU reference, or the GPU backend failed to start.
+    #[error("selftest: {0}")]
+    SelfTest(String),
     #[error("cannot write {}: {reason}; choose a writable --out directory", path.display())]
     Output { path: PathBuf, reason: String },
 }
@@ -45,6 +48,7 @@ impl KilnError {
             KilnError::NonFinite { .. } => 5,
             KilnError::Engine(EngineError::OutOfMemory { .. }) => 6,
             KilnError::Output { .. } => 7,
+            KilnError::SelfTest(_) => 8,
             KilnError::Engine(_) => 1,
         }
     }

@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod eval;
 pub mod generate;
+pub mod selftest;
 pub mod train;
 
 use crate::error::{KilnError, Result};
@@ -36,6 +37,8 @@ pub enum Command {
     /// Measure performance (`kiln bench train`).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Check every GPU kernel against its CPU reference (skips, exit 0, with no GPU).
+    Selftest(selftest::SelftestArgs),
 }
 
 pub fn run(cli: Cli) -> Result<()> {
@@ -44,6 +47,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Eval(a) => eval::run(a),
         Command::Generate(a) => generate::run(a),
         Command::Bench(b) => bench::run(b),
+        Command::Selftest(a) => selftest::run(a),
     }
 }
 

@@ -6,6 +6,7 @@
 //! error the trainer can act on, and planned memory can be checked against measured memory.
 
 pub mod cpu;
+pub mod cuda;
 pub mod device;
 pub mod dtype;
 pub mod ops;

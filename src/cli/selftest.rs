@@ -1,0 +1,816 @@
+//! `kiln selftest`: every GPU kernel against its CPU reference, on fresh random inputs.
+//!
+//! Each check draws new random inputs (never zeros), fills every output the kernel overwrites
+//! with NaN first (so an element it forgets to write fails), gives accumulating outputs random
+//! starting values (so a kernel that overwrites instead of adding fails), runs the CPU
+//! reference from `engine::cpu` on the same values (rounded to bf16 where the GPU reads bf16),
+//! and reports the largest relative error against a bound set by the precision. NaN never
+//! passes. With no usable GPU the command says why in one line and exits 0 ("skipped"), so it
+//! can run anywhere; with a GPU any failure gives a non-zero exit.
+
+use crate::engine::DType;
+use crate::engine::cpu;
+use crate::engine::cuda::{self, AdamWStep, Bf16, CudaBackend, CudaError, Elem, GemmMath};
+use crate::engine::rng::{Rng, stream};
+use crate::error::{KilnError, Result};
+use clap::Args;
+use cudarc::driver::CudaSlice;
+use std::time::Instant;
+
+#[derive(Args, Debug)]
+#[command(after_help = "EXAMPLES:
+  kiln selftest
+  kiln selftest --gpu 1 --seed 7")]
+pub struct SelftestArgs {
+    /// Which GPU to test (CUDA ordinal).
+    #[arg(long, default_value_t = 0)]
+    pub gpu: usize,
+    /// Seed of the random inputs; every run with the same seed draws the same inputs.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+/// fp32 kernels: reduction order differs from the CPU, nothing else.
+const BOUND_FP32: f64 = 1e-4;
+/// TF32 rounds every operand to a 10-bit mantissa (relative error up to 2^-11 each); over a
+/// long dot product of random signs the worst output lands near 4e-4 of the largest.
+const BOUND_TF32: f64 = 1e-3;
+/// bf16 outputs carry one rounding to an 8-bit mantissa (2^-9 relative) on top.
+const BOUND_BF16: f64 = 1e-2;
+
+/// `max_i |got_i - want_i| / max(|want_i|, floor * max_j |want_j|)`: relative error per
+/// element, except that elements far below the buffer's largest are measured against a
+/// fraction `floor` of it (`floor = 1` is error relative to the maximum, used for GEMMs).
+/// A non-finite value where the reference is finite, or a length mismatch, is infinite error.
+fn rel_err(got: &[f32], want: &[f32], floor: f64) -> f64 {
+    if got.len() != want.len() {
+        return f64::INFINITY;
+    }
+    let max = want.iter().fold(0.0f64, |m, &w| m.max((w as f64).abs()));
+    let floor = (floor * max).max(f64::MIN_POSITIVE);
+    got.iter().zip(want).fold(0.0f64, |worst, (&g, &w)| {
+        let (g, w) = (g as f64, w as f64);
+        let e = if g.is_finite() != w.is_finite() || g.is_nan() {
+            f64::INFINITY
+        } else if !w.is_finite() {
+            if g == w { 0.0 } else { f64::INFINITY }
+        } else {
+            (g - w).abs() / w.abs().max(floor)
+        };
+        worst.max(e)
+    })
+}
+
+/// Elementwise outputs: errors of tiny elements are measured against 1% of the largest.
+const ELEMENTWISE_FLOOR: f64 = 1e-2;
+/// GEMM outputs: error relative to the largest output.
+const GEMM_FLOOR: f64 = 1.0;
+
+/// Fresh random inputs; each call continues the stream, so no two buffers repeat.
+struct Inputs(Rng);
+
+impl Inputs {
+    /// Uniform in [-scale, scale), rounded to `dtype` (what the GPU will read).
+    fn uniform(&mut self, n: usize, scale: f32, dtype: DType) -> Vec<f32> {
+        (0..n)
+            .map(|_| dtype.round((self.0.next_f32() * 2.0 - 1.0) * scale))
+            .collect()
+    }
+
+    fn positive(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| (self.0.next_f32() + 1e-3) * scale).collect()
+    }
+
+    fn tokens(&mut self, n: usize, vocab: usize) -> Vec<u32> {
+        // Half the positions draw from 16 tokens, so repeated tokens are certain.
+        (0..n)
+            .map(|i| {
+                if i % 2 == 0 {
+                    (self.0.below(16) * 3) as u32
+                } else {
+                    self.0.below(vocab as u64) as u32
+                }
+            })
+            .collect()
+    }
+}
+
+/// One line of the report.
+struct Row {
+    kernel: String,
+    dtype: &'static str,
+    shape: String,
+    result: std::result::Result<f64, CudaError>,
+    bound: f64,
+}
+
+impl Row {
+    fn passed(&self) -> bool {
+        matches!(self.result, Ok(e) if e <= self.bound)
+    }
+}
+
+pub fn run(args: SelftestArgs) -> Result<()> {
+    if let Err(why) = cuda::probe() {
+        println!("selftest skipped: {why}");
+        return Ok(());
+    }
+    let t0 = Instant::now();
+    let first = match CudaBackend::new(args.gpu) {
+        Ok(b) => b,
+        Err(e @ (CudaError::LibraryMissing { .. } | CudaError::NoDevice(_))) => {
+            println!("selftest skipped: {e}");
+            return Ok(());
+        }
+        Err(e) => {
+            return Err(KilnError::SelfTest(format!(
+                "the CUDA backend did not start: {e}"
+            )));
+        }
+    };
+    let first_start = t0.elapsed();
+    let first_report = first.compile_report();
+    drop(first);
+    let t1 = Instant::now();
+    let gpu = CudaBackend::new(args.gpu)
+        .map_err(|e| KilnError::SelfTest(format!("the CUDA backend did not restart: {e}")))?;
+    let second_start = t1.elapsed();
+    let second_report = gpu.compile_report();
+
+    println!("device: {}", gpu.info());
+    println!(
+        "kernel cache: {}",
+        cuda::nvrtc::cache_dir().map_or("none (no HOME or XDG_CACHE_HOME)".into(), |d| d
+            .display()
+            .to_string())
+    );
+    for (label, report, total) in [
+        ("first start ", first_report, first_start),
+        ("second start", second_report, second_start),
+    ] {
+        println!(
+            "{label}: {} programs compiled, {} from cache, kernels ready in {:.1} ms (backend start {:.1} ms)",
+            report.compiled,
+            report.from_cache,
+            report.elapsed.as_secs_f64() * 1e3,
+            total.as_secs_f64() * 1e3
+        );
+    }
+
+    let mut inputs = Inputs(Rng::new(args.seed, stream::INIT));
+    let started = Instant::now();
+    let rows = run_checks(&gpu, &mut inputs);
+    print_table(&rows);
+    let failed = rows.iter().filter(|r| !r.passed()).count();
+    println!(
+        "{} checks, {} failed, in {:.1} s",
+        rows.len(),
+        failed,
+        started.elapsed().as_secs_f64()
+    );
+    for r in &rows {
+        if let Err(e) = &r.result {
+            println!("{} ({}, {}): {e}", r.kernel, r.dtype, r.shape);
+        }
+    }
+    if failed > 0 {
+        return Err(KilnError::SelfTest(format!(
+            "{failed} of {} GPU checks failed",
+            rows.len()
+        )));
+    }
+    Ok(())
+}
+
+fn print_table(rows: &[Row]) {
+    println!(
+        "{:<30} | {:<5} | {:<22} | {:>12} | {:>7} | result",
+        "kernel", "dtype", "shape", "max rel err", "bound"
+    );
+    println!("{}", "-".repeat(96));
+    for r in rows {
+        let err = match &r.result {
+            Ok(e) => format!("{e:.3e}"),
+            Err(_) => "error".to_string(),
+        };
+        println!(
+            "{:<30} | {:<5} | {:<22} | {:>12} | {:>7.0e} | {}",
+            r.kernel,
+            r.dtype,
+            r.shape,
+            err,
+            r.bound,
+            if r.passed() { "PASS" } else { "FAIL" }
+        );
+    }
+}
+
+fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
+    let mut rows = Vec::new();
+    let mut push = |kernel: &str, dtype: &'static str, shape: String, bound: f64, result| {
+        rows.push(Row {
+            kernel: kernel.to_string(),
+            dtype,
+            shape,
+            result,
+            bound,
+        })
+    };
+    macro_rules! both_dtypes {
+        ($f:ident, $name:expr, $shape:expr, $($arg:expr),*) => {
+            push($name, "f32", $shape.clone(), BOUND_FP32, $f::<f32>(gpu, inp, $($arg),*));
+            push($name, "bf16", $shape.clone(), BOUND_BF16, $f::<Bf16>(gpu, inp, $($arg),*));
+        };
+    }
+    for (n, c) in [(1024, 768), (37, 1001)] {
+        let shape = format!("{n}x{c}");
+        both_dtypes!(check_layernorm_forward, "layernorm_forward", shape, n, c);
+        both_dtypes!(
+            check_residual_layernorm,
+            "residual_layernorm_forward",
+            shape,
+            n,
+            c
+        );
+        both_dtypes!(check_layernorm_backward, "layernorm_backward", shape, n, c);
+    }
+    for n in [(1 << 20) + 3, 1000] {
+        both_dtypes!(check_gelu_forward, "gelu_forward", &format!("{n}"), n);
+        both_dtypes!(check_gelu_backward, "gelu_backward", &format!("{n}"), n);
+    }
+    for (n, v) in [(64, 50304), (7, 1001)] {
+        let shape = format!("{n}x{v}");
+        both_dtypes!(
+            check_cross_entropy_forward,
+            "cross_entropy_forward",
+            shape,
+            n,
+            v
+        );
+        both_dtypes!(
+            check_cross_entropy_fused,
+            "cross_entropy_fused",
+            shape,
+            n,
+            v
+        );
+    }
+    for (vocab, seq, n, c) in [(50304, 256, 1024, 768), (97, 5, 23, 33)] {
+        let shape = format!("V{vocab} T{seq} N{n} C{c}");
+        both_dtypes!(
+            check_embedding_forward,
+            "embedding_forward",
+            shape,
+            vocab,
+            seq,
+            n,
+            c
+        );
+        both_dtypes!(
+            check_embedding_backward,
+            "embedding_backward",
+            shape,
+            vocab,
+            seq,
+            n,
+            c
+        );
+    }
+    for n in [1_000_003, 77] {
+        let master_only = check_adamw::<f32>(gpu, inp, n, false);
+        push(
+            "adamw_update (master only)",
+            "f32",
+            format!("{n}"),
+            BOUND_FP32,
+            master_only,
+        );
+        both_dtypes!(check_adamw, "adamw_update", &format!("{n}"), n, true);
+    }
+    for n in [10_000_019, 1000] {
+        let r = check_sum_squares(gpu, inp, n, None);
+        push("sum_squares", "f32", format!("{n}"), BOUND_FP32, r);
+    }
+    for (bad, name) in [
+        (f32::NAN, "sum_squares (NaN flag)"),
+        (f32::INFINITY, "sum_squares (inf flag)"),
+    ] {
+        let r = check_sum_squares(gpu, inp, 100_003, Some(bad));
+        push(name, "f32", "100003".into(), 0.0, r);
+    }
+    for (n, c_in, c_out) in [(512, 768, 2304), (37, 53, 29)] {
+        let shape = format!("{n}x{c_in}->{c_out}");
+        for (label, math, b) in [
+            ("f32", GemmMath::Fp32, BOUND_FP32),
+            ("tf32", GemmMath::Tf32, BOUND_TF32),
+        ] {
+            let r = check_linear_forward::<f32>(gpu, inp, n, c_in, c_out, math);
+            push("linear_forward", label, shape.clone(), b, r);
+            let r = check_linear_backward::<f32>(gpu, inp, n, c_in, c_out, math);
+            push("linear_backward", label, shape.clone(), b, r);
+        }
+        let r = check_linear_forward::<Bf16>(gpu, inp, n, c_in, c_out, GemmMath::Fp32);
+        push("linear_forward", "bf16", shape.clone(), BOUND_BF16, r);
+        let r = check_linear_backward::<Bf16>(gpu, inp, n, c_in, c_out, GemmMath::Fp32);
+        push("linear_backward", "bf16", shape.clone(), BOUND_BF16, r);
+        let r = check_matmul_tt(gpu, inp, n, c_in, c_out);
+        push("matmul (A^T B^T)", "f32", shape, BOUND_FP32, r);
+    }
+    rows
+}
+
+type Check = std::result::Result<f64, CudaError>;
+
+/// A device buffer of `n` NaNs in `T`: whatever the kernel does not write stays NaN.
+fn poisoned<T: Elem>(gpu: &CudaBackend, n: usize) -> std::result::Result<CudaSlice<T>, CudaError> {
+    gpu.upload_as::<T>(&vec![f32::NAN; n])
+}
+
+/// The worst of several buffers' errors.
+fn worst(errs: &[f64]) -> f64 {
+    errs.iter().fold(
+        0.0f64,
+        |w, &e| if e.is_nan() { f64::INFINITY } else { w.max(e) },
+    )
+}
+
+fn check_layernorm_forward<T: Elem>(
+    gpu: &CudaBackend,
+    inp: &mut Inputs,
+    n: usize,
+    c: usize,
+) -> Check {
+    let d = T::DTYPE;
+    let (x, g, b) = (
+        inp.uniform(n * c, 2.0, d),
+        inp.uniform(c, 1.0, d),
+        inp.uniform(c, 1.0, d),
+    );
+    let (mut out, mut mean, mut rstd) = (vec![0.0; n * c], vec![0.0; n], vec![0.0; n]);
+    cpu::layernorm::layernorm_forward(&mut out, &mut mean, &mut rstd, &x, &g, &b, c);
+    let mut d_out = poisoned::<T>(gpu, n * c)?;
+    let (mut d_mean, mut d_rstd) = (poisoned::<f32>(gpu, n)?, poisoned::<f32>(gpu, n)?);
+    let (d_x, d_g, d_b) = (
+        gpu.upload_as::<T>(&x)?,
+        gpu.upload_as::<T>(&g)?,
+        gpu.upload_as::<T>(&b)?,
+    );
+    gpu.layernorm_forward(&mut d_out, &mut d_mean, &mut d_rstd, &d_x, &d_g, &d_b, n, c)?;
+    Ok(worst(&[
+        rel_err(&gpu.download_f32(&d_out)?, &out, ELEMENTWISE_FLOOR),
+        rel_err(&gpu.download(&d_mean)?, &mean, ELEMENTWISE_FLOOR),
+        rel_err(&gpu.download(&d_rstd)?, &rstd, ELEMENTWISE_FLOOR),
+    ]))
+}
+
+fn check_residual_layernorm<T: Elem>(
+    gpu: &CudaBackend,
+    inp: &mut Inputs,
+    n: usize,
+    c: usize,
+) -> Check {
+    let d = T::DTYPE;
+    let (x, delta) = (inp.uniform(n * c, 2.0, d), inp.uniform(n * c, 2.0, d));
+    let (g, b) = (inp.uniform(c, 1.0, d), inp.uniform(c, 1.0, d));
+    // The reference: the fused CPU kernel in f32; in bf16 the GPU stores the sum rounded and
+    // normalises the stored value, so the reference does the same.
+    let (mut sum, mut out) = (vec![0.0; n * c], vec![0.0; n * c]);
+    let (mut mean, mut rstd) = (vec![0.0; n], vec![0.0; n]);
+    if d == DType::F32 {
+        cpu::layernorm::residual_layernorm_forward(
+            &mut sum, &mut out, &mut mean, &mut rstd, &x, &delta, &g, &b, c,
+        );
+    } else {
+        sum = x.iter().zip(&delta).map(|(a, b)| d.round(a + b)).collect();
+        cpu::layernorm::layernorm_forward(&mut out, &mut mean, &mut rstd, &sum, &g, &b, c);
+    }
+    let (mut d_sum, mut d_out) = (poisoned::<T>(gpu, n * c)?, poisoned::<T>(gpu, n * c)?);
+    let (mut d_mean, mut d_rstd) = (poisoned::<f32>(gpu, n)?, poisoned::<f32>(gpu, n)?);
+    let (d_x, d_delta) = (gpu.upload_as::<T>(&x)?, gpu.upload_as::<T>(&delta)?);
+    let (d_g, d_b) = (gpu.upload_as::<T>(&g)?, gpu.upload_as::<T>(&b)?);
+    gpu.residual_layernorm_forward(
+        &mut d_sum,
+        &mut d_out,
+        &mut d_mean,
+        &mut d_rstd,
+        &d_x,
+        &d_delta,
+        &d_g,
+        &d_b,
+        n,
+        c,
+    )?;
+    Ok(worst(&[
+        rel_err(&gpu.download_f32(&d_sum)?, &sum, ELEMENTWISE_FLOOR),
+        rel_err(&gpu.download_f32(&d_out)?, &out, ELEMENTWISE_FLOOR),
+        rel_err(&gpu.download(&d_mean)?, &mean, ELEMENTWISE_FLOOR),
+        rel_err(&gpu.download(&d_rstd)?, &rstd, ELEMENTWISE_FLOOR),
+    ]))
+}
+
+fn check_layernorm_backward<T: Elem>(
+    gpu: &CudaBackend,
+    inp: &mut Inputs,
+    n: usize,
+    c: usize,
+) -> Check {
+    let d = T::DTYPE;
+    let (x, g, b) = (
+        inp.uniform(n * c, 2.0, d),
+        inp.uniform(c, 1.0, d),
+        inp.uniform(c, 1.0, d),
+    );
+    let (mut out, mut mean, mut rstd) = (vec![0.0; n * c], vec![0.0; n], vec![0.0; n]);
+    cpu::layernorm::layernorm_forward(&mut out, &mut mean, &mut rstd, &x, &g, &b, c);
+    let dout = inp.uniform(n * c, 1.0, d);
+    // All three gradients accumulate: start them from random values, not zeros.
+    let (dinp0, dg0, db0) = (
+        inp.uniform(n * c, 1.0, d),
+        inp.uniform(c, 1.0, DType::F32),
+        inp.uniform(c, 1.0, DType::F32),
+    );
+    let (mut dinp, mut dg, mut db) = (dinp0.clone(), dg0.clone(), db0.clone());
+    cpu::layernorm::layernorm_backward(&mut dinp, &mut dg, &mut db, &dout, &x, &g, &mean, &rstd, c);
+    let mut d_dinp = gpu.upload_as::<T>(&dinp0)?;
+    let (mut d_dg, mut d_db) = (gpu.upload(&dg0)?, gpu.upload(&db0)?);
+    let (d_dout, d_x, d_g) = (
+        gpu.upload_as::<T>(&dout)?,
+        gpu.upload_as::<T>(&x)?,
+        gpu.upload_as::<T>(&g)?,
+    );
+    let (d_mean, d_rstd) = (gpu.upload(&mean)?, gpu.upload(&rstd)?);
+    gpu.layernorm_backward(
+        &mut d_dinp,
+        &mut d_dg,
+        &mut d_db,
+        &d_dout,
+        &d_x,
+        &d_g,
+        &d_mean,
+        &d_rstd,
+        n,
+        c,
+    )?;
+    Ok(worst(&[
+        rel_err(&gpu.download_f32(&d_dinp)?, &dinp, ELEMENTWISE_FLOOR),
+        rel_err(&gpu.download(&d_dg)?, &dg, ELEMENTWISE_FLOOR),
+        rel_err(&gpu.download(&d_db)?, &db, ELEMENTWISE_FLOOR),
+    ]))
+}
+
+fn check_gelu_forward<T: Elem>(gpu: &CudaBackend, inp: &mut Inputs, n: usize) -> Check {
+    let x = inp.uniform(n, 6.0, T::DTYPE);
+    let mut out = vec![0.0; n];
+    cpu::gelu::gelu_forward(&mut out, &x);
+    let mut d_out = poisoned::<T>(gpu, n)?;
+    gpu.gelu_forward(&mut d_out, &gpu.upload_as::<T>(&x)?, n)?;
+    Ok(rel_err(&gpu.download_f32(&d_out)?, &out, ELEMENTWISE_FLOOR))
+}
+
+fn check_gelu_backward<T: Elem>(gpu: &CudaBackend, inp: &mut Inputs, n: usize) -> Check {
+    let (x, dout) = (inp.uniform(n, 6.0, T::DTYPE), inp.uniform(n, 1.0, T::DTYPE));
+    let mut dx = vec![0.0; n];
+    cpu::gelu::gelu_backward(&mut dx, &x, &dout);
+    let mut d_dx = poisoned::<T>(gpu, n)?;
+    gpu.gelu_backward(
+        &mut d_dx,
+        &gpu.upload_as::<T>(&x)?,
+        &gpu.upload_as::<T>(&dout)?,
+        n,
+    )?;
+    Ok(rel_err(&gpu.download_f32(&d_dx)?, &dx, ELEMENTWISE_FLOOR))
+}
+
+fn logits_and_targets(inp: &mut Inputs, n: usize, v: usize, d: DType) -> (Vec<f32>, Vec<u32>) {
+    let logits = inp.uniform(n * v, 4.0, d);
+    let targets = (0..n).map(|_| inp.0.below(v as u64) as u32).collect();
+    (logits, targets)
+}
+
+fn check_cross_entropy_forward<T: Elem>(
+    gpu: &CudaBackend,
+    inp: &mut Inputs,
+    n: usize,
+    v: usize,
+) -> Check {
+    let (logits, targets) = logits_and_targets(inp, n, v, T::DTYPE);
+    let mut losses = vec![0.0; n];
+    cpu::cross_entropy::cross_entropy_forward(&mut losses, &logits, &targets, v);
+    let mut d_losses = poisoned::<f32>(gpu, n)?;
+    let (d_logits, d_targets) = (gpu.upload_as::<T>(&logits)?, gpu.upload(&targets)?);
+    gpu.cross_entropy_forward(&mut d_losses, &d_logits, &d_targets, n, v)?;
+    Ok(rel_err(
+        &gpu.download(&d_losses)?,
+        &losses,
+        ELEMENTWISE_FLOOR,
+    ))
+}
+
+fn check_cross_entropy_fused<T: Elem>(
+    gpu: &CudaBackend,
+    inp: &mut Inputs,
+    n: usize,
+    v: usize,
+) -> Check {
+    let (logits, targets) = logits_and_targets(inp, n, v, T::DTYPE);
+    let grad_scale = 1.0 / n as f32;
+    let (mut losses, mut grad) = (vec![0.0; n], logits.clone());
+    cpu::cross_entropy::cross_entropy_fused(&mut losses, &mut grad, &targets, v, grad_scale);
+    let mut d_losses = poisoned::<f32>(gpu, n)?;
+    let (mut d_logits, d_targets) = (gpu.upload_as::<T>(&logits)?, gpu.upload(&targets)?);
+    gpu.cross_entropy_fused(&mut d_losses, &mut d_logits, &d_targets, n, v, grad_scale)?;
+    // The gradient is checked row by row: each row's entries against that row's largest, so
+    // the tiny probabilities of a 50k vocabulary are held to account.
+    let got = gpu.download_f32(&d_logits)?;
+    let grad_err = got
+        .chunks(v)
+        .zip(grad.chunks(v))
+        .map(|(g, w)| rel_err(g, w, ELEMENTWISE_FLOOR))
+        .collect::<Vec<_>>();
+    Ok(worst(&[
+        rel_err(&gpu.download(&d_losses)?, &losses, ELEMENTWISE_FLOOR),
+        worst(&grad_err),
+    ]))
+}
+
+fn check_embedding_forward<T: Elem>(
+    gpu: &CudaBackend,
+    inp: &mut Inputs,
+    vocab: usize,
+    seq: usize,
+    n: usize,
+    c: usize,
+) -> Check {
+    let (wte, wpe) = (
+        inp.uniform(vocab * c, 1.0, T::DTYPE),
+        inp.uniform(seq * c, 1.0, T::DTYPE),
+    );
+    let tokens = inp.tokens(n, vocab);
+    let mut out = vec![0.0; n * c];
+    cpu::embedding::embedding_forward(&mut out, &tokens, &wte, &wpe, seq, c);
+    let mut d_out = poisoned::<T>(gpu, n * c)?;
+    let (d_wte, d_wpe) = (gpu.upload_as::<T>(&wte)?, gpu.upload_as::<T>(&wpe)?);
+    gpu.embedding_forward(
+        &mut d_out,
+        &gpu.upload(&tokens)?,
+        &d_wte,
+        &d_wpe,
+        n,
+        vocab,
+        seq,
+        c,
+    )?;
+    Ok(rel_err(&gpu.download_f32(&d_out)?, &out, ELEMENTWISE_FLOOR))
+}
+
+fn check_embedding_backward<T: Elem>(
+    gpu: &CudaBackend,
+    inp: &mut Inputs,
+    vocab: usize,
+    seq: usize,
+    n: usize,
+    c: usize,
+) -> Check {
+    let dout = inp.uniform(n * c, 1.0, T::DTYPE);
+    let tokens = inp.tokens(n, vocab);
+    let (dwte0, dwpe0) = (
+        inp.uniform(vocab * c, 1.0, DType::F32),
+        inp.uniform(seq * c, 1.0, DType::F32),
+    );
+    let (mut dwte, mut dwpe) = (dwte0.clone(), dwpe0.clone());
+    cpu::embedding::embedding_backward(&mut dwte, &mut dwpe, &dout, &tokens, seq, c);
+    let (mut d_dwte, mut d_dwpe) = (gpu.upload(&dwte0)?, gpu.upload(&dwpe0)?);
+    let (d_dout, d_tokens) = (gpu.upload_as::<T>(&dout)?, gpu.upload(&tokens)?);
+    gpu.embedding_backward(
+        &mut d_dwte,
+        &mut d_dwpe,
+        &d_dout,
+        &d_tokens,
+        n,
+        vocab,
+        seq,
+        c,
+    )?;
+    Ok(worst(&[
+        rel_err(&gpu.download(&d_dwte)?, &dwte, ELEMENTWISE_FLOOR),
+        rel_err(&gpu.download(&d_dwpe)?, &dwpe, ELEMENTWISE_FLOOR),
+    ]))
+}
+
+/// `with_compute`: also write the compute copy in `C` (else `C` is unused).
+fn check_adamw<C: Elem>(
+    gpu: &CudaBackend,
+    inp: &mut Inputs,
+    n: usize,
+    with_compute: bool,
+) -> Check {
+    let param0 = inp.uniform(n, 1.0, DType::F32);
+    let grad = inp.uniform(n, 2.0, DType::F32);
+    let m0 = inp.uniform(n, 0.1, DType::F32);
+    let v0 = inp.positive(n, 0.01);
+    let h = AdamWStep {
+        lr: 1e-2,
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        weight_decay: 0.1,
+        t: 7,
+        grad_scale: 0.25,
+    };
+    let (mut param, mut m, mut v) = (param0.clone(), m0.clone(), v0.clone());
+    let mut compute = vec![0.0; n];
+    let cpu_compute = with_compute.then_some((compute.as_mut_slice(), C::DTYPE));
+    cpu::adamw::adamw_update(&mut param, &grad, &mut m, &mut v, cpu_compute, h);
+    let (mut d_param, d_grad) = (gpu.upload(&param0)?, gpu.upload(&grad)?);
+    let (mut d_m, mut d_v) = (gpu.upload(&m0)?, gpu.upload(&v0)?);
+    let mut d_compute = poisoned::<C>(gpu, n)?;
+    let compute_arg = with_compute.then_some(&mut d_compute);
+    gpu.adamw_update(&mut d_param, &d_grad, &mut d_m, &mut d_v, compute_arg, n, h)?;
+    let mut errs = vec![
+        rel_err(&gpu.download(&d_param)?, &param, ELEMENTWISE_FLOOR),
+        rel_err(&gpu.download(&d_m)?, &m, ELEMENTWISE_FLOOR),
+        rel_err(&gpu.download(&d_v)?, &v, ELEMENTWISE_FLOOR),
+    ];
+    if with_compute {
+        errs.push(rel_err(
+            &gpu.download_f32(&d_compute)?,
+            &compute,
+            ELEMENTWISE_FLOOR,
+        ));
+    }
+    Ok(worst(&errs))
+}
+
+/// With `bad`, one element is replaced by it and the check is that the flag goes up (error 0
+/// if it does, infinite if not); otherwise the sum is compared and the flag must stay down.
+fn check_sum_squares(gpu: &CudaBackend, inp: &mut Inputs, n: usize, bad: Option<f32>) -> Check {
+    let mut x = inp.uniform(n, 3.0, DType::F32);
+    if let Some(bad) = bad {
+        let at = inp.0.below(n as u64) as usize;
+        x[at] = bad;
+    }
+    let want: f64 = x.iter().map(|&v| v as f64 * v as f64).sum();
+    let acc0 = inp.0.next_f64();
+    let (mut d_acc, mut d_flag) = (gpu.upload(&[acc0])?, gpu.upload(&[0u32])?);
+    gpu.sum_squares_accumulate(&mut d_acc, &mut d_flag, &gpu.upload(&x)?, n)?;
+    let flag = gpu.download(&d_flag)?[0];
+    let got = gpu.download(&d_acc)?[0] - acc0;
+    Ok(match bad {
+        Some(_) => {
+            if flag == 1 {
+                0.0
+            } else {
+                f64::INFINITY
+            }
+        }
+        None if flag != 0 => f64::INFINITY,
+        None => ((got - want) / want).abs(),
+    })
+}
+
+fn check_linear_forward<T: Elem>(
+    gpu: &CudaBackend,
+    inp: &mut Inputs,
+    n: usize,
+    c_in: usize,
+    c_out: usize,
+    math: GemmMath,
+) -> Check {
+    let d = T::DTYPE;
+    let (x, w, b) = (
+        inp.uniform(n * c_in, 1.0, d),
+        inp.uniform(c_out * c_in, 1.0, d),
+        inp.uniform(c_out, 1.0, d),
+    );
+    let mut out = vec![0.0; n * c_out];
+    cpu::gemm::linear_forward(&mut out, &x, &w, Some(&b), n, c_in, c_out);
+    let mut d_out = poisoned::<T>(gpu, n * c_out)?;
+    let (d_x, d_w, d_b) = (
+        gpu.upload_as::<T>(&x)?,
+        gpu.upload_as::<T>(&w)?,
+        gpu.upload_as::<T>(&b)?,
+    );
+    gpu.linear_forward(&mut d_out, &d_x, &d_w, Some(&d_b), n, c_in, c_out, math)?;
+    Ok(rel_err(&gpu.download_f32(&d_out)?, &out, GEMM_FLOOR))
+}
+
+fn check_linear_backward<T: Elem>(
+    gpu: &CudaBackend,
+    inp: &mut Inputs,
+    n: usize,
+    c_in: usize,
+    c_out: usize,
+    math: GemmMath,
+) -> Check {
+    let d = T::DTYPE;
+    let (x, w, dout) = (
+        inp.uniform(n * c_in, 1.0, d),
+        inp.uniform(c_out * c_in, 1.0, d),
+        inp.uniform(n * c_out, 1.0, d),
+    );
+    let (dw0, db0) = (
+        inp.uniform(c_out * c_in, 1.0, DType::F32),
+        inp.uniform(c_out, 1.0, DType::F32),
+    );
+    let (mut dinp, mut dw, mut db) = (vec![0.0; n * c_in], dw0.clone(), db0.clone());
+    cpu::gemm::linear_backward(
+        &mut dinp,
+        &mut dw,
+        Some(&mut db),
+        &dout,
+        &x,
+        &w,
+        n,
+        c_in,
+        c_out,
+    );
+    let mut d_dinp = poisoned::<T>(gpu, n * c_in)?;
+    let (mut d_dw, mut d_db) = (gpu.upload(&dw0)?, gpu.upload(&db0)?);
+    let (d_dout, d_x, d_w) = (
+        gpu.upload_as::<T>(&dout)?,
+        gpu.upload_as::<T>(&x)?,
+        gpu.upload_as::<T>(&w)?,
+    );
+    gpu.linear_backward(
+        &mut d_dinp,
+        &mut d_dw,
+        Some(&mut d_db),
+        &d_dout,
+        &d_x,
+        &d_w,
+        n,
+        c_in,
+        c_out,
+        math,
+    )?;
+    // dweight and dbias started from random values, which dominate their scale; measure the
+    // accumulated product against the product itself so the check stays sharp.
+    let added = |got: Vec<f32>, start: &[f32]| -> Vec<f32> {
+        got.iter().zip(start).map(|(g, s)| g - s).collect()
+    };
+    let dw_want: Vec<f32> = dw.iter().zip(&dw0).map(|(a, s)| a - s).collect();
+    let db_want: Vec<f32> = db.iter().zip(&db0).map(|(a, s)| a - s).collect();
+    Ok(worst(&[
+        rel_err(&gpu.download_f32(&d_dinp)?, &dinp, GEMM_FLOOR),
+        rel_err(&added(gpu.download(&d_dw)?, &dw0), &dw_want, GEMM_FLOOR),
+        rel_err(
+            &added(gpu.download(&d_db)?, &db0),
+            &db_want,
+            ELEMENTWISE_FLOOR,
+        ),
+    ]))
+}
+
+/// The one transpose combination the linear layer does not use, through `matmul` directly.
+fn check_matmul_tt(gpu: &CudaBackend, inp: &mut Inputs, m: usize, k: usize, n: usize) -> Check {
+    let (a, b) = (
+        inp.uniform(k * m, 1.0, DType::F32),
+        inp.uniform(n * k, 1.0, DType::F32),
+    );
+    let c0 = inp.uniform(m * n, 1.0, DType::F32);
+    let mut c = c0.clone();
+    cpu::gemm::sgemm(true, true, m, n, k, 0.5, &a, &b, 2.0, &mut c);
+    let mut d_c = gpu.upload(&c0)?;
+    let (d_a, d_b) = (gpu.upload(&a)?, gpu.upload(&b)?);
+    gpu.matmul::<f32, f32>(
+        true,
+        true,
+        m,
+        n,
+        k,
+        0.5,
+        &d_a,
+        &d_b,
+        2.0,
+        &mut d_c,
+        None,
+        GemmMath::Fp32,
+    )?;
+    Ok(rel_err(&gpu.download(&d_c)?, &c, GEMM_FLOOR))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relative_error_catches_nan_and_tiny_elements() {
+        assert_eq!(rel_err(&[1.0, 2.0], &[1.0, 2.0], 1e-2), 0.0);
+        assert!(rel_err(&[f32::NAN], &[1.0], 1e-2).is_infinite());
+        assert!(rel_err(&[1.0], &[1.0, 2.0], 1e-2).is_infinite());
+        // A 100% error on an element at 1e-4 of the maximum: measured against 1% of the max.
+        let e = rel_err(&[100.0, 2e-2], &[100.0, 1e-2], 1e-2);
+        assert!((e - 1e-2).abs() < 1e-9, "{e}");
+        // Relative to the max (GEMM style).
+        let e = rel_err(&[10.0, 1.1], &[10.0, 1.0], 1.0);
+        assert!((e - 1e-2).abs() < 1e-6, "{e}");
+    }
+
+    #[test]
+    fn without_a_gpu_selftest_skips_and_succeeds() {
+        if cuda::probe().is_ok() {
+            return; // a GPU is present: the real run is `kiln selftest` itself
+        }
+        run(SelftestArgs { gpu: 0, seed: 1 }).unwrap();
+    }
+}

@@ -1,0 +1,109 @@
+//! Fused AdamW on the GPU; reference: [`crate::engine::cpu::adamw`]. Reads the fp32 master
+//! weights and gradient, updates both moments and the master, and writes the compute copy
+//! (f32 or bf16) in the same pass.
+
+use super::{CudaBackend, Elem, Program, Result, check_len, elementwise_grid};
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+
+pub use crate::engine::cpu::adamw::AdamWStep;
+
+pub(super) const PROGRAM: Program = Program {
+    name: "adamw",
+    source: include_str!("adamw.cu"),
+    kernels: &[
+        "adamw_master_only",
+        "adamw_compute_f32",
+        "adamw_compute_bf16",
+    ],
+};
+
+const BLOCK: u32 = 256;
+
+/// The kernel's `AdamW` struct, passed by value.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct KernelStep {
+    lr: f32,
+    beta1: f32,
+    beta2: f32,
+    eps: f32,
+    weight_decay: f32,
+    bc1: f32,
+    bc2: f32,
+    grad_scale: f32,
+}
+
+// SAFETY: eight f32 fields, `repr(C)`, the same layout as the CUDA struct.
+unsafe impl DeviceRepr for KernelStep {}
+
+impl KernelStep {
+    fn new(h: &AdamWStep) -> Self {
+        // Bias corrections computed exactly as the CPU does, so both see the same constants.
+        KernelStep {
+            lr: h.lr,
+            beta1: h.beta1,
+            beta2: h.beta2,
+            eps: h.eps,
+            weight_decay: h.weight_decay,
+            bc1: 1.0 - h.beta1.powi(h.t as i32),
+            bc2: 1.0 - h.beta2.powi(h.t as i32),
+            grad_scale: h.grad_scale,
+        }
+    }
+}
+
+impl CudaBackend {
+    /// Updates `param`, `m`, `v` (all f32, `n` values) in place and writes `compute`, the
+    /// compute copy rounded to `C`, if given.
+    #[allow(clippy::too_many_arguments)]
+    pub fn adamw_update<C: Elem>(
+        &self,
+        param: &mut CudaSlice<f32>,
+        grad: &CudaSlice<f32>,
+        m: &mut CudaSlice<f32>,
+        v: &mut CudaSlice<f32>,
+        compute: Option<&mut CudaSlice<C>>,
+        n: usize,
+        h: AdamWStep,
+    ) -> Result<()> {
+        const OP: &str = "adamw_update";
+        check_len(OP, "param", param, n)?;
+        check_len(OP, "grad", grad, n)?;
+        check_len(OP, "m", m, n)?;
+        check_len(OP, "v", v, n)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let step = KernelStep::new(&h);
+        let n64 = n as i64;
+        let cfg = LaunchConfig {
+            grid_dim: (elementwise_grid(n, BLOCK), 1, 1),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        match compute {
+            None => {
+                let f = self.function("adamw_master_only")?;
+                let mut b = self.stream.launch_builder(f);
+                b.arg(param).arg(grad).arg(m).arg(v).arg(&n64).arg(&step);
+                // SAFETY: all buffers hold at least `n` values.
+                unsafe { b.launch(cfg) }?;
+            }
+            Some(c) => {
+                check_len(OP, "compute", c, n)?;
+                let f = self.function(&format!("adamw_compute_{}", C::SUFFIX))?;
+                let mut b = self.stream.launch_builder(f);
+                b.arg(param)
+                    .arg(grad)
+                    .arg(m)
+                    .arg(v)
+                    .arg(c)
+                    .arg(&n64)
+                    .arg(&step);
+                // SAFETY: all buffers hold at least `n` values.
+                unsafe { b.launch(cfg) }?;
+            }
+        }
+        Ok(())
+    }
+}

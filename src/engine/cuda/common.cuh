@@ -1,0 +1,62 @@
+// Shared by every kiln kernel (prepended to each program's source): element storage and
+// block-wide reductions. No CUDA headers are included, so NVRTC needs no include path.
+
+// bf16 as its raw bits: converting by hand matches the CPU's rounding (round to nearest even,
+// NaN stays NaN) bit for bit, and avoids depending on cuda_bf16.h being available to NVRTC.
+#define KILN_NEG_INF __int_as_float(0xff800000)
+#define KILN_NAN __int_as_float(0x7fc00000)
+
+__device__ __forceinline__ bool is_finite(float x) {
+    return (__float_as_uint(x) & 0x7f800000u) != 0x7f800000u;
+}
+
+struct bf16 {
+    unsigned short bits;
+};
+
+__device__ __forceinline__ float load(float x) { return x; }
+__device__ __forceinline__ float load(bf16 x) { return __uint_as_float(((unsigned int)x.bits) << 16); }
+
+template <typename T> __device__ __forceinline__ T store(float x);
+template <> __device__ __forceinline__ float store<float>(float x) { return x; }
+template <> __device__ __forceinline__ bf16 store<bf16>(float x) {
+    unsigned int u = __float_as_uint(x);
+    bf16 r;
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        r.bits = (unsigned short)((u >> 16) | 0x40u);
+        return r;
+    }
+    u += 0x7fffu + ((u >> 16) & 1u);
+    r.bits = (unsigned short)(u >> 16);
+    return r;
+}
+
+template <typename F> __device__ __forceinline__ F warp_sum(F v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over the block, returned to every thread. blockDim.x must be a multiple of 32.
+// `scratch` holds 32 values; the leading barrier lets one scratch serve consecutive calls.
+template <typename F> __device__ F block_sum(F v, F* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    return warp_sum(lane < warps ? scratch[lane] : F(0));
+}
+
+__device__ float block_max(float v, float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    return warp_max(lane < warps ? scratch[lane] : KILN_NEG_INF);
+}

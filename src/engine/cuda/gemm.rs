@@ -1,0 +1,282 @@
+//! Matrix multiplies through cuBLASLt, row-major like [`crate::engine::cpu::gemm`].
+//!
+//! cuBLASLt is column-major. A row-major `C[m, n] = op(A) @ op(B)` is the column-major
+//! `C^T[n, m] = op(B)^T @ op(A)^T`, and a row-major buffer read column-major is its own
+//! transpose, so the product is issued with the operands swapped and no data moves.
+//! Precision: f32 operands use fp32 math or TF32 tensor cores ([`GemmMath`]); bf16 operands
+//! always accumulate in fp32. The output may be f32 while the operands are bf16, which is how
+//! weight gradients accumulate into fp32 buffers.
+
+use super::{CudaBackend, CudaError, Elem, Result, check_len, raw_ptr};
+use crate::engine::DType;
+use cudarc::cublaslt::{result as lt, sys};
+use cudarc::driver::{CudaSlice, CudaStream};
+use std::ffi::c_void;
+use std::sync::Arc;
+
+/// How f32 operands are multiplied (bf16 operands ignore this: fp32 accumulation always).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GemmMath {
+    /// Full fp32 products and sums.
+    Fp32,
+    /// Operands rounded to TF32 (10-bit mantissa) on the tensor cores, fp32 accumulation.
+    Tf32,
+}
+
+/// NVIDIA's recommended workspace for Hopper (32 MiB); older GPUs use less of it.
+const WORKSPACE_BYTES: usize = 32 << 20;
+
+fn blas_err(what: &str) -> impl Fn(lt::CublasError) -> CudaError + '_ {
+    move |e| CudaError::Blas(format!("{what}: {:?}", e.0))
+}
+
+/// The cuBLASLt handle and its workspace, owned by the backend.
+pub(super) struct Blas {
+    handle: sys::cublasLtHandle_t,
+    workspace: CudaSlice<u8>,
+}
+
+// SAFETY: the handle is used only through `&CudaBackend` on its one stream; cuBLASLt handles
+// may be used from any thread as long as calls do not overlap, which the stream serialises.
+unsafe impl Send for Blas {}
+unsafe impl Sync for Blas {}
+
+impl Blas {
+    pub(super) fn new(stream: &Arc<CudaStream>) -> Result<Self> {
+        let handle = lt::create_handle().map_err(blas_err("create handle"))?;
+        // SAFETY: the workspace is scratch space for cuBLASLt only; never read by kiln.
+        let workspace = match unsafe { stream.alloc::<u8>(WORKSPACE_BYTES) } {
+            Ok(w) => w,
+            Err(e) => {
+                // SAFETY: the handle was just created and is not used again.
+                let _ = unsafe { lt::destroy_handle(handle) };
+                return Err(e.into());
+            }
+        };
+        Ok(Blas { handle, workspace })
+    }
+}
+
+impl Drop for Blas {
+    fn drop(&mut self) {
+        // SAFETY: created in `new`, destroyed once here.
+        let _ = unsafe { lt::destroy_handle(self.handle) };
+    }
+}
+
+/// Destroys a cuBLASLt descriptor when the product returns, whichever way it returns.
+struct Layout(sys::cublasLtMatrixLayout_t);
+impl Drop for Layout {
+    fn drop(&mut self) {
+        // SAFETY: created by `create_matrix_layout`, destroyed once here.
+        let _ = unsafe { lt::destroy_matrix_layout(self.0) };
+    }
+}
+struct Desc(sys::cublasLtMatmulDesc_t);
+impl Drop for Desc {
+    fn drop(&mut self) {
+        // SAFETY: created by `create_matmul_desc`, destroyed once here.
+        let _ = unsafe { lt::destroy_matmul_desc(self.0) };
+    }
+}
+struct Pref(sys::cublasLtMatmulPreference_t);
+impl Drop for Pref {
+    fn drop(&mut self) {
+        // SAFETY: created by `create_matmul_pref`, destroyed once here.
+        let _ = unsafe { lt::destroy_matmul_pref(self.0) };
+    }
+}
+
+fn data_type(d: DType) -> Result<sys::cudaDataType> {
+    match d {
+        DType::F32 => Ok(sys::cudaDataType_t::CUDA_R_32F),
+        DType::BF16 => Ok(sys::cudaDataType_t::CUDA_R_16BF),
+        DType::F16 => Err(CudaError::Blas("f16 GEMMs are not wired up".into())),
+    }
+}
+
+/// A stored row-major matrix as cuBLASLt sees it: (rows, cols, ld) column-major.
+fn layout(dtype: sys::cudaDataType, rows: usize, cols: usize, ld: usize) -> Result<Layout> {
+    lt::create_matrix_layout(dtype, rows as u64, cols as u64, ld as i64)
+        .map(Layout)
+        .map_err(blas_err("matrix layout"))
+}
+
+fn set_desc<V>(desc: &Desc, attr: sys::cublasLtMatmulDescAttributes_t, value: &V) -> Result<()> {
+    // SAFETY: `value` points to a live value of the size passed, the type the attribute takes.
+    unsafe {
+        lt::set_matmul_desc_attribute(
+            desc.0,
+            attr,
+            (value as *const V).cast(),
+            std::mem::size_of::<V>(),
+        )
+    }
+    .map_err(blas_err("matmul attribute"))
+}
+
+impl CudaBackend {
+    /// Row-major `C[m, n] = alpha * op(A) @ op(B) + beta * C` (+ `bias[n]` on every row),
+    /// `op(A)` is `m x k`, `op(B)` is `k x n`; the semantics of [`crate::engine::cpu::gemm::sgemm`].
+    /// `beta = 0` ignores C's old contents.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul<TA: Elem, TC: Elem>(
+        &self,
+        trans_a: bool,
+        trans_b: bool,
+        m: usize,
+        n: usize,
+        k: usize,
+        alpha: f32,
+        a: &CudaSlice<TA>,
+        b: &CudaSlice<TA>,
+        beta: f32,
+        c: &mut CudaSlice<TC>,
+        bias: Option<&CudaSlice<TC>>,
+        math: GemmMath,
+    ) -> Result<()> {
+        const OP: &str = "matmul";
+        check_len(OP, "A", a, m * k)?;
+        check_len(OP, "B", b, k * n)?;
+        check_len(OP, "C", c, m * n)?;
+        if let Some(bias) = bias {
+            check_len(OP, "bias", bias, n)?;
+        }
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        let ab_type = data_type(TA::DTYPE)?;
+        let c_type = data_type(TC::DTYPE)?;
+        let compute = match (TA::DTYPE, math) {
+            (DType::F32, GemmMath::Fp32) => sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            (DType::F32, GemmMath::Tf32) => sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
+            _ => sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+        };
+        // Column-major view: D' = op'(B_stored) @ op'(A_stored), m' = n, n' = m.
+        let (b_rows, b_cols) = if trans_b { (k, n) } else { (n, k) };
+        let (a_rows, a_cols) = if trans_a { (m, k) } else { (k, m) };
+        let first = layout(ab_type, b_rows, b_cols, b_rows)?;
+        let second = layout(ab_type, a_rows, a_cols, a_rows)?;
+        let out = layout(c_type, n, m, n)?;
+
+        let desc = Desc(
+            lt::create_matmul_desc(compute, sys::cudaDataType_t::CUDA_R_32F)
+                .map_err(blas_err("matmul descriptor"))?,
+        );
+        use sys::cublasLtMatmulDescAttributes_t as Attr;
+        set_desc(&desc, Attr::CUBLASLT_MATMUL_DESC_TRANSA, &(trans_b as i32))?;
+        set_desc(&desc, Attr::CUBLASLT_MATMUL_DESC_TRANSB, &(trans_a as i32))?;
+        if let Some(bias) = bias {
+            let ptr = raw_ptr(bias, &self.stream);
+            set_desc(&desc, Attr::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ptr)?;
+            let epilogue = sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS;
+            set_desc(&desc, Attr::CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue)?;
+        }
+
+        let pref = Pref(lt::create_matmul_pref().map_err(blas_err("matmul preference"))?);
+        let ws = self.blas.workspace.len();
+        // SAFETY: `ws` is a live usize, the attribute's type.
+        unsafe {
+            lt::set_matmul_pref_attribute(
+                pref.0,
+                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                (&ws as *const usize).cast(),
+                std::mem::size_of::<usize>(),
+            )
+        }
+        .map_err(blas_err("workspace preference"))?;
+        // SAFETY: every descriptor is live until the end of this function.
+        let heuristic = unsafe {
+            lt::get_matmul_algo_heuristic(
+                self.blas.handle,
+                desc.0,
+                first.0,
+                second.0,
+                out.0,
+                out.0,
+                pref.0,
+            )
+        }
+        .map_err(|e| {
+            CudaError::Blas(format!(
+                "no algorithm for {m}x{n}x{k} ({:?} operands, {:?} output, {math:?}): {:?}",
+                TA::DTYPE,
+                TC::DTYPE,
+                e.0
+            ))
+        })?;
+
+        let (a_ptr, b_ptr) = (raw_ptr(a, &self.stream), raw_ptr(b, &self.stream));
+        let c_ptr = raw_ptr(c, &self.stream);
+        let ws_ptr = raw_ptr(&self.blas.workspace, &self.stream);
+        // SAFETY: the buffers hold the elements the layouts describe (checked above), the
+        // workspace is as large as the preference says, and all run on the backend's stream.
+        unsafe {
+            lt::matmul(
+                self.blas.handle,
+                desc.0,
+                (&alpha as *const f32).cast(),
+                (&beta as *const f32).cast(),
+                b_ptr as *const c_void,
+                first.0,
+                a_ptr as *const c_void,
+                second.0,
+                c_ptr as *const c_void,
+                out.0,
+                c_ptr as *mut c_void,
+                out.0,
+                &heuristic.algo,
+                ws_ptr as *mut c_void,
+                ws,
+                self.stream.cu_stream() as sys::cudaStream_t,
+            )
+        }
+        .map_err(blas_err("matmul"))
+    }
+
+    /// `out[n, c_out] = inp[n, c_in] @ weight[c_out, c_in]^T + bias`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear_forward<T: Elem>(
+        &self,
+        out: &mut CudaSlice<T>,
+        inp: &CudaSlice<T>,
+        weight: &CudaSlice<T>,
+        bias: Option<&CudaSlice<T>>,
+        n: usize,
+        c_in: usize,
+        c_out: usize,
+        math: GemmMath,
+    ) -> Result<()> {
+        self.matmul(
+            false, true, n, c_out, c_in, 1.0, inp, weight, 0.0, out, bias, math,
+        )
+    }
+
+    /// Backward of [`Self::linear_forward`]: overwrites `dinp`, accumulates into the f32
+    /// `dweight` and `dbias`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear_backward<T: Elem>(
+        &self,
+        dinp: &mut CudaSlice<T>,
+        dweight: &mut CudaSlice<f32>,
+        dbias: Option<&mut CudaSlice<f32>>,
+        dout: &CudaSlice<T>,
+        inp: &CudaSlice<T>,
+        weight: &CudaSlice<T>,
+        n: usize,
+        c_in: usize,
+        c_out: usize,
+        math: GemmMath,
+    ) -> Result<()> {
+        self.matmul(
+            false, false, n, c_in, c_out, 1.0, dout, weight, 0.0, dinp, None, math,
+        )?;
+        self.matmul(
+            true, false, c_out, c_in, n, 1.0, dout, inp, 1.0, dweight, None, math,
+        )?;
+        if let Some(dbias) = dbias {
+            self.column_sum_accumulate(dbias, dout, n, c_out)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,446 @@
+//! The CUDA backend for one GPU: context and stream, device properties, kernels compiled at
+//! run time with NVRTC (cached on disk), and GEMMs through cuBLASLt.
+//!
+//! Everything CUDA is loaded when first used ([`loader`]), so a machine with no driver or no
+//! toolkit gets an error that names the missing library, never a crash. The kernels live in
+//! `.cu` files next to the Rust that launches them, one operation per file, each with the same
+//! semantics as its CPU reference in `engine/cpu/` (`kiln selftest` compares them). Buffers are
+//! cudarc's `CudaSlice<T>` with `T` an [`Elem`] (f32 or [`Bf16`]); wiring them into
+//! [`crate::engine::Tensor`] is the job of `engine::ops`.
+
+mod adamw;
+mod cross_entropy;
+mod embedding;
+mod gelu;
+mod gemm;
+mod layernorm;
+pub mod loader;
+pub mod nvrtc;
+mod reduce;
+
+pub use adamw::AdamWStep;
+pub use gemm::GemmMath;
+
+use crate::engine::DType;
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, DriverError,
+    sys::{CUdevice_attribute, cudaError_enum},
+};
+use loader::{CudaLibrary, ensure_loaded, guarded};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use thiserror::Error;
+
+/// Why a CUDA operation could not run.
+#[derive(Debug, Clone, Error)]
+pub enum CudaError {
+    #[error(
+        "{library} not found (tried {tried}; searched {searched}); {remedy}, or run on the CPU"
+    )]
+    LibraryMissing {
+        library: String,
+        tried: String,
+        searched: String,
+        remedy: &'static str,
+    },
+    #[error("no CUDA device: {0}")]
+    NoDevice(String),
+    #[error("out of GPU memory: {0}")]
+    OutOfMemory(String),
+    #[error("CUDA: {0}")]
+    Driver(String),
+    #[error("cuBLASLt: {0}")]
+    Blas(String),
+    #[error("NVRTC could not compile {program}.cu: {log}")]
+    Compile { program: String, log: String },
+    #[error("{op}: {detail}")]
+    Shape { op: &'static str, detail: String },
+}
+
+impl From<DriverError> for CudaError {
+    fn from(e: DriverError) -> Self {
+        match e.0 {
+            cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY => CudaError::OutOfMemory(format!("{e:?}")),
+            cudaError_enum::CUDA_ERROR_NO_DEVICE => CudaError::NoDevice(format!("{e:?}")),
+            _ => CudaError::Driver(format!("{e:?}")),
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, CudaError>;
+
+/// bf16 as its raw bits on the device (the kernels convert by hand; see `common.cuh`).
+#[repr(transparent)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Bf16(pub u16);
+
+// SAFETY: a plain 16-bit value with no padding or pointers.
+unsafe impl DeviceRepr for Bf16 {}
+
+/// An activation element type the kernels are instantiated for.
+pub trait Elem: DeviceRepr + Copy + Default + Unpin + Send + Sync + 'static {
+    /// Suffix of the kernel names for this type (`gelu_forward_f32`, `gelu_forward_bf16`).
+    const SUFFIX: &'static str;
+    const DTYPE: DType;
+    fn from_f32(x: f32) -> Self;
+    fn to_f32(self) -> f32;
+}
+
+impl Elem for f32 {
+    const SUFFIX: &'static str = "f32";
+    const DTYPE: DType = DType::F32;
+    fn from_f32(x: f32) -> Self {
+        x
+    }
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+impl Elem for Bf16 {
+    const SUFFIX: &'static str = "bf16";
+    const DTYPE: DType = DType::BF16;
+    fn from_f32(x: f32) -> Self {
+        Bf16(half::bf16::from_f32(x).to_bits())
+    }
+    fn to_f32(self) -> f32 {
+        half::bf16::from_bits(self.0).to_f32()
+    }
+}
+
+/// What a GPU is, as far as planning needs to know.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuInfo {
+    pub ordinal: usize,
+    pub name: String,
+    /// Compute capability (major, minor): (9, 0) is Hopper.
+    pub compute_capability: (u32, u32),
+    pub total_memory: usize,
+    pub sm_count: u32,
+}
+
+impl GpuInfo {
+    /// The `sm_XX` number NVRTC compiles for.
+    pub fn arch(&self) -> u32 {
+        self.compute_capability.0 * 10 + self.compute_capability.1
+    }
+}
+
+impl std::fmt::Display for GpuInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "cuda:{} {} (sm_{}, {} SMs, {:.1} GiB)",
+            self.ordinal,
+            self.name,
+            self.arch(),
+            self.sm_count,
+            self.total_memory as f64 / (1u64 << 30) as f64
+        )
+    }
+}
+
+fn device_info(ctx: &Arc<CudaContext>) -> Result<GpuInfo> {
+    let attr = |a| -> Result<u32> { Ok(ctx.attribute(a)?.max(0) as u32) };
+    Ok(GpuInfo {
+        ordinal: ctx.ordinal(),
+        name: ctx.name()?,
+        compute_capability: (
+            attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        ),
+        total_memory: ctx.total_mem()?,
+        sm_count: attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+    })
+}
+
+/// Number of CUDA devices, or why there are none to use.
+fn device_count() -> Result<usize> {
+    ensure_loaded(CudaLibrary::Driver)?;
+    guarded("cuInit", || {
+        let n = CudaContext::device_count()?;
+        if n <= 0 {
+            return Err(CudaError::NoDevice(
+                "the driver is loaded but reports no GPU".into(),
+            ));
+        }
+        Ok(n as usize)
+    })
+}
+
+/// Lists the GPUs, or says why there are none (no driver, no device, driver error).
+pub fn probe() -> std::result::Result<Vec<GpuInfo>, String> {
+    let run = || -> Result<Vec<GpuInfo>> {
+        let n = device_count()?;
+        (0..n)
+            .map(|i| guarded("device query", || device_info(&CudaContext::new(i)?)))
+            .collect()
+    };
+    run().map_err(|e| e.to_string())
+}
+
+/// Kernel sources prepended with the shared helpers, one NVRTC program each.
+const COMMON: &str = include_str!("common.cuh");
+
+struct Program {
+    name: &'static str,
+    source: &'static str,
+    kernels: &'static [&'static str],
+}
+
+impl Program {
+    fn full_source(&self) -> String {
+        format!("{COMMON}\n{}", self.source)
+    }
+}
+
+const PROGRAMS: &[Program] = &[
+    layernorm::PROGRAM,
+    gelu::PROGRAM,
+    cross_entropy::PROGRAM,
+    embedding::PROGRAM,
+    adamw::PROGRAM,
+    reduce::PROGRAM,
+];
+
+/// How the kernels were obtained at start-up.
+#[derive(Debug, Clone, Copy)]
+pub struct CompileReport {
+    pub compiled: usize,
+    pub from_cache: usize,
+    /// Wall time to obtain and load every program (compiling or reading the cache).
+    pub elapsed: Duration,
+}
+
+/// One GPU, ready to run kiln's kernels: a context, one stream, the loaded kernels and a
+/// cuBLASLt handle.
+pub struct CudaBackend {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    info: GpuInfo,
+    functions: HashMap<&'static str, CudaFunction>,
+    blas: gemm::Blas,
+    compile: CompileReport,
+}
+
+impl CudaBackend {
+    /// Opens GPU `ordinal`, compiles (or loads from the cache) every kernel and creates the
+    /// cuBLASLt handle. Fails with a message naming what is missing, never panics.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        let n = device_count()?;
+        if ordinal >= n {
+            return Err(CudaError::NoDevice(format!(
+                "asked for cuda:{ordinal} but this machine has {n} GPU(s)"
+            )));
+        }
+        ensure_loaded(CudaLibrary::Nvrtc)?;
+        ensure_loaded(CudaLibrary::CublasLt)?;
+        guarded("CUDA backend start", || Self::start(ordinal))
+    }
+
+    fn start(ordinal: usize) -> Result<Self> {
+        let ctx = CudaContext::new(ordinal)?;
+        // One stream does all the work, so cudarc's per-buffer event tracking (for
+        // cross-stream safety) would only add an event record to every launch.
+        // SAFETY: no buffer exists yet and kiln uses a single stream per context.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream()?;
+        let info = device_info(&ctx)?;
+        let (functions, compile) = load_programs(&ctx, info.arch())?;
+        let blas = gemm::Blas::new(&stream)?;
+        Ok(CudaBackend {
+            ctx,
+            stream,
+            info,
+            functions,
+            blas,
+            compile,
+        })
+    }
+
+    pub fn info(&self) -> &GpuInfo {
+        &self.info
+    }
+
+    pub fn compile_report(&self) -> CompileReport {
+        self.compile
+    }
+
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// (free, total) device memory in bytes.
+    pub fn memory(&self) -> Result<(usize, usize)> {
+        Ok(self.ctx.mem_get_info()?)
+    }
+
+    /// Waits for all queued work; kernel faults surface here.
+    pub fn synchronize(&self) -> Result<()> {
+        Ok(self.stream.synchronize()?)
+    }
+
+    /// Copies `host` into a new device buffer.
+    pub fn upload<T: DeviceRepr>(&self, host: &[T]) -> Result<CudaSlice<T>> {
+        Ok(self.stream.clone_htod(host)?)
+    }
+
+    /// Copies a device buffer back (waits for the stream).
+    pub fn download<T: DeviceRepr + Default + Clone>(&self, dev: &CudaSlice<T>) -> Result<Vec<T>> {
+        Ok(self.stream.clone_dtoh(dev)?)
+    }
+
+    /// Uploads f32 values converted to the element type `T`.
+    pub fn upload_as<T: Elem>(&self, host: &[f32]) -> Result<CudaSlice<T>> {
+        let converted: Vec<T> = host.iter().map(|&x| T::from_f32(x)).collect();
+        self.upload(&converted)
+    }
+
+    /// Downloads a buffer of `T` as f32 values.
+    pub fn download_f32<T: Elem>(&self, dev: &CudaSlice<T>) -> Result<Vec<f32>> {
+        Ok(self.download(dev)?.into_iter().map(T::to_f32).collect())
+    }
+
+    /// A new buffer of `len` elements with undefined contents, for outputs a kernel writes
+    /// in full (the selftest fills such buffers with NaN first to prove that it does).
+    pub fn alloc<T: DeviceRepr>(&self, len: usize) -> Result<CudaSlice<T>> {
+        // SAFETY: device memory with undefined contents is never read by the host before a
+        // kernel or copy on this stream has written it.
+        Ok(unsafe { self.stream.alloc::<T>(len) }?)
+    }
+
+    fn function(&self, name: &str) -> Result<&CudaFunction> {
+        self.functions.get(name).ok_or_else(|| {
+            CudaError::Driver(format!("kernel {name} is not part of any loaded program"))
+        })
+    }
+}
+
+/// Compiles or reads from the cache every program, loads it and looks up its kernels.
+fn load_programs(
+    ctx: &Arc<CudaContext>,
+    arch: u32,
+) -> Result<(HashMap<&'static str, CudaFunction>, CompileReport)> {
+    let start = Instant::now();
+    let mut report = CompileReport {
+        compiled: 0,
+        from_cache: 0,
+        elapsed: Duration::ZERO,
+    };
+    let mut functions = HashMap::new();
+    let cache = nvrtc::cache_dir();
+    for p in PROGRAMS {
+        let source = p.full_source();
+        let mut compiled = nvrtc::compile(p.name, &source, arch, cache.as_deref())?;
+        let module = match ctx.load_module(cudarc::nvrtc::Ptx::from_binary(compiled.cubin)) {
+            Ok(m) => m,
+            // A cached CUBIN the driver refuses (truncated, or from another driver) is
+            // recompiled once rather than failing the start.
+            Err(_) if compiled.from_cache => {
+                nvrtc::evict(cache.as_deref(), p.name, arch);
+                compiled = nvrtc::compile(p.name, &source, arch, cache.as_deref())?;
+                ctx.load_module(cudarc::nvrtc::Ptx::from_binary(compiled.cubin))?
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if compiled.from_cache {
+            report.from_cache += 1;
+        } else {
+            report.compiled += 1;
+        }
+        for &k in p.kernels {
+            functions.insert(k, module.load_function(k)?);
+        }
+    }
+    report.elapsed = start.elapsed();
+    Ok((functions, report))
+}
+
+/// Checks a buffer holds at least `want` elements; kernels index it blindly.
+fn check_len<T>(op: &'static str, what: &str, buf: &CudaSlice<T>, want: usize) -> Result<()> {
+    if buf.len() < want {
+        return Err(CudaError::Shape {
+            op,
+            detail: format!("{what} has {} elements, needs {want}", buf.len()),
+        });
+    }
+    Ok(())
+}
+
+/// A size as the kernels' `int`, or a shape error when it does not fit.
+fn as_i32(op: &'static str, what: &str, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| CudaError::Shape {
+        op,
+        detail: format!("{what} = {v} exceeds the kernel's 32-bit index"),
+    })
+}
+
+/// Grid for a grid-stride elementwise kernel: enough blocks to fill the GPU a few times over,
+/// no more (the stride loop covers the rest).
+fn elementwise_grid(n: usize, block: u32) -> u32 {
+    (n.div_ceil(block as usize)).clamp(1, 65_535) as u32
+}
+
+/// The device pointer of a buffer for APIs outside cudarc's launch builder (cuBLASLt).
+fn raw_ptr<T>(buf: &CudaSlice<T>, stream: &CudaStream) -> u64 {
+    // With event tracking off the returned guard records nothing; dropping it is free.
+    let (ptr, _guard) = buf.device_ptr(stream);
+    ptr
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Compiles every program for the GPU generations kiln targets, with no GPU needed: only
+    /// NVRTC (found through `CUDA_HOME` or the usual paths). Skips where NVRTC is absent.
+    #[test]
+    fn every_program_compiles_with_nvrtc() {
+        if let Err(e) = ensure_loaded(CudaLibrary::Nvrtc) {
+            eprintln!("skipped: {e}");
+            return;
+        }
+        let cache = tempfile::tempdir().unwrap();
+        for arch in [80, 90] {
+            for p in PROGRAMS {
+                let first = nvrtc::compile(p.name, &p.full_source(), arch, Some(cache.path()))
+                    .unwrap_or_else(|e| panic!("{e}"));
+                assert!(!first.from_cache && !first.cubin.is_empty());
+                let again =
+                    nvrtc::compile(p.name, &p.full_source(), arch, Some(cache.path())).unwrap();
+                assert!(again.from_cache && again.cubin == first.cubin);
+            }
+        }
+    }
+
+    #[test]
+    fn a_compile_error_carries_the_nvrtc_log() {
+        if ensure_loaded(CudaLibrary::Nvrtc).is_err() {
+            return;
+        }
+        let err = nvrtc::compile(
+            "broken",
+            "extern \"C\" __global__ void k() { nope; }",
+            90,
+            None,
+        )
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(err.contains("broken.cu") && err.contains("nope"), "{err}");
+    }
+
+    #[test]
+    fn probe_never_panics() {
+        // With no GPU it returns the reason; with one, the list.
+        match probe() {
+            Ok(gpus) => assert!(!gpus.is_empty()),
+            Err(why) => assert!(!why.is_empty()),
+        }
+    }
+}

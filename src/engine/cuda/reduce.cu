@@ -1,0 +1,60 @@
+// Deterministic column sums over rows (bias and layernorm parameter gradients).
+// Stage one writes one partial sum per (row chunk, column); stage two adds the chunks in a
+// fixed order. No float atomics, so the result is the same on every run.
+
+template <typename T>
+__device__ void column_sum_partial(float* partial, const T* x, int n, int c, int rows_per_chunk) {
+    const int col = blockIdx.x * blockDim.x + threadIdx.x;
+    if (col >= c) return;
+    const int begin = blockIdx.y * rows_per_chunk;
+    const int end = min(n, begin + rows_per_chunk);
+    float acc = 0.f;
+    for (int row = begin; row < end; ++row) acc += load(x[(long long)row * c + col]);
+    partial[(long long)blockIdx.y * c + col] = acc;
+}
+
+extern "C" __global__ void column_sum_partial_f32(float* partial, const float* x, int n, int c,
+                                                  int rows_per_chunk) {
+    column_sum_partial<float>(partial, x, n, c, rows_per_chunk);
+}
+
+extern "C" __global__ void column_sum_partial_bf16(float* partial, const bf16* x, int n, int c,
+                                                   int rows_per_chunk) {
+    column_sum_partial<bf16>(partial, x, n, c, rows_per_chunk);
+}
+
+// acc[col] += sum over chunks (in order) of partial[chunk, col].
+extern "C" __global__ void accumulate_partials(float* acc, const float* partial, int chunks, int c) {
+    const int col = blockIdx.x * blockDim.x + threadIdx.x;
+    if (col >= c) return;
+    float s = 0.f;
+    for (int k = 0; k < chunks; ++k) s += partial[(long long)k * c + col];
+    acc[col] += s;
+}
+
+// Sum of squares of a gradient in f64 (the global norm is a sum over ~1e8 squares), and a flag
+// raised by any inf/NaN. Stage one: a fixed grid of blocks, each a fixed grid-stride pattern.
+extern "C" __global__ void sum_squares_partial(double* partial, unsigned int* nonfinite,
+                                               const float* x, long long n) {
+    __shared__ double scratch[32];
+    double acc = 0.0;
+    bool bad = false;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        const float v = x[i];
+        bad |= !is_finite(v);
+        acc += (double)v * (double)v;
+    }
+    // Every writer stores the same value, so the race is benign.
+    if (bad) *nonfinite = 1u;
+    acc = block_sum(acc, scratch);
+    if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+// Stage two: *acc += the partials in order (one thread; there are at most a few thousand).
+extern "C" __global__ void sum_squares_finish(double* acc, const double* partial, int blocks) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    double s = 0.0;
+    for (int b = 0; b < blocks; ++b) s += partial[b];
+    *acc += s;
+}

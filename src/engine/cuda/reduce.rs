@@ -1,0 +1,132 @@
+//! Deterministic reductions on the GPU: column sums over rows (bias gradients, and the second
+//! stage of the layernorm parameter gradients) and the gradient sum of squares with an
+//! inf/NaN flag (the global norm for clipping and the loss scaler's overflow check).
+//!
+//! Both are two-stage with a fixed split of the work, and no float atomics, so a run repeats
+//! bit for bit on the same GPU.
+
+use super::{CudaBackend, Elem, Program, Result, as_i32, check_len};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+
+pub(super) const PROGRAM: Program = Program {
+    name: "reduce",
+    source: include_str!("reduce.cu"),
+    kernels: &[
+        "column_sum_partial_f32",
+        "column_sum_partial_bf16",
+        "accumulate_partials",
+        "sum_squares_partial",
+        "sum_squares_finish",
+    ],
+};
+
+const COLUMN_BLOCK: u32 = 256;
+const ROWS_PER_CHUNK: usize = 64;
+const SUMSQ_BLOCK: u32 = 512;
+const SUMSQ_MAX_BLOCKS: usize = 1024;
+
+/// The split of `n` rows into chunks for the first stage: (chunks, rows per chunk).
+pub(super) fn row_chunks(n: usize) -> (usize, usize) {
+    (n.div_ceil(ROWS_PER_CHUNK).max(1), ROWS_PER_CHUNK)
+}
+
+/// Grid of column blocks by row chunks.
+pub(super) fn column_grid(c: usize, chunks: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (c.div_ceil(COLUMN_BLOCK as usize) as u32, chunks as u32, 1),
+        block_dim: (COLUMN_BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+impl CudaBackend {
+    /// `acc[j] += sum_k partial[k, j]`, chunks added in order.
+    pub(super) fn accumulate_partials(
+        &self,
+        acc: &mut CudaSlice<f32>,
+        partial: &CudaSlice<f32>,
+        chunks: usize,
+        c: usize,
+    ) -> Result<()> {
+        const OP: &str = "accumulate_partials";
+        check_len(OP, "acc", acc, c)?;
+        check_len(OP, "partial", partial, chunks * c)?;
+        let (chunks32, c32) = (as_i32(OP, "chunks", chunks)?, as_i32(OP, "c", c)?);
+        let f = self.function("accumulate_partials")?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(acc).arg(partial).arg(&chunks32).arg(&c32);
+        // SAFETY: lengths checked above; one thread per column.
+        unsafe { b.launch(column_grid(c, 1)) }?;
+        Ok(())
+    }
+
+    /// `acc[j] += sum_i x[i, j]` over `n` rows of width `c` (the bias gradient).
+    pub fn column_sum_accumulate<T: Elem>(
+        &self,
+        acc: &mut CudaSlice<f32>,
+        x: &CudaSlice<T>,
+        n: usize,
+        c: usize,
+    ) -> Result<()> {
+        const OP: &str = "column_sum";
+        let (n32, c32) = (as_i32(OP, "rows", n)?, as_i32(OP, "columns", c)?);
+        check_len(OP, "acc", acc, c)?;
+        check_len(OP, "x", x, n * c)?;
+        if n == 0 || c == 0 {
+            return Ok(());
+        }
+        let (chunks, rows_per_chunk) = row_chunks(n);
+        let mut partial = self.alloc::<f32>(chunks * c)?;
+        let f = self.function(&format!("column_sum_partial_{}", T::SUFFIX))?;
+        let rpc = rows_per_chunk as i32;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&mut partial).arg(x).arg(&n32).arg(&c32).arg(&rpc);
+        // SAFETY: `partial` holds `chunks * c` values; `x` holds `n * c`.
+        unsafe { b.launch(column_grid(c, chunks)) }?;
+        self.accumulate_partials(acc, &partial, chunks, c)
+    }
+
+    /// `acc[0] += sum(x^2)` over the first `n` values, in f64, and `nonfinite[0] = 1` if any
+    /// value is inf or NaN (it is never cleared here, so one flag can cover many tensors).
+    pub fn sum_squares_accumulate(
+        &self,
+        acc: &mut CudaSlice<f64>,
+        nonfinite: &mut CudaSlice<u32>,
+        x: &CudaSlice<f32>,
+        n: usize,
+    ) -> Result<()> {
+        const OP: &str = "sum_squares";
+        check_len(OP, "acc", acc, 1)?;
+        check_len(OP, "nonfinite", nonfinite, 1)?;
+        check_len(OP, "x", x, n)?;
+        if n == 0 {
+            return Ok(());
+        }
+        // The block count depends on n only, so the summation order does too.
+        let blocks = n.div_ceil(SUMSQ_BLOCK as usize).clamp(1, SUMSQ_MAX_BLOCKS);
+        let mut partial = self.alloc::<f64>(blocks)?;
+        let n64 = n as i64;
+        let f = self.function("sum_squares_partial")?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&mut partial).arg(&mut *nonfinite).arg(x).arg(&n64);
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (SUMSQ_BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: `partial` holds one value per block; `x` holds `n`.
+        unsafe { b.launch(cfg) }?;
+        let blocks32 = blocks as i32;
+        let f = self.function("sum_squares_finish")?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(acc).arg(&partial).arg(&blocks32);
+        // SAFETY: one thread reads `blocks` partials and writes `acc[0]`.
+        let one_warp = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        unsafe { b.launch(one_warp) }?;
+        Ok(())
+    }
+}
