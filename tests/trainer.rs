@@ -5,7 +5,7 @@ mod common;
 
 use kiln::config::ResolvedConfig;
 use kiln::data::{self, Batch, Corpus, Tokenizer};
-use kiln::engine::{DType, Device, EngineError};
+use kiln::engine::{DType, Device, EngineError, MemoryPool};
 use kiln::error::KilnError;
 use kiln::models::Model;
 use kiln::train::{self, Precision, RunOptions, Trainer};
@@ -22,7 +22,11 @@ fn corpus_tokens() -> Vec<u32> {
 }
 
 fn grads(t: &Trainer) -> Vec<Vec<f32>> {
-    t.model.params().iter().map(|p| p.grad.to_vec()).collect()
+    t.model
+        .params()
+        .iter()
+        .map(|p| p.grad.to_vec().unwrap())
+        .collect()
 }
 
 #[test]
@@ -34,9 +38,9 @@ fn k_micro_batches_give_the_gradient_of_one_batch_k_times_larger() {
         .map(|i| data::train_rows(&tokens, 5, 3, 0, i * 2..i * 2 + 2, 32))
         .collect();
 
-    let mut one = Trainer::new(&cfg, 256, Device::Cpu, Precision::Fp32).unwrap();
+    let mut one = Trainer::new(&cfg, 256, &MemoryPool::new(Device::Cpu), Precision::Fp32).unwrap();
     let loss_one = one.accumulate(std::slice::from_ref(&whole)).unwrap();
-    let mut four = Trainer::new(&cfg, 256, Device::Cpu, Precision::Fp32).unwrap();
+    let mut four = Trainer::new(&cfg, 256, &MemoryPool::new(Device::Cpu), Precision::Fp32).unwrap();
     let loss_four = four.accumulate(&quarters).unwrap();
 
     assert!(
@@ -130,8 +134,14 @@ fn fp16_scaler_skips_overflowing_steps_without_advancing_the_schedule() {
         "train.steps=20",
     ]);
     let tokens = corpus_tokens();
-    let mut t = Trainer::new(&cfg, 256, Device::Cpu, Precision::Fp16Mixed).unwrap();
-    let before: Vec<f32> = t.model.params()[0].value.to_vec();
+    let mut t = Trainer::new(
+        &cfg,
+        256,
+        &MemoryPool::new(Device::Cpu),
+        Precision::Fp16Mixed,
+    )
+    .unwrap();
+    let before: Vec<f32> = t.model.params()[0].value.to_vec().unwrap();
     let first = t
         .step(&[data::train_batch(&tokens, 1, 0, 0, 4, 32)])
         .unwrap();
@@ -141,7 +151,7 @@ fn fp16_scaler_skips_overflowing_steps_without_advancing_the_schedule() {
         "a skipped step does not advance the schedule"
     );
     assert_eq!(
-        t.model.params()[0].value.to_vec(),
+        t.model.params()[0].value.to_vec().unwrap(),
         before,
         "a skipped step does not update"
     );
@@ -178,7 +188,13 @@ fn fp16_scaler_skips_overflowing_steps_without_advancing_the_schedule() {
 fn mixed_precision_computes_with_rounded_copies_of_fp32_masters() {
     let cfg = config(&["train.precision=bf16-mixed"]);
     let tokens = corpus_tokens();
-    let mut t = Trainer::new(&cfg, 256, Device::Cpu, Precision::Bf16Mixed).unwrap();
+    let mut t = Trainer::new(
+        &cfg,
+        256,
+        &MemoryPool::new(Device::Cpu),
+        Precision::Bf16Mixed,
+    )
+    .unwrap();
     let mut losses = Vec::new();
     for i in 0..12 {
         losses.push(
@@ -197,10 +213,10 @@ fn mixed_precision_computes_with_rounded_copies_of_fp32_masters() {
             .as_ref()
             .expect("mixed precision keeps a compute copy");
         assert_eq!(c.dtype(), DType::BF16);
-        let master = p.value.to_vec();
+        let master = p.value.to_vec().unwrap();
         let rounded: Vec<f32> = master.iter().map(|&x| DType::BF16.round(x)).collect();
         assert_eq!(
-            c.to_vec(),
+            c.to_vec().unwrap(),
             rounded,
             "{}: compute copy is the rounded master",
             p.name
@@ -217,7 +233,7 @@ fn mixed_precision_computes_with_rounded_copies_of_fp32_masters() {
 fn a_nan_loss_stops_training_naming_the_step() {
     let cfg = config(&[]);
     let tokens = corpus_tokens();
-    let mut t = Trainer::new(&cfg, 256, Device::Cpu, Precision::Fp32).unwrap();
+    let mut t = Trainer::new(&cfg, 256, &MemoryPool::new(Device::Cpu), Precision::Fp32).unwrap();
     t.step(&[data::train_batch(&tokens, 1, 0, 0, 4, 32)])
         .unwrap();
     t.model.params_mut()[3].value.host_mut()[0] = f32::NAN;
@@ -266,7 +282,7 @@ fn a_divergent_run_keeps_its_last_good_checkpoint() {
 fn out_of_memory_is_a_typed_error_and_the_pool_stays_usable() {
     let cfg = config(&[]);
     let tokens = corpus_tokens();
-    let mut t = Trainer::new(&cfg, 256, Device::Cpu, Precision::Fp32).unwrap();
+    let mut t = Trainer::new(&cfg, 256, &MemoryPool::new(Device::Cpu), Precision::Fp32).unwrap();
     let in_use = t.pool.stats().current;
     t.pool.set_limit(in_use + 64 * 1024);
     let err = t

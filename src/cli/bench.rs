@@ -43,14 +43,14 @@ fn bench_train(a: BenchTrainArgs) -> Result<()> {
     let mut overrides = a.overrides.clone();
     overrides.push(format!("train.device={}", a.device));
     let cfg = ResolvedConfig::resolve(a.config.as_deref(), &overrides)?.config;
-    let (device, precision, notes) =
-        train::resolve_device(&cfg.train.device, &cfg.train.precision)?;
+    let (pool, precision, notes) = train::open_device(&cfg.train.device, &cfg.train.precision)?;
+    let device = pool.device();
     notes.iter().for_each(|n| println!("note: {n}"));
     let tokenizer = data::tokenizer_by_name(&cfg.data.tokenizer)?;
     let corpus = Corpus::load(train::data_spec(&cfg).corpus.as_deref())?;
     let tokens = tokenizer.encode(&corpus.text);
     data::check_train_len(&tokens, cfg.train.seq_len)?;
-    let mut trainer = Trainer::new(&cfg, tokenizer.vocab_size(), device, precision)?;
+    let mut trainer = Trainer::new(&cfg, tokenizer.vocab_size(), &pool, precision)?;
     let (b, t, k) = (
         cfg.train.micro_batch,
         cfg.train.seq_len,

@@ -8,11 +8,15 @@
 //! passes. With no usable GPU the command says why in one line and exits 0 ("skipped"), so it
 //! can run anywhere; with a GPU any failure gives a non-zero exit.
 
-use crate::engine::DType;
+use crate::config::ResolvedConfig;
+use crate::data;
 use crate::engine::cpu;
+use crate::engine::cpu::attention::AttnShape;
 use crate::engine::cuda::{self, AdamWStep, Bf16, CudaBackend, CudaError, Elem, GemmMath};
 use crate::engine::rng::{Rng, stream};
+use crate::engine::{DType, Device, MemoryPool};
 use crate::error::{KilnError, Result};
+use crate::train::{Precision, Trainer};
 use clap::Args;
 use cudarc::driver::CudaSlice;
 use std::time::Instant;
@@ -173,6 +177,24 @@ pub fn run(args: SelftestArgs) -> Result<()> {
             println!("{} ({}, {}): {e}", r.kernel, r.dtype, r.shape);
         }
     }
+    let pool = MemoryPool::with_cuda(std::sync::Arc::new(gpu));
+    let mut failed = failed;
+    for (precision, bound) in [("fp32", 1e-4), ("tf32", 2e-2)] {
+        match training_parity(&pool, precision, args.seed) {
+            Ok(diff) => {
+                let ok = diff <= bound;
+                failed += usize::from(!ok);
+                println!(
+                    "training parity {precision}: tiny GPT, 50 steps CPU vs GPU, max relative loss difference {diff:.2e} (bound {bound:.0e}) {}",
+                    if ok { "PASS" } else { "FAIL" }
+                );
+            }
+            Err(e) => {
+                failed += 1;
+                println!("training parity {precision}: FAIL ({e})");
+            }
+        }
+    }
     if failed > 0 {
         return Err(KilnError::SelfTest(format!(
             "{failed} of {} GPU checks failed",
@@ -316,10 +338,86 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
         let r = check_matmul_tt(gpu, inp, n, c_in, c_out);
         push("matmul (A^T B^T)", "f32", shape, BOUND_FP32, r);
     }
+    for (b, t, nh, c) in [(4, 1024, 12, 768), (3, 77, 2, 32), (2, 130, 4, 64)] {
+        let shape = format!("B{b} T{t} H{nh} C{c}");
+        let s = AttnShape {
+            batch: b,
+            seq: t,
+            heads: nh,
+            channels: c,
+        };
+        let (fwd, bwd) = check_attention(gpu, inp, s);
+        push("attention_forward", "f32", shape.clone(), BOUND_FP32, fwd);
+        push("attention_backward", "f32", shape, BOUND_FP32, bwd);
+    }
     rows
 }
 
 type Check = std::result::Result<f64, CudaError>;
+
+/// Trains a tiny GPT for 50 steps from one seed on the same batches on the CPU (fp32) and on
+/// the GPU (`precision`); returns the largest relative difference of the per-step losses.
+fn training_parity(gpu: &std::sync::Arc<MemoryPool>, precision: &str, seed: u64) -> Result<f64> {
+    let overrides: Vec<String> = [
+        "model.d_model=64",
+        "model.n_layers=2",
+        "model.n_heads=4",
+        "model.context=64",
+        "train.seq_len=64",
+        "train.micro_batch=8",
+        "train.steps=50",
+        "optim.warmup_steps=5",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([format!("train.seed={seed}")])
+    .collect();
+    let cfg = ResolvedConfig::resolve(None, &overrides)?.config;
+    let corpus = data::Corpus::load(None)?;
+    let tokens = data::Tokenizer::encode(&data::ByteTokenizer, &corpus.text[..1_000_000]);
+    let gpu_precision = Precision::parse(precision)?;
+    gpu.set_tf32(gpu_precision == Precision::Tf32);
+    let cpu = MemoryPool::new(Device::Cpu);
+    let mut on_cpu = Trainer::new(&cfg, 256, &cpu, Precision::Fp32)?;
+    let mut on_gpu = Trainer::new(&cfg, 256, gpu, gpu_precision)?;
+    let mut worst = 0.0f64;
+    for step in 0..50u64 {
+        let batch = [data::train_batch(&tokens, seed, step, 0, 8, 64)];
+        let a = on_cpu.step(&batch)?.loss;
+        let b = on_gpu.step(&batch)?.loss;
+        worst = worst.max((a - b).abs() / a.abs().max(1e-12));
+    }
+    Ok(worst)
+}
+
+/// Flash-style attention (log-sum-exp saved, no T x T matrix) against the CPU kernel, which
+/// stores the probabilities: forward output, then the whole dqkv.
+fn check_attention(gpu: &CudaBackend, inp: &mut Inputs, s: AttnShape) -> (Check, Check) {
+    let (b, t, nh, c) = (s.batch, s.seq, s.heads, s.channels);
+    let qkv = inp.uniform(b * t * 3 * c, 2.0, DType::F32);
+    let dout = inp.uniform(b * t * c, 1.0, DType::F32);
+    let mut out = vec![0.0; b * t * c];
+    let mut probs = vec![0.0; b * nh * t * t];
+    cpu::attention::attention_forward(&mut out, &mut probs, &qkv, s);
+    let mut dqkv = vec![0.0; qkv.len()];
+    cpu::attention::attention_backward(&mut dqkv, &dout, &qkv, &probs, s);
+    let run = || -> std::result::Result<(Vec<f32>, Vec<f32>), CudaError> {
+        let d_qkv = gpu.upload(&qkv)?;
+        let mut d_out = poisoned::<f32>(gpu, out.len())?;
+        let mut d_lse = poisoned::<f32>(gpu, b * nh * t)?;
+        gpu.attention_forward(&mut d_out, &mut d_lse, &d_qkv, s)?;
+        let mut d_dqkv = poisoned::<f32>(gpu, qkv.len())?;
+        gpu.attention_backward(&mut d_dqkv, &gpu.upload(&dout)?, &d_qkv, &d_out, &d_lse, s)?;
+        Ok((gpu.download(&d_out)?, gpu.download(&d_dqkv)?))
+    };
+    match run() {
+        Ok((o, g)) => (
+            Ok(rel_err(&o, &out, ELEMENTWISE_FLOOR)),
+            Ok(rel_err(&g, &dqkv, ELEMENTWISE_FLOOR)),
+        ),
+        Err(e) => (Err(e.clone()), Err(e)),
+    }
+}
 
 /// A device buffer of `n` NaNs in `T`: whatever the kernel does not write stays NaN.
 fn poisoned<T: Elem>(gpu: &CudaBackend, n: usize) -> std::result::Result<CudaSlice<T>, CudaError> {

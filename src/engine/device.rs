@@ -43,22 +43,6 @@ impl FromStr for DeviceRequest {
     }
 }
 
-/// Resolves a request to a device that can run now, with a note for the user when the
-/// choice differs from the request's spirit (for example `auto` without a GPU).
-pub fn resolve(request: DeviceRequest) -> Result<(Device, Option<String>), super::EngineError> {
-    match request {
-        DeviceRequest::Auto => Ok((
-            Device::Cpu,
-            Some("no CUDA backend in this build; training on the CPU".to_string()),
-        )),
-        DeviceRequest::Exact(Device::Cpu) => Ok((Device::Cpu, None)),
-        DeviceRequest::Exact(d @ Device::Cuda(_)) => Err(super::EngineError::Unavailable(
-            d.to_string(),
-            "this build has no CUDA backend yet; use train.device=cpu or auto".to_string(),
-        )),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

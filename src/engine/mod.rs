@@ -43,6 +43,48 @@ pub enum EngineError {
     },
     #[error("device '{0}' is not available: {1}")]
     Unavailable(String, String),
+    #[error(transparent)]
+    Cuda(cuda::CudaError),
+}
+
+impl From<cuda::CudaError> for EngineError {
+    fn from(e: cuda::CudaError) -> Self {
+        EngineError::Cuda(e)
+    }
+}
+
+/// Opens the device a request names and returns its pool, with a note for the user when the
+/// choice is worth telling (which GPU `auto` found, or why it fell back to the CPU).
+pub fn open(
+    request: device::DeviceRequest,
+) -> Result<(std::sync::Arc<MemoryPool>, Option<String>)> {
+    use device::DeviceRequest;
+    let gpu = |ordinal: usize| {
+        cuda::CudaBackend::new(ordinal).map(|b| MemoryPool::with_cuda(std::sync::Arc::new(b)))
+    };
+    match request {
+        DeviceRequest::Exact(Device::Cpu) => Ok((MemoryPool::new(Device::Cpu), None)),
+        DeviceRequest::Exact(d @ Device::Cuda(i)) => {
+            let pool = gpu(i).map_err(|e| {
+                EngineError::Unavailable(
+                    d.to_string(),
+                    format!("{e}; use train.device=cpu or auto"),
+                )
+            })?;
+            let note = format!("using {}", pool.cuda()?.info());
+            Ok((pool, Some(note)))
+        }
+        DeviceRequest::Auto => match gpu(0) {
+            Ok(pool) => {
+                let note = format!("using {}", pool.cuda()?.info());
+                Ok((pool, Some(note)))
+            }
+            Err(e) => Ok((
+                MemoryPool::new(Device::Cpu),
+                Some(format!("no usable GPU ({e}); training on the CPU")),
+            )),
+        },
+    }
 }
 
 pub type Result<T> = std::result::Result<T, EngineError>;

@@ -1,16 +1,24 @@
 //! Device dispatch: the one place that decides which kernel runs for which device.
 //!
 //! Every function checks that its tensors share a device, allocates its outputs from that
-//! device's pool (so out-of-memory surfaces here as a typed error) and calls the kernel.
-//! Layers call these and stay device-agnostic.
+//! device's pool (so out-of-memory surfaces here as a typed error) and calls the CPU kernel or
+//! the CUDA kernel with the same semantics. Layers call these and stay device-agnostic.
 
 use super::cpu;
 use super::cpu::adamw::AdamWStep;
 use super::cpu::attention::AttnShape;
+use super::cuda::CudaBackend;
 use super::{DType, Device, EngineError, Result, Tensor};
+use std::sync::Arc;
+
+/// Where an op runs: the CPU, or a GPU with its backend.
+enum On {
+    Cpu,
+    Gpu(Arc<CudaBackend>),
+}
 
 /// The common device of `ts`, or an error naming the op.
-fn device_of(op: &'static str, ts: &[&Tensor]) -> Result<Device> {
+fn device_of(op: &'static str, ts: &[&Tensor]) -> Result<On> {
     let d = ts[0].device();
     for t in &ts[1..] {
         if t.device() != d {
@@ -22,11 +30,8 @@ fn device_of(op: &'static str, ts: &[&Tensor]) -> Result<Device> {
         }
     }
     match d {
-        Device::Cpu => Ok(d),
-        Device::Cuda(_) => Err(EngineError::Unavailable(
-            d.to_string(),
-            format!("no CUDA kernel for {op} in this build"),
-        )),
+        Device::Cpu => Ok(On::Cpu),
+        Device::Cuda(_) => Ok(On::Gpu(ts[0].pool().cuda()?.clone())),
     }
 }
 
@@ -53,7 +58,7 @@ fn rows_cols(op: &'static str, t: &Tensor) -> Result<(usize, usize)> {
 
 /// `x[.., c_in] @ w[c_out, c_in]^T + b` -> `[.., c_out]`.
 pub fn linear_forward(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
-    device_of("linear", &[x, w])?;
+    let on = device_of("linear", &[x, w])?;
     let (n, c_in) = rows_cols("linear", x)?;
     let c_out = w.shape()[0];
     expect_len("linear", "weight", w, c_out * c_in)?;
@@ -63,15 +68,27 @@ pub fn linear_forward(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tens
     let mut shape = x.shape().to_vec();
     *shape.last_mut().expect("rows_cols checked rank") = c_out;
     let mut out = Tensor::zeros(x.pool(), &shape, DType::F32)?;
-    cpu::gemm::linear_forward(
-        out.host_mut(),
-        x.host(),
-        w.host(),
-        b.map(|b| b.host()),
-        n,
-        c_in,
-        c_out,
-    );
+    match on {
+        On::Cpu => cpu::gemm::linear_forward(
+            out.host_mut(),
+            x.host(),
+            w.host(),
+            b.map(|b| b.host()),
+            n,
+            c_in,
+            c_out,
+        ),
+        On::Gpu(g) => g.linear_forward(
+            out.cuda_mut(),
+            x.cuda(),
+            w.cuda(),
+            b.map(|b| b.cuda()),
+            n,
+            c_in,
+            c_out,
+            x.pool().gemm_math(),
+        )?,
+    }
     Ok(out)
 }
 
@@ -83,22 +100,36 @@ pub fn linear_backward(
     dw: &mut Tensor,
     db: Option<&mut Tensor>,
 ) -> Result<Tensor> {
-    device_of("linear_backward", &[dout, x, w, dw])?;
+    let on = device_of("linear_backward", &[dout, x, w, dw])?;
     let (n, c_in) = rows_cols("linear_backward", x)?;
     let c_out = w.shape()[0];
     expect_len("linear_backward", "dout", dout, n * c_out)?;
     let mut dx = Tensor::zeros(x.pool(), x.shape(), DType::F32)?;
-    cpu::gemm::linear_backward(
-        dx.host_mut(),
-        dw.host_mut(),
-        db.map(|b| b.host_mut()),
-        dout.host(),
-        x.host(),
-        w.host(),
-        n,
-        c_in,
-        c_out,
-    );
+    match on {
+        On::Cpu => cpu::gemm::linear_backward(
+            dx.host_mut(),
+            dw.host_mut(),
+            db.map(|b| b.host_mut()),
+            dout.host(),
+            x.host(),
+            w.host(),
+            n,
+            c_in,
+            c_out,
+        ),
+        On::Gpu(g) => g.linear_backward(
+            dx.cuda_mut(),
+            dw.cuda_mut(),
+            db.map(|b| b.cuda_mut()),
+            dout.cuda(),
+            x.cuda(),
+            w.cuda(),
+            n,
+            c_in,
+            c_out,
+            x.pool().gemm_math(),
+        )?,
+    }
     Ok(dx)
 }
 
@@ -116,20 +147,32 @@ fn norm_stats(x: &Tensor, n: usize) -> Result<NormStats> {
 }
 
 pub fn layernorm_forward(x: &Tensor, gamma: &Tensor, beta: &Tensor) -> Result<(Tensor, NormStats)> {
-    device_of("layernorm", &[x, gamma, beta])?;
+    let on = device_of("layernorm", &[x, gamma, beta])?;
     let (n, c) = rows_cols("layernorm", x)?;
     expect_len("layernorm", "gamma", gamma, c)?;
     let mut out = Tensor::zeros(x.pool(), x.shape(), DType::F32)?;
     let mut st = norm_stats(x, n)?;
-    cpu::layernorm::layernorm_forward(
-        out.host_mut(),
-        st.mean.host_mut(),
-        st.rstd.host_mut(),
-        x.host(),
-        gamma.host(),
-        beta.host(),
-        c,
-    );
+    match on {
+        On::Cpu => cpu::layernorm::layernorm_forward(
+            out.host_mut(),
+            st.mean.host_mut(),
+            st.rstd.host_mut(),
+            x.host(),
+            gamma.host(),
+            beta.host(),
+            c,
+        ),
+        On::Gpu(g) => g.layernorm_forward(
+            out.cuda_mut(),
+            st.mean.cuda_mut(),
+            st.rstd.cuda_mut(),
+            x.cuda(),
+            gamma.cuda(),
+            beta.cuda(),
+            n,
+            c,
+        )?,
+    }
     Ok((out, st))
 }
 
@@ -140,23 +183,37 @@ pub fn residual_layernorm_forward(
     gamma: &Tensor,
     beta: &Tensor,
 ) -> Result<(Tensor, Tensor, NormStats)> {
-    device_of("residual_layernorm", &[x, delta, gamma, beta])?;
+    let on = device_of("residual_layernorm", &[x, delta, gamma, beta])?;
     let (n, c) = rows_cols("residual_layernorm", x)?;
     expect_len("residual_layernorm", "delta", delta, n * c)?;
     let mut sum = Tensor::zeros(x.pool(), x.shape(), DType::F32)?;
     let mut out = Tensor::zeros(x.pool(), x.shape(), DType::F32)?;
     let mut st = norm_stats(x, n)?;
-    cpu::layernorm::residual_layernorm_forward(
-        sum.host_mut(),
-        out.host_mut(),
-        st.mean.host_mut(),
-        st.rstd.host_mut(),
-        x.host(),
-        delta.host(),
-        gamma.host(),
-        beta.host(),
-        c,
-    );
+    match on {
+        On::Cpu => cpu::layernorm::residual_layernorm_forward(
+            sum.host_mut(),
+            out.host_mut(),
+            st.mean.host_mut(),
+            st.rstd.host_mut(),
+            x.host(),
+            delta.host(),
+            gamma.host(),
+            beta.host(),
+            c,
+        ),
+        On::Gpu(g) => g.residual_layernorm_forward(
+            sum.cuda_mut(),
+            out.cuda_mut(),
+            st.mean.cuda_mut(),
+            st.rstd.cuda_mut(),
+            x.cuda(),
+            delta.cuda(),
+            gamma.cuda(),
+            beta.cuda(),
+            n,
+            c,
+        )?,
+    }
     Ok((sum, out, st))
 }
 
@@ -171,58 +228,107 @@ pub fn layernorm_backward(
     gamma: &Tensor,
     st: &NormStats,
 ) -> Result<()> {
-    device_of("layernorm_backward", &[dx, dgamma, dbeta, dout, x, gamma])?;
-    let (_, c) = rows_cols("layernorm_backward", x)?;
+    let on = device_of("layernorm_backward", &[dx, dgamma, dbeta, dout, x, gamma])?;
+    let (n, c) = rows_cols("layernorm_backward", x)?;
     expect_len("layernorm_backward", "dout", dout, x.len())?;
-    cpu::layernorm::layernorm_backward(
-        dx.host_mut(),
-        dgamma.host_mut(),
-        dbeta.host_mut(),
-        dout.host(),
-        x.host(),
-        gamma.host(),
-        st.mean.host(),
-        st.rstd.host(),
-        c,
-    );
+    match on {
+        On::Cpu => cpu::layernorm::layernorm_backward(
+            dx.host_mut(),
+            dgamma.host_mut(),
+            dbeta.host_mut(),
+            dout.host(),
+            x.host(),
+            gamma.host(),
+            st.mean.host(),
+            st.rstd.host(),
+            c,
+        ),
+        On::Gpu(g) => g.layernorm_backward(
+            dx.cuda_mut(),
+            dgamma.cuda_mut(),
+            dbeta.cuda_mut(),
+            dout.cuda(),
+            x.cuda(),
+            gamma.cuda(),
+            st.mean.cuda(),
+            st.rstd.cuda(),
+            n,
+            c,
+        )?,
+    }
     Ok(())
 }
 
 pub fn gelu_forward(x: &Tensor) -> Result<Tensor> {
-    device_of("gelu", &[x])?;
+    let on = device_of("gelu", &[x])?;
     let mut out = Tensor::zeros(x.pool(), x.shape(), DType::F32)?;
-    cpu::gelu::gelu_forward(out.host_mut(), x.host());
+    match on {
+        On::Cpu => cpu::gelu::gelu_forward(out.host_mut(), x.host()),
+        On::Gpu(g) => g.gelu_forward(out.cuda_mut(), x.cuda(), x.len())?,
+    }
     Ok(out)
 }
 
 pub fn gelu_backward(x: &Tensor, dout: &Tensor) -> Result<Tensor> {
-    device_of("gelu_backward", &[x, dout])?;
+    let on = device_of("gelu_backward", &[x, dout])?;
     expect_len("gelu_backward", "dout", dout, x.len())?;
     let mut dx = Tensor::zeros(x.pool(), x.shape(), DType::F32)?;
-    cpu::gelu::gelu_backward(dx.host_mut(), x.host(), dout.host());
+    match on {
+        On::Cpu => cpu::gelu::gelu_backward(dx.host_mut(), x.host(), dout.host()),
+        On::Gpu(g) => g.gelu_backward(dx.cuda_mut(), x.cuda(), dout.cuda(), x.len())?,
+    }
     Ok(dx)
 }
 
 /// Causal attention over fused `qkv[B, T, 3C]`: returns `out[B, T, C]` and what the backward
-/// needs (the probabilities on the CPU).
+/// needs besides `qkv` and `out`: the probabilities `[B, H, T, T]` on the CPU, one
+/// log-sum-exp per row `[B, H, T]` on the GPU (which never stores the T x T matrix).
 pub fn attention_forward(qkv: &Tensor, s: AttnShape) -> Result<(Tensor, Tensor)> {
-    device_of("attention", &[qkv])?;
+    let on = device_of("attention", &[qkv])?;
     expect_len("attention", "qkv", qkv, s.batch * s.seq * 3 * s.channels)?;
     let mut out = Tensor::zeros(qkv.pool(), &[s.batch, s.seq, s.channels], DType::F32)?;
-    let mut probs = Tensor::zeros(qkv.pool(), &[s.batch, s.heads, s.seq, s.seq], DType::F32)?;
-    cpu::attention::attention_forward(out.host_mut(), probs.host_mut(), qkv.host(), s);
-    Ok((out, probs))
+    match on {
+        On::Cpu => {
+            let mut probs =
+                Tensor::zeros(qkv.pool(), &[s.batch, s.heads, s.seq, s.seq], DType::F32)?;
+            cpu::attention::attention_forward(out.host_mut(), probs.host_mut(), qkv.host(), s);
+            Ok((out, probs))
+        }
+        On::Gpu(g) => {
+            let mut lse = Tensor::zeros(qkv.pool(), &[s.batch, s.heads, s.seq], DType::F32)?;
+            g.attention_forward(out.cuda_mut(), lse.cuda_mut(), qkv.cuda(), s)?;
+            Ok((out, lse))
+        }
+    }
 }
 
+/// `dqkv` from `dout`, the forward's `qkv`, `out` and saved statistics.
 pub fn attention_backward(
     dout: &Tensor,
     qkv: &Tensor,
-    probs: &Tensor,
+    out: &Tensor,
+    saved: &Tensor,
     s: AttnShape,
 ) -> Result<Tensor> {
-    device_of("attention_backward", &[dout, qkv, probs])?;
+    let on = device_of("attention_backward", &[dout, qkv, out, saved])?;
     let mut dqkv = Tensor::zeros(qkv.pool(), qkv.shape(), DType::F32)?;
-    cpu::attention::attention_backward(dqkv.host_mut(), dout.host(), qkv.host(), probs.host(), s);
+    match on {
+        On::Cpu => cpu::attention::attention_backward(
+            dqkv.host_mut(),
+            dout.host(),
+            qkv.host(),
+            saved.host(),
+            s,
+        ),
+        On::Gpu(g) => g.attention_backward(
+            dqkv.cuda_mut(),
+            dout.cuda(),
+            qkv.cuda(),
+            out.cuda(),
+            saved.cuda(),
+            s,
+        )?,
+    }
     Ok(dqkv)
 }
 
@@ -245,10 +351,19 @@ fn check_targets(op: &'static str, logits: &Tensor, targets: &[u32]) -> Result<(
 
 /// Per-row cross-entropy losses of `logits[N, V]`.
 pub fn cross_entropy(logits: &Tensor, targets: &[u32]) -> Result<Vec<f32>> {
-    device_of("cross_entropy", &[logits])?;
+    let on = device_of("cross_entropy", &[logits])?;
     let (n, v) = check_targets("cross_entropy", logits, targets)?;
     let mut losses = vec![0.0; n];
-    cpu::cross_entropy::cross_entropy_forward(&mut losses, logits.host(), targets, v);
+    match on {
+        On::Cpu => {
+            cpu::cross_entropy::cross_entropy_forward(&mut losses, logits.host(), targets, v)
+        }
+        On::Gpu(g) => {
+            let mut d_losses = g.alloc::<f32>(n)?;
+            g.cross_entropy_forward(&mut d_losses, logits.cuda(), &g.upload(targets)?, n, v)?;
+            losses = g.download(&d_losses)?;
+        }
+    }
     Ok(losses)
 }
 
@@ -258,10 +373,30 @@ pub fn cross_entropy_fused(
     targets: &[u32],
     grad_scale: f32,
 ) -> Result<Vec<f32>> {
-    device_of("cross_entropy_fused", &[logits])?;
     let (n, v) = check_targets("cross_entropy_fused", logits, targets)?;
     let mut losses = vec![0.0; n];
-    cpu::cross_entropy::cross_entropy_fused(&mut losses, logits.host_mut(), targets, v, grad_scale);
+    match logits.device() {
+        Device::Cpu => cpu::cross_entropy::cross_entropy_fused(
+            &mut losses,
+            logits.host_mut(),
+            targets,
+            v,
+            grad_scale,
+        ),
+        Device::Cuda(_) => {
+            let g = logits.pool().cuda()?.clone();
+            let mut d_losses = g.alloc::<f32>(n)?;
+            g.cross_entropy_fused(
+                &mut d_losses,
+                logits.cuda_mut(),
+                &g.upload(targets)?,
+                n,
+                v,
+                grad_scale,
+            )?;
+            losses = g.download(&d_losses)?;
+        }
+    }
     Ok(losses)
 }
 
@@ -273,7 +408,7 @@ pub fn embedding_forward(
     wte: &Tensor,
     wpe: &Tensor,
 ) -> Result<Tensor> {
-    device_of("embedding", &[wte, wpe])?;
+    let on = device_of("embedding", &[wte, wpe])?;
     let (vocab, c) = rows_cols("embedding", wte)?;
     if tokens.len() != batch * seq || wpe.len() < seq * c {
         return Err(EngineError::Shape {
@@ -292,7 +427,26 @@ pub fn embedding_forward(
         });
     }
     let mut out = Tensor::zeros(wte.pool(), &[batch, seq, c], DType::F32)?;
-    cpu::embedding::embedding_forward(out.host_mut(), tokens, wte.host(), wpe.host(), seq, c);
+    match on {
+        On::Cpu => cpu::embedding::embedding_forward(
+            out.host_mut(),
+            tokens,
+            wte.host(),
+            wpe.host(),
+            seq,
+            c,
+        ),
+        On::Gpu(g) => g.embedding_forward(
+            out.cuda_mut(),
+            &g.upload(tokens)?,
+            wte.cuda(),
+            wpe.cuda(),
+            tokens.len(),
+            vocab,
+            seq,
+            c,
+        )?,
+    }
     Ok(out)
 }
 
@@ -303,37 +457,63 @@ pub fn embedding_backward(
     tokens: &[u32],
     seq: usize,
 ) -> Result<()> {
-    device_of("embedding_backward", &[dwte, dwpe, dout])?;
-    let (_, c) = rows_cols("embedding_backward", dwte)?;
-    cpu::embedding::embedding_backward(
-        dwte.host_mut(),
-        dwpe.host_mut(),
-        dout.host(),
-        tokens,
-        seq,
-        c,
-    );
+    let (vocab, c) = rows_cols("embedding_backward", dwte)?;
+    match dout.device() {
+        Device::Cpu => cpu::embedding::embedding_backward(
+            dwte.host_mut(),
+            dwpe.host_mut(),
+            dout.host(),
+            tokens,
+            seq,
+            c,
+        ),
+        Device::Cuda(_) => {
+            let g = dout.pool().cuda()?.clone();
+            let toks = g.upload(tokens)?;
+            g.embedding_backward(
+                dwte.cuda_mut(),
+                dwpe.cuda_mut(),
+                dout.cuda(),
+                &toks,
+                tokens.len(),
+                vocab,
+                seq,
+                c,
+            )?
+        }
+    }
     Ok(())
 }
 
 /// Sum of squares in f64 (for the global gradient norm and the inf/NaN check: a non-finite
-/// element makes the sum non-finite).
+/// element makes the result non-finite).
 pub fn sum_squares(t: &Tensor) -> Result<f64> {
-    device_of("sum_squares", &[t])?;
-    Ok(t.host().iter().map(|&x| x as f64 * x as f64).sum())
+    match device_of("sum_squares", &[t])? {
+        On::Cpu => Ok(t.host().iter().map(|&x| x as f64 * x as f64).sum()),
+        On::Gpu(g) => {
+            let mut acc = g.upload(&[0.0f64])?;
+            let mut flag = g.upload(&[0u32])?;
+            g.sum_squares_accumulate(&mut acc, &mut flag, t.cuda(), t.len())?;
+            if g.download(&flag)?[0] != 0 {
+                return Ok(f64::NAN);
+            }
+            Ok(g.download(&acc)?[0])
+        }
+    }
 }
 
-/// Multiplies every element in place (loss scaling of the output gradient, tests).
-pub fn scale_in_place(t: &mut Tensor, s: f32) -> Result<()> {
-    device_of("scale", &[t])?;
-    t.host_mut().iter_mut().for_each(|x| *x *= s);
-    Ok(())
-}
-
-/// Rounds every element to `dtype` in place (emulating a narrower activation on the CPU).
+/// Rounds every element to `dtype` in place (emulating a narrower gradient on the CPU).
 pub fn round_in_place(t: &mut Tensor, dtype: DType) -> Result<()> {
-    device_of("round", &[t])?;
-    dtype.round_slice(t.host_mut());
+    match t.device() {
+        Device::Cpu => dtype.round_slice(t.host_mut()),
+        Device::Cuda(_) if dtype == DType::F32 => {}
+        Device::Cuda(_) => {
+            return Err(EngineError::Unavailable(
+                t.device().to_string(),
+                format!("{dtype:?} gradients are not wired on the GPU yet"),
+            ));
+        }
+    }
     Ok(())
 }
 
@@ -346,22 +526,38 @@ pub fn adamw_update(
     compute: Option<&mut Tensor>,
     h: AdamWStep,
 ) -> Result<()> {
-    device_of("adamw", &[param, grad, m, v])?;
     let n = param.len();
     for (what, t) in [("grad", grad), ("m", &*m), ("v", &*v)] {
         expect_len("adamw", what, t, n)?;
     }
-    let compute = compute.map(|c| {
-        let dtype = c.dtype();
-        (c.host_mut(), dtype)
-    });
-    cpu::adamw::adamw_update(
-        param.host_mut(),
-        grad.host(),
-        m.host_mut(),
-        v.host_mut(),
-        compute,
-        h,
-    );
+    match param.device() {
+        Device::Cpu => {
+            let compute = compute.map(|c| {
+                let dtype = c.dtype();
+                (c.host_mut(), dtype)
+            });
+            cpu::adamw::adamw_update(
+                param.host_mut(),
+                grad.host(),
+                m.host_mut(),
+                v.host_mut(),
+                compute,
+                h,
+            );
+        }
+        Device::Cuda(_) => {
+            let g = param.pool().cuda()?.clone();
+            let compute = compute.map(|c| c.cuda_mut());
+            g.adamw_update::<f32>(
+                param.cuda_mut(),
+                grad.cuda(),
+                m.cuda_mut(),
+                v.cuda_mut(),
+                compute,
+                n,
+                h,
+            )?;
+        }
+    }
     Ok(())
 }

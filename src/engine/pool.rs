@@ -6,12 +6,15 @@
 //! out-of-memory handling is provoked and tested on a machine with plenty of RAM.
 //!
 //! The CPU pool hands out fresh vectors and returns them to the allocator on drop, so its
-//! reserved bytes equal its bytes in use.
+//! reserved bytes equal its bytes in use. A GPU pool also holds the device's [`CudaBackend`]
+//! (the pool is the handle every tensor on that device shares); its buffers come from the
+//! driver's stream-ordered allocator, which caches freed memory itself.
 
+use super::cuda::{CudaBackend, GemmMath};
 use super::{Device, EngineError, Result};
 use serde::Serialize;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// A snapshot of a pool's books.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -23,22 +26,63 @@ pub struct MemoryStats {
     pub limit: usize,
 }
 
-#[derive(Debug)]
 pub struct MemoryPool {
     device: Device,
     current: AtomicUsize,
     peak: AtomicUsize,
     limit: AtomicUsize,
+    cuda: Option<Arc<CudaBackend>>,
+    /// Whether f32 GEMMs may use TF32 tensor cores (the tf32 precision policy).
+    tf32: AtomicBool,
+}
+
+impl std::fmt::Debug for MemoryPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MemoryPool({}, {:?})", self.device, self.stats())
+    }
 }
 
 impl MemoryPool {
+    /// A CPU pool (a GPU pool comes from [`MemoryPool::with_cuda`]).
     pub fn new(device: Device) -> Arc<Self> {
+        Self::build(device, None)
+    }
+
+    pub fn with_cuda(backend: Arc<CudaBackend>) -> Arc<Self> {
+        Self::build(Device::Cuda(backend.info().ordinal), Some(backend))
+    }
+
+    fn build(device: Device, cuda: Option<Arc<CudaBackend>>) -> Arc<Self> {
         Arc::new(MemoryPool {
             device,
             current: AtomicUsize::new(0),
             peak: AtomicUsize::new(0),
             limit: AtomicUsize::new(0),
+            cuda,
+            tf32: AtomicBool::new(false),
         })
+    }
+
+    /// The GPU backend of a GPU pool.
+    pub fn cuda(&self) -> Result<&Arc<CudaBackend>> {
+        self.cuda.as_ref().ok_or_else(|| {
+            EngineError::Unavailable(
+                self.device.to_string(),
+                "this pool has no CUDA backend".into(),
+            )
+        })
+    }
+
+    pub fn set_tf32(&self, on: bool) {
+        self.tf32.store(on, Ordering::SeqCst);
+    }
+
+    pub fn gemm_math(&self) -> GemmMath {
+        if self.tf32.load(Ordering::SeqCst) {
+            GemmMath::Tf32
+        } else {
+            GemmMath::Fp32
+        }
     }
 
     pub fn device(&self) -> Device {

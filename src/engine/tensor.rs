@@ -3,13 +3,17 @@
 //! A tensor's bytes are booked in its pool while it lives and released when it drops, so the
 //! pool's books are always the sum of the live tensors.
 
+use super::cuda::CudaError;
 use super::{DType, Device, EngineError, MemoryPool, Result};
+use cudarc::driver::CudaSlice;
 use std::sync::Arc;
 
 /// Storage on one device. The CPU keeps f32 values whatever the logical dtype: a bf16 tensor
 /// holds f32 values already rounded to bf16 (see `dtype`), and is booked at bf16 size.
+/// GPU tensors are f32 for now (fp32 and tf32 policies).
 enum Storage {
     Cpu(Vec<f32>),
+    Cuda(CudaSlice<f32>),
 }
 
 pub struct Tensor {
@@ -20,11 +24,35 @@ pub struct Tensor {
     booked: usize,
 }
 
+/// A device out-of-memory becomes the same typed error as the pool's own limit.
+fn device_alloc_error(pool: &MemoryPool, bytes: usize, e: CudaError) -> EngineError {
+    match e {
+        CudaError::OutOfMemory(_) => {
+            let s = pool.stats();
+            EngineError::OutOfMemory {
+                device: pool.device(),
+                requested: bytes,
+                in_use: s.current,
+                limit: s.limit,
+            }
+        }
+        other => EngineError::Cuda(other),
+    }
+}
+
 impl Tensor {
     /// A zero-filled tensor from `pool`.
     pub fn zeros(pool: &Arc<MemoryPool>, shape: &[usize], dtype: DType) -> Result<Tensor> {
         let len: usize = shape.iter().product();
-        Tensor::with_storage(pool, shape, dtype, || vec![0.0; len])
+        Tensor::with_storage(pool, shape, dtype, |p| match p.device() {
+            Device::Cpu => Ok(Storage::Cpu(vec![0.0; len])),
+            Device::Cuda(_) => Ok(Storage::Cuda(
+                p.cuda()?
+                    .stream()
+                    .alloc_zeros::<f32>(len)
+                    .map_err(CudaError::from)?,
+            )),
+        })
     }
 
     /// A tensor holding `data` (f32 values; rounded if `dtype` is narrower).
@@ -41,7 +69,10 @@ impl Tensor {
             });
         }
         dtype.round_slice(&mut data);
-        Tensor::with_storage(pool, shape, dtype, || data)
+        Tensor::with_storage(pool, shape, dtype, |p| match p.device() {
+            Device::Cpu => Ok(Storage::Cpu(data)),
+            Device::Cuda(_) => Ok(Storage::Cuda(p.cuda()?.upload(&data)?)),
+        })
     }
 
     /// Books the bytes first, so a refused allocation never touches memory.
@@ -49,19 +80,26 @@ impl Tensor {
         pool: &Arc<MemoryPool>,
         shape: &[usize],
         dtype: DType,
-        make: impl FnOnce() -> Vec<f32>,
+        make: impl FnOnce(&MemoryPool) -> Result<Storage>,
     ) -> Result<Tensor> {
+        if pool.device() != Device::Cpu && dtype != DType::F32 {
+            return Err(EngineError::Unavailable(
+                pool.device().to_string(),
+                format!(
+                    "{dtype:?} tensors are not supported on the GPU yet; use train.precision=fp32 or tf32"
+                ),
+            ));
+        }
         let booked = shape.iter().product::<usize>() * dtype.size_bytes();
-        let storage = match pool.device() {
-            Device::Cpu => {
-                pool.reserve(booked)?;
-                Storage::Cpu(make())
-            }
-            d @ Device::Cuda(_) => {
-                return Err(EngineError::Unavailable(
-                    d.to_string(),
-                    "no CUDA storage in this build".into(),
-                ));
+        pool.reserve(booked)?;
+        let storage = match make(pool) {
+            Ok(s) => s,
+            Err(e) => {
+                pool.release(booked);
+                return Err(match e {
+                    EngineError::Cuda(c) => device_alloc_error(pool, booked, c),
+                    other => other,
+                });
             }
         };
         Ok(Tensor {
@@ -97,24 +135,46 @@ impl Tensor {
         &self.pool
     }
 
-    /// The values as f32 on the host (a copy for device tensors).
-    pub fn to_vec(&self) -> Vec<f32> {
+    /// The values as f32 on the host (a copy; waits for the device).
+    pub fn to_vec(&self) -> Result<Vec<f32>> {
         match &self.storage {
-            Storage::Cpu(v) => v.clone(),
+            Storage::Cpu(v) => Ok(v.clone()),
+            Storage::Cuda(s) => Ok(self.pool.cuda()?.download(s)?),
         }
     }
 
-    /// Host slice of a CPU tensor. Kernels reach storage only through `ops`, which matches on
-    /// the device first; this is for the CPU kernels and for host-side bookkeeping.
+    /// Host slice of a CPU tensor, for the CPU kernels (reached through `ops`, which matched
+    /// on the device first) and CPU-side tests.
+    ///
+    /// # Panics
+    /// On a GPU tensor: that is a dispatch bug, not a user error.
     pub fn host(&self) -> &[f32] {
         match &self.storage {
             Storage::Cpu(v) => v,
+            Storage::Cuda(_) => panic!("host() called on a GPU tensor; use to_vec()"),
         }
     }
 
+    /// Mutable host slice of a CPU tensor; see [`Tensor::host`].
     pub fn host_mut(&mut self) -> &mut [f32] {
         match &mut self.storage {
             Storage::Cpu(v) => v,
+            Storage::Cuda(_) => panic!("host_mut() called on a GPU tensor"),
+        }
+    }
+
+    /// The device buffer of a GPU tensor (for the CUDA arms of `ops`).
+    pub(crate) fn cuda(&self) -> &CudaSlice<f32> {
+        match &self.storage {
+            Storage::Cuda(s) => s,
+            Storage::Cpu(_) => panic!("cuda() called on a CPU tensor"),
+        }
+    }
+
+    pub(crate) fn cuda_mut(&mut self) -> &mut CudaSlice<f32> {
+        match &mut self.storage {
+            Storage::Cuda(s) => s,
+            Storage::Cpu(_) => panic!("cuda_mut() called on a CPU tensor"),
         }
     }
 
@@ -127,14 +187,32 @@ impl Tensor {
             });
         }
         let dtype = self.dtype;
-        let dst = self.host_mut();
-        dst.copy_from_slice(src);
-        dtype.round_slice(dst);
+        let pool = self.pool.clone();
+        match &mut self.storage {
+            Storage::Cpu(dst) => {
+                dst.copy_from_slice(src);
+                dtype.round_slice(dst);
+            }
+            Storage::Cuda(dst) => pool
+                .cuda()?
+                .stream()
+                .memcpy_htod(src, dst)
+                .map_err(CudaError::from)?,
+        }
         Ok(())
     }
 
-    pub fn fill_zero(&mut self) {
-        self.host_mut().iter_mut().for_each(|x| *x = 0.0);
+    pub fn fill_zero(&mut self) -> Result<()> {
+        let pool = self.pool.clone();
+        match &mut self.storage {
+            Storage::Cpu(v) => v.iter_mut().for_each(|x| *x = 0.0),
+            Storage::Cuda(s) => pool
+                .cuda()?
+                .stream()
+                .memset_zeros(s)
+                .map_err(CudaError::from)?,
+        }
+        Ok(())
     }
 
     /// Reinterprets the shape; the element count must not change.
@@ -151,7 +229,7 @@ impl Tensor {
 
     /// A new tensor with the same values (in its pool).
     pub fn try_clone(&self) -> Result<Tensor> {
-        Tensor::from_vec(&self.pool, &self.shape, self.dtype, self.to_vec())
+        Tensor::from_vec(&self.pool, &self.shape, self.dtype, self.to_vec()?)
     }
 }
 

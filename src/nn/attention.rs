@@ -13,11 +13,12 @@ pub struct CausalSelfAttention {
     pub n_heads: usize,
 }
 
-/// What the backward needs: the QKV activations, the attention probabilities, and the
-/// attention output that fed the projection.
+/// What the backward needs: the QKV activations, the attention output that fed the
+/// projection, and the softmax statistics (probabilities on the CPU, one log-sum-exp per row
+/// on the GPU).
 pub struct AttnSaved {
     pub qkv: Tensor,
-    pub probs: Tensor,
+    pub stats: Tensor,
     pub att: Tensor,
 }
 
@@ -50,14 +51,15 @@ impl CausalSelfAttention {
     /// `x` is `[B, T, C]`.
     pub fn forward(&self, x: &Tensor) -> Result<(Tensor, AttnSaved)> {
         let qkv = self.qkv.forward(x)?;
-        let (att, probs) = ops::attention_forward(&qkv, self.shape(x))?;
+        let (att, stats) = ops::attention_forward(&qkv, self.shape(x))?;
         let out = self.proj.forward(&att)?;
-        Ok((out, AttnSaved { qkv, probs, att }))
+        Ok((out, AttnSaved { qkv, stats, att }))
     }
 
     pub fn backward(&mut self, dout: &Tensor, x: &Tensor, saved: &AttnSaved) -> Result<Tensor> {
         let datt = self.proj.backward(dout, &saved.att)?;
-        let dqkv = ops::attention_backward(&datt, &saved.qkv, &saved.probs, self.shape(x))?;
+        let dqkv =
+            ops::attention_backward(&datt, &saved.qkv, &saved.att, &saved.stats, self.shape(x))?;
         self.qkv.backward(&dqkv, x)
     }
 
@@ -103,7 +105,7 @@ mod tests {
         check("dx", &x, dx.host(), 80, |x| {
             weighted_sum(&attn.forward(x).unwrap().0, &w)
         });
-        let dq = attn.qkv.weight.grad.to_vec();
+        let dq = attn.qkv.weight.grad.to_vec().unwrap();
         let q0 = attn.qkv.weight.value.try_clone().unwrap();
         let s = attn.shape(&x);
         check("dWqkv", &q0, &dq, 60, |wt| {

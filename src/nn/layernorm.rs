@@ -86,11 +86,11 @@ mod tests {
         let mut ln = LayerNorm::new(&p, "ln", 8, &mut rng(1)).unwrap();
         ln.gamma
             .value
-            .copy_from_host(&random_tensor(&p, &[8], 7).to_vec())
+            .copy_from_host(&random_tensor(&p, &[8], 7).to_vec().unwrap())
             .unwrap();
         ln.beta
             .value
-            .copy_from_host(&random_tensor(&p, &[8], 8).to_vec())
+            .copy_from_host(&random_tensor(&p, &[8], 8).to_vec().unwrap())
             .unwrap();
         let x = random_tensor(&p, &[3, 8], 2);
         let delta = random_tensor(&p, &[3, 8], 3);
@@ -106,7 +106,10 @@ mod tests {
         ln.backward(&mut dsum, &w_norm, &sum, &stats).unwrap();
         check("dx", &x, dsum.host(), 100, |x| loss(&ln, x, &delta));
         check("ddelta", &delta, dsum.host(), 100, |d| loss(&ln, &x, d));
-        let (dg, db) = (ln.gamma.grad.to_vec(), ln.beta.grad.to_vec());
+        let (dg, db) = (
+            ln.gamma.grad.to_vec().unwrap(),
+            ln.beta.grad.to_vec().unwrap(),
+        );
         let g0 = ln.gamma.value.try_clone().unwrap();
         check("dgamma", &g0, &dg, 100, |g| {
             let (s, o, _) = ops::residual_layernorm_forward(&x, &delta, g, &ln.beta.value).unwrap();

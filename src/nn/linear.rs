@@ -105,7 +105,7 @@ mod tests {
             .as_mut()
             .unwrap()
             .value
-            .copy_from_host(&random_tensor(&p, &[5], 9).to_vec())
+            .copy_from_host(&random_tensor(&p, &[5], 9).to_vec().unwrap())
             .unwrap();
         let x = random_tensor(&p, &[2, 3, 6], 2);
         let w = random_tensor(&p, &[2, 3, 5], 3);
@@ -113,7 +113,7 @@ mod tests {
         check("dx", &x, dx.host(), 100, |x| {
             weighted_sum(&lin.forward(x).unwrap(), &w)
         });
-        let dw = lin.weight.grad.to_vec();
+        let dw = lin.weight.grad.to_vec().unwrap();
         let weight = lin.weight.value.try_clone().unwrap();
         check("dW", &weight, &dw, 100, |wt| {
             weighted_sum(
@@ -121,7 +121,7 @@ mod tests {
                 &w,
             )
         });
-        let db = lin.bias.as_ref().unwrap().grad.to_vec();
+        let db = lin.bias.as_ref().unwrap().grad.to_vec().unwrap();
         let bias = lin.bias.as_ref().unwrap().value.try_clone().unwrap();
         check("db", &bias, &db, 100, |b| {
             weighted_sum(&ops::linear_forward(&x, &weight, Some(b)).unwrap(), &w)

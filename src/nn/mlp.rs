@@ -85,7 +85,7 @@ mod tests {
         check("dx", &x, dx.host(), 100, |x| {
             weighted_sum(&mlp.forward(x).unwrap().0, &w)
         });
-        let dfc = mlp.fc.weight.grad.to_vec();
+        let dfc = mlp.fc.weight.grad.to_vec().unwrap();
         let fc0 = mlp.fc.weight.value.try_clone().unwrap();
         check("dfc", &fc0, &dfc, 40, |wt| {
             let pre =

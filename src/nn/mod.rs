@@ -76,7 +76,7 @@ impl Param {
                 self.value.pool(),
                 self.value.shape(),
                 d,
-                self.value.to_vec(),
+                self.value.to_vec()?,
             )?),
         };
         Ok(())
@@ -162,7 +162,7 @@ pub(crate) mod gradcheck {
         let n = x.len();
         let stride = n.div_ceil(max_checks).max(1);
         for i in (0..n).step_by(stride) {
-            let mut v = x.to_vec();
+            let mut v = x.to_vec().unwrap();
             v[i] += h;
             let plus = loss(&Tensor::from_vec(x.pool(), x.shape(), DType::F32, v.clone()).unwrap());
             v[i] -= 2.0 * h;

@@ -57,15 +57,15 @@ fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
         .map_err(|e| KilnError::output(path, e))
 }
 
-fn to_bytes(t: &Tensor) -> Vec<u8> {
-    t.to_vec().iter().flat_map(|v| v.to_le_bytes()).collect()
+fn to_bytes(t: &Tensor) -> Result<Vec<u8>> {
+    Ok(t.to_vec()?.iter().flat_map(|v| v.to_le_bytes()).collect())
 }
 
 fn serialize(tensors: Vec<(String, &Tensor)>) -> Result<Vec<u8>> {
-    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
+    let bytes = tensors
         .into_iter()
-        .map(|(n, t)| (n, t.shape().to_vec(), to_bytes(t)))
-        .collect();
+        .map(|(n, t)| Ok((n, t.shape().to_vec(), to_bytes(t)?)))
+        .collect::<Result<Vec<(String, Vec<usize>, Vec<u8>)>>>()?;
     let views = bytes
         .iter()
         .map(|(n, s, b)| Ok((n.clone(), TensorView::new(Dtype::F32, s.clone(), b)?)))

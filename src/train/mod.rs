@@ -16,14 +16,15 @@ pub use trainer::{StepReport, TrainState, Trainer};
 
 use crate::config::ResolvedConfig;
 use crate::data::{self, Batch, DataSpec, Prefetcher};
-use crate::engine::Device;
-use crate::engine::device::{self, DeviceRequest};
+use crate::engine::device::DeviceRequest;
+use crate::engine::{self, Device, MemoryPool};
 use crate::error::{KilnError, Result};
 use crate::models::Model;
 use metrics::{MetricsWriter, Progress, format_bytes, format_duration};
 use serde::Serialize;
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How to run: the resolved configuration and where the run lives.
@@ -58,14 +59,18 @@ pub struct Summary {
     pub checkpoint: Option<String>,
 }
 
-/// Picks the device and checks the precision against it; returns notes for the user.
-pub fn resolve_device(device: &str, precision: &str) -> Result<(Device, Precision, Vec<String>)> {
+/// Opens the device and checks the precision against it; returns notes for the user.
+pub fn open_device(
+    device: &str,
+    precision: &str,
+) -> Result<(Arc<MemoryPool>, Precision, Vec<String>)> {
     let request: DeviceRequest = device.parse().map_err(KilnError::Setting)?;
-    let (device, note) = device::resolve(request)?;
     let precision = Precision::parse(precision)?;
+    let (pool, note) = engine::open(request)?;
     let mut notes: Vec<String> = note.into_iter().collect();
-    notes.extend(precision.check_device(device)?);
-    Ok((device, precision, notes))
+    notes.extend(precision.check_device(pool.device())?);
+    pool.set_tf32(precision == Precision::Tf32);
+    Ok((pool, precision, notes))
 }
 
 pub fn data_spec(cfg: &crate::config::Config) -> DataSpec {
@@ -115,12 +120,13 @@ struct EvalRecord {
 pub fn run(opts: RunOptions) -> Result<Summary> {
     let cfg = opts.config.config.clone();
     let mut progress = Progress::new(opts.quiet);
-    let (device, precision, notes) = resolve_device(&cfg.train.device, &cfg.train.precision)?;
+    let (pool, precision, notes) = open_device(&cfg.train.device, &cfg.train.precision)?;
+    let device = pool.device();
     for n in notes {
         progress.message(&format!("note: {n}"));
     }
     let vocab = data::tokenizer_vocab_size(&cfg.data.tokenizer)?;
-    let mut trainer = Trainer::new(&cfg, vocab, device, precision)?;
+    let mut trainer = Trainer::new(&cfg, vocab, &pool, precision)?;
 
     // Restore before writing anything: a bad checkpoint must leave the run directory as it was.
     let run_dir = &opts.run_dir;
@@ -318,7 +324,12 @@ pub fn load_run(run_dir: &Path) -> Result<LoadedRun> {
         )
     })?;
     let vocab = data::tokenizer_vocab_size(&config.data.tokenizer)?;
-    let trainer = Trainer::new(&config, vocab, Device::Cpu, Precision::Fp32)?;
+    let trainer = Trainer::new(
+        &config,
+        vocab,
+        &MemoryPool::new(Device::Cpu),
+        Precision::Fp32,
+    )?;
     let mut model = trainer.model;
     let meta = checkpoint::load_weights(&ckpt, &mut model, &config.model, vocab)?;
     Ok(LoadedRun {

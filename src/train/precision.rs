@@ -45,6 +45,9 @@ impl Precision {
                 "{self} on the CPU is emulated: weights and output gradients are rounded to {}, arithmetic stays f32",
                 if self == Precision::Bf16Mixed { "bf16" } else { "fp16" }
             ))),
+            (Precision::Bf16Mixed | Precision::Fp16Mixed, Device::Cuda(_)) => Err(KilnError::Setting(format!(
+                "train.precision={self} is not available on the GPU yet (its kernels exist; the bf16 activation path is not wired); use train.precision=tf32 or fp32"
+            ))),
             _ => Ok(None),
         }
     }

@@ -5,7 +5,7 @@ use super::precision::Precision;
 use super::scaler::LossScaler;
 use crate::config::Config;
 use crate::data::Batch;
-use crate::engine::{Device, MemoryPool};
+use crate::engine::MemoryPool;
 use crate::error::{KilnError, Result};
 use crate::models::gpt::{Gpt, GptConfig};
 use crate::models::{Model, StepPrecision};
@@ -53,10 +53,10 @@ impl Trainer {
     pub fn new(
         cfg: &Config,
         vocab: usize,
-        device: Device,
+        pool: &Arc<MemoryPool>,
         precision: Precision,
     ) -> Result<Trainer> {
-        let pool = MemoryPool::new(device);
+        let pool = pool.clone();
         let m = &cfg.model;
         let gpt = GptConfig {
             vocab,
@@ -117,7 +117,7 @@ impl Trainer {
     /// Returns the summed token loss.
     pub fn accumulate(&mut self, micro: &[Batch]) -> Result<f64> {
         for p in self.model.params_mut() {
-            p.grad.fill_zero();
+            p.grad.fill_zero()?;
         }
         let tokens: usize = micro.iter().map(|b| b.inputs.len()).sum();
         let p = StepPrecision {

@@ -9,6 +9,7 @@
 //! [`crate::engine::Tensor`] is the job of `engine::ops`.
 
 mod adamw;
+mod attention;
 mod cross_entropy;
 mod embedding;
 mod gelu;
@@ -196,6 +197,7 @@ impl Program {
 }
 
 const PROGRAMS: &[Program] = &[
+    attention::PROGRAM,
     layernorm::PROGRAM,
     gelu::PROGRAM,
     cross_entropy::PROGRAM,

@@ -1,0 +1,257 @@
+// Causal multi-head attention, forward and backward, without ever storing the T x T matrix.
+//
+// Layout matches the CPU kernel (engine/cpu/attention.rs): qkv is [B, T, 3C] with Q, K, V side
+// by side and head h in columns h*HS .. (h+1)*HS of each; out is [B, T, C]. The forward keeps
+// one log-sum-exp per row (lse, [B, NH, T]); the backward recomputes the probabilities from it.
+//
+// Scheme (FlashAttention's online softmax, one query row per thread): a block owns BR query rows
+// of one (batch, head); it streams K and V through shared memory in tiles of BC rows, keeping
+// the row's running max, running sum and output accumulator in registers. Every thread of a
+// warp reads the same shared K/V element at once, which the hardware broadcasts.
+//
+// The backward is deterministic: no floating-point atomics. dQ comes from a query-parallel
+// kernel; dK and dV from a key-parallel kernel whose thread owns one key row. Each recomputes
+// the probabilities it needs.
+//
+// The head size HS is a template parameter (the per-thread rows live in registers); the
+// extern "C" entry points at the end instantiate the sizes kiln supports.
+
+#define BR 64
+#define BC 32
+#define KR 32  // key rows per block in the dK/dV kernel
+
+template <int HS>
+__device__ void attention_forward_impl(const float* __restrict__ qkv, float* __restrict__ out,
+                                             float* __restrict__ lse, int T, int C, int NH) {
+    __shared__ float ks[BC][HS];
+    __shared__ float vs[BC][HS];
+    const int b = blockIdx.y / NH, h = blockIdx.y % NH;
+    const int row = blockIdx.x * BR + threadIdx.x;
+    const bool active = row < T;
+    const float scale = rsqrtf((float)HS);
+    const size_t stride = 3 * (size_t)C;
+    const float* base = qkv + (size_t)b * T * stride + h * HS;
+
+    float q[HS], o[HS];
+    float m = -__int_as_float(0x7f800000), l = 0.0f;
+    #pragma unroll
+    for (int i = 0; i < HS; i++) {
+        q[i] = active ? base[row * stride + i] * scale : 0.0f;
+        o[i] = 0.0f;
+    }
+    const int last = min(T - 1, (int)(blockIdx.x * BR + BR - 1));
+    for (int k0 = 0; k0 <= last; k0 += BC) {
+        for (int idx = threadIdx.x; idx < BC * HS; idx += BR) {
+            int r = idx / HS, c = idx % HS, kr = k0 + r;
+            ks[r][c] = kr < T ? base[kr * stride + C + c] : 0.0f;
+            vs[r][c] = kr < T ? base[kr * stride + 2 * C + c] : 0.0f;
+        }
+        __syncthreads();
+        if (active && k0 <= row) {
+            const int n = min(BC, row - k0 + 1);
+            float s[BC];
+            float tile_max = -__int_as_float(0x7f800000);
+            #pragma unroll
+            for (int j = 0; j < BC; j++) {
+                float dot = 0.0f;
+                if (j < n) {
+                    #pragma unroll
+                    for (int i = 0; i < HS; i++) dot += q[i] * ks[j][i];
+                    tile_max = fmaxf(tile_max, dot);
+                }
+                s[j] = dot;
+            }
+            const float m_new = fmaxf(m, tile_max);
+            const float corr = __expf(m - m_new);
+            l *= corr;
+            #pragma unroll
+            for (int i = 0; i < HS; i++) o[i] *= corr;
+            #pragma unroll
+            for (int j = 0; j < BC; j++) {
+                if (j < n) {
+                    const float p = __expf(s[j] - m_new);
+                    l += p;
+                    #pragma unroll
+                    for (int i = 0; i < HS; i++) o[i] += p * vs[j][i];
+                }
+            }
+            m = m_new;
+        }
+        __syncthreads();
+    }
+    if (active) {
+        const float inv = 1.0f / l;
+        float* dst = out + ((size_t)b * T + row) * C + h * HS;
+        #pragma unroll
+        for (int i = 0; i < HS; i++) dst[i] = o[i] * inv;
+        lse[((size_t)b * NH + h) * T + row] = m + __logf(l);
+    }
+}
+
+// D[b, h, t] = sum_i dout[b, t, h*HS + i] * out[b, t, h*HS + i]: the softmax backward's row term.
+template <int HS>
+__device__ void attention_backward_rowdot_impl(const float* __restrict__ dout, const float* __restrict__ out,
+                                                     float* __restrict__ d, int B, int T, int C, int NH) {
+    const int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= B * NH * T) return;
+    const int t = idx % T, h = (idx / T) % NH, b = idx / (T * NH);
+    const size_t off = ((size_t)b * T + t) * C + h * HS;
+    float acc = 0.0f;
+    for (int i = 0; i < HS; i++) acc += dout[off + i] * out[off + i];
+    d[idx] = acc;
+}
+
+// dQ: one query row per thread; writes the Q third of dqkv.
+template <int HS>
+__device__ void attention_backward_dq_impl(const float* __restrict__ qkv, const float* __restrict__ dout,
+                                                 const float* __restrict__ lse, const float* __restrict__ d,
+                                                 float* __restrict__ dqkv, int T, int C, int NH) {
+    __shared__ float ks[BC][HS];
+    __shared__ float vs[BC][HS];
+    const int b = blockIdx.y / NH, h = blockIdx.y % NH;
+    const int row = blockIdx.x * BR + threadIdx.x;
+    const bool active = row < T;
+    const float scale = rsqrtf((float)HS);
+    const size_t stride = 3 * (size_t)C;
+    const float* base = qkv + (size_t)b * T * stride + h * HS;
+    const float* dy = dout + ((size_t)b * T + row) * C + h * HS;
+
+    float q[HS], g[HS], dq[HS];
+    #pragma unroll
+    for (int i = 0; i < HS; i++) {
+        q[i] = active ? base[row * stride + i] * scale : 0.0f;
+        g[i] = active ? dy[i] : 0.0f;
+        dq[i] = 0.0f;
+    }
+    const size_t r = ((size_t)b * NH + h) * T + row;
+    const float row_lse = active ? lse[r] : 0.0f;
+    const float row_d = active ? d[r] : 0.0f;
+    const int last = min(T - 1, (int)(blockIdx.x * BR + BR - 1));
+    for (int k0 = 0; k0 <= last; k0 += BC) {
+        for (int idx = threadIdx.x; idx < BC * HS; idx += BR) {
+            int rr = idx / HS, c = idx % HS, kr = k0 + rr;
+            ks[rr][c] = kr < T ? base[kr * stride + C + c] : 0.0f;
+            vs[rr][c] = kr < T ? base[kr * stride + 2 * C + c] : 0.0f;
+        }
+        __syncthreads();
+        if (active && k0 <= row) {
+            const int n = min(BC, row - k0 + 1);
+            for (int j = 0; j < n; j++) {
+                float s = 0.0f, dp = 0.0f;
+                #pragma unroll
+                for (int i = 0; i < HS; i++) {
+                    s += q[i] * ks[j][i];
+                    dp += g[i] * vs[j][i];
+                }
+                const float ds = __expf(s - row_lse) * (dp - row_d);
+                #pragma unroll
+                for (int i = 0; i < HS; i++) dq[i] += ds * ks[j][i];
+            }
+        }
+        __syncthreads();
+    }
+    if (active) {
+        float* dst = dqkv + ((size_t)b * T + row) * stride + h * HS;
+        #pragma unroll
+        for (int i = 0; i < HS; i++) dst[i] = dq[i] * scale;
+    }
+}
+
+// dK and dV: one key row per thread, accumulators in padded shared memory (a register file
+// could not hold k, v, dk and dv together); writes the K and V thirds of dqkv.
+template <int HS>
+__device__ void attention_backward_dkv_impl(const float* __restrict__ qkv, const float* __restrict__ dout,
+                                                  const float* __restrict__ lse, const float* __restrict__ d,
+                                                  float* __restrict__ dqkv, int T, int C, int NH) {
+    __shared__ float qs[BC][HS];
+    __shared__ float gs[BC][HS];
+    __shared__ float lses[BC], ds_[BC];
+    __shared__ float dk[KR][HS + 1];
+    __shared__ float dv[KR][HS + 1];
+    const int b = blockIdx.y / NH, h = blockIdx.y % NH;
+    const int key = blockIdx.x * KR + threadIdx.x;
+    const bool active = key < T;
+    const float scale = rsqrtf((float)HS);
+    const size_t stride = 3 * (size_t)C;
+    const float* base = qkv + (size_t)b * T * stride + h * HS;
+    const float* gbase = dout + (size_t)b * T * C + h * HS;
+
+    float k[HS], v[HS];
+    #pragma unroll
+    for (int i = 0; i < HS; i++) {
+        k[i] = active ? base[key * stride + C + i] * scale : 0.0f;
+        v[i] = active ? base[key * stride + 2 * C + i] : 0.0f;
+        dk[threadIdx.x][i] = 0.0f;
+        dv[threadIdx.x][i] = 0.0f;
+    }
+    const int first = blockIdx.x * KR;
+    for (int q0 = (first / BC) * BC; q0 < T; q0 += BC) {
+        for (int idx = threadIdx.x; idx < BC * HS; idx += KR) {
+            int rr = idx / HS, c = idx % HS, qr = q0 + rr;
+            qs[rr][c] = qr < T ? base[qr * stride + c] : 0.0f;
+            gs[rr][c] = qr < T ? gbase[qr * C + c] : 0.0f;
+        }
+        for (int rr = threadIdx.x; rr < BC; rr += KR) {
+            int qr = q0 + rr;
+            size_t r = ((size_t)b * NH + h) * T + qr;
+            lses[rr] = qr < T ? lse[r] : 0.0f;
+            ds_[rr] = qr < T ? d[r] : 0.0f;
+        }
+        __syncthreads();
+        if (active) {
+            for (int j = 0; j < BC; j++) {
+                const int qr = q0 + j;
+                if (qr < key || qr >= T) continue;
+                float s = 0.0f, dp = 0.0f;
+                #pragma unroll
+                for (int i = 0; i < HS; i++) {
+                    s += qs[j][i] * k[i];
+                    dp += gs[j][i] * v[i];
+                }
+                const float p = __expf(s - lses[j]);
+                const float ds = p * (dp - ds_[j]);
+                #pragma unroll
+                for (int i = 0; i < HS; i++) {
+                    dv[threadIdx.x][i] += p * gs[j][i];
+                    dk[threadIdx.x][i] += ds * qs[j][i];
+                }
+            }
+        }
+        __syncthreads();
+    }
+    if (active) {
+        float* dst = dqkv + ((size_t)b * T + key) * stride + h * HS;
+        #pragma unroll
+        for (int i = 0; i < HS; i++) {
+            dst[C + i] = dk[threadIdx.x][i] * scale;
+            dst[2 * C + i] = dv[threadIdx.x][i];
+        }
+    }
+}
+
+// Entry points: one per supported head size. 128 would need smaller tiles in the dK/dV kernel
+// to stay inside 48 KiB of static shared memory.
+#define ATTENTION_ENTRY_POINTS(HS)                                                                   \
+    extern "C" __global__ void __launch_bounds__(BR) attention_forward_hs##HS(                       \
+        const float* qkv, float* out, float* lse, int T, int C, int NH) {                            \
+        attention_forward_impl<HS>(qkv, out, lse, T, C, NH);                                         \
+    }                                                                                                \
+    extern "C" __global__ void attention_backward_rowdot_hs##HS(                                     \
+        const float* dout, const float* out, float* d, int B, int T, int C, int NH) {                \
+        attention_backward_rowdot_impl<HS>(dout, out, d, B, T, C, NH);                               \
+    }                                                                                                \
+    extern "C" __global__ void __launch_bounds__(BR) attention_backward_dq_hs##HS(                   \
+        const float* qkv, const float* dout, const float* lse, const float* d, float* dqkv, int T,   \
+        int C, int NH) {                                                                             \
+        attention_backward_dq_impl<HS>(qkv, dout, lse, d, dqkv, T, C, NH);                           \
+    }                                                                                                \
+    extern "C" __global__ void __launch_bounds__(KR) attention_backward_dkv_hs##HS(                  \
+        const float* qkv, const float* dout, const float* lse, const float* d, float* dqkv, int T,   \
+        int C, int NH) {                                                                             \
+        attention_backward_dkv_impl<HS>(qkv, dout, lse, d, dqkv, T, C, NH);                          \
+    }
+
+ATTENTION_ENTRY_POINTS(16)
+ATTENTION_ENTRY_POINTS(32)
+ATTENTION_ENTRY_POINTS(64)
+

@@ -1,0 +1,181 @@
+//! Causal attention on the GPU without the T x T matrix; reference:
+//! [`crate::engine::cpu::attention`] (same `qkv[B, T, 3C]` layout and results).
+//!
+//! The forward saves one log-sum-exp per row instead of the probabilities; the backward
+//! recomputes them. fp32 throughout, one query (or key) row per thread: correct and
+//! deterministic, not yet the tensor-core version.
+
+use super::{CudaBackend, CudaError, Program, Result, as_i32, check_len};
+use crate::engine::cpu::attention::AttnShape;
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+
+pub(super) const PROGRAM: Program = Program {
+    name: "attention",
+    source: include_str!("attention.cu"),
+    kernels: &[
+        "attention_forward_hs16",
+        "attention_forward_hs32",
+        "attention_forward_hs64",
+        "attention_backward_rowdot_hs16",
+        "attention_backward_rowdot_hs32",
+        "attention_backward_rowdot_hs64",
+        "attention_backward_dq_hs16",
+        "attention_backward_dq_hs32",
+        "attention_backward_dq_hs64",
+        "attention_backward_dkv_hs16",
+        "attention_backward_dkv_hs32",
+        "attention_backward_dkv_hs64",
+    ],
+};
+
+/// Query rows per block (forward, dQ) and key rows per block (dK/dV), as in attention.cu.
+const BR: u32 = 64;
+const KR: u32 = 32;
+
+/// Checks the shape and returns `(T, C, NH, HS)` as the kernels' ints.
+fn dims(s: AttnShape) -> Result<(i32, i32, i32, usize)> {
+    const OP: &str = "attention";
+    let hs = s.channels / s.heads.max(1);
+    if ![16, 32, 64].contains(&hs) || hs * s.heads != s.channels {
+        return Err(CudaError::Shape {
+            op: OP,
+            detail: format!(
+                "head size {} (d_model {} / {} heads) has no GPU kernel; use 16, 32 or 64",
+                s.channels as f64 / s.heads.max(1) as f64,
+                s.channels,
+                s.heads
+            ),
+        });
+    }
+    Ok((
+        as_i32(OP, "seq", s.seq)?,
+        as_i32(OP, "channels", s.channels)?,
+        as_i32(OP, "heads", s.heads)?,
+        hs,
+    ))
+}
+
+fn rows_grid(rows: usize, per_block: u32, s: AttnShape) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (
+            rows.div_ceil(per_block as usize) as u32,
+            (s.batch * s.heads) as u32,
+            1,
+        ),
+        block_dim: (per_block, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+impl CudaBackend {
+    /// Writes `out[B, T, C]` and `lse[B, NH, T]` from `qkv[B, T, 3C]`.
+    pub fn attention_forward(
+        &self,
+        out: &mut CudaSlice<f32>,
+        lse: &mut CudaSlice<f32>,
+        qkv: &CudaSlice<f32>,
+        s: AttnShape,
+    ) -> Result<()> {
+        let (t, c, nh, hs) = dims(s)?;
+        check_len(
+            "attention_forward",
+            "qkv",
+            qkv,
+            s.batch * s.seq * 3 * s.channels,
+        )?;
+        check_len(
+            "attention_forward",
+            "out",
+            out,
+            s.batch * s.seq * s.channels,
+        )?;
+        check_len("attention_forward", "lse", lse, s.batch * s.heads * s.seq)?;
+        let f = self.function(&format!("attention_forward_hs{hs}"))?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(qkv).arg(out).arg(lse).arg(&t).arg(&c).arg(&nh);
+        // SAFETY: buffer sizes checked above; the grid covers B*NH x ceil(T/BR) row tiles.
+        unsafe { b.launch(rows_grid(s.seq, BR, s)) }?;
+        Ok(())
+    }
+
+    /// Overwrites `dqkv[B, T, 3C]` from `dout`, the forward's `qkv`, `out` and `lse`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_backward(
+        &self,
+        dqkv: &mut CudaSlice<f32>,
+        dout: &CudaSlice<f32>,
+        qkv: &CudaSlice<f32>,
+        out: &CudaSlice<f32>,
+        lse: &CudaSlice<f32>,
+        s: AttnShape,
+    ) -> Result<()> {
+        let (t, c, nh, hs) = dims(s)?;
+        let rows = s.batch * s.heads * s.seq;
+        check_len(
+            "attention_backward",
+            "dqkv",
+            dqkv,
+            s.batch * s.seq * 3 * s.channels,
+        )?;
+        check_len(
+            "attention_backward",
+            "dout",
+            dout,
+            s.batch * s.seq * s.channels,
+        )?;
+        check_len(
+            "attention_backward",
+            "out",
+            out,
+            s.batch * s.seq * s.channels,
+        )?;
+        check_len("attention_backward", "lse", lse, rows)?;
+        let mut d = self.alloc::<f32>(rows)?;
+        let b32 = as_i32("attention_backward", "batch", s.batch)?;
+        {
+            let f = self.function(&format!("attention_backward_rowdot_hs{hs}"))?;
+            let mut b = self.stream.launch_builder(f);
+            b.arg(dout)
+                .arg(out)
+                .arg(&mut d)
+                .arg(&b32)
+                .arg(&t)
+                .arg(&c)
+                .arg(&nh);
+            let cfg = LaunchConfig {
+                grid_dim: (rows.div_ceil(256) as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: `d` holds one value per (batch, head, row); inputs checked above.
+            unsafe { b.launch(cfg) }?;
+        }
+        {
+            let f = self.function(&format!("attention_backward_dq_hs{hs}"))?;
+            let mut b = self.stream.launch_builder(f);
+            b.arg(qkv)
+                .arg(dout)
+                .arg(lse)
+                .arg(&d)
+                .arg(&mut *dqkv)
+                .arg(&t)
+                .arg(&c)
+                .arg(&nh);
+            // SAFETY: as above; this kernel writes only the Q third of each dqkv row.
+            unsafe { b.launch(rows_grid(s.seq, BR, s)) }?;
+        }
+        let f = self.function(&format!("attention_backward_dkv_hs{hs}"))?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(qkv)
+            .arg(dout)
+            .arg(lse)
+            .arg(&d)
+            .arg(dqkv)
+            .arg(&t)
+            .arg(&c)
+            .arg(&nh);
+        // SAFETY: as above; this kernel writes only the K and V thirds of each dqkv row.
+        unsafe { b.launch(rows_grid(s.seq, KR, s)) }?;
+        Ok(())
+    }
+}
