@@ -118,6 +118,8 @@ pub struct GpuInfo {
     pub compute_capability: (u32, u32),
     pub total_memory: usize,
     pub sm_count: u32,
+    /// Shared memory one block may use when its kernel opts in (bytes).
+    pub shared_memory_per_block_optin: usize,
 }
 
 impl GpuInfo {
@@ -152,6 +154,9 @@ fn device_info(ctx: &Arc<CudaContext>) -> Result<GpuInfo> {
         ),
         total_memory: ctx.total_mem()?,
         sm_count: attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+        shared_memory_per_block_optin: attr(
+            CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+        )? as usize,
     })
 }
 
