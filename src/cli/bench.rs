@@ -12,6 +12,8 @@ use std::time::Instant;
 pub enum BenchCommand {
     /// Training throughput (tokens/s) of a model configuration.
     Train(BenchTrainArgs),
+    /// Time of each GPU kernel at GPT-2 small sizes, against the measured memory and GEMM rates.
+    Kernels(super::bench_kernels::BenchKernelsArgs),
 }
 
 #[derive(Args, Debug)]
@@ -36,6 +38,7 @@ pub struct BenchTrainArgs {
 pub fn run(cmd: BenchCommand) -> Result<()> {
     match cmd {
         BenchCommand::Train(a) => bench_train(a),
+        BenchCommand::Kernels(a) => super::bench_kernels::run(a),
     }
 }
 

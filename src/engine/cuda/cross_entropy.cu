@@ -1,25 +1,47 @@
 // Softmax cross-entropy over the vocabulary, backward fused in place; reference:
 // engine/cpu/cross_entropy.rs. One block per row: each thread keeps a running (max, sum of
-// exp) over its strided share of the row (an online softmax, so the row is read once before
-// the write pass), then the block combines them. No copy of the logits is made.
+// exp) over its share of the row (an online softmax, so the row is read once before the
+// write pass), then the block combines them. No fp32 copy of the logits is made in memory.
+//
+// The STAGED variant also copies the row into shared memory during that read, so the write
+// pass reads shared memory instead of the row a second time: two passes over the logits in
+// device memory instead of three. It needs v * sizeof(T) bytes of shared memory (a 50k
+// vocabulary fits in f32 on Hopper); wider rows use the unstaged kernel.
 
-template <typename T, bool WRITE_GRAD>
+extern __shared__ __align__(16) unsigned char ce_row_cache[];
+
+// Folds x into the running (m, s) = (max, sum of exp(x - max)).
+__device__ __forceinline__ void online_add(float x, float& m, float& s) {
+    if (x > m) {
+        s = s * expf(m - x) + 1.f;
+        m = x;
+    } else if (x != KILN_NEG_INF) {  // a masked logit adds nothing (and -inf - -inf is NaN)
+        s += expf(x - m);  // a NaN logit lands here and poisons the sum, as it should
+    }
+}
+
+template <typename T, bool WRITE_GRAD, bool STAGED>
 __device__ void cross_entropy(float* losses, T* logits, const unsigned int* targets, int v,
                               float grad_scale) {
     __shared__ float scratch[32];
     T* row = logits + (long long)blockIdx.x * v;
+    T* cache = reinterpret_cast<T*>(ce_row_cache);
     const unsigned int t = targets[blockIdx.x];
     // Read before any thread overwrites the row (the reductions below are barriers).
     const float target_logit = (threadIdx.x == 0 && t < (unsigned int)v) ? load(row[t]) : 0.f;
+    // Four logits per access where the row allows (the whole block sees the same row, so
+    // the choice is uniform); the tail and misaligned rows go one at a time.
+    const int v4 = aligned4(row) ? v / 4 : 0;
     float m = KILN_NEG_INF, s = 0.f;
-    for (int i = threadIdx.x; i < v; i += blockDim.x) {
-        const float x = load(row[i]);
-        if (x > m) {
-            s = s * expf(m - x) + 1.f;
-            m = x;
-        } else if (x != KILN_NEG_INF) {  // a masked logit adds nothing (and -inf - -inf is NaN)
-            s += expf(x - m);  // a NaN logit lands here and poisons the sum, as it should
-        }
+    for (int i = threadIdx.x; i < v4; i += blockDim.x) {
+        float x[4];
+        load4(row + 4 * i, x);
+        if (STAGED) store4(cache + 4 * i, x);
+        for (int k = 0; k < 4; ++k) online_add(x[k], m, s);
+    }
+    for (int i = 4 * v4 + threadIdx.x; i < v; i += blockDim.x) {
+        if (STAGED) cache[i] = row[i];
+        online_add(load(row[i]), m, s);
     }
     const float row_max = block_max(m, scratch);
     // A thread that saw no finite value contributes nothing (and must not form -inf - -inf).
@@ -30,26 +52,37 @@ __device__ void cross_entropy(float* losses, T* logits, const unsigned int* targ
         losses[blockIdx.x] = t < (unsigned int)v ? lse - target_logit : KILN_NAN;
     }
     if (WRITE_GRAD) {
-        for (int i = threadIdx.x; i < v; i += blockDim.x) {
-            const float p = expf(load(row[i]) - lse) * grad_scale;
+        // The block reductions above were barriers, so the cache is complete.
+        const T* src = STAGED ? cache : row;
+        for (int i = threadIdx.x; i < v4; i += blockDim.x) {
+            float x[4];
+            load4(src + 4 * i, x);
+            for (int k = 0; k < 4; ++k) {
+                const float p = expf(x[k] - lse) * grad_scale;
+                x[k] = (unsigned int)(4 * i + k) == t ? p - grad_scale : p;
+            }
+            store4(row + 4 * i, x);
+        }
+        for (int i = 4 * v4 + threadIdx.x; i < v; i += blockDim.x) {
+            const float p = expf(load(src[i]) - lse) * grad_scale;
             row[i] = store<T>((unsigned int)i == t ? p - grad_scale : p);
         }
     }
 }
 
-extern "C" __global__ void cross_entropy_forward_f32(float* losses, const float* logits,
-                                                     const unsigned int* targets, int v) {
-    cross_entropy<float, false>(losses, const_cast<float*>(logits), targets, v, 0.f);
-}
-extern "C" __global__ void cross_entropy_forward_bf16(float* losses, const bf16* logits,
-                                                      const unsigned int* targets, int v) {
-    cross_entropy<bf16, false>(losses, const_cast<bf16*>(logits), targets, v, 0.f);
-}
-extern "C" __global__ void cross_entropy_fused_f32(float* losses, float* logits,
-                                                   const unsigned int* targets, int v, float grad_scale) {
-    cross_entropy<float, true>(losses, logits, targets, v, grad_scale);
-}
-extern "C" __global__ void cross_entropy_fused_bf16(float* losses, bf16* logits,
-                                                    const unsigned int* targets, int v, float grad_scale) {
-    cross_entropy<bf16, true>(losses, logits, targets, v, grad_scale);
-}
+#define CROSS_ENTROPY_KERNELS(T, SUFFIX)                                                       \
+    extern "C" __global__ void cross_entropy_forward_##SUFFIX(                               \
+        float* losses, const T* logits, const unsigned int* targets, int v) {                 \
+        cross_entropy<T, false, false>(losses, const_cast<T*>(logits), targets, v, 0.f);      \
+    }                                                                                          \
+    extern "C" __global__ void cross_entropy_fused_##SUFFIX(                                 \
+        float* losses, T* logits, const unsigned int* targets, int v, float grad_scale) {     \
+        cross_entropy<T, true, false>(losses, logits, targets, v, grad_scale);                \
+    }                                                                                          \
+    extern "C" __global__ void cross_entropy_fused_staged_##SUFFIX(                          \
+        float* losses, T* logits, const unsigned int* targets, int v, float grad_scale) {     \
+        cross_entropy<T, true, true>(losses, logits, targets, v, grad_scale);                 \
+    }
+
+CROSS_ENTROPY_KERNELS(float, f32)
+CROSS_ENTROPY_KERNELS(bf16, bf16)

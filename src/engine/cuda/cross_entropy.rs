@@ -1,9 +1,11 @@
 //! Softmax cross-entropy on the GPU, backward fused in place; reference:
 //! [`crate::engine::cpu::cross_entropy`]. One block per row, so a 50k-wide vocabulary row is
-//! reduced by 1024 threads and never copied.
+//! reduced by 1024 threads and never copied in device memory. Where the row fits in the
+//! block's shared memory the fused kernel keeps it there between its read and its write
+//! (two passes over the logits instead of three).
 
 use super::{CudaBackend, Elem, Program, Result, as_i32, check_len};
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg, sys::CUfunction_attribute};
 
 pub(super) const PROGRAM: Program = Program {
     name: "cross_entropy",
@@ -13,18 +15,24 @@ pub(super) const PROGRAM: Program = Program {
         "cross_entropy_forward_bf16",
         "cross_entropy_fused_f32",
         "cross_entropy_fused_bf16",
+        "cross_entropy_fused_staged_f32",
+        "cross_entropy_fused_staged_bf16",
     ],
 };
 
 const BLOCK: u32 = 1024;
 
-fn rows(n: usize) -> LaunchConfig {
+fn rows(n: usize, shared_mem_bytes: u32) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (n as u32, 1, 1),
         block_dim: (BLOCK, 1, 1),
-        shared_mem_bytes: 0,
+        shared_mem_bytes,
     }
 }
+
+/// Static shared memory of the kernels besides the row cache (the reduction scratch), with
+/// room to spare.
+const STATIC_SHARED_BYTES: usize = 1024;
 
 impl CudaBackend {
     /// Per-row loss `-log softmax(logits)[target]` for `n` rows of width `v`. A target
@@ -50,7 +58,7 @@ impl CudaBackend {
         let mut b = self.stream.launch_builder(f);
         b.arg(losses).arg(logits).arg(targets).arg(&v32);
         // SAFETY: lengths checked above; one block per row.
-        unsafe { b.launch(rows(n)) }?;
+        unsafe { b.launch(rows(n, 0)) }?;
         Ok(())
     }
 
@@ -74,15 +82,31 @@ impl CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        let f = self.function(&format!("cross_entropy_fused_{}", T::SUFFIX))?;
+        let row_bytes = v * std::mem::size_of::<T>();
+        let staged = row_bytes + STATIC_SHARED_BYTES <= self.info.shared_memory_per_block_optin;
+        let (f, shared) = if staged {
+            let f = self.function(&format!("cross_entropy_fused_staged_{}", T::SUFFIX))?;
+            // Above 48 KiB a kernel must opt in to its dynamic shared memory.
+            f.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                row_bytes as i32,
+            )?;
+            (f, row_bytes as u32)
+        } else {
+            (
+                self.function(&format!("cross_entropy_fused_{}", T::SUFFIX))?,
+                0,
+            )
+        };
         let mut b = self.stream.launch_builder(f);
         b.arg(losses)
             .arg(logits)
             .arg(targets)
             .arg(&v32)
             .arg(&grad_scale);
-        // SAFETY: lengths checked above; one block per row.
-        unsafe { b.launch(rows(n)) }?;
+        // SAFETY: lengths checked above; one block per row; the staged kernel gets the
+        // `v * size_of::<T>()` bytes of shared memory it caches the row in.
+        unsafe { b.launch(rows(n, shared)) }?;
         Ok(())
     }
 }

@@ -1,7 +1,8 @@
 // Token plus position embedding; reference: engine/cpu/embedding.rs.
-// The backward is deterministic without sorting or float atomics: a block owns one vocabulary
-// row of dwte and adds the gradient rows of the positions holding that token in position
-// order, which is exactly the CPU's order, so the result matches it bit for bit in fp32.
+// The backward is deterministic without sorting or float atomics: a block owns a range of
+// vocabulary rows of dwte and adds the gradient rows of the positions holding those tokens in
+// position order, which is exactly the CPU's order, so the result matches it bit for bit in
+// fp32.
 
 // out[i, :] = wte[tokens[i], :] + wpe[i % seq, :]; one block per token.
 template <typename T>
@@ -19,23 +20,41 @@ __device__ void embedding_forward(T* out, const unsigned int* tokens, const T* w
     for (int j = threadIdx.x; j < c; j += blockDim.x) o[j] = store<T>(load(te[j]) + load(pe[j]));
 }
 
-// dwte[row, :] += dout[i, :] for every i with tokens[i] == row, i ascending. One block per
-// vocabulary row; every warp scans the tokens 32 at a time (the same ballot in each warp),
-// then each thread updates the columns it owns.
+// dwte[row, :] += dout[i, :] for every i with tokens[i] == row, i ascending. Block b owns
+// the EMB_ROWS vocabulary rows from b * EMB_ROWS. It reads the tokens a tile at a time; a
+// ballot per warp marks the positions whose token the block owns, and every thread walks the
+// marks in position order, adding that gradient row into the columns the thread owns. So
+// each element of dwte has one writer, which adds in the CPU's order. Owning a range of rows
+// (not one) keeps the token reads to vocab / EMB_ROWS passes over the token list.
+#define EMB_ROWS 64u
+#define EMB_MAX_BLOCK 1024
+
 template <typename T>
 __device__ void embedding_backward_wte(float* dwte, const T* dout, const unsigned int* tokens,
-                                       int n, int c) {
-    const unsigned int row = blockIdx.x;
-    const int lane = threadIdx.x & 31;
-    float* dst = dwte + (long long)row * c;
-    for (int base = 0; base < n; base += 32) {
-        const int i = base + lane;
-        unsigned int hits = __ballot_sync(0xffffffffu, i < n && tokens[i] == row);
-        while (hits) {
-            const int pos = base + __ffs(hits) - 1;
-            hits &= hits - 1;
-            const T* src = dout + (long long)pos * c;
-            for (int j = threadIdx.x; j < c; j += blockDim.x) dst[j] += load(src[j]);
+                                       int n, int c, unsigned int vocab) {
+    __shared__ unsigned int hit_masks[EMB_MAX_BLOCK / 32];
+    __shared__ unsigned int tile_tokens[EMB_MAX_BLOCK];
+    const unsigned int first = blockIdx.x * EMB_ROWS;
+    const int warps = blockDim.x >> 5;
+    for (int base = 0; base < n; base += blockDim.x) {
+        const int i = base + threadIdx.x;
+        const unsigned int tok = i < n ? tokens[i] : 0xffffffffu;
+        // Unsigned wrap-around makes this first <= tok < first + EMB_ROWS.
+        const bool mine = tok - first < EMB_ROWS && tok < vocab;
+        const unsigned int mask = __ballot_sync(0xffffffffu, mine);
+        __syncthreads();  // every thread is done with the previous tile
+        if ((threadIdx.x & 31) == 0) hit_masks[threadIdx.x >> 5] = mask;
+        tile_tokens[threadIdx.x] = tok;
+        __syncthreads();
+        for (int w = 0; w < warps; ++w) {
+            unsigned int hits = hit_masks[w];
+            while (hits) {
+                const int k = w * 32 + __ffs(hits) - 1;
+                hits &= hits - 1;
+                float* dst = dwte + (long long)tile_tokens[k] * c;
+                const T* src = dout + (long long)(base + k) * c;
+                for (int j = threadIdx.x; j < c; j += blockDim.x) dst[j] += load(src[j]);
+            }
         }
     }
 }
@@ -58,8 +77,9 @@ __device__ void embedding_backward_wpe(float* dwpe, const T* dout, int n, int se
         embedding_forward<T>(out, tokens, wte, wpe, seq, c, vocab);                           \
     }                                                                                         \
     extern "C" __global__ void embedding_backward_wte_##SUFFIX(                              \
-        float* dwte, const T* dout, const unsigned int* tokens, int n, int c) {               \
-        embedding_backward_wte<T>(dwte, dout, tokens, n, c);                                  \
+        float* dwte, const T* dout, const unsigned int* tokens, int n, int c,                 \
+        unsigned int vocab) {                                                                 \
+        embedding_backward_wte<T>(dwte, dout, tokens, n, c, vocab);                           \
     }                                                                                         \
     extern "C" __global__ void embedding_backward_wpe_##SUFFIX(float* dwpe, const T* dout,   \
                                                                int n, int seq, int c) {       \

@@ -19,6 +19,8 @@ pub(super) const PROGRAM: Program = Program {
 };
 
 const BLOCK: u32 = 256;
+/// Vocabulary rows of `dwte` per block in the backward (`EMB_ROWS` in embedding.cu).
+const WTE_ROWS_PER_BLOCK: usize = 64;
 
 fn blocks(count: usize) -> LaunchConfig {
     LaunchConfig {
@@ -95,10 +97,17 @@ impl CudaBackend {
             return Ok(());
         }
         let f = self.function(&format!("embedding_backward_wte_{}", T::SUFFIX))?;
+        let vocab32 = vocab as u32;
         let mut b = self.stream.launch_builder(f);
-        b.arg(&mut *dwte).arg(dout).arg(tokens).arg(&n32).arg(&c32);
-        // SAFETY: one block per vocabulary row of `dwte` (checked to hold `vocab * c`).
-        unsafe { b.launch(blocks(vocab)) }?;
+        b.arg(&mut *dwte)
+            .arg(dout)
+            .arg(tokens)
+            .arg(&n32)
+            .arg(&c32)
+            .arg(&vocab32);
+        // SAFETY: each block owns WTE_ROWS_PER_BLOCK rows of `dwte` (checked to hold
+        // `vocab * c`); the kernel ignores token ids at or above `vocab`.
+        unsafe { b.launch(blocks(vocab.div_ceil(WTE_ROWS_PER_BLOCK))) }?;
 
         let f = self.function(&format!("embedding_backward_wpe_{}", T::SUFFIX))?;
         let mut b = self.stream.launch_builder(f);

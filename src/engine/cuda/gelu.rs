@@ -56,9 +56,10 @@ impl CudaBackend {
     }
 }
 
+/// Each thread takes four elements per access.
 fn grid(n: usize) -> LaunchConfig {
     LaunchConfig {
-        grid_dim: (elementwise_grid(n, BLOCK), 1, 1),
+        grid_dim: (elementwise_grid(n.div_ceil(4), BLOCK), 1, 1),
         block_dim: (BLOCK, 1, 1),
         shared_mem_bytes: 0,
     }

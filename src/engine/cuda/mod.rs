@@ -25,7 +25,7 @@ pub use gemm::GemmMath;
 use crate::engine::DType;
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, DriverError,
-    sys::{CUdevice_attribute, cudaError_enum},
+    sys::{CUdevice_attribute, CUevent_flags, cudaError_enum},
 };
 use loader::{CudaLibrary, ensure_loaded, guarded};
 use std::collections::HashMap;
@@ -119,6 +119,8 @@ pub struct GpuInfo {
     pub compute_capability: (u32, u32),
     pub total_memory: usize,
     pub sm_count: u32,
+    /// Shared memory one block may use when its kernel opts in (bytes).
+    pub shared_memory_per_block_optin: usize,
 }
 
 impl GpuInfo {
@@ -153,6 +155,9 @@ fn device_info(ctx: &Arc<CudaContext>) -> Result<GpuInfo> {
         ),
         total_memory: ctx.total_mem()?,
         sm_count: attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+        shared_memory_per_block_optin: attr(
+            CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+        )? as usize,
     })
 }
 
@@ -314,6 +319,29 @@ impl CudaBackend {
         // SAFETY: device memory with undefined contents is never read by the host before a
         // kernel or copy on this stream has written it.
         Ok(unsafe { self.stream.alloc::<T>(len) }?)
+    }
+
+    /// Median device time in milliseconds of `work`, from events recorded around each of
+    /// `reps` runs after `warmup` untimed ones (so module load and caches stay out of it).
+    pub fn time_median_ms(
+        &self,
+        warmup: usize,
+        reps: usize,
+        mut work: impl FnMut() -> Result<()>,
+    ) -> Result<f64> {
+        for _ in 0..warmup {
+            work()?;
+        }
+        let timing = Some(CUevent_flags::CU_EVENT_DEFAULT);
+        let mut times = Vec::with_capacity(reps);
+        for _ in 0..reps.max(1) {
+            let start = self.stream.record_event(timing)?;
+            work()?;
+            let end = self.stream.record_event(timing)?;
+            times.push(start.elapsed_ms(&end)? as f64);
+        }
+        times.sort_by(f64::total_cmp);
+        Ok(times[times.len() / 2])
     }
 
     fn function(&self, name: &str) -> Result<&CudaFunction> {
