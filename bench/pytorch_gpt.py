@@ -58,7 +58,7 @@ class GPT(nn.Module):
         for blk in self.blocks:
             x = blk(x)
         logits = F.linear(self.ln_f(x), self.wte.weight)
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
 
 
 def peak_flops(name, mode):
