@@ -179,7 +179,7 @@ pub fn run(args: SelftestArgs) -> Result<()> {
     }
     let pool = MemoryPool::with_cuda(std::sync::Arc::new(gpu));
     let mut failed = failed;
-    for (precision, bound) in [("fp32", 1e-4), ("tf32", 2e-2)] {
+    for (precision, bound) in [("fp32", 1e-4), ("tf32", 2e-2), ("bf16-mixed", 2e-2)] {
         match training_parity(&pool, precision, args.seed) {
             Ok(diff) => {
                 let ok = diff <= bound;
@@ -347,9 +347,12 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
             heads: nh,
             channels: c,
         };
-        let (fwd, bwd) = check_attention(gpu, inp, s);
+        let (fwd, bwd) = check_attention::<f32>(gpu, inp, s);
         push("attention_forward", "f32", shape.clone(), BOUND_FP32, fwd);
-        push("attention_backward", "f32", shape, BOUND_FP32, bwd);
+        push("attention_backward", "f32", shape.clone(), BOUND_FP32, bwd);
+        let (fwd, bwd) = check_attention::<Bf16>(gpu, inp, s);
+        push("attention_forward", "bf16", shape.clone(), BOUND_BF16, fwd);
+        push("attention_backward", "bf16", shape, BOUND_BF16, bwd);
     }
     rows
 }
@@ -393,23 +396,24 @@ fn training_parity(gpu: &std::sync::Arc<MemoryPool>, precision: &str, seed: u64)
 
 /// Flash-style attention (log-sum-exp saved, no T x T matrix) against the CPU kernel, which
 /// stores the probabilities: forward output, then the whole dqkv.
-fn check_attention(gpu: &CudaBackend, inp: &mut Inputs, s: AttnShape) -> (Check, Check) {
+fn check_attention<T: Elem>(gpu: &CudaBackend, inp: &mut Inputs, s: AttnShape) -> (Check, Check) {
     let (b, t, nh, c) = (s.batch, s.seq, s.heads, s.channels);
-    let qkv = inp.uniform(b * t * 3 * c, 2.0, DType::F32);
-    let dout = inp.uniform(b * t * c, 1.0, DType::F32);
+    let qkv = inp.uniform(b * t * 3 * c, 2.0, T::DTYPE);
+    let dout = inp.uniform(b * t * c, 1.0, T::DTYPE);
     let mut out = vec![0.0; b * t * c];
     let mut probs = vec![0.0; b * nh * t * t];
     cpu::attention::attention_forward(&mut out, &mut probs, &qkv, s);
     let mut dqkv = vec![0.0; qkv.len()];
     cpu::attention::attention_backward(&mut dqkv, &dout, &qkv, &probs, s);
     let run = || -> std::result::Result<(Vec<f32>, Vec<f32>), CudaError> {
-        let d_qkv = gpu.upload(&qkv)?;
-        let mut d_out = poisoned::<f32>(gpu, out.len())?;
+        let d_qkv = gpu.upload_as::<T>(&qkv)?;
+        let mut d_out = poisoned::<T>(gpu, out.len())?;
         let mut d_lse = poisoned::<f32>(gpu, b * nh * t)?;
         gpu.attention_forward(&mut d_out, &mut d_lse, &d_qkv, s)?;
-        let mut d_dqkv = poisoned::<f32>(gpu, qkv.len())?;
-        gpu.attention_backward(&mut d_dqkv, &gpu.upload(&dout)?, &d_qkv, &d_out, &d_lse, s)?;
-        Ok((gpu.download(&d_out)?, gpu.download(&d_dqkv)?))
+        let mut d_dqkv = poisoned::<T>(gpu, qkv.len())?;
+        let d_dout = gpu.upload_as::<T>(&dout)?;
+        gpu.attention_backward(&mut d_dqkv, &d_dout, &d_qkv, &d_out, &d_lse, s)?;
+        Ok((gpu.download_f32(&d_out)?, gpu.download_f32(&d_dqkv)?))
     };
     match run() {
         Ok((o, g)) => (

@@ -7,9 +7,40 @@
 use super::cpu;
 use super::cpu::adamw::AdamWStep;
 use super::cpu::attention::AttnShape;
-use super::cuda::CudaBackend;
+use super::cuda::{Bf16, CudaBackend};
 use super::{DType, Device, EngineError, Result, Tensor};
 use std::sync::Arc;
+
+/// Runs `$body` with `$T` the GPU element type of `$dtype` (f32 or bf16).
+macro_rules! with_elem {
+    ($dtype:expr, $T:ident => $body:expr) => {
+        match $dtype {
+            DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            DType::BF16 => {
+                type $T = Bf16;
+                $body
+            }
+            DType::F16 => {
+                return Err(EngineError::Unavailable(
+                    "cuda".into(),
+                    "f16 activations have no GPU kernels yet; use bf16-mixed, tf32 or fp32".into(),
+                ))
+            }
+        }
+    };
+}
+
+/// The dtype of a new activation computed from `t`: the CPU computes and stores f32 whatever
+/// the policy (its narrow types are emulated by rounding weights); a GPU keeps the type.
+fn act_dtype(t: &Tensor) -> DType {
+    match t.device() {
+        Device::Cpu => DType::F32,
+        Device::Cuda(_) => t.dtype(),
+    }
+}
 
 /// Where an op runs: the CPU, or a GPU with its backend.
 enum On {
@@ -67,7 +98,7 @@ pub fn linear_forward(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tens
     }
     let mut shape = x.shape().to_vec();
     *shape.last_mut().expect("rows_cols checked rank") = c_out;
-    let mut out = Tensor::zeros(x.pool(), &shape, DType::F32)?;
+    let mut out = Tensor::zeros(x.pool(), &shape, act_dtype(x))?;
     match on {
         On::Cpu => cpu::gemm::linear_forward(
             out.host_mut(),
@@ -78,7 +109,7 @@ pub fn linear_forward(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tens
             c_in,
             c_out,
         ),
-        On::Gpu(g) => g.linear_forward(
+        On::Gpu(g) => with_elem!(x.dtype(), T => g.linear_forward::<T>(
             out.cuda_mut(),
             x.cuda(),
             w.cuda(),
@@ -87,7 +118,7 @@ pub fn linear_forward(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tens
             c_in,
             c_out,
             x.pool().gemm_math(),
-        )?,
+        ))?,
     }
     Ok(out)
 }
@@ -104,7 +135,7 @@ pub fn linear_backward(
     let (n, c_in) = rows_cols("linear_backward", x)?;
     let c_out = w.shape()[0];
     expect_len("linear_backward", "dout", dout, n * c_out)?;
-    let mut dx = Tensor::zeros(x.pool(), x.shape(), DType::F32)?;
+    let mut dx = Tensor::zeros(x.pool(), x.shape(), act_dtype(x))?;
     match on {
         On::Cpu => cpu::gemm::linear_backward(
             dx.host_mut(),
@@ -117,7 +148,7 @@ pub fn linear_backward(
             c_in,
             c_out,
         ),
-        On::Gpu(g) => g.linear_backward(
+        On::Gpu(g) => with_elem!(x.dtype(), T => g.linear_backward::<T>(
             dx.cuda_mut(),
             dw.cuda_mut(),
             db.map(|b| b.cuda_mut()),
@@ -128,7 +159,7 @@ pub fn linear_backward(
             c_in,
             c_out,
             x.pool().gemm_math(),
-        )?,
+        ))?,
     }
     Ok(dx)
 }
@@ -150,7 +181,7 @@ pub fn layernorm_forward(x: &Tensor, gamma: &Tensor, beta: &Tensor) -> Result<(T
     let on = device_of("layernorm", &[x, gamma, beta])?;
     let (n, c) = rows_cols("layernorm", x)?;
     expect_len("layernorm", "gamma", gamma, c)?;
-    let mut out = Tensor::zeros(x.pool(), x.shape(), DType::F32)?;
+    let mut out = Tensor::zeros(x.pool(), x.shape(), act_dtype(x))?;
     let mut st = norm_stats(x, n)?;
     match on {
         On::Cpu => cpu::layernorm::layernorm_forward(
@@ -162,7 +193,7 @@ pub fn layernorm_forward(x: &Tensor, gamma: &Tensor, beta: &Tensor) -> Result<(T
             beta.host(),
             c,
         ),
-        On::Gpu(g) => g.layernorm_forward(
+        On::Gpu(g) => with_elem!(x.dtype(), T => g.layernorm_forward::<T>(
             out.cuda_mut(),
             st.mean.cuda_mut(),
             st.rstd.cuda_mut(),
@@ -171,7 +202,7 @@ pub fn layernorm_forward(x: &Tensor, gamma: &Tensor, beta: &Tensor) -> Result<(T
             beta.cuda(),
             n,
             c,
-        )?,
+        ))?,
     }
     Ok((out, st))
 }
@@ -186,8 +217,8 @@ pub fn residual_layernorm_forward(
     let on = device_of("residual_layernorm", &[x, delta, gamma, beta])?;
     let (n, c) = rows_cols("residual_layernorm", x)?;
     expect_len("residual_layernorm", "delta", delta, n * c)?;
-    let mut sum = Tensor::zeros(x.pool(), x.shape(), DType::F32)?;
-    let mut out = Tensor::zeros(x.pool(), x.shape(), DType::F32)?;
+    let mut sum = Tensor::zeros(x.pool(), x.shape(), act_dtype(x))?;
+    let mut out = Tensor::zeros(x.pool(), x.shape(), act_dtype(x))?;
     let mut st = norm_stats(x, n)?;
     match on {
         On::Cpu => cpu::layernorm::residual_layernorm_forward(
@@ -201,7 +232,7 @@ pub fn residual_layernorm_forward(
             beta.host(),
             c,
         ),
-        On::Gpu(g) => g.residual_layernorm_forward(
+        On::Gpu(g) => with_elem!(x.dtype(), T => g.residual_layernorm_forward::<T>(
             sum.cuda_mut(),
             out.cuda_mut(),
             st.mean.cuda_mut(),
@@ -212,7 +243,7 @@ pub fn residual_layernorm_forward(
             beta.cuda(),
             n,
             c,
-        )?,
+        ))?,
     }
     Ok((sum, out, st))
 }
@@ -243,7 +274,7 @@ pub fn layernorm_backward(
             st.rstd.host(),
             c,
         ),
-        On::Gpu(g) => g.layernorm_backward(
+        On::Gpu(g) => with_elem!(x.dtype(), T => g.layernorm_backward::<T>(
             dx.cuda_mut(),
             dgamma.cuda_mut(),
             dbeta.cuda_mut(),
@@ -254,17 +285,19 @@ pub fn layernorm_backward(
             st.rstd.cuda(),
             n,
             c,
-        )?,
+        ))?,
     }
     Ok(())
 }
 
 pub fn gelu_forward(x: &Tensor) -> Result<Tensor> {
     let on = device_of("gelu", &[x])?;
-    let mut out = Tensor::zeros(x.pool(), x.shape(), DType::F32)?;
+    let mut out = Tensor::zeros(x.pool(), x.shape(), act_dtype(x))?;
     match on {
         On::Cpu => cpu::gelu::gelu_forward(out.host_mut(), x.host()),
-        On::Gpu(g) => g.gelu_forward(out.cuda_mut(), x.cuda(), x.len())?,
+        On::Gpu(g) => {
+            with_elem!(x.dtype(), T => g.gelu_forward::<T>(out.cuda_mut(), x.cuda(), x.len()))?
+        }
     }
     Ok(out)
 }
@@ -272,10 +305,12 @@ pub fn gelu_forward(x: &Tensor) -> Result<Tensor> {
 pub fn gelu_backward(x: &Tensor, dout: &Tensor) -> Result<Tensor> {
     let on = device_of("gelu_backward", &[x, dout])?;
     expect_len("gelu_backward", "dout", dout, x.len())?;
-    let mut dx = Tensor::zeros(x.pool(), x.shape(), DType::F32)?;
+    let mut dx = Tensor::zeros(x.pool(), x.shape(), act_dtype(x))?;
     match on {
         On::Cpu => cpu::gelu::gelu_backward(dx.host_mut(), x.host(), dout.host()),
-        On::Gpu(g) => g.gelu_backward(dx.cuda_mut(), x.cuda(), dout.cuda(), x.len())?,
+        On::Gpu(g) => {
+            with_elem!(x.dtype(), T => g.gelu_backward::<T>(dx.cuda_mut(), x.cuda(), dout.cuda(), x.len()))?
+        }
     }
     Ok(dx)
 }
@@ -286,7 +321,7 @@ pub fn gelu_backward(x: &Tensor, dout: &Tensor) -> Result<Tensor> {
 pub fn attention_forward(qkv: &Tensor, s: AttnShape) -> Result<(Tensor, Tensor)> {
     let on = device_of("attention", &[qkv])?;
     expect_len("attention", "qkv", qkv, s.batch * s.seq * 3 * s.channels)?;
-    let mut out = Tensor::zeros(qkv.pool(), &[s.batch, s.seq, s.channels], DType::F32)?;
+    let mut out = Tensor::zeros(qkv.pool(), &[s.batch, s.seq, s.channels], act_dtype(qkv))?;
     match on {
         On::Cpu => {
             let mut probs =
@@ -296,7 +331,7 @@ pub fn attention_forward(qkv: &Tensor, s: AttnShape) -> Result<(Tensor, Tensor)>
         }
         On::Gpu(g) => {
             let mut lse = Tensor::zeros(qkv.pool(), &[s.batch, s.heads, s.seq], DType::F32)?;
-            g.attention_forward(out.cuda_mut(), lse.cuda_mut(), qkv.cuda(), s)?;
+            with_elem!(qkv.dtype(), T => g.attention_forward::<T>(out.cuda_mut(), lse.cuda_mut(), qkv.cuda(), s))?;
             Ok((out, lse))
         }
     }
@@ -311,7 +346,7 @@ pub fn attention_backward(
     s: AttnShape,
 ) -> Result<Tensor> {
     let on = device_of("attention_backward", &[dout, qkv, out, saved])?;
-    let mut dqkv = Tensor::zeros(qkv.pool(), qkv.shape(), DType::F32)?;
+    let mut dqkv = Tensor::zeros(qkv.pool(), qkv.shape(), act_dtype(qkv))?;
     match on {
         On::Cpu => cpu::attention::attention_backward(
             dqkv.host_mut(),
@@ -320,14 +355,14 @@ pub fn attention_backward(
             saved.host(),
             s,
         ),
-        On::Gpu(g) => g.attention_backward(
+        On::Gpu(g) => with_elem!(qkv.dtype(), T => g.attention_backward::<T>(
             dqkv.cuda_mut(),
             dout.cuda(),
             qkv.cuda(),
             out.cuda(),
             saved.cuda(),
             s,
-        )?,
+        ))?,
     }
     Ok(dqkv)
 }
@@ -360,7 +395,8 @@ pub fn cross_entropy(logits: &Tensor, targets: &[u32]) -> Result<Vec<f32>> {
         }
         On::Gpu(g) => {
             let mut d_losses = g.alloc::<f32>(n)?;
-            g.cross_entropy_forward(&mut d_losses, logits.cuda(), &g.upload(targets)?, n, v)?;
+            let targets = g.upload(targets)?;
+            with_elem!(logits.dtype(), T => g.cross_entropy_forward::<T>(&mut d_losses, logits.cuda(), &targets, n, v))?;
             losses = g.download(&d_losses)?;
         }
     }
@@ -386,14 +422,15 @@ pub fn cross_entropy_fused(
         Device::Cuda(_) => {
             let g = logits.pool().cuda()?.clone();
             let mut d_losses = g.alloc::<f32>(n)?;
-            g.cross_entropy_fused(
+            let targets = g.upload(targets)?;
+            with_elem!(logits.dtype(), T => g.cross_entropy_fused::<T>(
                 &mut d_losses,
                 logits.cuda_mut(),
-                &g.upload(targets)?,
+                &targets,
                 n,
                 v,
                 grad_scale,
-            )?;
+            ))?;
             losses = g.download(&d_losses)?;
         }
     }
@@ -426,7 +463,7 @@ pub fn embedding_forward(
             detail: format!("token id {t} outside the vocabulary of {vocab}"),
         });
     }
-    let mut out = Tensor::zeros(wte.pool(), &[batch, seq, c], DType::F32)?;
+    let mut out = Tensor::zeros(wte.pool(), &[batch, seq, c], act_dtype(wte))?;
     match on {
         On::Cpu => cpu::embedding::embedding_forward(
             out.host_mut(),
@@ -436,16 +473,19 @@ pub fn embedding_forward(
             seq,
             c,
         ),
-        On::Gpu(g) => g.embedding_forward(
-            out.cuda_mut(),
-            &g.upload(tokens)?,
-            wte.cuda(),
-            wpe.cuda(),
-            tokens.len(),
-            vocab,
-            seq,
-            c,
-        )?,
+        On::Gpu(g) => {
+            let toks = g.upload(tokens)?;
+            with_elem!(wte.dtype(), T => g.embedding_forward::<T>(
+                out.cuda_mut(),
+                &toks,
+                wte.cuda(),
+                wpe.cuda(),
+                tokens.len(),
+                vocab,
+                seq,
+                c,
+            ))?
+        }
     }
     Ok(out)
 }
@@ -470,7 +510,7 @@ pub fn embedding_backward(
         Device::Cuda(_) => {
             let g = dout.pool().cuda()?.clone();
             let toks = g.upload(tokens)?;
-            g.embedding_backward(
+            with_elem!(dout.dtype(), T => g.embedding_backward::<T>(
                 dwte.cuda_mut(),
                 dwpe.cuda_mut(),
                 dout.cuda(),
@@ -479,7 +519,7 @@ pub fn embedding_backward(
                 vocab,
                 seq,
                 c,
-            )?
+            ))?
         }
     }
     Ok(())
@@ -493,7 +533,7 @@ pub fn sum_squares(t: &Tensor) -> Result<f64> {
         On::Gpu(g) => {
             let mut acc = g.upload(&[0.0f64])?;
             let mut flag = g.upload(&[0u32])?;
-            g.sum_squares_accumulate(&mut acc, &mut flag, t.cuda(), t.len())?;
+            g.sum_squares_accumulate(&mut acc, &mut flag, t.cuda::<f32>(), t.len())?;
             if g.download(&flag)?[0] != 0 {
                 return Ok(f64::NAN);
             }
@@ -506,11 +546,15 @@ pub fn sum_squares(t: &Tensor) -> Result<f64> {
 pub fn round_in_place(t: &mut Tensor, dtype: DType) -> Result<()> {
     match t.device() {
         Device::Cpu => dtype.round_slice(t.host_mut()),
-        Device::Cuda(_) if dtype == DType::F32 => {}
+        // A GPU tensor is stored in its own dtype: it is rounded already.
+        Device::Cuda(_) if dtype == DType::F32 || dtype == t.dtype() => {}
         Device::Cuda(_) => {
             return Err(EngineError::Unavailable(
                 t.device().to_string(),
-                format!("{dtype:?} gradients are not wired on the GPU yet"),
+                format!(
+                    "{:?} values cannot be rounded to {dtype:?} on the GPU",
+                    t.dtype()
+                ),
             ));
         }
     }
@@ -547,16 +591,14 @@ pub fn adamw_update(
         }
         Device::Cuda(_) => {
             let g = param.pool().cuda()?.clone();
-            let compute = compute.map(|c| c.cuda_mut());
-            g.adamw_update::<f32>(
-                param.cuda_mut(),
-                grad.cuda(),
-                m.cuda_mut(),
-                v.cuda_mut(),
-                compute,
-                n,
-                h,
-            )?;
+            let (param, grad) = (param.cuda_mut::<f32>(), grad.cuda::<f32>());
+            let (m, v) = (m.cuda_mut::<f32>(), v.cuda_mut::<f32>());
+            match compute {
+                None => g.adamw_update::<f32>(param, grad, m, v, None, n, h)?,
+                Some(c) => {
+                    with_elem!(c.dtype(), T => g.adamw_update::<T>(param, grad, m, v, Some(c.cuda_mut()), n, h))?
+                }
+            }
         }
     }
     Ok(())

@@ -3,17 +3,54 @@
 //! A tensor's bytes are booked in its pool while it lives and released when it drops, so the
 //! pool's books are always the sum of the live tensors.
 
-use super::cuda::CudaError;
+use super::cuda::{Bf16, CudaError, Elem};
 use super::{DType, Device, EngineError, MemoryPool, Result};
 use cudarc::driver::CudaSlice;
 use std::sync::Arc;
 
 /// Storage on one device. The CPU keeps f32 values whatever the logical dtype: a bf16 tensor
 /// holds f32 values already rounded to bf16 (see `dtype`), and is booked at bf16 size.
-/// GPU tensors are f32 for now (fp32 and tf32 policies).
+/// GPU tensors store their dtype for real: f32, or bf16 for mixed precision.
 enum Storage {
     Cpu(Vec<f32>),
-    Cuda(CudaSlice<f32>),
+    CudaF32(CudaSlice<f32>),
+    CudaBf16(CudaSlice<Bf16>),
+}
+
+/// Element types a GPU tensor can hold, with typed access to its buffer.
+pub(crate) trait DeviceElem: Elem {
+    fn of(t: &Tensor) -> Option<&CudaSlice<Self>>;
+    fn of_mut(t: &mut Tensor) -> Option<&mut CudaSlice<Self>>;
+}
+
+impl DeviceElem for f32 {
+    fn of(t: &Tensor) -> Option<&CudaSlice<f32>> {
+        match &t.storage {
+            Storage::CudaF32(s) => Some(s),
+            _ => None,
+        }
+    }
+    fn of_mut(t: &mut Tensor) -> Option<&mut CudaSlice<f32>> {
+        match &mut t.storage {
+            Storage::CudaF32(s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+impl DeviceElem for Bf16 {
+    fn of(t: &Tensor) -> Option<&CudaSlice<Bf16>> {
+        match &t.storage {
+            Storage::CudaBf16(s) => Some(s),
+            _ => None,
+        }
+    }
+    fn of_mut(t: &mut Tensor) -> Option<&mut CudaSlice<Bf16>> {
+        match &mut t.storage {
+            Storage::CudaBf16(s) => Some(s),
+            _ => None,
+        }
+    }
 }
 
 pub struct Tensor {
@@ -44,14 +81,22 @@ impl Tensor {
     /// A zero-filled tensor from `pool`.
     pub fn zeros(pool: &Arc<MemoryPool>, shape: &[usize], dtype: DType) -> Result<Tensor> {
         let len: usize = shape.iter().product();
-        Tensor::with_storage(pool, shape, dtype, |p| match p.device() {
-            Device::Cpu => Ok(Storage::Cpu(vec![0.0; len])),
-            Device::Cuda(_) => Ok(Storage::Cuda(
-                p.cuda()?
-                    .stream()
-                    .alloc_zeros::<f32>(len)
-                    .map_err(CudaError::from)?,
-            )),
+        Tensor::with_storage(pool, shape, dtype, |p| {
+            Ok(match (p.device(), dtype) {
+                (Device::Cpu, _) => Storage::Cpu(vec![0.0; len]),
+                (Device::Cuda(_), DType::BF16) => Storage::CudaBf16(
+                    p.cuda()?
+                        .stream()
+                        .alloc_zeros::<Bf16>(len)
+                        .map_err(CudaError::from)?,
+                ),
+                (Device::Cuda(_), _) => Storage::CudaF32(
+                    p.cuda()?
+                        .stream()
+                        .alloc_zeros::<f32>(len)
+                        .map_err(CudaError::from)?,
+                ),
+            })
         })
     }
 
@@ -69,9 +114,14 @@ impl Tensor {
             });
         }
         dtype.round_slice(&mut data);
-        Tensor::with_storage(pool, shape, dtype, |p| match p.device() {
-            Device::Cpu => Ok(Storage::Cpu(data)),
-            Device::Cuda(_) => Ok(Storage::Cuda(p.cuda()?.upload(&data)?)),
+        Tensor::with_storage(pool, shape, dtype, |p| {
+            Ok(match (p.device(), dtype) {
+                (Device::Cpu, _) => Storage::Cpu(data),
+                (Device::Cuda(_), DType::BF16) => {
+                    Storage::CudaBf16(p.cuda()?.upload_as::<Bf16>(&data)?)
+                }
+                (Device::Cuda(_), _) => Storage::CudaF32(p.cuda()?.upload(&data)?),
+            })
         })
     }
 
@@ -82,12 +132,11 @@ impl Tensor {
         dtype: DType,
         make: impl FnOnce(&MemoryPool) -> Result<Storage>,
     ) -> Result<Tensor> {
-        if pool.device() != Device::Cpu && dtype != DType::F32 {
+        if pool.device() != Device::Cpu && dtype == DType::F16 {
             return Err(EngineError::Unavailable(
                 pool.device().to_string(),
-                format!(
-                    "{dtype:?} tensors are not supported on the GPU yet; use train.precision=fp32 or tf32"
-                ),
+                "f16 tensors have no GPU kernels yet; use train.precision=bf16-mixed, tf32 or fp32"
+                    .into(),
             ));
         }
         let booked = shape.iter().product::<usize>() * dtype.size_bytes();
@@ -139,7 +188,8 @@ impl Tensor {
     pub fn to_vec(&self) -> Result<Vec<f32>> {
         match &self.storage {
             Storage::Cpu(v) => Ok(v.clone()),
-            Storage::Cuda(s) => Ok(self.pool.cuda()?.download(s)?),
+            Storage::CudaF32(s) => Ok(self.pool.cuda()?.download(s)?),
+            Storage::CudaBf16(s) => Ok(self.pool.cuda()?.download_f32(s)?),
         }
     }
 
@@ -151,7 +201,7 @@ impl Tensor {
     pub fn host(&self) -> &[f32] {
         match &self.storage {
             Storage::Cpu(v) => v,
-            Storage::Cuda(_) => panic!("host() called on a GPU tensor; use to_vec()"),
+            _ => panic!("host() called on a GPU tensor; use to_vec()"),
         }
     }
 
@@ -159,22 +209,26 @@ impl Tensor {
     pub fn host_mut(&mut self) -> &mut [f32] {
         match &mut self.storage {
             Storage::Cpu(v) => v,
-            Storage::Cuda(_) => panic!("host_mut() called on a GPU tensor"),
+            _ => panic!("host_mut() called on a GPU tensor"),
         }
     }
 
-    /// The device buffer of a GPU tensor (for the CUDA arms of `ops`).
-    pub(crate) fn cuda(&self) -> &CudaSlice<f32> {
-        match &self.storage {
-            Storage::Cuda(s) => s,
-            Storage::Cpu(_) => panic!("cuda() called on a CPU tensor"),
+    /// The device buffer of a GPU tensor as `T` (for the CUDA arms of `ops`).
+    ///
+    /// # Panics
+    /// When the tensor is on the CPU or holds another type: a dispatch bug.
+    pub(crate) fn cuda<T: DeviceElem>(&self) -> &CudaSlice<T> {
+        match T::of(self) {
+            Some(s) => s,
+            None => panic!("{self:?} read as a GPU {} buffer", T::SUFFIX),
         }
     }
 
-    pub(crate) fn cuda_mut(&mut self) -> &mut CudaSlice<f32> {
-        match &mut self.storage {
-            Storage::Cuda(s) => s,
-            Storage::Cpu(_) => panic!("cuda_mut() called on a CPU tensor"),
+    pub(crate) fn cuda_mut<T: DeviceElem>(&mut self) -> &mut CudaSlice<T> {
+        let what = format!("{self:?}");
+        match T::of_mut(self) {
+            Some(s) => s,
+            None => panic!("{what} written as a GPU {} buffer", T::SUFFIX),
         }
     }
 
@@ -193,11 +247,18 @@ impl Tensor {
                 dst.copy_from_slice(src);
                 dtype.round_slice(dst);
             }
-            Storage::Cuda(dst) => pool
+            Storage::CudaF32(dst) => pool
                 .cuda()?
                 .stream()
                 .memcpy_htod(src, dst)
                 .map_err(CudaError::from)?,
+            Storage::CudaBf16(dst) => {
+                let converted: Vec<Bf16> = src.iter().map(|&x| Bf16::from_f32(x)).collect();
+                pool.cuda()?
+                    .stream()
+                    .memcpy_htod(&converted, dst)
+                    .map_err(CudaError::from)?
+            }
         }
         Ok(())
     }
@@ -206,7 +267,12 @@ impl Tensor {
         let pool = self.pool.clone();
         match &mut self.storage {
             Storage::Cpu(v) => v.iter_mut().for_each(|x| *x = 0.0),
-            Storage::Cuda(s) => pool
+            Storage::CudaF32(s) => pool
+                .cuda()?
+                .stream()
+                .memset_zeros(s)
+                .map_err(CudaError::from)?,
+            Storage::CudaBf16(s) => pool
                 .cuda()?
                 .stream()
                 .memset_zeros(s)

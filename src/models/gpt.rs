@@ -223,11 +223,7 @@ impl Model for Gpt {
         };
         drop(dlogits);
         // `dstream` is the gradient of the residual stream, carried down through the blocks.
-        let mut dstream = Tensor::zeros(
-            acts.last.pool(),
-            acts.last.shape(),
-            crate::engine::DType::F32,
-        )?;
+        let mut dstream = Tensor::zeros(acts.last.pool(), acts.last.shape(), acts.last.dtype())?;
         let n_blocks = self.blocks.len();
         {
             let last_norm = self

@@ -68,7 +68,8 @@ pub fn open_device(
     let precision = Precision::parse(precision)?;
     let (pool, note) = engine::open(request)?;
     let mut notes: Vec<String> = note.into_iter().collect();
-    notes.extend(precision.check_device(pool.device())?);
+    let cc = pool.cuda().ok().map(|g| g.info().compute_capability);
+    notes.extend(precision.check_device(pool.device(), cc)?);
     pool.set_tf32(precision == Precision::Tf32);
     Ok((pool, precision, notes))
 }

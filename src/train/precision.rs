@@ -35,7 +35,12 @@ impl Precision {
     }
 
     /// Checks the policy can run on `device`; returns a note when it runs emulated.
-    pub fn check_device(self, device: Device) -> Result<Option<String>> {
+    /// `compute_capability` is the GPU's, when `device` is one.
+    pub fn check_device(
+        self,
+        device: Device,
+        compute_capability: Option<(u32, u32)>,
+    ) -> Result<Option<String>> {
         match (self, device) {
             (Precision::Tf32, Device::Cpu) => Err(KilnError::Setting(
                 "train.precision=tf32 uses the tensor cores of an NVIDIA GPU and has no CPU form; use train.precision=fp32 on the CPU"
@@ -45,9 +50,15 @@ impl Precision {
                 "{self} on the CPU is emulated: weights and output gradients are rounded to {}, arithmetic stays f32",
                 if self == Precision::Bf16Mixed { "bf16" } else { "fp16" }
             ))),
-            (Precision::Bf16Mixed | Precision::Fp16Mixed, Device::Cuda(_)) => Err(KilnError::Setting(format!(
-                "train.precision={self} is not available on the GPU yet (its kernels exist; the bf16 activation path is not wired); use train.precision=tf32 or fp32"
-            ))),
+            (Precision::Fp16Mixed, Device::Cuda(_)) => Err(KilnError::Setting(
+                "train.precision=fp16-mixed has no GPU kernels yet (they are bf16 and f32); use train.precision=bf16-mixed, or fp32 on GPUs older than compute capability 8.0".into(),
+            )),
+            (Precision::Bf16Mixed, Device::Cuda(_)) => match compute_capability {
+                Some((major, minor)) if major < 8 => Err(KilnError::Setting(format!(
+                    "this GPU (compute capability {major}.{minor}) has no bf16 arithmetic, and kiln's fp16 GPU path does not exist yet; use train.precision=fp32"
+                ))),
+                _ => Ok(None),
+            },
             _ => Ok(None),
         }
     }

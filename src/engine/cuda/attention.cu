@@ -20,8 +20,8 @@
 #define BC 32
 #define KR 32  // key rows per block in the dK/dV kernel
 
-template <int HS>
-__device__ void attention_forward_impl(const float* __restrict__ qkv, float* __restrict__ out,
+template <int HS, typename E>
+__device__ void attention_forward_impl(const E* __restrict__ qkv, E* __restrict__ out,
                                              float* __restrict__ lse, int T, int C, int NH) {
     __shared__ float ks[BC][HS];
     __shared__ float vs[BC][HS];
@@ -30,27 +30,27 @@ __device__ void attention_forward_impl(const float* __restrict__ qkv, float* __r
     const bool active = row < T;
     const float scale = rsqrtf((float)HS);
     const size_t stride = 3 * (size_t)C;
-    const float* base = qkv + (size_t)b * T * stride + h * HS;
+    const E* base = qkv + (size_t)b * T * stride + h * HS;
 
     float q[HS], o[HS];
-    float m = -__int_as_float(0x7f800000), l = 0.0f;
+    float m = KILN_NEG_INF, l = 0.0f;
     #pragma unroll
     for (int i = 0; i < HS; i++) {
-        q[i] = active ? base[row * stride + i] * scale : 0.0f;
+        q[i] = active ? load(base[row * stride + i]) * scale : 0.0f;
         o[i] = 0.0f;
     }
     const int last = min(T - 1, (int)(blockIdx.x * BR + BR - 1));
     for (int k0 = 0; k0 <= last; k0 += BC) {
         for (int idx = threadIdx.x; idx < BC * HS; idx += BR) {
             int r = idx / HS, c = idx % HS, kr = k0 + r;
-            ks[r][c] = kr < T ? base[kr * stride + C + c] : 0.0f;
-            vs[r][c] = kr < T ? base[kr * stride + 2 * C + c] : 0.0f;
+            ks[r][c] = kr < T ? load(base[kr * stride + C + c]) : 0.0f;
+            vs[r][c] = kr < T ? load(base[kr * stride + 2 * C + c]) : 0.0f;
         }
         __syncthreads();
         if (active && k0 <= row) {
             const int n = min(BC, row - k0 + 1);
             float s[BC];
-            float tile_max = -__int_as_float(0x7f800000);
+            float tile_max = KILN_NEG_INF;
             #pragma unroll
             for (int j = 0; j < BC; j++) {
                 float dot = 0.0f;
@@ -81,31 +81,31 @@ __device__ void attention_forward_impl(const float* __restrict__ qkv, float* __r
     }
     if (active) {
         const float inv = 1.0f / l;
-        float* dst = out + ((size_t)b * T + row) * C + h * HS;
+        E* dst = out + ((size_t)b * T + row) * C + h * HS;
         #pragma unroll
-        for (int i = 0; i < HS; i++) dst[i] = o[i] * inv;
+        for (int i = 0; i < HS; i++) dst[i] = store<E>(o[i] * inv);
         lse[((size_t)b * NH + h) * T + row] = m + __logf(l);
     }
 }
 
 // D[b, h, t] = sum_i dout[b, t, h*HS + i] * out[b, t, h*HS + i]: the softmax backward's row term.
-template <int HS>
-__device__ void attention_backward_rowdot_impl(const float* __restrict__ dout, const float* __restrict__ out,
+template <int HS, typename E>
+__device__ void attention_backward_rowdot_impl(const E* __restrict__ dout, const E* __restrict__ out,
                                                      float* __restrict__ d, int B, int T, int C, int NH) {
     const int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= B * NH * T) return;
     const int t = idx % T, h = (idx / T) % NH, b = idx / (T * NH);
     const size_t off = ((size_t)b * T + t) * C + h * HS;
     float acc = 0.0f;
-    for (int i = 0; i < HS; i++) acc += dout[off + i] * out[off + i];
+    for (int i = 0; i < HS; i++) acc += load(dout[off + i]) * load(out[off + i]);
     d[idx] = acc;
 }
 
 // dQ: one query row per thread; writes the Q third of dqkv.
-template <int HS>
-__device__ void attention_backward_dq_impl(const float* __restrict__ qkv, const float* __restrict__ dout,
+template <int HS, typename E>
+__device__ void attention_backward_dq_impl(const E* __restrict__ qkv, const E* __restrict__ dout,
                                                  const float* __restrict__ lse, const float* __restrict__ d,
-                                                 float* __restrict__ dqkv, int T, int C, int NH) {
+                                                 E* __restrict__ dqkv, int T, int C, int NH) {
     __shared__ float ks[BC][HS];
     __shared__ float vs[BC][HS];
     const int b = blockIdx.y / NH, h = blockIdx.y % NH;
@@ -113,14 +113,14 @@ __device__ void attention_backward_dq_impl(const float* __restrict__ qkv, const 
     const bool active = row < T;
     const float scale = rsqrtf((float)HS);
     const size_t stride = 3 * (size_t)C;
-    const float* base = qkv + (size_t)b * T * stride + h * HS;
-    const float* dy = dout + ((size_t)b * T + row) * C + h * HS;
+    const E* base = qkv + (size_t)b * T * stride + h * HS;
+    const E* dy = dout + ((size_t)b * T + row) * C + h * HS;
 
     float q[HS], g[HS], dq[HS];
     #pragma unroll
     for (int i = 0; i < HS; i++) {
-        q[i] = active ? base[row * stride + i] * scale : 0.0f;
-        g[i] = active ? dy[i] : 0.0f;
+        q[i] = active ? load(base[row * stride + i]) * scale : 0.0f;
+        g[i] = active ? load(dy[i]) : 0.0f;
         dq[i] = 0.0f;
     }
     const size_t r = ((size_t)b * NH + h) * T + row;
@@ -130,8 +130,8 @@ __device__ void attention_backward_dq_impl(const float* __restrict__ qkv, const 
     for (int k0 = 0; k0 <= last; k0 += BC) {
         for (int idx = threadIdx.x; idx < BC * HS; idx += BR) {
             int rr = idx / HS, c = idx % HS, kr = k0 + rr;
-            ks[rr][c] = kr < T ? base[kr * stride + C + c] : 0.0f;
-            vs[rr][c] = kr < T ? base[kr * stride + 2 * C + c] : 0.0f;
+            ks[rr][c] = kr < T ? load(base[kr * stride + C + c]) : 0.0f;
+            vs[rr][c] = kr < T ? load(base[kr * stride + 2 * C + c]) : 0.0f;
         }
         __syncthreads();
         if (active && k0 <= row) {
@@ -151,18 +151,18 @@ __device__ void attention_backward_dq_impl(const float* __restrict__ qkv, const 
         __syncthreads();
     }
     if (active) {
-        float* dst = dqkv + ((size_t)b * T + row) * stride + h * HS;
+        E* dst = dqkv + ((size_t)b * T + row) * stride + h * HS;
         #pragma unroll
-        for (int i = 0; i < HS; i++) dst[i] = dq[i] * scale;
+        for (int i = 0; i < HS; i++) dst[i] = store<E>(dq[i] * scale);
     }
 }
 
 // dK and dV: one key row per thread, accumulators in padded shared memory (a register file
 // could not hold k, v, dk and dv together); writes the K and V thirds of dqkv.
-template <int HS>
-__device__ void attention_backward_dkv_impl(const float* __restrict__ qkv, const float* __restrict__ dout,
+template <int HS, typename E>
+__device__ void attention_backward_dkv_impl(const E* __restrict__ qkv, const E* __restrict__ dout,
                                                   const float* __restrict__ lse, const float* __restrict__ d,
-                                                  float* __restrict__ dqkv, int T, int C, int NH) {
+                                                  E* __restrict__ dqkv, int T, int C, int NH) {
     __shared__ float qs[BC][HS];
     __shared__ float gs[BC][HS];
     __shared__ float lses[BC], ds_[BC];
@@ -173,14 +173,14 @@ __device__ void attention_backward_dkv_impl(const float* __restrict__ qkv, const
     const bool active = key < T;
     const float scale = rsqrtf((float)HS);
     const size_t stride = 3 * (size_t)C;
-    const float* base = qkv + (size_t)b * T * stride + h * HS;
-    const float* gbase = dout + (size_t)b * T * C + h * HS;
+    const E* base = qkv + (size_t)b * T * stride + h * HS;
+    const E* gbase = dout + (size_t)b * T * C + h * HS;
 
     float k[HS], v[HS];
     #pragma unroll
     for (int i = 0; i < HS; i++) {
-        k[i] = active ? base[key * stride + C + i] * scale : 0.0f;
-        v[i] = active ? base[key * stride + 2 * C + i] : 0.0f;
+        k[i] = active ? load(base[key * stride + C + i]) * scale : 0.0f;
+        v[i] = active ? load(base[key * stride + 2 * C + i]) : 0.0f;
         dk[threadIdx.x][i] = 0.0f;
         dv[threadIdx.x][i] = 0.0f;
     }
@@ -188,8 +188,8 @@ __device__ void attention_backward_dkv_impl(const float* __restrict__ qkv, const
     for (int q0 = (first / BC) * BC; q0 < T; q0 += BC) {
         for (int idx = threadIdx.x; idx < BC * HS; idx += KR) {
             int rr = idx / HS, c = idx % HS, qr = q0 + rr;
-            qs[rr][c] = qr < T ? base[qr * stride + c] : 0.0f;
-            gs[rr][c] = qr < T ? gbase[qr * C + c] : 0.0f;
+            qs[rr][c] = qr < T ? load(base[qr * stride + c]) : 0.0f;
+            gs[rr][c] = qr < T ? load(gbase[qr * C + c]) : 0.0f;
         }
         for (int rr = threadIdx.x; rr < BC; rr += KR) {
             int qr = q0 + rr;
@@ -220,38 +220,40 @@ __device__ void attention_backward_dkv_impl(const float* __restrict__ qkv, const
         __syncthreads();
     }
     if (active) {
-        float* dst = dqkv + ((size_t)b * T + key) * stride + h * HS;
+        E* dst = dqkv + ((size_t)b * T + key) * stride + h * HS;
         #pragma unroll
         for (int i = 0; i < HS; i++) {
-            dst[C + i] = dk[threadIdx.x][i] * scale;
-            dst[2 * C + i] = dv[threadIdx.x][i];
+            dst[C + i] = store<E>(dk[threadIdx.x][i] * scale);
+            dst[2 * C + i] = store<E>(dv[threadIdx.x][i]);
         }
     }
 }
 
-// Entry points: one per supported head size. 128 would need smaller tiles in the dK/dV kernel
-// to stay inside 48 KiB of static shared memory.
-#define ATTENTION_ENTRY_POINTS(HS)                                                                   \
-    extern "C" __global__ void __launch_bounds__(BR) attention_forward_hs##HS(                       \
-        const float* qkv, float* out, float* lse, int T, int C, int NH) {                            \
-        attention_forward_impl<HS>(qkv, out, lse, T, C, NH);                                         \
+// Entry points: one per element type and supported head size. 128 would need smaller tiles
+// in the dK/dV kernel to stay inside 48 KiB of static shared memory.
+#define ATTENTION_ENTRY_POINTS(HS, E, SUFFIX)                                                        \
+    extern "C" __global__ void __launch_bounds__(BR) attention_forward_##SUFFIX##_hs##HS(            \
+        const E* qkv, E* out, float* lse, int T, int C, int NH) {                                    \
+        attention_forward_impl<HS, E>(qkv, out, lse, T, C, NH);                                      \
     }                                                                                                \
-    extern "C" __global__ void attention_backward_rowdot_hs##HS(                                     \
-        const float* dout, const float* out, float* d, int B, int T, int C, int NH) {                \
-        attention_backward_rowdot_impl<HS>(dout, out, d, B, T, C, NH);                               \
+    extern "C" __global__ void attention_backward_rowdot_##SUFFIX##_hs##HS(                          \
+        const E* dout, const E* out, float* d, int B, int T, int C, int NH) {                        \
+        attention_backward_rowdot_impl<HS, E>(dout, out, d, B, T, C, NH);                            \
     }                                                                                                \
-    extern "C" __global__ void __launch_bounds__(BR) attention_backward_dq_hs##HS(                   \
-        const float* qkv, const float* dout, const float* lse, const float* d, float* dqkv, int T,   \
-        int C, int NH) {                                                                             \
-        attention_backward_dq_impl<HS>(qkv, dout, lse, d, dqkv, T, C, NH);                           \
+    extern "C" __global__ void __launch_bounds__(BR) attention_backward_dq_##SUFFIX##_hs##HS(        \
+        const E* qkv, const E* dout, const float* lse, const float* d, E* dqkv, int T, int C,        \
+        int NH) {                                                                                    \
+        attention_backward_dq_impl<HS, E>(qkv, dout, lse, d, dqkv, T, C, NH);                        \
     }                                                                                                \
-    extern "C" __global__ void __launch_bounds__(KR) attention_backward_dkv_hs##HS(                  \
-        const float* qkv, const float* dout, const float* lse, const float* d, float* dqkv, int T,   \
-        int C, int NH) {                                                                             \
-        attention_backward_dkv_impl<HS>(qkv, dout, lse, d, dqkv, T, C, NH);                          \
+    extern "C" __global__ void __launch_bounds__(KR) attention_backward_dkv_##SUFFIX##_hs##HS(       \
+        const E* qkv, const E* dout, const float* lse, const float* d, E* dqkv, int T, int C,        \
+        int NH) {                                                                                    \
+        attention_backward_dkv_impl<HS, E>(qkv, dout, lse, d, dqkv, T, C, NH);                       \
     }
 
-ATTENTION_ENTRY_POINTS(16)
-ATTENTION_ENTRY_POINTS(32)
-ATTENTION_ENTRY_POINTS(64)
-
+ATTENTION_ENTRY_POINTS(16, float, f32)
+ATTENTION_ENTRY_POINTS(32, float, f32)
+ATTENTION_ENTRY_POINTS(64, float, f32)
+ATTENTION_ENTRY_POINTS(16, bf16, bf16)
+ATTENTION_ENTRY_POINTS(32, bf16, bf16)
+ATTENTION_ENTRY_POINTS(64, bf16, bf16)

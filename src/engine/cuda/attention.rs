@@ -2,10 +2,10 @@
 //! [`crate::engine::cpu::attention`] (same `qkv[B, T, 3C]` layout and results).
 //!
 //! The forward saves one log-sum-exp per row instead of the probabilities; the backward
-//! recomputes them. fp32 throughout, one query (or key) row per thread: correct and
-//! deterministic, not yet the tensor-core version.
+//! recomputes them. Activations are f32 or bf16, the arithmetic f32; one query (or key) row
+//! per thread: correct and deterministic, not yet the tensor-core version.
 
-use super::{CudaBackend, CudaError, Program, Result, as_i32, check_len};
+use super::{CudaBackend, CudaError, Elem, Program, Result, as_i32, check_len};
 use crate::engine::cpu::attention::AttnShape;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
@@ -13,18 +13,30 @@ pub(super) const PROGRAM: Program = Program {
     name: "attention",
     source: include_str!("attention.cu"),
     kernels: &[
-        "attention_forward_hs16",
-        "attention_forward_hs32",
-        "attention_forward_hs64",
-        "attention_backward_rowdot_hs16",
-        "attention_backward_rowdot_hs32",
-        "attention_backward_rowdot_hs64",
-        "attention_backward_dq_hs16",
-        "attention_backward_dq_hs32",
-        "attention_backward_dq_hs64",
-        "attention_backward_dkv_hs16",
-        "attention_backward_dkv_hs32",
-        "attention_backward_dkv_hs64",
+        "attention_forward_f32_hs16",
+        "attention_forward_f32_hs32",
+        "attention_forward_f32_hs64",
+        "attention_forward_bf16_hs16",
+        "attention_forward_bf16_hs32",
+        "attention_forward_bf16_hs64",
+        "attention_backward_rowdot_f32_hs16",
+        "attention_backward_rowdot_f32_hs32",
+        "attention_backward_rowdot_f32_hs64",
+        "attention_backward_rowdot_bf16_hs16",
+        "attention_backward_rowdot_bf16_hs32",
+        "attention_backward_rowdot_bf16_hs64",
+        "attention_backward_dq_f32_hs16",
+        "attention_backward_dq_f32_hs32",
+        "attention_backward_dq_f32_hs64",
+        "attention_backward_dq_bf16_hs16",
+        "attention_backward_dq_bf16_hs32",
+        "attention_backward_dq_bf16_hs64",
+        "attention_backward_dkv_f32_hs16",
+        "attention_backward_dkv_f32_hs32",
+        "attention_backward_dkv_f32_hs64",
+        "attention_backward_dkv_bf16_hs16",
+        "attention_backward_dkv_bf16_hs32",
+        "attention_backward_dkv_bf16_hs64",
     ],
 };
 
@@ -69,11 +81,11 @@ fn rows_grid(rows: usize, per_block: u32, s: AttnShape) -> LaunchConfig {
 
 impl CudaBackend {
     /// Writes `out[B, T, C]` and `lse[B, NH, T]` from `qkv[B, T, 3C]`.
-    pub fn attention_forward(
+    pub fn attention_forward<T: Elem>(
         &self,
-        out: &mut CudaSlice<f32>,
+        out: &mut CudaSlice<T>,
         lse: &mut CudaSlice<f32>,
-        qkv: &CudaSlice<f32>,
+        qkv: &CudaSlice<T>,
         s: AttnShape,
     ) -> Result<()> {
         let (t, c, nh, hs) = dims(s)?;
@@ -90,7 +102,7 @@ impl CudaBackend {
             s.batch * s.seq * s.channels,
         )?;
         check_len("attention_forward", "lse", lse, s.batch * s.heads * s.seq)?;
-        let f = self.function(&format!("attention_forward_hs{hs}"))?;
+        let f = self.function(&format!("attention_forward_{}_hs{hs}", T::SUFFIX))?;
         let mut b = self.stream.launch_builder(f);
         b.arg(qkv).arg(out).arg(lse).arg(&t).arg(&c).arg(&nh);
         // SAFETY: buffer sizes checked above; the grid covers B*NH x ceil(T/BR) row tiles.
@@ -100,12 +112,12 @@ impl CudaBackend {
 
     /// Overwrites `dqkv[B, T, 3C]` from `dout`, the forward's `qkv`, `out` and `lse`.
     #[allow(clippy::too_many_arguments)]
-    pub fn attention_backward(
+    pub fn attention_backward<T: Elem>(
         &self,
-        dqkv: &mut CudaSlice<f32>,
-        dout: &CudaSlice<f32>,
-        qkv: &CudaSlice<f32>,
-        out: &CudaSlice<f32>,
+        dqkv: &mut CudaSlice<T>,
+        dout: &CudaSlice<T>,
+        qkv: &CudaSlice<T>,
+        out: &CudaSlice<T>,
         lse: &CudaSlice<f32>,
         s: AttnShape,
     ) -> Result<()> {
@@ -133,7 +145,7 @@ impl CudaBackend {
         let mut d = self.alloc::<f32>(rows)?;
         let b32 = as_i32("attention_backward", "batch", s.batch)?;
         {
-            let f = self.function(&format!("attention_backward_rowdot_hs{hs}"))?;
+            let f = self.function(&format!("attention_backward_rowdot_{}_hs{hs}", T::SUFFIX))?;
             let mut b = self.stream.launch_builder(f);
             b.arg(dout)
                 .arg(out)
@@ -151,7 +163,7 @@ impl CudaBackend {
             unsafe { b.launch(cfg) }?;
         }
         {
-            let f = self.function(&format!("attention_backward_dq_hs{hs}"))?;
+            let f = self.function(&format!("attention_backward_dq_{}_hs{hs}", T::SUFFIX))?;
             let mut b = self.stream.launch_builder(f);
             b.arg(qkv)
                 .arg(dout)
@@ -164,7 +176,7 @@ impl CudaBackend {
             // SAFETY: as above; this kernel writes only the Q third of each dqkv row.
             unsafe { b.launch(rows_grid(s.seq, BR, s)) }?;
         }
-        let f = self.function(&format!("attention_backward_dkv_hs{hs}"))?;
+        let f = self.function(&format!("attention_backward_dkv_{}_hs{hs}", T::SUFFIX))?;
         let mut b = self.stream.launch_builder(f);
         b.arg(qkv)
             .arg(dout)

@@ -78,6 +78,8 @@ pub struct Bf16(pub u16);
 
 // SAFETY: a plain 16-bit value with no padding or pointers.
 unsafe impl DeviceRepr for Bf16 {}
+// SAFETY: all-zero bits are bf16 +0.0.
+unsafe impl cudarc::driver::ValidAsZeroBits for Bf16 {}
 
 /// An activation element type the kernels are instantiated for.
 pub trait Elem: DeviceRepr + Copy + Default + Unpin + Send + Sync + 'static {
