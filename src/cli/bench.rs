@@ -2,6 +2,7 @@
 
 use crate::config::ResolvedConfig;
 use crate::data::{self, Batch, Corpus};
+use crate::engine::profile;
 use crate::error::Result;
 use crate::models::Model;
 use crate::train::{self, Trainer};
@@ -68,8 +69,14 @@ fn bench_train(a: BenchTrainArgs) -> Result<()> {
     let mut times = Vec::with_capacity(a.steps);
     for step in 0..(a.steps + 2) as u64 {
         let batches = global(step);
+        if step == 2 {
+            profile::reset();
+        }
         let t0 = Instant::now();
         trainer.step(&batches)?;
+        if let Ok(g) = pool.cuda() {
+            g.synchronize().map_err(crate::engine::EngineError::from)?;
+        }
         if step >= 2 {
             times.push(t0.elapsed().as_secs_f64());
         }
@@ -97,5 +104,40 @@ fn bench_train(a: BenchTrainArgs) -> Result<()> {
         "| peak memory | {:.1} MiB |",
         trainer.pool.stats().peak as f64 / (1024.0 * 1024.0)
     );
+    if let Some(peak) = pool
+        .cuda()
+        .ok()
+        .and_then(|g| dense_peak_flops(&g.info().name, precision))
+    {
+        println!(
+            "| MFU (of {:.0} TFLOP/s dense peak) | {:.1}% |",
+            peak / 1e12,
+            100.0 * flops_per_step / median / peak
+        );
+    }
+    let table = profile::report();
+    if !table.is_empty() {
+        println!(
+            "\nper-op time over the timed steps (KILN_PROFILE=1; each op synchronised):\n{table}"
+        );
+    }
     Ok(())
+}
+
+/// Dense tensor-core peak of known GPUs for the precision's math (datasheet figures, SXM).
+fn dense_peak_flops(name: &str, precision: train::Precision) -> Option<f64> {
+    let hopper = name.contains("H100") || name.contains("H200");
+    let ampere = name.contains("A100");
+    let per_precision = |bf16: f64, tf32: f64, fp32: f64| match precision {
+        train::Precision::Bf16Mixed | train::Precision::Fp16Mixed => bf16,
+        train::Precision::Tf32 => tf32,
+        train::Precision::Fp32 => fp32,
+    };
+    if hopper {
+        Some(per_precision(989.4e12, 494.7e12, 66.9e12))
+    } else if ampere {
+        Some(per_precision(312e12, 156e12, 19.5e12))
+    } else {
+        None
+    }
 }

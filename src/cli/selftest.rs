@@ -412,7 +412,7 @@ fn check_attention<T: Elem>(gpu: &CudaBackend, inp: &mut Inputs, s: AttnShape) -
         gpu.attention_forward(&mut d_out, &mut d_lse, &d_qkv, s)?;
         let mut d_dqkv = poisoned::<T>(gpu, qkv.len())?;
         let d_dout = gpu.upload_as::<T>(&dout)?;
-        gpu.attention_backward(&mut d_dqkv, &d_dout, &d_qkv, &d_out, &d_lse, s)?;
+        gpu.attention_backward(&mut d_dqkv, &d_dout, &d_qkv, &d_lse, s)?;
         Ok((gpu.download_f32(&d_out)?, gpu.download_f32(&d_dqkv)?))
     };
     match run() {

@@ -11,6 +11,7 @@ pub mod device;
 pub mod dtype;
 pub mod ops;
 pub mod pool;
+pub mod profile;
 pub mod rng;
 pub mod tensor;
 

@@ -8,6 +8,7 @@ use super::cpu;
 use super::cpu::adamw::AdamWStep;
 use super::cpu::attention::AttnShape;
 use super::cuda::{Bf16, CudaBackend};
+use super::profile;
 use super::{DType, Device, EngineError, Result, Tensor};
 use std::sync::Arc;
 
@@ -89,6 +90,7 @@ fn rows_cols(op: &'static str, t: &Tensor) -> Result<(usize, usize)> {
 
 /// `x[.., c_in] @ w[c_out, c_in]^T + b` -> `[.., c_out]`.
 pub fn linear_forward(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+    let _prof = profile::scope("linear_forward", x);
     let on = device_of("linear", &[x, w])?;
     let (n, c_in) = rows_cols("linear", x)?;
     let c_out = w.shape()[0];
@@ -131,6 +133,7 @@ pub fn linear_backward(
     dw: &mut Tensor,
     db: Option<&mut Tensor>,
 ) -> Result<Tensor> {
+    let _prof = profile::scope("linear_backward", x);
     let on = device_of("linear_backward", &[dout, x, w, dw])?;
     let (n, c_in) = rows_cols("linear_backward", x)?;
     let c_out = w.shape()[0];
@@ -178,6 +181,7 @@ fn norm_stats(x: &Tensor, n: usize) -> Result<NormStats> {
 }
 
 pub fn layernorm_forward(x: &Tensor, gamma: &Tensor, beta: &Tensor) -> Result<(Tensor, NormStats)> {
+    let _prof = profile::scope("layernorm_forward", x);
     let on = device_of("layernorm", &[x, gamma, beta])?;
     let (n, c) = rows_cols("layernorm", x)?;
     expect_len("layernorm", "gamma", gamma, c)?;
@@ -214,6 +218,7 @@ pub fn residual_layernorm_forward(
     gamma: &Tensor,
     beta: &Tensor,
 ) -> Result<(Tensor, Tensor, NormStats)> {
+    let _prof = profile::scope("residual_layernorm_forward", x);
     let on = device_of("residual_layernorm", &[x, delta, gamma, beta])?;
     let (n, c) = rows_cols("residual_layernorm", x)?;
     expect_len("residual_layernorm", "delta", delta, n * c)?;
@@ -259,6 +264,7 @@ pub fn layernorm_backward(
     gamma: &Tensor,
     st: &NormStats,
 ) -> Result<()> {
+    let _prof = profile::scope("layernorm_backward", x);
     let on = device_of("layernorm_backward", &[dx, dgamma, dbeta, dout, x, gamma])?;
     let (n, c) = rows_cols("layernorm_backward", x)?;
     expect_len("layernorm_backward", "dout", dout, x.len())?;
@@ -291,6 +297,7 @@ pub fn layernorm_backward(
 }
 
 pub fn gelu_forward(x: &Tensor) -> Result<Tensor> {
+    let _prof = profile::scope("gelu_forward", x);
     let on = device_of("gelu", &[x])?;
     let mut out = Tensor::zeros(x.pool(), x.shape(), act_dtype(x))?;
     match on {
@@ -303,6 +310,7 @@ pub fn gelu_forward(x: &Tensor) -> Result<Tensor> {
 }
 
 pub fn gelu_backward(x: &Tensor, dout: &Tensor) -> Result<Tensor> {
+    let _prof = profile::scope("gelu_backward", x);
     let on = device_of("gelu_backward", &[x, dout])?;
     expect_len("gelu_backward", "dout", dout, x.len())?;
     let mut dx = Tensor::zeros(x.pool(), x.shape(), act_dtype(x))?;
@@ -319,6 +327,7 @@ pub fn gelu_backward(x: &Tensor, dout: &Tensor) -> Result<Tensor> {
 /// needs besides `qkv` and `out`: the probabilities `[B, H, T, T]` on the CPU, one
 /// log-sum-exp per row `[B, H, T]` on the GPU (which never stores the T x T matrix).
 pub fn attention_forward(qkv: &Tensor, s: AttnShape) -> Result<(Tensor, Tensor)> {
+    let _prof = profile::scope("attention_forward", qkv);
     let on = device_of("attention", &[qkv])?;
     expect_len("attention", "qkv", qkv, s.batch * s.seq * 3 * s.channels)?;
     let mut out = Tensor::zeros(qkv.pool(), &[s.batch, s.seq, s.channels], act_dtype(qkv))?;
@@ -337,15 +346,15 @@ pub fn attention_forward(qkv: &Tensor, s: AttnShape) -> Result<(Tensor, Tensor)>
     }
 }
 
-/// `dqkv` from `dout`, the forward's `qkv`, `out` and saved statistics.
+/// `dqkv` from `dout`, the forward's `qkv` and saved statistics.
 pub fn attention_backward(
     dout: &Tensor,
     qkv: &Tensor,
-    out: &Tensor,
     saved: &Tensor,
     s: AttnShape,
 ) -> Result<Tensor> {
-    let on = device_of("attention_backward", &[dout, qkv, out, saved])?;
+    let _prof = profile::scope("attention_backward", qkv);
+    let on = device_of("attention_backward", &[dout, qkv, saved])?;
     let mut dqkv = Tensor::zeros(qkv.pool(), qkv.shape(), act_dtype(qkv))?;
     match on {
         On::Cpu => cpu::attention::attention_backward(
@@ -359,7 +368,6 @@ pub fn attention_backward(
             dqkv.cuda_mut(),
             dout.cuda(),
             qkv.cuda(),
-            out.cuda(),
             saved.cuda(),
             s,
         ))?,
@@ -386,6 +394,7 @@ fn check_targets(op: &'static str, logits: &Tensor, targets: &[u32]) -> Result<(
 
 /// Per-row cross-entropy losses of `logits[N, V]`.
 pub fn cross_entropy(logits: &Tensor, targets: &[u32]) -> Result<Vec<f32>> {
+    let _prof = profile::scope("cross_entropy", logits);
     let on = device_of("cross_entropy", &[logits])?;
     let (n, v) = check_targets("cross_entropy", logits, targets)?;
     let mut losses = vec![0.0; n];
@@ -409,6 +418,7 @@ pub fn cross_entropy_fused(
     targets: &[u32],
     grad_scale: f32,
 ) -> Result<Vec<f32>> {
+    let _prof = profile::scope("cross_entropy_fused", logits);
     let (n, v) = check_targets("cross_entropy_fused", logits, targets)?;
     let mut losses = vec![0.0; n];
     match logits.device() {
@@ -445,6 +455,7 @@ pub fn embedding_forward(
     wte: &Tensor,
     wpe: &Tensor,
 ) -> Result<Tensor> {
+    let _prof = profile::scope("embedding_forward", wte);
     let on = device_of("embedding", &[wte, wpe])?;
     let (vocab, c) = rows_cols("embedding", wte)?;
     if tokens.len() != batch * seq || wpe.len() < seq * c {
@@ -497,6 +508,7 @@ pub fn embedding_backward(
     tokens: &[u32],
     seq: usize,
 ) -> Result<()> {
+    let _prof = profile::scope("embedding_backward", dout);
     let (vocab, c) = rows_cols("embedding_backward", dwte)?;
     match dout.device() {
         Device::Cpu => cpu::embedding::embedding_backward(
@@ -528,6 +540,7 @@ pub fn embedding_backward(
 /// Sum of squares in f64 (for the global gradient norm and the inf/NaN check: a non-finite
 /// element makes the result non-finite).
 pub fn sum_squares(t: &Tensor) -> Result<f64> {
+    let _prof = profile::scope("sum_squares", t);
     match device_of("sum_squares", &[t])? {
         On::Cpu => Ok(t.host().iter().map(|&x| x as f64 * x as f64).sum()),
         On::Gpu(g) => {
@@ -570,6 +583,7 @@ pub fn adamw_update(
     compute: Option<&mut Tensor>,
     h: AdamWStep,
 ) -> Result<()> {
+    let _prof = profile::scope("adamw_update", param);
     let n = param.len();
     for (what, t) in [("grad", grad), ("m", &*m), ("v", &*v)] {
         expect_len("adamw", what, t, n)?;

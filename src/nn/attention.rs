@@ -58,8 +58,7 @@ impl CausalSelfAttention {
 
     pub fn backward(&mut self, dout: &Tensor, x: &Tensor, saved: &AttnSaved) -> Result<Tensor> {
         let datt = self.proj.backward(dout, &saved.att)?;
-        let dqkv =
-            ops::attention_backward(&datt, &saved.qkv, &saved.att, &saved.stats, self.shape(x))?;
+        let dqkv = ops::attention_backward(&datt, &saved.qkv, &saved.stats, self.shape(x))?;
         self.qkv.backward(&dqkv, x)
     }
 

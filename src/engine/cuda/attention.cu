@@ -88,23 +88,13 @@ __device__ void attention_forward_impl(const E* __restrict__ qkv, E* __restrict_
     }
 }
 
-// D[b, h, t] = sum_i dout[b, t, h*HS + i] * out[b, t, h*HS + i]: the softmax backward's row term.
-template <int HS, typename E>
-__device__ void attention_backward_rowdot_impl(const E* __restrict__ dout, const E* __restrict__ out,
-                                                     float* __restrict__ d, int B, int T, int C, int NH) {
-    const int idx = blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= B * NH * T) return;
-    const int t = idx % T, h = (idx / T) % NH, b = idx / (T * NH);
-    const size_t off = ((size_t)b * T + t) * C + h * HS;
-    float acc = 0.0f;
-    for (int i = 0; i < HS; i++) acc += load(dout[off + i]) * load(out[off + i]);
-    d[idx] = acc;
-}
-
-// dQ: one query row per thread; writes the Q third of dqkv.
+// dQ: one query row per thread; writes the Q third of dqkv, and d (one value per row) for the
+// dK/dV kernel. d_i = sum_j P_ij dP_ij is the softmax backward's row term. It equals
+// dO_i . O_i, but computing it from a bf16-rounded O cancels badly in dP - d, so a first pass
+// over the keys computes it exactly from the recomputed probabilities.
 template <int HS, typename E>
 __device__ void attention_backward_dq_impl(const E* __restrict__ qkv, const E* __restrict__ dout,
-                                                 const float* __restrict__ lse, const float* __restrict__ d,
+                                                 const float* __restrict__ lse, float* __restrict__ d,
                                                  E* __restrict__ dqkv, int T, int C, int NH) {
     __shared__ float ks[BC][HS];
     __shared__ float vs[BC][HS];
@@ -125,32 +115,42 @@ __device__ void attention_backward_dq_impl(const E* __restrict__ qkv, const E* _
     }
     const size_t r = ((size_t)b * NH + h) * T + row;
     const float row_lse = active ? lse[r] : 0.0f;
-    const float row_d = active ? d[r] : 0.0f;
+    float row_d = 0.0f;
     const int last = min(T - 1, (int)(blockIdx.x * BR + BR - 1));
-    for (int k0 = 0; k0 <= last; k0 += BC) {
-        for (int idx = threadIdx.x; idx < BC * HS; idx += BR) {
-            int rr = idx / HS, c = idx % HS, kr = k0 + rr;
-            ks[rr][c] = kr < T ? load(base[kr * stride + C + c]) : 0.0f;
-            vs[rr][c] = kr < T ? load(base[kr * stride + 2 * C + c]) : 0.0f;
-        }
-        __syncthreads();
-        if (active && k0 <= row) {
-            const int n = min(BC, row - k0 + 1);
-            for (int j = 0; j < n; j++) {
-                float s = 0.0f, dp = 0.0f;
-                #pragma unroll
-                for (int i = 0; i < HS; i++) {
-                    s += q[i] * ks[j][i];
-                    dp += g[i] * vs[j][i];
-                }
-                const float ds = __expf(s - row_lse) * (dp - row_d);
-                #pragma unroll
-                for (int i = 0; i < HS; i++) dq[i] += ds * ks[j][i];
+    for (int pass = 0; pass < 2; pass++) {
+        float d_acc = 0.0f;
+        for (int k0 = 0; k0 <= last; k0 += BC) {
+            for (int idx = threadIdx.x; idx < BC * HS; idx += BR) {
+                int rr = idx / HS, c = idx % HS, kr = k0 + rr;
+                ks[rr][c] = kr < T ? load(base[kr * stride + C + c]) : 0.0f;
+                vs[rr][c] = kr < T ? load(base[kr * stride + 2 * C + c]) : 0.0f;
             }
+            __syncthreads();
+            if (active && k0 <= row) {
+                const int n = min(BC, row - k0 + 1);
+                for (int j = 0; j < n; j++) {
+                    float s = 0.0f, dp = 0.0f;
+                    #pragma unroll
+                    for (int i = 0; i < HS; i++) {
+                        s += q[i] * ks[j][i];
+                        dp += g[i] * vs[j][i];
+                    }
+                    const float p = __expf(s - row_lse);
+                    if (pass == 0) {
+                        d_acc += p * dp;
+                    } else {
+                        const float ds = p * (dp - row_d);
+                        #pragma unroll
+                        for (int i = 0; i < HS; i++) dq[i] += ds * ks[j][i];
+                    }
+                }
+            }
+            __syncthreads();
         }
-        __syncthreads();
+        if (pass == 0) row_d = d_acc;
     }
     if (active) {
+        d[r] = row_d;
         E* dst = dqkv + ((size_t)b * T + row) * stride + h * HS;
         #pragma unroll
         for (int i = 0; i < HS; i++) dst[i] = store<E>(dq[i] * scale);
@@ -236,12 +236,8 @@ __device__ void attention_backward_dkv_impl(const E* __restrict__ qkv, const E* 
         const E* qkv, E* out, float* lse, int T, int C, int NH) {                                    \
         attention_forward_impl<HS, E>(qkv, out, lse, T, C, NH);                                      \
     }                                                                                                \
-    extern "C" __global__ void attention_backward_rowdot_##SUFFIX##_hs##HS(                          \
-        const E* dout, const E* out, float* d, int B, int T, int C, int NH) {                        \
-        attention_backward_rowdot_impl<HS, E>(dout, out, d, B, T, C, NH);                            \
-    }                                                                                                \
     extern "C" __global__ void __launch_bounds__(BR) attention_backward_dq_##SUFFIX##_hs##HS(        \
-        const E* qkv, const E* dout, const float* lse, const float* d, E* dqkv, int T, int C,        \
+        const E* qkv, const E* dout, const float* lse, float* d, E* dqkv, int T, int C,              \
         int NH) {                                                                                    \
         attention_backward_dq_impl<HS, E>(qkv, dout, lse, d, dqkv, T, C, NH);                        \
     }                                                                                                \

@@ -19,12 +19,6 @@ pub(super) const PROGRAM: Program = Program {
         "attention_forward_bf16_hs16",
         "attention_forward_bf16_hs32",
         "attention_forward_bf16_hs64",
-        "attention_backward_rowdot_f32_hs16",
-        "attention_backward_rowdot_f32_hs32",
-        "attention_backward_rowdot_f32_hs64",
-        "attention_backward_rowdot_bf16_hs16",
-        "attention_backward_rowdot_bf16_hs32",
-        "attention_backward_rowdot_bf16_hs64",
         "attention_backward_dq_f32_hs16",
         "attention_backward_dq_f32_hs32",
         "attention_backward_dq_f32_hs64",
@@ -110,14 +104,13 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Overwrites `dqkv[B, T, 3C]` from `dout`, the forward's `qkv`, `out` and `lse`.
+    /// Overwrites `dqkv[B, T, 3C]` from `dout` and the forward's `qkv` and `lse`.
     #[allow(clippy::too_many_arguments)]
     pub fn attention_backward<T: Elem>(
         &self,
         dqkv: &mut CudaSlice<T>,
         dout: &CudaSlice<T>,
         qkv: &CudaSlice<T>,
-        out: &CudaSlice<T>,
         lse: &CudaSlice<f32>,
         s: AttnShape,
     ) -> Result<()> {
@@ -135,45 +128,21 @@ impl CudaBackend {
             dout,
             s.batch * s.seq * s.channels,
         )?;
-        check_len(
-            "attention_backward",
-            "out",
-            out,
-            s.batch * s.seq * s.channels,
-        )?;
         check_len("attention_backward", "lse", lse, rows)?;
+        // Written by the dQ kernel, read by the dK/dV kernel (same stream, so in order).
         let mut d = self.alloc::<f32>(rows)?;
-        let b32 = as_i32("attention_backward", "batch", s.batch)?;
-        {
-            let f = self.function(&format!("attention_backward_rowdot_{}_hs{hs}", T::SUFFIX))?;
-            let mut b = self.stream.launch_builder(f);
-            b.arg(dout)
-                .arg(out)
-                .arg(&mut d)
-                .arg(&b32)
-                .arg(&t)
-                .arg(&c)
-                .arg(&nh);
-            let cfg = LaunchConfig {
-                grid_dim: (rows.div_ceil(256) as u32, 1, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            // SAFETY: `d` holds one value per (batch, head, row); inputs checked above.
-            unsafe { b.launch(cfg) }?;
-        }
         {
             let f = self.function(&format!("attention_backward_dq_{}_hs{hs}", T::SUFFIX))?;
             let mut b = self.stream.launch_builder(f);
             b.arg(qkv)
                 .arg(dout)
                 .arg(lse)
-                .arg(&d)
+                .arg(&mut d)
                 .arg(&mut *dqkv)
                 .arg(&t)
                 .arg(&c)
                 .arg(&nh);
-            // SAFETY: as above; this kernel writes only the Q third of each dqkv row.
+            // SAFETY: as above; this kernel writes the Q third of each dqkv row and `d`.
             unsafe { b.launch(rows_grid(s.seq, BR, s)) }?;
         }
         let f = self.function(&format!("attention_backward_dkv_{}_hs{hs}", T::SUFFIX))?;
