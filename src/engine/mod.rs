@@ -80,10 +80,21 @@ pub fn open(
                 let note = format!("using {}", pool.cuda()?.info());
                 Ok((pool, Some(note)))
             }
-            Err(e) => Ok((
-                MemoryPool::new(Device::Cpu),
-                Some(format!("no usable GPU ({e}); training on the CPU")),
-            )),
+            Err(e) => {
+                // One line: the library search list is for `kiln selftest`, not every run.
+                let why = match e {
+                    cuda::CudaError::LibraryMissing { library, .. } => {
+                        format!("{library} not found")
+                    }
+                    other => other.to_string(),
+                };
+                Ok((
+                    MemoryPool::new(Device::Cpu),
+                    Some(format!(
+                        "no usable GPU ({why}); using the CPU. `kiln selftest` says more"
+                    )),
+                ))
+            }
         },
     }
 }

@@ -537,16 +537,26 @@ pub fn embedding_backward(
     Ok(())
 }
 
-/// Sum of squares in f64 (for the global gradient norm and the inf/NaN check: a non-finite
-/// element makes the result non-finite).
-pub fn sum_squares(t: &Tensor) -> Result<f64> {
-    let _prof = profile::scope("sum_squares", t);
-    match device_of("sum_squares", &[t])? {
-        On::Cpu => Ok(t.host().iter().map(|&x| x as f64 * x as f64).sum()),
+/// Sum of squares over all of `ts` in f64 (the global gradient norm, and its inf/NaN check:
+/// a non-finite element makes the result NaN). The GPU accumulates every tensor on the device
+/// and reads the total back once.
+pub fn sum_squares(ts: &[&Tensor]) -> Result<f64> {
+    let Some(first) = ts.first() else {
+        return Ok(0.0);
+    };
+    let _prof = profile::scope("sum_squares", first);
+    match device_of("sum_squares", ts)? {
+        // Per tensor, then over tensors: the order the CPU reference has always used.
+        On::Cpu => Ok(ts
+            .iter()
+            .map(|t| t.host().iter().map(|&x| x as f64 * x as f64).sum::<f64>())
+            .sum()),
         On::Gpu(g) => {
             let mut acc = g.upload(&[0.0f64])?;
             let mut flag = g.upload(&[0u32])?;
-            g.sum_squares_accumulate(&mut acc, &mut flag, t.cuda::<f32>(), t.len())?;
+            for t in ts {
+                g.sum_squares_accumulate(&mut acc, &mut flag, t.cuda::<f32>(), t.len())?;
+            }
             if g.download(&flag)?[0] != 0 {
                 return Ok(f64::NAN);
             }

@@ -8,7 +8,7 @@ use crate::nn::Param;
 
 /// Sum of squares of every gradient, in f64. Non-finite if any gradient element is.
 pub fn grad_sum_squares(params: &[&Param]) -> Result<f64> {
-    params.iter().map(|p| ops::sum_squares(&p.grad)).sum()
+    ops::sum_squares(&params.iter().map(|p| &p.grad).collect::<Vec<_>>())
 }
 
 /// The factor that brings a gradient of norm `norm` within `max_norm` (1 when it already is,

@@ -11,11 +11,12 @@ use super::{CudaBackend, CudaError, Elem, Result, check_len, raw_ptr};
 use crate::engine::DType;
 use cudarc::cublaslt::{result as lt, sys};
 use cudarc::driver::{CudaSlice, CudaStream};
+use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// How f32 operands are multiplied (bf16 operands ignore this: fp32 accumulation always).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum GemmMath {
     /// Full fp32 products and sums.
     Fp32,
@@ -30,10 +31,26 @@ fn blas_err(what: &str) -> impl Fn(lt::CublasError) -> CudaError + '_ {
     move |e| CudaError::Blas(format!("{what}: {:?}", e.0))
 }
 
-/// The cuBLASLt handle and its workspace, owned by the backend.
+/// What determines the algorithm cuBLASLt picks for a product.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct ShapeKey {
+    trans_a: bool,
+    trans_b: bool,
+    m: usize,
+    n: usize,
+    k: usize,
+    operands: DType,
+    output: DType,
+    math: GemmMath,
+    bias: bool,
+}
+
+/// The cuBLASLt handle, its workspace, and the algorithm chosen for each shape: asking the
+/// heuristic costs tens of microseconds, as much as a small GEMM, so it is asked once.
 pub(super) struct Blas {
     handle: sys::cublasLtHandle_t,
     workspace: CudaSlice<u8>,
+    algos: Mutex<HashMap<ShapeKey, sys::cublasLtMatmulAlgo_t>>,
 }
 
 // SAFETY: the handle is used only through `&CudaBackend` on its one stream; cuBLASLt handles
@@ -53,7 +70,11 @@ impl Blas {
                 return Err(e.into());
             }
         };
-        Ok(Blas { handle, workspace })
+        Ok(Blas {
+            handle,
+            workspace,
+            algos: Mutex::new(HashMap::new()),
+        })
     }
 }
 
@@ -173,6 +194,72 @@ impl CudaBackend {
             set_desc(&desc, Attr::CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue)?;
         }
 
+        let key = ShapeKey {
+            trans_a,
+            trans_b,
+            m,
+            n,
+            k,
+            operands: TA::DTYPE,
+            output: TC::DTYPE,
+            math,
+            bias: bias.is_some(),
+        };
+        let cached = self
+            .blas
+            .algos
+            .lock()
+            .ok()
+            .and_then(|c| c.get(&key).copied());
+        let algo = match cached {
+            Some(algo) => algo,
+            None => {
+                let algo = self.pick_algo(&desc, &first, &second, &out, key)?;
+                if let Ok(mut c) = self.blas.algos.lock() {
+                    c.insert(key, algo);
+                }
+                algo
+            }
+        };
+        let ws = self.blas.workspace.len();
+
+        let (a_ptr, b_ptr) = (raw_ptr(a, &self.stream), raw_ptr(b, &self.stream));
+        let c_ptr = raw_ptr(c, &self.stream);
+        let ws_ptr = raw_ptr(&self.blas.workspace, &self.stream);
+        // SAFETY: the buffers hold the elements the layouts describe (checked above), the
+        // workspace is as large as the preference says, and all run on the backend's stream.
+        unsafe {
+            lt::matmul(
+                self.blas.handle,
+                desc.0,
+                (&alpha as *const f32).cast(),
+                (&beta as *const f32).cast(),
+                b_ptr as *const c_void,
+                first.0,
+                a_ptr as *const c_void,
+                second.0,
+                c_ptr as *const c_void,
+                out.0,
+                c_ptr as *mut c_void,
+                out.0,
+                &algo,
+                ws_ptr as *mut c_void,
+                ws,
+                self.stream.cu_stream() as sys::cudaStream_t,
+            )
+        }
+        .map_err(blas_err("matmul"))
+    }
+
+    /// The heuristic's first choice for this product and workspace.
+    fn pick_algo(
+        &self,
+        desc: &Desc,
+        first: &Layout,
+        second: &Layout,
+        out: &Layout,
+        key: ShapeKey,
+    ) -> Result<sys::cublasLtMatmulAlgo_t> {
         let pref = Pref(lt::create_matmul_pref().map_err(blas_err("matmul preference"))?);
         let ws = self.blas.workspace.len();
         // SAFETY: `ws` is a live usize, the attribute's type.
@@ -199,39 +286,12 @@ impl CudaBackend {
         }
         .map_err(|e| {
             CudaError::Blas(format!(
-                "no algorithm for {m}x{n}x{k} ({:?} operands, {:?} output, {math:?}): {:?}",
-                TA::DTYPE,
-                TC::DTYPE,
-                e.0
+                "no algorithm for {}x{}x{} ({:?} operands, {:?} output, {:?}): {:?}",
+                key.m, key.n, key.k, key.operands, key.output, key.math, e.0
             ))
         })?;
 
-        let (a_ptr, b_ptr) = (raw_ptr(a, &self.stream), raw_ptr(b, &self.stream));
-        let c_ptr = raw_ptr(c, &self.stream);
-        let ws_ptr = raw_ptr(&self.blas.workspace, &self.stream);
-        // SAFETY: the buffers hold the elements the layouts describe (checked above), the
-        // workspace is as large as the preference says, and all run on the backend's stream.
-        unsafe {
-            lt::matmul(
-                self.blas.handle,
-                desc.0,
-                (&alpha as *const f32).cast(),
-                (&beta as *const f32).cast(),
-                b_ptr as *const c_void,
-                first.0,
-                a_ptr as *const c_void,
-                second.0,
-                c_ptr as *const c_void,
-                out.0,
-                c_ptr as *mut c_void,
-                out.0,
-                &heuristic.algo,
-                ws_ptr as *mut c_void,
-                ws,
-                self.stream.cu_stream() as sys::cudaStream_t,
-            )
-        }
-        .map_err(blas_err("matmul"))
+        Ok(heuristic.algo)
     }
 
     /// `out[n, c_out] = inp[n, c_in] @ weight[c_out, c_in]^T + bias`.
