@@ -179,6 +179,12 @@ pub fn run(args: SelftestArgs) -> Result<()> {
     }
     let pool = MemoryPool::with_cuda(std::sync::Arc::new(gpu));
     let mut failed = failed;
+    let oom = out_of_memory_is_recoverable(&pool);
+    failed += usize::from(oom.is_err());
+    match oom {
+        Ok(msg) => println!("out of memory: {msg} PASS"),
+        Err(msg) => println!("out of memory: {msg} FAIL"),
+    }
     for (precision, bound) in [("fp32", 1e-4), ("tf32", 2e-2), ("bf16-mixed", 2e-2)] {
         match training_parity(&pool, precision, args.seed) {
             Ok(diffs) => {
@@ -367,6 +373,32 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
 }
 
 type Check = std::result::Result<f64, CudaError>;
+
+/// Asks the device for more memory than it has: the answer must be a typed out-of-memory
+/// error, with the pool's books unchanged and the next allocation working.
+fn out_of_memory_is_recoverable(
+    pool: &std::sync::Arc<MemoryPool>,
+) -> std::result::Result<String, String> {
+    let total = pool.cuda().map_err(|e| e.to_string())?.info().total_memory;
+    let before = pool.stats().current;
+    let too_big = 2 * total / 4; // f32 elements: twice the device's bytes
+    match crate::engine::Tensor::zeros(pool, &[too_big], DType::F32) {
+        Err(crate::engine::EngineError::OutOfMemory { requested, .. }) => {
+            if pool.stats().current != before {
+                return Err("the refused allocation stayed on the books".into());
+            }
+            let small = crate::engine::Tensor::zeros(pool, &[1 << 20], DType::F32)
+                .map_err(|e| format!("allocation after OOM failed: {e}"))?;
+            drop(small);
+            Ok(format!(
+                "asking for {:.1} GiB gave a typed error; the pool stayed usable",
+                requested as f64 / (1u64 << 30) as f64
+            ))
+        }
+        Err(e) => Err(format!("expected out-of-memory, got: {e}")),
+        Ok(_) => Err("an allocation of twice the device memory succeeded".into()),
+    }
+}
 
 /// Trains a tiny GPT for 50 steps from one seed on the same batches on the CPU (fp32) and on
 /// the GPU (`precision`); returns the relative difference of the losses at every step.
