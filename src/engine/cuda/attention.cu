@@ -260,7 +260,8 @@ ATTENTION_ENTRY_POINTS(64, bf16, bf16)
 // The same three kernels as above (forward; dQ with the exact row term d; dK/dV), but a block
 // owns 64 rows and each of its 4 warps owns 16 of them, computing on 64 x 64 tiles with
 // `mma.sync.m16n8k16` (bf16 operands, f32 accumulators). Fragments are read from shared memory
-// with `ldmatrix`; written as inline PTX so NVRTC needs no CUDA headers.
+// with `ldmatrix`; tiles arrive by `cp.async` into two buffers, so the next tile's copy overlaps
+// the current tile's arithmetic. All inline PTX, so NVRTC needs no CUDA headers.
 //
 // Fragment layouts (PTX ISA, m16n8k16): in a warp, lane = 4 * g + t. An f32 accumulator tile of
 // 16 rows x 64 columns is `float acc[8][4]`: acc[n][e] is row g + 8 * (e >> 1), column
@@ -280,21 +281,38 @@ ATTENTION_ENTRY_POINTS(64, bf16, bf16)
 #define TC_LOG2E 1.4426950408889634f
 #define TC_SCALE 0.125f  // 1 / sqrt(64)
 
-// Copies rows r0 .. r0 + 63 (64 bf16 each, `stride` elements apart) into a padded tile, 16
-// bytes per access; rows at or past T become zeros. Needs 16-byte aligned rows (checked by
-// the launcher).
-__device__ __forceinline__ void tc_tile_load(unsigned short* tile, const bf16* src, size_t stride,
+__device__ __forceinline__ unsigned tc_smem_addr(const void* p) {
+    return (unsigned)__cvta_generic_to_shared(p);
+}
+
+// Global to shared memory copies run asynchronously (cp.async), so a block loads its next tile
+// while it computes on the current one. A copy of `bytes` whose source lies past the end
+// (`in` false) fills zeros and reads nothing (source size 0; the address stays a valid one).
+__device__ __forceinline__ void tc_copy_async(void* dst, const void* src, bool in) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                 :: "r"(tc_smem_addr(dst)), "l"(src), "r"(in ? 16 : 0));
+}
+__device__ __forceinline__ void tc_copy_async4(void* dst, const void* src, bool in) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;"
+                 :: "r"(tc_smem_addr(dst)), "l"(src), "r"(in ? 4 : 0));
+}
+// Ends the group of copies issued so far; waiting for "all but the newest N groups" then lets
+// the next tile's copies stay in flight.
+__device__ __forceinline__ void tc_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void tc_wait() {
+    asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
+}
+
+// Starts copying rows r0 .. r0 + 63 (64 bf16 each, `stride` elements apart) into a padded
+// tile, 16 bytes per copy; rows at or past T become zeros. Needs 16-byte aligned rows
+// (checked by the launcher).
+__device__ __forceinline__ void tc_tile_copy(unsigned short* tile, const bf16* src, size_t stride,
                                              int r0, int T) {
     for (int i = threadIdx.x; i < TC_ROWS * 8; i += blockDim.x) {
         const int r = i >> 3, c = (i & 7) * 8;
-        uint4 v = make_uint4(0u, 0u, 0u, 0u);
-        if (r0 + r < T) v = *reinterpret_cast<const uint4*>(src + (size_t)(r0 + r) * stride + c);
-        *reinterpret_cast<uint4*>(tile + r * TC_LD + c) = v;
+        const bool in = r0 + r < T;
+        tc_copy_async(tile + r * TC_LD + c, src + (size_t)(in ? r0 + r : 0) * stride + c, in);
     }
-}
-
-__device__ __forceinline__ unsigned tc_smem_addr(const unsigned short* p) {
-    return (unsigned)__cvta_generic_to_shared(p);
 }
 
 // Two f32 as a bf16 pair (round to nearest even), `lo` in the low half as mma operands expect.
@@ -399,8 +417,8 @@ extern "C" __global__ void __launch_bounds__(128) attention_forward_bf16_hs64_tc
     int NH) {
 #if __CUDA_ARCH__ >= 800
     __shared__ __align__(16) unsigned short qs[TC_ROWS * TC_LD];
-    __shared__ __align__(16) unsigned short ks[TC_ROWS * TC_LD];
-    __shared__ __align__(16) unsigned short vs[TC_ROWS * TC_LD];
+    __shared__ __align__(16) unsigned short ks[2][TC_ROWS * TC_LD];  // two buffers: one computed
+    __shared__ __align__(16) unsigned short vs[2][TC_ROWS * TC_LD];  // on, one being filled
     const int b = blockIdx.y / NH, h = blockIdx.y % NH;
     // Under the causal mask the last query tiles see the most keys: start those first.
     const int qt = gridDim.x - 1 - blockIdx.x;
@@ -411,20 +429,30 @@ extern "C" __global__ void __launch_bounds__(128) attention_forward_bf16_hs64_tc
     const int row0 = q0 + warp * 16 + (lane >> 2);  // this lane's rows: row0 and row0 + 8
     const float c = TC_SCALE * TC_LOG2E;
 
-    tc_tile_load(qs, base, stride, q0, T);
+    tc_tile_copy(qs, base, stride, q0, T);
+    tc_commit();
+    tc_tile_copy(ks[0], base + C, stride, 0, T);
+    tc_tile_copy(vs[0], base + 2 * C, stride, 0, T);
+    tc_commit();
+    tc_wait<1>();
     __syncthreads();
     unsigned qf[4][4];
     tc_load_a(qf, qs, warp * 16);
 
     float o[8][4] = {}, m[2] = {KILN_NEG_INF, KILN_NEG_INF}, l[2] = {0.0f, 0.0f};
     for (int kt = 0; kt <= qt; kt++) {
-        const int k0 = kt * TC_ROWS;
-        __syncthreads();  // the previous K/V tile is no longer read
-        tc_tile_load(ks, base + C, stride, k0, T);
-        tc_tile_load(vs, base + 2 * C, stride, k0, T);
-        __syncthreads();
+        const int k0 = kt * TC_ROWS, buf = kt & 1;
+        if (kt < qt) {
+            tc_tile_copy(ks[buf ^ 1], base + C, stride, k0 + TC_ROWS, T);
+            tc_tile_copy(vs[buf ^ 1], base + 2 * C, stride, k0 + TC_ROWS, T);
+            tc_commit();
+            tc_wait<1>();
+        } else {
+            tc_wait<0>();
+        }
+        __syncthreads();  // tile kt is in shared memory for every thread
         float s[8][4] = {};
-        tc_mma_a_tile_t(s, qf, ks);
+        tc_mma_a_tile_t(s, qf, ks[buf]);
         #pragma unroll
         for (int r = 0; r < 2; r++) {
             const int row = row0 + 8 * r;
@@ -456,7 +484,8 @@ extern "C" __global__ void __launch_bounds__(128) attention_forward_bf16_hs64_tc
             }
             m[r] = m_new;
         }
-        tc_mma_x_tile(o, s, vs);
+        tc_mma_x_tile(o, s, vs[buf]);
+        __syncthreads();  // buffer `buf` is no longer read: the next iteration refills it
     }
     #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -479,8 +508,8 @@ extern "C" __global__ void __launch_bounds__(128) attention_backward_dq_bf16_hs6
     const bf16* __restrict__ qkv, const bf16* __restrict__ dout, const float* __restrict__ lse,
     float* __restrict__ d, bf16* __restrict__ dqkv, int T, int C, int NH) {
 #if __CUDA_ARCH__ >= 800
-    __shared__ __align__(16) unsigned short ks[TC_ROWS * TC_LD];
-    __shared__ __align__(16) unsigned short vs[TC_ROWS * TC_LD];
+    __shared__ __align__(16) unsigned short ks[2][TC_ROWS * TC_LD];  // double-buffered as in
+    __shared__ __align__(16) unsigned short vs[2][TC_ROWS * TC_LD];  // the forward
     const int b = blockIdx.y / NH, h = blockIdx.y % NH;
     const int qt = gridDim.x - 1 - blockIdx.x;  // most keys first, as in the forward
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3;
@@ -491,46 +520,60 @@ extern "C" __global__ void __launch_bounds__(128) attention_backward_dq_bf16_hs6
     const float c = TC_SCALE * TC_LOG2E;
     const size_t lse_row = ((size_t)b * NH + h) * T;
 
-    // Q and dO rows through the (not yet used) K and V tiles into registers.
-    tc_tile_load(ks, base, stride, q0, T);
-    tc_tile_load(vs, dout + (size_t)b * T * C + h * 64, C, q0, T);
+    // Q and dO rows reach registers through the second buffers, while the first K/V tile loads.
+    tc_tile_copy(ks[1], base, stride, q0, T);
+    tc_tile_copy(vs[1], dout + (size_t)b * T * C + h * 64, C, q0, T);
+    tc_commit();
+    tc_tile_copy(ks[0], base + C, stride, 0, T);
+    tc_tile_copy(vs[0], base + 2 * C, stride, 0, T);
+    tc_commit();
+    tc_wait<1>();
     __syncthreads();
     unsigned qf[4][4], gf[4][4];
-    tc_load_a(qf, ks, warp * 16);
-    tc_load_a(gf, vs, warp * 16);
-    float lse2[2], rowd[2];
+    tc_load_a(qf, ks[1], warp * 16);
+    tc_load_a(gf, vs[1], warp * 16);
+    __syncthreads();  // the second buffers are free for the pipeline
+    float lse2[2], rowd[2] = {0.0f, 0.0f};
     #pragma unroll
     for (int r = 0; r < 2; r++) lse2[r] = row0 + 8 * r < T ? lse[lse_row + row0 + 8 * r] * TC_LOG2E : 0.0f;
 
-    float dq[8][4] = {};
-    for (int pass = 0; pass < 2; pass++) {
-        float dsum[2] = {0.0f, 0.0f};
-        for (int kt = 0; kt <= qt; kt++) {
-            const int k0 = kt * TC_ROWS;
-            __syncthreads();
-            tc_tile_load(ks, base + C, stride, k0, T);
-            tc_tile_load(vs, base + 2 * C, stride, k0, T);
-            __syncthreads();
-            float s[8][4] = {}, dp[8][4] = {};
-            tc_mma_a_tile_t(s, qf, ks);
-            tc_mma_a_tile_t(dp, gf, vs);
-            #pragma unroll
-            for (int n = 0; n < 8; n++) {
-                #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int r = e >> 1;
-                    const int key = k0 + n * 8 + 2 * t + (e & 1);
-                    const float p = key <= row0 + 8 * r ? exp2f(s[n][e] * c - lse2[r]) : 0.0f;
-                    if (pass == 0) dsum[r] += p * dp[n][e];
-                    else dp[n][e] = p * (dp[n][e] - rowd[r]);
-                }
-            }
-            if (pass == 1) tc_mma_x_tile(dq, dp, ks);
+    // Two passes over the key tiles 0 .. qt, as one sequence of 2 n steps so that the copy of
+    // the first tile of the second pass overlaps the last of the first.
+    const int n_tiles = qt + 1;
+    float dq[8][4] = {}, dsum[2] = {0.0f, 0.0f};
+    for (int step = 0; step < 2 * n_tiles; step++) {
+        const int pass = step < n_tiles ? 0 : 1, buf = step & 1;
+        const int k0 = (step - pass * n_tiles) * TC_ROWS;
+        if (step + 1 < 2 * n_tiles) {
+            const int next = step + 1 < n_tiles ? step + 1 : step + 1 - n_tiles;
+            tc_tile_copy(ks[buf ^ 1], base + C, stride, next * TC_ROWS, T);
+            tc_tile_copy(vs[buf ^ 1], base + 2 * C, stride, next * TC_ROWS, T);
+            tc_commit();
+            tc_wait<1>();
+        } else {
+            tc_wait<0>();
         }
-        if (pass == 0) {
+        __syncthreads();
+        if (step == n_tiles) {
             rowd[0] = tc_row_sum(dsum[0]);
             rowd[1] = tc_row_sum(dsum[1]);
         }
+        float s[8][4] = {}, dp[8][4] = {};
+        tc_mma_a_tile_t(s, qf, ks[buf]);
+        tc_mma_a_tile_t(dp, gf, vs[buf]);
+        #pragma unroll
+        for (int n = 0; n < 8; n++) {
+            #pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = e >> 1;
+                const int key = k0 + n * 8 + 2 * t + (e & 1);
+                const float p = key <= row0 + 8 * r ? exp2f(s[n][e] * c - lse2[r]) : 0.0f;
+                if (pass == 0) dsum[r] += p * dp[n][e];
+                else dp[n][e] = p * (dp[n][e] - rowd[r]);
+            }
+        }
+        if (pass == 1) tc_mma_x_tile(dq, dp, ks[buf]);
+        __syncthreads();
     }
     #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -553,9 +596,9 @@ extern "C" __global__ void __launch_bounds__(128) attention_backward_dkv_bf16_hs
     const bf16* __restrict__ qkv, const bf16* __restrict__ dout, const float* __restrict__ lse,
     const float* __restrict__ d, bf16* __restrict__ dqkv, int T, int C, int NH) {
 #if __CUDA_ARCH__ >= 800
-    __shared__ __align__(16) unsigned short qs[TC_ROWS * TC_LD];
-    __shared__ __align__(16) unsigned short gs[TC_ROWS * TC_LD];
-    __shared__ float lse2s[TC_ROWS], ds[TC_ROWS];
+    __shared__ __align__(16) unsigned short qs[2][TC_ROWS * TC_LD];  // double-buffered as in
+    __shared__ __align__(16) unsigned short gs[2][TC_ROWS * TC_LD];  // the forward
+    __shared__ __align__(16) float lses[2][TC_ROWS], ds[2][TC_ROWS];
     const int b = blockIdx.y / NH, h = blockIdx.y % NH;
     const int kt = blockIdx.x;  // the first key tiles see the most queries and start first
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3;
@@ -567,42 +610,60 @@ extern "C" __global__ void __launch_bounds__(128) attention_backward_dkv_bf16_hs
     const float c = TC_SCALE * TC_LOG2E;
     const size_t lse_row = ((size_t)b * NH + h) * T;
 
-    tc_tile_load(qs, base + C, stride, k0, T);
-    tc_tile_load(gs, base + 2 * C, stride, k0, T);
+    // Starts copying query tile qt (Q, dO, and its rows' lse and d) into buffer `buf`.
+    auto copy_query_tile = [&](int qt, int buf) {
+        const int q0 = qt * TC_ROWS;
+        tc_tile_copy(qs[buf], base, stride, q0, T);
+        tc_tile_copy(gs[buf], gbase, C, q0, T);
+        for (int i = threadIdx.x; i < TC_ROWS; i += blockDim.x) {
+            const bool in = q0 + i < T;
+            const size_t at = lse_row + (in ? q0 + i : 0);
+            tc_copy_async4(&lses[buf][i], lse + at, in);
+            tc_copy_async4(&ds[buf][i], d + at, in);
+        }
+        tc_commit();
+    };
+
+    // K and V rows reach registers through the second buffers, while the first query tile loads.
+    tc_tile_copy(qs[1], base + C, stride, k0, T);
+    tc_tile_copy(gs[1], base + 2 * C, stride, k0, T);
+    tc_commit();
+    copy_query_tile(kt, 0);
+    tc_wait<1>();
     __syncthreads();
     unsigned kf[4][4], vf[4][4];
-    tc_load_a(kf, qs, warp * 16);
-    tc_load_a(vf, gs, warp * 16);
+    tc_load_a(kf, qs[1], warp * 16);
+    tc_load_a(vf, gs[1], warp * 16);
+    __syncthreads();  // the second buffers are free for the pipeline
 
     float dk[8][4] = {}, dv[8][4] = {};
     const int tiles = (T + TC_ROWS - 1) / TC_ROWS;
     for (int qt = kt; qt < tiles; qt++) {
-        const int q0 = qt * TC_ROWS;
-        __syncthreads();
-        tc_tile_load(qs, base, stride, q0, T);
-        tc_tile_load(gs, gbase, C, q0, T);
-        for (int i = threadIdx.x; i < TC_ROWS; i += blockDim.x) {
-            const bool in = q0 + i < T;
-            lse2s[i] = in ? lse[lse_row + q0 + i] * TC_LOG2E : 0.0f;
-            ds[i] = in ? d[lse_row + q0 + i] : 0.0f;
+        const int q0 = qt * TC_ROWS, buf = (qt - kt) & 1;
+        if (qt + 1 < tiles) {
+            copy_query_tile(qt + 1, buf ^ 1);
+            tc_wait<1>();
+        } else {
+            tc_wait<0>();
         }
         __syncthreads();
         float s[8][4] = {}, dp[8][4] = {};
-        tc_mma_a_tile_t(s, kf, qs);
-        tc_mma_a_tile_t(dp, vf, gs);
+        tc_mma_a_tile_t(s, kf, qs[buf]);
+        tc_mma_a_tile_t(dp, vf, gs[buf]);
         #pragma unroll
         for (int n = 0; n < 8; n++) {
             #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int qi = n * 8 + 2 * t + (e & 1), query = q0 + qi;
                 const bool live = query >= key0 + 8 * (e >> 1) && query < T;
-                const float p = live ? exp2f(s[n][e] * c - lse2s[qi]) : 0.0f;
+                const float p = live ? exp2f(s[n][e] * c - lses[buf][qi] * TC_LOG2E) : 0.0f;
                 s[n][e] = p;
-                dp[n][e] = p * (dp[n][e] - ds[qi]);
+                dp[n][e] = p * (dp[n][e] - ds[buf][qi]);
             }
         }
-        tc_mma_x_tile(dv, s, gs);
-        tc_mma_x_tile(dk, dp, qs);
+        tc_mma_x_tile(dv, s, gs[buf]);
+        tc_mma_x_tile(dk, dp, qs[buf]);
+        __syncthreads();
     }
     #pragma unroll
     for (int r = 0; r < 2; r++) {

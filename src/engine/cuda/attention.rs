@@ -4,7 +4,7 @@
 //! The forward saves one log-sum-exp per row instead of the probabilities; the backward
 //! recomputes them. Two kinds of kernel, both deterministic (no atomics):
 //! - bf16 with head size 64 on sm_80 and newer (GPT-2's shape): tensor cores (`mma.sync`),
-//!   a warp per 16 rows, 64-row tiles;
+//!   a warp per 16 rows, 64-row tiles double-buffered in shared memory;
 //! - everything else (f32, head sizes 16 and 32, older GPUs): one query (or key) row per
 //!   thread on CUDA cores, f32 arithmetic.
 
