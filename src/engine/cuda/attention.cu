@@ -286,7 +286,7 @@ __device__ __forceinline__ unsigned tc_smem_addr(const void* p) {
 }
 
 // Global to shared memory copies run asynchronously (cp.async), so a block loads its next tile
-// while it computes on the current one. A copy of `bytes` whose source lies past the end
+// while it computes on the current one. A copy (16 or 4 bytes) whose source lies past the end
 // (`in` false) fills zeros and reads nothing (source size 0; the address stays a valid one).
 __device__ __forceinline__ void tc_copy_async(void* dst, const void* src, bool in) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
