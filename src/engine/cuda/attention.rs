@@ -2,10 +2,14 @@
 //! [`crate::engine::cpu::attention`] (same `qkv[B, T, 3C]` layout and results).
 //!
 //! The forward saves one log-sum-exp per row instead of the probabilities; the backward
-//! recomputes them. Activations are f32 or bf16, the arithmetic f32; one query (or key) row
-//! per thread: correct and deterministic, not yet the tensor-core version.
+//! recomputes them. Two kinds of kernel, both deterministic (no atomics):
+//! - bf16 with head size 64 on sm_80 and newer (GPT-2's shape): tensor cores (`mma.sync`),
+//!   a warp per 16 rows, 64-row tiles double-buffered in shared memory;
+//! - everything else (f32, head sizes 16 and 32, older GPUs): one query (or key) row per
+//!   thread on CUDA cores, f32 arithmetic.
 
-use super::{CudaBackend, CudaError, Elem, Program, Result, as_i32, check_len};
+use super::{CudaBackend, CudaError, Elem, Program, Result, as_i32, check_len, raw_ptr};
+use crate::engine::DType;
 use crate::engine::cpu::attention::AttnShape;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
@@ -31,12 +35,18 @@ pub(super) const PROGRAM: Program = Program {
         "attention_backward_dkv_bf16_hs16",
         "attention_backward_dkv_bf16_hs32",
         "attention_backward_dkv_bf16_hs64",
+        "attention_forward_bf16_hs64_tc",
+        "attention_backward_dq_bf16_hs64_tc",
+        "attention_backward_dkv_bf16_hs64_tc",
     ],
 };
 
 /// Query rows per block (forward, dQ) and key rows per block (dK/dV), as in attention.cu.
 const BR: u32 = 64;
 const KR: u32 = 32;
+/// Rows per block of the tensor-core kernels (TC_ROWS), and their threads: 4 warps of 16 rows.
+const TC_ROWS: u32 = 64;
+const TC_THREADS: u32 = 128;
 
 /// Checks the shape and returns `(T, C, NH, HS)` as the kernels' ints.
 fn dims(s: AttnShape) -> Result<(i32, i32, i32, usize)> {
@@ -61,19 +71,51 @@ fn dims(s: AttnShape) -> Result<(i32, i32, i32, usize)> {
     ))
 }
 
-fn rows_grid(rows: usize, per_block: u32, s: AttnShape) -> LaunchConfig {
+/// One block per `per_block` rows of each (batch, head), `threads` threads each.
+fn rows_grid(rows: usize, per_block: u32, threads: u32, s: AttnShape) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (
             rows.div_ceil(per_block as usize) as u32,
             (s.batch * s.heads) as u32,
             1,
         ),
-        block_dim: (per_block, 1, 1),
+        block_dim: (threads, 1, 1),
         shared_mem_bytes: 0,
     }
 }
 
+/// Kernel names and launch shapes of one attention call: the tensor-core kernels where they
+/// apply, else the row-per-thread ones.
+struct Plan {
+    suffix: String,
+    forward_dq: (u32, u32),
+    dkv: (u32, u32),
+}
+
 impl CudaBackend {
+    /// The tensor-core kernels take bf16, head size 64, sm_80+ (bf16 `mma.sync`), and buffers
+    /// on 16-byte boundaries (their tiles move 16 bytes per access; rows stay aligned because
+    /// C is a multiple of 64).
+    fn attention_plan<T: Elem>(&self, hs: usize, ptrs: &[u64]) -> Plan {
+        let tensor_cores = T::DTYPE == DType::BF16
+            && hs == 64
+            && self.info.arch() >= 80
+            && ptrs.iter().all(|p| p % 16 == 0);
+        if tensor_cores {
+            Plan {
+                suffix: format!("{}_hs{hs}_tc", T::SUFFIX),
+                forward_dq: (TC_ROWS, TC_THREADS),
+                dkv: (TC_ROWS, TC_THREADS),
+            }
+        } else {
+            Plan {
+                suffix: format!("{}_hs{hs}", T::SUFFIX),
+                forward_dq: (BR, BR),
+                dkv: (KR, KR),
+            }
+        }
+    }
+
     /// Writes `out[B, T, C]` and `lse[B, NH, T]` from `qkv[B, T, 3C]`.
     pub fn attention_forward<T: Elem>(
         &self,
@@ -96,11 +138,16 @@ impl CudaBackend {
             s.batch * s.seq * s.channels,
         )?;
         check_len("attention_forward", "lse", lse, s.batch * s.heads * s.seq)?;
-        let f = self.function(&format!("attention_forward_{}_hs{hs}", T::SUFFIX))?;
+        let plan = self.attention_plan::<T>(
+            hs,
+            &[raw_ptr(qkv, &self.stream), raw_ptr(out, &self.stream)],
+        );
+        let f = self.function(&format!("attention_forward_{}", plan.suffix))?;
         let mut b = self.stream.launch_builder(f);
         b.arg(qkv).arg(out).arg(lse).arg(&t).arg(&c).arg(&nh);
-        // SAFETY: buffer sizes checked above; the grid covers B*NH x ceil(T/BR) row tiles.
-        unsafe { b.launch(rows_grid(s.seq, BR, s)) }?;
+        let (rows, threads) = plan.forward_dq;
+        // SAFETY: buffer sizes checked above; the grid covers B*NH x ceil(T/rows) row tiles.
+        unsafe { b.launch(rows_grid(s.seq, rows, threads, s)) }?;
         Ok(())
     }
 
@@ -129,10 +176,18 @@ impl CudaBackend {
             s.batch * s.seq * s.channels,
         )?;
         check_len("attention_backward", "lse", lse, rows)?;
+        let plan = self.attention_plan::<T>(
+            hs,
+            &[
+                raw_ptr(dqkv, &self.stream),
+                raw_ptr(dout, &self.stream),
+                raw_ptr(qkv, &self.stream),
+            ],
+        );
         // Written by the dQ kernel, read by the dK/dV kernel (same stream, so in order).
         let mut d = self.alloc::<f32>(rows)?;
         {
-            let f = self.function(&format!("attention_backward_dq_{}_hs{hs}", T::SUFFIX))?;
+            let f = self.function(&format!("attention_backward_dq_{}", plan.suffix))?;
             let mut b = self.stream.launch_builder(f);
             b.arg(qkv)
                 .arg(dout)
@@ -142,10 +197,11 @@ impl CudaBackend {
                 .arg(&t)
                 .arg(&c)
                 .arg(&nh);
+            let (rows, threads) = plan.forward_dq;
             // SAFETY: as above; this kernel writes the Q third of each dqkv row and `d`.
-            unsafe { b.launch(rows_grid(s.seq, BR, s)) }?;
+            unsafe { b.launch(rows_grid(s.seq, rows, threads, s)) }?;
         }
-        let f = self.function(&format!("attention_backward_dkv_{}_hs{hs}", T::SUFFIX))?;
+        let f = self.function(&format!("attention_backward_dkv_{}", plan.suffix))?;
         let mut b = self.stream.launch_builder(f);
         b.arg(qkv)
             .arg(dout)
@@ -155,8 +211,9 @@ impl CudaBackend {
             .arg(&t)
             .arg(&c)
             .arg(&nh);
+        let (rows, threads) = plan.dkv;
         // SAFETY: as above; this kernel writes only the K and V thirds of each dqkv row.
-        unsafe { b.launch(rows_grid(s.seq, KR, s)) }?;
+        unsafe { b.launch(rows_grid(s.seq, rows, threads, s)) }?;
         Ok(())
     }
 }
