@@ -187,7 +187,11 @@ pub fn run(args: SelftestArgs) -> Result<()> {
     }
     for (precision, bound) in [("fp32", 1e-4), ("tf32", 2e-2), ("bf16-mixed", 2e-2)] {
         match training_parity(&pool, precision, args.seed) {
-            Ok(diffs) => {
+            Ok(losses) => {
+                let diffs: Vec<f64> = losses
+                    .iter()
+                    .map(|(a, b)| (a - b).abs() / a.abs().max(1e-12))
+                    .collect();
                 let (at, worst) = diffs
                     .iter()
                     .enumerate()
@@ -195,8 +199,10 @@ pub fn run(args: SelftestArgs) -> Result<()> {
                 let ok = worst <= bound;
                 failed += usize::from(!ok);
                 println!(
-                    "training parity {precision}: tiny GPT, 50 steps CPU fp32 vs GPU, max relative loss difference {worst:.2e} at step {} (bound {bound:.0e}) {}; steps 1/10/25/50: {:.1e} {:.1e} {:.1e} {:.1e}",
+                    "training parity {precision}: tiny GPT, 50 steps CPU fp32 vs GPU, max relative loss difference {worst:.2e} at step {} (losses {:.5} vs {:.5}; bound {bound:.0e}) {}; steps 1/10/25/50: {:.1e} {:.1e} {:.1e} {:.1e}",
                     at + 1,
+                    losses[at].0,
+                    losses[at].1,
                     if ok { "PASS" } else { "FAIL" },
                     diffs[0],
                     diffs[9],
@@ -407,12 +413,12 @@ fn out_of_memory_is_recoverable(
 }
 
 /// Trains a tiny GPT for 50 steps from one seed on the same batches on the CPU (fp32) and on
-/// the GPU (`precision`); returns the relative difference of the losses at every step.
+/// the GPU (`precision`); returns both losses at every step.
 fn training_parity(
     gpu: &std::sync::Arc<MemoryPool>,
     precision: &str,
     seed: u64,
-) -> Result<Vec<f64>> {
+) -> Result<Vec<(f64, f64)>> {
     let overrides: Vec<String> = [
         "model.d_model=64",
         "model.n_layers=2",
@@ -440,7 +446,7 @@ fn training_parity(
         let batch = [data::train_batch(&tokens, seed, step, 0, 8, 64)];
         let a = on_cpu.step(&batch)?.loss;
         let b = on_gpu.step(&batch)?.loss;
-        diffs.push((a - b).abs() / a.abs().max(1e-12));
+        diffs.push((a, b));
     }
     Ok(diffs)
 }
