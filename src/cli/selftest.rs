@@ -427,7 +427,11 @@ fn training_parity(
         "train.seq_len=64",
         "train.micro_batch=8",
         "train.steps=50",
-        "optim.warmup_steps=5",
+        // A gentle schedule: at lr 3e-3 this tiny model has a loss spike near step 30 where
+        // any rounding difference is amplified for a few steps, which says nothing about the
+        // kernels.
+        "optim.lr=1e-3",
+        "optim.warmup_steps=10",
     ]
     .iter()
     .map(|s| s.to_string())
