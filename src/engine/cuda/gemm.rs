@@ -45,8 +45,21 @@ struct ShapeKey {
     bias: bool,
 }
 
-/// The cuBLASLt handle, its workspace, and the algorithm chosen for each shape: asking the
-/// heuristic costs tens of microseconds, as much as a small GEMM, so it is asked once.
+/// One product's descriptors and operands, as `launch` needs them.
+struct Product<'a> {
+    desc: &'a Desc,
+    first: &'a Layout,
+    second: &'a Layout,
+    out: &'a Layout,
+    alpha: f32,
+    beta: f32,
+    /// Device pointers of A and B as stored (row-major).
+    a: u64,
+    b: u64,
+}
+
+/// The cuBLASLt handle, its workspace, and the algorithm chosen for each shape: choosing
+/// means timing several candidates, so it happens once per shape.
 pub(super) struct Blas {
     handle: sys::cublasLtHandle_t,
     workspace: CudaSlice<u8>,
@@ -205,6 +218,16 @@ impl CudaBackend {
             math,
             bias: bias.is_some(),
         };
+        let product = Product {
+            desc: &desc,
+            first: &first,
+            second: &second,
+            out: &out,
+            alpha,
+            beta,
+            a: raw_ptr(a, &self.stream),
+            b: raw_ptr(b, &self.stream),
+        };
         let cached = self
             .blas
             .algos
@@ -214,35 +237,38 @@ impl CudaBackend {
         let algo = match cached {
             Some(algo) => algo,
             None => {
-                let algo = self.pick_algo(&desc, &first, &second, &out, key)?;
+                let algo = self.pick_algo::<TC>(&product, key)?;
                 if let Ok(mut c) = self.blas.algos.lock() {
                     c.insert(key, algo);
                 }
                 algo
             }
         };
-        let ws = self.blas.workspace.len();
+        self.launch(&product, raw_ptr(c, &self.stream), &algo)
+    }
 
-        let (a_ptr, b_ptr) = (raw_ptr(a, &self.stream), raw_ptr(b, &self.stream));
-        let c_ptr = raw_ptr(c, &self.stream);
+    /// Runs one product with `algo`, writing `c`.
+    fn launch(&self, p: &Product, c: u64, algo: &sys::cublasLtMatmulAlgo_t) -> Result<()> {
+        let ws = self.blas.workspace.len();
         let ws_ptr = raw_ptr(&self.blas.workspace, &self.stream);
-        // SAFETY: the buffers hold the elements the layouts describe (checked above), the
-        // workspace is as large as the preference says, and all run on the backend's stream.
+        // SAFETY: the buffers hold the elements the layouts describe (checked by `matmul`),
+        // the workspace is as large as the preference says, and all run on the backend's
+        // stream.
         unsafe {
             lt::matmul(
                 self.blas.handle,
-                desc.0,
-                (&alpha as *const f32).cast(),
-                (&beta as *const f32).cast(),
-                b_ptr as *const c_void,
-                first.0,
-                a_ptr as *const c_void,
-                second.0,
-                c_ptr as *const c_void,
-                out.0,
-                c_ptr as *mut c_void,
-                out.0,
-                &algo,
+                p.desc.0,
+                (&p.alpha as *const f32).cast(),
+                (&p.beta as *const f32).cast(),
+                p.b as *const c_void,
+                p.first.0,
+                p.a as *const c_void,
+                p.second.0,
+                c as *const c_void,
+                p.out.0,
+                c as *mut c_void,
+                p.out.0,
+                algo,
                 ws_ptr as *mut c_void,
                 ws,
                 self.stream.cu_stream() as sys::cudaStream_t,
@@ -251,15 +277,10 @@ impl CudaBackend {
         .map_err(blas_err("matmul"))
     }
 
-    /// The heuristic's first choice for this product and workspace.
-    fn pick_algo(
-        &self,
-        desc: &Desc,
-        first: &Layout,
-        second: &Layout,
-        out: &Layout,
-        key: ShapeKey,
-    ) -> Result<sys::cublasLtMatmulAlgo_t> {
+    /// The fastest of the heuristic's best candidates for this product, timed on the real
+    /// operands with a scratch output (the analogue of cudnn.benchmark); the heuristic's first
+    /// choice when there is no memory for the scratch or only one candidate.
+    fn pick_algo<TC: Elem>(&self, p: &Product, key: ShapeKey) -> Result<sys::cublasLtMatmulAlgo_t> {
         let pref = Pref(lt::create_matmul_pref().map_err(blas_err("matmul preference"))?);
         let ws = self.blas.workspace.len();
         // SAFETY: `ws` is a live usize, the attribute's type.
@@ -272,26 +293,54 @@ impl CudaBackend {
             )
         }
         .map_err(blas_err("workspace preference"))?;
-        // SAFETY: every descriptor is live until the end of this function.
-        let heuristic = unsafe {
-            lt::get_matmul_algo_heuristic(
+        const CANDIDATES: usize = 8;
+        // SAFETY: an all-zero heuristic result is a valid value of this plain C struct.
+        let mut results: [sys::cublasLtMatmulHeuristicResult_t; CANDIDATES] =
+            unsafe { std::mem::zeroed() };
+        let mut found = 0i32;
+        // SAFETY: every descriptor is live; `results` has room for CANDIDATES entries.
+        unsafe {
+            sys::cublasLtMatmulAlgoGetHeuristic(
                 self.blas.handle,
-                desc.0,
-                first.0,
-                second.0,
-                out.0,
-                out.0,
+                p.desc.0,
+                p.first.0,
+                p.second.0,
+                p.out.0,
+                p.out.0,
                 pref.0,
+                CANDIDATES as i32,
+                results.as_mut_ptr(),
+                &mut found,
             )
         }
-        .map_err(|e| {
-            CudaError::Blas(format!(
-                "no algorithm for {}x{}x{} ({:?} operands, {:?} output, {:?}): {:?}",
-                key.m, key.n, key.k, key.operands, key.output, key.math, e.0
-            ))
-        })?;
-
-        Ok(heuristic.algo)
+        .result()
+        .map_err(|e| CudaError::Blas(format!("heuristic for {key:?}: {:?}", e.0)))?;
+        let candidates: Vec<sys::cublasLtMatmulAlgo_t> = results[..(found.max(0) as usize)]
+            .iter()
+            .filter(|r| r.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
+            .map(|r| r.algo)
+            .collect();
+        let Some(&first_choice) = candidates.first() else {
+            return Err(CudaError::Blas(format!("no algorithm for {key:?}")));
+        };
+        if candidates.len() == 1 {
+            return Ok(first_choice);
+        }
+        let Ok(scratch) = self.alloc::<TC>(key.m * key.n) else {
+            return Ok(first_choice);
+        };
+        let c = raw_ptr(&scratch, &self.stream);
+        let mut best = (f64::INFINITY, first_choice);
+        for algo in &candidates {
+            // A candidate that fails to launch is simply not chosen.
+            if let Ok(ms) = self.time_median_ms(1, 3, || self.launch(p, c, algo))
+                && ms < best.0
+            {
+                best = (ms, *algo);
+            }
+        }
+        self.synchronize()?;
+        Ok(best.1)
     }
 
     /// `out[n, c_out] = inp[n, c_in] @ weight[c_out, c_in]^T + bias`.
