@@ -6,7 +6,8 @@
 //! out-of-memory handling is provoked and tested on a machine with plenty of RAM.
 //!
 //! The CPU pool hands out fresh vectors and returns them to the allocator on drop, so its
-//! reserved bytes equal its bytes in use. A GPU pool also holds the device's [`CudaBackend`]
+//! reserved bytes equal its bytes in use. A GPU pool reports the driver allocator's reserved
+//! bytes (in use plus cached). A GPU pool also holds the device's [`CudaBackend`]
 //! (the pool is the handle every tensor on that device shares); its buffers come from the
 //! driver's stream-ordered allocator, which caches freed memory itself.
 
@@ -136,7 +137,11 @@ impl MemoryPool {
         MemoryStats {
             current,
             peak: self.peak.load(Ordering::SeqCst),
-            reserved: current,
+            reserved: self
+                .cuda
+                .as_ref()
+                .and_then(|g| g.reserved_bytes())
+                .unwrap_or(current),
             limit: self.limit.load(Ordering::SeqCst),
         }
     }

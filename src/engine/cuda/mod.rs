@@ -255,6 +255,7 @@ impl CudaBackend {
         // SAFETY: no buffer exists yet and kiln uses a single stream per context.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream()?;
+        keep_freed_memory(&ctx)?;
         let info = device_info(&ctx)?;
         let (functions, compile) = load_programs(&ctx, info.arch())?;
         let blas = gemm::Blas::new(&stream)?;
@@ -287,6 +288,30 @@ impl CudaBackend {
     /// (free, total) device memory in bytes.
     pub fn memory(&self) -> Result<(usize, usize)> {
         Ok(self.ctx.mem_get_info()?)
+    }
+
+    /// Bytes the driver's allocator holds for this device (in use plus cached), if it has one.
+    pub fn reserved_bytes(&self) -> Option<usize> {
+        use cudarc::driver::sys;
+        if !self.ctx.has_async_alloc() {
+            return None;
+        }
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        let mut reserved = 0u64;
+        // SAFETY: `pool` receives the default pool handle; the attribute writes a u64.
+        unsafe {
+            sys::cuDeviceGetDefaultMemPool(&mut pool, self.ctx.cu_device())
+                .result()
+                .ok()?;
+            sys::cuMemPoolGetAttribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+                (&mut reserved as *mut u64).cast(),
+            )
+            .result()
+            .ok()?;
+        }
+        Some(reserved as usize)
     }
 
     /// Waits for all queued work; kernel faults surface here.
@@ -351,6 +376,31 @@ impl CudaBackend {
             CudaError::Driver(format!("kernel {name} is not part of any loaded program"))
         })
     }
+}
+
+/// Tells the driver's stream-ordered allocator to keep freed memory for reuse.
+///
+/// Its default release threshold is zero: at every synchronisation (each step reads its loss)
+/// the pool returns all free memory to the system, and the next step maps gigabytes of
+/// activations afresh. Keeping it makes the pool a caching allocator, as PyTorch's is.
+fn keep_freed_memory(ctx: &Arc<CudaContext>) -> Result<()> {
+    use cudarc::driver::sys;
+    if !ctx.has_async_alloc() {
+        return Ok(());
+    }
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    let mut threshold = u64::MAX;
+    // SAFETY: `pool` receives the device's default pool handle; the attribute takes a u64.
+    unsafe {
+        sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()).result()?;
+        sys::cuMemPoolSetAttribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut threshold as *mut u64).cast(),
+        )
+        .result()?;
+    }
+    Ok(())
 }
 
 /// Compiles or reads from the cache every program, loads it and looks up its kernels.
