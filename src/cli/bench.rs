@@ -104,6 +104,10 @@ fn bench_train(a: BenchTrainArgs) -> Result<()> {
         "| peak memory | {:.1} MiB |",
         trainer.pool.stats().peak as f64 / (1024.0 * 1024.0)
     );
+    println!(
+        "| memory reserved by the allocator | {:.1} MiB |",
+        trainer.pool.stats().reserved as f64 / (1024.0 * 1024.0)
+    );
     if let Some(peak) = pool
         .cuda()
         .ok()
