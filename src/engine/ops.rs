@@ -100,7 +100,7 @@ pub fn linear_forward(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tens
     }
     let mut shape = x.shape().to_vec();
     *shape.last_mut().expect("rows_cols checked rank") = c_out;
-    let mut out = Tensor::zeros(x.pool(), &shape, act_dtype(x))?;
+    let mut out = Tensor::uninit(x.pool(), &shape, act_dtype(x))?;
     match on {
         On::Cpu => cpu::gemm::linear_forward(
             out.host_mut(),
@@ -138,7 +138,7 @@ pub fn linear_backward(
     let (n, c_in) = rows_cols("linear_backward", x)?;
     let c_out = w.shape()[0];
     expect_len("linear_backward", "dout", dout, n * c_out)?;
-    let mut dx = Tensor::zeros(x.pool(), x.shape(), act_dtype(x))?;
+    let mut dx = Tensor::uninit(x.pool(), x.shape(), act_dtype(x))?;
     match on {
         On::Cpu => cpu::gemm::linear_backward(
             dx.host_mut(),
@@ -175,8 +175,8 @@ pub struct NormStats {
 
 fn norm_stats(x: &Tensor, n: usize) -> Result<NormStats> {
     Ok(NormStats {
-        mean: Tensor::zeros(x.pool(), &[n], DType::F32)?,
-        rstd: Tensor::zeros(x.pool(), &[n], DType::F32)?,
+        mean: Tensor::uninit(x.pool(), &[n], DType::F32)?,
+        rstd: Tensor::uninit(x.pool(), &[n], DType::F32)?,
     })
 }
 
@@ -185,7 +185,7 @@ pub fn layernorm_forward(x: &Tensor, gamma: &Tensor, beta: &Tensor) -> Result<(T
     let on = device_of("layernorm", &[x, gamma, beta])?;
     let (n, c) = rows_cols("layernorm", x)?;
     expect_len("layernorm", "gamma", gamma, c)?;
-    let mut out = Tensor::zeros(x.pool(), x.shape(), act_dtype(x))?;
+    let mut out = Tensor::uninit(x.pool(), x.shape(), act_dtype(x))?;
     let mut st = norm_stats(x, n)?;
     match on {
         On::Cpu => cpu::layernorm::layernorm_forward(
@@ -222,8 +222,8 @@ pub fn residual_layernorm_forward(
     let on = device_of("residual_layernorm", &[x, delta, gamma, beta])?;
     let (n, c) = rows_cols("residual_layernorm", x)?;
     expect_len("residual_layernorm", "delta", delta, n * c)?;
-    let mut sum = Tensor::zeros(x.pool(), x.shape(), act_dtype(x))?;
-    let mut out = Tensor::zeros(x.pool(), x.shape(), act_dtype(x))?;
+    let mut sum = Tensor::uninit(x.pool(), x.shape(), act_dtype(x))?;
+    let mut out = Tensor::uninit(x.pool(), x.shape(), act_dtype(x))?;
     let mut st = norm_stats(x, n)?;
     match on {
         On::Cpu => cpu::layernorm::residual_layernorm_forward(
@@ -299,7 +299,7 @@ pub fn layernorm_backward(
 pub fn gelu_forward(x: &Tensor) -> Result<Tensor> {
     let _prof = profile::scope("gelu_forward", x);
     let on = device_of("gelu", &[x])?;
-    let mut out = Tensor::zeros(x.pool(), x.shape(), act_dtype(x))?;
+    let mut out = Tensor::uninit(x.pool(), x.shape(), act_dtype(x))?;
     match on {
         On::Cpu => cpu::gelu::gelu_forward(out.host_mut(), x.host()),
         On::Gpu(g) => {
@@ -313,7 +313,7 @@ pub fn gelu_backward(x: &Tensor, dout: &Tensor) -> Result<Tensor> {
     let _prof = profile::scope("gelu_backward", x);
     let on = device_of("gelu_backward", &[x, dout])?;
     expect_len("gelu_backward", "dout", dout, x.len())?;
-    let mut dx = Tensor::zeros(x.pool(), x.shape(), act_dtype(x))?;
+    let mut dx = Tensor::uninit(x.pool(), x.shape(), act_dtype(x))?;
     match on {
         On::Cpu => cpu::gelu::gelu_backward(dx.host_mut(), x.host(), dout.host()),
         On::Gpu(g) => {
@@ -330,7 +330,7 @@ pub fn attention_forward(qkv: &Tensor, s: AttnShape) -> Result<(Tensor, Tensor)>
     let _prof = profile::scope("attention_forward", qkv);
     let on = device_of("attention", &[qkv])?;
     expect_len("attention", "qkv", qkv, s.batch * s.seq * 3 * s.channels)?;
-    let mut out = Tensor::zeros(qkv.pool(), &[s.batch, s.seq, s.channels], act_dtype(qkv))?;
+    let mut out = Tensor::uninit(qkv.pool(), &[s.batch, s.seq, s.channels], act_dtype(qkv))?;
     match on {
         On::Cpu => {
             let mut probs =
@@ -339,7 +339,7 @@ pub fn attention_forward(qkv: &Tensor, s: AttnShape) -> Result<(Tensor, Tensor)>
             Ok((out, probs))
         }
         On::Gpu(g) => {
-            let mut lse = Tensor::zeros(qkv.pool(), &[s.batch, s.heads, s.seq], DType::F32)?;
+            let mut lse = Tensor::uninit(qkv.pool(), &[s.batch, s.heads, s.seq], DType::F32)?;
             with_elem!(qkv.dtype(), T => g.attention_forward::<T>(out.cuda_mut(), lse.cuda_mut(), qkv.cuda(), s))?;
             Ok((out, lse))
         }
@@ -355,7 +355,7 @@ pub fn attention_backward(
 ) -> Result<Tensor> {
     let _prof = profile::scope("attention_backward", qkv);
     let on = device_of("attention_backward", &[dout, qkv, saved])?;
-    let mut dqkv = Tensor::zeros(qkv.pool(), qkv.shape(), act_dtype(qkv))?;
+    let mut dqkv = Tensor::uninit(qkv.pool(), qkv.shape(), act_dtype(qkv))?;
     match on {
         On::Cpu => cpu::attention::attention_backward(
             dqkv.host_mut(),
@@ -474,7 +474,7 @@ pub fn embedding_forward(
             detail: format!("token id {t} outside the vocabulary of {vocab}"),
         });
     }
-    let mut out = Tensor::zeros(wte.pool(), &[batch, seq, c], act_dtype(wte))?;
+    let mut out = Tensor::uninit(wte.pool(), &[batch, seq, c], act_dtype(wte))?;
     match on {
         On::Cpu => cpu::embedding::embedding_forward(
             out.host_mut(),

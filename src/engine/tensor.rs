@@ -100,6 +100,22 @@ impl Tensor {
         })
     }
 
+    /// A tensor whose contents the caller will overwrite entirely before reading (kernel
+    /// outputs). On the GPU this skips the memset that `zeros` costs; on the CPU it is zeroed
+    /// like any other vector.
+    pub fn uninit(pool: &Arc<MemoryPool>, shape: &[usize], dtype: DType) -> Result<Tensor> {
+        if pool.device() == Device::Cpu {
+            return Tensor::zeros(pool, shape, dtype);
+        }
+        let len: usize = shape.iter().product();
+        Tensor::with_storage(pool, shape, dtype, |p| {
+            Ok(match dtype {
+                DType::BF16 => Storage::CudaBf16(p.cuda()?.alloc::<Bf16>(len)?),
+                _ => Storage::CudaF32(p.cuda()?.alloc::<f32>(len)?),
+            })
+        })
+    }
+
     /// A tensor holding `data` (f32 values; rounded if `dtype` is narrower).
     pub fn from_vec(
         pool: &Arc<MemoryPool>,
