@@ -34,6 +34,9 @@ pub struct TrainArgs {
     /// Print every setting with its value and origin, then exit without training.
     #[arg(long)]
     pub print_config: bool,
+    /// Device: auto (the first GPU, else the CPU), cpu, cuda or cuda:N. Same as train.device=...
+    #[arg(long, value_name = "DEVICE")]
+    pub device: Option<String>,
     /// Print only the final summary.
     #[arg(long, short)]
     pub quiet: bool,
@@ -47,7 +50,11 @@ pub fn run(a: TrainArgs) -> Result<()> {
         .config
         .clone()
         .or_else(|| a.resume.as_ref().map(|d| d.join("config.toml")));
-    let config = ResolvedConfig::resolve(file.as_deref(), &a.overrides)?;
+    let mut overrides = a.overrides.clone();
+    if let Some(d) = &a.device {
+        overrides.push(format!("train.device={d}"));
+    }
+    let config = ResolvedConfig::resolve(file.as_deref(), &overrides)?;
     if a.print_config {
         print!("{}", config.render());
         return Ok(());

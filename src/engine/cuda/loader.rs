@@ -46,8 +46,45 @@ impl CudaLibrary {
     }
 }
 
+/// The `lib` directories of NVIDIA's pip wheels (`nvidia-cuda-nvrtc`, `nvidia-cublas`, ...)
+/// under the Python installations kiln can find: an active virtualenv or conda environment,
+/// the user's site-packages, and the system ones.
+fn pip_wheel_dirs() -> Vec<PathBuf> {
+    let mut lib_roots: Vec<PathBuf> = Vec::new();
+    for var in ["VIRTUAL_ENV", "CONDA_PREFIX"] {
+        if let Some(root) = std::env::var_os(var) {
+            lib_roots.push(PathBuf::from(root).join("lib"));
+        }
+    }
+    if let Some(home) = std::env::var_os("HOME") {
+        lib_roots.push(PathBuf::from(home).join(".local/lib"));
+    }
+    lib_roots.extend(["/usr/local/lib", "/usr/lib"].map(PathBuf::from));
+    let mut dirs = Vec::new();
+    for root in lib_roots {
+        let Ok(entries) = std::fs::read_dir(&root) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            if !e.file_name().to_string_lossy().starts_with("python3") {
+                continue;
+            }
+            for site in ["site-packages", "dist-packages"] {
+                let nvidia = e.path().join(site).join("nvidia");
+                for pkg in ["cu13", "cu12", "cuda_nvrtc", "cublas"] {
+                    let lib = nvidia.join(pkg).join("lib");
+                    if lib.is_dir() {
+                        dirs.push(lib);
+                    }
+                }
+            }
+        }
+    }
+    dirs
+}
+
 /// Directories searched after the dynamic loader's own path: the toolkit named by the usual
-/// environment variables, then the standard install locations.
+/// environment variables, the standard install locations, then NVIDIA's pip wheels.
 fn search_dirs() -> Vec<PathBuf> {
     let mut dirs = Vec::new();
     for var in ["CUDA_HOME", "CUDA_PATH", "CUDA_ROOT"] {
@@ -67,6 +104,7 @@ fn search_dirs() -> Vec<PathBuf> {
     ] {
         dirs.push(PathBuf::from(d));
     }
+    dirs.extend(pip_wheel_dirs());
     dirs
 }
 
