@@ -416,16 +416,37 @@ fn load_programs(
     };
     let mut functions = HashMap::new();
     let cache = nvrtc::cache_dir();
-    for p in PROGRAMS {
-        let source = p.full_source();
-        let mut compiled = nvrtc::compile(p.name, &source, arch, cache.as_deref())?;
+    // NVRTC compiles one program per thread: a first start costs the slowest program, not
+    // the sum (several seconds each for the attention and layernorm programs).
+    let sources: Vec<String> = PROGRAMS.iter().map(Program::full_source).collect();
+    let compiled: Vec<Result<nvrtc::Compiled>> = std::thread::scope(|s| {
+        let handles: Vec<_> = PROGRAMS
+            .iter()
+            .zip(&sources)
+            .map(|(p, source)| {
+                let cache = cache.as_deref();
+                s.spawn(move || nvrtc::compile(p.name, source, arch, cache))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(CudaError::Driver("an NVRTC compile thread panicked".into()))
+                })
+            })
+            .collect()
+    });
+    for ((p, source), compiled) in PROGRAMS.iter().zip(&sources).zip(compiled) {
+        let source = source.as_str();
+        let mut compiled = compiled?;
         let module = match ctx.load_module(cudarc::nvrtc::Ptx::from_binary(compiled.cubin)) {
             Ok(m) => m,
             // A cached CUBIN the driver refuses (truncated, or from another driver) is
             // recompiled once rather than failing the start.
             Err(_) if compiled.from_cache => {
                 nvrtc::evict(cache.as_deref(), p.name, arch);
-                compiled = nvrtc::compile(p.name, &source, arch, cache.as_deref())?;
+                compiled = nvrtc::compile(p.name, source, arch, cache.as_deref())?;
                 ctx.load_module(cudarc::nvrtc::Ptx::from_binary(compiled.cubin))?
             }
             Err(e) => return Err(e.into()),
