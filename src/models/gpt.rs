@@ -224,15 +224,9 @@ impl Model for Gpt {
         drop(dlogits);
         // `dstream` is the gradient of the residual stream, carried down through the blocks.
         let mut dstream = Tensor::zeros(acts.last.pool(), acts.last.shape(), acts.last.dtype())?;
-        let n_blocks = self.blocks.len();
-        {
-            let last_norm = self
-                .blocks
-                .get_mut(0)
-                .filter(|_| n_blocks == 0)
-                .map_or(&mut self.ln_f, |b| &mut b.ln1);
-            last_norm.backward(&mut dstream, &d_ln_f, &acts.last, &acts.ln_f_stats)?;
-        }
+        // The final norm (fused with the last block's MLP residual add) comes first.
+        self.ln_f
+            .backward(&mut dstream, &d_ln_f, &acts.last, &acts.ln_f_stats)?;
         while let Some(a) = acts.blocks.pop() {
             let block = &mut self.blocks[acts.blocks.len()];
             let d_ln2 = block.mlp.backward(&dstream, &a.ln2, &a.mlp)?;
