@@ -1,5 +1,5 @@
 //! Layer normalisation on the GPU, residual add fused in; reference:
-//! [`crate::engine::cpu::layernorm`]. Activations are `T` (f32 or bf16), gamma and beta are
+//! [`crate::engine::cpu::layernorm`]. Activations are `T` (f32, bf16 or f16), gamma and beta are
 //! the parameters' compute copies in `T`, and the saved statistics and parameter gradients
 //! are f32.
 
