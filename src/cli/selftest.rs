@@ -3,7 +3,8 @@
 //! Each check draws new random inputs (never zeros), fills every output the kernel overwrites
 //! with NaN first (so an element it forgets to write fails), gives accumulating outputs random
 //! starting values (so a kernel that overwrites instead of adding fails), runs the CPU
-//! reference from `engine::cpu` on the same values (rounded to bf16 where the GPU reads bf16),
+//! reference from `engine::cpu` on the same values (rounded to bf16 or f16 where the GPU reads
+//! them),
 //! and reports the largest relative error against a bound set by the precision. NaN never
 //! passes. With no usable GPU the command says why in one line and exits 0 ("skipped"), so it
 //! can run anywhere; with a GPU any failure gives a non-zero exit.
@@ -12,10 +13,11 @@ use crate::config::ResolvedConfig;
 use crate::data;
 use crate::engine::cpu;
 use crate::engine::cpu::attention::AttnShape;
-use crate::engine::cuda::{self, AdamWStep, Bf16, CudaBackend, CudaError, Elem, GemmMath};
+use crate::engine::cuda::{self, AdamWStep, Bf16, CudaBackend, CudaError, Elem, F16, GemmMath};
 use crate::engine::rng::{Rng, stream};
 use crate::engine::{DType, Device, MemoryPool};
 use crate::error::{KilnError, Result};
+use crate::models::Model;
 use crate::train::{Precision, Trainer};
 use clap::Args;
 use cudarc::driver::CudaSlice;
@@ -41,6 +43,9 @@ const BOUND_FP32: f64 = 1e-4;
 const BOUND_TF32: f64 = 1e-3;
 /// bf16 outputs carry one rounding to an 8-bit mantissa (2^-9 relative) on top.
 const BOUND_BF16: f64 = 1e-2;
+/// f16 outputs carry one rounding to an 11-bit mantissa (2^-11 relative), four times finer;
+/// small elements measured against the floor see up to 2^-10, so the bound leaves 2x over that.
+const BOUND_F16: f64 = 2e-3;
 
 /// `max_i |got_i - want_i| / max(|want_i|, floor * max_j |want_j|)`: relative error per
 /// element, except that elements far below the buffer's largest are measured against a
@@ -185,7 +190,12 @@ pub fn run(args: SelftestArgs) -> Result<()> {
         Ok(msg) => println!("out of memory: {msg} PASS"),
         Err(msg) => println!("out of memory: {msg} FAIL"),
     }
-    for (precision, bound) in [("fp32", 1e-4), ("tf32", 2e-2), ("bf16-mixed", 2e-2)] {
+    for (precision, bound) in [
+        ("fp32", 1e-4),
+        ("tf32", 2e-2),
+        ("bf16-mixed", 2e-2),
+        ("fp16-mixed", 2e-2),
+    ] {
         match training_parity(&pool, precision, args.seed) {
             Ok(losses) => {
                 let diffs: Vec<f64> = losses
@@ -215,6 +225,12 @@ pub fn run(args: SelftestArgs) -> Result<()> {
                 println!("training parity {precision}: FAIL ({e})");
             }
         }
+    }
+    let scaler = fp16_scaler_backs_off(&pool, args.seed);
+    failed += usize::from(scaler.is_err());
+    match scaler {
+        Ok(msg) => println!("fp16 loss scaler: {msg} PASS"),
+        Err(msg) => println!("fp16 loss scaler: {msg} FAIL"),
     }
     if failed > 0 {
         return Err(KilnError::SelfTest(format!(
@@ -263,6 +279,7 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
         ($f:ident, $name:expr, $shape:expr, $($arg:expr),*) => {
             push($name, "f32", $shape.clone(), BOUND_FP32, $f::<f32>(gpu, inp, $($arg),*));
             push($name, "bf16", $shape.clone(), BOUND_BF16, $f::<Bf16>(gpu, inp, $($arg),*));
+            push($name, "f16", $shape.clone(), BOUND_F16, $f::<F16>(gpu, inp, $($arg),*));
         };
     }
     for (n, c) in [(1024, 768), (37, 1001)] {
@@ -357,6 +374,10 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
         push("linear_forward", "bf16", shape.clone(), BOUND_BF16, r);
         let r = check_linear_backward::<Bf16>(gpu, inp, n, c_in, c_out, GemmMath::Fp32);
         push("linear_backward", "bf16", shape.clone(), BOUND_BF16, r);
+        let r = check_linear_forward::<F16>(gpu, inp, n, c_in, c_out, GemmMath::Fp32);
+        push("linear_forward", "f16", shape.clone(), BOUND_F16, r);
+        let r = check_linear_backward::<F16>(gpu, inp, n, c_in, c_out, GemmMath::Fp32);
+        push("linear_backward", "f16", shape.clone(), BOUND_F16, r);
         let r = check_matmul_tt(gpu, inp, n, c_in, c_out);
         push("matmul (A^T B^T)", "f32", shape, BOUND_FP32, r);
     }
@@ -379,7 +400,10 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
         push("attention_backward", "f32", shape.clone(), BOUND_FP32, bwd);
         let (fwd, bwd) = check_attention::<Bf16>(gpu, inp, s);
         push("attention_forward", "bf16", shape.clone(), BOUND_BF16, fwd);
-        push("attention_backward", "bf16", shape, BOUND_BF16, bwd);
+        push("attention_backward", "bf16", shape.clone(), BOUND_BF16, bwd);
+        let (fwd, bwd) = check_attention::<F16>(gpu, inp, s);
+        push("attention_forward", "f16", shape.clone(), BOUND_F16, fwd);
+        push("attention_backward", "f16", shape, BOUND_F16, bwd);
     }
     rows
 }
@@ -410,6 +434,67 @@ fn out_of_memory_is_recoverable(
         Err(e) => Err(format!("expected out-of-memory, got: {e}")),
         Ok(_) => Err("an allocation of twice the device memory succeeded".into()),
     }
+}
+
+/// A tiny GPT in fp16-mixed with a loss scale of 2^40: its fp16 output gradient overflows, so
+/// the first step must be skipped (no update, no schedule step) and the scale halved.
+fn fp16_scaler_backs_off(
+    gpu: &std::sync::Arc<MemoryPool>,
+    seed: u64,
+) -> std::result::Result<String, String> {
+    let overrides: Vec<String> = [
+        "model.d_model=64",
+        "model.n_layers=2",
+        "model.n_heads=4",
+        "model.context=64",
+        "train.seq_len=64",
+        "train.micro_batch=8",
+        "train.steps=20",
+        "train.loss_scale_init=1099511627776",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([format!("train.seed={seed}")])
+    .collect();
+    let run = || -> Result<String> {
+        let cfg = ResolvedConfig::resolve(None, &overrides)?.config;
+        let corpus = data::Corpus::load(None)?;
+        let tokens = data::Tokenizer::encode(&data::ByteTokenizer, &corpus.text[..100_000]);
+        gpu.set_tf32(false);
+        let mut t = Trainer::new(&cfg, 256, gpu, Precision::Fp16Mixed)?;
+        let before = t.model.params()[0].value.to_vec()?;
+        let first = t.step(&[data::train_batch(&tokens, seed, 0, 0, 8, 64)])?;
+        let unchanged = t.model.params()[0].value.to_vec()? == before;
+        let (scale, step) = (t.loss_scale(), t.state.step);
+        if !first.skipped || step != 0 || !unchanged || scale != 549_755_813_888.0 {
+            return Err(KilnError::SelfTest(format!(
+                "first step at scale 2^40: skipped {}, schedule step {step}, weights unchanged {unchanged}, scale now {scale:e} (want skipped, 0, unchanged, 2^39)",
+                first.skipped
+            )));
+        }
+        let mut skipped = 1;
+        for i in 1..60u64 {
+            if t.step(&[data::train_batch(&tokens, seed, i, 0, 8, 64)])?
+                .skipped
+            {
+                skipped += 1;
+            }
+            if t.state.step >= 5 {
+                break;
+            }
+        }
+        if t.state.step < 5 {
+            return Err(KilnError::SelfTest(format!(
+                "training did not resume: {skipped} steps skipped, scale {:e}",
+                t.loss_scale()
+            )));
+        }
+        Ok(format!(
+            "scale 2^40 overflowed: step skipped, weights kept, scale halved; resumed after {skipped} skipped steps at scale 2^{}",
+            t.loss_scale().log2()
+        ))
+    };
+    run().map_err(|e| e.to_string())
 }
 
 /// Trains a tiny GPT for 50 steps from one seed on the same batches on the CPU (fp32) and on

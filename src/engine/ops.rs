@@ -7,12 +7,12 @@
 use super::cpu;
 use super::cpu::adamw::AdamWStep;
 use super::cpu::attention::AttnShape;
-use super::cuda::{Bf16, CudaBackend};
+use super::cuda::{Bf16, CudaBackend, F16};
 use super::profile;
 use super::{DType, Device, EngineError, Result, Tensor};
 use std::sync::Arc;
 
-/// Runs `$body` with `$T` the GPU element type of `$dtype` (f32 or bf16).
+/// Runs `$body` with `$T` the GPU element type of `$dtype` (f32, bf16 or f16).
 macro_rules! with_elem {
     ($dtype:expr, $T:ident => $body:expr) => {
         match $dtype {
@@ -25,10 +25,8 @@ macro_rules! with_elem {
                 $body
             }
             DType::F16 => {
-                return Err(EngineError::Unavailable(
-                    "cuda".into(),
-                    "f16 activations have no GPU kernels yet; use bf16-mixed, tf32 or fp32".into(),
-                ))
+                type $T = F16;
+                $body
             }
         }
     };

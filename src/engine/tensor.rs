@@ -3,18 +3,19 @@
 //! A tensor's bytes are booked in its pool while it lives and released when it drops, so the
 //! pool's books are always the sum of the live tensors.
 
-use super::cuda::{Bf16, CudaError, Elem};
+use super::cuda::{Bf16, CudaError, Elem, F16};
 use super::{DType, Device, EngineError, MemoryPool, Result};
 use cudarc::driver::CudaSlice;
 use std::sync::Arc;
 
 /// Storage on one device. The CPU keeps f32 values whatever the logical dtype: a bf16 tensor
 /// holds f32 values already rounded to bf16 (see `dtype`), and is booked at bf16 size.
-/// GPU tensors store their dtype for real: f32, or bf16 for mixed precision.
+/// GPU tensors store their dtype for real: f32, or bf16 or f16 for mixed precision.
 enum Storage {
     Cpu(Vec<f32>),
     CudaF32(CudaSlice<f32>),
     CudaBf16(CudaSlice<Bf16>),
+    CudaF16(CudaSlice<F16>),
 }
 
 /// Element types a GPU tensor can hold, with typed access to its buffer.
@@ -48,6 +49,21 @@ impl DeviceElem for Bf16 {
     fn of_mut(t: &mut Tensor) -> Option<&mut CudaSlice<Bf16>> {
         match &mut t.storage {
             Storage::CudaBf16(s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+impl DeviceElem for F16 {
+    fn of(t: &Tensor) -> Option<&CudaSlice<F16>> {
+        match &t.storage {
+            Storage::CudaF16(s) => Some(s),
+            _ => None,
+        }
+    }
+    fn of_mut(t: &mut Tensor) -> Option<&mut CudaSlice<F16>> {
+        match &mut t.storage {
+            Storage::CudaF16(s) => Some(s),
             _ => None,
         }
     }
@@ -90,7 +106,13 @@ impl Tensor {
                         .alloc_zeros::<Bf16>(len)
                         .map_err(CudaError::from)?,
                 ),
-                (Device::Cuda(_), _) => Storage::CudaF32(
+                (Device::Cuda(_), DType::F16) => Storage::CudaF16(
+                    p.cuda()?
+                        .stream()
+                        .alloc_zeros::<F16>(len)
+                        .map_err(CudaError::from)?,
+                ),
+                (Device::Cuda(_), DType::F32) => Storage::CudaF32(
                     p.cuda()?
                         .stream()
                         .alloc_zeros::<f32>(len)
@@ -111,7 +133,8 @@ impl Tensor {
         Tensor::with_storage(pool, shape, dtype, |p| {
             Ok(match dtype {
                 DType::BF16 => Storage::CudaBf16(p.cuda()?.alloc::<Bf16>(len)?),
-                _ => Storage::CudaF32(p.cuda()?.alloc::<f32>(len)?),
+                DType::F16 => Storage::CudaF16(p.cuda()?.alloc::<F16>(len)?),
+                DType::F32 => Storage::CudaF32(p.cuda()?.alloc::<f32>(len)?),
             })
         })
     }
@@ -136,7 +159,10 @@ impl Tensor {
                 (Device::Cuda(_), DType::BF16) => {
                     Storage::CudaBf16(p.cuda()?.upload_as::<Bf16>(&data)?)
                 }
-                (Device::Cuda(_), _) => Storage::CudaF32(p.cuda()?.upload(&data)?),
+                (Device::Cuda(_), DType::F16) => {
+                    Storage::CudaF16(p.cuda()?.upload_as::<F16>(&data)?)
+                }
+                (Device::Cuda(_), DType::F32) => Storage::CudaF32(p.cuda()?.upload(&data)?),
             })
         })
     }
@@ -148,13 +174,6 @@ impl Tensor {
         dtype: DType,
         make: impl FnOnce(&MemoryPool) -> Result<Storage>,
     ) -> Result<Tensor> {
-        if pool.device() != Device::Cpu && dtype == DType::F16 {
-            return Err(EngineError::Unavailable(
-                pool.device().to_string(),
-                "f16 tensors have no GPU kernels yet; use train.precision=bf16-mixed, tf32 or fp32"
-                    .into(),
-            ));
-        }
         let booked = shape.iter().product::<usize>() * dtype.size_bytes();
         pool.reserve(booked)?;
         let storage = match make(pool) {
@@ -206,6 +225,7 @@ impl Tensor {
             Storage::Cpu(v) => Ok(v.clone()),
             Storage::CudaF32(s) => Ok(self.pool.cuda()?.download(s)?),
             Storage::CudaBf16(s) => Ok(self.pool.cuda()?.download_f32(s)?),
+            Storage::CudaF16(s) => Ok(self.pool.cuda()?.download_f32(s)?),
         }
     }
 
@@ -268,13 +288,8 @@ impl Tensor {
                 .stream()
                 .memcpy_htod(src, dst)
                 .map_err(CudaError::from)?,
-            Storage::CudaBf16(dst) => {
-                let converted: Vec<Bf16> = src.iter().map(|&x| Bf16::from_f32(x)).collect();
-                pool.cuda()?
-                    .stream()
-                    .memcpy_htod(&converted, dst)
-                    .map_err(CudaError::from)?
-            }
+            Storage::CudaBf16(dst) => upload_converted(&pool, src, dst)?,
+            Storage::CudaF16(dst) => upload_converted(&pool, src, dst)?,
         }
         Ok(())
     }
@@ -289,6 +304,11 @@ impl Tensor {
                 .memset_zeros(s)
                 .map_err(CudaError::from)?,
             Storage::CudaBf16(s) => pool
+                .cuda()?
+                .stream()
+                .memset_zeros(s)
+                .map_err(CudaError::from)?,
+            Storage::CudaF16(s) => pool
                 .cuda()?
                 .stream()
                 .memset_zeros(s)
@@ -313,6 +333,16 @@ impl Tensor {
     pub fn try_clone(&self) -> Result<Tensor> {
         Tensor::from_vec(&self.pool, &self.shape, self.dtype, self.to_vec()?)
     }
+}
+
+/// Rounds host f32 values to a 16-bit element type and copies them into `dst`.
+fn upload_converted<T: Elem>(pool: &MemoryPool, src: &[f32], dst: &mut CudaSlice<T>) -> Result<()> {
+    let converted: Vec<T> = src.iter().map(|&x| T::from_f32(x)).collect();
+    pool.cuda()?
+        .stream()
+        .memcpy_htod(&converted, dst)
+        .map_err(CudaError::from)?;
+    Ok(())
 }
 
 impl Drop for Tensor {

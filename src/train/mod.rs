@@ -59,7 +59,8 @@ pub struct Summary {
     pub checkpoint: Option<String>,
 }
 
-/// Opens the device and checks the precision against it; returns notes for the user.
+/// Opens the device and checks the precision against it; returns the precision that will
+/// run (bf16-mixed becomes fp16-mixed on GPUs without bf16) and notes for the user.
 pub fn open_device(
     device: &str,
     precision: &str,
@@ -69,7 +70,8 @@ pub fn open_device(
     let (pool, note) = engine::open(request)?;
     let mut notes: Vec<String> = note.into_iter().collect();
     let cc = pool.cuda().ok().map(|g| g.info().compute_capability);
-    notes.extend(precision.check_device(pool.device(), cc)?);
+    let (precision, note) = precision.check_device(pool.device(), cc)?;
+    notes.extend(note);
     pool.set_tf32(precision == Precision::Tf32);
     Ok((pool, precision, notes))
 }

@@ -34,32 +34,30 @@ impl Precision {
         })
     }
 
-    /// Checks the policy can run on `device`; returns a note when it runs emulated.
-    /// `compute_capability` is the GPU's, when `device` is one.
+    /// Checks the policy can run on `device` and returns the one that will run, with a note
+    /// when it runs emulated or differs from the one asked for. `compute_capability` is the
+    /// GPU's, when `device` is one.
     pub fn check_device(
         self,
         device: Device,
         compute_capability: Option<(u32, u32)>,
-    ) -> Result<Option<String>> {
+    ) -> Result<(Precision, Option<String>)> {
         match (self, device) {
             (Precision::Tf32, Device::Cpu) => Err(KilnError::Setting(
                 "train.precision=tf32 uses the tensor cores of an NVIDIA GPU and has no CPU form; use train.precision=fp32 on the CPU"
                     .into(),
             )),
-            (Precision::Bf16Mixed | Precision::Fp16Mixed, Device::Cpu) => Ok(Some(format!(
+            (Precision::Bf16Mixed | Precision::Fp16Mixed, Device::Cpu) => Ok((self, Some(format!(
                 "{self} on the CPU is emulated: weights and output gradients are rounded to {}, arithmetic stays f32",
                 if self == Precision::Bf16Mixed { "bf16" } else { "fp16" }
-            ))),
-            (Precision::Fp16Mixed, Device::Cuda(_)) => Err(KilnError::Setting(
-                "train.precision=fp16-mixed has no GPU kernels yet (they are bf16 and f32); use train.precision=bf16-mixed, or fp32 on GPUs older than compute capability 8.0".into(),
-            )),
+            )))),
             (Precision::Bf16Mixed, Device::Cuda(_)) => match compute_capability {
-                Some((major, minor)) if major < 8 => Err(KilnError::Setting(format!(
-                    "this GPU (compute capability {major}.{minor}) has no bf16 arithmetic, and kiln's fp16 GPU path does not exist yet; use train.precision=fp32"
-                ))),
-                _ => Ok(None),
+                Some((major, minor)) if major < 8 => Ok((Precision::Fp16Mixed, Some(format!(
+                    "this GPU (compute capability {major}.{minor}) has no bf16 arithmetic; training in fp16-mixed (with dynamic loss scaling) instead of bf16-mixed"
+                )))),
+                _ => Ok((self, None)),
             },
-            _ => Ok(None),
+            _ => Ok((self, None)),
         }
     }
 
@@ -90,5 +88,38 @@ impl fmt::Display for Precision {
             Precision::Bf16Mixed => "bf16-mixed",
             Precision::Fp16Mixed => "fp16-mixed",
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpus_without_bf16_fall_back_to_fp16_and_say_so() {
+        let gpu = Device::Cuda(0);
+        let (p, note) = Precision::Bf16Mixed
+            .check_device(gpu, Some((7, 5)))
+            .unwrap();
+        assert_eq!(p, Precision::Fp16Mixed);
+        assert!(note.unwrap().contains("fp16-mixed"));
+        assert_eq!(
+            Precision::Bf16Mixed
+                .check_device(gpu, Some((9, 0)))
+                .unwrap(),
+            (Precision::Bf16Mixed, None)
+        );
+        assert_eq!(
+            Precision::Fp16Mixed
+                .check_device(gpu, Some((7, 0)))
+                .unwrap(),
+            (Precision::Fp16Mixed, None)
+        );
+        let (p, note) = Precision::Fp16Mixed
+            .check_device(Device::Cpu, None)
+            .unwrap();
+        assert_eq!(p, Precision::Fp16Mixed);
+        assert!(note.unwrap().contains("emulated"));
+        assert!(Precision::Tf32.check_device(Device::Cpu, None).is_err());
     }
 }

@@ -38,3 +38,7 @@ extern "C" __global__ void adamw_compute_bf16(float* param, const float* grad, f
                                               bf16* compute, long long n, AdamW h) {
     adamw<bf16, true>(param, grad, m, v, compute, n, h);
 }
+extern "C" __global__ void adamw_compute_f16(float* param, const float* grad, float* m, float* v,
+                                             f16* compute, long long n, AdamW h) {
+    adamw<f16, true>(param, grad, m, v, compute, n, h);
+}

@@ -1,6 +1,6 @@
 //! Fused AdamW on the GPU; reference: [`crate::engine::cpu::adamw`]. Reads the fp32 master
 //! weights and gradient, updates both moments and the master, and writes the compute copy
-//! (f32 or bf16) in the same pass.
+//! (f32, bf16 or f16) in the same pass.
 
 use super::{CudaBackend, Elem, Program, Result, check_len, elementwise_grid};
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
@@ -14,6 +14,7 @@ pub(super) const PROGRAM: Program = Program {
         "adamw_master_only",
         "adamw_compute_f32",
         "adamw_compute_bf16",
+        "adamw_compute_f16",
     ],
 };
 

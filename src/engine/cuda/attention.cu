@@ -253,6 +253,9 @@ ATTENTION_ENTRY_POINTS(64, float, f32)
 ATTENTION_ENTRY_POINTS(16, bf16, bf16)
 ATTENTION_ENTRY_POINTS(32, bf16, bf16)
 ATTENTION_ENTRY_POINTS(64, bf16, bf16)
+ATTENTION_ENTRY_POINTS(16, f16, f16)
+ATTENTION_ENTRY_POINTS(32, f16, f16)
+ATTENTION_ENTRY_POINTS(64, f16, f16)
 
 // ---------------------------------------------------------------------------------------------
 // Tensor-core kernels: bf16 activations, head size 64, sm_80 and newer (mma.sync on bf16).

@@ -14,8 +14,19 @@ struct bf16 {
     unsigned short bits;
 };
 
+// IEEE half as its raw bits, converted with the hardware's cvt (round to nearest even,
+// overflow to inf), which is what the CPU's `half::f16::from_f32` does too.
+struct f16 {
+    unsigned short bits;
+};
+
 __device__ __forceinline__ float load(float x) { return x; }
 __device__ __forceinline__ float load(bf16 x) { return __uint_as_float(((unsigned int)x.bits) << 16); }
+__device__ __forceinline__ float load(f16 x) {
+    float r;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(x.bits));
+    return r;
+}
 
 template <typename T> __device__ __forceinline__ T store(float x);
 template <> __device__ __forceinline__ float store<float>(float x) { return x; }
@@ -30,8 +41,13 @@ template <> __device__ __forceinline__ bf16 store<bf16>(float x) {
     r.bits = (unsigned short)(u >> 16);
     return r;
 }
+template <> __device__ __forceinline__ f16 store<f16>(float x) {
+    f16 r;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r.bits) : "f"(x));
+    return r;
+}
 
-// Four consecutive elements in one access (16 bytes of f32, 8 of bf16): elementwise kernels
+// Four consecutive elements in one access (16 bytes of f32, 8 of bf16 or f16): elementwise kernels
 // move several times the bytes per instruction this way. `aligned4` says whether a pointer
 // allows it; kernels fall back to single elements when one does not.
 template <typename T> __device__ __forceinline__ bool aligned4(const T* p) {
@@ -46,6 +62,13 @@ __device__ __forceinline__ void load4(const bf16* p, float v[4]) {
     v[0] = __uint_as_float(q.x << 16); v[1] = __uint_as_float(q.x & 0xffff0000u);
     v[2] = __uint_as_float(q.y << 16); v[3] = __uint_as_float(q.y & 0xffff0000u);
 }
+__device__ __forceinline__ void load4(const f16* p, float v[4]) {
+    const uint2 q = *reinterpret_cast<const uint2*>(p);
+    f16 h[4];
+    h[0].bits = (unsigned short)(q.x & 0xffffu); h[1].bits = (unsigned short)(q.x >> 16);
+    h[2].bits = (unsigned short)(q.y & 0xffffu); h[3].bits = (unsigned short)(q.y >> 16);
+    for (int k = 0; k < 4; ++k) v[k] = load(h[k]);
+}
 __device__ __forceinline__ void store4(float* p, const float v[4]) {
     *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
 }
@@ -53,6 +76,12 @@ __device__ __forceinline__ void store4(bf16* p, const float v[4]) {
     uint2 q;
     q.x = (unsigned int)store<bf16>(v[0]).bits | ((unsigned int)store<bf16>(v[1]).bits << 16);
     q.y = (unsigned int)store<bf16>(v[2]).bits | ((unsigned int)store<bf16>(v[3]).bits << 16);
+    *reinterpret_cast<uint2*>(p) = q;
+}
+__device__ __forceinline__ void store4(f16* p, const float v[4]) {
+    uint2 q;
+    q.x = (unsigned int)store<f16>(v[0]).bits | ((unsigned int)store<f16>(v[1]).bits << 16);
+    q.y = (unsigned int)store<f16>(v[2]).bits | ((unsigned int)store<f16>(v[3]).bits << 16);
     *reinterpret_cast<uint2*>(p) = q;
 }
 

@@ -86,3 +86,4 @@ __device__ void cross_entropy(float* losses, T* logits, const unsigned int* targ
 
 CROSS_ENTROPY_KERNELS(float, f32)
 CROSS_ENTROPY_KERNELS(bf16, bf16)
+CROSS_ENTROPY_KERNELS(f16, f16)

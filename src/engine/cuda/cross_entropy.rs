@@ -13,10 +13,13 @@ pub(super) const PROGRAM: Program = Program {
     kernels: &[
         "cross_entropy_forward_f32",
         "cross_entropy_forward_bf16",
+        "cross_entropy_forward_f16",
         "cross_entropy_fused_f32",
         "cross_entropy_fused_bf16",
+        "cross_entropy_fused_f16",
         "cross_entropy_fused_staged_f32",
         "cross_entropy_fused_staged_bf16",
+        "cross_entropy_fused_staged_f16",
     ],
 };
 

@@ -88,3 +88,4 @@ __device__ void embedding_backward_wpe(float* dwpe, const T* dout, int n, int se
 
 EMBEDDING_KERNELS(float, f32)
 EMBEDDING_KERNELS(bf16, bf16)
+EMBEDDING_KERNELS(f16, f16)

@@ -11,10 +11,13 @@ pub(super) const PROGRAM: Program = Program {
     kernels: &[
         "embedding_forward_f32",
         "embedding_forward_bf16",
+        "embedding_forward_f16",
         "embedding_backward_wte_f32",
         "embedding_backward_wte_bf16",
+        "embedding_backward_wte_f16",
         "embedding_backward_wpe_f32",
         "embedding_backward_wpe_bf16",
+        "embedding_backward_wpe_f16",
     ],
 };
 

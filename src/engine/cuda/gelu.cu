@@ -44,9 +44,13 @@ template <typename T> __device__ void gelu_backward(T* dinp, const T* inp, const
 
 extern "C" __global__ void gelu_forward_f32(float* out, const float* inp, long long n) { gelu_forward(out, inp, n); }
 extern "C" __global__ void gelu_forward_bf16(bf16* out, const bf16* inp, long long n) { gelu_forward(out, inp, n); }
+extern "C" __global__ void gelu_forward_f16(f16* out, const f16* inp, long long n) { gelu_forward(out, inp, n); }
 extern "C" __global__ void gelu_backward_f32(float* dinp, const float* inp, const float* dout, long long n) {
     gelu_backward(dinp, inp, dout, n);
 }
 extern "C" __global__ void gelu_backward_bf16(bf16* dinp, const bf16* inp, const bf16* dout, long long n) {
+    gelu_backward(dinp, inp, dout, n);
+}
+extern "C" __global__ void gelu_backward_f16(f16* dinp, const f16* inp, const f16* dout, long long n) {
     gelu_backward(dinp, inp, dout, n);
 }

@@ -9,8 +9,10 @@ pub(super) const PROGRAM: Program = Program {
     kernels: &[
         "gelu_forward_f32",
         "gelu_forward_bf16",
+        "gelu_forward_f16",
         "gelu_backward_f32",
         "gelu_backward_bf16",
+        "gelu_backward_f16",
     ],
 };
 

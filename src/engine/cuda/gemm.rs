@@ -3,9 +3,9 @@
 //! cuBLASLt is column-major. A row-major `C[m, n] = op(A) @ op(B)` is the column-major
 //! `C^T[n, m] = op(B)^T @ op(A)^T`, and a row-major buffer read column-major is its own
 //! transpose, so the product is issued with the operands swapped and no data moves.
-//! Precision: f32 operands use fp32 math or TF32 tensor cores ([`GemmMath`]); bf16 operands
-//! always accumulate in fp32. The output may be f32 while the operands are bf16, which is how
-//! weight gradients accumulate into fp32 buffers.
+//! Precision: f32 operands use fp32 math or TF32 tensor cores ([`GemmMath`]); bf16 and f16
+//! operands always accumulate in fp32. The output may be f32 while the operands are 16-bit,
+//! which is how weight gradients accumulate into fp32 buffers.
 
 use super::{CudaBackend, CudaError, Elem, Result, check_len, raw_ptr};
 use crate::engine::DType;
@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
-/// How f32 operands are multiplied (bf16 operands ignore this: fp32 accumulation always).
+/// How f32 operands are multiplied (16-bit operands ignore this: fp32 accumulation always).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum GemmMath {
     /// Full fp32 products and sums.
@@ -125,7 +125,7 @@ fn data_type(d: DType) -> Result<sys::cudaDataType> {
     match d {
         DType::F32 => Ok(sys::cudaDataType_t::CUDA_R_32F),
         DType::BF16 => Ok(sys::cudaDataType_t::CUDA_R_16BF),
-        DType::F16 => Err(CudaError::Blas("f16 GEMMs are not wired up".into())),
+        DType::F16 => Ok(sys::cudaDataType_t::CUDA_R_16F),
     }
 }
 

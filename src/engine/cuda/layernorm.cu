@@ -106,3 +106,4 @@ __device__ void layernorm_param_grad_partial(float* partial_gamma, float* partia
 
 LAYERNORM_KERNELS(float, f32)
 LAYERNORM_KERNELS(bf16, bf16)
+LAYERNORM_KERNELS(f16, f16)

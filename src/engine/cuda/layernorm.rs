@@ -1,5 +1,5 @@
 //! Layer normalisation on the GPU, residual add fused in; reference:
-//! [`crate::engine::cpu::layernorm`]. Activations are `T` (f32 or bf16), gamma and beta are
+//! [`crate::engine::cpu::layernorm`]. Activations are `T` (f32, bf16 or f16), gamma and beta are
 //! the parameters' compute copies in `T`, and the saved statistics and parameter gradients
 //! are f32.
 
@@ -12,12 +12,16 @@ pub(super) const PROGRAM: Program = Program {
     kernels: &[
         "layernorm_forward_f32",
         "layernorm_forward_bf16",
+        "layernorm_forward_f16",
         "residual_layernorm_forward_f32",
         "residual_layernorm_forward_bf16",
+        "residual_layernorm_forward_f16",
         "layernorm_backward_input_f32",
         "layernorm_backward_input_bf16",
+        "layernorm_backward_input_f16",
         "layernorm_param_grad_partial_f32",
         "layernorm_param_grad_partial_bf16",
+        "layernorm_param_grad_partial_f16",
     ],
 };
 

@@ -5,7 +5,7 @@
 //! toolkit gets an error that names the missing library, never a crash. The kernels live in
 //! `.cu` files next to the Rust that launches them, one operation per file, each with the same
 //! semantics as its CPU reference in `engine/cpu/` (`kiln selftest` compares them). Buffers are
-//! cudarc's `CudaSlice<T>` with `T` an [`Elem`] (f32 or [`Bf16`]); wiring them into
+//! cudarc's `CudaSlice<T>` with `T` an [`Elem`] (f32, [`Bf16`] or [`F16`]); wiring them into
 //! [`crate::engine::Tensor`] is the job of `engine::ops`.
 
 mod adamw;
@@ -81,6 +81,16 @@ unsafe impl DeviceRepr for Bf16 {}
 // SAFETY: all-zero bits are bf16 +0.0.
 unsafe impl cudarc::driver::ValidAsZeroBits for Bf16 {}
 
+/// IEEE half as its raw bits on the device (the kernels convert with `cvt`; see `common.cuh`).
+#[repr(transparent)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct F16(pub u16);
+
+// SAFETY: a plain 16-bit value with no padding or pointers.
+unsafe impl DeviceRepr for F16 {}
+// SAFETY: all-zero bits are f16 +0.0.
+unsafe impl cudarc::driver::ValidAsZeroBits for F16 {}
+
 /// An activation element type the kernels are instantiated for.
 pub trait Elem: DeviceRepr + Copy + Default + Unpin + Send + Sync + 'static {
     /// Suffix of the kernel names for this type (`gelu_forward_f32`, `gelu_forward_bf16`).
@@ -109,6 +119,17 @@ impl Elem for Bf16 {
     }
     fn to_f32(self) -> f32 {
         half::bf16::from_bits(self.0).to_f32()
+    }
+}
+
+impl Elem for F16 {
+    const SUFFIX: &'static str = "f16";
+    const DTYPE: DType = DType::F16;
+    fn from_f32(x: f32) -> Self {
+        F16(half::f16::from_f32(x).to_bits())
+    }
+    fn to_f32(self) -> f32 {
+        half::f16::from_bits(self.0).to_f32()
     }
 }
 

@@ -23,6 +23,11 @@ extern "C" __global__ void column_sum_partial_bf16(float* partial, const bf16* x
     column_sum_partial<bf16>(partial, x, n, c, rows_per_chunk);
 }
 
+extern "C" __global__ void column_sum_partial_f16(float* partial, const f16* x, int n, int c,
+                                                  int rows_per_chunk) {
+    column_sum_partial<f16>(partial, x, n, c, rows_per_chunk);
+}
+
 // acc[col] += sum over chunks (in order) of partial[chunk, col].
 extern "C" __global__ void accumulate_partials(float* acc, const float* partial, int chunks, int c) {
     const int col = blockIdx.x * blockDim.x + threadIdx.x;

@@ -14,6 +14,7 @@ pub(super) const PROGRAM: Program = Program {
     kernels: &[
         "column_sum_partial_f32",
         "column_sum_partial_bf16",
+        "column_sum_partial_f16",
         "accumulate_partials",
         "sum_squares_partial",
         "sum_squares_finish",
