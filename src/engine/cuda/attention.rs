@@ -13,37 +13,74 @@ use crate::engine::DType;
 use crate::engine::cpu::attention::AttnShape;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
-pub(super) const PROGRAM: Program = Program {
-    name: "attention",
-    source: include_str!("attention.cu"),
+/// The CUDA-core kernels for f32 activations: one program per element type, so that a first
+/// start compiles them side by side.
+pub(super) const PROGRAM_F32: Program = Program {
+    name: "attention_f32",
+    source: concat!(
+        include_str!("attention.cu"),
+        "\nATTENTION_ENTRY_POINTS(16, float, f32)\nATTENTION_ENTRY_POINTS(32, float, f32)\nATTENTION_ENTRY_POINTS(64, float, f32)\n"
+    ),
     kernels: &[
         "attention_forward_f32_hs16",
         "attention_forward_f32_hs32",
         "attention_forward_f32_hs64",
-        "attention_forward_bf16_hs16",
-        "attention_forward_f16_hs16",
-        "attention_forward_bf16_hs32",
-        "attention_forward_f16_hs32",
-        "attention_forward_bf16_hs64",
-        "attention_forward_f16_hs64",
         "attention_backward_dq_f32_hs16",
         "attention_backward_dq_f32_hs32",
         "attention_backward_dq_f32_hs64",
-        "attention_backward_dq_bf16_hs16",
-        "attention_backward_dq_f16_hs16",
-        "attention_backward_dq_bf16_hs32",
-        "attention_backward_dq_f16_hs32",
-        "attention_backward_dq_bf16_hs64",
-        "attention_backward_dq_f16_hs64",
         "attention_backward_dkv_f32_hs16",
         "attention_backward_dkv_f32_hs32",
         "attention_backward_dkv_f32_hs64",
+    ],
+};
+
+/// The CUDA-core kernels for bf16 activations: one program per element type, so that a first
+/// start compiles them side by side.
+pub(super) const PROGRAM_BF16: Program = Program {
+    name: "attention_bf16",
+    source: concat!(
+        include_str!("attention.cu"),
+        "\nATTENTION_ENTRY_POINTS(16, bf16, bf16)\nATTENTION_ENTRY_POINTS(32, bf16, bf16)\nATTENTION_ENTRY_POINTS(64, bf16, bf16)\n"
+    ),
+    kernels: &[
+        "attention_forward_bf16_hs16",
+        "attention_forward_bf16_hs32",
+        "attention_forward_bf16_hs64",
+        "attention_backward_dq_bf16_hs16",
+        "attention_backward_dq_bf16_hs32",
+        "attention_backward_dq_bf16_hs64",
         "attention_backward_dkv_bf16_hs16",
-        "attention_backward_dkv_f16_hs16",
         "attention_backward_dkv_bf16_hs32",
-        "attention_backward_dkv_f16_hs32",
         "attention_backward_dkv_bf16_hs64",
+    ],
+};
+
+/// The CUDA-core kernels for f16 activations: one program per element type, so that a first
+/// start compiles them side by side.
+pub(super) const PROGRAM_F16: Program = Program {
+    name: "attention_f16",
+    source: concat!(
+        include_str!("attention.cu"),
+        "\nATTENTION_ENTRY_POINTS(16, f16, f16)\nATTENTION_ENTRY_POINTS(32, f16, f16)\nATTENTION_ENTRY_POINTS(64, f16, f16)\n"
+    ),
+    kernels: &[
+        "attention_forward_f16_hs16",
+        "attention_forward_f16_hs32",
+        "attention_forward_f16_hs64",
+        "attention_backward_dq_f16_hs16",
+        "attention_backward_dq_f16_hs32",
+        "attention_backward_dq_f16_hs64",
+        "attention_backward_dkv_f16_hs16",
+        "attention_backward_dkv_f16_hs32",
         "attention_backward_dkv_f16_hs64",
+    ],
+};
+
+/// The tensor-core kernels (bf16, head size 64).
+pub(super) const PROGRAM_TC: Program = Program {
+    name: "attention_tc",
+    source: include_str!("attention_tc.cu"),
+    kernels: &[
         "attention_forward_bf16_hs64_tc",
         "attention_backward_dq_bf16_hs64_tc",
         "attention_backward_dkv_bf16_hs64_tc",

@@ -225,7 +225,10 @@ impl Program {
 }
 
 const PROGRAMS: &[Program] = &[
-    attention::PROGRAM,
+    attention::PROGRAM_F32,
+    attention::PROGRAM_BF16,
+    attention::PROGRAM_F16,
+    attention::PROGRAM_TC,
     layernorm::PROGRAM,
     gelu::PROGRAM,
     cross_entropy::PROGRAM,
