@@ -84,7 +84,8 @@ fn bench_train(a: BenchTrainArgs) -> Result<()> {
     times.sort_by(f64::total_cmp);
     let median = times[times.len() / 2];
     let tokens_per_step = (b * t * k) as f64;
-    let flops_per_step = (cost.flops_forward + cost.flops_backward) as f64 * k as f64;
+    let flops_per_token = cost.flops_per_token(b * t);
+    let flops_per_step = flops_per_token * tokens_per_step;
     println!(
         "kiln bench train: {} params, d_model {}, {} layers, batch {b} x {t} x accum {k}, {precision} on {device}",
         cost.params, cfg.model.d_model, cfg.model.n_layers
@@ -98,7 +99,7 @@ fn bench_train(a: BenchTrainArgs) -> Result<()> {
     );
     println!(
         "| FLOPs per token (fwd+bwd) | {:.3} M |",
-        flops_per_step / tokens_per_step / 1e6
+        flops_per_token / 1e6
     );
     println!(
         "| peak memory | {:.1} MiB |",

@@ -317,18 +317,6 @@ impl Tensor {
         Ok(())
     }
 
-    /// Reinterprets the shape; the element count must not change.
-    pub fn reshape(mut self, shape: &[usize]) -> Result<Tensor> {
-        if shape.iter().product::<usize>() != self.len() {
-            return Err(EngineError::Shape {
-                op: "reshape",
-                detail: format!("{:?} to {shape:?}", self.shape),
-            });
-        }
-        self.shape = shape.to_vec();
-        Ok(self)
-    }
-
     /// A new tensor with the same values (in its pool).
     pub fn try_clone(&self) -> Result<Tensor> {
         Tensor::from_vec(&self.pool, &self.shape, self.dtype, self.to_vec()?)

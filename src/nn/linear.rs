@@ -1,6 +1,6 @@
 //! Fully connected layer, `y = x W^T + b`, weights stored `[out, in]`.
 
-use super::{Cost, Init, Param, f32_bytes};
+use super::{Cost, Init, Param};
 use crate::engine::rng::Rng;
 use crate::engine::{MemoryPool, Result, Tensor, ops};
 use std::sync::Arc;
@@ -72,7 +72,7 @@ impl Linear {
             .collect()
     }
 
-    /// The input is saved for the weight gradient (whoever owns it counts it: see `cost_saving_input`).
+    /// The input is saved for the weight gradient; the layer that produced it counts those bytes.
     pub fn cost(&self, tokens: usize) -> Cost {
         let mac = (tokens * self.c_in * self.c_out) as u64;
         Cost {
@@ -80,14 +80,6 @@ impl Linear {
             flops_forward: 2 * mac,
             flops_backward: 4 * mac,
             saved_bytes: 0,
-        }
-    }
-
-    /// Cost when this layer's input is a tensor nothing else keeps.
-    pub fn cost_saving_input(&self, tokens: usize) -> Cost {
-        Cost {
-            saved_bytes: f32_bytes(tokens * self.c_in),
-            ..self.cost(tokens)
         }
     }
 }

@@ -149,43 +149,43 @@ pub fn read_meta(ckpt: &Path) -> Result<CheckpointMeta> {
 
 /// Names every model dimension that differs between a checkpoint and the configured model.
 fn shape_differences(saved: &CheckpointMeta, model: &ModelConfig, vocab: usize) -> Vec<String> {
-    let mut d = Vec::new();
-    let mut cmp = |name: &str, a: String, b: String| {
-        if a != b {
-            d.push(format!("{name}: checkpoint {a}, configured {b}"));
-        }
-    };
-    cmp(
-        "model.d_model",
-        saved.model.d_model.to_string(),
-        model.d_model.to_string(),
-    );
-    cmp(
-        "model.n_layers",
-        saved.model.n_layers.to_string(),
-        model.n_layers.to_string(),
-    );
-    cmp(
-        "model.n_heads",
-        saved.model.n_heads.to_string(),
-        model.n_heads.to_string(),
-    );
-    cmp(
-        "model.context",
-        saved.model.context.to_string(),
-        model.context.to_string(),
-    );
-    cmp(
-        "model.tied_head",
-        saved.model.tied_head.to_string(),
-        model.tied_head.to_string(),
-    );
-    cmp(
-        "vocabulary (data.tokenizer)",
-        saved.vocab.to_string(),
-        vocab.to_string(),
-    );
-    d
+    let (s, m) = (&saved.model, model);
+    [
+        (
+            "model.d_model",
+            s.d_model.to_string(),
+            m.d_model.to_string(),
+        ),
+        (
+            "model.n_layers",
+            s.n_layers.to_string(),
+            m.n_layers.to_string(),
+        ),
+        (
+            "model.n_heads",
+            s.n_heads.to_string(),
+            m.n_heads.to_string(),
+        ),
+        (
+            "model.context",
+            s.context.to_string(),
+            m.context.to_string(),
+        ),
+        (
+            "model.tied_head",
+            s.tied_head.to_string(),
+            m.tied_head.to_string(),
+        ),
+        (
+            "vocabulary (data.tokenizer)",
+            saved.vocab.to_string(),
+            vocab.to_string(),
+        ),
+    ]
+    .into_iter()
+    .filter(|(_, a, b)| a != b)
+    .map(|(name, a, b)| format!("{name}: checkpoint {a}, configured {b}"))
+    .collect()
 }
 
 /// Reads a safetensors file and copies each tensor into `targets` (name -> tensor), checking
