@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 use toml::{Table, Value};
 
 pub use error::ConfigError;
+pub use validate::parse_bytes;
 
 /// The full configuration of a training run.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -133,6 +134,16 @@ pub struct TrainConfig {
     pub loss_scale_init: f64,
     /// Overflow-free steps before the fp16 loss scale doubles.
     pub loss_scale_growth_interval: usize,
+    /// Activation recomputation: "none", "blocks" (keep only each transformer block's input
+    /// and re-run its forward during the backward) or "auto" (only when the model would not
+    /// fit otherwise).
+    pub recompute: String,
+    /// Keep fp32 master weights and optimizer state in pinned host memory and run the
+    /// optimizer on the CPU, leaving the GPU only the compute weights and gradients.
+    pub offload_optimizer: bool,
+    /// Cap on the bytes the memory pool may hand out, e.g. "12GiB" or "800MB"; empty means
+    /// no cap beyond the device. Lets out-of-memory handling be exercised on purpose.
+    pub memory_limit: String,
 }
 
 impl Default for TrainConfig {
@@ -151,6 +162,9 @@ impl Default for TrainConfig {
             log_every: 10,
             loss_scale_init: 65536.0,
             loss_scale_growth_interval: 2000,
+            recompute: "auto".into(),
+            offload_optimizer: false,
+            memory_limit: String::new(),
         }
     }
 }
@@ -239,6 +253,18 @@ const KEYS: &[(&str, &str)] = &[
     (
         "train.loss_scale_growth_interval",
         "clean steps before the fp16 loss scale doubles",
+    ),
+    (
+        "train.recompute",
+        "\"none\", \"blocks\" or \"auto\" (only when it would not fit otherwise)",
+    ),
+    (
+        "train.offload_optimizer",
+        "keep master weights and AdamW state in host memory",
+    ),
+    (
+        "train.memory_limit",
+        "cap on pool memory, e.g. \"12GiB\"; empty = none",
     ),
     ("optim.lr", "peak learning rate"),
     ("optim.min_lr", "final learning rate after cosine decay"),

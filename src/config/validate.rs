@@ -8,6 +8,7 @@ use super::{Config, ConfigError};
 
 pub(crate) const MODEL_KINDS: &[&str] = &["gpt"];
 pub(crate) const TOKENIZERS: &[&str] = &["byte", "gpt2"];
+pub(crate) const RECOMPUTE: &[&str] = &["none", "blocks", "auto"];
 pub(crate) const PRECISIONS: &[&str] = &["fp32", "tf32", "bf16-mixed", "fp16-mixed"];
 
 fn out_of_range(key: &'static str, value: impl ToString, rule: impl Into<String>) -> ConfigError {
@@ -55,6 +56,39 @@ fn is_power_of_two(x: f64) -> bool {
     let exp = x.log2().round();
     // powi needs an i32; beyond that range no f64 is a finite power of two.
     (-1100.0..=1100.0).contains(&exp) && 2f64.powi(exp as i32) == x
+}
+
+/// Parses a byte count such as "12GiB", "800MB", "1.5 GiB" or "4096"; empty means no limit.
+pub fn parse_bytes(text: &str) -> Result<Option<usize>, String> {
+    let t = text.trim();
+    if t.is_empty() {
+        return Ok(None);
+    }
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = (t[..split].trim(), t[split..].trim());
+    let scale: f64 = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "kib" => 1024.0,
+        "mib" => 1024.0 * 1024.0,
+        "gib" => 1024.0 * 1024.0 * 1024.0,
+        _ => {
+            return Err(format!(
+                "unknown unit '{unit}'; use B, KB, MB, GB, KiB, MiB or GiB, e.g. \"12GiB\""
+            ));
+        }
+    };
+    match num.parse::<f64>() {
+        Ok(n) if n > 0.0 && n.is_finite() => Ok(Some((n * scale) as usize)),
+        _ => Err(
+            "it must be a positive size such as \"12GiB\" or \"800MB\", or empty for no limit"
+                .into(),
+        ),
+    }
 }
 
 impl Config {
@@ -121,6 +155,10 @@ impl Config {
             "train.loss_scale_growth_interval",
             t.loss_scale_growth_interval,
         )?;
+        one_of("train.recompute", &t.recompute, RECOMPUTE)?;
+        if let Err(rule) = parse_bytes(&t.memory_limit) {
+            return Err(out_of_range("train.memory_limit", &t.memory_limit, rule));
+        }
         if t.seq_len > m.context {
             return Err(ConfigError::SeqLenExceedsContext {
                 seq_len: t.seq_len,

@@ -124,6 +124,9 @@ pub fn run(opts: RunOptions) -> Result<Summary> {
     let cfg = opts.config.config.clone();
     let mut progress = Progress::new(opts.quiet);
     let (pool, precision, notes) = open_device(&cfg.train.device, &cfg.train.precision)?;
+    if let Ok(Some(limit)) = crate::config::parse_bytes(&cfg.train.memory_limit) {
+        pool.set_limit(limit);
+    }
     let device = pool.device();
     for n in notes {
         progress.message(&format!("note: {n}"));
