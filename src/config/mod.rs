@@ -256,7 +256,7 @@ const KEYS: &[(&str, &str)] = &[
     ),
     (
         "train.recompute",
-        "\"none\", \"blocks\" or \"auto\" (only when it would not fit otherwise)",
+        "\"none\", \"blocks\" or \"auto\" (when it would not fit)",
     ),
     (
         "train.offload_optimizer",
