@@ -6,7 +6,7 @@
 //! output written once) over the copy bandwidth; the table shows the time, the achieved
 //! rate and how far above the floor the kernel is.
 
-use crate::engine::cuda::{AdamWStep, Bf16, CudaBackend, CudaError, Elem, GemmMath};
+use crate::engine::cuda::{AdamWStep, Bf16, CudaBackend, CudaError, Elem, GemmMath, LogitRows};
 use crate::engine::rng::{Rng, stream};
 use crate::error::{KilnError, Result};
 use clap::Args;
@@ -221,7 +221,15 @@ fn time_all<T: Elem>(b: &mut Bench, a: &BenchKernelsArgs) -> std::result::Result
         dt,
         format!("{n}x{v}"),
         Work::Bytes(2.0 * nv * es),
-        || gpu.cross_entropy_fused(&mut losses, &mut logits, &targets, n, v, 1.0 / n as f32),
+        || {
+            gpu.cross_entropy_fused(
+                &mut losses,
+                &mut logits,
+                &targets,
+                LogitRows { n, v, valid: v },
+                1.0 / n as f32,
+            )
+        },
     )?;
     drop(logits);
 

@@ -13,7 +13,9 @@ use crate::config::ResolvedConfig;
 use crate::data;
 use crate::engine::cpu;
 use crate::engine::cpu::attention::AttnShape;
-use crate::engine::cuda::{self, AdamWStep, Bf16, CudaBackend, CudaError, Elem, F16, GemmMath};
+use crate::engine::cuda::{
+    self, AdamWStep, Bf16, CudaBackend, CudaError, Elem, F16, GemmMath, LogitRows,
+};
 use crate::engine::rng::{Rng, stream};
 use crate::engine::{DType, Device, MemoryPool};
 use crate::error::{KilnError, Result};
@@ -299,21 +301,24 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
         both_dtypes!(check_gelu_backward, "gelu_backward", &format!("{n}"), n);
     }
     // 50304 f32 fits a Hopper block's shared memory (the staged kernel), 65536 f32 does not.
-    for (n, v) in [(64, 50304), (4, 65536), (7, 1001)] {
-        let shape = format!("{n}x{v}");
+    // GPT-2's 50257 tokens padded to 50304 columns checks the masking of the padding.
+    for (n, v, valid) in [(64, 50304, 50257), (4, 65536, 65536), (7, 1001, 1001)] {
+        let shape = format!("{n}x{v} valid {valid}");
         both_dtypes!(
             check_cross_entropy_forward,
             "cross_entropy_forward",
             shape,
             n,
-            v
+            v,
+            valid
         );
         both_dtypes!(
             check_cross_entropy_fused,
             "cross_entropy_fused",
             shape,
             n,
-            v
+            v,
+            valid
         );
     }
     for (vocab, seq, n, c) in [(50304, 256, 1024, 768), (97, 5, 23, 33)] {
@@ -730,9 +735,15 @@ fn check_gelu_backward<T: Elem>(gpu: &CudaBackend, inp: &mut Inputs, n: usize) -
     Ok(rel_err(&gpu.download_f32(&d_dx)?, &dx, ELEMENTWISE_FLOOR))
 }
 
-fn logits_and_targets(inp: &mut Inputs, n: usize, v: usize, d: DType) -> (Vec<f32>, Vec<u32>) {
+fn logits_and_targets(
+    inp: &mut Inputs,
+    n: usize,
+    v: usize,
+    valid: usize,
+    d: DType,
+) -> (Vec<f32>, Vec<u32>) {
     let logits = inp.uniform(n * v, 4.0, d);
-    let targets = (0..n).map(|_| inp.0.below(v as u64) as u32).collect();
+    let targets = (0..n).map(|_| inp.0.below(valid as u64) as u32).collect();
     (logits, targets)
 }
 
@@ -741,13 +752,19 @@ fn check_cross_entropy_forward<T: Elem>(
     inp: &mut Inputs,
     n: usize,
     v: usize,
+    valid: usize,
 ) -> Check {
-    let (logits, targets) = logits_and_targets(inp, n, v, T::DTYPE);
+    let (logits, targets) = logits_and_targets(inp, n, v, valid, T::DTYPE);
     let mut losses = vec![0.0; n];
-    cpu::cross_entropy::cross_entropy_forward(&mut losses, &logits, &targets, v);
+    cpu::cross_entropy::cross_entropy_forward(&mut losses, &logits, &targets, v, valid);
     let mut d_losses = poisoned::<f32>(gpu, n)?;
     let (d_logits, d_targets) = (gpu.upload_as::<T>(&logits)?, gpu.upload(&targets)?);
-    gpu.cross_entropy_forward(&mut d_losses, &d_logits, &d_targets, n, v)?;
+    gpu.cross_entropy_forward(
+        &mut d_losses,
+        &d_logits,
+        &d_targets,
+        LogitRows { n, v, valid },
+    )?;
     Ok(rel_err(
         &gpu.download(&d_losses)?,
         &losses,
@@ -760,14 +777,21 @@ fn check_cross_entropy_fused<T: Elem>(
     inp: &mut Inputs,
     n: usize,
     v: usize,
+    valid: usize,
 ) -> Check {
-    let (logits, targets) = logits_and_targets(inp, n, v, T::DTYPE);
+    let (logits, targets) = logits_and_targets(inp, n, v, valid, T::DTYPE);
     let grad_scale = 1.0 / n as f32;
     let (mut losses, mut grad) = (vec![0.0; n], logits.clone());
-    cpu::cross_entropy::cross_entropy_fused(&mut losses, &mut grad, &targets, v, grad_scale);
+    cpu::cross_entropy::cross_entropy_fused(&mut losses, &mut grad, &targets, v, valid, grad_scale);
     let mut d_losses = poisoned::<f32>(gpu, n)?;
     let (mut d_logits, d_targets) = (gpu.upload_as::<T>(&logits)?, gpu.upload(&targets)?);
-    gpu.cross_entropy_fused(&mut d_losses, &mut d_logits, &d_targets, n, v, grad_scale)?;
+    gpu.cross_entropy_fused(
+        &mut d_losses,
+        &mut d_logits,
+        &d_targets,
+        LogitRows { n, v, valid },
+        grad_scale,
+    )?;
     // The gradient is checked row by row: each row's entries against that row's largest, so
     // the tiny probabilities of a 50k vocabulary are held to account.
     let got = gpu.download_f32(&d_logits)?;

@@ -7,7 +7,7 @@
 use super::cpu;
 use super::cpu::adamw::AdamWStep;
 use super::cpu::attention::AttnShape;
-use super::cuda::{Bf16, CudaBackend, F16};
+use super::cuda::{Bf16, CudaBackend, F16, LogitRows};
 use super::profile;
 use super::{DType, Device, EngineError, Result, Tensor};
 use std::sync::Arc;
@@ -373,51 +373,65 @@ pub fn attention_backward(
     Ok(dqkv)
 }
 
-fn check_targets(op: &'static str, logits: &Tensor, targets: &[u32]) -> Result<(usize, usize)> {
+fn check_targets(
+    op: &'static str,
+    logits: &Tensor,
+    targets: &[u32],
+    valid: usize,
+) -> Result<(usize, usize)> {
     let (n, v) = rows_cols(op, logits)?;
+    if valid > v {
+        return Err(EngineError::Shape {
+            op,
+            detail: format!("a vocabulary of {valid} does not fit rows of {v} logits"),
+        });
+    }
     if targets.len() != n {
         return Err(EngineError::Shape {
             op,
             detail: format!("{} targets for {n} rows", targets.len()),
         });
     }
-    if let Some(&t) = targets.iter().find(|&&t| t as usize >= v) {
+    if let Some(&t) = targets.iter().find(|&&t| t as usize >= valid) {
         return Err(EngineError::Shape {
             op,
-            detail: format!("target id {t} outside the vocabulary of {v}"),
+            detail: format!("target id {t} outside the vocabulary of {valid}"),
         });
     }
     Ok((n, v))
 }
 
-/// Per-row cross-entropy losses of `logits[N, V]`.
-pub fn cross_entropy(logits: &Tensor, targets: &[u32]) -> Result<Vec<f32>> {
+/// Per-row cross-entropy losses of `logits[N, V]` over its first `valid` columns (the rest
+/// pad the vocabulary and are masked out).
+pub fn cross_entropy(logits: &Tensor, targets: &[u32], valid: usize) -> Result<Vec<f32>> {
     let _prof = profile::scope("cross_entropy", logits);
     let on = device_of("cross_entropy", &[logits])?;
-    let (n, v) = check_targets("cross_entropy", logits, targets)?;
+    let (n, v) = check_targets("cross_entropy", logits, targets, valid)?;
     let mut losses = vec![0.0; n];
     match on {
         On::Cpu => {
-            cpu::cross_entropy::cross_entropy_forward(&mut losses, logits.host(), targets, v)
+            cpu::cross_entropy::cross_entropy_forward(&mut losses, logits.host(), targets, v, valid)
         }
         On::Gpu(g) => {
             let mut d_losses = g.alloc::<f32>(n)?;
             let targets = g.upload(targets)?;
-            with_elem!(logits.dtype(), T => g.cross_entropy_forward::<T>(&mut d_losses, logits.cuda(), &targets, n, v))?;
+            with_elem!(logits.dtype(), T => g.cross_entropy_forward::<T>(&mut d_losses, logits.cuda(), &targets, LogitRows { n, v, valid }))?;
             losses = g.download(&d_losses)?;
         }
     }
     Ok(losses)
 }
 
-/// Per-row losses; `logits` becomes the gradient of `grad_scale * sum(losses)`.
+/// Per-row losses over the first `valid` columns; `logits` becomes the gradient of
+/// `grad_scale * sum(losses)` (zero in the padding columns).
 pub fn cross_entropy_fused(
     logits: &mut Tensor,
     targets: &[u32],
+    valid: usize,
     grad_scale: f32,
 ) -> Result<Vec<f32>> {
     let _prof = profile::scope("cross_entropy_fused", logits);
-    let (n, v) = check_targets("cross_entropy_fused", logits, targets)?;
+    let (n, v) = check_targets("cross_entropy_fused", logits, targets, valid)?;
     let mut losses = vec![0.0; n];
     match logits.device() {
         Device::Cpu => cpu::cross_entropy::cross_entropy_fused(
@@ -425,6 +439,7 @@ pub fn cross_entropy_fused(
             logits.host_mut(),
             targets,
             v,
+            valid,
             grad_scale,
         ),
         Device::Cuda(_) => {
@@ -435,8 +450,7 @@ pub fn cross_entropy_fused(
                 &mut d_losses,
                 logits.cuda_mut(),
                 &targets,
-                n,
-                v,
+                LogitRows { n, v, valid },
                 grad_scale,
             ))?;
             losses = g.download(&d_losses)?;

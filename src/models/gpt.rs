@@ -4,6 +4,11 @@
 //! The forward below keeps every activation the backward needs in [`Activations`], and the
 //! backward walks the blocks in reverse with one gradient buffer for the residual stream.
 //! Every layernorm after the first is fused with the residual add that precedes it.
+//!
+//! The vocabulary is padded to a multiple of [`VOCAB_ALIGN`] in the embedding table and the
+//! head, so the largest GEMM of the model runs on whole tensor-core tiles (50257 -> 50304 for
+//! GPT-2). Padded rows are never looked up, their logits are masked out of the loss, so they
+//! get no gradient and do not change what the model computes.
 
 use super::{Model, StepPrecision};
 use crate::engine::ops::{self, NormStats};
@@ -17,6 +22,9 @@ use crate::nn::mlp::{Mlp, MlpSaved};
 use crate::nn::{Cost, Param, f32_bytes};
 use std::sync::Arc;
 
+/// The vocabulary is padded to a multiple of this many entries.
+pub const VOCAB_ALIGN: usize = 128;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GptConfig {
     pub vocab: usize,
@@ -25,6 +33,14 @@ pub struct GptConfig {
     pub n_heads: usize,
     pub context: usize,
     pub tied_head: bool,
+}
+
+impl GptConfig {
+    /// Rows of the embedding table and columns of the logits: the vocabulary rounded up to
+    /// a multiple of [`VOCAB_ALIGN`].
+    pub fn padded_vocab(&self) -> usize {
+        self.vocab.div_ceil(VOCAB_ALIGN) * VOCAB_ALIGN
+    }
 }
 
 pub struct Block {
@@ -69,7 +85,7 @@ impl Gpt {
         let mut rng = Rng::new(seed, stream::INIT);
         let c = cfg.d_model;
         let proj_std = 0.02 / (2.0 * cfg.n_layers as f32).sqrt();
-        let embed = Embedding::new(pool, cfg.vocab, cfg.context, c, &mut rng)?;
+        let embed = Embedding::new(pool, cfg.padded_vocab(), cfg.context, c, &mut rng)?;
         let blocks = (0..cfg.n_layers)
             .map(|l| {
                 let name = format!("blocks.{l}");
@@ -93,7 +109,13 @@ impl Gpt {
             None
         } else {
             Some(Linear::new(
-                pool, "lm_head", c, cfg.vocab, false, 0.02, &mut rng,
+                pool,
+                "lm_head",
+                c,
+                cfg.padded_vocab(),
+                false,
+                0.02,
+                &mut rng,
             )?)
         };
         Ok(Gpt {
@@ -211,7 +233,7 @@ impl Model for Gpt {
     ) -> Result<f64> {
         let mut acts = self.forward(inputs, batch, seq)?;
         let mut dlogits = self.logits(&acts)?;
-        let losses = ops::cross_entropy_fused(&mut dlogits, targets, p.grad_scale)?;
+        let losses = ops::cross_entropy_fused(&mut dlogits, targets, self.cfg.vocab, p.grad_scale)?;
         ops::round_in_place(&mut dlogits, p.grad_dtype)?;
 
         let d_ln_f = match &mut self.head {
@@ -245,7 +267,7 @@ impl Model for Gpt {
     fn loss(&self, inputs: &[u32], targets: &[u32], batch: usize, seq: usize) -> Result<f64> {
         let acts = self.forward(inputs, batch, seq)?;
         let logits = self.logits(&acts)?;
-        Ok(ops::cross_entropy(&logits, targets)?
+        Ok(ops::cross_entropy(&logits, targets, self.cfg.vocab)?
             .iter()
             .map(|&l| l as f64)
             .sum())
@@ -254,7 +276,8 @@ impl Model for Gpt {
     fn next_logits(&self, tokens: &[u32]) -> Result<Vec<f32>> {
         let acts = self.forward(tokens, 1, tokens.len())?;
         let logits = self.logits(&acts)?.to_vec()?;
-        Ok(logits[(tokens.len() - 1) * self.cfg.vocab..].to_vec())
+        let row = (tokens.len() - 1) * self.cfg.padded_vocab();
+        Ok(logits[row..row + self.cfg.vocab].to_vec())
     }
 
     fn context(&self) -> usize {
@@ -273,13 +296,13 @@ impl Model for Gpt {
                     + b.mlp.cost(tokens)
             })
             .sum();
-        let head_mac = (tokens * self.cfg.d_model * self.cfg.vocab) as u64;
+        let head_mac = (tokens * self.cfg.d_model * self.cfg.padded_vocab()) as u64;
         let head = Cost {
             params: self.head.as_ref().map_or(0, |h| h.cost(tokens).params),
             flops_forward: 2 * head_mac,
             flops_backward: 4 * head_mac,
             // The logits buffer, reused in place for its gradient.
-            saved_bytes: f32_bytes(tokens * self.cfg.vocab),
+            saved_bytes: f32_bytes(tokens * self.cfg.padded_vocab()),
         };
         self.embed.cost(tokens) + blocks + self.ln_f.cost(tokens) + head
     }
@@ -349,6 +372,24 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The padded vocabulary rows exist (128 of them for 11 tokens), get exactly zero
+    /// gradient, and never reach the caller's logits.
+    #[test]
+    fn padded_vocabulary_is_inert() {
+        let mut model = tiny(true);
+        assert_eq!(model.embed.wte.value.shape(), &[128, 8]);
+        let (x, y) = batch();
+        let p = StepPrecision {
+            grad_scale: 1.0,
+            grad_dtype: DType::F32,
+        };
+        model.forward_backward(&x, &y, 2, 6, p).unwrap();
+        let g = model.embed.wte.grad.to_vec().unwrap();
+        assert!(g[..11 * 8].iter().any(|&v| v != 0.0));
+        assert!(g[11 * 8..].iter().all(|&v| v == 0.0));
+        assert_eq!(model.next_logits(&x[..3]).unwrap().len(), 11);
     }
 
     #[test]

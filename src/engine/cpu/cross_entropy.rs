@@ -4,6 +4,11 @@
 //! their own gradient in place, so the softmax is computed once and no second buffer of
 //! vocabulary width ever exists. Losses are returned per row and summed by the caller in f64 in
 //! a fixed order, which keeps the reported loss reproducible.
+//!
+//! Rows may be wider than the vocabulary: the model pads its vocabulary to a multiple of 128
+//! so the head GEMM runs on aligned tensor-core tiles. Only the first `valid` columns of a
+//! row take part in the softmax; the padded ones get a zero gradient, as if their logits
+//! were minus infinity.
 
 use rayon::prelude::*;
 
@@ -12,12 +17,18 @@ fn row_logsumexp(row: &[f32]) -> f32 {
     max + row.iter().map(|v| (v - max).exp()).sum::<f32>().ln()
 }
 
-/// Per-row loss `-log softmax(logits)[target]`; logits are `[n, v]`.
-pub fn cross_entropy_forward(losses: &mut [f32], logits: &[f32], targets: &[u32], v: usize) {
+/// Per-row loss `-log softmax(logits[.., ..valid])[target]`; logits are `[n, v]`.
+pub fn cross_entropy_forward(
+    losses: &mut [f32],
+    logits: &[f32],
+    targets: &[u32],
+    v: usize,
+    valid: usize,
+) {
     losses
         .par_iter_mut()
         .zip(logits.par_chunks(v).zip(targets.par_iter()))
-        .for_each(|(l, (row, &t))| *l = row_logsumexp(row) - row[t as usize]);
+        .for_each(|(l, (row, &t))| *l = row_logsumexp(&row[..valid]) - row[t as usize]);
 }
 
 /// Per-row losses, and `logits` overwritten with `d loss / d logits` where each row's loss
@@ -27,17 +38,20 @@ pub fn cross_entropy_fused(
     logits: &mut [f32],
     targets: &[u32],
     v: usize,
+    valid: usize,
     grad_scale: f32,
 ) {
     losses
         .par_iter_mut()
         .zip(logits.par_chunks_mut(v).zip(targets.par_iter()))
         .for_each(|(l, (row, &t))| {
-            let lse = row_logsumexp(row);
-            *l = lse - row[t as usize];
-            row.iter_mut()
+            let (real, padding) = row.split_at_mut(valid);
+            let lse = row_logsumexp(real);
+            *l = lse - real[t as usize];
+            real.iter_mut()
                 .for_each(|x| *x = (*x - lse).exp() * grad_scale);
-            row[t as usize] -= grad_scale;
+            real[t as usize] -= grad_scale;
+            padding.fill(0.0);
         });
 }
 
@@ -61,13 +75,13 @@ mod tests {
                 .collect()
         };
         let mut losses = vec![f32::NAN; n];
-        cross_entropy_forward(&mut losses, &logits, &targets, v);
+        cross_entropy_forward(&mut losses, &logits, &targets, v, v);
         let want: Vec<f32> = naive(&logits).iter().map(|&x| x as f32).collect();
         assert_close(&losses, &want, 1e-5, "loss");
 
         let mut grad = logits.clone();
         let mut losses2 = vec![f32::NAN; n];
-        cross_entropy_fused(&mut losses2, &mut grad, &targets, v, 0.5);
+        cross_entropy_fused(&mut losses2, &mut grad, &targets, v, v, 0.5);
         assert_close(&losses2, &losses, 0.0, "fused loss equals forward loss");
         let h = 1e-2f32;
         for i in 0..n * v {
@@ -82,5 +96,53 @@ mod tests {
                 grad[i]
             );
         }
+    }
+
+    /// A padded row gives the loss and gradient of the unpadded row, whatever the padding
+    /// holds, and zero gradient in the padding.
+    #[test]
+    fn padded_columns_are_masked() {
+        let (n, valid, v) = (4, 13, 16);
+        let real = random(n * valid, 2, 3.0);
+        let mut padded = random(n * v, 3, 50.0);
+        for r in 0..n {
+            padded[r * v..r * v + valid].copy_from_slice(&real[r * valid..(r + 1) * valid]);
+        }
+        let targets: Vec<u32> = (0..n as u32).map(|i| (i * 5 + 1) % valid as u32).collect();
+        let (mut want, mut got) = (vec![0.0; n], vec![0.0; n]);
+        let mut grad_real = real.clone();
+        cross_entropy_fused(&mut want, &mut grad_real, &targets, valid, valid, 0.25);
+        cross_entropy_fused(&mut got, &mut padded, &targets, v, valid, 0.25);
+        assert_close(&got, &want, 0.0, "loss");
+        for r in 0..n {
+            let row = &padded[r * v..(r + 1) * v];
+            assert_close(
+                &row[..valid],
+                &grad_real[r * valid..(r + 1) * valid],
+                0.0,
+                "grad",
+            );
+            assert!(
+                row[valid..].iter().all(|&g| g == 0.0),
+                "padding gradient {row:?}"
+            );
+        }
+        let mut fwd = vec![0.0; n];
+        cross_entropy_forward(
+            &mut fwd,
+            &padded_copy(&real, n, valid, v),
+            &targets,
+            v,
+            valid,
+        );
+        assert_close(&fwd, &want, 0.0, "forward loss");
+    }
+
+    fn padded_copy(real: &[f32], n: usize, valid: usize, v: usize) -> Vec<f32> {
+        let mut out = vec![1e4; n * v];
+        for r in 0..n {
+            out[r * v..r * v + valid].copy_from_slice(&real[r * valid..(r + 1) * valid]);
+        }
+        out
     }
 }

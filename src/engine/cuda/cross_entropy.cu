@@ -7,6 +7,10 @@
 // pass reads shared memory instead of the row a second time: two passes over the logits in
 // device memory instead of three. It needs v * sizeof(T) bytes of shared memory (a 50k
 // vocabulary fits in f32 on Hopper); wider rows use the unstaged kernel.
+//
+// A row holds v logits of which the first `valid` are the vocabulary; the rest pad the
+// vocabulary to a tensor-core-friendly width. Padded logits count as minus infinity: they
+// add nothing to the softmax and get a zero gradient.
 
 extern __shared__ __align__(16) unsigned char ce_row_cache[];
 
@@ -20,15 +24,21 @@ __device__ __forceinline__ void online_add(float x, float& m, float& s) {
     }
 }
 
+// Padding columns read as minus infinity.
+__device__ __forceinline__ float masked(float x, int col, int valid) {
+    return col < valid ? x : KILN_NEG_INF;
+}
+
 template <typename T, bool WRITE_GRAD, bool STAGED>
 __device__ void cross_entropy(float* losses, T* logits, const unsigned int* targets, int v,
-                              float grad_scale) {
+                              int valid, float grad_scale) {
     __shared__ float scratch[32];
     T* row = logits + (long long)blockIdx.x * v;
     T* cache = reinterpret_cast<T*>(ce_row_cache);
     const unsigned int t = targets[blockIdx.x];
     // Read before any thread overwrites the row (the reductions below are barriers).
-    const float target_logit = (threadIdx.x == 0 && t < (unsigned int)v) ? load(row[t]) : 0.f;
+    const float target_logit =
+        (threadIdx.x == 0 && t < (unsigned int)valid) ? load(row[t]) : 0.f;
     // Four logits per access where the row allows (the whole block sees the same row, so
     // the choice is uniform); the tail and misaligned rows go one at a time.
     const int v4 = aligned4(row) ? v / 4 : 0;
@@ -37,11 +47,11 @@ __device__ void cross_entropy(float* losses, T* logits, const unsigned int* targ
         float x[4];
         load4(row + 4 * i, x);
         if (STAGED) store4(cache + 4 * i, x);
-        for (int k = 0; k < 4; ++k) online_add(x[k], m, s);
+        for (int k = 0; k < 4; ++k) online_add(masked(x[k], 4 * i + k, valid), m, s);
     }
     for (int i = 4 * v4 + threadIdx.x; i < v; i += blockDim.x) {
         if (STAGED) cache[i] = row[i];
-        online_add(load(row[i]), m, s);
+        online_add(masked(load(row[i]), i, valid), m, s);
     }
     const float row_max = block_max(m, scratch);
     // A thread that saw no finite value contributes nothing (and must not form -inf - -inf).
@@ -49,7 +59,7 @@ __device__ void cross_entropy(float* losses, T* logits, const unsigned int* targ
     const float lse = row_max + logf(total);
     if (threadIdx.x == 0) {
         // An out-of-range target has no loss to give; NaN makes the bad input visible.
-        losses[blockIdx.x] = t < (unsigned int)v ? lse - target_logit : KILN_NAN;
+        losses[blockIdx.x] = t < (unsigned int)valid ? lse - target_logit : KILN_NAN;
     }
     if (WRITE_GRAD) {
         // The block reductions above were barriers, so the cache is complete.
@@ -58,13 +68,13 @@ __device__ void cross_entropy(float* losses, T* logits, const unsigned int* targ
             float x[4];
             load4(src + 4 * i, x);
             for (int k = 0; k < 4; ++k) {
-                const float p = expf(x[k] - lse) * grad_scale;
+                const float p = expf(masked(x[k], 4 * i + k, valid) - lse) * grad_scale;
                 x[k] = (unsigned int)(4 * i + k) == t ? p - grad_scale : p;
             }
             store4(row + 4 * i, x);
         }
         for (int i = 4 * v4 + threadIdx.x; i < v; i += blockDim.x) {
-            const float p = expf(load(src[i]) - lse) * grad_scale;
+            const float p = expf(masked(load(src[i]), i, valid) - lse) * grad_scale;
             row[i] = store<T>((unsigned int)i == t ? p - grad_scale : p);
         }
     }
@@ -72,16 +82,19 @@ __device__ void cross_entropy(float* losses, T* logits, const unsigned int* targ
 
 #define CROSS_ENTROPY_KERNELS(T, SUFFIX)                                                       \
     extern "C" __global__ void cross_entropy_forward_##SUFFIX(                               \
-        float* losses, const T* logits, const unsigned int* targets, int v) {                 \
-        cross_entropy<T, false, false>(losses, const_cast<T*>(logits), targets, v, 0.f);      \
+        float* losses, const T* logits, const unsigned int* targets, int v, int valid) {      \
+        cross_entropy<T, false, false>(losses, const_cast<T*>(logits), targets, v, valid,    \
+                                       0.f);                                                  \
     }                                                                                          \
     extern "C" __global__ void cross_entropy_fused_##SUFFIX(                                 \
-        float* losses, T* logits, const unsigned int* targets, int v, float grad_scale) {     \
-        cross_entropy<T, true, false>(losses, logits, targets, v, grad_scale);                \
+        float* losses, T* logits, const unsigned int* targets, int v, int valid,              \
+        float grad_scale) {                                                                    \
+        cross_entropy<T, true, false>(losses, logits, targets, v, valid, grad_scale);         \
     }                                                                                          \
     extern "C" __global__ void cross_entropy_fused_staged_##SUFFIX(                          \
-        float* losses, T* logits, const unsigned int* targets, int v, float grad_scale) {     \
-        cross_entropy<T, true, true>(losses, logits, targets, v, grad_scale);                 \
+        float* losses, T* logits, const unsigned int* targets, int v, int valid,              \
+        float grad_scale) {                                                                    \
+        cross_entropy<T, true, true>(losses, logits, targets, v, valid, grad_scale);          \
     }
 
 CROSS_ENTROPY_KERNELS(float, f32)

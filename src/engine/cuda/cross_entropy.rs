@@ -37,19 +37,27 @@ fn rows(n: usize, shared_mem_bytes: u32) -> LaunchConfig {
 /// room to spare.
 const STATIC_SHARED_BYTES: usize = 1024;
 
+/// `n` rows of `v` logits, of which the first `valid` columns are the vocabulary.
+#[derive(Debug, Clone, Copy)]
+pub struct LogitRows {
+    pub n: usize,
+    pub v: usize,
+    pub valid: usize,
+}
+
 impl CudaBackend {
-    /// Per-row loss `-log softmax(logits)[target]` for `n` rows of width `v`. A target
-    /// outside the vocabulary gives a NaN loss.
+    /// Per-row loss `-log softmax(logits)[target]` for `n` rows of width `v`, of which the
+    /// first `valid` columns are the vocabulary. A target outside it gives a NaN loss.
     pub fn cross_entropy_forward<T: Elem>(
         &self,
         losses: &mut CudaSlice<f32>,
         logits: &CudaSlice<T>,
         targets: &CudaSlice<u32>,
-        n: usize,
-        v: usize,
+        LogitRows { n, v, valid }: LogitRows,
     ) -> Result<()> {
         const OP: &str = "cross_entropy_forward";
-        let v32 = as_i32(OP, "vocabulary", v)?;
+        let v32 = as_i32(OP, "row width", v)?;
+        let valid32 = as_i32(OP, "vocabulary", valid.min(v))?;
         as_i32(OP, "rows", n)?;
         check_len(OP, "losses", losses, n)?;
         check_len(OP, "logits", logits, n * v)?;
@@ -59,25 +67,29 @@ impl CudaBackend {
         }
         let f = self.function(&format!("cross_entropy_forward_{}", T::SUFFIX))?;
         let mut b = self.stream.launch_builder(f);
-        b.arg(losses).arg(logits).arg(targets).arg(&v32);
+        b.arg(losses)
+            .arg(logits)
+            .arg(targets)
+            .arg(&v32)
+            .arg(&valid32);
         // SAFETY: lengths checked above; one block per row.
         unsafe { b.launch(rows(n, 0)) }?;
         Ok(())
     }
 
     /// Per-row losses, and `logits` overwritten with `d loss / d logits`, each row's loss
-    /// weighted by `grad_scale`.
+    /// weighted by `grad_scale`; the padding columns past `valid` get a zero gradient.
     pub fn cross_entropy_fused<T: Elem>(
         &self,
         losses: &mut CudaSlice<f32>,
         logits: &mut CudaSlice<T>,
         targets: &CudaSlice<u32>,
-        n: usize,
-        v: usize,
+        LogitRows { n, v, valid }: LogitRows,
         grad_scale: f32,
     ) -> Result<()> {
         const OP: &str = "cross_entropy_fused";
-        let v32 = as_i32(OP, "vocabulary", v)?;
+        let v32 = as_i32(OP, "row width", v)?;
+        let valid32 = as_i32(OP, "vocabulary", valid.min(v))?;
         as_i32(OP, "rows", n)?;
         check_len(OP, "losses", losses, n)?;
         check_len(OP, "logits", logits, n * v)?;
@@ -106,6 +118,7 @@ impl CudaBackend {
             .arg(logits)
             .arg(targets)
             .arg(&v32)
+            .arg(&valid32)
             .arg(&grad_scale);
         // SAFETY: lengths checked above; one block per row; the staged kernel gets the
         // `v * size_of::<T>()` bytes of shared memory it caches the row in.

@@ -20,6 +20,7 @@ pub mod nvrtc;
 mod reduce;
 
 pub use adamw::AdamWStep;
+pub use cross_entropy::LogitRows;
 pub use gemm::GemmMath;
 
 use crate::engine::DType;
