@@ -9,10 +9,18 @@ use crate::engine::EngineError;
 use std::path::PathBuf;
 use thiserror::Error;
 
+impl From<ConfigError> for KilnError {
+    fn from(e: ConfigError) -> Self {
+        KilnError::Config(Box::new(e))
+    }
+}
+
 #[derive(Debug, Error)]
 pub enum KilnError {
+    /// Boxed: config errors carry the offending key, value and origin, and would otherwise
+    /// make every `Result` in the crate that large.
     #[error(transparent)]
-    Config(#[from] ConfigError),
+    Config(Box<ConfigError>),
     #[error(transparent)]
     Data(#[from] DataError),
     #[error(transparent)]

@@ -53,6 +53,14 @@ pub enum ConfigError {
         example: String,
     },
 
+    /// `--profile` named neither a built-in profile nor a `.toml` file.
+    #[error("unknown profile '{name}'; use one of {known}, or a path ending in .toml")]
+    UnknownProfile { name: String, known: String },
+
+    /// `train.global_batch` and the micro-batch or accumulation disagree.
+    #[error("{detail}")]
+    GlobalBatch { detail: String },
+
     /// A value of the wrong TOML type.
     #[error(
         "{key} expects {expected}, got {got} ({got_type}) from {origin}; use a value like {example}"
@@ -63,7 +71,7 @@ pub enum ConfigError {
         got: String,
         got_type: &'static str,
         origin: Source,
-        example: String,
+        example: Box<str>,
     },
 
     /// A float that is NaN or infinite.
@@ -208,6 +216,8 @@ impl fmt::Display for Source {
             Source::Default => f.write_str("default"),
             Source::File(path) => write!(f, "{}", path.display()),
             Source::Override => f.write_str("override"),
+            Source::Profile(name) => write!(f, "profile {name}"),
+            Source::Auto(rule) => write!(f, "auto: {rule}"),
         }
     }
 }

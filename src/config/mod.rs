@@ -1,8 +1,11 @@
 //! Layered run configuration for kiln.
 //!
-//! A run's settings come from three layers, each overriding the one before:
-//! built-in defaults, then an optional TOML file (`--config FILE`), then
-//! `KEY=VALUE` overrides on dotted keys such as `train.steps=50`. The file
+//! A run's settings come from four layers, each overriding the one before:
+//! built-in defaults, a hardware profile (`--profile`, see [`profile`]), then an
+//! optional TOML file (`--config FILE`), then `KEY=VALUE` overrides on dotted
+//! keys such as `train.steps=50`. With `--profile auto` a last step ([`auto`])
+//! replaces the values no file or override chose with ones derived from the
+//! machine and the memory planner. The file
 //! holds the settings a user wants to keep and share; overrides are for the
 //! one-off tweak on the command line, so they win. Every value remembers
 //! which layer set it, so `--print-config` can show why a run used what it
@@ -14,7 +17,9 @@
 //! "did you mean" hint) before anything is decoded, and type errors can name
 //! the key and the layer that supplied the bad value.
 
+pub mod auto;
 mod error;
+pub mod profile;
 mod validate;
 
 #[cfg(test)]
@@ -28,6 +33,7 @@ use serde::{Deserialize, Serialize};
 use toml::{Table, Value};
 
 pub use error::ConfigError;
+pub use profile::Profile;
 pub use validate::parse_bytes;
 
 /// The full configuration of a training run.
@@ -91,6 +97,8 @@ pub struct DataConfig {
     pub val_fraction: f64,
     /// Batches prepared ahead of the training loop.
     pub prefetch: usize,
+    /// Threads that tokenise the corpus; 0 means one per CPU thread.
+    pub loader_threads: usize,
 }
 
 impl Default for DataConfig {
@@ -100,6 +108,7 @@ impl Default for DataConfig {
             tokenizer: "byte".into(),
             val_fraction: 0.05,
             prefetch: 4,
+            loader_threads: 0,
         }
     }
 }
@@ -118,6 +127,10 @@ pub struct TrainConfig {
     pub micro_batch: usize,
     /// Micro-batches accumulated into one optimizer step.
     pub grad_accum: usize,
+    /// Sequences per optimizer step; 0 means micro_batch x grad_accum. When set, the
+    /// accumulation is derived from it, so the micro-batch can change (by hand, by the
+    /// planner, or after an out-of-memory split) without changing the optimisation.
+    pub global_batch: usize,
     /// Number of optimizer steps to run.
     pub steps: usize,
     /// Seed for weight init and data order; same seed, same run.
@@ -154,6 +167,7 @@ impl Default for TrainConfig {
             seq_len: 128,
             micro_batch: 16,
             grad_accum: 1,
+            global_batch: 0,
             steps: 300,
             seed: 1337,
             eval_every: 100,
@@ -226,6 +240,10 @@ const KEYS: &[(&str, &str)] = &[
         "share of corpus held out for validation",
     ),
     ("data.prefetch", "batches prepared ahead of time"),
+    (
+        "data.loader_threads",
+        "threads that tokenise the corpus; 0 = CPU threads",
+    ),
     ("train.device", "\"auto\", \"cpu\", \"cuda\" or \"cuda:N\""),
     (
         "train.precision",
@@ -234,6 +252,10 @@ const KEYS: &[(&str, &str)] = &[
     ("train.seq_len", "tokens per sequence; <= model.context"),
     ("train.micro_batch", "sequences per forward/backward pass"),
     ("train.grad_accum", "micro-batches per optimizer step"),
+    (
+        "train.global_batch",
+        "sequences per optimizer step; 0 = micro x accum",
+    ),
     ("train.steps", "optimizer steps to run"),
     ("train.seed", "random seed"),
     (
@@ -295,6 +317,10 @@ pub enum Source {
     File(PathBuf),
     /// A `KEY=VALUE` override.
     Override,
+    /// A hardware profile, by name (or path).
+    Profile(String),
+    /// Derived from the machine or another key; the text says by which rule.
+    Auto(String),
 }
 
 /// A validated configuration plus the layer each key's value came from.
@@ -311,11 +337,37 @@ type Flat = BTreeMap<String, Value>;
 impl ResolvedConfig {
     /// Applies defaults, then the file (if any), then the overrides ("key=value" strings), then validates.
     pub fn resolve(file: Option<&Path>, overrides: &[String]) -> Result<Self, ConfigError> {
+        Self::resolve_layers(None, file, overrides)
+    }
+
+    /// Applies defaults, the profile, the file and the overrides in that order, derives the
+    /// accumulation from `train.global_batch`, then validates.
+    pub fn resolve_layers(
+        profile: Option<&Profile>,
+        file: Option<&Path>,
+        overrides: &[String],
+    ) -> Result<Self, ConfigError> {
         let mut values = default_flat()?;
         let mut sources: BTreeMap<String, Source> = values
             .keys()
             .map(|k| (k.clone(), Source::Default))
             .collect();
+
+        if let Some(p) = profile {
+            let origin = Source::Profile(p.name.clone());
+            let table: Table =
+                p.text
+                    .parse()
+                    .map_err(|e: toml::de::Error| ConfigError::ParseFile {
+                        path: PathBuf::from(format!("profile {}", p.name)),
+                        reason: e.to_string().trim_end().to_string(),
+                    })?;
+            let mut entries = Vec::new();
+            flatten_file(&table, "", &origin, &values, &mut entries)?;
+            for (key, value) in entries {
+                set(&mut values, &mut sources, key, value, &origin)?;
+            }
+        }
 
         if let Some(path) = file {
             let origin = Source::File(path.to_path_buf());
@@ -342,8 +394,102 @@ impl ResolvedConfig {
         }
 
         let config = decode(&values)?;
-        config.validate()?;
-        Ok(Self { config, sources })
+        let mut resolved = Self { config, sources };
+        resolved.derive_accumulation()?;
+        resolved.config.validate()?;
+        Ok(resolved)
+    }
+
+    /// Whether `key` still holds a value nobody chose for this run (a default or a profile's),
+    /// which the automatic rules may replace.
+    pub fn is_open(&self, key: &str) -> bool {
+        matches!(
+            self.sources.get(key),
+            None | Some(Source::Default) | Some(Source::Profile(_))
+        )
+    }
+
+    /// Sets `key` to `value` with `rule` as its origin, if nobody chose it (see
+    /// [`Self::is_open`]); returns whether it did. Call [`Self::finish_auto`] afterwards.
+    pub fn set_auto(
+        &mut self,
+        key: &str,
+        value: impl Into<Value>,
+        rule: impl Into<String>,
+    ) -> Result<bool, ConfigError> {
+        if !self.is_open(key) {
+            return Ok(false);
+        }
+        self.set_derived(key, value.into(), rule.into())?;
+        Ok(true)
+    }
+
+    /// Sets `key` whoever chose it, for a value that was literally "decide for me" (such
+    /// as `train.recompute = "auto"`).
+    pub fn set_derived(
+        &mut self,
+        key: &str,
+        value: Value,
+        rule: String,
+    ) -> Result<(), ConfigError> {
+        let mut values = flatten_config(&self.config)?;
+        set(
+            &mut values,
+            &mut self.sources,
+            key.to_string(),
+            value,
+            &Source::Auto(rule),
+        )?;
+        self.config = decode(&values)?;
+        Ok(())
+    }
+
+    /// Re-derives the accumulation and re-validates after automatic changes.
+    pub fn finish_auto(&mut self) -> Result<(), ConfigError> {
+        self.derive_accumulation()?;
+        self.config.validate()
+    }
+
+    /// With `train.global_batch` set, `train.grad_accum` follows from the micro-batch; a
+    /// global batch the micro-batch does not divide, or an accumulation someone set that
+    /// disagrees, is an error that says what to change.
+    fn derive_accumulation(&mut self) -> Result<(), ConfigError> {
+        let t = &self.config.train;
+        let (global, micro) = (t.global_batch, t.micro_batch);
+        if global == 0 || micro == 0 {
+            return Ok(());
+        }
+        if global % micro != 0 {
+            let divisors: Vec<String> = (1..=global)
+                .filter(|d| global % d == 0)
+                .map(|d| d.to_string())
+                .collect();
+            return Err(ConfigError::GlobalBatch {
+                detail: format!(
+                    "train.global_batch = {global} cannot be reached with train.micro_batch = {micro} ({global} is not a multiple of {micro}); choose a micro_batch that divides it: {}",
+                    divisors.join(", ")
+                ),
+            });
+        }
+        let accum = global / micro;
+        if t.grad_accum != accum {
+            if !self.is_open("train.grad_accum")
+                && !matches!(self.sources.get("train.grad_accum"), Some(Source::Auto(_)))
+            {
+                return Err(ConfigError::GlobalBatch {
+                    detail: format!(
+                        "train.grad_accum = {} disagrees with train.global_batch = {global} / train.micro_batch = {micro} = {accum}; set only one of grad_accum and global_batch",
+                        t.grad_accum
+                    ),
+                });
+            }
+            self.set_derived(
+                "train.grad_accum",
+                Value::Integer(accum as i64),
+                format!("global_batch {global} / micro_batch {micro}"),
+            )?;
+        }
+        Ok(())
     }
 
     /// One line per key, in section order: `train.micro_batch = 16    # default` (aligned columns), for --print-config.
@@ -573,7 +719,7 @@ fn set(
         got: value.to_string(),
         got_type: type_name(&value),
         origin: origin.clone(),
-        example: default.to_string(),
+        example: default.to_string().into(),
     };
     let checked = match (default, &value) {
         (Value::Integer(_), Value::Integer(i)) if *i >= 0 => value.clone(),

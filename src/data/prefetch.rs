@@ -31,6 +31,8 @@ pub struct DataSpec {
     pub seq: usize,
     /// Micro-batches per optimizer step.
     pub grad_accum: usize,
+    /// Threads that tokenise the corpus.
+    pub threads: usize,
 }
 
 impl DataSpec {
@@ -205,7 +207,8 @@ fn prepare(spec: &DataSpec, cancel: &AtomicBool) -> Result<Option<TokenSplits>, 
     spec.validate()?;
     let tokenizer = tokenizer_by_name(&spec.tokenizer)?;
     let corpus = Corpus::load(spec.corpus.as_deref())?;
-    let Some(tokens) = encode_chunked(tokenizer.as_ref(), &corpus.text, cancel) else {
+    let Some(tokens) = encode_chunked(tokenizer.as_ref(), &corpus.text, cancel, spec.threads)
+    else {
         return Ok(None);
     };
     drop(corpus);
@@ -261,6 +264,7 @@ mod tests {
             micro_batch: 4,
             seq: 32,
             grad_accum: 3,
+            threads: 2,
         }
     }
 

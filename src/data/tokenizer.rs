@@ -192,17 +192,47 @@ fn chunk_end(text: &str, start: usize, target: usize) -> usize {
     text.len()
 }
 
-/// Encodes `text` in chunks (see [`chunk_text`]), checking `cancel` between chunks so that a
-/// loader being shut down stops within one chunk. Returns `None` when cancelled. The result
-/// equals `tok.encode(text)`.
-pub fn encode_chunked(tok: &dyn Tokenizer, text: &str, cancel: &AtomicBool) -> Option<Vec<u32>> {
-    // About 3.5 bytes per GPT-2 token in English; one reservation avoids most regrowth.
-    let mut out = Vec::with_capacity(text.len() / 3 + 16);
-    for chunk in chunk_text(text, CHUNK_BYTES) {
-        if cancel.load(Ordering::Relaxed) {
-            return None;
+/// Encodes `text` in chunks (see [`chunk_text`]) on `threads` threads, checking `cancel`
+/// between chunks so that a loader being shut down stops within one chunk. Returns `None`
+/// when cancelled. The result equals `tok.encode(text)`: each thread takes a contiguous run
+/// of chunks and the runs are joined in order.
+pub fn encode_chunked(
+    tok: &dyn Tokenizer,
+    text: &str,
+    cancel: &AtomicBool,
+    threads: usize,
+) -> Option<Vec<u32>> {
+    let chunks = chunk_text(text, CHUNK_BYTES);
+    let encode_run = |run: &[&str]| -> Option<Vec<u32>> {
+        // About 3.5 bytes per GPT-2 token in English; one reservation avoids most regrowth.
+        let bytes: usize = run.iter().map(|c| c.len()).sum();
+        let mut out = Vec::with_capacity(bytes / 3 + 16);
+        for chunk in run {
+            if cancel.load(Ordering::Relaxed) {
+                return None;
+            }
+            out.extend(tok.encode(chunk));
         }
-        out.extend(tok.encode(chunk));
+        Some(out)
+    };
+    let threads = threads.clamp(1, chunks.len().max(1));
+    if threads == 1 {
+        return encode_run(&chunks);
+    }
+    let per = chunks.len().div_ceil(threads);
+    let parts: Vec<Option<Vec<u32>>> = std::thread::scope(|s| {
+        let handles: Vec<_> = chunks
+            .chunks(per)
+            .map(|run| s.spawn(move || encode_run(run)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or(None))
+            .collect()
+    });
+    let mut out = Vec::with_capacity(text.len() / 3 + 16);
+    for part in parts {
+        out.extend(part?);
     }
     Some(out)
 }
@@ -293,9 +323,14 @@ mod tests {
                     }
                     assert_eq!(chunked, whole, "{} target {target}", tok.name());
                 }
-                assert_eq!(encode_chunked(tok.as_ref(), text, &never).unwrap(), whole);
+                for threads in [1, 3] {
+                    assert_eq!(
+                        encode_chunked(tok.as_ref(), text, &never, threads).unwrap(),
+                        whole
+                    );
+                }
             }
         }
-        assert!(encode_chunked(&ByteTokenizer, text, &AtomicBool::new(true)).is_none());
+        assert!(encode_chunked(&ByteTokenizer, text, &AtomicBool::new(true), 2).is_none());
     }
 }

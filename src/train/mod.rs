@@ -85,6 +85,10 @@ pub fn data_spec(cfg: &crate::config::Config) -> DataSpec {
         micro_batch: cfg.train.micro_batch,
         seq: cfg.train.seq_len,
         grad_accum: cfg.train.grad_accum,
+        threads: match cfg.data.loader_threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        },
     }
 }
 
