@@ -58,6 +58,7 @@ struct Utilization {
 
 /// `nvmlPciInfo_t` as the `_v3` queries fill it.
 #[repr(C)]
+#[derive(Default)]
 struct PciInfo {
     bus_id_legacy: [c_char; 16],
     domain: c_uint,
@@ -66,20 +67,6 @@ struct PciInfo {
     pci_device_id: c_uint,
     pci_sub_system_id: c_uint,
     bus_id: [c_char; 32],
-}
-
-impl Default for PciInfo {
-    fn default() -> Self {
-        PciInfo {
-            bus_id_legacy: [0; 16],
-            domain: 0,
-            bus: 0,
-            device: 0,
-            pci_device_id: 0,
-            pci_sub_system_id: 0,
-            bus_id: [0; 32],
-        }
-    }
 }
 
 /// Declares the NVML functions kiln uses; each is looked up once and may be absent.
