@@ -217,3 +217,100 @@ pub fn render(r: &HwReport) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hw::nvml::{Clocks, NvLink, NvLinkPeer, Pcie};
+    use crate::hw::{Capabilities, CpuInfo, DriverInfo, RamInfo, recommend_gpu};
+
+    fn hopper(nvml_answers: bool) -> GpuReport {
+        let known = |v: u32| nvml_answers.then_some(v);
+        GpuReport {
+            ordinal: Some(0),
+            name: "NVIDIA H100 80GB HBM3".into(),
+            uuid: nvml_answers.then(|| "GPU-0f1e2d3c".into()),
+            pci_bus_id: nvml_answers.then(|| "00000000:1B:00.0".into()),
+            memory_total: Some(80 << 30),
+            memory_free: nvml_answers.then_some(79 << 30),
+            compute_capability: Some((9, 0)),
+            sm_count: Some(132),
+            supports: Some(Capabilities::of((9, 0))),
+            clocks: Clocks {
+                sm_mhz: known(1980),
+                sm_max_mhz: known(1980),
+                memory_mhz: known(2619),
+                memory_max_mhz: known(2619),
+            },
+            power_limit_w: nvml_answers.then_some(700.0),
+            power_draw_w: nvml_answers.then_some(71.6),
+            temperature_c: known(33),
+            pcie: Pcie {
+                generation: known(5),
+                width: known(16),
+                max_generation: known(5),
+                max_width: known(16),
+            },
+            nvlink: nvml_answers.then(|| NvLink {
+                active_links: 18,
+                peers: vec![NvLinkPeer {
+                    bus_id: "00000000:05:00.0".into(),
+                    links: 18,
+                }],
+            }),
+        }
+    }
+
+    fn report(gpu: GpuReport) -> HwReport {
+        HwReport {
+            driver: DriverInfo {
+                version: Some("580.95.05".into()),
+                cuda_version: Some("13.0".into()),
+            },
+            recommendations: vec![recommend_gpu(0, (9, 0))],
+            gpus: vec![gpu],
+            no_gpu: None,
+            cpu: CpuInfo {
+                model: None,
+                physical_cores: None,
+                threads: 8,
+                compute_threads: 8,
+            },
+            ram: RamInfo {
+                total_bytes: None,
+                available_bytes: None,
+            },
+            notes: vec![],
+            probe: None,
+        }
+    }
+
+    #[test]
+    fn a_gpu_report_shows_every_field() {
+        let text = render(&report(hopper(true)));
+        for needle in [
+            "GPU cuda:0  NVIDIA H100 80GB HBM3",
+            "driver      580.95.05, CUDA 13.0",
+            "compute capability 9.0, 132 SMs; bf16 yes, TF32 yes, FP8 yes",
+            "SM 1980 / 1980 MHz, memory 2619 / 2619 MHz",
+            "limit 700 W, drawing 72 W, 33 C",
+            "gen 5 x16 (max gen 5 x16)",
+            "18 active links to 1 peer(s): 00000000:05:00.0 x18",
+            "train.device=cuda:0 train.precision=bf16-mixed",
+        ] {
+            assert!(text.contains(needle), "expected {needle:?} in:\n{text}");
+        }
+    }
+
+    #[test]
+    fn fields_nvml_cannot_give_read_unknown() {
+        let text = render(&report(hopper(false)));
+        assert!(text.contains("SM unknown / unknown MHz"), "{text}");
+        assert!(text.contains("NVLink      unknown"), "{text}");
+        assert!(text.contains("80.00 GiB total, unknown free"), "{text}");
+        assert!(
+            text.contains("CPU         unknown, unknown cores, 8 threads"),
+            "{text}"
+        );
+    }
+}
