@@ -3,14 +3,15 @@
 //! The library is layered; a module uses only the ones listed after it:
 //! `cli` (one file per subcommand) -> `train` (the step, precision, checkpoints, metrics) ->
 //! `models` (GPT) -> `nn` (layers with explicit backward and cost) -> `optim` ->
-//! `data` (corpus, tokenizers, batches) -> `config` -> `engine` (devices, tensors, pools,
-//! kernels).
+//! `data` (corpus, tokenizers, batches) -> `config` -> `hw` (GPU, CPU and RAM detection, probes,
+//! the NVML sampler) -> `engine` (devices, tensors, pools, kernels).
 
 pub mod cli;
 pub mod config;
 pub mod data;
 pub mod engine;
 pub mod error;
+pub mod hw;
 pub mod models;
 pub mod nn;
 pub mod optim;

@@ -276,3 +276,63 @@ fn tf32_on_the_cpu_is_refused_with_the_fix() {
     let out = kiln(&["train", "train.device=cpu", "train.precision=tf32"], &[]);
     assert_fails(&out, 2, &["tf32", "train.precision=fp32"]);
 }
+
+#[test]
+fn hw_reports_the_machine_and_why_there_is_no_gpu() {
+    let out = kiln(&["hw"], &[]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    for needle in ["CPU ", "RAM ", "recommended settings:", "train.precision="] {
+        assert!(t.contains(needle), "expected {needle:?} in:\n{t}");
+    }
+    // With no GPU the report says why in one line, and recommends the CPU.
+    if t.contains("no GPU ") {
+        assert!(t.contains("train.device=cpu train.precision=fp32"), "{t}");
+    }
+    let alias = kiln(&["check-hardware"], &[]);
+    assert!(alias.status.success(), "{}", text(&alias));
+}
+
+#[test]
+fn hw_json_parses_and_keeps_its_field_names() {
+    let out = kiln(&["hw", "--json"], &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+    assert!(v["cpu"]["threads"].as_u64().unwrap() >= 1);
+    assert!(v["ram"].get("total_bytes").is_some());
+    assert!(v["driver"].get("version").is_some());
+    assert!(v["probe"].is_null());
+    let gpus = v["gpus"].as_array().unwrap();
+    let recs = v["recommendations"].as_array().unwrap();
+    match v["no_gpu"].as_object() {
+        Some(why) => {
+            let reason = why["reason"].as_str().unwrap();
+            assert!(
+                ["no-driver", "no-device", "library-missing", "driver-error"].contains(&reason),
+                "{reason}"
+            );
+            assert!(!why["detail"].as_str().unwrap().is_empty());
+            assert_eq!(recs[0]["device"], "cpu");
+            assert_eq!(recs[0]["precision"], "fp32");
+        }
+        None => {
+            assert!(!gpus.is_empty());
+            for g in gpus {
+                for key in ["name", "memory_total", "memory_free", "compute_capability"] {
+                    assert!(g.get(key).is_some(), "{key} missing in {g}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn hw_probe_measures_in_the_json() {
+    let out = kiln(&["hw", "--probe", "--json", "--device", "cpu"], &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+    let p = &v["probe"];
+    assert_eq!(p["device"], "cpu");
+    assert!(p["gemm"][0]["tflops"].as_f64().unwrap() > 0.0);
+    assert!(p["copy"]["gbs"].as_f64().unwrap() > 0.0);
+}

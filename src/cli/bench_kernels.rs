@@ -9,6 +9,7 @@
 use crate::engine::cuda::{AdamWStep, Bf16, CudaBackend, CudaError, Elem, GemmMath, LogitRows};
 use crate::engine::rng::{Rng, stream};
 use crate::error::{KilnError, Result};
+use crate::hw::probe;
 use clap::Args;
 
 #[derive(Args, Debug)]
@@ -118,25 +119,12 @@ fn engine_err(e: CudaError) -> KilnError {
     KilnError::Setting(format!("kernel timing failed: {e}"))
 }
 
-/// The device-to-device copy rate and one large bf16 GEMM's rate.
+/// The device-to-device copy rate (1 GiB) and one large bf16 GEMM's rate (8192^3).
 fn ceilings(b: &mut Bench) -> std::result::Result<(f64, f64), CudaError> {
-    let n = 256 << 20; // 1 GiB of f32
-    let src = b.gpu.alloc::<f32>(n)?;
-    let mut dst = b.gpu.alloc::<f32>(n)?;
-    let stream = b.gpu.stream().clone();
-    let ms = b
-        .gpu
-        .time_median_ms(2, 10, || Ok(stream.memcpy_dtod(&src, &mut dst)?))?;
-    let copy_gbs = 2.0 * (n * 4) as f64 / (ms * 1e-3) / 1e9;
-    let s = 8192;
-    let x = b.random::<Bf16>(s * s, 1.0)?;
-    let w = b.random::<Bf16>(s * s, 1.0)?;
-    let mut out = b.gpu.alloc::<Bf16>(s * s)?;
-    let ms = b.gpu.time_median_ms(2, 10, || {
-        b.gpu
-            .linear_forward(&mut out, &x, &w, None, s, s, s, GemmMath::Fp32)
-    })?;
-    Ok((copy_gbs, 2.0 * (s * s * s) as f64 / (ms * 1e-3) / 1e12))
+    Ok((
+        probe::gpu_copy_gbs(b.gpu, 1 << 30)?,
+        probe::gpu_gemm_tflops::<Bf16>(b.gpu, 8192, GemmMath::Fp32)?,
+    ))
 }
 
 fn time_all<T: Elem>(b: &mut Bench, a: &BenchKernelsArgs) -> std::result::Result<(), CudaError> {

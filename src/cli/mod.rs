@@ -4,6 +4,7 @@ pub mod bench;
 pub mod bench_kernels;
 pub mod eval;
 pub mod generate;
+pub mod hw;
 pub mod selftest;
 pub mod train;
 
@@ -40,6 +41,9 @@ pub enum Command {
     Bench(bench::BenchCommand),
     /// Check every GPU kernel against its CPU reference (skips, exit 0, with no GPU).
     Selftest(selftest::SelftestArgs),
+    /// Show the GPUs, driver, CPU and RAM, and the settings kiln recommends for them.
+    #[command(alias = "check-hardware")]
+    Hw(hw::HwArgs),
 }
 
 pub fn run(cli: Cli) -> Result<()> {
@@ -49,6 +53,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Generate(a) => generate::run(a),
         Command::Bench(b) => bench::run(b),
         Command::Selftest(a) => selftest::run(a),
+        Command::Hw(a) => hw::run(a),
     }
 }
 

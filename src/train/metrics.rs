@@ -1,6 +1,8 @@
-//! Observers of a run: the metrics file (JSON lines) and the progress line.
+//! Observers of a run: the metrics file (JSON lines: `train`, `eval` and, on a GPU, `device`
+//! records) and the progress line.
 
 use crate::error::{KilnError, Result};
+use crate::hw::nvml::DeviceSample;
 use serde::Serialize;
 use std::fs::{File, OpenOptions};
 use std::io::{IsTerminal, Write};
@@ -25,6 +27,23 @@ impl MetricsWriter {
             file,
             path: path.to_path_buf(),
         })
+    }
+
+    /// Appends GPU readings, one `{"kind": "device", ...}` line each.
+    pub fn write_device_samples(&mut self, samples: &[DeviceSample]) -> Result<()> {
+        #[derive(Serialize)]
+        struct DeviceRecord<'a> {
+            kind: &'static str,
+            #[serde(flatten)]
+            sample: &'a DeviceSample,
+        }
+        for sample in samples {
+            self.write(&DeviceRecord {
+                kind: "device",
+                sample,
+            })?;
+        }
+        Ok(())
     }
 
     pub fn write(&mut self, record: &impl Serialize) -> Result<()> {
@@ -103,5 +122,42 @@ impl Progress {
             println!();
         }
         self.live = false;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_samples_are_written_as_device_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metrics.jsonl");
+        let mut w = MetricsWriter::open(&path).unwrap();
+        let sample = DeviceSample {
+            elapsed_s: 1.5,
+            gpu: 0,
+            gpu_util_pct: Some(97),
+            mem_util_pct: Some(41),
+            power_w: Some(612.5),
+            sm_clock_mhz: Some(1980),
+            mem_clock_mhz: Some(2619),
+            temperature_c: Some(61),
+            mem_used_bytes: None,
+        };
+        w.write_device_samples(&[sample.clone(), sample]).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text.lines().count(), 2);
+        let v: serde_json::Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+        assert_eq!(v["kind"], "device");
+        assert_eq!(v["elapsed_s"], 1.5);
+        assert_eq!(v["gpu_util_pct"], 97);
+        assert_eq!(v["mem_util_pct"], 41);
+        assert_eq!(v["power_w"], 612.5);
+        assert_eq!(v["sm_clock_mhz"], 1980);
+        assert_eq!(v["mem_clock_mhz"], 2619);
+        assert_eq!(v["temperature_c"], 61);
+        // An unknown reading is null, not missing, so every record has the same keys.
+        assert!(v["mem_used_bytes"].is_null() && v.get("mem_used_bytes").is_some());
     }
 }

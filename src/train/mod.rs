@@ -186,6 +186,7 @@ pub fn run(opts: RunOptions) -> Result<Summary> {
     let last = opts.stop_after.map_or(total, |s| s.min(total));
     let every = |n: usize, step: u64| n > 0 && step.is_multiple_of(n as u64);
     let started = Instant::now();
+    let sampler = device_sampler(device, started, &mut progress);
     let mut window = (Instant::now(), 0u64);
     let mut last_ckpt: Option<PathBuf> = checkpoint::latest(run_dir)?;
     let mut train_loss = f64::NAN;
@@ -219,13 +220,18 @@ pub fn run(opts: RunOptions) -> Result<Summary> {
             let per_step = started.elapsed().as_secs_f64() / (step - start_step).max(1) as f64;
             let eta = Duration::from_secs_f64((last - step) as f64 * per_step);
             progress.update(&format!(
-                "step {step:>5}/{total} | loss {:.4} | lr {:.2e} | {:.1}k tok/s | mem {} | eta {}",
+                "step {step:>5}/{total} | loss {:.4} | lr {:.2e} | {:.1}k tok/s | mem {} (peak {}, reserved {}) | eta {}",
                 report.loss,
                 report.lr,
                 tps / 1000.0,
+                format_bytes(mem.current),
                 format_bytes(mem.peak),
+                format_bytes(mem.reserved),
                 format_duration(eta)
             ));
+            if let Some(s) = &sampler {
+                metrics.write_device_samples(&s.drain())?;
+            }
             metrics.write(&TrainRecord {
                 kind: "train",
                 step,
@@ -264,6 +270,9 @@ pub fn run(opts: RunOptions) -> Result<Summary> {
         }
     }
     progress.finish();
+    if let Some(s) = sampler {
+        metrics.write_device_samples(&s.drain())?;
+    }
     if val_loss.is_nan() {
         val_loss = trainer.evaluate(&val)?;
     }
@@ -289,6 +298,21 @@ pub fn run(opts: RunOptions) -> Result<Summary> {
     let json = serde_json::to_vec_pretty(&summary).map_err(|e| KilnError::output(run_dir, e))?;
     write_atomic(&run_dir.join("summary.json"), &json)?;
     Ok(summary)
+}
+
+/// A once-a-second NVML sampler of the run's GPU, or `None` on the CPU or without NVML (said
+/// once, since the run goes on without device records).
+fn device_sampler(
+    device: Device,
+    started: Instant,
+    progress: &mut Progress,
+) -> Option<crate::hw::nvml::Sampler> {
+    let Device::Cuda(ordinal) = device else {
+        return None;
+    };
+    crate::hw::nvml::Sampler::spawn(ordinal, Duration::from_secs(1), started)
+        .map_err(|e| progress.message(&format!("note: no GPU readings in metrics.jsonl: {e}")))
+        .ok()
 }
 
 /// Adds where the last good checkpoint is to a divergence error.

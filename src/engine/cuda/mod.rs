@@ -201,13 +201,44 @@ fn device_count() -> Result<usize> {
 
 /// Lists the GPUs, or says why there are none (no driver, no device, driver error).
 pub fn probe() -> std::result::Result<Vec<GpuInfo>, String> {
-    let run = || -> Result<Vec<GpuInfo>> {
-        let n = device_count()?;
-        (0..n)
-            .map(|i| guarded("device query", || device_info(&CudaContext::new(i)?)))
-            .collect()
-    };
-    run().map_err(|e| e.to_string())
+    probe_devices().map_err(|e| e.to_string())
+}
+
+/// [`probe`] with the reason as a typed error, for callers that tell the reasons apart.
+pub fn probe_devices() -> Result<Vec<GpuInfo>> {
+    let n = device_count()?;
+    (0..n)
+        .map(|i| guarded("device query", || device_info(&CudaContext::new(i)?)))
+        .collect()
+}
+
+/// Where GPU `ordinal` sits on the PCI bus, (domain, bus, device): the name NVML knows it by.
+/// Needs no context, so it costs no GPU memory.
+pub fn pci_location(ordinal: usize) -> Result<(u32, u32, u32)> {
+    device_count()?;
+    guarded("PCI location", || {
+        use cudarc::driver::result::device;
+        let dev = device::get(ordinal as i32)?;
+        // SAFETY: `dev` came from cuDeviceGet.
+        let attr =
+            |a| -> Result<u32> { Ok(unsafe { device::get_attribute(dev, a) }?.max(0) as u32) };
+        Ok((
+            attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID)?,
+            attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID)?,
+            attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID)?,
+        ))
+    })
+}
+
+/// The CUDA driver API version the installed driver supports (13000 is 13.0).
+pub fn driver_api_version() -> Result<i32> {
+    ensure_loaded(CudaLibrary::Driver)?;
+    guarded("cuDriverGetVersion", || {
+        let mut v = 0;
+        // SAFETY: writes one int; callable before cuInit.
+        unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut v) }.result()?;
+        Ok(v)
+    })
 }
 
 /// Kernel sources prepended with the shared helpers, one NVRTC program each.
