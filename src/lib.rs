@@ -14,4 +14,5 @@ pub mod error;
 pub mod models;
 pub mod nn;
 pub mod optim;
+pub mod plan;
 pub mod train;

@@ -84,7 +84,7 @@ impl Param {
 }
 
 /// What a layer costs for one micro-batch of `batch x seq` tokens.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Cost {
     pub params: usize,
     pub flops_forward: u64,

@@ -20,7 +20,7 @@ pub mod nvrtc;
 mod reduce;
 
 pub use adamw::AdamWStep;
-pub use gemm::GemmMath;
+pub use gemm::{GemmMath, WORKSPACE_BYTES as GEMM_WORKSPACE_BYTES};
 
 use crate::engine::DType;
 use cudarc::driver::{
