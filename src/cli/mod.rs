@@ -4,6 +4,7 @@ pub mod bench;
 pub mod bench_kernels;
 pub mod eval;
 pub mod generate;
+pub mod plan;
 pub mod selftest;
 pub mod train;
 
@@ -35,6 +36,8 @@ pub enum Command {
     Eval(eval::EvalArgs),
     /// Sample text from a run's latest checkpoint.
     Generate(generate::GenerateArgs),
+    /// Plan the memory and FLOPs of a training step and the largest micro-batch that fits.
+    Plan(plan::PlanArgs),
     /// Measure performance (`kiln bench train`).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -47,6 +50,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Train(a) => train::run(a),
         Command::Eval(a) => eval::run(a),
         Command::Generate(a) => generate::run(a),
+        Command::Plan(a) => plan::run(a),
         Command::Bench(b) => bench::run(b),
         Command::Selftest(a) => selftest::run(a),
     }

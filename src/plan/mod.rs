@@ -184,7 +184,7 @@ pub fn plan(r: &PlanRequest) -> Plan {
         .filter(|b| matches!(b.kind, Kind::Saved | Kind::Transient | Kind::Outside))
         .map(|b| (b.what.clone(), b.bytes))
         .collect();
-    largest.sort_by(|a, b| b.1.cmp(&a.1));
+    largest.sort_by_key(|b| std::cmp::Reverse(b.1));
     largest.truncate(4);
     let params: usize = gpt::param_shapes(&r.model).iter().map(|p| p.1).sum();
     let cost = r.model.cost_on(r.micro_batch, r.seq_len, r.layout());

@@ -218,3 +218,77 @@ fn saved_activations_match_the_layers_costs() {
         }
     }
 }
+
+#[test]
+fn largest_micro_batch_grows_with_memory_and_sits_on_the_boundary() {
+    let c = &cases()[1];
+    let r = request(c, 1);
+    let mut last = 0;
+    for mib in [1usize, 2, 3, 5, 8, 13, 21, 34] {
+        let budget = Budget::cpu(1 << 40).with_pool_limit(mib << 20);
+        let Some(b) = largest_micro_batch(&r, &budget) else {
+            assert_eq!(last, 0, "a larger budget never fits less");
+            continue;
+        };
+        assert!(b >= last, "{mib} MiB: {b} < {last}");
+        assert!(budget.fits(&plan(&r.with_batch(b))));
+        assert!(!budget.fits(&plan(&r.with_batch(b + 1))));
+        last = b;
+    }
+    assert!(last > 1);
+    // Recomputation and offload never need more than the plain step on a GPU.
+    let gpu = PlanRequest {
+        device: Device::Cuda(0),
+        compute: DType::BF16,
+        ..request(c, 4)
+    };
+    let budget = Budget::gpu("test".into(), 1 << 30, Some(0), (9, 0));
+    let by_variant = largest_by_variant(&gpu, &budget);
+    let plain = by_variant[0].1.unwrap();
+    assert!(
+        by_variant.iter().all(|v| v.1.unwrap() >= plain),
+        "{by_variant:?}"
+    );
+}
+
+#[test]
+fn one_sequence_advice_names_what_helps() {
+    let c = &cases()[0];
+    let r = request(c, 1);
+    let need = plan(&r).device_peak;
+    assert!(one_sequence_advice(&r, &Budget::cpu(1 << 40).with_pool_limit(need)).is_none());
+    let msg = one_sequence_advice(&r, &Budget::cpu(1 << 40).with_pool_limit(need - 1)).unwrap();
+    assert!(msg.contains("for one sequence of 8 tokens"), "{msg}");
+    assert!(msg.contains("train.recompute=blocks (saves"), "{msg}");
+    assert!(msg.contains("train.precision=bf16-mixed"), "{msg}");
+    assert!(msg.contains("train.seq_len (at most 7 fits"), "{msg}");
+}
+
+#[test]
+fn misaligned_dimensions_are_flagged_with_their_padding() {
+    let c = Case {
+        d_model: 36,
+        n_layers: 1,
+        n_heads: 3,
+        tied: true,
+        vocab: 50257,
+        seq: 10,
+        precision: Precision::Bf16Mixed,
+    };
+    let r = request(&c, 3);
+    let dims: Vec<(String, usize)> = misaligned_dimensions(&r, 50257, 2)
+        .into_iter()
+        .map(|m| (m.dimension, m.padded))
+        .collect();
+    assert_eq!(
+        dims,
+        vec![
+            ("d_model".to_string(), 40),
+            ("3 x d_model (qkv)".to_string(), 112),
+            ("head size (d_model / n_heads)".to_string(), 16),
+            ("vocabulary (logits)".to_string(), 50304),
+            ("tokens per micro-batch".to_string(), 32),
+        ]
+    );
+    assert_eq!(misaligned_dimensions(&r, 50257, 1)[0].multiple, 16);
+}
