@@ -15,4 +15,5 @@ pub mod hw;
 pub mod models;
 pub mod nn;
 pub mod optim;
+pub mod plan;
 pub mod train;

@@ -336,3 +336,120 @@ fn hw_probe_measures_in_the_json() {
     assert!(p["gemm"][0]["tflops"].as_f64().unwrap() > 0.0);
     assert!(p["copy"]["gbs"].as_f64().unwrap() > 0.0);
 }
+
+/// `kiln plan` for a named GPU: the breakdown, the per-layer table, the largest micro-batch
+/// of each variant, and GPT-2's vocabulary padded for the tensor cores.
+#[test]
+fn plan_for_a_named_gpu() {
+    let out = kiln(
+        &["plan", "--gpu", "a100-40gb"],
+        &common::with(&["data.tokenizer=gpt2", "train.precision=bf16-mixed"]),
+    );
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    for needle in [
+        "NVIDIA A100 40GB",
+        "master weights (fp32)",
+        "compute copies (bf16)",
+        "optimizer state",
+        "saved activations",
+        "CUDA context and other processes (estimate)",
+        "| block.attn | 2 |",
+        "FLOPs per token",
+        "| recompute+offload |",
+        "vocabulary 50257 padded to 50304",
+    ] {
+        assert!(t.contains(needle), "expected {needle:?} in:\n{t}");
+    }
+}
+
+/// `--json` for scripts: the largest micro-batch grows with memory, and the plan at that
+/// size fits while one more does not.
+#[test]
+fn plan_json_is_consistent_across_gpus() {
+    let json = |gpu: &str| -> serde_json::Value {
+        let out = kiln(&["plan", "--json", "--gpu", gpu], &common::with(&[]));
+        assert!(out.status.success(), "{}", text(&out));
+        serde_json::from_slice(&out.stdout).expect("plan --json prints one JSON object")
+    };
+    let plain =
+        |v: &serde_json::Value| v["largest_micro_batch"][0]["micro_batch"].as_u64().unwrap();
+    let small = json("rtx3060-12gb");
+    let large = json("h200-141gb");
+    assert!(
+        plain(&small) < plain(&large),
+        "{} vs {}",
+        plain(&small),
+        plain(&large)
+    );
+    assert_eq!(small["fits"], true);
+    assert!(small["plan"]["pool_peak"].as_u64().unwrap() > 0);
+    assert_eq!(small["largest_micro_batch"].as_array().unwrap().len(), 4);
+}
+
+#[test]
+fn plan_refuses_an_unknown_gpu_and_lists_the_known_ones() {
+    let out = kiln(&["plan", "--gpu", "gtx480"], &[]);
+    assert_fails(
+        &out,
+        2,
+        &["unknown GPU 'gtx480'", "h100-80gb", "rtx4090", "t4-16gb"],
+    );
+}
+
+/// A model that cannot fit one sequence says what it needs and what would help.
+#[test]
+fn plan_says_what_one_sequence_needs_and_how_to_shrink_it() {
+    let out = kiln(
+        &["plan", "--gpu", "rtx3080-10gb"],
+        &common::with(&[
+            "model.d_model=4096",
+            "model.n_layers=32",
+            "model.n_heads=32",
+            "model.context=2048",
+            "train.seq_len=2048",
+        ]),
+    );
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    for needle in [
+        "for one sequence of 2048 tokens",
+        "NVIDIA GeForce RTX 3080 10GB",
+        "train.recompute=blocks (saves",
+        "train.offload_optimizer=true (saves",
+        "train.precision=bf16-mixed (saves",
+        "a shorter train.seq_len",
+        "| plain | none |",
+    ] {
+        assert!(t.contains(needle), "expected {needle:?} in:\n{t}");
+    }
+}
+
+/// On the CPU under a memory cap, `--find-batch` runs real steps: the predicted largest
+/// micro-batch fits with the planned peak measured exactly, and the next one runs out.
+#[test]
+fn find_batch_on_the_cpu_confirms_the_predicted_boundary() {
+    let out = kiln(
+        &["plan", "--json", "--find-batch"],
+        &common::with(&["train.device=cpu", "train.memory_limit=6MiB"]),
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let predicted = v["largest_micro_batch"][0]["micro_batch"].as_u64().unwrap();
+    let trials = v["trials"].as_array().unwrap();
+    assert_eq!(trials.len(), 2);
+    assert_eq!(trials[0]["micro_batch"].as_u64(), Some(predicted));
+    assert_eq!(trials[0]["fits"], true);
+    assert_eq!(
+        trials[0]["measured_pool_peak"],
+        trials[0]["planned_pool_peak"]
+    );
+    assert_eq!(trials[1]["micro_batch"].as_u64(), Some(predicted + 1));
+    assert_eq!(trials[1]["fits"], false);
+    // Without a cap the CPU trials would fill the machine: refused with the fix.
+    let out = kiln(
+        &["plan", "--find-batch"],
+        &common::with(&["train.device=cpu"]),
+    );
+    assert_fails(&out, 2, &["train.memory_limit"]);
+}

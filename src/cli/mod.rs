@@ -5,6 +5,7 @@ pub mod bench_kernels;
 pub mod eval;
 pub mod generate;
 pub mod hw;
+pub mod plan;
 pub mod selftest;
 pub mod train;
 
@@ -36,6 +37,8 @@ pub enum Command {
     Eval(eval::EvalArgs),
     /// Sample text from a run's latest checkpoint.
     Generate(generate::GenerateArgs),
+    /// Plan the memory and FLOPs of a training step and the largest micro-batch that fits.
+    Plan(plan::PlanArgs),
     /// Measure performance (`kiln bench train`).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -51,6 +54,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Train(a) => train::run(a),
         Command::Eval(a) => eval::run(a),
         Command::Generate(a) => generate::run(a),
+        Command::Plan(a) => plan::run(a),
         Command::Bench(b) => bench::run(b),
         Command::Selftest(a) => selftest::run(a),
         Command::Hw(a) => hw::run(a),

@@ -32,12 +32,26 @@ macro_rules! with_elem {
     };
 }
 
-/// The dtype of a new activation computed from `t`: the CPU computes and stores f32 whatever
-/// the policy (its narrow types are emulated by rounding weights); a GPU keeps the type.
-fn act_dtype(t: &Tensor) -> DType {
-    match t.device() {
+/// The dtype of an activation computed on `device` from inputs of `dtype`: the CPU computes
+/// and stores f32 whatever the policy (its narrow types are emulated by rounding weights); a
+/// GPU keeps the type. Public so the memory planner books activations as the kernels do.
+pub fn activation_dtype(device: Device, dtype: DType) -> DType {
+    match device {
         Device::Cpu => DType::F32,
-        Device::Cuda(_) => t.dtype(),
+        Device::Cuda(_) => dtype,
+    }
+}
+
+fn act_dtype(t: &Tensor) -> DType {
+    activation_dtype(t.device(), t.dtype())
+}
+
+/// Shape of the f32 softmax statistics attention keeps for its backward on `device`: the
+/// probabilities `[B, H, T, T]` on the CPU, one log-sum-exp per row `[B, H, T]` on a GPU.
+pub fn attention_stats_shape(device: Device, s: AttnShape) -> Vec<usize> {
+    match device {
+        Device::Cpu => vec![s.batch, s.heads, s.seq, s.seq],
+        Device::Cuda(_) => vec![s.batch, s.heads, s.seq],
     }
 }
 
@@ -329,15 +343,15 @@ pub fn attention_forward(qkv: &Tensor, s: AttnShape) -> Result<(Tensor, Tensor)>
     let on = device_of("attention", &[qkv])?;
     expect_len("attention", "qkv", qkv, s.batch * s.seq * 3 * s.channels)?;
     let mut out = Tensor::uninit(qkv.pool(), &[s.batch, s.seq, s.channels], act_dtype(qkv))?;
+    let stats = attention_stats_shape(qkv.device(), s);
     match on {
         On::Cpu => {
-            let mut probs =
-                Tensor::zeros(qkv.pool(), &[s.batch, s.heads, s.seq, s.seq], DType::F32)?;
+            let mut probs = Tensor::zeros(qkv.pool(), &stats, DType::F32)?;
             cpu::attention::attention_forward(out.host_mut(), probs.host_mut(), qkv.host(), s);
             Ok((out, probs))
         }
         On::Gpu(g) => {
-            let mut lse = Tensor::uninit(qkv.pool(), &[s.batch, s.heads, s.seq], DType::F32)?;
+            let mut lse = Tensor::uninit(qkv.pool(), &stats, DType::F32)?;
             with_elem!(qkv.dtype(), T => g.attention_forward::<T>(out.cuda_mut(), lse.cuda_mut(), qkv.cuda(), s))?;
             Ok((out, lse))
         }

@@ -19,7 +19,7 @@ use crate::nn::embedding::Embedding;
 use crate::nn::layernorm::LayerNorm;
 use crate::nn::linear::Linear;
 use crate::nn::mlp::{Mlp, MlpSaved};
-use crate::nn::{Cost, Param, f32_bytes};
+use crate::nn::{ActLayout, Cost, Param};
 use std::sync::Arc;
 
 /// The vocabulary is padded to a multiple of this many entries.
@@ -284,6 +284,8 @@ impl Model for Gpt {
         self.cfg.context
     }
 
+    /// Sums the built layers' costs (fp32 on the CPU); [`GptConfig::cost_on`] gives the same
+    /// from the shape alone, for any layout, without building the model.
     fn cost(&self, batch: usize, seq: usize) -> Cost {
         let tokens = batch * seq;
         let blocks: Cost = self
@@ -296,15 +298,38 @@ impl Model for Gpt {
                     + b.mlp.cost(tokens)
             })
             .sum();
-        let head_mac = (tokens * self.cfg.d_model * self.cfg.padded_vocab()) as u64;
+        let head = Linear::cost_of(self.cfg.d_model, self.cfg.padded_vocab(), false, tokens);
         let head = Cost {
             params: self.head.as_ref().map_or(0, |h| h.cost(tokens).params),
-            flops_forward: 2 * head_mac,
-            flops_backward: 4 * head_mac,
-            // The logits buffer, reused in place for its gradient.
-            saved_bytes: f32_bytes(tokens * self.cfg.padded_vocab()),
+            saved_bytes: ActLayout::CPU_F32.act_bytes(tokens * self.cfg.padded_vocab()),
+            ..head
         };
         self.embed.cost(tokens) + blocks + self.ln_f.cost(tokens) + head
+    }
+}
+
+impl GptConfig {
+    /// The cost of one micro-batch, from the layers' own costs, with the saved bytes of
+    /// activations laid out as `layout` keeps them.
+    pub fn cost_on(&self, batch: usize, seq: usize, layout: ActLayout) -> Cost {
+        let tokens = batch * seq;
+        let c = self.d_model;
+        let block = LayerNorm::cost_of(c, tokens, layout)
+            + CausalSelfAttention::cost_of(c, self.n_heads, batch, seq, layout)
+            + LayerNorm::cost_of(c, tokens, layout)
+            + Mlp::cost_of(c, tokens, layout);
+        let blocks: Cost = (0..self.n_layers).map(|_| block).sum();
+        let head = Linear::cost_of(c, self.padded_vocab(), false, tokens);
+        let head = Cost {
+            params: if self.tied_head { 0 } else { head.params },
+            // The logits buffer, reused in place for its gradient.
+            saved_bytes: layout.act_bytes(tokens * self.padded_vocab()),
+            ..head
+        };
+        Embedding::cost_of(self.padded_vocab(), self.context, c, tokens)
+            + blocks
+            + LayerNorm::cost_of(c, tokens, layout)
+            + head
     }
 }
 
@@ -394,9 +419,17 @@ mod tests {
 
     #[test]
     fn cost_counts_every_parameter_and_rejects_long_sequences() {
+        for tied in [false, true] {
+            let model = tiny(tied);
+            let n: usize = model.params().iter().map(|p| p.value.len()).sum();
+            assert_eq!(model.cost(2, 6).params, n);
+            // The shape-only cost the planner uses agrees with the built layers' costs.
+            assert_eq!(
+                model.cfg.cost_on(2, 6, ActLayout::CPU_F32),
+                model.cost(2, 6)
+            );
+        }
         let model = tiny(false);
-        let n: usize = model.params().iter().map(|p| p.value.len()).sum();
-        assert_eq!(model.cost(2, 6).params, n);
         let tokens = vec![1u32; 7];
         let err = model.next_logits(&tokens).unwrap_err().to_string();
         assert!(

@@ -1,7 +1,7 @@
 //! Causal multi-head self-attention: a fused QKV projection, attention, an output projection.
 
 use super::linear::Linear;
-use super::{Cost, Param, f32_bytes};
+use super::{ActLayout, Cost, Param, f32_bytes};
 use crate::engine::cpu::attention::AttnShape;
 use crate::engine::rng::Rng;
 use crate::engine::{MemoryPool, Result, Tensor, ops};
@@ -72,19 +72,33 @@ impl CausalSelfAttention {
         v
     }
 
-    /// FLOPs count the QK^T and PV products over the causal half (T^2/2 per head).
     pub fn cost(&self, batch: usize, seq: usize) -> Cost {
+        Self::cost_of(self.qkv.c_in, self.n_heads, batch, seq, ActLayout::CPU_F32)
+    }
+
+    /// Saves the QKV activations, the attention output and the softmax statistics (whose
+    /// size depends on the device, see `ops::attention_stats_shape`). FLOPs count the QK^T
+    /// and PV products over the causal half (T^2/2 per head).
+    pub fn cost_of(c: usize, heads: usize, batch: usize, seq: usize, layout: ActLayout) -> Cost {
         let tokens = batch * seq;
-        let c = self.qkv.c_in;
-        let pairs = (batch * self.n_heads * seq * (seq + 1) / 2) as u64;
-        let hs = (c / self.n_heads) as u64;
+        let pairs = (batch * heads * seq * (seq + 1) / 2) as u64;
+        let hs = (c / heads) as u64;
+        let stats = AttnShape {
+            batch,
+            seq,
+            heads,
+            channels: c,
+        };
+        let stats: usize = ops::attention_stats_shape(layout.device, stats)
+            .iter()
+            .product();
         let core = Cost {
             params: 0,
             flops_forward: 4 * pairs * hs,
             flops_backward: 8 * pairs * hs,
-            saved_bytes: f32_bytes(tokens * 3 * c + batch * self.n_heads * seq * seq + tokens * c),
+            saved_bytes: layout.act_bytes(tokens * 3 * c + tokens * c) + f32_bytes(stats),
         };
-        self.qkv.cost(tokens) + core + self.proj.cost(tokens)
+        Linear::cost_of(c, 3 * c, true, tokens) + core + Linear::cost_of(c, c, true, tokens)
     }
 }
 

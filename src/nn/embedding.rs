@@ -55,13 +55,17 @@ impl Embedding {
         vec![&mut self.wte, &mut self.wpe]
     }
 
-    /// Saves only the token ids (4 bytes per token).
     pub fn cost(&self, tokens: usize) -> Cost {
-        let c = self.wte.value.shape()[1] as u64;
+        let (table, positions) = (self.wte.value.shape(), self.wpe.value.shape());
+        Self::cost_of(table[0], positions[0], table[1], tokens)
+    }
+
+    /// Saves only the token ids (4 bytes per token, in host memory).
+    pub fn cost_of(vocab: usize, context: usize, c: usize, tokens: usize) -> Cost {
         Cost {
-            params: self.wte.value.len() + self.wpe.value.len(),
-            flops_forward: tokens as u64 * c,
-            flops_backward: 2 * tokens as u64 * c,
+            params: (vocab + context) * c,
+            flops_forward: (tokens * c) as u64,
+            flops_backward: 2 * (tokens * c) as u64,
             saved_bytes: 4 * tokens,
         }
     }

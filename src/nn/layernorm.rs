@@ -1,6 +1,6 @@
 //! Layer normalisation with learned gain and bias, optionally fused with a residual add.
 
-use super::{Cost, Init, Param, f32_bytes};
+use super::{ActLayout, Cost, Init, Param, f32_bytes};
 use crate::engine::ops::{self, NormStats};
 use crate::engine::rng::Rng;
 use crate::engine::{MemoryPool, Result, Tensor};
@@ -63,14 +63,18 @@ impl LayerNorm {
         vec![&mut self.gamma, &mut self.beta]
     }
 
-    /// Saves its input (the residual stream), its output and two statistics per row.
     pub fn cost(&self, tokens: usize) -> Cost {
-        let elems = (tokens * self.c) as u64;
+        Self::cost_of(self.c, tokens, ActLayout::CPU_F32)
+    }
+
+    /// Saves its input (the residual stream), its output and two f32 statistics per row.
+    pub fn cost_of(c: usize, tokens: usize, layout: ActLayout) -> Cost {
+        let elems = (tokens * c) as u64;
         Cost {
-            params: 2 * self.c,
+            params: 2 * c,
             flops_forward: 8 * elems,
             flops_backward: 12 * elems,
-            saved_bytes: f32_bytes(2 * tokens * self.c + 2 * tokens),
+            saved_bytes: layout.act_bytes(2 * tokens * c) + f32_bytes(2 * tokens),
         }
     }
 }

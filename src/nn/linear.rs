@@ -72,11 +72,15 @@ impl Linear {
             .collect()
     }
 
-    /// The input is saved for the weight gradient; the layer that produced it counts those bytes.
     pub fn cost(&self, tokens: usize) -> Cost {
-        let mac = (tokens * self.c_in * self.c_out) as u64;
+        Self::cost_of(self.c_in, self.c_out, self.bias.is_some(), tokens)
+    }
+
+    /// The input is saved for the weight gradient; the layer that produced it counts those bytes.
+    pub fn cost_of(c_in: usize, c_out: usize, bias: bool, tokens: usize) -> Cost {
+        let mac = (tokens * c_in * c_out) as u64;
         Cost {
-            params: self.c_in * self.c_out + if self.bias.is_some() { self.c_out } else { 0 },
+            params: c_in * c_out + if bias { c_out } else { 0 },
             flops_forward: 2 * mac,
             flops_backward: 4 * mac,
             saved_bytes: 0,

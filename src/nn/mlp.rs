@@ -1,7 +1,7 @@
 //! The transformer feed-forward: `proj(gelu(fc(x)))`, widening the stream four times.
 
 use super::linear::Linear;
-use super::{Cost, Param, f32_bytes};
+use super::{ActLayout, Cost, Param};
 use crate::engine::rng::Rng;
 use crate::engine::{MemoryPool, Result, Tensor, ops};
 use std::sync::Arc;
@@ -58,14 +58,19 @@ impl Mlp {
     }
 
     pub fn cost(&self, tokens: usize) -> Cost {
-        let hidden = (tokens * self.fc.c_out) as u64;
+        Self::cost_of(self.fc.c_in, tokens, ActLayout::CPU_F32)
+    }
+
+    /// Saves the pre-activation and the GELU output (the input is the norm's output).
+    pub fn cost_of(c: usize, tokens: usize, layout: ActLayout) -> Cost {
+        let hidden = (tokens * 4 * c) as u64;
         let gelu = Cost {
             flops_forward: 8 * hidden,
             flops_backward: 12 * hidden,
-            saved_bytes: f32_bytes(2 * hidden as usize),
+            saved_bytes: layout.act_bytes(2 * hidden as usize),
             ..Cost::default()
         };
-        self.fc.cost(tokens) + gelu + self.proj.cost(tokens)
+        Linear::cost_of(c, 4 * c, true, tokens) + gelu + Linear::cost_of(4 * c, c, true, tokens)
     }
 }
 

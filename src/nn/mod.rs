@@ -12,7 +12,7 @@ pub mod linear;
 pub mod mlp;
 
 use crate::engine::rng::Rng;
-use crate::engine::{DType, MemoryPool, Result, Tensor};
+use crate::engine::{DType, Device, MemoryPool, Result, Tensor, ops};
 use std::ops::Add;
 use std::sync::Arc;
 
@@ -84,7 +84,7 @@ impl Param {
 }
 
 /// What a layer costs for one micro-batch of `batch x seq` tokens.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Cost {
     pub params: usize,
     pub flops_forward: u64,
@@ -117,7 +117,30 @@ impl std::iter::Sum for Cost {
     }
 }
 
-/// Bytes of `n` f32 activations.
+/// Where a layer's activations live and the dtype of the weights it computes with, which
+/// together decide the bytes it saves: the CPU keeps f32 activations and the full attention
+/// probabilities, a GPU keeps activations in the compute dtype and one log-sum-exp per row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ActLayout {
+    pub device: Device,
+    /// The dtype of the weights compute reads (the compute copy under mixed precision).
+    pub weights: DType,
+}
+
+impl ActLayout {
+    /// fp32 on the CPU: what a layer's `cost` without a layout reports.
+    pub const CPU_F32: ActLayout = ActLayout {
+        device: Device::Cpu,
+        weights: DType::F32,
+    };
+
+    /// Bytes of `n` activation elements, in the dtype the kernels give them.
+    pub fn act_bytes(&self, n: usize) -> usize {
+        n * ops::activation_dtype(self.device, self.weights).size_bytes()
+    }
+}
+
+/// Bytes of `n` f32 values (statistics kept in f32 under every policy).
 pub(crate) fn f32_bytes(n: usize) -> usize {
     n * 4
 }

@@ -25,7 +25,7 @@ pub enum GemmMath {
 }
 
 /// NVIDIA's recommended workspace for Hopper (32 MiB); older GPUs use less of it.
-const WORKSPACE_BYTES: usize = 32 << 20;
+pub const WORKSPACE_BYTES: usize = 32 << 20;
 
 fn blas_err(what: &str) -> impl Fn(lt::CublasError) -> CudaError + '_ {
     move |e| CudaError::Blas(format!("{what}: {:?}", e.0))

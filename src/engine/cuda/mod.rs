@@ -21,7 +21,7 @@ mod reduce;
 
 pub use adamw::AdamWStep;
 pub use cross_entropy::LogitRows;
-pub use gemm::GemmMath;
+pub use gemm::{GemmMath, WORKSPACE_BYTES as GEMM_WORKSPACE_BYTES};
 
 use crate::engine::DType;
 use cudarc::driver::{

@@ -1,0 +1,513 @@
+//! `kiln plan`: the memory and FLOPs of one training step, the largest micro-batch that fits a
+//! GPU (this machine's or a named one), and, with `--find-batch`, the boundary confirmed by
+//! real steps.
+
+use crate::config::{Config, ResolvedConfig};
+use crate::data::{self, Batch};
+use crate::engine::device::DeviceRequest;
+use crate::engine::{self, DType, Device, EngineError, MemoryPool};
+use crate::error::{KilnError, Result};
+use crate::models::gpt::GptConfig;
+use crate::plan::{self, Budget, Plan, PlanRequest, gib, gpus};
+use crate::train::{Precision, Trainer};
+use clap::Args;
+use serde::Serialize;
+use std::sync::Arc;
+
+#[derive(Args, Debug)]
+#[command(after_help = "EXAMPLES:
+  kiln plan                                          the default model on this machine's GPU (or CPU)
+  kiln plan --gpu a100-40gb model.d_model=768 model.n_layers=12 model.n_heads=12 \\
+      model.context=1024 data.tokenizer=gpt2 train.seq_len=1024 train.precision=bf16-mixed
+  kiln plan --gpu rtx4090 --json ...                the same as JSON, for scripts
+  kiln plan --find-batch train.micro_batch=8        run steps at the predicted largest micro-batch
+                                                     and one more, and compare measured peaks
+  kiln plan --find-batch train.device=cpu train.memory_limit=64MiB   the same on the CPU
+
+Settings resolve as for `kiln train` (defaults < --config FILE < KEY=VALUE). The plan walks the
+step's allocations in the order the code makes them, so its pool peak is what the memory pool
+books (exact on the CPU). On a GPU it adds the cuBLASLt workspace, kernel scratch, allocator
+rounding, the CUDA context (measured when the GPU is here) and a safety margin of 5% of memory.")]
+pub struct PlanArgs {
+    /// TOML file with settings, as for `kiln train`.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<std::path::PathBuf>,
+    /// Plan for a named GPU instead of this machine's (an unknown name lists the known ones).
+    #[arg(long, value_name = "NAME")]
+    pub gpu: Option<String>,
+    /// Print the plan as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+    /// Confirm the largest micro-batch by trial on this machine's device: one step at the
+    /// predicted largest and one at the next size up (on the CPU under train.memory_limit).
+    #[arg(long, conflicts_with = "gpu")]
+    pub find_batch: bool,
+    /// Overrides on dotted keys, e.g. model.n_layers=12 train.micro_batch=8.
+    #[arg(value_name = "KEY=VALUE")]
+    pub overrides: Vec<String>,
+}
+
+/// The device the plan is for, and the pool to run trials on when it is this machine's.
+struct Target {
+    budget: Budget,
+    pool: Option<Arc<MemoryPool>>,
+    notes: Vec<String>,
+}
+
+#[derive(Serialize)]
+struct Trial {
+    micro_batch: usize,
+    fits: bool,
+    planned_pool_peak: usize,
+    measured_pool_peak: usize,
+    planned_device_peak: usize,
+    /// The driver allocator's reserved bytes after the step (GPU).
+    measured_reserved: Option<usize>,
+    /// total - free from cudaMemGetInfo after the step (GPU): context and other processes too.
+    measured_device_used: Option<usize>,
+}
+
+#[derive(Serialize)]
+struct Report<'a> {
+    budget: &'a Budget,
+    notes: &'a [String],
+    vocab: usize,
+    precision: String,
+    recompute_setting: &'a str,
+    plan: &'a Plan,
+    fits: bool,
+    layers: Vec<plan::LayerLine>,
+    largest_micro_batch: Vec<Largest>,
+    misaligned: Vec<plan::Misaligned>,
+    advice: Option<String>,
+    trials: Vec<Trial>,
+}
+
+#[derive(Serialize)]
+struct Largest {
+    variant: &'static str,
+    micro_batch: Option<usize>,
+}
+
+pub fn run(a: PlanArgs) -> Result<()> {
+    let cfg = ResolvedConfig::resolve(a.config.as_deref(), &a.overrides)?.config;
+    let mut target = target(&a, &cfg)?;
+    let device = target.budget.device;
+    let (precision, note) = Precision::parse(&cfg.train.precision)?
+        .check_device(device, target.budget.compute_capability)?;
+    target.notes.extend(note);
+    let vocab = data::tokenizer_vocab_size(&cfg.data.tokenizer)?;
+    let m = &cfg.model;
+    let base = PlanRequest {
+        model: GptConfig {
+            vocab: plan::padded_vocab(vocab),
+            d_model: m.d_model,
+            n_layers: m.n_layers,
+            n_heads: m.n_heads,
+            context: m.context,
+            tied_head: m.tied_head,
+        },
+        micro_batch: cfg.train.micro_batch,
+        seq_len: cfg.train.seq_len,
+        device,
+        compute: precision.compute_dtype().unwrap_or(DType::F32),
+        recompute: cfg.train.recompute == "blocks",
+        offload_optimizer: cfg.train.offload_optimizer && device != Device::Cpu,
+    };
+    if cfg.train.offload_optimizer && device == Device::Cpu {
+        target.notes.push(
+            "train.offload_optimizer has no effect on the CPU (host memory is the device)".into(),
+        );
+    }
+    let budget = &target.budget;
+    let mut request = base;
+    if cfg.train.recompute == "auto" && !budget.fits(&plan::plan(&base)) {
+        request.recompute = true;
+        target.notes.push(
+            "train.recompute=auto: the configured micro-batch does not fit without recomputation, so the plan recomputes blocks".into(),
+        );
+    }
+    let p = plan::plan(&request);
+    let elem_bytes = request.compute.size_bytes();
+    let trials = if a.find_batch {
+        find_batch(&cfg, vocab, precision, &request, &target)?
+    } else {
+        Vec::new()
+    };
+    let report = Report {
+        budget,
+        notes: &target.notes,
+        vocab,
+        precision: precision.to_string(),
+        recompute_setting: &cfg.train.recompute,
+        plan: &p,
+        fits: budget.fits(&p),
+        layers: plan::layer_table(&request),
+        largest_micro_batch: plan::largest_by_variant(&base, budget)
+            .into_iter()
+            .map(|(variant, micro_batch)| Largest {
+                variant,
+                micro_batch,
+            })
+            .collect(),
+        misaligned: plan::misaligned_dimensions(&request, vocab, elem_bytes),
+        advice: plan::one_sequence_advice(&base, budget),
+        trials,
+    };
+    if a.json {
+        let text = serde_json::to_string_pretty(&report)
+            .map_err(|e| KilnError::Setting(format!("cannot encode the plan as JSON: {e}")))?;
+        println!("{text}");
+    } else {
+        print_report(&report, &cfg);
+    }
+    Ok(())
+}
+
+/// The named GPU, this machine's GPU, or the CPU with its RAM.
+fn target(a: &PlanArgs, cfg: &Config) -> Result<Target> {
+    let limit = crate::config::parse_bytes(&cfg.train.memory_limit).map_err(|e| {
+        KilnError::Setting(format!(
+            "train.memory_limit='{}': {e}",
+            cfg.train.memory_limit
+        ))
+    })?;
+    let with_limit = |b: Budget| limit.map_or(b.clone(), |l| b.with_pool_limit(l));
+    if let Some(name) = &a.gpu {
+        let g = gpus::lookup(name).map_err(KilnError::Setting)?;
+        let budget = Budget::gpu(
+            g.description.into(),
+            g.memory_bytes(),
+            None,
+            g.compute_capability,
+        );
+        return Ok(Target {
+            budget: with_limit(budget),
+            pool: None,
+            notes: vec![format!(
+                "planning for {} (--gpu {}); the CUDA context is an estimate",
+                g.description, g.name
+            )],
+        });
+    }
+    let cpu = |why: Option<String>| -> Result<Target> {
+        let ram = plan::machine_ram().ok_or_else(|| {
+            KilnError::Setting(
+                "cannot read this machine's RAM from /proc/meminfo; name a GPU with --gpu NAME or set train.memory_limit".into(),
+            )
+        })?;
+        let mut notes: Vec<String> = why.into_iter().collect();
+        notes.push(format!(
+            "planning for the CPU with this machine's RAM ({})",
+            gib(ram)
+        ));
+        Ok(Target {
+            budget: with_limit(Budget::cpu(ram)),
+            pool: Some(MemoryPool::new(Device::Cpu)),
+            notes,
+        })
+    };
+    let request: DeviceRequest = cfg.train.device.parse().map_err(KilnError::Setting)?;
+    if request == DeviceRequest::Exact(Device::Cpu) {
+        return cpu(None);
+    }
+    // `auto` falls back to the CPU with a one-line reason; a named GPU must open.
+    let (pool, why) = engine::open(request)?;
+    let Ok(g) = pool.cuda() else {
+        return cpu(why);
+    };
+    let info = g.info().clone();
+    let (free, total) = g.memory().map_err(EngineError::from)?;
+    // What the context, the loaded kernels and other processes hold before any tensor; the
+    // GEMM workspace is a line of the plan.
+    let context = (total - free).saturating_sub(plan::GPU_GEMM_WORKSPACE);
+    let budget = Budget::gpu(
+        info.name.clone(),
+        total,
+        Some(context),
+        info.compute_capability,
+    );
+    Ok(Target {
+        budget: with_limit(budget),
+        pool: Some(pool),
+        notes: vec![format!("planning for {info} found in this machine")],
+    })
+}
+
+/// Runs one real step at the predicted largest micro-batch and at the next size up.
+fn find_batch(
+    cfg: &Config,
+    vocab: usize,
+    precision: Precision,
+    r: &PlanRequest,
+    t: &Target,
+) -> Result<Vec<Trial>> {
+    let budget = &t.budget;
+    if budget.device == Device::Cpu && budget.pool_limit.is_none() {
+        return Err(KilnError::Setting(
+            "--find-batch on the CPU needs train.memory_limit (e.g. train.memory_limit=256MiB): without a cap the trials would fill this machine's RAM".into(),
+        ));
+    }
+    let Some(pool) = &t.pool else {
+        return Err(KilnError::Setting(
+            "--find-batch runs on this machine's device; leave out --gpu".into(),
+        ));
+    };
+    let predicted = plan::largest_micro_batch(r, budget);
+    let sizes = match predicted {
+        Some(b) => vec![b, b + 1],
+        None => vec![1],
+    };
+    let mut trials = Vec::new();
+    for b in sizes {
+        let pool = if pool.device() == Device::Cpu {
+            MemoryPool::new(Device::Cpu)
+        } else {
+            pool.clone()
+        };
+        pool.set_limit(budget.pool_limit.unwrap_or(0));
+        pool.reset_peak();
+        let outcome = trial_step(cfg, vocab, precision, &pool, b);
+        let fits = match outcome {
+            Ok(()) => true,
+            Err(KilnError::Engine(EngineError::OutOfMemory { .. })) => false,
+            Err(e) => return Err(e),
+        };
+        let gpu = pool.cuda().ok();
+        let planned = plan::plan(&r.with_batch(b));
+        trials.push(Trial {
+            micro_batch: b,
+            fits,
+            planned_pool_peak: planned.pool_peak,
+            measured_pool_peak: pool.stats().peak,
+            planned_device_peak: planned.device_peak,
+            measured_reserved: gpu.map(|_| pool.stats().reserved),
+            measured_device_used: gpu
+                .and_then(|g| g.memory().ok())
+                .map(|(free, total)| total - free),
+        });
+    }
+    Ok(trials)
+}
+
+/// Builds a trainer with micro-batch `b` and runs one optimizer step on synthetic tokens;
+/// everything it allocated is freed on return.
+fn trial_step(
+    cfg: &Config,
+    vocab: usize,
+    precision: Precision,
+    pool: &Arc<MemoryPool>,
+    b: usize,
+) -> Result<()> {
+    let mut cfg = cfg.clone();
+    cfg.train.micro_batch = b;
+    let t = cfg.train.seq_len;
+    let mut trainer = Trainer::new(&cfg, vocab, pool, precision)?;
+    let ids = |k: usize| {
+        (0..b * t)
+            .map(|i| ((i * 31 + k) % vocab) as u32)
+            .collect::<Vec<u32>>()
+    };
+    let batch = Batch {
+        inputs: ids(0),
+        targets: ids(1),
+        batch: b,
+        seq: t,
+    };
+    trainer.step(&[batch])?;
+    if let Ok(g) = pool.cuda() {
+        g.synchronize().map_err(EngineError::from)?;
+    }
+    Ok(())
+}
+
+fn print_report(r: &Report, cfg: &Config) {
+    let p = r.plan;
+    let q = &p.request;
+    let m = &q.model;
+    let b = r.budget;
+    let gpu = q.device != Device::Cpu;
+    println!(
+        "kiln plan: GPT of {:.2}M parameters (d_model {}, {} layers, {} heads, vocabulary {}{}), micro-batch {} x {} tokens, {}, on {} ({})",
+        p.params as f64 / 1e6,
+        m.d_model,
+        m.n_layers,
+        m.n_heads,
+        r.vocab,
+        if m.vocab != r.vocab {
+            format!(" padded to {}", m.vocab)
+        } else {
+            String::new()
+        },
+        q.micro_batch,
+        q.seq_len,
+        r.precision,
+        b.name,
+        gib(b.capacity)
+    );
+    r.notes.iter().for_each(|n| println!("note: {n}"));
+    let dt = |d: DType| format!("{d:?}").to_lowercase();
+    let bd = &p.breakdown;
+    println!(
+        "\nmemory at the peak of one step (recompute {}, optimizer offload {}):",
+        if q.recompute { "blocks" } else { "none" },
+        if q.offload_optimizer { "on" } else { "off" }
+    );
+    println!("| part | bytes |\n|---|---|");
+    let row = |what: &str, bytes: usize| println!("| {what} | {} |", gib(bytes));
+    row("master weights (fp32)", bd.master_weights);
+    if bd.compute_copies > 0 {
+        row(
+            &format!("compute copies ({})", dt(q.compute)),
+            bd.compute_copies,
+        );
+    }
+    row("gradients (fp32)", bd.gradients);
+    row("optimizer state (AdamW, 2 x fp32)", bd.optimizer_state);
+    row("saved activations", bd.saved_activations);
+    row(
+        &format!("transient (the peak is reached at: {})", p.peak_at),
+        bd.transient,
+    );
+    if gpu {
+        row(
+            "outside the pool (cuBLASLt workspace, kernel scratch)",
+            bd.outside_pool,
+        );
+        row(
+            "allocator rounding (512 B per buffer, 2 MiB granules)",
+            p.allocator_rounding,
+        );
+    }
+    row("= kiln's peak on the device", p.device_peak);
+    row("  of which the memory pool books", p.pool_peak);
+    if gpu {
+        let how = if b.context_measured {
+            "measured: total - free after opening the GPU"
+        } else {
+            "estimate"
+        };
+        row(
+            &format!("CUDA context and other processes ({how})"),
+            b.context,
+        );
+    }
+    row("safety margin", b.margin);
+    row(&format!("available: {}", b.name), b.capacity);
+    println!(
+        "{} with {} to spare",
+        if r.fits { "fits" } else { "DOES NOT FIT" },
+        if r.fits {
+            gib(b.usable() - p.device_peak)
+        } else {
+            "nothing".into()
+        }
+    );
+    let largest: Vec<String> = p
+        .largest_at_peak
+        .iter()
+        .map(|(w, n)| format!("{w} {}", gib(*n)))
+        .collect();
+    println!("largest activations at the peak: {}", largest.join(", "));
+    if p.host_offload > 0 {
+        println!(
+            "host memory (pinned) for the offloaded masters and moments: {}",
+            gib(p.host_offload)
+        );
+    }
+
+    println!(
+        "\nactivations per layer (micro-batch {} x {}):",
+        q.micro_batch, q.seq_len
+    );
+    println!(
+        "| layer | count | params | saved | saved with recompute=blocks | forward GFLOP | backward GFLOP |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for l in &r.layers {
+        println!(
+            "| {} | {} | {} | {} | {} | {:.3} | {:.3} |",
+            l.layer,
+            l.count,
+            l.params,
+            gib(l.saved_bytes),
+            gib(l.saved_bytes_recompute),
+            l.flops_forward as f64 / 1e9,
+            l.flops_backward as f64 / 1e9
+        );
+    }
+    let per = |f: u64| f as f64 / p.tokens as f64 / 1e6;
+    let accum = cfg.train.grad_accum as f64;
+    println!(
+        "\nFLOPs per token: forward {:.2} M, backward {:.2} M{} (total {:.2} M)",
+        per(p.cost.flops_forward),
+        per(p.cost.flops_backward),
+        if p.recompute_flops > 0 {
+            format!(", recomputation {:.2} M", per(p.recompute_flops))
+        } else {
+            String::new()
+        },
+        p.flops_per_token() / 1e6
+    );
+    println!(
+        "FLOPs per optimizer step ({} micro-batches): forward {:.3} TFLOP, backward {:.3} TFLOP",
+        cfg.train.grad_accum,
+        p.cost.flops_forward as f64 * accum / 1e12,
+        (p.cost.flops_backward + p.recompute_flops) as f64 * accum / 1e12
+    );
+
+    println!(
+        "\nlargest micro-batch of {} tokens that fits {} ({} usable after the context and margin):",
+        q.seq_len,
+        b.name,
+        gib(b.usable())
+    );
+    println!("| variant | micro-batch |\n|---|---|");
+    for l in &r.largest_micro_batch {
+        println!(
+            "| {} | {} |",
+            l.variant,
+            l.micro_batch.map_or("none".into(), |n| n.to_string())
+        );
+    }
+    if let Some(advice) = &r.advice {
+        println!("\n{advice}");
+    }
+    if r.misaligned.is_empty() {
+        println!("\ntensor-core alignment: every GEMM dimension is a multiple of 8");
+    } else {
+        println!(
+            "\ntensor-core alignment: these GEMM dimensions are not multiples of the tensor cores' tile:"
+        );
+        for x in &r.misaligned {
+            println!(
+                "  {} = {} (not a multiple of {}): pad to {}",
+                x.dimension, x.value, x.multiple, x.padded
+            );
+        }
+    }
+    if !r.trials.is_empty() {
+        println!("\n--find-batch: one real step at each size on this machine's device:");
+        println!(
+            "| micro-batch | result | planned pool peak | measured pool peak | planned device peak | reserved by the driver | device used (cudaMemGetInfo) |"
+        );
+        println!("|---|---|---|---|---|---|---|");
+        let opt = |v: Option<usize>| v.map_or("-".into(), gib);
+        for t in &r.trials {
+            println!(
+                "| {} | {} | {} | {} | {} | {} | {} |",
+                t.micro_batch,
+                if t.fits { "fits" } else { "out of memory" },
+                gib(t.planned_pool_peak),
+                if t.fits {
+                    gib(t.measured_pool_peak)
+                } else {
+                    format!("{} at failure", gib(t.measured_pool_peak))
+                },
+                gib(t.planned_device_peak),
+                opt(t.measured_reserved),
+                opt(t.measured_device_used)
+            );
+        }
+    }
+}

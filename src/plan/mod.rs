@@ -1,0 +1,533 @@
+//! The memory and FLOP planner: what one training step of a model needs on a device, and the
+//! largest micro-batch that fits.
+//!
+//! A plan walks the step's allocations in the order the code makes them ([`walk`], with the
+//! GPT's step in [`gpt`]), so its pool peak is the peak the memory pool books, not an
+//! estimate; the CPU test suite holds it to a real step byte for byte. Around that peak a GPU
+//! adds memory outside the pool: the cuBLASLt workspace, kernel scratch, allocator rounding
+//! and the CUDA context, each its own line. FLOPs and saved bytes per layer come from the
+//! layers' own `cost_of`.
+
+pub mod gpt;
+pub mod gpus;
+pub mod walk;
+
+use crate::engine::{DType, Device};
+use crate::models::gpt::GptConfig;
+use crate::nn::{ActLayout, Cost};
+use serde::Serialize;
+use walk::Kind;
+
+/// The multiple the GPT pads its vocabulary to (logits columns and token-table rows);
+/// [`padded_vocab`] follows it.
+pub const VOCAB_MULTIPLE: usize = crate::models::gpt::VOCAB_ALIGN;
+
+/// The vocabulary size the model is built with for a tokenizer of `vocab` tokens.
+pub fn padded_vocab(vocab: usize) -> usize {
+    vocab.next_multiple_of(VOCAB_MULTIPLE)
+}
+
+/// The cuBLASLt workspace a GPU backend allocates outside the pool.
+pub const GPU_GEMM_WORKSPACE: usize = crate::engine::cuda::GEMM_WORKSPACE_BYTES;
+/// What a CUDA context with kiln's kernels and cuBLASLt loaded takes before any tensor,
+/// when it cannot be measured (planning for a GPU not in this machine).
+pub const CUDA_CONTEXT_ESTIMATE: usize = 500 << 20;
+/// The stream-ordered allocator maps device memory in granules of this size...
+pub const POOL_GRANULE: usize = 2 << 20;
+/// ...and aligns each buffer to this.
+pub const POOL_ALIGNMENT: usize = 512;
+
+/// What to plan: a model shape, a micro-batch, and how the step runs.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct PlanRequest {
+    /// The model with `vocab` already padded ([`padded_vocab`]).
+    #[serde(skip)]
+    pub model: GptConfig,
+    pub micro_batch: usize,
+    pub seq_len: usize,
+    #[serde(serialize_with = "device_name")]
+    pub device: Device,
+    /// The dtype of the weight copies compute reads: bf16/f16 under mixed precision, f32
+    /// under fp32 and tf32.
+    pub compute: DType,
+    pub recompute: bool,
+    pub offload_optimizer: bool,
+}
+
+fn device_name<S: serde::Serializer>(d: &Device, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(if *d == Device::Cpu { "cpu" } else { "cuda" })
+}
+
+impl PlanRequest {
+    pub fn layout(&self) -> ActLayout {
+        ActLayout {
+            device: self.device,
+            weights: self.compute,
+        }
+    }
+
+    pub fn with_batch(self, micro_batch: usize) -> PlanRequest {
+        PlanRequest {
+            micro_batch,
+            ..self
+        }
+    }
+
+    fn gpu(&self) -> bool {
+        self.device != Device::Cpu
+    }
+}
+
+/// Bytes by purpose at the device peak.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Breakdown {
+    pub master_weights: usize,
+    pub compute_copies: usize,
+    pub gradients: usize,
+    pub optimizer_state: usize,
+    pub saved_activations: usize,
+    /// Tensors of the layer running at the peak (logits and their gradient included).
+    pub transient: usize,
+    /// Outside the pool: the GEMM workspace and the kernel scratch live at the peak.
+    pub outside_pool: usize,
+}
+
+/// One layer's line in the activation table.
+#[derive(Debug, Clone, Serialize)]
+pub struct LayerLine {
+    pub layer: String,
+    /// How many of this layer the model has (a block's layers repeat per block).
+    pub count: usize,
+    pub params: usize,
+    pub flops_forward: u64,
+    pub flops_backward: u64,
+    /// Device bytes kept for the backward, per layer.
+    pub saved_bytes: usize,
+    /// The same under `train.recompute=blocks`.
+    pub saved_bytes_recompute: usize,
+}
+
+/// A tensor-core dimension that is not a multiple of what the tensor cores want.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Misaligned {
+    pub dimension: String,
+    pub value: usize,
+    pub multiple: usize,
+    pub padded: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Plan {
+    pub request: PlanRequest,
+    pub params: usize,
+    pub breakdown: Breakdown,
+    /// The pool's peak: what `MemoryPool::stats().peak` measures for the step.
+    pub pool_peak: usize,
+    /// Rounding of the pool's buffers by the device allocator (0 on the CPU).
+    pub allocator_rounding: usize,
+    /// Everything kiln allocates on the device at the peak: the breakdown plus rounding.
+    pub device_peak: usize,
+    /// The tensor whose allocation reached the peak.
+    pub peak_at: String,
+    /// The largest tensors live at the peak besides weights and optimizer state.
+    pub largest_at_peak: Vec<(String, usize)>,
+    /// Host bytes the optimizer offload keeps (fp32 masters and both moments), pinned.
+    pub host_offload: usize,
+    pub cost: Cost,
+    /// Extra forward FLOPs the backward runs under recomputation.
+    pub recompute_flops: u64,
+    pub tokens: usize,
+}
+
+impl Plan {
+    pub fn flops_per_token(&self) -> f64 {
+        (self.cost.flops_forward + self.cost.flops_backward + self.recompute_flops) as f64
+            / self.tokens as f64
+    }
+}
+
+/// Plans one step of `r`.
+pub fn plan(r: &PlanRequest) -> Plan {
+    let spec = gpt::StepSpec {
+        batch: r.micro_batch,
+        seq: r.seq_len,
+        layout: r.layout(),
+        recompute: r.recompute,
+        offload: r.offload_optimizer,
+        gemm_workspace: if r.gpu() { GPU_GEMM_WORKSPACE } else { 0 },
+    };
+    let w = gpt::walk_step(&r.model, spec);
+    let mut b = Breakdown::default();
+    let mut rounding = 0;
+    for buf in w.at_peak() {
+        let slot = match buf.kind {
+            Kind::Master => &mut b.master_weights,
+            Kind::Compute => &mut b.compute_copies,
+            Kind::Grad => &mut b.gradients,
+            Kind::Optimizer => &mut b.optimizer_state,
+            Kind::Saved => &mut b.saved_activations,
+            Kind::Transient => &mut b.transient,
+            Kind::Outside => &mut b.outside_pool,
+        };
+        *slot += buf.bytes;
+        if r.gpu() {
+            rounding += buf.bytes.next_multiple_of(POOL_ALIGNMENT) - buf.bytes;
+        }
+    }
+    if r.gpu() {
+        let total = w.device_peak() + rounding;
+        rounding += total.next_multiple_of(POOL_GRANULE) - total;
+    }
+    let mut largest: Vec<(String, usize)> = w
+        .at_peak()
+        .iter()
+        .filter(|b| matches!(b.kind, Kind::Saved | Kind::Transient | Kind::Outside))
+        .map(|b| (b.what.clone(), b.bytes))
+        .collect();
+    largest.sort_by_key(|b| std::cmp::Reverse(b.1));
+    largest.truncate(4);
+    let params: usize = gpt::param_shapes(&r.model).iter().map(|p| p.1).sum();
+    let cost = r.model.cost_on(r.micro_batch, r.seq_len, r.layout());
+    Plan {
+        request: *r,
+        params,
+        breakdown: b,
+        pool_peak: w.pool_peak(),
+        allocator_rounding: rounding,
+        device_peak: w.device_peak() + rounding,
+        peak_at: w.peak_at().to_string(),
+        largest_at_peak: largest,
+        host_offload: if r.offload_optimizer { 12 * params } else { 0 },
+        recompute_flops: if r.recompute {
+            block_cost(&r.model, r.micro_batch, r.seq_len, r.layout()).flops_forward
+                * r.model.n_layers as u64
+        } else {
+            0
+        },
+        cost,
+        tokens: r.micro_batch * r.seq_len,
+    }
+}
+
+fn block_cost(m: &GptConfig, batch: usize, seq: usize, layout: ActLayout) -> Cost {
+    use crate::nn::{attention::CausalSelfAttention, layernorm::LayerNorm, mlp::Mlp};
+    let tokens = batch * seq;
+    LayerNorm::cost_of(m.d_model, tokens, layout)
+        + CausalSelfAttention::cost_of(m.d_model, m.n_heads, batch, seq, layout)
+        + LayerNorm::cost_of(m.d_model, tokens, layout)
+        + Mlp::cost_of(m.d_model, tokens, layout)
+}
+
+/// The activation table: each layer's parameters, FLOPs and saved bytes for the request's
+/// micro-batch, from the layers' own costs.
+pub fn layer_table(r: &PlanRequest) -> Vec<LayerLine> {
+    use crate::nn::{
+        attention::CausalSelfAttention, embedding::Embedding, layernorm::LayerNorm, linear::Linear,
+        mlp::Mlp,
+    };
+    let (m, layout) = (&r.model, r.layout());
+    let (b, t, c) = (r.micro_batch, r.seq_len, m.d_model);
+    let n = b * t;
+    let stream = layout.act_bytes(n * c);
+    let line = |layer: &str, count: usize, cost: Cost, recompute: usize| LayerLine {
+        layer: layer.into(),
+        count,
+        params: cost.params,
+        flops_forward: cost.flops_forward,
+        flops_backward: cost.flops_backward,
+        saved_bytes: cost.saved_bytes,
+        saved_bytes_recompute: recompute,
+    };
+    let emb = Embedding::cost_of(m.padded_vocab(), m.context, c, n);
+    let head = Linear::cost_of(c, m.padded_vocab(), false, n);
+    let l = m.n_layers;
+    vec![
+        // The token ids live in host memory.
+        line(
+            "embedding",
+            1,
+            Cost {
+                saved_bytes: 0,
+                ..emb
+            },
+            0,
+        ),
+        // Under recomputation a block keeps only its input, the first norm's input.
+        line("block.ln1", l, LayerNorm::cost_of(c, n, layout), stream),
+        line(
+            "block.attn",
+            l,
+            CausalSelfAttention::cost_of(c, m.n_heads, b, t, layout),
+            0,
+        ),
+        line("block.ln2", l, LayerNorm::cost_of(c, n, layout), 0),
+        line("block.mlp", l, Mlp::cost_of(c, n, layout), 0),
+        line(
+            "ln_f",
+            1,
+            LayerNorm::cost_of(c, n, layout),
+            LayerNorm::cost_of(c, n, layout).saved_bytes,
+        ),
+        line(
+            if m.tied_head {
+                "head (tied to wte)"
+            } else {
+                "head"
+            },
+            1,
+            Cost {
+                params: if m.tied_head { 0 } else { head.params },
+                // The logits live only between the forward and the head's backward.
+                saved_bytes: 0,
+                ..head
+            },
+            0,
+        ),
+    ]
+}
+
+/// Where the plan must fit: a device's memory, what is not kiln's on it, and a margin.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Budget {
+    /// What the memory is ("NVIDIA H100 80GB", "this machine's RAM", "train.memory_limit").
+    pub name: String,
+    #[serde(serialize_with = "device_name")]
+    pub device: Device,
+    /// Total memory of the device.
+    pub capacity: usize,
+    /// The CUDA context and anything else on the device before kiln allocates (0 on the CPU).
+    pub context: usize,
+    /// Whether `context` was measured on this machine (else it is [`CUDA_CONTEXT_ESTIMATE`]).
+    pub context_measured: bool,
+    /// Headroom left unplanned, for allocator fragmentation and what the plan does not see.
+    pub margin: usize,
+    /// A cap on the pool's bytes (`train.memory_limit`), which the pool enforces exactly.
+    pub pool_limit: Option<usize>,
+    /// Compute capability of a GPU, for the precision it can run.
+    pub compute_capability: Option<(u32, u32)>,
+}
+
+impl Budget {
+    /// A GPU of `capacity` bytes; the margin is 5% of it (allocator fragmentation and
+    /// buffers the plan cannot see, such as a first step's GEMM tuning scratch).
+    pub fn gpu(name: String, capacity: usize, context: Option<usize>, cc: (u32, u32)) -> Budget {
+        Budget {
+            name,
+            device: Device::Cuda(0),
+            capacity,
+            context: context.unwrap_or(CUDA_CONTEXT_ESTIMATE),
+            context_measured: context.is_some(),
+            margin: capacity / 20,
+            pool_limit: None,
+            compute_capability: Some(cc),
+        }
+    }
+
+    /// The CPU with `ram` bytes; the margin is 10% for the rest of the system.
+    pub fn cpu(ram: usize) -> Budget {
+        Budget {
+            name: "this machine's RAM".into(),
+            device: Device::Cpu,
+            capacity: ram,
+            context: 0,
+            context_measured: true,
+            margin: ram / 10,
+            pool_limit: None,
+            compute_capability: None,
+        }
+    }
+
+    /// Caps the pool at `limit` bytes. On the CPU the limit is then the whole budget, and
+    /// exact: the pool books every tensor and refuses past it, so no margin is needed.
+    pub fn with_pool_limit(mut self, limit: usize) -> Budget {
+        if self.device == Device::Cpu {
+            self.name = format!("train.memory_limit ({})", gib(limit));
+            self.capacity = limit;
+            self.margin = 0;
+        }
+        self.pool_limit = Some(limit);
+        self
+    }
+
+    /// Bytes the plan may use on the device.
+    pub fn usable(&self) -> usize {
+        self.capacity.saturating_sub(self.context + self.margin)
+    }
+
+    pub fn fits(&self, p: &Plan) -> bool {
+        p.device_peak <= self.usable() && self.pool_limit.is_none_or(|l| p.pool_peak <= l)
+    }
+}
+
+/// The largest micro-batch of `r` (its `micro_batch` ignored) whose step fits `budget`, or
+/// `None` when one sequence does not fit. Memory grows with the micro-batch, so the boundary
+/// is found by doubling, then bisection.
+pub fn largest_micro_batch(r: &PlanRequest, budget: &Budget) -> Option<usize> {
+    let fits = |b: usize| budget.fits(&plan(&r.with_batch(b)));
+    if !fits(1) {
+        return None;
+    }
+    // A cap far beyond any device, so a model of no activations cannot loop forever.
+    const CAP: usize = 1 << 24;
+    let mut lo = 1;
+    let mut hi = 2;
+    while hi <= CAP && fits(hi) {
+        lo = hi;
+        hi *= 2;
+    }
+    if hi > CAP {
+        return Some(lo);
+    }
+    // fits(lo), !fits(hi)
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if fits(mid) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    Some(lo)
+}
+
+/// The four ways to run a step that the planner compares.
+pub const VARIANTS: [(&str, bool, bool); 4] = [
+    ("plain", false, false),
+    ("recompute=blocks", true, false),
+    ("offload", false, true),
+    ("recompute+offload", true, true),
+];
+
+/// The largest micro-batch of each variant ([`VARIANTS`]); offload is skipped on the CPU,
+/// where host memory is the device.
+pub fn largest_by_variant(r: &PlanRequest, budget: &Budget) -> Vec<(&'static str, Option<usize>)> {
+    VARIANTS
+        .iter()
+        .filter(|v| r.gpu() || !v.2)
+        .map(|&(name, recompute, offload)| {
+            let v = PlanRequest {
+                recompute,
+                offload_optimizer: offload,
+                ..*r
+            };
+            (name, largest_micro_batch(&v, budget))
+        })
+        .collect()
+}
+
+/// When one sequence of `r` does not fit `budget`: what it needs, what the device has, and
+/// the options that would bring it down, each with the bytes it saves.
+pub fn one_sequence_advice(r: &PlanRequest, budget: &Budget) -> Option<String> {
+    let one = r.with_batch(1);
+    let base = plan(&one);
+    if budget.fits(&base) {
+        return None;
+    }
+    let saves = |alt: PlanRequest| base.device_peak.saturating_sub(plan(&alt).device_peak);
+    let mut options = Vec::new();
+    if !one.recompute {
+        let s = saves(PlanRequest {
+            recompute: true,
+            ..one
+        });
+        options.push(format!("train.recompute=blocks (saves {})", gib(s)));
+    }
+    if !one.offload_optimizer && one.gpu() {
+        let s = saves(PlanRequest {
+            offload_optimizer: true,
+            ..one
+        });
+        options.push(format!("train.offload_optimizer=true (saves {})", gib(s)));
+    }
+    let bf16_ok = budget.compute_capability.is_none_or(|cc| cc.0 >= 8);
+    if one.compute == DType::F32 {
+        let s = saves(PlanRequest {
+            compute: DType::BF16,
+            ..one
+        });
+        let name = if bf16_ok { "bf16-mixed" } else { "fp16-mixed" };
+        options.push(format!("train.precision={name} (saves {})", gib(s)));
+    }
+    // The longest sequence that fits with everything else as configured.
+    let mut lo = 0;
+    let mut hi = one.seq_len;
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if budget.fits(&plan(&PlanRequest {
+            seq_len: mid,
+            ..one
+        })) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    options.push(if lo > 0 {
+        format!("a shorter train.seq_len (at most {lo} fits as configured)")
+    } else {
+        "a shorter train.seq_len (none fits as configured: the weights and optimizer state alone are too large)".into()
+    });
+    let device_word = if one.gpu() { "the GPU" } else { "the budget" };
+    Some(format!(
+        "needs {} for one sequence of {} tokens (plus {} for the CUDA context and a margin of {}), {device_word} ({}) has {}; try {}",
+        gib(base.device_peak),
+        one.seq_len,
+        gib(budget.context),
+        gib(budget.margin),
+        budget.name,
+        gib(budget.capacity),
+        options.join(", ")
+    ))
+}
+
+/// Tensor-core GEMM dimensions of the model and micro-batch that are not multiples of 8
+/// (16 for 1-byte types), with the padded size that fixes each. `vocab` is the tokenizer's.
+pub fn misaligned_dimensions(r: &PlanRequest, vocab: usize, elem_bytes: usize) -> Vec<Misaligned> {
+    let multiple = if elem_bytes == 1 { 16 } else { 8 };
+    let m = &r.model;
+    let dims = [
+        ("d_model", m.d_model),
+        ("3 x d_model (qkv)", 3 * m.d_model),
+        ("4 x d_model (mlp)", 4 * m.d_model),
+        (
+            "head size (d_model / n_heads)",
+            m.d_model / m.n_heads.max(1),
+        ),
+        ("vocabulary (logits)", m.vocab.max(vocab)),
+        ("tokens per micro-batch", r.micro_batch * r.seq_len),
+    ];
+    dims.iter()
+        .filter(|(_, v)| v % multiple != 0)
+        .map(|&(d, v)| Misaligned {
+            dimension: d.into(),
+            value: v,
+            multiple,
+            padded: if d.starts_with("vocabulary") {
+                v.next_multiple_of(128)
+            } else {
+                v.next_multiple_of(multiple)
+            },
+        })
+        .collect()
+}
+
+/// Bytes as GiB (or MiB when small) for messages.
+pub fn gib(bytes: usize) -> String {
+    let b = bytes as f64;
+    if bytes >= 1 << 30 {
+        format!("{:.2} GiB", b / (1u64 << 30) as f64)
+    } else {
+        format!("{:.1} MiB", b / (1u64 << 20) as f64)
+    }
+}
+
+/// Total RAM from `/proc/meminfo`, if readable.
+pub fn machine_ram() -> Option<usize> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,295 @@
+//! The planner against real steps: on the CPU the pool books every tensor, so a planned
+//! peak must equal the measured one byte for byte.
+
+use super::*;
+use crate::config::Config;
+use crate::data::Batch;
+use crate::engine::MemoryPool;
+use crate::models::Model;
+use crate::train::{Precision, Trainer};
+
+struct Case {
+    d_model: usize,
+    n_layers: usize,
+    n_heads: usize,
+    tied: bool,
+    vocab: usize,
+    seq: usize,
+    precision: Precision,
+}
+
+fn config(c: &Case, micro_batch: usize) -> Config {
+    let mut cfg = Config::default();
+    cfg.model.d_model = c.d_model;
+    cfg.model.n_layers = c.n_layers;
+    cfg.model.n_heads = c.n_heads;
+    cfg.model.context = c.seq + 3;
+    cfg.model.tied_head = c.tied;
+    cfg.train.seq_len = c.seq;
+    cfg.train.micro_batch = micro_batch;
+    cfg
+}
+
+fn request(c: &Case, micro_batch: usize) -> PlanRequest {
+    PlanRequest {
+        model: GptConfig {
+            vocab: padded_vocab(c.vocab),
+            d_model: c.d_model,
+            n_layers: c.n_layers,
+            n_heads: c.n_heads,
+            context: c.seq + 3,
+            tied_head: c.tied,
+        },
+        micro_batch,
+        seq_len: c.seq,
+        device: Device::Cpu,
+        compute: c.precision.compute_dtype().unwrap_or(DType::F32),
+        recompute: false,
+        offload_optimizer: false,
+    }
+}
+
+fn batch(vocab: usize, b: usize, t: usize, salt: usize) -> Batch {
+    let ids = |k: usize| -> Vec<u32> {
+        (0..b * t)
+            .map(|i| ((i * 7 + k * 13 + salt) % vocab) as u32)
+            .collect()
+    };
+    Batch {
+        inputs: ids(1),
+        targets: ids(2),
+        batch: b,
+        seq: t,
+    }
+}
+
+/// Builds a real trainer, runs one optimizer step over `accum` micro-batches, and returns
+/// the pool's peak (construction included).
+fn measured_peak(c: &Case, b: usize, accum: usize) -> usize {
+    let pool = MemoryPool::new(Device::Cpu);
+    let cfg = config(c, b);
+    let mut trainer = Trainer::new(&cfg, c.vocab, &pool, c.precision).unwrap();
+    let rows = trainer.model.embed.wte.value.shape()[0];
+    assert_eq!(
+        rows,
+        padded_vocab(c.vocab),
+        "the plan's vocabulary is the model's"
+    );
+    let micro: Vec<Batch> = (0..accum).map(|k| batch(c.vocab, b, c.seq, k)).collect();
+    trainer.step(&micro).unwrap();
+    let shapes = gpt::param_shapes(&trainer.model.cfg);
+    let real: Vec<(String, usize)> = trainer
+        .model
+        .params()
+        .iter()
+        .map(|p| (p.name.clone(), p.value.len()))
+        .collect();
+    assert_eq!(shapes, real, "the planner's parameter list is the model's");
+    pool.stats().peak
+}
+
+fn cases() -> Vec<Case> {
+    vec![
+        Case {
+            d_model: 16,
+            n_layers: 1,
+            n_heads: 2,
+            tied: true,
+            vocab: 37,
+            seq: 8,
+            precision: Precision::Fp32,
+        },
+        Case {
+            d_model: 32,
+            n_layers: 2,
+            n_heads: 4,
+            tied: false,
+            vocab: 61,
+            seq: 12,
+            precision: Precision::Fp32,
+        },
+        Case {
+            d_model: 24,
+            n_layers: 3,
+            n_heads: 3,
+            tied: true,
+            vocab: 50,
+            seq: 16,
+            precision: Precision::Bf16Mixed,
+        },
+        Case {
+            d_model: 40,
+            n_layers: 2,
+            n_heads: 5,
+            tied: false,
+            vocab: 256,
+            seq: 10,
+            precision: Precision::Bf16Mixed,
+        },
+        Case {
+            d_model: 8,
+            n_layers: 4,
+            n_heads: 1,
+            tied: false,
+            vocab: 300,
+            seq: 5,
+            precision: Precision::Fp16Mixed,
+        },
+    ]
+}
+
+#[test]
+fn planned_peak_equals_a_real_cpu_step_byte_for_byte() {
+    for (i, c) in cases().iter().enumerate() {
+        for b in [1, 2, 3, 8] {
+            let planned = plan(&request(c, b));
+            let measured = measured_peak(c, b, 1);
+            assert_eq!(
+                planned.pool_peak, measured,
+                "case {i} batch {b}: planned {} vs measured {}",
+                planned.pool_peak, measured
+            );
+            // On the CPU nothing lives outside the pool.
+            assert_eq!(planned.device_peak, planned.pool_peak);
+            let sum = planned.breakdown;
+            assert_eq!(
+                sum.master_weights
+                    + sum.compute_copies
+                    + sum.gradients
+                    + sum.optimizer_state
+                    + sum.saved_activations
+                    + sum.transient
+                    + sum.outside_pool,
+                planned.device_peak
+            );
+        }
+    }
+    // Accumulation reuses the activations: two micro-batches peak like one.
+    let c = &cases()[1];
+    assert_eq!(measured_peak(c, 3, 2), plan(&request(c, 3)).pool_peak);
+}
+
+#[test]
+fn saved_activations_match_the_layers_costs() {
+    // The most saved bytes the walk holds (at the end of the forward) are what the layers'
+    // costs say they keep, on the CPU (probabilities, f32) and on a GPU (log-sum-exp,
+    // compute dtype).
+    for c in cases() {
+        for device in [Device::Cpu, Device::Cuda(0)] {
+            let r = PlanRequest {
+                device,
+                ..request(&c, 3)
+            };
+            let from_costs: usize = layer_table(&r)
+                .iter()
+                .map(|l| l.count * l.saved_bytes)
+                .sum();
+            let spec = gpt::StepSpec {
+                batch: 3,
+                seq: c.seq,
+                layout: r.layout(),
+                recompute: false,
+                offload: false,
+                gemm_workspace: 0,
+            };
+            let walked = gpt::walk_step(&r.model, spec);
+            assert_eq!(
+                walked.live_at(gpt::END_OF_FORWARD, walk::Kind::Saved),
+                Some(from_costs),
+                "{device}"
+            );
+            // Under recomputation the forward keeps the block inputs and the final norm.
+            let recompute: usize = layer_table(&r)
+                .iter()
+                .map(|l| l.count * l.saved_bytes_recompute)
+                .sum();
+            let walked = gpt::walk_step(
+                &r.model,
+                gpt::StepSpec {
+                    recompute: true,
+                    ..spec
+                },
+            );
+            assert_eq!(
+                walked.live_at(gpt::END_OF_FORWARD, walk::Kind::Saved),
+                Some(recompute),
+                "{device}"
+            );
+        }
+    }
+}
+
+#[test]
+fn largest_micro_batch_grows_with_memory_and_sits_on_the_boundary() {
+    let c = &cases()[1];
+    let r = request(c, 1);
+    let mut last = 0;
+    for mib in [1usize, 2, 3, 5, 8, 13, 21, 34] {
+        let budget = Budget::cpu(1 << 40).with_pool_limit(mib << 20);
+        let Some(b) = largest_micro_batch(&r, &budget) else {
+            assert_eq!(last, 0, "a larger budget never fits less");
+            continue;
+        };
+        assert!(b >= last, "{mib} MiB: {b} < {last}");
+        assert!(budget.fits(&plan(&r.with_batch(b))));
+        assert!(!budget.fits(&plan(&r.with_batch(b + 1))));
+        last = b;
+    }
+    assert!(last > 1);
+    // Recomputation and offload never need more than the plain step on a GPU.
+    let gpu = PlanRequest {
+        device: Device::Cuda(0),
+        compute: DType::BF16,
+        ..request(c, 4)
+    };
+    let budget = Budget::gpu("test".into(), 1 << 30, Some(0), (9, 0));
+    let by_variant = largest_by_variant(&gpu, &budget);
+    let plain = by_variant[0].1.unwrap();
+    assert!(
+        by_variant.iter().all(|v| v.1.unwrap() >= plain),
+        "{by_variant:?}"
+    );
+}
+
+#[test]
+fn one_sequence_advice_names_what_helps() {
+    let c = &cases()[0];
+    let r = request(c, 1);
+    let need = plan(&r).device_peak;
+    assert!(one_sequence_advice(&r, &Budget::cpu(1 << 40).with_pool_limit(need)).is_none());
+    let msg = one_sequence_advice(&r, &Budget::cpu(1 << 40).with_pool_limit(need - 1)).unwrap();
+    assert!(msg.contains("for one sequence of 8 tokens"), "{msg}");
+    assert!(msg.contains("train.recompute=blocks (saves"), "{msg}");
+    assert!(msg.contains("train.precision=bf16-mixed"), "{msg}");
+    assert!(msg.contains("train.seq_len (at most 7 fits"), "{msg}");
+}
+
+#[test]
+fn misaligned_dimensions_are_flagged_with_their_padding() {
+    let c = Case {
+        d_model: 36,
+        n_layers: 1,
+        n_heads: 3,
+        tied: true,
+        vocab: 50257,
+        seq: 10,
+        precision: Precision::Bf16Mixed,
+    };
+    let r = request(&c, 3);
+    let dims: Vec<(String, usize)> = misaligned_dimensions(&r, 50257, 2)
+        .into_iter()
+        .map(|m| (m.dimension, m.padded))
+        .collect();
+    assert_eq!(
+        dims,
+        vec![
+            ("d_model".to_string(), 40),
+            ("3 x d_model (qkv)".to_string(), 112),
+            ("head size (d_model / n_heads)".to_string(), 16),
+            ("tokens per micro-batch".to_string(), 32),
+        ]
+    );
+    // The model pads GPT-2's 50257 tokens to 50304 itself, so the vocabulary is not flagged.
+    assert_eq!(r.model.padded_vocab(), 50304);
+    assert_eq!(misaligned_dimensions(&r, 50257, 1)[0].multiple, 16);
+}
