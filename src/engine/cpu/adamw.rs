@@ -4,8 +4,13 @@
 //! (undoing the loss scale and applying the clipping factor in one multiply), updates the
 //! moments, updates the fp32 master weight and writes the rounded compute copy, so each
 //! element is read and written once.
+//!
+//! The compute copy is written as f32 values rounded to a dtype (the CPU's emulation of bf16
+//! and f16), or as the 16-bit types themselves: the offloaded optimizer writes those into
+//! pinned staging that is copied to the GPU as is.
 
 use crate::engine::DType;
+use crate::engine::cuda::Elem;
 use rayon::prelude::*;
 
 /// Hyper-parameters of one step; `t` is the 1-based step count for bias correction.
@@ -23,13 +28,25 @@ pub struct AdamWStep {
 
 const CHUNK: usize = 4096;
 
-/// Updates `param`, `m`, `v` in place; writes `compute` (rounded to `compute_dtype`) if given.
-pub fn adamw_update(
+/// The compute value of master `p`: f32 elements hold `p` rounded to `dtype`; a 16-bit
+/// element type is its own dtype and rounds (to nearest even, as `DType::round`) on conversion.
+#[inline]
+fn compute_value<C: Elem>(p: f32, dtype: DType) -> C {
+    if C::DTYPE == DType::F32 {
+        C::from_f32(dtype.round(p))
+    } else {
+        C::from_f32(p)
+    }
+}
+
+/// Updates `param`, `m`, `v` in place; writes `compute` if given: `(values, dtype)` with
+/// f32 values rounded to `dtype`, or 16-bit values whose type must be `dtype`.
+pub fn adamw_update<C: Elem>(
     param: &mut [f32],
     grad: &[f32],
     m: &mut [f32],
     v: &mut [f32],
-    compute: Option<(&mut [f32], DType)>,
+    compute: Option<(&mut [C], DType)>,
     h: AdamWStep,
 ) {
     let bc1 = 1.0 - h.beta1.powi(h.t as i32);
@@ -52,14 +69,17 @@ pub fn adamw_update(
                 update(p, g, m, v);
             }
         }),
-        Some((c, dtype)) => parts
+        Some((c, dtype)) => {
+            debug_assert!(C::DTYPE == DType::F32 || C::DTYPE == dtype);
+            parts
             .zip(c.par_chunks_mut(CHUNK))
             .for_each(|(((p, g), (m, v)), c)| {
                 for ((((p, &g), m), v), c) in p.iter_mut().zip(g).zip(m).zip(v).zip(c) {
                     update(p, g, m, v);
-                    *c = dtype.round(*p);
+                    *c = compute_value(*p, dtype);
                 }
-            }),
+            })
+        }
     }
 }
 
