@@ -119,7 +119,11 @@ fn bench_train(a: BenchTrainArgs) -> Result<()> {
     if let Some(host) = trainer.opt.host_memory() {
         println!(
             "| host memory of the offloaded optimizer{} | {:.1} MiB |",
-            if pool.cuda().is_ok() { " (page-locked)" } else { "" },
+            if pool.cuda().is_ok() {
+                " (page-locked)"
+            } else {
+                ""
+            },
             host.current as f64 / (1024.0 * 1024.0)
         );
     }

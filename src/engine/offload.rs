@@ -158,7 +158,12 @@ impl HostOffload {
 
     /// Runs the fused AdamW pass on `range` of `p`, reading the gradient from `slot` and
     /// writing the compute values into it.
-    fn update(&mut self, slot: usize, p: &mut OffloadedParam<'_>, range: Range<usize>) -> Result<()> {
+    fn update(
+        &mut self,
+        slot: usize,
+        p: &mut OffloadedParam<'_>,
+        range: Range<usize>,
+    ) -> Result<()> {
         let len = range.len();
         let master = &mut p.master.host_mut()[range.clone()];
         let m = &mut p.m.host_mut()[range.clone()];

@@ -162,8 +162,8 @@ mod tests {
             .iter()
             .enumerate()
             .map(|(i, s)| {
-                let mut p = Param::new(pool, format!("p{i}"), s, Init::Normal(0.5), &mut rng)
-                    .unwrap();
+                let mut p =
+                    Param::new(pool, format!("p{i}"), s, Init::Normal(0.5), &mut rng).unwrap();
                 p.set_compute_dtype(dtype).unwrap();
                 p
             })
@@ -209,10 +209,16 @@ mod tests {
                 assert_eq!(bits(&p.value), bits(&q.value), "{dtype:?} master {i}");
                 assert_eq!(bits(&a.m[i]), bits(&b.m[i]), "{dtype:?} m {i}");
                 assert_eq!(bits(&a.v[i]), bits(&b.v[i]), "{dtype:?} v {i}");
-                let q_compute = q.compute.as_ref().expect("an offloaded param computes on a copy");
+                let q_compute = q
+                    .compute
+                    .as_ref()
+                    .expect("an offloaded param computes on a copy");
                 assert_eq!(bits(p.weight()), bits(q_compute), "{dtype:?} compute {i}");
                 assert_eq!(q_compute.dtype(), dtype.unwrap_or(DType::F32));
-                assert!(p.value.host() != params(&pool, dtype)[i].value.host(), "it trained");
+                assert!(
+                    p.value.host() != params(&pool, dtype)[i].value.host(),
+                    "it trained"
+                );
             }
         }
     }
@@ -225,9 +231,13 @@ mod tests {
             let n: usize = ps.iter().map(|p| p.value.len()).sum();
             let before = device.stats().current;
             let with_moments = before + 8 * n;
-            let opt =
-                AdamW::offloaded(CFG, &mut ps.iter_mut().collect::<Vec<_>>(), &device, 1 << 20)
-                    .unwrap();
+            let opt = AdamW::offloaded(
+                CFG,
+                &mut ps.iter_mut().collect::<Vec<_>>(),
+                &device,
+                1 << 20,
+            )
+            .unwrap();
             // Without offload the device would hold masters, moments, gradients and copies;
             // now it holds gradients and one compute copy per parameter.
             assert_eq!(with_moments - device.stats().current, left * n, "{dtype:?}");

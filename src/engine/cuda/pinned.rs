@@ -61,10 +61,7 @@ impl PinnedBuffer {
         // returns page-aligned memory, more than any `Elem` needs; every bit pattern is a
         // valid f32, bf16 or f16 (the only `Elem` types), and it was zeroed at allocation.
         unsafe {
-            std::slice::from_raw_parts(
-                self.ptr.as_ptr().cast::<T>(),
-                self.bytes / size_of::<T>(),
-            )
+            std::slice::from_raw_parts(self.ptr.as_ptr().cast::<T>(), self.bytes / size_of::<T>())
         }
     }
 
