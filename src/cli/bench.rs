@@ -87,8 +87,15 @@ fn bench_train(a: BenchTrainArgs) -> Result<()> {
     let flops_per_token = cost.flops_per_token(b * t);
     let flops_per_step = flops_per_token * tokens_per_step;
     println!(
-        "kiln bench train: {} params, d_model {}, {} layers, batch {b} x {t} x accum {k}, {precision} on {device}",
-        cost.params, cfg.model.d_model, cfg.model.n_layers
+        "kiln bench train: {} params, d_model {}, {} layers, batch {b} x {t} x accum {k}, {precision} on {device}{}",
+        cost.params,
+        cfg.model.d_model,
+        cfg.model.n_layers,
+        if cfg.train.offload_optimizer {
+            ", optimizer offloaded to the host"
+        } else {
+            ""
+        }
     );
     println!("| metric | value |\n|---|---|");
     println!("| median step time | {:.1} ms |", median * 1e3);
@@ -109,6 +116,17 @@ fn bench_train(a: BenchTrainArgs) -> Result<()> {
         "| memory reserved by the allocator | {:.1} MiB |",
         trainer.pool.stats().reserved as f64 / (1024.0 * 1024.0)
     );
+    if let Some(host) = trainer.opt.host_memory() {
+        println!(
+            "| host memory of the offloaded optimizer{} | {:.1} MiB |",
+            if pool.cuda().is_ok() {
+                " (page-locked)"
+            } else {
+                ""
+            },
+            host.current as f64 / (1024.0 * 1024.0)
+        );
+    }
     if let Some(peak) = pool
         .cuda()
         .ok()

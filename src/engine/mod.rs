@@ -9,6 +9,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod device;
 pub mod dtype;
+pub mod offload;
 pub mod ops;
 pub mod pool;
 pub mod profile;

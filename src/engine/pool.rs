@@ -10,6 +10,10 @@
 //! bytes (in use plus cached). A GPU pool also holds the device's [`CudaBackend`]
 //! (the pool is the handle every tensor on that device shares); its buffers come from the
 //! driver's stream-ordered allocator, which caches freed memory itself.
+//!
+//! A host pool ([`MemoryPool::host_for`]) keeps separate books for state held off a device
+//! (the offloaded optimizer's masters and moments). Beside a GPU its memory is page-locked
+//! through that GPU's driver, so copies to and from it run asynchronously.
 
 use super::cuda::{CudaBackend, GemmMath};
 use super::{Device, EngineError, Result};
@@ -33,6 +37,8 @@ pub struct MemoryPool {
     peak: AtomicUsize,
     limit: AtomicUsize,
     cuda: Option<Arc<CudaBackend>>,
+    /// On a host pool beside a GPU: the backend whose driver pins this pool's memory.
+    pins_for: Option<Arc<CudaBackend>>,
     /// Whether f32 GEMMs may use TF32 tensor cores (the tf32 precision policy).
     tf32: AtomicBool,
 }
@@ -46,22 +52,38 @@ impl std::fmt::Debug for MemoryPool {
 impl MemoryPool {
     /// A CPU pool (a GPU pool comes from [`MemoryPool::with_cuda`]).
     pub fn new(device: Device) -> Arc<Self> {
-        Self::build(device, None)
+        Self::build(device, None, None)
     }
 
     pub fn with_cuda(backend: Arc<CudaBackend>) -> Arc<Self> {
-        Self::build(Device::Cuda(backend.info().ordinal), Some(backend))
+        Self::build(Device::Cuda(backend.info().ordinal), Some(backend), None)
     }
 
-    fn build(device: Device, cuda: Option<Arc<CudaBackend>>) -> Arc<Self> {
+    /// A host pool with its own books for state kept off `device`'s pool: page-locked memory
+    /// when `device` is a GPU, ordinary memory when it is the CPU.
+    pub fn host_for(device: &MemoryPool) -> Arc<Self> {
+        Self::build(Device::Cpu, None, device.cuda.clone())
+    }
+
+    fn build(
+        device: Device,
+        cuda: Option<Arc<CudaBackend>>,
+        pins_for: Option<Arc<CudaBackend>>,
+    ) -> Arc<Self> {
         Arc::new(MemoryPool {
             device,
             current: AtomicUsize::new(0),
             peak: AtomicUsize::new(0),
             limit: AtomicUsize::new(0),
             cuda,
+            pins_for,
             tf32: AtomicBool::new(false),
         })
+    }
+
+    /// The GPU whose driver pins this host pool's memory, if it does.
+    pub fn pins_for(&self) -> Option<&Arc<CudaBackend>> {
+        self.pins_for.as_ref()
     }
 
     /// The GPU backend of a GPU pool.

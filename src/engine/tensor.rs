@@ -3,6 +3,7 @@
 //! A tensor's bytes are booked in its pool while it lives and released when it drops, so the
 //! pool's books are always the sum of the live tensors.
 
+use super::cuda::pinned::PinnedBuffer;
 use super::cuda::{Bf16, CudaError, Elem, F16};
 use super::{DType, Device, EngineError, MemoryPool, Result};
 use cudarc::driver::CudaSlice;
@@ -11,8 +12,11 @@ use std::sync::Arc;
 /// Storage on one device. The CPU keeps f32 values whatever the logical dtype: a bf16 tensor
 /// holds f32 values already rounded to bf16 (see `dtype`), and is booked at bf16 size.
 /// GPU tensors store their dtype for real: f32, or bf16 or f16 for mixed precision.
+/// A tensor in a host pool beside a GPU ([`MemoryPool::host_for`]) holds its f32 values in
+/// page-locked memory, and is otherwise a CPU tensor.
 enum Storage {
     Cpu(Vec<f32>),
+    Pinned(PinnedBuffer),
     CudaF32(CudaSlice<f32>),
     CudaBf16(CudaSlice<Bf16>),
     CudaF16(CudaSlice<F16>),
@@ -99,7 +103,10 @@ impl Tensor {
         let len: usize = shape.iter().product();
         Tensor::with_storage(pool, shape, dtype, |p| {
             Ok(match (p.device(), dtype) {
-                (Device::Cpu, _) => Storage::Cpu(vec![0.0; len]),
+                (Device::Cpu, _) => match p.pins_for() {
+                    Some(g) => Storage::Pinned(PinnedBuffer::zeroed(g.context(), len * 4)?),
+                    None => Storage::Cpu(vec![0.0; len]),
+                },
                 (Device::Cuda(_), DType::BF16) => Storage::CudaBf16(
                     p.cuda()?
                         .stream()
@@ -155,7 +162,14 @@ impl Tensor {
         dtype.round_slice(&mut data);
         Tensor::with_storage(pool, shape, dtype, |p| {
             Ok(match (p.device(), dtype) {
-                (Device::Cpu, _) => Storage::Cpu(data),
+                (Device::Cpu, _) => match p.pins_for() {
+                    Some(g) => {
+                        let mut buf = PinnedBuffer::zeroed(g.context(), data.len() * 4)?;
+                        buf.as_mut_slice().copy_from_slice(&data);
+                        Storage::Pinned(buf)
+                    }
+                    None => Storage::Cpu(data),
+                },
                 (Device::Cuda(_), DType::BF16) => {
                     Storage::CudaBf16(p.cuda()?.upload_as::<Bf16>(&data)?)
                 }
@@ -223,6 +237,7 @@ impl Tensor {
     pub fn to_vec(&self) -> Result<Vec<f32>> {
         match &self.storage {
             Storage::Cpu(v) => Ok(v.clone()),
+            Storage::Pinned(b) => Ok(b.as_slice().to_vec()),
             Storage::CudaF32(s) => Ok(self.pool.cuda()?.download(s)?),
             Storage::CudaBf16(s) => Ok(self.pool.cuda()?.download_f32(s)?),
             Storage::CudaF16(s) => Ok(self.pool.cuda()?.download_f32(s)?),
@@ -237,6 +252,7 @@ impl Tensor {
     pub fn host(&self) -> &[f32] {
         match &self.storage {
             Storage::Cpu(v) => v,
+            Storage::Pinned(b) => b.as_slice(),
             _ => panic!("host() called on a GPU tensor; use to_vec()"),
         }
     }
@@ -245,6 +261,7 @@ impl Tensor {
     pub fn host_mut(&mut self) -> &mut [f32] {
         match &mut self.storage {
             Storage::Cpu(v) => v,
+            Storage::Pinned(b) => b.as_mut_slice(),
             _ => panic!("host_mut() called on a GPU tensor"),
         }
     }
@@ -283,6 +300,11 @@ impl Tensor {
                 dst.copy_from_slice(src);
                 dtype.round_slice(dst);
             }
+            Storage::Pinned(b) => {
+                let dst = b.as_mut_slice();
+                dst.copy_from_slice(src);
+                dtype.round_slice(dst);
+            }
             Storage::CudaF32(dst) => pool
                 .cuda()?
                 .stream()
@@ -298,6 +320,7 @@ impl Tensor {
         let pool = self.pool.clone();
         match &mut self.storage {
             Storage::Cpu(v) => v.iter_mut().for_each(|x| *x = 0.0),
+            Storage::Pinned(b) => b.as_mut_slice::<f32>().fill(0.0),
             Storage::CudaF32(s) => pool
                 .cuda()?
                 .stream()

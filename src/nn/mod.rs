@@ -17,7 +17,9 @@ use std::ops::Add;
 use std::sync::Arc;
 
 /// One trainable tensor: the fp32 master value, its gradient, and under mixed precision the
-/// rounded copy the forward and backward compute with.
+/// rounded copy the forward and backward compute with. With the optimizer offloaded the
+/// master lives in host memory and the compute copy (f32 under fp32/tf32) is the only weight
+/// on the device.
 pub struct Param {
     pub name: String,
     pub value: Tensor,
@@ -66,6 +68,26 @@ impl Param {
     /// The weight to read and the gradient to write, borrowed together.
     pub fn weight_and_grad(&mut self) -> (&Tensor, &mut Tensor) {
         (self.compute.as_ref().unwrap_or(&self.value), &mut self.grad)
+    }
+
+    /// Rewrites the compute copy, if there is one, from the master (after loading the master).
+    pub fn refresh_compute(&mut self) -> Result<()> {
+        if let Some(c) = &mut self.compute {
+            c.copy_from_host(&self.value.to_vec()?)?;
+        }
+        Ok(())
+    }
+
+    /// Moves the fp32 master into `host` (a host pool), leaving the device with only the
+    /// compute copy; where the forward read the master itself (fp32, tf32), the device's
+    /// master tensor stays behind as an f32 compute copy.
+    pub fn offload_master(&mut self, host: &Arc<MemoryPool>) -> Result<()> {
+        let master = Tensor::from_vec(host, self.value.shape(), DType::F32, self.value.to_vec()?)?;
+        let on_device = std::mem::replace(&mut self.value, master);
+        if self.compute.is_none() {
+            self.compute = Some(on_device);
+        }
+        Ok(())
     }
 
     /// Creates or refreshes the compute copy (`None` keeps computing on the master).

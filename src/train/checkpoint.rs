@@ -6,6 +6,10 @@
 //! replaced (itself by rename). A failed write, a full disk included, therefore never touches
 //! the last good checkpoint. Loading checks the model shape before reading any tensor, so a
 //! checkpoint of another model fails with a message that says which dimension differs.
+//!
+//! The files do not depend on where the optimizer keeps its state: with
+//! `train.offload_optimizer` the masters and moments are read from and restored into host
+//! memory under the same names, so a run may switch offload on or off when it resumes.
 
 use super::trainer::{TrainState, Trainer};
 use crate::config::ModelConfig;
@@ -259,8 +263,7 @@ pub fn load_weights(
         .collect();
     load_tensors(&ckpt.join(MODEL_FILE), &mut targets)?;
     for p in params {
-        let dtype = p.compute.as_ref().map(|c| c.dtype());
-        p.set_compute_dtype(dtype)?;
+        p.refresh_compute()?;
     }
     Ok(meta)
 }

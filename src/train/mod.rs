@@ -56,6 +56,9 @@ pub struct Summary {
     pub skipped_steps: u64,
     pub data_wait_s: f64,
     pub peak_memory_bytes: usize,
+    /// Peak host bytes of the offloaded optimizer (masters, moments, staging), when offloaded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_optimizer_peak_bytes: Option<usize>,
     pub checkpoint: Option<String>,
 }
 
@@ -113,6 +116,9 @@ struct TrainRecord {
     mem_current: usize,
     mem_peak: usize,
     mem_reserved: usize,
+    /// Host bytes of the offloaded optimizer (page-locked beside a GPU), when offloaded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mem_host_optimizer: Option<usize>,
     elapsed_s: f64,
 }
 
@@ -214,13 +220,17 @@ pub fn run(opts: RunOptions) -> Result<Summary> {
             ));
         }
         let mem = trainer.pool.stats();
+        let host = trainer.opt.host_memory();
         if every(cfg.train.log_every, step) || step == last {
             let secs = window.0.elapsed().as_secs_f64();
             let tps = window.1 as f64 / secs.max(1e-9);
             let per_step = started.elapsed().as_secs_f64() / (step - start_step).max(1) as f64;
             let eta = Duration::from_secs_f64((last - step) as f64 * per_step);
+            let host_note = host.map_or(String::new(), |h| {
+                format!(" + host {}", format_bytes(h.current))
+            });
             progress.update(&format!(
-                "step {step:>5}/{total} | loss {:.4} | lr {:.2e} | {:.1}k tok/s | mem {} (peak {}, reserved {}) | eta {}",
+                "step {step:>5}/{total} | loss {:.4} | lr {:.2e} | {:.1}k tok/s | mem {} (peak {}, reserved {}){host_note} | eta {}",
                 report.loss,
                 report.lr,
                 tps / 1000.0,
@@ -245,6 +255,7 @@ pub fn run(opts: RunOptions) -> Result<Summary> {
                 mem_current: mem.current,
                 mem_peak: mem.peak,
                 mem_reserved: mem.reserved,
+                mem_host_optimizer: host.map(|h| h.current),
                 elapsed_s: started.elapsed().as_secs_f64(),
             })?;
             window = (Instant::now(), 0);
@@ -293,6 +304,7 @@ pub fn run(opts: RunOptions) -> Result<Summary> {
         skipped_steps: trainer.state.scaler.map_or(0, |s| s.skipped),
         data_wait_s: loader.wait_stats().as_secs_f64(),
         peak_memory_bytes: trainer.pool.stats().peak,
+        host_optimizer_peak_bytes: trainer.opt.host_memory().map(|h| h.peak),
         checkpoint: last_ckpt.map(|p| p.display().to_string()),
     };
     let json = serde_json::to_vec_pretty(&summary).map_err(|e| KilnError::output(run_dir, e))?;

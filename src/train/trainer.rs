@@ -9,7 +9,7 @@ use crate::engine::MemoryPool;
 use crate::error::{KilnError, Result};
 use crate::models::gpt::{Gpt, GptConfig};
 use crate::models::{Model, StepPrecision};
-use crate::optim::adamw::{AdamW, AdamWConfig};
+use crate::optim::adamw::{AdamW, AdamWConfig, OFFLOAD_CHUNK};
 use crate::optim::schedule::CosineSchedule;
 use crate::optim::{clip_coefficient, grad_sum_squares};
 use serde::{Deserialize, Serialize};
@@ -71,15 +71,17 @@ impl Trainer {
             p.set_compute_dtype(precision.compute_dtype())?;
         }
         let o = &cfg.optim;
-        let opt = AdamW::new(
-            AdamWConfig {
-                beta1: o.beta1 as f32,
-                beta2: o.beta2 as f32,
-                eps: o.eps as f32,
-                weight_decay: o.weight_decay as f32,
-            },
-            &model.params(),
-        )?;
+        let adamw = AdamWConfig {
+            beta1: o.beta1 as f32,
+            beta2: o.beta2 as f32,
+            eps: o.eps as f32,
+            weight_decay: o.weight_decay as f32,
+        };
+        let opt = if cfg.train.offload_optimizer {
+            AdamW::offloaded(adamw, &mut model.params_mut(), &pool, OFFLOAD_CHUNK)?
+        } else {
+            AdamW::new(adamw, &model.params())?
+        };
         let scaler = precision.uses_loss_scaling().then(|| {
             LossScaler::new(
                 cfg.train.loss_scale_init,

@@ -4,8 +4,13 @@
 //! (undoing the loss scale and applying the clipping factor in one multiply), updates the
 //! moments, updates the fp32 master weight and writes the rounded compute copy, so each
 //! element is read and written once.
+//!
+//! The compute copy is written as f32 values rounded to a dtype (the CPU's emulation of bf16
+//! and f16), or as the 16-bit types themselves: the offloaded optimizer writes those into
+//! pinned staging that is copied to the GPU as is.
 
 use crate::engine::DType;
+use crate::engine::cuda::Elem;
 use rayon::prelude::*;
 
 /// Hyper-parameters of one step; `t` is the 1-based step count for bias correction.
@@ -23,13 +28,25 @@ pub struct AdamWStep {
 
 const CHUNK: usize = 4096;
 
-/// Updates `param`, `m`, `v` in place; writes `compute` (rounded to `compute_dtype`) if given.
-pub fn adamw_update(
+/// The compute value of master `p`: f32 elements hold `p` rounded to `dtype`; a 16-bit
+/// element type is its own dtype and rounds (to nearest even, as `DType::round`) on conversion.
+#[inline]
+fn compute_value<C: Elem>(p: f32, dtype: DType) -> C {
+    if C::DTYPE == DType::F32 {
+        C::from_f32(dtype.round(p))
+    } else {
+        C::from_f32(p)
+    }
+}
+
+/// Updates `param`, `m`, `v` in place; writes `compute` if given: `(values, dtype)` with
+/// f32 values rounded to `dtype`, or 16-bit values whose type must be `dtype`.
+pub fn adamw_update<C: Elem>(
     param: &mut [f32],
     grad: &[f32],
     m: &mut [f32],
     v: &mut [f32],
-    compute: Option<(&mut [f32], DType)>,
+    compute: Option<(&mut [C], DType)>,
     h: AdamWStep,
 ) {
     let bc1 = 1.0 - h.beta1.powi(h.t as i32);
@@ -52,14 +69,17 @@ pub fn adamw_update(
                 update(p, g, m, v);
             }
         }),
-        Some((c, dtype)) => parts
-            .zip(c.par_chunks_mut(CHUNK))
-            .for_each(|(((p, g), (m, v)), c)| {
-                for ((((p, &g), m), v), c) in p.iter_mut().zip(g).zip(m).zip(v).zip(c) {
-                    update(p, g, m, v);
-                    *c = dtype.round(*p);
-                }
-            }),
+        Some((c, dtype)) => {
+            debug_assert!(C::DTYPE == DType::F32 || C::DTYPE == dtype);
+            parts
+                .zip(c.par_chunks_mut(CHUNK))
+                .for_each(|(((p, g), (m, v)), c)| {
+                    for ((((p, &g), m), v), c) in p.iter_mut().zip(g).zip(m).zip(v).zip(c) {
+                        update(p, g, m, v);
+                        *c = compute_value(*p, dtype);
+                    }
+                })
+        }
     }
 }
 
@@ -104,5 +124,61 @@ mod tests {
         assert_close(&p, &want, 1e-5, "master weights");
         let rounded: Vec<f32> = p.iter().map(|&x| DType::BF16.round(x)).collect();
         assert_close(&c, &rounded, 0.0, "compute copy is the rounded master");
+    }
+
+    /// The offloaded step writes bf16/f16 bits for upload; they must be the very values the
+    /// CPU's rounded-f32 emulation holds, overflow to infinity included.
+    #[test]
+    fn sixteen_bit_output_holds_the_emulated_values() {
+        use crate::engine::cuda::{Bf16, F16};
+        fn check<C: Elem>() {
+            let n = 9_000;
+            let h = AdamWStep {
+                lr: 1e-2,
+                beta1: 0.9,
+                beta2: 0.95,
+                eps: 1e-8,
+                weight_decay: 0.1,
+                t: 2,
+                grad_scale: 0.5,
+            };
+            // Large masters make f16 overflow part of the check.
+            let p0: Vec<f32> = random(n, 4, 1.0).iter().map(|x| x * 1e5).collect();
+            let g = random(n, 5, 1.0);
+            let m0 = random(n, 6, 0.1);
+            let v0: Vec<f32> = random(n, 7, 0.01).iter().map(|x| x.abs()).collect();
+            let (mut p1, mut m1, mut v1) = (p0.clone(), m0.clone(), v0.clone());
+            let mut emulated = vec![f32::NAN; n];
+            adamw_update(
+                &mut p1,
+                &g,
+                &mut m1,
+                &mut v1,
+                Some((&mut emulated, C::DTYPE)),
+                h,
+            );
+            let (mut p2, mut m2, mut v2) = (p0, m0, v0);
+            let mut bits = vec![C::from_f32(f32::NAN); n];
+            adamw_update(
+                &mut p2,
+                &g,
+                &mut m2,
+                &mut v2,
+                Some((&mut bits, C::DTYPE)),
+                h,
+            );
+            assert_eq!(p1, p2);
+            let got: Vec<u32> = bits.iter().map(|b| b.to_f32().to_bits()).collect();
+            let want: Vec<u32> = emulated.iter().map(|x| x.to_bits()).collect();
+            assert_eq!(got, want, "{}", C::SUFFIX);
+            if C::DTYPE == DType::F16 {
+                assert!(
+                    emulated.iter().any(|x| x.is_infinite()),
+                    "no overflow exercised"
+                );
+            }
+        }
+        check::<Bf16>();
+        check::<F16>();
     }
 }

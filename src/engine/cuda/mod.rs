@@ -17,6 +17,7 @@ mod gemm;
 mod layernorm;
 pub mod loader;
 pub mod nvrtc;
+pub mod pinned;
 mod reduce;
 
 pub use adamw::AdamWStep;
