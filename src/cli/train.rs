@@ -64,6 +64,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
         .clone()
         .or(a.out)
         .unwrap_or_else(super::new_run_dir);
+    let config_micro_batch = config.config.train.micro_batch;
     let summary = train::run(RunOptions {
         config,
         run_dir: run_dir.clone(),
@@ -87,6 +88,12 @@ pub fn run(a: TrainArgs) -> Result<()> {
         "val loss {:.4} ({:.3} bits/token) vs unigram {:.4}; train loss {:.4}",
         summary.val_loss, summary.val_bits_per_token, summary.unigram_val_loss, summary.train_loss
     );
+    if summary.effective_micro_batch < config_micro_batch {
+        println!(
+            "micro-batch: {} sequences per forward/backward pass after running out of memory (train.micro_batch={config_micro_batch}; the global batch was kept)",
+            summary.effective_micro_batch
+        );
+    }
     if let Some(c) = &summary.checkpoint {
         println!("checkpoint: {c}");
     }
