@@ -510,7 +510,11 @@ mod tests {
                 grad_dtype: DType::F32,
             };
             model.forward_backward(&x, &y, 4, 32, p).unwrap();
-            assert_eq!(pool.stats().current, before, "{policy}: the step freed all it took");
+            assert_eq!(
+                pool.stats().current,
+                before,
+                "{policy}: the step freed all it took"
+            );
             pool.stats().peak - before
         };
         let unit = 4 * 32 * 32 * 4;

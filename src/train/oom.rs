@@ -124,7 +124,10 @@ pub fn does_not_fit(
         remedies.push("train.precision=bf16-mixed".into());
     }
     if cfg.train.seq_len > 1 {
-        remedies.push(format!("a shorter train.seq_len (now {})", cfg.train.seq_len));
+        remedies.push(format!(
+            "a shorter train.seq_len (now {})",
+            cfg.train.seq_len
+        ));
     }
     remedies.push(format!(
         "a smaller model (now model.d_model={}, model.n_layers={})",
@@ -133,7 +136,7 @@ pub fn does_not_fit(
     if stats.limit != 0 {
         remedies.push(format!(
             "a larger train.memory_limit (now {})",
-            cfg.train.memory_limit
+            format_bytes(stats.limit)
         ));
     }
     KilnError::DoesNotFit(format!(

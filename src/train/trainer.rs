@@ -118,9 +118,7 @@ impl Trainer {
     /// Chooses activation recomputation (the memory planner's decision for
     /// `train.recompute=auto`).
     pub fn set_recompute(&mut self, policy: Recompute) -> Result<()> {
-        self.model
-            .set_recompute(policy)
-            .map_err(KilnError::Setting)
+        self.model.set_recompute(policy).map_err(KilnError::Setting)
     }
 
     pub fn loss_scale(&self) -> f64 {
@@ -248,9 +246,12 @@ impl Trainer {
         for b in batches {
             for rows in self.passes.passes(b.batch) {
                 let span = rows.start * b.seq..rows.end * b.seq;
-                loss += self
-                    .model
-                    .loss(&b.inputs[span.clone()], &b.targets[span], rows.len(), b.seq)?;
+                loss += self.model.loss(
+                    &b.inputs[span.clone()],
+                    &b.targets[span],
+                    rows.len(),
+                    b.seq,
+                )?;
             }
             tokens += b.inputs.len();
         }
