@@ -337,6 +337,27 @@ fn a_sequence_that_does_not_fit_exits_with_what_to_change() {
         !text(&out).contains("train.recompute=blocks,"),
         "already set"
     );
+
+    // A cap below the weights: the model itself does not fit, and recomputation would not help.
+    let out = kiln(
+        &["train", "--out", tmp.path().join("run2").to_str().unwrap()],
+        &common::with(&["train.device=cpu", "train.memory_limit=1KiB"]),
+    );
+    assert_fails(
+        &out,
+        6,
+        &[
+            "the model's weights, gradients and optimizer state do not fit on cpu",
+            "train.offload_optimizer=true",
+            "a smaller model",
+            "a larger train.memory_limit",
+        ],
+    );
+    assert!(
+        !text(&out).contains("train.recompute=blocks"),
+        "{}",
+        text(&out)
+    );
 }
 
 #[test]

@@ -66,7 +66,7 @@ struct BlockActs {
 
 /// What the forward keeps of one block for its backward.
 enum BlockSaved {
-    All(BlockActs),
+    All(Box<BlockActs>),
     /// Only the block's input, to recompute the rest from.
     Input(Tensor),
 }
@@ -194,7 +194,7 @@ impl Gpt {
                 self.norm_after(l).forward_residual(&acts.mid, &mlp_out)?;
             drop(mlp_out);
             match keep {
-                Keep::All => saved.push(BlockSaved::All(acts)),
+                Keep::All => saved.push(BlockSaved::All(Box::new(acts))),
                 Keep::BlockInputs => saved.push(BlockSaved::Input(acts.input)),
                 Keep::Output => {}
             }
@@ -291,7 +291,7 @@ impl Model for Gpt {
         while let Some(kept) = saved.pop() {
             let block = &mut self.blocks[saved.len()];
             let a = match kept {
-                BlockSaved::All(a) => a,
+                BlockSaved::All(a) => *a,
                 BlockSaved::Input(input) => block.recompute(input)?,
             };
             let d_ln2 = block.mlp.backward(&dstream, &a.ln2, &a.mlp)?;

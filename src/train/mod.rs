@@ -153,7 +153,12 @@ pub fn run(opts: RunOptions) -> Result<Summary> {
         progress.message(&format!("note: {n}"));
     }
     let vocab = data::tokenizer_vocab_size(&cfg.data.tokenizer)?;
-    let mut trainer = Trainer::new(&cfg, vocab, &pool, precision)?;
+    let mut trainer = Trainer::new(&cfg, vocab, &pool, precision).map_err(|e| match e {
+        KilnError::Engine(e) if e.is_out_of_memory() => {
+            oom::does_not_fit(oom::DoesNotFit::Model, &e, &pool, &cfg, precision)
+        }
+        other => other,
+    })?;
 
     // Restore before writing anything: a bad checkpoint must leave the run directory as it was.
     let run_dir = &opts.run_dir;

@@ -79,14 +79,23 @@ impl PassSize {
     }
 }
 
-/// The error for a pass of one sequence that still ran out of memory: what was asked for,
-/// what the device or the cap holds, and the settings that would use less.
+/// What ran out of memory with nothing left to split.
+#[derive(Debug, Clone, Copy)]
+pub enum DoesNotFit {
+    /// A forward/backward pass of one sequence, with the model's recomputation.
+    OneSequence(Recompute),
+    /// The weights, gradients and optimizer state, before any step.
+    Model,
+}
+
+/// The error for memory that ran out with nothing left to split: what was asked for, what
+/// the device or the cap holds, and the settings that would use less.
 pub fn does_not_fit(
+    what: DoesNotFit,
     err: &EngineError,
     pool: &MemoryPool,
     cfg: &Config,
     precision: Precision,
-    recompute: Recompute,
 ) -> KilnError {
     let bytes = |b: usize| format!("{b} bytes ({})", format_bytes(b));
     let stats = pool.stats();
@@ -95,7 +104,7 @@ pub fn does_not_fit(
     } else {
         "the device"
     };
-    let what = match err {
+    let why = match err {
         EngineError::OutOfMemory {
             requested,
             in_use,
@@ -113,17 +122,19 @@ pub fn does_not_fit(
             pool.capacity().map_or("unknown".into(), bytes)
         ),
     };
+    let one_sequence = matches!(what, DoesNotFit::OneSequence(_));
     let mut remedies = Vec::new();
-    if recompute == Recompute::None {
+    if let DoesNotFit::OneSequence(Recompute::None) = what {
         remedies.push("train.recompute=blocks".to_string());
     }
     if !cfg.train.offload_optimizer {
         remedies.push("train.offload_optimizer=true".into());
     }
-    if matches!(precision, Precision::Fp32 | Precision::Tf32) {
+    // Activations shrink with bf16 and shorter sequences; the weights grow by the bf16 copies.
+    if one_sequence && matches!(precision, Precision::Fp32 | Precision::Tf32) {
         remedies.push("train.precision=bf16-mixed".into());
     }
-    if cfg.train.seq_len > 1 {
+    if one_sequence && cfg.train.seq_len > 1 {
         remedies.push(format!(
             "a shorter train.seq_len (now {})",
             cfg.train.seq_len
@@ -139,9 +150,13 @@ pub fn does_not_fit(
             format_bytes(stats.limit)
         ));
     }
+    let subject = if one_sequence {
+        format!("one sequence of {} tokens does", cfg.train.seq_len)
+    } else {
+        "the model's weights, gradients and optimizer state do".into()
+    };
     KilnError::DoesNotFit(format!(
-        "one sequence of {} tokens does not fit on {}: {what}. To use less memory, try {}",
-        cfg.train.seq_len,
+        "{subject} not fit on {}: {why}. To use less memory, try {}",
         pool.device(),
         remedies.join(", ")
     ))

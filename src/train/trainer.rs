@@ -149,11 +149,11 @@ impl Trainer {
             self.pool.release_cached()?;
             if self.passes.halve(self.state.step + 1, at).is_none() {
                 return Err(oom::does_not_fit(
+                    oom::DoesNotFit::OneSequence(self.model.recompute()),
                     &err,
                     &self.pool,
                     &self.cfg,
                     self.precision,
-                    self.model.recompute(),
                 ));
             }
         }
