@@ -39,6 +39,11 @@ pub enum KilnError {
         value: f64,
         kept: String,
     },
+    /// Memory ran out with one sequence per forward/backward pass: splitting the micro-batch
+    /// further is impossible. The message says what was asked for, what the device or cap
+    /// holds and which settings use less memory.
+    #[error("out of memory: {0}")]
+    DoesNotFit(String),
     /// A GPU kernel disagreed with its CPU reference, or the GPU backend failed to start.
     #[error("selftest: {0}")]
     SelfTest(String),
@@ -54,7 +59,8 @@ impl KilnError {
             KilnError::Data(_) => 3,
             KilnError::Checkpoint { .. } => 4,
             KilnError::NonFinite { .. } => 5,
-            KilnError::Engine(EngineError::OutOfMemory { .. }) => 6,
+            KilnError::DoesNotFit(_) => 6,
+            KilnError::Engine(e) if e.is_out_of_memory() => 6,
             KilnError::Output { .. } => 7,
             KilnError::SelfTest(_) => 8,
             KilnError::Engine(_) => 1,

@@ -453,3 +453,119 @@ fn find_batch_on_the_cpu_confirms_the_predicted_boundary() {
     );
     assert_fails(&out, 2, &["train.memory_limit"]);
 }
+
+/// A `train.memory_limit` between the peaks of micro-batch 4 and 8: the run says it split,
+/// finishes (exit 0) and reports the micro-batch it ended with.
+#[test]
+fn a_memory_limit_splits_the_micro_batch_and_the_run_finishes() {
+    let peak8 = common::step_peak(&["train.micro_batch=8"]);
+    let peak4 = common::step_peak(&["train.micro_batch=4"]);
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let out = kiln(
+        &["train", "--out", run.to_str().unwrap()],
+        &common::with(&[
+            "train.device=cpu",
+            "train.steps=3",
+            "train.micro_batch=8",
+            &format!("train.memory_limit={}", (peak4 + peak8) / 2),
+        ]),
+    );
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(
+        t.contains("step 1: out of memory with 8 sequences per forward/backward pass; continuing with 4 per pass"),
+        "{t}"
+    );
+    assert!(
+        t.contains("micro-batch: 4 sequences per forward/backward pass"),
+        "{t}"
+    );
+    let summary: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["effective_micro_batch"], 4);
+}
+
+/// Room for the weights but not for one sequence's activations: exit 6 with the numbers and
+/// the settings that use less memory.
+#[test]
+fn a_sequence_that_does_not_fit_exits_with_what_to_change() {
+    let limit = common::resident_bytes(&[]) + 16 * 1024;
+    let tmp = tempfile::tempdir().unwrap();
+    let out = kiln(
+        &["train", "--out", tmp.path().join("run").to_str().unwrap()],
+        &common::with(&[
+            "train.device=cpu",
+            "train.recompute=blocks",
+            &format!("train.memory_limit={limit}"),
+        ]),
+    );
+    assert_fails(
+        &out,
+        6,
+        &[
+            "one sequence of 32 tokens does not fit on cpu",
+            "asked for",
+            "train.offload_optimizer=true",
+            "train.seq_len",
+        ],
+    );
+    assert!(
+        !text(&out).contains("train.recompute=blocks,"),
+        "already set"
+    );
+
+    // A cap below the weights: the model itself does not fit, and recomputation would not help.
+    let out = kiln(
+        &["train", "--out", tmp.path().join("run2").to_str().unwrap()],
+        &common::with(&["train.device=cpu", "train.memory_limit=1KiB"]),
+    );
+    assert_fails(
+        &out,
+        6,
+        &[
+            "the model's weights, gradients and optimizer state do not fit on cpu",
+            "train.offload_optimizer=true",
+            "a smaller model",
+            "a larger train.memory_limit",
+        ],
+    );
+    assert!(
+        !text(&out).contains("train.recompute=blocks"),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn train_and_bench_run_with_block_recomputation() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    train_tiny(&run, &["train.recompute=blocks"]);
+    let config = fs::read_to_string(run.join("config.toml")).unwrap();
+    assert!(config.contains("recompute = \"blocks\""), "{config}");
+
+    let bench = |extra: &[&str]| {
+        let out = kiln(
+            &["bench", "train", "--device", "cpu", "--steps", "2"],
+            &common::with(extra),
+        );
+        assert!(out.status.success(), "{}", text(&out));
+        text(&out)
+    };
+    let t = bench(&["train.recompute=blocks"]);
+    assert!(t.contains("recompute blocks on cpu"), "{t}");
+    assert!(t.contains("| peak memory |"), "{t}");
+
+    // The bench takes train.memory_limit too, and splits like a run.
+    let peak8 = common::step_peak(&["train.micro_batch=8"]);
+    let peak4 = common::step_peak(&["train.micro_batch=4"]);
+    let t = bench(&[
+        "train.micro_batch=8",
+        &format!("train.memory_limit={}", (peak4 + peak8) / 2),
+    ]);
+    assert!(
+        t.contains("out of memory with 8 sequences per pass in step 1; ran 4 per pass"),
+        "{t}"
+    );
+}

@@ -1,13 +1,14 @@
 //! Trainer behaviour on real (tiny) runs: exact accumulation, bit-exact resume, the fp16 loss
-//! scaler, mixed-precision compute copies, divergence handling and typed out-of-memory.
+//! scaler, mixed-precision compute copies, divergence handling, out-of-memory recovery and
+//! the recomputation setting.
 
 mod common;
 
 use kiln::config::ResolvedConfig;
 use kiln::data::{self, Batch, Corpus, Tokenizer};
-use kiln::engine::{DType, Device, EngineError, MemoryPool};
+use kiln::engine::{DType, Device, MemoryPool};
 use kiln::error::KilnError;
-use kiln::models::Model;
+use kiln::models::{Model, Recompute};
 use kiln::train::{self, Precision, RunOptions, Trainer};
 
 fn config(extra: &[&str]) -> kiln::config::Config {
@@ -278,26 +279,212 @@ fn a_divergent_run_keeps_its_last_good_checkpoint() {
     assert!(!st.tensors().is_empty());
 }
 
+fn records(dir: &std::path::Path, kind: &str) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|r| r["kind"] == kind)
+        .collect()
+}
+
+fn tensors(dir: &std::path::Path) -> Vec<(String, Vec<f32>)> {
+    let bytes = final_weights(dir);
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut v: Vec<(String, Vec<f32>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            let values = view
+                .data()
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            (name, values)
+        })
+        .collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v
+}
+
+/// A memory cap between the peaks of micro-batch 4 and 8 makes the run split its passes to 4
+/// sequences in the first step, say so once, and otherwise train exactly as an uncapped run:
+/// the same tokens weighted by the same global count, summed in another order, so losses and
+/// weights agree to within float rounding.
 #[test]
-fn out_of_memory_is_a_typed_error_and_the_pool_stays_usable() {
+fn a_micro_batch_that_runs_out_of_memory_is_split_and_trains_the_same() {
+    let peak8 = common::step_peak(&["train.micro_batch=8", "train.grad_accum=2"]);
+    let peak4 = common::step_peak(&["train.micro_batch=4", "train.grad_accum=2"]);
+    assert!(peak4 < peak8, "{peak4} vs {peak8}");
+    let cap = format!("train.memory_limit={}", (peak4 + peak8) / 2);
+    let tmp = tempfile::tempdir().unwrap();
+    let (plain_dir, capped_dir) = (tmp.path().join("plain"), tmp.path().join("capped"));
+    let args = [
+        "train.micro_batch=8",
+        "train.grad_accum=2",
+        "train.steps=6",
+        "train.eval_every=0",
+    ];
+    let plain = run_to(&plain_dir, &args, false, None).unwrap();
+    let capped = run_to(
+        &capped_dir,
+        &[&args[..], &[cap.as_str()]].concat(),
+        false,
+        None,
+    )
+    .unwrap();
+    assert_eq!(plain.effective_micro_batch, 8);
+    assert_eq!(capped.effective_micro_batch, 4);
+    assert!(records(&plain_dir, "oom").is_empty());
+    let oom = records(&capped_dir, "oom");
+    assert_eq!(oom.len(), 1, "the split is logged once: {oom:?}");
+    assert_eq!(
+        (
+            &oom[0]["step"],
+            &oom[0]["micro_batch_from"],
+            &oom[0]["micro_batch_to"]
+        ),
+        (&1.into(), &8.into(), &4.into())
+    );
+
+    let losses = |d| -> Vec<f64> {
+        records(d, "train")
+            .iter()
+            .map(|r| r["loss"].as_f64().unwrap())
+            .collect()
+    };
+    let (a, b) = (losses(&plain_dir), losses(&capped_dir));
+    assert_eq!(a.len(), 6);
+    for (step, (x, y)) in a.iter().zip(&b).enumerate() {
+        assert!(
+            (x - y).abs() <= 1e-6 * x.abs(),
+            "step {}: loss {x} vs {y}",
+            step + 1
+        );
+    }
+    // Weights, by each tensor's relative error in norm. One slice is left out: the key
+    // bias, whose gradient is zero in exact arithmetic (softmax ignores a shift shared by all
+    // keys), so in both runs it holds rounding noise that Adam turns into steps of random sign.
+    let (wa, wb) = (tensors(&plain_dir), tensors(&capped_dir));
+    assert_eq!(wa.len(), wb.len());
+    let c = 32;
+    for ((name, x), (_, y)) in wa.iter().zip(&wb) {
+        let keep = |i: &usize| !(name.ends_with("attn.qkv.bias") && (c..2 * c).contains(i));
+        let (mut diff, mut norm) = (0.0f64, 0.0f64);
+        for i in (0..x.len()).filter(keep) {
+            diff += ((x[i] - y[i]) as f64).powi(2);
+            norm += (x[i] as f64).powi(2);
+        }
+        let rel = (diff / norm).sqrt();
+        assert!(rel <= 1e-6, "{name}: relative difference {rel:e}");
+    }
+}
+
+/// The gradient of a step that split is the unsplit one up to summation order, every
+/// parameter included, compared against each tensor's largest gradient.
+#[test]
+fn a_split_step_accumulates_the_same_gradient() {
+    let cfg = config(&["train.micro_batch=8", "train.grad_accum=2"]);
+    let tokens = corpus_tokens();
+    let micro: Vec<Batch> = (0..2)
+        .map(|m| data::train_batch(&tokens, 4, 0, m, 8, 32))
+        .collect();
+    let pool = MemoryPool::new(Device::Cpu);
+    let mut whole = Trainer::new(&cfg, 256, &pool, Precision::Fp32).unwrap();
+    let loss_whole = whole.accumulate(&micro).unwrap();
+    let mut split =
+        Trainer::new(&cfg, 256, &MemoryPool::new(Device::Cpu), Precision::Fp32).unwrap();
+    let peak8 = common::step_peak(&["train.micro_batch=8", "train.grad_accum=2"]);
+    let peak4 = common::step_peak(&["train.micro_batch=4", "train.grad_accum=2"]);
+    split.pool.set_limit((peak4 + peak8) / 2);
+    let loss_split = split.accumulate(&micro).unwrap();
+    assert_eq!(split.passes.learned(), Some(4));
+    assert!(
+        (loss_whole - loss_split).abs() <= 1e-9 * loss_whole.abs(),
+        "{loss_whole} vs {loss_split}"
+    );
+    for (p, (a, b)) in whole
+        .model
+        .params()
+        .iter()
+        .zip(grads(&whole).iter().zip(&grads(&split)))
+    {
+        let scale = a.iter().fold(0.0f32, |m, x| m.max(x.abs())).max(1e-12);
+        let worst = a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs() / scale)
+            .fold(0.0f32, f32::max);
+        assert!(worst <= 1e-6, "{}: gradient differs by {worst:e}", p.name);
+    }
+}
+
+/// Out of memory even at one sequence per pass: a clear error with the numbers and the
+/// settings that would help, exit code 6, and the pool back where it was before the step,
+/// so the trainer keeps working once memory allows; a split step leaves nothing behind either.
+#[test]
+fn one_sequence_that_does_not_fit_stops_with_what_to_change_and_the_pool_stays_usable() {
     let cfg = config(&[]);
     let tokens = corpus_tokens();
+    let batch = |step| [data::train_batch(&tokens, 1, step, 0, 4, 32)];
     let mut t = Trainer::new(&cfg, 256, &MemoryPool::new(Device::Cpu), Precision::Fp32).unwrap();
     let in_use = t.pool.stats().current;
-    t.pool.set_limit(in_use + 64 * 1024);
-    let err = t
-        .step(&[data::train_batch(&tokens, 1, 0, 0, 4, 32)])
-        .unwrap_err();
-    assert!(
-        matches!(err, KilnError::Engine(EngineError::OutOfMemory { .. })),
-        "{err}"
+
+    // Enough for two sequences per pass but not four: the step splits and succeeds.
+    let peak4 = common::step_peak(&[]);
+    let peak2 = common::step_peak(&["train.micro_batch=2"]);
+    t.pool.set_limit((peak2 + peak4) / 2);
+    t.step(&batch(0)).unwrap();
+    assert_eq!(t.passes.learned(), Some(2));
+    assert_eq!(
+        t.pool.stats().current,
+        in_use,
+        "a split step holds nothing afterwards"
     );
+
+    t.pool.set_limit(in_use + 64 * 1024);
+    let err = t.step(&batch(1)).unwrap_err();
+    assert_eq!(err.exit_code(), 6);
+    assert!(matches!(err, KilnError::DoesNotFit(_)), "{err}");
+    let msg = err.to_string();
+    for needle in [
+        "one sequence of 32 tokens does not fit on cpu",
+        "asked for",
+        "the train.memory_limit cap has",
+        "train.recompute=blocks",
+        "train.offload_optimizer=true",
+        "train.precision=bf16-mixed",
+        "a shorter train.seq_len (now 32)",
+        "model.d_model=32, model.n_layers=2",
+    ] {
+        assert!(msg.contains(needle), "expected {needle:?} in: {msg}");
+    }
+    assert_eq!(t.passes.learned(), Some(1));
+    assert_eq!(t.state.step, 1, "the failed step changed nothing");
     assert_eq!(
         t.pool.stats().current,
         in_use,
         "the failed step released its activations"
     );
     t.pool.set_limit(0);
-    t.step(&[data::train_batch(&tokens, 1, 0, 0, 4, 32)])
-        .unwrap();
+    t.step(&batch(1)).unwrap();
+    assert_eq!(t.pool.stats().current, in_use);
+}
+
+/// `train.recompute` reaches the model: blocks recomputes, none and auto (until the planner
+/// decides) do not.
+#[test]
+fn train_recompute_sets_the_models_policy() {
+    for (value, policy) in [
+        ("none", Recompute::None),
+        ("auto", Recompute::None),
+        ("blocks", Recompute::Blocks),
+    ] {
+        let cfg = config(&[&format!("train.recompute={value}")]);
+        let mut t =
+            Trainer::new(&cfg, 256, &MemoryPool::new(Device::Cpu), Precision::Fp32).unwrap();
+        assert_eq!(t.model.recompute(), policy, "{value}");
+        t.set_recompute(Recompute::Blocks).unwrap();
+        assert_eq!(t.model.recompute(), Recompute::Blocks);
+    }
 }

@@ -1,6 +1,5 @@
 //! `kiln bench`: performance measurements (benchmarks, never timed tests).
 
-use crate::config::ResolvedConfig;
 use crate::data::{self, Batch, Corpus};
 use crate::engine::profile;
 use crate::error::Result;
@@ -20,7 +19,9 @@ pub enum BenchCommand {
 #[derive(Args, Debug)]
 #[command(after_help = "EXAMPLES:
   kiln bench train --device cpu
-  kiln bench train --steps 20 model.n_layers=6 train.micro_batch=8")]
+  kiln bench train --steps 20 model.n_layers=6 train.micro_batch=8
+  kiln bench train train.recompute=blocks        memory saved and time cost of recomputation
+  kiln bench train train.memory_limit=2GiB       a cap that makes the micro-batch split")]
 pub struct BenchTrainArgs {
     /// Device to measure on: auto, cpu, cuda or cuda:N.
     #[arg(long, default_value = "auto")]
@@ -31,6 +32,10 @@ pub struct BenchTrainArgs {
     /// Settings file, as for `kiln train`.
     #[arg(long, value_name = "FILE")]
     pub config: Option<std::path::PathBuf>,
+    /// Hardware profile, as for `kiln train`; `none` by default so a benchmark measures
+    /// exactly the settings it is given.
+    #[arg(long, value_name = "NAME", default_value = "none")]
+    pub profile: String,
     /// Overrides on dotted keys, as for `kiln train`.
     #[arg(value_name = "KEY=VALUE")]
     pub overrides: Vec<String>,
@@ -46,8 +51,11 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
 fn bench_train(a: BenchTrainArgs) -> Result<()> {
     let mut overrides = a.overrides.clone();
     overrides.push(format!("train.device={}", a.device));
-    let cfg = ResolvedConfig::resolve(a.config.as_deref(), &overrides)?.config;
+    let cfg = super::settings::resolve(&a.profile, a.config.as_deref(), &overrides)?
+        .config
+        .config;
     let (pool, precision, notes) = train::open_device(&cfg.train.device, &cfg.train.precision)?;
+    train::set_memory_limit(&pool, &cfg)?;
     let device = pool.device();
     notes.iter().for_each(|n| println!("note: {n}"));
     let tokenizer = data::tokenizer_by_name(&cfg.data.tokenizer)?;
@@ -70,7 +78,9 @@ fn bench_train(a: BenchTrainArgs) -> Result<()> {
     for step in 0..(a.steps + 2) as u64 {
         let batches = global(step);
         if step == 2 {
+            // Measure the timed steps only: warm-up may have run out of memory and split.
             profile::reset();
+            pool.reset_peak();
         }
         let t0 = Instant::now();
         trainer.step(&batches)?;
@@ -87,16 +97,23 @@ fn bench_train(a: BenchTrainArgs) -> Result<()> {
     let flops_per_token = cost.flops_per_token(b * t);
     let flops_per_step = flops_per_token * tokens_per_step;
     println!(
-        "kiln bench train: {} params, d_model {}, {} layers, batch {b} x {t} x accum {k}, {precision} on {device}{}",
+        "kiln bench train: {} params, d_model {}, {} layers, batch {b} x {t} x accum {k}, {precision}, recompute {} on {device}{}",
         cost.params,
         cfg.model.d_model,
         cfg.model.n_layers,
+        trainer.model.recompute(),
         if cfg.train.offload_optimizer {
             ", optimizer offloaded to the host"
         } else {
             ""
         }
     );
+    for split in trainer.passes.take_splits() {
+        println!(
+            "note: out of memory with {} sequences per pass in step {}; ran {} per pass from then on",
+            split.from, split.step, split.to
+        );
+    }
     println!("| metric | value |\n|---|---|");
     println!("| median step time | {:.1} ms |", median * 1e3);
     println!("| tokens/s | {:.0} |", tokens_per_step / median);

@@ -7,6 +7,7 @@ pub mod generate;
 pub mod hw;
 pub mod plan;
 pub mod selftest;
+pub mod settings;
 pub mod train;
 
 use crate::error::{KilnError, Result};

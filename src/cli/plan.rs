@@ -2,7 +2,7 @@
 //! GPU (this machine's or a named one), and, with `--find-batch`, the boundary confirmed by
 //! real steps.
 
-use crate::config::{Config, ResolvedConfig};
+use crate::config::Config;
 use crate::data::{self, Batch};
 use crate::engine::device::DeviceRequest;
 use crate::engine::{self, DType, Device, EngineError, MemoryPool};
@@ -24,7 +24,7 @@ use std::sync::Arc;
                                                      and one more, and compare measured peaks
   kiln plan --find-batch train.device=cpu train.memory_limit=64MiB   the same on the CPU
 
-Settings resolve as for `kiln train` (defaults < --config FILE < KEY=VALUE). The plan walks the
+Settings resolve as for `kiln train` (defaults < --profile < --config FILE < KEY=VALUE). The plan walks the
 step's allocations in the order the code makes them, so its pool peak is what the memory pool
 books (exact on the CPU). On a GPU it adds the cuBLASLt workspace, kernel scratch, allocator
 rounding, the CUDA context (measured when the GPU is here) and a safety margin of 5% of memory.")]
@@ -42,6 +42,9 @@ pub struct PlanArgs {
     /// predicted largest and one at the next size up (on the CPU under train.memory_limit).
     #[arg(long, conflicts_with = "gpu")]
     pub find_batch: bool,
+    /// Hardware profile, as for `kiln train` (auto plans what `kiln train` would run).
+    #[arg(long, value_name = "NAME", default_value = "auto")]
+    pub profile: String,
     /// Overrides on dotted keys, e.g. model.n_layers=12 train.micro_batch=8.
     #[arg(value_name = "KEY=VALUE")]
     pub overrides: Vec<String>,
@@ -90,7 +93,8 @@ struct Largest {
 }
 
 pub fn run(a: PlanArgs) -> Result<()> {
-    let cfg = ResolvedConfig::resolve(a.config.as_deref(), &a.overrides)?.config;
+    let settings = super::settings::resolve(&a.profile, a.config.as_deref(), &a.overrides)?;
+    let cfg = settings.config.config;
     let mut target = target(&a, &cfg)?;
     let device = target.budget.device;
     let (precision, note) = Precision::parse(&cfg.train.precision)?
@@ -234,7 +238,8 @@ fn target(a: &PlanArgs, cfg: &Config) -> Result<Target> {
     })
 }
 
-/// Runs one real step at the predicted largest micro-batch and at the next size up.
+/// Runs one real step at the predicted largest micro-batch and at the next size up; a size
+/// fits when its step ran in one pass, without an out-of-memory split.
 fn find_batch(
     cfg: &Config,
     vocab: usize,
@@ -269,8 +274,9 @@ fn find_batch(
         pool.reset_peak();
         let outcome = trial_step(cfg, vocab, precision, &pool, b);
         let fits = match outcome {
-            Ok(()) => true,
-            Err(KilnError::Engine(EngineError::OutOfMemory { .. })) => false,
+            Ok(in_one_pass) => in_one_pass,
+            Err(KilnError::Engine(EngineError::OutOfMemory { .. }))
+            | Err(KilnError::DoesNotFit(_)) => false,
             Err(e) => return Err(e),
         };
         let gpu = pool.cuda().ok();
@@ -298,7 +304,7 @@ fn trial_step(
     precision: Precision,
     pool: &Arc<MemoryPool>,
     b: usize,
-) -> Result<()> {
+) -> Result<bool> {
     let mut cfg = cfg.clone();
     cfg.train.micro_batch = b;
     let t = cfg.train.seq_len;
@@ -318,7 +324,9 @@ fn trial_step(
     if let Ok(g) = pool.cuda() {
         g.synchronize().map_err(EngineError::from)?;
     }
-    Ok(())
+    // The trainer recovers from out-of-memory by splitting the micro-batch; a split means
+    // `b` sequences did not fit in one pass.
+    Ok(trainer.passes.learned().is_none())
 }
 
 fn print_report(r: &Report, cfg: &Config) {

@@ -236,6 +236,20 @@ pub fn run(args: SelftestArgs) -> Result<()> {
             Err(msg) => println!("optimizer offload {precision}: {msg} FAIL"),
         }
     }
+    for (what, check) in [
+        (
+            "block recomputation",
+            recompute_is_exact as fn(&std::sync::Arc<MemoryPool>, u64) -> _,
+        ),
+        ("out-of-memory split", out_of_memory_splits),
+    ] {
+        let outcome = check(&pool, args.seed);
+        failed += usize::from(outcome.is_err());
+        match outcome {
+            Ok(msg) => println!("{what}: {msg} PASS"),
+            Err(msg) => println!("{what}: {msg} FAIL"),
+        }
+    }
     let scaler = fp16_scaler_backs_off(&pool, args.seed);
     failed += usize::from(scaler.is_err());
     match scaler {
@@ -439,6 +453,16 @@ fn out_of_memory_is_recoverable(
             let small = crate::engine::Tensor::zeros(pool, &[1 << 20], DType::F32)
                 .map_err(|e| format!("allocation after OOM failed: {e}"))?;
             drop(small);
+            // Kernel scratch buffers come straight from the backend: the same typed error.
+            let gpu = pool.cuda().map_err(|e| e.to_string())?;
+            match gpu
+                .alloc::<f32>(too_big)
+                .map_err(crate::engine::EngineError::from)
+            {
+                Err(crate::engine::EngineError::OutOfMemory { .. }) => {}
+                Err(e) => return Err(format!("a scratch allocation's OOM became: {e}")),
+                Ok(_) => return Err("a scratch buffer of twice the device memory".into()),
+            }
             Ok(format!(
                 "asking for {:.1} GiB gave a typed error; the pool stayed usable",
                 requested as f64 / (1u64 << 30) as f64
@@ -447,6 +471,136 @@ fn out_of_memory_is_recoverable(
         Err(e) => Err(format!("expected out-of-memory, got: {e}")),
         Ok(_) => Err("an allocation of twice the device memory succeeded".into()),
     }
+}
+
+/// A small GPT (6 blocks, d_model 128, 8 x 128 tokens) for the recomputation and
+/// out-of-memory checks.
+fn small_gpt(seed: u64, extra: &[&str]) -> Result<crate::config::Config> {
+    let overrides: Vec<String> = [
+        "model.d_model=128",
+        "model.n_layers=6",
+        "model.n_heads=4",
+        "model.context=128",
+        "train.seq_len=128",
+        "train.micro_batch=8",
+    ]
+    .iter()
+    .chain(extra)
+    .map(|s| s.to_string())
+    .chain([format!("train.seed={seed}")])
+    .collect();
+    Ok(ResolvedConfig::resolve(None, &overrides)?.config)
+}
+
+fn small_batches(seed: u64, steps: u64, rows: usize) -> Result<Vec<data::Batch>> {
+    let corpus = data::Corpus::load(None)?;
+    let tokens = data::Tokenizer::encode(&data::ByteTokenizer, &corpus.text[..200_000]);
+    Ok((0..steps)
+        .map(|step| data::train_batch(&tokens, seed, step, 0, rows, 128))
+        .collect())
+}
+
+/// Recomputing blocks on the GPU: every gradient bit-identical to those from kept
+/// activations, in fp32 and bf16-mixed (the GPU kernels are deterministic), and a lower peak.
+fn recompute_is_exact(
+    gpu: &std::sync::Arc<MemoryPool>,
+    seed: u64,
+) -> std::result::Result<String, String> {
+    let run = || -> Result<String> {
+        let batch = small_batches(seed, 1, 8)?;
+        gpu.set_tf32(false);
+        let mut peaks = Vec::new();
+        for precision in [Precision::Fp32, Precision::Bf16Mixed] {
+            let mut grads = Vec::new();
+            for policy in ["none", "blocks"] {
+                let cfg = small_gpt(seed, &[&format!("train.recompute={policy}")])?;
+                let mut t = Trainer::new(&cfg, 256, gpu, precision)?;
+                let before = gpu.stats().current;
+                gpu.reset_peak();
+                t.accumulate(&batch)?;
+                peaks.push(gpu.stats().peak - before);
+                let bits: Vec<Vec<u32>> = t
+                    .model
+                    .params()
+                    .iter()
+                    .map(|p| Ok(p.grad.to_vec()?.iter().map(|g| g.to_bits()).collect()))
+                    .collect::<Result<_>>()?;
+                grads.push(bits);
+            }
+            if grads[0] != grads[1] {
+                return Err(KilnError::SelfTest(format!(
+                    "{precision}: gradients with recomputation differ from kept activations"
+                )));
+            }
+        }
+        let mib = |b: usize| b as f64 / (1u64 << 20) as f64;
+        Ok(format!(
+            "gradients bit-identical in fp32 and bf16-mixed; activation peak {:.1} -> {:.1} MiB (fp32), {:.1} -> {:.1} MiB (bf16-mixed)",
+            mib(peaks[0]),
+            mib(peaks[1]),
+            mib(peaks[2]),
+            mib(peaks[3])
+        ))
+    };
+    run().map_err(|e| e.to_string())
+}
+
+/// A pool cap between the peaks of 4 and 8 sequences per pass: the GPU run splits to 4 in its
+/// first step, frees everything each step, and its losses follow an uncapped run's.
+fn out_of_memory_splits(
+    gpu: &std::sync::Arc<MemoryPool>,
+    seed: u64,
+) -> std::result::Result<String, String> {
+    let run = || -> Result<String> {
+        gpu.set_tf32(false);
+        let cfg = small_gpt(seed, &[])?;
+        let batches = small_batches(seed, 3, 8)?;
+        let peak = |rows: usize| -> Result<usize> {
+            let mut t = Trainer::new(&cfg, 256, gpu, Precision::Fp32)?;
+            gpu.reset_peak();
+            t.step(&small_batches(seed, 1, rows)?)?;
+            Ok(gpu.stats().peak)
+        };
+        let (peak8, peak4) = (peak(8)?, peak(4)?);
+        let losses = |cap: usize| -> Result<(Vec<f64>, Option<usize>)> {
+            let mut t = Trainer::new(&cfg, 256, gpu, Precision::Fp32)?;
+            let resident = gpu.stats().current;
+            gpu.set_limit(cap);
+            let mut out = Vec::new();
+            for b in &batches {
+                let step = t.step(std::slice::from_ref(b));
+                if gpu.stats().current != resident {
+                    gpu.set_limit(0);
+                    return Err(KilnError::SelfTest("a step left memory booked".into()));
+                }
+                out.push(step?.loss);
+            }
+            gpu.set_limit(0);
+            Ok((out, t.passes.learned()))
+        };
+        let (plain, _) = losses(0)?;
+        let (capped, learned) = losses((peak4 + peak8) / 2)?;
+        if learned != Some(4) {
+            return Err(KilnError::SelfTest(format!(
+                "a cap between the peaks of 4 ({peak4} B) and 8 ({peak8} B) sequences left {learned:?} per pass, want 4"
+            )));
+        }
+        let worst = plain
+            .iter()
+            .zip(&capped)
+            .map(|(a, b)| (a - b).abs() / a.abs())
+            .fold(0.0f64, f64::max);
+        if worst > 1e-5 {
+            return Err(KilnError::SelfTest(format!(
+                "losses after the split differ by {worst:.1e} relative: {plain:?} vs {capped:?}"
+            )));
+        }
+        Ok(format!(
+            "split 8 -> 4 sequences per pass under a cap of {:.1} MiB; 3 losses within {worst:.1e} of the uncapped run",
+            ((peak4 + peak8) / 2) as f64 / (1u64 << 20) as f64
+        ))
+    };
+    run().map_err(|e| e.to_string())
 }
 
 /// A tiny GPT in fp16-mixed with a loss scale of 2^40: its fp16 output gradient overflows, so
@@ -1193,6 +1347,18 @@ fn check_matmul_tt(gpu: &CudaBackend, inp: &mut Inputs, m: usize, k: usize, n: u
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The recomputation and out-of-memory checks hold on the CPU too, so a GPU failure of
+    /// either points at the GPU path, not at the check.
+    #[test]
+    fn the_training_checks_pass_on_the_cpu() {
+        let cpu = MemoryPool::new(Device::Cpu);
+        let msg = recompute_is_exact(&cpu, 1).unwrap();
+        assert!(msg.contains("bit-identical"), "{msg}");
+        let msg = out_of_memory_splits(&cpu, 1).unwrap();
+        assert!(msg.contains("split 8 -> 4"), "{msg}");
+        assert_eq!(cpu.stats().limit, 0, "the check removes its cap");
+    }
 
     #[test]
     fn relative_error_catches_nan_and_tiny_elements() {

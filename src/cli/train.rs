@@ -1,6 +1,5 @@
 //! `kiln train`: resolve the configuration, train, print the summary.
 
-use crate::config::ResolvedConfig;
 use crate::error::Result;
 use crate::train::{self, RunOptions};
 use clap::Args;
@@ -13,6 +12,7 @@ use std::path::PathBuf;
   kiln train --config my.toml --out runs/big   settings from a file, run directory chosen
   kiln train --resume runs/big train.steps=2000 continue a run from its latest checkpoint
   kiln train --print-config optim.lr=1e-3      show every key, its value and where it came from
+  kiln train --profile rtx4090 --print-config  what a named hardware profile would choose
 
 A run directory holds config.toml (the resolved settings), metrics.jsonl (one JSON object per
 log step and eval), checkpoints/ (weights and optimizer state as safetensors, trainer state as
@@ -21,6 +21,11 @@ pub struct TrainArgs {
     /// TOML file with settings (sections [model], [data], [train], [optim]).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// Hardware profile: auto (match the detected GPU, then derive precision, micro-batch,
+    /// recomputation and offload from it), h100, a100, rtx4090, rtx3090, lowmem, cpu, a
+    /// .toml file, or none.
+    #[arg(long, value_name = "NAME", default_value = "auto")]
+    pub profile: String,
     /// Run directory to create (default: runs/run-<UTC time>).
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
@@ -54,16 +59,19 @@ pub fn run(a: TrainArgs) -> Result<()> {
     if let Some(d) = &a.device {
         overrides.push(format!("train.device={d}"));
     }
-    let config = ResolvedConfig::resolve(file.as_deref(), &overrides)?;
+    let settings = super::settings::resolve(&a.profile, file.as_deref(), &overrides)?;
     if a.print_config {
-        print!("{}", config.render());
+        println!("# {}", settings.profile_note);
+        print!("{}", settings.config.render());
         return Ok(());
     }
+    let config = settings.config;
     let run_dir = a
         .resume
         .clone()
         .or(a.out)
         .unwrap_or_else(super::new_run_dir);
+    let config_micro_batch = config.config.train.micro_batch;
     let summary = train::run(RunOptions {
         config,
         run_dir: run_dir.clone(),
@@ -87,6 +95,12 @@ pub fn run(a: TrainArgs) -> Result<()> {
         "val loss {:.4} ({:.3} bits/token) vs unigram {:.4}; train loss {:.4}",
         summary.val_loss, summary.val_bits_per_token, summary.unigram_val_loss, summary.train_loss
     );
+    if summary.effective_micro_batch < config_micro_batch {
+        println!(
+            "micro-batch: {} sequences per forward/backward pass after running out of memory (train.micro_batch={config_micro_batch}; the global batch was kept)",
+            summary.effective_micro_batch
+        );
+    }
     if let Some(c) = &summary.checkpoint {
         println!("checkpoint: {c}");
     }

@@ -26,6 +26,7 @@ use thiserror::Error;
 /// Failures of the engine that callers are expected to handle (not bugs).
 #[derive(Debug, Error)]
 pub enum EngineError {
+    /// `limit` is the pool's cap, or the device's total memory where no cap is set.
     #[error(
         "out of memory on {device}: asked for {requested} bytes with {in_use} in use and a limit of {limit} bytes"
     )]
@@ -50,8 +51,34 @@ pub enum EngineError {
 }
 
 impl From<cuda::CudaError> for EngineError {
+    /// A refused device allocation becomes the same error as the pool's own limit: the
+    /// trainer recovers from both alike.
     fn from(e: cuda::CudaError) -> Self {
-        EngineError::Cuda(e)
+        match e {
+            cuda::CudaError::AllocFailed {
+                ordinal,
+                requested,
+                free,
+                total,
+            } => EngineError::OutOfMemory {
+                device: Device::Cuda(ordinal),
+                requested,
+                in_use: total.saturating_sub(free),
+                limit: total,
+            },
+            other => EngineError::Cuda(other),
+        }
+    }
+}
+
+impl EngineError {
+    /// Whether memory ran out: the pool's limit, a refused device allocation, or the driver
+    /// running out inside a library. Each leaves the device usable once buffers are freed.
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(
+            self,
+            EngineError::OutOfMemory { .. } | EngineError::Cuda(cuda::CudaError::OutOfMemory(_))
+        )
     }
 }
 

@@ -148,6 +148,25 @@ impl MemoryPool {
         self.current.fetch_sub(bytes, Ordering::SeqCst);
     }
 
+    /// The most this pool can hold: its limit, else the GPU's total memory; `None` for an
+    /// uncapped CPU pool.
+    pub fn capacity(&self) -> Option<usize> {
+        match self.limit.load(Ordering::SeqCst) {
+            0 => self.cuda.as_ref().map(|g| g.info().total_memory),
+            limit => Some(limit),
+        }
+    }
+
+    /// Returns memory the device allocator caches to the device (a no-op on the CPU, whose
+    /// buffers go back to the system allocator when dropped). Called after an out-of-memory
+    /// error, before retrying with less.
+    pub fn release_cached(&self) -> Result<()> {
+        match &self.cuda {
+            Some(g) => Ok(g.release_cached_memory()?),
+            None => Ok(()),
+        }
+    }
+
     /// Starts a new peak measurement from the current usage.
     pub fn reset_peak(&self) {
         self.peak

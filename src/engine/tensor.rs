@@ -81,19 +81,18 @@ pub struct Tensor {
     booked: usize,
 }
 
-/// A device out-of-memory becomes the same typed error as the pool's own limit.
-fn device_alloc_error(pool: &MemoryPool, bytes: usize, e: CudaError) -> EngineError {
-    match e {
-        CudaError::OutOfMemory(_) => {
-            let s = pool.stats();
-            EngineError::OutOfMemory {
-                device: pool.device(),
-                requested: bytes,
-                in_use: s.current,
-                limit: s.limit,
-            }
-        }
-        other => EngineError::Cuda(other),
+/// A device out-of-memory becomes the same typed error as the pool's own limit, with the
+/// pool's books (what kiln holds) and its cap, or the device's memory where none is set.
+fn device_alloc_error(pool: &MemoryPool, bytes: usize, e: EngineError) -> EngineError {
+    if !e.is_out_of_memory() {
+        return e;
+    }
+    let s = pool.stats();
+    EngineError::OutOfMemory {
+        device: pool.device(),
+        requested: bytes,
+        in_use: s.current,
+        limit: pool.capacity().unwrap_or(s.limit),
     }
 }
 
@@ -194,10 +193,7 @@ impl Tensor {
             Ok(s) => s,
             Err(e) => {
                 pool.release(booked);
-                return Err(match e {
-                    EngineError::Cuda(c) => device_alloc_error(pool, booked, c),
-                    other => other,
-                });
+                return Err(device_alloc_error(pool, booked, e));
             }
         };
         Ok(Tensor {

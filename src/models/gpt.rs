@@ -1,7 +1,7 @@
 //! A GPT-style decoder: token and position embeddings, pre-norm transformer blocks, a final
 //! norm and a language-model head (tied to the token embedding by default).
 //!
-//! The forward below keeps every activation the backward needs in [`Activations`], and the
+//! The forward below keeps the activations the backward needs in [`Activations`], and the
 //! backward walks the blocks in reverse with one gradient buffer for the residual stream.
 //! Every layernorm after the first is fused with the residual add that precedes it.
 //!
@@ -9,8 +9,15 @@
 //! head, so the largest GEMM of the model runs on whole tensor-core tiles (50257 -> 50304 for
 //! GPT-2). Padded rows are never looked up, their logits are masked out of the loss, so they
 //! get no gradient and do not change what the model computes.
+//!
+//! With [`Recompute::Blocks`] the forward keeps only each block's input (the residual stream
+//! entering it) and the backward re-runs that block's forward right before its backward, so
+//! one block's activations are alive at a time. The rebuilt activations are bit-identical to
+//! the kept ones: the same kernels run on the same inputs, and the block's first norm, fused
+//! with the previous residual add in the forward, normalises the same stored sum when re-run
+//! on its own.
 
-use super::{Model, StepPrecision};
+use super::{Model, Recompute, StepPrecision};
 use crate::engine::ops::{self, NormStats};
 use crate::engine::rng::{Rng, stream};
 use crate::engine::{EngineError, MemoryPool, Result, Tensor};
@@ -57,6 +64,7 @@ pub struct Gpt {
     pub ln_f: LayerNorm,
     /// Present only when the head is untied.
     pub head: Option<Linear>,
+    recompute: Recompute,
 }
 
 /// One block's saved activations. `input` is the residual stream entering the block,
@@ -72,12 +80,58 @@ struct BlockActs {
     mlp: MlpSaved,
 }
 
+/// What the forward keeps of one block for its backward.
+enum BlockSaved {
+    All(Box<BlockActs>),
+    /// Only the block's input, to recompute the rest from.
+    Input(Tensor),
+}
+
+/// What the forward keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Keep {
+    /// Every block's activations (a backward without recomputation).
+    All,
+    /// Each block's input (a backward that recomputes blocks).
+    BlockInputs,
+    /// Only the final norm: evaluation and generation run no backward.
+    Output,
+}
+
 struct Activations {
-    blocks: Vec<BlockActs>,
+    blocks: Vec<BlockSaved>,
     /// Residual stream after the last block, and its final norm.
     last: Tensor,
     ln_f: Tensor,
     ln_f_stats: NormStats,
+}
+
+impl Block {
+    /// Everything the block's backward needs, from its input and its first norm: attention,
+    /// the residual add fused with the second norm, and the MLP short of its output
+    /// projection (the caller adds that output to the stream, fused with the next norm).
+    fn activations(&self, input: Tensor, ln1: Tensor, ln1_stats: NormStats) -> Result<BlockActs> {
+        let (attn_out, attn) = self.attn.forward(&ln1)?;
+        let (mid, ln2, ln2_stats) = self.ln2.forward_residual(&input, &attn_out)?;
+        drop(attn_out);
+        let mlp = self.mlp.activations(&ln2)?;
+        Ok(BlockActs {
+            input,
+            ln1,
+            ln1_stats,
+            attn,
+            mid,
+            ln2,
+            ln2_stats,
+            mlp,
+        })
+    }
+
+    /// Rebuilds the block's activations from its input alone.
+    fn recompute(&self, input: Tensor) -> Result<BlockActs> {
+        let (ln1, ln1_stats) = self.ln1.forward(&input)?;
+        self.activations(input, ln1, ln1_stats)
+    }
 }
 
 impl Gpt {
@@ -124,6 +178,7 @@ impl Gpt {
             blocks,
             ln_f,
             head,
+            recompute: Recompute::None,
         })
     }
 
@@ -145,7 +200,7 @@ impl Gpt {
         self.blocks.get(l + 1).map_or(&self.ln_f, |b| &b.ln1)
     }
 
-    fn forward(&self, tokens: &[u32], batch: usize, seq: usize) -> Result<Activations> {
+    fn forward(&self, tokens: &[u32], batch: usize, seq: usize, keep: Keep) -> Result<Activations> {
         self.check_len(seq)?;
         let mut input = self.embed.forward(tokens, batch, seq)?;
         let (mut ln1, mut ln1_stats) = self
@@ -153,28 +208,22 @@ impl Gpt {
             .first()
             .map_or(&self.ln_f, |b| &b.ln1)
             .forward(&input)?;
-        let mut acts = Vec::with_capacity(self.blocks.len());
+        let mut saved = Vec::with_capacity(self.blocks.len());
         for (l, block) in self.blocks.iter().enumerate() {
-            let (attn_out, attn) = block.attn.forward(&ln1)?;
-            let (mid, ln2, ln2_stats) = block.ln2.forward_residual(&input, &attn_out)?;
-            drop(attn_out);
-            let (mlp_out, mlp) = block.mlp.forward(&ln2)?;
+            let acts = block.activations(input, ln1, ln1_stats)?;
+            let mlp_out = block.mlp.output(&acts.mlp)?;
             let (next, next_ln, next_stats) =
-                self.norm_after(l).forward_residual(&mid, &mlp_out)?;
-            acts.push(BlockActs {
-                input,
-                ln1,
-                ln1_stats,
-                attn,
-                mid,
-                ln2,
-                ln2_stats,
-                mlp,
-            });
+                self.norm_after(l).forward_residual(&acts.mid, &mlp_out)?;
+            drop(mlp_out);
+            match keep {
+                Keep::All => saved.push(BlockSaved::All(Box::new(acts))),
+                Keep::BlockInputs => saved.push(BlockSaved::Input(acts.input)),
+                Keep::Output => {}
+            }
             (input, ln1, ln1_stats) = (next, next_ln, next_stats);
         }
         Ok(Activations {
-            blocks: acts,
+            blocks: saved,
             last: input,
             ln_f: ln1,
             ln_f_stats: ln1_stats,
@@ -231,7 +280,11 @@ impl Model for Gpt {
         seq: usize,
         p: StepPrecision,
     ) -> Result<f64> {
-        let mut acts = self.forward(inputs, batch, seq)?;
+        let keep = match self.recompute {
+            Recompute::None => Keep::All,
+            Recompute::Blocks => Keep::BlockInputs,
+        };
+        let acts = self.forward(inputs, batch, seq, keep)?;
         let mut dlogits = self.logits(&acts)?;
         let losses = ops::cross_entropy_fused(&mut dlogits, targets, self.cfg.vocab, p.grad_scale)?;
         ops::round_in_place(&mut dlogits, p.grad_dtype)?;
@@ -244,13 +297,25 @@ impl Model for Gpt {
             }
         };
         drop(dlogits);
+        let Activations {
+            blocks: mut saved,
+            last,
+            ln_f,
+            ln_f_stats,
+        } = acts;
+        drop(ln_f);
         // `dstream` is the gradient of the residual stream, carried down through the blocks.
-        let mut dstream = Tensor::zeros(acts.last.pool(), acts.last.shape(), acts.last.dtype())?;
+        let mut dstream = Tensor::zeros(last.pool(), last.shape(), last.dtype())?;
         // The final norm (fused with the last block's MLP residual add) comes first.
         self.ln_f
-            .backward(&mut dstream, &d_ln_f, &acts.last, &acts.ln_f_stats)?;
-        while let Some(a) = acts.blocks.pop() {
-            let block = &mut self.blocks[acts.blocks.len()];
+            .backward(&mut dstream, &d_ln_f, &last, &ln_f_stats)?;
+        drop((d_ln_f, last));
+        while let Some(kept) = saved.pop() {
+            let block = &mut self.blocks[saved.len()];
+            let a = match kept {
+                BlockSaved::All(a) => *a,
+                BlockSaved::Input(input) => block.recompute(input)?,
+            };
             let d_ln2 = block.mlp.backward(&dstream, &a.ln2, &a.mlp)?;
             block
                 .ln2
@@ -265,7 +330,7 @@ impl Model for Gpt {
     }
 
     fn loss(&self, inputs: &[u32], targets: &[u32], batch: usize, seq: usize) -> Result<f64> {
-        let acts = self.forward(inputs, batch, seq)?;
+        let acts = self.forward(inputs, batch, seq, Keep::Output)?;
         let logits = self.logits(&acts)?;
         Ok(ops::cross_entropy(&logits, targets, self.cfg.vocab)?
             .iter()
@@ -274,7 +339,7 @@ impl Model for Gpt {
     }
 
     fn next_logits(&self, tokens: &[u32]) -> Result<Vec<f32>> {
-        let acts = self.forward(tokens, 1, tokens.len())?;
+        let acts = self.forward(tokens, 1, tokens.len(), Keep::Output)?;
         let logits = self.logits(&acts)?.to_vec()?;
         let row = (tokens.len() - 1) * self.cfg.padded_vocab();
         Ok(logits[row..row + self.cfg.vocab].to_vec())
@@ -282,6 +347,15 @@ impl Model for Gpt {
 
     fn context(&self) -> usize {
         self.cfg.context
+    }
+
+    fn recompute(&self) -> Recompute {
+        self.recompute
+    }
+
+    fn set_recompute(&mut self, policy: Recompute) -> std::result::Result<(), String> {
+        self.recompute = policy;
+        Ok(())
     }
 
     /// Sums the built layers' costs (fp32 on the CPU); [`GptConfig::cost_on`] gives the same
@@ -415,6 +489,109 @@ mod tests {
         assert!(g[..11 * 8].iter().any(|&v| v != 0.0));
         assert!(g[11 * 8..].iter().all(|&v| v == 0.0));
         assert_eq!(model.next_logits(&x[..3]).unwrap().len(), 11);
+    }
+
+    /// A deeper, narrow model whose activations dwarf its logits (vocab 16 < d_model 32).
+    fn deep(pool: &Arc<MemoryPool>, n_layers: usize) -> Gpt {
+        let cfg = GptConfig {
+            vocab: 16,
+            d_model: 32,
+            n_layers,
+            n_heads: 2,
+            context: 32,
+            tied_head: false,
+        };
+        Gpt::new(pool, cfg, 7).unwrap()
+    }
+
+    fn rows(batch: usize, seq: usize, salt: u32) -> (Vec<u32>, Vec<u32>) {
+        let n = (batch * seq) as u32;
+        let inputs = (0..n).map(|i| (i * 7 + salt) % 16).collect();
+        let targets = (0..n).map(|i| (i * 5 + 3 * salt + 1) % 16).collect();
+        (inputs, targets)
+    }
+
+    /// Recomputing blocks re-runs the same kernels on the same inputs, so every gradient and
+    /// the loss come out with the same bits as from kept activations, in fp32 and in the
+    /// bf16-mixed emulation (bf16 compute copies, bf16 output gradient), over two
+    /// accumulated micro-batches.
+    #[test]
+    fn recomputing_blocks_gives_bit_identical_gradients() {
+        for compute in [None, Some(DType::BF16)] {
+            let run = |policy: Recompute| {
+                let pool = MemoryPool::new(Device::Cpu);
+                let mut model = deep(&pool, 3);
+                model.set_recompute(policy).unwrap();
+                assert_eq!(model.recompute(), policy);
+                for p in model.params_mut() {
+                    p.set_compute_dtype(compute).unwrap();
+                }
+                let p = StepPrecision {
+                    grad_scale: 1.0 / 128.0,
+                    grad_dtype: compute.unwrap_or(DType::F32),
+                };
+                let mut losses = Vec::new();
+                for salt in [1, 2] {
+                    let (x, y) = rows(2, 32, salt);
+                    losses.push(model.forward_backward(&x, &y, 2, 32, p).unwrap().to_bits());
+                }
+                let grads: Vec<(String, Vec<u32>)> = model
+                    .params()
+                    .iter()
+                    .map(|p| {
+                        let g = p.grad.to_vec().unwrap();
+                        (p.name.clone(), g.iter().map(|v| v.to_bits()).collect())
+                    })
+                    .collect();
+                (losses, grads)
+            };
+            let (kept_loss, kept) = run(Recompute::None);
+            let (re_loss, re) = run(Recompute::Blocks);
+            assert_eq!(kept_loss, re_loss, "{compute:?}: losses differ");
+            assert!(kept.iter().any(|(_, g)| g.iter().any(|&b| b != 0)));
+            for ((name, a), (_, b)) in kept.iter().zip(&re) {
+                assert!(a == b, "{compute:?}: gradient of {name} differs");
+            }
+        }
+    }
+
+    /// Without recomputation each block keeps 18 activations of [batch, seq, d_model] floats
+    /// (input, ln1, qkv x3, attention output, mid, ln2, MLP pre-activation x4 and GELU x4, and
+    /// the CPU attention's probabilities, batch x heads x seq^2 = 2 more here): 144 for 8
+    /// blocks. Recomputing keeps 8 block inputs and rebuilds one block (18) at a time, and
+    /// both share the same few extra buffers (logits at half a unit, the stream gradient,
+    /// one block's backward temporaries, a handful of units). So the peak above the weights
+    /// must fall to well under half; the bound below leaves room for those shared buffers.
+    #[test]
+    fn recomputing_blocks_lowers_the_activation_peak() {
+        let peak = |policy: Recompute| {
+            let pool = MemoryPool::new(Device::Cpu);
+            let mut model = deep(&pool, 8);
+            model.set_recompute(policy).unwrap();
+            let (x, y) = rows(4, 32, 1);
+            let before = pool.stats().current;
+            pool.reset_peak();
+            let p = StepPrecision {
+                grad_scale: 1.0,
+                grad_dtype: DType::F32,
+            };
+            model.forward_backward(&x, &y, 4, 32, p).unwrap();
+            assert_eq!(
+                pool.stats().current,
+                before,
+                "{policy}: the step freed all it took"
+            );
+            pool.stats().peak - before
+        };
+        let unit = 4 * 32 * 32 * 4;
+        let (kept, rebuilt) = (peak(Recompute::None), peak(Recompute::Blocks));
+        assert!(kept >= 144 * unit, "kept activations: {kept} bytes");
+        assert!(
+            rebuilt * 2 < kept,
+            "recomputation peak {rebuilt} bytes vs {kept} bytes without ({} vs {} units)",
+            rebuilt / unit,
+            kept / unit
+        );
     }
 
     #[test]

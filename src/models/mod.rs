@@ -34,6 +34,58 @@ pub trait Model: Send {
 
     /// Cost of one micro-batch.
     fn cost(&self, batch: usize, seq: usize) -> Cost;
+
+    /// The activation recomputation the backward runs with (the planner counts saved
+    /// activations from it).
+    fn recompute(&self) -> Recompute {
+        Recompute::None
+    }
+
+    /// Chooses activation recomputation. A model without a recomputing backward accepts only
+    /// [`Recompute::None`] and says so for anything else.
+    fn set_recompute(&mut self, policy: Recompute) -> std::result::Result<(), String> {
+        match policy {
+            Recompute::None => Ok(()),
+            other => Err(format!(
+                "this model has no {other} recomputation; use train.recompute=none"
+            )),
+        }
+    }
+}
+
+/// Which activations the backward rebuilds instead of keeping them from the forward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Recompute {
+    /// Keep everything the backward needs: fastest, most memory.
+    #[default]
+    None,
+    /// Keep only each block's input and re-run the block's forward right before its
+    /// backward, so one block's activations are alive at a time, for about one more forward
+    /// pass of compute.
+    Blocks,
+}
+
+impl Recompute {
+    /// The policy a `train.recompute` value asks for. `auto` leaves the choice to the memory
+    /// planner; until the planner chooses, it means no recomputation.
+    pub fn from_setting(value: &str) -> std::result::Result<Recompute, String> {
+        match value {
+            "none" | "auto" => Ok(Recompute::None),
+            "blocks" => Ok(Recompute::Blocks),
+            other => Err(format!(
+                "train.recompute = \"{other}\" is not a recomputation policy; use none, blocks or auto"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for Recompute {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Recompute::None => "none",
+            Recompute::Blocks => "blocks",
+        })
+    }
 }
 
 /// How one backward pass treats precision.

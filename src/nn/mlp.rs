@@ -34,10 +34,21 @@ impl Mlp {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<(Tensor, MlpSaved)> {
+        let saved = self.activations(x)?;
+        Ok((self.output(&saved)?, saved))
+    }
+
+    /// The forward up to what the backward needs, without the output projection: all that
+    /// a recomputing backward has to rebuild.
+    pub fn activations(&self, x: &Tensor) -> Result<MlpSaved> {
         let pre = self.fc.forward(x)?;
         let act = ops::gelu_forward(&pre)?;
-        let out = self.proj.forward(&act)?;
-        Ok((out, MlpSaved { pre, act }))
+        Ok(MlpSaved { pre, act })
+    }
+
+    /// The layer's output from its saved activations.
+    pub fn output(&self, saved: &MlpSaved) -> Result<Tensor> {
+        self.proj.forward(&saved.act)
     }
 
     /// Returns `dx`; `x` is the forward's input.

@@ -56,12 +56,17 @@ impl AdamW {
         cfg: AdamWConfig,
         params: &mut [&mut Param],
         device: &Arc<MemoryPool>,
+        compute: Option<DType>,
         chunk: usize,
     ) -> Result<AdamW> {
         let largest = params.iter().map(|p| p.value.len()).max().unwrap_or(0);
         let offload = HostOffload::new(device, largest, chunk)?;
         let host = offload.host_pool().clone();
+        // One parameter at a time: its compute copy is made on the device and its master
+        // leaves right after, so the device never holds every master and every compute
+        // copy at once (the offload exists for models that would not fit that way).
         for p in params.iter_mut() {
+            p.set_compute_dtype(compute)?;
             p.offload_master(&host)?;
         }
         let zeros = |p: &&mut Param| Tensor::zeros(&host, p.value.shape(), DType::F32);
@@ -193,9 +198,14 @@ mod tests {
             let mut a = AdamW::new(CFG, &plain.iter().collect::<Vec<_>>()).unwrap();
             // 100 elements a chunk: the 37 x 29 matrix spans 11 chunks, more than the ring's
             // slots, so every slot is reused and the last chunk is partial.
-            let mut b =
-                AdamW::offloaded(CFG, &mut moved.iter_mut().collect::<Vec<_>>(), &pool, 100)
-                    .unwrap();
+            let mut b = AdamW::offloaded(
+                CFG,
+                &mut moved.iter_mut().collect::<Vec<_>>(),
+                &pool,
+                dtype,
+                100,
+            )
+            .unwrap();
             for t in 1..=4 {
                 set_grads(&mut plain, &mut moved, t);
                 // Clipping and unscaling folded into the scale, a different one every step.
@@ -235,6 +245,7 @@ mod tests {
                 CFG,
                 &mut ps.iter_mut().collect::<Vec<_>>(),
                 &device,
+                dtype,
                 1 << 20,
             )
             .unwrap();

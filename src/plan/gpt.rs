@@ -189,7 +189,7 @@ impl Step<'_> {
             blocks.push(BlockSaves { input, rest });
             input = next;
         }
-        let (last, final_norm) = (input, ln);
+        let (last, mut final_norm) = (input, ln);
         self.w.mark(END_OF_FORWARD);
 
         // Loss: the logits buffer becomes its own gradient in place.
@@ -201,8 +201,13 @@ impl Step<'_> {
         self.gpu_scratch("cross-entropy losses and targets", 8 * n);
         let d_ln_f = self.alloc_act("ln_f output gradient".into(), Kind::Transient, c);
         self.w.free(logits);
+        // The final norm's output is dropped once the head's backward has read it; its
+        // input and gradient once the final norm's backward has run.
+        let ln_f_output = final_norm.remove(0);
+        self.w.free(ln_f_output);
         let dstream = self.alloc_act("residual stream gradient".into(), Kind::Transient, c);
         self.gpu_partials("ln_f parameter-gradient partials", 2 * c);
+        self.w.free_all([last, d_ln_f]);
 
         while let Some(block) = blocks.pop() {
             let l = blocks.len();
@@ -236,7 +241,7 @@ impl Step<'_> {
             self.w.free_all(rest);
         }
         self.gpu_scratch("token ids", 4 * n);
-        self.w.free_all([last, d_ln_f, dstream]);
+        self.w.free(dstream);
         self.w.free_all(final_norm);
         // The optimizer step: the gradient norm's partials, then the in-place AdamW pass.
         self.gpu_scratch("gradient-norm partials", 8 * GPU_SUM_SQUARES_PARTIALS + 16);
@@ -246,15 +251,13 @@ impl Step<'_> {
     /// allocates them.
     fn persistent(&mut self) {
         let compute = self.s.layout.weights;
-        let offload = self.s.offload;
+        if self.s.offload {
+            return self.persistent_offloaded();
+        }
         for (name, n) in param_shapes(self.cfg) {
-            if !offload {
-                self.w.alloc(format!("{name} master"), Kind::Master, 4 * n);
-            }
+            self.w.alloc(format!("{name} master"), Kind::Master, 4 * n);
             self.w.alloc(format!("{name} gradient"), Kind::Grad, 4 * n);
-            // Offloading moves the masters to the host, so the device needs a compute copy
-            // even when it computes in f32.
-            if compute != DType::F32 || offload {
+            if compute != DType::F32 {
                 self.w.alloc(
                     format!("{name} compute copy"),
                     Kind::Compute,
@@ -262,10 +265,38 @@ impl Step<'_> {
                 );
             }
         }
-        if !offload {
-            for (name, n) in param_shapes(self.cfg) {
+        for (name, n) in param_shapes(self.cfg) {
+            self.w
+                .alloc(format!("{name} AdamW moments"), Kind::Optimizer, 8 * n);
+        }
+    }
+
+    /// With the optimizer offloaded the model is still built on the device (master and
+    /// gradient per parameter); then, one parameter at a time, its compute copy is made and
+    /// its master leaves for the host. Under fp32 the master itself becomes the compute copy.
+    fn persistent_offloaded(&mut self) {
+        let compute = self.s.layout.weights;
+        let shapes = param_shapes(self.cfg);
+        let masters: Vec<_> = shapes
+            .iter()
+            .map(|(name, n)| {
+                let m = self.w.alloc(format!("{name} master"), Kind::Master, 4 * n);
+                self.w.alloc(format!("{name} gradient"), Kind::Grad, 4 * n);
+                m
+            })
+            .collect();
+        for ((name, n), master) in shapes.iter().zip(masters) {
+            if compute == DType::F32 {
+                self.w.free(master);
                 self.w
-                    .alloc(format!("{name} AdamW moments"), Kind::Optimizer, 8 * n);
+                    .alloc(format!("{name} compute copy"), Kind::Compute, 4 * n);
+            } else {
+                self.w.alloc(
+                    format!("{name} compute copy"),
+                    Kind::Compute,
+                    compute.size_bytes() * n,
+                );
+                self.w.free(master);
             }
         }
     }

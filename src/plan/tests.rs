@@ -66,8 +66,13 @@ fn batch(vocab: usize, b: usize, t: usize, salt: usize) -> Batch {
 /// Builds a real trainer, runs one optimizer step over `accum` micro-batches, and returns
 /// the pool's peak (construction included).
 fn measured_peak(c: &Case, b: usize, accum: usize) -> usize {
+    measured_peak_with(c, config(c, b), accum)
+}
+
+/// [`measured_peak`] for a config with recomputation or offload set.
+fn measured_peak_with(c: &Case, cfg: Config, accum: usize) -> usize {
+    let b = cfg.train.micro_batch;
     let pool = MemoryPool::new(Device::Cpu);
-    let cfg = config(c, b);
     let mut trainer = Trainer::new(&cfg, c.vocab, &pool, c.precision).unwrap();
     let rows = trainer.model.embed.wte.value.shape()[0];
     assert_eq!(
@@ -167,6 +172,31 @@ fn planned_peak_equals_a_real_cpu_step_byte_for_byte() {
     // Accumulation reuses the activations: two micro-batches peak like one.
     let c = &cases()[1];
     assert_eq!(measured_peak(c, 3, 2), plan(&request(c, 3)).pool_peak);
+}
+
+/// The same exactness with block recomputation and with the optimizer offloaded: the
+/// walk follows those code paths too (on the CPU offload moves the masters and moments to
+/// the host pool, which the device pool no longer books).
+#[test]
+fn recompute_and_offload_plans_equal_real_cpu_steps() {
+    for (i, c) in cases().iter().enumerate() {
+        for (recompute, offload) in [(true, false), (false, true), (true, true)] {
+            for b in [1, 3] {
+                let mut r = request(c, b);
+                r.recompute = recompute;
+                r.offload_optimizer = offload;
+                let mut cfg = config(c, b);
+                cfg.train.recompute = if recompute { "blocks" } else { "none" }.into();
+                cfg.train.offload_optimizer = offload;
+                let planned = plan(&r).pool_peak;
+                let measured = measured_peak_with(c, cfg, 1);
+                assert_eq!(
+                    planned, measured,
+                    "case {i} batch {b} recompute {recompute} offload {offload}"
+                );
+            }
+        }
+    }
 }
 
 #[test]

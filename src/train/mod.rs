@@ -7,6 +7,7 @@
 
 pub mod checkpoint;
 pub mod metrics;
+pub mod oom;
 pub mod precision;
 pub mod scaler;
 pub mod trainer;
@@ -59,6 +60,9 @@ pub struct Summary {
     /// Peak host bytes of the offloaded optimizer (masters, moments, staging), when offloaded.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub host_optimizer_peak_bytes: Option<usize>,
+    /// Sequences per forward/backward pass at the end: `train.micro_batch`, or fewer after
+    /// out-of-memory splits.
+    pub effective_micro_batch: usize,
     pub checkpoint: Option<String>,
 }
 
@@ -77,6 +81,16 @@ pub fn open_device(
     notes.extend(note);
     pool.set_tf32(precision == Precision::Tf32);
     Ok((pool, precision, notes))
+}
+
+/// Applies `train.memory_limit` to the pool (validated with the configuration).
+pub fn set_memory_limit(pool: &MemoryPool, cfg: &crate::config::Config) -> Result<()> {
+    if let Some(limit) = crate::config::parse_bytes(&cfg.train.memory_limit)
+        .map_err(|rule| KilnError::Setting(format!("train.memory_limit: {rule}")))?
+    {
+        pool.set_limit(limit);
+    }
+    Ok(())
 }
 
 pub fn data_spec(cfg: &crate::config::Config) -> DataSpec {
@@ -122,6 +136,15 @@ struct TrainRecord {
     elapsed_s: f64,
 }
 
+/// A pass that ran out of memory and the smaller one the run continues with.
+#[derive(Serialize)]
+struct OomRecord {
+    kind: &'static str,
+    step: u64,
+    micro_batch_from: usize,
+    micro_batch_to: usize,
+}
+
 #[derive(Serialize)]
 struct EvalRecord {
     kind: &'static str,
@@ -134,15 +157,18 @@ pub fn run(opts: RunOptions) -> Result<Summary> {
     let cfg = opts.config.config.clone();
     let mut progress = Progress::new(opts.quiet);
     let (pool, precision, notes) = open_device(&cfg.train.device, &cfg.train.precision)?;
-    if let Ok(Some(limit)) = crate::config::parse_bytes(&cfg.train.memory_limit) {
-        pool.set_limit(limit);
-    }
+    set_memory_limit(&pool, &cfg)?;
     let device = pool.device();
     for n in notes {
         progress.message(&format!("note: {n}"));
     }
     let vocab = data::tokenizer_vocab_size(&cfg.data.tokenizer)?;
-    let mut trainer = Trainer::new(&cfg, vocab, &pool, precision)?;
+    let mut trainer = Trainer::new(&cfg, vocab, &pool, precision).map_err(|e| match e {
+        KilnError::Engine(e) if e.is_out_of_memory() => {
+            oom::does_not_fit(oom::DoesNotFit::Model, &e, &pool, &cfg, precision)
+        }
+        other => other,
+    })?;
 
     // Restore before writing anything: a bad checkpoint must leave the run directory as it was.
     let run_dir = &opts.run_dir;
@@ -209,6 +235,18 @@ pub fn run(opts: RunOptions) -> Result<Summary> {
         let report = trainer
             .step(&micro)
             .map_err(|e| with_checkpoint_note(e, &last_ckpt))?;
+        for split in trainer.passes.take_splits() {
+            progress.message(&format!(
+                "step {}: out of memory with {} sequences per forward/backward pass; continuing with {} per pass (same global batch and gradient)",
+                split.step, split.from, split.to
+            ));
+            metrics.write(&OomRecord {
+                kind: "oom",
+                step: split.step,
+                micro_batch_from: split.from,
+                micro_batch_to: split.to,
+            })?;
+        }
         let step = trainer.state.step;
         train_loss = report.loss;
         window.1 += report.tokens;
@@ -305,6 +343,7 @@ pub fn run(opts: RunOptions) -> Result<Summary> {
         data_wait_s: loader.wait_stats().as_secs_f64(),
         peak_memory_bytes: trainer.pool.stats().peak,
         host_optimizer_peak_bytes: trainer.opt.host_memory().map(|h| h.peak),
+        effective_micro_batch: trainer.passes.largest(cfg.train.micro_batch),
         checkpoint: last_ckpt.map(|p| p.display().to_string()),
     };
     let json = serde_json::to_vec_pretty(&summary).map_err(|e| KilnError::output(run_dir, e))?;

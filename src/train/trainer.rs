@@ -1,14 +1,16 @@
 //! One optimizer step, top to bottom: accumulate gradients over the micro-batches, check
-//! them, clip, update, advance the schedule.
+//! them, clip, update, advance the schedule. A pass that runs out of memory is split and the
+//! accumulation redone (see [`super::oom`]).
 
+use super::oom::{self, PassSize};
 use super::precision::Precision;
 use super::scaler::LossScaler;
 use crate::config::Config;
 use crate::data::Batch;
-use crate::engine::MemoryPool;
+use crate::engine::{self, MemoryPool};
 use crate::error::{KilnError, Result};
 use crate::models::gpt::{Gpt, GptConfig};
-use crate::models::{Model, StepPrecision};
+use crate::models::{Model, Recompute, StepPrecision};
 use crate::optim::adamw::{AdamW, AdamWConfig, OFFLOAD_CHUNK};
 use crate::optim::schedule::CosineSchedule;
 use crate::optim::{clip_coefficient, grad_sum_squares};
@@ -47,6 +49,8 @@ pub struct Trainer {
     pub schedule: CosineSchedule,
     pub state: TrainState,
     pub pool: Arc<MemoryPool>,
+    /// Rows per forward/backward pass, smaller than the micro-batch after memory ran out.
+    pub passes: PassSize,
 }
 
 impl Trainer {
@@ -67,8 +71,14 @@ impl Trainer {
             tied_head: m.tied_head,
         };
         let mut model = Gpt::new(&pool, gpt, cfg.train.seed)?;
-        for p in model.params_mut() {
-            p.set_compute_dtype(precision.compute_dtype())?;
+        Recompute::from_setting(&cfg.train.recompute)
+            .and_then(|policy| model.set_recompute(policy))
+            .map_err(KilnError::Setting)?;
+        let offload = cfg.train.offload_optimizer;
+        if !offload {
+            for p in model.params_mut() {
+                p.set_compute_dtype(precision.compute_dtype())?;
+            }
         }
         let o = &cfg.optim;
         let adamw = AdamWConfig {
@@ -77,8 +87,14 @@ impl Trainer {
             eps: o.eps as f32,
             weight_decay: o.weight_decay as f32,
         };
-        let opt = if cfg.train.offload_optimizer {
-            AdamW::offloaded(adamw, &mut model.params_mut(), &pool, OFFLOAD_CHUNK)?
+        let opt = if offload {
+            AdamW::offloaded(
+                adamw,
+                &mut model.params_mut(),
+                &pool,
+                precision.compute_dtype(),
+                OFFLOAD_CHUNK,
+            )?
         } else {
             AdamW::new(adamw, &model.params())?
         };
@@ -106,7 +122,14 @@ impl Trainer {
                 scaler,
             },
             pool,
+            passes: PassSize::default(),
         })
+    }
+
+    /// Chooses activation recomputation (the memory planner's decision for
+    /// `train.recompute=auto`).
+    pub fn set_recompute(&mut self, policy: Recompute) -> Result<()> {
+        self.model.set_recompute(policy).map_err(KilnError::Setting)
     }
 
     pub fn loss_scale(&self) -> f64 {
@@ -117,7 +140,38 @@ impl Trainer {
     /// weighted by `loss_scale / tokens in the global batch`: the result is the gradient of
     /// the global batch's mean loss (times the scale), however the batch is split.
     /// Returns the summed token loss.
+    ///
+    /// When a pass runs out of memory, the rows per pass are halved and the accumulation
+    /// starts over, until one sequence per pass does not fit either.
     pub fn accumulate(&mut self, micro: &[Batch]) -> Result<f64> {
+        loop {
+            let at = micro
+                .iter()
+                .map(|b| self.passes.largest(b.batch))
+                .max()
+                .unwrap_or(0);
+            let err = match self.accumulate_passes(micro) {
+                Ok(loss) => return Ok(loss),
+                Err(e) if e.is_out_of_memory() => e,
+                Err(e) => return Err(e.into()),
+            };
+            // The failed attempt's tensors are dropped by now; give the device back what its
+            // allocator caches too, so the retry is not refused by fragmentation.
+            self.pool.release_cached()?;
+            if self.passes.halve(self.state.step + 1, at).is_none() {
+                return Err(oom::does_not_fit(
+                    oom::DoesNotFit::OneSequence(self.model.recompute()),
+                    &err,
+                    &self.pool,
+                    &self.cfg,
+                    self.precision,
+                ));
+            }
+        }
+    }
+
+    /// One attempt at [`Trainer::accumulate`], each micro-batch in passes of the rows that fit.
+    fn accumulate_passes(&mut self, micro: &[Batch]) -> engine::Result<f64> {
         for p in self.model.params_mut() {
             p.grad.fill_zero()?;
         }
@@ -128,9 +182,16 @@ impl Trainer {
         };
         let mut loss = 0.0;
         for b in micro {
-            loss += self
-                .model
-                .forward_backward(&b.inputs, &b.targets, b.batch, b.seq, p)?;
+            for rows in self.passes.passes(b.batch) {
+                let span = rows.start * b.seq..rows.end * b.seq;
+                loss += self.model.forward_backward(
+                    &b.inputs[span.clone()],
+                    &b.targets[span],
+                    rows.len(),
+                    b.seq,
+                    p,
+                )?;
+            }
         }
         Ok(loss)
     }
@@ -188,12 +249,21 @@ impl Trainer {
         }
     }
 
-    /// Mean loss per token over `batches`.
+    /// Mean loss per token over `batches`, in passes of the rows that fit in training (a
+    /// forward alone needs less than a forward and backward of the same rows).
     pub fn evaluate(&self, batches: &[Batch]) -> Result<f64> {
         let mut loss = 0.0;
         let mut tokens = 0usize;
         for b in batches {
-            loss += self.model.loss(&b.inputs, &b.targets, b.batch, b.seq)?;
+            for rows in self.passes.passes(b.batch) {
+                let span = rows.start * b.seq..rows.end * b.seq;
+                loss += self.model.loss(
+                    &b.inputs[span.clone()],
+                    &b.targets[span],
+                    rows.len(),
+                    b.seq,
+                )?;
+            }
             tokens += b.inputs.len();
         }
         Ok(loss / tokens as f64)

@@ -26,3 +26,41 @@ pub fn with(extra: &[&str]) -> Vec<String> {
     v.extend(extra.iter().map(|s| s.to_string()));
     v
 }
+
+/// Peak pool bytes (weights, gradients and optimizer state included) over two fp32 CPU
+/// optimizer steps of the tiny model with `extra` overrides: what a `train.memory_limit`
+/// must allow for a run of that shape to go through without splitting.
+pub fn step_peak(extra: &[&str]) -> usize {
+    use kiln::data::{self, Corpus, Tokenizer};
+    use kiln::engine::{Device, MemoryPool};
+    use kiln::train::{Precision, Trainer};
+    let cfg = kiln::config::ResolvedConfig::resolve(None, &with(extra))
+        .unwrap()
+        .config;
+    let text = Corpus::load(None).unwrap().text;
+    let tokens = data::ByteTokenizer.encode(&text[..100_000]);
+    let pool = MemoryPool::new(Device::Cpu);
+    let mut t = Trainer::new(&cfg, 256, &pool, Precision::Fp32).unwrap();
+    for step in 0..2 {
+        let (b, s) = (cfg.train.micro_batch, cfg.train.seq_len);
+        let micro: Vec<_> = (0..cfg.train.grad_accum as u64)
+            .map(|m| data::train_batch(&tokens, cfg.train.seed, step, m, b, s))
+            .collect();
+        t.step(&micro).unwrap();
+    }
+    assert!(t.passes.learned().is_none(), "an uncapped run never splits");
+    pool.stats().peak
+}
+
+/// Pool bytes a tiny-model trainer holds before its first step (weights, gradients,
+/// optimizer state).
+pub fn resident_bytes(extra: &[&str]) -> usize {
+    use kiln::engine::{Device, MemoryPool};
+    use kiln::train::{Precision, Trainer};
+    let cfg = kiln::config::ResolvedConfig::resolve(None, &with(extra))
+        .unwrap()
+        .config;
+    let pool = MemoryPool::new(Device::Cpu);
+    let _t = Trainer::new(&cfg, 256, &pool, Precision::Fp32).unwrap();
+    pool.stats().current
+}

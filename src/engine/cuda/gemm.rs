@@ -28,7 +28,13 @@ pub enum GemmMath {
 pub const WORKSPACE_BYTES: usize = 32 << 20;
 
 fn blas_err(what: &str) -> impl Fn(lt::CublasError) -> CudaError + '_ {
-    move |e| CudaError::Blas(format!("{what}: {:?}", e.0))
+    move |e| match e.0 {
+        // cuBLASLt could not allocate its own scratch: memory ran out like anywhere else.
+        sys::cublasStatus_t::CUBLAS_STATUS_ALLOC_FAILED => {
+            CudaError::OutOfMemory(format!("cuBLASLt {what}: {:?}", e.0))
+        }
+        _ => CudaError::Blas(format!("{what}: {:?}", e.0)),
+    }
 }
 
 /// What determines the algorithm cuBLASLt picks for a product.

@@ -49,8 +49,20 @@ pub enum CudaError {
     },
     #[error("no CUDA device: {0}")]
     NoDevice(String),
+    /// The driver ran out of memory somewhere other than a sized allocation (module load,
+    /// a library's internal buffer).
     #[error("out of GPU memory: {0}")]
     OutOfMemory(String),
+    /// The driver refused an allocation of `requested` bytes.
+    #[error(
+        "out of GPU memory on cuda:{ordinal}: asked for {requested} bytes with {free} of {total} bytes free"
+    )]
+    AllocFailed {
+        ordinal: usize,
+        requested: usize,
+        free: usize,
+        total: usize,
+    },
     #[error("CUDA: {0}")]
     Driver(String),
     #[error("cuBLASLt: {0}")]
@@ -378,7 +390,45 @@ impl CudaBackend {
 
     /// Copies `host` into a new device buffer.
     pub fn upload<T: DeviceRepr>(&self, host: &[T]) -> Result<CudaSlice<T>> {
-        Ok(self.stream.clone_htod(host)?)
+        self.stream
+            .clone_htod(host)
+            .map_err(|e| self.alloc_error(std::mem::size_of_val(host), e))
+    }
+
+    /// A failed allocation of `bytes`: an out-of-memory says how much was asked for and how
+    /// much the device had, so the caller can act on it like on the pool's own limit.
+    fn alloc_error(&self, bytes: usize, e: cudarc::driver::DriverError) -> CudaError {
+        match CudaError::from(e) {
+            CudaError::OutOfMemory(_) => {
+                let (free, total) = self.memory().unwrap_or((0, self.info.total_memory));
+                CudaError::AllocFailed {
+                    ordinal: self.info.ordinal,
+                    requested: bytes,
+                    free,
+                    total,
+                }
+            }
+            other => other,
+        }
+    }
+
+    /// Waits for queued work, then hands the memory the driver's allocator caches (freed by
+    /// kiln, kept for reuse) back to the device, so a retry after an out-of-memory error
+    /// starts from unfragmented memory.
+    pub fn release_cached_memory(&self) -> Result<()> {
+        use cudarc::driver::sys;
+        self.synchronize()?;
+        if !self.ctx.has_async_alloc() {
+            return Ok(());
+        }
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: `pool` receives the device's default pool handle; trimming frees only
+        // memory no allocation holds.
+        unsafe {
+            sys::cuDeviceGetDefaultMemPool(&mut pool, self.ctx.cu_device()).result()?;
+            sys::cuMemPoolTrimTo(pool, 0).result()?;
+        }
+        Ok(())
     }
 
     /// Copies a device buffer back (waits for the stream).
@@ -402,7 +452,8 @@ impl CudaBackend {
     pub fn alloc<T: DeviceRepr>(&self, len: usize) -> Result<CudaSlice<T>> {
         // SAFETY: device memory with undefined contents is never read by the host before a
         // kernel or copy on this stream has written it.
-        Ok(unsafe { self.stream.alloc::<T>(len) }?)
+        unsafe { self.stream.alloc::<T>(len) }
+            .map_err(|e| self.alloc_error(len * std::mem::size_of::<T>(), e))
     }
 
     /// Median device time in milliseconds of `work`, from events recorded around each of

@@ -1,0 +1,135 @@
+//! The settings every run-shaped command shares (`train`, `plan`, `bench train`): the
+//! `--profile` choice, the `--config` file and the `KEY=VALUE` overrides, resolved into one
+//! configuration the same way everywhere.
+
+use crate::config::auto::{self, GpuView, Machine};
+use crate::config::{Config, ConfigError, Profile, ResolvedConfig, profile};
+use crate::engine::device::DeviceRequest;
+use crate::error::{KilnError, Result};
+use std::path::Path;
+
+/// A resolved configuration and a line saying which profile made it and why.
+pub struct Settings {
+    pub config: ResolvedConfig,
+    pub profile_note: String,
+}
+
+/// The machine a run on `device` would use: the GPU `device` names (the first GPU for
+/// `auto`; none for `cpu` or when no GPU is usable) and the CPU's thread count.
+pub fn machine_for(device: &str) -> Result<Machine> {
+    let request: DeviceRequest = device.parse().map_err(KilnError::Setting)?;
+    let cpu_threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let ordinal = match request {
+        DeviceRequest::Exact(crate::engine::Device::Cpu) => None,
+        DeviceRequest::Exact(crate::engine::Device::Cuda(i)) => Some(i),
+        DeviceRequest::Auto => Some(0),
+    };
+    let gpu = ordinal.and_then(|i| {
+        let gpus = crate::engine::cuda::probe().ok()?;
+        let g = gpus.into_iter().find(|g| g.ordinal == i)?;
+        Some(GpuView {
+            name: g.name,
+            memory_total: g.total_memory,
+            compute_capability: g.compute_capability,
+        })
+    });
+    Ok(Machine { gpu, cpu_threads })
+}
+
+/// Resolves `--profile`, `--config` and the overrides. `profile_arg` is a built-in name, a
+/// `.toml` path, `auto` (pick by the detected GPU, then derive precision, micro-batch,
+/// recomputation and offload from the machine) or `none` (defaults only).
+pub fn resolve(profile_arg: &str, file: Option<&Path>, overrides: &[String]) -> Result<Settings> {
+    // A first pass without a profile says which device the run wants, and rejects bad
+    // files and overrides before any hardware is touched.
+    let plain = ResolvedConfig::resolve(file, overrides)?;
+    match profile_arg {
+        "none" => Ok(Settings {
+            config: plain,
+            profile_note: "profile: none (defaults, --config and overrides only)".into(),
+        }),
+        "auto" => {
+            let machine = machine_for(&plain.config.train.device)?;
+            let gpu = machine
+                .gpu
+                .as_ref()
+                .map(|g| (g.name.as_str(), g.memory_total));
+            let name = profile::for_gpu(gpu);
+            let p = Profile::load(name)?;
+            let mut config = ResolvedConfig::resolve_layers(Some(&p), file, overrides)?;
+            let fit = |c: &Config| -> std::result::Result<usize, ConfigError> {
+                Ok(match &machine.gpu {
+                    Some(g) => largest_on_gpu(c, g),
+                    None => c.train.micro_batch,
+                })
+            };
+            auto::apply(&mut config, &machine, &fit)?;
+            let on = match &machine.gpu {
+                Some(g) => format!(
+                    "{} ({:.0} GiB, compute capability {}.{})",
+                    g.name,
+                    g.memory_total as f64 / (1u64 << 30) as f64,
+                    g.compute_capability.0,
+                    g.compute_capability.1
+                ),
+                None => format!("the CPU ({} threads)", machine.cpu_threads),
+            };
+            Ok(Settings {
+                config,
+                profile_note: format!("profile: {name} (auto, for {on})"),
+            })
+        }
+        name => {
+            let p = Profile::load(name)?;
+            Ok(Settings {
+                config: ResolvedConfig::resolve_layers(Some(&p), file, overrides)?,
+                profile_note: format!("profile: {}", p.name),
+            })
+        }
+    }
+}
+
+/// The planner's largest micro-batch for `c` on `gpu` (0 when one sequence does not fit),
+/// with the planner's safety margin and an estimated CUDA context.
+fn largest_on_gpu(c: &Config, gpu: &GpuView) -> usize {
+    use crate::engine::DType;
+    // The planner models the GPT; other models keep their configured micro-batch and rely
+    // on the out-of-memory split.
+    if c.model.kind != "gpt" {
+        return c.train.micro_batch;
+    }
+    use crate::plan::{self, Budget, PlanRequest};
+    // Both were validated with the config; a failure here can only make the plan smaller.
+    let compute = crate::train::precision::Precision::parse(&c.train.precision)
+        .ok()
+        .and_then(|p| p.compute_dtype())
+        .unwrap_or(DType::F32);
+    let vocab = crate::data::tokenizer_vocab_size(&c.data.tokenizer).unwrap_or(256);
+    let m = &c.model;
+    let request = PlanRequest {
+        model: crate::models::gpt::GptConfig {
+            vocab: plan::padded_vocab(vocab),
+            d_model: m.d_model,
+            n_layers: m.n_layers,
+            n_heads: m.n_heads,
+            context: m.context,
+            tied_head: m.tied_head,
+        },
+        micro_batch: c.train.micro_batch,
+        seq_len: c.train.seq_len,
+        device: crate::engine::Device::Cuda(0),
+        compute,
+        recompute: c.train.recompute == "blocks",
+        offload_optimizer: c.train.offload_optimizer,
+    };
+    let mut budget = Budget::gpu(
+        gpu.name.clone(),
+        gpu.memory_total,
+        None,
+        gpu.compute_capability,
+    );
+    if let Ok(Some(limit)) = crate::config::parse_bytes(&c.train.memory_limit) {
+        budget = budget.with_pool_limit(limit);
+    }
+    plan::largest_micro_batch(&request, &budget).unwrap_or(0)
+}
