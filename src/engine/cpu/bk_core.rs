@@ -227,7 +227,10 @@ pub fn forward<T: Real>(out: &mut [T], v: &[T], k: BkCoeffs<T>, s: BkShape) {
 
 fn check_offdiag<T>(k: &BkCoeffs<T>, n: usize) {
     if let Some((b, c)) = k.offdiag {
-        assert!(b.len() + 1 >= n && c.len() + 1 >= n, "off-diagonals shorter than n - 1");
+        assert!(
+            b.len() + 1 >= n && c.len() + 1 >= n,
+            "off-diagonals shorter than n - 1"
+        );
     }
 }
 
@@ -334,9 +337,11 @@ fn backward_one<T: Real>(
 /// diagonal `-2 + v` widened by the largest off-diagonal magnitudes). A real `z` inside it
 /// can hit an eigenvalue, where `H - zI` is singular.
 pub fn spectrum_bound(v: &[f32], offdiag: Option<(&[f32], &[f32])>) -> (f64, f64) {
-    let (lo, hi) = v.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| {
-        (lo.min(x as f64), hi.max(x as f64))
-    });
+    let (lo, hi) = v
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| {
+            (lo.min(x as f64), hi.max(x as f64))
+        });
     let max_abs = |x: &[f32]| x.iter().fold(0.0f64, |m, &y| m.max((y as f64).abs()));
     let radius = offdiag.map_or(2.0, |(b, c)| max_abs(b) + max_abs(c));
     (-2.0 + lo - radius, -2.0 + hi + radius)

@@ -10,6 +10,7 @@
 
 mod adamw;
 mod attention;
+mod bk_core;
 mod cross_entropy;
 mod embedding;
 mod gelu;
@@ -20,6 +21,7 @@ pub mod nvrtc;
 mod reduce;
 
 pub use adamw::AdamWStep;
+pub use bk_core::BkWork;
 pub use gemm::GemmMath;
 
 use crate::engine::DType;
@@ -235,6 +237,7 @@ const PROGRAMS: &[Program] = &[
     embedding::PROGRAM,
     adamw::PROGRAM,
     reduce::PROGRAM,
+    bk_core::PROGRAM,
 ];
 
 /// How the kernels were obtained at start-up.

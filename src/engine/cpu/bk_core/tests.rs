@@ -60,7 +60,9 @@ impl Problem {
 
     /// Diagonal of `H - zI` (of a leading block, when `v` is shorter).
     fn diag(&self, len: usize) -> Vec<C> {
-        (0..len).map(|i| c(-2.0 + self.v[i], 0.0) - self.z).collect()
+        (0..len)
+            .map(|i| c(-2.0 + self.v[i], 0.0) - self.z)
+            .collect()
     }
 
     fn dense(&self, len: usize) -> Vec<Vec<C>> {
@@ -92,7 +94,11 @@ impl Problem {
 fn dense_inverse(mut a: Vec<Vec<C>>) -> Vec<Vec<C>> {
     let n = a.len();
     let mut inv: Vec<Vec<C>> = (0..n)
-        .map(|i| (0..n).map(|j| c(if i == j { 1.0 } else { 0.0 }, 0.0)).collect())
+        .map(|i| {
+            (0..n)
+                .map(|j| c(if i == j { 1.0 } else { 0.0 }, 0.0))
+                .collect()
+        })
         .collect();
     for col in 0..n {
         let piv = (col..n)
@@ -226,7 +232,9 @@ fn forward_matches_dense_inverse_with_general_offdiagonals() {
         let err = rel_err(&p.run(false), &want);
         assert!(err < 1e-12, "full, n = {n}: error {err:e}");
         // Causal: the last diagonal entry of each leading block's inverse.
-        let want: Vec<C> = (1..=n).map(|k| dense_inverse(p.dense(k))[k - 1][k - 1]).collect();
+        let want: Vec<C> = (1..=n)
+            .map(|k| dense_inverse(p.dense(k))[k - 1][k - 1])
+            .collect();
         let err = rel_err(&p.run(true), &want);
         assert!(err < 1e-12, "causal, n = {n}: error {err:e}");
     }
@@ -249,7 +257,16 @@ fn forward_matches_pivoted_solve_at_n_4096_in_f64_and_f32() {
             z: Cx::new(p.z.re as f32, p.z.im as f32),
             offdiag: Some((&b32[..], &c32[..])),
         };
-        forward(&mut out, &v32, k, BkShape { batch: 1, n, causal });
+        forward(
+            &mut out,
+            &v32,
+            k,
+            BkShape {
+                batch: 1,
+                n,
+                causal,
+            },
+        );
         let got: Vec<C> = out.chunks(2).map(|g| c(g[0] as f64, g[1] as f64)).collect();
         let err = rel_err(&got, &want);
         assert!(err <= 1e-4, "f32 causal={causal}: error {err:e}");
@@ -288,8 +305,14 @@ fn huge_potential_stays_finite_where_the_determinant_recurrence_fails() {
     assert!(err <= 1e-10, "ratio form: error {err:e}");
     // The determinants overflow f64 long before N = 4096 at |s| ~ 1e3.
     let det = determinant_diag(&p);
-    let broken = det.iter().filter(|g| !g.is_finite() || abs(**g) == 0.0).count();
-    assert!(broken > n / 2, "determinant form: only {broken} of {n} entries broke");
+    let broken = det
+        .iter()
+        .filter(|g| !g.is_finite() || abs(**g) == 0.0)
+        .count();
+    assert!(
+        broken > n / 2,
+        "determinant form: only {broken} of {n} entries broke"
+    );
     // At a small size both agree, so the comparison above is about overflow, not a bug.
     let small = Problem::random(40, 3, 1.0, false);
     assert!(rel_err(&determinant_diag(&small), &reference(&small, false)) < 1e-10);
@@ -303,7 +326,16 @@ fn a_zero_pivot_gives_nan_not_zero() {
         z: Cx::new(0.0, 0.0),
         offdiag: None,
     };
-    forward(&mut out, &[2.0], k, BkShape { batch: 1, n: 1, causal: false });
+    forward(
+        &mut out,
+        &[2.0],
+        k,
+        BkShape {
+            batch: 1,
+            n: 1,
+            causal: false,
+        },
+    );
     assert!(out.iter().all(|x| x.is_nan()), "{out:?}");
 }
 
@@ -315,7 +347,16 @@ fn n_equal_one_is_one_over_s() {
         z: Cx::new(0.25, 1.0),
         offdiag: None,
     };
-    forward(&mut out, &v, k, BkShape { batch: 2, n: 1, causal: false });
+    forward(
+        &mut out,
+        &v,
+        k,
+        BkShape {
+            batch: 2,
+            n: 1,
+            causal: false,
+        },
+    );
     for (i, &x) in v.iter().enumerate() {
         let want = c(-2.0 + x - 0.25, -1.0).recip();
         assert!(abs(c(out[2 * i], out[2 * i + 1]) - want) < 1e-15);
@@ -382,8 +423,18 @@ fn gradients_match_finite_differences_in_f64() {
         assert_eq!(g.dp.len(), n - 1);
         for i in 0..n - 1 {
             // dL/db_i = dp_i c_i and dL/dc_i = dp_i b_i.
-            close("db", i, g.dp[i] * p.c[i], fd(&|q: &mut Problem, e| q.b[i] += e));
-            close("dc", i, g.dp[i] * p.b[i], fd(&|q: &mut Problem, e| q.c[i] += e));
+            close(
+                "db",
+                i,
+                g.dp[i] * p.c[i],
+                fd(&|q: &mut Problem, e| q.b[i] += e),
+            );
+            close(
+                "dc",
+                i,
+                g.dp[i] * p.b[i],
+                fd(&|q: &mut Problem, e| q.c[i] += e),
+            );
         }
     }
 }
