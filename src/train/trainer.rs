@@ -5,7 +5,7 @@ use super::precision::Precision;
 use super::scaler::LossScaler;
 use crate::config::Config;
 use crate::data::Batch;
-use crate::engine::MemoryPool;
+use crate::engine::{EngineError, MemoryPool};
 use crate::error::{KilnError, Result};
 use crate::models::gpt::{Gpt, GptConfig};
 use crate::models::{Model, StepPrecision};
@@ -125,10 +125,18 @@ impl Trainer {
             grad_dtype: self.precision.grad_dtype(),
         };
         let mut loss = 0.0;
+        let step = self.state.step + 1;
         for b in micro {
             loss += self
                 .model
-                .forward_backward(&b.inputs, &b.targets, b.batch, b.seq, p)?;
+                .forward_backward(&b.inputs, &b.targets, b.batch, b.seq, p)
+                .map_err(|e| match e {
+                    // The layer named itself; the step is the trainer's to add.
+                    e @ EngineError::NonFinite { .. } => {
+                        KilnError::LayerNonFinite { step, source: e }
+                    }
+                    other => other.into(),
+                })?;
         }
         Ok(loss)
     }
