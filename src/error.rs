@@ -44,6 +44,9 @@ pub enum KilnError {
     /// holds and which settings use less memory.
     #[error("out of memory: {0}")]
     DoesNotFit(String),
+    /// A layer met or produced inf/NaN during a training step (the layer names itself).
+    #[error("training stopped at step {step}: {source}; no checkpoint was written for this step")]
+    LayerNonFinite { step: u64, source: EngineError },
     /// A GPU kernel disagreed with its CPU reference, or the GPU backend failed to start.
     #[error("selftest: {0}")]
     SelfTest(String),
@@ -58,7 +61,7 @@ impl KilnError {
             KilnError::Config(_) | KilnError::Setting(_) => 2,
             KilnError::Data(_) => 3,
             KilnError::Checkpoint { .. } => 4,
-            KilnError::NonFinite { .. } => 5,
+            KilnError::NonFinite { .. } | KilnError::LayerNonFinite { .. } => 5,
             KilnError::DoesNotFit(_) => 6,
             KilnError::Engine(e) if e.is_out_of_memory() => 6,
             KilnError::Output { .. } => 7,
@@ -83,3 +86,25 @@ impl KilnError {
 }
 
 pub type Result<T> = std::result::Result<T, KilnError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_layer_non_finite_error_names_layer_and_step_and_exits_5() {
+        let e = KilnError::LayerNonFinite {
+            step: 42,
+            source: EngineError::NonFinite {
+                layer: "bk_core layer blocks.3.bk".into(),
+                detail: "the potential v is NaN at sequence 0, position 7".into(),
+            },
+        };
+        let msg = e.to_string();
+        assert!(
+            msg.contains("step 42") && msg.contains("blocks.3.bk"),
+            "{msg}"
+        );
+        assert_eq!(e.exit_code(), 5);
+    }
+}

@@ -7,7 +7,7 @@ use super::precision::Precision;
 use super::scaler::LossScaler;
 use crate::config::Config;
 use crate::data::Batch;
-use crate::engine::{self, MemoryPool};
+use crate::engine::{self, EngineError, MemoryPool};
 use crate::error::{KilnError, Result};
 use crate::models::gpt::{Gpt, GptConfig};
 use crate::models::{Model, Recompute, StepPrecision};
@@ -153,6 +153,13 @@ impl Trainer {
             let err = match self.accumulate_passes(micro) {
                 Ok(loss) => return Ok(loss),
                 Err(e) if e.is_out_of_memory() => e,
+                // The layer named itself; the step is the trainer's to add.
+                Err(e @ EngineError::NonFinite { .. }) => {
+                    return Err(KilnError::LayerNonFinite {
+                        step: self.state.step + 1,
+                        source: e,
+                    });
+                }
                 Err(e) => return Err(e.into()),
             };
             // The failed attempt's tensors are dropped by now; give the device back what its

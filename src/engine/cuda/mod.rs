@@ -10,6 +10,7 @@
 
 mod adamw;
 mod attention;
+mod bk_core;
 mod cross_entropy;
 mod embedding;
 mod gelu;
@@ -21,6 +22,7 @@ pub mod pinned;
 mod reduce;
 
 pub use adamw::AdamWStep;
+pub use bk_core::BkWork;
 pub use cross_entropy::LogitRows;
 pub use gemm::{GemmMath, WORKSPACE_BYTES as GEMM_WORKSPACE_BYTES};
 
@@ -280,6 +282,7 @@ const PROGRAMS: &[Program] = &[
     embedding::PROGRAM,
     adamw::PROGRAM,
     reduce::PROGRAM,
+    bk_core::PROGRAM,
 ];
 
 /// How the kernels were obtained at start-up.
