@@ -27,9 +27,29 @@ impl Mlp {
         proj_std: f32,
         rng: &mut Rng,
     ) -> Result<Mlp> {
+        Mlp::with_hidden(pool, name, c, 4 * c, proj_std, rng)
+    }
+
+    /// An MLP `c -> hidden -> c` (mixture-of-experts experts are often narrower than 4c).
+    pub fn with_hidden(
+        pool: &Arc<MemoryPool>,
+        name: &str,
+        c: usize,
+        hidden: usize,
+        proj_std: f32,
+        rng: &mut Rng,
+    ) -> Result<Mlp> {
         Ok(Mlp {
-            fc: Linear::new(pool, &format!("{name}.fc"), c, 4 * c, true, 0.02, rng)?,
-            proj: Linear::new(pool, &format!("{name}.proj"), 4 * c, c, true, proj_std, rng)?,
+            fc: Linear::new(pool, &format!("{name}.fc"), c, hidden, true, 0.02, rng)?,
+            proj: Linear::new(
+                pool,
+                &format!("{name}.proj"),
+                hidden,
+                c,
+                true,
+                proj_std,
+                rng,
+            )?,
         })
     }
 

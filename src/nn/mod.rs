@@ -10,6 +10,7 @@ pub mod embedding;
 pub mod layernorm;
 pub mod linear;
 pub mod mlp;
+pub mod moe;
 
 use crate::engine::rng::Rng;
 use crate::engine::{DType, MemoryPool, Result, Tensor};

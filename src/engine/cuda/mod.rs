@@ -18,6 +18,7 @@ mod layernorm;
 pub mod loader;
 pub mod nvrtc;
 mod reduce;
+mod rows;
 
 pub use adamw::AdamWStep;
 pub use gemm::GemmMath;
@@ -235,6 +236,7 @@ const PROGRAMS: &[Program] = &[
     embedding::PROGRAM,
     adamw::PROGRAM,
     reduce::PROGRAM,
+    rows::PROGRAM,
 ];
 
 /// How the kernels were obtained at start-up.
