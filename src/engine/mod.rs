@@ -44,6 +44,9 @@ pub enum EngineError {
     },
     #[error("device '{0}' is not available: {1}")]
     Unavailable(String, String),
+    /// A layer met or produced inf/NaN; `layer` names it (the trainer adds the step).
+    #[error("{layer}: {detail}")]
+    NonFinite { layer: String, detail: String },
     #[error(transparent)]
     Cuda(cuda::CudaError),
 }

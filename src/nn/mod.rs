@@ -6,6 +6,7 @@
 //! exact rather than estimated.
 
 pub mod attention;
+pub mod bk_core;
 pub mod embedding;
 pub mod layernorm;
 pub mod linear;

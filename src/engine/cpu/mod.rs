@@ -6,6 +6,7 @@
 
 pub mod adamw;
 pub mod attention;
+pub mod bk_core;
 pub mod cross_entropy;
 pub mod embedding;
 pub mod gelu;

@@ -10,6 +10,7 @@
 
 mod adamw;
 mod attention;
+mod bk_core;
 mod cross_entropy;
 mod embedding;
 mod gelu;
@@ -21,6 +22,7 @@ mod reduce;
 mod rows;
 
 pub use adamw::AdamWStep;
+pub use bk_core::BkWork;
 pub use gemm::GemmMath;
 
 use crate::engine::DType;
@@ -237,6 +239,7 @@ const PROGRAMS: &[Program] = &[
     adamw::PROGRAM,
     reduce::PROGRAM,
     rows::PROGRAM,
+    bk_core::PROGRAM,
 ];
 
 /// How the kernels were obtained at start-up.

@@ -1,0 +1,381 @@
+// BK-Core on the GPU: diag((H - zI)^-1) of B tridiagonal systems of size N, and its exact
+// gradient, in f32 complex arithmetic; reference: engine/cpu/bk_core.rs (same recurrences,
+// same adjoint; the module doc there derives them).
+//
+// Parallel over the sequence as well as the batch: each sequence of N positions is cut into
+// chunks of BK_CHUNK positions, one thread per chunk, so B = 1 still spreads over N / 32
+// threads. The pivot recurrence r_i = s_i - p_{i-1} / r_{i-1} is a Moebius map of r_{i-1},
+// i.e. the 2x2 matrix [[s, -p], [1, 0]] acting on r as a projective pair (num, den), so a
+// chunk's effect composes into one matrix (normalised by a power of two, which is exact and
+// keeps the product in range). The same holds for q from the right, and the adjoint
+// recurrences are affine maps x -> A x + B. Forward:
+//   bk_chunk_maps   one thread per chunk: its r and q matrices
+//   bk_scan_maps    one warp per sequence: scan of the chunk matrices -> each chunk's entering
+//                   r (from the left) and q (from the right), as projective pairs
+//   bk_forward      one thread per chunk: re-runs the plain recurrences from those values
+// Backward: the two first kernels, then
+//   bk_backward_local  pivots into scratch, dbar, and each chunk's affine adjoint maps
+//   bk_scan_affine     one warp per sequence: entering adjoint carries
+//   bk_backward_final  the adjoint sweeps: dv, and per-chunk / per-position partial sums
+//                      of the z and off-diagonal gradients (reduced in a fixed order after)
+// Scratch between kernels is small (a few floats per chunk) or the caller's output buffer,
+// and stays in L2 for the sizes that matter.
+
+#define BK_CHUNK 32
+
+struct cx { float x, y; };
+__device__ __forceinline__ cx mk(float x, float y) { cx r; r.x = x; r.y = y; return r; }
+__device__ __forceinline__ cx add(cx a, cx b) { return mk(a.x + b.x, a.y + b.y); }
+__device__ __forceinline__ cx sub(cx a, cx b) { return mk(a.x - b.x, a.y - b.y); }
+__device__ __forceinline__ cx mul(cx a, cx b) { return mk(a.x * b.x - a.y * b.y, a.x * b.y + a.y * b.x); }
+__device__ __forceinline__ cx scl(cx a, float k) { return mk(a.x * k, a.y * k); }
+// conj / |.|^2 as on the CPU: a zero divisor gives NaN, never a silent zero.
+__device__ __forceinline__ cx rcp(cx a) {
+    const float d = a.x * a.x + a.y * a.y;
+    return mk(a.x / d, -a.y / d);
+}
+__device__ __forceinline__ cx cdiv(cx a, cx b) { return mul(a, rcp(b)); }
+__device__ __forceinline__ cx ld2(const float* p) { return mk(p[0], p[1]); }
+__device__ __forceinline__ void st2(float* p, cx a) { p[0] = a.x; p[1] = a.y; }
+
+// 2^-e for the binary exponent e of m > 0: exact scaling that brings m near 1.
+__device__ __forceinline__ float pow2_inv(float m) {
+    int e = (__float_as_int(m) >> 23) & 0xff;
+    e = max(1, min(e, 253));
+    return __int_as_float((254 - e) << 23);
+}
+__device__ __forceinline__ float mag(cx a) { return fmaxf(fabsf(a.x), fabsf(a.y)); }
+
+// A Moebius map as [[a, b], [c, d]] acting on (num, den).
+struct Mob { cx a, b, c, d; };
+__device__ __forceinline__ Mob mob_id() { Mob m; m.a = mk(1, 0); m.b = mk(0, 0); m.c = mk(0, 0); m.d = mk(1, 0); return m; }
+__device__ __forceinline__ Mob normalised(Mob m) {
+    const float k = pow2_inv(fmaxf(fmaxf(mag(m.a), mag(m.b)), fmaxf(mag(m.c), mag(m.d))));
+    m.a = scl(m.a, k); m.b = scl(m.b, k); m.c = scl(m.c, k); m.d = scl(m.d, k);
+    return m;
+}
+// later o earlier (apply `e` first).
+__device__ __forceinline__ Mob combine(Mob l, Mob e) {
+    Mob m;
+    m.a = add(mul(l.a, e.a), mul(l.b, e.c));
+    m.b = add(mul(l.a, e.b), mul(l.b, e.d));
+    m.c = add(mul(l.c, e.a), mul(l.d, e.c));
+    m.d = add(mul(l.c, e.b), mul(l.d, e.d));
+    return normalised(m);
+}
+// [[s, -p], [1, 0]] o m: one step x -> s - p / x after `m`.
+__device__ __forceinline__ Mob step(Mob m, cx s, float p) {
+    Mob r;
+    r.a = sub(mul(s, m.a), scl(m.c, p));
+    r.b = sub(mul(s, m.b), scl(m.d, p));
+    r.c = m.a;
+    r.d = m.b;
+    return normalised(r);
+}
+__device__ __forceinline__ Mob identity_of(Mob) { return mob_id(); }
+
+// An affine map x -> A x + B.
+struct Aff { cx A, B; };
+__device__ __forceinline__ Aff combine(Aff l, Aff e) {
+    Aff r;
+    r.A = mul(l.A, e.A);
+    r.B = add(mul(l.A, e.B), l.B);
+    return r;
+}
+__device__ __forceinline__ Aff identity_of(Aff) { Aff r; r.A = mk(1, 0); r.B = mk(0, 0); return r; }
+
+__device__ __forceinline__ cx shfl(cx a, int d, bool rev) {
+    return rev ? mk(__shfl_down_sync(0xffffffffu, a.x, d), __shfl_down_sync(0xffffffffu, a.y, d))
+               : mk(__shfl_up_sync(0xffffffffu, a.x, d), __shfl_up_sync(0xffffffffu, a.y, d));
+}
+__device__ __forceinline__ Mob shfl(Mob m, int d, bool rev) {
+    m.a = shfl(m.a, d, rev); m.b = shfl(m.b, d, rev); m.c = shfl(m.c, d, rev); m.d = shfl(m.d, d, rev);
+    return m;
+}
+__device__ __forceinline__ Aff shfl(Aff m, int d, bool rev) {
+    m.A = shfl(m.A, d, rev); m.B = shfl(m.B, d, rev);
+    return m;
+}
+
+// Exclusive warp scan: lane k gets the composition of the lanes before it (after it when
+// `rev`), the nearest applied last. Every lane of the warp must call it.
+template <typename T> __device__ T warp_scan_excl(T x, int lane, bool rev) {
+    for (int d = 1; d < 32; d <<= 1) {
+        const T y = shfl(x, d, rev);
+        if (rev ? lane + d < 32 : lane >= d) x = combine(x, y);
+    }
+    const T e = shfl(x, 1, rev);
+    return (rev ? lane == 31 : lane == 0) ? identity_of(x) : e;
+}
+
+// The coefficients of one call.
+struct Coef {
+    const float* v;
+    float zr, zi;
+    const float* b;
+    const float* c;
+    int has_off, n;
+    // s_i of the sequence starting at v + base.
+    __device__ __forceinline__ cx s(long long base, int i) const { return mk(-2.0f + v[base + i] - zr, -zi); }
+    // p_i = b_i c_i for 0 <= i < n - 1; zero outside (no neighbour).
+    __device__ __forceinline__ float p(int i) const {
+        if (i < 0 || i >= n - 1) return 0.0f;
+        return has_off ? b[i] * c[i] : 1.0f;
+    }
+};
+
+__device__ __forceinline__ Coef coef(const float* v, const float* z, const float* b, const float* c, int has_off, int n) {
+    Coef k;
+    k.v = v; k.zr = z[0]; k.zi = z[1]; k.b = b; k.c = c; k.has_off = has_off; k.n = n;
+    return k;
+}
+
+// Which chunk a thread owns: sequence, base offset, [lo, hi). False past the last chunk.
+struct Chunk { int seq, lo, hi; long long base, id; };
+__device__ __forceinline__ bool my_chunk(int batch, int n, Chunk& ch) {
+    const int cps = (n + BK_CHUNK - 1) / BK_CHUNK;
+    ch.id = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch.id >= (long long)batch * cps) return false;
+    ch.seq = (int)(ch.id / cps);
+    ch.lo = (int)(ch.id % cps) * BK_CHUNK;
+    ch.hi = min(ch.lo + BK_CHUNK, n);
+    ch.base = (long long)ch.seq * n;
+    return true;
+}
+
+// maps[id*16 .. +8]: the chunk's r map (left to right); [+8 .. +16]: its q map (right to left).
+extern "C" __global__ void bk_chunk_maps(float* maps, const float* v, const float* z, const float* b,
+                                         const float* c, int has_off, int batch, int n, int causal) {
+    Chunk ch;
+    if (!my_chunk(batch, n, ch)) return;
+    const Coef k = coef(v, z, b, c, has_off, n);
+    Mob r = mob_id();
+    for (int i = ch.lo; i < ch.hi; ++i) r = step(r, k.s(ch.base, i), k.p(i - 1));
+    Mob q = mob_id();
+    if (!causal)
+        for (int i = ch.hi - 1; i >= ch.lo; --i) q = step(q, k.s(ch.base, i), k.p(i));
+    float* o = maps + ch.id * 16;
+    st2(o + 0, r.a); st2(o + 2, r.b); st2(o + 4, r.c); st2(o + 6, r.d);
+    st2(o + 8, q.a); st2(o + 10, q.b); st2(o + 12, q.c); st2(o + 14, q.d);
+}
+
+__device__ __forceinline__ Mob load_mob(const float* p) {
+    Mob m; m.a = ld2(p); m.b = ld2(p + 2); m.c = ld2(p + 4); m.d = ld2(p + 6);
+    return m;
+}
+// m applied to (num, den), renormalised.
+__device__ __forceinline__ void apply(const Mob& m, cx& num, cx& den) {
+    const cx a = add(mul(m.a, num), mul(m.b, den));
+    const cx c = add(mul(m.c, num), mul(m.d, den));
+    const float k = pow2_inv(fmaxf(mag(a), mag(c)));
+    num = scl(a, k);
+    den = scl(c, k);
+}
+
+// One warp per sequence. enter[id*8 .. +4]: (num, den) of r_{lo-1}; [+4 .. +8]: of q_hi.
+// A sequence's end is (1, 0), "infinity", which the boundary's zero p ignores.
+extern "C" __global__ void bk_scan_maps(float* enter, const float* maps, int batch, int n, int causal) {
+    const int lane = threadIdx.x & 31;
+    const int seq = (int)(((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5);
+    if (seq >= batch) return;  // whole warps only: blockDim is a multiple of 32
+    const int cps = (n + BK_CHUNK - 1) / BK_CHUNK;
+    const int per = (cps + 31) / 32;
+    const int a = min(lane * per, cps), e = min(a + per, cps);
+    const long long first = (long long)seq * cps;
+    Mob r = mob_id(), q = mob_id();
+    for (int j = a; j < e; ++j) r = combine(load_mob(maps + (first + j) * 16), r);
+    if (!causal)
+        for (int j = e - 1; j >= a; --j) q = combine(load_mob(maps + (first + j) * 16 + 8), q);
+    r = warp_scan_excl(r, lane, false);
+    cx num = r.a, den = r.c;
+    for (int j = a; j < e; ++j) {
+        float* o = enter + (first + j) * 8;
+        st2(o, num); st2(o + 2, den);
+        apply(load_mob(maps + (first + j) * 16), num, den);
+    }
+    if (causal) return;
+    q = warp_scan_excl(q, lane, true);
+    num = q.a; den = q.c;
+    for (int j = e - 1; j >= a; --j) {
+        float* o = enter + (first + j) * 8 + 4;
+        st2(o, num); st2(o + 2, den);
+        apply(load_mob(maps + (first + j) * 16 + 8), num, den);
+    }
+}
+
+// The first pivot of a chunk from the entering pair of its neighbour: x - p * den / num.
+__device__ __forceinline__ cx first_pivot(cx s, float p, const float* pair) {
+    return sub(s, scl(cdiv(ld2(pair + 2), ld2(pair)), p));
+}
+
+// out[(seq*n + i)*2 + {0,1}] = G_ii. The r pivots pass through `out` (the thread's own
+// positions) before G overwrites them. Sets *nonfinite when any G is inf or NaN.
+extern "C" __global__ void bk_forward(float* out, unsigned int* nonfinite, const float* v, const float* enter,
+                                      const float* z, const float* b, const float* c, int has_off, int batch,
+                                      int n, int causal) {
+    Chunk ch;
+    if (!my_chunk(batch, n, ch)) return;
+    const Coef k = coef(v, z, b, c, has_off, n);
+    const float* en = enter + ch.id * 8;
+    bool bad = false;
+    cx r = first_pivot(k.s(ch.base, ch.lo), k.p(ch.lo - 1), en);
+    for (int i = ch.lo; i < ch.hi; ++i) {
+        if (i > ch.lo) r = sub(k.s(ch.base, i), scl(rcp(r), k.p(i - 1)));
+        if (causal) {
+            const cx g = rcp(r);
+            bad |= !(is_finite(g.x) && is_finite(g.y));
+            st2(out + 2 * (ch.base + i), g);
+        } else {
+            st2(out + 2 * (ch.base + i), r);
+        }
+    }
+    if (!causal) {
+        cx q = first_pivot(k.s(ch.base, ch.hi - 1), k.p(ch.hi - 1), en + 4);
+        for (int i = ch.hi - 1; i >= ch.lo; --i) {
+            const cx s = k.s(ch.base, i);
+            if (i < ch.hi - 1) q = sub(s, scl(rcp(q), k.p(i)));
+            float* o = out + 2 * (ch.base + i);
+            const cx g = rcp(sub(add(ld2(o), q), s));
+            bad |= !(is_finite(g.x) && is_finite(g.y));
+            st2(o, g);
+        }
+    }
+    if (bad) atomicOr(nonfinite, 1u);
+}
+
+// dbar_i = -gbar_i G_i^2 with gbar = dL/dRe G - i dL/dIm G.
+__device__ __forceinline__ cx dbar_of(cx g, const float* dout) {
+    const cx gbar = mk(dout[0], -dout[1]);
+    return scl(mul(gbar, mul(g, g)), -1.0f);
+}
+
+// Pivots into rs/qs (f32 pairs per position) and aff[id*8]: the chunk's rbar map
+// (rbar_lo as a function of rbar_hi) then its qbar map (qbar_{hi-1} of qbar_{lo-1}).
+extern "C" __global__ void bk_backward_local(float* rs, float* qs, float* aff, const float* v, const float* dout,
+                                             const float* enter, const float* z, const float* b, const float* c,
+                                             int has_off, int batch, int n, int causal) {
+    Chunk ch;
+    if (!my_chunk(batch, n, ch)) return;
+    const Coef k = coef(v, z, b, c, has_off, n);
+    const float* en = enter + ch.id * 8;
+    cx r = first_pivot(k.s(ch.base, ch.lo), k.p(ch.lo - 1), en);
+    for (int i = ch.lo; i < ch.hi; ++i) {
+        if (i > ch.lo) r = sub(k.s(ch.base, i), scl(rcp(r), k.p(i - 1)));
+        st2(rs + 2 * (ch.base + i), r);
+    }
+    Aff mr = identity_of(Aff()), mq = identity_of(Aff());
+    cx q = mk(0, 0);
+    if (!causal) q = first_pivot(k.s(ch.base, ch.hi - 1), k.p(ch.hi - 1), en + 4);
+    for (int i = ch.hi - 1; i >= ch.lo; --i) {
+        const cx s = k.s(ch.base, i);
+        const cx ri = ld2(rs + 2 * (ch.base + i));
+        cx d = ri;
+        if (!causal) {
+            if (i < ch.hi - 1) q = sub(s, scl(rcp(q), k.p(i)));
+            st2(qs + 2 * (ch.base + i), q);
+            d = sub(add(ri, q), s);
+        }
+        const cx db = dbar_of(rcp(d), dout + 2 * (ch.base + i));
+        const cx rinv = rcp(ri);
+        Aff m;  // rbar_i = dbar_i + (p_i / r_i^2) rbar_{i+1}, applied after the maps to the right
+        m.A = scl(mul(rinv, rinv), k.p(i));
+        m.B = db;
+        mr = combine(m, mr);
+        if (!causal) {
+            const cx qinv = rcp(q);  // qbar_i = dbar_i + (p_{i-1} / q_i^2) qbar_{i-1}, applied first
+            m.A = scl(mul(qinv, qinv), k.p(i - 1));
+            m.B = db;
+            mq = combine(mq, m);
+        }
+    }
+    float* o = aff + ch.id * 8;
+    st2(o, mr.A); st2(o + 2, mr.B); st2(o + 4, mq.A); st2(o + 6, mq.B);
+}
+
+__device__ __forceinline__ Aff load_aff(const float* p) { Aff m; m.A = ld2(p); m.B = ld2(p + 2); return m; }
+
+// One warp per sequence. carry[id*4 .. +2]: rbar at the chunk's hi (zero past the end);
+// [+2 .. +4]: qbar at lo - 1 (zero before the start).
+extern "C" __global__ void bk_scan_affine(float* carry, const float* aff, int batch, int n, int causal) {
+    const int lane = threadIdx.x & 31;
+    const int seq = (int)(((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5);
+    if (seq >= batch) return;
+    const int cps = (n + BK_CHUNK - 1) / BK_CHUNK;
+    const int per = (cps + 31) / 32;
+    const int a = min(lane * per, cps), e = min(a + per, cps);
+    const long long first = (long long)seq * cps;
+    Aff r = identity_of(Aff()), q = identity_of(Aff());
+    for (int j = e - 1; j >= a; --j) r = combine(load_aff(aff + (first + j) * 8), r);
+    for (int j = a; j < e; ++j) q = combine(load_aff(aff + (first + j) * 8 + 4), q);
+    r = warp_scan_excl(r, lane, true);
+    cx x = r.B;
+    for (int j = e - 1; j >= a; --j) {
+        st2(carry + (first + j) * 4, x);
+        const Aff m = load_aff(aff + (first + j) * 8);
+        x = add(mul(m.A, x), m.B);
+    }
+    q = warp_scan_excl(q, lane, false);
+    x = causal ? mk(0, 0) : q.B;
+    for (int j = a; j < e; ++j) {
+        st2(carry + (first + j) * 4 + 2, x);
+        const Aff m = load_aff(aff + (first + j) * 8 + 4);
+        x = add(mul(m.A, x), m.B);
+    }
+}
+
+// dv (overwritten), zpart[id*2] = (-Re, Im) of the chunk's sum of sbar (its dL/dz share),
+// and when learn_off, bpart/cpart[seq*(n-1) + i] = Re(pbar_i) c_i and Re(pbar_i) b_i.
+extern "C" __global__ void bk_backward_final(float* dv, float* zpart, float* bpart, float* cpart, int learn_off,
+                                             const float* rs, const float* qs, const float* v, const float* dout,
+                                             const float* carry, const float* z, const float* b, const float* c,
+                                             int has_off, int batch, int n, int causal) {
+    Chunk ch;
+    if (!my_chunk(batch, n, ch)) return;
+    const Coef k = coef(v, z, b, c, has_off, n);
+    const long long prow = (long long)ch.seq * (n - 1);
+    cx sum = mk(0, 0);
+    cx next = ld2(carry + ch.id * 4);  // rbar_{i+1}
+    for (int i = ch.hi - 1; i >= ch.lo; --i) {
+        const cx ri = ld2(rs + 2 * (ch.base + i));
+        const cx s = k.s(ch.base, i);
+        const cx d = causal ? ri : sub(add(ri, ld2(qs + 2 * (ch.base + i))), s);
+        const cx db = dbar_of(rcp(d), dout + 2 * (ch.base + i));
+        const cx rinv = rcp(ri);
+        const float p = k.p(i);
+        const cx rb = add(db, scl(mul(mul(rinv, rinv), next), p));
+        const cx part = causal ? rb : sub(rb, db);
+        dv[ch.base + i] = part.x;
+        sum = add(sum, part);
+        if (learn_off && i < n - 1) {
+            const float pbar = -mul(next, rinv).x;
+            if (causal) {
+                bpart[prow + i] = pbar * c[i];
+                cpart[prow + i] = pbar * b[i];
+            } else {
+                bpart[prow + i] = pbar;  // the q part is added below
+            }
+        }
+        next = rb;
+    }
+    if (!causal) {
+        cx prev = ld2(carry + ch.id * 4 + 2);  // qbar_{i-1}
+        for (int i = ch.lo; i < ch.hi; ++i) {
+            const cx qi = ld2(qs + 2 * (ch.base + i));
+            const cx s = k.s(ch.base, i);
+            const cx d = sub(add(ld2(rs + 2 * (ch.base + i)), qi), s);
+            const cx db = dbar_of(rcp(d), dout + 2 * (ch.base + i));
+            const cx qinv = rcp(qi);
+            const cx qb = add(db, scl(mul(mul(qinv, qinv), prev), k.p(i - 1)));
+            dv[ch.base + i] += qb.x;
+            sum = add(sum, qb);
+            if (learn_off && i < n - 1) {
+                const float pbar = bpart[prow + i] - cdiv(qb, ld2(qs + 2 * (ch.base + i + 1))).x;
+                bpart[prow + i] = pbar * c[i];
+                cpart[prow + i] = pbar * b[i];
+            }
+            prev = qb;
+        }
+    }
+    zpart[ch.id * 2] = -sum.x;
+    zpart[ch.id * 2 + 1] = sum.y;
+}

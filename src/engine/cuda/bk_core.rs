@@ -1,0 +1,316 @@
+//! BK-Core (resolvent diagonal of tridiagonal systems) forward and backward on the GPU;
+//! reference: [`crate::engine::cpu::bk_core`]. The kernels and their chunked scan are
+//! described at the top of `bk_core.cu`.
+
+use super::{CudaBackend, Program, Result, as_i32, check_len};
+use crate::engine::cpu::bk_core::BkShape;
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+
+pub(super) const PROGRAM: Program = Program {
+    name: "bk_core",
+    source: include_str!("bk_core.cu"),
+    kernels: &[
+        "bk_chunk_maps",
+        "bk_scan_maps",
+        "bk_forward",
+        "bk_backward_local",
+        "bk_scan_affine",
+        "bk_backward_final",
+    ],
+};
+
+/// Positions per thread; must match `BK_CHUNK` in `bk_core.cu`.
+const CHUNK: usize = 32;
+const CHUNK_BLOCK: u32 = 256;
+/// Warps per block of the per-sequence scans.
+const SCAN_WARPS: u32 = 4;
+
+/// Optional super- and sub-diagonal (ones when absent).
+pub type Offdiag<'a> = Option<(&'a CudaSlice<f32>, &'a CudaSlice<f32>)>;
+
+/// Scratch for one shape, reusable across calls of that shape (the benchmark keeps one).
+pub struct BkWork {
+    shape: BkShape,
+    maps: CudaSlice<f32>,
+    enter: CudaSlice<f32>,
+    nonfinite: CudaSlice<u32>,
+    /// Backward only, allocated on first use.
+    back: Option<BackWork>,
+}
+
+struct BackWork {
+    rs: CudaSlice<f32>,
+    qs: CudaSlice<f32>,
+    aff: CudaSlice<f32>,
+    carry: CudaSlice<f32>,
+    zpart: CudaSlice<f32>,
+    bpart: CudaSlice<f32>,
+    cpart: CudaSlice<f32>,
+}
+
+fn chunks(s: BkShape) -> usize {
+    s.batch * s.n.div_ceil(CHUNK)
+}
+
+fn chunk_grid(s: BkShape) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (chunks(s).div_ceil(CHUNK_BLOCK as usize) as u32, 1, 1),
+        block_dim: (CHUNK_BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+fn scan_grid(s: BkShape) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (s.batch.div_ceil(SCAN_WARPS as usize) as u32, 1, 1),
+        block_dim: (32 * SCAN_WARPS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// The kernels' integer arguments: `(has_off, batch, n, causal)`.
+fn dims(op: &'static str, s: BkShape, off: &Offdiag) -> Result<(i32, i32, i32, i32)> {
+    if s.batch == 0 || s.n == 0 {
+        return Err(super::CudaError::Shape {
+            op,
+            detail: format!("batch {} x n {}: both must be at least 1", s.batch, s.n),
+        });
+    }
+    as_i32(op, "batch x n", s.batch * s.n)?;
+    Ok((
+        i32::from(off.is_some()),
+        as_i32(op, "batch", s.batch)?,
+        as_i32(op, "n", s.n)?,
+        i32::from(s.causal),
+    ))
+}
+
+impl CudaBackend {
+    /// Scratch for calls of shape `s`.
+    pub fn bk_work(&self, s: BkShape) -> Result<BkWork> {
+        let c = chunks(s);
+        Ok(BkWork {
+            shape: s,
+            maps: self.alloc(16 * c)?,
+            enter: self.alloc(8 * c)?,
+            nonfinite: self.upload(&[0u32])?,
+            back: None,
+        })
+    }
+
+    /// Whether any forward since the last call wrote a non-finite `G` (reads one word back,
+    /// so it waits for the stream), and clears the flag.
+    pub fn bk_nonfinite(&self, w: &mut BkWork) -> Result<bool> {
+        let bad = self.download(&w.nonfinite)?[0] != 0;
+        if bad {
+            self.stream.memset_zeros(&mut w.nonfinite)?;
+        }
+        Ok(bad)
+    }
+
+    /// The chunk matrices and their scan (shared by forward and backward).
+    fn bk_enter(
+        &self,
+        w: &mut BkWork,
+        v: &CudaSlice<f32>,
+        z: &CudaSlice<f32>,
+        off: Offdiag,
+    ) -> Result<()> {
+        const OP: &str = "bk_core";
+        let s = w.shape;
+        let (has_off, batch, n, causal) = dims(OP, s, &off)?;
+        check_len(OP, "v", v, s.batch * s.n)?;
+        check_len(OP, "z", z, 2)?;
+        if let Some((b, c)) = off {
+            check_len(OP, "super-diagonal", b, s.n - 1)?;
+            check_len(OP, "sub-diagonal", c, s.n - 1)?;
+        }
+        // Without off-diagonals the kernels never read b or c; any buffer stands in.
+        let (b, c) = off.unwrap_or((v, v));
+        let f = self.function("bk_chunk_maps")?;
+        let mut l = self.stream.launch_builder(f);
+        l.arg(&mut w.maps).arg(v).arg(z).arg(b).arg(c);
+        l.arg(&has_off).arg(&batch).arg(&n).arg(&causal);
+        // SAFETY: `maps` holds 16 floats per chunk; v holds batch * n; b, c hold n - 1.
+        unsafe { l.launch(chunk_grid(s)) }?;
+        let f = self.function("bk_scan_maps")?;
+        let mut l = self.stream.launch_builder(f);
+        l.arg(&mut w.enter)
+            .arg(&w.maps)
+            .arg(&batch)
+            .arg(&n)
+            .arg(&causal);
+        // SAFETY: `enter` holds 8 floats per chunk; one warp per sequence.
+        unsafe { l.launch(scan_grid(s)) }?;
+        Ok(())
+    }
+
+    /// `out` (`2 * batch * n` floats) = `(Re, Im) G_ii`; a non-finite value sets the flag
+    /// that [`Self::bk_nonfinite`] reads. Does not wait for the stream.
+    pub fn bk_core_forward_with(
+        &self,
+        w: &mut BkWork,
+        out: &mut CudaSlice<f32>,
+        v: &CudaSlice<f32>,
+        z: &CudaSlice<f32>,
+        off: Offdiag,
+    ) -> Result<()> {
+        const OP: &str = "bk_core";
+        let s = w.shape;
+        check_len(OP, "out", out, 2 * s.batch * s.n)?;
+        self.bk_enter(w, v, z, off)?;
+        let (has_off, batch, n, causal) = dims(OP, s, &off)?;
+        let (b, c) = off.unwrap_or((v, v));
+        let f = self.function("bk_forward")?;
+        let mut l = self.stream.launch_builder(f);
+        l.arg(out)
+            .arg(&mut w.nonfinite)
+            .arg(v)
+            .arg(&w.enter)
+            .arg(z)
+            .arg(b)
+            .arg(c);
+        l.arg(&has_off).arg(&batch).arg(&n).arg(&causal);
+        // SAFETY: lengths checked above and in `bk_enter`.
+        unsafe { l.launch(chunk_grid(s)) }?;
+        Ok(())
+    }
+
+    /// Forward with fresh scratch; returns whether every `G` is finite.
+    pub fn bk_core_forward(
+        &self,
+        out: &mut CudaSlice<f32>,
+        v: &CudaSlice<f32>,
+        z: &CudaSlice<f32>,
+        off: Offdiag,
+        s: BkShape,
+    ) -> Result<bool> {
+        let mut w = self.bk_work(s)?;
+        self.bk_core_forward_with(&mut w, out, v, z, off)?;
+        Ok(!self.bk_nonfinite(&mut w)?)
+    }
+
+    /// Overwrites `dv` with dL/dv for `d_out` (`2 * batch * n` floats: dL/dRe G, dL/dIm G)
+    /// and adds dL/d(Re z, Im z) into `dz` and dL/db, dL/dc into `doff` where given (sums over
+    /// the batch in a fixed order). Does not wait for the stream.
+    #[allow(clippy::too_many_arguments)]
+    pub fn bk_core_backward_with(
+        &self,
+        w: &mut BkWork,
+        dv: &mut CudaSlice<f32>,
+        d_out: &CudaSlice<f32>,
+        v: &CudaSlice<f32>,
+        z: &CudaSlice<f32>,
+        off: Offdiag,
+        dz: Option<&mut CudaSlice<f32>>,
+        doff: Option<(&mut CudaSlice<f32>, &mut CudaSlice<f32>)>,
+    ) -> Result<()> {
+        const OP: &str = "bk_core_backward";
+        let s = w.shape;
+        let elems = s.batch * s.n;
+        check_len(OP, "dv", dv, elems)?;
+        check_len(OP, "d_out", d_out, 2 * elems)?;
+        if let Some(dz) = &dz {
+            check_len(OP, "dz", dz, 2)?;
+        }
+        if let Some((db, dc)) = &doff {
+            if off.is_none() {
+                return Err(super::CudaError::Shape {
+                    op: OP,
+                    detail: "off-diagonal gradients asked for without off-diagonals".into(),
+                });
+            }
+            check_len(OP, "db", db, s.n - 1)?;
+            check_len(OP, "dc", dc, s.n - 1)?;
+        }
+        self.bk_enter(w, v, z, off)?;
+        if w.back.is_none() {
+            let c = chunks(s);
+            let prow = s.batch * (s.n - 1);
+            w.back = Some(BackWork {
+                rs: self.alloc(2 * elems)?,
+                qs: self.alloc(2 * elems)?,
+                aff: self.alloc(8 * c)?,
+                carry: self.alloc(4 * c)?,
+                zpart: self.alloc(2 * c)?,
+                bpart: self.alloc(prow.max(1))?,
+                cpart: self.alloc(prow.max(1))?,
+            });
+        }
+        let bw = w.back.as_mut().expect("allocated above");
+        let (has_off, batch, n, causal) = dims(OP, s, &off)?;
+        let (b, c) = off.unwrap_or((v, v));
+        let f = self.function("bk_backward_local")?;
+        let mut l = self.stream.launch_builder(f);
+        l.arg(&mut bw.rs)
+            .arg(&mut bw.qs)
+            .arg(&mut bw.aff)
+            .arg(v)
+            .arg(d_out)
+            .arg(&w.enter);
+        l.arg(z)
+            .arg(b)
+            .arg(c)
+            .arg(&has_off)
+            .arg(&batch)
+            .arg(&n)
+            .arg(&causal);
+        // SAFETY: rs, qs hold 2 floats per position, aff 8 per chunk; inputs checked above.
+        unsafe { l.launch(chunk_grid(s)) }?;
+        let f = self.function("bk_scan_affine")?;
+        let mut l = self.stream.launch_builder(f);
+        l.arg(&mut bw.carry)
+            .arg(&bw.aff)
+            .arg(&batch)
+            .arg(&n)
+            .arg(&causal);
+        // SAFETY: carry holds 4 floats per chunk; one warp per sequence.
+        unsafe { l.launch(scan_grid(s)) }?;
+        let learn_off = i32::from(doff.is_some());
+        let f = self.function("bk_backward_final")?;
+        let mut l = self.stream.launch_builder(f);
+        l.arg(dv)
+            .arg(&mut bw.zpart)
+            .arg(&mut bw.bpart)
+            .arg(&mut bw.cpart)
+            .arg(&learn_off);
+        l.arg(&bw.rs)
+            .arg(&bw.qs)
+            .arg(v)
+            .arg(d_out)
+            .arg(&bw.carry)
+            .arg(z)
+            .arg(b)
+            .arg(c);
+        l.arg(&has_off).arg(&batch).arg(&n).arg(&causal);
+        // SAFETY: zpart holds 2 floats per chunk; bpart, cpart batch * (n - 1) when learned.
+        unsafe { l.launch(chunk_grid(s)) }?;
+        if let Some(dz) = dz {
+            self.column_sum_accumulate::<f32>(dz, &bw.zpart, chunks(s), 2)?;
+        }
+        if let Some((db, dc)) = doff {
+            if s.n > 1 {
+                self.column_sum_accumulate::<f32>(db, &bw.bpart, s.batch, s.n - 1)?;
+                self.column_sum_accumulate::<f32>(dc, &bw.cpart, s.batch, s.n - 1)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Backward with fresh scratch.
+    #[allow(clippy::too_many_arguments)]
+    pub fn bk_core_backward(
+        &self,
+        dv: &mut CudaSlice<f32>,
+        d_out: &CudaSlice<f32>,
+        v: &CudaSlice<f32>,
+        z: &CudaSlice<f32>,
+        off: Offdiag,
+        s: BkShape,
+        dz: Option<&mut CudaSlice<f32>>,
+        doff: Option<(&mut CudaSlice<f32>, &mut CudaSlice<f32>)>,
+    ) -> Result<()> {
+        let mut w = self.bk_work(s)?;
+        self.bk_core_backward_with(&mut w, dv, d_out, v, z, off, dz, doff)
+    }
+}
