@@ -31,6 +31,16 @@ pub enum KilnError {
         value: f64,
         kept: String,
     },
+    /// A layer met inf/NaN (a potential reaching the BK-Core, say) during a training step.
+    #[error(
+        "training stopped at step {step}: {layer}: {detail}; {kept}. Lower optim.lr, set optim.grad_clip, or use train.precision=fp32, then resume"
+    )]
+    LayerNonFinite {
+        layer: String,
+        detail: String,
+        step: u64,
+        kept: String,
+    },
     /// A GPU kernel disagreed with its CPU reference, or the GPU backend failed to start.
     #[error("selftest: {0}")]
     SelfTest(String),
@@ -45,7 +55,7 @@ impl KilnError {
             KilnError::Config(_) | KilnError::Setting(_) => 2,
             KilnError::Data(_) => 3,
             KilnError::Checkpoint { .. } => 4,
-            KilnError::NonFinite { .. } => 5,
+            KilnError::NonFinite { .. } | KilnError::LayerNonFinite { .. } => 5,
             KilnError::Engine(EngineError::OutOfMemory { .. }) => 6,
             KilnError::Output { .. } => 7,
             KilnError::SelfTest(_) => 8,

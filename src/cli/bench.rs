@@ -4,7 +4,6 @@ use crate::config::ResolvedConfig;
 use crate::data::{self, Batch, Corpus};
 use crate::engine::profile;
 use crate::error::Result;
-use crate::models::Model;
 use crate::train::{self, Trainer};
 use clap::{Args, Subcommand};
 use std::time::Instant;

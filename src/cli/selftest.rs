@@ -17,7 +17,6 @@ use crate::engine::cuda::{self, AdamWStep, Bf16, CudaBackend, CudaError, Elem, F
 use crate::engine::rng::{Rng, stream};
 use crate::engine::{DType, Device, MemoryPool};
 use crate::error::{KilnError, Result};
-use crate::models::Model;
 use crate::train::{Precision, Trainer};
 use clap::Args;
 use cudarc::driver::CudaSlice;

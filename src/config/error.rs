@@ -208,6 +208,7 @@ impl fmt::Display for Source {
             Source::Default => f.write_str("default"),
             Source::File(path) => write!(f, "{}", path.display()),
             Source::Override => f.write_str("override"),
+            Source::Preset(name) => write!(f, "preset {name}"),
         }
     }
 }

@@ -261,6 +261,10 @@ impl Model for Gpt {
         self.cfg.context
     }
 
+    fn vocab(&self) -> usize {
+        self.cfg.vocab
+    }
+
     fn cost(&self, batch: usize, seq: usize) -> Cost {
         let tokens = batch * seq;
         let blocks: Cost = self

@@ -19,7 +19,6 @@ use crate::data::{self, Batch, DataSpec, Prefetcher};
 use crate::engine::device::DeviceRequest;
 use crate::engine::{self, Device, MemoryPool};
 use crate::error::{KilnError, Result};
-use crate::models::Model;
 use metrics::{MetricsWriter, Progress, format_bytes, format_duration};
 use serde::Serialize;
 use std::fs;
@@ -110,6 +109,9 @@ struct TrainRecord {
     mem_peak: usize,
     mem_reserved: usize,
     elapsed_s: f64,
+    /// Mixture-of-experts routing of this step: slots, dropped slots, per-expert load, aux loss.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    moe: Option<crate::models::RoutingStats>,
 }
 
 #[derive(Serialize)]
@@ -233,6 +235,7 @@ pub fn run(opts: RunOptions) -> Result<Summary> {
                 mem_peak: mem.peak,
                 mem_reserved: mem.reserved,
                 elapsed_s: started.elapsed().as_secs_f64(),
+                moe: report.routing.clone(),
             })?;
             window = (Instant::now(), 0);
         }
@@ -293,19 +296,34 @@ fn with_checkpoint_note(e: KilnError, last: &Option<PathBuf>) -> KilnError {
             what,
             step,
             value,
-            kept: match last {
-                Some(p) => format!("the last good checkpoint is kept at {}", p.display()),
-                None => "no checkpoint had been written yet".into(),
-            },
+            kept: checkpoint_note(last),
+        },
+        KilnError::LayerNonFinite {
+            layer,
+            detail,
+            step,
+            ..
+        } => KilnError::LayerNonFinite {
+            layer,
+            detail,
+            step,
+            kept: checkpoint_note(last),
         },
         other => other,
+    }
+}
+
+fn checkpoint_note(last: &Option<PathBuf>) -> String {
+    match last {
+        Some(p) => format!("the last good checkpoint is kept at {}", p.display()),
+        None => "no checkpoint had been written yet".into(),
     }
 }
 
 /// A trained model read back from a run directory, for evaluation and generation.
 pub struct LoadedRun {
     pub config: crate::config::Config,
-    pub model: crate::models::gpt::Gpt,
+    pub model: Box<dyn crate::models::Model>,
     pub step: u64,
     pub checkpoint: PathBuf,
 }
@@ -334,7 +352,7 @@ pub fn load_run(run_dir: &Path) -> Result<LoadedRun> {
         Precision::Fp32,
     )?;
     let mut model = trainer.model;
-    let meta = checkpoint::load_weights(&ckpt, &mut model, &config.model, vocab)?;
+    let meta = checkpoint::load_weights(&ckpt, model.as_mut(), &config.model, vocab)?;
     Ok(LoadedRun {
         config,
         model,

@@ -5,10 +5,9 @@ use super::precision::Precision;
 use super::scaler::LossScaler;
 use crate::config::Config;
 use crate::data::Batch;
-use crate::engine::MemoryPool;
+use crate::engine::{EngineError, MemoryPool};
 use crate::error::{KilnError, Result};
-use crate::models::gpt::{Gpt, GptConfig};
-use crate::models::{Model, StepPrecision};
+use crate::models::{self, Model, RoutingStats, StepPrecision};
 use crate::optim::adamw::{AdamW, AdamWConfig};
 use crate::optim::schedule::CosineSchedule;
 use crate::optim::{clip_coefficient, grad_sum_squares};
@@ -27,7 +26,7 @@ pub struct TrainState {
 }
 
 /// What one call to [`Trainer::step`] did.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct StepReport {
     /// Mean loss per token over the global batch.
     pub loss: f64,
@@ -37,11 +36,14 @@ pub struct StepReport {
     pub skipped: bool,
     pub loss_scale: f64,
     pub tokens: u64,
+    /// Mixture-of-experts routing over the step's micro-batches (models that have it).
+    pub routing: Option<RoutingStats>,
 }
 
 pub struct Trainer {
     pub cfg: Config,
-    pub model: Gpt,
+    pub model: Box<dyn Model>,
+    pub vocab: usize,
     pub opt: AdamW,
     pub precision: Precision,
     pub schedule: CosineSchedule,
@@ -57,16 +59,7 @@ impl Trainer {
         precision: Precision,
     ) -> Result<Trainer> {
         let pool = pool.clone();
-        let m = &cfg.model;
-        let gpt = GptConfig {
-            vocab,
-            d_model: m.d_model,
-            n_layers: m.n_layers,
-            n_heads: m.n_heads,
-            context: m.context,
-            tied_head: m.tied_head,
-        };
-        let mut model = Gpt::new(&pool, gpt, cfg.train.seed)?;
+        let mut model = models::build(&cfg.model, vocab, &pool, cfg.train.seed)?;
         for p in model.params_mut() {
             p.set_compute_dtype(precision.compute_dtype())?;
         }
@@ -89,6 +82,7 @@ impl Trainer {
         Ok(Trainer {
             cfg: cfg.clone(),
             model,
+            vocab,
             opt,
             precision,
             schedule: CosineSchedule {
@@ -119,6 +113,8 @@ impl Trainer {
         for p in self.model.params_mut() {
             p.grad.fill_zero()?;
         }
+        // Statistics of a step that failed part-way are not this step's.
+        self.model.take_routing_stats();
         let tokens: usize = micro.iter().map(|b| b.inputs.len()).sum();
         let p = StepPrecision {
             grad_scale: (self.loss_scale() / tokens as f64) as f32,
@@ -128,7 +124,8 @@ impl Trainer {
         for b in micro {
             loss += self
                 .model
-                .forward_backward(&b.inputs, &b.targets, b.batch, b.seq, p)?;
+                .forward_backward(&b.inputs, &b.targets, b.batch, b.seq, p)
+                .map_err(|e| self.layer_non_finite(e))?;
         }
         Ok(loss)
     }
@@ -137,6 +134,7 @@ impl Trainer {
     pub fn step(&mut self, micro: &[Batch]) -> Result<StepReport> {
         let tokens: u64 = micro.iter().map(|b| b.inputs.len() as u64).sum();
         let loss = self.accumulate(micro)? / tokens as f64;
+        let routing = self.model.take_routing_stats();
         let step = self.state.step;
         if !loss.is_finite() {
             return Err(self.non_finite("loss", loss));
@@ -155,6 +153,7 @@ impl Trainer {
                     skipped: true,
                     loss_scale: scale,
                     tokens,
+                    routing,
                 });
             }
         } else if !grad_norm.is_finite() {
@@ -174,6 +173,7 @@ impl Trainer {
             skipped: false,
             loss_scale: scale,
             tokens,
+            routing,
         })
     }
 
@@ -183,6 +183,19 @@ impl Trainer {
             step: self.state.step + 1,
             value,
             kept: "no checkpoint was written for this step".into(),
+        }
+    }
+
+    /// A layer that met inf/NaN names itself; this adds the step it happened at.
+    fn layer_non_finite(&self, e: EngineError) -> KilnError {
+        match e {
+            EngineError::NonFinite { layer, detail } => KilnError::LayerNonFinite {
+                layer,
+                detail,
+                step: self.state.step + 1,
+                kept: "no checkpoint was written for this step".into(),
+            },
+            other => other.into(),
         }
     }
 
