@@ -319,7 +319,7 @@ pub enum Source {
     /// A `KEY=VALUE` override.
     Override,
     /// The named `model.preset`.
-    Preset(String),
+    Preset(&'static str),
 }
 
 /// A validated configuration plus the layer each key's value came from.

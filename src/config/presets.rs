@@ -100,7 +100,7 @@ pub(super) fn apply(
     for &(key, value) in preset.settings {
         if matches!(sources.get(key), Some(Source::Default)) {
             values.insert(key.to_string(), Value::Integer(value));
-            sources.insert(key.to_string(), Source::Preset(name.clone()));
+            sources.insert(key.to_string(), Source::Preset(preset.name));
         }
     }
     Ok(())

@@ -556,7 +556,7 @@ fn a_preset_fills_the_model_keys_left_at_their_defaults() {
     let m = &r.config.model;
     assert_eq!((m.d_model, m.n_layers, m.moe_experts), (128, 6, 4));
     assert_eq!((m.moe_top_k, m.moe_hidden), (2, 256));
-    assert_eq!(r.sources["model.d_model"], Source::Preset("small".into()));
+    assert_eq!(r.sources["model.d_model"], Source::Preset("small"));
     assert_eq!(r.sources["model.n_layers"], Source::Override);
     assert!(r.render().contains("# preset small"));
     // The saved config reads back to the same model, with the preset applying to nothing.
