@@ -31,14 +31,15 @@ pub enum KilnError {
         value: f64,
         kept: String,
     },
-    /// A layer met inf/NaN (a potential reaching the BK-Core, say) during a training step.
+    /// A layer met or produced inf/NaN during a training step (a potential reaching the
+    /// BK-Core, say); the layer names itself in `source`, the trainer adds the step.
     #[error(
-        "training stopped at step {step}: {layer}: {detail}; {kept}. Lower optim.lr, set optim.grad_clip, or use train.precision=fp32, then resume"
+        "training stopped at step {step}: {source}; {kept}. Lower optim.lr, set optim.grad_clip, or use train.precision=fp32, then resume"
     )]
     LayerNonFinite {
-        layer: String,
-        detail: String,
         step: u64,
+        // Boxed: it would make every kiln error larger than clippy allows for a `Result`.
+        source: Box<EngineError>,
         kept: String,
     },
     /// A GPU kernel disagreed with its CPU reference, or the GPU backend failed to start.
@@ -79,3 +80,26 @@ impl KilnError {
 }
 
 pub type Result<T> = std::result::Result<T, KilnError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_layer_non_finite_error_names_layer_and_step_and_exits_5() {
+        let e = KilnError::LayerNonFinite {
+            step: 42,
+            source: Box::new(EngineError::NonFinite {
+                layer: "bk_core layer blocks.3.bk".into(),
+                detail: "the potential v is NaN at sequence 0, position 7".into(),
+            }),
+            kept: "no checkpoint had been written yet".into(),
+        };
+        let msg = e.to_string();
+        assert!(
+            msg.contains("step 42") && msg.contains("blocks.3.bk"),
+            "{msg}"
+        );
+        assert_eq!(e.exit_code(), 5);
+    }
+}

@@ -14,6 +14,9 @@ pub enum BenchCommand {
     Train(BenchTrainArgs),
     /// Time of each GPU kernel at GPT-2 small sizes, against the measured memory and GEMM rates.
     Kernels(super::bench_kernels::BenchKernelsArgs),
+    /// BK-Core forward and backward over batch x N, against the DRAM roofline, cuSPARSE's
+    /// batched tridiagonal solve and a PyTorch determinant recurrence.
+    Bk(super::bench_bk::BenchBkArgs),
 }
 
 #[derive(Args, Debug)]
@@ -39,6 +42,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
     match cmd {
         BenchCommand::Train(a) => bench_train(a),
         BenchCommand::Kernels(a) => super::bench_kernels::run(a),
+        BenchCommand::Bk(a) => super::bench_bk::run(a),
     }
 }
 

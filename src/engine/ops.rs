@@ -815,8 +815,11 @@ fn check_bk(op: &'static str, v: &Tensor, k: &BkCoeffs, s: cpu::bk_core::BkShape
     Ok(())
 }
 
+/// Super- and sub-diagonal as f64 host values.
+type HostOffdiag = Option<(Vec<f64>, Vec<f64>)>;
+
 /// The coefficients as f64 host values for the CPU kernel.
-fn bk_host_coeffs(k: &BkCoeffs) -> (cpu::bk_core::Cx<f64>, Option<(Vec<f64>, Vec<f64>)>) {
+fn bk_host_coeffs(k: &BkCoeffs) -> (cpu::bk_core::Cx<f64>, HostOffdiag) {
     let z = k.z.host();
     let wide = |t: &Tensor| t.host().iter().map(|&x| x as f64).collect::<Vec<f64>>();
     (

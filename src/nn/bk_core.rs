@@ -213,7 +213,10 @@ impl BkCore {
 
     /// `z` on the real axis inside the spectrum can hit an eigenvalue: say so once.
     fn warn_if_z_may_be_singular(&self, v: &Tensor, n: usize) -> Result<()> {
-        if self.warned_real_z.load(Ordering::Relaxed) {
+        // A fixed z off the real axis never needs the check (nor the device read).
+        if self.warned_real_z.load(Ordering::Relaxed)
+            || (!self.opts.learn_z && self.opts.z.1 != 0.0)
+        {
             return Ok(());
         }
         let z = self.z.value.to_vec()?;

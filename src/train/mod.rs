@@ -298,15 +298,9 @@ fn with_checkpoint_note(e: KilnError, last: &Option<PathBuf>) -> KilnError {
             value,
             kept: checkpoint_note(last),
         },
-        KilnError::LayerNonFinite {
-            layer,
-            detail,
+        KilnError::LayerNonFinite { step, source, .. } => KilnError::LayerNonFinite {
             step,
-            ..
-        } => KilnError::LayerNonFinite {
-            layer,
-            detail,
-            step,
+            source,
             kept: checkpoint_note(last),
         },
         other => other,

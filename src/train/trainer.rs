@@ -189,10 +189,9 @@ impl Trainer {
     /// A layer that met inf/NaN names itself; this adds the step it happened at.
     fn layer_non_finite(&self, e: EngineError) -> KilnError {
         match e {
-            EngineError::NonFinite { layer, detail } => KilnError::LayerNonFinite {
-                layer,
-                detail,
+            e @ EngineError::NonFinite { .. } => KilnError::LayerNonFinite {
                 step: self.state.step + 1,
+                source: Box::new(e),
                 kept: "no checkpoint was written for this step".into(),
             },
             other => other.into(),

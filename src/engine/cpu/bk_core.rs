@@ -184,8 +184,8 @@ fn pivots<T: Real>(v: &[T], k: &BkCoeffs<T>, causal: bool, r: &mut Vec<Cx<T>>, q
     q.clear();
     let mut prev = k.s(v[0]);
     r.push(prev);
-    for i in 1..n {
-        prev = k.s(v[i]) - prev.recip().scale(k.p(i - 1));
+    for (i, &vi) in v.iter().enumerate().skip(1) {
+        prev = k.s(vi) - prev.recip().scale(k.p(i - 1));
         r.push(prev);
     }
     if causal {

@@ -288,11 +288,11 @@ impl CudaBackend {
         if let Some(dz) = dz {
             self.column_sum_accumulate::<f32>(dz, &bw.zpart, chunks(s), 2)?;
         }
-        if let Some((db, dc)) = doff {
-            if s.n > 1 {
-                self.column_sum_accumulate::<f32>(db, &bw.bpart, s.batch, s.n - 1)?;
-                self.column_sum_accumulate::<f32>(dc, &bw.cpart, s.batch, s.n - 1)?;
-            }
+        if let Some((db, dc)) = doff
+            && s.n > 1
+        {
+            self.column_sum_accumulate::<f32>(db, &bw.bpart, s.batch, s.n - 1)?;
+            self.column_sum_accumulate::<f32>(dc, &bw.cpart, s.batch, s.n - 1)?;
         }
         Ok(())
     }

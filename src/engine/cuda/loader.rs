@@ -23,6 +23,8 @@ pub enum CudaLibrary {
     Nvrtc,
     /// `libcublasLt`, the matrix-multiply library from the toolkit.
     CublasLt,
+    /// `libcusparse`, used only as a benchmark baseline (`kiln bench bk`).
+    Cusparse,
 }
 
 impl CudaLibrary {
@@ -32,6 +34,7 @@ impl CudaLibrary {
             CudaLibrary::Driver => "cuda",
             CudaLibrary::Nvrtc => "nvrtc",
             CudaLibrary::CublasLt => "cublasLt",
+            CudaLibrary::Cusparse => "cusparse",
         }
     }
 
@@ -39,7 +42,7 @@ impl CudaLibrary {
     fn remedy(self) -> &'static str {
         match self {
             CudaLibrary::Driver => "install the NVIDIA driver",
-            CudaLibrary::Nvrtc | CudaLibrary::CublasLt => {
+            CudaLibrary::Nvrtc | CudaLibrary::CublasLt | CudaLibrary::Cusparse => {
                 "install the CUDA toolkit or add its lib64 directory to LD_LIBRARY_PATH"
             }
         }
@@ -126,10 +129,12 @@ pub fn ensure_loaded(lib: CudaLibrary) -> Result<(), CudaError> {
     static DRIVER: OnceLock<Result<(), CudaError>> = OnceLock::new();
     static NVRTC: OnceLock<Result<(), CudaError>> = OnceLock::new();
     static CUBLASLT: OnceLock<Result<(), CudaError>> = OnceLock::new();
+    static CUSPARSE: OnceLock<Result<(), CudaError>> = OnceLock::new();
     let cell = match lib {
         CudaLibrary::Driver => &DRIVER,
         CudaLibrary::Nvrtc => &NVRTC,
         CudaLibrary::CublasLt => &CUBLASLT,
+        CudaLibrary::Cusparse => &CUSPARSE,
     };
     cell.get_or_init(|| find_and_open(lib)).clone()
 }

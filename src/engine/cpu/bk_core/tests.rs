@@ -415,8 +415,8 @@ fn gradients_match_finite_differences_in_f64() {
                 "{what}[{i}] n={n} causal={causal}: {got} vs finite difference {want}"
             );
         };
-        for i in 0..n {
-            close("dv", i, dv[i], fd(&|q: &mut Problem, e| q.v[i] += e));
+        for (i, &d) in dv.iter().enumerate() {
+            close("dv", i, d, fd(&|q: &mut Problem, e| q.v[i] += e));
         }
         close("dz.re", 0, g.dz.0, fd(&|q: &mut Problem, e| q.z.re += e));
         close("dz.im", 0, g.dz.1, fd(&|q: &mut Problem, e| q.z.im += e));

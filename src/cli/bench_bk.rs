@@ -1,0 +1,626 @@
+//! `kiln bench bk`: BK-Core forward and forward+backward time over a grid of batch sizes and
+//! sequence lengths, against three references measured in the same run:
+//!
+//! - the DRAM roofline: the bytes the kernels must move (forward: read v, write G = 12 bytes
+//!   per position; backward adds read v and dL/dG, write dv = 16 more) over the bandwidth of a
+//!   device-to-device copy, so `fraction` = floor time / measured time;
+//! - cuSPARSE `cusparseCgtsv2StridedBatch`, one complex tridiagonal solve per sequence (one
+//!   right-hand side; the buffer-size query and allocation stay outside the timing);
+//! - the determinant recurrence written plainly in PyTorch (`bench/pytorch_bk.py`), when
+//!   `python3` with torch is there.
+//!
+//! Writes `results.json` (one flat row per size, so plots against N per batch size are a
+//! group-by) and `report.md`, and prints a short table. With no GPU it times the CPU kernel on
+//! the sizes that finish quickly and lists what it skipped.
+
+use crate::engine::cpu::bk_core::{self as cpu_bk, BkCoeffs, BkShape, Cx};
+use crate::engine::cuda::{BkWork, CudaBackend, CudaError, loader};
+use crate::engine::rng::{Rng, stream};
+use crate::error::{KilnError, Result};
+use clap::Args;
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+#[derive(Args, Debug)]
+#[command(after_help = "EXAMPLES:
+  kiln bench bk
+  kiln bench bk --out bench-out/bk --batches 1,64 --ns 2048,8192
+  kiln bench bk --no-python")]
+pub struct BenchBkArgs {
+    /// Which GPU (CUDA ordinal).
+    #[arg(long, default_value_t = 0)]
+    pub gpu: usize,
+    /// Directory for results.json and report.md.
+    #[arg(long, default_value = "bench-out/bk")]
+    pub out: PathBuf,
+    /// Batch sizes (sequences per call).
+    #[arg(long, value_delimiter = ',', default_value = "1,8,64,512")]
+    pub batches: Vec<usize>,
+    /// Sequence lengths.
+    #[arg(long, value_delimiter = ',', default_value = "128,512,2048,8192")]
+    pub ns: Vec<usize>,
+    /// Timed runs per measurement (the median is reported), after warm-up runs.
+    #[arg(long, default_value_t = 50)]
+    pub reps: usize,
+    /// Full mode (G from both sides) or causal (`--causal`).
+    #[arg(long)]
+    pub causal: bool,
+    /// Skip the PyTorch baseline.
+    #[arg(long)]
+    pub no_python: bool,
+}
+
+/// One size. Times in milliseconds; `None` where that measurement was not taken.
+#[derive(Debug, Serialize, Default, Clone)]
+struct Row {
+    batch: usize,
+    n: usize,
+    fwd_ms: f64,
+    fwdbwd_ms: f64,
+    fwd_bytes: f64,
+    fwdbwd_bytes: f64,
+    fwd_gbs: f64,
+    fwdbwd_gbs: f64,
+    fwd_roofline_fraction: Option<f64>,
+    fwdbwd_roofline_fraction: Option<f64>,
+    cusparse_ms: Option<f64>,
+    fwd_speedup_vs_cusparse: Option<f64>,
+    pytorch_fwd_ms: Option<f64>,
+    pytorch_fwdbwd_ms: Option<f64>,
+    fwd_speedup_vs_pytorch: Option<f64>,
+    fwdbwd_speedup_vs_pytorch: Option<f64>,
+    pytorch_nonfinite_fraction: Option<f64>,
+}
+
+#[derive(Debug, Serialize)]
+struct Results {
+    device: String,
+    mode: &'static str,
+    /// Device-to-device copy rate (read + write), GB/s; the roofline's bandwidth.
+    copy_gbs: Option<f64>,
+    notes: Vec<String>,
+    skipped: Vec<String>,
+    rows: Vec<Row>,
+}
+
+/// Bytes a kernel must move per position: forward reads v, writes G (complex f32).
+const FWD_BYTES: f64 = 12.0;
+/// Forward plus backward: the backward reads v and dL/dG and writes dv.
+const FWDBWD_BYTES: f64 = 12.0 + 16.0;
+
+pub fn run(a: BenchBkArgs) -> Result<()> {
+    std::fs::create_dir_all(&a.out).map_err(|e| KilnError::output(&a.out, e))?;
+    let results = match CudaBackend::new(a.gpu) {
+        Ok(gpu) => run_gpu(&gpu, &a)?,
+        Err(e) => run_cpu(&a, &e.to_string()),
+    };
+    write_outputs(&a.out, &results)?;
+    print_summary(&results);
+    println!(
+        "wrote {} and {}",
+        a.out.join("results.json").display(),
+        a.out.join("report.md").display()
+    );
+    Ok(())
+}
+
+fn random(n: usize, rng: &mut Rng, scale: f32) -> Vec<f32> {
+    (0..n)
+        .map(|_| (rng.next_f32() * 2.0 - 1.0) * scale)
+        .collect()
+}
+
+fn timing_err(e: CudaError) -> KilnError {
+    KilnError::Setting(format!("BK-Core timing failed: {e}"))
+}
+
+fn run_gpu(gpu: &CudaBackend, a: &BenchBkArgs) -> Result<Results> {
+    println!("device: {}", gpu.info());
+    let copy_gbs = copy_bandwidth(gpu).map_err(timing_err)?;
+    println!("device copy: {copy_gbs:.0} GB/s (read + write)");
+    let mut notes = Vec::new();
+    let sparse = match sparse::Cusparse::new(gpu) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            notes.push(format!("cuSPARSE baseline skipped: {e}"));
+            None
+        }
+    };
+    let mut rng = Rng::new(1, stream::INIT);
+    let mut rows = Vec::new();
+    for &n in &a.ns {
+        for &batch in &a.batches {
+            let s = BkShape {
+                batch,
+                n,
+                causal: a.causal,
+            };
+            let mut row = time_kiln_gpu(gpu, s, a.reps, &mut rng).map_err(timing_err)?;
+            row.fwd_roofline_fraction =
+                Some(row.fwd_bytes / (copy_gbs * 1e9) / (row.fwd_ms * 1e-3));
+            row.fwdbwd_roofline_fraction =
+                Some(row.fwdbwd_bytes / (copy_gbs * 1e9) / (row.fwdbwd_ms * 1e-3));
+            if let Some(sp) = &sparse {
+                match sp.time_solve(gpu, batch, n, a.reps, &mut rng) {
+                    Ok(ms) => {
+                        row.cusparse_ms = Some(ms);
+                        row.fwd_speedup_vs_cusparse = Some(ms / row.fwd_ms);
+                    }
+                    Err(e) => notes.push(format!("cuSPARSE at B{batch} N{n}: {e}")),
+                }
+            }
+            println!(
+                "B{batch:<4} N{n:<5} fwd {:.4} ms  fwd+bwd {:.4} ms",
+                row.fwd_ms, row.fwdbwd_ms
+            );
+            rows.push(row);
+        }
+    }
+    if a.no_python {
+        notes.push("PyTorch baseline skipped (--no-python)".into());
+    } else {
+        match pytorch_baseline(a) {
+            Ok((note, py)) => {
+                notes.push(note);
+                merge_pytorch(&mut rows, &py);
+            }
+            Err(why) => notes.push(format!("PyTorch baseline not run: {why}")),
+        }
+    }
+    Ok(Results {
+        device: gpu.info().to_string(),
+        mode: mode(a.causal),
+        copy_gbs: Some(copy_gbs),
+        notes,
+        skipped: Vec::new(),
+        rows,
+    })
+}
+
+fn mode(causal: bool) -> &'static str {
+    if causal { "causal" } else { "full" }
+}
+
+/// Device-to-device copy of 512 MiB: the bandwidth the roofline divides by.
+fn copy_bandwidth(gpu: &CudaBackend) -> std::result::Result<f64, CudaError> {
+    let n = 128 << 20;
+    let src = gpu.alloc::<f32>(n)?;
+    let mut dst = gpu.alloc::<f32>(n)?;
+    let stream = gpu.stream().clone();
+    let ms = gpu.time_median_ms(2, 10, || Ok(stream.memcpy_dtod(&src, &mut dst)?))?;
+    Ok(2.0 * (n * 4) as f64 / (ms * 1e-3) / 1e9)
+}
+
+fn time_kiln_gpu(
+    gpu: &CudaBackend,
+    s: BkShape,
+    reps: usize,
+    rng: &mut Rng,
+) -> std::result::Result<Row, CudaError> {
+    let elems = s.batch * s.n;
+    let v = gpu.upload(&random(elems, rng, 1.0))?;
+    let z = gpu.upload(&[0.0f32, 1.0])?;
+    let d_out = gpu.upload(&random(2 * elems, rng, 1.0))?;
+    let mut out = gpu.alloc::<f32>(2 * elems)?;
+    let mut dv = gpu.alloc::<f32>(elems)?;
+    let mut w: BkWork = gpu.bk_work(s)?;
+    let fwd_ms = gpu.time_median_ms(5, reps, || {
+        gpu.bk_core_forward_with(&mut w, &mut out, &v, &z, None)
+    })?;
+    let fwdbwd_ms = gpu.time_median_ms(5, reps, || {
+        gpu.bk_core_forward_with(&mut w, &mut out, &v, &z, None)?;
+        gpu.bk_core_backward_with(&mut w, &mut dv, &d_out, &v, &z, None, None, None)
+    })?;
+    if gpu.bk_nonfinite(&mut w)? {
+        return Err(CudaError::Driver(
+            "the BK-Core forward produced non-finite values on random potentials".into(),
+        ));
+    }
+    Ok(row_for(s, fwd_ms, fwdbwd_ms))
+}
+
+fn row_for(s: BkShape, fwd_ms: f64, fwdbwd_ms: f64) -> Row {
+    let elems = (s.batch * s.n) as f64;
+    let (fb, bb) = (FWD_BYTES * elems, FWDBWD_BYTES * elems);
+    Row {
+        batch: s.batch,
+        n: s.n,
+        fwd_ms,
+        fwdbwd_ms,
+        fwd_bytes: fb,
+        fwdbwd_bytes: bb,
+        fwd_gbs: fb / (fwd_ms * 1e-3) / 1e9,
+        fwdbwd_gbs: bb / (fwdbwd_ms * 1e-3) / 1e9,
+        ..Row::default()
+    }
+}
+
+/// Largest `batch * n` timed on the CPU (a few milliseconds per call on a laptop).
+const CPU_MAX_ELEMS: usize = 1 << 19;
+
+fn run_cpu(a: &BenchBkArgs, why: &str) -> Results {
+    println!("no usable GPU ({why}); timing the CPU kernel instead");
+    let mut rng = Rng::new(1, stream::INIT);
+    let (mut rows, mut skipped) = (Vec::new(), Vec::new());
+    for &n in &a.ns {
+        for &batch in &a.batches {
+            if batch * n > CPU_MAX_ELEMS || n == 0 || batch == 0 {
+                skipped.push(format!(
+                    "B{batch} N{n} (over {CPU_MAX_ELEMS} positions on the CPU)"
+                ));
+                continue;
+            }
+            let s = BkShape {
+                batch,
+                n,
+                causal: a.causal,
+            };
+            let v = random(batch * n, &mut rng, 1.0);
+            let d_out = random(2 * batch * n, &mut rng, 1.0);
+            let (mut out, mut dv) = (vec![0.0f32; 2 * batch * n], vec![0.0f32; batch * n]);
+            let k = BkCoeffs {
+                z: Cx::new(0.0f32, 1.0),
+                offdiag: None,
+            };
+            let reps = a.reps.clamp(1, 10);
+            let fwd_ms = median_ms(reps, || cpu_bk::forward(&mut out, &v, k, s));
+            let fwdbwd_ms = median_ms(reps, || {
+                cpu_bk::forward(&mut out, &v, k, s);
+                cpu_bk::backward(&mut dv, &d_out, &v, k, s);
+            });
+            println!("B{batch:<4} N{n:<5} fwd {fwd_ms:.3} ms  fwd+bwd {fwdbwd_ms:.3} ms (CPU)");
+            rows.push(row_for(s, fwd_ms, fwdbwd_ms));
+        }
+    }
+    Results {
+        device: "cpu".into(),
+        mode: mode(a.causal),
+        copy_gbs: None,
+        notes: vec![
+            "no usable GPU: CPU times only; no roofline, cuSPARSE or PyTorch comparison".into(),
+        ],
+        skipped,
+        rows,
+    }
+}
+
+fn median_ms(reps: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    let mut t: Vec<f64> = (0..reps)
+        .map(|_| {
+            let t0 = Instant::now();
+            f();
+            t0.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    t.sort_by(f64::total_cmp);
+    t[t.len() / 2]
+}
+
+#[derive(serde::Deserialize)]
+struct PyRow {
+    batch: usize,
+    n: usize,
+    fwd_ms: f64,
+    fwdbwd_ms: f64,
+    nonfinite_fraction: f64,
+}
+
+#[derive(serde::Deserialize)]
+struct PyOut {
+    torch: String,
+    device: String,
+    rows: Vec<PyRow>,
+}
+
+/// Runs `bench/pytorch_bk.py` (found next to the working directory or the executable).
+fn pytorch_baseline(a: &BenchBkArgs) -> std::result::Result<(String, Vec<PyRow>), String> {
+    let script = [
+        PathBuf::from("bench/pytorch_bk.py"),
+        std::env::current_exe()
+            .ok()
+            .and_then(|e| e.parent().map(|d| d.join("bench/pytorch_bk.py")))
+            .unwrap_or_default(),
+    ]
+    .into_iter()
+    .find(|p| p.is_file())
+    .ok_or("bench/pytorch_bk.py not found (run from the repository root)")?;
+    let list = |xs: &[usize]| {
+        xs.iter()
+            .map(|x| x.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let reps = a.reps.clamp(2, 10).to_string();
+    let out = std::process::Command::new("python3")
+        .arg(&script)
+        .args([
+            "--batches",
+            &list(&a.batches),
+            "--ns",
+            &list(&a.ns),
+            "--reps",
+            &reps,
+        ])
+        .output()
+        .map_err(|e| format!("python3 could not start ({e})"))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let last = err.lines().last().unwrap_or("no output");
+        return Err(format!("python3 {} failed: {last}", script.display()));
+    }
+    let py: PyOut = serde_json::from_slice(&out.stdout)
+        .map_err(|e| format!("unreadable output from {}: {e}", script.display()))?;
+    Ok((
+        format!(
+            "PyTorch {} on {}: determinant recurrence, one step per position, autograd backward",
+            py.torch, py.device
+        ),
+        py.rows,
+    ))
+}
+
+fn merge_pytorch(rows: &mut [Row], py: &[PyRow]) {
+    for r in rows {
+        if let Some(p) = py.iter().find(|p| p.batch == r.batch && p.n == r.n) {
+            r.pytorch_fwd_ms = Some(p.fwd_ms);
+            r.pytorch_fwdbwd_ms = Some(p.fwdbwd_ms);
+            r.fwd_speedup_vs_pytorch = Some(p.fwd_ms / r.fwd_ms);
+            r.fwdbwd_speedup_vs_pytorch = Some(p.fwdbwd_ms / r.fwdbwd_ms);
+            r.pytorch_nonfinite_fraction = Some(p.nonfinite_fraction);
+        }
+    }
+}
+
+fn opt(x: Option<f64>, prec: usize) -> String {
+    x.map_or("-".into(), |v| format!("{v:.prec$}"))
+}
+
+/// A speedup as `12.3x`.
+fn times(x: Option<f64>, prec: usize) -> String {
+    x.map_or("-".into(), |v| format!("{v:.prec$}x"))
+}
+
+fn pct(x: Option<f64>) -> String {
+    x.map_or("-".into(), |v| format!("{:.0}%", 100.0 * v))
+}
+
+fn report_md(r: &Results) -> String {
+    let mut s = format!(
+        "# BK-Core benchmark\n\ndevice: {}  \nmode: {}  \ncopy bandwidth: {}\n\n",
+        r.device,
+        r.mode,
+        r.copy_gbs
+            .map_or("not measured".into(), |g| format!("{g:.0} GB/s"))
+    );
+    s += "Floor bytes per position: forward 12 (read v, write G), forward+backward 28. \
+          Roofline fraction = (bytes / copy bandwidth) / time. Speedups are reference time / \
+          kiln time.\n\n";
+    s += "| batch | N | fwd ms | fwd GB/s | fwd roofline | fwd+bwd ms | fwd+bwd GB/s | fwd+bwd roofline | cuSPARSE ms | vs cuSPARSE | PyTorch fwd ms | vs PyTorch fwd | PyTorch fwd+bwd ms | vs PyTorch fwd+bwd | PyTorch non-finite |\n";
+    s += "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+    for x in &r.rows {
+        s += &format!(
+            "| {} | {} | {:.4} | {:.0} | {} | {:.4} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            x.batch,
+            x.n,
+            x.fwd_ms,
+            x.fwd_gbs,
+            pct(x.fwd_roofline_fraction),
+            x.fwdbwd_ms,
+            x.fwdbwd_gbs,
+            pct(x.fwdbwd_roofline_fraction),
+            opt(x.cusparse_ms, 4),
+            times(x.fwd_speedup_vs_cusparse, 1),
+            opt(x.pytorch_fwd_ms, 2),
+            times(x.fwd_speedup_vs_pytorch, 0),
+            opt(x.pytorch_fwdbwd_ms, 2),
+            times(x.fwdbwd_speedup_vs_pytorch, 0),
+            pct(x.pytorch_nonfinite_fraction),
+        );
+    }
+    for (title, items) in [("Notes", &r.notes), ("Skipped", &r.skipped)] {
+        if !items.is_empty() {
+            s += &format!("\n## {title}\n\n");
+            for i in items {
+                s += &format!("- {i}\n");
+            }
+        }
+    }
+    s
+}
+
+fn write_outputs(dir: &Path, r: &Results) -> Result<()> {
+    let json = serde_json::to_string_pretty(r).map_err(|e| KilnError::output(dir, e))?;
+    for (name, text) in [("results.json", json), ("report.md", report_md(r))] {
+        let path = dir.join(name);
+        std::fs::write(&path, text).map_err(|e| KilnError::output(&path, e))?;
+    }
+    Ok(())
+}
+
+fn print_summary(r: &Results) {
+    println!("\nBK-Core on {} ({} mode)", r.device, r.mode);
+    println!(
+        "{:>5} {:>5} | {:>9} {:>6} | {:>9} {:>6} | {:>8} | {:>9}",
+        "batch", "N", "fwd ms", "roof", "f+b ms", "roof", "vs cuSP", "vs torch"
+    );
+    for x in &r.rows {
+        println!(
+            "{:>5} {:>5} | {:>9.4} {:>6} | {:>9.4} {:>6} | {:>8} | {:>9}",
+            x.batch,
+            x.n,
+            x.fwd_ms,
+            pct(x.fwd_roofline_fraction),
+            x.fwdbwd_ms,
+            pct(x.fwdbwd_roofline_fraction),
+            times(x.fwd_speedup_vs_cusparse, 1),
+            times(x.fwdbwd_speedup_vs_pytorch, 0),
+        );
+    }
+    for n in r.notes.iter().chain(&r.skipped) {
+        println!("note: {n}");
+    }
+}
+
+/// cuSPARSE's batched complex tridiagonal solve, loaded only for this benchmark.
+mod sparse {
+    use super::*;
+    use cudarc::cusparse::sys;
+    use cudarc::driver::DevicePtr;
+
+    pub struct Cusparse {
+        handle: sys::cusparseHandle_t,
+    }
+
+    fn check(what: &str, st: sys::cusparseStatus_t) -> std::result::Result<(), CudaError> {
+        if st == sys::cusparseStatus_t::CUSPARSE_STATUS_SUCCESS {
+            Ok(())
+        } else {
+            Err(CudaError::Driver(format!("cuSPARSE {what}: {st:?}")))
+        }
+    }
+
+    impl Cusparse {
+        pub fn new(gpu: &CudaBackend) -> std::result::Result<Cusparse, CudaError> {
+            loader::ensure_loaded(loader::CudaLibrary::Cusparse)?;
+            loader::guarded("cuSPARSE start", || {
+                let mut handle = std::ptr::null_mut();
+                // SAFETY: creates a handle and binds it to kiln's stream (the context is current).
+                unsafe {
+                    gpu.context().bind_to_thread()?;
+                    check("create", sys::cusparseCreate(&mut handle))?;
+                    check(
+                        "set stream",
+                        sys::cusparseSetStream(handle, gpu.stream().cu_stream() as _),
+                    )?;
+                }
+                Ok(Cusparse { handle })
+            })
+        }
+
+        /// Median time of solving `batch` systems `(H - iI) x = rhs` of size `n`.
+        pub fn time_solve(
+            &self,
+            gpu: &CudaBackend,
+            batch: usize,
+            n: usize,
+            reps: usize,
+            rng: &mut Rng,
+        ) -> std::result::Result<f64, CudaError> {
+            let elems = batch * n;
+            let (m, count) = (n as i32, batch as i32);
+            // Interleaved complex: sub-diagonal (first of each system zero), diagonal
+            // -2 + v - i, super-diagonal (last zero), right-hand side.
+            let v = random(elems, rng, 1.0);
+            let mut dl = vec![0.0f32; 2 * elems];
+            let mut d = vec![0.0f32; 2 * elems];
+            let mut du = vec![0.0f32; 2 * elems];
+            for i in 0..elems {
+                let pos = i % n;
+                d[2 * i] = -2.0 + v[i];
+                d[2 * i + 1] = -1.0;
+                if pos > 0 {
+                    dl[2 * i] = 1.0;
+                }
+                if pos + 1 < n {
+                    du[2 * i] = 1.0;
+                }
+            }
+            let rhs = random(2 * elems, rng, 1.0);
+            let (dl, d, du) = (gpu.upload(&dl)?, gpu.upload(&d)?, gpu.upload(&du)?);
+            let x = gpu.upload(&rhs)?;
+            let s = gpu.stream();
+            let ptr =
+                |b: &cudarc::driver::CudaSlice<f32>| b.device_ptr(s).0 as *const sys::cuComplex;
+            let mut bytes = 0usize;
+            // SAFETY: all arrays hold `batch * n` complex values, stride n; the query only reads sizes.
+            unsafe {
+                check(
+                    "buffer size",
+                    sys::cusparseCgtsv2StridedBatch_bufferSizeExt(
+                        self.handle,
+                        m,
+                        ptr(&dl),
+                        ptr(&d),
+                        ptr(&du),
+                        ptr(&x),
+                        count,
+                        m,
+                        &mut bytes,
+                    ),
+                )?;
+            }
+            let buffer = gpu.alloc::<u8>(bytes.max(1))?;
+            let buf = buffer.device_ptr(s).0 as *mut std::ffi::c_void;
+            let xp = x.device_ptr(s).0 as *mut sys::cuComplex;
+            let ms = gpu.time_median_ms(5, reps, || {
+                // SAFETY: as above; `buffer` has the size cuSPARSE asked for. The solve
+                // overwrites x in place; later solves start from the previous solution, which
+                // costs the same.
+                unsafe {
+                    check(
+                        "gtsv2StridedBatch",
+                        sys::cusparseCgtsv2StridedBatch(
+                            self.handle,
+                            m,
+                            ptr(&dl),
+                            ptr(&d),
+                            ptr(&du),
+                            xp,
+                            count,
+                            m,
+                            buf,
+                        ),
+                    )
+                }
+            })?;
+            Ok(ms)
+        }
+    }
+
+    impl Drop for Cusparse {
+        fn drop(&mut self) {
+            // SAFETY: the handle was created in `new` and is destroyed once.
+            unsafe {
+                sys::cusparseDestroy(self.handle);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_a_gpu_it_times_the_cpu_and_writes_both_files() {
+        if crate::engine::cuda::probe().is_ok() {
+            return; // the GPU path needs the device; `kiln bench bk` on the GPU machine covers it
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let a = BenchBkArgs {
+            gpu: 0,
+            out: dir.path().join("bk"),
+            batches: vec![1, 8, 4096],
+            ns: vec![128, 512],
+            reps: 2,
+            causal: false,
+            no_python: true,
+        };
+        run(a).unwrap();
+        let json: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.path().join("bk/results.json")).unwrap(),
+        )
+        .unwrap();
+        let rows = json["rows"].as_array().unwrap();
+        assert_eq!(rows.len(), 5);
+        assert!(rows.iter().all(|r| r["fwd_ms"].as_f64().unwrap() > 0.0));
+        // 4096 x 512 is over the CPU limit and listed; 4096 x 128 is exactly at it and timed.
+        let skipped = json["skipped"].as_array().unwrap();
+        assert_eq!(skipped.len(), 1, "{skipped:?}");
+        assert!(skipped[0].as_str().unwrap().starts_with("B4096 N512"));
+        let md = std::fs::read_to_string(dir.path().join("bk/report.md")).unwrap();
+        assert!(md.contains("| 8 | 512 |"), "{md}");
+    }
+}
