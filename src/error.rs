@@ -44,9 +44,17 @@ pub enum KilnError {
     /// holds and which settings use less memory.
     #[error("out of memory: {0}")]
     DoesNotFit(String),
-    /// A layer met or produced inf/NaN during a training step (the layer names itself).
-    #[error("training stopped at step {step}: {source}; no checkpoint was written for this step")]
-    LayerNonFinite { step: u64, source: EngineError },
+    /// A layer met or produced inf/NaN during a training step (a potential reaching the
+    /// BK-Core, say); the layer names itself in `source`, the trainer adds the step.
+    #[error(
+        "training stopped at step {step}: {source}; {kept}. Lower optim.lr, set optim.grad_clip, or use train.precision=fp32, then resume"
+    )]
+    LayerNonFinite {
+        step: u64,
+        // Boxed: it would make every kiln error larger than clippy allows for a `Result`.
+        source: Box<EngineError>,
+        kept: String,
+    },
     /// A GPU kernel disagreed with its CPU reference, or the GPU backend failed to start.
     #[error("selftest: {0}")]
     SelfTest(String),
@@ -95,10 +103,11 @@ mod tests {
     fn a_layer_non_finite_error_names_layer_and_step_and_exits_5() {
         let e = KilnError::LayerNonFinite {
             step: 42,
-            source: EngineError::NonFinite {
+            source: Box::new(EngineError::NonFinite {
                 layer: "bk_core layer blocks.3.bk".into(),
                 detail: "the potential v is NaN at sequence 0, position 7".into(),
-            },
+            }),
+            kept: "no checkpoint had been written yet".into(),
         };
         let msg = e.to_string();
         assert!(

@@ -569,3 +569,106 @@ fn train_and_bench_run_with_block_recomputation() {
         "{t}"
     );
 }
+
+/// ResNet-BK through the command line: a few steps with routing statistics in the metrics,
+/// a run stopped at a checkpoint and resumed ends bit-identical to one that never stopped,
+/// and eval and generate read its checkpoint.
+#[test]
+fn resnet_bk_trains_checkpoints_and_resumes_bit_exactly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (full, parts) = (tmp.path().join("full"), tmp.path().join("parts"));
+    let model = [
+        "model.kind=resnet_bk",
+        "model.moe_experts=3",
+        "model.moe_top_k=2",
+        "model.moe_capacity_factor=1.0",
+        "train.grad_accum=2",
+        "train.steps=6",
+        "train.checkpoint_every=3",
+    ];
+    let out = kiln(
+        &["train", "--quiet", "--out", full.to_str().unwrap()],
+        &common::with(&model),
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let out = kiln(
+        &[
+            "train",
+            "--quiet",
+            "--stop-after",
+            "3",
+            "--out",
+            parts.to_str().unwrap(),
+        ],
+        &common::with(&model),
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let out = kiln(
+        &["train", "--quiet", "--resume", parts.to_str().unwrap()],
+        &[],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let last =
+        |dir: &Path, file: &str| fs::read(dir.join("checkpoints/step_0000006").join(file)).unwrap();
+    for file in ["model.safetensors", "optimizer.safetensors"] {
+        assert!(
+            last(&full, file) == last(&parts, file),
+            "{file} differs after resume"
+        );
+    }
+    let loss = |dir: &Path| -> serde_json::Value {
+        let s = fs::read_to_string(dir.join("summary.json")).unwrap();
+        serde_json::from_str::<serde_json::Value>(&s).unwrap()["train_loss"].clone()
+    };
+    assert_eq!(loss(&full), loss(&parts));
+
+    let metrics = fs::read_to_string(full.join("metrics.jsonl")).unwrap();
+    let first: serde_json::Value = serde_json::from_str(metrics.lines().next().unwrap()).unwrap();
+    let moe = &first["moe"];
+    // Two layers, two micro-batches of 4 x 32 tokens, two experts per token.
+    assert_eq!(moe["slots"], 2 * 2 * 128 * 2, "{first}");
+    let load: u64 = moe["load"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_u64().unwrap())
+        .sum();
+    assert_eq!(load + moe["dropped"].as_u64().unwrap(), 1024, "{first}");
+    assert!(moe["aux_loss"].as_f64().unwrap() >= 1.0 - 1e-9, "{first}");
+
+    let ev = kiln(&["eval", "--run", full.to_str().unwrap()], &[]);
+    assert!(text(&ev).contains("bits/token"), "{}", text(&ev));
+    let gen_out = kiln(
+        &[
+            "generate",
+            "--run",
+            full.to_str().unwrap(),
+            "--tokens",
+            "20",
+        ],
+        &[],
+    );
+    assert!(gen_out.status.success(), "{}", text(&gen_out));
+}
+
+#[test]
+fn unknown_preset_and_foreign_checkpoint_kind_are_refused() {
+    let out = kiln(
+        &["train", "model.kind=resnet_bk", "model.preset=giant"],
+        &[],
+    );
+    assert_fails(&out, 2, &["model.preset", "giant", "tiny, small, base"]);
+    // A GPT checkpoint is not resumed as ResNet-BK.
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    train_tiny(&run, &[]);
+    let toml = run.join("config.toml");
+    let cfg = fs::read_to_string(&toml).unwrap();
+    fs::write(&toml, cfg.replace("kind = \"gpt\"", "kind = \"resnet_bk\"")).unwrap();
+    let out = kiln(&["train", "--resume", run.to_str().unwrap()], &[]);
+    assert_fails(
+        &out,
+        4,
+        &["model.kind: checkpoint gpt, configured resnet_bk"],
+    );
+}

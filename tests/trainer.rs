@@ -8,7 +8,7 @@ use kiln::config::ResolvedConfig;
 use kiln::data::{self, Batch, Corpus, Tokenizer};
 use kiln::engine::{DType, Device, MemoryPool};
 use kiln::error::KilnError;
-use kiln::models::{Model, Recompute};
+use kiln::models::Recompute;
 use kiln::train::{self, Precision, RunOptions, Trainer};
 
 fn config(extra: &[&str]) -> kiln::config::Config {
@@ -487,4 +487,34 @@ fn train_recompute_sets_the_models_policy() {
         t.set_recompute(Recompute::Blocks).unwrap();
         assert_eq!(t.model.recompute(), Recompute::Blocks);
     }
+}
+
+/// A NaN potential reaching a BK-Core stops training with an error that names the layer and
+/// the step (exit code 5), and the routing statistics of a good step reach the report.
+#[test]
+fn resnet_bk_nan_potential_names_the_layer_and_the_step() {
+    let cfg = config(&["model.kind=resnet_bk", "model.moe_experts=2"]);
+    let pool = MemoryPool::new(Device::Cpu);
+    let mut t = Trainer::new(&cfg, 256, &pool, Precision::Fp32).unwrap();
+    let tokens = corpus_tokens();
+    let batch = |i| [data::train_batch(&tokens, 1, i, 0, 4, 32)];
+    let report = t.step(&batch(0)).unwrap();
+    let routing = report.routing.expect("resnet_bk reports routing");
+    assert_eq!(routing.slots, 2 * 4 * 32 * 2);
+    assert_eq!(routing.load.len(), 2);
+
+    let mut params = t.model.params_mut();
+    let bias = params
+        .iter_mut()
+        .find(|p| p.name == "blocks.1.v_proj.bias")
+        .expect("the potential projection has a bias");
+    bias.value.copy_from_host(&[f32::INFINITY]).unwrap();
+    drop(params);
+    let err = t.step(&batch(1)).unwrap_err();
+    assert_eq!(err.exit_code(), 5);
+    let msg = err.to_string();
+    assert!(
+        msg.contains("step 2") && msg.contains("blocks.1.bk") && msg.contains("potential"),
+        "{msg}"
+    );
 }

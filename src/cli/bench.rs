@@ -3,7 +3,6 @@
 use crate::data::{self, Batch, Corpus};
 use crate::engine::profile;
 use crate::error::Result;
-use crate::models::Model;
 use crate::train::{self, Trainer};
 use clap::{Args, Subcommand};
 use std::time::Instant;

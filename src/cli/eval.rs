@@ -39,7 +39,7 @@ pub fn run(a: EvalArgs) -> Result<()> {
     let mut loss = 0.0;
     let mut tokens = 0usize;
     for b in &batches {
-        loss += crate::models::Model::loss(&loaded.model, &b.inputs, &b.targets, b.batch, b.seq)?;
+        loss += loaded.model.loss(&b.inputs, &b.targets, b.batch, b.seq)?;
         tokens += b.inputs.len();
     }
     let loss = loss / tokens as f64;

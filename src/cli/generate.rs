@@ -3,7 +3,6 @@
 use crate::data;
 use crate::engine::rng::{Rng, stream};
 use crate::error::{KilnError, Result};
-use crate::models::Model;
 use crate::train;
 use clap::Args;
 use std::io::Write;

@@ -218,6 +218,7 @@ impl fmt::Display for Source {
             Source::Override => f.write_str("override"),
             Source::Profile(name) => write!(f, "profile {name}"),
             Source::Auto(rule) => write!(f, "auto: {rule}"),
+            Source::Preset(name) => write!(f, "preset {name}"),
         }
     }
 }

@@ -19,6 +19,7 @@
 
 pub mod auto;
 mod error;
+mod presets;
 pub mod profile;
 mod validate;
 
@@ -70,6 +71,30 @@ pub struct ModelConfig {
     pub context: usize,
     /// Share the token embedding matrix with the output head.
     pub tied_head: bool,
+    /// Named size for the model kind (resnet_bk: tiny, small, base); it sets the model keys
+    /// that the file and overrides leave at their defaults. Empty: no preset.
+    pub preset: String,
+    /// resnet_bk: experts per mixture-of-experts layer.
+    pub moe_experts: usize,
+    /// resnet_bk: experts each token is routed to (1 or 2).
+    pub moe_top_k: usize,
+    /// resnet_bk: hidden width of each expert; 0 means 2 x d_model.
+    pub moe_hidden: usize,
+    /// resnet_bk: expert capacity, as a multiple of an even share of the token slots.
+    pub moe_capacity_factor: f64,
+    /// resnet_bk: weight of the load-balancing loss.
+    pub moe_aux_coef: f64,
+}
+
+impl ModelConfig {
+    /// Each expert's hidden width with the `0 = 2 x d_model` default resolved.
+    pub fn moe_hidden_width(&self) -> usize {
+        if self.moe_hidden == 0 {
+            2 * self.d_model
+        } else {
+            self.moe_hidden
+        }
+    }
 }
 
 impl Default for ModelConfig {
@@ -81,6 +106,12 @@ impl Default for ModelConfig {
             n_heads: 4,
             context: 128,
             tied_head: true,
+            preset: String::new(),
+            moe_experts: 4,
+            moe_top_k: 2,
+            moe_hidden: 0,
+            moe_capacity_factor: 1.25,
+            moe_aux_coef: 0.01,
         }
     }
 }
@@ -224,12 +255,30 @@ impl Default for OptimConfig {
 /// are declared. A test checks this list against the structs so the two
 /// cannot drift apart.
 const KEYS: &[(&str, &str)] = &[
-    ("model.kind", "model family (only \"gpt\")"),
+    ("model.kind", "model family: \"gpt\" or \"resnet_bk\""),
     ("model.d_model", "embedding width"),
     ("model.n_layers", "number of transformer blocks"),
     ("model.n_heads", "attention heads; must divide d_model"),
     ("model.context", "max sequence length the model supports"),
     ("model.tied_head", "share embedding and output weights"),
+    (
+        "model.preset",
+        "named size (resnet_bk: tiny, small, base); empty = none",
+    ),
+    ("model.moe_experts", "resnet_bk: experts per MoE layer"),
+    ("model.moe_top_k", "resnet_bk: experts per token, 1 or 2"),
+    (
+        "model.moe_hidden",
+        "resnet_bk: expert hidden width; 0 = 2 x d_model",
+    ),
+    (
+        "model.moe_capacity_factor",
+        "resnet_bk: expert capacity over an even share of slots",
+    ),
+    (
+        "model.moe_aux_coef",
+        "resnet_bk: load-balancing loss weight",
+    ),
     (
         "data.corpus",
         "text file to train on; empty = bundled Shakespeare",
@@ -321,6 +370,8 @@ pub enum Source {
     Profile(String),
     /// Derived from the machine or another key; the text says by which rule.
     Auto(String),
+    /// The named `model.preset`.
+    Preset(&'static str),
 }
 
 /// A validated configuration plus the layer each key's value came from.
@@ -393,6 +444,7 @@ impl ResolvedConfig {
             set(&mut values, &mut sources, key, value, &Source::Override)?;
         }
 
+        presets::apply(&mut values, &mut sources)?;
         let config = decode(&values)?;
         let mut resolved = Self { config, sources };
         resolved.derive_accumulation()?;

@@ -560,3 +560,56 @@ fn memory_limit_parses_units_and_rejects_nonsense() {
     let err = ResolvedConfig::resolve(None, &["train.recompute=sometimes".into()]).unwrap_err();
     assert!(err.to_string().contains("none, blocks, auto"), "{err}");
 }
+
+#[test]
+fn a_preset_fills_the_model_keys_left_at_their_defaults() {
+    let r = ResolvedConfig::resolve(
+        None,
+        &ov(&[
+            "model.kind=resnet_bk",
+            "model.preset=small",
+            "model.n_layers=6",
+        ]),
+    )
+    .unwrap();
+    let m = &r.config.model;
+    assert_eq!((m.d_model, m.n_layers, m.moe_experts), (128, 6, 4));
+    assert_eq!((m.moe_top_k, m.moe_hidden), (2, 256));
+    assert_eq!(r.sources["model.d_model"], Source::Preset("small"));
+    assert_eq!(r.sources["model.n_layers"], Source::Override);
+    assert!(r.render().contains("# preset small"));
+    // The saved config reads back to the same model, with the preset applying to nothing.
+    let f = TempFile::new(&r.to_toml());
+    let again = ResolvedConfig::resolve(Some(f.path()), &[]).unwrap();
+    assert_eq!(again.config, r.config);
+}
+
+#[test]
+fn an_unknown_preset_lists_the_known_ones() {
+    let err = ResolvedConfig::resolve(None, &ov(&["model.kind=resnet_bk", "model.preset=huge"]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("model.preset") && err.contains("huge") && err.contains("tiny, small, base"),
+        "{err}"
+    );
+    let err = ResolvedConfig::resolve(None, &ov(&["model.preset=small"]))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("\"gpt\" has no presets"), "{err}");
+}
+
+#[test]
+fn moe_settings_are_checked() {
+    for (arg, want) in [
+        ("model.moe_top_k=3", "1 or 2"),
+        ("model.moe_capacity_factor=0", "greater than 0"),
+        ("model.moe_aux_coef=-1", "0 or more"),
+        ("model.moe_experts=0", "at least 1"),
+    ] {
+        let err = ResolvedConfig::resolve(None, &ov(&["model.kind=resnet_bk", arg]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(want), "{arg}: {err}");
+    }
+}

@@ -6,7 +6,7 @@
 
 use super::{Config, ConfigError};
 
-pub(crate) const MODEL_KINDS: &[&str] = &["gpt"];
+pub(crate) const MODEL_KINDS: &[&str] = &["gpt", "resnet_bk"];
 pub(crate) const TOKENIZERS: &[&str] = &["byte", "gpt2"];
 pub(crate) const RECOMPUTE: &[&str] = &["none", "blocks", "auto"];
 pub(crate) const PRECISIONS: &[&str] = &["fp32", "tf32", "bf16-mixed", "fp16-mixed"];
@@ -99,6 +99,8 @@ impl Config {
         // Checked first so later comparisons never see a NaN, which would
         // quietly pass or fail them for the wrong reason.
         let floats = [
+            ("model.moe_capacity_factor", m.moe_capacity_factor),
+            ("model.moe_aux_coef", m.moe_aux_coef),
             ("data.val_fraction", d.val_fraction),
             ("train.loss_scale_init", t.loss_scale_init),
             ("optim.lr", o.lr),
@@ -120,7 +122,36 @@ impl Config {
         at_least_one("model.n_layers", m.n_layers)?;
         at_least_one("model.n_heads", m.n_heads)?;
         at_least_one("model.context", m.context)?;
-        if m.d_model % m.n_heads != 0 {
+        if !m.preset.is_empty() && !super::presets::names(&m.kind).contains(&m.preset.as_str()) {
+            return Err(super::presets::unknown(&m.kind, &m.preset));
+        }
+        at_least_one("model.moe_experts", m.moe_experts)?;
+        if !(1..=2).contains(&m.moe_top_k) || m.moe_top_k > m.moe_experts {
+            return Err(out_of_range(
+                "model.moe_top_k",
+                m.moe_top_k,
+                format!(
+                    "it must be 1 or 2 and at most model.moe_experts ({})",
+                    m.moe_experts
+                ),
+            ));
+        }
+        if m.moe_capacity_factor <= 0.0 {
+            return Err(out_of_range(
+                "model.moe_capacity_factor",
+                m.moe_capacity_factor,
+                "it must be greater than 0, e.g. 1.25 (1 = exactly an even share per expert)",
+            ));
+        }
+        if m.moe_aux_coef < 0.0 {
+            return Err(out_of_range(
+                "model.moe_aux_coef",
+                m.moe_aux_coef,
+                "it must be 0 or more, e.g. 0.01 (0 disables load balancing)",
+            ));
+        }
+        // Only attention splits the width into heads.
+        if m.kind == "gpt" && m.d_model % m.n_heads != 0 {
             return Err(ConfigError::HeadsDoNotDivide {
                 d_model: m.d_model,
                 n_heads: m.n_heads,

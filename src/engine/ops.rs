@@ -563,6 +563,147 @@ pub fn embedding_backward(
     Ok(())
 }
 
+/// On the GPU both tensors must be stored in one type (the CPU stores f32 whatever the tag).
+fn same_gpu_dtype(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
+    if a.dtype() == b.dtype() {
+        Ok(())
+    } else {
+        Err(EngineError::Shape {
+            op,
+            detail: format!(
+                "{:?} and {:?} tensors; both must be one type",
+                a.dtype(),
+                b.dtype()
+            ),
+        })
+    }
+}
+
+/// Checks row indices against a tensor of `rows` rows (and, for a scatter, that no row is
+/// named twice: each destination row must have one writer) and the scale's length.
+fn check_row_indices(
+    op: &'static str,
+    idx: &[u32],
+    rows: usize,
+    scale: Option<&[f32]>,
+    distinct: bool,
+) -> Result<()> {
+    let shape_err = |detail: String| Err(EngineError::Shape { op, detail });
+    if let Some(&i) = idx.iter().find(|&&i| i as usize >= rows) {
+        return shape_err(format!("row index {i} outside a tensor of {rows} rows"));
+    }
+    if let Some(s) = scale.filter(|s| s.len() != idx.len()) {
+        return shape_err(format!("{} scales for {} rows", s.len(), idx.len()));
+    }
+    if distinct {
+        let mut seen = vec![false; rows];
+        for &i in idx {
+            if std::mem::replace(&mut seen[i as usize], true) {
+                return shape_err(format!(
+                    "row {i} named twice; a scatter needs distinct rows"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `out[s, :] = scale[s] * src[idx[s], :]` -> `[idx.len(), c]` (scale 1 where `None`).
+pub fn gather_rows(src: &Tensor, idx: &[u32], scale: Option<&[f32]>) -> Result<Tensor> {
+    let _prof = profile::scope("gather_rows", src);
+    let on = device_of("gather_rows", &[src])?;
+    let (rows, c) = rows_cols("gather_rows", src)?;
+    check_row_indices("gather_rows", idx, rows, scale, false)?;
+    let mut out = Tensor::uninit(src.pool(), &[idx.len(), c], act_dtype(src))?;
+    match on {
+        On::Cpu => cpu::rows::gather_rows(out.host_mut(), src.host(), idx, scale, c),
+        On::Gpu(g) => {
+            let d_idx = g.upload(idx)?;
+            let d_scale = scale.map(|s| g.upload(s)).transpose()?;
+            with_elem!(src.dtype(), T => g.gather_rows::<T>(
+                out.cuda_mut(),
+                src.cuda(),
+                &d_idx,
+                d_scale.as_ref(),
+                idx.len(),
+                rows,
+                c,
+            ))?
+        }
+    }
+    Ok(out)
+}
+
+/// `dst[idx[s], :] += scale[s] * src[s, :]` (scale 1 where `None`); `idx` must be distinct.
+pub fn scatter_add_rows(
+    dst: &mut Tensor,
+    src: &Tensor,
+    idx: &[u32],
+    scale: Option<&[f32]>,
+) -> Result<()> {
+    let _prof = profile::scope("scatter_add_rows", src);
+    let on = device_of("scatter_add_rows", &[dst, src])?;
+    let (rows, c) = rows_cols("scatter_add_rows", dst)?;
+    expect_len("scatter_add_rows", "src", src, idx.len() * c)?;
+    check_row_indices("scatter_add_rows", idx, rows, scale, true)?;
+    match on {
+        On::Cpu => cpu::rows::scatter_add_rows(dst.host_mut(), src.host(), idx, scale, c),
+        On::Gpu(_) if idx.is_empty() => {}
+        On::Gpu(g) => {
+            same_gpu_dtype("scatter_add_rows", dst, src)?;
+            let d_idx = g.upload(idx)?;
+            let d_scale = scale.map(|s| g.upload(s)).transpose()?;
+            with_elem!(src.dtype(), T => g.scatter_add_rows::<T>(
+                dst.cuda_mut(),
+                src.cuda(),
+                &d_idx,
+                d_scale.as_ref(),
+                idx.len(),
+                rows,
+                c,
+            ))?
+        }
+    }
+    Ok(())
+}
+
+/// `dst += src`, elementwise (two gradients of one tensor meeting).
+pub fn add_in_place(dst: &mut Tensor, src: &Tensor) -> Result<()> {
+    let (rows, _) = rows_cols("add_in_place", dst)?;
+    let all: Vec<u32> = (0..rows as u32).collect();
+    scatter_add_rows(dst, src, &all, None)
+}
+
+/// `out[s] = sum_j a[idx[s], j] * b[s, j]`, read back to the host (one value per row).
+pub fn gathered_row_dot(a: &Tensor, idx: &[u32], b: &Tensor) -> Result<Vec<f32>> {
+    let _prof = profile::scope("gathered_row_dot", a);
+    let on = device_of("gathered_row_dot", &[a, b])?;
+    let (rows, c) = rows_cols("gathered_row_dot", a)?;
+    expect_len("gathered_row_dot", "b", b, idx.len() * c)?;
+    check_row_indices("gathered_row_dot", idx, rows, None, false)?;
+    let mut out = vec![0.0; idx.len()];
+    match on {
+        On::Cpu => cpu::rows::gathered_row_dot(&mut out, a.host(), idx, b.host(), c),
+        On::Gpu(_) if idx.is_empty() => {}
+        On::Gpu(g) => {
+            same_gpu_dtype("gathered_row_dot", a, b)?;
+            let d_idx = g.upload(idx)?;
+            let mut d_out = g.alloc::<f32>(idx.len())?;
+            with_elem!(a.dtype(), T => g.gathered_row_dot::<T>(
+                &mut d_out,
+                a.cuda(),
+                &d_idx,
+                b.cuda(),
+                idx.len(),
+                rows,
+                c,
+            ))?;
+            out = g.download(&d_out)?;
+        }
+    }
+    Ok(out)
+}
+
 /// Sum of squares over all of `ts` in f64 (the global gradient norm, and its inf/NaN check:
 /// a non-finite element makes the result NaN). The GPU accumulates every tensor on the device
 /// and reads the total back once.

@@ -360,6 +360,10 @@ impl Model for Gpt {
 
     /// Sums the built layers' costs (fp32 on the CPU); [`GptConfig::cost_on`] gives the same
     /// from the shape alone, for any layout, without building the model.
+    fn vocab(&self) -> usize {
+        self.cfg.vocab
+    }
+
     fn cost(&self, batch: usize, seq: usize) -> Cost {
         let tokens = batch * seq;
         let blocks: Cost = self
@@ -391,7 +395,7 @@ impl GptConfig {
         let block = LayerNorm::cost_of(c, tokens, layout)
             + CausalSelfAttention::cost_of(c, self.n_heads, batch, seq, layout)
             + LayerNorm::cost_of(c, tokens, layout)
-            + Mlp::cost_of(c, tokens, layout);
+            + Mlp::cost_of(c, 4 * c, tokens, layout);
         let blocks: Cost = (0..self.n_layers).map(|_| block).sum();
         let head = Linear::cost_of(c, self.padded_vocab(), false, tokens);
         let head = Cost {

@@ -1,9 +1,17 @@
 //! Models: compositions of `nn` layers with a loss, behind one interface the trainer uses.
 
 pub mod gpt;
+pub mod resnet_bk;
 
-use crate::engine::{DType, Result};
+use crate::config::ModelConfig;
+use crate::engine::{DType, MemoryPool, Result};
+use crate::error::KilnError;
+use crate::nn::moe::{MoeConfig, MoeStats};
 use crate::nn::{Cost, Param};
+use gpt::{Gpt, GptConfig};
+use resnet_bk::{ResnetBk, ResnetBkConfig};
+use serde::Serialize;
+use std::sync::Arc;
 
 /// What the trainer asks of a model.
 pub trait Model: Send {
@@ -32,6 +40,9 @@ pub trait Model: Send {
     /// Longest sequence the model accepts.
     fn context(&self) -> usize;
 
+    /// Size of the vocabulary (the logits per position).
+    fn vocab(&self) -> usize;
+
     /// Cost of one micro-batch.
     fn cost(&self, batch: usize, seq: usize) -> Cost;
 
@@ -50,6 +61,12 @@ pub trait Model: Send {
                 "this model has no {other} recomputation; use train.recompute=none"
             )),
         }
+    }
+
+    /// How the mixture-of-experts layers routed tokens in the forward-backward passes since
+    /// the last call (`None` for a model without them); clears the record.
+    fn take_routing_stats(&mut self) -> Option<RoutingStats> {
+        None
     }
 }
 
@@ -86,6 +103,89 @@ impl std::fmt::Display for Recompute {
             Recompute::Blocks => "blocks",
         })
     }
+}
+
+/// Mixture-of-experts routing over some forward passes (an optimizer step's micro-batches).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct RoutingStats {
+    /// Token slots asked for, over all layers and micro-batches.
+    pub slots: usize,
+    /// Slots dropped because their expert was full.
+    pub dropped: usize,
+    /// Slots each expert processed, summed over layers and micro-batches.
+    pub load: Vec<usize>,
+    /// The load-balancing loss (before its coefficient), averaged over layers and
+    /// micro-batches.
+    pub aux_loss: f64,
+}
+
+impl RoutingStats {
+    /// Sums the passes' counts and averages their aux losses; `None` for no passes.
+    pub fn summarise(passes: &[MoeStats]) -> Option<RoutingStats> {
+        let first = passes.first()?;
+        let mut total = RoutingStats {
+            load: vec![0; first.load.len()],
+            ..RoutingStats::default()
+        };
+        for s in passes {
+            total.slots += s.slots;
+            total.dropped += s.dropped;
+            total
+                .load
+                .iter_mut()
+                .zip(&s.load)
+                .for_each(|(t, l)| *t += l);
+            total.aux_loss += s.aux_loss / passes.len() as f64;
+        }
+        Some(total)
+    }
+}
+
+/// The model `cfg.kind` names, with a `vocab`-token vocabulary, initialised from `seed`.
+pub fn build(
+    cfg: &ModelConfig,
+    vocab: usize,
+    pool: &Arc<MemoryPool>,
+    seed: u64,
+) -> std::result::Result<Box<dyn Model>, KilnError> {
+    Ok(match cfg.kind.as_str() {
+        "gpt" => Box::new(Gpt::new(
+            pool,
+            GptConfig {
+                vocab,
+                d_model: cfg.d_model,
+                n_layers: cfg.n_layers,
+                n_heads: cfg.n_heads,
+                context: cfg.context,
+                tied_head: cfg.tied_head,
+            },
+            seed,
+        )?),
+        "resnet_bk" => Box::new(ResnetBk::new(
+            pool,
+            ResnetBkConfig {
+                vocab,
+                d_model: cfg.d_model,
+                n_layers: cfg.n_layers,
+                context: cfg.context,
+                tied_head: cfg.tied_head,
+                moe: MoeConfig {
+                    d_model: cfg.d_model,
+                    hidden: cfg.moe_hidden_width(),
+                    experts: cfg.moe_experts,
+                    top_k: cfg.moe_top_k,
+                    capacity_factor: cfg.moe_capacity_factor,
+                    aux_coef: cfg.moe_aux_coef,
+                },
+            },
+            seed,
+        )?),
+        other => {
+            return Err(KilnError::Setting(format!(
+                "model.kind = \"{other}\" is not a model kiln knows; use \"gpt\" or \"resnet_bk\""
+            )));
+        }
+    })
 }
 
 /// How one backward pass treats precision.

@@ -27,9 +27,29 @@ impl Mlp {
         proj_std: f32,
         rng: &mut Rng,
     ) -> Result<Mlp> {
+        Mlp::with_hidden(pool, name, c, 4 * c, proj_std, rng)
+    }
+
+    /// An MLP `c -> hidden -> c` (mixture-of-experts experts are often narrower than 4c).
+    pub fn with_hidden(
+        pool: &Arc<MemoryPool>,
+        name: &str,
+        c: usize,
+        hidden: usize,
+        proj_std: f32,
+        rng: &mut Rng,
+    ) -> Result<Mlp> {
         Ok(Mlp {
-            fc: Linear::new(pool, &format!("{name}.fc"), c, 4 * c, true, 0.02, rng)?,
-            proj: Linear::new(pool, &format!("{name}.proj"), 4 * c, c, true, proj_std, rng)?,
+            fc: Linear::new(pool, &format!("{name}.fc"), c, hidden, true, 0.02, rng)?,
+            proj: Linear::new(
+                pool,
+                &format!("{name}.proj"),
+                hidden,
+                c,
+                true,
+                proj_std,
+                rng,
+            )?,
         })
     }
 
@@ -69,19 +89,20 @@ impl Mlp {
     }
 
     pub fn cost(&self, tokens: usize) -> Cost {
-        Self::cost_of(self.fc.c_in, tokens, ActLayout::CPU_F32)
+        Self::cost_of(self.fc.c_in, self.fc.c_out, tokens, ActLayout::CPU_F32)
     }
 
-    /// Saves the pre-activation and the GELU output (the input is the norm's output).
-    pub fn cost_of(c: usize, tokens: usize, layout: ActLayout) -> Cost {
-        let hidden = (tokens * 4 * c) as u64;
+    /// A `c -> hidden -> c` MLP over `tokens` rows. Saves the pre-activation and the GELU
+    /// output (the input is the norm's output).
+    pub fn cost_of(c: usize, hidden: usize, tokens: usize, layout: ActLayout) -> Cost {
+        let elems = (tokens * hidden) as u64;
         let gelu = Cost {
-            flops_forward: 8 * hidden,
-            flops_backward: 12 * hidden,
-            saved_bytes: layout.act_bytes(2 * hidden as usize),
+            flops_forward: 8 * elems,
+            flops_backward: 12 * elems,
+            saved_bytes: layout.act_bytes(2 * elems as usize),
             ..Cost::default()
         };
-        Linear::cost_of(c, 4 * c, true, tokens) + gelu + Linear::cost_of(4 * c, c, true, tokens)
+        Linear::cost_of(c, hidden, true, tokens) + gelu + Linear::cost_of(hidden, c, true, tokens)
     }
 }
 

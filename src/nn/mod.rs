@@ -11,6 +11,7 @@ pub mod embedding;
 pub mod layernorm;
 pub mod linear;
 pub mod mlp;
+pub mod moe;
 
 use crate::engine::rng::Rng;
 use crate::engine::{DType, Device, MemoryPool, Result, Tensor, ops};

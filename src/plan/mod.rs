@@ -215,7 +215,7 @@ fn block_cost(m: &GptConfig, batch: usize, seq: usize, layout: ActLayout) -> Cos
     LayerNorm::cost_of(m.d_model, tokens, layout)
         + CausalSelfAttention::cost_of(m.d_model, m.n_heads, batch, seq, layout)
         + LayerNorm::cost_of(m.d_model, tokens, layout)
-        + Mlp::cost_of(m.d_model, tokens, layout)
+        + Mlp::cost_of(m.d_model, 4 * m.d_model, tokens, layout)
 }
 
 /// The activation table: each layer's parameters, FLOPs and saved bytes for the request's
@@ -261,7 +261,7 @@ pub fn layer_table(r: &PlanRequest) -> Vec<LayerLine> {
             0,
         ),
         line("block.ln2", l, LayerNorm::cost_of(c, n, layout), 0),
-        line("block.mlp", l, Mlp::cost_of(c, n, layout), 0),
+        line("block.mlp", l, Mlp::cost_of(c, 4 * c, n, layout), 0),
         line(
             "ln_f",
             1,

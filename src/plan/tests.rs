@@ -5,7 +5,6 @@ use super::*;
 use crate::config::Config;
 use crate::data::Batch;
 use crate::engine::MemoryPool;
-use crate::models::Model;
 use crate::train::{Precision, Trainer};
 
 struct Case {
@@ -74,15 +73,15 @@ fn measured_peak_with(c: &Case, cfg: Config, accum: usize) -> usize {
     let b = cfg.train.micro_batch;
     let pool = MemoryPool::new(Device::Cpu);
     let mut trainer = Trainer::new(&cfg, c.vocab, &pool, c.precision).unwrap();
-    let rows = trainer.model.embed.wte.value.shape()[0];
+    let rows = trainer.model.params()[0].value.shape()[0];
     assert_eq!(
         rows,
         padded_vocab(c.vocab),
-        "the plan's vocabulary is the model's"
+        "the plan's vocabulary is the model's (token table rows)"
     );
     let micro: Vec<Batch> = (0..accum).map(|k| batch(c.vocab, b, c.seq, k)).collect();
     trainer.step(&micro).unwrap();
-    let shapes = gpt::param_shapes(&trainer.model.cfg);
+    let shapes = gpt::param_shapes(&request(c, b).model);
     let real: Vec<(String, usize)> = trainer
         .model
         .params()

@@ -99,7 +99,7 @@ pub fn save(trainer: &Trainer, run_dir: &Path) -> Result<PathBuf> {
     let meta = CheckpointMeta {
         format_version: FORMAT_VERSION,
         model: trainer.cfg.model.clone(),
-        vocab: trainer.model.cfg.vocab,
+        vocab: trainer.vocab,
         state: trainer.state,
         adam_t: trainer.opt.t,
     };
@@ -179,6 +179,17 @@ fn shape_differences(saved: &CheckpointMeta, model: &ModelConfig, vocab: usize) 
             "model.tied_head",
             s.tied_head.to_string(),
             m.tied_head.to_string(),
+        ),
+        ("model.kind", s.kind.clone(), m.kind.clone()),
+        (
+            "model.moe_experts",
+            s.moe_experts.to_string(),
+            m.moe_experts.to_string(),
+        ),
+        (
+            "model.moe_hidden (resolved)",
+            s.moe_hidden_width().to_string(),
+            m.moe_hidden_width().to_string(),
         ),
         (
             "vocabulary (data.tokenizer)",
@@ -270,9 +281,9 @@ pub fn load_weights(
 
 /// Restores a trainer completely (weights, optimizer moments, step, scaler).
 pub fn load_into(trainer: &mut Trainer, ckpt: &Path) -> Result<()> {
-    let vocab = trainer.model.cfg.vocab;
+    let vocab = trainer.vocab;
     let model_cfg = trainer.cfg.model.clone();
-    let meta = load_weights(ckpt, &mut trainer.model, &model_cfg, vocab)?;
+    let meta = load_weights(ckpt, trainer.model.as_mut(), &model_cfg, vocab)?;
     let names: Vec<String> = trainer
         .model
         .params()

@@ -20,7 +20,6 @@ use crate::data::{self, Batch, DataSpec, Prefetcher};
 use crate::engine::device::DeviceRequest;
 use crate::engine::{self, Device, MemoryPool};
 use crate::error::{KilnError, Result};
-use crate::models::Model;
 use metrics::{MetricsWriter, Progress, format_bytes, format_duration};
 use serde::Serialize;
 use std::fs;
@@ -134,6 +133,9 @@ struct TrainRecord {
     #[serde(skip_serializing_if = "Option::is_none")]
     mem_host_optimizer: Option<usize>,
     elapsed_s: f64,
+    /// Mixture-of-experts routing of this step: slots, dropped slots, per-expert load, aux loss.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    moe: Option<crate::models::RoutingStats>,
 }
 
 /// A pass that ran out of memory and the smaller one the run continues with.
@@ -295,6 +297,7 @@ pub fn run(opts: RunOptions) -> Result<Summary> {
                 mem_reserved: mem.reserved,
                 mem_host_optimizer: host.map(|h| h.current),
                 elapsed_s: started.elapsed().as_secs_f64(),
+                moe: report.routing.clone(),
             })?;
             window = (Instant::now(), 0);
         }
@@ -375,19 +378,28 @@ fn with_checkpoint_note(e: KilnError, last: &Option<PathBuf>) -> KilnError {
             what,
             step,
             value,
-            kept: match last {
-                Some(p) => format!("the last good checkpoint is kept at {}", p.display()),
-                None => "no checkpoint had been written yet".into(),
-            },
+            kept: checkpoint_note(last),
+        },
+        KilnError::LayerNonFinite { step, source, .. } => KilnError::LayerNonFinite {
+            step,
+            source,
+            kept: checkpoint_note(last),
         },
         other => other,
+    }
+}
+
+fn checkpoint_note(last: &Option<PathBuf>) -> String {
+    match last {
+        Some(p) => format!("the last good checkpoint is kept at {}", p.display()),
+        None => "no checkpoint had been written yet".into(),
     }
 }
 
 /// A trained model read back from a run directory, for evaluation and generation.
 pub struct LoadedRun {
     pub config: crate::config::Config,
-    pub model: crate::models::gpt::Gpt,
+    pub model: Box<dyn crate::models::Model>,
     pub step: u64,
     pub checkpoint: PathBuf,
 }
@@ -416,7 +428,7 @@ pub fn load_run(run_dir: &Path) -> Result<LoadedRun> {
         Precision::Fp32,
     )?;
     let mut model = trainer.model;
-    let meta = checkpoint::load_weights(&ckpt, &mut model, &config.model, vocab)?;
+    let meta = checkpoint::load_weights(&ckpt, model.as_mut(), &config.model, vocab)?;
     Ok(LoadedRun {
         config,
         model,

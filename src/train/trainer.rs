@@ -9,8 +9,7 @@ use crate::config::Config;
 use crate::data::Batch;
 use crate::engine::{self, EngineError, MemoryPool};
 use crate::error::{KilnError, Result};
-use crate::models::gpt::{Gpt, GptConfig};
-use crate::models::{Model, Recompute, StepPrecision};
+use crate::models::{self, Model, Recompute, RoutingStats, StepPrecision};
 use crate::optim::adamw::{AdamW, AdamWConfig, OFFLOAD_CHUNK};
 use crate::optim::schedule::CosineSchedule;
 use crate::optim::{clip_coefficient, grad_sum_squares};
@@ -29,7 +28,7 @@ pub struct TrainState {
 }
 
 /// What one call to [`Trainer::step`] did.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct StepReport {
     /// Mean loss per token over the global batch.
     pub loss: f64,
@@ -39,11 +38,14 @@ pub struct StepReport {
     pub skipped: bool,
     pub loss_scale: f64,
     pub tokens: u64,
+    /// Mixture-of-experts routing over the step's micro-batches (models that have it).
+    pub routing: Option<RoutingStats>,
 }
 
 pub struct Trainer {
     pub cfg: Config,
-    pub model: Gpt,
+    pub model: Box<dyn Model>,
+    pub vocab: usize,
     pub opt: AdamW,
     pub precision: Precision,
     pub schedule: CosineSchedule,
@@ -61,16 +63,7 @@ impl Trainer {
         precision: Precision,
     ) -> Result<Trainer> {
         let pool = pool.clone();
-        let m = &cfg.model;
-        let gpt = GptConfig {
-            vocab,
-            d_model: m.d_model,
-            n_layers: m.n_layers,
-            n_heads: m.n_heads,
-            context: m.context,
-            tied_head: m.tied_head,
-        };
-        let mut model = Gpt::new(&pool, gpt, cfg.train.seed)?;
+        let mut model = models::build(&cfg.model, vocab, &pool, cfg.train.seed)?;
         Recompute::from_setting(&cfg.train.recompute)
             .and_then(|policy| model.set_recompute(policy))
             .map_err(KilnError::Setting)?;
@@ -107,6 +100,7 @@ impl Trainer {
         Ok(Trainer {
             cfg: cfg.clone(),
             model,
+            vocab,
             opt,
             precision,
             schedule: CosineSchedule {
@@ -153,14 +147,7 @@ impl Trainer {
             let err = match self.accumulate_passes(micro) {
                 Ok(loss) => return Ok(loss),
                 Err(e) if e.is_out_of_memory() => e,
-                // The layer named itself; the step is the trainer's to add.
-                Err(e @ EngineError::NonFinite { .. }) => {
-                    return Err(KilnError::LayerNonFinite {
-                        step: self.state.step + 1,
-                        source: e,
-                    });
-                }
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(self.layer_non_finite(e)),
             };
             // The failed attempt's tensors are dropped by now; give the device back what its
             // allocator caches too, so the retry is not refused by fragmentation.
@@ -182,6 +169,8 @@ impl Trainer {
         for p in self.model.params_mut() {
             p.grad.fill_zero()?;
         }
+        // Statistics of a step that failed part-way are not this step's.
+        self.model.take_routing_stats();
         let tokens: usize = micro.iter().map(|b| b.inputs.len()).sum();
         let p = StepPrecision {
             grad_scale: (self.loss_scale() / tokens as f64) as f32,
@@ -207,6 +196,7 @@ impl Trainer {
     pub fn step(&mut self, micro: &[Batch]) -> Result<StepReport> {
         let tokens: u64 = micro.iter().map(|b| b.inputs.len() as u64).sum();
         let loss = self.accumulate(micro)? / tokens as f64;
+        let routing = self.model.take_routing_stats();
         let step = self.state.step;
         if !loss.is_finite() {
             return Err(self.non_finite("loss", loss));
@@ -225,6 +215,7 @@ impl Trainer {
                     skipped: true,
                     loss_scale: scale,
                     tokens,
+                    routing,
                 });
             }
         } else if !grad_norm.is_finite() {
@@ -244,6 +235,7 @@ impl Trainer {
             skipped: false,
             loss_scale: scale,
             tokens,
+            routing,
         })
     }
 
@@ -253,6 +245,18 @@ impl Trainer {
             step: self.state.step + 1,
             value,
             kept: "no checkpoint was written for this step".into(),
+        }
+    }
+
+    /// A layer that met inf/NaN names itself; this adds the step it happened at.
+    fn layer_non_finite(&self, e: EngineError) -> KilnError {
+        match e {
+            e @ EngineError::NonFinite { .. } => KilnError::LayerNonFinite {
+                step: self.state.step + 1,
+                source: Box::new(e),
+                kept: "no checkpoint was written for this step".into(),
+            },
+            other => other.into(),
         }
     }
 

@@ -12,6 +12,7 @@ pub mod embedding;
 pub mod gelu;
 pub mod gemm;
 pub mod layernorm;
+pub mod rows;
 
 #[cfg(test)]
 pub(crate) mod testutil {

@@ -20,6 +20,7 @@ pub mod loader;
 pub mod nvrtc;
 pub mod pinned;
 mod reduce;
+mod rows;
 
 pub use adamw::AdamWStep;
 pub use bk_core::BkWork;
@@ -282,6 +283,7 @@ const PROGRAMS: &[Program] = &[
     embedding::PROGRAM,
     adamw::PROGRAM,
     reduce::PROGRAM,
+    rows::PROGRAM,
     bk_core::PROGRAM,
 ];
 
