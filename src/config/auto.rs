@@ -99,7 +99,12 @@ fn fit_memory(r: &mut ResolvedConfig, gpu: &GpuView, fit: FitFn) -> Result<(), C
             candidates.push((recompute, offload));
         }
     }
-    let gib = gpu.memory_total as f64 / (1u64 << 30) as f64;
+    let gib = |bytes: usize| bytes as f64 / (1u64 << 30) as f64;
+    // What the plan had to fit: the pool cap when one is set, else the GPU.
+    let room = match super::parse_bytes(&r.config.train.memory_limit) {
+        Ok(Some(limit)) => format!("train.memory_limit ({:.1} GiB)", gib(limit)),
+        _ => format!("{:.0} GiB", gib(gpu.memory_total)),
+    };
     let mut chosen = None;
     for &(recompute, offload) in &candidates {
         let mut trial = r.config.clone();
@@ -125,14 +130,14 @@ fn fit_memory(r: &mut ResolvedConfig, gpu: &GpuView, fit: FitFn) -> Result<(), C
         r.set_derived(
             "train.recompute",
             recompute.into(),
-            format!("{needed} on {gib:.0} GiB"),
+            format!("{needed} in {room}"),
         )?;
     }
     if offload {
         r.set_auto(
             "train.offload_optimizer",
             true,
-            format!("the model does not fit {gib:.0} GiB without it"),
+            format!("the model does not fit {room} without it"),
         )?;
     }
     if micro_open {
@@ -144,7 +149,7 @@ fn fit_memory(r: &mut ResolvedConfig, gpu: &GpuView, fit: FitFn) -> Result<(), C
             "train.micro_batch",
             micro as i64,
             format!(
-                "planner: up to {largest} fit {gib:.0} GiB; largest divisor of global batch {global}"
+                "planner: up to {largest} fit {room}; largest divisor of global batch {global}"
             ),
         )?;
         if r.config.train.global_batch == 0 {
