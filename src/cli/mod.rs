@@ -1,6 +1,7 @@
 //! Command-line interface: one file per subcommand, each a thin layer over the library.
 
 pub mod bench;
+pub mod bench_amp;
 pub mod bench_bk;
 pub mod bench_kernels;
 pub mod eval;
