@@ -569,3 +569,102 @@ fn train_and_bench_run_with_block_recomputation() {
         "{t}"
     );
 }
+
+#[test]
+fn bench_suites_without_a_gpu_write_reports_and_say_what_they_skipped() {
+    // On the GPU machine these suites are run by hand (see the README).
+    if text(&kiln(&["hw"], &[])).contains("no GPU") {
+        let dir = tempfile::tempdir().unwrap();
+        let amp_dir = dir.path().join("amp");
+        let amp = kiln(
+            &[
+                "bench",
+                "amp",
+                "--device",
+                "cpu",
+                "--steps",
+                "2",
+                "--warmup",
+                "1",
+                "--out",
+                amp_dir.to_str().unwrap(),
+            ],
+            &common::tiny_overrides(),
+        );
+        let t = text(&amp);
+        assert!(amp.status.success(), "{t}");
+        assert!(t.contains("skipped: tf32: "), "{t}");
+        assert!(t.contains("wrote "), "{t}");
+        let md = fs::read_to_string(amp_dir.join("report.md")).unwrap();
+        assert!(md.contains("Reproduce: `"), "{md}");
+        assert!(md.contains("bench amp --device cpu"), "{md}");
+        assert!(md.contains("- no GPU: "), "{md}");
+        for f in [
+            "results.json",
+            "tokens_per_s.png",
+            "peak_memory.png",
+            "loss.png",
+        ] {
+            assert!(amp_dir.join(f).is_file(), "{f} missing");
+        }
+
+        let bk_dir = dir.path().join("bk");
+        let bk = kiln(
+            &[
+                "bench",
+                "bk",
+                "--batches",
+                "1,4",
+                "--ns",
+                "64,256",
+                "--reps",
+                "2",
+                "--no-python",
+                "--out",
+                bk_dir.to_str().unwrap(),
+            ],
+            &[],
+        );
+        let t = text(&bk);
+        assert!(bk.status.success(), "{t}");
+        assert!(t.contains("no usable GPU"), "{t}");
+        let md = fs::read_to_string(bk_dir.join("report.md")).unwrap();
+        assert!(md.contains("![BK-Core time against N, batch 4"), "{md}");
+        assert!(bk_dir.join("time_b1.png").is_file());
+    }
+}
+
+#[test]
+fn bench_amp_refuses_an_unknown_mode_and_zero_steps_before_measuring() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("amp");
+    let o = kiln(
+        &[
+            "bench",
+            "amp",
+            "--device",
+            "cpu",
+            "--modes",
+            "fp8",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        &common::tiny_overrides(),
+    );
+    assert_fails(&o, 2, &["fp8", "use fp32, tf32, bf16-mixed or fp16-mixed"]);
+    assert!(!out.exists(), "nothing is written for a refused command");
+    let o = kiln(
+        &[
+            "bench",
+            "amp",
+            "--device",
+            "cpu",
+            "--steps",
+            "0",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        &common::tiny_overrides(),
+    );
+    assert_fails(&o, 2, &["--steps must be at least 1"]);
+}

@@ -83,6 +83,15 @@ pub fn run(a: BenchAmpArgs) -> Result<()> {
             "--modes is empty; name at least one of fp32, tf32, bf16-mixed, fp16-mixed".into(),
         ));
     }
+    // A misspelt mode or a zero step count is refused before anything is measured.
+    for mode in &a.modes {
+        train::Precision::parse(mode)?;
+    }
+    if a.steps == 0 {
+        return Err(KilnError::Setting(
+            "--steps must be at least 1: a benchmark needs a timed step".into(),
+        ));
+    }
     let mut report = Report::new("amp", "Mixed precision: speed, memory and loss", &a.out)?;
     // Which device "auto" means decides the model shape; fp32 opens on every device.
     let (probe_pool, _, _) = train::open_device(&a.device, "fp32")?;
