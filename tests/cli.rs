@@ -631,6 +631,28 @@ fn bench_suites_without_a_gpu_write_reports_and_say_what_they_skipped() {
         let md = fs::read_to_string(bk_dir.join("report.md")).unwrap();
         assert!(md.contains("![BK-Core time against N, batch 4"), "{md}");
         assert!(bk_dir.join("time_b1.png").is_file());
+
+        let dl_dir = dir.path().join("dataloader");
+        let dl = kiln(
+            &[
+                "bench",
+                "dataloader",
+                "--device",
+                "cpu",
+                "--reps",
+                "1",
+                "--steps",
+                "1",
+                "--out",
+                dl_dir.to_str().unwrap(),
+            ],
+            &common::tiny_overrides(),
+        );
+        let t = text(&dl);
+        assert!(dl.status.success(), "{t}");
+        assert!(t.contains("skipped: copy to the device"), "{t}");
+        let md = fs::read_to_string(dl_dir.join("report.md")).unwrap();
+        assert!(md.contains("| training step | every step |"), "{md}");
     }
 }
 

@@ -20,6 +20,8 @@ pub enum BenchCommand {
     /// One model trained in fp32, tf32, bf16-mixed and fp16-mixed: tokens/s, speedup, peak
     /// memory and the loss reached.
     Amp(super::bench_amp::BenchAmpArgs),
+    /// Tokens/s of reading, tokenising, batching and copying, beside a training step's rate.
+    Dataloader(super::bench_dataloader::BenchDataloaderArgs),
 }
 
 #[derive(Args, Debug)]
@@ -53,6 +55,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Kernels(a) => super::bench_kernels::run(a),
         BenchCommand::Bk(a) => super::bench_bk::run(a),
         BenchCommand::Amp(a) => super::bench_amp::run(a),
+        BenchCommand::Dataloader(a) => super::bench_dataloader::run(a),
     }
 }
 

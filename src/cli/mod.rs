@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod bench_amp;
 pub mod bench_bk;
+pub mod bench_dataloader;
 pub mod bench_kernels;
 pub mod eval;
 pub mod generate;
