@@ -653,6 +653,26 @@ fn bench_suites_without_a_gpu_write_reports_and_say_what_they_skipped() {
         assert!(t.contains("skipped: copy to the device"), "{t}");
         let md = fs::read_to_string(dl_dir.join("report.md")).unwrap();
         assert!(md.contains("| training step | every step |"), "{md}");
+
+        let mem_dir = dir.path().join("memory");
+        let mem = kiln(
+            &[
+                "bench",
+                "memory",
+                "--device",
+                "cpu",
+                "--batches",
+                "1,2,4",
+                "--out",
+                mem_dir.to_str().unwrap(),
+            ],
+            &common::tiny_overrides(),
+        );
+        let t = text(&mem);
+        assert!(mem.status.success(), "{t}");
+        let md = fs::read_to_string(mem_dir.join("report.md")).unwrap();
+        assert!(md.contains("## Out-of-memory boundary"), "{md}");
+        assert!(mem_dir.join("peak_by_micro_batch.png").is_file());
     }
 }
 

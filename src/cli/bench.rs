@@ -22,6 +22,9 @@ pub enum BenchCommand {
     Amp(super::bench_amp::BenchAmpArgs),
     /// Tokens/s of reading, tokenising, batching and copying, beside a training step's rate.
     Dataloader(super::bench_dataloader::BenchDataloaderArgs),
+    /// Planned against measured pool peak across micro-batch sizes, and the out-of-memory
+    /// boundary predicted against the one found by trial.
+    Memory(super::bench_memory::BenchMemoryArgs),
 }
 
 #[derive(Args, Debug)]
@@ -56,6 +59,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Bk(a) => super::bench_bk::run(a),
         BenchCommand::Amp(a) => super::bench_amp::run(a),
         BenchCommand::Dataloader(a) => super::bench_dataloader::run(a),
+        BenchCommand::Memory(a) => super::bench_memory::run(a),
     }
 }
 

@@ -5,6 +5,7 @@ pub mod bench_amp;
 pub mod bench_bk;
 pub mod bench_dataloader;
 pub mod bench_kernels;
+pub mod bench_memory;
 pub mod eval;
 pub mod generate;
 pub mod hw;
