@@ -710,3 +710,57 @@ fn bench_amp_refuses_an_unknown_mode_and_zero_steps_before_measuring() {
     );
     assert_fails(&o, 2, &["--steps must be at least 1"]);
 }
+
+#[test]
+fn train_trace_records_the_phases_of_the_chosen_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace.json");
+    let out = kiln(
+        &[
+            "train",
+            "--quiet",
+            "--out",
+            dir.path().join("run").to_str().unwrap(),
+            "--trace",
+            trace.to_str().unwrap(),
+            "--trace-steps",
+            "2..=3",
+        ],
+        &common::with(&["train.steps=4", "train.eval_every=3"]),
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let v: serde_json::Value = serde_json::from_str(&fs::read_to_string(&trace).unwrap()).unwrap();
+    let events = v["traceEvents"].as_array().unwrap();
+    let of = |step: u64| -> Vec<&str> {
+        events
+            .iter()
+            .filter(|e| e["args"]["step"] == step)
+            .map(|e| e["name"].as_str().unwrap())
+            .collect()
+    };
+    assert_eq!(of(2), ["data wait", "forward+backward", "optimizer"]);
+    assert_eq!(
+        of(3),
+        ["data wait", "forward+backward", "optimizer", "eval"]
+    );
+    assert!(of(1).is_empty() && of(4).is_empty());
+    // Phases of a step follow one another on the clock.
+    let step2: Vec<&serde_json::Value> = events.iter().filter(|e| e["args"]["step"] == 2).collect();
+    for w in step2.windows(2) {
+        let end = w[0]["ts"].as_f64().unwrap() + w[0]["dur"].as_f64().unwrap();
+        assert!(w[1]["ts"].as_f64().unwrap() >= end - 1e-3, "{w:?}");
+    }
+
+    let bad = kiln(
+        &[
+            "train",
+            "--quiet",
+            "--trace",
+            trace.to_str().unwrap(),
+            "--trace-steps",
+            "5..5",
+        ],
+        &common::with(&["train.steps=1"]),
+    );
+    assert_fails(&bad, 2, &["--trace-steps", "at least one step"]);
+}
