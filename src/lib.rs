@@ -1,7 +1,8 @@
 //! kiln: a hardware-aware training engine.
 //!
 //! The library is layered; a module uses only the ones listed after it:
-//! `cli` (one file per subcommand) -> `train` (the step, precision, checkpoints, metrics) ->
+//! `cli` (one file per subcommand) -> `report` (benchmark reports: markdown, JSON, PNG
+//! plots) -> `train` (the step, precision, checkpoints, metrics) ->
 //! `models` (GPT) -> `nn` (layers with explicit backward and cost) -> `optim` ->
 //! `data` (corpus, tokenizers, batches) -> `config` -> `hw` (GPU, CPU and RAM detection, probes,
 //! the NVML sampler) -> `engine` (devices, tensors, pools, kernels).
@@ -16,4 +17,5 @@ pub mod models;
 pub mod nn;
 pub mod optim;
 pub mod plan;
+pub mod report;
 pub mod train;

@@ -672,3 +672,198 @@ fn unknown_preset_and_foreign_checkpoint_kind_are_refused() {
         &["model.kind: checkpoint gpt, configured resnet_bk"],
     );
 }
+
+#[test]
+fn bench_suites_without_a_gpu_write_reports_and_say_what_they_skipped() {
+    // On the GPU machine these suites are run by hand (see the README).
+    if text(&kiln(&["hw"], &[])).contains("no GPU") {
+        let dir = tempfile::tempdir().unwrap();
+        let amp_dir = dir.path().join("amp");
+        let amp = kiln(
+            &[
+                "bench",
+                "amp",
+                "--device",
+                "cpu",
+                "--steps",
+                "2",
+                "--warmup",
+                "1",
+                "--out",
+                amp_dir.to_str().unwrap(),
+            ],
+            &common::tiny_overrides(),
+        );
+        let t = text(&amp);
+        assert!(amp.status.success(), "{t}");
+        assert!(t.contains("skipped: tf32: "), "{t}");
+        assert!(t.contains("wrote "), "{t}");
+        let md = fs::read_to_string(amp_dir.join("report.md")).unwrap();
+        assert!(md.contains("Reproduce: `"), "{md}");
+        assert!(md.contains("bench amp --device cpu"), "{md}");
+        assert!(md.contains("- no GPU: "), "{md}");
+        for f in [
+            "results.json",
+            "tokens_per_s.png",
+            "peak_memory.png",
+            "loss.png",
+        ] {
+            assert!(amp_dir.join(f).is_file(), "{f} missing");
+        }
+
+        let bk_dir = dir.path().join("bk");
+        let bk = kiln(
+            &[
+                "bench",
+                "bk",
+                "--batches",
+                "1,4",
+                "--ns",
+                "64,256",
+                "--reps",
+                "2",
+                "--no-python",
+                "--out",
+                bk_dir.to_str().unwrap(),
+            ],
+            &[],
+        );
+        let t = text(&bk);
+        assert!(bk.status.success(), "{t}");
+        assert!(t.contains("no usable GPU"), "{t}");
+        let md = fs::read_to_string(bk_dir.join("report.md")).unwrap();
+        assert!(md.contains("![BK-Core time against N, batch 4"), "{md}");
+        assert!(bk_dir.join("time_b1.png").is_file());
+
+        let dl_dir = dir.path().join("dataloader");
+        let dl = kiln(
+            &[
+                "bench",
+                "dataloader",
+                "--device",
+                "cpu",
+                "--reps",
+                "1",
+                "--steps",
+                "1",
+                "--out",
+                dl_dir.to_str().unwrap(),
+            ],
+            &common::tiny_overrides(),
+        );
+        let t = text(&dl);
+        assert!(dl.status.success(), "{t}");
+        assert!(t.contains("skipped: copy to the device"), "{t}");
+        let md = fs::read_to_string(dl_dir.join("report.md")).unwrap();
+        assert!(md.contains("| training step | every step |"), "{md}");
+
+        let mem_dir = dir.path().join("memory");
+        let mem = kiln(
+            &[
+                "bench",
+                "memory",
+                "--device",
+                "cpu",
+                "--batches",
+                "1,2,4",
+                "--out",
+                mem_dir.to_str().unwrap(),
+            ],
+            &common::tiny_overrides(),
+        );
+        let t = text(&mem);
+        assert!(mem.status.success(), "{t}");
+        let md = fs::read_to_string(mem_dir.join("report.md")).unwrap();
+        assert!(md.contains("## Out-of-memory boundary"), "{md}");
+        assert!(mem_dir.join("peak_by_micro_batch.png").is_file());
+    }
+}
+
+#[test]
+fn bench_amp_refuses_an_unknown_mode_and_zero_steps_before_measuring() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("amp");
+    let o = kiln(
+        &[
+            "bench",
+            "amp",
+            "--device",
+            "cpu",
+            "--modes",
+            "fp8",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        &common::tiny_overrides(),
+    );
+    assert_fails(&o, 2, &["fp8", "use fp32, tf32, bf16-mixed or fp16-mixed"]);
+    assert!(!out.exists(), "nothing is written for a refused command");
+    let o = kiln(
+        &[
+            "bench",
+            "amp",
+            "--device",
+            "cpu",
+            "--steps",
+            "0",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        &common::tiny_overrides(),
+    );
+    assert_fails(&o, 2, &["--steps must be at least 1"]);
+}
+
+#[test]
+fn train_trace_records_the_phases_of_the_chosen_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace.json");
+    let out = kiln(
+        &[
+            "train",
+            "--quiet",
+            "--out",
+            dir.path().join("run").to_str().unwrap(),
+            "--trace",
+            trace.to_str().unwrap(),
+            "--trace-steps",
+            "2..=3",
+        ],
+        &common::with(&["train.steps=4", "train.eval_every=3"]),
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let v: serde_json::Value = serde_json::from_str(&fs::read_to_string(&trace).unwrap()).unwrap();
+    let events = v["traceEvents"].as_array().unwrap();
+    let of = |step: u64| -> Vec<&str> {
+        events
+            .iter()
+            .filter(|e| e["args"]["step"] == step)
+            .map(|e| e["name"].as_str().unwrap())
+            .collect()
+    };
+    assert_eq!(of(2), ["data wait", "forward+backward", "optimizer"]);
+    assert_eq!(
+        of(3),
+        ["data wait", "forward+backward", "optimizer", "eval"]
+    );
+    assert!(of(1).is_empty() && of(4).is_empty());
+    // Phases of a step follow one another on the clock.
+    let step2: Vec<&serde_json::Value> = events.iter().filter(|e| e["args"]["step"] == 2).collect();
+    for w in step2.windows(2) {
+        let end = w[0]["ts"].as_f64().unwrap() + w[0]["dur"].as_f64().unwrap();
+        assert!(w[1]["ts"].as_f64().unwrap() >= end - 1e-3, "{w:?}");
+    }
+
+    let bad = kiln(
+        &[
+            "train",
+            "--quiet",
+            "--trace",
+            trace.to_str().unwrap(),
+            "--trace-steps",
+            "5..5",
+        ],
+        &common::with(&["train.steps=1"]),
+    );
+    assert_fails(&bad, 2, &["--trace-steps", "at least one step"]);
+}

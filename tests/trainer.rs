@@ -78,6 +78,7 @@ fn run_to(
         resume,
         stop_after,
         quiet: true,
+        trace: None,
     })
 }
 

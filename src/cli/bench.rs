@@ -2,8 +2,8 @@
 
 use crate::data::{self, Batch, Corpus};
 use crate::engine::profile;
-use crate::error::Result;
-use crate::train::{self, Trainer};
+use crate::error::{KilnError, Result};
+use crate::train::{self, StepReport, Trainer};
 use clap::{Args, Subcommand};
 use std::time::Instant;
 
@@ -16,6 +16,14 @@ pub enum BenchCommand {
     /// BK-Core forward and backward over batch x N, against the DRAM roofline, cuSPARSE's
     /// batched tridiagonal solve and a PyTorch determinant recurrence.
     Bk(super::bench_bk::BenchBkArgs),
+    /// One model trained in fp32, tf32, bf16-mixed and fp16-mixed: tokens/s, speedup, peak
+    /// memory and the loss reached.
+    Amp(super::bench_amp::BenchAmpArgs),
+    /// Tokens/s of reading, tokenising, batching and copying, beside a training step's rate.
+    Dataloader(super::bench_dataloader::BenchDataloaderArgs),
+    /// Planned against measured pool peak across micro-batch sizes, and the out-of-memory
+    /// boundary predicted against the one found by trial.
+    Memory(super::bench_memory::BenchMemoryArgs),
 }
 
 #[derive(Args, Debug)]
@@ -48,6 +56,9 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Train(a) => bench_train(a),
         BenchCommand::Kernels(a) => super::bench_kernels::run(a),
         BenchCommand::Bk(a) => super::bench_bk::run(a),
+        BenchCommand::Amp(a) => super::bench_amp::run(a),
+        BenchCommand::Dataloader(a) => super::bench_dataloader::run(a),
+        BenchCommand::Memory(a) => super::bench_memory::run(a),
     }
 }
 
@@ -71,29 +82,9 @@ fn bench_train(a: BenchTrainArgs) -> Result<()> {
         cfg.train.seq_len,
         cfg.train.grad_accum,
     );
-    let global = |step: u64| -> Vec<Batch> {
-        (0..k as u64)
-            .map(|m| data::train_batch(&tokens, cfg.train.seed, step, m, b, t))
-            .collect()
-    };
     let cost = trainer.model.cost(b, t);
-    let mut times = Vec::with_capacity(a.steps);
-    for step in 0..(a.steps + 2) as u64 {
-        let batches = global(step);
-        if step == 2 {
-            // Measure the timed steps only: warm-up may have run out of memory and split.
-            profile::reset();
-            pool.reset_peak();
-        }
-        let t0 = Instant::now();
-        trainer.step(&batches)?;
-        if let Ok(g) = pool.cuda() {
-            g.synchronize().map_err(crate::engine::EngineError::from)?;
-        }
-        if step >= 2 {
-            times.push(t0.elapsed().as_secs_f64());
-        }
-    }
+    let timed = timed_steps(&mut trainer, &tokens, 2, a.steps)?;
+    let mut times: Vec<f64> = timed.iter().map(|s| s.seconds).collect();
     times.sort_by(f64::total_cmp);
     let median = times[times.len() / 2];
     let tokens_per_step = (b * t * k) as f64;
@@ -167,8 +158,56 @@ fn bench_train(a: BenchTrainArgs) -> Result<()> {
     Ok(())
 }
 
+/// One timed optimizer step.
+pub(crate) struct TimedStep {
+    pub seconds: f64,
+    pub report: StepReport,
+}
+
+/// Runs `warmup` then `steps` optimizer steps on the batches of `train.seed`, synchronising
+/// the device after each so the wall clock covers the step's work; returns the timed steps.
+/// The pool's peak and the per-op profile are reset after warm-up (which may have run out
+/// of memory and split the micro-batch), so they describe the timed steps only.
+pub(crate) fn timed_steps(
+    trainer: &mut Trainer,
+    tokens: &[u32],
+    warmup: usize,
+    steps: usize,
+) -> Result<Vec<TimedStep>> {
+    if steps == 0 {
+        return Err(KilnError::Setting(
+            "--steps must be at least 1: a benchmark needs a timed step".into(),
+        ));
+    }
+    let cfg = &trainer.cfg.train;
+    let (b, t, k, seed) = (cfg.micro_batch, cfg.seq_len, cfg.grad_accum, cfg.seed);
+    let pool = trainer.pool.clone();
+    let mut out = Vec::with_capacity(steps);
+    for step in 0..(warmup + steps) as u64 {
+        let batches: Vec<Batch> = (0..k as u64)
+            .map(|m| data::train_batch(tokens, seed, step, m, b, t))
+            .collect();
+        if step == warmup as u64 {
+            profile::reset();
+            pool.reset_peak();
+        }
+        let t0 = Instant::now();
+        let report = trainer.step(&batches)?;
+        if let Ok(g) = pool.cuda() {
+            g.synchronize().map_err(crate::engine::EngineError::from)?;
+        }
+        if step >= warmup as u64 {
+            out.push(TimedStep {
+                seconds: t0.elapsed().as_secs_f64(),
+                report,
+            });
+        }
+    }
+    Ok(out)
+}
+
 /// Dense tensor-core peak of known GPUs for the precision's math (datasheet figures, SXM).
-fn dense_peak_flops(name: &str, precision: train::Precision) -> Option<f64> {
+pub(crate) fn dense_peak_flops(name: &str, precision: train::Precision) -> Option<f64> {
     let hopper = name.contains("H100") || name.contains("H200");
     let ampere = name.contains("A100");
     let per_precision = |bf16: f64, tf32: f64, fp32: f64| match precision {

@@ -9,17 +9,18 @@
 //! - the determinant recurrence written plainly in PyTorch (`bench/pytorch_bk.py`), when
 //!   `python3` with torch is there.
 //!
-//! Writes `results.json` (one flat row per size, so plots against N per batch size are a
-//! group-by) and `report.md`, and prints a short table. With no GPU it times the CPU kernel on
+//! Writes `results.json` (one flat row per size), `report.md` and, per batch size, plots of time
+//! and of speedup against N, and prints a short table. With no GPU it times the CPU kernel on
 //! the sizes that finish quickly and lists what it skipped.
 
 use crate::engine::cpu::bk_core::{self as cpu_bk, BkCoeffs, BkShape, Cx};
 use crate::engine::cuda::{BkWork, CudaBackend, CudaError, loader};
 use crate::engine::rng::{Rng, stream};
 use crate::error::{KilnError, Result};
+use crate::report::{LinePlot, Plot, Report, Series, Table};
 use clap::Args;
 use serde::Serialize;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 #[derive(Args, Debug)]
@@ -31,7 +32,7 @@ pub struct BenchBkArgs {
     /// Which GPU (CUDA ordinal).
     #[arg(long, default_value_t = 0)]
     pub gpu: usize,
-    /// Directory for results.json and report.md.
+    /// Directory for report.md, results.json and the plots.
     #[arg(long, default_value = "bench-out/bk")]
     pub out: PathBuf,
     /// Batch sizes (sequences per call).
@@ -73,7 +74,7 @@ struct Row {
     pytorch_nonfinite_fraction: Option<f64>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug)]
 struct Results {
     device: String,
     mode: &'static str,
@@ -90,19 +91,15 @@ const FWD_BYTES: f64 = 12.0;
 const FWDBWD_BYTES: f64 = 12.0 + 16.0;
 
 pub fn run(a: BenchBkArgs) -> Result<()> {
-    std::fs::create_dir_all(&a.out).map_err(|e| KilnError::output(&a.out, e))?;
+    let mut report = Report::new("bk", "BK-Core benchmark", &a.out)?;
     let results = match CudaBackend::new(a.gpu) {
-        Ok(gpu) => run_gpu(&gpu, &a)?,
+        Ok(gpu) => {
+            report.watch_gpu(a.gpu);
+            run_gpu(&gpu, &a)?
+        }
         Err(e) => run_cpu(&a, &e.to_string()),
     };
-    write_outputs(&a.out, &results)?;
-    print_summary(&results);
-    println!(
-        "wrote {} and {}",
-        a.out.join("results.json").display(),
-        a.out.join("report.md").display()
-    );
-    Ok(())
+    write_report(report, results)
 }
 
 fn random(n: usize, rng: &mut Rng, scale: f32) -> Vec<f32> {
@@ -386,29 +383,33 @@ fn pct(x: Option<f64>) -> String {
     x.map_or("-".into(), |v| format!("{:.0}%", 100.0 * v))
 }
 
-fn report_md(r: &Results) -> String {
-    let mut s = format!(
-        "# BK-Core benchmark\n\ndevice: {}  \nmode: {}  \ncopy bandwidth: {}\n\n",
-        r.device,
-        r.mode,
-        r.copy_gbs
-            .map_or("not measured".into(), |g| format!("{g:.0} GB/s"))
-    );
-    s += "Floor bytes per position: forward 12 (read v, write G), forward+backward 28. \
-          Roofline fraction = (bytes / copy bandwidth) / time. Speedups are reference time / \
-          kiln time.\n\n";
-    s += "| batch | N | fwd ms | fwd GB/s | fwd roofline | fwd+bwd ms | fwd+bwd GB/s | fwd+bwd roofline | cuSPARSE ms | vs cuSPARSE | PyTorch fwd ms | vs PyTorch fwd | PyTorch fwd+bwd ms | vs PyTorch fwd+bwd | PyTorch non-finite |\n";
-    s += "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+fn detail_table(r: &Results) -> Table {
+    let mut t = Table::new(&[
+        "batch",
+        "N",
+        "fwd ms",
+        "fwd GB/s",
+        "fwd roofline",
+        "fwd+bwd ms",
+        "fwd+bwd GB/s",
+        "fwd+bwd roofline",
+        "cuSPARSE ms",
+        "vs cuSPARSE",
+        "PyTorch fwd ms",
+        "vs PyTorch fwd",
+        "PyTorch fwd+bwd ms",
+        "vs PyTorch fwd+bwd",
+        "PyTorch non-finite",
+    ]);
     for x in &r.rows {
-        s += &format!(
-            "| {} | {} | {:.4} | {:.0} | {} | {:.4} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
-            x.batch,
-            x.n,
-            x.fwd_ms,
-            x.fwd_gbs,
+        t.row(vec![
+            x.batch.to_string(),
+            x.n.to_string(),
+            format!("{:.4}", x.fwd_ms),
+            format!("{:.0}", x.fwd_gbs),
             pct(x.fwd_roofline_fraction),
-            x.fwdbwd_ms,
-            x.fwdbwd_gbs,
+            format!("{:.4}", x.fwdbwd_ms),
+            format!("{:.0}", x.fwdbwd_gbs),
             pct(x.fwdbwd_roofline_fraction),
             opt(x.cusparse_ms, 4),
             times(x.fwd_speedup_vs_cusparse, 1),
@@ -417,50 +418,121 @@ fn report_md(r: &Results) -> String {
             opt(x.pytorch_fwdbwd_ms, 2),
             times(x.fwdbwd_speedup_vs_pytorch, 0),
             pct(x.pytorch_nonfinite_fraction),
-        );
+        ]);
     }
-    for (title, items) in [("Notes", &r.notes), ("Skipped", &r.skipped)] {
-        if !items.is_empty() {
-            s += &format!("\n## {title}\n\n");
-            for i in items {
-                s += &format!("- {i}\n");
-            }
-        }
-    }
-    s
+    t
 }
 
-fn write_outputs(dir: &Path, r: &Results) -> Result<()> {
-    let json = serde_json::to_string_pretty(r).map_err(|e| KilnError::output(dir, e))?;
-    for (name, text) in [("results.json", json), ("report.md", report_md(r))] {
-        let path = dir.join(name);
-        std::fs::write(&path, text).map_err(|e| KilnError::output(&path, e))?;
+fn summary_table(r: &Results) -> Table {
+    let mut t = Table::new(&[
+        "batch", "N", "fwd ms", "roof", "f+b ms", "roof", "vs cuSP", "vs torch",
+    ]);
+    for x in &r.rows {
+        t.row(vec![
+            x.batch.to_string(),
+            x.n.to_string(),
+            format!("{:.4}", x.fwd_ms),
+            pct(x.fwd_roofline_fraction),
+            format!("{:.4}", x.fwdbwd_ms),
+            pct(x.fwdbwd_roofline_fraction),
+            times(x.fwd_speedup_vs_cusparse, 1),
+            times(x.fwdbwd_speedup_vs_pytorch, 0),
+        ]);
+    }
+    t
+}
+
+type Field = fn(&Row) -> Option<f64>;
+
+/// One series per field over the rows of one batch size, against N; fields a row lacks are
+/// left out, and a series with no points at all is dropped.
+fn series_by_n(rows: &[&Row], fields: &[(&str, Field)]) -> Vec<Series> {
+    fields
+        .iter()
+        .map(|(name, f)| {
+            Series::new(
+                *name,
+                rows.iter()
+                    .filter_map(|r| f(r).map(|v| (r.n as f64, v)))
+                    .collect(),
+            )
+        })
+        .filter(|s| !s.points.is_empty())
+        .collect()
+}
+
+/// Time and speedup against N, one pair of plots per batch size.
+fn add_plots(report: &mut Report, r: &Results) -> Result<()> {
+    let mut batches: Vec<usize> = r.rows.iter().map(|x| x.batch).collect();
+    batches.sort_unstable();
+    batches.dedup();
+    let time_fields: [(&str, Field); 5] = [
+        ("kiln fwd", |x| Some(x.fwd_ms)),
+        ("kiln fwd+bwd", |x| Some(x.fwdbwd_ms)),
+        ("cuSPARSE solve", |x| x.cusparse_ms),
+        ("PyTorch fwd", |x| x.pytorch_fwd_ms),
+        ("PyTorch fwd+bwd", |x| x.pytorch_fwdbwd_ms),
+    ];
+    let speedup_fields: [(&str, Field); 3] = [
+        ("fwd vs cuSPARSE", |x| x.fwd_speedup_vs_cusparse),
+        ("fwd vs PyTorch", |x| x.fwd_speedup_vs_pytorch),
+        ("fwd+bwd vs PyTorch", |x| x.fwdbwd_speedup_vs_pytorch),
+    ];
+    for b in batches {
+        let rows: Vec<&Row> = r.rows.iter().filter(|x| x.batch == b).collect();
+        report.plot(
+            &format!("time_b{b}"),
+            &Plot::Line(LinePlot {
+                title: format!("BK-Core time against N, batch {b} ({})", r.device),
+                x_label: "sequence length N".into(),
+                y_label: "milliseconds".into(),
+                log_x: true,
+                log_y: true,
+                series: series_by_n(&rows, &time_fields),
+            }),
+        )?;
+        let speedups = series_by_n(&rows, &speedup_fields);
+        if !speedups.is_empty() {
+            report.plot(
+                &format!("speedup_b{b}"),
+                &Plot::Line(LinePlot {
+                    title: format!("kiln speedup against N, batch {b}"),
+                    x_label: "sequence length N".into(),
+                    y_label: "reference time / kiln time".into(),
+                    log_x: true,
+                    log_y: true,
+                    series: speedups,
+                }),
+            )?;
+        }
     }
     Ok(())
 }
 
-fn print_summary(r: &Results) {
-    println!("\nBK-Core on {} ({} mode)", r.device, r.mode);
-    println!(
-        "{:>5} {:>5} | {:>9} {:>6} | {:>9} {:>6} | {:>8} | {:>9}",
-        "batch", "N", "fwd ms", "roof", "f+b ms", "roof", "vs cuSP", "vs torch"
-    );
-    for x in &r.rows {
-        println!(
-            "{:>5} {:>5} | {:>9.4} {:>6} | {:>9.4} {:>6} | {:>8} | {:>9}",
-            x.batch,
-            x.n,
-            x.fwd_ms,
-            pct(x.fwd_roofline_fraction),
-            x.fwdbwd_ms,
-            pct(x.fwdbwd_roofline_fraction),
-            times(x.fwd_speedup_vs_cusparse, 1),
-            times(x.fwdbwd_speedup_vs_pytorch, 0),
-        );
+fn write_report(mut report: Report, r: Results) -> Result<()> {
+    report.text(&format!(
+        "device: {}  \nmode: {}  \ncopy bandwidth: {}\n\n\
+         Floor bytes per position: forward 12 (read v, write G), forward+backward 28. \
+         Roofline fraction = (bytes / copy bandwidth) / time. Speedups are reference time / \
+         kiln time.",
+        r.device,
+        r.mode,
+        r.copy_gbs
+            .map_or("not measured".into(), |g| format!("{g:.0} GB/s"))
+    ));
+    report.table(&detail_table(&r));
+    add_plots(&mut report, &r)?;
+    for n in &r.notes {
+        report.note(n.clone());
     }
-    for n in r.notes.iter().chain(&r.skipped) {
-        println!("note: {n}");
+    for s in &r.skipped {
+        report.skip(s.clone());
     }
+    report.result("device", &r.device)?;
+    report.result("mode", r.mode)?;
+    report.result("copy_gbs", r.copy_gbs)?;
+    report.result("rows", &r.rows)?;
+    report.finish(&summary_table(&r))
 }
 
 /// cuSPARSE's batched complex tridiagonal solve, loaded only for this benchmark.
@@ -622,5 +694,63 @@ mod tests {
         assert!(skipped[0].as_str().unwrap().starts_with("B4096 N512"));
         let md = std::fs::read_to_string(dir.path().join("bk/report.md")).unwrap();
         assert!(md.contains("| 8 | 512 |"), "{md}");
+        // One time plot per batch size; no speedup plots without a reference to divide by.
+        for b in [1, 8, 4096] {
+            crate::report::plot::tests::assert_png(&dir.path().join(format!("bk/time_b{b}.png")));
+            assert!(md.contains(&format!("(time_b{b}.png)")), "{md}");
+        }
+        assert!(!dir.path().join("bk/speedup_b1.png").exists());
+    }
+
+    #[test]
+    fn rows_with_references_get_speedup_plots_per_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut rows = Vec::new();
+        for batch in [1, 64] {
+            for n in [128, 512, 2048, 8192] {
+                let s = BkShape {
+                    batch,
+                    n,
+                    causal: false,
+                };
+                let scale = (batch * n) as f64 * 1e-6;
+                let mut r = row_for(s, 0.01 + scale, 0.03 + 3.0 * scale);
+                r.cusparse_ms = Some(0.05 + 4.0 * scale);
+                r.fwd_speedup_vs_cusparse = Some(r.cusparse_ms.unwrap() / r.fwd_ms);
+                merge_pytorch(
+                    std::slice::from_mut(&mut r),
+                    &[PyRow {
+                        batch,
+                        n,
+                        fwd_ms: 0.02 * n as f64,
+                        fwdbwd_ms: 0.05 * n as f64,
+                        nonfinite_fraction: 0.0,
+                    }],
+                );
+                rows.push(r);
+            }
+        }
+        let results = Results {
+            device: "test GPU".into(),
+            mode: "full",
+            copy_gbs: Some(3000.0),
+            notes: vec![],
+            skipped: vec![],
+            rows,
+        };
+        let out = dir.path().join("bk");
+        write_report(
+            Report::new("bk", "BK-Core benchmark", &out).unwrap(),
+            results,
+        )
+        .unwrap();
+        for name in ["time_b1", "time_b64", "speedup_b1", "speedup_b64"] {
+            crate::report::plot::tests::assert_png(&out.join(format!("{name}.png")));
+        }
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap())
+                .unwrap();
+        assert_eq!(json["rows"].as_array().unwrap().len(), 8);
+        assert!(json["rows"][0]["fwd_speedup_vs_pytorch"].as_f64().unwrap() > 1.0);
     }
 }

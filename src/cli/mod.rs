@@ -1,8 +1,11 @@
 //! Command-line interface: one file per subcommand, each a thin layer over the library.
 
 pub mod bench;
+pub mod bench_amp;
 pub mod bench_bk;
+pub mod bench_dataloader;
 pub mod bench_kernels;
+pub mod bench_memory;
 pub mod eval;
 pub mod generate;
 pub mod hw;
@@ -41,7 +44,7 @@ pub enum Command {
     Generate(generate::GenerateArgs),
     /// Plan the memory and FLOPs of a training step and the largest micro-batch that fits.
     Plan(plan::PlanArgs),
-    /// Measure performance (`kiln bench train`).
+    /// Measure performance; most suites write report.md, results.json and plots (`kiln bench <suite>`).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
     /// Check every GPU kernel against its CPU reference (skips, exit 0, with no GPU).

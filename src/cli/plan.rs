@@ -101,23 +101,7 @@ pub fn run(a: PlanArgs) -> Result<()> {
         .check_device(device, target.budget.compute_capability)?;
     target.notes.extend(note);
     let vocab = data::tokenizer_vocab_size(&cfg.data.tokenizer)?;
-    let m = &cfg.model;
-    let base = PlanRequest {
-        model: GptConfig {
-            vocab: plan::padded_vocab(vocab),
-            d_model: m.d_model,
-            n_layers: m.n_layers,
-            n_heads: m.n_heads,
-            context: m.context,
-            tied_head: m.tied_head,
-        },
-        micro_batch: cfg.train.micro_batch,
-        seq_len: cfg.train.seq_len,
-        device,
-        compute: precision.compute_dtype().unwrap_or(DType::F32),
-        recompute: cfg.train.recompute == "blocks",
-        offload_optimizer: cfg.train.offload_optimizer && device != Device::Cpu,
-    };
+    let base = plan_request(&cfg, vocab, precision, device);
     if cfg.train.offload_optimizer && device == Device::Cpu {
         target.notes.push(
             "train.offload_optimizer has no effect on the CPU (host memory is the device)".into(),
@@ -166,6 +150,32 @@ pub fn run(a: PlanArgs) -> Result<()> {
         print_report(&report, &cfg);
     }
     Ok(())
+}
+
+/// The plan of `cfg`'s step on `device` (recomputation as `train.recompute=blocks` asks).
+pub(crate) fn plan_request(
+    cfg: &Config,
+    vocab: usize,
+    precision: Precision,
+    device: Device,
+) -> PlanRequest {
+    let m = &cfg.model;
+    PlanRequest {
+        model: GptConfig {
+            vocab: plan::padded_vocab(vocab),
+            d_model: m.d_model,
+            n_layers: m.n_layers,
+            n_heads: m.n_heads,
+            context: m.context,
+            tied_head: m.tied_head,
+        },
+        micro_batch: cfg.train.micro_batch,
+        seq_len: cfg.train.seq_len,
+        device,
+        compute: precision.compute_dtype().unwrap_or(DType::F32),
+        recompute: cfg.train.recompute == "blocks",
+        offload_optimizer: cfg.train.offload_optimizer && device != Device::Cpu,
+    }
 }
 
 /// The named GPU, this machine's GPU, or the CPU with its RAM.
@@ -298,7 +308,7 @@ fn find_batch(
 
 /// Builds a trainer with micro-batch `b` and runs one optimizer step on synthetic tokens;
 /// everything it allocated is freed on return.
-fn trial_step(
+pub(crate) fn trial_step(
     cfg: &Config,
     vocab: usize,
     precision: Precision,

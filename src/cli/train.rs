@@ -1,6 +1,6 @@
 //! `kiln train`: resolve the configuration, train, print the summary.
 
-use crate::error::Result;
+use crate::error::{KilnError, Result};
 use crate::train::{self, RunOptions};
 use clap::Args;
 use std::path::PathBuf;
@@ -46,11 +46,26 @@ pub struct TrainArgs {
     #[arg(long, short)]
     pub quiet: bool,
     /// Overrides on dotted keys, e.g. train.steps=100 optim.lr=1e-3 data.tokenizer=gpt2.
+    /// Write a Chrome trace (open it in Perfetto) of the phases of the steps in
+    /// --trace-steps: data wait, forward+backward, optimizer, eval, checkpoint. The device is
+    /// synchronised at each phase boundary of those steps only.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
+    /// Steps to trace, A..B (A to B-1) or A..=B, counted from 1.
+    #[arg(long, value_name = "A..B", default_value = "2..=4", requires = "trace")]
+    pub trace_steps: String,
     #[arg(value_name = "KEY=VALUE")]
     pub overrides: Vec<String>,
 }
 
 pub fn run(a: TrainArgs) -> Result<()> {
+    let trace = match &a.trace {
+        Some(path) => Some(train::trace::TraceOptions {
+            path: path.clone(),
+            steps: train::trace::parse_steps(&a.trace_steps).map_err(KilnError::Setting)?,
+        }),
+        None => None,
+    };
     let file = a
         .config
         .clone()
@@ -78,6 +93,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
         resume: a.resume.is_some(),
         stop_after: a.stop_after,
         quiet: a.quiet,
+        trace,
     })?;
     if run_dir.starts_with(super::RUNS_DIR) {
         super::record_latest_run(&run_dir);

@@ -10,6 +10,7 @@ pub mod metrics;
 pub mod oom;
 pub mod precision;
 pub mod scaler;
+pub mod trace;
 pub mod trainer;
 
 pub use precision::Precision;
@@ -37,6 +38,8 @@ pub struct RunOptions {
     /// spans `train.steps`), to split a run into parts.
     pub stop_after: Option<u64>,
     pub quiet: bool,
+    /// A Chrome trace of the phases of some steps (`kiln train --trace`).
+    pub trace: Option<trace::TraceOptions>,
 }
 
 /// The outcome of a run, also written as `summary.json`.
@@ -229,14 +232,34 @@ pub fn run(opts: RunOptions) -> Result<Summary> {
     let start_step = trainer.state.step;
     trainer.pool.reset_peak();
 
+    let mut tracer = opts.trace.clone().map(trace::Trace::new);
     while trainer.state.step < last {
+        // Steps count from 1 in the trace, as in the progress line.
+        let traced = tracer
+            .as_ref()
+            .filter(|t| t.covers(trainer.state.step + 1))
+            .map(|_| trainer.state.step + 1);
+        trainer.mark_phases = traced.is_some();
+        if traced.is_some() {
+            trainer.synchronize()?;
+        }
+        let data_start = Instant::now();
         let mut micro: Vec<Batch> = Vec::with_capacity(cfg.train.grad_accum);
         for _ in 0..cfg.train.grad_accum {
             micro.push(loader.next()?.2);
         }
+        let step_start = Instant::now();
         let report = trainer
             .step(&micro)
             .map_err(|e| with_checkpoint_note(e, &last_ckpt))?;
+        if let (Some(n), Some(t)) = (traced, tracer.as_mut()) {
+            trainer.synchronize()?;
+            let end = Instant::now();
+            let fb_end = trainer.fwd_bwd_end.take().unwrap_or(end);
+            t.span("data wait", n, data_start, step_start);
+            t.span("forward+backward", n, step_start, fb_end);
+            t.span("optimizer", n, fb_end, end);
+        }
         for split in trainer.passes.take_splits() {
             progress.message(&format!(
                 "step {}: out of memory with {} sequences per forward/backward pass; continuing with {} per pass (same global batch and gradient)",
@@ -305,7 +328,12 @@ pub fn run(opts: RunOptions) -> Result<Summary> {
             continue;
         }
         if every(cfg.train.eval_every, step) || step == last {
+            let eval_start = Instant::now();
             val_loss = trainer.evaluate(&val)?;
+            if let (Some(n), Some(t)) = (traced, tracer.as_mut()) {
+                trainer.synchronize()?;
+                t.span("eval", n, eval_start, Instant::now());
+            }
             metrics.write(&EvalRecord {
                 kind: "eval",
                 step,
@@ -318,8 +346,16 @@ pub fn run(opts: RunOptions) -> Result<Summary> {
             ));
         }
         if every(cfg.train.checkpoint_every, step) || step == last {
+            let ckpt_start = Instant::now();
             last_ckpt = Some(checkpoint::save(&trainer, run_dir)?);
+            if let (Some(n), Some(t)) = (traced, tracer.as_mut()) {
+                t.span("checkpoint", n, ckpt_start, Instant::now());
+            }
         }
+    }
+    trainer.mark_phases = false;
+    if let Some(t) = &tracer {
+        t.write()?;
     }
     progress.finish();
     if let Some(s) = sampler {

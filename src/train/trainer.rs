@@ -15,6 +15,7 @@ use crate::optim::schedule::CosineSchedule;
 use crate::optim::{clip_coefficient, grad_sum_squares};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
+use std::time::Instant;
 
 /// Everything besides tensors that a resumed run needs to continue exactly.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -53,6 +54,10 @@ pub struct Trainer {
     pub pool: Arc<MemoryPool>,
     /// Rows per forward/backward pass, smaller than the micro-batch after memory ran out.
     pub passes: PassSize,
+    /// When set (by a trace), [`Trainer::step`] synchronises the device after the forward
+    /// and backward passes and records the time in `fwd_bwd_end`.
+    pub mark_phases: bool,
+    pub fwd_bwd_end: Option<Instant>,
 }
 
 impl Trainer {
@@ -117,6 +122,8 @@ impl Trainer {
             },
             pool,
             passes: PassSize::default(),
+            mark_phases: false,
+            fwd_bwd_end: None,
         })
     }
 
@@ -197,6 +204,10 @@ impl Trainer {
         let tokens: u64 = micro.iter().map(|b| b.inputs.len() as u64).sum();
         let loss = self.accumulate(micro)? / tokens as f64;
         let routing = self.model.take_routing_stats();
+        if self.mark_phases {
+            self.synchronize()?;
+            self.fwd_bwd_end = Some(Instant::now());
+        }
         let step = self.state.step;
         if !loss.is_finite() {
             return Err(self.non_finite("loss", loss));
@@ -237,6 +248,14 @@ impl Trainer {
             tokens,
             routing,
         })
+    }
+
+    /// Waits for the device's queued work (nothing to wait for on the CPU).
+    pub fn synchronize(&self) -> Result<()> {
+        if let Ok(g) = self.pool.cuda() {
+            g.synchronize().map_err(crate::engine::EngineError::from)?;
+        }
+        Ok(())
     }
 
     fn non_finite(&self, what: &'static str, value: f64) -> KilnError {

@@ -1,0 +1,154 @@
+//! A Chrome trace (the JSON that Perfetto and chrome://tracing open) of the phases of chosen
+//! training steps: data wait, forward+backward, optimizer, eval and checkpoint, on the wall
+//! clock. Inside traced steps the device is synchronised at every phase boundary, so a phase's
+//! span covers its GPU work; steps outside the range run unsynchronised.
+
+use crate::error::{KilnError, Result};
+use serde::Serialize;
+use std::ops::Range;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// Where to write the trace and which optimizer steps (1-based, end exclusive) to record.
+#[derive(Debug, Clone)]
+pub struct TraceOptions {
+    pub path: PathBuf,
+    pub steps: Range<u64>,
+}
+
+/// Parses `A..B` (steps A to B-1) or `A..=B`.
+pub fn parse_steps(s: &str) -> std::result::Result<Range<u64>, String> {
+    let bad = || {
+        format!("--trace-steps {s:?}: expected A..B, such as 10..20 (steps 10 to 19) or 10..=20")
+    };
+    let (a, b, inclusive) = match s.split_once("..=") {
+        Some((a, b)) => (a, b, true),
+        None => {
+            let (a, b) = s.split_once("..").ok_or_else(bad)?;
+            (a, b, false)
+        }
+    };
+    let a: u64 = a.trim().parse().map_err(|_| bad())?;
+    let b: u64 = b.trim().parse().map_err(|_| bad())?;
+    let end = if inclusive { b + 1 } else { b };
+    if a == 0 || end <= a {
+        return Err(format!(
+            "--trace-steps {s:?}: steps count from 1 and the range must hold at least one step"
+        ));
+    }
+    Ok(a..end)
+}
+
+#[derive(Serialize)]
+struct Event {
+    name: &'static str,
+    cat: &'static str,
+    ph: &'static str,
+    /// Microseconds since the trace began.
+    ts: f64,
+    dur: f64,
+    pid: u32,
+    tid: u32,
+    args: Args,
+}
+
+#[derive(Serialize)]
+struct Args {
+    step: u64,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct File<'a> {
+    trace_events: &'a [Event],
+    display_time_unit: &'static str,
+}
+
+/// The spans recorded so far.
+pub struct Trace {
+    opts: TraceOptions,
+    epoch: Instant,
+    events: Vec<Event>,
+}
+
+impl Trace {
+    pub fn new(opts: TraceOptions) -> Trace {
+        Trace {
+            opts,
+            epoch: Instant::now(),
+            events: Vec::new(),
+        }
+    }
+
+    /// Whether optimizer step `step` (1-based) is traced.
+    pub fn covers(&self, step: u64) -> bool {
+        self.opts.steps.contains(&step)
+    }
+
+    pub fn span(&mut self, name: &'static str, step: u64, start: Instant, end: Instant) {
+        let us = |t: Instant| t.saturating_duration_since(self.epoch).as_secs_f64() * 1e6;
+        self.events.push(Event {
+            name,
+            cat: "step",
+            ph: "X",
+            ts: us(start),
+            dur: us(end) - us(start),
+            pid: 1,
+            tid: 1,
+            args: Args { step },
+        });
+    }
+
+    /// Writes the trace file.
+    pub fn write(&self) -> Result<()> {
+        let path = &self.opts.path;
+        let json = serde_json::to_string(&File {
+            trace_events: &self.events,
+            display_time_unit: "ms",
+        })
+        .map_err(|e| KilnError::output(path, e))?;
+        std::fs::write(path, json).map_err(|e| KilnError::output(path, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn step_ranges_parse_and_bad_ones_say_the_form() {
+        assert_eq!(parse_steps("10..20"), Ok(10..20));
+        assert_eq!(parse_steps("3..=4"), Ok(3..5));
+        for bad in ["10", "a..b", "5..5", "0..3"] {
+            let e = parse_steps(bad).unwrap_err();
+            assert!(e.contains("--trace-steps"), "{e}");
+        }
+    }
+
+    #[test]
+    fn spans_become_complete_events_in_microseconds() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.json");
+        let mut t = Trace::new(TraceOptions {
+            path: path.clone(),
+            steps: 2..3,
+        });
+        assert!(t.covers(2) && !t.covers(3) && !t.covers(1));
+        let start = t.epoch + std::time::Duration::from_millis(5);
+        t.span(
+            "optimizer",
+            2,
+            start,
+            start + std::time::Duration::from_micros(250),
+        );
+        t.write().unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let e = &v["traceEvents"][0];
+        assert_eq!(e["ph"], "X");
+        assert_eq!(e["name"], "optimizer");
+        assert!((e["ts"].as_f64().unwrap() - 5000.0).abs() < 1e-6);
+        assert!((e["dur"].as_f64().unwrap() - 250.0).abs() < 1e-6);
+        assert_eq!(e["args"]["step"], 2);
+    }
+}
