@@ -97,15 +97,24 @@ __device__ __forceinline__ Aff shfl(Aff m, int d, bool rev) {
     return m;
 }
 
-// Exclusive warp scan: lane k gets the composition of the lanes before it (after it when
-// `rev`), the nearest applied last. Every lane of the warp must call it.
-template <typename T> __device__ T warp_scan_excl(T x, int lane, bool rev) {
+// Inclusive warp scan: lane k gets the composition of itself and the lanes before it (after
+// it when `rev`), the nearest applied last. Every lane of the warp must call it.
+template <typename T> __device__ T warp_scan_incl(T x, int lane, bool rev) {
     for (int d = 1; d < 32; d <<= 1) {
         const T y = shfl(x, d, rev);
         if (rev ? lane + d < 32 : lane >= d) x = combine(x, y);
     }
-    const T e = shfl(x, 1, rev);
-    return (rev ? lane == 31 : lane == 0) ? identity_of(x) : e;
+    return x;
+}
+
+// The exclusive form of an inclusive scan: each lane takes its predecessor's value.
+template <typename T> __device__ T warp_excl_of(T incl, int lane, bool rev) {
+    const T e = shfl(incl, 1, rev);
+    return (rev ? lane == 31 : lane == 0) ? identity_of(incl) : e;
+}
+
+template <typename T> __device__ T warp_scan_excl(T x, int lane, bool rev) {
+    return warp_excl_of(warp_scan_incl(x, lane, rev), lane, rev);
 }
 
 // The coefficients of one call.
@@ -203,9 +212,13 @@ extern "C" __global__ void bk_scan_maps(float* enter, const float* maps, int bat
     }
 }
 
-// The first pivot of a chunk from the entering pair of its neighbour: x - p * den / num.
+// The first pivot of a chunk from the entering pair (num, den) of its neighbour:
+// s - p * den / num.
+__device__ __forceinline__ cx enter_pivot(cx s, float p, cx num, cx den) {
+    return sub(s, scl(cdiv(den, num), p));
+}
 __device__ __forceinline__ cx first_pivot(cx s, float p, const float* pair) {
-    return sub(s, scl(cdiv(ld2(pair + 2), ld2(pair)), p));
+    return enter_pivot(s, p, ld2(pair), ld2(pair + 2));
 }
 
 // out[(seq*n + i)*2 + {0,1}] = G_ii. The r pivots pass through `out` (the thread's own
@@ -378,4 +391,116 @@ extern "C" __global__ void bk_backward_final(float* dv, float* zpart, float* bpa
     }
     zpart[ch.id * 2] = -sum.x;
     zpart[ch.id * 2 + 1] = sum.y;
+}
+
+
+// ---- Fused forward: one launch, 12 bytes of DRAM traffic per position ----
+//
+// A team of `tw` warps owns one sequence (several teams per block when N is small). The team
+// stages v (and the block the products p = b c) in shared memory with coalesced loads; each
+// thread takes `chunk` consecutive positions, builds its chunk's r and q Moebius maps, a
+// team-wide scan gives every chunk its entering pivots, the sweeps write G into shared memory
+// and the team stores it with coalesced 8-byte stores. Shared arrays are indexed through
+// `pad`, one spare slot per 32, so the threads of a warp walking their chunks in step hit
+// distinct banks.
+
+__device__ __forceinline__ int pad(int i) { return i + (i >> 5); }
+
+__device__ __forceinline__ void store_mob(float* p, const Mob& m) {
+    st2(p, m.a); st2(p + 2, m.b); st2(p + 4, m.c); st2(p + 6, m.d);
+}
+
+// Exclusive scan across the `tw` warps of a team (lane order, reversed when `rev`), the
+// nearest map applied last. Holds two barriers: every thread of the block must call it the
+// same number of times. `tot` holds 16 floats per warp of the block.
+__device__ Mob team_scan_excl(Mob x, int lane, int warp, int tw, float* tot, bool rev) {
+    const Mob incl = warp_scan_incl(x, lane, rev);
+    if (lane == (rev ? 0 : 31)) store_mob(tot + warp * 16, incl);
+    __syncthreads();
+    const int first = warp - warp % tw;
+    Mob pre = mob_id();
+    if (rev) {
+        for (int j = first + tw - 1; j > warp; --j) pre = combine(load_mob(tot + j * 16), pre);
+    } else {
+        for (int j = first; j < warp; ++j) pre = combine(load_mob(tot + j * 16), pre);
+    }
+    __syncthreads();  // `tot` is free again for the next scan
+    return combine(warp_excl_of(incl, lane, rev), pre);
+}
+
+// out[(seq*n + i)*2 + {0,1}] = G_ii as bk_forward, in one launch. blockDim.x is a multiple
+// of 32 * tw; chunk * 32 * tw >= n. Dynamic shared memory (bytes): teams * P * 12
+// + (has_off ? P * 4 : 0) + (blockDim.x / 32) * 64, with P = pad(n - 1) + 1.
+extern "C" __global__ void __launch_bounds__(512)
+bk_forward_fused(float* out, unsigned int* nonfinite, const float* v, const float* z, const float* b,
+                 const float* c, int has_off, int batch, int n, int causal, int tw, int chunk) {
+    extern __shared__ float2 bk_smem[];
+    const int P = pad(n - 1) + 1;
+    const int team_threads = 32 * tw;
+    const int teams = blockDim.x / team_threads;
+    const int team = threadIdx.x / team_threads;
+    const int t = threadIdx.x % team_threads;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int seq = blockIdx.x * teams + team;
+    const bool active = seq < batch;
+    const long long base = (long long)seq * n;
+    float2* sr = bk_smem + team * P;
+    float* sv = (float*)(bk_smem + teams * P) + team * P;
+    float* sp = (float*)(bk_smem + teams * P) + teams * P;
+    float* tot = sp + (has_off ? P : 0);
+    const float zr = z[0], zi = z[1];
+
+    if (active)
+        for (int i = t; i < n; i += team_threads) sv[pad(i)] = v[base + i];
+    if (has_off)
+        for (int i = threadIdx.x; i < n - 1; i += blockDim.x) sp[pad(i)] = b[i] * c[i];
+    __syncthreads();
+
+    // p_i, zero outside [0, n - 1) (no neighbour); s_i.
+    auto p = [&](int i) -> float {
+        if (i < 0 || i >= n - 1) return 0.0f;
+        return has_off ? sp[pad(i)] : 1.0f;
+    };
+    auto s = [&](int i) -> cx { return mk(-2.0f + sv[pad(i)] - zr, -zi); };
+
+    // Teams past the batch keep empty chunks: identity maps, no memory touched.
+    const int lo = active ? min(t * chunk, n) : 0;
+    const int hi = active ? min(lo + chunk, n) : 0;
+
+    Mob r = mob_id();
+    for (int i = lo; i < hi; ++i) r = step(r, s(i), p(i - 1));
+    r = team_scan_excl(r, lane, warp, tw, tot, false);
+    Mob q = mob_id();
+    if (!causal) {
+        for (int i = hi - 1; i >= lo; --i) q = step(q, s(i), p(i));
+        q = team_scan_excl(q, lane, warp, tw, tot, true);
+    }
+
+    bool bad = false;
+    if (lo < hi) {
+        cx rr = enter_pivot(s(lo), p(lo - 1), r.a, r.c);
+        for (int i = lo; i < hi; ++i) {
+            if (i > lo) rr = sub(s(i), scl(rcp(rr), p(i - 1)));
+            const cx g = causal ? rcp(rr) : rr;  // full mode: r, until the q sweep below
+            if (causal) bad |= !(is_finite(g.x) && is_finite(g.y));
+            sr[pad(i)] = make_float2(g.x, g.y);
+        }
+        if (!causal) {
+            cx qq = enter_pivot(s(hi - 1), p(hi - 1), q.a, q.c);
+            for (int i = hi - 1; i >= lo; --i) {
+                const cx si = s(i);
+                if (i < hi - 1) qq = sub(si, scl(rcp(qq), p(i)));
+                const float2 ri = sr[pad(i)];
+                const cx g = rcp(sub(add(mk(ri.x, ri.y), qq), si));
+                bad |= !(is_finite(g.x) && is_finite(g.y));
+                sr[pad(i)] = make_float2(g.x, g.y);
+            }
+        }
+    }
+    if (bad) atomicOr(nonfinite, 1u);
+    __syncthreads();
+    if (active) {
+        float2* o = (float2*)out + base;
+        for (int i = t; i < n; i += team_threads) o[i] = sr[pad(i)];
+    }
 }

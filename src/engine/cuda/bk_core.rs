@@ -4,7 +4,7 @@
 
 use super::{CudaBackend, Program, Result, as_i32, check_len};
 use crate::engine::cpu::bk_core::BkShape;
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg, sys::CUfunction_attribute};
 
 pub(super) const PROGRAM: Program = Program {
     name: "bk_core",
@@ -16,6 +16,7 @@ pub(super) const PROGRAM: Program = Program {
         "bk_backward_local",
         "bk_scan_affine",
         "bk_backward_final",
+        "bk_forward_fused",
     ],
 };
 
@@ -24,6 +25,49 @@ const CHUNK: usize = 32;
 const CHUNK_BLOCK: u32 = 256;
 /// Warps per block of the per-sequence scans.
 const SCAN_WARPS: u32 = 4;
+
+/// Largest chunk the fused forward aims for: short serial sweeps, a team of at most
+/// `FUSED_MAX_WARPS` warps per sequence.
+const FUSED_CHUNK: usize = 16;
+const FUSED_MAX_WARPS: usize = 16;
+/// Threads per block of the fused forward when its teams are smaller (several sequences).
+const FUSED_MIN_BLOCK: usize = 256;
+
+/// Launch geometry of the fused forward for one shape (see `bk_forward_fused` in the `.cu`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Fused {
+    /// Warps per sequence.
+    team_warps: usize,
+    /// Positions per thread.
+    chunk: usize,
+    block: usize,
+    /// Sequences per block.
+    teams: usize,
+    shared_bytes: usize,
+}
+
+impl Fused {
+    fn plan(n: usize, has_off: bool) -> Fused {
+        let team_warps = n
+            .div_ceil(32 * FUSED_CHUNK)
+            .next_power_of_two()
+            .min(FUSED_MAX_WARPS);
+        let team = 32 * team_warps;
+        let block = team.max(FUSED_MIN_BLOCK);
+        let teams = block / team;
+        // `pad(n - 1) + 1` slots per staged array: one spare per 32 against bank conflicts.
+        let slots = n + (n - 1) / 32;
+        let shared_bytes =
+            teams * slots * 12 + if has_off { slots * 4 } else { 0 } + (block / 32) * 64;
+        Fused {
+            team_warps,
+            chunk: n.div_ceil(team),
+            block,
+            teams,
+            shared_bytes,
+        }
+    }
+}
 
 /// Optional super- and sub-diagonal (ones when absent).
 pub type Offdiag<'a> = Option<(&'a CudaSlice<f32>, &'a CudaSlice<f32>)>;
@@ -85,6 +129,24 @@ fn dims(op: &'static str, s: BkShape, off: &Offdiag) -> Result<(i32, i32, i32, i
     ))
 }
 
+/// The forward's inputs against the shape; returns the kernels' integer arguments.
+fn check_inputs(
+    s: BkShape,
+    v: &CudaSlice<f32>,
+    z: &CudaSlice<f32>,
+    off: Offdiag,
+) -> Result<(i32, i32, i32, i32)> {
+    const OP: &str = "bk_core";
+    let d = dims(OP, s, &off)?;
+    check_len(OP, "v", v, s.batch * s.n)?;
+    check_len(OP, "z", z, 2)?;
+    if let Some((b, c)) = off {
+        check_len(OP, "super-diagonal", b, s.n - 1)?;
+        check_len(OP, "sub-diagonal", c, s.n - 1)?;
+    }
+    Ok(d)
+}
+
 impl CudaBackend {
     /// Scratch for calls of shape `s`.
     pub fn bk_work(&self, s: BkShape) -> Result<BkWork> {
@@ -116,15 +178,8 @@ impl CudaBackend {
         z: &CudaSlice<f32>,
         off: Offdiag,
     ) -> Result<()> {
-        const OP: &str = "bk_core";
         let s = w.shape;
-        let (has_off, batch, n, causal) = dims(OP, s, &off)?;
-        check_len(OP, "v", v, s.batch * s.n)?;
-        check_len(OP, "z", z, 2)?;
-        if let Some((b, c)) = off {
-            check_len(OP, "super-diagonal", b, s.n - 1)?;
-            check_len(OP, "sub-diagonal", c, s.n - 1)?;
-        }
+        let (has_off, batch, n, causal) = check_inputs(s, v, z, off)?;
         // Without off-diagonals the kernels never read b or c; any buffer stands in.
         let (b, c) = off.unwrap_or((v, v));
         let f = self.function("bk_chunk_maps")?;
@@ -158,6 +213,10 @@ impl CudaBackend {
         const OP: &str = "bk_core";
         let s = w.shape;
         check_len(OP, "out", out, 2 * s.batch * s.n)?;
+        let plan = Fused::plan(s.n, off.is_some());
+        if plan.shared_bytes <= self.info.shared_memory_per_block_optin {
+            return self.bk_forward_fused(w, plan, out, v, z, off);
+        }
         self.bk_enter(w, v, z, off)?;
         let (has_off, batch, n, causal) = dims(OP, s, &off)?;
         let (b, c) = off.unwrap_or((v, v));
@@ -173,6 +232,47 @@ impl CudaBackend {
         l.arg(&has_off).arg(&batch).arg(&n).arg(&causal);
         // SAFETY: lengths checked above and in `bk_enter`.
         unsafe { l.launch(chunk_grid(s)) }?;
+        Ok(())
+    }
+
+    /// The one-launch forward for sequences whose working set fits in shared memory.
+    fn bk_forward_fused(
+        &self,
+        w: &mut BkWork,
+        plan: Fused,
+        out: &mut CudaSlice<f32>,
+        v: &CudaSlice<f32>,
+        z: &CudaSlice<f32>,
+        off: Offdiag,
+    ) -> Result<()> {
+        let s = w.shape;
+        let (has_off, batch, n, causal) = check_inputs(s, v, z, off)?;
+        let (b, c) = off.unwrap_or((v, v));
+        const OP: &str = "bk_core";
+        let team_warps = as_i32(OP, "team warps", plan.team_warps)?;
+        let chunk = as_i32(OP, "chunk", plan.chunk)?;
+        let f = self.function("bk_forward_fused")?;
+        // Above 48 KiB a kernel must opt in to its dynamic shared memory.
+        f.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            plan.shared_bytes as i32,
+        )?;
+        let mut l = self.stream.launch_builder(f);
+        l.arg(out).arg(&mut w.nonfinite).arg(v).arg(z).arg(b).arg(c);
+        l.arg(&has_off)
+            .arg(&batch)
+            .arg(&n)
+            .arg(&causal)
+            .arg(&team_warps)
+            .arg(&chunk);
+        let cfg = LaunchConfig {
+            grid_dim: (s.batch.div_ceil(plan.teams) as u32, 1, 1),
+            block_dim: (plan.block as u32, 1, 1),
+            shared_mem_bytes: plan.shared_bytes as u32,
+        };
+        // SAFETY: lengths checked above; the block holds whole teams and gets the shared
+        // memory the kernel's layout needs (`Fused::plan`, within the device's opt-in limit).
+        unsafe { l.launch(cfg) }?;
         Ok(())
     }
 
@@ -312,5 +412,44 @@ impl CudaBackend {
     ) -> Result<()> {
         let mut w = self.bk_work(s)?;
         self.bk_core_backward_with(&mut w, dv, d_out, v, z, off, dz, doff)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A100's opt-in shared memory per block, the smallest of the supported GPUs.
+    const SM80_OPTIN: usize = 163 * 1024;
+
+    #[test]
+    fn fused_plan_covers_every_position_with_whole_teams() {
+        for n in [
+            1, 2, 31, 32, 33, 100, 128, 512, 513, 1000, 2048, 4096, 8192, 8193, 20000,
+        ] {
+            for off in [false, true] {
+                let p = Fused::plan(n, off);
+                let team = 32 * p.team_warps;
+                assert!(p.chunk * team >= n, "n {n}: {p:?} leaves positions out");
+                assert!(p.chunk >= 1 && p.teams >= 1 && p.block == p.teams * team);
+                assert!(
+                    p.block <= 512,
+                    "n {n}: {p:?} exceeds the kernel's launch bound"
+                );
+                assert!(p.team_warps.is_power_of_two() && p.team_warps <= FUSED_MAX_WARPS);
+            }
+        }
+    }
+
+    #[test]
+    fn fused_plan_fits_n_8192_on_every_supported_gpu_and_not_n_20000() {
+        let p = Fused::plan(8192, true);
+        assert_eq!((p.team_warps, p.chunk, p.teams), (16, 16, 1));
+        assert!(p.shared_bytes <= SM80_OPTIN, "{p:?}");
+        // H100 / H200 opt in to 227 KiB: 20000 positions need more, the multi-launch path.
+        assert!(Fused::plan(20000, false).shared_bytes > 227 * 1024);
+        // Short sequences share a block: 8 of 128 positions, 4 positions per thread.
+        let p = Fused::plan(128, false);
+        assert_eq!((p.team_warps, p.chunk, p.teams, p.block), (1, 4, 8, 256));
     }
 }
