@@ -464,11 +464,12 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
         push("attention_forward", "f16", shape.clone(), BOUND_F16, fwd);
         push("attention_backward", "f16", shape, BOUND_F16, bwd);
     }
-    // The fused forward (one team of warps per sequence, staged in shared memory): N = 1,
+    // The fused kernels (one team of warps per sequence, staged in shared memory): N = 1,
     // ragged N (chunks past the end, teams past the batch), several sequences per block (N up
     // to 512), teams of 2, 4, 8 and 16 warps (N = 1000, 2048, 4096, 8192), with and without
-    // off-diagonals; N = 20000 exceeds the shared memory of every supported GPU and takes the
-    // multi-launch path, whose chunk scan then spans more chunks than a warp has lanes.
+    // off-diagonals; N = 20000 is past their limits (the forward's shared memory on every
+    // supported GPU, the backward's 16 positions per thread) and takes the multi-launch path,
+    // whose chunk scan then spans more chunks than a warp has lanes.
     for (batch, n, causal, off) in [
         (3, 1000, false, true),
         (2, 1000, true, true),
