@@ -13,6 +13,7 @@ use crate::config::ResolvedConfig;
 use crate::data;
 use crate::engine::cpu;
 use crate::engine::cpu::attention::AttnShape;
+use crate::engine::cpu::bk_core::BkShape;
 use crate::engine::cuda::{
     self, AdamWStep, Bf16, CudaBackend, CudaError, Elem, F16, GemmMath, LogitRows,
 };
@@ -463,19 +464,34 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
         push("attention_forward", "f16", shape.clone(), BOUND_F16, fwd);
         push("attention_backward", "f16", shape, BOUND_F16, bwd);
     }
-    // Non-uniform off-diagonals; one thread chunk, several, a ragged last chunk, and more
-    // chunks per sequence than a warp has lanes (8192 / 32 = 256).
-    for (batch, n, causal) in [
-        (3, 1000, false),
-        (2, 1000, true),
-        (4, 1, false),
-        (64, 100, false),
-        (5, 37, true),
-        (1, 8192, false),
-        (2, 8192, true),
+    // The fused kernels (one team of warps per sequence, staged in shared memory): N = 1,
+    // ragged N (chunks past the end, teams past the batch), several sequences per block (N up
+    // to 512), teams of 2, 4, 8 and 16 warps (N = 1000, 2048, 4096, 8192), with and without
+    // off-diagonals; N = 20000 is past their limits (the forward's shared memory on every
+    // supported GPU, the backward's 16 positions per thread) and takes the multi-launch path,
+    // whose chunk scan then spans more chunks than a warp has lanes.
+    for (batch, n, causal, off) in [
+        (3, 1000, false, true),
+        (2, 1000, true, true),
+        (4, 1, false, true),
+        (64, 100, false, true),
+        (5, 37, true, true),
+        (9, 128, true, false),
+        (17, 512, false, false),
+        (3, 2048, false, true),
+        (2, 4096, true, false),
+        (1, 8192, false, true),
+        (2, 8192, true, true),
+        (3, 8192, false, false),
+        (1, 20000, false, true),
+        (2, 20000, true, false),
     ] {
-        let shape = format!("B{batch} N{n} {}", if causal { "causal" } else { "full" });
-        let (fwd, bwd) = check_bk_core(gpu, inp, batch, n, causal);
+        let shape = format!(
+            "B{batch} N{n} {}{}",
+            if causal { "causal" } else { "full" },
+            if off { "" } else { " unit off-diag" }
+        );
+        let (fwd, bwd) = check_bk_core(gpu, inp, BkShape { batch, n, causal }, off);
         push("bk_core_forward", "f32", shape.clone(), BOUND_BK, fwd);
         push("bk_core_backward", "f32", shape, BOUND_BK, bwd);
     }
@@ -496,17 +512,17 @@ type Check = std::result::Result<f64, CudaError>;
 /// up to B x N terms, so the bound sits above the elementwise fp32 one.
 const BOUND_BK: f64 = 1e-3;
 
-/// BK-Core forward and backward (with learned z and off-diagonals) against the f64 CPU
-/// reference on the same f32 inputs.
+/// BK-Core forward and backward (with learned z, and learned off-diagonals when `with_off`;
+/// ones otherwise) against the f64 CPU reference on the same f32 inputs.
 fn check_bk_core(
     gpu: &CudaBackend,
     inp: &mut Inputs,
-    batch: usize,
-    n: usize,
-    causal: bool,
+    s: BkShape,
+    with_off: bool,
 ) -> (Check, Check) {
-    use cpu::bk_core::{BkCoeffs, BkShape, Cx};
-    let s = BkShape { batch, n, causal };
+    use cpu::bk_core::{BkCoeffs, Cx};
+    let BkShape { batch, n, .. } = s;
+    let has_off = with_off && n > 1;
     let elems = batch * n;
     let v = inp.uniform(elems, 3.0, DType::F32);
     // At n = 1 there are no off-diagonals; one unused value keeps the buffers non-empty.
@@ -525,7 +541,7 @@ fn check_bk_core(
     );
     let wide = |x: &[f32]| x.iter().map(|&y| y as f64).collect::<Vec<f64>>();
     let (v64, b64, c64) = (wide(&v), wide(&b), wide(&c));
-    let offdiag = (n > 1).then_some((&b64[..n - 1], &c64[..n - 1]));
+    let offdiag = has_off.then_some((&b64[..n - 1], &c64[..n - 1]));
     let k = BkCoeffs {
         z: Cx::new(z[0] as f64, z[1] as f64),
         offdiag,
@@ -538,7 +554,7 @@ fn check_bk_core(
     let fwd = || -> Check {
         let (d_v, d_z) = (gpu.upload(&v)?, gpu.upload(&z)?);
         let (d_b, d_c) = (gpu.upload(&b)?, gpu.upload(&c)?);
-        let off = (n > 1).then_some((&d_b, &d_c));
+        let off = has_off.then_some((&d_b, &d_c));
         let mut d_out = poisoned::<f32>(gpu, 2 * elems)?;
         if !gpu.bk_core_forward(&mut d_out, &d_v, &d_z, off, s)? {
             return Ok(f64::INFINITY);
@@ -555,7 +571,7 @@ fn check_bk_core(
         let mut d_dv = poisoned::<f32>(gpu, elems)?;
         let mut d_dz = gpu.upload(&dz0)?;
         let (mut d_db, mut d_dc) = (gpu.upload(&db0)?, gpu.upload(&dc0)?);
-        let (off, doff) = if n > 1 {
+        let (off, doff) = if has_off {
             (Some((&d_b, &d_c)), Some((&mut d_db, &mut d_dc)))
         } else {
             (None, None)
@@ -569,8 +585,12 @@ fn check_bk_core(
                 .collect()
         };
         let want_dz = plus(&dz0, vec![g.dz.0, g.dz.1]);
-        // Untouched at n = 1 (g.dp is empty), so the starting values come back.
-        let dp = |i: usize, other: &[f64]| g.dp.get(i).map_or(0.0, |d| d * other[i]);
+        // Untouched at n = 1 (g.dp is empty) or without off-diagonals (none are passed), so
+        // the starting values come back.
+        let dp = |i: usize, other: &[f64]| match g.dp.get(i) {
+            Some(d) if has_off => d * other[i],
+            _ => 0.0,
+        };
         let want_db = plus(&db0, (0..m).map(|i| dp(i, &c64)).collect());
         let want_dc = plus(&dc0, (0..m).map(|i| dp(i, &b64)).collect());
         Ok(worst(&[
@@ -585,7 +605,6 @@ fn check_bk_core(
 
 /// A NaN in the potential must raise the forward's non-finite flag (0 = raised).
 fn check_bk_core_flags_nan(gpu: &CudaBackend, inp: &mut Inputs) -> Check {
-    use cpu::bk_core::BkShape;
     let s = BkShape {
         batch: 2,
         n: 300,

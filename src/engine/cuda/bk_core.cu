@@ -2,24 +2,31 @@
 // gradient, in f32 complex arithmetic; reference: engine/cpu/bk_core.rs (same recurrences,
 // same adjoint; the module doc there derives them).
 //
-// Parallel over the sequence as well as the batch: each sequence of N positions is cut into
-// chunks of BK_CHUNK positions, one thread per chunk, so B = 1 still spreads over N / 32
-// threads. The pivot recurrence r_i = s_i - p_{i-1} / r_{i-1} is a Moebius map of r_{i-1},
-// i.e. the 2x2 matrix [[s, -p], [1, 0]] acting on r as a projective pair (num, den), so a
-// chunk's effect composes into one matrix (normalised by a power of two, which is exact and
-// keeps the product in range). The same holds for q from the right, and the adjoint
-// recurrences are affine maps x -> A x + B. Forward:
-//   bk_chunk_maps   one thread per chunk: its r and q matrices
-//   bk_scan_maps    one warp per sequence: scan of the chunk matrices -> each chunk's entering
-//                   r (from the left) and q (from the right), as projective pairs
-//   bk_forward      one thread per chunk: re-runs the plain recurrences from those values
-// Backward: the two first kernels, then
-//   bk_backward_local  pivots into scratch, dbar, and each chunk's affine adjoint maps
-//   bk_scan_affine     one warp per sequence: entering adjoint carries
-//   bk_backward_final  the adjoint sweeps: dv, and per-chunk / per-position partial sums
-//                      of the z and off-diagonal gradients (reduced in a fixed order after)
-// Scratch between kernels is small (a few floats per chunk) or the caller's output buffer,
-// and stays in L2 for the sizes that matter.
+// Parallel over the sequence as well as the batch: each sequence is cut into chunks of
+// consecutive positions, one thread per chunk, so B = 1 still spreads over many threads. The
+// pivot recurrence r_i = s_i - p_{i-1} / r_{i-1} is a Moebius map of r_{i-1}, i.e. the 2x2
+// matrix [[s, -p], [1, 0]] acting on r as a projective pair (num, den), so a chunk's effect
+// composes into one matrix (normalised by a power of two, which is exact and keeps the
+// product in range). The same holds for q from the right, and the adjoint recurrences are
+// affine maps x -> A x + B. A scan of the chunk maps gives each chunk the values entering
+// it, from which the thread re-runs the plain recurrences.
+//
+// Two implementations:
+// - Fused (bk_forward_fused, bk_backward_fused; the end of this file), one launch each: a
+//   team of warps per sequence stages it in shared memory with coalesced accesses and scans
+//   the chunk maps across the team, so DRAM sees only the inputs and outputs (forward: v in,
+//   G out, 12 bytes per position; backward: v and dL/dG in, dv out, 20 bytes). Used while
+//   the sequence fits (shared memory; at most BKF_CHUNK positions per thread backward).
+// - Multi-launch, BK_CHUNK positions per thread, for longer sequences. Forward:
+//     bk_chunk_maps   one thread per chunk: its r and q matrices
+//     bk_scan_maps    one warp per sequence: scan of the chunk matrices -> each chunk's
+//                     entering r (from the left) and q (from the right), as projective pairs
+//     bk_forward      one thread per chunk: re-runs the plain recurrences from those values
+//   Backward: the two first kernels, then
+//     bk_backward_local  pivots into scratch, dbar, and each chunk's affine adjoint maps
+//     bk_scan_affine     one warp per sequence: entering adjoint carries
+//     bk_backward_final  the adjoint sweeps: dv, and per-chunk / per-position partial sums
+//                        of the z and off-diagonal gradients (reduced in a fixed order after)
 
 #define BK_CHUNK 32
 
@@ -97,15 +104,24 @@ __device__ __forceinline__ Aff shfl(Aff m, int d, bool rev) {
     return m;
 }
 
-// Exclusive warp scan: lane k gets the composition of the lanes before it (after it when
-// `rev`), the nearest applied last. Every lane of the warp must call it.
-template <typename T> __device__ T warp_scan_excl(T x, int lane, bool rev) {
+// Inclusive warp scan: lane k gets the composition of itself and the lanes before it (after
+// it when `rev`), the nearest applied last. Every lane of the warp must call it.
+template <typename T> __device__ T warp_scan_incl(T x, int lane, bool rev) {
     for (int d = 1; d < 32; d <<= 1) {
         const T y = shfl(x, d, rev);
         if (rev ? lane + d < 32 : lane >= d) x = combine(x, y);
     }
-    const T e = shfl(x, 1, rev);
-    return (rev ? lane == 31 : lane == 0) ? identity_of(x) : e;
+    return x;
+}
+
+// The exclusive form of an inclusive scan: each lane takes its predecessor's value.
+template <typename T> __device__ T warp_excl_of(T incl, int lane, bool rev) {
+    const T e = shfl(incl, 1, rev);
+    return (rev ? lane == 31 : lane == 0) ? identity_of(incl) : e;
+}
+
+template <typename T> __device__ T warp_scan_excl(T x, int lane, bool rev) {
+    return warp_excl_of(warp_scan_incl(x, lane, rev), lane, rev);
 }
 
 // The coefficients of one call.
@@ -203,9 +219,13 @@ extern "C" __global__ void bk_scan_maps(float* enter, const float* maps, int bat
     }
 }
 
-// The first pivot of a chunk from the entering pair of its neighbour: x - p * den / num.
+// The first pivot of a chunk from the entering pair (num, den) of its neighbour:
+// s - p * den / num.
+__device__ __forceinline__ cx enter_pivot(cx s, float p, cx num, cx den) {
+    return sub(s, scl(cdiv(den, num), p));
+}
 __device__ __forceinline__ cx first_pivot(cx s, float p, const float* pair) {
-    return sub(s, scl(cdiv(ld2(pair + 2), ld2(pair)), p));
+    return enter_pivot(s, p, ld2(pair), ld2(pair + 2));
 }
 
 // out[(seq*n + i)*2 + {0,1}] = G_ii. The r pivots pass through `out` (the thread's own
@@ -378,4 +398,317 @@ extern "C" __global__ void bk_backward_final(float* dv, float* zpart, float* bpa
     }
     zpart[ch.id * 2] = -sum.x;
     zpart[ch.id * 2 + 1] = sum.y;
+}
+
+
+// ---- Fused forward: one launch, 12 bytes of DRAM traffic per position ----
+//
+// A team of `tw` warps owns one sequence (several teams per block when N is small). The team
+// stages v (and the block the products p = b c) in shared memory with coalesced loads; each
+// thread takes `chunk` consecutive positions, builds its chunk's r and q Moebius maps, a
+// team-wide scan gives every chunk its entering pivots, the sweeps write G into shared memory
+// and the team stores it with coalesced 8-byte stores. Shared arrays are indexed through
+// `pad`, one spare slot per 32, so the threads of a warp walking their chunks in step hit
+// distinct banks.
+
+__device__ __forceinline__ int pad(int i) { return i + (i >> 5); }
+
+// A map to and from shared memory (at most 16 floats).
+__device__ __forceinline__ void store_val(float* p, const Mob& m) {
+    st2(p, m.a); st2(p + 2, m.b); st2(p + 4, m.c); st2(p + 6, m.d);
+}
+__device__ __forceinline__ void load_val(const float* p, Mob& m) { m = load_mob(p); }
+__device__ __forceinline__ void store_val(float* p, const Aff& m) { st2(p, m.A); st2(p + 2, m.B); }
+__device__ __forceinline__ void load_val(const float* p, Aff& m) { m = load_aff(p); }
+
+// Exclusive scan across the `tw` warps of a team (lane order, reversed when `rev`), the
+// nearest map applied last. Holds two barriers: every thread of the block must call it the
+// same number of times. `tot` holds 16 floats per warp of the block.
+template <typename T> __device__ T team_scan_excl(T x, int lane, int warp, int tw, float* tot, bool rev) {
+    const T incl = warp_scan_incl(x, lane, rev);
+    if (lane == (rev ? 0 : 31)) store_val(tot + warp * 16, incl);
+    __syncthreads();
+    const int first = warp - warp % tw;
+    T pre = identity_of(x), y;
+    if (rev) {
+        for (int j = first + tw - 1; j > warp; --j) { load_val(tot + j * 16, y); pre = combine(y, pre); }
+    } else {
+        for (int j = first; j < warp; ++j) { load_val(tot + j * 16, y); pre = combine(y, pre); }
+    }
+    __syncthreads();  // `tot` is free again for the next scan
+    return combine(warp_excl_of(incl, lane, rev), pre);
+}
+
+// Where a thread of a fused kernel stands: its team (one sequence) and its chunk [lo, hi).
+struct Team {
+    int tw, team_threads, teams, team, t, lane, warp, seq, lo, hi;
+    bool active;
+    long long base;
+};
+__device__ __forceinline__ Team team_of(int batch, int n, int tw, int chunk) {
+    Team m;
+    m.tw = tw;
+    m.team_threads = 32 * tw;
+    m.teams = blockDim.x / m.team_threads;
+    m.team = threadIdx.x / m.team_threads;
+    m.t = threadIdx.x % m.team_threads;
+    m.lane = threadIdx.x & 31;
+    m.warp = threadIdx.x >> 5;
+    m.seq = blockIdx.x * m.teams + m.team;
+    m.active = m.seq < batch;
+    m.base = (long long)m.seq * n;
+    // Teams past the batch keep empty chunks: identity maps, no memory touched.
+    m.lo = m.active ? min(m.t * chunk, n) : 0;
+    m.hi = m.active ? min(m.lo + chunk, n) : 0;
+    return m;
+}
+
+// The shared coefficients of a fused kernel: s_i from the staged v, p_i from the staged
+// products (zero outside [0, n - 1): no neighbour).
+struct SharedCoef {
+    const float* sv;
+    const float* sp;
+    float zr, zi;
+    int has_off, n;
+    __device__ __forceinline__ cx s(int i) const { return mk(-2.0f + sv[pad(i)] - zr, -zi); }
+    __device__ __forceinline__ float p(int i) const {
+        if (i < 0 || i >= n - 1) return 0.0f;
+        return has_off ? sp[pad(i)] : 1.0f;
+    }
+};
+
+// Stages the team's v and the block's p (coalesced); ends with a barrier.
+__device__ __forceinline__ void stage(const Team& m, float* sv, float* sp, const float* v, const float* b,
+                                      const float* c, int has_off, int n) {
+    if (m.active)
+        for (int i = m.t; i < n; i += m.team_threads) sv[pad(i)] = v[m.base + i];
+    if (has_off)
+        for (int i = threadIdx.x; i < n - 1; i += blockDim.x) sp[pad(i)] = b[i] * c[i];
+    __syncthreads();
+}
+
+// Each chunk's entering pivot pairs: r_{lo-1} in (er.a, er.c), q_hi in (eq.a, eq.c)
+// (`eq` is the identity in causal mode). Barriers inside: call from every thread.
+__device__ __forceinline__ void enter_pairs(const Team& m, const SharedCoef& k, int causal, float* tot, Mob& er,
+                                            Mob& eq) {
+    er = mob_id();
+    for (int i = m.lo; i < m.hi; ++i) er = step(er, k.s(i), k.p(i - 1));
+    er = team_scan_excl(er, m.lane, m.warp, m.tw, tot, false);
+    eq = mob_id();
+    if (!causal) {
+        for (int i = m.hi - 1; i >= m.lo; --i) eq = step(eq, k.s(i), k.p(i));
+        eq = team_scan_excl(eq, m.lane, m.warp, m.tw, tot, true);
+    }
+}
+
+// out[(seq*n + i)*2 + {0,1}] = G_ii as bk_forward, in one launch. blockDim.x is a multiple
+// of 32 * tw; chunk * 32 * tw >= n. Dynamic shared memory (bytes): teams * P * 12
+// + (has_off ? P * 4 : 0) + (blockDim.x / 32) * 64, with P = pad(n - 1) + 1.
+extern "C" __global__ void __launch_bounds__(512)
+bk_forward_fused(float* out, unsigned int* nonfinite, const float* v, const float* z, const float* b,
+                 const float* c, int has_off, int batch, int n, int causal, int tw, int chunk) {
+    extern __shared__ float2 bk_smem[];
+    const int P = pad(n - 1) + 1;
+    const Team m = team_of(batch, n, tw, chunk);
+    float2* sr = bk_smem + m.team * P;
+    float* sv = (float*)(bk_smem + m.teams * P) + m.team * P;
+    float* sp = (float*)(bk_smem + m.teams * P) + m.teams * P;
+    float* tot = sp + (has_off ? P : 0);
+    stage(m, sv, sp, v, b, c, has_off, n);
+    SharedCoef k;
+    k.sv = sv; k.sp = sp; k.zr = z[0]; k.zi = z[1]; k.has_off = has_off; k.n = n;
+    Mob er, eq;
+    enter_pairs(m, k, causal, tot, er, eq);
+
+    const int lo = m.lo, hi = m.hi;
+    bool bad = false;
+    if (lo < hi) {
+        cx rr = enter_pivot(k.s(lo), k.p(lo - 1), er.a, er.c);
+        for (int i = lo; i < hi; ++i) {
+            if (i > lo) rr = sub(k.s(i), scl(rcp(rr), k.p(i - 1)));
+            const cx g = causal ? rcp(rr) : rr;  // full mode: r, until the q sweep below
+            if (causal) bad |= !(is_finite(g.x) && is_finite(g.y));
+            sr[pad(i)] = make_float2(g.x, g.y);
+        }
+        if (!causal) {
+            cx qq = enter_pivot(k.s(hi - 1), k.p(hi - 1), eq.a, eq.c);
+            for (int i = hi - 1; i >= lo; --i) {
+                const cx si = k.s(i);
+                if (i < hi - 1) qq = sub(si, scl(rcp(qq), k.p(i)));
+                const float2 ri = sr[pad(i)];
+                const cx g = rcp(sub(add(mk(ri.x, ri.y), qq), si));
+                bad |= !(is_finite(g.x) && is_finite(g.y));
+                sr[pad(i)] = make_float2(g.x, g.y);
+            }
+        }
+    }
+    if (bad) atomicOr(nonfinite, 1u);
+    __syncthreads();
+    if (m.active) {
+        float2* o = (float2*)out + m.base;
+        for (int i = m.t; i < n; i += m.team_threads) o[i] = sr[pad(i)];
+    }
+}
+
+// ---- Fused backward: one launch, 20 bytes of DRAM traffic per position ----
+//
+// Same teams and staging as the forward, plus dL/dG staged in shared memory; each thread
+// keeps its chunk's r and q (at most BKF_CHUNK positions) in registers. The pivots and dbar
+// come from the same sweeps as the forward; the chunk's affine adjoint maps are scanned
+// across the team like the Moebius maps; the adjoint sweeps write dv into the slots of v
+// and the off-diagonal partials into the slots of dL/dG, both stored coalesced. The z
+// gradient of each sequence is a fixed-order team reduction (zpart[seq*2]); the caller sums
+// zpart and the per-sequence partials over the batch in a fixed order.
+#define BKF_CHUNK 16
+
+// dv[seq*n + i] (overwritten); zpart[seq*2] = (-Re, Im) of the sequence's sum of sbar; when
+// learn_off, bpart/cpart[seq*(n-1) + i] = Re(pbar_i) c_i and Re(pbar_i) b_i. chunk <=
+// BKF_CHUNK. Dynamic shared memory (bytes): teams * P * 12 + blockDim.x * 8
+// + (has_off ? P * 4 : 0) + (blockDim.x / 32) * 64, with P = pad(n - 1) + 1.
+extern "C" __global__ void __launch_bounds__(512)
+bk_backward_fused(float* dv, float* zpart, float* bpart, float* cpart, int learn_off, const float* v,
+                  const float* dout, const float* z, const float* b, const float* c, int has_off, int batch,
+                  int n, int causal, int tw, int chunk) {
+    extern __shared__ float2 bk_smem[];
+    const int P = pad(n - 1) + 1;
+    const Team m = team_of(batch, n, tw, chunk);
+    float2* sg = bk_smem + m.team * P;                  // dL/dG, then dbar, then (db, dc) parts
+    float2* qfirst = bk_smem + m.teams * P;             // each thread's first q
+    float* sv = (float*)(qfirst + blockDim.x) + m.team * P;  // v, then dv
+    float* sp = (float*)(qfirst + blockDim.x) + m.teams * P;
+    float* tot = sp + (has_off ? P : 0);
+    if (m.active)
+        for (int i = m.t; i < n; i += m.team_threads) sg[pad(i)] = ((const float2*)dout)[m.base + i];
+    stage(m, sv, sp, v, b, c, has_off, n);
+    SharedCoef k;
+    k.sv = sv; k.sp = sp; k.zr = z[0]; k.zi = z[1]; k.has_off = has_off; k.n = n;
+    Mob er, eq;
+    enter_pairs(m, k, causal, tot, er, eq);
+
+    const int lo = m.lo, hi = m.hi;
+    cx rr[BKF_CHUNK], qq[BKF_CHUNK];
+    float pb[BKF_CHUNK];
+    // Pivots, dbar (into sg), and the chunk's adjoint maps: mr gives rbar_lo from rbar_hi,
+    // mq gives qbar_{hi-1} from qbar_{lo-1}.
+    Aff mr = identity_of(Aff()), mq = identity_of(Aff());
+    if (lo < hi) {
+        cx x = enter_pivot(k.s(lo), k.p(lo - 1), er.a, er.c);
+#pragma unroll
+        for (int j = 0; j < BKF_CHUNK; ++j) {
+            const int i = lo + j;
+            if (i < hi) {
+                if (j > 0) x = sub(k.s(i), scl(rcp(x), k.p(i - 1)));
+                rr[j] = x;
+            }
+        }
+        cx y = enter_pivot(k.s(hi - 1), k.p(hi - 1), eq.a, eq.c);
+#pragma unroll
+        for (int j = BKF_CHUNK - 1; j >= 0; --j) {
+            const int i = lo + j;
+            if (i < hi) {
+                const cx si = k.s(i);
+                cx d = rr[j];
+                if (!causal) {
+                    if (i < hi - 1) y = sub(si, scl(rcp(y), k.p(i)));
+                    qq[j] = y;
+                    d = sub(add(rr[j], y), si);
+                }
+                const float2 go = sg[pad(i)];
+                const cx g = rcp(d);
+                const cx db = scl(mul(mk(go.x, -go.y), mul(g, g)), -1.0f);
+                sg[pad(i)] = make_float2(db.x, db.y);
+                const cx rinv = rcp(rr[j]);
+                Aff a;
+                a.A = scl(mul(rinv, rinv), k.p(i));
+                a.B = db;
+                mr = combine(a, mr);
+                if (!causal) {
+                    const cx qinv = rcp(y);
+                    a.A = scl(mul(qinv, qinv), k.p(i - 1));
+                    mq = combine(mq, a);
+                }
+            }
+        }
+        if (!causal) qfirst[threadIdx.x] = make_float2(qq[0].x, qq[0].y);
+    }
+    // Entering adjoints: rbar at hi (zero past the end), qbar at lo - 1 (zero before the
+    // start). The scans' barriers also publish qfirst.
+    mr = team_scan_excl(mr, m.lane, m.warp, m.tw, tot, true);
+    cx prev = mk(0, 0);
+    if (!causal) prev = team_scan_excl(mq, m.lane, m.warp, m.tw, tot, false).B;
+    cx sum = mk(0, 0);
+    if (lo < hi) {
+        cx next = mr.B;
+#pragma unroll
+        for (int j = BKF_CHUNK - 1; j >= 0; --j) {
+            const int i = lo + j;
+            if (i < hi) {
+                const float2 dbf = sg[pad(i)];
+                const cx db = mk(dbf.x, dbf.y);
+                const cx rinv = rcp(rr[j]);
+                const cx rb = add(db, scl(mul(mul(rinv, rinv), next), k.p(i)));
+                const cx part = causal ? rb : sub(rb, db);
+                sv[pad(i)] = part.x;
+                sum = add(sum, part);
+                pb[j] = -mul(next, rinv).x;
+                next = rb;
+            }
+        }
+        if (!causal) {
+#pragma unroll
+            for (int j = 0; j < BKF_CHUNK; ++j) {
+                const int i = lo + j;
+                if (i < hi) {
+                    const float2 dbf = sg[pad(i)];
+                    const cx qinv = rcp(qq[j]);
+                    const cx qb = add(mk(dbf.x, dbf.y), scl(mul(mul(qinv, qinv), prev), k.p(i - 1)));
+                    sv[pad(i)] += qb.x;
+                    sum = add(sum, qb);
+                    if (i < n - 1) {
+                        // q_{i+1}: the next position of this chunk, or the next thread's first.
+                        cx qn;
+                        if (j + 1 < BKF_CHUNK && i + 1 < hi) {
+                            qn = qq[(j + 1) % BKF_CHUNK];  // the modulo only keeps the index in range
+                        } else {
+                            const float2 f = qfirst[threadIdx.x + 1];
+                            qn = mk(f.x, f.y);
+                        }
+                        pb[j] -= cdiv(qb, qn).x;
+                    }
+                    prev = qb;
+                }
+            }
+        }
+        if (learn_off) {
+#pragma unroll
+            for (int j = 0; j < BKF_CHUNK; ++j) {
+                const int i = lo + j;
+                if (i < hi && i < n - 1) sg[pad(i)] = make_float2(pb[j] * c[i], pb[j] * b[i]);
+            }
+        }
+    }
+    // dL/dz of the sequence: lanes, then the team's warps, in a fixed order.
+    for (int d = 16; d > 0; d >>= 1) {
+        sum.x += __shfl_down_sync(0xffffffffu, sum.x, d);
+        sum.y += __shfl_down_sync(0xffffffffu, sum.y, d);
+    }
+    if (m.lane == 0) st2(tot + m.warp * 16, sum);
+    __syncthreads();
+    if (m.active && m.t == 0) {
+        cx total = mk(0, 0);
+        for (int j = m.warp; j < m.warp + m.tw; ++j) total = add(total, ld2(tot + j * 16));
+        zpart[m.seq * 2] = -total.x;
+        zpart[m.seq * 2 + 1] = total.y;
+    }
+    if (m.active) {
+        for (int i = m.t; i < n; i += m.team_threads) dv[m.base + i] = sv[pad(i)];
+        if (learn_off) {
+            const long long row = (long long)m.seq * (n - 1);
+            for (int i = m.t; i < n - 1; i += m.team_threads) {
+                const float2 pc = sg[pad(i)];
+                bpart[row + i] = pc.x;
+                cpart[row + i] = pc.y;
+            }
+        }
+    }
 }

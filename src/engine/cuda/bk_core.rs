@@ -1,10 +1,12 @@
 //! BK-Core (resolvent diagonal of tridiagonal systems) forward and backward on the GPU;
 //! reference: [`crate::engine::cpu::bk_core`]. The kernels and their chunked scan are
-//! described at the top of `bk_core.cu`.
+//! described at the top of `bk_core.cu`: one fused launch per direction while a sequence fits
+//! in a block's shared memory (N <= 8192 backward, more forward on sm_90), the multi-launch
+//! chunk path beyond. Neither waits for the stream; the non-finite flag is read separately.
 
 use super::{CudaBackend, Program, Result, as_i32, check_len};
 use crate::engine::cpu::bk_core::BkShape;
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg, sys::CUfunction_attribute};
 
 pub(super) const PROGRAM: Program = Program {
     name: "bk_core",
@@ -16,6 +18,8 @@ pub(super) const PROGRAM: Program = Program {
         "bk_backward_local",
         "bk_scan_affine",
         "bk_backward_final",
+        "bk_forward_fused",
+        "bk_backward_fused",
     ],
 };
 
@@ -24,6 +28,71 @@ const CHUNK: usize = 32;
 const CHUNK_BLOCK: u32 = 256;
 /// Warps per block of the per-sequence scans.
 const SCAN_WARPS: u32 = 4;
+
+/// Largest chunk the fused kernels aim for: short serial sweeps, a team of at most
+/// `FUSED_MAX_WARPS` warps per sequence. The fused backward keeps a chunk in registers and
+/// takes at most this many positions per thread; must match `BKF_CHUNK` in `bk_core.cu`.
+const FUSED_CHUNK: usize = 16;
+const FUSED_MAX_WARPS: usize = 16;
+/// Threads per block of the fused forward when its teams are smaller (several sequences).
+const FUSED_MIN_BLOCK: usize = 256;
+
+/// Launch geometry of the fused forward for one shape (see `bk_forward_fused` in the `.cu`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Fused {
+    /// Warps per sequence.
+    team_warps: usize,
+    /// Positions per thread.
+    chunk: usize,
+    block: usize,
+    /// Sequences per block.
+    teams: usize,
+    shared_bytes: usize,
+}
+
+impl Fused {
+    /// The backward also keeps each thread's first q pivot in shared memory.
+    fn backward_shared_bytes(&self) -> usize {
+        self.shared_bytes + 8 * self.block
+    }
+
+    /// `(tw, chunk)` as the kernels' integer arguments.
+    fn args(&self, op: &'static str) -> Result<(i32, i32)> {
+        Ok((
+            as_i32(op, "team warps", self.team_warps)?,
+            as_i32(op, "chunk", self.chunk)?,
+        ))
+    }
+
+    fn launch(&self, batch: usize, shared_bytes: usize) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: (batch.div_ceil(self.teams) as u32, 1, 1),
+            block_dim: (self.block as u32, 1, 1),
+            shared_mem_bytes: shared_bytes as u32,
+        }
+    }
+
+    fn plan(n: usize, has_off: bool) -> Fused {
+        let team_warps = n
+            .div_ceil(32 * FUSED_CHUNK)
+            .next_power_of_two()
+            .min(FUSED_MAX_WARPS);
+        let team = 32 * team_warps;
+        let block = team.max(FUSED_MIN_BLOCK);
+        let teams = block / team;
+        // `pad(n - 1) + 1` slots per staged array: one spare per 32 against bank conflicts.
+        let slots = n + (n - 1) / 32;
+        let shared_bytes =
+            teams * slots * 12 + if has_off { slots * 4 } else { 0 } + (block / 32) * 64;
+        Fused {
+            team_warps,
+            chunk: n.div_ceil(team),
+            block,
+            teams,
+            shared_bytes,
+        }
+    }
+}
 
 /// Optional super- and sub-diagonal (ones when absent).
 pub type Offdiag<'a> = Option<(&'a CudaSlice<f32>, &'a CudaSlice<f32>)>;
@@ -39,13 +108,19 @@ pub struct BkWork {
 }
 
 struct BackWork {
+    /// Multi-launch path only, allocated on its first use.
+    sweeps: Option<SweepWork>,
+    zpart: CudaSlice<f32>,
+    bpart: CudaSlice<f32>,
+    cpart: CudaSlice<f32>,
+}
+
+/// The multi-launch backward's pivots and chunk adjoint maps.
+struct SweepWork {
     rs: CudaSlice<f32>,
     qs: CudaSlice<f32>,
     aff: CudaSlice<f32>,
     carry: CudaSlice<f32>,
-    zpart: CudaSlice<f32>,
-    bpart: CudaSlice<f32>,
-    cpart: CudaSlice<f32>,
 }
 
 fn chunks(s: BkShape) -> usize {
@@ -85,9 +160,36 @@ fn dims(op: &'static str, s: BkShape, off: &Offdiag) -> Result<(i32, i32, i32, i
     ))
 }
 
+/// The forward's inputs against the shape; returns the kernels' integer arguments.
+fn check_inputs(
+    s: BkShape,
+    v: &CudaSlice<f32>,
+    z: &CudaSlice<f32>,
+    off: Offdiag,
+) -> Result<(i32, i32, i32, i32)> {
+    const OP: &str = "bk_core";
+    let d = dims(OP, s, &off)?;
+    check_len(OP, "v", v, s.batch * s.n)?;
+    check_len(OP, "z", z, 2)?;
+    if let Some((b, c)) = off {
+        check_len(OP, "super-diagonal", b, s.n - 1)?;
+        check_len(OP, "sub-diagonal", c, s.n - 1)?;
+    }
+    Ok(d)
+}
+
 impl CudaBackend {
     /// Scratch for calls of shape `s`.
     pub fn bk_work(&self, s: BkShape) -> Result<BkWork> {
+        // Above 48 KiB a kernel must opt in to its dynamic shared memory. Always the device's
+        // limit, so that no shape lowers what another's launches need, and here rather than
+        // per call, which keeps a host round of the driver out of the timed launches.
+        for name in ["bk_forward_fused", "bk_backward_fused"] {
+            self.function(name)?.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                self.info.shared_memory_per_block_optin as i32,
+            )?;
+        }
         let c = chunks(s);
         Ok(BkWork {
             shape: s,
@@ -116,15 +218,8 @@ impl CudaBackend {
         z: &CudaSlice<f32>,
         off: Offdiag,
     ) -> Result<()> {
-        const OP: &str = "bk_core";
         let s = w.shape;
-        let (has_off, batch, n, causal) = dims(OP, s, &off)?;
-        check_len(OP, "v", v, s.batch * s.n)?;
-        check_len(OP, "z", z, 2)?;
-        if let Some((b, c)) = off {
-            check_len(OP, "super-diagonal", b, s.n - 1)?;
-            check_len(OP, "sub-diagonal", c, s.n - 1)?;
-        }
+        let (has_off, batch, n, causal) = check_inputs(s, v, z, off)?;
         // Without off-diagonals the kernels never read b or c; any buffer stands in.
         let (b, c) = off.unwrap_or((v, v));
         let f = self.function("bk_chunk_maps")?;
@@ -158,6 +253,10 @@ impl CudaBackend {
         const OP: &str = "bk_core";
         let s = w.shape;
         check_len(OP, "out", out, 2 * s.batch * s.n)?;
+        let plan = Fused::plan(s.n, off.is_some());
+        if plan.shared_bytes <= self.info.shared_memory_per_block_optin {
+            return self.bk_forward_fused(w, plan, out, v, z, off);
+        }
         self.bk_enter(w, v, z, off)?;
         let (has_off, batch, n, causal) = dims(OP, s, &off)?;
         let (b, c) = off.unwrap_or((v, v));
@@ -173,6 +272,35 @@ impl CudaBackend {
         l.arg(&has_off).arg(&batch).arg(&n).arg(&causal);
         // SAFETY: lengths checked above and in `bk_enter`.
         unsafe { l.launch(chunk_grid(s)) }?;
+        Ok(())
+    }
+
+    /// The one-launch forward for sequences whose working set fits in shared memory.
+    fn bk_forward_fused(
+        &self,
+        w: &mut BkWork,
+        plan: Fused,
+        out: &mut CudaSlice<f32>,
+        v: &CudaSlice<f32>,
+        z: &CudaSlice<f32>,
+        off: Offdiag,
+    ) -> Result<()> {
+        let s = w.shape;
+        let (has_off, batch, n, causal) = check_inputs(s, v, z, off)?;
+        let (b, c) = off.unwrap_or((v, v));
+        let (team_warps, chunk) = plan.args("bk_core")?;
+        let f = self.function("bk_forward_fused")?;
+        let mut l = self.stream.launch_builder(f);
+        l.arg(out).arg(&mut w.nonfinite).arg(v).arg(z).arg(b).arg(c);
+        l.arg(&has_off)
+            .arg(&batch)
+            .arg(&n)
+            .arg(&causal)
+            .arg(&team_warps)
+            .arg(&chunk);
+        // SAFETY: lengths checked above; the block holds whole teams and gets the shared
+        // memory the kernel's layout needs (`Fused::plan`, within the device's opt-in limit).
+        unsafe { l.launch(plan.launch(s.batch, plan.shared_bytes)) }?;
         Ok(())
     }
 
@@ -223,28 +351,121 @@ impl CudaBackend {
             check_len(OP, "db", db, s.n - 1)?;
             check_len(OP, "dc", dc, s.n - 1)?;
         }
-        self.bk_enter(w, v, z, off)?;
         if w.back.is_none() {
-            let c = chunks(s);
             let prow = s.batch * (s.n - 1);
             w.back = Some(BackWork {
-                rs: self.alloc(2 * elems)?,
-                qs: self.alloc(2 * elems)?,
-                aff: self.alloc(8 * c)?,
-                carry: self.alloc(4 * c)?,
-                zpart: self.alloc(2 * c)?,
+                sweeps: None,
+                zpart: self.alloc(2 * chunks(s))?,
                 bpart: self.alloc(prow.max(1))?,
                 cpart: self.alloc(prow.max(1))?,
             });
         }
-        let bw = w.back.as_mut().expect("allocated above");
+        let plan = Fused::plan(s.n, off.is_some());
+        // zpart: one (dz) row per sequence on the fused path, per chunk otherwise.
+        let zrows = if plan.chunk <= FUSED_CHUNK
+            && plan.backward_shared_bytes() <= self.info.shared_memory_per_block_optin
+        {
+            self.bk_backward_fused(w, plan, dv, d_out, v, z, off, doff.is_some())?;
+            s.batch
+        } else {
+            self.bk_backward_sweeps(w, dv, d_out, v, z, off, doff.is_some())?;
+            chunks(s)
+        };
+        let bw = w.back.as_ref().expect("allocated above");
+        if let Some(dz) = dz {
+            self.column_sum_accumulate::<f32>(dz, &bw.zpart, zrows, 2)?;
+        }
+        if let Some((db, dc)) = doff
+            && s.n > 1
+        {
+            self.column_sum_accumulate::<f32>(db, &bw.bpart, s.batch, s.n - 1)?;
+            self.column_sum_accumulate::<f32>(dc, &bw.cpart, s.batch, s.n - 1)?;
+        }
+        Ok(())
+    }
+
+    /// The one-launch backward: writes dv and the per-sequence partials `zpart`, and
+    /// `bpart`/`cpart` when `learn_off`.
+    #[allow(clippy::too_many_arguments)]
+    fn bk_backward_fused(
+        &self,
+        w: &mut BkWork,
+        plan: Fused,
+        dv: &mut CudaSlice<f32>,
+        d_out: &CudaSlice<f32>,
+        v: &CudaSlice<f32>,
+        z: &CudaSlice<f32>,
+        off: Offdiag,
+        learn_off: bool,
+    ) -> Result<()> {
+        const OP: &str = "bk_core_backward";
+        let s = w.shape;
+        let (has_off, batch, n, causal) = check_inputs(s, v, z, off)?;
+        let (b, c) = off.unwrap_or((v, v));
+        let (team_warps, chunk) = plan.args(OP)?;
+        let learn_off = i32::from(learn_off);
+        let bw = w.back.as_mut().expect("allocated by the caller");
+        let shared = plan.backward_shared_bytes();
+        let f = self.function("bk_backward_fused")?;
+        let mut l = self.stream.launch_builder(f);
+        l.arg(dv)
+            .arg(&mut bw.zpart)
+            .arg(&mut bw.bpart)
+            .arg(&mut bw.cpart)
+            .arg(&learn_off)
+            .arg(v)
+            .arg(d_out)
+            .arg(z)
+            .arg(b)
+            .arg(c);
+        l.arg(&has_off)
+            .arg(&batch)
+            .arg(&n)
+            .arg(&causal)
+            .arg(&team_warps)
+            .arg(&chunk);
+        // SAFETY: dv, d_out checked by the caller, the rest in `check_inputs`; zpart holds 2
+        // floats per chunk (at least per sequence), bpart, cpart batch * (n - 1); the block
+        // holds whole teams, chunk <= BKF_CHUNK and the shared memory matches the layout.
+        unsafe { l.launch(plan.launch(s.batch, shared)) }?;
+        Ok(())
+    }
+
+    /// The multi-launch backward (sequences too long for the fused kernel): chunk maps and
+    /// their scans, pivots through global scratch, then the adjoint sweeps.
+    #[allow(clippy::too_many_arguments)]
+    fn bk_backward_sweeps(
+        &self,
+        w: &mut BkWork,
+        dv: &mut CudaSlice<f32>,
+        d_out: &CudaSlice<f32>,
+        v: &CudaSlice<f32>,
+        z: &CudaSlice<f32>,
+        off: Offdiag,
+        learn_off: bool,
+    ) -> Result<()> {
+        const OP: &str = "bk_core_backward";
+        let s = w.shape;
+        let elems = s.batch * s.n;
+        self.bk_enter(w, v, z, off)?;
+        let bw = w.back.as_mut().expect("allocated by the caller");
+        if bw.sweeps.is_none() {
+            let c = chunks(s);
+            bw.sweeps = Some(SweepWork {
+                rs: self.alloc(2 * elems)?,
+                qs: self.alloc(2 * elems)?,
+                aff: self.alloc(8 * c)?,
+                carry: self.alloc(4 * c)?,
+            });
+        }
+        let sw = bw.sweeps.as_mut().expect("allocated above");
         let (has_off, batch, n, causal) = dims(OP, s, &off)?;
         let (b, c) = off.unwrap_or((v, v));
         let f = self.function("bk_backward_local")?;
         let mut l = self.stream.launch_builder(f);
-        l.arg(&mut bw.rs)
-            .arg(&mut bw.qs)
-            .arg(&mut bw.aff)
+        l.arg(&mut sw.rs)
+            .arg(&mut sw.qs)
+            .arg(&mut sw.aff)
             .arg(v)
             .arg(d_out)
             .arg(&w.enter);
@@ -259,14 +480,14 @@ impl CudaBackend {
         unsafe { l.launch(chunk_grid(s)) }?;
         let f = self.function("bk_scan_affine")?;
         let mut l = self.stream.launch_builder(f);
-        l.arg(&mut bw.carry)
-            .arg(&bw.aff)
+        l.arg(&mut sw.carry)
+            .arg(&sw.aff)
             .arg(&batch)
             .arg(&n)
             .arg(&causal);
         // SAFETY: carry holds 4 floats per chunk; one warp per sequence.
         unsafe { l.launch(scan_grid(s)) }?;
-        let learn_off = i32::from(doff.is_some());
+        let learn_off = i32::from(learn_off);
         let f = self.function("bk_backward_final")?;
         let mut l = self.stream.launch_builder(f);
         l.arg(dv)
@@ -274,26 +495,17 @@ impl CudaBackend {
             .arg(&mut bw.bpart)
             .arg(&mut bw.cpart)
             .arg(&learn_off);
-        l.arg(&bw.rs)
-            .arg(&bw.qs)
+        l.arg(&sw.rs)
+            .arg(&sw.qs)
             .arg(v)
             .arg(d_out)
-            .arg(&bw.carry)
+            .arg(&sw.carry)
             .arg(z)
             .arg(b)
             .arg(c);
         l.arg(&has_off).arg(&batch).arg(&n).arg(&causal);
         // SAFETY: zpart holds 2 floats per chunk; bpart, cpart batch * (n - 1) when learned.
         unsafe { l.launch(chunk_grid(s)) }?;
-        if let Some(dz) = dz {
-            self.column_sum_accumulate::<f32>(dz, &bw.zpart, chunks(s), 2)?;
-        }
-        if let Some((db, dc)) = doff
-            && s.n > 1
-        {
-            self.column_sum_accumulate::<f32>(db, &bw.bpart, s.batch, s.n - 1)?;
-            self.column_sum_accumulate::<f32>(dc, &bw.cpart, s.batch, s.n - 1)?;
-        }
         Ok(())
     }
 
@@ -312,5 +524,49 @@ impl CudaBackend {
     ) -> Result<()> {
         let mut w = self.bk_work(s)?;
         self.bk_core_backward_with(&mut w, dv, d_out, v, z, off, dz, doff)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A100's opt-in shared memory per block, the smallest of the supported GPUs.
+    const SM80_OPTIN: usize = 163 * 1024;
+
+    #[test]
+    fn fused_plan_covers_every_position_with_whole_teams() {
+        for n in [
+            1, 2, 31, 32, 33, 100, 128, 512, 513, 1000, 2048, 4096, 8192, 8193, 20000,
+        ] {
+            for off in [false, true] {
+                let p = Fused::plan(n, off);
+                let team = 32 * p.team_warps;
+                assert!(p.chunk * team >= n, "n {n}: {p:?} leaves positions out");
+                assert!(p.chunk >= 1 && p.teams >= 1 && p.block == p.teams * team);
+                assert!(
+                    p.block <= 512,
+                    "n {n}: {p:?} exceeds the kernel's launch bound"
+                );
+                assert!(p.team_warps.is_power_of_two() && p.team_warps <= FUSED_MAX_WARPS);
+            }
+        }
+    }
+
+    #[test]
+    fn fused_plans_fit_n_8192_on_every_supported_gpu_and_not_n_20000() {
+        let p = Fused::plan(8192, true);
+        assert_eq!((p.team_warps, p.chunk, p.teams), (16, 16, 1));
+        assert!(p.backward_shared_bytes() <= SM80_OPTIN, "{p:?}");
+        // The fused backward holds a chunk in registers: every N up to 8192 qualifies.
+        for n in [1, 100, 1000, 4097, 8192] {
+            assert!(Fused::plan(n, true).chunk <= FUSED_CHUNK, "n {n}");
+        }
+        assert!(Fused::plan(8193, true).chunk > FUSED_CHUNK);
+        // H100 / H200 opt in to 227 KiB: 20000 positions need more, the multi-launch path.
+        assert!(Fused::plan(20000, false).shared_bytes > 227 * 1024);
+        // Short sequences share a block: 8 of 128 positions, 4 positions per thread.
+        let p = Fused::plan(128, false);
+        assert_eq!((p.team_warps, p.chunk, p.teams, p.block), (1, 4, 8, 256));
     }
 }
