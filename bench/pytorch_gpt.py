@@ -69,6 +69,28 @@ def peak_flops(name, mode):
     return {"fp32": 67e12, "tf32": 494.5e12}.get(mode, 989.4e12)
 
 
+def finite_or_none(x):
+    """JSON has no NaN: an unknown GPU's MFU is null."""
+    return x if math.isfinite(x) else None
+
+
+def load_batches(args):
+    """Inputs and targets of every step, shape (steps, 2, batch, seq): read from --data (raw
+    little-endian int32, as `kiln bench train` writes its own batches) or drawn at random."""
+    n = args.steps + args.warmup
+    shape = (n, 2, args.batch, args.seq)
+    if args.data:
+        with open(args.data, "rb") as f:
+            raw = bytearray(f.read())
+        flat = torch.frombuffer(raw, dtype=torch.int32)
+        if flat.numel() != math.prod(shape):
+            raise SystemExit(f"--data {args.data}: {flat.numel()} tokens, expected {shape}")
+        return flat.view(shape).long()
+    g = torch.Generator(device="cpu").manual_seed(1)
+    rows = torch.randint(0, args.vocab, (n, args.batch, args.seq + 1), generator=g)
+    return torch.stack((rows[:, :, :-1], rows[:, :, 1:]), dim=1)
+
+
 def run(mode, args):
     torch.manual_seed(0)
     torch.backends.cuda.matmul.allow_tf32 = mode == "tf32"
@@ -78,12 +100,11 @@ def run(mode, args):
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
     step_model = torch.compile(model) if mode.endswith("compile") else model
     autocast = mode.startswith("bf16")
-    g = torch.Generator(device="cpu").manual_seed(1)
-    data = torch.randint(0, 50257, (args.steps + args.warmup, args.batch, args.seq + 1), generator=g).to(dev)
+    data = load_batches(args).to(dev)
     torch.cuda.reset_peak_memory_stats()
     times, losses = [], []
     for i in range(args.warmup + args.steps):
-        x, y = data[i, :, :-1], data[i, :, 1:]
+        x, y = data[i, 0], data[i, 1]
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
@@ -109,7 +130,7 @@ def run(mode, args):
         "params": n_params,
         "tokens_per_s": tokens / step,
         "step_ms": step * 1e3,
-        "mfu": flops_per_token * tokens / step / peak_flops(name, mode.split("-")[0]),
+        "mfu": finite_or_none(flops_per_token * tokens / step / peak_flops(name, mode.split("-")[0])),
         "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
         "losses": losses,
     }
@@ -126,6 +147,7 @@ def main():
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--modes", default="fp32,tf32,bf16,bf16-compile")
+    p.add_argument("--data", help="batches to train on (int32 file, steps x 2 x batch x seq)")
     args = p.parse_args()
     for mode in args.modes.split(","):
         print(json.dumps(run(mode, args)), flush=True)

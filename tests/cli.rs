@@ -545,9 +545,19 @@ fn train_and_bench_run_with_block_recomputation() {
     let config = fs::read_to_string(run.join("config.toml")).unwrap();
     assert!(config.contains("recompute = \"blocks\""), "{config}");
 
+    let bench_out = tmp.path().join("bench");
     let bench = |extra: &[&str]| {
         let out = kiln(
-            &["bench", "train", "--device", "cpu", "--steps", "2"],
+            &[
+                "bench",
+                "train",
+                "--device",
+                "cpu",
+                "--steps",
+                "2",
+                "--out",
+                bench_out.to_str().unwrap(),
+            ],
             &common::with(extra),
         );
         assert!(out.status.success(), "{}", text(&out));
@@ -776,6 +786,66 @@ fn bench_suites_without_a_gpu_write_reports_and_say_what_they_skipped() {
         let md = fs::read_to_string(mem_dir.join("report.md")).unwrap();
         assert!(md.contains("## Out-of-memory boundary"), "{md}");
         assert!(mem_dir.join("peak_by_micro_batch.png").is_file());
+    }
+}
+
+#[test]
+fn bench_train_writes_a_report_with_phases_and_says_when_pytorch_is_skipped() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("train");
+    let o = kiln(
+        &[
+            "bench",
+            "train",
+            "--device",
+            "cpu",
+            "--steps",
+            "3",
+            "--warmup",
+            "1",
+            "--out",
+            out_dir.to_str().unwrap(),
+        ],
+        &common::tiny_overrides(),
+    );
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("| tokens/s |"), "the printed table stays: {t}");
+    for f in ["report.md", "results.json", "phases.png", "loss.png"] {
+        assert!(out_dir.join(f).is_file(), "{f} missing: {t}");
+    }
+    assert!(!out_dir.join("pytorch_batches.i32").exists());
+    let md = fs::read_to_string(out_dir.join("report.md")).unwrap();
+    assert!(md.contains("bench train --device cpu"), "{md}");
+    assert!(md.contains("| forward + backward |"), "{md}");
+    assert!(md.contains("| optimizer |"), "{md}");
+    let json: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(out_dir.join("results.json")).unwrap()).unwrap();
+    let p = &json["phases"];
+    let (fb, opt, step) = (
+        p["fwd_bwd_ms"].as_f64().unwrap(),
+        p["optimizer_ms"].as_f64().unwrap(),
+        p["step_ms"].as_f64().unwrap(),
+    );
+    assert!(fb > 0.0 && opt > 0.0 && step > 0.0, "{p}");
+    let kiln_row = &json["engines"][0];
+    assert_eq!(kiln_row["losses"].as_array().unwrap().len(), 3);
+    assert!(kiln_row["tokens_per_s"].as_f64().unwrap() > 0.0);
+    // Without torch and a GPU beside kiln, the reference is listed as skipped with the reason.
+    let torch_and_gpu = std::process::Command::new("python3")
+        .args(["-c", "import torch; assert torch.cuda.is_available()"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !torch_and_gpu {
+        let skipped = json["skipped"].as_array().unwrap();
+        assert!(
+            skipped
+                .iter()
+                .any(|s| s.as_str().unwrap().starts_with("PyTorch reference")),
+            "{skipped:?}"
+        );
+        assert!(md.contains("## Skipped\n\n- PyTorch reference"), "{md}");
+        assert_eq!(json["engines"].as_array().unwrap().len(), 1);
     }
 }
 

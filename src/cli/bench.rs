@@ -1,16 +1,18 @@
 //! `kiln bench`: performance measurements (benchmarks, never timed tests).
 
-use crate::data::{self, Batch, Corpus};
+use crate::data::{self, Batch};
 use crate::engine::profile;
 use crate::error::{KilnError, Result};
 use crate::train::{self, StepReport, Trainer};
-use clap::{Args, Subcommand};
+use clap::Subcommand;
+use std::path::PathBuf;
 use std::time::Instant;
 
 #[derive(Subcommand, Debug)]
 pub enum BenchCommand {
-    /// Training throughput (tokens/s) of a model configuration.
-    Train(BenchTrainArgs),
+    /// Training throughput (tokens/s, MFU, peak memory) of a model configuration, its step
+    /// split into phases, beside PyTorch on the same shape when torch and a GPU are there.
+    Train(super::bench_train::BenchTrainArgs),
     /// Time of each GPU kernel at GPT-2 small sizes, against the measured memory and GEMM rates.
     Kernels(super::bench_kernels::BenchKernelsArgs),
     /// BK-Core forward and backward over batch x N, against the DRAM roofline, cuSPARSE's
@@ -26,34 +28,9 @@ pub enum BenchCommand {
     Memory(super::bench_memory::BenchMemoryArgs),
 }
 
-#[derive(Args, Debug)]
-#[command(after_help = "EXAMPLES:
-  kiln bench train --device cpu
-  kiln bench train --steps 20 model.n_layers=6 train.micro_batch=8
-  kiln bench train train.recompute=blocks        memory saved and time cost of recomputation
-  kiln bench train train.memory_limit=2GiB       a cap that makes the micro-batch split")]
-pub struct BenchTrainArgs {
-    /// Device to measure on: auto, cpu, cuda or cuda:N.
-    #[arg(long, default_value = "auto")]
-    pub device: String,
-    /// Timed optimizer steps (after 2 warm-up steps).
-    #[arg(long, default_value_t = 10)]
-    pub steps: usize,
-    /// Settings file, as for `kiln train`.
-    #[arg(long, value_name = "FILE")]
-    pub config: Option<std::path::PathBuf>,
-    /// Hardware profile, as for `kiln train`; `none` by default so a benchmark measures
-    /// exactly the settings it is given.
-    #[arg(long, value_name = "NAME", default_value = "none")]
-    pub profile: String,
-    /// Overrides on dotted keys, as for `kiln train`.
-    #[arg(value_name = "KEY=VALUE")]
-    pub overrides: Vec<String>,
-}
-
 pub fn run(cmd: BenchCommand) -> Result<()> {
     match cmd {
-        BenchCommand::Train(a) => bench_train(a),
+        BenchCommand::Train(a) => super::bench_train::run(a),
         BenchCommand::Kernels(a) => super::bench_kernels::run(a),
         BenchCommand::Bk(a) => super::bench_bk::run(a),
         BenchCommand::Amp(a) => super::bench_amp::run(a),
@@ -62,105 +39,12 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
     }
 }
 
-fn bench_train(a: BenchTrainArgs) -> Result<()> {
-    let mut overrides = a.overrides.clone();
-    overrides.push(format!("train.device={}", a.device));
-    let cfg = super::settings::resolve(&a.profile, a.config.as_deref(), &overrides)?
-        .config
-        .config;
-    let (pool, precision, notes) = train::open_device(&cfg.train.device, &cfg.train.precision)?;
-    train::set_memory_limit(&pool, &cfg)?;
-    let device = pool.device();
-    notes.iter().for_each(|n| println!("note: {n}"));
-    let tokenizer = data::tokenizer_by_name(&cfg.data.tokenizer)?;
-    let corpus = Corpus::load(train::data_spec(&cfg).corpus.as_deref())?;
-    let tokens = tokenizer.encode(&corpus.text);
-    data::check_train_len(&tokens, cfg.train.seq_len)?;
-    let mut trainer = Trainer::new(&cfg, tokenizer.vocab_size(), &pool, precision)?;
-    let (b, t, k) = (
-        cfg.train.micro_batch,
-        cfg.train.seq_len,
-        cfg.train.grad_accum,
-    );
-    let cost = trainer.model.cost(b, t);
-    let timed = timed_steps(&mut trainer, &tokens, 2, a.steps)?;
-    let mut times: Vec<f64> = timed.iter().map(|s| s.seconds).collect();
-    times.sort_by(f64::total_cmp);
-    let median = times[times.len() / 2];
-    let tokens_per_step = (b * t * k) as f64;
-    let flops_per_token = cost.flops_per_token(b * t);
-    let flops_per_step = flops_per_token * tokens_per_step;
-    println!(
-        "kiln bench train: {} params, d_model {}, {} layers, batch {b} x {t} x accum {k}, {precision}, recompute {} on {device}{}",
-        cost.params,
-        cfg.model.d_model,
-        cfg.model.n_layers,
-        trainer.model.recompute(),
-        if cfg.train.offload_optimizer {
-            ", optimizer offloaded to the host"
-        } else {
-            ""
-        }
-    );
-    for split in trainer.passes.take_splits() {
-        println!(
-            "note: out of memory with {} sequences per pass in step {}; ran {} per pass from then on",
-            split.from, split.step, split.to
-        );
-    }
-    println!("| metric | value |\n|---|---|");
-    println!("| median step time | {:.1} ms |", median * 1e3);
-    println!("| tokens/s | {:.0} |", tokens_per_step / median);
-    println!(
-        "| model FLOP/s | {:.2} GFLOP/s |",
-        flops_per_step / median / 1e9
-    );
-    println!(
-        "| FLOPs per token (fwd+bwd) | {:.3} M |",
-        flops_per_token / 1e6
-    );
-    println!(
-        "| peak memory | {:.1} MiB |",
-        trainer.pool.stats().peak as f64 / (1024.0 * 1024.0)
-    );
-    println!(
-        "| memory reserved by the allocator | {:.1} MiB |",
-        trainer.pool.stats().reserved as f64 / (1024.0 * 1024.0)
-    );
-    if let Some(host) = trainer.opt.host_memory() {
-        println!(
-            "| host memory of the offloaded optimizer{} | {:.1} MiB |",
-            if pool.cuda().is_ok() {
-                " (page-locked)"
-            } else {
-                ""
-            },
-            host.current as f64 / (1024.0 * 1024.0)
-        );
-    }
-    if let Some(peak) = pool
-        .cuda()
-        .ok()
-        .and_then(|g| dense_peak_flops(&g.info().name, precision))
-    {
-        println!(
-            "| MFU (of {:.0} TFLOP/s dense peak) | {:.1}% |",
-            peak / 1e12,
-            100.0 * flops_per_step / median / peak
-        );
-    }
-    let table = profile::report();
-    if !table.is_empty() {
-        println!(
-            "\nper-op time over the timed steps (KILN_PROFILE=1; each op synchronised):\n{table}"
-        );
-    }
-    Ok(())
-}
-
 /// One timed optimizer step.
 pub(crate) struct TimedStep {
     pub seconds: f64,
+    /// Seconds of the forward and backward passes (the rest is the optimizer), when phases
+    /// were marked.
+    pub fwd_bwd_seconds: Option<f64>,
     pub report: StepReport,
 }
 
@@ -168,11 +52,15 @@ pub(crate) struct TimedStep {
 /// the device after each so the wall clock covers the step's work; returns the timed steps.
 /// The pool's peak and the per-op profile are reset after warm-up (which may have run out
 /// of memory and split the micro-batch), so they describe the timed steps only.
+///
+/// With `phases`, the timed steps also synchronise the device between the forward/backward
+/// passes and the optimizer so each phase can be timed; warm-up steps never do.
 pub(crate) fn timed_steps(
     trainer: &mut Trainer,
     tokens: &[u32],
     warmup: usize,
     steps: usize,
+    phases: bool,
 ) -> Result<Vec<TimedStep>> {
     if steps == 0 {
         return Err(KilnError::Setting(
@@ -190,20 +78,45 @@ pub(crate) fn timed_steps(
         if step == warmup as u64 {
             profile::reset();
             pool.reset_peak();
+            trainer.mark_phases = phases;
         }
         let t0 = Instant::now();
-        let report = trainer.step(&batches)?;
-        if let Ok(g) = pool.cuda() {
-            g.synchronize().map_err(crate::engine::EngineError::from)?;
-        }
+        let stepped = trainer.step(&batches);
+        let fwd_bwd_end = trainer.fwd_bwd_end.take();
+        let report = match stepped {
+            Ok(r) => r,
+            Err(e) => {
+                trainer.mark_phases = false;
+                return Err(e);
+            }
+        };
+        trainer.synchronize()?;
         if step >= warmup as u64 {
             out.push(TimedStep {
                 seconds: t0.elapsed().as_secs_f64(),
+                fwd_bwd_seconds: fwd_bwd_end.map(|t| t.duration_since(t0).as_secs_f64()),
                 report,
             });
         }
     }
+    trainer.mark_phases = false;
     Ok(out)
+}
+
+/// The script `bench/<name>` of the repository: from the working directory, else next to the
+/// executable.
+pub(crate) fn find_script(name: &str) -> std::result::Result<PathBuf, String> {
+    let rel = PathBuf::from("bench").join(name);
+    [
+        rel.clone(),
+        std::env::current_exe()
+            .ok()
+            .and_then(|e| e.parent().map(|d| d.join(&rel)))
+            .unwrap_or_default(),
+    ]
+    .into_iter()
+    .find(|p| p.is_file())
+    .ok_or_else(|| format!("bench/{name} not found (run from the repository root)"))
 }
 
 /// Dense tensor-core peak of known GPUs for the precision's math (datasheet figures, SXM).

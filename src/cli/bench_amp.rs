@@ -138,7 +138,7 @@ pub fn run(a: BenchAmpArgs) -> Result<()> {
         train::set_memory_limit(&pool, &cfg)?;
         let mut trainer = Trainer::new(&cfg, tokenizer.vocab_size(), &pool, precision)?;
         // Warm-up losses are kept for the curves; only the timed steps count for speed.
-        let all = timed_steps(&mut trainer, &tokens, 0, a.warmup + a.steps)?;
+        let all = timed_steps(&mut trainer, &tokens, 0, a.warmup + a.steps, false)?;
         let peak = pool.stats().peak;
         let timed: Vec<&TimedStep> = all.iter().skip(a.warmup).collect();
         let mut secs: Vec<f64> = timed.iter().map(|s| s.seconds).collect();

@@ -313,16 +313,7 @@ struct PyOut {
 
 /// Runs `bench/pytorch_bk.py` (found next to the working directory or the executable).
 fn pytorch_baseline(a: &BenchBkArgs) -> std::result::Result<(String, Vec<PyRow>), String> {
-    let script = [
-        PathBuf::from("bench/pytorch_bk.py"),
-        std::env::current_exe()
-            .ok()
-            .and_then(|e| e.parent().map(|d| d.join("bench/pytorch_bk.py")))
-            .unwrap_or_default(),
-    ]
-    .into_iter()
-    .find(|p| p.is_file())
-    .ok_or("bench/pytorch_bk.py not found (run from the repository root)")?;
+    let script = super::bench::find_script("pytorch_bk.py")?;
     let list = |xs: &[usize]| {
         xs.iter()
             .map(|x| x.to_string())

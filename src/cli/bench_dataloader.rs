@@ -190,7 +190,7 @@ pub fn run(a: BenchDataloaderArgs) -> Result<()> {
     }
 
     let mut trainer = Trainer::new(&cfg, tokenizer.vocab_size(), &pool, precision)?;
-    let timed = timed_steps(&mut trainer, &tokens, 2, a.steps)?;
+    let timed = timed_steps(&mut trainer, &tokens, 2, a.steps, false)?;
     let mut secs: Vec<f64> = timed.iter().map(|s| s.seconds).collect();
     secs.sort_by(f64::total_cmp);
     let step_s = secs[secs.len() / 2];

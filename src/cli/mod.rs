@@ -6,6 +6,7 @@ pub mod bench_bk;
 pub mod bench_dataloader;
 pub mod bench_kernels;
 pub mod bench_memory;
+pub mod bench_train;
 pub mod eval;
 pub mod generate;
 pub mod hw;
