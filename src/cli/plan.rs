@@ -109,7 +109,7 @@ pub fn run(a: PlanArgs) -> Result<()> {
     }
     let budget = &target.budget;
     let mut request = base;
-    if cfg.train.recompute == "auto" && !budget.fits(&plan::plan(&base)) {
+    if cfg.train.recompute == "auto" && base.can_recompute() && !budget.fits(&plan::plan(&base)) {
         request.recompute = true;
         target.notes.push(
             "train.recompute=auto: the configured micro-batch does not fit without recomputation, so the plan recomputes blocks".into(),
@@ -160,7 +160,9 @@ pub(crate) fn plan_request(
     device: Device,
 ) -> PlanRequest {
     let m = &cfg.model;
+    let arch = plan::Arch::of(m);
     PlanRequest {
+        arch,
         model: GptConfig {
             vocab: plan::padded_vocab(vocab),
             d_model: m.d_model,
@@ -173,7 +175,7 @@ pub(crate) fn plan_request(
         seq_len: cfg.train.seq_len,
         device,
         compute: precision.compute_dtype().unwrap_or(DType::F32),
-        recompute: cfg.train.recompute == "blocks",
+        recompute: cfg.train.recompute == "blocks" && arch == plan::Arch::Gpt,
         offload_optimizer: cfg.train.offload_optimizer && device != Device::Cpu,
     }
 }
@@ -345,12 +347,27 @@ fn print_report(r: &Report, cfg: &Config) {
     let m = &q.model;
     let b = r.budget;
     let gpu = q.device != Device::Cpu;
+    let shape = match q.arch {
+        plan::Arch::Gpt => format!(
+            "GPT of {:.2}M parameters (d_model {}, {} layers, {} heads",
+            p.params as f64 / 1e6,
+            m.d_model,
+            m.n_layers,
+            m.n_heads
+        ),
+        plan::Arch::ResnetBk { moe } => format!(
+            "ResNet-BK of {:.2}M parameters (d_model {}, {} layers, {} experts of width {}, top-{}, capacity factor {}",
+            p.params as f64 / 1e6,
+            m.d_model,
+            m.n_layers,
+            moe.experts,
+            moe.hidden,
+            moe.top_k,
+            moe.capacity_factor
+        ),
+    };
     println!(
-        "kiln plan: GPT of {:.2}M parameters (d_model {}, {} layers, {} heads, vocabulary {}{}), micro-batch {} x {} tokens, {}, on {} ({})",
-        p.params as f64 / 1e6,
-        m.d_model,
-        m.n_layers,
-        m.n_heads,
+        "kiln plan: {shape}, vocabulary {}{}), micro-batch {} x {} tokens, {}, on {} ({})",
         r.vocab,
         if m.vocab != r.vocab {
             format!(" padded to {}", m.vocab)
@@ -364,6 +381,11 @@ fn print_report(r: &Report, cfg: &Config) {
         gib(b.capacity)
     );
     r.notes.iter().for_each(|n| println!("note: {n}"));
+    if matches!(q.arch, plan::Arch::ResnetBk { .. }) {
+        println!(
+            "note: the experts are planned at their worst-case loads (every slot kept, experts filled to capacity in turn); a real step's routing needs at most this"
+        );
+    }
     let dt = |d: DType| format!("{d:?}").to_lowercase();
     let bd = &p.breakdown;
     println!(

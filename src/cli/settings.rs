@@ -93,9 +93,9 @@ pub fn resolve(profile_arg: &str, file: Option<&Path>, overrides: &[String]) -> 
 /// with the planner's safety margin and an estimated CUDA context.
 fn largest_on_gpu(c: &Config, gpu: &GpuView) -> usize {
     use crate::engine::DType;
-    // The planner models the GPT; other models keep their configured micro-batch and rely
-    // on the out-of-memory split.
-    if c.model.kind != "gpt" {
+    // The planner models the GPT and ResNet-BK; another model would keep its configured
+    // micro-batch and rely on the out-of-memory split.
+    if !matches!(c.model.kind.as_str(), "gpt" | "resnet_bk") {
         return c.train.micro_batch;
     }
     use crate::plan::{self, Budget, PlanRequest};
@@ -107,6 +107,7 @@ fn largest_on_gpu(c: &Config, gpu: &GpuView) -> usize {
     let vocab = crate::data::tokenizer_vocab_size(&c.data.tokenizer).unwrap_or(256);
     let m = &c.model;
     let request = PlanRequest {
+        arch: plan::Arch::of(m),
         model: crate::models::gpt::GptConfig {
             vocab: plan::padded_vocab(vocab),
             d_model: m.d_model,
@@ -119,7 +120,7 @@ fn largest_on_gpu(c: &Config, gpu: &GpuView) -> usize {
         seq_len: c.train.seq_len,
         device: crate::engine::Device::Cuda(0),
         compute,
-        recompute: c.train.recompute == "blocks",
+        recompute: c.train.recompute == "blocks" && c.model.kind == "gpt",
         offload_optimizer: c.train.offload_optimizer,
     };
     let mut budget = Budget::gpu(

@@ -30,7 +30,7 @@ use crate::nn::embedding::Embedding;
 use crate::nn::layernorm::LayerNorm;
 use crate::nn::linear::Linear;
 use crate::nn::moe::{Moe, MoeConfig, MoeSaved, MoeStats};
-use crate::nn::{Cost, Init, Param, f32_bytes};
+use crate::nn::{ActLayout, Cost, Init, Param, f32_bytes};
 use std::sync::Arc;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -41,6 +41,39 @@ pub struct ResnetBkConfig {
     pub context: usize,
     pub tied_head: bool,
     pub moe: MoeConfig,
+}
+
+impl ResnetBkConfig {
+    /// Parameters, FLOPs and saved bytes of a step over `batch` sequences of `seq` tokens,
+    /// from the shape alone (the model's [`Model::cost`] and the planner share it).
+    pub fn cost(&self, batch: usize, seq: usize) -> Cost {
+        let (tokens, c) = (batch * seq, self.d_model);
+        let scale = Cost {
+            params: 1,
+            flops_forward: 2 * tokens as u64,
+            flops_backward: 6 * tokens as u64,
+            // G, and `scale * G` for out_proj's weight gradient.
+            saved_bytes: f32_bytes(4 * tokens),
+        };
+        let block = LayerNorm::cost_of(c, tokens, ActLayout::CPU_F32)
+            + Moe::cost_of(&self.moe, tokens)
+            + Linear::cost_of(c, 1, true, tokens)
+            + BkCore::cost_of(BkCoreOptions::default(), self.context, batch, seq)
+            + Linear::cost_of(2, c, false, tokens)
+            + scale;
+        let padded = self.vocab.next_multiple_of(VOCAB_ALIGN);
+        let head_mac = (tokens * c * padded) as u64;
+        let head = Cost {
+            params: if self.tied_head { 0 } else { padded * c },
+            flops_forward: 2 * head_mac,
+            flops_backward: 4 * head_mac,
+            saved_bytes: f32_bytes(tokens * padded),
+        };
+        Embedding::cost_of(padded, self.context, c, tokens)
+            + (0..self.n_layers).map(|_| block).sum::<Cost>()
+            + LayerNorm::cost_of(c, tokens, ActLayout::CPU_F32)
+            + head
+    }
 }
 
 pub struct BkBlock {
@@ -281,23 +314,6 @@ impl BkBlock {
         v.push(&mut self.scale);
         v
     }
-
-    fn cost(&self, batch: usize, seq: usize) -> Cost {
-        let tokens = batch * seq;
-        let scale = Cost {
-            params: 1,
-            flops_forward: 2 * tokens as u64,
-            flops_backward: 6 * tokens as u64,
-            // G, and `scale * G` for out_proj's weight gradient.
-            saved_bytes: f32_bytes(4 * tokens),
-        };
-        self.ln.cost(tokens)
-            + self.moe.cost(tokens)
-            + self.v_proj.cost(tokens)
-            + self.bk.cost(batch, seq)
-            + self.out_proj.cost(tokens)
-            + scale
-    }
 }
 
 impl Model for ResnetBk {
@@ -392,17 +408,7 @@ impl Model for ResnetBk {
     }
 
     fn cost(&self, batch: usize, seq: usize) -> Cost {
-        let tokens = batch * seq;
-        let blocks: Cost = self.blocks.iter().map(|b| b.cost(batch, seq)).sum();
-        let padded = self.cfg.vocab.next_multiple_of(VOCAB_ALIGN);
-        let head_mac = (tokens * self.cfg.d_model * padded) as u64;
-        let head = Cost {
-            params: self.head.as_ref().map_or(0, |h| h.cost(tokens).params),
-            flops_forward: 2 * head_mac,
-            flops_backward: 4 * head_mac,
-            saved_bytes: f32_bytes(tokens * padded),
-        };
-        self.embed.cost(tokens) + blocks + self.ln_f.cost(tokens) + head
+        self.cfg.cost(batch, seq)
     }
 
     fn take_routing_stats(&mut self) -> Option<RoutingStats> {

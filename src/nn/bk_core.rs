@@ -200,9 +200,19 @@ impl BkCore {
     /// 30 per position forward in full mode (two pivots and G), 15 causal; the backward
     /// re-runs the forward and adds the two adjoint sweeps. Saves the potentials.
     pub fn cost(&self, batch: usize, n: usize) -> Cost {
+        Self::cost_of(self.opts, self.n_max, batch, n)
+    }
+
+    /// [`BkCore::cost`] from the options alone (for the planner).
+    pub fn cost_of(opts: BkCoreOptions, n_max: usize, batch: usize, n: usize) -> Cost {
         let elems = (batch * n) as u64;
-        let fwd = if self.opts.causal { 15 } else { 30 };
-        let params = self.params().iter().map(|p| p.value.len()).sum();
+        let fwd = if opts.causal { 15 } else { 30 };
+        let params = if opts.learn_z { 2 } else { 0 }
+            + if opts.learn_offdiag {
+                2 * (n_max - 1).max(1)
+            } else {
+                0
+            };
         Cost {
             params,
             flops_forward: fwd * elems,

@@ -323,18 +323,23 @@ impl Moe {
 
     /// Counted as if no slot were dropped: `top_k` expert passes per token.
     pub fn cost(&self, tokens: usize) -> Cost {
-        let slots = self.cfg.top_k * tokens;
-        let one = self.experts[0].cost(slots);
-        let moved = (slots * self.cfg.d_model) as u64;
+        Self::cost_of(&self.cfg, tokens)
+    }
+
+    /// [`Moe::cost`] from the configuration alone (for the planner).
+    pub fn cost_of(cfg: &MoeConfig, tokens: usize) -> Cost {
+        let slots = cfg.top_k * tokens;
+        let one = Mlp::cost_of(cfg.d_model, cfg.hidden, slots, super::ActLayout::CPU_F32);
+        let moved = (slots * cfg.d_model) as u64;
         let routing = Cost {
-            params: (self.experts.len() - 1) * one.params,
+            params: (cfg.experts - 1) * one.params,
             // Gather, scaled scatter; backward: scaled gather, gate dots, scatter.
             flops_forward: 2 * moved,
             flops_backward: 4 * moved,
             // Each expert's packed input and its output.
-            saved_bytes: f32_bytes(2 * slots * self.cfg.d_model),
+            saved_bytes: f32_bytes(2 * slots * cfg.d_model),
         };
-        self.router.cost(tokens) + one + routing
+        Linear::cost_of(cfg.d_model, cfg.experts, false, tokens) + one + routing
     }
 }
 

@@ -10,10 +10,13 @@
 
 pub mod gpt;
 pub mod gpus;
+pub mod resnet_bk;
 pub mod walk;
 
 use crate::engine::{DType, Device};
 use crate::models::gpt::GptConfig;
+use crate::models::resnet_bk::ResnetBkConfig;
+use crate::nn::moe::MoeConfig;
 use crate::nn::{ActLayout, Cost};
 use serde::Serialize;
 use walk::Kind;
@@ -37,9 +40,50 @@ pub const POOL_GRANULE: usize = 2 << 20;
 /// ...and aligns each buffer to this.
 pub const POOL_ALIGNMENT: usize = 512;
 
+/// Which model the request's shape describes (`model.kind`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Arch {
+    Gpt,
+    /// ResNet-BK: `model` gives its vocabulary, width, depth, context and head tying
+    /// (`n_heads` is unused), and `moe` its mixture-of-experts layers.
+    ResnetBk {
+        moe: MoeConfig,
+    },
+}
+
+impl Arch {
+    /// The model `model.kind` names (the config's validation admits only the two).
+    pub fn of(m: &crate::config::ModelConfig) -> Arch {
+        if m.kind == "resnet_bk" {
+            Arch::ResnetBk {
+                moe: MoeConfig {
+                    d_model: m.d_model,
+                    hidden: m.moe_hidden_width(),
+                    experts: m.moe_experts,
+                    top_k: m.moe_top_k,
+                    capacity_factor: m.moe_capacity_factor,
+                    aux_coef: m.moe_aux_coef,
+                },
+            }
+        } else {
+            Arch::Gpt
+        }
+    }
+
+    /// The `model.kind` name.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Arch::Gpt => "gpt",
+            Arch::ResnetBk { .. } => "resnet_bk",
+        }
+    }
+}
+
 /// What to plan: a model shape, a micro-batch, and how the step runs.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct PlanRequest {
+    #[serde(rename = "model_kind", serialize_with = "arch_kind")]
+    pub arch: Arch,
     /// The model with `vocab` already padded ([`padded_vocab`]).
     #[serde(skip)]
     pub model: GptConfig,
@@ -52,6 +96,10 @@ pub struct PlanRequest {
     pub compute: DType,
     pub recompute: bool,
     pub offload_optimizer: bool,
+}
+
+fn arch_kind<S: serde::Serializer>(a: &Arch, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(a.kind())
 }
 
 fn device_name<S: serde::Serializer>(d: &Device, s: S) -> Result<S::Ok, S::Error> {
@@ -75,6 +123,26 @@ impl PlanRequest {
 
     fn gpu(&self) -> bool {
         self.device != Device::Cpu
+    }
+
+    /// The ResNet-BK the request describes, if it is one.
+    pub fn resnet_bk(&self) -> Option<ResnetBkConfig> {
+        match self.arch {
+            Arch::Gpt => None,
+            Arch::ResnetBk { moe } => Some(ResnetBkConfig {
+                vocab: self.model.vocab,
+                d_model: self.model.d_model,
+                n_layers: self.model.n_layers,
+                context: self.model.context,
+                tied_head: self.model.tied_head,
+                moe,
+            }),
+        }
+    }
+
+    /// Whether the model has block recomputation (the GPT has; ResNet-BK has not).
+    pub fn can_recompute(&self) -> bool {
+        self.arch == Arch::Gpt
     }
 }
 
@@ -146,7 +214,9 @@ impl Plan {
     }
 }
 
-/// Plans one step of `r`.
+/// Plans one step of `r`. For ResNet-BK the mixture-of-experts layers are planned at their
+/// worst-case expert loads ([`resnet_bk::worst_case_loads`]), so the plan is an upper bound
+/// that a real step's routing meets or undercuts.
 pub fn plan(r: &PlanRequest) -> Plan {
     let spec = gpt::StepSpec {
         batch: r.micro_batch,
@@ -156,7 +226,11 @@ pub fn plan(r: &PlanRequest) -> Plan {
         offload: r.offload_optimizer,
         gemm_workspace: if r.gpu() { GPU_GEMM_WORKSPACE } else { 0 },
     };
-    let w = gpt::walk_step(&r.model, spec);
+    let bk = r.resnet_bk();
+    let w = match &bk {
+        None => gpt::walk_step(&r.model, spec),
+        Some(cfg) => resnet_bk::walk_worst_case(cfg, spec),
+    };
     let mut b = Breakdown::default();
     let mut rounding = 0;
     for buf in w.at_peak() {
@@ -186,8 +260,16 @@ pub fn plan(r: &PlanRequest) -> Plan {
         .collect();
     largest.sort_by_key(|b| std::cmp::Reverse(b.1));
     largest.truncate(4);
-    let params: usize = gpt::param_shapes(&r.model).iter().map(|p| p.1).sum();
-    let cost = r.model.cost_on(r.micro_batch, r.seq_len, r.layout());
+    let (params, cost) = match &bk {
+        None => (
+            gpt::param_shapes(&r.model).iter().map(|p| p.1).sum(),
+            r.model.cost_on(r.micro_batch, r.seq_len, r.layout()),
+        ),
+        Some(cfg) => (
+            resnet_bk::param_shapes(cfg).iter().map(|p| p.1).sum(),
+            cfg.cost(r.micro_batch, r.seq_len),
+        ),
+    };
     Plan {
         request: *r,
         params,
@@ -198,7 +280,7 @@ pub fn plan(r: &PlanRequest) -> Plan {
         peak_at: w.peak_at().to_string(),
         largest_at_peak: largest,
         host_offload: if r.offload_optimizer { 12 * params } else { 0 },
-        recompute_flops: if r.recompute {
+        recompute_flops: if r.recompute && r.can_recompute() {
             block_cost(&r.model, r.micro_batch, r.seq_len, r.layout()).flops_forward
                 * r.model.n_layers as u64
         } else {
@@ -221,6 +303,9 @@ fn block_cost(m: &GptConfig, batch: usize, seq: usize, layout: ActLayout) -> Cos
 /// The activation table: each layer's parameters, FLOPs and saved bytes for the request's
 /// micro-batch, from the layers' own costs.
 pub fn layer_table(r: &PlanRequest) -> Vec<LayerLine> {
+    if let Some(cfg) = r.resnet_bk() {
+        return resnet_bk_layer_table(&cfg, r);
+    }
     use crate::nn::{
         attention::CausalSelfAttention, embedding::Embedding, layernorm::LayerNorm, linear::Linear,
         mlp::Mlp,
@@ -282,6 +367,65 @@ pub fn layer_table(r: &PlanRequest) -> Vec<LayerLine> {
                 ..head
             },
             0,
+        ),
+    ]
+}
+
+/// [`layer_table`] for ResNet-BK (no recomputation, so both saved-bytes columns agree).
+fn resnet_bk_layer_table(cfg: &ResnetBkConfig, r: &PlanRequest) -> Vec<LayerLine> {
+    use crate::nn::{
+        bk_core::{BkCore, BkCoreOptions},
+        embedding::Embedding,
+        layernorm::LayerNorm,
+        linear::Linear,
+        moe::Moe,
+    };
+    let layout = r.layout();
+    let (b, t, c) = (r.micro_batch, r.seq_len, cfg.d_model);
+    let n = b * t;
+    let padded = padded_vocab(cfg.vocab);
+    let line = |layer: &str, count: usize, cost: Cost| LayerLine {
+        layer: layer.into(),
+        count,
+        params: cost.params,
+        flops_forward: cost.flops_forward,
+        flops_backward: cost.flops_backward,
+        saved_bytes: cost.saved_bytes,
+        saved_bytes_recompute: cost.saved_bytes,
+    };
+    let l = cfg.n_layers;
+    let head = Linear::cost_of(c, padded, false, n);
+    vec![
+        line(
+            "embedding",
+            1,
+            Cost {
+                saved_bytes: 0,
+                ..Embedding::cost_of(padded, cfg.context, c, n)
+            },
+        ),
+        line("block.ln", l, LayerNorm::cost_of(c, n, layout)),
+        line("block.moe (all slots kept)", l, Moe::cost_of(&cfg.moe, n)),
+        line("block.v_proj", l, Linear::cost_of(c, 1, true, n)),
+        line(
+            "block.bk_core",
+            l,
+            BkCore::cost_of(BkCoreOptions::default(), cfg.context, b, t),
+        ),
+        line("block.out_proj", l, Linear::cost_of(2, c, false, n)),
+        line("ln_f", 1, LayerNorm::cost_of(c, n, layout)),
+        line(
+            if cfg.tied_head {
+                "head (tied to wte)"
+            } else {
+                "head"
+            },
+            1,
+            Cost {
+                params: if cfg.tied_head { 0 } else { head.params },
+                saved_bytes: 0,
+                ..head
+            },
         ),
     ]
 }
@@ -399,11 +543,12 @@ pub const VARIANTS: [(&str, bool, bool); 4] = [
 ];
 
 /// The largest micro-batch of each variant ([`VARIANTS`]); offload is skipped on the CPU,
-/// where host memory is the device.
+/// where host memory is the device, and recomputation for a model without it.
 pub fn largest_by_variant(r: &PlanRequest, budget: &Budget) -> Vec<(&'static str, Option<usize>)> {
     VARIANTS
         .iter()
         .filter(|v| r.gpu() || !v.2)
+        .filter(|v| r.can_recompute() || !v.1)
         .map(|&(name, recompute, offload)| {
             let v = PlanRequest {
                 recompute,
@@ -425,7 +570,7 @@ pub fn one_sequence_advice(r: &PlanRequest, budget: &Budget) -> Option<String> {
     }
     let saves = |alt: PlanRequest| base.device_peak.saturating_sub(plan(&alt).device_peak);
     let mut options = Vec::new();
-    if !one.recompute {
+    if !one.recompute && one.can_recompute() {
         let s = saves(PlanRequest {
             recompute: true,
             ..one
@@ -485,6 +630,15 @@ pub fn one_sequence_advice(r: &PlanRequest, budget: &Budget) -> Option<String> {
 pub fn misaligned_dimensions(r: &PlanRequest, vocab: usize, elem_bytes: usize) -> Vec<Misaligned> {
     let multiple = if elem_bytes == 1 { 16 } else { 8 };
     let m = &r.model;
+    if let Some(cfg) = r.resnet_bk() {
+        let dims = [
+            ("d_model", cfg.d_model),
+            ("expert hidden width", cfg.moe.hidden),
+            ("vocabulary (logits)", cfg.vocab.max(vocab)),
+            ("tokens per micro-batch", r.micro_batch * r.seq_len),
+        ];
+        return misaligned_of(&dims, multiple);
+    }
     let dims = [
         ("d_model", m.d_model),
         ("3 x d_model (qkv)", 3 * m.d_model),
@@ -496,6 +650,10 @@ pub fn misaligned_dimensions(r: &PlanRequest, vocab: usize, elem_bytes: usize) -
         ("vocabulary (logits)", m.vocab.max(vocab)),
         ("tokens per micro-batch", r.micro_batch * r.seq_len),
     ];
+    misaligned_of(&dims, multiple)
+}
+
+fn misaligned_of(dims: &[(&str, usize)], multiple: usize) -> Vec<Misaligned> {
     dims.iter()
         .filter(|(_, v)| v % multiple != 0)
         .map(|&(d, v)| Misaligned {

@@ -7,6 +7,8 @@ use crate::data::Batch;
 use crate::engine::MemoryPool;
 use crate::train::{Precision, Trainer};
 
+mod resnet_bk;
+
 struct Case {
     d_model: usize,
     n_layers: usize,
@@ -31,6 +33,7 @@ fn config(c: &Case, micro_batch: usize) -> Config {
 
 fn request(c: &Case, micro_batch: usize) -> PlanRequest {
     PlanRequest {
+        arch: Arch::Gpt,
         model: GptConfig {
             vocab: padded_vocab(c.vocab),
             d_model: c.d_model,
