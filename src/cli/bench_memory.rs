@@ -7,7 +7,7 @@
 //! on any machine. Without `train.memory_limit` the suite picks a cap between the planned
 //! peaks of two of the sizes it measures, so the boundary falls inside the plot.
 
-use super::plan::{plan_request, trial_step};
+use super::plan::trial_step;
 use crate::data;
 use crate::engine::{Device, EngineError, MemoryPool};
 use crate::error::{KilnError, Result};
@@ -138,7 +138,14 @@ pub fn run(a: BenchMemoryArgs) -> Result<()> {
         report.watch_gpu(ordinal);
     }
     let vocab = data::tokenizer_vocab_size(&cfg.data.tokenizer)?;
-    let r = plan_request(&cfg, vocab, precision, device);
+    let r = PlanRequest::for_config(
+        &cfg,
+        vocab,
+        precision
+            .compute_dtype()
+            .unwrap_or(crate::engine::DType::F32),
+        device,
+    );
 
     let mut rows = Vec::new();
     for &b in &batches {

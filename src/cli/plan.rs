@@ -7,7 +7,6 @@ use crate::data::{self, Batch};
 use crate::engine::device::DeviceRequest;
 use crate::engine::{self, DType, Device, EngineError, MemoryPool};
 use crate::error::{KilnError, Result};
-use crate::models::gpt::GptConfig;
 use crate::plan::{self, Budget, Plan, PlanRequest, gib, gpus};
 use crate::train::{Precision, Trainer};
 use clap::Args;
@@ -101,7 +100,12 @@ pub fn run(a: PlanArgs) -> Result<()> {
         .check_device(device, target.budget.compute_capability)?;
     target.notes.extend(note);
     let vocab = data::tokenizer_vocab_size(&cfg.data.tokenizer)?;
-    let base = plan_request(&cfg, vocab, precision, device);
+    let base = PlanRequest::for_config(
+        &cfg,
+        vocab,
+        precision.compute_dtype().unwrap_or(DType::F32),
+        device,
+    );
     if cfg.train.offload_optimizer && device == Device::Cpu {
         target.notes.push(
             "train.offload_optimizer has no effect on the CPU (host memory is the device)".into(),
@@ -150,34 +154,6 @@ pub fn run(a: PlanArgs) -> Result<()> {
         print_report(&report, &cfg);
     }
     Ok(())
-}
-
-/// The plan of `cfg`'s step on `device` (recomputation as `train.recompute=blocks` asks).
-pub(crate) fn plan_request(
-    cfg: &Config,
-    vocab: usize,
-    precision: Precision,
-    device: Device,
-) -> PlanRequest {
-    let m = &cfg.model;
-    let arch = plan::Arch::of(m);
-    PlanRequest {
-        arch,
-        model: GptConfig {
-            vocab: plan::padded_vocab(vocab),
-            d_model: m.d_model,
-            n_layers: m.n_layers,
-            n_heads: m.n_heads,
-            context: m.context,
-            tied_head: m.tied_head,
-        },
-        micro_batch: cfg.train.micro_batch,
-        seq_len: cfg.train.seq_len,
-        device,
-        compute: precision.compute_dtype().unwrap_or(DType::F32),
-        recompute: cfg.train.recompute == "blocks" && arch == plan::Arch::Gpt,
-        offload_optimizer: cfg.train.offload_optimizer && device != Device::Cpu,
-    }
 }
 
 /// The named GPU, this machine's GPU, or the CPU with its RAM.

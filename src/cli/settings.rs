@@ -92,12 +92,7 @@ pub fn resolve(profile_arg: &str, file: Option<&Path>, overrides: &[String]) -> 
 /// The planner's largest micro-batch for `c` on `gpu` (0 when one sequence does not fit),
 /// with the planner's safety margin and an estimated CUDA context.
 fn largest_on_gpu(c: &Config, gpu: &GpuView) -> usize {
-    use crate::engine::DType;
-    // The planner models the GPT and ResNet-BK; another model would keep its configured
-    // micro-batch and rely on the out-of-memory split.
-    if !matches!(c.model.kind.as_str(), "gpt" | "resnet_bk") {
-        return c.train.micro_batch;
-    }
+    use crate::engine::{DType, Device};
     use crate::plan::{self, Budget, PlanRequest};
     // Both were validated with the config; a failure here can only make the plan smaller.
     let compute = crate::train::precision::Precision::parse(&c.train.precision)
@@ -105,24 +100,7 @@ fn largest_on_gpu(c: &Config, gpu: &GpuView) -> usize {
         .and_then(|p| p.compute_dtype())
         .unwrap_or(DType::F32);
     let vocab = crate::data::tokenizer_vocab_size(&c.data.tokenizer).unwrap_or(256);
-    let m = &c.model;
-    let request = PlanRequest {
-        arch: plan::Arch::of(m),
-        model: crate::models::gpt::GptConfig {
-            vocab: plan::padded_vocab(vocab),
-            d_model: m.d_model,
-            n_layers: m.n_layers,
-            n_heads: m.n_heads,
-            context: m.context,
-            tied_head: m.tied_head,
-        },
-        micro_batch: c.train.micro_batch,
-        seq_len: c.train.seq_len,
-        device: crate::engine::Device::Cuda(0),
-        compute,
-        recompute: c.train.recompute == "blocks" && c.model.kind == "gpt",
-        offload_optimizer: c.train.offload_optimizer,
-    };
+    let request = PlanRequest::for_config(c, vocab, compute, Device::Cuda(0));
     let mut budget = Budget::gpu(
         gpu.name.clone(),
         gpu.memory_total,

@@ -20,7 +20,7 @@
 use super::{Model, Recompute, StepPrecision};
 use crate::engine::ops::{self, NormStats};
 use crate::engine::rng::{Rng, stream};
-use crate::engine::{EngineError, MemoryPool, Result, Tensor};
+use crate::engine::{MemoryPool, Result, Tensor};
 use crate::nn::attention::{AttnSaved, CausalSelfAttention};
 use crate::nn::embedding::Embedding;
 use crate::nn::layernorm::LayerNorm;
@@ -183,16 +183,7 @@ impl Gpt {
     }
 
     fn check_len(&self, seq: usize) -> Result<()> {
-        if seq > self.cfg.context {
-            return Err(EngineError::Shape {
-                op: "gpt",
-                detail: format!(
-                    "a sequence of {seq} tokens is longer than the model's context of {}; use at most {} tokens or train a model with a larger model.context",
-                    self.cfg.context, self.cfg.context
-                ),
-            });
-        }
-        Ok(())
+        super::check_context("gpt", seq, self.cfg.context)
     }
 
     /// The layernorm that follows block `l`: the next block's first, or the final one.

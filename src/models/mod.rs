@@ -4,7 +4,7 @@ pub mod gpt;
 pub mod resnet_bk;
 
 use crate::config::ModelConfig;
-use crate::engine::{DType, MemoryPool, Result};
+use crate::engine::{DType, EngineError, MemoryPool, Result};
 use crate::error::KilnError;
 use crate::nn::moe::{MoeConfig, MoeStats};
 use crate::nn::{Cost, Param};
@@ -186,6 +186,19 @@ pub fn build(
             )));
         }
     })
+}
+
+/// Refuses a sequence longer than a model's `context` (its position table), naming the fix.
+pub(crate) fn check_context(model: &'static str, seq: usize, context: usize) -> Result<()> {
+    if seq > context {
+        return Err(EngineError::Shape {
+            op: model,
+            detail: format!(
+                "a sequence of {seq} tokens is longer than the model's context of {context}; use at most {context} tokens or train a model with a larger model.context"
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// How one backward pass treats precision.

@@ -24,7 +24,7 @@ use super::gpt::VOCAB_ALIGN;
 use super::{Model, RoutingStats, StepPrecision};
 use crate::engine::ops::{self, NormStats};
 use crate::engine::rng::{Rng, stream};
-use crate::engine::{DType, EngineError, MemoryPool, Result, Tensor};
+use crate::engine::{DType, MemoryPool, Result, Tensor};
 use crate::nn::bk_core::{BkCore, BkCoreOptions, BkSaved};
 use crate::nn::embedding::Embedding;
 use crate::nn::layernorm::LayerNorm;
@@ -178,16 +178,7 @@ impl ResnetBk {
     }
 
     fn check_len(&self, seq: usize) -> Result<()> {
-        if seq > self.cfg.context {
-            return Err(EngineError::Shape {
-                op: "resnet_bk",
-                detail: format!(
-                    "a sequence of {seq} tokens is longer than the model's context of {}; use at most {} tokens or train a model with a larger model.context",
-                    self.cfg.context, self.cfg.context
-                ),
-            });
-        }
-        Ok(())
+        super::check_context("resnet_bk", seq, self.cfg.context)
     }
 
     fn norm_after(&self, l: usize) -> &LayerNorm {
@@ -420,6 +411,7 @@ impl Model for ResnetBk {
 mod tests {
     use super::*;
     use crate::engine::Device;
+    use crate::engine::EngineError;
 
     fn tiny(tied: bool, top_k: usize) -> ResnetBk {
         let cfg = ResnetBkConfig {

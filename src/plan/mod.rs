@@ -107,6 +107,36 @@ fn device_name<S: serde::Serializer>(d: &Device, s: S) -> Result<S::Ok, S::Error
 }
 
 impl PlanRequest {
+    /// The plan of `cfg`'s step on `device` for a tokenizer of `vocab` tokens, with compute
+    /// copies in `compute` (recomputation as `train.recompute=blocks` asks; offload only
+    /// beside a GPU, where it means anything).
+    pub fn for_config(
+        cfg: &crate::config::Config,
+        vocab: usize,
+        compute: DType,
+        device: Device,
+    ) -> PlanRequest {
+        let m = &cfg.model;
+        let arch = Arch::of(m);
+        PlanRequest {
+            arch,
+            model: GptConfig {
+                vocab: padded_vocab(vocab),
+                d_model: m.d_model,
+                n_layers: m.n_layers,
+                n_heads: m.n_heads,
+                context: m.context,
+                tied_head: m.tied_head,
+            },
+            micro_batch: cfg.train.micro_batch,
+            seq_len: cfg.train.seq_len,
+            device,
+            compute,
+            recompute: cfg.train.recompute == "blocks" && arch == Arch::Gpt,
+            offload_optimizer: cfg.train.offload_optimizer && device != Device::Cpu,
+        }
+    }
+
     pub fn layout(&self) -> ActLayout {
         ActLayout {
             device: self.device,
