@@ -318,9 +318,7 @@ mod tests {
             .to_vec(),
         })
         .unwrap();
-        let json: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap())
-                .unwrap();
+        let json = crate::report::read_results(&out);
         let modes = json["modes"].as_array().unwrap();
         let names: Vec<&str> = modes.iter().map(|m| m["mode"].as_str().unwrap()).collect();
         assert_eq!(names, ["fp32", "bf16-mixed", "fp16-mixed"]);

@@ -738,9 +738,7 @@ mod tests {
         for name in ["time_b1", "time_b64", "speedup_b1", "speedup_b64"] {
             crate::report::plot::tests::assert_png(&out.join(format!("{name}.png")));
         }
-        let json: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap())
-                .unwrap();
+        let json = crate::report::read_results(&out);
         assert_eq!(json["rows"].as_array().unwrap().len(), 8);
         assert!(json["rows"][0]["fwd_speedup_vs_pytorch"].as_f64().unwrap() > 1.0);
     }

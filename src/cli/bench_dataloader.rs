@@ -299,9 +299,7 @@ mod tests {
             .to_vec(),
         })
         .unwrap();
-        let json: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap())
-                .unwrap();
+        let json = crate::report::read_results(&out);
         let stages = json["stages"].as_array().unwrap();
         let names: Vec<&str> = stages
             .iter()

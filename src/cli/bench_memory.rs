@@ -334,9 +334,7 @@ mod tests {
             .to_vec(),
         })
         .unwrap();
-        let json: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap())
-                .unwrap();
+        let json = crate::report::read_results(&out);
         let rows = json["rows"].as_array().unwrap();
         assert_eq!(rows.len(), 4);
         for r in rows {

@@ -328,6 +328,13 @@ impl Report {
     }
 }
 
+/// A suite's `results.json` in `dir`, parsed (for tests of the suites).
+#[cfg(test)]
+pub(crate) fn read_results(dir: &Path) -> Value {
+    let text = std::fs::read_to_string(dir.join("results.json")).expect("results.json written");
+    serde_json::from_str(&text).expect("results.json is JSON")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -366,9 +373,7 @@ mod tests {
         plot::tests::assert_png(&out.join("times.png"));
         assert!(!out.join("empty.png").exists());
 
-        let json: Value =
-            serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap())
-                .unwrap();
+        let json = super::read_results(&out);
         assert_eq!(json["suite"], "demo");
         assert_eq!(json["rows"], serde_json::json!([1, 2, 3]));
         assert_eq!(json["plots"], serde_json::json!(["times.png"]));
