@@ -89,6 +89,8 @@ struct Results {
 const FWD_BYTES: f64 = 12.0;
 /// Forward plus backward: the backward reads v and dL/dG and writes dv.
 const FWDBWD_BYTES: f64 = 12.0 + 16.0;
+/// The most device memory the rotated input copies of one size may take.
+const ROTATION_BYTES: usize = 4 << 30;
 
 pub fn run(a: BenchBkArgs) -> Result<()> {
     let mut report = Report::new("bk", "BK-Core benchmark", &a.out)?;
@@ -196,18 +198,30 @@ fn time_kiln_gpu(
     rng: &mut Rng,
 ) -> std::result::Result<Row, CudaError> {
     let elems = s.batch * s.n;
-    let v = gpu.upload(&random(elems, rng, 1.0))?;
+    // v, G, dL/dG and dv: cycled through enough copies that each call reads DRAM.
+    let copies = gpu.rotation_copies(24 * elems, ROTATION_BYTES);
+    let mut sets = Vec::with_capacity(copies);
+    for _ in 0..copies {
+        sets.push((
+            gpu.upload(&random(elems, rng, 1.0))?,
+            gpu.alloc::<f32>(2 * elems)?,
+            gpu.upload(&random(2 * elems, rng, 1.0))?,
+            gpu.alloc::<f32>(elems)?,
+        ));
+    }
     let z = gpu.upload(&[0.0f32, 1.0])?;
-    let d_out = gpu.upload(&random(2 * elems, rng, 1.0))?;
-    let mut out = gpu.alloc::<f32>(2 * elems)?;
-    let mut dv = gpu.alloc::<f32>(elems)?;
     let mut w: BkWork = gpu.bk_work(s)?;
+    let mut next = 0;
     let fwd_ms = gpu.time_median_ms(5, reps, || {
-        gpu.bk_core_forward_with(&mut w, &mut out, &v, &z, None)
+        let (v, out, _, _) = &mut sets[next % copies];
+        next += 1;
+        gpu.bk_core_forward_with(&mut w, out, v, &z, None)
     })?;
     let fwdbwd_ms = gpu.time_median_ms(5, reps, || {
-        gpu.bk_core_forward_with(&mut w, &mut out, &v, &z, None)?;
-        gpu.bk_core_backward_with(&mut w, &mut dv, &d_out, &v, &z, None, None, None)
+        let (v, out, d_out, dv) = &mut sets[next % copies];
+        next += 1;
+        gpu.bk_core_forward_with(&mut w, out, v, &z, None)?;
+        gpu.bk_core_backward_with(&mut w, dv, d_out, v, &z, None, None, None)
     })?;
     if gpu.bk_nonfinite(&mut w)? {
         return Err(CudaError::Driver(
@@ -590,13 +604,24 @@ mod sparse {
                     du[2 * i] = 1.0;
                 }
             }
-            let rhs = random(2 * elems, rng, 1.0);
             let (dl, d, du) = (gpu.upload(&dl)?, gpu.upload(&d)?, gpu.upload(&du)?);
-            let x = gpu.upload(&rhs)?;
+            // Three diagonals and the right-hand side, 32 bytes per position: cycled like
+            // kiln's inputs so that each solve reads DRAM.
+            let copies = gpu.rotation_copies(32 * elems, super::ROTATION_BYTES);
+            let mut sets = Vec::with_capacity(copies);
+            for _ in 0..copies {
+                sets.push((
+                    dl.clone(),
+                    d.clone(),
+                    du.clone(),
+                    gpu.upload(&random(2 * elems, rng, 1.0))?,
+                ));
+            }
             let s = gpu.stream();
             let ptr =
                 |b: &cudarc::driver::CudaSlice<f32>| b.device_ptr(s).0 as *const sys::cuComplex;
             let mut bytes = 0usize;
+            let (dl, d, du, x) = &sets[0];
             // SAFETY: all arrays hold `batch * n` complex values, stride n; the query only reads sizes.
             unsafe {
                 check(
@@ -604,10 +629,10 @@ mod sparse {
                     sys::cusparseCgtsv2StridedBatch_bufferSizeExt(
                         self.handle,
                         m,
-                        ptr(&dl),
-                        ptr(&d),
-                        ptr(&du),
-                        ptr(&x),
+                        ptr(dl),
+                        ptr(d),
+                        ptr(du),
+                        ptr(x),
                         count,
                         m,
                         &mut bytes,
@@ -616,8 +641,11 @@ mod sparse {
             }
             let buffer = gpu.alloc::<u8>(bytes.max(1))?;
             let buf = buffer.device_ptr(s).0 as *mut std::ffi::c_void;
-            let xp = x.device_ptr(s).0 as *mut sys::cuComplex;
+            let mut next = 0;
             let ms = gpu.time_median_ms(5, reps, || {
+                let (dl, d, du, x) = &sets[next % copies];
+                next += 1;
+                let xp = x.device_ptr(s).0 as *mut sys::cuComplex;
                 // SAFETY: as above; `buffer` has the size cuSPARSE asked for. The solve
                 // overwrites x in place; later solves start from the previous solution, which
                 // costs the same.
@@ -627,9 +655,9 @@ mod sparse {
                         sys::cusparseCgtsv2StridedBatch(
                             self.handle,
                             m,
-                            ptr(&dl),
-                            ptr(&d),
-                            ptr(&du),
+                            ptr(dl),
+                            ptr(d),
+                            ptr(du),
                             xp,
                             count,
                             m,

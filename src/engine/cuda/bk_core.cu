@@ -36,10 +36,12 @@ __device__ __forceinline__ cx add(cx a, cx b) { return mk(a.x + b.x, a.y + b.y);
 __device__ __forceinline__ cx sub(cx a, cx b) { return mk(a.x - b.x, a.y - b.y); }
 __device__ __forceinline__ cx mul(cx a, cx b) { return mk(a.x * b.x - a.y * b.y, a.x * b.y + a.y * b.x); }
 __device__ __forceinline__ cx scl(cx a, float k) { return mk(a.x * k, a.y * k); }
-// conj / |.|^2 as on the CPU: a zero divisor gives NaN, never a silent zero.
+// conj / |.|^2 as on the CPU: a zero divisor gives NaN (0 * inf), never a silent zero. One
+// hardware reciprocal (about 1 ulp) instead of two IEEE divisions: the sweeps are chains of
+// these, and the division's longer instruction sequence set their speed.
 __device__ __forceinline__ cx rcp(cx a) {
-    const float d = a.x * a.x + a.y * a.y;
-    return mk(a.x / d, -a.y / d);
+    const float inv = __fdividef(1.0f, a.x * a.x + a.y * a.y);
+    return mk(a.x * inv, -a.y * inv);
 }
 __device__ __forceinline__ cx cdiv(cx a, cx b) { return mul(a, rcp(b)); }
 __device__ __forceinline__ cx ld2(const float* p) { return mk(p[0], p[1]); }
@@ -70,14 +72,17 @@ __device__ __forceinline__ Mob combine(Mob l, Mob e) {
     m.d = add(mul(l.c, e.b), mul(l.d, e.d));
     return normalised(m);
 }
-// [[s, -p], [1, 0]] o m: one step x -> s - p / x after `m`.
-__device__ __forceinline__ Mob step(Mob m, cx s, float p) {
+// [[s, -p], [1, 0]] o m: one step x -> s - p / x after `m`. Normalised on every second step
+// and at the chunk's end (`renorm`): a normalised map's entries are at most 2 and one step
+// multiplies them by at most |s| + |p|, so two steps stay finite while |s| + |p| < 1e19,
+// which every pivot the reciprocal can invert (|x|^2 finite) already needs.
+__device__ __forceinline__ Mob step(Mob m, cx s, float p, bool renorm) {
     Mob r;
     r.a = sub(mul(s, m.a), scl(m.c, p));
     r.b = sub(mul(s, m.b), scl(m.d, p));
     r.c = m.a;
     r.d = m.b;
-    return normalised(r);
+    return renorm ? normalised(r) : r;
 }
 __device__ __forceinline__ Mob identity_of(Mob) { return mob_id(); }
 
@@ -104,20 +109,35 @@ __device__ __forceinline__ Aff shfl(Aff m, int d, bool rev) {
     return m;
 }
 
+// Lane `src`'s value, in every lane.
+__device__ __forceinline__ cx shfl_from(cx a, int src) {
+    return mk(__shfl_sync(0xffffffffu, a.x, src), __shfl_sync(0xffffffffu, a.y, src));
+}
+__device__ __forceinline__ Mob shfl_from(Mob m, int src) {
+    m.a = shfl_from(m.a, src); m.b = shfl_from(m.b, src); m.c = shfl_from(m.c, src); m.d = shfl_from(m.d, src);
+    return m;
+}
+__device__ __forceinline__ Aff shfl_from(Aff m, int src) {
+    m.A = shfl_from(m.A, src); m.B = shfl_from(m.B, src);
+    return m;
+}
+
 // Inclusive warp scan: lane k gets the composition of itself and the lanes before it (after
-// it when `rev`), the nearest applied last. Every lane of the warp must call it.
-template <typename T> __device__ T warp_scan_incl(T x, int lane, bool rev) {
-    for (int d = 1; d < 32; d <<= 1) {
+// it when `rev`), the nearest applied last, over the first `width` lanes (a power of two; the
+// lanes past it must hold identities when `rev`). Every lane of the warp must call it.
+template <typename T> __device__ T warp_scan_incl(T x, int lane, bool rev, int width = 32) {
+    for (int d = 1; d < width; d <<= 1) {
         const T y = shfl(x, d, rev);
         if (rev ? lane + d < 32 : lane >= d) x = combine(x, y);
     }
     return x;
 }
 
-// The exclusive form of an inclusive scan: each lane takes its predecessor's value.
-template <typename T> __device__ T warp_excl_of(T incl, int lane, bool rev) {
+// The exclusive form of an inclusive scan over the first `width` lanes: each lane takes its
+// predecessor's value.
+template <typename T> __device__ T warp_excl_of(T incl, int lane, bool rev, int width = 32) {
     const T e = shfl(incl, 1, rev);
-    return (rev ? lane == 31 : lane == 0) ? identity_of(incl) : e;
+    return (rev ? lane == width - 1 : lane == 0) ? identity_of(incl) : e;
 }
 
 template <typename T> __device__ T warp_scan_excl(T x, int lane, bool rev) {
@@ -166,10 +186,10 @@ extern "C" __global__ void bk_chunk_maps(float* maps, const float* v, const floa
     if (!my_chunk(batch, n, ch)) return;
     const Coef k = coef(v, z, b, c, has_off, n);
     Mob r = mob_id();
-    for (int i = ch.lo; i < ch.hi; ++i) r = step(r, k.s(ch.base, i), k.p(i - 1));
+    for (int i = ch.lo; i < ch.hi; ++i) r = step(r, k.s(ch.base, i), k.p(i - 1), ((i - ch.lo) & 1) || i + 1 == ch.hi);
     Mob q = mob_id();
     if (!causal)
-        for (int i = ch.hi - 1; i >= ch.lo; --i) q = step(q, k.s(ch.base, i), k.p(i));
+        for (int i = ch.hi - 1; i >= ch.lo; --i) q = step(q, k.s(ch.base, i), k.p(i), ((ch.hi - 1 - i) & 1) || i == ch.lo);
     float* o = maps + ch.id * 16;
     st2(o + 0, r.a); st2(o + 2, r.b); st2(o + 4, r.c); st2(o + 6, r.d);
     st2(o + 8, q.a); st2(o + 10, q.b); st2(o + 12, q.c); st2(o + 14, q.d);
@@ -428,13 +448,12 @@ template <typename T> __device__ T team_scan_excl(T x, int lane, int warp, int t
     const T incl = warp_scan_incl(x, lane, rev);
     if (lane == (rev ? 0 : 31)) store_val(tot + warp * 16, incl);
     __syncthreads();
+    // Every warp scans its team's warp totals across its first `tw` lanes (log2(tw) steps
+    // rather than a serial walk over up to tw - 1 totals) and takes its own exclusive prefix.
     const int first = warp - warp % tw;
-    T pre = identity_of(x), y;
-    if (rev) {
-        for (int j = first + tw - 1; j > warp; --j) { load_val(tot + j * 16, y); pre = combine(y, pre); }
-    } else {
-        for (int j = first; j < warp; ++j) { load_val(tot + j * 16, y); pre = combine(y, pre); }
-    }
+    T y = identity_of(x);
+    if (lane < tw) load_val(tot + (first + lane) * 16, y);
+    const T pre = shfl_from(warp_excl_of(warp_scan_incl(y, lane, rev, tw), lane, rev, tw), warp - first);
     __syncthreads();  // `tot` is free again for the next scan
     return combine(warp_excl_of(incl, lane, rev), pre);
 }
@@ -477,13 +496,50 @@ struct SharedCoef {
     }
 };
 
+// Copies src[i] to dst[pad(i)] for i = t, t + stride, ... < n (coalesced on the global side),
+// with COPY_BATCH loads in flight per thread: a plain loop waits out one full DRAM latency per
+// element, which was most of the fused kernels' time at every size.
+#define COPY_BATCH 8
+template <typename T> __device__ __forceinline__ void copy_in(T* dst, const T* src, int n, int t, int stride) {
+    for (int i0 = t; i0 < n; i0 += COPY_BATCH * stride) {
+        T tmp[COPY_BATCH];
+#pragma unroll
+        for (int u = 0; u < COPY_BATCH; ++u) {
+            const int i = i0 + u * stride;
+            if (i < n) tmp[u] = src[i];
+        }
+#pragma unroll
+        for (int u = 0; u < COPY_BATCH; ++u) {
+            const int i = i0 + u * stride;
+            if (i < n) dst[pad(i)] = tmp[u];
+        }
+    }
+}
+// dst[i] = src[pad(i)], the way back (stores do not wait, but the shared loads are batched too).
+template <typename T> __device__ __forceinline__ void copy_out(T* dst, const T* src, int n, int t, int stride) {
+#pragma unroll COPY_BATCH
+    for (int i = t; i < n; i += stride) dst[i] = src[pad(i)];
+}
+
 // Stages the team's v and the block's p (coalesced); ends with a barrier.
 __device__ __forceinline__ void stage(const Team& m, float* sv, float* sp, const float* v, const float* b,
                                       const float* c, int has_off, int n) {
     if (m.active)
-        for (int i = m.t; i < n; i += m.team_threads) sv[pad(i)] = v[m.base + i];
+        copy_in(sv, v + m.base, n, m.t, m.team_threads);
     if (has_off)
-        for (int i = threadIdx.x; i < n - 1; i += blockDim.x) sp[pad(i)] = b[i] * c[i];
+        for (int i0 = threadIdx.x; i0 < n - 1; i0 += COPY_BATCH * blockDim.x) {
+            float bb[COPY_BATCH], cc[COPY_BATCH];
+#pragma unroll
+            for (int u = 0; u < COPY_BATCH; ++u) {
+                const int i = i0 + u * blockDim.x;
+                if (i < n - 1) { bb[u] = b[i]; cc[u] = c[i]; }
+            }
+#pragma unroll
+            for (int u = 0; u < COPY_BATCH; ++u) {
+                const int i = i0 + u * blockDim.x;
+                if (i < n - 1) sp[pad(i)] = bb[u] * cc[u];
+            }
+        }
     __syncthreads();
 }
 
@@ -492,11 +548,11 @@ __device__ __forceinline__ void stage(const Team& m, float* sv, float* sp, const
 __device__ __forceinline__ void enter_pairs(const Team& m, const SharedCoef& k, int causal, float* tot, Mob& er,
                                             Mob& eq) {
     er = mob_id();
-    for (int i = m.lo; i < m.hi; ++i) er = step(er, k.s(i), k.p(i - 1));
+    for (int i = m.lo; i < m.hi; ++i) er = step(er, k.s(i), k.p(i - 1), ((i - m.lo) & 1) || i + 1 == m.hi);
     er = team_scan_excl(er, m.lane, m.warp, m.tw, tot, false);
     eq = mob_id();
     if (!causal) {
-        for (int i = m.hi - 1; i >= m.lo; --i) eq = step(eq, k.s(i), k.p(i));
+        for (int i = m.hi - 1; i >= m.lo; --i) eq = step(eq, k.s(i), k.p(i), ((m.hi - 1 - i) & 1) || i == m.lo);
         eq = team_scan_excl(eq, m.lane, m.warp, m.tw, tot, true);
     }
 }
@@ -546,7 +602,7 @@ bk_forward_fused(float* out, unsigned int* nonfinite, const float* v, const floa
     __syncthreads();
     if (m.active) {
         float2* o = (float2*)out + m.base;
-        for (int i = m.t; i < n; i += m.team_threads) o[i] = sr[pad(i)];
+        copy_out(o, sr, n, m.t, m.team_threads);
     }
 }
 
@@ -578,7 +634,7 @@ bk_backward_fused(float* dv, float* zpart, float* bpart, float* cpart, int learn
     float* sp = (float*)(qfirst + blockDim.x) + m.teams * P;
     float* tot = sp + (has_off ? P : 0);
     if (m.active)
-        for (int i = m.t; i < n; i += m.team_threads) sg[pad(i)] = ((const float2*)dout)[m.base + i];
+        copy_in(sg, (const float2*)dout + m.base, n, m.t, m.team_threads);
     stage(m, sv, sp, v, b, c, has_off, n);
     SharedCoef k;
     k.sv = sv; k.sp = sp; k.zr = z[0]; k.zi = z[1]; k.has_off = has_off; k.n = n;
@@ -701,7 +757,7 @@ bk_backward_fused(float* dv, float* zpart, float* bpart, float* cpart, int learn
         zpart[m.seq * 2 + 1] = total.y;
     }
     if (m.active) {
-        for (int i = m.t; i < n; i += m.team_threads) dv[m.base + i] = sv[pad(i)];
+        copy_out(dv + m.base, sv, n, m.t, m.team_threads);
         if (learn_off) {
             const long long row = (long long)m.seq * (n - 1);
             for (int i = m.t; i < n - 1; i += m.team_threads) {

@@ -161,6 +161,9 @@ pub struct GpuInfo {
     pub sm_count: u32,
     /// Shared memory one block may use when its kernel opts in (bytes).
     pub shared_memory_per_block_optin: usize,
+    /// Size of the L2 cache (bytes): benchmarks cycle through more input than this so that
+    /// their timings read DRAM, not the cache.
+    pub l2_cache_bytes: usize,
 }
 
 impl GpuInfo {
@@ -198,6 +201,7 @@ fn device_info(ctx: &Arc<CudaContext>) -> Result<GpuInfo> {
         shared_memory_per_block_optin: attr(
             CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
         )? as usize,
+        l2_cache_bytes: attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as usize,
     })
 }
 
@@ -295,6 +299,20 @@ pub struct CompileReport {
     /// Wall time to obtain and load every program (compiling or reading the cache).
     pub elapsed: Duration,
 }
+
+/// See [`CudaBackend::rotation_copies`].
+pub fn rotation_copies(bytes: usize, l2_bytes: usize, max_bytes: usize) -> usize {
+    if bytes == 0 {
+        return 1;
+    }
+    (2 * l2_bytes).div_ceil(bytes).min(max_bytes / bytes).max(1)
+}
+
+/// How long one timed batch of [`CudaBackend::time_median_ms`] aims to last, in milliseconds.
+pub const TIMED_BATCH_MS: f64 = 0.2;
+/// The most calls in one timed batch (a lone call's time includes the launch latency, so the
+/// batch of a tiny kernel is sized generously and then capped).
+const MAX_TIMED_CALLS: usize = 200;
 
 /// One GPU, ready to run kiln's kernels: a context, one stream, the loaded kernels and a
 /// cuBLASLt handle.
@@ -461,8 +479,15 @@ impl CudaBackend {
             .map_err(|e| self.alloc_error(len * std::mem::size_of::<T>(), e))
     }
 
-    /// Median device time in milliseconds of `work`, from events recorded around each of
-    /// `reps` runs after `warmup` untimed ones (so module load and caches stay out of it).
+    /// Median device time in milliseconds of one call of `work`, after `warmup` untimed calls
+    /// (so module load and caches stay out of it).
+    ///
+    /// Each of the `reps` samples times a batch of calls issued back to back between two
+    /// events and divides by the count, as the calls run inside a training step: the GPU then
+    /// never idles waiting for the host to issue the next launch, and the time is the
+    /// device's, not the launch latency's. Batches are sized from one lone call to last about
+    /// [`TIMED_BATCH_MS`]. `work` must be callable any number of times; a caller that wants
+    /// fresh inputs per call (larger than the cache) cycles through copies itself.
     pub fn time_median_ms(
         &self,
         warmup: usize,
@@ -472,16 +497,32 @@ impl CudaBackend {
         for _ in 0..warmup {
             work()?;
         }
-        let timing = Some(CUevent_flags::CU_EVENT_DEFAULT);
+        let lone = self.time_calls(1, &mut work)?;
+        let calls = ((TIMED_BATCH_MS / lone.max(1e-6)).ceil() as usize).clamp(1, MAX_TIMED_CALLS);
         let mut times = Vec::with_capacity(reps);
         for _ in 0..reps.max(1) {
-            let start = self.stream.record_event(timing)?;
-            work()?;
-            let end = self.stream.record_event(timing)?;
-            times.push(start.elapsed_ms(&end)? as f64);
+            times.push(self.time_calls(calls, &mut work)? / calls as f64);
         }
         times.sort_by(f64::total_cmp);
         Ok(times[times.len() / 2])
+    }
+
+    /// Device milliseconds between events around `calls` back-to-back calls of `work`.
+    /// How many copies of a working set of `bytes` a benchmark should cycle through so that
+    /// consecutive calls miss the L2 cache (at least twice its size in all; one copy when a
+    /// single set is already that large), within `max_bytes` of memory.
+    pub fn rotation_copies(&self, bytes: usize, max_bytes: usize) -> usize {
+        rotation_copies(bytes, self.info.l2_cache_bytes, max_bytes)
+    }
+
+    fn time_calls(&self, calls: usize, work: &mut impl FnMut() -> Result<()>) -> Result<f64> {
+        let timing = Some(CUevent_flags::CU_EVENT_DEFAULT);
+        let start = self.stream.record_event(timing)?;
+        for _ in 0..calls {
+            work()?;
+        }
+        let end = self.stream.record_event(timing)?;
+        Ok(start.elapsed_ms(&end)? as f64)
     }
 
     fn function(&self, name: &str) -> Result<&CudaFunction> {
@@ -612,6 +653,18 @@ fn raw_ptr<T>(buf: &CudaSlice<T>, stream: &CudaStream) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rotation_covers_twice_the_cache_within_the_memory_bound() {
+        const MIB: usize = 1 << 20;
+        // 50 MiB of L2: a 4 MiB set needs 25 copies, a 200 MiB set one.
+        assert_eq!(rotation_copies(4 * MIB, 50 * MIB, 1 << 30), 25);
+        assert_eq!(rotation_copies(200 * MIB, 50 * MIB, 1 << 30), 1);
+        // The memory bound wins over the cache, but one copy always exists.
+        assert_eq!(rotation_copies(4 * MIB, 50 * MIB, 40 * MIB), 10);
+        assert_eq!(rotation_copies(4 * MIB, 50 * MIB, MIB), 1);
+        assert_eq!(rotation_copies(0, 50 * MIB, MIB), 1);
+    }
 
     /// Compiles every program for the GPU generations kiln targets, with no GPU needed: only
     /// NVRTC (found through `CUDA_HOME` or the usual paths). Skips where NVRTC is absent.
