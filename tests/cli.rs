@@ -903,7 +903,11 @@ fn train_trace_records_the_phases_of_the_chosen_steps() {
     );
     assert!(out.status.success(), "{}", text(&out));
     let v: serde_json::Value = serde_json::from_str(&fs::read_to_string(&trace).unwrap()).unwrap();
-    let events = v["traceEvents"].as_array().unwrap();
+    let all = v["traceEvents"].as_array().unwrap();
+    let (events, ops): (Vec<&serde_json::Value>, Vec<&serde_json::Value>) = all
+        .iter()
+        .filter(|e| e["ph"] == "X")
+        .partition(|e| e["cat"] == "step");
     let of = |step: u64| -> Vec<&str> {
         events
             .iter()
@@ -918,11 +922,43 @@ fn train_trace_records_the_phases_of_the_chosen_steps() {
     );
     assert!(of(1).is_empty() && of(4).is_empty());
     // Phases of a step follow one another on the clock.
-    let step2: Vec<&serde_json::Value> = events.iter().filter(|e| e["args"]["step"] == 2).collect();
+    let step2: Vec<&&serde_json::Value> =
+        events.iter().filter(|e| e["args"]["step"] == 2).collect();
     for w in step2.windows(2) {
         let end = w[0]["ts"].as_f64().unwrap() + w[0]["dur"].as_f64().unwrap();
         assert!(w[1]["ts"].as_f64().unwrap() >= end - 1e-3, "{w:?}");
     }
+    // Every op of a traced step is on its own track, inside the step's forward+backward and
+    // optimizer phases; the step's GEMMs, attention, loss and update are all there.
+    let at = |e: &serde_json::Value| {
+        let ts = e["ts"].as_f64().unwrap();
+        (ts, ts + e["dur"].as_f64().unwrap())
+    };
+    let (step_start, _) = at(step2[1]);
+    let (_, step_end) = at(step2[2]);
+    let ops2: Vec<&&serde_json::Value> = ops.iter().filter(|e| e["args"]["step"] == 2).collect();
+    for name in [
+        "linear_forward",
+        "linear_backward",
+        "attention_forward",
+        "attention_backward",
+        "cross_entropy_fused",
+        "adamw_update",
+    ] {
+        assert!(
+            ops2.iter().any(|e| e["name"] == name),
+            "no {name} in {ops2:?}"
+        );
+    }
+    for op in &ops2 {
+        let (a, b) = at(op);
+        assert!(a >= step_start - 1e-3 && b <= step_end + 1e-3, "{op:?}");
+        assert_ne!(op["tid"], step2[0]["tid"]);
+    }
+    assert!(
+        ops.iter()
+            .all(|e| e["args"]["step"] == 2 || e["args"]["step"] == 3)
+    );
 
     let bad = kiln(
         &[

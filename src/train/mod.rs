@@ -242,6 +242,8 @@ pub fn run(opts: RunOptions) -> Result<Summary> {
         trainer.mark_phases = traced.is_some();
         if traced.is_some() {
             trainer.synchronize()?;
+            crate::engine::profile::start_recording(trainer.pool.cuda().ok().map(|g| &**g))
+                .map_err(|e| KilnError::Engine(crate::engine::EngineError::Cuda(e)))?;
         }
         let data_start = Instant::now();
         let mut micro: Vec<Batch> = Vec::with_capacity(cfg.train.grad_accum);
@@ -259,6 +261,11 @@ pub fn run(opts: RunOptions) -> Result<Summary> {
             t.span("data wait", n, data_start, step_start);
             t.span("forward+backward", n, step_start, fb_end);
             t.span("optimizer", n, fb_end, end);
+            let ops = crate::engine::profile::finish_recording()
+                .map_err(|e| KilnError::Engine(crate::engine::EngineError::Cuda(e)))?;
+            for op in ops {
+                t.op_span(op.name, n, op.start, op.duration);
+            }
         }
         for split in trainer.passes.take_splits() {
             progress.message(&format!(

@@ -1,13 +1,19 @@
-//! A Chrome trace (the JSON that Perfetto and chrome://tracing open) of the phases of chosen
-//! training steps: data wait, forward+backward, optimizer, eval and checkpoint, on the wall
-//! clock. Inside traced steps the device is synchronised at every phase boundary, so a phase's
-//! span covers its GPU work; steps outside the range run unsynchronised.
+//! A Chrome trace (the JSON that Perfetto and chrome://tracing open) of chosen training steps:
+//! on one track the phases (data wait, forward+backward, optimizer, eval and checkpoint) on the
+//! wall clock, on a second every op of the step (each kernel launch of `engine::ops`), timed
+//! with device events on a GPU and placed on the same clock. Inside traced steps the device is
+//! synchronised at every phase boundary, so a phase's span covers its GPU work; steps outside
+//! the range run unsynchronised and unrecorded.
 
 use crate::error::{KilnError, Result};
 use serde::Serialize;
 use std::ops::Range;
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// The trace's tracks (Chrome trace thread ids).
+const PHASES: u32 = 1;
+const OPS: u32 = 2;
 
 /// Where to write the trace and which optimizer steps (1-based, end exclusive) to record.
 #[derive(Debug, Clone)]
@@ -49,18 +55,13 @@ struct Event {
     dur: f64,
     pid: u32,
     tid: u32,
-    args: Args,
-}
-
-#[derive(Serialize)]
-struct Args {
-    step: u64,
+    args: serde_json::Value,
 }
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 struct File<'a> {
-    trace_events: &'a [Event],
+    trace_events: Vec<&'a Event>,
     display_time_unit: &'static str,
 }
 
@@ -85,25 +86,63 @@ impl Trace {
         self.opts.steps.contains(&step)
     }
 
+    /// A phase of step `step` on the phase track.
     pub fn span(&mut self, name: &'static str, step: u64, start: Instant, end: Instant) {
-        let us = |t: Instant| t.saturating_duration_since(self.epoch).as_secs_f64() * 1e6;
+        self.push(
+            name,
+            "step",
+            PHASES,
+            step,
+            start,
+            end.saturating_duration_since(start),
+        );
+    }
+
+    /// An op of step `step` on the op track.
+    pub fn op_span(&mut self, name: &'static str, step: u64, start: Instant, duration: Duration) {
+        self.push(name, "op", OPS, step, start, duration);
+    }
+
+    fn push(
+        &mut self,
+        name: &'static str,
+        cat: &'static str,
+        tid: u32,
+        step: u64,
+        start: Instant,
+        duration: Duration,
+    ) {
         self.events.push(Event {
             name,
-            cat: "step",
+            cat,
             ph: "X",
-            ts: us(start),
-            dur: us(end) - us(start),
+            ts: start.saturating_duration_since(self.epoch).as_secs_f64() * 1e6,
+            dur: duration.as_secs_f64() * 1e6,
             pid: 1,
-            tid: 1,
-            args: Args { step },
+            tid,
+            args: serde_json::json!({ "step": step }),
         });
     }
 
     /// Writes the trace file.
     pub fn write(&self) -> Result<()> {
         let path = &self.opts.path;
+        let track = |tid: u32, name: &str| Event {
+            name: "thread_name",
+            cat: "",
+            ph: "M",
+            ts: 0.0,
+            dur: 0.0,
+            pid: 1,
+            tid,
+            args: serde_json::json!({ "name": name }),
+        };
+        let tracks = [
+            track(PHASES, "step phases (host clock)"),
+            track(OPS, "ops (device events on a GPU, host clock on the CPU)"),
+        ];
         let json = serde_json::to_string(&File {
-            trace_events: &self.events,
+            trace_events: tracks.iter().chain(&self.events).collect(),
             display_time_unit: "ms",
         })
         .map_err(|e| KilnError::output(path, e))?;
@@ -141,14 +180,31 @@ mod tests {
             start,
             start + std::time::Duration::from_micros(250),
         );
+        t.op_span(
+            "adamw_update",
+            2,
+            start + std::time::Duration::from_micros(10),
+            std::time::Duration::from_micros(40),
+        );
         t.write().unwrap();
         let v: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-        let e = &v["traceEvents"][0];
+        let events = v["traceEvents"].as_array().unwrap();
+        // Two track names, then the spans.
+        assert_eq!(events.len(), 4);
+        assert!(events[..2].iter().all(|e| e["ph"] == "M"));
+        let e = &events[2];
         assert_eq!(e["ph"], "X");
         assert_eq!(e["name"], "optimizer");
         assert!((e["ts"].as_f64().unwrap() - 5000.0).abs() < 1e-6);
         assert!((e["dur"].as_f64().unwrap() - 250.0).abs() < 1e-6);
         assert_eq!(e["args"]["step"], 2);
+        let op = &events[3];
+        assert_eq!(
+            (op["name"].as_str(), op["tid"].as_u64()),
+            (Some("adamw_update"), Some(2))
+        );
+        assert_ne!(op["tid"], e["tid"]);
+        assert!((op["ts"].as_f64().unwrap() - 5010.0).abs() < 1e-6);
     }
 }

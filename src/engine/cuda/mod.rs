@@ -25,6 +25,7 @@ mod rows;
 pub use adamw::AdamWStep;
 pub use bk_core::BkWork;
 pub use cross_entropy::LogitRows;
+pub use cudarc::driver::CudaEvent;
 pub use gemm::{GemmMath, WORKSPACE_BYTES as GEMM_WORKSPACE_BYTES};
 
 use crate::engine::DType;
@@ -406,6 +407,14 @@ impl CudaBackend {
         Some(reserved as usize)
     }
 
+    /// An event recorded on the stream now, with timing on: [`CudaEvent::elapsed_ms`] between
+    /// two of them is the device time of the work queued in between.
+    pub fn timing_event(&self) -> Result<CudaEvent> {
+        Ok(self
+            .stream
+            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?)
+    }
+
     /// Waits for all queued work; kernel faults surface here.
     pub fn synchronize(&self) -> Result<()> {
         Ok(self.stream.synchronize()?)
@@ -516,12 +525,11 @@ impl CudaBackend {
     }
 
     fn time_calls(&self, calls: usize, work: &mut impl FnMut() -> Result<()>) -> Result<f64> {
-        let timing = Some(CUevent_flags::CU_EVENT_DEFAULT);
-        let start = self.stream.record_event(timing)?;
+        let start = self.timing_event()?;
         for _ in 0..calls {
             work()?;
         }
-        let end = self.stream.record_event(timing)?;
+        let end = self.timing_event()?;
         Ok(start.elapsed_ms(&end)? as f64)
     }
 
