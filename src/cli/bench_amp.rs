@@ -1,6 +1,9 @@
 //! `kiln bench amp`: one model trained the same number of steps on the same batches in each
-//! precision (fp32, tf32, bf16-mixed, fp16-mixed): tokens/s, speedup over fp32, peak memory,
-//! memory reduction and the loss reached, so a faster mode that learns worse shows it.
+//! precision (fp32, tf32, bf16-mixed, fp16-mixed), and in bf16-mixed with kiln's fused kernels
+//! switched off (`bf16-mixed-unfused`, i.e. `train.fused_kernels=false`): tokens/s, speedup
+//! over fp32, peak memory, memory reduction and the loss reached, so a faster mode that learns
+//! worse shows it. Read down the table: baseline, + tensor cores, + mixed precision, and
+//! bf16-mixed against its unfused row is what the custom kernels add.
 //!
 //! Every mode starts from the same seed, so the loss curves differ only by arithmetic. On the
 //! CPU the modes that exist there run (fp32 and the emulated mixed modes) and the rest are
@@ -20,7 +23,8 @@ use std::path::PathBuf;
 #[command(after_help = "EXAMPLES:
   kiln bench amp                                  GPT-2 small on a GPU, the default GPT on the CPU
   kiln bench amp --steps 100 --out bench-out/amp
-  kiln bench amp --modes fp32,bf16-mixed model.n_layers=6")]
+  kiln bench amp --modes fp32,bf16-mixed model.n_layers=6
+  kiln bench amp --modes bf16-mixed,bf16-mixed-unfused   what the fused kernels add")]
 pub struct BenchAmpArgs {
     /// Device to measure on: auto, cpu, cuda or cuda:N.
     #[arg(long, default_value = "auto")]
@@ -32,10 +36,11 @@ pub struct BenchAmpArgs {
     #[arg(long, default_value_t = 2)]
     pub warmup: usize,
     /// Precisions to compare, in order; the first is the baseline of speedups and savings.
+    /// A precision with `-unfused` appended runs with train.fused_kernels=false.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "fp32,tf32,bf16-mixed,fp16-mixed"
+        default_value = "fp32,tf32,bf16-mixed,fp16-mixed,bf16-mixed-unfused"
     )]
     pub modes: Vec<String>,
     /// Directory for report.md, results.json and the plots.
@@ -60,6 +65,24 @@ const GPT2_SMALL: [&str; 7] = [
     "data.tokenizer=gpt2",
 ];
 
+/// The suffix of a mode that runs with kiln's fused kernels switched off.
+const UNFUSED: &str = "-unfused";
+
+/// A mode's precision and whether it runs the fused kernels.
+fn parse_mode(mode: &str) -> Result<(&str, bool)> {
+    let (precision, fused) = match mode.strip_suffix(UNFUSED) {
+        Some(p) => (p, false),
+        None => (mode, true),
+    };
+    train::Precision::parse(precision)?;
+    Ok((precision, fused))
+}
+
+/// What runs fused in a `-unfused` mode, for the report.
+const STILL_FUSED: &str = "attention (flash-style kernels, no T x T matrix) and GELU stay as \
+     in the fused modes; cross-entropy, AdamW and the residual add with layernorm run as \
+     chains of single-purpose kernels";
+
 #[derive(Debug, Serialize)]
 struct ModeResult {
     mode: String,
@@ -80,12 +103,12 @@ struct ModeResult {
 pub fn run(a: BenchAmpArgs) -> Result<()> {
     if a.modes.is_empty() {
         return Err(KilnError::Setting(
-            "--modes is empty; name at least one of fp32, tf32, bf16-mixed, fp16-mixed".into(),
+            "--modes is empty; name at least one of fp32, tf32, bf16-mixed, fp16-mixed, bf16-mixed-unfused".into(),
         ));
     }
     // A misspelt mode or a zero step count is refused before anything is measured.
     for mode in &a.modes {
-        train::Precision::parse(mode)?;
+        parse_mode(mode)?;
     }
     if a.steps == 0 {
         return Err(KilnError::Setting(
@@ -124,7 +147,20 @@ pub fn run(a: BenchAmpArgs) -> Result<()> {
 
     let mut results: Vec<ModeResult> = Vec::new();
     for mode in &a.modes {
-        let (pool, precision, notes) = match train::open_device(&device.to_string(), mode) {
+        let (precision_name, fused) = parse_mode(mode)?;
+        let mut cfg = cfg.clone();
+        if !fused {
+            if cfg.train.offload_optimizer {
+                report.skip(format!(
+                    "{mode}: the offloaded optimizer has no unfused form; run without train.offload_optimizer=true"
+                ));
+                continue;
+            }
+            cfg.train.fused_kernels = false;
+            report.note(format!("{mode}: {STILL_FUSED}"));
+        }
+        let (pool, precision, notes) = match train::open_device(&device.to_string(), precision_name)
+        {
             Ok(opened) => opened,
             Err(KilnError::Setting(why)) => {
                 report.skip(format!("{mode}: {why}"));
@@ -149,7 +185,11 @@ pub fn run(a: BenchAmpArgs) -> Result<()> {
         let final_loss = losses[losses.len() - tail..].iter().sum::<f64>() / tail as f64;
         let r = ModeResult {
             mode: mode.clone(),
-            ran_as: precision.to_string(),
+            ran_as: if fused {
+                precision.to_string()
+            } else {
+                format!("{precision}{UNFUSED}")
+            },
             median_step_ms: median * 1e3,
             tokens_per_s: (b * t * k) as f64 / median,
             speedup_vs_baseline: None,
@@ -160,7 +200,7 @@ pub fn run(a: BenchAmpArgs) -> Result<()> {
             losses,
         };
         println!(
-            "{mode:<11} {:>10.1} ms/step {:>12.0} tokens/s  peak {:>8.1} MiB  loss {:.4}",
+            "{mode:<18} {:>10.1} ms/step {:>12.0} tokens/s  peak {:>8.1} MiB  loss {:.4}",
             r.median_step_ms,
             r.tokens_per_s,
             peak as f64 / (1 << 20) as f64,
@@ -176,11 +216,6 @@ pub fn run(a: BenchAmpArgs) -> Result<()> {
             r.memory_reduction_vs_baseline = Some(1.0 - r.peak_bytes as f64 / peak as f64);
         }
     }
-    report.skip(
-        "bf16-mixed with kiln's fused kernels switched off: kiln has one implementation of \
-         attention, layernorm with residual, cross-entropy and AdamW, the fused one; there is \
-         no unfused path to switch to",
-    );
     write_report(report, &cfg, &a, results)
 }
 
@@ -301,9 +336,15 @@ mod tests {
             device: "cpu".into(),
             steps: 3,
             warmup: 1,
-            modes: ["fp32", "tf32", "bf16-mixed", "fp16-mixed"]
-                .map(String::from)
-                .to_vec(),
+            modes: [
+                "fp32",
+                "tf32",
+                "bf16-mixed",
+                "fp16-mixed",
+                "bf16-mixed-unfused",
+            ]
+            .map(String::from)
+            .to_vec(),
             out: out.clone(),
             config: None,
             overrides: [
@@ -321,7 +362,11 @@ mod tests {
         let json = crate::report::read_results(&out);
         let modes = json["modes"].as_array().unwrap();
         let names: Vec<&str> = modes.iter().map(|m| m["mode"].as_str().unwrap()).collect();
-        assert_eq!(names, ["fp32", "bf16-mixed", "fp16-mixed"]);
+        assert_eq!(
+            names,
+            ["fp32", "bf16-mixed", "fp16-mixed", "bf16-mixed-unfused"]
+        );
+        assert_eq!(modes[3]["ran_as"].as_str(), Some("bf16-mixed-unfused"));
         assert_eq!(modes[0]["speedup_vs_baseline"].as_f64(), Some(1.0));
         for m in modes {
             assert_eq!(m["losses"].as_array().unwrap().len(), 4);
@@ -331,6 +376,16 @@ mod tests {
         // Same seed, same batches: the first loss agrees across modes to rounding.
         let first = |i: usize| modes[i]["losses"][0].as_f64().unwrap();
         assert!((first(0) - first(1)).abs() < 0.05 * first(0));
+        // The unfused kernels compute what the fused ones do: the same losses to rounding.
+        for (f, u) in modes[1]["losses"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(modes[3]["losses"].as_array().unwrap())
+        {
+            let (f, u) = (f.as_f64().unwrap(), u.as_f64().unwrap());
+            assert!((f - u).abs() <= 1e-5 * f, "bf16-mixed {f} vs unfused {u}");
+        }
         let skipped = json["skipped"].as_array().unwrap();
         assert!(
             skipped[0].as_str().unwrap().starts_with("tf32: "),
@@ -338,7 +393,8 @@ mod tests {
         );
         let md = std::fs::read_to_string(out.join("report.md")).unwrap();
         assert!(md.contains("| fp32 |"), "{md}");
-        assert!(md.contains("fused kernels switched off"), "{md}");
+        assert!(md.contains("| bf16-mixed-unfused |"), "{md}");
+        assert!(md.contains("attention (flash-style kernels"), "{md}");
         for p in ["tokens_per_s", "peak_memory", "loss"] {
             crate::report::plot::tests::assert_png(&out.join(format!("{p}.png")));
         }

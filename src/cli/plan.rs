@@ -111,6 +111,9 @@ pub fn run(a: PlanArgs) -> Result<()> {
             "train.offload_optimizer has no effect on the CPU (host memory is the device)".into(),
         );
     }
+    if !cfg.train.fused_kernels {
+        target.notes.push(unfused_note(&cfg, vocab, &base));
+    }
     let budget = &target.budget;
     let mut request = base;
     if cfg.train.recompute == "auto" && base.can_recompute() && !budget.fits(&plan::plan(&base)) {
@@ -525,5 +528,45 @@ fn print_report(r: &Report, cfg: &Config) {
                 opt(t.measured_device_used)
             );
         }
+    }
+}
+
+/// What the plan leaves out under `train.fused_kernels=false`: it models kiln's fused
+/// kernels, and the unfused loss holds two more logits-sized buffers at its peak.
+fn unfused_note(cfg: &Config, vocab: usize, r: &PlanRequest) -> String {
+    let rows = cfg.train.micro_batch * cfg.train.seq_len;
+    let padded = vocab.div_ceil(crate::models::gpt::VOCAB_ALIGN) * crate::models::gpt::VOCAB_ALIGN;
+    let act = engine::ops::activation_dtype(r.device, r.compute).size_bytes();
+    let extra = rows * padded * (4 + act);
+    format!(
+        "train.fused_kernels=false: this plan models the fused kernels; the unfused loss also holds f32 log-probabilities and a separate gradient beside the logits ({} more at the loss, {rows} x {padded} x (4 + {act}) bytes), and the unfused AdamW an f32 copy of the largest parameter's gradient",
+        gib(extra)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// GPT-2's vocabulary at batch 8 x 1024 in bf16 on a GPU: 8192 rows x 50304 columns x
+    /// (4 + 2) bytes = 2.30 GiB the plan does not count.
+    #[test]
+    fn the_unfused_note_sizes_the_extra_loss_buffers() {
+        let cfg = crate::config::ResolvedConfig::resolve(
+            None,
+            &[
+                "train.fused_kernels=false",
+                "model.context=1024",
+                "train.seq_len=1024",
+                "train.micro_batch=8",
+            ]
+            .map(String::from),
+        )
+        .unwrap()
+        .config;
+        let r = PlanRequest::for_config(&cfg, 50257, DType::BF16, Device::Cuda(0));
+        let note = unfused_note(&cfg, 50257, &r);
+        assert!(note.contains("2.30 GiB"), "{note}");
+        assert!(note.contains("8192 x 50304 x (4 + 2)"), "{note}");
     }
 }

@@ -20,6 +20,7 @@ use crate::engine::cuda::{
 use crate::engine::rng::{Rng, stream};
 use crate::engine::{DType, Device, MemoryPool};
 use crate::error::{KilnError, Result};
+use crate::nn::Kernels;
 use crate::train::{Precision, Trainer};
 use clap::Args;
 use cudarc::driver::CudaSlice;
@@ -196,11 +197,16 @@ pub fn run(args: SelftestArgs) -> Result<()> {
     // flips a near-tie, a token meets another expert, so its fp32 bound is looser than GPT's.
     const GPT: (&str, &[&str]) = ("tiny GPT", &[]);
     const RESNET_BK: (&str, &[&str]) = ("tiny ResNet-BK", &["model.kind=resnet_bk"]);
+    // The unfused kernels on the GPU against the unfused CPU run (itself equal to the fused
+    // one; see tests/trainer.rs), under the fused GPT's bounds.
+    const GPT_UNFUSED: (&str, &[&str]) = ("tiny GPT, unfused", &["train.fused_kernels=false"]);
     for ((model, kind), precision, bound) in [
         (GPT, "fp32", 1e-4),
         (GPT, "tf32", 2e-2),
         (GPT, "bf16-mixed", 2e-2),
         (GPT, "fp16-mixed", 2e-2),
+        (GPT_UNFUSED, "fp32", 1e-4),
+        (GPT_UNFUSED, "bf16-mixed", 2e-2),
         (RESNET_BK, "fp32", 1e-3),
         (RESNET_BK, "bf16-mixed", 3e-2),
     ] {
@@ -352,6 +358,19 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
             v,
             valid
         );
+        both_dtypes!(
+            check_cross_entropy_unfused,
+            "cross_entropy_unfused",
+            shape,
+            n,
+            v,
+            valid
+        );
+    }
+    // The residual add of the unfused path: a GPT-2-wide stream and a ragged length (the
+    // one-at-a-time tail).
+    for n in [8192 * 768, 1001] {
+        both_dtypes!(check_add, "add, add_assign", &format!("{n}"), n);
     }
     for (vocab, seq, n, c) in [(50304, 256, 1024, 768), (97, 5, 23, 33)] {
         let shape = format!("V{vocab} T{seq} N{n} C{c}");
@@ -397,15 +416,20 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
         );
     }
     for n in [1_000_003, 77] {
-        let master_only = check_adamw::<f32>(gpu, inp, n, false);
-        push(
-            "adamw_update (master only)",
-            "f32",
-            format!("{n}"),
-            BOUND_FP32,
-            master_only,
-        );
-        both_dtypes!(check_adamw, "adamw_update", &format!("{n}"), n, true);
+        for (kernels, name) in [
+            (Kernels::Fused, "adamw_update"),
+            (Kernels::Unfused, "adamw_update_unfused"),
+        ] {
+            let master_only = check_adamw::<f32>(gpu, inp, n, false, kernels);
+            push(
+                &format!("{name} (master only)"),
+                "f32",
+                format!("{n}"),
+                BOUND_FP32,
+                master_only,
+            );
+            both_dtypes!(check_adamw, name, &format!("{n}"), n, true, kernels);
+        }
     }
     for n in [10_000_019, 1000] {
         let r = check_sum_squares(gpu, inp, n, None);
@@ -1277,6 +1301,68 @@ fn check_cross_entropy_fused<T: Elem>(
     ]))
 }
 
+/// The three unfused kernels against their CPU references: the log-probabilities (minus
+/// infinity in the padding, which must match exactly), the losses, and the gradient row by row.
+fn check_cross_entropy_unfused<T: Elem>(
+    gpu: &CudaBackend,
+    inp: &mut Inputs,
+    n: usize,
+    v: usize,
+    valid: usize,
+) -> Check {
+    use cpu::cross_entropy as ce;
+    let (logits, targets) = logits_and_targets(inp, n, v, valid, T::DTYPE);
+    let grad_scale = 1.0 / n as f32;
+    let (mut logp, mut losses, mut grad) = (vec![0.0; n * v], vec![0.0; n], vec![0.0; n * v]);
+    ce::log_softmax(&mut logp, &logits, v, valid);
+    ce::nll_loss(&mut losses, &logp, &targets, v);
+    ce::log_softmax_nll_backward(&mut grad, &logp, &targets, v, valid, grad_scale);
+    let mut d_losses = poisoned::<f32>(gpu, n)?;
+    let mut d_logp = poisoned::<f32>(gpu, n * v)?;
+    let mut d_grad = poisoned::<T>(gpu, n * v)?;
+    let (d_logits, d_targets) = (gpu.upload_as::<T>(&logits)?, gpu.upload(&targets)?);
+    gpu.cross_entropy_unfused(
+        &mut d_losses,
+        &mut d_logp,
+        &mut d_grad,
+        &d_logits,
+        &d_targets,
+        LogitRows { n, v, valid },
+        grad_scale,
+    )?;
+    let got_logp = gpu.download(&d_logp)?;
+    let got_grad = gpu.download_f32(&d_grad)?;
+    let rows = |got: &[f32], want: &[f32]| {
+        worst(
+            &got.chunks(v)
+                .zip(want.chunks(v))
+                .map(|(g, w)| rel_err(g, w, ELEMENTWISE_FLOOR))
+                .collect::<Vec<_>>(),
+        )
+    };
+    Ok(worst(&[
+        rel_err(&gpu.download(&d_losses)?, &losses, ELEMENTWISE_FLOOR),
+        rows(&got_logp, &logp),
+        rows(&got_grad, &grad),
+    ]))
+}
+
+/// `add` into a poisoned buffer and `add_assign` in place, against the CPU.
+fn check_add<T: Elem>(gpu: &CudaBackend, inp: &mut Inputs, n: usize) -> Check {
+    let a = inp.uniform(n, 2.0, T::DTYPE);
+    let b = inp.uniform(n, 3.0, T::DTYPE);
+    let mut want = vec![0.0; n];
+    cpu::add::add(&mut want, &a, &b);
+    let (mut d_a, d_b) = (gpu.upload_as::<T>(&a)?, gpu.upload_as::<T>(&b)?);
+    let mut d_out = poisoned::<T>(gpu, n)?;
+    gpu.add(&mut d_out, &d_a, &d_b, n)?;
+    gpu.add_assign(&mut d_a, &d_b, n)?;
+    Ok(worst(&[
+        rel_err(&gpu.download_f32(&d_out)?, &want, ELEMENTWISE_FLOOR),
+        rel_err(&gpu.download_f32(&d_a)?, &want, ELEMENTWISE_FLOOR),
+    ]))
+}
+
 fn check_embedding_forward<T: Elem>(
     gpu: &CudaBackend,
     inp: &mut Inputs,
@@ -1453,12 +1539,15 @@ fn check_gathered_row_dot<T: Elem>(
     Ok(rel_err(&gpu.download(&d_out)?, &out, GEMM_FLOOR))
 }
 
-/// `with_compute`: also write the compute copy in `C` (else `C` is unused).
+/// `with_compute`: also write the compute copy in `C` (else `C` is unused). The fused kernel
+/// and the unfused passes (`kernels`) are both held to the fused CPU reference, which the
+/// unfused CPU passes equal bit for bit.
 fn check_adamw<C: Elem>(
     gpu: &CudaBackend,
     inp: &mut Inputs,
     n: usize,
     with_compute: bool,
+    kernels: Kernels,
 ) -> Check {
     let param0 = inp.uniform(n, 1.0, DType::F32);
     let grad = inp.uniform(n, 2.0, DType::F32);
@@ -1481,7 +1570,24 @@ fn check_adamw<C: Elem>(
     let (mut d_m, mut d_v) = (gpu.upload(&m0)?, gpu.upload(&v0)?);
     let mut d_compute = poisoned::<C>(gpu, n)?;
     let compute_arg = with_compute.then_some(&mut d_compute);
-    gpu.adamw_update(&mut d_param, &d_grad, &mut d_m, &mut d_v, compute_arg, n, h)?;
+    match kernels {
+        Kernels::Fused => {
+            gpu.adamw_update(&mut d_param, &d_grad, &mut d_m, &mut d_v, compute_arg, n, h)?
+        }
+        Kernels::Unfused => {
+            let mut scratch = poisoned::<f32>(gpu, n)?;
+            gpu.adamw_update_unfused(
+                &mut d_param,
+                &d_grad,
+                &mut d_m,
+                &mut d_v,
+                &mut scratch,
+                compute_arg,
+                n,
+                h,
+            )?
+        }
+    }
     let mut errs = vec![
         rel_err(&gpu.download(&d_param)?, &param, ELEMENTWISE_FLOOR),
         rel_err(&gpu.download(&d_m)?, &m, ELEMENTWISE_FLOOR),

@@ -84,7 +84,10 @@ fn fit_memory(r: &mut ResolvedConfig, gpu: &GpuView, fit: FitFn) -> Result<(), C
         "blocks" => &["blocks"],
         _ => &["none"],
     };
-    let offload_choices: &[bool] = if r.is_open("train.offload_optimizer") {
+    // The unfused kernels have no offloaded optimizer to pair with.
+    let offload_choices: &[bool] = if !t.fused_kernels {
+        &[false]
+    } else if r.is_open("train.offload_optimizer") {
         &[false, true]
     } else if t.offload_optimizer {
         &[true]

@@ -185,6 +185,11 @@ pub struct TrainConfig {
     /// Keep fp32 master weights and optimizer state in pinned host memory and run the
     /// optimizer on the CPU, leaving the GPU only the compute weights and gradients.
     pub offload_optimizer: bool,
+    /// Run kiln's fused kernels (cross-entropy with its backward, AdamW in one pass, residual
+    /// add with layernorm). `false` runs each as the chain of single-purpose kernels a
+    /// framework without custom kernels launches, with the same mathematics: the baseline
+    /// that `kiln bench amp` measures the fusion against.
+    pub fused_kernels: bool,
     /// Cap on the bytes the memory pool may hand out, e.g. "12GiB" or "800MB"; empty means
     /// no cap beyond the device. Lets out-of-memory handling be exercised on purpose.
     pub memory_limit: String,
@@ -209,6 +214,7 @@ impl Default for TrainConfig {
             loss_scale_growth_interval: 2000,
             recompute: "auto".into(),
             offload_optimizer: false,
+            fused_kernels: true,
             memory_limit: String::new(),
         }
     }
@@ -332,6 +338,10 @@ const KEYS: &[(&str, &str)] = &[
     (
         "train.offload_optimizer",
         "keep master weights and AdamW state in host memory",
+    ),
+    (
+        "train.fused_kernels",
+        "false = unfused kernel chains (the bench amp baseline)",
     ),
     (
         "train.memory_limit",

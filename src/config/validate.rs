@@ -187,6 +187,23 @@ impl Config {
             t.loss_scale_growth_interval,
         )?;
         one_of("train.recompute", &t.recompute, RECOMPUTE)?;
+        if !t.fused_kernels && m.kind != "gpt" {
+            return Err(out_of_range(
+                "train.fused_kernels",
+                t.fused_kernels,
+                format!(
+                    "only model.kind = \"gpt\" has an unfused path, not \"{}\"; leave train.fused_kernels=true",
+                    m.kind
+                ),
+            ));
+        }
+        if !t.fused_kernels && t.offload_optimizer {
+            return Err(out_of_range(
+                "train.fused_kernels",
+                t.fused_kernels,
+                "the offloaded optimizer (train.offload_optimizer=true) has one host pass and no unfused form; set train.offload_optimizer=false or train.fused_kernels=true",
+            ));
+        }
         if let Err(rule) = parse_bytes(&t.memory_limit) {
             return Err(out_of_range("train.memory_limit", &t.memory_limit, rule));
         }

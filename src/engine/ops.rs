@@ -473,6 +473,54 @@ pub fn cross_entropy_fused(
     Ok(losses)
 }
 
+/// [`cross_entropy_fused`] as the three kernels a framework without a fused loss launches:
+/// the log-probabilities into a new f32 `[N, V]` buffer, the losses gathered from it, and the
+/// gradient of `grad_scale * sum(losses)` written into a new buffer, which is returned with
+/// the losses (`logits` is left as it was).
+pub fn cross_entropy_unfused(
+    logits: &Tensor,
+    targets: &[u32],
+    valid: usize,
+    grad_scale: f32,
+) -> Result<(Vec<f32>, Tensor)> {
+    let _prof = profile::scope("cross_entropy_unfused", logits);
+    let on = device_of("cross_entropy_unfused", &[logits])?;
+    let (n, v) = check_targets("cross_entropy_unfused", logits, targets, valid)?;
+    let mut losses = vec![0.0; n];
+    let mut logp = Tensor::uninit(logits.pool(), logits.shape(), DType::F32)?;
+    let mut dlogits = Tensor::uninit(logits.pool(), logits.shape(), act_dtype(logits))?;
+    match on {
+        On::Cpu => {
+            use cpu::cross_entropy as ce;
+            ce::log_softmax(logp.host_mut(), logits.host(), v, valid);
+            ce::nll_loss(&mut losses, logp.host(), targets, v);
+            ce::log_softmax_nll_backward(
+                dlogits.host_mut(),
+                logp.host(),
+                targets,
+                v,
+                valid,
+                grad_scale,
+            );
+        }
+        On::Gpu(g) => {
+            let mut d_losses = g.alloc::<f32>(n)?;
+            let targets = g.upload(targets)?;
+            with_elem!(logits.dtype(), T => g.cross_entropy_unfused::<T>(
+                &mut d_losses,
+                logp.cuda_mut(),
+                dlogits.cuda_mut(),
+                logits.cuda(),
+                &targets,
+                LogitRows { n, v, valid },
+                grad_scale,
+            ))?;
+            losses = g.download(&d_losses)?;
+        }
+    }
+    Ok((losses, dlogits))
+}
+
 /// `wte[tokens] + wpe[position]` -> `[B, T, C]`.
 pub fn embedding_forward(
     tokens: &[u32],
@@ -667,11 +715,36 @@ pub fn scatter_add_rows(
     Ok(())
 }
 
+/// `a + b` into a new tensor, elementwise (the residual add of the unfused path).
+pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let _prof = profile::scope("add", a);
+    let on = device_of("add", &[a, b])?;
+    expect_len("add", "b", b, a.len())?;
+    let mut out = Tensor::uninit(a.pool(), a.shape(), act_dtype(a))?;
+    match on {
+        On::Cpu => cpu::add::add(out.host_mut(), a.host(), b.host()),
+        On::Gpu(g) => {
+            same_gpu_dtype("add", a, b)?;
+            with_elem!(a.dtype(), T => g.add::<T>(out.cuda_mut(), a.cuda(), b.cuda(), a.len()))?
+        }
+    }
+    Ok(out)
+}
+
 /// `dst += src`, elementwise (two gradients of one tensor meeting).
 pub fn add_in_place(dst: &mut Tensor, src: &Tensor) -> Result<()> {
-    let (rows, _) = rows_cols("add_in_place", dst)?;
-    let all: Vec<u32> = (0..rows as u32).collect();
-    scatter_add_rows(dst, src, &all, None)
+    let _prof = profile::scope("add_in_place", src);
+    let on = device_of("add_in_place", &[dst, src])?;
+    expect_len("add_in_place", "src", src, dst.len())?;
+    match on {
+        On::Cpu => cpu::add::add_assign(dst.host_mut(), src.host()),
+        On::Gpu(g) => {
+            same_gpu_dtype("add_in_place", dst, src)?;
+            let n = dst.len();
+            with_elem!(src.dtype(), T => g.add_assign::<T>(dst.cuda_mut(), src.cuda(), n))?
+        }
+    }
+    Ok(())
 }
 
 /// `out[s] = sum_j a[idx[s], j] * b[s, j]`, read back to the host (one value per row).
@@ -788,6 +861,54 @@ pub fn adamw_update(
                 None => g.adamw_update::<f32>(param, grad, m, v, None, n, h)?,
                 Some(c) => {
                     with_elem!(c.dtype(), T => g.adamw_update::<T>(param, grad, m, v, Some(c.cuda_mut()), n, h))?
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// [`adamw_update`] as the five whole-tensor passes of a non-fused AdamW (scale the gradient
+/// into scratch taken from the pool, update `m`, `v`, the master, round the compute copy);
+/// see [`cpu::adamw::adamw_update_unfused`].
+pub fn adamw_update_unfused(
+    param: &mut Tensor,
+    grad: &Tensor,
+    m: &mut Tensor,
+    v: &mut Tensor,
+    compute: Option<&mut Tensor>,
+    h: AdamWStep,
+) -> Result<()> {
+    let _prof = profile::scope("adamw_update_unfused", param);
+    let n = param.len();
+    for (what, t) in [("grad", grad), ("m", &*m), ("v", &*v)] {
+        expect_len("adamw_unfused", what, t, n)?;
+    }
+    let mut scaled = Tensor::uninit(param.pool(), param.shape(), DType::F32)?;
+    match param.device() {
+        Device::Cpu => {
+            let compute = compute.map(|c| {
+                let dtype = c.dtype();
+                (c.host_mut(), dtype)
+            });
+            cpu::adamw::adamw_update_unfused(
+                param.host_mut(),
+                grad.host(),
+                m.host_mut(),
+                v.host_mut(),
+                scaled.host_mut(),
+                compute,
+                h,
+            );
+        }
+        Device::Cuda(_) => {
+            let g = param.pool().cuda()?.clone();
+            let (param, grad) = (param.cuda_mut::<f32>(), grad.cuda::<f32>());
+            let (m, v, scaled) = (m.cuda_mut::<f32>(), v.cuda_mut::<f32>(), scaled.cuda_mut());
+            match compute {
+                None => g.adamw_update_unfused::<f32>(param, grad, m, v, scaled, None, n, h)?,
+                Some(c) => {
+                    with_elem!(c.dtype(), T => g.adamw_update_unfused::<T>(param, grad, m, v, scaled, Some(c.cuda_mut()), n, h))?
                 }
             }
         }

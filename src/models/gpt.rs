@@ -16,6 +16,11 @@
 //! the kept ones: the same kernels run on the same inputs, and the block's first norm, fused
 //! with the previous residual add in the forward, normalises the same stored sum when re-run
 //! on its own.
+//!
+//! With [`Kernels::Unfused`] (`train.fused_kernels=false`) the fused operations run as chains
+//! of single-purpose kernels with the same mathematics: the residual adds before the norms,
+//! the norms' gradients added into the stream by kernels of their own, and the loss as
+//! log-softmax, gather and gradient kernels. Attention runs its fused kernels in both.
 
 use super::{Model, Recompute, StepPrecision};
 use crate::engine::ops::{self, NormStats};
@@ -26,7 +31,7 @@ use crate::nn::embedding::Embedding;
 use crate::nn::layernorm::LayerNorm;
 use crate::nn::linear::Linear;
 use crate::nn::mlp::{Mlp, MlpSaved};
-use crate::nn::{ActLayout, Cost, Param};
+use crate::nn::{ActLayout, Cost, Kernels, Param};
 use std::sync::Arc;
 
 /// The vocabulary is padded to a multiple of this many entries.
@@ -65,6 +70,7 @@ pub struct Gpt {
     /// Present only when the head is untied.
     pub head: Option<Linear>,
     recompute: Recompute,
+    kernels: Kernels,
 }
 
 /// One block's saved activations. `input` is the residual stream entering the block,
@@ -110,9 +116,15 @@ impl Block {
     /// Everything the block's backward needs, from its input and its first norm: attention,
     /// the residual add fused with the second norm, and the MLP short of its output
     /// projection (the caller adds that output to the stream, fused with the next norm).
-    fn activations(&self, input: Tensor, ln1: Tensor, ln1_stats: NormStats) -> Result<BlockActs> {
+    fn activations(
+        &self,
+        input: Tensor,
+        ln1: Tensor,
+        ln1_stats: NormStats,
+        kernels: Kernels,
+    ) -> Result<BlockActs> {
         let (attn_out, attn) = self.attn.forward(&ln1)?;
-        let (mid, ln2, ln2_stats) = self.ln2.forward_residual(&input, &attn_out)?;
+        let (mid, ln2, ln2_stats) = self.ln2.forward_residual_with(&input, &attn_out, kernels)?;
         drop(attn_out);
         let mlp = self.mlp.activations(&ln2)?;
         Ok(BlockActs {
@@ -128,9 +140,9 @@ impl Block {
     }
 
     /// Rebuilds the block's activations from its input alone.
-    fn recompute(&self, input: Tensor) -> Result<BlockActs> {
+    fn recompute(&self, input: Tensor, kernels: Kernels) -> Result<BlockActs> {
         let (ln1, ln1_stats) = self.ln1.forward(&input)?;
-        self.activations(input, ln1, ln1_stats)
+        self.activations(input, ln1, ln1_stats, kernels)
     }
 }
 
@@ -179,6 +191,7 @@ impl Gpt {
             ln_f,
             head,
             recompute: Recompute::None,
+            kernels: Kernels::Fused,
         })
     }
 
@@ -201,10 +214,11 @@ impl Gpt {
             .forward(&input)?;
         let mut saved = Vec::with_capacity(self.blocks.len());
         for (l, block) in self.blocks.iter().enumerate() {
-            let acts = block.activations(input, ln1, ln1_stats)?;
+            let acts = block.activations(input, ln1, ln1_stats, self.kernels)?;
             let mlp_out = block.mlp.output(&acts.mlp)?;
             let (next, next_ln, next_stats) =
-                self.norm_after(l).forward_residual(&acts.mid, &mlp_out)?;
+                self.norm_after(l)
+                    .forward_residual_with(&acts.mid, &mlp_out, self.kernels)?;
             drop(mlp_out);
             match keep {
                 Keep::All => saved.push(BlockSaved::All(Box::new(acts))),
@@ -276,8 +290,18 @@ impl Model for Gpt {
             Recompute::Blocks => Keep::BlockInputs,
         };
         let acts = self.forward(inputs, batch, seq, keep)?;
-        let mut dlogits = self.logits(&acts)?;
-        let losses = ops::cross_entropy_fused(&mut dlogits, targets, self.cfg.vocab, p.grad_scale)?;
+        let (losses, mut dlogits) = match self.kernels {
+            Kernels::Fused => {
+                let mut dlogits = self.logits(&acts)?;
+                let losses =
+                    ops::cross_entropy_fused(&mut dlogits, targets, self.cfg.vocab, p.grad_scale)?;
+                (losses, dlogits)
+            }
+            Kernels::Unfused => {
+                let logits = self.logits(&acts)?;
+                ops::cross_entropy_unfused(&logits, targets, self.cfg.vocab, p.grad_scale)?
+            }
+        };
         ops::round_in_place(&mut dlogits, p.grad_dtype)?;
 
         let d_ln_f = match &mut self.head {
@@ -298,23 +322,24 @@ impl Model for Gpt {
         // `dstream` is the gradient of the residual stream, carried down through the blocks.
         let mut dstream = Tensor::zeros(last.pool(), last.shape(), last.dtype())?;
         // The final norm (fused with the last block's MLP residual add) comes first.
+        let kernels = self.kernels;
         self.ln_f
-            .backward(&mut dstream, &d_ln_f, &last, &ln_f_stats)?;
+            .backward_with(&mut dstream, &d_ln_f, &last, &ln_f_stats, kernels)?;
         drop((d_ln_f, last));
         while let Some(kept) = saved.pop() {
             let block = &mut self.blocks[saved.len()];
             let a = match kept {
                 BlockSaved::All(a) => *a,
-                BlockSaved::Input(input) => block.recompute(input)?,
+                BlockSaved::Input(input) => block.recompute(input, kernels)?,
             };
             let d_ln2 = block.mlp.backward(&dstream, &a.ln2, &a.mlp)?;
             block
                 .ln2
-                .backward(&mut dstream, &d_ln2, &a.mid, &a.ln2_stats)?;
+                .backward_with(&mut dstream, &d_ln2, &a.mid, &a.ln2_stats, kernels)?;
             let d_ln1 = block.attn.backward(&dstream, &a.ln1, &a.attn)?;
             block
                 .ln1
-                .backward(&mut dstream, &d_ln1, &a.input, &a.ln1_stats)?;
+                .backward_with(&mut dstream, &d_ln1, &a.input, &a.ln1_stats, kernels)?;
         }
         self.embed.backward(&dstream, inputs, seq)?;
         Ok(losses.iter().map(|&l| l as f64).sum())
@@ -346,6 +371,11 @@ impl Model for Gpt {
 
     fn set_recompute(&mut self, policy: Recompute) -> std::result::Result<(), String> {
         self.recompute = policy;
+        Ok(())
+    }
+
+    fn set_kernels(&mut self, kernels: Kernels) -> std::result::Result<(), String> {
+        self.kernels = kernels;
         Ok(())
     }
 

@@ -7,7 +7,7 @@ use crate::config::ModelConfig;
 use crate::engine::{DType, EngineError, MemoryPool, Result};
 use crate::error::KilnError;
 use crate::nn::moe::{MoeConfig, MoeStats};
-use crate::nn::{Cost, Param};
+use crate::nn::{Cost, Kernels, Param};
 use gpt::{Gpt, GptConfig};
 use resnet_bk::{ResnetBk, ResnetBkConfig};
 use serde::Serialize;
@@ -60,6 +60,17 @@ pub trait Model: Send {
             other => Err(format!(
                 "this model has no {other} recomputation; use train.recompute=none"
             )),
+        }
+    }
+
+    /// Chooses the fused kernels or their unfused chains (`train.fused_kernels`). A model
+    /// without an unfused path accepts only [`Kernels::Fused`] and says so otherwise.
+    fn set_kernels(&mut self, kernels: Kernels) -> std::result::Result<(), String> {
+        match kernels {
+            Kernels::Fused => Ok(()),
+            Kernels::Unfused => {
+                Err("this model has no unfused kernel path; use train.fused_kernels=true".into())
+            }
         }
     }
 

@@ -1,6 +1,10 @@
 //! Layer normalisation with learned gain and bias, optionally fused with a residual add.
+//!
+//! With [`Kernels::Unfused`] the residual add is a kernel of its own before the plain norm,
+//! and in the backward the norm's input gradient goes to a buffer of its own that a second
+//! kernel adds into the residual stream's gradient.
 
-use super::{ActLayout, Cost, Init, Param, f32_bytes};
+use super::{ActLayout, Cost, Init, Kernels, Param, f32_bytes};
 use crate::engine::ops::{self, NormStats};
 use crate::engine::rng::Rng;
 use crate::engine::{MemoryPool, Result, Tensor};
@@ -32,6 +36,44 @@ impl LayerNorm {
         delta: &Tensor,
     ) -> Result<(Tensor, Tensor, NormStats)> {
         ops::residual_layernorm_forward(x, delta, self.gamma.weight(), self.beta.weight())
+    }
+
+    /// [`Self::forward_residual`] run by `kernels`: fused, or an add kernel then the norm.
+    pub fn forward_residual_with(
+        &self,
+        x: &Tensor,
+        delta: &Tensor,
+        kernels: Kernels,
+    ) -> Result<(Tensor, Tensor, NormStats)> {
+        match kernels {
+            Kernels::Fused => self.forward_residual(x, delta),
+            Kernels::Unfused => {
+                let sum = ops::add(x, delta)?;
+                let (out, stats) = self.forward(&sum)?;
+                Ok((sum, out, stats))
+            }
+        }
+    }
+
+    /// [`Self::backward`] run by `kernels`: accumulating into `dx` inside the norm's kernel,
+    /// or writing the norm's input gradient to a zeroed buffer of its own that an add kernel
+    /// then adds into `dx` (the residual stream's two gradients meeting).
+    pub fn backward_with(
+        &mut self,
+        dx: &mut Tensor,
+        dout: &Tensor,
+        x: &Tensor,
+        stats: &NormStats,
+        kernels: Kernels,
+    ) -> Result<()> {
+        match kernels {
+            Kernels::Fused => self.backward(dx, dout, x, stats),
+            Kernels::Unfused => {
+                let mut d_norm = Tensor::zeros(dx.pool(), dx.shape(), dx.dtype())?;
+                self.backward(&mut d_norm, dout, x, stats)?;
+                ops::add_in_place(dx, &d_norm)
+            }
+        }
     }
 
     /// Accumulates into `dx`, the gradient of the normalised input (for the fused form, of
@@ -82,7 +124,59 @@ impl LayerNorm {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::cpu::testutil::assert_close;
     use crate::nn::gradcheck::*;
+
+    /// The add-then-norm chain computes what the fused kernel does: the sum is the same f32
+    /// addition, so the sum, the output and the statistics are equal; the backward adds the
+    /// norm's gradient to the stream's after rounding it once more (the f32 sum of two values
+    /// instead of one fused accumulation), so the stream gradient may differ by an ulp of its
+    /// larger addend: 1e-6 relative; the parameter gradients are the same kernel, exact.
+    #[test]
+    fn unfused_residual_norm_matches_fused() {
+        let p = pool();
+        let (n, c) = (6, 40);
+        let mut fused = LayerNorm::new(&p, "ln", c, &mut rng(3)).unwrap();
+        let mut unfused = LayerNorm::new(&p, "ln", c, &mut rng(3)).unwrap();
+        for ln in [&mut fused, &mut unfused] {
+            // Non-trivial gains and biases, the same in both.
+            let g = random_tensor(&p, &[c], 4);
+            ln.gamma.value.host_mut().copy_from_slice(g.host());
+            let b = random_tensor(&p, &[c], 5);
+            ln.beta.value.host_mut().copy_from_slice(b.host());
+        }
+        let x = random_tensor(&p, &[n, c], 6);
+        let delta = random_tensor(&p, &[n, c], 7);
+        let dout = random_tensor(&p, &[n, c], 8);
+        let stream = random_tensor(&p, &[n, c], 9).to_vec().unwrap();
+        let mut results = Vec::new();
+        for (ln, k) in [
+            (&mut fused, Kernels::Fused),
+            (&mut unfused, Kernels::Unfused),
+        ] {
+            let (sum, out, stats) = ln.forward_residual_with(&x, &delta, k).unwrap();
+            let mut dx =
+                Tensor::from_vec(&p, &[n, c], crate::engine::DType::F32, stream.clone()).unwrap();
+            ln.backward_with(&mut dx, &dout, &sum, &stats, k).unwrap();
+            results.push([
+                sum.to_vec().unwrap(),
+                out.to_vec().unwrap(),
+                stats.rstd.to_vec().unwrap(),
+                dx.to_vec().unwrap(),
+                ln.gamma.grad.to_vec().unwrap(),
+                ln.beta.grad.to_vec().unwrap(),
+            ]);
+        }
+        let names = ["sum", "out", "rstd", "dx", "dgamma", "dbeta"];
+        for (i, what) in names.iter().enumerate() {
+            let tol = if *what == "dx" { 1e-6 } else { 0.0 };
+            assert_close(&results[1][i], &results[0][i], tol, what);
+        }
+        assert_ne!(
+            results[1][3], stream,
+            "the backward reached the stream gradient"
+        );
+    }
 
     #[test]
     fn fused_backward_matches_finite_differences() {

@@ -31,6 +31,29 @@ pub struct Param {
     pub decay: bool,
 }
 
+/// Which implementation of the operations kiln fuses a layer runs (`train.fused_kernels`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Kernels {
+    /// kiln's fused kernels: cross-entropy with its backward in place, the residual add
+    /// inside the layernorm, AdamW in one pass.
+    #[default]
+    Fused,
+    /// The same mathematics as the chains of single-purpose kernels a framework without
+    /// custom kernels launches (each intermediate in a buffer of its own): the baseline a
+    /// benchmark measures the fusion against.
+    Unfused,
+}
+
+impl Kernels {
+    pub fn from_setting(fused: bool) -> Kernels {
+        if fused {
+            Kernels::Fused
+        } else {
+            Kernels::Unfused
+        }
+    }
+}
+
 /// How to fill a new parameter.
 #[derive(Clone, Copy)]
 pub enum Init {

@@ -5,11 +5,14 @@
 //! host through [`HostOffload`], which streams gradients down and compute copies back up while
 //! it works. The moments are `m` and `v` in either case, in the model's parameter order, so a
 //! checkpoint does not depend on where they live.
+//!
+//! With [`Kernels::Unfused`] (`train.fused_kernels=false`) the on-device update runs as the
+//! five whole-tensor passes of a non-fused AdamW instead of one ([`ops::adamw_update_unfused`]).
 
 use crate::engine::cpu::adamw::AdamWStep;
 use crate::engine::offload::{HostOffload, OffloadedParam};
 use crate::engine::{DType, EngineError, MemoryPool, MemoryStats, Result, Tensor, ops};
-use crate::nn::Param;
+use crate::nn::{Kernels, Param};
 use std::sync::Arc;
 
 #[derive(Debug, Clone, Copy)]
@@ -34,6 +37,7 @@ pub struct AdamW {
     pub t: u64,
     /// Present when the masters and moments live in host memory.
     offload: Option<HostOffload>,
+    kernels: Kernels,
 }
 
 impl AdamW {
@@ -46,6 +50,7 @@ impl AdamW {
             v: params.iter().map(zeros).collect::<Result<_>>()?,
             t: 0,
             offload: None,
+            kernels: Kernels::Fused,
         })
     }
 
@@ -76,7 +81,18 @@ impl AdamW {
             v: params.iter().map(zeros).collect::<Result<_>>()?,
             t: 0,
             offload: Some(offload),
+            kernels: Kernels::Fused,
         })
+    }
+
+    /// Chooses the fused update or its unfused passes. The offloaded step has one host pass
+    /// and no unfused form, so it accepts only [`Kernels::Fused`].
+    pub fn set_kernels(&mut self, kernels: Kernels) -> std::result::Result<(), String> {
+        if kernels == Kernels::Unfused && self.offload.is_some() {
+            return Err("the offloaded optimizer has no unfused form; set train.fused_kernels=true or train.offload_optimizer=false".into());
+        }
+        self.kernels = kernels;
+        Ok(())
     }
 
     /// The host memory books (masters, moments and staging) when offloaded.
@@ -109,7 +125,14 @@ impl AdamW {
                         compute,
                         ..
                     } = &mut **p;
-                    ops::adamw_update(value, grad, m, v, compute.as_mut(), h)?;
+                    match self.kernels {
+                        Kernels::Fused => {
+                            ops::adamw_update(value, grad, m, v, compute.as_mut(), h)?
+                        }
+                        Kernels::Unfused => {
+                            ops::adamw_update_unfused(value, grad, m, v, compute.as_mut(), h)?
+                        }
+                    }
                 }
                 Ok(())
             }

@@ -10,6 +10,7 @@ use crate::data::Batch;
 use crate::engine::{self, EngineError, MemoryPool};
 use crate::error::{KilnError, Result};
 use crate::models::{self, Model, Recompute, RoutingStats, StepPrecision};
+use crate::nn::Kernels;
 use crate::optim::adamw::{AdamW, AdamWConfig, OFFLOAD_CHUNK};
 use crate::optim::schedule::CosineSchedule;
 use crate::optim::{clip_coefficient, grad_sum_squares};
@@ -72,6 +73,8 @@ impl Trainer {
         Recompute::from_setting(&cfg.train.recompute)
             .and_then(|policy| model.set_recompute(policy))
             .map_err(KilnError::Setting)?;
+        let kernels = Kernels::from_setting(cfg.train.fused_kernels);
+        model.set_kernels(kernels).map_err(KilnError::Setting)?;
         let offload = cfg.train.offload_optimizer;
         if !offload {
             for p in model.params_mut() {
@@ -85,7 +88,7 @@ impl Trainer {
             eps: o.eps as f32,
             weight_decay: o.weight_decay as f32,
         };
-        let opt = if offload {
+        let mut opt = if offload {
             AdamW::offloaded(
                 adamw,
                 &mut model.params_mut(),
@@ -96,6 +99,7 @@ impl Trainer {
         } else {
             AdamW::new(adamw, &model.params())?
         };
+        opt.set_kernels(kernels).map_err(KilnError::Setting)?;
         let scaler = precision.uses_loss_scaling().then(|| {
             LossScaler::new(
                 cfg.train.loss_scale_init,

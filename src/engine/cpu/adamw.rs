@@ -8,6 +8,12 @@
 //! The compute copy is written as f32 values rounded to a dtype (the CPU's emulation of bf16
 //! and f16), or as the 16-bit types themselves: the offloaded optimizer writes those into
 //! pinned staging that is copied to the GPU as is.
+//!
+//! [`adamw_update_unfused`] is the same update as the chain of elementwise passes a
+//! framework's non-fused ("foreach") AdamW runs, each reading and writing whole tensors:
+//! scale the gradient, update `m`, update `v`, update the master, round the compute copy.
+//! Both forms share the per-element arithmetic below ([`first_moment`], [`second_moment`],
+//! [`AdamWStep::apply`]), so on the CPU they agree bit for bit.
 
 use crate::engine::DType;
 use crate::engine::cuda::Elem;
@@ -24,6 +30,34 @@ pub struct AdamWStep {
     pub t: u64,
     /// Multiplies the stored gradient before use (1 / loss scale x clip coefficient).
     pub grad_scale: f32,
+}
+
+impl AdamWStep {
+    /// Bias corrections `(1 - beta1^t, 1 - beta2^t)`, as every form of the step computes them.
+    pub fn bias_corrections(&self) -> (f32, f32) {
+        (
+            1.0 - self.beta1.powi(self.t as i32),
+            1.0 - self.beta2.powi(self.t as i32),
+        )
+    }
+
+    /// The new master weight from the old one and the updated moments.
+    #[inline]
+    fn apply(&self, p: f32, m: f32, v: f32, (bc1, bc2): (f32, f32)) -> f32 {
+        let m_hat = m / bc1;
+        let v_hat = v / bc2;
+        p - self.lr * (m_hat / (v_hat.sqrt() + self.eps) + self.weight_decay * p)
+    }
+}
+
+#[inline]
+fn first_moment(m: f32, g: f32, beta1: f32) -> f32 {
+    beta1 * m + (1.0 - beta1) * g
+}
+
+#[inline]
+fn second_moment(v: f32, g: f32, beta2: f32) -> f32 {
+    beta2 * v + (1.0 - beta2) * g * g
 }
 
 const CHUNK: usize = 4096;
@@ -49,15 +83,12 @@ pub fn adamw_update<C: Elem>(
     compute: Option<(&mut [C], DType)>,
     h: AdamWStep,
 ) {
-    let bc1 = 1.0 - h.beta1.powi(h.t as i32);
-    let bc2 = 1.0 - h.beta2.powi(h.t as i32);
+    let bc = h.bias_corrections();
     let update = |p: &mut f32, g: f32, m: &mut f32, v: &mut f32| {
         let g = g * h.grad_scale;
-        *m = h.beta1 * *m + (1.0 - h.beta1) * g;
-        *v = h.beta2 * *v + (1.0 - h.beta2) * g * g;
-        let m_hat = *m / bc1;
-        let v_hat = *v / bc2;
-        *p -= h.lr * (m_hat / (v_hat.sqrt() + h.eps) + h.weight_decay * *p);
+        *m = first_moment(*m, g, h.beta1);
+        *v = second_moment(*v, g, h.beta2);
+        *p = h.apply(*p, *m, *v, bc);
     };
     let parts = param
         .par_chunks_mut(CHUNK)
@@ -80,6 +111,40 @@ pub fn adamw_update<C: Elem>(
                     }
                 })
         }
+    }
+}
+
+/// The update of [`adamw_update`] as five whole-tensor passes: `scaled = grad * grad_scale`
+/// (`scaled` is scratch of the parameter's length), then `m`, then `v`, then the master, then
+/// the compute copy (f32 values rounded to the dtype on the CPU).
+pub fn adamw_update_unfused(
+    param: &mut [f32],
+    grad: &[f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    scaled: &mut [f32],
+    compute: Option<(&mut [f32], DType)>,
+    h: AdamWStep,
+) {
+    scaled
+        .par_iter_mut()
+        .zip(grad.par_iter())
+        .for_each(|(s, &g)| *s = g * h.grad_scale);
+    m.par_iter_mut()
+        .zip(scaled.par_iter())
+        .for_each(|(m, &g)| *m = first_moment(*m, g, h.beta1));
+    v.par_iter_mut()
+        .zip(scaled.par_iter())
+        .for_each(|(v, &g)| *v = second_moment(*v, g, h.beta2));
+    let bc = h.bias_corrections();
+    param
+        .par_iter_mut()
+        .zip(m.par_iter().zip(v.par_iter()))
+        .for_each(|(p, (&m, &v))| *p = h.apply(*p, m, v, bc));
+    if let Some((c, dtype)) = compute {
+        c.par_iter_mut()
+            .zip(param.par_iter())
+            .for_each(|(c, &p)| *c = compute_value::<f32>(p, dtype));
     }
 }
 
@@ -124,6 +189,45 @@ mod tests {
         assert_close(&p, &want, 1e-5, "master weights");
         let rounded: Vec<f32> = p.iter().map(|&x| DType::BF16.round(x)).collect();
         assert_close(&c, &rounded, 0.0, "compute copy is the rounded master");
+    }
+
+    /// The five passes land exactly where the fused pass does: every element goes through
+    /// the same f32 operations in the same order (Rust neither contracts nor widens them), so
+    /// the tolerance on the CPU is zero. On the GPU each kernel may contract a multiply-add
+    /// differently, a few ulp, which `kiln selftest` bounds like the fused kernel.
+    #[test]
+    fn unfused_passes_equal_the_fused_update() {
+        let n = 10_007;
+        let p0 = random(n, 31, 1.0);
+        let m0 = random(n, 32, 0.1);
+        let v0: Vec<f32> = random(n, 33, 0.01).iter().map(|x| x.abs()).collect();
+        for (t, decay, dtype) in [(1, 0.1, Some(DType::BF16)), (9, 0.0, None)] {
+            let g = random(n, 40 + t, 3.0);
+            let h = AdamWStep {
+                lr: 3e-3,
+                beta1: 0.9,
+                beta2: 0.95,
+                eps: 1e-8,
+                weight_decay: decay,
+                t,
+                grad_scale: 1.0 / 1024.0 * 0.7,
+            };
+            let (mut p1, mut m1, mut v1) = (p0.clone(), m0.clone(), v0.clone());
+            let mut c1 = vec![f32::NAN; n];
+            let fused_c = dtype.map(|d| (c1.as_mut_slice(), d));
+            adamw_update(&mut p1, &g, &mut m1, &mut v1, fused_c, h);
+            let (mut p2, mut m2, mut v2) = (p0.clone(), m0.clone(), v0.clone());
+            let (mut c2, mut scratch) = (vec![f32::NAN; n], vec![f32::NAN; n]);
+            let unfused_c = dtype.map(|d| (c2.as_mut_slice(), d));
+            adamw_update_unfused(&mut p2, &g, &mut m2, &mut v2, &mut scratch, unfused_c, h);
+            assert_eq!(p1, p2, "masters, step {t}");
+            assert_eq!(m1, m2, "m, step {t}");
+            assert_eq!(v1, v2, "v, step {t}");
+            if dtype.is_some() {
+                assert_eq!(c1, c2, "compute copies, step {t}");
+            }
+            assert_ne!(p2, p0, "the step changed the masters");
+        }
     }
 
     /// The offloaded step writes bf16/f16 bits for upload; they must be the very values the

@@ -9,6 +9,12 @@
 //! so the head GEMM runs on aligned tensor-core tiles. Only the first `valid` columns of a
 //! row take part in the softmax; the padded ones get a zero gradient, as if their logits
 //! were minus infinity.
+//!
+//! The unfused form ([`log_softmax`], [`nll_loss`], [`log_softmax_nll_backward`]) is the same
+//! mathematics as three single-purpose kernels, the way a framework without a fused loss runs
+//! it: the log-probabilities go to a buffer of their own, the losses are gathered from it, and
+//! the backward writes the gradient into a third buffer. `train.fused_kernels=false` runs it,
+//! so a benchmark can measure what the fusion saves.
 
 use rayon::prelude::*;
 
@@ -52,6 +58,52 @@ pub fn cross_entropy_fused(
                 .for_each(|x| *x = (*x - lse).exp() * grad_scale);
             real[t as usize] -= grad_scale;
             padding.fill(0.0);
+        });
+}
+
+/// Unfused step 1: `logp[r, j] = logits[r, j] - logsumexp(logits[r, ..valid])` for the
+/// vocabulary columns, minus infinity in the padding (which keeps them out of step 3).
+pub fn log_softmax(logp: &mut [f32], logits: &[f32], v: usize, valid: usize) {
+    logp.par_chunks_mut(v)
+        .zip(logits.par_chunks(v))
+        .for_each(|(out, row)| {
+            let lse = row_logsumexp(&row[..valid]);
+            let (real, padding) = out.split_at_mut(valid);
+            real.iter_mut().zip(row).for_each(|(o, &x)| *o = x - lse);
+            padding.fill(f32::NEG_INFINITY);
+        });
+}
+
+/// Unfused step 2: `losses[r] = -logp[r, targets[r]]`.
+pub fn nll_loss(losses: &mut [f32], logp: &[f32], targets: &[u32], v: usize) {
+    losses
+        .par_iter_mut()
+        .zip(logp.par_chunks(v).zip(targets.par_iter()))
+        .for_each(|(l, (row, &t))| *l = -row[t as usize]);
+}
+
+/// Unfused step 3: `dlogits[r, j] = (exp(logp[r, j]) - [j == targets[r]]) * grad_scale` for
+/// the vocabulary columns and zero in the padding, as the fused kernel masks it.
+pub fn log_softmax_nll_backward(
+    dlogits: &mut [f32],
+    logp: &[f32],
+    targets: &[u32],
+    v: usize,
+    valid: usize,
+    grad_scale: f32,
+) {
+    dlogits
+        .par_chunks_mut(v)
+        .zip(logp.par_chunks(v).zip(targets.par_iter()))
+        .for_each(|(d, (row, &t))| {
+            for (j, (d, &lp)) in d.iter_mut().zip(row).enumerate() {
+                let onehot = if j == t as usize { 1.0 } else { 0.0 };
+                *d = if j < valid {
+                    (lp.exp() - onehot) * grad_scale
+                } else {
+                    0.0
+                };
+            }
         });
 }
 
@@ -136,6 +188,39 @@ mod tests {
             valid,
         );
         assert_close(&fwd, &want, 0.0, "forward loss");
+    }
+
+    /// The three unfused kernels give the fused loss and gradient on fresh random rows with
+    /// padding. The loss is the same f32 subtraction (`lse - x_t` against `-(x_t - lse)`, exact
+    /// negation), so equal bit for bit; each non-target gradient is `exp(x - lse) * scale` in
+    /// both; the target's differs in rounding only (`(p - 1) * s` against `p * s - s`, a few
+    /// ulp of `s`), hence the 1e-6 bound relative to max(|g|, 1).
+    #[test]
+    fn unfused_chain_matches_the_fused_kernel() {
+        let (n, valid, v) = (9, 181, 256);
+        let logits = random(n * v, 21, 6.0);
+        let targets: Vec<u32> = (0..n as u32)
+            .map(|i| (i * 37 + 11) % valid as u32)
+            .collect();
+        let scale = 1.0 / 7.0;
+        let (mut want_loss, mut want_grad) = (vec![0.0; n], logits.clone());
+        cross_entropy_fused(&mut want_loss, &mut want_grad, &targets, v, valid, scale);
+        let mut logp = vec![f32::NAN; n * v];
+        log_softmax(&mut logp, &logits, v, valid);
+        let mut loss = vec![f32::NAN; n];
+        nll_loss(&mut loss, &logp, &targets, v);
+        let mut grad = vec![f32::NAN; n * v];
+        log_softmax_nll_backward(&mut grad, &logp, &targets, v, valid, scale);
+        assert_close(&loss, &want_loss, 0.0, "loss");
+        assert_close(&grad, &want_grad, 1e-6, "dlogits");
+        for r in 0..n {
+            assert!(
+                logp[r * v + valid..(r + 1) * v]
+                    .iter()
+                    .all(|&x| x == f32::NEG_INFINITY)
+            );
+            assert!(grad[r * v + valid..(r + 1) * v].iter().all(|&g| g == 0.0));
+        }
     }
 
     fn padded_copy(real: &[f32], n: usize, valid: usize, v: usize) -> Vec<f32> {

@@ -5,6 +5,7 @@
 //! last few percent of speed. Each file holds one operation and a test against a naive version.
 
 pub mod adamw;
+pub mod add;
 pub mod attention;
 pub mod bk_core;
 pub mod cross_entropy;

@@ -1,6 +1,7 @@
 //! Fused AdamW on the GPU; reference: [`crate::engine::cpu::adamw`]. Reads the fp32 master
 //! weights and gradient, updates both moments and the master, and writes the compute copy
-//! (f32, bf16 or f16) in the same pass.
+//! (f32, bf16 or f16) in the same pass. [`CudaBackend::adamw_update_unfused`] runs the same
+//! update as five kernels over whole tensors (the baseline `train.fused_kernels=false`).
 
 use super::{CudaBackend, Elem, Program, Result, check_len, elementwise_grid};
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
@@ -15,6 +16,13 @@ pub(super) const PROGRAM: Program = Program {
         "adamw_compute_f32",
         "adamw_compute_bf16",
         "adamw_compute_f16",
+        "adamw_scale_grad",
+        "adamw_first_moment",
+        "adamw_second_moment",
+        "adamw_apply",
+        "adamw_round_compute_f32",
+        "adamw_round_compute_bf16",
+        "adamw_round_compute_f16",
     ],
 };
 
@@ -40,14 +48,15 @@ unsafe impl DeviceRepr for KernelStep {}
 impl KernelStep {
     fn new(h: &AdamWStep) -> Self {
         // Bias corrections computed exactly as the CPU does, so both see the same constants.
+        let (bc1, bc2) = h.bias_corrections();
         KernelStep {
             lr: h.lr,
             beta1: h.beta1,
             beta2: h.beta2,
             eps: h.eps,
             weight_decay: h.weight_decay,
-            bc1: 1.0 - h.beta1.powi(h.t as i32),
-            bc2: 1.0 - h.beta2.powi(h.t as i32),
+            bc1,
+            bc2,
             grad_scale: h.grad_scale,
         }
     }
@@ -77,11 +86,7 @@ impl CudaBackend {
         }
         let step = KernelStep::new(&h);
         let n64 = n as i64;
-        let cfg = LaunchConfig {
-            grid_dim: (elementwise_grid(n, BLOCK), 1, 1),
-            block_dim: (BLOCK, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = grid(n);
         match compute {
             None => {
                 let f = self.function("adamw_master_only")?;
@@ -106,5 +111,70 @@ impl CudaBackend {
             }
         }
         Ok(())
+    }
+
+    /// The update of [`Self::adamw_update`] as five kernels, each over the whole tensor:
+    /// `scaled = grad * grad_scale` (`scaled` is scratch of `n` values), the first moment,
+    /// the second moment, the master, and the compute copy if given.
+    #[allow(clippy::too_many_arguments)]
+    pub fn adamw_update_unfused<C: Elem>(
+        &self,
+        param: &mut CudaSlice<f32>,
+        grad: &CudaSlice<f32>,
+        m: &mut CudaSlice<f32>,
+        v: &mut CudaSlice<f32>,
+        scaled: &mut CudaSlice<f32>,
+        compute: Option<&mut CudaSlice<C>>,
+        n: usize,
+        h: AdamWStep,
+    ) -> Result<()> {
+        const OP: &str = "adamw_update_unfused";
+        check_len(OP, "param", param, n)?;
+        check_len(OP, "grad", grad, n)?;
+        check_len(OP, "m", m, n)?;
+        check_len(OP, "v", v, n)?;
+        check_len(OP, "scaled gradient", scaled, n)?;
+        if let Some(c) = &compute {
+            check_len(OP, "compute", c, n)?;
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let step = KernelStep::new(&h);
+        let n64 = n as i64;
+        // SAFETY (every launch below): all buffers hold at least `n` values (checked above),
+        // the kernels are grid-stride loops that stop at `n`.
+        let f = self.function("adamw_scale_grad")?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&mut *scaled).arg(grad).arg(&n64).arg(&step);
+        unsafe { b.launch(grid(n)) }?;
+        let f = self.function("adamw_first_moment")?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&mut *m).arg(&*scaled).arg(&n64).arg(&step);
+        unsafe { b.launch(grid(n)) }?;
+        let f = self.function("adamw_second_moment")?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&mut *v).arg(&*scaled).arg(&n64).arg(&step);
+        unsafe { b.launch(grid(n)) }?;
+        let f = self.function("adamw_apply")?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&mut *param).arg(&*m).arg(&*v).arg(&n64).arg(&step);
+        unsafe { b.launch(grid(n)) }?;
+        if let Some(c) = compute {
+            let f = self.function(&format!("adamw_round_compute_{}", C::SUFFIX))?;
+            let mut b = self.stream.launch_builder(f);
+            b.arg(c).arg(&*param).arg(&n64);
+            unsafe { b.launch(grid(n)) }?;
+        }
+        Ok(())
+    }
+}
+
+/// One thread per element in a grid-stride loop.
+fn grid(n: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (elementwise_grid(n, BLOCK), 1, 1),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
     }
 }

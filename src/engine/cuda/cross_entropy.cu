@@ -100,3 +100,58 @@ __device__ void cross_entropy(float* losses, T* logits, const unsigned int* targ
 CROSS_ENTROPY_KERNELS(float, f32)
 CROSS_ENTROPY_KERNELS(bf16, bf16)
 CROSS_ENTROPY_KERNELS(f16, f16)
+
+// The unfused form, three single-purpose kernels with the fused kernel's mathematics (the
+// baseline of train.fused_kernels=false): log_softmax writes every row's log-probabilities
+// to an f32 buffer of its own (minus infinity in the padding), nll_loss gathers the losses
+// from it, and log_softmax_nll_backward writes the gradient into a third buffer.
+
+// One block per row, as the fused kernel: an online (max, sum) pass, then the write pass.
+template <typename T>
+__device__ void log_softmax(float* logp, const T* logits, int v, int valid) {
+    __shared__ float scratch[32];
+    const T* row = logits + (long long)blockIdx.x * v;
+    float* out = logp + (long long)blockIdx.x * v;
+    float m = KILN_NEG_INF, s = 0.f;
+    for (int i = threadIdx.x; i < v; i += blockDim.x) online_add(masked(load(row[i]), i, valid), m, s);
+    const float row_max = block_max(m, scratch);
+    const float total = block_sum(m == KILN_NEG_INF ? 0.f : s * expf(m - row_max), scratch);
+    const float lse = row_max + logf(total);
+    for (int i = threadIdx.x; i < v; i += blockDim.x) out[i] = masked(load(row[i]), i, valid) - lse;
+}
+
+// One thread per row. An out-of-range target has no loss to give; NaN makes it visible.
+extern "C" __global__ void nll_loss(float* losses, const float* logp,
+                                    const unsigned int* targets, int n, int v, int valid) {
+    const int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= n) return;
+    const unsigned int t = targets[r];
+    losses[r] = t < (unsigned int)valid ? -logp[(long long)r * v + t] : KILN_NAN;
+}
+
+// Grid (rows, column blocks): one thread per element, no index division.
+template <typename T>
+__device__ void log_softmax_nll_backward(T* dlogits, const float* logp,
+                                         const unsigned int* targets, int v, int valid,
+                                         float grad_scale) {
+    const int col = blockIdx.y * blockDim.x + threadIdx.x;
+    if (col >= v) return;
+    const long long i = (long long)blockIdx.x * v + col;
+    const float onehot = (unsigned int)col == targets[blockIdx.x] ? 1.f : 0.f;
+    dlogits[i] = store<T>(col < valid ? (expf(logp[i]) - onehot) * grad_scale : 0.f);
+}
+
+#define CROSS_ENTROPY_UNFUSED_KERNELS(T, SUFFIX)                                               \
+    extern "C" __global__ void log_softmax_##SUFFIX(float* logp, const T* logits, int v,       \
+                                                    int valid) {                                \
+        log_softmax<T>(logp, logits, v, valid);                                                \
+    }                                                                                          \
+    extern "C" __global__ void log_softmax_nll_backward_##SUFFIX(                             \
+        T* dlogits, const float* logp, const unsigned int* targets, int v, int valid,         \
+        float grad_scale) {                                                                    \
+        log_softmax_nll_backward<T>(dlogits, logp, targets, v, valid, grad_scale);            \
+    }
+
+CROSS_ENTROPY_UNFUSED_KERNELS(float, f32)
+CROSS_ENTROPY_UNFUSED_KERNELS(bf16, bf16)
+CROSS_ENTROPY_UNFUSED_KERNELS(f16, f16)

@@ -3,6 +3,9 @@
 //! reduced by 1024 threads and never copied in device memory. Where the row fits in the
 //! block's shared memory the fused kernel keeps it there between its read and its write
 //! (two passes over the logits instead of three).
+//!
+//! [`CudaBackend::cross_entropy_unfused`] runs the same mathematics as three kernels with the
+//! log-probabilities in a buffer of their own: the baseline `train.fused_kernels=false`.
 
 use super::{CudaBackend, Elem, Program, Result, as_i32, check_len};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg, sys::CUfunction_attribute};
@@ -20,6 +23,13 @@ pub(super) const PROGRAM: Program = Program {
         "cross_entropy_fused_staged_f32",
         "cross_entropy_fused_staged_bf16",
         "cross_entropy_fused_staged_f16",
+        "log_softmax_f32",
+        "log_softmax_bf16",
+        "log_softmax_f16",
+        "nll_loss",
+        "log_softmax_nll_backward_f32",
+        "log_softmax_nll_backward_bf16",
+        "log_softmax_nll_backward_f16",
     ],
 };
 
@@ -123,6 +133,81 @@ impl CudaBackend {
         // SAFETY: lengths checked above; one block per row; the staged kernel gets the
         // `v * size_of::<T>()` bytes of shared memory it caches the row in.
         unsafe { b.launch(rows(n, shared)) }?;
+        Ok(())
+    }
+
+    /// The unfused cross-entropy: `logp` (f32, `n x v`) gets the log-probabilities (minus
+    /// infinity in the padding), `losses` the per-row `-logp[target]`, and `dlogits` the
+    /// gradient `(exp(logp) - onehot) * grad_scale` (zero in the padding), one kernel each.
+    #[allow(clippy::too_many_arguments)]
+    pub fn cross_entropy_unfused<T: Elem>(
+        &self,
+        losses: &mut CudaSlice<f32>,
+        logp: &mut CudaSlice<f32>,
+        dlogits: &mut CudaSlice<T>,
+        logits: &CudaSlice<T>,
+        targets: &CudaSlice<u32>,
+        LogitRows { n, v, valid }: LogitRows,
+        grad_scale: f32,
+    ) -> Result<()> {
+        const OP: &str = "cross_entropy_unfused";
+        let v32 = as_i32(OP, "row width", v)?;
+        let valid32 = as_i32(OP, "vocabulary", valid.min(v))?;
+        let n32 = as_i32(OP, "rows", n)?;
+        check_len(OP, "losses", losses, n)?;
+        check_len(OP, "logp", logp, n * v)?;
+        check_len(OP, "dlogits", dlogits, n * v)?;
+        check_len(OP, "logits", logits, n * v)?;
+        check_len(OP, "targets", targets, n)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let f = self.function(&format!("log_softmax_{}", T::SUFFIX))?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&mut *logp).arg(logits).arg(&v32).arg(&valid32);
+        // SAFETY: lengths checked above; one block per row.
+        unsafe { b.launch(rows(n, 0)) }?;
+
+        const NLL_BLOCK: u32 = 256;
+        let f = self.function("nll_loss")?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(losses)
+            .arg(&*logp)
+            .arg(targets)
+            .arg(&n32)
+            .arg(&v32)
+            .arg(&valid32);
+        let cfg = LaunchConfig {
+            grid_dim: ((n as u32).div_ceil(NLL_BLOCK), 1, 1),
+            block_dim: (NLL_BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: lengths checked above; one thread per row, the kernel stops at `n`.
+        unsafe { b.launch(cfg) }?;
+
+        let col_blocks = u32::try_from(v.div_ceil(NLL_BLOCK as usize))
+            .ok()
+            .filter(|&c| c <= 65_535)
+            .ok_or_else(|| super::CudaError::Shape {
+                op: OP,
+                detail: format!("a row of {v} logits exceeds the grid's 65535 column blocks"),
+            })?;
+        let f = self.function(&format!("log_softmax_nll_backward_{}", T::SUFFIX))?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(dlogits)
+            .arg(&*logp)
+            .arg(targets)
+            .arg(&v32)
+            .arg(&valid32)
+            .arg(&grad_scale);
+        let cfg = LaunchConfig {
+            grid_dim: (n as u32, col_blocks, 1),
+            block_dim: (NLL_BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: lengths checked above; grid x is the row (n fits i32, checked), grid y
+        // covers the row's columns in blocks of NLL_BLOCK, the kernel stops at `v`.
+        unsafe { b.launch(cfg) }?;
         Ok(())
     }
 }

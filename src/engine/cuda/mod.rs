@@ -9,6 +9,7 @@
 //! [`crate::engine::Tensor`] is the job of `engine::ops`.
 
 mod adamw;
+mod add;
 mod attention;
 mod bk_core;
 mod cross_entropy;
@@ -287,6 +288,7 @@ const PROGRAMS: &[Program] = &[
     cross_entropy::PROGRAM,
     embedding::PROGRAM,
     adamw::PROGRAM,
+    add::PROGRAM,
     reduce::PROGRAM,
     rows::PROGRAM,
     bk_core::PROGRAM,

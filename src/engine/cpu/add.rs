@@ -1,0 +1,43 @@
+//! Elementwise addition: the residual add of the unfused path (`train.fused_kernels=false`),
+//! where kiln's fused kernels add inside the layernorm, and the meeting of two gradients.
+
+use rayon::prelude::*;
+
+const CHUNK: usize = 4096;
+
+/// `out = a + b`.
+pub fn add(out: &mut [f32], a: &[f32], b: &[f32]) {
+    out.par_chunks_mut(CHUNK)
+        .zip(a.par_chunks(CHUNK).zip(b.par_chunks(CHUNK)))
+        .for_each(|(o, (a, b))| {
+            o.iter_mut()
+                .zip(a.iter().zip(b))
+                .for_each(|(o, (a, b))| *o = a + b)
+        });
+}
+
+/// `dst += src`.
+pub fn add_assign(dst: &mut [f32], src: &[f32]) {
+    dst.par_chunks_mut(CHUNK)
+        .zip(src.par_chunks(CHUNK))
+        .for_each(|(d, s)| d.iter_mut().zip(s).for_each(|(d, s)| *d += s));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::cpu::testutil::{assert_close, random};
+
+    #[test]
+    fn adds_every_element() {
+        let n = 3 * CHUNK + 17;
+        let (a, b) = (random(n, 1, 2.0), random(n, 2, 3.0));
+        let want: Vec<f32> = a.iter().zip(&b).map(|(a, b)| a + b).collect();
+        let mut out = vec![f32::NAN; n];
+        add(&mut out, &a, &b);
+        assert_close(&out, &want, 0.0, "add");
+        let mut dst = a.clone();
+        add_assign(&mut dst, &b);
+        assert_close(&dst, &want, 0.0, "add_assign");
+    }
+}
