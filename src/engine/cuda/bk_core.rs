@@ -34,6 +34,11 @@ const SCAN_WARPS: u32 = 4;
 /// takes at most this many positions per thread; must match `BKF_CHUNK` in `bk_core.cu`.
 const FUSED_CHUNK: usize = 16;
 const FUSED_MAX_WARPS: usize = 16;
+/// Up to this many positions in a call, the fused kernels aim for `SMALL_CHUNK` positions per
+/// thread instead: a small call cannot fill the GPU, its time is one thread's chain of serial
+/// steps, and a shorter chain (with a deeper scan) finishes sooner.
+const SMALL_CALL: usize = 1 << 17;
+const SMALL_CHUNK: usize = 4;
 /// Threads per block of the fused forward when its teams are smaller (several sequences).
 const FUSED_MIN_BLOCK: usize = 256;
 
@@ -72,9 +77,14 @@ impl Fused {
         }
     }
 
-    fn plan(n: usize, has_off: bool) -> Fused {
+    fn plan(n: usize, batch: usize, has_off: bool) -> Fused {
+        let aim = if batch * n <= SMALL_CALL {
+            SMALL_CHUNK
+        } else {
+            FUSED_CHUNK
+        };
         let team_warps = n
-            .div_ceil(32 * FUSED_CHUNK)
+            .div_ceil(32 * aim)
             .next_power_of_two()
             .min(FUSED_MAX_WARPS);
         let team = 32 * team_warps;
@@ -253,7 +263,7 @@ impl CudaBackend {
         const OP: &str = "bk_core";
         let s = w.shape;
         check_len(OP, "out", out, 2 * s.batch * s.n)?;
-        let plan = Fused::plan(s.n, off.is_some());
+        let plan = Fused::plan(s.n, s.batch, off.is_some());
         if plan.shared_bytes <= self.info.shared_memory_per_block_optin {
             return self.bk_forward_fused(w, plan, out, v, z, off);
         }
@@ -360,7 +370,7 @@ impl CudaBackend {
                 cpart: self.alloc(prow.max(1))?,
             });
         }
-        let plan = Fused::plan(s.n, off.is_some());
+        let plan = Fused::plan(s.n, s.batch, off.is_some());
         // zpart: one (dz) row per sequence on the fused path, per chunk otherwise.
         let zrows = if plan.chunk <= FUSED_CHUNK
             && plan.backward_shared_bytes() <= self.info.shared_memory_per_block_optin
@@ -539,8 +549,8 @@ mod tests {
         for n in [
             1, 2, 31, 32, 33, 100, 128, 512, 513, 1000, 2048, 4096, 8192, 8193, 20000,
         ] {
-            for off in [false, true] {
-                let p = Fused::plan(n, off);
+            for (off, batch) in [(false, 1), (true, 1), (false, 512), (true, 512)] {
+                let p = Fused::plan(n, batch, off);
                 let team = 32 * p.team_warps;
                 assert!(p.chunk * team >= n, "n {n}: {p:?} leaves positions out");
                 assert!(p.chunk >= 1 && p.teams >= 1 && p.block == p.teams * team);
@@ -555,18 +565,27 @@ mod tests {
 
     #[test]
     fn fused_plans_fit_n_8192_on_every_supported_gpu_and_not_n_20000() {
-        let p = Fused::plan(8192, true);
+        let p = Fused::plan(8192, 512, true);
         assert_eq!((p.team_warps, p.chunk, p.teams), (16, 16, 1));
         assert!(p.backward_shared_bytes() <= SM80_OPTIN, "{p:?}");
         // The fused backward holds a chunk in registers: every N up to 8192 qualifies.
         for n in [1, 100, 1000, 4097, 8192] {
-            assert!(Fused::plan(n, true).chunk <= FUSED_CHUNK, "n {n}");
+            for batch in [1, 512] {
+                assert!(Fused::plan(n, batch, true).chunk <= FUSED_CHUNK, "n {n}");
+            }
         }
-        assert!(Fused::plan(8193, true).chunk > FUSED_CHUNK);
+        assert!(Fused::plan(8193, 1, true).chunk > FUSED_CHUNK);
         // H100 / H200 opt in to 227 KiB: 20000 positions need more, the multi-launch path.
-        assert!(Fused::plan(20000, false).shared_bytes > 227 * 1024);
+        assert!(Fused::plan(20000, 1, false).shared_bytes > 227 * 1024);
         // Short sequences share a block: 8 of 128 positions, 4 positions per thread.
-        let p = Fused::plan(128, false);
+        let p = Fused::plan(128, 512, false);
         assert_eq!((p.team_warps, p.chunk, p.teams, p.block), (1, 4, 8, 256));
+        // A small call takes shorter chunks and wider teams; a large one the long chunks.
+        let p = Fused::plan(512, 64, false);
+        assert_eq!((p.team_warps, p.chunk, p.teams, p.block), (4, 4, 2, 256));
+        let p = Fused::plan(512, 512, false);
+        assert_eq!((p.team_warps, p.chunk, p.teams, p.block), (1, 16, 8, 256));
+        // At N = 8192 the team is already as wide as the launch bound allows.
+        assert_eq!(Fused::plan(8192, 1, false).chunk, 16);
     }
 }
