@@ -56,10 +56,14 @@ extern "C" __global__ void sum_squares_partial(double* partial, unsigned int* no
     if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
 
-// Stage two: *acc += the partials in order (one thread; there are at most a few thousand).
+// Stage two: *acc += the sum of the partials, by one block: thread t adds partials t, t +
+// blockDim.x, ... in order, then a fixed tree adds the threads. The order depends only on
+// the partial count, so the result is the same on every run. (One thread walking the
+// partials waited out a memory latency per partial: most of the gradient norm's time.)
 extern "C" __global__ void sum_squares_finish(double* acc, const double* partial, int blocks) {
-    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    __shared__ double scratch[32];
     double s = 0.0;
-    for (int b = 0; b < blocks; ++b) s += partial[b];
-    *acc += s;
+    for (int b = threadIdx.x; b < blocks; b += blockDim.x) s += partial[b];
+    s = block_sum(s, scratch);
+    if (threadIdx.x == 0) *acc += s;
 }

@@ -25,6 +25,8 @@ const COLUMN_BLOCK: u32 = 256;
 const ROWS_PER_CHUNK: usize = 64;
 const SUMSQ_BLOCK: u32 = 512;
 const SUMSQ_MAX_BLOCKS: usize = 1024;
+/// Threads of the block that adds the partials (a multiple of 32, at most 1024).
+const SUMSQ_FINISH_BLOCK: u32 = 256;
 
 /// The split of `n` rows into chunks for the first stage: (chunks, rows per chunk).
 pub(super) fn row_chunks(n: usize) -> (usize, usize) {
@@ -121,13 +123,13 @@ impl CudaBackend {
         let f = self.function("sum_squares_finish")?;
         let mut b = self.stream.launch_builder(f);
         b.arg(acc).arg(&partial).arg(&blocks32);
-        // SAFETY: one thread reads `blocks` partials and writes `acc[0]`.
-        let one_warp = LaunchConfig {
+        // SAFETY: one block reads `blocks` partials and thread 0 writes `acc[0]`.
+        let one_block = LaunchConfig {
             grid_dim: (1, 1, 1),
-            block_dim: (32, 1, 1),
+            block_dim: (SUMSQ_FINISH_BLOCK, 1, 1),
             shared_mem_bytes: 0,
         };
-        unsafe { b.launch(one_warp) }?;
+        unsafe { b.launch(one_block) }?;
         Ok(())
     }
 }
