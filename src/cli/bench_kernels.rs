@@ -379,7 +379,7 @@ struct Bench<'a> {
 
 /// Host values generated at most this many at a time; larger buffers repeat the block (the
 /// values do not change a kernel's time, and generating gigabytes on the host would).
-const HOST_BLOCK: usize = 1 << 22;
+const HOST_BLOCK: usize = 1 << 20;
 
 impl Bench<'_> {
     fn copies(&self, working_set: f64) -> usize {
@@ -1230,7 +1230,7 @@ fn run_gpu(gpu: &CudaBackend, a: &BenchKernelsArgs, dtypes: &[Dt]) -> Result<Out
     if a.no_python {
         o.skipped.push("PyTorch comparison (--no-python)".into());
     } else {
-        match pytorch_baseline(a, l2) {
+        match pytorch_baseline(a, dtypes, l2) {
             Ok(py) => {
                 o.pytorch = Some(format!("PyTorch {} on {}", py.torch, py.device));
                 merge_pytorch(&mut o.rows, &py.rows);
@@ -1302,7 +1302,11 @@ struct PyOut {
 }
 
 /// Runs `bench/pytorch_kernels.py --json` on the same grid and parses its rows.
-fn pytorch_baseline(a: &BenchKernelsArgs, l2: usize) -> std::result::Result<PyOut, String> {
+fn pytorch_baseline(
+    a: &BenchKernelsArgs,
+    dtypes: &[Dt],
+    l2: usize,
+) -> std::result::Result<PyOut, String> {
     let script = super::bench::find_script("pytorch_kernels.py")?;
     let list = |xs: &[usize]| {
         xs.iter()
@@ -1321,7 +1325,14 @@ fn pytorch_baseline(a: &BenchKernelsArgs, l2: usize) -> std::result::Result<PyOu
         .args(["--vocab", &a.vocab.to_string()])
         .args(["--seq", &a.seq.to_string()])
         .args(["--params", &a.params.to_string()])
-        .args(["--dtypes", &a.dtypes.join(",")])
+        .args([
+            "--dtypes",
+            &dtypes
+                .iter()
+                .map(|&d| dt_name(d))
+                .collect::<Vec<_>>()
+                .join(","),
+        ])
         .args(["--reps", &a.reps.to_string()])
         .args(["--warmup", &a.warmup.to_string()])
         .args(["--l2-bytes", &l2.to_string()])
@@ -1459,6 +1470,17 @@ fn bar_charts(
             .filter_map(|r| value(r).map(|v| (r.label.clone(), v)))
             .collect();
         let parts = bars.len().div_ceil(BARS_PER_CHART);
+        let mut sizes: Vec<usize> = top
+            .iter()
+            .filter(|r| r.group == group && r.dtype == dtype)
+            .map(|r| r.size)
+            .collect();
+        sizes.sort_unstable();
+        sizes.dedup();
+        let at = match (group, sizes.as_slice()) {
+            (Group::Memory | Group::Compute, [n]) => format!(" at {n} rows"),
+            _ => " at the largest size of each".into(),
+        };
         for (p, chunk) in bars.chunks(BARS_PER_CHART).enumerate() {
             let mut name = format!("{prefix}_{}_{dtype}", group.name());
             if parts > 1 {
@@ -1467,7 +1489,7 @@ fn bar_charts(
             out.push((
                 name,
                 Plot::Bar(BarChart {
-                    title: format!("{title}: {}, {dtype}", group.title()),
+                    title: format!("{title}: {}, {dtype}{at}", group.title()),
                     y_label: y_label.into(),
                     bars: chunk.to_vec(),
                 }),
@@ -1542,7 +1564,7 @@ fn write_report(mut report: Report, a: &BenchKernelsArgs, mut o: Outcome) -> Res
         for (name, plot) in bar_charts(
             &o.rows,
             "roofline",
-            "Fraction of the roofline at the largest size",
+            "Fraction of the roofline",
             "% of roofline",
             |r| Some(100.0 * r.roofline_fraction),
         ) {
@@ -1551,7 +1573,7 @@ fn write_report(mut report: Report, a: &BenchKernelsArgs, mut o: Outcome) -> Res
         for (name, plot) in bar_charts(
             &o.rows,
             "speedup",
-            "kiln speedup over PyTorch at the largest size",
+            "kiln speedup over PyTorch",
             "PyTorch time / kiln time",
             |r| r.speedup_vs_pytorch,
         ) {
