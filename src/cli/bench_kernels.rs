@@ -1230,6 +1230,12 @@ fn run_gpu(gpu: &CudaBackend, a: &BenchKernelsArgs, dtypes: &[Dt]) -> Result<Out
     if a.no_python {
         o.skipped.push("PyTorch comparison (--no-python)".into());
     } else {
+        // The driver's pool keeps what kiln freed; PyTorch gets it back for its own tensors.
+        if let Err(e) = gpu.release_cached_memory() {
+            o.notes.push(format!(
+                "kiln's cached GPU memory not released before PyTorch ran: {e}"
+            ));
+        }
         match pytorch_baseline(a, dtypes, l2) {
             Ok(py) => {
                 o.pytorch = Some(format!("PyTorch {} on {}", py.torch, py.device));
@@ -1555,7 +1561,9 @@ fn write_report(mut report: Report, a: &BenchKernelsArgs, mut o: Outcome) -> Res
          bandwidth, or its floating-point work over the GEMM rate of its `ceiling` math mode \
          (attention: causal, 2 B T^2 C forward, 2.5 times that backward). `kiln speedup` = \
          PyTorch time / kiln time on the same operation, sizes and rotation \
-         (`bench/pytorch_kernels.py`, eager, in this command); PyTorch has no BK-Core.",
+         (`bench/pytorch_kernels.py`, eager, in this command); PyTorch has no BK-Core. Where the two differ beyond speed: kiln's backward kernels \
+         accumulate weight gradients in f32 where autograd returns them in the activation \
+         type, and kiln's embedding forward adds the position rows in the same kernel.",
         a.rows, a.channels, a.heads, a.vocab, a.seq, a.params, a.reps, a.warmup
     ));
     if !o.rows.is_empty() {
@@ -1769,6 +1777,22 @@ mod tests {
         assert_eq!(times(None), "-");
         let md = detail_table(&rows).markdown();
         assert!(md.contains("| gelu_forward | bf16 | x | 3 | 2000.0 | 2000 GB/s | copy | 50% | 3000.0 | 1.50x | `F.op` |"), "{md}");
+    }
+
+    #[test]
+    fn the_python_scripts_json_is_read() {
+        // One line as `bench/pytorch_kernels.py --json` prints it.
+        let line = r#"{"torch": "2.15.0", "device": "NVIDIA H200", "rows": [{"kernel":
+            "layernorm_forward", "dtype": "bf16", "size": 8192, "ms": 0.0123, "op":
+            "F.layer_norm(x)"}], "skipped": ["bk_core_forward, bk_core_backward: none"]}"#;
+        let py: PyOut = serde_json::from_str(line).unwrap();
+        assert_eq!(
+            (py.torch.as_str(), py.device.as_str()),
+            ("2.15.0", "NVIDIA H200")
+        );
+        assert_eq!(py.rows[0].kernel, "layernorm_forward");
+        assert_eq!((py.rows[0].size, py.rows[0].ms), (8192, 0.0123));
+        assert_eq!(py.skipped.len(), 1);
     }
 
     /// Rows as a GPU run would give them, for the report and its charts.
