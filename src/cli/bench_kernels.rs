@@ -152,7 +152,7 @@ fn validate(a: &BenchKernelsArgs) -> Result<Vec<Dt>> {
             return bad(&format!("{flag} must be at least 1"));
         }
     }
-    if a.channels % a.heads != 0 {
+    if !a.channels.is_multiple_of(a.heads) {
         return bad(&format!(
             "--channels {} is not a multiple of --heads {}; pick heads that divide the width",
             a.channels, a.heads
@@ -1198,7 +1198,7 @@ fn run_gpu(gpu: &CudaBackend, a: &BenchKernelsArgs, dtypes: &[Dt]) -> Result<Out
     }
     for &dt in dtypes {
         for &n in &a.rows {
-            let whole = n % a.seq == 0;
+            let whole = n.is_multiple_of(a.seq);
             let r = match dt {
                 Dt::F32 => time_at::<f32>(&mut b, a, n, whole && attention_ok),
                 Dt::Bf16 => time_at::<Bf16>(&mut b, a, n, whole && attention_ok),
@@ -1213,14 +1213,14 @@ fn run_gpu(gpu: &CudaBackend, a: &BenchKernelsArgs, dtypes: &[Dt]) -> Result<Out
         }
     }
     for &n in &a.rows {
-        if n % a.seq == 0 {
+        if n.is_multiple_of(a.seq) {
             let r = time_bk(&mut b, a, n);
             record(gpu, &mut o, &format!("BK-Core at {n} rows"), r);
         }
     }
     let r = time_optimizer(&mut b, a);
     record(gpu, &mut o, "AdamW and sum of squares", r);
-    if let Some(n) = a.rows.iter().find(|&&n| n % a.seq != 0) {
+    if let Some(n) = a.rows.iter().find(|&&n| !n.is_multiple_of(a.seq)) {
         o.skipped.push(format!(
             "attention and BK-Core at {n} rows (and any other size that is not a multiple of --seq {}): they run whole sequences",
             a.seq
