@@ -1506,18 +1506,26 @@ fn bar_charts(
 }
 
 fn write_report(mut report: Report, a: &BenchKernelsArgs, mut o: Outcome) -> Result<()> {
-    // Kernels together, each over its types and sizes, in the order first timed.
-    let first: Vec<String> = {
+    // Kernels together, then types, in the order first timed; sizes ascending.
+    let order = |field: fn(&Row) -> &str| {
         let mut seen: Vec<String> = Vec::new();
         for r in &o.rows {
-            if !seen.contains(&r.kernel) {
-                seen.push(r.kernel.clone());
+            if !seen.iter().any(|s| s == field(r)) {
+                seen.push(field(r).to_string());
             }
         }
         seen
     };
-    let pos = |k: &str| first.iter().position(|f| f == k).unwrap_or(usize::MAX);
-    o.rows.sort_by_key(|r| (r.group, pos(&r.kernel)));
+    let (kernels, types) = (order(|r| &r.kernel), order(|r| &r.dtype));
+    let pos = |seen: &[String], k: &str| seen.iter().position(|f| f == k).unwrap_or(usize::MAX);
+    o.rows.sort_by_key(|r| {
+        (
+            r.group,
+            pos(&kernels, &r.kernel),
+            pos(&types, &r.dtype),
+            r.size,
+        )
+    });
 
     match (&o.device, &o.ceilings, o.l2_bytes) {
         (Some(device), Some(c), Some(l2)) => {
@@ -1876,7 +1884,12 @@ mod tests {
             device: Some("test GPU".into()),
             l2_bytes: Some(50 << 20),
             ceilings: Some(CEILINGS),
-            rows: synthetic_rows(),
+            rows: {
+                // Largest size first: the report still lists each kernel's sizes ascending.
+                let mut rows = synthetic_rows();
+                rows.sort_by_key(|r| std::cmp::Reverse(r.size));
+                rows
+            },
             pytorch: Some("PyTorch 2.x on test GPU".into()),
             skipped: vec!["PyTorch: bk_core_forward has no PyTorch equivalent".into()],
             ..Outcome::default()
