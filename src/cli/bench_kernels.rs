@@ -25,7 +25,7 @@ use crate::engine::cuda::{
 use crate::engine::rng::{Rng, stream};
 use crate::error::{KilnError, Result};
 use crate::hw::probe;
-use crate::report::{BarChart, Plot, Report, Table};
+use crate::report::{BarChart, LinePlot, Plot, Report, Series, Table};
 use clap::Args;
 use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
@@ -1505,6 +1505,77 @@ fn bar_charts(
     out
 }
 
+/// The kernels followed across the grid: the heaviest of a transformer step, one per kind.
+const ACROSS_THE_GRID: [&str; 8] = [
+    "residual_layernorm_forward",
+    "layernorm_backward",
+    "gelu_forward",
+    "cross_entropy_fused",
+    "embedding_backward",
+    "attention_forward+backward",
+    "linear_forward fc",
+    "linear_backward lm_head",
+];
+
+/// Per type, roofline fraction and speedup over PyTorch against the token rows for the
+/// kernels of [`ACROSS_THE_GRID`]; a plot with no line of two points or more is left out.
+fn grid_plots(rows: &[Row]) -> Vec<(String, Plot)> {
+    let mut types: Vec<&str> = Vec::new();
+    for r in rows {
+        if ACROSS_THE_GRID.contains(&r.kernel.as_str()) && !types.contains(&r.dtype.as_str()) {
+            types.push(&r.dtype);
+        }
+    }
+    let mut out = Vec::new();
+    for dtype in types {
+        let series = |value: fn(&Row) -> Option<f64>| -> Vec<Series> {
+            ACROSS_THE_GRID
+                .iter()
+                .map(|k| {
+                    let mut points: Vec<(f64, f64)> = rows
+                        .iter()
+                        .filter(|r| r.kernel == *k && r.dtype == dtype)
+                        .filter_map(|r| value(r).map(|v| (r.size as f64, v)))
+                        .collect();
+                    points.sort_by(|a, b| a.0.total_cmp(&b.0));
+                    Series::new(*k, points)
+                })
+                .filter(|s| s.points.len() >= 2)
+                .collect()
+        };
+        let plots = [
+            (
+                "roofline_vs_rows",
+                "Fraction of the roofline against rows",
+                "% of roofline",
+                series(|r| Some(100.0 * r.roofline_fraction)),
+            ),
+            (
+                "speedup_vs_rows",
+                "kiln speedup over PyTorch against rows",
+                "PyTorch time / kiln time",
+                series(|r| r.speedup_vs_pytorch),
+            ),
+        ];
+        for (name, title, y_label, series) in plots {
+            if !series.is_empty() {
+                out.push((
+                    format!("{name}_{dtype}"),
+                    Plot::Line(LinePlot {
+                        title: format!("{title}, {dtype}"),
+                        x_label: "token rows".into(),
+                        y_label: y_label.into(),
+                        log_x: true,
+                        log_y: false,
+                        series,
+                    }),
+                ));
+            }
+        }
+    }
+    out
+}
+
 fn write_report(mut report: Report, a: &BenchKernelsArgs, mut o: Outcome) -> Result<()> {
     // Kernels together, then types, in the order first timed; sizes ascending.
     let order = |field: fn(&Row) -> &str| {
@@ -1593,6 +1664,9 @@ fn write_report(mut report: Report, a: &BenchKernelsArgs, mut o: Outcome) -> Res
             "PyTorch time / kiln time",
             |r| r.speedup_vs_pytorch,
         ) {
+            report.plot(&name, &plot)?;
+        }
+        for (name, plot) in grid_plots(&o.rows) {
             report.plot(&name, &plot)?;
         }
     }
@@ -1904,6 +1978,14 @@ mod tests {
             "roofline_other_f32",
             "speedup_memory_f32",
             "speedup_memory_bf16",
+        ] {
+            crate::report::plot::tests::assert_png(&out.join(format!("{name}.png")));
+        }
+        // Across the grid: the kernels with two sizes or more, per type.
+        for name in [
+            "roofline_vs_rows_f32",
+            "roofline_vs_rows_bf16",
+            "speedup_vs_rows_f32",
         ] {
             crate::report::plot::tests::assert_png(&out.join(format!("{name}.png")));
         }
