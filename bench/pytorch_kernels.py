@@ -325,7 +325,8 @@ def main():
     print(f"torch {torch.__version__} on {device_name}")
     print(f"{'kernel':<30} {'dtype':<5} {'size':>10} {'median us':>11}  op")
     for r in b.rows:
-        print(f"{r['kernel']:<30} {r['dtype']:<5} {r['size']:>10} {r['ms'] * 1e3:>11.1f}  {r['op']}")
+        us = r["ms"] * 1e3
+        print(f"{r['kernel']:<30} {r['dtype']:<5} {r['size']:>10} {us:>11.1f}  {r['op']}")
     for s in b.skipped:
         print(f"skipped: {s}")
 
