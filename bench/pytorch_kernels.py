@@ -1,100 +1,334 @@
-"""PyTorch timings of the operations `kiln bench kernels` times, at the same sizes.
+"""The operations `kiln bench kernels` times, in eager PyTorch, on the same grid of sizes and
+the same GPU, for the comparison in that command's report (it runs this script itself).
 
-Run on the same GPU in the same command as `kiln bench kernels`, so the two tables compare
-(a ratio from one run is a result; an absolute time from another day is not). Eager PyTorch:
-each line is the operation as a PyTorch training step would call it.
+Each operation is what a PyTorch training step would call for the kernel it stands beside:
+`F.layer_norm(x + d)` for the residual layernorm, autograd's backward for the backward
+kernels, `F.cross_entropy` forward and forward + backward, `F.scaled_dot_product_attention`
+with `is_causal=True` between the usual split/transpose of a `[B, T, 3C]` qkv tensor, `F.linear`
+in f32, tf32 and bf16, `torch.optim.AdamW(fused=True)` and `torch.linalg.vector_norm`.
+PyTorch has no BK-Core operation.
+
+Timing matches the kiln side: inputs rotated through enough copies that a call never finds
+its data left in L2 by the one before (working sets under twice the L2 size, `--l2-bytes`,
+at most `--max-copies`), `--warmup` untimed calls, then the median of `--reps` samples of
+CUDA events, each sample several calls back to back divided by their count.
+
+`--json` prints one object: {"torch", "device", "rows": [{"kernel", "dtype", "size", "ms",
+"op"}], "skipped": [...]}; without it, a table. `--device cpu` runs the same code on the CPU
+(wall-clock timing), a quick check of the script on a machine without a GPU.
 """
 
 import argparse
+import json
+import math
+import statistics
+import time
 
 import torch
 import torch.nn.functional as F
 
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+# A sample runs calls back to back until it holds about this much work, at most MAX_CALLS.
+SAMPLE_MS = 1.0
+MAX_CALLS = 16
 
-def median_us(fn, reps=20, warmup=3):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    times.sort()
-    return times[len(times) // 2]
+
+def copies_for(working_set, l2_bytes, max_copies):
+    """Copies needed so that the others touched between two uses of one exceed 2 x L2."""
+    evict = 2 * l2_bytes
+    if working_set >= evict or l2_bytes == 0:
+        return 1
+    return min(math.ceil(evict / max(working_set, 1)) + 1, max_copies)
+
+
+class Bench:
+    def __init__(self, a):
+        self.a = a
+        self.dev = torch.device(a.device if a.device == "cpu" else f"cuda:{a.gpu}")
+        self.cuda = self.dev.type == "cuda"
+        self.rows = []
+        self.skipped = []
+
+    def rand(self, *shape, dtype=torch.float32, scale=1.0, grad=False):
+        t = (torch.rand(*shape, device=self.dev, dtype=torch.float32) * 2 - 1) * scale
+        return t.to(dtype).requires_grad_(grad)
+
+    def sync(self):
+        if self.cuda:
+            torch.cuda.synchronize(self.dev)
+
+    def sample_ms(self, fn, calls):
+        if self.cuda:
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(calls):
+                fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / calls
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        return (time.perf_counter() - t0) * 1e3 / calls
+
+    def median_ms(self, fn):
+        for _ in range(self.a.warmup):
+            fn()
+        self.sync()
+        one = max(self.sample_ms(fn, 1), 1e-4)
+        calls = max(1, min(MAX_CALLS, math.ceil(SAMPLE_MS / one)))
+        return statistics.median(self.sample_ms(fn, calls) for _ in range(self.a.reps))
+
+    def run(self, kernel, dtype, size, op, working_set, make, fn):
+        """Times `fn(*s)` cycling over copies `s = make()`; a failure is listed, not fatal."""
+        try:
+            k = copies_for(working_set, self.a.l2_bytes, self.a.max_copies)
+            sets = [make() for _ in range(k)]
+            i = [0]
+
+            def call():
+                s = sets[i[0] % k]
+                i[0] += 1
+                return fn(*s)
+
+            ms = self.median_ms(call)
+            self.rows.append({"kernel": kernel, "dtype": dtype, "size": size, "ms": ms, "op": op})
+        except Exception as e:  # out of memory, or an operation this build lacks
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            self.skipped.append(f"{kernel} {dtype} at {size}: {type(e).__name__}: {first}")
+        finally:
+            sets = None
+            if self.cuda:
+                torch.cuda.empty_cache()
+
+
+def rowwise(b, n, name, dt):
+    a = b.a
+    c, v, seq = a.channels, a.vocab, a.seq
+    es = torch.tensor([], dtype=dt).element_size()
+    act, stats = es * n * c, 8 * n
+    g, beta = b.rand(c, dtype=dt), b.rand(c, dtype=dt)
+
+    b.run("layernorm_forward", name, n, "F.layer_norm(x)", 2 * act + stats,
+          lambda: (b.rand(n, c, dtype=dt, scale=2),),
+          lambda x: F.layer_norm(x, (c,), g, beta))
+    b.run("residual_layernorm_forward", name, n, "F.layer_norm(x + d)", 4 * act + stats,
+          lambda: (b.rand(n, c, dtype=dt, scale=2), b.rand(n, c, dtype=dt, scale=2)),
+          lambda x, d: F.layer_norm(x + d, (c,), g, beta))
+    gr, br = g.clone().requires_grad_(True), beta.clone().requires_grad_(True)
+
+    def ln_graph():
+        x = b.rand(n, c, dtype=dt, scale=2, grad=True)
+        out = F.layer_norm(x, (c,), gr, br)
+        return out, x, b.rand(n, c, dtype=dt)
+
+    b.run("layernorm_backward", name, n, "autograd of F.layer_norm (x, weight, bias)",
+          4 * act + stats, ln_graph,
+          lambda out, x, dy: torch.autograd.grad(out, (x, gr, br), dy, retain_graph=True))
+
+    h = 4 * n * c
+    b.run("gelu_forward", name, n, "F.gelu(h, approximate='tanh')", 2 * es * h,
+          lambda: (b.rand(n, 4 * c, dtype=dt, scale=4),),
+          lambda x: F.gelu(x, approximate="tanh"))
+
+    def gelu_graph():
+        x = b.rand(n, 4 * c, dtype=dt, scale=4, grad=True)
+        return F.gelu(x, approximate="tanh"), x, b.rand(n, 4 * c, dtype=dt)
+
+    b.run("gelu_backward", name, n, "autograd of F.gelu(tanh)", 3 * es * h, gelu_graph,
+          lambda out, x, dy: torch.autograd.grad(out, x, dy, retain_graph=True))
+
+    logits = es * n * v
+
+    def ce_inputs(grad):
+        return (b.rand(n, v, dtype=dt, scale=4, grad=grad),
+                torch.randint(0, v, (n,), device=b.dev))
+
+    b.run("cross_entropy_forward", name, n, "F.cross_entropy(reduction='none')",
+          logits + stats, lambda: ce_inputs(False),
+          lambda x, t: F.cross_entropy(x, t, reduction="none"))
+    b.run("cross_entropy_fused", name, n, "F.cross_entropy forward + backward",
+          2 * logits + stats, lambda: ce_inputs(True),
+          lambda x, t: torch.autograd.grad(F.cross_entropy(x, t), x))
+
+    wte = b.rand(v, c, dtype=dt, grad=True)
+    wpe = b.rand(seq, c, dtype=dt, grad=True)
+    pos = torch.arange(n, device=b.dev) % seq
+    pos_rows = min(n, seq)
+
+    def embed(tok):
+        return F.embedding(tok, wte) + F.embedding(pos, wpe)
+
+    def tokens():
+        return torch.randint(0, v, (n,), device=b.dev)
+
+    with torch.no_grad():
+        b.run("embedding_forward", name, n, "F.embedding(tok, wte) + F.embedding(pos, wpe)",
+              2 * act + es * pos_rows * c + 4 * n, lambda: (tokens(),), embed)
+
+    def emb_graph():
+        return embed(tokens()), b.rand(n, c, dtype=dt)
+
+    b.run("embedding_backward", name, n, "autograd of the embedding sum (wte, wpe)",
+          act + 4 * n, emb_graph,
+          lambda out, dy: torch.autograd.grad(out, (wte, wpe), dy, retain_graph=True))
+
+
+def row_ops(b, n, name, dt):
+    c = b.a.channels
+    es = torch.tensor([], dtype=dt).element_size()
+    act, per_row = es * n * c, 8 * n
+
+    def perm():
+        return torch.randperm(n, device=b.dev)
+
+    b.run("gather_rows", name, n, "src[idx] * scale[:, None]", 2 * act + per_row,
+          lambda: (b.rand(n, c, dtype=dt), perm(), b.rand(n, dtype=dt)),
+          lambda src, idx, s: src.index_select(0, idx) * s[:, None])
+    b.run("scatter_add_rows", name, n, "dst.index_add_(0, idx, src * scale[:, None])",
+          3 * act + per_row,
+          lambda: (b.rand(n, c, dtype=dt), b.rand(n, c, dtype=dt), perm(), b.rand(n, dtype=dt)),
+          lambda dst, src, idx, s: dst.index_add_(0, idx, src * s[:, None]))
+    b.run("gathered_row_dot", name, n, "(a[idx] * b).sum(-1, dtype=float32)", 2 * act + per_row,
+          lambda: (b.rand(n, c, dtype=dt), perm(), b.rand(n, c, dtype=dt)),
+          lambda ta, idx, tb: (ta.index_select(0, idx) * tb).sum(-1, dtype=torch.float32))
+
+
+def attention(b, n, name, dt):
+    a = b.a
+    c, t, nh = a.channels, a.seq, a.heads
+    bsz, hs = n // t, c // nh
+    es = torch.tensor([], dtype=dt).element_size()
+    working_set = es * 4 * n * c + 4 * bsz * nh * t
+
+    def sdpa(qkv):
+        q, k, v = qkv.split(c, dim=2)
+        q, k, v = (x.view(bsz, t, nh, hs).transpose(1, 2) for x in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return y.transpose(1, 2).reshape(bsz, t, c)
+
+    with torch.no_grad():
+        b.run("attention_forward", name, n, "F.scaled_dot_product_attention(is_causal=True)",
+              working_set, lambda: (b.rand(bsz, t, 3 * c, dtype=dt),), sdpa)
+
+    def graph():
+        qkv = b.rand(bsz, t, 3 * c, dtype=dt, grad=True)
+        return sdpa(qkv), qkv, b.rand(bsz, t, c, dtype=dt)
+
+    b.run("attention_backward", name, n, "autograd of SDPA (causal)", working_set, graph,
+          lambda out, qkv, dy: torch.autograd.grad(out, qkv, dy, retain_graph=True))
+    b.run("attention_forward+backward", name, n, "SDPA (causal) forward + autograd backward",
+          working_set,
+          lambda: (b.rand(bsz, t, 3 * c, dtype=dt, grad=True), b.rand(bsz, t, c, dtype=dt)),
+          lambda qkv, dy: torch.autograd.grad(sdpa(qkv), qkv, dy))
+
+
+def linears(b, n, name, dt):
+    a = b.a
+    c, v = a.channels, a.vocab
+    modes = [("f32", False), ("tf32", True)] if name == "f32" else [(name, False)]
+    es = torch.tensor([], dtype=dt).element_size()
+    for label, tf32 in modes:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        for layer, cin, cout in [("qkv", c, 3 * c), ("fc", c, 4 * c), ("proj", 4 * c, c),
+                                 ("lm_head", c, v)]:
+            working_set = es * (n * cin + cout * cin + n * cout + cout)
+
+            def params(grad, cin=cin, cout=cout):
+                return (b.rand(n, cin, dtype=dt, grad=grad), b.rand(cout, cin, dtype=dt, grad=grad),
+                        b.rand(cout, dtype=dt, grad=grad))
+
+            with torch.no_grad():
+                b.run(f"linear_forward {layer}", label, n, "F.linear(x, w, b)", working_set,
+                      lambda: params(False), F.linear)
+
+            def graph(cout=cout):
+                x, w, bias = params(True)
+                return F.linear(x, w, bias), x, w, bias, b.rand(n, cout, dtype=dt)
+
+            b.run(f"linear_backward {layer}", label, n, "autograd of F.linear (x, w, b)",
+                  working_set, graph,
+                  lambda out, x, w, bias, dy: torch.autograd.grad(out, (x, w, bias), dy,
+                                                                  retain_graph=True))
+    torch.backends.cuda.matmul.allow_tf32 = False
+
+
+def optimizer(b):
+    p = b.a.params
+
+    def adamw():
+        w = b.rand(p, grad=True)
+        w.grad = b.rand(p)
+        opt = torch.optim.AdamW([w], lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
+                                fused=True)
+        return (opt,)
+
+    b.run("adamw_update", "f32", p, "torch.optim.AdamW(fused=True).step()", 28 * p, adamw,
+          lambda opt: opt.step())
+    b.run("sum_squares", "f32", p, "torch.linalg.vector_norm(g)", 4 * p,
+          lambda: (b.rand(p),), torch.linalg.vector_norm)
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", type=int, default=8192)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpu", type=int, default=0)
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--rows", default="2048,8192,32768")
     ap.add_argument("--channels", type=int, default=768)
+    ap.add_argument("--heads", type=int, default=12)
     ap.add_argument("--vocab", type=int, default=50304)
+    ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--params", type=int, default=124_475_904)
+    ap.add_argument("--dtypes", default="f32,bf16")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--l2-bytes", type=int, default=None,
+                    help="L2 size for the rotation (default: the device's)")
+    ap.add_argument("--max-copies", type=int, default=256)
+    ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    n, c, v = a.rows, a.channels, a.vocab
-    dev = "cuda"
+    if a.device == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit(f"torch {torch.__version__} sees no CUDA device")
+        torch.cuda.set_device(a.gpu)
+        props = torch.cuda.get_device_properties(a.gpu)
+        device_name = props.name
+        if a.l2_bytes is None:
+            a.l2_bytes = getattr(props, "L2_cache_size", 0)
+    else:
+        device_name = "cpu"
+        a.l2_bytes = a.l2_bytes or 0
+    names = [d.strip() for d in a.dtypes.split(",") if d.strip()]
+    for d in names:
+        if d not in DTYPES:
+            raise SystemExit(f"--dtypes: unknown type {d!r}; use f32, bf16 or f16")
+    rows = [int(x) for x in a.rows.split(",")]
+    torch.manual_seed(1)
     torch.backends.cuda.matmul.allow_tf32 = False
-    rows = []
-
-    for dt, name in [(torch.float32, "f32"), (torch.bfloat16, "bf16")]:
-        x = torch.randn(n, c, device=dev, dtype=dt)
-        d = torch.randn(n, c, device=dev, dtype=dt)
-        g = torch.randn(c, device=dev, dtype=dt)
-        b = torch.randn(c, device=dev, dtype=dt)
-        rows.append(("residual + layer_norm fwd", name, median_us(lambda: F.layer_norm(x + d, (c,), g, b))))
-        xr = (x + d).requires_grad_(True)
-        gr = g.clone().requires_grad_(True)
-        br = b.clone().requires_grad_(True)
-        out = F.layer_norm(xr, (c,), gr, br)
-        dy = torch.randn_like(out)
-        rows.append(("layer_norm bwd", name, median_us(lambda: torch.autograd.grad(out, (xr, gr, br), dy, retain_graph=True))))
-        h = torch.randn(n, 4 * c, device=dev, dtype=dt)
-        rows.append(("gelu tanh fwd", name, median_us(lambda: F.gelu(h, approximate="tanh"))))
-        hr = h.clone().requires_grad_(True)
-        ho = F.gelu(hr, approximate="tanh")
-        hd = torch.randn_like(ho)
-        rows.append(("gelu tanh bwd", name, median_us(lambda: torch.autograd.grad(ho, hr, hd, retain_graph=True))))
-        logits = torch.randn(n, v, device=dev, dtype=dt).requires_grad_(True)
-        tgt = torch.randint(0, v, (n,), device=dev)
-
-        def ce():
-            loss = F.cross_entropy(logits.float() if dt == torch.float32 else logits, tgt)
-            torch.autograd.grad(loss, logits)
-
-        rows.append(("cross_entropy fwd+bwd", name, median_us(ce)))
-        del logits
-        wte = torch.randn(v, c, device=dev, dtype=dt, requires_grad=True)
-        tok = torch.randint(0, v, (n,), device=dev)
-        rows.append(("embedding fwd", name, median_us(lambda: F.embedding(tok, wte))))
-        eo = F.embedding(tok, wte)
-        ed = torch.randn_like(eo)
-        rows.append(("embedding bwd", name, median_us(lambda: torch.autograd.grad(eo, wte, ed, retain_graph=True))))
-
-    for label, dt, tf32 in [("f32", torch.float32, False), ("tf32", torch.float32, True), ("bf16", torch.bfloat16, False)]:
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        for name, cin, cout in [("qkv", c, 3 * c), ("fc", c, 4 * c), ("proj", 4 * c, c), ("lm_head", c, v)]:
-            x = torch.randn(n, cin, device=dev, dtype=dt)
-            w = torch.randn(cout, cin, device=dev, dtype=dt)
-            b = torch.randn(cout, device=dev, dtype=dt)
-            us = median_us(lambda: F.linear(x, w, b))
-            rows.append((f"linear fwd {name}", label, us, 2 * n * cin * cout / (us * 1e-6) / 1e12))
-    torch.backends.cuda.matmul.allow_tf32 = False
-
-    p = torch.randn(a.params, device=dev, requires_grad=True)
-    p.grad = torch.randn_like(p)
-    opt = torch.optim.AdamW([p], lr=1e-4, fused=True)
-    rows.append(("AdamW fused (f32 only)", "f32", median_us(opt.step)))
-    rows.append(("grad norm (vector_norm)", "f32", median_us(lambda: torch.linalg.vector_norm(p.grad))))
-
-    print(f"torch {torch.__version__} on {torch.cuda.get_device_name()}")
-    print(f"{'operation':<28} | {'dtype':<5} | {'median us':>10} | note")
-    print("-" * 64)
-    for r in rows:
-        note = f"{r[3]:.1f} TFLOP/s" if len(r) > 3 else ""
-        print(f"{r[0]:<28} | {r[1]:<5} | {r[2]:>10.1f} | {note}")
+    b = Bench(a)
+    for name in names:
+        dt = DTYPES[name]
+        for n in rows:
+            rowwise(b, n, name, dt)
+            row_ops(b, n, name, dt)
+            if n % a.seq == 0:
+                attention(b, n, name, dt)
+            linears(b, n, name, dt)
+    optimizer(b)
+    b.skipped.append("bk_core_forward, bk_core_backward: PyTorch has no BK-Core operation")
+    out = {"torch": torch.__version__, "device": device_name, "rows": b.rows,
+           "skipped": b.skipped}
+    if a.json:
+        print(json.dumps(out))
+        return
+    print(f"torch {torch.__version__} on {device_name}")
+    print(f"{'kernel':<30} {'dtype':<5} {'size':>10} {'median us':>11}  op")
+    for r in b.rows:
+        us = r["ms"] * 1e3
+        print(f"{r['kernel']:<30} {r['dtype']:<5} {r['size']:>10} {us:>11.1f}  {r['op']}")
+    for s in b.skipped:
+        print(f"skipped: {s}")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ pub enum BenchCommand {
     /// Training throughput (tokens/s, MFU, peak memory) of a model configuration, its step
     /// split into phases, beside PyTorch on the same shape when torch and a GPU are there.
     Train(super::bench_train::BenchTrainArgs),
-    /// Time of each GPU kernel at GPT-2 small sizes, against the measured memory and GEMM rates.
+    /// Every CUDA kernel over a grid of row counts at GPT-2 small's width, against the memory
+    /// and GEMM rates measured in the same run and the same operation in PyTorch.
     Kernels(super::bench_kernels::BenchKernelsArgs),
     /// BK-Core forward and backward over batch x N, against the DRAM roofline, cuSPARSE's
     /// batched tridiagonal solve and a PyTorch determinant recurrence.

@@ -303,12 +303,17 @@ pub struct CompileReport {
     pub elapsed: Duration,
 }
 
-/// See [`CudaBackend::rotation_copies`].
+/// See [`CudaBackend::rotation_copies`]. A copy's lines are gone from the L2 once the other
+/// copies used since its last call moved twice the L2's size, so a working set below that
+/// needs ceil(2 L2 / bytes) others plus itself; one at or above it (or an unknown L2 size)
+/// needs no copies at all.
 pub fn rotation_copies(bytes: usize, l2_bytes: usize, max_bytes: usize) -> usize {
-    if bytes == 0 {
+    if bytes == 0 || l2_bytes == 0 || bytes >= 2 * l2_bytes {
         return 1;
     }
-    (2 * l2_bytes).div_ceil(bytes).min(max_bytes / bytes).max(1)
+    ((2 * l2_bytes).div_ceil(bytes) + 1)
+        .min(max_bytes / bytes)
+        .max(1)
 }
 
 /// How long one timed batch of [`CudaBackend::time_median_ms`] aims to last, in milliseconds.
@@ -520,8 +525,8 @@ impl CudaBackend {
 
     /// Device milliseconds between events around `calls` back-to-back calls of `work`.
     /// How many copies of a working set of `bytes` a benchmark should cycle through so that
-    /// consecutive calls miss the L2 cache (at least twice its size in all; one copy when a
-    /// single set is already that large), within `max_bytes` of memory.
+    /// each call finds its inputs out of the L2 cache (one when a single set is already twice
+    /// the L2's size), within `max_bytes` of memory in all.
     pub fn rotation_copies(&self, bytes: usize, max_bytes: usize) -> usize {
         rotation_copies(bytes, self.info.l2_cache_bytes, max_bytes)
     }
@@ -667,9 +672,10 @@ mod tests {
     #[test]
     fn rotation_covers_twice_the_cache_within_the_memory_bound() {
         const MIB: usize = 1 << 20;
-        // 50 MiB of L2: a 4 MiB set needs 25 copies, a 200 MiB set one.
-        assert_eq!(rotation_copies(4 * MIB, 50 * MIB, 1 << 30), 25);
-        assert_eq!(rotation_copies(200 * MIB, 50 * MIB, 1 << 30), 1);
+        // 50 MiB of L2: a 4 MiB set needs 25 others and itself, a 100 MiB set no copies.
+        assert_eq!(rotation_copies(4 * MIB, 50 * MIB, 1 << 30), 26);
+        assert_eq!(rotation_copies(100 * MIB, 50 * MIB, 1 << 30), 1);
+        assert_eq!(rotation_copies(4 * MIB, 0, 1 << 30), 1);
         // The memory bound wins over the cache, but one copy always exists.
         assert_eq!(rotation_copies(4 * MIB, 50 * MIB, 40 * MIB), 10);
         assert_eq!(rotation_copies(4 * MIB, 50 * MIB, MIB), 1);
