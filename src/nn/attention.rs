@@ -31,10 +31,10 @@ pub struct AttnSaved {
     pub kernels: Kernels,
 }
 
-/// Causal attention over the packed `qkv[B, T, 3C]` as separate kernels: returns
-/// `out[B, T, C]` (the fused forward's layout) and the probabilities `P[B*H, T, T]` in the
-/// activation dtype, zero above the diagonal.
-pub fn attention_forward_unfused(qkv: &Tensor, s: AttnShape) -> Result<(Tensor, Tensor)> {
+/// Causal attention over the packed `qkv[B, T, 3C]` as separate kernels: writes every element
+/// of `out[B, T, C]` (the fused forward's layout) and returns the probabilities
+/// `P[B*H, T, T]` in the activation dtype, zero above the diagonal.
+pub fn attention_forward_unfused(out: &mut Tensor, qkv: &Tensor, s: AttnShape) -> Result<Tensor> {
     let (c, hs, t) = (s.channels, s.head_size(), s.seq);
     let products = |trans_a, trans_b, m, n, k| GemmShape {
         trans_a,
@@ -54,20 +54,21 @@ pub fn attention_forward_unfused(qkv: &Tensor, s: AttnShape) -> Result<(Tensor, 
     drop(scores);
     let v = ops::heads_from_rows(qkv, s, 2 * c)?;
     let o = ops::batched_matmul(products(false, false, t, hs, t), 1.0, &probs, &v)?;
-    let mut out = Tensor::uninit(o.pool(), &[s.batch, t, c], o.dtype())?;
-    ops::heads_to_rows(&mut out, &o, s, 0)?;
-    Ok((out, probs))
+    ops::heads_to_rows(out, &o, s, 0)?;
+    Ok(probs)
 }
 
-/// Backward of [`attention_forward_unfused`]: `dqkv[B, T, 3C]` from `dout[B, T, C]`, the
-/// forward's `qkv` and its probabilities. `dV = P^T dO`, `dP = dO V^T`, the softmax backward
-/// `dS = P * (dP - rowsum(dP * P))`, `dQ = dS K * scale`, `dK = dS^T Q * scale`.
+/// Backward of [`attention_forward_unfused`]: writes every element of `dqkv[B, T, 3C]` from
+/// `dout[B, T, C]`, the forward's `qkv` and its probabilities. `dV = P^T dO`, `dP = dO V^T`,
+/// the softmax backward `dS = P * (dP - rowsum(dP * P))`, `dQ = dS K * scale`,
+/// `dK = dS^T Q * scale`.
 pub fn attention_backward_unfused(
+    dqkv: &mut Tensor,
     dout: &Tensor,
     qkv: &Tensor,
     probs: &Tensor,
     s: AttnShape,
-) -> Result<Tensor> {
+) -> Result<()> {
     let (c, hs, t) = (s.channels, s.head_size(), s.seq);
     let products = |trans_a, trans_b, m, n, k| GemmShape {
         trans_a,
@@ -78,11 +79,10 @@ pub fn attention_backward_unfused(
         k,
     };
     let scale = 1.0 / (hs as f32).sqrt();
-    let mut dqkv = Tensor::uninit(qkv.pool(), qkv.shape(), qkv.dtype())?;
     let dscores = {
         let dout = ops::heads_from_rows(dout, s, 0)?;
         let dv = ops::batched_matmul(products(true, false, t, hs, t), 1.0, probs, &dout)?;
-        ops::heads_to_rows(&mut dqkv, &dv, s, 2 * c)?;
+        ops::heads_to_rows(dqkv, &dv, s, 2 * c)?;
         drop(dv);
         let v = ops::heads_from_rows(qkv, s, 2 * c)?;
         let dprobs = ops::batched_matmul(products(false, true, t, t, hs), 1.0, &dout, &v)?;
@@ -91,12 +91,11 @@ pub fn attention_backward_unfused(
     let k = ops::heads_from_rows(qkv, s, c)?;
     let dq = ops::batched_matmul(products(false, false, t, hs, t), scale, &dscores, &k)?;
     drop(k);
-    ops::heads_to_rows(&mut dqkv, &dq, s, 0)?;
+    ops::heads_to_rows(dqkv, &dq, s, 0)?;
     drop(dq);
     let q = ops::heads_from_rows(qkv, s, 0)?;
     let dk = ops::batched_matmul(products(true, false, t, hs, t), scale, &dscores, &q)?;
-    ops::heads_to_rows(&mut dqkv, &dk, s, c)?;
-    Ok(dqkv)
+    ops::heads_to_rows(dqkv, &dk, s, c)
 }
 
 impl CausalSelfAttention {
@@ -128,9 +127,15 @@ impl CausalSelfAttention {
     /// `x` is `[B, T, C]`; attention runs as `kernels` says.
     pub fn forward(&self, x: &Tensor, kernels: Kernels) -> Result<(Tensor, AttnSaved)> {
         let qkv = self.qkv.forward(x)?;
+        let s = self.shape(x);
         let (att, stats) = match kernels {
-            Kernels::Fused => ops::attention_forward(&qkv, self.shape(x))?,
-            Kernels::Unfused => attention_forward_unfused(&qkv, self.shape(x))?,
+            Kernels::Fused => ops::attention_forward(&qkv, s)?,
+            Kernels::Unfused => {
+                let shape = [s.batch, s.seq, s.channels];
+                let mut att = Tensor::uninit(qkv.pool(), &shape, qkv.dtype())?;
+                let probs = attention_forward_unfused(&mut att, &qkv, s)?;
+                (att, probs)
+            }
         };
         let out = self.proj.forward(&att)?;
         let saved = AttnSaved {
@@ -147,7 +152,11 @@ impl CausalSelfAttention {
         let (qkv, stats, s) = (&saved.qkv, &saved.stats, self.shape(x));
         let dqkv = match saved.kernels {
             Kernels::Fused => ops::attention_backward(&datt, qkv, stats, s)?,
-            Kernels::Unfused => attention_backward_unfused(&datt, qkv, stats, s)?,
+            Kernels::Unfused => {
+                let mut dqkv = Tensor::uninit(qkv.pool(), qkv.shape(), qkv.dtype())?;
+                attention_backward_unfused(&mut dqkv, &datt, qkv, stats, s)?;
+                dqkv
+            }
         };
         drop(datt);
         self.qkv.backward(&dqkv, x)
@@ -251,7 +260,8 @@ mod tests {
             let qkv = random_tensor(&p, &[batch, seq, 3 * channels], seed);
             let dout = random_tensor(&p, &[batch, seq, channels], seed + 1);
             let (want, want_probs) = ops::attention_forward(&qkv, s).unwrap();
-            let (got, probs) = attention_forward_unfused(&qkv, s).unwrap();
+            let mut got = random_tensor(&p, &[batch, seq, channels], seed + 2);
+            let probs = attention_forward_unfused(&mut got, &qkv, s).unwrap();
             let what = format!("{s:?}");
             assert_close(got.host(), want.host(), 2e-5, &format!("forward {what}"));
             assert_close(
@@ -261,7 +271,8 @@ mod tests {
                 &format!("probabilities {what}"),
             );
             let want = ops::attention_backward(&dout, &qkv, &want_probs, s).unwrap();
-            let got = attention_backward_unfused(&dout, &qkv, &probs, s).unwrap();
+            let mut got = random_tensor(&p, &[batch, seq, 3 * channels], seed + 3);
+            attention_backward_unfused(&mut got, &dout, &qkv, &probs, s).unwrap();
             assert_close(got.host(), want.host(), 2e-5, &format!("dqkv {what}"));
         }
     }
