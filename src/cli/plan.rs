@@ -532,15 +532,27 @@ fn print_report(r: &Report, cfg: &Config) {
 }
 
 /// What the plan leaves out under `train.fused_kernels=false`: it models kiln's fused
-/// kernels, and the unfused loss holds two more logits-sized buffers at its peak.
+/// kernels, the unfused loss holds two more logits-sized buffers at its peak, and the unfused
+/// attention keeps its probabilities P for the backward (the GPU's fused kernel keeps one
+/// log-sum-exp per row; the CPU's keeps P in both modes).
 fn unfused_note(cfg: &Config, vocab: usize, r: &PlanRequest) -> String {
     let rows = cfg.train.micro_batch * cfg.train.seq_len;
     let padded = vocab.div_ceil(crate::models::gpt::VOCAB_ALIGN) * crate::models::gpt::VOCAB_ALIGN;
     let act = engine::ops::activation_dtype(r.device, r.compute).size_bytes();
     let extra = rows * padded * (4 + act);
+    let layout = crate::nn::ActLayout {
+        device: r.device,
+        weights: r.compute,
+    };
+    let (heads, layers) = (r.model.n_heads, r.model.n_layers);
+    let probs = crate::nn::attention::unfused_probs_bytes(heads, r.micro_batch, r.seq_len, layout);
     format!(
-        "train.fused_kernels=false: this plan models the fused kernels; the unfused loss also holds f32 log-probabilities and a separate gradient beside the logits ({} more at the loss, {rows} x {padded} x (4 + {act}) bytes), and the unfused AdamW an f32 copy of the largest parameter's gradient",
-        gib(extra)
+        "train.fused_kernels=false: this plan models the fused kernels; the unfused loss also holds f32 log-probabilities and a separate gradient beside the logits ({} more at the loss, {rows} x {padded} x (4 + {act}) bytes), the unfused AdamW an f32 copy of the largest parameter's gradient, and the unfused attention keeps P for its backward, {} per layer ({} x {heads} x {t} x {t} x {act} bytes; {} over {layers} layers without recompute) with up to two more such matrices while a layer runs",
+        gib(extra),
+        gib(probs),
+        r.micro_batch,
+        gib(probs * layers),
+        t = r.seq_len,
     )
 }
 
@@ -549,7 +561,7 @@ mod tests {
     use super::*;
 
     /// GPT-2's vocabulary at batch 8 x 1024 in bf16 on a GPU: 8192 rows x 50304 columns x
-    /// (4 + 2) bytes = 2.30 GiB the plan does not count.
+    /// (4 + 2) bytes = 2.30 GiB the plan does not count, and the attention probabilities.
     #[test]
     fn the_unfused_note_sizes_the_extra_loss_buffers() {
         let cfg = crate::config::ResolvedConfig::resolve(
@@ -568,5 +580,10 @@ mod tests {
         let note = unfused_note(&cfg, 50257, &r);
         assert!(note.contains("2.30 GiB"), "{note}");
         assert!(note.contains("8192 x 50304 x (4 + 2)"), "{note}");
+        // P of the default model (4 heads, 4 layers): 8 x 4 x 1024 x 1024 x 2 bytes = 64 MiB
+        // per layer, 256 MiB over the four.
+        assert!(note.contains("8 x 4 x 1024 x 1024 x 2 bytes"), "{note}");
+        assert!(note.contains("64.0 MiB per layer"), "{note}");
+        assert!(note.contains("256.0 MiB over 4 layers"), "{note}");
     }
 }

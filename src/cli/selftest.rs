@@ -14,16 +14,18 @@ use crate::data;
 use crate::engine::cpu;
 use crate::engine::cpu::attention::AttnShape;
 use crate::engine::cpu::bk_core::BkShape;
+use crate::engine::cpu::gemm::GemmShape;
 use crate::engine::cuda::{
     self, AdamWStep, Bf16, CudaBackend, CudaError, Elem, F16, GemmMath, LogitRows,
 };
 use crate::engine::rng::{Rng, stream};
-use crate::engine::{DType, Device, MemoryPool};
+use crate::engine::{DType, Device, MemoryPool, Tensor};
 use crate::error::{KilnError, Result};
-use crate::nn::Kernels;
+use crate::nn::{Kernels, attention};
 use crate::train::{Precision, Trainer};
 use clap::Args;
 use cudarc::driver::CudaSlice;
+use std::sync::Arc;
 use std::time::Instant;
 
 #[derive(Args, Debug)]
@@ -187,6 +189,14 @@ pub fn run(args: SelftestArgs) -> Result<()> {
     }
     let pool = MemoryPool::with_cuda(std::sync::Arc::new(gpu));
     let mut failed = failed;
+    let unfused = unfused_attention_rows(&pool, &mut inputs);
+    print_table(&unfused);
+    failed += unfused.iter().filter(|r| !r.passed()).count();
+    for r in unfused.iter().filter(|r| r.result.is_err()) {
+        if let Err(e) = &r.result {
+            println!("{} ({}, {}): {e}", r.kernel, r.dtype, r.shape);
+        }
+    }
     let oom = out_of_memory_is_recoverable(&pool);
     failed += usize::from(oom.is_err());
     match oom {
@@ -464,6 +474,32 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
         let r = check_matmul_tt(gpu, inp, n, c_in, c_out);
         push("matmul (A^T B^T)", "f32", shape, BOUND_FP32, r);
     }
+    // The unfused attention's products: S = Q K^T (GPT-2's 12 heads of 64 at T = 1024 over
+    // a batch of 4), P^T dO, and ragged sizes in every transpose combination.
+    for (trans_a, trans_b, batch, m, n, k) in [
+        (false, true, 48, 1024, 1024, 64),
+        (true, false, 48, 1024, 64, 1024),
+        (false, false, 7, 77, 33, 130),
+        (true, true, 3, 45, 19, 70),
+    ] {
+        let g = GemmShape {
+            trans_a,
+            trans_b,
+            batch,
+            m,
+            n,
+            k,
+        };
+        let shape = format!(
+            "{batch} x {}{m}x{k} {}{k}x{n}",
+            if trans_a { "T " } else { "" },
+            if trans_b { "T " } else { "" }
+        );
+        let r = check_matmul_batched::<f32>(gpu, inp, g);
+        push("matmul_batched", "f32", shape.clone(), BOUND_FP32, r);
+        let r = check_matmul_batched::<Bf16>(gpu, inp, g);
+        push("matmul_batched", "bf16", shape, BOUND_BF16, r);
+    }
     // The last shape has head size 64 (the tensor-core path in bf16) and a ragged last tile.
     for (b, t, nh, c) in [
         (4, 1024, 12, 768),
@@ -530,6 +566,54 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
 }
 
 type Check = std::result::Result<f64, CudaError>;
+
+/// bf16 for a chain of kernels that each round their output, as the unfused attention does
+/// (S, P and O in the forward; the dO heads, dV, dP, dS, dQ and dK in the backward), against
+/// an f32 reference that rounds only its inputs: each rounding adds up to 2^-9 relative, and
+/// the one of P passes into O and every gradient, so the bound is a few times the single
+/// rounding's 1e-2.
+const BOUND_BF16_CHAIN: f64 = 5e-2;
+
+/// The unfused attention chain on tensors of the GPU pool: GPT-2's shape, ragged sequence
+/// lengths (not multiples of 32) and head sizes 16, 32 and 64.
+fn unfused_attention_rows(pool: &Arc<MemoryPool>, inp: &mut Inputs) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for (b, t, nh, c) in [
+        (4, 1024, 12, 768),
+        (3, 77, 2, 32),
+        (2, 130, 4, 64),
+        (2, 45, 3, 192),
+    ] {
+        let s = AttnShape {
+            batch: b,
+            seq: t,
+            heads: nh,
+            channels: c,
+        };
+        for (label, dtype, bound) in [
+            ("f32", DType::F32, BOUND_FP32),
+            ("bf16", DType::BF16, BOUND_BF16_CHAIN),
+        ] {
+            let (fwd, bwd) = match check_attention_unfused(pool, inp, s, dtype) {
+                Ok((f, b)) => (Ok(f), Ok(b)),
+                Err(e) => (Err(CudaError::Driver(e.clone())), Err(CudaError::Driver(e))),
+            };
+            for (kernel, result) in [
+                ("attention_forward_unfused", fwd),
+                ("attention_backward_unfused", bwd),
+            ] {
+                rows.push(Row {
+                    kernel: kernel.into(),
+                    dtype: label,
+                    shape: format!("B{b} T{t} H{nh} C{c}"),
+                    result,
+                    bound,
+                });
+            }
+        }
+    }
+    rows
+}
 
 /// BK-Core runs its recurrences in f32 against an f64 reference; each G_ii carries the
 /// rounding of O(1) contracting steps, and the gradient sums of z and the off-diagonals add
@@ -1721,6 +1805,53 @@ fn check_linear_backward<T: Elem>(
             ELEMENTWISE_FLOOR,
         ),
     ]))
+}
+
+/// A strided-batched product (beta 0, output poisoned) against the CPU's loop of products,
+/// error relative to the largest output of the whole batch.
+fn check_matmul_batched<T: Elem>(gpu: &CudaBackend, inp: &mut Inputs, g: GemmShape) -> Check {
+    let a = inp.uniform(g.batch * g.m * g.k, 1.0, T::DTYPE);
+    let b = inp.uniform(g.batch * g.k * g.n, 1.0, T::DTYPE);
+    let mut c = vec![0.0; g.batch * g.m * g.n];
+    cpu::gemm::sgemm_batched(g, 0.5, &a, &b, 0.0, &mut c);
+    let mut d_c = poisoned::<T>(gpu, c.len())?;
+    let (d_a, d_b) = (gpu.upload_as::<T>(&a)?, gpu.upload_as::<T>(&b)?);
+    gpu.matmul_batched::<T, T>(g, 0.5, &d_a, &d_b, 0.0, &mut d_c, GemmMath::Fp32)?;
+    Ok(rel_err(&gpu.download_f32(&d_c)?, &c, GEMM_FLOOR))
+}
+
+/// The unfused attention chain (`train.fused_kernels=false`) on the GPU against the same
+/// chain on the CPU, on tensors: forward output and probabilities, then dqkv. The outputs the
+/// caller provides start as NaN; the probabilities and intermediates come from kernels whose
+/// own checks poison them.
+fn check_attention_unfused(
+    gpu: &Arc<MemoryPool>,
+    inp: &mut Inputs,
+    s: AttnShape,
+    dtype: DType,
+) -> std::result::Result<(f64, f64), String> {
+    let run = |pool: &Arc<MemoryPool>, qkv: &[f32], dout: &[f32]| {
+        let (b, t, c) = (s.batch, s.seq, s.channels);
+        let qkv = Tensor::from_vec(pool, &[b, t, 3 * c], dtype, qkv.to_vec())?;
+        let dout = Tensor::from_vec(pool, &[b, t, c], dtype, dout.to_vec())?;
+        let mut out = Tensor::from_vec(pool, &[b, t, c], dtype, vec![f32::NAN; b * t * c])?;
+        let probs = attention::attention_forward_unfused(&mut out, &qkv, s)?;
+        let mut dqkv = Tensor::from_vec(pool, qkv.shape(), dtype, vec![f32::NAN; qkv.len()])?;
+        attention::attention_backward_unfused(&mut dqkv, &dout, &qkv, &probs, s)?;
+        Ok::<_, crate::engine::EngineError>((out.to_vec()?, probs.to_vec()?, dqkv.to_vec()?))
+    };
+    let qkv = inp.uniform(s.batch * s.seq * 3 * s.channels, 2.0, dtype);
+    let dout = inp.uniform(s.batch * s.seq * s.channels, 1.0, dtype);
+    let cpu = MemoryPool::new(Device::Cpu);
+    let (out, probs, dqkv) = run(&cpu, &qkv, &dout).map_err(|e| format!("on the CPU: {e}"))?;
+    let (g_out, g_probs, g_dqkv) = run(gpu, &qkv, &dout).map_err(|e| e.to_string())?;
+    Ok((
+        worst(&[
+            rel_err(&g_out, &out, ELEMENTWISE_FLOOR),
+            rel_err(&g_probs, &probs, ELEMENTWISE_FLOOR),
+        ]),
+        rel_err(&g_dqkv, &dqkv, ELEMENTWISE_FLOOR),
+    ))
 }
 
 /// The one transpose combination the linear layer does not use, through `matmul` directly.

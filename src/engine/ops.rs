@@ -7,6 +7,7 @@
 use super::cpu;
 use super::cpu::adamw::AdamWStep;
 use super::cpu::attention::AttnShape;
+use super::cpu::gemm::GemmShape;
 use super::cuda::{Bf16, CudaBackend, F16, LogitRows};
 use super::profile;
 use super::{DType, Device, EngineError, Result, Tensor};
@@ -385,6 +386,129 @@ pub fn attention_backward(
         ))?,
     }
     Ok(dqkv)
+}
+
+/// `batch` products `op(A_i) @ op(B_i) * alpha` into a new `[batch, m, n]` tensor; `a` and `b`
+/// hold their `batch` matrices back to back (see [`GemmShape`]).
+pub fn batched_matmul(shape: GemmShape, alpha: f32, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    const OP: &str = "batched_matmul";
+    let _prof = profile::scope(OP, a);
+    let on = device_of(OP, &[a, b])?;
+    let GemmShape { batch, m, n, k, .. } = shape;
+    expect_len(OP, "A", a, batch * m * k)?;
+    expect_len(OP, "B", b, batch * k * n)?;
+    let mut c = Tensor::uninit(a.pool(), &[batch, m, n], act_dtype(a))?;
+    match on {
+        On::Cpu => cpu::gemm::sgemm_batched(shape, alpha, a.host(), b.host(), 0.0, c.host_mut()),
+        On::Gpu(g) => {
+            same_gpu_dtype(OP, a, b)?;
+            let math = a.pool().gemm_math();
+            with_elem!(a.dtype(), T => g.matmul_batched::<T, T>(
+                shape, alpha, a.cuda(), b.cuda(), 0.0, c.cuda_mut(), math,
+            ))?
+        }
+    }
+    Ok(c)
+}
+
+fn heads_rows_check(op: &'static str, rows: &Tensor, s: AttnShape, col0: usize) -> Result<usize> {
+    let (n, row) = rows_cols(op, rows)?;
+    if n != s.batch * s.seq || col0 + s.channels > row {
+        return Err(EngineError::Shape {
+            op,
+            detail: format!(
+                "rows of shape {:?} do not hold {} tokens with {} channels from column {col0}",
+                rows.shape(),
+                s.batch * s.seq,
+                s.channels
+            ),
+        });
+    }
+    Ok(row)
+}
+
+/// The heads in columns `col0 .. col0 + C` of `rows[B, T, row]` as a new `[B, H, T, hs]`
+/// tensor (PyTorch's `view(B, T, H, hs).transpose(1, 2).contiguous()`).
+pub fn heads_from_rows(rows: &Tensor, s: AttnShape, col0: usize) -> Result<Tensor> {
+    const OP: &str = "heads_from_rows";
+    let _prof = profile::scope(OP, rows);
+    let on = device_of(OP, &[rows])?;
+    let row = heads_rows_check(OP, rows, s, col0)?;
+    let shape = [s.batch, s.heads, s.seq, s.head_size()];
+    let mut heads = Tensor::uninit(rows.pool(), &shape, act_dtype(rows))?;
+    match on {
+        On::Cpu => {
+            cpu::attention_unfused::heads_from_rows(heads.host_mut(), rows.host(), s, row, col0)
+        }
+        On::Gpu(g) => with_elem!(rows.dtype(), T => g.heads_from_rows::<T>(
+            heads.cuda_mut(), rows.cuda(), s, row, col0,
+        ))?,
+    }
+    Ok(heads)
+}
+
+/// Writes `heads[B, H, T, hs]` into columns `col0 .. col0 + C` of `rows[B, T, row]`.
+pub fn heads_to_rows(rows: &mut Tensor, heads: &Tensor, s: AttnShape, col0: usize) -> Result<()> {
+    const OP: &str = "heads_to_rows";
+    let _prof = profile::scope(OP, heads);
+    let on = device_of(OP, &[rows, heads])?;
+    let row = heads_rows_check(OP, rows, s, col0)?;
+    expect_len(OP, "heads", heads, s.batch * s.seq * s.channels)?;
+    match on {
+        On::Cpu => {
+            cpu::attention_unfused::heads_to_rows(rows.host_mut(), heads.host(), s, row, col0)
+        }
+        On::Gpu(g) => {
+            same_gpu_dtype(OP, rows, heads)?;
+            with_elem!(heads.dtype(), T => g.heads_to_rows::<T>(
+                rows.cuda_mut(), heads.cuda(), s, row, col0,
+            ))?
+        }
+    }
+    Ok(())
+}
+
+/// Rows of `[.., T, T]` with the causal mask applied and softmax taken, into a new tensor
+/// (masked entries zero).
+pub fn causal_softmax(scores: &Tensor) -> Result<Tensor> {
+    const OP: &str = "causal_softmax";
+    let _prof = profile::scope(OP, scores);
+    let on = device_of(OP, &[scores])?;
+    let (rows, seq) = rows_cols(OP, scores)?;
+    let mut probs = Tensor::uninit(scores.pool(), scores.shape(), act_dtype(scores))?;
+    match on {
+        On::Cpu => cpu::attention_unfused::causal_softmax(probs.host_mut(), scores.host(), seq),
+        On::Gpu(g) => with_elem!(scores.dtype(), T => g.causal_softmax::<T>(
+            probs.cuda_mut(), scores.cuda(), rows, seq,
+        ))?,
+    }
+    Ok(probs)
+}
+
+/// The gradient of the scores from the probabilities and their gradient (the backward of
+/// [`causal_softmax`]), into a new tensor.
+pub fn causal_softmax_backward(probs: &Tensor, dprobs: &Tensor) -> Result<Tensor> {
+    const OP: &str = "causal_softmax_backward";
+    let _prof = profile::scope(OP, probs);
+    let on = device_of(OP, &[probs, dprobs])?;
+    let (rows, seq) = rows_cols(OP, probs)?;
+    expect_len(OP, "dprobs", dprobs, probs.len())?;
+    let mut dscores = Tensor::uninit(probs.pool(), probs.shape(), act_dtype(probs))?;
+    match on {
+        On::Cpu => cpu::attention_unfused::causal_softmax_backward(
+            dscores.host_mut(),
+            probs.host(),
+            dprobs.host(),
+            seq,
+        ),
+        On::Gpu(g) => {
+            same_gpu_dtype(OP, probs, dprobs)?;
+            with_elem!(probs.dtype(), T => g.causal_softmax_backward::<T>(
+                dscores.cuda_mut(), probs.cuda(), dprobs.cuda(), rows, seq,
+            ))?
+        }
+    }
+    Ok(dscores)
 }
 
 fn check_targets(

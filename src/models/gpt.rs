@@ -19,8 +19,9 @@
 //!
 //! With [`Kernels::Unfused`] (`train.fused_kernels=false`) the fused operations run as chains
 //! of single-purpose kernels with the same mathematics: the residual adds before the norms,
-//! the norms' gradients added into the stream by kernels of their own, and the loss as
-//! log-softmax, gather and gradient kernels. Attention runs its fused kernels in both.
+//! the norms' gradients added into the stream by kernels of their own, the loss as
+//! log-softmax, gather and gradient kernels, and attention as batched GEMMs around a causal
+//! softmax whose probabilities are kept for the backward.
 
 use super::{Model, Recompute, StepPrecision};
 use crate::engine::ops::{self, NormStats};
@@ -123,7 +124,7 @@ impl Block {
         ln1_stats: NormStats,
         kernels: Kernels,
     ) -> Result<BlockActs> {
-        let (attn_out, attn) = self.attn.forward(&ln1)?;
+        let (attn_out, attn) = self.attn.forward(&ln1, kernels)?;
         let (mid, ln2, ln2_stats) = self.ln2.forward_residual_with(&input, &attn_out, kernels)?;
         drop(attn_out);
         let mlp = self.mlp.activations(&ln2)?;

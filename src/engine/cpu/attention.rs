@@ -17,7 +17,7 @@ pub struct AttnShape {
 }
 
 impl AttnShape {
-    fn head_size(&self) -> usize {
+    pub fn head_size(&self) -> usize {
         self.channels / self.heads
     }
 }

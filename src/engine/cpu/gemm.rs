@@ -5,6 +5,8 @@
 //! `matrixmultiply`, whose blocked kernels give every output element to one thread with a fixed
 //! summation order: results do not depend on the thread count.
 
+use rayon::prelude::*;
+
 /// `C = alpha * op(A) @ op(B) + beta * C` with `op(X) = X` or `X^T`; `op(A)` is `m x k`,
 /// `op(B)` is `k x n`, `C` is `m x n`. `beta = 0` ignores C's old contents.
 #[allow(clippy::too_many_arguments)]
@@ -44,6 +46,36 @@ pub fn sgemm(
             1,
         );
     }
+}
+
+/// Dimensions of a batched row-major product: `op(A)` is `m x k`, `op(B)` is `k x n`, and
+/// `batch` of each are stored back to back (`A` is `[batch, m, k]`, or `[batch, k, m]` when
+/// transposed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GemmShape {
+    pub trans_a: bool,
+    pub trans_b: bool,
+    pub batch: usize,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+}
+
+/// [`sgemm`] on each of `s.batch` matrix triples: `C_i = alpha * op(A_i) @ op(B_i) + beta * C_i`.
+/// The products own disjoint parts of `c`, so they run in parallel.
+pub fn sgemm_batched(s: GemmShape, alpha: f32, a: &[f32], b: &[f32], beta: f32, c: &mut [f32]) {
+    let (sa, sb, sc) = (s.m * s.k, s.k * s.n, s.m * s.n);
+    assert!(a.len() >= s.batch * sa && b.len() >= s.batch * sb && c.len() >= s.batch * sc);
+    if sc == 0 {
+        return;
+    }
+    c[..s.batch * sc]
+        .par_chunks_mut(sc)
+        .enumerate()
+        .for_each(|(i, c)| {
+            let (a, b) = (&a[i * sa..][..sa], &b[i * sb..][..sb]);
+            sgemm(s.trans_a, s.trans_b, s.m, s.n, s.k, alpha, a, b, beta, c);
+        });
 }
 
 /// `out[n, c_out] = inp[n, c_in] @ weight[c_out, c_in]^T + bias`.
@@ -120,6 +152,36 @@ mod tests {
                 .map(|(p, c)| 0.5 * p + 2.0 * c)
                 .collect();
             assert_close(&c, &want, 1e-5, &format!("sgemm ta={ta} tb={tb}"));
+        }
+    }
+
+    #[test]
+    fn batched_matches_a_loop_of_naive_products() {
+        for (ta, tb, batch, m, n, k) in [
+            (false, true, 5, 13, 13, 8),
+            (false, false, 3, 17, 6, 33),
+            (true, false, 4, 9, 7, 11),
+            (true, true, 2, 5, 19, 3),
+        ] {
+            let s = GemmShape {
+                trans_a: ta,
+                trans_b: tb,
+                batch,
+                m,
+                n,
+                k,
+            };
+            let a = random(batch * m * k, 7, 1.0);
+            let b = random(batch * k * n, 8, 1.0);
+            let mut c = random(batch * m * n, 9, 1.0);
+            let c0 = c.clone();
+            sgemm_batched(s, 0.25, &a, &b, -1.0, &mut c);
+            let mut want = Vec::new();
+            for i in 0..batch {
+                let p = naive(ta, tb, m, n, k, &a[i * m * k..], &b[i * k * n..]);
+                want.extend(p.iter().zip(&c0[i * m * n..]).map(|(p, c)| 0.25 * p - c));
+            }
+            assert_close(&c, &want, 1e-5, &format!("batched {s:?}"));
         }
     }
 

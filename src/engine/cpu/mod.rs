@@ -7,6 +7,7 @@
 pub mod adamw;
 pub mod add;
 pub mod attention;
+pub mod attention_unfused;
 pub mod bk_core;
 pub mod cross_entropy;
 pub mod embedding;

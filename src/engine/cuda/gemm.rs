@@ -9,6 +9,7 @@
 
 use super::{CudaBackend, CudaError, Elem, Result, check_len, raw_ptr};
 use crate::engine::DType;
+use crate::engine::cpu::gemm::GemmShape;
 use cudarc::cublaslt::{result as lt, sys};
 use cudarc::driver::{CudaSlice, CudaStream};
 use std::collections::HashMap;
@@ -49,6 +50,8 @@ struct ShapeKey {
     output: DType,
     math: GemmMath,
     bias: bool,
+    /// Products in one strided-batched call (1 for a plain product).
+    batch: usize,
 }
 
 /// One product's descriptors and operands, as `launch` needs them.
@@ -142,6 +145,35 @@ fn layout(dtype: sys::cudaDataType, rows: usize, cols: usize, ld: usize) -> Resu
         .map_err(blas_err("matrix layout"))
 }
 
+/// Marks `l` as `batch` matrices `stride` elements apart (left alone for a single product).
+fn set_batch(l: &Layout, batch: usize, stride: usize) -> Result<()> {
+    if batch == 1 {
+        return Ok(());
+    }
+    let count = i32::try_from(batch)
+        .map_err(|_| CudaError::Blas(format!("batch of {batch} products exceeds i32")))?;
+    let offset = stride as i64;
+    use sys::cublasLtMatrixLayoutAttribute_t as Attr;
+    // SAFETY: each value is live and of the type its attribute takes (int32, int64).
+    unsafe {
+        lt::set_matrix_layout_attribute(
+            l.0,
+            Attr::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+            (&count as *const i32).cast(),
+            std::mem::size_of::<i32>(),
+        )
+        .and_then(|()| {
+            lt::set_matrix_layout_attribute(
+                l.0,
+                Attr::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                (&offset as *const i64).cast(),
+                std::mem::size_of::<i64>(),
+            )
+        })
+    }
+    .map_err(blas_err("batched matrix layout"))
+}
+
 fn set_desc<V>(desc: &Desc, attr: sys::cublasLtMatmulDescAttributes_t, value: &V) -> Result<()> {
     // SAFETY: `value` points to a live value of the size passed, the type the attribute takes.
     unsafe {
@@ -175,14 +207,63 @@ impl CudaBackend {
         bias: Option<&CudaSlice<TC>>,
         math: GemmMath,
     ) -> Result<()> {
-        const OP: &str = "matmul";
-        check_len(OP, "A", a, m * k)?;
-        check_len(OP, "B", b, k * n)?;
-        check_len(OP, "C", c, m * n)?;
         if let Some(bias) = bias {
-            check_len(OP, "bias", bias, n)?;
+            check_len("matmul", "bias", bias, n)?;
         }
-        if m == 0 || n == 0 {
+        let shape = GemmShape {
+            trans_a,
+            trans_b,
+            batch: 1,
+            m,
+            n,
+            k,
+        };
+        self.product(shape, alpha, a, b, beta, c, bias, math)
+    }
+
+    /// `batch` independent products `C_i = alpha * op(A_i) @ op(B_i) + beta * C_i`, each
+    /// operand a row-major stack of `batch` matrices stored back to back (`A` is
+    /// `[batch, m, k]`, or `[batch, k, m]` with `trans_a`), in one strided-batched cuBLASLt
+    /// call; the semantics of [`crate::engine::cpu::gemm::sgemm_batched`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul_batched<TA: Elem, TC: Elem>(
+        &self,
+        shape: GemmShape,
+        alpha: f32,
+        a: &CudaSlice<TA>,
+        b: &CudaSlice<TA>,
+        beta: f32,
+        c: &mut CudaSlice<TC>,
+        math: GemmMath,
+    ) -> Result<()> {
+        self.product(shape, alpha, a, b, beta, c, None, math)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn product<TA: Elem, TC: Elem>(
+        &self,
+        shape: GemmShape,
+        alpha: f32,
+        a: &CudaSlice<TA>,
+        b: &CudaSlice<TA>,
+        beta: f32,
+        c: &mut CudaSlice<TC>,
+        bias: Option<&CudaSlice<TC>>,
+        math: GemmMath,
+    ) -> Result<()> {
+        const OP: &str = "matmul";
+        let GemmShape {
+            trans_a,
+            trans_b,
+            batch,
+            m,
+            n,
+            k,
+        } = shape;
+        check_len(OP, "A", a, batch * m * k)?;
+        check_len(OP, "B", b, batch * k * n)?;
+        check_len(OP, "C", c, batch * m * n)?;
+        if m == 0 || n == 0 || batch == 0 {
             return Ok(());
         }
         let ab_type = data_type(TA::DTYPE)?;
@@ -198,6 +279,9 @@ impl CudaBackend {
         let first = layout(ab_type, b_rows, b_cols, b_rows)?;
         let second = layout(ab_type, a_rows, a_cols, a_rows)?;
         let out = layout(c_type, n, m, n)?;
+        set_batch(&first, batch, k * n)?;
+        set_batch(&second, batch, m * k)?;
+        set_batch(&out, batch, m * n)?;
 
         let desc = Desc(
             lt::create_matmul_desc(compute, sys::cudaDataType_t::CUDA_R_32F)
@@ -223,6 +307,7 @@ impl CudaBackend {
             output: TC::DTYPE,
             math,
             bias: bias.is_some(),
+            batch,
         };
         let product = Product {
             desc: &desc,
@@ -332,7 +417,7 @@ impl CudaBackend {
         if candidates.len() == 1 {
             return Ok(first_choice);
         }
-        let Ok(scratch) = self.alloc::<TC>(key.m * key.n) else {
+        let Ok(scratch) = self.alloc::<TC>(key.batch * key.m * key.n) else {
             return Ok(first_choice);
         };
         let c = raw_ptr(&scratch, &self.stream);

@@ -11,6 +11,7 @@
 mod adamw;
 mod add;
 mod attention;
+mod attention_unfused;
 mod bk_core;
 mod cross_entropy;
 mod embedding;
@@ -283,6 +284,7 @@ const PROGRAMS: &[Program] = &[
     attention::PROGRAM_BF16,
     attention::PROGRAM_F16,
     attention::PROGRAM_TC,
+    attention_unfused::PROGRAM,
     layernorm::PROGRAM,
     gelu::PROGRAM,
     cross_entropy::PROGRAM,
