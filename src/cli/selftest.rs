@@ -1845,12 +1845,18 @@ fn check_attention_unfused(
     let cpu = MemoryPool::new(Device::Cpu);
     let (out, probs, dqkv) = run(&cpu, &qkv, &dout).map_err(|e| format!("on the CPU: {e}"))?;
     let (g_out, g_probs, g_dqkv) = run(gpu, &qkv, &dout).map_err(|e| e.to_string())?;
+    // The output and dqkv are GEMM outputs of a chain whose every intermediate (S, P, dP, dS)
+    // is rounded to the activation type on the GPU while the CPU keeps f32: in bf16 a small
+    // output element carries an absolute error of about 0.5% of the largest one (1.6% per
+    // probability from rounding S near 6, summed over a row), which is 40% of a 1%-floor
+    // element -- as eager PyTorch's materialised bf16 attention has. So they are measured
+    // as GEMMs are, against the largest element; the probabilities elementwise.
     Ok((
         worst(&[
-            rel_err(&g_out, &out, ELEMENTWISE_FLOOR),
+            rel_err(&g_out, &out, GEMM_FLOOR),
             rel_err(&g_probs, &probs, ELEMENTWISE_FLOOR),
         ]),
-        rel_err(&g_dqkv, &dqkv, ELEMENTWISE_FLOOR),
+        rel_err(&g_dqkv, &dqkv, GEMM_FLOOR),
     ))
 }
 
