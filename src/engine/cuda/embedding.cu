@@ -21,28 +21,40 @@ __device__ void embedding_forward(T* out, const unsigned int* tokens, const T* w
 }
 
 // dwte[row, :] += dout[i, :] for every i with tokens[i] == row, i ascending. Block b owns
-// the EMB_ROWS vocabulary rows from b * EMB_ROWS. It reads the tokens a tile at a time; a
-// ballot per warp marks the positions whose token the block owns, and every thread walks the
-// marks in position order, adding that gradient row into the columns the thread owns. So
-// each element of dwte has one writer, which adds in the CPU's order. Owning a range of rows
-// (not one) keeps the token reads to vocab / EMB_ROWS passes over the token list.
-#define EMB_ROWS 64u
+// the `rows` vocabulary rows from b * rows. It reads the tokens a tile at a time; a ballot per
+// warp marks the positions whose token the block owns, and every thread walks the marks in
+// position order, adding that gradient row into the columns the thread owns. So each element
+// of dwte has one writer, which adds in the CPU's order. Owning a range of rows (not one)
+// keeps the token reads to vocab / rows passes over the token list.
+//
+// STAGED: the block's rows live in shared memory while it adds (read from dwte first,
+// written back at the end; same order, same sums). Text is skewed -- a newline or a comma
+// can be a tenth of a batch -- and every hit of a hot row is a read-modify-write after the
+// last; in global memory each waits out a memory latency, which made this the slowest op of
+// a GPT-2 small step on real text.
 #define EMB_MAX_BLOCK 1024
 
-template <typename T>
+template <typename T, bool STAGED>
 __device__ void embedding_backward_wte(float* dwte, const T* dout, const unsigned int* tokens,
-                                       int n, int c, unsigned int vocab) {
+                                       int n, int c, unsigned int vocab, unsigned int rows) {
+    extern __shared__ float emb_staged[];
     __shared__ unsigned int hit_masks[EMB_MAX_BLOCK / 32];
     __shared__ unsigned int tile_tokens[EMB_MAX_BLOCK];
-    const unsigned int first = blockIdx.x * EMB_ROWS;
+    const unsigned int first = blockIdx.x * rows;
+    const unsigned int owned = min(rows, vocab - first);  // the grid keeps first < vocab
+    float* const base = dwte + (long long)first * c;
+    if (STAGED)
+        for (long long k = threadIdx.x; k < (long long)owned * c; k += blockDim.x)
+            emb_staged[k] = base[k];
+    float* const acc = STAGED ? emb_staged : base;
     const int warps = blockDim.x >> 5;
-    for (int base = 0; base < n; base += blockDim.x) {
-        const int i = base + threadIdx.x;
+    for (int tile = 0; tile < n; tile += blockDim.x) {
+        const int i = tile + threadIdx.x;
         const unsigned int tok = i < n ? tokens[i] : 0xffffffffu;
-        // Unsigned wrap-around makes this first <= tok < first + EMB_ROWS.
-        const bool mine = tok - first < EMB_ROWS && tok < vocab;
+        // Unsigned wrap-around makes this first <= tok < first + owned.
+        const bool mine = tok - first < owned;
         const unsigned int mask = __ballot_sync(0xffffffffu, mine);
-        __syncthreads();  // every thread is done with the previous tile
+        __syncthreads();  // every thread is done with the previous tile (and the staging)
         if ((threadIdx.x & 31) == 0) hit_masks[threadIdx.x >> 5] = mask;
         tile_tokens[threadIdx.x] = tok;
         __syncthreads();
@@ -51,11 +63,16 @@ __device__ void embedding_backward_wte(float* dwte, const T* dout, const unsigne
             while (hits) {
                 const int k = w * 32 + __ffs(hits) - 1;
                 hits &= hits - 1;
-                float* dst = dwte + (long long)tile_tokens[k] * c;
-                const T* src = dout + (long long)(base + k) * c;
+                float* dst = acc + (long long)(tile_tokens[k] - first) * c;
+                const T* src = dout + (long long)(tile + k) * c;
                 for (int j = threadIdx.x; j < c; j += blockDim.x) dst[j] += load(src[j]);
             }
         }
+    }
+    if (STAGED) {
+        __syncthreads();
+        for (long long k = threadIdx.x; k < (long long)owned * c; k += blockDim.x)
+            base[k] = emb_staged[k];
     }
 }
 
@@ -78,8 +95,13 @@ __device__ void embedding_backward_wpe(float* dwpe, const T* dout, int n, int se
     }                                                                                         \
     extern "C" __global__ void embedding_backward_wte_##SUFFIX(                              \
         float* dwte, const T* dout, const unsigned int* tokens, int n, int c,                 \
-        unsigned int vocab) {                                                                 \
-        embedding_backward_wte<T>(dwte, dout, tokens, n, c, vocab);                           \
+        unsigned int vocab, unsigned int rows) {                                              \
+        embedding_backward_wte<T, false>(dwte, dout, tokens, n, c, vocab, rows);              \
+    }                                                                                         \
+    extern "C" __global__ void embedding_backward_wte_staged_##SUFFIX(                       \
+        float* dwte, const T* dout, const unsigned int* tokens, int n, int c,                 \
+        unsigned int vocab, unsigned int rows) {                                              \
+        embedding_backward_wte<T, true>(dwte, dout, tokens, n, c, vocab, rows);               \
     }                                                                                         \
     extern "C" __global__ void embedding_backward_wpe_##SUFFIX(float* dwpe, const T* dout,   \
                                                                int n, int seq, int c) {       \

@@ -3,7 +3,7 @@
 //! are f32 and accumulate.
 
 use super::{CudaBackend, Elem, Program, Result, as_i32, check_len};
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg, sys::CUfunction_attribute};
 
 pub(super) const PROGRAM: Program = Program {
     name: "embedding",
@@ -15,6 +15,9 @@ pub(super) const PROGRAM: Program = Program {
         "embedding_backward_wte_f32",
         "embedding_backward_wte_bf16",
         "embedding_backward_wte_f16",
+        "embedding_backward_wte_staged_f32",
+        "embedding_backward_wte_staged_bf16",
+        "embedding_backward_wte_staged_f16",
         "embedding_backward_wpe_f32",
         "embedding_backward_wpe_bf16",
         "embedding_backward_wpe_f16",
@@ -22,8 +25,20 @@ pub(super) const PROGRAM: Program = Program {
 };
 
 const BLOCK: u32 = 256;
-/// Vocabulary rows of `dwte` per block in the backward (`EMB_ROWS` in embedding.cu).
+/// Vocabulary rows of `dwte` per block in the backward: at most this many, and as many as
+/// fit the shared memory when the rows are staged there.
 const WTE_ROWS_PER_BLOCK: usize = 64;
+/// Threads of the staged backward: a larger token tile per pass over the token list.
+const STAGED_BLOCK: u32 = 1024;
+/// The staged backward's static shared memory (token tile and ballot masks), rounded up.
+const STAGED_STATIC_BYTES: usize = 8 << 10;
+
+/// Rows of `dwte` per block of the staged backward for `c` channels within `optin` bytes of
+/// shared memory, or None when not one row fits.
+fn staged_rows(c: usize, optin: usize) -> Option<usize> {
+    let rows = optin.saturating_sub(STAGED_STATIC_BYTES) / (4 * c).max(1);
+    (rows >= 1).then(|| rows.min(WTE_ROWS_PER_BLOCK))
+}
 
 fn blocks(count: usize) -> LaunchConfig {
     LaunchConfig {
@@ -99,18 +114,42 @@ impl CudaBackend {
         if n == 0 || seq == 0 || c == 0 {
             return Ok(());
         }
-        let f = self.function(&format!("embedding_backward_wte_{}", T::SUFFIX))?;
-        let vocab32 = vocab as u32;
+        let staged = staged_rows(c, self.info.shared_memory_per_block_optin);
+        let (f, rows, cfg) = match staged {
+            Some(rows) => {
+                let f = self.function(&format!("embedding_backward_wte_staged_{}", T::SUFFIX))?;
+                let bytes = rows * c * 4;
+                // Above 48 KiB a kernel must opt in to its dynamic shared memory.
+                f.set_attribute(
+                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    bytes as i32,
+                )?;
+                let cfg = LaunchConfig {
+                    grid_dim: (vocab.div_ceil(rows) as u32, 1, 1),
+                    block_dim: (STAGED_BLOCK, 1, 1),
+                    shared_mem_bytes: bytes as u32,
+                };
+                (f, rows, cfg)
+            }
+            None => (
+                self.function(&format!("embedding_backward_wte_{}", T::SUFFIX))?,
+                WTE_ROWS_PER_BLOCK,
+                blocks(vocab.div_ceil(WTE_ROWS_PER_BLOCK)),
+            ),
+        };
+        let (vocab32, rows32) = (vocab as u32, rows as u32);
         let mut b = self.stream.launch_builder(f);
         b.arg(&mut *dwte)
             .arg(dout)
             .arg(tokens)
             .arg(&n32)
             .arg(&c32)
-            .arg(&vocab32);
-        // SAFETY: each block owns WTE_ROWS_PER_BLOCK rows of `dwte` (checked to hold
-        // `vocab * c`); the kernel ignores token ids at or above `vocab`.
-        unsafe { b.launch(blocks(vocab.div_ceil(WTE_ROWS_PER_BLOCK))) }?;
+            .arg(&vocab32)
+            .arg(&rows32);
+        // SAFETY: block b owns rows [b * rows, min((b + 1) * rows, vocab)) of `dwte` (checked
+        // to hold `vocab * c`), staged in `rows * c` floats of shared memory when staged; the
+        // grid has no block past the vocabulary; token ids at or above `vocab` are ignored.
+        unsafe { b.launch(cfg) }?;
 
         let f = self.function(&format!("embedding_backward_wpe_{}", T::SUFFIX))?;
         let mut b = self.stream.launch_builder(f);
@@ -123,5 +162,25 @@ impl CudaBackend {
         // SAFETY: one thread per (position, channel) of `dwpe` (checked to hold `seq * c`).
         unsafe { b.launch(cfg) }?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staged_rows_fill_the_shared_memory_and_fall_back_when_one_row_is_too_wide() {
+        const H100_OPTIN: usize = 227 << 10;
+        // GPT-2 small's 768 channels: 3 KiB a row, the 64-row cap binds (192 KiB).
+        assert_eq!(staged_rows(768, H100_OPTIN), Some(64));
+        // 4096 channels: 16 KiB a row, 13 rows fit beside the static tile.
+        assert_eq!(staged_rows(4096, H100_OPTIN), Some(13));
+        assert!(
+            staged_rows(4096, H100_OPTIN).unwrap() * 4096 * 4 + STAGED_STATIC_BYTES <= H100_OPTIN
+        );
+        // A row wider than the shared memory uses the unstaged kernel.
+        assert_eq!(staged_rows(60_000, H100_OPTIN), None);
+        assert_eq!(staged_rows(768, 0), None);
     }
 }
