@@ -8,6 +8,13 @@ with `is_causal=True` between the usual split/transpose of a `[B, T, 3C]` qkv te
 in f32, tf32 and bf16, `torch.optim.AdamW(fused=True)` and `torch.linalg.vector_norm`.
 PyTorch has no BK-Core operation.
 
+Beside the kernels of kiln's unfused path (`train.fused_kernels=false`) stand the same
+operations as eager PyTorch writes them without fused kernels: `torch.add` and `add_`,
+`F.log_softmax` (f32) + `F.nll_loss` forward and autograd backward, the head moves
+`q.view(B, T, H, hs).transpose(1, 2).contiguous()` and back, `torch.bmm` for `Q K^T` and `P V`
+over `[B*H, T, hs]`, a masked `softmax` and its autograd backward, and
+`torch.optim.AdamW(foreach=True)`.
+
 Timing matches the kiln side: inputs rotated through enough copies that a call never finds
 its data left in L2 by the one before (working sets under twice the L2 size, `--l2-bytes`,
 at most `--max-copies`), `--warmup` untimed calls, then the median of `--reps` samples of
@@ -224,12 +231,16 @@ def attention(b, n, name, dt):
           lambda qkv, dy: torch.autograd.grad(sdpa(qkv), qkv, dy))
 
 
+def gemm_modes(name):
+    """The row labels of the GEMMs of one activation type, with whether tf32 is on."""
+    return [("f32", False), ("tf32", True)] if name == "f32" else [(name, False)]
+
+
 def linears(b, n, name, dt):
     a = b.a
     c, v = a.channels, a.vocab
-    modes = [("f32", False), ("tf32", True)] if name == "f32" else [(name, False)]
     es = torch.tensor([], dtype=dt).element_size()
-    for label, tf32 in modes:
+    for label, tf32 in gemm_modes(name):
         torch.backends.cuda.matmul.allow_tf32 = tf32
         for layer, cin, cout in [("qkv", c, 3 * c), ("fc", c, 4 * c), ("proj", 4 * c, c),
                                  ("lm_head", c, v)]:
@@ -254,18 +265,88 @@ def linears(b, n, name, dt):
     torch.backends.cuda.matmul.allow_tf32 = False
 
 
+def unfused(b, n, name, dt):
+    """The operations of kiln's unfused path; attention's only over whole sequences."""
+    a = b.a
+    c, v, t, nh = a.channels, a.vocab, a.seq, a.heads
+    es = torch.tensor([], dtype=dt).element_size()
+    act = es * n * c
+
+    def two():
+        return b.rand(n, c, dtype=dt), b.rand(n, c, dtype=dt)
+
+    with torch.no_grad():
+        b.run("add", name, n, "torch.add(a, b)", 3 * act, two, torch.add)
+        b.run("add_assign", name, n, "dst.add_(src)", 3 * act, two, lambda d, s: d.add_(s))
+
+    def ce_inputs():
+        return (b.rand(n, v, dtype=dt, scale=4, grad=True),
+                torch.randint(0, v, (n,), device=b.dev))
+
+    def ce(x, tg):
+        return torch.autograd.grad(F.nll_loss(F.log_softmax(x, -1, dtype=torch.float32), tg), x)
+
+    b.run("cross_entropy_unfused", name, n,
+          "F.nll_loss(F.log_softmax(x, -1, dtype=float32), t) + autograd backward",
+          2 * es * n * v + 8 * n * v + 16 * n, ce_inputs, ce)
+    if n % t:
+        return
+
+    bsz, hs = n // t, c // nh
+    bh = bsz * nh
+    with torch.no_grad():
+        b.run("heads_from_rows", name, n, "q.view(B, T, H, hs).transpose(1, 2).contiguous()",
+              2 * act, lambda: (b.rand(bsz, t, 3 * c, dtype=dt),),
+              lambda qkv: qkv[:, :, :c].view(bsz, t, nh, hs).transpose(1, 2).contiguous())
+        b.run("heads_to_rows", name, n, "o.transpose(1, 2).contiguous().view(B, T, C)",
+              2 * act, lambda: (b.rand(bsz, nh, t, hs, dtype=dt),),
+              lambda o: o.transpose(1, 2).contiguous().view(bsz, t, c))
+        tt = bh * t * t
+        for label, tf32 in gemm_modes(name):
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+            b.run("matmul_batched QK^T", label, n, "torch.bmm(q, k.transpose(1, 2))",
+                  es * (2 * n * c + tt),
+                  lambda: (b.rand(bh, t, hs, dtype=dt), b.rand(bh, t, hs, dtype=dt)),
+                  lambda q, k: torch.bmm(q, k.transpose(1, 2)))
+            b.run("matmul_batched PV", label, n, "torch.bmm(p, v)", es * (2 * n * c + tt),
+                  lambda: (b.rand(bh, t, t, dtype=dt), b.rand(bh, t, hs, dtype=dt)), torch.bmm)
+        torch.backends.cuda.matmul.allow_tf32 = False
+
+    mask = torch.ones(t, t, dtype=torch.bool, device=b.dev).triu(1)
+    prefix = bh * t * (t + 1) // 2
+
+    def softmax(s):
+        return s.masked_fill(mask, float("-inf")).softmax(-1)
+
+    with torch.no_grad():
+        b.run("causal_softmax", name, n, "s.masked_fill(causal_mask, -inf).softmax(-1)",
+              es * (prefix + tt), lambda: (b.rand(bh, t, t, dtype=dt, scale=4),), softmax)
+
+    def softmax_graph():
+        s = b.rand(bh, t, t, dtype=dt, scale=4, grad=True)
+        return softmax(s), s, b.rand(bh, t, t, dtype=dt)
+
+    b.run("causal_softmax_backward", name, n, "autograd of masked_fill + softmax",
+          es * (2 * prefix + tt), softmax_graph,
+          lambda p, s, dp: torch.autograd.grad(p, s, dp, retain_graph=True))
+
+
 def optimizer(b):
     p = b.a.params
 
-    def adamw():
-        w = b.rand(p, grad=True)
-        w.grad = b.rand(p)
-        opt = torch.optim.AdamW([w], lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
-                                fused=True)
-        return (opt,)
+    def adamw(**how):
+        def make():
+            w = b.rand(p, grad=True)
+            w.grad = b.rand(p)
+            opt = torch.optim.AdamW([w], lr=1e-4, betas=(0.9, 0.95), eps=1e-8,
+                                    weight_decay=0.1, **how)
+            return (opt,)
+        return make
 
-    b.run("adamw_update", "f32", p, "torch.optim.AdamW(fused=True).step()", 28 * p, adamw,
-          lambda opt: opt.step())
+    b.run("adamw_update", "f32", p, "torch.optim.AdamW(fused=True).step()", 28 * p,
+          adamw(fused=True), lambda opt: opt.step())
+    b.run("adamw_update_unfused", "f32", p, "torch.optim.AdamW(foreach=True).step()", 48 * p,
+          adamw(foreach=True), lambda opt: opt.step())
     b.run("sum_squares", "f32", p, "torch.linalg.vector_norm(g)", 4 * p,
           lambda: (b.rand(p),), torch.linalg.vector_norm)
 
@@ -315,6 +396,7 @@ def main():
             if n % a.seq == 0:
                 attention(b, n, name, dt)
             linears(b, n, name, dt)
+            unfused(b, n, name, dt)
     optimizer(b)
     b.skipped.append("bk_core_forward, bk_core_backward: PyTorch has no BK-Core operation")
     out = {"torch": torch.__version__, "device": device_name, "rows": b.rows,

@@ -8,6 +8,9 @@
 //!   its buffers that successive calls touch different copies, so a timed call never finds
 //!   its inputs left in L2 by the previous one (as in training, where other layers run in
 //!   between). The copies are bounded: at most `2 x L2 + one working set` in all.
+//! - Kernels: the fused ones kiln trains with, and those `train.fused_kernels=false` runs
+//!   instead (group `unfused`: residual adds, the three-kernel cross-entropy, unfused
+//!   attention's head moves, batched GEMMs and causal softmax, the five-pass AdamW).
 //! - Roofline: a memory-bound kernel's floor is the bytes it must move (each input read once,
 //!   each output written once) over the bandwidth of a device-to-device copy; a GEMM's or an
 //!   attention kernel's is its floating-point work over the measured GEMM rate of its math
@@ -19,6 +22,7 @@
 use crate::engine::DType;
 use crate::engine::cpu::attention::AttnShape;
 use crate::engine::cpu::bk_core::BkShape;
+use crate::engine::cpu::gemm::GemmShape;
 use crate::engine::cuda::{
     AdamWStep, Bf16, CudaBackend, CudaError, Elem, F16, GemmMath, LogitRows,
 };
@@ -191,15 +195,21 @@ enum Group {
     Memory,
     /// GEMMs and attention.
     Compute,
+    /// The kernels `train.fused_kernels=false` runs in place of the fused ones: residual adds,
+    /// the three-kernel cross-entropy, unfused attention's pieces, the five-pass AdamW.
+    Unfused,
     /// The optimizer, the gradient norm and BK-Core.
     Other,
 }
 
 impl Group {
+    const ALL: [Group; 4] = [Group::Memory, Group::Compute, Group::Unfused, Group::Other];
+
     fn name(self) -> &'static str {
         match self {
             Group::Memory => "memory",
             Group::Compute => "compute",
+            Group::Unfused => "unfused",
             Group::Other => "other",
         }
     }
@@ -208,6 +218,7 @@ impl Group {
         match self {
             Group::Memory => "memory-bound kernels",
             Group::Compute => "GEMMs and attention",
+            Group::Unfused => "unfused path (train.fused_kernels=false)",
             Group::Other => "optimizer, gradient norm, BK-Core",
         }
     }
@@ -288,6 +299,13 @@ impl Entry {
     fn other(self) -> Self {
         Entry {
             group: Group::Other,
+            ..self
+        }
+    }
+
+    fn unfused(self) -> Self {
+        Entry {
+            group: Group::Unfused,
             ..self
         }
     }
@@ -870,10 +888,10 @@ fn time_attention<T: Elem>(b: &mut Bench, a: &BenchKernelsArgs, n: usize) -> CRe
     )
 }
 
-/// GPT-2's four linear layers at `n` rows, forward and backward, in each math mode `T` has.
-fn time_linears<T: Elem>(b: &mut Bench, a: &BenchKernelsArgs, n: usize) -> CResult<()> {
-    let (c, v) = (a.channels, a.vocab);
-    let modes: &[(GemmMath, &str, Math)] = match T::DTYPE {
+/// The GEMM math modes of operands of type `T`: the math cuBLASLt is asked for, the type
+/// label of the rows, and the measured rate that bounds them.
+fn gemm_modes<T: Elem>() -> &'static [(GemmMath, &'static str, Math)] {
+    match T::DTYPE {
         DType::F32 => &[
             (GemmMath::Fp32, "f32", Math::Fp32),
             (GemmMath::Tf32, "tf32", Math::Tf32),
@@ -881,8 +899,13 @@ fn time_linears<T: Elem>(b: &mut Bench, a: &BenchKernelsArgs, n: usize) -> CResu
         DType::BF16 => &[(GemmMath::Fp32, "bf16", Math::Bf16)],
         // The f16 tensor-core rate is the bf16 rate on every GPU kiln supports.
         DType::F16 => &[(GemmMath::Fp32, "f16", Math::Bf16)],
-    };
-    for &(gm, label, math) in modes {
+    }
+}
+
+/// GPT-2's four linear layers at `n` rows, forward and backward, in each math mode `T` has.
+fn time_linears<T: Elem>(b: &mut Bench, a: &BenchKernelsArgs, n: usize) -> CResult<()> {
+    let (c, v) = (a.channels, a.vocab);
+    for &(gm, label, math) in gemm_modes::<T>() {
         for (name, c_in, c_out) in [
             ("qkv", c, 3 * c),
             ("fc", c, 4 * c),
@@ -973,6 +996,240 @@ fn time_linear<T: Elem>(
     )
 }
 
+/// The kernels `train.fused_kernels=false` runs at `n` rows: the residual add and the
+/// gradient sum, the three-kernel cross-entropy and, over `n / seq` whole sequences, the
+/// pieces of unfused attention (head moves, the two batched GEMMs of the forward in each math
+/// mode `T` has, the causal softmax and its backward).
+fn time_unfused<T: Elem>(
+    b: &mut Bench,
+    a: &BenchKernelsArgs,
+    n: usize,
+    whole: bool,
+) -> CResult<()> {
+    let (c, v, gpu) = (a.channels, a.vocab, b.gpu);
+    let dt = T::SUFFIX;
+    let nc = n * c;
+    let act = es::<T>() * nc as f64;
+    let shape = format!("{n}x{c}");
+
+    // `out = a + b` and `dst += src` both read two activations and write one.
+    let bytes = 3.0 * act;
+    let k = b.copies(bytes);
+    let x = b.ring::<T>(nc, 1.0, k)?;
+    let y = b.ring::<T>(nc, 1.0, k)?;
+    let mut out = b.outputs::<T>(nc, k)?;
+    let mut i = 0;
+    b.time(
+        Entry::mem("add", "add", dt, n, shape.clone(), bytes).unfused(),
+        k,
+        || {
+            let j = cycle(&mut i, k);
+            gpu.add(&mut out[j], &x[j], &y[j], nc)
+        },
+    )?;
+    drop(out);
+    // Later calls add to the sums the earlier ones left, which costs the same.
+    let mut dst = x;
+    let mut i = 0;
+    b.time(
+        Entry::mem("add_assign", "add=", dt, n, shape, bytes).unfused(),
+        k,
+        || {
+            let j = cycle(&mut i, k);
+            gpu.add_assign(&mut dst[j], &y[j], nc)
+        },
+    )?;
+    drop((dst, y));
+
+    // Three kernels: log_softmax reads the logits and writes f32 log-probabilities, nll_loss
+    // reads one of them and the target per row and writes the loss, the backward reads the
+    // log-probabilities and the targets again and writes the gradient.
+    let nv = n * v;
+    let bytes = 2.0 * es::<T>() * nv as f64 + 8.0 * nv as f64 + 16.0 * n as f64;
+    let k = b.copies(bytes);
+    let logits = b.ring::<T>(nv, 4.0, k)?;
+    let (targets, _) = b.indices(n, v, false, k)?;
+    let mut losses = b.outputs::<f32>(n, k)?;
+    let mut logp = b.outputs::<f32>(nv, k)?;
+    let mut dlogits = b.outputs::<T>(nv, k)?;
+    let rows = LogitRows { n, v, valid: v };
+    let mut i = 0;
+    b.time(
+        Entry::mem(
+            "cross_entropy_unfused",
+            "CE unf",
+            dt,
+            n,
+            format!("{n}x{v}"),
+            bytes,
+        )
+        .unfused(),
+        k,
+        || {
+            let j = cycle(&mut i, k);
+            gpu.cross_entropy_unfused(
+                &mut losses[j],
+                &mut logp[j],
+                &mut dlogits[j],
+                &logits[j],
+                &targets[j],
+                rows,
+                1.0 / n as f32,
+            )
+        },
+    )?;
+    drop((logits, targets, losses, logp, dlogits));
+    if whole {
+        time_unfused_attention::<T>(b, a, n)?;
+    }
+    Ok(())
+}
+
+/// Unfused attention's kernels over `n / seq` sequences, each with the shapes
+/// [`crate::nn::attention::attention_forward_unfused`] gives it.
+fn time_unfused_attention<T: Elem>(b: &mut Bench, a: &BenchKernelsArgs, n: usize) -> CResult<()> {
+    let (c, t, gpu) = (a.channels, a.seq, b.gpu);
+    let dt = T::SUFFIX;
+    let s = AttnShape {
+        batch: n / t,
+        seq: t,
+        heads: a.heads,
+        channels: c,
+    };
+    let hs = s.head_size();
+    let bh = s.batch * s.heads;
+    let nc = n * c;
+    let act = es::<T>() * nc as f64;
+    let shape = format!("B{} T{t} C{c} H{}", s.batch, s.heads);
+
+    // Q's C columns of the packed [n, 3C] rows into [B, H, T, hs]: C columns read, all written.
+    let bytes = 2.0 * act;
+    let k = b.copies(bytes);
+    let qkv = b.ring::<T>(3 * nc, 1.0, k)?;
+    let mut heads = b.outputs::<T>(nc, k)?;
+    let mut i = 0;
+    b.time(
+        Entry::mem("heads_from_rows", "heads<-", dt, n, shape.clone(), bytes).unfused(),
+        k,
+        || {
+            let j = cycle(&mut i, k);
+            gpu.heads_from_rows(&mut heads[j], &qkv[j], s, 3 * c, 0)
+        },
+    )?;
+    drop((qkv, heads));
+    // The attention output [B, H, T, hs] back into [n, C] token rows.
+    let heads = b.ring::<T>(nc, 1.0, k)?;
+    let mut rows = b.outputs::<T>(nc, k)?;
+    let mut i = 0;
+    b.time(
+        Entry::mem("heads_to_rows", "heads->", dt, n, shape.clone(), bytes).unfused(),
+        k,
+        || {
+            let j = cycle(&mut i, k);
+            gpu.heads_to_rows(&mut rows[j], &heads[j], s, c, 0)
+        },
+    )?;
+    drop((heads, rows));
+
+    // Both products are full T x T ones: cuBLASLt computes the masked half too, and the
+    // flops count it (2 B T^2 C each).
+    let tt = bh * t * t;
+    let flops = 2.0 * (bh * t * t * hs) as f64;
+    let working_set = es::<T>() * (2 * nc + tt) as f64;
+    let scale = 1.0 / (hs as f32).sqrt();
+    let products = |trans_b, m, n_out, k_in| GemmShape {
+        trans_a: false,
+        trans_b,
+        batch: bh,
+        m,
+        n: n_out,
+        k: k_in,
+    };
+    for &(gm, label, math) in gemm_modes::<T>() {
+        // S = Q K^T * scale: [BH, T, hs] x [BH, T, hs]^T -> [BH, T, T].
+        let k = b.copies(working_set);
+        let q = b.ring::<T>(nc, 1.0, k)?;
+        let kk = b.ring::<T>(nc, 1.0, k)?;
+        let mut scores = b.outputs::<T>(tt, k)?;
+        let qk = products(true, t, t, hs);
+        let mut i = 0;
+        b.time(
+            Entry::compute(
+                "matmul_batched QK^T",
+                "QK^T",
+                label,
+                n,
+                shape.clone(),
+                flops,
+                math,
+            )
+            .unfused(),
+            k,
+            || {
+                let j = cycle(&mut i, k);
+                gpu.matmul_batched::<T, T>(qk, scale, &q[j], &kk[j], 0.0, &mut scores[j], gm)
+            },
+        )?;
+        drop((kk, scores));
+        // O = P V: [BH, T, T] x [BH, T, hs] -> [BH, T, hs], Q's copies standing in for V.
+        let probs = b.ring::<T>(tt, 1.0, k)?;
+        let mut o = b.outputs::<T>(nc, k)?;
+        let pv = products(false, t, hs, t);
+        let mut i = 0;
+        b.time(
+            Entry::compute(
+                "matmul_batched PV",
+                "PV",
+                label,
+                n,
+                shape.clone(),
+                flops,
+                math,
+            )
+            .unfused(),
+            k,
+            || {
+                let j = cycle(&mut i, k);
+                gpu.matmul_batched::<T, T>(pv, 1.0, &probs[j], &q[j], 0.0, &mut o[j], gm)
+            },
+        )?;
+    }
+
+    // Row r of the [BH*T, T] scores is query r % T: the softmax reads its causal prefix
+    // (T (T + 1) / 2 values per head and sequence) and writes the whole row, zeros included.
+    let rows = bh * t;
+    let prefix = (bh * t * (t + 1) / 2) as f64;
+    let bytes = es::<T>() * (prefix + tt as f64);
+    let k = b.copies(bytes);
+    let scores = b.ring::<T>(tt, 4.0, k)?;
+    let mut probs = b.outputs::<T>(tt, k)?;
+    let mut i = 0;
+    b.time(
+        Entry::mem("causal_softmax", "softmax f", dt, n, shape.clone(), bytes).unfused(),
+        k,
+        || {
+            let j = cycle(&mut i, k);
+            gpu.causal_softmax(&mut probs[j], &scores[j], rows, t)
+        },
+    )?;
+    drop((scores, probs));
+    // Reads P and dP over the prefix, writes dS whole.
+    let bytes = es::<T>() * (2.0 * prefix + tt as f64);
+    let k = b.copies(bytes);
+    let probs = b.ring::<T>(tt, 1.0, k)?;
+    let dprobs = b.ring::<T>(tt, 1.0, k)?;
+    let mut dscores = b.outputs::<T>(tt, k)?;
+    let mut i = 0;
+    b.time(
+        Entry::mem("causal_softmax_backward", "softmax b", dt, n, shape, bytes).unfused(),
+        k,
+        || {
+            let j = cycle(&mut i, k);
+            gpu.causal_softmax_backward(&mut dscores[j], &probs[j], &dprobs[j], rows, t)
+        },
+    )
+}
+
 /// BK-Core over `n / seq` causal sequences of length `seq`, forward and backward (with the
 /// gradient of z, as a layer that learns it takes).
 fn time_bk(b: &mut Bench, a: &BenchKernelsArgs, n: usize) -> CResult<()> {
@@ -1033,8 +1290,8 @@ fn time_bk(b: &mut Bench, a: &BenchKernelsArgs, n: usize) -> CResult<()> {
     )
 }
 
-/// AdamW (master weights only, and with a bf16 compute copy) and the gradient norm's sum of
-/// squares over `--params` values.
+/// AdamW fused and unfused (master weights only, and with a bf16 compute copy) and the
+/// gradient norm's sum of squares over `--params` values.
 fn time_optimizer(b: &mut Bench, a: &BenchKernelsArgs) -> CResult<()> {
     let (p, gpu) = (a.params, b.gpu);
     let shape = format!("{p}");
@@ -1047,28 +1304,48 @@ fn time_optimizer(b: &mut Bench, a: &BenchKernelsArgs) -> CResult<()> {
         t: 10,
         grad_scale: 1.0,
     };
-    // Reads param, grad, m, v; writes param, m, v (28 bytes a parameter), and the bf16 copy.
-    for (kernel, label, bytes_per) in [
-        ("adamw_update", "AdamW", 28.0),
-        ("adamw_update (bf16 copy)", "AdamW+cp", 30.0),
+    // Fused: reads param, grad, m, v and writes param, m, v (28 bytes a parameter), plus the
+    // bf16 copy (2). Unfused, five passes: grad read and the scaled gradient written (8), m and
+    // v each read with it and written (12 + 12), param, m, v read and param written (16); the
+    // copy pass reads param and writes the copy (6).
+    for (kernel, label, fused, bytes_per) in [
+        ("adamw_update", "AdamW", true, 28.0),
+        ("adamw_update (bf16 copy)", "AdamW+cp", true, 30.0),
+        ("adamw_update_unfused", "AdamW unf", false, 48.0),
+        (
+            "adamw_update_unfused (bf16 copy)",
+            "AdamW unf+cp",
+            false,
+            54.0,
+        ),
     ] {
+        let with_copy = kernel.ends_with("(bf16 copy)");
         let bytes = bytes_per * p as f64;
         let k = b.copies(bytes);
         let mut param = b.ring::<f32>(p, 1.0, k)?;
         let grad = b.ring::<f32>(p, 1.0, k)?;
         let mut m = b.ring::<f32>(p, 0.1, k)?;
         let mut v = b.zeros::<f32>(p, k)?;
-        let mut compute = if bytes_per > 28.0 {
+        let mut compute = if with_copy {
             b.outputs::<Bf16>(p, k)?
         } else {
             Vec::new()
         };
+        let mut scaled = if fused {
+            Vec::new()
+        } else {
+            b.outputs::<f32>(p, k)?
+        };
+        let entry = Entry::mem(kernel, label, "f32", p, shape.clone(), bytes);
+        let entry = if fused {
+            entry.other()
+        } else {
+            entry.unfused()
+        };
         let mut i = 0;
-        b.time(
-            Entry::mem(kernel, label, "f32", p, shape.clone(), bytes).other(),
-            k,
-            || {
-                let j = cycle(&mut i, k);
+        b.time(entry, k, || {
+            let j = cycle(&mut i, k);
+            if fused {
                 gpu.adamw_update(
                     &mut param[j],
                     &grad[j],
@@ -1078,8 +1355,19 @@ fn time_optimizer(b: &mut Bench, a: &BenchKernelsArgs) -> CResult<()> {
                     p,
                     h,
                 )
-            },
-        )?;
+            } else {
+                gpu.adamw_update_unfused(
+                    &mut param[j],
+                    &grad[j],
+                    &mut m[j],
+                    &mut v[j],
+                    &mut scaled[j],
+                    compute.get_mut(j),
+                    p,
+                    h,
+                )
+            }
+        })?;
     }
     let bytes = 4.0 * p as f64;
     let k = b.copies(bytes);
@@ -1126,8 +1414,9 @@ pub fn run(a: BenchKernelsArgs) -> Result<()> {
         }
         Err(e) => Outcome {
             skipped: vec![format!(
-                "every CUDA kernel: no usable GPU ({e}); this suite times GPU kernels only, \
-                 so there is nothing to measure on this machine"
+                "every CUDA kernel ({}): no usable GPU ({e}); this suite times GPU kernels \
+                 only, so there is nothing to measure on this machine",
+                Group::ALL.map(Group::title).join("; ")
             )],
             ..Outcome::default()
         },
@@ -1176,19 +1465,20 @@ fn run_gpu(gpu: &CudaBackend, a: &BenchKernelsArgs, dtypes: &[Dt]) -> Result<Out
         ..Outcome::default()
     };
     let hs = a.channels / a.heads;
-    let attention_ok = [16, 32, 64].contains(&hs);
-    if !attention_ok {
+    let fused_attention = [16, 32, 64].contains(&hs);
+    if !fused_attention {
         o.skipped.push(format!(
-            "attention: head size {hs} (--channels / --heads) has no GPU kernel; use 16, 32 or 64"
+            "fused attention: head size {hs} (--channels / --heads) has no GPU kernel; use 16, \
+             32 or 64 (the unfused path's attention kernels take any head size and are timed)"
         ));
     }
     for &dt in dtypes {
         for &n in &a.rows {
             let whole = n.is_multiple_of(a.seq);
             let r = match dt {
-                Dt::F32 => time_at::<f32>(&mut b, a, n, whole && attention_ok),
-                Dt::Bf16 => time_at::<Bf16>(&mut b, a, n, whole && attention_ok),
-                Dt::F16 => time_at::<F16>(&mut b, a, n, whole && attention_ok),
+                Dt::F32 => time_at::<f32>(&mut b, a, n, whole, fused_attention),
+                Dt::Bf16 => time_at::<Bf16>(&mut b, a, n, whole, fused_attention),
+                Dt::F16 => time_at::<F16>(&mut b, a, n, whole, fused_attention),
             };
             record(
                 gpu,
@@ -1205,10 +1495,15 @@ fn run_gpu(gpu: &CudaBackend, a: &BenchKernelsArgs, dtypes: &[Dt]) -> Result<Out
         }
     }
     let r = time_optimizer(&mut b, a);
-    record(gpu, &mut o, "AdamW and sum of squares", r);
+    record(
+        gpu,
+        &mut o,
+        "AdamW (fused and unfused) and sum of squares",
+        r,
+    );
     if let Some(n) = a.rows.iter().find(|&&n| !n.is_multiple_of(a.seq)) {
         o.skipped.push(format!(
-            "attention and BK-Core at {n} rows (and any other size that is not a multiple of --seq {}): they run whole sequences",
+            "attention (fused and unfused) and BK-Core at {n} rows (and any other size that is not a multiple of --seq {}): they run whole sequences",
             a.seq
         ));
     }
@@ -1243,14 +1538,22 @@ fn dt_name(d: Dt) -> &'static str {
     }
 }
 
-/// Every kernel of one activation type at `n` rows.
-fn time_at<T: Elem>(b: &mut Bench, a: &BenchKernelsArgs, n: usize, attention: bool) -> CResult<()> {
+/// Every kernel of one activation type at `n` rows: attention only when `whole` (`n` holds
+/// whole sequences), the fused kernel only when it takes the head size.
+fn time_at<T: Elem>(
+    b: &mut Bench,
+    a: &BenchKernelsArgs,
+    n: usize,
+    whole: bool,
+    fused_attention: bool,
+) -> CResult<()> {
     time_rowwise::<T>(b, a, n)?;
     time_row_ops::<T>(b, a, n)?;
-    if attention {
+    if whole && fused_attention {
         time_attention::<T>(b, a, n)?;
     }
-    time_linears::<T>(b, a, n)
+    time_linears::<T>(b, a, n)?;
+    time_unfused::<T>(b, a, n, whole)
 }
 
 /// Files a failed group: out of memory is a size this GPU cannot hold (skipped, and the
@@ -1470,7 +1773,7 @@ fn bar_charts(
         sizes.sort_unstable();
         sizes.dedup();
         let at = match (group, sizes.as_slice()) {
-            (Group::Memory | Group::Compute, [n]) => format!(" at {n} rows"),
+            (Group::Memory | Group::Compute | Group::Unfused, [n]) => format!(" at {n} rows"),
             _ => " at the largest size of each".into(),
         };
         for (p, chunk) in bars.chunks(BARS_PER_CHART).enumerate() {
@@ -1624,11 +1927,22 @@ fn write_report(mut report: Report, a: &BenchKernelsArgs, mut o: Outcome) -> Res
          size; at most {MAX_COPIES}). `roofline` = floor time / median time, the floor being \
          the bytes the kernel must move (inputs read once, outputs written once) over the copy \
          bandwidth, or its floating-point work over the GEMM rate of its `ceiling` math mode \
-         (attention: causal, 2 B T^2 C forward, 2.5 times that backward). `kiln speedup` = \
-         PyTorch time / kiln time on the same operation, sizes and rotation \
-         (`bench/pytorch_kernels.py`, eager, in this command); PyTorch has no BK-Core. Where the two differ beyond speed: kiln's backward kernels \
+         (attention: causal, 2 B T^2 C forward, 2.5 times that backward). The `unfused` group \
+         holds the kernels `train.fused_kernels=false` runs instead; an operation of several \
+         kernels counts the bytes its kernels move between them, so its floor includes the \
+         intermediates the fused kernel never stores: `cross_entropy_unfused` (log_softmax, \
+         nll_loss, backward) writes f32 log-probabilities and reads them back, 2 x logits + 8 \
+         bytes per logit; `adamw_update_unfused` makes five passes, 48 bytes a parameter (54 \
+         with the bf16 copy) against the fused 28 (30). `causal_softmax` reads each row's \
+         causal prefix and writes the whole row. `matmul_batched` (S = Q K^T * scale, O = P V \
+         over [B*H, T, hs]) computes the full T x T products, masked half included, and is \
+         counted so: 2 B T^2 C each. `kiln speedup` = PyTorch time / kiln time on the same \
+         operation, sizes and rotation (`bench/pytorch_kernels.py`, eager, in this command); \
+         PyTorch has no BK-Core. Where the two differ beyond speed: kiln's backward kernels \
          accumulate weight gradients in f32 where autograd returns them in the activation \
-         type, and kiln's embedding forward adds the position rows in the same kernel.",
+         type, kiln's embedding forward adds the position rows in the same kernel, kiln's \
+         Q K^T applies the 1/sqrt(hs) scale in the GEMM where PyTorch's row is the plain \
+         `torch.bmm`, and PyTorch's causal softmax reads and masks the whole T x T row.",
         a.rows, a.channels, a.heads, a.vocab, a.seq, a.params, a.reps, a.warmup
     ));
     if !o.rows.is_empty() {
@@ -1708,10 +2022,7 @@ mod tests {
         let out = dir.path().join("kernels");
         run(args(out.clone())).unwrap();
         let md = std::fs::read_to_string(out.join("report.md")).unwrap();
-        assert!(
-            md.contains("## Skipped\n\n- every CUDA kernel: no usable GPU"),
-            "{md}"
-        );
+        assert!(md.contains("## Skipped\n\n- every CUDA kernel (memory-bound kernels; GEMMs and attention; unfused path (train.fused_kernels=false); optimizer, gradient norm, BK-Core): no usable GPU"), "{md}");
         assert!(md.contains("No usable GPU: no kernel was timed"), "{md}");
         let json = crate::report::read_results(&out);
         assert_eq!(json["suite"], "kernels");
@@ -1821,8 +2132,27 @@ mod tests {
             &CEILINGS,
         );
         assert!((t.roofline_fraction - 1.0).abs() < 1e-12);
+        // An unfused-path row: its own group, the same rate and roofline arithmetic.
+        let u = make_row(
+            Entry::compute(
+                "matmul_batched QK^T",
+                "QK^T",
+                "tf32",
+                32768,
+                "B32 T1024 C768 H12".into(),
+                3.5e12,
+                Math::Tf32,
+            )
+            .unfused(),
+            20.0,
+            1,
+            &CEILINGS,
+        );
+        assert_eq!((u.group, u.ceiling), (Group::Unfused, "tf32"));
+        assert!((u.roofline_fraction - 0.5).abs() < 1e-12);
+        assert_eq!(serde_json::to_value(&u).unwrap()["group"], "unfused");
 
-        let mut rows = vec![r, g, t];
+        let mut rows = vec![r, g, t, u];
         let py = |kernel: &str, dtype: &str, ms| PyRow {
             kernel: kernel.into(),
             dtype: dtype.into(),
@@ -1836,6 +2166,10 @@ mod tests {
                 py("gelu_forward", "bf16", 3.0),
                 py("linear_forward fc", "f32", 1.0),
                 py("gelu_forward", "f32", 9.0),
+                PyRow {
+                    size: 32768,
+                    ..py("matmul_batched QK^T", "tf32", 40.0)
+                },
             ],
         );
         assert_eq!(rows[0].speedup_vs_pytorch, Some(1.5));
@@ -1845,6 +2179,7 @@ mod tests {
         assert_eq!(times(None), "-");
         let md = detail_table(&rows).markdown();
         assert!(md.contains("| gelu_forward | bf16 | x | 3 | 2000.0 | 2000 GB/s | copy | 50% | 3000.0 | 1.50x | `F.op` |"), "{md}");
+        assert!(md.contains("| matmul_batched QK^T | tf32 | B32 T1024 C768 H12 | 1 | 20000.0 | 175.0 TFLOP/s | tf32 | 50% | 40000.0 | 2.00x | `F.op` |"), "{md}");
     }
 
     #[test]
@@ -1852,7 +2187,9 @@ mod tests {
         // One line as `bench/pytorch_kernels.py --json` prints it.
         let line = r#"{"torch": "2.15.0", "device": "NVIDIA H200", "rows": [{"kernel":
             "layernorm_forward", "dtype": "bf16", "size": 8192, "ms": 0.0123, "op":
-            "F.layer_norm(x)"}], "skipped": ["bk_core_forward, bk_core_backward: none"]}"#;
+            "F.layer_norm(x)"}, {"kernel": "causal_softmax_backward", "dtype": "f32", "size":
+            2048, "ms": 0.5, "op": "autograd of masked_fill + softmax"}], "skipped":
+            ["bk_core_forward, bk_core_backward: none"]}"#;
         let py: PyOut = serde_json::from_str(line).unwrap();
         assert_eq!(
             (py.torch.as_str(), py.device.as_str()),
@@ -1860,6 +2197,10 @@ mod tests {
         );
         assert_eq!(py.rows[0].kernel, "layernorm_forward");
         assert_eq!((py.rows[0].size, py.rows[0].ms), (8192, 0.0123));
+        assert_eq!(
+            (py.rows[1].kernel.as_str(), py.rows[1].dtype.as_str()),
+            ("causal_softmax_backward", "f32")
+        );
         assert_eq!(py.skipped.len(), 1);
     }
 
@@ -1924,6 +2265,41 @@ mod tests {
                     1,
                     &CEILINGS,
                 ));
+                // Two kernels of the unfused path, one with a PyTorch time.
+                let bytes = 3.0 * 2.0 * (n * 768) as f64;
+                let ms = bytes / 3000e9 * 1e3;
+                let mut add = make_row(
+                    Entry::mem("add", "add", dtype, n, format!("{n}x768"), bytes).unfused(),
+                    ms,
+                    4,
+                    &CEILINGS,
+                );
+                merge_pytorch(
+                    std::slice::from_mut(&mut add),
+                    &[PyRow {
+                        kernel: "add".into(),
+                        dtype: dtype.into(),
+                        size: n,
+                        ms: 1.2 * ms,
+                        op: "torch.add(a, b)".into(),
+                    }],
+                );
+                rows.push(add);
+                rows.push(make_row(
+                    Entry::compute(
+                        "matmul_batched PV",
+                        "PV",
+                        dtype,
+                        n,
+                        "PV".into(),
+                        flops,
+                        Math::Bf16,
+                    )
+                    .unfused(),
+                    flops / 300e12 * 1e3,
+                    1,
+                    &CEILINGS,
+                ));
             }
         }
         rows.push(make_row(
@@ -1962,8 +2338,11 @@ mod tests {
             "roofline_memory_bf16_1",
             "roofline_compute_bf16",
             "roofline_other_f32",
+            "roofline_unfused_f32",
+            "roofline_unfused_bf16",
             "speedup_memory_f32",
             "speedup_memory_bf16",
+            "speedup_unfused_bf16",
         ] {
             crate::report::plot::tests::assert_png(&out.join(format!("{name}.png")));
         }
@@ -1994,8 +2373,17 @@ mod tests {
             .find("| residual_layernorm_forward | f32 | 2048x768")
             .unwrap();
         assert!(ln < ln2 && ln2 < res, "{md}");
+        // Groups in order: the unfused path after the GEMMs, before the optimizer.
+        let fc = md.find("| linear_forward fc | bf16").unwrap();
+        let add = md.find("| add | f32 | 2048x768").unwrap();
+        let adamw = md.find("| adamw_update | f32").unwrap();
+        assert!(fc < add && add < adamw, "{md}");
+        assert!(
+            md.contains("unfused path (train.fused_kernels=false)"),
+            "{md}"
+        );
         let json = crate::report::read_results(&out);
-        assert_eq!(json["rows"].as_array().unwrap().len(), 2 * 2 * 14 + 1);
+        assert_eq!(json["rows"].as_array().unwrap().len(), 2 * 2 * 16 + 1);
         assert_eq!(json["ceilings"]["copy_gbs"], 4000.0);
         let ln = &json["rows"]
             .as_array()
