@@ -727,7 +727,10 @@ fn time_rowwise<T: Elem>(b: &mut Bench, a: &BenchKernelsArgs, n: usize) -> CResu
         k,
         || {
             let j = cycle(&mut i, k);
-            gpu.embedding_backward(&mut dwte, &mut dwpe, &dout[j], &tokens[j], n, v, seq, c)
+            // Uniform tokens have no hot rows: the unstaged kernel, as training would pick.
+            gpu.embedding_backward(
+                &mut dwte, &mut dwpe, &dout[j], &tokens[j], n, v, seq, c, false,
+            )
         },
     )?;
     Ok(())

@@ -1493,22 +1493,27 @@ fn check_embedding_backward<T: Elem>(
     );
     let (mut dwte, mut dwpe) = (dwte0.clone(), dwpe0.clone());
     cpu::embedding::embedding_backward(&mut dwte, &mut dwpe, &dout, &tokens, seq, c);
-    let (mut d_dwte, mut d_dwpe) = (gpu.upload(&dwte0)?, gpu.upload(&dwpe0)?);
     let (d_dout, d_tokens) = (gpu.upload_as::<T>(&dout)?, gpu.upload(&tokens)?);
-    gpu.embedding_backward(
-        &mut d_dwte,
-        &mut d_dwpe,
-        &d_dout,
-        &d_tokens,
-        n,
-        vocab,
-        seq,
-        c,
-    )?;
-    Ok(worst(&[
-        rel_err(&gpu.download(&d_dwte)?, &dwte, ELEMENTWISE_FLOOR),
-        rel_err(&gpu.download(&d_dwpe)?, &dwpe, ELEMENTWISE_FLOOR),
-    ]))
+    // Both kernels, whatever these tokens would choose: rows staged in shared memory (hot
+    // rows) and not.
+    let mut errors = Vec::new();
+    for hot_rows in [false, true] {
+        let (mut d_dwte, mut d_dwpe) = (gpu.upload(&dwte0)?, gpu.upload(&dwpe0)?);
+        gpu.embedding_backward(
+            &mut d_dwte,
+            &mut d_dwpe,
+            &d_dout,
+            &d_tokens,
+            n,
+            vocab,
+            seq,
+            c,
+            hot_rows,
+        )?;
+        errors.push(rel_err(&gpu.download(&d_dwte)?, &dwte, ELEMENTWISE_FLOOR));
+        errors.push(rel_err(&gpu.download(&d_dwpe)?, &dwpe, ELEMENTWISE_FLOOR));
+    }
+    Ok(worst(&errors))
 }
 
 impl Inputs {

@@ -729,6 +729,7 @@ pub fn embedding_backward(
                 vocab,
                 seq,
                 c,
+                super::cuda::embedding::has_hot_rows(tokens),
             ))?
         }
     }

@@ -27,12 +27,13 @@ __device__ void embedding_forward(T* out, const unsigned int* tokens, const T* w
 // of dwte has one writer, which adds in the CPU's order. Owning a range of rows (not one)
 // keeps the token reads to vocab / rows passes over the token list.
 //
-// STAGED: the block's rows live in shared memory while it adds (read from dwte first,
+// STAGED: the block's hit rows live in shared memory while it adds (read from dwte first,
 // written back at the end; same order, same sums). Text is skewed -- a newline or a comma
 // can be a tenth of a batch -- and every hit of a hot row is a read-modify-write after the
 // last; in global memory each waits out a memory latency, which made this the slowest op of
 // a GPT-2 small step on real text.
 #define EMB_MAX_BLOCK 1024
+#define EMB_HITS 4
 
 template <typename T, bool STAGED>
 __device__ void embedding_backward_wte(float* dwte, const T* dout, const unsigned int* tokens,
@@ -43,9 +44,23 @@ __device__ void embedding_backward_wte(float* dwte, const T* dout, const unsigne
     const unsigned int first = blockIdx.x * rows;
     const unsigned int owned = min(rows, vocab - first);  // the grid keeps first < vocab
     float* const base = dwte + (long long)first * c;
-    if (STAGED)
-        for (long long k = threadIdx.x; k < (long long)owned * c; k += blockDim.x)
-            emb_staged[k] = base[k];
+    // STAGED: which owned rows any token hits (rows <= 64); only those are read into shared
+    // memory and written back, so a cold row costs nothing, as in the unstaged kernel.
+    __shared__ unsigned int row_hit[2];
+    const auto is_hit = [&](unsigned int r) { return (row_hit[r >> 5] >> (r & 31)) & 1u; };
+    if (STAGED) {
+        if (threadIdx.x < 2) row_hit[threadIdx.x] = 0u;
+        __syncthreads();
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            const unsigned int r = tokens[i] - first;
+            if (r < owned) atomicOr(&row_hit[r >> 5], 1u << (r & 31));
+        }
+        __syncthreads();
+        for (unsigned int r = 0; r < owned; ++r)
+            if (is_hit(r))
+                for (int j = threadIdx.x; j < c; j += blockDim.x)
+                    emb_staged[(long long)r * c + j] = base[(long long)r * c + j];
+    }
     float* const acc = STAGED ? emb_staged : base;
     const int warps = blockDim.x >> 5;
     for (int tile = 0; tile < n; tile += blockDim.x) {
@@ -61,18 +76,33 @@ __device__ void embedding_backward_wte(float* dwte, const T* dout, const unsigne
         for (int w = 0; w < warps; ++w) {
             unsigned int hits = hit_masks[w];
             while (hits) {
-                const int k = w * 32 + __ffs(hits) - 1;
-                hits &= hits - 1;
-                float* dst = acc + (long long)(tile_tokens[k] - first) * c;
-                const T* src = dout + (long long)(tile + k) * c;
-                for (int j = threadIdx.x; j < c; j += blockDim.x) dst[j] += load(src[j]);
+                // Up to EMB_HITS hits at once: their gradient rows are loaded together, then
+                // added in position order, so the loads' latencies overlap and the sums (and
+                // their order per element, even when two hits share a row) do not change.
+                int ks[EMB_HITS];
+                int count = 0;
+                while (hits && count < EMB_HITS) {
+                    ks[count++] = w * 32 + __ffs(hits) - 1;
+                    hits &= hits - 1;
+                }
+                for (int j = threadIdx.x; j < c; j += blockDim.x) {
+                    float g[EMB_HITS];
+#pragma unroll
+                    for (int u = 0; u < EMB_HITS; ++u)
+                        if (u < count) g[u] = load(dout[(long long)(tile + ks[u]) * c + j]);
+#pragma unroll
+                    for (int u = 0; u < EMB_HITS; ++u)
+                        if (u < count) acc[(long long)(tile_tokens[ks[u]] - first) * c + j] += g[u];
+                }
             }
         }
     }
     if (STAGED) {
         __syncthreads();
-        for (long long k = threadIdx.x; k < (long long)owned * c; k += blockDim.x)
-            base[k] = emb_staged[k];
+        for (unsigned int r = 0; r < owned; ++r)
+            if (is_hit(r))
+                for (int j = threadIdx.x; j < c; j += blockDim.x)
+                    base[(long long)r * c + j] = emb_staged[(long long)r * c + j];
     }
 }
 

@@ -14,7 +14,7 @@ mod attention;
 mod attention_unfused;
 mod bk_core;
 mod cross_entropy;
-mod embedding;
+pub mod embedding;
 mod gelu;
 mod gemm;
 mod layernorm;
