@@ -445,6 +445,15 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
         let r = check_sum_squares(gpu, inp, n, None);
         push("sum_squares", "f32", format!("{n}"), BOUND_FP32, r);
     }
+    let sizes = [2_359_296, 0, 768, 1_000_003, 1];
+    let r = check_sum_squares_many(gpu, inp, &sizes);
+    push(
+        "sum_squares_many",
+        "f32",
+        format!("{sizes:?}"),
+        BOUND_FP32,
+        r,
+    );
     for (bad, name) in [
         (f32::NAN, "sum_squares (NaN flag)"),
         (f32::INFINITY, "sum_squares (inf flag)"),
@@ -1694,6 +1703,28 @@ fn check_adamw<C: Elem>(
 
 /// With `bad`, one element is replaced by it and the check is that the flag goes up (error 0
 /// if it does, infinite if not); otherwise the sum is compared and the flag must stay down.
+/// Several tensors (one empty) through one partial buffer, against the f64 sum on the host.
+fn check_sum_squares_many(gpu: &CudaBackend, inp: &mut Inputs, sizes: &[usize]) -> Check {
+    let xs: Vec<Vec<f32>> = sizes
+        .iter()
+        .map(|&n| inp.uniform(n, 3.0, DType::F32))
+        .collect();
+    let want: f64 = xs.iter().flatten().map(|&v| v as f64 * v as f64).sum();
+    let acc0 = inp.0.next_f64();
+    let (mut d_acc, mut d_flag) = (gpu.upload(&[acc0])?, gpu.upload(&[0u32])?);
+    let d_xs = xs
+        .iter()
+        .map(|x| gpu.upload(if x.is_empty() { &[0.0f32][..] } else { x }))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let pairs: Vec<_> = d_xs.iter().zip(sizes).map(|(d, &n)| (d, n)).collect();
+    gpu.sum_squares_many(&mut d_acc, &mut d_flag, &pairs)?;
+    if gpu.download(&d_flag)?[0] != 0 {
+        return Ok(f64::INFINITY);
+    }
+    let got = gpu.download(&d_acc)?[0] - acc0;
+    Ok(((got - want) / want).abs())
+}
+
 fn check_sum_squares(gpu: &CudaBackend, inp: &mut Inputs, n: usize, bad: Option<f32>) -> Check {
     let mut x = inp.uniform(n, 3.0, DType::F32);
     if let Some(bad) = bad {

@@ -919,9 +919,8 @@ pub fn sum_squares(ts: &[&Tensor]) -> Result<f64> {
         On::Gpu(g) => {
             let mut acc = g.upload(&[0.0f64])?;
             let mut flag = g.upload(&[0u32])?;
-            for t in ts {
-                g.sum_squares_accumulate(&mut acc, &mut flag, t.cuda::<f32>(), t.len())?;
-            }
+            let xs: Vec<_> = ts.iter().map(|t| (t.cuda::<f32>(), t.len())).collect();
+            g.sum_squares_many(&mut acc, &mut flag, &xs)?;
             if g.download(&flag)?[0] != 0 {
                 return Ok(f64::NAN);
             }
