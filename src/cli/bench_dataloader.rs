@@ -287,16 +287,7 @@ mod tests {
             steps: 1,
             out: out.clone(),
             config: None,
-            overrides: [
-                "model.d_model=32",
-                "model.n_layers=1",
-                "model.n_heads=2",
-                "model.context=16",
-                "train.seq_len=16",
-                "train.micro_batch=2",
-            ]
-            .map(String::from)
-            .to_vec(),
+            overrides: crate::report::tiny_model_overrides(&["train.micro_batch=2"]),
         })
         .unwrap();
         let json = crate::report::read_results(&out);

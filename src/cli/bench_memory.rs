@@ -323,15 +323,7 @@ mod tests {
             batches: vec![1, 2, 4, 8],
             out: out.clone(),
             config: None,
-            overrides: [
-                "model.d_model=32",
-                "model.n_layers=1",
-                "model.n_heads=2",
-                "model.context=16",
-                "train.seq_len=16",
-            ]
-            .map(String::from)
-            .to_vec(),
+            overrides: crate::report::tiny_model_overrides(&[]),
         })
         .unwrap();
         let json = crate::report::read_results(&out);

@@ -335,6 +335,23 @@ pub(crate) fn read_results(dir: &Path) -> Value {
     serde_json::from_str(&text).expect("results.json is JSON")
 }
 
+/// Overrides that shrink the default GPT to a model a suite's CPU test trains in moments,
+/// plus `extra` (for tests of the suites).
+#[cfg(test)]
+pub(crate) fn tiny_model_overrides(extra: &[&str]) -> Vec<String> {
+    [
+        "model.d_model=32",
+        "model.n_layers=1",
+        "model.n_heads=2",
+        "model.context=16",
+        "train.seq_len=16",
+    ]
+    .iter()
+    .chain(extra)
+    .map(|s| s.to_string())
+    .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -35,6 +35,16 @@ __device__ void embedding_forward(T* out, const unsigned int* tokens, const T* w
 #define EMB_MAX_BLOCK 1024
 #define EMB_HITS 4
 
+// dst[r * c + j] = src[r * c + j] for the rows r < owned whose bit is set in `row_hit` (the
+// staged backward's way in and out of shared memory).
+__device__ __forceinline__ void copy_hit_rows(float* dst, const float* src, const unsigned int* row_hit,
+                                              unsigned int owned, int c) {
+    for (unsigned int r = 0; r < owned; ++r)
+        if ((row_hit[r >> 5] >> (r & 31)) & 1u)
+            for (int j = threadIdx.x; j < c; j += blockDim.x)
+                dst[(long long)r * c + j] = src[(long long)r * c + j];
+}
+
 template <typename T, bool STAGED>
 __device__ void embedding_backward_wte(float* dwte, const T* dout, const unsigned int* tokens,
                                        int n, int c, unsigned int vocab, unsigned int rows) {
@@ -47,7 +57,6 @@ __device__ void embedding_backward_wte(float* dwte, const T* dout, const unsigne
     // STAGED: which owned rows any token hits (rows <= 64); only those are read into shared
     // memory and written back, so a cold row costs nothing, as in the unstaged kernel.
     __shared__ unsigned int row_hit[2];
-    const auto is_hit = [&](unsigned int r) { return (row_hit[r >> 5] >> (r & 31)) & 1u; };
     if (STAGED) {
         if (threadIdx.x < 2) row_hit[threadIdx.x] = 0u;
         __syncthreads();
@@ -56,10 +65,7 @@ __device__ void embedding_backward_wte(float* dwte, const T* dout, const unsigne
             if (r < owned) atomicOr(&row_hit[r >> 5], 1u << (r & 31));
         }
         __syncthreads();
-        for (unsigned int r = 0; r < owned; ++r)
-            if (is_hit(r))
-                for (int j = threadIdx.x; j < c; j += blockDim.x)
-                    emb_staged[(long long)r * c + j] = base[(long long)r * c + j];
+        copy_hit_rows(emb_staged, base, row_hit, owned, c);
     }
     float* const acc = STAGED ? emb_staged : base;
     const int warps = blockDim.x >> 5;
@@ -99,10 +105,7 @@ __device__ void embedding_backward_wte(float* dwte, const T* dout, const unsigne
     }
     if (STAGED) {
         __syncthreads();
-        for (unsigned int r = 0; r < owned; ++r)
-            if (is_hit(r))
-                for (int j = threadIdx.x; j < c; j += blockDim.x)
-                    base[(long long)r * c + j] = emb_staged[(long long)r * c + j];
+        copy_hit_rows(base, emb_staged, row_hit, owned, c);
     }
 }
 
