@@ -554,6 +554,18 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
         (3, 8192, false, false),
         (1, 20000, false, true),
         (2, 20000, true, false),
+        // The long-chunk kernels (unit off-diagonals, calls above 2^17 positions, N a multiple
+        // of 32 chunks): several sequences per block with some past the batch, blocks of 4 to
+        // 16 warps per sequence, chunks of 16, 32 and 64 positions (the last two only in
+        // calls of millions of positions), both modes.
+        (65, 2048, false, false),
+        (66, 2048, true, false),
+        (33, 4096, false, false),
+        (17, 8192, false, false),
+        (17, 8192, true, false),
+        (9, 16384, false, false),
+        (256, 8192, false, false),
+        (512, 8192, true, false),
     ] {
         let shape = format!(
             "B{batch} N{n} {}{}",

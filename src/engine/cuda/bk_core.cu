@@ -11,8 +11,11 @@
 // affine maps x -> A x + B. A scan of the chunk maps gives each chunk the values entering
 // it, from which the thread re-runs the plain recurrences.
 //
-// Two implementations:
-// - Fused (bk_forward_fused, bk_backward_fused; the end of this file), one launch each: a
+// Three implementations:
+// - Long-chunk (bk_forward_long*, bk_backward_long*; "Long-chunk kernels" below), for calls of
+//   more than 2^17 positions with unit off-diagonals and N a multiple of 32 chunks: 16 to 64
+//   positions per thread and one composition for both sweeps.
+// - Fused (bk_forward_fused, bk_backward_fused; after the multi-launch kernels), one launch each: a
 //   team of warps per sequence stages it in shared memory with coalesced accesses and scans
 //   the chunk maps across the team, so DRAM sees only the inputs and outputs (forward: v in,
 //   G out, 12 bytes per position; backward: v and dL/dG in, dv out, 20 bytes). Used while
@@ -768,3 +771,554 @@ bk_backward_fused(float* dv, float* zpart, float* bpart, float* cpart, int learn
         }
     }
 }
+
+
+// ---- Long-chunk kernels: unit off-diagonals, large calls ----
+//
+// The fused kernels spend most of their instructions on the chunk scan and on shared-memory
+// traffic (about 320 per position forward on sm_90, where 12 bytes of DRAM traffic leave
+// room for about 100). Here each thread owns L = 16, 32 or 64 consecutive positions, which
+// spreads the scan's fixed cost over more of them, and with every b_i c_i = 1 the
+// recurrences simplify:
+// - Every step is the same matrix F_i = [[s_i, -1], [1, 0]] from both sides (the sequence's
+//   ends enter as (1, 0), "infinity", which the zero p at a boundary would also give). Since
+//   F^T = J F J with J = diag(1, -1), a chunk's q map is J R^T J of its r map R, so one
+//   composition serves both sweeps.
+// - Im s_i = -Im z everywhere, so a composition step is 8 fused multiply-adds.
+// - v is staged once, as x_i = v_i - 2 - Re z, one thread's chunk per row of shared words
+//   (L + 20 forward: x, 16 words through which G is stored, 4 spare; L + 4 backward). The
+//   row lengths are an odd number of 16-byte units, so the lanes' 16-byte accesses at one
+//   offset of their rows hit distinct banks.
+// Sweeps run a segment of BKL_SEG positions at a time from values kept at the segments'
+// starts, so a thread never holds its whole chunk: where two sweeps run in opposite
+// directions (r and q, or the two adjoints), one keeps a checkpoint per segment and is
+// re-run within the segment that the other has reached.
+#define BKL_SEG 8
+#define BKL_MAX_BLOCK 256
+#define BKL_MAX_BLOCK_BACK 512
+
+// 1 / a as one MUFU.RCP: __fdividef's reciprocal also rescues denormal divisors, three more
+// instructions on every step of a sweep. Here a denormal |a|^2 counts as zero (the result
+// is non-finite and flagged): |r_i| and |q_i| are at least Im z, so only a z within 1e-19 of
+// the real axis, which already warns that G may be singular, can come near it.
+__device__ __forceinline__ cx rcp_ftz(cx a) {
+    float inv;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(inv) : "f"(a.x * a.x + a.y * a.y));
+    return mk(a.x * inv, -a.y * inv);
+}
+
+// 2^-e for the binary exponent e of m >= 0, clamped to a normal scale (m = 0 gives 2^127;
+// inf and NaN stay inf and NaN after scaling).
+__device__ __forceinline__ float scale_of(float m) {
+    const int bits = min(__float_as_int(m) & 0x7f800000, 0x7e800000);
+    return __int_as_float(0x7f000000 - bits);
+}
+
+// One composition step M <- F M for s = (x, -zi): the new top row is s * top - bottom.
+__device__ __forceinline__ void long_step(cx& a, cx& b, cx& c, cx& d, float x, float zi) {
+    const cx na = mk(fmaf(x, a.x, fmaf(zi, a.y, -c.x)), fmaf(x, a.y, fmaf(-zi, a.x, -c.y)));
+    const cx nb = mk(fmaf(x, b.x, fmaf(zi, b.y, -d.x)), fmaf(x, b.y, fmaf(-zi, b.x, -d.y)));
+    c = a; d = b; a = na; b = nb;
+}
+// Two steps stay finite from a normalised map (entries below 2) while |s| < 1e18.
+__device__ __forceinline__ void long_renorm(cx& a, cx& b, cx& c, cx& d) {
+    const float m = fmaxf(fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(b.x), fabsf(b.y))),
+                          fmaxf(fmaxf(fabsf(c.x), fabsf(c.y)), fmaxf(fabsf(d.x), fabsf(d.y))));
+    const float k = scale_of(m);
+    a = scl(a, k); b = scl(b, k); c = scl(c, k); d = scl(d, k);
+}
+
+// A Moebius map applied to the projective pair (num, den), renormalised.
+__device__ __forceinline__ void long_apply(const Mob& m, cx& num, cx& den) {
+    const cx a = add(mul(m.a, num), mul(m.b, den));
+    const cx c = add(mul(m.c, num), mul(m.d, den));
+    const float k = scale_of(fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(c.x), fabsf(c.y))));
+    num = scl(a, k);
+    den = scl(c, k);
+}
+__device__ __forceinline__ cx long_apply(const Aff& m, cx y) { return add(mul(m.A, y), m.B); }
+
+// Where a thread of a long-chunk kernel stands.
+struct LongPos {
+    int T, t, lane, warp, wfirst, wi, nw, seq;
+    bool active;
+};
+__device__ __forceinline__ LongPos long_pos(int n, int L, int batch) {
+    LongPos p;
+    p.T = n / L;  // threads per sequence, a multiple of 32
+    const int spb = blockDim.x / p.T;
+    p.t = threadIdx.x % p.T;
+    p.seq = blockIdx.x * spb + threadIdx.x / p.T;
+    p.active = p.seq < batch;
+    p.lane = threadIdx.x & 31;
+    p.warp = threadIdx.x >> 5;
+    p.wi = p.t / 32;
+    p.wfirst = p.warp - p.wi;
+    p.nw = p.T / 32;
+    return p;
+}
+
+// Copies the block's blockDim.x * RUN consecutive floats of src, starting at `first` (zeros
+// at and past `total`), into rows: thread j's run of RUN floats to rows + j * stride, each
+// value plus `add`. Coalesced 16-byte loads, all in flight before the first store. Ends
+// with a barrier.
+template <int RUN>
+__device__ __forceinline__ void long_stage(float* rows, int stride, const float* src, long long first, long long total,
+                                           float add) {
+    constexpr int U = RUN / 4;
+    float4 tmp[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const long long gi = first / 4 + threadIdx.x + u * blockDim.x;
+        tmp[u] = 4 * gi < total ? ((const float4*)src)[gi] : make_float4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int g = threadIdx.x + u * blockDim.x;
+        const float4 x = make_float4(tmp[u].x + add, tmp[u].y + add, tmp[u].z + add, tmp[u].w + add);
+        *(float4*)(rows + (g / U) * stride + 4 * (g % U)) = x;
+    }
+    __syncthreads();
+}
+
+// The way back: dst[first + ...] from the rows, for the block's sequences below the batch.
+// Call after a barrier.
+template <int RUN>
+__device__ __forceinline__ void long_unstage(float* dst, const float* rows, int stride, long long first,
+                                             long long total) {
+    constexpr int U = RUN / 4;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int g = threadIdx.x + u * blockDim.x;
+        const long long gi = first / 4 + g;
+        if (4 * gi < total) ((float4*)dst)[gi] = *(const float4*)(rows + (g / U) * stride + 4 * (g % U));
+    }
+}
+
+// The chunk's r map R = F_{hi-1} ... F_lo from its staged x.
+template <int L> __device__ __forceinline__ Mob long_compose(const float* xrow, float zi) {
+    cx a = mk(1, 0), b = mk(0, 0), c = mk(0, 0), d = mk(1, 0);
+#pragma unroll
+    for (int j = 0; j < L; j += 4) {
+        const float4 x = *(const float4*)(xrow + j);
+        long_step(a, b, c, d, x.x, zi);
+        long_step(a, b, c, d, x.y, zi);
+        long_renorm(a, b, c, d);
+        long_step(a, b, c, d, x.z, zi);
+        long_step(a, b, c, d, x.w, zi);
+        long_renorm(a, b, c, d);
+    }
+    Mob R; R.a = a; R.b = b; R.c = c; R.d = d;
+    return R;
+}
+
+// Entering pairs from the chunk's r map: (rn, rd) of r_{lo-1} ((1, 0) for the first chunk)
+// and, unless causal, (qn, qd) of q_hi ((1, 0) for the last). Warp scans, then the
+// sequence's earlier (later) warp totals applied to (1, 0) in order. Barriers inside: call
+// from every thread.
+__device__ __forceinline__ Mob jtj(const Mob& R) {  // J R^T J: the q map of an r map
+    Mob Q; Q.a = R.a; Q.b = mk(-R.c.x, -R.c.y); Q.c = mk(-R.b.x, -R.b.y); Q.d = R.d;
+    return Q;
+}
+__device__ __forceinline__ void long_enter_pairs(const LongPos& p, const Mob& R, int causal, float* tot, cx& rn,
+                                                 cx& rd, cx& qn, cx& qd) {
+    const Mob Rin = warp_scan_incl(R, p.lane, false);
+    Mob Qin = mob_id();
+    if (!causal) Qin = warp_scan_incl(jtj(R), p.lane, true);
+    if (p.lane == 31) store_val(tot + p.warp * 16, Rin);
+    if (p.lane == 0) store_val(tot + p.warp * 16 + 8, Qin);
+    __syncthreads();
+    rn = mk(1, 0); rd = mk(0, 0);
+    for (int j = 0; j < p.wi; ++j) long_apply(load_mob(tot + (p.wfirst + j) * 16), rn, rd);
+    long_apply(warp_excl_of(Rin, p.lane, false), rn, rd);
+    qn = mk(1, 0); qd = mk(0, 0);
+    if (!causal) {
+        for (int j = p.nw - 1; j > p.wi; --j) long_apply(load_mob(tot + (p.wfirst + j) * 16 + 8), qn, qd);
+        long_apply(warp_excl_of(Qin, p.lane, true), qn, qd);
+    }
+    __syncthreads();  // `tot` is free again
+}
+// The same as w = 1 / r_{lo-1} and u = 1 / q_hi (zero at the sequence's ends).
+__device__ __forceinline__ void long_enter(const LongPos& p, const Mob& R, int causal, float* tot, cx& w, cx& u) {
+    cx rn, rd, qn, qd;
+    long_enter_pairs(p, R, causal, tot, rn, rd, qn, qd);
+    w = cdiv(rd, rn);
+    u = cdiv(qd, qn);
+}
+
+// Stores the lane's eight G values of one segment as 64-byte runs, four lanes to a run
+// (round r stores lanes 8r .. 8r + 7): each lane first writes them to 16 free words of its
+// own row (at `off`), the warp then reads them across. `seg0` is the segment's first
+// position in lane 0's chunk; rows are `stride` words apart.
+template <int L>
+__device__ __forceinline__ void long_store_segment(float* out, long long seg0, const cx (&g)[BKL_SEG], float* xrow,
+                                                   const float* row0, int stride, int off, int lane) {
+#pragma unroll
+    for (int j = 0; j < BKL_SEG; j += 2)
+        *(float4*)(xrow + off + 2 * j) = make_float4(g[j].x, g[j].y, g[j + 1].x, g[j + 1].y);
+    __syncwarp();
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+        // A quarter-warp (one pass of 16-byte accesses) reads rows src and src + 4, whose
+        // columns lie 4 (L + 4) words apart, i.e. on the other half of the banks, and stores
+        // two whole runs (two lines rather than eight per pass).
+        const int src = 8 * r + (lane >> 3) + 4 * ((lane >> 2) & 1), part = lane & 3;
+        const float4 val = *(const float4*)(row0 + src * stride + off + 4 * part);
+        *(float4*)(out + 2 * (seg0 + (long long)src * L) + 4 * part) = val;
+    }
+    __syncwarp();
+}
+
+// ws[j] = 1 / r_{i-1} at each position i of a segment, from the value at its start.
+__device__ __forceinline__ void rerun_segment(cx w, const float (&x)[BKL_SEG], float zi, cx (&ws)[BKL_SEG]) {
+#pragma unroll
+    for (int j = 0; j < BKL_SEG; ++j) {
+        ws[j] = w;
+        if (j + 1 < BKL_SEG) w = rcp_ftz(mk(x[j] - w.x, -zi - w.y));
+    }
+}
+
+// The same with the value after the segment's last position too: ws[BKL_SEG] = 1 / r_{last}.
+__device__ __forceinline__ void rerun_segment9(cx w, const float (&x)[BKL_SEG], float zi, cx (&ws)[BKL_SEG + 1]) {
+    ws[0] = w;
+#pragma unroll
+    for (int j = 0; j < BKL_SEG; ++j) ws[j + 1] = rcp_ftz(mk(x[j] - ws[j].x, -zi - ws[j].y));
+}
+
+__device__ __forceinline__ void load_seg(const float* p, float (&x)[BKL_SEG]) {
+    const float4 a = *(const float4*)p, b = *(const float4*)(p + 4);
+    x[0] = a.x; x[1] = a.y; x[2] = a.z; x[3] = a.w; x[4] = b.x; x[5] = b.y; x[6] = b.z; x[7] = b.w;
+}
+
+// Both halves' r maps of a chunk, composed side by side (two independent chains).
+template <int L> __device__ __forceinline__ void long_compose2(const float* xrow, float zi, Mob (&R)[2]) {
+    cx a[2], b[2], c[2], d[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) { a[h] = mk(1, 0); b[h] = mk(0, 0); c[h] = mk(0, 0); d[h] = mk(1, 0); }
+#pragma unroll
+    for (int j = 0; j < L / 2; j += 4) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const float4 x = *(const float4*)(xrow + h * (L / 2) + j);
+            long_step(a[h], b[h], c[h], d[h], x.x, zi);
+            long_step(a[h], b[h], c[h], d[h], x.y, zi);
+            long_renorm(a[h], b[h], c[h], d[h]);
+            long_step(a[h], b[h], c[h], d[h], x.z, zi);
+            long_step(a[h], b[h], c[h], d[h], x.w, zi);
+            long_renorm(a[h], b[h], c[h], d[h]);
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) { R[h].a = a[h]; R[h].b = b[h]; R[h].c = c[h]; R[h].d = d[h]; }
+}
+
+// out[(seq*n + i)*2 + {0,1}] = G_ii. n is a multiple of 32 L; blockDim.x = spb * n / L for
+// spb sequences per block. Dynamic shared memory (bytes): blockDim.x * (L + 20) * 4
+// + (blockDim.x / 32) * 64.
+//
+// A sweep is a chain of dependent reciprocals, and a call has only so many warps (about 16
+// per SM at 2^22 positions), so each thread runs its chunk as two halves side by side, two
+// chains in flight: both halves' maps are composed, the chunk's map (their product) is
+// scanned, and the second half's entering values follow from the first half's map (for q,
+// the other way round).
+// Full mode: a forward sweep keeps w = 1 / r_{i-1} at each segment's start; a backward sweep
+// over the segments re-runs r within the segment and meets q there (d_i = s_i - w_i - u_i
+// with u_i = 1 / q_{i+1}). Causal: G_i = 1 / r_i, which is also the next w. G leaves a
+// segment at a time (`long_store_segment`) through 16 words past the chunk's x in the row.
+template <int L>
+__device__ __forceinline__ void forward_long(float* out, unsigned int* nonfinite, const float* v, const float* z,
+                                             int batch, int n, int causal) {
+    constexpr int SH = L / BKL_SEG / 2, HALF = L / 2, STRIDE = L + 20;
+    extern __shared__ float bkl_smem[];
+    const LongPos p = long_pos(n, L, batch);
+    const float zr = z[0], zi = z[1];
+    float* rows = bkl_smem;
+    float* tot = bkl_smem + blockDim.x * STRIDE;  // 16 floats per warp
+    const long long block_first = (long long)blockIdx.x * (blockDim.x / p.T) * n;
+    long_stage<L>(rows, STRIDE, v, block_first, (long long)batch * n, -2.0f - zr);
+    float* xrow = rows + threadIdx.x * STRIDE;
+    const float* row0 = rows + (threadIdx.x - p.lane) * STRIDE;
+    Mob Rh[2];
+    long_compose2<L>(xrow, zi, Rh);
+    cx rn, rd, qn, qd;
+    long_enter_pairs(p, combine(Rh[1], Rh[0]), causal, tot, rn, rd, qn, qd);
+    cx w[2], u[2];
+    w[0] = cdiv(rd, rn);
+    long_apply(Rh[0], rn, rd);
+    w[1] = cdiv(rd, rn);
+    u[1] = cdiv(qd, qn);
+    if (!causal) long_apply(jtj(Rh[1]), qn, qd);
+    u[0] = cdiv(qd, qn);
+
+    const long long first = (long long)p.seq * n + (long long)p.t * L;  // this chunk
+    const long long lane0 = first - (long long)p.lane * L;               // lane 0's chunk
+    float acc = 0.0f;  // stays 0 unless some G is inf or NaN (0 * inf = NaN)
+    if (causal) {
+#pragma unroll
+        for (int k = 0; k < SH; ++k) {
+            float x[2][BKL_SEG];
+            cx g[2][BKL_SEG];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) load_seg(xrow + h * HALF + BKL_SEG * k, x[h]);
+#pragma unroll
+            for (int j = 0; j < BKL_SEG; ++j)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    w[h] = rcp_ftz(mk(x[h][j] - w[h].x, -zi - w[h].y));
+                    g[h][j] = w[h];
+                    acc = fmaf(w[h].x, 0.0f, fmaf(w[h].y, 0.0f, acc));
+                }
+            if (p.active)  // whole warps: a warp never spans two sequences
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    long_store_segment<L>(out, lane0 + h * HALF + BKL_SEG * k, g[h], xrow, row0, STRIDE, L, p.lane);
+        }
+    } else {
+        cx cpw[2][SH];
+#pragma unroll
+        for (int k = 0; k < SH; ++k) {
+            float x[2][BKL_SEG];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                cpw[h][k] = w[h];
+                load_seg(xrow + h * HALF + BKL_SEG * k, x[h]);
+            }
+#pragma unroll
+            for (int j = 0; j < BKL_SEG; ++j)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) w[h] = rcp_ftz(mk(x[h][j] - w[h].x, -zi - w[h].y));
+        }
+#pragma unroll
+        for (int k = SH - 1; k >= 0; --k) {
+            float x[2][BKL_SEG];
+            cx ws[2][BKL_SEG], g[2][BKL_SEG];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                load_seg(xrow + h * HALF + BKL_SEG * k, x[h]);
+                rerun_segment(cpw[h][k], x[h], zi, ws[h]);
+            }
+#pragma unroll
+            for (int j = BKL_SEG - 1; j >= 0; --j)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const cx dd = mk(x[h][j] - ws[h][j].x - u[h].x, -zi - ws[h][j].y - u[h].y);
+                    u[h] = rcp_ftz(mk(x[h][j] - u[h].x, -zi - u[h].y));
+                    g[h][j] = rcp_ftz(dd);
+                    acc = fmaf(g[h][j].x, 0.0f, fmaf(g[h][j].y, 0.0f, acc));
+                }
+            if (p.active)
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    long_store_segment<L>(out, lane0 + h * HALF + BKL_SEG * k, g[h], xrow, row0, STRIDE, L, p.lane);
+        }
+    }
+    if (p.active && !(acc == 0.0f)) atomicOr(nonfinite, 1u);
+}
+
+#define BK_FORWARD_LONG(L)                                                                              \
+    extern "C" __global__ void __launch_bounds__(BKL_MAX_BLOCK)                                         \
+        bk_forward_long##L(float* out, unsigned int* nonfinite, const float* v, const float* z, int batch, \
+                           int n, int causal) {                                                         \
+        forward_long<L>(out, nonfinite, v, z, batch, n, causal);                                        \
+    }
+BK_FORWARD_LONG(16)
+BK_FORWARD_LONG(32)
+BK_FORWARD_LONG(64)
+
+// dv[seq*n + i] (overwritten) and zpart[seq*2] = (-Re, Im) of the sequence's sum of sbar, for
+// unit off-diagonals. x rows of L + 4 words (no store area) plus a row of 2L + 4 words for
+// dL/dG, which becomes dbar; dv leaves through the x rows. Dynamic shared memory (bytes):
+// blockDim.x * (3L + 8) * 4 + (blockDim.x / 32) * 64.
+//
+// Passes over the chunk, segment by segment:
+// 1. r forward from the entering w, keeping w at each segment's start.
+// 2. Backward: r re-run within the segment, q continued; G, dbar (into the dL/dG row), the
+//    chunk's rbar map (rbar_lo as a function of rbar_hi) and each segment's qbar map.
+// 3. Scans of those affine maps: rbar entering at hi, qbar at lo - 1.
+// 4. Backward again: r re-run, q continued; qbar forward within the segment from its start
+//    (the segment maps applied to the entering qbar), rbar backward; dv and the z sum.
+template <int L>
+__device__ __forceinline__ void backward_long(float* dv, float* zpart, const float* v, const float* dout,
+                                              const float* z, int batch, int n, int causal) {
+    constexpr int S = L / BKL_SEG, XS = L + 4, GS = 2 * L + 4;
+    extern __shared__ float bkl_smem[];
+    const LongPos p = long_pos(n, L, batch);
+    const float zr = z[0], zi = z[1];
+    float* xrows = bkl_smem;
+    float* grows = xrows + blockDim.x * XS;
+    float* tot = grows + blockDim.x * GS;  // 16 floats per warp
+    const long long block_first = (long long)blockIdx.x * (blockDim.x / p.T) * n;
+    const long long total = (long long)batch * n;
+    long_stage<2 * L>(grows, GS, dout, 2 * block_first, 2 * total, 0.0f);
+    long_stage<L>(xrows, XS, v, block_first, total, -2.0f - zr);
+    float* xrow = xrows + threadIdx.x * XS;
+    float* grow = grows + threadIdx.x * GS;
+    cx w0, u0;
+    long_enter(p, long_compose<L>(xrow, zi), causal, tot, w0, u0);
+
+    // 1.
+    cx cpw[S];
+    {
+        cx w = w0;
+#pragma unroll
+        for (int k = 0; k < S; ++k) {
+            cpw[k] = w;
+            float x[BKL_SEG];
+            load_seg(xrow + BKL_SEG * k, x);
+#pragma unroll
+            for (int j = 0; j < BKL_SEG; ++j) w = rcp_ftz(mk(x[j] - w.x, -zi - w.y));
+        }
+    }
+    // 2. ws[j] = 1 / r_{i-1} and ws[j + 1] = 1 / r_i for position j of the segment; the next
+    // segment's r re-run is issued beside this one's work, as in the forward.
+    Aff F = identity_of(Aff()), segq[S];
+    {
+        cx u = u0;
+        float nx[BKL_SEG];
+        cx nws[BKL_SEG + 1];
+        load_seg(xrow + BKL_SEG * (S - 1), nx);
+        rerun_segment9(cpw[S - 1], nx, zi, nws);
+#pragma unroll
+        for (int k = S - 1; k >= 0; --k) {
+            float x[BKL_SEG];
+            cx ws[BKL_SEG + 1];
+#pragma unroll
+            for (int j = 0; j < BKL_SEG; ++j) x[j] = nx[j];
+#pragma unroll
+            for (int j = 0; j <= BKL_SEG; ++j) ws[j] = nws[j];
+            if (k > 0) {
+                load_seg(xrow + BKL_SEG * (k - 1), nx);
+                rerun_segment9(cpw[k - 1], nx, zi, nws);
+            }
+            float* gseg = grow + 2 * BKL_SEG * k;
+            float go[2 * BKL_SEG], dbs[2 * BKL_SEG];
+#pragma unroll
+            for (int j = 0; j < 2 * BKL_SEG; j += 4) {
+                const float4 g4 = *(const float4*)(gseg + j);
+                go[j] = g4.x; go[j + 1] = g4.y; go[j + 2] = g4.z; go[j + 3] = g4.w;
+            }
+            Aff H = identity_of(Aff());
+#pragma unroll
+            for (int j = BKL_SEG - 1; j >= 0; --j) {
+                cx G = ws[j + 1];
+                if (!causal) {
+                    const cx dd = mk(x[j] - ws[j].x - u.x, -zi - ws[j].y - u.y);
+                    u = rcp_ftz(mk(x[j] - u.x, -zi - u.y));  // 1 / q_i
+                    G = rcp_ftz(dd);
+                }
+                const cx db = scl(mul(mk(go[2 * j], -go[2 * j + 1]), mul(G, G)), -1.0f);
+                dbs[2 * j] = db.x;
+                dbs[2 * j + 1] = db.y;
+                const cx A = mul(ws[j + 1], ws[j + 1]);  // 1 / r_i^2
+                F.B = add(mul(A, F.B), db);
+                F.A = mul(A, F.A);
+                if (!causal) {
+                    const cx B = mul(u, u);  // 1 / q_i^2
+                    H.B = add(mul(H.A, db), H.B);
+                    H.A = mul(H.A, B);
+                }
+            }
+            segq[k] = H;
+#pragma unroll
+            for (int j = 0; j < 2 * BKL_SEG; j += 4)
+                *(float4*)(gseg + j) = make_float4(dbs[j], dbs[j + 1], dbs[j + 2], dbs[j + 3]);
+        }
+    }
+    Aff Hc = identity_of(Aff());  // the chunk's qbar map
+#pragma unroll
+    for (int k = 0; k < S; ++k) Hc = combine(segq[k], Hc);
+    // 3.
+    const Aff Fin = warp_scan_incl(F, p.lane, true);
+    const Aff Hin = warp_scan_incl(Hc, p.lane, false);
+    if (p.lane == 0) store_val(tot + p.warp * 16, Fin);
+    if (p.lane == 31) store_val(tot + p.warp * 16 + 8, Hin);
+    __syncthreads();
+    cx rb = mk(0, 0), qb_in = mk(0, 0);
+    for (int j = p.nw - 1; j > p.wi; --j) rb = long_apply(load_aff(tot + (p.wfirst + j) * 16), rb);
+    rb = long_apply(warp_excl_of(Fin, p.lane, true), rb);  // rbar_hi
+    for (int j = 0; j < p.wi; ++j) qb_in = long_apply(load_aff(tot + (p.wfirst + j) * 16 + 8), qb_in);
+    qb_in = long_apply(warp_excl_of(Hin, p.lane, false), qb_in);  // qbar_{lo-1}
+    cx cq[S];  // qbar before each segment
+    cq[0] = causal ? mk(0, 0) : qb_in;
+#pragma unroll
+    for (int k = 0; k + 1 < S; ++k) cq[k + 1] = long_apply(segq[k], cq[k]);
+    // 4.
+    cx sum = mk(0, 0);
+    {
+        cx u = u0;
+        float nx[BKL_SEG];
+        cx nws[BKL_SEG + 1];
+        load_seg(xrow + BKL_SEG * (S - 1), nx);
+        rerun_segment9(cpw[S - 1], nx, zi, nws);
+#pragma unroll
+        for (int k = S - 1; k >= 0; --k) {
+            float x[BKL_SEG];
+            cx ws[BKL_SEG + 1];
+#pragma unroll
+            for (int j = 0; j < BKL_SEG; ++j) x[j] = nx[j];
+#pragma unroll
+            for (int j = 0; j <= BKL_SEG; ++j) ws[j] = nws[j];
+            if (k > 0) {
+                load_seg(xrow + BKL_SEG * (k - 1), nx);
+                rerun_segment9(cpw[k - 1], nx, zi, nws);
+            }
+            cx db[BKL_SEG];
+#pragma unroll
+            for (int j = 0; j < BKL_SEG; j += 2) {
+                const float4 d4 = *(const float4*)(grow + 2 * (BKL_SEG * k + j));
+                db[j] = mk(d4.x, d4.y);
+                db[j + 1] = mk(d4.z, d4.w);
+            }
+            cx qb[BKL_SEG];
+            if (!causal) {
+                cx us[BKL_SEG];
+#pragma unroll
+                for (int j = BKL_SEG - 1; j >= 0; --j) {
+                    u = rcp_ftz(mk(x[j] - u.x, -zi - u.y));
+                    us[j] = u;
+                }
+                cx y = cq[k];
+#pragma unroll
+                for (int j = 0; j < BKL_SEG; ++j) {
+                    y = add(db[j], mul(mul(us[j], us[j]), y));
+                    qb[j] = y;
+                }
+            }
+            float d8[BKL_SEG];
+#pragma unroll
+            for (int j = BKL_SEG - 1; j >= 0; --j) {
+                rb = add(db[j], mul(mul(ws[j + 1], ws[j + 1]), rb));
+                const cx part = causal ? rb : add(sub(rb, db[j]), qb[j]);
+                d8[j] = part.x;
+                sum = add(sum, part);
+            }
+            // x of this segment is no longer needed (the next one's is in nx): dv takes its words.
+            *(float4*)(xrow + BKL_SEG * k) = make_float4(d8[0], d8[1], d8[2], d8[3]);
+            *(float4*)(xrow + BKL_SEG * k + 4) = make_float4(d8[4], d8[5], d8[6], d8[7]);
+        }
+    }
+    // dL/dz of the sequence: lanes, then the sequence's warps, in a fixed order.
+    for (int d = 16; d > 0; d >>= 1) {
+        sum.x += __shfl_down_sync(0xffffffffu, sum.x, d);
+        sum.y += __shfl_down_sync(0xffffffffu, sum.y, d);
+    }
+    __syncthreads();  // every thread is past reading `tot`, and dv is in the rows
+    if (p.lane == 0) st2(tot + p.warp * 16, sum);
+    long_unstage<L>(dv, xrows, XS, block_first, total);
+    __syncthreads();
+    if (p.active && p.t == 0) {
+        cx all = mk(0, 0);
+        for (int j = 0; j < p.nw; ++j) all = add(all, ld2(tot + (p.wfirst + j) * 16));
+        zpart[p.seq * 2] = -all.x;
+        zpart[p.seq * 2 + 1] = all.y;
+    }
+}
+
+#define BK_BACKWARD_LONG(L)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(BKL_MAX_BLOCK_BACK)                                          \
+        bk_backward_long##L(float* dv, float* zpart, const float* v, const float* dout, const float* z, int batch, \
+                            int n, int causal) {                                                              \
+        backward_long<L>(dv, zpart, v, dout, z, batch, n, causal);                                            \
+    }
+BK_BACKWARD_LONG(16)
+BK_BACKWARD_LONG(32)

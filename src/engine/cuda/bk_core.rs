@@ -1,8 +1,10 @@
 //! BK-Core (resolvent diagonal of tridiagonal systems) forward and backward on the GPU;
 //! reference: [`crate::engine::cpu::bk_core`]. The kernels and their chunked scan are
-//! described at the top of `bk_core.cu`: one fused launch per direction while a sequence fits
-//! in a block's shared memory (N <= 8192 backward, more forward on sm_90), the multi-launch
-//! chunk path beyond. Neither waits for the stream; the non-finite flag is read separately.
+//! described in `bk_core.cu`: for large calls with unit off-diagonals, the long-chunk kernels
+//! (one launch per direction, 16 to 64 positions per thread); otherwise one fused launch per
+//! direction while a sequence fits in a block's shared memory (N <= 8192 backward, more
+//! forward on sm_90), and the multi-launch chunk path beyond. None waits for the stream; the
+//! non-finite flag is read separately.
 
 use super::{CudaBackend, Program, Result, as_i32, check_len};
 use crate::engine::cpu::bk_core::BkShape;
@@ -20,6 +22,11 @@ pub(super) const PROGRAM: Program = Program {
         "bk_backward_final",
         "bk_forward_fused",
         "bk_backward_fused",
+        "bk_forward_long16",
+        "bk_forward_long32",
+        "bk_forward_long64",
+        "bk_backward_long16",
+        "bk_backward_long32",
     ],
 };
 
@@ -100,6 +107,83 @@ impl Fused {
             block,
             teams,
             shared_bytes,
+        }
+    }
+}
+
+/// Positions per thread the long-chunk kernels come in (`bk_forward_long{64,32,16}`,
+/// `bk_backward_long{32,16}` in `bk_core.cu`), longest first, and their largest blocks
+/// (`BKL_MAX_BLOCK`, `BKL_MAX_BLOCK_BACK`).
+const LONG_CHUNKS_FORWARD: [usize; 3] = [64, 32, 16];
+const LONG_CHUNKS_BACKWARD: [usize; 2] = [32, 16];
+const LONG_MAX_BLOCK_FORWARD: usize = 256;
+const LONG_MAX_BLOCK_BACKWARD: usize = 512;
+/// Threads per block of the long-chunk kernels when a sequence needs fewer.
+const LONG_MIN_BLOCK: usize = 128;
+/// A long-chunk call aims for at least this many threads (16 warps on each of 128 SMs): the
+/// longest chunk that still gives them has the least scan work per position, and a shorter
+/// one keeps a GPU busy when the call is smaller.
+const LONG_AIM_THREADS: usize = 1 << 16;
+
+/// Launch geometry of a long-chunk kernel (see "Long-chunk kernels" in the `.cu`): unit
+/// off-diagonals, whole warps per sequence, `chunk` positions per thread, and a call big
+/// enough to fill the GPU (a small call's time is one thread's serial chain, which the fused
+/// kernels' shorter chunks finish sooner).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Long {
+    backward: bool,
+    chunk: usize,
+    block: usize,
+    /// Sequences per block.
+    seqs: usize,
+    shared_bytes: usize,
+}
+
+impl Long {
+    fn plan(n: usize, batch: usize, has_off: bool, backward: bool) -> Option<Long> {
+        if has_off || batch * n <= SMALL_CALL {
+            return None;
+        }
+        let (chunks, max_block) = if backward {
+            (&LONG_CHUNKS_BACKWARD[..], LONG_MAX_BLOCK_BACKWARD)
+        } else {
+            (&LONG_CHUNKS_FORWARD[..], LONG_MAX_BLOCK_FORWARD)
+        };
+        let fits = |l: usize| n.is_multiple_of(32 * l) && (n / l).max(LONG_MIN_BLOCK) <= max_block;
+        let mut fitting = chunks.iter().copied().filter(|&l| fits(l));
+        let chunk = fitting
+            .clone()
+            .find(|&l| batch * n / l >= LONG_AIM_THREADS)
+            .or_else(|| fitting.next_back())?;
+        let threads = n / chunk;
+        let block = threads.max(LONG_MIN_BLOCK);
+        // Shared words per thread: forward x and a store area (chunk + 20); backward x
+        // (chunk + 4) and dL/dG (2 chunk + 4).
+        let words = if backward { 3 * chunk + 8 } else { chunk + 20 };
+        Some(Long {
+            backward,
+            chunk,
+            block,
+            seqs: block / threads,
+            shared_bytes: block * words * 4 + (block / 32) * 64,
+        })
+    }
+
+    fn kernel(&self) -> &'static str {
+        match (self.backward, self.chunk) {
+            (false, 64) => "bk_forward_long64",
+            (false, 32) => "bk_forward_long32",
+            (false, _) => "bk_forward_long16",
+            (true, 32) => "bk_backward_long32",
+            (true, _) => "bk_backward_long16",
+        }
+    }
+
+    fn launch(&self, batch: usize) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: (batch.div_ceil(self.seqs) as u32, 1, 1),
+            block_dim: (self.block as u32, 1, 1),
+            shared_mem_bytes: self.shared_bytes as u32,
         }
     }
 }
@@ -194,7 +278,15 @@ impl CudaBackend {
         // Above 48 KiB a kernel must opt in to its dynamic shared memory. Always the device's
         // limit, so that no shape lowers what another's launches need, and here rather than
         // per call, which keeps a host round of the driver out of the timed launches.
-        for name in ["bk_forward_fused", "bk_backward_fused"] {
+        for name in [
+            "bk_forward_fused",
+            "bk_backward_fused",
+            "bk_forward_long16",
+            "bk_forward_long32",
+            "bk_forward_long64",
+            "bk_backward_long16",
+            "bk_backward_long32",
+        ] {
             self.function(name)?.set_attribute(
                 CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 self.info.shared_memory_per_block_optin as i32,
@@ -263,6 +355,11 @@ impl CudaBackend {
         const OP: &str = "bk_core";
         let s = w.shape;
         check_len(OP, "out", out, 2 * s.batch * s.n)?;
+        if let Some(plan) = Long::plan(s.n, s.batch, off.is_some(), false)
+            && plan.shared_bytes <= self.info.shared_memory_per_block_optin
+        {
+            return self.bk_forward_long(w, plan, out, v, z);
+        }
         let plan = Fused::plan(s.n, s.batch, off.is_some());
         if plan.shared_bytes <= self.info.shared_memory_per_block_optin {
             return self.bk_forward_fused(w, plan, out, v, z, off);
@@ -311,6 +408,27 @@ impl CudaBackend {
         // SAFETY: lengths checked above; the block holds whole teams and gets the shared
         // memory the kernel's layout needs (`Fused::plan`, within the device's opt-in limit).
         unsafe { l.launch(plan.launch(s.batch, plan.shared_bytes)) }?;
+        Ok(())
+    }
+
+    /// The long-chunk forward (unit off-diagonals, large calls).
+    fn bk_forward_long(
+        &self,
+        w: &mut BkWork,
+        plan: Long,
+        out: &mut CudaSlice<f32>,
+        v: &CudaSlice<f32>,
+        z: &CudaSlice<f32>,
+    ) -> Result<()> {
+        let s = w.shape;
+        let (_, batch, n, causal) = check_inputs(s, v, z, None)?;
+        let f = self.function(plan.kernel())?;
+        let mut l = self.stream.launch_builder(f);
+        l.arg(out).arg(&mut w.nonfinite).arg(v).arg(z);
+        l.arg(&batch).arg(&n).arg(&causal);
+        // SAFETY: lengths checked above and by the caller; `Long::plan` gives whole warps per
+        // sequence, whole sequences per block and the shared memory of the kernel's layout.
+        unsafe { l.launch(plan.launch(s.batch)) }?;
         Ok(())
     }
 
@@ -370,9 +488,14 @@ impl CudaBackend {
                 cpart: self.alloc(prow.max(1))?,
             });
         }
+        let long = Long::plan(s.n, s.batch, off.is_some(), true)
+            .filter(|p| p.shared_bytes <= self.info.shared_memory_per_block_optin);
         let plan = Fused::plan(s.n, s.batch, off.is_some());
-        // zpart: one (dz) row per sequence on the fused path, per chunk otherwise.
-        let zrows = if plan.chunk <= FUSED_CHUNK
+        // zpart: one (dz) row per sequence on the one-launch paths, per chunk otherwise.
+        let zrows = if let Some(long) = long {
+            self.bk_backward_long(w, long, dv, d_out, v, z)?;
+            s.batch
+        } else if plan.chunk <= FUSED_CHUNK
             && plan.backward_shared_bytes() <= self.info.shared_memory_per_block_optin
         {
             self.bk_backward_fused(w, plan, dv, d_out, v, z, off, doff.is_some())?;
@@ -438,6 +561,31 @@ impl CudaBackend {
         // floats per chunk (at least per sequence), bpart, cpart batch * (n - 1); the block
         // holds whole teams, chunk <= BKF_CHUNK and the shared memory matches the layout.
         unsafe { l.launch(plan.launch(s.batch, shared)) }?;
+        Ok(())
+    }
+
+    /// The long-chunk backward (unit off-diagonals, large calls): dv and one dz row per
+    /// sequence.
+    fn bk_backward_long(
+        &self,
+        w: &mut BkWork,
+        plan: Long,
+        dv: &mut CudaSlice<f32>,
+        d_out: &CudaSlice<f32>,
+        v: &CudaSlice<f32>,
+        z: &CudaSlice<f32>,
+    ) -> Result<()> {
+        let s = w.shape;
+        let (_, batch, n, causal) = check_inputs(s, v, z, None)?;
+        let bw = w.back.as_mut().expect("allocated by the caller");
+        let f = self.function(plan.kernel())?;
+        let mut l = self.stream.launch_builder(f);
+        l.arg(dv).arg(&mut bw.zpart).arg(v).arg(d_out).arg(z);
+        l.arg(&batch).arg(&n).arg(&causal);
+        // SAFETY: dv, d_out checked by the caller, v and z above; zpart holds 2 floats per
+        // chunk, at least per sequence; `Long::plan` gives whole warps per sequence, whole
+        // sequences per block and the shared memory of the kernel's layout.
+        unsafe { l.launch(plan.launch(s.batch)) }?;
         Ok(())
     }
 
@@ -587,5 +735,44 @@ mod tests {
         assert_eq!((p.team_warps, p.chunk, p.teams, p.block), (1, 16, 8, 256));
         // At N = 8192 the team is already as wide as the launch bound allows.
         assert_eq!(Fused::plan(8192, 1, false).chunk, 16);
+    }
+
+    #[test]
+    fn long_plans_take_the_longest_chunk_that_fills_the_gpu() {
+        let p = |n, batch, bwd| Long::plan(n, batch, false, bwd);
+        // The benchmark's two large sizes.
+        let f = p(8192, 512, false).unwrap();
+        assert_eq!((f.chunk, f.block, f.seqs), (64, 128, 1));
+        let f = p(2048, 512, false).unwrap();
+        assert_eq!(
+            (f.chunk, f.block, f.seqs, f.kernel()),
+            (16, 128, 1, "bk_forward_long16")
+        );
+        let b = p(8192, 512, true).unwrap();
+        assert_eq!(
+            (b.chunk, b.block, b.kernel()),
+            (32, 256, "bk_backward_long32")
+        );
+        // Short sequences share a block; smaller calls take shorter chunks as far as the
+        // block bound allows.
+        let f = p(2048, 128, false).unwrap();
+        assert_eq!((f.chunk, f.block, f.seqs), (16, 128, 1));
+        let f = p(4096, 64, false).unwrap();
+        assert_eq!((f.chunk, f.block, f.seqs), (16, 256, 1));
+        let f = p(2048, 2048, false).unwrap();
+        assert_eq!((f.chunk, f.block, f.seqs), (64, 128, 4));
+        // Not taken: off-diagonals, small calls, lengths that are not whole warps of chunks.
+        assert!(Long::plan(8192, 512, true, false).is_none());
+        assert!(p(2048, 64, false).is_none());
+        assert!(p(3000, 512, false).is_none());
+        assert!(p(256, 4096, false).is_none());
+        for (n, batch) in [(2048, 65), (4096, 33), (8192, 17), (16384, 9), (8192, 512)] {
+            for bwd in [false, true] {
+                let l = p(n, batch, bwd).unwrap();
+                assert!(n.is_multiple_of(32 * l.chunk));
+                assert!(l.block.is_multiple_of(n / l.chunk) && l.block <= 512);
+                assert!(l.shared_bytes <= 227 * 1024, "{l:?}");
+            }
+        }
     }
 }
