@@ -572,10 +572,21 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
             if causal { "causal" } else { "full" },
             if off { "" } else { " unit off-diag" }
         );
-        let (fwd, bwd) = check_bk_core(gpu, inp, BkShape { batch, n, causal }, off);
+        let (fwd, bwd) = check_bk_core(gpu, inp, BkShape { batch, n, causal }, off, 3.0);
         push("bk_core_forward", "f32", shape.clone(), BOUND_BK, fwd);
         push("bk_core_backward", "f32", shape, BOUND_BK, bwd);
     }
+    // A potential up to 2e9: the long-chunk kernels renormalise their maps twice as often
+    // once some |s| reaches 1e9.
+    let s = BkShape {
+        batch: 64,
+        n: 8192,
+        causal: false,
+    };
+    let (fwd, bwd) = check_bk_core(gpu, inp, s, false, 2e9);
+    let shape = "B64 N8192 full unit off-diag, v up to 2e9".to_string();
+    push("bk_core_forward", "f32", shape.clone(), BOUND_BK, fwd);
+    push("bk_core_backward", "f32", shape, BOUND_BK, bwd);
     push(
         "bk_core (NaN flag)",
         "f32",
@@ -648,12 +659,13 @@ fn check_bk_core(
     inp: &mut Inputs,
     s: BkShape,
     with_off: bool,
+    v_scale: f32,
 ) -> (Check, Check) {
     use cpu::bk_core::{BkCoeffs, Cx};
     let BkShape { batch, n, .. } = s;
     let has_off = with_off && n > 1;
     let elems = batch * n;
-    let v = inp.uniform(elems, 3.0, DType::F32);
+    let v = inp.uniform(elems, v_scale, DType::F32);
     // At n = 1 there are no off-diagonals; one unused value keeps the buffers non-empty.
     let m = (n - 1).max(1);
     let b: Vec<f32> = inp.positive(m, 1.0).iter().map(|x| x + 0.5).collect();

@@ -912,6 +912,25 @@ template <int L> __device__ __forceinline__ Mob long_compose(const float* xrow, 
     return R;
 }
 
+// A warp_scan_incl of Moebius maps that renormalises after the second, fourth and fifth
+// levels only: from normalised maps (entries below 2) one unnormalised level stays below 16.
+__device__ __forceinline__ Mob long_scan_incl(Mob x, int lane, bool rev) {
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+        const Mob y = shfl(x, d, rev);
+        if (rev ? lane + d < 32 : lane >= d) {
+            Mob m;
+            m.a = add(mul(x.a, y.a), mul(x.b, y.c));
+            m.b = add(mul(x.a, y.b), mul(x.b, y.d));
+            m.c = add(mul(x.c, y.a), mul(x.d, y.c));
+            m.d = add(mul(x.c, y.b), mul(x.d, y.d));
+            x = m;
+        }
+        if (d != 1 && d != 4) x = normalised(x);
+    }
+    return x;
+}
+
 // Entering pairs from the chunk's r map: (rn, rd) of r_{lo-1} ((1, 0) for the first chunk)
 // and, unless causal, (qn, qd) of q_hi ((1, 0) for the last). Warp scans, then the
 // sequence's earlier (later) warp totals applied to (1, 0) in order. Barriers inside: call
@@ -922,9 +941,9 @@ __device__ __forceinline__ Mob jtj(const Mob& R) {  // J R^T J: the q map of an 
 }
 __device__ __forceinline__ void long_enter_pairs(const LongPos& p, const Mob& R, int causal, float* tot, cx& rn,
                                                  cx& rd, cx& qn, cx& qd) {
-    const Mob Rin = warp_scan_incl(R, p.lane, false);
+    const Mob Rin = long_scan_incl(R, p.lane, false);
     Mob Qin = mob_id();
-    if (!causal) Qin = warp_scan_incl(jtj(R), p.lane, true);
+    if (!causal) Qin = long_scan_incl(jtj(R), p.lane, true);
     if (p.lane == 31) store_val(tot + p.warp * 16, Rin);
     if (p.lane == 0) store_val(tot + p.warp * 16 + 8, Qin);
     __syncthreads();
@@ -990,126 +1009,173 @@ __device__ __forceinline__ void load_seg(const float* p, float (&x)[BKL_SEG]) {
     x[0] = a.x; x[1] = a.y; x[2] = a.z; x[3] = a.w; x[4] = b.x; x[5] = b.y; x[6] = b.z; x[7] = b.w;
 }
 
-// Both halves' r maps of a chunk, composed side by side (two independent chains).
-template <int L> __device__ __forceinline__ void long_compose2(const float* xrow, float zi, Mob (&R)[2]) {
-    cx a[2], b[2], c[2], d[2];
+// The r maps of a chunk's H sub-chunks, composed side by side (H independent chains),
+// renormalised every second step, or every fourth (FAST) when every |s_i| < 1e9: four steps
+// from a normalised map then stay below 3e36.
+template <int L, int H, bool FAST>
+__device__ __forceinline__ void long_compose_parts(const float* xrow, float zi, Mob (&R)[H]) {
+    constexpr int SUB = L / H;
+    cx a[H], b[H], c[H], d[H];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) { a[h] = mk(1, 0); b[h] = mk(0, 0); c[h] = mk(0, 0); d[h] = mk(1, 0); }
+    for (int h = 0; h < H; ++h) { a[h] = mk(1, 0); b[h] = mk(0, 0); c[h] = mk(0, 0); d[h] = mk(1, 0); }
 #pragma unroll
-    for (int j = 0; j < L / 2; j += 4) {
+    for (int j = 0; j < SUB; j += 4) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const float4 x = *(const float4*)(xrow + h * (L / 2) + j);
+        for (int h = 0; h < H; ++h) {
+            const float4 x = *(const float4*)(xrow + h * SUB + j);
             long_step(a[h], b[h], c[h], d[h], x.x, zi);
             long_step(a[h], b[h], c[h], d[h], x.y, zi);
-            long_renorm(a[h], b[h], c[h], d[h]);
+            if (!FAST) long_renorm(a[h], b[h], c[h], d[h]);
             long_step(a[h], b[h], c[h], d[h], x.z, zi);
             long_step(a[h], b[h], c[h], d[h], x.w, zi);
             long_renorm(a[h], b[h], c[h], d[h]);
         }
     }
 #pragma unroll
-    for (int h = 0; h < 2; ++h) { R[h].a = a[h]; R[h].b = b[h]; R[h].c = c[h]; R[h].d = d[h]; }
+    for (int h = 0; h < H; ++h) { R[h].a = a[h]; R[h].b = b[h]; R[h].c = c[h]; R[h].d = d[h]; }
+}
+
+// Stages the warp's 32 chunks (contiguous in v from `first`; zeros at and past `total`) into
+// their rows, plus `add`: coalesced 16-byte loads, all in flight before the first store, and
+// only the warp waits for them, so a warp whose data is in starts composing while the
+// others' loads are still on their way. Returns the largest |x| of the warp's chunks (NaN
+// when there is a NaN: its bits order above every number's).
+template <int L>
+__device__ __forceinline__ float long_stage_warp(float* row0, int stride, const float* v, long long first,
+                                                 long long total, float add, int lane) {
+    constexpr int U = L / 4;  // 16-byte pieces per chunk
+    float4 tmp[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const long long gi = first / 4 + lane + 32 * u;
+        tmp[u] = 4 * gi < total ? ((const float4*)v)[gi] : make_float4(0, 0, 0, 0);
+    }
+    unsigned big = 0;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int g = lane + 32 * u;
+        const float4 x = make_float4(tmp[u].x + add, tmp[u].y + add, tmp[u].z + add, tmp[u].w + add);
+        *(float4*)(row0 + (g / U) * stride + 4 * (g % U)) = x;
+        big = max(big, max(max(__float_as_uint(fabsf(x.x)), __float_as_uint(fabsf(x.y))),
+                           max(__float_as_uint(fabsf(x.z)), __float_as_uint(fabsf(x.w)))));
+    }
+    __syncwarp();
+    return __uint_as_float(__reduce_max_sync(0xffffffffu, big));
+}
+
+// The forward sweep of one sub-chunk: w = 1 / r_{i-1} at each segment's start.
+template <int SS>
+__device__ __forceinline__ void long_sweep_r(const float* xsub, cx w, float zi, cx (&cp)[SS]) {
+#pragma unroll
+    for (int k = 0; k < SS; ++k) {
+        cp[k] = w;
+        float x[BKL_SEG];
+        load_seg(xsub + BKL_SEG * k, x);
+#pragma unroll
+        for (int j = 0; j < BKL_SEG; ++j) w = rcp_ftz(mk(x[j] - w.x, -zi - w.y));
+    }
 }
 
 // out[(seq*n + i)*2 + {0,1}] = G_ii. n is a multiple of 32 L; blockDim.x = spb * n / L for
 // spb sequences per block. Dynamic shared memory (bytes): blockDim.x * (L + 20) * 4
 // + (blockDim.x / 32) * 64.
 //
-// A sweep is a chain of dependent reciprocals, and a call has only so many warps (about 16
-// per SM at 2^22 positions), so each thread runs its chunk as two halves side by side, two
-// chains in flight: both halves' maps are composed, the chunk's map (their product) is
-// scanned, and the second half's entering values follow from the first half's map (for q,
-// the other way round).
-// Full mode: a forward sweep keeps w = 1 / r_{i-1} at each segment's start; a backward sweep
-// over the segments re-runs r within the segment and meets q there (d_i = s_i - w_i - u_i
-// with u_i = 1 / q_{i+1}). Causal: G_i = 1 / r_i, which is also the next w. G leaves a
-// segment at a time (`long_store_segment`) through 16 words past the chunk's x in the row.
+// A call of 2^22 positions is about 16 warps per SM, all resident at once, and a sweep is a
+// chain of dependent reciprocals. Each warp stages its own chunks and composes as soon as
+// they are in (the block first meets at the scan). Each thread splits its chunk into H
+// sub-chunks: their maps
+// are composed side by side (H chains), the chunk's map (their product) is scanned, and each
+// sub-chunk's entering values follow from its neighbours' maps. Causal: G_i = 1 / r_i, which
+// is also the next w, the sub-chunks side by side. Full mode: a forward sweep keeps
+// w = 1 / r_{i-1} at each segment's start, and a backward sweep re-runs r within the segment
+// it has reached and meets q there (d_i = s_i - w_i - u_i with u_i = 1 / q_{i+1}); the
+// sub-chunks go one after another, each one's backward sweep beside the next one's forward
+// sweep (two chains), so that the stores of G spread over the whole sweep phase rather than
+// crowd its end. G leaves a segment at a time (`long_store_segment`) through 16 words past the
+// chunk's x in the row.
 template <int L>
 __device__ __forceinline__ void forward_long(float* out, unsigned int* nonfinite, const float* v, const float* z,
                                              int batch, int n, int causal) {
-    constexpr int SH = L / BKL_SEG / 2, HALF = L / 2, STRIDE = L + 20;
+    constexpr int H = L / 16 > 2 ? L / 16 : 2, SUB = L / H, SS = SUB / BKL_SEG, STRIDE = L + 20;
     extern __shared__ float bkl_smem[];
     const LongPos p = long_pos(n, L, batch);
     const float zr = z[0], zi = z[1];
     float* rows = bkl_smem;
     float* tot = bkl_smem + blockDim.x * STRIDE;  // 16 floats per warp
-    const long long block_first = (long long)blockIdx.x * (blockDim.x / p.T) * n;
-    long_stage<L>(rows, STRIDE, v, block_first, (long long)batch * n, -2.0f - zr);
-    float* xrow = rows + threadIdx.x * STRIDE;
-    const float* row0 = rows + (threadIdx.x - p.lane) * STRIDE;
-    Mob Rh[2];
-    long_compose2<L>(xrow, zi, Rh);
-    cx rn, rd, qn, qd;
-    long_enter_pairs(p, combine(Rh[1], Rh[0]), causal, tot, rn, rd, qn, qd);
-    cx w[2], u[2];
-    w[0] = cdiv(rd, rn);
-    long_apply(Rh[0], rn, rd);
-    w[1] = cdiv(rd, rn);
-    u[1] = cdiv(qd, qn);
-    if (!causal) long_apply(jtj(Rh[1]), qn, qd);
-    u[0] = cdiv(qd, qn);
-
     const long long first = (long long)p.seq * n + (long long)p.t * L;  // this chunk
     const long long lane0 = first - (long long)p.lane * L;               // lane 0's chunk
+    float* xrow = rows + threadIdx.x * STRIDE;
+    float* row0 = rows + (threadIdx.x - p.lane) * STRIDE;
+    const float xmax = long_stage_warp<L>(row0, STRIDE, v, lane0, (long long)batch * n, -2.0f - zr, p.lane);
+    Mob Rh[H];
+    if (xmax + fabsf(zi) < 1e9f)  // the same for the whole warp
+        long_compose_parts<L, H, true>(xrow, zi, Rh);
+    else
+        long_compose_parts<L, H, false>(xrow, zi, Rh);
+    Mob R = Rh[0];
+#pragma unroll
+    for (int h = 1; h < H; ++h) R = combine(Rh[h], R);
+    cx rn, rd, qn, qd;
+    long_enter_pairs(p, R, causal, tot, rn, rd, qn, qd);
+    cx w[H], u[H];
+    w[0] = cdiv(rd, rn);
+#pragma unroll
+    for (int h = 0; h + 1 < H; ++h) {
+        long_apply(Rh[h], rn, rd);
+        w[h + 1] = cdiv(rd, rn);
+    }
+    u[H - 1] = cdiv(qd, qn);
+    if (!causal)
+#pragma unroll
+        for (int h = H - 1; h > 0; --h) {
+            long_apply(jtj(Rh[h]), qn, qd);
+            u[h - 1] = cdiv(qd, qn);
+        }
+
     float acc = 0.0f;  // stays 0 unless some G is inf or NaN (0 * inf = NaN)
     if (causal) {
 #pragma unroll
-        for (int k = 0; k < SH; ++k) {
-            float x[2][BKL_SEG];
-            cx g[2][BKL_SEG];
+        for (int k = 0; k < SS; ++k) {
+            float x[H][BKL_SEG];
+            cx g[H][BKL_SEG];
 #pragma unroll
-            for (int h = 0; h < 2; ++h) load_seg(xrow + h * HALF + BKL_SEG * k, x[h]);
+            for (int h = 0; h < H; ++h) load_seg(xrow + h * SUB + BKL_SEG * k, x[h]);
 #pragma unroll
             for (int j = 0; j < BKL_SEG; ++j)
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
+                for (int h = 0; h < H; ++h) {
                     w[h] = rcp_ftz(mk(x[h][j] - w[h].x, -zi - w[h].y));
                     g[h][j] = w[h];
                     acc = fmaf(w[h].x, 0.0f, fmaf(w[h].y, 0.0f, acc));
                 }
             if (p.active)  // whole warps: a warp never spans two sequences
 #pragma unroll
-                for (int h = 0; h < 2; ++h)
-                    long_store_segment<L>(out, lane0 + h * HALF + BKL_SEG * k, g[h], xrow, row0, STRIDE, L, p.lane);
+                for (int h = 0; h < H; ++h)
+                    long_store_segment<L>(out, lane0 + h * SUB + BKL_SEG * k, g[h], xrow, row0, STRIDE, L, p.lane);
         }
     } else {
-        cx cpw[2][SH];
+        cx cp[H][SS];
+        long_sweep_r<SS>(xrow, w[0], zi, cp[0]);
 #pragma unroll
-        for (int k = 0; k < SH; ++k) {
-            float x[2][BKL_SEG];
+        for (int h = 0; h < H; ++h) {
+            if (h + 1 < H) long_sweep_r<SS>(xrow + (h + 1) * SUB, w[h + 1], zi, cp[h + 1]);
+            cx uh = u[h];
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                cpw[h][k] = w[h];
-                load_seg(xrow + h * HALF + BKL_SEG * k, x[h]);
-            }
+            for (int k = SS - 1; k >= 0; --k) {
+                float x[BKL_SEG];
+                cx ws[BKL_SEG], g[BKL_SEG];
+                load_seg(xrow + h * SUB + BKL_SEG * k, x);
+                rerun_segment(cp[h][k], x, zi, ws);
 #pragma unroll
-            for (int j = 0; j < BKL_SEG; ++j)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) w[h] = rcp_ftz(mk(x[h][j] - w[h].x, -zi - w[h].y));
-        }
-#pragma unroll
-        for (int k = SH - 1; k >= 0; --k) {
-            float x[2][BKL_SEG];
-            cx ws[2][BKL_SEG], g[2][BKL_SEG];
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                load_seg(xrow + h * HALF + BKL_SEG * k, x[h]);
-                rerun_segment(cpw[h][k], x[h], zi, ws[h]);
-            }
-#pragma unroll
-            for (int j = BKL_SEG - 1; j >= 0; --j)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const cx dd = mk(x[h][j] - ws[h][j].x - u[h].x, -zi - ws[h][j].y - u[h].y);
-                    u[h] = rcp_ftz(mk(x[h][j] - u[h].x, -zi - u[h].y));
-                    g[h][j] = rcp_ftz(dd);
-                    acc = fmaf(g[h][j].x, 0.0f, fmaf(g[h][j].y, 0.0f, acc));
+                for (int j = BKL_SEG - 1; j >= 0; --j) {
+                    const cx dd = mk(x[j] - ws[j].x - uh.x, -zi - ws[j].y - uh.y);
+                    uh = rcp_ftz(mk(x[j] - uh.x, -zi - uh.y));
+                    g[j] = rcp_ftz(dd);
+                    acc = fmaf(g[j].x, 0.0f, fmaf(g[j].y, 0.0f, acc));
                 }
-            if (p.active)
-#pragma unroll
-                for (int h = 0; h < 2; ++h)
-                    long_store_segment<L>(out, lane0 + h * HALF + BKL_SEG * k, g[h], xrow, row0, STRIDE, L, p.lane);
+                if (p.active)
+                    long_store_segment<L>(out, lane0 + h * SUB + BKL_SEG * k, g, xrow, row0, STRIDE, L, p.lane);
+            }
         }
     }
     if (p.active && !(acc == 0.0f)) atomicOr(nonfinite, 1u);
