@@ -775,4 +775,46 @@ mod tests {
             }
         }
     }
+
+    /// The identity the long-chunk kernels rest on: with unit off-diagonals the q map of a
+    /// chunk (F_lo ... F_hi-1, applied to q_hi) is J R^T J of its r map (F_hi-1 ... F_lo,
+    /// applied to r_lo-1), and the two maps applied to (1, 0) give the plain recurrences'
+    /// pivots.
+    #[test]
+    fn a_chunks_q_map_is_j_r_transpose_j_of_its_r_map() {
+        use crate::engine::cpu::bk_core::Cx;
+        type M = [[Cx<f64>; 2]; 2];
+        let c = |re: f64| Cx::new(re, 0.0);
+        let mm = |a: &M, b: &M| -> M {
+            let e = |i: usize, j: usize| a[i][0] * b[0][j] + a[i][1] * b[1][j];
+            [[e(0, 0), e(0, 1)], [e(1, 0), e(1, 1)]]
+        };
+        let step = |s: Cx<f64>| -> M { [[s, c(-1.0)], [c(1.0), c(0.0)]] };
+        let z = Cx::new(0.3, 0.7);
+        // A mixed-sign potential: s_i = -2 + v_i - z.
+        let s: Vec<Cx<f64>> = (0..24)
+            .map(|i| Cx::new(-2.0 + ((i * 37 % 11) as f64 - 5.0) * 0.6 - z.re, -z.im))
+            .collect();
+        let id: M = [[c(1.0), c(0.0)], [c(0.0), c(1.0)]];
+        let r_map = s.iter().fold(id, |m, &si| mm(&step(si), &m));
+        let q_map = s.iter().rev().fold(id, |m, &si| mm(&step(si), &m));
+        let jrtj: M = [[r_map[0][0], -r_map[1][0]], [-r_map[0][1], r_map[1][1]]];
+        let size = |x: Cx<f64>| x.re.abs().max(x.im.abs());
+        let scale = r_map.iter().flatten().map(|&x| size(x)).fold(0.0, f64::max);
+        for i in 0..2 {
+            for j in 0..2 {
+                let d = size(q_map[i][j] - jrtj[i][j]);
+                assert!(d <= 1e-12 * scale, "entry ({i}, {j}) differs by {d}");
+            }
+        }
+        // The plain recurrences: r from the left, q from the right.
+        let r_last = s[1..].iter().fold(s[0], |r, &si| si - r.recip());
+        let q_first = s[..s.len() - 1]
+            .iter()
+            .rev()
+            .fold(s[s.len() - 1], |q, &si| si - q.recip());
+        let close = |a: Cx<f64>, b: Cx<f64>| size(a - b) <= 1e-12 * size(b);
+        assert!(close(r_map[0][0] * r_map[1][0].recip(), r_last));
+        assert!(close(q_map[0][0] * q_map[1][0].recip(), q_first));
+    }
 }
