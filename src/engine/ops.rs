@@ -957,39 +957,7 @@ pub fn adamw_update(
     compute: Option<&mut Tensor>,
     h: AdamWStep,
 ) -> Result<()> {
-    let _prof = profile::scope("adamw_update", param);
-    let n = param.len();
-    for (what, t) in [("grad", grad), ("m", &*m), ("v", &*v)] {
-        expect_len("adamw", what, t, n)?;
-    }
-    match param.device() {
-        Device::Cpu => {
-            let compute = compute.map(|c| {
-                let dtype = c.dtype();
-                (c.host_mut(), dtype)
-            });
-            cpu::adamw::adamw_update(
-                param.host_mut(),
-                grad.host(),
-                m.host_mut(),
-                v.host_mut(),
-                compute,
-                h,
-            );
-        }
-        Device::Cuda(_) => {
-            let g = param.pool().cuda()?.clone();
-            let (param, grad) = (param.cuda_mut::<f32>(), grad.cuda::<f32>());
-            let (m, v) = (m.cuda_mut::<f32>(), v.cuda_mut::<f32>());
-            match compute {
-                None => g.adamw_update::<f32>(param, grad, m, v, None, n, h)?,
-                Some(c) => {
-                    with_elem!(c.dtype(), T => g.adamw_update::<T>(param, grad, m, v, Some(c.cuda_mut()), n, h))?
-                }
-            }
-        }
-    }
-    Ok(())
+    adamw_step(param, grad, m, v, compute, h, false)
 }
 
 /// [`adamw_update`] as the five whole-tensor passes of a non-fused AdamW (scale the gradient
@@ -1003,37 +971,59 @@ pub fn adamw_update_unfused(
     compute: Option<&mut Tensor>,
     h: AdamWStep,
 ) -> Result<()> {
-    let _prof = profile::scope("adamw_update_unfused", param);
+    adamw_step(param, grad, m, v, compute, h, true)
+}
+
+/// The two AdamW forms: the same checks and dispatch, the unfused one with its scratch.
+fn adamw_step(
+    param: &mut Tensor,
+    grad: &Tensor,
+    m: &mut Tensor,
+    v: &mut Tensor,
+    compute: Option<&mut Tensor>,
+    h: AdamWStep,
+    unfused: bool,
+) -> Result<()> {
+    let (op, scope) = if unfused {
+        ("adamw_unfused", "adamw_update_unfused")
+    } else {
+        ("adamw", "adamw_update")
+    };
+    let _prof = profile::scope(scope, param);
     let n = param.len();
     for (what, t) in [("grad", grad), ("m", &*m), ("v", &*v)] {
-        expect_len("adamw_unfused", what, t, n)?;
+        expect_len(op, what, t, n)?;
     }
-    let mut scaled = Tensor::uninit(param.pool(), param.shape(), DType::F32)?;
+    let mut scaled = match unfused {
+        true => Some(Tensor::uninit(param.pool(), param.shape(), DType::F32)?),
+        false => None,
+    };
     match param.device() {
         Device::Cpu => {
             let compute = compute.map(|c| {
                 let dtype = c.dtype();
                 (c.host_mut(), dtype)
             });
-            cpu::adamw::adamw_update_unfused(
-                param.host_mut(),
-                grad.host(),
-                m.host_mut(),
-                v.host_mut(),
-                scaled.host_mut(),
-                compute,
-                h,
-            );
+            let (p, g, m, v) = (param.host_mut(), grad.host(), m.host_mut(), v.host_mut());
+            match &mut scaled {
+                None => cpu::adamw::adamw_update(p, g, m, v, compute, h),
+                Some(s) => cpu::adamw::adamw_update_unfused(p, g, m, v, s.host_mut(), compute, h),
+            }
         }
         Device::Cuda(_) => {
-            let g = param.pool().cuda()?.clone();
-            let (param, grad) = (param.cuda_mut::<f32>(), grad.cuda::<f32>());
-            let (m, v, scaled) = (m.cuda_mut::<f32>(), v.cuda_mut::<f32>(), scaled.cuda_mut());
+            let gpu = param.pool().cuda()?.clone();
+            let (p, g) = (param.cuda_mut::<f32>(), grad.cuda::<f32>());
+            let (m, v) = (m.cuda_mut::<f32>(), v.cuda_mut::<f32>());
+            let scaled = scaled.as_mut().map(|s| s.cuda_mut::<f32>());
             match compute {
-                None => g.adamw_update_unfused::<f32>(param, grad, m, v, scaled, None, n, h)?,
-                Some(c) => {
-                    with_elem!(c.dtype(), T => g.adamw_update_unfused::<T>(param, grad, m, v, scaled, Some(c.cuda_mut()), n, h))?
-                }
+                None => match scaled {
+                    None => gpu.adamw_update::<f32>(p, g, m, v, None, n, h)?,
+                    Some(s) => gpu.adamw_update_unfused::<f32>(p, g, m, v, s, None, n, h)?,
+                },
+                Some(c) => with_elem!(c.dtype(), T => match scaled {
+                    None => gpu.adamw_update::<T>(p, g, m, v, Some(c.cuda_mut()), n, h),
+                    Some(s) => gpu.adamw_update_unfused::<T>(p, g, m, v, s, Some(c.cuda_mut()), n, h),
+                })?,
             }
         }
     }

@@ -895,23 +895,6 @@ __device__ __forceinline__ void long_unstage(float* dst, const float* rows, int 
     }
 }
 
-// The chunk's r map R = F_{hi-1} ... F_lo from its staged x.
-template <int L> __device__ __forceinline__ Mob long_compose(const float* xrow, float zi) {
-    cx a = mk(1, 0), b = mk(0, 0), c = mk(0, 0), d = mk(1, 0);
-#pragma unroll
-    for (int j = 0; j < L; j += 4) {
-        const float4 x = *(const float4*)(xrow + j);
-        long_step(a, b, c, d, x.x, zi);
-        long_step(a, b, c, d, x.y, zi);
-        long_renorm(a, b, c, d);
-        long_step(a, b, c, d, x.z, zi);
-        long_step(a, b, c, d, x.w, zi);
-        long_renorm(a, b, c, d);
-    }
-    Mob R; R.a = a; R.b = b; R.c = c; R.d = d;
-    return R;
-}
-
 // A warp_scan_incl of Moebius maps that renormalises after the second, fourth and fifth
 // levels only: from normalised maps (entries below 2) one unnormalised level stays below 16.
 __device__ __forceinline__ Mob long_scan_incl(Mob x, int lane, bool rev) {
@@ -988,17 +971,10 @@ __device__ __forceinline__ void long_store_segment(float* out, long long seg0, c
     __syncwarp();
 }
 
-// ws[j] = 1 / r_{i-1} at each position i of a segment, from the value at its start.
-__device__ __forceinline__ void rerun_segment(cx w, const float (&x)[BKL_SEG], float zi, cx (&ws)[BKL_SEG]) {
-#pragma unroll
-    for (int j = 0; j < BKL_SEG; ++j) {
-        ws[j] = w;
-        if (j + 1 < BKL_SEG) w = rcp_ftz(mk(x[j] - w.x, -zi - w.y));
-    }
-}
-
-// The same with the value after the segment's last position too: ws[BKL_SEG] = 1 / r_{last}.
-__device__ __forceinline__ void rerun_segment9(cx w, const float (&x)[BKL_SEG], float zi, cx (&ws)[BKL_SEG + 1]) {
+// ws[j] = 1 / r_{i-1} at each position i of a segment, from the value at its start, and
+// ws[BKL_SEG] = 1 / r of its last position (a caller that does not read it pays nothing: the
+// compiler drops the last reciprocal).
+__device__ __forceinline__ void rerun_segment(cx w, const float (&x)[BKL_SEG], float zi, cx (&ws)[BKL_SEG + 1]) {
     ws[0] = w;
 #pragma unroll
     for (int j = 0; j < BKL_SEG; ++j) ws[j + 1] = rcp_ftz(mk(x[j] - ws[j].x, -zi - ws[j].y));
@@ -1163,7 +1139,7 @@ __device__ __forceinline__ void forward_long(float* out, unsigned int* nonfinite
 #pragma unroll
             for (int k = SS - 1; k >= 0; --k) {
                 float x[BKL_SEG];
-                cx ws[BKL_SEG], g[BKL_SEG];
+                cx ws[BKL_SEG + 1], g[BKL_SEG];
                 load_seg(xrow + h * SUB + BKL_SEG * k, x);
                 rerun_segment(cp[h][k], x, zi, ws);
 #pragma unroll
@@ -1190,6 +1166,33 @@ __device__ __forceinline__ void forward_long(float* out, unsigned int* nonfinite
 BK_FORWARD_LONG(16)
 BK_FORWARD_LONG(32)
 BK_FORWARD_LONG(64)
+
+// The segments of a chunk from the last to the first, each with its x and its r re-run
+// (`rerun_segment` from the checkpoints `cpw`); the next segment's are loaded and re-run
+// while the caller works on this one, two independent chains in flight.
+template <int S> struct BackSegments {
+    const float* xrow;
+    const cx (&cpw)[S];
+    float zi;
+    float nx[BKL_SEG];
+    cx nws[BKL_SEG + 1];
+    __device__ __forceinline__ BackSegments(const float* xrow_, const cx (&cpw_)[S], float zi_)
+        : xrow(xrow_), cpw(cpw_), zi(zi_) {
+        load_seg(xrow + BKL_SEG * (S - 1), nx);
+        rerun_segment(cpw[S - 1], nx, zi, nws);
+    }
+    // Segment k (called for k = S - 1 down to 0).
+    __device__ __forceinline__ void take(int k, float (&x)[BKL_SEG], cx (&ws)[BKL_SEG + 1]) {
+#pragma unroll
+        for (int j = 0; j < BKL_SEG; ++j) x[j] = nx[j];
+#pragma unroll
+        for (int j = 0; j <= BKL_SEG; ++j) ws[j] = nws[j];
+        if (k > 0) {
+            load_seg(xrow + BKL_SEG * (k - 1), nx);
+            rerun_segment(cpw[k - 1], nx, zi, nws);
+        }
+    }
+};
 
 // dv[seq*n + i] (overwritten) and zpart[seq*2] = (-Re, Im) of the sequence's sum of sbar, for
 // unit off-diagonals. x rows of L + 4 words (no store area) plus a row of 2L + 4 words for
@@ -1220,7 +1223,9 @@ __device__ __forceinline__ void backward_long(float* dv, float* zpart, const flo
     float* xrow = xrows + threadIdx.x * XS;
     float* grow = grows + threadIdx.x * GS;
     cx w0, u0;
-    long_enter(p, long_compose<L>(xrow, zi), causal, tot, w0, u0);
+    Mob R[1];
+    long_compose_parts<L, 1, false>(xrow, zi, R);
+    long_enter(p, R[0], causal, tot, w0, u0);
 
     // 1.
     cx cpw[S];
@@ -1240,22 +1245,12 @@ __device__ __forceinline__ void backward_long(float* dv, float* zpart, const flo
     Aff F = identity_of(Aff()), segq[S];
     {
         cx u = u0;
-        float nx[BKL_SEG];
-        cx nws[BKL_SEG + 1];
-        load_seg(xrow + BKL_SEG * (S - 1), nx);
-        rerun_segment9(cpw[S - 1], nx, zi, nws);
+        BackSegments<S> seg(xrow, cpw, zi);
 #pragma unroll
         for (int k = S - 1; k >= 0; --k) {
             float x[BKL_SEG];
             cx ws[BKL_SEG + 1];
-#pragma unroll
-            for (int j = 0; j < BKL_SEG; ++j) x[j] = nx[j];
-#pragma unroll
-            for (int j = 0; j <= BKL_SEG; ++j) ws[j] = nws[j];
-            if (k > 0) {
-                load_seg(xrow + BKL_SEG * (k - 1), nx);
-                rerun_segment9(cpw[k - 1], nx, zi, nws);
-            }
+            seg.take(k, x, ws);
             float* gseg = grow + 2 * BKL_SEG * k;
             float go[2 * BKL_SEG], dbs[2 * BKL_SEG];
 #pragma unroll
@@ -1312,22 +1307,12 @@ __device__ __forceinline__ void backward_long(float* dv, float* zpart, const flo
     cx sum = mk(0, 0);
     {
         cx u = u0;
-        float nx[BKL_SEG];
-        cx nws[BKL_SEG + 1];
-        load_seg(xrow + BKL_SEG * (S - 1), nx);
-        rerun_segment9(cpw[S - 1], nx, zi, nws);
+        BackSegments<S> seg(xrow, cpw, zi);
 #pragma unroll
         for (int k = S - 1; k >= 0; --k) {
             float x[BKL_SEG];
             cx ws[BKL_SEG + 1];
-#pragma unroll
-            for (int j = 0; j < BKL_SEG; ++j) x[j] = nx[j];
-#pragma unroll
-            for (int j = 0; j <= BKL_SEG; ++j) ws[j] = nws[j];
-            if (k > 0) {
-                load_seg(xrow + BKL_SEG * (k - 1), nx);
-                rerun_segment9(cpw[k - 1], nx, zi, nws);
-            }
+            seg.take(k, x, ws);
             cx db[BKL_SEG];
 #pragma unroll
             for (int j = 0; j < BKL_SEG; j += 2) {
