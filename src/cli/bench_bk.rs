@@ -4,6 +4,9 @@
 //! - the DRAM roofline: the bytes the kernels must move (forward: read v, write G = 12 bytes
 //!   per position; backward adds read v and dL/dG, write dv = 16 more) over the bandwidth of a
 //!   device-to-device copy, so `fraction` = floor time / measured time;
+//! - a device-to-device copy that moves those same bytes, timed the same way: the fraction of
+//!   the roofline that the plainest possible kernel reaches at that size (a small call pays
+//!   the launch and the ramp of DRAM traffic as well);
 //! - cuSPARSE `cusparseCgtsv2StridedBatch`, one complex tridiagonal solve per sequence (one
 //!   right-hand side; the buffer-size query and allocation stay outside the timing);
 //! - the determinant recurrence written plainly in PyTorch (`bench/pytorch_bk.py`), when
@@ -65,6 +68,11 @@ struct Row {
     fwdbwd_gbs: f64,
     fwd_roofline_fraction: Option<f64>,
     fwdbwd_roofline_fraction: Option<f64>,
+    /// A copy moving the forward's (forward+backward's) bytes, and its roofline fraction.
+    fwd_copy_ms: Option<f64>,
+    fwd_copy_roofline_fraction: Option<f64>,
+    fwdbwd_copy_ms: Option<f64>,
+    fwdbwd_copy_roofline_fraction: Option<f64>,
     cusparse_ms: Option<f64>,
     fwd_speedup_vs_cusparse: Option<f64>,
     pytorch_fwd_ms: Option<f64>,
@@ -140,6 +148,13 @@ fn run_gpu(gpu: &CudaBackend, a: &BenchBkArgs) -> Result<Results> {
                 Some(row.fwd_bytes / (copy_gbs * 1e9) / (row.fwd_ms * 1e-3));
             row.fwdbwd_roofline_fraction =
                 Some(row.fwdbwd_bytes / (copy_gbs * 1e9) / (row.fwdbwd_ms * 1e-3));
+            let fraction = |bytes: f64, ms: f64| bytes / (copy_gbs * 1e9) / (ms * 1e-3);
+            let fwd_copy = time_copy_of(gpu, row.fwd_bytes, a.reps).map_err(timing_err)?;
+            row.fwd_copy_ms = Some(fwd_copy);
+            row.fwd_copy_roofline_fraction = Some(fraction(row.fwd_bytes, fwd_copy));
+            let fwdbwd_copy = time_copy_of(gpu, row.fwdbwd_bytes, a.reps).map_err(timing_err)?;
+            row.fwdbwd_copy_ms = Some(fwdbwd_copy);
+            row.fwdbwd_copy_roofline_fraction = Some(fraction(row.fwdbwd_bytes, fwdbwd_copy));
             if let Some(sp) = &sparse {
                 match sp.time_solve(gpu, batch, n, a.reps, &mut rng) {
                     Ok(ms) => {
@@ -189,6 +204,24 @@ fn copy_bandwidth(gpu: &CudaBackend) -> std::result::Result<f64, CudaError> {
     let stream = gpu.stream().clone();
     let ms = gpu.time_median_ms(2, 10, || Ok(stream.memcpy_dtod(&src, &mut dst)?))?;
     Ok(2.0 * (n * 4) as f64 / (ms * 1e-3) / 1e9)
+}
+
+/// A device-to-device copy moving `bytes` through DRAM in all (half read, half written),
+/// cycled through enough buffers that each call misses the L2, timed as the kernels are.
+fn time_copy_of(gpu: &CudaBackend, bytes: f64, reps: usize) -> std::result::Result<f64, CudaError> {
+    let elems = (bytes / 8.0).ceil() as usize; // f32 per side
+    let copies = gpu.rotation_copies(8 * elems, ROTATION_BYTES);
+    let mut bufs = Vec::with_capacity(copies);
+    for _ in 0..copies {
+        bufs.push((gpu.alloc::<f32>(elems)?, gpu.alloc::<f32>(elems)?));
+    }
+    let stream = gpu.stream().clone();
+    let mut next = 0;
+    gpu.time_median_ms(5, reps, || {
+        let (src, dst) = &mut bufs[next % copies];
+        next += 1;
+        Ok(stream.memcpy_dtod(src, dst)?)
+    })
 }
 
 fn time_kiln_gpu(
@@ -428,9 +461,48 @@ fn detail_table(r: &Results) -> Table {
     t
 }
 
+/// The roofline fraction that a plain copy of the same bytes reaches at each size, beside
+/// kiln's: an upper bound for any kernel that must move those bytes in one call.
+fn copy_table(r: &Results) -> Option<Table> {
+    if r.rows.iter().all(|x| x.fwd_copy_ms.is_none()) {
+        return None;
+    }
+    let mut t = Table::new(&[
+        "batch",
+        "N",
+        "copy of fwd bytes ms",
+        "copy roofline",
+        "kiln fwd roofline",
+        "copy of fwd+bwd bytes ms",
+        "copy roofline",
+        "kiln fwd+bwd roofline",
+    ]);
+    for x in &r.rows {
+        t.row(vec![
+            x.batch.to_string(),
+            x.n.to_string(),
+            opt(x.fwd_copy_ms, 4),
+            pct(x.fwd_copy_roofline_fraction),
+            pct(x.fwd_roofline_fraction),
+            opt(x.fwdbwd_copy_ms, 4),
+            pct(x.fwdbwd_copy_roofline_fraction),
+            pct(x.fwdbwd_roofline_fraction),
+        ]);
+    }
+    Some(t)
+}
+
 fn summary_table(r: &Results) -> Table {
     let mut t = Table::new(&[
-        "batch", "N", "fwd ms", "roof", "f+b ms", "roof", "vs cuSP", "vs torch",
+        "batch",
+        "N",
+        "fwd ms",
+        "roof",
+        "copy roof",
+        "f+b ms",
+        "roof",
+        "vs cuSP",
+        "vs torch",
     ]);
     for x in &r.rows {
         t.row(vec![
@@ -438,6 +510,7 @@ fn summary_table(r: &Results) -> Table {
             x.n.to_string(),
             format!("{:.4}", x.fwd_ms),
             pct(x.fwd_roofline_fraction),
+            pct(x.fwd_copy_roofline_fraction),
             format!("{:.4}", x.fwdbwd_ms),
             pct(x.fwdbwd_roofline_fraction),
             times(x.fwd_speedup_vs_cusparse, 1),
@@ -526,6 +599,15 @@ fn write_report(mut report: Report, r: Results) -> Result<()> {
             .map_or("not measured".into(), |g| format!("{g:.0} GB/s"))
     ));
     report.table(&detail_table(&r));
+    if let Some(t) = copy_table(&r) {
+        report.text(
+            "A device-to-device copy that moves the same bytes as the kernels, timed the same \
+             way (back-to-back calls, inputs cycled past the L2), reaches this much of the \
+             roofline at each size; the gap at small sizes is launch and ramp time that no \
+             kernel moving those bytes in one call avoids.",
+        );
+        report.table(&t);
+    }
     add_plots(&mut report, &r)?;
     for n in &r.notes {
         report.note(n.clone());
