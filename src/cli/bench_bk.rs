@@ -12,6 +12,11 @@
 //! - the determinant recurrence written plainly in PyTorch (`bench/pytorch_bk.py`), when
 //!   `python3` with torch is there.
 //!
+//! Every GPU time is device time per call: a batch of back-to-back calls is captured once
+//! into a CUDA graph and replayed between two events
+//! ([`CudaBackend::time_graph_median_ms`]), so the host's launch cost (a few microseconds per
+//! call, more than the whole of a small call) stays out, as it does inside a training step.
+//!
 //! Writes `results.json` (one flat row per size), `report.md` and, per batch size, plots of time
 //! and of speedup against N, and prints a short table. With no GPU it times the CPU kernel on
 //! the sizes that finish quickly and lists what it skipped.
@@ -217,7 +222,7 @@ fn time_copy_of(gpu: &CudaBackend, bytes: f64, reps: usize) -> std::result::Resu
     }
     let stream = gpu.stream().clone();
     let mut next = 0;
-    gpu.time_median_ms(5, reps, || {
+    gpu.time_graph_median_ms(5, reps, || {
         let (src, dst) = &mut bufs[next % copies];
         next += 1;
         Ok(stream.memcpy_dtod(src, dst)?)
@@ -245,12 +250,12 @@ fn time_kiln_gpu(
     let z = gpu.upload(&[0.0f32, 1.0])?;
     let mut w: BkWork = gpu.bk_work(s)?;
     let mut next = 0;
-    let fwd_ms = gpu.time_median_ms(5, reps, || {
+    let fwd_ms = gpu.time_graph_median_ms(5, reps, || {
         let (v, out, _, _) = &mut sets[next % copies];
         next += 1;
         gpu.bk_core_forward_with(&mut w, out, v, &z, None)
     })?;
-    let fwdbwd_ms = gpu.time_median_ms(5, reps, || {
+    let fwdbwd_ms = gpu.time_graph_median_ms(5, reps, || {
         let (v, out, d_out, dv) = &mut sets[next % copies];
         next += 1;
         gpu.bk_core_forward_with(&mut w, out, v, &z, None)?;
@@ -592,7 +597,9 @@ fn write_report(mut report: Report, r: Results) -> Result<()> {
         "device: {}  \nmode: {}  \ncopy bandwidth: {}\n\n\
          Floor bytes per position: forward 12 (read v, write G), forward+backward 28. \
          Roofline fraction = (bytes / copy bandwidth) / time. Speedups are reference time / \
-         kiln time.",
+         kiln time. kiln, cuSPARSE and the copies are timed as device time per call: a batch \
+         of back-to-back calls captured into a CUDA graph and replayed, inputs cycled past \
+         the L2.",
         r.device,
         r.mode,
         r.copy_gbs
@@ -602,9 +609,9 @@ fn write_report(mut report: Report, r: Results) -> Result<()> {
     if let Some(t) = copy_table(&r) {
         report.text(
             "A device-to-device copy that moves the same bytes as the kernels, timed the same \
-             way (back-to-back calls, inputs cycled past the L2), reaches this much of the \
-             roofline at each size; the gap at small sizes is launch and ramp time that no \
-             kernel moving those bytes in one call avoids.",
+             way, reaches this much of the roofline at each size; the gap at small sizes is \
+             the launch, ramp and tail time that no kernel moving those bytes in one call \
+             avoids.",
         );
         report.table(&t);
     }
@@ -724,7 +731,7 @@ mod sparse {
             let buffer = gpu.alloc::<u8>(bytes.max(1))?;
             let buf = buffer.device_ptr(s).0 as *mut std::ffi::c_void;
             let mut next = 0;
-            let ms = gpu.time_median_ms(5, reps, || {
+            let ms = gpu.time_graph_median_ms(5, reps, || {
                 let (dl, d, du, x) = &sets[next % copies];
                 next += 1;
                 let xp = x.device_ptr(s).0 as *mut sys::cuComplex;
