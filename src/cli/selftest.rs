@@ -554,6 +554,12 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
         (3, 8192, false, false),
         (1, 20000, false, true),
         (2, 20000, true, false),
+        // The warp kernels (unit off-diagonals, small calls, N of 128, 256 or 512), with
+        // warps past the batch in the last block.
+        (8, 128, false, false),
+        (3, 256, true, false),
+        (6, 256, false, false),
+        (5, 512, true, false),
         // The long-chunk kernels (unit off-diagonals, calls above 2^17 positions, N a multiple
         // of 32 chunks): several sequences per block with some past the batch, blocks of 4 to
         // 16 warps per sequence, chunks of 16, 32 and 64 positions (the last two only in
@@ -585,6 +591,16 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
     };
     let (fwd, bwd) = check_bk_core(gpu, inp, s, false, 2e9, 0.5);
     let shape = "B64 N8192 full unit off-diag, v up to 2e9".to_string();
+    push("bk_core_forward", "f32", shape.clone(), BOUND_BK, fwd);
+    push("bk_core_backward", "f32", shape, BOUND_BK, bwd);
+    // The same for the warp kernels (their maps renormalise on every second step).
+    let s = BkShape {
+        batch: 4,
+        n: 128,
+        causal: false,
+    };
+    let (fwd, bwd) = check_bk_core(gpu, inp, s, false, 2e9, 0.5);
+    let shape = "B4 N128 full unit off-diag, v up to 2e9".to_string();
     push("bk_core_forward", "f32", shape.clone(), BOUND_BK, fwd);
     push("bk_core_backward", "f32", shape, BOUND_BK, bwd);
     // Im z below 0.25: the long-chunk full-mode forward keeps the q sweep there instead of

@@ -1373,3 +1373,76 @@ __device__ __forceinline__ void backward_long(float* dv, float* zpart, const flo
     }
 BK_BACKWARD_LONG(16)
 BK_BACKWARD_LONG(32)
+
+// ---- Warp kernels: one warp per sequence, small calls of short sequences ----
+//
+// A call of a few thousand positions cannot fill the GPU: its time is one warp's chain of
+// dependent steps, and the fused kernel's general path (staging through shared memory,
+// barriers, two compositions and two team scans) made that chain longer than cuSPARSE's
+// solve. With unit off-diagonals and N = 32 L (L = 4, 8 or 16), each lane keeps its L
+// positions in registers: no shared memory and no barrier, one composition for both maps
+// (the q map is J R^T J of the r map, as in the long-chunk kernels), both warp scans in the
+// same unrolled code, and G stored straight from registers.
+
+// out[(seq*n + i)*2 + {0,1}] = G_ii for n = 32 L; one warp per sequence, whole warps per block.
+template <int L>
+__device__ __forceinline__ void forward_warp(float* out, unsigned int* nonfinite, const float* v, const float* z,
+                                             int batch, int n, int causal) {
+    const int lane = threadIdx.x & 31;
+    const int seq = (int)(((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5);
+    if (seq >= batch) return;  // the whole warp
+    const float zr = z[0], zi = z[1];
+    const long long first = (long long)seq * n + (long long)lane * L;
+    float x[L];
+#pragma unroll
+    for (int j = 0; j < L; j += 4) {
+        const float4 a = *(const float4*)(v + first + j);
+        x[j] = a.x - 2.0f - zr; x[j + 1] = a.y - 2.0f - zr; x[j + 2] = a.z - 2.0f - zr; x[j + 3] = a.w - 2.0f - zr;
+    }
+    Mob R = mob_id();
+#pragma unroll
+    for (int j = 0; j < L; ++j) {
+        long_step(R.a, R.b, R.c, R.d, x[j], zi);
+        if (j & 1) long_renorm(R.a, R.b, R.c, R.d);
+    }
+    const Mob Rin = long_scan_incl(R, lane, false);
+    cx rn = mk(1, 0), rd = mk(0, 0);
+    long_apply(warp_excl_of(Rin, lane, false), rn, rd);
+    cx ws[L + 1];  // ws[j] = 1 / r before position j of the lane's chunk
+    ws[0] = cdiv(rd, rn);
+#pragma unroll
+    for (int j = 0; j < L; ++j) ws[j + 1] = rcp_ftz(mk(x[j] - ws[j].x, -zi - ws[j].y));
+    cx g[L];
+    if (causal) {
+#pragma unroll
+        for (int j = 0; j < L; ++j) g[j] = ws[j + 1];
+    } else {
+        const Mob Qin = long_scan_incl(jtj(R), lane, true);
+        cx qn = mk(1, 0), qd = mk(0, 0);
+        long_apply(warp_excl_of(Qin, lane, true), qn, qd);
+        cx u = cdiv(qd, qn);  // 1 / q after the lane's chunk
+#pragma unroll
+        for (int j = L - 1; j >= 0; --j) {
+            const cx dd = mk(x[j] - ws[j].x - u.x, -zi - ws[j].y - u.y);
+            u = rcp_ftz(mk(x[j] - u.x, -zi - u.y));
+            g[j] = rcp_ftz(dd);
+        }
+    }
+    float acc = 0.0f;  // stays 0 unless some G is inf or NaN
+#pragma unroll
+    for (int j = 0; j < L; j += 2) {
+        acc = fmaf(g[j].x, 0.0f, fmaf(g[j].y, 0.0f, fmaf(g[j + 1].x, 0.0f, fmaf(g[j + 1].y, 0.0f, acc))));
+        *(float4*)(out + 2 * (first + j)) = make_float4(g[j].x, g[j].y, g[j + 1].x, g[j + 1].y);
+    }
+    if (!(acc == 0.0f)) atomicOr(nonfinite, 1u);
+}
+
+#define BK_FORWARD_WARP(L)                                                                                \
+    extern "C" __global__ void __launch_bounds__(256)                                                     \
+        bk_forward_warp##L(float* out, unsigned int* nonfinite, const float* v, const float* z, int batch, \
+                           int n, int causal) {                                                           \
+        forward_warp<L>(out, nonfinite, v, z, batch, n, causal);                                          \
+    }
+BK_FORWARD_WARP(4)
+BK_FORWARD_WARP(8)
+BK_FORWARD_WARP(16)

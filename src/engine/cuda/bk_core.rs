@@ -27,6 +27,9 @@ pub(super) const PROGRAM: Program = Program {
         "bk_forward_long64",
         "bk_backward_long16",
         "bk_backward_long32",
+        "bk_forward_warp4",
+        "bk_forward_warp8",
+        "bk_forward_warp16",
     ],
 };
 
@@ -110,6 +113,25 @@ impl Fused {
         }
     }
 }
+
+/// The warp forward (`bk_forward_warp{4,8,16}` in `bk_core.cu`): one warp per sequence, its
+/// positions in registers, for small calls with unit off-diagonals and N = 32 L. Returns the
+/// kernel's name.
+fn warp_forward_kernel(n: usize, batch: usize, has_off: bool) -> Option<&'static str> {
+    if has_off || batch * n > SMALL_CALL {
+        return None;
+    }
+    match n {
+        128 => Some("bk_forward_warp4"),
+        256 => Some("bk_forward_warp8"),
+        512 => Some("bk_forward_warp16"),
+        _ => None,
+    }
+}
+/// Sequences (warps) per block of the warp forward: one, so that a call of a few sequences
+/// spreads over as many SMs (eight warps in one block took 5.5 us at 8 x 512 on an H200,
+/// one warp 3.1 us).
+const WARP_SEQS_PER_BLOCK: usize = 1;
 
 /// Positions per thread the long-chunk kernels come in (`bk_forward_long{64,32,16}`,
 /// `bk_backward_long{32,16}` in `bk_core.cu`), longest first, and their largest blocks
@@ -355,6 +377,9 @@ impl CudaBackend {
         const OP: &str = "bk_core";
         let s = w.shape;
         check_len(OP, "out", out, 2 * s.batch * s.n)?;
+        if let Some(kernel) = warp_forward_kernel(s.n, s.batch, off.is_some()) {
+            return self.bk_forward_warp(w, kernel, out, v, z);
+        }
         if let Some(plan) = Long::plan(s.n, s.batch, off.is_some(), false)
             && plan.shared_bytes <= self.info.shared_memory_per_block_optin
         {
@@ -408,6 +433,32 @@ impl CudaBackend {
         // SAFETY: lengths checked above; the block holds whole teams and gets the shared
         // memory the kernel's layout needs (`Fused::plan`, within the device's opt-in limit).
         unsafe { l.launch(plan.launch(s.batch, plan.shared_bytes)) }?;
+        Ok(())
+    }
+
+    /// The warp forward (unit off-diagonals, small calls of 128, 256 or 512 positions).
+    fn bk_forward_warp(
+        &self,
+        w: &mut BkWork,
+        kernel: &str,
+        out: &mut CudaSlice<f32>,
+        v: &CudaSlice<f32>,
+        z: &CudaSlice<f32>,
+    ) -> Result<()> {
+        let s = w.shape;
+        let (_, batch, n, causal) = check_inputs(s, v, z, None)?;
+        let f = self.function(kernel)?;
+        let mut l = self.stream.launch_builder(f);
+        l.arg(out).arg(&mut w.nonfinite).arg(v).arg(z);
+        l.arg(&batch).arg(&n).arg(&causal);
+        let cfg = LaunchConfig {
+            grid_dim: (s.batch.div_ceil(WARP_SEQS_PER_BLOCK) as u32, 1, 1),
+            block_dim: (32 * WARP_SEQS_PER_BLOCK as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: lengths checked above and by the caller; one warp per sequence, n = 32 L
+        // (`warp_forward_kernel`), and warps past the batch return at once.
+        unsafe { l.launch(cfg) }?;
         Ok(())
     }
 
@@ -735,6 +786,29 @@ mod tests {
         assert_eq!((p.team_warps, p.chunk, p.teams, p.block), (1, 16, 8, 256));
         // At N = 8192 the team is already as wide as the launch bound allows.
         assert_eq!(Fused::plan(8192, 1, false).chunk, 16);
+    }
+
+    #[test]
+    fn warp_forward_takes_small_unit_calls_of_128_256_and_512() {
+        assert_eq!(warp_forward_kernel(128, 1, false), Some("bk_forward_warp4"));
+        assert_eq!(
+            warp_forward_kernel(256, 64, false),
+            Some("bk_forward_warp8")
+        );
+        assert_eq!(
+            warp_forward_kernel(512, 256, false),
+            Some("bk_forward_warp16")
+        );
+        // Off-diagonals, other lengths and calls too large for one warp's chain go elsewhere.
+        assert_eq!(warp_forward_kernel(128, 1, true), None);
+        assert_eq!(warp_forward_kernel(100, 1, false), None);
+        assert_eq!(warp_forward_kernel(2048, 1, false), None);
+        assert_eq!(warp_forward_kernel(512, 512, false), None);
+        assert_eq!(
+            warp_forward_kernel(128, 1024, false),
+            Some("bk_forward_warp4")
+        );
+        assert_eq!(warp_forward_kernel(128, 1025, false), None);
     }
 
     #[test]
