@@ -1438,7 +1438,7 @@ __device__ __forceinline__ void forward_warp(float* out, unsigned int* nonfinite
 }
 
 #define BK_FORWARD_WARP(L)                                                                                \
-    extern "C" __global__ void __launch_bounds__(256)                                                     \
+    extern "C" __global__ void __launch_bounds__(32)                                                      \
         bk_forward_warp##L(float* out, unsigned int* nonfinite, const float* v, const float* z, int batch, \
                            int n, int causal) {                                                           \
         forward_warp<L>(out, nonfinite, v, z, batch, n, causal);                                          \
@@ -1446,3 +1446,127 @@ __device__ __forceinline__ void forward_warp(float* out, unsigned int* nonfinite
 BK_FORWARD_WARP(4)
 BK_FORWARD_WARP(8)
 BK_FORWARD_WARP(16)
+
+// dv[seq*n + i] (overwritten) and zpart[seq*2] = (-Re, Im) of the sequence's sum of sbar,
+// for n = 32 L, one warp per sequence: the fused backward's recurrences with every value of
+// the lane's chunk in registers. dbar_i = -conj(dL/dG_i) G_i^2; rbar_i = dbar_i + rbar_{i+1} / r_i^2
+// from the right, qbar_i = dbar_i + qbar_{i-1} / q_i^2 from the left (full mode only); the
+// chunks' affine maps of both are scanned across the warp; sbar_i = rbar_i - dbar_i + qbar_i
+// (rbar_i when causal) and dv_i = Re sbar_i.
+template <int L>
+__device__ __forceinline__ void backward_warp(float* dv, float* zpart, const float* v, const float* dout,
+                                              const float* z, int batch, int n, int causal) {
+    const int lane = threadIdx.x & 31;
+    const int seq = (int)(((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5);
+    if (seq >= batch) return;  // the whole warp
+    const float zr = z[0], zi = z[1];
+    const long long first = (long long)seq * n + (long long)lane * L;
+    float x[L];
+    cx db[L];
+#pragma unroll
+    for (int j = 0; j < L; j += 4) {
+        const float4 a = *(const float4*)(v + first + j);
+        x[j] = a.x - 2.0f - zr; x[j + 1] = a.y - 2.0f - zr; x[j + 2] = a.z - 2.0f - zr; x[j + 3] = a.w - 2.0f - zr;
+    }
+#pragma unroll
+    for (int j = 0; j < L; j += 2) {
+        const float4 g = *(const float4*)(dout + 2 * (first + j));
+        db[j] = mk(g.x, g.y);
+        db[j + 1] = mk(g.z, g.w);
+    }
+    Mob R = mob_id();
+#pragma unroll
+    for (int j = 0; j < L; ++j) {
+        long_step(R.a, R.b, R.c, R.d, x[j], zi);
+        if (j & 1) long_renorm(R.a, R.b, R.c, R.d);
+    }
+    const Mob Rin = long_scan_incl(R, lane, false);
+    cx rn = mk(1, 0), rd = mk(0, 0);
+    long_apply(warp_excl_of(Rin, lane, false), rn, rd);
+    cx ws[L + 1];  // ws[j] = 1 / r before position j; ws[j + 1] = 1 / r_j
+    ws[0] = cdiv(rd, rn);
+#pragma unroll
+    for (int j = 0; j < L; ++j) ws[j + 1] = rcp_ftz(mk(x[j] - ws[j].x, -zi - ws[j].y));
+    cx uq[L];  // 1 / q_j^2 (full mode)
+    if (causal) {
+#pragma unroll
+        for (int j = 0; j < L; ++j) {
+            const cx g = ws[j + 1];
+            db[j] = scl(mul(mk(db[j].x, -db[j].y), mul(g, g)), -1.0f);
+        }
+    } else {
+        const Mob Qin = long_scan_incl(jtj(R), lane, true);
+        cx qn = mk(1, 0), qd = mk(0, 0);
+        long_apply(warp_excl_of(Qin, lane, true), qn, qd);
+        cx u = cdiv(qd, qn);  // 1 / q after the lane's chunk
+#pragma unroll
+        for (int j = L - 1; j >= 0; --j) {
+            const cx g = rcp_ftz(mk(x[j] - ws[j].x - u.x, -zi - ws[j].y - u.y));
+            u = rcp_ftz(mk(x[j] - u.x, -zi - u.y));  // 1 / q_j
+            uq[j] = mul(u, u);
+            db[j] = scl(mul(mk(db[j].x, -db[j].y), mul(g, g)), -1.0f);
+        }
+    }
+    cx rq[L];  // 1 / r_j^2
+#pragma unroll
+    for (int j = 0; j < L; ++j) rq[j] = mul(ws[j + 1], ws[j + 1]);
+    // The chunk's maps: rbar_lo from rbar_{hi+1}, qbar_hi from qbar_{lo-1}; then the warp's.
+    Aff F = identity_of(Aff()), H = identity_of(Aff());
+#pragma unroll
+    for (int j = L - 1; j >= 0; --j) {
+        F.B = add(mul(rq[j], F.B), db[j]);
+        F.A = mul(rq[j], F.A);
+    }
+    cx rb = long_apply(warp_excl_of(warp_scan_incl(F, lane, true), lane, true), mk(0, 0));  // rbar_{hi+1}
+    cx sum = mk(0, 0);
+    float d[L];
+    if (causal) {
+#pragma unroll
+        for (int j = L - 1; j >= 0; --j) {
+            rb = add(db[j], mul(rq[j], rb));
+            d[j] = rb.x;
+            sum = add(sum, rb);
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < L; ++j) {
+            H.B = add(mul(uq[j], H.B), db[j]);
+            H.A = mul(uq[j], H.A);
+        }
+        cx qb = long_apply(warp_excl_of(warp_scan_incl(H, lane, false), lane, false), mk(0, 0));  // qbar_{lo-1}
+        cx qbs[L];
+#pragma unroll
+        for (int j = 0; j < L; ++j) {
+            qb = add(db[j], mul(uq[j], qb));
+            qbs[j] = qb;
+        }
+#pragma unroll
+        for (int j = L - 1; j >= 0; --j) {
+            rb = add(db[j], mul(rq[j], rb));
+            const cx part = add(sub(rb, db[j]), qbs[j]);
+            d[j] = part.x;
+            sum = add(sum, part);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < L; j += 4) *(float4*)(dv + first + j) = make_float4(d[j], d[j + 1], d[j + 2], d[j + 3]);
+    // dL/dz of the sequence: a fixed-order tree over the lanes.
+    for (int k = 16; k > 0; k >>= 1) {
+        sum.x += __shfl_down_sync(0xffffffffu, sum.x, k);
+        sum.y += __shfl_down_sync(0xffffffffu, sum.y, k);
+    }
+    if (lane == 0) {
+        zpart[seq * 2] = -sum.x;
+        zpart[seq * 2 + 1] = sum.y;
+    }
+}
+
+#define BK_BACKWARD_WARP(L)                                                                                    \
+    extern "C" __global__ void __launch_bounds__(32)                                                           \
+        bk_backward_warp##L(float* dv, float* zpart, const float* v, const float* dout, const float* z, int batch, \
+                            int n, int causal) {                                                               \
+        backward_warp<L>(dv, zpart, v, dout, z, batch, n, causal);                                             \
+    }
+BK_BACKWARD_WARP(4)
+BK_BACKWARD_WARP(8)
+BK_BACKWARD_WARP(16)

@@ -30,6 +30,9 @@ pub(super) const PROGRAM: Program = Program {
         "bk_forward_warp4",
         "bk_forward_warp8",
         "bk_forward_warp16",
+        "bk_backward_warp4",
+        "bk_backward_warp8",
+        "bk_backward_warp16",
     ],
 };
 
@@ -114,21 +117,32 @@ impl Fused {
     }
 }
 
-/// The warp forward (`bk_forward_warp{4,8,16}` in `bk_core.cu`): one warp per sequence, its
-/// positions in registers, for small calls with unit off-diagonals and N = 32 L. Returns the
-/// kernel's name.
-fn warp_forward_kernel(n: usize, batch: usize, has_off: bool) -> Option<&'static str> {
+/// The warp kernels (`bk_forward_warp{4,8,16}`, `bk_backward_warp{4,8,16}` in `bk_core.cu`):
+/// one warp per sequence, its positions in registers, for small calls with unit
+/// off-diagonals and N = 32 L. Returns the kernel's name.
+fn warp_kernel(n: usize, batch: usize, has_off: bool, backward: bool) -> Option<&'static str> {
     if has_off || batch * n > SMALL_CALL {
         return None;
     }
-    match n {
-        128 => Some("bk_forward_warp4"),
-        256 => Some("bk_forward_warp8"),
-        512 => Some("bk_forward_warp16"),
-        _ => None,
+    Some(match (n, backward) {
+        (128, false) => "bk_forward_warp4",
+        (256, false) => "bk_forward_warp8",
+        (512, false) => "bk_forward_warp16",
+        (128, true) => "bk_backward_warp4",
+        (256, true) => "bk_backward_warp8",
+        (512, true) => "bk_backward_warp16",
+        _ => return None,
+    })
+}
+
+fn warp_launch(batch: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (batch.div_ceil(WARP_SEQS_PER_BLOCK) as u32, 1, 1),
+        block_dim: (32 * WARP_SEQS_PER_BLOCK as u32, 1, 1),
+        shared_mem_bytes: 0,
     }
 }
-/// Sequences (warps) per block of the warp forward: one, so that a call of a few sequences
+/// Sequences (warps) per block of the warp kernels: one, so that a call of a few sequences
 /// spreads over as many SMs (eight warps in one block took 5.5 us at 8 x 512 on an H200,
 /// one warp 3.1 us).
 const WARP_SEQS_PER_BLOCK: usize = 1;
@@ -377,7 +391,7 @@ impl CudaBackend {
         const OP: &str = "bk_core";
         let s = w.shape;
         check_len(OP, "out", out, 2 * s.batch * s.n)?;
-        if let Some(kernel) = warp_forward_kernel(s.n, s.batch, off.is_some()) {
+        if let Some(kernel) = warp_kernel(s.n, s.batch, off.is_some(), false) {
             return self.bk_forward_warp(w, kernel, out, v, z);
         }
         if let Some(plan) = Long::plan(s.n, s.batch, off.is_some(), false)
@@ -451,14 +465,9 @@ impl CudaBackend {
         let mut l = self.stream.launch_builder(f);
         l.arg(out).arg(&mut w.nonfinite).arg(v).arg(z);
         l.arg(&batch).arg(&n).arg(&causal);
-        let cfg = LaunchConfig {
-            grid_dim: (s.batch.div_ceil(WARP_SEQS_PER_BLOCK) as u32, 1, 1),
-            block_dim: (32 * WARP_SEQS_PER_BLOCK as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
         // SAFETY: lengths checked above and by the caller; one warp per sequence, n = 32 L
-        // (`warp_forward_kernel`), and warps past the batch return at once.
-        unsafe { l.launch(cfg) }?;
+        // (`warp_kernel`), and warps past the batch return at once.
+        unsafe { l.launch(warp_launch(s.batch)) }?;
         Ok(())
     }
 
@@ -543,7 +552,10 @@ impl CudaBackend {
             .filter(|p| p.shared_bytes <= self.info.shared_memory_per_block_optin);
         let plan = Fused::plan(s.n, s.batch, off.is_some());
         // zpart: one (dz) row per sequence on the one-launch paths, per chunk otherwise.
-        let zrows = if let Some(long) = long {
+        let zrows = if let Some(kernel) = warp_kernel(s.n, s.batch, off.is_some(), true) {
+            self.bk_backward_warp(w, kernel, dv, d_out, v, z)?;
+            s.batch
+        } else if let Some(long) = long {
             self.bk_backward_long(w, long, dv, d_out, v, z)?;
             s.batch
         } else if plan.chunk <= FUSED_CHUNK
@@ -617,6 +629,29 @@ impl CudaBackend {
 
     /// The long-chunk backward (unit off-diagonals, large calls): dv and one dz row per
     /// sequence.
+    /// The warp backward (unit off-diagonals, small calls of 128, 256 or 512 positions).
+    fn bk_backward_warp(
+        &self,
+        w: &mut BkWork,
+        kernel: &str,
+        dv: &mut CudaSlice<f32>,
+        d_out: &CudaSlice<f32>,
+        v: &CudaSlice<f32>,
+        z: &CudaSlice<f32>,
+    ) -> Result<()> {
+        let s = w.shape;
+        let (_, batch, n, causal) = check_inputs(s, v, z, None)?;
+        let bw = w.back.as_mut().expect("allocated by the caller");
+        let f = self.function(kernel)?;
+        let mut l = self.stream.launch_builder(f);
+        l.arg(dv).arg(&mut bw.zpart).arg(v).arg(d_out).arg(z);
+        l.arg(&batch).arg(&n).arg(&causal);
+        // SAFETY: dv, d_out checked by the caller, v and z above; zpart holds 2 floats per
+        // chunk, at least per sequence; one warp per sequence, n = 32 L (`warp_kernel`).
+        unsafe { l.launch(warp_launch(s.batch)) }?;
+        Ok(())
+    }
+
     fn bk_backward_long(
         &self,
         w: &mut BkWork,
@@ -789,26 +824,23 @@ mod tests {
     }
 
     #[test]
-    fn warp_forward_takes_small_unit_calls_of_128_256_and_512() {
-        assert_eq!(warp_forward_kernel(128, 1, false), Some("bk_forward_warp4"));
+    fn warp_kernels_take_small_unit_calls_of_128_256_and_512() {
+        assert_eq!(warp_kernel(128, 1, false, false), Some("bk_forward_warp4"));
+        assert_eq!(warp_kernel(256, 64, false, false), Some("bk_forward_warp8"));
         assert_eq!(
-            warp_forward_kernel(256, 64, false),
-            Some("bk_forward_warp8")
-        );
-        assert_eq!(
-            warp_forward_kernel(512, 256, false),
-            Some("bk_forward_warp16")
+            warp_kernel(512, 256, false, true),
+            Some("bk_backward_warp16")
         );
         // Off-diagonals, other lengths and calls too large for one warp's chain go elsewhere.
-        assert_eq!(warp_forward_kernel(128, 1, true), None);
-        assert_eq!(warp_forward_kernel(100, 1, false), None);
-        assert_eq!(warp_forward_kernel(2048, 1, false), None);
-        assert_eq!(warp_forward_kernel(512, 512, false), None);
+        assert_eq!(warp_kernel(128, 1, true, false), None);
+        assert_eq!(warp_kernel(100, 1, false, true), None);
+        assert_eq!(warp_kernel(2048, 1, false, false), None);
+        assert_eq!(warp_kernel(512, 512, false, true), None);
         assert_eq!(
-            warp_forward_kernel(128, 1024, false),
-            Some("bk_forward_warp4")
+            warp_kernel(128, 1024, false, true),
+            Some("bk_backward_warp4")
         );
-        assert_eq!(warp_forward_kernel(128, 1025, false), None);
+        assert_eq!(warp_kernel(128, 1025, false, false), None);
     }
 
     #[test]
