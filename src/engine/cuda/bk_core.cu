@@ -11,7 +11,10 @@
 // affine maps x -> A x + B. A scan of the chunk maps gives each chunk the values entering
 // it, from which the thread re-runs the plain recurrences.
 //
-// Three implementations:
+// Four implementations:
+// - Warp (bk_forward_warp*, bk_backward_warp*; "Warp kernels" at the end), for small calls
+//   (up to 2^17 positions) of N = 128, 256 or 512 with unit off-diagonals: one warp per
+//   sequence, everything in registers.
 // - Long-chunk (bk_forward_long*, bk_backward_long*; "Long-chunk kernels" below), for calls of
 //   more than 2^17 positions with unit off-diagonals and N a multiple of 32 chunks: 16 to 64
 //   positions per thread and one composition for both sweeps.
