@@ -1387,6 +1387,42 @@ BK_BACKWARD_LONG(32)
 // (the q map is J R^T J of the r map, as in the long-chunk kernels), both warp scans in the
 // same unrolled code, and G stored straight from registers.
 
+// The lane's chunk of v as x = v - 2 - Re z (16-byte loads).
+template <int L>
+__device__ __forceinline__ void warp_load_x(const float* v, long long first, float zr, float (&x)[L]) {
+#pragma unroll
+    for (int j = 0; j < L; j += 4) {
+        const float4 a = *(const float4*)(v + first + j);
+        x[j] = a.x - 2.0f - zr; x[j + 1] = a.y - 2.0f - zr; x[j + 2] = a.z - 2.0f - zr; x[j + 3] = a.w - 2.0f - zr;
+    }
+}
+
+// The lane's r map R, its warp scan and the forward sweep: ws[j] = 1 / r before position j
+// of the chunk (ws[j + 1] = 1 / r_j).
+template <int L>
+__device__ __forceinline__ void warp_r_sweep(const float (&x)[L], float zi, int lane, Mob& R, cx (&ws)[L + 1]) {
+    R = mob_id();
+#pragma unroll
+    for (int j = 0; j < L; ++j) {
+        long_step(R.a, R.b, R.c, R.d, x[j], zi);
+        if (j & 1) long_renorm(R.a, R.b, R.c, R.d);
+    }
+    const Mob Rin = long_scan_incl(R, lane, false);
+    cx rn = mk(1, 0), rd = mk(0, 0);
+    long_apply(warp_excl_of(Rin, lane, false), rn, rd);
+    ws[0] = cdiv(rd, rn);
+#pragma unroll
+    for (int j = 0; j < L; ++j) ws[j + 1] = rcp_ftz(mk(x[j] - ws[j].x, -zi - ws[j].y));
+}
+
+// 1 / q after the lane's chunk, from the r maps' reversed warp scan (q map = J R^T J).
+__device__ __forceinline__ cx warp_u_after(const Mob& R, int lane) {
+    const Mob Qin = long_scan_incl(jtj(R), lane, true);
+    cx qn = mk(1, 0), qd = mk(0, 0);
+    long_apply(warp_excl_of(Qin, lane, true), qn, qd);
+    return cdiv(qd, qn);
+}
+
 // out[(seq*n + i)*2 + {0,1}] = G_ii for n = 32 L; one warp per sequence, whole warps per block.
 template <int L>
 __device__ __forceinline__ void forward_warp(float* out, unsigned int* nonfinite, const float* v, const float* z,
@@ -1397,33 +1433,16 @@ __device__ __forceinline__ void forward_warp(float* out, unsigned int* nonfinite
     const float zr = z[0], zi = z[1];
     const long long first = (long long)seq * n + (long long)lane * L;
     float x[L];
-#pragma unroll
-    for (int j = 0; j < L; j += 4) {
-        const float4 a = *(const float4*)(v + first + j);
-        x[j] = a.x - 2.0f - zr; x[j + 1] = a.y - 2.0f - zr; x[j + 2] = a.z - 2.0f - zr; x[j + 3] = a.w - 2.0f - zr;
-    }
-    Mob R = mob_id();
-#pragma unroll
-    for (int j = 0; j < L; ++j) {
-        long_step(R.a, R.b, R.c, R.d, x[j], zi);
-        if (j & 1) long_renorm(R.a, R.b, R.c, R.d);
-    }
-    const Mob Rin = long_scan_incl(R, lane, false);
-    cx rn = mk(1, 0), rd = mk(0, 0);
-    long_apply(warp_excl_of(Rin, lane, false), rn, rd);
-    cx ws[L + 1];  // ws[j] = 1 / r before position j of the lane's chunk
-    ws[0] = cdiv(rd, rn);
-#pragma unroll
-    for (int j = 0; j < L; ++j) ws[j + 1] = rcp_ftz(mk(x[j] - ws[j].x, -zi - ws[j].y));
+    warp_load_x<L>(v, first, zr, x);
+    Mob R;
+    cx ws[L + 1];
+    warp_r_sweep<L>(x, zi, lane, R, ws);
     cx g[L];
     if (causal) {
 #pragma unroll
         for (int j = 0; j < L; ++j) g[j] = ws[j + 1];
     } else {
-        const Mob Qin = long_scan_incl(jtj(R), lane, true);
-        cx qn = mk(1, 0), qd = mk(0, 0);
-        long_apply(warp_excl_of(Qin, lane, true), qn, qd);
-        cx u = cdiv(qd, qn);  // 1 / q after the lane's chunk
+        cx u = warp_u_after(R, lane);
 #pragma unroll
         for (int j = L - 1; j >= 0; --j) {
             const cx dd = mk(x[j] - ws[j].x - u.x, -zi - ws[j].y - u.y);
@@ -1466,30 +1485,16 @@ __device__ __forceinline__ void backward_warp(float* dv, float* zpart, const flo
     const long long first = (long long)seq * n + (long long)lane * L;
     float x[L];
     cx db[L];
-#pragma unroll
-    for (int j = 0; j < L; j += 4) {
-        const float4 a = *(const float4*)(v + first + j);
-        x[j] = a.x - 2.0f - zr; x[j + 1] = a.y - 2.0f - zr; x[j + 2] = a.z - 2.0f - zr; x[j + 3] = a.w - 2.0f - zr;
-    }
+    warp_load_x<L>(v, first, zr, x);
 #pragma unroll
     for (int j = 0; j < L; j += 2) {
         const float4 g = *(const float4*)(dout + 2 * (first + j));
         db[j] = mk(g.x, g.y);
         db[j + 1] = mk(g.z, g.w);
     }
-    Mob R = mob_id();
-#pragma unroll
-    for (int j = 0; j < L; ++j) {
-        long_step(R.a, R.b, R.c, R.d, x[j], zi);
-        if (j & 1) long_renorm(R.a, R.b, R.c, R.d);
-    }
-    const Mob Rin = long_scan_incl(R, lane, false);
-    cx rn = mk(1, 0), rd = mk(0, 0);
-    long_apply(warp_excl_of(Rin, lane, false), rn, rd);
-    cx ws[L + 1];  // ws[j] = 1 / r before position j; ws[j + 1] = 1 / r_j
-    ws[0] = cdiv(rd, rn);
-#pragma unroll
-    for (int j = 0; j < L; ++j) ws[j + 1] = rcp_ftz(mk(x[j] - ws[j].x, -zi - ws[j].y));
+    Mob R;
+    cx ws[L + 1];
+    warp_r_sweep<L>(x, zi, lane, R, ws);
     cx uq[L];  // 1 / q_j^2 (full mode)
     if (causal) {
 #pragma unroll
@@ -1498,10 +1503,7 @@ __device__ __forceinline__ void backward_warp(float* dv, float* zpart, const flo
             db[j] = scl(mul(mk(db[j].x, -db[j].y), mul(g, g)), -1.0f);
         }
     } else {
-        const Mob Qin = long_scan_incl(jtj(R), lane, true);
-        cx qn = mk(1, 0), qd = mk(0, 0);
-        long_apply(warp_excl_of(Qin, lane, true), qn, qd);
-        cx u = cdiv(qd, qn);  // 1 / q after the lane's chunk
+        cx u = warp_u_after(R, lane);
 #pragma unroll
         for (int j = L - 1; j >= 0; --j) {
             const cx g = rcp_ftz(mk(x[j] - ws[j].x - u.x, -zi - ws[j].y - u.y));

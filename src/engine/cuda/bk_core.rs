@@ -392,12 +392,12 @@ impl CudaBackend {
         let s = w.shape;
         check_len(OP, "out", out, 2 * s.batch * s.n)?;
         if let Some(kernel) = warp_kernel(s.n, s.batch, off.is_some(), false) {
-            return self.bk_forward_warp(w, kernel, out, v, z);
+            return self.bk_forward_unit(w, kernel, warp_launch(s.batch), out, v, z);
         }
         if let Some(plan) = Long::plan(s.n, s.batch, off.is_some(), false)
             && plan.shared_bytes <= self.info.shared_memory_per_block_optin
         {
-            return self.bk_forward_long(w, plan, out, v, z);
+            return self.bk_forward_unit(w, plan.kernel(), plan.launch(s.batch), out, v, z);
         }
         let plan = Fused::plan(s.n, s.batch, off.is_some());
         if plan.shared_bytes <= self.info.shared_memory_per_block_optin {
@@ -450,11 +450,12 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// The warp forward (unit off-diagonals, small calls of 128, 256 or 512 positions).
-    fn bk_forward_warp(
+    /// A unit-off-diagonal forward (the warp or the long-chunk kernels), launched as `cfg`.
+    fn bk_forward_unit(
         &self,
         w: &mut BkWork,
         kernel: &str,
+        cfg: LaunchConfig,
         out: &mut CudaSlice<f32>,
         v: &CudaSlice<f32>,
         z: &CudaSlice<f32>,
@@ -465,30 +466,10 @@ impl CudaBackend {
         let mut l = self.stream.launch_builder(f);
         l.arg(out).arg(&mut w.nonfinite).arg(v).arg(z);
         l.arg(&batch).arg(&n).arg(&causal);
-        // SAFETY: lengths checked above and by the caller; one warp per sequence, n = 32 L
-        // (`warp_kernel`), and warps past the batch return at once.
-        unsafe { l.launch(warp_launch(s.batch)) }?;
-        Ok(())
-    }
-
-    /// The long-chunk forward (unit off-diagonals, large calls).
-    fn bk_forward_long(
-        &self,
-        w: &mut BkWork,
-        plan: Long,
-        out: &mut CudaSlice<f32>,
-        v: &CudaSlice<f32>,
-        z: &CudaSlice<f32>,
-    ) -> Result<()> {
-        let s = w.shape;
-        let (_, batch, n, causal) = check_inputs(s, v, z, None)?;
-        let f = self.function(plan.kernel())?;
-        let mut l = self.stream.launch_builder(f);
-        l.arg(out).arg(&mut w.nonfinite).arg(v).arg(z);
-        l.arg(&batch).arg(&n).arg(&causal);
-        // SAFETY: lengths checked above and by the caller; `Long::plan` gives whole warps per
+        // SAFETY: lengths checked above and by the caller; `cfg` comes from the kernel's plan
+        // (`warp_launch` for `warp_kernel`'s, `Long::launch`), which gives whole warps per
         // sequence, whole sequences per block and the shared memory of the kernel's layout.
-        unsafe { l.launch(plan.launch(s.batch)) }?;
+        unsafe { l.launch(cfg) }?;
         Ok(())
     }
 
@@ -553,10 +534,11 @@ impl CudaBackend {
         let plan = Fused::plan(s.n, s.batch, off.is_some());
         // zpart: one (dz) row per sequence on the one-launch paths, per chunk otherwise.
         let zrows = if let Some(kernel) = warp_kernel(s.n, s.batch, off.is_some(), true) {
-            self.bk_backward_warp(w, kernel, dv, d_out, v, z)?;
+            self.bk_backward_unit(w, kernel, warp_launch(s.batch), dv, d_out, v, z)?;
             s.batch
         } else if let Some(long) = long {
-            self.bk_backward_long(w, long, dv, d_out, v, z)?;
+            let (kernel, cfg) = (long.kernel(), long.launch(s.batch));
+            self.bk_backward_unit(w, kernel, cfg, dv, d_out, v, z)?;
             s.batch
         } else if plan.chunk <= FUSED_CHUNK
             && plan.backward_shared_bytes() <= self.info.shared_memory_per_block_optin
@@ -627,13 +609,14 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// The long-chunk backward (unit off-diagonals, large calls): dv and one dz row per
-    /// sequence.
-    /// The warp backward (unit off-diagonals, small calls of 128, 256 or 512 positions).
-    fn bk_backward_warp(
+    /// A unit-off-diagonal backward (the warp or the long-chunk kernels), launched as `cfg`:
+    /// dv and one dz row per sequence.
+    #[allow(clippy::too_many_arguments)]
+    fn bk_backward_unit(
         &self,
         w: &mut BkWork,
         kernel: &str,
+        cfg: LaunchConfig,
         dv: &mut CudaSlice<f32>,
         d_out: &CudaSlice<f32>,
         v: &CudaSlice<f32>,
@@ -647,31 +630,10 @@ impl CudaBackend {
         l.arg(dv).arg(&mut bw.zpart).arg(v).arg(d_out).arg(z);
         l.arg(&batch).arg(&n).arg(&causal);
         // SAFETY: dv, d_out checked by the caller, v and z above; zpart holds 2 floats per
-        // chunk, at least per sequence; one warp per sequence, n = 32 L (`warp_kernel`).
-        unsafe { l.launch(warp_launch(s.batch)) }?;
-        Ok(())
-    }
-
-    fn bk_backward_long(
-        &self,
-        w: &mut BkWork,
-        plan: Long,
-        dv: &mut CudaSlice<f32>,
-        d_out: &CudaSlice<f32>,
-        v: &CudaSlice<f32>,
-        z: &CudaSlice<f32>,
-    ) -> Result<()> {
-        let s = w.shape;
-        let (_, batch, n, causal) = check_inputs(s, v, z, None)?;
-        let bw = w.back.as_mut().expect("allocated by the caller");
-        let f = self.function(plan.kernel())?;
-        let mut l = self.stream.launch_builder(f);
-        l.arg(dv).arg(&mut bw.zpart).arg(v).arg(d_out).arg(z);
-        l.arg(&batch).arg(&n).arg(&causal);
-        // SAFETY: dv, d_out checked by the caller, v and z above; zpart holds 2 floats per
-        // chunk, at least per sequence; `Long::plan` gives whole warps per sequence, whole
+        // chunk, at least per sequence; `cfg` comes from the kernel's plan (`warp_launch` for
+        // `warp_kernel`'s, `Long::launch`), which gives whole warps per sequence, whole
         // sequences per block and the shared memory of the kernel's layout.
-        unsafe { l.launch(plan.launch(s.batch)) }?;
+        unsafe { l.launch(cfg) }?;
         Ok(())
     }
 

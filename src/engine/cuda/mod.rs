@@ -318,6 +318,12 @@ pub fn rotation_copies(bytes: usize, l2_bytes: usize, max_bytes: usize) -> usize
         .max(1)
 }
 
+/// The middle sample (the upper one of the middle two); `times` is not empty.
+fn median(mut times: Vec<f64>) -> f64 {
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
 /// How long one timed batch of [`CudaBackend::time_median_ms`] aims to last, in milliseconds.
 pub const TIMED_BATCH_MS: f64 = 0.2;
 /// The most calls in one timed batch (a lone call's time includes the launch latency, so the
@@ -512,17 +518,26 @@ impl CudaBackend {
         reps: usize,
         mut work: impl FnMut() -> Result<()>,
     ) -> Result<f64> {
-        for _ in 0..warmup {
-            work()?;
-        }
-        let lone = self.time_calls(1, &mut work)?;
-        let calls = ((TIMED_BATCH_MS / lone.max(1e-6)).ceil() as usize).clamp(1, MAX_TIMED_CALLS);
+        let calls = self.warm_up_and_size_batch(warmup, &mut work)?;
         let mut times = Vec::with_capacity(reps);
         for _ in 0..reps.max(1) {
             times.push(self.time_calls(calls, &mut work)? / calls as f64);
         }
-        times.sort_by(f64::total_cmp);
-        Ok(times[times.len() / 2])
+        Ok(median(times))
+    }
+
+    /// Runs `warmup` untimed calls, then times one lone call and returns how many calls make
+    /// a batch of about [`TIMED_BATCH_MS`].
+    fn warm_up_and_size_batch(
+        &self,
+        warmup: usize,
+        work: &mut impl FnMut() -> Result<()>,
+    ) -> Result<usize> {
+        for _ in 0..warmup {
+            work()?;
+        }
+        let lone = self.time_calls(1, work)?;
+        Ok(((TIMED_BATCH_MS / lone.max(1e-6)).ceil() as usize).clamp(1, MAX_TIMED_CALLS))
     }
 
     /// How many copies of a working set of `bytes` a benchmark should cycle through so that
@@ -547,11 +562,7 @@ impl CudaBackend {
         reps: usize,
         mut work: impl FnMut() -> Result<()>,
     ) -> Result<f64> {
-        for _ in 0..warmup {
-            work()?;
-        }
-        let lone = self.time_calls(1, &mut work)?;
-        let calls = ((TIMED_BATCH_MS / lone.max(1e-6)).ceil() as usize).clamp(1, MAX_TIMED_CALLS);
+        let calls = self.warm_up_and_size_batch(warmup, &mut work)?;
         let graph = self.capture(calls, &mut work)?;
         graph.upload()?;
         graph.launch()?;
@@ -562,8 +573,7 @@ impl CudaBackend {
             let end = self.timing_event()?;
             times.push(start.elapsed_ms(&end)? as f64 / calls as f64);
         }
-        times.sort_by(f64::total_cmp);
-        Ok(times[times.len() / 2])
+        Ok(median(times))
     }
 
     /// `calls` calls of `work` captured into a graph.
@@ -720,6 +730,13 @@ fn raw_ptr<T>(buf: &CudaSlice<T>, stream: &CudaStream) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn median_takes_the_middle_sample_in_any_order() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), 3.0);
+        assert_eq!(median(vec![0.5]), 0.5);
+    }
 
     #[test]
     fn rotation_covers_twice_the_cache_within_the_memory_bound() {
