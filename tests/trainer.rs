@@ -289,6 +289,52 @@ fn records(dir: &std::path::Path, kind: &str) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// A run that split its passes after running out of memory keeps that split across a
+/// checkpoint: resumed under the same cap it does not run out again and ends bit-identical to
+/// the uninterrupted run; resumed under a larger cap it starts unsplit again.
+#[test]
+fn a_learned_split_is_kept_on_resume_under_the_same_cap_only() {
+    let peak8 = common::step_peak(&["train.micro_batch=8", "train.grad_accum=2"]);
+    let peak4 = common::step_peak(&["train.micro_batch=4", "train.grad_accum=2"]);
+    let cap = format!("train.memory_limit={}", (peak4 + peak8) / 2);
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b, c) = (
+        tmp.path().join("a"),
+        tmp.path().join("b"),
+        tmp.path().join("c"),
+    );
+    let args = [
+        "train.micro_batch=8",
+        "train.grad_accum=2",
+        "train.steps=4",
+        "train.checkpoint_every=2",
+        "train.eval_every=0",
+        cap.as_str(),
+    ];
+    let full = run_to(&a, &args, false, None).unwrap();
+    run_to(&b, &args, false, Some(2)).unwrap();
+    let resumed = run_to(&b, &[], true, None).unwrap();
+    assert_eq!(resumed.steps, 4);
+    assert_eq!(resumed.effective_micro_batch, 4);
+    assert_eq!(
+        records(&b, "oom").len(),
+        1,
+        "the resumed run ran out of memory again"
+    );
+    assert_eq!(
+        final_weights(&a),
+        final_weights(&b),
+        "weights differ after resume"
+    );
+    assert_eq!(full.train_loss.to_bits(), resumed.train_loss.to_bits());
+
+    run_to(&c, &args, false, Some(2)).unwrap();
+    let larger = format!("train.memory_limit={}", 4 * peak8);
+    let raised = run_to(&c, &[larger.as_str()], true, None).unwrap();
+    assert_eq!(raised.effective_micro_batch, 8);
+    assert_eq!(records(&c, "oom").len(), 1);
+}
+
 fn tensors(dir: &std::path::Path) -> Vec<(String, Vec<f32>)> {
     let bytes = final_weights(dir);
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();

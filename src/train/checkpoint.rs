@@ -11,6 +11,7 @@
 //! `train.offload_optimizer` the masters and moments are read from and restored into host
 //! memory under the same names, so a run may switch offload on or off when it resumes.
 
+use super::oom::PassSize;
 use super::trainer::{TrainState, Trainer};
 use crate::config::ModelConfig;
 use crate::engine::Tensor;
@@ -37,6 +38,19 @@ pub struct CheckpointMeta {
     pub vocab: usize,
     pub state: TrainState,
     pub adam_t: u64,
+    /// The out-of-memory split the run had settled on; absent when memory never ran out
+    /// (and in checkpoints written before it was kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub learned_passes: Option<LearnedPasses>,
+}
+
+/// Rows per forward/backward pass learned from out-of-memory errors, and the memory they
+/// were learned under: the `train.memory_limit` cap, or the device's total (none on a CPU
+/// without a cap).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LearnedPasses {
+    pub rows: usize,
+    pub capacity_bytes: Option<usize>,
 }
 
 pub fn checkpoints_dir(run_dir: &Path) -> PathBuf {
@@ -102,6 +116,10 @@ pub fn save(trainer: &Trainer, run_dir: &Path) -> Result<PathBuf> {
         vocab: trainer.vocab,
         state: trainer.state,
         adam_t: trainer.opt.t,
+        learned_passes: trainer.passes.learned().map(|rows| LearnedPasses {
+            rows,
+            capacity_bytes: trainer.pool.capacity(),
+        }),
     };
     let json = serde_json::to_vec_pretty(&meta).map_err(|e| KilnError::output(&tmp, e))?;
     write_synced(&tmp.join(STATE_FILE), &json)?;
@@ -279,7 +297,8 @@ pub fn load_weights(
     Ok(meta)
 }
 
-/// Restores a trainer completely (weights, optimizer moments, step, scaler).
+/// Restores a trainer completely (weights, optimizer moments, step, scaler, and the
+/// out-of-memory split when the memory is the same as when it was learned).
 pub fn load_into(trainer: &mut Trainer, ckpt: &Path) -> Result<()> {
     let vocab = trainer.vocab;
     let model_cfg = trainer.cfg.model.clone();
@@ -308,5 +327,12 @@ pub fn load_into(trainer: &mut Trainer, ckpt: &Path) -> Result<()> {
     }
     trainer.state = meta.state;
     trainer.opt.t = meta.adam_t;
+    // Kept under the same memory, so the resumed run does not run out again to learn it (a
+    // wasted attempt at the first step); with another cap or device it is learned afresh,
+    // so more memory is used in full.
+    trainer.passes = match meta.learned_passes {
+        Some(l) if l.capacity_bytes == trainer.pool.capacity() => PassSize::resumed(l.rows),
+        _ => PassSize::default(),
+    };
     Ok(())
 }

@@ -185,8 +185,11 @@ pub fn run(opts: RunOptions) -> Result<Summary> {
             )
         })?;
         checkpoint::load_into(&mut trainer, &ckpt)?;
+        let split = trainer.passes.learned().map_or(String::new(), |rows| {
+            format!(", {rows} sequences per forward/backward pass (learned when memory ran out before the checkpoint)")
+        });
         progress.message(&format!(
-            "resumed from {} at step {}",
+            "resumed from {} at step {}{split}",
             ckpt.display(),
             trainer.state.step
         ));

@@ -56,6 +56,15 @@ impl PassSize {
         self.rows.map_or(rows, |r| r.min(rows))
     }
 
+    /// A size learned before a checkpoint, taken up again when the run resumes (no new
+    /// split to report).
+    pub fn resumed(rows: usize) -> PassSize {
+        PassSize {
+            rows: Some(rows.max(1)),
+            unreported: Vec::new(),
+        }
+    }
+
     /// The learned rows per pass, once memory has run out.
     pub fn learned(&self) -> Option<usize> {
         self.rows
