@@ -582,37 +582,23 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
         push("bk_core_forward", "f32", shape.clone(), BOUND_BK, fwd);
         push("bk_core_backward", "f32", shape, BOUND_BK, bwd);
     }
-    // A potential up to 2e9: the long-chunk kernels renormalise their maps twice as often
-    // once some |s| reaches 1e9.
-    let s = BkShape {
-        batch: 64,
-        n: 8192,
-        causal: false,
-    };
-    let (fwd, bwd) = check_bk_core(gpu, inp, s, false, 2e9, 0.5);
-    let shape = "B64 N8192 full unit off-diag, v up to 2e9".to_string();
-    push("bk_core_forward", "f32", shape.clone(), BOUND_BK, fwd);
-    push("bk_core_backward", "f32", shape, BOUND_BK, bwd);
-    // The same for the warp kernels (their maps renormalise on every second step).
-    let s = BkShape {
-        batch: 4,
-        n: 128,
-        causal: false,
-    };
-    let (fwd, bwd) = check_bk_core(gpu, inp, s, false, 2e9, 0.5);
-    let shape = "B4 N128 full unit off-diag, v up to 2e9".to_string();
-    push("bk_core_forward", "f32", shape.clone(), BOUND_BK, fwd);
-    push("bk_core_backward", "f32", shape, BOUND_BK, bwd);
-    // Im z below 0.25: the long-chunk full-mode forward keeps the q sweep there instead of
-    // back-substituting from the pivots.
-    for (batch, n) in [(65, 2048), (17, 8192)] {
+    // Inputs at the edges of the unit-off-diagonal kernels' numerics, full mode: a potential
+    // up to 2e9 (the long-chunk kernels renormalise their maps twice as often once some |s|
+    // reaches 1e9; the warp kernels renormalise on every second step), and a small Im z,
+    // where |r| and |q| can come down to Im z.
+    for (batch, n, v_scale, z_im_min, what) in [
+        (64, 8192, 2e9, 0.5, "v up to 2e9"),
+        (4, 128, 2e9, 0.5, "v up to 2e9"),
+        (65, 2048, 3.0, 0.1, "Im z in [0.1, 0.2)"),
+        (17, 8192, 3.0, 0.1, "Im z in [0.1, 0.2)"),
+    ] {
         let s = BkShape {
             batch,
             n,
             causal: false,
         };
-        let (fwd, bwd) = check_bk_core(gpu, inp, s, false, 3.0, 0.1);
-        let shape = format!("B{batch} N{n} full unit off-diag, Im z in [0.1, 0.2)");
+        let (fwd, bwd) = check_bk_core(gpu, inp, s, false, v_scale, z_im_min);
+        let shape = format!("B{batch} N{n} full unit off-diag, {what}");
         push("bk_core_forward", "f32", shape.clone(), BOUND_BK, fwd);
         push("bk_core_backward", "f32", shape, BOUND_BK, bwd);
     }

@@ -1232,17 +1232,7 @@ __device__ __forceinline__ void backward_long(float* dv, float* zpart, const flo
 
     // 1.
     cx cpw[S];
-    {
-        cx w = w0;
-#pragma unroll
-        for (int k = 0; k < S; ++k) {
-            cpw[k] = w;
-            float x[BKL_SEG];
-            load_seg(xrow + BKL_SEG * k, x);
-#pragma unroll
-            for (int j = 0; j < BKL_SEG; ++j) w = rcp_ftz(mk(x[j] - w.x, -zi - w.y));
-        }
-    }
+    long_sweep_r<S>(xrow, w0, zi, cpw);
     // 2. ws[j] = 1 / r_{i-1} and ws[j + 1] = 1 / r_i for position j of the segment; the next
     // segment's r re-run is issued beside this one's work, as in the forward.
     Aff F = identity_of(Aff()), segq[S];
