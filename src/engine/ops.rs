@@ -8,6 +8,7 @@ use super::cpu;
 use super::cpu::adamw::AdamWStep;
 use super::cpu::attention::AttnShape;
 use super::cpu::gemm::GemmShape;
+use super::cpu::rope::RopeShape;
 use super::cuda::{Bf16, CudaBackend, F16, LogitRows};
 use super::profile;
 use super::{DType, Device, EngineError, Result, Tensor};
@@ -1202,4 +1203,279 @@ pub fn bk_core_backward(
         )?,
     }
     Ok(dv)
+}
+
+// ---- Llama-family operations: RMSNorm, rotary embeddings with grouped-query heads, SwiGLU,
+// token-only embeddings. ----
+
+/// The GPU has no kernel for `op` yet: an error that names it, never a silent fallback.
+fn no_gpu_kernel(t: &Tensor, op: &str) -> EngineError {
+    EngineError::Unavailable(
+        t.device().to_string(),
+        format!("{op} has no CUDA kernel in this build; use train.device=cpu"),
+    )
+}
+
+/// `out = rmsnorm(x) * gamma` per row; returns `(out, rstd[rows])`.
+pub fn rmsnorm_forward(x: &Tensor, gamma: &Tensor, eps: f32) -> Result<(Tensor, Tensor)> {
+    let _prof = profile::scope("rmsnorm_forward", x);
+    let on = device_of("rmsnorm", &[x, gamma])?;
+    let (n, c) = rows_cols("rmsnorm", x)?;
+    expect_len("rmsnorm", "gamma", gamma, c)?;
+    let mut out = Tensor::uninit(x.pool(), x.shape(), act_dtype(x))?;
+    let mut rstd = Tensor::uninit(x.pool(), &[n], DType::F32)?;
+    match on {
+        On::Cpu => cpu::rmsnorm::rmsnorm_forward(
+            out.host_mut(),
+            rstd.host_mut(),
+            x.host(),
+            gamma.host(),
+            c,
+            eps,
+        ),
+        On::Gpu(_) => return Err(no_gpu_kernel(x, "rmsnorm_forward")),
+    }
+    Ok((out, rstd))
+}
+
+/// `sum = x + delta`, `out = rmsnorm(sum) * gamma`: returns `(sum, out, rstd)`.
+pub fn residual_rmsnorm_forward(
+    x: &Tensor,
+    delta: &Tensor,
+    gamma: &Tensor,
+    eps: f32,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let _prof = profile::scope("residual_rmsnorm_forward", x);
+    let on = device_of("residual_rmsnorm", &[x, delta, gamma])?;
+    let (n, c) = rows_cols("residual_rmsnorm", x)?;
+    expect_len("residual_rmsnorm", "delta", delta, n * c)?;
+    expect_len("residual_rmsnorm", "gamma", gamma, c)?;
+    let mut sum = Tensor::uninit(x.pool(), x.shape(), act_dtype(x))?;
+    let mut out = Tensor::uninit(x.pool(), x.shape(), act_dtype(x))?;
+    let mut rstd = Tensor::uninit(x.pool(), &[n], DType::F32)?;
+    match on {
+        On::Cpu => cpu::rmsnorm::residual_rmsnorm_forward(
+            sum.host_mut(),
+            out.host_mut(),
+            rstd.host_mut(),
+            x.host(),
+            delta.host(),
+            gamma.host(),
+            c,
+            eps,
+        ),
+        On::Gpu(_) => return Err(no_gpu_kernel(x, "residual_rmsnorm_forward")),
+    }
+    Ok((sum, out, rstd))
+}
+
+/// Accumulates the input gradient into `dx` (the residual stream's gradient) and the gain
+/// gradient into `dgamma` (f32).
+pub fn rmsnorm_backward(
+    dx: &mut Tensor,
+    dgamma: &mut Tensor,
+    dout: &Tensor,
+    x: &Tensor,
+    gamma: &Tensor,
+    rstd: &Tensor,
+) -> Result<()> {
+    let _prof = profile::scope("rmsnorm_backward", x);
+    let on = device_of("rmsnorm_backward", &[dx, dgamma, dout, x, gamma, rstd])?;
+    let (n, c) = rows_cols("rmsnorm_backward", x)?;
+    expect_len("rmsnorm_backward", "dout", dout, x.len())?;
+    expect_len("rmsnorm_backward", "dx", dx, x.len())?;
+    expect_len("rmsnorm_backward", "dgamma", dgamma, c)?;
+    expect_len("rmsnorm_backward", "rstd", rstd, n)?;
+    match on {
+        On::Cpu => cpu::rmsnorm::rmsnorm_backward(
+            dx.host_mut(),
+            dgamma.host_mut(),
+            dout.host(),
+            x.host(),
+            gamma.host(),
+            rstd.host(),
+            c,
+        ),
+        On::Gpu(_) => return Err(no_gpu_kernel(x, "rmsnorm_backward")),
+    }
+    Ok(())
+}
+
+fn check_rope(
+    op: &'static str,
+    pos: &[u32],
+    cos: &Tensor,
+    sin: &Tensor,
+    s: RopeShape,
+) -> Result<()> {
+    let half = s.rot_dim / 2;
+    let bad = |detail: String| Err(EngineError::Shape { op, detail });
+    if s.kv_heads == 0 || !s.heads.is_multiple_of(s.kv_heads) {
+        return bad(format!(
+            "{} query heads cannot share {} key/value heads evenly",
+            s.heads, s.kv_heads
+        ));
+    }
+    if !s.rot_dim.is_multiple_of(2) || s.rot_dim > s.head_dim {
+        return bad(format!(
+            "rotary dimensions {} must be even and at most the head size {}",
+            s.rot_dim, s.head_dim
+        ));
+    }
+    if pos.len() != s.rows {
+        return bad(format!("{} positions for {} rows", pos.len(), s.rows));
+    }
+    let table_rows = cos.len().checked_div(half).unwrap_or(usize::MAX);
+    if cos.len() != sin.len() || cos.dtype() != DType::F32 || sin.dtype() != DType::F32 {
+        return bad("the cos and sin tables must be f32 of one shape".into());
+    }
+    if let Some(&p) = pos.iter().find(|&&p| p as usize >= table_rows) {
+        return bad(format!(
+            "position {p} is past the rotary table of {table_rows} positions (the model's context)"
+        ));
+    }
+    Ok(())
+}
+
+/// Rotates the queries and keys of a grouped-query projection `qkv[rows, (H+2K) D]` by
+/// each row's position and packs `[q | k | v]` with one key/value head per query head:
+/// `[rows, 3 H D]`, the layout the attention kernels read. See [`cpu::rope`].
+pub fn rope_expand_forward(
+    qkv: &Tensor,
+    pos: &[u32],
+    cos: &Tensor,
+    sin: &Tensor,
+    s: RopeShape,
+) -> Result<Tensor> {
+    let _prof = profile::scope("rope_expand_forward", qkv);
+    let on = device_of("rope_expand", &[qkv, cos, sin])?;
+    check_rope("rope_expand", pos, cos, sin, s)?;
+    expect_len("rope_expand", "qkv", qkv, s.rows * s.qkv_width())?;
+    let mut shape = qkv.shape().to_vec();
+    *shape
+        .last_mut()
+        .expect("expect_len checked a non-empty tensor") = s.packed_width();
+    let mut out = Tensor::uninit(qkv.pool(), &shape, act_dtype(qkv))?;
+    match on {
+        On::Cpu => cpu::rope::rope_expand_forward(
+            out.host_mut(),
+            qkv.host(),
+            pos,
+            cos.host(),
+            sin.host(),
+            s,
+        ),
+        On::Gpu(_) => return Err(no_gpu_kernel(qkv, "rope_expand_forward")),
+    }
+    Ok(out)
+}
+
+/// The backward of [`rope_expand_forward`]: `dqkv[rows, (H+2K) D]` from `dpacked`.
+pub fn rope_expand_backward(
+    dpacked: &Tensor,
+    pos: &[u32],
+    cos: &Tensor,
+    sin: &Tensor,
+    s: RopeShape,
+) -> Result<Tensor> {
+    let _prof = profile::scope("rope_expand_backward", dpacked);
+    let on = device_of("rope_expand_backward", &[dpacked, cos, sin])?;
+    check_rope("rope_expand_backward", pos, cos, sin, s)?;
+    expect_len(
+        "rope_expand_backward",
+        "dpacked",
+        dpacked,
+        s.rows * s.packed_width(),
+    )?;
+    let mut shape = dpacked.shape().to_vec();
+    *shape
+        .last_mut()
+        .expect("expect_len checked a non-empty tensor") = s.qkv_width();
+    let mut out = Tensor::uninit(dpacked.pool(), &shape, act_dtype(dpacked))?;
+    match on {
+        On::Cpu => cpu::rope::rope_expand_backward(
+            out.host_mut(),
+            dpacked.host(),
+            pos,
+            cos.host(),
+            sin.host(),
+            s,
+        ),
+        On::Gpu(_) => return Err(no_gpu_kernel(dpacked, "rope_expand_backward")),
+    }
+    Ok(out)
+}
+
+/// `h = silu(gate) * up` from rows `[gate: F | up: F]` -> `[.., F]`.
+pub fn swiglu_forward(gate_up: &Tensor) -> Result<Tensor> {
+    let _prof = profile::scope("swiglu_forward", gate_up);
+    let on = device_of("swiglu", &[gate_up])?;
+    let (_, two_f) = rows_cols("swiglu", gate_up)?;
+    if !two_f.is_multiple_of(2) {
+        return Err(EngineError::Shape {
+            op: "swiglu",
+            detail: format!("rows of {two_f} cannot split into gate and up halves"),
+        });
+    }
+    let mut shape = gate_up.shape().to_vec();
+    *shape.last_mut().expect("rows_cols checked rank") = two_f / 2;
+    let mut h = Tensor::uninit(gate_up.pool(), &shape, act_dtype(gate_up))?;
+    match on {
+        On::Cpu => cpu::swiglu::swiglu_forward(h.host_mut(), gate_up.host(), two_f / 2),
+        On::Gpu(_) => return Err(no_gpu_kernel(gate_up, "swiglu_forward")),
+    }
+    Ok(h)
+}
+
+/// The gradient of both halves of `gate_up` from `dh`.
+pub fn swiglu_backward(gate_up: &Tensor, dh: &Tensor) -> Result<Tensor> {
+    let _prof = profile::scope("swiglu_backward", dh);
+    let on = device_of("swiglu_backward", &[gate_up, dh])?;
+    let (_, two_f) = rows_cols("swiglu_backward", gate_up)?;
+    expect_len("swiglu_backward", "dh", dh, gate_up.len() / 2)?;
+    let mut d = Tensor::uninit(gate_up.pool(), gate_up.shape(), act_dtype(gate_up))?;
+    match on {
+        On::Cpu => cpu::swiglu::swiglu_backward(d.host_mut(), gate_up.host(), dh.host(), two_f / 2),
+        On::Gpu(_) => return Err(no_gpu_kernel(dh, "swiglu_backward")),
+    }
+    Ok(d)
+}
+
+/// `wte[tokens]` -> `[batch, seq, C]` (positions come from rotary embeddings instead).
+pub fn token_embedding_forward(
+    tokens: &[u32],
+    batch: usize,
+    seq: usize,
+    wte: &Tensor,
+) -> Result<Tensor> {
+    let (vocab, c) = rows_cols("token_embedding", wte)?;
+    if tokens.len() != batch * seq {
+        return Err(EngineError::Shape {
+            op: "token_embedding",
+            detail: format!("{} tokens for batch {batch} x seq {seq}", tokens.len()),
+        });
+    }
+    if let Some(&t) = tokens.iter().find(|&&t| t as usize >= vocab) {
+        return Err(EngineError::Shape {
+            op: "token_embedding",
+            detail: format!("token id {t} outside the vocabulary of {vocab}"),
+        });
+    }
+    let rows = gather_rows(wte, tokens, None)?;
+    Ok(rows.reshaped(&[batch, seq, c]))
+}
+
+/// `dwte[tokens[i]] += dout[i]`, repeated tokens included.
+pub fn token_embedding_backward(dwte: &mut Tensor, dout: &Tensor, tokens: &[u32]) -> Result<()> {
+    let _prof = profile::scope("token_embedding_backward", dout);
+    let on = device_of("token_embedding_backward", &[dwte, dout])?;
+    let (_, c) = rows_cols("token_embedding_backward", dwte)?;
+    expect_len("token_embedding_backward", "dout", dout, tokens.len() * c)?;
+    match on {
+        On::Cpu => {
+            cpu::embedding::token_embedding_backward(dwte.host_mut(), dout.host(), tokens, c)
+        }
+        On::Gpu(_) => return Err(no_gpu_kernel(dout, "token_embedding_backward")),
+    }
+    Ok(())
 }

@@ -336,6 +336,18 @@ impl Tensor {
         Ok(())
     }
 
+    /// The same buffer under another shape of the same number of elements (no copy).
+    pub fn reshaped(mut self, shape: &[usize]) -> Tensor {
+        assert_eq!(
+            shape.iter().product::<usize>(),
+            self.len(),
+            "reshape from {:?} to {shape:?} changes the element count",
+            self.shape
+        );
+        self.shape = shape.to_vec();
+        self
+    }
+
     /// A new tensor with the same values (in its pool).
     pub fn try_clone(&self) -> Result<Tensor> {
         Tensor::from_vec(&self.pool, &self.shape, self.dtype, self.to_vec()?)

@@ -43,6 +43,15 @@ pub fn embedding_backward(
     }
 }
 
+/// Token rows only (models whose positions are rotary): `dwte[tokens[i]] += dout[i]`, in
+/// token order, so repeated tokens sum in a fixed order.
+pub fn token_embedding_backward(dwte: &mut [f32], dout: &[f32], tokens: &[u32], c: usize) {
+    for (d, &tok) in dout.chunks(c).zip(tokens) {
+        let te = &mut dwte[tok as usize * c..][..c];
+        te.iter_mut().zip(d).for_each(|(w, d)| *w += d);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,7 +14,10 @@ pub mod embedding;
 pub mod gelu;
 pub mod gemm;
 pub mod layernorm;
+pub mod rmsnorm;
+pub mod rope;
 pub mod rows;
+pub mod swiglu;
 
 #[cfg(test)]
 pub(crate) mod testutil {
