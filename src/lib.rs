@@ -12,6 +12,7 @@ pub mod config;
 pub mod data;
 pub mod engine;
 pub mod error;
+pub mod generate;
 pub mod hw;
 pub mod models;
 pub mod nn;

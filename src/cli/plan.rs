@@ -537,7 +537,7 @@ fn print_report(r: &Report, cfg: &Config) {
 /// log-sum-exp per row; the CPU's keeps P in both modes).
 fn unfused_note(cfg: &Config, vocab: usize, r: &PlanRequest) -> String {
     let rows = cfg.train.micro_batch * cfg.train.seq_len;
-    let padded = vocab.div_ceil(crate::models::gpt::VOCAB_ALIGN) * crate::models::gpt::VOCAB_ALIGN;
+    let padded = crate::models::padded_vocab(vocab);
     let act = engine::ops::activation_dtype(r.device, r.compute).size_bytes();
     let extra = rows * padded * (4 + act);
     let layout = crate::nn::ActLayout {

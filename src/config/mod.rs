@@ -59,7 +59,7 @@ pub struct Config {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelConfig {
-    /// Model family; only "gpt" exists so far.
+    /// Model family: "gpt", "resnet_bk" or "llama".
     pub kind: String,
     /// Width of the residual stream (embedding size).
     pub d_model: usize,
@@ -84,6 +84,29 @@ pub struct ModelConfig {
     pub moe_capacity_factor: f64,
     /// resnet_bk: weight of the load-balancing loss.
     pub moe_aux_coef: f64,
+    /// llama: key/value heads shared by the query heads; 0 means one per query head.
+    pub n_kv_heads: usize,
+    /// llama: width of each attention head; 0 means d_model / n_heads.
+    pub head_dim: usize,
+    /// llama: hidden width of the SwiGLU feed-forward; 0 means about 8/3 x d_model,
+    /// rounded up to a multiple of 64.
+    pub ffn_hidden: usize,
+    /// llama: base of the rotary position frequencies.
+    pub rope_theta: f64,
+    /// llama: rotated dimensions of each head; 0 means all of them.
+    pub rot_dim: usize,
+    /// llama: Llama 3 rotary frequency scaling factor; 0 means no scaling.
+    pub rope_scaling_factor: f64,
+    /// llama: Llama 3 scaling, low-frequency factor.
+    pub rope_low_freq_factor: f64,
+    /// llama: Llama 3 scaling, high-frequency factor.
+    pub rope_high_freq_factor: f64,
+    /// llama: Llama 3 scaling, the context the frequencies were trained for.
+    pub rope_original_context: usize,
+    /// llama: epsilon of the RMS norms.
+    pub norm_eps: f64,
+    /// llama: biases on the query, key and value projections (Qwen2).
+    pub qkv_bias: bool,
 }
 
 impl ModelConfig {
@@ -112,6 +135,17 @@ impl Default for ModelConfig {
             moe_hidden: 0,
             moe_capacity_factor: 1.25,
             moe_aux_coef: 0.01,
+            n_kv_heads: 0,
+            head_dim: 0,
+            ffn_hidden: 0,
+            rope_theta: 10000.0,
+            rot_dim: 0,
+            rope_scaling_factor: 0.0,
+            rope_low_freq_factor: 1.0,
+            rope_high_freq_factor: 4.0,
+            rope_original_context: 8192,
+            norm_eps: 1e-5,
+            qkv_bias: false,
         }
     }
 }
@@ -261,7 +295,10 @@ impl Default for OptimConfig {
 /// are declared. A test checks this list against the structs so the two
 /// cannot drift apart.
 const KEYS: &[(&str, &str)] = &[
-    ("model.kind", "model family: \"gpt\" or \"resnet_bk\""),
+    (
+        "model.kind",
+        "model family: \"gpt\", \"resnet_bk\" or \"llama\"",
+    ),
     ("model.d_model", "embedding width"),
     ("model.n_layers", "number of transformer blocks"),
     ("model.n_heads", "attention heads; must divide d_model"),
@@ -284,6 +321,41 @@ const KEYS: &[(&str, &str)] = &[
     (
         "model.moe_aux_coef",
         "resnet_bk: load-balancing loss weight",
+    ),
+    (
+        "model.n_kv_heads",
+        "llama: key/value heads (grouped-query); 0 = n_heads",
+    ),
+    (
+        "model.head_dim",
+        "llama: width per head; 0 = d_model / n_heads",
+    ),
+    (
+        "model.ffn_hidden",
+        "llama: SwiGLU hidden width; 0 = 8/3 x d_model rounded to 64",
+    ),
+    ("model.rope_theta", "llama: rotary frequency base"),
+    ("model.rot_dim", "llama: rotated dims per head; 0 = all"),
+    (
+        "model.rope_scaling_factor",
+        "llama: Llama 3 rotary scaling factor; 0 = none",
+    ),
+    (
+        "model.rope_low_freq_factor",
+        "llama: Llama 3 scaling low factor",
+    ),
+    (
+        "model.rope_high_freq_factor",
+        "llama: Llama 3 scaling high factor",
+    ),
+    (
+        "model.rope_original_context",
+        "llama: Llama 3 scaling original context",
+    ),
+    ("model.norm_eps", "llama: RMS norm epsilon"),
+    (
+        "model.qkv_bias",
+        "llama: biases on q/k/v projections (Qwen2)",
     ),
     (
         "data.corpus",

@@ -6,7 +6,7 @@
 
 use super::{Config, ConfigError};
 
-pub(crate) const MODEL_KINDS: &[&str] = &["gpt", "resnet_bk"];
+pub(crate) const MODEL_KINDS: &[&str] = &["gpt", "resnet_bk", "llama"];
 pub(crate) const TOKENIZERS: &[&str] = &["byte", "gpt2"];
 pub(crate) const RECOMPUTE: &[&str] = &["none", "blocks", "auto"];
 pub(crate) const PRECISIONS: &[&str] = &["fp32", "tf32", "bf16-mixed", "fp16-mixed"];
@@ -101,6 +101,9 @@ impl Config {
         let floats = [
             ("model.moe_capacity_factor", m.moe_capacity_factor),
             ("model.moe_aux_coef", m.moe_aux_coef),
+            ("model.rope_theta", m.rope_theta),
+            ("model.norm_eps", m.norm_eps),
+            ("model.rope_scaling_factor", m.rope_scaling_factor),
             ("data.val_fraction", d.val_fraction),
             ("train.loss_scale_init", t.loss_scale_init),
             ("optim.lr", o.lr),
@@ -150,8 +153,21 @@ impl Config {
                 "it must be 0 or more, e.g. 0.01 (0 disables load balancing)",
             ));
         }
-        // Only attention splits the width into heads.
-        if m.kind == "gpt" && m.d_model % m.n_heads != 0 {
+        if m.kind == "llama" {
+            if let Err(rule) = crate::models::llama::LlamaConfig::from_model(m, 1).check() {
+                return Err(out_of_range("model.n_kv_heads", m.n_kv_heads, rule));
+            }
+            if !(m.rope_theta > 0.0 && m.norm_eps > 0.0 && m.rope_scaling_factor >= 0.0) {
+                return Err(out_of_range(
+                    "model.rope_theta",
+                    m.rope_theta,
+                    "model.rope_theta and model.norm_eps must be positive, model.rope_scaling_factor 0 or more",
+                ));
+            }
+        }
+        // Only attention splits the width into heads (a Llama may set its head width).
+        if (m.kind == "gpt" || (m.kind == "llama" && m.head_dim == 0)) && m.d_model % m.n_heads != 0
+        {
             return Err(ConfigError::HeadsDoNotDivide {
                 d_model: m.d_model,
                 n_heads: m.n_heads,

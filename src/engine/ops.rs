@@ -8,6 +8,7 @@ use super::cpu;
 use super::cpu::adamw::AdamWStep;
 use super::cpu::attention::AttnShape;
 use super::cpu::gemm::GemmShape;
+use super::cpu::kv_cache::CacheShape;
 use super::cpu::rope::RopeShape;
 use super::cuda::{Bf16, CudaBackend, F16, LogitRows};
 use super::profile;
@@ -1478,4 +1479,138 @@ pub fn token_embedding_backward(dwte: &mut Tensor, dout: &Tensor, tokens: &[u32]
         On::Gpu(_) => return Err(no_gpu_kernel(dout, "token_embedding_backward")),
     }
     Ok(())
+}
+
+/// Rotates the queries and keys of `qkv[rows, (H+2K) D]` by each row's position, stores keys
+/// and values into the cache at `(slot, pos)` and returns the rotated queries `[rows, H D]`.
+/// See [`cpu::kv_cache`].
+#[allow(clippy::too_many_arguments)]
+pub fn kv_append(
+    qkv: &Tensor,
+    k_cache: &mut Tensor,
+    v_cache: &mut Tensor,
+    slot: &[u32],
+    pos: &[u32],
+    cos: &Tensor,
+    sin: &Tensor,
+    s: RopeShape,
+    c: CacheShape,
+) -> Result<Tensor> {
+    let _prof = profile::scope("kv_append", qkv);
+    let on = device_of("kv_append", &[qkv, k_cache, v_cache, cos, sin])?;
+    check_rope("kv_append", pos, cos, sin, s)?;
+    check_cache("kv_append", k_cache, v_cache, slot, pos, c)?;
+    expect_len("kv_append", "qkv", qkv, s.rows * s.qkv_width())?;
+    let mut q = Tensor::uninit(qkv.pool(), &[s.rows, s.heads * s.head_dim], act_dtype(qkv))?;
+    match on {
+        On::Cpu => cpu::kv_cache::kv_append(
+            q.host_mut(),
+            k_cache.host_mut(),
+            v_cache.host_mut(),
+            qkv.host(),
+            slot,
+            pos,
+            cos.host(),
+            sin.host(),
+            s,
+            c,
+        ),
+        On::Gpu(_) => return Err(no_gpu_kernel(qkv, "kv_append")),
+    }
+    Ok(q)
+}
+
+fn check_cache(
+    op: &'static str,
+    k: &Tensor,
+    v: &Tensor,
+    slot: &[u32],
+    pos: &[u32],
+    c: CacheShape,
+) -> Result<()> {
+    expect_len(op, "k_cache", k, c.len())?;
+    expect_len(op, "v_cache", v, c.len())?;
+    let bad = slot.len() != pos.len()
+        || slot.iter().any(|&s| s as usize >= c.slots)
+        || pos.iter().any(|&p| p as usize >= c.max_len);
+    if bad {
+        return Err(EngineError::Shape {
+            op,
+            detail: format!(
+                "rows must name a slot below {} and a position below the cache length {}",
+                c.slots, c.max_len
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Each row's rotated queries `q[rows, H D]` attend to positions `0..=pos` of its cache slot:
+/// `[rows, H D]`.
+pub fn cache_attention(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    slot: &[u32],
+    pos: &[u32],
+    heads: usize,
+    c: CacheShape,
+) -> Result<Tensor> {
+    let _prof = profile::scope("cache_attention", q);
+    let on = device_of("cache_attention", &[q, k_cache, v_cache])?;
+    check_cache("cache_attention", k_cache, v_cache, slot, pos, c)?;
+    expect_len("cache_attention", "q", q, slot.len() * heads * c.head_dim)?;
+    if c.kv_heads == 0 || !heads.is_multiple_of(c.kv_heads) {
+        return Err(EngineError::Shape {
+            op: "cache_attention",
+            detail: format!("{heads} heads cannot share {} key/value heads", c.kv_heads),
+        });
+    }
+    let mut out = Tensor::uninit(q.pool(), q.shape(), act_dtype(q))?;
+    match on {
+        On::Cpu => cpu::kv_cache::cache_attention(
+            out.host_mut(),
+            q.host(),
+            k_cache.host(),
+            v_cache.host(),
+            slot,
+            pos,
+            heads,
+            c,
+        ),
+        On::Gpu(_) => return Err(no_gpu_kernel(q, "cache_attention")),
+    }
+    Ok(out)
+}
+
+/// Copies positions `0..len` of cache slot `from` into slot `to` (samples sharing a prompt's
+/// prefill).
+pub fn copy_cache_slot(
+    cache: &mut Tensor,
+    from: usize,
+    to: usize,
+    len: usize,
+    c: CacheShape,
+) -> Result<()> {
+    expect_len("copy_cache_slot", "cache", cache, c.len())?;
+    if from >= c.slots || to >= c.slots || len > c.max_len {
+        return Err(EngineError::Shape {
+            op: "copy_cache_slot",
+            detail: format!(
+                "slots {from} -> {to} of {}, {len} positions of {}",
+                c.slots, c.max_len
+            ),
+        });
+    }
+    match cache.device() {
+        Device::Cpu => {
+            let data = cache.host_mut();
+            for h in 0..c.kv_heads {
+                let (src, dst) = (c.at(from, h, 0), c.at(to, h, 0));
+                data.copy_within(src..src + len * c.head_dim, dst);
+            }
+            Ok(())
+        }
+        Device::Cuda(_) => Err(no_gpu_kernel(cache, "copy_cache_slot")),
+    }
 }

@@ -336,6 +336,11 @@ impl Tensor {
         Ok(())
     }
 
+    /// Bytes this tensor holds in its pool.
+    pub fn bytes(&self) -> usize {
+        self.booked
+    }
+
     /// The same buffer under another shape of the same number of elements (no copy).
     pub fn reshaped(mut self, shape: &[usize]) -> Tensor {
         assert_eq!(

@@ -5,10 +5,8 @@
 //! backward walks the blocks in reverse with one gradient buffer for the residual stream.
 //! Every layernorm after the first is fused with the residual add that precedes it.
 //!
-//! The vocabulary is padded to a multiple of [`VOCAB_ALIGN`] in the embedding table and the
-//! head, so the largest GEMM of the model runs on whole tensor-core tiles (50257 -> 50304 for
-//! GPT-2). Padded rows are never looked up, their logits are masked out of the loss, so they
-//! get no gradient and do not change what the model computes.
+//! The vocabulary is padded to a multiple of [`super::VOCAB_ALIGN`] in the embedding table and
+//! the head (see [`super::padded_vocab`]).
 //!
 //! With [`Recompute::Blocks`] the forward keeps only each block's input (the residual stream
 //! entering it) and the backward re-runs that block's forward right before its backward, so
@@ -35,9 +33,6 @@ use crate::nn::mlp::{Mlp, MlpSaved};
 use crate::nn::{ActLayout, Cost, Kernels, Param};
 use std::sync::Arc;
 
-/// The vocabulary is padded to a multiple of this many entries.
-pub const VOCAB_ALIGN: usize = 128;
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GptConfig {
     pub vocab: usize,
@@ -50,9 +45,9 @@ pub struct GptConfig {
 
 impl GptConfig {
     /// Rows of the embedding table and columns of the logits: the vocabulary rounded up to
-    /// a multiple of [`VOCAB_ALIGN`].
+    /// a multiple of [`super::VOCAB_ALIGN`].
     pub fn padded_vocab(&self) -> usize {
-        self.vocab.div_ceil(VOCAB_ALIGN) * VOCAB_ALIGN
+        super::padded_vocab(self.vocab)
     }
 }
 

@@ -1,10 +1,12 @@
 //! Models: compositions of `nn` layers with a loss, behind one interface the trainer uses.
 
 pub mod gpt;
+pub mod llama;
 pub mod resnet_bk;
 
 use crate::config::ModelConfig;
-use crate::engine::{DType, EngineError, MemoryPool, Result};
+use crate::engine::cpu::kv_cache::CacheShape;
+use crate::engine::{DType, EngineError, MemoryPool, Result, Tensor, ops};
 use crate::error::KilnError;
 use crate::nn::moe::{MoeConfig, MoeStats};
 use crate::nn::{Cost, Kernels, Param};
@@ -74,11 +76,57 @@ pub trait Model: Send {
         }
     }
 
+    /// Incremental decoding with a key/value cache, for the families that have it (the
+    /// generation engine falls back to re-running the whole window otherwise).
+    fn decoder(&self) -> Option<&dyn Decoder> {
+        None
+    }
+
     /// How the mixture-of-experts layers routed tokens in the forward-backward passes since
     /// the last call (`None` for a model without them); clears the record.
     fn take_routing_stats(&mut self) -> Option<RoutingStats> {
         None
     }
+}
+
+/// A model's key/value cache: one `(keys, values)` pair of `[slots, K, max_len, D]` per layer.
+pub struct KvCache {
+    pub layers: Vec<(Tensor, Tensor)>,
+    pub shape: CacheShape,
+}
+
+impl KvCache {
+    /// Copies the first `len` positions of slot `from` into slot `to` in every layer.
+    pub fn copy_slot(&mut self, from: usize, to: usize, len: usize) -> Result<()> {
+        for (k, v) in &mut self.layers {
+            ops::copy_cache_slot(k, from, to, len, self.shape)?;
+            ops::copy_cache_slot(v, from, to, len, self.shape)?;
+        }
+        Ok(())
+    }
+
+    /// Bytes the cache holds on its device.
+    pub fn bytes(&self) -> usize {
+        self.layers.iter().map(|(k, v)| k.bytes() + v.bytes()).sum()
+    }
+}
+
+/// Decoding one token per sequence (or a prompt's tokens at once) against a [`KvCache`].
+pub trait Decoder {
+    /// A cache for `slots` sequences of up to `max_len` tokens, in the model's pool.
+    fn new_cache(&self, slots: usize, max_len: usize) -> Result<KvCache>;
+
+    /// Runs `tokens` as rows, each at `(slot, pos)` of the cache (a prefill is one slot at
+    /// positions `0..T`, a decode step one row per sequence), appending their keys and
+    /// values. Returns the logits of the rows listed in `emit`, `[emit.len() x vocab]`.
+    fn decode(
+        &self,
+        cache: &mut KvCache,
+        tokens: &[u32],
+        slot: &[u32],
+        pos: &[u32],
+        emit: &[u32],
+    ) -> Result<Vec<f32>>;
 }
 
 /// Which activations the backward rebuilds instead of keeping them from the forward.
@@ -191,12 +239,28 @@ pub fn build(
             },
             seed,
         )?),
+        "llama" => Box::new(llama::Llama::new(
+            pool,
+            llama::LlamaConfig::from_model(cfg, vocab),
+            seed,
+        )?),
         other => {
             return Err(KilnError::Setting(format!(
-                "model.kind = \"{other}\" is not a model kiln knows; use \"gpt\" or \"resnet_bk\""
+                "model.kind = \"{other}\" is not a model kiln knows; use \"gpt\", \"resnet_bk\" or \"llama\""
             )));
         }
     })
+}
+
+/// Embedding tables and heads pad the vocabulary to a multiple of this many entries, so the
+/// largest GEMM of a language model runs on whole tensor-core tiles (50257 -> 50304 for
+/// GPT-2). Padded rows are never looked up and their logits are masked out of the loss, so
+/// they get no gradient and change nothing the model computes.
+pub const VOCAB_ALIGN: usize = 128;
+
+/// Rows of the embedding table and columns of the logits for a `vocab`-token vocabulary.
+pub fn padded_vocab(vocab: usize) -> usize {
+    vocab.next_multiple_of(VOCAB_ALIGN)
 }
 
 /// Refuses a sequence longer than a model's `context` (its position table), naming the fix.

@@ -20,7 +20,7 @@
 //! The training loss adds each layer's load-balancing loss, weighted by `aux_coef` and by the
 //! micro-batch's tokens, so accumulated micro-batches sum to the token-weighted mean of theirs.
 
-use super::gpt::VOCAB_ALIGN;
+use super::padded_vocab;
 use super::{Model, RoutingStats, StepPrecision};
 use crate::engine::ops::{self, NormStats};
 use crate::engine::rng::{Rng, stream};
@@ -61,7 +61,7 @@ impl ResnetBkConfig {
             + BkCore::cost_of(BkCoreOptions::default(), self.context, batch, seq)
             + Linear::cost_of(2, c, false, tokens)
             + scale;
-        let padded = self.vocab.next_multiple_of(VOCAB_ALIGN);
+        let padded = padded_vocab(self.vocab);
         let head_mac = (tokens * c * padded) as u64;
         let head = Cost {
             params: if self.tied_head { 0 } else { padded * c },
@@ -122,8 +122,8 @@ impl ResnetBk {
         let mut rng = Rng::new(seed, stream::INIT);
         let c = cfg.d_model;
         let proj_std = 0.02 / (2.0 * cfg.n_layers as f32).sqrt();
-        // Padded like the GPT's (see `gpt::VOCAB_ALIGN`): whole tensor-core tiles in the head.
-        let padded = cfg.vocab.next_multiple_of(VOCAB_ALIGN);
+        // Padded like the GPT's (see `models::padded_vocab`): whole tensor-core tiles in the head.
+        let padded = padded_vocab(cfg.vocab);
         let embed = Embedding::new(pool, padded, cfg.context, c, &mut rng)?;
         let blocks = (0..cfg.n_layers)
             .map(|l| {
@@ -386,7 +386,7 @@ impl Model for ResnetBk {
     fn next_logits(&self, tokens: &[u32]) -> Result<Vec<f32>> {
         let acts = self.forward(tokens, 1, tokens.len())?;
         let logits = self.logits(&acts)?.to_vec()?;
-        let row = (tokens.len() - 1) * self.cfg.vocab.next_multiple_of(VOCAB_ALIGN);
+        let row = (tokens.len() - 1) * padded_vocab(self.cfg.vocab);
         Ok(logits[row..row + self.cfg.vocab].to_vec())
     }
 

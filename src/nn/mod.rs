@@ -8,10 +8,13 @@
 pub mod attention;
 pub mod bk_core;
 pub mod embedding;
+pub mod gqa;
 pub mod layernorm;
 pub mod linear;
 pub mod mlp;
 pub mod moe;
+pub mod rmsnorm;
+pub mod swiglu;
 
 use crate::engine::rng::Rng;
 use crate::engine::{DType, Device, MemoryPool, Result, Tensor, ops};

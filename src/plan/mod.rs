@@ -21,14 +21,8 @@ use crate::nn::{ActLayout, Cost};
 use serde::Serialize;
 use walk::Kind;
 
-/// The multiple the GPT pads its vocabulary to (logits columns and token-table rows);
-/// [`padded_vocab`] follows it.
-pub const VOCAB_MULTIPLE: usize = crate::models::gpt::VOCAB_ALIGN;
-
 /// The vocabulary size the model is built with for a tokenizer of `vocab` tokens.
-pub fn padded_vocab(vocab: usize) -> usize {
-    vocab.next_multiple_of(VOCAB_MULTIPLE)
-}
+pub use crate::models::padded_vocab;
 
 /// The cuBLASLt workspace a GPU backend allocates outside the pool.
 pub const GPU_GEMM_WORKSPACE: usize = crate::engine::cuda::GEMM_WORKSPACE_BYTES;

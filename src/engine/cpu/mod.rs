@@ -13,6 +13,7 @@ pub mod cross_entropy;
 pub mod embedding;
 pub mod gelu;
 pub mod gemm;
+pub mod kv_cache;
 pub mod layernorm;
 pub mod rmsnorm;
 pub mod rope;

@@ -1,0 +1,313 @@
+//! The generation engine: many prompts, several samples per prompt, one batched decode.
+//!
+//! Every prompt is prefilled once into a slot of the model's key/value cache, the slot is
+//! copied to the prompt's other samples, and then every live sequence advances by one token
+//! per decode step (one batched forward of one row per sequence). A sequence that meets a
+//! stop token, a stop string or its length limit leaves the batch. Each sample draws from a
+//! random stream keyed by (seed, prompt, sample), so its text does not depend on which other
+//! sequences share the batch. Models without a cached decoder fall back to re-running their
+//! window for each token.
+//!
+//! Training code calls [`generate`] directly between optimizer steps: it reads the model's
+//! weights where they are and returns token ids, texts and the model's log-probabilities of
+//! each drawn token.
+
+pub mod sampling;
+
+pub use sampling::{Sampling, log_prob, sample};
+
+use crate::data::Tokenizer;
+use crate::engine::rng::{Rng, hash3, stream};
+use crate::error::{KilnError, Result};
+use crate::models::Model;
+use std::time::Instant;
+
+/// One prompt and how many replies to draw from it.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub prompt: Vec<u32>,
+    pub samples: usize,
+}
+
+/// What to generate.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub max_new_tokens: usize,
+    pub sampling: Sampling,
+    /// Token ids that end a sequence (kept out of its text).
+    pub stop_ids: Vec<u32>,
+    /// Strings that end a sequence where they appear (cut from its text).
+    pub stop_strings: Vec<String>,
+    pub seed: u64,
+}
+
+/// Why a sequence ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Finish {
+    Stop,
+    Length,
+}
+
+/// One generated reply.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Completion {
+    pub prompt: usize,
+    pub sample: usize,
+    /// The generated token ids (without the prompt or the stop token).
+    pub tokens: Vec<u32>,
+    /// The model's log-probability (temperature 1, no penalties) of each generated token.
+    pub logprobs: Vec<f32>,
+    pub text: String,
+    pub finish: Finish,
+}
+
+/// Throughput of one call.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct Stats {
+    pub prefill_tokens: usize,
+    pub prefill_secs: f64,
+    pub decode_tokens: usize,
+    pub decode_secs: f64,
+    pub cache_bytes: usize,
+}
+
+impl Stats {
+    pub fn prefill_rate(&self) -> f64 {
+        self.prefill_tokens as f64 / self.prefill_secs.max(1e-9)
+    }
+    pub fn decode_rate(&self) -> f64 {
+        self.decode_tokens as f64 / self.decode_secs.max(1e-9)
+    }
+}
+
+/// A sequence being generated.
+struct Live {
+    prompt: usize,
+    sample: usize,
+    slot: u32,
+    /// Prompt and generated tokens so far.
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    logprobs: Vec<f32>,
+    rng: Rng,
+    finish: Option<Finish>,
+    /// Bytes of text already checked for stop strings.
+    checked: usize,
+}
+
+impl Live {
+    fn generated(&self) -> &[u32] {
+        &self.tokens[self.prompt_len..]
+    }
+}
+
+fn check_requests(model: &dyn Model, reqs: &[Request], o: &Options) -> Result<()> {
+    o.sampling.check().map_err(KilnError::Setting)?;
+    if o.max_new_tokens == 0 {
+        return Err(KilnError::Setting(
+            "the number of new tokens is 0; ask for at least 1".into(),
+        ));
+    }
+    for (i, r) in reqs.iter().enumerate() {
+        if r.samples == 0 {
+            return Err(KilnError::Setting(format!(
+                "prompt {i} asks for 0 samples; use --num-samples 1 or more"
+            )));
+        }
+        if r.prompt.is_empty() {
+            return Err(KilnError::Setting(format!(
+                "prompt {i} is empty; give at least one token to continue"
+            )));
+        }
+        if r.prompt.len() >= model.context() {
+            return Err(KilnError::Setting(format!(
+                "prompt {i} has {} tokens, {} more than the model's context of {} leaves room for (at least one new token); shorten it",
+                r.prompt.len(),
+                r.prompt.len() + 1 - model.context(),
+                model.context()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Decides whether `s` just ended; when a stop string ended it, `text` is its text cut there.
+fn stopped(
+    s: &mut Live,
+    tok: &dyn Tokenizer,
+    o: &Options,
+    max_len: usize,
+    text: &mut Option<String>,
+) -> bool {
+    let last = *s.tokens.last().expect("a token was just drawn");
+    if o.stop_ids.contains(&last) {
+        s.tokens.pop();
+        s.logprobs.pop();
+        s.finish = Some(Finish::Stop);
+        return true;
+    }
+    if !o.stop_strings.is_empty() {
+        let mut t = tok.decode(s.generated());
+        // Search only the tail that could hold a stop string not seen before.
+        let longest = o.stop_strings.iter().map(String::len).max().unwrap_or(0);
+        let mut from = s.checked.saturating_sub(longest).min(t.len());
+        while !t.is_char_boundary(from) {
+            from -= 1;
+        }
+        if let Some(at) = o
+            .stop_strings
+            .iter()
+            .filter_map(|st| t[from..].find(st.as_str()).map(|i| from + i))
+            .min()
+        {
+            t.truncate(at);
+            *text = Some(t);
+            s.finish = Some(Finish::Stop);
+            return true;
+        }
+        s.checked = t.len();
+    }
+    // The cache holds positions `0..max_len`; the newest token would be fed at `len - 1`.
+    if s.generated().len() >= o.max_new_tokens || s.tokens.len() > max_len {
+        s.finish = Some(Finish::Length);
+        return true;
+    }
+    false
+}
+
+/// Generates `o.max_new_tokens` (at most) for each sample of each request. `on_token` sees
+/// every drawn token as `(prompt, sample, token)`, for streaming.
+pub fn generate(
+    model: &dyn Model,
+    tok: &dyn Tokenizer,
+    reqs: &[Request],
+    o: &Options,
+    on_token: &mut dyn FnMut(usize, usize, u32),
+) -> Result<(Vec<Completion>, Stats)> {
+    check_requests(model, reqs, o)?;
+    let vocab = model.vocab();
+    let max_len = reqs
+        .iter()
+        .map(|r| r.prompt.len() + o.max_new_tokens)
+        .max()
+        .unwrap_or(1)
+        .min(model.context());
+    let slots: usize = reqs.iter().map(|r| r.samples).sum();
+    let mut cache = match model.decoder() {
+        Some(d) => Some(d.new_cache(slots, max_len)?),
+        None => None,
+    };
+    let mut stats = Stats {
+        cache_bytes: cache.as_ref().map_or(0, |c| c.bytes()),
+        ..Stats::default()
+    };
+    let mut live: Vec<Live> = Vec::with_capacity(slots);
+    let mut done: Vec<Completion> = Vec::with_capacity(slots);
+
+    // Prefill: each prompt once, its logits shared by its samples.
+    let t0 = Instant::now();
+    let mut first_logits: Vec<Vec<f32>> = Vec::with_capacity(reqs.len());
+    let mut slot = 0u32;
+    for r in reqs {
+        let t = r.prompt.len();
+        let logits = match (&mut cache, model.decoder()) {
+            (Some(c), Some(d)) => {
+                let pos: Vec<u32> = (0..t as u32).collect();
+                let l = d.decode(c, &r.prompt, &vec![slot; t], &pos, &[t as u32 - 1])?;
+                for s in 1..r.samples {
+                    c.copy_slot(slot as usize, slot as usize + s, t)?;
+                }
+                l
+            }
+            _ => model.next_logits(&r.prompt)?,
+        };
+        stats.prefill_tokens += t;
+        first_logits.push(logits);
+        slot += r.samples as u32;
+    }
+    stats.prefill_secs = t0.elapsed().as_secs_f64();
+
+    let t1 = Instant::now();
+    let mut slot = 0u32;
+    for (p, r) in reqs.iter().enumerate() {
+        for s in 0..r.samples {
+            let mut seq = Live {
+                prompt: p,
+                sample: s,
+                slot,
+                tokens: r.prompt.clone(),
+                prompt_len: r.prompt.len(),
+                logprobs: Vec::new(),
+                rng: Rng::new(hash3(o.seed, p as u64, s as u64), stream::SAMPLE),
+                finish: None,
+                checked: 0,
+            };
+            let mut logits = first_logits[p].clone();
+            let lp_src = logits.clone();
+            let next = sample(&mut logits, &seq.tokens, &o.sampling, &mut seq.rng);
+            seq.logprobs.push(log_prob(&lp_src, next));
+            seq.tokens.push(next);
+            on_token(p, s, next);
+            live.push(seq);
+            slot += 1;
+        }
+    }
+    stats.decode_tokens += live.len();
+    loop {
+        // Retire the sequences that just ended.
+        let mut i = 0;
+        while i < live.len() {
+            let mut cut = None;
+            if stopped(&mut live[i], tok, o, max_len, &mut cut) {
+                let s = live.swap_remove(i);
+                let text = cut.unwrap_or_else(|| tok.decode(s.generated()));
+                done.push(Completion {
+                    prompt: s.prompt,
+                    sample: s.sample,
+                    tokens: s.generated().to_vec(),
+                    logprobs: s.logprobs,
+                    text,
+                    finish: s.finish.unwrap_or(Finish::Length),
+                });
+            } else {
+                i += 1;
+            }
+        }
+        if live.is_empty() {
+            break;
+        }
+        // One decode step for every live sequence.
+        let logits: Vec<f32> = match (&mut cache, model.decoder()) {
+            (Some(c), Some(d)) => {
+                let tokens: Vec<u32> = live
+                    .iter()
+                    .map(|s| *s.tokens.last().expect("non-empty"))
+                    .collect();
+                let slots: Vec<u32> = live.iter().map(|s| s.slot).collect();
+                let pos: Vec<u32> = live.iter().map(|s| s.tokens.len() as u32 - 1).collect();
+                let emit: Vec<u32> = (0..live.len() as u32).collect();
+                d.decode(c, &tokens, &slots, &pos, &emit)?
+            }
+            _ => {
+                let mut all = Vec::with_capacity(live.len() * vocab);
+                for s in &live {
+                    let window = &s.tokens[s.tokens.len().saturating_sub(model.context())..];
+                    all.extend(model.next_logits(window)?);
+                }
+                all
+            }
+        };
+        for (s, row) in live.iter_mut().zip(logits.chunks(vocab)) {
+            let mut l = row.to_vec();
+            let next = sample(&mut l, &s.tokens, &o.sampling, &mut s.rng);
+            s.logprobs.push(log_prob(row, next));
+            s.tokens.push(next);
+            on_token(s.prompt, s.sample, next);
+        }
+        stats.decode_tokens += live.len();
+    }
+    stats.decode_secs = t1.elapsed().as_secs_f64();
+    done.sort_by_key(|c| (c.prompt, c.sample));
+    Ok((done, stats))
+}

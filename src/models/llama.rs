@@ -1,0 +1,730 @@
+//! A Llama-family decoder (Llama 2/3, Qwen2, Mistral, SmolLM): token embedding, pre-norm
+//! blocks of RMSNorm, grouped-query attention with rotary positions and a SwiGLU feed-forward,
+//! a final RMSNorm and a language-model head (tied to the embedding or not).
+//!
+//! The forward keeps what the backward needs per block and the backward walks the blocks in
+//! reverse with one gradient buffer for the residual stream, as the GPT does: every norm after
+//! the first is fused with the residual add before it. With [`Recompute::Blocks`] only each
+//! block's input is kept and the block is re-run right before its backward.
+//!
+//! Weights use kiln's names (`layers.N.attn.qkv.weight`, one fused QKV and one fused
+//! gate/up matrix per block); `models::import` maps Hugging Face and GGUF checkpoints onto
+//! them.
+
+use super::{Decoder, KvCache, Model, Recompute, StepPrecision, padded_vocab};
+use crate::engine::cpu::kv_cache::CacheShape;
+use crate::engine::cpu::rope::{self, Llama3Scaling};
+use crate::engine::rng::{Rng, stream};
+use crate::engine::{DType, MemoryPool, Result, Tensor, ops};
+use crate::nn::gqa::{GqaAttention, GqaSaved, Heads, Rotary};
+use crate::nn::linear::Linear;
+use crate::nn::rmsnorm::RmsNorm;
+use crate::nn::swiglu::{SwiGlu, SwiGluSaved};
+use crate::nn::{ActLayout, Cost, Init, Param, f32_bytes};
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+/// The shape of a Llama-family model.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct LlamaConfig {
+    pub vocab: usize,
+    pub d_model: usize,
+    pub n_layers: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub ffn_hidden: usize,
+    pub context: usize,
+    pub rope_theta: f32,
+    /// Rotated dimensions of each head (`head_dim` unless the model uses partial rotary).
+    pub rot_dim: usize,
+    pub rope_scaling: Option<Llama3Scaling>,
+    pub norm_eps: f32,
+    pub tied_head: bool,
+    /// Biases on the query, key and value projections (Qwen2).
+    pub qkv_bias: bool,
+}
+
+impl LlamaConfig {
+    /// The shape the `[model]` settings describe, for a `vocab`-token vocabulary; zeros take
+    /// their documented defaults.
+    pub fn from_model(m: &crate::config::ModelConfig, vocab: usize) -> LlamaConfig {
+        let head_dim = if m.head_dim > 0 {
+            m.head_dim
+        } else {
+            m.d_model / m.n_heads.max(1)
+        };
+        let rope_scaling = (m.rope_scaling_factor > 0.0).then_some(Llama3Scaling {
+            factor: m.rope_scaling_factor as f32,
+            low_freq_factor: m.rope_low_freq_factor as f32,
+            high_freq_factor: m.rope_high_freq_factor as f32,
+            original_context: m.rope_original_context,
+        });
+        LlamaConfig {
+            vocab,
+            d_model: m.d_model,
+            n_layers: m.n_layers,
+            n_heads: m.n_heads,
+            n_kv_heads: if m.n_kv_heads > 0 {
+                m.n_kv_heads
+            } else {
+                m.n_heads
+            },
+            head_dim,
+            ffn_hidden: if m.ffn_hidden > 0 {
+                m.ffn_hidden
+            } else {
+                (8 * m.d_model / 3).next_multiple_of(64)
+            },
+            context: m.context,
+            rope_theta: m.rope_theta as f32,
+            rot_dim: if m.rot_dim > 0 { m.rot_dim } else { head_dim },
+            rope_scaling,
+            norm_eps: m.norm_eps as f32,
+            tied_head: m.tied_head,
+            qkv_bias: m.qkv_bias,
+        }
+    }
+
+    pub fn heads(&self) -> Heads {
+        Heads {
+            heads: self.n_heads,
+            kv_heads: self.n_kv_heads,
+            head_dim: self.head_dim,
+            rot_dim: self.rot_dim,
+        }
+    }
+
+    /// Why this shape cannot be built, if it cannot.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        if self.n_kv_heads == 0 || !self.n_heads.is_multiple_of(self.n_kv_heads) {
+            return Err(format!(
+                "{} attention heads cannot share {} key/value heads evenly; choose model.n_kv_heads dividing model.n_heads",
+                self.n_heads, self.n_kv_heads
+            ));
+        }
+        if self.head_dim == 0 || !self.rot_dim.is_multiple_of(2) || self.rot_dim > self.head_dim {
+            return Err(format!(
+                "rotary dimensions {} must be even and at most the head size {}",
+                self.rot_dim, self.head_dim
+            ));
+        }
+        Ok(())
+    }
+
+    /// The cost of one micro-batch from the layers' own costs, activations laid out as
+    /// `layout` keeps them.
+    pub fn cost_on(&self, batch: usize, seq: usize, layout: ActLayout) -> Cost {
+        let tokens = batch * seq;
+        let c = self.d_model;
+        let block = RmsNorm::cost_of(c, tokens, layout)
+            + GqaAttention::cost_of(c, self.heads(), self.qkv_bias, batch, seq, layout)
+            + RmsNorm::cost_of(c, tokens, layout)
+            + SwiGlu::cost_of(c, self.ffn_hidden, tokens, layout);
+        let blocks: Cost = (0..self.n_layers).map(|_| block).sum();
+        let vocab = padded_vocab(self.vocab);
+        let head = Linear::cost_of(c, vocab, false, tokens);
+        let head = Cost {
+            params: if self.tied_head { 0 } else { head.params },
+            saved_bytes: layout.act_bytes(tokens * vocab),
+            ..head
+        };
+        let embed = Cost {
+            params: vocab * c,
+            ..Cost::default()
+        };
+        embed + blocks + RmsNorm::cost_of(c, tokens, layout) + head
+    }
+}
+
+pub struct Block {
+    pub ln1: RmsNorm,
+    pub attn: GqaAttention,
+    pub ln2: RmsNorm,
+    pub mlp: SwiGlu,
+}
+
+pub struct Llama {
+    pub cfg: LlamaConfig,
+    /// `[padded vocab, C]`; also the head's weight when the head is tied.
+    pub embed: Param,
+    pub blocks: Vec<Block>,
+    pub ln_f: RmsNorm,
+    pub head: Option<Linear>,
+    rotary: Rotary,
+    recompute: Recompute,
+}
+
+struct BlockActs {
+    input: Tensor,
+    ln1: Tensor,
+    ln1_rstd: Tensor,
+    attn: GqaSaved,
+    mid: Tensor,
+    ln2: Tensor,
+    ln2_rstd: Tensor,
+    mlp: SwiGluSaved,
+}
+
+enum BlockSaved {
+    All(Box<BlockActs>),
+    Input(Tensor),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Keep {
+    All,
+    BlockInputs,
+    Output,
+}
+
+struct Activations {
+    blocks: Vec<BlockSaved>,
+    last: Tensor,
+    ln_f: Tensor,
+    ln_f_rstd: Tensor,
+}
+
+impl Block {
+    fn activations(
+        &self,
+        input: Tensor,
+        ln1: Tensor,
+        ln1_rstd: Tensor,
+        pos: &[u32],
+        rot: &Rotary,
+    ) -> Result<BlockActs> {
+        let (attn_out, attn) = self.attn.forward(&ln1, pos, rot)?;
+        let (mid, ln2, ln2_rstd) = self.ln2.forward_residual(&input, &attn_out)?;
+        drop(attn_out);
+        let mlp = self.mlp.activations(&ln2)?;
+        Ok(BlockActs {
+            input,
+            ln1,
+            ln1_rstd,
+            attn,
+            mid,
+            ln2,
+            ln2_rstd,
+            mlp,
+        })
+    }
+
+    fn recompute(&self, input: Tensor, pos: &[u32], rot: &Rotary) -> Result<BlockActs> {
+        let (ln1, ln1_rstd) = self.ln1.forward(&input)?;
+        self.activations(input, ln1, ln1_rstd, pos, rot)
+    }
+}
+
+/// Each row's position for a `[batch, seq]` batch of whole sequences.
+fn positions(batch: usize, seq: usize) -> Vec<u32> {
+    (0..batch * seq).map(|i| (i % seq) as u32).collect()
+}
+
+impl Llama {
+    pub fn new(pool: &Arc<MemoryPool>, cfg: LlamaConfig, seed: u64) -> Result<Llama> {
+        cfg.check()
+            .map_err(|detail| crate::engine::EngineError::Shape {
+                op: "llama",
+                detail,
+            })?;
+        let mut rng = Rng::new(seed, stream::INIT);
+        let c = cfg.d_model;
+        let out_std = 0.02 / (2.0 * cfg.n_layers as f32).sqrt();
+        let vocab = padded_vocab(cfg.vocab);
+        let embed = Param::new(
+            pool,
+            "embed.weight".into(),
+            &[vocab, c],
+            Init::Normal(0.02),
+            &mut rng,
+        )?;
+        let blocks = (0..cfg.n_layers)
+            .map(|l| {
+                let name = format!("layers.{l}");
+                Ok(Block {
+                    ln1: RmsNorm::new(pool, &format!("{name}.ln1"), c, cfg.norm_eps, &mut rng)?,
+                    attn: GqaAttention::new(
+                        pool,
+                        &format!("{name}.attn"),
+                        c,
+                        cfg.heads(),
+                        cfg.qkv_bias,
+                        out_std,
+                        &mut rng,
+                    )?,
+                    ln2: RmsNorm::new(pool, &format!("{name}.ln2"), c, cfg.norm_eps, &mut rng)?,
+                    mlp: SwiGlu::new(
+                        pool,
+                        &format!("{name}.mlp"),
+                        c,
+                        cfg.ffn_hidden,
+                        out_std,
+                        &mut rng,
+                    )?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let ln_f = RmsNorm::new(pool, "ln_f", c, cfg.norm_eps, &mut rng)?;
+        let head = if cfg.tied_head {
+            None
+        } else {
+            Some(Linear::new(
+                pool, "lm_head", c, vocab, false, 0.02, &mut rng,
+            )?)
+        };
+        let inv = rope::inverse_frequencies(cfg.rope_theta, cfg.rot_dim, cfg.rope_scaling);
+        let (cos, sin) = rope::rope_tables(&inv, cfg.context);
+        let half = cfg.rot_dim / 2;
+        let rotary = Rotary {
+            cos: Tensor::from_vec(pool, &[cfg.context, half], DType::F32, cos)?,
+            sin: Tensor::from_vec(pool, &[cfg.context, half], DType::F32, sin)?,
+        };
+        Ok(Llama {
+            cfg,
+            embed,
+            blocks,
+            ln_f,
+            head,
+            rotary,
+            recompute: Recompute::None,
+        })
+    }
+
+    fn norm_after(&self, l: usize) -> &RmsNorm {
+        self.blocks.get(l + 1).map_or(&self.ln_f, |b| &b.ln1)
+    }
+
+    fn forward(&self, tokens: &[u32], batch: usize, seq: usize, keep: Keep) -> Result<Activations> {
+        super::check_context("llama", seq, self.cfg.context)?;
+        let pos = positions(batch, seq);
+        let mut input = ops::token_embedding_forward(tokens, batch, seq, self.embed.weight())?;
+        let (mut ln1, mut ln1_rstd) = self
+            .blocks
+            .first()
+            .map_or(&self.ln_f, |b| &b.ln1)
+            .forward(&input)?;
+        let mut saved = Vec::with_capacity(self.blocks.len());
+        for (l, block) in self.blocks.iter().enumerate() {
+            let acts = block.activations(input, ln1, ln1_rstd, &pos, &self.rotary)?;
+            let mlp_out = block.mlp.output(&acts.mlp)?;
+            let (next, next_ln, next_rstd) =
+                self.norm_after(l).forward_residual(&acts.mid, &mlp_out)?;
+            drop(mlp_out);
+            match keep {
+                Keep::All => saved.push(BlockSaved::All(Box::new(acts))),
+                Keep::BlockInputs => saved.push(BlockSaved::Input(acts.input)),
+                Keep::Output => {}
+            }
+            (input, ln1, ln1_rstd) = (next, next_ln, next_rstd);
+        }
+        Ok(Activations {
+            blocks: saved,
+            last: input,
+            ln_f: ln1,
+            ln_f_rstd: ln1_rstd,
+        })
+    }
+
+    fn head_weight(&self) -> &Tensor {
+        self.head
+            .as_ref()
+            .map_or(self.embed.weight(), |h| h.weight.weight())
+    }
+
+    fn logits(&self, acts: &Activations) -> Result<Tensor> {
+        ops::linear_forward(&acts.ln_f, self.head_weight(), None)
+    }
+}
+
+impl Model for Llama {
+    fn params(&self) -> Vec<&Param> {
+        let mut v = vec![&self.embed];
+        for b in &self.blocks {
+            v.extend(b.ln1.params());
+            v.extend(b.attn.params());
+            v.extend(b.ln2.params());
+            v.extend(b.mlp.params());
+        }
+        v.extend(self.ln_f.params());
+        if let Some(h) = &self.head {
+            v.extend(h.params());
+        }
+        v
+    }
+
+    fn params_mut(&mut self) -> Vec<&mut Param> {
+        let mut v = vec![&mut self.embed];
+        for b in &mut self.blocks {
+            v.extend(b.ln1.params_mut());
+            v.extend(b.attn.params_mut());
+            v.extend(b.ln2.params_mut());
+            v.extend(b.mlp.params_mut());
+        }
+        v.extend(self.ln_f.params_mut());
+        if let Some(h) = &mut self.head {
+            v.extend(h.params_mut());
+        }
+        v
+    }
+
+    fn forward_backward(
+        &mut self,
+        inputs: &[u32],
+        targets: &[u32],
+        batch: usize,
+        seq: usize,
+        p: StepPrecision,
+    ) -> Result<f64> {
+        let keep = match self.recompute {
+            Recompute::None => Keep::All,
+            Recompute::Blocks => Keep::BlockInputs,
+        };
+        let acts = self.forward(inputs, batch, seq, keep)?;
+        let mut dlogits = self.logits(&acts)?;
+        let losses = ops::cross_entropy_fused(&mut dlogits, targets, self.cfg.vocab, p.grad_scale)?;
+        ops::round_in_place(&mut dlogits, p.grad_dtype)?;
+        let d_ln_f = match &mut self.head {
+            Some(head) => head.backward(&dlogits, &acts.ln_f)?,
+            None => {
+                let (w, dw) = self.embed.weight_and_grad();
+                ops::linear_backward(&dlogits, &acts.ln_f, w, dw, None)?
+            }
+        };
+        drop(dlogits);
+        let Activations {
+            blocks: mut saved,
+            last,
+            ln_f,
+            ln_f_rstd,
+        } = acts;
+        drop(ln_f);
+        let pos = positions(batch, seq);
+        let mut dstream = Tensor::zeros(last.pool(), last.shape(), last.dtype())?;
+        self.ln_f
+            .backward(&mut dstream, &d_ln_f, &last, &ln_f_rstd)?;
+        drop((d_ln_f, last));
+        while let Some(kept) = saved.pop() {
+            let block = &mut self.blocks[saved.len()];
+            let a = match kept {
+                BlockSaved::All(a) => *a,
+                BlockSaved::Input(input) => block.recompute(input, &pos, &self.rotary)?,
+            };
+            let d_ln2 = block.mlp.backward(&dstream, &a.ln2, &a.mlp)?;
+            block
+                .ln2
+                .backward(&mut dstream, &d_ln2, &a.mid, &a.ln2_rstd)?;
+            drop(d_ln2);
+            let d_ln1 = block
+                .attn
+                .backward(&dstream, &a.ln1, &pos, &self.rotary, &a.attn)?;
+            block
+                .ln1
+                .backward(&mut dstream, &d_ln1, &a.input, &a.ln1_rstd)?;
+        }
+        ops::token_embedding_backward(&mut self.embed.grad, &dstream, inputs)?;
+        Ok(losses.iter().map(|&l| l as f64).sum())
+    }
+
+    fn loss(&self, inputs: &[u32], targets: &[u32], batch: usize, seq: usize) -> Result<f64> {
+        let acts = self.forward(inputs, batch, seq, Keep::Output)?;
+        let logits = self.logits(&acts)?;
+        Ok(ops::cross_entropy(&logits, targets, self.cfg.vocab)?
+            .iter()
+            .map(|&l| l as f64)
+            .sum())
+    }
+
+    fn next_logits(&self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let acts = self.forward(tokens, 1, tokens.len(), Keep::Output)?;
+        // Only the last position's logits are needed: project that row alone.
+        let c = self.cfg.d_model;
+        let last = acts.ln_f.to_vec()?;
+        let row = Tensor::from_vec(
+            acts.ln_f.pool(),
+            &[1, c],
+            acts.ln_f.dtype(),
+            last[(tokens.len() - 1) * c..].to_vec(),
+        )?;
+        let logits = ops::linear_forward(&row, self.head_weight(), None)?.to_vec()?;
+        Ok(logits[..self.cfg.vocab].to_vec())
+    }
+
+    fn context(&self) -> usize {
+        self.cfg.context
+    }
+
+    fn vocab(&self) -> usize {
+        self.cfg.vocab
+    }
+
+    fn cost(&self, batch: usize, seq: usize) -> Cost {
+        self.cfg.cost_on(batch, seq, ActLayout::CPU_F32)
+    }
+
+    fn recompute(&self) -> Recompute {
+        self.recompute
+    }
+
+    fn set_recompute(&mut self, policy: Recompute) -> std::result::Result<(), String> {
+        self.recompute = policy;
+        Ok(())
+    }
+
+    fn decoder(&self) -> Option<&dyn Decoder> {
+        Some(self)
+    }
+}
+
+impl Decoder for Llama {
+    fn new_cache(&self, slots: usize, max_len: usize) -> Result<KvCache> {
+        let shape = CacheShape {
+            slots,
+            kv_heads: self.cfg.n_kv_heads,
+            max_len: max_len.min(self.cfg.context),
+            head_dim: self.cfg.head_dim,
+        };
+        let pool = self.embed.value.pool();
+        let dtype = ops::activation_dtype(pool.device(), self.embed.weight().dtype());
+        let layers = (0..self.cfg.n_layers)
+            .map(|_| {
+                Ok((
+                    Tensor::zeros(pool, &[shape.len()], dtype)?,
+                    Tensor::zeros(pool, &[shape.len()], dtype)?,
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(KvCache { layers, shape })
+    }
+
+    fn decode(
+        &self,
+        cache: &mut KvCache,
+        tokens: &[u32],
+        slot: &[u32],
+        pos: &[u32],
+        emit: &[u32],
+    ) -> Result<Vec<f32>> {
+        let rows = tokens.len();
+        let rs = crate::engine::cpu::rope::RopeShape {
+            rows,
+            heads: self.cfg.n_heads,
+            kv_heads: self.cfg.n_kv_heads,
+            head_dim: self.cfg.head_dim,
+            rot_dim: self.cfg.rot_dim,
+        };
+        let c = cache.shape;
+        let mut x = ops::token_embedding_forward(tokens, 1, rows, self.embed.weight())?
+            .reshaped(&[rows, self.cfg.d_model]);
+        let (mut ln, _) = self
+            .blocks
+            .first()
+            .map_or(&self.ln_f, |b| &b.ln1)
+            .forward(&x)?;
+        for (l, block) in self.blocks.iter().enumerate() {
+            let (k, v) = &mut cache.layers[l];
+            let qkv = block.attn.qkv.forward(&ln)?;
+            let q = ops::kv_append(
+                &qkv,
+                k,
+                v,
+                slot,
+                pos,
+                &self.rotary.cos,
+                &self.rotary.sin,
+                rs,
+                c,
+            )?;
+            drop(qkv);
+            let att = ops::cache_attention(&q, k, v, slot, pos, self.cfg.n_heads, c)?;
+            let o = block.attn.out.forward(&att)?;
+            let (mid, ln2, _) = block.ln2.forward_residual(&x, &o)?;
+            let act = block.mlp.activations(&ln2)?;
+            let down = block.mlp.output(&act)?;
+            let (next, next_ln, _) = self.norm_after(l).forward_residual(&mid, &down)?;
+            (x, ln) = (next, next_ln);
+        }
+        let last = ops::gather_rows(&ln, emit, None)?;
+        let logits = ops::linear_forward(&last, self.head_weight(), None)?.to_vec()?;
+        let padded = padded_vocab(self.cfg.vocab);
+        Ok(logits
+            .chunks(padded)
+            .flat_map(|row| &row[..self.cfg.vocab])
+            .copied()
+            .collect())
+    }
+}
+
+/// Bytes of the rotary tables a model keeps beside its weights.
+pub fn rotary_bytes(cfg: &LlamaConfig) -> usize {
+    2 * f32_bytes(cfg.context * cfg.rot_dim / 2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::Device;
+
+    fn tiny(tied: bool, kv_heads: usize) -> Llama {
+        let cfg = LlamaConfig {
+            vocab: 13,
+            d_model: 16,
+            n_layers: 2,
+            n_heads: 4,
+            n_kv_heads: kv_heads,
+            head_dim: 4,
+            ffn_hidden: 24,
+            context: 8,
+            rope_theta: 100.0,
+            rot_dim: 4,
+            rope_scaling: None,
+            norm_eps: 1e-5,
+            tied_head: tied,
+            qkv_bias: !tied,
+        };
+        Llama::new(&MemoryPool::new(Device::Cpu), cfg, 3).unwrap()
+    }
+
+    fn batch() -> (Vec<u32>, Vec<u32>) {
+        let x = (0..14).map(|i| (i * 5 + 1) % 13).collect();
+        let y = (0..14).map(|i| (i * 3 + 2) % 13).collect();
+        (x, y)
+    }
+
+    /// The whole model's gradient against central differences of its loss, for tied and
+    /// untied heads, plain and grouped key/value heads, with QKV biases.
+    #[test]
+    fn model_gradient_matches_finite_differences() {
+        for (tied, kv) in [(true, 2), (false, 4), (false, 1)] {
+            let mut model = tiny(tied, kv);
+            for p in model.params_mut() {
+                // Random gains and biases, so their gradients are not at a symmetric point.
+                if p.value.shape().len() == 1 {
+                    let n = p.value.len();
+                    let v: Vec<f32> = (0..n)
+                        .map(|i| 1.0 + 0.3 * ((i * 7 % 5) as f32 - 2.0) / 2.0)
+                        .collect();
+                    p.value.copy_from_host(&v).unwrap();
+                }
+            }
+            let (x, y) = batch();
+            let p = StepPrecision {
+                grad_scale: 1.0,
+                grad_dtype: DType::F32,
+            };
+            model.forward_backward(&x, &y, 2, 7, p).unwrap();
+            let grads: Vec<Vec<f32>> = model
+                .params()
+                .iter()
+                .map(|p| p.grad.to_vec().unwrap())
+                .collect();
+            let h = 1e-3f32;
+            for (pi, g) in grads.iter().enumerate() {
+                let name = model.params()[pi].name.clone();
+                // Only the real vocabulary rows of the embedding move the loss.
+                let n = if name == "embed.weight" {
+                    13 * 16
+                } else {
+                    g.len()
+                };
+                for i in (0..n).step_by(n.div_ceil(6)) {
+                    let mut eval = |delta: f32| {
+                        let mut ps = model.params_mut();
+                        ps[pi].value.host_mut()[i] += delta;
+                        drop(ps);
+                        model.loss(&x, &y, 2, 7).unwrap()
+                    };
+                    let plus = eval(h);
+                    let minus = eval(-2.0 * h);
+                    eval(h);
+                    let fd = ((plus - minus) / (2.0 * h as f64)) as f32;
+                    assert!(
+                        (g[i] - fd).abs() < 3e-3 + 1e-2 * fd.abs(),
+                        "tied={tied} kv={kv} {name}[{i}]: {} vs {fd}",
+                        g[i]
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn recomputing_blocks_gives_bit_identical_gradients() {
+        let run = |policy: Recompute| {
+            let mut model = tiny(false, 2);
+            model.set_recompute(policy).unwrap();
+            let (x, y) = batch();
+            let p = StepPrecision {
+                grad_scale: 0.5,
+                grad_dtype: DType::F32,
+            };
+            let loss = model.forward_backward(&x, &y, 2, 7, p).unwrap();
+            let grads: Vec<Vec<u32>> = model
+                .params()
+                .iter()
+                .map(|p| {
+                    p.grad
+                        .to_vec()
+                        .unwrap()
+                        .iter()
+                        .map(|v| v.to_bits())
+                        .collect()
+                })
+                .collect();
+            (loss.to_bits(), grads)
+        };
+        assert_eq!(run(Recompute::None), run(Recompute::Blocks));
+    }
+
+    #[test]
+    fn next_logits_agree_with_the_batch_forward_and_costs_count_every_parameter() {
+        let model = tiny(true, 2);
+        let (x, _) = batch();
+        let logits = model.next_logits(&x[..5]).unwrap();
+        assert_eq!(logits.len(), 13);
+        // The loss of the 5-token prefix with target t is -log softmax(logits)[t].
+        let m = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let lse = m + logits
+            .iter()
+            .map(|&l| (l as f64 - m).exp())
+            .sum::<f64>()
+            .ln();
+        let mut targets = vec![0u32; 5];
+        targets[4] = 7;
+        let total = model.loss(&x[..5], &targets, 1, 5).unwrap();
+        let first4 = model.loss(&x[..4], &targets[..4], 1, 4).unwrap();
+        assert!(((total - first4) - (lse - logits[7] as f64)).abs() < 1e-4);
+        let n: usize = model.params().iter().map(|p| p.value.len()).sum();
+        assert_eq!(model.cost(2, 7).params, n);
+        // The cached decoder: a 4-token prefill in slot 1, then one step, against the
+        // full-window logits.
+        let dec = model.decoder().unwrap();
+        let mut cache = dec.new_cache(2, 8).unwrap();
+        let prefill = dec
+            .decode(&mut cache, &x[..4], &[1; 4], &[0, 1, 2, 3], &[3])
+            .unwrap();
+        let want = model.next_logits(&x[..4]).unwrap();
+        crate::engine::cpu::testutil::assert_close(&prefill, &want, 1e-5, "prefill logits");
+        cache.copy_slot(1, 0, 4).unwrap();
+        let step = dec
+            .decode(&mut cache, &[x[4], x[4]], &[0, 1], &[4, 4], &[0, 1])
+            .unwrap();
+        crate::engine::cpu::testutil::assert_close(
+            &step[..13],
+            &logits,
+            1e-5,
+            "decode step slot 0",
+        );
+        crate::engine::cpu::testutil::assert_close(
+            &step[13..],
+            &logits,
+            1e-5,
+            "decode step slot 1",
+        );
+        let err = model.next_logits(&[1; 9]).unwrap_err().to_string();
+        assert!(
+            err.contains("longer than the model's context of 8"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,70 @@
+//! RMS normalisation with a learned gain (no bias), optionally fused with a residual add.
+
+use super::{ActLayout, Cost, Init, Param, f32_bytes};
+use crate::engine::rng::Rng;
+use crate::engine::{MemoryPool, Result, Tensor, ops};
+use std::sync::Arc;
+
+pub struct RmsNorm {
+    pub gamma: Param,
+    pub c: usize,
+    pub eps: f32,
+}
+
+impl RmsNorm {
+    pub fn new(
+        pool: &Arc<MemoryPool>,
+        name: &str,
+        c: usize,
+        eps: f32,
+        rng: &mut Rng,
+    ) -> Result<RmsNorm> {
+        Ok(RmsNorm {
+            gamma: Param::new(pool, format!("{name}.weight"), &[c], Init::Ones, rng)?,
+            c,
+            eps,
+        })
+    }
+
+    /// `(normed, rstd)`.
+    pub fn forward(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {
+        ops::rmsnorm_forward(x, self.gamma.weight(), self.eps)
+    }
+
+    /// `sum = x + delta` and its norm: `(sum, normed, rstd)`.
+    pub fn forward_residual(&self, x: &Tensor, delta: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+        ops::residual_rmsnorm_forward(x, delta, self.gamma.weight(), self.eps)
+    }
+
+    /// Accumulates into `dx` the gradient of the normalised input `x` (for the fused form,
+    /// of the sum, which is also the gradient of both addends).
+    pub fn backward(
+        &mut self,
+        dx: &mut Tensor,
+        dout: &Tensor,
+        x: &Tensor,
+        rstd: &Tensor,
+    ) -> Result<()> {
+        let gamma = self.gamma.compute.as_ref().unwrap_or(&self.gamma.value);
+        ops::rmsnorm_backward(dx, &mut self.gamma.grad, dout, x, gamma, rstd)
+    }
+
+    pub fn params(&self) -> Vec<&Param> {
+        vec![&self.gamma]
+    }
+
+    pub fn params_mut(&mut self) -> Vec<&mut Param> {
+        vec![&mut self.gamma]
+    }
+
+    /// Saves its input (the residual stream), its output and one f32 statistic per row.
+    pub fn cost_of(c: usize, tokens: usize, layout: ActLayout) -> Cost {
+        let elems = (tokens * c) as u64;
+        Cost {
+            params: c,
+            flops_forward: 4 * elems,
+            flops_backward: 8 * elems,
+            saved_bytes: layout.act_bytes(2 * tokens * c) + f32_bytes(tokens),
+        }
+    }
+}
