@@ -403,6 +403,80 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
             c
         );
     }
+    // Llama-family operations. RMSNorm at SmolLM2's and Llama-3.2-1B's widths and a ragged
+    // one (not a multiple of the block, an odd row count).
+    for (n, c, eps) in [(1024, 576, 1e-5), (512, 2048, 1e-5), (37, 1001, 1e-6)] {
+        let shape = format!("{n}x{c}");
+        both_dtypes!(check_rmsnorm_forward, "rmsnorm_forward", shape, n, c, eps);
+        both_dtypes!(
+            check_residual_rmsnorm,
+            "residual_rmsnorm_forward",
+            shape,
+            n,
+            c,
+            eps
+        );
+        both_dtypes!(check_rmsnorm_backward, "rmsnorm_backward", shape, n, c);
+    }
+    // Rotary embeddings with grouped-query heads: SmolLM2 (9 heads over 3), Llama-3.2-1B (32
+    // over 8, Llama 3 frequency scaling), Qwen3-0.6B (head 128), partial rotary (32 of 64),
+    // multi-query (one key/value head) and plain multi-head, ragged row counts.
+    let llama3 = cpu::rope::Llama3Scaling {
+        factor: 32.0,
+        low_freq_factor: 1.0,
+        high_freq_factor: 4.0,
+        original_context: 8192,
+    };
+    for (rows, heads, kv_heads, head_dim, rot_dim, theta, scaling) in [
+        (1024, 9, 3, 64, 64, 100_000.0, None),
+        (512, 32, 8, 64, 64, 500_000.0, Some(llama3)),
+        (256, 16, 8, 128, 128, 1_000_000.0, None),
+        (37, 4, 2, 64, 32, 10_000.0, None),
+        (19, 8, 1, 16, 16, 10_000.0, None),
+        (23, 3, 3, 32, 24, 10_000.0, None),
+    ] {
+        let s = cpu::rope::RopeShape {
+            rows,
+            heads,
+            kv_heads,
+            head_dim,
+            rot_dim,
+        };
+        let shape = format!("R{rows} H{heads}/{kv_heads} D{head_dim} rot{rot_dim}");
+        let (cos, sin) = cpu::rope::rope_tables(
+            &cpu::rope::inverse_frequencies(theta, rot_dim, scaling),
+            ROPE_POSITIONS,
+        );
+        let tables = (&cos[..], &sin[..]);
+        both_dtypes!(check_rope_forward, "rope_expand_forward", shape, s, tables);
+        both_dtypes!(
+            check_rope_backward,
+            "rope_expand_backward",
+            shape,
+            s,
+            tables
+        );
+    }
+    // SwiGLU at SmolLM2's and Llama-3.2-1B's FFN widths (four per access) and a ragged width
+    // (one at a time).
+    for (n, f) in [(1024, 1536), (128, 8192), (37, 1001)] {
+        let shape = format!("{n}x2x{f}");
+        both_dtypes!(check_swiglu_forward, "swiglu_forward", shape, n, f);
+        both_dtypes!(check_swiglu_backward, "swiglu_backward", shape, n, f);
+    }
+    // The token table's backward alone (rotary models): SmolLM2's vocabulary and width, and a
+    // ragged shape.
+    for (vocab, n, c) in [(49152, 2048, 576), (97, 23, 33)] {
+        let shape = format!("V{vocab} N{n} C{c}");
+        both_dtypes!(
+            check_token_embedding_backward,
+            "token_embedding_backward",
+            shape,
+            vocab,
+            n,
+            c
+        );
+    }
     // Mixture-of-experts routing: 1.5 slots per token over a GPT-2-wide stream, and a ragged
     // shape with a width that is not a multiple of the block.
     for (src_rows, rows, c) in [(8192, 12288, 768), (37, 29, 33)] {
@@ -1562,6 +1636,218 @@ fn check_embedding_backward<T: Elem>(
         )?;
         errors.push(rel_err(&gpu.download(&d_dwte)?, &dwte, ELEMENTWISE_FLOOR));
         errors.push(rel_err(&gpu.download(&d_dwpe)?, &dwpe, ELEMENTWISE_FLOOR));
+    }
+    Ok(worst(&errors))
+}
+
+/// Rows of the rotary tables in the selftest; positions are drawn below it.
+const ROPE_POSITIONS: usize = 4096;
+
+fn check_rmsnorm_forward<T: Elem>(
+    gpu: &CudaBackend,
+    inp: &mut Inputs,
+    n: usize,
+    c: usize,
+    eps: f32,
+) -> Check {
+    let d = T::DTYPE;
+    let (x, g) = (inp.uniform(n * c, 2.0, d), inp.uniform(c, 1.0, d));
+    let (mut out, mut rstd) = (vec![0.0; n * c], vec![0.0; n]);
+    cpu::rmsnorm::rmsnorm_forward(&mut out, &mut rstd, &x, &g, c, eps);
+    let mut d_out = poisoned::<T>(gpu, n * c)?;
+    let mut d_rstd = poisoned::<f32>(gpu, n)?;
+    let (d_x, d_g) = (gpu.upload_as::<T>(&x)?, gpu.upload_as::<T>(&g)?);
+    gpu.rmsnorm_forward(&mut d_out, &mut d_rstd, &d_x, &d_g, n, c, eps)?;
+    Ok(worst(&[
+        rel_err(&gpu.download_f32(&d_out)?, &out, ELEMENTWISE_FLOOR),
+        rel_err(&gpu.download(&d_rstd)?, &rstd, ELEMENTWISE_FLOOR),
+    ]))
+}
+
+fn check_residual_rmsnorm<T: Elem>(
+    gpu: &CudaBackend,
+    inp: &mut Inputs,
+    n: usize,
+    c: usize,
+    eps: f32,
+) -> Check {
+    let d = T::DTYPE;
+    let (x, delta) = (inp.uniform(n * c, 2.0, d), inp.uniform(n * c, 2.0, d));
+    let g = inp.uniform(c, 1.0, d);
+    // In bf16 and f16 the GPU stores the sum rounded and normalises the stored value, so the
+    // reference does the same.
+    let (mut sum, mut out, mut rstd) = (vec![0.0; n * c], vec![0.0; n * c], vec![0.0; n]);
+    if d == DType::F32 {
+        cpu::rmsnorm::residual_rmsnorm_forward(
+            &mut sum, &mut out, &mut rstd, &x, &delta, &g, c, eps,
+        );
+    } else {
+        sum = x.iter().zip(&delta).map(|(a, b)| d.round(a + b)).collect();
+        cpu::rmsnorm::rmsnorm_forward(&mut out, &mut rstd, &sum, &g, c, eps);
+    }
+    let (mut d_sum, mut d_out) = (poisoned::<T>(gpu, n * c)?, poisoned::<T>(gpu, n * c)?);
+    let mut d_rstd = poisoned::<f32>(gpu, n)?;
+    let (d_x, d_delta) = (gpu.upload_as::<T>(&x)?, gpu.upload_as::<T>(&delta)?);
+    let d_g = gpu.upload_as::<T>(&g)?;
+    gpu.residual_rmsnorm_forward(
+        &mut d_sum,
+        &mut d_out,
+        &mut d_rstd,
+        &d_x,
+        &d_delta,
+        &d_g,
+        n,
+        c,
+        eps,
+    )?;
+    Ok(worst(&[
+        rel_err(&gpu.download_f32(&d_sum)?, &sum, ELEMENTWISE_FLOOR),
+        rel_err(&gpu.download_f32(&d_out)?, &out, ELEMENTWISE_FLOOR),
+        rel_err(&gpu.download(&d_rstd)?, &rstd, ELEMENTWISE_FLOOR),
+    ]))
+}
+
+fn check_rmsnorm_backward<T: Elem>(
+    gpu: &CudaBackend,
+    inp: &mut Inputs,
+    n: usize,
+    c: usize,
+) -> Check {
+    let d = T::DTYPE;
+    let (x, g) = (inp.uniform(n * c, 2.0, d), inp.uniform(c, 1.0, d));
+    let (mut out, mut rstd) = (vec![0.0; n * c], vec![0.0; n]);
+    cpu::rmsnorm::rmsnorm_forward(&mut out, &mut rstd, &x, &g, c, 1e-5);
+    let dout = inp.uniform(n * c, 1.0, d);
+    // Both gradients accumulate: start them from random values, not zeros.
+    let (dx0, dg0) = (inp.uniform(n * c, 1.0, d), inp.uniform(c, 1.0, DType::F32));
+    let (mut dx, mut dg) = (dx0.clone(), dg0.clone());
+    cpu::rmsnorm::rmsnorm_backward(&mut dx, &mut dg, &dout, &x, &g, &rstd, c);
+    let (mut d_dx, mut d_dg) = (gpu.upload_as::<T>(&dx0)?, gpu.upload(&dg0)?);
+    let (d_dout, d_x, d_g) = (
+        gpu.upload_as::<T>(&dout)?,
+        gpu.upload_as::<T>(&x)?,
+        gpu.upload_as::<T>(&g)?,
+    );
+    let d_rstd = gpu.upload(&rstd)?;
+    gpu.rmsnorm_backward(&mut d_dx, &mut d_dg, &d_dout, &d_x, &d_g, &d_rstd, n, c)?;
+    Ok(worst(&[
+        rel_err(&gpu.download_f32(&d_dx)?, &dx, ELEMENTWISE_FLOOR),
+        rel_err(&gpu.download(&d_dg)?, &dg, ELEMENTWISE_FLOOR),
+    ]))
+}
+
+impl Inputs {
+    fn positions(&mut self, n: usize, below: usize) -> Vec<u32> {
+        (0..n).map(|_| self.0.below(below as u64) as u32).collect()
+    }
+}
+
+fn check_rope_forward<T: Elem>(
+    gpu: &CudaBackend,
+    inp: &mut Inputs,
+    s: cpu::rope::RopeShape,
+    (cos, sin): (&[f32], &[f32]),
+) -> Check {
+    let qkv = inp.uniform(s.rows * s.qkv_width(), 1.0, T::DTYPE);
+    let pos = inp.positions(s.rows, ROPE_POSITIONS);
+    let mut out = vec![0.0; s.rows * s.packed_width()];
+    cpu::rope::rope_expand_forward(&mut out, &qkv, &pos, cos, sin, s);
+    let mut d_out = poisoned::<T>(gpu, out.len())?;
+    gpu.rope_expand_forward(
+        &mut d_out,
+        &gpu.upload_as::<T>(&qkv)?,
+        &gpu.upload(&pos)?,
+        &gpu.upload(cos)?,
+        &gpu.upload(sin)?,
+        s,
+    )?;
+    Ok(rel_err(&gpu.download_f32(&d_out)?, &out, ELEMENTWISE_FLOOR))
+}
+
+fn check_rope_backward<T: Elem>(
+    gpu: &CudaBackend,
+    inp: &mut Inputs,
+    s: cpu::rope::RopeShape,
+    (cos, sin): (&[f32], &[f32]),
+) -> Check {
+    let dpacked = inp.uniform(s.rows * s.packed_width(), 1.0, T::DTYPE);
+    let pos = inp.positions(s.rows, ROPE_POSITIONS);
+    let mut dqkv = vec![0.0; s.rows * s.qkv_width()];
+    cpu::rope::rope_expand_backward(&mut dqkv, &dpacked, &pos, cos, sin, s);
+    let mut d_dqkv = poisoned::<T>(gpu, dqkv.len())?;
+    gpu.rope_expand_backward(
+        &mut d_dqkv,
+        &gpu.upload_as::<T>(&dpacked)?,
+        &gpu.upload(&pos)?,
+        &gpu.upload(cos)?,
+        &gpu.upload(sin)?,
+        s,
+    )?;
+    Ok(rel_err(
+        &gpu.download_f32(&d_dqkv)?,
+        &dqkv,
+        ELEMENTWISE_FLOOR,
+    ))
+}
+
+/// Rows `[gate | up]` with the gate over silu's curved range and beyond.
+fn swiglu_input(inp: &mut Inputs, n: usize, f: usize, d: DType) -> Vec<f32> {
+    let (gate, up) = (inp.uniform(n * f, 6.0, d), inp.uniform(n * f, 1.0, d));
+    gate.chunks(f)
+        .zip(up.chunks(f))
+        .flat_map(|(g, u)| g.iter().chain(u).copied())
+        .collect()
+}
+
+fn check_swiglu_forward<T: Elem>(gpu: &CudaBackend, inp: &mut Inputs, n: usize, f: usize) -> Check {
+    let gu = swiglu_input(inp, n, f, T::DTYPE);
+    let mut h = vec![0.0; n * f];
+    cpu::swiglu::swiglu_forward(&mut h, &gu, f);
+    let mut d_h = poisoned::<T>(gpu, n * f)?;
+    gpu.swiglu_forward(&mut d_h, &gpu.upload_as::<T>(&gu)?, n, f)?;
+    Ok(rel_err(&gpu.download_f32(&d_h)?, &h, ELEMENTWISE_FLOOR))
+}
+
+fn check_swiglu_backward<T: Elem>(
+    gpu: &CudaBackend,
+    inp: &mut Inputs,
+    n: usize,
+    f: usize,
+) -> Check {
+    let gu = swiglu_input(inp, n, f, T::DTYPE);
+    let dh = inp.uniform(n * f, 1.0, T::DTYPE);
+    let mut dgu = vec![0.0; 2 * n * f];
+    cpu::swiglu::swiglu_backward(&mut dgu, &gu, &dh, f);
+    let mut d_dgu = poisoned::<T>(gpu, 2 * n * f)?;
+    gpu.swiglu_backward(
+        &mut d_dgu,
+        &gpu.upload_as::<T>(&gu)?,
+        &gpu.upload_as::<T>(&dh)?,
+        n,
+        f,
+    )?;
+    Ok(rel_err(&gpu.download_f32(&d_dgu)?, &dgu, ELEMENTWISE_FLOOR))
+}
+
+fn check_token_embedding_backward<T: Elem>(
+    gpu: &CudaBackend,
+    inp: &mut Inputs,
+    vocab: usize,
+    n: usize,
+    c: usize,
+) -> Check {
+    let dout = inp.uniform(n * c, 1.0, T::DTYPE);
+    let tokens = inp.tokens(n, vocab);
+    let dwte0 = inp.uniform(vocab * c, 1.0, DType::F32);
+    let mut dwte = dwte0.clone();
+    cpu::embedding::token_embedding_backward(&mut dwte, &dout, &tokens, c);
+    let (d_dout, d_tokens) = (gpu.upload_as::<T>(&dout)?, gpu.upload(&tokens)?);
+    // Both kernels: rows staged in shared memory (hot rows) and not.
+    let mut errors = Vec::new();
+    for hot_rows in [false, true] {
+        let mut d_dwte = gpu.upload(&dwte0)?;
+        gpu.token_embedding_backward(&mut d_dwte, &d_dout, &d_tokens, n, vocab, c, hot_rows)?;
+        errors.push(rel_err(&gpu.download(&d_dwte)?, &dwte, ELEMENTWISE_FLOOR));
     }
     Ok(worst(&errors))
 }

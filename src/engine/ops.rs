@@ -1209,14 +1209,6 @@ pub fn bk_core_backward(
 // ---- Llama-family operations: RMSNorm, rotary embeddings with grouped-query heads, SwiGLU,
 // token-only embeddings. ----
 
-/// The GPU has no kernel for `op` yet: an error that names it, never a silent fallback.
-fn no_gpu_kernel(t: &Tensor, op: &str) -> EngineError {
-    EngineError::Unavailable(
-        t.device().to_string(),
-        format!("{op} has no CUDA kernel in this build; use train.device=cpu"),
-    )
-}
-
 /// `out = rmsnorm(x) * gamma` per row; returns `(out, rstd[rows])`.
 pub fn rmsnorm_forward(x: &Tensor, gamma: &Tensor, eps: f32) -> Result<(Tensor, Tensor)> {
     let _prof = profile::scope("rmsnorm_forward", x);
@@ -1234,7 +1226,15 @@ pub fn rmsnorm_forward(x: &Tensor, gamma: &Tensor, eps: f32) -> Result<(Tensor, 
             c,
             eps,
         ),
-        On::Gpu(_) => return Err(no_gpu_kernel(x, "rmsnorm_forward")),
+        On::Gpu(g) => with_elem!(x.dtype(), T => g.rmsnorm_forward::<T>(
+            out.cuda_mut(),
+            rstd.cuda_mut(),
+            x.cuda(),
+            gamma.cuda(),
+            n,
+            c,
+            eps,
+        ))?,
     }
     Ok((out, rstd))
 }
@@ -1265,7 +1265,17 @@ pub fn residual_rmsnorm_forward(
             c,
             eps,
         ),
-        On::Gpu(_) => return Err(no_gpu_kernel(x, "residual_rmsnorm_forward")),
+        On::Gpu(g) => with_elem!(x.dtype(), T => g.residual_rmsnorm_forward::<T>(
+            sum.cuda_mut(),
+            out.cuda_mut(),
+            rstd.cuda_mut(),
+            x.cuda(),
+            delta.cuda(),
+            gamma.cuda(),
+            n,
+            c,
+            eps,
+        ))?,
     }
     Ok((sum, out, rstd))
 }
@@ -1297,7 +1307,16 @@ pub fn rmsnorm_backward(
             rstd.host(),
             c,
         ),
-        On::Gpu(_) => return Err(no_gpu_kernel(x, "rmsnorm_backward")),
+        On::Gpu(g) => with_elem!(x.dtype(), T => g.rmsnorm_backward::<T>(
+            dx.cuda_mut(),
+            dgamma.cuda_mut(),
+            dout.cuda(),
+            x.cuda(),
+            gamma.cuda(),
+            rstd.cuda(),
+            n,
+            c,
+        ))?,
     }
     Ok(())
 }
@@ -1366,7 +1385,17 @@ pub fn rope_expand_forward(
             sin.host(),
             s,
         ),
-        On::Gpu(_) => return Err(no_gpu_kernel(qkv, "rope_expand_forward")),
+        On::Gpu(g) => {
+            let d_pos = g.upload(pos)?;
+            with_elem!(qkv.dtype(), T => g.rope_expand_forward::<T>(
+                out.cuda_mut(),
+                qkv.cuda(),
+                &d_pos,
+                cos.cuda(),
+                sin.cuda(),
+                s,
+            ))?
+        }
     }
     Ok(out)
 }
@@ -1402,7 +1431,17 @@ pub fn rope_expand_backward(
             sin.host(),
             s,
         ),
-        On::Gpu(_) => return Err(no_gpu_kernel(dpacked, "rope_expand_backward")),
+        On::Gpu(g) => {
+            let d_pos = g.upload(pos)?;
+            with_elem!(dpacked.dtype(), T => g.rope_expand_backward::<T>(
+                out.cuda_mut(),
+                dpacked.cuda(),
+                &d_pos,
+                cos.cuda(),
+                sin.cuda(),
+                s,
+            ))?
+        }
     }
     Ok(out)
 }
@@ -1411,7 +1450,7 @@ pub fn rope_expand_backward(
 pub fn swiglu_forward(gate_up: &Tensor) -> Result<Tensor> {
     let _prof = profile::scope("swiglu_forward", gate_up);
     let on = device_of("swiglu", &[gate_up])?;
-    let (_, two_f) = rows_cols("swiglu", gate_up)?;
+    let (rows, two_f) = rows_cols("swiglu", gate_up)?;
     if !two_f.is_multiple_of(2) {
         return Err(EngineError::Shape {
             op: "swiglu",
@@ -1423,7 +1462,12 @@ pub fn swiglu_forward(gate_up: &Tensor) -> Result<Tensor> {
     let mut h = Tensor::uninit(gate_up.pool(), &shape, act_dtype(gate_up))?;
     match on {
         On::Cpu => cpu::swiglu::swiglu_forward(h.host_mut(), gate_up.host(), two_f / 2),
-        On::Gpu(_) => return Err(no_gpu_kernel(gate_up, "swiglu_forward")),
+        On::Gpu(g) => with_elem!(gate_up.dtype(), T => g.swiglu_forward::<T>(
+            h.cuda_mut(),
+            gate_up.cuda(),
+            rows,
+            two_f / 2,
+        ))?,
     }
     Ok(h)
 }
@@ -1432,12 +1476,18 @@ pub fn swiglu_forward(gate_up: &Tensor) -> Result<Tensor> {
 pub fn swiglu_backward(gate_up: &Tensor, dh: &Tensor) -> Result<Tensor> {
     let _prof = profile::scope("swiglu_backward", dh);
     let on = device_of("swiglu_backward", &[gate_up, dh])?;
-    let (_, two_f) = rows_cols("swiglu_backward", gate_up)?;
+    let (rows, two_f) = rows_cols("swiglu_backward", gate_up)?;
     expect_len("swiglu_backward", "dh", dh, gate_up.len() / 2)?;
     let mut d = Tensor::uninit(gate_up.pool(), gate_up.shape(), act_dtype(gate_up))?;
     match on {
         On::Cpu => cpu::swiglu::swiglu_backward(d.host_mut(), gate_up.host(), dh.host(), two_f / 2),
-        On::Gpu(_) => return Err(no_gpu_kernel(dh, "swiglu_backward")),
+        On::Gpu(g) => with_elem!(gate_up.dtype(), T => g.swiglu_backward::<T>(
+            d.cuda_mut(),
+            gate_up.cuda(),
+            dh.cuda(),
+            rows,
+            two_f / 2,
+        ))?,
     }
     Ok(d)
 }
@@ -1470,13 +1520,30 @@ pub fn token_embedding_forward(
 pub fn token_embedding_backward(dwte: &mut Tensor, dout: &Tensor, tokens: &[u32]) -> Result<()> {
     let _prof = profile::scope("token_embedding_backward", dout);
     let on = device_of("token_embedding_backward", &[dwte, dout])?;
-    let (_, c) = rows_cols("token_embedding_backward", dwte)?;
+    let (vocab, c) = rows_cols("token_embedding_backward", dwte)?;
     expect_len("token_embedding_backward", "dout", dout, tokens.len() * c)?;
+    if let Some(&t) = tokens.iter().find(|&&t| t as usize >= vocab) {
+        return Err(EngineError::Shape {
+            op: "token_embedding_backward",
+            detail: format!("token id {t} outside the vocabulary of {vocab}"),
+        });
+    }
     match on {
         On::Cpu => {
             cpu::embedding::token_embedding_backward(dwte.host_mut(), dout.host(), tokens, c)
         }
-        On::Gpu(_) => return Err(no_gpu_kernel(dout, "token_embedding_backward")),
+        On::Gpu(g) => {
+            let toks = g.upload(tokens)?;
+            with_elem!(dout.dtype(), T => g.token_embedding_backward::<T>(
+                dwte.cuda_mut(),
+                dout.cuda(),
+                &toks,
+                tokens.len(),
+                vocab,
+                c,
+                super::cuda::embedding::has_hot_rows(tokens),
+            ))?
+        }
     }
     Ok(())
 }

@@ -1,4 +1,5 @@
-//! Token plus position embedding on the GPU, with a deterministic backward; reference:
+//! Token plus position embedding on the GPU, with a deterministic backward (also the token
+//! table's alone, for models with rotary positions); reference:
 //! [`crate::engine::cpu::embedding`]. Tables and output are `T`; the gradients of the tables
 //! are f32 and accumulate.
 
@@ -133,6 +134,45 @@ impl CudaBackend {
         if n == 0 || seq == 0 || c == 0 {
             return Ok(());
         }
+        self.token_embedding_backward(dwte, dout, tokens, n, vocab, c, hot_rows)?;
+        let f = self.function(&format!("embedding_backward_wpe_{}", T::SUFFIX))?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(dwpe).arg(dout).arg(&n32).arg(&seq32).arg(&c32);
+        let cfg = LaunchConfig {
+            grid_dim: (c.div_ceil(BLOCK as usize) as u32, seq as u32, 1),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: one thread per (position, channel) of `dwpe` (checked to hold `seq * c`).
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// The token table's part of the backward (models with rotary positions have no position
+    /// table): `dwte[tokens[i]] += dout[i]`, repeated tokens added in position order, as on
+    /// the CPU. Token ids must be below `vocab`; ids outside it are ignored. `hot_rows`
+    /// (see [`has_hot_rows`]) picks the kernel that stages rows in shared memory.
+    #[allow(clippy::too_many_arguments)]
+    pub fn token_embedding_backward<T: Elem>(
+        &self,
+        dwte: &mut CudaSlice<f32>,
+        dout: &CudaSlice<T>,
+        tokens: &CudaSlice<u32>,
+        n: usize,
+        vocab: usize,
+        c: usize,
+        hot_rows: bool,
+    ) -> Result<()> {
+        const OP: &str = "token_embedding_backward";
+        let n32 = as_i32(OP, "tokens", n)?;
+        let c32 = as_i32(OP, "channels", c)?;
+        as_i32(OP, "vocab", vocab)?;
+        check_len(OP, "dwte", dwte, vocab * c)?;
+        check_len(OP, "dout", dout, n * c)?;
+        check_len(OP, "tokens", tokens, n)?;
+        if n == 0 || c == 0 || vocab == 0 {
+            return Ok(());
+        }
         let staged = staged_rows(c, self.info.shared_memory_per_block_optin).filter(|_| hot_rows);
         let (f, rows, cfg) = match staged {
             Some(rows) => {
@@ -158,7 +198,7 @@ impl CudaBackend {
         };
         let (vocab32, rows32) = (vocab as u32, rows as u32);
         let mut b = self.stream.launch_builder(f);
-        b.arg(&mut *dwte)
+        b.arg(dwte)
             .arg(dout)
             .arg(tokens)
             .arg(&n32)
@@ -168,17 +208,6 @@ impl CudaBackend {
         // SAFETY: block b owns rows [b * rows, min((b + 1) * rows, vocab)) of `dwte` (checked
         // to hold `vocab * c`), staged in `rows * c` floats of shared memory when staged; the
         // grid has no block past the vocabulary; token ids at or above `vocab` are ignored.
-        unsafe { b.launch(cfg) }?;
-
-        let f = self.function(&format!("embedding_backward_wpe_{}", T::SUFFIX))?;
-        let mut b = self.stream.launch_builder(f);
-        b.arg(dwpe).arg(dout).arg(&n32).arg(&seq32).arg(&c32);
-        let cfg = LaunchConfig {
-            grid_dim: (c.div_ceil(BLOCK as usize) as u32, seq as u32, 1),
-            block_dim: (BLOCK, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: one thread per (position, channel) of `dwpe` (checked to hold `seq * c`).
         unsafe { b.launch(cfg) }?;
         Ok(())
     }

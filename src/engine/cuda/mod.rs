@@ -22,7 +22,10 @@ pub mod loader;
 pub mod nvrtc;
 pub mod pinned;
 mod reduce;
+mod rmsnorm;
+mod rope;
 mod rows;
+mod swiglu;
 
 pub use adamw::AdamWStep;
 pub use bk_core::BkWork;
@@ -294,6 +297,9 @@ const PROGRAMS: &[Program] = &[
     reduce::PROGRAM,
     rows::PROGRAM,
     bk_core::PROGRAM,
+    rmsnorm::PROGRAM,
+    rope::PROGRAM,
+    swiglu::PROGRAM,
 ];
 
 /// How the kernels were obtained at start-up.

@@ -1,0 +1,89 @@
+// Root-mean-square normalisation with the residual add fused in; reference:
+// engine/cpu/rmsnorm.rs. One block per row, f32 accumulation. The row is read twice (sum of
+// squares, then the scaled output); the second read hits L1/L2.
+
+template <typename T, bool RESIDUAL>
+__device__ void rmsnorm_forward(T* sum, T* out, float* rstd, const T* x, const T* delta,
+                                const T* gamma, int c, float eps) {
+    __shared__ float scratch[32];
+    const long long off = (long long)blockIdx.x * c;
+    float acc = 0.f;
+    for (int i = threadIdx.x; i < c; i += blockDim.x) {
+        float s = load(x[off + i]);
+        if (RESIDUAL) {
+            // The stored sum is what the next layer and the backward read; normalise that
+            // (rounded) value, so forward and backward agree in bf16 and f16.
+            const T stored = store<T>(s + load(delta[off + i]));
+            sum[off + i] = stored;
+            s = load(stored);
+        }
+        acc += s * s;
+    }
+    const T* src = RESIDUAL ? sum : x;
+    const float r = 1.0f / sqrtf(block_sum(acc, scratch) / c + eps);
+    for (int i = threadIdx.x; i < c; i += blockDim.x) {
+        out[off + i] = store<T>(load(src[off + i]) * r * load(gamma[i]));
+    }
+    if (threadIdx.x == 0) rstd[blockIdx.x] = r;
+}
+
+// dx += r * (g*dy - x*r * mean(g*dy*x*r)); one block per row.
+template <typename T>
+__device__ void rmsnorm_backward_input(T* dx, const T* dout, const T* x, const T* gamma,
+                                       const float* rstd, int c) {
+    __shared__ float scratch[32];
+    const long long off = (long long)blockIdx.x * c;
+    const float r = rstd[blockIdx.x];
+    float dot = 0.f;
+    for (int i = threadIdx.x; i < c; i += blockDim.x) {
+        dot += load(dout[off + i]) * load(gamma[i]) * load(x[off + i]);
+    }
+    const float mean_dot = block_sum(dot, scratch) * r / c;
+    for (int i = threadIdx.x; i < c; i += blockDim.x) {
+        const float gdy = load(gamma[i]) * load(dout[off + i]);
+        const float xhat = load(x[off + i]) * r;
+        dx[off + i] = store<T>(load(dx[off + i]) + r * (gdy - xhat * mean_dot));
+    }
+}
+
+// Gain gradient, first stage: block (x, y) sums columns [x*blockDim, ...) of dout * x * rstd
+// over the rows of chunk y into partial[y, col]; reduce.cu's accumulate_partials adds the
+// chunks in order, so the result does not depend on scheduling.
+template <typename T>
+__device__ void rmsnorm_param_grad_partial(float* partial, const T* dout, const T* x,
+                                           const float* rstd, int n, int c, int rows_per_chunk) {
+    const int col = blockIdx.x * blockDim.x + threadIdx.x;
+    if (col >= c) return;
+    const int begin = blockIdx.y * rows_per_chunk;
+    const int end = min(n, begin + rows_per_chunk);
+    float dg = 0.f;
+    for (int row = begin; row < end; ++row) {
+        const long long i = (long long)row * c + col;
+        dg += load(dout[i]) * load(x[i]) * rstd[row];
+    }
+    partial[(long long)blockIdx.y * c + col] = dg;
+}
+
+#define RMSNORM_KERNELS(T, SUFFIX)                                                              \
+    extern "C" __global__ void rmsnorm_forward_##SUFFIX(T* out, float* rstd, const T* x,       \
+                                                        const T* gamma, int c, float eps) {    \
+        rmsnorm_forward<T, false>(nullptr, out, rstd, x, nullptr, gamma, c, eps);              \
+    }                                                                                           \
+    extern "C" __global__ void residual_rmsnorm_forward_##SUFFIX(                              \
+        T* sum, T* out, float* rstd, const T* x, const T* delta, const T* gamma, int c,        \
+        float eps) {                                                                            \
+        rmsnorm_forward<T, true>(sum, out, rstd, x, delta, gamma, c, eps);                     \
+    }                                                                                           \
+    extern "C" __global__ void rmsnorm_backward_input_##SUFFIX(                                \
+        T* dx, const T* dout, const T* x, const T* gamma, const float* rstd, int c) {          \
+        rmsnorm_backward_input<T>(dx, dout, x, gamma, rstd, c);                                \
+    }                                                                                           \
+    extern "C" __global__ void rmsnorm_param_grad_partial_##SUFFIX(                            \
+        float* partial, const T* dout, const T* x, const float* rstd, int n, int c,            \
+        int rows_per_chunk) {                                                                   \
+        rmsnorm_param_grad_partial<T>(partial, dout, x, rstd, n, c, rows_per_chunk);           \
+    }
+
+RMSNORM_KERNELS(float, f32)
+RMSNORM_KERNELS(bf16, bf16)
+RMSNORM_KERNELS(f16, f16)

@@ -1,0 +1,159 @@
+//! Rotary position embeddings with grouped-query heads expanded, on the GPU; reference:
+//! [`crate::engine::cpu::rope`]. The projection and the packed tensor are `T`; the positions
+//! are u32 per row and the cos/sin tables f32 `[positions, rot/2]`.
+
+use super::{CudaBackend, CudaError, Elem, Program, Result, as_i32, check_len, elementwise_grid};
+use crate::engine::cpu::rope::RopeShape;
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+
+pub(super) const PROGRAM: Program = Program {
+    name: "rope",
+    source: include_str!("rope.cu"),
+    kernels: &[
+        "rope_expand_forward_f32",
+        "rope_expand_forward_bf16",
+        "rope_expand_forward_f16",
+        "rope_expand_backward_f32",
+        "rope_expand_backward_bf16",
+        "rope_expand_backward_f16",
+    ],
+};
+
+const BLOCK: u32 = 256;
+
+/// The kernels' `RopeDims`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct KernelDims {
+    heads: i32,
+    kv_heads: i32,
+    head_dim: i32,
+    rot_dim: i32,
+    positions: u32,
+}
+
+// SAFETY: four i32 and a u32, `repr(C)`, the same layout as the CUDA struct.
+unsafe impl DeviceRepr for KernelDims {}
+
+/// Checks a rotary call's shape and buffers; returns the kernels' dimensions and the number
+/// of output elements.
+fn check(
+    op: &'static str,
+    s: RopeShape,
+    pos: &CudaSlice<u32>,
+    cos: &CudaSlice<f32>,
+    sin: &CudaSlice<f32>,
+    out_width: usize,
+) -> Result<(KernelDims, usize)> {
+    let bad = |detail: String| Err(CudaError::Shape { op, detail });
+    if s.kv_heads == 0 || !s.heads.is_multiple_of(s.kv_heads) {
+        return bad(format!(
+            "{} query heads cannot share {} key/value heads evenly",
+            s.heads, s.kv_heads
+        ));
+    }
+    if !s.rot_dim.is_multiple_of(2) || s.rot_dim > s.head_dim {
+        return bad(format!(
+            "rotary dimensions {} must be even and at most the head size {}",
+            s.rot_dim, s.head_dim
+        ));
+    }
+    if cos.len() != sin.len() {
+        return bad("the cos and sin tables differ in length".into());
+    }
+    check_len(op, "pos", pos, s.rows)?;
+    let half = s.rot_dim / 2;
+    // With nothing to rotate the tables are never read.
+    let positions = cos.len().checked_div(half).unwrap_or(u32::MAX as usize);
+    as_i32(op, "rows", s.rows)?;
+    as_i32(op, "projection width", s.qkv_width())?;
+    as_i32(op, "packed width", s.packed_width())?;
+    let total = s.rows * out_width;
+    let dims = KernelDims {
+        heads: as_i32(op, "heads", s.heads)?,
+        kv_heads: as_i32(op, "kv_heads", s.kv_heads)?,
+        head_dim: as_i32(op, "head_dim", s.head_dim)?,
+        rot_dim: as_i32(op, "rot_dim", s.rot_dim)?,
+        positions: positions.min(u32::MAX as usize) as u32,
+    };
+    Ok((dims, total))
+}
+
+fn grid(n: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (elementwise_grid(n, BLOCK), 1, 1),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+impl CudaBackend {
+    /// `packed[row] = [rot(q) | rot(k) repeated per group | v repeated per group]` from
+    /// `qkv[row] = [q: H D | k: K D | v: K D]`, each row turned by `pos[row]`. A position past
+    /// the tables gives NaN in the rotated dimensions.
+    pub fn rope_expand_forward<T: Elem>(
+        &self,
+        packed: &mut CudaSlice<T>,
+        qkv: &CudaSlice<T>,
+        pos: &CudaSlice<u32>,
+        cos: &CudaSlice<f32>,
+        sin: &CudaSlice<f32>,
+        s: RopeShape,
+    ) -> Result<()> {
+        const OP: &str = "rope_expand_forward";
+        let (dims, total) = check(OP, s, pos, cos, sin, s.packed_width())?;
+        check_len(OP, "packed", packed, total)?;
+        check_len(OP, "qkv", qkv, s.rows * s.qkv_width())?;
+        if total == 0 {
+            return Ok(());
+        }
+        let f = self.function(&format!("rope_expand_forward_{}", T::SUFFIX))?;
+        let total64 = total as i64;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(packed)
+            .arg(qkv)
+            .arg(pos)
+            .arg(cos)
+            .arg(sin)
+            .arg(&total64)
+            .arg(&dims);
+        // SAFETY: lengths checked above; table reads are bounded by `dims.positions` (the
+        // tables' rows) in the kernel.
+        unsafe { b.launch(grid(total)) }?;
+        Ok(())
+    }
+
+    /// The backward of [`Self::rope_expand_forward`]: writes every element of `dqkv` from
+    /// `dpacked`, each key/value head summing its group's gradients in head order.
+    pub fn rope_expand_backward<T: Elem>(
+        &self,
+        dqkv: &mut CudaSlice<T>,
+        dpacked: &CudaSlice<T>,
+        pos: &CudaSlice<u32>,
+        cos: &CudaSlice<f32>,
+        sin: &CudaSlice<f32>,
+        s: RopeShape,
+    ) -> Result<()> {
+        const OP: &str = "rope_expand_backward";
+        let (dims, total) = check(OP, s, pos, cos, sin, s.qkv_width())?;
+        check_len(OP, "dqkv", dqkv, total)?;
+        check_len(OP, "dpacked", dpacked, s.rows * s.packed_width())?;
+        if total == 0 {
+            return Ok(());
+        }
+        let f = self.function(&format!("rope_expand_backward_{}", T::SUFFIX))?;
+        let total64 = total as i64;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(dqkv)
+            .arg(dpacked)
+            .arg(pos)
+            .arg(cos)
+            .arg(sin)
+            .arg(&total64)
+            .arg(&dims);
+        // SAFETY: lengths checked above; table reads are bounded by `dims.positions` (the
+        // tables' rows) in the kernel.
+        unsafe { b.launch(grid(total)) }?;
+        Ok(())
+    }
+}

@@ -1,0 +1,94 @@
+//! SwiGLU forward and backward on the GPU; reference: [`crate::engine::cpu::swiglu`]. Rows of
+//! the input are `[gate: F | up: F]` in `T`; the output has rows of `F`.
+
+use super::{CudaBackend, CudaError, Elem, Program, Result, as_i32, check_len, elementwise_grid};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+
+pub(super) const PROGRAM: Program = Program {
+    name: "swiglu",
+    source: include_str!("swiglu.cu"),
+    kernels: &[
+        "swiglu_forward_f32",
+        "swiglu_forward_bf16",
+        "swiglu_forward_f16",
+        "swiglu_backward_f32",
+        "swiglu_backward_bf16",
+        "swiglu_backward_f16",
+    ],
+};
+
+const BLOCK: u32 = 256;
+
+/// Each thread takes four elements of `h` per access.
+fn grid(n: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (elementwise_grid(n.div_ceil(4), BLOCK), 1, 1),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Checks the width and returns it as the kernels' int.
+fn check_width(op: &'static str, f: usize) -> Result<i32> {
+    if f == 0 {
+        return Err(CudaError::Shape {
+            op,
+            detail: "rows of width 0 have no gate and up halves".into(),
+        });
+    }
+    as_i32(op, "width", f)
+}
+
+impl CudaBackend {
+    /// `h[r, i] = silu(gate_up[r, i]) * gate_up[r, f + i]` for `rows` rows of `f`.
+    pub fn swiglu_forward<T: Elem>(
+        &self,
+        h: &mut CudaSlice<T>,
+        gate_up: &CudaSlice<T>,
+        rows: usize,
+        f: usize,
+    ) -> Result<()> {
+        const OP: &str = "swiglu_forward";
+        let width = check_width(OP, f)?;
+        let n = rows * f;
+        check_len(OP, "h", h, n)?;
+        check_len(OP, "gate_up", gate_up, 2 * n)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let func = self.function(&format!("swiglu_forward_{}", T::SUFFIX))?;
+        let n64 = n as i64;
+        let mut b = self.stream.launch_builder(func);
+        b.arg(h).arg(gate_up).arg(&n64).arg(&width);
+        // SAFETY: `h` holds `rows * f` elements and `gate_up` twice that (checked above).
+        unsafe { b.launch(grid(n)) }?;
+        Ok(())
+    }
+
+    /// Overwrites both halves of `dgate_up` from `dh` (rows of `f`).
+    pub fn swiglu_backward<T: Elem>(
+        &self,
+        dgate_up: &mut CudaSlice<T>,
+        gate_up: &CudaSlice<T>,
+        dh: &CudaSlice<T>,
+        rows: usize,
+        f: usize,
+    ) -> Result<()> {
+        const OP: &str = "swiglu_backward";
+        let width = check_width(OP, f)?;
+        let n = rows * f;
+        check_len(OP, "dgate_up", dgate_up, 2 * n)?;
+        check_len(OP, "gate_up", gate_up, 2 * n)?;
+        check_len(OP, "dh", dh, n)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let func = self.function(&format!("swiglu_backward_{}", T::SUFFIX))?;
+        let n64 = n as i64;
+        let mut b = self.stream.launch_builder(func);
+        b.arg(dgate_up).arg(gate_up).arg(dh).arg(&n64).arg(&width);
+        // SAFETY: `dh` holds `rows * f` elements, the other two twice that (checked above).
+        unsafe { b.launch(grid(n)) }?;
+        Ok(())
+    }
+}
