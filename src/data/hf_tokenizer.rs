@@ -27,6 +27,7 @@ pub struct HfTokenizer {
     bos: Option<(u32, String)>,
     eos: Option<(u32, String)>,
     eos_ids: Vec<u32>,
+    pad: Option<u32>,
     adds_bos: bool,
     chat_template: Option<String>,
     chunk_safe: bool,
@@ -50,6 +51,8 @@ struct DirConfig {
     eos_token: Option<String>,
     bos_id: Option<u32>,
     eos_ids: Vec<u32>,
+    pad_token: Option<String>,
+    pad_id: Option<u32>,
     add_bos: Option<bool>,
     chat_template: Option<String>,
 }
@@ -108,6 +111,9 @@ impl DirConfig {
             if let Some(t) = j.get("eos_token").and_then(token_text) {
                 c.eos_token = Some(t);
             }
+            if let Some(t) = j.get("pad_token").and_then(token_text) {
+                c.pad_token = Some(t);
+            }
             if let Some(b) = j.get("add_bos_token").and_then(Json::as_bool) {
                 c.add_bos = Some(b);
             }
@@ -135,6 +141,9 @@ impl DirConfig {
                 .get("bos_token_id")
                 .and_then(|v| id_list(v).first().copied());
             c.eos_ids = g.get("eos_token_id").map(id_list).unwrap_or_default();
+            c.pad_id = g
+                .get("pad_token_id")
+                .and_then(|v| id_list(v).first().copied());
         }
         Ok(c)
     }
@@ -287,6 +296,8 @@ impl HfTokenizer {
             eos_token: eos.as_ref().map(|e| e.1.clone()),
             bos_id: bos.as_ref().map(|b| b.0),
             eos_ids,
+            pad_token: None,
+            pad_id: token("tokenizer.ggml.padding_token_id").map(|t| t.0),
             // llama.cpp's default for BPE vocabularies is no BOS.
             add_bos: Some(g.get_bool("tokenizer.ggml.add_bos_token").unwrap_or(false)),
             chat_template: g.get_str("tokenizer.chat_template").map(String::from),
@@ -303,12 +314,19 @@ impl HfTokenizer {
         n_tokens: Option<usize>,
     ) -> Result<HfTokenizer, DataError> {
         let chunk_safe = is_chunk_safe_json(&json);
-        let inner: tokenizers::Tokenizer = serde_json::from_value(json).map_err(|e| {
+        let mut inner: tokenizers::Tokenizer = serde_json::from_value(json).map_err(|e| {
             file_error(
                 path,
                 format!("is not a tokenizer this version of the tokenizers library reads: {e}"),
             )
         })?;
+        // Padding and truncation saved in the file are batching settings (all-MiniLM-L6-v2
+        // pads every text to 128); transformers turns them off unless a call asks, and so
+        // does kiln, which batches by itself.
+        inner.with_padding(None);
+        inner
+            .with_truncation(None)
+            .map_err(|e| file_error(path, format!("cannot turn off truncation: {e}")))?;
         let lookup = |text: &Option<String>, id: Option<u32>| -> Option<(u32, String)> {
             match (text, id) {
                 (Some(t), _) => inner.token_to_id(t).map(|i| (i, t.clone())),
@@ -318,6 +336,7 @@ impl HfTokenizer {
         };
         let bos = lookup(&config.bos_token, config.bos_id);
         let eos = lookup(&config.eos_token, config.eos_ids.first().copied());
+        let pad = lookup(&config.pad_token, config.pad_id).map(|p| p.0);
         let mut eos_ids: Vec<u32> = eos.iter().map(|e| e.0).collect();
         for id in config.eos_ids {
             if !eos_ids.contains(&id) {
@@ -335,6 +354,7 @@ impl HfTokenizer {
             bos,
             eos,
             eos_ids,
+            pad,
             adds_bos: false,
             chat_template: config.chat_template,
             chunk_safe,
@@ -428,6 +448,11 @@ impl HfTokenizer {
 
     pub fn bos_id(&self) -> Option<u32> {
         self.bos.as_ref().map(|b| b.0)
+    }
+
+    /// The padding id the model's configuration names, if any.
+    pub fn pad_id(&self) -> Option<u32> {
+        self.pad
     }
 
     /// Every id that ends generation: the EOS token, then the other end-of-turn ids the
