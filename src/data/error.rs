@@ -57,6 +57,19 @@ pub enum DataError {
         hint: &'static str,
     },
 
+    /// A tokenizer file (tokenizer.json, a tokenizer_config.json beside it, or a GGUF
+    /// vocabulary) that cannot be loaded.
+    #[error("tokenizer {}: {reason}", path.display())]
+    TokenizerFile { path: PathBuf, reason: String },
+
+    /// A chat template that does not parse or fails while rendering (its own
+    /// `raise_exception` included).
+    #[error(
+        "the chat template fails{}: {reason}",
+        line.map(|l| format!(" at line {l}")).unwrap_or_default()
+    )]
+    ChatTemplate { line: Option<usize>, reason: String },
+
     #[error("invalid data setting: {0}")]
     InvalidSpec(String),
 

@@ -1,5 +1,5 @@
-//! The data pipeline: corpus, tokenizers, train/validation split, batches and the
-//! background loader.
+//! The data pipeline: corpus, tokenizers (built-in, and pretrained models' own with their
+//! chat templates), train/validation split, batches and the background loader.
 //!
 //! Everything here is deterministic. The validation set is a fixed tail of the token stream,
 //! validation windows are evenly spaced, and each training window's position is a pure
@@ -7,8 +7,10 @@
 //! configuration and the step it is at.
 
 mod batch;
+mod chat;
 mod corpus;
 mod error;
+mod hf_tokenizer;
 mod prefetch;
 mod tokenizer;
 
@@ -16,8 +18,10 @@ pub use batch::{
     Batch, TokenSplits, check_train_len, split_tokens, train_batch, train_rows,
     unigram_cross_entropy, val_batches, window_counter,
 };
+pub use chat::{ChatMessage, render_chat};
 pub use corpus::{BUNDLED_SOURCE, Corpus};
 pub use error::DataError;
+pub use hf_tokenizer::HfTokenizer;
 pub use prefetch::{DataSpec, Prefetcher};
 pub use tokenizer::{
     ByteTokenizer, Gpt2Tokenizer, TOKENIZER_NAMES, Tokenizer, chunk_text, encode_chunked,

@@ -1,6 +1,7 @@
 //! Models: compositions of `nn` layers with a loss, behind one interface the trainer uses.
 
 pub mod gpt;
+pub mod import;
 pub mod llama;
 pub mod resnet_bk;
 

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod fixtures;
+
 /// Overrides for a small, fast model on the bundled corpus.
 pub fn tiny_overrides() -> Vec<String> {
     [

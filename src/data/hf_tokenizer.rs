@@ -1,0 +1,785 @@
+//! Pretrained models' own tokenizers, through Hugging Face's `tokenizers` crate (the
+//! implementation behind transformers' fast tokenizers, so ids match Python's).
+//!
+//! Two sources: a Hugging Face directory (`tokenizer.json` with the `tokenizer_config.json`,
+//! `special_tokens_map.json`, `generation_config.json` and `chat_template.jinja` beside it),
+//! and the vocabulary inside a GGUF file, which is turned into the `tokenizer.json` that
+//! describes the same byte-level BPE and loaded the same way.
+
+use super::{DataError, Tokenizer};
+use crate::models::import::GgufFile;
+use serde_json::{Value as Json, json};
+use std::path::Path;
+
+/// A pretrained model's tokenizer with its special tokens and chat template.
+///
+/// [`Tokenizer`]'s chunking contract (`encode(a + b) == encode(a) + encode(b)` when `a` ends
+/// in non-whitespace and `b` starts with whitespace) holds for GPT-2-style byte-level BPE
+/// (GGUF pre-tokenizers `gpt2`, `default`, `smollm`, `starcoder`, `refact`) and for BERT's
+/// WordPiece, and is checked on load: [`HfTokenizer::is_chunk_safe`] says whether this one
+/// meets it. It does not hold for Llama-3 and Qwen2 regexes, which join punctuation with the
+/// line breaks after it (`".\n"` is one token), nor for SentencePiece-style tokenizers that
+/// prepend "▁" to each text; encode such corpora whole.
+pub struct HfTokenizer {
+    inner: tokenizers::Tokenizer,
+    name: String,
+    vocab_size: usize,
+    bos: Option<(u32, String)>,
+    eos: Option<(u32, String)>,
+    eos_ids: Vec<u32>,
+    pad: Option<u32>,
+    adds_bos: bool,
+    chat_template: Option<String>,
+    chunk_safe: bool,
+}
+
+impl std::fmt::Debug for HfTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HfTokenizer")
+            .field("name", &self.name)
+            .field("vocab_size", &self.vocab_size)
+            .field("bos", &self.bos)
+            .field("eos_ids", &self.eos_ids)
+            .finish()
+    }
+}
+
+/// Special tokens and template read from the files beside a tokenizer.json.
+#[derive(Default)]
+struct DirConfig {
+    bos_token: Option<String>,
+    eos_token: Option<String>,
+    bos_id: Option<u32>,
+    eos_ids: Vec<u32>,
+    pad_token: Option<String>,
+    pad_id: Option<u32>,
+    add_bos: Option<bool>,
+    chat_template: Option<String>,
+}
+
+fn file_error(path: &Path, reason: impl Into<String>) -> DataError {
+    DataError::TokenizerFile {
+        path: path.to_path_buf(),
+        reason: reason.into(),
+    }
+}
+
+/// Reads a JSON file that may be absent (`Ok(None)`), naming the file when it does not parse.
+fn read_json(path: &Path) -> Result<Option<Json>, DataError> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(file_error(path, format!("cannot read it: {e}"))),
+    };
+    serde_json::from_str(&text)
+        .map(Some)
+        .map_err(|e| file_error(path, format!("is not valid JSON: {e}")))
+}
+
+/// A special token as tokenizer_config.json writes it: a string, or an object with "content".
+fn token_text(v: &Json) -> Option<String> {
+    match v {
+        Json::String(s) => Some(s.clone()),
+        Json::Object(o) => o.get("content")?.as_str().map(String::from),
+        _ => None,
+    }
+}
+
+fn id_list(v: &Json) -> Vec<u32> {
+    match v {
+        Json::Number(n) => n
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .into_iter()
+            .collect(),
+        Json::Array(a) => a.iter().flat_map(id_list).collect(),
+        _ => vec![],
+    }
+}
+
+impl DirConfig {
+    fn read(dir: &Path) -> Result<DirConfig, DataError> {
+        let mut c = DirConfig::default();
+        // special_tokens_map.json first: tokenizer_config.json overrides it, as in transformers.
+        for file in ["special_tokens_map.json", "tokenizer_config.json"] {
+            let Some(j) = read_json(&dir.join(file))? else {
+                continue;
+            };
+            if let Some(t) = j.get("bos_token").and_then(token_text) {
+                c.bos_token = Some(t);
+            }
+            if let Some(t) = j.get("eos_token").and_then(token_text) {
+                c.eos_token = Some(t);
+            }
+            if let Some(t) = j.get("pad_token").and_then(token_text) {
+                c.pad_token = Some(t);
+            }
+            if let Some(b) = j.get("add_bos_token").and_then(Json::as_bool) {
+                c.add_bos = Some(b);
+            }
+            match j.get("chat_template") {
+                Some(Json::String(t)) => c.chat_template = Some(t.clone()),
+                // Several named templates: transformers uses the one called "default".
+                Some(Json::Array(list)) => {
+                    c.chat_template = list
+                        .iter()
+                        .find(|t| t.get("name").and_then(Json::as_str) == Some("default"))
+                        .and_then(|t| t.get("template")?.as_str().map(String::from));
+                }
+                _ => {}
+            }
+        }
+        // Newer transformers save the template as its own file, which takes precedence.
+        let jinja = dir.join("chat_template.jinja");
+        match std::fs::read_to_string(&jinja) {
+            Ok(t) => c.chat_template = Some(t),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(file_error(&jinja, format!("cannot read it: {e}"))),
+        }
+        if let Some(g) = read_json(&dir.join("generation_config.json"))? {
+            c.bos_id = g
+                .get("bos_token_id")
+                .and_then(|v| id_list(v).first().copied());
+            c.eos_ids = g.get("eos_token_id").map(id_list).unwrap_or_default();
+            c.pad_id = g
+                .get("pad_token_id")
+                .and_then(|v| id_list(v).first().copied());
+        }
+        Ok(c)
+    }
+}
+
+impl HfTokenizer {
+    /// Loads a `tokenizer.json`, with the special tokens and chat template of the
+    /// configuration files in the same directory where present.
+    pub fn from_file(path: &Path) -> Result<HfTokenizer, DataError> {
+        let json = read_json(path)?.ok_or_else(|| {
+            file_error(
+                path,
+                "does not exist; a Hugging Face model directory has its tokenizer in tokenizer.json",
+            )
+        })?;
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let config = DirConfig::read(dir)?;
+        Self::build(json, path, path.display().to_string(), config, None)
+    }
+
+    /// Loads the tokenizer of a Hugging Face model directory (`tokenizer.json` and the
+    /// configuration files beside it).
+    pub fn from_dir(dir: &Path) -> Result<HfTokenizer, DataError> {
+        let path = dir.join("tokenizer.json");
+        if !path.exists() {
+            return Err(file_error(
+                &path,
+                "does not exist; kiln needs the fast-tokenizer file tokenizer.json (models with \
+                 only a SentencePiece tokenizer.model can be converted by loading and saving \
+                 them once with transformers' AutoTokenizer)",
+            ));
+        }
+        Self::from_file(&path)
+    }
+
+    /// Builds the tokenizer a GGUF file describes. Byte-level BPE vocabularies
+    /// (`tokenizer.ggml.model = "gpt2"`) with the pre-tokenizers `default`, `gpt2`, `smollm`,
+    /// `starcoder`, `refact`, `llama-bpe` and `qwen2` are supported; control tokens (type 3)
+    /// become special added tokens, so "<|im_start|>" in text is one id.
+    pub fn from_gguf(g: &GgufFile) -> Result<HfTokenizer, DataError> {
+        let path = g.path();
+        let err = |reason: String| file_error(path, reason);
+        let model = g.get_str("tokenizer.ggml.model").ok_or_else(|| {
+            err("has no tokenizer (tokenizer.ggml.model is missing); use the model's tokenizer.json".into())
+        })?;
+        if model != "gpt2" {
+            let what = match model {
+                "llama" => "a SentencePiece vocabulary",
+                "bert" => "a WordPiece vocabulary",
+                _ => "a vocabulary kind",
+            };
+            return Err(err(format!(
+                "tokenizer.ggml.model = {model:?} ({what}) cannot be built from GGUF yet, only \
+                 byte-level BPE (\"gpt2\"); use the model's Hugging Face tokenizer.json instead"
+            )));
+        }
+        let tokens = g.get_str_array("tokenizer.ggml.tokens").ok_or_else(|| {
+            err(
+                "tokenizer.ggml.tokens is missing or not a list of strings; the file is damaged"
+                    .into(),
+            )
+        })?;
+        let merges = g.get_str_array("tokenizer.ggml.merges").ok_or_else(|| {
+            err("tokenizer.ggml.merges is missing or not a list of strings; a BPE vocabulary needs its merges".into())
+        })?;
+        let types = g.get_i64_array("tokenizer.ggml.token_type");
+        if types.as_ref().is_some_and(|t| t.len() != tokens.len()) {
+            return Err(err(
+                "tokenizer.ggml.token_type and tokenizer.ggml.tokens differ in length; the file is damaged".into(),
+            ));
+        }
+        let pre = g.get_str("tokenizer.ggml.pre").unwrap_or("default");
+        let (pre_tokenizer, normalizer, ignore_merges) =
+            gguf_pre_tokenizer(pre).ok_or_else(|| {
+                err(format!(
+                    "tokenizer.ggml.pre = {pre:?} is a pre-tokenizer kiln does not know (it knows \
+                 default, gpt2, smollm, starcoder, refact, llama-bpe and qwen2); use the model's \
+                 tokenizer.json instead"
+                ))
+            })?;
+
+        let mut vocab = serde_json::Map::with_capacity(tokens.len());
+        let mut added = vec![];
+        for (id, &tok) in tokens.iter().enumerate() {
+            // A repeated string keeps its first id, as llama.cpp's lookup does.
+            vocab.entry(tok).or_insert(json!(id));
+            let ty = types.as_ref().map_or(1, |t| t[id]);
+            // 3: control tokens (special, never split); 4: user-defined (matched as written).
+            if ty == 3 || ty == 4 {
+                added.push(json!({
+                    "id": id, "content": tok, "single_word": false, "lstrip": false,
+                    "rstrip": false, "normalized": false, "special": ty == 3,
+                }));
+            }
+        }
+        let merges = merges
+            .iter()
+            .map(|m| {
+                m.split_once(' ')
+                    .map(|(a, b)| json!([a, b]))
+                    .ok_or_else(|| err(format!("merge {m:?} is not two tokens separated by a space; the file is damaged")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let byte_level = json!({
+            "type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true,
+        });
+        let json = json!({
+            "version": "1.0",
+            "truncation": null,
+            "padding": null,
+            "added_tokens": added,
+            "normalizer": normalizer,
+            "pre_tokenizer": pre_tokenizer,
+            "post_processor": byte_level,
+            "decoder": byte_level,
+            "model": {
+                "type": "BPE", "dropout": null, "unk_token": null,
+                "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                "fuse_unk": false, "byte_fallback": false, "ignore_merges": ignore_merges,
+                "vocab": vocab, "merges": merges,
+            },
+        });
+
+        let token = |key: &str| -> Option<(u32, String)> {
+            let id = u32::try_from(g.get_u64(key)?).ok()?;
+            Some((id, tokens.get(id as usize)?.to_string()))
+        };
+        let (bos, eos) = (
+            token("tokenizer.ggml.bos_token_id"),
+            token("tokenizer.ggml.eos_token_id"),
+        );
+        let mut eos_ids: Vec<u32> = [
+            "tokenizer.ggml.eos_token_id",
+            "tokenizer.ggml.eot_token_id",
+            "tokenizer.ggml.eom_token_id",
+        ]
+        .iter()
+        .filter_map(|k| token(k).map(|t| t.0))
+        .collect();
+        // llama.cpp also ends generation on the end-of-turn control tokens of the common chat
+        // formats, since many converted files name only <|endoftext|> as EOS.
+        for (id, &tok) in tokens.iter().enumerate() {
+            let control = types.as_ref().is_some_and(|t| t[id] == 3);
+            if control && END_OF_TURN.contains(&tok) {
+                eos_ids.push(id as u32);
+            }
+        }
+        let config = DirConfig {
+            bos_token: bos.as_ref().map(|b| b.1.clone()),
+            eos_token: eos.as_ref().map(|e| e.1.clone()),
+            bos_id: bos.as_ref().map(|b| b.0),
+            eos_ids,
+            pad_token: None,
+            pad_id: token("tokenizer.ggml.padding_token_id").map(|t| t.0),
+            // llama.cpp's default for BPE vocabularies is no BOS.
+            add_bos: Some(g.get_bool("tokenizer.ggml.add_bos_token").unwrap_or(false)),
+            chat_template: g.get_str("tokenizer.chat_template").map(String::from),
+        };
+        let name = format!("{} (GGUF vocabulary)", path.display());
+        Self::build(json, path, name, config, Some(tokens.len()))
+    }
+
+    fn build(
+        json: Json,
+        path: &Path,
+        name: String,
+        config: DirConfig,
+        n_tokens: Option<usize>,
+    ) -> Result<HfTokenizer, DataError> {
+        let chunk_safe = is_chunk_safe_json(&json);
+        let mut inner: tokenizers::Tokenizer = serde_json::from_value(json).map_err(|e| {
+            file_error(
+                path,
+                format!("is not a tokenizer this version of the tokenizers library reads: {e}"),
+            )
+        })?;
+        // Padding and truncation saved in the file are batching settings (all-MiniLM-L6-v2
+        // pads every text to 128); transformers turns them off unless a call asks, and so
+        // does kiln, which batches by itself.
+        inner.with_padding(None);
+        inner
+            .with_truncation(None)
+            .map_err(|e| file_error(path, format!("cannot turn off truncation: {e}")))?;
+        let lookup = |text: &Option<String>, id: Option<u32>| -> Option<(u32, String)> {
+            match (text, id) {
+                (Some(t), _) => inner.token_to_id(t).map(|i| (i, t.clone())),
+                (None, Some(i)) => inner.id_to_token(i).map(|t| (i, t)),
+                (None, None) => None,
+            }
+        };
+        let bos = lookup(&config.bos_token, config.bos_id);
+        let eos = lookup(&config.eos_token, config.eos_ids.first().copied());
+        let pad = lookup(&config.pad_token, config.pad_id).map(|p| p.0);
+        let mut eos_ids: Vec<u32> = eos.iter().map(|e| e.0).collect();
+        for id in config.eos_ids {
+            if !eos_ids.contains(&id) {
+                eos_ids.push(id);
+            }
+        }
+        let vocab_size = inner
+            .get_vocab_size(true)
+            .max(n_tokens.unwrap_or(0))
+            .max(eos_ids.iter().map(|&i| i as usize + 1).max().unwrap_or(0));
+        let mut tok = HfTokenizer {
+            inner,
+            name,
+            vocab_size,
+            bos,
+            eos,
+            eos_ids,
+            pad,
+            adds_bos: false,
+            chat_template: config.chat_template,
+            chunk_safe,
+        };
+        // Without a setting, the post-processor is the truth: does it put BOS in front?
+        tok.adds_bos = match config.add_bos {
+            Some(b) => b,
+            None => {
+                let ids = tok.try_encode("a", true).map_err(|e| file_error(path, e))?;
+                tok.bos_id().is_some() && ids.first().copied() == tok.bos_id()
+            }
+        };
+        Ok(tok)
+    }
+
+    fn try_encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>, String> {
+        self.inner
+            .encode_fast(text, add_special)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| format!("cannot encode text: {e}"))
+    }
+
+    /// Token ids of `text` with no special tokens added; special tokens written in the text
+    /// ("<|im_start|>") are recognised as single ids, as in Hugging Face. Encoding does not
+    /// fail for byte-level BPE or WordPiece vocabularies (every byte, or [UNK], has an id);
+    /// should another kind fail, the result is empty.
+    pub fn encode(&self, text: &str) -> Vec<u32> {
+        self.try_encode(text, false).unwrap_or_default()
+    }
+
+    /// Token ids of `text` with the tokenizer's post-processing (Hugging Face's
+    /// `add_special_tokens=True`: BERT's [CLS] ... [SEP], Llama's BOS), and with the BOS token
+    /// in front exactly when `add_bos` is true (for tokenizers that have one).
+    pub fn encode_with_special(&self, text: &str, add_bos: bool) -> Vec<u32> {
+        let mut ids = self.try_encode(text, true).unwrap_or_default();
+        if let Some(bos) = self.bos_id() {
+            let has = ids.first() == Some(&bos);
+            if add_bos && !has {
+                ids.insert(0, bos);
+            } else if !add_bos && has && self.encode(text).first() != Some(&bos) {
+                ids.remove(0);
+            }
+        }
+        ids
+    }
+
+    /// Whether the model's configuration asks for a BOS token in front of each text
+    /// (`add_bos_token`), the usual second argument of [`encode_with_special`](Self::encode_with_special).
+    pub fn adds_bos(&self) -> bool {
+        self.adds_bos
+    }
+
+    /// The text of `ids`, special tokens included, so that decoding undoes [`encode`](Self::encode).
+    pub fn decode(&self, ids: &[u32]) -> String {
+        self.decode_with(ids, false)
+    }
+
+    /// The text of `ids` without special tokens (for showing a model's answer).
+    pub fn decode_skip_special(&self, ids: &[u32]) -> String {
+        self.decode_with(ids, true)
+    }
+
+    /// Decodes runs of known ids; an id outside the vocabulary becomes U+FFFD rather than
+    /// vanishing (the library drops it), so a sampling bug shows in the text.
+    fn decode_with(&self, ids: &[u32], skip_special: bool) -> String {
+        let mut out = String::new();
+        for (i, run) in ids
+            .split(|&id| self.inner.id_to_token(id).is_none())
+            .enumerate()
+        {
+            if i > 0 {
+                out.push('\u{fffd}');
+            }
+            if !run.is_empty() {
+                match self.inner.decode(run, skip_special) {
+                    Ok(s) => out.push_str(&s),
+                    Err(_) => out.push('\u{fffd}'),
+                }
+            }
+        }
+        out
+    }
+
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    pub fn bos_id(&self) -> Option<u32> {
+        self.bos.as_ref().map(|b| b.0)
+    }
+
+    /// The padding id the model's configuration names, if any.
+    pub fn pad_id(&self) -> Option<u32> {
+        self.pad
+    }
+
+    /// Every id that ends generation: the EOS token, then the other end-of-turn ids the
+    /// model's configuration lists (generation_config.json's `eos_token_id`, GGUF's EOT/EOM
+    /// and end-of-turn control tokens such as `<|im_end|>`).
+    pub fn eos_ids(&self) -> Vec<u32> {
+        self.eos_ids.clone()
+    }
+
+    /// The BOS token's text for chat templates ("" when the model has none).
+    pub fn bos_token(&self) -> &str {
+        self.bos.as_ref().map_or("", |b| b.1.as_str())
+    }
+
+    /// The EOS token's text for chat templates ("" when the model has none).
+    pub fn eos_token(&self) -> &str {
+        self.eos.as_ref().map_or("", |e| e.1.as_str())
+    }
+
+    /// Number of ids, added tokens included.
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    pub fn chat_template(&self) -> Option<&str> {
+        self.chat_template.as_deref()
+    }
+
+    /// Whether [`encode_chunked`](super::encode_chunked) gives the same ids as encoding
+    /// the whole text (see the type's documentation).
+    pub fn is_chunk_safe(&self) -> bool {
+        self.chunk_safe
+    }
+
+    /// The library tokenizer, for what this type does not wrap (offsets, batches).
+    pub fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+}
+
+impl Tokenizer for HfTokenizer {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    fn encode(&self, text: &str) -> Vec<u32> {
+        HfTokenizer::encode(self, text)
+    }
+
+    fn decode(&self, ids: &[u32]) -> String {
+        HfTokenizer::decode(self, ids)
+    }
+}
+
+/// End-of-turn tokens of common chat formats (ChatML, Llama 3, Gemma).
+const END_OF_TURN: &[&str] = &[
+    "<|im_end|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<end_of_turn>",
+    "<|end|>",
+];
+
+/// Llama 3's pre-tokenizer regex, as in its tokenizer.json.
+const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Qwen2's: Llama 3's with single digits.
+const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// (pre_tokenizer, normalizer, ignore_merges) of the tokenizer.json that the model behind a
+/// GGUF `tokenizer.ggml.pre` name ships.
+fn gguf_pre_tokenizer(pre: &str) -> Option<(Json, Json, bool)> {
+    let byte_level = |use_regex: bool| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": use_regex});
+    let split = |regex: &str| {
+        json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": false},
+            byte_level(false),
+        ]})
+    };
+    Some(match pre {
+        "default" | "gpt2" => (byte_level(true), Json::Null, false),
+        // SmolLM2's tokenizer.json: single digits, then GPT-2's byte-level regex.
+        "smollm" | "starcoder" | "refact" => (
+            json!({"type": "Sequence", "pretokenizers": [
+                {"type": "Digits", "individual_digits": true},
+                byte_level(true),
+            ]}),
+            Json::Null,
+            false,
+        ),
+        "llama-bpe" | "llama3" => (split(LLAMA3_REGEX), Json::Null, true),
+        "qwen2" => (split(QWEN2_REGEX), json!({"type": "NFC"}), false),
+        _ => return None,
+    })
+}
+
+/// Whether a tokenizer.json meets [`Tokenizer`]'s chunking contract: every normalizer acts
+/// on characters one by one, every pre-tokenizer splits at whitespace without looking across
+/// it or adding a prefix, and no added token has whitespace after a non-whitespace character.
+fn is_chunk_safe_json(json: &Json) -> bool {
+    fn all_of(v: &Json, list_key: &str, ok: &dyn Fn(&str, &Json) -> bool) -> bool {
+        match v {
+            Json::Null => true,
+            Json::Object(o) => match o.get("type").and_then(Json::as_str) {
+                Some("Sequence") => o
+                    .get(list_key)
+                    .and_then(Json::as_array)
+                    .is_some_and(|items| items.iter().all(|i| all_of(i, list_key, ok))),
+                Some(ty) => ok(ty, v),
+                None => false,
+            },
+            _ => false,
+        }
+    }
+    let normalizer_ok = all_of(&json["normalizer"], "normalizers", &|ty, _| {
+        matches!(
+            ty,
+            "NFC" | "NFD" | "NFKC" | "NFKD" | "Lowercase" | "StripAccents" | "BertNormalizer"
+        )
+    });
+    let pre_ok = all_of(&json["pre_tokenizer"], "pretokenizers", &|ty, v| match ty {
+        "ByteLevel" => {
+            v["add_prefix_space"].as_bool() == Some(false)
+                && v["use_regex"].as_bool() != Some(false)
+        }
+        "Digits" | "Whitespace" | "WhitespaceSplit" | "BertPreTokenizer" | "Punctuation" => true,
+        _ => false,
+    });
+    let added_ok = json["added_tokens"].as_array().is_none_or(|tokens| {
+        tokens.iter().all(|t| {
+            let s = t["content"].as_str().unwrap_or("");
+            let mut prev_non_ws = false;
+            s.chars().all(|c| {
+                let bad = prev_non_ws && c.is_whitespace();
+                prev_non_ws = !c.is_whitespace();
+                !bad
+            })
+        })
+    });
+    normalizer_ok && pre_ok && added_ok
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::models::import::GgufValue;
+    use crate::models::import::gguf::writer::gguf_bytes;
+    use std::path::PathBuf;
+
+    /// The 256 byte-level symbols in GPT-2's order (printable bytes map to themselves, the
+    /// rest to U+0100 onwards).
+    fn byte_symbols() -> Vec<String> {
+        let printable = |b: u32| {
+            (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b)
+        };
+        let mut next = 256;
+        (0..256u32)
+            .map(|b| {
+                let c = if printable(b) {
+                    b
+                } else {
+                    next += 1;
+                    next - 1
+                };
+                char::from_u32(c).unwrap().to_string()
+            })
+            .collect()
+    }
+
+    /// A tiny byte-level BPE vocabulary in GGUF: control tokens, the 256 bytes, a few merges.
+    fn tiny_gguf(pre: &str) -> (tempfile::TempDir, PathBuf) {
+        let mut tokens: Vec<String> = vec![
+            "<|endoftext|>".into(),
+            "<|im_start|>".into(),
+            "<|im_end|>".into(),
+        ];
+        tokens.extend(byte_symbols());
+        let merges = ["h e", "l l", "he ll", "hell o", "Ġ w", "Ġw o"];
+        for m in merges {
+            tokens.push(m.replace(' ', ""));
+        }
+        let mut types = vec![GgufValue::I32(3); 3];
+        types.extend(std::iter::repeat_n(GgufValue::I32(1), tokens.len() - 3));
+        let strings = |v: &[String]| {
+            GgufValue::Array(v.iter().map(|s| GgufValue::String(s.clone())).collect())
+        };
+        let md = vec![
+            ("tokenizer.ggml.model", GgufValue::String("gpt2".into())),
+            ("tokenizer.ggml.pre", GgufValue::String(pre.into())),
+            ("tokenizer.ggml.tokens", strings(&tokens)),
+            ("tokenizer.ggml.merges", strings(&merges.map(String::from))),
+            ("tokenizer.ggml.token_type", GgufValue::Array(types)),
+            ("tokenizer.ggml.bos_token_id", GgufValue::U32(1)),
+            ("tokenizer.ggml.eos_token_id", GgufValue::U32(0)),
+            (
+                "tokenizer.chat_template",
+                GgufValue::String("{{ bos_token }}".into()),
+            ),
+        ];
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tok.gguf");
+        std::fs::write(&path, gguf_bytes(&md, &[])).unwrap();
+        (dir, path)
+    }
+
+    #[test]
+    fn a_gguf_bpe_vocabulary_encodes_and_decodes_losslessly() {
+        let (_dir, path) = tiny_gguf("smollm");
+        let g = GgufFile::open(&path).unwrap();
+        let tok = HfTokenizer::from_gguf(&g).unwrap();
+        assert_eq!(tok.vocab_size(), 3 + 256 + 6);
+        let hello = tok.token_to_id("hello").unwrap();
+        let wo = tok.token_to_id("Ġwo").unwrap();
+        let ids = tok.encode("hello wo");
+        assert_eq!(ids, vec![hello, wo]);
+        // Digits split one by one; control tokens are single ids, also mid-text.
+        assert_eq!(tok.encode("42").len(), 2);
+        assert_eq!(tok.encode("<|im_start|>hello<|im_end|>"), vec![1, hello, 2]);
+        for text in [
+            "hello wo",
+            "héllo\n\n  wörld 123 ✓ 🦀\t!",
+            "<|im_start|>user\nhi<|im_end|>\n",
+            "",
+        ] {
+            assert_eq!(tok.decode(&tok.encode(text)), text);
+        }
+        assert_eq!(tok.decode_skip_special(&[1, hello, 2]), "hello");
+        assert_eq!(tok.decode(&[hello, 100_000, hello]), "hello\u{fffd}hello");
+        assert_eq!(tok.bos_id(), Some(1));
+        assert_eq!(tok.bos_token(), "<|im_start|>");
+        assert_eq!(tok.eos_token(), "<|endoftext|>");
+        // <|im_end|> is a control token of ChatML: generation ends there too.
+        assert_eq!(tok.eos_ids(), vec![0, 2]);
+        assert_eq!(tok.encode_with_special("hello", true), vec![1, hello]);
+        assert_eq!(tok.encode_with_special("hello", false), vec![hello]);
+        assert!(!tok.adds_bos());
+        assert_eq!(tok.chat_template(), Some("{{ bos_token }}"));
+        assert!(tok.is_chunk_safe());
+        let t: &dyn Tokenizer = &tok;
+        assert_eq!(t.decode(&t.encode("hello wo")), "hello wo");
+    }
+
+    #[test]
+    fn gguf_pre_tokenizers_are_known_or_refused_by_name() {
+        for pre in ["gpt2", "default", "llama-bpe", "qwen2"] {
+            let (_dir, path) = tiny_gguf(pre);
+            let tok = HfTokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
+            let text = "hello, wo 2024!\n";
+            assert_eq!(tok.decode(&tok.encode(text)), text, "{pre}");
+            assert_eq!(
+                tok.is_chunk_safe(),
+                pre == "gpt2" || pre == "default",
+                "{pre}"
+            );
+        }
+        let (_dir, path) = tiny_gguf("tekken");
+        let e = HfTokenizer::from_gguf(&GgufFile::open(&path).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("tekken") && e.contains("tokenizer.json"), "{e}");
+    }
+
+    #[test]
+    fn a_directory_supplies_special_tokens_and_the_template() {
+        let dir = tempfile::tempdir().unwrap();
+        let vocab: serde_json::Map<String, Json> =
+            ["[UNK]", "[CLS]", "[SEP]", "hello", "world", "<eot>"]
+                .iter()
+                .enumerate()
+                .map(|(i, t)| (t.to_string(), json!(i)))
+                .collect();
+        let tj = json!({
+            "version": "1.0", "truncation": null, "padding": null,
+            "added_tokens": [{"id": 5, "content": "<eot>", "single_word": false, "lstrip": false,
+                              "rstrip": false, "normalized": false, "special": true}],
+            "normalizer": {"type": "BertNormalizer", "clean_text": true, "handle_chinese_chars": true,
+                           "strip_accents": null, "lowercase": true},
+            "pre_tokenizer": {"type": "BertPreTokenizer"},
+            "post_processor": {"type": "TemplateProcessing",
+                "single": [{"SpecialToken": {"id": "[CLS]", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                           {"SpecialToken": {"id": "[SEP]", "type_id": 0}}],
+                "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                "special_tokens": {"[CLS]": {"id": "[CLS]", "ids": [1], "tokens": ["[CLS]"]},
+                                   "[SEP]": {"id": "[SEP]", "ids": [2], "tokens": ["[SEP]"]}}},
+            "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": true},
+            "model": {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
+                      "max_input_chars_per_word": 100, "vocab": vocab},
+        });
+        std::fs::write(dir.path().join("tokenizer.json"), tj.to_string()).unwrap();
+        std::fs::write(
+            dir.path().join("tokenizer_config.json"),
+            json!({"eos_token": {"content": "[SEP]"}, "chat_template": "{{ eos_token }}"})
+                .to_string(),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("generation_config.json"),
+            json!({"eos_token_id": [2, 5]}).to_string(),
+        )
+        .unwrap();
+        let tok = HfTokenizer::from_dir(dir.path()).unwrap();
+        assert_eq!(tok.encode("Hello world"), vec![3, 4]);
+        assert_eq!(
+            tok.encode_with_special("Hello world", false),
+            vec![1, 3, 4, 2]
+        );
+        assert_eq!(tok.eos_ids(), vec![2, 5]);
+        assert_eq!(tok.eos_token(), "[SEP]");
+        assert_eq!(tok.bos_id(), None);
+        assert_eq!(tok.chat_template(), Some("{{ eos_token }}"));
+        assert!(tok.is_chunk_safe());
+
+        let e = HfTokenizer::from_dir(&dir.path().join("missing"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("tokenizer.json") && e.contains("does not exist"),
+            "{e}"
+        );
+        std::fs::write(dir.path().join("tokenizer.json"), "{\"model\": 3}").unwrap();
+        let e = HfTokenizer::from_dir(dir.path()).unwrap_err().to_string();
+        assert!(
+            e.contains("tokenizer.json") && e.contains("tokenizers library"),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,1329 @@
+//! GGUF, llama.cpp's single-file model format: typed metadata, a tensor directory, and tensor
+//! data in ggml's block-quantised layouts.
+//!
+//! The file is memory-mapped, so opening a multi-gigabyte model reads only its header; tensors
+//! are dequantised to f32 one at a time on request. Every length and offset in the header is
+//! checked against the file's size before it is used, so a truncated or damaged file gives an
+//! [`ImportError`] naming what is cut off, never a panic or an out-of-bounds read.
+//!
+//! Layout (little-endian): magic `GGUF`, version (2 or 3), tensor count (u64), metadata count
+//! (u64), the metadata entries (key string, value type, value), the tensor infos (name, number
+//! of dimensions, dimensions fastest-varying first, ggml type, offset), padding to
+//! `general.alignment`, then the tensor data, each tensor at its offset from the data start.
+
+use super::ImportError;
+use half::{bf16, f16};
+use memmap2::Mmap;
+use rayon::prelude::*;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+const MAGIC: &[u8; 4] = b"GGUF";
+const DEFAULT_ALIGNMENT: u64 = 32;
+/// Arrays of arrays are legal; a bound keeps a hostile file from exhausting the stack.
+const MAX_NESTING: usize = 8;
+
+/// One metadata value. Strings that are not valid UTF-8 are kept with U+FFFD in place of the
+/// bad bytes (llama.cpp treats them as bytes; no published model relies on that).
+#[derive(Debug, Clone, PartialEq)]
+pub enum GgufValue {
+    U8(u8),
+    I8(i8),
+    U16(u16),
+    I16(i16),
+    U32(u32),
+    I32(i32),
+    U64(u64),
+    I64(i64),
+    F32(f32),
+    F64(f64),
+    Bool(bool),
+    String(String),
+    Array(Vec<GgufValue>),
+}
+
+impl GgufValue {
+    /// Any integer that is not negative.
+    pub fn as_u64(&self) -> Option<u64> {
+        match *self {
+            GgufValue::U8(v) => Some(v.into()),
+            GgufValue::U16(v) => Some(v.into()),
+            GgufValue::U32(v) => Some(v.into()),
+            GgufValue::U64(v) => Some(v),
+            GgufValue::I8(v) => u64::try_from(v).ok(),
+            GgufValue::I16(v) => u64::try_from(v).ok(),
+            GgufValue::I32(v) => u64::try_from(v).ok(),
+            GgufValue::I64(v) => u64::try_from(v).ok(),
+            _ => None,
+        }
+    }
+
+    /// Any integer that fits an i64.
+    pub fn as_i64(&self) -> Option<i64> {
+        match *self {
+            GgufValue::U64(v) => i64::try_from(v).ok(),
+            GgufValue::I8(v) => Some(v.into()),
+            GgufValue::I16(v) => Some(v.into()),
+            GgufValue::I32(v) => Some(v.into()),
+            GgufValue::I64(v) => Some(v),
+            _ => self.as_u64().and_then(|v| i64::try_from(v).ok()),
+        }
+    }
+
+    /// Any float or integer.
+    pub fn as_f64(&self) -> Option<f64> {
+        match *self {
+            GgufValue::F32(v) => Some(v.into()),
+            GgufValue::F64(v) => Some(v),
+            _ => self.as_i64().map(|v| v as f64),
+        }
+    }
+
+    pub fn as_bool(&self) -> Option<bool> {
+        match *self {
+            GgufValue::Bool(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            GgufValue::String(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    pub fn as_array(&self) -> Option<&[GgufValue]> {
+        match self {
+            GgufValue::Array(a) => Some(a),
+            _ => None,
+        }
+    }
+
+    /// The GGUF name of the value's type, for error messages.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            GgufValue::U8(_) => "uint8",
+            GgufValue::I8(_) => "int8",
+            GgufValue::U16(_) => "uint16",
+            GgufValue::I16(_) => "int16",
+            GgufValue::U32(_) => "uint32",
+            GgufValue::I32(_) => "int32",
+            GgufValue::U64(_) => "uint64",
+            GgufValue::I64(_) => "int64",
+            GgufValue::F32(_) => "float32",
+            GgufValue::F64(_) => "float64",
+            GgufValue::Bool(_) => "bool",
+            GgufValue::String(_) => "string",
+            GgufValue::Array(_) => "array",
+        }
+    }
+}
+
+/// A ggml tensor type, by its number in the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct GgmlType(pub u32);
+
+impl GgmlType {
+    pub const F32: GgmlType = GgmlType(0);
+    pub const F16: GgmlType = GgmlType(1);
+    pub const Q4_0: GgmlType = GgmlType(2);
+    pub const Q4_1: GgmlType = GgmlType(3);
+    pub const Q8_0: GgmlType = GgmlType(8);
+    pub const Q4_K: GgmlType = GgmlType(12);
+    pub const Q6_K: GgmlType = GgmlType(14);
+    pub const BF16: GgmlType = GgmlType(30);
+
+    /// ggml's name for the type ("Q4_K"), or "type N" for a number ggml does not define.
+    pub fn name(self) -> String {
+        let known = match self.0 {
+            0 => "F32",
+            1 => "F16",
+            2 => "Q4_0",
+            3 => "Q4_1",
+            6 => "Q5_0",
+            7 => "Q5_1",
+            8 => "Q8_0",
+            9 => "Q8_1",
+            10 => "Q2_K",
+            11 => "Q3_K",
+            12 => "Q4_K",
+            13 => "Q5_K",
+            14 => "Q6_K",
+            15 => "Q8_K",
+            16 => "IQ2_XXS",
+            17 => "IQ2_XS",
+            18 => "IQ3_XXS",
+            19 => "IQ1_S",
+            20 => "IQ4_NL",
+            21 => "IQ3_S",
+            22 => "IQ2_S",
+            23 => "IQ4_XS",
+            24 => "I8",
+            25 => "I16",
+            26 => "I32",
+            27 => "I64",
+            28 => "F64",
+            29 => "IQ1_M",
+            30 => "BF16",
+            34 => "TQ1_0",
+            35 => "TQ2_0",
+            39 => "MXFP4",
+            n => return format!("type {n}"),
+        };
+        known.to_string()
+    }
+
+    /// (elements, bytes) of one block, for the types whose layout kiln knows; the others can
+    /// be listed but not read.
+    pub fn block_layout(self) -> Option<(usize, usize)> {
+        Some(match self.0 {
+            0 => (1, 4),
+            1 | 30 => (1, 2),
+            2 => (32, 18),
+            3 => (32, 20),
+            6 => (32, 22),
+            7 => (32, 24),
+            8 => (32, 34),
+            9 => (32, 36),
+            10 => (256, 84),
+            11 => (256, 110),
+            12 => (256, 144),
+            13 => (256, 176),
+            14 => (256, 210),
+            15 => (256, 292),
+            24 => (1, 1),
+            25 => (1, 2),
+            26 => (1, 4),
+            27 | 28 => (1, 8),
+            _ => return None,
+        })
+    }
+
+    /// Whether [`GgufFile::tensor_f32`] can dequantise this type.
+    pub fn is_dequantisable(self) -> bool {
+        [
+            Self::F32,
+            Self::F16,
+            Self::BF16,
+            Self::Q8_0,
+            Self::Q4_0,
+            Self::Q4_1,
+            Self::Q4_K,
+            Self::Q6_K,
+        ]
+        .contains(&self)
+    }
+}
+
+impl std::fmt::Display for GgmlType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+/// One entry of the tensor directory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GgufTensorInfo {
+    pub name: String,
+    /// Dimensions as GGUF lists them: fastest-varying first (ggml's `ne`).
+    pub dims: Vec<u64>,
+    pub ggml_type: GgmlType,
+    /// Byte offset from the start of the data section.
+    pub offset: u64,
+}
+
+impl GgufTensorInfo {
+    /// The shape in row-major order, as PyTorch and Hugging Face see it: GGUF's dimensions
+    /// reversed (`ne = [576, 49152]` is a `[49152, 576]` matrix).
+    pub fn shape(&self) -> Vec<usize> {
+        self.dims.iter().rev().map(|&d| d as usize).collect()
+    }
+
+    pub fn n_elements(&self) -> u64 {
+        self.dims.iter().product()
+    }
+
+    /// The type's ggml name ("Q4_1").
+    pub fn type_name(&self) -> String {
+        self.ggml_type.name()
+    }
+
+    /// Bytes of data, when the type's block layout is known.
+    fn byte_len(&self) -> Option<u64> {
+        let (elems, bytes) = self.ggml_type.block_layout()?;
+        (self.n_elements() / elems as u64).checked_mul(bytes as u64)
+    }
+}
+
+/// An open GGUF file: its metadata and tensor directory, with the data memory-mapped.
+pub struct GgufFile {
+    path: PathBuf,
+    map: Mmap,
+    version: u32,
+    alignment: u64,
+    metadata: BTreeMap<String, GgufValue>,
+    tensors: Vec<GgufTensorInfo>,
+    by_name: HashMap<String, usize>,
+    data_start: u64,
+}
+
+impl std::fmt::Debug for GgufFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GgufFile")
+            .field("path", &self.path)
+            .field("version", &self.version)
+            .field("metadata", &self.metadata.len())
+            .field("tensors", &self.tensors.len())
+            .finish()
+    }
+}
+
+impl GgufFile {
+    /// Opens and checks `path`: the header parses, and every tensor the directory lists lies
+    /// inside the file.
+    pub fn open(path: &Path) -> Result<GgufFile, ImportError> {
+        let io = |source| ImportError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = std::fs::File::open(path).map_err(io)?;
+        let len = file.metadata().map_err(io)?.len();
+        if len < MAGIC.len() as u64 {
+            return Err(ImportError::Truncated {
+                path: path.to_path_buf(),
+                what: "the GGUF magic".into(),
+                end: MAGIC.len() as u64,
+                len,
+            });
+        }
+        // SAFETY: the map is read-only and kiln never writes the file. Another process
+        // truncating the file while it is mapped would fault on access; that is the same
+        // contract every mmap-based model loader (llama.cpp, safetensors) accepts.
+        let map = unsafe { Mmap::map(&file) }.map_err(io)?;
+        Self::parse(path.to_path_buf(), map)
+    }
+
+    fn parse(path: PathBuf, map: Mmap) -> Result<GgufFile, ImportError> {
+        let mut r = Reader {
+            buf: &map,
+            pos: 0,
+            path: &path,
+        };
+        let magic = r.take(4, "the GGUF magic")?;
+        if magic != MAGIC {
+            return Err(ImportError::Format {
+                path: path.clone(),
+                reason: format!(
+                    "this is not a GGUF file (it starts with {magic:02x?}, not \"GGUF\"); \
+                     Hugging Face directories hold config.json and *.safetensors instead"
+                ),
+            });
+        }
+        let version = r.u32("the GGUF version")?;
+        if version != 2 && version != 3 {
+            let hint = if version.swap_bytes() == 2 || version.swap_bytes() == 3 {
+                "it is a big-endian GGUF, which kiln does not read; use the little-endian file"
+            } else if version == 1 {
+                "version 1 files predate 2023-08; convert it with a current llama.cpp"
+            } else {
+                "kiln reads versions 2 and 3; convert it with llama.cpp's tools"
+            };
+            return Err(ImportError::Format {
+                path: path.clone(),
+                reason: format!("GGUF version {version} is not supported: {hint}"),
+            });
+        }
+        let n_tensors = r.u64("the tensor count")?;
+        let n_kv = r.u64("the metadata count")?;
+
+        let mut metadata = BTreeMap::new();
+        for i in 0..n_kv {
+            let key = r.string(&format!("metadata key {i}"))?;
+            let ty = r.u32(&format!("the type of metadata {key}"))?;
+            let value = r.value(ty, &key, 0)?;
+            metadata.insert(key, value);
+        }
+
+        let alignment = match metadata.get("general.alignment") {
+            None => DEFAULT_ALIGNMENT,
+            Some(v) => match v.as_u64() {
+                Some(a) if a.is_power_of_two() => a,
+                _ => {
+                    return Err(ImportError::Metadata {
+                        path: path.clone(),
+                        key: "general.alignment".into(),
+                        reason: format!("{v:?} is not a power of two; the file is damaged"),
+                    });
+                }
+            },
+        };
+
+        // Each tensor info takes at least 24 bytes; a count beyond that is a damaged header,
+        // not a reason to reserve gigabytes.
+        let mut tensors = Vec::with_capacity(n_tensors.min(r.remaining() / 24) as usize);
+        let mut by_name = HashMap::new();
+        for i in 0..n_tensors {
+            let name = r.string(&format!("the name of tensor {i}"))?;
+            let n_dims = r.u32(&format!("the rank of tensor {name}"))?;
+            if n_dims > 8 {
+                return Err(ImportError::Format {
+                    path: path.clone(),
+                    reason: format!(
+                        "tensor {name} claims {n_dims} dimensions (ggml allows at most 4); the file is damaged"
+                    ),
+                });
+            }
+            let dims = (0..n_dims)
+                .map(|_| r.u64(&format!("the dimensions of tensor {name}")))
+                .collect::<Result<Vec<_>, _>>()?;
+            let ggml_type = GgmlType(r.u32(&format!("the type of tensor {name}"))?);
+            let offset = r.u64(&format!("the offset of tensor {name}"))?;
+            let info = GgufTensorInfo {
+                name,
+                dims,
+                ggml_type,
+                offset,
+            };
+            check_tensor_info(&path, &info, alignment)?;
+            if by_name.insert(info.name.clone(), tensors.len()).is_some() {
+                return Err(ImportError::Format {
+                    path: path.clone(),
+                    reason: format!("tensor {} is listed twice; the file is damaged", info.name),
+                });
+            }
+            tensors.push(info);
+        }
+
+        let data_start = (r.pos as u64).next_multiple_of(alignment);
+        let len = map.len() as u64;
+        for t in &tensors {
+            if let Some(bytes) = t.byte_len() {
+                let end = data_start
+                    .checked_add(t.offset)
+                    .and_then(|s| s.checked_add(bytes))
+                    .unwrap_or(u64::MAX);
+                if end > len {
+                    return Err(ImportError::Truncated {
+                        path: path.clone(),
+                        what: format!("the data of tensor {}", t.name),
+                        end,
+                        len,
+                    });
+                }
+            }
+        }
+
+        Ok(GgufFile {
+            path,
+            map,
+            version,
+            alignment,
+            metadata,
+            tensors,
+            by_name,
+            data_start,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The GGUF version, 2 or 3.
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+
+    /// `general.alignment`, or 32 when the file does not set it.
+    pub fn alignment(&self) -> u64 {
+        self.alignment
+    }
+
+    pub fn metadata(&self) -> &BTreeMap<String, GgufValue> {
+        &self.metadata
+    }
+
+    pub fn get(&self, key: &str) -> Option<&GgufValue> {
+        self.metadata.get(key)
+    }
+
+    pub fn get_str(&self, key: &str) -> Option<&str> {
+        self.get(key)?.as_str()
+    }
+
+    /// Any non-negative integer type.
+    pub fn get_u64(&self, key: &str) -> Option<u64> {
+        self.get(key)?.as_u64()
+    }
+
+    /// Any float or integer type.
+    pub fn get_f64(&self, key: &str) -> Option<f64> {
+        self.get(key)?.as_f64()
+    }
+
+    pub fn get_bool(&self, key: &str) -> Option<bool> {
+        self.get(key)?.as_bool()
+    }
+
+    /// An array of strings (`None` when absent, not an array, or holding anything else).
+    pub fn get_str_array(&self, key: &str) -> Option<Vec<&str>> {
+        self.get(key)?
+            .as_array()?
+            .iter()
+            .map(|v| v.as_str())
+            .collect()
+    }
+
+    /// An array of integers of any integer type.
+    pub fn get_i64_array(&self, key: &str) -> Option<Vec<i64>> {
+        self.get(key)?
+            .as_array()?
+            .iter()
+            .map(|v| v.as_i64())
+            .collect()
+    }
+
+    /// An array of floats or integers, as f32.
+    pub fn get_f32_array(&self, key: &str) -> Option<Vec<f32>> {
+        self.get(key)?
+            .as_array()?
+            .iter()
+            .map(|v| v.as_f64().map(|x| x as f32))
+            .collect()
+    }
+
+    /// `general.architecture` ("llama", "qwen2", ...).
+    pub fn architecture(&self) -> Option<&str> {
+        self.get_str("general.architecture")
+    }
+
+    /// Like [`get_u64`](Self::get_u64), but a missing or mistyped entry is an error that
+    /// names the key.
+    pub fn require_u64(&self, key: &str) -> Result<u64, ImportError> {
+        self.get_u64(key)
+            .ok_or_else(|| self.metadata_error(key, "a non-negative integer"))
+    }
+
+    /// Like [`get_f64`](Self::get_f64), but a missing or mistyped entry is an error.
+    pub fn require_f64(&self, key: &str) -> Result<f64, ImportError> {
+        self.get_f64(key)
+            .ok_or_else(|| self.metadata_error(key, "a number"))
+    }
+
+    /// Like [`get_str`](Self::get_str), but a missing or mistyped entry is an error.
+    pub fn require_str(&self, key: &str) -> Result<&str, ImportError> {
+        self.get_str(key)
+            .ok_or_else(|| self.metadata_error(key, "a string"))
+    }
+
+    fn metadata_error(&self, key: &str, wanted: &str) -> ImportError {
+        let reason = match self.get(key) {
+            None => format!(
+                "is missing (wanted {wanted}); the file was not written for this model family or by a converter kiln knows"
+            ),
+            Some(v) => format!("is a {}, but kiln needs {wanted}", v.type_name()),
+        };
+        ImportError::Metadata {
+            path: self.path.clone(),
+            key: key.to_string(),
+            reason,
+        }
+    }
+
+    /// The tensor directory in file order.
+    pub fn tensors(&self) -> &[GgufTensorInfo] {
+        &self.tensors
+    }
+
+    pub fn tensor_names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.iter().map(|t| t.name.as_str())
+    }
+
+    pub fn tensor_info(&self, name: &str) -> Option<&GgufTensorInfo> {
+        self.by_name.get(name).map(|&i| &self.tensors[i])
+    }
+
+    fn require_tensor(&self, name: &str) -> Result<&GgufTensorInfo, ImportError> {
+        self.tensor_info(name).ok_or_else(|| {
+            let mut some: Vec<&str> = self.tensor_names().take(4).collect();
+            if self.tensors.len() > some.len() {
+                some.push("...");
+            }
+            ImportError::MissingTensor {
+                path: self.path.clone(),
+                name: name.to_string(),
+                hint: format!(
+                    "the file has {} tensors ({}); check that it is the model family you asked for",
+                    self.tensors.len(),
+                    some.join(", ")
+                ),
+            }
+        })
+    }
+
+    /// The raw bytes of tensor `name` in its ggml layout (for loaders that keep blocks
+    /// quantised).
+    pub fn tensor_data(&self, name: &str) -> Result<&[u8], ImportError> {
+        let info = self.require_tensor(name)?;
+        let bytes = info.byte_len().ok_or_else(|| self.unsupported(info))?;
+        let start = self.data_start + info.offset;
+        // `open` checked every tensor with a known layout against the file's length.
+        Ok(&self.map[start as usize..(start + bytes) as usize])
+    }
+
+    /// Tensor `name` as f32 values with its row-major shape (GGUF's dimensions reversed, as
+    /// PyTorch sees it): `token_embd.weight` with `ne = [576, 49152]` comes back as
+    /// `[49152, 576]`.
+    pub fn tensor_f32(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>), ImportError> {
+        let info = self.require_tensor(name)?;
+        if !info.ggml_type.is_dequantisable() {
+            return Err(self.unsupported(info));
+        }
+        let data = self.tensor_data(name)?;
+        let mut out = vec![0f32; info.n_elements() as usize];
+        dequantize(info.ggml_type, data, &mut out);
+        Ok((info.shape(), out))
+    }
+
+    fn unsupported(&self, info: &GgufTensorInfo) -> ImportError {
+        ImportError::UnsupportedType {
+            path: self.path.clone(),
+            tensor: info.name.clone(),
+            dtype: info.type_name(),
+        }
+    }
+}
+
+/// Checks what can be checked of one tensor info on its own: its data offset is aligned and
+/// its first dimension holds whole blocks.
+fn check_tensor_info(path: &Path, t: &GgufTensorInfo, alignment: u64) -> Result<(), ImportError> {
+    let bad = |reason: String| ImportError::Format {
+        path: path.to_path_buf(),
+        reason: format!("tensor {}: {reason}; the file is damaged", t.name),
+    };
+    if !t.offset.is_multiple_of(alignment) {
+        return Err(bad(format!(
+            "its offset {} is not a multiple of the alignment {alignment}",
+            t.offset
+        )));
+    }
+    let mut n: u64 = 1;
+    for &d in &t.dims {
+        n = n
+            .checked_mul(d)
+            .ok_or_else(|| bad(format!("its dimensions {:?} overflow", t.dims)))?;
+    }
+    if let Some((elems, _)) = t.ggml_type.block_layout() {
+        let row = t.dims.first().copied().unwrap_or(1);
+        if !row.is_multiple_of(elems as u64) {
+            return Err(bad(format!(
+                "its rows of {row} elements are not whole {} blocks of {elems}",
+                t.ggml_type
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A bounds-checked cursor over the header.
+struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+    path: &'a Path,
+}
+
+impl<'a> Reader<'a> {
+    fn remaining(&self) -> u64 {
+        (self.buf.len() - self.pos) as u64
+    }
+
+    fn take(&mut self, n: u64, what: &str) -> Result<&'a [u8], ImportError> {
+        if n > self.remaining() {
+            return Err(ImportError::Truncated {
+                path: self.path.to_path_buf(),
+                what: what.to_string(),
+                end: self.pos as u64 + n,
+                len: self.buf.len() as u64,
+            });
+        }
+        let s = &self.buf[self.pos..self.pos + n as usize];
+        self.pos += n as usize;
+        Ok(s)
+    }
+
+    fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N], ImportError> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.take(N as u64, what)?);
+        Ok(a)
+    }
+
+    fn u32(&mut self, what: &str) -> Result<u32, ImportError> {
+        Ok(u32::from_le_bytes(self.array(what)?))
+    }
+
+    fn u64(&mut self, what: &str) -> Result<u64, ImportError> {
+        Ok(u64::from_le_bytes(self.array(what)?))
+    }
+
+    fn string(&mut self, what: &str) -> Result<String, ImportError> {
+        let n = self.u64(what)?;
+        let bytes = self.take(n, what)?;
+        Ok(String::from_utf8_lossy(bytes).into_owned())
+    }
+
+    fn value(&mut self, ty: u32, key: &str, depth: usize) -> Result<GgufValue, ImportError> {
+        let what = || format!("the value of metadata {key}");
+        Ok(match ty {
+            0 => GgufValue::U8(self.array::<1>(&what())?[0]),
+            1 => GgufValue::I8(i8::from_le_bytes(self.array(&what())?)),
+            2 => GgufValue::U16(u16::from_le_bytes(self.array(&what())?)),
+            3 => GgufValue::I16(i16::from_le_bytes(self.array(&what())?)),
+            4 => GgufValue::U32(u32::from_le_bytes(self.array(&what())?)),
+            5 => GgufValue::I32(i32::from_le_bytes(self.array(&what())?)),
+            6 => GgufValue::F32(f32::from_le_bytes(self.array(&what())?)),
+            7 => {
+                let b = self.array::<1>(&what())?[0];
+                GgufValue::Bool(b != 0)
+            }
+            8 => GgufValue::String(self.string(&what())?),
+            9 => {
+                if depth >= MAX_NESTING {
+                    return Err(ImportError::Format {
+                        path: self.path.to_path_buf(),
+                        reason: format!(
+                            "metadata {key} nests arrays more than {MAX_NESTING} deep; the file is damaged"
+                        ),
+                    });
+                }
+                let elem = self.u32(&what())?;
+                let n = self.u64(&what())?;
+                // Every element takes at least one byte: a longer count is a cut-off file.
+                if n > self.remaining() {
+                    return Err(ImportError::Truncated {
+                        path: self.path.to_path_buf(),
+                        what: format!("the array {key} of {n} elements"),
+                        end: self.pos as u64 + n,
+                        len: self.buf.len() as u64,
+                    });
+                }
+                let mut items = Vec::with_capacity(n as usize);
+                for _ in 0..n {
+                    items.push(self.value(elem, key, depth + 1)?);
+                }
+                GgufValue::Array(items)
+            }
+            10 => GgufValue::U64(u64::from_le_bytes(self.array(&what())?)),
+            11 => GgufValue::I64(i64::from_le_bytes(self.array(&what())?)),
+            12 => GgufValue::F64(f64::from_le_bytes(self.array(&what())?)),
+            other => {
+                return Err(ImportError::Format {
+                    path: self.path.to_path_buf(),
+                    reason: format!(
+                        "metadata {key} has value type {other}, which GGUF does not define; the file is damaged or from a newer GGUF version"
+                    ),
+                });
+            }
+        })
+    }
+}
+
+/// Blocks handed to one rayon task: large enough that scheduling is invisible.
+const BLOCKS_PER_TASK: usize = 1024;
+
+/// Dequantises `data` (whole blocks of `ty`, already length-checked) into `out`.
+fn dequantize(ty: GgmlType, data: &[u8], out: &mut [f32]) {
+    match ty {
+        GgmlType::F32 => for_blocks(data, out, 4, 1, |b, y| {
+            y[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]])
+        }),
+        GgmlType::F16 => for_blocks(data, out, 2, 1, |b, y| y[0] = half_at(b, 0)),
+        GgmlType::BF16 => for_blocks(data, out, 2, 1, |b, y| {
+            y[0] = bf16::from_le_bytes([b[0], b[1]]).to_f32()
+        }),
+        GgmlType::Q8_0 => for_blocks(data, out, 34, 32, dequant_q8_0),
+        GgmlType::Q4_0 => for_blocks(data, out, 18, 32, dequant_q4_0),
+        GgmlType::Q4_1 => for_blocks(data, out, 20, 32, dequant_q4_1),
+        GgmlType::Q4_K => for_blocks(data, out, 144, 256, dequant_q4_k),
+        GgmlType::Q6_K => for_blocks(data, out, 210, 256, dequant_q6_k),
+        _ => unreachable!("tensor_f32 checks is_dequantisable first"),
+    }
+}
+
+fn for_blocks(
+    data: &[u8],
+    out: &mut [f32],
+    block_bytes: usize,
+    block_elems: usize,
+    f: impl Fn(&[u8], &mut [f32]) + Sync,
+) {
+    out.par_chunks_mut(block_elems * BLOCKS_PER_TASK)
+        .zip(data.par_chunks(block_bytes * BLOCKS_PER_TASK))
+        .for_each(|(y, x)| {
+            for (yb, xb) in y
+                .chunks_exact_mut(block_elems)
+                .zip(x.chunks_exact(block_bytes))
+            {
+                f(xb, yb);
+            }
+        });
+}
+
+fn half_at(b: &[u8], i: usize) -> f32 {
+    f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+}
+
+/// Q8_0: an f16 scale, then 32 signed bytes; `x = d * q`.
+fn dequant_q8_0(b: &[u8], y: &mut [f32]) {
+    let d = half_at(b, 0);
+    for (y, &q) in y.iter_mut().zip(&b[2..34]) {
+        *y = d * f32::from(q as i8);
+    }
+}
+
+/// Q4_0: an f16 scale, then 16 bytes of 4-bit codes: element `i` is byte `i`'s low nibble,
+/// element `i + 16` its high nibble; `x = d * (q - 8)`.
+fn dequant_q4_0(b: &[u8], y: &mut [f32]) {
+    let d = half_at(b, 0);
+    for (i, &q) in b[2..18].iter().enumerate() {
+        y[i] = d * (f32::from(q & 0x0f) - 8.0);
+        y[i + 16] = d * (f32::from(q >> 4) - 8.0);
+    }
+}
+
+/// Q4_1: f16 scale and minimum, then nibbles as in Q4_0; `x = d * q + m`.
+fn dequant_q4_1(b: &[u8], y: &mut [f32]) {
+    let (d, m) = (half_at(b, 0), half_at(b, 2));
+    for (i, &q) in b[4..20].iter().enumerate() {
+        y[i] = d * f32::from(q & 0x0f) + m;
+        y[i + 16] = d * f32::from(q >> 4) + m;
+    }
+}
+
+/// The 6-bit scale and minimum of Q4_K sub-block `j` (0..8), packed in 12 bytes: sub-blocks
+/// 0-3 keep theirs in the low 6 bits of bytes j and j+4; sub-blocks 4-7 keep their low 4 bits
+/// in byte j+4 (scale low nibble, minimum high nibble) and their top 2 bits in the spare top
+/// bits of bytes j-4 and j.
+fn q4_k_scale_min(j: usize, s: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (s[j] & 63, s[j + 4] & 63)
+    } else {
+        (
+            (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4),
+            (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
+        )
+    }
+}
+
+/// Q4_K: 256 elements in 8 sub-blocks of 32. f16 `d` and `dmin`, 12 bytes of packed 6-bit
+/// scales and minimums, 128 bytes of nibbles: each 32-byte group holds two sub-blocks (low
+/// nibbles, then high). `x = d * scale * q - dmin * min`.
+fn dequant_q4_k(b: &[u8], y: &mut [f32]) {
+    let (d, dmin) = (half_at(b, 0), half_at(b, 2));
+    let scales = &b[4..16];
+    let qs = &b[16..144];
+    for (g, (q, y)) in qs.chunks_exact(32).zip(y.chunks_exact_mut(64)).enumerate() {
+        let (sc_lo, m_lo) = q4_k_scale_min(2 * g, scales);
+        let (sc_hi, m_hi) = q4_k_scale_min(2 * g + 1, scales);
+        let (d_lo, m_lo) = (d * f32::from(sc_lo), dmin * f32::from(m_lo));
+        let (d_hi, m_hi) = (d * f32::from(sc_hi), dmin * f32::from(m_hi));
+        for (l, &q) in q.iter().enumerate() {
+            y[l] = d_lo * f32::from(q & 0x0f) - m_lo;
+            y[l + 32] = d_hi * f32::from(q >> 4) - m_hi;
+        }
+    }
+}
+
+/// Q6_K: 256 elements with 16 signed 8-bit scales (one per 16 elements) and an f16 `d`.
+/// Codes are 6 bits: the low 4 in `ql` (128 bytes), the high 2 in `qh` (64 bytes). In each
+/// half of 128 elements, `ql` byte `l` holds elements `l` (low nibble) and `l + 64` (high),
+/// byte `l + 32` holds `l + 32` and `l + 96`, and `qh` byte `l` holds the top bits of
+/// `l`, `l + 32`, `l + 64`, `l + 96` in bit pairs 0, 2, 4, 6. `x = d * scale * (q - 32)`.
+fn dequant_q6_k(b: &[u8], y: &mut [f32]) {
+    let (ql, qh, sc) = (&b[0..128], &b[128..192], &b[192..208]);
+    let d = half_at(b, 208);
+    for (h, y) in y.chunks_exact_mut(128).enumerate() {
+        let (ql, qh, sc) = (&ql[h * 64..], &qh[h * 32..], &sc[h * 8..]);
+        for l in 0..32 {
+            let code =
+                |low: u8, shift: u8| f32::from(i16::from(low | (((qh[l] >> shift) & 3) << 4)) - 32);
+            let s = |k: usize| d * f32::from(sc[l / 16 + k] as i8);
+            y[l] = s(0) * code(ql[l] & 0x0f, 0);
+            y[l + 32] = s(2) * code(ql[l + 32] & 0x0f, 2);
+            y[l + 64] = s(4) * code(ql[l] >> 4, 4);
+            y[l + 96] = s(6) * code(ql[l + 32] >> 4, 6);
+        }
+    }
+}
+
+/// Writes GGUF files for tests: the same layout `GgufFile` reads, built by hand.
+#[cfg(test)]
+pub(crate) mod writer {
+    use super::GgufValue;
+
+    #[derive(Clone)]
+    pub(crate) struct Tensor {
+        pub name: String,
+        pub dims: Vec<u64>,
+        pub ggml_type: u32,
+        pub data: Vec<u8>,
+    }
+
+    /// A GGUF v3 file with `metadata` and `tensors`, data aligned to `general.alignment`
+    /// (32 when the metadata does not set it).
+    pub(crate) fn gguf_bytes(metadata: &[(&str, GgufValue)], tensors: &[Tensor]) -> Vec<u8> {
+        let align = metadata
+            .iter()
+            .find(|(k, _)| *k == "general.alignment")
+            .and_then(|(_, v)| v.as_u64())
+            .unwrap_or(32) as usize;
+        let mut out = b"GGUF".to_vec();
+        out.extend(3u32.to_le_bytes());
+        out.extend((tensors.len() as u64).to_le_bytes());
+        out.extend((metadata.len() as u64).to_le_bytes());
+        for (k, v) in metadata {
+            string(&mut out, k);
+            out.extend(type_id(v).to_le_bytes());
+            value(&mut out, v);
+        }
+        let mut offset = 0u64;
+        for t in tensors {
+            string(&mut out, &t.name);
+            out.extend((t.dims.len() as u32).to_le_bytes());
+            for d in &t.dims {
+                out.extend(d.to_le_bytes());
+            }
+            out.extend(t.ggml_type.to_le_bytes());
+            out.extend(offset.to_le_bytes());
+            offset = (offset + t.data.len() as u64).next_multiple_of(align as u64);
+        }
+        for t in tensors {
+            out.resize(out.len().next_multiple_of(align), 0);
+            out.extend(&t.data);
+        }
+        out
+    }
+
+    fn string(out: &mut Vec<u8>, s: &str) {
+        out.extend((s.len() as u64).to_le_bytes());
+        out.extend(s.as_bytes());
+    }
+
+    fn type_id(v: &GgufValue) -> u32 {
+        match v {
+            GgufValue::U8(_) => 0,
+            GgufValue::I8(_) => 1,
+            GgufValue::U16(_) => 2,
+            GgufValue::I16(_) => 3,
+            GgufValue::U32(_) => 4,
+            GgufValue::I32(_) => 5,
+            GgufValue::F32(_) => 6,
+            GgufValue::Bool(_) => 7,
+            GgufValue::String(_) => 8,
+            GgufValue::Array(_) => 9,
+            GgufValue::U64(_) => 10,
+            GgufValue::I64(_) => 11,
+            GgufValue::F64(_) => 12,
+        }
+    }
+
+    fn value(out: &mut Vec<u8>, v: &GgufValue) {
+        match v {
+            GgufValue::U8(x) => out.push(*x),
+            GgufValue::I8(x) => out.extend(x.to_le_bytes()),
+            GgufValue::U16(x) => out.extend(x.to_le_bytes()),
+            GgufValue::I16(x) => out.extend(x.to_le_bytes()),
+            GgufValue::U32(x) => out.extend(x.to_le_bytes()),
+            GgufValue::I32(x) => out.extend(x.to_le_bytes()),
+            GgufValue::U64(x) => out.extend(x.to_le_bytes()),
+            GgufValue::I64(x) => out.extend(x.to_le_bytes()),
+            GgufValue::F32(x) => out.extend(x.to_le_bytes()),
+            GgufValue::F64(x) => out.extend(x.to_le_bytes()),
+            GgufValue::Bool(x) => out.push(u8::from(*x)),
+            GgufValue::String(s) => string(out, s),
+            GgufValue::Array(items) => {
+                // An empty array's element type is not recoverable; any type reads back empty.
+                let elem = items.first().map_or(5, type_id);
+                out.extend(elem.to_le_bytes());
+                out.extend((items.len() as u64).to_le_bytes());
+                for item in items {
+                    value(out, item);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::writer::{Tensor, gguf_bytes};
+    use super::*;
+
+    /// A deterministic pseudo-random stream (xorshift), so the tests need no RNG crate.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn uniform(&mut self) -> f32 {
+            (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        }
+        fn byte(&mut self) -> u8 {
+            self.next() as u8
+        }
+    }
+
+    fn f16_bytes(x: f32) -> [u8; 2] {
+        f16::from_f32(x).to_le_bytes()
+    }
+
+    fn f16_round(x: f32) -> f32 {
+        f16::from_f32(x).to_f32()
+    }
+
+    /// Q8_0 reference quantiser: scale = max |x| / 127.
+    fn quantize_q8_0(x: &[f32]) -> (Vec<u8>, Vec<f32>) {
+        let (mut bytes, mut expect) = (vec![], vec![]);
+        for block in x.chunks(32) {
+            let amax = block.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let d = amax / 127.0;
+            bytes.extend(f16_bytes(d));
+            for &v in block {
+                let q = if d == 0.0 { 0 } else { (v / d).round() as i8 };
+                bytes.push(q as u8);
+                expect.push(f16_round(d) * f32::from(q));
+            }
+        }
+        (bytes, expect)
+    }
+
+    /// Q4_0 reference quantiser: the value of largest magnitude maps to code 0 (-8).
+    fn quantize_q4_0(x: &[f32]) -> (Vec<u8>, Vec<f32>) {
+        let (mut bytes, mut expect) = (vec![], vec![0f32; x.len()]);
+        for (b, block) in x.chunks(32).enumerate() {
+            let max = block
+                .iter()
+                .fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+            let d = max / -8.0;
+            bytes.extend(f16_bytes(d));
+            let code = |v: f32| ((v / d + 8.5) as i32).clamp(0, 15) as u8;
+            for i in 0..16 {
+                let (lo, hi) = (code(block[i]), code(block[i + 16]));
+                bytes.push(lo | (hi << 4));
+                expect[b * 32 + i] = f16_round(d) * (f32::from(lo) - 8.0);
+                expect[b * 32 + i + 16] = f16_round(d) * (f32::from(hi) - 8.0);
+            }
+        }
+        (bytes, expect)
+    }
+
+    /// Q4_1 reference quantiser: codes span [min, max] in 15 steps.
+    fn quantize_q4_1(x: &[f32]) -> (Vec<u8>, Vec<f32>) {
+        let (mut bytes, mut expect) = (vec![], vec![0f32; x.len()]);
+        for (b, block) in x.chunks(32).enumerate() {
+            let min = block.iter().fold(f32::MAX, |a, &v| a.min(v));
+            let max = block.iter().fold(f32::MIN, |a, &v| a.max(v));
+            let d = (max - min) / 15.0;
+            bytes.extend(f16_bytes(d));
+            bytes.extend(f16_bytes(min));
+            let code = |v: f32| (((v - min) / d).round() as i32).clamp(0, 15) as u8;
+            for i in 0..16 {
+                let (lo, hi) = (code(block[i]), code(block[i + 16]));
+                bytes.push(lo | (hi << 4));
+                expect[b * 32 + i] = f16_round(d) * f32::from(lo) + f16_round(min);
+                expect[b * 32 + i + 16] = f16_round(d) * f32::from(hi) + f16_round(min);
+            }
+        }
+        (bytes, expect)
+    }
+
+    /// One Q4_K block from random codes, scales and minimums, and the values it stands for
+    /// written out sub-block by sub-block.
+    fn random_q4_k(rng: &mut Rng) -> (Vec<u8>, Vec<f32>) {
+        let (d, dmin) = (f16_round(0.01), f16_round(0.002));
+        let sc: Vec<u8> = (0..8).map(|_| rng.byte() & 63).collect();
+        let mn: Vec<u8> = (0..8).map(|_| rng.byte() & 63).collect();
+        let codes: Vec<u8> = (0..256).map(|_| rng.byte() & 15).collect();
+        let mut packed = [0u8; 12];
+        for j in 0..4 {
+            packed[j] = sc[j] | ((sc[j + 4] >> 4) << 6);
+            packed[j + 4] = mn[j] | ((mn[j + 4] >> 4) << 6);
+            packed[j + 8] = (sc[j + 4] & 15) | ((mn[j + 4] & 15) << 4);
+        }
+        let mut bytes = vec![];
+        bytes.extend(f16_bytes(d));
+        bytes.extend(f16_bytes(dmin));
+        bytes.extend(packed);
+        // Sub-blocks 2g and 2g+1 share 32 bytes: low nibbles, then high nibbles.
+        for g in 0..4 {
+            for l in 0..32 {
+                bytes.push(codes[64 * g + l] | (codes[64 * g + 32 + l] << 4));
+            }
+        }
+        let expect = (0..256)
+            .map(|i| {
+                let s = i / 32;
+                d * f32::from(sc[s]) * f32::from(codes[i]) - dmin * f32::from(mn[s])
+            })
+            .collect();
+        (bytes, expect)
+    }
+
+    /// One Q6_K block from random 6-bit codes and signed scales.
+    fn random_q6_k(rng: &mut Rng) -> (Vec<u8>, Vec<f32>) {
+        let d = f16_round(0.003);
+        let scales: Vec<i8> = (0..16).map(|_| rng.byte() as i8).collect();
+        let q: Vec<u8> = (0..256).map(|_| rng.byte() & 63).collect();
+        let (mut ql, mut qh) = (vec![0u8; 128], vec![0u8; 64]);
+        for h in 0..2 {
+            let q = &q[h * 128..];
+            for l in 0..32 {
+                ql[h * 64 + l] = (q[l] & 15) | ((q[l + 64] & 15) << 4);
+                ql[h * 64 + l + 32] = (q[l + 32] & 15) | ((q[l + 96] & 15) << 4);
+                qh[h * 32 + l] = (q[l] >> 4)
+                    | ((q[l + 32] >> 4) << 2)
+                    | ((q[l + 64] >> 4) << 4)
+                    | ((q[l + 96] >> 4) << 6);
+            }
+        }
+        let mut bytes = ql;
+        bytes.extend(qh);
+        bytes.extend(scales.iter().map(|&s| s as u8));
+        bytes.extend(f16_bytes(d));
+        let expect = (0..256)
+            .map(|i| d * f32::from(scales[i / 16]) * (f32::from(q[i]) - 32.0))
+            .collect();
+        (bytes, expect)
+    }
+
+    fn write(dir: &tempfile::TempDir, name: &str, bytes: &[u8]) -> PathBuf {
+        let p = dir.path().join(name);
+        std::fs::write(&p, bytes).unwrap();
+        p
+    }
+
+    fn tensor(name: &str, dims: &[u64], ty: GgmlType, data: Vec<u8>) -> Tensor {
+        Tensor {
+            name: name.into(),
+            dims: dims.to_vec(),
+            ggml_type: ty.0,
+            data,
+        }
+    }
+
+    fn assert_close(got: &[f32], want: &[f32], what: &str) {
+        assert_eq!(got.len(), want.len(), "{what}");
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            assert!(
+                (g - w).abs() <= 1e-6 * w.abs().max(1.0),
+                "{what}[{i}]: {g} != {w}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_supported_type_dequantises_to_the_reference_values() {
+        let mut rng = Rng(0x9e3779b97f4a7c15);
+        // Rows of 64 (two Q*_0 blocks) and of 256 (one K block); three rows each.
+        let x: Vec<f32> = (0..192).map(|_| rng.uniform()).collect();
+        let f16s: Vec<f32> = x.iter().map(|&v| f16_round(v)).collect();
+        let bf16s: Vec<f32> = x.iter().map(|&v| bf16::from_f32(v).to_f32()).collect();
+        let (q8, q8_want) = quantize_q8_0(&x);
+        let (q40, q40_want) = quantize_q4_0(&x);
+        let (q41, q41_want) = quantize_q4_1(&x);
+        let (mut q4k, mut q4k_want, mut q6k, mut q6k_want) = (vec![], vec![], vec![], vec![]);
+        for _ in 0..3 {
+            let (b, w) = random_q4_k(&mut rng);
+            q4k.extend(b);
+            q4k_want.extend(w);
+            let (b, w) = random_q6_k(&mut rng);
+            q6k.extend(b);
+            q6k_want.extend(w);
+        }
+        let small = [64, 3];
+        let cases: Vec<(Tensor, Vec<f32>)> = vec![
+            (
+                tensor(
+                    "f32",
+                    &small,
+                    GgmlType::F32,
+                    x.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                ),
+                x.clone(),
+            ),
+            (
+                tensor(
+                    "f16",
+                    &small,
+                    GgmlType::F16,
+                    x.iter().flat_map(|&v| f16_bytes(v)).collect(),
+                ),
+                f16s,
+            ),
+            (
+                tensor(
+                    "bf16",
+                    &small,
+                    GgmlType::BF16,
+                    x.iter()
+                        .flat_map(|&v| bf16::from_f32(v).to_le_bytes())
+                        .collect(),
+                ),
+                bf16s,
+            ),
+            (tensor("q8_0", &small, GgmlType::Q8_0, q8), q8_want),
+            (tensor("q4_0", &small, GgmlType::Q4_0, q40), q40_want),
+            (tensor("q4_1", &small, GgmlType::Q4_1, q41), q41_want),
+            (tensor("q4_k", &[256, 3], GgmlType::Q4_K, q4k), q4k_want),
+            (tensor("q6_k", &[256, 3], GgmlType::Q6_K, q6k), q6k_want),
+        ];
+        let tensors: Vec<Tensor> = cases.iter().map(|(t, _)| t.clone()).collect();
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(&dir, "all.gguf", &gguf_bytes(&[], &tensors));
+        let g = GgufFile::open(&path).unwrap();
+        assert_eq!(g.tensor_names().count(), cases.len());
+        for (t, want) in &cases {
+            let (shape, got) = g.tensor_f32(&t.name).unwrap();
+            assert_eq!(shape, vec![3, t.dims[0] as usize], "{}", t.name);
+            assert_eq!(
+                g.tensor_info(&t.name).unwrap().type_name(),
+                GgmlType(t.ggml_type).name()
+            );
+            assert_close(&got, want, &t.name);
+        }
+        // The reference quantisers themselves are sane: Q8_0 is within half a step of the input.
+        let (_, q8) = g.tensor_f32("q8_0").unwrap();
+        for (a, b) in q8.iter().zip(&x) {
+            assert!((a - b).abs() < 0.005, "{a} vs {b}");
+        }
+    }
+
+    #[test]
+    fn metadata_of_every_type_reads_back() {
+        use GgufValue::*;
+        let md = vec![
+            ("general.architecture", String("llama".into())),
+            ("general.alignment", U32(64)),
+            ("u8", U8(7)),
+            ("i8", I8(-7)),
+            ("u16", U16(700)),
+            ("i16", I16(-700)),
+            ("i32", I32(-70000)),
+            ("u64", U64(1 << 40)),
+            ("i64", I64(-(1 << 40))),
+            ("f32", F32(1e5)),
+            ("f64", F64(1e-5)),
+            ("bool", Bool(true)),
+            (
+                "tokens",
+                Array(vec![
+                    String("a".into()),
+                    String("<|im_start|>".into()),
+                    String("é".into()),
+                ]),
+            ),
+            ("types", Array(vec![I32(1), I32(3)])),
+            ("scores", Array(vec![F32(-1.5), F32(0.0)])),
+            ("nested", Array(vec![Array(vec![U8(1)]), Array(vec![])])),
+        ];
+        let t = tensor("w", &[32], GgmlType::Q8_0, vec![0; 34]);
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(&dir, "md.gguf", &gguf_bytes(&md, &[t]));
+        let g = GgufFile::open(&path).unwrap();
+        assert_eq!(g.version(), 3);
+        assert_eq!(g.alignment(), 64);
+        assert_eq!(g.architecture(), Some("llama"));
+        for (k, v) in &md {
+            assert_eq!(g.get(k), Some(v), "{k}");
+        }
+        assert_eq!(g.get_u64("u8"), Some(7));
+        assert_eq!(g.get_u64("i8"), None);
+        assert_eq!(g.get_u64("u64"), Some(1 << 40));
+        assert_eq!(g.get_f64("f32"), Some(1e5));
+        assert_eq!(g.get_f64("i16"), Some(-700.0));
+        assert_eq!(g.get_bool("bool"), Some(true));
+        assert_eq!(
+            g.get_str_array("tokens"),
+            Some(vec!["a", "<|im_start|>", "é"])
+        );
+        assert_eq!(g.get_i64_array("types"), Some(vec![1, 3]));
+        assert_eq!(g.get_f32_array("scores"), Some(vec![-1.5, 0.0]));
+        assert_eq!(g.get_str_array("types"), None);
+        let e = g.require_u64("llama.block_count").unwrap_err().to_string();
+        assert!(
+            e.contains("llama.block_count") && e.contains("missing"),
+            "{e}"
+        );
+        let e = g.require_str("u8").unwrap_err().to_string();
+        assert!(e.contains("is a uint8"), "{e}");
+        // The tensor sits at the 64-byte alignment the metadata asks for.
+        assert_eq!(g.tensor_f32("w").unwrap().1, vec![0.0; 32]);
+    }
+
+    #[test]
+    fn truncated_files_are_errors_naming_what_is_cut_off() {
+        let t = tensor("blk.0.attn_q.weight", &[32, 2], GgmlType::Q8_0, vec![1; 68]);
+        let md = [("general.name", GgufValue::String("x".into()))];
+        let bytes = gguf_bytes(&md, &[t]);
+        let dir = tempfile::tempdir().unwrap();
+        // Cut in the data, in the tensor directory, in the metadata, in the magic.
+        for (cut, what) in [
+            (bytes.len() - 1, "the data of tensor blk.0.attn_q.weight"),
+            (60, "tensor"),
+            (30, "metadata"),
+            (2, "magic"),
+            (0, "magic"),
+        ] {
+            let path = write(&dir, "cut.gguf", &bytes[..cut]);
+            let e = GgufFile::open(&path).unwrap_err();
+            assert!(matches!(e, ImportError::Truncated { .. }), "cut {cut}: {e}");
+            let msg = e.to_string();
+            assert!(
+                msg.contains("truncated") && msg.contains(what),
+                "cut {cut}: {msg}"
+            );
+        }
+    }
+
+    #[test]
+    fn unsupported_types_bad_magic_and_missing_tensors_are_clear_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let q5k = tensor("blk.0.ffn_down.weight", &[256], GgmlType(13), vec![0; 176]);
+        let odd = tensor("odd", &[4], GgmlType(99), vec![0; 4]);
+        let path = write(&dir, "t.gguf", &gguf_bytes(&[], &[q5k, odd]));
+        let g = GgufFile::open(&path).unwrap();
+        let e = g
+            .tensor_f32("blk.0.ffn_down.weight")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("blk.0.ffn_down.weight") && e.contains("Q5_K"),
+            "{e}"
+        );
+        assert_eq!(g.tensor_data("blk.0.ffn_down.weight").unwrap().len(), 176);
+        let e = g.tensor_f32("odd").unwrap_err().to_string();
+        assert!(e.contains("odd") && e.contains("type 99"), "{e}");
+        let e = g.tensor_f32("output.weight").unwrap_err().to_string();
+        assert!(
+            e.contains("output.weight") && e.contains("blk.0.ffn_down.weight"),
+            "{e}"
+        );
+
+        let path = write(&dir, "st.safetensors", b"{\"__metadata__\":{}}");
+        let e = GgufFile::open(&path).unwrap_err().to_string();
+        assert!(e.contains("not a GGUF file"), "{e}");
+        let mut v1 = gguf_bytes(&[], &[]);
+        v1[4] = 1;
+        let path = write(&dir, "v1.gguf", &v1);
+        let e = GgufFile::open(&path).unwrap_err().to_string();
+        assert!(e.contains("version 1"), "{e}");
+        let e = GgufFile::open(&dir.path().join("nope.gguf"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("nope.gguf") && e.contains("cannot read"), "{e}");
+    }
+}
