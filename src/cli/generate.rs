@@ -1,123 +1,280 @@
-//! `kiln generate`: sample text from a trained checkpoint.
+//! `kiln generate`: sample text from a kiln run or an imported model, one prompt streamed to
+//! the terminal or many prompts from a JSON-lines file, several samples each.
 
-use crate::data;
-use crate::engine::rng::{Rng, stream};
+use crate::data::{self, Tokenizer};
 use crate::error::{KilnError, Result};
+use crate::generate::{self, Options, Request, Sampling};
+use crate::models::Model;
 use crate::train;
 use clap::Args;
-use std::io::Write;
+use std::io::{BufRead, Write};
 use std::path::PathBuf;
 
 #[derive(Args, Debug)]
 #[command(after_help = "EXAMPLES:
   kiln generate                                     sample from the most recent run
   kiln generate --prompt 'JULIET:' --tokens 400 --temperature 0.7
-  kiln generate --run runs/big --top-k 0 --seed 7   top-k 0 samples from the full distribution")]
+  kiln generate --run runs/big --top-k 0 --seed 7   top-k 0 samples from the full distribution
+  kiln generate --init-from SmolLM2-135M-Instruct.Q4_1.gguf --chat --prompt 'What is the capital of France?' --temperature 0
+  kiln generate --init-from DIR --prompts prompts.jsonl --num-samples 4 --out replies.jsonl
+
+--prompts reads one JSON object per line: {\"prompt\": \"...\"} (with --chat, {\"messages\":
+[{\"role\": \"user\", \"content\": \"...\"}]} or a prompt that becomes the user's message) and
+writes one JSON object per prompt: the prompt, its samples' texts, token ids and per-token
+log-probabilities. A summary of prefill and decode tokens/s goes to standard error.")]
 pub struct GenerateArgs {
     /// Run directory written by `kiln train` (default: the most recent run).
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", conflicts_with = "init_from")]
     pub run: Option<PathBuf>,
-    /// Text to continue.
+    /// A pretrained model instead of a kiln run: a Hugging Face directory or a GGUF file.
+    #[arg(long, value_name = "PATH")]
+    pub init_from: Option<PathBuf>,
+    /// Text to continue (or, with --chat, the user's message).
     #[arg(long, default_value = "ROMEO:")]
     pub prompt: String,
-    /// Number of tokens to generate.
+    /// A JSON-lines file of prompts; the replies go to --out or standard output.
+    #[arg(long, value_name = "FILE", conflicts_with = "prompt")]
+    pub prompts: Option<PathBuf>,
+    /// Where --prompts writes its JSON lines (default: standard output).
+    #[arg(long, value_name = "FILE", requires = "prompts")]
+    pub out: Option<PathBuf>,
+    /// Render prompts through the model's chat template (imported models).
+    #[arg(long)]
+    pub chat: bool,
+    /// Replies per prompt (sharing the prompt's prefill).
+    #[arg(long, default_value_t = 1)]
+    pub num_samples: usize,
+    /// Most new tokens per reply.
     #[arg(long, default_value_t = 300)]
     pub tokens: usize,
-    /// Softmax temperature; lower is more conservative, 0 picks the most likely token.
-    #[arg(long, default_value_t = 0.8)]
+    /// Softmax temperature; 0 picks the most likely token.
+    #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
     pub temperature: f32,
     /// Sample only among the K most likely tokens (0 = all).
     #[arg(long, default_value_t = 40)]
     pub top_k: usize,
+    /// Nucleus sampling: the smallest set of tokens whose probability reaches P (1 = off).
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    pub top_p: f32,
+    /// Drop tokens less likely than P times the most likely (0 = off).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub min_p: f32,
+    /// Penalise tokens already in the sequence (1 = off, e.g. 1.1).
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    pub repetition_penalty: f32,
+    /// Stop a reply where this text appears (repeatable); imported models also stop at
+    /// their end-of-sequence tokens.
+    #[arg(long, value_name = "TEXT")]
+    pub stop: Vec<String>,
     /// Seed for sampling.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
 }
 
-/// Draws a token from `logits` at `temperature` among the `top_k` most likely.
-pub fn sample(logits: &[f32], temperature: f32, top_k: usize, rng: &mut Rng) -> u32 {
-    let argmax = || {
-        logits
-            .iter()
-            .enumerate()
-            .fold(
-                (0, f32::NEG_INFINITY),
-                |b, (i, &v)| if v > b.1 { (i, v) } else { b },
-            )
-            .0 as u32
-    };
-    if temperature <= 0.0 {
-        return argmax();
+/// A model ready to sample from, with its tokenizer and what ends its replies.
+struct Loaded {
+    model: Box<dyn Model>,
+    tokenizer: Box<dyn Tokenizer>,
+    stop_ids: Vec<u32>,
+    chat: Option<ChatTemplate>,
+}
+
+/// A chat template with the special tokens it refers to.
+struct ChatTemplate {
+    template: String,
+    bos: String,
+    eos: String,
+}
+
+fn load(a: &GenerateArgs) -> Result<Loaded> {
+    if let Some(path) = &a.init_from {
+        return load_pretrained(path);
     }
-    let mut idx: Vec<usize> = (0..logits.len()).collect();
-    if top_k > 0 && top_k < idx.len() {
-        idx.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
-        idx.truncate(top_k);
+    let run_dir = super::find_run(a.run.clone())?;
+    let loaded = train::load_run(&run_dir)?;
+    Ok(Loaded {
+        model: loaded.model,
+        tokenizer: data::tokenizer_by_name(&loaded.config.data.tokenizer)?,
+        stop_ids: Vec::new(),
+        chat: None,
+    })
+}
+
+fn load_pretrained(path: &std::path::Path) -> Result<Loaded> {
+    let p = crate::models::import::pretrained::open(path)?;
+    let pool = crate::engine::MemoryPool::new(crate::engine::Device::Cpu);
+    let mut model = crate::models::build(&p.model, p.vocab, &pool, 0)?;
+    crate::models::import::pretrained::load_into(model.as_mut(), &p.weights, path)?;
+    let chat = p.tokenizer.chat_template().map(|t| ChatTemplate {
+        template: t.to_string(),
+        bos: p.tokenizer.bos_token().to_string(),
+        eos: p.tokenizer.eos_token().to_string(),
+    });
+    Ok(Loaded {
+        model,
+        stop_ids: p.tokenizer.eos_ids(),
+        tokenizer: Box::new(p.tokenizer),
+        chat,
+    })
+}
+
+/// One prompt of a `--prompts` file.
+#[derive(serde::Deserialize)]
+struct PromptLine {
+    prompt: Option<String>,
+    messages: Option<Vec<data::ChatMessage>>,
+}
+
+fn render(
+    l: &Loaded,
+    chat: bool,
+    prompt: Option<String>,
+    messages: Option<Vec<data::ChatMessage>>,
+    line: usize,
+) -> Result<String> {
+    if !chat {
+        return prompt
+            .ok_or_else(|| KilnError::Setting(format!("prompt {line} has no \"prompt\" field")));
     }
-    let max = idx
-        .iter()
-        .map(|&i| logits[i])
-        .fold(f32::NEG_INFINITY, f32::max);
-    let weights: Vec<f64> = idx
-        .iter()
-        .map(|&i| (((logits[i] - max) / temperature) as f64).exp())
-        .collect();
-    let mut u = rng.next_f64() * weights.iter().sum::<f64>();
-    for (&i, w) in idx.iter().zip(&weights) {
-        u -= w;
-        if u <= 0.0 {
-            return i as u32;
+    let t = l.chat.as_ref().ok_or_else(|| {
+        KilnError::Setting("--chat needs a model with a chat template; this one has none".into())
+    })?;
+    let messages = match (messages, prompt) {
+        (Some(m), _) => m,
+        (None, Some(p)) => vec![data::ChatMessage {
+            role: "user".into(),
+            content: p,
+        }],
+        (None, None) => {
+            return Err(KilnError::Setting(format!(
+                "prompt {line} has neither \"prompt\" nor \"messages\""
+            )));
         }
-    }
-    idx[idx.len() - 1] as u32
+    };
+    Ok(data::render_chat(
+        &t.template,
+        &messages,
+        true,
+        &t.bos,
+        &t.eos,
+    )?)
 }
 
 pub fn run(a: GenerateArgs) -> Result<()> {
-    let run_dir = super::find_run(a.run)?;
-    let loaded = train::load_run(&run_dir)?;
-    let tokenizer = data::tokenizer_by_name(&loaded.config.data.tokenizer)?;
-    let mut tokens = tokenizer.encode(&a.prompt);
-    if tokens.is_empty() {
+    let sampling = Sampling {
+        temperature: a.temperature,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        min_p: a.min_p,
+        repetition_penalty: a.repetition_penalty,
+    };
+    sampling.check().map_err(KilnError::Setting)?;
+    if a.num_samples == 0 {
         return Err(KilnError::Setting(
-            "--prompt is empty; give at least one character to continue".into(),
+            "--num-samples 0 draws nothing; use 1 or more".into(),
         ));
     }
-    let context = loaded.model.context();
-    let mut rng = Rng::new(a.seed, stream::SAMPLE);
+    if a.tokens == 0 {
+        return Err(KilnError::Setting(
+            "--tokens 0 generates nothing; use 1 or more".into(),
+        ));
+    }
+    if a.stop.iter().any(String::is_empty) {
+        return Err(KilnError::Setting("--stop needs a non-empty text".into()));
+    }
+    let l = load(&a)?;
+    let mut texts = Vec::new();
+    match &a.prompts {
+        None => texts.push(render(&l, a.chat, Some(a.prompt.clone()), None, 1)?),
+        Some(path) => {
+            let f = std::fs::File::open(path).map_err(|e| {
+                KilnError::Data(data::DataError::File {
+                    path: path.clone(),
+                    reason: format!("cannot be read ({e}); check the --prompts path"),
+                })
+            })?;
+            for (i, line) in std::io::BufReader::new(f).lines().enumerate() {
+                let file_error = |reason: String| {
+                    KilnError::Data(data::DataError::File {
+                        path: path.clone(),
+                        reason,
+                    })
+                };
+                let line = line.map_err(|e| file_error(format!("line {}: {e}", i + 1)))?;
+                if line.trim().is_empty() {
+                    continue;
+                }
+                let p: PromptLine = serde_json::from_str(&line).map_err(|e| {
+                    file_error(format!(
+                        "line {} is not a prompt object ({e}); write {{\"prompt\": \"...\"}} per line",
+                        i + 1
+                    ))
+                })?;
+                texts.push(render(&l, a.chat, p.prompt, p.messages, i + 1)?);
+            }
+        }
+    }
+    let reqs: Vec<Request> = texts
+        .iter()
+        .map(|t| Request {
+            prompt: l.tokenizer.encode(t),
+            samples: a.num_samples,
+        })
+        .collect();
+    let opts = Options {
+        max_new_tokens: a.tokens,
+        sampling,
+        stop_ids: l.stop_ids.clone(),
+        stop_strings: a.stop.clone(),
+        seed: a.seed,
+    };
+    let stream = a.prompts.is_none() && a.num_samples == 1;
     let mut out = std::io::stdout();
-    print!("{}", a.prompt);
+    if stream && !a.chat {
+        print!("{}", texts[0]);
+    }
+    // Bytes of one character may arrive over several tokens: print whole characters only.
     let mut pending: Vec<u32> = Vec::new();
-    for _ in 0..a.tokens {
-        // The model sees at most its context: slide the window over the text so far.
-        let window = &tokens[tokens.len().saturating_sub(context)..];
-        let logits = loaded.model.next_logits(window)?;
-        let next = sample(&logits, a.temperature, a.top_k, &mut rng);
-        tokens.push(next);
-        // Bytes of one character may arrive over several tokens: print whole characters only.
-        pending.push(next);
+    let tokenizer = &l.tokenizer;
+    let mut on_token = |_: usize, _: usize, t: u32| {
+        if !stream || opts.stop_ids.contains(&t) {
+            return;
+        }
+        pending.push(t);
         let text = tokenizer.decode(&pending);
         if !text.ends_with('\u{FFFD}') {
             print!("{text}");
             let _ = out.flush();
             pending.clear();
         }
-    }
-    println!("{}", tokenizer.decode(&pending));
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sampling_respects_temperature_zero_and_top_k() {
-        let logits = [0.1, 3.0, 2.9, -1.0];
-        let mut rng = Rng::new(1, stream::SAMPLE);
-        assert_eq!(sample(&logits, 0.0, 0, &mut rng), 1);
-        for _ in 0..200 {
-            let t = sample(&logits, 1.0, 2, &mut rng);
-            assert!(t == 1 || t == 2, "top-2 drew {t}");
+    };
+    let (done, stats) = generate::generate(
+        l.model.as_ref(),
+        l.tokenizer.as_ref(),
+        &reqs,
+        &opts,
+        &mut on_token,
+    )?;
+    if stream {
+        println!("{}", l.tokenizer.decode(&pending));
+    } else {
+        let mut sink: Box<dyn Write> = match &a.out {
+            Some(p) => Box::new(std::fs::File::create(p).map_err(|e| KilnError::output(p, e))?),
+            None => Box::new(std::io::stdout()),
+        };
+        for (i, text) in texts.iter().enumerate() {
+            let samples: Vec<_> = done.iter().filter(|c| c.prompt == i).collect();
+            let line = serde_json::json!({ "prompt": text, "samples": samples });
+            writeln!(sink, "{line}")
+                .map_err(|e| KilnError::output(a.out.clone().unwrap_or_default(), e))?;
         }
     }
+    eprintln!(
+        "prefill {} tokens at {:.0} tok/s, decode {} tokens at {:.0} tok/s",
+        stats.prefill_tokens,
+        stats.prefill_rate(),
+        stats.decode_tokens,
+        stats.decode_rate()
+    );
+    Ok(())
 }

@@ -70,6 +70,11 @@ pub enum DataError {
     )]
     ChatTemplate { line: Option<usize>, reason: String },
 
+    /// A data file other than the corpus (prompts, fine-tuning records) is unreadable or has
+    /// a bad record; `reason` names the line where there is one.
+    #[error("{}: {reason}", path.display())]
+    File { path: PathBuf, reason: String },
+
     #[error("invalid data setting: {0}")]
     InvalidSpec(String),
 

@@ -1548,6 +1548,14 @@ pub fn token_embedding_backward(dwte: &mut Tensor, dout: &Tensor, tokens: &[u32]
     Ok(())
 }
 
+/// The GPU has no kernel for `op` yet: an error that names it, never a silent fallback.
+fn no_gpu_kernel(t: &Tensor, op: &str) -> EngineError {
+    EngineError::Unavailable(
+        t.device().to_string(),
+        format!("{op} has no CUDA kernel in this build; use the CPU"),
+    )
+}
+
 /// Rotates the queries and keys of `qkv[rows, (H+2K) D]` by each row's position, stores keys
 /// and values into the cache at `(slot, pos)` and returns the rotated queries `[rows, H D]`.
 /// See [`cpu::kv_cache`].

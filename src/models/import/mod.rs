@@ -1,12 +1,15 @@
 //! Reading pretrained models from the formats they are published in.
 //!
 //! `gguf` reads llama.cpp's single-file format (metadata, tensor directory and quantised
-//! blocks) and dequantises tensors to f32. The errors of this layer name the file and say what
+//! blocks) and dequantises tensors to f32; `pretrained` turns a Hugging Face directory or a
+//! GGUF file into kiln's model settings, tokenizer and named weights. The errors of this layer name the file and say what
 //! to do, and convert to [`KilnError::Checkpoint`] (exit code 4) at the command line.
 
 pub mod gguf;
+pub mod pretrained;
 
 pub use gguf::{GgmlType, GgufFile, GgufTensorInfo, GgufValue};
+pub use pretrained::{HostTensor, Pretrained, Provenance};
 
 use crate::error::KilnError;
 use std::path::{Path, PathBuf};

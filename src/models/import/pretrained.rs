@@ -1,0 +1,838 @@
+//! Pretrained models from outside kiln: a Hugging Face model directory or a GGUF file, read
+//! into kiln's model settings, its tokenizer and its weights under kiln's parameter names.
+//!
+//! Each family's mapping lives here as a table from the checkpoint's names to kiln's. Query,
+//! key and value projections are concatenated into kiln's fused QKV matrix, gate and up into
+//! the fused SwiGLU matrix, GPT-2's Conv1D weights are transposed, and GGUF's query and key
+//! rows are put back in the Hugging Face order (llama.cpp's converter interleaves each head's
+//! rotary halves). Embedding and head rows are padded to kiln's vocabulary multiple with
+//! zeros, which the loss never reads.
+
+use super::gguf::GgufFile;
+use crate::config::ModelConfig;
+use crate::data::HfTokenizer;
+use crate::error::{KilnError, Result};
+use crate::models::{Model, padded_vocab};
+use safetensors::SafeTensors;
+use safetensors::tensor::Dtype;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// A host tensor read from a checkpoint: row-major shape and f32 values.
+#[derive(Debug, Clone)]
+pub struct HostTensor {
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+/// Where imported weights came from, recorded in the run directory.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Provenance {
+    pub path: PathBuf,
+    /// "hf" (a Hugging Face directory) or "gguf".
+    pub format: String,
+    /// The architecture the checkpoint declares.
+    pub architecture: String,
+    /// sha256 of each weight file, by file name.
+    pub sha256: BTreeMap<String, String>,
+}
+
+/// A model read from disk, ready to build and load.
+pub struct Pretrained {
+    /// The `[model]` settings of the checkpoint's shape (kind included).
+    pub model: ModelConfig,
+    /// Rows of the model's embedding (the checkpoint's vocabulary size).
+    pub vocab: usize,
+    pub weights: BTreeMap<String, HostTensor>,
+    pub tokenizer: HfTokenizer,
+    pub source: Provenance,
+}
+
+/// Architectures kiln imports, in the order error messages list them.
+pub const ARCHITECTURES: &[&str] = &[
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "GPT2LMHeadModel",
+    "GGUF general.architecture = llama",
+];
+
+fn bad(path: &Path, reason: impl Into<String>) -> KilnError {
+    KilnError::checkpoint(path, reason)
+}
+
+fn sha256_file(path: &Path) -> Result<String> {
+    use sha2::Digest;
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).map_err(|e| bad(path, e.to_string()))?;
+    let mut h = sha2::Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).map_err(|e| bad(path, e.to_string()))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(format!("{:x}", h.finalize()))
+}
+
+/// Reads `path`: a directory with `config.json` or a `.gguf` file.
+pub fn open(path: &Path) -> Result<Pretrained> {
+    if path.is_dir() {
+        open_hf_dir(path)
+    } else if path.is_file() {
+        open_gguf(path)
+    } else {
+        Err(bad(
+            path,
+            "does not exist; --init-from takes a Hugging Face model directory (with config.json) or a .gguf file",
+        ))
+    }
+}
+
+// ---------- Hugging Face directories ----------
+
+fn json_usize(cfg: &Value, key: &str) -> Option<usize> {
+    cfg.get(key).and_then(Value::as_u64).map(|v| v as usize)
+}
+
+fn json_f64(cfg: &Value, key: &str) -> Option<f64> {
+    cfg.get(key).and_then(Value::as_f64)
+}
+
+fn need<T>(path: &Path, key: &str, v: Option<T>) -> Result<T> {
+    v.ok_or_else(|| bad(path, format!("config.json has no usable \"{key}\"")))
+}
+
+/// The weight files of a directory: `model.safetensors`, or the shards a
+/// `model.safetensors.index.json` names (each must exist).
+fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let single = dir.join("model.safetensors");
+    if single.is_file() {
+        return Ok(vec![single]);
+    }
+    let index = dir.join("model.safetensors.index.json");
+    if !index.is_file() {
+        return Err(bad(
+            dir,
+            "has neither model.safetensors nor model.safetensors.index.json; save the model with safetensors (save_pretrained's default)",
+        ));
+    }
+    let text = std::fs::read_to_string(&index).map_err(|e| bad(&index, e.to_string()))?;
+    let v: Value = serde_json::from_str(&text).map_err(|e| bad(&index, e.to_string()))?;
+    let map = v
+        .get("weight_map")
+        .and_then(Value::as_object)
+        .ok_or_else(|| bad(&index, "has no \"weight_map\" object"))?;
+    let mut files: Vec<String> = map
+        .values()
+        .filter_map(|f| f.as_str().map(String::from))
+        .collect();
+    files.sort();
+    files.dedup();
+    let files: Vec<PathBuf> = files.iter().map(|f| dir.join(f)).collect();
+    if let Some(missing) = files.iter().find(|f| !f.is_file()) {
+        return Err(bad(
+            &index,
+            format!(
+                "names the shard {} which does not exist; copy every shard of the model",
+                missing.display()
+            ),
+        ));
+    }
+    Ok(files)
+}
+
+fn to_f32(path: &Path, name: &str, dtype: Dtype, bytes: &[u8]) -> Result<Vec<f32>> {
+    let two = |b: &[u8]| u16::from_le_bytes([b[0], b[1]]);
+    Ok(match dtype {
+        Dtype::F32 => bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+        Dtype::BF16 => bytes
+            .chunks_exact(2)
+            .map(|b| half::bf16::from_bits(two(b)).to_f32())
+            .collect(),
+        Dtype::F16 => bytes
+            .chunks_exact(2)
+            .map(|b| half::f16::from_bits(two(b)).to_f32())
+            .collect(),
+        other => {
+            return Err(bad(
+                path,
+                format!("tensor {name} is {other:?}; kiln reads f32, bf16 and f16 weights"),
+            ));
+        }
+    })
+}
+
+/// Every tensor of the safetensors `files`, by name, as f32.
+fn read_safetensors(files: &[PathBuf]) -> Result<BTreeMap<String, HostTensor>> {
+    let mut out = BTreeMap::new();
+    for f in files {
+        let file = std::fs::File::open(f).map_err(|e| bad(f, e.to_string()))?;
+        // SAFETY: the map is read-only and lives only while this loop body reads it; a file
+        // changed underneath by another process gives wrong numbers, never unsafety in kiln.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| bad(f, e.to_string()))?;
+        let st = SafeTensors::deserialize(&map).map_err(|e| {
+            bad(
+                f,
+                format!("is not a readable safetensors file ({e}); it may be truncated"),
+            )
+        })?;
+        for (name, view) in st.tensors() {
+            let data = to_f32(f, &name, view.dtype(), view.data())?;
+            out.insert(
+                name,
+                HostTensor {
+                    shape: view.shape().to_vec(),
+                    data,
+                },
+            );
+        }
+    }
+    Ok(out)
+}
+
+fn open_hf_dir(dir: &Path) -> Result<Pretrained> {
+    let cfg_path = dir.join("config.json");
+    let text = std::fs::read_to_string(&cfg_path).map_err(|e| {
+        bad(
+            &cfg_path,
+            format!("cannot be read ({e}); a Hugging Face model directory has one"),
+        )
+    })?;
+    let cfg: Value = serde_json::from_str(&text).map_err(|e| bad(&cfg_path, e.to_string()))?;
+    let arch = cfg
+        .get("architectures")
+        .and_then(|a| a.get(0))
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    let files = weight_files(dir)?;
+    let mut sha256 = BTreeMap::new();
+    for f in &files {
+        let name = f
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        sha256.insert(name, sha256_file(f)?);
+    }
+    let tokenizer = HfTokenizer::from_dir(dir).map_err(|e| {
+        bad(
+            dir,
+            format!("has no usable tokenizer ({e}); copy tokenizer.json beside config.json"),
+        )
+    })?;
+    let raw = read_safetensors(&files)?;
+    let (model, vocab, weights) = match arch.as_str() {
+        "LlamaForCausalLM" | "MistralForCausalLM" | "Qwen2ForCausalLM" => {
+            llama_from_hf(&cfg_path, &cfg, &arch, raw)?
+        }
+        "GPT2LMHeadModel" => gpt2_from_hf(&cfg_path, &cfg, raw)?,
+        "Qwen3ForCausalLM" => {
+            return Err(bad(
+                &cfg_path,
+                "declares Qwen3ForCausalLM, whose per-head query/key RMSNorm kiln does not have yet; supported: ".to_string()
+                    + &ARCHITECTURES.join(", "),
+            ));
+        }
+        other => {
+            return Err(bad(
+                &cfg_path,
+                format!(
+                    "declares the architecture \"{other}\", which kiln cannot import; supported: {}",
+                    ARCHITECTURES.join(", ")
+                ),
+            ));
+        }
+    };
+    check_tokenizer(dir, &tokenizer, vocab)?;
+    Ok(Pretrained {
+        model,
+        vocab,
+        weights,
+        tokenizer,
+        source: Provenance {
+            path: dir.to_path_buf(),
+            format: "hf".into(),
+            architecture: arch,
+            sha256,
+        },
+    })
+}
+
+fn check_tokenizer(path: &Path, tok: &HfTokenizer, vocab: usize) -> Result<()> {
+    if tok.vocab_size() > vocab {
+        return Err(bad(
+            path,
+            format!(
+                "its tokenizer has {} tokens but the model's embedding only {vocab} rows; the tokenizer belongs to another model",
+                tok.vocab_size()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Takes tensor `name` out of `raw`, checking its shape.
+fn take(
+    path: &Path,
+    raw: &mut BTreeMap<String, HostTensor>,
+    name: &str,
+    shape: &[usize],
+) -> Result<HostTensor> {
+    let t = raw.remove(name).ok_or_else(|| {
+        bad(
+            path,
+            format!(
+                "has no tensor {name}; the checkpoint is incomplete or of another architecture"
+            ),
+        )
+    })?;
+    if t.shape != shape {
+        return Err(bad(
+            path,
+            format!(
+                "tensor {name} has shape {:?} but the configuration implies {shape:?}",
+                t.shape
+            ),
+        ));
+    }
+    Ok(t)
+}
+
+/// Stacks tensors' rows: `[a; b; ...]` along the first dimension.
+fn concat_rows(parts: Vec<HostTensor>) -> HostTensor {
+    let cols: usize = parts[0].shape[1..].iter().product();
+    let rows: usize = parts.iter().map(|p| p.shape[0]).sum();
+    let mut shape = parts[0].shape.clone();
+    shape[0] = rows;
+    let mut data = Vec::with_capacity(rows * cols);
+    for p in parts {
+        data.extend(p.data);
+    }
+    HostTensor { shape, data }
+}
+
+/// Zero rows appended up to `rows`.
+fn pad_rows(mut t: HostTensor, rows: usize) -> HostTensor {
+    let cols: usize = t.shape[1..].iter().product();
+    t.data.resize(rows * cols, 0.0);
+    t.shape[0] = rows;
+    t
+}
+
+fn transpose(t: HostTensor) -> HostTensor {
+    let (r, c) = (t.shape[0], t.shape[1]);
+    let mut data = vec![0.0; r * c];
+    for i in 0..r {
+        for j in 0..c {
+            data[j * r + i] = t.data[i * c + j];
+        }
+    }
+    HostTensor {
+        shape: vec![c, r],
+        data,
+    }
+}
+
+fn llama_from_hf(
+    path: &Path,
+    cfg: &Value,
+    arch: &str,
+    mut raw: BTreeMap<String, HostTensor>,
+) -> Result<(ModelConfig, usize, BTreeMap<String, HostTensor>)> {
+    let d = need(path, "hidden_size", json_usize(cfg, "hidden_size"))?;
+    let n_layers = need(
+        path,
+        "num_hidden_layers",
+        json_usize(cfg, "num_hidden_layers"),
+    )?;
+    let n_heads = need(
+        path,
+        "num_attention_heads",
+        json_usize(cfg, "num_attention_heads"),
+    )?;
+    let n_kv = json_usize(cfg, "num_key_value_heads").unwrap_or(n_heads);
+    let head_dim = json_usize(cfg, "head_dim").unwrap_or(d / n_heads.max(1));
+    let ffn = need(
+        path,
+        "intermediate_size",
+        json_usize(cfg, "intermediate_size"),
+    )?;
+    let vocab = need(path, "vocab_size", json_usize(cfg, "vocab_size"))?;
+    let context = json_usize(cfg, "max_position_embeddings").unwrap_or(2048);
+    if let Some(w) = json_usize(cfg, "sliding_window")
+        && w < context
+        && cfg
+            .get("use_sliding_window")
+            .and_then(Value::as_bool)
+            .unwrap_or(arch == "MistralForCausalLM")
+    {
+        return Err(bad(
+            path,
+            format!(
+                "uses sliding-window attention ({w} of {context} positions), which kiln does not implement; a checkpoint without a sliding window imports"
+            ),
+        ));
+    }
+    let tied = cfg
+        .get("tie_word_embeddings")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let partial = json_f64(cfg, "partial_rotary_factor").unwrap_or(1.0);
+    let mut m = ModelConfig {
+        kind: "llama".into(),
+        d_model: d,
+        n_layers,
+        n_heads,
+        context,
+        tied_head: tied,
+        n_kv_heads: n_kv,
+        head_dim,
+        ffn_hidden: ffn,
+        rope_theta: json_f64(cfg, "rope_theta").unwrap_or(10000.0),
+        rot_dim: ((head_dim as f64 * partial) as usize) & !1,
+        norm_eps: json_f64(cfg, "rms_norm_eps").unwrap_or(1e-6),
+        qkv_bias: arch == "Qwen2ForCausalLM"
+            || cfg
+                .get("attention_bias")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
+        ..ModelConfig::default()
+    };
+    if let Some(s) = cfg.get("rope_scaling").filter(|s| !s.is_null()) {
+        let kind = s
+            .get("rope_type")
+            .or_else(|| s.get("type"))
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        if kind != "llama3" && kind != "default" {
+            return Err(bad(
+                path,
+                format!(
+                    "uses rope_scaling type \"{kind}\"; kiln implements Llama 3's (\"llama3\") only"
+                ),
+            ));
+        }
+        if kind == "llama3" {
+            m.rope_scaling_factor = need(path, "rope_scaling.factor", json_f64(s, "factor"))?;
+            m.rope_low_freq_factor = json_f64(s, "low_freq_factor").unwrap_or(1.0);
+            m.rope_high_freq_factor = json_f64(s, "high_freq_factor").unwrap_or(4.0);
+            m.rope_original_context =
+                json_usize(s, "original_max_position_embeddings").unwrap_or(8192);
+        }
+    }
+    let qd = n_heads * head_dim;
+    let kvd = n_kv * head_dim;
+    let padded = padded_vocab(vocab);
+    let mut w = BTreeMap::new();
+    w.insert(
+        "embed.weight".into(),
+        pad_rows(
+            take(path, &mut raw, "model.embed_tokens.weight", &[vocab, d])?,
+            padded,
+        ),
+    );
+    for l in 0..n_layers {
+        let p = format!("model.layers.{l}");
+        let k = format!("layers.{l}");
+        w.insert(
+            format!("{k}.ln1.weight"),
+            take(path, &mut raw, &format!("{p}.input_layernorm.weight"), &[d])?,
+        );
+        let q = take(
+            path,
+            &mut raw,
+            &format!("{p}.self_attn.q_proj.weight"),
+            &[qd, d],
+        )?;
+        let kk = take(
+            path,
+            &mut raw,
+            &format!("{p}.self_attn.k_proj.weight"),
+            &[kvd, d],
+        )?;
+        let v = take(
+            path,
+            &mut raw,
+            &format!("{p}.self_attn.v_proj.weight"),
+            &[kvd, d],
+        )?;
+        w.insert(format!("{k}.attn.qkv.weight"), concat_rows(vec![q, kk, v]));
+        if m.qkv_bias {
+            let q = take(path, &mut raw, &format!("{p}.self_attn.q_proj.bias"), &[qd])?;
+            let kk = take(
+                path,
+                &mut raw,
+                &format!("{p}.self_attn.k_proj.bias"),
+                &[kvd],
+            )?;
+            let v = take(
+                path,
+                &mut raw,
+                &format!("{p}.self_attn.v_proj.bias"),
+                &[kvd],
+            )?;
+            w.insert(format!("{k}.attn.qkv.bias"), concat_rows(vec![q, kk, v]));
+        }
+        w.insert(
+            format!("{k}.attn.out.weight"),
+            take(
+                path,
+                &mut raw,
+                &format!("{p}.self_attn.o_proj.weight"),
+                &[d, qd],
+            )?,
+        );
+        w.insert(
+            format!("{k}.ln2.weight"),
+            take(
+                path,
+                &mut raw,
+                &format!("{p}.post_attention_layernorm.weight"),
+                &[d],
+            )?,
+        );
+        let g = take(
+            path,
+            &mut raw,
+            &format!("{p}.mlp.gate_proj.weight"),
+            &[ffn, d],
+        )?;
+        let u = take(
+            path,
+            &mut raw,
+            &format!("{p}.mlp.up_proj.weight"),
+            &[ffn, d],
+        )?;
+        w.insert(format!("{k}.mlp.gate_up.weight"), concat_rows(vec![g, u]));
+        w.insert(
+            format!("{k}.mlp.down.weight"),
+            take(
+                path,
+                &mut raw,
+                &format!("{p}.mlp.down_proj.weight"),
+                &[d, ffn],
+            )?,
+        );
+    }
+    w.insert(
+        "ln_f.weight".into(),
+        take(path, &mut raw, "model.norm.weight", &[d])?,
+    );
+    if !tied {
+        w.insert(
+            "lm_head.weight".into(),
+            pad_rows(take(path, &mut raw, "lm_head.weight", &[vocab, d])?, padded),
+        );
+    }
+    Ok((m, vocab, w))
+}
+
+fn gpt2_from_hf(
+    path: &Path,
+    cfg: &Value,
+    mut raw: BTreeMap<String, HostTensor>,
+) -> Result<(ModelConfig, usize, BTreeMap<String, HostTensor>)> {
+    let d = need(path, "n_embd", json_usize(cfg, "n_embd"))?;
+    let n_layers = need(path, "n_layer", json_usize(cfg, "n_layer"))?;
+    let n_heads = need(path, "n_head", json_usize(cfg, "n_head"))?;
+    let vocab = need(path, "vocab_size", json_usize(cfg, "vocab_size"))?;
+    let context = need(path, "n_positions", json_usize(cfg, "n_positions"))?;
+    // transformers saves GPT-2 either with or without the `transformer.` prefix.
+    let prefix = if raw.contains_key("transformer.wte.weight") {
+        "transformer."
+    } else {
+        ""
+    };
+    let m = ModelConfig {
+        kind: "gpt".into(),
+        d_model: d,
+        n_layers,
+        n_heads,
+        context,
+        tied_head: true,
+        ..ModelConfig::default()
+    };
+    let padded = padded_vocab(vocab);
+    let mut w = BTreeMap::new();
+    let mut get =
+        |name: &str, shape: &[usize]| take(path, &mut raw, &format!("{prefix}{name}"), shape);
+    w.insert(
+        "wte.weight".to_string(),
+        pad_rows(get("wte.weight", &[vocab, d])?, padded),
+    );
+    w.insert("wpe.weight".to_string(), get("wpe.weight", &[context, d])?);
+    for l in 0..n_layers {
+        let (p, k) = (format!("h.{l}"), format!("blocks.{l}"));
+        // Conv1D stores `[in, out]`; kiln's linear layers store `[out, in]`.
+        for (hf, kiln, shape) in [
+            ("attn.c_attn", "attn.qkv", [d, 3 * d]),
+            ("attn.c_proj", "attn.proj", [d, d]),
+            ("mlp.c_fc", "mlp.fc", [d, 4 * d]),
+            ("mlp.c_proj", "mlp.proj", [4 * d, d]),
+        ] {
+            w.insert(
+                format!("{k}.{kiln}.weight"),
+                transpose(get(&format!("{p}.{hf}.weight"), &shape)?),
+            );
+            w.insert(
+                format!("{k}.{kiln}.bias"),
+                get(&format!("{p}.{hf}.bias"), &[shape[1]])?,
+            );
+        }
+        for (hf, kiln) in [("ln_1", "ln1"), ("ln_2", "ln2")] {
+            w.insert(
+                format!("{k}.{kiln}.weight"),
+                get(&format!("{p}.{hf}.weight"), &[d])?,
+            );
+            w.insert(
+                format!("{k}.{kiln}.bias"),
+                get(&format!("{p}.{hf}.bias"), &[d])?,
+            );
+        }
+    }
+    w.insert("ln_f.weight".to_string(), get("ln_f.weight", &[d])?);
+    w.insert("ln_f.bias".to_string(), get("ln_f.bias", &[d])?);
+    Ok((m, vocab, w))
+}
+
+// ---------- GGUF ----------
+
+/// Puts a GGUF query or key matrix `[heads * D, C]` back in Hugging Face's row order: the
+/// converter moved row `i + D/2` of each head next to row `i` (interleaved rotary pairs).
+fn unpermute_rotary_rows(t: HostTensor, heads: usize) -> HostTensor {
+    let (rows, cols) = (t.shape[0], t.shape[1]);
+    let d = rows / heads;
+    let half = d / 2;
+    let mut data = vec![0.0; rows * cols];
+    for h in 0..heads {
+        for i in 0..half {
+            for (j, src_pair) in [(i, 2 * i), (i + half, 2 * i + 1)] {
+                let src = (h * d + src_pair) * cols;
+                let dst = (h * d + j) * cols;
+                data[dst..dst + cols].copy_from_slice(&t.data[src..src + cols]);
+            }
+        }
+    }
+    HostTensor {
+        shape: t.shape,
+        data,
+    }
+}
+
+fn open_gguf(path: &Path) -> Result<Pretrained> {
+    let g = GgufFile::open(path)?;
+    let arch = g.get_str("general.architecture").unwrap_or("").to_string();
+    if arch != "llama" {
+        return Err(bad(
+            path,
+            format!(
+                "is a GGUF file of architecture \"{arch}\"; kiln imports: {}",
+                ARCHITECTURES.join(", ")
+            ),
+        ));
+    }
+    let key = |k: &str| format!("llama.{k}");
+    let meta_usize = |k: &str| -> Result<usize> {
+        g.get_u64(&key(k))
+            .map(|v| v as usize)
+            .ok_or_else(|| bad(path, format!("has no metadata {}", key(k))))
+    };
+    let d = meta_usize("embedding_length")?;
+    let n_layers = meta_usize("block_count")?;
+    let n_heads = meta_usize("attention.head_count")?;
+    let n_kv = g
+        .get_u64(&key("attention.head_count_kv"))
+        .map_or(n_heads, |v| v as usize);
+    let ffn = meta_usize("feed_forward_length")?;
+    let context = meta_usize("context_length")?;
+    let head_dim = d / n_heads.max(1);
+    let tokenizer = HfTokenizer::from_gguf(&g)
+        .map_err(|e| bad(path, format!("has no usable tokenizer: {e}")))?;
+    let read = |name: &str, shape: &[usize]| -> Result<HostTensor> {
+        let (s, data) = g.tensor_f32(name)?;
+        if s != shape {
+            return Err(bad(
+                path,
+                format!("tensor {name} has shape {s:?} but the metadata implies {shape:?}"),
+            ));
+        }
+        Ok(HostTensor { shape: s, data })
+    };
+    let embed = {
+        let (s, data) = g.tensor_f32("token_embd.weight")?;
+        HostTensor { shape: s, data }
+    };
+    let vocab = embed.shape[0];
+    if embed.shape != [vocab, d] {
+        return Err(bad(
+            path,
+            format!(
+                "token_embd.weight has shape {:?}, expected [vocab, {d}]",
+                embed.shape
+            ),
+        ));
+    }
+    let has_output = g.tensor_names().any(|n| n == "output.weight");
+    let m = ModelConfig {
+        kind: "llama".into(),
+        d_model: d,
+        n_layers,
+        n_heads,
+        context,
+        tied_head: !has_output,
+        n_kv_heads: n_kv,
+        head_dim,
+        ffn_hidden: ffn,
+        rope_theta: g.get_f64(&key("rope.freq_base")).unwrap_or(10000.0),
+        rot_dim: g
+            .get_u64(&key("rope.dimension_count"))
+            .map_or(head_dim, |v| v as usize),
+        norm_eps: g
+            .get_f64(&key("attention.layer_norm_rms_epsilon"))
+            .unwrap_or(1e-5),
+        ..ModelConfig::default()
+    };
+    let (qd, kvd) = (n_heads * head_dim, n_kv * head_dim);
+    let padded = padded_vocab(vocab);
+    let mut w = BTreeMap::new();
+    w.insert("embed.weight".to_string(), pad_rows(embed, padded));
+    for l in 0..n_layers {
+        let (p, k) = (format!("blk.{l}"), format!("layers.{l}"));
+        w.insert(
+            format!("{k}.ln1.weight"),
+            read(&format!("{p}.attn_norm.weight"), &[d])?,
+        );
+        let q = unpermute_rotary_rows(read(&format!("{p}.attn_q.weight"), &[qd, d])?, n_heads);
+        let kk = unpermute_rotary_rows(read(&format!("{p}.attn_k.weight"), &[kvd, d])?, n_kv);
+        let v = read(&format!("{p}.attn_v.weight"), &[kvd, d])?;
+        w.insert(format!("{k}.attn.qkv.weight"), concat_rows(vec![q, kk, v]));
+        w.insert(
+            format!("{k}.attn.out.weight"),
+            read(&format!("{p}.attn_output.weight"), &[d, qd])?,
+        );
+        w.insert(
+            format!("{k}.ln2.weight"),
+            read(&format!("{p}.ffn_norm.weight"), &[d])?,
+        );
+        let gate = read(&format!("{p}.ffn_gate.weight"), &[ffn, d])?;
+        let up = read(&format!("{p}.ffn_up.weight"), &[ffn, d])?;
+        w.insert(
+            format!("{k}.mlp.gate_up.weight"),
+            concat_rows(vec![gate, up]),
+        );
+        w.insert(
+            format!("{k}.mlp.down.weight"),
+            read(&format!("{p}.ffn_down.weight"), &[d, ffn])?,
+        );
+    }
+    w.insert("ln_f.weight".to_string(), read("output_norm.weight", &[d])?);
+    if has_output {
+        w.insert(
+            "lm_head.weight".to_string(),
+            pad_rows(read("output.weight", &[vocab, d])?, padded),
+        );
+    }
+    check_tokenizer(path, &tokenizer, vocab)?;
+    let file = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let sha256 = BTreeMap::from([(file, sha256_file(path)?)]);
+    Ok(Pretrained {
+        model: m,
+        vocab,
+        weights: w,
+        tokenizer,
+        source: Provenance {
+            path: path.to_path_buf(),
+            format: "gguf".into(),
+            architecture: arch,
+            sha256,
+        },
+    })
+}
+
+/// Copies `weights` into `model`'s parameters by name (refreshing compute copies). Every
+/// parameter must be found with its exact shape; a weight the model has no parameter for
+/// is an error too, so a mapping mistake cannot pass silently.
+pub fn load_into(
+    model: &mut dyn Model,
+    weights: &BTreeMap<String, HostTensor>,
+    source: &Path,
+) -> Result<()> {
+    let mut used = 0;
+    for p in model.params_mut() {
+        let t = weights.get(&p.name).ok_or_else(|| {
+            bad(
+                source,
+                format!("gives no weight for the model's parameter {}", p.name),
+            )
+        })?;
+        if t.shape != p.value.shape() {
+            return Err(bad(
+                source,
+                format!(
+                    "weight {} has shape {:?}, the model's parameter {:?}",
+                    p.name,
+                    t.shape,
+                    p.value.shape()
+                ),
+            ));
+        }
+        p.value.copy_from_host(&t.data)?;
+        p.refresh_compute()?;
+        used += 1;
+    }
+    if used != weights.len() {
+        let names: std::collections::BTreeSet<String> =
+            model.params().iter().map(|p| p.name.clone()).collect();
+        let extra: Vec<&String> = weights
+            .keys()
+            .filter(|k| !names.contains(*k))
+            .take(3)
+            .collect();
+        return Err(bad(
+            source,
+            format!("has weights the model does not use: {extra:?}"),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Interleaving each head's halves (what llama.cpp's converter does) and undoing it
+    /// gives back the original rows.
+    #[test]
+    fn unpermuting_inverts_the_gguf_interleave() {
+        let (heads, d, cols) = (3, 8, 2);
+        let rows = heads * d;
+        let orig: Vec<f32> = (0..rows * cols).map(|v| v as f32).collect();
+        let mut permuted = vec![0.0; orig.len()];
+        for h in 0..heads {
+            for i in 0..d / 2 {
+                for (pair, src) in [(2 * i, i), (2 * i + 1, i + d / 2)] {
+                    let (s, t) = ((h * d + src) * cols, (h * d + pair) * cols);
+                    permuted[t..t + cols].copy_from_slice(&orig[s..s + cols]);
+                }
+            }
+        }
+        let back = unpermute_rotary_rows(
+            HostTensor {
+                shape: vec![rows, cols],
+                data: permuted,
+            },
+            heads,
+        );
+        assert_eq!(back.data, orig);
+    }
+}
