@@ -5,7 +5,7 @@
 mod common;
 
 use common::fixtures::{minilm_dir, smollm2_gguf};
-use kiln::data::{ChatMessage, HfTokenizer, Tokenizer, render_chat};
+use kiln::data::{ChatMessage, Corpus, HfTokenizer, Tokenizer, encode_chunked, render_chat};
 use kiln::models::import::GgufFile;
 
 /// Mean and largest magnitude of `v`, with every value checked to be finite.
@@ -121,6 +121,20 @@ fn smollm2_vocabulary_round_trips_text_and_knows_its_special_tokens() {
         tok.decode_skip_special(&tok.encode("<|im_start|>hi<|im_end|>")),
         "hi"
     );
+}
+
+#[test]
+fn smollm2_vocabulary_meets_the_chunked_encoding_contract() {
+    let tok = HfTokenizer::from_gguf(&GgufFile::open(&smollm2_gguf()).unwrap()).unwrap();
+    let text = Corpus::load(None).unwrap().text;
+    let mut end = 400_000;
+    while !text.is_char_boundary(end) {
+        end += 1;
+    }
+    let text = &text[..end];
+    let cancel = std::sync::atomic::AtomicBool::new(false);
+    let chunked = encode_chunked(&tok, text, &cancel, 2).unwrap();
+    assert_eq!(chunked, tok.encode(text));
 }
 
 #[test]

@@ -1287,6 +1287,11 @@ mod tests {
                 "cut {cut}: {msg}"
             );
         }
+        // Every other cut is an error too, never a panic.
+        for cut in 0..bytes.len() {
+            let path = write(&dir, "cut.gguf", &bytes[..cut]);
+            assert!(GgufFile::open(&path).is_err(), "cut {cut}");
+        }
     }
 
     #[test]
