@@ -39,6 +39,7 @@ fn run_to(
         stop_after,
         quiet: true,
         trace: None,
+        init: None,
     })
 }
 

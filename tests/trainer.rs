@@ -79,6 +79,7 @@ fn run_to(
         stop_after,
         quiet: true,
         trace: None,
+        init: None,
     })
 }
 

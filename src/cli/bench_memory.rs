@@ -8,7 +8,6 @@
 //! peaks of two of the sizes it measures, so the boundary falls inside the plot.
 
 use super::plan::trial_step;
-use crate::data;
 use crate::engine::{Device, EngineError, MemoryPool};
 use crate::error::{KilnError, Result};
 use crate::plan::{self, Budget, PlanRequest};
@@ -137,7 +136,7 @@ pub fn run(a: BenchMemoryArgs) -> Result<()> {
     if let Device::Cuda(ordinal) = device {
         report.watch_gpu(ordinal);
     }
-    let vocab = data::tokenizer_vocab_size(&cfg.data.tokenizer)?;
+    let vocab = crate::train::model_vocab(&cfg)?;
     let r = PlanRequest::for_config(
         &cfg,
         vocab,

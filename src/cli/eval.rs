@@ -9,11 +9,16 @@ use std::path::PathBuf;
 #[derive(Args, Debug)]
 #[command(after_help = "EXAMPLES:
   kiln eval                         evaluate the most recent run
-  kiln eval --run runs/big --batches 64 --seq-len 64")]
+  kiln eval --run runs/big --batches 64 --seq-len 64
+  kiln eval --init-from SmolLM2-135M-Instruct.Q4_1.gguf --seq-len 256   a pretrained model on the corpus")]
 pub struct EvalArgs {
     /// Run directory written by `kiln train` (default: the most recent run).
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", conflicts_with = "init_from")]
     pub run: Option<PathBuf>,
+    /// Evaluate a pretrained model (Hugging Face directory or GGUF file) on the bundled
+    /// corpus's validation tail, with its own tokenizer.
+    #[arg(long, value_name = "PATH")]
+    pub init_from: Option<PathBuf>,
     /// Number of evaluation batches (default: the run's train.eval_batches).
     #[arg(long)]
     pub batches: Option<usize>,
@@ -22,9 +27,27 @@ pub struct EvalArgs {
     pub seq_len: Option<usize>,
 }
 
+/// A pretrained model as a run without checkpoints: default settings with its shape and
+/// tokenizer, its weights loaded on the CPU.
+fn load_pretrained(path: &std::path::Path) -> Result<train::LoadedRun> {
+    let p = crate::models::import::pretrained::open(path)?;
+    let config = crate::config::ResolvedConfig::resolve(None, &p.overrides())?.config;
+    let pool = crate::engine::MemoryPool::new(crate::engine::Device::Cpu);
+    let mut model = crate::models::build(&config.model, p.vocab, &pool, 0)?;
+    crate::models::import::pretrained::load_into(model.as_mut(), &p.weights, path)?;
+    Ok(train::LoadedRun {
+        config,
+        model,
+        step: 0,
+        checkpoint: path.to_path_buf(),
+    })
+}
+
 pub fn run(a: EvalArgs) -> Result<()> {
-    let run_dir = super::find_run(a.run)?;
-    let loaded = train::load_run(&run_dir)?;
+    let loaded = match &a.init_from {
+        Some(path) => load_pretrained(path)?,
+        None => train::load_run(&super::find_run(a.run.clone())?)?,
+    };
     let cfg = &loaded.config;
     let seq = a.seq_len.unwrap_or(cfg.train.seq_len);
     let corpus = Corpus::load(train::data_spec(cfg).corpus.as_deref())?;

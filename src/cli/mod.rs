@@ -8,6 +8,7 @@ pub mod bench_kernels;
 pub mod bench_memory;
 pub mod bench_train;
 pub mod eval;
+pub mod export;
 pub mod generate;
 pub mod hw;
 pub mod plan;
@@ -43,6 +44,8 @@ pub enum Command {
     Eval(eval::EvalArgs),
     /// Sample text from a run's latest checkpoint.
     Generate(generate::GenerateArgs),
+    /// Write a run's model as a Hugging Face directory (safetensors, config.json, tokenizer).
+    Export(export::ExportArgs),
     /// Plan the memory and FLOPs of a training step and the largest micro-batch that fits.
     Plan(plan::PlanArgs),
     /// Measure performance; most suites write report.md, results.json and plots (`kiln bench <suite>`).
@@ -60,6 +63,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Train(a) => train::run(a),
         Command::Eval(a) => eval::run(a),
         Command::Generate(a) => generate::run(a),
+        Command::Export(a) => export::run(a),
         Command::Plan(a) => plan::run(a),
         Command::Bench(b) => bench::run(b),
         Command::Selftest(a) => selftest::run(a),

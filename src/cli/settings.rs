@@ -58,9 +58,11 @@ pub fn resolve(profile_arg: &str, file: Option<&Path>, overrides: &[String]) -> 
             let p = Profile::load(name)?;
             let mut config = ResolvedConfig::resolve_layers(Some(&p), file, overrides)?;
             let fit = |c: &Config| -> std::result::Result<usize, ConfigError> {
+                // The planner walks GPT and ResNet-BK steps only; a Llama keeps the
+                // micro-batch it was given (out-of-memory splitting still applies).
                 Ok(match &machine.gpu {
-                    Some(g) => largest_on_gpu(c, g),
-                    None => c.train.micro_batch,
+                    Some(g) if c.model.kind != "llama" => largest_on_gpu(c, g),
+                    _ => c.train.micro_batch,
                 })
             };
             auto::apply(&mut config, &machine, &fit)?;

@@ -11,6 +11,8 @@ use std::path::PathBuf;
   kiln train train.steps=1000 model.n_layers=6 override any key (see --print-config)
   kiln train --config my.toml --out runs/big   settings from a file, run directory chosen
   kiln train --resume runs/big train.steps=2000 continue a run from its latest checkpoint
+  kiln train --init-from SmolLM2-135M-Instruct.Q4_1.gguf --config finetune.toml
+                                               fine-tune a pretrained model (HF directory or GGUF)
   kiln train --print-config optim.lr=1e-3      show every key, its value and where it came from
   kiln train --profile rtx4090 --print-config  what a named hardware profile would choose
 
@@ -33,6 +35,11 @@ pub struct TrainArgs {
     /// settings file (overrides still apply).
     #[arg(long, value_name = "DIR", conflicts_with = "out")]
     pub resume: Option<PathBuf>,
+    /// Start from a pretrained model: a Hugging Face directory (config.json, safetensors,
+    /// tokenizer.json) or a GGUF file. Its shape, tokenizer and weights replace the model
+    /// settings; model.* keys that contradict it are refused.
+    #[arg(long, value_name = "PATH", conflicts_with = "resume")]
+    pub init_from: Option<PathBuf>,
     /// Stop after optimizer step N, keeping the LR schedule of train.steps (resume later).
     #[arg(long, value_name = "N")]
     pub stop_after: Option<u64>,
@@ -70,7 +77,16 @@ pub fn run(a: TrainArgs) -> Result<()> {
         .config
         .clone()
         .or_else(|| a.resume.as_ref().map(|d| d.join("config.toml")));
-    let mut overrides = a.overrides.clone();
+    let init = match &a.init_from {
+        Some(path) => {
+            let p = crate::models::import::pretrained::open(path)?;
+            p.check_overrides(&a.overrides)?;
+            Some(p)
+        }
+        None => None,
+    };
+    let mut overrides = init.as_ref().map_or_else(Vec::new, |p| p.overrides());
+    overrides.extend(a.overrides.iter().cloned());
     if let Some(d) = &a.device {
         overrides.push(format!("train.device={d}"));
     }
@@ -94,6 +110,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
         stop_after: a.stop_after,
         quiet: a.quiet,
         trace,
+        init,
     })?;
     if run_dir.starts_with(super::RUNS_DIR) {
         super::record_latest_run(&run_dir);

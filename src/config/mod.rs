@@ -84,6 +84,9 @@ pub struct ModelConfig {
     pub moe_capacity_factor: f64,
     /// resnet_bk: weight of the load-balancing loss.
     pub moe_aux_coef: f64,
+    /// Rows of the embedding (the vocabulary size); 0 means the tokenizer's. Imported models
+    /// set it when their embedding is larger than their tokenizer.
+    pub vocab: usize,
     /// llama: key/value heads shared by the query heads; 0 means one per query head.
     pub n_kv_heads: usize,
     /// llama: width of each attention head; 0 means d_model / n_heads.
@@ -135,6 +138,7 @@ impl Default for ModelConfig {
             moe_hidden: 0,
             moe_capacity_factor: 1.25,
             moe_aux_coef: 0.01,
+            vocab: 0,
             n_kv_heads: 0,
             head_dim: 0,
             ffn_hidden: 0,
@@ -156,7 +160,8 @@ impl Default for ModelConfig {
 pub struct DataConfig {
     /// Path of a text corpus; empty means the bundled Shakespeare corpus.
     pub corpus: String,
-    /// Tokenizer: "byte" (256 raw bytes) or "gpt2" (BPE).
+    /// Tokenizer: "byte" (256 raw bytes), "gpt2" (BPE), or the path of a pretrained model's
+    /// tokenizer (a model directory, a tokenizer.json or a .gguf file).
     pub tokenizer: String,
     /// Fraction of the corpus held out for validation, in (0, 0.5).
     pub val_fraction: f64,
@@ -323,6 +328,10 @@ const KEYS: &[(&str, &str)] = &[
         "resnet_bk: load-balancing loss weight",
     ),
     (
+        "model.vocab",
+        "embedding rows; 0 = the tokenizer's vocabulary",
+    ),
+    (
         "model.n_kv_heads",
         "llama: key/value heads (grouped-query); 0 = n_heads",
     ),
@@ -361,7 +370,10 @@ const KEYS: &[(&str, &str)] = &[
         "data.corpus",
         "text file to train on; empty = bundled Shakespeare",
     ),
-    ("data.tokenizer", "\"byte\" or \"gpt2\""),
+    (
+        "data.tokenizer",
+        "\"byte\", \"gpt2\", or a pretrained model's tokenizer path",
+    ),
     (
         "data.val_fraction",
         "share of corpus held out for validation",

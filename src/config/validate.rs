@@ -174,7 +174,9 @@ impl Config {
             });
         }
 
-        one_of("data.tokenizer", &d.tokenizer, TOKENIZERS)?;
+        if !crate::data::is_tokenizer_path(&d.tokenizer) {
+            one_of("data.tokenizer", &d.tokenizer, TOKENIZERS)?;
+        }
         if !(d.val_fraction > 0.0 && d.val_fraction < 0.5) {
             return Err(out_of_range(
                 "data.val_fraction",

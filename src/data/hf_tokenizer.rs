@@ -491,6 +491,46 @@ impl HfTokenizer {
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.inner
     }
+
+    /// Writes `tokenizer.json`, `tokenizer_config.json` (special tokens, BOS handling, chat
+    /// template) and `generation_config.json` (BOS and EOS ids) into `dir`, the files
+    /// transformers reads beside a model.
+    pub fn save_dir(&self, dir: &Path) -> Result<(), DataError> {
+        let json = dir.join("tokenizer.json");
+        self.inner
+            .save(&json, false)
+            .map_err(|e| file_error(&json, format!("cannot be written: {e}")))?;
+        let mut cfg = serde_json::json!({
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "add_bos_token": self.adds_bos,
+            "clean_up_tokenization_spaces": false,
+        });
+        if let Some((_, t)) = &self.bos {
+            cfg["bos_token"] = t.clone().into();
+        }
+        if let Some((_, t)) = &self.eos {
+            cfg["eos_token"] = t.clone().into();
+        }
+        if let Some(t) = &self.chat_template {
+            cfg["chat_template"] = t.clone().into();
+        }
+        let mut gen_cfg = serde_json::json!({ "eos_token_id": self.eos_ids });
+        if let Some((id, _)) = &self.bos {
+            gen_cfg["bos_token_id"] = (*id).into();
+        }
+        for (name, value) in [
+            ("tokenizer_config.json", cfg),
+            ("generation_config.json", gen_cfg),
+        ] {
+            let path = dir.join(name);
+            std::fs::write(
+                &path,
+                serde_json::to_string_pretty(&value).unwrap_or_default(),
+            )
+            .map_err(|e| file_error(&path, format!("cannot be written: {e}")))?;
+        }
+        Ok(())
+    }
 }
 
 impl Tokenizer for HfTokenizer {

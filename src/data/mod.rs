@@ -25,5 +25,5 @@ pub use hf_tokenizer::HfTokenizer;
 pub use prefetch::{DataSpec, Prefetcher};
 pub use tokenizer::{
     ByteTokenizer, Gpt2Tokenizer, TOKENIZER_NAMES, Tokenizer, chunk_text, encode_chunked,
-    tokenizer_by_name, tokenizer_vocab_size,
+    is_tokenizer_path, tokenizer_by_name, tokenizer_from_path, tokenizer_vocab_size,
 };

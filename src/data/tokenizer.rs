@@ -32,11 +32,39 @@ fn unknown(name: &str) -> DataError {
     }
 }
 
-/// Builds the tokenizer called `name` ("byte" or "gpt2").
+/// Whether `name` names a pretrained model's tokenizer by path (a `tokenizer.json`, a model
+/// directory or a `.gguf` file) rather than a built-in one.
+pub fn is_tokenizer_path(name: &str) -> bool {
+    !TOKENIZER_NAMES.contains(&name)
+        && (name.contains('/') || name.ends_with(".json") || name.ends_with(".gguf"))
+}
+
+/// The tokenizer of a pretrained model at `path`: a directory with `tokenizer.json`, a
+/// `tokenizer.json` itself, or a GGUF file's embedded vocabulary.
+pub fn tokenizer_from_path(path: &std::path::Path) -> Result<super::HfTokenizer, DataError> {
+    if path.is_dir() {
+        super::HfTokenizer::from_dir(path)
+    } else if path.extension().is_some_and(|e| e == "gguf") {
+        let g =
+            crate::models::import::GgufFile::open(path).map_err(|e| DataError::TokenizerFile {
+                path: path.to_path_buf(),
+                reason: e.reason(),
+            })?;
+        super::HfTokenizer::from_gguf(&g)
+    } else {
+        super::HfTokenizer::from_file(path)
+    }
+}
+
+/// Builds the tokenizer called `name` ("byte", "gpt2", or the path of a pretrained model's
+/// tokenizer, see [`tokenizer_from_path`]).
 pub fn tokenizer_by_name(name: &str) -> Result<Box<dyn Tokenizer>, DataError> {
     match name {
         "byte" => Ok(Box::new(ByteTokenizer)),
         "gpt2" => Ok(Box::new(Gpt2Tokenizer::new()?)),
+        _ if is_tokenizer_path(name) => {
+            Ok(Box::new(tokenizer_from_path(std::path::Path::new(name))?))
+        }
         _ => Err(unknown(name)),
     }
 }
@@ -47,6 +75,7 @@ pub fn tokenizer_vocab_size(name: &str) -> Result<usize, DataError> {
     match name {
         "byte" => Ok(ByteTokenizer::VOCAB),
         "gpt2" => Ok(Gpt2Tokenizer::VOCAB),
+        _ if is_tokenizer_path(name) => Ok(tokenizer_by_name(name)?.vocab_size()),
         _ => Err(unknown(name)),
     }
 }

@@ -40,6 +40,8 @@ pub struct RunOptions {
     pub quiet: bool,
     /// A Chrome trace of the phases of some steps (`kiln train --trace`).
     pub trace: Option<trace::TraceOptions>,
+    /// Weights to start from (`kiln train --init-from`); the config already has its shape.
+    pub init: Option<crate::models::import::Pretrained>,
 }
 
 /// The outcome of a run, also written as `summary.json`.
@@ -167,7 +169,7 @@ pub fn run(opts: RunOptions) -> Result<Summary> {
     for n in notes {
         progress.message(&format!("note: {n}"));
     }
-    let vocab = data::tokenizer_vocab_size(&cfg.data.tokenizer)?;
+    let vocab = model_vocab(&cfg)?;
     let mut trainer = Trainer::new(&cfg, vocab, &pool, precision).map_err(|e| match e {
         KilnError::Engine(e) if e.is_out_of_memory() => {
             oom::does_not_fit(oom::DoesNotFit::Model, &e, &pool, &cfg, precision)
@@ -199,11 +201,28 @@ pub fn run(opts: RunOptions) -> Result<Summary> {
             run_dir.display()
         )));
     }
+    if let Some(init) = &opts.init {
+        crate::models::import::pretrained::load_into(
+            trainer.model.as_mut(),
+            &init.weights,
+            &init.source.path,
+        )?;
+        progress.message(&format!(
+            "initialised from {} ({}, {})",
+            init.source.path.display(),
+            init.source.format,
+            init.source.architecture
+        ));
+    }
     fs::create_dir_all(run_dir).map_err(|e| KilnError::output(run_dir, e))?;
     write_atomic(
         &run_dir.join("config.toml"),
         opts.config.to_toml().as_bytes(),
     )?;
+    if let Some(init) = &opts.init {
+        let json = serde_json::to_vec_pretty(&init.source).unwrap_or_default();
+        write_atomic(&run_dir.join("init_from.json"), &json)?;
+    }
     let mut metrics = MetricsWriter::open(&run_dir.join("metrics.jsonl"))?;
 
     let mut loader = Prefetcher::spawn(data_spec(&cfg), trainer.state.data_step, cfg.data.prefetch);
@@ -450,6 +469,18 @@ pub struct LoadedRun {
     pub checkpoint: PathBuf,
 }
 
+/// Rows of the model's embedding: `model.vocab`, or the tokenizer's vocabulary when it is 0.
+pub fn model_vocab(cfg: &crate::config::Config) -> Result<usize> {
+    let tokens = data::tokenizer_vocab_size(&cfg.data.tokenizer)?;
+    match cfg.model.vocab {
+        0 => Ok(tokens),
+        v if v >= tokens => Ok(v),
+        v => Err(KilnError::Setting(format!(
+            "model.vocab = {v} is smaller than the tokenizer's {tokens} tokens; use 0 (the tokenizer's size) or at least {tokens}"
+        ))),
+    }
+}
+
 /// Loads a run's saved configuration and its latest checkpoint's weights (fp32, CPU).
 pub fn load_run(run_dir: &Path) -> Result<LoadedRun> {
     let config_path = run_dir.join("config.toml");
@@ -466,7 +497,7 @@ pub fn load_run(run_dir: &Path) -> Result<LoadedRun> {
             "has no checkpoint yet; train longer or with train.checkpoint_every set",
         )
     })?;
-    let vocab = data::tokenizer_vocab_size(&config.data.tokenizer)?;
+    let vocab = model_vocab(&config)?;
     let trainer = Trainer::new(
         &config,
         vocab,

@@ -759,6 +759,67 @@ fn open_gguf(path: &Path) -> Result<Pretrained> {
     })
 }
 
+impl Pretrained {
+    /// The `KEY=VALUE` settings that describe this model to a run: its shape, its vocabulary
+    /// and its tokenizer (the checkpoint's own, by path).
+    pub fn overrides(&self) -> Vec<String> {
+        let m = &self.model;
+        let mut v = vec![
+            format!("model.kind={}", m.kind),
+            format!("model.d_model={}", m.d_model),
+            format!("model.n_layers={}", m.n_layers),
+            format!("model.n_heads={}", m.n_heads),
+            format!("model.context={}", m.context),
+            format!("model.tied_head={}", m.tied_head),
+            format!("model.vocab={}", self.vocab),
+            format!("data.tokenizer={}", self.source.path.display()),
+        ];
+        if m.kind == "llama" {
+            v.extend([
+                format!("model.n_kv_heads={}", m.n_kv_heads),
+                format!("model.head_dim={}", m.head_dim),
+                format!("model.ffn_hidden={}", m.ffn_hidden),
+                format!("model.rope_theta={:?}", m.rope_theta),
+                format!("model.rot_dim={}", m.rot_dim),
+                format!("model.rope_scaling_factor={:?}", m.rope_scaling_factor),
+                format!("model.rope_low_freq_factor={:?}", m.rope_low_freq_factor),
+                format!("model.rope_high_freq_factor={:?}", m.rope_high_freq_factor),
+                format!("model.rope_original_context={}", m.rope_original_context),
+                format!("model.norm_eps={:?}", m.norm_eps),
+                format!("model.qkv_bias={}", m.qkv_bias),
+            ]);
+        }
+        v
+    }
+
+    /// Refuses user settings that contradict the imported model: any `model.*` key but a
+    /// shorter `model.context`, and another `data.tokenizer`.
+    pub fn check_overrides(&self, user: &[String]) -> Result<()> {
+        for o in user {
+            let Some((key, value)) = o.split_once('=') else {
+                continue;
+            };
+            let key = key.trim();
+            let contradicts = if key == "model.context" {
+                value
+                    .trim()
+                    .parse::<usize>()
+                    .map_or(true, |c| c > self.model.context)
+            } else {
+                key.starts_with("model.") || key == "data.tokenizer"
+            };
+            if contradicts {
+                return Err(KilnError::Setting(format!(
+                    "{o} contradicts --init-from {}, which sets the model's shape and tokenizer itself; drop it (model.context may only shrink, to at most {})",
+                    self.source.path.display(),
+                    self.model.context
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Copies `weights` into `model`'s parameters by name (refreshing compute copies). Every
 /// parameter must be found with its exact shape; a weight the model has no parameter for
 /// is an error too, so a mapping mistake cannot pass silently.

@@ -1,0 +1,297 @@
+//! Export: a kiln model written as a Hugging Face model directory that transformers loads
+//! with `from_pretrained` (config.json, model.safetensors, tokenizer files).
+//!
+//! The inverse of `import::pretrained`'s mapping: fused QKV and gate/up matrices are split
+//! back into the checkpoint's projections, GPT-2's linear weights are transposed into Conv1D
+//! layout, and the vocabulary padding is dropped.
+
+use crate::config::ModelConfig;
+use crate::error::{KilnError, Result};
+use crate::models::Model;
+use safetensors::tensor::{Dtype, TensorView};
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// A tensor to write: its shape and f32 values.
+struct Out {
+    shape: Vec<usize>,
+    data: Vec<f32>,
+}
+
+fn rows(t: &[f32], cols: usize, from: usize, to: usize) -> Vec<f32> {
+    t[from * cols..to * cols].to_vec()
+}
+
+fn transpose(data: &[f32], r: usize, c: usize) -> Vec<f32> {
+    let mut out = vec![0.0; r * c];
+    for i in 0..r {
+        for j in 0..c {
+            out[j * r + i] = data[i * c + j];
+        }
+    }
+    out
+}
+
+/// The model's tensors under Hugging Face names, and its config.json.
+fn hf_tensors(
+    model: &dyn Model,
+    m: &ModelConfig,
+    vocab: usize,
+) -> Result<(BTreeMap<String, Out>, serde_json::Value)> {
+    let mut by_name: BTreeMap<String, (Vec<usize>, Vec<f32>)> = BTreeMap::new();
+    for p in model.params() {
+        by_name.insert(
+            p.name.clone(),
+            (p.value.shape().to_vec(), p.value.to_vec()?),
+        );
+    }
+    let mut get = |name: &str| {
+        by_name.remove(name).ok_or_else(|| {
+            KilnError::Setting(format!("the model has no parameter {name} to export"))
+        })
+    };
+    let d = m.d_model;
+    let mut out = BTreeMap::new();
+    let mut put = |name: String, shape: Vec<usize>, data: Vec<f32>| {
+        out.insert(name, Out { shape, data });
+    };
+    let config = match m.kind.as_str() {
+        "llama" => {
+            let l = crate::models::llama::LlamaConfig::from_model(m, vocab);
+            let (qd, kvd, ffn) = (
+                l.n_heads * l.head_dim,
+                l.n_kv_heads * l.head_dim,
+                l.ffn_hidden,
+            );
+            let (_, e) = get("embed.weight")?;
+            put(
+                "model.embed_tokens.weight".into(),
+                vec![vocab, d],
+                rows(&e, d, 0, vocab),
+            );
+            for i in 0..l.n_layers {
+                let (k, p) = (format!("layers.{i}"), format!("model.layers.{i}"));
+                put(
+                    format!("{p}.input_layernorm.weight"),
+                    vec![d],
+                    get(&format!("{k}.ln1.weight"))?.1,
+                );
+                let (_, qkv) = get(&format!("{k}.attn.qkv.weight"))?;
+                put(
+                    format!("{p}.self_attn.q_proj.weight"),
+                    vec![qd, d],
+                    rows(&qkv, d, 0, qd),
+                );
+                put(
+                    format!("{p}.self_attn.k_proj.weight"),
+                    vec![kvd, d],
+                    rows(&qkv, d, qd, qd + kvd),
+                );
+                put(
+                    format!("{p}.self_attn.v_proj.weight"),
+                    vec![kvd, d],
+                    rows(&qkv, d, qd + kvd, qd + 2 * kvd),
+                );
+                if l.qkv_bias {
+                    let (_, b) = get(&format!("{k}.attn.qkv.bias"))?;
+                    put(
+                        format!("{p}.self_attn.q_proj.bias"),
+                        vec![qd],
+                        b[..qd].to_vec(),
+                    );
+                    put(
+                        format!("{p}.self_attn.k_proj.bias"),
+                        vec![kvd],
+                        b[qd..qd + kvd].to_vec(),
+                    );
+                    put(
+                        format!("{p}.self_attn.v_proj.bias"),
+                        vec![kvd],
+                        b[qd + kvd..].to_vec(),
+                    );
+                }
+                put(
+                    format!("{p}.self_attn.o_proj.weight"),
+                    vec![d, qd],
+                    get(&format!("{k}.attn.out.weight"))?.1,
+                );
+                put(
+                    format!("{p}.post_attention_layernorm.weight"),
+                    vec![d],
+                    get(&format!("{k}.ln2.weight"))?.1,
+                );
+                let (_, gu) = get(&format!("{k}.mlp.gate_up.weight"))?;
+                put(
+                    format!("{p}.mlp.gate_proj.weight"),
+                    vec![ffn, d],
+                    rows(&gu, d, 0, ffn),
+                );
+                put(
+                    format!("{p}.mlp.up_proj.weight"),
+                    vec![ffn, d],
+                    rows(&gu, d, ffn, 2 * ffn),
+                );
+                put(
+                    format!("{p}.mlp.down_proj.weight"),
+                    vec![d, ffn],
+                    get(&format!("{k}.mlp.down.weight"))?.1,
+                );
+            }
+            put("model.norm.weight".into(), vec![d], get("ln_f.weight")?.1);
+            if !l.tied_head {
+                let (_, h) = get("lm_head.weight")?;
+                put(
+                    "lm_head.weight".into(),
+                    vec![vocab, d],
+                    rows(&h, d, 0, vocab),
+                );
+            }
+            let mut c = json!({
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "hidden_size": d,
+                "intermediate_size": ffn,
+                "num_hidden_layers": l.n_layers,
+                "num_attention_heads": l.n_heads,
+                "num_key_value_heads": l.n_kv_heads,
+                "head_dim": l.head_dim,
+                "max_position_embeddings": l.context,
+                "rms_norm_eps": l.norm_eps,
+                "rope_theta": l.rope_theta,
+                "vocab_size": vocab,
+                "tie_word_embeddings": l.tied_head,
+                "attention_bias": l.qkv_bias,
+                "mlp_bias": false,
+                "hidden_act": "silu",
+                "torch_dtype": "float32",
+            });
+            if let Some(s) = l.rope_scaling {
+                c["rope_scaling"] = json!({
+                    "rope_type": "llama3",
+                    "factor": s.factor,
+                    "low_freq_factor": s.low_freq_factor,
+                    "high_freq_factor": s.high_freq_factor,
+                    "original_max_position_embeddings": s.original_context,
+                });
+            }
+            if l.rot_dim != l.head_dim {
+                c["partial_rotary_factor"] = json!(l.rot_dim as f64 / l.head_dim as f64);
+            }
+            c
+        }
+        "gpt" => {
+            let (_, e) = get("wte.weight")?;
+            put(
+                "transformer.wte.weight".into(),
+                vec![vocab, d],
+                rows(&e, d, 0, vocab),
+            );
+            let (s, pe) = get("wpe.weight")?;
+            put("transformer.wpe.weight".into(), s, pe);
+            for i in 0..m.n_layers {
+                let (k, p) = (format!("blocks.{i}"), format!("transformer.h.{i}"));
+                for (kiln, hf) in [
+                    ("attn.qkv", "attn.c_attn"),
+                    ("attn.proj", "attn.c_proj"),
+                    ("mlp.fc", "mlp.c_fc"),
+                    ("mlp.proj", "mlp.c_proj"),
+                ] {
+                    let (s, w) = get(&format!("{k}.{kiln}.weight"))?;
+                    put(
+                        format!("{p}.{hf}.weight"),
+                        vec![s[1], s[0]],
+                        transpose(&w, s[0], s[1]),
+                    );
+                    let (s, b) = get(&format!("{k}.{kiln}.bias"))?;
+                    put(format!("{p}.{hf}.bias"), s, b);
+                }
+                for (kiln, hf) in [("ln1", "ln_1"), ("ln2", "ln_2")] {
+                    for part in ["weight", "bias"] {
+                        let (s, v) = get(&format!("{k}.{kiln}.{part}"))?;
+                        put(format!("{p}.{hf}.{part}"), s, v);
+                    }
+                }
+            }
+            for part in ["weight", "bias"] {
+                let (s, v) = get(&format!("ln_f.{part}"))?;
+                put(format!("transformer.ln_f.{part}"), s, v);
+            }
+            if !m.tied_head {
+                return Err(KilnError::Setting(
+                    "GPT-2 checkpoints tie the head to the embedding; a GPT trained with model.tied_head=false cannot be exported as GPT2LMHeadModel".into(),
+                ));
+            }
+            json!({
+                "architectures": ["GPT2LMHeadModel"],
+                "model_type": "gpt2",
+                "n_embd": d,
+                "n_layer": m.n_layers,
+                "n_head": m.n_heads,
+                "n_positions": m.context,
+                "n_ctx": m.context,
+                "n_inner": 4 * d,
+                "vocab_size": vocab,
+                "activation_function": "gelu_new",
+                "layer_norm_epsilon": 1e-5,
+                "tie_word_embeddings": true,
+                "torch_dtype": "float32",
+            })
+        }
+        other => {
+            return Err(KilnError::Setting(format!(
+                "model.kind = \"{other}\" has no Hugging Face architecture to export to; llama and gpt do"
+            )));
+        }
+    };
+    Ok((out, config))
+}
+
+/// Writes `model` (of settings `m`, `vocab` embedding rows) as a Hugging Face directory in
+/// `dir`, with the tokenizer files of `tokenizer` (a data.tokenizer value) where it is a
+/// pretrained model's. Returns notes for the user.
+pub fn export_hf(
+    model: &dyn Model,
+    m: &ModelConfig,
+    vocab: usize,
+    tokenizer: &str,
+    dir: &Path,
+) -> Result<Vec<String>> {
+    let (tensors, config) = hf_tensors(model, m, vocab)?;
+    std::fs::create_dir_all(dir).map_err(|e| KilnError::output(dir, e))?;
+    let bytes: BTreeMap<&String, Vec<u8>> = tensors
+        .iter()
+        .map(|(k, t)| (k, t.data.iter().flat_map(|v| v.to_le_bytes()).collect()))
+        .collect();
+    let views: Vec<(String, TensorView)> = tensors
+        .iter()
+        .map(|(k, t)| {
+            let view = TensorView::new(Dtype::F32, t.shape.clone(), &bytes[k])
+                .map_err(|e| KilnError::Setting(format!("tensor {k}: {e}")))?;
+            Ok((k.clone(), view))
+        })
+        .collect::<Result<_>>()?;
+    let meta = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
+    let st = safetensors::serialize(views, Some(meta))
+        .map_err(|e| KilnError::output(dir.join("model.safetensors"), e))?;
+    let write = |name: &str, data: &[u8]| {
+        std::fs::write(dir.join(name), data).map_err(|e| KilnError::output(dir.join(name), e))
+    };
+    write("model.safetensors", &st)?;
+    write(
+        "config.json",
+        serde_json::to_string_pretty(&config)
+            .unwrap_or_default()
+            .as_bytes(),
+    )?;
+    let mut notes = Vec::new();
+    if crate::data::is_tokenizer_path(tokenizer) {
+        let tok = crate::data::tokenizer_from_path(Path::new(tokenizer))?;
+        tok.save_dir(dir)?;
+    } else {
+        notes.push(format!(
+            "the run's tokenizer \"{tokenizer}\" is built into kiln and has no tokenizer.json; the directory holds the model only"
+        ));
+    }
+    Ok(notes)
+}
