@@ -12,7 +12,8 @@ use std::path::PathBuf;
 #[command(after_help = "EXAMPLES:
   kiln generate                                     sample from the most recent run
   kiln generate --prompt 'JULIET:' --tokens 400 --temperature 0.7
-  kiln generate --run runs/big --top-k 0 --seed 7   top-k 0 samples from the full distribution")]
+  kiln generate --run runs/big --top-k 0 --seed 7   top-k 0 samples from the full distribution
+  kiln generate --run runs/big --checkpoint step_400  an earlier checkpoint")]
 pub struct GenerateArgs {
     /// Run directory written by `kiln train` (default: the most recent run).
     #[arg(long, value_name = "DIR")]
@@ -32,6 +33,27 @@ pub struct GenerateArgs {
     /// Seed for sampling.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Sample from this checkpoint (step_N or N) instead of the latest.
+    #[arg(long, value_name = "step_N")]
+    pub checkpoint: Option<String>,
+}
+
+impl GenerateArgs {
+    /// Refuses arguments that would print garbage or nothing, before the model is loaded.
+    fn validate(&self) -> Result<()> {
+        if !self.temperature.is_finite() || self.temperature < 0.0 {
+            return Err(KilnError::Setting(format!(
+                "--temperature {} must be a finite number of 0 or more (0 picks the most likely token; 0.7 to 1.0 is usual)",
+                self.temperature
+            )));
+        }
+        if self.tokens == 0 {
+            return Err(KilnError::Setting(
+                "--tokens 0 generates nothing; give 1 or more".into(),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Draws a token from `logits` at `temperature` among the `top_k` most likely.
@@ -73,9 +95,11 @@ pub fn sample(logits: &[f32], temperature: f32, top_k: usize, rng: &mut Rng) -> 
 }
 
 pub fn run(a: GenerateArgs) -> Result<()> {
-    let run_dir = super::find_run(a.run)?;
-    let loaded = train::load_run(&run_dir)?;
+    a.validate()?;
+    let run_dir = super::find_run(a.run.clone())?;
+    let loaded = train::load_run(&run_dir, a.checkpoint.as_deref())?;
     let tokenizer = data::tokenizer_by_name(&loaded.config.data.tokenizer)?;
+
     let mut tokens = tokenizer.encode(&a.prompt);
     if tokens.is_empty() {
         return Err(KilnError::Setting(
