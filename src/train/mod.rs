@@ -279,6 +279,20 @@ fn run_locked(opts: RunOptions, lock: &lock::RunLock) -> Result<Summary> {
         progress.message(&format!("note: {n}"));
     }
     let vocab = data::tokenizer_vocab_size(&cfg.data.tokenizer)?;
+    if let Some(ram) = crate::plan::machine_ram() {
+        let limit = (pool.stats().limit != 0).then(|| pool.stats().limit);
+        if let oom::HostFit::CapAt { usable, planned } =
+            oom::check_host(&cfg, vocab, precision, device, limit, ram)?
+        {
+            pool.set_limit(usable);
+            progress.message(&format!(
+                "note: the step of train.micro_batch={} needs {} by the plan, more than the {} of RAM kiln may use; the pool is capped there, so forward/backward passes split to fit",
+                cfg.train.micro_batch,
+                format_bytes(planned),
+                format_bytes(usable)
+            ));
+        }
+    }
     let mut trainer = Trainer::new(&cfg, vocab, &pool, precision).map_err(|e| match e {
         KilnError::Engine(e) if e.is_out_of_memory() => {
             oom::does_not_fit(oom::DoesNotFit::Model, &e, &pool, &cfg, precision)
