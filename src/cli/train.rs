@@ -87,6 +87,12 @@ pub fn run(a: TrainArgs) -> Result<()> {
     {
         return Err(train::not_a_run(dir));
     }
+    // clap's `requires` is not enforced next to --out, which --resume conflicts with.
+    if a.checkpoint.is_some() && a.resume.is_none() {
+        return Err(KilnError::Setting(
+            "--checkpoint selects the checkpoint to continue from, so it needs --resume DIR".into(),
+        ));
+    }
     if a.stop_after == Some(0) {
         return Err(KilnError::Setting(
             "--stop-after 0 would stop before the first step; give a step of 1 or more".into(),

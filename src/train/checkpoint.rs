@@ -494,10 +494,13 @@ pub fn resolve(run_dir: &Path, choice: Option<&str>) -> Result<PathBuf> {
                 alternatives(run_dir, &ckpt)
             ),
         )),
-        None => Err(KilnError::checkpoint(
-            &dir,
-            format!("has no checkpoint ({})", have()),
-        )),
+        // A process killed between renaming its first checkpoint into place and writing the
+        // pointer leaves a complete checkpoint (directories are renamed only once written)
+        // and no pointer: the newest checkpoint is the one it was about to point to.
+        None => list(run_dir)
+            .into_iter()
+            .next()
+            .ok_or_else(|| KilnError::checkpoint(&dir, format!("has no checkpoint ({})", have()))),
     }
 }
 

@@ -264,6 +264,8 @@ fn holds_data(run_dir: &Path) -> bool {
 }
 
 fn run_locked(opts: RunOptions, lock: &lock::RunLock) -> Result<Summary> {
+    // Installed first: a stop asked for while the run starts is honoured after its first step.
+    let _handlers = signals::install();
     let cfg = opts.config.config.clone();
     let mut progress = Progress::new(opts.quiet);
     if let Some(holder) = &lock.stale_holder {
@@ -329,7 +331,7 @@ fn run_locked(opts: RunOptions, lock: &lock::RunLock) -> Result<Summary> {
             ckpt.display(),
             trainer.state.step
         ));
-    } else if checkpoint::latest(run_dir)?.is_some() {
+    } else if !checkpoint::list(run_dir).is_empty() {
         return Err(KilnError::Setting(format!(
             "{} already holds a run with checkpoints; add --resume to continue it or choose another --out",
             run_dir.display()
@@ -371,7 +373,6 @@ fn run_locked(opts: RunOptions, lock: &lock::RunLock) -> Result<Summary> {
     trainer.pool.reset_peak();
 
     let mut tracer = opts.trace.clone().map(trace::Trace::new);
-    let _handlers = signals::install();
     let mut writer = checkpoint::Writer::new(run_dir);
     // The snapshot time of the checkpoint in flight, reported once its write is done.
     let mut snapshot_s = 0.0;
