@@ -4,7 +4,9 @@
 //! A checkpoint is a directory `checkpoints/step_NNNNNNN/`. It is written under a temporary
 //! name, every file is synced, and only then is it renamed into place and the `latest` pointer
 //! replaced (itself by rename). A failed write, a full disk included, therefore never touches
-//! the last good checkpoint. Loading checks the model shape before reading any tensor, so a
+//! the last good checkpoint, and removes its temporary files. The state is copied to host
+//! memory at a step boundary ([`snapshot`]) and written by [`Writer`] on a background thread,
+//! so training does not wait for the disk. Loading checks the model shape before reading any tensor, so a
 //! checkpoint of another model fails with a message that says which dimension differs.
 //!
 //! Every checkpoint carries `manifest.json`: the size and CRC-32 of each of its files, written
