@@ -60,20 +60,50 @@ pub enum KilnError {
     SelfTest(String),
     #[error("cannot write {}: {reason}; choose a writable --out directory", path.display())]
     Output { path: PathBuf, reason: String },
+    /// A run directory that is missing or not one `kiln train` wrote (exit 4, like a bad
+    /// checkpoint: the input to read is what is wrong, not a setting).
+    #[error("run directory {}: {reason}", path.display())]
+    RunDir { path: PathBuf, reason: String },
+    /// Another live process holds the run directory's lock.
+    #[error(
+        "run directory {} is in use by {holder} (lock file run.lock); wait for that run to finish or stop it, or choose another --out",
+        path.display()
+    )]
+    Locked { path: PathBuf, holder: String },
+    /// Training stopped on SIGTERM or SIGINT after saving a checkpoint: not a failure, but a
+    /// code of its own so a scheduler can requeue the job (which then resumes).
+    #[error(
+        "stopped by {signal} at step {step}; checkpoint saved at {}. Continue with: kiln train --resume {}",
+        checkpoint.display(),
+        run_dir.display()
+    )]
+    Stopped {
+        signal: &'static str,
+        step: u64,
+        checkpoint: PathBuf,
+        run_dir: PathBuf,
+    },
 }
+
+/// Exit code of a run stopped by a signal with its checkpoint saved: 75 is `EX_TEMPFAIL` of
+/// sysexits.h ("try again later"), the code schedulers and wrappers conventionally requeue on.
+pub const STOPPED_EXIT_CODE: i32 = 75;
 
 impl KilnError {
     /// Process exit code: 2 for bad settings (as for bad flags), then one code per kind.
+    /// 1 is left for failures of the device or its libraries that none of these describe.
     pub fn exit_code(&self) -> i32 {
         match self {
             KilnError::Config(_) | KilnError::Setting(_) => 2,
             KilnError::Data(_) => 3,
-            KilnError::Checkpoint { .. } => 4,
+            KilnError::Checkpoint { .. } | KilnError::RunDir { .. } => 4,
             KilnError::NonFinite { .. } | KilnError::LayerNonFinite { .. } => 5,
             KilnError::DoesNotFit(_) => 6,
             KilnError::Engine(e) if e.is_out_of_memory() => 6,
             KilnError::Output { .. } => 7,
             KilnError::SelfTest(_) => 8,
+            KilnError::Locked { .. } => 9,
+            KilnError::Stopped { .. } => STOPPED_EXIT_CODE,
             KilnError::Engine(_) => 1,
         }
     }
@@ -82,6 +112,13 @@ impl KilnError {
         KilnError::Output {
             path: path.into(),
             reason: err.to_string(),
+        }
+    }
+
+    pub(crate) fn run_dir(path: impl Into<PathBuf>, reason: impl Into<String>) -> KilnError {
+        KilnError::RunDir {
+            path: path.into(),
+            reason: reason.into(),
         }
     }
 

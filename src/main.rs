@@ -8,7 +8,11 @@ fn main() -> ExitCode {
     match kiln::cli::run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
+            // A graceful stop is not a failure; its message says how to continue.
+            match e {
+                kiln::error::KilnError::Stopped { .. } => eprintln!("{e}"),
+                _ => eprintln!("error: {e}"),
+            }
             ExitCode::from(e.exit_code() as u8)
         }
     }

@@ -188,7 +188,7 @@ fn sequences_longer_than_the_context_are_refused() {
         &["eval", "--run", run.to_str().unwrap(), "--seq-len", "64"],
         &[],
     );
-    assert_fails(&out, 1, &["longer than the model's context of 32"]);
+    assert_fails(&out, 2, &["longer than the model's context of 32"]);
 }
 
 #[test]

@@ -36,6 +36,7 @@ fn run_to(
         config,
         run_dir: dir.to_path_buf(),
         resume,
+        checkpoint: None,
         stop_after,
         quiet: true,
         trace: None,

@@ -45,7 +45,11 @@ fn smollm2_gguf_answers_a_chat_prompt() {
     ]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
-    assert_eq!(out.trim(), "The capital of France is Paris.", "stderr: {err}");
+    assert_eq!(
+        out.trim(),
+        "The capital of France is Paris.",
+        "stderr: {err}"
+    );
     assert!(err.contains("decode"), "a throughput summary: {err}");
 }
 
@@ -82,7 +86,12 @@ fn exported_llama_imports_back_to_the_same_logits() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("hf");
     export::export_hf(original.as_ref(), &cfg.model, vocab, tok, &out).unwrap();
-    for f in ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"] {
+    for f in [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ] {
         assert!(out.join(f).is_file(), "{f} written");
     }
     let p = pretrained::open(&out).unwrap();
@@ -139,7 +148,11 @@ fn broken_checkpoints_are_refused_with_what_is_wrong() {
     let cases: &[(&str, Damage, &str)] = &[
         (
             "unsupported architecture",
-            |d| edit_config(d, |v| v["architectures"] = serde_json::json!(["FalconForCausalLM"])),
+            |d| {
+                edit_config(d, |v| {
+                    v["architectures"] = serde_json::json!(["FalconForCausalLM"])
+                })
+            },
             "FalconForCausalLM",
         ),
         (
@@ -206,7 +219,12 @@ fn broken_checkpoints_are_refused_with_what_is_wrong() {
     let dir = tempfile::tempdir().unwrap();
     let m = dir.path().join("m");
     write_tiny_llama(&m);
-    let o = kiln(&["train", "--init-from", m.to_str().unwrap(), "model.d_model=64"]);
+    let o = kiln(&[
+        "train",
+        "--init-from",
+        m.to_str().unwrap(),
+        "model.d_model=64",
+    ]);
     let (_, err) = text(&o);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("contradicts --init-from"), "{err}");
@@ -237,11 +255,21 @@ fn train_from_an_imported_model_then_export() {
     assert!(o.status.success(), "{err}");
     assert!(out.contains("initialised from"), "{out}");
     let init: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(run.join("init_from.json")).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(run.join("init_from.json")).unwrap())
+            .unwrap();
     assert_eq!(init["format"], "hf");
-    assert_eq!(init["sha256"]["model.safetensors"].as_str().unwrap().len(), 64);
+    assert_eq!(
+        init["sha256"]["model.safetensors"].as_str().unwrap().len(),
+        64
+    );
     let hf = dir.path().join("hf");
-    let o = kiln(&["export", "--run", run.to_str().unwrap(), "--to", hf.to_str().unwrap()]);
+    let o = kiln(&[
+        "export",
+        "--run",
+        run.to_str().unwrap(),
+        "--to",
+        hf.to_str().unwrap(),
+    ]);
     assert!(o.status.success(), "{}", text(&o).1);
     let p = pretrained::open(&hf).unwrap();
     assert_eq!(p.model.d_model, 16);

@@ -1,7 +1,7 @@
 //! `kiln eval`: loss and bits per token of a checkpoint on the held-out tail of its corpus.
 
 use crate::data::{self, Corpus};
-use crate::error::Result;
+use crate::error::{KilnError, Result};
 use crate::train;
 use clap::Args;
 use std::path::PathBuf;
@@ -10,7 +10,11 @@ use std::path::PathBuf;
 #[command(after_help = "EXAMPLES:
   kiln eval                         evaluate the most recent run
   kiln eval --run runs/big --batches 64 --seq-len 64
-  kiln eval --init-from SmolLM2-135M-Instruct.Q4_1.gguf --seq-len 256   a pretrained model on the corpus")]
+  kiln eval --init-from SmolLM2-135M-Instruct.Q4_1.gguf --seq-len 256   a pretrained model on the corpus
+  kiln eval --run runs/big --checkpoint step_400    an earlier checkpoint
+
+The checkpoint is verified against its manifest first; a damaged one exits with code 4 and
+lists the checkpoints of the run that verify.")]
 pub struct EvalArgs {
     /// Run directory written by `kiln train` (default: the most recent run).
     #[arg(long, value_name = "DIR", conflicts_with = "init_from")]
@@ -25,6 +29,9 @@ pub struct EvalArgs {
     /// Tokens per evaluated sequence (default: the run's train.seq_len; at most its context).
     #[arg(long)]
     pub seq_len: Option<usize>,
+    /// Evaluate this checkpoint (step_N or N) instead of the latest.
+    #[arg(long, value_name = "step_N")]
+    pub checkpoint: Option<String>,
 }
 
 /// A pretrained model as a run without checkpoints: default settings with its shape and
@@ -44,12 +51,29 @@ fn load_pretrained(path: &std::path::Path) -> Result<train::LoadedRun> {
 }
 
 pub fn run(a: EvalArgs) -> Result<()> {
+    if a.batches == Some(0) {
+        return Err(KilnError::Setting(
+            "--batches 0 evaluates nothing; give 1 or more (default: the run's train.eval_batches)"
+                .into(),
+        ));
+    }
+    if a.seq_len == Some(0) {
+        return Err(KilnError::Setting(
+            "--seq-len 0 holds no tokens; give 1 or more, at most the model's context".into(),
+        ));
+    }
     let loaded = match &a.init_from {
         Some(path) => load_pretrained(path)?,
-        None => train::load_run(&super::find_run(a.run.clone())?)?,
+        None => train::load_run(&super::find_run(a.run.clone())?, a.checkpoint.as_deref())?,
     };
     let cfg = &loaded.config;
     let seq = a.seq_len.unwrap_or(cfg.train.seq_len);
+    if seq > cfg.model.context {
+        return Err(KilnError::Setting(format!(
+            "--seq-len {seq} is longer than the model's context of {}; give at most {}",
+            cfg.model.context, cfg.model.context
+        )));
+    }
     let corpus = Corpus::load(train::data_spec(cfg).corpus.as_deref())?;
     let tokenizer = data::tokenizer_by_name(&cfg.data.tokenizer)?;
     let splits = data::split_tokens(tokenizer.encode(&corpus.text), cfg.data.val_fraction);

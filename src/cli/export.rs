@@ -16,6 +16,9 @@ pub struct ExportArgs {
     /// Run directory written by `kiln train` (default: the most recent run).
     #[arg(long, value_name = "DIR")]
     pub run: Option<PathBuf>,
+    /// Export this checkpoint (step_N or N) instead of the latest.
+    #[arg(long, value_name = "step_N")]
+    pub checkpoint: Option<String>,
     /// Directory to write (created if missing).
     #[arg(long, value_name = "DIR")]
     pub to: PathBuf,
@@ -23,7 +26,7 @@ pub struct ExportArgs {
 
 pub fn run(a: ExportArgs) -> Result<()> {
     let run_dir = super::find_run(a.run)?;
-    let loaded = train::load_run(&run_dir)?;
+    let loaded = train::load_run(&run_dir, a.checkpoint.as_deref())?;
     let cfg = &loaded.config;
     let vocab = train::model_vocab(cfg)?;
     let notes = crate::models::export::export_hf(

@@ -17,6 +17,7 @@ use std::path::PathBuf;
   kiln generate --run runs/big --top-k 0 --seed 7   top-k 0 samples from the full distribution
   kiln generate --init-from SmolLM2-135M-Instruct.Q4_1.gguf --chat --prompt 'What is the capital of France?' --temperature 0
   kiln generate --init-from DIR --prompts prompts.jsonl --num-samples 4 --out replies.jsonl
+  kiln generate --run runs/big --checkpoint step_400  an earlier checkpoint
 
 --prompts reads one JSON object per line: {\"prompt\": \"...\"} (with --chat, {\"messages\":
 [{\"role\": \"user\", \"content\": \"...\"}]} or a prompt that becomes the user's message) and
@@ -69,6 +70,27 @@ pub struct GenerateArgs {
     /// Seed for sampling.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Sample from this checkpoint (step_N or N) instead of the latest.
+    #[arg(long, value_name = "step_N")]
+    pub checkpoint: Option<String>,
+}
+
+impl GenerateArgs {
+    /// Refuses arguments that would print garbage or nothing, before the model is loaded.
+    fn validate(&self) -> Result<()> {
+        if !self.temperature.is_finite() || self.temperature < 0.0 {
+            return Err(KilnError::Setting(format!(
+                "--temperature {} must be a finite number of 0 or more (0 picks the most likely token; 0.7 to 1.0 is usual)",
+                self.temperature
+            )));
+        }
+        if self.tokens == 0 {
+            return Err(KilnError::Setting(
+                "--tokens 0 generates nothing; give 1 or more".into(),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// A model ready to sample from, with its tokenizer and what ends its replies.
@@ -91,7 +113,7 @@ fn load(a: &GenerateArgs) -> Result<Loaded> {
         return load_pretrained(path);
     }
     let run_dir = super::find_run(a.run.clone())?;
-    let loaded = train::load_run(&run_dir)?;
+    let loaded = train::load_run(&run_dir, a.checkpoint.as_deref())?;
     Ok(Loaded {
         model: loaded.model,
         tokenizer: data::tokenizer_by_name(&loaded.config.data.tokenizer)?,
@@ -161,6 +183,7 @@ fn render(
 }
 
 pub fn run(a: GenerateArgs) -> Result<()> {
+    a.validate()?;
     let sampling = Sampling {
         temperature: a.temperature,
         top_k: a.top_k,
@@ -172,11 +195,6 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     if a.num_samples == 0 {
         return Err(KilnError::Setting(
             "--num-samples 0 draws nothing; use 1 or more".into(),
-        ));
-    }
-    if a.tokens == 0 {
-        return Err(KilnError::Setting(
-            "--tokens 0 generates nothing; use 1 or more".into(),
         ));
     }
     if a.stop.iter().any(String::is_empty) {

@@ -15,6 +15,7 @@ pub mod plan;
 pub mod selftest;
 pub mod settings;
 pub mod train;
+pub mod verify;
 
 use crate::error::{KilnError, Result};
 use clap::{Parser, Subcommand};
@@ -29,7 +30,12 @@ use std::path::{Path, PathBuf};
 model on the bundled Shakespeare corpus; `kiln generate` then samples from it.\n\n\
 Settings come from defaults, then an optional --config TOML file, then KEY=VALUE overrides \
 (for example train.steps=100 optim.lr=1e-3); `kiln train --print-config` shows every key, its \
-value and where the value came from."
+value and where the value came from.\n\n\
+Exit codes: 0 success; 1 a device or library failure none of the others describes; 2 a bad \
+setting or argument; 3 bad data; 4 a bad or damaged checkpoint or run directory; 5 a NaN/inf \
+loss; 6 out of memory (device or host); 7 an unwritable output; 8 selftest failed; 9 the run \
+directory is locked by another live process; 75 stopped by SIGTERM/SIGINT after saving a \
+checkpoint (requeue and resume); 130 a second SIGINT (stopped at once)."
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -56,6 +62,8 @@ pub enum Command {
     /// Show the GPUs, driver, CPU and RAM, and the settings kiln recommends for them.
     #[command(alias = "check-hardware")]
     Hw(hw::HwArgs),
+    /// Check every checkpoint of a run against its manifest (sizes and CRC-32s).
+    Verify(verify::VerifyArgs),
 }
 
 pub fn run(cli: Cli) -> Result<()> {
@@ -68,6 +76,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Bench(b) => bench::run(b),
         Command::Selftest(a) => selftest::run(a),
         Command::Hw(a) => hw::run(a),
+        Command::Verify(a) => verify::run(a),
     }
 }
 

@@ -13,12 +13,23 @@ use std::path::PathBuf;
   kiln train --resume runs/big train.steps=2000 continue a run from its latest checkpoint
   kiln train --init-from SmolLM2-135M-Instruct.Q4_1.gguf --config finetune.toml
                                                fine-tune a pretrained model (HF directory or GGUF)
+  kiln train --resume runs/big --checkpoint step_400  continue from an earlier checkpoint
   kiln train --print-config optim.lr=1e-3      show every key, its value and where it came from
   kiln train --profile rtx4090 --print-config  what a named hardware profile would choose
 
 A run directory holds config.toml (the resolved settings), metrics.jsonl (one JSON object per
 log step and eval), checkpoints/ (weights and optimizer state as safetensors, trainer state as
-JSON) and summary.json.")]
+JSON, each with a manifest of sizes and CRC-32s that every reader checks) and summary.json.
+run.lock holds the pid and host of the process training it: a second writer is refused.
+
+SIGTERM or SIGINT saves a checkpoint at the next step boundary and exits with code 75
+(requeue; resume with --resume); a second SIGINT exits at once (130). SIGUSR1 saves a
+checkpoint and goes on.
+
+EXIT CODES:
+  0 done   2 bad setting or argument   3 bad data   4 bad checkpoint or run directory
+  5 NaN/inf loss   6 out of memory   7 unwritable output   9 run directory locked
+  75 stopped by a signal, checkpoint saved (requeue)   130 second SIGINT   1 device failure")]
 pub struct TrainArgs {
     /// TOML file with settings (sections [model], [data], [train], [optim]).
     #[arg(long, value_name = "FILE")]
@@ -40,6 +51,10 @@ pub struct TrainArgs {
     /// settings; model.* keys that contradict it are refused.
     #[arg(long, value_name = "PATH", conflicts_with = "resume")]
     pub init_from: Option<PathBuf>,
+    /// With --resume: continue from this checkpoint (step_N or N) instead of the latest, for
+    /// instance when the latest is damaged (`kiln verify DIR` lists those that verify).
+    #[arg(long, value_name = "step_N", requires = "resume")]
+    pub checkpoint: Option<String>,
     /// Stop after optimizer step N, keeping the LR schedule of train.steps (resume later).
     #[arg(long, value_name = "N")]
     pub stop_after: Option<u64>,
@@ -73,6 +88,23 @@ pub fn run(a: TrainArgs) -> Result<()> {
         }),
         None => None,
     };
+    // A wrong --resume path is about the run directory, not about --config.
+    if let Some(dir) = &a.resume
+        && !dir.join("config.toml").is_file()
+    {
+        return Err(train::not_a_run(dir));
+    }
+    // clap's `requires` is not enforced next to --out, which --resume conflicts with.
+    if a.checkpoint.is_some() && a.resume.is_none() {
+        return Err(KilnError::Setting(
+            "--checkpoint selects the checkpoint to continue from, so it needs --resume DIR".into(),
+        ));
+    }
+    if a.stop_after == Some(0) {
+        return Err(KilnError::Setting(
+            "--stop-after 0 would stop before the first step; give a step of 1 or more".into(),
+        ));
+    }
     let file = a
         .config
         .clone()
@@ -107,6 +139,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
         config,
         run_dir: run_dir.clone(),
         resume: a.resume.is_some(),
+        checkpoint: a.checkpoint.clone(),
         stop_after: a.stop_after,
         quiet: a.quiet,
         trace,

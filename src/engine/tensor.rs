@@ -96,6 +96,22 @@ fn device_alloc_error(pool: &MemoryPool, bytes: usize, e: EngineError) -> Engine
     }
 }
 
+/// A zeroed host buffer, or `None` when the allocator refuses: a refused host allocation is
+/// an out-of-memory error like the device's, not an abort. Zeroed by the allocator (calloc),
+/// so large buffers cost no memset.
+fn try_zeroed(len: usize) -> Option<Vec<f32>> {
+    if len == 0 {
+        return Some(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<f32>(len).ok()?;
+    // SAFETY: `layout` has a non-zero size; a non-null result is `len` zeroed f32s (all-zero
+    // bits are 0.0) allocated by the global allocator with the layout Vec uses for them.
+    unsafe {
+        let ptr = std::alloc::alloc_zeroed(layout).cast::<f32>();
+        (!ptr.is_null()).then(|| Vec::from_raw_parts(ptr, len, len))
+    }
+}
+
 impl Tensor {
     /// A zero-filled tensor from `pool`.
     pub fn zeros(pool: &Arc<MemoryPool>, shape: &[usize], dtype: DType) -> Result<Tensor> {
@@ -104,7 +120,12 @@ impl Tensor {
             Ok(match (p.device(), dtype) {
                 (Device::Cpu, _) => match p.pins_for() {
                     Some(g) => Storage::Pinned(PinnedBuffer::zeroed(g.context(), len * 4)?),
-                    None => Storage::Cpu(vec![0.0; len]),
+                    None => Storage::Cpu(try_zeroed(len).ok_or(EngineError::OutOfMemory {
+                        device: Device::Cpu,
+                        requested: len * 4,
+                        in_use: p.stats().current,
+                        limit: p.stats().limit,
+                    })?),
                 },
                 (Device::Cuda(_), DType::BF16) => Storage::CudaBf16(
                     p.cuda()?

@@ -4,8 +4,16 @@
 //! A checkpoint is a directory `checkpoints/step_NNNNNNN/`. It is written under a temporary
 //! name, every file is synced, and only then is it renamed into place and the `latest` pointer
 //! replaced (itself by rename). A failed write, a full disk included, therefore never touches
-//! the last good checkpoint. Loading checks the model shape before reading any tensor, so a
+//! the last good checkpoint, and removes its temporary files. The state is copied to host
+//! memory at a step boundary ([`snapshot`]) and written by [`Writer`] on a background thread,
+//! so training does not wait for the disk. Loading checks the model shape before reading any tensor, so a
 //! checkpoint of another model fails with a message that says which dimension differs.
+//!
+//! Every checkpoint carries `manifest.json`: the size and CRC-32 of each of its files, written
+//! last. Every reader (resume, eval, generate, `kiln verify`) checks a file against it before
+//! parsing it, so a truncated file, a flipped bit in a header, a weight or an optimizer moment,
+//! or a missing file is refused by name instead of loading silently; the error lists the
+//! checkpoints of the run that do verify and how to select one (`--checkpoint step_N`).
 //!
 //! The files do not depend on where the optimizer keeps its state: with
 //! `train.offload_optimizer` the masters and moments are read from and restored into host
@@ -27,7 +35,10 @@ const FORMAT_VERSION: u32 = 1;
 const MODEL_FILE: &str = "model.safetensors";
 const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 const STATE_FILE: &str = "trainer.json";
+pub const MANIFEST_FILE: &str = "manifest.json";
 const LATEST: &str = "latest";
+/// The files a manifest lists, in the order they are written.
+const DATA_FILES: [&str; 3] = [MODEL_FILE, OPTIMIZER_FILE, STATE_FILE];
 /// Older checkpoints beyond this many are deleted after a new one is in place.
 const KEEP: usize = 2;
 
@@ -68,6 +79,102 @@ pub fn latest(run_dir: &Path) -> Result<Option<PathBuf>> {
     Ok(Some(checkpoints_dir(run_dir).join(name.trim())))
 }
 
+/// The size and CRC-32 of every file of a checkpoint, written after them.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format_version: u32,
+    /// Always "crc32" (IEEE, as zlib): fast enough to check gigabytes at load.
+    pub hash: String,
+    pub files: Vec<ManifestEntry>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ManifestEntry {
+    pub name: String,
+    pub bytes: u64,
+    /// Lower-case hex, 8 digits.
+    pub crc32: String,
+}
+
+fn crc_hex(bytes: &[u8]) -> String {
+    format!("{:08x}", crc32fast::hash(bytes))
+}
+
+/// What a damaged checkpoint's error says to do next (the caller adds the run's checkpoints
+/// that verify when it knows the run directory).
+const DAMAGED_HINT: &str = "the file is damaged";
+
+pub fn read_manifest(ckpt: &Path) -> Result<Manifest> {
+    let path = ckpt.join(MANIFEST_FILE);
+    let text = fs::read_to_string(&path).map_err(|e| {
+        KilnError::checkpoint(
+            ckpt,
+            format!(
+                "cannot read {MANIFEST_FILE} ({e}): the checkpoint was not completely written, or was written by a kiln without verified checkpoints"
+            ),
+        )
+    })?;
+    let manifest: Manifest = serde_json::from_str(&text)
+        .map_err(|e| KilnError::checkpoint(&path, format!("is damaged ({e}); {DAMAGED_HINT}")))?;
+    if manifest.hash != "crc32" {
+        return Err(KilnError::checkpoint(
+            &path,
+            format!("uses hash '{}', this kiln checks crc32 only", manifest.hash),
+        ));
+    }
+    for name in DATA_FILES {
+        if !manifest.files.iter().any(|f| f.name == name) {
+            return Err(KilnError::checkpoint(
+                &path,
+                format!("does not list {name}; {DAMAGED_HINT}"),
+            ));
+        }
+    }
+    Ok(manifest)
+}
+
+/// Reads `name` from `ckpt` and checks its size and CRC-32 against the manifest.
+fn read_verified(ckpt: &Path, manifest: &Manifest, name: &str) -> Result<Vec<u8>> {
+    let path = ckpt.join(name);
+    let entry = manifest
+        .files
+        .iter()
+        .find(|f| f.name == name)
+        .ok_or_else(|| {
+            KilnError::checkpoint(
+                ckpt.join(MANIFEST_FILE),
+                format!("does not list {name}; {DAMAGED_HINT}"),
+            )
+        })?;
+    let bytes = fs::read(&path).map_err(|e| {
+        KilnError::checkpoint(
+            &path,
+            format!("cannot read ({e}); the checkpoint is incomplete"),
+        )
+    })?;
+    if bytes.len() as u64 != entry.bytes {
+        return Err(KilnError::checkpoint(
+            &path,
+            format!(
+                "is {} bytes, its manifest says {}: it is truncated or damaged",
+                bytes.len(),
+                entry.bytes
+            ),
+        ));
+    }
+    let crc = crc_hex(&bytes);
+    if crc != entry.crc32 {
+        return Err(KilnError::checkpoint(
+            &path,
+            format!(
+                "does not match its manifest (crc32 {crc}, recorded {}): {DAMAGED_HINT}",
+                entry.crc32
+            ),
+        ));
+    }
+    Ok(bytes)
+}
+
 fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
     let mut f = fs::File::create(path).map_err(|e| KilnError::output(path, e))?;
     f.write_all(bytes)
@@ -93,23 +200,39 @@ fn serialize(tensors: Vec<(String, &Tensor)>) -> Result<Vec<u8>> {
         .map_err(|e| KilnError::Setting(format!("internal: safetensors: {e}")))
 }
 
-/// Writes the trainer's checkpoint under `run_dir` and returns its directory.
-pub fn save(trainer: &Trainer, run_dir: &Path) -> Result<PathBuf> {
-    let dir = checkpoints_dir(run_dir);
-    let name = format!("step_{:07}", trainer.state.step);
-    let tmp = dir.join(format!(".{name}.tmp"));
-    let _ = fs::remove_dir_all(&tmp);
-    fs::create_dir_all(&tmp).map_err(|e| KilnError::output(&tmp, e))?;
+/// A checkpoint copied to host memory at a step boundary, ready to be written by any thread.
+pub struct Snapshot {
+    pub step: u64,
+    name: String,
+    files: Vec<(&'static str, Vec<u8>)>,
+}
 
+impl Snapshot {
+    /// Bytes the checkpoint takes on disk (its manifest aside).
+    pub fn bytes(&self) -> usize {
+        self.files.iter().map(|(_, b)| b.len()).sum()
+    }
+}
+
+/// A checkpoint in place: where, how large, and how long writing it took.
+#[derive(Debug, Clone)]
+pub struct Written {
+    pub dir: PathBuf,
+    pub step: u64,
+    pub bytes: usize,
+    pub write_s: f64,
+}
+
+/// Copies the trainer's weights, optimizer moments and state into host memory.
+pub fn snapshot(trainer: &Trainer) -> Result<Snapshot> {
     let params = trainer.model.params();
     let model = serialize(params.iter().map(|p| (p.name.clone(), &p.value)).collect())?;
-    write_synced(&tmp.join(MODEL_FILE), &model)?;
     let mut opt: Vec<(String, &Tensor)> = Vec::new();
     for ((p, m), v) in params.iter().zip(&trainer.opt.m).zip(&trainer.opt.v) {
         opt.push((format!("exp_avg.{}", p.name), m));
         opt.push((format!("exp_avg_sq.{}", p.name), v));
     }
-    write_synced(&tmp.join(OPTIMIZER_FILE), &serialize(opt)?)?;
+    let optimizer = serialize(opt)?;
     let meta = CheckpointMeta {
         format_version: FORMAT_VERSION,
         model: trainer.cfg.model.clone(),
@@ -121,40 +244,277 @@ pub fn save(trainer: &Trainer, run_dir: &Path) -> Result<PathBuf> {
             capacity_bytes: trainer.pool.capacity(),
         }),
     };
-    let json = serde_json::to_vec_pretty(&meta).map_err(|e| KilnError::output(&tmp, e))?;
-    write_synced(&tmp.join(STATE_FILE), &json)?;
+    let json = serde_json::to_vec_pretty(&meta)
+        .map_err(|e| KilnError::Setting(format!("internal: trainer state to JSON: {e}")))?;
+    Ok(Snapshot {
+        step: trainer.state.step,
+        name: step_name(trainer.state.step),
+        files: vec![
+            (MODEL_FILE, model),
+            (OPTIMIZER_FILE, optimizer),
+            (STATE_FILE, json),
+        ],
+    })
+}
 
-    let final_dir = dir.join(&name);
-    let _ = fs::remove_dir_all(&final_dir);
-    fs::rename(&tmp, &final_dir).map_err(|e| KilnError::output(&final_dir, e))?;
+pub fn step_name(step: u64) -> String {
+    format!("step_{step:07}")
+}
+
+/// Writes a snapshot under `run_dir`: files and manifest into a temporary directory, each
+/// synced, then renamed into place, then the `latest` pointer replaced by rename. On failure
+/// the temporary files are removed and the previous checkpoint and pointer are untouched.
+pub fn write(snap: &Snapshot, run_dir: &Path) -> Result<Written> {
+    let started = std::time::Instant::now();
+    let dir = checkpoints_dir(run_dir);
+    let tmp = dir.join(format!(".{}.tmp", snap.name));
     let pointer_tmp = dir.join(".latest.tmp");
-    write_synced(&pointer_tmp, name.as_bytes())?;
-    fs::rename(&pointer_tmp, dir.join(LATEST))
-        .map_err(|e| KilnError::output(dir.join(LATEST), e))?;
+    let result = write_in(snap, &dir, &tmp, &pointer_tmp);
+    if result.is_err() {
+        let _ = fs::remove_dir_all(&tmp);
+        let _ = fs::remove_file(&pointer_tmp);
+    }
+    let final_dir = result?;
     prune(&dir, KEEP);
+    Ok(Written {
+        dir: final_dir,
+        step: snap.step,
+        bytes: snap.bytes(),
+        write_s: started.elapsed().as_secs_f64(),
+    })
+}
+
+fn write_in(snap: &Snapshot, dir: &Path, tmp: &Path, pointer_tmp: &Path) -> Result<PathBuf> {
+    let _ = fs::remove_dir_all(tmp);
+    fs::create_dir_all(tmp).map_err(|e| KilnError::output(tmp, e))?;
+    let mut manifest = Manifest {
+        format_version: FORMAT_VERSION,
+        hash: "crc32".into(),
+        files: Vec::new(),
+    };
+    for (name, bytes) in &snap.files {
+        write_synced(&tmp.join(name), bytes)?;
+        manifest.files.push(ManifestEntry {
+            name: name.to_string(),
+            bytes: bytes.len() as u64,
+            crc32: crc_hex(bytes),
+        });
+    }
+    let json = serde_json::to_vec_pretty(&manifest).map_err(|e| KilnError::output(tmp, e))?;
+    write_synced(&tmp.join(MANIFEST_FILE), &json)?;
+    let final_dir = dir.join(&snap.name);
+    let _ = fs::remove_dir_all(&final_dir);
+    fs::rename(tmp, &final_dir).map_err(|e| KilnError::output(&final_dir, e))?;
+    write_synced(pointer_tmp, snap.name.as_bytes())?;
+    fs::rename(pointer_tmp, dir.join(LATEST))
+        .map_err(|e| KilnError::output(dir.join(LATEST), e))?;
+    // The renames are durable only once the directory itself is synced.
+    if let Ok(d) = fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
     Ok(final_dir)
+}
+
+/// Writes checkpoints on a background thread so training goes on while they reach the disk.
+///
+/// At most one write is in flight: [`Writer::submit`] first waits for the previous one, so
+/// memory holds at most two host copies of the state (the one being written and the new one)
+/// and checkpoints land in step order.
+pub struct Writer {
+    run_dir: PathBuf,
+    in_flight: Option<std::thread::JoinHandle<Result<Written>>>,
+}
+
+impl Writer {
+    pub fn new(run_dir: &Path) -> Writer {
+        Writer {
+            run_dir: run_dir.to_path_buf(),
+            in_flight: None,
+        }
+    }
+
+    /// Waits for the write in flight, if any, and returns what it wrote.
+    pub fn wait(&mut self) -> Result<Option<Written>> {
+        let Some(handle) = self.in_flight.take() else {
+            return Ok(None);
+        };
+        match handle.join() {
+            Ok(result) => result.map(Some),
+            Err(_) => Err(KilnError::output(
+                checkpoints_dir(&self.run_dir),
+                "the checkpoint writer thread panicked",
+            )),
+        }
+    }
+
+    /// Starts writing `snap` once the previous write is done; returns the previous write.
+    pub fn submit(&mut self, snap: Snapshot) -> Result<Option<Written>> {
+        let previous = self.wait()?;
+        let run_dir = self.run_dir.clone();
+        let handle = std::thread::Builder::new()
+            .name("kiln-checkpoint".into())
+            .spawn(move || write(&snap, &run_dir))
+            .map_err(|e| KilnError::output(checkpoints_dir(&self.run_dir), e))?;
+        self.in_flight = Some(handle);
+        Ok(previous)
+    }
+}
+
+impl Drop for Writer {
+    /// A run that ends by an error still finishes (or cleans up) the write it started.
+    fn drop(&mut self) {
+        let _ = self.wait();
+    }
+}
+
+/// Writes the trainer's checkpoint under `run_dir` in this thread and returns its directory.
+pub fn save(trainer: &Trainer, run_dir: &Path) -> Result<PathBuf> {
+    Ok(write(&snapshot(trainer)?, run_dir)?.dir)
 }
 
 /// Deletes all but the newest `keep` checkpoints; failures only leave extra files behind.
 fn prune(dir: &Path, keep: usize) {
-    let Ok(entries) = fs::read_dir(dir) else {
-        return;
-    };
-    let mut names: Vec<String> = entries
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|n| n.starts_with("step_"))
-        .collect();
+    let mut names = step_names(dir);
     names.sort();
     for old in names.iter().rev().skip(keep) {
         let _ = fs::remove_dir_all(dir.join(old));
     }
 }
 
+/// Names of the `step_N` directories under a `checkpoints/` directory, unordered.
+fn step_names(dir: &Path) -> Vec<String> {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("step_"))
+        .collect()
+}
+
+/// Every checkpoint of a run, newest first.
+pub fn list(run_dir: &Path) -> Vec<PathBuf> {
+    let dir = checkpoints_dir(run_dir);
+    let mut names = step_names(&dir);
+    names.sort();
+    names.into_iter().rev().map(|n| dir.join(n)).collect()
+}
+
+/// What `verify` found in one checkpoint.
+#[derive(Debug, Clone)]
+pub struct Verified {
+    pub step: u64,
+    pub bytes: u64,
+}
+
+/// Reads every file of a checkpoint and checks it against the manifest, then parses the
+/// safetensors headers and the trainer state.
+pub fn verify(ckpt: &Path) -> Result<Verified> {
+    let manifest = read_manifest(ckpt)?;
+    for name in [MODEL_FILE, OPTIMIZER_FILE] {
+        let bytes = read_verified(ckpt, &manifest, name)?;
+        SafeTensors::deserialize(&bytes).map_err(|e| {
+            KilnError::checkpoint(ckpt.join(name), format!("is not valid safetensors ({e})"))
+        })?;
+    }
+    let meta = read_meta_with(ckpt, &manifest)?;
+    Ok(Verified {
+        step: meta.state.step,
+        bytes: manifest.files.iter().map(|f| f.bytes).sum(),
+    })
+}
+
+/// The advice for a damaged checkpoint of `run_dir`: which other checkpoints verify and how
+/// to select one.
+pub fn alternatives(run_dir: &Path, bad: &Path) -> String {
+    let good: Vec<String> = list(run_dir)
+        .into_iter()
+        .filter(|c| c != bad && verify(c).is_ok())
+        .filter_map(|c| c.file_name()?.to_str().map(String::from))
+        .collect();
+    match good.first() {
+        Some(first) => format!(
+            "checkpoints of this run that verify: {}; select one with --checkpoint {first} (kiln train --resume, eval, generate)",
+            good.join(", ")
+        ),
+        None => "no other checkpoint of this run verifies; start a new run".into(),
+    }
+}
+
+/// Adds [`alternatives`] to a checkpoint error when the checkpoint itself is damaged (not
+/// when it is merely of another model or precision).
+pub fn explain(err: KilnError, run_dir: &Path, ckpt: &Path) -> KilnError {
+    match err {
+        KilnError::Checkpoint { path, reason } if verify(ckpt).is_err() => KilnError::Checkpoint {
+            path,
+            reason: format!("{reason}; {}", alternatives(run_dir, ckpt)),
+        },
+        other => other,
+    }
+}
+
+/// The checkpoint to read: `choice` (`step_N`, `N`, or a checkpoint directory's name) or the
+/// one `latest` points to. A missing choice, a dangling pointer or no checkpoint at all is a
+/// checkpoint error that lists what there is.
+pub fn resolve(run_dir: &Path, choice: Option<&str>) -> Result<PathBuf> {
+    let dir = checkpoints_dir(run_dir);
+    let have = || {
+        let names: Vec<String> = list(run_dir)
+            .iter()
+            .filter_map(|c| c.file_name()?.to_str().map(String::from))
+            .collect();
+        if names.is_empty() {
+            "the run has no checkpoints".to_string()
+        } else {
+            format!("the run has {}", names.join(", "))
+        }
+    };
+    if let Some(choice) = choice {
+        let digits = choice.strip_prefix("step_").unwrap_or(choice);
+        let step: u64 = digits.parse().map_err(|_| {
+            KilnError::Setting(format!(
+                "--checkpoint {choice}: expected step_N or N (a step number); {}",
+                have()
+            ))
+        })?;
+        let ckpt = dir.join(step_name(step));
+        if !ckpt.is_dir() {
+            return Err(KilnError::checkpoint(
+                &ckpt,
+                format!("does not exist; {}", have()),
+            ));
+        }
+        return Ok(ckpt);
+    }
+    match latest(run_dir)? {
+        Some(ckpt) if ckpt.is_dir() => Ok(ckpt),
+        Some(ckpt) => Err(KilnError::checkpoint(
+            dir.join(LATEST),
+            format!(
+                "points to {}, which does not exist; {}",
+                ckpt.display(),
+                alternatives(run_dir, &ckpt)
+            ),
+        )),
+        // A process killed between renaming its first checkpoint into place and writing the
+        // pointer leaves a complete checkpoint (directories are renamed only once written)
+        // and no pointer: the newest checkpoint is the one it was about to point to.
+        None => list(run_dir)
+            .into_iter()
+            .next()
+            .ok_or_else(|| KilnError::checkpoint(&dir, format!("has no checkpoint ({})", have()))),
+    }
+}
+
+/// The trainer state and model shape of a checkpoint, verified against its manifest.
 pub fn read_meta(ckpt: &Path) -> Result<CheckpointMeta> {
+    read_meta_with(ckpt, &read_manifest(ckpt)?)
+}
+
+fn read_meta_with(ckpt: &Path, manifest: &Manifest) -> Result<CheckpointMeta> {
     let path = ckpt.join(STATE_FILE);
-    let text = fs::read_to_string(&path)
-        .map_err(|e| KilnError::checkpoint(&path, format!("cannot read: {e}")))?;
-    let meta: CheckpointMeta = serde_json::from_str(&text).map_err(|e| {
+    let bytes = read_verified(ckpt, manifest, STATE_FILE)?;
+    let meta: CheckpointMeta = serde_json::from_slice(&bytes).map_err(|e| {
         KilnError::checkpoint(&path, format!("is damaged or not a kiln checkpoint ({e})"))
     })?;
     if meta.format_version != FORMAT_VERSION {
@@ -223,15 +583,16 @@ fn shape_differences(saved: &CheckpointMeta, model: &ModelConfig, vocab: usize) 
 
 /// Reads a safetensors file and copies each tensor into `targets` (name -> tensor), checking
 /// that names and shapes match exactly.
-fn load_tensors(path: &Path, targets: &mut [(String, &mut Tensor)]) -> Result<()> {
-    let bytes =
-        fs::read(path).map_err(|e| KilnError::checkpoint(path, format!("cannot read: {e}")))?;
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| {
-        KilnError::checkpoint(
-            path,
-            format!("is truncated or damaged ({e}); use an earlier checkpoint or start a new run"),
-        )
-    })?;
+fn load_tensors(
+    ckpt: &Path,
+    manifest: &Manifest,
+    name: &str,
+    targets: &mut [(String, &mut Tensor)],
+) -> Result<()> {
+    let path = &ckpt.join(name);
+    let bytes = read_verified(ckpt, manifest, name)?;
+    let st = SafeTensors::deserialize(&bytes)
+        .map_err(|e| KilnError::checkpoint(path, format!("is not valid safetensors ({e})")))?;
     if st.len() != targets.len() {
         return Err(KilnError::checkpoint(
             path,
@@ -277,7 +638,8 @@ pub fn load_weights(
     model_cfg: &ModelConfig,
     vocab: usize,
 ) -> Result<CheckpointMeta> {
-    let meta = read_meta(ckpt)?;
+    let manifest = read_manifest(ckpt)?;
+    let meta = read_meta_with(ckpt, &manifest)?;
     let diffs = shape_differences(&meta, model_cfg, vocab);
     if !diffs.is_empty() {
         return Err(KilnError::checkpoint(
@@ -290,7 +652,7 @@ pub fn load_weights(
         .iter_mut()
         .map(|p| (p.name.clone(), &mut p.value))
         .collect();
-    load_tensors(&ckpt.join(MODEL_FILE), &mut targets)?;
+    load_tensors(ckpt, &manifest, MODEL_FILE, &mut targets)?;
     for p in params {
         p.refresh_compute()?;
     }
@@ -318,7 +680,7 @@ pub fn load_into(trainer: &mut Trainer, ckpt: &Path) -> Result<()> {
         targets.push((format!("exp_avg.{n}"), m));
         targets.push((format!("exp_avg_sq.{n}"), v));
     }
-    load_tensors(&ckpt.join(OPTIMIZER_FILE), &mut targets)?;
+    load_tensors(ckpt, &read_manifest(ckpt)?, OPTIMIZER_FILE, &mut targets)?;
     if meta.state.scaler.is_some() != trainer.state.scaler.is_some() {
         return Err(KilnError::checkpoint(
             ckpt,

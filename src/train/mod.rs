@@ -1,15 +1,21 @@
 //! The training loop and everything it owns: precision policy, loss scaling, gradient
 //! accumulation, evaluation, checkpoints, metrics and the progress line.
 //!
-//! [`run`] is what `kiln train` calls: it resolves the device and precision, restores a
-//! checkpoint when resuming (before writing anything, so a bad checkpoint leaves the run
-//! directory untouched), starts the background data loader, and loops over [`Trainer::step`].
+//! [`run`] is what `kiln train` calls: it takes the run directory's lock (one writer per run),
+//! resolves the device and precision, restores a verified checkpoint when resuming (before
+//! writing anything, so a bad checkpoint leaves the run directory untouched), checks the step
+//! against the planner's memory figures, starts the background data loader, and loops over
+//! [`Trainer::step`]. Checkpoints are copied to host memory at a step boundary and written by
+//! a background thread; SIGTERM/SIGINT stop at a step boundary after saving one. A start that
+//! fails before the run holds any data removes what it created.
 
 pub mod checkpoint;
+pub mod lock;
 pub mod metrics;
 pub mod oom;
 pub mod precision;
 pub mod scaler;
+pub mod signals;
 pub mod trace;
 pub mod trainer;
 
@@ -34,6 +40,8 @@ pub struct RunOptions {
     pub run_dir: PathBuf,
     /// Continue from the run directory's latest checkpoint.
     pub resume: bool,
+    /// Resume from this checkpoint (`step_N`) instead of the latest.
+    pub checkpoint: Option<String>,
     /// Stop after this optimizer step even if `train.steps` is larger (the schedule still
     /// spans `train.steps`), to split a run into parts.
     pub stop_after: Option<u64>,
@@ -78,7 +86,11 @@ pub fn open_device(
 ) -> Result<(Arc<MemoryPool>, Precision, Vec<String>)> {
     let request: DeviceRequest = device.parse().map_err(KilnError::Setting)?;
     let precision = Precision::parse(precision)?;
-    let (pool, note) = engine::open(request)?;
+    // A GPU that is not there is a setting this machine cannot honour (exit 2), not a failure.
+    let (pool, note) = engine::open(request).map_err(|e| match e {
+        crate::engine::EngineError::Unavailable(..) => KilnError::Setting(e.to_string()),
+        other => KilnError::Engine(other),
+    })?;
     let mut notes: Vec<String> = note.into_iter().collect();
     let cc = pool.cuda().ok().map(|g| g.info().compute_capability);
     let (precision, note) = precision.check_device(pool.device(), cc)?;
@@ -113,11 +125,17 @@ pub fn data_spec(cfg: &crate::config::Config) -> DataSpec {
     }
 }
 
-/// Writes `bytes` to `path` through a temporary file and a rename.
+/// Writes `bytes` to `path` through a temporary file and a rename; a failed write removes
+/// the temporary file.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = path.with_extension("tmp");
-    fs::write(&tmp, bytes).map_err(|e| KilnError::output(&tmp, e))?;
-    fs::rename(&tmp, path).map_err(|e| KilnError::output(path, e))
+    let result = fs::write(&tmp, bytes)
+        .map_err(|e| KilnError::output(&tmp, e))
+        .and_then(|_| fs::rename(&tmp, path).map_err(|e| KilnError::output(path, e)));
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
 }
 
 #[derive(Serialize)]
@@ -152,6 +170,17 @@ struct OomRecord {
     micro_batch_to: usize,
 }
 
+/// A checkpoint that reached the disk: its size, the time the background thread took to
+/// write it, and the time training stood still while its state was copied to host memory.
+#[derive(Serialize)]
+struct CheckpointRecord {
+    kind: &'static str,
+    step: u64,
+    bytes: usize,
+    write_s: f64,
+    snapshot_s: f64,
+}
+
 #[derive(Serialize)]
 struct EvalRecord {
     kind: &'static str,
@@ -161,8 +190,92 @@ struct EvalRecord {
 }
 
 pub fn run(opts: RunOptions) -> Result<Summary> {
+    let run_dir = opts.run_dir.clone();
+    if opts.resume && !run_dir.join("config.toml").is_file() {
+        return Err(not_a_run(&run_dir));
+    }
+    // The directories this start creates, outermost first, so a failed start removes them.
+    let created: Vec<PathBuf> = run_dir
+        .ancestors()
+        .filter(|a| !a.as_os_str().is_empty() && !a.exists())
+        .map(Path::to_path_buf)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    let existed: Vec<PathBuf> = ["config.toml", "metrics.jsonl", "checkpoints"]
+        .iter()
+        .map(|f| run_dir.join(f))
+        .filter(|p| p.exists())
+        .collect();
+    let locked = fs::create_dir_all(&run_dir)
+        .map_err(|e| KilnError::output(&run_dir, e))
+        .and_then(|_| lock::RunLock::acquire(&run_dir));
+    let lock = match locked {
+        Ok(lock) => lock,
+        Err(e) => {
+            remove_created(&created);
+            return Err(e);
+        }
+    };
+    let result = run_locked(opts, &lock);
+    if result.is_err() && !holds_data(&run_dir) {
+        if created.is_empty() {
+            for f in ["config.toml", "metrics.jsonl", "checkpoints"] {
+                let p = run_dir.join(f);
+                if !existed.contains(&p) {
+                    let _ = fs::remove_file(&p).or_else(|_| fs::remove_dir_all(&p));
+                }
+            }
+            if lock.created {
+                let _ = fs::remove_file(lock.path());
+            }
+        } else {
+            remove_created(&created);
+        }
+    }
+    result
+}
+
+/// The error for a `--resume` or `--run` directory that `kiln train` did not write.
+pub fn not_a_run(dir: &Path) -> KilnError {
+    let reason = if dir.is_dir() {
+        "has no config.toml, so it is not a directory `kiln train` wrote; pass the --out directory of the run (runs/LATEST names the most recent)"
+    } else {
+        "does not exist; pass the --out directory of a run `kiln train` wrote (runs/LATEST names the most recent)"
+    };
+    KilnError::run_dir(dir, reason)
+}
+
+/// Removes the directories a failed start created (the innermost, the run directory, with
+/// everything in it; its new parents only if empty).
+fn remove_created(created: &[PathBuf]) {
+    if let Some(run_dir) = created.last() {
+        let _ = fs::remove_dir_all(run_dir);
+    }
+    for dir in created.iter().rev().skip(1) {
+        let _ = fs::remove_dir(dir);
+    }
+}
+
+/// Whether a run directory holds anything worth keeping: a checkpoint, or metrics of at least
+/// one step (a run that diverged before its first checkpoint says so there).
+fn holds_data(run_dir: &Path) -> bool {
+    !checkpoint::list(run_dir).is_empty()
+        || fs::metadata(run_dir.join("metrics.jsonl")).is_ok_and(|m| m.len() > 0)
+}
+
+fn run_locked(opts: RunOptions, lock: &lock::RunLock) -> Result<Summary> {
+    // Installed first: a stop asked for while the run starts is honoured after its first step.
+    let _handlers = signals::install();
     let cfg = opts.config.config.clone();
     let mut progress = Progress::new(opts.quiet);
+    if let Some(holder) = &lock.stale_holder {
+        progress.message(&format!(
+            "note: {} was last held by {holder}, which is no longer running; taking it over",
+            lock.path().display()
+        ));
+    }
     let (pool, precision, notes) = open_device(&cfg.train.device, &cfg.train.precision)?;
     set_memory_limit(&pool, &cfg)?;
     let device = pool.device();
@@ -170,6 +283,20 @@ pub fn run(opts: RunOptions) -> Result<Summary> {
         progress.message(&format!("note: {n}"));
     }
     let vocab = model_vocab(&cfg)?;
+    if let Some(ram) = crate::plan::machine_ram() {
+        let limit = (pool.stats().limit != 0).then(|| pool.stats().limit);
+        if let oom::HostFit::CapAt { usable, planned } =
+            oom::check_host(&cfg, vocab, precision, device, limit, ram)?
+        {
+            pool.set_limit(usable);
+            progress.message(&format!(
+                "note: the step of train.micro_batch={} needs {} by the plan, more than the {} of RAM kiln may use; the pool is capped there, so forward/backward passes split to fit",
+                cfg.train.micro_batch,
+                format_bytes(planned),
+                format_bytes(usable)
+            ));
+        }
+    }
     let mut trainer = Trainer::new(&cfg, vocab, &pool, precision).map_err(|e| match e {
         KilnError::Engine(e) if e.is_out_of_memory() => {
             oom::does_not_fit(oom::DoesNotFit::Model, &e, &pool, &cfg, precision)
@@ -179,14 +306,25 @@ pub fn run(opts: RunOptions) -> Result<Summary> {
 
     // Restore before writing anything: a bad checkpoint must leave the run directory as it was.
     let run_dir = &opts.run_dir;
+    let total = cfg.train.steps as u64;
     if opts.resume {
-        let ckpt = checkpoint::latest(run_dir)?.ok_or_else(|| {
-            KilnError::checkpoint(
-                checkpoint::checkpoints_dir(run_dir),
-                "has no checkpoint to resume from; train without --resume to start a new run",
-            )
-        })?;
-        checkpoint::load_into(&mut trainer, &ckpt)?;
+        let ckpt = checkpoint::resolve(run_dir, opts.checkpoint.as_deref())?;
+        checkpoint::load_into(&mut trainer, &ckpt)
+            .map_err(|e| checkpoint::explain(e, run_dir, &ckpt))?;
+        let done = trainer.state.step;
+        if done >= total {
+            return Err(KilnError::Setting(format!(
+                "the run in {} has done {done} steps and train.steps is {total}, so there is nothing to resume; to train it further, resume with a larger train.steps, e.g. kiln train --resume {} train.steps={}",
+                run_dir.display(),
+                run_dir.display(),
+                done.max(total) * 2
+            )));
+        }
+        if let Some(stop) = opts.stop_after.filter(|&s| s <= done) {
+            return Err(KilnError::Setting(format!(
+                "--stop-after {stop} is not after the resumed step {done}; give a later step (at most train.steps={total})"
+            )));
+        }
         let split = trainer.passes.learned().map_or(String::new(), |rows| {
             format!(", {rows} sequences per forward/backward pass (learned when memory ran out before the checkpoint)")
         });
@@ -195,7 +333,7 @@ pub fn run(opts: RunOptions) -> Result<Summary> {
             ckpt.display(),
             trainer.state.step
         ));
-    } else if checkpoint::latest(run_dir)?.is_some() {
+    } else if !checkpoint::list(run_dir).is_empty() {
         return Err(KilnError::Setting(format!(
             "{} already holds a run with checkpoints; add --resume to continue it or choose another --out",
             run_dir.display()
@@ -241,7 +379,6 @@ pub fn run(opts: RunOptions) -> Result<Summary> {
         splits.val.len()
     ));
 
-    let total = cfg.train.steps as u64;
     let last = opts.stop_after.map_or(total, |s| s.min(total));
     let every = |n: usize, step: u64| n > 0 && step.is_multiple_of(n as u64);
     let started = Instant::now();
@@ -255,6 +392,11 @@ pub fn run(opts: RunOptions) -> Result<Summary> {
     trainer.pool.reset_peak();
 
     let mut tracer = opts.trace.clone().map(trace::Trace::new);
+    let mut writer = checkpoint::Writer::new(run_dir);
+    // The snapshot time of the checkpoint in flight, reported once its write is done.
+    let mut snapshot_s = 0.0;
+    let mut ckpt_note = String::new();
+    let mut stop_note_shown = false;
     while trainer.state.step < last {
         // Steps count from 1 in the trace, as in the progress line.
         let traced = tracer
@@ -273,9 +415,16 @@ pub fn run(opts: RunOptions) -> Result<Summary> {
             micro.push(loader.next()?.2);
         }
         let step_start = Instant::now();
-        let report = trainer
-            .step(&micro)
-            .map_err(|e| with_checkpoint_note(e, &last_ckpt))?;
+        let report = match trainer.step(&micro) {
+            Ok(report) => report,
+            Err(e) => {
+                // The note names the last checkpoint that is really on disk.
+                if let Ok(Some(w)) = writer.wait() {
+                    last_ckpt = Some(w.dir);
+                }
+                return Err(with_checkpoint_note(e, &last_ckpt));
+            }
+        };
         if let (Some(n), Some(t)) = (traced, tracer.as_mut()) {
             trainer.synchronize()?;
             let end = Instant::now();
@@ -322,7 +471,7 @@ pub fn run(opts: RunOptions) -> Result<Summary> {
                 format!(" + host {}", format_bytes(h.current))
             });
             progress.update(&format!(
-                "step {step:>5}/{total} | loss {:.4} | lr {:.2e} | {:.1}k tok/s | mem {} (peak {}, reserved {}){host_note} | eta {}",
+                "step {step:>5}/{total} | loss {:.4} | lr {:.2e} | {:.1}k tok/s | mem {} (peak {}, reserved {}){host_note}{ckpt_note} | eta {}",
                 report.loss,
                 report.lr,
                 tps / 1000.0,
@@ -374,13 +523,48 @@ pub fn run(opts: RunOptions) -> Result<Summary> {
                 val_loss / std::f64::consts::LN_2
             ));
         }
-        if every(cfg.train.checkpoint_every, step) || step == last {
+        let stop = signals::stop_requested();
+        if stop.is_some() && !stop_note_shown {
+            progress.message(&format!(
+                "step {step}: {} received; saving a checkpoint and stopping (Ctrl-C again stops at once, without saving)",
+                stop.unwrap_or_default()
+            ));
+            stop_note_shown = true;
+        }
+        let scheduled = every(cfg.train.checkpoint_every, step) || step == last;
+        if scheduled || stop.is_some() || signals::take_save_request() {
             let ckpt_start = Instant::now();
-            last_ckpt = Some(checkpoint::save(&trainer, run_dir)?);
+            let snap = checkpoint::snapshot(&trainer)?;
+            let copied = ckpt_start.elapsed().as_secs_f64();
             if let (Some(n), Some(t)) = (traced, tracer.as_mut()) {
                 t.span("checkpoint", n, ckpt_start, Instant::now());
             }
+            if let Some(w) = writer.submit(snap)? {
+                record_checkpoint(&mut metrics, &mut ckpt_note, &w, snapshot_s)?;
+                last_ckpt = Some(w.dir);
+            }
+            snapshot_s = copied;
         }
+        if let Some(signal) = stop {
+            let w = writer.wait()?.ok_or_else(|| {
+                KilnError::output(
+                    checkpoint::checkpoints_dir(run_dir),
+                    "no checkpoint was written",
+                )
+            })?;
+            record_checkpoint(&mut metrics, &mut ckpt_note, &w, snapshot_s)?;
+            progress.finish();
+            return Err(KilnError::Stopped {
+                signal,
+                step: w.step,
+                checkpoint: w.dir,
+                run_dir: run_dir.clone(),
+            });
+        }
+    }
+    if let Some(w) = writer.wait()? {
+        record_checkpoint(&mut metrics, &mut ckpt_note, &w, snapshot_s)?;
+        last_ckpt = Some(w.dir);
     }
     trainer.mark_phases = false;
     if let Some(t) = &tracer {
@@ -417,6 +601,23 @@ pub fn run(opts: RunOptions) -> Result<Summary> {
     let json = serde_json::to_vec_pretty(&summary).map_err(|e| KilnError::output(run_dir, e))?;
     write_atomic(&run_dir.join("summary.json"), &json)?;
     Ok(summary)
+}
+
+/// Logs a checkpoint that reached the disk, in metrics.jsonl and on the progress line.
+fn record_checkpoint(
+    metrics: &mut MetricsWriter,
+    note: &mut String,
+    w: &checkpoint::Written,
+    snapshot_s: f64,
+) -> Result<()> {
+    *note = format!(" | ckpt {} in {:.2}s", format_bytes(w.bytes), w.write_s);
+    metrics.write(&CheckpointRecord {
+        kind: "checkpoint",
+        step: w.step,
+        bytes: w.bytes,
+        write_s: w.write_s,
+        snapshot_s,
+    })
 }
 
 /// A once-a-second NVML sampler of the run's GPU, or `None` on the CPU or without NVML (said
@@ -481,22 +682,15 @@ pub fn model_vocab(cfg: &crate::config::Config) -> Result<usize> {
     }
 }
 
-/// Loads a run's saved configuration and its latest checkpoint's weights (fp32, CPU).
-pub fn load_run(run_dir: &Path) -> Result<LoadedRun> {
+/// Loads a run's saved configuration and the weights of its latest checkpoint, or of
+/// `choice` (`step_N`), verified against the checkpoint's manifest (fp32, CPU).
+pub fn load_run(run_dir: &Path, choice: Option<&str>) -> Result<LoadedRun> {
     let config_path = run_dir.join("config.toml");
     if !config_path.is_file() {
-        return Err(KilnError::Setting(format!(
-            "{} is not a kiln run directory (no config.toml); pass the directory `kiln train` wrote",
-            run_dir.display()
-        )));
+        return Err(not_a_run(run_dir));
     }
     let config = ResolvedConfig::resolve(Some(&config_path), &[])?.config;
-    let ckpt = checkpoint::latest(run_dir)?.ok_or_else(|| {
-        KilnError::checkpoint(
-            checkpoint::checkpoints_dir(run_dir),
-            "has no checkpoint yet; train longer or with train.checkpoint_every set",
-        )
-    })?;
+    let ckpt = checkpoint::resolve(run_dir, choice)?;
     let vocab = model_vocab(&config)?;
     let trainer = Trainer::new(
         &config,
@@ -505,7 +699,8 @@ pub fn load_run(run_dir: &Path) -> Result<LoadedRun> {
         Precision::Fp32,
     )?;
     let mut model = trainer.model;
-    let meta = checkpoint::load_weights(&ckpt, model.as_mut(), &config.model, vocab)?;
+    let meta = checkpoint::load_weights(&ckpt, model.as_mut(), &config.model, vocab)
+        .map_err(|e| checkpoint::explain(e, run_dir, &ckpt))?;
     Ok(LoadedRun {
         config,
         model,

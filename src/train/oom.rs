@@ -201,3 +201,86 @@ mod tests {
         assert_eq!(odd.largest(2), 2);
     }
 }
+
+/// What the host-memory check before the first step decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostFit {
+    /// The step fits the RAM (or the pool's cap, which the pool enforces anyway).
+    Fits,
+    /// The step as configured does not fit the RAM, one sequence per pass does: the pool is
+    /// capped at the usable RAM so the split-and-retry path makes the passes fit.
+    CapAt { usable: usize, planned: usize },
+}
+
+/// Host bytes of the token batches a run keeps: the prefetch queue, the step's micro-batches
+/// and the one being built (inputs and targets, 4 bytes a token each), and the validation
+/// batches. They live outside the pool, so the plan does not count them.
+pub fn batch_bytes(cfg: &Config) -> usize {
+    let t = &cfg.train;
+    let per_batch = t
+        .micro_batch
+        .saturating_mul(t.seq_len)
+        .saturating_mul(2 * 4);
+    let live = cfg.data.prefetch.max(1) + t.grad_accum + 1;
+    per_batch.saturating_mul(live.saturating_add(t.eval_batches))
+}
+
+/// Checks a run against the host's memory before anything large is allocated, so a
+/// configuration that cannot fit is a typed out-of-memory error (exit 6) with the plan's
+/// figures, never an aborted allocation: the token batches on every device, and on the CPU
+/// the step itself. `ram` is the machine's total.
+pub fn check_host(
+    cfg: &Config,
+    vocab: usize,
+    precision: Precision,
+    device: crate::engine::Device,
+    limit: Option<usize>,
+    ram: usize,
+) -> Result<HostFit, KilnError> {
+    use crate::engine::{DType, Device};
+    use crate::plan::{self, Budget, PlanRequest};
+    let batches = batch_bytes(cfg);
+    let ram_usable = Budget::cpu(ram).usable();
+    if batches > ram_usable {
+        return Err(KilnError::DoesNotFit(format!(
+            "the token batches alone take {} of host memory (train.micro_batch={} x train.seq_len={} tokens, inputs and targets, for {} prefetched and step batches and {} validation batches), and {} of this machine's {} RAM is usable; lower train.micro_batch and raise train.grad_accum to keep the global batch, or lower data.prefetch or train.eval_batches",
+            format_bytes(batches),
+            cfg.train.micro_batch,
+            cfg.train.seq_len,
+            cfg.data.prefetch.max(1) + cfg.train.grad_accum + 1,
+            cfg.train.eval_batches,
+            format_bytes(ram_usable),
+            format_bytes(ram)
+        )));
+    }
+    if device != Device::Cpu {
+        return Ok(HostFit::Fits);
+    }
+    let ram = ram.saturating_sub(batches);
+    let request = PlanRequest::for_config(
+        cfg,
+        vocab,
+        precision.compute_dtype().unwrap_or(DType::F32),
+        Device::Cpu,
+    );
+    let budget = Budget::cpu(ram);
+    // A cap below the usable RAM is enforced by the pool before any allocation: the trainer
+    // splits passes under it and reports what one sequence needs when that does not fit.
+    // Only the RAM can make an allocation abort.
+    if limit.is_some_and(|l| l <= budget.usable()) {
+        return Ok(HostFit::Fits);
+    }
+    if let Some(advice) = plan::one_sequence_advice(&request, &budget) {
+        return Err(KilnError::DoesNotFit(format!(
+            "the plan of this step on the CPU {advice}"
+        )));
+    }
+    let planned = plan::plan(&request).pool_peak;
+    if planned > budget.usable() {
+        return Ok(HostFit::CapAt {
+            usable: budget.usable(),
+            planned,
+        });
+    }
+    Ok(HostFit::Fits)
+}
