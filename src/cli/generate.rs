@@ -70,6 +70,12 @@ pub struct GenerateArgs {
     /// Seed for sampling.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Where to run: auto (the first GPU, else the CPU), cpu, cuda or cuda:N.
+    #[arg(long, default_value = "auto")]
+    pub device: String,
+    /// Weights and activations on a GPU: bf16 (the default there) or fp32. The CPU runs fp32.
+    #[arg(long, value_name = "fp32|bf16")]
+    pub precision: Option<String>,
     /// Sample from this checkpoint (step_N or N) instead of the latest.
     #[arg(long, value_name = "step_N")]
     pub checkpoint: Option<String>,
@@ -99,6 +105,10 @@ struct Loaded {
     tokenizer: Box<dyn Tokenizer>,
     stop_ids: Vec<u32>,
     chat: Option<ChatTemplate>,
+    model_cfg: crate::config::ModelConfig,
+    vocab: usize,
+    /// Where it runs, for the summary line.
+    note: String,
 }
 
 /// A chat template with the special tokens it refers to.
@@ -108,17 +118,71 @@ struct ChatTemplate {
     eos: String,
 }
 
+/// Moves a model built on the CPU to `a.device`, with bf16 compute copies on a GPU unless
+/// fp32 is asked for. Returns the model and a note naming the device and precision.
+fn to_device(
+    model: Box<dyn Model>,
+    cfg: &crate::config::ModelConfig,
+    vocab: usize,
+    a: &GenerateArgs,
+) -> Result<(Box<dyn Model>, String)> {
+    use crate::engine::{DType, Device, device::DeviceRequest};
+    let request: DeviceRequest = a.device.parse().map_err(KilnError::Setting)?;
+    let (pool, _) = crate::engine::open(request)?;
+    let dtype = match (pool.device(), a.precision.as_deref()) {
+        (Device::Cpu, None | Some("fp32")) => None,
+        (Device::Cpu, Some(p)) => {
+            return Err(KilnError::Setting(format!(
+                "--precision {p} needs a GPU; the CPU generates in fp32"
+            )));
+        }
+        (_, Some("fp32")) => None,
+        (_, None | Some("bf16")) => Some(DType::BF16),
+        (_, Some(p)) => {
+            return Err(KilnError::Setting(format!(
+                "--precision {p} is not one kiln generates in; use fp32 or bf16"
+            )));
+        }
+    };
+    let note = format!(
+        "{} in {}",
+        pool.device(),
+        if dtype.is_some() { "bf16" } else { "fp32" }
+    );
+    if pool.device() == Device::Cpu {
+        return Ok((model, note));
+    }
+    let mut on = crate::models::build(cfg, vocab, &pool, 0)?;
+    for (dst, src) in on.params_mut().into_iter().zip(model.params()) {
+        dst.value.copy_from_host(&src.value.to_vec()?)?;
+        dst.set_compute_dtype(dtype)?;
+    }
+    Ok((on, note))
+}
+
 fn load(a: &GenerateArgs) -> Result<Loaded> {
+    let mut l = load_on_cpu(a)?;
+    let (model, note) = to_device(l.model, &l.model_cfg, l.vocab, a)?;
+    l.model = model;
+    l.note = note;
+    Ok(l)
+}
+
+fn load_on_cpu(a: &GenerateArgs) -> Result<Loaded> {
     if let Some(path) = &a.init_from {
         return load_pretrained(path);
     }
     let run_dir = super::find_run(a.run.clone())?;
     let loaded = train::load_run(&run_dir, a.checkpoint.as_deref())?;
+    let vocab = train::model_vocab(&loaded.config)?;
     Ok(Loaded {
         model: loaded.model,
         tokenizer: data::tokenizer_by_name(&loaded.config.data.tokenizer)?,
         stop_ids: Vec::new(),
         chat: None,
+        model_cfg: loaded.config.model,
+        vocab,
+        note: String::new(),
     })
 }
 
@@ -137,6 +201,9 @@ fn load_pretrained(path: &std::path::Path) -> Result<Loaded> {
         stop_ids: p.tokenizer.eos_ids(),
         tokenizer: Box::new(p.tokenizer),
         chat,
+        model_cfg: p.model,
+        vocab: p.vocab,
+        note: String::new(),
     })
 }
 
@@ -239,6 +306,16 @@ pub fn run(a: GenerateArgs) -> Result<()> {
             samples: a.num_samples,
         })
         .collect();
+    if let Some(i) = reqs.iter().position(|r| r.prompt.is_empty()) {
+        return Err(KilnError::Setting(match &a.prompts {
+            None => "--prompt is empty; give at least one character to continue".into(),
+            Some(p) => format!(
+                "prompt {} of {} is empty; give each prompt some text",
+                i + 1,
+                p.display()
+            ),
+        }));
+    }
     let opts = Options {
         max_new_tokens: a.tokens,
         sampling,
@@ -282,13 +359,18 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         };
         for (i, text) in texts.iter().enumerate() {
             let samples: Vec<_> = done.iter().filter(|c| c.prompt == i).collect();
-            let line = serde_json::json!({ "prompt": text, "samples": samples });
+            let line = serde_json::json!({
+                "prompt": text,
+                "prompt_tokens": reqs[i].prompt,
+                "samples": samples,
+            });
             writeln!(sink, "{line}")
                 .map_err(|e| KilnError::output(a.out.clone().unwrap_or_default(), e))?;
         }
     }
     eprintln!(
-        "prefill {} tokens at {:.0} tok/s, decode {} tokens at {:.0} tok/s",
+        "{}: prefill {} tokens at {:.0} tok/s, decode {} tokens at {:.0} tok/s",
+        l.note,
         stats.prefill_tokens,
         stats.prefill_rate(),
         stats.decode_tokens,

@@ -504,9 +504,9 @@ fn validate_choices() {
         msg.starts_with("data.tokenizer") && msg.contains("byte, gpt2"),
         "{msg}"
     );
-    let msg = validate_err(|c| c.model.kind = "llama".into());
+    let msg = validate_err(|c| c.model.kind = "mamba".into());
     assert!(
-        msg.starts_with("model.kind") && msg.contains("gpt"),
+        msg.starts_with("model.kind") && msg.contains("gpt, resnet_bk, llama"),
         "{msg}"
     );
 }

@@ -1,0 +1,155 @@
+"""Parity of kiln's imported decoders with transformers, in one run.
+
+For each architecture, transformers builds a random-initialised model from a published
+configuration and saves it with save_pretrained (with a tokenizer beside it); kiln imports the
+directory (`kiln generate --init-from`, fp32 on the CPU) and decodes 64 greedy tokens for three
+prompts; transformers decodes the same prompt ids greedily in fp32. Reported: greedy tokens that agree
+before the first divergence, and the largest difference of the chosen tokens' log-probabilities. Then a kiln run trained from
+an imported model is exported (`kiln export`) and loaded by transformers, and the two engines'
+log-probabilities along kiln's greedy tokens are compared.
+
+    python3 bench/llama_parity.py --kiln target/release/kiln --tokenizer DIR --work /tmp/parity
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import torch
+import transformers as tf
+
+PROMPTS = [
+    "The history of the city begins",
+    "def fibonacci(n):",
+    "Question: what is 17 times 23? Answer:",
+]
+
+
+def configs():
+    llama1b = tf.LlamaConfig(
+        vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+        max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
+        rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+        tie_word_embeddings=True)
+    smol = tf.LlamaConfig(
+        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+        num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
+        rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True)
+    qwen3 = tf.Qwen3Config(
+        vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+        max_position_embeddings=40960, rope_theta=1000000.0, tie_word_embeddings=True)
+    gpt2 = tf.GPT2Config()
+    return [("llama-3.2-1b", llama1b), ("smollm2-135m", smol), ("gpt2-small", gpt2),
+            ("qwen3-0.6b", qwen3)]
+
+
+def save(cfg, path, tokenizer):
+    torch.manual_seed(0)
+    model = tf.AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32)
+    # Random weights of the usual scale; norms at 1 as the initialiser leaves them.
+    model.save_pretrained(path)
+    for f in os.listdir(tokenizer):
+        shutil.copy(os.path.join(tokenizer, f), path)
+    return model
+
+
+def kiln_generate(kiln, args, work, name):
+    prompts = os.path.join(work, "prompts.jsonl")
+    with open(prompts, "w") as f:
+        for p in PROMPTS:
+            f.write(json.dumps({"prompt": p}) + "\n")
+    out = os.path.join(work, f"{name}.kiln.jsonl")
+    r = subprocess.run([kiln, "generate", *args, "--prompts", prompts, "--out", out,
+                        "--temperature", "0", "--tokens", "64"], capture_output=True, text=True)
+    if r.returncode != 0:
+        return None, r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"exit {r.returncode}"
+    return [json.loads(l) for l in open(out)], r.stderr.strip().splitlines()[-1]
+
+
+def hf_logprobs(model, ids, new):
+    """Log-probabilities transformers gives each of `new` after `ids` (teacher forcing)."""
+    x = torch.tensor([ids + new], device="cuda")
+    with torch.no_grad():
+        logits = model(x).logits[0].float()
+    lp = torch.log_softmax(logits, -1)
+    n = len(ids)
+    return [lp[n - 1 + i, t].item() for i, t in enumerate(new)]
+
+
+def compare(model, lines):
+    same, total, worst = 0, 0, 0.0
+    for line in lines:
+        ids = line["prompt_tokens"]
+        s = line["samples"][0]
+        with torch.no_grad():
+            g = model.generate(torch.tensor([ids], device="cuda"), max_new_tokens=len(s["tokens"]),
+                               min_new_tokens=len(s["tokens"]), do_sample=False, pad_token_id=0)
+        hf_tokens = g[0, len(ids):].tolist()
+        total += len(s["tokens"])
+        agree = next((i for i, (a, b) in enumerate(zip(hf_tokens, s["tokens"])) if a != b),
+                     len(s["tokens"]))
+        same += agree
+        ref = hf_logprobs(model, ids, s["tokens"])
+        worst = max(worst, max(abs(a - b) for a, b in zip(ref, s["logprobs"])))
+    return same, total, worst
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kiln", required=True)
+    ap.add_argument("--tokenizer", required=True, help="a directory with tokenizer.json")
+    ap.add_argument("--work", default="/tmp/kiln-parity")
+    ap.add_argument("--only", default="")
+    a = ap.parse_args()
+    os.makedirs(a.work, exist_ok=True)
+    rows = []
+    for name, cfg in configs():
+        if a.only and name not in a.only.split(","):
+            continue
+        path = os.path.join(a.work, name)
+        model = save(cfg, path, a.tokenizer).cuda().eval()
+        lines, note = kiln_generate(a.kiln, ["--init-from", path], a.work, name)
+        if lines is None:
+            rows.append((name, "kiln refused", note))
+        else:
+            same, total, worst = compare(model, lines)
+            rows.append((name, f"{same}/{total} greedy tokens identical",
+                         f"max |logprob diff| {worst:.2e}; {note}"))
+        del model
+        torch.cuda.empty_cache()
+        print(rows[-1], flush=True)
+
+    # Export: train the SmolLM2-shaped model two steps on the GPU, export, reload.
+    if not a.only or "export" in a.only:
+        src = os.path.join(a.work, "smollm2-135m")
+        if not os.path.isdir(src):
+            save(configs()[1][1], src, a.tokenizer)
+        run = os.path.join(a.work, "run")
+        shutil.rmtree(run, ignore_errors=True)
+        r = subprocess.run([a.kiln, "train", "--init-from", src, "--out", run, "--device", "cuda",
+                            "train.precision=fp32", "train.steps=2", "train.seq_len=128",
+                            "train.micro_batch=2", "train.eval_batches=1", "-q"],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            rows.append(("export", "kiln train failed", r.stderr.strip()[-300:]))
+        else:
+            exp = os.path.join(a.work, "exported")
+            subprocess.run([a.kiln, "export", "--run", run, "--to", exp], check=True)
+            lines, note = kiln_generate(a.kiln, ["--run", run], a.work, "export")
+            model = tf.AutoModelForCausalLM.from_pretrained(exp, torch_dtype=torch.float32).cuda().eval()
+            same, total, worst = compare(model, lines)
+            rows.append(("export (trained run)", f"{same}/{total} greedy tokens identical",
+                         f"max |logprob diff| {worst:.2e}"))
+    print("\n| model | tokens | detail |\n|---|---|---|")
+    for r in rows:
+        print(f"| {r[0]} | {r[1]} | {r[2]} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
