@@ -457,6 +457,61 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
             tables
         );
     }
+    // The key/value cache of generation at SmolLM2's, Llama-3.2-1B's and a Qwen3-like shape:
+    // decode steps of 64 sequences in distinct slots at positions up to 1500 and of 4 long
+    // ones (rows split over the cache length, some splits empty), and a prefill of 37 tokens
+    // into one slot. Cache positions no row covers hold NaN, so a stray read or write shows.
+    for (heads, kv_heads, head_dim, theta) in [
+        (9, 3, 64, 100_000.0),
+        (32, 8, 64, 500_000.0),
+        (16, 8, 128, 1_000_000.0),
+    ] {
+        let (cos, sin) = cpu::rope::rope_tables(
+            &cpu::rope::inverse_frequencies(theta, head_dim, None),
+            KV_MAX_LEN,
+        );
+        let tables = (&cos[..], &sin[..]);
+        for call in [KvCall::Decode(64), KvCall::Decode(4), KvCall::Prefill(37)] {
+            let (c, slot, pos) = call.rows(inp, kv_heads, head_dim);
+            let s = cpu::rope::RopeShape {
+                rows: slot.len(),
+                heads,
+                kv_heads,
+                head_dim,
+                rot_dim: head_dim,
+            };
+            let longest = pos.iter().map(|&p| p as usize + 1).max().unwrap_or(0);
+            let splits = cuda::attention_plan(
+                s.rows,
+                heads,
+                kv_heads,
+                head_dim,
+                longest,
+                gpu.info().sm_count as usize,
+            )
+            .map_or(0, |p| p.splits);
+            let shape = format!("R{} H{heads}/{kv_heads} D{head_dim}", s.rows);
+            let rows = (&slot[..], &pos[..]);
+            both_dtypes!(check_kv_append, "kv_append", shape, s, c, rows, tables);
+            let shape = format!("{shape} split{splits}");
+            both_dtypes!(
+                check_cache_attention,
+                "cache_attention",
+                shape,
+                heads,
+                c,
+                rows
+            );
+        }
+        let c = cpu::kv_cache::CacheShape {
+            slots: 4,
+            kv_heads,
+            max_len: 300,
+            head_dim,
+        };
+        let shape = format!("K{kv_heads} D{head_dim} 257 of 300");
+        both_dtypes!(check_copy_cache_slot, "copy_cache_slot", shape, c);
+    }
     // SwiGLU at SmolLM2's and Llama-3.2-1B's FFN widths (four per access) and a ragged width
     // (one at a time).
     for (n, f) in [(1024, 1536), (128, 8192), (37, 1001)] {
@@ -1786,6 +1841,176 @@ fn check_rope_backward<T: Elem>(
     Ok(rel_err(
         &gpu.download_f32(&d_dqkv)?,
         &dqkv,
+        ELEMENTWISE_FLOOR,
+    ))
+}
+
+/// Cache positions of the key/value cache checks (decode positions reach 1500).
+const KV_MAX_LEN: usize = 1536;
+
+/// The rows of a key/value cache check.
+#[derive(Clone, Copy)]
+enum KvCall {
+    /// Decode steps of this many sequences, each in its own slot at a random position below
+    /// 1500; the first at 1499 and, with more than two, the last at 2 (shorter than the
+    /// number of splits, so some of its splits are empty).
+    Decode(usize),
+    /// A prompt of this many tokens at positions 0.. of slot 1.
+    Prefill(usize),
+}
+
+impl KvCall {
+    /// The cache and each row's slot and position.
+    fn rows(
+        self,
+        inp: &mut Inputs,
+        kv_heads: usize,
+        head_dim: usize,
+    ) -> (cpu::kv_cache::CacheShape, Vec<u32>, Vec<u32>) {
+        let shape = |slots, max_len| cpu::kv_cache::CacheShape {
+            slots,
+            kv_heads,
+            max_len,
+            head_dim,
+        };
+        match self {
+            KvCall::Decode(n) => {
+                // Slots in a scrambled order (7 is coprime to any power of two).
+                let slot = (0..n).map(|r| ((r * 7 + 3) % n) as u32).collect();
+                let mut pos = inp.positions(n, 1500);
+                pos[0] = 1499;
+                if n > 2 {
+                    pos[n - 1] = 2;
+                }
+                (shape(n, KV_MAX_LEN), slot, pos)
+            }
+            KvCall::Prefill(n) => (shape(2, n + 5), vec![1; n], (0..n as u32).collect()),
+        }
+    }
+}
+
+/// A cache of NaN except positions `0..=pos` of each row's slot, which hold random values.
+fn kv_cache_input(
+    inp: &mut Inputs,
+    c: cpu::kv_cache::CacheShape,
+    (slot, pos): (&[u32], &[u32]),
+    dtype: DType,
+) -> Vec<f32> {
+    let mut cache = vec![f32::NAN; c.len()];
+    let mut longest = vec![0usize; c.slots];
+    for (&s, &p) in slot.iter().zip(pos) {
+        longest[s as usize] = longest[s as usize].max(p as usize + 1);
+    }
+    for (s, &len) in longest.iter().enumerate() {
+        for h in 0..c.kv_heads {
+            let at = c.at(s, h, 0);
+            let n = len * c.head_dim;
+            cache[at..at + n].copy_from_slice(&inp.uniform(n, 1.0, dtype));
+        }
+    }
+    cache
+}
+
+/// The error of a cache the GPU wrote against the CPU's: where the CPU's holds NaN (never
+/// written) the GPU's must too, elsewhere the relative error.
+fn cache_err(got: &[f32], want: &[f32]) -> f64 {
+    if got.len() != want.len() {
+        return f64::INFINITY;
+    }
+    let (mut g, mut w) = (Vec::new(), Vec::new());
+    for (&a, &b) in got.iter().zip(want) {
+        if b.is_nan() {
+            if !a.is_nan() {
+                return f64::INFINITY;
+            }
+        } else {
+            g.push(a);
+            w.push(b);
+        }
+    }
+    rel_err(&g, &w, ELEMENTWISE_FLOOR)
+}
+
+fn check_kv_append<T: Elem>(
+    gpu: &CudaBackend,
+    inp: &mut Inputs,
+    s: cpu::rope::RopeShape,
+    c: cpu::kv_cache::CacheShape,
+    (slot, pos): (&[u32], &[u32]),
+    (cos, sin): (&[f32], &[f32]),
+) -> Check {
+    let qkv = inp.uniform(s.rows * s.qkv_width(), 1.0, T::DTYPE);
+    let mut q = vec![0.0; s.rows * s.heads * s.head_dim];
+    let (mut k, mut v) = (vec![f32::NAN; c.len()], vec![f32::NAN; c.len()]);
+    cpu::kv_cache::kv_append(&mut q, &mut k, &mut v, &qkv, slot, pos, cos, sin, s, c);
+    let mut d_q = poisoned::<T>(gpu, q.len())?;
+    let mut d_k = poisoned::<T>(gpu, c.len())?;
+    let mut d_v = poisoned::<T>(gpu, c.len())?;
+    gpu.kv_append(
+        &mut d_q,
+        &mut d_k,
+        &mut d_v,
+        &gpu.upload_as::<T>(&qkv)?,
+        &gpu.upload(slot)?,
+        &gpu.upload(pos)?,
+        &gpu.upload(cos)?,
+        &gpu.upload(sin)?,
+        s,
+        c,
+    )?;
+    Ok(worst(&[
+        rel_err(&gpu.download_f32(&d_q)?, &q, ELEMENTWISE_FLOOR),
+        cache_err(&gpu.download_f32(&d_k)?, &k),
+        cache_err(&gpu.download_f32(&d_v)?, &v),
+    ]))
+}
+
+fn check_cache_attention<T: Elem>(
+    gpu: &CudaBackend,
+    inp: &mut Inputs,
+    heads: usize,
+    c: cpu::kv_cache::CacheShape,
+    (slot, pos): (&[u32], &[u32]),
+) -> Check {
+    let d = T::DTYPE;
+    let k = kv_cache_input(inp, c, (slot, pos), d);
+    let v = kv_cache_input(inp, c, (slot, pos), d);
+    // Queries three times the keys' scale: scores spread over a few units, a peaked softmax.
+    let q = inp.uniform(slot.len() * heads * c.head_dim, 3.0, d);
+    let mut out = vec![0.0; q.len()];
+    cpu::kv_cache::cache_attention(&mut out, &q, &k, &v, slot, pos, heads, c);
+    let longest = pos.iter().map(|&p| p as usize + 1).max().unwrap_or(0);
+    let mut d_out = poisoned::<T>(gpu, out.len())?;
+    gpu.cache_attention(
+        &mut d_out,
+        &gpu.upload_as::<T>(&q)?,
+        &gpu.upload_as::<T>(&k)?,
+        &gpu.upload_as::<T>(&v)?,
+        &gpu.upload(slot)?,
+        &gpu.upload(pos)?,
+        heads,
+        longest,
+        c,
+    )?;
+    Ok(rel_err(&gpu.download_f32(&d_out)?, &out, ELEMENTWISE_FLOOR))
+}
+
+fn check_copy_cache_slot<T: Elem>(
+    gpu: &CudaBackend,
+    inp: &mut Inputs,
+    c: cpu::kv_cache::CacheShape,
+) -> Check {
+    let mut cache = inp.uniform(c.len(), 1.0, T::DTYPE);
+    let mut d_cache = gpu.upload_as::<T>(&cache)?;
+    let (from, to, len) = (2, 0, 257);
+    for h in 0..c.kv_heads {
+        let (src, dst) = (c.at(from, h, 0), c.at(to, h, 0));
+        cache.copy_within(src..src + len * c.head_dim, dst);
+    }
+    gpu.copy_cache_slot(&mut d_cache, from, to, len, c)?;
+    Ok(rel_err(
+        &gpu.download_f32(&d_cache)?,
+        &cache,
         ELEMENTWISE_FLOOR,
     ))
 }

@@ -1548,12 +1548,19 @@ pub fn token_embedding_backward(dwte: &mut Tensor, dout: &Tensor, tokens: &[u32]
     Ok(())
 }
 
-/// The GPU has no kernel for `op` yet: an error that names it, never a silent fallback.
-fn no_gpu_kernel(t: &Tensor, op: &str) -> EngineError {
-    EngineError::Unavailable(
-        t.device().to_string(),
-        format!("{op} has no CUDA kernel in this build; use the CPU"),
-    )
+/// The GPU kernels read and write every tensor of a call in one element type.
+fn same_dtype(op: &'static str, ts: &[&Tensor]) -> Result<()> {
+    match ts.iter().find(|t| t.dtype() != ts[0].dtype()) {
+        Some(t) => Err(EngineError::Shape {
+            op,
+            detail: format!(
+                "expects tensors of one dtype, got {:?} and {:?}",
+                ts[0].dtype(),
+                t.dtype()
+            ),
+        }),
+        None => Ok(()),
+    }
 }
 
 /// Rotates the queries and keys of `qkv[rows, (H+2K) D]` by each row's position, stores keys
@@ -1590,7 +1597,22 @@ pub fn kv_append(
             s,
             c,
         ),
-        On::Gpu(_) => return Err(no_gpu_kernel(qkv, "kv_append")),
+        On::Gpu(g) => {
+            same_dtype("kv_append", &[qkv, k_cache, v_cache])?;
+            let (d_slot, d_pos) = (g.upload(slot)?, g.upload(pos)?);
+            with_elem!(qkv.dtype(), T => g.kv_append::<T>(
+                q.cuda_mut(),
+                k_cache.cuda_mut(),
+                v_cache.cuda_mut(),
+                qkv.cuda(),
+                &d_slot,
+                &d_pos,
+                cos.cuda(),
+                sin.cuda(),
+                s,
+                c,
+            ))?
+        }
     }
     Ok(q)
 }
@@ -1653,7 +1675,22 @@ pub fn cache_attention(
             heads,
             c,
         ),
-        On::Gpu(_) => return Err(no_gpu_kernel(q, "cache_attention")),
+        On::Gpu(g) => {
+            same_dtype("cache_attention", &[q, k_cache, v_cache])?;
+            let (d_slot, d_pos) = (g.upload(slot)?, g.upload(pos)?);
+            let longest = pos.iter().map(|&p| p as usize + 1).max().unwrap_or(0);
+            with_elem!(q.dtype(), T => g.cache_attention::<T>(
+                out.cuda_mut(),
+                q.cuda(),
+                k_cache.cuda(),
+                v_cache.cuda(),
+                &d_slot,
+                &d_pos,
+                heads,
+                longest,
+                c,
+            ))?
+        }
     }
     Ok(out)
 }
@@ -1677,15 +1714,21 @@ pub fn copy_cache_slot(
             ),
         });
     }
-    match cache.device() {
-        Device::Cpu => {
+    match device_of("copy_cache_slot", &[cache])? {
+        On::Cpu => {
             let data = cache.host_mut();
             for h in 0..c.kv_heads {
                 let (src, dst) = (c.at(from, h, 0), c.at(to, h, 0));
                 data.copy_within(src..src + len * c.head_dim, dst);
             }
-            Ok(())
         }
-        Device::Cuda(_) => Err(no_gpu_kernel(cache, "copy_cache_slot")),
+        On::Gpu(g) => with_elem!(cache.dtype(), T => g.copy_cache_slot::<T>(
+            cache.cuda_mut(),
+            from,
+            to,
+            len,
+            c,
+        ))?,
     }
+    Ok(())
 }

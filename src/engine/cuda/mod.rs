@@ -17,6 +17,7 @@ mod cross_entropy;
 pub mod embedding;
 mod gelu;
 mod gemm;
+mod kv_cache;
 mod layernorm;
 pub mod loader;
 pub mod nvrtc;
@@ -32,6 +33,7 @@ pub use bk_core::BkWork;
 pub use cross_entropy::LogitRows;
 pub use cudarc::driver::CudaEvent;
 pub use gemm::{GemmMath, WORKSPACE_BYTES as GEMM_WORKSPACE_BYTES};
+pub use kv_cache::{AttnPlan, attention_plan};
 
 use crate::engine::DType;
 use cudarc::driver::{
@@ -299,6 +301,9 @@ const PROGRAMS: &[Program] = &[
     bk_core::PROGRAM,
     rmsnorm::PROGRAM,
     rope::PROGRAM,
+    kv_cache::PROGRAM_F32,
+    kv_cache::PROGRAM_BF16,
+    kv_cache::PROGRAM_F16,
     swiglu::PROGRAM,
 ];
 

@@ -1,0 +1,276 @@
+// The key/value cache of generation; reference: engine/cpu/kv_cache.rs. A layer's cache is
+// k, v: [slots, K, max_len, D] in the activation type; each row of a call names its slot and
+// position. Rotation is Hugging Face's rotate_half over the first `rot` dimensions of a head,
+// as in rope.cu; the cos/sin tables are f32 [positions, rot/2].
+//
+// Slots and positions come from the device, so every kernel bounds them itself: a row whose
+// slot or position lies outside the cache writes nothing to it (and NaN to its outputs), so a
+// bad call can never write or read outside the buffers.
+
+struct AppendDims {
+    int heads, kv_heads, head_dim, rot_dim;
+    unsigned int positions;  // rows of the cos/sin tables
+    int slots, max_len;
+};
+
+// Element i of head `src` turned by position p (dimensions at or past rot pass through).
+template <typename T>
+__device__ __forceinline__ float rotated(const T* src, int i, unsigned int p, const float* cos_t,
+                                         const float* sin_t, const AppendDims& d) {
+    if (i >= d.rot_dim) return load(src[i]);
+    if (p >= d.positions) return KILN_NAN;
+    const int half = d.rot_dim / 2;
+    const int j = i < half ? i : i - half;
+    const float c = cos_t[(long long)p * half + j], s = sin_t[(long long)p * half + j];
+    return i < half ? load(src[i]) * c - load(src[i + half]) * s
+                    : load(src[i]) * c + load(src[i - half]) * s;
+}
+
+// One thread per element of qkv[rows, (H + 2K) D]: query heads rotate into q[rows, H D], key
+// heads rotate and value heads copy into the cache at (slot[row], pos[row]).
+template <typename T>
+__device__ void kv_append(T* q, T* k_cache, T* v_cache, const T* qkv, const unsigned int* slot,
+                          const unsigned int* pos, const float* cos_t, const float* sin_t,
+                          long long total, AppendDims d) {
+    const int D = d.head_dim, H = d.heads, K = d.kv_heads;
+    const long long width = (long long)(H + 2 * K) * D;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += stride) {
+        const long long row = e / width;
+        const int rem = (int)(e - row * width);
+        const int head = rem / D, i = rem - head * D;
+        const T* src = qkv + row * width + (long long)head * D;
+        const unsigned int p = pos[row], s = slot[row];
+        const bool inside = p < (unsigned int)d.max_len && s < (unsigned int)d.slots;
+        if (head < H) {
+            const float y = inside ? rotated(src, i, p, cos_t, sin_t, d) : KILN_NAN;
+            q[(row * H + head) * D + i] = store<T>(y);
+        } else if (inside) {
+            const bool key = head < H + K;
+            const int j = key ? head - H : head - H - K;
+            const long long at = (((long long)s * K + j) * d.max_len + p) * D + i;
+            if (key) {
+                k_cache[at] = store<T>(rotated(src, i, p, cos_t, sin_t, d));
+            } else {
+                v_cache[at] = src[i];
+            }
+        }
+    }
+}
+
+// Copies positions 0..len of every key/value head from one slot to another: `from` and `to`
+// are the offsets of the slots' first vectors, `head_stride` = max_len D, `run` = len D.
+template <typename T>
+__device__ void copy_cache_slot(T* cache, long long from, long long to, long long head_stride,
+                                long long run, long long total) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += stride) {
+        const long long head = e / run, off = head * head_stride + (e - head * run);
+        cache[to + off] = cache[from + off];
+    }
+}
+
+// ---- Attention of new queries against the cache (decode and prefill) ----
+//
+// One block of ATT_THREADS threads per (row, key/value head, chunk of G query heads, split of
+// the row's positions). The block's threads form groups of L lanes; a group holds one cached
+// vector, eight elements per lane (L = 8, 16, 32 for D up to 64, 128, 256), so each key and
+// value loaded serves all G query heads of the chunk. Each group runs its own online softmax
+// over positions grp, grp + groups, ... of the split; the block then merges its groups in
+// shared memory. With one split the result is the output; with several, each split writes its
+// unnormalised output, max and sum (base 2) and `cache_attention_combine` merges them.
+
+#define ATT_THREADS 128
+#define ATT_EPL 8  // elements of a vector per lane
+
+struct AttnDims {
+    int heads, kv_heads, head_dim, max_len, slots;
+    int chunks;  // chunks of G query heads per key/value head
+    int splits;  // splits of each row's positions
+    float scale_log2;  // 1/sqrt(D) * log2(e): scores in base 2
+};
+
+// Eight elements base..base+7 of a vector of length D (zeros past D).
+template <typename T>
+__device__ __forceinline__ void load8(const T* v, int base, int D, bool vec, float x[ATT_EPL]) {
+    if (vec && base + ATT_EPL <= D) {
+        load4(v + base, x);
+        load4(v + base + 4, x + 4);
+    } else {
+#pragma unroll
+        for (int j = 0; j < ATT_EPL; ++j) x[j] = base + j < D ? load(v[base + j]) : 0.f;
+    }
+}
+
+template <typename T, int L, int G>
+__device__ void cache_attention(T* out, float* part_o, float* part_ml, const T* q, const T* k_cache,
+                                const T* v_cache, const unsigned int* slot,
+                                const unsigned int* pos, AttnDims d) {
+    constexpr int GROUPS = ATT_THREADS / L;
+    constexpr int DP = L * ATT_EPL;  // padded head size
+    __shared__ float sm_m[GROUPS][G], sm_l[GROUPS][G];
+    __shared__ float sm_o[GROUPS][G][DP];
+
+    const long long row = blockIdx.x;
+    const int kvh = blockIdx.y / d.chunks, chunk = blockIdx.y - kvh * d.chunks;
+    const int split = blockIdx.z;
+    const int D = d.head_dim, H = d.heads, g = H / d.kv_heads;
+    const int h0 = kvh * g + chunk * G;
+    const int nh = min(G, g - chunk * G);  // heads of this chunk; the rest repeat the last
+    const int lane = threadIdx.x % L, grp = threadIdx.x / L;
+    const int base = lane * ATT_EPL;
+    const unsigned int p = pos[row], s = slot[row];
+    const bool inside = p < (unsigned int)d.max_len && s < (unsigned int)d.slots;
+    // Every vector starts at a multiple of D elements: four-element accesses need D % 8 == 0
+    // and aligned buffers.
+    const bool vec = D % ATT_EPL == 0 && aligned4(q) && aligned4(k_cache) && aligned4(v_cache);
+
+    float qr[G][ATT_EPL];
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+        const T* qh = q + (row * H + h0 + min(h, nh - 1)) * D;
+        load8(qh, base, D, vec, qr[h]);
+#pragma unroll
+        for (int j = 0; j < ATT_EPL; ++j) qr[h][j] *= d.scale_log2;
+    }
+
+    // This split's positions of 0..=p.
+    const int len = inside ? (int)p + 1 : 0;
+    const int per = (len + d.splits - 1) / d.splits;
+    const int t0 = split * per, t1 = min(len, t0 + per);
+
+    float m[G], l[G], acc[G][ATT_EPL];
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+        m[h] = KILN_NEG_INF;
+        l[h] = 0.f;
+#pragma unroll
+        for (int j = 0; j < ATT_EPL; ++j) acc[h][j] = 0.f;
+    }
+    const long long head_base = inside ? ((long long)s * d.kv_heads + kvh) * d.max_len * D : 0;
+    const T* kp = k_cache + head_base;
+    const T* vp = v_cache + head_base;
+    // Every group runs the same number of steps (the last ones partly past the split), so
+    // the shuffles of a warp always see all of its lanes.
+#pragma unroll 2
+    for (int tb = t0; tb < t1; tb += GROUPS) {
+        const int t = tb + grp;
+        const bool valid = t < t1;
+        float kx[ATT_EPL], vx[ATT_EPL];
+        load8(kp + (long long)(valid ? t : t0) * D, base, D, vec, kx);
+        load8(vp + (long long)(valid ? t : t0) * D, base, D, vec, vx);
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+            float sc = 0.f;
+#pragma unroll
+            for (int j = 0; j < ATT_EPL; ++j) sc = fmaf(qr[h][j], kx[j], sc);
+#pragma unroll
+            for (int o = L / 2; o > 0; o >>= 1) sc += __shfl_xor_sync(0xffffffffu, sc, o);
+            if (valid) {
+                const float mn = fmaxf(m[h], sc);
+                const float corr = exp2f(m[h] - mn), w = exp2f(sc - mn);
+                l[h] = l[h] * corr + w;
+#pragma unroll
+                for (int j = 0; j < ATT_EPL; ++j) acc[h][j] = fmaf(w, vx[j], acc[h][j] * corr);
+                m[h] = mn;
+            }
+        }
+    }
+
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+        if (lane == 0) {
+            sm_m[grp][h] = m[h];
+            sm_l[grp][h] = l[h];
+        }
+#pragma unroll
+        for (int j = 0; j < ATT_EPL; ++j) sm_o[grp][h][base + j] = acc[h][j];
+    }
+    __syncthreads();
+
+    for (int e = threadIdx.x; e < nh * D; e += ATT_THREADS) {
+        const int h = e / D, i = e - h * D;
+        float mx = KILN_NEG_INF;
+        for (int r = 0; r < GROUPS; ++r) mx = fmaxf(mx, sm_m[r][h]);
+        float sum = 0.f, o = 0.f;
+        if (mx != KILN_NEG_INF) {
+            for (int r = 0; r < GROUPS; ++r) {
+                const float w = exp2f(sm_m[r][h] - mx);
+                sum = fmaf(sm_l[r][h], w, sum);
+                o = fmaf(sm_o[r][h][i], w, o);
+            }
+        }
+        const long long oh = row * H + h0 + h;
+        if (d.splits == 1) {
+            out[oh * D + i] = store<T>(inside ? o / sum : KILN_NAN);
+        } else {
+            part_o[(oh * d.splits + split) * D + i] = o;
+            if (i == 0) {
+                part_ml[2 * (oh * d.splits + split)] = mx;
+                part_ml[2 * (oh * d.splits + split) + 1] = sum;
+            }
+        }
+    }
+}
+
+// Merges the splits of one (row, query head) per block: out = sum_s o_s 2^(m_s - M) / sum_s
+// l_s 2^(m_s - M). A split with no positions has m = -inf and weighs nothing; a row outside
+// the cache has no positions at all and gives NaN.
+template <typename T>
+__device__ void cache_attention_combine(T* out, const float* part_o, const float* part_ml,
+                                        AttnDims d) {
+    const long long oh = blockIdx.x;
+    const int D = d.head_dim, S = d.splits;
+    const float* ml = part_ml + 2 * oh * S;
+    float mx = KILN_NEG_INF;
+    for (int s = 0; s < S; ++s) mx = fmaxf(mx, ml[2 * s]);
+    for (int i = threadIdx.x; i < D; i += blockDim.x) {
+        float sum = 0.f, o = 0.f;
+        if (mx != KILN_NEG_INF) {
+            for (int s = 0; s < S; ++s) {
+                const float w = exp2f(ml[2 * s] - mx);
+                sum = fmaf(ml[2 * s + 1], w, sum);
+                o = fmaf(part_o[(oh * S + s) * D + i], w, o);
+            }
+        }
+        out[oh * D + i] = store<T>(mx != KILN_NEG_INF ? o / sum : KILN_NAN);
+    }
+}
+
+#define ATTN_KERNEL(T, SUFFIX, L, G)                                                          \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                   \
+        cache_attention_##SUFFIX##_l##L##_g##G(T* out, float* part_o, float* part_ml,          \
+                                               const T* q, const T* k_cache, const T* v_cache, \
+                                               const unsigned int* slot,                       \
+                                               const unsigned int* pos, AttnDims d) {          \
+        cache_attention<T, L, G>(out, part_o, part_ml, q, k_cache, v_cache, slot, pos, d);     \
+    }
+
+// G = 2 serves multi-head attention too (the second head repeats the first): one kernel less
+// to compile for a kernel that waits on memory anyway.
+#define ATTN_KERNELS_L(T, SUFFIX, L) \
+    ATTN_KERNEL(T, SUFFIX, L, 2)     \
+    ATTN_KERNEL(T, SUFFIX, L, 4)     \
+    ATTN_KERNEL(T, SUFFIX, L, 8)
+
+#define KV_KERNELS(T, SUFFIX)                                                                  \
+    extern "C" __global__ void kv_append_##SUFFIX(                                             \
+        T* q, T* k_cache, T* v_cache, const T* qkv, const unsigned int* slot,                   \
+        const unsigned int* pos, const float* cos_t, const float* sin_t, long long total,       \
+        AppendDims d) {                                                                          \
+        kv_append<T>(q, k_cache, v_cache, qkv, slot, pos, cos_t, sin_t, total, d);              \
+    }                                                                                            \
+    extern "C" __global__ void copy_cache_slot_##SUFFIX(T* cache, long long from, long long to, \
+                                                        long long head_stride, long long run,    \
+                                                        long long total) {                       \
+        copy_cache_slot<T>(cache, from, to, head_stride, run, total);                            \
+    }                                                                                            \
+    extern "C" __global__ void cache_attention_combine_##SUFFIX(                               \
+        T* out, const float* part_o, const float* part_ml, AttnDims d) {                         \
+        cache_attention_combine<T>(out, part_o, part_ml, d);                                     \
+    }                                                                                            \
+    ATTN_KERNELS_L(T, SUFFIX, 8)                                                                 \
+    ATTN_KERNELS_L(T, SUFFIX, 16)                                                                \
+    ATTN_KERNELS_L(T, SUFFIX, 32)
+
+// Instantiated by each element type's program (kv_cache.rs): KV_KERNELS(float, f32) etc.

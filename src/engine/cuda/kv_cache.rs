@@ -1,0 +1,425 @@
+//! The key/value cache of generation on the GPU; reference: [`crate::engine::cpu::kv_cache`].
+//! Caches, queries and outputs are `T`; slots and positions are u32 per row and the cos/sin
+//! tables f32 `[positions, rot/2]`.
+//!
+//! [`CudaBackend::cache_attention`] is the decode kernel: one block per (row, key/value head,
+//! chunk of up to 8 query heads), so the query heads of a group share every key and value
+//! loaded. When those blocks alone would leave the GPU underfilled and the rows are long (a
+//! few sequences decoding far into their context), each row's positions are split over
+//! several blocks whose partial softmax states a second kernel merges (flash-decoding).
+
+use super::{CudaBackend, CudaError, Elem, Program, Result, as_i32, check_len, elementwise_grid};
+use crate::engine::cpu::kv_cache::CacheShape;
+use crate::engine::cpu::rope::RopeShape;
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+
+/// One program per element type, so that a first start compiles them side by side.
+macro_rules! program {
+    ($name:ident, $t:literal, $s:literal) => {
+        pub(super) const $name: Program = Program {
+            name: concat!("kv_cache_", $s),
+            source: concat!(
+                include_str!("kv_cache.cu"),
+                "\nKV_KERNELS(",
+                $t,
+                ", ",
+                $s,
+                ")\n"
+            ),
+            kernels: &[
+                concat!("kv_append_", $s),
+                concat!("copy_cache_slot_", $s),
+                concat!("cache_attention_combine_", $s),
+                concat!("cache_attention_", $s, "_l8_g2"),
+                concat!("cache_attention_", $s, "_l8_g4"),
+                concat!("cache_attention_", $s, "_l8_g8"),
+                concat!("cache_attention_", $s, "_l16_g2"),
+                concat!("cache_attention_", $s, "_l16_g4"),
+                concat!("cache_attention_", $s, "_l16_g8"),
+                concat!("cache_attention_", $s, "_l32_g2"),
+                concat!("cache_attention_", $s, "_l32_g4"),
+                concat!("cache_attention_", $s, "_l32_g8"),
+            ],
+        };
+    };
+}
+
+program!(PROGRAM_F32, "float", "f32");
+program!(PROGRAM_BF16, "bf16", "bf16");
+program!(PROGRAM_F16, "f16", "f16");
+
+const BLOCK: u32 = 256;
+/// Threads of an attention block (`ATT_THREADS` in the kernel).
+const ATT_THREADS: u32 = 128;
+/// The largest head size the attention kernels take (32 lanes of 8 elements).
+pub const MAX_HEAD_DIM: usize = 256;
+
+/// The kernels' `AppendDims`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct AppendDims {
+    heads: i32,
+    kv_heads: i32,
+    head_dim: i32,
+    rot_dim: i32,
+    positions: u32,
+    slots: i32,
+    max_len: i32,
+}
+
+// SAFETY: i32s and a u32, `repr(C)`, the same layout as the CUDA struct.
+unsafe impl DeviceRepr for AppendDims {}
+
+/// The kernels' `AttnDims`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct AttnDims {
+    heads: i32,
+    kv_heads: i32,
+    head_dim: i32,
+    max_len: i32,
+    slots: i32,
+    chunks: i32,
+    splits: i32,
+    scale_log2: f32,
+}
+
+// SAFETY: seven i32 and an f32, `repr(C)`, the same layout as the CUDA struct.
+unsafe impl DeviceRepr for AttnDims {}
+
+/// How an attention call is laid out: lanes per cached vector, query heads per block (2, 4 or
+/// 8; a block with fewer repeats its last), chunks of them per key/value head, and splits of
+/// each row's positions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttnPlan {
+    pub lanes: usize,
+    pub group: usize,
+    pub chunks: usize,
+    pub splits: usize,
+}
+
+/// Rows at most this long are never split: one block reads them quickly enough.
+const SPLIT_FROM: usize = 256;
+/// Each split covers at least this many positions.
+const MIN_SPLIT: usize = 128;
+const MAX_SPLITS: usize = 64;
+/// Blocks per SM a call aims for before it splits rows.
+const BLOCKS_PER_SM: usize = 4;
+
+/// The layout of a call of `rows` rows, the longest attending to `longest` positions, on a GPU
+/// of `sm_count` SMs; `None` for a head size past [`MAX_HEAD_DIM`].
+pub fn attention_plan(
+    rows: usize,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    longest: usize,
+    sm_count: usize,
+) -> Option<AttnPlan> {
+    let lanes = match head_dim {
+        0..=64 => 8,
+        65..=128 => 16,
+        129..=MAX_HEAD_DIM => 32,
+        _ => return None,
+    };
+    let g = (heads / kv_heads.max(1)).max(1);
+    let group = g.next_power_of_two().clamp(2, 8);
+    let chunks = g.div_ceil(group);
+    let blocks = rows * kv_heads * chunks;
+    let splits = if longest <= SPLIT_FROM || blocks == 0 {
+        1
+    } else {
+        (BLOCKS_PER_SM * sm_count / blocks).clamp(1, longest.div_ceil(MIN_SPLIT).min(MAX_SPLITS))
+    };
+    Some(AttnPlan {
+        lanes,
+        group,
+        chunks,
+        splits,
+    })
+}
+
+fn grid(n: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (elementwise_grid(n, BLOCK), 1, 1),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Checks the cache buffers against their shape; returns the shape's sizes as `int`s.
+fn check_cache<T>(
+    op: &'static str,
+    k: &CudaSlice<T>,
+    v: &CudaSlice<T>,
+    c: CacheShape,
+) -> Result<(i32, i32)> {
+    check_len(op, "k_cache", k, c.len())?;
+    check_len(op, "v_cache", v, c.len())?;
+    as_i32(op, "kv_heads", c.kv_heads)?;
+    as_i32(op, "head_dim", c.head_dim)?;
+    Ok((
+        as_i32(op, "slots", c.slots)?,
+        as_i32(op, "max_len", c.max_len)?,
+    ))
+}
+
+impl CudaBackend {
+    /// Rotates each row's query heads into `q[rows, H D]`, and its rotated keys and its values
+    /// into the caches at `(slot[row], pos[row])`, from `qkv[rows, (H + 2K) D]`. A row outside
+    /// the cache writes nothing there and NaN queries; a position past the tables gives NaN in
+    /// the rotated dimensions. Rows must name distinct `(slot, pos)` pairs.
+    #[allow(clippy::too_many_arguments)]
+    pub fn kv_append<T: Elem>(
+        &self,
+        q: &mut CudaSlice<T>,
+        k_cache: &mut CudaSlice<T>,
+        v_cache: &mut CudaSlice<T>,
+        qkv: &CudaSlice<T>,
+        slot: &CudaSlice<u32>,
+        pos: &CudaSlice<u32>,
+        cos: &CudaSlice<f32>,
+        sin: &CudaSlice<f32>,
+        s: RopeShape,
+        c: CacheShape,
+    ) -> Result<()> {
+        const OP: &str = "kv_append";
+        let bad = |detail: String| Err(CudaError::Shape { op: OP, detail });
+        if s.kv_heads == 0 || !s.heads.is_multiple_of(s.kv_heads) {
+            return bad(format!(
+                "{} query heads cannot share {} key/value heads evenly",
+                s.heads, s.kv_heads
+            ));
+        }
+        if s.kv_heads != c.kv_heads || s.head_dim != c.head_dim {
+            return bad(format!(
+                "{} key/value heads of {} for a cache of {} heads of {}",
+                s.kv_heads, s.head_dim, c.kv_heads, c.head_dim
+            ));
+        }
+        if !s.rot_dim.is_multiple_of(2) || s.rot_dim > s.head_dim {
+            return bad(format!(
+                "rotary dimensions {} must be even and at most the head size {}",
+                s.rot_dim, s.head_dim
+            ));
+        }
+        if cos.len() != sin.len() {
+            return bad("the cos and sin tables differ in length".into());
+        }
+        let (slots, max_len) = check_cache(OP, k_cache, v_cache, c)?;
+        check_len(OP, "slot", slot, s.rows)?;
+        check_len(OP, "pos", pos, s.rows)?;
+        check_len(OP, "q", q, s.rows * s.heads * s.head_dim)?;
+        check_len(OP, "qkv", qkv, s.rows * s.qkv_width())?;
+        as_i32(OP, "projection width", s.qkv_width())?;
+        let positions = cos
+            .len()
+            .checked_div(s.rot_dim / 2)
+            .unwrap_or(u32::MAX as usize);
+        let dims = AppendDims {
+            heads: as_i32(OP, "heads", s.heads)?,
+            kv_heads: as_i32(OP, "kv_heads", s.kv_heads)?,
+            head_dim: as_i32(OP, "head_dim", s.head_dim)?,
+            rot_dim: as_i32(OP, "rot_dim", s.rot_dim)?,
+            positions: positions.min(u32::MAX as usize) as u32,
+            slots,
+            max_len,
+        };
+        let total = s.rows * s.qkv_width();
+        if total == 0 {
+            return Ok(());
+        }
+        let f = self.function(&format!("kv_append_{}", T::SUFFIX))?;
+        let total64 = total as i64;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(q)
+            .arg(k_cache)
+            .arg(v_cache)
+            .arg(qkv)
+            .arg(slot)
+            .arg(pos)
+            .arg(cos)
+            .arg(sin)
+            .arg(&total64)
+            .arg(&dims);
+        // SAFETY: lengths checked above; the kernel bounds each row's slot and position by
+        // the cache's and its table reads by `dims.positions`.
+        unsafe { b.launch(grid(total)) }?;
+        Ok(())
+    }
+
+    /// `out[r, h] = softmax(q[r, h] . K[slot, h/g, 0..=pos] / sqrt(D)) V[slot, h/g, 0..=pos]`
+    /// for `q, out: [rows, H D]`, rows = `slot.len()`. `longest` is the longest row's length
+    /// (its position + 1), which only chooses whether to split rows: each row reads its own
+    /// position from `pos`. A row outside the cache gives NaN.
+    #[allow(clippy::too_many_arguments)]
+    pub fn cache_attention<T: Elem>(
+        &self,
+        out: &mut CudaSlice<T>,
+        q: &CudaSlice<T>,
+        k_cache: &CudaSlice<T>,
+        v_cache: &CudaSlice<T>,
+        slot: &CudaSlice<u32>,
+        pos: &CudaSlice<u32>,
+        heads: usize,
+        longest: usize,
+        c: CacheShape,
+    ) -> Result<()> {
+        const OP: &str = "cache_attention";
+        let bad = |detail: String| Err(CudaError::Shape { op: OP, detail });
+        if c.kv_heads == 0 || !heads.is_multiple_of(c.kv_heads) {
+            return bad(format!(
+                "{heads} query heads cannot share {} key/value heads evenly",
+                c.kv_heads
+            ));
+        }
+        let rows = slot.len();
+        let (slots, max_len) = check_cache(OP, k_cache, v_cache, c)?;
+        check_len(OP, "pos", pos, rows)?;
+        check_len(OP, "q", q, rows * heads * c.head_dim)?;
+        check_len(OP, "out", out, rows * heads * c.head_dim)?;
+        let sm_count = self.info().sm_count as usize;
+        let Some(plan) = attention_plan(rows, heads, c.kv_heads, c.head_dim, longest, sm_count)
+        else {
+            return bad(format!(
+                "head size {} is past the kernel's {MAX_HEAD_DIM}",
+                c.head_dim
+            ));
+        };
+        if rows == 0 || heads == 0 || c.head_dim == 0 {
+            return Ok(());
+        }
+        let dims = AttnDims {
+            heads: as_i32(OP, "heads", heads)?,
+            kv_heads: as_i32(OP, "kv_heads", c.kv_heads)?,
+            head_dim: as_i32(OP, "head_dim", c.head_dim)?,
+            max_len,
+            slots,
+            chunks: as_i32(OP, "chunks", plan.chunks)?,
+            splits: as_i32(OP, "splits", plan.splits)?,
+            scale_log2: std::f32::consts::LOG2_E / (c.head_dim as f32).sqrt(),
+        };
+        as_i32(OP, "rows", rows)?;
+        let outputs = rows * heads;
+        // The splits' partial outputs and (max, sum) pairs; unread with one split.
+        let parts = if plan.splits > 1 {
+            outputs * plan.splits
+        } else {
+            1
+        };
+        let part_o = self.alloc::<f32>(parts * c.head_dim.max(1))?;
+        let part_ml = self.alloc::<f32>(2 * parts)?;
+        let name = format!(
+            "cache_attention_{}_l{}_g{}",
+            T::SUFFIX,
+            plan.lanes,
+            plan.group
+        );
+        let f = self.function(&name)?;
+        let y = c.kv_heads * plan.chunks;
+        if y > 65_535 {
+            return bad(format!("{y} blocks of heads per row exceed the grid"));
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, y as u32, plan.splits as u32),
+            block_dim: (ATT_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&mut *out)
+            .arg(&part_o)
+            .arg(&part_ml)
+            .arg(q)
+            .arg(k_cache)
+            .arg(v_cache)
+            .arg(slot)
+            .arg(pos)
+            .arg(&dims);
+        // SAFETY: lengths checked above; the kernel bounds each row's slot and position by
+        // the cache's, and writes the partial buffers only with several splits, which then
+        // hold `outputs * splits` entries.
+        unsafe { b.launch(cfg) }?;
+        if plan.splits > 1 {
+            let f = self.function(&format!("cache_attention_combine_{}", T::SUFFIX))?;
+            let cfg = LaunchConfig {
+                grid_dim: (as_i32(OP, "rows x heads", outputs)? as u32, 1, 1),
+                block_dim: ((c.head_dim.div_ceil(32) * 32) as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut b = self.stream.launch_builder(f);
+            b.arg(out).arg(&part_o).arg(&part_ml).arg(&dims);
+            // SAFETY: one block per (row, head) of `out`, reading the splits written above.
+            unsafe { b.launch(cfg) }?;
+        }
+        Ok(())
+    }
+
+    /// Copies positions `0..len` of every key/value head of cache slot `from` into slot `to`.
+    pub fn copy_cache_slot<T: Elem>(
+        &self,
+        cache: &mut CudaSlice<T>,
+        from: usize,
+        to: usize,
+        len: usize,
+        c: CacheShape,
+    ) -> Result<()> {
+        const OP: &str = "copy_cache_slot";
+        check_len(OP, "cache", cache, c.len())?;
+        if from >= c.slots || to >= c.slots || len > c.max_len {
+            return Err(CudaError::Shape {
+                op: OP,
+                detail: format!(
+                    "slots {from} -> {to} of {}, {len} positions of {}",
+                    c.slots, c.max_len
+                ),
+            });
+        }
+        let total = c.kv_heads * len * c.head_dim;
+        if from == to || total == 0 {
+            return Ok(());
+        }
+        let f = self.function(&format!("copy_cache_slot_{}", T::SUFFIX))?;
+        let (src, dst) = (c.at(from, 0, 0) as i64, c.at(to, 0, 0) as i64);
+        let head_stride = (c.max_len * c.head_dim) as i64;
+        let run = (len * c.head_dim) as i64;
+        let total64 = total as i64;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(cache)
+            .arg(&src)
+            .arg(&dst)
+            .arg(&head_stride)
+            .arg(&run)
+            .arg(&total64);
+        // SAFETY: both slots lie inside the checked cache and are distinct, so the copy
+        // neither leaves the buffer nor overlaps itself.
+        unsafe { b.launch(grid(total)) }?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decode_splits_long_rows_only_when_blocks_underfill_the_gpu() {
+        // SmolLM2 (9 over 3 heads) decoding 64 rows on 132 SMs: 192 blocks, two splits.
+        let p = attention_plan(64, 9, 3, 64, 1500, 132).unwrap();
+        assert_eq!((p.lanes, p.group, p.chunks, p.splits), (8, 4, 1, 2));
+        // Llama-3.2-1B: 512 blocks fill the GPU.
+        assert_eq!(attention_plan(64, 32, 8, 64, 1500, 132).unwrap().splits, 1);
+        // One sequence far into its context: many splits, each at least MIN_SPLIT long.
+        let p = attention_plan(1, 16, 8, 128, 4000, 132).unwrap();
+        assert_eq!((p.lanes, p.group, p.splits), (16, 2, 32));
+        assert_eq!(attention_plan(1, 16, 8, 128, 1000, 132).unwrap().splits, 8);
+        // Short rows never split.
+        assert_eq!(attention_plan(1, 16, 8, 128, 256, 132).unwrap().splits, 1);
+        // Multi-query: 32 heads over one in chunks of 8; multi-head: blocks of two, one
+        // repeated; head sizes past 256 have no kernel.
+        let p = attention_plan(4, 32, 1, 256, 100, 132).unwrap();
+        assert_eq!((p.lanes, p.group, p.chunks), (32, 8, 4));
+        let p = attention_plan(4, 12, 12, 64, 100, 132).unwrap();
+        assert_eq!((p.group, p.chunks), (2, 1));
+        assert!(attention_plan(4, 8, 8, 257, 100, 132).is_none());
+    }
+}
