@@ -2,7 +2,7 @@
 
 For each architecture, transformers builds a random-initialised model from a published
 configuration and saves it with save_pretrained (with a tokenizer beside it); kiln imports the
-directory (`kiln generate --init-from`, fp32 on the CPU) and decodes 64 greedy tokens for three
+directory (`kiln generate --init-from`, fp32 on the GPU) and decodes 64 greedy tokens for three
 prompts; transformers decodes the same prompt ids greedily in fp32. Reported: greedy tokens that agree
 before the first divergence, and the largest difference of the chosen tokens' log-probabilities. Then a kiln run trained from
 an imported model is exported (`kiln export`) and loaded by transformers, and the two engines'
@@ -66,7 +66,8 @@ def kiln_generate(kiln, args, work, name):
             f.write(json.dumps({"prompt": p}) + "\n")
     out = os.path.join(work, f"{name}.kiln.jsonl")
     r = subprocess.run([kiln, "generate", *args, "--prompts", prompts, "--out", out,
-                        "--temperature", "0", "--tokens", "64"], capture_output=True, text=True)
+                        "--temperature", "0", "--tokens", "64", "--precision", "fp32"],
+                       capture_output=True, text=True)
     if r.returncode != 0:
         return None, r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"exit {r.returncode}"
     return [json.loads(l) for l in open(out)], r.stderr.strip().splitlines()[-1]

@@ -103,6 +103,17 @@ fn exported_llama_imports_back_to_the_same_logits() {
     let a = original.next_logits(&ids).unwrap();
     let b = back.next_logits(&ids).unwrap();
     assert_eq!(a, b, "the same logits after export and import");
+
+    // transformers 5 writes the rotary settings as one `rope_parameters` object.
+    edit_config(&out, |v| {
+        let theta = v.as_object_mut().unwrap().remove("rope_theta").unwrap();
+        v["rope_parameters"] = serde_json::json!({"rope_type": "default", "rope_theta": theta});
+    });
+    let p = pretrained::open(&out).unwrap();
+    assert_eq!(p.model.rope_theta, 500.0);
+    let mut v5 = models::build(&p.model, p.vocab, &pool, 9).unwrap();
+    pretrained::load_into(v5.as_mut(), &p.weights, &out).unwrap();
+    assert_eq!(a, v5.next_logits(&ids).unwrap(), "rope_parameters read");
 }
 
 fn write_tiny_llama(dir: &Path) {

@@ -384,7 +384,11 @@ fn llama_from_hf(
         .get("tie_word_embeddings")
         .and_then(Value::as_bool)
         .unwrap_or(false);
-    let partial = json_f64(cfg, "partial_rotary_factor").unwrap_or(1.0);
+    // transformers 5 saves the rotary settings in one `rope_parameters` object; earlier
+    // versions wrote `rope_theta`, `rope_scaling` and `partial_rotary_factor` at the top.
+    let rope = cfg.get("rope_parameters").filter(|r| r.is_object());
+    let rope_f64 = |key: &str| json_f64(cfg, key).or_else(|| rope.and_then(|r| json_f64(r, key)));
+    let partial = rope_f64("partial_rotary_factor").unwrap_or(1.0);
     let mut m = ModelConfig {
         kind: "llama".into(),
         d_model: d,
@@ -395,7 +399,7 @@ fn llama_from_hf(
         n_kv_heads: n_kv,
         head_dim,
         ffn_hidden: ffn,
-        rope_theta: json_f64(cfg, "rope_theta").unwrap_or(10000.0),
+        rope_theta: rope_f64("rope_theta").unwrap_or(10000.0),
         rot_dim: ((head_dim as f64 * partial) as usize) & !1,
         norm_eps: json_f64(cfg, "rms_norm_eps").unwrap_or(1e-6),
         qkv_bias: arch == "Qwen2ForCausalLM"
@@ -405,13 +409,13 @@ fn llama_from_hf(
                 .unwrap_or(false),
         ..ModelConfig::default()
     };
-    if let Some(s) = cfg.get("rope_scaling").filter(|s| !s.is_null()) {
+    if let Some(s) = cfg.get("rope_scaling").filter(|s| !s.is_null()).or(rope) {
         let kind = s
             .get("rope_type")
             .or_else(|| s.get("type"))
             .and_then(Value::as_str)
             .unwrap_or("");
-        if kind != "llama3" && kind != "default" {
+        if !matches!(kind, "llama3" | "default" | "") {
             return Err(bad(
                 path,
                 format!(
