@@ -14,6 +14,7 @@ pub mod hw;
 pub mod plan;
 pub mod selftest;
 pub mod settings;
+pub mod tokenize;
 pub mod train;
 pub mod verify;
 
@@ -64,6 +65,8 @@ pub enum Command {
     Hw(hw::HwArgs),
     /// Check every checkpoint of a run against its manifest (sizes and CRC-32s).
     Verify(verify::VerifyArgs),
+    /// Print the token ids of each input line as a JSON array (any tokenizer data.tokenizer takes).
+    Tokenize(tokenize::TokenizeArgs),
 }
 
 pub fn run(cli: Cli) -> Result<()> {
@@ -77,6 +80,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Selftest(a) => selftest::run(a),
         Command::Hw(a) => hw::run(a),
         Command::Verify(a) => verify::run(a),
+        Command::Tokenize(a) => tokenize::run(a),
     }
 }
 
