@@ -20,6 +20,7 @@ use crate::data::Tokenizer;
 use crate::engine::rng::{Rng, hash3, stream};
 use crate::error::{KilnError, Result};
 use crate::models::Model;
+use rayon::prelude::*;
 use std::time::Instant;
 
 /// One prompt and how many replies to draw from it.
@@ -298,16 +299,159 @@ pub fn generate(
                 all
             }
         };
-        for (s, row) in live.iter_mut().zip(logits.chunks(vocab)) {
-            let mut l = row.to_vec();
-            let next = sample(&mut l, &s.tokens, &o.sampling, &mut s.rng);
-            s.logprobs.push(log_prob(row, next));
-            s.tokens.push(next);
-            on_token(s.prompt, s.sample, next);
+        // Each sequence draws from its own random stream, so drawing in parallel gives the
+        // same tokens as drawing in order.
+        live.par_iter_mut()
+            .zip(logits.par_chunks(vocab))
+            .for_each(|(s, row)| {
+                let mut l = row.to_vec();
+                let next = sample(&mut l, &s.tokens, &o.sampling, &mut s.rng);
+                s.logprobs.push(log_prob(row, next));
+                s.tokens.push(next);
+            });
+        for s in &live {
+            on_token(
+                s.prompt,
+                s.sample,
+                *s.tokens.last().expect("a token was just drawn"),
+            );
         }
         stats.decode_tokens += live.len();
     }
     stats.decode_secs = t1.elapsed().as_secs_f64();
     done.sort_by_key(|c| (c.prompt, c.sample));
     Ok((done, stats))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::ByteTokenizer;
+    use crate::engine::{Device, MemoryPool};
+    use crate::models::llama::{Llama, LlamaConfig};
+
+    fn tiny() -> Llama {
+        let cfg = LlamaConfig {
+            vocab: 256,
+            d_model: 32,
+            n_layers: 2,
+            n_heads: 4,
+            n_kv_heads: 2,
+            head_dim: 8,
+            ffn_hidden: 48,
+            context: 64,
+            rope_theta: 1000.0,
+            rot_dim: 8,
+            rope_scaling: None,
+            norm_eps: 1e-5,
+            tied_head: true,
+            qkv_bias: false,
+        };
+        Llama::new(&MemoryPool::new(Device::Cpu), cfg, 11).unwrap()
+    }
+
+    fn opts(sampling: Sampling, max_new_tokens: usize) -> Options {
+        Options {
+            max_new_tokens,
+            sampling,
+            stop_ids: vec![],
+            stop_strings: vec![],
+            seed: 5,
+        }
+    }
+
+    fn run(model: &Llama, reqs: &[Request], o: &Options) -> Vec<Completion> {
+        generate(model, &ByteTokenizer, reqs, o, &mut |_, _, _| {})
+            .unwrap()
+            .0
+    }
+
+    /// Greedy decoding through the cache equals re-running the whole window for each token.
+    #[test]
+    fn cached_greedy_decoding_matches_full_windows() {
+        let model = tiny();
+        let prompt: Vec<u32> = b"ROMEO:".iter().map(|&b| b as u32).collect();
+        let got = run(
+            &model,
+            &[Request {
+                prompt: prompt.clone(),
+                samples: 1,
+            }],
+            &opts(Sampling::GREEDY, 12),
+        );
+        let mut tokens = prompt;
+        for _ in 0..12 {
+            let logits = model.next_logits(&tokens).unwrap();
+            tokens.push(sampling::sample(
+                &mut logits.clone(),
+                &[],
+                &Sampling::GREEDY,
+                &mut Rng::new(0, 0),
+            ));
+        }
+        assert_eq!(got[0].tokens, tokens[6..]);
+        assert_eq!(got[0].finish, Finish::Length);
+        assert_eq!(got[0].logprobs.len(), 12);
+    }
+
+    /// A sample's tokens depend on (seed, prompt, sample) only: the same with other prompts
+    /// in the batch, different between samples of one prompt, and stop tokens end it.
+    #[test]
+    fn samples_are_reproducible_and_independent_of_the_batch() {
+        let model = tiny();
+        let s = Sampling {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 0.95,
+            ..Sampling::default()
+        };
+        let a = Request {
+            prompt: vec![72, 101, 108],
+            samples: 3,
+        };
+        let b = Request {
+            prompt: vec![66, 97, 121, 32, 111],
+            samples: 2,
+        };
+        let both = run(&model, &[a.clone(), b], &opts(s, 10));
+        let alone = run(&model, &[a], &opts(s, 10));
+        assert_eq!(both.len(), 5);
+        for i in 0..3 {
+            assert_eq!(both[i].tokens, alone[i].tokens, "sample {i} of prompt 0");
+        }
+        assert!(both[0].tokens != both[1].tokens || both[1].tokens != both[2].tokens);
+        let mut stop = opts(s, 10);
+        stop.stop_ids = vec![alone[0].tokens[2]];
+        let cut = run(
+            &model,
+            &[Request {
+                prompt: vec![72, 101, 108],
+                samples: 1,
+            }],
+            &stop,
+        );
+        assert_eq!(cut[0].finish, Finish::Stop);
+        assert_eq!(cut[0].tokens, alone[0].tokens[..2]);
+    }
+
+    #[test]
+    fn bad_requests_are_refused() {
+        let model = tiny();
+        let o = opts(Sampling::GREEDY, 4);
+        let none = Request {
+            prompt: vec![1],
+            samples: 0,
+        };
+        let long = Request {
+            prompt: vec![1; 64],
+            samples: 1,
+        };
+        for (r, phrase) in [
+            (none, "0 samples"),
+            (long, "1 more than the model's context"),
+        ] {
+            let e = generate(&model, &ByteTokenizer, &[r], &o, &mut |_, _, _| {}).unwrap_err();
+            assert!(e.to_string().contains(phrase), "{e}");
+        }
+    }
 }
