@@ -6,8 +6,8 @@
 //! and the vocabulary inside a GGUF file, which is turned into the `tokenizer.json` that
 //! describes the same byte-level BPE and loaded the same way.
 
+use super::gguf::GgufFile;
 use super::{DataError, Tokenizer};
-use crate::models::import::GgufFile;
 use serde_json::{Value as Json, json};
 use std::path::Path;
 
@@ -641,8 +641,8 @@ fn is_chunk_safe_json(json: &Json) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::models::import::GgufValue;
-    use crate::models::import::gguf::writer::gguf_bytes;
+    use crate::data::gguf::GgufValue;
+    use crate::data::gguf::writer::gguf_bytes;
     use std::path::PathBuf;
 
     /// The 256 byte-level symbols in GPT-2's order (printable bytes map to themselves, the

@@ -1,5 +1,6 @@
 //! The data pipeline: corpus, tokenizers (built-in, and pretrained models' own with their
-//! chat templates), train/validation split, batches and the background loader.
+//! chat templates), the GGUF file reader (vocabularies and weights), train/validation split,
+//! batches and the background loader.
 //!
 //! Everything here is deterministic. The validation set is a fixed tail of the token stream,
 //! validation windows are evenly spaced, and each training window's position is a pure
@@ -10,7 +11,9 @@ mod batch;
 mod chat;
 mod corpus;
 mod error;
+pub mod gguf;
 mod hf_tokenizer;
+mod import_error;
 mod prefetch;
 mod tokenizer;
 
@@ -22,6 +25,7 @@ pub use chat::{ChatMessage, render_chat};
 pub use corpus::{BUNDLED_SOURCE, Corpus};
 pub use error::DataError;
 pub use hf_tokenizer::HfTokenizer;
+pub use import_error::ImportError;
 pub use prefetch::{DataSpec, Prefetcher};
 pub use tokenizer::{
     ByteTokenizer, Gpt2Tokenizer, TOKENIZER_NAMES, Tokenizer, chunk_text, encode_chunked,

@@ -45,11 +45,10 @@ pub fn tokenizer_from_path(path: &std::path::Path) -> Result<super::HfTokenizer,
     if path.is_dir() {
         super::HfTokenizer::from_dir(path)
     } else if path.extension().is_some_and(|e| e == "gguf") {
-        let g =
-            crate::models::import::GgufFile::open(path).map_err(|e| DataError::TokenizerFile {
-                path: path.to_path_buf(),
-                reason: e.reason(),
-            })?;
+        let g = super::gguf::GgufFile::open(path).map_err(|e| DataError::TokenizerFile {
+            path: path.to_path_buf(),
+            reason: e.reason(),
+        })?;
         super::HfTokenizer::from_gguf(&g)
     } else {
         super::HfTokenizer::from_file(path)
