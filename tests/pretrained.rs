@@ -285,3 +285,92 @@ fn train_from_an_imported_model_then_export() {
     let p = pretrained::open(&hf).unwrap();
     assert_eq!(p.model.d_model, 16);
 }
+
+/// `--prompts` with several samples each writes one JSON line per prompt with its samples'
+/// texts, token ids and log-probabilities; a seed reproduces them; bad generation arguments
+/// and prompt files are refused with what to fix.
+#[test]
+fn generate_many_prompts_and_refuse_bad_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("m");
+    write_tiny_llama(&m);
+    let prompts = dir.path().join("p.jsonl");
+    std::fs::write(
+        &prompts,
+        "{\"prompt\": \"hello world\"}\n\n{\"prompt\": \"the king\"}\n",
+    )
+    .unwrap();
+    let out = dir.path().join("o.jsonl");
+    let args = |out: &Path| {
+        vec![
+            "generate".to_string(),
+            "--init-from".into(),
+            m.display().to_string(),
+            "--prompts".into(),
+            prompts.display().to_string(),
+            "--num-samples".into(),
+            "3".into(),
+            "--tokens".into(),
+            "5".into(),
+            "--top-p".into(),
+            "0.9".into(),
+            "--device".into(),
+            "cpu".into(),
+            "--out".into(),
+            out.display().to_string(),
+        ]
+    };
+    let run = |a: Vec<String>| {
+        Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args(&a)
+            .output()
+            .unwrap()
+    };
+    let o = run(args(&out));
+    assert!(o.status.success(), "{}", text(&o).1);
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2);
+    for l in &lines {
+        let samples = l["samples"].as_array().unwrap();
+        assert_eq!(samples.len(), 3);
+        for s in samples {
+            let n = s["tokens"].as_array().unwrap().len();
+            assert_eq!(s["logprobs"].as_array().unwrap().len(), n);
+            assert!(n <= 5);
+        }
+    }
+    let again = dir.path().join("o2.jsonl");
+    assert!(run(args(&again)).status.success());
+    assert_eq!(
+        std::fs::read(&out).unwrap(),
+        std::fs::read(&again).unwrap(),
+        "seeded"
+    );
+
+    let bad_file = dir.path().join("bad.jsonl");
+    std::fs::write(&bad_file, "{\"prompt\": \"ok\"}\nnot json\n").unwrap();
+    let mp = m.display().to_string();
+    let cases: Vec<(Vec<&str>, i32, &str)> = vec![
+        (vec!["--top-p", "0"], 2, "--top-p"),
+        (vec!["--top-p", "1.5"], 2, "--top-p"),
+        (vec!["--min-p", "-0.1"], 2, "--min-p"),
+        (vec!["--num-samples", "0"], 2, "--num-samples"),
+        (vec!["--repetition-penalty", "0"], 2, "--repetition-penalty"),
+        (vec!["--chat"], 2, "chat template"),
+        (vec!["--stop", ""], 2, "--stop"),
+        (vec!["--precision", "fp16"], 2, "--precision"),
+        (vec!["--prompts", bad_file.to_str().unwrap()], 3, "line 2"),
+    ];
+    for (extra, code, phrase) in cases {
+        let mut a = vec!["generate", "--init-from", mp.as_str(), "--device", "cpu"];
+        a.extend(&extra);
+        let o = kiln(&a);
+        let (_, err) = text(&o);
+        assert_eq!(o.status.code(), Some(code), "{extra:?}: {err}");
+        assert!(err.contains(phrase), "{extra:?}: {err}");
+    }
+}
