@@ -20,7 +20,7 @@ use crate::nn::gqa::{GqaAttention, GqaSaved, Heads, Rotary};
 use crate::nn::linear::Linear;
 use crate::nn::rmsnorm::RmsNorm;
 use crate::nn::swiglu::{SwiGlu, SwiGluSaved};
-use crate::nn::{ActLayout, Cost, Init, Param, f32_bytes};
+use crate::nn::{ActLayout, Cost, Init, Param};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
@@ -553,11 +553,6 @@ impl Decoder for Llama {
             .copied()
             .collect())
     }
-}
-
-/// Bytes of the rotary tables a model keeps beside its weights.
-pub fn rotary_bytes(cfg: &LlamaConfig) -> usize {
-    2 * f32_bytes(cfg.context * cfg.rot_dim / 2)
 }
 
 #[cfg(test)]
