@@ -177,6 +177,33 @@ fn stopped(
     false
 }
 
+/// A cache for `slots` sequences of `max_len` positions, or, when it does not fit, an error
+/// with its size, the memory there was, and the most sequences that would fit.
+fn new_cache(
+    model: &dyn Model,
+    d: &dyn crate::models::Decoder,
+    slots: usize,
+    max_len: usize,
+) -> Result<crate::models::KvCache> {
+    let pool = model.params()[0].value.pool().clone();
+    let before = pool.stats().current;
+    d.new_cache(slots, max_len).map_err(|e| {
+        if !e.is_out_of_memory() {
+            return KilnError::Engine(e);
+        }
+        let per_slot = d.cache_bytes(1, max_len).max(1);
+        let room = pool.capacity().unwrap_or(0).saturating_sub(before);
+        let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
+        KilnError::DoesNotFit(format!(
+            "the key/value cache for {slots} sequences of up to {max_len} tokens needs {:.2} GiB on {} and {:.2} GiB is left beside the model; at most {} sequences of that length fit: use fewer prompts or --num-samples, or fewer --tokens",
+            gib(per_slot * slots),
+            pool.device(),
+            gib(room),
+            room / per_slot
+        ))
+    })
+}
+
 /// Generates `o.max_new_tokens` (at most) for each sample of each request. `on_token` sees
 /// every drawn token as `(prompt, sample, token)`, for streaming.
 pub fn generate(
@@ -196,7 +223,7 @@ pub fn generate(
         .min(model.context());
     let slots: usize = reqs.iter().map(|r| r.samples).sum();
     let mut cache = match model.decoder() {
-        Some(d) => Some(d.new_cache(slots, max_len)?),
+        Some(d) => Some(new_cache(model, d, slots, max_len)?),
         None => None,
     };
     let mut stats = Stats {
@@ -432,6 +459,30 @@ mod tests {
         );
         assert_eq!(cut[0].finish, Finish::Stop);
         assert_eq!(cut[0].tokens, alone[0].tokens[..2]);
+    }
+
+    /// A cache too large for the memory left is exit code 6 with the most sequences that fit.
+    #[test]
+    fn a_cache_that_cannot_fit_says_how_many_would() {
+        let model = tiny();
+        let pool = model.params()[0].value.pool().clone();
+        // 2 layers x (K + V) x 2 heads x 8 dims x 4 bytes = 256 bytes per position and slot.
+        let per_slot = 256 * 20;
+        pool.set_limit(pool.stats().current + 3 * per_slot + 100);
+        let req = Request {
+            prompt: vec![1; 10],
+            samples: 8,
+        };
+        let e = generate(
+            &model,
+            &ByteTokenizer,
+            &[req],
+            &opts(Sampling::GREEDY, 10),
+            &mut |_, _, _| {},
+        )
+        .unwrap_err();
+        assert_eq!(e.exit_code(), 6, "{e}");
+        assert!(e.to_string().contains("at most 3 sequences"), "{e}");
     }
 
     #[test]

@@ -476,8 +476,8 @@ impl Model for Llama {
     }
 }
 
-impl Decoder for Llama {
-    fn new_cache(&self, slots: usize, max_len: usize) -> Result<KvCache> {
+impl Llama {
+    fn cache_shape(&self, slots: usize, max_len: usize) -> (CacheShape, DType) {
         let shape = CacheShape {
             slots,
             kv_heads: self.cfg.n_kv_heads,
@@ -485,7 +485,22 @@ impl Decoder for Llama {
             head_dim: self.cfg.head_dim,
         };
         let pool = self.embed.value.pool();
-        let dtype = ops::activation_dtype(pool.device(), self.embed.weight().dtype());
+        (
+            shape,
+            ops::activation_dtype(pool.device(), self.embed.weight().dtype()),
+        )
+    }
+}
+
+impl Decoder for Llama {
+    fn cache_bytes(&self, slots: usize, max_len: usize) -> usize {
+        let (shape, dtype) = self.cache_shape(slots, max_len);
+        2 * self.cfg.n_layers * shape.len() * dtype.size_bytes()
+    }
+
+    fn new_cache(&self, slots: usize, max_len: usize) -> Result<KvCache> {
+        let (shape, dtype) = self.cache_shape(slots, max_len);
+        let pool = self.embed.value.pool();
         let layers = (0..self.cfg.n_layers)
             .map(|_| {
                 Ok((
@@ -695,6 +710,7 @@ mod tests {
         // full-window logits.
         let dec = model.decoder().unwrap();
         let mut cache = dec.new_cache(2, 8).unwrap();
+        assert_eq!(cache.bytes(), dec.cache_bytes(2, 8));
         let prefill = dec
             .decode(&mut cache, &x[..4], &[1; 4], &[0, 1, 2, 3], &[3])
             .unwrap();

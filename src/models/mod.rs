@@ -118,6 +118,9 @@ pub trait Decoder {
     /// A cache for `slots` sequences of up to `max_len` tokens, in the model's pool.
     fn new_cache(&self, slots: usize, max_len: usize) -> Result<KvCache>;
 
+    /// Bytes [`Decoder::new_cache`] books for `slots` sequences of up to `max_len` tokens.
+    fn cache_bytes(&self, slots: usize, max_len: usize) -> usize;
+
     /// Runs `tokens` as rows, each at `(slot, pos)` of the cache (a prefill is one slot at
     /// positions `0..T`, a decode step one row per sequence), appending their keys and
     /// values. Returns the logits of the rows listed in `emit`, `[emit.len() x vocab]`.
