@@ -39,12 +39,9 @@ pub struct EvalArgs {
 fn load_pretrained(path: &std::path::Path) -> Result<train::LoadedRun> {
     let p = crate::models::import::pretrained::open(path)?;
     let config = crate::config::ResolvedConfig::resolve(None, &p.overrides())?.config;
-    let pool = crate::engine::MemoryPool::new(crate::engine::Device::Cpu);
-    let mut model = crate::models::build(&config.model, p.vocab, &pool, 0)?;
-    crate::models::import::pretrained::load_into(model.as_mut(), &p.weights, path)?;
     Ok(train::LoadedRun {
         config,
-        model,
+        model: p.build_on_cpu()?,
         step: 0,
         checkpoint: path.to_path_buf(),
     })

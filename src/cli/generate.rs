@@ -188,9 +188,7 @@ fn load_on_cpu(a: &GenerateArgs) -> Result<Loaded> {
 
 fn load_pretrained(path: &std::path::Path) -> Result<Loaded> {
     let p = crate::models::import::pretrained::open(path)?;
-    let pool = crate::engine::MemoryPool::new(crate::engine::Device::Cpu);
-    let mut model = crate::models::build(&p.model, p.vocab, &pool, 0)?;
-    crate::models::import::pretrained::load_into(model.as_mut(), &p.weights, path)?;
+    let model = p.build_on_cpu()?;
     let chat = p.tokenizer.chat_template().map(|t| ChatTemplate {
         template: t.to_string(),
         bos: p.tokenizer.bos_token().to_string(),

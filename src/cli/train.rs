@@ -111,8 +111,9 @@ pub fn run(a: TrainArgs) -> Result<()> {
         .or_else(|| a.resume.as_ref().map(|d| d.join("config.toml")));
     let init = match &a.init_from {
         Some(path) => {
-            let p = crate::models::import::pretrained::open(path)?;
+            let mut p = crate::models::import::pretrained::open(path)?;
             p.check_overrides(&a.overrides)?;
+            p.source.hash_files()?;
             Some(p)
         }
         None => None,

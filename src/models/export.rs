@@ -8,6 +8,7 @@
 use crate::config::ModelConfig;
 use crate::error::{KilnError, Result};
 use crate::models::Model;
+use crate::models::import::pretrained::transposed;
 use safetensors::tensor::{Dtype, TensorView};
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -21,16 +22,6 @@ struct Out {
 
 fn rows(t: &[f32], cols: usize, from: usize, to: usize) -> Vec<f32> {
     t[from * cols..to * cols].to_vec()
-}
-
-fn transpose(data: &[f32], r: usize, c: usize) -> Vec<f32> {
-    let mut out = vec![0.0; r * c];
-    for i in 0..r {
-        for j in 0..c {
-            out[j * r + i] = data[i * c + j];
-        }
-    }
-    out
 }
 
 /// The model's tensors under Hugging Face names, and its config.json.
@@ -201,7 +192,7 @@ fn hf_tensors(
                     put(
                         format!("{p}.{hf}.weight"),
                         vec![s[1], s[0]],
-                        transpose(&w, s[0], s[1]),
+                        transposed(&w, s[0], s[1]),
                     );
                     let (s, b) = get(&format!("{k}.{kiln}.bias"))?;
                     put(format!("{p}.{hf}.bias"), s, b);

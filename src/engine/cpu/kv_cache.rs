@@ -10,7 +10,7 @@
 //! `0..=pos` of its slot, which is causal attention for a prefill and full attention over
 //! the past for a decode step.
 
-use super::rope::RopeShape;
+use super::rope::{RopeShape, rotate};
 use rayon::prelude::*;
 
 /// Shape of a layer's cache.
@@ -37,16 +37,6 @@ impl CacheShape {
     }
 }
 
-fn rotate(y: &mut [f32], x: &[f32], cos: &[f32], sin: &[f32]) {
-    let half = cos.len();
-    for i in 0..half {
-        let (a, b) = (x[i], x[i + half]);
-        y[i] = a * cos[i] - b * sin[i];
-        y[i + half] = b * cos[i] + a * sin[i];
-    }
-    y[2 * half..].copy_from_slice(&x[2 * half..]);
-}
-
 /// Rotates each row's queries into `q[rows, H D]`, and its rotated keys and its values into
 /// the cache at `(slot[r], pos[r])`.
 #[allow(clippy::too_many_arguments)]
@@ -68,11 +58,23 @@ pub fn kv_append(
         let p = pos[r] as usize;
         let (cs, sn) = (&cos[p * half..][..half], &sin[p * half..][..half]);
         for hq in 0..h {
-            rotate(&mut q[(r * h + hq) * d..][..d], &row[hq * d..][..d], cs, sn);
+            rotate(
+                &mut q[(r * h + hq) * d..][..d],
+                &row[hq * d..][..d],
+                cs,
+                sn,
+                1.0,
+            );
         }
         for j in 0..k {
             let at = c.at(slot[r] as usize, j, p);
-            rotate(&mut k_cache[at..at + d], &row[(h + j) * d..][..d], cs, sn);
+            rotate(
+                &mut k_cache[at..at + d],
+                &row[(h + j) * d..][..d],
+                cs,
+                sn,
+                1.0,
+            );
             v_cache[at..at + d].copy_from_slice(&row[(h + k + j) * d..][..d]);
         }
     }

@@ -96,7 +96,7 @@ pub fn rope_tables(inv_freq: &[f32], positions: usize) -> (Vec<f32>, Vec<f32>) {
 
 /// Rotates one head `x[D]` into `y[D]` by the angles of `cos`/`sin` (`rot/2` each);
 /// `sign` -1 rotates back (the transpose, for the backward).
-fn rotate(y: &mut [f32], x: &[f32], cos: &[f32], sin: &[f32], sign: f32) {
+pub(crate) fn rotate(y: &mut [f32], x: &[f32], cos: &[f32], sin: &[f32], sign: f32) {
     let half = cos.len();
     for i in 0..half {
         let (a, b) = (x[i], x[i + half]);

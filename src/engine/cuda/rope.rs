@@ -100,27 +100,8 @@ impl CudaBackend {
         sin: &CudaSlice<f32>,
         s: RopeShape,
     ) -> Result<()> {
-        const OP: &str = "rope_expand_forward";
-        let (dims, total) = check(OP, s, pos, cos, sin, s.packed_width())?;
-        check_len(OP, "packed", packed, total)?;
-        check_len(OP, "qkv", qkv, s.rows * s.qkv_width())?;
-        if total == 0 {
-            return Ok(());
-        }
-        let f = self.function(&format!("rope_expand_forward_{}", T::SUFFIX))?;
-        let total64 = total as i64;
-        let mut b = self.stream.launch_builder(f);
-        b.arg(packed)
-            .arg(qkv)
-            .arg(pos)
-            .arg(cos)
-            .arg(sin)
-            .arg(&total64)
-            .arg(&dims);
-        // SAFETY: lengths checked above; table reads are bounded by `dims.positions` (the
-        // tables' rows) in the kernel.
-        unsafe { b.launch(grid(total)) }?;
-        Ok(())
+        let widths = (s.packed_width(), s.qkv_width());
+        self.launch_rope("rope_expand_forward", packed, qkv, widths, pos, cos, sin, s)
     }
 
     /// The backward of [`Self::rope_expand_forward`]: writes every element of `dqkv` from
@@ -134,18 +115,44 @@ impl CudaBackend {
         sin: &CudaSlice<f32>,
         s: RopeShape,
     ) -> Result<()> {
-        const OP: &str = "rope_expand_backward";
-        let (dims, total) = check(OP, s, pos, cos, sin, s.qkv_width())?;
-        check_len(OP, "dqkv", dqkv, total)?;
-        check_len(OP, "dpacked", dpacked, s.rows * s.packed_width())?;
+        let widths = (s.qkv_width(), s.packed_width());
+        self.launch_rope(
+            "rope_expand_backward",
+            dqkv,
+            dpacked,
+            widths,
+            pos,
+            cos,
+            sin,
+            s,
+        )
+    }
+
+    /// Checks and launches kernel `op` (one thread per element of `out`): rows of
+    /// `widths.0` in `out`, of `widths.1` in `inp`.
+    #[allow(clippy::too_many_arguments)]
+    fn launch_rope<T: Elem>(
+        &self,
+        op: &'static str,
+        out: &mut CudaSlice<T>,
+        inp: &CudaSlice<T>,
+        widths: (usize, usize),
+        pos: &CudaSlice<u32>,
+        cos: &CudaSlice<f32>,
+        sin: &CudaSlice<f32>,
+        s: RopeShape,
+    ) -> Result<()> {
+        let (dims, total) = check(op, s, pos, cos, sin, widths.0)?;
+        check_len(op, "out", out, total)?;
+        check_len(op, "inp", inp, s.rows * widths.1)?;
         if total == 0 {
             return Ok(());
         }
-        let f = self.function(&format!("rope_expand_backward_{}", T::SUFFIX))?;
+        let f = self.function(&format!("{op}_{}", T::SUFFIX))?;
         let total64 = total as i64;
         let mut b = self.stream.launch_builder(f);
-        b.arg(dqkv)
-            .arg(dpacked)
+        b.arg(out)
+            .arg(inp)
             .arg(pos)
             .arg(cos)
             .arg(sin)

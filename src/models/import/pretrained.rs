@@ -34,8 +34,12 @@ pub struct Provenance {
     pub format: String,
     /// The architecture the checkpoint declares.
     pub architecture: String,
-    /// sha256 of each weight file, by file name.
+    /// sha256 of each weight file, by file name; filled by [`Provenance::hash_files`] (only
+    /// a run that records its provenance pays for reading the files twice).
     pub sha256: BTreeMap<String, String>,
+    /// The weight files read.
+    #[serde(skip)]
+    pub files: Vec<PathBuf>,
 }
 
 /// A model read from disk, ready to build and load.
@@ -213,14 +217,6 @@ fn open_hf_dir(dir: &Path) -> Result<Pretrained> {
         .unwrap_or("")
         .to_string();
     let files = weight_files(dir)?;
-    let mut sha256 = BTreeMap::new();
-    for f in &files {
-        let name = f
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        sha256.insert(name, sha256_file(f)?);
-    }
     let tokenizer = HfTokenizer::from_dir(dir).map_err(|e| {
         bad(
             dir,
@@ -260,7 +256,8 @@ fn open_hf_dir(dir: &Path) -> Result<Pretrained> {
             path: dir.to_path_buf(),
             format: "hf".into(),
             architecture: arch,
-            sha256,
+            sha256: BTreeMap::new(),
+            files,
         },
     })
 }
@@ -305,6 +302,24 @@ fn take(
     Ok(t)
 }
 
+/// Takes the tensors `names` (each with its row count, and the trailing dimensions `cols`)
+/// and stacks them: the fused matrices kiln keeps (QKV, gate/up).
+fn take_stacked(
+    path: &Path,
+    raw: &mut BTreeMap<String, HostTensor>,
+    names: &[(String, usize)],
+    cols: &[usize],
+) -> Result<HostTensor> {
+    let parts = names
+        .iter()
+        .map(|(name, rows)| {
+            let shape: Vec<usize> = std::iter::once(*rows).chain(cols.iter().copied()).collect();
+            take(path, raw, name, &shape)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(concat_rows(parts))
+}
+
 /// Stacks tensors' rows: `[a; b; ...]` along the first dimension.
 fn concat_rows(parts: Vec<HostTensor>) -> HostTensor {
     let cols: usize = parts[0].shape[1..].iter().product();
@@ -326,17 +341,23 @@ fn pad_rows(mut t: HostTensor, rows: usize) -> HostTensor {
     t
 }
 
-fn transpose(t: HostTensor) -> HostTensor {
-    let (r, c) = (t.shape[0], t.shape[1]);
-    let mut data = vec![0.0; r * c];
+/// The transpose of a row-major `r x c` matrix (GPT-2's Conv1D `[in, out]` against kiln's
+/// `[out, in]`, in both directions).
+pub(crate) fn transposed(data: &[f32], r: usize, c: usize) -> Vec<f32> {
+    let mut out = vec![0.0; r * c];
     for i in 0..r {
         for j in 0..c {
-            data[j * r + i] = t.data[i * c + j];
+            out[j * r + i] = data[i * c + j];
         }
     }
+    out
+}
+
+fn transpose(t: HostTensor) -> HostTensor {
+    let (r, c) = (t.shape[0], t.shape[1]);
     HostTensor {
         shape: vec![c, r],
-        data,
+        data: transposed(&t.data, r, c),
     }
 }
 
@@ -449,40 +470,20 @@ fn llama_from_hf(
             format!("{k}.ln1.weight"),
             take(path, &mut raw, &format!("{p}.input_layernorm.weight"), &[d])?,
         );
-        let q = take(
-            path,
-            &mut raw,
-            &format!("{p}.self_attn.q_proj.weight"),
-            &[qd, d],
-        )?;
-        let kk = take(
-            path,
-            &mut raw,
-            &format!("{p}.self_attn.k_proj.weight"),
-            &[kvd, d],
-        )?;
-        let v = take(
-            path,
-            &mut raw,
-            &format!("{p}.self_attn.v_proj.weight"),
-            &[kvd, d],
-        )?;
-        w.insert(format!("{k}.attn.qkv.weight"), concat_rows(vec![q, kk, v]));
+        let qkv = |part: &str| -> Vec<(String, usize)> {
+            [("q", qd), ("k", kvd), ("v", kvd)]
+                .map(|(x, rows)| (format!("{p}.self_attn.{x}_proj.{part}"), rows))
+                .to_vec()
+        };
+        w.insert(
+            format!("{k}.attn.qkv.weight"),
+            take_stacked(path, &mut raw, &qkv("weight"), &[d])?,
+        );
         if m.qkv_bias {
-            let q = take(path, &mut raw, &format!("{p}.self_attn.q_proj.bias"), &[qd])?;
-            let kk = take(
-                path,
-                &mut raw,
-                &format!("{p}.self_attn.k_proj.bias"),
-                &[kvd],
-            )?;
-            let v = take(
-                path,
-                &mut raw,
-                &format!("{p}.self_attn.v_proj.bias"),
-                &[kvd],
-            )?;
-            w.insert(format!("{k}.attn.qkv.bias"), concat_rows(vec![q, kk, v]));
+            w.insert(
+                format!("{k}.attn.qkv.bias"),
+                take_stacked(path, &mut raw, &qkv("bias"), &[])?,
+            );
         }
         w.insert(
             format!("{k}.attn.out.weight"),
@@ -502,19 +503,12 @@ fn llama_from_hf(
                 &[d],
             )?,
         );
-        let g = take(
-            path,
-            &mut raw,
-            &format!("{p}.mlp.gate_proj.weight"),
-            &[ffn, d],
-        )?;
-        let u = take(
-            path,
-            &mut raw,
-            &format!("{p}.mlp.up_proj.weight"),
-            &[ffn, d],
-        )?;
-        w.insert(format!("{k}.mlp.gate_up.weight"), concat_rows(vec![g, u]));
+        let gate_up = [("gate", ffn), ("up", ffn)]
+            .map(|(x, rows)| (format!("{p}.mlp.{x}_proj.weight"), rows));
+        w.insert(
+            format!("{k}.mlp.gate_up.weight"),
+            take_stacked(path, &mut raw, &gate_up, &[d])?,
+        );
         w.insert(
             format!("{k}.mlp.down.weight"),
             take(
@@ -744,11 +738,6 @@ fn open_gguf(path: &Path) -> Result<Pretrained> {
         );
     }
     check_tokenizer(path, &tokenizer, vocab)?;
-    let file = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let sha256 = BTreeMap::from([(file, sha256_file(path)?)]);
     Ok(Pretrained {
         model: m,
         vocab,
@@ -758,12 +747,35 @@ fn open_gguf(path: &Path) -> Result<Pretrained> {
             path: path.to_path_buf(),
             format: "gguf".into(),
             architecture: arch,
-            sha256,
+            sha256: BTreeMap::new(),
+            files: vec![path.to_path_buf()],
         },
     })
 }
 
+impl Provenance {
+    /// Fills `sha256` with the hash of every weight file.
+    pub fn hash_files(&mut self) -> Result<()> {
+        for f in &self.files {
+            let name = f
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            self.sha256.insert(name, sha256_file(f)?);
+        }
+        Ok(())
+    }
+}
+
 impl Pretrained {
+    /// The model built on the CPU with these weights (fp32), for evaluation and generation.
+    pub fn build_on_cpu(&self) -> Result<Box<dyn Model>> {
+        let pool = crate::engine::MemoryPool::new(crate::engine::Device::Cpu);
+        let mut model = crate::models::build(&self.model, self.vocab, &pool, 0)?;
+        load_into(model.as_mut(), &self.weights, &self.source.path)?;
+        Ok(model)
+    }
+
     /// The `KEY=VALUE` settings that describe this model to a run: its shape, its vocabulary
     /// and its tokenizer (the checkpoint's own, by path).
     pub fn overrides(&self) -> Vec<String> {
