@@ -35,11 +35,20 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--lora", type=int, default=0,
+                    help="PEFT LoRA of this rank on q/k/v/o/gate/up/down over a frozen base")
     a = ap.parse_args()
     torch.manual_seed(0)
     cfg = tf.LlamaConfig(**SHAPES[a.shape], attn_implementation="sdpa")
     model = tf.LlamaForCausalLM(cfg).cuda()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    if a.lora:
+        import peft
+        lc = peft.LoraConfig(r=a.lora, lora_alpha=2 * a.lora, lora_dropout=0.0,
+                             target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
+                                             "gate_proj", "up_proj", "down_proj"])
+        model = peft.get_peft_model(model, lc)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-4, fused=True)
     step_fn = model
     if a.compile:
         step_fn = torch.compile(model)
@@ -59,7 +68,8 @@ def main():
             times.append(time.perf_counter() - t0)
     tps = a.batch * a.seq / statistics.median(times)
     print(json.dumps({
-        "engine": "transformers" + (" + torch.compile" if a.compile else " eager"),
+        "engine": "transformers" + (" + PEFT LoRA r%d" % a.lora if a.lora else "")
+                  + (" + torch.compile" if a.compile else " eager"),
         "shape": a.shape, "batch": a.batch, "seq": a.seq,
         "tokens_per_s": round(tps), "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
     }))

@@ -23,6 +23,10 @@ pub struct EvalArgs {
     /// corpus's validation tail, with its own tokenizer.
     #[arg(long, value_name = "PATH")]
     pub init_from: Option<PathBuf>,
+    /// With --init-from: low-rank adapters in PEFT's format (adapter_config.json and
+    /// adapter_model.safetensors, e.g. a fine-tune's DIR/adapter) applied to the base.
+    #[arg(long, value_name = "DIR", requires = "init_from")]
+    pub adapter: Option<PathBuf>,
     /// Number of evaluation batches (default: the run's train.eval_batches).
     #[arg(long)]
     pub batches: Option<usize>,
@@ -36,12 +40,19 @@ pub struct EvalArgs {
 
 /// A pretrained model as a run without checkpoints: default settings with its shape and
 /// tokenizer, its weights loaded on the CPU.
-fn load_pretrained(path: &std::path::Path) -> Result<train::LoadedRun> {
+fn load_pretrained(
+    path: &std::path::Path,
+    adapter: Option<&std::path::Path>,
+) -> Result<train::LoadedRun> {
     let p = crate::models::import::pretrained::open(path)?;
     let config = crate::config::ResolvedConfig::resolve(None, &p.overrides())?.config;
+    let mut model = p.build_on_cpu()?;
+    if let Some(dir) = adapter {
+        crate::models::peft::apply(model.as_mut(), dir)?;
+    }
     Ok(train::LoadedRun {
         config,
-        model: p.build_on_cpu()?,
+        model,
         step: 0,
         checkpoint: path.to_path_buf(),
     })
@@ -60,7 +71,7 @@ pub fn run(a: EvalArgs) -> Result<()> {
         ));
     }
     let loaded = match &a.init_from {
-        Some(path) => load_pretrained(path)?,
+        Some(path) => load_pretrained(path, a.adapter.as_deref())?,
         None => train::load_run(&super::find_run(a.run.clone())?, a.checkpoint.as_deref())?,
     };
     let cfg = &loaded.config;

@@ -30,6 +30,10 @@ pub struct GenerateArgs {
     /// A pretrained model instead of a kiln run: a Hugging Face directory or a GGUF file.
     #[arg(long, value_name = "PATH")]
     pub init_from: Option<PathBuf>,
+    /// With --init-from: low-rank adapters in PEFT's format (adapter_config.json and
+    /// adapter_model.safetensors, e.g. a fine-tune's DIR/adapter) applied to the base.
+    #[arg(long, value_name = "DIR", requires = "init_from")]
+    pub adapter: Option<PathBuf>,
     /// Text to continue (or, with --chat, the user's message).
     #[arg(long, default_value = "ROMEO:")]
     pub prompt: String,
@@ -170,7 +174,7 @@ fn load(a: &GenerateArgs) -> Result<Loaded> {
 
 fn load_on_cpu(a: &GenerateArgs) -> Result<Loaded> {
     if let Some(path) = &a.init_from {
-        return load_pretrained(path);
+        return load_pretrained(path, a.adapter.as_deref());
     }
     let run_dir = super::find_run(a.run.clone())?;
     let loaded = train::load_run(&run_dir, a.checkpoint.as_deref())?;
@@ -186,9 +190,12 @@ fn load_on_cpu(a: &GenerateArgs) -> Result<Loaded> {
     })
 }
 
-fn load_pretrained(path: &std::path::Path) -> Result<Loaded> {
+fn load_pretrained(path: &std::path::Path, adapter: Option<&std::path::Path>) -> Result<Loaded> {
     let p = crate::models::import::pretrained::open(path)?;
-    let model = p.build_on_cpu()?;
+    let mut model = p.build_on_cpu()?;
+    if let Some(dir) = adapter {
+        crate::models::peft::apply(model.as_mut(), dir)?;
+    }
     let chat = p.tokenizer.chat_template().map(|t| ChatTemplate {
         template: t.to_string(),
         bos: p.tokenizer.bos_token().to_string(),

@@ -9,6 +9,7 @@ pub mod bench_memory;
 pub mod bench_train;
 pub mod eval;
 pub mod export;
+pub mod finetune;
 pub mod generate;
 pub mod hw;
 pub mod plan;
@@ -47,6 +48,9 @@ pub struct Cli {
 pub enum Command {
     /// Train a model (a small GPT on the bundled corpus by default).
     Train(train::TrainArgs),
+    /// Fine-tune a pretrained model: LoRA adapters over a frozen base (or every weight), on
+    /// text, prompt/completion pairs or chats; adapters saved in PEFT's format.
+    Finetune(finetune::FinetuneArgs),
     /// Evaluate a run's latest checkpoint on the held-out tail of its corpus.
     Eval(eval::EvalArgs),
     /// Sample text from a run's latest checkpoint.
@@ -72,6 +76,7 @@ pub enum Command {
 pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Train(a) => train::run(a),
+        Command::Finetune(a) => finetune::run(a),
         Command::Eval(a) => eval::run(a),
         Command::Generate(a) => generate::run(a),
         Command::Export(a) => export::run(a),

@@ -382,6 +382,19 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
     for n in [8192 * 768, 1001] {
         both_dtypes!(check_add, "add, add_assign", &format!("{n}"), n);
     }
+    // A rank-16 adapter's columns of a fused QKV projection (SmolLM2 shape), and ragged sizes.
+    for (n, row, col0, c) in [(16384, 960, 576, 192), (37, 101, 13, 29)] {
+        let shape = format!("N{n} row{row} cols{col0}+{c}");
+        both_dtypes!(
+            check_cols,
+            "add_cols_scaled, cols_scaled",
+            shape,
+            n,
+            row,
+            col0,
+            c
+        );
+    }
     for (vocab, seq, n, c) in [(50304, 256, 1024, 768), (97, 5, 23, 33)] {
         let shape = format!("V{vocab} T{seq} N{n} C{c}");
         both_dtypes!(
@@ -1501,7 +1514,18 @@ fn logits_and_targets(
     d: DType,
 ) -> (Vec<f32>, Vec<u32>) {
     let logits = inp.uniform(n * v, 4.0, d);
-    let targets = (0..n).map(|_| inp.0.below(valid as u64) as u32).collect();
+    // Every fifth row is not trained (a prompt token of fine-tuning data): zero loss and
+    // gradient.
+    let targets = (0..n)
+        .map(|r| {
+            let t = inp.0.below(valid as u64) as u32;
+            if r % 5 == 3 {
+                crate::engine::ops::IGNORE_TARGET
+            } else {
+                t
+            }
+        })
+        .collect();
     (logits, targets)
 }
 
@@ -1623,6 +1647,31 @@ fn check_add<T: Elem>(gpu: &CudaBackend, inp: &mut Inputs, n: usize) -> Check {
     Ok(worst(&[
         rel_err(&gpu.download_f32(&d_out)?, &want, ELEMENTWISE_FLOOR),
         rel_err(&gpu.download_f32(&d_a)?, &want, ELEMENTWISE_FLOOR),
+    ]))
+}
+
+fn check_cols<T: Elem>(
+    gpu: &CudaBackend,
+    inp: &mut Inputs,
+    n: usize,
+    row: usize,
+    col0: usize,
+    c: usize,
+) -> Check {
+    let dst = inp.uniform(n * row, 2.0, T::DTYPE);
+    let src = inp.uniform(n * c, 3.0, T::DTYPE);
+    let mut want_add = dst.clone();
+    cpu::add::add_cols_scaled(&mut want_add, &src, row, col0, c, 0.75);
+    let mut want_cols = vec![0.0; n * c];
+    cpu::add::cols_scaled(&mut want_cols, &dst, row, col0, c, -1.5);
+    let d_src = gpu.upload_as::<T>(&src)?;
+    let mut d_dst = gpu.upload_as::<T>(&dst)?;
+    let mut d_cols = poisoned::<T>(gpu, n * c)?;
+    gpu.cols_scaled(&mut d_cols, &d_dst, n, row, col0, c, -1.5)?;
+    gpu.add_cols_scaled(&mut d_dst, &d_src, n, row, col0, c, 0.75)?;
+    Ok(worst(&[
+        rel_err(&gpu.download_f32(&d_dst)?, &want_add, ELEMENTWISE_FLOOR),
+        rel_err(&gpu.download_f32(&d_cols)?, &want_cols, ELEMENTWISE_FLOOR),
     ]))
 }
 

@@ -49,6 +49,10 @@ pub struct Config {
     pub train: TrainConfig,
     /// Optimizer (AdamW) and learning-rate schedule.
     pub optim: OptimConfig,
+    /// Low-rank adapters over a frozen pretrained base (`kiln finetune`).
+    pub lora: LoraConfig,
+    /// The Shannon control unit: a controller on the strength of the adapters' penalty.
+    pub scu: ScuConfig,
 }
 
 // `default` on the sections lets a config saved by an older build, which
@@ -169,6 +173,11 @@ pub struct DataConfig {
     pub prefetch: usize,
     /// Threads that tokenise the corpus; 0 means one per CPU thread.
     pub loader_threads: usize,
+    /// How to read data.corpus: "text" (plain text, every token trained), "prompt_completion"
+    /// (JSON lines with `prompt` and `completion`; only completions trained) or "chat" (JSON
+    /// lines with `messages`, rendered by the model's chat template; only assistant turns
+    /// trained).
+    pub format: String,
 }
 
 impl Default for DataConfig {
@@ -179,6 +188,7 @@ impl Default for DataConfig {
             val_fraction: 0.05,
             prefetch: 4,
             loader_threads: 0,
+            format: "text".into(),
         }
     }
 }
@@ -296,6 +306,98 @@ impl Default for OptimConfig {
     }
 }
 
+/// `[lora]`: low-rank adapters over a frozen base.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LoraConfig {
+    /// Train adapters on a frozen base instead of every weight.
+    pub enabled: bool,
+    /// The pretrained base the adapters belong to (a Hugging Face directory or .gguf file).
+    pub base: String,
+    /// Rank of each adapter.
+    pub rank: usize,
+    /// Scale numerator: the adapter's output is multiplied by alpha / rank.
+    pub alpha: f64,
+    /// Dropout on the adapters' input (only 0 is supported).
+    pub dropout: f64,
+    /// Comma-separated module names to adapt (q_proj, k_proj, v_proj, o_proj, gate_proj,
+    /// up_proj, down_proj) or "all-linear".
+    pub targets: String,
+    /// Rank-stabilised scaling: alpha / sqrt(rank).
+    pub rslora: bool,
+}
+
+impl Default for LoraConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            base: String::new(),
+            rank: 16,
+            alpha: 32.0,
+            dropout: 0.0,
+            targets: "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj".into(),
+            rslora: false,
+        }
+    }
+}
+
+/// `[scu]`: the Shannon control unit, a PI controller on the penalty weight lambda that holds
+/// the penalty's share S of the total bits per token at a target.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ScuConfig {
+    /// Add the penalty lambda * ParamBPT to the loss (with lora.enabled).
+    pub enabled: bool,
+    /// Run the controller; false keeps lambda at scu.lambda_init (a fixed penalty).
+    pub control: bool,
+    /// Target S* of S = ParamBPT / (DataBPT + ParamBPT), in (0, 1).
+    pub target: f64,
+    /// Proportional gain.
+    pub kp: f64,
+    /// Integral gain.
+    pub ki: f64,
+    /// Prior scale sigma of the adapter weights.
+    pub sigma: f64,
+    /// Training tokens per epoch N in ParamBPT; 0 = the training split's size.
+    pub tokens_per_epoch: f64,
+    /// Smoothing factor of the EMA of S.
+    pub ema: f64,
+    /// Half-width of the band around S* where lambda holds.
+    pub deadband: f64,
+    /// Leak of the integral per controller update.
+    pub leak: f64,
+    /// Bound on the integral term.
+    pub i_max: f64,
+    /// Starting lambda.
+    pub lambda_init: f64,
+    pub lambda_min: f64,
+    pub lambda_max: f64,
+    /// Run the controller every this many optimizer steps.
+    pub every: usize,
+}
+
+impl Default for ScuConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            control: true,
+            target: 0.02,
+            kp: 0.8,
+            ki: 0.15,
+            sigma: 0.01,
+            tokens_per_epoch: 0.0,
+            ema: 0.1,
+            deadband: 0.002,
+            leak: 0.995,
+            i_max: 0.2,
+            lambda_init: 1.0,
+            lambda_min: 1e-4,
+            lambda_max: 10.0,
+            every: 1,
+        }
+    }
+}
+
 /// Every key with its `--help` text, in the order the sections and fields
 /// are declared. A test checks this list against the structs so the two
 /// cannot drift apart.
@@ -383,6 +485,10 @@ const KEYS: &[(&str, &str)] = &[
         "data.loader_threads",
         "threads that tokenise the corpus; 0 = CPU threads",
     ),
+    (
+        "data.format",
+        "\"text\", \"prompt_completion\" or \"chat\" (JSON lines)",
+    ),
     ("train.device", "\"auto\", \"cpu\", \"cuda\" or \"cuda:N\""),
     (
         "train.precision",
@@ -439,6 +545,37 @@ const KEYS: &[(&str, &str)] = &[
     ("optim.beta2", "Adam beta2"),
     ("optim.eps", "Adam epsilon"),
     ("optim.grad_clip", "max gradient norm; 0 disables clipping"),
+    ("lora.enabled", "train low-rank adapters on a frozen base"),
+    ("lora.base", "the pretrained base (HF directory or .gguf)"),
+    ("lora.rank", "rank of each adapter"),
+    (
+        "lora.alpha",
+        "adapter scale numerator (scale = alpha / rank)",
+    ),
+    ("lora.dropout", "dropout on the adapters' input (0 only)"),
+    (
+        "lora.targets",
+        "modules to adapt, comma-separated, or \"all-linear\"",
+    ),
+    ("lora.rslora", "rank-stabilised scale alpha / sqrt(rank)"),
+    ("scu.enabled", "add the adapter penalty lambda * ParamBPT"),
+    ("scu.control", "adjust lambda to hold S at scu.target"),
+    ("scu.target", "target share S* of penalty bits, in (0, 1)"),
+    ("scu.kp", "controller proportional gain"),
+    ("scu.ki", "controller integral gain"),
+    ("scu.sigma", "prior scale of the adapter weights"),
+    (
+        "scu.tokens_per_epoch",
+        "N in ParamBPT; 0 = the training split's tokens",
+    ),
+    ("scu.ema", "EMA factor of S"),
+    ("scu.deadband", "band around S* where lambda holds"),
+    ("scu.leak", "integral leak per update"),
+    ("scu.i_max", "bound on the integral term"),
+    ("scu.lambda_init", "starting lambda"),
+    ("scu.lambda_min", "lower bound of lambda"),
+    ("scu.lambda_max", "upper bound of lambda"),
+    ("scu.every", "controller update every this many steps"),
 ];
 
 /// Every dotted key, in section and field order.

@@ -185,6 +185,12 @@ impl Config {
             ));
         }
         at_least_one("data.prefetch", d.prefetch)?;
+        one_of(
+            "data.format",
+            &d.format,
+            &["text", "prompt_completion", "chat"],
+        )?;
+        self.validate_lora()?;
 
         if !is_device(&t.device) {
             return Err(ConfigError::NotAllowed {
@@ -284,6 +290,112 @@ impl Config {
                 "optim.grad_clip",
                 o.grad_clip,
                 "it must be 0 or more (0 disables clipping)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Config {
+    /// The `[lora]` and `[scu]` rules.
+    fn validate_lora(&self) -> Result<(), ConfigError> {
+        let (l, s) = (&self.lora, &self.scu);
+        for (key, value) in [
+            ("lora.alpha", l.alpha),
+            ("lora.dropout", l.dropout),
+            ("scu.target", s.target),
+            ("scu.kp", s.kp),
+            ("scu.ki", s.ki),
+            ("scu.sigma", s.sigma),
+            ("scu.tokens_per_epoch", s.tokens_per_epoch),
+            ("scu.ema", s.ema),
+            ("scu.deadband", s.deadband),
+            ("scu.leak", s.leak),
+            ("scu.i_max", s.i_max),
+            ("scu.lambda_init", s.lambda_init),
+            ("scu.lambda_min", s.lambda_min),
+            ("scu.lambda_max", s.lambda_max),
+        ] {
+            if !value.is_finite() {
+                return Err(ConfigError::NotFinite { key, value });
+            }
+        }
+        at_least_one("lora.rank", l.rank)?;
+        if l.alpha <= 0.0 {
+            return Err(out_of_range(
+                "lora.alpha",
+                l.alpha,
+                "it must be positive, e.g. 32",
+            ));
+        }
+        if l.dropout != 0.0 {
+            return Err(out_of_range(
+                "lora.dropout",
+                l.dropout,
+                "adapter dropout is not implemented; use 0",
+            ));
+        }
+        if l.targets.split(',').all(|t| t.trim().is_empty()) {
+            return Err(out_of_range(
+                "lora.targets",
+                &l.targets,
+                "name at least one module, e.g. q_proj,v_proj, or all-linear",
+            ));
+        }
+        if l.enabled && l.base.is_empty() {
+            return Err(out_of_range(
+                "lora.base",
+                "\"\"",
+                "adapters need a base model: kiln finetune --init-from PATH sets it",
+            ));
+        }
+        if !(s.target > 0.0 && s.target < 1.0) {
+            return Err(out_of_range(
+                "scu.target",
+                s.target,
+                "S* is a share of the bits per token: it must be in (0, 1), e.g. 0.02",
+            ));
+        }
+        if s.sigma <= 0.0 || s.tokens_per_epoch < 0.0 {
+            return Err(out_of_range(
+                "scu.sigma",
+                s.sigma,
+                "scu.sigma must be positive and scu.tokens_per_epoch 0 or more",
+            ));
+        }
+        if !(s.ema > 0.0 && s.ema <= 1.0 && (0.0..=1.0).contains(&s.leak)) {
+            return Err(out_of_range(
+                "scu.ema",
+                s.ema,
+                "scu.ema must be in (0, 1] and scu.leak in [0, 1]",
+            ));
+        }
+        let in_bounds =
+            s.lambda_min > 0.0 && s.lambda_min <= s.lambda_init && s.lambda_init <= s.lambda_max;
+        let fixed_zero = s.lambda_init == 0.0 && !s.control;
+        if !(in_bounds || fixed_zero) {
+            return Err(out_of_range(
+                "scu.lambda_init",
+                s.lambda_init,
+                format!(
+                    "it must lie in [scu.lambda_min, scu.lambda_max] = [{}, {}] with scu.lambda_min > 0 (0 is allowed only with scu.control=false, a fixed lambda)",
+                    s.lambda_min, s.lambda_max
+                ),
+            ));
+        }
+        if s.kp < 0.0 || s.ki < 0.0 || s.deadband < 0.0 || s.i_max < 0.0 {
+            return Err(out_of_range(
+                "scu.kp",
+                s.kp,
+                "the gains, scu.deadband and scu.i_max must be 0 or more",
+            ));
+        }
+        at_least_one("scu.every", s.every)?;
+        if s.enabled && !l.enabled {
+            return Err(out_of_range(
+                "scu.enabled",
+                true,
+                "the penalty is on the adapters: it needs lora.enabled=true (kiln finetune)",
             ));
         }
         Ok(())

@@ -11,11 +11,14 @@ use std::sync::Arc;
 use super::DataError;
 use crate::engine::rng::{hash3, stream};
 
-/// The token stream cut into a training head and a validation tail.
+/// The token stream cut into a training head and a validation tail. For fine-tuning data
+/// (`sft`), the streams hold the trained target tokens of each split (what the unigram
+/// baseline is measured on) and the packed rows are in `sft`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TokenSplits {
     pub train: Arc<Vec<u32>>,
     pub val: Arc<Vec<u32>>,
+    pub sft: Option<Arc<super::sft::SftSplits>>,
 }
 
 /// Splits off the last `val_fraction` of `tokens` for validation.
@@ -36,6 +39,7 @@ pub fn split_tokens(mut tokens: Vec<u32>, val_fraction: f64) -> TokenSplits {
     TokenSplits {
         train: Arc::new(tokens),
         val: Arc::new(val),
+        sft: None,
     }
 }
 

@@ -15,6 +15,7 @@ pub mod gguf;
 mod hf_tokenizer;
 mod import_error;
 mod prefetch;
+pub mod sft;
 mod tokenizer;
 
 pub use batch::{

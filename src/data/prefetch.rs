@@ -12,10 +12,12 @@ use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, sync_channel};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::sft::{self, SftFormat, SftTokenizer};
 use super::{
-    Batch, Corpus, DataError, TokenSplits, check_train_len, encode_chunked, split_tokens,
-    tokenizer_by_name, train_batch,
+    Batch, Corpus, DataError, TokenSplits, check_train_len, encode_chunked, is_tokenizer_path,
+    split_tokens, tokenizer_by_name, tokenizer_from_path, train_batch,
 };
+use std::path::Path;
 
 /// Everything the loader needs to reproduce a run's data stream.
 #[derive(Debug, Clone, PartialEq)]
@@ -33,6 +35,8 @@ pub struct DataSpec {
     pub grad_accum: usize,
     /// Threads that tokenise the corpus.
     pub threads: usize,
+    /// `data.format`: "text", or a fine-tuning format of JSON lines (see [`super::sft`]).
+    pub format: String,
 }
 
 impl DataSpec {
@@ -205,6 +209,9 @@ impl Drop for Prefetcher {
 /// Loads, tokenises and splits; `Ok(None)` when cancelled part way.
 fn prepare(spec: &DataSpec, cancel: &AtomicBool) -> Result<Option<TokenSplits>, DataError> {
     spec.validate()?;
+    if let Some(format) = SftFormat::from_setting(&spec.format) {
+        return prepare_sft(spec, format).map(Some);
+    }
     let tokenizer = tokenizer_by_name(&spec.tokenizer)?;
     let corpus = Corpus::load(spec.corpus.as_deref())?;
     let Some(tokens) = encode_chunked(tokenizer.as_ref(), &corpus.text, cancel, spec.threads)
@@ -215,6 +222,38 @@ fn prepare(spec: &DataSpec, cancel: &AtomicBool) -> Result<Option<TokenSplits>, 
     let splits = split_tokens(tokens, spec.val_fraction);
     check_train_len(&splits.train, spec.seq)?;
     Ok(Some(splits))
+}
+
+/// Loads a fine-tuning file: packed rows, and the trained targets as the token streams.
+fn prepare_sft(spec: &DataSpec, format: SftFormat) -> Result<TokenSplits, DataError> {
+    let path = spec.corpus.as_deref().ok_or_else(|| {
+        DataError::InvalidSpec(format!(
+            "data.format={} reads JSON lines from data.corpus (kiln finetune --data FILE); the bundled corpus is plain text",
+            spec.format
+        ))
+    })?;
+    let pretrained;
+    let plain;
+    let tok = if is_tokenizer_path(&spec.tokenizer) {
+        pretrained = tokenizer_from_path(Path::new(&spec.tokenizer))?;
+        SftTokenizer::Pretrained(&pretrained)
+    } else {
+        plain = tokenizer_by_name(&spec.tokenizer)?;
+        SftTokenizer::Plain(plain.as_ref())
+    };
+    let data = sft::load(path, format, &tok, spec.seq, spec.val_fraction)?;
+    let trained = |r: &sft::SftRows| -> Vec<u32> {
+        r.targets
+            .iter()
+            .copied()
+            .filter(|&t| t != crate::engine::ops::IGNORE_TARGET)
+            .collect()
+    };
+    Ok(TokenSplits {
+        train: Arc::new(trained(&data.train)),
+        val: Arc::new(trained(&data.val)),
+        sft: Some(Arc::new(data)),
+    })
 }
 
 fn produce(
@@ -237,12 +276,16 @@ fn produce(
         return;
     }
     let train = splits.train;
+    let sft = splits.sft;
     for step in start_step..=u64::MAX {
         for micro in 0..spec.grad_accum as u64 {
             if cancel.load(Ordering::Relaxed) {
                 return;
             }
-            let b = train_batch(&train, spec.seed, step, micro, spec.micro_batch, spec.seq);
+            let b = match &sft {
+                Some(d) => sft::train_rows(&d.train, spec.seed, step, micro, 0..spec.micro_batch),
+                None => train_batch(&train, spec.seed, step, micro, spec.micro_batch, spec.seq),
+            };
             if batch_tx.send((step, micro, b)).is_err() {
                 return;
             }
@@ -265,6 +308,7 @@ mod tests {
             seq: 32,
             grad_accum: 3,
             threads: 2,
+            format: "text".into(),
         }
     }
 

@@ -7,6 +7,7 @@
 use super::cpu;
 use super::cpu::adamw::AdamWStep;
 use super::cpu::attention::AttnShape;
+pub use super::cpu::cross_entropy::IGNORE_TARGET;
 use super::cpu::gemm::GemmShape;
 use super::cpu::kv_cache::CacheShape;
 use super::cpu::rope::RopeShape;
@@ -140,20 +141,44 @@ pub fn linear_forward(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tens
     Ok(out)
 }
 
-/// Returns `dx`; accumulates into `dw` and `db`.
+/// Returns `dx`; accumulates into `dw` and `db`. A frozen weight passes no `dw` (and then no
+/// `db`): only the input gradient is computed, with no weight-gradient GEMM.
 pub fn linear_backward(
     dout: &Tensor,
     x: &Tensor,
     w: &Tensor,
-    dw: &mut Tensor,
+    dw: Option<&mut Tensor>,
     db: Option<&mut Tensor>,
 ) -> Result<Tensor> {
     let _prof = profile::scope("linear_backward", x);
-    let on = device_of("linear_backward", &[dout, x, w, dw])?;
+    let on = device_of("linear_backward", &[dout, x, w])?;
     let (n, c_in) = rows_cols("linear_backward", x)?;
     let c_out = w.shape()[0];
     expect_len("linear_backward", "dout", dout, n * c_out)?;
     let mut dx = Tensor::uninit(x.pool(), x.shape(), act_dtype(x))?;
+    let Some(dw) = dw else {
+        match on {
+            On::Cpu => cpu::gemm::linear_backward_input(
+                dx.host_mut(),
+                dout.host(),
+                w.host(),
+                n,
+                c_in,
+                c_out,
+            ),
+            On::Gpu(g) => with_elem!(x.dtype(), T => g.linear_backward_input::<T>(
+                dx.cuda_mut(),
+                dout.cuda(),
+                w.cuda(),
+                n,
+                c_in,
+                c_out,
+                x.pool().gemm_math(),
+            ))?,
+        }
+        return Ok(dx);
+    };
+    device_of("linear_backward", &[dw])?;
     match on {
         On::Cpu => cpu::gemm::linear_backward(
             dx.host_mut(),
@@ -180,6 +205,73 @@ pub fn linear_backward(
         ))?,
     }
     Ok(dx)
+}
+
+/// `dst[r, col0 .. col0 + c] += alpha * src[r, ..]` for every row `r` of `dst[N, row]` and
+/// `src[N, c]`: a low-rank adapter's output added into its columns of a fused projection.
+pub fn add_cols_scaled(dst: &mut Tensor, src: &Tensor, col0: usize, alpha: f32) -> Result<()> {
+    const OP: &str = "add_cols_scaled";
+    let _prof = profile::scope(OP, src);
+    let on = device_of(OP, &[dst, src])?;
+    let (n, row) = rows_cols(OP, dst)?;
+    let (_, c) = rows_cols(OP, src)?;
+    check_cols(OP, n, row, src, col0, c)?;
+    match on {
+        On::Cpu => cpu::add::add_cols_scaled(dst.host_mut(), src.host(), row, col0, c, alpha),
+        On::Gpu(g) => {
+            same_gpu_dtype(OP, dst, src)?;
+            with_elem!(src.dtype(), T => g.add_cols_scaled::<T>(
+                dst.cuda_mut(), src.cuda(), n, row, col0, c, alpha,
+            ))?
+        }
+    }
+    Ok(())
+}
+
+/// `alpha * src[.., col0 .. col0 + c]` as a new `[N, c]` tensor: the gradient that reaches a
+/// low-rank adapter from its columns of a fused projection.
+pub fn cols_scaled(src: &Tensor, col0: usize, c: usize, alpha: f32) -> Result<Tensor> {
+    const OP: &str = "cols_scaled";
+    let _prof = profile::scope(OP, src);
+    let on = device_of(OP, &[src])?;
+    let (n, row) = rows_cols(OP, src)?;
+    if c == 0 || col0 + c > row {
+        return Err(EngineError::Shape {
+            op: OP,
+            detail: format!("columns {col0}..{} of rows of {row}", col0 + c),
+        });
+    }
+    let mut shape = src.shape().to_vec();
+    *shape.last_mut().expect("rows_cols checked rank") = c;
+    let mut out = Tensor::uninit(src.pool(), &shape, act_dtype(src))?;
+    match on {
+        On::Cpu => cpu::add::cols_scaled(out.host_mut(), src.host(), row, col0, c, alpha),
+        On::Gpu(g) => with_elem!(src.dtype(), T => g.cols_scaled::<T>(
+            out.cuda_mut(), src.cuda(), n, row, col0, c, alpha,
+        ))?,
+    }
+    Ok(out)
+}
+
+fn check_cols(
+    op: &'static str,
+    n: usize,
+    row: usize,
+    src: &Tensor,
+    col0: usize,
+    c: usize,
+) -> Result<()> {
+    if src.len() != n * c || col0 + c > row {
+        return Err(EngineError::Shape {
+            op,
+            detail: format!(
+                "a source of shape {:?} does not fill columns {col0}..{} of {n} rows of {row}",
+                src.shape(),
+                col0 + c
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// What a layernorm forward saves for its backward.
@@ -532,7 +624,10 @@ fn check_targets(
             detail: format!("{} targets for {n} rows", targets.len()),
         });
     }
-    if let Some(&t) = targets.iter().find(|&&t| t as usize >= valid) {
+    if let Some(&t) = targets
+        .iter()
+        .find(|&&t| t as usize >= valid && t != IGNORE_TARGET)
+    {
         return Err(EngineError::Shape {
             op,
             detail: format!("target id {t} outside the vocabulary of {valid}"),

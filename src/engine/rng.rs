@@ -26,6 +26,8 @@ pub mod stream {
     pub const INIT: u64 = 1;
     pub const DATA: u64 = 2;
     pub const SAMPLE: u64 = 3;
+    /// Initial values of low-rank adapters.
+    pub const LORA: u64 = 4;
 }
 
 /// A sequential generator over one stream; its whole state is `(seed, stream, counter)`.

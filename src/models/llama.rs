@@ -18,6 +18,7 @@ use crate::engine::rng::{Rng, stream};
 use crate::engine::{DType, MemoryPool, Result, Tensor, ops};
 use crate::nn::gqa::{GqaAttention, GqaSaved, Heads, Rotary};
 use crate::nn::linear::Linear;
+use crate::nn::lora::{Adapter, LoraSpec};
 use crate::nn::rmsnorm::RmsNorm;
 use crate::nn::swiglu::{SwiGlu, SwiGluSaved};
 use crate::nn::{ActLayout, Cost, Init, Param};
@@ -265,6 +266,22 @@ impl Llama {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
+        let mut blocks = blocks;
+        let (h, k, d, f) = (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.ffn_hidden);
+        for (l, b) in blocks.iter_mut().enumerate() {
+            // The module names of a Hugging Face checkpoint, which adapters are saved under.
+            let named = |m: &str, cols: usize| (format!("model.layers.{l}.{m}"), cols);
+            b.attn.qkv.set_blocks(&[
+                named("self_attn.q_proj", h * d),
+                named("self_attn.k_proj", k * d),
+                named("self_attn.v_proj", k * d),
+            ]);
+            b.attn.out.set_blocks(&[named("self_attn.o_proj", c)]);
+            b.mlp
+                .gate_up
+                .set_blocks(&[named("mlp.gate_proj", f), named("mlp.up_proj", f)]);
+            b.mlp.down.set_blocks(&[named("mlp.down_proj", c)]);
+        }
         let ln_f = RmsNorm::new(pool, "ln_f", c, cfg.norm_eps, &mut rng)?;
         let head = if cfg.tied_head {
             None
@@ -368,6 +385,87 @@ impl Model for Llama {
         v
     }
 
+    fn attach_lora(
+        &mut self,
+        spec: &LoraSpec,
+        seed: u64,
+    ) -> std::result::Result<Vec<String>, String> {
+        let fail = |e: crate::engine::EngineError| e.to_string();
+        let mut rng = Rng::new(seed, stream::LORA);
+        let pool = self.embed.value.pool().clone();
+        for p in self.params_mut() {
+            p.freeze().map_err(fail)?;
+        }
+        let mut adapted = Vec::new();
+        for (l, b) in self.blocks.iter_mut().enumerate() {
+            for (name, lin) in [
+                ("attn.qkv", &mut b.attn.qkv),
+                ("attn.out", &mut b.attn.out),
+                ("mlp.gate_up", &mut b.mlp.gate_up),
+                ("mlp.down", &mut b.mlp.down),
+            ] {
+                adapted.extend(
+                    lin.attach_lora(&pool, &format!("layers.{l}.{name}"), spec, &mut rng)
+                        .map_err(fail)?,
+                );
+            }
+        }
+        Ok(adapted)
+    }
+
+    fn lora_modules(&self) -> Vec<String> {
+        self.blocks
+            .iter()
+            .flat_map(|b| {
+                [&b.attn.qkv, &b.attn.out, &b.mlp.gate_up, &b.mlp.down]
+                    .into_iter()
+                    .flat_map(|lin| lin.blocks.iter().map(|blk| blk.module.clone()))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    fn adapters(&self) -> Vec<&Adapter> {
+        self.blocks
+            .iter()
+            .flat_map(|b| {
+                [&b.attn.qkv, &b.attn.out, &b.mlp.gate_up, &b.mlp.down]
+                    .into_iter()
+                    .flat_map(|lin| lin.adapters.iter())
+            })
+            .collect()
+    }
+
+    fn adapters_mut(&mut self) -> Vec<&mut Adapter> {
+        self.blocks
+            .iter_mut()
+            .flat_map(|b| {
+                [
+                    &mut b.attn.qkv,
+                    &mut b.attn.out,
+                    &mut b.mlp.gate_up,
+                    &mut b.mlp.down,
+                ]
+                .into_iter()
+                .flat_map(|lin| lin.adapters.iter_mut())
+            })
+            .collect()
+    }
+
+    fn merge_lora(&mut self) -> Result<()> {
+        for b in &mut self.blocks {
+            for lin in [
+                &mut b.attn.qkv,
+                &mut b.attn.out,
+                &mut b.mlp.gate_up,
+                &mut b.mlp.down,
+            ] {
+                lin.merge_adapters()?;
+            }
+        }
+        Ok(())
+    }
+
     fn forward_backward(
         &mut self,
         inputs: &[u32],
@@ -422,7 +520,9 @@ impl Model for Llama {
                 .ln1
                 .backward(&mut dstream, &d_ln1, &a.input, &a.ln1_rstd)?;
         }
-        ops::token_embedding_backward(&mut self.embed.grad, &dstream, inputs)?;
+        if let Some(dembed) = self.embed.grad_mut() {
+            ops::token_embedding_backward(dembed, &dstream, inputs)?;
+        }
         Ok(losses.iter().map(|&l| l as f64).sum())
     }
 

@@ -4,12 +4,14 @@ pub mod export;
 pub mod gpt;
 pub mod import;
 pub mod llama;
+pub mod peft;
 pub mod resnet_bk;
 
 use crate::config::ModelConfig;
 use crate::engine::cpu::kv_cache::CacheShape;
 use crate::engine::{DType, EngineError, MemoryPool, Result, Tensor, ops};
 use crate::error::KilnError;
+use crate::nn::lora::{Adapter, LoraSpec};
 use crate::nn::moe::{MoeConfig, MoeStats};
 use crate::nn::{Cost, Kernels, Param};
 use gpt::{Gpt, GptConfig};
@@ -19,9 +21,53 @@ use std::sync::Arc;
 
 /// What the trainer asks of a model.
 pub trait Model: Send {
-    /// Every parameter in a fixed order (checkpoints and the optimizer rely on it).
+    /// Every parameter, frozen ones included, in a fixed order (imports and exports map them
+    /// by name).
     fn params(&self) -> Vec<&Param>;
     fn params_mut(&mut self) -> Vec<&mut Param>;
+
+    /// The parameters that train, in a fixed order (the optimizer and checkpoints rely on
+    /// it): all of them, or only the adapters over a frozen base.
+    fn trainable_params(&self) -> Vec<&Param> {
+        self.params().into_iter().filter(|p| !p.frozen).collect()
+    }
+
+    fn trainable_params_mut(&mut self) -> Vec<&mut Param> {
+        self.params_mut()
+            .into_iter()
+            .filter(|p| !p.frozen)
+            .collect()
+    }
+
+    /// Freezes every weight and adds low-rank adapters on the projections `spec` targets
+    /// (see [`crate::nn::lora`]); returns the adapted modules. Families without adapters say
+    /// so.
+    fn attach_lora(
+        &mut self,
+        _spec: &LoraSpec,
+        _seed: u64,
+    ) -> std::result::Result<Vec<String>, String> {
+        Err("low-rank adapters exist for model.kind=llama only".into())
+    }
+
+    /// The modules adapters can target (Hugging Face names), for error messages.
+    fn lora_modules(&self) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// Folds the adapters into the base weights (f32 masters) and removes them.
+    fn merge_lora(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    /// The low-rank adapters, in parameter order.
+    fn adapters(&self) -> Vec<&Adapter> {
+        Vec::new()
+    }
+
+    fn adapters_mut(&mut self) -> Vec<&mut Adapter> {
+        Vec::new()
+    }
 
     /// Forward and backward on one micro-batch of `inputs`/`targets` (`[batch, seq]`),
     /// accumulating parameter gradients of `grad_scale * sum(token losses)`. Returns the sum

@@ -1,5 +1,8 @@
-//! Fully connected layer, `y = x W^T + b`, weights stored `[out, in]`.
+//! Fully connected layer, `y = x W^T + b`, weights stored `[out, in]`, optionally with
+//! low-rank adapters on blocks of its output (see [`super::lora`]). A frozen weight skips its
+//! weight-gradient GEMM.
 
+use super::lora::{Adapter, LoraSpec, OutputBlock};
 use super::{Cost, Init, Param};
 use crate::engine::rng::Rng;
 use crate::engine::{MemoryPool, Result, Tensor, ops};
@@ -10,6 +13,10 @@ pub struct Linear {
     pub bias: Option<Param>,
     pub c_in: usize,
     pub c_out: usize,
+    /// Named blocks of the output columns that adapters can target (set by the model;
+    /// empty means the layer is not a target).
+    pub blocks: Vec<OutputBlock>,
+    pub adapters: Vec<Adapter>,
 }
 
 impl Linear {
@@ -43,33 +50,124 @@ impl Linear {
             },
             c_in,
             c_out,
+            blocks: Vec::new(),
+            adapters: Vec::new(),
         })
     }
 
+    /// Names the output blocks (`(module, columns)` in column order) adapters may target.
+    pub fn set_blocks(&mut self, blocks: &[(String, usize)]) {
+        let mut col0 = 0;
+        self.blocks = blocks
+            .iter()
+            .map(|(module, cols)| {
+                let b = OutputBlock {
+                    module: module.clone(),
+                    col0,
+                    cols: *cols,
+                };
+                col0 += cols;
+                b
+            })
+            .collect();
+        debug_assert_eq!(col0, self.c_out, "blocks must cover the output");
+    }
+
+    /// Freezes the weight and bias and adds an adapter on every block `spec` targets;
+    /// returns the modules it adapted. `name` prefixes the adapters' parameter names.
+    pub fn attach_lora(
+        &mut self,
+        pool: &Arc<MemoryPool>,
+        name: &str,
+        spec: &LoraSpec,
+        rng: &mut Rng,
+    ) -> Result<Vec<String>> {
+        self.freeze()?;
+        let mut adapted = Vec::new();
+        for block in self.blocks.iter().filter(|b| spec.matches(b)) {
+            adapted.push(block.module.clone());
+            self.adapters.push(Adapter::new(
+                pool,
+                name,
+                block.clone(),
+                self.c_in,
+                spec,
+                rng,
+            )?);
+        }
+        Ok(adapted)
+    }
+
+    /// Freezes the weight and the bias (no gradients, no weight-gradient GEMMs).
+    pub fn freeze(&mut self) -> Result<()> {
+        self.weight.freeze()?;
+        if let Some(b) = &mut self.bias {
+            b.freeze()?;
+        }
+        Ok(())
+    }
+
+    /// Folds the adapters into the weight (f32 masters on the host side) and removes them.
+    pub fn merge_adapters(&mut self) -> Result<()> {
+        if self.adapters.is_empty() {
+            return Ok(());
+        }
+        let mut w = self.weight.value.to_vec()?;
+        for ad in &self.adapters {
+            let delta = ad.delta()?;
+            let rows =
+                &mut w[ad.block.col0 * self.c_in..(ad.block.col0 + ad.block.cols) * self.c_in];
+            rows.iter_mut().zip(&delta).for_each(|(w, d)| *w += d);
+        }
+        self.weight.value.copy_from_host(&w)?;
+        self.weight.refresh_compute()?;
+        self.adapters.clear();
+        Ok(())
+    }
+
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        ops::linear_forward(
+        let mut y = ops::linear_forward(
             x,
             self.weight.weight(),
             self.bias.as_ref().map(Param::weight),
-        )
+        )?;
+        for ad in &self.adapters {
+            ad.forward_into(&mut y, x)?;
+        }
+        Ok(y)
     }
 
     /// Returns `dx`; accumulates the parameter gradients. `x` is the forward's input.
     pub fn backward(&mut self, dout: &Tensor, x: &Tensor) -> Result<Tensor> {
         let (w, dw) = self.weight.weight_and_grad();
-        ops::linear_backward(dout, x, w, dw, self.bias.as_mut().map(|b| &mut b.grad))
+        let db = self.bias.as_mut().and_then(|b| b.grad_mut());
+        let mut dx = ops::linear_backward(dout, x, w, dw, db)?;
+        for ad in &mut self.adapters {
+            ad.backward(dout, x, &mut dx)?;
+        }
+        Ok(dx)
     }
 
     pub fn params(&self) -> Vec<&Param> {
-        std::iter::once(&self.weight)
+        let mut v: Vec<&Param> = std::iter::once(&self.weight)
             .chain(self.bias.as_ref())
-            .collect()
+            .collect();
+        for ad in &self.adapters {
+            v.push(&ad.a);
+            v.push(&ad.b);
+        }
+        v
     }
 
     pub fn params_mut(&mut self) -> Vec<&mut Param> {
-        std::iter::once(&mut self.weight)
+        let mut v: Vec<&mut Param> = std::iter::once(&mut self.weight)
             .chain(self.bias.as_mut())
-            .collect()
+            .collect();
+        for ad in &mut self.adapters {
+            v.push(&mut ad.a);
+            v.push(&mut ad.b);
+        }
+        v
     }
 
     pub fn cost(&self, tokens: usize) -> Cost {
@@ -110,6 +208,7 @@ mod tests {
             weighted_sum(&lin.forward(x).unwrap(), &w)
         });
         let dw = lin.weight.grad.to_vec().unwrap();
+
         let weight = lin.weight.value.try_clone().unwrap();
         check("dW", &weight, &dw, 100, |wt| {
             weighted_sum(
@@ -124,5 +223,71 @@ mod tests {
         });
         assert_eq!(lin.cost(6).params, 35);
         assert_eq!(lin.cost(6).flops_forward, 2 * 6 * 30);
+    }
+
+    /// Adapters on two of three output blocks of a frozen layer: the input and adapter
+    /// gradients match finite differences, the frozen weight gets no gradient, and merging
+    /// gives the same outputs.
+    #[test]
+    fn adapters_on_blocks_of_a_frozen_layer() {
+        let p = pool();
+        let mut lin = Linear::new(&p, "qkv", 6, 7, true, 0.5, &mut rng(1)).unwrap();
+        lin.set_blocks(&[("q".into(), 3), ("k".into(), 2), ("v".into(), 2)]);
+        let spec = LoraSpec {
+            rank: 2,
+            alpha: 4.0,
+            rslora: false,
+            targets: vec!["q".into(), "v".into()],
+        };
+        let adapted = lin.attach_lora(&p, "qkv", &spec, &mut rng(2)).unwrap();
+        assert_eq!(adapted, vec!["q".to_string(), "v".to_string()]);
+        assert!(lin.weight.frozen && lin.weight.grad.is_empty());
+        // B starts at zero; give it values so every path is exercised.
+        for (i, ad) in lin.adapters.iter_mut().enumerate() {
+            let n = ad.b.value.len();
+            let vals = random_tensor(&p, &[n], 10 + i as u64).to_vec().unwrap();
+            ad.b.value.copy_from_host(&vals).unwrap();
+        }
+        let x = random_tensor(&p, &[2, 3, 6], 3);
+        let w = random_tensor(&p, &[2, 3, 7], 4);
+        let dx = lin.backward(&w, &x).unwrap();
+        check("dx", &x, dx.host(), 100, |x| {
+            weighted_sum(&lin.forward(x).unwrap(), &w)
+        });
+        for k in 0..2 {
+            let da = lin.adapters[k].a.grad.to_vec().unwrap();
+            let a0 = lin.adapters[k].a.value.try_clone().unwrap();
+            let mut probe = Linear::new(&p, "qkv", 6, 7, true, 0.5, &mut rng(1)).unwrap();
+            probe.set_blocks(&[("q".into(), 3), ("k".into(), 2), ("v".into(), 2)]);
+            probe.attach_lora(&p, "qkv", &spec, &mut rng(2)).unwrap();
+            for (dst, src) in probe.adapters.iter_mut().zip(&lin.adapters) {
+                dst.a
+                    .value
+                    .copy_from_host(&src.a.value.to_vec().unwrap())
+                    .unwrap();
+                dst.b
+                    .value
+                    .copy_from_host(&src.b.value.to_vec().unwrap())
+                    .unwrap();
+            }
+            check("dA", &a0, &da, 100, |a| {
+                probe.adapters[k]
+                    .a
+                    .value
+                    .copy_from_host(&a.to_vec().unwrap())
+                    .unwrap();
+                weighted_sum(&probe.forward(&x).unwrap(), &w)
+            });
+        }
+        let before = lin.forward(&x).unwrap().to_vec().unwrap();
+        let mut merged = Linear::new(&p, "qkv", 6, 7, true, 0.5, &mut rng(1)).unwrap();
+        merged.set_blocks(&[("q".into(), 3), ("k".into(), 2), ("v".into(), 2)]);
+        merged.adapters = std::mem::take(&mut lin.adapters);
+        merged.merge_adapters().unwrap();
+        assert!(merged.adapters.is_empty());
+        let after = merged.forward(&x).unwrap().to_vec().unwrap();
+        for (a, b) in before.iter().zip(&after) {
+            assert!((a - b).abs() < 1e-5, "merged {b} vs adapted {a}");
+        }
     }
 }

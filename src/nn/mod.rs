@@ -11,6 +11,7 @@ pub mod embedding;
 pub mod gqa;
 pub mod layernorm;
 pub mod linear;
+pub mod lora;
 pub mod mlp;
 pub mod moe;
 pub mod rmsnorm;
@@ -32,6 +33,10 @@ pub struct Param {
     pub compute: Option<Tensor>,
     /// Whether weight decay applies (matrices yes; biases and norm gains no).
     pub decay: bool,
+    /// A frozen parameter (the base model under low-rank adapters) takes no gradient: its
+    /// `grad` is empty, the optimizer never sees it, and the layers skip its weight-gradient
+    /// GEMMs. Its value is kept only in the compute dtype (no f32 master).
+    pub frozen: bool,
 }
 
 /// Which implementation of the operations kiln fuses a layer runs (`train.fused_kernels`).
@@ -63,6 +68,8 @@ pub enum Init {
     Zeros,
     Ones,
     Normal(f32),
+    /// Uniform on `[-bound, bound]`.
+    Uniform(f32),
 }
 
 impl Param {
@@ -78,6 +85,9 @@ impl Param {
             Init::Zeros => vec![0.0; n],
             Init::Ones => vec![1.0; n],
             Init::Normal(std) => (0..n).map(|_| rng.normal() * std).collect(),
+            Init::Uniform(bound) => (0..n)
+                .map(|_| (rng.next_f32() * 2.0 - 1.0) * bound)
+                .collect(),
         };
         Ok(Param {
             name,
@@ -85,7 +95,21 @@ impl Param {
             grad: Tensor::zeros(pool, shape, DType::F32)?,
             compute: None,
             decay: shape.len() >= 2,
+            frozen: false,
         })
+    }
+
+    /// Freezes the parameter: drops its gradient buffer. [`Param::set_compute_dtype`] then
+    /// converts the value itself instead of adding a copy.
+    pub fn freeze(&mut self) -> Result<()> {
+        self.frozen = true;
+        self.grad = Tensor::zeros(self.value.pool(), &[0], DType::F32)?;
+        Ok(())
+    }
+
+    /// The gradient to accumulate into, or `None` for a frozen parameter.
+    pub fn grad_mut(&mut self) -> Option<&mut Tensor> {
+        (!self.frozen).then_some(&mut self.grad)
     }
 
     /// The tensor the forward and backward read: the compute copy if there is one.
@@ -93,9 +117,10 @@ impl Param {
         self.compute.as_ref().unwrap_or(&self.value)
     }
 
-    /// The weight to read and the gradient to write, borrowed together.
-    pub fn weight_and_grad(&mut self) -> (&Tensor, &mut Tensor) {
-        (self.compute.as_ref().unwrap_or(&self.value), &mut self.grad)
+    /// The weight to read and the gradient to write (none when frozen), borrowed together.
+    pub fn weight_and_grad(&mut self) -> (&Tensor, Option<&mut Tensor>) {
+        let grad = (!self.frozen).then_some(&mut self.grad);
+        (self.compute.as_ref().unwrap_or(&self.value), grad)
     }
 
     /// Rewrites the compute copy, if there is one, from the master (after loading the master).
@@ -118,8 +143,22 @@ impl Param {
         Ok(())
     }
 
-    /// Creates or refreshes the compute copy (`None` keeps computing on the master).
+    /// Creates or refreshes the compute copy (`None` keeps computing on the master). A frozen
+    /// parameter has no master to keep: its value is converted in place.
     pub fn set_compute_dtype(&mut self, dtype: Option<DType>) -> Result<()> {
+        if self.frozen {
+            let want = dtype.unwrap_or(DType::F32);
+            if self.value.dtype() != want {
+                self.value = Tensor::from_vec(
+                    self.value.pool(),
+                    self.value.shape(),
+                    want,
+                    self.value.to_vec()?,
+                )?;
+            }
+            self.compute = None;
+            return Ok(());
+        }
         self.compute = match dtype {
             None | Some(DType::F32) => None,
             Some(d) => Some(Tensor::from_vec(

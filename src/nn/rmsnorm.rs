@@ -2,7 +2,7 @@
 
 use super::{ActLayout, Cost, Init, Param, f32_bytes};
 use crate::engine::rng::Rng;
-use crate::engine::{MemoryPool, Result, Tensor, ops};
+use crate::engine::{DType, MemoryPool, Result, Tensor, ops};
 use std::sync::Arc;
 
 pub struct RmsNorm {
@@ -46,6 +46,11 @@ impl RmsNorm {
         rstd: &Tensor,
     ) -> Result<()> {
         let gamma = self.gamma.compute.as_ref().unwrap_or(&self.gamma.value);
+        if self.gamma.frozen {
+            // The kernel always produces the gain's gradient; a frozen gain's goes to scratch.
+            let mut scratch = Tensor::zeros(x.pool(), &[self.c], DType::F32)?;
+            return ops::rmsnorm_backward(dx, &mut scratch, dout, x, gamma, rstd);
+        }
         ops::rmsnorm_backward(dx, &mut self.gamma.grad, dout, x, gamma, rstd)
     }
 

@@ -225,7 +225,9 @@ pub struct Written {
 
 /// Copies the trainer's weights, optimizer moments and state into host memory.
 pub fn snapshot(trainer: &Trainer) -> Result<Snapshot> {
-    let params = trainer.model.params();
+    // Only what trains is saved: every weight, or the adapters over a frozen base (which
+    // `lora.base` names and the run's init_from.json pins by hash).
+    let params = trainer.model.trainable_params();
     let model = serialize(params.iter().map(|p| (p.name.clone(), &p.value)).collect())?;
     let mut opt: Vec<(String, &Tensor)> = Vec::new();
     for ((p, m), v) in params.iter().zip(&trainer.opt.m).zip(&trainer.opt.v) {
@@ -647,7 +649,7 @@ pub fn load_weights(
             format!("belongs to a model of another shape ({})", diffs.join("; ")),
         ));
     }
-    let mut params = model.params_mut();
+    let mut params = model.trainable_params_mut();
     let mut targets: Vec<(String, &mut Tensor)> = params
         .iter_mut()
         .map(|p| (p.name.clone(), &mut p.value))
@@ -667,7 +669,7 @@ pub fn load_into(trainer: &mut Trainer, ckpt: &Path) -> Result<()> {
     let meta = load_weights(ckpt, trainer.model.as_mut(), &model_cfg, vocab)?;
     let names: Vec<String> = trainer
         .model
-        .params()
+        .trainable_params()
         .iter()
         .map(|p| p.name.clone())
         .collect();

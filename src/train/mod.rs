@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod oom;
 pub mod precision;
 pub mod scaler;
+pub mod scu;
 pub mod signals;
 pub mod trace;
 pub mod trainer;
@@ -118,6 +119,7 @@ pub fn data_spec(cfg: &crate::config::Config) -> DataSpec {
         micro_batch: cfg.train.micro_batch,
         seq: cfg.train.seq_len,
         grad_accum: cfg.train.grad_accum,
+        format: cfg.data.format.clone(),
         threads: match cfg.data.loader_threads {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
             n => n,
@@ -297,12 +299,13 @@ fn run_locked(opts: RunOptions, lock: &lock::RunLock) -> Result<Summary> {
             ));
         }
     }
-    let mut trainer = Trainer::new(&cfg, vocab, &pool, precision).map_err(|e| match e {
-        KilnError::Engine(e) if e.is_out_of_memory() => {
-            oom::does_not_fit(oom::DoesNotFit::Model, &e, &pool, &cfg, precision)
-        }
-        other => other,
-    })?;
+    let mut trainer = Trainer::with_base(&cfg, vocab, &pool, precision, opts.init.as_ref())
+        .map_err(|e| match e {
+            KilnError::Engine(e) if e.is_out_of_memory() => {
+                oom::does_not_fit(oom::DoesNotFit::Model, &e, &pool, &cfg, precision)
+            }
+            other => other,
+        })?;
 
     // Restore before writing anything: a bad checkpoint must leave the run directory as it was.
     let run_dir = &opts.run_dir;
@@ -340,11 +343,6 @@ fn run_locked(opts: RunOptions, lock: &lock::RunLock) -> Result<Summary> {
         )));
     }
     if let Some(init) = &opts.init {
-        crate::models::import::pretrained::load_into(
-            trainer.model.as_mut(),
-            &init.weights,
-            &init.source.path,
-        )?;
         progress.message(&format!(
             "initialised from {} ({}, {})",
             init.source.path.display(),
@@ -362,17 +360,57 @@ fn run_locked(opts: RunOptions, lock: &lock::RunLock) -> Result<Summary> {
         write_atomic(&run_dir.join("init_from.json"), &json)?;
     }
     let mut metrics = MetricsWriter::open(&run_dir.join("metrics.jsonl"))?;
+    let mut scu_history = match trainer.state.scu {
+        Some(_) => Some(MetricsWriter::open(&run_dir.join("scu_history.jsonl"))?),
+        None => None,
+    };
 
     let mut loader = Prefetcher::spawn(data_spec(&cfg), trainer.state.data_step, cfg.data.prefetch);
     let splits = loader.splits()?;
-    let val = data::val_batches(
-        &splits.val,
-        cfg.train.eval_batches,
-        cfg.train.micro_batch,
-        cfg.train.seq_len,
-    )?;
+    let val = match &splits.sft {
+        Some(d) => {
+            let s = &d.stats;
+            progress.message(&format!(
+                "fine-tuning data: {} training and {} validation examples in {} and {} rows of {} tokens; {} and {} tokens trained (completions only){}",
+                s.examples,
+                s.val_examples,
+                d.train.len(),
+                d.val.len(),
+                cfg.train.seq_len,
+                s.train_trained_tokens,
+                s.val_trained_tokens,
+                if s.truncated > 0 {
+                    format!("; {} examples cut to train.seq_len + 1 tokens", s.truncated)
+                } else {
+                    String::new()
+                }
+            ));
+            data::sft::val_batches(&d.val, cfg.train.eval_batches, cfg.train.micro_batch)
+        }
+        None => data::val_batches(
+            &splits.val,
+            cfg.train.eval_batches,
+            cfg.train.micro_batch,
+            cfg.train.seq_len,
+        )?,
+    };
     let unigram = data::unigram_cross_entropy(&splits.train, &splits.val, vocab);
+    trainer.scu_tokens = splits.train.len() as f64;
     let params: usize = trainer.model.cost(1, 1).params;
+    if !trainer.adapted.is_empty() {
+        let trainable: usize = trainer
+            .model
+            .trainable_params()
+            .iter()
+            .map(|p| p.value.len())
+            .sum();
+        progress.message(&format!(
+            "low-rank adapters (rank {}, alpha {}) on {} modules: {trainable} trainable parameters over a frozen base of {params}",
+            cfg.lora.rank,
+            cfg.lora.alpha,
+            trainer.adapted.len()
+        ));
+    }
     progress.message(&format!(
         "training {params} parameters on {device} in {precision}: {} train / {} val tokens; unigram val loss {unigram:.3}",
         splits.train.len(),
@@ -449,6 +487,9 @@ fn run_locked(opts: RunOptions, lock: &lock::RunLock) -> Result<Summary> {
                 micro_batch_from: split.from,
                 micro_batch_to: split.to,
             })?;
+        }
+        if let (Some(r), Some(w)) = (&report.scu, scu_history.as_mut()) {
+            w.write(r)?;
         }
         let step = trainer.state.step;
         train_loss = report.loss;

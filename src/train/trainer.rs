@@ -5,16 +5,21 @@
 use super::oom::{self, PassSize};
 use super::precision::Precision;
 use super::scaler::LossScaler;
+use super::scu::{ScuRecord, ScuState};
 use crate::config::Config;
 use crate::data::Batch;
+use crate::engine::ops::IGNORE_TARGET;
 use crate::engine::{self, EngineError, MemoryPool};
 use crate::error::{KilnError, Result};
+use crate::models::import::{self, Pretrained};
 use crate::models::{self, Model, Recompute, RoutingStats, StepPrecision};
 use crate::nn::Kernels;
+use crate::nn::lora::LoraSpec;
 use crate::optim::adamw::{AdamW, AdamWConfig, OFFLOAD_CHUNK};
 use crate::optim::schedule::CosineSchedule;
 use crate::optim::{clip_coefficient, grad_sum_squares};
 use serde::{Deserialize, Serialize};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -27,6 +32,9 @@ pub struct TrainState {
     pub data_step: u64,
     pub tokens: u64,
     pub scaler: Option<LossScaler>,
+    /// The SCU controller (fine-tuning with `scu.enabled`).
+    #[serde(default)]
+    pub scu: Option<ScuState>,
 }
 
 /// What one call to [`Trainer::step`] did.
@@ -42,6 +50,10 @@ pub struct StepReport {
     pub tokens: u64,
     /// Mixture-of-experts routing over the step's micro-batches (models that have it).
     pub routing: Option<RoutingStats>,
+    /// Targets trained in the step (all of them, or the completions of fine-tuning data).
+    pub trained_tokens: u64,
+    /// The SCU controller's update, when it ran this step.
+    pub scu: Option<ScuRecord>,
 }
 
 pub struct Trainer {
@@ -59,6 +71,15 @@ pub struct Trainer {
     /// and backward passes and records the time in `fwd_bwd_end`.
     pub mark_phases: bool,
     pub fwd_bwd_end: Option<Instant>,
+    /// Modules that carry low-rank adapters (empty when every weight trains).
+    pub adapted: Vec<String>,
+    /// N of the SCU penalty: training tokens per epoch (set once the data is loaded).
+    pub scu_tokens: f64,
+}
+
+/// Counts the targets that are trained (not [`IGNORE_TARGET`]).
+pub fn trained_targets(targets: &[u32]) -> usize {
+    targets.iter().filter(|&&t| t != IGNORE_TARGET).count()
 }
 
 impl Trainer {
@@ -68,6 +89,19 @@ impl Trainer {
         pool: &Arc<MemoryPool>,
         precision: Precision,
     ) -> Result<Trainer> {
+        Self::with_base(cfg, vocab, pool, precision, None)
+    }
+
+    /// A trainer whose model starts from `base` when given. With `lora.enabled` the base is
+    /// loaded (from `base`, or else from `lora.base`), frozen, and given adapters before the
+    /// optimizer is built, so only the adapters get gradients and optimizer state.
+    pub fn with_base(
+        cfg: &Config,
+        vocab: usize,
+        pool: &Arc<MemoryPool>,
+        precision: Precision,
+        base: Option<&Pretrained>,
+    ) -> Result<Trainer> {
         let pool = pool.clone();
         let mut model = models::build(&cfg.model, vocab, &pool, cfg.train.seed)?;
         Recompute::from_setting(&cfg.train.recompute)
@@ -75,9 +109,29 @@ impl Trainer {
             .map_err(KilnError::Setting)?;
         let kernels = Kernels::from_setting(cfg.train.fused_kernels);
         model.set_kernels(kernels).map_err(KilnError::Setting)?;
+        let mut adapted = Vec::new();
+        if cfg.lora.enabled {
+            let opened;
+            let base = match base {
+                Some(b) => b,
+                None => {
+                    opened = import::pretrained::open(Path::new(&cfg.lora.base))?;
+                    &opened
+                }
+            };
+            import::pretrained::load_into(model.as_mut(), &base.weights, &base.source.path)?;
+            adapted = attach_adapters(model.as_mut(), cfg)?;
+        } else if let Some(b) = base {
+            import::pretrained::load_into(model.as_mut(), &b.weights, &b.source.path)?;
+        }
         let offload = cfg.train.offload_optimizer;
-        if !offload {
-            for p in model.params_mut() {
+        if offload && cfg.lora.enabled {
+            return Err(KilnError::Setting(
+                "train.offload_optimizer with lora.enabled: the adapters' optimizer state is small, so there is nothing to offload; use train.offload_optimizer=false".into(),
+            ));
+        }
+        for p in model.params_mut() {
+            if p.frozen || !offload {
                 p.set_compute_dtype(precision.compute_dtype())?;
             }
         }
@@ -91,13 +145,13 @@ impl Trainer {
         let mut opt = if offload {
             AdamW::offloaded(
                 adamw,
-                &mut model.params_mut(),
+                &mut model.trainable_params_mut(),
                 &pool,
                 precision.compute_dtype(),
                 OFFLOAD_CHUNK,
             )?
         } else {
-            AdamW::new(adamw, &model.params())?
+            AdamW::new(adamw, &model.trainable_params())?
         };
         opt.set_kernels(kernels).map_err(KilnError::Setting)?;
         let scaler = precision.uses_loss_scaling().then(|| {
@@ -123,11 +177,14 @@ impl Trainer {
                 data_step: 0,
                 tokens: 0,
                 scaler,
+                scu: cfg.scu.enabled.then(|| ScuState::new(&cfg.scu)),
             },
             pool,
             passes: PassSize::default(),
             mark_phases: false,
             fwd_bwd_end: None,
+            adapted,
+            scu_tokens: 0.0,
         })
     }
 
@@ -177,12 +234,16 @@ impl Trainer {
 
     /// One attempt at [`Trainer::accumulate`], each micro-batch in passes of the rows that fit.
     fn accumulate_passes(&mut self, micro: &[Batch]) -> engine::Result<f64> {
-        for p in self.model.params_mut() {
+        for p in self.model.trainable_params_mut() {
             p.grad.fill_zero()?;
         }
         // Statistics of a step that failed part-way are not this step's.
         self.model.take_routing_stats();
-        let tokens: usize = micro.iter().map(|b| b.inputs.len()).sum();
+        let tokens: usize = micro
+            .iter()
+            .map(|b| trained_targets(&b.targets))
+            .sum::<usize>()
+            .max(1);
         let p = StepPrecision {
             grad_scale: (self.loss_scale() / tokens as f64) as f32,
             grad_dtype: self.precision.grad_dtype(),
@@ -206,7 +267,11 @@ impl Trainer {
     /// One optimizer step on the global batch made of `micro`.
     pub fn step(&mut self, micro: &[Batch]) -> Result<StepReport> {
         let tokens: u64 = micro.iter().map(|b| b.inputs.len() as u64).sum();
-        let loss = self.accumulate(micro)? / tokens as f64;
+        let trained: u64 = micro
+            .iter()
+            .map(|b| trained_targets(&b.targets) as u64)
+            .sum();
+        let loss = self.accumulate(micro)? / trained.max(1) as f64;
         let routing = self.model.take_routing_stats();
         if self.mark_phases {
             self.synchronize()?;
@@ -217,7 +282,8 @@ impl Trainer {
             return Err(self.non_finite("loss", loss));
         }
         let scale = self.loss_scale();
-        let grad_norm = grad_sum_squares(&self.model.params())?.sqrt() / scale;
+        let param_bpt = self.add_scu_penalty(scale)?;
+        let grad_norm = grad_sum_squares(&self.model.trainable_params())?.sqrt() / scale;
         self.state.data_step += 1;
         self.state.tokens += tokens;
         let lr = self.schedule.lr(step);
@@ -231,6 +297,8 @@ impl Trainer {
                     loss_scale: scale,
                     tokens,
                     routing,
+                    trained_tokens: trained,
+                    scu: None,
                 });
             }
         } else if !grad_norm.is_finite() {
@@ -238,11 +306,20 @@ impl Trainer {
         }
         let coef = clip_coefficient(grad_norm, self.cfg.optim.grad_clip);
         self.opt.step(
-            &mut self.model.params_mut(),
+            &mut self.model.trainable_params_mut(),
             lr as f32,
             (coef / scale) as f32,
         )?;
         self.state.step += 1;
+        let scu = match (&mut self.state.scu, param_bpt) {
+            (Some(state), Some(param_bpt))
+                if self.state.step.is_multiple_of(self.cfg.scu.every as u64) =>
+            {
+                let data_bpt = loss / std::f64::consts::LN_2;
+                Some(state.update(&self.cfg.scu, self.state.step, data_bpt, param_bpt))
+            }
+            _ => None,
+        };
         Ok(StepReport {
             loss,
             grad_norm,
@@ -251,7 +328,36 @@ impl Trainer {
             loss_scale: scale,
             tokens,
             routing,
+            trained_tokens: trained,
+            scu,
         })
+    }
+
+    /// With the SCU on: adds the penalty's gradient `lambda * w / (sigma^2 N)` (times the loss
+    /// scale) to every adapter weight's gradient, and returns the weights' ParamBPT before the
+    /// update.
+    fn add_scu_penalty(&mut self, loss_scale: f64) -> Result<Option<f64>> {
+        let Some(state) = self.state.scu else {
+            return Ok(None);
+        };
+        let scu = &self.cfg.scu;
+        let n = if scu.tokens_per_epoch > 0.0 {
+            scu.tokens_per_epoch
+        } else {
+            self.scu_tokens.max(1.0)
+        };
+        let params = self.model.trainable_params();
+        let values: Vec<&crate::engine::Tensor> = params.iter().map(|p| &p.value).collect();
+        let sum_sq = crate::engine::ops::sum_squares(&values)?;
+        drop(params);
+        let coef = (state.grad_coefficient(scu, n) * loss_scale) as f32;
+        if coef != 0.0 {
+            for p in self.model.trainable_params_mut() {
+                let (value, grad) = (&p.value, &mut p.grad);
+                crate::engine::ops::add_cols_scaled(grad, value, 0, coef)?;
+            }
+        }
+        Ok(Some(ScuState::param_bpt(scu, sum_sq, n)))
     }
 
     /// Waits for the device's queued work (nothing to wait for on the CPU).
@@ -289,6 +395,7 @@ impl Trainer {
         let mut loss = 0.0;
         let mut tokens = 0usize;
         for b in batches {
+            tokens += trained_targets(&b.targets);
             for rows in self.passes.passes(b.batch) {
                 let span = rows.start * b.seq..rows.end * b.seq;
                 loss += self.model.loss(
@@ -298,8 +405,69 @@ impl Trainer {
                     b.seq,
                 )?;
             }
-            tokens += b.inputs.len();
         }
-        Ok(loss / tokens as f64)
+        Ok(loss / tokens.max(1) as f64)
     }
+}
+
+/// Adds the adapters `lora.*` describes to `model` (freezing the rest); refuses a rank larger
+/// than a layer allows and targets that match nothing, listing the modules there are.
+pub fn attach_adapters(model: &mut dyn Model, cfg: &Config) -> Result<Vec<String>> {
+    let l = &cfg.lora;
+    let spec = LoraSpec {
+        rank: l.rank,
+        alpha: l.alpha,
+        rslora: l.rslora,
+        targets: l
+            .targets
+            .split(',')
+            .map(|t| t.trim().to_string())
+            .filter(|t| !t.is_empty())
+            .collect(),
+    };
+    let modules = model.lora_modules();
+    let mut names: Vec<String> = modules
+        .iter()
+        .map(|m| m.rsplit('.').next().unwrap_or(m).to_string())
+        .collect();
+    names.sort();
+    names.dedup();
+    let adapted = model
+        .attach_lora(&spec, cfg.train.seed)
+        .map_err(KilnError::Setting)?;
+    if adapted.is_empty() {
+        return Err(KilnError::Setting(format!(
+            "lora.targets = \"{}\" matches no module of this model; its modules are {} (or use all-linear)",
+            l.targets,
+            names.join(", ")
+        )));
+    }
+    if cfg.scu.enabled {
+        // Under the SCU the penalty is the adapters' regulariser; weight decay would be a
+        // second one the controller cannot see.
+        for p in model.trainable_params_mut() {
+            p.decay = false;
+        }
+    }
+    let smallest = model
+        .trainable_params()
+        .iter()
+        .filter(|p| p.name.ends_with(".A"))
+        .map(|p| p.value.shape()[1])
+        .chain(
+            model
+                .trainable_params()
+                .iter()
+                .filter(|p| p.name.ends_with(".B"))
+                .map(|p| p.value.shape()[0]),
+        )
+        .min()
+        .unwrap_or(usize::MAX);
+    if l.rank > smallest {
+        return Err(KilnError::Setting(format!(
+            "lora.rank = {} is larger than the smallest side ({smallest}) of an adapted layer; use at most {smallest}",
+            l.rank
+        )));
+    }
+    Ok(adapted)
 }

@@ -23,6 +23,36 @@ pub fn add_assign(dst: &mut [f32], src: &[f32]) {
         .for_each(|(d, s)| d.iter_mut().zip(s).for_each(|(d, s)| *d += s));
 }
 
+/// `dst[r, col0 + j] += alpha * src[r, j]` for rows of `row` (dst) and `c` (src) values.
+pub fn add_cols_scaled(
+    dst: &mut [f32],
+    src: &[f32],
+    row: usize,
+    col0: usize,
+    c: usize,
+    alpha: f32,
+) {
+    dst.par_chunks_mut(row)
+        .zip(src.par_chunks(c))
+        .for_each(|(d, s)| {
+            d[col0..col0 + c]
+                .iter_mut()
+                .zip(s)
+                .for_each(|(d, s)| *d += alpha * s)
+        });
+}
+
+/// `out[r, j] = alpha * src[r, col0 + j]`.
+pub fn cols_scaled(out: &mut [f32], src: &[f32], row: usize, col0: usize, c: usize, alpha: f32) {
+    out.par_chunks_mut(c)
+        .zip(src.par_chunks(row))
+        .for_each(|(o, s)| {
+            o.iter_mut()
+                .zip(&s[col0..col0 + c])
+                .for_each(|(o, s)| *o = alpha * s)
+        });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

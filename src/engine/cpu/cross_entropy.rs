@@ -15,8 +15,15 @@
 //! it: the log-probabilities go to a buffer of their own, the losses are gathered from it, and
 //! the backward writes the gradient into a third buffer. `train.fused_kernels=false` runs it,
 //! so a benchmark can measure what the fusion saves.
+//!
+//! A row whose target is [`IGNORE_TARGET`] takes no part in the loss: its loss is zero and its
+//! gradient row is zero (fine-tuning trains on completion tokens only).
 
 use rayon::prelude::*;
+
+/// The target of a position that is not trained (a prompt token, padding): loss and gradient
+/// zero. `u32::MAX` can never be a vocabulary id.
+pub const IGNORE_TARGET: u32 = u32::MAX;
 
 fn row_logsumexp(row: &[f32]) -> f32 {
     let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
@@ -34,7 +41,13 @@ pub fn cross_entropy_forward(
     losses
         .par_iter_mut()
         .zip(logits.par_chunks(v).zip(targets.par_iter()))
-        .for_each(|(l, (row, &t))| *l = row_logsumexp(&row[..valid]) - row[t as usize]);
+        .for_each(|(l, (row, &t))| {
+            *l = if t == IGNORE_TARGET {
+                0.0
+            } else {
+                row_logsumexp(&row[..valid]) - row[t as usize]
+            }
+        });
 }
 
 /// Per-row losses, and `logits` overwritten with `d loss / d logits` where each row's loss
@@ -51,6 +64,11 @@ pub fn cross_entropy_fused(
         .par_iter_mut()
         .zip(logits.par_chunks_mut(v).zip(targets.par_iter()))
         .for_each(|(l, (row, &t))| {
+            if t == IGNORE_TARGET {
+                *l = 0.0;
+                row.fill(0.0);
+                return;
+            }
             let (real, padding) = row.split_at_mut(valid);
             let lse = row_logsumexp(real);
             *l = lse - real[t as usize];
@@ -79,7 +97,13 @@ pub fn nll_loss(losses: &mut [f32], logp: &[f32], targets: &[u32], v: usize) {
     losses
         .par_iter_mut()
         .zip(logp.par_chunks(v).zip(targets.par_iter()))
-        .for_each(|(l, (row, &t))| *l = -row[t as usize]);
+        .for_each(|(l, (row, &t))| {
+            *l = if t == IGNORE_TARGET {
+                0.0
+            } else {
+                -row[t as usize]
+            }
+        });
 }
 
 /// Unfused step 3: `dlogits[r, j] = (exp(logp[r, j]) - [j == targets[r]]) * grad_scale` for
@@ -96,6 +120,10 @@ pub fn log_softmax_nll_backward(
         .par_chunks_mut(v)
         .zip(logp.par_chunks(v).zip(targets.par_iter()))
         .for_each(|(d, (row, &t))| {
+            if t == IGNORE_TARGET {
+                d.fill(0.0);
+                return;
+            }
             for (j, (d, &lp)) in d.iter_mut().zip(row).enumerate() {
                 let onehot = if j == t as usize { 1.0 } else { 0.0 };
                 *d = if j < valid {

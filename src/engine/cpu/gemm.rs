@@ -118,6 +118,19 @@ pub fn linear_backward(
     }
 }
 
+/// `dinp = dout @ weight` alone: the backward of a linear layer whose weight is frozen (no
+/// weight gradient, no bias gradient).
+pub fn linear_backward_input(
+    dinp: &mut [f32],
+    dout: &[f32],
+    weight: &[f32],
+    n: usize,
+    c_in: usize,
+    c_out: usize,
+) {
+    sgemm(false, false, n, c_in, c_out, 1.0, dout, weight, 0.0, dinp);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -28,3 +28,43 @@ template <typename T> __device__ void add(T* out, const T* a, const T* b, long l
 ADD_KERNELS(float, f32)
 ADD_KERNELS(bf16, bf16)
 ADD_KERNELS(f16, f16)
+
+// Column blocks of row-major matrices (a low-rank adapter inside a fused projection):
+// add_cols_scaled adds alpha * src[N, c] into columns col0.. of dst[N, row]; cols_scaled
+// copies alpha * src[.., col0 .. col0 + c] out. One thread per element of the [N, c] block.
+template <typename T>
+__device__ void add_cols_scaled(T* dst, const T* src, long long n, int row, int col0, int c,
+                                float alpha) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n * c; i += stride) {
+        const long long r = i / c;
+        const int j = (int)(i - r * c);
+        T* d = dst + r * row + col0 + j;
+        *d = store<T>(load(*d) + alpha * load(src[i]));
+    }
+}
+
+template <typename T>
+__device__ void cols_scaled(T* out, const T* src, long long n, int row, int col0, int c,
+                            float alpha) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n * c; i += stride) {
+        const long long r = i / c;
+        const int j = (int)(i - r * c);
+        out[i] = store<T>(alpha * load(src[r * row + col0 + j]));
+    }
+}
+
+#define COLS_KERNELS(T, SUFFIX)                                                                 \
+    extern "C" __global__ void add_cols_scaled_##SUFFIX(T* dst, const T* src, long long n,      \
+                                                        int row, int col0, int c, float alpha) { \
+        add_cols_scaled<T>(dst, src, n, row, col0, c, alpha);                                   \
+    }                                                                                          \
+    extern "C" __global__ void cols_scaled_##SUFFIX(T* out, const T* src, long long n, int row, \
+                                                    int col0, int c, float alpha) {             \
+        cols_scaled<T>(out, src, n, row, col0, c, alpha);                                       \
+    }
+
+COLS_KERNELS(float, f32)
+COLS_KERNELS(bf16, bf16)
+COLS_KERNELS(f16, f16)

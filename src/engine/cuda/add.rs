@@ -13,6 +13,12 @@ pub(super) const PROGRAM: Program = Program {
         "add_assign_f32",
         "add_assign_bf16",
         "add_assign_f16",
+        "add_cols_scaled_f32",
+        "add_cols_scaled_bf16",
+        "add_cols_scaled_f16",
+        "cols_scaled_f32",
+        "cols_scaled_bf16",
+        "cols_scaled_f16",
     ],
 };
 
@@ -69,6 +75,86 @@ impl CudaBackend {
         l.arg(dst).arg(src).arg(&n64);
         // SAFETY: both buffers hold at least `n` elements of the kernel's element type.
         unsafe { l.launch(grid(n)) }?;
+        Ok(())
+    }
+
+    /// `dst[r, col0 + j] += alpha * src[r, j]` over `n` rows of `row` (dst) and `c` (src)
+    /// elements; reference: [`crate::engine::cpu::add::add_cols_scaled`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_cols_scaled<T: Elem>(
+        &self,
+        dst: &mut CudaSlice<T>,
+        src: &CudaSlice<T>,
+        n: usize,
+        row: usize,
+        col0: usize,
+        c: usize,
+        alpha: f32,
+    ) -> Result<()> {
+        self.cols_kernel("add_cols_scaled", dst, src, (n, row, col0, c), alpha)
+    }
+
+    /// `out[r, j] = alpha * src[r, col0 + j]`; reference:
+    /// [`crate::engine::cpu::add::cols_scaled`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn cols_scaled<T: Elem>(
+        &self,
+        out: &mut CudaSlice<T>,
+        src: &CudaSlice<T>,
+        n: usize,
+        row: usize,
+        col0: usize,
+        c: usize,
+        alpha: f32,
+    ) -> Result<()> {
+        self.cols_kernel("cols_scaled", out, src, (n, row, col0, c), alpha)
+    }
+
+    /// Launches one of the column-block kernels; `(n, row, col0, c)` as they take them. The
+    /// first buffer is the `[N, row]` one for `add_cols_scaled`, the `[N, c]` one for
+    /// `cols_scaled`.
+    fn cols_kernel<T: Elem>(
+        &self,
+        name: &'static str,
+        a: &mut CudaSlice<T>,
+        b: &CudaSlice<T>,
+        (n, row, col0, c): (usize, usize, usize, usize),
+        alpha: f32,
+    ) -> Result<()> {
+        let (wide, narrow) = if name == "cols_scaled" {
+            (b.len(), a.len())
+        } else {
+            (a.len(), b.len())
+        };
+        if col0 + c > row || wide < n * row || narrow < n * c {
+            return Err(super::CudaError::Shape {
+                op: name,
+                detail: format!(
+                    "columns {col0}..{} of {n} rows of {row} do not fit buffers of {wide} and {narrow}",
+                    col0 + c
+                ),
+            });
+        }
+        if n * c == 0 {
+            return Ok(());
+        }
+        let f = self.function(&format!("{name}_{}", T::SUFFIX))?;
+        let (n64, row32, col32, c32) = (n as i64, row as i32, col0 as i32, c as i32);
+        let mut l = self.stream.launch_builder(f);
+        l.arg(a)
+            .arg(b)
+            .arg(&n64)
+            .arg(&row32)
+            .arg(&col32)
+            .arg(&c32)
+            .arg(&alpha);
+        let cfg = LaunchConfig {
+            grid_dim: (elementwise_grid(n * c, BLOCK), 1, 1),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the checks above keep every index inside both buffers.
+        unsafe { l.launch(cfg) }?;
         Ok(())
     }
 }

@@ -11,6 +11,11 @@
 // A row holds v logits of which the first `valid` are the vocabulary; the rest pad the
 // vocabulary to a tensor-core-friendly width. Padded logits count as minus infinity: they
 // add nothing to the softmax and get a zero gradient.
+//
+// A target of KILN_IGNORE (0xffffffff) marks a position that is not trained: loss zero,
+// gradient row zero.
+
+#define KILN_IGNORE 0xffffffffu
 
 extern __shared__ __align__(16) unsigned char ce_row_cache[];
 
@@ -36,6 +41,12 @@ __device__ void cross_entropy(float* losses, T* logits, const unsigned int* targ
     T* row = logits + (long long)blockIdx.x * v;
     T* cache = reinterpret_cast<T*>(ce_row_cache);
     const unsigned int t = targets[blockIdx.x];
+    if (t == KILN_IGNORE) {  // uniform over the block: one block per row
+        if (threadIdx.x == 0) losses[blockIdx.x] = 0.f;
+        if (WRITE_GRAD)
+            for (int i = threadIdx.x; i < v; i += blockDim.x) row[i] = store<T>(0.f);
+        return;
+    }
     // Read before any thread overwrites the row (the reductions below are barriers).
     const float target_logit =
         (threadIdx.x == 0 && t < (unsigned int)valid) ? load(row[t]) : 0.f;
@@ -126,7 +137,9 @@ extern "C" __global__ void nll_loss(float* losses, const float* logp,
     const int r = blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= n) return;
     const unsigned int t = targets[r];
-    losses[r] = t < (unsigned int)valid ? -logp[(long long)r * v + t] : KILN_NAN;
+    losses[r] = t == KILN_IGNORE                ? 0.f
+                : t < (unsigned int)valid ? -logp[(long long)r * v + t]
+                                          : KILN_NAN;
 }
 
 // Grid (rows, column blocks): one thread per element, no index division.
@@ -137,8 +150,10 @@ __device__ void log_softmax_nll_backward(T* dlogits, const float* logp,
     const int col = blockIdx.y * blockDim.x + threadIdx.x;
     if (col >= v) return;
     const long long i = (long long)blockIdx.x * v + col;
-    const float onehot = (unsigned int)col == targets[blockIdx.x] ? 1.f : 0.f;
-    dlogits[i] = store<T>(col < valid ? (expf(logp[i]) - onehot) * grad_scale : 0.f);
+    const unsigned int t = targets[blockIdx.x];
+    const float onehot = (unsigned int)col == t ? 1.f : 0.f;
+    dlogits[i] = store<T>(col < valid && t != KILN_IGNORE ? (expf(logp[i]) - onehot) * grad_scale
+                                                          : 0.f);
 }
 
 #define CROSS_ENTROPY_UNFUSED_KERNELS(T, SUFFIX)                                               \

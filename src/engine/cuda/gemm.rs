@@ -452,6 +452,24 @@ impl CudaBackend {
         )
     }
 
+    /// `dinp = dout @ weight` alone, for a frozen weight; reference:
+    /// [`crate::engine::cpu::gemm::linear_backward_input`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear_backward_input<T: Elem>(
+        &self,
+        dinp: &mut CudaSlice<T>,
+        dout: &CudaSlice<T>,
+        weight: &CudaSlice<T>,
+        n: usize,
+        c_in: usize,
+        c_out: usize,
+        math: GemmMath,
+    ) -> Result<()> {
+        self.matmul(
+            false, false, n, c_in, c_out, 1.0, dout, weight, 0.0, dinp, None, math,
+        )
+    }
+
     /// Backward of [`Self::linear_forward`]: overwrites `dinp`, accumulates into the f32
     /// `dweight` and `dbias`.
     #[allow(clippy::too_many_arguments)]

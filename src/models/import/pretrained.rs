@@ -149,7 +149,7 @@ fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-fn to_f32(path: &Path, name: &str, dtype: Dtype, bytes: &[u8]) -> Result<Vec<f32>> {
+pub(crate) fn to_f32(path: &Path, name: &str, dtype: Dtype, bytes: &[u8]) -> Result<Vec<f32>> {
     let two = |b: &[u8]| u16::from_le_bytes([b[0], b[1]]);
     Ok(match dtype {
         Dtype::F32 => bytes

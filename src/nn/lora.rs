@@ -1,0 +1,145 @@
+//! Low-rank adapters (LoRA): `y = x W^T + scale * (x A^T) B^T` on a block of a linear layer's
+//! output columns, with `A` `[r, in]` and `B` `[out, r]`.
+//!
+//! kiln fuses some projections (query/key/value into one matrix, gate/up into one), while
+//! adapters are defined per projection as Hugging Face names them (`q_proj`, `k_proj`, ...).
+//! So a [`Linear`](super::linear::Linear) describes its output as named column blocks
+//! ([`OutputBlock`]) and each adapter covers one block: its output is added into those
+//! columns, and its gradient is read from them. Everything here runs through `engine::ops`
+//! and works on any device and precision.
+//!
+//! Initialisation follows PEFT: `A` uniform on `[-1/sqrt(in), 1/sqrt(in)]` (Kaiming-uniform
+//! with `a = sqrt(5)`), `B` zero, so a fresh adapter changes nothing. The scale is
+//! `alpha / r`, or `alpha / sqrt(r)` with rank-stabilised scaling (rsLoRA).
+
+use super::{Init, Param};
+use crate::engine::rng::Rng;
+use crate::engine::{MemoryPool, Result, Tensor, ops};
+use std::sync::Arc;
+
+/// A named block of a linear layer's output columns: the module it is in a Hugging Face
+/// checkpoint (`model.layers.3.self_attn.k_proj`) and where its columns start and end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputBlock {
+    pub module: String,
+    pub col0: usize,
+    pub cols: usize,
+}
+
+impl OutputBlock {
+    /// The last component of the module path (`k_proj`), which target lists name.
+    pub fn short_name(&self) -> &str {
+        self.module.rsplit('.').next().unwrap_or(&self.module)
+    }
+}
+
+/// The shape of the adapters of a run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoraSpec {
+    pub rank: usize,
+    pub alpha: f64,
+    pub rslora: bool,
+    /// Module short names (`q_proj`) or `all-linear`.
+    pub targets: Vec<String>,
+}
+
+impl LoraSpec {
+    pub fn scale(&self) -> f32 {
+        let r = self.rank as f64;
+        (if self.rslora {
+            self.alpha / r.sqrt()
+        } else {
+            self.alpha / r
+        }) as f32
+    }
+
+    pub fn matches(&self, block: &OutputBlock) -> bool {
+        self.targets
+            .iter()
+            .any(|t| t == "all-linear" || t == block.short_name() || *t == block.module)
+    }
+}
+
+/// One adapter on one output block.
+pub struct Adapter {
+    pub block: OutputBlock,
+    /// `[r, in]`.
+    pub a: Param,
+    /// `[cols, r]`.
+    pub b: Param,
+    pub scale: f32,
+}
+
+impl Adapter {
+    /// A fresh adapter (named `{layer}.lora.{short name}.{A,B}`) on `block` of a layer with
+    /// `c_in` inputs.
+    pub fn new(
+        pool: &Arc<MemoryPool>,
+        layer: &str,
+        block: OutputBlock,
+        c_in: usize,
+        spec: &LoraSpec,
+        rng: &mut Rng,
+    ) -> Result<Adapter> {
+        let name = format!("{layer}.lora.{}", block.short_name());
+        let bound = 1.0 / (c_in as f32).sqrt();
+        let a = Param::new(
+            pool,
+            format!("{name}.A"),
+            &[spec.rank, c_in],
+            Init::Uniform(bound),
+            rng,
+        )?;
+        let b = Param::new(
+            pool,
+            format!("{name}.B"),
+            &[block.cols, spec.rank],
+            Init::Zeros,
+            rng,
+        )?;
+        Ok(Adapter {
+            block,
+            a,
+            b,
+            scale: spec.scale(),
+        })
+    }
+
+    /// Adds the adapter's output for input `x` into its columns of `y`.
+    pub fn forward_into(&self, y: &mut Tensor, x: &Tensor) -> Result<()> {
+        let h = ops::linear_forward(x, self.a.weight(), None)?;
+        let z = ops::linear_forward(&h, self.b.weight(), None)?;
+        ops::add_cols_scaled(y, &z, self.block.col0, self.scale)
+    }
+
+    /// Accumulates the adapter's gradients from the layer's output gradient `dy` and adds
+    /// its input gradient into `dx`. `x A^T` is recomputed (a rank-`r` GEMM) rather than kept.
+    pub fn backward(&mut self, dy: &Tensor, x: &Tensor, dx: &mut Tensor) -> Result<()> {
+        let dz = ops::cols_scaled(dy, self.block.col0, self.block.cols, self.scale)?;
+        let h = ops::linear_forward(x, self.a.weight(), None)?;
+        let (bw, db) = self.b.weight_and_grad();
+        let dh = ops::linear_backward(&dz, &h, bw, db, None)?;
+        drop((dz, h));
+        let (aw, da) = self.a.weight_and_grad();
+        let dxa = ops::linear_backward(&dh, x, aw, da, None)?;
+        ops::add_in_place(dx, &dxa)
+    }
+
+    /// `scale * B A` (`[cols, in]`, f32 on the host): what merging adds to the base weight's
+    /// rows of this block.
+    pub fn delta(&self) -> Result<Vec<f32>> {
+        let a = self.a.value.to_vec()?;
+        let b = self.b.value.to_vec()?;
+        let (r, c_in) = (self.a.value.shape()[0], self.a.value.shape()[1]);
+        let mut out = vec![0.0f32; self.block.cols * c_in];
+        for (row, brow) in out.chunks_mut(c_in).zip(b.chunks(r)) {
+            for (k, &bk) in brow.iter().enumerate() {
+                let s = bk * self.scale;
+                row.iter_mut()
+                    .zip(&a[k * c_in..(k + 1) * c_in])
+                    .for_each(|(o, &av)| *o += s * av);
+            }
+        }
+        Ok(out)
+    }
+}
