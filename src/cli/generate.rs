@@ -166,6 +166,9 @@ fn to_device(
 
 fn load(a: &GenerateArgs) -> Result<Loaded> {
     let mut l = load_on_cpu(a)?;
+    // Low-rank adapters are folded into the f32 base for sampling: the same function, one
+    // GEMM per projection.
+    l.model.merge_lora()?;
     let (model, note) = to_device(l.model, &l.model_cfg, l.vocab, a)?;
     l.model = model;
     l.note = note;
