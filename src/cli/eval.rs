@@ -44,6 +44,7 @@ fn load_pretrained(path: &std::path::Path) -> Result<train::LoadedRun> {
         model: p.build_on_cpu()?,
         step: 0,
         checkpoint: path.to_path_buf(),
+        unverified: None,
     })
 }
 
@@ -63,6 +64,9 @@ pub fn run(a: EvalArgs) -> Result<()> {
         Some(path) => load_pretrained(path)?,
         None => train::load_run(&super::find_run(a.run.clone())?, a.checkpoint.as_deref())?,
     };
+    if let Some(w) = &loaded.unverified {
+        eprintln!("warning: {w}");
+    }
     let cfg = &loaded.config;
     let seq = a.seq_len.unwrap_or(cfg.train.seq_len);
     if seq > cfg.model.context {

@@ -27,6 +27,9 @@ pub struct ExportArgs {
 pub fn run(a: ExportArgs) -> Result<()> {
     let run_dir = super::find_run(a.run)?;
     let loaded = train::load_run(&run_dir, a.checkpoint.as_deref())?;
+    if let Some(w) = &loaded.unverified {
+        eprintln!("warning: {w}");
+    }
     let cfg = &loaded.config;
     let vocab = train::model_vocab(cfg)?;
     let notes = crate::models::export::export_hf(
