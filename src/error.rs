@@ -70,6 +70,16 @@ pub enum KilnError {
         path.display()
     )]
     Locked { path: PathBuf, holder: String },
+    /// `kiln verify` found nothing damaged, but checkpoints written before checkpoints carried
+    /// manifests (format version 1), whose files it could not check: a code of its own, so a
+    /// script can tell "unverified" from both "verified" (0) and "damaged" (4).
+    #[error(
+        "run directory {}: legacy (no manifest): unverified: {} (written before checkpoints carried manifests, so the files cannot be checked; nothing that can be checked is damaged). Legacy checkpoints load, with a warning; `kiln verify {} --adopt` records the checksums of their files as they are now, trusting them, after which they verify",
+        path.display(),
+        names.join(", "),
+        path.display()
+    )]
+    Unverified { path: PathBuf, names: Vec<String> },
     /// Training stopped on SIGTERM or SIGINT after saving a checkpoint: not a failure, but a
     /// code of its own so a scheduler can requeue the job (which then resumes).
     #[error(
@@ -89,6 +99,10 @@ pub enum KilnError {
 /// sysexits.h ("try again later"), the code schedulers and wrappers conventionally requeue on.
 pub const STOPPED_EXIT_CODE: i32 = 75;
 
+/// Exit code of `kiln verify` for a run whose only findings are legacy checkpoints (no
+/// manifest, so unverified); see [`KilnError::Unverified`].
+pub const UNVERIFIED_EXIT_CODE: i32 = 10;
+
 impl KilnError {
     /// Process exit code: 2 for bad settings (as for bad flags), then one code per kind.
     /// 1 is left for failures of the device or its libraries that none of these describe.
@@ -103,6 +117,7 @@ impl KilnError {
             KilnError::Output { .. } => 7,
             KilnError::SelfTest(_) => 8,
             KilnError::Locked { .. } => 9,
+            KilnError::Unverified { .. } => UNVERIFIED_EXIT_CODE,
             KilnError::Stopped { .. } => STOPPED_EXIT_CODE,
             KilnError::Engine(_) => 1,
         }

@@ -8,9 +8,13 @@ fn main() -> ExitCode {
     match kiln::cli::run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            // A graceful stop is not a failure; its message says how to continue.
+            // A graceful stop and an unverified legacy checkpoint are not failures; their messages
+            // say how to go on.
             match e {
-                kiln::error::KilnError::Stopped { .. } => eprintln!("{e}"),
+                kiln::error::KilnError::Stopped { .. }
+                | kiln::error::KilnError::Unverified { .. } => {
+                    eprintln!("{e}")
+                }
                 _ => eprintln!("error: {e}"),
             }
             ExitCode::from(e.exit_code() as u8)

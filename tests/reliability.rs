@@ -290,6 +290,12 @@ fn every_bad_argument_and_setting_is_refused_with_its_code() {
         ),
         row(
             &["train", "--out", "{out}"],
+            &["train.checkpoint_async=maybe"],
+            2,
+            "true or false",
+        ),
+        row(
+            &["train", "--out", "{out}"],
             &["data.tokenizer=nosuch"],
             2,
             "byte, gpt2",
@@ -691,6 +697,193 @@ fn damaged_checkpoints_are_named_and_never_load() {
     tally.report("checkpoints");
 }
 
+/// Turns a checkpoint into one as kiln wrote them before checkpoints carried manifests: no
+/// manifest.json, and format version 1 in the trainer state (the same JSON otherwise).
+fn make_legacy(ckpt: &Path) {
+    fs::remove_file(ckpt.join("manifest.json")).unwrap();
+    let p = ckpt.join("trainer.json");
+    let t = fs::read_to_string(&p).unwrap();
+    assert!(t.contains("\"format_version\": 2,"), "{t}");
+    fs::write(
+        &p,
+        t.replacen("\"format_version\": 2,", "\"format_version\": 1,", 1),
+    )
+    .unwrap();
+}
+
+/// Rewrites the format version in the trainer state and records the new file in the
+/// manifest, as a kiln writing that version would have.
+fn set_version_with_manifest(ckpt: &Path, version: u32) {
+    let p = ckpt.join("trainer.json");
+    let t = fs::read_to_string(&p).unwrap().replacen(
+        "\"format_version\": 2,",
+        &format!("\"format_version\": {version},"),
+        1,
+    );
+    fs::write(&p, &t).unwrap();
+    let mp = ckpt.join("manifest.json");
+    let mut m: serde_json::Value = serde_json::from_slice(&fs::read(&mp).unwrap()).unwrap();
+    m["format_version"] = version.into();
+    for f in m["files"].as_array_mut().unwrap() {
+        if f["name"] == "trainer.json" {
+            f["bytes"] = t.len().into();
+            f["crc32"] = format!("{:08x}", crc32fast::hash(t.as_bytes())).into();
+        }
+    }
+    fs::write(&mp, serde_json::to_vec_pretty(&m).unwrap()).unwrap();
+}
+
+#[test]
+fn legacy_checkpoints_load_with_a_warning_and_verify_once_adopted() {
+    let mut tally = Tally::new();
+    let warning = "cannot be checked";
+    let legacy: Damage = |r| make_legacy(&ckpt(r, 4));
+    for (args, phrase) in [
+        (&["eval", "--run", "{run}"][..], warning),
+        (&["generate", "--run", "{run}", "--tokens", "5"], warning),
+        (&["export", "--run", "{run}", "--to", "{run}-hf"], warning),
+        (&["eval", "--run", "{run}"], "(step 4)"),
+    ] {
+        on_copy(&mut tally, "legacy latest", legacy, args, 0, phrase);
+    }
+    let verify = ["verify", "{run}"];
+    on_copy(
+        &mut tally,
+        "legacy latest",
+        legacy,
+        &verify,
+        10,
+        "step_0000004: legacy (no manifest): unverified",
+    );
+    on_copy(&mut tally, "legacy latest", legacy, &verify, 10, "--adopt");
+    let all: Damage = |r| {
+        make_legacy(&ckpt(r, 2));
+        make_legacy(&ckpt(r, 4));
+    };
+    on_copy(
+        &mut tally,
+        "every checkpoint legacy",
+        all,
+        &verify,
+        10,
+        "unverified: step_0000004, step_0000002 (written before",
+    );
+    // A legacy checkpoint is still checked for what can be checked without a manifest.
+    let truncated: Damage = |r| {
+        make_legacy(&ckpt(r, 4));
+        let p = ckpt(r, 4).join("model.safetensors");
+        let b = fs::read(&p).unwrap();
+        fs::write(&p, &b[..b.len() - 9]).unwrap();
+    };
+    for cmd in [&["eval", "--run", "{run}"][..], &verify] {
+        on_copy(
+            &mut tally,
+            "legacy and truncated",
+            truncated,
+            cmd,
+            4,
+            "model.safetensors",
+        );
+    }
+    on_copy(
+        &mut tally,
+        "legacy and truncated",
+        truncated,
+        &["verify", "{run}", "--adopt"],
+        4,
+        "adopted     none",
+    );
+    // When the latest is damaged, the legacy one is offered as what it is.
+    let damaged_beside_legacy: Damage = |r| {
+        make_legacy(&ckpt(r, 2));
+        flip(&ckpt(r, 4).join("model.safetensors"), 40, 0x01);
+    };
+    on_copy(
+        &mut tally,
+        "latest damaged, earlier legacy",
+        damaged_beside_legacy,
+        &["eval", "--run", "{run}"],
+        4,
+        "step_0000002 (legacy, unverified)",
+    );
+    // A version 1 checkpoint that has a manifest (written by kilns between manifests and
+    // the version bump) verifies like a version 2 one.
+    let v1_manifest: Damage = |r| set_version_with_manifest(&ckpt(r, 4), 1);
+    on_copy(
+        &mut tally,
+        "version 1 with a manifest",
+        v1_manifest,
+        &verify,
+        0,
+        "verified    2 checkpoint(s)",
+    );
+    on_copy(
+        &mut tally,
+        "version 1 with a manifest",
+        v1_manifest,
+        &["eval", "--run", "{run}"],
+        0,
+        "(step 4)",
+    );
+    let v3: Damage = |r| set_version_with_manifest(&ckpt(r, 4), 3);
+    on_copy(
+        &mut tally,
+        "version 3",
+        v3,
+        &["eval", "--run", "{run}"],
+        4,
+        "format version 3 is newer",
+    );
+
+    // Adoption writes one file per legacy checkpoint, manifest.json, and nothing else.
+    let tmp = tempfile::tempdir().unwrap();
+    let r = tmp.path().join("run");
+    copy_dir(good_run(), &r);
+    make_legacy(&ckpt(&r, 4));
+    let before = snapshot(&r);
+    let run_s = r.to_str().unwrap();
+    let out = run(&s(&["verify", run_s, "--adopt"]));
+    tally.check("--adopt", &out, 0, "adopted     step_0000004");
+    let after: Vec<_> = snapshot(&r)
+        .into_iter()
+        .filter(|(p, _)| *p != ckpt(&r, 4).join("manifest.json"))
+        .collect();
+    assert_eq!(after, before, "--adopt changed more than the manifest");
+    let out = run(&s(&["verify", run_s]));
+    tally.check(
+        "verify after --adopt",
+        &out,
+        0,
+        "(against a manifest adopted from its files)",
+    );
+    let out = run(&s(&["verify", run_s, "--adopt"]));
+    tally.check("--adopt again", &out, 0, "adopted     none");
+
+    // Resuming from a legacy checkpoint warns and stays bit-exact.
+    let tmp = tempfile::tempdir().unwrap();
+    let r = tmp.path().join("run");
+    copy_dir(good_run(), &r);
+    make_legacy(&ckpt(&r, 2));
+    let run_s = r.to_str().unwrap();
+    let out = run(&s(&[
+        "train",
+        "--resume",
+        run_s,
+        "--checkpoint",
+        "step_2",
+        "train.steps=4",
+    ]));
+    tally.check("resume from a legacy checkpoint", &out, 0, warning);
+    for f in ["model.safetensors", "optimizer.safetensors"] {
+        assert!(
+            fs::read(ckpt(&r, 4).join(f)).unwrap()
+                == fs::read(ckpt(good_run(), 4).join(f)).unwrap(),
+            "{f} differs after resuming from a legacy checkpoint"
+        );
+    }
+    tally.report("legacy checkpoints");
+}
+
 /// Starts a long tiny run in the background and waits until it has logged a step.
 fn start_long(dir: &Path, extra: &[&str]) -> Child {
     let mut args = s(&["train", "--out", dir.to_str().unwrap()]);
@@ -749,6 +942,8 @@ fn a_run_directory_has_one_writer() {
     assert_eq!(fs::read(dir.join("config.toml")).unwrap(), before_config);
     let out = run(&s(&["verify", dir.to_str().unwrap()]));
     tally.check("verify a live run", &out, 0, "in use");
+    let out = run(&s(&["verify", dir.to_str().unwrap(), "--adopt"]));
+    tally.check("--adopt on a live run", &out, 9, "run.lock");
     // SIGKILL leaves the holder's record; the next run takes the lock over and says so.
     signal(&live, 9);
     let out = live.wait_with_output().unwrap();
@@ -763,13 +958,20 @@ fn a_run_directory_has_one_writer() {
 #[test]
 fn signals_stop_at_a_step_boundary_with_a_checkpoint() {
     let mut tally = Tally::new();
-    for (name, sig, code, phrase) in [
-        ("SIGTERM", 15, 75, "stopped by SIGTERM"),
-        ("SIGINT", 2, 75, "stopped by SIGINT"),
+    for (name, sig, code, phrase, extra) in [
+        ("SIGTERM", 15, 75, "stopped by SIGTERM", None),
+        ("SIGINT", 2, 75, "stopped by SIGINT", None),
+        (
+            "SIGTERM, saving in line",
+            15,
+            75,
+            "stopped by SIGTERM",
+            Some("train.checkpoint_async=false"),
+        ),
     ] {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("run");
-        let child = start_long(&dir, &[]);
+        let child = start_long(&dir, extra.as_slice());
         signal(&child, sig);
         let out = child.wait_with_output().unwrap();
         tally.check(name, &out, code, phrase);
@@ -870,6 +1072,53 @@ fn a_full_disk_is_exit_7_and_leaves_no_temporary_files() {
         }
     }
     tally.report("disk full");
+}
+
+/// `train.checkpoint_async=false` saves in line (training waits for the write) and writes the
+/// same bytes as the background writer.
+#[test]
+fn an_inline_save_writes_what_the_background_writer_writes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("inline");
+    let mut args = s(&["train", "--quiet", "--out", dir.to_str().unwrap()]);
+    args.extend(tiny(&[
+        "train.steps=4",
+        "train.checkpoint_every=2",
+        "train.checkpoint_async=false",
+    ]));
+    let out = run(&args);
+    assert!(out.status.success(), "{}", text(&out));
+    for step in [2, 4] {
+        for f in ["model.safetensors", "optimizer.safetensors", "trainer.json"] {
+            assert!(
+                fs::read(ckpt(&dir, step).join(f)).unwrap()
+                    == fs::read(ckpt(good_run(), step).join(f)).unwrap(),
+                "step {step}: {f} differs between in-line and background saves"
+            );
+        }
+    }
+    let metrics = fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
+    let saves: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.contains("\"kind\":\"checkpoint\""))
+        .collect();
+    assert_eq!(saves.len(), 2, "{metrics}");
+    for line in saves {
+        let r: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert_eq!(r["mode"], "inline", "{line}");
+        assert_eq!(r["staging"], "pageable", "{line}");
+        // In line, training waits for the write as well as the copy.
+        let (stall, write) = (
+            r["stall_s"].as_f64().unwrap(),
+            r["write_s"].as_f64().unwrap(),
+        );
+        assert!(stall >= write, "{line}");
+    }
+    let background = fs::read_to_string(good_run().join("metrics.jsonl")).unwrap();
+    assert!(
+        background.contains("\"mode\":\"background\""),
+        "{background}"
+    );
 }
 
 /// SIGKILL at random points, resuming after each, ends bit-identical to a run never stopped.

@@ -55,6 +55,7 @@ fn load_pretrained(
         model,
         step: 0,
         checkpoint: path.to_path_buf(),
+        unverified: None,
     })
 }
 
@@ -74,6 +75,9 @@ pub fn run(a: EvalArgs) -> Result<()> {
         Some(path) => load_pretrained(path, a.adapter.as_deref())?,
         None => train::load_run(&super::find_run(a.run.clone())?, a.checkpoint.as_deref())?,
     };
+    if let Some(w) = &loaded.unverified {
+        eprintln!("warning: {w}");
+    }
     let cfg = &loaded.config;
     let seq = a.seq_len.unwrap_or(cfg.train.seq_len);
     if seq > cfg.model.context {

@@ -33,6 +33,9 @@ pub struct ExportArgs {
 pub fn run(a: ExportArgs) -> Result<()> {
     let run_dir = super::find_run(a.run)?;
     let mut loaded = train::load_run(&run_dir, a.checkpoint.as_deref())?;
+    if let Some(w) = &loaded.unverified {
+        eprintln!("warning: {w}");
+    }
     let cfg = &loaded.config;
     if cfg.lora.enabled {
         if let Some(dir) = &a.adapter_only {

@@ -181,6 +181,9 @@ fn load_on_cpu(a: &GenerateArgs) -> Result<Loaded> {
     }
     let run_dir = super::find_run(a.run.clone())?;
     let loaded = train::load_run(&run_dir, a.checkpoint.as_deref())?;
+    if let Some(w) = &loaded.unverified {
+        eprintln!("warning: {w}");
+    }
     let vocab = train::model_vocab(&loaded.config)?;
     Ok(Loaded {
         model: loaded.model,

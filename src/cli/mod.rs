@@ -36,7 +36,8 @@ value and where the value came from.\n\n\
 Exit codes: 0 success; 1 a device or library failure none of the others describes; 2 a bad \
 setting or argument; 3 bad data; 4 a bad or damaged checkpoint or run directory; 5 a NaN/inf \
 loss; 6 out of memory (device or host); 7 an unwritable output; 8 selftest failed; 9 the run \
-directory is locked by another live process; 75 stopped by SIGTERM/SIGINT after saving a \
+directory is locked by another live process; 10 `kiln verify` found only legacy checkpoints \
+without a manifest (unverified, nothing damaged); 75 stopped by SIGTERM/SIGINT after saving a \
 checkpoint (requeue and resume); 130 a second SIGINT (stopped at once)."
 )]
 pub struct Cli {

@@ -3,24 +3,52 @@
 //! Every checkpoint's files are read and checked against its manifest (sizes and CRC-32),
 //! safetensors headers and the trainer state are parsed, the `latest` pointer must name a
 //! checkpoint that verifies, and leftovers of interrupted writes and a live lock holder are
-//! reported. Exit 0 when everything the run needs verifies, 4 otherwise.
+//! reported. Exit 0 when everything the run needs verifies, 4 when something is damaged, and
+//! 10 when nothing is damaged but legacy checkpoints (format version 1, written before
+//! checkpoints carried manifests) could be checked only for their structure.
+//!
+//! `--adopt` writes a manifest for each legacy checkpoint from its files as they are, under
+//! the run's lock. It trusts them: a file damaged before adoption is recorded as it is.
 
 use crate::error::{KilnError, Result};
-use crate::train::{self, checkpoint, lock};
+use crate::train::checkpoint::{self, Checked};
+use crate::train::{self, lock};
 use clap::Args;
 use std::fs;
 use std::path::PathBuf;
 
 #[derive(Args, Debug)]
 #[command(after_help = "EXAMPLES:
-  kiln verify runs/big        check every checkpoint of a run against its manifest
+  kiln verify runs/big          check every checkpoint of a run against its manifest
+  kiln verify runs/old --adopt  write manifests for checkpoints made before kiln wrote them
 
 A damaged checkpoint is named with the file that does not match; resume, eval or generate
-from one that verifies with --checkpoint step_N.")]
+from one that verifies with --checkpoint step_N.
+
+Checkpoints written before checkpoints carried manifests (format version 1) are reported as
+\"legacy (no manifest): unverified\": their structure is checked, their values cannot be.
+They still load, with a warning. --adopt records the size and CRC-32 of their files as they
+are now, so later reads are verified against that; it trusts the files, so adopt only
+checkpoints you have no reason to doubt.
+
+EXIT CODES:
+  0 everything verifies   4 something is damaged or missing, or not a run directory
+  9 --adopt on a run another process is training   10 only legacy checkpoints are unverified")]
 pub struct VerifyArgs {
     /// Run directory written by `kiln train` (default: the most recent run).
     #[arg(value_name = "RUN")]
     pub run: Option<PathBuf>,
+    /// Write a manifest for each legacy checkpoint (format version 1, none of its own) from
+    /// its files as they are now, trusting them; then verify the run as usual.
+    #[arg(long)]
+    pub adopt: bool,
+}
+
+fn name_of(ckpt: &std::path::Path) -> String {
+    ckpt.file_name().map_or_else(
+        || ckpt.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    )
 }
 
 pub fn run(a: VerifyArgs) -> Result<()> {
@@ -33,23 +61,56 @@ pub fn run(a: VerifyArgs) -> Result<()> {
     {
         problems.push(format!("config.toml: {e}"));
     }
-    if let Some(holder) = lock::holder(&run_dir) {
-        println!("in use      by {holder} (checkpoints may appear while this runs)");
-    }
+    // Adoption writes into the run, so it takes the run's lock like a writer (a live run
+    // is refused, exit 9); plain verification only reads and reports a live holder.
+    let _lock = if a.adopt {
+        Some(lock::RunLock::acquire(&run_dir)?)
+    } else {
+        if let Some(holder) = lock::holder(&run_dir) {
+            println!("in use      by {holder} (checkpoints may appear while this runs)");
+        }
+        None
+    };
     let checkpoints = checkpoint::list(&run_dir);
+    if a.adopt {
+        let mut adopted = 0;
+        for ckpt in &checkpoints {
+            // A legacy checkpoint that fails its structural checks is not adopted; the
+            // verification below reports it as damaged.
+            if let Ok(true) = checkpoint::adopt(ckpt) {
+                println!(
+                    "adopted     {}: manifest written from its files as they are (trusted, not verified)",
+                    name_of(ckpt)
+                );
+                adopted += 1;
+            }
+        }
+        if adopted == 0 {
+            println!("adopted     none (no legacy checkpoint without a manifest)");
+        }
+    }
     let mut good = Vec::new();
+    let mut legacy = Vec::new();
     for ckpt in &checkpoints {
-        let name = ckpt.file_name().map_or_else(
-            || ckpt.display().to_string(),
-            |n| n.to_string_lossy().into_owned(),
-        );
+        let name = name_of(ckpt);
         match checkpoint::verify(ckpt) {
             Ok(v) => {
-                println!(
-                    "ok          {name}: step {}, {}",
-                    v.step,
-                    train::metrics::format_bytes(v.bytes as usize)
-                );
+                let size = train::metrics::format_bytes(v.bytes as usize);
+                match v.checked {
+                    Checked::Manifest => println!("ok          {name}: step {}, {size}", v.step),
+                    Checked::Adopted => println!(
+                        "ok          {name}: step {}, {size} (against a manifest adopted from its files)",
+                        v.step
+                    ),
+                    Checked::Legacy => {
+                        println!(
+                            "legacy      {name}: legacy (no manifest): unverified; step {}, {size}, structure intact",
+                            v.step
+                        );
+                        legacy.push(name);
+                        continue;
+                    }
+                }
                 good.push(name);
             }
             Err(e) => {
@@ -65,6 +126,8 @@ pub fn run(a: VerifyArgs) -> Result<()> {
                 .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
             if good.contains(&name) {
                 println!("latest      {name}");
+            } else if legacy.contains(&name) {
+                println!("latest      {name} (legacy, unverified)");
             } else {
                 let why = if latest.is_dir() {
                     "does not verify"
@@ -91,6 +154,12 @@ pub fn run(a: VerifyArgs) -> Result<()> {
         }
     }
     if problems.is_empty() {
+        if !legacy.is_empty() {
+            return Err(KilnError::Unverified {
+                path: run_dir,
+                names: legacy,
+            });
+        }
         println!(
             "verified    {} checkpoint(s) of {}",
             good.len(),
@@ -98,19 +167,29 @@ pub fn run(a: VerifyArgs) -> Result<()> {
         );
         return Ok(());
     }
-    let advice = match good.first() {
-        Some(g) => format!(
+    let mut advice = Vec::new();
+    if let Some(g) = good.first() {
+        advice.push(format!(
             "checkpoints that verify: {}; use --checkpoint {g} with kiln train --resume, eval or generate",
             good.join(", ")
-        ),
-        None => "no checkpoint verifies; start a new run".into(),
-    };
+        ));
+    }
+    if !legacy.is_empty() {
+        advice.push(format!(
+            "legacy checkpoints (no manifest, unverified) that load: {}",
+            legacy.join(", ")
+        ));
+    }
+    if advice.is_empty() {
+        advice.push("no checkpoint verifies; start a new run".into());
+    }
     Err(KilnError::run_dir(
         &run_dir,
         format!(
-            "{} problem(s): {}; {advice}",
+            "{} problem(s): {}; {}",
             problems.len(),
-            problems.join("; ")
+            problems.join("; "),
+            advice.join("; ")
         ),
     ))
 }

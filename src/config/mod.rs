@@ -221,6 +221,11 @@ pub struct TrainConfig {
     pub eval_batches: usize,
     /// Save a checkpoint every this many steps; 0 saves only at the end.
     pub checkpoint_every: usize,
+    /// Write checkpoints on a background thread from a host copy of the state (gathered
+    /// through page-locked staging beside a GPU), so training stands still only for the
+    /// copy. `false` saves in line, as kiln first did: training waits for the copy and the
+    /// write, which is what the background writer is measured against.
+    pub checkpoint_async: bool,
     /// Print training metrics every this many steps.
     pub log_every: usize,
     /// Starting loss scale for fp16-mixed; a power of two.
@@ -258,6 +263,7 @@ impl Default for TrainConfig {
             eval_every: 100,
             eval_batches: 16,
             checkpoint_every: 100,
+            checkpoint_async: true,
             log_every: 10,
             loss_scale_init: 65536.0,
             loss_scale_growth_interval: 2000,
@@ -511,6 +517,10 @@ const KEYS: &[(&str, &str)] = &[
     (
         "train.checkpoint_every",
         "steps between checkpoints; 0 = only at the end",
+    ),
+    (
+        "train.checkpoint_async",
+        "false = save in line (training waits for the write)",
     ),
     ("train.log_every", "steps between log lines"),
     (

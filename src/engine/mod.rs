@@ -14,6 +14,7 @@ pub mod ops;
 pub mod pool;
 pub mod profile;
 pub mod rng;
+pub mod staging;
 pub mod tensor;
 
 pub use device::Device;

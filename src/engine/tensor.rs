@@ -4,7 +4,7 @@
 //! pool's books are always the sum of the live tensors.
 
 use super::cuda::pinned::PinnedBuffer;
-use super::cuda::{Bf16, CudaError, Elem, F16};
+use super::cuda::{Bf16, CudaBackend, CudaError, Elem, F16};
 use super::{DType, Device, EngineError, MemoryPool, Result};
 use cudarc::driver::CudaSlice;
 use std::sync::Arc;
@@ -259,6 +259,38 @@ impl Tensor {
             Storage::CudaBf16(s) => Ok(self.pool.cuda()?.download_f32(s)?),
             Storage::CudaF16(s) => Ok(self.pool.cuda()?.download_f32(s)?),
         }
+    }
+
+    /// Starts copying this tensor's values, as f32, into `dst` (exactly its length). A GPU
+    /// f32 tensor queues an asynchronous copy on its pool's compute stream and returns that
+    /// backend: `dst` holds the values once it is synchronised. A host tensor is copied at
+    /// once, and a 16-bit GPU tensor is downloaded and widened, which waits for its stream.
+    ///
+    /// # Safety
+    /// When a backend is returned, `dst` must be neither read, written nor freed, and this
+    /// tensor must not be dropped, until that backend has been synchronised.
+    pub(crate) unsafe fn queue_to_host(
+        &self,
+        dst: &mut [f32],
+    ) -> Result<Option<&Arc<CudaBackend>>> {
+        if dst.len() != self.len() {
+            return Err(EngineError::Shape {
+                op: "queue_to_host",
+                detail: format!("{} values from shape {:?}", dst.len(), self.shape),
+            });
+        }
+        match &self.storage {
+            Storage::Cpu(v) => dst.copy_from_slice(v),
+            Storage::Pinned(b) => dst.copy_from_slice(b.as_slice()),
+            Storage::CudaF32(s) => {
+                let gpu = self.pool.cuda()?;
+                // SAFETY: passed on to the caller (see this function's contract).
+                unsafe { gpu.queue_download(s, dst) }?;
+                return Ok(Some(gpu));
+            }
+            Storage::CudaBf16(_) | Storage::CudaF16(_) => dst.copy_from_slice(&self.to_vec()?),
+        }
+        Ok(None)
     }
 
     /// Host slice of a CPU tensor, for the CPU kernels (reached through `ops`, which matched

@@ -15,6 +15,20 @@
 //! or a missing file is refused by name instead of loading silently; the error lists the
 //! checkpoints of the run that do verify and how to select one (`--checkpoint step_N`).
 //!
+//! Checkpoints with manifests are format version 2. Version 1 checkpoints were written before
+//! manifests existed (late ones have one, and are verified like version 2). A version 1
+//! checkpoint without a manifest is read unverified, with a warning, since nothing recorded
+//! what its files should hold; `kiln verify --adopt` writes a manifest for it from its files
+//! as they are. A version 2 checkpoint without a manifest is damaged and refused.
+//!
+//! Beside a GPU the state is gathered into page-locked staging ([`HostStaging`], allocated
+//! once per run and sized to the checkpoint): every device-to-host copy is queued and waited
+//! for once, and the writer thread writes each safetensors file as its header followed by the
+//! staged bytes, in the layout `safetensors::serialize` gives (tensors ordered by name), so
+//! the files are byte for byte those of the pageable path. The staging goes to the writer
+//! thread with the snapshot and comes back with the finished write; the CPU keeps the
+//! pageable path, its tensors being host memory already.
+//!
 //! The files do not depend on where the optimizer keeps its state: with
 //! `train.offload_optimizer` the masters and moments are read from and restored into host
 //! memory under the same names, so a run may switch offload on or off when it resumes.
@@ -22,16 +36,22 @@
 use super::oom::PassSize;
 use super::trainer::{TrainState, Trainer};
 use crate::config::ModelConfig;
-use crate::engine::Tensor;
+use crate::engine::staging::HostStaging;
+use crate::engine::{Device, Tensor};
 use crate::error::{KilnError, Result};
 use crate::models::Model;
-use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+use crate::train::metrics::format_bytes;
+use safetensors::tensor::{Dtype, Metadata, SafeTensors, TensorInfo, TensorView};
 use serde::{Deserialize, Serialize};
 use std::fs;
 use std::io::Write;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-const FORMAT_VERSION: u32 = 1;
+/// The version this kiln writes: every checkpoint carries a manifest.
+const FORMAT_VERSION: u32 = 2;
+/// Checkpoints written before manifests existed (and a few after, with one).
+const LEGACY_FORMAT_VERSION: u32 = 1;
 const MODEL_FILE: &str = "model.safetensors";
 const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 const STATE_FILE: &str = "trainer.json";
@@ -82,10 +102,15 @@ pub fn latest(run_dir: &Path) -> Result<Option<PathBuf>> {
 /// The size and CRC-32 of every file of a checkpoint, written after them.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Manifest {
+    /// The format version of the checkpoint it describes.
     pub format_version: u32,
     /// Always "crc32" (IEEE, as zlib): fast enough to check gigabytes at load.
     pub hash: String,
     pub files: Vec<ManifestEntry>,
+    /// Written afterwards by `kiln verify --adopt` for a checkpoint that had none: it vouches
+    /// for the files as they were then, not as they were first written.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub adopted: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -96,22 +121,79 @@ pub struct ManifestEntry {
     pub crc32: String,
 }
 
-fn crc_hex(bytes: &[u8]) -> String {
-    format!("{:08x}", crc32fast::hash(bytes))
+/// The CRC-32 of the concatenation of `parts`.
+fn crc_hex(parts: &[&[u8]]) -> String {
+    let mut h = crc32fast::Hasher::new();
+    for p in parts {
+        h.update(p);
+    }
+    format!("{:08x}", h.finalize())
 }
 
 /// What a damaged checkpoint's error says to do next (the caller adds the run's checkpoints
 /// that verify when it knows the run directory).
 const DAMAGED_HINT: &str = "the file is damaged";
 
-pub fn read_manifest(ckpt: &Path) -> Result<Manifest> {
+/// How the files of a checkpoint are checked as they are read.
+enum Integrity {
+    /// Against the sizes and CRC-32s of its manifest.
+    Manifest(Manifest),
+    /// Not at all: a version 1 checkpoint written before manifests existed.
+    Legacy,
+}
+
+/// How to check `ckpt`: its manifest, or nothing for a legacy checkpoint that has none. A
+/// missing manifest is legacy only when the trainer state says version 1; otherwise the
+/// checkpoint was not completely written, or its manifest was lost.
+fn integrity(ckpt: &Path) -> Result<Integrity> {
+    let path = ckpt.join(MANIFEST_FILE);
+    match fs::metadata(&path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        _ => return read_manifest(ckpt).map(Integrity::Manifest),
+    }
+    let missing = |why: String| {
+        KilnError::checkpoint(
+            ckpt,
+            format!("has no {MANIFEST_FILE}: {why}; {DAMAGED_HINT}"),
+        )
+    };
+    let state = fs::read(ckpt.join(STATE_FILE)).map_err(|e| {
+        missing(format!(
+            "the checkpoint was not completely written ({STATE_FILE}: {e})"
+        ))
+    })?;
+    let version = serde_json::from_slice::<serde_json::Value>(&state)
+        .ok()
+        .and_then(|v| v.get("format_version")?.as_u64());
+    match version {
+        Some(v) if v == u64::from(LEGACY_FORMAT_VERSION) => Ok(Integrity::Legacy),
+        Some(v) => Err(missing(format!(
+            "every checkpoint of format version {v} has one, so it was not completely written or the manifest was removed"
+        ))),
+        None => Err(missing(format!(
+            "the checkpoint was not completely written ({STATE_FILE} names no format version)"
+        ))),
+    }
+}
+
+/// What a reader says about a checkpoint it loaded without verifying it.
+pub fn legacy_warning(ckpt: &Path) -> Option<String> {
+    let run_dir = ckpt.parent().and_then(Path::parent).unwrap_or(ckpt);
+    matches!(integrity(ckpt), Ok(Integrity::Legacy)).then(|| {
+        format!(
+            "checkpoint {} has no manifest (format version 1, written before checkpoints were verified), so its files cannot be checked; `kiln verify {} --adopt` records them as they are now",
+            ckpt.display(),
+            run_dir.display()
+        )
+    })
+}
+
+fn read_manifest(ckpt: &Path) -> Result<Manifest> {
     let path = ckpt.join(MANIFEST_FILE);
     let text = fs::read_to_string(&path).map_err(|e| {
         KilnError::checkpoint(
             ckpt,
-            format!(
-                "cannot read {MANIFEST_FILE} ({e}): the checkpoint was not completely written, or was written by a kiln without verified checkpoints"
-            ),
+            format!("cannot read {MANIFEST_FILE} ({e}): the checkpoint was not completely written"),
         )
     })?;
     let manifest: Manifest = serde_json::from_str(&text)
@@ -133,9 +215,22 @@ pub fn read_manifest(ckpt: &Path) -> Result<Manifest> {
     Ok(manifest)
 }
 
-/// Reads `name` from `ckpt` and checks its size and CRC-32 against the manifest.
-fn read_verified(ckpt: &Path, manifest: &Manifest, name: &str) -> Result<Vec<u8>> {
+/// Reads `name` from `ckpt` and checks its size and CRC-32 against the manifest, if the
+/// checkpoint has one.
+fn read_verified(ckpt: &Path, integrity: &Integrity, name: &str) -> Result<Vec<u8>> {
     let path = ckpt.join(name);
+    let read = || {
+        fs::read(&path).map_err(|e| {
+            KilnError::checkpoint(
+                &path,
+                format!("cannot read ({e}); the checkpoint is incomplete"),
+            )
+        })
+    };
+    let manifest = match integrity {
+        Integrity::Manifest(m) => m,
+        Integrity::Legacy => return read(),
+    };
     let entry = manifest
         .files
         .iter()
@@ -146,12 +241,7 @@ fn read_verified(ckpt: &Path, manifest: &Manifest, name: &str) -> Result<Vec<u8>
                 format!("does not list {name}; {DAMAGED_HINT}"),
             )
         })?;
-    let bytes = fs::read(&path).map_err(|e| {
-        KilnError::checkpoint(
-            &path,
-            format!("cannot read ({e}); the checkpoint is incomplete"),
-        )
-    })?;
+    let bytes = read()?;
     if bytes.len() as u64 != entry.bytes {
         return Err(KilnError::checkpoint(
             &path,
@@ -162,7 +252,7 @@ fn read_verified(ckpt: &Path, manifest: &Manifest, name: &str) -> Result<Vec<u8>
             ),
         ));
     }
-    let crc = crc_hex(&bytes);
+    let crc = crc_hex(&[&bytes]);
     if crc != entry.crc32 {
         return Err(KilnError::checkpoint(
             &path,
@@ -175,9 +265,12 @@ fn read_verified(ckpt: &Path, manifest: &Manifest, name: &str) -> Result<Vec<u8>
     Ok(bytes)
 }
 
-fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
+/// Writes the concatenation of `parts` to `path` and syncs it.
+fn write_synced(path: &Path, parts: &[&[u8]]) -> Result<()> {
     let mut f = fs::File::create(path).map_err(|e| KilnError::output(path, e))?;
-    f.write_all(bytes)
+    parts
+        .iter()
+        .try_for_each(|p| f.write_all(p))
         .and_then(|_| f.sync_all())
         .map_err(|e| KilnError::output(path, e))
 }
@@ -200,17 +293,85 @@ fn serialize(tensors: Vec<(String, &Tensor)>) -> Result<Vec<u8>> {
         .map_err(|e| KilnError::Setting(format!("internal: safetensors: {e}")))
 }
 
+/// The header of a safetensors file of f32 `tensors` already in file order (by name): the
+/// header length as a little-endian u64, then the JSON padded with spaces to 8 bytes, as
+/// `safetensors::serialize` writes it, so that header and the tensors' bytes make the file.
+fn safetensors_header(tensors: &[(String, &Tensor)]) -> Result<Vec<u8>> {
+    let internal = |e: &dyn std::fmt::Display| {
+        KilnError::Setting(format!("internal: safetensors header: {e}"))
+    };
+    let mut offset = 0;
+    let infos = tensors
+        .iter()
+        .map(|(name, t)| {
+            let n = t.len() * size_of::<f32>();
+            offset += n;
+            let info = TensorInfo {
+                dtype: Dtype::F32,
+                shape: t.shape().to_vec(),
+                data_offsets: (offset - n, offset),
+            };
+            (name.clone(), info)
+        })
+        .collect();
+    let metadata = Metadata::new(None, infos).map_err(|e| internal(&e))?;
+    let mut json = serde_json::to_string(&metadata)
+        .map_err(|e| internal(&e))?
+        .into_bytes();
+    json.resize(json.len().next_multiple_of(8), b' ');
+    let mut header = (json.len() as u64).to_le_bytes().to_vec();
+    header.extend(json);
+    Ok(header)
+}
+
+/// One file of a snapshot: its leading bytes, then a range of the staging buffer (empty on
+/// the pageable path, which holds each file whole in `head`).
+struct SnapshotFile {
+    name: &'static str,
+    head: Vec<u8>,
+    staged: Range<usize>,
+}
+
+impl SnapshotFile {
+    fn whole(name: &'static str, bytes: Vec<u8>) -> SnapshotFile {
+        SnapshotFile {
+            name,
+            head: bytes,
+            staged: 0..0,
+        }
+    }
+}
+
 /// A checkpoint copied to host memory at a step boundary, ready to be written by any thread.
 pub struct Snapshot {
     pub step: u64,
     name: String,
-    files: Vec<(&'static str, Vec<u8>)>,
+    files: Vec<SnapshotFile>,
+    /// The page-locked buffer the tensors were gathered into, if they were.
+    staging: Option<HostStaging>,
 }
 
 impl Snapshot {
     /// Bytes the checkpoint takes on disk (its manifest aside).
     pub fn bytes(&self) -> usize {
-        self.files.iter().map(|(_, b)| b.len()).sum()
+        self.files
+            .iter()
+            .map(|f| f.head.len() + f.staged.len())
+            .sum()
+    }
+
+    /// Whether the tensors went through page-locked staging (rather than pageable memory).
+    pub fn pinned(&self) -> bool {
+        self.staging.is_some()
+    }
+
+    /// A file's bytes, in the order they are written.
+    fn parts<'a>(&'a self, f: &'a SnapshotFile) -> [&'a [u8]; 2] {
+        let staged = self
+            .staging
+            .as_ref()
+            .map_or(&[][..], |s| &s.as_bytes()[f.staged.clone()]);
+        [&f.head, staged]
     }
 }
 
@@ -223,18 +384,108 @@ pub struct Written {
     pub write_s: f64,
 }
 
-/// Copies the trainer's weights, optimizer moments and state into host memory.
-pub fn snapshot(trainer: &Trainer) -> Result<Snapshot> {
-    // Only what trains is saved: every weight, or the adapters over a frozen base (which
-    // `lora.base` names and the run's init_from.json pins by hash).
+/// The tensors of the checkpoint's two safetensors files, under the names they are saved as.
+/// Only what trains is saved: every weight, or the adapters over a frozen base (which
+/// `lora.base` names and the run's init_from.json pins by hash).
+fn checkpoint_tensors(trainer: &Trainer) -> [(&'static str, Vec<(String, &Tensor)>); 2] {
     let params = trainer.model.trainable_params();
-    let model = serialize(params.iter().map(|p| (p.name.clone(), &p.value)).collect())?;
+    let model = params.iter().map(|p| (p.name.clone(), &p.value)).collect();
     let mut opt: Vec<(String, &Tensor)> = Vec::new();
     for ((p, m), v) in params.iter().zip(&trainer.opt.m).zip(&trainer.opt.v) {
         opt.push((format!("exp_avg.{}", p.name), m));
         opt.push((format!("exp_avg_sq.{}", p.name), v));
     }
-    let optimizer = serialize(opt)?;
+    [(MODEL_FILE, model), (OPTIMIZER_FILE, opt)]
+}
+
+/// Bytes of tensor data in a checkpoint of `trainer` (what its staging must hold).
+fn tensor_bytes(trainer: &Trainer) -> usize {
+    checkpoint_tensors(trainer)
+        .iter()
+        .flat_map(|(_, ts)| ts.iter().map(|(_, t)| t.len() * size_of::<f32>()))
+        .sum()
+}
+
+/// Copies the trainer's weights, optimizer moments and state into pageable host memory, one
+/// tensor at a time.
+pub fn snapshot(trainer: &Trainer) -> Result<Snapshot> {
+    let mut files = Vec::new();
+    for (name, tensors) in checkpoint_tensors(trainer) {
+        files.push(SnapshotFile::whole(name, serialize(tensors)?));
+    }
+    files.push(SnapshotFile::whole(STATE_FILE, state_json(trainer)?));
+    Ok(Snapshot {
+        step: trainer.state.step,
+        name: step_name(trainer.state.step),
+        files,
+        staging: None,
+    })
+}
+
+/// Copies the trainer's weights and optimizer moments into `staging` (all copies queued, one
+/// synchronisation), each file's tensors in the order its safetensors layout puts them.
+pub fn snapshot_staged(trainer: &Trainer, mut staging: HostStaging) -> Result<Snapshot> {
+    let mut sets = checkpoint_tensors(trainer);
+    for (_, tensors) in &mut sets {
+        tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    }
+    let all: Vec<&Tensor> = sets
+        .iter()
+        .flat_map(|(_, ts)| ts.iter().map(|(_, t)| *t))
+        .collect();
+    let ranges = staging.gather(&all)?;
+    let mut files = Vec::new();
+    let mut next = 0;
+    for (name, tensors) in &sets {
+        let mine = &ranges[next..next + tensors.len()];
+        next += tensors.len();
+        let start = mine.first().map_or(0, |r| r.start);
+        files.push(SnapshotFile {
+            name,
+            head: safetensors_header(tensors)?,
+            staged: start..mine.last().map_or(start, |r| r.end),
+        });
+    }
+    files.push(SnapshotFile::whole(STATE_FILE, state_json(trainer)?));
+    Ok(Snapshot {
+        step: trainer.state.step,
+        name: step_name(trainer.state.step),
+        files,
+        staging: Some(staging),
+    })
+}
+
+/// Page-locked staging sized to the checkpoint of a trainer on a GPU, allocated once for the
+/// run. `Ok(None)` on the CPU, whose tensors are host memory already; `Err` with a one-line
+/// notice when it cannot be had (more than half of the available RAM, or refused by the
+/// driver), in which case checkpoints are copied through pageable memory as before.
+pub fn pinned_staging(trainer: &Trainer) -> std::result::Result<Option<HostStaging>, String> {
+    if trainer.pool.device() == Device::Cpu {
+        return Ok(None);
+    }
+    let bytes = tensor_bytes(trainer);
+    let fallback = "checkpoints are copied to host memory through pageable memory instead, which stalls training longer";
+    if let Some(available) = crate::hw::cpu::detect_ram().available_bytes
+        && bytes as u64 > available / 2
+    {
+        return Err(format!(
+            "checkpoints of {} would pin more than half of the {} of RAM available; {fallback}",
+            format_bytes(bytes),
+            format_bytes(available as usize)
+        ));
+    }
+    HostStaging::pinned(&trainer.pool, bytes)
+        .map(Some)
+        .map_err(|e| {
+            format!(
+                "{} of page-locked memory for checkpoints could not be allocated ({e}); {fallback}",
+                format_bytes(bytes)
+            )
+        })
+}
+
+/// The trainer state and model shape as `trainer.json` holds them.
+fn state_json(trainer: &Trainer) -> Result<Vec<u8>> {
     let meta = CheckpointMeta {
         format_version: FORMAT_VERSION,
         model: trainer.cfg.model.clone(),
@@ -246,17 +497,8 @@ pub fn snapshot(trainer: &Trainer) -> Result<Snapshot> {
             capacity_bytes: trainer.pool.capacity(),
         }),
     };
-    let json = serde_json::to_vec_pretty(&meta)
-        .map_err(|e| KilnError::Setting(format!("internal: trainer state to JSON: {e}")))?;
-    Ok(Snapshot {
-        step: trainer.state.step,
-        name: step_name(trainer.state.step),
-        files: vec![
-            (MODEL_FILE, model),
-            (OPTIMIZER_FILE, optimizer),
-            (STATE_FILE, json),
-        ],
-    })
+    serde_json::to_vec_pretty(&meta)
+        .map_err(|e| KilnError::Setting(format!("internal: trainer state to JSON: {e}")))
 }
 
 pub fn step_name(step: u64) -> String {
@@ -293,21 +535,23 @@ fn write_in(snap: &Snapshot, dir: &Path, tmp: &Path, pointer_tmp: &Path) -> Resu
         format_version: FORMAT_VERSION,
         hash: "crc32".into(),
         files: Vec::new(),
+        adopted: false,
     };
-    for (name, bytes) in &snap.files {
-        write_synced(&tmp.join(name), bytes)?;
+    for f in &snap.files {
+        let parts = snap.parts(f);
+        write_synced(&tmp.join(f.name), &parts)?;
         manifest.files.push(ManifestEntry {
-            name: name.to_string(),
-            bytes: bytes.len() as u64,
-            crc32: crc_hex(bytes),
+            name: f.name.to_string(),
+            bytes: parts.iter().map(|p| p.len() as u64).sum(),
+            crc32: crc_hex(&parts),
         });
     }
     let json = serde_json::to_vec_pretty(&manifest).map_err(|e| KilnError::output(tmp, e))?;
-    write_synced(&tmp.join(MANIFEST_FILE), &json)?;
+    write_synced(&tmp.join(MANIFEST_FILE), &[&json])?;
     let final_dir = dir.join(&snap.name);
     let _ = fs::remove_dir_all(&final_dir);
     fs::rename(tmp, &final_dir).map_err(|e| KilnError::output(&final_dir, e))?;
-    write_synced(pointer_tmp, snap.name.as_bytes())?;
+    write_synced(pointer_tmp, &[snap.name.as_bytes()])?;
     fs::rename(pointer_tmp, dir.join(LATEST))
         .map_err(|e| KilnError::output(dir.join(LATEST), e))?;
     // The renames are durable only once the directory itself is synced.
@@ -317,21 +561,30 @@ fn write_in(snap: &Snapshot, dir: &Path, tmp: &Path, pointer_tmp: &Path) -> Resu
     Ok(final_dir)
 }
 
+/// What the writer thread hands back: the finished write, and the staging buffer the snapshot
+/// was gathered into, free for the next one.
+type Finished = (Result<Written>, Option<HostStaging>);
+
 /// Writes checkpoints on a background thread so training goes on while they reach the disk.
 ///
-/// At most one write is in flight: [`Writer::submit`] first waits for the previous one, so
-/// memory holds at most two host copies of the state (the one being written and the new one)
-/// and checkpoints land in step order.
+/// At most one write is in flight, and the next snapshot waits for it ([`Writer::wait`]
+/// before [`Writer::snapshot`]): the write reads the staging buffer the next snapshot fills,
+/// host memory holds one copy of the state beside the one being written at most, and
+/// checkpoints land in step order.
 pub struct Writer {
     run_dir: PathBuf,
-    in_flight: Option<std::thread::JoinHandle<Result<Written>>>,
+    in_flight: Option<std::thread::JoinHandle<Finished>>,
+    /// Page-locked staging when the run has it, here while no write is reading it.
+    staging: Option<HostStaging>,
 }
 
 impl Writer {
-    pub fn new(run_dir: &Path) -> Writer {
+    /// A writer for `run_dir`, gathering snapshots into `staging` when given one.
+    pub fn new(run_dir: &Path, staging: Option<HostStaging>) -> Writer {
         Writer {
             run_dir: run_dir.to_path_buf(),
             in_flight: None,
+            staging,
         }
     }
 
@@ -341,11 +594,30 @@ impl Writer {
             return Ok(None);
         };
         match handle.join() {
-            Ok(result) => result.map(Some),
+            Ok((result, staging)) => {
+                self.staging = self.staging.take().or(staging);
+                result.map(Some)
+            }
             Err(_) => Err(KilnError::output(
                 checkpoints_dir(&self.run_dir),
                 "the checkpoint writer thread panicked",
             )),
+        }
+    }
+
+    /// Copies the trainer's state to host memory: through the staging buffer when the writer
+    /// has one, else through pageable memory. Call [`Writer::wait`] first: the write in
+    /// flight may still be reading the staging.
+    pub fn snapshot(&mut self, trainer: &Trainer) -> Result<Snapshot> {
+        if self.in_flight.is_some() {
+            return Err(KilnError::Setting(
+                "internal: a checkpoint snapshot was taken while the previous write was in flight"
+                    .into(),
+            ));
+        }
+        match self.staging.take() {
+            Some(staging) => snapshot_staged(trainer, staging),
+            None => snapshot(trainer),
         }
     }
 
@@ -355,7 +627,10 @@ impl Writer {
         let run_dir = self.run_dir.clone();
         let handle = std::thread::Builder::new()
             .name("kiln-checkpoint".into())
-            .spawn(move || write(&snap, &run_dir))
+            .spawn(move || {
+                let written = write(&snap, &run_dir);
+                (written, snap.staging)
+            })
             .map_err(|e| KilnError::output(checkpoints_dir(&self.run_dir), e))?;
         self.in_flight = Some(handle);
         Ok(previous)
@@ -402,42 +677,121 @@ pub fn list(run_dir: &Path) -> Vec<PathBuf> {
     names.into_iter().rev().map(|n| dir.join(n)).collect()
 }
 
+/// How far `verify` could check a checkpoint it accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Checked {
+    /// Every file against the manifest written with it.
+    Manifest,
+    /// Against a manifest `kiln verify --adopt` wrote later, from the files as they were then.
+    Adopted,
+    /// Its structure only (safetensors headers and lengths, trainer state): a version 1
+    /// checkpoint without a manifest, so a changed value inside a file goes unnoticed.
+    Legacy,
+}
+
 /// What `verify` found in one checkpoint.
 #[derive(Debug, Clone)]
 pub struct Verified {
     pub step: u64,
     pub bytes: u64,
+    pub checked: Checked,
 }
 
 /// Reads every file of a checkpoint and checks it against the manifest, then parses the
-/// safetensors headers and the trainer state.
+/// safetensors headers and the trainer state. A legacy checkpoint (version 1, no manifest)
+/// gets the parsing only, and says so in [`Verified::checked`].
 pub fn verify(ckpt: &Path) -> Result<Verified> {
-    let manifest = read_manifest(ckpt)?;
+    let integrity = integrity(ckpt)?;
+    let mut bytes = 0;
     for name in [MODEL_FILE, OPTIMIZER_FILE] {
-        let bytes = read_verified(ckpt, &manifest, name)?;
-        SafeTensors::deserialize(&bytes).map_err(|e| {
+        let data = read_verified(ckpt, &integrity, name)?;
+        SafeTensors::deserialize(&data).map_err(|e| {
             KilnError::checkpoint(ckpt.join(name), format!("is not valid safetensors ({e})"))
         })?;
+        bytes += data.len() as u64;
     }
-    let meta = read_meta_with(ckpt, &manifest)?;
+    let meta = read_meta_with(ckpt, &integrity)?;
+    let (bytes, checked) = match &integrity {
+        Integrity::Manifest(m) => (
+            m.files.iter().map(|f| f.bytes).sum(),
+            if m.adopted {
+                Checked::Adopted
+            } else {
+                Checked::Manifest
+            },
+        ),
+        Integrity::Legacy => {
+            let state = fs::metadata(ckpt.join(STATE_FILE)).map_or(0, |m| m.len());
+            (bytes + state, Checked::Legacy)
+        }
+    };
     Ok(Verified {
         step: meta.state.step,
-        bytes: manifest.files.iter().map(|f| f.bytes).sum(),
+        bytes,
+        checked,
     })
+}
+
+/// Writes a manifest for a legacy checkpoint (version 1, none of its own) from its files as
+/// they are, once they pass the checks [`verify`] can make without one; from then on every
+/// read is verified against it. This trusts the files: damage done before adoption is
+/// recorded as if it were the checkpoint. Returns false, writing nothing, for a checkpoint
+/// that has a manifest. The manifest is written to a temporary name, synced and renamed.
+pub fn adopt(ckpt: &Path) -> Result<bool> {
+    if let Integrity::Manifest(_) = integrity(ckpt)? {
+        return Ok(false);
+    }
+    verify(ckpt)?;
+    let mut manifest = Manifest {
+        format_version: LEGACY_FORMAT_VERSION,
+        hash: "crc32".into(),
+        files: Vec::new(),
+        adopted: true,
+    };
+    for name in DATA_FILES {
+        let path = ckpt.join(name);
+        let bytes = fs::read(&path).map_err(|e| KilnError::checkpoint(&path, e.to_string()))?;
+        manifest.files.push(ManifestEntry {
+            name: name.to_string(),
+            bytes: bytes.len() as u64,
+            crc32: crc_hex(&[&bytes]),
+        });
+    }
+    let json = serde_json::to_vec_pretty(&manifest).map_err(|e| KilnError::output(ckpt, e))?;
+    let tmp = ckpt.join(format!(".{MANIFEST_FILE}.tmp"));
+    let placed = write_synced(&tmp, &[&json]).and_then(|_| {
+        fs::rename(&tmp, ckpt.join(MANIFEST_FILE))
+            .map_err(|e| KilnError::output(ckpt.join(MANIFEST_FILE), e))
+    });
+    if placed.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    placed?;
+    if let Ok(d) = fs::File::open(ckpt) {
+        let _ = d.sync_all();
+    }
+    Ok(true)
 }
 
 /// The advice for a damaged checkpoint of `run_dir`: which other checkpoints verify and how
 /// to select one.
 pub fn alternatives(run_dir: &Path, bad: &Path) -> String {
-    let good: Vec<String> = list(run_dir)
-        .into_iter()
-        .filter(|c| c != bad && verify(c).is_ok())
-        .filter_map(|c| c.file_name()?.to_str().map(String::from))
-        .collect();
-    match good.first() {
+    let mut names = Vec::new();
+    let mut shown = Vec::new();
+    for c in list(run_dir).into_iter().filter(|c| c != bad) {
+        let (Ok(v), Some(name)) = (verify(&c), c.file_name().and_then(|n| n.to_str())) else {
+            continue;
+        };
+        shown.push(match v.checked {
+            Checked::Legacy => format!("{name} (legacy, unverified)"),
+            _ => name.to_string(),
+        });
+        names.push(name.to_string());
+    }
+    match names.first() {
         Some(first) => format!(
             "checkpoints of this run that verify: {}; select one with --checkpoint {first} (kiln train --resume, eval, generate)",
-            good.join(", ")
+            shown.join(", ")
         ),
         None => "no other checkpoint of this run verifies; start a new run".into(),
     }
@@ -508,27 +862,33 @@ pub fn resolve(run_dir: &Path, choice: Option<&str>) -> Result<PathBuf> {
     }
 }
 
-/// The trainer state and model shape of a checkpoint, verified against its manifest.
+/// The trainer state and model shape of a checkpoint, verified against its manifest (read
+/// as it is from a legacy checkpoint without one).
 pub fn read_meta(ckpt: &Path) -> Result<CheckpointMeta> {
-    read_meta_with(ckpt, &read_manifest(ckpt)?)
+    read_meta_with(ckpt, &integrity(ckpt)?)
 }
 
-fn read_meta_with(ckpt: &Path, manifest: &Manifest) -> Result<CheckpointMeta> {
+fn read_meta_with(ckpt: &Path, integrity: &Integrity) -> Result<CheckpointMeta> {
     let path = ckpt.join(STATE_FILE);
-    let bytes = read_verified(ckpt, manifest, STATE_FILE)?;
+    let bytes = read_verified(ckpt, integrity, STATE_FILE)?;
     let meta: CheckpointMeta = serde_json::from_slice(&bytes).map_err(|e| {
         KilnError::checkpoint(&path, format!("is damaged or not a kiln checkpoint ({e})"))
     })?;
-    if meta.format_version != FORMAT_VERSION {
-        return Err(KilnError::checkpoint(
+    match meta.format_version {
+        LEGACY_FORMAT_VERSION | FORMAT_VERSION => Ok(meta),
+        v if v > FORMAT_VERSION => Err(KilnError::checkpoint(
             &path,
             format!(
-                "format version {} is not supported (this kiln reads {FORMAT_VERSION})",
-                meta.format_version
+                "format version {v} is newer than this kiln reads ({LEGACY_FORMAT_VERSION} and {FORMAT_VERSION}); read it with the kiln that wrote it or a newer one"
             ),
-        ));
+        )),
+        v => Err(KilnError::checkpoint(
+            &path,
+            format!(
+                "format version {v} is not supported (this kiln reads {LEGACY_FORMAT_VERSION} and {FORMAT_VERSION})"
+            ),
+        )),
     }
-    Ok(meta)
 }
 
 /// Names every model dimension that differs between a checkpoint and the configured model.
@@ -587,12 +947,12 @@ fn shape_differences(saved: &CheckpointMeta, model: &ModelConfig, vocab: usize) 
 /// that names and shapes match exactly.
 fn load_tensors(
     ckpt: &Path,
-    manifest: &Manifest,
+    integrity: &Integrity,
     name: &str,
     targets: &mut [(String, &mut Tensor)],
 ) -> Result<()> {
     let path = &ckpt.join(name);
-    let bytes = read_verified(ckpt, manifest, name)?;
+    let bytes = read_verified(ckpt, integrity, name)?;
     let st = SafeTensors::deserialize(&bytes)
         .map_err(|e| KilnError::checkpoint(path, format!("is not valid safetensors ({e})")))?;
     if st.len() != targets.len() {
@@ -640,8 +1000,8 @@ pub fn load_weights(
     model_cfg: &ModelConfig,
     vocab: usize,
 ) -> Result<CheckpointMeta> {
-    let manifest = read_manifest(ckpt)?;
-    let meta = read_meta_with(ckpt, &manifest)?;
+    let integrity = integrity(ckpt)?;
+    let meta = read_meta_with(ckpt, &integrity)?;
     let diffs = shape_differences(&meta, model_cfg, vocab);
     if !diffs.is_empty() {
         return Err(KilnError::checkpoint(
@@ -654,7 +1014,7 @@ pub fn load_weights(
         .iter_mut()
         .map(|p| (p.name.clone(), &mut p.value))
         .collect();
-    load_tensors(ckpt, &manifest, MODEL_FILE, &mut targets)?;
+    load_tensors(ckpt, &integrity, MODEL_FILE, &mut targets)?;
     for p in params {
         p.refresh_compute()?;
     }
@@ -682,7 +1042,7 @@ pub fn load_into(trainer: &mut Trainer, ckpt: &Path) -> Result<()> {
         targets.push((format!("exp_avg.{n}"), m));
         targets.push((format!("exp_avg_sq.{n}"), v));
     }
-    load_tensors(ckpt, &read_manifest(ckpt)?, OPTIMIZER_FILE, &mut targets)?;
+    load_tensors(ckpt, &integrity(ckpt)?, OPTIMIZER_FILE, &mut targets)?;
     if meta.state.scaler.is_some() != trainer.state.scaler.is_some() {
         return Err(KilnError::checkpoint(
             ckpt,
@@ -699,4 +1059,224 @@ pub fn load_into(trainer: &mut Trainer, ckpt: &Path) -> Result<()> {
         _ => PassSize::default(),
     };
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ResolvedConfig;
+    use crate::engine::{DType, MemoryPool};
+    use crate::train::Precision;
+
+    /// A tiny CPU trainer whose weights are seeded and whose moments hold distinct values
+    /// (never zeros, so a moment written to the wrong place shows).
+    fn trainer() -> Trainer {
+        let overrides: Vec<String> = [
+            "model.d_model=32",
+            "model.n_layers=2",
+            "model.n_heads=2",
+            "model.context=16",
+            "train.seq_len=16",
+            "train.micro_batch=2",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let cfg = ResolvedConfig::resolve(None, &overrides).unwrap().config;
+        let vocab = crate::train::model_vocab(&cfg).unwrap();
+        let pool = MemoryPool::new(crate::engine::Device::Cpu);
+        let mut t = Trainer::new(&cfg, vocab, &pool, Precision::Fp32).unwrap();
+        let mut k = 0.0f32;
+        for moments in [&mut t.opt.m, &mut t.opt.v] {
+            for m in moments.iter_mut() {
+                let values: Vec<f32> = (0..m.len()).map(|i| k + i as f32 * 1e-3).collect();
+                m.copy_from_host(&values).unwrap();
+                k += 1.0;
+            }
+        }
+        t.state.step = 3;
+        t
+    }
+
+    fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
+        let mut v: Vec<(String, Vec<u8>)> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                let name = e.file_name().to_string_lossy().into_owned();
+                (name, fs::read(e.path()).unwrap())
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn the_staged_header_and_bytes_make_the_file_safetensors_serialize_makes() {
+        let pool = MemoryPool::new(crate::engine::Device::Cpu);
+        let t = |shape: &[usize], at: f32| {
+            let n: usize = shape.iter().product();
+            let values = (0..n).map(|i| at + i as f32).collect();
+            Tensor::from_vec(&pool, shape, DType::F32, values).unwrap()
+        };
+        let (a, b, c) = (t(&[3, 2], 1.0), t(&[5], -7.5), t(&[1, 1, 2], 1e20));
+        // Names whose byte order differs from their numeric order, given out of order.
+        let given: Vec<(String, &Tensor)> = vec![
+            ("blocks.10.w".into(), &a),
+            ("blocks.2.w".into(), &b),
+            ("a".into(), &c),
+        ];
+        let expected = serialize(given.clone()).unwrap();
+        let mut sorted = given;
+        sorted.sort_by(|x, y| x.0.cmp(&y.0));
+        let mut made = safetensors_header(&sorted).unwrap();
+        for (_, t) in &sorted {
+            made.extend(t.to_vec().unwrap().iter().flat_map(|v| v.to_le_bytes()));
+        }
+        assert_eq!(made, expected);
+    }
+
+    #[test]
+    fn a_staged_checkpoint_is_byte_identical_to_a_pageable_one() {
+        let t = trainer();
+        let tmp = tempfile::tempdir().unwrap();
+        let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+        let pageable = write(&snapshot(&t).unwrap(), &a).unwrap();
+        // Larger than needed and dirty, as a buffer reused across saves is.
+        let mut staging = HostStaging::pageable(tensor_bytes(&t) + 64);
+        let dirty = Tensor::from_vec(&t.pool, &[16], DType::F32, vec![f32::NAN; 16]).unwrap();
+        staging.gather(&[&dirty]).unwrap();
+        let snap = snapshot_staged(&t, staging).unwrap();
+        assert!(snap.pinned());
+        let staged = write(&snap, &b).unwrap();
+        assert_eq!(staged.bytes, pageable.bytes);
+        assert_eq!(files(&staged.dir), files(&pageable.dir));
+        assert_eq!(verify(&staged.dir).unwrap().checked, Checked::Manifest);
+    }
+
+    #[test]
+    fn the_writer_hands_the_staging_back_for_the_next_save() {
+        let mut t = trainer();
+        let tmp = tempfile::tempdir().unwrap();
+        let staging = HostStaging::pageable(tensor_bytes(&t));
+        let mut writer = Writer::new(tmp.path(), Some(staging));
+        for step in [1, 2] {
+            t.state.step = step;
+            let snap = writer.snapshot(&t).unwrap();
+            assert!(snap.pinned(), "save {step} went through the staging");
+            assert!(writer.submit(snap).unwrap().is_none());
+            assert!(writer.snapshot(&t).is_err(), "a write is in flight");
+            let w = writer.wait().unwrap().unwrap();
+            assert_eq!(w.step, step);
+            assert_eq!(verify(&w.dir).unwrap().step, step);
+        }
+        assert_eq!(list(tmp.path()).len(), 2);
+    }
+
+    /// A checkpoint as kiln wrote them before manifests: no manifest.json, version 1.
+    fn make_legacy(ckpt: &Path) {
+        fs::remove_file(ckpt.join(MANIFEST_FILE)).unwrap();
+        let p = ckpt.join(STATE_FILE);
+        let text = fs::read_to_string(&p).unwrap();
+        assert!(text.contains("\"format_version\": 2,"), "{text}");
+        fs::write(
+            &p,
+            text.replace("\"format_version\": 2,", "\"format_version\": 1,"),
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn a_legacy_checkpoint_loads_unverified_and_verifies_once_adopted() {
+        let t = trainer();
+        let tmp = tempfile::tempdir().unwrap();
+        let ckpt = save(&t, tmp.path()).unwrap();
+        assert!(legacy_warning(&ckpt).is_none());
+        make_legacy(&ckpt);
+        let v = verify(&ckpt).unwrap();
+        assert_eq!((v.checked, v.step), (Checked::Legacy, 3));
+        assert!(legacy_warning(&ckpt).unwrap().contains("cannot be checked"));
+        let mut model = crate::models::build(&t.cfg.model, t.vocab, &t.pool, 99).unwrap();
+        load_weights(&ckpt, model.as_mut(), &t.cfg.model, t.vocab).unwrap();
+        let loaded: Vec<Vec<f32>> = model
+            .params()
+            .iter()
+            .map(|p| p.value.to_vec().unwrap())
+            .collect();
+        let saved: Vec<Vec<f32>> = t
+            .model
+            .params()
+            .iter()
+            .map(|p| p.value.to_vec().unwrap())
+            .collect();
+        assert_eq!(loaded, saved);
+
+        assert!(adopt(&ckpt).unwrap());
+        assert!(!adopt(&ckpt).unwrap(), "a manifest is there now");
+        assert_eq!(verify(&ckpt).unwrap().checked, Checked::Adopted);
+        assert!(legacy_warning(&ckpt).is_none());
+        // From now on the adopted manifest catches damage.
+        let p = ckpt.join(OPTIMIZER_FILE);
+        let mut bytes = fs::read(&p).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0x40;
+        fs::write(&p, bytes).unwrap();
+        let err = verify(&ckpt).unwrap_err().to_string();
+        assert!(err.contains("does not match its manifest"), "{err}");
+    }
+
+    #[test]
+    fn a_broken_legacy_checkpoint_is_refused_and_not_adopted() {
+        let t = trainer();
+        let tmp = tempfile::tempdir().unwrap();
+        let ckpt = save(&t, tmp.path()).unwrap();
+        make_legacy(&ckpt);
+        let p = ckpt.join(MODEL_FILE);
+        let bytes = fs::read(&p).unwrap();
+        fs::write(&p, &bytes[..bytes.len() - 5]).unwrap();
+        let err = verify(&ckpt).unwrap_err().to_string();
+        assert!(err.contains("not valid safetensors"), "{err}");
+        assert!(adopt(&ckpt).is_err());
+        assert!(!ckpt.join(MANIFEST_FILE).exists());
+    }
+
+    #[test]
+    fn a_current_checkpoint_without_its_manifest_is_damaged_not_legacy() {
+        let t = trainer();
+        let tmp = tempfile::tempdir().unwrap();
+        let ckpt = save(&t, tmp.path()).unwrap();
+        fs::remove_file(ckpt.join(MANIFEST_FILE)).unwrap();
+        let err = verify(&ckpt).unwrap_err().to_string();
+        assert!(err.contains("format version 2 has one"), "{err}");
+        assert!(adopt(&ckpt).is_err());
+        assert!(legacy_warning(&ckpt).is_none());
+    }
+
+    #[test]
+    fn a_newer_format_version_is_refused_by_name() {
+        let t = trainer();
+        let tmp = tempfile::tempdir().unwrap();
+        let ckpt = save(&t, tmp.path()).unwrap();
+        let p = ckpt.join(STATE_FILE);
+        let text = fs::read_to_string(&p)
+            .unwrap()
+            .replace("\"format_version\": 2,", "\"format_version\": 3,");
+        fs::write(&p, &text).unwrap();
+        // Re-recorded in the manifest, so the version, not the checksum, is what is refused.
+        let mut manifest = read_manifest(&ckpt).unwrap();
+        let entry = manifest
+            .files
+            .iter_mut()
+            .find(|f| f.name == STATE_FILE)
+            .unwrap();
+        entry.bytes = text.len() as u64;
+        entry.crc32 = crc_hex(&[text.as_bytes()]);
+        fs::write(
+            ckpt.join(MANIFEST_FILE),
+            serde_json::to_vec(&manifest).unwrap(),
+        )
+        .unwrap();
+        let err = read_meta(&ckpt).unwrap_err().to_string();
+        assert!(err.contains("format version 3 is newer"), "{err}");
+    }
 }

@@ -172,8 +172,10 @@ struct OomRecord {
     micro_batch_to: usize,
 }
 
-/// A checkpoint that reached the disk: its size, the time the background thread took to
-/// write it, and the time training stood still while its state was copied to host memory.
+/// A checkpoint that reached the disk: its size, how long writing it took, and how long
+/// training stood still for it (`stall_s`): waiting for the previous write (`wait_s`, whose
+/// staging the copy reuses), copying the state to host memory (`snapshot_s`), and, saved in
+/// line, the write itself.
 #[derive(Serialize)]
 struct CheckpointRecord {
     kind: &'static str,
@@ -181,6 +183,21 @@ struct CheckpointRecord {
     bytes: usize,
     write_s: f64,
     snapshot_s: f64,
+    wait_s: f64,
+    stall_s: f64,
+    /// "background" (`train.checkpoint_async`) or "inline".
+    mode: &'static str,
+    /// "pinned" (page-locked staging, all copies queued at once) or "pageable".
+    staging: &'static str,
+}
+
+/// What a save cost the training loop before its write, kept until the write is done.
+#[derive(Clone, Copy, Default)]
+struct SaveTiming {
+    wait_s: f64,
+    snapshot_s: f64,
+    inline: bool,
+    pinned: bool,
 }
 
 #[derive(Serialize)]
@@ -314,6 +331,9 @@ fn run_locked(opts: RunOptions, lock: &lock::RunLock) -> Result<Summary> {
         let ckpt = checkpoint::resolve(run_dir, opts.checkpoint.as_deref())?;
         checkpoint::load_into(&mut trainer, &ckpt)
             .map_err(|e| checkpoint::explain(e, run_dir, &ckpt))?;
+        if let Some(w) = checkpoint::legacy_warning(&ckpt) {
+            progress.message(&format!("warning: {w}"));
+        }
         let done = trainer.state.step;
         if done >= total {
             return Err(KilnError::Setting(format!(
@@ -430,9 +450,19 @@ fn run_locked(opts: RunOptions, lock: &lock::RunLock) -> Result<Summary> {
     trainer.pool.reset_peak();
 
     let mut tracer = opts.trace.clone().map(trace::Trace::new);
-    let mut writer = checkpoint::Writer::new(run_dir);
-    // The snapshot time of the checkpoint in flight, reported once its write is done.
-    let mut snapshot_s = 0.0;
+    let background = cfg.train.checkpoint_async;
+    // Allocated once, before the first step, so no save pays for pinning it.
+    let staging = if background {
+        checkpoint::pinned_staging(&trainer).unwrap_or_else(|notice| {
+            progress.message(&format!("note: {notice}"));
+            None
+        })
+    } else {
+        None
+    };
+    let mut writer = checkpoint::Writer::new(run_dir, staging);
+    // The save in flight on the background thread, reported once its write is done.
+    let mut in_flight = SaveTiming::default();
     let mut ckpt_note = String::new();
     let mut stop_note_shown = false;
     while trainer.state.step < last {
@@ -573,27 +603,48 @@ fn run_locked(opts: RunOptions, lock: &lock::RunLock) -> Result<Summary> {
             stop_note_shown = true;
         }
         let scheduled = every(cfg.train.checkpoint_every, step) || step == last;
+        let mut written_inline = None;
         if scheduled || stop.is_some() || signals::take_save_request() {
             let ckpt_start = Instant::now();
-            let snap = checkpoint::snapshot(&trainer)?;
-            let copied = ckpt_start.elapsed().as_secs_f64();
+            // The write in flight reads the staging this snapshot fills: it finishes first.
+            if let Some(w) = writer.wait()? {
+                record_checkpoint(&mut metrics, &mut ckpt_note, &w, &in_flight)?;
+                last_ckpt = Some(w.dir);
+            }
+            let snapshot_start = Instant::now();
+            let snap = writer.snapshot(&trainer)?;
+            let timing = SaveTiming {
+                wait_s: (snapshot_start - ckpt_start).as_secs_f64(),
+                snapshot_s: snapshot_start.elapsed().as_secs_f64(),
+                inline: !background,
+                pinned: snap.pinned(),
+            };
+            if background {
+                writer.submit(snap)?;
+                in_flight = timing;
+            } else {
+                let w = checkpoint::write(&snap, run_dir)?;
+                record_checkpoint(&mut metrics, &mut ckpt_note, &w, &timing)?;
+                last_ckpt = Some(w.dir.clone());
+                written_inline = Some(w);
+            }
             if let (Some(n), Some(t)) = (traced, tracer.as_mut()) {
                 t.span("checkpoint", n, ckpt_start, Instant::now());
             }
-            if let Some(w) = writer.submit(snap)? {
-                record_checkpoint(&mut metrics, &mut ckpt_note, &w, snapshot_s)?;
-                last_ckpt = Some(w.dir);
-            }
-            snapshot_s = copied;
         }
         if let Some(signal) = stop {
-            let w = writer.wait()?.ok_or_else(|| {
-                KilnError::output(
-                    checkpoint::checkpoints_dir(run_dir),
-                    "no checkpoint was written",
-                )
-            })?;
-            record_checkpoint(&mut metrics, &mut ckpt_note, &w, snapshot_s)?;
+            let w = match writer.wait()? {
+                Some(w) => {
+                    record_checkpoint(&mut metrics, &mut ckpt_note, &w, &in_flight)?;
+                    w
+                }
+                None => written_inline.ok_or_else(|| {
+                    KilnError::output(
+                        checkpoint::checkpoints_dir(run_dir),
+                        "no checkpoint was written",
+                    )
+                })?,
+            };
             progress.finish();
             return Err(KilnError::Stopped {
                 signal,
@@ -604,7 +655,7 @@ fn run_locked(opts: RunOptions, lock: &lock::RunLock) -> Result<Summary> {
         }
     }
     if let Some(w) = writer.wait()? {
-        record_checkpoint(&mut metrics, &mut ckpt_note, &w, snapshot_s)?;
+        record_checkpoint(&mut metrics, &mut ckpt_note, &w, &in_flight)?;
         last_ckpt = Some(w.dir);
     }
     trainer.mark_phases = false;
@@ -649,15 +700,25 @@ fn record_checkpoint(
     metrics: &mut MetricsWriter,
     note: &mut String,
     w: &checkpoint::Written,
-    snapshot_s: f64,
+    t: &SaveTiming,
 ) -> Result<()> {
-    *note = format!(" | ckpt {} in {:.2}s", format_bytes(w.bytes), w.write_s);
+    let stall_s = t.wait_s + t.snapshot_s + if t.inline { w.write_s } else { 0.0 };
+    *note = format!(
+        " | ckpt {} written in {:.2}s, stalled {:.2}s",
+        format_bytes(w.bytes),
+        w.write_s,
+        stall_s
+    );
     metrics.write(&CheckpointRecord {
         kind: "checkpoint",
         step: w.step,
         bytes: w.bytes,
         write_s: w.write_s,
-        snapshot_s,
+        snapshot_s: t.snapshot_s,
+        wait_s: t.wait_s,
+        stall_s,
+        mode: if t.inline { "inline" } else { "background" },
+        staging: if t.pinned { "pinned" } else { "pageable" },
     })
 }
 
@@ -709,6 +770,9 @@ pub struct LoadedRun {
     pub model: Box<dyn crate::models::Model>,
     pub step: u64,
     pub checkpoint: PathBuf,
+    /// Set when the checkpoint could not be verified (a legacy one without a manifest): the
+    /// one-line warning to show.
+    pub unverified: Option<String>,
 }
 
 /// Rows of the model's embedding: `model.vocab`, or the tokenizer's vocabulary when it is 0.
@@ -746,6 +810,7 @@ pub fn load_run(run_dir: &Path, choice: Option<&str>) -> Result<LoadedRun> {
         config,
         model,
         step: meta.state.step,
+        unverified: checkpoint::legacy_warning(&ckpt),
         checkpoint: ckpt,
     })
 }

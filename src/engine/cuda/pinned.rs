@@ -65,6 +65,12 @@ impl PinnedBuffer {
         }
     }
 
+    /// The whole buffer as bytes (what a file write reads).
+    pub fn as_bytes(&self) -> &[u8] {
+        // SAFETY: `bytes` initialised bytes (zeroed at allocation) that live as long as `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.bytes) }
+    }
+
     pub fn as_mut_slice<T: Elem>(&mut self) -> &mut [T] {
         // SAFETY: as in `as_slice`, and `&mut self` makes this the only reference.
         unsafe {
@@ -89,6 +95,29 @@ impl Drop for PinnedBuffer {
 impl std::fmt::Debug for PinnedBuffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "PinnedBuffer({} bytes)", self.bytes)
+    }
+}
+
+impl CudaBackend {
+    /// Queues a copy of `src` into `dst` (its length) on the compute stream, after everything
+    /// queued there before it, and returns at once. Into page-locked memory the copy runs
+    /// asynchronously at the full bus rate, so many of them cost one synchronisation.
+    ///
+    /// # Safety
+    /// Until the compute stream has been synchronised ([`CudaBackend::synchronize`]), the
+    /// host must neither read, write nor free `dst`, and `src` must stay allocated.
+    pub unsafe fn queue_download(&self, src: &CudaSlice<f32>, dst: &mut [f32]) -> Result<()> {
+        check_len("queued download", "source", src, dst.len())?;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        self.ctx.bind_to_thread()?;
+        let from = raw_ptr(src, &self.stream);
+        // SAFETY: `dst.len()` elements lie inside `src` (checked above); the stream orders the
+        // copy after the kernels that write it. `src` stays allocated and `dst` untouched
+        // until the stream is synchronised (the caller's contract).
+        unsafe { result::memcpy_dtoh_async(dst, from, self.stream.cu_stream()) }?;
+        Ok(())
     }
 }
 
