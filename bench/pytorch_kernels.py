@@ -15,6 +15,12 @@ operations as eager PyTorch writes them without fused kernels: `torch.add` and `
 over `[B*H, T, hs]`, a masked `softmax` and its autograd backward, and
 `torch.optim.AdamW(foreach=True)`.
 
+Beside kiln's NF4 dequantisation (group `nf4`) stands bitsandbytes'
+`bnb.functional.dequantize_4bit` on the same shapes (NF4, blocks of 64, double-quantised
+absmax) when bitsandbytes imports, otherwise the same arithmetic in eager PyTorch (a lookup of
+the 16 NF4 values and of the restored absmax, a multiply, a cast to bf16), and `F.linear` in
+bf16 for the GEMM the workspace feeds.
+
 Timing matches the kiln side: inputs rotated through enough copies that a call never finds
 its data left in L2 by the one before (working sets under twice the L2 size, `--l2-bytes`,
 at most `--max-copies`), `--warmup` untimed calls, then the median of `--reps` samples of
@@ -351,6 +357,63 @@ def optimizer(b):
           lambda: (b.rand(p),), torch.linalg.vector_norm)
 
 
+NF4_TOKENS = 8192
+NF4_SHAPES = ((2048, 8192), (8192, 2048))
+
+
+def nf4(b):
+    """NF4 dequantisation into bf16 and the bf16 GEMM it feeds, at kiln's shapes."""
+    try:
+        import bitsandbytes.functional as bnbf
+    except Exception as e:  # not installed, or no build for this CUDA
+        bnbf = None
+        b.skipped.append(f"bitsandbytes ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}): "
+                         "nf4_dequantize compared with the eager PyTorch lookup instead")
+    dev = b.dev
+    nf4_values = torch.tensor([
+        -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
+        -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
+        0.07958029955625534, 0.16093020141124725, 0.24611230194568634, 0.33791524171829224,
+        0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0], device=dev)
+    dyn_map = torch.linspace(-1, 1, 256, device=dev)
+    for rows, cols in NF4_SHAPES:
+        n = rows * cols
+        blocks = n // 64
+        key = f"nf4_dequantize {rows}x{cols}"
+        ws = n // 2 + blocks + 4 * ((blocks + 255) // 256) + 2 * n
+        if bnbf is not None and b.cuda:
+            def make_bnb(rows=rows, cols=cols):
+                w = torch.randn(rows, cols, device=dev, dtype=torch.bfloat16) * 0.02
+                return bnbf.quantize_4bit(w, blocksize=64, compress_statistics=True, quant_type="nf4")
+
+            b.run(key, "bf16", NF4_TOKENS, "bnb.functional.dequantize_4bit", ws, make_bnb,
+                  lambda q, state: bnbf.dequantize_4bit(q, state))
+        else:
+            def make_torch(n=n, blocks=blocks):
+                packed = torch.randint(0, 256, (n // 2,), dtype=torch.uint8, device=dev)
+                codes = torch.randint(0, 256, (blocks,), dtype=torch.uint8, device=dev)
+                scales = torch.rand((blocks + 255) // 256, device=dev) * 0.1
+                return packed, codes, scales
+
+            def dequant(packed, codes, scales, rows=rows, cols=cols):
+                absmax = dyn_map[codes.long()] * scales.repeat_interleave(256)[: codes.numel()] + 0.01
+                idx = torch.stack((packed >> 4, packed & 15), -1).view(-1).long()
+                return (nf4_values[idx].view(-1, 64) * absmax[:, None]).to(torch.bfloat16).view(rows, cols)
+
+            b.run(key, "bf16", NF4_TOKENS, "eager lookup, multiply, cast (no bitsandbytes)", ws,
+                  make_torch, dequant)
+
+        def make_gemm(rows=rows, cols=cols):
+            return (b.rand(NF4_TOKENS, cols, dtype=torch.bfloat16),
+                    b.rand(rows, cols, dtype=torch.bfloat16, scale=0.02))
+
+        b.run(f"linear_forward nf4 {rows}x{cols}", "bf16", NF4_TOKENS, "F.linear (bf16)",
+              2 * (NF4_TOKENS * (rows + cols) + n), make_gemm, F.linear)
+
+
+GROUPS = ("memory", "compute", "unfused", "other", "nf4")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpu", type=int, default=0)
@@ -367,6 +430,8 @@ def main():
     ap.add_argument("--l2-bytes", type=int, default=None,
                     help="L2 size for the rotation (default: the device's)")
     ap.add_argument("--max-copies", type=int, default=256)
+    ap.add_argument("--only", default=",".join(GROUPS),
+                    help="groups to time, comma-separated: " + ", ".join(GROUPS))
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     if a.device == "cuda":
@@ -385,20 +450,30 @@ def main():
         if d not in DTYPES:
             raise SystemExit(f"--dtypes: unknown type {d!r}; use f32, bf16 or f16")
     rows = [int(x) for x in a.rows.split(",")]
+    only = {g.strip() for g in a.only.split(",") if g.strip()}
+    for g in only:
+        if g not in GROUPS:
+            raise SystemExit(f"--only: unknown group {g!r}; use {', '.join(GROUPS)}")
     torch.manual_seed(1)
     torch.backends.cuda.matmul.allow_tf32 = False
     b = Bench(a)
     for name in names:
         dt = DTYPES[name]
         for n in rows:
-            rowwise(b, n, name, dt)
-            row_ops(b, n, name, dt)
-            if n % a.seq == 0:
-                attention(b, n, name, dt)
-            linears(b, n, name, dt)
-            unfused(b, n, name, dt)
-    optimizer(b)
-    b.skipped.append("bk_core_forward, bk_core_backward: PyTorch has no BK-Core operation")
+            if "memory" in only:
+                rowwise(b, n, name, dt)
+                row_ops(b, n, name, dt)
+            if "compute" in only:
+                if n % a.seq == 0:
+                    attention(b, n, name, dt)
+                linears(b, n, name, dt)
+            if "unfused" in only:
+                unfused(b, n, name, dt)
+    if "other" in only:
+        optimizer(b)
+        b.skipped.append("bk_core_forward, bk_core_backward: PyTorch has no BK-Core operation")
+    if "nf4" in only:
+        nf4(b)
     out = {"torch": torch.__version__, "device": device_name, "rows": b.rows,
            "skipped": b.skipped}
     if a.json:

@@ -80,6 +80,11 @@ pub struct BenchKernelsArgs {
     /// Skip the PyTorch comparison.
     #[arg(long)]
     pub no_python: bool,
+    /// Time only these groups (comma-separated): memory, compute, unfused, other, nf4 (NF4
+    /// dequantisation of a 2048x8192 and an 8192x2048 weight beside the bf16 GEMM it feeds at
+    /// 8192 tokens). Default: all.
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
 }
 
 /// Most copies of one kernel's buffers; past this a kernel is so small that launch cost, not
@@ -159,6 +164,30 @@ fn validate(a: &BenchKernelsArgs) -> Result<Vec<Dt>> {
     parse_dtypes(&a.dtypes)
 }
 
+/// The groups `--only` names, or all of them.
+fn parse_groups(names: &[String]) -> Result<Vec<Group>> {
+    if names.is_empty() {
+        return Ok(Group::ALL.to_vec());
+    }
+    let mut out = Vec::new();
+    for n in names {
+        let g = Group::ALL
+            .into_iter()
+            .find(|g| g.name() == n.trim())
+            .ok_or_else(|| {
+                KilnError::Setting(format!(
+                    "--only: unknown group {:?}; use one or more of {}, comma-separated",
+                    n.trim(),
+                    Group::ALL.map(Group::name).join(", ")
+                ))
+            })?;
+        if !out.contains(&g) {
+            out.push(g);
+        }
+    }
+    Ok(out)
+}
+
 /// Which measured GEMM rate bounds a compute-bound kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -200,10 +229,18 @@ enum Group {
     Unfused,
     /// The optimizer, the gradient norm and BK-Core.
     Other,
+    /// NF4 dequantisation into a bf16 workspace beside the GEMM that reads it.
+    Nf4,
 }
 
 impl Group {
-    const ALL: [Group; 4] = [Group::Memory, Group::Compute, Group::Unfused, Group::Other];
+    const ALL: [Group; 5] = [
+        Group::Memory,
+        Group::Compute,
+        Group::Unfused,
+        Group::Other,
+        Group::Nf4,
+    ];
 
     fn name(self) -> &'static str {
         match self {
@@ -211,6 +248,7 @@ impl Group {
             Group::Compute => "compute",
             Group::Unfused => "unfused",
             Group::Other => "other",
+            Group::Nf4 => "nf4",
         }
     }
 
@@ -220,6 +258,7 @@ impl Group {
             Group::Compute => "GEMMs and attention",
             Group::Unfused => "unfused path (train.fused_kernels=false)",
             Group::Other => "optimizer, gradient norm, BK-Core",
+            Group::Nf4 => "NF4 dequantisation beside the bf16 GEMM it feeds",
         }
     }
 }
@@ -306,6 +345,13 @@ impl Entry {
     fn unfused(self) -> Self {
         Entry {
             group: Group::Unfused,
+            ..self
+        }
+    }
+
+    fn nf4(self) -> Self {
+        Entry {
+            group: Group::Nf4,
             ..self
         }
     }
@@ -1405,6 +1451,7 @@ struct Outcome {
 
 pub fn run(a: BenchKernelsArgs) -> Result<()> {
     let dtypes = validate(&a)?;
+    let groups = parse_groups(&a.only)?;
     let mut report = Report::new(
         "kernels",
         "CUDA kernels against the measured roofline and PyTorch",
@@ -1413,13 +1460,17 @@ pub fn run(a: BenchKernelsArgs) -> Result<()> {
     let mut outcome = match CudaBackend::new(a.gpu) {
         Ok(gpu) => {
             report.watch_gpu(a.gpu);
-            run_gpu(&gpu, &a, &dtypes)?
+            run_gpu(&gpu, &a, &dtypes, &groups)?
         }
         Err(e) => Outcome {
             skipped: vec![format!(
                 "every CUDA kernel ({}): no usable GPU ({e}); this suite times GPU kernels \
                  only, so there is nothing to measure on this machine",
-                Group::ALL.map(Group::title).join("; ")
+                groups
+                    .iter()
+                    .map(|g| g.title())
+                    .collect::<Vec<_>>()
+                    .join("; ")
             )],
             ..Outcome::default()
         },
@@ -1438,7 +1489,12 @@ pub fn run(a: BenchKernelsArgs) -> Result<()> {
     }
 }
 
-fn run_gpu(gpu: &CudaBackend, a: &BenchKernelsArgs, dtypes: &[Dt]) -> Result<Outcome> {
+fn run_gpu(
+    gpu: &CudaBackend,
+    a: &BenchKernelsArgs,
+    dtypes: &[Dt],
+    groups: &[Group],
+) -> Result<Outcome> {
     let setup_err =
         |e: CudaError| KilnError::Setting(format!("kernel benchmark setup failed: {e}"));
     println!("device: {}", gpu.info());
@@ -1475,35 +1531,45 @@ fn run_gpu(gpu: &CudaBackend, a: &BenchKernelsArgs, dtypes: &[Dt]) -> Result<Out
              32 or 64 (the unfused path's attention kernels take any head size and are timed)"
         ));
     }
-    for &dt in dtypes {
+    let grid_groups = [Group::Memory, Group::Compute, Group::Unfused];
+    if grid_groups.iter().any(|g| groups.contains(g)) {
+        for &dt in dtypes {
+            for &n in &a.rows {
+                let whole = n.is_multiple_of(a.seq);
+                let r = match dt {
+                    Dt::F32 => time_at::<f32>(&mut b, a, n, whole, fused_attention, groups),
+                    Dt::Bf16 => time_at::<Bf16>(&mut b, a, n, whole, fused_attention, groups),
+                    Dt::F16 => time_at::<F16>(&mut b, a, n, whole, fused_attention, groups),
+                };
+                record(
+                    gpu,
+                    &mut o,
+                    &format!("{} kernels at {n} rows", dt_name(dt)),
+                    r,
+                );
+            }
+        }
+    }
+    if groups.contains(&Group::Other) {
         for &n in &a.rows {
-            let whole = n.is_multiple_of(a.seq);
-            let r = match dt {
-                Dt::F32 => time_at::<f32>(&mut b, a, n, whole, fused_attention),
-                Dt::Bf16 => time_at::<Bf16>(&mut b, a, n, whole, fused_attention),
-                Dt::F16 => time_at::<F16>(&mut b, a, n, whole, fused_attention),
-            };
-            record(
-                gpu,
-                &mut o,
-                &format!("{} kernels at {n} rows", dt_name(dt)),
-                r,
-            );
+            if n.is_multiple_of(a.seq) {
+                let r = time_bk(&mut b, a, n);
+                record(gpu, &mut o, &format!("BK-Core at {n} rows"), r);
+            }
         }
+        let r = time_optimizer(&mut b, a);
+        record(
+            gpu,
+            &mut o,
+            "AdamW (fused and unfused) and sum of squares",
+            r,
+        );
     }
-    for &n in &a.rows {
-        if n.is_multiple_of(a.seq) {
-            let r = time_bk(&mut b, a, n);
-            record(gpu, &mut o, &format!("BK-Core at {n} rows"), r);
-        }
+    if groups.contains(&Group::Nf4) {
+        let r = time_nf4(&mut b);
+        record(gpu, &mut o, "NF4 dequantisation and its GEMM", r);
+        o.notes.extend(nf4_shares(&b.rows));
     }
-    let r = time_optimizer(&mut b, a);
-    record(
-        gpu,
-        &mut o,
-        "AdamW (fused and unfused) and sum of squares",
-        r,
-    );
     if let Some(n) = a.rows.iter().find(|&&n| !n.is_multiple_of(a.seq)) {
         o.skipped.push(format!(
             "attention (fused and unfused) and BK-Core at {n} rows (and any other size that is not a multiple of --seq {}): they run whole sequences",
@@ -1520,7 +1586,7 @@ fn run_gpu(gpu: &CudaBackend, a: &BenchKernelsArgs, dtypes: &[Dt]) -> Result<Out
                 "kiln's cached GPU memory not released before PyTorch ran: {e}"
             ));
         }
-        match pytorch_baseline(a, dtypes, l2) {
+        match pytorch_baseline(a, dtypes, groups, l2) {
             Ok(py) => {
                 o.pytorch = Some(format!("PyTorch {} on {}", py.torch, py.device));
                 merge_pytorch(&mut o.rows, &py.rows);
@@ -1549,14 +1615,146 @@ fn time_at<T: Elem>(
     n: usize,
     whole: bool,
     fused_attention: bool,
+    groups: &[Group],
 ) -> CResult<()> {
-    time_rowwise::<T>(b, a, n)?;
-    time_row_ops::<T>(b, a, n)?;
-    if whole && fused_attention {
-        time_attention::<T>(b, a, n)?;
+    if groups.contains(&Group::Memory) {
+        time_rowwise::<T>(b, a, n)?;
+        time_row_ops::<T>(b, a, n)?;
     }
-    time_linears::<T>(b, a, n)?;
-    time_unfused::<T>(b, a, n, whole)
+    if groups.contains(&Group::Compute) {
+        if whole && fused_attention {
+            time_attention::<T>(b, a, n)?;
+        }
+        time_linears::<T>(b, a, n)?;
+    }
+    if groups.contains(&Group::Unfused) {
+        time_unfused::<T>(b, a, n, whole)?;
+    }
+    Ok(())
+}
+
+/// Tokens of the GEMM an NF4 weight's workspace feeds in the NF4 group.
+const NF4_TOKENS: usize = 8192;
+/// NF4 weights of the group, `[rows, cols]` = `[c_out, c_in]`: Llama-3.2-1B's down and up
+/// projections.
+const NF4_SHAPES: [(usize, usize); 2] = [(2048, 8192), (8192, 2048)];
+
+/// NF4 dequantisation of each [`NF4_SHAPES`] weight into a bf16 workspace, and the bf16
+/// GEMM `x[NF4_TOKENS, cols] @ w^T` that reads the workspace. The parts are random bytes:
+/// the kernel's time does not depend on the codes.
+fn time_nf4(b: &mut Bench) -> CResult<()> {
+    use crate::engine::cpu::nf4;
+    let gpu = b.gpu;
+    let tables: Vec<f32> = nf4::NF4_CODE
+        .iter()
+        .chain(nf4::dynamic_map())
+        .copied()
+        .collect();
+    let tables = gpu.upload(&tables)?;
+    for (rows, cols) in NF4_SHAPES {
+        let n = rows * cols;
+        let blocks = nf4::blocks(n);
+        let scales = nf4::absmax_scales(blocks);
+        let shape = format!("{rows}x{cols}");
+        // Reads the codes, absmax codes and scales; writes the bf16 workspace.
+        let bytes =
+            (blocks * nf4::BLOCK_BYTES + blocks + 4 * scales) as f64 + es::<Bf16>() * n as f64;
+        let k = b.copies(bytes);
+        let mut packed = Vec::with_capacity(k);
+        let mut codes = Vec::with_capacity(k);
+        for _ in 0..k {
+            let random_bytes = |len: usize, rng: &mut Rng| -> Vec<u8> {
+                (0..len).map(|_| rng.below(256) as u8).collect()
+            };
+            packed.push(gpu.upload(&random_bytes(blocks * nf4::BLOCK_BYTES, &mut b.rng))?);
+            codes.push(gpu.upload(&random_bytes(blocks, &mut b.rng))?);
+        }
+        let scale = b.ring::<f32>(scales, 0.1, k)?;
+        let mut out = b.outputs::<Bf16>(n, k)?;
+        let mut i = 0;
+        b.time(
+            Entry::mem(
+                &format!("nf4_dequantize {shape}"),
+                &format!("nf4 {shape}"),
+                "bf16",
+                NF4_TOKENS,
+                shape.clone(),
+                bytes,
+            )
+            .nf4(),
+            k,
+            || {
+                let j = cycle(&mut i, k);
+                let w = crate::engine::cuda::Nf4Device {
+                    packed: &packed[j],
+                    absmax_codes: &codes[j],
+                    absmax_scales: &scale[j],
+                    code_tables: &tables,
+                    offset: 0.01,
+                };
+                gpu.nf4_dequantize(&mut out[j], &w, n)
+            },
+        )?;
+        drop((packed, codes, scale));
+        // The GEMM reads one workspace (the last one written) and fresh activations.
+        let flops = 2.0 * (NF4_TOKENS * n) as f64;
+        let working_set = es::<Bf16>() * (NF4_TOKENS * (cols + rows) + n) as f64;
+        let kg = b.copies(working_set);
+        let x = b.ring::<Bf16>(NF4_TOKENS * cols, 1.0, kg)?;
+        let mut y = b.outputs::<Bf16>(NF4_TOKENS * rows, kg)?;
+        let w = out.pop().expect("at least one copy");
+        drop(out);
+        let mut i = 0;
+        b.time(
+            Entry::compute(
+                &format!("linear_forward nf4 {shape}"),
+                &format!("gemm {shape}"),
+                "bf16",
+                NF4_TOKENS,
+                format!("{NF4_TOKENS}x{cols}->{rows}"),
+                flops,
+                Math::Bf16,
+            )
+            .nf4(),
+            kg,
+            || {
+                let j = cycle(&mut i, kg);
+                gpu.linear_forward(
+                    &mut y[j],
+                    &x[j],
+                    &w,
+                    None,
+                    NF4_TOKENS,
+                    cols,
+                    rows,
+                    GemmMath::Fp32,
+                )
+            },
+        )?;
+    }
+    Ok(())
+}
+
+/// For each NF4 weight timed, the dequantisation's time as a share of its GEMM's.
+fn nf4_shares(rows: &[Row]) -> Vec<String> {
+    NF4_SHAPES
+        .iter()
+        .filter_map(|(r, c)| {
+            let find = |kernel: String| rows.iter().find(|x| x.kernel == kernel);
+            let deq = find(format!("nf4_dequantize {r}x{c}"))?;
+            let gemm = find(format!("linear_forward nf4 {r}x{c}"))?;
+            let note = format!(
+                "NF4 {r}x{c}: dequantising to a bf16 workspace takes {:.1} us ({:.0} GB/s, {:.0}% of the copy rate), {:.1}% of the {:.1} us bf16 GEMM it feeds at {NF4_TOKENS} tokens",
+                deq.ms * 1e3,
+                deq.achieved,
+                100.0 * deq.roofline_fraction,
+                100.0 * deq.ms / gemm.ms,
+                gemm.ms * 1e3
+            );
+            println!("{note}");
+            Some(note)
+        })
+        .collect()
 }
 
 /// Files a failed group: out of memory is a size this GPU cannot hold (skipped, and the
@@ -1603,6 +1801,7 @@ struct PyOut {
 fn pytorch_baseline(
     a: &BenchKernelsArgs,
     dtypes: &[Dt],
+    groups: &[Group],
     l2: usize,
 ) -> std::result::Result<PyOut, String> {
     let script = super::bench::find_script("pytorch_kernels.py")?;
@@ -1634,6 +1833,14 @@ fn pytorch_baseline(
         .args(["--reps", &a.reps.to_string()])
         .args(["--warmup", &a.warmup.to_string()])
         .args(["--l2-bytes", &l2.to_string()])
+        .args([
+            "--only",
+            &groups
+                .iter()
+                .map(|g| g.name())
+                .collect::<Vec<_>>()
+                .join(","),
+        ])
         .args(["--max-copies", &MAX_COPIES.to_string()])
         .output()
         .map_err(|e| format!("python3 could not start ({e})"))?;
@@ -2013,6 +2220,7 @@ mod tests {
             reps: 5,
             warmup: 1,
             no_python: true,
+            only: vec![],
         }
     }
 
@@ -2025,7 +2233,7 @@ mod tests {
         let out = dir.path().join("kernels");
         run(args(out.clone())).unwrap();
         let md = std::fs::read_to_string(out.join("report.md")).unwrap();
-        assert!(md.contains("## Skipped\n\n- every CUDA kernel (memory-bound kernels; GEMMs and attention; unfused path (train.fused_kernels=false); optimizer, gradient norm, BK-Core): no usable GPU"), "{md}");
+        assert!(md.contains("## Skipped\n\n- every CUDA kernel (memory-bound kernels; GEMMs and attention; unfused path (train.fused_kernels=false); optimizer, gradient norm, BK-Core; NF4 dequantisation beside the bf16 GEMM it feeds): no usable GPU"), "{md}");
         assert!(md.contains("No usable GPU: no kernel was timed"), "{md}");
         let json = crate::report::read_results(&out);
         assert_eq!(json["suite"], "kernels");

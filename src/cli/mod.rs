@@ -12,6 +12,7 @@ pub mod export;
 pub mod finetune;
 pub mod generate;
 pub mod hw;
+pub mod nf4_export;
 pub mod plan;
 pub mod selftest;
 pub mod settings;
@@ -72,6 +73,10 @@ pub enum Command {
     Verify(verify::VerifyArgs),
     /// Print the token ids of each input line as a JSON array (any tokenizer data.tokenizer takes).
     Tokenize(tokenize::TokenizeArgs),
+    /// Quantise a raw f32 weight to NF4 and write its parts as raw files (for comparisons
+    /// with bitsandbytes).
+    #[command(hide = true)]
+    Nf4Export(nf4_export::Nf4ExportArgs),
 }
 
 pub fn run(cli: Cli) -> Result<()> {
@@ -87,6 +92,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Hw(a) => hw::run(a),
         Command::Verify(a) => verify::run(a),
         Command::Tokenize(a) => tokenize::run(a),
+        Command::Nf4Export(a) => nf4_export::run(a),
     }
 }
 

@@ -18,6 +18,7 @@ use crate::engine::cpu::gemm::GemmShape;
 use crate::engine::cuda::{
     self, AdamWStep, Bf16, CudaBackend, CudaError, Elem, F16, GemmMath, LogitRows,
 };
+use crate::engine::quant::Nf4Weight;
 use crate::engine::rng::{Rng, stream};
 use crate::engine::{DType, Device, MemoryPool, Tensor};
 use crate::error::{KilnError, Result};
@@ -31,7 +32,9 @@ use std::time::Instant;
 #[derive(Args, Debug)]
 #[command(after_help = "EXAMPLES:
   kiln selftest
-  kiln selftest --gpu 1 --seed 7")]
+  kiln selftest --gpu 1 --seed 7
+  kiln selftest --only nf4
+  kiln selftest --only kernels,memory")]
 pub struct SelftestArgs {
     /// Which GPU to test (CUDA ordinal).
     #[arg(long, default_value_t = 0)]
@@ -39,6 +42,38 @@ pub struct SelftestArgs {
     /// Seed of the random inputs; every run with the same seed draws the same inputs.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Run only these groups of checks (comma-separated): kernels (every kernel against its
+    /// CPU reference), unfused (the unfused attention chain), memory (out-of-memory recovery
+    /// and the micro-batch split), training (CPU-vs-GPU training parity, optimizer offload,
+    /// block recomputation, the fp16 loss scaler), nf4 (NF4 dequantisation bit for bit).
+    /// Default: all.
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
+}
+
+/// The groups of checks `--only` selects from.
+const GROUPS: [&str; 5] = ["kernels", "unfused", "memory", "training", "nf4"];
+
+/// Which groups run: all of them when `only` is empty.
+fn selected_groups(only: &[String]) -> Result<Vec<&'static str>> {
+    if only.is_empty() {
+        return Ok(GROUPS.to_vec());
+    }
+    let mut groups = Vec::new();
+    for name in only {
+        let name = name.trim();
+        match GROUPS.iter().find(|g| **g == name) {
+            Some(g) if !groups.contains(g) => groups.push(*g),
+            Some(_) => {}
+            None => {
+                return Err(KilnError::Setting(format!(
+                    "--only: unknown group {name:?}; use one or more of {}, comma-separated",
+                    GROUPS.join(", ")
+                )));
+            }
+        }
+    }
+    Ok(groups)
 }
 
 /// fp32 kernels: reduction order differs from the CPU, nothing else.
@@ -125,6 +160,7 @@ impl Row {
 }
 
 pub fn run(args: SelftestArgs) -> Result<()> {
+    let groups = selected_groups(&args.only)?;
     if let Err(why) = cuda::probe() {
         println!("selftest skipped: {why}");
         return Ok(());
@@ -171,38 +207,86 @@ pub fn run(args: SelftestArgs) -> Result<()> {
         );
     }
 
+    if groups.len() < GROUPS.len() {
+        println!("groups: {} (--only)", groups.join(", "));
+    }
     let mut inputs = Inputs(Rng::new(args.seed, stream::INIT));
-    let started = Instant::now();
-    let rows = run_checks(&gpu, &mut inputs);
-    print_table(&rows);
-    let failed = rows.iter().filter(|r| !r.passed()).count();
-    println!(
-        "{} checks, {} failed, in {:.1} s",
-        rows.len(),
-        failed,
-        started.elapsed().as_secs_f64()
-    );
-    for r in &rows {
-        if let Err(e) = &r.result {
-            println!("{} ({}, {}): {e}", r.kernel, r.dtype, r.shape);
+    let mut failed = 0;
+    let mut checks = 0;
+    if groups.contains(&"kernels") {
+        let started = Instant::now();
+        let rows = run_checks(&gpu, &mut inputs);
+        print_table(&rows);
+        let kernel_failures = rows.iter().filter(|r| !r.passed()).count();
+        println!(
+            "{} checks, {} failed, in {:.1} s",
+            rows.len(),
+            kernel_failures,
+            started.elapsed().as_secs_f64()
+        );
+        for r in &rows {
+            if let Err(e) = &r.result {
+                println!("{} ({}, {}): {e}", r.kernel, r.dtype, r.shape);
+            }
         }
+        failed += kernel_failures;
+        checks += rows.len();
     }
     let pool = MemoryPool::with_cuda(std::sync::Arc::new(gpu));
-    let mut failed = failed;
-    let unfused = unfused_attention_rows(&pool, &mut inputs);
-    print_table(&unfused);
-    failed += unfused.iter().filter(|r| !r.passed()).count();
-    for r in unfused.iter().filter(|r| r.result.is_err()) {
-        if let Err(e) = &r.result {
-            println!("{} ({}, {}): {e}", r.kernel, r.dtype, r.shape);
+    if groups.contains(&"unfused") {
+        let unfused = unfused_attention_rows(&pool, &mut inputs);
+        print_table(&unfused);
+        failed += unfused.iter().filter(|r| !r.passed()).count();
+        checks += unfused.len();
+        for r in unfused.iter().filter(|r| r.result.is_err()) {
+            if let Err(e) = &r.result {
+                println!("{} ({}, {}): {e}", r.kernel, r.dtype, r.shape);
+            }
         }
     }
-    let oom = out_of_memory_is_recoverable(&pool);
-    failed += usize::from(oom.is_err());
-    match oom {
-        Ok(msg) => println!("out of memory: {msg} PASS"),
-        Err(msg) => println!("out of memory: {msg} FAIL"),
+    if groups.contains(&"memory") {
+        let oom = out_of_memory_is_recoverable(&pool);
+        failed += usize::from(oom.is_err());
+        checks += 1;
+        match oom {
+            Ok(msg) => println!("out of memory: {msg} PASS"),
+            Err(msg) => println!("out of memory: {msg} FAIL"),
+        }
+        let split = out_of_memory_splits(&pool, args.seed);
+        failed += usize::from(split.is_err());
+        checks += 1;
+        match split {
+            Ok(msg) => println!("out-of-memory split: {msg} PASS"),
+            Err(msg) => println!("out-of-memory split: {msg} FAIL"),
+        }
     }
+    if groups.contains(&"nf4") {
+        for (what, outcome) in nf4_checks(&pool, &mut inputs) {
+            failed += usize::from(outcome.is_err());
+            checks += 1;
+            match outcome {
+                Ok(msg) => println!("{what}: {msg} PASS"),
+                Err(msg) => println!("{what}: {msg} FAIL"),
+            }
+        }
+    }
+    if groups.contains(&"training") {
+        let (training_checks, training_failures) = training_checks(&pool, args.seed);
+        checks += training_checks;
+        failed += training_failures;
+    }
+    if failed > 0 {
+        return Err(KilnError::SelfTest(format!(
+            "{failed} of {checks} GPU checks failed"
+        )));
+    }
+    Ok(())
+}
+
+/// CPU-vs-GPU training parity, optimizer offload, block recomputation and the fp16 loss
+/// scaler; returns (checks, failures).
+fn training_checks(pool: &Arc<MemoryPool>, seed: u64) -> (usize, usize) {
+    let (mut checks, mut failed) = (0, 0);
     // ResNet-BK routes tokens by comparing router outputs: where the GPU's summation order
     // flips a near-tie, a token meets another expert, so its fp32 bound is looser than GPT's.
     const GPT: (&str, &[&str]) = ("tiny GPT", &[]);
@@ -220,7 +304,7 @@ pub fn run(args: SelftestArgs) -> Result<()> {
         (RESNET_BK, "fp32", 1e-3),
         (RESNET_BK, "bf16-mixed", 3e-2),
     ] {
-        match training_parity(&pool, kind, precision, args.seed) {
+        match training_parity(pool, kind, precision, seed) {
             Ok(losses) => {
                 let diffs: Vec<f64> = losses
                     .iter()
@@ -231,6 +315,7 @@ pub fn run(args: SelftestArgs) -> Result<()> {
                     .enumerate()
                     .fold((0, 0.0f64), |b, (i, &d)| if d > b.1 { (i, d) } else { b });
                 let ok = worst <= bound;
+                checks += 1;
                 failed += usize::from(!ok);
                 println!(
                     "training parity {precision}: {model}, 50 steps CPU fp32 vs GPU, max relative loss difference {worst:.2e} at step {} (losses {:.5} vs {:.5}; bound {bound:.0e}) {}; steps 1/10/25/50: {:.1e} {:.1e} {:.1e} {:.1e}",
@@ -245,6 +330,7 @@ pub fn run(args: SelftestArgs) -> Result<()> {
                 );
             }
             Err(e) => {
+                checks += 1;
                 failed += 1;
                 println!("training parity {precision}: {model}: FAIL ({e})");
             }
@@ -255,7 +341,8 @@ pub fn run(args: SelftestArgs) -> Result<()> {
     // bias has an exactly zero true gradient) that bit becomes an update of either sign:
     // measured 1.05e-4 of the largest update after 3 fp32 steps on an H200.
     for (precision, bound) in [("fp32", 1e-3), ("bf16-mixed", 1e-2)] {
-        let result = offload_parity(&pool, precision, args.seed, bound);
+        let result = offload_parity(pool, precision, seed, bound);
+        checks += 1;
         failed += usize::from(result.is_err());
         match result {
             Ok(msg) => println!("optimizer offload {precision}: {msg} PASS"),
@@ -265,30 +352,19 @@ pub fn run(args: SelftestArgs) -> Result<()> {
     for (what, check) in [
         (
             "block recomputation",
-            recompute_is_exact as fn(&std::sync::Arc<MemoryPool>, u64) -> _,
+            recompute_is_exact as fn(&Arc<MemoryPool>, u64) -> _,
         ),
-        ("out-of-memory split", out_of_memory_splits),
+        ("fp16 loss scaler", fp16_scaler_backs_off),
     ] {
-        let outcome = check(&pool, args.seed);
+        let outcome = check(pool, seed);
+        checks += 1;
         failed += usize::from(outcome.is_err());
         match outcome {
             Ok(msg) => println!("{what}: {msg} PASS"),
             Err(msg) => println!("{what}: {msg} FAIL"),
         }
     }
-    let scaler = fp16_scaler_backs_off(&pool, args.seed);
-    failed += usize::from(scaler.is_err());
-    match scaler {
-        Ok(msg) => println!("fp16 loss scaler: {msg} PASS"),
-        Err(msg) => println!("fp16 loss scaler: {msg} FAIL"),
-    }
-    if failed > 0 {
-        return Err(KilnError::SelfTest(format!(
-            "{failed} of {} GPU checks failed",
-            rows.len()
-        )));
-    }
-    Ok(())
+    (checks, failed)
 }
 
 fn print_table(rows: &[Row]) {
@@ -2525,6 +2601,93 @@ fn check_matmul_tt(gpu: &CudaBackend, inp: &mut Inputs, m: usize, k: usize, n: u
     Ok(rel_err(&gpu.download(&d_c)?, &c, GEMM_FLOOR))
 }
 
+/// A weight for the NF4 checks: uniform values whose 64-value blocks span four decades of
+/// scale (so the double-quantised absmax codes spread over the dynamic map), with every 97th
+/// block all zeros.
+fn nf4_weight(inp: &mut Inputs, n: usize) -> Vec<f32> {
+    let mut values = inp.uniform(n, 1.0, DType::F32);
+    for (b, block) in values.chunks_mut(cpu::nf4::BLOCK).enumerate() {
+        let scale = if b % 97 == 5 {
+            0.0
+        } else {
+            10f32.powi((b % 5) as i32 - 3)
+        };
+        block.iter_mut().for_each(|v| *v *= scale);
+    }
+    values
+}
+
+/// NF4 weights quantised into `pool` and expanded there into NaN-poisoned f32, bf16 and f16
+/// workspaces, against the CPU reference on the host's quantisation of the same values: the
+/// parts must arrive unchanged and every output value must be bit-identical. Shapes:
+/// SmolLM2's MLP (576 x 1536, 54 groups of 256 blocks), Llama-3.2-1B's down projection
+/// (2048 x 8192), a ragged one (37 x 91: the last block padded, the last packed word
+/// partial) and a single short row.
+fn nf4_checks(
+    pool: &Arc<MemoryPool>,
+    inp: &mut Inputs,
+) -> Vec<(String, std::result::Result<String, String>)> {
+    let mut outcomes = Vec::new();
+    for (rows, cols) in [(576, 1536), (2048, 8192), (37, 91), (1, 7)] {
+        let n = rows * cols;
+        let values = nf4_weight(inp, n);
+        let reference = cpu::nf4::quantize(&values);
+        let before = pool.stats().current;
+        let weight = Nf4Weight::quantize(pool, "selftest weight", &values, rows, cols)
+            .and_then(|w| Ok((w.to_host_parts()?, w)));
+        let weight = match weight {
+            Ok((parts, w)) if parts == reference => w,
+            Ok(_) => {
+                outcomes.push((
+                    format!("nf4 quantize {rows}x{cols}"),
+                    Err("the parts read back from the device differ from those uploaded".into()),
+                ));
+                continue;
+            }
+            Err(e) => {
+                outcomes.push((format!("nf4 quantize {rows}x{cols}"), Err(e.to_string())));
+                continue;
+            }
+        };
+        let booked = pool.stats().current - before;
+        for dtype in [DType::F32, DType::BF16, DType::F16] {
+            let mut want = vec![0.0; n];
+            cpu::nf4::dequantize(reference.view(), &mut want, dtype);
+            let got = Tensor::from_vec(pool, &[rows, cols], dtype, vec![f32::NAN; n]).and_then(
+                |mut t| {
+                    weight.dequantize_into(&mut t)?;
+                    t.to_vec()
+                },
+            );
+            let outcome = match got {
+                Err(e) => Err(e.to_string()),
+                Ok(got) => {
+                    let mut differ = got
+                        .iter()
+                        .zip(&want)
+                        .enumerate()
+                        .filter(|(_, (g, w))| g.to_bits() != w.to_bits());
+                    match differ.next() {
+                        None => Ok(format!(
+                            "{n} values bit-identical to the CPU reference (weight books {booked} bytes, {:.3} per value)",
+                            booked as f64 / n as f64
+                        )),
+                        Some((i, (g, w))) => Err(format!(
+                            "{} of {n} values differ from the CPU reference, the first at {i}: {g} vs {w}",
+                            1 + differ.count()
+                        )),
+                    }
+                }
+            };
+            outcomes.push((
+                format!("nf4_dequantize {:?} {rows}x{cols}", dtype).to_lowercase(),
+                outcome,
+            ));
+        }
+    }
+    outcomes
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -2559,6 +2722,37 @@ mod tests {
         if cuda::probe().is_ok() {
             return; // a GPU is present: the real run is `kiln selftest` itself
         }
-        run(SelftestArgs { gpu: 0, seed: 1 }).unwrap();
+        run(SelftestArgs {
+            gpu: 0,
+            seed: 1,
+            only: vec![],
+        })
+        .unwrap();
+    }
+
+    #[test]
+    fn only_takes_known_groups() {
+        assert_eq!(selected_groups(&[]).unwrap(), GROUPS.to_vec());
+        let picked = selected_groups(&["nf4".into(), " kernels".into(), "nf4".into()]).unwrap();
+        assert_eq!(picked, vec!["nf4", "kernels"]);
+        let e = selected_groups(&["nf5".into()]).unwrap_err();
+        assert!(
+            e.to_string().contains("unknown group \"nf5\"") && e.exit_code() == 2,
+            "{e}"
+        );
+    }
+
+    /// The NF4 checks on the CPU pool: the check itself passes where both sides are the
+    /// reference, so a GPU failure points at the kernel.
+    #[test]
+    fn the_nf4_checks_pass_on_the_cpu() {
+        let cpu = MemoryPool::new(Device::Cpu);
+        let outcomes = nf4_checks(&cpu, &mut Inputs(Rng::new(1, stream::INIT)));
+        assert_eq!(outcomes.len(), 12);
+        for (what, outcome) in outcomes {
+            let msg = outcome.unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert!(msg.contains("bit-identical"), "{what}: {msg}");
+        }
+        assert_eq!(cpu.stats().current, 0);
     }
 }

@@ -5,6 +5,7 @@
 //! Every buffer comes from a [`pool::MemoryPool`] that keeps books, so out-of-memory is a typed
 //! error the trainer can act on, and planned memory can be checked against measured memory.
 
+pub mod bytes;
 pub mod cpu;
 pub mod cuda;
 pub mod device;
@@ -13,6 +14,7 @@ pub mod offload;
 pub mod ops;
 pub mod pool;
 pub mod profile;
+pub mod quant;
 pub mod rng;
 pub mod staging;
 pub mod tensor;

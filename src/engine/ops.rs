@@ -13,6 +13,7 @@ use super::cpu::kv_cache::CacheShape;
 use super::cpu::rope::RopeShape;
 use super::cuda::{Bf16, CudaBackend, F16, LogitRows};
 use super::profile;
+use super::quant::Nf4Weight;
 use super::{DType, Device, EngineError, Result, Tensor};
 use std::sync::Arc;
 
@@ -1824,6 +1825,42 @@ pub fn copy_cache_slot(
             len,
             c,
         ))?,
+    }
+    Ok(())
+}
+
+/// Expands an NF4 weight into `out` (`rows * cols` elements of `out`'s dtype, on the weight's
+/// device), overwriting all of it: the workspace a GEMM reads in place of the weight.
+pub fn nf4_dequantize_into(w: &Nf4Weight, out: &mut Tensor) -> Result<()> {
+    let _prof = profile::scope("nf4_dequantize", out);
+    if w.device() != out.device() {
+        return Err(EngineError::DeviceMismatch {
+            op: "nf4_dequantize",
+            a: w.device(),
+            b: out.device(),
+        });
+    }
+    if out.len() != w.len() {
+        return Err(EngineError::Shape {
+            op: "nf4_dequantize",
+            detail: format!(
+                "{} is [{}, {}] ({} values) but the output has shape {:?}",
+                w.name(),
+                w.rows(),
+                w.cols(),
+                w.len(),
+                out.shape()
+            ),
+        });
+    }
+    let (n, dtype) = (w.len(), out.dtype());
+    match w.device() {
+        Device::Cpu => cpu::nf4::dequantize(w.host_view(), out.host_mut(), dtype),
+        Device::Cuda(_) => {
+            let g = out.pool().cuda()?.clone();
+            let parts = w.cuda_parts()?;
+            with_elem!(dtype, T => g.nf4_dequantize::<T>(out.cuda_mut(), &parts, n))?
+        }
     }
     Ok(())
 }

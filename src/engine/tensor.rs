@@ -83,7 +83,7 @@ pub struct Tensor {
 
 /// A device out-of-memory becomes the same typed error as the pool's own limit, with the
 /// pool's books (what kiln holds) and its cap, or the device's memory where none is set.
-fn device_alloc_error(pool: &MemoryPool, bytes: usize, e: EngineError) -> EngineError {
+pub(crate) fn device_alloc_error(pool: &MemoryPool, bytes: usize, e: EngineError) -> EngineError {
     if !e.is_out_of_memory() {
         return e;
     }

@@ -15,6 +15,7 @@ pub mod gelu;
 pub mod gemm;
 pub mod kv_cache;
 pub mod layernorm;
+pub mod nf4;
 pub mod rmsnorm;
 pub mod rope;
 pub mod rows;

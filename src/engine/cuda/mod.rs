@@ -20,6 +20,7 @@ mod gemm;
 mod kv_cache;
 mod layernorm;
 pub mod loader;
+mod nf4;
 pub mod nvrtc;
 pub mod pinned;
 mod reduce;
@@ -34,6 +35,7 @@ pub use cross_entropy::LogitRows;
 pub use cudarc::driver::CudaEvent;
 pub use gemm::{GemmMath, WORKSPACE_BYTES as GEMM_WORKSPACE_BYTES};
 pub use kv_cache::{AttnPlan, attention_plan};
+pub use nf4::Nf4Device;
 
 use crate::engine::DType;
 use cudarc::driver::{
@@ -305,6 +307,7 @@ const PROGRAMS: &[Program] = &[
     kv_cache::PROGRAM_BF16,
     kv_cache::PROGRAM_F16,
     swiglu::PROGRAM,
+    nf4::PROGRAM,
 ];
 
 /// How the kernels were obtained at start-up.
