@@ -18,6 +18,7 @@ pub mod layernorm;
 pub mod rmsnorm;
 pub mod rope;
 pub mod rows;
+pub mod sampling;
 pub mod swiglu;
 
 #[cfg(test)]
