@@ -27,6 +27,9 @@ pub enum BenchCommand {
     /// Planned against measured pool peak across micro-batch sizes, and the out-of-memory
     /// boundary predicted against the one found by trial.
     Memory(super::bench_memory::BenchMemoryArgs),
+    /// Generation: prefill and decode tokens/s at several batch sizes against the weight-
+    /// and cache-read floor, beside transformers generate on the same model.
+    Generate(super::bench_generate::BenchGenerateArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> Result<()> {
@@ -37,6 +40,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Amp(a) => super::bench_amp::run(a),
         BenchCommand::Dataloader(a) => super::bench_dataloader::run(a),
         BenchCommand::Memory(a) => super::bench_memory::run(a),
+        BenchCommand::Generate(a) => super::bench_generate::run(a),
     }
 }
 

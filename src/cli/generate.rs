@@ -2,6 +2,8 @@
 //! the terminal or many prompts from a JSON-lines file, several samples each.
 
 use crate::data::{self, Tokenizer};
+use crate::engine::device::DeviceRequest;
+use crate::engine::{DType, Device, MemoryPool};
 use crate::error::{KilnError, Result};
 use crate::generate::{self, Options, Request, Sampling};
 use crate::models::Model;
@@ -9,6 +11,7 @@ use crate::train;
 use clap::Args;
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 #[derive(Args, Debug)]
 #[command(after_help = "EXAMPLES:
@@ -83,6 +86,14 @@ pub struct GenerateArgs {
     /// Sample from this checkpoint (step_N or N) instead of the latest.
     #[arg(long, value_name = "step_N")]
     pub checkpoint: Option<String>,
+    /// Run every decode step as its kernels one by one instead of replaying it from a CUDA
+    /// graph (the output is the same; graphs only save launch time).
+    #[arg(long)]
+    pub no_cuda_graphs: bool,
+    /// Cut a prompt longer than the model's context from the left (keeping its end and room
+    /// for --tokens) instead of refusing it.
+    #[arg(long)]
+    pub truncate_left: bool,
 }
 
 impl GenerateArgs {
@@ -122,18 +133,15 @@ struct ChatTemplate {
     eos: String,
 }
 
-/// Moves a model built on the CPU to `a.device`, with bf16 compute copies on a GPU unless
-/// fp32 is asked for. Returns the model and a note naming the device and precision.
-fn to_device(
-    model: Box<dyn Model>,
-    cfg: &crate::config::ModelConfig,
-    vocab: usize,
-    a: &GenerateArgs,
-) -> Result<(Box<dyn Model>, String)> {
-    use crate::engine::{DType, Device, device::DeviceRequest};
-    let request: DeviceRequest = a.device.parse().map_err(KilnError::Setting)?;
+/// The pool of `device` and the compute dtype generation uses there (bf16 on a GPU unless
+/// fp32 is asked for; the CPU runs fp32), with a note naming both.
+pub(crate) fn open_for_generation(
+    device: &str,
+    precision: Option<&str>,
+) -> Result<(Arc<MemoryPool>, Option<DType>, String)> {
+    let request: DeviceRequest = device.parse().map_err(KilnError::Setting)?;
     let (pool, _) = crate::engine::open(request)?;
-    let dtype = match (pool.device(), a.precision.as_deref()) {
+    let dtype = match (pool.device(), precision) {
         (Device::Cpu, None | Some("fp32")) => None,
         (Device::Cpu, Some(p)) => {
             return Err(KilnError::Setting(format!(
@@ -153,6 +161,19 @@ fn to_device(
         pool.device(),
         if dtype.is_some() { "bf16" } else { "fp32" }
     );
+    Ok((pool, dtype, note))
+}
+
+/// Moves a model built on the CPU to `device`, with bf16 compute copies on a GPU unless
+/// fp32 is asked for. Returns the model and a note naming the device and precision.
+pub(crate) fn to_device(
+    model: Box<dyn Model>,
+    cfg: &crate::config::ModelConfig,
+    vocab: usize,
+    device: &str,
+    precision: Option<&str>,
+) -> Result<(Box<dyn Model>, String)> {
+    let (pool, dtype, note) = open_for_generation(device, precision)?;
     if pool.device() == Device::Cpu {
         return Ok((model, note));
     }
@@ -169,7 +190,13 @@ fn load(a: &GenerateArgs) -> Result<Loaded> {
     // Low-rank adapters are folded into the f32 base for sampling: the same function, one
     // GEMM per projection.
     l.model.merge_lora()?;
-    let (model, note) = to_device(l.model, &l.model_cfg, l.vocab, a)?;
+    let (model, note) = to_device(
+        l.model,
+        &l.model_cfg,
+        l.vocab,
+        &a.device,
+        a.precision.as_deref(),
+    )?;
     l.model = model;
     l.note = note;
     Ok(l)
@@ -194,6 +221,13 @@ fn load_on_cpu(a: &GenerateArgs) -> Result<Loaded> {
         vocab,
         note: String::new(),
     })
+}
+
+pub(crate) fn load_pretrained_on_cpu(
+    path: &std::path::Path,
+) -> Result<(Box<dyn Model>, crate::config::ModelConfig, usize)> {
+    let p = crate::models::import::pretrained::open(path)?;
+    Ok((p.build_on_cpu()?, p.model, p.vocab))
 }
 
 fn load_pretrained(path: &std::path::Path, adapter: Option<&std::path::Path>) -> Result<Loaded> {
@@ -333,6 +367,8 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         stop_ids: l.stop_ids.clone(),
         stop_strings: a.stop.clone(),
         seed: a.seed,
+        cuda_graphs: !a.no_cuda_graphs,
+        truncate_left: a.truncate_left,
     };
     let stream = a.prompts.is_none() && a.num_samples == 1;
     let mut out = std::io::stdout();
@@ -379,13 +415,39 @@ pub fn run(a: GenerateArgs) -> Result<()> {
                 .map_err(|e| KilnError::output(a.out.clone().unwrap_or_default(), e))?;
         }
     }
-    eprintln!(
-        "{}: prefill {} tokens at {:.0} tok/s, decode {} tokens at {:.0} tok/s",
-        l.note,
+    let truncated: Vec<String> = done
+        .iter()
+        .filter(|c| c.truncated > 0 && c.sample == 0)
+        .map(|c| {
+            format!(
+                "prompt {} lost its first {} tokens",
+                c.prompt + 1,
+                c.truncated
+            )
+        })
+        .collect();
+    if !truncated.is_empty() {
+        eprintln!("--truncate-left: {}", truncated.join("; "));
+    }
+    eprintln!("{}", summary(&l.note, &stats));
+    Ok(())
+}
+
+/// The closing line: prefill and decode rates, and how decode steps ran.
+fn summary(note: &str, stats: &generate::Stats) -> String {
+    let graphs = match (&stats.graphs_off, stats.graph_replays) {
+        (Some(why), _) => format!("; CUDA graphs off: {why}"),
+        (None, 0) => String::new(),
+        (None, n) => format!(
+            "; {n} of {} steps replayed from CUDA graphs",
+            stats.decode_steps
+        ),
+    };
+    format!(
+        "{note}: prefill {} tokens at {:.0} tok/s, decode {} tokens at {:.0} tok/s{graphs}",
         stats.prefill_tokens,
         stats.prefill_rate(),
         stats.decode_tokens,
         stats.decode_rate()
-    );
-    Ok(())
+    )
 }

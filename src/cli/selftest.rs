@@ -403,9 +403,9 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
     };
     macro_rules! both_dtypes {
         ($f:ident, $name:expr, $shape:expr, $($arg:expr),*) => {
-            push($name, "f32", $shape.clone(), BOUND_FP32, $f::<f32>(gpu, inp, $($arg),*));
-            push($name, "bf16", $shape.clone(), BOUND_BF16, $f::<Bf16>(gpu, inp, $($arg),*));
-            push($name, "f16", $shape.clone(), BOUND_F16, $f::<F16>(gpu, inp, $($arg),*));
+            push($name, "f32", $shape.clone(), bound_of($name, BOUND_FP32), $f::<f32>(gpu, inp, $($arg),*));
+            push($name, "bf16", $shape.clone(), bound_of($name, BOUND_BF16), $f::<Bf16>(gpu, inp, $($arg),*));
+            push($name, "f16", $shape.clone(), bound_of($name, BOUND_F16), $f::<F16>(gpu, inp, $($arg),*));
         };
     }
     for (n, c) in [(1024, 768), (37, 1001)] {
@@ -621,6 +621,18 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
             c
         );
     }
+    // The sampler at SmolLM2's and Llama 3's vocabularies and a ragged one, for greedy with
+    // a penalty, nucleus, top-k with min-p and a penalty, and the full distribution; one
+    // case per vocabulary maps rows to shared logits rows and permuted slots, as a prefill's
+    // samples do. The error is the fraction of rows drawing another token than the CPU
+    // (ties and rounding only) or the log-probability's relative error, whichever is worse;
+    // a slot state (position, counter, presence) that differs is a failure.
+    for vocab in [49152usize, 128256, 1001] {
+        for (name, p, mapped) in sample_cases() {
+            let shape = format!("V{vocab} {name}");
+            both_dtypes!(check_sample_rows, "sample_rows", shape, vocab, p, mapped);
+        }
+    }
     // Mixture-of-experts routing: 1.5 slots per token over a GPT-2-wide stream, and a ragged
     // shape with a width that is not a multiple of the block.
     for (src_rows, rows, c) in [(8192, 12288, 768), (37, 29, 33)] {
@@ -831,6 +843,143 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
 }
 
 type Check = std::result::Result<f64, CudaError>;
+
+/// The sampler's bound whatever the dtype: both sides read the same rounded logits, so only
+/// f32 rounding of `exp` (at most a row or two in a hundred landing on a boundary) and of
+/// the log-sum-exp separate them. Other kernels keep their dtype's bound.
+fn bound_of(kernel: &str, dtype_bound: f64) -> f64 {
+    if kernel == "sample_rows" {
+        SAMPLE_BOUND
+    } else {
+        dtype_bound
+    }
+}
+
+const SAMPLE_BOUND: f64 = 2e-2;
+
+fn sample_cases() -> Vec<(&'static str, cpu::sampling::SampleParams, bool)> {
+    use cpu::sampling::SampleParams;
+    let plain = SampleParams {
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        repetition_penalty: 1.0,
+    };
+    vec![
+        (
+            "greedy pen1.3",
+            SampleParams {
+                temperature: 0.0,
+                repetition_penalty: 1.3,
+                ..plain
+            },
+            false,
+        ),
+        (
+            "T0.9 p0.9",
+            SampleParams {
+                temperature: 0.9,
+                top_p: 0.9,
+                ..plain
+            },
+            false,
+        ),
+        (
+            "T0.7 k50 minp0.05 pen1.2",
+            SampleParams {
+                temperature: 0.7,
+                top_k: 50,
+                min_p: 0.05,
+                repetition_penalty: 1.2,
+                ..plain
+            },
+            false,
+        ),
+        ("T1 mapped", plain, true),
+    ]
+}
+
+/// `rows` rows of random logits (scale 6: peaked enough that top-p keeps a part of the
+/// vocabulary) drawn on both devices from the same slot state.
+fn check_sample_rows<T: Elem>(
+    gpu: &CudaBackend,
+    inp: &mut Inputs,
+    vocab: usize,
+    p: cpu::sampling::SampleParams,
+    mapped: bool,
+) -> Check {
+    use cpu::sampling::{HostSlots, sample_rows};
+    let rows = 96;
+    let stride = crate::models::padded_vocab(vocab);
+    let logit_rows = if mapped { rows / 2 } else { rows };
+    let logits = inp.uniform(logit_rows * stride, 6.0, T::DTYPE);
+    let slots = rows + 3;
+    let max_len = 50;
+    let history: Vec<Vec<u32>> = (0..slots).map(|_| inp.tokens(40, vocab)).collect();
+    let history: Vec<&[u32]> = history.iter().map(|h| &h[..]).collect();
+    let pos: Vec<u32> = (0..slots).map(|i| (i % max_len) as u32).collect();
+    let seeds: Vec<u64> = (0..slots).map(|_| inp.0.next_u64()).collect();
+    let mut host = HostSlots::new(pos, seeds, &history, vocab, max_len);
+    host.counters = (0..slots as u64).map(|i| i * 7).collect();
+    let mut dev = gpu.upload_slots(&host)?;
+    let (src, slot): (Vec<u32>, Vec<u32>) = if mapped {
+        (0..rows as u32)
+            .map(|r| (r / 2, (rows as u32 + 2) - r))
+            .unzip()
+    } else {
+        ((0..rows as u32).collect(), (0..rows as u32).collect())
+    };
+    let (h_src, h_slot) = if mapped {
+        (Some(&src[..]), Some(&slot[..]))
+    } else {
+        (None, None)
+    };
+    sample_rows(&logits, stride, h_src, h_slot, &mut host, &p, rows);
+    let (d_src, d_slot) = (gpu.upload(&src)?, gpu.upload(&slot)?);
+    gpu.sample_rows::<T>(
+        &gpu.upload_as::<T>(&logits)?,
+        stride,
+        rows,
+        mapped.then_some(&d_src),
+        mapped.then_some(&d_slot),
+        &mut dev,
+        &p,
+    )?;
+    let tokens = gpu.download(&dev.tokens)?;
+    let logprobs = gpu.download(&dev.logprobs)?;
+    let mut differ = 0usize;
+    let mut lp_err = 0.0f64;
+    for &s in &slot {
+        let s = s as usize;
+        if tokens[s] != host.tokens[s] {
+            differ += 1;
+        } else {
+            let (g, w) = (logprobs[s] as f64, host.logprobs[s] as f64);
+            lp_err = lp_err.max(if g.is_nan() {
+                f64::INFINITY
+            } else {
+                (g - w).abs() / w.abs().max(1.0)
+            });
+        }
+    }
+    // Untouched slots keep their state; drawn ones advance exactly as on the host (a slot
+    // whose token differs differs in its presence bit too, so masks are compared only where
+    // tokens agree).
+    let state_ok =
+        gpu.download(&dev.pos)? == host.pos && gpu.download(&dev.counters)? == host.counters && {
+            let words = cpu::sampling::mask_words(vocab);
+            let mask = gpu.download(&dev.presence)?;
+            (0..slots).all(|s| {
+                tokens[s] != host.tokens[s]
+                    || mask[s * words..(s + 1) * words] == host.presence[s * words..(s + 1) * words]
+            })
+        };
+    if !state_ok {
+        return Ok(f64::INFINITY);
+    }
+    Ok(worst(&[differ as f64 / rows as f64, lp_err]))
+}
 
 /// bf16 for a chain of kernels that each round their output, as the unfused attention does
 /// (S, P and O in the forward; the dO heads, dV, dP, dS, dQ and dK in the backward), against

@@ -11,10 +11,14 @@ pub use super::cpu::cross_entropy::IGNORE_TARGET;
 use super::cpu::gemm::GemmShape;
 use super::cpu::kv_cache::CacheShape;
 use super::cpu::rope::RopeShape;
+use super::cpu::sampling::{HostSlots, SampleParams};
+use super::cuda::sampling::DeviceSlots;
 use super::cuda::{Bf16, CudaBackend, F16, LogitRows};
+use super::pool::MemoryPool;
 use super::profile;
 use super::quant::Nf4Weight;
 use super::{DType, Device, EngineError, Result, Tensor};
+use cudarc::driver::CudaSlice;
 use std::sync::Arc;
 
 /// Runs `$body` with `$T` the GPU element type of `$dtype` (f32, bf16 or f16).
@@ -105,19 +109,116 @@ fn rows_cols(op: &'static str, t: &Tensor) -> Result<(usize, usize)> {
     }
 }
 
+/// u32 indices a kernel reads (token ids, cache slots, positions).
+#[derive(Clone, Copy)]
+pub enum Ids<'a> {
+    /// On the host: checked here, and uploaded for a GPU kernel.
+    Host(&'a [u32]),
+    /// Already in a GPU buffer, which a decode step replayed from a CUDA graph reads afresh
+    /// at every replay. The host cannot see the values, so only their count is checked here;
+    /// the kernels bound every index themselves (an index out of range gives a row of NaN,
+    /// never an access outside a buffer).
+    Device(&'a CudaSlice<u32>),
+}
+
+impl Ids<'_> {
+    pub fn len(&self) -> usize {
+        match self {
+            Ids::Host(v) => v.len(),
+            Ids::Device(d) => d.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn host(&self) -> Option<&[u32]> {
+        match self {
+            Ids::Host(v) => Some(v),
+            Ids::Device(_) => None,
+        }
+    }
+}
+
+/// Indices where a GPU kernel reads them: borrowed, or uploaded from the host.
+enum GpuIds<'a> {
+    Borrowed(&'a CudaSlice<u32>),
+    Uploaded(CudaSlice<u32>),
+}
+
+impl GpuIds<'_> {
+    fn get(&self) -> &CudaSlice<u32> {
+        match self {
+            GpuIds::Borrowed(d) => d,
+            GpuIds::Uploaded(d) => d,
+        }
+    }
+}
+
+fn gpu_ids<'a>(g: &CudaBackend, ids: Ids<'a>) -> Result<GpuIds<'a>> {
+    Ok(match ids {
+        Ids::Host(v) => GpuIds::Uploaded(g.upload(v)?),
+        Ids::Device(d) => GpuIds::Borrowed(d),
+    })
+}
+
+/// The host values of indices for a CPU kernel; device indices cannot serve one.
+fn cpu_ids<'a>(op: &'static str, ids: Ids<'a>) -> Result<&'a [u32]> {
+    match ids {
+        Ids::Host(v) => Ok(v),
+        Ids::Device(_) => Err(EngineError::Shape {
+            op,
+            detail: "indices on a GPU for tensors on the CPU".into(),
+        }),
+    }
+}
+
 /// `x[.., c_in] @ w[c_out, c_in]^T + b` -> `[.., c_out]`.
 pub fn linear_forward(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+    let c_out = w.shape()[0];
+    let mut shape = x.shape().to_vec();
+    match shape.last_mut() {
+        Some(last) => *last = c_out,
+        None => {
+            return Err(EngineError::Shape {
+                op: "linear",
+                detail: "a scalar input has no features".into(),
+            });
+        }
+    }
+    let mut out = Tensor::uninit(x.pool(), &shape, act_dtype(x))?;
+    linear_forward_into(&mut out, x, w, b)?;
+    Ok(out)
+}
+
+/// [`linear_forward`] into `out` (`[.., c_out]` elements, the activation dtype of `x`): a
+/// caller that keeps its output buffer, such as a decode step replayed from a CUDA graph.
+pub fn linear_forward_into(
+    out: &mut Tensor,
+    x: &Tensor,
+    w: &Tensor,
+    b: Option<&Tensor>,
+) -> Result<()> {
     let _prof = profile::scope("linear_forward", x);
-    let on = device_of("linear", &[x, w])?;
+    let on = device_of("linear", &[x, w, out])?;
     let (n, c_in) = rows_cols("linear", x)?;
     let c_out = w.shape()[0];
     expect_len("linear", "weight", w, c_out * c_in)?;
+    expect_len("linear", "output", out, n * c_out)?;
     if let Some(b) = b {
         expect_len("linear", "bias", b, c_out)?;
     }
-    let mut shape = x.shape().to_vec();
-    *shape.last_mut().expect("rows_cols checked rank") = c_out;
-    let mut out = Tensor::uninit(x.pool(), &shape, act_dtype(x))?;
+    if out.dtype() != act_dtype(x) {
+        return Err(EngineError::Shape {
+            op: "linear",
+            detail: format!(
+                "an output of {:?} for an input computing in {:?}",
+                out.dtype(),
+                act_dtype(x)
+            ),
+        });
+    }
     match on {
         On::Cpu => cpu::gemm::linear_forward(
             out.host_mut(),
@@ -139,7 +240,7 @@ pub fn linear_forward(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tens
             x.pool().gemm_math(),
         ))?,
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Returns `dx`; accumulates into `dw` and `db`. A frozen weight passes no `dw` (and then no
@@ -881,20 +982,37 @@ fn check_row_indices(
 
 /// `out[s, :] = scale[s] * src[idx[s], :]` -> `[idx.len(), c]` (scale 1 where `None`).
 pub fn gather_rows(src: &Tensor, idx: &[u32], scale: Option<&[f32]>) -> Result<Tensor> {
+    let (rows, _) = rows_cols("gather_rows", src)?;
+    check_row_indices("gather_rows", idx, rows, scale, false)?;
+    gather_rows_at(src, Ids::Host(idx), scale)
+}
+
+/// [`gather_rows`] with the indices where the kernel reads them; device indices are bounded
+/// by the kernel (a row of NaN for one outside `src`).
+pub fn gather_rows_at(src: &Tensor, idx: Ids, scale: Option<&[f32]>) -> Result<Tensor> {
     let _prof = profile::scope("gather_rows", src);
     let on = device_of("gather_rows", &[src])?;
     let (rows, c) = rows_cols("gather_rows", src)?;
-    check_row_indices("gather_rows", idx, rows, scale, false)?;
+    if let Some(s) = scale.filter(|s| s.len() != idx.len()) {
+        return Err(EngineError::Shape {
+            op: "gather_rows",
+            detail: format!("{} scales for {} rows", s.len(), idx.len()),
+        });
+    }
     let mut out = Tensor::uninit(src.pool(), &[idx.len(), c], act_dtype(src))?;
     match on {
-        On::Cpu => cpu::rows::gather_rows(out.host_mut(), src.host(), idx, scale, c),
+        On::Cpu => {
+            let idx = cpu_ids("gather_rows", idx)?;
+            check_row_indices("gather_rows", idx, rows, scale, false)?;
+            cpu::rows::gather_rows(out.host_mut(), src.host(), idx, scale, c)
+        }
         On::Gpu(g) => {
-            let d_idx = g.upload(idx)?;
+            let d_idx = gpu_ids(&g, idx)?;
             let d_scale = scale.map(|s| g.upload(s)).transpose()?;
             with_elem!(src.dtype(), T => g.gather_rows::<T>(
                 out.cuda_mut(),
                 src.cuda(),
-                &d_idx,
+                d_idx.get(),
                 d_scale.as_ref(),
                 idx.len(),
                 rows,
@@ -1595,6 +1713,12 @@ pub fn token_embedding_forward(
     seq: usize,
     wte: &Tensor,
 ) -> Result<Tensor> {
+    token_embedding_at(Ids::Host(tokens), batch, seq, wte)
+}
+
+/// [`token_embedding_forward`] with the tokens where the kernel reads them; a device token
+/// outside the vocabulary gives a row of NaN.
+pub fn token_embedding_at(tokens: Ids, batch: usize, seq: usize, wte: &Tensor) -> Result<Tensor> {
     let (vocab, c) = rows_cols("token_embedding", wte)?;
     if tokens.len() != batch * seq {
         return Err(EngineError::Shape {
@@ -1602,13 +1726,16 @@ pub fn token_embedding_forward(
             detail: format!("{} tokens for batch {batch} x seq {seq}", tokens.len()),
         });
     }
-    if let Some(&t) = tokens.iter().find(|&&t| t as usize >= vocab) {
+    if let Some(&t) = tokens
+        .host()
+        .and_then(|t| t.iter().find(|&&t| t as usize >= vocab))
+    {
         return Err(EngineError::Shape {
             op: "token_embedding",
             detail: format!("token id {t} outside the vocabulary of {vocab}"),
         });
     }
-    let rows = gather_rows(wte, tokens, None)?;
+    let rows = gather_rows_at(wte, tokens, None)?;
     Ok(rows.reshaped(&[batch, seq, c]))
 }
 
@@ -1674,11 +1801,46 @@ pub fn kv_append(
     s: RopeShape,
     c: CacheShape,
 ) -> Result<Tensor> {
+    kv_append_at(
+        qkv,
+        k_cache,
+        v_cache,
+        Ids::Host(slot),
+        Ids::Host(pos),
+        cos,
+        sin,
+        s,
+        c,
+    )
+}
+
+/// [`kv_append`] with slots and positions where the kernel reads them; device rows outside
+/// the cache write nothing there and give NaN queries.
+#[allow(clippy::too_many_arguments)]
+pub fn kv_append_at(
+    qkv: &Tensor,
+    k_cache: &mut Tensor,
+    v_cache: &mut Tensor,
+    slot: Ids,
+    pos: Ids,
+    cos: &Tensor,
+    sin: &Tensor,
+    s: RopeShape,
+    c: CacheShape,
+) -> Result<Tensor> {
     let _prof = profile::scope("kv_append", qkv);
     let on = device_of("kv_append", &[qkv, k_cache, v_cache, cos, sin])?;
-    check_rope("kv_append", pos, cos, sin, s)?;
+    if let Some(p) = pos.host() {
+        check_rope("kv_append", p, cos, sin, s)?;
+    }
     check_cache("kv_append", k_cache, v_cache, slot, pos, c)?;
     expect_len("kv_append", "qkv", qkv, s.rows * s.qkv_width())?;
+    if pos.len() != s.rows {
+        return Err(EngineError::Shape {
+            op: "kv_append",
+            detail: format!("{} positions for {} rows", pos.len(), s.rows),
+        });
+    }
     let mut q = Tensor::uninit(qkv.pool(), &[s.rows, s.heads * s.head_dim], act_dtype(qkv))?;
     match on {
         On::Cpu => cpu::kv_cache::kv_append(
@@ -1686,8 +1848,8 @@ pub fn kv_append(
             k_cache.host_mut(),
             v_cache.host_mut(),
             qkv.host(),
-            slot,
-            pos,
+            cpu_ids("kv_append", slot)?,
+            cpu_ids("kv_append", pos)?,
             cos.host(),
             sin.host(),
             s,
@@ -1695,14 +1857,14 @@ pub fn kv_append(
         ),
         On::Gpu(g) => {
             same_dtype("kv_append", &[qkv, k_cache, v_cache])?;
-            let (d_slot, d_pos) = (g.upload(slot)?, g.upload(pos)?);
+            let (d_slot, d_pos) = (gpu_ids(&g, slot)?, gpu_ids(&g, pos)?);
             with_elem!(qkv.dtype(), T => g.kv_append::<T>(
                 q.cuda_mut(),
                 k_cache.cuda_mut(),
                 v_cache.cuda_mut(),
                 qkv.cuda(),
-                &d_slot,
-                &d_pos,
+                d_slot.get(),
+                d_pos.get(),
                 cos.cuda(),
                 sin.cuda(),
                 s,
@@ -1717,16 +1879,17 @@ fn check_cache(
     op: &'static str,
     k: &Tensor,
     v: &Tensor,
-    slot: &[u32],
-    pos: &[u32],
+    slot: Ids,
+    pos: Ids,
     c: CacheShape,
 ) -> Result<()> {
     expect_len(op, "k_cache", k, c.len())?;
     expect_len(op, "v_cache", v, c.len())?;
-    let bad = slot.len() != pos.len()
-        || slot.iter().any(|&s| s as usize >= c.slots)
-        || pos.iter().any(|&p| p as usize >= c.max_len);
-    if bad {
+    let outside = |ids: Ids, bound: usize| {
+        ids.host()
+            .is_some_and(|v| v.iter().any(|&i| i as usize >= bound))
+    };
+    if slot.len() != pos.len() || outside(slot, c.slots) || outside(pos, c.max_len) {
         return Err(EngineError::Shape {
             op,
             detail: format!(
@@ -1749,6 +1912,34 @@ pub fn cache_attention(
     heads: usize,
     c: CacheShape,
 ) -> Result<Tensor> {
+    let longest = pos.iter().map(|&p| p as usize + 1).max().unwrap_or(0);
+    cache_attention_at(
+        q,
+        k_cache,
+        v_cache,
+        Ids::Host(slot),
+        Ids::Host(pos),
+        heads,
+        longest,
+        c,
+    )
+}
+
+/// [`cache_attention`] with slots and positions where the kernel reads them. `longest`
+/// bounds every row's position + 1 and only chooses how a GPU splits rows over blocks (the
+/// arithmetic, and so the last bits of the result, follow the split): calls that must agree
+/// bit for bit pass the same bound. Device rows outside the cache give NaN.
+#[allow(clippy::too_many_arguments)]
+pub fn cache_attention_at(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    slot: Ids,
+    pos: Ids,
+    heads: usize,
+    longest: usize,
+    c: CacheShape,
+) -> Result<Tensor> {
     let _prof = profile::scope("cache_attention", q);
     let on = device_of("cache_attention", &[q, k_cache, v_cache])?;
     check_cache("cache_attention", k_cache, v_cache, slot, pos, c)?;
@@ -1766,22 +1957,21 @@ pub fn cache_attention(
             q.host(),
             k_cache.host(),
             v_cache.host(),
-            slot,
-            pos,
+            cpu_ids("cache_attention", slot)?,
+            cpu_ids("cache_attention", pos)?,
             heads,
             c,
         ),
         On::Gpu(g) => {
             same_dtype("cache_attention", &[q, k_cache, v_cache])?;
-            let (d_slot, d_pos) = (g.upload(slot)?, g.upload(pos)?);
-            let longest = pos.iter().map(|&p| p as usize + 1).max().unwrap_or(0);
+            let (d_slot, d_pos) = (gpu_ids(&g, slot)?, gpu_ids(&g, pos)?);
             with_elem!(q.dtype(), T => g.cache_attention::<T>(
                 out.cuda_mut(),
                 q.cuda(),
                 k_cache.cuda(),
                 v_cache.cuda(),
-                &d_slot,
-                &d_pos,
+                d_slot.get(),
+                d_pos.get(),
                 heads,
                 longest,
                 c,
@@ -1860,6 +2050,125 @@ pub fn nf4_dequantize_into(w: &Nf4Weight, out: &mut Tensor) -> Result<()> {
             let g = out.pool().cuda()?.clone();
             let parts = w.cuda_parts()?;
             with_elem!(dtype, T => g.nf4_dequantize::<T>(out.cuda_mut(), &parts, n))?
+        }
+    }
+    Ok(())
+}
+
+/// The sampler's per-slot state (next input token, position, random stream, presence mask,
+/// last log-probability) on the device of the logits it samples from, with the slots' own
+/// indices `0..slots` there (a decode step over every slot names them).
+pub enum SlotState {
+    Host(HostSlots, Vec<u32>),
+    Gpu(Arc<CudaBackend>, Box<DeviceSlots>, CudaSlice<u32>),
+}
+
+impl SlotState {
+    /// `init` placed on `pool`'s device.
+    pub fn new(pool: &MemoryPool, init: HostSlots) -> Result<SlotState> {
+        let identity: Vec<u32> = (0..init.slots() as u32).collect();
+        Ok(match pool.device() {
+            Device::Cpu => SlotState::Host(init, identity),
+            Device::Cuda(_) => {
+                let g = pool.cuda()?.clone();
+                let d = Box::new(g.upload_slots(&init)?);
+                let ids = g.upload(&identity)?;
+                SlotState::Gpu(g, d, ids)
+            }
+        })
+    }
+
+    /// Each slot's next input token, where the decode step reads it.
+    pub fn tokens(&self) -> Ids<'_> {
+        match self {
+            SlotState::Host(h, _) => Ids::Host(&h.tokens),
+            SlotState::Gpu(_, d, _) => Ids::Device(&d.tokens),
+        }
+    }
+
+    /// Each slot's position for its next input token.
+    pub fn pos(&self) -> Ids<'_> {
+        match self {
+            SlotState::Host(h, _) => Ids::Host(&h.pos),
+            SlotState::Gpu(_, d, _) => Ids::Device(&d.pos),
+        }
+    }
+
+    /// `0..slots`.
+    pub fn slot_ids(&self) -> Ids<'_> {
+        match self {
+            SlotState::Host(_, ids) => Ids::Host(ids),
+            SlotState::Gpu(_, _, ids) => Ids::Device(ids),
+        }
+    }
+
+    /// The tokens and log-probabilities of the last draw of every slot (waits for a GPU).
+    pub fn read(&self) -> Result<(Vec<u32>, Vec<f32>)> {
+        Ok(match self {
+            SlotState::Host(h, _) => (h.tokens.clone(), h.logprobs.clone()),
+            SlotState::Gpu(g, d, _) => (g.download(&d.tokens)?, g.download(&d.logprobs)?),
+        })
+    }
+}
+
+/// Draws one token for each of `rows` rows of `logits` (`[logit rows, stride]`, the first
+/// `vocab` columns of the slots' vocabulary used): row `i` reads logits row `src_row[i]` (or
+/// `i`) and updates slot `slot[i]` (or `i`) of `st`. See [`cpu::sampling`] for the rules.
+pub fn sample_rows(
+    logits: &Tensor,
+    src_row: Option<Ids>,
+    slot: Option<Ids>,
+    rows: usize,
+    st: &mut SlotState,
+    p: &SampleParams,
+) -> Result<()> {
+    let _prof = profile::scope("sample_rows", logits);
+    let (logit_rows, stride) = rows_cols("sample_rows", logits)?;
+    let bad = |detail: String| {
+        Err(EngineError::Shape {
+            op: "sample_rows",
+            detail,
+        })
+    };
+    for ids in [src_row, slot].into_iter().flatten() {
+        if ids.len() != rows {
+            return bad(format!("{} indices for {rows} rows", ids.len()));
+        }
+    }
+    match st {
+        SlotState::Host(h, _) => {
+            if logits.device() != Device::Cpu {
+                return bad("GPU logits for a sampler on the host".into());
+            }
+            let src = src_row.map(|i| cpu_ids("sample_rows", i)).transpose()?;
+            let slot = slot.map(|i| cpu_ids("sample_rows", i)).transpose()?;
+            let (slots, vocab) = (h.slots(), h.vocab);
+            let outside = |ids: Option<&[u32]>, bound: usize, implicit: usize| match ids {
+                Some(v) => v.iter().any(|&i| i as usize >= bound),
+                None => implicit > bound,
+            };
+            if stride < vocab || outside(src, logit_rows, rows) || outside(slot, slots, rows) {
+                return bad(format!(
+                    "rows must name a logits row below {logit_rows} and a slot below {slots}, with rows of at least {vocab} logits (got {stride})"
+                ));
+            }
+            cpu::sampling::sample_rows(logits.host(), stride, src, slot, h, p, rows);
+        }
+        SlotState::Gpu(g, d, _) => {
+            if logits.device() == Device::Cpu {
+                return bad("CPU logits for a sampler on a GPU".into());
+            }
+            let src = src_row.map(|i| gpu_ids(g, i)).transpose()?;
+            let slot = slot.map(|i| gpu_ids(g, i)).transpose()?;
+            with_elem!(logits.dtype(), T => g.sample_rows::<T>(
+                logits.cuda(),
+                stride,
+                rows,
+                src.as_ref().map(GpuIds::get),
+                slot.as_ref().map(GpuIds::get),
+                d,
+                p,
+            ))?
         }
     }
     Ok(())

@@ -1,25 +1,36 @@
 //! The generation engine: many prompts, several samples per prompt, one batched decode.
 //!
-//! Every prompt is prefilled once into a slot of the model's key/value cache, the slot is
-//! copied to the prompt's other samples, and then every live sequence advances by one token
-//! per decode step (one batched forward of one row per sequence). A sequence that meets a
-//! stop token, a stop string or its length limit leaves the batch. Each sample draws from a
-//! random stream keyed by (seed, prompt, sample), so its text does not depend on which other
-//! sequences share the batch. Models without a cached decoder fall back to re-running their
-//! window for each token.
+//! Prompts are prefilled into the model's key/value cache a chunk of prompts per forward
+//! pass; each prompt's cache slot is copied to its other samples. Then every slot advances
+//! by one token per decode step (one batched forward of one row per slot). The logits stay
+//! on the model's device: a sampler there (`engine::cpu::sampling` is its reference) draws
+//! each slot's next token, writes it where the next step reads its input and advances the
+//! slot's position, and only the drawn tokens and their log-probabilities come back to the
+//! host. Each sample draws from a random stream keyed by (seed, prompt, sample), so its text
+//! does not depend on which other sequences share the batch. On a GPU the decode step is
+//! replayed from a CUDA graph once its shapes settle ([`graph`]).
+//!
+//! The host decides when a sequence ends: stop tokens, stop strings (checked on the text of
+//! the drawn ids) and length. A finished slot keeps being decoded with the others (the
+//! step's shapes stay fixed) and its tokens are ignored. Models without a cached decoder
+//! fall back to re-running their window for each token and sampling on the host.
 //!
 //! Training code calls [`generate`] directly between optimizer steps: it reads the model's
 //! weights where they are and returns token ids, texts and the model's log-probabilities of
 //! each drawn token.
 
+pub mod bench;
+pub mod graph;
 pub mod sampling;
 
 pub use sampling::{Sampling, log_prob, sample};
 
 use crate::data::Tokenizer;
-use crate::engine::rng::{Rng, hash3, stream};
+use crate::engine::cpu::sampling::{HostSlots, draw_bits, mark, mask_words, sample_row};
+use crate::engine::ops::{self, Ids, SlotState};
+use crate::engine::rng::hash3;
 use crate::error::{KilnError, Result};
-use crate::models::Model;
+use crate::models::{DecodeRows, Decoder, KvCache, Model};
 use rayon::prelude::*;
 use std::time::Instant;
 
@@ -40,6 +51,26 @@ pub struct Options {
     /// Strings that end a sequence where they appear (cut from its text).
     pub stop_strings: Vec<String>,
     pub seed: u64,
+    /// Replay decode steps from CUDA graphs on a GPU (`--no-cuda-graphs` turns it off).
+    pub cuda_graphs: bool,
+    /// Cut prompts too long for the model from the left, keeping their end and room for
+    /// the new tokens, instead of refusing them.
+    pub truncate_left: bool,
+}
+
+impl Options {
+    /// Defaults for everything but the length and the sampling.
+    pub fn new(max_new_tokens: usize, sampling: Sampling) -> Options {
+        Options {
+            max_new_tokens,
+            sampling,
+            stop_ids: Vec::new(),
+            stop_strings: Vec::new(),
+            seed: 1,
+            cuda_graphs: true,
+            truncate_left: false,
+        }
+    }
 }
 
 /// Why a sequence ended.
@@ -61,16 +92,31 @@ pub struct Completion {
     pub logprobs: Vec<f32>,
     pub text: String,
     pub finish: Finish,
+    /// Prompt tokens cut from the left to fit the model (`Options::truncate_left`).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub truncated: usize,
 }
 
-/// Throughput of one call.
-#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+/// Throughput of one call. The prefill phase runs the prompts and draws every sequence's
+/// first token; the decode phase draws the rest.
+#[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct Stats {
     pub prefill_tokens: usize,
     pub prefill_secs: f64,
     pub decode_tokens: usize,
     pub decode_secs: f64,
+    /// Decode steps run (each advances every slot by one token).
+    pub decode_steps: usize,
     pub cache_bytes: usize,
+    /// Decode steps replayed from CUDA graphs, and graphs captured.
+    pub graph_replays: usize,
+    pub graph_captures: usize,
+    /// Why CUDA graphs were not used, when they were asked for on a GPU and failed.
+    pub graphs_off: Option<String>,
 }
 
 impl Stats {
@@ -86,15 +132,17 @@ impl Stats {
 struct Live {
     prompt: usize,
     sample: usize,
-    slot: u32,
+    slot: usize,
     /// Prompt and generated tokens so far.
     tokens: Vec<u32>,
     prompt_len: usize,
     logprobs: Vec<f32>,
-    rng: Rng,
+    /// The key of its random stream.
+    seed: u64,
     finish: Option<Finish>,
     /// Bytes of text already checked for stop strings.
     checked: usize,
+    truncated: usize,
 }
 
 impl Live {
@@ -103,34 +151,45 @@ impl Live {
     }
 }
 
-fn check_requests(model: &dyn Model, reqs: &[Request], o: &Options) -> Result<()> {
+/// Checks the requests and settings; cuts over-long prompts when asked. Returns the prompts
+/// to run and how many tokens each lost.
+fn prepare(model: &dyn Model, reqs: &[Request], o: &Options) -> Result<Vec<(Vec<u32>, usize)>> {
     o.sampling.check().map_err(KilnError::Setting)?;
     if o.max_new_tokens == 0 {
         return Err(KilnError::Setting(
             "the number of new tokens is 0; ask for at least 1".into(),
         ));
     }
-    for (i, r) in reqs.iter().enumerate() {
-        if r.samples == 0 {
-            return Err(KilnError::Setting(format!(
-                "prompt {i} asks for 0 samples; use --num-samples 1 or more"
-            )));
-        }
-        if r.prompt.is_empty() {
-            return Err(KilnError::Setting(format!(
-                "prompt {i} is empty; give at least one token to continue"
-            )));
-        }
-        if r.prompt.len() >= model.context() {
-            return Err(KilnError::Setting(format!(
-                "prompt {i} has {} tokens, {} more than the model's context of {} leaves room for (at least one new token); shorten it",
-                r.prompt.len(),
-                r.prompt.len() + 1 - model.context(),
-                model.context()
-            )));
-        }
-    }
-    Ok(())
+    let context = model.context();
+    reqs.iter()
+        .enumerate()
+        .map(|(i, r)| {
+            if r.samples == 0 {
+                return Err(KilnError::Setting(format!(
+                    "prompt {i} asks for 0 samples; use --num-samples 1 or more"
+                )));
+            }
+            if r.prompt.is_empty() {
+                return Err(KilnError::Setting(format!(
+                    "prompt {i} is empty; give at least one token to continue"
+                )));
+            }
+            if r.prompt.len() < context {
+                return Ok((r.prompt.clone(), 0));
+            }
+            if !o.truncate_left {
+                return Err(KilnError::Setting(format!(
+                    "prompt {i} has {} tokens, {} more than the model's context of {} leaves room for (at least one new token); shorten it or pass --truncate-left",
+                    r.prompt.len(),
+                    r.prompt.len() + 1 - context,
+                    context
+                )));
+            }
+            let keep = context.saturating_sub(o.max_new_tokens).max(1);
+            let cut = r.prompt.len() - keep;
+            Ok((r.prompt[cut..].to_vec(), cut))
+        })
+        .collect()
 }
 
 /// Decides whether `s` just ended; when a stop string ended it, `text` is its text cut there.
@@ -177,14 +236,38 @@ fn stopped(
     false
 }
 
+/// Moves the sequences that just ended from `live` to `done`.
+fn retire(
+    live: &mut Vec<Live>,
+    done: &mut Vec<Completion>,
+    tok: &dyn Tokenizer,
+    o: &Options,
+    max_len: usize,
+) {
+    let mut i = 0;
+    while i < live.len() {
+        let mut cut = None;
+        if stopped(&mut live[i], tok, o, max_len, &mut cut) {
+            let s = live.swap_remove(i);
+            let text = cut.unwrap_or_else(|| tok.decode(s.generated()));
+            done.push(Completion {
+                prompt: s.prompt,
+                sample: s.sample,
+                tokens: s.generated().to_vec(),
+                logprobs: s.logprobs,
+                text,
+                finish: s.finish.unwrap_or(Finish::Length),
+                truncated: s.truncated,
+            });
+        } else {
+            i += 1;
+        }
+    }
+}
+
 /// A cache for `slots` sequences of `max_len` positions, or, when it does not fit, an error
 /// with its size, the memory there was, and the most sequences that would fit.
-fn new_cache(
-    model: &dyn Model,
-    d: &dyn crate::models::Decoder,
-    slots: usize,
-    max_len: usize,
-) -> Result<crate::models::KvCache> {
+fn new_cache(model: &dyn Model, d: &dyn Decoder, slots: usize, max_len: usize) -> Result<KvCache> {
     let pool = model.params()[0].value.pool().clone();
     let before = pool.stats().current;
     d.new_cache(slots, max_len).map_err(|e| {
@@ -213,147 +296,266 @@ pub fn generate(
     o: &Options,
     on_token: &mut dyn FnMut(usize, usize, u32),
 ) -> Result<(Vec<Completion>, Stats)> {
-    check_requests(model, reqs, o)?;
-    let vocab = model.vocab();
-    let max_len = reqs
+    let prompts = prepare(model, reqs, o)?;
+    let max_len = prompts
         .iter()
-        .map(|r| r.prompt.len() + o.max_new_tokens)
+        .map(|(p, _)| p.len() + o.max_new_tokens)
         .max()
         .unwrap_or(1)
         .min(model.context());
-    let slots: usize = reqs.iter().map(|r| r.samples).sum();
-    let mut cache = match model.decoder() {
-        Some(d) => Some(new_cache(model, d, slots, max_len)?),
-        None => None,
-    };
-    let mut stats = Stats {
-        cache_bytes: cache.as_ref().map_or(0, |c| c.bytes()),
-        ..Stats::default()
-    };
-    let mut live: Vec<Live> = Vec::with_capacity(slots);
-    let mut done: Vec<Completion> = Vec::with_capacity(slots);
-
-    // Prefill: each prompt once, its logits shared by its samples.
-    let t0 = Instant::now();
-    let mut first_logits: Vec<Vec<f32>> = Vec::with_capacity(reqs.len());
-    let mut slot = 0u32;
-    for r in reqs {
-        let t = r.prompt.len();
-        let logits = match (&mut cache, model.decoder()) {
-            (Some(c), Some(d)) => {
-                let pos: Vec<u32> = (0..t as u32).collect();
-                let l = d.decode(c, &r.prompt, &vec![slot; t], &pos, &[t as u32 - 1])?;
-                for s in 1..r.samples {
-                    c.copy_slot(slot as usize, slot as usize + s, t)?;
-                }
-                l
-            }
-            _ => model.next_logits(&r.prompt)?,
-        };
-        stats.prefill_tokens += t;
-        first_logits.push(logits);
-        slot += r.samples as u32;
-    }
-    stats.prefill_secs = t0.elapsed().as_secs_f64();
-
-    let t1 = Instant::now();
-    let mut slot = 0u32;
-    for (p, r) in reqs.iter().enumerate() {
+    // The samples of prompt p take consecutive slots.
+    let mut live: Vec<Live> = Vec::new();
+    for (p, ((prompt, cut), r)) in prompts.iter().zip(reqs).enumerate() {
         for s in 0..r.samples {
-            let mut seq = Live {
+            live.push(Live {
                 prompt: p,
                 sample: s,
-                slot,
-                tokens: r.prompt.clone(),
-                prompt_len: r.prompt.len(),
+                slot: live.len(),
+                tokens: prompt.clone(),
+                prompt_len: prompt.len(),
                 logprobs: Vec::new(),
-                rng: Rng::new(hash3(o.seed, p as u64, s as u64), stream::SAMPLE),
+                seed: hash3(o.seed, p as u64, s as u64),
                 finish: None,
                 checked: 0,
-            };
-            let mut logits = first_logits[p].clone();
-            let lp_src = logits.clone();
-            let next = sample(&mut logits, &seq.tokens, &o.sampling, &mut seq.rng);
-            seq.logprobs.push(log_prob(&lp_src, next));
-            seq.tokens.push(next);
-            on_token(p, s, next);
-            live.push(seq);
-            slot += 1;
+                truncated: *cut,
+            });
         }
     }
-    stats.decode_tokens += live.len();
-    loop {
-        // Retire the sequences that just ended.
-        let mut i = 0;
-        while i < live.len() {
-            let mut cut = None;
-            if stopped(&mut live[i], tok, o, max_len, &mut cut) {
-                let s = live.swap_remove(i);
-                let text = cut.unwrap_or_else(|| tok.decode(s.generated()));
-                done.push(Completion {
-                    prompt: s.prompt,
-                    sample: s.sample,
-                    tokens: s.generated().to_vec(),
-                    logprobs: s.logprobs,
-                    text,
-                    finish: s.finish.unwrap_or(Finish::Length),
-                });
-            } else {
-                i += 1;
+    let mut done = Vec::with_capacity(live.len());
+    let stats = match model.decoder() {
+        Some(d) => cached(
+            model, d, tok, &prompts, reqs, o, max_len, live, &mut done, on_token,
+        )?,
+        None => windows(model, tok, o, live, &mut done, on_token)?,
+    };
+    done.sort_by_key(|c| (c.prompt, c.sample));
+    Ok((done, stats))
+}
+
+/// Prompt tokens per prefill forward pass: long enough to fill a GPU, short enough that the
+/// pass's activations stay small beside the weights.
+const PREFILL_ROWS: usize = 8192;
+
+/// Generation through the model's key/value cache, sampling where the logits are.
+#[allow(clippy::too_many_arguments)]
+fn cached(
+    model: &dyn Model,
+    d: &dyn Decoder,
+    tok: &dyn Tokenizer,
+    prompts: &[(Vec<u32>, usize)],
+    reqs: &[Request],
+    o: &Options,
+    max_len: usize,
+    mut live: Vec<Live>,
+    done: &mut Vec<Completion>,
+    on_token: &mut dyn FnMut(usize, usize, u32),
+) -> Result<Stats> {
+    let slots = live.len();
+    let pool = model.params()[0].value.pool().clone();
+    let mut cache = new_cache(model, d, slots, max_len)?;
+    let mut stats = Stats {
+        cache_bytes: cache.bytes(),
+        ..Stats::default()
+    };
+    let params = o.sampling.params();
+    let penalised = o.sampling.repetition_penalty != 1.0;
+    let history: Vec<&[u32]> = live
+        .iter()
+        .map(|s| if penalised { &s.tokens[..] } else { &[][..] })
+        .collect();
+    let init = HostSlots::new(
+        live.iter().map(|s| s.prompt_len as u32 - 1).collect(),
+        live.iter().map(|s| s.seed).collect(),
+        &history,
+        model.vocab(),
+        max_len,
+    );
+    let mut st = SlotState::new(&pool, init)?;
+
+    // Prefill, a chunk of whole prompts per pass; then each chunk's first tokens are drawn.
+    let t0 = Instant::now();
+    let first_slot: Vec<usize> = reqs
+        .iter()
+        .scan(0, |next, r| {
+            let at = *next;
+            *next += r.samples;
+            Some(at)
+        })
+        .collect();
+    let mut p = 0;
+    while p < prompts.len() {
+        let mut end = p;
+        let mut rows = 0;
+        while end < prompts.len() && (end == p || rows + prompts[end].0.len() <= PREFILL_ROWS) {
+            rows += prompts[end].0.len();
+            end += 1;
+        }
+        let (mut tokens, mut slot, mut pos, mut emit) = (vec![], vec![], vec![], vec![]);
+        let (mut src_row, mut sample_slot) = (vec![], vec![]);
+        for q in p..end {
+            let prompt = &prompts[q].0;
+            tokens.extend_from_slice(prompt);
+            slot.extend(std::iter::repeat_n(first_slot[q] as u32, prompt.len()));
+            pos.extend(0..prompt.len() as u32);
+            emit.push(tokens.len() as u32 - 1);
+            for s in 0..reqs[q].samples {
+                src_row.push((q - p) as u32);
+                sample_slot.push((first_slot[q] + s) as u32);
             }
+        }
+        let mut logits = d.new_logits(end - p)?;
+        let longest = prompts[p..end].iter().map(|x| x.0.len()).max().unwrap_or(1);
+        d.decode_into(
+            &mut cache,
+            &DecodeRows {
+                tokens: Ids::Host(&tokens),
+                slot: Ids::Host(&slot),
+                pos: Ids::Host(&pos),
+                longest,
+                emit: Some(Ids::Host(&emit)),
+            },
+            &mut logits,
+        )?;
+        for q in p..end {
+            for s in 1..reqs[q].samples {
+                cache.copy_slot(first_slot[q], first_slot[q] + s, prompts[q].0.len())?;
+            }
+        }
+        ops::sample_rows(
+            &logits,
+            Some(Ids::Host(&src_row)),
+            Some(Ids::Host(&sample_slot)),
+            src_row.len(),
+            &mut st,
+            &params,
+        )?;
+        stats.prefill_tokens += rows;
+        p = end;
+    }
+    let drawn = st.read()?;
+    take_drawn(&mut live, &drawn, on_token);
+    stats.prefill_secs = t0.elapsed().as_secs_f64();
+
+    // Decode: every slot advances one token per step.
+    let t1 = Instant::now();
+    let mut logits = d.new_logits(slots)?;
+    let mut graphs = match &st {
+        SlotState::Gpu(g, _, _) if o.cuda_graphs => Some(graph::StepGraphs::new(g.clone())),
+        _ => None,
+    };
+    loop {
+        retire(&mut live, done, tok, o, max_len);
+        if live.is_empty() {
+            break;
+        }
+        let longest = live.iter().map(|s| s.tokens.len()).max().unwrap_or(1);
+        let bound = graph::attention_bound(longest, max_len);
+        let mut step = || -> crate::engine::Result<()> {
+            d.decode_into(
+                &mut cache,
+                &DecodeRows {
+                    tokens: st.tokens(),
+                    slot: st.slot_ids(),
+                    pos: st.pos(),
+                    longest: bound,
+                    emit: None,
+                },
+                &mut logits,
+            )?;
+            ops::sample_rows(&logits, None, None, slots, &mut st, &params)
+        };
+        match &mut graphs {
+            Some(g) => g.run(bound, &mut step)?,
+            None => step()?,
+        }
+        let drawn = st.read()?;
+        stats.decode_tokens += take_drawn(&mut live, &drawn, on_token);
+        stats.decode_steps += 1;
+    }
+    stats.decode_secs = t1.elapsed().as_secs_f64();
+    if let Some(g) = graphs {
+        stats.graph_replays = g.replays;
+        stats.graph_captures = g.captures;
+        stats.graphs_off = g.failed;
+    }
+    Ok(stats)
+}
+
+/// Appends each live sequence's drawn token and log-probability (by slot); returns how many.
+fn take_drawn(
+    live: &mut [Live],
+    (tokens, logprobs): &(Vec<u32>, Vec<f32>),
+    on_token: &mut dyn FnMut(usize, usize, u32),
+) -> usize {
+    for s in live.iter_mut() {
+        s.tokens.push(tokens[s.slot]);
+        s.logprobs.push(logprobs[s.slot]);
+        on_token(s.prompt, s.sample, tokens[s.slot]);
+    }
+    live.len()
+}
+
+/// Generation for models without a cache: each token re-runs the sequence's window, and
+/// the host samples with the same rules and random streams as the cached path.
+fn windows(
+    model: &dyn Model,
+    tok: &dyn Tokenizer,
+    o: &Options,
+    mut live: Vec<Live>,
+    done: &mut Vec<Completion>,
+    on_token: &mut dyn FnMut(usize, usize, u32),
+) -> Result<Stats> {
+    let mut stats = Stats::default();
+    let (vocab, context) = (model.vocab(), model.context());
+    let params = o.sampling.params();
+    let t0 = Instant::now();
+    let mut first = true;
+    loop {
+        if !first {
+            retire(&mut live, done, tok, o, context);
         }
         if live.is_empty() {
             break;
         }
-        // One decode step for every live sequence.
-        let logits: Vec<f32> = match (&mut cache, model.decoder()) {
-            (Some(c), Some(d)) => {
-                let tokens: Vec<u32> = live
-                    .iter()
-                    .map(|s| *s.tokens.last().expect("non-empty"))
-                    .collect();
-                let slots: Vec<u32> = live.iter().map(|s| s.slot).collect();
-                let pos: Vec<u32> = live.iter().map(|s| s.tokens.len() as u32 - 1).collect();
-                let emit: Vec<u32> = (0..live.len() as u32).collect();
-                d.decode(c, &tokens, &slots, &pos, &emit)?
-            }
-            _ => {
-                let mut all = Vec::with_capacity(live.len() * vocab);
-                for s in &live {
-                    let window = &s.tokens[s.tokens.len().saturating_sub(model.context())..];
-                    all.extend(model.next_logits(window)?);
-                }
-                all
-            }
-        };
-        // Each sequence draws from its own random stream, so drawing in parallel gives the
-        // same tokens as drawing in order.
+        let mut logits = Vec::with_capacity(live.len() * vocab);
+        for s in &live {
+            let window = &s.tokens[s.tokens.len().saturating_sub(context)..];
+            logits.extend(model.next_logits(window)?);
+        }
         live.par_iter_mut()
             .zip(logits.par_chunks(vocab))
             .for_each(|(s, row)| {
-                let mut l = row.to_vec();
-                let next = sample(&mut l, &s.tokens, &o.sampling, &mut s.rng);
-                s.logprobs.push(log_prob(row, next));
-                s.tokens.push(next);
+                let mut mask = Vec::new();
+                if o.sampling.repetition_penalty != 1.0 {
+                    mask = vec![0u32; mask_words(vocab)];
+                    s.tokens.iter().for_each(|&t| mark(&mut mask, t));
+                }
+                let counter = s.generated().len() as u64;
+                let (t, lp) = sample_row(row, &mask, &params, draw_bits(s.seed, counter));
+                s.tokens.push(t);
+                s.logprobs.push(lp);
             });
         for s in &live {
-            on_token(
-                s.prompt,
-                s.sample,
-                *s.tokens.last().expect("a token was just drawn"),
-            );
+            on_token(s.prompt, s.sample, *s.tokens.last().expect("just drawn"));
         }
-        stats.decode_tokens += live.len();
+        if first {
+            stats.prefill_tokens = live.iter().map(|s| s.prompt_len).sum();
+            stats.prefill_secs = t0.elapsed().as_secs_f64();
+            first = false;
+        } else {
+            stats.decode_tokens += live.len();
+            stats.decode_steps += 1;
+        }
     }
-    stats.decode_secs = t1.elapsed().as_secs_f64();
-    done.sort_by_key(|c| (c.prompt, c.sample));
-    Ok((done, stats))
+    stats.decode_secs = t0.elapsed().as_secs_f64() - stats.prefill_secs;
+    Ok(stats)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::data::ByteTokenizer;
+    use crate::engine::rng::Rng;
     use crate::engine::{Device, MemoryPool};
     use crate::models::llama::{Llama, LlamaConfig};
 
@@ -379,11 +581,8 @@ mod tests {
 
     fn opts(sampling: Sampling, max_new_tokens: usize) -> Options {
         Options {
-            max_new_tokens,
-            sampling,
-            stop_ids: vec![],
-            stop_strings: vec![],
             seed: 5,
+            ..Options::new(max_new_tokens, sampling)
         }
     }
 
@@ -410,7 +609,7 @@ mod tests {
         for _ in 0..12 {
             let logits = model.next_logits(&tokens).unwrap();
             tokens.push(sampling::sample(
-                &mut logits.clone(),
+                &logits,
                 &[],
                 &Sampling::GREEDY,
                 &mut Rng::new(0, 0),
@@ -504,5 +703,121 @@ mod tests {
             let e = generate(&model, &ByteTokenizer, &[r], &o, &mut |_, _, _| {}).unwrap_err();
             assert!(e.to_string().contains(phrase), "{e}");
         }
+    }
+    /// The Llama without its cache: generation re-runs windows and samples on the host.
+    struct Uncached(Llama);
+
+    impl Model for Uncached {
+        fn params(&self) -> Vec<&crate::nn::Param> {
+            self.0.params()
+        }
+        fn params_mut(&mut self) -> Vec<&mut crate::nn::Param> {
+            self.0.params_mut()
+        }
+        fn forward_backward(
+            &mut self,
+            inputs: &[u32],
+            targets: &[u32],
+            batch: usize,
+            seq: usize,
+            step: crate::models::StepPrecision,
+        ) -> crate::engine::Result<f64> {
+            self.0.forward_backward(inputs, targets, batch, seq, step)
+        }
+        fn loss(&self, i: &[u32], t: &[u32], b: usize, s: usize) -> crate::engine::Result<f64> {
+            self.0.loss(i, t, b, s)
+        }
+        fn next_logits(&self, tokens: &[u32]) -> crate::engine::Result<Vec<f32>> {
+            self.0.next_logits(tokens)
+        }
+        fn context(&self) -> usize {
+            self.0.context()
+        }
+        fn vocab(&self) -> usize {
+            self.0.vocab()
+        }
+        fn cost(&self, batch: usize, seq: usize) -> crate::nn::Cost {
+            self.0.cost(batch, seq)
+        }
+    }
+
+    /// The cached engine (batched prefill, sampler state per slot, every slot decoded each
+    /// step) draws the same tokens as re-running each window and sampling on the host, with
+    /// top-p, min-p, the repetition penalty and several samples per prompt.
+    #[test]
+    fn cached_sampling_matches_the_window_path() {
+        let s = Sampling {
+            temperature: 0.9,
+            top_k: 20,
+            top_p: 0.9,
+            min_p: 0.02,
+            repetition_penalty: 1.2,
+        };
+        let reqs = [
+            Request {
+                prompt: vec![72, 101, 108],
+                samples: 3,
+            },
+            Request {
+                prompt: vec![66, 97, 121, 32, 111, 33],
+                samples: 2,
+            },
+        ];
+        let mut o = opts(s, 9);
+        o.stop_ids = vec![101];
+        let cached = run(&tiny(), &reqs, &o);
+        let windows = generate(
+            &Uncached(tiny()),
+            &ByteTokenizer,
+            &reqs,
+            &o,
+            &mut |_, _, _| {},
+        )
+        .unwrap()
+        .0;
+        assert_eq!(cached.len(), 5);
+        for (c, w) in cached.iter().zip(&windows) {
+            assert_eq!((c.prompt, c.sample), (w.prompt, w.sample));
+            assert_eq!(
+                c.tokens, w.tokens,
+                "prompt {} sample {}",
+                c.prompt, c.sample
+            );
+            assert_eq!(c.finish, w.finish);
+            for (a, b) in c.logprobs.iter().zip(&w.logprobs) {
+                assert!((a - b).abs() < 1e-3, "{a} vs {b}");
+            }
+        }
+    }
+
+    /// An over-long prompt is cut from the left only when asked, keeping room for the new
+    /// tokens, and the completion says how much it lost.
+    #[test]
+    fn truncation_from_the_left_is_asked_for() {
+        let model = tiny();
+        let long = Request {
+            prompt: (0..70).map(|i| 40 + i % 50).collect(),
+            samples: 1,
+        };
+        let mut o = opts(Sampling::GREEDY, 5);
+        let e = generate(
+            &model,
+            &ByteTokenizer,
+            std::slice::from_ref(&long),
+            &o,
+            &mut |_, _, _| {},
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("--truncate-left"), "{e}");
+        o.truncate_left = true;
+        let got = run(&model, std::slice::from_ref(&long), &o);
+        // Context 64, 5 new tokens: the last 59 prompt tokens stay.
+        assert_eq!(got[0].truncated, 70 - 59);
+        assert_eq!(got[0].tokens.len(), 5);
+        let kept = Request {
+            prompt: long.prompt[11..].to_vec(),
+            samples: 1,
+        };
+        assert_eq!(run(&model, &[kept], &o)[0].tokens, got[0].tokens);
     }
 }

@@ -1,7 +1,9 @@
 //! Turning logits into a token: repetition penalty, temperature, top-k, top-p (nucleus) and
 //! min-p, applied in that order as Hugging Face's `generate` applies them; temperature 0 is
-//! greedy.
+//! greedy. The rules themselves live with the samplers in `engine` (the host reference
+//! [`crate::engine::cpu::sampling`] and its GPU kernel); this module holds the settings.
 
+use crate::engine::cpu::sampling::{self as cpu, SampleParams};
 use crate::engine::rng::Rng;
 
 /// How to draw each token.
@@ -72,86 +74,34 @@ impl Sampling {
     }
 }
 
-fn argmax(logits: &[f32]) -> u32 {
-    let mut best = (0, f32::NEG_INFINITY);
-    for (i, &v) in logits.iter().enumerate() {
-        if v > best.1 {
-            best = (i, v);
+impl Sampling {
+    /// The settings as the samplers (host and GPU) take them.
+    pub fn params(&self) -> SampleParams {
+        SampleParams {
+            temperature: self.temperature,
+            top_k: self.top_k.min(u32::MAX as usize) as u32,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
         }
     }
-    best.0 as u32
 }
 
-/// Draws a token from `logits` (modified in place by the penalty) given the tokens so far.
-pub fn sample(logits: &mut [f32], history: &[u32], s: &Sampling, rng: &mut Rng) -> u32 {
+/// Draws a token from `logits` given the tokens so far (for the penalty), consuming one
+/// number of `rng`'s stream; the same rules and random numbers as the GPU sampler
+/// ([`crate::engine::cpu::sampling`]).
+pub fn sample(logits: &[f32], history: &[u32], s: &Sampling, rng: &mut Rng) -> u32 {
+    let mut mask = Vec::new();
     if s.repetition_penalty != 1.0 {
-        let mut seen = history.to_vec();
-        seen.sort_unstable();
-        seen.dedup();
-        for &t in &seen {
-            if let Some(l) = logits.get_mut(t as usize) {
-                *l = if *l > 0.0 {
-                    *l / s.repetition_penalty
-                } else {
-                    *l * s.repetition_penalty
-                };
-            }
+        mask = vec![0u32; cpu::mask_words(logits.len())];
+        for &t in history {
+            cpu::mark(&mut mask, t);
         }
     }
-    if s.temperature == 0.0 {
-        return argmax(logits);
-    }
-    let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
-    let by_logit = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]);
-    if s.top_k > 0 && s.top_k < idx.len() {
-        idx.select_nth_unstable_by(s.top_k - 1, by_logit);
-        idx.truncate(s.top_k);
-    }
-    idx.sort_unstable_by(by_logit);
-    let max = logits[idx[0] as usize];
-    let mut probs: Vec<f64> = idx
-        .iter()
-        .map(|&i| (((logits[i as usize] - max) / s.temperature) as f64).exp())
-        .collect();
-    let total: f64 = probs.iter().sum();
-    probs.iter_mut().for_each(|p| *p /= total);
-    let mut keep = probs.len();
-    if s.top_p < 1.0 {
-        let mut cum = 0.0;
-        for (i, p) in probs.iter().enumerate() {
-            cum += p;
-            if cum >= s.top_p as f64 {
-                keep = i + 1;
-                break;
-            }
-        }
-    }
-    if s.min_p > 0.0 {
-        let floor = s.min_p as f64 * probs[0];
-        keep = keep.min(probs.iter().take_while(|&&p| p >= floor).count().max(1));
-    }
-    let kept = &probs[..keep];
-    let mut u = rng.next_f64() * kept.iter().sum::<f64>();
-    for (&i, p) in idx.iter().zip(kept) {
-        u -= p;
-        if u <= 0.0 {
-            return i;
-        }
-    }
-    idx[keep - 1]
+    cpu::sample_row(logits, &mask, &s.params(), rng.next_u64()).0
 }
 
-/// `log softmax(logits)[token]` in f64: the model's own log-probability of a drawn token.
-pub fn log_prob(logits: &[f32], token: u32) -> f32 {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let lse = max
-        + logits
-            .iter()
-            .map(|&l| (l as f64 - max).exp())
-            .sum::<f64>()
-            .ln();
-    (logits[token as usize] as f64 - lse) as f32
-}
+pub use cpu::log_prob;
 
 #[cfg(test)]
 mod tests {
@@ -162,8 +112,8 @@ mod tests {
         let mut rng = Rng::new(11, stream::SAMPLE);
         let mut counts = vec![0usize; logits.len()];
         for _ in 0..n {
-            let mut l = logits.to_vec();
-            counts[sample(&mut l, &[], s, &mut rng) as usize] += 1;
+            let l = logits.to_vec();
+            counts[sample(&l, &[], s, &mut rng) as usize] += 1;
         }
         counts.iter().map(|&c| c as f64 / n as f64).collect()
     }
@@ -227,17 +177,14 @@ mod tests {
     fn greedy_top_k_penalty_and_checks() {
         let mut rng = Rng::new(1, stream::SAMPLE);
         let logits = [0.1f32, 3.0, 2.9, -1.0];
-        assert_eq!(
-            sample(&mut logits.clone(), &[], &Sampling::GREEDY, &mut rng),
-            1
-        );
+        assert_eq!(sample(&logits, &[], &Sampling::GREEDY, &mut rng), 1);
         let top2 = Sampling {
             temperature: 1.0,
             top_k: 2,
             ..Sampling::default()
         };
         for _ in 0..200 {
-            let t = sample(&mut logits.clone(), &[], &top2, &mut rng);
+            let t = sample(&logits, &[], &top2, &mut rng);
             assert!(t == 1 || t == 2, "top-2 drew {t}");
         }
         // A penalty of 2 on token 1 (3.0 -> 1.5) makes token 2 the greedy choice.
@@ -245,7 +192,7 @@ mod tests {
             repetition_penalty: 2.0,
             ..Sampling::GREEDY
         };
-        assert_eq!(sample(&mut logits.clone(), &[1, 1], &pen, &mut rng), 2);
+        assert_eq!(sample(&logits, &[1, 1], &pen, &mut rng), 2);
         for bad in [
             Sampling {
                 temperature: f32::NAN,

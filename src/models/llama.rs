@@ -11,9 +11,10 @@
 //! gate/up matrix per block); `models::import` maps Hugging Face and GGUF checkpoints onto
 //! them.
 
-use super::{Decoder, KvCache, Model, Recompute, StepPrecision, padded_vocab};
+use super::{DecodeRows, Decoder, KvCache, Model, Recompute, StepPrecision, padded_vocab};
 use crate::engine::cpu::kv_cache::CacheShape;
 use crate::engine::cpu::rope::{self, Llama3Scaling};
+use crate::engine::ops::Ids;
 use crate::engine::rng::{Rng, stream};
 use crate::engine::{DType, MemoryPool, Result, Tensor, ops};
 use crate::nn::gqa::{GqaAttention, GqaSaved, Heads, Rotary};
@@ -620,7 +621,53 @@ impl Decoder for Llama {
         pos: &[u32],
         emit: &[u32],
     ) -> Result<Vec<f32>> {
-        let rows = tokens.len();
+        let longest = pos.iter().map(|&p| p as usize + 1).max().unwrap_or(0);
+        let rows = DecodeRows {
+            tokens: Ids::Host(tokens),
+            slot: Ids::Host(slot),
+            pos: Ids::Host(pos),
+            longest,
+            emit: None,
+        };
+        let ln = self.decode_hidden(cache, &rows)?;
+        let last = ops::gather_rows(&ln, emit, None)?;
+        let logits = ops::linear_forward(&last, self.head_weight(), None)?.to_vec()?;
+        let padded = padded_vocab(self.cfg.vocab);
+        Ok(logits
+            .chunks(padded)
+            .flat_map(|row| &row[..self.cfg.vocab])
+            .copied()
+            .collect())
+    }
+
+    fn new_logits(&self, rows: usize) -> Result<Tensor> {
+        let (_, dtype) = self.cache_shape(1, 1);
+        Tensor::uninit(
+            self.embed.value.pool(),
+            &[rows, padded_vocab(self.cfg.vocab)],
+            dtype,
+        )
+    }
+
+    fn decode_into(
+        &self,
+        cache: &mut KvCache,
+        rows: &DecodeRows,
+        logits: &mut Tensor,
+    ) -> Result<()> {
+        let ln = self.decode_hidden(cache, rows)?;
+        let last = match rows.emit {
+            Some(emit) => ops::gather_rows_at(&ln, emit, None)?,
+            None => ln,
+        };
+        ops::linear_forward_into(logits, &last, self.head_weight(), None)
+    }
+}
+
+impl Llama {
+    /// The rows run through every block against the cache, after the final norm.
+    fn decode_hidden(&self, cache: &mut KvCache, r: &DecodeRows) -> Result<Tensor> {
+        let rows = r.tokens.len();
         let rs = crate::engine::cpu::rope::RopeShape {
             rows,
             heads: self.cfg.n_heads,
@@ -629,7 +676,7 @@ impl Decoder for Llama {
             rot_dim: self.cfg.rot_dim,
         };
         let c = cache.shape;
-        let mut x = ops::token_embedding_forward(tokens, 1, rows, self.embed.weight())?
+        let mut x = ops::token_embedding_at(r.tokens, 1, rows, self.embed.weight())?
             .reshaped(&[rows, self.cfg.d_model]);
         let (mut ln, _) = self
             .blocks
@@ -639,19 +686,20 @@ impl Decoder for Llama {
         for (l, block) in self.blocks.iter().enumerate() {
             let (k, v) = &mut cache.layers[l];
             let qkv = block.attn.qkv.forward(&ln)?;
-            let q = ops::kv_append(
+            let q = ops::kv_append_at(
                 &qkv,
                 k,
                 v,
-                slot,
-                pos,
+                r.slot,
+                r.pos,
                 &self.rotary.cos,
                 &self.rotary.sin,
                 rs,
                 c,
             )?;
             drop(qkv);
-            let att = ops::cache_attention(&q, k, v, slot, pos, self.cfg.n_heads, c)?;
+            let att =
+                ops::cache_attention_at(&q, k, v, r.slot, r.pos, self.cfg.n_heads, r.longest, c)?;
             let o = block.attn.out.forward(&att)?;
             let (mid, ln2, _) = block.ln2.forward_residual(&x, &o)?;
             let act = block.mlp.activations(&ln2)?;
@@ -659,14 +707,7 @@ impl Decoder for Llama {
             let (next, next_ln, _) = self.norm_after(l).forward_residual(&mid, &down)?;
             (x, ln) = (next, next_ln);
         }
-        let last = ops::gather_rows(&ln, emit, None)?;
-        let logits = ops::linear_forward(&last, self.head_weight(), None)?.to_vec()?;
-        let padded = padded_vocab(self.cfg.vocab);
-        Ok(logits
-            .chunks(padded)
-            .flat_map(|row| &row[..self.cfg.vocab])
-            .copied()
-            .collect())
+        Ok(ln)
     }
 }
 

@@ -9,6 +9,7 @@ pub mod resnet_bk;
 
 use crate::config::ModelConfig;
 use crate::engine::cpu::kv_cache::CacheShape;
+use crate::engine::ops::Ids;
 use crate::engine::{DType, EngineError, MemoryPool, Result, Tensor, ops};
 use crate::error::KilnError;
 use crate::nn::lora::{Adapter, LoraSpec};
@@ -178,6 +179,36 @@ pub trait Decoder {
         pos: &[u32],
         emit: &[u32],
     ) -> Result<Vec<f32>>;
+
+    /// A logits buffer of `rows` rows for [`Decoder::decode_into`]: `[rows, padded_vocab]`
+    /// in the dtype the model computes in on its device.
+    fn new_logits(&self, rows: usize) -> Result<Tensor>;
+
+    /// [`Decoder::decode`] leaving the logits on the device, in `logits` (from
+    /// [`Decoder::new_logits`] with one row per emitted row). Everything else it allocates it
+    /// frees before returning and it never waits for the device, so a call can be captured
+    /// into a CUDA graph and replayed (its shapes fixed, its indices read from device
+    /// buffers).
+    fn decode_into(
+        &self,
+        cache: &mut KvCache,
+        rows: &DecodeRows,
+        logits: &mut Tensor,
+    ) -> Result<()>;
+}
+
+/// The rows of one [`Decoder::decode_into`] call: row `i` feeds `tokens[i]` at position
+/// `pos[i]` of cache slot `slot[i]`.
+pub struct DecodeRows<'a> {
+    pub tokens: Ids<'a>,
+    pub slot: Ids<'a>,
+    pub pos: Ids<'a>,
+    /// At least every row's position + 1. It only chooses how the attention splits rows over
+    /// GPU blocks, which decides the last bits of the result: calls that must agree bit for
+    /// bit (a step run directly and the same step replayed from a graph) pass the same bound.
+    pub longest: usize,
+    /// The rows whose logits are wanted, in order (`None`: every row).
+    pub emit: Option<Ids<'a>>,
 }
 
 /// Which activations the backward rebuilds instead of keeping them from the forward.

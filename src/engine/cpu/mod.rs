@@ -19,6 +19,7 @@ pub mod nf4;
 pub mod rmsnorm;
 pub mod rope;
 pub mod rows;
+pub mod sampling;
 pub mod swiglu;
 
 #[cfg(test)]

@@ -27,6 +27,7 @@ mod reduce;
 mod rmsnorm;
 mod rope;
 mod rows;
+pub mod sampling;
 mod swiglu;
 
 pub use adamw::AdamWStep;
@@ -306,6 +307,7 @@ const PROGRAMS: &[Program] = &[
     kv_cache::PROGRAM_F32,
     kv_cache::PROGRAM_BF16,
     kv_cache::PROGRAM_F16,
+    sampling::PROGRAM,
     swiglu::PROGRAM,
     nf4::PROGRAM,
 ];
