@@ -413,6 +413,7 @@ mod tests {
             n_heads: 4,
             n_kv_heads: 2,
             head_dim: 8,
+            rot_dim: 8,
             ffn_hidden: 48,
             context: 64,
             ..smol
@@ -433,6 +434,7 @@ mod tests {
             n_heads: 4,
             n_kv_heads: 2,
             head_dim: 8,
+            rot_dim: 8,
             ffn_hidden: 48,
             context: 64,
             ..preset("smollm2-135m").unwrap()
