@@ -21,6 +21,8 @@ A run directory holds config.toml (the resolved settings), metrics.jsonl (one JS
 log step and eval), checkpoints/ (weights and optimizer state as safetensors, trainer state as
 JSON, each with a manifest of sizes and CRC-32s that every reader checks) and summary.json.
 run.lock holds the pid and host of the process training it: a second writer is refused.
+Checkpoints are written by a background thread from a host copy of the state (page-locked
+beside a GPU); train.checkpoint_async=false saves in line, training waiting for the write.
 
 SIGTERM or SIGINT saves a checkpoint at the next step boundary and exits with code 75
 (requeue; resume with --resume); a second SIGINT exits at once (130). SIGUSR1 saves a
