@@ -188,6 +188,28 @@ struct Activations {
 }
 
 impl Block {
+    /// Names (under `layers.N.`) of the block's projections, in [`Block::linears`] order.
+    const LINEARS: [&'static str; 4] = ["attn.qkv", "attn.out", "mlp.gate_up", "mlp.down"];
+
+    /// The block's projections: the layers adapters can wrap.
+    fn linears(&self) -> [&Linear; 4] {
+        [
+            &self.attn.qkv,
+            &self.attn.out,
+            &self.mlp.gate_up,
+            &self.mlp.down,
+        ]
+    }
+
+    fn linears_mut(&mut self) -> [&mut Linear; 4] {
+        [
+            &mut self.attn.qkv,
+            &mut self.attn.out,
+            &mut self.mlp.gate_up,
+            &mut self.mlp.down,
+        ]
+    }
+
     fn activations(
         &self,
         input: Tensor,
@@ -399,12 +421,7 @@ impl Model for Llama {
         }
         let mut adapted = Vec::new();
         for (l, b) in self.blocks.iter_mut().enumerate() {
-            for (name, lin) in [
-                ("attn.qkv", &mut b.attn.qkv),
-                ("attn.out", &mut b.attn.out),
-                ("mlp.gate_up", &mut b.mlp.gate_up),
-                ("mlp.down", &mut b.mlp.down),
-            ] {
+            for (name, lin) in Block::LINEARS.iter().zip(b.linears_mut()) {
                 adapted.extend(
                     lin.attach_lora(&pool, &format!("layers.{l}.{name}"), spec, &mut rng)
                         .map_err(fail)?,
@@ -417,52 +434,30 @@ impl Model for Llama {
     fn lora_modules(&self) -> Vec<String> {
         self.blocks
             .iter()
-            .flat_map(|b| {
-                [&b.attn.qkv, &b.attn.out, &b.mlp.gate_up, &b.mlp.down]
-                    .into_iter()
-                    .flat_map(|lin| lin.blocks.iter().map(|blk| blk.module.clone()))
-                    .collect::<Vec<_>>()
-            })
+            .flat_map(Block::linears)
+            .flat_map(|lin| lin.blocks.iter().map(|blk| blk.module.clone()))
             .collect()
     }
 
     fn adapters(&self) -> Vec<&Adapter> {
         self.blocks
             .iter()
-            .flat_map(|b| {
-                [&b.attn.qkv, &b.attn.out, &b.mlp.gate_up, &b.mlp.down]
-                    .into_iter()
-                    .flat_map(|lin| lin.adapters.iter())
-            })
+            .flat_map(Block::linears)
+            .flat_map(|lin| lin.adapters.iter())
             .collect()
     }
 
     fn adapters_mut(&mut self) -> Vec<&mut Adapter> {
         self.blocks
             .iter_mut()
-            .flat_map(|b| {
-                [
-                    &mut b.attn.qkv,
-                    &mut b.attn.out,
-                    &mut b.mlp.gate_up,
-                    &mut b.mlp.down,
-                ]
-                .into_iter()
-                .flat_map(|lin| lin.adapters.iter_mut())
-            })
+            .flat_map(Block::linears_mut)
+            .flat_map(|lin| lin.adapters.iter_mut())
             .collect()
     }
 
     fn merge_lora(&mut self) -> Result<()> {
-        for b in &mut self.blocks {
-            for lin in [
-                &mut b.attn.qkv,
-                &mut b.attn.out,
-                &mut b.mlp.gate_up,
-                &mut b.mlp.down,
-            ] {
-                lin.merge_adapters()?;
-            }
+        for lin in self.blocks.iter_mut().flat_map(Block::linears_mut) {
+            lin.merge_adapters()?;
         }
         Ok(())
     }

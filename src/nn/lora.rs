@@ -44,6 +44,21 @@ pub struct LoraSpec {
 }
 
 impl LoraSpec {
+    /// The adapters `[lora]` settings describe (targets comma-separated).
+    pub fn from_config(l: &crate::config::LoraConfig) -> LoraSpec {
+        LoraSpec {
+            rank: l.rank,
+            alpha: l.alpha,
+            rslora: l.rslora,
+            targets: l
+                .targets
+                .split(',')
+                .map(|t| t.trim().to_string())
+                .filter(|t| !t.is_empty())
+                .collect(),
+        }
+    }
+
     pub fn scale(&self) -> f32 {
         let r = self.rank as f64;
         (if self.rslora {

@@ -414,17 +414,7 @@ impl Trainer {
 /// than a layer allows and targets that match nothing, listing the modules there are.
 pub fn attach_adapters(model: &mut dyn Model, cfg: &Config) -> Result<Vec<String>> {
     let l = &cfg.lora;
-    let spec = LoraSpec {
-        rank: l.rank,
-        alpha: l.alpha,
-        rslora: l.rslora,
-        targets: l
-            .targets
-            .split(',')
-            .map(|t| t.trim().to_string())
-            .filter(|t| !t.is_empty())
-            .collect(),
-    };
+    let spec = LoraSpec::from_config(l);
     let modules = model.lora_modules();
     let mut names: Vec<String> = modules
         .iter()
@@ -449,18 +439,11 @@ pub fn attach_adapters(model: &mut dyn Model, cfg: &Config) -> Result<Vec<String
             p.decay = false;
         }
     }
+    // An adapter's rank is bounded by its layer's inputs (A) and its block's outputs (B).
     let smallest = model
-        .trainable_params()
+        .adapters()
         .iter()
-        .filter(|p| p.name.ends_with(".A"))
-        .map(|p| p.value.shape()[1])
-        .chain(
-            model
-                .trainable_params()
-                .iter()
-                .filter(|p| p.name.ends_with(".B"))
-                .map(|p| p.value.shape()[0]),
-        )
+        .map(|ad| ad.a.value.shape()[1].min(ad.block.cols))
         .min()
         .unwrap_or(usize::MAX);
     if l.rank > smallest {
