@@ -7,10 +7,13 @@ pub mod bench_dataloader;
 pub mod bench_kernels;
 pub mod bench_memory;
 pub mod bench_train;
+pub mod classify;
+pub mod embed;
 pub mod eval;
 pub mod export;
 pub mod generate;
 pub mod hw;
+pub mod make_dataset;
 pub mod plan;
 pub mod selftest;
 pub mod settings;
@@ -67,6 +70,13 @@ pub enum Command {
     Verify(verify::VerifyArgs),
     /// Print the token ids of each input line as a JSON array (any tokenizer data.tokenizer takes).
     Tokenize(tokenize::TokenizeArgs),
+    /// Sentence embeddings of texts from a pretrained encoder or decoder.
+    Embed(embed::EmbedArgs),
+    /// Cross-validate a classifier head on a frozen encoder's features (grouped, stratified folds).
+    Classify(classify::ClassifyArgs),
+    /// Write a labelled dataset made from the bundled corpus (JSON lines).
+    #[command(subcommand)]
+    MakeDataset(make_dataset::DatasetCommand),
 }
 
 pub fn run(cli: Cli) -> Result<()> {
@@ -81,6 +91,9 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Hw(a) => hw::run(a),
         Command::Verify(a) => verify::run(a),
         Command::Tokenize(a) => tokenize::run(a),
+        Command::Embed(a) => embed::run(a),
+        Command::Classify(a) => classify::run(a),
+        Command::MakeDataset(c) => make_dataset::run(c),
     }
 }
 
