@@ -9,6 +9,10 @@ an imported model is exported (`kiln export`) and loaded by transformers, and th
 log-probabilities along kiln's greedy tokens are compared.
 
     python3 bench/llama_parity.py --kiln target/release/kiln --tokenizer DIR --work /tmp/parity
+
+With --gguf FILE (for example SmolLM2-135M-Instruct.Q4_1.gguf) the real model is compared too:
+kiln decodes from the GGUF file itself, transformers from the same weights written back as a
+Hugging Face directory by `kiln export --init-from FILE` (dequantised to f32).
 """
 
 import argparse
@@ -107,9 +111,25 @@ def main():
     ap.add_argument("--tokenizer", required=True, help="a directory with tokenizer.json")
     ap.add_argument("--work", default="/tmp/kiln-parity")
     ap.add_argument("--only", default="")
+    ap.add_argument("--gguf", default="", help="a GGUF model compared as it is (real weights)")
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
     rows = []
+    if a.gguf:
+        name = os.path.basename(a.gguf)
+        hf_dir = os.path.join(a.work, "gguf-exported")
+        subprocess.run([a.kiln, "export", "--init-from", a.gguf, "--to", hf_dir], check=True)
+        model = tf.AutoModelForCausalLM.from_pretrained(hf_dir, torch_dtype=torch.float32).cuda().eval()
+        lines, note = kiln_generate(a.kiln, ["--init-from", a.gguf], a.work, "gguf")
+        if lines is None:
+            rows.append((name, "kiln refused", note))
+        else:
+            same, total, worst = compare(model, lines)
+            rows.append((name, f"{same}/{total} greedy tokens identical",
+                         f"max |logprob diff| {worst:.2e}; {note}"))
+        del model
+        torch.cuda.empty_cache()
+        print(rows[-1], flush=True)
     for name, cfg in configs():
         if a.only and name not in a.only.split(","):
             continue

@@ -7,9 +7,11 @@
 //! `data` (corpus, tokenizers, batches) -> `config` -> `hw` (GPU, CPU and RAM detection, probes,
 //! the NVML sampler) -> `engine` (devices, tensors, pools, kernels).
 
+pub mod classify;
 pub mod cli;
 pub mod config;
 pub mod data;
+pub mod embed;
 pub mod engine;
 pub mod error;
 pub mod generate;

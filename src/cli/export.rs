@@ -14,11 +14,21 @@ A run that trained low-rank adapters (kiln finetune) exports with the adapters m
 its base; --adapter-only DIR writes the adapters alone in PEFT's format.
 
 Llama-family runs export as LlamaForCausalLM, GPT runs as GPT2LMHeadModel (f32 safetensors).
-The tokenizer files come along when the run's tokenizer is a pretrained model's.")]
+The tokenizer files come along when the run's tokenizer is a pretrained model's.
+
+  kiln export --init-from SmolLM2-135M-Instruct.Q4_1.gguf --to smol-hf
+      an imported model (a GGUF file or a Hugging Face directory, with --adapter DIR merged
+      in) written back as a Hugging Face directory, dequantised to f32.")]
 pub struct ExportArgs {
     /// Run directory written by `kiln train` (default: the most recent run).
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", conflicts_with = "init_from")]
     pub run: Option<PathBuf>,
+    /// Export an imported model instead of a run: a GGUF file or a Hugging Face directory.
+    #[arg(long, value_name = "PATH", conflicts_with_all = ["checkpoint", "adapter_only"])]
+    pub init_from: Option<PathBuf>,
+    /// With --init-from: a PEFT adapter directory merged into the model before export.
+    #[arg(long, value_name = "DIR", requires = "init_from")]
+    pub adapter: Option<PathBuf>,
     /// Export this checkpoint (step_N or N) instead of the latest.
     #[arg(long, value_name = "step_N")]
     pub checkpoint: Option<String>,
@@ -31,6 +41,9 @@ pub struct ExportArgs {
 }
 
 pub fn run(a: ExportArgs) -> Result<()> {
+    if let Some(path) = &a.init_from {
+        return export_imported(path, a.adapter.as_deref(), a.to.as_deref());
+    }
     let run_dir = super::find_run(a.run)?;
     let mut loaded = train::load_run(&run_dir, a.checkpoint.as_deref())?;
     if let Some(w) = &loaded.unverified {
@@ -80,5 +93,35 @@ pub fn run(a: ExportArgs) -> Result<()> {
         loaded.step,
         to.display()
     );
+    Ok(())
+}
+
+/// An imported model written back in Hugging Face's layout (with a PEFT adapter merged when
+/// one is given): the bridge from a GGUF file to transformers.
+fn export_imported(
+    path: &std::path::Path,
+    adapter: Option<&std::path::Path>,
+    to: Option<&std::path::Path>,
+) -> Result<()> {
+    let to = to.ok_or_else(|| {
+        crate::error::KilnError::Setting("give --to DIR, the directory to write".into())
+    })?;
+    let p = crate::models::import::pretrained::open(path)?;
+    let mut model = p.build_on_cpu()?;
+    if let Some(dir) = adapter {
+        crate::models::peft::apply(model.as_mut(), dir)?;
+        model.merge_lora()?;
+    }
+    let notes = crate::models::export::export_hf(
+        model.as_ref(),
+        &p.model,
+        p.vocab,
+        &path.display().to_string(),
+        to,
+    )?;
+    for n in notes {
+        eprintln!("note: {n}");
+    }
+    println!("exported {} to {}", path.display(), to.display());
     Ok(())
 }

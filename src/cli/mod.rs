@@ -8,11 +8,14 @@ pub mod bench_generate;
 pub mod bench_kernels;
 pub mod bench_memory;
 pub mod bench_train;
+pub mod classify;
+pub mod embed;
 pub mod eval;
 pub mod export;
 pub mod finetune;
 pub mod generate;
 pub mod hw;
+pub mod make_dataset;
 pub mod nf4_export;
 pub mod plan;
 pub mod selftest;
@@ -78,6 +81,13 @@ pub enum Command {
     /// with bitsandbytes).
     #[command(hide = true)]
     Nf4Export(nf4_export::Nf4ExportArgs),
+    /// Sentence embeddings of texts from a pretrained encoder or decoder.
+    Embed(embed::EmbedArgs),
+    /// Cross-validate a classifier head on a frozen encoder's features (grouped, stratified folds).
+    Classify(classify::ClassifyArgs),
+    /// Write a labelled dataset made from the bundled corpus (JSON lines).
+    #[command(subcommand)]
+    MakeDataset(make_dataset::DatasetCommand),
 }
 
 pub fn run(cli: Cli) -> Result<()> {
@@ -94,6 +104,9 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Verify(a) => verify::run(a),
         Command::Tokenize(a) => tokenize::run(a),
         Command::Nf4Export(a) => nf4_export::run(a),
+        Command::Embed(a) => embed::run(a),
+        Command::Classify(a) => classify::run(a),
+        Command::MakeDataset(c) => make_dataset::run(c),
     }
 }
 

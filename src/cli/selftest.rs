@@ -763,6 +763,55 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
         push("attention_forward", "f16", shape.clone(), BOUND_F16, fwd);
         push("attention_backward", "f16", shape, BOUND_F16, bwd);
     }
+    // Encoder operations. Layernorm with BERT's eps of 1e-12 on rows of small spread (GPT-2's
+    // 1e-5 would change their rstd several-fold, so a lost eps shows), plain and residual.
+    for (n, c) in [(512, 384), (37, 1001)] {
+        let shape = format!("{n}x{c} eps 1e-12");
+        both_dtypes!(
+            check_layernorm_eps,
+            "layernorm_forward_eps",
+            shape,
+            n,
+            c,
+            1e-12
+        );
+    }
+    for n in [(1 << 20) + 3, 1000] {
+        both_dtypes!(
+            check_gelu_erf_forward,
+            "gelu_erf_forward",
+            &format!("{n}"),
+            n
+        );
+        both_dtypes!(
+            check_gelu_erf_backward,
+            "gelu_erf_backward",
+            &format!("{n}"),
+            n
+        );
+    }
+    // Padding masks: full, ragged and single-token sequences; MiniLM's 12 heads of 32, and
+    // head sizes 16 and 64 with lengths past one tile of keys.
+    for (b, t, nh, c, lens) in [
+        (4, 64, 12, 384, vec![64, 17, 1, 33]),
+        (3, 77, 2, 32, vec![5, 77, 40]),
+        (2, 130, 4, 256, vec![130, 65]),
+    ] {
+        let shape = format!("B{b} T{t} H{nh} C{c}");
+        let s = AttnShape {
+            batch: b,
+            seq: t,
+            heads: nh,
+            channels: c,
+        };
+        both_dtypes!(
+            check_masked_attention,
+            "masked_attention_forward",
+            shape,
+            s,
+            &lens
+        );
+    }
     // The fused kernels (one team of warps per sequence, staged in shared memory): N = 1,
     // ragged N (chunks past the end, teams past the batch), several sequences per block (N up
     // to 512), teams of 2, 4, 8 and 16 warps (N = 1000, 2048, 4096, 8192), with and without
@@ -1569,6 +1618,112 @@ fn check_attention<T: Elem>(gpu: &CudaBackend, inp: &mut Inputs, s: AttnShape) -
         ),
         Err(e) => (Err(e.clone()), Err(e)),
     }
+}
+
+/// Bidirectional attention with a key padding mask against the CPU kernel; every row of
+/// the output is compared, padded query rows included.
+fn check_masked_attention<T: Elem>(
+    gpu: &CudaBackend,
+    inp: &mut Inputs,
+    s: AttnShape,
+    lens: &[u32],
+) -> Check {
+    let qkv = inp.uniform(s.batch * s.seq * 3 * s.channels, 2.0, T::DTYPE);
+    let mut out = vec![0.0; s.batch * s.seq * s.channels];
+    cpu::attention_masked::masked_attention_forward(&mut out, &qkv, lens, s);
+    let d_lens = gpu.upload(&lens.iter().map(|&l| l as i32).collect::<Vec<_>>())?;
+    let mut d_out = poisoned::<T>(gpu, out.len())?;
+    gpu.masked_attention_forward(&mut d_out, &gpu.upload_as::<T>(&qkv)?, &d_lens, s)?;
+    Ok(rel_err(&gpu.download_f32(&d_out)?, &out, ELEMENTWISE_FLOOR))
+}
+
+/// Layernorm and residual layernorm with `eps`, on rows whose spread (1e-3) makes the
+/// epsilon matter.
+fn check_layernorm_eps<T: Elem>(
+    gpu: &CudaBackend,
+    inp: &mut Inputs,
+    n: usize,
+    c: usize,
+    eps: f32,
+) -> Check {
+    let d = T::DTYPE;
+    let (x, delta) = (inp.uniform(n * c, 1e-3, d), inp.uniform(n * c, 1e-3, d));
+    let (g, b) = (inp.uniform(c, 1.0, d), inp.uniform(c, 1.0, d));
+    let (mut out, mut mean, mut rstd) = (vec![0.0; n * c], vec![0.0; n], vec![0.0; n]);
+    cpu::layernorm::layernorm_forward_eps(&mut out, &mut mean, &mut rstd, &x, &g, &b, c, eps);
+    // As in check_residual_layernorm: in bf16 and f16 the GPU normalises the stored sum.
+    let sum: Vec<f32> = x.iter().zip(&delta).map(|(a, b)| d.round(a + b)).collect();
+    let (mut r_out, mut r_mean, mut r_rstd) = (vec![0.0; n * c], vec![0.0; n], vec![0.0; n]);
+    cpu::layernorm::layernorm_forward_eps(
+        &mut r_out,
+        &mut r_mean,
+        &mut r_rstd,
+        &sum,
+        &g,
+        &b,
+        c,
+        eps,
+    );
+    let (d_x, d_delta) = (gpu.upload_as::<T>(&x)?, gpu.upload_as::<T>(&delta)?);
+    let (d_g, d_b) = (gpu.upload_as::<T>(&g)?, gpu.upload_as::<T>(&b)?);
+    let mut d_out = poisoned::<T>(gpu, n * c)?;
+    let (mut d_mean, mut d_rstd) = (poisoned::<f32>(gpu, n)?, poisoned::<f32>(gpu, n)?);
+    gpu.layernorm_forward_eps(
+        &mut d_out,
+        &mut d_mean,
+        &mut d_rstd,
+        &d_x,
+        &d_g,
+        &d_b,
+        n,
+        c,
+        eps,
+    )?;
+    let (mut d_sum, mut d_rout) = (poisoned::<T>(gpu, n * c)?, poisoned::<T>(gpu, n * c)?);
+    let (mut d_rmean, mut d_rrstd) = (poisoned::<f32>(gpu, n)?, poisoned::<f32>(gpu, n)?);
+    gpu.residual_layernorm_forward_eps(
+        &mut d_sum,
+        &mut d_rout,
+        &mut d_rmean,
+        &mut d_rrstd,
+        &d_x,
+        &d_delta,
+        &d_g,
+        &d_b,
+        n,
+        c,
+        eps,
+    )?;
+    Ok(worst(&[
+        rel_err(&gpu.download_f32(&d_out)?, &out, ELEMENTWISE_FLOOR),
+        rel_err(&gpu.download(&d_rstd)?, &rstd, ELEMENTWISE_FLOOR),
+        rel_err(&gpu.download_f32(&d_sum)?, &sum, ELEMENTWISE_FLOOR),
+        rel_err(&gpu.download_f32(&d_rout)?, &r_out, ELEMENTWISE_FLOOR),
+        rel_err(&gpu.download(&d_rrstd)?, &r_rstd, ELEMENTWISE_FLOOR),
+    ]))
+}
+
+fn check_gelu_erf_forward<T: Elem>(gpu: &CudaBackend, inp: &mut Inputs, n: usize) -> Check {
+    let x = inp.uniform(n, 6.0, T::DTYPE);
+    let mut out = vec![0.0; n];
+    cpu::gelu_erf::gelu_erf_forward(&mut out, &x);
+    let mut d_out = poisoned::<T>(gpu, n)?;
+    gpu.gelu_erf_forward(&mut d_out, &gpu.upload_as::<T>(&x)?, n)?;
+    Ok(rel_err(&gpu.download_f32(&d_out)?, &out, ELEMENTWISE_FLOOR))
+}
+
+fn check_gelu_erf_backward<T: Elem>(gpu: &CudaBackend, inp: &mut Inputs, n: usize) -> Check {
+    let (x, dout) = (inp.uniform(n, 6.0, T::DTYPE), inp.uniform(n, 1.0, T::DTYPE));
+    let mut dx = vec![0.0; n];
+    cpu::gelu_erf::gelu_erf_backward(&mut dx, &x, &dout);
+    let mut d_dx = poisoned::<T>(gpu, n)?;
+    gpu.gelu_erf_backward(
+        &mut d_dx,
+        &gpu.upload_as::<T>(&x)?,
+        &gpu.upload_as::<T>(&dout)?,
+        n,
+    )?;
+    Ok(rel_err(&gpu.download_f32(&d_dx)?, &dx, ELEMENTWISE_FLOOR))
 }
 
 /// A device buffer of `n` NaNs in `T`: whatever the kernel does not write stays NaN.

@@ -390,6 +390,16 @@ fn norm_stats(x: &Tensor, n: usize) -> Result<NormStats> {
 }
 
 pub fn layernorm_forward(x: &Tensor, gamma: &Tensor, beta: &Tensor) -> Result<(Tensor, NormStats)> {
+    layernorm_forward_eps(x, gamma, beta, cpu::layernorm::EPS)
+}
+
+/// [`layernorm_forward`] with `eps` added to the variance (BERT-family encoders use 1e-12).
+pub fn layernorm_forward_eps(
+    x: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    eps: f32,
+) -> Result<(Tensor, NormStats)> {
     let _prof = profile::scope("layernorm_forward", x);
     let on = device_of("layernorm", &[x, gamma, beta])?;
     let (n, c) = rows_cols("layernorm", x)?;
@@ -397,7 +407,7 @@ pub fn layernorm_forward(x: &Tensor, gamma: &Tensor, beta: &Tensor) -> Result<(T
     let mut out = Tensor::uninit(x.pool(), x.shape(), act_dtype(x))?;
     let mut st = norm_stats(x, n)?;
     match on {
-        On::Cpu => cpu::layernorm::layernorm_forward(
+        On::Cpu => cpu::layernorm::layernorm_forward_eps(
             out.host_mut(),
             st.mean.host_mut(),
             st.rstd.host_mut(),
@@ -405,8 +415,9 @@ pub fn layernorm_forward(x: &Tensor, gamma: &Tensor, beta: &Tensor) -> Result<(T
             gamma.host(),
             beta.host(),
             c,
+            eps,
         ),
-        On::Gpu(g) => with_elem!(x.dtype(), T => g.layernorm_forward::<T>(
+        On::Gpu(g) => with_elem!(x.dtype(), T => g.layernorm_forward_eps::<T>(
             out.cuda_mut(),
             st.mean.cuda_mut(),
             st.rstd.cuda_mut(),
@@ -415,6 +426,7 @@ pub fn layernorm_forward(x: &Tensor, gamma: &Tensor, beta: &Tensor) -> Result<(T
             beta.cuda(),
             n,
             c,
+            eps,
         ))?,
     }
     Ok((out, st))
@@ -427,6 +439,17 @@ pub fn residual_layernorm_forward(
     gamma: &Tensor,
     beta: &Tensor,
 ) -> Result<(Tensor, Tensor, NormStats)> {
+    residual_layernorm_forward_eps(x, delta, gamma, beta, cpu::layernorm::EPS)
+}
+
+/// [`residual_layernorm_forward`] with `eps` added to the variance.
+pub fn residual_layernorm_forward_eps(
+    x: &Tensor,
+    delta: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    eps: f32,
+) -> Result<(Tensor, Tensor, NormStats)> {
     let _prof = profile::scope("residual_layernorm_forward", x);
     let on = device_of("residual_layernorm", &[x, delta, gamma, beta])?;
     let (n, c) = rows_cols("residual_layernorm", x)?;
@@ -435,7 +458,7 @@ pub fn residual_layernorm_forward(
     let mut out = Tensor::uninit(x.pool(), x.shape(), act_dtype(x))?;
     let mut st = norm_stats(x, n)?;
     match on {
-        On::Cpu => cpu::layernorm::residual_layernorm_forward(
+        On::Cpu => cpu::layernorm::residual_layernorm_forward_eps(
             sum.host_mut(),
             out.host_mut(),
             st.mean.host_mut(),
@@ -445,8 +468,9 @@ pub fn residual_layernorm_forward(
             gamma.host(),
             beta.host(),
             c,
+            eps,
         ),
-        On::Gpu(g) => with_elem!(x.dtype(), T => g.residual_layernorm_forward::<T>(
+        On::Gpu(g) => with_elem!(x.dtype(), T => g.residual_layernorm_forward_eps::<T>(
             sum.cuda_mut(),
             out.cuda_mut(),
             st.mean.cuda_mut(),
@@ -457,6 +481,7 @@ pub fn residual_layernorm_forward(
             beta.cuda(),
             n,
             c,
+            eps,
         ))?,
     }
     Ok((sum, out, st))
@@ -582,6 +607,77 @@ pub fn attention_backward(
         ))?,
     }
     Ok(dqkv)
+}
+
+/// GELU in its exact form `x * Phi(x)` (BERT's `hidden_act = "gelu"`).
+pub fn gelu_erf_forward(x: &Tensor) -> Result<Tensor> {
+    let _prof = profile::scope("gelu_erf_forward", x);
+    let on = device_of("gelu_erf", &[x])?;
+    let mut out = Tensor::uninit(x.pool(), x.shape(), act_dtype(x))?;
+    match on {
+        On::Cpu => cpu::gelu_erf::gelu_erf_forward(out.host_mut(), x.host()),
+        On::Gpu(g) => {
+            with_elem!(x.dtype(), T => g.gelu_erf_forward::<T>(out.cuda_mut(), x.cuda(), x.len()))?
+        }
+    }
+    Ok(out)
+}
+
+/// `dout * gelu_erf'(x)`.
+pub fn gelu_erf_backward(x: &Tensor, dout: &Tensor) -> Result<Tensor> {
+    let _prof = profile::scope("gelu_erf_backward", x);
+    let on = device_of("gelu_erf_backward", &[x, dout])?;
+    expect_len("gelu_erf_backward", "dout", dout, x.len())?;
+    let mut dx = Tensor::uninit(x.pool(), x.shape(), act_dtype(x))?;
+    match on {
+        On::Cpu => cpu::gelu_erf::gelu_erf_backward(dx.host_mut(), x.host(), dout.host()),
+        On::Gpu(g) => {
+            with_elem!(x.dtype(), T => g.gelu_erf_backward::<T>(dx.cuda_mut(), x.cuda(), dout.cuda(), x.len()))?
+        }
+    }
+    Ok(dx)
+}
+
+/// Bidirectional attention over fused `qkv[B, T, 3C]` with a key padding mask: sequence `b`
+/// has `lens[b]` real tokens (then padding), and every row attends to those keys only.
+/// Returns `out[B, T, C]`; forward only (frozen encoders).
+pub fn masked_attention_forward(qkv: &Tensor, lens: &[u32], s: AttnShape) -> Result<Tensor> {
+    const OP: &str = "masked_attention";
+    let _prof = profile::scope("masked_attention_forward", qkv);
+    let on = device_of(OP, &[qkv])?;
+    expect_len(OP, "qkv", qkv, s.batch * s.seq * 3 * s.channels)?;
+    if lens.len() != s.batch {
+        return Err(EngineError::Shape {
+            op: OP,
+            detail: format!("{} lengths for a batch of {}", lens.len(), s.batch),
+        });
+    }
+    if let Some(&bad) = lens.iter().find(|&&l| l == 0 || l as usize > s.seq) {
+        return Err(EngineError::Shape {
+            op: OP,
+            detail: format!(
+                "a sequence length of {bad} is outside 1..={}; every sequence needs a real token",
+                s.seq
+            ),
+        });
+    }
+    let mut out = Tensor::uninit(qkv.pool(), &[s.batch, s.seq, s.channels], act_dtype(qkv))?;
+    match on {
+        On::Cpu => {
+            cpu::attention_masked::masked_attention_forward(out.host_mut(), qkv.host(), lens, s)
+        }
+        On::Gpu(g) => {
+            let lens: Vec<i32> = lens.iter().map(|&l| l as i32).collect();
+            let d_lens = g.upload(&lens)?;
+            with_elem!(qkv.dtype(), T => g.masked_attention_forward::<T>(
+                out.cuda_mut(),
+                qkv.cuda(),
+                &d_lens,
+                s,
+            ))?
+        }
+    }
+    Ok(out)
 }
 
 /// `batch` products `op(A_i) @ op(B_i) * alpha` into a new `[batch, m, n]` tensor; `a` and `b`

@@ -375,6 +375,12 @@ impl Llama {
     fn logits(&self, acts: &Activations) -> Result<Tensor> {
         ops::linear_forward(&acts.ln_f, self.head_weight(), None)
     }
+
+    /// The final hidden states `[batch, seq, C]` (after the last norm, before the head), for
+    /// using the decoder as a text encoder.
+    pub fn final_hidden_states(&self, tokens: &[u32], batch: usize, seq: usize) -> Result<Tensor> {
+        Ok(self.forward(tokens, batch, seq, Keep::Output)?.ln_f)
+    }
 }
 
 impl Model for Llama {

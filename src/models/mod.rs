@@ -1,5 +1,6 @@
 //! Models: compositions of `nn` layers with a loss, behind one interface the trainer uses.
 
+pub mod bert;
 pub mod export;
 pub mod gpt;
 pub mod import;

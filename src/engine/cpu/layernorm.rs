@@ -7,13 +7,21 @@
 
 use rayon::prelude::*;
 
-const EPS: f32 = 1e-5;
+/// The epsilon of GPT-2's layernorm, which [`layernorm_forward`] uses; BERT-family encoders
+/// use their own (1e-12) through [`layernorm_forward_eps`].
+pub const EPS: f32 = 1e-5;
 
-fn normalise_row(out: &mut [f32], inp: &[f32], gamma: &[f32], beta: &[f32]) -> (f32, f32) {
+fn normalise_row(
+    out: &mut [f32],
+    inp: &[f32],
+    gamma: &[f32],
+    beta: &[f32],
+    eps: f32,
+) -> (f32, f32) {
     let c = inp.len() as f32;
     let mean = inp.iter().sum::<f32>() / c;
     let var = inp.iter().map(|x| (x - mean) * (x - mean)).sum::<f32>() / c;
-    let rstd = 1.0 / (var + EPS).sqrt();
+    let rstd = 1.0 / (var + eps).sqrt();
     for (((o, x), g), b) in out.iter_mut().zip(inp).zip(gamma).zip(beta) {
         *o = (x - mean) * rstd * g + b;
     }
@@ -30,10 +38,25 @@ pub fn layernorm_forward(
     beta: &[f32],
     c: usize,
 ) {
+    layernorm_forward_eps(out, mean, rstd, inp, gamma, beta, c, EPS);
+}
+
+/// [`layernorm_forward`] with `eps` added to the variance.
+#[allow(clippy::too_many_arguments)]
+pub fn layernorm_forward_eps(
+    out: &mut [f32],
+    mean: &mut [f32],
+    rstd: &mut [f32],
+    inp: &[f32],
+    gamma: &[f32],
+    beta: &[f32],
+    c: usize,
+    eps: f32,
+) {
     out.par_chunks_mut(c)
         .zip(inp.par_chunks(c))
         .zip(mean.par_iter_mut().zip(rstd.par_iter_mut()))
-        .for_each(|((o, x), (m, r))| (*m, *r) = normalise_row(o, x, gamma, beta));
+        .for_each(|((o, x), (m, r))| (*m, *r) = normalise_row(o, x, gamma, beta, eps));
 }
 
 /// `sum = x + delta; out = layernorm(sum) * gamma + beta`, in one pass over the rows.
@@ -49,6 +72,23 @@ pub fn residual_layernorm_forward(
     beta: &[f32],
     c: usize,
 ) {
+    residual_layernorm_forward_eps(sum, out, mean, rstd, x, delta, gamma, beta, c, EPS);
+}
+
+/// [`residual_layernorm_forward`] with `eps` added to the variance.
+#[allow(clippy::too_many_arguments)]
+pub fn residual_layernorm_forward_eps(
+    sum: &mut [f32],
+    out: &mut [f32],
+    mean: &mut [f32],
+    rstd: &mut [f32],
+    x: &[f32],
+    delta: &[f32],
+    gamma: &[f32],
+    beta: &[f32],
+    c: usize,
+    eps: f32,
+) {
     sum.par_chunks_mut(c)
         .zip(out.par_chunks_mut(c))
         .zip(x.par_chunks(c).zip(delta.par_chunks(c)))
@@ -58,7 +98,7 @@ pub fn residual_layernorm_forward(
                 .zip(x)
                 .zip(d)
                 .for_each(|((s, x), d)| *s = x + d);
-            (*m, *r) = normalise_row(o, s, gamma, beta);
+            (*m, *r) = normalise_row(o, s, gamma, beta, eps);
         });
 }
 

@@ -7,11 +7,13 @@
 pub mod adamw;
 pub mod add;
 pub mod attention;
+pub mod attention_masked;
 pub mod attention_unfused;
 pub mod bk_core;
 pub mod cross_entropy;
 pub mod embedding;
 pub mod gelu;
+pub mod gelu_erf;
 pub mod gemm;
 pub mod kv_cache;
 pub mod layernorm;

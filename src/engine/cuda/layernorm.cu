@@ -2,11 +2,11 @@
 // One block per row. Mean and variance are two passes over the row (as on the CPU), which
 // keeps fp32 accuracy for rows with a large mean; the second pass hits L1/L2.
 
-#define LN_EPS 1e-5f
+// eps is an argument: GPT-2 uses 1e-5, BERT-family encoders 1e-12.
 
 template <typename T, bool RESIDUAL>
 __device__ void layernorm_forward(T* sum, T* out, float* mean, float* rstd, const T* x,
-                                  const T* delta, const T* gamma, const T* beta, int c) {
+                                  const T* delta, const T* gamma, const T* beta, int c, float eps) {
     __shared__ float scratch[32];
     const long long off = (long long)blockIdx.x * c;
     float acc = 0.f;
@@ -28,7 +28,7 @@ __device__ void layernorm_forward(T* sum, T* out, float* mean, float* rstd, cons
         const float d = load(src[off + i]) - mu;
         var += d * d;
     }
-    const float r = 1.0f / sqrtf(block_sum(var, scratch) / c + LN_EPS);
+    const float r = 1.0f / sqrtf(block_sum(var, scratch) / c + eps);
     for (int i = threadIdx.x; i < c; i += blockDim.x) {
         out[off + i] = store<T>((load(src[off + i]) - mu) * r * load(gamma[i]) + load(beta[i]));
     }
@@ -84,13 +84,14 @@ __device__ void layernorm_param_grad_partial(float* partial_gamma, float* partia
 
 #define LAYERNORM_KERNELS(T, SUFFIX)                                                             \
     extern "C" __global__ void layernorm_forward_##SUFFIX(                                     \
-        T* out, float* mean, float* rstd, const T* x, const T* gamma, const T* beta, int c) {  \
-        layernorm_forward<T, false>(nullptr, out, mean, rstd, x, nullptr, gamma, beta, c);     \
+        T* out, float* mean, float* rstd, const T* x, const T* gamma, const T* beta, int c,    \
+        float eps) {                                                                             \
+        layernorm_forward<T, false>(nullptr, out, mean, rstd, x, nullptr, gamma, beta, c, eps);\
     }                                                                                            \
     extern "C" __global__ void residual_layernorm_forward_##SUFFIX(                            \
         T* sum, T* out, float* mean, float* rstd, const T* x, const T* delta, const T* gamma,  \
-        const T* beta, int c) {                                                                  \
-        layernorm_forward<T, true>(sum, out, mean, rstd, x, delta, gamma, beta, c);            \
+        const T* beta, int c, float eps) {                                                       \
+        layernorm_forward<T, true>(sum, out, mean, rstd, x, delta, gamma, beta, c, eps);       \
     }                                                                                            \
     extern "C" __global__ void layernorm_backward_input_##SUFFIX(                              \
         T* dinp, const T* dout, const T* inp, const T* gamma, const float* mean,               \

@@ -4,6 +4,7 @@
 //! are f32.
 
 use super::{CudaBackend, CudaError, Elem, Program, Result, as_i32, check_len, reduce};
+use crate::engine::cpu::layernorm::EPS;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 pub(super) const PROGRAM: Program = Program {
@@ -62,6 +63,23 @@ impl CudaBackend {
         n: usize,
         c: usize,
     ) -> Result<()> {
+        self.layernorm_forward_eps(out, mean, rstd, inp, gamma, beta, n, c, EPS)
+    }
+
+    /// [`Self::layernorm_forward`] with `eps` added to the variance.
+    #[allow(clippy::too_many_arguments)]
+    pub fn layernorm_forward_eps<T: Elem>(
+        &self,
+        out: &mut CudaSlice<T>,
+        mean: &mut CudaSlice<f32>,
+        rstd: &mut CudaSlice<f32>,
+        inp: &CudaSlice<T>,
+        gamma: &CudaSlice<T>,
+        beta: &CudaSlice<T>,
+        n: usize,
+        c: usize,
+        eps: f32,
+    ) -> Result<()> {
         const OP: &str = "layernorm_forward";
         let c32 = check_rows(OP, n, c)?;
         check_len(OP, "out", out, n * c)?;
@@ -81,7 +99,8 @@ impl CudaBackend {
             .arg(inp)
             .arg(gamma)
             .arg(beta)
-            .arg(&c32);
+            .arg(&c32)
+            .arg(&eps);
         // SAFETY: lengths checked above; one block per row.
         unsafe { b.launch(one_block_per_row(n)) }?;
         Ok(())
@@ -101,6 +120,25 @@ impl CudaBackend {
         beta: &CudaSlice<T>,
         n: usize,
         c: usize,
+    ) -> Result<()> {
+        self.residual_layernorm_forward_eps(sum, out, mean, rstd, x, delta, gamma, beta, n, c, EPS)
+    }
+
+    /// [`Self::residual_layernorm_forward`] with `eps` added to the variance.
+    #[allow(clippy::too_many_arguments)]
+    pub fn residual_layernorm_forward_eps<T: Elem>(
+        &self,
+        sum: &mut CudaSlice<T>,
+        out: &mut CudaSlice<T>,
+        mean: &mut CudaSlice<f32>,
+        rstd: &mut CudaSlice<f32>,
+        x: &CudaSlice<T>,
+        delta: &CudaSlice<T>,
+        gamma: &CudaSlice<T>,
+        beta: &CudaSlice<T>,
+        n: usize,
+        c: usize,
+        eps: f32,
     ) -> Result<()> {
         const OP: &str = "residual_layernorm_forward";
         let c32 = check_rows(OP, n, c)?;
@@ -125,7 +163,8 @@ impl CudaBackend {
             .arg(delta)
             .arg(gamma)
             .arg(beta)
-            .arg(&c32);
+            .arg(&c32)
+            .arg(&eps);
         // SAFETY: lengths checked above; one block per row.
         unsafe { b.launch(one_block_per_row(n)) }?;
         Ok(())

@@ -11,11 +11,13 @@
 mod adamw;
 mod add;
 mod attention;
+mod attention_masked;
 mod attention_unfused;
 mod bk_core;
 mod cross_entropy;
 pub mod embedding;
 mod gelu;
+mod gelu_erf;
 mod gemm;
 mod kv_cache;
 mod layernorm;
@@ -292,9 +294,11 @@ const PROGRAMS: &[Program] = &[
     attention::PROGRAM_BF16,
     attention::PROGRAM_F16,
     attention::PROGRAM_TC,
+    attention_masked::PROGRAM,
     attention_unfused::PROGRAM,
     layernorm::PROGRAM,
     gelu::PROGRAM,
+    gelu_erf::PROGRAM,
     cross_entropy::PROGRAM,
     embedding::PROGRAM,
     adamw::PROGRAM,

@@ -4,9 +4,11 @@
 //! blocks) and dequantises tensors to f32; it lives in `data`, below the models, because
 //! tokenizers read GGUF vocabularies too, and is re-exported here. `pretrained` turns a
 //! Hugging Face directory or a GGUF file into kiln's model settings, tokenizer and named
-//! weights. The errors of this layer name the file and say what to do, and convert to
+//! weights; `bert` does the same for BERT-family encoders with their sentence-transformers
+//! pooling. The errors of this layer name the file and say what to do, and convert to
 //! [`KilnError::Checkpoint`] (exit code 4) at the command line.
 
+pub mod bert;
 pub mod pretrained;
 
 pub use crate::data::ImportError;

@@ -62,7 +62,7 @@ pub const ARCHITECTURES: &[&str] = &[
     "GGUF general.architecture = llama",
 ];
 
-fn bad(path: &Path, reason: impl Into<String>) -> KilnError {
+pub(super) fn bad(path: &Path, reason: impl Into<String>) -> KilnError {
     KilnError::checkpoint(path, reason)
 }
 
@@ -98,21 +98,21 @@ pub fn open(path: &Path) -> Result<Pretrained> {
 
 // ---------- Hugging Face directories ----------
 
-fn json_usize(cfg: &Value, key: &str) -> Option<usize> {
+pub(super) fn json_usize(cfg: &Value, key: &str) -> Option<usize> {
     cfg.get(key).and_then(Value::as_u64).map(|v| v as usize)
 }
 
-fn json_f64(cfg: &Value, key: &str) -> Option<f64> {
+pub(super) fn json_f64(cfg: &Value, key: &str) -> Option<f64> {
     cfg.get(key).and_then(Value::as_f64)
 }
 
-fn need<T>(path: &Path, key: &str, v: Option<T>) -> Result<T> {
+pub(super) fn need<T>(path: &Path, key: &str, v: Option<T>) -> Result<T> {
     v.ok_or_else(|| bad(path, format!("config.json has no usable \"{key}\"")))
 }
 
 /// The weight files of a directory: `model.safetensors`, or the shards a
 /// `model.safetensors.index.json` names (each must exist).
-fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
+pub(super) fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let single = dir.join("model.safetensors");
     if single.is_file() {
         return Ok(vec![single]);
@@ -216,6 +216,15 @@ fn open_hf_dir(dir: &Path) -> Result<Pretrained> {
         .and_then(Value::as_str)
         .unwrap_or("")
         .to_string();
+    if super::bert::is_bert_architecture(&arch) {
+        return Err(bad(
+            &cfg_path,
+            format!(
+                "declares {arch}, an encoder: `kiln embed` and `kiln classify` read it; train, eval and generate need a decoder ({})",
+                ARCHITECTURES.join(", ")
+            ),
+        ));
+    }
     let files = weight_files(dir)?;
     let tokenizer = HfTokenizer::from_dir(dir).map_err(|e| {
         bad(
@@ -276,7 +285,7 @@ fn check_tokenizer(path: &Path, tok: &HfTokenizer, vocab: usize) -> Result<()> {
 }
 
 /// Takes tensor `name` out of `raw`, checking its shape.
-fn take(
+pub(super) fn take(
     path: &Path,
     raw: &mut BTreeMap<String, HostTensor>,
     name: &str,
@@ -304,7 +313,7 @@ fn take(
 
 /// Takes the tensors `names` (each with its row count, and the trailing dimensions `cols`)
 /// and stacks them: the fused matrices kiln keeps (QKV, gate/up).
-fn take_stacked(
+pub(super) fn take_stacked(
     path: &Path,
     raw: &mut BTreeMap<String, HostTensor>,
     names: &[(String, usize)],
@@ -321,7 +330,7 @@ fn take_stacked(
 }
 
 /// Stacks tensors' rows: `[a; b; ...]` along the first dimension.
-fn concat_rows(parts: Vec<HostTensor>) -> HostTensor {
+pub(super) fn concat_rows(parts: Vec<HostTensor>) -> HostTensor {
     let cols: usize = parts[0].shape[1..].iter().product();
     let rows: usize = parts.iter().map(|p| p.shape[0]).sum();
     let mut shape = parts[0].shape.clone();
@@ -844,8 +853,19 @@ pub fn load_into(
     weights: &BTreeMap<String, HostTensor>,
     source: &Path,
 ) -> Result<()> {
+    load_params(model.params_mut(), weights, source)
+}
+
+/// [`load_into`] for any list of parameters (an encoder's, which is no [`Model`]).
+pub fn load_params(
+    params: Vec<&mut crate::nn::Param>,
+    weights: &BTreeMap<String, HostTensor>,
+    source: &Path,
+) -> Result<()> {
     let mut used = 0;
-    for p in model.params_mut() {
+    let mut names = std::collections::BTreeSet::new();
+    for p in params {
+        names.insert(p.name.clone());
         let t = weights.get(&p.name).ok_or_else(|| {
             bad(
                 source,
@@ -868,8 +888,6 @@ pub fn load_into(
         used += 1;
     }
     if used != weights.len() {
-        let names: std::collections::BTreeSet<String> =
-            model.params().iter().map(|p| p.name.clone()).collect();
         let extra: Vec<&String> = weights
             .keys()
             .filter(|k| !names.contains(*k))

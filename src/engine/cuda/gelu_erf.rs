@@ -1,0 +1,69 @@
+//! GELU (exact erf form) forward and backward on the GPU; reference:
+//! [`crate::engine::cpu::gelu_erf`].
+
+use super::{CudaBackend, Elem, Program, Result, check_len, elementwise_grid};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+
+pub(super) const PROGRAM: Program = Program {
+    name: "gelu_erf",
+    source: include_str!("gelu_erf.cu"),
+    kernels: &[
+        "gelu_erf_forward_f32",
+        "gelu_erf_forward_bf16",
+        "gelu_erf_forward_f16",
+        "gelu_erf_backward_f32",
+        "gelu_erf_backward_bf16",
+        "gelu_erf_backward_f16",
+    ],
+};
+
+const BLOCK: u32 = 256;
+
+impl CudaBackend {
+    /// `out = x * Phi(x)` over the first `n` elements.
+    pub fn gelu_erf_forward<T: Elem>(
+        &self,
+        out: &mut CudaSlice<T>,
+        inp: &CudaSlice<T>,
+        n: usize,
+    ) -> Result<()> {
+        check_len("gelu_erf_forward", "out", out, n)?;
+        check_len("gelu_erf_forward", "inp", inp, n)?;
+        let f = self.function(&format!("gelu_erf_forward_{}", T::SUFFIX))?;
+        let n64 = n as i64;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(out).arg(inp).arg(&n64);
+        // SAFETY: both buffers hold at least `n` elements of the kernel's element type.
+        unsafe { b.launch(grid(n)) }?;
+        Ok(())
+    }
+
+    /// Overwrites `dinp` with `dout * gelu_erf'(inp)`.
+    pub fn gelu_erf_backward<T: Elem>(
+        &self,
+        dinp: &mut CudaSlice<T>,
+        inp: &CudaSlice<T>,
+        dout: &CudaSlice<T>,
+        n: usize,
+    ) -> Result<()> {
+        check_len("gelu_erf_backward", "dinp", dinp, n)?;
+        check_len("gelu_erf_backward", "inp", inp, n)?;
+        check_len("gelu_erf_backward", "dout", dout, n)?;
+        let f = self.function(&format!("gelu_erf_backward_{}", T::SUFFIX))?;
+        let n64 = n as i64;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(dinp).arg(inp).arg(dout).arg(&n64);
+        // SAFETY: all buffers hold at least `n` elements of the kernel's element type.
+        unsafe { b.launch(grid(n)) }?;
+        Ok(())
+    }
+}
+
+/// Each thread takes four elements per access.
+fn grid(n: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (elementwise_grid(n.div_ceil(4), BLOCK), 1, 1),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
