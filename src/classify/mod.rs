@@ -267,10 +267,7 @@ fn encode_records(
             (p, _) => vec![intern((&r.text, p.as_deref()), &mut inputs, &mut index)],
         })
         .collect();
-    let encoded = inputs
-        .iter()
-        .map(|(a, b)| encoder.encode(a, *b))
-        .collect::<Result<Vec<Encoded>>>()?;
+    let encoded: Vec<Encoded> = encoder.encode_all(&inputs)?;
     let rows = encoder.embed(&encoded, o.batch_size)?;
     let mut features = Vec::with_capacity(ds.records.len() * feature_dim(o, encoder, ds));
     let mut truncated = Vec::with_capacity(ds.records.len());

@@ -62,17 +62,16 @@ pub fn run(a: EmbedArgs) -> Result<()> {
     // Timed from tokenisation to the last embedding on the host (what a caller waits for
     // once the model is loaded), as sentence-transformers' encode is usually timed.
     let start = Instant::now();
-    let encoded = texts
-        .iter()
-        .map(|t| encoder.encode(t, None))
-        .collect::<Result<Vec<_>>>()?;
+    let pairs: Vec<(&str, Option<&str>)> = texts.iter().map(|t| (t.as_str(), None)).collect();
+    let encoded = encoder.encode_all(&pairs)?;
+    let tokenised = start.elapsed().as_secs_f64();
     let truncated = encoded.iter().filter(|e| e.truncated).count();
     let tokens: usize = encoded.iter().map(|e| e.ids.len()).sum();
     let rows = encoder.embed(&encoded, a.batch_size)?;
     let secs = start.elapsed().as_secs_f64();
     io::write_embeddings(&a.out, &rows)?;
     eprintln!(
-        "embedded {} texts ({tokens} tokens, {truncated} truncated to {} tokens) into {} dimensions in {secs:.2} s ({:.0} texts/s); wrote {}",
+        "embedded {} texts ({tokens} tokens, {truncated} truncated to {} tokens) into {} dimensions in {secs:.2} s ({:.0} texts/s; tokenising {tokenised:.2} s); wrote {}",
         rows.len(),
         encoder.max_length(),
         encoder.dim(),

@@ -343,6 +343,13 @@ impl TextEncoder {
         }
     }
 
+    /// The tokens of many texts (with their optional pairs), tokenised on all cores: on a
+    /// GPU, tokenising one text after another costs more than the encoder's forward pass.
+    pub fn encode_all(&self, texts: &[(&str, Option<&str>)]) -> Result<Vec<Encoded>> {
+        use rayon::prelude::*;
+        texts.par_iter().map(|(a, b)| self.encode(a, *b)).collect()
+    }
+
     /// One embedding per input, in the input order, computed in batches of at most
     /// `batch_size` texts of similar length.
     pub fn embed(&self, inputs: &[Encoded], batch_size: usize) -> Result<Vec<Vec<f32>>> {
@@ -356,7 +363,14 @@ impl TextEncoder {
                 .iter()
                 .map(|&i| (inputs[i].ids.as_slice(), inputs[i].type_ids.as_slice()))
                 .collect();
-            let batch = EncoderBatch::pad(&seqs, self.pad_id);
+            // On a GPU, lengths rounded up to 32 keep the GEMM shapes few (each new shape is
+            // timed once to choose its algorithm); the CPU pays for every padded row.
+            let multiple = if self.pool.device() == Device::Cpu {
+                1
+            } else {
+                32
+            };
+            let batch = EncoderBatch::pad_to(&seqs, self.pad_id, multiple, self.max_length);
             for (&i, e) in chunk.iter().zip(self.embed_batch(&batch)?) {
                 out[i] = e;
             }

@@ -92,7 +92,23 @@ pub struct EncoderBatch {
 impl EncoderBatch {
     /// Pads `seqs` (token ids with their token types) on the right with `pad` to the longest.
     pub fn pad(seqs: &[(&[u32], &[u32])], pad: u32) -> EncoderBatch {
-        let seq = seqs.iter().map(|(t, _)| t.len()).max().unwrap_or(0);
+        EncoderBatch::pad_to(seqs, pad, 1, 0)
+    }
+
+    /// As [`EncoderBatch::pad`], with the padded length rounded up to a multiple of
+    /// `multiple` but not past `cap` (unless the longest sequence is longer). Batches of
+    /// texts sorted by length then share a few shapes, so GEMM algorithms chosen for one
+    /// batch serve the next instead of being searched for again.
+    pub fn pad_to(
+        seqs: &[(&[u32], &[u32])],
+        pad: u32,
+        multiple: usize,
+        cap: usize,
+    ) -> EncoderBatch {
+        let longest = seqs.iter().map(|(t, _)| t.len()).max().unwrap_or(0);
+        let seq = longest
+            .next_multiple_of(multiple.max(1))
+            .min(cap.max(longest));
         let mut b = EncoderBatch {
             tokens: Vec::with_capacity(seqs.len() * seq),
             type_ids: Vec::with_capacity(seqs.len() * seq),
@@ -298,9 +314,14 @@ mod tests {
         let (a, at): (&[u32], &[u32]) = (&[1, 5, 9, 2], &[0, 0, 1, 1]);
         let (b, bt): (&[u32], &[u32]) = (&[1, 7, 3, 8, 8, 4, 2], &[0; 7]);
         let alone = m.forward(&EncoderBatch::pad(&[(a, at)], 0)).unwrap();
-        for pad in [0, 33] {
+        for (pad, multiple) in [(0, 1), (33, 1), (0, 8)] {
             let both = m
-                .forward(&EncoderBatch::pad(&[(a, at), (b, bt)], pad))
+                .forward(&EncoderBatch::pad_to(
+                    &[(a, at), (b, bt)],
+                    pad,
+                    multiple,
+                    12,
+                ))
                 .unwrap()
                 .to_vec()
                 .unwrap();
