@@ -619,3 +619,25 @@ fn qlora_refuses_bad_settings() {
     );
     assert!(!out.exists(), "nothing written");
 }
+
+/// `kiln plan` of a QLoRA run reads the base's shape and shows its NF4 bytes, the workspace
+/// and the saving against the bf16 base.
+#[test]
+fn plan_shows_the_nf4_base_and_its_saving() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (base, _) = fixture(tmp.path());
+    let lora_base = format!("lora.base={}", base.display());
+    let out = ok(&kiln(&[
+        "plan",
+        "--gpu",
+        "h100-80gb",
+        "lora.enabled=true",
+        &lora_base,
+        "lora.quantize=nf4",
+        "train.precision=bf16-mixed",
+        "train.seq_len=64",
+    ]));
+    assert!(out.contains("18432 projection weights in NF4"), "{out}");
+    assert!(out.contains("saving against bf16"), "{out}");
+    assert!(out.contains("dequant workspace"), "{out}");
+}
