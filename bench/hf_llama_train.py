@@ -3,8 +3,12 @@ AdamW), eager or with torch.compile, at a published model's shape from random we
 baseline `kiln train` is compared against in the same command.
 
     python3 bench/hf_llama_train.py --shape smollm2-135m --batch 16 --seq 1024 [--compile]
+        [--lora R] [--data FILE]
 
-Prints one JSON line: tokens/s (median over the timed steps), peak memory.
+Prints one JSON line: tokens/s (median over the timed steps), peak memory, the bytes of the
+frozen weights, and the loss of every step. With --data the batches come from FILE (int32;
+per step, the inputs then the targets, each [batch, seq], as `kiln bench finetune` writes
+them); otherwise random token ids.
 """
 
 import argparse
@@ -37,6 +41,8 @@ def main():
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--lora", type=int, default=0,
                     help="PEFT LoRA of this rank on q/k/v/o/gate/up/down over a frozen base")
+    ap.add_argument("--data", default=None,
+                    help="int32 batches: per step, inputs then targets, each [batch, seq]")
     a = ap.parse_args()
     torch.manual_seed(0)
     cfg = tf.LlamaConfig(**SHAPES[a.shape], attn_implementation="sdpa")
@@ -52,26 +58,45 @@ def main():
     step_fn = model
     if a.compile:
         step_fn = torch.compile(model)
-    x = torch.randint(0, cfg.vocab_size, (a.batch, a.seq + 1), device="cuda")
-    times = []
+    steps = a.warmup + a.steps
+    if a.data:
+        import numpy as np
+        raw = np.fromfile(a.data, dtype=np.int32)
+        want = steps * 2 * a.batch * a.seq
+        if raw.size < want:
+            raise SystemExit(f"{a.data} holds {raw.size} ids, {want} needed for {steps} steps")
+        data = torch.from_numpy(raw[:want].astype(np.int64)).view(steps, 2, a.batch, a.seq).cuda()
+    else:
+        x = torch.randint(0, cfg.vocab_size, (a.batch, a.seq + 1), device="cuda")
+    frozen = sum(p.numel() * p.element_size() for p in model.parameters() if not p.requires_grad)
+    times, losses = [], []
     torch.cuda.reset_peak_memory_stats()
-    for i in range(a.warmup + a.steps):
+    for i in range(steps):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            out = step_fn(input_ids=x[:, :-1], labels=x[:, 1:])
-        out.loss.backward()
+            if a.data:
+                # Targets come shifted already (the model's own loss would shift them again).
+                logits = step_fn(input_ids=data[i, 0]).logits
+                loss = torch.nn.functional.cross_entropy(
+                    logits.float().view(-1, logits.size(-1)), data[i, 1].reshape(-1))
+            else:
+                loss = step_fn(input_ids=x[:, :-1], labels=x[:, 1:]).loss
+        loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
         if i >= a.warmup:
             times.append(time.perf_counter() - t0)
+        losses.append(loss.item())
     tps = a.batch * a.seq / statistics.median(times)
     print(json.dumps({
         "engine": "transformers" + (" + PEFT LoRA r%d" % a.lora if a.lora else "")
                   + (" + torch.compile" if a.compile else " eager"),
         "shape": a.shape, "batch": a.batch, "seq": a.seq,
         "tokens_per_s": round(tps), "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+        "peak_bytes": torch.cuda.max_memory_allocated(), "base_weight_bytes": frozen,
+        "losses": losses,
     }))
 
 

@@ -382,3 +382,262 @@ fn finetune_refuses_bad_input() {
         3,
     );
 }
+
+/// The mean training loss of a run's first and last three steps (metrics.jsonl).
+fn first_and_last_loss(run: &Path) -> (f64, f64) {
+    let losses: Vec<f64> = std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter_map(|r| r["loss"].as_f64())
+        .collect();
+    assert!(losses.len() >= 6, "{losses:?}");
+    let mean = |s: &[f64]| s.iter().sum::<f64>() / s.len() as f64;
+    (mean(&losses[..3]), mean(&losses[losses.len() - 3..]))
+}
+
+/// QLoRA: the projections kept in NF4, the loss falls, only adapters are saved (in PEFT's
+/// format), and the merged export is the dequantised base plus the adapters.
+#[test]
+fn qlora_trains_over_an_nf4_base_and_writes_peft_format() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (base, data) = fixture(tmp.path());
+    let run = tmp.path().join("run");
+    // No adapter on the down projection: every projection is frozen, so all are in NF4.
+    let out = finetune(
+        &base,
+        &data,
+        &run,
+        &[
+            "--qlora",
+            "train.steps=16",
+            "lora.targets=q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj",
+        ],
+    );
+    assert!(out.contains("12 modules in PEFT's format"), "{out}");
+    let (first, last) = first_and_last_loss(&run);
+    assert!(last < first - 0.05, "loss falls: {first} -> {last}");
+    let saved = tensors(&last_ckpt(&run).join("model.safetensors"));
+    assert_eq!(saved.len(), 24);
+    assert!(saved.iter().all(|(k, _)| k.contains(".lora.")));
+    let config = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    assert!(config.contains("quantize = \"nf4\""), "{config}");
+    let peft = tensors(&run.join("adapter").join("adapter_model.safetensors"));
+    assert_eq!(peft.len(), 24);
+
+    // The run reloads with its base re-quantised; merged, its projections are dense again:
+    // the down projection, which has no adapter, differs from the base on disk by the NF4
+    // error alone.
+    let merged = tmp.path().join("merged");
+    ok(&kiln(&[
+        "export",
+        "--run",
+        run.to_str().unwrap(),
+        "--to",
+        merged.to_str().unwrap(),
+    ]));
+    let m = kiln::models::import::pretrained::open(&merged).unwrap();
+    let p = kiln::models::import::pretrained::open(&base).unwrap();
+    let q = "layers.1.mlp.down.weight";
+    let (a, b) = (&m.weights[q].data, &p.weights[q].data);
+    let worst = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
+    let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+    // Half the widest gap of the NF4 code book (0.723 to 1) times a block's absmax, at most.
+    assert!(
+        worst > 0.0 && worst <= 0.15 * scale,
+        "NF4 error: {worst} against weights up to {scale}"
+    );
+    assert_eq!(
+        m.weights["embed.weight"].data, p.weights["embed.weight"].data,
+        "the embedding stays in the compute dtype"
+    );
+}
+
+/// Resuming a QLoRA fine-tune re-quantises the base to the same bits and continues to the
+/// adapters and optimizer state of an uninterrupted run, bit for bit.
+#[test]
+fn qlora_resume_is_bit_exact() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (base, data) = fixture(tmp.path());
+    let extra = ["--qlora", "train.steps=6"];
+    let whole = tmp.path().join("whole");
+    finetune(&base, &data, &whole, &extra);
+    let parts = tmp.path().join("parts");
+    let mut first = extra.to_vec();
+    first.extend(["--stop-after", "3"]);
+    finetune(&base, &data, &parts, &first);
+    let mut args = vec!["finetune", "--resume", parts.to_str().unwrap()];
+    args.extend_from_slice(COMMON);
+    args.push("train.steps=6");
+    ok(&kiln(&args));
+    for f in ["model.safetensors", "optimizer.safetensors"] {
+        assert_eq!(
+            tensors(&last_ckpt(&whole).join(f)),
+            tensors(&last_ckpt(&parts).join(f)),
+            "{f} after resume"
+        );
+    }
+    // --qlora only starts a fine-tune.
+    let mut again = vec!["finetune", "--resume", parts.to_str().unwrap(), "--qlora"];
+    again.extend_from_slice(COMMON);
+    let o = kiln(&again);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("drop --qlora"));
+}
+
+/// The trainer's own books: the NF4 base takes the bf16 projections' bytes less the NF4
+/// bytes and the workspace, to the byte; the model with the NF4 base computes the loss of
+/// the same model with its projections dequantised into dense weights, bit for bit.
+#[test]
+fn qlora_books_fewer_base_bytes_and_computes_as_its_dequantised_weights() {
+    use kiln::train::{Precision, Trainer};
+    let tmp = tempfile::tempdir().unwrap();
+    let (base, _) = fixture(tmp.path());
+    let p = kiln::models::import::pretrained::open(&base).unwrap();
+    let config = |quantize: &str| {
+        let mut o = p.overrides();
+        o.extend([
+            "lora.enabled=true".to_string(),
+            format!("lora.base={}", base.display()),
+            format!("lora.quantize={quantize}"),
+            "train.seq_len=16".to_string(),
+        ]);
+        ResolvedConfig::resolve(None, &o).unwrap().config
+    };
+    let build = |quantize: &str, precision: Precision| {
+        let pool = MemoryPool::new(Device::Cpu);
+        let t = Trainer::with_base(&config(quantize), p.vocab, &pool, precision, Some(&p)).unwrap();
+        (t, pool)
+    };
+    let (lora, lora_pool) = build("none", Precision::Bf16Mixed);
+    let (qlora, qlora_pool) = build("nf4", Precision::Bf16Mixed);
+    assert!(lora.quantized.is_none());
+    let q = qlora.quantized.unwrap();
+    // 2 blocks x (qkv [64, 32], out [32, 32], gate/up [128, 32], down [32, 64]).
+    assert_eq!((q.weights, q.values), (8, 2 * (2048 + 1024 + 4096 + 2048)));
+    assert_eq!(
+        q.workspace_bytes,
+        4096 * 2,
+        "the largest projection in bf16"
+    );
+    assert!(qlora.base_weight_bytes() < lora.base_weight_bytes());
+    assert_eq!(
+        lora.base_weight_bytes() - qlora.base_weight_bytes(),
+        2 * q.values - q.nf4_bytes
+    );
+    assert_eq!(
+        lora_pool.stats().current - qlora_pool.stats().current,
+        2 * q.values - q.nf4_bytes - q.workspace_bytes,
+        "the pool books the NF4 base and its workspace in place of the bf16 projections"
+    );
+
+    let (mut qlora, _) = build("nf4", Precision::Fp32);
+    let tokens: Vec<u32> = (0..2 * 17).map(|i| (i * 7919 % 300) as u32).collect();
+    let (inputs, targets): (Vec<u32>, Vec<u32>) = (
+        tokens.chunks(17).flat_map(|c| c[..16].to_vec()).collect(),
+        tokens.chunks(17).flat_map(|c| c[1..].to_vec()).collect(),
+    );
+    let nf4_loss = qlora.model.loss(&inputs, &targets, 2, 16).unwrap();
+    // Fresh adapters add exactly zero, so merging leaves the dequantised weights as they are.
+    qlora.model.merge_lora().unwrap();
+    let dense_loss = qlora.model.loss(&inputs, &targets, 2, 16).unwrap();
+    assert_eq!(nf4_loss.to_bits(), dense_loss.to_bits());
+    let (lora32, _) = build("none", Precision::Fp32);
+    let exact = lora32.model.loss(&inputs, &targets, 2, 16).unwrap();
+    assert!(
+        nf4_loss != exact && (nf4_loss - exact).abs() < 0.05 * exact,
+        "NF4 moves the loss a little: {nf4_loss} vs {exact}"
+    );
+}
+
+/// `lora.quantize` is refused without adapters and for an unknown format, before training.
+#[test]
+fn qlora_refuses_bad_settings() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (base, data) = fixture(tmp.path());
+    let refuse = |args: &[&str], phrase: &str| {
+        let o = kiln(args);
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(phrase), "{args:?}: wanted {phrase:?} in {err}");
+    };
+    let (b, d) = (base.to_str().unwrap(), data.to_str().unwrap());
+    let out = tmp.path().join("bad");
+    let o = out.to_str().unwrap();
+    refuse(
+        &[
+            "finetune",
+            "--init-from",
+            b,
+            "--data",
+            d,
+            "--out",
+            o,
+            "--full",
+            "--device",
+            "cpu",
+            "lora.quantize=nf4",
+        ],
+        "needs lora.enabled=true",
+    );
+    refuse(
+        &["train", "--device", "cpu", "--out", o, "lora.quantize=nf4"],
+        "lora.quantize",
+    );
+    refuse(
+        &[
+            "finetune",
+            "--init-from",
+            b,
+            "--data",
+            d,
+            "--out",
+            o,
+            "--device",
+            "cpu",
+            "lora.quantize=nf8",
+        ],
+        "nf4",
+    );
+    refuse(
+        &[
+            "finetune",
+            "--init-from",
+            b,
+            "--data",
+            d,
+            "--out",
+            o,
+            "--full",
+            "--qlora",
+        ],
+        "--full",
+    );
+    assert!(!out.exists(), "nothing written");
+}
+
+/// `kiln plan` of a QLoRA run reads the base's shape and shows its NF4 bytes, the workspace
+/// and the saving against the bf16 base.
+#[test]
+fn plan_shows_the_nf4_base_and_its_saving() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (base, _) = fixture(tmp.path());
+    let lora_base = format!("lora.base={}", base.display());
+    let out = ok(&kiln(&[
+        "plan",
+        "--gpu",
+        "h100-80gb",
+        "lora.enabled=true",
+        &lora_base,
+        "lora.quantize=nf4",
+        "train.precision=bf16-mixed",
+        "train.seq_len=64",
+    ]));
+    assert!(out.contains("18432 projection weights in NF4"), "{out}");
+    assert!(out.contains("saving against bf16"), "{out}");
+    assert!(out.contains("dequant workspace"), "{out}");
+}

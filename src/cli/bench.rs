@@ -30,6 +30,9 @@ pub enum BenchCommand {
     /// Generation: prefill and decode tokens/s at several batch sizes against the weight-
     /// and cache-read floor, beside transformers generate on the same model.
     Generate(super::bench_generate::BenchGenerateArgs),
+    /// Fine-tuning: kiln LoRA over a bf16 base, kiln QLoRA over an NF4 base and
+    /// transformers + PEFT LoRA on one shape: tokens/s, peak memory, base weight bytes, loss.
+    Finetune(super::bench_finetune::BenchFinetuneArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> Result<()> {
@@ -41,6 +44,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Dataloader(a) => super::bench_dataloader::run(a),
         BenchCommand::Memory(a) => super::bench_memory::run(a),
         BenchCommand::Generate(a) => super::bench_generate::run(a),
+        BenchCommand::Finetune(a) => super::bench_finetune::run(a),
     }
 }
 

@@ -423,7 +423,7 @@ fn pytorch_plan(
 }
 
 /// Whether `python3` imports torch and torch sees a CUDA GPU.
-fn probe_torch() -> std::result::Result<(), String> {
+pub(crate) fn probe_torch() -> std::result::Result<(), String> {
     let out = std::process::Command::new("python3")
         .args([
             "-c",
@@ -447,7 +447,7 @@ fn probe_torch() -> std::result::Result<(), String> {
 }
 
 /// Writes the batches as the script's `--data` file: per step, inputs then targets, int32.
-fn write_batches(path: &Path, batches: impl Iterator<Item = Batch>) -> Result<()> {
+pub(crate) fn write_batches(path: &Path, batches: impl Iterator<Item = Batch>) -> Result<()> {
     let mut bytes = Vec::new();
     for batch in batches {
         for tok in batch.inputs.iter().chain(&batch.targets) {

@@ -15,6 +15,8 @@ use std::path::{Path, PathBuf};
                        with the model's chat template, only assistant turns trained
   kiln finetune --init-from ./Llama-3.2-1B --data pairs.jsonl lora.rank=8 lora.targets=q_proj,v_proj
   kiln finetune --init-from ./base --data corpus.txt --full     every weight trains
+  kiln finetune --init-from ./Llama-3.2-1B --data chats.jsonl --qlora
+                       QLoRA: the frozen projections kept in 4-bit NF4 (lora.quantize=nf4)
   kiln finetune --resume runs/ft train.steps=2000               continue a fine-tune
   kiln finetune --init-from ./base --data chats.jsonl scu.enabled=true scu.target=0.02
                        with the SCU controller on the adapters' penalty (scu_history.jsonl)
@@ -34,6 +36,10 @@ pub struct FinetuneArgs {
     /// Train every weight instead of low-rank adapters over a frozen base.
     #[arg(long)]
     pub full: bool,
+    /// QLoRA: keep the frozen projections in 4-bit NF4 (the same as lora.quantize=nf4),
+    /// quantised at load from the base's weights; adapters train as with LoRA.
+    #[arg(long, conflicts_with = "full")]
+    pub qlora: bool,
     #[command(flatten)]
     pub train: TrainArgs,
 }
@@ -62,6 +68,11 @@ pub fn run(mut a: FinetuneArgs) -> Result<()> {
             "kiln finetune starts from a pretrained model: give --init-from PATH (a Hugging Face directory or .gguf file), or --resume DIR to continue a fine-tune".into(),
         ));
     }
+    if a.qlora && resuming {
+        return Err(KilnError::Setting(
+            "--qlora starts a fine-tune over an NF4 base; a resumed run keeps the base its config.toml names (lora.quantize), so drop --qlora".into(),
+        ));
+    }
     let mut pre: Vec<String> = Vec::new();
     if let Some(data) = &a.data {
         pre.push(format!("data.corpus={}", data.display()));
@@ -82,6 +93,9 @@ pub fn run(mut a: FinetuneArgs) -> Result<()> {
         let base = std::path::absolute(base).unwrap_or_else(|_| base.clone());
         pre.push("lora.enabled=true".into());
         pre.push(format!("lora.base={}", base.display()));
+    }
+    if a.qlora {
+        pre.push("lora.quantize=nf4".into());
     }
     // The user's own overrides come last and win.
     pre.append(&mut a.train.overrides);

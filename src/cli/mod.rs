@@ -4,6 +4,7 @@ pub mod bench;
 pub mod bench_amp;
 pub mod bench_bk;
 pub mod bench_dataloader;
+pub mod bench_finetune;
 pub mod bench_generate;
 pub mod bench_kernels;
 pub mod bench_memory;

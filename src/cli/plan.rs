@@ -93,7 +93,23 @@ struct Largest {
 
 pub fn run(a: PlanArgs) -> Result<()> {
     let settings = super::settings::resolve(&a.profile, a.config.as_deref(), &a.overrides)?;
-    let cfg = settings.config.config;
+    let mut cfg = settings.config.config;
+    if cfg.lora.enabled {
+        if cfg.model.kind != "llama" && !cfg.lora.base.is_empty() {
+            // The shape and tokenizer of the base the adapters go on, as kiln finetune reads them.
+            let base =
+                crate::models::import::pretrained::open(std::path::Path::new(&cfg.lora.base))?;
+            base.check_overrides(&a.overrides)?;
+            let mut overrides = base.overrides();
+            overrides.extend(a.overrides.iter().cloned());
+            cfg = super::settings::resolve(&a.profile, a.config.as_deref(), &overrides)?
+                .config
+                .config;
+        }
+        if cfg.model.kind == "llama" {
+            return plan_finetune(&a, &cfg);
+        }
+    }
     if cfg.model.kind == "llama" {
         return Err(KilnError::Setting(
             "kiln plan walks GPT and ResNet-BK steps only; a model.kind=llama step is not planned yet (train it: out-of-memory splitting still protects the run)".into(),
@@ -161,6 +177,64 @@ pub fn run(a: PlanArgs) -> Result<()> {
     } else {
         print_report(&report, &cfg);
     }
+    Ok(())
+}
+
+/// The frozen base of a low-rank fine-tune: bytes in the compute dtype or NF4, the
+/// dequantisation workspace, and the saving against the same base in bf16.
+fn plan_finetune(a: &PlanArgs, cfg: &Config) -> Result<()> {
+    let target = target(a, cfg)?;
+    let device = target.budget.device;
+    let (precision, _) = Precision::parse(&cfg.train.precision)?
+        .check_device(device, target.budget.compute_capability)?;
+    let compute = precision.compute_dtype().unwrap_or(DType::F32);
+    let vocab = crate::train::model_vocab(cfg)?;
+    let m = crate::models::llama::LlamaConfig::from_model(&cfg.model, vocab);
+    let nf4 = cfg.lora.quantize == "nf4";
+    let w = plan::finetune::finetune_weights(&m, vocab, compute, device, nf4);
+    if a.json {
+        let v = serde_json::json!({
+            "device": device.to_string(),
+            "precision": precision.to_string(),
+            "lora_quantize": cfg.lora.quantize,
+            "weights": w,
+        });
+        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+        return Ok(());
+    }
+    let dt = format!("{compute:?}").to_lowercase();
+    println!(
+        "fine-tune of a Llama-family base on {} ({}), lora.quantize = {}, {precision}:",
+        target.budget.name, device, cfg.lora.quantize
+    );
+    println!(
+        "  frozen base            {:>12}  ({} projection weights in {}: {}; embeddings, norms and head in {dt}: {})",
+        gib(w.base_bytes),
+        w.projection_values,
+        if nf4 { "NF4".to_string() } else { dt.clone() },
+        gib(w.projection_bytes),
+        gib(w.other_bytes)
+    );
+    println!("  the same base in bf16  {:>12}", gib(w.bf16_base_bytes));
+    let saved = w.bf16_base_bytes as f64 - w.base_bytes as f64;
+    println!(
+        "  saving against bf16    {:>12}  ({:.0}%)",
+        if saved >= 0.0 {
+            gib(saved as usize)
+        } else {
+            format!("-{}", gib(-saved as usize))
+        },
+        100.0 * saved / w.bf16_base_bytes as f64
+    );
+    if nf4 {
+        println!(
+            "  dequant workspace      {:>12}  (the largest projection in {dt}, shared by all)",
+            gib(w.workspace_bytes)
+        );
+    }
+    println!(
+        "  adapters, their optimizer state and the activations of a Llama step are not planned yet"
+    );
     Ok(())
 }
 

@@ -331,6 +331,9 @@ pub struct LoraConfig {
     pub targets: String,
     /// Rank-stabilised scaling: alpha / sqrt(rank).
     pub rslora: bool,
+    /// How the frozen projections are kept: "none" (the compute dtype) or "nf4" (QLoRA:
+    /// 4-bit NormalFloat, expanded into a shared workspace for each GEMM).
+    pub quantize: String,
 }
 
 impl Default for LoraConfig {
@@ -343,6 +346,7 @@ impl Default for LoraConfig {
             dropout: 0.0,
             targets: "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj".into(),
             rslora: false,
+            quantize: "none".into(),
         }
     }
 }
@@ -568,6 +572,10 @@ const KEYS: &[(&str, &str)] = &[
         "modules to adapt, comma-separated, or \"all-linear\"",
     ),
     ("lora.rslora", "rank-stabilised scale alpha / sqrt(rank)"),
+    (
+        "lora.quantize",
+        "frozen projections: \"none\" or \"nf4\" (QLoRA)",
+    ),
     ("scu.enabled", "add the adapter penalty lambda * ParamBPT"),
     ("scu.control", "adjust lambda to hold S at scu.target"),
     ("scu.target", "target share S* of penalty bits, in (0, 1)"),

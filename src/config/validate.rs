@@ -342,6 +342,14 @@ impl Config {
                 "name at least one module, e.g. q_proj,v_proj, or all-linear",
             ));
         }
+        one_of("lora.quantize", &l.quantize, &["none", "nf4"])?;
+        if l.quantize == "nf4" && !l.enabled {
+            return Err(out_of_range(
+                "lora.quantize",
+                &l.quantize,
+                "an NF4 base is the frozen base under low-rank adapters: it needs lora.enabled=true (kiln finetune --qlora sets both)",
+            ));
+        }
         if l.enabled && l.base.is_empty() {
             return Err(out_of_range(
                 "lora.base",

@@ -252,13 +252,46 @@ impl Tensor {
 
     /// The values as f32 on the host (a copy; waits for the device).
     pub fn to_vec(&self) -> Result<Vec<f32>> {
-        match &self.storage {
-            Storage::Cpu(v) => Ok(v.clone()),
-            Storage::Pinned(b) => Ok(b.as_slice().to_vec()),
-            Storage::CudaF32(s) => Ok(self.pool.cuda()?.download(s)?),
-            Storage::CudaBf16(s) => Ok(self.pool.cuda()?.download_f32(s)?),
-            Storage::CudaF16(s) => Ok(self.pool.cuda()?.download_f32(s)?),
+        let mut values = match &self.storage {
+            Storage::Cpu(v) => v.clone(),
+            Storage::Pinned(b) => b.as_slice().to_vec(),
+            Storage::CudaF32(s) => self.pool.cuda()?.download(s)?,
+            Storage::CudaBf16(s) => self.pool.cuda()?.download_f32(s)?,
+            Storage::CudaF16(s) => self.pool.cuda()?.download_f32(s)?,
+        };
+        // A GPU buffer reshaped within its allocation holds more than its shape names.
+        values.truncate(self.len());
+        Ok(values)
+    }
+
+    /// Takes `shape` inside the buffer this tensor was allocated with (at most as many
+    /// elements), without reallocating or rebooking: a workspace reused for operands of
+    /// different sizes. The contents are unspecified afterwards; the next kernel overwrites
+    /// them. On a GPU the buffer keeps its length and kernels read the elements the shape
+    /// names; on the CPU the vector shrinks or grows within its capacity.
+    pub(crate) fn reshape_within(&mut self, shape: &[usize]) -> Result<()> {
+        let len: usize = shape.iter().product();
+        let capacity = self.booked / self.dtype.size_bytes();
+        if len > capacity {
+            return Err(EngineError::Shape {
+                op: "reshape_within",
+                detail: format!(
+                    "shape {shape:?} needs {len} elements, the buffer holds {capacity}"
+                ),
+            });
         }
+        match &mut self.storage {
+            Storage::Cpu(v) => v.resize(len, 0.0),
+            Storage::Pinned(_) => {
+                return Err(EngineError::Shape {
+                    op: "reshape_within",
+                    detail: "a page-locked staging buffer keeps its shape".into(),
+                });
+            }
+            Storage::CudaF32(_) | Storage::CudaBf16(_) | Storage::CudaF16(_) => {}
+        }
+        self.shape = shape.to_vec();
+        Ok(())
     }
 
     /// Starts copying this tensor's values, as f32, into `dst` (exactly its length). A GPU

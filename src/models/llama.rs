@@ -11,10 +11,13 @@
 //! gate/up matrix per block); `models::import` maps Hugging Face and GGUF checkpoints onto
 //! them.
 
-use super::{DecodeRows, Decoder, KvCache, Model, Recompute, StepPrecision, padded_vocab};
+use super::{
+    DecodeRows, Decoder, KvCache, Model, QuantizedBase, Recompute, StepPrecision, padded_vocab,
+};
 use crate::engine::cpu::kv_cache::CacheShape;
 use crate::engine::cpu::rope::{self, Llama3Scaling};
 use crate::engine::ops::Ids;
+use crate::engine::quant::DequantWorkspace;
 use crate::engine::rng::{Rng, stream};
 use crate::engine::{DType, MemoryPool, Result, Tensor, ops};
 use crate::nn::gqa::{GqaAttention, GqaSaved, Heads, Rotary};
@@ -466,6 +469,31 @@ impl Model for Llama {
             lin.merge_adapters()?;
         }
         Ok(())
+    }
+
+    fn quantize_base_nf4(&mut self, compute: DType) -> Result<Option<QuantizedBase>> {
+        let pool = self.embed.value.pool().clone();
+        let largest = self
+            .blocks
+            .iter()
+            .flat_map(Block::linears)
+            .map(|lin| lin.c_in * lin.c_out)
+            .max()
+            .unwrap_or(0);
+        let workspace = Arc::new(DequantWorkspace::new(&pool, largest, compute)?);
+        let mut q = QuantizedBase {
+            weights: 0,
+            values: 0,
+            nf4_bytes: 0,
+            workspace_bytes: workspace.bytes(),
+        };
+        // One projection at a time: its dense copy is freed before the next is quantised.
+        for lin in self.blocks.iter_mut().flat_map(Block::linears_mut) {
+            q.nf4_bytes += lin.quantize_nf4(&workspace)?;
+            q.weights += 1;
+            q.values += lin.c_in * lin.c_out;
+        }
+        Ok(Some(q))
     }
 
     fn forward_backward(

@@ -21,6 +21,18 @@ use resnet_bk::{ResnetBk, ResnetBkConfig};
 use serde::Serialize;
 use std::sync::Arc;
 
+/// A base kept in NF4 by [`Model::quantize_base_nf4`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct QuantizedBase {
+    /// Weights quantised, and their values.
+    pub weights: usize,
+    pub values: usize,
+    /// Bytes the NF4 weights hold in the pool (codes, scales and, on a GPU, code tables).
+    pub nf4_bytes: usize,
+    /// Bytes of the shared workspace they are expanded into (the largest, in the compute dtype).
+    pub workspace_bytes: usize,
+}
+
 /// What the trainer asks of a model.
 pub trait Model: Send {
     /// Every parameter, frozen ones included, in a fixed order (imports and exports map them
@@ -60,6 +72,13 @@ pub trait Model: Send {
     /// Folds the adapters into the base weights (f32 masters) and removes them.
     fn merge_lora(&mut self) -> Result<()> {
         Ok(())
+    }
+
+    /// Keeps every frozen projection only in NF4 (QLoRA), quantised from the values it
+    /// holds now, each GEMM expanding it into one workspace of `compute` values that all
+    /// of them share. `None` for a family without such projections.
+    fn quantize_base_nf4(&mut self, _compute: DType) -> Result<Option<QuantizedBase>> {
+        Ok(None)
     }
 
     /// The low-rank adapters, in parameter order.

@@ -139,6 +139,7 @@ pub fn read_config(dir: &Path) -> Result<LoraConfig> {
             .get("use_rslora")
             .and_then(|b| b.as_bool())
             .unwrap_or(false),
+        ..LoraConfig::default()
     })
 }
 

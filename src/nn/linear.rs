@@ -1,15 +1,27 @@
 //! Fully connected layer, `y = x W^T + b`, weights stored `[out, in]`, optionally with
 //! low-rank adapters on blocks of its output (see [`super::lora`]). A frozen weight skips its
-//! weight-gradient GEMM.
+//! weight-gradient GEMM, and may be kept only in NF4 (QLoRA): then each GEMM that reads it
+//! first expands it into the model's shared [`DequantWorkspace`].
 
 use super::lora::{Adapter, LoraSpec, OutputBlock};
 use super::{Cost, Init, Param};
+use crate::engine::quant::{DequantWorkspace, Nf4Weight};
 use crate::engine::rng::Rng;
-use crate::engine::{MemoryPool, Result, Tensor, ops};
+use crate::engine::{EngineError, MemoryPool, Result, Tensor, ops};
 use std::sync::Arc;
 
+/// A frozen weight held only in NF4, and the workspace its GEMMs expand it into.
+pub struct Nf4Frozen {
+    pub weight: Nf4Weight,
+    pub workspace: Arc<DequantWorkspace>,
+}
+
 pub struct Linear {
+    /// The weight; when [`Linear::nf4`] holds it, an empty placeholder that keeps its name,
+    /// frozen flag and compute dtype.
     pub weight: Param,
+    /// The frozen weight in NF4, when the base is quantised (`lora.quantize = "nf4"`).
+    pub nf4: Option<Nf4Frozen>,
     pub bias: Option<Param>,
     pub c_in: usize,
     pub c_out: usize,
@@ -48,6 +60,7 @@ impl Linear {
             } else {
                 None
             },
+            nf4: None,
             c_in,
             c_out,
             blocks: Vec::new(),
@@ -107,30 +120,70 @@ impl Linear {
         Ok(())
     }
 
-    /// Folds the adapters into the weight (f32 masters on the host side) and removes them.
+    /// Replaces the frozen weight by its NF4 quantisation (from the values it holds now, so
+    /// call it before they are rounded to a compute dtype) and frees the dense copy; its
+    /// GEMMs will expand it into `workspace`. Returns the bytes the NF4 weight holds.
+    pub fn quantize_nf4(&mut self, workspace: &Arc<DequantWorkspace>) -> Result<usize> {
+        if !self.weight.frozen {
+            return Err(EngineError::Shape {
+                op: "nf4 quantize",
+                detail: format!(
+                    "{} trains; only a frozen weight can be kept in NF4",
+                    self.weight.name
+                ),
+            });
+        }
+        let pool = self.weight.value.pool().clone();
+        let weight = Nf4Weight::quantize(
+            &pool,
+            &self.weight.name,
+            &self.weight.value.to_vec()?,
+            self.c_out,
+            self.c_in,
+        )?;
+        let bytes = weight.bytes();
+        self.weight.value = Tensor::zeros(&pool, &[0], self.weight.value.dtype())?;
+        self.weight.compute = None;
+        self.nf4 = Some(Nf4Frozen {
+            weight,
+            workspace: workspace.clone(),
+        });
+        Ok(bytes)
+    }
+
+    /// Folds the adapters into the weight (f32 masters on the host side) and removes them; an
+    /// NF4 weight is dequantised first and becomes a dense one again (with or without
+    /// adapters), so merged models export and sample as dense weights.
     pub fn merge_adapters(&mut self) -> Result<()> {
-        if self.adapters.is_empty() {
+        if self.adapters.is_empty() && self.nf4.is_none() {
             return Ok(());
         }
-        let mut w = self.weight.value.to_vec()?;
+        let mut w = match self.nf4.take() {
+            Some(q) => q.weight.to_host_f32()?,
+            None => self.weight.value.to_vec()?,
+        };
         for ad in &self.adapters {
             let delta = ad.delta()?;
             let rows =
                 &mut w[ad.block.col0 * self.c_in..(ad.block.col0 + ad.block.cols) * self.c_in];
             rows.iter_mut().zip(&delta).for_each(|(w, d)| *w += d);
         }
-        self.weight.value.copy_from_host(&w)?;
+        let value = &self.weight.value;
+        self.weight.value =
+            Tensor::from_vec(value.pool(), &[self.c_out, self.c_in], value.dtype(), w)?;
         self.weight.refresh_compute()?;
         self.adapters.clear();
         Ok(())
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let mut y = ops::linear_forward(
-            x,
-            self.weight.weight(),
-            self.bias.as_ref().map(Param::weight),
-        )?;
+        let bias = self.bias.as_ref().map(Param::weight);
+        let mut y = match &self.nf4 {
+            Some(q) => q
+                .workspace
+                .with_weight(&q.weight, |w| ops::linear_forward(x, w, bias))?,
+            None => ops::linear_forward(x, self.weight.weight(), bias)?,
+        };
         for ad in &self.adapters {
             ad.forward_into(&mut y, x)?;
         }
@@ -139,9 +192,17 @@ impl Linear {
 
     /// Returns `dx`; accumulates the parameter gradients. `x` is the forward's input.
     pub fn backward(&mut self, dout: &Tensor, x: &Tensor) -> Result<Tensor> {
-        let (w, dw) = self.weight.weight_and_grad();
         let db = self.bias.as_mut().and_then(|b| b.grad_mut());
-        let mut dx = ops::linear_backward(dout, x, w, dw, db)?;
+        let mut dx = match &self.nf4 {
+            // Frozen: the input gradient only, from the weight expanded once more.
+            Some(q) => q
+                .workspace
+                .with_weight(&q.weight, |w| ops::linear_backward(dout, x, w, None, db))?,
+            None => {
+                let (w, dw) = self.weight.weight_and_grad();
+                ops::linear_backward(dout, x, w, dw, db)?
+            }
+        };
         for ad in &mut self.adapters {
             ad.backward(dout, x, &mut dx)?;
         }
@@ -289,5 +350,80 @@ mod tests {
         for (a, b) in before.iter().zip(&after) {
             assert!((a - b).abs() < 1e-5, "merged {b} vs adapted {a}");
         }
+    }
+
+    /// An NF4 frozen layer computes exactly what a dense layer whose weight is the
+    /// dequantised NF4 weight computes (bit for bit on the CPU), forward and backward; its
+    /// dense copy is freed; merging makes it dense again, adapters included.
+    #[test]
+    fn an_nf4_weight_computes_as_its_dequantised_dense_weight() {
+        use crate::engine::DType;
+        let p = pool();
+        let mut lin = Linear::new(&p, "up", 48, 40, true, 0.5, &mut rng(1)).unwrap();
+        lin.set_blocks(&[("up_proj".into(), 40)]);
+        let spec = LoraSpec {
+            rank: 2,
+            alpha: 4.0,
+            rslora: false,
+            targets: vec!["up_proj".into()],
+        };
+        let fresh = Linear::new(&p, "up", 48, 40, true, 0.5, &mut rng(1)).unwrap();
+        let e = {
+            let mut trainable = fresh;
+            let ws = Arc::new(DequantWorkspace::new(&p, 48 * 40, DType::F32).unwrap());
+            trainable.quantize_nf4(&ws).unwrap_err().to_string()
+        };
+        assert!(e.contains("up.weight trains"), "{e}");
+        lin.attach_lora(&p, "up", &spec, &mut rng(2)).unwrap();
+        let b_vals = random_tensor(&p, &[40 * 2], 5).to_vec().unwrap();
+        lin.adapters[0].b.value.copy_from_host(&b_vals).unwrap();
+        let dense_before = lin.weight.value.bytes();
+        let ws = Arc::new(DequantWorkspace::new(&p, 48 * 40, DType::F32).unwrap());
+        let before = p.stats().current;
+        let nf4_bytes = lin.quantize_nf4(&ws).unwrap();
+        assert_eq!(lin.weight.value.len(), 0, "the dense copy is freed");
+        assert_eq!(
+            p.stats().current + dense_before,
+            before + nf4_bytes,
+            "the pool books the NF4 bytes in place of the dense weight"
+        );
+        let deq = lin
+            .nf4
+            .as_ref()
+            .unwrap()
+            .weight
+            .dequantize(DType::F32)
+            .unwrap();
+        let x = random_tensor(&p, &[3, 5, 48], 3);
+        let dy = random_tensor(&p, &[3, 5, 40], 4);
+        let bias = lin.bias.as_ref().map(|b| &b.value);
+        // The dense twin: the same layer with the dequantised weight.
+        let mut twin = Linear::new(&p, "up", 48, 40, true, 0.5, &mut rng(1)).unwrap();
+        twin.set_blocks(&[("up_proj".into(), 40)]);
+        twin.attach_lora(&p, "up", &spec, &mut rng(2)).unwrap();
+        twin.adapters[0].b.value.copy_from_host(&b_vals).unwrap();
+        twin.weight.value = deq.try_clone().unwrap();
+        let y = lin.forward(&x).unwrap().to_vec().unwrap();
+        assert_eq!(y, twin.forward(&x).unwrap().to_vec().unwrap());
+        let plain = ops::linear_forward(&x, &deq, bias)
+            .unwrap()
+            .to_vec()
+            .unwrap();
+        assert_ne!(y, plain, "the adapter contributes");
+        let dx = lin.backward(&dy, &x).unwrap().to_vec().unwrap();
+        assert_eq!(dx, twin.backward(&dy, &x).unwrap().to_vec().unwrap());
+        assert_eq!(
+            lin.adapters[0].a.grad.to_vec().unwrap(),
+            twin.adapters[0].a.grad.to_vec().unwrap()
+        );
+        // Merged: dense again, the dequantised weight plus the adapter's delta.
+        lin.merge_adapters().unwrap();
+        twin.merge_adapters().unwrap();
+        assert!(lin.nf4.is_none() && lin.adapters.is_empty());
+        assert_eq!(lin.weight.value.shape(), &[40, 48]);
+        assert_eq!(
+            lin.weight.value.to_vec().unwrap(),
+            twin.weight.value.to_vec().unwrap()
+        );
     }
 }

@@ -8,6 +8,7 @@
 //! and the CUDA context, each its own line. FLOPs and saved bytes per layer come from the
 //! layers' own `cost_of`.
 
+pub mod finetune;
 pub mod gpt;
 pub mod gpus;
 pub mod resnet_bk;

@@ -431,6 +431,16 @@ fn run_locked(opts: RunOptions, lock: &lock::RunLock) -> Result<Summary> {
             trainer.adapted.len()
         ));
     }
+    if let Some(q) = &trainer.quantized {
+        progress.message(&format!(
+            "QLoRA: {} frozen projections ({} weights) in NF4: {} in place of {} in bf16, expanded for each GEMM into one {} workspace",
+            q.weights,
+            q.values,
+            format_bytes(q.nf4_bytes),
+            format_bytes(2 * q.values),
+            format_bytes(q.workspace_bytes)
+        ));
+    }
     progress.message(&format!(
         "training {params} parameters on {device} in {precision}: {} train / {} val tokens; unigram val loss {unigram:.3}",
         splits.train.len(),

@@ -73,6 +73,8 @@ pub struct Trainer {
     pub fwd_bwd_end: Option<Instant>,
     /// Modules that carry low-rank adapters (empty when every weight trains).
     pub adapted: Vec<String>,
+    /// The base kept in NF4 under the adapters (`lora.quantize = "nf4"`).
+    pub quantized: Option<models::QuantizedBase>,
     /// N of the SCU penalty: training tokens per epoch (set once the data is loaded).
     pub scu_tokens: f64,
 }
@@ -102,6 +104,45 @@ impl Trainer {
         precision: Precision,
         base: Option<&Pretrained>,
     ) -> Result<Trainer> {
+        Self::assemble(cfg, vocab, pool, precision, |model| {
+            if cfg.lora.enabled {
+                let opened;
+                let base = match base {
+                    Some(b) => b,
+                    None => {
+                        opened = import::pretrained::open(Path::new(&cfg.lora.base))?;
+                        &opened
+                    }
+                };
+                import::pretrained::load_into(model, &base.weights, &base.source.path)?;
+            } else if let Some(b) = base {
+                import::pretrained::load_into(model, &b.weights, &b.source.path)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// A trainer whose frozen base is the model's own seeded initialisation (with
+    /// `lora.enabled`, adapters and `lora.quantize` as configured): fine-tuning benchmarks
+    /// at a published shape without its weights. `lora.base` only labels the run.
+    pub fn over_initialised_base(
+        cfg: &Config,
+        vocab: usize,
+        pool: &Arc<MemoryPool>,
+        precision: Precision,
+    ) -> Result<Trainer> {
+        Self::assemble(cfg, vocab, pool, precision, |_| Ok(()))
+    }
+
+    /// Builds the model, lets `load_base` fill its weights, then attaches adapters, quantises
+    /// the base and builds the optimizer as `cfg` says.
+    fn assemble(
+        cfg: &Config,
+        vocab: usize,
+        pool: &Arc<MemoryPool>,
+        precision: Precision,
+        load_base: impl FnOnce(&mut dyn Model) -> Result<()>,
+    ) -> Result<Trainer> {
         let pool = pool.clone();
         let mut model = models::build(&cfg.model, vocab, &pool, cfg.train.seed)?;
         Recompute::from_setting(&cfg.train.recompute)
@@ -109,20 +150,21 @@ impl Trainer {
             .map_err(KilnError::Setting)?;
         let kernels = Kernels::from_setting(cfg.train.fused_kernels);
         model.set_kernels(kernels).map_err(KilnError::Setting)?;
+        load_base(model.as_mut())?;
         let mut adapted = Vec::new();
+        let mut quantized = None;
         if cfg.lora.enabled {
-            let opened;
-            let base = match base {
-                Some(b) => b,
-                None => {
-                    opened = import::pretrained::open(Path::new(&cfg.lora.base))?;
-                    &opened
-                }
-            };
-            import::pretrained::load_into(model.as_mut(), &base.weights, &base.source.path)?;
             adapted = attach_adapters(model.as_mut(), cfg)?;
-        } else if let Some(b) = base {
-            import::pretrained::load_into(model.as_mut(), &b.weights, &b.source.path)?;
+            if cfg.lora.quantize == "nf4" {
+                // From the f32 values just loaded, before any rounding to the compute dtype.
+                let compute = precision.compute_dtype().unwrap_or(engine::DType::F32);
+                quantized = Some(model.quantize_base_nf4(compute)?.ok_or_else(|| {
+                    KilnError::Setting(format!(
+                        "lora.quantize = \"nf4\" keeps the projections of a Llama-family base in NF4; model.kind = \"{}\" has none (use lora.quantize = \"none\")",
+                        cfg.model.kind
+                    ))
+                })?);
+            }
         }
         let offload = cfg.train.offload_optimizer;
         if offload && cfg.lora.enabled {
@@ -184,6 +226,7 @@ impl Trainer {
             mark_phases: false,
             fwd_bwd_end: None,
             adapted,
+            quantized,
             scu_tokens: 0.0,
         })
     }
@@ -192,6 +235,19 @@ impl Trainer {
     /// `train.recompute=auto`).
     pub fn set_recompute(&mut self, policy: Recompute) -> Result<()> {
         self.model.set_recompute(policy).map_err(KilnError::Setting)
+    }
+
+    /// Bytes the frozen base holds in the pool: its dense frozen tensors in their dtype plus
+    /// the NF4 weights (the workspace they expand into is not counted).
+    pub fn base_weight_bytes(&self) -> usize {
+        let dense: usize = self
+            .model
+            .params()
+            .iter()
+            .filter(|p| p.frozen)
+            .map(|p| p.value.bytes())
+            .sum();
+        dense + self.quantized.map_or(0, |q| q.nf4_bytes)
     }
 
     pub fn loss_scale(&self) -> f64 {

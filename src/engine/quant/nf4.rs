@@ -46,6 +46,17 @@ use crate::engine::{DType, Device, EngineError, MemoryPool, Result, Tensor, ops}
 use rayon::prelude::*;
 use std::sync::Arc;
 
+/// Bytes an NF4 `[rows, cols]` weight holds in a pool on `device`: [`Nf4Weight::bytes`]
+/// before it exists, for plans.
+pub fn stored_bytes(rows: usize, cols: usize, device: Device) -> usize {
+    let blocks = cpu::nf4::blocks(rows * cols);
+    let tables = match device {
+        Device::Cpu => 0,
+        Device::Cuda(_) => (cpu::nf4::NF4_CODE.len() + 256) * 4,
+    };
+    blocks * cpu::nf4::BLOCK_BYTES + blocks + blocks.div_ceil(cpu::nf4::ABSMAX_BLOCK) * 4 + tables
+}
+
 /// A frozen `[rows, cols]` weight in NF4 on one device, its bytes booked in that device's
 /// pool. [`Nf4Weight::dequantize_into`] expands it into a workspace of the compute type.
 pub struct Nf4Weight {
@@ -256,6 +267,12 @@ mod tests {
         let values = normal(rows * cols, 1);
         let w = Nf4Weight::quantize(&pool, "blocks.0.mlp.up", &values, rows, cols).unwrap();
         assert_eq!(w.bytes(), 143 * 32 + 143 + 4);
+        assert_eq!(stored_bytes(rows, cols, Device::Cpu), w.bytes());
+        assert_eq!(
+            stored_bytes(rows, cols, Device::Cuda(0)),
+            w.bytes() + 1088,
+            "the code tables a GPU weight carries"
+        );
         assert_eq!(pool.stats().current, w.bytes());
         let host = w.to_host_f32().unwrap();
         let parts = w.to_host_parts().unwrap();
