@@ -644,3 +644,36 @@ fn resnet_bk_nan_potential_names_the_layer_and_the_step() {
         "{msg}"
     );
 }
+
+/// `train.eval_at_start` adds one evaluation before the first step (the untrained model's
+/// loss, above the trained one) and changes nothing the run computes; a resumed run does not
+/// evaluate its start again.
+#[test]
+fn eval_at_start_reports_the_untrained_loss_and_changes_no_weight() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+    let args = [
+        "train.steps=6",
+        "train.eval_every=0",
+        "train.checkpoint_every=3",
+    ];
+    run_to(&a, &args, false, None).unwrap();
+    let with: Vec<&str> = args
+        .iter()
+        .copied()
+        .chain(["train.eval_at_start=true"])
+        .collect();
+    run_to(&b, &with, false, Some(3)).unwrap();
+    run_to(&b, &[], true, None).unwrap();
+    assert_eq!(final_weights(&a), final_weights(&b));
+    let evals = records(&b, "eval");
+    assert_eq!(evals[0]["step"], 0, "{evals:?}");
+    assert_eq!(
+        evals.iter().filter(|r| r["step"] == 0).count(),
+        1,
+        "{evals:?}"
+    );
+    let last = evals.last().unwrap()["val_loss"].as_f64().unwrap();
+    assert!(evals[0]["val_loss"].as_f64().unwrap() > last, "{evals:?}");
+    assert!(records(&a, "eval").iter().all(|r| r["step"] != 0));
+}

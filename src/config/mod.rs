@@ -226,6 +226,9 @@ pub struct TrainConfig {
     /// copy. `false` saves in line, as kiln first did: training waits for the copy and the
     /// write, which is what the background writer is measured against.
     pub checkpoint_async: bool,
+    /// Evaluate once before the first step of a fresh run (not on resume): for a
+    /// fine-tune, the base model's validation loss, the "before" of the run.
+    pub eval_at_start: bool,
     /// Print training metrics every this many steps.
     pub log_every: usize,
     /// Starting loss scale for fp16-mixed; a power of two.
@@ -264,6 +267,7 @@ impl Default for TrainConfig {
             eval_batches: 16,
             checkpoint_every: 100,
             checkpoint_async: true,
+            eval_at_start: false,
             log_every: 10,
             loss_scale_init: 65536.0,
             loss_scale_growth_interval: 2000,
@@ -521,6 +525,10 @@ const KEYS: &[(&str, &str)] = &[
     (
         "train.checkpoint_every",
         "steps between checkpoints; 0 = only at the end",
+    ),
+    (
+        "train.eval_at_start",
+        "true = evaluate before the first step (the base's loss)",
     ),
     (
         "train.checkpoint_async",

@@ -458,6 +458,19 @@ fn run_locked(opts: RunOptions, lock: &lock::RunLock) -> Result<Summary> {
     let start_tokens = trainer.state.tokens;
     let start_step = trainer.state.step;
     trainer.pool.reset_peak();
+    if cfg.train.eval_at_start && start_step == 0 {
+        let v = trainer.evaluate(&val)?;
+        metrics.write(&EvalRecord {
+            kind: "eval",
+            step: 0,
+            val_loss: v,
+            val_bits_per_token: v / std::f64::consts::LN_2,
+        })?;
+        progress.message(&format!(
+            "step     0: val loss {v:.4} ({:.3} bits/token) before training",
+            v / std::f64::consts::LN_2
+        ));
+    }
 
     let mut tracer = opts.trace.clone().map(trace::Trace::new);
     let background = cfg.train.checkpoint_async;
