@@ -2326,7 +2326,7 @@ mod tests {
         let out = dir.path().join("kernels");
         run(args(out.clone())).unwrap();
         let md = std::fs::read_to_string(out.join("report.md")).unwrap();
-        assert!(md.contains("## Skipped\n\n- every CUDA kernel (memory-bound kernels; GEMMs and attention; unfused path (train.fused_kernels=false); optimizer, gradient norm, BK-Core; NF4 dequantisation beside the bf16 GEMM it feeds): no usable GPU"), "{md}");
+        assert!(md.contains("## Skipped\n\n- every CUDA kernel (memory-bound kernels; GEMMs and attention; unfused path (train.fused_kernels=false); optimizer, gradient norm, BK-Core; NF4 dequantisation beside the bf16 GEMM it feeds; pairwise cosine diversity (forward and gradient)): no usable GPU"), "{md}");
         assert!(md.contains("No usable GPU: no kernel was timed"), "{md}");
         let json = crate::report::read_results(&out);
         assert_eq!(json["suite"], "kernels");
