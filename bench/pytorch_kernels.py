@@ -21,6 +21,11 @@ absmax) when bitsandbytes imports, otherwise the same arithmetic in eager PyTorc
 the 16 NF4 values and of the restored absmax, a multiply, a cast to bf16), and `F.linear` in
 bf16 for the GEMM the workspace feeds.
 
+Beside kiln's pairwise cosine diversity (group `diversity`) stands what a PyTorch
+implementation writes: `F.normalize`, the Gram matrix `u @ u.T` and the mean of `1 - G` over
+the upper triangle (`triu(G, 1).sum()`), and its autograd backward, for one set of n
+embeddings of width d.
+
 Timing matches the kiln side: inputs rotated through enough copies that a call never finds
 its data left in L2 by the one before (working sets under twice the L2 size, `--l2-bytes`,
 at most `--max-copies`), `--warmup` untimed calls, then the median of `--reps` samples of
@@ -411,7 +416,35 @@ def nf4(b):
               2 * (NF4_TOKENS * (rows + cols) + n), make_gemm, F.linear)
 
 
-GROUPS = ("memory", "compute", "unfused", "other", "nf4")
+DIVERSITY_N = (8, 64, 512, 4096)
+DIVERSITY_D = (64, 256, 1024)
+
+
+def diversity(b, name, dt):
+    """Normalise, Gram matrix and upper-triangle mean of 1 - cos, and its autograd backward."""
+    es = torch.tensor([], dtype=dt).element_size()
+    for d in DIVERSITY_D:
+        for n in DIVERSITY_N:
+            pairs = n * (n - 1) / 2
+
+            def value(e, pairs=pairs):
+                u = F.normalize(e, dim=-1)
+                return 1 - (u @ u.T).triu(1).sum(dtype=torch.float32) / pairs
+
+            ws = es * (n * d + n * n)
+            b.run(f"diversity_forward d{d}", name, n,
+                  "F.normalize, u @ u.T, 1 - triu(G, 1).sum() / pairs", ws,
+                  lambda n=n, d=d: (b.rand(n, d, dtype=dt),), value)
+
+            def graph(n=n, d=d):
+                e = b.rand(n, d, dtype=dt, grad=True)
+                return value(e), e
+
+            b.run(f"diversity_backward d{d}", name, n, "autograd of the same", 2 * ws, graph,
+                  lambda v, e: torch.autograd.grad(v, e, retain_graph=True))
+
+
+GROUPS = ("memory", "compute", "unfused", "other", "nf4", "diversity")
 
 
 def main():
@@ -474,6 +507,9 @@ def main():
         b.skipped.append("bk_core_forward, bk_core_backward: PyTorch has no BK-Core operation")
     if "nf4" in only:
         nf4(b)
+    if "diversity" in only:
+        for name in names:
+            diversity(b, name, DTYPES[name])
     out = {"torch": torch.__version__, "device": device_name, "rows": b.rows,
            "skipped": b.skipped}
     if a.json:

@@ -14,6 +14,7 @@ pub mod data;
 pub mod embed;
 pub mod engine;
 pub mod error;
+pub mod eval;
 pub mod generate;
 pub mod hw;
 pub mod models;

@@ -1,10 +1,16 @@
-//! Datasets made from the bundled corpus, for testing classifiers without a download.
+//! Datasets made from the bundled corpus, for testing classifiers and fine-tuning without a
+//! download.
 //!
 //! `play-pairs`: pairs (speech, play title) labelled 1 when the speech comes from that play
 //! and 0 when the title is another play's, each speech once with each label (so the labels
 //! are balanced), grouped by the scene the speech comes from. Both records of a speech share
 //! its group, and so do the other speeches of the scene: a split that ignores groups puts
 //! the same speech on both sides of a fold.
+//!
+//! `cue-reply`: prompt/completion pairs for fine-tuning, a cue (the end of one character's
+//! speech) and the reply that follows it in the scene, spoken by another character, grouped
+//! by scene in play and scene order (so the tail a validation split takes is whole scenes,
+//! and a split by `group` holds scenes out).
 
 use crate::data::Corpus;
 use crate::error::Result;
@@ -14,6 +20,8 @@ use std::collections::BTreeMap;
 #[derive(Debug, Clone, PartialEq)]
 pub struct Speech {
     pub play: String,
+    /// The name as the speaker line gives it, without its full stop ("HAMLET", "Ber").
+    pub speaker: String,
     /// `"PLAY / scene N"`, N counting the play's scenes from 1.
     pub scene: String,
     pub text: String,
@@ -97,6 +105,7 @@ pub fn speeches(text: &str) -> Vec<Speech> {
             if !words.is_empty() {
                 out.push(Speech {
                     play: play.clone(),
+                    speaker: line.trim().trim_end_matches('.').to_string(),
                     scene: format!("{play} / scene {scene}"),
                     text: words.join(" "),
                 });
@@ -190,6 +199,86 @@ pub fn play_pairs(o: &PlayPairs) -> Result<Vec<PairRecord>> {
     Ok(out)
 }
 
+/// Settings of `cue-reply`.
+#[derive(Debug, Clone)]
+pub struct CueReplies {
+    /// How many plays (chosen at random with `seed`); 0 takes every play.
+    pub plays: usize,
+    /// Pairs taken from each scene at most (in the order they are spoken).
+    pub per_scene: usize,
+    /// Cues and replies shorter than this many words are skipped.
+    pub min_words: usize,
+    /// A cue keeps its last `max_words` words (what the next speaker answers), a reply its
+    /// first `max_words`.
+    pub max_words: usize,
+    pub seed: u64,
+}
+
+/// One fine-tuning example as `kiln finetune` (`data.format=prompt_completion`) reads it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct CueReplyRecord {
+    /// `"CUE SPEAKER: cue\nREPLY SPEAKER:"`, so the model knows who answers.
+    pub prompt: String,
+    /// `" reply"`: the leading space joins it to the prompt as the text would.
+    pub completion: String,
+    /// The scene, `"PLAY / scene N"`.
+    pub group: String,
+}
+
+fn words(text: &str) -> Vec<&str> {
+    text.split_whitespace().collect()
+}
+
+/// The pairs of `cue-reply` from consecutive speeches of `speeches` (in text order): the
+/// same scene, a different speaker, both at least `min_words` long.
+pub fn cue_replies_from(speeches: &[Speech], o: &CueReplies) -> Vec<CueReplyRecord> {
+    let mut out = Vec::new();
+    let mut taken = 0;
+    for (i, pair) in speeches.windows(2).enumerate() {
+        let (cue, reply) = (&pair[0], &pair[1]);
+        if i > 0 && speeches[i - 1].scene != cue.scene {
+            taken = 0;
+        }
+        if cue.scene != reply.scene || cue.speaker == reply.speaker || taken >= o.per_scene {
+            continue;
+        }
+        let (c, r) = (words(&cue.text), words(&reply.text));
+        if c.len() < o.min_words || r.len() < o.min_words {
+            continue;
+        }
+        let c = &c[c.len().saturating_sub(o.max_words)..];
+        let r = &r[..r.len().min(o.max_words)];
+        out.push(CueReplyRecord {
+            prompt: format!("{}: {}\n{}:", cue.speaker, c.join(" "), reply.speaker),
+            completion: format!(" {}", r.join(" ")),
+            group: cue.scene.clone(),
+        });
+        taken += 1;
+    }
+    out
+}
+
+/// The records of `cue-reply` from the bundled corpus, plays in title order.
+pub fn cue_replies(o: &CueReplies) -> Result<Vec<CueReplyRecord>> {
+    let corpus = Corpus::load(None)?;
+    let all = speeches(&corpus.text);
+    let mut titles: Vec<&str> = all.iter().map(|s| s.play.as_str()).collect();
+    titles.sort_unstable();
+    titles.dedup();
+    if o.plays > 0 && o.plays < titles.len() {
+        let order = super::folds::shuffled(titles.len(), o.seed);
+        let mut keep: Vec<&str> = order[..o.plays].iter().map(|&i| titles[i]).collect();
+        keep.sort_unstable();
+        titles = keep;
+    }
+    let mut out = Vec::new();
+    for title in titles {
+        let play: Vec<Speech> = all.iter().filter(|s| s.play == title).cloned().collect();
+        out.extend(cue_replies_from(&play, o));
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -206,6 +295,78 @@ mod tests {
         assert!(is_scene_heading("ACT IV. SCENE I. CAESAR'S Camp"));
         assert!(!is_scene_heading("SCENE:  Partly in France"));
         assert!(!is_speaker("He said so, and more."));
+    }
+
+    #[test]
+    fn cues_are_answered_by_another_speaker_in_the_same_scene() {
+        let text = "HAMLET, PRINCE OF DENMARK\n\nby William Shakespeare\n\nSCENE I. Elsinore.\n\nBer.\nWho's there, I say, who?\n\nFran.\nNay, answer me: stand and unfold yourself.\n\nFran.\nI said so twice and more.\n\nBer.\nLong live the king, long live!\n\nSCENE II. A room.\n\nKING.\nThough yet of Hamlet our dear brother's death\n\nQUEEN.\nGood Hamlet, cast thy nighted colour off.\n";
+        let s = speeches(text);
+        assert_eq!(s[0].speaker, "Ber");
+        let o = CueReplies {
+            plays: 0,
+            per_scene: 10,
+            min_words: 5,
+            max_words: 4,
+            seed: 0,
+        };
+        let recs = cue_replies_from(&s, &o);
+        // Fran. answering Fran. is no reply, and the last speech of scene 1 does not cue
+        // the first of scene 2.
+        assert_eq!(recs.len(), 3, "{recs:?}");
+        assert_eq!(recs[0].prompt, "Ber: there, I say, who?\nFran:");
+        assert_eq!(recs[0].completion, " Nay, answer me: stand");
+        assert_eq!(recs[0].group, "Hamlet, Prince Of Denmark / scene 1");
+        assert_eq!(recs[1].prompt, "Fran: so twice and more.\nBer:");
+        assert_eq!(recs[2].prompt, "KING: our dear brother's death\nQUEEN:");
+        assert_eq!(recs[2].group, "Hamlet, Prince Of Denmark / scene 2");
+        let one = cue_replies_from(
+            &s,
+            &CueReplies {
+                per_scene: 1,
+                ..o.clone()
+            },
+        );
+        assert_eq!(one.len(), 2, "one pair from each scene");
+        assert_eq!((&one[0], &one[1]), (&recs[0], &recs[2]));
+        let short = cue_replies_from(&s, &CueReplies { min_words: 7, ..o });
+        assert_eq!(short.len(), 1, "only KING and QUEEN speak 7 words or more");
+    }
+
+    #[test]
+    fn cue_replies_of_the_corpus_are_grouped_by_scene_in_order() {
+        let o = CueReplies {
+            plays: 3,
+            per_scene: 3,
+            min_words: 5,
+            max_words: 30,
+            seed: 1,
+        };
+        let recs = cue_replies(&o).unwrap();
+        assert!(recs.len() > 100, "{}", recs.len());
+        let mut seen: Vec<&str> = Vec::new();
+        for r in &recs {
+            if seen.last() != Some(&r.group.as_str()) {
+                assert!(!seen.contains(&r.group.as_str()), "{} split", r.group);
+                seen.push(&r.group);
+            }
+            assert!(r.prompt.ends_with(':') && r.completion.starts_with(' '));
+            let n = r.completion.split_whitespace().count();
+            assert!((5..=30).contains(&n), "{n} words");
+        }
+        let plays: std::collections::BTreeSet<&str> = recs
+            .iter()
+            .map(|r| r.group.split(" / ").next().unwrap())
+            .collect();
+        assert_eq!(plays.len(), 3);
+        assert!(
+            seen.iter()
+                .all(|g| recs.iter().filter(|r| &r.group == g).count() <= 3)
+        );
+        assert_eq!(
+            recs,
+            cue_replies(&o).unwrap(),
+            "the same seed gives the same file"
+        );
     }
 
     #[test]

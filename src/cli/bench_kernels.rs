@@ -82,7 +82,8 @@ pub struct BenchKernelsArgs {
     pub no_python: bool,
     /// Time only these groups (comma-separated): memory, compute, unfused, other, nf4 (NF4
     /// dequantisation of a 2048x8192 and an 8192x2048 weight beside the bf16 GEMM it feeds at
-    /// 8192 tokens). Default: all.
+    /// 8192 tokens), diversity (pairwise cosine diversity of n embeddings of width d, forward
+    /// and gradient, for n in 8..4096 and d in 64..1024). Default: all.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
 }
@@ -231,15 +232,18 @@ enum Group {
     Other,
     /// NF4 dequantisation into a bf16 workspace beside the GEMM that reads it.
     Nf4,
+    /// Pairwise cosine diversity of a set of embeddings and its gradient.
+    Diversity,
 }
 
 impl Group {
-    const ALL: [Group; 5] = [
+    const ALL: [Group; 6] = [
         Group::Memory,
         Group::Compute,
         Group::Unfused,
         Group::Other,
         Group::Nf4,
+        Group::Diversity,
     ];
 
     fn name(self) -> &'static str {
@@ -249,6 +253,7 @@ impl Group {
             Group::Unfused => "unfused",
             Group::Other => "other",
             Group::Nf4 => "nf4",
+            Group::Diversity => "diversity",
         }
     }
 
@@ -259,6 +264,7 @@ impl Group {
             Group::Unfused => "unfused path (train.fused_kernels=false)",
             Group::Other => "optimizer, gradient norm, BK-Core",
             Group::Nf4 => "NF4 dequantisation beside the bf16 GEMM it feeds",
+            Group::Diversity => "pairwise cosine diversity (forward and gradient)",
         }
     }
 }
@@ -352,6 +358,13 @@ impl Entry {
     fn nf4(self) -> Self {
         Entry {
             group: Group::Nf4,
+            ..self
+        }
+    }
+
+    fn diversity(self) -> Self {
+        Entry {
+            group: Group::Diversity,
             ..self
         }
     }
@@ -1570,6 +1583,21 @@ fn run_gpu(
         record(gpu, &mut o, "NF4 dequantisation and its GEMM", r);
         o.notes.extend(nf4_shares(&b.rows));
     }
+    if groups.contains(&Group::Diversity) {
+        for &dt in dtypes {
+            let r = match dt {
+                Dt::F32 => time_diversity::<f32>(&mut b),
+                Dt::Bf16 => time_diversity::<Bf16>(&mut b),
+                Dt::F16 => time_diversity::<F16>(&mut b),
+            };
+            record(
+                gpu,
+                &mut o,
+                &format!("{} pairwise diversity", dt_name(dt)),
+                r,
+            );
+        }
+    }
     if let Some(n) = a.rows.iter().find(|&&n| !n.is_multiple_of(a.seq)) {
         o.skipped.push(format!(
             "attention (fused and unfused) and BK-Core at {n} rows (and any other size that is not a multiple of --seq {}): they run whole sequences",
@@ -1731,6 +1759,71 @@ fn time_nf4(b: &mut Bench) -> CResult<()> {
                 )
             },
         )?;
+    }
+    Ok(())
+}
+
+/// Set sizes and embedding widths of the diversity group (one set per call).
+const DIVERSITY_N: [usize; 4] = [8, 64, 512, 4096];
+const DIVERSITY_D: [usize; 3] = [64, 256, 1024];
+
+/// The diversity forward (D, the column sums and the row norms from one read of the
+/// embeddings) and its gradient, for every `(n, d)` of the group. Both are memory-bound:
+/// the forward reads the embeddings once, the backward reads them and writes the gradient.
+/// Kernel names carry `d` and the size is `n`, so PyTorch's rows match them.
+fn time_diversity<T: Elem>(b: &mut Bench) -> CResult<()> {
+    use crate::engine::cpu::diversity::SetShape;
+    let gpu = b.gpu;
+    let dt = T::SUFFIX;
+    for d in DIVERSITY_D {
+        for n in DIVERSITY_N {
+            let shape = SetShape { sets: 1, n, d };
+            let input = es::<T>() * (n * d) as f64;
+            let saved = 4.0 * (n + d + 1) as f64;
+            let k = b.copies(2.0 * input + saved);
+            let e = b.ring::<T>(n * d, 1.0, k)?;
+            let dd = b.ring::<f32>(1, 1.0, k)?;
+            let (mut value, mut s, mut rnorm) = (
+                b.outputs::<f32>(1, k)?,
+                b.outputs::<f32>(d, k)?,
+                b.outputs::<f32>(n, k)?,
+            );
+            let mut de = b.outputs::<T>(n * d, k)?;
+            let mut i = 0;
+            b.time(
+                Entry::mem(
+                    &format!("diversity_forward d{d}"),
+                    &format!("fwd {n}x{d}"),
+                    dt,
+                    n,
+                    format!("n{n} d{d}"),
+                    input + saved,
+                )
+                .diversity(),
+                k,
+                || {
+                    let j = cycle(&mut i, k);
+                    gpu.diversity_forward(&mut value[j], &mut s[j], &mut rnorm[j], &e[j], shape)
+                },
+            )?;
+            let mut i = 0;
+            b.time(
+                Entry::mem(
+                    &format!("diversity_backward d{d}"),
+                    &format!("bwd {n}x{d}"),
+                    dt,
+                    n,
+                    format!("n{n} d{d}"),
+                    2.0 * input + saved,
+                )
+                .diversity(),
+                k,
+                || {
+                    let j = cycle(&mut i, k);
+                    gpu.diversity_backward(&mut de[j], &dd[j], &e[j], &s[j], &rnorm[j], shape)
+                },
+            )?;
+        }
     }
     Ok(())
 }
@@ -2233,7 +2326,7 @@ mod tests {
         let out = dir.path().join("kernels");
         run(args(out.clone())).unwrap();
         let md = std::fs::read_to_string(out.join("report.md")).unwrap();
-        assert!(md.contains("## Skipped\n\n- every CUDA kernel (memory-bound kernels; GEMMs and attention; unfused path (train.fused_kernels=false); optimizer, gradient norm, BK-Core; NF4 dequantisation beside the bf16 GEMM it feeds): no usable GPU"), "{md}");
+        assert!(md.contains("## Skipped\n\n- every CUDA kernel (memory-bound kernels; GEMMs and attention; unfused path (train.fused_kernels=false); optimizer, gradient norm, BK-Core; NF4 dequantisation beside the bf16 GEMM it feeds; pairwise cosine diversity (forward and gradient)): no usable GPU"), "{md}");
         assert!(md.contains("No usable GPU: no kernel was timed"), "{md}");
         let json = crate::report::read_results(&out);
         assert_eq!(json["suite"], "kernels");

@@ -10,6 +10,7 @@ pub mod bench_kernels;
 pub mod bench_memory;
 pub mod bench_train;
 pub mod classify;
+pub mod diversity;
 pub mod embed;
 pub mod eval;
 pub mod export;
@@ -86,9 +87,12 @@ pub enum Command {
     Embed(embed::EmbedArgs),
     /// Cross-validate a classifier head on a frozen encoder's features (grouped, stratified folds).
     Classify(classify::ClassifyArgs),
-    /// Write a labelled dataset made from the bundled corpus (JSON lines).
+    /// Write a labelled or fine-tuning dataset made from the bundled corpus (JSON lines).
     #[command(subcommand)]
     MakeDataset(make_dataset::DatasetCommand),
+    /// Diversity of several samples per prompt: distinct-n, Self-BLEU, semantic diversity
+    /// with an encoder, and pass@k and DER(k) with a checker command.
+    Diversity(diversity::DiversityArgs),
 }
 
 pub fn run(cli: Cli) -> Result<()> {
@@ -108,6 +112,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Embed(a) => embed::run(a),
         Command::Classify(a) => classify::run(a),
         Command::MakeDataset(c) => make_dataset::run(c),
+        Command::Diversity(a) => diversity::run(a),
     }
 }
 

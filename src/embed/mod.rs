@@ -267,6 +267,11 @@ impl TextEncoder {
         self.pool.device()
     }
 
+    /// The pool of the encoder's device, for work on its embeddings there.
+    pub fn pool(&self) -> &Arc<MemoryPool> {
+        &self.pool
+    }
+
     /// `fp32`, `bf16` or `f16`.
     pub fn precision(&self) -> &'static str {
         self.precision

@@ -10,6 +10,7 @@
 //! fails before the run holds any data removes what it created.
 
 pub mod checkpoint;
+pub mod diversity;
 pub mod lock;
 pub mod metrics;
 pub mod oom;

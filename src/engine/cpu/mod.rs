@@ -11,6 +11,7 @@ pub mod attention_masked;
 pub mod attention_unfused;
 pub mod bk_core;
 pub mod cross_entropy;
+pub mod diversity;
 pub mod embedding;
 pub mod gelu;
 pub mod gelu_erf;

@@ -15,6 +15,7 @@ mod attention_masked;
 mod attention_unfused;
 mod bk_core;
 mod cross_entropy;
+mod diversity;
 pub mod embedding;
 mod gelu;
 mod gelu_erf;
@@ -314,6 +315,7 @@ const PROGRAMS: &[Program] = &[
     sampling::PROGRAM,
     swiglu::PROGRAM,
     nf4::PROGRAM,
+    diversity::PROGRAM,
 ];
 
 /// How the kernels were obtained at start-up.
