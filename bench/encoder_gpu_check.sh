@@ -43,7 +43,7 @@ for p in f16 bf16; do
     --precision $p --batch-size 64 >/dev/null 2>&1  # compiles and caches the kernels
   "$KILN" embed --init-from "$MINILM" --input "$OUT/texts.txt" --out "$OUT/kiln_$p.safetensors" \
     --device cuda --precision $p --batch-size 64 2>&1 | tee "$OUT/embed_$p.log" | tail -1
-  echo "{\"engine\": \"kiln\", \"precision\": \"$p\", \"batch\": 64, \"sentences_per_s\": $(grep -o '([0-9]* texts/s)' "$OUT/embed_$p.log" | tr -dc 0-9)}"
+  echo "{\"engine\": \"kiln\", \"precision\": \"$p\", \"batch\": 64, \"sentences_per_s\": $(grep -o '([0-9]* texts/s' "$OUT/embed_$p.log" | tr -dc 0-9)}"
 done
 $PY speed "$MINILM" "$OUT/texts.txt" 64
 

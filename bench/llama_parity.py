@@ -120,7 +120,9 @@ def main():
         hf_dir = os.path.join(a.work, "gguf-exported")
         subprocess.run([a.kiln, "export", "--init-from", a.gguf, "--to", hf_dir], check=True)
         model = tf.AutoModelForCausalLM.from_pretrained(hf_dir, torch_dtype=torch.float32).cuda().eval()
-        lines, note = kiln_generate(a.kiln, ["--init-from", a.gguf], a.work, "gguf")
+        # In the chat template: given a raw prompt the instruct model's greedy first token is
+        # often its end-of-turn token, which would leave nothing to compare.
+        lines, note = kiln_generate(a.kiln, ["--init-from", a.gguf, "--chat"], a.work, "gguf")
         if lines is None:
             rows.append((name, "kiln refused", note))
         else:
