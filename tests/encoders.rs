@@ -288,6 +288,38 @@ fn bad_input_is_refused_with_its_exit_code() {
     };
     let cases: Vec<(&str, Output, i32, &str)> = vec![
         (
+            "unknown fine-tune mode",
+            classify(&two_groups, &["--folds", "2", "--finetune", "partial"]),
+            2,
+            "use lora or full",
+        ),
+        (
+            "encoder lr without fine-tuning",
+            classify(&two_groups, &["--folds", "2", "--encoder-lr", "1e-4"]),
+            2,
+            "only with --finetune",
+        ),
+        (
+            "fine-tuning a decoder",
+            kiln(&[
+                "classify",
+                "--init-from",
+                s(&smollm2_gguf()),
+                "--data",
+                s(&two_groups),
+                "--out",
+                s(&out),
+                "--device",
+                "cpu",
+                "--folds",
+                "2",
+                "--finetune",
+                "full",
+            ]),
+            2,
+            "needs a BERT-family encoder",
+        ),
+        (
             "missing label",
             classify(&no_label, &["--folds", "2"]),
             3,
@@ -390,4 +422,137 @@ fn a_class_too_small_to_stratify_is_reported() {
         report.contains("the validation side has no \"rare\" records"),
         "{report}"
     );
+}
+
+/// A small slice of play-pairs: the first `n` records of three plays, scenes as groups.
+fn play_pairs_slice(dir: &Path, n: usize) -> PathBuf {
+    let full = dir.join("full.jsonl");
+    let o = kiln(&[
+        "make-dataset",
+        "play-pairs",
+        "--plays",
+        "3",
+        "--per-scene",
+        "2",
+        "--seed",
+        "1",
+        "--out",
+        s(&full),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let body = std::fs::read_to_string(&full).unwrap();
+    let lines: Vec<&str> = body.lines().take(n).collect();
+    write(dir, "slice.jsonl", &(lines.join("\n") + "\n"))
+}
+
+/// `kiln classify --finetune lora` runs end to end on the CPU on a slice of play-pairs and
+/// says in its report that the encoder was fine-tuned, with no feature cache.
+#[test]
+fn classify_fine_tunes_minilm_with_lora() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = play_pairs_slice(dir.path(), 24);
+    let out = dir.path().join("out");
+    let o = kiln(&[
+        "classify",
+        "--init-from",
+        s(&minilm_dir()),
+        "--data",
+        s(&data),
+        "--folds",
+        "2",
+        "--out",
+        s(&out),
+        "--device",
+        "cpu",
+        "--finetune",
+        "lora",
+        "--epochs",
+        "1",
+        "--max-length",
+        "24",
+        "--batch-size",
+        "8",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(report.contains("LoRA rank 8"), "{report}");
+    assert!(report.contains("feature cache: none"), "{report}");
+    let m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("metrics.json")).unwrap()).unwrap();
+    let f1 = m["summary"]["F1"]["mean"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&f1), "macro-F1 {f1}");
+}
+
+/// One fold's LoRA fine-tune moves the adapters and leaves every base weight bit-identical.
+#[test]
+fn lora_fine_tune_changes_adapters_only() {
+    use kiln::classify::finetune::{Finetune, FinetuneSetup, train_fold};
+    use kiln::classify::head::{HeadKind, HeadOptions};
+    use kiln::embed::{EncoderOptions, TextEncoder};
+    let enc_opts = EncoderOptions {
+        device: "cpu".into(),
+        precision: None,
+        max_length: Some(16),
+    };
+    let head = HeadOptions {
+        kind: HeadKind::Linear,
+        lr: 1e-3,
+        weight_decay: 0.0,
+        max_epochs: 1,
+        patience: 1,
+        batch_size: 8,
+        seed: 3,
+    };
+    let minilm = minilm_dir();
+    let setup = FinetuneSetup {
+        init_from: &minilm,
+        encoder: &enc_opts,
+        mode: Finetune::Lora,
+        encoder_lr: 1e-3,
+        batch_size: 4,
+        head: &head,
+    };
+    let base = TextEncoder::open(&minilm, &enc_opts).unwrap();
+    let texts = [
+        "To be, or not to be",
+        "Friends, Romans, countrymen",
+        "Now is the winter of our discontent",
+        "O Romeo, Romeo",
+        "All the world's a stage",
+        "The quality of mercy is not strained",
+        "Out, damned spot",
+        "If music be the food of love",
+    ];
+    let inputs: Vec<_> = texts
+        .iter()
+        .map(|t| base.encode(t, None).unwrap())
+        .collect();
+    let labels = [0, 1, 0, 1, 0, 1, 0, 1];
+    let train: Vec<usize> = (0..8).collect();
+    let tuned = train_fold(&setup, &inputs, &labels, 2, &train, &[]).unwrap();
+    let (b0, b1) = (base.bert().unwrap(), tuned.encoder.bert().unwrap());
+    let (base_params, tuned_params) = (b0.params(), b1.params());
+    let (frozen, adapters): (Vec<&kiln::nn::Param>, Vec<&kiln::nn::Param>) =
+        tuned_params.iter().copied().partition(|p| p.frozen);
+    assert_eq!(frozen.len(), base_params.len());
+    for (a, b) in base_params.iter().zip(&frozen) {
+        assert_eq!(a.name, b.name);
+        assert_eq!(
+            a.value.to_vec().unwrap(),
+            b.value.to_vec().unwrap(),
+            "{}",
+            a.name
+        );
+    }
+    assert_eq!(
+        adapters.len(),
+        6 * 6 * 2,
+        "query, key, value and three dense per layer"
+    );
+    let moved = adapters
+        .iter()
+        .filter(|p| p.name.ends_with(".B"))
+        .filter(|p| p.value.to_vec().unwrap().iter().any(|&v| v != 0.0))
+        .count();
+    assert_eq!(moved, 6 * 6, "every B left zero");
 }

@@ -9,6 +9,7 @@
 
 pub mod data;
 pub mod dataset;
+pub mod finetune;
 pub mod folds;
 pub mod head;
 pub mod metrics;
@@ -18,6 +19,7 @@ use crate::data::DataError;
 use crate::embed::{Encoded, EncoderOptions, TextEncoder};
 use crate::error::{KilnError, Result};
 use data::Dataset;
+use finetune::{Finetune, FinetuneSetup};
 use head::{HeadKind, HeadOptions};
 use metrics::Metrics;
 use std::path::{Path, PathBuf};
@@ -37,6 +39,10 @@ pub struct ClassifyOptions {
     /// Where features are cached; `None` turns the cache off.
     pub cache_dir: Option<PathBuf>,
     pub pair_encoding: PairEncoding,
+    /// Whether the encoder stays frozen or trains with the head ([`finetune`]).
+    pub finetune: Finetune,
+    /// The encoder's AdamW learning rate when it trains (`None`: the mode's default).
+    pub encoder_lr: Option<f32>,
 }
 
 /// How a record with a `text_pair` becomes one feature vector.
@@ -78,6 +84,9 @@ pub struct CacheUse {
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Outcome {
     pub encoder: String,
+    pub finetune: Finetune,
+    /// The encoder's learning rate, when it trained.
+    pub encoder_lr: Option<f32>,
     pub pair_encoding: PairEncoding,
     pub records: usize,
     pub pairs: usize,
@@ -361,33 +370,191 @@ pub fn run(o: &ClassifyOptions) -> Result<Outcome> {
     let plain = folds::stratified(&labels, n_classes, k, o.head.seed);
     let stratified_leaking_groups = folds::leaking_groups(&plain, &groups, k);
 
+    if o.finetune != Finetune::Frozen
+        && o.pair_encoding == PairEncoding::Bi
+        && ds.records.iter().any(|r| r.text_pair.is_some())
+    {
+        return Err(KilnError::Setting(
+            "--finetune trains the encoder on pairs encoded together; use --pair-encoding cross (or leave --finetune out for bi)".into(),
+        ));
+    }
     std::fs::create_dir_all(&o.out).map_err(|e| KilnError::output(&o.out, e))?;
+    let (
+        description,
+        max_length,
+        cache,
+        truncated,
+        encode_seconds,
+        head_seconds,
+        fold_results,
+        confusion,
+    ) = if o.finetune == Finetune::Frozen {
+        let start = Instant::now();
+        let encoder = TextEncoder::open(&o.init_from, &o.encoder)?;
+        eprintln!("encoder: {}", encoder.description);
+        let (x, truncated, cache) = features(o, &encoder, &ds)?;
+        let encode_seconds = start.elapsed().as_secs_f64();
+        eprintln!(
+            "features: {} ({} records, {encode_seconds:.1} s)",
+            if cache.hit {
+                "cache hit"
+            } else {
+                "cache miss, encoded"
+            },
+            ds.records.len()
+        );
+        let d = feature_dim(o, &encoder, &ds);
+        let start = Instant::now();
+        let mut fold_results = Vec::with_capacity(k);
+        let mut confusion = vec![vec![0; n_classes]; n_classes];
+        for (f, fold_counts) in counts.iter().enumerate() {
+            let test: Vec<usize> = (0..labels.len()).filter(|&i| assignment[i] == f).collect();
+            let rest: Vec<usize> = (0..labels.len()).filter(|&i| assignment[i] != f).collect();
+            // Early stopping watches a grouped part of the training side, never the test fold.
+            let (inner_train, inner_val) =
+                early_stopping_split(&rest, &labels, &groups, n_classes, o.head.seed);
+            let trained = head::train(&x, d, &labels, n_classes, &inner_train, &inner_val, &o.head);
+            let probs = trained.predict_proba(&x, d, &test);
+            let test_labels: Vec<usize> = test.iter().map(|&i| labels[i]).collect();
+            let m = metrics::evaluate(&probs, &test_labels, n_classes);
+            for (row, add) in confusion.iter_mut().zip(&m.confusion) {
+                row.iter_mut().zip(add).for_each(|(a, b)| *a += b);
+            }
+            eprintln!(
+                "fold {}/{k}: {} test records, accuracy {:.3}, macro-F1 {:.3}, ROC-AUC {}",
+                f + 1,
+                test.len(),
+                m.accuracy,
+                m.f1,
+                m.roc_auc.map_or("-".into(), |a| format!("{a:.3}"))
+            );
+            fold_results.push(FoldResult {
+                fold: f + 1,
+                train_records: inner_train.len(),
+                early_stopping_records: inner_val.len(),
+                test_records: test.len(),
+                test_class_counts: fold_counts.clone(),
+                epochs_run: trained.epochs_run,
+                best_epoch: trained.best_epoch,
+                metrics: m,
+            });
+        }
+        let head_seconds = start.elapsed().as_secs_f64();
+        (
+            encoder.description.clone(),
+            encoder.max_length(),
+            cache,
+            truncated.iter().filter(|&&t| t).count(),
+            encode_seconds,
+            head_seconds,
+            fold_results,
+            confusion,
+        )
+    } else {
+        finetune_folds(o, &ds, &labels, &groups, &assignment, &counts)?
+    };
+    let outcome = Outcome {
+        encoder: description,
+        finetune: o.finetune,
+        encoder_lr: (o.finetune != Finetune::Frozen)
+            .then(|| o.encoder_lr.unwrap_or(o.finetune.default_lr())),
+        pair_encoding: o.pair_encoding,
+        records: ds.records.len(),
+        pairs: ds.records.iter().filter(|r| r.text_pair.is_some()).count(),
+        classes: ds.classes.clone(),
+        groups: ds.groups.len(),
+        grouped_records: ds.grouped_records,
+        folds: k,
+        head: o.head,
+        fold_results,
+        leaking_groups,
+        stratified_leaking_groups,
+        confusion,
+        cache,
+        truncated,
+        max_length,
+        encode_seconds,
+        head_seconds,
+        warnings,
+        assignment,
+    };
+    for w in &outcome.warnings {
+        eprintln!("warning: {w}");
+    }
+    report::write(&o.out, &outcome)?;
+    Ok(outcome)
+}
+
+/// What the cross-validation of one mode gives the report: the encoder's description, its
+/// maximum length, the cache's verdict, the truncated records, the encoding and training
+/// seconds, the folds' results and the summed confusion matrix.
+type FoldsRun = (
+    String,
+    usize,
+    CacheUse,
+    usize,
+    f64,
+    f64,
+    Vec<FoldResult>,
+    Vec<Vec<usize>>,
+);
+
+/// The folds with the encoder trained beside the head ([`finetune`]): the records are
+/// tokenised once (cross pairs), and each fold trains a fresh encoder; no feature cache.
+fn finetune_folds(
+    o: &ClassifyOptions,
+    ds: &Dataset,
+    labels: &[usize],
+    groups: &[usize],
+    assignment: &[usize],
+    counts: &[Vec<usize>],
+) -> Result<FoldsRun> {
+    let (k, n_classes) = (o.folds, ds.classes.len());
     let start = Instant::now();
-    let encoder = TextEncoder::open(&o.init_from, &o.encoder)?;
-    eprintln!("encoder: {}", encoder.description);
-    let (x, truncated, cache) = features(o, &encoder, &ds)?;
-    let encode_seconds = start.elapsed().as_secs_f64();
-    eprintln!(
-        "features: {} ({} records, {encode_seconds:.1} s)",
-        if cache.hit {
-            "cache hit"
-        } else {
-            "cache miss, encoded"
-        },
-        ds.records.len()
+    // Opened once to check the model and tokenise; each fold opens its own fresh copy.
+    let setup = FinetuneSetup {
+        init_from: &o.init_from,
+        encoder: &o.encoder,
+        mode: o.finetune,
+        encoder_lr: o.encoder_lr.unwrap_or(o.finetune.default_lr()),
+        batch_size: o.batch_size,
+        head: &o.head,
+    };
+    let probe = finetune::open_trainable(&setup)?;
+    let description = format!(
+        "{}, fine-tuned ({})",
+        probe.description,
+        match o.finetune {
+            Finetune::Lora => "LoRA",
+            _ => "full",
+        }
     );
-    let d = feature_dim(o, &encoder, &ds);
+    eprintln!("encoder: {description}");
+    let texts: Vec<(&str, Option<&str>)> = ds
+        .records
+        .iter()
+        .map(|r| (r.text.as_str(), r.text_pair.as_deref()))
+        .collect();
+    let inputs = probe.encode_all(&texts)?;
+    let max_length = probe.max_length();
+    drop(probe);
+    let encode_seconds = start.elapsed().as_secs_f64();
     let start = Instant::now();
     let mut fold_results = Vec::with_capacity(k);
     let mut confusion = vec![vec![0; n_classes]; n_classes];
     for (f, fold_counts) in counts.iter().enumerate() {
         let test: Vec<usize> = (0..labels.len()).filter(|&i| assignment[i] == f).collect();
         let rest: Vec<usize> = (0..labels.len()).filter(|&i| assignment[i] != f).collect();
-        // Early stopping watches a grouped part of the training side, never the test fold.
         let (inner_train, inner_val) =
-            early_stopping_split(&rest, &labels, &groups, n_classes, o.head.seed);
-        let trained = head::train(&x, d, &labels, n_classes, &inner_train, &inner_val, &o.head);
-        let probs = trained.predict_proba(&x, d, &test);
+            early_stopping_split(&rest, labels, groups, n_classes, o.head.seed);
+        eprintln!(
+            "fold {}/{k}: fine-tuning on {} records",
+            f + 1,
+            inner_train.len()
+        );
+        let trained =
+            finetune::train_fold(&setup, &inputs, labels, n_classes, &inner_train, &inner_val)?;
+        let probs = finetune::predict(&trained, &inputs, &test, o.batch_size)?;
         let test_labels: Vec<usize> = test.iter().map(|&i| labels[i]).collect();
         let m = metrics::evaluate(&probs, &test_labels, n_classes);
         for (row, add) in confusion.iter_mut().zip(&m.confusion) {
@@ -412,34 +579,22 @@ pub fn run(o: &ClassifyOptions) -> Result<Outcome> {
             metrics: m,
         });
     }
-    let head_seconds = start.elapsed().as_secs_f64();
-    let outcome = Outcome {
-        encoder: encoder.description.clone(),
-        pair_encoding: o.pair_encoding,
-        records: ds.records.len(),
-        pairs: ds.records.iter().filter(|r| r.text_pair.is_some()).count(),
-        classes: ds.classes.clone(),
-        groups: ds.groups.len(),
-        grouped_records: ds.grouped_records,
-        folds: k,
-        head: o.head,
-        fold_results,
-        leaking_groups,
-        stratified_leaking_groups,
-        confusion,
-        cache,
-        truncated: truncated.iter().filter(|&&t| t).count(),
-        max_length: encoder.max_length(),
-        encode_seconds,
-        head_seconds,
-        warnings,
-        assignment,
+    let cache = CacheUse {
+        key: String::new(),
+        hit: false,
+        path: None,
     };
-    for w in &outcome.warnings {
-        eprintln!("warning: {w}");
-    }
-    report::write(&o.out, &outcome)?;
-    Ok(outcome)
+    let truncated = inputs.iter().filter(|e| e.truncated).count();
+    Ok((
+        description,
+        max_length,
+        cache,
+        truncated,
+        encode_seconds,
+        start.elapsed().as_secs_f64(),
+        fold_results,
+        confusion,
+    ))
 }
 
 /// Splits the training side `rest` into the rows a head trains on and a grouped, stratified

@@ -30,7 +30,20 @@ fn summary(o: &Outcome, of: MetricOf) -> Option<(f64, f64)> {
 
 fn markdown(o: &Outcome, plot: Option<&str>) -> String {
     let mut s = String::from("# kiln classify\n\n");
-    s += &format!("- encoder: {} (frozen)\n", o.encoder);
+    match o.encoder_lr {
+        None => s += &format!("- encoder: {} (frozen)\n", o.encoder),
+        Some(lr) => {
+            s += &format!(
+                "- encoder: {} ({} fine-tuning beside the head, AdamW lr {lr})\n",
+                o.encoder,
+                match o.finetune {
+                    super::finetune::Finetune::Lora =>
+                        "LoRA rank 8, alpha 16 on query, key, value and dense:",
+                    _ => "full",
+                }
+            )
+        }
+    }
     s += &format!(
         "- data: {} records ({} with a text pair), classes {:?}, {} groups ({} records named one; the others are groups of their own)\n",
         o.records, o.pairs, o.classes, o.groups, o.grouped_records
@@ -57,7 +70,9 @@ fn markdown(o: &Outcome, plot: Option<&str>) -> String {
     );
     s += &format!(
         "- feature cache: {} (key {})\n",
-        if o.cache.hit {
+        if o.encoder_lr.is_some() {
+            "none (the encoder trains, so its features change at every step)"
+        } else if o.cache.hit {
             "hit"
         } else if o.cache.path.is_some() {
             "miss (features encoded and stored)"
@@ -67,12 +82,22 @@ fn markdown(o: &Outcome, plot: Option<&str>) -> String {
         &o.cache.key[..16.min(o.cache.key.len())]
     );
     s += &format!(
-        "- time: encoding {:.2} s{}, head training {:.2} s\n",
+        "- time: {} {:.2} s{}, {} {:.2} s\n",
+        if o.encoder_lr.is_some() {
+            "tokenising"
+        } else {
+            "encoding"
+        },
         o.encode_seconds,
         if o.cache.hit {
             " (loading cached features and the encoder)"
         } else {
             ""
+        },
+        if o.encoder_lr.is_some() {
+            "encoder and head training"
+        } else {
+            "head training"
         },
         o.head_seconds
     );

@@ -82,6 +82,13 @@ pub struct ClassifyArgs {
     /// [CLS] a [SEP] b [SEP]) or bi (each embedded alone, features [u, v, |u-v|, u*v]).
     #[arg(long, default_value = "cross", value_name = "cross|bi")]
     pub pair_encoding: String,
+    /// Train the BERT-family encoder with the head: lora (adapters on query, key, value and
+    /// dense, base frozen) or full. Left out, the encoder stays frozen and features are cached.
+    #[arg(long, value_name = "lora|full")]
+    pub finetune: Option<String>,
+    /// AdamW learning rate of the encoder under --finetune (default 1e-4 lora, 2e-5 full).
+    #[arg(long, value_name = "LR")]
+    pub encoder_lr: Option<f32>,
 }
 
 pub fn run(a: ClassifyArgs) -> Result<()> {
@@ -109,6 +116,22 @@ pub fn run(a: ClassifyArgs) -> Result<()> {
             a.lr, a.weight_decay
         )));
     }
+    let finetune = match a.finetune.as_deref() {
+        None => classify::finetune::Finetune::Frozen,
+        Some(m) => classify::finetune::Finetune::parse(m).map_err(KilnError::Setting)?,
+    };
+    if let Some(lr) = a.encoder_lr
+        && !(lr.is_finite() && lr > 0.0)
+    {
+        return Err(KilnError::Setting(format!(
+            "--encoder-lr {lr} must be a positive number"
+        )));
+    }
+    if a.encoder_lr.is_some() && finetune == classify::finetune::Finetune::Frozen {
+        return Err(KilnError::Setting(
+            "--encoder-lr applies only with --finetune lora or full".into(),
+        ));
+    }
     let o = ClassifyOptions {
         init_from: a.init_from,
         data: a.data,
@@ -131,6 +154,8 @@ pub fn run(a: ClassifyArgs) -> Result<()> {
         },
         cache_dir: (!a.no_cache).then_some(a.cache_dir),
         pair_encoding,
+        finetune,
+        encoder_lr: a.encoder_lr,
     };
     let out = classify::run(&o)?;
     let f1: Vec<f64> = out.fold_results.iter().map(|f| f.metrics.f1).collect();

@@ -829,6 +829,14 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
             s,
             &lens
         );
+        both_dtypes!(check_padded_softmax, "padded_softmax", shape, s, &lens);
+        both_dtypes!(
+            check_softmax_backward_rows,
+            "softmax_backward_rows",
+            shape,
+            s,
+            &lens
+        );
     }
     // The fused kernels (one team of warps per sequence, staged in shared memory): N = 1,
     // ragged N (chunks past the end, teams past the batch), several sequences per block (N up
@@ -1653,6 +1661,58 @@ fn check_masked_attention<T: Elem>(
     let mut d_out = poisoned::<T>(gpu, out.len())?;
     gpu.masked_attention_forward(&mut d_out, &gpu.upload_as::<T>(&qkv)?, &d_lens, s)?;
     Ok(rel_err(&gpu.download_f32(&d_out)?, &out, ELEMENTWISE_FLOOR))
+}
+
+/// The encoder's training softmax over `[B, H, T, T]` with its key padding mask.
+fn check_padded_softmax<T: Elem>(
+    gpu: &CudaBackend,
+    inp: &mut Inputs,
+    s: AttnShape,
+    lens: &[u32],
+) -> Check {
+    let n = s.batch * s.heads * s.seq * s.seq;
+    let scores = inp.uniform(n, 4.0, T::DTYPE);
+    let mut probs = vec![0.0; n];
+    cpu::attention_masked::padded_softmax(&mut probs, &scores, lens, s.heads, s.seq);
+    let d_lens = gpu.upload(&lens.iter().map(|&l| l as i32).collect::<Vec<_>>())?;
+    let mut d_probs = poisoned::<T>(gpu, n)?;
+    gpu.padded_softmax(&mut d_probs, &gpu.upload_as::<T>(&scores)?, &d_lens, s)?;
+    Ok(rel_err(
+        &gpu.download_f32(&d_probs)?,
+        &probs,
+        ELEMENTWISE_FLOOR,
+    ))
+}
+
+/// The whole-row softmax backward, on probabilities with padded keys zeroed as the forward
+/// leaves them.
+fn check_softmax_backward_rows<T: Elem>(
+    gpu: &CudaBackend,
+    inp: &mut Inputs,
+    s: AttnShape,
+    lens: &[u32],
+) -> Check {
+    let n = s.batch * s.heads * s.seq * s.seq;
+    let scores = inp.uniform(n, 4.0, T::DTYPE);
+    let mut probs = vec![0.0; n];
+    cpu::attention_masked::padded_softmax(&mut probs, &scores, lens, s.heads, s.seq);
+    let probs: Vec<f32> = probs.iter().map(|&p| T::DTYPE.round(p)).collect();
+    let dprobs = inp.uniform(n, 1.0, T::DTYPE);
+    let mut dscores = vec![0.0; n];
+    cpu::attention_masked::softmax_backward(&mut dscores, &probs, &dprobs, s.seq);
+    let mut d_ds = poisoned::<T>(gpu, n)?;
+    gpu.softmax_backward_rows(
+        &mut d_ds,
+        &gpu.upload_as::<T>(&probs)?,
+        &gpu.upload_as::<T>(&dprobs)?,
+        s.batch * s.heads * s.seq,
+        s.seq,
+    )?;
+    Ok(rel_err(
+        &gpu.download_f32(&d_ds)?,
+        &dscores,
+        ELEMENTWISE_FLOOR,
+    ))
 }
 
 /// Layernorm and residual layernorm with `eps`, on rows whose spread (1e-3) makes the

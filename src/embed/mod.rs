@@ -246,6 +246,44 @@ impl TextEncoder {
         })
     }
 
+    /// The BERT-family encoder to fine-tune, or `None` for a decoder.
+    pub fn bert_mut(&mut self) -> Option<&mut Bert> {
+        match &mut self.net {
+            Network::Bert { model, .. } => Some(model),
+            Network::Llama { .. } => None,
+        }
+    }
+
+    pub fn bert(&self) -> Option<&Bert> {
+        match &self.net {
+            Network::Bert { model, .. } => Some(model),
+            Network::Llama { .. } => None,
+        }
+    }
+
+    pub fn pooling_mode(&self) -> PoolingMode {
+        self.pooling.mode
+    }
+
+    /// The token id padded positions hold.
+    pub fn pad_id(&self) -> u32 {
+        self.pad_id
+    }
+
+    /// The pool the encoder's tensors live in.
+    pub fn memory_pool(&self) -> &Arc<MemoryPool> {
+        &self.pool
+    }
+
+    /// The dtype the encoder computes in (`None`: f32).
+    pub fn compute_dtype(&self) -> Option<DType> {
+        match self.precision {
+            "bf16" => Some(DType::BF16),
+            "f16" => Some(DType::F16),
+            _ => None,
+        }
+    }
+
     fn params_mut(&mut self) -> Vec<&mut crate::nn::Param> {
         match &mut self.net {
             Network::Bert { model, .. } => model.params_mut(),

@@ -681,6 +681,81 @@ pub fn masked_attention_forward(qkv: &Tensor, lens: &[u32], s: AttnShape) -> Res
     Ok(out)
 }
 
+/// Checks a padding mask: one length per sequence, each in `1 ..= T`.
+fn check_lens(op: &'static str, lens: &[u32], s: AttnShape) -> Result<()> {
+    if lens.len() != s.batch {
+        return Err(EngineError::Shape {
+            op,
+            detail: format!("{} lengths for a batch of {}", lens.len(), s.batch),
+        });
+    }
+    if let Some(&bad) = lens.iter().find(|&&l| l == 0 || l as usize > s.seq) {
+        return Err(EngineError::Shape {
+            op,
+            detail: format!(
+                "a sequence length of {bad} is outside 1..={}; every sequence needs a real token",
+                s.seq
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Softmax of each row of `scores[B, H, T, T]` over its sequence's real keys `0 .. lens[b]`
+/// (padded keys get probability zero), into a new tensor: the unfused route an encoder
+/// trains through.
+pub fn padded_softmax(scores: &Tensor, lens: &[u32], s: AttnShape) -> Result<Tensor> {
+    const OP: &str = "padded_softmax";
+    let _prof = profile::scope(OP, scores);
+    let on = device_of(OP, &[scores])?;
+    expect_len(OP, "scores", scores, s.batch * s.heads * s.seq * s.seq)?;
+    check_lens(OP, lens, s)?;
+    let mut probs = Tensor::uninit(scores.pool(), scores.shape(), act_dtype(scores))?;
+    match on {
+        On::Cpu => cpu::attention_masked::padded_softmax(
+            probs.host_mut(),
+            scores.host(),
+            lens,
+            s.heads,
+            s.seq,
+        ),
+        On::Gpu(g) => {
+            let lens: Vec<i32> = lens.iter().map(|&l| l as i32).collect();
+            let d_lens = g.upload(&lens)?;
+            with_elem!(scores.dtype(), T => g.padded_softmax::<T>(
+                probs.cuda_mut(), scores.cuda(), &d_lens, s,
+            ))?
+        }
+    }
+    Ok(probs)
+}
+
+/// The backward of a softmax over whole rows (of [`padded_softmax`]: masked entries have zero
+/// probability and get zero gradient), into a new tensor.
+pub fn softmax_backward(probs: &Tensor, dprobs: &Tensor) -> Result<Tensor> {
+    const OP: &str = "softmax_backward";
+    let _prof = profile::scope(OP, probs);
+    let on = device_of(OP, &[probs, dprobs])?;
+    let (rows, seq) = rows_cols(OP, probs)?;
+    expect_len(OP, "dprobs", dprobs, probs.len())?;
+    let mut dscores = Tensor::uninit(probs.pool(), probs.shape(), act_dtype(probs))?;
+    match on {
+        On::Cpu => cpu::attention_masked::softmax_backward(
+            dscores.host_mut(),
+            probs.host(),
+            dprobs.host(),
+            seq,
+        ),
+        On::Gpu(g) => {
+            same_gpu_dtype(OP, probs, dprobs)?;
+            with_elem!(probs.dtype(), T => g.softmax_backward_rows::<T>(
+                dscores.cuda_mut(), probs.cuda(), dprobs.cuda(), rows, seq,
+            ))?
+        }
+    }
+    Ok(dscores)
+}
+
 /// `batch` products `op(A_i) @ op(B_i) * alpha` into a new `[batch, m, n]` tensor; `a` and `b`
 /// hold their `batch` matrices back to back (see [`GemmShape`]).
 pub fn batched_matmul(shape: GemmShape, alpha: f32, a: &Tensor, b: &Tensor) -> Result<Tensor> {

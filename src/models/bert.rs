@@ -9,16 +9,24 @@
 //! y = LayerNorm(h + W2 gelu(W1 h))  gelu(x) = x * Phi(x), transformers' "gelu"
 //! ```
 //!
-//! The encoder runs forward only: kiln uses it frozen, as a feature extractor (`kiln embed`,
-//! `kiln classify`), so it keeps no activations and has no backward. Weights use kiln's names
-//! (`layers.N.attn.qkv.weight` with the query, key and value projections fused);
-//! `models::import::bert` maps Hugging Face checkpoints onto them.
+//! [`Bert::forward`] is the frozen feature extractor (`kiln embed`, `kiln classify`): it
+//! keeps no activations. [`Bert::forward_train`] keeps what [`Bert::backward`] needs to
+//! fine-tune the encoder, fully or through low-rank adapters ([`Bert::attach_lora`]); its
+//! attention runs unfused (batched GEMMs around a padded softmax whose `[B, H, T, T]`
+//! probabilities it keeps), which works on every device, and there is no dropout. Weights use
+//! kiln's names (`layers.N.attn.qkv.weight` with the query, key and value projections fused);
+//! `models::import::bert` maps Hugging Face checkpoints onto them, and the linear layers name
+//! their output blocks as Hugging Face does (`encoder.layer.N.attention.self.query`, ...) so
+//! adapters target them as PEFT does.
 
 use crate::engine::cpu::attention::AttnShape;
+use crate::engine::cpu::gemm::GemmShape;
+use crate::engine::ops::NormStats;
 use crate::engine::rng::{Rng, stream};
-use crate::engine::{EngineError, MemoryPool, Result, Tensor, ops};
+use crate::engine::{DType, EngineError, MemoryPool, Result, Tensor, ops};
 use crate::nn::layernorm::LayerNorm;
 use crate::nn::linear::Linear;
+use crate::nn::lora::LoraSpec;
 use crate::nn::{Cost, Init, Param};
 use std::sync::Arc;
 
@@ -151,14 +159,26 @@ impl Bert {
         let layers = (0..cfg.n_layers)
             .map(|l| {
                 let name = |part: &str| format!("layers.{l}.{part}");
-                Ok(BertLayer {
+                let hf = |part: &str| format!("encoder.layer.{l}.{part}");
+                let mut layer = BertLayer {
                     qkv: Linear::new(pool, &name("attn.qkv"), c, 3 * c, true, 0.02, &mut rng)?,
                     attn_out: Linear::new(pool, &name("attn.out"), c, c, true, 0.02, &mut rng)?,
                     ln_attn: LayerNorm::new(pool, &name("ln_attn"), c, &mut rng)?,
                     fc_in: Linear::new(pool, &name("mlp.fc_in"), c, f, true, 0.02, &mut rng)?,
                     fc_out: Linear::new(pool, &name("mlp.fc_out"), f, c, true, 0.02, &mut rng)?,
                     ln_mlp: LayerNorm::new(pool, &name("ln_mlp"), c, &mut rng)?,
-                })
+                };
+                layer.qkv.set_blocks(&[
+                    (hf("attention.self.query"), c),
+                    (hf("attention.self.key"), c),
+                    (hf("attention.self.value"), c),
+                ]);
+                layer
+                    .attn_out
+                    .set_blocks(&[(hf("attention.output.dense"), c)]);
+                layer.fc_in.set_blocks(&[(hf("intermediate.dense"), f)]);
+                layer.fc_out.set_blocks(&[(hf("output.dense"), c)]);
+                Ok(layer)
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Bert {
@@ -269,6 +289,207 @@ impl Bert {
         Ok(x)
     }
 
+    /// Freezes every base parameter and adds adapters on the projections `spec` targets
+    /// (Hugging Face short names `query`, `key`, `value`, `dense`, full module paths, or
+    /// `all-linear`), computing in `compute` like the base. Returns the adapted modules.
+    pub fn attach_lora(
+        &mut self,
+        pool: &Arc<MemoryPool>,
+        spec: &LoraSpec,
+        compute: Option<DType>,
+        seed: u64,
+    ) -> Result<Vec<String>> {
+        for p in self.params_mut() {
+            p.freeze()?;
+        }
+        let mut rng = Rng::new(seed, stream::INIT);
+        let mut adapted = Vec::new();
+        for (l, layer) in self.layers.iter_mut().enumerate() {
+            for (part, lin) in [
+                ("attn.qkv", &mut layer.qkv),
+                ("attn.out", &mut layer.attn_out),
+                ("mlp.fc_in", &mut layer.fc_in),
+                ("mlp.fc_out", &mut layer.fc_out),
+            ] {
+                adapted.extend(lin.attach_lora(
+                    pool,
+                    &format!("layers.{l}.{part}"),
+                    spec,
+                    &mut rng,
+                )?);
+                for ad in &mut lin.adapters {
+                    ad.a.set_compute_dtype(compute)?;
+                    ad.b.set_compute_dtype(compute)?;
+                }
+            }
+        }
+        Ok(adapted)
+    }
+
+    /// The parameters that train: all of them, or only the adapters under LoRA.
+    pub fn trainable_params_mut(&mut self) -> Vec<&mut Param> {
+        self.params_mut()
+            .into_iter()
+            .filter(|p| !p.frozen)
+            .collect()
+    }
+
+    /// [`Bert::forward`] keeping what [`Bert::backward`] needs: the last hidden states
+    /// `[batch, seq, C]` and the saved activations.
+    pub fn forward_train(&self, b: &EncoderBatch) -> Result<(Tensor, BertActs)> {
+        self.check_batch(b)?;
+        let eps = self.cfg.norm_eps;
+        let words = ops::embedding_forward(
+            &b.tokens,
+            b.batch,
+            b.seq,
+            self.word.weight(),
+            self.position.weight(),
+        )?;
+        let types = ops::gather_rows(self.token_type.weight(), &b.type_ids, None)?;
+        let (sum_embed, mut x, stats_embed) = ops::residual_layernorm_forward_eps(
+            &words,
+            &types,
+            self.ln_embed.gamma.weight(),
+            self.ln_embed.beta.weight(),
+            eps,
+        )?;
+        drop((words, types));
+        let shape = self.attn_shape(b);
+        let mut layers = Vec::with_capacity(self.layers.len());
+        for l in &self.layers {
+            let qkv = l.qkv.forward(&x)?;
+            let (att, probs) = padded_attention_forward(&qkv, &b.lens, shape)?;
+            let att_proj = l.attn_out.forward(&att)?;
+            let (sum_attn, h, stats_attn) = ops::residual_layernorm_forward_eps(
+                &x,
+                &att_proj,
+                l.ln_attn.gamma.weight(),
+                l.ln_attn.beta.weight(),
+                eps,
+            )?;
+            drop(att_proj);
+            let pre = l.fc_in.forward(&h)?;
+            let act = ops::gelu_erf_forward(&pre)?;
+            let mlp = l.fc_out.forward(&act)?;
+            let (sum_mlp, out, stats_mlp) = ops::residual_layernorm_forward_eps(
+                &h,
+                &mlp,
+                l.ln_mlp.gamma.weight(),
+                l.ln_mlp.beta.weight(),
+                eps,
+            )?;
+            layers.push(BertLayerActs {
+                x: std::mem::replace(&mut x, out),
+                qkv,
+                probs,
+                att,
+                sum_attn,
+                stats_attn,
+                h,
+                pre,
+                act,
+                sum_mlp,
+                stats_mlp,
+            });
+        }
+        Ok((
+            x,
+            BertActs {
+                batch: b.clone(),
+                sum_embed,
+                stats_embed,
+                layers,
+            },
+        ))
+    }
+
+    /// Accumulates the gradients of every trainable parameter from `dhidden`, the gradient
+    /// of [`Bert::forward_train`]'s hidden states. With the embeddings frozen (LoRA) the
+    /// backward stops at the first block's input projections.
+    pub fn backward(&mut self, dhidden: &Tensor, acts: &BertActs) -> Result<()> {
+        let shape = self.attn_shape(&acts.batch);
+        let mut dx = dhidden.try_clone()?;
+        for (l, a) in self.layers.iter_mut().zip(&acts.layers).rev() {
+            // out = LN(h + W2 gelu(W1 h)): d(sum_mlp) reaches h directly and through the MLP.
+            let mut d_sum_mlp = Tensor::zeros(dx.pool(), dx.shape(), a.sum_mlp.dtype())?;
+            norm_backward(&mut l.ln_mlp, &mut d_sum_mlp, &dx, &a.sum_mlp, &a.stats_mlp)?;
+            let d_act = l.fc_out.backward(&d_sum_mlp, &a.act)?;
+            let d_pre = ops::gelu_erf_backward(&a.pre, &d_act)?;
+            drop(d_act);
+            let d_h_mlp = l.fc_in.backward(&d_pre, &a.h)?;
+            drop(d_pre);
+            ops::add_in_place(&mut d_sum_mlp, &d_h_mlp)?;
+            drop(d_h_mlp);
+            // h = LN(x + Wo attn(Wqkv x)).
+            let mut d_sum_attn = Tensor::zeros(dx.pool(), dx.shape(), a.sum_attn.dtype())?;
+            norm_backward(
+                &mut l.ln_attn,
+                &mut d_sum_attn,
+                &d_sum_mlp,
+                &a.sum_attn,
+                &a.stats_attn,
+            )?;
+            drop(d_sum_mlp);
+            let d_att = l.attn_out.backward(&d_sum_attn, &a.att)?;
+            let d_qkv = padded_attention_backward(&d_att, &a.qkv, &a.probs, shape)?;
+            drop(d_att);
+            let mut d_in = l.qkv.backward(&d_qkv, &a.x)?;
+            ops::add_in_place(&mut d_in, &d_sum_attn)?;
+            dx = d_in;
+        }
+        if self.word.frozen && self.ln_embed.gamma.frozen {
+            return Ok(());
+        }
+        let mut d_sum = Tensor::zeros(dx.pool(), dx.shape(), acts.sum_embed.dtype())?;
+        norm_backward(
+            &mut self.ln_embed,
+            &mut d_sum,
+            &dx,
+            &acts.sum_embed,
+            &acts.stats_embed,
+        )?;
+        let b = &acts.batch;
+        if !self.word.frozen {
+            ops::embedding_backward(
+                &mut self.word.grad,
+                &mut self.position.grad,
+                &d_sum,
+                &b.tokens,
+                b.seq,
+            )?;
+            ops::token_embedding_backward(&mut self.token_type.grad, &d_sum, &b.type_ids)?;
+        }
+        Ok(())
+    }
+
+    fn attn_shape(&self, b: &EncoderBatch) -> AttnShape {
+        AttnShape {
+            batch: b.batch,
+            seq: b.seq,
+            heads: self.cfg.n_heads,
+            channels: self.cfg.d_model,
+        }
+    }
+
+    fn check_batch(&self, b: &EncoderBatch) -> Result<()> {
+        super::check_context("bert", b.seq, self.cfg.max_positions)?;
+        if let Some(&t) = b
+            .type_ids
+            .iter()
+            .find(|&&t| t as usize >= self.cfg.type_vocab)
+        {
+            return Err(EngineError::Shape {
+                op: "bert",
+                detail: format!(
+                    "token type {t} outside the model's {} segment types",
+                    self.cfg.type_vocab
+                ),
+            });
+        }
+        Ok(())
+    }
+
     /// Parameters and forward FLOPs of one batch of `batch x seq` tokens (no backward, no
     /// saved activations: the encoder runs frozen).
     pub fn cost(&self, batch: usize, seq: usize) -> Cost {
@@ -285,6 +506,114 @@ impl Bert {
             saved_bytes: 0,
         }
     }
+}
+
+/// What one block's backward needs.
+pub struct BertLayerActs {
+    x: Tensor,
+    qkv: Tensor,
+    probs: Tensor,
+    att: Tensor,
+    sum_attn: Tensor,
+    stats_attn: NormStats,
+    h: Tensor,
+    pre: Tensor,
+    act: Tensor,
+    sum_mlp: Tensor,
+    stats_mlp: NormStats,
+}
+
+/// The activations [`Bert::forward_train`] keeps for [`Bert::backward`].
+pub struct BertActs {
+    batch: EncoderBatch,
+    sum_embed: Tensor,
+    stats_embed: NormStats,
+    layers: Vec<BertLayerActs>,
+}
+
+/// A layernorm's input gradient into `dx`, and its parameter gradients unless it is frozen
+/// (then into scratch that is dropped: the kernel always writes them).
+fn norm_backward(
+    ln: &mut LayerNorm,
+    dx: &mut Tensor,
+    dout: &Tensor,
+    x: &Tensor,
+    stats: &NormStats,
+) -> Result<()> {
+    if !ln.gamma.frozen {
+        return ln.backward(dx, dout, x, stats);
+    }
+    let mut dg = Tensor::zeros(dx.pool(), &[ln.c], DType::F32)?;
+    let mut db = Tensor::zeros(dx.pool(), &[ln.c], DType::F32)?;
+    ops::layernorm_backward(dx, &mut dg, &mut db, dout, x, ln.gamma.weight(), stats)
+}
+
+fn head_products(s: AttnShape) -> impl Fn(bool, bool, usize, usize, usize) -> GemmShape {
+    move |trans_a, trans_b, m, n, k| GemmShape {
+        trans_a,
+        trans_b,
+        batch: s.batch * s.heads,
+        m,
+        n,
+        k,
+    }
+}
+
+/// Bidirectional attention under the key padding mask as separate kernels: `S = Q K^T *
+/// scale`, `P` = the padded softmax of `S`, `O = P V`. Returns `out[B, T, C]` and `P`.
+pub fn padded_attention_forward(
+    qkv: &Tensor,
+    lens: &[u32],
+    s: AttnShape,
+) -> Result<(Tensor, Tensor)> {
+    let (c, hs, t) = (s.channels, s.head_size(), s.seq);
+    let products = head_products(s);
+    let scale = 1.0 / (hs as f32).sqrt();
+    let scores = {
+        let q = ops::heads_from_rows(qkv, s, 0)?;
+        let k = ops::heads_from_rows(qkv, s, c)?;
+        ops::batched_matmul(products(false, true, t, t, hs), scale, &q, &k)?
+    };
+    let probs = ops::padded_softmax(&scores, lens, s)?;
+    drop(scores);
+    let v = ops::heads_from_rows(qkv, s, 2 * c)?;
+    let o = ops::batched_matmul(products(false, false, t, hs, t), 1.0, &probs, &v)?;
+    let mut out = Tensor::uninit(qkv.pool(), &[s.batch, s.seq, c], qkv.dtype())?;
+    ops::heads_to_rows(&mut out, &o, s, 0)?;
+    Ok((out, probs))
+}
+
+/// Backward of [`padded_attention_forward`]: `dqkv[B, T, 3C]` from `dout[B, T, C]`. `dV =
+/// P^T dO`, `dP = dO V^T`, `dS = P * (dP - rowsum(dP * P))` (zero on padded keys, where `P`
+/// is), `dQ = dS K * scale`, `dK = dS^T Q * scale`.
+pub fn padded_attention_backward(
+    dout: &Tensor,
+    qkv: &Tensor,
+    probs: &Tensor,
+    s: AttnShape,
+) -> Result<Tensor> {
+    let (c, hs, t) = (s.channels, s.head_size(), s.seq);
+    let products = head_products(s);
+    let scale = 1.0 / (hs as f32).sqrt();
+    let mut dqkv = Tensor::uninit(qkv.pool(), qkv.shape(), qkv.dtype())?;
+    let dscores = {
+        let dout = ops::heads_from_rows(dout, s, 0)?;
+        let dv = ops::batched_matmul(products(true, false, t, hs, t), 1.0, probs, &dout)?;
+        ops::heads_to_rows(&mut dqkv, &dv, s, 2 * c)?;
+        drop(dv);
+        let v = ops::heads_from_rows(qkv, s, 2 * c)?;
+        let dprobs = ops::batched_matmul(products(false, true, t, t, hs), 1.0, &dout, &v)?;
+        ops::softmax_backward(probs, &dprobs)?
+    };
+    let k = ops::heads_from_rows(qkv, s, c)?;
+    let dq = ops::batched_matmul(products(false, false, t, hs, t), scale, &dscores, &k)?;
+    drop(k);
+    ops::heads_to_rows(&mut dqkv, &dq, s, 0)?;
+    drop(dq);
+    let q = ops::heads_from_rows(qkv, s, 0)?;
+    let dk = ops::batched_matmul(products(true, false, t, hs, t), scale, &dscores, &q)?;
+    ops::heads_to_rows(&mut dqkv, &dk, s, c)?;
+    Ok(dqkv)
 }
 
 #[cfg(test)]
@@ -358,5 +687,156 @@ mod tests {
         let m = tiny();
         let n: usize = m.params().iter().map(|p| p.value.len()).sum();
         assert_eq!(m.cost(2, 8).params, n);
+    }
+
+    /// A tiny encoder with every parameter random and of order one (gains near one), so no
+    /// gradient is small by construction.
+    fn randomised() -> Bert {
+        let mut m = tiny();
+        let mut rng = Rng::new(11, stream::INIT);
+        for p in m.params_mut() {
+            let gain = p.name.contains("ln") && p.name.ends_with("weight");
+            let v: Vec<f32> = (0..p.value.len())
+                .map(|_| {
+                    let u = rng.next_f32() * 2.0 - 1.0;
+                    if gain { 1.0 + 0.3 * u } else { 0.5 * u }
+                })
+                .collect();
+            p.value.copy_from_host(&v).unwrap();
+        }
+        m
+    }
+
+    fn batch() -> EncoderBatch {
+        let (a, at): (&[u32], &[u32]) = (&[1, 5, 9, 2, 7, 3], &[0, 0, 0, 1, 1, 1]);
+        let (b, bt): (&[u32], &[u32]) = (&[1, 7, 2], &[0, 0, 1]);
+        EncoderBatch::pad(&[(a, at), (b, bt)], 4)
+    }
+
+    /// A loss weighting every real row's hidden states differently and the padded rows by
+    /// zero, as poolers do: whatever the padding computes must not reach a gradient.
+    fn loss_weights(b: &EncoderBatch, c: usize) -> Tensor {
+        let pool = MemoryPool::new(Device::Cpu);
+        let mut rng = Rng::new(12, stream::INIT);
+        let w: Vec<f32> = (0..b.batch * b.seq * c)
+            .map(|i| {
+                let (row, t) = (i / (b.seq * c), (i / c) % b.seq);
+                let u = rng.next_f32() * 2.0 - 1.0;
+                if t < b.lens[row] as usize { u } else { 0.0 }
+            })
+            .collect();
+        Tensor::from_vec(&pool, &[b.batch, b.seq, c], DType::F32, w).unwrap()
+    }
+
+    fn loss(m: &Bert, b: &EncoderBatch, w: &Tensor) -> f64 {
+        let (h, _) = m.forward_train(b).unwrap();
+        crate::nn::gradcheck::weighted_sum(&h, w)
+    }
+
+    /// Every parameter's gradient (a strided sample of each) against central differences,
+    /// in fp32: embeddings, post-norm blocks, padded attention and the erf GELU.
+    #[test]
+    fn backward_matches_finite_differences() {
+        let mut m = randomised();
+        let b = batch();
+        let w = loss_weights(&b, 16);
+        let (h, acts) = m.forward_train(&b).unwrap();
+        // The training forward computes what the frozen one does.
+        let frozen = m.forward(&b).unwrap().to_vec().unwrap();
+        crate::engine::cpu::testutil::assert_close(
+            &h.to_vec().unwrap(),
+            &frozen,
+            1e-5,
+            "training forward",
+        );
+        m.backward(&w, &acts).unwrap();
+        let n = m.params().len();
+        let mut checked = 0;
+        for i in 0..n {
+            let (name, value, grad) = {
+                let p = &m.params()[i];
+                (
+                    p.name.clone(),
+                    p.value.try_clone().unwrap(),
+                    p.grad.to_vec().unwrap(),
+                )
+            };
+            assert!(grad.iter().any(|&g| g != 0.0), "{name} got no gradient");
+            crate::nn::gradcheck::check(&name, &value, &grad, 24, |t| {
+                m.params_mut()[i].value.copy_from_host(t.host()).unwrap();
+                loss(&m, &b, &w)
+            });
+            m.params_mut()[i]
+                .value
+                .copy_from_host(value.host())
+                .unwrap();
+            checked += 1;
+        }
+        assert_eq!(checked, 3 + 2 + 2 * 12);
+        // Padding tokens (id 4 after sequence 1, never a real token) reach no loss: their
+        // rows of the word table get no gradient.
+        let dword = m.word.grad.to_vec().unwrap();
+        assert!(dword[4 * 16..5 * 16].iter().all(|&g| g == 0.0));
+    }
+
+    /// Under LoRA only the adapters train: their gradients match finite differences, the
+    /// base gets none, and the adapters sit on the Hugging Face module names.
+    #[test]
+    fn lora_adapters_train_alone_and_match_finite_differences() {
+        let mut m = randomised();
+        let pool = MemoryPool::new(Device::Cpu);
+        let spec = LoraSpec {
+            rank: 2,
+            alpha: 4.0,
+            rslora: false,
+            targets: vec!["query".into(), "value".into(), "dense".into()],
+        };
+        let adapted = m.attach_lora(&pool, &spec, None, 3).unwrap();
+        assert_eq!(adapted.len(), 2 * 5);
+        assert!(adapted.contains(&"encoder.layer.1.attention.self.value".to_string()));
+        assert!(adapted.contains(&"encoder.layer.0.intermediate.dense".to_string()));
+        assert!(!adapted.iter().any(|a| a.ends_with("self.key")));
+        // Non-zero B, so A's gradient is not zero by construction.
+        let mut rng = Rng::new(4, stream::INIT);
+        for p in m.trainable_params_mut() {
+            if p.name.ends_with(".B") {
+                let v: Vec<f32> = (0..p.value.len()).map(|_| rng.next_f32() - 0.5).collect();
+                p.value.copy_from_host(&v).unwrap();
+            }
+        }
+        let b = batch();
+        let w = loss_weights(&b, 16);
+        let (_, acts) = m.forward_train(&b).unwrap();
+        m.backward(&w, &acts).unwrap();
+        let n = m.trainable_params_mut().len();
+        assert_eq!(n, 2 * 5 * 2);
+        for i in (0..n).step_by(3) {
+            let (name, value, grad) = {
+                let p = &m.trainable_params_mut()[i];
+                (
+                    p.name.clone(),
+                    p.value.try_clone().unwrap(),
+                    p.grad.to_vec().unwrap(),
+                )
+            };
+            assert!(grad.iter().any(|&g| g != 0.0), "{name} got no gradient");
+            crate::nn::gradcheck::check(&name, &value, &grad, 16, |t| {
+                m.trainable_params_mut()[i]
+                    .value
+                    .copy_from_host(t.host())
+                    .unwrap();
+                loss(&m, &b, &w)
+            });
+            m.trainable_params_mut()[i]
+                .value
+                .copy_from_host(value.host())
+                .unwrap();
+        }
+        assert!(
+            m.params()
+                .iter()
+                .filter(|p| p.frozen)
+                .all(|p| p.grad.is_empty())
+        );
     }
 }

@@ -5,6 +5,11 @@
 //! tokens followed by padding; every query row, padded ones included, attends to the keys
 //! `0 .. lens[b]` and never to padding (transformers' additive mask does the same, so the
 //! padded rows' outputs match too, though poolers ignore them). There is no causal mask.
+//!
+//! Training an encoder takes the unfused route (batched GEMMs around a softmax over a stored
+//! `[B, H, T, T]` matrix, as `nn::attention` does for causal attention): [`padded_softmax`]
+//! masks each row's padded keys, and [`softmax_backward`] runs over whole rows, since the
+//! masked probabilities are zero and so get a zero gradient.
 
 use super::attention::AttnShape;
 use rayon::prelude::*;
@@ -41,6 +46,41 @@ pub fn masked_attention_forward(out: &mut [f32], qkv: &[f32], lens: &[u32], s: A
                         o.iter_mut().zip(v).for_each(|(o, v)| *o += pv * inv * v);
                     }
                 }
+            }
+        });
+}
+
+/// `probs = softmax(scores)` over each row of `scores[B, H, T, T]` restricted to the keys
+/// `0 .. lens[b]` of its sequence; the padded keys get probability zero.
+pub fn padded_softmax(probs: &mut [f32], scores: &[f32], lens: &[u32], heads: usize, t_len: usize) {
+    probs
+        .par_chunks_mut(t_len)
+        .zip(scores.par_chunks(t_len))
+        .enumerate()
+        .for_each(|(r, (p, sc))| {
+            let seen = lens[r / (heads * t_len)] as usize;
+            let max = sc[..seen].iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+            let mut sum = 0.0f32;
+            for (p, &v) in p[..seen].iter_mut().zip(sc) {
+                *p = (v - max).exp();
+                sum += *p;
+            }
+            let inv = 1.0 / sum;
+            p[..seen].iter_mut().for_each(|p| *p *= inv);
+            p[seen..].iter_mut().for_each(|p| *p = 0.0);
+        });
+}
+
+/// Softmax backward over whole rows of width `t_len`: `dscores = P * (dP - sum(P * dP))`.
+/// Entries a mask zeroed in `P` get a zero gradient, whatever the mask was.
+pub fn softmax_backward(dscores: &mut [f32], probs: &[f32], dprobs: &[f32], t_len: usize) {
+    dscores
+        .par_chunks_mut(t_len)
+        .zip(probs.par_chunks(t_len).zip(dprobs.par_chunks(t_len)))
+        .for_each(|(ds, (p, dp))| {
+            let dot: f32 = p.iter().zip(dp).map(|(p, dp)| p * dp).sum();
+            for ((ds, &p), &dp) in ds.iter_mut().zip(p).zip(dp) {
+                *ds = p * (dp - dot);
             }
         });
 }
@@ -107,5 +147,39 @@ mod tests {
         masked_attention_forward(&mut again, &qkv, &lens, s);
         let real = s.seq * s.channels..(s.seq + 4) * s.channels;
         assert_eq!(&again[real.clone()], &out[real]);
+    }
+
+    #[test]
+    fn padded_softmax_and_its_backward_match_the_definition() {
+        let (heads, t_len) = (2, 5);
+        let lens = [5u32, 2, 1];
+        let rows = lens.len() * heads * t_len;
+        let scores = random(rows * t_len, 8, 3.0);
+        let mut p = vec![f32::NAN; scores.len()];
+        padded_softmax(&mut p, &scores, &lens, heads, t_len);
+        for (r, row) in p.chunks(t_len).enumerate() {
+            let len = lens[r / (heads * t_len)] as usize;
+            assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+            assert!(row[len..].iter().all(|&v| v == 0.0), "row {r}: {row:?}");
+            assert!(row[..len].iter().all(|&v| v > 0.0));
+        }
+        let w = random(scores.len(), 9, 1.0);
+        let loss = |sc: &[f32]| -> f64 {
+            let mut p = vec![f32::NAN; sc.len()];
+            padded_softmax(&mut p, sc, &lens, heads, t_len);
+            p.iter().zip(&w).map(|(p, w)| *p as f64 * *w as f64).sum()
+        };
+        let mut ds = vec![f32::NAN; scores.len()];
+        softmax_backward(&mut ds, &p, &w, t_len);
+        let h = 1e-3f32;
+        let fd: Vec<f32> = (0..scores.len())
+            .map(|i| {
+                let (mut a, mut b) = (scores.clone(), scores.clone());
+                a[i] += h;
+                b[i] -= h;
+                ((loss(&a) - loss(&b)) / (2.0 * h as f64)) as f32
+            })
+            .collect();
+        assert_close(&ds, &fd, 2e-3, "padded softmax backward");
     }
 }

@@ -93,3 +93,57 @@ MASKED_ATTENTION_ENTRY(64, bf16, bf16)
 MASKED_ATTENTION_ENTRY(16, f16, f16)
 MASKED_ATTENTION_ENTRY(32, f16, f16)
 MASKED_ATTENTION_ENTRY(64, f16, f16)
+
+// The unfused route an encoder trains through; reference: padded_softmax and softmax_backward
+// in engine/cpu/attention_masked.rs. Rows of scores[B, H, T, T]: row r belongs to sequence
+// r / (H * T) and sees its keys 0 .. lens[b]. One warp per row (blockDim.x = 32 * warps); a
+// warp past the last row leaves at once, and no block-wide barrier follows.
+template <typename T>
+__device__ void padded_softmax(T* probs, const T* scores, const int* lens, long long rows,
+                               int seq, int heads) {
+    const long long r = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (r >= rows) return;
+    const int seen = lens[r / ((long long)heads * seq)];
+    const T* s = scores + r * seq;
+    T* p = probs + r * seq;
+    float m = KILN_NEG_INF;
+    for (int j = lane; j < seen; j += 32) m = fmaxf(m, load(s[j]));
+    m = warp_max(m);
+    float sum = 0.0f;
+    for (int j = lane; j < seen; j += 32) sum += expf(load(s[j]) - m);
+    const float inv = 1.0f / warp_sum(sum);
+    for (int j = lane; j < seq; j += 32)
+        p[j] = store<T>(j < seen ? expf(load(s[j]) - m) * inv : 0.0f);
+}
+
+// dS = P * (dP - sum(P * dP)) over whole rows: masked entries have P = 0 and get 0.
+template <typename T>
+__device__ void softmax_backward_rows(T* dscores, const T* probs, const T* dprobs, long long rows,
+                                      int seq) {
+    const long long r = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (r >= rows) return;
+    const T* p = probs + r * seq;
+    const T* dp = dprobs + r * seq;
+    T* ds = dscores + r * seq;
+    float dot = 0.0f;
+    for (int j = lane; j < seq; j += 32) dot += load(p[j]) * load(dp[j]);
+    dot = warp_sum(dot);
+    for (int j = lane; j < seq; j += 32) ds[j] = store<T>(load(p[j]) * (load(dp[j]) - dot));
+}
+
+#define PADDED_SOFTMAX_KERNELS(T, SUFFIX)                                                      \
+    extern "C" __global__ void padded_softmax_##SUFFIX(T* probs, const T* scores,             \
+                                                       const int* lens, long long rows,       \
+                                                       int seq, int heads) {                  \
+        padded_softmax<T>(probs, scores, lens, rows, seq, heads);                              \
+    }                                                                                          \
+    extern "C" __global__ void softmax_backward_rows_##SUFFIX(                                 \
+        T* dscores, const T* probs, const T* dprobs, long long rows, int seq) {                \
+        softmax_backward_rows<T>(dscores, probs, dprobs, rows, seq);                           \
+    }
+
+PADDED_SOFTMAX_KERNELS(float, f32)
+PADDED_SOFTMAX_KERNELS(bf16, bf16)
+PADDED_SOFTMAX_KERNELS(f16, f16)

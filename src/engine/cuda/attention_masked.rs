@@ -1,6 +1,8 @@
 //! Bidirectional attention with a key padding mask on the GPU, forward only; reference:
 //! [`crate::engine::cpu::attention_masked`] (same `qkv[B, T, 3C]` layout and results).
-//! CUDA cores, one query row per thread, f32 arithmetic, head sizes 16, 32 and 64.
+//! CUDA cores, one query row per thread, f32 arithmetic, head sizes 16, 32 and 64. For
+//! training, the padded softmax and the whole-row softmax backward of the unfused route
+//! (one warp per row), which batched GEMMs surround.
 
 use super::{CudaBackend, CudaError, Elem, Program, Result, as_i32, check_len};
 use crate::engine::cpu::attention::AttnShape;
@@ -19,6 +21,12 @@ pub(super) const PROGRAM: Program = Program {
         "masked_attention_forward_f16_hs16",
         "masked_attention_forward_f16_hs32",
         "masked_attention_forward_f16_hs64",
+        "padded_softmax_f32",
+        "padded_softmax_bf16",
+        "padded_softmax_f16",
+        "softmax_backward_rows_f32",
+        "softmax_backward_rows_bf16",
+        "softmax_backward_rows_f16",
     ],
 };
 
@@ -76,4 +84,89 @@ impl CudaBackend {
         unsafe { b.launch(cfg) }?;
         Ok(())
     }
+
+    /// `probs = softmax(scores)` over each row of `scores[B, H, T, T]` restricted to its
+    /// sequence's keys `0 .. lens[b]` (`lens` holds `B` values in `1 ..= T`); padded keys 0.
+    pub fn padded_softmax<T: Elem>(
+        &self,
+        probs: &mut CudaSlice<T>,
+        scores: &CudaSlice<T>,
+        lens: &CudaSlice<i32>,
+        s: AttnShape,
+    ) -> Result<()> {
+        const OP: &str = "padded_softmax";
+        let rows = s.batch * s.heads * s.seq;
+        check_len(OP, "probs", probs, rows * s.seq)?;
+        check_len(OP, "scores", scores, rows * s.seq)?;
+        check_len(OP, "lens", lens, s.batch)?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let f = self.function(&format!("padded_softmax_{}", T::SUFFIX))?;
+        let (rows64, seq32, heads32) = (
+            rows as i64,
+            as_i32(OP, "seq", s.seq)?,
+            as_i32(OP, "heads", s.heads)?,
+        );
+        let mut l = self.stream.launch_builder(f);
+        l.arg(probs)
+            .arg(scores)
+            .arg(lens)
+            .arg(&rows64)
+            .arg(&seq32)
+            .arg(&heads32);
+        // SAFETY: both matrices hold `rows * seq` elements and `lens` one value per sequence;
+        // each warp reads and writes its own row, and keys only below lens[b] <= seq.
+        unsafe { l.launch(warp_rows(OP, rows)?) }?;
+        Ok(())
+    }
+
+    /// `dscores = P * (dP - sum(P * dP))` over whole rows of `[rows, seq]`.
+    pub fn softmax_backward_rows<T: Elem>(
+        &self,
+        dscores: &mut CudaSlice<T>,
+        probs: &CudaSlice<T>,
+        dprobs: &CudaSlice<T>,
+        rows: usize,
+        seq: usize,
+    ) -> Result<()> {
+        const OP: &str = "softmax_backward_rows";
+        check_len(OP, "dscores", dscores, rows * seq)?;
+        check_len(OP, "probs", probs, rows * seq)?;
+        check_len(OP, "dprobs", dprobs, rows * seq)?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let f = self.function(&format!("softmax_backward_rows_{}", T::SUFFIX))?;
+        let (rows64, seq32) = (rows as i64, as_i32(OP, "seq", seq)?);
+        let mut l = self.stream.launch_builder(f);
+        l.arg(dscores)
+            .arg(probs)
+            .arg(dprobs)
+            .arg(&rows64)
+            .arg(&seq32);
+        // SAFETY: every buffer holds `rows * seq` elements; each warp reads and writes its row.
+        unsafe { l.launch(warp_rows(OP, rows)?) }?;
+        Ok(())
+    }
+}
+
+/// Threads per block of the row kernels: 8 warps, one row each.
+const WARP_BLOCK: u32 = 256;
+
+/// One warp per row; the grid's x dimension reaches 2^31 - 1 blocks.
+fn warp_rows(op: &'static str, rows: usize) -> Result<LaunchConfig> {
+    let per_block = WARP_BLOCK as usize / 32;
+    let blocks = u32::try_from(rows.div_ceil(per_block))
+        .ok()
+        .filter(|&b| b <= i32::MAX as u32)
+        .ok_or_else(|| CudaError::Shape {
+            op,
+            detail: format!("{rows} rows exceed one grid of warps"),
+        })?;
+    Ok(LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (WARP_BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    })
 }
