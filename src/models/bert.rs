@@ -224,44 +224,10 @@ impl Bert {
     /// length are computed too, attending to its real tokens, and are for the caller to
     /// ignore).
     pub fn forward(&self, b: &EncoderBatch) -> Result<Tensor> {
-        super::check_context("bert", b.seq, self.cfg.max_positions)?;
-        if let Some(&t) = b
-            .type_ids
-            .iter()
-            .find(|&&t| t as usize >= self.cfg.type_vocab)
-        {
-            return Err(EngineError::Shape {
-                op: "bert",
-                detail: format!(
-                    "token type {t} outside the model's {} segment types",
-                    self.cfg.type_vocab
-                ),
-            });
-        }
+        self.check_batch(b)?;
         let eps = self.cfg.norm_eps;
-        let c = self.cfg.d_model;
-        let words = ops::embedding_forward(
-            &b.tokens,
-            b.batch,
-            b.seq,
-            self.word.weight(),
-            self.position.weight(),
-        )?;
-        let types = ops::gather_rows(self.token_type.weight(), &b.type_ids, None)?;
-        let (_, mut x, _) = ops::residual_layernorm_forward_eps(
-            &words,
-            &types,
-            self.ln_embed.gamma.weight(),
-            self.ln_embed.beta.weight(),
-            eps,
-        )?;
-        drop((words, types));
-        let shape = AttnShape {
-            batch: b.batch,
-            seq: b.seq,
-            heads: self.cfg.n_heads,
-            channels: c,
-        };
+        let (_, mut x, _) = self.embed(b)?;
+        let shape = self.attn_shape(b);
         for l in &self.layers {
             let qkv = l.qkv.forward(&x)?;
             let att = ops::masked_attention_forward(&qkv, &b.lens, shape)?;
@@ -339,22 +305,7 @@ impl Bert {
     pub fn forward_train(&self, b: &EncoderBatch) -> Result<(Tensor, BertActs)> {
         self.check_batch(b)?;
         let eps = self.cfg.norm_eps;
-        let words = ops::embedding_forward(
-            &b.tokens,
-            b.batch,
-            b.seq,
-            self.word.weight(),
-            self.position.weight(),
-        )?;
-        let types = ops::gather_rows(self.token_type.weight(), &b.type_ids, None)?;
-        let (sum_embed, mut x, stats_embed) = ops::residual_layernorm_forward_eps(
-            &words,
-            &types,
-            self.ln_embed.gamma.weight(),
-            self.ln_embed.beta.weight(),
-            eps,
-        )?;
-        drop((words, types));
+        let (sum_embed, mut x, stats_embed) = self.embed(b)?;
         let shape = self.attn_shape(b);
         let mut layers = Vec::with_capacity(self.layers.len());
         for l in &self.layers {
@@ -470,6 +421,27 @@ impl Bert {
             heads: self.cfg.n_heads,
             channels: self.cfg.d_model,
         }
+    }
+
+    /// The embedding stage: word plus position plus token-type rows through the embedding
+    /// layernorm; returns the pre-norm sum, the normalised rows and the norm's statistics
+    /// (the training forward keeps the first and last for the backward).
+    fn embed(&self, b: &EncoderBatch) -> Result<(Tensor, Tensor, NormStats)> {
+        let words = ops::embedding_forward(
+            &b.tokens,
+            b.batch,
+            b.seq,
+            self.word.weight(),
+            self.position.weight(),
+        )?;
+        let types = ops::gather_rows(self.token_type.weight(), &b.type_ids, None)?;
+        ops::residual_layernorm_forward_eps(
+            &words,
+            &types,
+            self.ln_embed.gamma.weight(),
+            self.ln_embed.beta.weight(),
+            self.cfg.norm_eps,
+        )
     }
 
     fn check_batch(&self, b: &EncoderBatch) -> Result<()> {
