@@ -7,15 +7,22 @@ torch.compile. Prints one JSON object per mode: tokens/s (median step after warm
 against the GPU's dense peak, and peak allocated memory.
 
     python3 bench/pytorch_gpt.py --batch 8 --seq 1024 --modes fp32,tf32,bf16,bf16-compile
+
+Under torchrun it trains with DistributedDataParallel (NCCL, default buckets), each rank on its
+own batches of --batch sequences; tokens/s then counts every rank's tokens and rank 0 prints:
+
+    torchrun --nproc-per-node 2 bench/pytorch_gpt.py --modes bf16,bf16-compile
 """
 
 import argparse
 import json
 import math
+import os
 import statistics
 import time
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -86,19 +93,27 @@ def load_batches(args):
         if flat.numel() != math.prod(shape):
             raise SystemExit(f"--data {args.data}: {flat.numel()} tokens, expected {shape}")
         return flat.view(shape).long()
-    g = torch.Generator(device="cpu").manual_seed(1)
+    g = torch.Generator(device="cpu").manual_seed(1 + RANK)
     rows = torch.randint(0, args.vocab, (n, args.batch, args.seq + 1), generator=g)
     return torch.stack((rows[:, :, :-1], rows[:, :, 1:]), dim=1)
+
+
+WORLD = int(os.environ.get("WORLD_SIZE", "1"))
+RANK = int(os.environ.get("RANK", "0"))
+LOCAL_RANK = int(os.environ.get("LOCAL_RANK", "0"))
 
 
 def run(mode, args):
     torch.manual_seed(0)
     torch.backends.cuda.matmul.allow_tf32 = mode == "tf32"
     torch.backends.cudnn.allow_tf32 = mode == "tf32"
-    dev = "cuda"
+    dev = f"cuda:{LOCAL_RANK}"
     model = GPT(args.vocab, args.seq, args.d_model, args.layers, args.heads).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
-    step_model = torch.compile(model) if mode.endswith("compile") else model
+    wrapped = model
+    if WORLD > 1:
+        wrapped = torch.nn.parallel.DistributedDataParallel(model, device_ids=[LOCAL_RANK])
+    step_model = torch.compile(wrapped) if mode.endswith("compile") else wrapped
     autocast = mode.startswith("bf16")
     data = load_batches(args).to(dev)
     torch.cuda.reset_peak_memory_stats()
@@ -118,7 +133,7 @@ def run(mode, args):
             times.append(time.perf_counter() - t0)
         losses.append(loss.item())
     n_params = sum(p.numel() for p in model.parameters())
-    tokens = args.batch * args.seq
+    tokens = args.batch * args.seq * WORLD
     c, L, T, V = args.d_model, args.layers, args.seq, args.vocab
     flops_per_token = 72 * L * c * c + 6 * c * V + 6 * L * (T + 1) * c
     step = statistics.median(times)
@@ -130,7 +145,9 @@ def run(mode, args):
         "params": n_params,
         "tokens_per_s": tokens / step,
         "step_ms": step * 1e3,
-        "mfu": finite_or_none(flops_per_token * tokens / step / peak_flops(name, mode.split("-")[0])),
+        "world": WORLD,
+        "tokens_per_s_per_gpu": tokens / step / WORLD,
+        "mfu": finite_or_none(flops_per_token * tokens / WORLD / step / peak_flops(name, mode.split("-")[0])),
         "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
         "losses": losses,
     }
@@ -149,8 +166,15 @@ def main():
     p.add_argument("--modes", default="fp32,tf32,bf16,bf16-compile")
     p.add_argument("--data", help="batches to train on (int32 file, steps x 2 x batch x seq)")
     args = p.parse_args()
+    if WORLD > 1:
+        torch.cuda.set_device(LOCAL_RANK)
+        dist.init_process_group("nccl")
     for mode in args.modes.split(","):
-        print(json.dumps(run(mode, args)), flush=True)
+        result = run(mode, args)
+        if RANK == 0:
+            print(json.dumps(result), flush=True)
+    if WORLD > 1:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

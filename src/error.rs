@@ -80,6 +80,10 @@ pub enum KilnError {
         path.display()
     )]
     Unverified { path: PathBuf, names: Vec<String> },
+    /// A data-parallel job could not start or keep going: the rendezvous failed, or another
+    /// rank failed or vanished. The message names the rank, host or address concerned.
+    #[error("data-parallel run: {0}")]
+    Dist(String),
     /// Training stopped on SIGTERM or SIGINT after saving a checkpoint: not a failure, but a
     /// code of its own so a scheduler can requeue the job (which then resumes).
     #[error(
@@ -119,6 +123,7 @@ impl KilnError {
             KilnError::Locked { .. } => 9,
             KilnError::Unverified { .. } => UNVERIFIED_EXIT_CODE,
             KilnError::Stopped { .. } => STOPPED_EXIT_CODE,
+            KilnError::Dist(_) => crate::dist::control::PEER_FAILED_EXIT_CODE,
             KilnError::Engine(_) => 1,
         }
     }

@@ -11,6 +11,7 @@ pub mod classify;
 pub mod cli;
 pub mod config;
 pub mod data;
+pub mod dist;
 pub mod embed;
 pub mod engine;
 pub mod error;

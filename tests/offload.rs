@@ -41,6 +41,7 @@ fn run_to(
         quiet: true,
         trace: None,
         init: None,
+        world: None,
     })
 }
 

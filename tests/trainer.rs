@@ -81,6 +81,7 @@ fn run_to(
         quiet: true,
         trace: None,
         init: None,
+        world: None,
     })
 }
 

@@ -78,8 +78,89 @@ pub struct TrainArgs {
     /// Steps to trace, A..B (A to B-1) or A..=B, counted from 1.
     #[arg(long, value_name = "A..B", default_value = "2..=4", requires = "trace")]
     pub trace_steps: String,
+    /// Train data-parallel on N GPUs of this machine (or all), one process per GPU, through
+    /// NCCL. Under torchrun or srun leave it out: kiln reads RANK, WORLD_SIZE, LOCAL_RANK,
+    /// MASTER_ADDR and MASTER_PORT (or SLURM_*) itself.
+    #[arg(long, value_name = "N|all")]
+    pub gpus: Option<String>,
+    /// Machines in the job (with --gpus N on each; default 1).
+    #[arg(long, value_name = "N")]
+    pub nnodes: Option<usize>,
+    /// This machine's place among --nnodes, from 0 (the one that hosts the rendezvous).
+    #[arg(long, value_name = "I")]
+    pub node_rank: Option<usize>,
+    /// Host of the rendezvous (the machine with --node-rank 0); default MASTER_ADDR, else
+    /// 127.0.0.1 on one machine.
+    #[arg(long, value_name = "HOST")]
+    pub master_addr: Option<String>,
+    /// TCP port of the rendezvous; default MASTER_PORT, else 29500.
+    #[arg(long, value_name = "PORT")]
+    pub master_port: Option<u16>,
     #[arg(value_name = "KEY=VALUE")]
     pub overrides: Vec<String>,
+}
+
+/// Reads the data-parallel launch from the flags and the environment; starts the ranks when
+/// this process is the `--gpus N` launcher (and exits with the job's code).
+fn data_parallel(a: &TrainArgs) -> Result<Option<crate::dist::World>> {
+    use crate::dist::{Launch, LaunchFlags, launch, spawn};
+    let flags = LaunchFlags {
+        gpus: a.gpus.clone(),
+        nnodes: a.nnodes,
+        node_rank: a.node_rank,
+        master_addr: a.master_addr.clone(),
+        master_port: a.master_port,
+    };
+    let env: std::collections::HashMap<String, String> = std::env::vars().collect();
+    let gpus_here = if a.gpus.is_some() {
+        crate::engine::cuda::device_count().unwrap_or(0)
+    } else {
+        0
+    };
+    match launch::resolve(&flags, &env, gpus_here).map_err(KilnError::Setting)? {
+        Launch::Single => Ok(None),
+        Launch::Rank(w) => {
+            if w.world_size > 1 && a.out.is_none() && a.resume.is_none() {
+                return Err(KilnError::Setting(format!(
+                    "rank {} of {}: every rank must name the same run directory; add --out DIR (or --resume DIR)",
+                    w.rank, w.world_size
+                )));
+            }
+            Ok(Some(w))
+        }
+        Launch::Spawn {
+            procs,
+            nnodes,
+            node_rank,
+            master_addr,
+            master_port,
+        } => {
+            let mut args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+            if a.out.is_none() && a.resume.is_none() {
+                if nnodes > 1 {
+                    return Err(KilnError::Setting(
+                        "--nnodes: every machine must name the same run directory (on storage they share); add --out DIR".into(),
+                    ));
+                }
+                args.push("--out".into());
+                args.push(super::new_run_dir().into());
+            }
+            eprintln!(
+                "kiln: starting {procs} rank(s) on this machine (world size {}, rendezvous {master_addr}:{master_port})",
+                procs * nnodes
+            );
+            let code = spawn::run(&spawn::SpawnPlan {
+                procs,
+                nnodes,
+                node_rank,
+                master_addr,
+                master_port,
+                args,
+            })
+            .map_err(KilnError::Dist)?;
+            std::process::exit(code);
+        }
+    }
 }
 
 pub fn run(a: TrainArgs) -> Result<()> {
@@ -107,6 +188,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
             "--stop-after 0 would stop before the first step; give a step of 1 or more".into(),
         ));
     }
+    let world = data_parallel(&a)?;
     let file = a
         .config
         .clone()
@@ -147,7 +229,12 @@ pub fn run(a: TrainArgs) -> Result<()> {
         quiet: a.quiet,
         trace,
         init,
+        world: world.clone(),
     })?;
+    if world.as_ref().is_some_and(|w| !w.is_root()) {
+        // Rank 0 reports the run.
+        return Ok(());
+    }
     if run_dir.starts_with(super::RUNS_DIR) {
         super::record_latest_run(&run_dir);
     }

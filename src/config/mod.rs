@@ -53,6 +53,8 @@ pub struct Config {
     pub lora: LoraConfig,
     /// The Shannon control unit: a controller on the strength of the adapters' penalty.
     pub scu: ScuConfig,
+    /// Data parallelism (`kiln train --gpus N`, torchrun, Slurm).
+    pub dist: DistConfig,
 }
 
 // `default` on the sections lets a config saved by an older build, which
@@ -412,6 +414,31 @@ impl Default for ScuConfig {
     }
 }
 
+/// `[dist]`: how ranks of a data-parallel run share the work. The number of ranks comes from
+/// the launch (`--gpus`, torchrun, Slurm), not from here.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DistConfig {
+    /// ZeRO stage: 0 replicates everything, 1 shards the optimizer moments, 2 also the
+    /// reduced gradients.
+    pub zero: usize,
+    /// Gradient bytes per all-reduce bucket, in MiB.
+    pub bucket_mb: f64,
+    /// Seconds a rank waits for the others (rendezvous, control collectives) before it
+    /// stops with an error naming the rank it waited for.
+    pub timeout_s: f64,
+}
+
+impl Default for DistConfig {
+    fn default() -> Self {
+        Self {
+            zero: 0,
+            bucket_mb: 25.0,
+            timeout_s: 300.0,
+        }
+    }
+}
+
 /// Every key with its `--help` text, in the order the sections and fields
 /// are declared. A test checks this list against the structs so the two
 /// cannot drift apart.
@@ -602,6 +629,12 @@ const KEYS: &[(&str, &str)] = &[
     ("scu.lambda_min", "lower bound of lambda"),
     ("scu.lambda_max", "upper bound of lambda"),
     ("scu.every", "controller update every this many steps"),
+    (
+        "dist.zero",
+        "ZeRO stage: 0 none, 1 optimizer state, 2 + gradients",
+    ),
+    ("dist.bucket_mb", "gradient MiB per all-reduce bucket"),
+    ("dist.timeout_s", "seconds to wait for other ranks"),
 ];
 
 /// Every dotted key, in section and field order.

@@ -191,6 +191,7 @@ impl Config {
             &["text", "prompt_completion", "chat"],
         )?;
         self.validate_lora()?;
+        self.validate_dist()?;
 
         if !is_device(&t.device) {
             return Err(ConfigError::NotAllowed {
@@ -297,6 +298,37 @@ impl Config {
 }
 
 impl Config {
+    /// The `[dist]` rules.
+    fn validate_dist(&self) -> Result<(), ConfigError> {
+        let d = &self.dist;
+        if d.zero > 2 {
+            return Err(out_of_range(
+                "dist.zero",
+                d.zero,
+                "ZeRO stages are 0 (none), 1 (optimizer state) and 2 (optimizer state and gradients)",
+            ));
+        }
+        for (key, value) in [
+            ("dist.bucket_mb", d.bucket_mb),
+            ("dist.timeout_s", d.timeout_s),
+        ] {
+            if !value.is_finite() {
+                return Err(ConfigError::NotFinite { key, value });
+            }
+            if value <= 0.0 {
+                return Err(out_of_range(key, value, "it must be positive"));
+            }
+        }
+        if d.zero > 0 && self.train.offload_optimizer {
+            return Err(out_of_range(
+                "dist.zero",
+                d.zero,
+                "ZeRO shards the optimizer state across GPUs and train.offload_optimizer moves it to the host; choose one (set dist.zero=0 or train.offload_optimizer=false)",
+            ));
+        }
+        Ok(())
+    }
+
     /// The `[lora]` and `[scu]` rules.
     fn validate_lora(&self) -> Result<(), ConfigError> {
         let (l, s) = (&self.lora, &self.scu);

@@ -37,6 +37,10 @@ pub struct DataSpec {
     pub threads: usize,
     /// `data.format`: "text", or a fine-tuning format of JSON lines (see [`super::sft`]).
     pub format: String,
+    /// The data order's micro index of this process's first micro-batch of a step: 0, or
+    /// `rank * grad_accum` for a rank of a data-parallel run, which reads micro-batches
+    /// `micro_offset..micro_offset + grad_accum` of every global batch.
+    pub micro_offset: u64,
 }
 
 impl DataSpec {
@@ -278,7 +282,7 @@ fn produce(
     let train = splits.train;
     let sft = splits.sft;
     for step in start_step..=u64::MAX {
-        for micro in 0..spec.grad_accum as u64 {
+        for micro in spec.micro_offset..spec.micro_offset + spec.grad_accum as u64 {
             if cancel.load(Ordering::Relaxed) {
                 return;
             }
@@ -309,6 +313,7 @@ mod tests {
             grad_accum: 3,
             threads: 2,
             format: "text".into(),
+            micro_offset: 0,
         }
     }
 

@@ -326,6 +326,20 @@ impl Tensor {
         Ok(None)
     }
 
+    /// The device address, element count and dtype of a GPU tensor, for libraries that take
+    /// raw pointers (NCCL); `None` on the host. The address stays valid while the tensor lives.
+    pub(crate) fn cuda_raw(&self) -> Option<(u64, usize, DType)> {
+        use cudarc::driver::DevicePtr;
+        let stream = self.pool.cuda().ok()?.stream().clone();
+        let ptr = match &self.storage {
+            Storage::CudaF32(s) => s.device_ptr(&stream).0,
+            Storage::CudaBf16(s) => s.device_ptr(&stream).0,
+            Storage::CudaF16(s) => s.device_ptr(&stream).0,
+            _ => return None,
+        };
+        Some((ptr, self.len(), self.dtype))
+    }
+
     /// Host slice of a CPU tensor, for the CPU kernels (reached through `ops`, which matched
     /// on the device first) and CPU-side tests.
     ///

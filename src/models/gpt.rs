@@ -67,6 +67,7 @@ pub struct Gpt {
     pub head: Option<Linear>,
     recompute: Recompute,
     kernels: Kernels,
+    grad_ready: Option<super::GradReady>,
 }
 
 /// One block's saved activations. `input` is the residual stream entering the block,
@@ -188,7 +189,26 @@ impl Gpt {
             head,
             recompute: Recompute::None,
             kernels: Kernels::Fused,
+            grad_ready: None,
         })
+    }
+
+    /// Index of the first trainable parameter of each block, then of the final norm.
+    fn grad_block_starts(&self) -> Vec<usize> {
+        use super::trainable_count as t;
+        super::block_starts(
+            super::trainable_count(&self.embed.params()),
+            self.blocks.iter().map(|b| {
+                t(&b.ln1.params()) + t(&b.attn.params()) + t(&b.ln2.params()) + t(&b.mlp.params())
+            }),
+        )
+    }
+
+    /// Tells the hook, if any, that the parameters from index `k` on are final.
+    fn grads_final_from(&mut self, k: usize) {
+        if let Some(h) = &mut self.grad_ready {
+            h(k);
+        }
     }
 
     fn check_len(&self, seq: usize) -> Result<()> {
@@ -322,6 +342,10 @@ impl Model for Gpt {
         self.ln_f
             .backward_with(&mut dstream, &d_ln_f, &last, &ln_f_stats, kernels)?;
         drop((d_ln_f, last));
+        let starts = self.grad_ready.as_ref().map(|_| self.grad_block_starts());
+        if let Some(s) = &starts {
+            self.grads_final_from(s[self.blocks.len()]);
+        }
         while let Some(kept) = saved.pop() {
             let block = &mut self.blocks[saved.len()];
             let a = match kept {
@@ -336,9 +360,20 @@ impl Model for Gpt {
             block
                 .ln1
                 .backward_with(&mut dstream, &d_ln1, &a.input, &a.ln1_stats, kernels)?;
+            if let Some(s) = &starts {
+                self.grads_final_from(s[saved.len()]);
+            }
         }
         self.embed.backward(&dstream, inputs, seq)?;
+        if starts.is_some() {
+            self.grads_final_from(0);
+        }
         Ok(losses.iter().map(|&l| l as f64).sum())
+    }
+
+    fn set_grad_ready(&mut self, hook: Option<super::GradReady>) -> bool {
+        self.grad_ready = hook;
+        true
     }
 
     fn loss(&self, inputs: &[u32], targets: &[u32], batch: usize, seq: usize) -> Result<f64> {

@@ -158,6 +158,7 @@ pub struct Llama {
     pub head: Option<Linear>,
     rotary: Rotary,
     recompute: Recompute,
+    grad_ready: Option<super::GradReady>,
 }
 
 struct BlockActs {
@@ -331,7 +332,26 @@ impl Llama {
             head,
             rotary,
             recompute: Recompute::None,
+            grad_ready: None,
         })
+    }
+
+    /// Index of the first trainable parameter of each block, then of the final norm.
+    fn grad_block_starts(&self) -> Vec<usize> {
+        use super::trainable_count as t;
+        super::block_starts(
+            usize::from(!self.embed.frozen),
+            self.blocks.iter().map(|b| {
+                t(&b.ln1.params()) + t(&b.attn.params()) + t(&b.ln2.params()) + t(&b.mlp.params())
+            }),
+        )
+    }
+
+    /// Tells the hook, if any, that the parameters from index `k` on are final.
+    fn grads_final_from(&mut self, k: usize) {
+        if let Some(h) = &mut self.grad_ready {
+            h(k);
+        }
     }
 
     fn norm_after(&self, l: usize) -> &RmsNorm {
@@ -532,6 +552,10 @@ impl Model for Llama {
         self.ln_f
             .backward(&mut dstream, &d_ln_f, &last, &ln_f_rstd)?;
         drop((d_ln_f, last));
+        let starts = self.grad_ready.as_ref().map(|_| self.grad_block_starts());
+        if let Some(s) = &starts {
+            self.grads_final_from(s[self.blocks.len()]);
+        }
         while let Some(kept) = saved.pop() {
             let block = &mut self.blocks[saved.len()];
             let a = match kept {
@@ -549,11 +573,22 @@ impl Model for Llama {
             block
                 .ln1
                 .backward(&mut dstream, &d_ln1, &a.input, &a.ln1_rstd)?;
+            if let Some(s) = &starts {
+                self.grads_final_from(s[saved.len()]);
+            }
         }
         if let Some(dembed) = self.embed.grad_mut() {
             ops::token_embedding_backward(dembed, &dstream, inputs)?;
         }
+        if starts.is_some() {
+            self.grads_final_from(0);
+        }
         Ok(losses.iter().map(|&l| l as f64).sum())
+    }
+
+    fn set_grad_ready(&mut self, hook: Option<super::GradReady>) -> bool {
+        self.grad_ready = hook;
+        true
     }
 
     fn loss(&self, inputs: &[u32], targets: &[u32], batch: usize, seq: usize) -> Result<f64> {

@@ -33,6 +33,29 @@ pub struct QuantizedBase {
     pub workspace_bytes: usize,
 }
 
+/// Called during a backward pass with `k` once every trainable parameter from index `k` on
+/// (in [`Model::trainable_params`] order) holds its final gradient for the pass: data
+/// parallelism sends those gradients while backward goes on below them.
+pub type GradReady = Box<dyn FnMut(usize) + Send + Sync>;
+
+/// The index of the first trainable parameter of each block and, last, of what follows the
+/// blocks, given the trainable parameters before the blocks and in each block.
+pub fn block_starts(before: usize, per_block: impl IntoIterator<Item = usize>) -> Vec<usize> {
+    let mut at = before;
+    let mut out = Vec::new();
+    for n in per_block {
+        out.push(at);
+        at += n;
+    }
+    out.push(at);
+    out
+}
+
+/// Trainable parameters among `params`.
+pub fn trainable_count(params: &[&Param]) -> usize {
+    params.iter().filter(|p| !p.frozen).count()
+}
+
 /// What the trainer asks of a model.
 pub trait Model: Send {
     /// Every parameter, frozen ones included, in a fixed order (imports and exports map them
@@ -101,6 +124,12 @@ pub trait Model: Send {
         seq: usize,
         step: StepPrecision,
     ) -> Result<f64>;
+
+    /// Installs (or removes) the hook backward calls as gradients become final; returns
+    /// whether this family calls it (one that does not has its gradients sent after backward).
+    fn set_grad_ready(&mut self, _hook: Option<GradReady>) -> bool {
+        false
+    }
 
     /// Sum of token losses without touching gradients (evaluation).
     fn loss(&self, inputs: &[u32], targets: &[u32], batch: usize, seq: usize) -> Result<f64>;

@@ -38,6 +38,11 @@ pub struct AdamW {
     /// Present when the masters and moments live in host memory.
     offload: Option<HostOffload>,
     kernels: Kernels,
+    /// Under ZeRO: which parameters this rank updates (the others' moments are empty here
+    /// and their new values come from their owners).
+    owned: Option<Vec<bool>>,
+    /// Moments of parameters another rank owns, gathered for a checkpoint (empty otherwise).
+    pub gathered: Vec<Option<(Tensor, Tensor)>>,
 }
 
 impl AdamW {
@@ -51,7 +56,49 @@ impl AdamW {
             t: 0,
             offload: None,
             kernels: Kernels::Fused,
+            owned: None,
+            gathered: Vec::new(),
         })
+    }
+
+    /// Moments for the parameters `owned` marks only (ZeRO-1/2); the others get empty ones.
+    pub fn sharded(cfg: AdamWConfig, params: &[&Param], owned: Vec<bool>) -> Result<AdamW> {
+        let zeros = |(p, own): (&&Param, &bool)| {
+            let shape: &[usize] = if *own { p.value.shape() } else { &[0] };
+            Tensor::zeros(p.value.pool(), shape, DType::F32)
+        };
+        Ok(AdamW {
+            cfg,
+            m: params
+                .iter()
+                .zip(&owned)
+                .map(zeros)
+                .collect::<Result<_>>()?,
+            v: params
+                .iter()
+                .zip(&owned)
+                .map(zeros)
+                .collect::<Result<_>>()?,
+            t: 0,
+            offload: None,
+            kernels: Kernels::Fused,
+            owned: Some(owned),
+            gathered: Vec::new(),
+        })
+    }
+
+    /// Whether this optimizer updates parameter `i` (always, unless sharded).
+    pub fn owns(&self, i: usize) -> bool {
+        self.owned.as_ref().is_none_or(|o| o[i])
+    }
+
+    /// The moments of parameter `i` for a checkpoint: its own, or those gathered from the
+    /// rank that owns it.
+    pub fn moments_of(&self, i: usize) -> (&Tensor, &Tensor) {
+        match self.gathered.get(i) {
+            Some(Some((m, v))) if !self.owns(i) => (m, v),
+            _ => (&self.m[i], &self.v[i]),
+        }
     }
 
     /// Masters and moments in host memory beside `device` (page-locked beside a GPU): moves
@@ -82,6 +129,8 @@ impl AdamW {
             t: 0,
             offload: Some(offload),
             kernels: Kernels::Fused,
+            owned: None,
+            gathered: Vec::new(),
         })
     }
 
@@ -114,7 +163,14 @@ impl AdamW {
             t,
             grad_scale,
         };
-        let state = params.iter_mut().zip(&mut self.m).zip(&mut self.v);
+        let owned = self.owned.clone();
+        let state = params
+            .iter_mut()
+            .zip(&mut self.m)
+            .zip(&mut self.v)
+            .enumerate()
+            .filter(|(i, _)| owned.as_ref().is_none_or(|o| o[*i]))
+            .map(|(_, s)| s);
         match &mut self.offload {
             None => {
                 for ((p, m), v) in state {

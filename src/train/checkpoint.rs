@@ -391,7 +391,8 @@ fn checkpoint_tensors(trainer: &Trainer) -> [(&'static str, Vec<(String, &Tensor
     let params = trainer.model.trainable_params();
     let model = params.iter().map(|p| (p.name.clone(), &p.value)).collect();
     let mut opt: Vec<(String, &Tensor)> = Vec::new();
-    for ((p, m), v) in params.iter().zip(&trainer.opt.m).zip(&trainer.opt.v) {
+    for (i, p) in params.iter().enumerate() {
+        let (m, v) = trainer.opt.moments_of(i);
         opt.push((format!("exp_avg.{}", p.name), m));
         opt.push((format!("exp_avg_sq.{}", p.name), v));
     }
@@ -400,10 +401,15 @@ fn checkpoint_tensors(trainer: &Trainer) -> [(&'static str, Vec<(String, &Tensor
 
 /// Bytes of tensor data in a checkpoint of `trainer` (what its staging must hold).
 fn tensor_bytes(trainer: &Trainer) -> usize {
-    checkpoint_tensors(trainer)
+    // From the parameters, not the moments at hand: under ZeRO this rank holds only some of
+    // them, and the checkpoint gathers the rest.
+    let values: usize = trainer
+        .model
+        .trainable_params()
         .iter()
-        .flat_map(|(_, ts)| ts.iter().map(|(_, t)| t.len() * size_of::<f32>()))
-        .sum()
+        .map(|p| p.value.len())
+        .sum();
+    3 * values * size_of::<f32>()
 }
 
 /// Copies the trainer's weights, optimizer moments and state into pageable host memory, one
@@ -951,11 +957,22 @@ fn load_tensors(
     name: &str,
     targets: &mut [(String, &mut Tensor)],
 ) -> Result<()> {
+    load_tensors_of(ckpt, integrity, name, targets, false)
+}
+
+/// [`load_tensors`], or with `subset` only the tensors `targets` names out of more.
+fn load_tensors_of(
+    ckpt: &Path,
+    integrity: &Integrity,
+    name: &str,
+    targets: &mut [(String, &mut Tensor)],
+    subset: bool,
+) -> Result<()> {
     let path = &ckpt.join(name);
     let bytes = read_verified(ckpt, integrity, name)?;
     let st = SafeTensors::deserialize(&bytes)
         .map_err(|e| KilnError::checkpoint(path, format!("is not valid safetensors ({e})")))?;
-    if st.len() != targets.len() {
+    if !subset && st.len() != targets.len() {
         return Err(KilnError::checkpoint(
             path,
             format!(
@@ -1033,16 +1050,29 @@ pub fn load_into(trainer: &mut Trainer, ckpt: &Path) -> Result<()> {
         .iter()
         .map(|p| p.name.clone())
         .collect();
+    let owned: Vec<bool> = (0..names.len()).map(|i| trainer.opt.owns(i)).collect();
+    let sharded = owned.iter().any(|o| !o);
     let mut targets: Vec<(String, &mut Tensor)> = Vec::new();
-    for ((n, m), v) in names
+    for (((n, m), v), own) in names
         .iter()
         .zip(trainer.opt.m.iter_mut())
         .zip(trainer.opt.v.iter_mut())
+        .zip(owned)
     {
-        targets.push((format!("exp_avg.{n}"), m));
-        targets.push((format!("exp_avg_sq.{n}"), v));
+        // Under ZeRO this rank restores the moments it owns; the checkpoint holds them all,
+        // whatever number of ranks wrote it.
+        if own {
+            targets.push((format!("exp_avg.{n}"), m));
+            targets.push((format!("exp_avg_sq.{n}"), v));
+        }
     }
-    load_tensors(ckpt, &integrity(ckpt)?, OPTIMIZER_FILE, &mut targets)?;
+    load_tensors_of(
+        ckpt,
+        &integrity(ckpt)?,
+        OPTIMIZER_FILE,
+        &mut targets,
+        sharded,
+    )?;
     if meta.state.scaler.is_some() != trainer.state.scaler.is_some() {
         return Err(KilnError::checkpoint(
             ckpt,

@@ -12,7 +12,8 @@ use std::time::Duration;
 /// Appends one JSON object per line to `metrics.jsonl`; appending keeps a resumed run's
 /// history in one file.
 pub struct MetricsWriter {
-    file: File,
+    /// `None` for a rank other than 0 of a data-parallel run, which records nothing.
+    file: Option<File>,
     path: PathBuf,
 }
 
@@ -24,9 +25,17 @@ impl MetricsWriter {
             .open(path)
             .map_err(|e| KilnError::output(path, e))?;
         Ok(MetricsWriter {
-            file,
+            file: Some(file),
             path: path.to_path_buf(),
         })
+    }
+
+    /// A writer that records nothing (the ranks besides 0 of a data-parallel run).
+    pub fn discard() -> Self {
+        MetricsWriter {
+            file: None,
+            path: PathBuf::new(),
+        }
     }
 
     /// Appends GPU readings, one `{"kind": "device", ...}` line each.
@@ -47,11 +56,13 @@ impl MetricsWriter {
     }
 
     pub fn write(&mut self, record: &impl Serialize) -> Result<()> {
+        let Some(file) = &mut self.file else {
+            return Ok(());
+        };
         let mut line =
             serde_json::to_string(record).map_err(|e| KilnError::output(&self.path, e))?;
         line.push('\n');
-        self.file
-            .write_all(line.as_bytes())
+        file.write_all(line.as_bytes())
             .map_err(|e| KilnError::output(&self.path, e))
     }
 }

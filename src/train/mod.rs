@@ -52,6 +52,8 @@ pub struct RunOptions {
     pub trace: Option<trace::TraceOptions>,
     /// Weights to start from (`kiln train --init-from`); the config already has its shape.
     pub init: Option<crate::models::import::Pretrained>,
+    /// This process's place in a data-parallel run (`None`: a single process).
+    pub world: Option<crate::dist::World>,
 }
 
 /// The outcome of a run, also written as `summary.json`.
@@ -125,6 +127,18 @@ pub fn data_spec(cfg: &crate::config::Config) -> DataSpec {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
             n => n,
         },
+        micro_offset: 0,
+    }
+}
+
+/// The device a rank trains on: `cuda:LOCAL_RANK` where the setting asks for a GPU (or
+/// `auto` finds one), else the setting as it is.
+fn rank_device(setting: &str, world: &crate::dist::World) -> String {
+    let gpus = || crate::engine::cuda::device_count().unwrap_or(0);
+    match setting {
+        "cuda" => format!("cuda:{}", world.local_rank),
+        "auto" if gpus() > 0 => format!("cuda:{}", world.local_rank),
+        other => other.to_string(),
     }
 }
 
@@ -162,6 +176,9 @@ struct TrainRecord {
     /// Mixture-of-experts routing of this step: slots, dropped slots, per-expert load, aux loss.
     #[serde(skip_serializing_if = "Option::is_none")]
     moe: Option<crate::models::RoutingStats>,
+    /// Pool peak of every rank of a data-parallel run, in rank order.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mem_peak_ranks: Option<Vec<usize>>,
 }
 
 /// A pass that ran out of memory and the smaller one the run continues with.
@@ -214,6 +231,10 @@ pub fn run(opts: RunOptions) -> Result<Summary> {
     if opts.resume && !run_dir.join("config.toml").is_file() {
         return Err(not_a_run(&run_dir));
     }
+    // In a data-parallel run rank 0 alone holds the lock and writes the run directory.
+    if opts.world.as_ref().is_some_and(|w| !w.is_root()) {
+        return run_locked(opts, None);
+    }
     // The directories this start creates, outermost first, so a failed start removes them.
     let created: Vec<PathBuf> = run_dir
         .ancestors()
@@ -238,7 +259,7 @@ pub fn run(opts: RunOptions) -> Result<Summary> {
             return Err(e);
         }
     };
-    let result = run_locked(opts, &lock);
+    let result = run_locked(opts, Some(&lock));
     if result.is_err() && !holds_data(&run_dir) {
         if created.is_empty() {
             for f in ["config.toml", "metrics.jsonl", "checkpoints"] {
@@ -285,16 +306,23 @@ fn holds_data(run_dir: &Path) -> bool {
         || fs::metadata(run_dir.join("metrics.jsonl")).is_ok_and(|m| m.len() > 0)
 }
 
-fn run_locked(opts: RunOptions, lock: &lock::RunLock) -> Result<Summary> {
+fn run_locked(opts: RunOptions, lock: Option<&lock::RunLock>) -> Result<Summary> {
     // Installed first: a stop asked for while the run starts is honoured after its first step.
     let _handlers = signals::install();
-    let cfg = opts.config.config.clone();
-    let mut progress = Progress::new(opts.quiet);
-    if let Some(holder) = &lock.stale_holder {
+    let mut cfg = opts.config.config.clone();
+    let world = opts.world.clone();
+    let root = world.as_ref().is_none_or(|w| w.is_root());
+    // Only rank 0 reports; the others print their errors only.
+    let mut progress = Progress::new(opts.quiet || !root);
+    if let Some(holder) = lock.and_then(|l| l.stale_holder.as_ref()) {
         progress.message(&format!(
             "note: {} was last held by {holder}, which is no longer running; taking it over",
-            lock.path().display()
+            lock.map_or(PathBuf::new(), |l| l.path().to_path_buf())
+                .display()
         ));
+    }
+    if let Some(w) = &world {
+        cfg.train.device = rank_device(&cfg.train.device, w);
     }
     let (pool, precision, notes) = open_device(&cfg.train.device, &cfg.train.precision)?;
     set_memory_limit(&pool, &cfg)?;
@@ -317,13 +345,25 @@ fn run_locked(opts: RunOptions, lock: &lock::RunLock) -> Result<Summary> {
             ));
         }
     }
-    let mut trainer = Trainer::with_base(&cfg, vocab, &pool, precision, opts.init.as_ref())
-        .map_err(|e| match e {
-            KilnError::Engine(e) if e.is_out_of_memory() => {
-                oom::does_not_fit(oom::DoesNotFit::Model, &e, &pool, &cfg, precision)
-            }
-            other => other,
-        })?;
+    let stage = crate::dist::ZeroStage::from_setting(cfg.dist.zero).ok_or_else(|| {
+        KilnError::Setting(format!("dist.zero = {} is not 0, 1 or 2", cfg.dist.zero))
+    })?;
+    let shard = world.as_ref().map(|w| trainer::Shard {
+        rank: w.rank,
+        world_size: w.world_size,
+        stage,
+    });
+    let mut trainer =
+        Trainer::with_base_sharded(&cfg, vocab, &pool, precision, opts.init.as_ref(), shard)
+            .map_err(|e| match e {
+                KilnError::Engine(e) if e.is_out_of_memory() => {
+                    oom::does_not_fit(oom::DoesNotFit::Model, &e, &pool, &cfg, precision)
+                }
+                other => other,
+            })?;
+    if let Some(w) = &world {
+        join_world(&mut trainer, w, stage, &mut progress)?;
+    }
 
     // Restore before writing anything: a bad checkpoint must leave the run directory as it was.
     let run_dir = &opts.run_dir;
@@ -371,22 +411,34 @@ fn run_locked(opts: RunOptions, lock: &lock::RunLock) -> Result<Summary> {
             init.source.architecture
         ));
     }
-    fs::create_dir_all(run_dir).map_err(|e| KilnError::output(run_dir, e))?;
-    write_atomic(
-        &run_dir.join("config.toml"),
-        opts.config.to_toml().as_bytes(),
-    )?;
-    if let Some(init) = &opts.init {
-        let json = serde_json::to_vec_pretty(&init.source).unwrap_or_default();
-        write_atomic(&run_dir.join("init_from.json"), &json)?;
+    if root {
+        fs::create_dir_all(run_dir).map_err(|e| KilnError::output(run_dir, e))?;
+        write_atomic(
+            &run_dir.join("config.toml"),
+            opts.config.to_toml().as_bytes(),
+        )?;
+        if let Some(init) = &opts.init {
+            let json = serde_json::to_vec_pretty(&init.source).unwrap_or_default();
+            write_atomic(&run_dir.join("init_from.json"), &json)?;
+        }
     }
-    let mut metrics = MetricsWriter::open(&run_dir.join("metrics.jsonl"))?;
+    let mut metrics = if root {
+        MetricsWriter::open(&run_dir.join("metrics.jsonl"))?
+    } else {
+        MetricsWriter::discard()
+    };
     let mut scu_history = match trainer.state.scu {
-        Some(_) => Some(MetricsWriter::open(&run_dir.join("scu_history.jsonl"))?),
-        None => None,
+        Some(_) if root => Some(MetricsWriter::open(&run_dir.join("scu_history.jsonl"))?),
+        _ => None,
     };
 
-    let mut loader = Prefetcher::spawn(data_spec(&cfg), trainer.state.data_step, cfg.data.prefetch);
+    let mut spec = data_spec(&cfg);
+    if let Some(w) = &world {
+        spec.micro_offset =
+            crate::dist::shard::rank_micro_batches(w.rank, w.world_size, cfg.train.grad_accum)
+                .start;
+    }
+    let mut loader = Prefetcher::spawn(spec, trainer.state.data_step, cfg.data.prefetch);
     let splits = loader.splits()?;
     let val = match &splits.sft {
         Some(d) => {
@@ -451,7 +503,11 @@ fn run_locked(opts: RunOptions, lock: &lock::RunLock) -> Result<Summary> {
     let last = opts.stop_after.map_or(total, |s| s.min(total));
     let every = |n: usize, step: u64| n > 0 && step.is_multiple_of(n as u64);
     let started = Instant::now();
-    let sampler = device_sampler(device, started, &mut progress);
+    let sampler = if root {
+        device_sampler(device, started, &mut progress)
+    } else {
+        None
+    };
     let mut window = (Instant::now(), 0u64);
     let mut last_ckpt: Option<PathBuf> = checkpoint::latest(run_dir)?;
     let mut train_loss = f64::NAN;
@@ -459,7 +515,7 @@ fn run_locked(opts: RunOptions, lock: &lock::RunLock) -> Result<Summary> {
     let start_tokens = trainer.state.tokens;
     let start_step = trainer.state.step;
     trainer.pool.reset_peak();
-    if cfg.train.eval_at_start && start_step == 0 {
+    if cfg.train.eval_at_start && start_step == 0 && root {
         let v = trainer.evaluate(&val)?;
         metrics.write(&EvalRecord {
             kind: "eval",
@@ -476,7 +532,7 @@ fn run_locked(opts: RunOptions, lock: &lock::RunLock) -> Result<Summary> {
     let mut tracer = opts.trace.clone().map(trace::Trace::new);
     let background = cfg.train.checkpoint_async;
     // Allocated once, before the first step, so no save pays for pinning it.
-    let staging = if background {
+    let staging = if background && root {
         checkpoint::pinned_staging(&trainer).unwrap_or_else(|notice| {
             progress.message(&format!("note: {notice}"));
             None
@@ -557,7 +613,13 @@ fn run_locked(opts: RunOptions, lock: &lock::RunLock) -> Result<Summary> {
         }
         let mem = trainer.pool.stats();
         let host = trainer.opt.host_memory();
-        if every(cfg.train.log_every, step) || step == last {
+        let logged = every(cfg.train.log_every, step) || step == last;
+        // Every rank's pool peak, for rank 0's record (every rank logs at the same steps).
+        let mem_peak_ranks = match (&mut trainer.dist, logged) {
+            (Some(d), true) => Some(rank_peaks(d, mem.peak)?),
+            _ => None,
+        };
+        if logged {
             let secs = window.0.elapsed().as_secs_f64();
             let tps = window.1 as f64 / secs.max(1e-9);
             let per_step = started.elapsed().as_secs_f64() / (step - start_step).max(1) as f64;
@@ -594,13 +656,14 @@ fn run_locked(opts: RunOptions, lock: &lock::RunLock) -> Result<Summary> {
                 mem_host_optimizer: host.map(|h| h.current),
                 elapsed_s: started.elapsed().as_secs_f64(),
                 moe: report.routing.clone(),
+                mem_peak_ranks,
             })?;
             window = (Instant::now(), 0);
         }
         if report.skipped {
             continue;
         }
-        if every(cfg.train.eval_every, step) || step == last {
+        if (every(cfg.train.eval_every, step) || step == last) && root {
             let eval_start = Instant::now();
             val_loss = trainer.evaluate(&val)?;
             if let (Some(n), Some(t)) = (traced, tracer.as_mut()) {
@@ -618,7 +681,19 @@ fn run_locked(opts: RunOptions, lock: &lock::RunLock) -> Result<Summary> {
                 val_loss / std::f64::consts::LN_2
             ));
         }
-        let stop = signals::stop_requested();
+        let mut stop = signals::stop_requested();
+        let mut save_request = signals::take_save_request();
+        if let Some(d) = &mut trainer.dist {
+            // Every rank stops and saves at the same step, or none does.
+            let mut flags = [stop.is_some() as u8 as f64, save_request as u8 as f64];
+            d.control
+                .all_reduce_max(&mut flags, "the stop and save requests")
+                .map_err(KilnError::Dist)?;
+            if flags[0] > 0.0 && stop.is_none() {
+                stop = Some("a stop request to another rank");
+            }
+            save_request = flags[1] > 0.0;
+        }
         if stop.is_some() && !stop_note_shown {
             progress.message(&format!(
                 "step {step}: {} received; saving a checkpoint and stopping (Ctrl-C again stops at once, without saving)",
@@ -628,7 +703,10 @@ fn run_locked(opts: RunOptions, lock: &lock::RunLock) -> Result<Summary> {
         }
         let scheduled = every(cfg.train.checkpoint_every, step) || step == last;
         let mut written_inline = None;
-        if scheduled || stop.is_some() || signals::take_save_request() {
+        if (scheduled || stop.is_some() || save_request) && trainer.dist.is_some() {
+            gather_for_checkpoint(&mut trainer)?;
+        }
+        if (scheduled || stop.is_some() || save_request) && root {
             let ckpt_start = Instant::now();
             // The write in flight reads the staging this snapshot fills: it finishes first.
             if let Some(w) = writer.wait()? {
@@ -656,6 +734,20 @@ fn run_locked(opts: RunOptions, lock: &lock::RunLock) -> Result<Summary> {
                 t.span("checkpoint", n, ckpt_start, Instant::now());
             }
         }
+        trainer.opt.gathered.clear();
+        if let Some(signal) = stop
+            && !root
+        {
+            if let Some(d) = &mut trainer.dist {
+                d.control.finish().map_err(KilnError::Dist)?;
+            }
+            return Err(KilnError::Stopped {
+                signal,
+                step,
+                checkpoint: checkpoint::checkpoints_dir(run_dir).join(checkpoint::step_name(step)),
+                run_dir: run_dir.clone(),
+            });
+        }
         if let Some(signal) = stop {
             let w = match writer.wait()? {
                 Some(w) => {
@@ -670,6 +762,9 @@ fn run_locked(opts: RunOptions, lock: &lock::RunLock) -> Result<Summary> {
                 })?,
             };
             progress.finish();
+            if let Some(d) = &mut trainer.dist {
+                d.control.finish().map_err(KilnError::Dist)?;
+            }
             return Err(KilnError::Stopped {
                 signal,
                 step: w.step,
@@ -690,8 +785,11 @@ fn run_locked(opts: RunOptions, lock: &lock::RunLock) -> Result<Summary> {
     if let Some(s) = sampler {
         metrics.write_device_samples(&s.drain())?;
     }
-    if val_loss.is_nan() {
+    if val_loss.is_nan() && root {
         val_loss = trainer.evaluate(&val)?;
+    }
+    if let Some(d) = &mut trainer.dist {
+        d.control.finish().map_err(KilnError::Dist)?;
     }
     let elapsed = started.elapsed().as_secs_f64();
     let tokens = trainer.state.tokens - start_tokens;
@@ -714,9 +812,123 @@ fn run_locked(opts: RunOptions, lock: &lock::RunLock) -> Result<Summary> {
         effective_micro_batch: trainer.passes.largest(cfg.train.micro_batch),
         checkpoint: last_ckpt.map(|p| p.display().to_string()),
     };
-    let json = serde_json::to_vec_pretty(&summary).map_err(|e| KilnError::output(run_dir, e))?;
-    write_atomic(&run_dir.join("summary.json"), &json)?;
+    if root {
+        let json =
+            serde_json::to_vec_pretty(&summary).map_err(|e| KilnError::output(run_dir, e))?;
+        write_atomic(&run_dir.join("summary.json"), &json)?;
+    }
     Ok(summary)
+}
+
+/// Joins the data-parallel job as `world.rank`: rendezvous, NCCL on a GPU, the gradient
+/// buckets and ZeRO ownership; then checks that every rank runs the same batch shape (a rank
+/// whose hardware profile chose differently would make the collectives disagree).
+fn join_world(
+    trainer: &mut Trainer,
+    world: &crate::dist::World,
+    stage: crate::dist::ZeroStage,
+    progress: &mut Progress,
+) -> Result<()> {
+    let cfg = &trainer.cfg;
+    let settings = crate::dist::DistSettings {
+        stage,
+        bucket_bytes: (cfg.dist.bucket_mb * 1024.0 * 1024.0) as usize,
+        timeout: Duration::from_secs_f64(cfg.dist.timeout_s),
+        on_failure: crate::dist::control::OnPeerFailure::Exit,
+    };
+    let mut dp = crate::dist::DataParallel::start(
+        world.clone(),
+        &trainer.pool,
+        &trainer.model.trainable_params(),
+        settings,
+    )
+    .map_err(KilnError::Dist)?;
+    let t = &cfg.train;
+    let shape = format!(
+        "train.micro_batch={} train.grad_accum={} train.seq_len={} train.steps={} dist.zero={} train.precision={}",
+        t.micro_batch, t.grad_accum, t.seq_len, t.steps, cfg.dist.zero, t.precision
+    );
+    let all = dp
+        .control
+        .all_gather(shape.as_bytes(), "the batch shape")
+        .map_err(KilnError::Dist)?;
+    for (r, other) in all.iter().enumerate() {
+        if other.as_slice() != shape.as_bytes() {
+            return Err(KilnError::Dist(format!(
+                "rank {r} runs {} but rank {} runs {shape}; give every rank the same settings (on mixed GPUs, set train.micro_batch for the smallest)",
+                String::from_utf8_lossy(other),
+                world.rank
+            )));
+        }
+    }
+    let devices: Vec<&str> = dp
+        .control
+        .members
+        .iter()
+        .map(|m| m.device.as_str())
+        .collect();
+    if devices.iter().any(|d| *d != devices[0]) {
+        let smallest = dp
+            .control
+            .members
+            .iter()
+            .min_by_key(|m| m.device_memory)
+            .map_or(String::new(), |m| m.device.clone());
+        progress.message(&format!(
+            "warning: the ranks train on different devices ({}); every rank runs the same batch, so plan for the smallest ({smallest}), e.g. with kiln plan --gpu for it",
+            devices.join(", ")
+        ));
+    }
+    let global = t.micro_batch * t.grad_accum * world.world_size;
+    progress.message(&format!(
+        "data parallel: {} ranks on {} machine(s) (launched by {}), ZeRO-{}, global batch {global} sequences ({} per rank per step), {} gradient buckets{}",
+        world.world_size,
+        world.nnodes,
+        world.launcher,
+        stage.number(),
+        t.micro_batch * t.grad_accum,
+        dp.buckets.len(),
+        match &dp.nccl {
+            Some(_) => format!(
+                " over NCCL {}",
+                crate::dist::nccl::version().unwrap_or_default()
+            ),
+            None => " over TCP (CPU)".into(),
+        }
+    ));
+    dp.control.barrier("the start").map_err(KilnError::Dist)?;
+    trainer.dist = Some(dp);
+    Ok(())
+}
+
+/// Every rank's pool peak, gathered for rank 0's metrics.
+fn rank_peaks(d: &mut crate::dist::DataParallel, peak: usize) -> Result<Vec<usize>> {
+    let all = d
+        .control
+        .all_gather(&(peak as u64).to_le_bytes(), "the ranks' memory")
+        .map_err(KilnError::Dist)?;
+    Ok(all
+        .iter()
+        .map(|b| {
+            b.get(..8)
+                .map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap()) as usize)
+        })
+        .collect())
+}
+
+/// Under ZeRO, brings the moments of the parameters rank 0 does not own to rank 0, so its
+/// checkpoint holds every moment (and resumes on any number of ranks).
+fn gather_for_checkpoint(trainer: &mut Trainer) -> Result<()> {
+    let Some(d) = &mut trainer.dist else {
+        return Ok(());
+    };
+    let params = trainer.model.trainable_params();
+    let gathered = d
+        .gather_moments(&params, &trainer.opt.m, &trainer.opt.v)
+        .map_err(KilnError::Dist)?;
+    drop(params);
+    trainer.opt.gathered = gathered;
+    Ok(())
 }
 
 /// Logs a checkpoint that reached the disk, in metrics.jsonl and on the progress line.

@@ -77,6 +77,18 @@ pub struct Trainer {
     pub quantized: Option<models::QuantizedBase>,
     /// N of the SCU penalty: training tokens per epoch (set once the data is loaded).
     pub scu_tokens: f64,
+    /// This rank's part in a data-parallel run (`None` for a single process).
+    pub dist: Option<crate::dist::DataParallel>,
+    /// Trained targets in the whole global batch of the step being taken, over all ranks.
+    global_trained: Option<usize>,
+}
+
+/// How a trainer's optimizer state is sharded: this rank, the world, the ZeRO stage.
+#[derive(Debug, Clone, Copy)]
+pub struct Shard {
+    pub rank: usize,
+    pub world_size: usize,
+    pub stage: crate::dist::ZeroStage,
 }
 
 /// Counts the targets that are trained (not [`IGNORE_TARGET`]).
@@ -104,7 +116,20 @@ impl Trainer {
         precision: Precision,
         base: Option<&Pretrained>,
     ) -> Result<Trainer> {
-        Self::assemble(cfg, vocab, pool, precision, |model| {
+        Self::with_base_sharded(cfg, vocab, pool, precision, base, None)
+    }
+
+    /// [`Trainer::with_base`] for one rank of a data-parallel run: under ZeRO-1/2 the
+    /// optimizer keeps moments only for the parameters `shard` gives this rank.
+    pub fn with_base_sharded(
+        cfg: &Config,
+        vocab: usize,
+        pool: &Arc<MemoryPool>,
+        precision: Precision,
+        base: Option<&Pretrained>,
+        shard: Option<Shard>,
+    ) -> Result<Trainer> {
+        Self::assemble(cfg, vocab, pool, precision, shard, |model| {
             if cfg.lora.enabled {
                 let opened;
                 let base = match base {
@@ -131,7 +156,7 @@ impl Trainer {
         pool: &Arc<MemoryPool>,
         precision: Precision,
     ) -> Result<Trainer> {
-        Self::assemble(cfg, vocab, pool, precision, |_| Ok(()))
+        Self::assemble(cfg, vocab, pool, precision, None, |_| Ok(()))
     }
 
     /// Builds the model, lets `load_base` fill its weights, then attaches adapters, quantises
@@ -141,6 +166,7 @@ impl Trainer {
         vocab: usize,
         pool: &Arc<MemoryPool>,
         precision: Precision,
+        shard: Option<Shard>,
         load_base: impl FnOnce(&mut dyn Model) -> Result<()>,
     ) -> Result<Trainer> {
         let pool = pool.clone();
@@ -193,7 +219,16 @@ impl Trainer {
                 OFFLOAD_CHUNK,
             )?
         } else {
-            AdamW::new(adamw, &model.trainable_params())?
+            match shard {
+                Some(s) if s.stage != crate::dist::ZeroStage::Zero0 => {
+                    let params = model.trainable_params();
+                    let elements: Vec<usize> = params.iter().map(|p| p.value.len()).collect();
+                    let owners = crate::dist::shard::owners(&elements, s.world_size);
+                    let owned = owners.iter().map(|&o| o == s.rank).collect();
+                    AdamW::sharded(adamw, &params, owned)?
+                }
+                _ => AdamW::new(adamw, &model.trainable_params())?,
+            }
         };
         opt.set_kernels(kernels).map_err(KilnError::Setting)?;
         let scaler = precision.uses_loss_scaling().then(|| {
@@ -228,6 +263,8 @@ impl Trainer {
             adapted,
             quantized,
             scu_tokens: 0.0,
+            dist: None,
+            global_trained: None,
         })
     }
 
@@ -268,7 +305,11 @@ impl Trainer {
                 .map(|b| self.passes.largest(b.batch))
                 .max()
                 .unwrap_or(0);
-            let err = match self.accumulate_passes(micro) {
+            let mut result = self.accumulate_passes(micro);
+            if self.dist.is_some() {
+                result = self.agree_on_passes(result)?;
+            }
+            let err = match result {
                 Ok(loss) => return Ok(loss),
                 Err(e) if e.is_out_of_memory() => e,
                 Err(e) => return Err(self.layer_non_finite(e)),
@@ -290,44 +331,121 @@ impl Trainer {
 
     /// One attempt at [`Trainer::accumulate`], each micro-batch in passes of the rows that fit.
     fn accumulate_passes(&mut self, micro: &[Batch]) -> engine::Result<f64> {
+        if let Some(d) = &self.dist {
+            d.restore_grads(&mut self.model.trainable_params_mut())?;
+        }
         for p in self.model.trainable_params_mut() {
             p.grad.fill_zero()?;
         }
         // Statistics of a step that failed part-way are not this step's.
         self.model.take_routing_stats();
-        let tokens: usize = micro
-            .iter()
-            .map(|b| trained_targets(&b.targets))
-            .sum::<usize>()
-            .max(1);
+        let local: usize = micro.iter().map(|b| trained_targets(&b.targets)).sum();
+        // Each rank scales by the global batch's count, so the summed gradients of all ranks
+        // are the gradient of the global mean loss.
+        let tokens = self.global_trained.unwrap_or(local).max(1);
         let p = StepPrecision {
             grad_scale: (self.loss_scale() / tokens as f64) as f32,
             grad_dtype: self.precision.grad_dtype(),
         };
+        let passes: Vec<(usize, std::ops::Range<usize>)> = micro
+            .iter()
+            .enumerate()
+            .flat_map(|(k, b)| self.passes.passes(b.batch).map(move |r| (k, r)))
+            .collect();
+        if let Some(d) = &mut self.dist {
+            d.prepare(&self.model.trainable_params());
+        }
         let mut loss = 0.0;
-        for b in micro {
-            for rows in self.passes.passes(b.batch) {
-                let span = rows.start * b.seq..rows.end * b.seq;
-                loss += self.model.forward_backward(
-                    &b.inputs[span.clone()],
-                    &b.targets[span],
-                    rows.len(),
-                    b.seq,
-                    p,
-                )?;
+        for (n, (k, rows)) in passes.iter().enumerate() {
+            let b = &micro[*k];
+            // The last pass finishes every gradient: its backward sends them as they complete.
+            if n + 1 == passes.len()
+                && let Some(hook) = self.dist.as_ref().and_then(|d| d.grad_ready_hook())
+            {
+                self.model.set_grad_ready(Some(hook));
             }
+            let span = rows.start * b.seq..rows.end * b.seq;
+            let pass = self.model.forward_backward(
+                &b.inputs[span.clone()],
+                &b.targets[span],
+                rows.len(),
+                b.seq,
+                p,
+            );
+            if self.dist.is_some() {
+                self.model.set_grad_ready(None);
+            }
+            loss += pass?;
         }
         Ok(loss)
     }
 
+    /// Data parallelism after the passes: finishes the gradient reduction (every rank issues
+    /// every collective, even after a failed pass, so none waits forever), then the ranks
+    /// agree on the outcome: if memory ran out on any rank, every rank splits and retries;
+    /// if any other error happened, every rank stops.
+    fn agree_on_passes(&mut self, result: engine::Result<f64>) -> Result<engine::Result<f64>> {
+        let d = self.dist.as_mut().expect("data-parallel trainer");
+        d.finish_reduce(&mut self.model.trainable_params_mut())
+            .map_err(KilnError::Dist)?;
+        let mine = match &result {
+            Ok(_) => 0.0,
+            Err(e) if e.is_out_of_memory() => 1.0,
+            Err(_) => 2.0,
+        };
+        let mut worst = [mine];
+        d.control
+            .all_reduce_max(&mut worst, "the outcome of the step's passes")
+            .map_err(KilnError::Dist)?;
+        Ok(match (worst[0] as u8, result) {
+            (0, Ok(loss)) => Ok(loss),
+            (1, Ok(_)) => {
+                // Another rank ran out of memory: split here too, so every rank runs the same
+                // passes and the same collectives.
+                let s = self.pool.stats();
+                Err(EngineError::OutOfMemory {
+                    device: self.pool.device(),
+                    requested: 0,
+                    in_use: s.current,
+                    limit: self.pool.capacity().unwrap_or(s.limit),
+                })
+            }
+            (_, Ok(_)) => {
+                return Err(KilnError::Dist(format!(
+                    "another rank failed during step {} (its own message says why); this rank stops with it",
+                    self.state.step + 1
+                )));
+            }
+            (_, Err(e)) => Err(e),
+        })
+    }
+
     /// One optimizer step on the global batch made of `micro`.
     pub fn step(&mut self, micro: &[Batch]) -> Result<StepReport> {
-        let tokens: u64 = micro.iter().map(|b| b.inputs.len() as u64).sum();
-        let trained: u64 = micro
+        let mut tokens: u64 = micro.iter().map(|b| b.inputs.len() as u64).sum();
+        let mut trained: u64 = micro
             .iter()
             .map(|b| trained_targets(&b.targets) as u64)
             .sum();
-        let loss = self.accumulate(micro)? / trained.max(1) as f64;
+        if let Some(d) = &mut self.dist {
+            let mut counts = [trained as f64, tokens as f64];
+            d.control
+                .all_reduce_sum(&mut counts, "the step's token count")
+                .map_err(KilnError::Dist)?;
+            (trained, tokens) = (counts[0] as u64, counts[1] as u64);
+            self.global_trained = Some(trained as usize);
+        }
+        let mut loss_sum = self.accumulate(micro)?;
+        if let Some(d) = &mut self.dist {
+            let mut l = [loss_sum];
+            d.control
+                .all_reduce_sum(&mut l, "the step's loss")
+                .map_err(KilnError::Dist)?;
+            loss_sum = l[0];
+            d.release_unowned_grads(&mut self.model.trainable_params_mut())
+                .map_err(KilnError::Dist)?;
+        }
+        let loss = loss_sum / trained.max(1) as f64;
         let routing = self.model.take_routing_stats();
         if self.mark_phases {
             self.synchronize()?;
@@ -339,7 +457,11 @@ impl Trainer {
         }
         let scale = self.loss_scale();
         let param_bpt = self.add_scu_penalty(scale)?;
-        let grad_norm = grad_sum_squares(&self.model.trainable_params())?.sqrt() / scale;
+        let mut grad_sq = grad_sum_squares(&self.model.trainable_params())?;
+        if let Some(d) = &mut self.dist {
+            grad_sq = global_grad_squares(d, grad_sq)?;
+        }
+        let grad_norm = grad_sq.sqrt() / scale;
         self.state.data_step += 1;
         self.state.tokens += tokens;
         let lr = self.schedule.lr(step);
@@ -366,6 +488,10 @@ impl Trainer {
             lr as f32,
             (coef / scale) as f32,
         )?;
+        if let Some(d) = &mut self.dist {
+            d.broadcast_updates(&mut self.model.trainable_params_mut())
+                .map_err(KilnError::Dist)?;
+        }
         self.state.step += 1;
         let scu = match (&mut self.state.scu, param_bpt) {
             (Some(state), Some(param_bpt))
@@ -409,6 +535,10 @@ impl Trainer {
         let coef = (state.grad_coefficient(scu, n) * loss_scale) as f32;
         if coef != 0.0 {
             for p in self.model.trainable_params_mut() {
+                // Under ZeRO-2 another rank owns this gradient (released here).
+                if p.grad.len() != p.value.len() {
+                    continue;
+                }
                 let (value, grad) = (&p.value, &mut p.grad);
                 crate::engine::ops::add_cols_scaled(grad, value, 0, coef)?;
             }
@@ -464,6 +594,26 @@ impl Trainer {
         }
         Ok(loss / tokens.max(1) as f64)
     }
+}
+
+/// The squared gradient norm every rank agrees on: with replicated gradients (ZeRO-0/1) rank
+/// 0's (NCCL gives every rank the same sum, and this makes it certain, so no rank clips or
+/// skips differently); with ZeRO-2 the sum of the owners' parts.
+fn global_grad_squares(d: &mut crate::dist::DataParallel, local: f64) -> Result<f64> {
+    if d.stage == crate::dist::ZeroStage::Zero2 {
+        let mut v = [local];
+        d.control
+            .all_reduce_sum(&mut v, "the gradient norm")
+            .map_err(KilnError::Dist)?;
+        return Ok(v[0]);
+    }
+    let got = d
+        .control
+        .broadcast(0, &local.to_le_bytes(), "the gradient norm")
+        .map_err(KilnError::Dist)?;
+    Ok(f64::from_le_bytes(got[..8].try_into().map_err(|_| {
+        KilnError::Dist("rank 0 sent a malformed gradient norm".into())
+    })?))
 }
 
 /// Adds the adapters `lora.*` describes to `model` (freezing the rest); refuses a rank larger

@@ -25,6 +25,8 @@ pub enum CudaLibrary {
     CublasLt,
     /// `libcusparse`, used only as a benchmark baseline (`kiln bench bk`).
     Cusparse,
+    /// `libnccl`, the collectives of data-parallel training (`kiln train --gpus N`).
+    Nccl,
 }
 
 impl CudaLibrary {
@@ -35,6 +37,7 @@ impl CudaLibrary {
             CudaLibrary::Nvrtc => "nvrtc",
             CudaLibrary::CublasLt => "cublasLt",
             CudaLibrary::Cusparse => "cusparse",
+            CudaLibrary::Nccl => "nccl",
         }
     }
 
@@ -44,6 +47,9 @@ impl CudaLibrary {
             CudaLibrary::Driver => "install the NVIDIA driver",
             CudaLibrary::Nvrtc | CudaLibrary::CublasLt | CudaLibrary::Cusparse => {
                 "install the CUDA toolkit or add its lib64 directory to LD_LIBRARY_PATH"
+            }
+            CudaLibrary::Nccl => {
+                "install NCCL (libnccl2, or the nvidia-nccl pip wheel) or add its directory to LD_LIBRARY_PATH"
             }
         }
     }
@@ -130,11 +136,13 @@ pub fn ensure_loaded(lib: CudaLibrary) -> Result<(), CudaError> {
     static NVRTC: OnceLock<Result<(), CudaError>> = OnceLock::new();
     static CUBLASLT: OnceLock<Result<(), CudaError>> = OnceLock::new();
     static CUSPARSE: OnceLock<Result<(), CudaError>> = OnceLock::new();
+    static NCCL: OnceLock<Result<(), CudaError>> = OnceLock::new();
     let cell = match lib {
         CudaLibrary::Driver => &DRIVER,
         CudaLibrary::Nvrtc => &NVRTC,
         CudaLibrary::CublasLt => &CUBLASLT,
         CudaLibrary::Cusparse => &CUSPARSE,
+        CudaLibrary::Nccl => &NCCL,
     };
     cell.get_or_init(|| find_and_open(lib)).clone()
 }

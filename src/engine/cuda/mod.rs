@@ -220,7 +220,7 @@ fn device_info(ctx: &Arc<CudaContext>) -> Result<GpuInfo> {
 }
 
 /// Number of CUDA devices, or why there are none to use.
-fn device_count() -> Result<usize> {
+pub fn device_count() -> Result<usize> {
     ensure_loaded(CudaLibrary::Driver)?;
     guarded("cuInit", || {
         let n = CudaContext::device_count()?;

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Data-parallel checks on the GPUs of one machine, GPT-2 small (124M, bf16-mixed, 1024 tokens,
+# micro-batch 8 per GPU) on the bundled corpus:
+#  1. `--gpus 1` through the whole NCCL path (communicator, buckets, ZeRO-0/1/2 with a world
+#     of one) against the plain single-GPU path: losses per step and the overhead in tokens/s.
+#  2. With 2+ GPUs: `--gpus N` against one GPU accumulating the same global batch (losses),
+#     tokens/s per GPU beside PyTorch DDP (torchrun, the same model script as `kiln bench
+#     train`, bf16 autocast with and without torch.compile), ZeRO-1/2 memory per rank, and a
+#     run stopped by SIGTERM on N GPUs resumed on one.
+# Usage: KILN=bin/kiln OUT=/tmp/d STEPS=100 bench/dist_gpu_check.sh
+set -u
+KILN=${KILN:-target/release/kiln}
+OUT=${OUT:-/tmp/kiln-dist-check}
+STEPS=${STEPS:-100}
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+NGPU=$(nvidia-smi -L | wc -l)
+echo "GPUs: $NGPU"; nvidia-smi -L
+GPT2="model.d_model=768 model.n_layers=12 model.n_heads=12 model.context=1024 train.seq_len=1024 data.tokenizer=gpt2 train.precision=bf16-mixed train.micro_batch=8 train.eval_every=0 train.checkpoint_every=0 train.log_every=1 train.eval_batches=2 optim.warmup_steps=10 train.steps=$STEPS"
+T() {
+  echo "== $*"; local s; s=$(date +%s.%N)
+  "$@" > "$OUT/last.log" 2>&1; local rc=$?
+  echo "   exit $rc, wall $(python3 -c "print(round($(date +%s.%N) - $s, 1))") s"; tail -n 3 "$OUT/last.log"; return $rc
+}
+
+# 1. One GPU: plain path and the NCCL path with a world of one.
+T $KILN train --profile none -q --out "$OUT/plain" $GPT2 train.grad_accum=1
+T $KILN train --profile none -q --gpus 1 --out "$OUT/g1" $GPT2 train.grad_accum=1
+T $KILN train --profile none -q --gpus 1 --out "$OUT/g1z1" $GPT2 train.grad_accum=1 dist.zero=1
+T $KILN train --profile none -q --gpus 1 --out "$OUT/g1z2" $GPT2 train.grad_accum=1 dist.zero=2
+python3 bench/dist_compare.py "$OUT/plain" "$OUT/g1" "$OUT/g1z1" "$OUT/g1z2" --bound 0.01 | tee "$OUT/one_gpu.txt"
+
+if [ "$NGPU" -ge 2 ]; then
+  for N in 2 $( [ "$NGPU" -ge 4 ] && echo 4 ); do
+    T $KILN train --profile none -q --out "$OUT/acc$N" $GPT2 train.grad_accum=$N
+    T $KILN train --profile none -q --gpus $N --out "$OUT/g$N" $GPT2 train.grad_accum=1
+    T $KILN train --profile none -q --gpus $N --out "$OUT/g${N}z1" $GPT2 train.grad_accum=1 dist.zero=1
+    T $KILN train --profile none -q --gpus $N --out "$OUT/g${N}z2" $GPT2 train.grad_accum=1 dist.zero=2
+    python3 bench/dist_compare.py "$OUT/acc$N" "$OUT/g$N" "$OUT/g${N}z1" "$OUT/g${N}z2" --bound 0.01 | tee "$OUT/gpus$N.txt"
+  done
+  for N in 1 2 $( [ "$NGPU" -ge 4 ] && echo 4 ); do
+    echo "== PyTorch DDP on $N GPU(s)"
+    torchrun --standalone --nproc-per-node $N bench/pytorch_gpt.py --batch 8 --seq 1024 --modes bf16,bf16-compile --steps 20 --warmup 5 2> "$OUT/torch$N.err" | tee "$OUT/torch$N.jsonl" | python3 -c "import json,sys; [print({k: v for k, v in json.loads(l).items() if k != 'losses'}) for l in sys.stdin]"
+  done
+  # Stop 2 ranks with SIGTERM mid-way, resume on one GPU with the same global batch.
+  $KILN train --profile none -q --gpus 2 --out "$OUT/stop" $GPT2 train.grad_accum=1 train.checkpoint_every=20 dist.zero=1 > "$OUT/stop.log" 2>&1 &
+  pid=$!
+  for i in $(seq 1 600); do [ -d "$OUT/stop/checkpoints/step_0000040" ] && break; sleep 0.1; done
+  kill -TERM $pid; wait $pid; echo "stopped 2 ranks: exit $? (75 = stopped with a checkpoint)"; tail -n 3 "$OUT/stop.log"
+  T $KILN train --profile none -q --resume "$OUT/stop" train.grad_accum=2
+  python3 bench/dist_compare.py "$OUT/acc2" "$OUT/stop" --bound 0.01 | tee "$OUT/resume.txt"
+  $KILN verify "$OUT/stop" | tail -n 2
+fi
