@@ -25,7 +25,7 @@ T() {
 
 # 1. One GPU: plain path and the NCCL path with a world of one.
 T $KILN train --profile none -q --out "$OUT/plain" $GPT2 train.grad_accum=1
-T $KILN train --profile none -q --gpus 1 --out "$OUT/g1" $GPT2 train.grad_accum=1
+T $KILN train --profile none -q --gpus 1 --out "$OUT/g1" $GPT2 train.grad_accum=1 --trace "$OUT/trace_g1.json" --trace-steps 20..=21
 T $KILN train --profile none -q --gpus 1 --out "$OUT/g1z1" $GPT2 train.grad_accum=1 dist.zero=1
 T $KILN train --profile none -q --gpus 1 --out "$OUT/g1z2" $GPT2 train.grad_accum=1 dist.zero=2
 python3 bench/dist_compare.py "$OUT/plain" "$OUT/g1" "$OUT/g1z1" "$OUT/g1z2" --bound 0.01 | tee "$OUT/one_gpu.txt"
@@ -33,11 +33,19 @@ python3 bench/dist_compare.py "$OUT/plain" "$OUT/g1" "$OUT/g1z1" "$OUT/g1z2" --b
 if [ "$NGPU" -ge 2 ]; then
   for N in 2 $( [ "$NGPU" -ge 4 ] && echo 4 ); do
     T $KILN train --profile none -q --out "$OUT/acc$N" $GPT2 train.grad_accum=$N
-    T $KILN train --profile none -q --gpus $N --out "$OUT/g$N" $GPT2 train.grad_accum=1
+    T $KILN train --profile none -q --gpus $N --out "$OUT/g$N" $GPT2 train.grad_accum=1 --trace "$OUT/trace_g$N.json" --trace-steps 20..=21
     T $KILN train --profile none -q --gpus $N --out "$OUT/g${N}z1" $GPT2 train.grad_accum=1 dist.zero=1
     T $KILN train --profile none -q --gpus $N --out "$OUT/g${N}z2" $GPT2 train.grad_accum=1 dist.zero=2
     python3 bench/dist_compare.py "$OUT/acc$N" "$OUT/g$N" "$OUT/g${N}z1" "$OUT/g${N}z2" --bound 0.01 | tee "$OUT/gpus$N.txt"
   done
+  # Llama-3.2-1B's blocks (width 2048, 16 layers, 32 heads, 8 KV heads, FFN 8192) with GPT-2's
+  # vocabulary, micro-batch 4 x 1024 per GPU: per-rank memory and tokens/s under ZeRO-0/1/2.
+  LLAMA="model.kind=llama model.d_model=2048 model.n_layers=16 model.n_heads=32 model.n_kv_heads=8 model.head_dim=64 model.ffn_hidden=8192 model.rope_theta=500000 model.context=1024 train.seq_len=1024 data.tokenizer=gpt2 train.precision=bf16-mixed train.micro_batch=4 train.eval_every=0 train.checkpoint_every=0 train.log_every=1 train.eval_batches=2 optim.warmup_steps=5 train.steps=30"
+  T $KILN train --profile none -q --out "$OUT/llama1" $LLAMA train.grad_accum=2
+  for Z in 0 1 2; do
+    T $KILN train --profile none -q --gpus 2 --out "$OUT/llama2z$Z" $LLAMA train.grad_accum=1 dist.zero=$Z
+  done
+  python3 bench/dist_compare.py "$OUT/llama1" "$OUT/llama2z0" "$OUT/llama2z1" "$OUT/llama2z2" --bound 0.02 | tee "$OUT/llama.txt"
   for N in 1 2 $( [ "$NGPU" -ge 4 ] && echo 4 ); do
     echo "== PyTorch DDP on $N GPU(s)"
     torchrun --standalone --nproc-per-node $N bench/pytorch_gpt.py --batch 8 --seq 1024 --modes bf16,bf16-compile --steps 20 --warmup 5 2> "$OUT/torch$N.err" | tee "$OUT/torch$N.jsonl" | python3 -c "import json,sys; [print({k: v for k, v in json.loads(l).items() if k != 'losses'}) for l in sys.stdin]"

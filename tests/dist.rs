@@ -269,3 +269,49 @@ fn bad_launch_settings_are_refused_before_anything_starts() {
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(!tmp.path().join("r").join("checkpoints").exists());
 }
+
+#[test]
+fn the_plan_of_each_zero_stage_is_the_pool_peak_each_rank_measures() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut plan_args: Vec<String> = ["plan", "--profile", "none", "--json", "--gpus", "2"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    plan_args.extend(common::with(&["data.tokenizer=byte", "train.device=cpu"]));
+    let o = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(&plan_args)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let plan: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let stages = plan["data_parallel"]["stages"].as_array().unwrap().clone();
+    assert_eq!(stages.len(), 3);
+    for (zero, stage) in [(0usize, &stages[0]), (1, &stages[1])] {
+        let dir = tmp.path().join(format!("z{zero}"));
+        let z = format!("dist.zero={zero}");
+        for o in run_world(2, &train_args(&dir, &["train.grad_accum=1", &z])) {
+            assert!(o.status.success(), "{}", text(&o));
+        }
+        let m = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
+        let last: serde_json::Value = m
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v["kind"] == "train")
+            .last()
+            .unwrap();
+        let peaks: Vec<u64> = last["mem_peak_ranks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect();
+        let fullest = *peaks.iter().max().unwrap();
+        assert_eq!(
+            fullest,
+            stage["pool_peak"].as_u64().unwrap(),
+            "ZeRO-{zero}: measured {peaks:?}, planned {stage}"
+        );
+    }
+    // Sharding the moments saves memory on every rank.
+    assert!(stages[1]["pool_peak"].as_u64() < stages[0]["pool_peak"].as_u64());
+}

@@ -44,6 +44,9 @@ pub struct PlanArgs {
     /// Hardware profile, as for `kiln train` (auto plans what `kiln train` would run).
     #[arg(long, value_name = "NAME", default_value = "auto")]
     pub profile: String,
+    /// Data-parallel over N GPUs: each GPU's memory under ZeRO stages 0, 1 and 2.
+    #[arg(long, value_name = "N")]
+    pub gpus: Option<usize>,
     /// Overrides on dotted keys, e.g. model.n_layers=12 train.micro_batch=8.
     #[arg(value_name = "KEY=VALUE")]
     pub overrides: Vec<String>,
@@ -83,6 +86,54 @@ struct Report<'a> {
     misaligned: Vec<plan::Misaligned>,
     advice: Option<String>,
     trials: Vec<Trial>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    data_parallel: Option<DataParallelPlan>,
+}
+
+/// What each GPU of a data-parallel run holds at its peak, per ZeRO stage.
+#[derive(Serialize)]
+struct DataParallelPlan {
+    gpus: usize,
+    /// Per stage 0, 1, 2: the pool peak and the optimizer moments of the GPU that holds the
+    /// most of them.
+    stages: Vec<StagePlan>,
+}
+
+#[derive(Serialize)]
+struct StagePlan {
+    zero: usize,
+    pool_peak: usize,
+    device_peak: usize,
+    optimizer_moments: usize,
+    gradients_after_reduce: usize,
+}
+
+/// Each stage's per-GPU peak: the single-GPU plan less the optimizer moments of the
+/// parameters another rank owns (the fullest rank's share). kiln keeps every gradient
+/// buffer through backward, so stage 2 frees gradients only after the reduction and its
+/// peak equals stage 1's. NCCL's own buffers are outside the pool and not counted.
+fn data_parallel_plan(p: &Plan, elements: &[usize], gpus: usize) -> DataParallelPlan {
+    use crate::dist::shard::{self, ZeroStage};
+    let owners = shard::owners(elements, gpus);
+    let stages = [ZeroStage::Zero0, ZeroStage::Zero1, ZeroStage::Zero2]
+        .into_iter()
+        .map(|stage| {
+            let worst = (0..gpus)
+                .map(|r| shard::state_bytes(elements, &owners, r, stage, 4, 0))
+                .max_by_key(|s| s.moments)
+                .expect("at least one GPU");
+            let all_moments = 8 * elements.iter().sum::<usize>();
+            let saved = all_moments - worst.moments;
+            StagePlan {
+                zero: stage.number(),
+                pool_peak: p.pool_peak - saved,
+                device_peak: p.device_peak - saved,
+                optimizer_moments: worst.moments,
+                gradients_after_reduce: worst.grads_after_reduce,
+            }
+        })
+        .collect();
+    DataParallelPlan { gpus, stages }
 }
 
 #[derive(Serialize)]
@@ -150,6 +201,24 @@ pub fn run(a: PlanArgs) -> Result<()> {
     } else {
         Vec::new()
     };
+    let data_parallel = match a.gpus {
+        None => None,
+        Some(0) => {
+            return Err(KilnError::Setting(
+                "--gpus 0 plans no GPU; give 1 or more".into(),
+            ));
+        }
+        Some(n) => {
+            let elements: Vec<usize> = match request.resnet_bk() {
+                None => plan::gpt::param_shapes(&request.model),
+                Some(bk) => plan::resnet_bk::param_shapes(&bk),
+            }
+            .into_iter()
+            .map(|(_, n)| n)
+            .collect();
+            Some(data_parallel_plan(&p, &elements, n))
+        }
+    };
     let report = Report {
         budget,
         notes: &target.notes,
@@ -169,6 +238,7 @@ pub fn run(a: PlanArgs) -> Result<()> {
         misaligned: plan::misaligned_dimensions(&request, vocab, elem_bytes),
         advice: plan::one_sequence_advice(&base, budget),
         trials,
+        data_parallel,
     };
     if a.json {
         let text = serde_json::to_string_pretty(&report)
@@ -176,6 +246,9 @@ pub fn run(a: PlanArgs) -> Result<()> {
         println!("{text}");
     } else {
         print_report(&report, &cfg);
+        if let Some(d) = &report.data_parallel {
+            print_data_parallel(d);
+        }
     }
     Ok(())
 }
@@ -397,6 +470,26 @@ pub(crate) fn trial_step(
     // The trainer recovers from out-of-memory by splitting the micro-batch; a split means
     // `b` sequences did not fit in one pass.
     Ok(trainer.passes.learned().is_none())
+}
+
+fn print_data_parallel(d: &DataParallelPlan) {
+    println!(
+        "data parallel over {} GPUs, per GPU (the fullest rank; NCCL's own buffers not included):",
+        d.gpus
+    );
+    for s in &d.stages {
+        println!(
+            "  dist.zero={}: pool peak {:>10}, device peak {:>10}  (optimizer moments {}, gradients after the reduction {})",
+            s.zero,
+            gib(s.pool_peak),
+            gib(s.device_peak),
+            gib(s.optimizer_moments),
+            gib(s.gradients_after_reduce)
+        );
+    }
+    println!(
+        "  ZeRO-2 frees the gradients other ranks own after the reduction; every gradient is held through backward, so its peak is ZeRO-1's"
+    );
 }
 
 fn print_report(r: &Report, cfg: &Config) {

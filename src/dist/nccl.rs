@@ -131,6 +131,14 @@ impl Nccl {
             .join(&self.compute)
             .map_err(|e| format!("ordering the NCCL stream: {e}"))?;
         let s = self.stream.cu_stream() as sys::cudaStream_t;
+        // Under `kiln train --trace` each group is a span on the collectives' own track.
+        let timed = crate::engine::profile::recording();
+        let event = || {
+            self.stream
+                .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .ok()
+        };
+        let start = if timed { event() } else { None };
         result::group_start().map_err(|e| nccl_error("group start", e))?;
         for &((ptr, len, dtype), op) in ops {
             let dt = nccl_dtype(dtype)?;
@@ -160,6 +168,14 @@ impl Nccl {
             .map_err(|e| nccl_error("collective", e))?;
         }
         result::group_end().map_err(|e| nccl_error("group end", e))?;
+        if let (Some(a), Some(b)) = (start, if timed { event() } else { None }) {
+            let name = match ops[0].1 {
+                Collective::AllReduceSum => "nccl all-reduce",
+                Collective::ReduceSum { .. } => "nccl reduce",
+                Collective::BroadcastFrom { .. } => "nccl broadcast",
+            };
+            crate::engine::profile::record_stream_span(name, a, b);
+        }
         Ok(())
     }
 

@@ -1,8 +1,9 @@
 //! `kiln train --gpus N`: starts one rank per GPU of this machine (this same program, with the
 //! environment `torchrun` would give it), watches them, and ends the job as a whole: when one
 //! rank fails, the others are stopped by the control plane within moments and, failing that,
-//! killed here after a grace period. SIGTERM to this process is passed on to every rank, which
-//! then saves a checkpoint at the next step boundary as a single run does.
+//! killed here after a grace period. SIGTERM (and SIGUSR1) to this process is passed on to every
+//! rank, which then saves a checkpoint at the next step boundary as a single run does; SIGINT
+//! from a terminal reaches the ranks directly, as they share its process group.
 
 use super::control::PEER_FAILED_EXIT_CODE;
 use super::launch::rank_env;
@@ -28,6 +29,8 @@ pub struct SpawnPlan {
 /// else the code of the first rank that failed for a reason of its own (not because another
 /// rank failed).
 pub fn run(plan: &SpawnPlan) -> Result<i32, String> {
+    // SIGTERM and SIGUSR1 to this process are passed on, not fatal to it.
+    let _handlers = crate::train::signals::install();
     let exe =
         std::env::current_exe().map_err(|e| format!("cannot find the kiln executable: {e}"))?;
     let mut children: Vec<(usize, Child)> = Vec::new();
@@ -83,6 +86,12 @@ pub fn run(plan: &SpawnPlan) -> Result<i32, String> {
                 unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
             }
             forwarded = true;
+        }
+        if crate::train::signals::take_save_request() {
+            for (_, c) in &children {
+                // SAFETY: kill(2) on a child's pid with a valid signal number.
+                unsafe { libc::kill(c.id() as i32, libc::SIGUSR1) };
+            }
         }
         if first_failure.is_some_and(|t| t.elapsed() > GRACE) {
             for (k, (rank, c)) in children.iter_mut().enumerate() {

@@ -102,8 +102,23 @@ pub fn finish_recording() -> super::cuda::Result<Vec<OpSpan>> {
     Ok(out)
 }
 
-fn recording() -> bool {
+/// Whether spans are being recorded on this thread.
+pub fn recording() -> bool {
     RECORDING.with(|r| r.borrow().is_some())
+}
+
+/// Records a span between two timed events of another stream of the same GPU (the NCCL
+/// stream of data parallelism), when a recording is on.
+pub fn record_stream_span(name: &'static str, start: CudaEvent, end: CudaEvent) {
+    RECORDING.with(|r| {
+        if let Some(rec) = r.borrow_mut().as_mut() {
+            rec.spans.push(Pending {
+                name,
+                start: Mark::Device(start),
+                end: Some(Mark::Device(end)),
+            });
+        }
+    });
 }
 
 /// A mark now: a device event on `gpu`'s stream, else the host clock. An event that cannot be

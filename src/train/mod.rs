@@ -529,7 +529,8 @@ fn run_locked(opts: RunOptions, lock: Option<&lock::RunLock>) -> Result<Summary>
         ));
     }
 
-    let mut tracer = opts.trace.clone().map(trace::Trace::new);
+    // Rank 0 traces a data-parallel run (its file is the run's).
+    let mut tracer = opts.trace.clone().filter(|_| root).map(trace::Trace::new);
     let background = cfg.train.checkpoint_async;
     // Allocated once, before the first step, so no save pays for pinning it.
     let staging = if background && root {

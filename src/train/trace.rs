@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 /// The trace's tracks (Chrome trace thread ids).
 const PHASES: u32 = 1;
 const OPS: u32 = 2;
+/// Collectives on the NCCL stream of a data-parallel run, beside the compute stream's ops.
+const COMM: u32 = 3;
 
 /// Where to write the trace and which optimizer steps (1-based, end exclusive) to record.
 #[derive(Debug, Clone)]
@@ -100,7 +102,8 @@ impl Trace {
 
     /// An op of step `step` on the op track.
     pub fn op_span(&mut self, name: &'static str, step: u64, start: Instant, duration: Duration) {
-        self.push(name, "op", OPS, step, start, duration);
+        let tid = if name.starts_with("nccl") { COMM } else { OPS };
+        self.push(name, "op", tid, step, start, duration);
     }
 
     fn push(
@@ -140,6 +143,7 @@ impl Trace {
         let tracks = [
             track(PHASES, "step phases (host clock)"),
             track(OPS, "ops (device events on a GPU, host clock on the CPU)"),
+            track(COMM, "collectives (NCCL stream, data parallel)"),
         ];
         let json = serde_json::to_string(&File {
             trace_events: tracks.iter().chain(&self.events).collect(),
