@@ -812,6 +812,11 @@ mod tests {
             "took {:?}",
             start.elapsed()
         );
+        // The reader thread marks the failure too (it may come just after the error).
+        let waited = Instant::now();
+        while !c.peer_failed() && waited.elapsed() < Duration::from_secs(2) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
         assert!(c.peer_failed());
         c.finished = true;
     }

@@ -190,25 +190,33 @@ mod tests {
             start + std::time::Duration::from_micros(10),
             std::time::Duration::from_micros(40),
         );
+        t.op_span(
+            "nccl all-reduce",
+            2,
+            start + std::time::Duration::from_micros(20),
+            std::time::Duration::from_micros(30),
+        );
         t.write().unwrap();
         let v: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         let events = v["traceEvents"].as_array().unwrap();
-        // Two track names, then the spans.
-        assert_eq!(events.len(), 4);
-        assert!(events[..2].iter().all(|e| e["ph"] == "M"));
-        let e = &events[2];
+        // Three track names, then the spans.
+        assert_eq!(events.len(), 6);
+        assert!(events[..3].iter().all(|e| e["ph"] == "M"));
+        let e = &events[3];
         assert_eq!(e["ph"], "X");
         assert_eq!(e["name"], "optimizer");
         assert!((e["ts"].as_f64().unwrap() - 5000.0).abs() < 1e-6);
         assert!((e["dur"].as_f64().unwrap() - 250.0).abs() < 1e-6);
         assert_eq!(e["args"]["step"], 2);
-        let op = &events[3];
+        let op = &events[4];
         assert_eq!(
             (op["name"].as_str(), op["tid"].as_u64()),
             (Some("adamw_update"), Some(2))
         );
         assert_ne!(op["tid"], e["tid"]);
         assert!((op["ts"].as_f64().unwrap() - 5010.0).abs() < 1e-6);
+        // Collectives have a track of their own beside the compute stream's ops.
+        assert_eq!(events[5]["tid"].as_u64(), Some(3));
     }
 }
