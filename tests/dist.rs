@@ -315,3 +315,62 @@ fn the_plan_of_each_zero_stage_is_the_pool_peak_each_rank_measures() {
     // Sharding the moments saves memory on every rank.
     assert!(stages[1]["pool_peak"].as_u64() < stages[0]["pool_peak"].as_u64());
 }
+
+#[test]
+fn a_global_batch_is_split_across_ranks_or_refused_with_the_sizes_that_would_split_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let one = tmp.path().join("one");
+    let o = single(&train_args(&one, &["train.global_batch=8"]));
+    assert!(o.status.success(), "{}", text(&o));
+    // 8 sequences of micro-batch 4 on two ranks: one micro-batch each, the same run.
+    let two = tmp.path().join("two");
+    for o in run_world(2, &train_args(&two, &["train.global_batch=8"])) {
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    assert_close(&losses(&two), &losses(&one), "global batch 8 on 2 ranks");
+    // 12 sequences are 3 micro-batches: two ranks cannot share them.
+    let outs = run_world(
+        2,
+        &train_args(&tmp.path().join("bad"), &["train.global_batch=12"]),
+    );
+    for o in &outs {
+        assert_eq!(o.status.code(), Some(2), "{}", text(o));
+    }
+    let err = String::from_utf8_lossy(&outs[0].stderr);
+    assert!(
+        err.contains("train.global_batch = 12") && err.contains("run on 1, 3 GPUs"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_rank_that_runs_out_of_memory_makes_every_rank_split_the_same_way() {
+    let tmp = tempfile::tempdir().unwrap();
+    let one = tmp.path().join("one");
+    let o = single(&train_args(&one, &["train.grad_accum=2"]));
+    assert!(o.status.success(), "{}", text(&o));
+    // Rank 1 alone gets a cap between the peaks of 2 and 4 sequences per pass.
+    let (two_rows, four_rows) = (
+        common::step_peak(&["train.micro_batch=2"]),
+        common::step_peak(&["train.micro_batch=4"]),
+    );
+    assert!(two_rows < four_rows);
+    let cap = format!("train.memory_limit={}", (two_rows + four_rows) / 2);
+    let dir = tmp.path().join("split");
+    let port = free_port();
+    let base = train_args(&dir, &["train.grad_accum=1"]);
+    let mut capped = base.clone();
+    capped.push(cap);
+    let r0 = rank(0, 2, port, &base);
+    let r1 = rank(1, 2, port, &capped);
+    for o in [
+        r0.wait_with_output().unwrap(),
+        r1.wait_with_output().unwrap(),
+    ] {
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    // Rank 0 split too (it records the split), and the run is still the same run.
+    let m = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
+    assert!(m.contains("\"kind\":\"oom\""), "{m}");
+    assert_close(&losses(&dir), &losses(&one), "a split on one rank");
+}

@@ -131,6 +131,33 @@ pub fn data_spec(cfg: &crate::config::Config) -> DataSpec {
     }
 }
 
+/// The micro-batches each of `world` ranks accumulates: with `train.global_batch` set, the
+/// global batch (sequences per optimizer step over all ranks) split evenly, else
+/// `train.grad_accum` per rank. A global batch the ranks cannot split is refused with the
+/// numbers of GPUs that could.
+fn rank_grad_accum(cfg: &crate::config::Config, world: usize) -> Result<usize> {
+    let t = &cfg.train;
+    if t.global_batch == 0 {
+        return Ok(t.grad_accum);
+    }
+    // Resolution made grad_accum = global_batch / micro_batch for one process.
+    let passes = t.global_batch / t.micro_batch;
+    if !passes.is_multiple_of(world) {
+        let would: Vec<String> = (1..=passes)
+            .filter(|n| passes.is_multiple_of(*n))
+            .map(|n| n.to_string())
+            .collect();
+        return Err(KilnError::Setting(format!(
+            "train.global_batch = {} is {passes} micro-batches of {}, which {world} ranks cannot share evenly; run on {} GPUs, or choose a global batch that is a multiple of {}",
+            t.global_batch,
+            t.micro_batch,
+            would.join(", "),
+            world * t.micro_batch
+        )));
+    }
+    Ok(passes / world)
+}
+
 /// The device a rank trains on: `cuda:LOCAL_RANK` where the setting asks for a GPU (or
 /// `auto` finds one), else the setting as it is.
 fn rank_device(setting: &str, world: &crate::dist::World) -> String {
@@ -323,6 +350,7 @@ fn run_locked(opts: RunOptions, lock: Option<&lock::RunLock>) -> Result<Summary>
     }
     if let Some(w) = &world {
         cfg.train.device = rank_device(&cfg.train.device, w);
+        cfg.train.grad_accum = rank_grad_accum(&cfg, w.world_size)?;
     }
     let (pool, precision, notes) = open_device(&cfg.train.device, &cfg.train.precision)?;
     set_memory_limit(&pool, &cfg)?;
