@@ -296,8 +296,7 @@ fn the_plan_of_each_zero_stage_is_the_pool_peak_each_rank_measures() {
         let last: serde_json::Value = m
             .lines()
             .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .filter(|v| v["kind"] == "train")
-            .last()
+            .rfind(|v| v["kind"] == "train")
             .unwrap();
         let peaks: Vec<u64> = last["mem_peak_ranks"]
             .as_array()
