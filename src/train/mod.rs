@@ -531,10 +531,16 @@ fn run_locked(opts: RunOptions, lock: Option<&lock::RunLock>) -> Result<Summary>
     let last = opts.stop_after.map_or(total, |s| s.min(total));
     let every = |n: usize, step: u64| n > 0 && step.is_multiple_of(n as u64);
     let started = Instant::now();
-    let sampler = if root {
-        device_sampler(device, started, &mut progress)
-    } else {
-        None
+    // NVML readings of the run's GPU, or of every GPU of rank 0's machine in a data-parallel
+    // run (each reading names its GPU).
+    let samplers: Vec<crate::hw::nvml::Sampler> = match (&world, device) {
+        (_, _) if !root => Vec::new(),
+        (Some(w), Device::Cuda(_)) => (0..w.local_world_size)
+            .filter_map(|g| device_sampler(Device::Cuda(g), started, &mut progress))
+            .collect(),
+        _ => device_sampler(device, started, &mut progress)
+            .into_iter()
+            .collect(),
     };
     let mut window = (Instant::now(), 0u64);
     let mut last_ckpt: Option<PathBuf> = checkpoint::latest(run_dir)?;
@@ -666,7 +672,7 @@ fn run_locked(opts: RunOptions, lock: Option<&lock::RunLock>) -> Result<Summary>
                 format_bytes(mem.reserved),
                 format_duration(eta)
             ));
-            if let Some(s) = &sampler {
+            for s in &samplers {
                 metrics.write_device_samples(&s.drain())?;
             }
             metrics.write(&TrainRecord {
@@ -811,7 +817,7 @@ fn run_locked(opts: RunOptions, lock: Option<&lock::RunLock>) -> Result<Summary>
         t.write()?;
     }
     progress.finish();
-    if let Some(s) = sampler {
+    for s in samplers {
         metrics.write_device_samples(&s.drain())?;
     }
     if val_loss.is_nan() && root {
