@@ -374,3 +374,58 @@ fn generate_many_prompts_and_refuse_bad_ones() {
         assert!(err.contains(phrase), "{extra:?}: {err}");
     }
 }
+
+#[test]
+fn an_exported_qwen3_with_query_key_norms_imports_back_to_the_same_logits() {
+    let tok_dir = minilm_dir();
+    let tok = tok_dir.to_str().unwrap();
+    let cfg = ResolvedConfig::resolve(
+        None,
+        &[
+            "model.kind=llama".into(),
+            "model.d_model=32".into(),
+            "model.n_layers=2".into(),
+            "model.n_heads=4".into(),
+            "model.n_kv_heads=2".into(),
+            "model.head_dim=16".into(),
+            "model.ffn_hidden=48".into(),
+            "model.context=64".into(),
+            "train.seq_len=64".into(),
+            "model.qk_norm=true".into(),
+            format!("data.tokenizer={tok}"),
+        ],
+    )
+    .unwrap()
+    .config;
+    let vocab = kiln::train::model_vocab(&cfg).unwrap();
+    let pool = MemoryPool::new(Device::Cpu);
+    let mut original = models::build(&cfg.model, vocab, &pool, 5).unwrap();
+    // Gains away from one, so a norm lost on the way would change the logits.
+    let mut norms = 0;
+    for p in original.params_mut() {
+        if p.name.contains("_norm") {
+            let v: Vec<f32> = (0..p.value.len())
+                .map(|i| 0.5 + (i % 7) as f32 * 0.2)
+                .collect();
+            p.value.copy_from_host(&v).unwrap();
+            norms += 1;
+        }
+    }
+    assert_eq!(norms, 4, "a query and a key norm per layer");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("hf");
+    export::export_hf(original.as_ref(), &cfg.model, vocab, tok, &out).unwrap();
+    let p = pretrained::open(&out).unwrap();
+    assert_eq!(p.source.architecture, "Qwen3ForCausalLM");
+    assert!(p.model.qk_norm);
+    let mut back = models::build(&p.model, p.vocab, &pool, 9).unwrap();
+    pretrained::load_into(back.as_mut(), &p.weights, &out).unwrap();
+    let ids: Vec<u32> = (0..20).map(|i| (i * 977 + 13) % 30522).collect();
+    let a = original.next_logits(&ids).unwrap();
+    assert_eq!(a, back.next_logits(&ids).unwrap());
+    // Without the norms the model computes something else.
+    let mut plain_cfg = cfg.model.clone();
+    plain_cfg.qk_norm = false;
+    let plain = models::build(&plain_cfg, vocab, &pool, 5).unwrap();
+    assert_ne!(a, plain.next_logits(&ids).unwrap());
+}

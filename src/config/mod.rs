@@ -116,6 +116,8 @@ pub struct ModelConfig {
     pub norm_eps: f64,
     /// llama: biases on the query, key and value projections (Qwen2).
     pub qkv_bias: bool,
+    /// llama: a per-head RMSNorm on queries and keys before the rotation (Qwen3).
+    pub qk_norm: bool,
 }
 
 impl ModelConfig {
@@ -156,6 +158,7 @@ impl Default for ModelConfig {
             rope_original_context: 8192,
             norm_eps: 1e-5,
             qkv_bias: false,
+            qk_norm: false,
         }
     }
 }
@@ -508,6 +511,10 @@ const KEYS: &[(&str, &str)] = &[
     (
         "model.qkv_bias",
         "llama: biases on q/k/v projections (Qwen2)",
+    ),
+    (
+        "model.qk_norm",
+        "llama: per-head RMSNorm on queries and keys (Qwen3)",
     ),
     (
         "data.corpus",

@@ -44,6 +44,7 @@ pub fn preset(name: &str) -> Option<LlamaConfig> {
         norm_eps: 1e-5,
         tied_head: true,
         qkv_bias: false,
+        qk_norm: false,
     };
     match name {
         "smollm2-135m" => Some(base),

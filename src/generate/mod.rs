@@ -575,6 +575,7 @@ mod tests {
             norm_eps: 1e-5,
             tied_head: true,
             qkv_bias: false,
+            qk_norm: false,
         };
         Llama::new(&MemoryPool::new(Device::Cpu), cfg, 11).unwrap()
     }

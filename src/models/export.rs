@@ -84,6 +84,15 @@ fn hf_tensors(
                     vec![kvd, d],
                     rows(&qkv, d, qd + kvd, qd + 2 * kvd),
                 );
+                if l.qk_norm {
+                    for x in ["q", "k"] {
+                        put(
+                            format!("{p}.self_attn.{x}_norm.weight"),
+                            vec![l.head_dim],
+                            get(&format!("{k}.attn.{x}_norm.weight"))?.1,
+                        );
+                    }
+                }
                 if l.qkv_bias {
                     let (_, b) = get(&format!("{k}.attn.qkv.bias"))?;
                     put(
@@ -138,9 +147,14 @@ fn hf_tensors(
                     rows(&h, d, 0, vocab),
                 );
             }
+            let (arch, model_type) = if l.qk_norm {
+                ("Qwen3ForCausalLM", "qwen3")
+            } else {
+                ("LlamaForCausalLM", "llama")
+            };
             let mut c = json!({
-                "architectures": ["LlamaForCausalLM"],
-                "model_type": "llama",
+                "architectures": [arch],
+                "model_type": model_type,
                 "hidden_size": d,
                 "intermediate_size": ffn,
                 "num_hidden_layers": l.n_layers,

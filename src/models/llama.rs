@@ -48,6 +48,9 @@ pub struct LlamaConfig {
     pub tied_head: bool,
     /// Biases on the query, key and value projections (Qwen2).
     pub qkv_bias: bool,
+    /// A per-head RMSNorm (one gain of `head_dim` for all query heads, one for the key
+    /// heads) on queries and keys before the rotation (Qwen3).
+    pub qk_norm: bool,
 }
 
 impl LlamaConfig {
@@ -88,6 +91,7 @@ impl LlamaConfig {
             norm_eps: m.norm_eps as f32,
             tied_head: m.tied_head,
             qkv_bias: m.qkv_bias,
+            qk_norm: m.qk_norm,
         }
     }
 
@@ -117,6 +121,22 @@ impl LlamaConfig {
         Ok(())
     }
 
+    /// Qwen3's per-head norms: two gains of `head_dim`, the heads before the norms and their
+    /// `rstd` saved for the backward.
+    fn qk_norm_cost(&self, tokens: usize, layout: ActLayout) -> Cost {
+        if !self.qk_norm {
+            return Cost::default();
+        }
+        let heads = self.n_heads + self.n_kv_heads;
+        Cost {
+            params: 2 * self.head_dim,
+            flops_forward: 0,
+            flops_backward: 0,
+            saved_bytes: layout.act_bytes(tokens * heads * self.head_dim)
+                + crate::nn::f32_bytes(tokens * heads),
+        }
+    }
+
     /// The cost of one micro-batch from the layers' own costs, activations laid out as
     /// `layout` keeps them.
     pub fn cost_on(&self, batch: usize, seq: usize, layout: ActLayout) -> Cost {
@@ -125,7 +145,8 @@ impl LlamaConfig {
         let block = RmsNorm::cost_of(c, tokens, layout)
             + GqaAttention::cost_of(c, self.heads(), self.qkv_bias, batch, seq, layout)
             + RmsNorm::cost_of(c, tokens, layout)
-            + SwiGlu::cost_of(c, self.ffn_hidden, tokens, layout);
+            + SwiGlu::cost_of(c, self.ffn_hidden, tokens, layout)
+            + self.qk_norm_cost(tokens, layout);
         let blocks: Cost = (0..self.n_layers).map(|_| block).sum();
         let vocab = padded_vocab(self.vocab);
         let head = Linear::cost_of(c, vocab, false, tokens);
@@ -278,6 +299,7 @@ impl Llama {
                         c,
                         cfg.heads(),
                         cfg.qkv_bias,
+                        cfg.qk_norm.then_some(cfg.norm_eps),
                         out_std,
                         &mut rng,
                     )?,
@@ -749,7 +771,7 @@ impl Llama {
             .forward(&x)?;
         for (l, block) in self.blocks.iter().enumerate() {
             let (k, v) = &mut cache.layers[l];
-            let qkv = block.attn.qkv.forward(&ln)?;
+            let (qkv, _) = block.attn.project(&ln)?;
             let q = ops::kv_append_at(
                 &qkv,
                 k,
@@ -796,6 +818,7 @@ mod tests {
             norm_eps: 1e-5,
             tied_head: tied,
             qkv_bias: !tied,
+            qk_norm: tied,
         };
         Llama::new(&MemoryPool::new(Device::Cpu), cfg, 3).unwrap()
     }

@@ -5,8 +5,14 @@
 //! Packing expands each key/value head to its `H / K` query heads, so the same attention
 //! kernels serve grouped and plain multi-head attention; the backward sums the expanded
 //! heads' gradients back into their shared head.
+//!
+//! Qwen3 normalises every query and key head (RMSNorm over `head_dim`, one gain shared by the
+//! query heads and one by the key heads) before the rotation: the heads are cut out of the
+//! projection's columns, normalised as rows of `head_dim`, and written back, with the RMSNorm
+//! kernels every Llama block already uses.
 
 use super::linear::Linear;
+use super::rmsnorm::RmsNorm;
 use super::{ActLayout, Cost, Param, f32_bytes};
 use crate::engine::cpu::attention::AttnShape;
 use crate::engine::cpu::rope::RopeShape;
@@ -31,6 +37,8 @@ pub struct Rotary {
 
 pub struct GqaAttention {
     pub qkv: Linear,
+    /// Qwen3's per-head query and key norms.
+    pub qk_norm: Option<(RmsNorm, RmsNorm)>,
     pub out: Linear,
     pub heads: Heads,
 }
@@ -41,6 +49,48 @@ pub struct GqaSaved {
     pub packed: Tensor,
     pub stats: Tensor,
     pub att: Tensor,
+    /// The query and key heads before their norms, with the norms' `rstd` (Qwen3).
+    pub qk: Option<QkSaved>,
+}
+
+/// The query heads and the key heads before their norms, each with the norm's `rstd`.
+pub type QkSaved = [(Tensor, Tensor); 2];
+
+/// Normalises `heads` heads of `d` columns starting at column `col0` of every row of `qkv`
+/// in place; returns the heads as they were (`[rows x heads, d]`) and their `rstd`.
+fn norm_heads(
+    qkv: &mut Tensor,
+    norm: &RmsNorm,
+    col0: usize,
+    heads: usize,
+    d: usize,
+) -> Result<(Tensor, Tensor)> {
+    let rows = qkv.len() / qkv.shape().last().copied().unwrap_or(1);
+    let x = ops::cols_scaled(qkv, col0, heads * d, 1.0)?.reshaped(&[rows * heads, d]);
+    let (y, rstd) = norm.forward(&x)?;
+    let x = x.reshaped(&[rows, heads * d]);
+    // x - x is exactly zero, so the columns end up holding y exactly.
+    ops::add_cols_scaled(qkv, &x, col0, -1.0)?;
+    ops::add_cols_scaled(qkv, &y.reshaped(&[rows, heads * d]), col0, 1.0)?;
+    Ok((x.reshaped(&[rows * heads, d]), rstd))
+}
+
+/// The backward of [`norm_heads`] on the gradient `dqkv` of the normalised projection: the
+/// heads' gradient is replaced by the gradient of the heads before the norm.
+fn norm_heads_backward(
+    dqkv: &mut Tensor,
+    norm: &mut RmsNorm,
+    col0: usize,
+    heads: usize,
+    d: usize,
+    saved: &(Tensor, Tensor),
+) -> Result<()> {
+    let rows = dqkv.len() / dqkv.shape().last().copied().unwrap_or(1);
+    let dy = ops::cols_scaled(dqkv, col0, heads * d, 1.0)?.reshaped(&[rows * heads, d]);
+    let mut dx = Tensor::zeros(dy.pool(), dy.shape(), dy.dtype())?;
+    norm.backward(&mut dx, &dy, &saved.0, &saved.1)?;
+    ops::add_cols_scaled(dqkv, &dy.reshaped(&[rows, heads * d]), col0, -1.0)?;
+    ops::add_cols_scaled(dqkv, &dx.reshaped(&[rows, heads * d]), col0, 1.0)
 }
 
 impl GqaAttention {
@@ -51,6 +101,7 @@ impl GqaAttention {
         c: usize,
         heads: Heads,
         bias: bool,
+        qk_norm_eps: Option<f32>,
         out_std: f32,
         rng: &mut Rng,
     ) -> Result<Self> {
@@ -65,6 +116,13 @@ impl GqaAttention {
                 0.02,
                 rng,
             )?,
+            qk_norm: match qk_norm_eps {
+                Some(eps) => Some((
+                    RmsNorm::new(pool, &format!("{name}.q_norm"), d, eps, rng)?,
+                    RmsNorm::new(pool, &format!("{name}.k_norm"), d, eps, rng)?,
+                )),
+                None => None,
+            },
             out: Linear::new(pool, &format!("{name}.out"), h * d, c, false, out_std, rng)?,
             heads,
         })
@@ -88,16 +146,37 @@ impl GqaAttention {
         (rope, attn)
     }
 
+    /// The `[q | k | v]` projection of `x`, queries and keys normalised per head when the
+    /// layer has Qwen3's norms (then also what their backward needs).
+    pub fn project(&self, x: &Tensor) -> Result<(Tensor, Option<QkSaved>)> {
+        let mut qkv = self.qkv.forward(x)?;
+        let Some((qn, kn)) = &self.qk_norm else {
+            return Ok((qkv, None));
+        };
+        let h = self.heads;
+        let q = norm_heads(&mut qkv, qn, 0, h.heads, h.head_dim)?;
+        let k = norm_heads(&mut qkv, kn, h.heads * h.head_dim, h.kv_heads, h.head_dim)?;
+        Ok((qkv, Some([q, k])))
+    }
+
     /// `x` is `[B, T, C]`; `pos` gives each of the `B x T` rows its position.
     pub fn forward(&self, x: &Tensor, pos: &[u32], rot: &Rotary) -> Result<(Tensor, GqaSaved)> {
         let (batch, seq) = (x.shape()[0], x.shape()[1]);
         let (rs, s) = self.shapes(batch, seq);
-        let qkv = self.qkv.forward(x)?;
+        let (qkv, qk) = self.project(x)?;
         let packed = ops::rope_expand_forward(&qkv, pos, &rot.cos, &rot.sin, rs)?;
         drop(qkv);
         let (att, stats) = ops::attention_forward(&packed, s)?;
         let out = self.out.forward(&att)?;
-        Ok((out, GqaSaved { packed, stats, att }))
+        Ok((
+            out,
+            GqaSaved {
+                packed,
+                stats,
+                att,
+                qk,
+            },
+        ))
     }
 
     pub fn backward(
@@ -113,17 +192,33 @@ impl GqaAttention {
         let datt = self.out.backward(dout, &saved.att)?;
         let dpacked = ops::attention_backward(&datt, &saved.packed, &saved.stats, s)?;
         drop(datt);
-        let dqkv = ops::rope_expand_backward(&dpacked, pos, &rot.cos, &rot.sin, rs)?;
+        let mut dqkv = ops::rope_expand_backward(&dpacked, pos, &rot.cos, &rot.sin, rs)?;
         drop(dpacked);
+        if let (Some((qn, kn)), Some([q, k])) = (&mut self.qk_norm, &saved.qk) {
+            let h = self.heads;
+            norm_heads_backward(&mut dqkv, qn, 0, h.heads, h.head_dim, q)?;
+            let col0 = h.heads * h.head_dim;
+            norm_heads_backward(&mut dqkv, kn, col0, h.kv_heads, h.head_dim, k)?;
+        }
         self.qkv.backward(&dqkv, x)
     }
 
     pub fn params(&self) -> Vec<&Param> {
-        [self.qkv.params(), self.out.params()].concat()
+        let mut v = self.qkv.params();
+        if let Some((q, k)) = &self.qk_norm {
+            v.extend(q.params());
+            v.extend(k.params());
+        }
+        v.extend(self.out.params());
+        v
     }
 
     pub fn params_mut(&mut self) -> Vec<&mut Param> {
         let mut v = self.qkv.params_mut();
+        if let Some((q, k)) = &mut self.qk_norm {
+            v.extend(q.params_mut());
+            v.extend(k.params_mut());
+        }
         v.extend(self.out.params_mut());
         v
     }

@@ -58,6 +58,7 @@ pub const ARCHITECTURES: &[&str] = &[
     "LlamaForCausalLM",
     "MistralForCausalLM",
     "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
     "GPT2LMHeadModel",
     "GGUF general.architecture = llama",
 ];
@@ -234,17 +235,10 @@ fn open_hf_dir(dir: &Path) -> Result<Pretrained> {
     })?;
     let raw = read_safetensors(&files)?;
     let (model, vocab, weights) = match arch.as_str() {
-        "LlamaForCausalLM" | "MistralForCausalLM" | "Qwen2ForCausalLM" => {
+        "LlamaForCausalLM" | "MistralForCausalLM" | "Qwen2ForCausalLM" | "Qwen3ForCausalLM" => {
             llama_from_hf(&cfg_path, &cfg, &arch, raw)?
         }
         "GPT2LMHeadModel" => gpt2_from_hf(&cfg_path, &cfg, raw)?,
-        "Qwen3ForCausalLM" => {
-            return Err(bad(
-                &cfg_path,
-                "declares Qwen3ForCausalLM, whose per-head query/key RMSNorm kiln does not have yet; supported: ".to_string()
-                    + &ARCHITECTURES.join(", "),
-            ));
-        }
         other => {
             return Err(bad(
                 &cfg_path,
@@ -437,6 +431,7 @@ fn llama_from_hf(
                 .get("attention_bias")
                 .and_then(Value::as_bool)
                 .unwrap_or(false),
+        qk_norm: arch == "Qwen3ForCausalLM",
         ..ModelConfig::default()
     };
     if let Some(s) = cfg.get("rope_scaling").filter(|s| !s.is_null()).or(rope) {
@@ -493,6 +488,19 @@ fn llama_from_hf(
                 format!("{k}.attn.qkv.bias"),
                 take_stacked(path, &mut raw, &qkv("bias"), &[])?,
             );
+        }
+        if m.qk_norm {
+            for x in ["q", "k"] {
+                w.insert(
+                    format!("{k}.attn.{x}_norm.weight"),
+                    take(
+                        path,
+                        &mut raw,
+                        &format!("{p}.self_attn.{x}_norm.weight"),
+                        &[head_dim],
+                    )?,
+                );
+            }
         }
         w.insert(
             format!("{k}.attn.out.weight"),
