@@ -428,4 +428,29 @@ fn an_exported_qwen3_with_query_key_norms_imports_back_to_the_same_logits() {
     plain_cfg.qk_norm = false;
     let plain = models::build(&plain_cfg, vocab, &pool, 5).unwrap();
     assert_ne!(a, plain.next_logits(&ids).unwrap());
+    // And it trains from the directory (the import's settings carry the norms).
+    let run = dir.path().join("run");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args([
+            "train",
+            "--profile",
+            "none",
+            "--device",
+            "cpu",
+            "-q",
+            "--init-from",
+        ])
+        .arg(&out)
+        .arg("--out")
+        .arg(&run)
+        .args([
+            "train.steps=2",
+            "train.seq_len=32",
+            "train.micro_batch=2",
+            "train.eval_batches=1",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(run.join("summary.json").is_file());
 }

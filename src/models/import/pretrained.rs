@@ -820,6 +820,7 @@ impl Pretrained {
                 format!("model.rope_original_context={}", m.rope_original_context),
                 format!("model.norm_eps={:?}", m.norm_eps),
                 format!("model.qkv_bias={}", m.qkv_bias),
+                format!("model.qk_norm={}", m.qk_norm),
             ]);
         }
         v
