@@ -641,3 +641,79 @@ fn plan_shows_the_nf4_base_and_its_saving() {
     assert!(out.contains("saving against bf16"), "{out}");
     assert!(out.contains("dequant workspace"), "{out}");
 }
+
+#[test]
+fn bench_scu_compares_the_controller_with_fixed_lambdas_over_seeds() {
+    let dir = tempfile::tempdir().unwrap();
+    let (base, data) = fixture(dir.path());
+    let out = dir.path().join("scu");
+    let o = kiln(&[
+        "bench",
+        "scu",
+        "--init-from",
+        base.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+        "--device",
+        "cpu",
+        "--steps",
+        "4",
+        "--seeds",
+        "1,2",
+        "--lambdas",
+        "0,1",
+        "--out",
+        out.to_str().unwrap(),
+        "train.micro_batch=4",
+        "train.seq_len=64",
+        "train.eval_batches=2",
+        "train.eval_every=0",
+        "optim.lr=1e-2",
+        "lora.rank=4",
+        "scu.target=0.05",
+    ]);
+    let text = ok(&o);
+    assert!(
+        text.contains("The controller reached") || text.contains("The controller did not win"),
+        "{text}"
+    );
+    let results: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("results.json")).unwrap()).unwrap();
+    let configs = results["configs"].as_array().unwrap();
+    assert_eq!(configs.len(), 3, "the controller and two fixed lambdas");
+    for c in configs {
+        let seeds = c["seeds"].as_array().unwrap();
+        assert_eq!(seeds.len(), 2);
+        for s in seeds {
+            assert!(s["val_bits_per_token"].as_f64().unwrap().is_finite());
+        }
+    }
+    // A fixed lambda stays fixed; the controller moves its lambda.
+    let lambdas = |c: &serde_json::Value| -> Vec<f64> {
+        c["seeds"][0]["history"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| h[2].as_f64().unwrap())
+            .collect()
+    };
+    assert!(lambdas(&configs[2]).iter().all(|&l| l == 1.0));
+    assert!(
+        lambdas(&configs[0])
+            .iter()
+            .any(|&l| l != lambdas(&configs[0])[0])
+    );
+    let md = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(md.contains("held-out bits/token"), "{md}");
+    // Bad input: a negative lambda.
+    let bad = kiln(&[
+        "bench",
+        "scu",
+        "--init-from",
+        base.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+        "--lambdas=-1",
+    ]);
+    assert_eq!(bad.status.code(), Some(2));
+}

@@ -33,6 +33,9 @@ pub enum BenchCommand {
     /// Fine-tuning: kiln LoRA over a bf16 base, kiln QLoRA over an NF4 base and
     /// transformers + PEFT LoRA on one shape: tokens/s, peak memory, base weight bytes, loss.
     Finetune(super::bench_finetune::BenchFinetuneArgs),
+    /// The SCU controller against fixed penalty strengths on one base and data, over seeds:
+    /// held-out bits per token, the final share S against its target, lambda over steps.
+    Scu(super::bench_scu::BenchScuArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> Result<()> {
@@ -45,6 +48,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Memory(a) => super::bench_memory::run(a),
         BenchCommand::Generate(a) => super::bench_generate::run(a),
         BenchCommand::Finetune(a) => super::bench_finetune::run(a),
+        BenchCommand::Scu(a) => super::bench_scu::run(a),
     }
 }
 

@@ -8,6 +8,7 @@ pub mod bench_finetune;
 pub mod bench_generate;
 pub mod bench_kernels;
 pub mod bench_memory;
+pub mod bench_scu;
 pub mod bench_train;
 pub mod classify;
 pub mod diversity;
