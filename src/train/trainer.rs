@@ -3,6 +3,7 @@
 //! accumulation redone (see [`super::oom`]).
 
 use super::oom::{self, PassSize};
+use super::polychromic::WeightedBatch;
 use super::precision::Precision;
 use super::scaler::LossScaler;
 use super::scu::{ScuRecord, ScuState};
@@ -77,6 +78,9 @@ pub struct Trainer {
     pub quantized: Option<models::QuantizedBase>,
     /// N of the SCU penalty: training tokens per epoch (set once the data is loaded).
     pub scu_tokens: f64,
+    /// Sequences whose token losses join the next steps' gradients with weights of their
+    /// own (the polychromic surrogate); set before each step by whoever owns them.
+    pub weighted: Vec<WeightedBatch>,
 }
 
 /// Counts the targets that are trained (not [`IGNORE_TARGET`]).
@@ -228,6 +232,7 @@ impl Trainer {
             adapted,
             quantized,
             scu_tokens: 0.0,
+            weighted: Vec::new(),
         })
     }
 
@@ -314,6 +319,25 @@ impl Trainer {
                     rows.len(),
                     b.seq,
                     p,
+                )?;
+            }
+        }
+        // Their own weights replace the CE's 1 / tokens; their losses are not the CE's.
+        let weighted = StepPrecision {
+            grad_scale: self.loss_scale() as f32,
+            ..p
+        };
+        for w in &self.weighted {
+            let b = &w.batch;
+            for rows in self.passes.passes(b.batch) {
+                let span = rows.start * b.seq..rows.end * b.seq;
+                self.model.forward_backward_weighted(
+                    &b.inputs[span.clone()],
+                    &b.targets[span],
+                    rows.len(),
+                    b.seq,
+                    weighted,
+                    &w.row_weights[rows],
                 )?;
             }
         }
