@@ -218,7 +218,16 @@ impl Polychromic {
                 precision: None,
                 max_length: None,
             },
-        )?;
+        )
+        .map_err(|e| match e {
+            KilnError::Checkpoint { path, reason } => KilnError::Checkpoint {
+                path,
+                reason: format!(
+                    "{reason} (this is the embedder of polychromic fine-tuning, polychromic.embedder or --embedder: give a kiln encoder whose config, tokenizer and weights agree, e.g. all-MiniLM-L6-v2)"
+                ),
+            },
+            other => other,
+        })?;
         Ok(Polychromic {
             cfg: p.clone(),
             seed: cfg.train.seed,
