@@ -20,6 +20,9 @@ use std::path::{Path, PathBuf};
   kiln finetune --resume runs/ft train.steps=2000               continue a fine-tune
   kiln finetune --init-from ./base --data chats.jsonl scu.enabled=true scu.target=0.02
                        with the SCU controller on the adapters' penalty (scu_history.jsonl)
+  kiln finetune --init-from SmolLM2-135M-Instruct.Q4_1.gguf --data cues.jsonl
+       --objective polychromic --diversity-lambda 0.5 --samples 8 --embedder all-MiniLM-L6-v2
+                       CE - 0.5 * D: 8 replies sampled per prompt, their diversity rewarded
 
 --data takes plain text (every token trained) or JSON lines, detected from the first line:
 {\"prompt\": ..., \"completion\": ...} trains the completion, {\"messages\": [...]} trains the
@@ -27,6 +30,15 @@ assistant turns. data.format=text|prompt_completion|chat overrides the detection
 the adapters are written to DIR/adapter (adapter_model.safetensors + adapter_config.json),
 which peft.PeftModel.from_pretrained(base, DIR/adapter) loads; `kiln export --run DIR` writes
 the merged model.
+
+--objective polychromic trains on CE - lambda * D, D the mean pairwise cosine distance between
+the embeddings of --samples replies the model samples for each of --prompts-per-step training
+prompts (all in one batched generation). D's gradient reaches the weights through a
+score-function estimate: each reply's tokens are trained with the weight lambda * adv / (n *
+prompts), adv its leave-one-out advantage. The embedder defaults to the starting model,
+frozen, mean-pooled. metrics.jsonl gets D and the time to generate, embed and run the
+forward/backward of each sampling step (\"polychromic\" records) and held-out D at each eval;
+the flags are the polychromic.* keys.
 
 EXIT CODES: as kiln train.")]
 pub struct FinetuneArgs {
@@ -40,8 +52,105 @@ pub struct FinetuneArgs {
     /// quantised at load from the base's weights; adapters train as with LoRA.
     #[arg(long, conflicts_with = "full")]
     pub qlora: bool,
+    /// What to train on: ce (the cross-entropy of the data's completions) or polychromic
+    /// (CE minus lambda times the diversity of sampled replies).
+    #[arg(long, value_name = "NAME", default_value = "ce", value_parser = ["ce", "polychromic"])]
+    pub objective: String,
+    #[command(flatten)]
+    pub polychromic: PolychromicArgs,
     #[command(flatten)]
     pub train: TrainArgs,
+}
+
+/// The settings of `--objective polychromic` (the polychromic.* keys).
+#[derive(Args, Debug, Default)]
+pub struct PolychromicArgs {
+    /// Weight lambda of the diversity D (default 0.5); negative only with
+    /// --allow-negative-lambda.
+    #[arg(long, value_name = "F", allow_negative_numbers = true)]
+    pub diversity_lambda: Option<f64>,
+    /// Accept a negative lambda, which rewards replies for resembling each other.
+    #[arg(long)]
+    pub allow_negative_lambda: bool,
+    /// Replies sampled per prompt, at least 2 (default 4).
+    #[arg(long, value_name = "N")]
+    pub samples: Option<usize>,
+    /// Training prompts per step that get replies (default 4).
+    #[arg(long, value_name = "N")]
+    pub prompts_per_step: Option<usize>,
+    /// Sample replies and add D every K optimizer steps (default 1).
+    #[arg(long, value_name = "K")]
+    pub diversity_every: Option<usize>,
+    /// Temperature of the sampled replies (default 1).
+    #[arg(long, value_name = "T")]
+    pub sample_temperature: Option<f64>,
+    /// Nucleus sampling of the replies (default 1: the whole distribution).
+    #[arg(long, value_name = "P")]
+    pub sample_top_p: Option<f64>,
+    /// Longest sampled reply in tokens (default 32).
+    #[arg(long, value_name = "N")]
+    pub max_new_tokens: Option<usize>,
+    /// The encoder that embeds replies: a BERT-family directory such as all-MiniLM-L6-v2, or
+    /// a Llama-family directory or GGUF (default: the starting model, frozen, mean-pooled).
+    #[arg(long, value_name = "DIR")]
+    pub embedder: Option<PathBuf>,
+}
+
+impl PolychromicArgs {
+    /// The polychromic.* overrides the flags given ask for, with the flag each came from.
+    fn overrides(&self) -> Vec<(&'static str, String)> {
+        let mut o = Vec::new();
+        let mut put = |flag: &'static str, key: &str, value: Option<String>| {
+            if let Some(v) = value {
+                o.push((flag, format!("polychromic.{key}={v}")));
+            }
+        };
+        put(
+            "--diversity-lambda",
+            "lambda",
+            self.diversity_lambda.map(|v| v.to_string()),
+        );
+        put(
+            "--allow-negative-lambda",
+            "allow_negative_lambda",
+            self.allow_negative_lambda.then(|| "true".into()),
+        );
+        put("--samples", "samples", self.samples.map(|v| v.to_string()));
+        put(
+            "--prompts-per-step",
+            "prompts",
+            self.prompts_per_step.map(|v| v.to_string()),
+        );
+        put(
+            "--diversity-every",
+            "every",
+            self.diversity_every.map(|v| v.to_string()),
+        );
+        put(
+            "--sample-temperature",
+            "temperature",
+            self.sample_temperature.map(|v| v.to_string()),
+        );
+        put(
+            "--sample-top-p",
+            "top_p",
+            self.sample_top_p.map(|v| v.to_string()),
+        );
+        put(
+            "--max-new-tokens",
+            "max_new_tokens",
+            self.max_new_tokens.map(|v| v.to_string()),
+        );
+        put(
+            "--embedder",
+            "embedder",
+            self.embedder.as_ref().map(|p| {
+                let abs = std::path::absolute(p).unwrap_or_else(|_| p.clone());
+                abs.display().to_string()
+            }),
+        );
+        o
+    }
 }
 
 /// `data.format` for a file: JSON lines with `messages` are chats, with `prompt` pairs;
@@ -97,6 +206,26 @@ pub fn run(mut a: FinetuneArgs) -> Result<()> {
     if a.qlora {
         pre.push("lora.quantize=nf4".into());
     }
+    let polychromic = a.polychromic.overrides();
+    if a.objective == "polychromic" {
+        if a.polychromic.samples.is_some_and(|n| n < 2) {
+            return Err(KilnError::Setting(format!(
+                "--samples {}: D is the mean distance over pairs of one prompt's replies, so it needs at least 2 replies per prompt (e.g. --samples 4)",
+                a.polychromic.samples.unwrap_or(0)
+            )));
+        }
+        pre.push("polychromic.enabled=true".into());
+        if let (None, Some(base)) = (&a.polychromic.embedder, &a.train.init_from) {
+            let base = std::path::absolute(base).unwrap_or_else(|_| base.clone());
+            pre.push(format!("polychromic.embedder={}", base.display()));
+        }
+    } else if let (Some((flag, _)), false) = (polychromic.first(), resuming) {
+        // A resumed run keeps its objective (polychromic.enabled in its config.toml).
+        return Err(KilnError::Setting(format!(
+            "{flag} is a setting of the polychromic objective; add --objective polychromic"
+        )));
+    }
+    pre.extend(polychromic.into_iter().map(|(_, o)| o));
     // The user's own overrides come last and win.
     pre.append(&mut a.train.overrides);
     a.train.overrides = pre;

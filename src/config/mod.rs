@@ -55,6 +55,8 @@ pub struct Config {
     pub scu: ScuConfig,
     /// Data parallelism (`kiln train --gpus N`, torchrun, Slurm).
     pub dist: DistConfig,
+    /// Polychromic fine-tuning: a reward for the diversity of sampled replies.
+    pub polychromic: PolychromicConfig,
 }
 
 // `default` on the sections lets a config saved by an older build, which
@@ -442,6 +444,52 @@ impl Default for DistConfig {
     }
 }
 
+/// `[polychromic]`: fine-tuning on `CE - lambda * D`, where D is the mean pairwise cosine
+/// distance between the embeddings of replies sampled for one prompt (see
+/// [`crate::train::polychromic`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolychromicConfig {
+    /// Add the diversity term (`kiln finetune --objective polychromic`).
+    pub enabled: bool,
+    /// Weight of D against the cross-entropy.
+    pub lambda: f64,
+    /// Accept a negative lambda, which rewards replies for resembling each other.
+    pub allow_negative_lambda: bool,
+    /// Replies sampled per prompt (at least 2: D is a mean over pairs).
+    pub samples: usize,
+    /// Training prompts per step that get replies sampled.
+    pub prompts: usize,
+    /// Sample and add the diversity term every this many optimizer steps.
+    pub every: usize,
+    /// Sampling temperature of the replies.
+    pub temperature: f64,
+    /// Nucleus (top-p) sampling of the replies; 1 = the whole distribution.
+    pub top_p: f64,
+    /// Longest reply in tokens.
+    pub max_new_tokens: usize,
+    /// The sentence encoder that embeds replies; empty = the starting model, frozen, its
+    /// final hidden states mean-pooled.
+    pub embedder: String,
+}
+
+impl Default for PolychromicConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            lambda: 0.5,
+            allow_negative_lambda: false,
+            samples: 4,
+            prompts: 4,
+            every: 1,
+            temperature: 1.0,
+            top_p: 1.0,
+            max_new_tokens: 32,
+            embedder: String::new(),
+        }
+    }
+}
+
 /// Every key with its `--help` text, in the order the sections and fields
 /// are declared. A test checks this list against the structs so the two
 /// cannot drift apart.
@@ -642,6 +690,37 @@ const KEYS: &[(&str, &str)] = &[
     ),
     ("dist.bucket_mb", "gradient MiB per all-reduce bucket"),
     ("dist.timeout_s", "seconds to wait for other ranks"),
+    (
+        "polychromic.enabled",
+        "train on CE - lambda * D of sampled replies",
+    ),
+    ("polychromic.lambda", "weight of the diversity D"),
+    (
+        "polychromic.allow_negative_lambda",
+        "accept lambda < 0 (rewards sameness)",
+    ),
+    (
+        "polychromic.samples",
+        "replies sampled per prompt, at least 2",
+    ),
+    ("polychromic.prompts", "prompts per step that get replies"),
+    (
+        "polychromic.every",
+        "sample and add D every this many steps",
+    ),
+    (
+        "polychromic.temperature",
+        "sampling temperature of the replies",
+    ),
+    (
+        "polychromic.top_p",
+        "nucleus sampling of the replies; 1 = off",
+    ),
+    ("polychromic.max_new_tokens", "longest reply in tokens"),
+    (
+        "polychromic.embedder",
+        "encoder of the replies; empty = the starting model",
+    ),
 ];
 
 /// Every dotted key, in section and field order.

@@ -76,7 +76,7 @@ fn key_table_matches_structs() {
     listed.sort();
     assert_eq!(listed, from_structs);
     assert_eq!(all_keys()[0], "model.kind");
-    assert_eq!(all_keys().last(), Some(&"dist.timeout_s"));
+    assert_eq!(all_keys().last(), Some(&"polychromic.embedder"));
     for key in all_keys() {
         let help = key_help(key).expect("every key has help");
         assert!(!help.is_empty() && help.len() <= 60, "{key}: {help}");

@@ -192,6 +192,7 @@ impl Config {
         )?;
         self.validate_lora()?;
         self.validate_dist()?;
+        self.validate_polychromic()?;
 
         if !is_device(&t.device) {
             return Err(ConfigError::NotAllowed {
@@ -436,6 +437,52 @@ impl Config {
                 "scu.enabled",
                 true,
                 "the penalty is on the adapters: it needs lora.enabled=true (kiln finetune)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The `[polychromic]` rules.
+    fn validate_polychromic(&self) -> Result<(), ConfigError> {
+        let p = &self.polychromic;
+        for (key, value) in [
+            ("polychromic.lambda", p.lambda),
+            ("polychromic.temperature", p.temperature),
+            ("polychromic.top_p", p.top_p),
+        ] {
+            if !value.is_finite() {
+                return Err(ConfigError::NotFinite { key, value });
+            }
+        }
+        if p.samples < 2 {
+            return Err(out_of_range(
+                "polychromic.samples",
+                p.samples,
+                "D is the mean distance over pairs of a prompt's replies, so it needs at least 2 (e.g. 4)",
+            ));
+        }
+        at_least_one("polychromic.prompts", p.prompts)?;
+        at_least_one("polychromic.every", p.every)?;
+        at_least_one("polychromic.max_new_tokens", p.max_new_tokens)?;
+        if p.temperature <= 0.0 {
+            return Err(out_of_range(
+                "polychromic.temperature",
+                p.temperature,
+                "it must be positive: at 0 (greedy) every reply to a prompt is the same, so D and its gradient are 0; 1 samples the model as it is",
+            ));
+        }
+        if !(p.top_p > 0.0 && p.top_p <= 1.0) {
+            return Err(out_of_range(
+                "polychromic.top_p",
+                p.top_p,
+                "it must be in (0, 1]; 1 keeps the whole distribution",
+            ));
+        }
+        if p.lambda < 0.0 && !p.allow_negative_lambda {
+            return Err(out_of_range(
+                "polychromic.lambda",
+                p.lambda,
+                "a negative lambda rewards replies for resembling each other; use 0 or more, or add --allow-negative-lambda (polychromic.allow_negative_lambda=true) if sameness is the aim",
             ));
         }
         Ok(())

@@ -321,6 +321,12 @@ pub fn pack(examples: &[SftExample], seq: usize, pad: u32) -> (SftRows, usize) {
     (rows, truncated)
 }
 
+/// How many of `examples` (at least 2) the validation split takes: the last
+/// `val_fraction` of them, at least one and never all.
+pub fn validation_examples(examples: usize, val_fraction: f64) -> usize {
+    ((examples as f64 * val_fraction).round() as usize).clamp(1, examples.saturating_sub(1).max(1))
+}
+
 /// Reads, tokenises, splits and packs a fine-tuning file.
 pub fn load(
     path: &Path,
@@ -343,7 +349,7 @@ pub fn load(
             ),
         });
     }
-    let n_val = ((all.len() as f64 * val_fraction).round() as usize).clamp(1, all.len() - 1);
+    let n_val = validation_examples(all.len(), val_fraction);
     let (train_ex, val_ex) = all.split_at(all.len() - n_val);
     let pad = tok.eos().unwrap_or(0);
     let (train, t1) = pack(train_ex, seq, pad);

@@ -28,6 +28,8 @@ pub mod stream {
     pub const SAMPLE: u64 = 3;
     /// Initial values of low-rank adapters.
     pub const LORA: u64 = 4;
+    /// Prompts and replies sampled by polychromic fine-tuning.
+    pub const POLYCHROMIC: u64 = 5;
 }
 
 /// A sequential generator over one stream; its whole state is `(seed, stream, counter)`.

@@ -421,6 +421,95 @@ impl Llama {
         ops::linear_forward(&acts.ln_f, self.head_weight(), None)
     }
 
+    /// Forward and backward with every token's loss weighted by `grad_scale`, times
+    /// `token_weights[t]` when given.
+    fn forward_backward_scaled(
+        &mut self,
+        inputs: &[u32],
+        targets: &[u32],
+        batch: usize,
+        seq: usize,
+        p: StepPrecision,
+        token_weights: Option<&[f32]>,
+    ) -> Result<f64> {
+        let keep = match self.recompute {
+            Recompute::None => Keep::All,
+            Recompute::Blocks => Keep::BlockInputs,
+        };
+        let acts = self.forward(inputs, batch, seq, keep)?;
+        let mut dlogits = self.logits(&acts)?;
+        let losses = ops::cross_entropy_fused(&mut dlogits, targets, self.cfg.vocab, p.grad_scale)?;
+        ops::round_in_place(&mut dlogits, p.grad_dtype)?;
+        // Token weights scale rows of the logits' gradient. The head is linear, so the same
+        // result comes from scaling the head's input rows for its weight gradient and the
+        // rows of its input gradient: two tensors of the model's width instead of a second
+        // one of the vocabulary's.
+        let scale_rows = |t: &Tensor, w: &[f32]| -> Result<Tensor> {
+            let all: Vec<u32> = (0..w.len() as u32).collect();
+            Ok(ops::gather_rows(t, &all, Some(w))?.reshaped(t.shape()))
+        };
+        let scaled_ln_f = token_weights
+            .map(|w| scale_rows(&acts.ln_f, w))
+            .transpose()?;
+        let head_input = scaled_ln_f.as_ref().unwrap_or(&acts.ln_f);
+        let d_ln_f = match &mut self.head {
+            Some(head) => head.backward(&dlogits, head_input)?,
+            None => {
+                let (w, dw) = self.embed.weight_and_grad();
+                ops::linear_backward(&dlogits, head_input, w, dw, None)?
+            }
+        };
+        drop((dlogits, scaled_ln_f));
+        let d_ln_f = match token_weights {
+            Some(w) => scale_rows(&d_ln_f, w)?,
+            None => d_ln_f,
+        };
+        let Activations {
+            blocks: mut saved,
+            last,
+            ln_f,
+            ln_f_rstd,
+        } = acts;
+        drop(ln_f);
+        let pos = positions(batch, seq);
+        let mut dstream = Tensor::zeros(last.pool(), last.shape(), last.dtype())?;
+        self.ln_f
+            .backward(&mut dstream, &d_ln_f, &last, &ln_f_rstd)?;
+        drop((d_ln_f, last));
+        let starts = self.grad_ready.as_ref().map(|_| self.grad_block_starts());
+        if let Some(s) = &starts {
+            self.grads_final_from(s[self.blocks.len()]);
+        }
+        while let Some(kept) = saved.pop() {
+            let block = &mut self.blocks[saved.len()];
+            let a = match kept {
+                BlockSaved::All(a) => *a,
+                BlockSaved::Input(input) => block.recompute(input, &pos, &self.rotary)?,
+            };
+            let d_ln2 = block.mlp.backward(&dstream, &a.ln2, &a.mlp)?;
+            block
+                .ln2
+                .backward(&mut dstream, &d_ln2, &a.mid, &a.ln2_rstd)?;
+            drop(d_ln2);
+            let d_ln1 = block
+                .attn
+                .backward(&dstream, &a.ln1, &pos, &self.rotary, &a.attn)?;
+            block
+                .ln1
+                .backward(&mut dstream, &d_ln1, &a.input, &a.ln1_rstd)?;
+            if let Some(s) = &starts {
+                self.grads_final_from(s[saved.len()]);
+            }
+        }
+        if let Some(dembed) = self.embed.grad_mut() {
+            ops::token_embedding_backward(dembed, &dstream, inputs)?;
+        }
+        if starts.is_some() {
+            self.grads_final_from(0);
+        }
+        Ok(losses.iter().map(|&l| l as f64).sum())
+    }
+
     /// The final hidden states `[batch, seq, C]` (after the last norm, before the head), for
     /// using the decoder as a text encoder.
     pub fn final_hidden_states(&self, tokens: &[u32], batch: usize, seq: usize) -> Result<Tensor> {
@@ -546,66 +635,24 @@ impl Model for Llama {
         seq: usize,
         p: StepPrecision,
     ) -> Result<f64> {
-        let keep = match self.recompute {
-            Recompute::None => Keep::All,
-            Recompute::Blocks => Keep::BlockInputs,
-        };
-        let acts = self.forward(inputs, batch, seq, keep)?;
-        let mut dlogits = self.logits(&acts)?;
-        let losses = ops::cross_entropy_fused(&mut dlogits, targets, self.cfg.vocab, p.grad_scale)?;
-        ops::round_in_place(&mut dlogits, p.grad_dtype)?;
-        let d_ln_f = match &mut self.head {
-            Some(head) => head.backward(&dlogits, &acts.ln_f)?,
-            None => {
-                let (w, dw) = self.embed.weight_and_grad();
-                ops::linear_backward(&dlogits, &acts.ln_f, w, dw, None)?
-            }
-        };
-        drop(dlogits);
-        let Activations {
-            blocks: mut saved,
-            last,
-            ln_f,
-            ln_f_rstd,
-        } = acts;
-        drop(ln_f);
-        let pos = positions(batch, seq);
-        let mut dstream = Tensor::zeros(last.pool(), last.shape(), last.dtype())?;
-        self.ln_f
-            .backward(&mut dstream, &d_ln_f, &last, &ln_f_rstd)?;
-        drop((d_ln_f, last));
-        let starts = self.grad_ready.as_ref().map(|_| self.grad_block_starts());
-        if let Some(s) = &starts {
-            self.grads_final_from(s[self.blocks.len()]);
-        }
-        while let Some(kept) = saved.pop() {
-            let block = &mut self.blocks[saved.len()];
-            let a = match kept {
-                BlockSaved::All(a) => *a,
-                BlockSaved::Input(input) => block.recompute(input, &pos, &self.rotary)?,
-            };
-            let d_ln2 = block.mlp.backward(&dstream, &a.ln2, &a.mlp)?;
-            block
-                .ln2
-                .backward(&mut dstream, &d_ln2, &a.mid, &a.ln2_rstd)?;
-            drop(d_ln2);
-            let d_ln1 = block
-                .attn
-                .backward(&dstream, &a.ln1, &pos, &self.rotary, &a.attn)?;
-            block
-                .ln1
-                .backward(&mut dstream, &d_ln1, &a.input, &a.ln1_rstd)?;
-            if let Some(s) = &starts {
-                self.grads_final_from(s[saved.len()]);
-            }
-        }
-        if let Some(dembed) = self.embed.grad_mut() {
-            ops::token_embedding_backward(dembed, &dstream, inputs)?;
-        }
-        if starts.is_some() {
-            self.grads_final_from(0);
-        }
-        Ok(losses.iter().map(|&l| l as f64).sum())
+        self.forward_backward_scaled(inputs, targets, batch, seq, p, None)
+    }
+
+    fn forward_backward_weighted(
+        &mut self,
+        inputs: &[u32],
+        targets: &[u32],
+        batch: usize,
+        seq: usize,
+        p: StepPrecision,
+        row_weights: &[f32],
+    ) -> Result<f64> {
+        super::check_row_weights(batch, row_weights)?;
+        let per_token: Vec<f32> = row_weights
+            .iter()
+            .flat_map(|&w| std::iter::repeat_n(w, seq))
+            .collect();
+        self.forward_backward_scaled(inputs, targets, batch, seq, p, Some(&per_token))
     }
 
     fn set_grad_ready(&mut self, hook: Option<super::GradReady>) -> bool {
@@ -883,6 +930,58 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    /// The batched weighted pass (row weights scaling the head's input and its gradient)
+    /// against one pass per row with the weight in the gradient scale, for tied and untied
+    /// heads, weights of both signs and a zero.
+    #[test]
+    fn weighted_rows_match_one_pass_per_row() {
+        for tied in [true, false] {
+            let (x, y) = batch();
+            let weights = [0.7f32, -1.3];
+            let p = StepPrecision {
+                grad_scale: 0.5,
+                grad_dtype: DType::F32,
+            };
+            let grads = |m: &Llama| -> Vec<Vec<f32>> {
+                m.params()
+                    .iter()
+                    .map(|p| p.grad.to_vec().unwrap())
+                    .collect()
+            };
+            let mut batched = tiny(tied, 2);
+            let loss = batched
+                .forward_backward_weighted(&x, &y, 2, 7, p, &weights)
+                .unwrap();
+            let mut rows = tiny(tied, 2);
+            let mut want_loss = 0.0;
+            for (r, &w) in weights.iter().enumerate() {
+                let one = StepPrecision {
+                    grad_scale: p.grad_scale * w,
+                    ..p
+                };
+                want_loss += rows
+                    .forward_backward(&x[r * 7..(r + 1) * 7], &y[r * 7..(r + 1) * 7], 1, 7, one)
+                    .unwrap();
+            }
+            assert!((loss - want_loss).abs() < 1e-4 * want_loss.abs());
+            let (got, want) = (grads(&batched), grads(&rows));
+            let scale = want.iter().flatten().fold(0.0f32, |m, v| m.max(v.abs()));
+            assert!(scale > 1e-3, "the gradient is not trivially zero");
+            for (g, w) in got.iter().flatten().zip(want.iter().flatten()) {
+                assert!((g - w).abs() < 1e-5 * scale, "tied={tied}: {g} vs {w}");
+            }
+            // A zero weight removes a row's gradient entirely.
+            let mut zero = tiny(tied, 2);
+            zero.forward_backward_weighted(&x, &y, 2, 7, p, &[0.0, 0.0])
+                .unwrap();
+            assert!(grads(&zero).iter().flatten().all(|&v| v == 0.0));
+            assert!(
+                zero.forward_backward_weighted(&x, &y, 2, 7, p, &[1.0])
+                    .is_err()
+            );
         }
     }
 

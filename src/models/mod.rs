@@ -131,6 +131,33 @@ pub trait Model: Send {
         false
     }
 
+    /// [`Model::forward_backward`] with each row's token losses weighted by `row_weights[r]`
+    /// (times `step.grad_scale`), weights of either sign: the gradient of a weighted sum of
+    /// sequence log-likelihoods, as score-function objectives need. Returns the unweighted
+    /// sum of the token losses. This default runs one row per pass; a family overrides it
+    /// with one batched pass.
+    fn forward_backward_weighted(
+        &mut self,
+        inputs: &[u32],
+        targets: &[u32],
+        batch: usize,
+        seq: usize,
+        step: StepPrecision,
+        row_weights: &[f32],
+    ) -> Result<f64> {
+        check_row_weights(batch, row_weights)?;
+        let mut loss = 0.0;
+        for (r, &w) in row_weights.iter().enumerate() {
+            let span = r * seq..(r + 1) * seq;
+            let row = StepPrecision {
+                grad_scale: step.grad_scale * w,
+                ..step
+            };
+            loss += self.forward_backward(&inputs[span.clone()], &targets[span], 1, seq, row)?;
+        }
+        Ok(loss)
+    }
+
     /// Sum of token losses without touching gradients (evaluation).
     fn loss(&self, inputs: &[u32], targets: &[u32], batch: usize, seq: usize) -> Result<f64>;
 
@@ -402,6 +429,17 @@ pub(crate) fn check_context(model: &'static str, seq: usize, context: usize) -> 
             detail: format!(
                 "a sequence of {seq} tokens is longer than the model's context of {context}; use at most {context} tokens or train a model with a larger model.context"
             ),
+        });
+    }
+    Ok(())
+}
+
+/// One weight per row of a weighted forward/backward.
+pub(crate) fn check_row_weights(batch: usize, row_weights: &[f32]) -> Result<()> {
+    if row_weights.len() != batch {
+        return Err(EngineError::Shape {
+            op: "forward_backward_weighted",
+            detail: format!("{} row weights for {batch} rows", row_weights.len()),
         });
     }
     Ok(())

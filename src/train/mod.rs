@@ -14,6 +14,7 @@ pub mod diversity;
 pub mod lock;
 pub mod metrics;
 pub mod oom;
+pub mod polychromic;
 pub mod precision;
 pub mod scaler;
 pub mod scu;
@@ -80,6 +81,9 @@ pub struct Summary {
     /// out-of-memory splits.
     pub effective_micro_batch: usize,
     pub checkpoint: Option<String>,
+    /// Polychromic fine-tuning: D of sampled replies to held-out prompts at the last eval.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub val_diversity: Option<f64>,
 }
 
 /// Opens the device and checks the precision against it; returns the precision that will
@@ -528,6 +532,25 @@ fn run_locked(opts: RunOptions, lock: Option<&lock::RunLock>) -> Result<Summary>
         splits.val.len()
     ));
 
+    let polychromic = match cfg.polychromic.enabled {
+        true => {
+            let p = polychromic::Polychromic::open(&cfg, trainer.model.context())?;
+            progress.message(&format!(
+                "polychromic: CE - {} * D, {} replies to each of {} prompts every {} step(s), embedded by {}; held-out D over {} validation prompts",
+                cfg.polychromic.lambda,
+                cfg.polychromic.samples,
+                cfg.polychromic.prompts,
+                cfg.polychromic.every,
+                p.embedder(),
+                p.held_out_prompts()
+            ));
+            Some(p)
+        }
+        false => None,
+    };
+    let mut val_diversity = None;
+    let mut poly_note = String::new();
+
     let last = opts.stop_after.map_or(total, |s| s.min(total));
     let every = |n: usize, step: u64| n > 0 && step.is_multiple_of(n as u64);
     let started = Instant::now();
@@ -597,6 +620,16 @@ fn run_locked(opts: RunOptions, lock: Option<&lock::RunLock>) -> Result<Summary>
         for _ in 0..cfg.train.grad_accum {
             micro.push(loader.next()?.2);
         }
+        let data_end = Instant::now();
+        let sampled = match &polychromic {
+            Some(p) => {
+                let step = trainer.state.step + 1;
+                p.prepare(&mut trainer, step)?
+            }
+            None => None,
+        };
+        // A sampling step times its forward and backward for the progress line.
+        trainer.mark_phases |= sampled.is_some();
         let step_start = Instant::now();
         let report = match trainer.step(&micro) {
             Ok(report) => report,
@@ -608,11 +641,35 @@ fn run_locked(opts: RunOptions, lock: Option<&lock::RunLock>) -> Result<Summary>
                 return Err(with_checkpoint_note(e, &last_ckpt));
             }
         };
+        if let Some(s) = &sampled {
+            let fb_end = trainer.fwd_bwd_end.unwrap_or_else(Instant::now);
+            let record = polychromic::StepRecord {
+                kind: "polychromic",
+                step: trainer.state.step,
+                diversity: s.diversity,
+                lambda: cfg.polychromic.lambda,
+                prompts: s.prompts,
+                replies: s.replies,
+                reply_tokens: s.reply_tokens,
+                generate_s: s.generate_s(),
+                embed_s: s.embed_s(),
+                forward_backward_s: (fb_end - step_start).as_secs_f64(),
+            };
+            poly_note = format!(
+                " | D {:.4} (gen {:.2}s, embed {:.2}s, fwd-bwd {:.2}s)",
+                record.diversity, record.generate_s, record.embed_s, record.forward_backward_s
+            );
+            metrics.write(&record)?;
+        }
         if let (Some(n), Some(t)) = (traced, tracer.as_mut()) {
             trainer.synchronize()?;
             let end = Instant::now();
             let fb_end = trainer.fwd_bwd_end.take().unwrap_or(end);
-            t.span("data wait", n, data_start, step_start);
+            t.span("data wait", n, data_start, data_end);
+            if let Some(s) = &sampled {
+                t.span("generate", n, s.generate.0, s.generate.1);
+                t.span("embed", n, s.embed.0, s.embed.1);
+            }
             t.span("forward+backward", n, step_start, fb_end);
             t.span("optimizer", n, fb_end, end);
             let ops = crate::engine::profile::finish_recording()
@@ -663,7 +720,7 @@ fn run_locked(opts: RunOptions, lock: Option<&lock::RunLock>) -> Result<Summary>
                 format!(" + host {}", format_bytes(h.current))
             });
             progress.update(&format!(
-                "step {step:>5}/{total} | loss {:.4} | lr {:.2e} | {:.1}k tok/s | mem {} (peak {}, reserved {}){host_note}{ckpt_note} | eta {}",
+                "step {step:>5}/{total} | loss {:.4} | lr {:.2e} | {:.1}k tok/s | mem {} (peak {}, reserved {}){host_note}{poly_note}{ckpt_note} | eta {}",
                 report.loss,
                 report.lr,
                 tps / 1000.0,
@@ -715,6 +772,20 @@ fn run_locked(opts: RunOptions, lock: Option<&lock::RunLock>) -> Result<Summary>
                 "step {step:>5}: val loss {val_loss:.4} ({:.3} bits/token)",
                 val_loss / std::f64::consts::LN_2
             ));
+            if let Some(p) = &polychromic {
+                let d = p.held_out_diversity(trainer.model.as_ref())?;
+                val_diversity = Some(d);
+                metrics.write(&polychromic::EvalRecord {
+                    kind: "polychromic_eval",
+                    step,
+                    val_diversity: d,
+                    prompts: p.held_out_prompts(),
+                })?;
+                progress.message(&format!(
+                    "step {step:>5}: held-out D {d:.4} over {} prompts",
+                    p.held_out_prompts()
+                ));
+            }
         }
         let mut stop = signals::stop_requested();
         let mut save_request = signals::take_save_request();
@@ -846,6 +917,7 @@ fn run_locked(opts: RunOptions, lock: Option<&lock::RunLock>) -> Result<Summary>
         host_optimizer_peak_bytes: trainer.opt.host_memory().map(|h| h.peak),
         effective_micro_batch: trainer.passes.largest(cfg.train.micro_batch),
         checkpoint: last_ckpt.map(|p| p.display().to_string()),
+        val_diversity,
     };
     if root {
         let json =

@@ -3,6 +3,7 @@
 //! accumulation redone (see [`super::oom`]).
 
 use super::oom::{self, PassSize};
+use super::polychromic::WeightedBatch;
 use super::precision::Precision;
 use super::scaler::LossScaler;
 use super::scu::{ScuRecord, ScuState};
@@ -81,6 +82,9 @@ pub struct Trainer {
     pub dist: Option<crate::dist::DataParallel>,
     /// Trained targets in the whole global batch of the step being taken, over all ranks.
     global_trained: Option<usize>,
+    /// Sequences whose token losses join the next steps' gradients with weights of their
+    /// own (the polychromic surrogate); set before each step by whoever owns them.
+    pub weighted: Vec<WeightedBatch>,
 }
 
 /// How a trainer's optimizer state is sharded: this rank, the world, the ZeRO stage.
@@ -265,6 +269,7 @@ impl Trainer {
             scu_tokens: 0.0,
             dist: None,
             global_trained: None,
+            weighted: Vec::new(),
         })
     }
 
@@ -358,8 +363,10 @@ impl Trainer {
         let mut loss = 0.0;
         for (n, (k, rows)) in passes.iter().enumerate() {
             let b = &micro[*k];
-            // The last pass finishes every gradient: its backward sends them as they complete.
+            // The last pass finishes every gradient: its backward sends them as they complete
+            // (unless weighted sequences follow, whose gradients come after it).
             if n + 1 == passes.len()
+                && self.weighted.is_empty()
                 && let Some(hook) = self.dist.as_ref().and_then(|d| d.grad_ready_hook())
             {
                 self.model.set_grad_ready(Some(hook));
@@ -376,6 +383,25 @@ impl Trainer {
                 self.model.set_grad_ready(None);
             }
             loss += pass?;
+        }
+        // Their own weights replace the CE's 1 / tokens; their losses are not the CE's.
+        let weighted = StepPrecision {
+            grad_scale: self.loss_scale() as f32,
+            ..p
+        };
+        for w in &self.weighted {
+            let b = &w.batch;
+            for rows in self.passes.passes(b.batch) {
+                let span = rows.start * b.seq..rows.end * b.seq;
+                self.model.forward_backward_weighted(
+                    &b.inputs[span.clone()],
+                    &b.targets[span],
+                    rows.len(),
+                    b.seq,
+                    weighted,
+                    &w.row_weights[rows],
+                )?;
+            }
         }
         Ok(loss)
     }
