@@ -45,7 +45,8 @@ Exit codes: 0 success; 1 a device or library failure none of the others describe
 setting or argument; 3 bad data; 4 a bad or damaged checkpoint or run directory; 5 a NaN/inf \
 loss; 6 out of memory (device or host); 7 an unwritable output; 8 selftest failed; 9 the run \
 directory is locked by another live process; 10 `kiln verify` found only legacy checkpoints \
-without a manifest (unverified, nothing damaged); 75 stopped by SIGTERM/SIGINT after saving a \
+without a manifest (unverified, nothing damaged); 11 another rank of a data-parallel run \
+failed or vanished, or its rendezvous failed; 75 stopped by SIGTERM/SIGINT after saving a \
 checkpoint (requeue and resume); 130 a second SIGINT (stopped at once)."
 )]
 pub struct Cli {

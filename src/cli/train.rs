@@ -16,6 +16,8 @@ use std::path::PathBuf;
   kiln train --resume runs/big --checkpoint step_400  continue from an earlier checkpoint
   kiln train --print-config optim.lr=1e-3      show every key, its value and where it came from
   kiln train --profile rtx4090 --print-config  what a named hardware profile would choose
+  kiln train --gpus 2 --out runs/dp dist.zero=1 data-parallel on 2 GPUs, optimizer state sharded
+  torchrun --nproc-per-node 8 $(which kiln) train --out runs/dp   the same under torchrun (or srun)
 
 A run directory holds config.toml (the resolved settings), metrics.jsonl (one JSON object per
 log step and eval), checkpoints/ (weights and optimizer state as safetensors, trainer state as
@@ -31,6 +33,7 @@ checkpoint and goes on.
 EXIT CODES:
   0 done   2 bad setting or argument   3 bad data   4 bad checkpoint or run directory
   5 NaN/inf loss   6 out of memory   7 unwritable output   9 run directory locked
+  11 another rank of a data-parallel run failed, or the rendezvous did
   75 stopped by a signal, checkpoint saved (requeue)   130 second SIGINT   1 device failure")]
 pub struct TrainArgs {
     /// TOML file with settings (sections [model], [data], [train], [optim]).
