@@ -5,8 +5,9 @@
 #     of one) against the plain single-GPU path: losses per step and the overhead in tokens/s.
 #  2. With 2+ GPUs: `--gpus N` against one GPU accumulating the same global batch (losses),
 #     tokens/s per GPU beside PyTorch DDP (torchrun, the same model script as `kiln bench
-#     train`, bf16 autocast with and without torch.compile), ZeRO-1/2 memory per rank, and a
-#     run stopped by SIGTERM on N GPUs resumed on one.
+#     train`, bf16 autocast with and without torch.compile), ZeRO-1/2 memory per rank, a
+#     Llama-3.2-1B-shaped model under ZeRO-0/1/2 with its plan, and a run stopped by SIGTERM on
+#     the most GPUs resumed on half as many.
 # Usage: KILN=bin/kiln OUT=/tmp/d STEPS=100 bench/dist_gpu_check.sh
 set -u
 KILN=${KILN:-target/release/kiln}
@@ -38,24 +39,33 @@ if [ "$NGPU" -ge 2 ]; then
     T $KILN train --profile none -q --gpus $N --out "$OUT/g${N}z2" $GPT2 train.grad_accum=1 dist.zero=2
     python3 bench/dist_compare.py "$OUT/acc$N" "$OUT/g$N" "$OUT/g${N}z1" "$OUT/g${N}z2" --bound 0.01 | tee "$OUT/gpus$N.txt"
   done
+  # The largest GPU count of this machine (2 or 4) for the Llama shape and the stop/resume.
+  MAXN=$( [ "$NGPU" -ge 4 ] && echo 4 || echo 2 ); HALF=$(( MAXN / 2 ))
   # Llama-3.2-1B's blocks (width 2048, 16 layers, 32 heads, 8 KV heads, FFN 8192) with GPT-2's
   # vocabulary, micro-batch 4 x 1024 per GPU: per-rank memory and tokens/s under ZeRO-0/1/2.
   LLAMA="model.kind=llama model.d_model=2048 model.n_layers=16 model.n_heads=32 model.n_kv_heads=8 model.head_dim=64 model.ffn_hidden=8192 model.rope_theta=500000 model.context=1024 train.seq_len=1024 data.tokenizer=gpt2 train.precision=bf16-mixed train.micro_batch=4 train.eval_every=0 train.checkpoint_every=0 train.log_every=1 train.eval_batches=2 optim.warmup_steps=5 train.steps=30"
-  T $KILN train --profile none -q --out "$OUT/llama1" $LLAMA train.grad_accum=2
+  T $KILN train --profile none -q --out "$OUT/llama1" $LLAMA train.grad_accum=$MAXN
   for Z in 0 1 2; do
-    T $KILN train --profile none -q --gpus 2 --out "$OUT/llama2z$Z" $LLAMA train.grad_accum=1 dist.zero=$Z
+    T $KILN train --profile none -q --gpus $MAXN --out "$OUT/llama${MAXN}z$Z" $LLAMA train.grad_accum=1 dist.zero=$Z
   done
-  python3 bench/dist_compare.py "$OUT/llama1" "$OUT/llama2z0" "$OUT/llama2z1" "$OUT/llama2z2" --bound 0.02 | tee "$OUT/llama.txt"
+  $KILN plan --profile none --gpus $MAXN $LLAMA > "$OUT/llama_plan.txt" 2>&1; tail -n 2 "$OUT/llama_plan.txt"
+  python3 bench/dist_compare.py "$OUT/llama1" "$OUT/llama${MAXN}z0" "$OUT/llama${MAXN}z1" "$OUT/llama${MAXN}z2" --bound 0.02 | tee "$OUT/llama.txt"
   for N in 1 2 $( [ "$NGPU" -ge 4 ] && echo 4 ); do
     echo "== PyTorch DDP on $N GPU(s)"
     torchrun --standalone --nproc-per-node $N bench/pytorch_gpt.py --batch 8 --seq 1024 --modes bf16,bf16-compile --steps 20 --warmup 5 2> "$OUT/torch$N.err" | tee "$OUT/torch$N.jsonl" | python3 -c "import json,sys; [print({k: v for k, v in json.loads(l).items() if k != 'losses'}) for l in sys.stdin]"
   done
-  # Stop 2 ranks with SIGTERM mid-way, resume on one GPU with the same global batch.
-  $KILN train --profile none -q --gpus 2 --out "$OUT/stop" $GPT2 train.grad_accum=1 train.checkpoint_every=20 dist.zero=1 > "$OUT/stop.log" 2>&1 &
+  # Stop MAXN ranks with SIGTERM mid-way, resume on half as many GPUs with the same global
+  # batch (train.global_batch stays; each rank's accumulation doubles).
+  GB=$(( 8 * MAXN ))
+  $KILN train --profile none -q --gpus $MAXN --out "$OUT/stop" $GPT2 train.global_batch=$GB train.checkpoint_every=20 dist.zero=1 > "$OUT/stop.log" 2>&1 &
   pid=$!
-  for i in $(seq 1 600); do [ -d "$OUT/stop/checkpoints/step_0000040" ] && break; sleep 0.1; done
-  kill -TERM $pid; wait $pid; echo "stopped 2 ranks: exit $? (75 = stopped with a checkpoint)"; tail -n 3 "$OUT/stop.log"
-  T $KILN train --profile none -q --resume "$OUT/stop" train.grad_accum=2
-  python3 bench/dist_compare.py "$OUT/acc2" "$OUT/stop" --bound 0.01 | tee "$OUT/resume.txt"
+  for i in $(seq 1 900); do [ -d "$OUT/stop/checkpoints/step_0000040" ] && break; sleep 0.1; done
+  kill -TERM $pid; wait $pid; echo "stopped $MAXN ranks: exit $? (75 = stopped with a checkpoint)"; tail -n 3 "$OUT/stop.log"
+  if [ "$HALF" -ge 2 ]; then
+    T $KILN train --profile none -q --gpus $HALF --resume "$OUT/stop"
+  else
+    T $KILN train --profile none -q --resume "$OUT/stop"
+  fi
+  python3 bench/dist_compare.py "$OUT/acc$MAXN" "$OUT/stop" --bound 0.01 | tee "$OUT/resume.txt"
   $KILN verify "$OUT/stop" | tail -n 2
 fi
