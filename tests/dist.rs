@@ -373,3 +373,74 @@ fn a_rank_that_runs_out_of_memory_makes_every_rank_split_the_same_way() {
     assert!(m.contains("\"kind\":\"oom\""), "{m}");
     assert_close(&losses(&dir), &losses(&one), "a split on one rank");
 }
+
+fn launcher(args: &[String], port: u16) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(args)
+        .args(["--gpus", "2", "--master-port", &port.to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn the_gpus_launcher_runs_its_ranks_and_passes_sigterm_on_to_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    // On the CPU `--gpus 2` starts two processes; the run is the one-process run of the same
+    // global batch.
+    let one = tmp.path().join("one");
+    let o = single(&train_args(&one, &["train.grad_accum=2", "train.steps=40"]));
+    assert!(o.status.success(), "{}", text(&o));
+    let dir = tmp.path().join("launched");
+    let args = train_args(
+        &dir,
+        &[
+            "train.grad_accum=1",
+            "train.steps=40",
+            "train.checkpoint_every=2",
+        ],
+    );
+    let child = launcher(&args, free_port());
+    let start = Instant::now();
+    while !dir.join("checkpoints").join("step_0000004").is_dir() {
+        assert!(start.elapsed() < Duration::from_secs(60), "no checkpoint");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SIGTERM to the launcher only: every rank saves at the same step and stops with 75.
+    // SAFETY: kill(2) on our child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(75), "{}", text(&o));
+    let stopped = losses(&dir).len();
+    assert!(stopped < 40, "the run stopped early ({stopped} steps)");
+    let v = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["verify", &dir.display().to_string()])
+        .output()
+        .unwrap();
+    assert!(v.status.success(), "{}", text(&v));
+    // Resumed by the launcher on two processes, it finishes as the one-process run.
+    let resumed = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args([
+            "train",
+            "--profile",
+            "none",
+            "--device",
+            "cpu",
+            "-q",
+            "--gpus",
+            "2",
+            "--master-port",
+            &free_port().to_string(),
+            "--resume",
+            &dir.display().to_string(),
+        ])
+        .output()
+        .unwrap();
+    assert!(resumed.status.success(), "{}", text(&resumed));
+    assert_close(
+        &losses(&dir),
+        &losses(&one),
+        "stopped and resumed by the launcher",
+    );
+}

@@ -115,10 +115,14 @@ fn data_parallel(a: &TrainArgs) -> Result<Option<crate::dist::World>> {
         master_port: a.master_port,
     };
     let env: std::collections::HashMap<String, String> = std::env::vars().collect();
-    let gpus_here = if a.gpus.is_some() {
-        crate::engine::cuda::device_count().unwrap_or(0)
-    } else {
-        0
+    // On the CPU, `--gpus N` starts N processes that reduce over TCP: the same launcher and
+    // ranks without a GPU (how the tests run them).
+    let on_cpu = a.device.as_deref() == Some("cpu")
+        || a.overrides.iter().any(|o| o.trim() == "train.device=cpu");
+    let gpus_here = match (&a.gpus, on_cpu) {
+        (None, _) => 0,
+        (Some(n), true) => n.parse::<usize>().unwrap_or(0),
+        (Some(_), false) => crate::engine::cuda::device_count().unwrap_or(0),
     };
     match launch::resolve(&flags, &env, gpus_here).map_err(KilnError::Setting)? {
         Launch::Single => Ok(None),
