@@ -165,11 +165,15 @@ fn rank_grad_accum(cfg: &crate::config::Config, world: usize) -> Result<usize> {
 /// The device a rank trains on: `cuda:LOCAL_RANK` where the setting asks for a GPU (or
 /// `auto` finds one), else the setting as it is.
 fn rank_device(setting: &str, world: &crate::dist::World) -> String {
-    let gpus = || crate::engine::cuda::device_count().unwrap_or(0);
+    if setting != "cuda" && setting != "auto" {
+        return setting.to_string();
+    }
+    let gpus = crate::engine::cuda::device_count().unwrap_or(0);
+    // A launcher that shows each rank only its own GPU (srun --gpus-per-task 1) leaves one.
+    let ordinal = if gpus == 1 { 0 } else { world.local_rank };
     match setting {
-        "cuda" => format!("cuda:{}", world.local_rank),
-        "auto" if gpus() > 0 => format!("cuda:{}", world.local_rank),
-        other => other.to_string(),
+        "auto" if gpus == 0 => "cpu".into(),
+        _ => format!("cuda:{ordinal}"),
     }
 }
 
@@ -558,7 +562,9 @@ fn run_locked(opts: RunOptions, lock: Option<&lock::RunLock>) -> Result<Summary>
     // run (each reading names its GPU).
     let samplers: Vec<crate::hw::nvml::Sampler> = match (&world, device) {
         (_, _) if !root => Vec::new(),
-        (Some(w), Device::Cuda(_)) => (0..w.local_world_size)
+        (Some(w), Device::Cuda(_)) => (0..w
+            .local_world_size
+            .min(crate::engine::cuda::device_count().unwrap_or(1)))
             .filter_map(|g| device_sampler(Device::Cuda(g), started, &mut progress))
             .collect(),
         _ => device_sampler(device, started, &mut progress)
