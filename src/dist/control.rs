@@ -416,7 +416,7 @@ impl Control {
             for i in 0..self.links.len() {
                 all.push(self.recv(i, what)?);
             }
-            let packed = serde_json::to_vec(&all).map_err(|e| e.to_string())?;
+            let packed = pack(&all);
             for i in 0..self.links.len() {
                 self.send(i, DATA, &packed)?;
             }
@@ -424,7 +424,7 @@ impl Control {
         } else {
             self.send(0, DATA, mine)?;
             let packed = self.recv(0, what)?;
-            serde_json::from_slice(&packed).map_err(|e| format!("{what}: {e}"))
+            unpack(&packed).ok_or_else(|| format!("{what}: rank 0 sent a malformed gather"))
         }
     }
 
@@ -551,6 +551,27 @@ impl Control {
         }
         Ok(())
     }
+}
+
+/// Parts as one message: each part's length (u64, little-endian) and bytes.
+fn pack(parts: &[Vec<u8>]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(parts.iter().map(|p| p.len() + 8).sum());
+    for p in parts {
+        out.extend_from_slice(&(p.len() as u64).to_le_bytes());
+        out.extend_from_slice(p);
+    }
+    out
+}
+
+/// The parts of a [`pack`]ed message, or `None` when it is cut short.
+fn unpack(mut b: &[u8]) -> Option<Vec<Vec<u8>>> {
+    let mut out = Vec::new();
+    while !b.is_empty() {
+        let len = u64::from_le_bytes(b.get(..8)?.try_into().ok()?) as usize;
+        out.push(b.get(8..8 + len)?.to_vec());
+        b = &b[8 + len..];
+    }
+    Some(out)
 }
 
 impl Drop for Control {
@@ -730,6 +751,16 @@ mod tests {
                 assert!(gathered.is_none());
             }
         }
+    }
+
+    #[test]
+    fn packed_parts_come_back_as_they_went() {
+        let parts = vec![vec![1, 2, 3], vec![], vec![9; 1000]];
+        assert_eq!(unpack(&pack(&parts)).unwrap(), parts);
+        assert_eq!(unpack(&[]).unwrap(), Vec::<Vec<u8>>::new());
+        let mut cut = pack(&parts);
+        cut.pop();
+        assert!(unpack(&cut).is_none());
     }
 
     #[test]
