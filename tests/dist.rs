@@ -66,6 +66,12 @@ fn single(args: &[String]) -> Output {
         .unwrap()
 }
 
+/// One process trains `train_args(dir, extra)` to the end.
+fn train_alone(dir: &Path, extra: &[&str]) {
+    let o = single(&train_args(dir, extra));
+    assert!(o.status.success(), "{}", text(&o));
+}
+
 fn run_world(world: usize, args: &[String]) -> Vec<Output> {
     let port = free_port();
     let children: Vec<Child> = (0..world).map(|r| rank(r, world, port, args)).collect();
@@ -84,13 +90,20 @@ fn text(o: &Output) -> String {
     )
 }
 
-/// `(step, loss)` of every train record in a run's metrics.
-fn losses(dir: &Path) -> Vec<(u64, f64)> {
+/// Every train record in a run's metrics.
+fn train_records(dir: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(dir.join("metrics.jsonl"))
         .unwrap()
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .filter(|v| v["kind"] == "train")
+        .collect()
+}
+
+/// `(step, loss)` of every train record in a run's metrics.
+fn losses(dir: &Path) -> Vec<(u64, f64)> {
+    train_records(dir)
+        .iter()
         .map(|v| (v["step"].as_u64().unwrap(), v["loss"].as_f64().unwrap()))
         .collect()
 }
@@ -111,8 +124,7 @@ fn assert_close(a: &[(u64, f64)], b: &[(u64, f64)], what: &str) {
 fn two_ranks_train_like_one_process_reading_the_same_global_batch_under_every_zero_stage() {
     let tmp = tempfile::tempdir().unwrap();
     let one = tmp.path().join("one");
-    let o = single(&train_args(&one, &["train.grad_accum=2"]));
-    assert!(o.status.success(), "{}", text(&o));
+    train_alone(&one, &["train.grad_accum=2"]);
     let reference = losses(&one);
     assert_eq!(reference.len(), 6);
     // The losses fall, so the comparison is of training, not of six initial losses.
@@ -136,8 +148,7 @@ fn two_ranks_train_like_one_process_reading_the_same_global_batch_under_every_ze
 fn a_zero1_checkpoint_of_two_ranks_resumes_on_one_as_if_never_interrupted() {
     let tmp = tempfile::tempdir().unwrap();
     let whole = tmp.path().join("whole");
-    let o = single(&train_args(&whole, &["train.grad_accum=2"]));
-    assert!(o.status.success(), "{}", text(&o));
+    train_alone(&whole, &["train.grad_accum=2"]);
     let split = tmp.path().join("split");
     let mut first = train_args(&split, &["train.grad_accum=1", "dist.zero=1"]);
     first.extend(["--stop-after".to_string(), "3".to_string()]);
@@ -292,12 +303,7 @@ fn the_plan_of_each_zero_stage_is_the_pool_peak_each_rank_measures() {
         for o in run_world(2, &train_args(&dir, &["train.grad_accum=1", &z])) {
             assert!(o.status.success(), "{}", text(&o));
         }
-        let m = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
-        let last: serde_json::Value = m
-            .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .rfind(|v| v["kind"] == "train")
-            .unwrap();
+        let last = train_records(&dir).pop().unwrap();
         let peaks: Vec<u64> = last["mem_peak_ranks"]
             .as_array()
             .unwrap()
@@ -319,8 +325,7 @@ fn the_plan_of_each_zero_stage_is_the_pool_peak_each_rank_measures() {
 fn a_global_batch_is_split_across_ranks_or_refused_with_the_sizes_that_would_split_it() {
     let tmp = tempfile::tempdir().unwrap();
     let one = tmp.path().join("one");
-    let o = single(&train_args(&one, &["train.global_batch=8"]));
-    assert!(o.status.success(), "{}", text(&o));
+    train_alone(&one, &["train.global_batch=8"]);
     // 8 sequences of micro-batch 4 on two ranks: one micro-batch each, the same run.
     let two = tmp.path().join("two");
     for o in run_world(2, &train_args(&two, &["train.global_batch=8"])) {
@@ -346,8 +351,7 @@ fn a_global_batch_is_split_across_ranks_or_refused_with_the_sizes_that_would_spl
 fn a_rank_that_runs_out_of_memory_makes_every_rank_split_the_same_way() {
     let tmp = tempfile::tempdir().unwrap();
     let one = tmp.path().join("one");
-    let o = single(&train_args(&one, &["train.grad_accum=2"]));
-    assert!(o.status.success(), "{}", text(&o));
+    train_alone(&one, &["train.grad_accum=2"]);
     // Rank 1 alone gets a cap between the peaks of 2 and 4 sequences per pass.
     let (two_rows, four_rows) = (
         common::step_peak(&["train.micro_batch=2"]),
@@ -390,8 +394,7 @@ fn the_gpus_launcher_runs_its_ranks_and_passes_sigterm_on_to_them() {
     // On the CPU `--gpus 2` starts two processes; the run is the one-process run of the same
     // global batch.
     let one = tmp.path().join("one");
-    let o = single(&train_args(&one, &["train.grad_accum=2", "train.steps=40"]));
-    assert!(o.status.success(), "{}", text(&o));
+    train_alone(&one, &["train.grad_accum=2", "train.steps=40"]);
     let dir = tmp.path().join("launched");
     let args = train_args(
         &dir,

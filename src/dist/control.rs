@@ -507,24 +507,17 @@ impl Control {
 
     /// Sums f32 vectors over ranks in rank order (the CPU gradient reduction).
     pub fn all_reduce_sum_f32(&mut self, values: &mut [f32], what: &str) -> Result<(), String> {
-        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let all = self.all_gather(&bytes, what)?;
-        for b in &all {
-            if b.len() != bytes.len() {
-                return Err(format!(
-                    "{what}: ranks sent {} and {} values",
-                    b.len() / 4,
-                    values.len()
-                ));
-            }
+        let all = self.all_gather(&f32_bytes(values), what)?;
+        let parts: Vec<Vec<f32>> = all.iter().map(|b| bytes_f32(b)).collect();
+        if let Some(p) = parts.iter().find(|p| p.len() != values.len()) {
+            return Err(format!(
+                "{what}: ranks sent {} and {} values",
+                p.len(),
+                values.len()
+            ));
         }
         for (k, v) in values.iter_mut().enumerate() {
-            let at = |b: &Vec<u8>| f32::from_le_bytes(b[4 * k..4 * k + 4].try_into().unwrap());
-            let mut acc = at(&all[0]);
-            for b in &all[1..] {
-                acc += at(b);
-            }
-            *v = acc;
+            *v = parts[1..].iter().fold(parts[0][k], |acc, p| acc + p[k]);
         }
         Ok(())
     }
@@ -551,6 +544,19 @@ impl Control {
         }
         Ok(())
     }
+}
+
+/// f32 values as little-endian bytes, the form they travel in.
+pub fn f32_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// The f32 values of [`f32_bytes`] (a trailing partial value is dropped).
+pub fn bytes_f32(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
 }
 
 /// Parts as one message: each part's length (u64, little-endian) and bytes.

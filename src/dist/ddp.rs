@@ -9,7 +9,7 @@
 //! is the gradient of the global batch's mean loss, exactly what one process accumulating the
 //! whole global batch computes, up to the order of the additions.
 
-use super::control::{Control, Member, OnPeerFailure, Rendezvous};
+use super::control::{Control, Member, OnPeerFailure, Rendezvous, bytes_f32, f32_bytes};
 use super::launch::World;
 use super::nccl::{Collective, Nccl, RawTensor};
 use super::shard::{self, ZeroStage};
@@ -271,20 +271,12 @@ impl DataParallel {
         }
         for (i, p) in params.iter_mut().enumerate() {
             let root = self.owners[i];
-            let bytes: Vec<u8> = p
-                .value
-                .host()
-                .iter()
-                .flat_map(|v| v.to_le_bytes())
-                .collect();
-            let got = self
-                .control
-                .broadcast(root, &bytes, "the ZeRO weight broadcast")?;
-            let values: Vec<f32> = got
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect();
-            p.value.host_mut().copy_from_slice(&values);
+            let got = self.control.broadcast(
+                root,
+                &f32_bytes(p.value.host()),
+                "the ZeRO weight broadcast",
+            )?;
+            p.value.host_mut().copy_from_slice(&bytes_f32(&got));
         }
         Ok(())
     }
@@ -308,22 +300,15 @@ impl DataParallel {
                 continue;
             }
             let mine = if owner == self.world.rank {
-                let mut b = Vec::with_capacity(8 * params[i].value.len());
-                for t in [&m[i], &v[i]] {
-                    let vals = t.to_vec().map_err(|e| e.to_string())?;
-                    b.extend(vals.iter().flat_map(|x| x.to_le_bytes()));
-                }
-                b
+                let mut vals = m[i].to_vec().map_err(|e| e.to_string())?;
+                vals.extend(v[i].to_vec().map_err(|e| e.to_string())?);
+                f32_bytes(&vals)
             } else {
                 Vec::new()
             };
             let got = self.control.gather(&mine, "gathering optimizer moments")?;
             if let Some(all) = got {
-                let bytes = &all[owner];
-                let floats: Vec<f32> = bytes
-                    .chunks_exact(4)
-                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                    .collect();
+                let floats = bytes_f32(&all[owner]);
                 let n = params[i].value.len();
                 if floats.len() != 2 * n {
                     return Err(format!(
