@@ -196,18 +196,28 @@ fn lora_trains_adapters_only_and_writes_peft_format() {
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         String::from_utf8_lossy(&o.stdout).into_owned()
     };
-    // (A pretrained model stops at its end-of-turn token, a run at the token count.)
-    let from_run = greedy(&["--run", run.to_str().unwrap()]);
-    let from_adapter = greedy(&[
-        "--init-from",
-        base.to_str().unwrap(),
-        "--adapter",
-        adapter.to_str().unwrap(),
-    ]);
-    assert!(
-        from_run.trim_end().starts_with(from_adapter.trim_end()) && from_adapter.trim().len() > 6,
-        "base + PEFT adapter decodes as the run: {from_adapter:?} vs {from_run:?}"
-    );
+    // The run keeps its base's tokenizer, so it stops on the same end-of-turn ids and renders
+    // the same chat template.
+    for chat in [&[][..], &["--chat"][..]] {
+        let from_run = greedy(&[&["--run", run.to_str().unwrap()][..], chat].concat());
+        let from_adapter = greedy(
+            &[
+                &[
+                    "--init-from",
+                    base.to_str().unwrap(),
+                    "--adapter",
+                    adapter.to_str().unwrap(),
+                ][..],
+                chat,
+            ]
+            .concat(),
+        );
+        assert_eq!(
+            from_run, from_adapter,
+            "base + PEFT adapter decodes as the run ({chat:?})"
+        );
+        assert!(from_run.len() > 6, "{chat:?}: {from_run:?}");
+    }
     // Merged export: the base plus scale * B A.
     let merged = tmp.path().join("merged");
     ok(&kiln(&[

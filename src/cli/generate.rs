@@ -212,14 +212,33 @@ fn load_on_cpu(a: &GenerateArgs) -> Result<Loaded> {
         eprintln!("warning: {w}");
     }
     let vocab = train::model_vocab(&loaded.config)?;
+    let name = &loaded.config.data.tokenizer;
+    // A run fine-tuned from a pretrained model keeps that model's tokenizer (its path), and
+    // with it the chat template and the end-of-turn ids its replies stop on.
+    let (tokenizer, stop_ids, chat): (Box<dyn Tokenizer>, _, _) = if data::is_tokenizer_path(name) {
+        let hf = data::tokenizer_from_path(std::path::Path::new(name))?;
+        let (stop, chat) = (hf.eos_ids(), chat_template_of(&hf));
+        (Box::new(hf), stop, chat)
+    } else {
+        (data::tokenizer_by_name(name)?, Vec::new(), None)
+    };
     Ok(Loaded {
         model: loaded.model,
-        tokenizer: data::tokenizer_by_name(&loaded.config.data.tokenizer)?,
-        stop_ids: Vec::new(),
-        chat: None,
+        tokenizer,
+        stop_ids,
+        chat,
         model_cfg: loaded.config.model,
         vocab,
         note: String::new(),
+    })
+}
+
+/// The tokenizer's chat template with the special tokens it refers to, if it has one.
+fn chat_template_of(t: &data::HfTokenizer) -> Option<ChatTemplate> {
+    t.chat_template().map(|template| ChatTemplate {
+        template: template.to_string(),
+        bos: t.bos_token().to_string(),
+        eos: t.eos_token().to_string(),
     })
 }
 
@@ -236,11 +255,7 @@ fn load_pretrained(path: &std::path::Path, adapter: Option<&std::path::Path>) ->
     if let Some(dir) = adapter {
         crate::models::peft::apply(model.as_mut(), dir)?;
     }
-    let chat = p.tokenizer.chat_template().map(|t| ChatTemplate {
-        template: t.to_string(),
-        bos: p.tokenizer.bos_token().to_string(),
-        eos: p.tokenizer.eos_token().to_string(),
-    });
+    let chat = chat_template_of(&p.tokenizer);
     Ok(Loaded {
         model,
         stop_ids: p.tokenizer.eos_ids(),

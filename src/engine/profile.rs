@@ -84,8 +84,13 @@ pub fn finish_recording() -> super::cuda::Result<Vec<OpSpan>> {
         let (start, duration) = match (&p.start, &end, &rec.anchor_event) {
             (Mark::Host(a), Mark::Host(b), _) => (*a, b.saturating_duration_since(*a)),
             (Mark::Device(a), Mark::Device(b), Some(anchor)) => {
-                let from_anchor = anchor.elapsed_ms(a)?.max(0.0) as f64;
-                let dur = a.elapsed_ms(b)?.max(0.0) as f64;
+                // An event that never completed (its op failed, or it was taken while the
+                // stream captured a graph) cannot be timed; its span is dropped, since a trace
+                // never fails the run it watches.
+                let (Ok(from_anchor), Ok(dur)) = (anchor.elapsed_ms(a), a.elapsed_ms(b)) else {
+                    continue;
+                };
+                let (from_anchor, dur) = (from_anchor.max(0.0) as f64, dur.max(0.0) as f64);
                 (
                     rec.anchor_host + Duration::from_secs_f64(from_anchor * 1e-3),
                     Duration::from_secs_f64(dur * 1e-3),
@@ -100,6 +105,25 @@ pub fn finish_recording() -> super::cuda::Result<Vec<OpSpan>> {
         });
     }
     Ok(out)
+}
+
+/// Span recording on this thread, held aside until the guard drops.
+pub struct PausedRecording(Option<Recording>);
+
+/// Pauses span recording on this thread while the guard lives. A stream that captures a
+/// graph runs nothing, so events recorded into it would time nothing and become part of the
+/// graph; the decode step's capture pauses recording, and its replays are timed as one span by
+/// the caller.
+pub fn pause_recording() -> PausedRecording {
+    PausedRecording(RECORDING.with(|r| r.borrow_mut().take()))
+}
+
+impl Drop for PausedRecording {
+    fn drop(&mut self) {
+        if let Some(rec) = self.0.take() {
+            RECORDING.with(|r| *r.borrow_mut() = Some(rec));
+        }
+    }
 }
 
 /// Whether spans are being recorded on this thread.

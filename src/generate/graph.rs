@@ -69,6 +69,7 @@ impl StepGraphs {
         step: &mut dyn FnMut() -> Result<()>,
     ) -> std::result::Result<CudaGraph, String> {
         let stream = self.gpu.stream();
+        let _paused = crate::engine::profile::pause_recording();
         let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
         stream
             .begin_capture(mode)

@@ -95,7 +95,16 @@ impl From<DriverError> for CudaError {
         match e.0 {
             cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY => CudaError::OutOfMemory(format!("{e:?}")),
             cudaError_enum::CUDA_ERROR_NO_DEVICE => CudaError::NoDevice(format!("{e:?}")),
-            _ => CudaError::Driver(format!("{e:?}")),
+            _ => {
+                // A driver error names no kernel; with RUST_BACKTRACE=1 the message carries
+                // the call stack that reached it (the capture costs nothing otherwise).
+                let trace = std::backtrace::Backtrace::capture();
+                if trace.status() == std::backtrace::BacktraceStatus::Captured {
+                    CudaError::Driver(format!("{e:?}\n{trace}"))
+                } else {
+                    CudaError::Driver(format!("{e:?} (RUST_BACKTRACE=1 shows where)"))
+                }
+            }
         }
     }
 }
