@@ -65,15 +65,21 @@ pub fn attention_stats_shape(device: Device, s: AttnShape) -> Vec<usize> {
     }
 }
 
-/// Where an op runs: the CPU, or a GPU with its backend.
+/// Where an op runs: the CPU, a GPU with its backend, or nowhere: tensors of a meta pool,
+/// whose outputs are booked (by the same allocations as on the device the pool stands for)
+/// and never computed.
 enum On {
     Cpu,
     Gpu(Arc<CudaBackend>),
+    Meta,
 }
 
 /// The common device of `ts`, or an error naming the op.
 fn device_of(op: &'static str, ts: &[&Tensor]) -> Result<On> {
     let d = ts[0].device();
+    if ts[0].is_meta() {
+        return Ok(On::Meta);
+    }
     for t in &ts[1..] {
         if t.device() != d {
             return Err(EngineError::DeviceMismatch {
@@ -86,6 +92,14 @@ fn device_of(op: &'static str, ts: &[&Tensor]) -> Result<On> {
     match d {
         Device::Cpu => Ok(On::Cpu),
         Device::Cuda(_) => Ok(On::Gpu(ts[0].pool().cuda()?.clone())),
+    }
+}
+
+/// On a meta pool standing in for a GPU, books `bytes` the GPU kernel of an op would take
+/// from the driver outside the pool while it runs (uploaded ids, partial sums).
+fn meta_scratch(t: &Tensor, bytes: usize) {
+    if matches!(t.device(), Device::Cuda(_)) {
+        t.pool().book_outside(bytes);
     }
 }
 
@@ -221,6 +235,7 @@ pub fn linear_forward_into(
         });
     }
     match on {
+        On::Meta => {}
         On::Cpu => cpu::gemm::linear_forward(
             out.host_mut(),
             x.host(),
@@ -261,6 +276,7 @@ pub fn linear_backward(
     let mut dx = Tensor::uninit(x.pool(), x.shape(), act_dtype(x))?;
     let Some(dw) = dw else {
         match on {
+            On::Meta => {}
             On::Cpu => cpu::gemm::linear_backward_input(
                 dx.host_mut(),
                 dout.host(),
@@ -283,6 +299,7 @@ pub fn linear_backward(
     };
     device_of("linear_backward", &[dw])?;
     match on {
+        On::Meta => {}
         On::Cpu => cpu::gemm::linear_backward(
             dx.host_mut(),
             dw.host_mut(),
@@ -320,6 +337,7 @@ pub fn add_cols_scaled(dst: &mut Tensor, src: &Tensor, col0: usize, alpha: f32) 
     let (_, c) = rows_cols(OP, src)?;
     check_cols(OP, n, row, src, col0, c)?;
     match on {
+        On::Meta => {}
         On::Cpu => cpu::add::add_cols_scaled(dst.host_mut(), src.host(), row, col0, c, alpha),
         On::Gpu(g) => {
             same_gpu_dtype(OP, dst, src)?;
@@ -348,6 +366,7 @@ pub fn cols_scaled(src: &Tensor, col0: usize, c: usize, alpha: f32) -> Result<Te
     *shape.last_mut().expect("rows_cols checked rank") = c;
     let mut out = Tensor::uninit(src.pool(), &shape, act_dtype(src))?;
     match on {
+        On::Meta => {}
         On::Cpu => cpu::add::cols_scaled(out.host_mut(), src.host(), row, col0, c, alpha),
         On::Gpu(g) => with_elem!(src.dtype(), T => g.cols_scaled::<T>(
             out.cuda_mut(), src.cuda(), n, row, col0, c, alpha,
@@ -408,6 +427,7 @@ pub fn layernorm_forward_eps(
     let mut out = Tensor::uninit(x.pool(), x.shape(), act_dtype(x))?;
     let mut st = norm_stats(x, n)?;
     match on {
+        On::Meta => {}
         On::Cpu => cpu::layernorm::layernorm_forward_eps(
             out.host_mut(),
             st.mean.host_mut(),
@@ -459,6 +479,7 @@ pub fn residual_layernorm_forward_eps(
     let mut out = Tensor::uninit(x.pool(), x.shape(), act_dtype(x))?;
     let mut st = norm_stats(x, n)?;
     match on {
+        On::Meta => {}
         On::Cpu => cpu::layernorm::residual_layernorm_forward_eps(
             sum.host_mut(),
             out.host_mut(),
@@ -504,6 +525,7 @@ pub fn layernorm_backward(
     let (n, c) = rows_cols("layernorm_backward", x)?;
     expect_len("layernorm_backward", "dout", dout, x.len())?;
     match on {
+        On::Meta => {}
         On::Cpu => cpu::layernorm::layernorm_backward(
             dx.host_mut(),
             dgamma.host_mut(),
@@ -536,6 +558,7 @@ pub fn gelu_forward(x: &Tensor) -> Result<Tensor> {
     let on = device_of("gelu", &[x])?;
     let mut out = Tensor::uninit(x.pool(), x.shape(), act_dtype(x))?;
     match on {
+        On::Meta => {}
         On::Cpu => cpu::gelu::gelu_forward(out.host_mut(), x.host()),
         On::Gpu(g) => {
             with_elem!(x.dtype(), T => g.gelu_forward::<T>(out.cuda_mut(), x.cuda(), x.len()))?
@@ -550,6 +573,7 @@ pub fn gelu_backward(x: &Tensor, dout: &Tensor) -> Result<Tensor> {
     expect_len("gelu_backward", "dout", dout, x.len())?;
     let mut dx = Tensor::uninit(x.pool(), x.shape(), act_dtype(x))?;
     match on {
+        On::Meta => {}
         On::Cpu => cpu::gelu::gelu_backward(dx.host_mut(), x.host(), dout.host()),
         On::Gpu(g) => {
             with_elem!(x.dtype(), T => g.gelu_backward::<T>(dx.cuda_mut(), x.cuda(), dout.cuda(), x.len()))?
@@ -568,6 +592,7 @@ pub fn attention_forward(qkv: &Tensor, s: AttnShape) -> Result<(Tensor, Tensor)>
     let mut out = Tensor::uninit(qkv.pool(), &[s.batch, s.seq, s.channels], act_dtype(qkv))?;
     let stats = attention_stats_shape(qkv.device(), s);
     match on {
+        On::Meta => Ok((out, Tensor::zeros(qkv.pool(), &stats, DType::F32)?)),
         On::Cpu => {
             let mut probs = Tensor::zeros(qkv.pool(), &stats, DType::F32)?;
             cpu::attention::attention_forward(out.host_mut(), probs.host_mut(), qkv.host(), s);
@@ -592,6 +617,7 @@ pub fn attention_backward(
     let on = device_of("attention_backward", &[dout, qkv, saved])?;
     let mut dqkv = Tensor::uninit(qkv.pool(), qkv.shape(), act_dtype(qkv))?;
     match on {
+        On::Meta => {}
         On::Cpu => cpu::attention::attention_backward(
             dqkv.host_mut(),
             dout.host(),
@@ -616,6 +642,7 @@ pub fn gelu_erf_forward(x: &Tensor) -> Result<Tensor> {
     let on = device_of("gelu_erf", &[x])?;
     let mut out = Tensor::uninit(x.pool(), x.shape(), act_dtype(x))?;
     match on {
+        On::Meta => {}
         On::Cpu => cpu::gelu_erf::gelu_erf_forward(out.host_mut(), x.host()),
         On::Gpu(g) => {
             with_elem!(x.dtype(), T => g.gelu_erf_forward::<T>(out.cuda_mut(), x.cuda(), x.len()))?
@@ -631,6 +658,7 @@ pub fn gelu_erf_backward(x: &Tensor, dout: &Tensor) -> Result<Tensor> {
     expect_len("gelu_erf_backward", "dout", dout, x.len())?;
     let mut dx = Tensor::uninit(x.pool(), x.shape(), act_dtype(x))?;
     match on {
+        On::Meta => {}
         On::Cpu => cpu::gelu_erf::gelu_erf_backward(dx.host_mut(), x.host(), dout.host()),
         On::Gpu(g) => {
             with_elem!(x.dtype(), T => g.gelu_erf_backward::<T>(dx.cuda_mut(), x.cuda(), dout.cuda(), x.len()))?
@@ -664,6 +692,7 @@ pub fn masked_attention_forward(qkv: &Tensor, lens: &[u32], s: AttnShape) -> Res
     }
     let mut out = Tensor::uninit(qkv.pool(), &[s.batch, s.seq, s.channels], act_dtype(qkv))?;
     match on {
+        On::Meta => {}
         On::Cpu => {
             cpu::attention_masked::masked_attention_forward(out.host_mut(), qkv.host(), lens, s)
         }
@@ -712,6 +741,7 @@ pub fn padded_softmax(scores: &Tensor, lens: &[u32], s: AttnShape) -> Result<Ten
     check_lens(OP, lens, s)?;
     let mut probs = Tensor::uninit(scores.pool(), scores.shape(), act_dtype(scores))?;
     match on {
+        On::Meta => {}
         On::Cpu => cpu::attention_masked::padded_softmax(
             probs.host_mut(),
             scores.host(),
@@ -740,6 +770,7 @@ pub fn softmax_backward(probs: &Tensor, dprobs: &Tensor) -> Result<Tensor> {
     expect_len(OP, "dprobs", dprobs, probs.len())?;
     let mut dscores = Tensor::uninit(probs.pool(), probs.shape(), act_dtype(probs))?;
     match on {
+        On::Meta => {}
         On::Cpu => cpu::attention_masked::softmax_backward(
             dscores.host_mut(),
             probs.host(),
@@ -767,6 +798,7 @@ pub fn batched_matmul(shape: GemmShape, alpha: f32, a: &Tensor, b: &Tensor) -> R
     expect_len(OP, "B", b, batch * k * n)?;
     let mut c = Tensor::uninit(a.pool(), &[batch, m, n], act_dtype(a))?;
     match on {
+        On::Meta => {}
         On::Cpu => cpu::gemm::sgemm_batched(shape, alpha, a.host(), b.host(), 0.0, c.host_mut()),
         On::Gpu(g) => {
             same_gpu_dtype(OP, a, b)?;
@@ -805,6 +837,7 @@ pub fn heads_from_rows(rows: &Tensor, s: AttnShape, col0: usize) -> Result<Tenso
     let shape = [s.batch, s.heads, s.seq, s.head_size()];
     let mut heads = Tensor::uninit(rows.pool(), &shape, act_dtype(rows))?;
     match on {
+        On::Meta => {}
         On::Cpu => {
             cpu::attention_unfused::heads_from_rows(heads.host_mut(), rows.host(), s, row, col0)
         }
@@ -823,6 +856,7 @@ pub fn heads_to_rows(rows: &mut Tensor, heads: &Tensor, s: AttnShape, col0: usiz
     let row = heads_rows_check(OP, rows, s, col0)?;
     expect_len(OP, "heads", heads, s.batch * s.seq * s.channels)?;
     match on {
+        On::Meta => {}
         On::Cpu => {
             cpu::attention_unfused::heads_to_rows(rows.host_mut(), heads.host(), s, row, col0)
         }
@@ -845,6 +879,7 @@ pub fn causal_softmax(scores: &Tensor) -> Result<Tensor> {
     let (rows, seq) = rows_cols(OP, scores)?;
     let mut probs = Tensor::uninit(scores.pool(), scores.shape(), act_dtype(scores))?;
     match on {
+        On::Meta => {}
         On::Cpu => cpu::attention_unfused::causal_softmax(probs.host_mut(), scores.host(), seq),
         On::Gpu(g) => with_elem!(scores.dtype(), T => g.causal_softmax::<T>(
             probs.cuda_mut(), scores.cuda(), rows, seq,
@@ -863,6 +898,7 @@ pub fn causal_softmax_backward(probs: &Tensor, dprobs: &Tensor) -> Result<Tensor
     expect_len(OP, "dprobs", dprobs, probs.len())?;
     let mut dscores = Tensor::uninit(probs.pool(), probs.shape(), act_dtype(probs))?;
     match on {
+        On::Meta => {}
         On::Cpu => cpu::attention_unfused::causal_softmax_backward(
             dscores.host_mut(),
             probs.host(),
@@ -918,6 +954,7 @@ pub fn cross_entropy(logits: &Tensor, targets: &[u32], valid: usize) -> Result<V
     let (n, v) = check_targets("cross_entropy", logits, targets, valid)?;
     let mut losses = vec![0.0; n];
     match on {
+        On::Meta => {}
         On::Cpu => {
             cpu::cross_entropy::cross_entropy_forward(&mut losses, logits.host(), targets, v, valid)
         }
@@ -942,6 +979,11 @@ pub fn cross_entropy_fused(
     let _prof = profile::scope("cross_entropy_fused", logits);
     let (n, v) = check_targets("cross_entropy_fused", logits, targets, valid)?;
     let mut losses = vec![0.0; n];
+    if logits.is_meta() {
+        // The losses and the uploaded targets.
+        meta_scratch(logits, 8 * n);
+        return Ok(losses);
+    }
     match logits.device() {
         Device::Cpu => cpu::cross_entropy::cross_entropy_fused(
             &mut losses,
@@ -985,6 +1027,7 @@ pub fn cross_entropy_unfused(
     let mut logp = Tensor::uninit(logits.pool(), logits.shape(), DType::F32)?;
     let mut dlogits = Tensor::uninit(logits.pool(), logits.shape(), act_dtype(logits))?;
     match on {
+        On::Meta => {}
         On::Cpu => {
             use cpu::cross_entropy as ce;
             ce::log_softmax(logp.host_mut(), logits.host(), v, valid);
@@ -1045,6 +1088,7 @@ pub fn embedding_forward(
     }
     let mut out = Tensor::uninit(wte.pool(), &[batch, seq, c], act_dtype(wte))?;
     match on {
+        On::Meta => {}
         On::Cpu => cpu::embedding::embedding_forward(
             out.host_mut(),
             tokens,
@@ -1079,6 +1123,10 @@ pub fn embedding_backward(
 ) -> Result<()> {
     let _prof = profile::scope("embedding_backward", dout);
     let (vocab, c) = rows_cols("embedding_backward", dwte)?;
+    if dout.is_meta() {
+        meta_scratch(dout, 4 * tokens.len());
+        return Ok(());
+    }
     match dout.device() {
         Device::Cpu => cpu::embedding::embedding_backward(
             dwte.host_mut(),
@@ -1173,6 +1221,7 @@ pub fn gather_rows_at(src: &Tensor, idx: Ids, scale: Option<&[f32]>) -> Result<T
     }
     let mut out = Tensor::uninit(src.pool(), &[idx.len(), c], act_dtype(src))?;
     match on {
+        On::Meta => {}
         On::Cpu => {
             let idx = cpu_ids("gather_rows", idx)?;
             check_row_indices("gather_rows", idx, rows, scale, false)?;
@@ -1208,6 +1257,7 @@ pub fn scatter_add_rows(
     expect_len("scatter_add_rows", "src", src, idx.len() * c)?;
     check_row_indices("scatter_add_rows", idx, rows, scale, true)?;
     match on {
+        On::Meta => {}
         On::Cpu => cpu::rows::scatter_add_rows(dst.host_mut(), src.host(), idx, scale, c),
         On::Gpu(_) if idx.is_empty() => {}
         On::Gpu(g) => {
@@ -1235,6 +1285,7 @@ pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     expect_len("add", "b", b, a.len())?;
     let mut out = Tensor::uninit(a.pool(), a.shape(), act_dtype(a))?;
     match on {
+        On::Meta => {}
         On::Cpu => cpu::add::add(out.host_mut(), a.host(), b.host()),
         On::Gpu(g) => {
             same_gpu_dtype("add", a, b)?;
@@ -1250,6 +1301,7 @@ pub fn add_in_place(dst: &mut Tensor, src: &Tensor) -> Result<()> {
     let on = device_of("add_in_place", &[dst, src])?;
     expect_len("add_in_place", "src", src, dst.len())?;
     match on {
+        On::Meta => {}
         On::Cpu => cpu::add::add_assign(dst.host_mut(), src.host()),
         On::Gpu(g) => {
             same_gpu_dtype("add_in_place", dst, src)?;
@@ -1269,6 +1321,7 @@ pub fn gathered_row_dot(a: &Tensor, idx: &[u32], b: &Tensor) -> Result<Vec<f32>>
     check_row_indices("gathered_row_dot", idx, rows, None, false)?;
     let mut out = vec![0.0; idx.len()];
     match on {
+        On::Meta => {}
         On::Cpu => cpu::rows::gathered_row_dot(&mut out, a.host(), idx, b.host(), c),
         On::Gpu(_) if idx.is_empty() => {}
         On::Gpu(g) => {
@@ -1299,6 +1352,7 @@ pub fn sum_squares(ts: &[&Tensor]) -> Result<f64> {
     };
     let _prof = profile::scope("sum_squares", first);
     match device_of("sum_squares", ts)? {
+        On::Meta => Ok(0.0),
         // Per tensor, then over tensors: the order the CPU reference has always used.
         On::Cpu => Ok(ts
             .iter()
@@ -1319,6 +1373,9 @@ pub fn sum_squares(ts: &[&Tensor]) -> Result<f64> {
 
 /// Rounds every element to `dtype` in place (emulating a narrower gradient on the CPU).
 pub fn round_in_place(t: &mut Tensor, dtype: DType) -> Result<()> {
+    if t.is_meta() {
+        return Ok(());
+    }
     match t.device() {
         Device::Cpu => dtype.round_slice(t.host_mut()),
         // A GPU tensor is stored in its own dtype: it is rounded already.
@@ -1386,6 +1443,9 @@ fn adamw_step(
         true => Some(Tensor::uninit(param.pool(), param.shape(), DType::F32)?),
         false => None,
     };
+    if param.is_meta() {
+        return Ok(());
+    }
     match param.device() {
         Device::Cpu => {
             let compute = compute.map(|c| {
@@ -1496,6 +1556,7 @@ pub fn bk_core_forward(
     check_bk("bk_core", v, k, s)?;
     let mut out = Tensor::uninit(v.pool(), &[s.batch * s.n, 2], DType::F32)?;
     let finite = match on {
+        On::Meta => true,
         On::Cpu => {
             let (z, off) = bk_host_coeffs(k);
             let v64: Vec<f64> = v.host().iter().map(|&x| x as f64).collect();
@@ -1553,6 +1614,7 @@ pub fn bk_core_backward(
     }
     let mut dv = Tensor::uninit(v.pool(), v.shape(), DType::F32)?;
     match on {
+        On::Meta => {}
         On::Cpu => {
             let (z, off) = bk_host_coeffs(k);
             let v64: Vec<f64> = v.host().iter().map(|&x| x as f64).collect();
@@ -1604,6 +1666,7 @@ pub fn rmsnorm_forward(x: &Tensor, gamma: &Tensor, eps: f32) -> Result<(Tensor, 
     let mut out = Tensor::uninit(x.pool(), x.shape(), act_dtype(x))?;
     let mut rstd = Tensor::uninit(x.pool(), &[n], DType::F32)?;
     match on {
+        On::Meta => {}
         On::Cpu => cpu::rmsnorm::rmsnorm_forward(
             out.host_mut(),
             rstd.host_mut(),
@@ -1641,6 +1704,7 @@ pub fn residual_rmsnorm_forward(
     let mut out = Tensor::uninit(x.pool(), x.shape(), act_dtype(x))?;
     let mut rstd = Tensor::uninit(x.pool(), &[n], DType::F32)?;
     match on {
+        On::Meta => {}
         On::Cpu => cpu::rmsnorm::residual_rmsnorm_forward(
             sum.host_mut(),
             out.host_mut(),
@@ -1684,6 +1748,7 @@ pub fn rmsnorm_backward(
     expect_len("rmsnorm_backward", "dgamma", dgamma, c)?;
     expect_len("rmsnorm_backward", "rstd", rstd, n)?;
     match on {
+        On::Meta => {}
         On::Cpu => cpu::rmsnorm::rmsnorm_backward(
             dx.host_mut(),
             dgamma.host_mut(),
@@ -1763,6 +1828,7 @@ pub fn rope_expand_forward(
         .expect("expect_len checked a non-empty tensor") = s.packed_width();
     let mut out = Tensor::uninit(qkv.pool(), &shape, act_dtype(qkv))?;
     match on {
+        On::Meta => {}
         On::Cpu => cpu::rope::rope_expand_forward(
             out.host_mut(),
             qkv.host(),
@@ -1809,6 +1875,7 @@ pub fn rope_expand_backward(
         .expect("expect_len checked a non-empty tensor") = s.qkv_width();
     let mut out = Tensor::uninit(dpacked.pool(), &shape, act_dtype(dpacked))?;
     match on {
+        On::Meta => {}
         On::Cpu => cpu::rope::rope_expand_backward(
             out.host_mut(),
             dpacked.host(),
@@ -1847,6 +1914,7 @@ pub fn swiglu_forward(gate_up: &Tensor) -> Result<Tensor> {
     *shape.last_mut().expect("rows_cols checked rank") = two_f / 2;
     let mut h = Tensor::uninit(gate_up.pool(), &shape, act_dtype(gate_up))?;
     match on {
+        On::Meta => {}
         On::Cpu => cpu::swiglu::swiglu_forward(h.host_mut(), gate_up.host(), two_f / 2),
         On::Gpu(g) => with_elem!(gate_up.dtype(), T => g.swiglu_forward::<T>(
             h.cuda_mut(),
@@ -1866,6 +1934,7 @@ pub fn swiglu_backward(gate_up: &Tensor, dh: &Tensor) -> Result<Tensor> {
     expect_len("swiglu_backward", "dh", dh, gate_up.len() / 2)?;
     let mut d = Tensor::uninit(gate_up.pool(), gate_up.shape(), act_dtype(gate_up))?;
     match on {
+        On::Meta => {}
         On::Cpu => cpu::swiglu::swiglu_backward(d.host_mut(), gate_up.host(), dh.host(), two_f / 2),
         On::Gpu(g) => with_elem!(gate_up.dtype(), T => g.swiglu_backward::<T>(
             d.cuda_mut(),
@@ -1924,6 +1993,7 @@ pub fn token_embedding_backward(dwte: &mut Tensor, dout: &Tensor, tokens: &[u32]
         });
     }
     match on {
+        On::Meta => {}
         On::Cpu => {
             cpu::embedding::token_embedding_backward(dwte.host_mut(), dout.host(), tokens, c)
         }
@@ -2015,6 +2085,7 @@ pub fn kv_append_at(
     }
     let mut q = Tensor::uninit(qkv.pool(), &[s.rows, s.heads * s.head_dim], act_dtype(qkv))?;
     match on {
+        On::Meta => {}
         On::Cpu => cpu::kv_cache::kv_append(
             q.host_mut(),
             k_cache.host_mut(),
@@ -2124,6 +2195,7 @@ pub fn cache_attention_at(
     }
     let mut out = Tensor::uninit(q.pool(), q.shape(), act_dtype(q))?;
     match on {
+        On::Meta => {}
         On::Cpu => cpu::kv_cache::cache_attention(
             out.host_mut(),
             q.host(),
@@ -2173,6 +2245,7 @@ pub fn copy_cache_slot(
         });
     }
     match device_of("copy_cache_slot", &[cache])? {
+        On::Meta => {}
         On::Cpu => {
             let data = cache.host_mut();
             for h in 0..c.kv_heads {
@@ -2216,6 +2289,9 @@ pub fn nf4_dequantize_into(w: &Nf4Weight, out: &mut Tensor) -> Result<()> {
         });
     }
     let (n, dtype) = (w.len(), out.dtype());
+    if out.is_meta() {
+        return Ok(());
+    }
     match w.device() {
         Device::Cpu => cpu::nf4::dequantize(w.host_view(), out.host_mut(), dtype),
         Device::Cuda(_) => {
@@ -2387,6 +2463,7 @@ pub fn pairwise_diversity(e: &Tensor, n: usize) -> Result<(Vec<f32>, DiversitySa
     let mut s = Tensor::uninit(e.pool(), &[shape.sets, shape.d], DType::F32)?;
     let mut rnorm = Tensor::uninit(e.pool(), &[shape.rows()], DType::F32)?;
     let value = match on {
+        On::Meta => vec![0.0; shape.sets],
         On::Cpu => {
             let mut value = vec![0.0; shape.sets];
             cpu::diversity::diversity_forward(
@@ -2437,6 +2514,7 @@ pub fn pairwise_diversity_backward(
     }
     let mut de = Tensor::uninit(e.pool(), e.shape(), act_dtype(e))?;
     match on {
+        On::Meta => {}
         On::Cpu => cpu::diversity::diversity_backward(
             de.host_mut(),
             dd,

@@ -14,6 +14,13 @@
 //! A host pool ([`MemoryPool::host_for`]) keeps separate books for state held off a device
 //! (the offloaded optimizer's masters and moments). Beside a GPU its memory is page-locked
 //! through that GPU's driver, so copies to and from it run asynchronously.
+//!
+//! A meta pool ([`MemoryPool::meta`]) keeps the same books for a device it only stands in
+//! for: its tensors have a shape, a dtype and a booking but no storage, and operations on them
+//! run no kernel. It reports the device it stands for, so every layer allocates exactly what
+//! it would there (activation dtypes, attention statistics), and a step run on it books the
+//! real step's peak without touching memory: that is how `kiln plan` plans. Buffers a GPU
+//! kernel takes from the driver outside the pool are booked apart ([`MemoryPool::book_outside`]).
 
 use super::cuda::{CudaBackend, GemmMath};
 use super::{Device, EngineError, Result};
@@ -41,6 +48,13 @@ pub struct MemoryPool {
     pins_for: Option<Arc<CudaBackend>>,
     /// Whether f32 GEMMs may use TF32 tensor cores (the tf32 precision policy).
     tf32: AtomicBool,
+    /// A meta pool: bookings without storage (see the module comment).
+    meta: bool,
+    /// Bytes taken outside the pool now, and the peak of pool plus outside: booked by the
+    /// operations of a meta pool standing in for a GPU, for the scratch its kernels would take
+    /// from the driver.
+    outside: AtomicUsize,
+    device_peak: AtomicUsize,
 }
 
 impl std::fmt::Debug for MemoryPool {
@@ -55,6 +69,54 @@ impl MemoryPool {
         Self::build(device, None, None)
     }
 
+    /// A meta pool standing in for `device`: tensors are booked as there but hold no memory,
+    /// and operations on them compute nothing.
+    pub fn meta(device: Device) -> Arc<Self> {
+        let mut pool = Self::build(device, None, None);
+        Arc::get_mut(&mut pool)
+            .expect("a new pool has one owner")
+            .meta = true;
+        if matches!(device, Device::Cuda(_)) {
+            // The cuBLASLt workspace a GPU backend allocates once, outside the pool.
+            pool.hold_outside(super::cuda::GEMM_WORKSPACE_BYTES);
+        }
+        pool
+    }
+
+    /// Whether this is a meta pool.
+    pub fn is_meta(&self) -> bool {
+        self.meta
+    }
+
+    /// Books `bytes` a kernel takes from the driver outside the pool, for as long as it runs
+    /// (a meta pool's stand-in for kernel scratch): raises the device peak, then releases.
+    pub fn book_outside(&self, bytes: usize) {
+        let outside = self.outside.load(Ordering::SeqCst);
+        let now = self.current.load(Ordering::SeqCst) + outside + bytes;
+        self.device_peak.fetch_max(now, Ordering::SeqCst);
+    }
+
+    /// Keeps `bytes` booked outside the pool from now on (a buffer the backend allocates once,
+    /// such as the GEMM workspace).
+    pub fn hold_outside(&self, bytes: usize) {
+        let outside = self.outside.fetch_add(bytes, Ordering::SeqCst) + bytes;
+        let now = self.current.load(Ordering::SeqCst) + outside;
+        self.device_peak.fetch_max(now, Ordering::SeqCst);
+    }
+
+    /// The highest pool-plus-outside bytes booked: the device's peak on a meta pool (on a
+    /// real pool, the pool's peak, since nothing is booked outside).
+    pub fn device_peak(&self) -> usize {
+        self.device_peak
+            .load(Ordering::SeqCst)
+            .max(self.peak.load(Ordering::SeqCst))
+    }
+
+    /// Bytes held outside the pool (see [`MemoryPool::hold_outside`]).
+    pub fn outside(&self) -> usize {
+        self.outside.load(Ordering::SeqCst)
+    }
+
     pub fn with_cuda(backend: Arc<CudaBackend>) -> Arc<Self> {
         Self::build(Device::Cuda(backend.info().ordinal), Some(backend), None)
     }
@@ -62,6 +124,9 @@ impl MemoryPool {
     /// A host pool with its own books for state kept off `device`'s pool: page-locked memory
     /// when `device` is a GPU, ordinary memory when it is the CPU.
     pub fn host_for(device: &MemoryPool) -> Arc<Self> {
+        if device.meta {
+            return Self::meta(Device::Cpu);
+        }
         Self::build(Device::Cpu, None, device.cuda.clone())
     }
 
@@ -78,6 +143,9 @@ impl MemoryPool {
             cuda,
             pins_for,
             tf32: AtomicBool::new(false),
+            meta: false,
+            outside: AtomicUsize::new(0),
+            device_peak: AtomicUsize::new(0),
         })
     }
 
@@ -137,6 +205,10 @@ impl MemoryPool {
             {
                 Ok(_) => {
                     self.peak.fetch_max(next, Ordering::SeqCst);
+                    let outside = self.outside.load(Ordering::SeqCst);
+                    if outside > 0 {
+                        self.device_peak.fetch_max(next + outside, Ordering::SeqCst);
+                    }
                     return Ok(());
                 }
                 Err(actual) => cur = actual,
@@ -169,8 +241,12 @@ impl MemoryPool {
 
     /// Starts a new peak measurement from the current usage.
     pub fn reset_peak(&self) {
-        self.peak
-            .store(self.current.load(Ordering::SeqCst), Ordering::SeqCst);
+        let current = self.current.load(Ordering::SeqCst);
+        self.peak.store(current, Ordering::SeqCst);
+        self.device_peak.store(
+            current + self.outside.load(Ordering::SeqCst),
+            Ordering::SeqCst,
+        );
     }
 
     pub fn stats(&self) -> MemoryStats {

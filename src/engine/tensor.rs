@@ -20,6 +20,8 @@ enum Storage {
     CudaF32(CudaSlice<f32>),
     CudaBf16(CudaSlice<Bf16>),
     CudaF16(CudaSlice<F16>),
+    /// A tensor of a meta pool: booked, never stored (see `pool`'s module comment).
+    Meta,
 }
 
 /// Element types a GPU tensor can hold, with typed access to its buffer.
@@ -210,7 +212,12 @@ impl Tensor {
     ) -> Result<Tensor> {
         let booked = shape.iter().product::<usize>() * dtype.size_bytes();
         pool.reserve(booked)?;
-        let storage = match make(pool) {
+        let made = if pool.is_meta() {
+            Ok(Storage::Meta)
+        } else {
+            make(pool)
+        };
+        let storage = match made {
             Ok(s) => s,
             Err(e) => {
                 pool.release(booked);
@@ -258,6 +265,7 @@ impl Tensor {
             Storage::CudaF32(s) => self.pool.cuda()?.download(s)?,
             Storage::CudaBf16(s) => self.pool.cuda()?.download_f32(s)?,
             Storage::CudaF16(s) => self.pool.cuda()?.download_f32(s)?,
+            Storage::Meta => vec![0.0; self.len()],
         };
         // A GPU buffer reshaped within its allocation holds more than its shape names.
         values.truncate(self.len());
@@ -288,7 +296,7 @@ impl Tensor {
                     detail: "a page-locked staging buffer keeps its shape".into(),
                 });
             }
-            Storage::CudaF32(_) | Storage::CudaBf16(_) | Storage::CudaF16(_) => {}
+            Storage::CudaF32(_) | Storage::CudaBf16(_) | Storage::CudaF16(_) | Storage::Meta => {}
         }
         self.shape = shape.to_vec();
         Ok(())
@@ -322,6 +330,7 @@ impl Tensor {
                 return Ok(Some(gpu));
             }
             Storage::CudaBf16(_) | Storage::CudaF16(_) => dst.copy_from_slice(&self.to_vec()?),
+            Storage::Meta => dst.fill(0.0),
         }
         Ok(None)
     }
@@ -408,6 +417,7 @@ impl Tensor {
                 .map_err(CudaError::from)?,
             Storage::CudaBf16(dst) => upload_converted(&pool, src, dst)?,
             Storage::CudaF16(dst) => upload_converted(&pool, src, dst)?,
+            Storage::Meta => {}
         }
         Ok(())
     }
@@ -432,6 +442,7 @@ impl Tensor {
                 .stream()
                 .memset_zeros(s)
                 .map_err(CudaError::from)?,
+            Storage::Meta => {}
         }
         Ok(())
     }
@@ -455,7 +466,21 @@ impl Tensor {
 
     /// A new tensor with the same values (in its pool).
     pub fn try_clone(&self) -> Result<Tensor> {
-        Tensor::from_vec(&self.pool, &self.shape, self.dtype, self.to_vec()?)
+        self.converted(&self.pool, self.dtype)
+    }
+
+    /// This tensor's values as `dtype` in `pool` (a copy). A meta tensor is booked there
+    /// without reading anything.
+    pub fn converted(&self, pool: &Arc<MemoryPool>, dtype: DType) -> Result<Tensor> {
+        if self.pool.is_meta() {
+            return Tensor::zeros(pool, &self.shape, dtype);
+        }
+        Tensor::from_vec(pool, &self.shape, dtype, self.to_vec()?)
+    }
+
+    /// Whether this tensor is booked in a meta pool (it has no values).
+    pub fn is_meta(&self) -> bool {
+        self.pool.is_meta()
     }
 }
 

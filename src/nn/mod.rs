@@ -81,6 +81,18 @@ impl Param {
         rng: &mut Rng,
     ) -> Result<Param> {
         let n: usize = shape.iter().product();
+        if pool.is_meta() {
+            // Planning: the booking is what counts, and drawing a large model's values would
+            // cost seconds and gigabytes.
+            return Ok(Param {
+                name,
+                value: Tensor::zeros(pool, shape, DType::F32)?,
+                grad: Tensor::zeros(pool, shape, DType::F32)?,
+                compute: None,
+                decay: shape.len() >= 2,
+                frozen: false,
+            });
+        }
         let values: Vec<f32> = match init {
             Init::Zeros => vec![0.0; n],
             Init::Ones => vec![1.0; n],
@@ -135,7 +147,7 @@ impl Param {
     /// compute copy; where the forward read the master itself (fp32, tf32), the device's
     /// master tensor stays behind as an f32 compute copy.
     pub fn offload_master(&mut self, host: &Arc<MemoryPool>) -> Result<()> {
-        let master = Tensor::from_vec(host, self.value.shape(), DType::F32, self.value.to_vec()?)?;
+        let master = self.value.converted(host, DType::F32)?;
         let on_device = std::mem::replace(&mut self.value, master);
         if self.compute.is_none() {
             self.compute = Some(on_device);
@@ -149,24 +161,14 @@ impl Param {
         if self.frozen {
             let want = dtype.unwrap_or(DType::F32);
             if self.value.dtype() != want {
-                self.value = Tensor::from_vec(
-                    self.value.pool(),
-                    self.value.shape(),
-                    want,
-                    self.value.to_vec()?,
-                )?;
+                self.value = self.value.converted(self.value.pool(), want)?;
             }
             self.compute = None;
             return Ok(());
         }
         self.compute = match dtype {
             None | Some(DType::F32) => None,
-            Some(d) => Some(Tensor::from_vec(
-                self.value.pool(),
-                self.value.shape(),
-                d,
-                self.value.to_vec()?,
-            )?),
+            Some(d) => Some(self.value.converted(self.value.pool(), d)?),
         };
         Ok(())
     }

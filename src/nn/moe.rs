@@ -64,6 +64,27 @@ pub struct Routing {
     pub dropped: usize,
 }
 
+/// The most token slots each expert of one layer can hold for `tokens` tokens: every slot
+/// kept and the experts filled in turn, each to its capacity (and to one slot per token,
+/// since a token picks an expert at most once). No routing allocates more, in total or in
+/// any one expert.
+pub fn worst_case_loads(
+    tokens: usize,
+    experts: usize,
+    top_k: usize,
+    capacity: usize,
+) -> Vec<usize> {
+    let per_expert = capacity.min(tokens);
+    let mut left = top_k * tokens;
+    (0..experts)
+        .map(|_| {
+            let take = left.min(per_expert);
+            left -= take;
+            take
+        })
+        .collect()
+}
+
 impl Routing {
     /// Routes `tokens` rows of router `logits` (`[tokens, experts]`) to their `top_k` most
     /// probable experts, at most `capacity` slots per expert.
@@ -116,6 +137,28 @@ impl Routing {
             slots,
             chosen,
             dropped,
+        }
+    }
+
+    /// The routing that books the most memory, for a meta device (which has no logits to
+    /// route by): experts filled in turn, each to its capacity ([`worst_case_loads`]).
+    pub fn worst_case(tokens: usize, experts: usize, top_k: usize, capacity: usize) -> Routing {
+        let loads = worst_case_loads(tokens, experts, top_k, capacity);
+        let slots = loads
+            .iter()
+            .map(|&n| ExpertSlots {
+                tokens: (0..n as u32).collect(),
+                gates: vec![0.0; n],
+            })
+            .collect();
+        Routing {
+            tokens,
+            experts,
+            top_k,
+            probs: vec![1.0 / experts as f64; tokens * experts],
+            slots,
+            chosen: loads,
+            dropped: 0,
         }
     }
 
@@ -222,13 +265,14 @@ impl Moe {
     pub fn forward(&self, x: &Tensor) -> Result<(Tensor, MoeSaved)> {
         let logits = self.router.forward(x)?;
         let tokens = x.len() / self.cfg.d_model;
-        let routing = Routing::new(
-            &logits.to_vec()?,
-            tokens,
-            self.cfg.experts,
-            self.cfg.top_k,
-            self.cfg.capacity(tokens),
-        );
+        let (experts, top_k, capacity) =
+            (self.cfg.experts, self.cfg.top_k, self.cfg.capacity(tokens));
+        // Routing depends on the data; a meta device plans its worst case.
+        let routing = if x.is_meta() {
+            Routing::worst_case(tokens, experts, top_k, capacity)
+        } else {
+            Routing::new(&logits.to_vec()?, tokens, experts, top_k, capacity)
+        };
         drop(logits);
         let mut out = Tensor::zeros(x.pool(), x.shape(), x.dtype())?;
         let mut acts = Vec::with_capacity(self.experts.len());

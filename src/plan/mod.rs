@@ -11,6 +11,7 @@
 pub mod finetune;
 pub mod gpt;
 pub mod gpus;
+pub mod meta;
 pub mod resnet_bk;
 pub mod walk;
 

@@ -66,20 +66,10 @@ pub fn param_shapes(cfg: &ResnetBkConfig) -> Vec<(String, usize)> {
         .collect()
 }
 
-/// The most token slots each expert of one layer can hold for `tokens` tokens: every slot
-/// kept and the experts filled in turn, each to its capacity (and to one slot per token,
-/// since a token picks an expert at most once). No routing allocates more, in total or in
-/// any one expert.
+/// The most token slots each expert of one layer can hold for `tokens` tokens (see
+/// [`crate::nn::moe::worst_case_loads`], which a meta step routes by too).
 pub fn worst_case_loads(m: &MoeConfig, tokens: usize) -> Vec<usize> {
-    let per_expert = m.capacity(tokens).min(tokens);
-    let mut left = m.top_k * tokens;
-    (0..m.experts)
-        .map(|_| {
-            let take = left.min(per_expert);
-            left -= take;
-            take
-        })
-        .collect()
+    crate::nn::moe::worst_case_loads(tokens, m.experts, m.top_k, m.capacity(tokens))
 }
 
 /// One block's saved activations, as handles.

@@ -325,3 +325,153 @@ fn misaligned_dimensions_are_flagged_with_their_padding() {
     assert_eq!(r.model.padded_vocab(), 50304);
     assert_eq!(misaligned_dimensions(&r, 50257, 1)[0].multiple, 16);
 }
+
+/// The meta device books what a real CPU step books, byte for byte, for every case, batch,
+/// recomputation and offload setting above, and for the unfused kernels (which the walk does
+/// not plan).
+#[test]
+fn a_meta_step_books_the_real_cpu_peak() {
+    for (i, c) in cases().iter().enumerate() {
+        for b in [1, 3] {
+            for (recompute, offload, fused) in [
+                (false, false, true),
+                (true, false, true),
+                (false, true, true),
+                (true, true, true),
+                (true, false, false),
+                (false, false, false),
+            ] {
+                let mut cfg = config(c, b);
+                cfg.train.recompute = if recompute { "blocks" } else { "none" }.into();
+                cfg.train.offload_optimizer = offload;
+                cfg.train.fused_kernels = fused;
+                let meta = meta::meta_step(&cfg, c.vocab, Device::Cpu, c.precision).unwrap();
+                let measured = measured_peak_with(c, cfg, 1);
+                assert_eq!(
+                    meta.pool_peak, measured,
+                    "case {i} batch {b} recompute {recompute} offload {offload} fused {fused}"
+                );
+                assert_eq!(
+                    meta.device_peak, meta.pool_peak,
+                    "nothing outside on the CPU"
+                );
+            }
+        }
+    }
+}
+
+/// A real CPU step's pool peak for `cfg` (construction included).
+fn measured_cfg_peak(cfg: &Config, vocab: usize, precision: Precision) -> usize {
+    let pool = MemoryPool::new(Device::Cpu);
+    let mut trainer = Trainer::new(cfg, vocab, &pool, precision).unwrap();
+    let micro = [batch(vocab, cfg.train.micro_batch, cfg.train.seq_len, 0)];
+    trainer.step(&micro).unwrap();
+    pool.stats().peak
+}
+
+/// The model families beside the GPT (Llama with grouped-query heads, q/k norms, biases,
+/// untied heads, recomputation and offload, which the walks never covered; ResNet-BK with its
+/// experts): the meta step books the real CPU step's peak byte for byte.
+#[test]
+fn a_meta_step_books_every_family_exactly() {
+    let llama = |extra: &[&str]| {
+        let mut v: Vec<String> = [
+            "model.kind=llama",
+            "model.d_model=32",
+            "model.n_layers=2",
+            "model.n_heads=4",
+            "model.n_kv_heads=2",
+            "model.ffn_hidden=48",
+            "model.context=24",
+            "train.seq_len=16",
+            "train.micro_batch=3",
+            "data.tokenizer=byte",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        v.extend(extra.iter().map(|s| s.to_string()));
+        v
+    };
+    let cases: Vec<(Vec<String>, Precision)> = vec![
+        (llama(&[]), Precision::Fp32),
+        (
+            llama(&["model.qk_norm=true", "model.tied_head=false"]),
+            Precision::Bf16Mixed,
+        ),
+        (
+            llama(&["model.qkv_bias=true", "train.recompute=blocks"]),
+            Precision::Fp32,
+        ),
+        (
+            llama(&["train.offload_optimizer=true"]),
+            Precision::Bf16Mixed,
+        ),
+        (
+            [
+                "model.kind=resnet_bk",
+                "model.d_model=16",
+                "model.n_layers=2",
+                "model.context=16",
+                "model.moe_experts=4",
+                "model.moe_top_k=2",
+                "train.seq_len=12",
+                "train.micro_batch=2",
+                "data.tokenizer=byte",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+            Precision::Fp32,
+        ),
+    ];
+    for (overrides, precision) in cases {
+        let cfg = crate::config::ResolvedConfig::resolve(None, &overrides)
+            .unwrap()
+            .config;
+        let vocab = crate::train::model_vocab(&cfg).unwrap();
+        let meta = meta::meta_step(&cfg, vocab, Device::Cpu, precision).unwrap();
+        let measured = measured_cfg_peak(&cfg, vocab, precision);
+        if cfg.model.kind == "resnet_bk" {
+            // Routing is data-dependent: the meta step books its worst case, as the walk
+            // does, which bounds the real step from above.
+            let walked = plan(&PlanRequest::for_config(
+                &cfg,
+                vocab,
+                DType::F32,
+                Device::Cpu,
+            ));
+            assert_eq!(meta.pool_peak, walked.pool_peak, "{overrides:?}");
+            assert!(meta.pool_peak >= measured, "{overrides:?}");
+        } else {
+            assert_eq!(meta.pool_peak, measured, "{overrides:?} {precision:?}");
+        }
+        assert!(meta.params > 0 && meta.trainable <= meta.params);
+    }
+}
+
+/// Standing in for a GPU, the meta step runs without one, keeps activations in the compute
+/// dtype (so bf16 books less than on the CPU) and books the GEMM workspace and kernel scratch
+/// outside the pool; a 1.5B-parameter GPT plans in well under a second.
+#[test]
+fn a_meta_step_for_a_gpu_needs_no_gpu_and_plans_a_large_model_fast() {
+    let c = &cases()[2];
+    let cfg = config(c, 4);
+    let cpu = meta::meta_step(&cfg, c.vocab, Device::Cpu, c.precision).unwrap();
+    let gpu = meta::meta_step(&cfg, c.vocab, Device::Cuda(0), c.precision).unwrap();
+    assert!(gpu.pool_peak < cpu.pool_peak, "{gpu:?} vs {cpu:?}");
+    assert!(
+        gpu.device_peak >= gpu.pool_peak + crate::engine::cuda::GEMM_WORKSPACE_BYTES,
+        "{gpu:?}"
+    );
+    let mut xl = Config::default();
+    xl.model.d_model = 1600;
+    xl.model.n_layers = 48;
+    xl.model.n_heads = 25;
+    xl.model.context = 1024;
+    xl.train.seq_len = 1024;
+    xl.train.micro_batch = 4;
+    let p = meta::meta_step(&xl, 50257, Device::Cuda(0), Precision::Bf16Mixed).unwrap();
+    assert!(p.params > 1_500_000_000, "{p:?}");
+    assert!(p.seconds < 1.0, "planning took {} s", p.seconds);
+}

@@ -1,0 +1,92 @@
+//! Planning by running the step itself on a meta device.
+//!
+//! A meta pool ([`MemoryPool::meta`]) stands in for a device: tensors are booked exactly as
+//! they would be there and hold nothing, and operations compute nothing. So the real code —
+//! `Trainer::new` (weights, compute copies, gradients, optimizer state, offload), then one
+//! optimizer step (forward, loss, backward, gradient norm, AdamW) — runs once, and the pool's
+//! books give the step's peak. Every model family, precision, recomputation, offload and
+//! fused or unfused kernel choice is planned by the code that runs it, with no allocation
+//! walk to keep in step. On a GPU, the scratch kernels take from the driver outside the pool
+//! is booked apart by the same operations, and the device peak includes it.
+//!
+//! Data-dependent work is planned at what the synthetic batch gives: every target trained,
+//! token ids spread over the vocabulary. A mixture of experts routes nothing on a meta
+//! device (its router logits are all zero), so its expert buffers are booked at the sizes
+//! its capacity factor fixes, which is its worst case.
+
+use crate::config::Config;
+use crate::data::Batch;
+use crate::engine::{Device, MemoryPool};
+use crate::error::Result;
+use crate::train::{Precision, Trainer};
+use std::time::Instant;
+
+/// What a meta run of one optimizer step booked.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MetaStep {
+    /// The pool's peak: construction and the step, what `MemoryPool::stats().peak` measures
+    /// on a real run.
+    pub pool_peak: usize,
+    /// The pool's peak plus what kernels hold or take outside it at the same time (equal to
+    /// `pool_peak` on the CPU).
+    pub device_peak: usize,
+    /// Bytes held after construction, before the first batch: weights, compute copies,
+    /// gradients and optimizer state.
+    pub resident: usize,
+    /// Parameter elements, and those the optimizer trains.
+    pub params: usize,
+    pub trainable: usize,
+    /// Seconds the meta run took.
+    pub seconds: f64,
+}
+
+/// A batch of `batch x seq` tokens with every target trained, ids spread over `vocab`.
+fn synthetic_batch(vocab: usize, batch: usize, seq: usize) -> Batch {
+    let ids = |k: usize| -> Vec<u32> {
+        (0..batch * seq)
+            .map(|i| ((i * 7 + k * 13) % vocab.max(1)) as u32)
+            .collect()
+    };
+    Batch {
+        inputs: ids(1),
+        targets: ids(2),
+        batch,
+        seq,
+    }
+}
+
+/// Runs construction and one optimizer step of `cfg` (one micro-batch of
+/// `train.micro_batch x train.seq_len`: accumulation reuses the activations, so more
+/// micro-batches peak the same) on a meta device standing in for `device`.
+pub fn meta_step(
+    cfg: &Config,
+    vocab: usize,
+    device: Device,
+    precision: Precision,
+) -> Result<MetaStep> {
+    let start = Instant::now();
+    let pool = MemoryPool::meta(device);
+    let mut trainer = Trainer::new(cfg, vocab, &pool, precision)?;
+    let resident = pool.stats().current;
+    let params: usize = trainer.model.params().iter().map(|p| p.value.len()).sum();
+    let trainable: usize = trainer
+        .model
+        .trainable_params()
+        .iter()
+        .map(|p| p.value.len())
+        .sum();
+    let micro = [synthetic_batch(
+        vocab,
+        cfg.train.micro_batch,
+        cfg.train.seq_len,
+    )];
+    trainer.step(&micro)?;
+    Ok(MetaStep {
+        pool_peak: pool.stats().peak,
+        device_peak: pool.device_peak(),
+        resident,
+        params,
+        trainable,
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
