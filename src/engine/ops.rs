@@ -299,7 +299,11 @@ pub fn linear_backward(
     };
     device_of("linear_backward", &[dw])?;
     match on {
-        On::Meta => {}
+        On::Meta => {
+            if db.is_some() {
+                meta_scratch(x, super::cuda::reduce::column_partials_bytes(n, c_out));
+            }
+        }
         On::Cpu => cpu::gemm::linear_backward(
             dx.host_mut(),
             dw.host_mut(),
@@ -525,7 +529,7 @@ pub fn layernorm_backward(
     let (n, c) = rows_cols("layernorm_backward", x)?;
     expect_len("layernorm_backward", "dout", dout, x.len())?;
     match on {
-        On::Meta => {}
+        On::Meta => meta_scratch(x, 2 * super::cuda::reduce::column_partials_bytes(n, c)),
         On::Cpu => cpu::layernorm::layernorm_backward(
             dx.host_mut(),
             dgamma.host_mut(),
@@ -617,7 +621,7 @@ pub fn attention_backward(
     let on = device_of("attention_backward", &[dout, qkv, saved])?;
     let mut dqkv = Tensor::uninit(qkv.pool(), qkv.shape(), act_dtype(qkv))?;
     match on {
-        On::Meta => {}
+        On::Meta => meta_scratch(qkv, 4 * s.batch * s.heads * s.seq),
         On::Cpu => cpu::attention::attention_backward(
             dqkv.host_mut(),
             dout.host(),
@@ -954,7 +958,7 @@ pub fn cross_entropy(logits: &Tensor, targets: &[u32], valid: usize) -> Result<V
     let (n, v) = check_targets("cross_entropy", logits, targets, valid)?;
     let mut losses = vec![0.0; n];
     match on {
-        On::Meta => {}
+        On::Meta => meta_scratch(logits, 8 * n),
         On::Cpu => {
             cpu::cross_entropy::cross_entropy_forward(&mut losses, logits.host(), targets, v, valid)
         }
@@ -1027,7 +1031,7 @@ pub fn cross_entropy_unfused(
     let mut logp = Tensor::uninit(logits.pool(), logits.shape(), DType::F32)?;
     let mut dlogits = Tensor::uninit(logits.pool(), logits.shape(), act_dtype(logits))?;
     match on {
-        On::Meta => {}
+        On::Meta => meta_scratch(logits, 8 * n),
         On::Cpu => {
             use cpu::cross_entropy as ce;
             ce::log_softmax(logp.host_mut(), logits.host(), v, valid);
@@ -1088,7 +1092,7 @@ pub fn embedding_forward(
     }
     let mut out = Tensor::uninit(wte.pool(), &[batch, seq, c], act_dtype(wte))?;
     match on {
-        On::Meta => {}
+        On::Meta => meta_scratch(wte, 4 * tokens.len()),
         On::Cpu => cpu::embedding::embedding_forward(
             out.host_mut(),
             tokens,
@@ -1352,7 +1356,11 @@ pub fn sum_squares(ts: &[&Tensor]) -> Result<f64> {
     };
     let _prof = profile::scope("sum_squares", first);
     match device_of("sum_squares", ts)? {
-        On::Meta => Ok(0.0),
+        On::Meta => {
+            let lens: Vec<usize> = ts.iter().map(|t| t.len()).collect();
+            meta_scratch(first, super::cuda::reduce::sum_squares_scratch_bytes(&lens));
+            Ok(0.0)
+        }
         // Per tensor, then over tensors: the order the CPU reference has always used.
         On::Cpu => Ok(ts
             .iter()
@@ -1748,7 +1756,7 @@ pub fn rmsnorm_backward(
     expect_len("rmsnorm_backward", "dgamma", dgamma, c)?;
     expect_len("rmsnorm_backward", "rstd", rstd, n)?;
     match on {
-        On::Meta => {}
+        On::Meta => meta_scratch(x, super::cuda::reduce::column_partials_bytes(n, c)),
         On::Cpu => cpu::rmsnorm::rmsnorm_backward(
             dx.host_mut(),
             dgamma.host_mut(),
@@ -1828,7 +1836,7 @@ pub fn rope_expand_forward(
         .expect("expect_len checked a non-empty tensor") = s.packed_width();
     let mut out = Tensor::uninit(qkv.pool(), &shape, act_dtype(qkv))?;
     match on {
-        On::Meta => {}
+        On::Meta => meta_scratch(qkv, 4 * pos.len()),
         On::Cpu => cpu::rope::rope_expand_forward(
             out.host_mut(),
             qkv.host(),
@@ -1875,7 +1883,7 @@ pub fn rope_expand_backward(
         .expect("expect_len checked a non-empty tensor") = s.qkv_width();
     let mut out = Tensor::uninit(dpacked.pool(), &shape, act_dtype(dpacked))?;
     match on {
-        On::Meta => {}
+        On::Meta => meta_scratch(dpacked, 4 * pos.len()),
         On::Cpu => cpu::rope::rope_expand_backward(
             out.host_mut(),
             dpacked.host(),
@@ -1993,7 +2001,7 @@ pub fn token_embedding_backward(dwte: &mut Tensor, dout: &Tensor, tokens: &[u32]
         });
     }
     match on {
-        On::Meta => {}
+        On::Meta => meta_scratch(dout, 4 * tokens.len()),
         On::Cpu => {
             cpu::embedding::token_embedding_backward(dwte.host_mut(), dout.host(), tokens, c)
         }

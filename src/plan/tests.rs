@@ -475,3 +475,29 @@ fn a_meta_step_for_a_gpu_needs_no_gpu_and_plans_a_large_model_fast() {
     assert!(p.params > 1_500_000_000, "{p:?}");
     assert!(p.seconds < 1.0, "planning took {} s", p.seconds);
 }
+
+/// Standing in for a GPU, the meta step books the pool peak the GPU walk (checked against
+/// real GPU runs) plans, for every case, batch and setting.
+#[test]
+fn a_meta_gpu_step_books_the_gpu_walks_pool_peak() {
+    for (i, c) in cases().iter().enumerate() {
+        for b in [1, 4] {
+            for (recompute, offload) in [(false, false), (true, false), (false, true)] {
+                let mut cfg = config(c, b);
+                cfg.train.recompute = if recompute { "blocks" } else { "none" }.into();
+                cfg.train.offload_optimizer = offload;
+                let mut r = request(c, b);
+                r.device = Device::Cuda(0);
+                r.recompute = recompute;
+                r.offload_optimizer = offload;
+                let walked = plan(&r);
+                let meta = meta::meta_step(&cfg, c.vocab, Device::Cuda(0), c.precision).unwrap();
+                assert_eq!(
+                    meta.pool_peak, walked.pool_peak,
+                    "case {i} batch {b} recompute {recompute} offload {offload}"
+                );
+                assert!(meta.device_peak > meta.pool_peak);
+            }
+        }
+    }
+}

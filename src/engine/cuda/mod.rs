@@ -26,7 +26,7 @@ pub mod loader;
 mod nf4;
 pub mod nvrtc;
 pub mod pinned;
-mod reduce;
+pub(crate) mod reduce;
 mod rmsnorm;
 mod rope;
 mod rows;

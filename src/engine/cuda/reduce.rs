@@ -33,6 +33,23 @@ pub(super) fn row_chunks(n: usize) -> (usize, usize) {
     (n.div_ceil(ROWS_PER_CHUNK).max(1), ROWS_PER_CHUNK)
 }
 
+/// Bytes of the f32 partials a column reduction of `n` rows by `c` columns takes from the
+/// driver outside the pool (bias gradients, norm parameter gradients), for the meta device.
+pub fn column_partials_bytes(n: usize, c: usize) -> usize {
+    row_chunks(n).0 * c * 4
+}
+
+/// Bytes a gradient-norm reduction over tensors of `lens` elements takes outside the pool:
+/// its f64 partials, the f64 accumulator and the u32 non-finite flag.
+pub fn sum_squares_scratch_bytes(lens: &[usize]) -> usize {
+    let partials: usize = lens
+        .iter()
+        .filter(|&&n| n > 0)
+        .map(|&n| n.div_ceil(SUMSQ_BLOCK as usize).clamp(1, SUMSQ_MAX_BLOCKS))
+        .sum();
+    8 * partials + 8 + 4
+}
+
 /// Grid of column blocks by row chunks.
 pub(super) fn column_grid(c: usize, chunks: usize) -> LaunchConfig {
     LaunchConfig {
