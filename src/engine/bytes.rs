@@ -28,6 +28,8 @@ impl PooledBytes {
         let booked = host.len();
         pool.reserve(booked)?;
         let storage = match pool.device() {
+            // A meta pool books the bytes and keeps none.
+            _ if pool.is_meta() => Ok(ByteStorage::Host(Vec::new())),
             Device::Cpu => Ok(ByteStorage::Host(host)),
             Device::Cuda(_) => pool
                 .cuda()

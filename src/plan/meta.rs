@@ -55,7 +55,8 @@ fn synthetic_batch(vocab: usize, batch: usize, seq: usize) -> Batch {
     }
 }
 
-/// Runs construction and one optimizer step of `cfg` (one micro-batch of
+/// Runs construction and one optimizer step of `cfg` (with `lora.enabled`, adapters and
+/// `lora.quantize` over a frozen base of the configured shape; one micro-batch of
 /// `train.micro_batch x train.seq_len`: accumulation reuses the activations, so more
 /// micro-batches peak the same) on a meta device standing in for `device`.
 pub fn meta_step(
@@ -66,7 +67,13 @@ pub fn meta_step(
 ) -> Result<MetaStep> {
     let start = Instant::now();
     let pool = MemoryPool::meta(device);
-    let mut trainer = Trainer::new(cfg, vocab, &pool, precision)?;
+    // Adapters go over a base whose values do not matter here: the seeded initialisation
+    // books what a loaded base books.
+    let mut trainer = if cfg.lora.enabled {
+        Trainer::over_initialised_base(cfg, vocab, &pool, precision)?
+    } else {
+        Trainer::new(cfg, vocab, &pool, precision)?
+    };
     let resident = pool.stats().current;
     let params: usize = trainer.model.params().iter().map(|p| p.value.len()).sum();
     let trainable: usize = trainer

@@ -363,15 +363,19 @@ fn a_meta_step_books_the_real_cpu_peak() {
 /// A real CPU step's pool peak for `cfg` (construction included).
 fn measured_cfg_peak(cfg: &Config, vocab: usize, precision: Precision) -> usize {
     let pool = MemoryPool::new(Device::Cpu);
-    let mut trainer = Trainer::new(cfg, vocab, &pool, precision).unwrap();
+    let mut trainer = if cfg.lora.enabled {
+        Trainer::over_initialised_base(cfg, vocab, &pool, precision).unwrap()
+    } else {
+        Trainer::new(cfg, vocab, &pool, precision).unwrap()
+    };
     let micro = [batch(vocab, cfg.train.micro_batch, cfg.train.seq_len, 0)];
     trainer.step(&micro).unwrap();
     pool.stats().peak
 }
 
 /// The model families beside the GPT (Llama with grouped-query heads, q/k norms, biases,
-/// untied heads, recomputation and offload, which the walks never covered; ResNet-BK with its
-/// experts): the meta step books the real CPU step's peak byte for byte.
+/// untied heads, recomputation, offload, LoRA and QLoRA, which the walks never covered;
+/// ResNet-BK with its experts): the meta step books the real CPU step's peak byte for byte.
 #[test]
 fn a_meta_step_books_every_family_exactly() {
     let llama = |extra: &[&str]| {
@@ -405,6 +409,20 @@ fn a_meta_step_books_every_family_exactly() {
         ),
         (
             llama(&["train.offload_optimizer=true"]),
+            Precision::Bf16Mixed,
+        ),
+        (
+            llama(&["lora.enabled=true", "lora.rank=4", "lora.base=labels-only"]),
+            Precision::Bf16Mixed,
+        ),
+        (
+            llama(&[
+                "lora.enabled=true",
+                "lora.rank=4",
+                "lora.quantize=nf4",
+                "lora.base=labels-only",
+                "model.d_model=64",
+            ]),
             Precision::Bf16Mixed,
         ),
         (
