@@ -650,6 +650,51 @@ fn plan_shows_the_nf4_base_and_its_saving() {
     assert!(out.contains("18432 projection weights in NF4"), "{out}");
     assert!(out.contains("saving against bf16"), "{out}");
     assert!(out.contains("dequant workspace"), "{out}");
+    // The whole step is planned on a meta device: adapters trained, the base not.
+    assert!(
+        out.contains("planned by running construction and one optimizer step"),
+        "{out}"
+    );
+    assert!(out.contains("largest micro-batch that fits"), "{out}");
+    let json = ok(&kiln(&[
+        "plan",
+        "--gpu",
+        "h100-80gb",
+        "--json",
+        "lora.enabled=true",
+        &lora_base,
+        "lora.quantize=nf4",
+        "train.precision=bf16-mixed",
+        "train.seq_len=64",
+    ]));
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let (params, trained) = (
+        v["params"].as_u64().unwrap(),
+        v["trainable_params"].as_u64().unwrap(),
+    );
+    assert!(trained > 0 && trained < params / 4, "{json}");
+    assert!(
+        v["device_peak"].as_u64() > v["pool_peak"].as_u64(),
+        "{json}"
+    );
+    assert!(v["largest_micro_batch"].as_u64().unwrap() >= 1, "{json}");
+    // A Llama step without adapters plans too, every parameter trained.
+    let json = ok(&kiln(&[
+        "plan",
+        "--gpu",
+        "h100-80gb",
+        "--json",
+        "model.kind=llama",
+        "model.d_model=64",
+        "model.n_layers=2",
+        "model.n_heads=4",
+        "model.n_kv_heads=2",
+        "train.seq_len=64",
+        "model.context=64",
+    ]));
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["params"], v["trainable_params"], "{json}");
+    assert!(v["fits"].as_bool().unwrap(), "{json}");
 }
 
 #[test]

@@ -145,26 +145,18 @@ struct Largest {
 pub fn run(a: PlanArgs) -> Result<()> {
     let settings = super::settings::resolve(&a.profile, a.config.as_deref(), &a.overrides)?;
     let mut cfg = settings.config.config;
-    if cfg.lora.enabled {
-        if cfg.model.kind != "llama" && !cfg.lora.base.is_empty() {
-            // The shape and tokenizer of the base the adapters go on, as kiln finetune reads them.
-            let base =
-                crate::models::import::pretrained::open(std::path::Path::new(&cfg.lora.base))?;
-            base.check_overrides(&a.overrides)?;
-            let mut overrides = base.overrides();
-            overrides.extend(a.overrides.iter().cloned());
-            cfg = super::settings::resolve(&a.profile, a.config.as_deref(), &overrides)?
-                .config
-                .config;
-        }
-        if cfg.model.kind == "llama" {
-            return plan_finetune(&a, &cfg);
-        }
+    if cfg.lora.enabled && cfg.model.kind != "llama" && !cfg.lora.base.is_empty() {
+        // The shape and tokenizer of the base the adapters go on, as kiln finetune reads them.
+        let base = crate::models::import::pretrained::open(std::path::Path::new(&cfg.lora.base))?;
+        base.check_overrides(&a.overrides)?;
+        let mut overrides = base.overrides();
+        overrides.extend(a.overrides.iter().cloned());
+        cfg = super::settings::resolve(&a.profile, a.config.as_deref(), &overrides)?
+            .config
+            .config;
     }
     if cfg.model.kind == "llama" {
-        return Err(KilnError::Setting(
-            "kiln plan walks GPT and ResNet-BK steps only; a model.kind=llama step is not planned yet (train it: out-of-memory splitting still protects the run)".into(),
-        ));
+        return plan_by_meta_step(&a, &cfg);
     }
     let mut target = target(&a, &cfg)?;
     let device = target.budget.device;
@@ -253,32 +245,170 @@ pub fn run(a: PlanArgs) -> Result<()> {
     Ok(())
 }
 
-/// The frozen base of a low-rank fine-tune: bytes in the compute dtype or NF4, the
-/// dequantisation workspace, and the saving against the same base in bf16.
-fn plan_finetune(a: &PlanArgs, cfg: &Config) -> Result<()> {
+/// What `kiln plan` reports for a step planned by running it on a meta device.
+#[derive(Serialize)]
+struct MetaReport<'a> {
+    budget: &'a Budget,
+    notes: &'a [String],
+    precision: String,
+    micro_batch: usize,
+    seq_len: usize,
+    recompute: &'a str,
+    params: usize,
+    trainable_params: usize,
+    /// Weights, compute copies, gradients and optimizer state, before the first batch.
+    resident_bytes: usize,
+    pool_peak: usize,
+    /// Kernel scratch and the GEMM workspace outside the pool, at the device's peak.
+    outside_pool: usize,
+    device_peak: usize,
+    usable_bytes: usize,
+    fits: bool,
+    largest_micro_batch: Option<usize>,
+    planning_seconds: f64,
+    /// A low-rank fine-tune's frozen base (with `lora.enabled`).
+    finetune_base: Option<plan::finetune::FinetuneWeights>,
+}
+
+/// Plans a step of any model family by running it on a meta device standing in for the
+/// target (see `plan::meta`): the pool peak the real step books, the scratch outside it, and
+/// the largest micro-batch whose device peak fits.
+fn plan_by_meta_step(a: &PlanArgs, cfg: &Config) -> Result<()> {
     let target = target(a, cfg)?;
-    let device = target.budget.device;
-    let (precision, _) = Precision::parse(&cfg.train.precision)?
-        .check_device(device, target.budget.compute_capability)?;
-    let compute = precision.compute_dtype().unwrap_or(DType::F32);
+    let budget = &target.budget;
+    let device = budget.device;
+    let (precision, note) =
+        Precision::parse(&cfg.train.precision)?.check_device(device, budget.compute_capability)?;
+    let mut notes = target.notes.clone();
+    notes.extend(note);
     let vocab = crate::train::model_vocab(cfg)?;
-    let m = crate::models::llama::LlamaConfig::from_model(&cfg.model, vocab);
-    let nf4 = cfg.lora.quantize == "nf4";
-    let w = plan::finetune::finetune_weights(&m, vocab, compute, device, nf4);
+    let step = |micro_batch: usize| {
+        let mut c = cfg.clone();
+        c.train.micro_batch = micro_batch;
+        plan::meta::meta_step(&c, vocab, device, precision)
+    };
+    let fits = |m: &plan::meta::MetaStep| {
+        m.device_peak <= budget.usable() && budget.pool_limit.is_none_or(|l| m.pool_peak <= l)
+    };
+    let p = step(cfg.train.micro_batch)?;
+    let mut largest = None;
+    if fits(&step(1)?) {
+        // Doubling, then bisection: memory grows with the micro-batch.
+        let (mut lo, mut hi) = (1usize, 2usize);
+        while hi <= 1 << 16 && fits(&step(hi)?) {
+            (lo, hi) = (hi, hi * 2);
+        }
+        while hi - lo > 1 {
+            let mid = (lo + hi) / 2;
+            if fits(&step(mid)?) {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        largest = Some(lo);
+    }
+    let finetune_base = cfg.lora.enabled.then(|| {
+        let m = crate::models::llama::LlamaConfig::from_model(&cfg.model, vocab);
+        let compute = precision.compute_dtype().unwrap_or(DType::F32);
+        plan::finetune::finetune_weights(&m, vocab, compute, device, cfg.lora.quantize == "nf4")
+    });
+    let r = MetaReport {
+        budget,
+        notes: &notes,
+        precision: precision.to_string(),
+        micro_batch: cfg.train.micro_batch,
+        seq_len: cfg.train.seq_len,
+        recompute: &cfg.train.recompute,
+        params: p.params,
+        trainable_params: p.trainable,
+        resident_bytes: p.resident,
+        pool_peak: p.pool_peak,
+        outside_pool: p.device_peak - p.pool_peak,
+        device_peak: p.device_peak,
+        usable_bytes: budget.usable(),
+        fits: fits(&p),
+        largest_micro_batch: largest,
+        planning_seconds: p.seconds,
+        finetune_base,
+    };
     if a.json {
-        let v = serde_json::json!({
-            "device": device.to_string(),
-            "precision": precision.to_string(),
-            "lora_quantize": cfg.lora.quantize,
-            "weights": w,
-        });
-        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+        let text = serde_json::to_string_pretty(&r)
+            .map_err(|e| KilnError::Setting(format!("cannot encode the plan as JSON: {e}")))?;
+        println!("{text}");
         return Ok(());
     }
+    let m = &cfg.model;
+    println!(
+        "plan: model.kind={} (d_model {}, {} layers, {} heads / {} key-value heads, vocabulary {vocab}), micro-batch {} x {} tokens, {}, recompute {}, on {} ({device})",
+        m.kind,
+        m.d_model,
+        m.n_layers,
+        m.n_heads,
+        if m.n_kv_heads == 0 {
+            m.n_heads
+        } else {
+            m.n_kv_heads
+        },
+        r.micro_batch,
+        r.seq_len,
+        r.precision,
+        r.recompute,
+        budget.name,
+    );
+    for n in &notes {
+        println!("note: {n}");
+    }
+    println!(
+        "  planned by running construction and one optimizer step on a meta device ({:.2} s, no memory touched)",
+        p.seconds
+    );
+    println!(
+        "  parameters             {:>12}  ({} trained)",
+        p.params, p.trainable
+    );
+    println!(
+        "  weights, gradients, optimizer state {:>12}  (held before the first batch)",
+        gib(p.resident)
+    );
+    println!(
+        "  activations at the peak {:>11}",
+        gib(p.pool_peak - p.resident)
+    );
+    println!("  pool peak              {:>12}", gib(p.pool_peak));
+    if device != Device::Cpu {
+        println!(
+            "  outside the pool       {:>12}  (GEMM workspace and kernel scratch)",
+            gib(r.outside_pool)
+        );
+    }
+    println!(
+        "  device peak            {:>12}  of {} usable: {}",
+        gib(p.device_peak),
+        gib(budget.usable()),
+        if r.fits { "fits" } else { "does NOT fit" }
+    );
+    match largest {
+        Some(b) => println!("  largest micro-batch that fits: {b}"),
+        None => println!(
+            "  not even one sequence fits: shorten train.seq_len, recompute blocks (train.recompute=blocks), offload the optimizer or use adapters"
+        ),
+    }
+    if let Some(w) = &r.finetune_base {
+        print_finetune_base(w, cfg, precision);
+    }
+    Ok(())
+}
+
+/// The frozen base of a low-rank fine-tune: bytes in the compute dtype or NF4, the
+/// dequantisation workspace, and the saving against the same base in bf16.
+fn print_finetune_base(w: &plan::finetune::FinetuneWeights, cfg: &Config, precision: Precision) {
+    let compute = precision.compute_dtype().unwrap_or(DType::F32);
+    let nf4 = cfg.lora.quantize == "nf4";
     let dt = format!("{compute:?}").to_lowercase();
     println!(
-        "fine-tune of a Llama-family base on {} ({}), lora.quantize = {}, {precision}:",
-        target.budget.name, device, cfg.lora.quantize
+        "  frozen base of the fine-tune, lora.quantize = {}:",
+        cfg.lora.quantize
     );
     println!(
         "  frozen base            {:>12}  ({} projection weights in {}: {}; embeddings, norms and head in {dt}: {})",
@@ -305,10 +435,6 @@ fn plan_finetune(a: &PlanArgs, cfg: &Config) -> Result<()> {
             gib(w.workspace_bytes)
         );
     }
-    println!(
-        "  adapters, their optimizer state and the activations of a Llama step are not planned yet"
-    );
-    Ok(())
 }
 
 /// The named GPU, this machine's GPU, or the CPU with its RAM.
