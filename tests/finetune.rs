@@ -268,6 +268,63 @@ fn lora_resume_with_scu_is_bit_exact() {
     assert_eq!(hist(&whole).lines().last(), hist(&parts).lines().last());
 }
 
+/// Adapter dropout: a run with `lora.dropout` trains other adapters than one without, resumes
+/// bit for bit (the masks are a function of the seed, step and pass), and writes the
+/// probability into PEFT's adapter_config.json.
+#[test]
+fn lora_dropout_changes_training_and_resumes_bit_exactly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (base, data) = fixture(tmp.path());
+    let plain = tmp.path().join("plain");
+    finetune(&base, &data, &plain, &["train.steps=4"]);
+    let drop = ["lora.dropout=0.3", "train.steps=4"];
+    let whole = tmp.path().join("whole");
+    finetune(&base, &data, &whole, &drop);
+    let adapters = |r: &Path| tensors(&last_ckpt(r).join("model.safetensors"));
+    assert_ne!(
+        adapters(&plain),
+        adapters(&whole),
+        "dropout changes the adapters"
+    );
+    let parts = tmp.path().join("parts");
+    let mut first = drop.to_vec();
+    first.extend(["--stop-after", "2"]);
+    finetune(&base, &data, &parts, &first);
+    let mut args = vec!["finetune", "--resume", parts.to_str().unwrap()];
+    args.extend_from_slice(COMMON);
+    args.extend_from_slice(&drop);
+    ok(&kiln(&args));
+    assert_eq!(adapters(&whole), adapters(&parts), "resumed with dropout");
+    let cfg: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(whole.join("adapter/adapter_config.json")).unwrap(),
+    )
+    .unwrap();
+    assert!(
+        (cfg["lora_dropout"].as_f64().unwrap() - 0.3).abs() < 1e-9,
+        "{cfg}"
+    );
+    // Out of range is refused with the setting's exit code.
+    let o = kiln(&[
+        "finetune",
+        "--init-from",
+        base.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+        "--out",
+        tmp.path().join("bad").to_str().unwrap(),
+        "--device",
+        "cpu",
+        "lora.dropout=1",
+    ]);
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(String::from_utf8_lossy(&o.stderr).contains("lora.dropout"));
+}
+
 /// lambda = 0 is plain LoRA bit for bit; a positive fixed lambda changes the adapters; with
 /// the controller on, S moves toward S*.
 #[test]

@@ -61,6 +61,7 @@ pub fn lora_spec() -> LoraSpec {
         rank: 8,
         alpha: 16.0,
         rslora: false,
+        dropout: 0.0,
         targets: vec!["query".into(), "key".into(), "value".into(), "dense".into()],
     }
 }

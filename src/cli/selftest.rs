@@ -439,6 +439,7 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
         both_dtypes!(check_layernorm_backward, "layernorm_backward", shape, n, c);
     }
     for n in [(1 << 20) + 3, 1000] {
+        both_dtypes!(check_dropout, "dropout", &format!("{n} p 0.1"), n);
         both_dtypes!(check_gelu_forward, "gelu_forward", &format!("{n}"), n);
         both_dtypes!(check_gelu_backward, "gelu_backward", &format!("{n}"), n);
     }
@@ -1939,6 +1940,17 @@ fn check_layernorm_backward<T: Elem>(
         rel_err(&gpu.download(&d_dg)?, &dg, ELEMENTWISE_FLOOR),
         rel_err(&gpu.download(&d_db)?, &db, ELEMENTWISE_FLOOR),
     ]))
+}
+
+/// Dropout: the GPU drops exactly the elements the CPU drops (a mismatched mask would leave a
+/// whole value's error, far past the bound) and scales the rest alike.
+fn check_dropout<T: Elem>(gpu: &CudaBackend, inp: &mut Inputs, n: usize) -> Check {
+    let x = inp.uniform(n, 2.0, T::DTYPE);
+    let mut out = vec![0.0; n];
+    cpu::dropout::dropout(&mut out, &x, 0.1, 0x5EED);
+    let mut d_out = poisoned::<T>(gpu, n)?;
+    gpu.dropout(&mut d_out, &gpu.upload_as::<T>(&x)?, n, 0.1, 0x5EED)?;
+    Ok(rel_err(&gpu.download_f32(&d_out)?, &out, ELEMENTWISE_FLOOR))
 }
 
 fn check_gelu_forward<T: Elem>(gpu: &CudaBackend, inp: &mut Inputs, n: usize) -> Check {

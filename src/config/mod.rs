@@ -656,7 +656,10 @@ const KEYS: &[(&str, &str)] = &[
         "lora.alpha",
         "adapter scale numerator (scale = alpha / rank)",
     ),
-    ("lora.dropout", "dropout on the adapters' input (0 only)"),
+    (
+        "lora.dropout",
+        "drop probability of the adapters' input while training, in [0, 1)",
+    ),
     (
         "lora.targets",
         "modules to adapt, comma-separated, or \"all-linear\"",

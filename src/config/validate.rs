@@ -361,11 +361,11 @@ impl Config {
                 "it must be positive, e.g. 32",
             ));
         }
-        if l.dropout != 0.0 {
+        if !(0.0..1.0).contains(&l.dropout) {
             return Err(out_of_range(
                 "lora.dropout",
                 l.dropout,
-                "adapter dropout is not implemented; use 0",
+                "a drop probability in [0, 1), for example 0.05",
             ));
         }
         if l.targets.split(',').all(|t| t.trim().is_empty()) {

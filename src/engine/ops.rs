@@ -331,6 +331,30 @@ pub fn linear_backward(
     Ok(dx)
 }
 
+/// Inverted dropout of `x` (a new tensor): each element kept with probability `1 - p` and
+/// scaled by `1 / (1 - p)`, the mask a pure function of `seed` and the element's index (the
+/// same on every device), so applying it to a gradient with the same seed is its backward.
+pub fn dropout(x: &Tensor, p: f32, seed: u64) -> Result<Tensor> {
+    const OP: &str = "dropout";
+    let _prof = profile::scope(OP, x);
+    let on = device_of(OP, &[x])?;
+    if !(0.0..1.0).contains(&p) {
+        return Err(EngineError::Shape {
+            op: OP,
+            detail: format!("drop probability {p} outside [0, 1)"),
+        });
+    }
+    let mut out = Tensor::uninit(x.pool(), x.shape(), act_dtype(x))?;
+    match on {
+        On::Meta => {}
+        On::Cpu => cpu::dropout::dropout(out.host_mut(), x.host(), p, seed),
+        On::Gpu(g) => with_elem!(x.dtype(), T => g.dropout::<T>(
+            out.cuda_mut(), x.cuda(), x.len(), p, seed,
+        ))?,
+    }
+    Ok(out)
+}
+
 /// `dst[r, col0 .. col0 + c] += alpha * src[r, ..]` for every row `r` of `dst[N, row]` and
 /// `src[N, c]`: a low-rank adapter's output added into its columns of a fused projection.
 pub fn add_cols_scaled(dst: &mut Tensor, src: &Tensor, col0: usize, alpha: f32) -> Result<()> {

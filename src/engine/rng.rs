@@ -30,6 +30,8 @@ pub mod stream {
     pub const LORA: u64 = 4;
     /// Prompts and replies sampled by polychromic fine-tuning.
     pub const POLYCHROMIC: u64 = 5;
+    /// Adapter dropout masks.
+    pub const DROPOUT: u64 = 6;
 }
 
 /// A sequential generator over one stream; its whole state is `(seed, stream, counter)`.

@@ -761,6 +761,7 @@ mod tests {
             rank: 2,
             alpha: 4.0,
             rslora: false,
+            dropout: 0.0,
             targets: vec!["query".into(), "value".into(), "dense".into()],
         };
         let adapted = m.attach_lora(&pool, &spec, None, 3).unwrap();

@@ -188,6 +188,8 @@ pub fn apply(model: &mut dyn Model, dir: &Path) -> Result<usize> {
         rank: cfg.rank,
         alpha: cfg.alpha,
         rslora: cfg.rslora,
+        // Loaded for evaluation and sampling, which never drop.
+        dropout: 0.0,
         targets: cfg
             .targets
             .split(',')

@@ -286,6 +286,39 @@ mod tests {
         assert_eq!(lin.cost(6).flops_forward, 2 * 6 * 30);
     }
 
+    /// Adapter dropout: inside a training scope the input gradient still matches finite
+    /// differences (the mask is fixed by the scope's seed), the output differs from the
+    /// undropped one, and outside any scope nothing is dropped.
+    #[test]
+    fn adapter_dropout_has_exact_gradients_inside_a_scope_only() {
+        let p = pool();
+        let mut lin = Linear::new(&p, "qkv", 6, 4, false, 0.5, &mut rng(1)).unwrap();
+        lin.set_blocks(&[("q".into(), 4)]);
+        let spec = LoraSpec {
+            rank: 2,
+            alpha: 4.0,
+            rslora: false,
+            dropout: 0.5,
+            targets: vec!["q".into()],
+        };
+        lin.attach_lora(&p, "qkv", &spec, &mut rng(2)).unwrap();
+        let n = lin.adapters[0].b.value.len();
+        let vals = random_tensor(&p, &[n], 10).to_vec().unwrap();
+        lin.adapters[0].b.value.copy_from_host(&vals).unwrap();
+        let x = random_tensor(&p, &[3, 6], 3);
+        let w = random_tensor(&p, &[3, 4], 4);
+        let plain = lin.forward(&x).unwrap().to_vec().unwrap();
+        let _scope = super::super::lora::dropout_scope(99);
+        let dropped = lin.forward(&x).unwrap().to_vec().unwrap();
+        assert_ne!(plain, dropped, "the scope drops adapter inputs");
+        let dx = lin.backward(&w, &x).unwrap();
+        check("dx", &x, dx.host(), 100, |x| {
+            weighted_sum(&lin.forward(x).unwrap(), &w)
+        });
+        drop(_scope);
+        assert_eq!(lin.forward(&x).unwrap().to_vec().unwrap(), plain);
+    }
+
     /// Adapters on two of three output blocks of a frozen layer: the input and adapter
     /// gradients match finite differences, the frozen weight gets no gradient, and merging
     /// gives the same outputs.
@@ -298,6 +331,7 @@ mod tests {
             rank: 2,
             alpha: 4.0,
             rslora: false,
+            dropout: 0.0,
             targets: vec!["q".into(), "v".into()],
         };
         let adapted = lin.attach_lora(&p, "qkv", &spec, &mut rng(2)).unwrap();
@@ -365,6 +399,7 @@ mod tests {
             rank: 2,
             alpha: 4.0,
             rslora: false,
+            dropout: 0.0,
             targets: vec!["up_proj".into()],
         };
         let fresh = Linear::new(&p, "up", 48, 40, true, 0.5, &mut rng(1)).unwrap();

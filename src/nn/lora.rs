@@ -11,11 +11,44 @@
 //! Initialisation follows PEFT: `A` uniform on `[-1/sqrt(in), 1/sqrt(in)]` (Kaiming-uniform
 //! with `a = sqrt(5)`), `B` zero, so a fresh adapter changes nothing. The scale is
 //! `alpha / r`, or `alpha / sqrt(r)` with rank-stabilised scaling (rsLoRA).
+//!
+//! Dropout (`lora.dropout`, PEFT's `lora_dropout`) acts on each adapter's input only, inside
+//! a training pass: the trainer opens a [`dropout_scope`] with the pass's seed around each
+//! forward/backward, and every adapter draws its own mask from that seed and its name. The
+//! mask is a function of the seed and element index, so the backward (and a recomputed
+//! forward) sees the forward's mask, and evaluation and sampling, outside any scope, see none.
 
 use super::{Init, Param};
 use crate::engine::rng::Rng;
 use crate::engine::{MemoryPool, Result, Tensor, ops};
+use std::cell::Cell;
 use std::sync::Arc;
+
+thread_local! {
+    /// The seed of the training pass running on this thread, if adapter dropout is on.
+    static DROPOUT_SEED: Cell<Option<u64>> = const { Cell::new(None) };
+}
+
+/// Adapter dropout is live on this thread while the scope lives (see the module comment).
+pub struct DropoutScope(Option<u64>);
+
+/// Turns adapter dropout on for this thread's passes with masks drawn from `seed`.
+pub fn dropout_scope(seed: u64) -> DropoutScope {
+    DropoutScope(DROPOUT_SEED.with(|s| s.replace(Some(seed))))
+}
+
+impl Drop for DropoutScope {
+    fn drop(&mut self) {
+        DROPOUT_SEED.with(|s| s.set(self.0));
+    }
+}
+
+/// A stable 64-bit hash of an adapter's name (FNV-1a), so each adapter draws its own mask.
+fn name_hash(name: &str) -> u64 {
+    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
+}
 
 /// A named block of a linear layer's output columns: the module it is in a Hugging Face
 /// checkpoint (`model.layers.3.self_attn.k_proj`) and where its columns start and end.
@@ -39,6 +72,8 @@ pub struct LoraSpec {
     pub rank: usize,
     pub alpha: f64,
     pub rslora: bool,
+    /// Probability of dropping an element of an adapter's input while training.
+    pub dropout: f64,
     /// Module short names (`q_proj`) or `all-linear`.
     pub targets: Vec<String>,
 }
@@ -50,6 +85,7 @@ impl LoraSpec {
             rank: l.rank,
             alpha: l.alpha,
             rslora: l.rslora,
+            dropout: l.dropout,
             targets: l
                 .targets
                 .split(',')
@@ -83,6 +119,10 @@ pub struct Adapter {
     /// `[cols, r]`.
     pub b: Param,
     pub scale: f32,
+    /// Drop probability of the input while training (0: none).
+    pub dropout: f32,
+    /// Mixed into the pass's seed so adapters draw different masks.
+    mask_salt: u64,
 }
 
 impl Adapter {
@@ -113,31 +153,58 @@ impl Adapter {
             rng,
         )?;
         Ok(Adapter {
+            mask_salt: name_hash(&name),
             block,
             a,
             b,
             scale: spec.scale(),
+            dropout: spec.dropout as f32,
         })
+    }
+
+    /// The mask seed of this adapter in the current training pass, if dropout applies.
+    fn mask_seed(&self) -> Option<u64> {
+        if self.dropout <= 0.0 {
+            return None;
+        }
+        DROPOUT_SEED.with(Cell::get).map(|s| s ^ self.mask_salt)
     }
 
     /// Adds the adapter's output for input `x` into its columns of `y`.
     pub fn forward_into(&self, y: &mut Tensor, x: &Tensor) -> Result<()> {
-        let h = ops::linear_forward(x, self.a.weight(), None)?;
+        let dropped = match self.mask_seed() {
+            Some(seed) => Some(ops::dropout(x, self.dropout, seed)?),
+            None => None,
+        };
+        let h = ops::linear_forward(dropped.as_ref().unwrap_or(x), self.a.weight(), None)?;
+        drop(dropped);
         let z = ops::linear_forward(&h, self.b.weight(), None)?;
         ops::add_cols_scaled(y, &z, self.block.col0, self.scale)
     }
 
     /// Accumulates the adapter's gradients from the layer's output gradient `dy` and adds
-    /// its input gradient into `dx`. `x A^T` is recomputed (a rank-`r` GEMM) rather than kept.
+    /// its input gradient into `dx`. `x A^T` (and the dropped input) is recomputed, a rank-`r`
+    /// GEMM, rather than kept.
     pub fn backward(&mut self, dy: &Tensor, x: &Tensor, dx: &mut Tensor) -> Result<()> {
+        let seed = self.mask_seed();
+        let dropped = match seed {
+            Some(seed) => Some(ops::dropout(x, self.dropout, seed)?),
+            None => None,
+        };
+        let input = dropped.as_ref().unwrap_or(x);
         let dz = ops::cols_scaled(dy, self.block.col0, self.block.cols, self.scale)?;
-        let h = ops::linear_forward(x, self.a.weight(), None)?;
+        let h = ops::linear_forward(input, self.a.weight(), None)?;
         let (bw, db) = self.b.weight_and_grad();
         let dh = ops::linear_backward(&dz, &h, bw, db, None)?;
         drop((dz, h));
         let (aw, da) = self.a.weight_and_grad();
-        let dxa = ops::linear_backward(&dh, x, aw, da, None)?;
-        ops::add_in_place(dx, &dxa)
+        let dxa = ops::linear_backward(&dh, input, aw, da, None)?;
+        drop(dropped);
+        match seed {
+            // The mask's derivative is the mask itself, with the same scale.
+            Some(seed) => ops::add_in_place(dx, &ops::dropout(&dxa, self.dropout, seed)?),
+            None => ops::add_in_place(dx, &dxa),
+        }
     }
 
     /// `scale * B A` (`[cols, in]`, f32 on the host): what merging adds to the base weight's

@@ -372,6 +372,12 @@ impl Trainer {
                 self.model.set_grad_ready(Some(hook));
             }
             let span = rows.start * b.seq..rows.end * b.seq;
+            // Adapter dropout masks: a function of the seed, the step and the pass.
+            let _dropout = crate::nn::lora::dropout_scope(crate::engine::rng::hash3(
+                self.cfg.train.seed,
+                crate::engine::rng::stream::DROPOUT,
+                (self.state.step << 16) + n as u64,
+            ));
             let pass = self.model.forward_backward(
                 &b.inputs[span.clone()],
                 &b.targets[span],

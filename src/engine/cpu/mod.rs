@@ -12,6 +12,7 @@ pub mod attention_unfused;
 pub mod bk_core;
 pub mod cross_entropy;
 pub mod diversity;
+pub mod dropout;
 pub mod embedding;
 pub mod gelu;
 pub mod gelu_erf;

@@ -16,6 +16,7 @@ mod attention_unfused;
 mod bk_core;
 mod cross_entropy;
 mod diversity;
+mod dropout;
 pub mod embedding;
 mod gelu;
 mod gelu_erf;
@@ -307,6 +308,7 @@ const PROGRAMS: &[Program] = &[
     attention_masked::PROGRAM,
     attention_unfused::PROGRAM,
     layernorm::PROGRAM,
+    dropout::PROGRAM,
     gelu::PROGRAM,
     gelu_erf::PROGRAM,
     cross_entropy::PROGRAM,
