@@ -658,7 +658,7 @@ const KEYS: &[(&str, &str)] = &[
     ),
     (
         "lora.dropout",
-        "drop probability of the adapters' input while training, in [0, 1)",
+        "drop probability of the adapters' input, in [0, 1)",
     ),
     (
         "lora.targets",
