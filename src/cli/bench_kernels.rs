@@ -19,10 +19,10 @@
 //! Writes `report.md`, `results.json` and bar charts into `--out`. Without a GPU there is
 //! nothing to time: the report says so and lists every kernel as skipped.
 
+use crate::engine::AttnShape;
 use crate::engine::DType;
-use crate::engine::cpu::attention::AttnShape;
+use crate::engine::GemmShape;
 use crate::engine::cpu::bk_core::BkShape;
-use crate::engine::cpu::gemm::GemmShape;
 use crate::engine::cuda::{
     AdamWStep, Bf16, CudaBackend, CudaError, Elem, F16, GemmMath, LogitRows,
 };

@@ -11,10 +11,10 @@
 
 use crate::config::ResolvedConfig;
 use crate::data;
+use crate::engine::AttnShape;
+use crate::engine::GemmShape;
 use crate::engine::cpu;
-use crate::engine::cpu::attention::AttnShape;
 use crate::engine::cpu::bk_core::BkShape;
-use crate::engine::cpu::gemm::GemmShape;
 use crate::engine::cuda::{
     self, AdamWStep, Bf16, CudaBackend, CudaError, Elem, F16, GemmMath, LogitRows,
 };

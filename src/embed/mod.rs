@@ -11,7 +11,7 @@
 pub mod io;
 
 use crate::data::HfTokenizer;
-use crate::engine::cpu::gemm::GemmShape;
+use crate::engine::GemmShape;
 use crate::engine::device::DeviceRequest;
 use crate::engine::{DType, Device, MemoryPool, Tensor, ops};
 use crate::error::{KilnError, Result};

@@ -16,12 +16,14 @@ pub mod pool;
 pub mod profile;
 pub mod quant;
 pub mod rng;
+pub mod shapes;
 pub mod staging;
 pub mod tensor;
 
 pub use device::Device;
 pub use dtype::DType;
 pub use pool::{MemoryPool, MemoryStats};
+pub use shapes::{AttnShape, GemmShape};
 pub use tensor::Tensor;
 
 use thiserror::Error;

@@ -4,12 +4,12 @@
 //! device's pool (so out-of-memory surfaces here as a typed error) and calls the CPU kernel or
 //! the CUDA kernel with the same semantics. Layers call these and stay device-agnostic.
 
+use super::AttnShape;
+use super::GemmShape;
 use super::cpu;
 use super::cpu::adamw::AdamWStep;
-use super::cpu::attention::AttnShape;
 pub use super::cpu::cross_entropy::IGNORE_TARGET;
 pub use super::cpu::diversity::SetShape;
-use super::cpu::gemm::GemmShape;
 use super::cpu::kv_cache::CacheShape;
 use super::cpu::rope::RopeShape;
 use super::cpu::sampling::{HostSlots, SampleParams};

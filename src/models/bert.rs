@@ -19,8 +19,8 @@
 //! their output blocks as Hugging Face does (`encoder.layer.N.attention.self.query`, ...) so
 //! adapters target them as PEFT does.
 
-use crate::engine::cpu::attention::AttnShape;
-use crate::engine::cpu::gemm::GemmShape;
+use crate::engine::AttnShape;
+use crate::engine::GemmShape;
 use crate::engine::ops::NormStats;
 use crate::engine::rng::{Rng, stream};
 use crate::engine::{DType, EngineError, MemoryPool, Result, Tensor, ops};

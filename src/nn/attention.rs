@@ -8,8 +8,8 @@
 
 use super::linear::Linear;
 use super::{ActLayout, Cost, Kernels, Param, f32_bytes};
-use crate::engine::cpu::attention::AttnShape;
-use crate::engine::cpu::gemm::GemmShape;
+use crate::engine::AttnShape;
+use crate::engine::GemmShape;
 use crate::engine::rng::Rng;
 use crate::engine::{MemoryPool, Result, Tensor, ops};
 use std::sync::Arc;

@@ -14,7 +14,7 @@
 use super::linear::Linear;
 use super::rmsnorm::RmsNorm;
 use super::{ActLayout, Cost, Param, f32_bytes};
-use crate::engine::cpu::attention::AttnShape;
+use crate::engine::AttnShape;
 use crate::engine::cpu::rope::RopeShape;
 use crate::engine::rng::Rng;
 use crate::engine::{MemoryPool, Result, Tensor, ops};

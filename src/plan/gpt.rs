@@ -8,7 +8,7 @@
 //! activations before running its backward.
 
 use super::walk::{Id, Kind, Walk};
-use crate::engine::cpu::attention::AttnShape;
+use crate::engine::AttnShape;
 use crate::engine::{DType, Device, ops};
 use crate::models::gpt::GptConfig;
 use crate::nn::ActLayout;

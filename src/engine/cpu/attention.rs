@@ -5,22 +5,8 @@
 //! `[B, H, T, T]` for the backward; at the CPU's sequence lengths that is cheaper than
 //! recomputing them. Work splits over the batch, whose rows own disjoint output memory.
 
+use crate::engine::AttnShape;
 use rayon::prelude::*;
-
-/// Shape of one attention call.
-#[derive(Debug, Clone, Copy)]
-pub struct AttnShape {
-    pub batch: usize,
-    pub seq: usize,
-    pub heads: usize,
-    pub channels: usize,
-}
-
-impl AttnShape {
-    pub fn head_size(&self) -> usize {
-        self.channels / self.heads
-    }
-}
 
 /// `out[B, T, C]` and the saved probabilities `probs[B, H, T, T]` (upper triangle zero).
 pub fn attention_forward(out: &mut [f32], probs: &mut [f32], qkv: &[f32], s: AttnShape) {

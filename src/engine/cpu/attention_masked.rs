@@ -11,7 +11,7 @@
 //! masks each row's padded keys, and [`softmax_backward`] runs over whole rows, since the
 //! masked probabilities are zero and so get a zero gradient.
 
-use super::attention::AttnShape;
+use crate::engine::AttnShape;
 use rayon::prelude::*;
 
 /// Writes `out[B, T, C]`. Every `lens[b]` is in `1 ..= T` (the dispatcher checks).

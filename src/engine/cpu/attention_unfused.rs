@@ -4,7 +4,7 @@
 //! `[B, H, T, T]` matrix. The products between them are batched GEMMs
 //! ([`super::gemm::sgemm_batched`]); `nn::attention` chains the whole.
 
-use super::attention::AttnShape;
+use crate::engine::AttnShape;
 use rayon::prelude::*;
 
 /// Where element `i` of a `[B, H, T, hs]` block lives in rows of width `row` whose heads

@@ -5,6 +5,7 @@
 //! `matrixmultiply`, whose blocked kernels give every output element to one thread with a fixed
 //! summation order: results do not depend on the thread count.
 
+use crate::engine::GemmShape;
 use rayon::prelude::*;
 
 /// `C = alpha * op(A) @ op(B) + beta * C` with `op(X) = X` or `X^T`; `op(A)` is `m x k`,
@@ -46,19 +47,6 @@ pub fn sgemm(
             1,
         );
     }
-}
-
-/// Dimensions of a batched row-major product: `op(A)` is `m x k`, `op(B)` is `k x n`, and
-/// `batch` of each are stored back to back (`A` is `[batch, m, k]`, or `[batch, k, m]` when
-/// transposed).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GemmShape {
-    pub trans_a: bool,
-    pub trans_b: bool,
-    pub batch: usize,
-    pub m: usize,
-    pub n: usize,
-    pub k: usize,
 }
 
 /// [`sgemm`] on each of `s.batch` matrix triples: `C_i = alpha * op(A_i) @ op(B_i) + beta * C_i`.

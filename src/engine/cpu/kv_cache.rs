@@ -129,7 +129,8 @@ pub fn cache_attention(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::cpu::attention::{AttnShape, attention_forward};
+    use crate::engine::AttnShape;
+    use crate::engine::cpu::attention::attention_forward;
     use crate::engine::cpu::rope::{inverse_frequencies, rope_expand_forward, rope_tables};
     use crate::engine::cpu::testutil::{assert_close, random};
 

@@ -9,8 +9,8 @@
 //!   thread on CUDA cores, f32 arithmetic.
 
 use super::{CudaBackend, CudaError, Elem, Program, Result, as_i32, check_len, raw_ptr};
+use crate::engine::AttnShape;
 use crate::engine::DType;
-use crate::engine::cpu::attention::AttnShape;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 /// The CUDA-core kernels for f32 activations: one program per element type, so that a first

@@ -5,7 +5,7 @@
 //! (one warp per row), which batched GEMMs surround.
 
 use super::{CudaBackend, CudaError, Elem, Program, Result, as_i32, check_len};
-use crate::engine::cpu::attention::AttnShape;
+use crate::engine::AttnShape;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 pub(super) const PROGRAM: Program = Program {

@@ -3,7 +3,7 @@
 //! them are [`CudaBackend::matmul_batched`].
 
 use super::{CudaBackend, CudaError, Elem, Program, Result, as_i32, check_len, elementwise_grid};
-use crate::engine::cpu::attention::AttnShape;
+use crate::engine::AttnShape;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 pub(super) const PROGRAM: Program = Program {

@@ -9,7 +9,7 @@
 
 use super::{CudaBackend, CudaError, Elem, Result, check_len, raw_ptr};
 use crate::engine::DType;
-use crate::engine::cpu::gemm::GemmShape;
+use crate::engine::GemmShape;
 use cudarc::cublaslt::{result as lt, sys};
 use cudarc::driver::{CudaSlice, CudaStream};
 use std::collections::HashMap;
