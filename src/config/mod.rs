@@ -575,11 +575,11 @@ const KEYS: &[(&str, &str)] = &[
     ),
     (
         "model.sliding_window",
-        "llama: attend to the W latest positions only (Mistral); 0 = full",
+        "llama: attend to the latest N positions (Mistral); 0 = all",
     ),
     (
         "model.full_attention_layers",
-        "llama: first layers that ignore the window (Qwen2 max_window_layers)",
+        "llama: first layers without the window (max_window_layers)",
     ),
     (
         "data.corpus",

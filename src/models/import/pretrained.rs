@@ -364,6 +364,84 @@ fn transpose(t: HostTensor) -> HostTensor {
     }
 }
 
+/// The sliding window of a Hugging Face decoder config and the layers that ignore it, as
+/// transformers 5 reads them: Mistral attends within `sliding_window` on every layer (null:
+/// none); Qwen2 and Qwen3 only with `use_sliding_window`, and then only from layer
+/// `max_window_layers` on (or where `layer_types` says "sliding_attention"); Llama has no
+/// window. A window covers `sliding_window` positions, the query's own included
+/// (transformers' `kv_idx > q_idx - sliding_window`).
+fn sliding_window_from_hf(
+    path: &Path,
+    cfg: &Value,
+    arch: &str,
+    n_layers: usize,
+) -> Result<(usize, usize)> {
+    let mistral = arch == "MistralForCausalLM";
+    let qwen = matches!(arch, "Qwen2ForCausalLM" | "Qwen3ForCausalLM");
+    let enabled = cfg
+        .get("use_sliding_window")
+        .and_then(Value::as_bool)
+        .unwrap_or(mistral);
+    if !(mistral || qwen) || !enabled {
+        return Ok((0, 0));
+    }
+    let window = match cfg.get("sliding_window") {
+        None | Some(Value::Null) if mistral => return Ok((0, 0)),
+        Some(v) => v.as_u64().filter(|&w| w >= 1).map(|w| w as usize),
+        None => None,
+    };
+    let Some(window) = window else {
+        return Err(bad(
+            path,
+            format!(
+                "turns sliding-window attention on but its \"sliding_window\" is {}; it must be a whole number of positions, at least 1 (set \"use_sliding_window\": false{} for full attention)",
+                cfg.get("sliding_window")
+                    .map_or("missing".to_string(), Value::to_string),
+                if mistral {
+                    " or \"sliding_window\": null"
+                } else {
+                    ""
+                }
+            ),
+        ));
+    };
+    if window > crate::models::llama::MAX_SLIDING_WINDOW {
+        return Err(bad(
+            path,
+            format!(
+                "has \"sliding_window\": {window}, past the {} positions kiln takes; a window at least as long as the sequence is full attention: set \"sliding_window\": null",
+                crate::models::llama::MAX_SLIDING_WINDOW
+            ),
+        ));
+    }
+    if mistral {
+        return Ok((window, 0));
+    }
+    let full = match cfg.get("layer_types").and_then(Value::as_array) {
+        Some(types) => {
+            let kinds: Vec<&str> = types.iter().map(|t| t.as_str().unwrap_or("")).collect();
+            let full = kinds.iter().take_while(|&&k| k == "full_attention").count();
+            if kinds.len() != n_layers || kinds[full..].iter().any(|&k| k != "sliding_attention") {
+                return Err(bad(
+                    path,
+                    format!(
+                        "has \"layer_types\" {kinds:?}; kiln imports {n_layers} layers of full attention followed by sliding-window ones (Qwen2's max_window_layers), no other pattern"
+                    ),
+                ));
+            }
+            full
+        }
+        None => json_usize(cfg, "max_window_layers")
+            .unwrap_or(28)
+            .min(n_layers),
+    };
+    Ok(if full == n_layers {
+        (0, 0)
+    } else {
+        (window, full)
+    })
+}
+
 fn llama_from_hf(
     path: &Path,
     cfg: &Value,
@@ -390,20 +468,8 @@ fn llama_from_hf(
     )?;
     let vocab = need(path, "vocab_size", json_usize(cfg, "vocab_size"))?;
     let context = json_usize(cfg, "max_position_embeddings").unwrap_or(2048);
-    if let Some(w) = json_usize(cfg, "sliding_window")
-        && w < context
-        && cfg
-            .get("use_sliding_window")
-            .and_then(Value::as_bool)
-            .unwrap_or(arch == "MistralForCausalLM")
-    {
-        return Err(bad(
-            path,
-            format!(
-                "uses sliding-window attention ({w} of {context} positions), which kiln does not implement; a checkpoint without a sliding window imports"
-            ),
-        ));
-    }
+    let (sliding_window, full_attention_layers) =
+        sliding_window_from_hf(path, cfg, arch, n_layers)?;
     let tied = cfg
         .get("tie_word_embeddings")
         .and_then(Value::as_bool)
@@ -432,6 +498,8 @@ fn llama_from_hf(
                 .and_then(Value::as_bool)
                 .unwrap_or(false),
         qk_norm: arch == "Qwen3ForCausalLM",
+        sliding_window,
+        full_attention_layers,
         ..ModelConfig::default()
     };
     if let Some(s) = cfg.get("rope_scaling").filter(|s| !s.is_null()).or(rope) {
@@ -821,6 +889,8 @@ impl Pretrained {
                 format!("model.norm_eps={:?}", m.norm_eps),
                 format!("model.qkv_bias={}", m.qkv_bias),
                 format!("model.qk_norm={}", m.qk_norm),
+                format!("model.sliding_window={}", m.sliding_window),
+                format!("model.full_attention_layers={}", m.full_attention_layers),
             ]);
         }
         v
