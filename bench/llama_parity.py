@@ -13,6 +13,13 @@ log-probabilities along kiln's greedy tokens are compared.
 With --gguf FILE (for example SmolLM2-135M-Instruct.Q4_1.gguf) the real model is compared too:
 kiln decodes from the GGUF file itself, transformers from the same weights written back as a
 Hugging Face directory by `kiln export --init-from FILE` (dequantised to f32).
+
+With --windowed the sliding-window configurations run instead (a Mistral attending to its 64
+latest positions, a Qwen2 whose last two layers attend to 48): prompts of about 100 tokens and
+128 new ones, so every query past position 64 loses keys to the window; transformers applies
+its sliding-window masks (masking_utils: key j is seen by query i when i - W < j <= i). As a control, the same weights without the
+window score kiln's tokens too: that difference must be large, or the check proves nothing.
+--json FILE writes the rows for a script to judge.
 """
 
 import argparse
@@ -53,6 +60,69 @@ def configs():
             ("qwen3-0.6b", qwen3)]
 
 
+def windowed_configs():
+    mistral = tf.MistralConfig(
+        vocab_size=32000, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+        rms_norm_eps=1e-5, rope_theta=10000.0, sliding_window=64, tie_word_embeddings=False)
+    qwen2 = tf.Qwen2Config(
+        vocab_size=32000, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+        rope_theta=1000000.0, use_sliding_window=True, sliding_window=48, max_window_layers=2,
+        tie_word_embeddings=True)
+    return [("mistral-swa64", mistral), ("qwen2-swa48-from-layer2", qwen2)]
+
+
+# About 100 tokens each, so that prompt and reply together run well past the window.
+LONG_PROMPTS = [" ".join([p] * 12) for p in PROMPTS]
+
+
+def without_window(cfg):
+    """The same configuration attending fully."""
+    c = cfg.__class__.from_dict(cfg.to_dict())
+    if isinstance(c, tf.MistralConfig):
+        c.sliding_window = None
+    else:
+        c.use_sliding_window = False
+        c.sliding_window = None
+        c.layer_types = ["full_attention"] * c.num_hidden_layers
+    return c
+
+
+def run_windowed(a, rows, results):
+    for name, cfg in windowed_configs():
+        if a.only and name not in a.only.split(","):
+            continue
+        path = os.path.join(a.work, name)
+        model = save(cfg, path, a.tokenizer).cuda().eval()
+        lines, note = kiln_generate(a.kiln, ["--init-from", path], a.work, name,
+                                    prompts=LONG_PROMPTS, tokens=128)
+        if lines is None:
+            rows.append((name, "kiln refused", note))
+            results.append({"model": name, "error": note})
+            continue
+        same, total, worst = compare(model, lines)
+        state = model.state_dict()
+        del model
+        full = tf.AutoModelForCausalLM.from_config(without_window(cfg), torch_dtype=torch.float32)
+        full.load_state_dict(state)
+        full = full.cuda().eval()
+        control = 0.0
+        for line in lines:
+            s = line["samples"][0]
+            ref = hf_logprobs(full, line["prompt_tokens"], s["tokens"])
+            control = max(control, max(abs(x - y) for x, y in zip(ref, s["logprobs"])))
+        del full
+        torch.cuda.empty_cache()
+        longest = max(len(l["prompt_tokens"]) + len(l["samples"][0]["tokens"]) for l in lines)
+        rows.append((name, f"{same}/{total} greedy tokens identical",
+                     f"max |logprob diff| {worst:.2e}; without the window {control:.2e}; "
+                     f"longest sequence {longest}; {note}"))
+        results.append({"model": name, "same": same, "total": total, "max_logprob_diff": worst,
+                        "control_diff": control, "longest": longest})
+        print(rows[-1], flush=True)
+
+
 def save(cfg, path, tokenizer):
     torch.manual_seed(0)
     model = tf.AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32)
@@ -63,14 +133,15 @@ def save(cfg, path, tokenizer):
     return model
 
 
-def kiln_generate(kiln, args, work, name):
+def kiln_generate(kiln, args, work, name, prompts=PROMPTS, tokens=64):
+    texts = prompts
     prompts = os.path.join(work, "prompts.jsonl")
     with open(prompts, "w") as f:
-        for p in PROMPTS:
+        for p in texts:
             f.write(json.dumps({"prompt": p}) + "\n")
     out = os.path.join(work, f"{name}.kiln.jsonl")
     r = subprocess.run([kiln, "generate", *args, "--prompts", prompts, "--out", out,
-                        "--temperature", "0", "--tokens", "64", "--precision", "fp32"],
+                        "--temperature", "0", "--tokens", str(tokens), "--precision", "fp32"],
                        capture_output=True, text=True)
     if r.returncode != 0:
         return None, r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"exit {r.returncode}"
@@ -112,9 +183,22 @@ def main():
     ap.add_argument("--work", default="/tmp/kiln-parity")
     ap.add_argument("--only", default="")
     ap.add_argument("--gguf", default="", help="a GGUF model compared as it is (real weights)")
+    ap.add_argument("--windowed", action="store_true",
+                    help="the sliding-window configurations (Mistral, Qwen2) only")
+    ap.add_argument("--json", default="", help="write the windowed rows as JSON here")
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
     rows = []
+    if a.windowed:
+        results = []
+        run_windowed(a, rows, results)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(results, f, indent=1)
+        print("\n| model | tokens | detail |\n|---|---|---|")
+        for r in rows:
+            print(f"| {r[0]} | {r[1]} | {r[2]} |")
+        return 0
     if a.gguf:
         name = os.path.basename(a.gguf)
         hf_dir = os.path.join(a.work, "gguf-exported")

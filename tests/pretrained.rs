@@ -198,14 +198,48 @@ fn broken_checkpoints_are_refused_with_what_is_wrong() {
             "tokenizer",
         ),
         (
-            "sliding window",
+            "window of 0 with the flag on",
+            |d| {
+                edit_config(d, |v| {
+                    v["architectures"] = serde_json::json!(["Qwen3ForCausalLM"]);
+                    v["use_sliding_window"] = serde_json::json!(true);
+                    v["sliding_window"] = serde_json::json!(0);
+                })
+            },
+            "turns sliding-window attention on but its \"sliding_window\" is 0",
+        ),
+        (
+            "negative window",
             |d| {
                 edit_config(d, |v| {
                     v["architectures"] = serde_json::json!(["MistralForCausalLM"]);
-                    v["sliding_window"] = serde_json::json!(4);
+                    v["sliding_window"] = serde_json::json!(-4);
                 })
             },
-            "sliding-window attention",
+            "\"sliding_window\" is -4; it must be a whole number of positions, at least 1",
+        ),
+        (
+            "absurd window",
+            |d| {
+                edit_config(d, |v| {
+                    v["architectures"] = serde_json::json!(["MistralForCausalLM"]);
+                    v["sliding_window"] = serde_json::json!(1u64 << 40);
+                })
+            },
+            "past the 16777216 positions kiln takes",
+        ),
+        (
+            "layers alternating between full and windowed attention",
+            |d| {
+                edit_config(d, |v| {
+                    v["architectures"] = serde_json::json!(["Qwen3ForCausalLM"]);
+                    v["num_hidden_layers"] = serde_json::json!(1);
+                    v["use_sliding_window"] = serde_json::json!(true);
+                    v["sliding_window"] = serde_json::json!(4);
+                    v["layer_types"] = serde_json::json!(["chunked_attention"]);
+                })
+            },
+            "full attention followed by sliding-window ones",
         ),
     ];
     for (what, damage, phrase) in cases {
@@ -453,4 +487,72 @@ fn an_exported_qwen3_with_query_key_norms_imports_back_to_the_same_logits() {
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(run.join("summary.json").is_file());
+}
+
+/// A model attending within a window exports as the architecture transformers reads it in
+/// (Mistral: every layer windowed; Qwen2: first layers full, or biased projections), imports
+/// back with its window and the same logits, which differ from full attention's; a Mistral
+/// with `"sliding_window": null` and a Qwen2 whose window flag is off import without one.
+#[test]
+fn windowed_models_export_and_import_back_to_the_same_logits() {
+    let tok_dir = minilm_dir();
+    let tok = tok_dir.to_str().unwrap();
+    let pool = MemoryPool::new(Device::Cpu);
+    let ids: Vec<u32> = (0..40).map(|i| (i * 977 + 13) % 30522).collect();
+    for (extra, arch, full_layers) in [
+        (vec![], "MistralForCausalLM", 0),
+        (vec!["model.full_attention_layers=1"], "Qwen2ForCausalLM", 1),
+        (vec!["model.qkv_bias=true"], "Qwen2ForCausalLM", 0),
+    ] {
+        let mut settings: Vec<String> = [
+            "model.kind=llama",
+            "model.d_model=32",
+            "model.n_layers=2",
+            "model.n_heads=4",
+            "model.n_kv_heads=2",
+            "model.ffn_hidden=48",
+            "model.context=64",
+            "train.seq_len=64",
+            "model.sliding_window=8",
+        ]
+        .iter()
+        .chain(&extra)
+        .map(|s| s.to_string())
+        .collect();
+        settings.push(format!("data.tokenizer={tok}"));
+        let cfg = ResolvedConfig::resolve(None, &settings).unwrap().config;
+        let vocab = kiln::train::model_vocab(&cfg).unwrap();
+        let original = models::build(&cfg.model, vocab, &pool, 5).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("hf");
+        export::export_hf(original.as_ref(), &cfg.model, vocab, tok, &out).unwrap();
+        let p = pretrained::open(&out).unwrap();
+        assert_eq!(p.source.architecture, arch, "{extra:?}");
+        assert_eq!(
+            (p.model.sliding_window, p.model.full_attention_layers),
+            (8, full_layers),
+            "{extra:?}"
+        );
+        let mut back = models::build(&p.model, p.vocab, &pool, 9).unwrap();
+        pretrained::load_into(back.as_mut(), &p.weights, &out).unwrap();
+        let a = original.next_logits(&ids).unwrap();
+        assert_eq!(a, back.next_logits(&ids).unwrap(), "{extra:?}");
+        let mut full = cfg.model.clone();
+        (full.sliding_window, full.full_attention_layers) = (0, 0);
+        let full = models::build(&full, vocab, &pool, 5).unwrap();
+        assert_ne!(
+            a,
+            full.next_logits(&ids).unwrap(),
+            "{extra:?}: the window matters"
+        );
+        // The window off, as transformers writes it, imports as full attention.
+        edit_config(&out, |v| {
+            if arch == "MistralForCausalLM" {
+                v["sliding_window"] = serde_json::Value::Null;
+            } else {
+                v["use_sliding_window"] = serde_json::json!(false);
+            }
+        });
+        assert_eq!(pretrained::open(&out).unwrap().model.sliding_window, 0);
+    }
 }

@@ -589,24 +589,43 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
                 rot_dim: head_dim,
             };
             let longest = pos.iter().map(|&p| p as usize + 1).max().unwrap_or(0);
-            let splits = cuda::attention_plan(
-                s.rows,
-                heads,
-                kv_heads,
-                head_dim,
-                longest,
-                gpu.info().sm_count as usize,
-            )
-            .map_or(0, |p| p.splits);
-            let shape = format!("R{} H{heads}/{kv_heads} D{head_dim}", s.rows);
+            let splits = |read: usize| {
+                cuda::attention_plan(
+                    s.rows,
+                    heads,
+                    kv_heads,
+                    head_dim,
+                    read,
+                    gpu.info().sm_count as usize,
+                )
+                .map_or(0, |p| p.splits)
+            };
+            let base = format!("R{} H{heads}/{kv_heads} D{head_dim}", s.rows);
             let rows = (&slot[..], &pos[..]);
-            both_dtypes!(check_kv_append, "kv_append", shape, s, c, rows, tables);
-            let shape = format!("{shape} split{splits}");
+            both_dtypes!(check_kv_append, "kv_append", base, s, c, rows, tables);
+            let shape = format!("{base} split{}", splits(longest));
             both_dtypes!(
                 check_cache_attention,
                 "cache_attention",
                 shape,
                 heads,
+                0,
+                c,
+                rows
+            );
+            // Within a sliding window: one shorter than the prefill, and one that still
+            // leaves the long decode rows split.
+            let window = match call {
+                KvCall::Prefill(_) => 16,
+                KvCall::Decode(_) => 700,
+            };
+            let shape = format!("{base} W{window} split{}", splits(longest.min(window)));
+            both_dtypes!(
+                check_cache_attention,
+                "cache_attention_window",
+                shape,
+                heads,
+                window,
                 c,
                 rows
             );
@@ -772,15 +791,87 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
             heads: nh,
             channels: c,
         };
-        let (fwd, bwd) = check_attention::<f32>(gpu, inp, s);
+        let (fwd, bwd) = check_attention::<f32>(gpu, inp, s, 0);
         push("attention_forward", "f32", shape.clone(), BOUND_FP32, fwd);
         push("attention_backward", "f32", shape.clone(), BOUND_FP32, bwd);
-        let (fwd, bwd) = check_attention::<Bf16>(gpu, inp, s);
+        let (fwd, bwd) = check_attention::<Bf16>(gpu, inp, s, 0);
         push("attention_forward", "bf16", shape.clone(), BOUND_BF16, fwd);
         push("attention_backward", "bf16", shape.clone(), BOUND_BF16, bwd);
-        let (fwd, bwd) = check_attention::<F16>(gpu, inp, s);
+        let (fwd, bwd) = check_attention::<F16>(gpu, inp, s, 0);
         push("attention_forward", "f16", shape.clone(), BOUND_F16, fwd);
         push("attention_backward", "f16", shape, BOUND_F16, bwd);
+    }
+    // Sliding-window attention (Mistral, Qwen2): windows shorter than a tile, not a multiple
+    // of one, and longer than several, over head sizes 64 (the tensor cores in bf16) and 32;
+    // then a window of the whole sequence, which must change nothing, bit for bit.
+    for (b, t, nh, c, window) in [
+        (2, 192, 4, 256, 64),
+        (2, 300, 2, 128, 100),
+        (1, 257, 2, 128, 17),
+        (2, 200, 4, 128, 37),
+        (1, 130, 3, 96, 1),
+    ] {
+        let shape = format!("B{b} T{t} H{nh} C{c} W{window}");
+        let s = AttnShape {
+            batch: b,
+            seq: t,
+            heads: nh,
+            channels: c,
+        };
+        let (fwd, bwd) = check_attention::<f32>(gpu, inp, s, window);
+        push(
+            "attention_forward_window",
+            "f32",
+            shape.clone(),
+            BOUND_FP32,
+            fwd,
+        );
+        push(
+            "attention_backward_window",
+            "f32",
+            shape.clone(),
+            BOUND_FP32,
+            bwd,
+        );
+        let (fwd, bwd) = check_attention::<Bf16>(gpu, inp, s, window);
+        push(
+            "attention_forward_window",
+            "bf16",
+            shape.clone(),
+            BOUND_BF16,
+            fwd,
+        );
+        push(
+            "attention_backward_window",
+            "bf16",
+            shape.clone(),
+            BOUND_BF16,
+            bwd,
+        );
+        let (fwd, bwd) = check_attention::<F16>(gpu, inp, s, window);
+        push(
+            "attention_forward_window",
+            "f16",
+            shape.clone(),
+            BOUND_F16,
+            fwd,
+        );
+        push("attention_backward_window", "f16", shape, BOUND_F16, bwd);
+    }
+    for (b, t, nh, c) in [(2, 200, 4, 256), (2, 77, 2, 64)] {
+        let shape = format!("B{b} T{t} H{nh} C{c} W{t} vs none");
+        let s = AttnShape {
+            batch: b,
+            seq: t,
+            heads: nh,
+            channels: c,
+        };
+        both_dtypes!(
+            check_attention_full_window,
+            "attention_full_window",
+            shape,
+            s
+        );
     }
     // Encoder operations. Layernorm with BERT's eps of 1e-12 on rows of small spread (GPT-2's
     // 1e-5 would change their rstd several-fold, so a lost eps shows), plain and residual.
@@ -1618,25 +1709,25 @@ fn offload_parity(
 }
 
 /// Flash-style attention (log-sum-exp saved, no T x T matrix) against the CPU kernel, which
-/// stores the probabilities: forward output, then the whole dqkv.
-fn check_attention<T: Elem>(gpu: &CudaBackend, inp: &mut Inputs, s: AttnShape) -> (Check, Check) {
+/// stores the probabilities: forward output, then the whole dqkv; within a sliding `window`
+/// (0: none).
+fn check_attention<T: Elem>(
+    gpu: &CudaBackend,
+    inp: &mut Inputs,
+    s: AttnShape,
+    window: usize,
+) -> (Check, Check) {
     let (b, t, nh, c) = (s.batch, s.seq, s.heads, s.channels);
     let qkv = inp.uniform(b * t * 3 * c, 2.0, T::DTYPE);
     let dout = inp.uniform(b * t * c, 1.0, T::DTYPE);
     let mut out = vec![0.0; b * t * c];
     let mut probs = vec![0.0; b * nh * t * t];
-    cpu::attention::attention_forward(&mut out, &mut probs, &qkv, s);
+    cpu::attention::windowed_attention_forward(&mut out, &mut probs, &qkv, s, window);
     let mut dqkv = vec![0.0; qkv.len()];
-    cpu::attention::attention_backward(&mut dqkv, &dout, &qkv, &probs, s);
+    cpu::attention::windowed_attention_backward(&mut dqkv, &dout, &qkv, &probs, s, window);
     let run = || -> std::result::Result<(Vec<f32>, Vec<f32>), CudaError> {
-        let d_qkv = gpu.upload_as::<T>(&qkv)?;
-        let mut d_out = poisoned::<T>(gpu, out.len())?;
-        let mut d_lse = poisoned::<f32>(gpu, b * nh * t)?;
-        gpu.attention_forward(&mut d_out, &mut d_lse, &d_qkv, s)?;
-        let mut d_dqkv = poisoned::<T>(gpu, qkv.len())?;
-        let d_dout = gpu.upload_as::<T>(&dout)?;
-        gpu.attention_backward(&mut d_dqkv, &d_dout, &d_qkv, &d_lse, s)?;
-        Ok((gpu.download_f32(&d_out)?, gpu.download_f32(&d_dqkv)?))
+        let (o, _, g) = gpu_attention::<T>(gpu, &qkv, &dout, s, window)?;
+        Ok((o, g))
     };
     match run() {
         Ok((o, g)) => (
@@ -1645,6 +1736,54 @@ fn check_attention<T: Elem>(gpu: &CudaBackend, inp: &mut Inputs, s: AttnShape) -
         ),
         Err(e) => (Err(e.clone()), Err(e)),
     }
+}
+
+/// The attention output, log-sum-exp and dqkv a GPU computed.
+type AttentionResults = (Vec<f32>, Vec<f32>, Vec<f32>);
+
+/// The GPU's attention forward (output and log-sum-exp) and backward on fresh buffers.
+fn gpu_attention<T: Elem>(
+    gpu: &CudaBackend,
+    qkv: &[f32],
+    dout: &[f32],
+    s: AttnShape,
+    window: usize,
+) -> std::result::Result<AttentionResults, CudaError> {
+    let d_qkv = gpu.upload_as::<T>(qkv)?;
+    let mut d_out = poisoned::<T>(gpu, dout.len())?;
+    let mut d_lse = poisoned::<f32>(gpu, s.batch * s.heads * s.seq)?;
+    gpu.windowed_attention_forward(&mut d_out, &mut d_lse, &d_qkv, s, window)?;
+    let mut d_dqkv = poisoned::<T>(gpu, qkv.len())?;
+    let d_dout = gpu.upload_as::<T>(dout)?;
+    gpu.windowed_attention_backward(&mut d_dqkv, &d_dout, &d_qkv, &d_lse, s, window)?;
+    Ok((
+        gpu.download_f32(&d_out)?,
+        gpu.download_f32(&d_lse)?,
+        gpu.download_f32(&d_dqkv)?,
+    ))
+}
+
+/// A window at least as long as the sequence against none on the GPU: the output, the
+/// log-sum-exp and dqkv must agree bit for bit (the largest difference, bound 0).
+fn check_attention_full_window<T: Elem>(
+    gpu: &CudaBackend,
+    inp: &mut Inputs,
+    s: AttnShape,
+) -> Check {
+    let qkv = inp.uniform(s.batch * s.seq * 3 * s.channels, 2.0, T::DTYPE);
+    let dout = inp.uniform(s.batch * s.seq * s.channels, 1.0, T::DTYPE);
+    let (o, l, g) = gpu_attention::<T>(gpu, &qkv, &dout, s, 0)?;
+    let (wo, wl, wg) = gpu_attention::<T>(gpu, &qkv, &dout, s, s.seq)?;
+    let differ = |a: &[f32], b: &[f32]| {
+        a.iter().zip(b).fold(0.0f64, |m, (&x, &y)| {
+            if x.to_bits() == y.to_bits() {
+                m
+            } else {
+                m.max(((x - y).abs() as f64).max(f64::MIN_POSITIVE))
+            }
+        })
+    };
+    Ok(differ(&o, &wo).max(differ(&l, &wl)).max(differ(&g, &wg)))
 }
 
 /// Bidirectional attention with a key padding mask against the CPU kernel; every row of
@@ -2488,6 +2627,7 @@ fn check_cache_attention<T: Elem>(
     gpu: &CudaBackend,
     inp: &mut Inputs,
     heads: usize,
+    window: usize,
     c: cpu::kv_cache::CacheShape,
     (slot, pos): (&[u32], &[u32]),
 ) -> Check {
@@ -2497,7 +2637,7 @@ fn check_cache_attention<T: Elem>(
     // Queries three times the keys' scale: scores spread over a few units, a peaked softmax.
     let q = inp.uniform(slot.len() * heads * c.head_dim, 3.0, d);
     let mut out = vec![0.0; q.len()];
-    cpu::kv_cache::cache_attention(&mut out, &q, &k, &v, slot, pos, heads, c);
+    cpu::kv_cache::cache_attention(&mut out, &q, &k, &v, slot, pos, heads, window, c);
     let longest = pos.iter().map(|&p| p as usize + 1).max().unwrap_or(0);
     let mut d_out = poisoned::<T>(gpu, out.len())?;
     gpu.cache_attention(
@@ -2508,6 +2648,7 @@ fn check_cache_attention<T: Elem>(
         &gpu.upload(slot)?,
         &gpu.upload(pos)?,
         heads,
+        window,
         longest,
         c,
     )?;

@@ -120,6 +120,13 @@ pub struct ModelConfig {
     pub qkv_bias: bool,
     /// llama: a per-head RMSNorm on queries and keys before the rotation (Qwen3).
     pub qk_norm: bool,
+    /// llama: sliding-window attention (Mistral, Qwen2): query `i` attends to keys `j` with
+    /// `i - W < j <= i`, the `W` latest positions including its own; 0 means full causal
+    /// attention.
+    pub sliding_window: usize,
+    /// llama: the first layers that attend fully even with a window (Qwen2's
+    /// `max_window_layers`); the window applies from this layer on.
+    pub full_attention_layers: usize,
 }
 
 impl ModelConfig {
@@ -161,6 +168,8 @@ impl Default for ModelConfig {
             norm_eps: 1e-5,
             qkv_bias: false,
             qk_norm: false,
+            sliding_window: 0,
+            full_attention_layers: 0,
         }
     }
 }
@@ -563,6 +572,14 @@ const KEYS: &[(&str, &str)] = &[
     (
         "model.qk_norm",
         "llama: per-head RMSNorm on queries and keys (Qwen3)",
+    ),
+    (
+        "model.sliding_window",
+        "llama: attend to the latest N positions (Mistral); 0 = all",
+    ),
+    (
+        "model.full_attention_layers",
+        "llama: first layers without the window (max_window_layers)",
     ),
     (
         "data.corpus",

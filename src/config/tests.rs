@@ -613,3 +613,39 @@ fn moe_settings_are_checked() {
         assert!(err.contains(want), "{arg}: {err}");
     }
 }
+
+#[test]
+fn validate_sliding_window() {
+    let ok = ResolvedConfig::resolve(
+        None,
+        &ov(&[
+            "model.kind=llama",
+            "model.n_layers=4",
+            "model.sliding_window=64",
+            "model.full_attention_layers=2",
+        ]),
+    )
+    .unwrap();
+    assert_eq!(ok.config.model.sliding_window, 64);
+    let e = resolve_err(None, &["model.sliding_window=16"]);
+    assert!(
+        e.contains("only llama models attend within a window"),
+        "{e}"
+    );
+    let e = resolve_err(None, &["model.kind=llama", "model.sliding_window=-3"]);
+    assert!(e.contains("model.sliding_window"), "{e}");
+    let e = resolve_err(None, &["model.kind=llama", "model.sliding_window=99999999"]);
+    assert!(e.contains("a window is 1 to 16777216 positions"), "{e}");
+    let e = resolve_err(None, &["model.kind=llama", "model.full_attention_layers=1"]);
+    assert!(e.contains("needs a window"), "{e}");
+    let e = resolve_err(
+        None,
+        &[
+            "model.kind=llama",
+            "model.n_layers=4",
+            "model.sliding_window=8",
+            "model.full_attention_layers=5",
+        ],
+    );
+    assert!(e.contains("at most model.n_layers"), "{e}");
+}

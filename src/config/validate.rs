@@ -153,6 +153,38 @@ impl Config {
                 "it must be 0 or more, e.g. 0.01 (0 disables load balancing)",
             ));
         }
+        if m.kind != "llama" && (m.sliding_window > 0 || m.full_attention_layers > 0) {
+            return Err(out_of_range(
+                "model.sliding_window",
+                m.sliding_window,
+                format!(
+                    "only llama models attend within a window (model.kind is \"{}\"); set model.sliding_window=0 and model.full_attention_layers=0",
+                    m.kind
+                ),
+            ));
+        }
+        if m.sliding_window > crate::models::llama::MAX_SLIDING_WINDOW {
+            return Err(out_of_range(
+                "model.sliding_window",
+                m.sliding_window,
+                format!(
+                    "a window is 1 to {} positions (a window at least as long as the sequence is full attention), or 0 for none",
+                    crate::models::llama::MAX_SLIDING_WINDOW
+                ),
+            ));
+        }
+        if m.full_attention_layers > 0
+            && (m.sliding_window == 0 || m.full_attention_layers > m.n_layers)
+        {
+            return Err(out_of_range(
+                "model.full_attention_layers",
+                m.full_attention_layers,
+                format!(
+                    "it counts the first of the {} layers that ignore model.sliding_window, so it needs a window and at most model.n_layers; 0 puts the window on every layer",
+                    m.n_layers
+                ),
+            ));
+        }
         if m.kind == "llama" {
             if let Err(rule) = crate::models::llama::LlamaConfig::from_model(m, 1).check() {
                 return Err(out_of_range("model.n_kv_heads", m.n_kv_heads, rule));

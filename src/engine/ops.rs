@@ -614,6 +614,16 @@ pub fn gelu_backward(x: &Tensor, dout: &Tensor) -> Result<Tensor> {
 /// needs besides `qkv` and `out`: the probabilities `[B, H, T, T]` on the CPU, one
 /// log-sum-exp per row `[B, H, T]` on the GPU (which never stores the T x T matrix).
 pub fn attention_forward(qkv: &Tensor, s: AttnShape) -> Result<(Tensor, Tensor)> {
+    windowed_attention_forward(qkv, s, 0)
+}
+
+/// [`attention_forward`] within a sliding `window`: query `i` attends to keys `j` with
+/// `i - window < j <= i`; 0 means no window.
+pub fn windowed_attention_forward(
+    qkv: &Tensor,
+    s: AttnShape,
+    window: usize,
+) -> Result<(Tensor, Tensor)> {
     let _prof = profile::scope("attention_forward", qkv);
     let on = device_of("attention", &[qkv])?;
     expect_len("attention", "qkv", qkv, s.batch * s.seq * 3 * s.channels)?;
@@ -623,12 +633,18 @@ pub fn attention_forward(qkv: &Tensor, s: AttnShape) -> Result<(Tensor, Tensor)>
         On::Meta => Ok((out, Tensor::zeros(qkv.pool(), &stats, DType::F32)?)),
         On::Cpu => {
             let mut probs = Tensor::zeros(qkv.pool(), &stats, DType::F32)?;
-            cpu::attention::attention_forward(out.host_mut(), probs.host_mut(), qkv.host(), s);
+            cpu::attention::windowed_attention_forward(
+                out.host_mut(),
+                probs.host_mut(),
+                qkv.host(),
+                s,
+                window,
+            );
             Ok((out, probs))
         }
         On::Gpu(g) => {
             let mut lse = Tensor::uninit(qkv.pool(), &stats, DType::F32)?;
-            with_elem!(qkv.dtype(), T => g.attention_forward::<T>(out.cuda_mut(), lse.cuda_mut(), qkv.cuda(), s))?;
+            with_elem!(qkv.dtype(), T => g.windowed_attention_forward::<T>(out.cuda_mut(), lse.cuda_mut(), qkv.cuda(), s, window))?;
             Ok((out, lse))
         }
     }
@@ -641,24 +657,37 @@ pub fn attention_backward(
     saved: &Tensor,
     s: AttnShape,
 ) -> Result<Tensor> {
+    windowed_attention_backward(dout, qkv, saved, s, 0)
+}
+
+/// The backward of [`windowed_attention_forward`] with the same `window`.
+pub fn windowed_attention_backward(
+    dout: &Tensor,
+    qkv: &Tensor,
+    saved: &Tensor,
+    s: AttnShape,
+    window: usize,
+) -> Result<Tensor> {
     let _prof = profile::scope("attention_backward", qkv);
     let on = device_of("attention_backward", &[dout, qkv, saved])?;
     let mut dqkv = Tensor::uninit(qkv.pool(), qkv.shape(), act_dtype(qkv))?;
     match on {
         On::Meta => meta_scratch(qkv, 4 * s.batch * s.heads * s.seq),
-        On::Cpu => cpu::attention::attention_backward(
+        On::Cpu => cpu::attention::windowed_attention_backward(
             dqkv.host_mut(),
             dout.host(),
             qkv.host(),
             saved.host(),
             s,
+            window,
         ),
-        On::Gpu(g) => with_elem!(qkv.dtype(), T => g.attention_backward::<T>(
+        On::Gpu(g) => with_elem!(qkv.dtype(), T => g.windowed_attention_backward::<T>(
             dqkv.cuda_mut(),
             dout.cuda(),
             qkv.cuda(),
             saved.cuda(),
             s,
+            window,
         ))?,
     }
     Ok(dqkv)
@@ -2176,8 +2205,9 @@ fn check_cache(
     Ok(())
 }
 
-/// Each row's rotated queries `q[rows, H D]` attend to positions `0..=pos` of its cache slot:
-/// `[rows, H D]`.
+/// Each row's rotated queries `q[rows, H D]` attend to positions `0..=pos` of its cache slot,
+/// or to the `window` latest of them (0: no window): `[rows, H D]`.
+#[allow(clippy::too_many_arguments)]
 pub fn cache_attention(
     q: &Tensor,
     k_cache: &Tensor,
@@ -2185,6 +2215,7 @@ pub fn cache_attention(
     slot: &[u32],
     pos: &[u32],
     heads: usize,
+    window: usize,
     c: CacheShape,
 ) -> Result<Tensor> {
     let longest = pos.iter().map(|&p| p as usize + 1).max().unwrap_or(0);
@@ -2195,6 +2226,7 @@ pub fn cache_attention(
         Ids::Host(slot),
         Ids::Host(pos),
         heads,
+        window,
         longest,
         c,
     )
@@ -2212,6 +2244,7 @@ pub fn cache_attention_at(
     slot: Ids,
     pos: Ids,
     heads: usize,
+    window: usize,
     longest: usize,
     c: CacheShape,
 ) -> Result<Tensor> {
@@ -2236,6 +2269,7 @@ pub fn cache_attention_at(
             cpu_ids("cache_attention", slot)?,
             cpu_ids("cache_attention", pos)?,
             heads,
+            window,
             c,
         ),
         On::Gpu(g) => {
@@ -2249,6 +2283,7 @@ pub fn cache_attention_at(
                 d_slot.get(),
                 d_pos.get(),
                 heads,
+                window,
                 longest,
                 c,
             ))?

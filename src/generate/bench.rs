@@ -45,6 +45,8 @@ pub fn preset(name: &str) -> Option<LlamaConfig> {
         tied_head: true,
         qkv_bias: false,
         qk_norm: false,
+        sliding_window: 0,
+        full_attention_layers: 0,
     };
     match name {
         "smollm2-135m" => Some(base),

@@ -576,6 +576,8 @@ mod tests {
             tied_head: true,
             qkv_bias: false,
             qk_norm: false,
+            sliding_window: 0,
+            full_attention_layers: 0,
         };
         Llama::new(&MemoryPool::new(Device::Cpu), cfg, 11).unwrap()
     }

@@ -50,6 +50,20 @@ fn hf_tensors(
     let config = match m.kind.as_str() {
         "llama" => {
             let l = crate::models::llama::LlamaConfig::from_model(m, vocab);
+            // transformers' Llama has no window: a windowed model is a Mistral, or a Qwen2
+            // when its first layers attend fully or its projections have biases (Qwen2's
+            // are always there; a model without them writes zeros).
+            let windowed = l.sliding_window > 0;
+            let (arch, model_type) = if l.qk_norm {
+                ("Qwen3ForCausalLM", "qwen3")
+            } else if windowed && (l.qkv_bias || l.full_attention_layers > 0) {
+                ("Qwen2ForCausalLM", "qwen2")
+            } else if windowed {
+                ("MistralForCausalLM", "mistral")
+            } else {
+                ("LlamaForCausalLM", "llama")
+            };
+            let zero_bias = arch == "Qwen2ForCausalLM" && !l.qkv_bias;
             let (qd, kvd, ffn) = (
                 l.n_heads * l.head_dim,
                 l.n_kv_heads * l.head_dim,
@@ -93,8 +107,12 @@ fn hf_tensors(
                         );
                     }
                 }
-                if l.qkv_bias {
-                    let (_, b) = get(&format!("{k}.attn.qkv.bias"))?;
+                if l.qkv_bias || zero_bias {
+                    let b = if zero_bias {
+                        vec![0.0; qd + 2 * kvd]
+                    } else {
+                        get(&format!("{k}.attn.qkv.bias"))?.1
+                    };
                     put(
                         format!("{p}.self_attn.q_proj.bias"),
                         vec![qd],
@@ -147,11 +165,6 @@ fn hf_tensors(
                     rows(&h, d, 0, vocab),
                 );
             }
-            let (arch, model_type) = if l.qk_norm {
-                ("Qwen3ForCausalLM", "qwen3")
-            } else {
-                ("LlamaForCausalLM", "llama")
-            };
             let mut c = json!({
                 "architectures": [arch],
                 "model_type": model_type,
@@ -179,6 +192,23 @@ fn hf_tensors(
                     "high_freq_factor": s.high_freq_factor,
                     "original_max_position_embeddings": s.original_context,
                 });
+            }
+            if windowed {
+                c["sliding_window"] = json!(l.sliding_window);
+                if arch != "MistralForCausalLM" {
+                    let layer_types: Vec<&str> = (0..l.n_layers)
+                        .map(|i| {
+                            if l.window_of(i) > 0 {
+                                "sliding_attention"
+                            } else {
+                                "full_attention"
+                            }
+                        })
+                        .collect();
+                    c["use_sliding_window"] = json!(true);
+                    c["max_window_layers"] = json!(l.full_attention_layers);
+                    c["layer_types"] = json!(layer_types);
+                }
             }
             if l.rot_dim != l.head_dim {
                 c["partial_rotary_factor"] = json!(l.rot_dim as f64 / l.head_dim as f64);

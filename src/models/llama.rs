@@ -51,7 +51,20 @@ pub struct LlamaConfig {
     /// A per-head RMSNorm (one gain of `head_dim` for all query heads, one for the key
     /// heads) on queries and keys before the rotation (Qwen3).
     pub qk_norm: bool,
+    /// Sliding-window attention: a query attends to the `sliding_window` latest positions,
+    /// its own included (transformers' `kv_idx > q_idx - sliding_window`); 0 means none.
+    #[serde(default)]
+    pub sliding_window: usize,
+    /// Layers `0..full_attention_layers` attend fully even with a window (Qwen2's
+    /// `max_window_layers`).
+    #[serde(default)]
+    pub full_attention_layers: usize,
 }
+
+/// The longest window the settings accept: far past any context a model is trained or run
+/// at (a window at least as long as the sequence is full attention), and small enough for
+/// the kernels' 32-bit positions.
+pub const MAX_SLIDING_WINDOW: usize = 1 << 24;
 
 impl LlamaConfig {
     /// The shape the `[model]` settings describe, for a `vocab`-token vocabulary; zeros take
@@ -92,6 +105,18 @@ impl LlamaConfig {
             tied_head: m.tied_head,
             qkv_bias: m.qkv_bias,
             qk_norm: m.qk_norm,
+            sliding_window: m.sliding_window,
+            full_attention_layers: m.full_attention_layers,
+        }
+    }
+
+    /// The attention window of layer `layer`: 0 (full causal attention) for the first
+    /// `full_attention_layers` layers and when the model has no window.
+    pub fn window_of(&self, layer: usize) -> usize {
+        if layer < self.full_attention_layers {
+            0
+        } else {
+            self.sliding_window
         }
     }
 
@@ -142,12 +167,15 @@ impl LlamaConfig {
     pub fn cost_on(&self, batch: usize, seq: usize, layout: ActLayout) -> Cost {
         let tokens = batch * seq;
         let c = self.d_model;
-        let block = RmsNorm::cost_of(c, tokens, layout)
-            + GqaAttention::cost_of(c, self.heads(), self.qkv_bias, batch, seq, layout)
-            + RmsNorm::cost_of(c, tokens, layout)
-            + SwiGlu::cost_of(c, self.ffn_hidden, tokens, layout)
-            + self.qk_norm_cost(tokens, layout);
-        let blocks: Cost = (0..self.n_layers).map(|_| block).sum();
+        let block = |layer: usize| {
+            let window = self.window_of(layer);
+            RmsNorm::cost_of(c, tokens, layout)
+                + GqaAttention::cost_of(c, self.heads(), self.qkv_bias, batch, seq, window, layout)
+                + RmsNorm::cost_of(c, tokens, layout)
+                + SwiGlu::cost_of(c, self.ffn_hidden, tokens, layout)
+                + self.qk_norm_cost(tokens, layout)
+        };
+        let blocks: Cost = (0..self.n_layers).map(block).sum();
         let vocab = padded_vocab(self.vocab);
         let head = Linear::cost_of(c, vocab, false, tokens);
         let head = Cost {
@@ -302,7 +330,8 @@ impl Llama {
                         cfg.qk_norm.then_some(cfg.norm_eps),
                         out_std,
                         &mut rng,
-                    )?,
+                    )?
+                    .with_window(cfg.window_of(l)),
                     ln2: RmsNorm::new(pool, &format!("{name}.ln2"), c, cfg.norm_eps, &mut rng)?,
                     mlp: SwiGlu::new(
                         pool,
@@ -831,8 +860,17 @@ impl Llama {
                 c,
             )?;
             drop(qkv);
-            let att =
-                ops::cache_attention_at(&q, k, v, r.slot, r.pos, self.cfg.n_heads, r.longest, c)?;
+            let att = ops::cache_attention_at(
+                &q,
+                k,
+                v,
+                r.slot,
+                r.pos,
+                self.cfg.n_heads,
+                block.attn.window,
+                r.longest,
+                c,
+            )?;
             let o = block.attn.out.forward(&att)?;
             let (mid, ln2, _) = block.ln2.forward_residual(&x, &o)?;
             let act = block.mlp.activations(&ln2)?;
@@ -850,6 +888,11 @@ mod tests {
     use crate::engine::Device;
 
     fn tiny(tied: bool, kv_heads: usize) -> Llama {
+        tiny_windowed(tied, kv_heads, 0, 0)
+    }
+
+    /// [`tiny`] attending within `window` positions from layer `full_layers` on.
+    fn tiny_windowed(tied: bool, kv_heads: usize, window: usize, full_layers: usize) -> Llama {
         let cfg = LlamaConfig {
             vocab: 13,
             d_model: 16,
@@ -866,6 +909,8 @@ mod tests {
             tied_head: tied,
             qkv_bias: !tied,
             qk_norm: tied,
+            sliding_window: window,
+            full_attention_layers: full_layers,
         };
         Llama::new(&MemoryPool::new(Device::Cpu), cfg, 3).unwrap()
     }
@@ -877,11 +922,18 @@ mod tests {
     }
 
     /// The whole model's gradient against central differences of its loss, for tied and
-    /// untied heads, plain and grouped key/value heads, with QKV biases.
+    /// untied heads, plain and grouped key/value heads, with QKV biases, and within a
+    /// sliding window of 3 positions (on both layers, and on the second only).
     #[test]
     fn model_gradient_matches_finite_differences() {
-        for (tied, kv) in [(true, 2), (false, 4), (false, 1)] {
-            let mut model = tiny(tied, kv);
+        for (tied, kv, window, full) in [
+            (true, 2, 0, 0),
+            (false, 4, 0, 0),
+            (false, 1, 0, 0),
+            (false, 2, 3, 0),
+            (true, 2, 3, 1),
+        ] {
+            let mut model = tiny_windowed(tied, kv, window, full);
             for p in model.params_mut() {
                 // Random gains and biases, so their gradients are not at a symmetric point.
                 if p.value.shape().len() == 1 {
@@ -925,7 +977,7 @@ mod tests {
                     let fd = ((plus - minus) / (2.0 * h as f64)) as f32;
                     assert!(
                         (g[i] - fd).abs() < 3e-3 + 1e-2 * fd.abs(),
-                        "tied={tied} kv={kv} {name}[{i}]: {} vs {fd}",
+                        "tied={tied} kv={kv} window={window}/{full} {name}[{i}]: {} vs {fd}",
                         g[i]
                     );
                 }
@@ -1064,5 +1116,64 @@ mod tests {
             err.contains("longer than the model's context of 8"),
             "{err}"
         );
+    }
+
+    /// A window of 3 positions: the cached decoder (a prefill, then steps past the window)
+    /// gives the logits of the windowed full forward, which differ from full attention's; a
+    /// window as long as the context is full attention bit for bit, in the loss, its gradient
+    /// and the decoder; and the cost counts fewer attention FLOPs.
+    #[test]
+    fn a_sliding_window_decodes_like_its_full_forward() {
+        let (x, y) = batch();
+        for full_layers in [0, 1] {
+            let model = tiny_windowed(false, 2, 3, full_layers);
+            let dec = model.decoder().unwrap();
+            let mut cache = dec.new_cache(1, 8).unwrap();
+            let got = dec
+                .decode(&mut cache, &x[..4], &[0; 4], &[0, 1, 2, 3], &[3])
+                .unwrap();
+            let want = model.next_logits(&x[..4]).unwrap();
+            crate::engine::cpu::testutil::assert_close(&got, &want, 1e-5, "windowed prefill");
+            for p in 4..7 {
+                let got = dec
+                    .decode(&mut cache, &[x[p]], &[0], &[p as u32], &[0])
+                    .unwrap();
+                let want = model.next_logits(&x[..=p]).unwrap();
+                crate::engine::cpu::testutil::assert_close(&got, &want, 1e-5, "windowed step");
+            }
+            let plain = tiny_windowed(false, 2, 0, 0);
+            assert_ne!(
+                plain.next_logits(&x[..7]).unwrap(),
+                model.next_logits(&x[..7]).unwrap(),
+                "a window of 3 changes 7-token logits"
+            );
+            assert!(model.cost(2, 7).flops_forward < plain.cost(2, 7).flops_forward);
+        }
+        // Every window at least the context long gives full attention's bits.
+        let p = StepPrecision {
+            grad_scale: 1.0,
+            grad_dtype: DType::F32,
+        };
+        let run = |window: usize| {
+            let mut m = tiny_windowed(true, 2, window, 0);
+            let loss = m.forward_backward(&x, &y, 2, 7, p).unwrap();
+            let grads: Vec<u32> = m
+                .params()
+                .iter()
+                .flat_map(|p| p.grad.to_vec().unwrap())
+                .map(f32::to_bits)
+                .collect();
+            let dec = m.decoder().unwrap();
+            let mut cache = dec.new_cache(1, 8).unwrap();
+            let pos: Vec<u32> = (0..7).collect();
+            let logits = dec
+                .decode(&mut cache, &x[..7], &[0; 7], &pos, &[6])
+                .unwrap();
+            (loss.to_bits(), grads, logits)
+        };
+        let full = run(0);
+        assert_eq!(run(8), full);
+        assert_eq!(run(7), full);
+        assert_ne!(run(2).0, full.0);
     }
 }

@@ -10,6 +10,10 @@
 //! query heads and one by the key heads) before the rotation: the heads are cut out of the
 //! projection's columns, normalised as rows of `head_dim`, and written back, with the RMSNorm
 //! kernels every Llama block already uses.
+//!
+//! Mistral and Qwen2 attend within a sliding window: a query sees only the `window` latest
+//! positions, its own included; every attention kernel takes the window and skips the key
+//! tiles wholly outside it.
 
 use super::linear::Linear;
 use super::rmsnorm::RmsNorm;
@@ -41,6 +45,8 @@ pub struct GqaAttention {
     pub qk_norm: Option<(RmsNorm, RmsNorm)>,
     pub out: Linear,
     pub heads: Heads,
+    /// The sliding window in positions (0: full causal attention).
+    pub window: usize,
 }
 
 /// What the backward needs: the packed, rotated `[q | k | v]`, the softmax statistics and
@@ -125,7 +131,14 @@ impl GqaAttention {
             },
             out: Linear::new(pool, &format!("{name}.out"), h * d, c, false, out_std, rng)?,
             heads,
+            window: 0,
         })
+    }
+
+    /// The layer attending within the `window` latest positions (0: full causal attention).
+    pub fn with_window(mut self, window: usize) -> Self {
+        self.window = window;
+        self
     }
 
     fn shapes(&self, batch: usize, seq: usize) -> (RopeShape, AttnShape) {
@@ -166,7 +179,7 @@ impl GqaAttention {
         let (qkv, qk) = self.project(x)?;
         let packed = ops::rope_expand_forward(&qkv, pos, &rot.cos, &rot.sin, rs)?;
         drop(qkv);
-        let (att, stats) = ops::attention_forward(&packed, s)?;
+        let (att, stats) = ops::windowed_attention_forward(&packed, s, self.window)?;
         let out = self.out.forward(&att)?;
         Ok((
             out,
@@ -190,7 +203,8 @@ impl GqaAttention {
         let (batch, seq) = (x.shape()[0], x.shape()[1]);
         let (rs, s) = self.shapes(batch, seq);
         let datt = self.out.backward(dout, &saved.att)?;
-        let dpacked = ops::attention_backward(&datt, &saved.packed, &saved.stats, s)?;
+        let dpacked =
+            ops::windowed_attention_backward(&datt, &saved.packed, &saved.stats, s, self.window)?;
         drop(datt);
         let mut dqkv = ops::rope_expand_backward(&dpacked, pos, &rot.cos, &rot.sin, rs)?;
         drop(dpacked);
@@ -224,18 +238,20 @@ impl GqaAttention {
     }
 
     /// Saves the packed `[q | k | v]`, the attention output and the softmax statistics;
-    /// FLOPs count the causal half of QK^T and PV.
+    /// FLOPs count the query-key pairs the causal mask (and the window, if any) lets through.
+    #[allow(clippy::too_many_arguments)]
     pub fn cost_of(
         c: usize,
         h: Heads,
         bias: bool,
         batch: usize,
         seq: usize,
+        window: usize,
         layout: ActLayout,
     ) -> Cost {
         let tokens = batch * seq;
         let width = h.heads * h.head_dim;
-        let pairs = (batch * h.heads * seq * (seq + 1) / 2) as u64;
+        let pairs = (batch * h.heads * attended_pairs(seq, window)) as u64;
         let stats = AttnShape {
             batch,
             seq,
@@ -254,5 +270,38 @@ impl GqaAttention {
         Linear::cost_of(c, (h.heads + 2 * h.kv_heads) * h.head_dim, bias, tokens)
             + core
             + Linear::cost_of(width, c, false, tokens)
+    }
+}
+
+/// Query-key pairs of a `seq`-long sequence under the causal mask and a `window` (0: none):
+/// query `i` sees `min(i + 1, window)` keys.
+fn attended_pairs(seq: usize, window: usize) -> usize {
+    let causal = seq * (seq + 1) / 2;
+    if window == 0 || window >= seq {
+        return causal;
+    }
+    // The first `window` queries see 1..=window keys, the rest `window` each.
+    window * (window + 1) / 2 + (seq - window) * window
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_window_counts_only_the_pairs_it_lets_through() {
+        let brute = |seq: usize, w: usize| -> usize {
+            (0..seq)
+                .map(|i| (0..=i).filter(|&j| w == 0 || i - j < w).count())
+                .sum()
+        };
+        for (seq, w) in [(7, 0), (7, 1), (7, 3), (7, 7), (7, 9), (64, 16)] {
+            assert_eq!(
+                attended_pairs(seq, w),
+                brute(seq, w),
+                "seq {seq}, window {w}"
+            );
+        }
+        assert!(attended_pairs(64, 16) < attended_pairs(64, 0));
     }
 }

@@ -8,8 +8,11 @@
 //! (the same rotation as [`super::rope`]), stores key and value at the row's position and
 //! returns the rotated queries; [`cache_attention`] lets each row attend to positions
 //! `0..=pos` of its slot, which is causal attention for a prefill and full attention over
-//! the past for a decode step.
+//! the past for a decode step. With a sliding window `W` a row sees only positions
+//! `pos - W < t <= pos` (see [`super::attention`]); the cache still holds every position, so
+//! the window changes what is read, not what is stored.
 
+use super::attention::first_key;
 use super::rope::{RopeShape, rotate};
 use rayon::prelude::*;
 
@@ -80,7 +83,8 @@ pub fn kv_append(
     }
 }
 
-/// `out[r, h] = softmax(q[r, h] . K[slot, h/g, 0..=pos] / sqrt(D)) V[slot, h/g, 0..=pos]`.
+/// `out[r, h] = softmax(q[r, h] . K[slot, h/g, lo..=pos] / sqrt(D)) V[slot, h/g, lo..=pos]`
+/// with `lo` the first position of the sliding `window` (0 without one).
 #[allow(clippy::too_many_arguments)]
 pub fn cache_attention(
     out: &mut [f32],
@@ -90,6 +94,7 @@ pub fn cache_attention(
     slot: &[u32],
     pos: &[u32],
     heads: usize,
+    window: usize,
     c: CacheShape,
 ) {
     let d = c.head_dim;
@@ -99,11 +104,11 @@ pub fn cache_attention(
         .zip(q.par_chunks(heads * d))
         .zip(slot.par_iter().zip(pos.par_iter()))
         .for_each(|((out, q), (&sl, &p))| {
-            let len = p as usize + 1;
-            let mut scores = vec![0.0f32; len];
+            let lo = first_key(p as usize, window);
+            let mut scores = vec![0.0f32; p as usize + 1 - lo];
             for h in 0..heads {
                 let qh = &q[h * d..][..d];
-                let base = c.at(sl as usize, h / g, 0);
+                let base = c.at(sl as usize, h / g, lo);
                 let mut max = f32::NEG_INFINITY;
                 for (t, sc) in scores.iter_mut().enumerate() {
                     let kt = &k_cache[base + t * d..][..d];
@@ -130,12 +135,13 @@ pub fn cache_attention(
 mod tests {
     use super::*;
     use crate::engine::AttnShape;
-    use crate::engine::cpu::attention::attention_forward;
+    use crate::engine::cpu::attention::windowed_attention_forward;
     use crate::engine::cpu::rope::{inverse_frequencies, rope_expand_forward, rope_tables};
     use crate::engine::cpu::testutil::{assert_close, random};
 
     /// A prefill through the cache (one slot, positions 0..T) gives the same attention output
-    /// as rotating and expanding the heads and running the causal attention kernel.
+    /// as rotating and expanding the heads and running the causal attention kernel, without
+    /// a window and within windows of 1, 3 and the whole sequence.
     #[test]
     fn cached_prefill_matches_causal_attention_with_grouped_heads() {
         let (t, h, k, d) = (7, 4, 2, 8);
@@ -163,18 +169,31 @@ mod tests {
             heads: h,
             channels: h * d,
         };
-        let mut want = vec![0.0; t * h * d];
-        let mut probs = vec![0.0; h * t * t];
-        attention_forward(&mut want, &mut probs, &packed, a);
-
         let (mut kc, mut vc) = (vec![f32::NAN; c.len()], vec![f32::NAN; c.len()]);
         let mut q = vec![f32::NAN; t * h * d];
         let slot = vec![2u32; t];
         kv_append(
             &mut q, &mut kc, &mut vc, &qkv, &slot, &pos, &cos, &sin, s, c,
         );
-        let mut got = vec![f32::NAN; t * h * d];
-        cache_attention(&mut got, &q, &kc, &vc, &slot, &pos, h, c);
-        assert_close(&got, &want, 1e-5, "cached attention");
+        let mut outputs = Vec::new();
+        for window in [0, 1, 3, t] {
+            let mut want = vec![0.0; t * h * d];
+            let mut probs = vec![0.0; h * t * t];
+            windowed_attention_forward(&mut want, &mut probs, &packed, a, window);
+            let mut got = vec![f32::NAN; t * h * d];
+            cache_attention(&mut got, &q, &kc, &vc, &slot, &pos, h, window, c);
+            assert_close(
+                &got,
+                &want,
+                1e-5,
+                &format!("cached attention, window {window}"),
+            );
+            outputs.push(got);
+        }
+        assert_ne!(outputs[0], outputs[2], "a short window changes the output");
+        assert_eq!(
+            outputs[0], outputs[3],
+            "a window of the whole sequence does not"
+        );
     }
 }

@@ -15,14 +15,24 @@
 //
 // The head size HS is a template parameter (the per-thread rows live in registers); the
 // extern "C" entry points at the end instantiate the sizes kiln supports.
+//
+// A sliding window W > 0 limits query i to keys j with i - W < j <= i (W = 0: none). Key tiles
+// wholly before a block's first window are never loaded; within a tile each row skips the keys
+// outside its own window. Without a window, or with one at least T long, every loop runs as
+// without the window, so the results are the same bit for bit.
 
 #define BR 64
 #define BC 32
 #define KR 32  // key rows per block in the dK/dV kernel
 
+// The first key row `row` attends to under the window W (0: none).
+__device__ __forceinline__ int window_first_key(int row, int W) {
+    return W > 0 ? max(0, row - W + 1) : 0;
+}
+
 template <int HS, typename E>
 __device__ void attention_forward_impl(const E* __restrict__ qkv, E* __restrict__ out,
-                                             float* __restrict__ lse, int T, int C, int NH) {
+                                             float* __restrict__ lse, int T, int C, int NH, int W) {
     __shared__ float ks[BC][HS];
     __shared__ float vs[BC][HS];
     const int b = blockIdx.y / NH, h = blockIdx.y % NH;
@@ -40,21 +50,27 @@ __device__ void attention_forward_impl(const E* __restrict__ qkv, E* __restrict_
         o[i] = 0.0f;
     }
     const int last = min(T - 1, (int)(blockIdx.x * BR + BR - 1));
-    for (int k0 = 0; k0 <= last; k0 += BC) {
+    const int lo = window_first_key(row, W);
+    // The first tile holding a key of the block's first row's window.
+    const int first = window_first_key(blockIdx.x * BR, W) / BC * BC;
+    for (int k0 = first; k0 <= last; k0 += BC) {
         for (int idx = threadIdx.x; idx < BC * HS; idx += BR) {
             int r = idx / HS, c = idx % HS, kr = k0 + r;
             ks[r][c] = kr < T ? load(base[kr * stride + C + c]) : 0.0f;
             vs[r][c] = kr < T ? load(base[kr * stride + 2 * C + c]) : 0.0f;
         }
         __syncthreads();
-        if (active && k0 <= row) {
+        // A row computes on a tile only if one of its keys is in the row's window, so the
+        // tile's max is finite.
+        if (active && k0 <= row && k0 + BC > lo) {
             const int n = min(BC, row - k0 + 1);
+            const int j0 = max(0, lo - k0);
             float s[BC];
             float tile_max = KILN_NEG_INF;
             #pragma unroll
             for (int j = 0; j < BC; j++) {
                 float dot = 0.0f;
-                if (j < n) {
+                if (j >= j0 && j < n) {
                     #pragma unroll
                     for (int i = 0; i < HS; i++) dot += q[i] * ks[j][i];
                     tile_max = fmaxf(tile_max, dot);
@@ -68,7 +84,7 @@ __device__ void attention_forward_impl(const E* __restrict__ qkv, E* __restrict_
             for (int i = 0; i < HS; i++) o[i] *= corr;
             #pragma unroll
             for (int j = 0; j < BC; j++) {
-                if (j < n) {
+                if (j >= j0 && j < n) {
                     const float p = __expf(s[j] - m_new);
                     l += p;
                     #pragma unroll
@@ -95,7 +111,7 @@ __device__ void attention_forward_impl(const E* __restrict__ qkv, E* __restrict_
 template <int HS, typename E>
 __device__ void attention_backward_dq_impl(const E* __restrict__ qkv, const E* __restrict__ dout,
                                                  const float* __restrict__ lse, float* __restrict__ d,
-                                                 E* __restrict__ dqkv, int T, int C, int NH) {
+                                                 E* __restrict__ dqkv, int T, int C, int NH, int W) {
     __shared__ float ks[BC][HS];
     __shared__ float vs[BC][HS];
     const int b = blockIdx.y / NH, h = blockIdx.y % NH;
@@ -117,9 +133,11 @@ __device__ void attention_backward_dq_impl(const E* __restrict__ qkv, const E* _
     const float row_lse = active ? lse[r] : 0.0f;
     float row_d = 0.0f;
     const int last = min(T - 1, (int)(blockIdx.x * BR + BR - 1));
+    const int lo = window_first_key(row, W);
+    const int first = window_first_key(blockIdx.x * BR, W) / BC * BC;
     for (int pass = 0; pass < 2; pass++) {
         float d_acc = 0.0f;
-        for (int k0 = 0; k0 <= last; k0 += BC) {
+        for (int k0 = first; k0 <= last; k0 += BC) {
             for (int idx = threadIdx.x; idx < BC * HS; idx += BR) {
                 int rr = idx / HS, c = idx % HS, kr = k0 + rr;
                 ks[rr][c] = kr < T ? load(base[kr * stride + C + c]) : 0.0f;
@@ -128,7 +146,7 @@ __device__ void attention_backward_dq_impl(const E* __restrict__ qkv, const E* _
             __syncthreads();
             if (active && k0 <= row) {
                 const int n = min(BC, row - k0 + 1);
-                for (int j = 0; j < n; j++) {
+                for (int j = max(0, lo - k0); j < n; j++) {
                     float s = 0.0f, dp = 0.0f;
                     #pragma unroll
                     for (int i = 0; i < HS; i++) {
@@ -162,7 +180,7 @@ __device__ void attention_backward_dq_impl(const E* __restrict__ qkv, const E* _
 template <int HS, typename E>
 __device__ void attention_backward_dkv_impl(const E* __restrict__ qkv, const E* __restrict__ dout,
                                                   const float* __restrict__ lse, const float* __restrict__ d,
-                                                  E* __restrict__ dqkv, int T, int C, int NH) {
+                                                  E* __restrict__ dqkv, int T, int C, int NH, int W) {
     __shared__ float qs[BC][HS];
     __shared__ float gs[BC][HS];
     __shared__ float lses[BC], ds_[BC];
@@ -185,7 +203,9 @@ __device__ void attention_backward_dkv_impl(const E* __restrict__ qkv, const E* 
         dv[threadIdx.x][i] = 0.0f;
     }
     const int first = blockIdx.x * KR;
-    for (int q0 = (first / BC) * BC; q0 < T; q0 += BC) {
+    // Queries past the block's last key's window see none of its keys.
+    const int end = W > 0 ? min(T, first + KR - 1 + W) : T;
+    for (int q0 = (first / BC) * BC; q0 < end; q0 += BC) {
         for (int idx = threadIdx.x; idx < BC * HS; idx += KR) {
             int rr = idx / HS, c = idx % HS, qr = q0 + rr;
             qs[rr][c] = qr < T ? load(base[qr * stride + c]) : 0.0f;
@@ -201,7 +221,7 @@ __device__ void attention_backward_dkv_impl(const E* __restrict__ qkv, const E* 
         if (active) {
             for (int j = 0; j < BC; j++) {
                 const int qr = q0 + j;
-                if (qr < key || qr >= T) continue;
+                if (qr < key || qr >= T || (W > 0 && qr - key >= W)) continue;
                 float s = 0.0f, dp = 0.0f;
                 #pragma unroll
                 for (int i = 0; i < HS; i++) {
@@ -234,16 +254,16 @@ __device__ void attention_backward_dkv_impl(const E* __restrict__ qkv, const E* 
 // in the dK/dV kernel to stay inside 48 KiB of static shared memory.
 #define ATTENTION_ENTRY_POINTS(HS, E, SUFFIX)                                                        \
     extern "C" __global__ void __launch_bounds__(BR) attention_forward_##SUFFIX##_hs##HS(            \
-        const E* qkv, E* out, float* lse, int T, int C, int NH) {                                    \
-        attention_forward_impl<HS, E>(qkv, out, lse, T, C, NH);                                      \
+        const E* qkv, E* out, float* lse, int T, int C, int NH, int W) {                             \
+        attention_forward_impl<HS, E>(qkv, out, lse, T, C, NH, W);                                   \
     }                                                                                                \
     extern "C" __global__ void __launch_bounds__(BR) attention_backward_dq_##SUFFIX##_hs##HS(        \
         const E* qkv, const E* dout, const float* lse, float* d, E* dqkv, int T, int C,              \
-        int NH) {                                                                                    \
-        attention_backward_dq_impl<HS, E>(qkv, dout, lse, d, dqkv, T, C, NH);                        \
+        int NH, int W) {                                                                             \
+        attention_backward_dq_impl<HS, E>(qkv, dout, lse, d, dqkv, T, C, NH, W);                     \
     }                                                                                                \
     extern "C" __global__ void __launch_bounds__(KR) attention_backward_dkv_##SUFFIX##_hs##HS(       \
         const E* qkv, const E* dout, const float* lse, const float* d, E* dqkv, int T, int C,        \
-        int NH) {                                                                                    \
-        attention_backward_dkv_impl<HS, E>(qkv, dout, lse, d, dqkv, T, C, NH);                       \
+        int NH, int W) {                                                                             \
+        attention_backward_dkv_impl<HS, E>(qkv, dout, lse, d, dqkv, T, C, NH, W);                    \
     }

@@ -7,6 +7,8 @@
 //!   a warp per 16 rows, 64-row tiles double-buffered in shared memory;
 //! - everything else (f32, head sizes 16 and 32, older GPUs): one query (or key) row per
 //!   thread on CUDA cores, f32 arithmetic.
+//!
+//! Both take a sliding window (`window`, 0 for none) and skip the key tiles it leaves out.
 
 use super::{CudaBackend, CudaError, Elem, Program, Result, as_i32, check_len, raw_ptr};
 use crate::engine::AttnShape;
@@ -117,6 +119,11 @@ fn dims(s: AttnShape) -> Result<(i32, i32, i32, usize)> {
     ))
 }
 
+/// The window as the kernels' `int W`.
+fn window_arg(window: usize) -> Result<i32> {
+    as_i32("attention", "window", window)
+}
+
 /// One block per `per_block` rows of each (batch, head), `threads` threads each.
 fn rows_grid(rows: usize, per_block: u32, threads: u32, s: AttnShape) -> LaunchConfig {
     LaunchConfig {
@@ -170,7 +177,20 @@ impl CudaBackend {
         qkv: &CudaSlice<T>,
         s: AttnShape,
     ) -> Result<()> {
+        self.windowed_attention_forward(out, lse, qkv, s, 0)
+    }
+
+    /// [`Self::attention_forward`] within a sliding `window` (0: none).
+    pub fn windowed_attention_forward<T: Elem>(
+        &self,
+        out: &mut CudaSlice<T>,
+        lse: &mut CudaSlice<f32>,
+        qkv: &CudaSlice<T>,
+        s: AttnShape,
+        window: usize,
+    ) -> Result<()> {
         let (t, c, nh, hs) = dims(s)?;
+        let w = window_arg(window)?;
         check_len(
             "attention_forward",
             "qkv",
@@ -190,7 +210,13 @@ impl CudaBackend {
         );
         let f = self.function(&format!("attention_forward_{}", plan.suffix))?;
         let mut b = self.stream.launch_builder(f);
-        b.arg(qkv).arg(out).arg(lse).arg(&t).arg(&c).arg(&nh);
+        b.arg(qkv)
+            .arg(out)
+            .arg(lse)
+            .arg(&t)
+            .arg(&c)
+            .arg(&nh)
+            .arg(&w);
         let (rows, threads) = plan.forward_dq;
         // SAFETY: buffer sizes checked above; the grid covers B*NH x ceil(T/rows) row tiles.
         unsafe { b.launch(rows_grid(s.seq, rows, threads, s)) }?;
@@ -198,7 +224,6 @@ impl CudaBackend {
     }
 
     /// Overwrites `dqkv[B, T, 3C]` from `dout` and the forward's `qkv` and `lse`.
-    #[allow(clippy::too_many_arguments)]
     pub fn attention_backward<T: Elem>(
         &self,
         dqkv: &mut CudaSlice<T>,
@@ -207,7 +232,22 @@ impl CudaBackend {
         lse: &CudaSlice<f32>,
         s: AttnShape,
     ) -> Result<()> {
+        self.windowed_attention_backward(dqkv, dout, qkv, lse, s, 0)
+    }
+
+    /// [`Self::attention_backward`] of [`Self::windowed_attention_forward`] with the same
+    /// `window`.
+    pub fn windowed_attention_backward<T: Elem>(
+        &self,
+        dqkv: &mut CudaSlice<T>,
+        dout: &CudaSlice<T>,
+        qkv: &CudaSlice<T>,
+        lse: &CudaSlice<f32>,
+        s: AttnShape,
+        window: usize,
+    ) -> Result<()> {
         let (t, c, nh, hs) = dims(s)?;
+        let w = window_arg(window)?;
         let rows = s.batch * s.heads * s.seq;
         check_len(
             "attention_backward",
@@ -242,7 +282,8 @@ impl CudaBackend {
                 .arg(&mut *dqkv)
                 .arg(&t)
                 .arg(&c)
-                .arg(&nh);
+                .arg(&nh)
+                .arg(&w);
             let (rows, threads) = plan.forward_dq;
             // SAFETY: as above; this kernel writes the Q third of each dqkv row and `d`.
             unsafe { b.launch(rows_grid(s.seq, rows, threads, s)) }?;
@@ -256,7 +297,8 @@ impl CudaBackend {
             .arg(dqkv)
             .arg(&t)
             .arg(&c)
-            .arg(&nh);
+            .arg(&nh)
+            .arg(&w);
         let (rows, threads) = plan.dkv;
         // SAFETY: as above; this kernel writes only the K and V thirds of each dqkv row.
         unsafe { b.launch(rows_grid(s.seq, rows, threads, s)) }?;

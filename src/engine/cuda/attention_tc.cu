@@ -18,6 +18,10 @@
 // The products of stored bf16 values (Q K^T, dO V^T) are exact in the f32 accumulators.
 //
 // Every sum is in a fixed order (no atomics), so results are deterministic.
+//
+// A sliding window W > 0 limits query i to keys j with i - W < j <= i (W = 0: none): tiles
+// wholly outside every window of a block are skipped, and scores outside a row's window are
+// masked like those past the diagonal.
 
 #define TC_ROWS 64  // rows (queries or keys) per block, and per shared tile
 #define TC_LD 72    // tile row pitch in bf16: 64 + 8, so ldmatrix's 8 row reads hit distinct banks
@@ -143,6 +147,16 @@ __device__ __forceinline__ void tc_mma_x_tile(float acc[8][4], const float x[8][
     }
 }
 
+// Whether query `query` sees key `key` under the causal mask and the window W (0: none).
+__device__ __forceinline__ bool tc_sees(int query, int key, int W) {
+    return key <= query && (W == 0 || query - key < W);
+}
+
+// The first key tile a block of queries from q0 on reads under the window W.
+__device__ __forceinline__ int tc_first_key_tile(int q0, int W) {
+    return W > 0 ? max(0, q0 - W + 1) / TC_ROWS : 0;
+}
+
 // Reductions over the 4 lanes (t = 0..3) that share an accumulator row.
 __device__ __forceinline__ float tc_row_max(float v) {
     v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
@@ -157,7 +171,7 @@ __device__ __forceinline__ float tc_row_sum(float v) {
 // an online softmax (scores in base 2: exp2 is the hardware's exponential).
 extern "C" __global__ void __launch_bounds__(128) attention_forward_bf16_hs64_tc(
     const bf16* __restrict__ qkv, bf16* __restrict__ out, float* __restrict__ lse, int T, int C,
-    int NH) {
+    int NH, int W) {
 #if __CUDA_ARCH__ >= 800
     __shared__ __align__(16) unsigned short qs[TC_ROWS * TC_LD];
     __shared__ __align__(16) unsigned short ks[2][TC_ROWS * TC_LD];  // two buffers: one computed
@@ -171,11 +185,12 @@ extern "C" __global__ void __launch_bounds__(128) attention_forward_bf16_hs64_tc
     const int q0 = qt * TC_ROWS;
     const int row0 = q0 + warp * 16 + (lane >> 2);  // this lane's rows: row0 and row0 + 8
     const float c = TC_SCALE * TC_LOG2E;
+    const int kt0 = tc_first_key_tile(q0, W);
 
     tc_tile_copy(qs, base, stride, q0, T);
     tc_commit();
-    tc_tile_copy(ks[0], base + C, stride, 0, T);
-    tc_tile_copy(vs[0], base + 2 * C, stride, 0, T);
+    tc_tile_copy(ks[0], base + C, stride, kt0 * TC_ROWS, T);
+    tc_tile_copy(vs[0], base + 2 * C, stride, kt0 * TC_ROWS, T);
     tc_commit();
     tc_wait<1>();
     __syncthreads();
@@ -183,8 +198,8 @@ extern "C" __global__ void __launch_bounds__(128) attention_forward_bf16_hs64_tc
     tc_load_a(qf, qs, warp * 16);
 
     float o[8][4] = {}, m[2] = {KILN_NEG_INF, KILN_NEG_INF}, l[2] = {0.0f, 0.0f};
-    for (int kt = 0; kt <= qt; kt++) {
-        const int k0 = kt * TC_ROWS, buf = kt & 1;
+    for (int kt = kt0; kt <= qt; kt++) {
+        const int k0 = kt * TC_ROWS, buf = (kt - kt0) & 1;
         if (kt < qt) {
             tc_tile_copy(ks[buf ^ 1], base + C, stride, k0 + TC_ROWS, T);
             tc_tile_copy(vs[buf ^ 1], base + 2 * C, stride, k0 + TC_ROWS, T);
@@ -206,14 +221,17 @@ extern "C" __global__ void __launch_bounds__(128) attention_forward_bf16_hs64_tc
                 for (int e = 2 * r; e < 2 * r + 2; e++) {
                     // Keys past the row are masked; that includes keys >= T for rows < T.
                     const int key = k0 + n * 8 + 2 * t + (e & 1);
-                    const float v = key <= row ? s[n][e] * c : KILN_NEG_INF;
+                    const float v = tc_sees(row, key, W) ? s[n][e] * c : KILN_NEG_INF;
                     s[n][e] = v;
                     mx = fmaxf(mx, v);
                 }
             }
-            // Key k0 <= row is never masked, so the new max is finite.
+            // Without a window key k0 <= row is never masked, so the new max is finite; a
+            // window can mask a whole tile of a row that has seen no key yet, whose max stays
+            // -inf: it then subtracts 0, so its masked scores give 0, never NaN.
             const float m_new = fmaxf(m[r], tc_row_max(mx));
-            const float corr = exp2f(m[r] - m_new);
+            const float m_sub = m_new == KILN_NEG_INF ? 0.0f : m_new;
+            const float corr = exp2f(m[r] - m_sub);
             l[r] *= corr;  // a per-lane partial sum until the end
             #pragma unroll
             for (int n = 0; n < 8; n++) {
@@ -221,7 +239,7 @@ extern "C" __global__ void __launch_bounds__(128) attention_forward_bf16_hs64_tc
                 o[n][2 * r + 1] *= corr;
                 #pragma unroll
                 for (int e = 2 * r; e < 2 * r + 2; e++) {
-                    s[n][e] = exp2f(s[n][e] - m_new);
+                    s[n][e] = exp2f(s[n][e] - m_sub);
                     l[r] += s[n][e];
                 }
             }
@@ -249,7 +267,7 @@ extern "C" __global__ void __launch_bounds__(128) attention_forward_bf16_hs64_tc
 // d_i = sum_j P_ij dP_ij exactly in f32, then accumulating dQ += dS K with dS = P (dP - d).
 extern "C" __global__ void __launch_bounds__(128) attention_backward_dq_bf16_hs64_tc(
     const bf16* __restrict__ qkv, const bf16* __restrict__ dout, const float* __restrict__ lse,
-    float* __restrict__ d, bf16* __restrict__ dqkv, int T, int C, int NH) {
+    float* __restrict__ d, bf16* __restrict__ dqkv, int T, int C, int NH, int W) {
 #if __CUDA_ARCH__ >= 800
     __shared__ __align__(16) unsigned short ks[2][TC_ROWS * TC_LD];  // double-buffered as in
     __shared__ __align__(16) unsigned short vs[2][TC_ROWS * TC_LD];  // the forward
@@ -262,13 +280,14 @@ extern "C" __global__ void __launch_bounds__(128) attention_backward_dq_bf16_hs6
     const int row0 = q0 + warp * 16 + (lane >> 2);
     const float c = TC_SCALE * TC_LOG2E;
     const size_t lse_row = ((size_t)b * NH + h) * T;
+    const int kt0 = tc_first_key_tile(q0, W);
 
     // Q and dO rows reach registers through the second buffers, while the first K/V tile loads.
     tc_tile_copy(ks[1], base, stride, q0, T);
     tc_tile_copy(vs[1], dout + (size_t)b * T * C + h * 64, C, q0, T);
     tc_commit();
-    tc_tile_copy(ks[0], base + C, stride, 0, T);
-    tc_tile_copy(vs[0], base + 2 * C, stride, 0, T);
+    tc_tile_copy(ks[0], base + C, stride, kt0 * TC_ROWS, T);
+    tc_tile_copy(vs[0], base + 2 * C, stride, kt0 * TC_ROWS, T);
     tc_commit();
     tc_wait<1>();
     __syncthreads();
@@ -280,15 +299,15 @@ extern "C" __global__ void __launch_bounds__(128) attention_backward_dq_bf16_hs6
     #pragma unroll
     for (int r = 0; r < 2; r++) lse2[r] = row0 + 8 * r < T ? lse[lse_row + row0 + 8 * r] * TC_LOG2E : 0.0f;
 
-    // Two passes over the key tiles 0 .. qt, as one sequence of 2 n steps so that the copy of
-    // the first tile of the second pass overlaps the last of the first.
-    const int n_tiles = qt + 1;
+    // Two passes over the key tiles kt0 .. qt, as one sequence of 2 n steps so that the copy
+    // of the first tile of the second pass overlaps the last of the first.
+    const int n_tiles = qt - kt0 + 1;
     float dq[8][4] = {}, dsum[2] = {0.0f, 0.0f};
     for (int step = 0; step < 2 * n_tiles; step++) {
         const int pass = step < n_tiles ? 0 : 1, buf = step & 1;
-        const int k0 = (step - pass * n_tiles) * TC_ROWS;
+        const int k0 = (kt0 + step - pass * n_tiles) * TC_ROWS;
         if (step + 1 < 2 * n_tiles) {
-            const int next = step + 1 < n_tiles ? step + 1 : step + 1 - n_tiles;
+            const int next = kt0 + (step + 1 < n_tiles ? step + 1 : step + 1 - n_tiles);
             tc_tile_copy(ks[buf ^ 1], base + C, stride, next * TC_ROWS, T);
             tc_tile_copy(vs[buf ^ 1], base + 2 * C, stride, next * TC_ROWS, T);
             tc_commit();
@@ -310,7 +329,7 @@ extern "C" __global__ void __launch_bounds__(128) attention_backward_dq_bf16_hs6
             for (int e = 0; e < 4; e++) {
                 const int r = e >> 1;
                 const int key = k0 + n * 8 + 2 * t + (e & 1);
-                const float p = key <= row0 + 8 * r ? exp2f(s[n][e] * c - lse2[r]) : 0.0f;
+                const float p = tc_sees(row0 + 8 * r, key, W) ? exp2f(s[n][e] * c - lse2[r]) : 0.0f;
                 if (pass == 0) dsum[r] += p * dp[n][e];
                 else dp[n][e] = p * (dp[n][e] - rowd[r]);
             }
@@ -337,7 +356,7 @@ extern "C" __global__ void __launch_bounds__(128) attention_backward_dq_bf16_hs6
 // exchange between warps.
 extern "C" __global__ void __launch_bounds__(128) attention_backward_dkv_bf16_hs64_tc(
     const bf16* __restrict__ qkv, const bf16* __restrict__ dout, const float* __restrict__ lse,
-    const float* __restrict__ d, bf16* __restrict__ dqkv, int T, int C, int NH) {
+    const float* __restrict__ d, bf16* __restrict__ dqkv, int T, int C, int NH, int W) {
 #if __CUDA_ARCH__ >= 800
     __shared__ __align__(16) unsigned short qs[2][TC_ROWS * TC_LD];  // double-buffered as in
     __shared__ __align__(16) unsigned short gs[2][TC_ROWS * TC_LD];  // the forward
@@ -380,7 +399,9 @@ extern "C" __global__ void __launch_bounds__(128) attention_backward_dkv_bf16_hs
     __syncthreads();  // the second buffers are free for the pipeline
 
     float dk[8][4] = {}, dv[8][4] = {};
-    const int tiles = (T + TC_ROWS - 1) / TC_ROWS;
+    // Query tiles up to the one holding the last query that sees the block's last key.
+    const int all_tiles = (T + TC_ROWS - 1) / TC_ROWS;
+    const int tiles = W > 0 ? min(all_tiles, (k0 + TC_ROWS - 1 + W - 1) / TC_ROWS + 1) : all_tiles;
     for (int qt = kt; qt < tiles; qt++) {
         const int q0 = qt * TC_ROWS, buf = (qt - kt) & 1;
         if (qt + 1 < tiles) {
@@ -398,7 +419,7 @@ extern "C" __global__ void __launch_bounds__(128) attention_backward_dkv_bf16_hs
             #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int qi = n * 8 + 2 * t + (e & 1), query = q0 + qi;
-                const bool live = query >= key0 + 8 * (e >> 1) && query < T;
+                const bool live = tc_sees(query, key0 + 8 * (e >> 1), W) && query < T;
                 const float p = live ? exp2f(s[n][e] * c - lses[buf][qi] * TC_LOG2E) : 0.0f;
                 s[n][e] = p;
                 dp[n][e] = p * (dp[n][e] - ds[buf][qi]);

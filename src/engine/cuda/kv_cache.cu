@@ -79,6 +79,8 @@ __device__ void copy_cache_slot(T* cache, long long from, long long to, long lon
 // over positions grp, grp + groups, ... of the split; the block then merges its groups in
 // shared memory. With one split the result is the output; with several, each split writes its
 // unnormalised output, max and sum (base 2) and `cache_attention_combine` merges them.
+// A sliding window (`window` > 0) limits a row to its `window` latest positions, which the
+// splits then divide among themselves.
 
 #define ATT_THREADS 128
 #define ATT_EPL 8  // elements of a vector per lane
@@ -88,6 +90,7 @@ struct AttnDims {
     int chunks;  // chunks of G query heads per key/value head
     int splits;  // splits of each row's positions
     float scale_log2;  // 1/sqrt(D) * log2(e): scores in base 2
+    int window;  // the sliding window in positions; 0: none
 };
 
 // Eight elements base..base+7 of a vector of length D (zeros past D).
@@ -134,10 +137,11 @@ __device__ void cache_attention(T* out, float* part_o, float* part_ml, const T* 
         for (int j = 0; j < ATT_EPL; ++j) qr[h][j] *= d.scale_log2;
     }
 
-    // This split's positions of 0..=p.
-    const int len = inside ? (int)p + 1 : 0;
-    const int per = (len + d.splits - 1) / d.splits;
-    const int t0 = split * per, t1 = min(len, t0 + per);
+    // This split's positions of lo..=p, lo the first of the window.
+    const int end = inside ? (int)p + 1 : 0;
+    const int lo = d.window > 0 ? max(0, end - d.window) : 0;
+    const int per = (end - lo + d.splits - 1) / d.splits;
+    const int t0 = lo + split * per, t1 = min(end, t0 + per);
 
     float m[G], l[G], acc[G][ATT_EPL];
 #pragma unroll

@@ -82,9 +82,10 @@ struct AttnDims {
     chunks: i32,
     splits: i32,
     scale_log2: f32,
+    window: i32,
 }
 
-// SAFETY: seven i32 and an f32, `repr(C)`, the same layout as the CUDA struct.
+// SAFETY: seven i32, an f32 and an i32, `repr(C)`, the same layout as the CUDA struct.
 unsafe impl DeviceRepr for AttnDims {}
 
 /// How an attention call is laid out: lanes per cached vector, query heads per block (2, 4 or
@@ -248,10 +249,11 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// `out[r, h] = softmax(q[r, h] . K[slot, h/g, 0..=pos] / sqrt(D)) V[slot, h/g, 0..=pos]`
-    /// for `q, out: [rows, H D]`, rows = `slot.len()`. `longest` is the longest row's length
-    /// (its position + 1), which only chooses whether to split rows: each row reads its own
-    /// position from `pos`. A row outside the cache gives NaN.
+    /// `out[r, h] = softmax(q[r, h] . K[slot, h/g, lo..=pos] / sqrt(D)) V[slot, h/g, lo..=pos]`
+    /// for `q, out: [rows, H D]`, rows = `slot.len()`, with `lo` the first position of the
+    /// sliding `window` (0 without one). `longest` is the longest row's length (its position
+    /// plus one), which only chooses whether to split rows: each row reads its own position
+    /// from `pos`. A row outside the cache gives NaN.
     #[allow(clippy::too_many_arguments)]
     pub fn cache_attention<T: Elem>(
         &self,
@@ -262,6 +264,7 @@ impl CudaBackend {
         slot: &CudaSlice<u32>,
         pos: &CudaSlice<u32>,
         heads: usize,
+        window: usize,
         longest: usize,
         c: CacheShape,
     ) -> Result<()> {
@@ -279,8 +282,13 @@ impl CudaBackend {
         check_len(OP, "q", q, rows * heads * c.head_dim)?;
         check_len(OP, "out", out, rows * heads * c.head_dim)?;
         let sm_count = self.info().sm_count as usize;
-        let Some(plan) = attention_plan(rows, heads, c.kv_heads, c.head_dim, longest, sm_count)
-        else {
+        // A row reads at most `window` positions, however far into the cache it is.
+        let read = if window > 0 {
+            longest.min(window)
+        } else {
+            longest
+        };
+        let Some(plan) = attention_plan(rows, heads, c.kv_heads, c.head_dim, read, sm_count) else {
             return bad(format!(
                 "head size {} is past the kernel's {MAX_HEAD_DIM}",
                 c.head_dim
@@ -298,6 +306,7 @@ impl CudaBackend {
             chunks: as_i32(OP, "chunks", plan.chunks)?,
             splits: as_i32(OP, "splits", plan.splits)?,
             scale_log2: std::f32::consts::LOG2_E / (c.head_dim as f32).sqrt(),
+            window: as_i32(OP, "window", window)?,
         };
         as_i32(OP, "rows", rows)?;
         let outputs = rows * heads;

@@ -3,9 +3,9 @@
 //!
 //! Each family's mapping lives here as a table from the checkpoint's names to kiln's. Query,
 //! key and value projections are concatenated into kiln's fused QKV matrix, gate and up into
-//! the fused SwiGLU matrix, GPT-2's Conv1D weights are transposed, and GGUF's query and key
-//! rows are put back in the Hugging Face order (llama.cpp's converter interleaves each head's
-//! rotary halves). Embedding and head rows are padded to kiln's vocabulary multiple with
+//! the fused SwiGLU matrix, GPT-2's Conv1D weights are transposed, and a llama GGUF's query
+//! and key rows are put back in the Hugging Face order (llama.cpp's converter interleaves each
+//! head's rotary halves; its qwen2 and qwen3 files keep Hugging Face's order). Embedding and head rows are padded to kiln's vocabulary multiple with
 //! zeros, which the loss never reads.
 
 use super::gguf::GgufFile;
@@ -60,7 +60,7 @@ pub const ARCHITECTURES: &[&str] = &[
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
     "GPT2LMHeadModel",
-    "GGUF general.architecture = llama",
+    "GGUF general.architecture = llama, qwen2 or qwen3",
 ];
 
 pub(super) fn bad(path: &Path, reason: impl Into<String>) -> KilnError {
@@ -364,6 +364,84 @@ fn transpose(t: HostTensor) -> HostTensor {
     }
 }
 
+/// The sliding window of a Hugging Face decoder config and the layers that ignore it, as
+/// transformers 5 reads them: Mistral attends within `sliding_window` on every layer (null:
+/// none); Qwen2 and Qwen3 only with `use_sliding_window`, and then only from layer
+/// `max_window_layers` on (or where `layer_types` says "sliding_attention"); Llama has no
+/// window. A window covers `sliding_window` positions, the query's own included
+/// (transformers' `kv_idx > q_idx - sliding_window`).
+fn sliding_window_from_hf(
+    path: &Path,
+    cfg: &Value,
+    arch: &str,
+    n_layers: usize,
+) -> Result<(usize, usize)> {
+    let mistral = arch == "MistralForCausalLM";
+    let qwen = matches!(arch, "Qwen2ForCausalLM" | "Qwen3ForCausalLM");
+    let enabled = cfg
+        .get("use_sliding_window")
+        .and_then(Value::as_bool)
+        .unwrap_or(mistral);
+    if !(mistral || qwen) || !enabled {
+        return Ok((0, 0));
+    }
+    let window = match cfg.get("sliding_window") {
+        None | Some(Value::Null) if mistral => return Ok((0, 0)),
+        Some(v) => v.as_u64().filter(|&w| w >= 1).map(|w| w as usize),
+        None => None,
+    };
+    let Some(window) = window else {
+        return Err(bad(
+            path,
+            format!(
+                "turns sliding-window attention on but its \"sliding_window\" is {}; it must be a whole number of positions, at least 1 (set \"use_sliding_window\": false{} for full attention)",
+                cfg.get("sliding_window")
+                    .map_or("missing".to_string(), Value::to_string),
+                if mistral {
+                    " or \"sliding_window\": null"
+                } else {
+                    ""
+                }
+            ),
+        ));
+    };
+    if window > crate::models::llama::MAX_SLIDING_WINDOW {
+        return Err(bad(
+            path,
+            format!(
+                "has \"sliding_window\": {window}, past the {} positions kiln takes; a window at least as long as the sequence is full attention: set \"sliding_window\": null",
+                crate::models::llama::MAX_SLIDING_WINDOW
+            ),
+        ));
+    }
+    if mistral {
+        return Ok((window, 0));
+    }
+    let full = match cfg.get("layer_types").and_then(Value::as_array) {
+        Some(types) => {
+            let kinds: Vec<&str> = types.iter().map(|t| t.as_str().unwrap_or("")).collect();
+            let full = kinds.iter().take_while(|&&k| k == "full_attention").count();
+            if kinds.len() != n_layers || kinds[full..].iter().any(|&k| k != "sliding_attention") {
+                return Err(bad(
+                    path,
+                    format!(
+                        "has \"layer_types\" {kinds:?}; kiln imports {n_layers} layers of full attention followed by sliding-window ones (Qwen2's max_window_layers), no other pattern"
+                    ),
+                ));
+            }
+            full
+        }
+        None => json_usize(cfg, "max_window_layers")
+            .unwrap_or(28)
+            .min(n_layers),
+    };
+    Ok(if full == n_layers {
+        (0, 0)
+    } else {
+        (window, full)
+    })
+}
+
 fn llama_from_hf(
     path: &Path,
     cfg: &Value,
@@ -390,20 +468,8 @@ fn llama_from_hf(
     )?;
     let vocab = need(path, "vocab_size", json_usize(cfg, "vocab_size"))?;
     let context = json_usize(cfg, "max_position_embeddings").unwrap_or(2048);
-    if let Some(w) = json_usize(cfg, "sliding_window")
-        && w < context
-        && cfg
-            .get("use_sliding_window")
-            .and_then(Value::as_bool)
-            .unwrap_or(arch == "MistralForCausalLM")
-    {
-        return Err(bad(
-            path,
-            format!(
-                "uses sliding-window attention ({w} of {context} positions), which kiln does not implement; a checkpoint without a sliding window imports"
-            ),
-        ));
-    }
+    let (sliding_window, full_attention_layers) =
+        sliding_window_from_hf(path, cfg, arch, n_layers)?;
     let tied = cfg
         .get("tie_word_embeddings")
         .and_then(Value::as_bool)
@@ -432,6 +498,8 @@ fn llama_from_hf(
                 .and_then(Value::as_bool)
                 .unwrap_or(false),
         qk_norm: arch == "Qwen3ForCausalLM",
+        sliding_window,
+        full_attention_layers,
         ..ModelConfig::default()
     };
     if let Some(s) = cfg.get("rope_scaling").filter(|s| !s.is_null()).or(rope) {
@@ -641,10 +709,20 @@ fn unpermute_rotary_rows(t: HostTensor, heads: usize) -> HostTensor {
     }
 }
 
+/// GGUF architectures kiln imports: llama.cpp's names for the Llama family.
+const GGUF_ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3"];
+
+/// A Llama-family GGUF file (`general.architecture` llama, qwen2 or qwen3), metadata under
+/// `<arch>.*`. llama.cpp's converter interleaves the rotary halves of llama's query and key
+/// rows (its rotation pairs neighbours) and leaves qwen2's and qwen3's as Hugging Face has
+/// them (its NEOX rotation pairs halves, as kiln's does), so only llama's are put back. Qwen2
+/// brings query, key and value biases, Qwen3 per-head query and key norms (`attn_q_norm`,
+/// `attn_k_norm`) and a head width of its own (`attention.key_length`). llama.cpp runs these
+/// files with full attention, so a GGUF import has no sliding window.
 fn open_gguf(path: &Path) -> Result<Pretrained> {
     let g = GgufFile::open(path)?;
     let arch = g.get_str("general.architecture").unwrap_or("").to_string();
-    if arch != "llama" {
+    if !GGUF_ARCHITECTURES.contains(&arch.as_str()) {
         return Err(bad(
             path,
             format!(
@@ -653,7 +731,7 @@ fn open_gguf(path: &Path) -> Result<Pretrained> {
             ),
         ));
     }
-    let key = |k: &str| format!("llama.{k}");
+    let key = |k: &str| format!("{arch}.{k}");
     let meta_usize = |k: &str| -> Result<usize> {
         g.get_u64(&key(k))
             .map(|v| v as usize)
@@ -667,7 +745,19 @@ fn open_gguf(path: &Path) -> Result<Pretrained> {
         .map_or(n_heads, |v| v as usize);
     let ffn = meta_usize("feed_forward_length")?;
     let context = meta_usize("context_length")?;
-    let head_dim = d / n_heads.max(1);
+    let head_dim = g
+        .get_u64(&key("attention.key_length"))
+        .map_or(d / n_heads.max(1), |v| v as usize);
+    if let Some(v) = g.get_u64(&key("attention.value_length"))
+        && v as usize != head_dim
+    {
+        return Err(bad(
+            path,
+            format!(
+                "has values of {v} dimensions per head and keys of {head_dim}; kiln's attention needs them equal"
+            ),
+        ));
+    }
     let tokenizer = HfTokenizer::from_gguf(&g)
         .map_err(|e| bad(path, format!("has no usable tokenizer: {e}")))?;
     let read = |name: &str, shape: &[usize]| -> Result<HostTensor> {
@@ -694,7 +784,22 @@ fn open_gguf(path: &Path) -> Result<Pretrained> {
             ),
         ));
     }
-    let has_output = g.tensor_names().any(|n| n == "output.weight");
+    let has = |name: &str| g.tensor_names().any(|n| n == name);
+    let has_output = has("output.weight");
+    let qkv_bias = has("blk.0.attn_q.bias");
+    let qk_norm = has("blk.0.attn_q_norm.weight");
+    if arch == "qwen2" && !qkv_bias {
+        return Err(bad(
+            path,
+            "is a qwen2 GGUF without query/key/value biases (blk.0.attn_q.bias); the file is incomplete",
+        ));
+    }
+    if arch == "qwen3" && !qk_norm {
+        return Err(bad(
+            path,
+            "is a qwen3 GGUF without query/key norms (blk.0.attn_q_norm.weight); the file is incomplete",
+        ));
+    }
     let m = ModelConfig {
         kind: "llama".into(),
         d_model: d,
@@ -712,7 +817,26 @@ fn open_gguf(path: &Path) -> Result<Pretrained> {
         norm_eps: g
             .get_f64(&key("attention.layer_norm_rms_epsilon"))
             .unwrap_or(1e-5),
+        qkv_bias,
+        qk_norm,
         ..ModelConfig::default()
+    };
+    // llama's query and key rows (and their biases, if any) come interleaved.
+    let interleaved = arch == "llama";
+    let rotary_rows = |t: HostTensor, heads: usize| {
+        if !interleaved {
+            return t;
+        }
+        let shape = t.shape.clone();
+        let cols: usize = shape[1..].iter().product();
+        let rows = HostTensor {
+            shape: vec![shape[0], cols],
+            data: t.data,
+        };
+        HostTensor {
+            shape,
+            data: unpermute_rotary_rows(rows, heads).data,
+        }
     };
     let (qd, kvd) = (n_heads * head_dim, n_kv * head_dim);
     let padded = padded_vocab(vocab);
@@ -724,10 +848,31 @@ fn open_gguf(path: &Path) -> Result<Pretrained> {
             format!("{k}.ln1.weight"),
             read(&format!("{p}.attn_norm.weight"), &[d])?,
         );
-        let q = unpermute_rotary_rows(read(&format!("{p}.attn_q.weight"), &[qd, d])?, n_heads);
-        let kk = unpermute_rotary_rows(read(&format!("{p}.attn_k.weight"), &[kvd, d])?, n_kv);
-        let v = read(&format!("{p}.attn_v.weight"), &[kvd, d])?;
-        w.insert(format!("{k}.attn.qkv.weight"), concat_rows(vec![q, kk, v]));
+        let qkv = |part: &str, cols: &[usize]| -> Result<HostTensor> {
+            let shape = |rows: usize| -> Vec<usize> {
+                std::iter::once(rows).chain(cols.iter().copied()).collect()
+            };
+            let q = read(&format!("{p}.attn_q.{part}"), &shape(qd))?;
+            let kk = read(&format!("{p}.attn_k.{part}"), &shape(kvd))?;
+            let v = read(&format!("{p}.attn_v.{part}"), &shape(kvd))?;
+            Ok(concat_rows(vec![
+                rotary_rows(q, n_heads),
+                rotary_rows(kk, n_kv),
+                v,
+            ]))
+        };
+        w.insert(format!("{k}.attn.qkv.weight"), qkv("weight", &[d])?);
+        if qkv_bias {
+            w.insert(format!("{k}.attn.qkv.bias"), qkv("bias", &[])?);
+        }
+        if qk_norm {
+            for x in ["q", "k"] {
+                w.insert(
+                    format!("{k}.attn.{x}_norm.weight"),
+                    read(&format!("{p}.attn_{x}_norm.weight"), &[head_dim])?,
+                );
+            }
+        }
         w.insert(
             format!("{k}.attn.out.weight"),
             read(&format!("{p}.attn_output.weight"), &[d, qd])?,
@@ -821,6 +966,8 @@ impl Pretrained {
                 format!("model.norm_eps={:?}", m.norm_eps),
                 format!("model.qkv_bias={}", m.qkv_bias),
                 format!("model.qk_norm={}", m.qk_norm),
+                format!("model.sliding_window={}", m.sliding_window),
+                format!("model.full_attention_layers={}", m.full_attention_layers),
             ]);
         }
         v
@@ -938,5 +1085,235 @@ mod tests {
             heads,
         );
         assert_eq!(back.data, orig);
+    }
+
+    /// A tiny Qwen2 or Qwen3 checkpoint: its tensors under Hugging Face names, random.
+    struct TinyQwen {
+        qwen3: bool,
+        cfg: Value,
+        hf: BTreeMap<String, HostTensor>,
+    }
+
+    impl TinyQwen {
+        /// Qwen3: per-head norms, a head width (16) other than width / heads (8), a tied
+        /// head. Qwen2: QKV biases, heads of width / heads, an untied head.
+        fn new(qwen3: bool) -> TinyQwen {
+            let (d, layers, heads, kv, ffn, vocab) = (32, 2, 4, 2, 48, 40);
+            let hd = if qwen3 { 16 } else { d / heads };
+            let mut rng = crate::engine::rng::Rng::new(7, crate::engine::rng::stream::INIT);
+            let mut hf = BTreeMap::new();
+            let mut put = |name: String, shape: Vec<usize>, center: f32| {
+                let n = shape.iter().product();
+                let data = (0..n)
+                    .map(|_| center + 0.4 * (rng.next_f32() - 0.5))
+                    .collect();
+                hf.insert(name, HostTensor { shape, data });
+            };
+            put("model.embed_tokens.weight".into(), vec![vocab, d], 0.0);
+            put("model.norm.weight".into(), vec![d], 1.0);
+            if !qwen3 {
+                put("lm_head.weight".into(), vec![vocab, d], 0.0);
+            }
+            for l in 0..layers {
+                let p = format!("model.layers.{l}");
+                put(format!("{p}.input_layernorm.weight"), vec![d], 1.0);
+                put(format!("{p}.post_attention_layernorm.weight"), vec![d], 1.0);
+                for (x, rows) in [("q", heads * hd), ("k", kv * hd), ("v", kv * hd)] {
+                    put(format!("{p}.self_attn.{x}_proj.weight"), vec![rows, d], 0.0);
+                    if !qwen3 {
+                        put(format!("{p}.self_attn.{x}_proj.bias"), vec![rows], 0.0);
+                    }
+                }
+                if qwen3 {
+                    put(format!("{p}.self_attn.q_norm.weight"), vec![hd], 1.0);
+                    put(format!("{p}.self_attn.k_norm.weight"), vec![hd], 1.0);
+                }
+                put(
+                    format!("{p}.self_attn.o_proj.weight"),
+                    vec![d, heads * hd],
+                    0.0,
+                );
+                put(format!("{p}.mlp.gate_proj.weight"), vec![ffn, d], 0.0);
+                put(format!("{p}.mlp.up_proj.weight"), vec![ffn, d], 0.0);
+                put(format!("{p}.mlp.down_proj.weight"), vec![d, ffn], 0.0);
+            }
+            let cfg = serde_json::json!({
+                "architectures": [if qwen3 { "Qwen3ForCausalLM" } else { "Qwen2ForCausalLM" }],
+                "hidden_size": d, "num_hidden_layers": layers, "num_attention_heads": heads,
+                "num_key_value_heads": kv, "head_dim": hd, "intermediate_size": ffn,
+                "vocab_size": vocab, "max_position_embeddings": 64, "rms_norm_eps": 1e-6,
+                "rope_theta": 1000000.0, "tie_word_embeddings": qwen3,
+            });
+            TinyQwen { qwen3, cfg, hf }
+        }
+
+        /// The same weights as llama.cpp's converter writes them: GGUF names, rows as Hugging
+        /// Face has them, f32, `qwen2.*` / `qwen3.*` metadata and a small byte-level BPE
+        /// vocabulary.
+        fn gguf(&self, dir: &Path) -> PathBuf {
+            use crate::data::gguf::GgufValue as V;
+            use crate::data::gguf::writer::{Tensor, gguf_bytes};
+            let arch = if self.qwen3 { "qwen3" } else { "qwen2" };
+            let c = &self.cfg;
+            let u = |k: &str| V::U32(c[k].as_u64().unwrap() as u32);
+            let key = |k: &str| format!("{arch}.{k}");
+            let keys: Vec<(String, V)> = vec![
+                ("general.architecture".into(), V::String(arch.into())),
+                (key("embedding_length"), u("hidden_size")),
+                (key("block_count"), u("num_hidden_layers")),
+                (key("attention.head_count"), u("num_attention_heads")),
+                (key("attention.head_count_kv"), u("num_key_value_heads")),
+                (key("attention.key_length"), u("head_dim")),
+                (key("attention.value_length"), u("head_dim")),
+                (key("feed_forward_length"), u("intermediate_size")),
+                (key("context_length"), u("max_position_embeddings")),
+                (key("rope.freq_base"), V::F32(1e6)),
+                (key("attention.layer_norm_rms_epsilon"), V::F32(1e-6)),
+                ("tokenizer.ggml.model".into(), V::String("gpt2".into())),
+                ("tokenizer.ggml.pre".into(), V::String("qwen2".into())),
+                (
+                    "tokenizer.ggml.tokens".into(),
+                    V::Array(
+                        ["<|endoftext|>", "a", "b", "ab"]
+                            .map(|t| V::String(t.into()))
+                            .to_vec(),
+                    ),
+                ),
+                (
+                    "tokenizer.ggml.merges".into(),
+                    V::Array(vec![V::String("a b".into())]),
+                ),
+            ];
+            let metadata: Vec<(&str, V)> =
+                keys.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+            let gguf_name = |hf: &str| -> String {
+                let rest = hf.strip_prefix("model.").unwrap_or(hf);
+                if let Some(layer) = rest.strip_prefix("layers.") {
+                    let (l, part) = layer.split_once('.').unwrap();
+                    let part = [
+                        ("input_layernorm", "attn_norm"),
+                        ("post_attention_layernorm", "ffn_norm"),
+                        ("self_attn.q_proj", "attn_q"),
+                        ("self_attn.k_proj", "attn_k"),
+                        ("self_attn.v_proj", "attn_v"),
+                        ("self_attn.o_proj", "attn_output"),
+                        ("self_attn.q_norm", "attn_q_norm"),
+                        ("self_attn.k_norm", "attn_k_norm"),
+                        ("mlp.gate_proj", "ffn_gate"),
+                        ("mlp.up_proj", "ffn_up"),
+                        ("mlp.down_proj", "ffn_down"),
+                    ]
+                    .iter()
+                    .fold(part.to_string(), |p, (from, to)| p.replace(from, to));
+                    format!("blk.{l}.{part}")
+                } else {
+                    match rest {
+                        "embed_tokens.weight" => "token_embd.weight".into(),
+                        "norm.weight" => "output_norm.weight".into(),
+                        "lm_head.weight" => "output.weight".into(),
+                        other => panic!("no GGUF name for {other}"),
+                    }
+                }
+            };
+            let tensors: Vec<Tensor> = self
+                .hf
+                .iter()
+                .map(|(name, t)| Tensor {
+                    name: gguf_name(name),
+                    // ggml lists the fastest-varying dimension first.
+                    dims: t.shape.iter().rev().map(|&n| n as u64).collect(),
+                    ggml_type: 0,
+                    data: t.data.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                })
+                .collect();
+            let path = dir.join(format!("{arch}.gguf"));
+            std::fs::write(&path, gguf_bytes(&metadata, &tensors)).unwrap();
+            path
+        }
+
+        /// The model from a Hugging Face-style directory's `config.json` and
+        /// `model.safetensors`, through the same mapping `open` uses.
+        fn model_via_hf_files(&self, dir: &Path) -> Box<dyn Model> {
+            use safetensors::tensor::TensorView;
+            let bytes: BTreeMap<&String, Vec<u8>> = self
+                .hf
+                .iter()
+                .map(|(n, t)| (n, t.data.iter().flat_map(|v| v.to_le_bytes()).collect()))
+                .collect();
+            let views: Vec<(&String, TensorView)> = self
+                .hf
+                .iter()
+                .map(|(n, t)| {
+                    (
+                        n,
+                        TensorView::new(Dtype::F32, t.shape.clone(), &bytes[n]).unwrap(),
+                    )
+                })
+                .collect();
+            let file = dir.join("model.safetensors");
+            std::fs::write(&file, safetensors::serialize(views, None).unwrap()).unwrap();
+            std::fs::write(dir.join("config.json"), self.cfg.to_string()).unwrap();
+            let arch = self.cfg["architectures"][0].as_str().unwrap();
+            let raw = read_safetensors(&[file]).unwrap();
+            let (m, vocab, weights) =
+                llama_from_hf(&dir.join("config.json"), &self.cfg, arch, raw).unwrap();
+            let pool = crate::engine::MemoryPool::new(crate::engine::Device::Cpu);
+            let mut model = crate::models::build(&m, vocab, &pool, 0).unwrap();
+            load_into(model.as_mut(), &weights, dir).unwrap();
+            model
+        }
+    }
+
+    /// A qwen2 GGUF (QKV biases, untied head) and a qwen3 GGUF (per-head query/key norms,
+    /// head width 16 from `attention.key_length`, tied head) give the logits of the same
+    /// weights read from a Hugging Face-style directory, bit for bit: their query and key rows
+    /// are not interleaved, unlike a llama GGUF's.
+    #[test]
+    fn qwen2_and_qwen3_gguf_files_give_the_logits_of_their_hf_weights() {
+        for qwen3 in [false, true] {
+            let tiny = TinyQwen::new(qwen3);
+            let dir = tempfile::tempdir().unwrap();
+            let p = open(&tiny.gguf(dir.path())).unwrap();
+            assert_eq!(p.source.architecture, if qwen3 { "qwen3" } else { "qwen2" });
+            let m = &p.model;
+            assert_eq!((m.qk_norm, m.qkv_bias, m.tied_head), (qwen3, !qwen3, qwen3));
+            assert_eq!(m.head_dim, if qwen3 { 16 } else { 8 });
+            assert_eq!(m.sliding_window, 0);
+            let from_gguf = p.build_on_cpu().unwrap();
+            let from_hf = tiny.model_via_hf_files(dir.path());
+            let ids = [3u32, 1, 2, 2, 0, 3, 1, 1, 2, 3, 0, 0];
+            let want = from_hf.next_logits(&ids).unwrap();
+            assert_eq!(from_gguf.next_logits(&ids).unwrap(), want, "qwen3={qwen3}");
+            // Read as llama's interleaved rows, the same file computes something else.
+            let mut permuted = p.weights.clone();
+            let qkv = permuted.get_mut("layers.0.attn.qkv.weight").unwrap();
+            let q_rows = m.n_heads * m.head_dim;
+            let q = HostTensor {
+                shape: vec![q_rows, m.d_model],
+                data: qkv.data[..q_rows * m.d_model].to_vec(),
+            };
+            let q = unpermute_rotary_rows(q, m.n_heads);
+            qkv.data[..q_rows * m.d_model].copy_from_slice(&q.data);
+            let mut wrong = crate::models::build(
+                m,
+                p.vocab,
+                &crate::engine::MemoryPool::new(crate::engine::Device::Cpu),
+                0,
+            )
+            .unwrap();
+            load_into(wrong.as_mut(), &permuted, dir.path()).unwrap();
+            assert_ne!(wrong.next_logits(&ids).unwrap(), want);
+        }
+    }
+
+    /// A qwen3 GGUF missing its query/key norms is refused, saying what is missing.
+    #[test]
+    fn a_qwen3_gguf_without_its_norms_is_refused() {
+        let mut tiny = TinyQwen::new(true);
+        tiny.hf
+            .retain(|n, _| !n.contains("_norm.weight") || n.contains("layernorm"));
+        let dir = tempfile::tempdir().unwrap();
+        let err = open(&tiny.gguf(dir.path())).err().unwrap().to_string();
+        assert!(err.contains("without query/key norms"), "{err}");
     }
 }
