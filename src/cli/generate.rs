@@ -2,8 +2,7 @@
 //! the terminal or many prompts from a JSON-lines file, several samples each.
 
 use crate::data::{self, Tokenizer};
-use crate::engine::device::DeviceRequest;
-use crate::engine::{DType, Device, MemoryPool};
+
 use crate::error::{KilnError, Result};
 use crate::generate::{self, Options, Request, Sampling};
 use crate::models::Model;
@@ -11,7 +10,6 @@ use crate::train;
 use clap::Args;
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
-use std::sync::Arc;
 
 #[derive(Args, Debug)]
 #[command(after_help = "EXAMPLES:
@@ -133,64 +131,12 @@ struct ChatTemplate {
     eos: String,
 }
 
-/// The pool of `device` and the compute dtype generation uses there (bf16 on a GPU unless
-/// fp32 is asked for; the CPU runs fp32), with a note naming both.
-pub(crate) fn open_for_generation(
-    device: &str,
-    precision: Option<&str>,
-) -> Result<(Arc<MemoryPool>, Option<DType>, String)> {
-    let request: DeviceRequest = device.parse().map_err(KilnError::Setting)?;
-    let (pool, _) = crate::engine::open(request)?;
-    let dtype = match (pool.device(), precision) {
-        (Device::Cpu, None | Some("fp32")) => None,
-        (Device::Cpu, Some(p)) => {
-            return Err(KilnError::Setting(format!(
-                "--precision {p} needs a GPU; the CPU generates in fp32"
-            )));
-        }
-        (_, Some("fp32")) => None,
-        (_, None | Some("bf16")) => Some(DType::BF16),
-        (_, Some(p)) => {
-            return Err(KilnError::Setting(format!(
-                "--precision {p} is not one kiln generates in; use fp32 or bf16"
-            )));
-        }
-    };
-    let note = format!(
-        "{} in {}",
-        pool.device(),
-        if dtype.is_some() { "bf16" } else { "fp32" }
-    );
-    Ok((pool, dtype, note))
-}
-
-/// Moves a model built on the CPU to `device`, with bf16 compute copies on a GPU unless
-/// fp32 is asked for. Returns the model and a note naming the device and precision.
-pub(crate) fn to_device(
-    model: Box<dyn Model>,
-    cfg: &crate::config::ModelConfig,
-    vocab: usize,
-    device: &str,
-    precision: Option<&str>,
-) -> Result<(Box<dyn Model>, String)> {
-    let (pool, dtype, note) = open_for_generation(device, precision)?;
-    if pool.device() == Device::Cpu {
-        return Ok((model, note));
-    }
-    let mut on = crate::models::build(cfg, vocab, &pool, 0)?;
-    for (dst, src) in on.params_mut().into_iter().zip(model.params()) {
-        dst.value.copy_from_host(&src.value.to_vec()?)?;
-        dst.set_compute_dtype(dtype)?;
-    }
-    Ok((on, note))
-}
-
 fn load(a: &GenerateArgs) -> Result<Loaded> {
     let mut l = load_on_cpu(a)?;
     // Low-rank adapters are folded into the f32 base for sampling: the same function, one
     // GEMM per projection.
     l.model.merge_lora()?;
-    let (model, note) = to_device(
+    let (model, note) = crate::generate::load::to_device(
         l.model,
         &l.model_cfg,
         l.vocab,
@@ -240,13 +186,6 @@ fn chat_template_of(t: &data::HfTokenizer) -> Option<ChatTemplate> {
         bos: t.bos_token().to_string(),
         eos: t.eos_token().to_string(),
     })
-}
-
-pub(crate) fn load_pretrained_on_cpu(
-    path: &std::path::Path,
-) -> Result<(Box<dyn Model>, crate::config::ModelConfig, usize)> {
-    let p = crate::models::import::pretrained::open(path)?;
-    Ok((p.build_on_cpu()?, p.model, p.vocab))
 }
 
 fn load_pretrained(path: &std::path::Path, adapter: Option<&std::path::Path>) -> Result<Loaded> {

@@ -1,15 +1,6 @@
 //! Command-line interface: one file per subcommand, each a thin layer over the library.
 
 pub mod bench;
-pub mod bench_amp;
-pub mod bench_bk;
-pub mod bench_dataloader;
-pub mod bench_finetune;
-pub mod bench_generate;
-pub mod bench_kernels;
-pub mod bench_memory;
-pub mod bench_scu;
-pub mod bench_train;
 pub mod classify;
 pub mod diversity;
 pub mod embed;
@@ -21,8 +12,6 @@ pub mod hw;
 pub mod make_dataset;
 pub mod nf4_export;
 pub mod plan;
-pub mod selftest;
-pub mod settings;
 pub mod tokenize;
 pub mod train;
 pub mod verify;
@@ -73,7 +62,7 @@ pub enum Command {
     #[command(subcommand)]
     Bench(bench::BenchCommand),
     /// Check every GPU kernel against its CPU reference (skips, exit 0, with no GPU).
-    Selftest(selftest::SelftestArgs),
+    Selftest(crate::selftest::SelftestArgs),
     /// Show the GPUs, driver, CPU and RAM, and the settings kiln recommends for them.
     #[command(alias = "check-hardware")]
     Hw(hw::HwArgs),
@@ -106,7 +95,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Export(a) => export::run(a),
         Command::Plan(a) => plan::run(a),
         Command::Bench(b) => bench::run(b),
-        Command::Selftest(a) => selftest::run(a),
+        Command::Selftest(a) => crate::selftest::run(a),
         Command::Hw(a) => hw::run(a),
         Command::Verify(a) => verify::run(a),
         Command::Tokenize(a) => tokenize::run(a),

@@ -3,12 +3,11 @@
 //! real steps.
 
 use crate::config::Config;
-use crate::data::Batch;
 use crate::engine::device::DeviceRequest;
 use crate::engine::{self, DType, Device, EngineError, MemoryPool};
 use crate::error::{KilnError, Result};
 use crate::plan::{self, Budget, Plan, PlanRequest, gib, gpus};
-use crate::train::{Precision, Trainer};
+use crate::train::Precision;
 use clap::Args;
 use serde::Serialize;
 use std::sync::Arc;
@@ -143,7 +142,7 @@ struct Largest {
 }
 
 pub fn run(a: PlanArgs) -> Result<()> {
-    let settings = super::settings::resolve(&a.profile, a.config.as_deref(), &a.overrides)?;
+    let settings = crate::config::settings::resolve(&a.profile, a.config.as_deref(), &a.overrides)?;
     let mut cfg = settings.config.config;
     if cfg.lora.enabled && cfg.model.kind != "llama" && !cfg.lora.base.is_empty() {
         // The shape and tokenizer of the base the adapters go on, as kiln finetune reads them.
@@ -151,7 +150,7 @@ pub fn run(a: PlanArgs) -> Result<()> {
         base.check_overrides(&a.overrides)?;
         let mut overrides = base.overrides();
         overrides.extend(a.overrides.iter().cloned());
-        cfg = super::settings::resolve(&a.profile, a.config.as_deref(), &overrides)?
+        cfg = crate::config::settings::resolve(&a.profile, a.config.as_deref(), &overrides)?
             .config
             .config;
     }
@@ -541,7 +540,7 @@ fn find_batch(
         };
         pool.set_limit(budget.pool_limit.unwrap_or(0));
         pool.reset_peak();
-        let outcome = trial_step(cfg, vocab, precision, &pool, b);
+        let outcome = plan::trial_step(cfg, vocab, precision, &pool, b);
         let fits = match outcome {
             Ok(in_one_pass) => in_one_pass,
             Err(KilnError::Engine(EngineError::OutOfMemory { .. }))
@@ -563,39 +562,6 @@ fn find_batch(
         });
     }
     Ok(trials)
-}
-
-/// Builds a trainer with micro-batch `b` and runs one optimizer step on synthetic tokens;
-/// everything it allocated is freed on return.
-pub(crate) fn trial_step(
-    cfg: &Config,
-    vocab: usize,
-    precision: Precision,
-    pool: &Arc<MemoryPool>,
-    b: usize,
-) -> Result<bool> {
-    let mut cfg = cfg.clone();
-    cfg.train.micro_batch = b;
-    let t = cfg.train.seq_len;
-    let mut trainer = Trainer::new(&cfg, vocab, pool, precision)?;
-    let ids = |k: usize| {
-        (0..b * t)
-            .map(|i| ((i * 31 + k) % vocab) as u32)
-            .collect::<Vec<u32>>()
-    };
-    let batch = Batch {
-        inputs: ids(0),
-        targets: ids(1),
-        batch: b,
-        seq: t,
-    };
-    trainer.step(&[batch])?;
-    if let Ok(g) = pool.cuda() {
-        g.synchronize().map_err(EngineError::from)?;
-    }
-    // The trainer recovers from out-of-memory by splitting the micro-batch; a split means
-    // `b` sequences did not fit in one pass.
-    Ok(trainer.passes.learned().is_none())
 }
 
 fn print_data_parallel(d: &DataParallelPlan) {

@@ -214,7 +214,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
     if let Some(d) = &a.device {
         overrides.push(format!("train.device={d}"));
     }
-    let settings = super::settings::resolve(&a.profile, file.as_deref(), &overrides)?;
+    let settings = crate::config::settings::resolve(&a.profile, file.as_deref(), &overrides)?;
     if a.print_config {
         println!("# {}", settings.profile_note);
         print!("{}", settings.config.render());

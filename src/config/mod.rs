@@ -21,6 +21,7 @@ pub mod auto;
 mod error;
 mod presets;
 pub mod profile;
+pub mod settings;
 mod validate;
 
 #[cfg(test)]

@@ -21,6 +21,7 @@
 
 pub mod bench;
 pub mod graph;
+pub mod load;
 pub mod sampling;
 
 pub use sampling::{Sampling, log_prob, sample};

@@ -15,12 +15,16 @@ pub mod meta;
 pub mod resnet_bk;
 pub mod walk;
 
-use crate::engine::{DType, Device};
+use crate::config::Config;
+use crate::data::Batch;
+use crate::engine::{DType, Device, EngineError, MemoryPool};
 use crate::models::gpt::GptConfig;
 use crate::models::resnet_bk::ResnetBkConfig;
 use crate::nn::moe::MoeConfig;
 use crate::nn::{ActLayout, Cost};
+use crate::train::{Precision, Trainer};
 use serde::Serialize;
+use std::sync::Arc;
 use walk::Kind;
 
 /// The vocabulary size the model is built with for a tokenizer of `vocab` tokens.
@@ -715,3 +719,36 @@ pub fn machine_ram() -> Option<usize> {
 
 #[cfg(test)]
 mod tests;
+
+/// Builds a trainer with micro-batch `b` and runs one optimizer step on synthetic tokens;
+/// everything it allocated is freed on return.
+pub fn trial_step(
+    cfg: &Config,
+    vocab: usize,
+    precision: Precision,
+    pool: &Arc<MemoryPool>,
+    b: usize,
+) -> crate::error::Result<bool> {
+    let mut cfg = cfg.clone();
+    cfg.train.micro_batch = b;
+    let t = cfg.train.seq_len;
+    let mut trainer = Trainer::new(&cfg, vocab, pool, precision)?;
+    let ids = |k: usize| {
+        (0..b * t)
+            .map(|i| ((i * 31 + k) % vocab) as u32)
+            .collect::<Vec<u32>>()
+    };
+    let batch = Batch {
+        inputs: ids(0),
+        targets: ids(1),
+        batch: b,
+        seq: t,
+    };
+    trainer.step(&[batch])?;
+    if let Ok(g) = pool.cuda() {
+        g.synchronize().map_err(EngineError::from)?;
+    }
+    // The trainer recovers from out-of-memory by splitting the micro-batch; a split means
+    // `b` sequences did not fit in one pass.
+    Ok(trainer.passes.learned().is_none())
+}

@@ -9,7 +9,7 @@
 //! CPU the modes that exist there run (fp32 and the emulated mixed modes) and the rest are
 //! listed as skipped.
 
-use super::bench::{TimedStep, timed_steps};
+use super::{TimedStep, timed_steps};
 use crate::data::{self, Corpus};
 use crate::engine::Device;
 use crate::error::{KilnError, Result};
@@ -128,7 +128,7 @@ pub fn run(a: BenchAmpArgs) -> Result<()> {
     overrides.extend(a.overrides.iter().cloned());
     overrides.push(format!("train.device={device}"));
     overrides.push(format!("train.steps={}", a.warmup + a.steps));
-    let cfg = super::settings::resolve("none", a.config.as_deref(), &overrides)?
+    let cfg = crate::config::settings::resolve("none", a.config.as_deref(), &overrides)?
         .config
         .config;
     let tokenizer = data::tokenizer_by_name(&cfg.data.tokenizer)?;

@@ -1897,7 +1897,7 @@ fn pytorch_baseline(
     groups: &[Group],
     l2: usize,
 ) -> std::result::Result<PyOut, String> {
-    let script = super::bench::find_script("pytorch_kernels.py")?;
+    let script = super::find_script("pytorch_kernels.py")?;
     let list = |xs: &[usize]| {
         xs.iter()
             .map(|x| x.to_string())

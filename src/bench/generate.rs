@@ -71,40 +71,44 @@ pub fn run(a: BenchGenerateArgs) -> Result<()> {
         repetition_penalty: 1.0,
     };
     sampling.check().map_err(KilnError::Setting)?;
-    let (model, label, reference_model): (Box<dyn Model>, String, ReferenceModel) = match &a
-        .init_from
-    {
-        Some(path) => {
-            let (cpu, cfg, vocab) = super::generate::load_pretrained_on_cpu(path)?;
-            let (m, _) =
-                super::generate::to_device(cpu, &cfg, vocab, &a.device, a.precision.as_deref())?;
-            (
-                m,
-                path.display().to_string(),
-                ReferenceModel::Dir(path.clone()),
-            )
-        }
-        None => {
-            let cfg = bench::preset(&a.shape).ok_or_else(|| {
-                KilnError::Setting(format!(
-                    "--shape {} is not a preset; use one of {}",
-                    a.shape,
-                    PRESETS.join(", ")
-                ))
-            })?;
-            let (pool, dtype, _) =
-                super::generate::open_for_generation(&a.device, a.precision.as_deref())?;
-            let mut m = Llama::new(&pool, cfg, a.seed)?;
-            for p in m.params_mut() {
-                p.set_compute_dtype(dtype)?;
+    let (model, label, reference_model): (Box<dyn Model>, String, ReferenceModel) =
+        match &a.init_from {
+            Some(path) => {
+                let (cpu, cfg, vocab) = crate::generate::load::load_pretrained_on_cpu(path)?;
+                let (m, _) = crate::generate::load::to_device(
+                    cpu,
+                    &cfg,
+                    vocab,
+                    &a.device,
+                    a.precision.as_deref(),
+                )?;
+                (
+                    m,
+                    path.display().to_string(),
+                    ReferenceModel::Dir(path.clone()),
+                )
             }
-            (
-                Box::new(m),
-                format!("{} shape, random weights", a.shape),
-                ReferenceModel::Preset(a.shape.clone()),
-            )
-        }
-    };
+            None => {
+                let cfg = bench::preset(&a.shape).ok_or_else(|| {
+                    KilnError::Setting(format!(
+                        "--shape {} is not a preset; use one of {}",
+                        a.shape,
+                        PRESETS.join(", ")
+                    ))
+                })?;
+                let (pool, dtype, _) =
+                    crate::generate::load::open_for_generation(&a.device, a.precision.as_deref())?;
+                let mut m = Llama::new(&pool, cfg, a.seed)?;
+                for p in m.params_mut() {
+                    p.set_compute_dtype(dtype)?;
+                }
+                (
+                    Box::new(m),
+                    format!("{} shape, random weights", a.shape),
+                    ReferenceModel::Preset(a.shape.clone()),
+                )
+            }
+        };
     let pool = model.params()[0].value.pool().clone();
     let gpu = pool.cuda().ok().cloned();
     let reference = if a.no_python {
@@ -114,7 +118,7 @@ pub fn run(a: BenchGenerateArgs) -> Result<()> {
     } else if a.init_from.as_ref().is_some_and(|p| !p.is_dir()) {
         Err("the script loads Hugging Face directories, not GGUF files".to_string())
     } else {
-        super::bench::find_script("hf_generate.py").map(|script| Reference {
+        super::find_script("hf_generate.py").map(|script| Reference {
             script,
             model: reference_model,
             batches: a.reference_batches.clone().unwrap_or(a.batches.clone()),

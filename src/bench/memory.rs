@@ -7,9 +7,9 @@
 //! on any machine. Without `train.memory_limit` the suite picks a cap between the planned
 //! peaks of two of the sizes it measures, so the boundary falls inside the plot.
 
-use super::plan::trial_step;
 use crate::engine::{Device, EngineError, MemoryPool};
 use crate::error::{KilnError, Result};
+use crate::plan::trial_step;
 use crate::plan::{self, Budget, PlanRequest};
 use crate::report::{LinePlot, Plot, Report, Series, Table};
 use crate::train::{self, Precision};
@@ -126,7 +126,7 @@ pub fn run(a: BenchMemoryArgs) -> Result<()> {
     }
     let mut overrides = a.overrides.clone();
     overrides.push(format!("train.device={}", a.device));
-    let cfg = super::settings::resolve("none", a.config.as_deref(), &overrides)?
+    let cfg = crate::config::settings::resolve("none", a.config.as_deref(), &overrides)?
         .config
         .config;
     let mut report = Report::new("memory", "Planned against measured memory", &a.out)?;

@@ -365,7 +365,7 @@ struct PyOut {
 
 /// Runs `bench/pytorch_bk.py` (found next to the working directory or the executable).
 fn pytorch_baseline(a: &BenchBkArgs) -> std::result::Result<(String, Vec<PyRow>), String> {
-    let script = super::bench::find_script("pytorch_bk.py")?;
+    let script = super::find_script("pytorch_bk.py")?;
     let list = |xs: &[usize]| {
         xs.iter()
             .map(|x| x.to_string())

@@ -11,8 +11,8 @@
 //! corpus as bytes, the same windows in every engine. On the CPU the suite runs its `tiny`
 //! shape (kiln's engines only), which is what the test suite covers.
 
-use super::bench::{find_script, timed_steps};
-use super::bench_train::{probe_torch, write_batches};
+use super::train::{probe_torch, write_batches};
+use super::{find_script, timed_steps};
 use crate::data::{self, Corpus};
 use crate::engine::Device;
 use crate::error::{KilnError, Result};
@@ -180,7 +180,7 @@ pub fn run(a: BenchFinetuneArgs) -> Result<()> {
         format!("lora.rank={}", a.rank),
         format!("lora.alpha={}", 2 * a.rank),
     ]);
-    let cfg = super::settings::resolve("none", None, &overrides)?
+    let cfg = crate::config::settings::resolve("none", None, &overrides)?
         .config
         .config;
     let vocab = train::model_vocab(&cfg)?;

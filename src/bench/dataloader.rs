@@ -7,7 +7,7 @@
 //! way the step does, synchronised. Tokenising happens once before training; batching and the
 //! copy happen every step, so they are what could ever hold a step up.
 
-use super::bench::timed_steps;
+use super::timed_steps;
 use crate::data::{self, Corpus, encode_chunked};
 use crate::engine::Device;
 use crate::error::{KilnError, Result};
@@ -88,7 +88,7 @@ pub fn run(a: BenchDataloaderArgs) -> Result<()> {
     }
     let mut overrides = a.overrides.clone();
     overrides.push(format!("train.device={}", a.device));
-    let cfg = super::settings::resolve("none", a.config.as_deref(), &overrides)?
+    let cfg = crate::config::settings::resolve("none", a.config.as_deref(), &overrides)?
         .config
         .config;
     let mut report = Report::new("dataloader", "Data loading against training speed", &a.out)?;

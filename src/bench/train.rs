@@ -6,7 +6,7 @@
 //! on one, `bench/pytorch_gpt.py` trains the same GPT shape on kiln's own batches in the same
 //! command, so tokens/s, MFU, peak memory and loss curves sit side by side.
 
-use super::bench::{TimedStep, dense_peak_flops, find_script, timed_steps};
+use super::{TimedStep, dense_peak_flops, find_script, timed_steps};
 use crate::data::{self, Batch, Corpus};
 use crate::engine::{Device, profile};
 use crate::error::{KilnError, Result};
@@ -117,7 +117,7 @@ pub fn run(a: BenchTrainArgs) -> Result<()> {
     }
     let mut overrides = a.overrides.clone();
     overrides.push(format!("train.device={}", a.device));
-    let cfg = super::settings::resolve(&a.profile, a.config.as_deref(), &overrides)?
+    let cfg = crate::config::settings::resolve(&a.profile, a.config.as_deref(), &overrides)?
         .config
         .config;
     let (pool, precision, notes) = train::open_device(&cfg.train.device, &cfg.train.precision)?;

@@ -1,0 +1,67 @@
+//! Where generation runs: the pool and compute dtype a device and precision choice give,
+//! and a model built on the CPU (imported or loaded) moved there.
+
+use crate::engine::device::DeviceRequest;
+use crate::engine::{DType, Device, MemoryPool};
+use crate::error::{KilnError, Result};
+use crate::models::Model;
+use std::sync::Arc;
+
+/// The pool of `device` and the compute dtype generation uses there (bf16 on a GPU unless
+/// fp32 is asked for; the CPU runs fp32), with a note naming both.
+pub fn open_for_generation(
+    device: &str,
+    precision: Option<&str>,
+) -> Result<(Arc<MemoryPool>, Option<DType>, String)> {
+    let request: DeviceRequest = device.parse().map_err(KilnError::Setting)?;
+    let (pool, _) = crate::engine::open(request)?;
+    let dtype = match (pool.device(), precision) {
+        (Device::Cpu, None | Some("fp32")) => None,
+        (Device::Cpu, Some(p)) => {
+            return Err(KilnError::Setting(format!(
+                "--precision {p} needs a GPU; the CPU generates in fp32"
+            )));
+        }
+        (_, Some("fp32")) => None,
+        (_, None | Some("bf16")) => Some(DType::BF16),
+        (_, Some(p)) => {
+            return Err(KilnError::Setting(format!(
+                "--precision {p} is not one kiln generates in; use fp32 or bf16"
+            )));
+        }
+    };
+    let note = format!(
+        "{} in {}",
+        pool.device(),
+        if dtype.is_some() { "bf16" } else { "fp32" }
+    );
+    Ok((pool, dtype, note))
+}
+
+/// Moves a model built on the CPU to `device`, with bf16 compute copies on a GPU unless
+/// fp32 is asked for. Returns the model and a note naming the device and precision.
+pub fn to_device(
+    model: Box<dyn Model>,
+    cfg: &crate::config::ModelConfig,
+    vocab: usize,
+    device: &str,
+    precision: Option<&str>,
+) -> Result<(Box<dyn Model>, String)> {
+    let (pool, dtype, note) = open_for_generation(device, precision)?;
+    if pool.device() == Device::Cpu {
+        return Ok((model, note));
+    }
+    let mut on = crate::models::build(cfg, vocab, &pool, 0)?;
+    for (dst, src) in on.params_mut().into_iter().zip(model.params()) {
+        dst.value.copy_from_host(&src.value.to_vec()?)?;
+        dst.set_compute_dtype(dtype)?;
+    }
+    Ok((on, note))
+}
+
+pub fn load_pretrained_on_cpu(
+    path: &std::path::Path,
+) -> Result<(Box<dyn Model>, crate::config::ModelConfig, usize)> {
+    let p = crate::models::import::pretrained::open(path)?;
+    Ok((p.build_on_cpu()?, p.model, p.vocab))
+}
