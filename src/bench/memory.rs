@@ -97,7 +97,7 @@ fn trial(
 }
 
 /// The largest micro-batch whose planned pool peak is within `cap`.
-fn predicted_boundary(r: &PlanRequest, cap: usize) -> Option<usize> {
+fn predicted_boundary(r: &PlanRequest, cap: usize) -> Result<Option<usize>> {
     let budget = Budget {
         name: "pool cap".into(),
         device: r.device,
@@ -148,7 +148,7 @@ pub fn run(a: BenchMemoryArgs) -> Result<()> {
 
     let mut rows = Vec::new();
     for &b in &batches {
-        let planned = plan::plan(&r.with_batch(b)).pool_peak;
+        let planned = plan::plan(&r.with_batch(b))?.pool_peak;
         let (fits, peak) = trial(&cfg, vocab, precision, &pool, b, 0)?;
         let measured = fits.then_some(peak);
         println!(
@@ -177,7 +177,7 @@ pub fn run(a: BenchMemoryArgs) -> Result<()> {
             lo + (hi - lo) / 2
         }
     };
-    let predicted = predicted_boundary(&r, cap);
+    let predicted = predicted_boundary(&r, cap)?;
     // Trial from the prediction outwards until the boundary is bracketed.
     let mut trials = Vec::new();
     let mut b = predicted.unwrap_or(1).max(1);

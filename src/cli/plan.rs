@@ -22,9 +22,9 @@ use std::sync::Arc;
                                                      and one more, and compare measured peaks
   kiln plan --find-batch train.device=cpu train.memory_limit=64MiB   the same on the CPU
 
-Settings resolve as for `kiln train` (defaults < --profile < --config FILE < KEY=VALUE). The plan walks the
-step's allocations in the order the code makes them, so its pool peak is what the memory pool
-books (exact on the CPU). On a GPU it adds the cuBLASLt workspace, kernel scratch, allocator
+Settings resolve as for `kiln train` (defaults < --profile < --config FILE < KEY=VALUE). The plan runs the
+step once on a meta device (tensors booked, nothing computed), so its pool peak is what the
+memory pool books (exact on the CPU). On a GPU it adds the cuBLASLt workspace, kernel scratch, allocator
 rounding, the CUDA context (measured when the GPU is here) and a safety margin of 5% of memory.")]
 pub struct PlanArgs {
     /// TOML file with settings, as for `kiln train`.
@@ -178,14 +178,14 @@ pub fn run(a: PlanArgs) -> Result<()> {
         target.notes.push(unfused_note(&cfg, vocab, &base));
     }
     let budget = &target.budget;
-    let mut request = base;
-    if cfg.train.recompute == "auto" && base.can_recompute() && !budget.fits(&plan::plan(&base)) {
+    let mut request = base.clone();
+    if cfg.train.recompute == "auto" && base.can_recompute() && !budget.fits(&plan::plan(&base)?) {
         request.recompute = true;
         target.notes.push(
             "train.recompute=auto: the configured micro-batch does not fit without recomputation, so the plan recomputes blocks".into(),
         );
     }
-    let p = plan::plan(&request);
+    let p = plan::plan(&request)?;
     let elem_bytes = request.compute.size_bytes();
     let trials = if a.find_batch {
         find_batch(&cfg, vocab, precision, &request, &target)?
@@ -199,16 +199,7 @@ pub fn run(a: PlanArgs) -> Result<()> {
                 "--gpus 0 plans no GPU; give 1 or more".into(),
             ));
         }
-        Some(n) => {
-            let elements: Vec<usize> = match request.resnet_bk() {
-                None => plan::gpt::param_shapes(&request.model),
-                Some(bk) => plan::resnet_bk::param_shapes(&bk),
-            }
-            .into_iter()
-            .map(|(_, n)| n)
-            .collect();
-            Some(data_parallel_plan(&p, &elements, n))
-        }
+        Some(n) => Some(data_parallel_plan(&p, &p.trainable_elements, n)),
     };
     let report = Report {
         budget,
@@ -219,7 +210,7 @@ pub fn run(a: PlanArgs) -> Result<()> {
         plan: &p,
         fits: budget.fits(&p),
         layers: plan::layer_table(&request),
-        largest_micro_batch: plan::largest_by_variant(&base, budget)
+        largest_micro_batch: plan::largest_by_variant(&base, budget)?
             .into_iter()
             .map(|(variant, micro_batch)| Largest {
                 variant,
@@ -227,7 +218,7 @@ pub fn run(a: PlanArgs) -> Result<()> {
             })
             .collect(),
         misaligned: plan::misaligned_dimensions(&request, vocab, elem_bytes),
-        advice: plan::one_sequence_advice(&base, budget),
+        advice: plan::one_sequence_advice(&base, budget)?,
         trials,
         data_parallel,
     };
@@ -492,7 +483,7 @@ fn target(a: &PlanArgs, cfg: &Config) -> Result<Target> {
     let (free, total) = g.memory().map_err(EngineError::from)?;
     // What the context, the loaded kernels and other processes hold before any tensor; the
     // GEMM workspace is a line of the plan.
-    let context = (total - free).saturating_sub(plan::GPU_GEMM_WORKSPACE);
+    let context = (total - free).saturating_sub(crate::engine::cuda::GEMM_WORKSPACE_BYTES);
     let budget = Budget::gpu(
         info.name.clone(),
         total,
@@ -526,7 +517,7 @@ fn find_batch(
             "--find-batch runs on this machine's device; leave out --gpu".into(),
         ));
     };
-    let predicted = plan::largest_micro_batch(r, budget);
+    let predicted = plan::largest_micro_batch(r, budget)?;
     let sizes = match predicted {
         Some(b) => vec![b, b + 1],
         None => vec![1],
@@ -548,7 +539,7 @@ fn find_batch(
             Err(e) => return Err(e),
         };
         let gpu = pool.cuda().ok();
-        let planned = plan::plan(&r.with_batch(b));
+        let planned = plan::plan(&r.with_batch(b))?;
         trials.push(Trial {
             micro_batch: b,
             fits,
@@ -691,7 +682,10 @@ fn print_report(r: &Report, cfg: &Config) {
         .iter()
         .map(|(w, n)| format!("{w} {}", gib(*n)))
         .collect();
-    println!("largest activations at the peak: {}", largest.join(", "));
+    println!(
+        "largest at the peak, by the operation that booked them: {}",
+        largest.join(", ")
+    );
     if p.host_offload > 0 {
         println!(
             "host memory (pinned) for the offloaded masters and moments: {}",

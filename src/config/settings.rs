@@ -58,11 +58,11 @@ pub fn resolve(profile_arg: &str, file: Option<&Path>, overrides: &[String]) -> 
             let p = Profile::load(name)?;
             let mut config = ResolvedConfig::resolve_layers(Some(&p), file, overrides)?;
             let fit = |c: &Config| -> std::result::Result<usize, ConfigError> {
-                // The planner walks GPT and ResNet-BK steps only; a Llama keeps the
-                // micro-batch it was given (out-of-memory splitting still applies).
+                // A configuration the planner's meta step refuses keeps the micro-batch it
+                // was given: the run itself then says what is wrong.
                 Ok(match &machine.gpu {
-                    Some(g) if c.model.kind != "llama" => largest_on_gpu(c, g),
-                    _ => c.train.micro_batch,
+                    Some(g) => largest_on_gpu(c, g).unwrap_or(c.train.micro_batch),
+                    None => c.train.micro_batch,
                 })
             };
             auto::apply(&mut config, &machine, &fit)?;
@@ -93,7 +93,7 @@ pub fn resolve(profile_arg: &str, file: Option<&Path>, overrides: &[String]) -> 
 
 /// The planner's largest micro-batch for `c` on `gpu` (0 when one sequence does not fit),
 /// with the planner's safety margin and an estimated CUDA context.
-fn largest_on_gpu(c: &Config, gpu: &GpuView) -> usize {
+fn largest_on_gpu(c: &Config, gpu: &GpuView) -> Result<usize> {
     use crate::engine::{DType, Device};
     use crate::plan::{self, Budget, PlanRequest};
     // Both were validated with the config; a failure here can only make the plan smaller.
@@ -101,7 +101,7 @@ fn largest_on_gpu(c: &Config, gpu: &GpuView) -> usize {
         .ok()
         .and_then(|p| p.compute_dtype())
         .unwrap_or(DType::F32);
-    let vocab = crate::data::tokenizer_vocab_size(&c.data.tokenizer).unwrap_or(256);
+    let vocab = crate::train::model_vocab(c)?;
     let request = PlanRequest::for_config(c, vocab, compute, Device::Cuda(0));
     let mut budget = Budget::gpu(
         gpu.name.clone(),
@@ -112,5 +112,5 @@ fn largest_on_gpu(c: &Config, gpu: &GpuView) -> usize {
     if let Ok(Some(limit)) = crate::config::parse_bytes(&c.train.memory_limit) {
         budget = budget.with_pool_limit(limit);
     }
-    plan::largest_micro_batch(&request, &budget).unwrap_or(0)
+    Ok(plan::largest_micro_batch(&request, &budget)?.unwrap_or(0))
 }

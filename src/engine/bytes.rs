@@ -14,6 +14,8 @@ use std::sync::Arc;
 enum ByteStorage {
     Host(Vec<u8>),
     Cuda(CudaSlice<u8>),
+    /// A meta pool's booking (nothing stored).
+    Meta(super::MetaTag),
 }
 
 pub struct PooledBytes {
@@ -26,10 +28,17 @@ impl PooledBytes {
     /// The bytes of `host` in `pool`'s memory (copied to the device for a GPU pool).
     pub fn from_host(pool: &Arc<MemoryPool>, host: Vec<u8>) -> Result<PooledBytes> {
         let booked = host.len();
+        if pool.is_meta() {
+            // A meta pool books the bytes and keeps none.
+            let tag = pool.reserve_meta(booked)?;
+            return Ok(PooledBytes {
+                storage: ByteStorage::Meta(tag),
+                pool: pool.clone(),
+                booked,
+            });
+        }
         pool.reserve(booked)?;
         let storage = match pool.device() {
-            // A meta pool books the bytes and keeps none.
-            _ if pool.is_meta() => Ok(ByteStorage::Host(Vec::new())),
             Device::Cpu => Ok(ByteStorage::Host(host)),
             Device::Cuda(_) => pool
                 .cuda()
@@ -69,6 +78,7 @@ impl PooledBytes {
     pub fn to_vec(&self) -> Result<Vec<u8>> {
         match &self.storage {
             ByteStorage::Host(v) => Ok(v.clone()),
+            ByteStorage::Meta(_) => Ok(Vec::new()),
             ByteStorage::Cuda(s) => Ok(self
                 .pool
                 .cuda()?
@@ -85,6 +95,7 @@ impl PooledBytes {
     pub fn host(&self) -> &[u8] {
         match &self.storage {
             ByteStorage::Host(v) => v,
+            ByteStorage::Meta(_) => &[],
             ByteStorage::Cuda(_) => panic!("host() called on GPU bytes; use to_vec()"),
         }
     }
@@ -96,14 +107,17 @@ impl PooledBytes {
     pub(crate) fn cuda(&self) -> &CudaSlice<u8> {
         match &self.storage {
             ByteStorage::Cuda(s) => s,
-            ByteStorage::Host(_) => panic!("cuda() called on host bytes"),
+            ByteStorage::Host(_) | ByteStorage::Meta(_) => panic!("cuda() called on host bytes"),
         }
     }
 }
 
 impl Drop for PooledBytes {
     fn drop(&mut self) {
-        self.pool.release(self.booked);
+        match self.storage {
+            ByteStorage::Meta(tag) => self.pool.release_meta(self.booked, tag),
+            _ => self.pool.release(self.booked),
+        }
     }
 }
 

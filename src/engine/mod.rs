@@ -22,7 +22,7 @@ pub mod tensor;
 
 pub use device::Device;
 pub use dtype::DType;
-pub use pool::{MemoryPool, MemoryStats};
+pub use pool::{MemoryPool, MemoryStats, MetaTag, Phase};
 pub use shapes::{AttnShape, GemmShape};
 pub use tensor::Tensor;
 

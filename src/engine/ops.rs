@@ -191,6 +191,7 @@ fn cpu_ids<'a>(op: &'static str, ids: Ids<'a>) -> Result<&'a [u32]> {
 
 /// `x[.., c_in] @ w[c_out, c_in]^T + b` -> `[.., c_out]`.
 pub fn linear_forward(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+    profile::label("linear_forward", x);
     let c_out = w.shape()[0];
     let mut shape = x.shape().to_vec();
     match shape.last_mut() {
@@ -438,6 +439,7 @@ fn norm_stats(x: &Tensor, n: usize) -> Result<NormStats> {
 }
 
 pub fn layernorm_forward(x: &Tensor, gamma: &Tensor, beta: &Tensor) -> Result<(Tensor, NormStats)> {
+    profile::label("layernorm_forward", x);
     layernorm_forward_eps(x, gamma, beta, cpu::layernorm::EPS)
 }
 
@@ -488,6 +490,7 @@ pub fn residual_layernorm_forward(
     gamma: &Tensor,
     beta: &Tensor,
 ) -> Result<(Tensor, Tensor, NormStats)> {
+    profile::label("residual_layernorm_forward", x);
     residual_layernorm_forward_eps(x, delta, gamma, beta, cpu::layernorm::EPS)
 }
 
@@ -614,6 +617,7 @@ pub fn gelu_backward(x: &Tensor, dout: &Tensor) -> Result<Tensor> {
 /// needs besides `qkv` and `out`: the probabilities `[B, H, T, T]` on the CPU, one
 /// log-sum-exp per row `[B, H, T]` on the GPU (which never stores the T x T matrix).
 pub fn attention_forward(qkv: &Tensor, s: AttnShape) -> Result<(Tensor, Tensor)> {
+    profile::label("attention_forward", qkv);
     windowed_attention_forward(qkv, s, 0)
 }
 
@@ -657,6 +661,7 @@ pub fn attention_backward(
     saved: &Tensor,
     s: AttnShape,
 ) -> Result<Tensor> {
+    profile::label("attention_backward", dout);
     windowed_attention_backward(dout, qkv, saved, s, 0)
 }
 
@@ -1259,6 +1264,7 @@ fn check_row_indices(
 
 /// `out[s, :] = scale[s] * src[idx[s], :]` -> `[idx.len(), c]` (scale 1 where `None`).
 pub fn gather_rows(src: &Tensor, idx: &[u32], scale: Option<&[f32]>) -> Result<Tensor> {
+    profile::label("gather_rows", src);
     let (rows, _) = rows_cols("gather_rows", src)?;
     check_row_indices("gather_rows", idx, rows, scale, false)?;
     gather_rows_at(src, Ids::Host(idx), scale)
@@ -2015,12 +2021,14 @@ pub fn token_embedding_forward(
     seq: usize,
     wte: &Tensor,
 ) -> Result<Tensor> {
+    profile::label("token_embedding_forward", wte);
     token_embedding_at(Ids::Host(tokens), batch, seq, wte)
 }
 
 /// [`token_embedding_forward`] with the tokens where the kernel reads them; a device token
 /// outside the vocabulary gives a row of NaN.
 pub fn token_embedding_at(tokens: Ids, batch: usize, seq: usize, wte: &Tensor) -> Result<Tensor> {
+    profile::label("token_embedding_at", wte);
     let (vocab, c) = rows_cols("token_embedding", wte)?;
     if tokens.len() != batch * seq {
         return Err(EngineError::Shape {
@@ -2104,6 +2112,7 @@ pub fn kv_append(
     s: RopeShape,
     c: CacheShape,
 ) -> Result<Tensor> {
+    profile::label("kv_append", qkv);
     kv_append_at(
         qkv,
         k_cache,
@@ -2218,6 +2227,7 @@ pub fn cache_attention(
     window: usize,
     c: CacheShape,
 ) -> Result<Tensor> {
+    profile::label("cache_attention", q);
     let longest = pos.iter().map(|&p| p as usize + 1).max().unwrap_or(0);
     cache_attention_at(
         q,
@@ -2301,6 +2311,7 @@ pub fn copy_cache_slot(
     len: usize,
     c: CacheShape,
 ) -> Result<()> {
+    profile::label("copy_cache_slot", cache);
     expect_len("copy_cache_slot", "cache", cache, c.len())?;
     if from >= c.slots || to >= c.slots || len > c.max_len {
         return Err(EngineError::Shape {

@@ -21,12 +21,104 @@
 //! it would there (activation dtypes, attention statistics), and a step run on it books the
 //! real step's peak without touching memory: that is how `kiln plan` plans. Buffers a GPU
 //! kernel takes from the driver outside the pool are booked apart ([`MemoryPool::book_outside`]).
+//! A meta pool also keeps a ledger of what is live by purpose ([`Phase`]: built with the model,
+//! or booked in the step's forward, backward or optimizer) and by the operation that booked it,
+//! and copies it at the device peak ([`PeakLedger`]): the planner's breakdown of the peak.
 
 use super::cuda::{CudaBackend, GemmMath};
 use super::{Device, EngineError, Result};
 use serde::Serialize;
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Which part of a run booked a buffer, for a meta pool's ledger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Phase {
+    /// Before the first step: weights, compute copies, gradients, optimizer state.
+    #[default]
+    Construction,
+    Forward,
+    Backward,
+    /// The optimizer's update and anything after the last backward.
+    Optimizer,
+}
+
+/// What a meta pool's buffer was booked under: the phase and the operation running then.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MetaTag {
+    pub phase: Phase,
+    pub op: &'static str,
+}
+
+/// The allocator's alignment of each buffer on a GPU (the stream-ordered allocator's).
+pub const GPU_BUFFER_ALIGNMENT: usize = 512;
+
+/// A meta pool's ledger as it stood at the device peak.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PeakLedger {
+    /// Live pool bytes by the phase that booked them, in [`Phase`] order.
+    pub by_phase: [usize; 4],
+    /// Live pool bytes by the operation that booked them (largest first).
+    pub by_op: Vec<(&'static str, usize)>,
+    /// Bytes held or booked outside the pool.
+    pub outside: usize,
+    /// What aligning every live buffer (the pool's and those outside it) to
+    /// [`GPU_BUFFER_ALIGNMENT`] adds.
+    pub alignment: usize,
+    /// The operation running at the peak.
+    pub op: &'static str,
+}
+
+impl PeakLedger {
+    pub fn phase(&self, p: Phase) -> usize {
+        self.by_phase[p as usize]
+    }
+}
+
+#[derive(Default)]
+struct Ledger {
+    phase: Phase,
+    op: &'static str,
+    by_phase: [usize; 4],
+    by_op: HashMap<&'static str, usize>,
+    alignment: usize,
+    /// Alignment of the buffers held outside the pool.
+    outside_alignment: usize,
+    peak_total: usize,
+    at_peak: PeakLedger,
+    /// Live forward bytes when the last backward began: what the forward saved for it.
+    forward_kept: usize,
+}
+
+fn alignment_of(bytes: usize) -> usize {
+    bytes.next_multiple_of(GPU_BUFFER_ALIGNMENT) - bytes
+}
+
+impl Ledger {
+    /// Copies the books if `total` (pool plus outside, with `extra_alignment` for a scratch
+    /// buffer booked only now) is a new device peak.
+    fn observe(&mut self, total: usize, outside: usize, extra_alignment: usize) {
+        if total <= self.peak_total && self.peak_total > 0 {
+            return;
+        }
+        self.peak_total = total;
+        let mut by_op: Vec<_> = self
+            .by_op
+            .iter()
+            .filter(|e| *e.1 > 0)
+            .map(|(k, v)| (*k, *v))
+            .collect();
+        by_op.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+        self.at_peak = PeakLedger {
+            by_phase: self.by_phase,
+            by_op,
+            outside,
+            alignment: self.alignment + self.outside_alignment + extra_alignment,
+            op: self.op,
+        };
+    }
+}
 
 /// A snapshot of a pool's books.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -55,6 +147,8 @@ pub struct MemoryPool {
     /// from the driver.
     outside: AtomicUsize,
     device_peak: AtomicUsize,
+    /// A meta pool's ledger by purpose (None on real pools, which keep only totals).
+    ledger: Option<Mutex<Ledger>>,
 }
 
 impl std::fmt::Debug for MemoryPool {
@@ -73,9 +167,12 @@ impl MemoryPool {
     /// and operations on them compute nothing.
     pub fn meta(device: Device) -> Arc<Self> {
         let mut pool = Self::build(device, None, None);
-        Arc::get_mut(&mut pool)
-            .expect("a new pool has one owner")
-            .meta = true;
+        let p = Arc::get_mut(&mut pool).expect("a new pool has one owner");
+        p.meta = true;
+        p.ledger = Some(Mutex::new(Ledger {
+            op: "construction",
+            ..Ledger::default()
+        }));
         if matches!(device, Device::Cuda(_)) {
             // The cuBLASLt workspace a GPU backend allocates once, outside the pool.
             pool.hold_outside(super::cuda::GEMM_WORKSPACE_BYTES);
@@ -94,6 +191,11 @@ impl MemoryPool {
         let outside = self.outside.load(Ordering::SeqCst);
         let now = self.current.load(Ordering::SeqCst) + outside + bytes;
         self.device_peak.fetch_max(now, Ordering::SeqCst);
+        if let Some(l) = &self.ledger {
+            l.lock()
+                .unwrap()
+                .observe(now, outside + bytes, alignment_of(bytes));
+        }
     }
 
     /// Keeps `bytes` booked outside the pool from now on (a buffer the backend allocates once,
@@ -102,6 +204,71 @@ impl MemoryPool {
         let outside = self.outside.fetch_add(bytes, Ordering::SeqCst) + bytes;
         let now = self.current.load(Ordering::SeqCst) + outside;
         self.device_peak.fetch_max(now, Ordering::SeqCst);
+        if let Some(l) = &self.ledger {
+            let mut l = l.lock().unwrap();
+            l.outside_alignment += alignment_of(bytes);
+            l.observe(now, outside, 0);
+        }
+    }
+
+    /// Sets the phase a meta pool's next bookings are charged to (no-op on a real pool).
+    pub fn set_phase(&self, phase: Phase) {
+        if let Some(l) = &self.ledger {
+            let mut l = l.lock().unwrap();
+            if l.phase == Phase::Forward && phase == Phase::Backward {
+                l.forward_kept = l.by_phase[Phase::Forward as usize];
+            }
+            l.phase = phase;
+        }
+    }
+
+    /// On a meta pool, the forward's live bytes when the last backward began (what it
+    /// saved for the backward); 0 on a real pool.
+    pub fn forward_kept(&self) -> usize {
+        self.ledger
+            .as_ref()
+            .map_or(0, |l| l.lock().unwrap().forward_kept)
+    }
+
+    /// Names the operation a meta pool's next bookings are charged to (no-op on a real pool).
+    pub fn set_op(&self, op: &'static str) {
+        if let Some(l) = &self.ledger {
+            l.lock().unwrap().op = op;
+        }
+    }
+
+    /// Books `bytes` in a meta pool and says under what (the tag its release hands back).
+    pub fn reserve_meta(&self, bytes: usize) -> Result<MetaTag> {
+        self.reserve(bytes)?;
+        let l = self.ledger.as_ref().map(|l| l.lock().unwrap());
+        Ok(l.map_or(
+            MetaTag {
+                phase: Phase::Construction,
+                op: "",
+            },
+            |l| MetaTag {
+                phase: l.phase,
+                op: l.op,
+            },
+        ))
+    }
+
+    /// Releases a meta booking made under `tag`.
+    pub fn release_meta(&self, bytes: usize, tag: MetaTag) {
+        if let Some(l) = &self.ledger {
+            let mut l = l.lock().unwrap();
+            l.by_phase[tag.phase as usize] -= bytes;
+            *l.by_op.entry(tag.op).or_default() -= bytes;
+            l.alignment -= alignment_of(bytes);
+        }
+        self.release(bytes);
+    }
+
+    /// A meta pool's ledger at its device peak (None on a real pool).
+    pub fn peak_ledger(&self) -> Option<PeakLedger> {
+        self.ledger
+            .as_ref()
+            .map(|l| l.lock().unwrap().at_peak.clone())
     }
 
     /// The highest pool-plus-outside bytes booked: the device's peak on a meta pool (on a
@@ -146,6 +313,7 @@ impl MemoryPool {
             meta: false,
             outside: AtomicUsize::new(0),
             device_peak: AtomicUsize::new(0),
+            ledger: None,
         })
     }
 
@@ -209,6 +377,14 @@ impl MemoryPool {
                     if outside > 0 {
                         self.device_peak.fetch_max(next + outside, Ordering::SeqCst);
                     }
+                    if let Some(l) = &self.ledger {
+                        let mut l = l.lock().unwrap();
+                        let (phase, op) = (l.phase, l.op);
+                        l.by_phase[phase as usize] += bytes;
+                        *l.by_op.entry(op).or_default() += bytes;
+                        l.alignment += alignment_of(bytes);
+                        l.observe(next + outside, outside, 0);
+                    }
                     return Ok(());
                 }
                 Err(actual) => cur = actual,
@@ -242,11 +418,14 @@ impl MemoryPool {
     /// Starts a new peak measurement from the current usage.
     pub fn reset_peak(&self) {
         let current = self.current.load(Ordering::SeqCst);
+        let outside = self.outside.load(Ordering::SeqCst);
         self.peak.store(current, Ordering::SeqCst);
-        self.device_peak.store(
-            current + self.outside.load(Ordering::SeqCst),
-            Ordering::SeqCst,
-        );
+        self.device_peak.store(current + outside, Ordering::SeqCst);
+        if let Some(l) = &self.ledger {
+            let mut l = l.lock().unwrap();
+            l.peak_total = 0;
+            l.observe(current + outside, outside, 0);
+        }
     }
 
     pub fn stats(&self) -> MemoryStats {

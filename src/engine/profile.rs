@@ -21,6 +21,15 @@ fn enabled() -> bool {
     *ON.get_or_init(|| std::env::var("KILN_PROFILE").is_ok_and(|v| v != "0"))
 }
 
+/// Names the operation about to book tensors in `t`'s pool, for a meta pool's ledger (which
+/// charges bookings to the operation making them); nothing on a real pool. Operations that
+/// allocate their output before the function that opens their [`scope`] call it first.
+pub fn label(name: &'static str, t: &Tensor) {
+    if t.is_meta() {
+        t.pool().set_op(name);
+    }
+}
+
 /// Calls and seconds per op name.
 static TABLE: Mutex<BTreeMap<&'static str, (u64, f64)>> = Mutex::new(BTreeMap::new());
 
@@ -167,6 +176,7 @@ pub struct Scope {
 /// Starts timing `name` for an op whose tensors live where `t` does (None when neither the
 /// table nor a recording is on).
 pub fn scope(name: &'static str, t: &Tensor) -> Option<Scope> {
+    label(name, t);
     let table = enabled();
     if !table && !recording() {
         return None;

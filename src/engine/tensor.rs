@@ -21,7 +21,7 @@ enum Storage {
     CudaBf16(CudaSlice<Bf16>),
     CudaF16(CudaSlice<F16>),
     /// A tensor of a meta pool: booked, never stored (see `pool`'s module comment).
-    Meta,
+    Meta(super::MetaTag),
 }
 
 /// Element types a GPU tensor can hold, with typed access to its buffer.
@@ -211,10 +211,10 @@ impl Tensor {
         make: impl FnOnce(&MemoryPool) -> Result<Storage>,
     ) -> Result<Tensor> {
         let booked = shape.iter().product::<usize>() * dtype.size_bytes();
-        pool.reserve(booked)?;
         let made = if pool.is_meta() {
-            Ok(Storage::Meta)
+            Ok(Storage::Meta(pool.reserve_meta(booked)?))
         } else {
+            pool.reserve(booked)?;
             make(pool)
         };
         let storage = match made {
@@ -265,7 +265,7 @@ impl Tensor {
             Storage::CudaF32(s) => self.pool.cuda()?.download(s)?,
             Storage::CudaBf16(s) => self.pool.cuda()?.download_f32(s)?,
             Storage::CudaF16(s) => self.pool.cuda()?.download_f32(s)?,
-            Storage::Meta => vec![0.0; self.len()],
+            Storage::Meta(_) => vec![0.0; self.len()],
         };
         // A GPU buffer reshaped within its allocation holds more than its shape names.
         values.truncate(self.len());
@@ -296,7 +296,8 @@ impl Tensor {
                     detail: "a page-locked staging buffer keeps its shape".into(),
                 });
             }
-            Storage::CudaF32(_) | Storage::CudaBf16(_) | Storage::CudaF16(_) | Storage::Meta => {}
+            Storage::CudaF32(_) | Storage::CudaBf16(_) | Storage::CudaF16(_) | Storage::Meta(_) => {
+            }
         }
         self.shape = shape.to_vec();
         Ok(())
@@ -330,7 +331,7 @@ impl Tensor {
                 return Ok(Some(gpu));
             }
             Storage::CudaBf16(_) | Storage::CudaF16(_) => dst.copy_from_slice(&self.to_vec()?),
-            Storage::Meta => dst.fill(0.0),
+            Storage::Meta(_) => dst.fill(0.0),
         }
         Ok(None)
     }
@@ -417,7 +418,7 @@ impl Tensor {
                 .map_err(CudaError::from)?,
             Storage::CudaBf16(dst) => upload_converted(&pool, src, dst)?,
             Storage::CudaF16(dst) => upload_converted(&pool, src, dst)?,
-            Storage::Meta => {}
+            Storage::Meta(_) => {}
         }
         Ok(())
     }
@@ -442,7 +443,7 @@ impl Tensor {
                 .stream()
                 .memset_zeros(s)
                 .map_err(CudaError::from)?,
-            Storage::Meta => {}
+            Storage::Meta(_) => {}
         }
         Ok(())
     }
@@ -496,7 +497,10 @@ fn upload_converted<T: Elem>(pool: &MemoryPool, src: &[f32], dst: &mut CudaSlice
 
 impl Drop for Tensor {
     fn drop(&mut self) {
-        self.pool.release(self.booked);
+        match self.storage {
+            Storage::Meta(tag) => self.pool.release_meta(self.booked, tag),
+            _ => self.pool.release(self.booked),
+        }
     }
 }
 

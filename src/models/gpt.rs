@@ -306,6 +306,8 @@ impl Model for Gpt {
             Recompute::Blocks => Keep::BlockInputs,
         };
         let acts = self.forward(inputs, batch, seq, keep)?;
+        // What the forward kept is saved; the head, the loss and the backward are transient.
+        acts.ln_f.pool().set_phase(crate::engine::Phase::Backward);
         let (losses, mut dlogits) = match self.kernels {
             Kernels::Fused => {
                 let mut dlogits = self.logits(&acts)?;

@@ -466,6 +466,8 @@ impl Llama {
             Recompute::Blocks => Keep::BlockInputs,
         };
         let acts = self.forward(inputs, batch, seq, keep)?;
+        // What the forward kept is saved; the head, the loss and the backward are transient.
+        acts.ln_f.pool().set_phase(crate::engine::Phase::Backward);
         let mut dlogits = self.logits(&acts)?;
         let losses = ops::cross_entropy_fused(&mut dlogits, targets, self.cfg.vocab, p.grad_scale)?;
         ops::round_in_place(&mut dlogits, p.grad_dtype)?;

@@ -16,13 +16,15 @@
 
 use crate::config::Config;
 use crate::data::Batch;
-use crate::engine::{Device, MemoryPool};
+use crate::engine::pool::PeakLedger;
+use crate::engine::{Device, MemoryPool, Tensor};
 use crate::error::Result;
 use crate::train::{Precision, Trainer};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// What a meta run of one optimizer step booked.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct MetaStep {
     /// The pool's peak: construction and the step, what `MemoryPool::stats().peak` measures
     /// on a real run.
@@ -36,8 +38,30 @@ pub struct MetaStep {
     /// Parameter elements, and those the optimizer trains.
     pub params: usize,
     pub trainable: usize,
+    /// Elements of each trained parameter, in the model's order (what data parallelism
+    /// shards).
+    pub trainable_elements: Vec<usize>,
+    /// Of `resident`, the device bytes of the parameters' values (f32 masters, or a frozen
+    /// base in its dtype), their compute copies and their gradients; the rest of it is
+    /// optimizer state and the model's fixed buffers.
+    pub masters: usize,
+    pub compute_copies: usize,
+    pub gradients: usize,
+    /// The pool's ledger at the device peak: live bytes by phase and by operation.
+    pub at_peak: PeakLedger,
+    /// What the forward kept for the backward: its live bytes when the backward began.
+    pub saved_by_forward: usize,
     /// Seconds the meta run took.
     pub seconds: f64,
+}
+
+/// Bytes of `t` if it lives in `pool` (an offloaded master lives in the host's).
+fn in_pool(t: &Tensor, pool: &Arc<MemoryPool>) -> usize {
+    if Arc::ptr_eq(t.pool(), pool) {
+        t.bytes()
+    } else {
+        0
+    }
 }
 
 /// A batch of `batch x seq` tokens with every target trained, ids spread over `vocab`.
@@ -75,13 +99,23 @@ pub fn meta_step(
         Trainer::new(cfg, vocab, &pool, precision)?
     };
     let resident = pool.stats().current;
-    let params: usize = trainer.model.params().iter().map(|p| p.value.len()).sum();
-    let trainable: usize = trainer
+    let all = trainer.model.params();
+    let params: usize = all.iter().map(|p| p.value.len()).sum();
+    let masters = all.iter().map(|p| in_pool(&p.value, &pool)).sum();
+    let compute_copies = all
+        .iter()
+        .filter_map(|p| p.compute.as_ref())
+        .map(|t| in_pool(t, &pool))
+        .sum();
+    let gradients = all.iter().map(|p| in_pool(&p.grad, &pool)).sum();
+    drop(all);
+    let trainable_elements: Vec<usize> = trainer
         .model
         .trainable_params()
         .iter()
         .map(|p| p.value.len())
-        .sum();
+        .collect();
+    let trainable = trainable_elements.iter().sum();
     let micro = [synthetic_batch(
         vocab,
         cfg.train.micro_batch,
@@ -94,6 +128,12 @@ pub fn meta_step(
         resident,
         params,
         trainable,
+        trainable_elements,
+        masters,
+        compute_copies,
+        gradients,
+        at_peak: pool.peak_ledger().unwrap_or_default(),
+        saved_by_forward: pool.forward_kept(),
         seconds: start.elapsed().as_secs_f64(),
     })
 }

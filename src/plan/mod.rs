@@ -1,23 +1,22 @@
 //! The memory and FLOP planner: what one training step of a model needs on a device, and the
 //! largest micro-batch that fits.
 //!
-//! A plan walks the step's allocations in the order the code makes them ([`walk`], with the
-//! GPT's step in [`gpt`]), so its pool peak is the peak the memory pool books, not an
-//! estimate; the CPU test suite holds it to a real step byte for byte. Around that peak a GPU
-//! adds memory outside the pool: the cuBLASLt workspace, kernel scratch, allocator rounding
-//! and the CUDA context, each its own line. FLOPs and saved bytes per layer come from the
-//! layers' own `cost_of`.
+//! A plan runs the step itself — construction, forward, loss, backward, optimizer — once on a
+//! meta device ([`meta`]) standing in for the planned one, so its pool peak is the peak the
+//! memory pool books, not an estimate; the CPU test suite holds it to real steps byte for
+//! byte. The meta pool's ledger says what is live at the peak (weights, compute copies,
+//! gradients, optimizer state, what the forward saved, the transient tensors of the backward,
+//! scratch outside the pool) and which operation booked it. Around that peak a GPU adds the
+//! allocator's rounding and the CUDA context, each its own line. FLOPs and saved bytes per
+//! layer come from the layers' own `cost_of`.
 
 pub mod finetune;
-pub mod gpt;
 pub mod gpus;
 pub mod meta;
-pub mod resnet_bk;
-pub mod walk;
 
 use crate::config::Config;
 use crate::data::Batch;
-use crate::engine::{DType, Device, EngineError, MemoryPool};
+use crate::engine::{DType, Device, EngineError, MemoryPool, Phase};
 use crate::models::gpt::GptConfig;
 use crate::models::resnet_bk::ResnetBkConfig;
 use crate::nn::moe::MoeConfig;
@@ -25,20 +24,17 @@ use crate::nn::{ActLayout, Cost};
 use crate::train::{Precision, Trainer};
 use serde::Serialize;
 use std::sync::Arc;
-use walk::Kind;
 
 /// The vocabulary size the model is built with for a tokenizer of `vocab` tokens.
 pub use crate::models::padded_vocab;
 
-/// The cuBLASLt workspace a GPU backend allocates outside the pool.
-pub const GPU_GEMM_WORKSPACE: usize = crate::engine::cuda::GEMM_WORKSPACE_BYTES;
 /// What a CUDA context with kiln's kernels and cuBLASLt loaded takes before any tensor,
 /// when it cannot be measured (planning for a GPU not in this machine).
 pub const CUDA_CONTEXT_ESTIMATE: usize = 500 << 20;
 /// The stream-ordered allocator maps device memory in granules of this size...
 pub const POOL_GRANULE: usize = 2 << 20;
 /// ...and aligns each buffer to this.
-pub const POOL_ALIGNMENT: usize = 512;
+pub const POOL_ALIGNMENT: usize = crate::engine::pool::GPU_BUFFER_ALIGNMENT;
 
 /// Which model the request's shape describes (`model.kind`).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -80,7 +76,7 @@ impl Arch {
 }
 
 /// What to plan: a model shape, a micro-batch, and how the step runs.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct PlanRequest {
     #[serde(rename = "model_kind", serialize_with = "arch_kind")]
     pub arch: Arch,
@@ -96,6 +92,13 @@ pub struct PlanRequest {
     pub compute: DType,
     pub recompute: bool,
     pub offload_optimizer: bool,
+    /// Everything else the step is built from (kernels, dropout, adapters...): the fields
+    /// above override its `train` settings.
+    #[serde(skip)]
+    pub config: Arc<Config>,
+    /// The tokenizer's vocabulary (before padding).
+    #[serde(skip)]
+    pub vocab: usize,
 }
 
 fn arch_kind<S: serde::Serializer>(a: &Arch, s: S) -> Result<S::Ok, S::Error> {
@@ -134,6 +137,28 @@ impl PlanRequest {
             compute,
             recompute: cfg.train.recompute == "blocks" && arch == Arch::Gpt,
             offload_optimizer: cfg.train.offload_optimizer && device != Device::Cpu,
+            config: Arc::new(cfg.clone()),
+            vocab,
+        }
+    }
+
+    /// The configuration one planned step runs: `config` with this request's micro-batch,
+    /// sequence length, recomputation and offload.
+    pub fn step_config(&self) -> Config {
+        let mut c = (*self.config).clone();
+        c.train.micro_batch = self.micro_batch;
+        c.train.seq_len = self.seq_len;
+        c.train.recompute = if self.recompute { "blocks" } else { "none" }.into();
+        c.train.offload_optimizer = self.offload_optimizer;
+        c
+    }
+
+    /// The precision policy whose compute copies are `compute` (tf32 books what fp32 does).
+    pub fn precision(&self) -> Precision {
+        match self.compute {
+            DType::BF16 => Precision::Bf16Mixed,
+            DType::F16 => Precision::Fp16Mixed,
+            DType::F32 => Precision::Fp32,
         }
     }
 
@@ -144,10 +169,10 @@ impl PlanRequest {
         }
     }
 
-    pub fn with_batch(self, micro_batch: usize) -> PlanRequest {
+    pub fn with_batch(&self, micro_batch: usize) -> PlanRequest {
         PlanRequest {
             micro_batch,
-            ..self
+            ..self.clone()
         }
     }
 
@@ -182,9 +207,12 @@ pub struct Breakdown {
     pub master_weights: usize,
     pub compute_copies: usize,
     pub gradients: usize,
+    /// AdamW's moments, with the model's fixed buffers (rotary tables).
     pub optimizer_state: usize,
+    /// What the forward booked and is still live at the peak (saved for the backward).
     pub saved_activations: usize,
-    /// Tensors of the layer running at the peak (logits and their gradient included).
+    /// What the head, the loss, the backward and the optimizer booked and is live at the
+    /// peak (logits and their gradient included).
     pub transient: usize,
     /// Outside the pool: the GEMM workspace and the kernel scratch live at the peak.
     pub outside_pool: usize,
@@ -225,9 +253,10 @@ pub struct Plan {
     pub allocator_rounding: usize,
     /// Everything kiln allocates on the device at the peak: the breakdown plus rounding.
     pub device_peak: usize,
-    /// The tensor whose allocation reached the peak.
+    /// The operation running at the peak.
     pub peak_at: String,
-    /// The largest tensors live at the peak besides weights and optimizer state.
+    /// The step's live bytes at the peak by the operation that booked them, largest first
+    /// (weights and optimizer state left out).
     pub largest_at_peak: Vec<(String, usize)>,
     /// Host bytes the optimizer offload keeps (fp32 masters and both moments), pinned.
     pub host_offload: usize,
@@ -235,6 +264,9 @@ pub struct Plan {
     /// Extra forward FLOPs the backward runs under recomputation.
     pub recompute_flops: u64,
     pub tokens: usize,
+    /// Elements of each trained parameter, in the model's order.
+    #[serde(skip)]
+    pub trainable_elements: Vec<usize>,
 }
 
 impl Plan {
@@ -244,72 +276,55 @@ impl Plan {
     }
 }
 
-/// Plans one step of `r`. For ResNet-BK the mixture-of-experts layers are planned at their
-/// worst-case expert loads ([`resnet_bk::worst_case_loads`]), so the plan is an upper bound
-/// that a real step's routing meets or undercuts.
-pub fn plan(r: &PlanRequest) -> Plan {
-    let spec = gpt::StepSpec {
-        batch: r.micro_batch,
-        seq: r.seq_len,
-        layout: r.layout(),
-        recompute: r.recompute,
-        offload: r.offload_optimizer,
-        gemm_workspace: if r.gpu() { GPU_GEMM_WORKSPACE } else { 0 },
+/// Plans one step of `r` by running it on a meta device standing in for `r.device`. A
+/// configuration the real step refuses is refused with the same error, before anything is
+/// allocated. For ResNet-BK the mixture-of-experts layers route nothing on the meta device,
+/// so their buffers are booked at the capacity factor's sizes: the worst case, which a real
+/// step's routing meets or undercuts.
+pub fn plan(r: &PlanRequest) -> crate::error::Result<Plan> {
+    let m = meta::meta_step(&r.step_config(), r.vocab, r.device, r.precision())?;
+    let l = &m.at_peak;
+    let built = l.phase(Phase::Construction);
+    let b = Breakdown {
+        master_weights: m.masters,
+        compute_copies: m.compute_copies,
+        gradients: m.gradients,
+        optimizer_state: built.saturating_sub(m.masters + m.compute_copies + m.gradients),
+        saved_activations: l.phase(Phase::Forward),
+        transient: l.phase(Phase::Backward) + l.phase(Phase::Optimizer),
+        outside_pool: l.outside,
     };
-    let bk = r.resnet_bk();
-    let w = match &bk {
-        None => gpt::walk_step(&r.model, spec),
-        Some(cfg) => resnet_bk::walk_worst_case(cfg, spec),
-    };
-    let mut b = Breakdown::default();
     let mut rounding = 0;
-    for buf in w.at_peak() {
-        let slot = match buf.kind {
-            Kind::Master => &mut b.master_weights,
-            Kind::Compute => &mut b.compute_copies,
-            Kind::Grad => &mut b.gradients,
-            Kind::Optimizer => &mut b.optimizer_state,
-            Kind::Saved => &mut b.saved_activations,
-            Kind::Transient => &mut b.transient,
-            Kind::Outside => &mut b.outside_pool,
-        };
-        *slot += buf.bytes;
-        if r.gpu() {
-            rounding += buf.bytes.next_multiple_of(POOL_ALIGNMENT) - buf.bytes;
-        }
-    }
     if r.gpu() {
-        let total = w.device_peak() + rounding;
+        rounding = l.alignment;
+        let total = m.device_peak + rounding;
         rounding += total.next_multiple_of(POOL_GRANULE) - total;
     }
-    let mut largest: Vec<(String, usize)> = w
-        .at_peak()
+    let largest: Vec<(String, usize)> = l
+        .by_op
         .iter()
-        .filter(|b| matches!(b.kind, Kind::Saved | Kind::Transient | Kind::Outside))
-        .map(|b| (b.what.clone(), b.bytes))
+        .filter(|(op, _)| *op != "construction")
+        .take(4)
+        .map(|(op, n)| (op.to_string(), *n))
         .collect();
-    largest.sort_by_key(|b| std::cmp::Reverse(b.1));
-    largest.truncate(4);
-    let (params, cost) = match &bk {
-        None => (
-            gpt::param_shapes(&r.model).iter().map(|p| p.1).sum(),
-            r.model.cost_on(r.micro_batch, r.seq_len, r.layout()),
-        ),
-        Some(cfg) => (
-            resnet_bk::param_shapes(cfg).iter().map(|p| p.1).sum(),
-            cfg.cost(r.micro_batch, r.seq_len),
-        ),
+    let cost = match r.resnet_bk() {
+        None => r.model.cost_on(r.micro_batch, r.seq_len, r.layout()),
+        Some(cfg) => cfg.cost(r.micro_batch, r.seq_len),
     };
-    Plan {
-        request: *r,
-        params,
+    Ok(Plan {
+        request: r.clone(),
+        params: m.params,
         breakdown: b,
-        pool_peak: w.pool_peak(),
+        pool_peak: m.pool_peak,
         allocator_rounding: rounding,
-        device_peak: w.device_peak() + rounding,
-        peak_at: w.peak_at().to_string(),
+        device_peak: m.device_peak + rounding,
+        peak_at: l.op.to_string(),
         largest_at_peak: largest,
-        host_offload: if r.offload_optimizer { 12 * params } else { 0 },
+        host_offload: if r.offload_optimizer {
+            12 * m.params
+        } else {
+            0
+        },
         recompute_flops: if r.recompute && r.can_recompute() {
             block_cost(&r.model, r.micro_batch, r.seq_len, r.layout()).flops_forward
                 * r.model.n_layers as u64
@@ -318,7 +333,8 @@ pub fn plan(r: &PlanRequest) -> Plan {
         },
         cost,
         tokens: r.micro_batch * r.seq_len,
-    }
+        trainable_elements: m.trainable_elements,
+    })
 }
 
 fn block_cost(m: &GptConfig, batch: usize, seq: usize, layout: ActLayout) -> Cost {
@@ -536,32 +552,35 @@ impl Budget {
 /// The largest micro-batch of `r` (its `micro_batch` ignored) whose step fits `budget`, or
 /// `None` when one sequence does not fit. Memory grows with the micro-batch, so the boundary
 /// is found by doubling, then bisection.
-pub fn largest_micro_batch(r: &PlanRequest, budget: &Budget) -> Option<usize> {
-    let fits = |b: usize| budget.fits(&plan(&r.with_batch(b)));
-    if !fits(1) {
-        return None;
+pub fn largest_micro_batch(
+    r: &PlanRequest,
+    budget: &Budget,
+) -> crate::error::Result<Option<usize>> {
+    let fits = |b: usize| plan(&r.with_batch(b)).map(|p| budget.fits(&p));
+    if !fits(1)? {
+        return Ok(None);
     }
     // A cap far beyond any device, so a model of no activations cannot loop forever.
     const CAP: usize = 1 << 24;
     let mut lo = 1;
     let mut hi = 2;
-    while hi <= CAP && fits(hi) {
+    while hi <= CAP && fits(hi)? {
         lo = hi;
         hi *= 2;
     }
     if hi > CAP {
-        return Some(lo);
+        return Ok(Some(lo));
     }
     // fits(lo), !fits(hi)
     while hi - lo > 1 {
         let mid = lo + (hi - lo) / 2;
-        if fits(mid) {
+        if fits(mid)? {
             lo = mid;
         } else {
             hi = mid;
         }
     }
-    Some(lo)
+    Ok(Some(lo))
 }
 
 /// The four ways to run a step that the planner compares.
@@ -574,7 +593,10 @@ pub const VARIANTS: [(&str, bool, bool); 4] = [
 
 /// The largest micro-batch of each variant ([`VARIANTS`]); offload is skipped on the CPU,
 /// where host memory is the device, and recomputation for a model without it.
-pub fn largest_by_variant(r: &PlanRequest, budget: &Budget) -> Vec<(&'static str, Option<usize>)> {
+pub fn largest_by_variant(
+    r: &PlanRequest,
+    budget: &Budget,
+) -> crate::error::Result<Vec<(&'static str, Option<usize>)>> {
     VARIANTS
         .iter()
         .filter(|v| r.gpu() || !v.2)
@@ -583,43 +605,47 @@ pub fn largest_by_variant(r: &PlanRequest, budget: &Budget) -> Vec<(&'static str
             let v = PlanRequest {
                 recompute,
                 offload_optimizer: offload,
-                ..*r
+                ..r.clone()
             };
-            (name, largest_micro_batch(&v, budget))
+            Ok((name, largest_micro_batch(&v, budget)?))
         })
         .collect()
 }
 
 /// When one sequence of `r` does not fit `budget`: what it needs, what the device has, and
 /// the options that would bring it down, each with the bytes it saves.
-pub fn one_sequence_advice(r: &PlanRequest, budget: &Budget) -> Option<String> {
+pub fn one_sequence_advice(
+    r: &PlanRequest,
+    budget: &Budget,
+) -> crate::error::Result<Option<String>> {
     let one = r.with_batch(1);
-    let base = plan(&one);
+    let base = plan(&one)?;
     if budget.fits(&base) {
-        return None;
+        return Ok(None);
     }
-    let saves = |alt: PlanRequest| base.device_peak.saturating_sub(plan(&alt).device_peak);
+    let saves =
+        |alt: PlanRequest| plan(&alt).map(|p| base.device_peak.saturating_sub(p.device_peak));
     let mut options = Vec::new();
     if !one.recompute && one.can_recompute() {
         let s = saves(PlanRequest {
             recompute: true,
-            ..one
-        });
+            ..one.clone()
+        })?;
         options.push(format!("train.recompute=blocks (saves {})", gib(s)));
     }
     if !one.offload_optimizer && one.gpu() {
         let s = saves(PlanRequest {
             offload_optimizer: true,
-            ..one
-        });
+            ..one.clone()
+        })?;
         options.push(format!("train.offload_optimizer=true (saves {})", gib(s)));
     }
     let bf16_ok = budget.compute_capability.is_none_or(|cc| cc.0 >= 8);
     if one.compute == DType::F32 {
         let s = saves(PlanRequest {
             compute: DType::BF16,
-            ..one
-        });
+            ..one.clone()
+        })?;
         let name = if bf16_ok { "bf16-mixed" } else { "fp16-mixed" };
         options.push(format!("train.precision={name} (saves {})", gib(s)));
     }
@@ -630,8 +656,8 @@ pub fn one_sequence_advice(r: &PlanRequest, budget: &Budget) -> Option<String> {
         let mid = lo + (hi - lo) / 2;
         if budget.fits(&plan(&PlanRequest {
             seq_len: mid,
-            ..one
-        })) {
+            ..one.clone()
+        })?) {
             lo = mid;
         } else {
             hi = mid;
@@ -643,7 +669,7 @@ pub fn one_sequence_advice(r: &PlanRequest, budget: &Budget) -> Option<String> {
         "a shorter train.seq_len (none fits as configured: the weights and optimizer state alone are too large)".into()
     });
     let device_word = if one.gpu() { "the GPU" } else { "the budget" };
-    Some(format!(
+    Ok(Some(format!(
         "needs {} for one sequence of {} tokens (plus {} for the CUDA context and a margin of {}), {device_word} ({}) has {}; try {}",
         gib(base.device_peak),
         one.seq_len,
@@ -652,7 +678,7 @@ pub fn one_sequence_advice(r: &PlanRequest, budget: &Budget) -> Option<String> {
         budget.name,
         gib(budget.capacity),
         options.join(", ")
-    ))
+    )))
 }
 
 /// Tensor-core GEMM dimensions of the model and micro-batch that are not multiples of 8

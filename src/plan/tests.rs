@@ -32,23 +32,12 @@ fn config(c: &Case, micro_batch: usize) -> Config {
 }
 
 fn request(c: &Case, micro_batch: usize) -> PlanRequest {
-    PlanRequest {
-        arch: Arch::Gpt,
-        model: GptConfig {
-            vocab: padded_vocab(c.vocab),
-            d_model: c.d_model,
-            n_layers: c.n_layers,
-            n_heads: c.n_heads,
-            context: c.seq + 3,
-            tied_head: c.tied,
-        },
-        micro_batch,
-        seq_len: c.seq,
-        device: Device::Cpu,
-        compute: c.precision.compute_dtype().unwrap_or(DType::F32),
-        recompute: false,
-        offload_optimizer: false,
-    }
+    PlanRequest::for_config(
+        &config(c, micro_batch),
+        c.vocab,
+        c.precision.compute_dtype().unwrap_or(DType::F32),
+        Device::Cpu,
+    )
 }
 
 fn batch(vocab: usize, b: usize, t: usize, salt: usize) -> Batch {
@@ -84,14 +73,21 @@ fn measured_peak_with(c: &Case, cfg: Config, accum: usize) -> usize {
     );
     let micro: Vec<Batch> = (0..accum).map(|k| batch(c.vocab, b, c.seq, k)).collect();
     trainer.step(&micro).unwrap();
-    let shapes = gpt::param_shapes(&request(c, b).model);
-    let real: Vec<(String, usize)> = trainer
+    let real: Vec<usize> = trainer
         .model
-        .params()
+        .trainable_params()
         .iter()
-        .map(|p| (p.name.clone(), p.value.len()))
+        .map(|p| p.value.len())
         .collect();
-    assert_eq!(shapes, real, "the planner's parameter list is the model's");
+    let mut r = request(c, b);
+    r.recompute = cfg.train.recompute == "blocks";
+    r.offload_optimizer = cfg.train.offload_optimizer;
+    r.config = std::sync::Arc::new(cfg);
+    assert_eq!(
+        plan(&r).unwrap().trainable_elements,
+        real,
+        "the plan's parameters are the model's"
+    );
     pool.stats().peak
 }
 
@@ -149,7 +145,7 @@ fn cases() -> Vec<Case> {
 fn planned_peak_equals_a_real_cpu_step_byte_for_byte() {
     for (i, c) in cases().iter().enumerate() {
         for b in [1, 2, 3, 8] {
-            let planned = plan(&request(c, b));
+            let planned = plan(&request(c, b)).unwrap();
             let measured = measured_peak(c, b, 1);
             assert_eq!(
                 planned.pool_peak, measured,
@@ -159,6 +155,8 @@ fn planned_peak_equals_a_real_cpu_step_byte_for_byte() {
             // On the CPU nothing lives outside the pool.
             assert_eq!(planned.device_peak, planned.pool_peak);
             let sum = planned.breakdown;
+            assert!(sum.master_weights > 0 && sum.gradients > 0 && sum.optimizer_state > 0);
+            assert!(sum.saved_activations > 0 && sum.transient > 0, "{sum:?}");
             assert_eq!(
                 sum.master_weights
                     + sum.compute_copies
@@ -173,11 +171,14 @@ fn planned_peak_equals_a_real_cpu_step_byte_for_byte() {
     }
     // Accumulation reuses the activations: two micro-batches peak like one.
     let c = &cases()[1];
-    assert_eq!(measured_peak(c, 3, 2), plan(&request(c, 3)).pool_peak);
+    assert_eq!(
+        measured_peak(c, 3, 2),
+        plan(&request(c, 3)).unwrap().pool_peak
+    );
 }
 
 /// The same exactness with block recomputation and with the optimizer offloaded: the
-/// walk follows those code paths too (on the CPU offload moves the masters and moments to
+/// meta step runs those code paths too (on the CPU offload moves the masters and moments to
 /// the host pool, which the device pool no longer books).
 #[test]
 fn recompute_and_offload_plans_equal_real_cpu_steps() {
@@ -190,7 +191,7 @@ fn recompute_and_offload_plans_equal_real_cpu_steps() {
                 let mut cfg = config(c, b);
                 cfg.train.recompute = if recompute { "blocks" } else { "none" }.into();
                 cfg.train.offload_optimizer = offload;
-                let planned = plan(&r).pool_peak;
+                let planned = plan(&r).unwrap().pool_peak;
                 let measured = measured_peak_with(c, cfg, 1);
                 assert_eq!(
                     planned, measured,
@@ -203,50 +204,35 @@ fn recompute_and_offload_plans_equal_real_cpu_steps() {
 
 #[test]
 fn saved_activations_match_the_layers_costs() {
-    // The most saved bytes the walk holds (at the end of the forward) are what the layers'
-    // costs say they keep, on the CPU (probabilities, f32) and on a GPU (log-sum-exp,
-    // compute dtype).
+    // What the forward keeps for the backward (its live bytes when the backward begins) is
+    // what the layers' costs say they keep, on the CPU (probabilities, f32) and on a GPU
+    // (log-sum-exp, compute dtype), with and without recomputation.
     for c in cases() {
         for device in [Device::Cpu, Device::Cuda(0)] {
-            let r = PlanRequest {
-                device,
-                ..request(&c, 3)
-            };
-            let from_costs: usize = layer_table(&r)
-                .iter()
-                .map(|l| l.count * l.saved_bytes)
-                .sum();
-            let spec = gpt::StepSpec {
-                batch: 3,
-                seq: c.seq,
-                layout: r.layout(),
-                recompute: false,
-                offload: false,
-                gemm_workspace: 0,
-            };
-            let walked = gpt::walk_step(&r.model, spec);
-            assert_eq!(
-                walked.live_at(gpt::END_OF_FORWARD, walk::Kind::Saved),
-                Some(from_costs),
-                "{device}"
-            );
-            // Under recomputation the forward keeps the block inputs and the final norm.
-            let recompute: usize = layer_table(&r)
-                .iter()
-                .map(|l| l.count * l.saved_bytes_recompute)
-                .sum();
-            let walked = gpt::walk_step(
-                &r.model,
-                gpt::StepSpec {
-                    recompute: true,
-                    ..spec
-                },
-            );
-            assert_eq!(
-                walked.live_at(gpt::END_OF_FORWARD, walk::Kind::Saved),
-                Some(recompute),
-                "{device}"
-            );
+            for recompute in [false, true] {
+                let r = PlanRequest {
+                    device,
+                    recompute,
+                    ..request(&c, 3)
+                };
+                let from_costs: usize = layer_table(&r)
+                    .iter()
+                    .map(|l| {
+                        l.count
+                            * if recompute {
+                                l.saved_bytes_recompute
+                            } else {
+                                l.saved_bytes
+                            }
+                    })
+                    .sum();
+                let meta =
+                    meta::meta_step(&r.step_config(), c.vocab, device, r.precision()).unwrap();
+                assert_eq!(
+                    meta.saved_by_forward, from_costs,
+                    "{device} recompute {recompute}"
+                );
+            }
         }
     }
 }
@@ -258,13 +244,13 @@ fn largest_micro_batch_grows_with_memory_and_sits_on_the_boundary() {
     let mut last = 0;
     for mib in [1usize, 2, 3, 5, 8, 13, 21, 34] {
         let budget = Budget::cpu(1 << 40).with_pool_limit(mib << 20);
-        let Some(b) = largest_micro_batch(&r, &budget) else {
+        let Some(b) = largest_micro_batch(&r, &budget).unwrap() else {
             assert_eq!(last, 0, "a larger budget never fits less");
             continue;
         };
         assert!(b >= last, "{mib} MiB: {b} < {last}");
-        assert!(budget.fits(&plan(&r.with_batch(b))));
-        assert!(!budget.fits(&plan(&r.with_batch(b + 1))));
+        assert!(budget.fits(&plan(&r.with_batch(b)).unwrap()));
+        assert!(!budget.fits(&plan(&r.with_batch(b + 1)).unwrap()));
         last = b;
     }
     assert!(last > 1);
@@ -275,7 +261,7 @@ fn largest_micro_batch_grows_with_memory_and_sits_on_the_boundary() {
         ..request(c, 4)
     };
     let budget = Budget::gpu("test".into(), 1 << 30, Some(0), (9, 0));
-    let by_variant = largest_by_variant(&gpu, &budget);
+    let by_variant = largest_by_variant(&gpu, &budget).unwrap();
     let plain = by_variant[0].1.unwrap();
     assert!(
         by_variant.iter().all(|v| v.1.unwrap() >= plain),
@@ -287,9 +273,10 @@ fn largest_micro_batch_grows_with_memory_and_sits_on_the_boundary() {
 fn one_sequence_advice_names_what_helps() {
     let c = &cases()[0];
     let r = request(c, 1);
-    let need = plan(&r).device_peak;
-    assert!(one_sequence_advice(&r, &Budget::cpu(1 << 40).with_pool_limit(need)).is_none());
-    let msg = one_sequence_advice(&r, &Budget::cpu(1 << 40).with_pool_limit(need - 1)).unwrap();
+    let need = plan(&r).unwrap().device_peak;
+    let advise = |limit| one_sequence_advice(&r, &Budget::cpu(1 << 40).with_pool_limit(limit));
+    assert!(advise(need).unwrap().is_none());
+    let msg = advise(need - 1).unwrap().unwrap();
     assert!(msg.contains("for one sequence of 8 tokens"), "{msg}");
     assert!(msg.contains("train.recompute=blocks (saves"), "{msg}");
     assert!(msg.contains("train.precision=bf16-mixed"), "{msg}");
@@ -327,8 +314,7 @@ fn misaligned_dimensions_are_flagged_with_their_padding() {
 }
 
 /// The meta device books what a real CPU step books, byte for byte, for every case, batch,
-/// recomputation and offload setting above, and for the unfused kernels (which the walk does
-/// not plan).
+/// recomputation and offload setting above, and for the unfused kernels.
 #[test]
 fn a_meta_step_books_the_real_cpu_peak() {
     for (i, c) in cases().iter().enumerate() {
@@ -374,7 +360,7 @@ fn measured_cfg_peak(cfg: &Config, vocab: usize, precision: Precision) -> usize 
 }
 
 /// The model families beside the GPT (Llama with grouped-query heads, q/k norms, biases,
-/// untied heads, recomputation, offload, LoRA and QLoRA, which the walks never covered;
+/// untied heads, recomputation, offload, LoRA and QLoRA;
 /// ResNet-BK with its experts): the meta step books the real CPU step's peak byte for byte.
 #[test]
 fn a_meta_step_books_every_family_exactly() {
@@ -451,15 +437,8 @@ fn a_meta_step_books_every_family_exactly() {
         let meta = meta::meta_step(&cfg, vocab, Device::Cpu, precision).unwrap();
         let measured = measured_cfg_peak(&cfg, vocab, precision);
         if cfg.model.kind == "resnet_bk" {
-            // Routing is data-dependent: the meta step books its worst case, as the walk
-            // does, which bounds the real step from above.
-            let walked = plan(&PlanRequest::for_config(
-                &cfg,
-                vocab,
-                DType::F32,
-                Device::Cpu,
-            ));
-            assert_eq!(meta.pool_peak, walked.pool_peak, "{overrides:?}");
+            // Routing is data-dependent: the meta step books its worst case, which bounds the
+            // real step from above.
             assert!(meta.pool_peak >= measured, "{overrides:?}");
         } else {
             assert_eq!(meta.pool_peak, measured, "{overrides:?} {precision:?}");
@@ -494,28 +473,55 @@ fn a_meta_step_for_a_gpu_needs_no_gpu_and_plans_a_large_model_fast() {
     assert!(p.seconds < 1.0, "planning took {} s", p.seconds);
 }
 
-/// Standing in for a GPU, the meta step books the pool peak the GPU walk (checked against
-/// real GPU runs) plans, for every case, batch and setting.
+/// A plan for a configuration the real step refuses fails with the real step's message
+/// before anything is booked.
 #[test]
-fn a_meta_gpu_step_books_the_gpu_walks_pool_peak() {
-    for (i, c) in cases().iter().enumerate() {
-        for b in [1, 4] {
-            for (recompute, offload) in [(false, false), (true, false), (false, true)] {
-                let mut cfg = config(c, b);
-                cfg.train.recompute = if recompute { "blocks" } else { "none" }.into();
-                cfg.train.offload_optimizer = offload;
-                let mut r = request(c, b);
-                r.device = Device::Cuda(0);
-                r.recompute = recompute;
-                r.offload_optimizer = offload;
-                let walked = plan(&r);
-                let meta = meta::meta_step(&cfg, c.vocab, Device::Cuda(0), c.precision).unwrap();
-                assert_eq!(
-                    meta.pool_peak, walked.pool_peak,
-                    "case {i} batch {b} recompute {recompute} offload {offload}"
-                );
-                assert!(meta.device_peak > meta.pool_peak);
-            }
-        }
-    }
+fn a_plan_the_model_refuses_fails_with_the_real_message() {
+    let c = &cases()[0];
+    let mut cfg = config(c, 2);
+    cfg.train.seq_len = cfg.model.context + 5;
+    let r = PlanRequest::for_config(&cfg, c.vocab, DType::F32, Device::Cpu);
+    let planned = plan(&r).unwrap_err().to_string();
+    let pool = MemoryPool::new(Device::Cpu);
+    let mut trainer = Trainer::new(&cfg, c.vocab, &pool, c.precision).unwrap();
+    let real = trainer
+        .step(&[batch(c.vocab, 2, cfg.train.seq_len, 0)])
+        .unwrap_err()
+        .to_string();
+    assert_eq!(planned, real);
+    assert!(
+        planned.contains("longer than the model's context"),
+        "{planned}"
+    );
+}
+
+/// On a GPU the plan's device peak adds what the allocator rounds: every live buffer to
+/// 512 bytes and the total to 2 MiB granules.
+#[test]
+fn a_gpu_plan_rounds_buffers_and_granules() {
+    let c = &cases()[3];
+    let r = PlanRequest {
+        device: Device::Cuda(0),
+        ..request(c, 4)
+    };
+    let p = plan(&r).unwrap();
+    assert!(p.allocator_rounding > 0);
+    assert_eq!(p.device_peak % POOL_GRANULE, 0, "{p:?}");
+    let b = p.breakdown;
+    assert_eq!(
+        b.master_weights
+            + b.compute_copies
+            + b.gradients
+            + b.optimizer_state
+            + b.saved_activations
+            + b.transient
+            + b.outside_pool
+            + p.allocator_rounding,
+        p.device_peak
+    );
+    assert!(b.outside_pool >= crate::engine::cuda::GEMM_WORKSPACE_BYTES);
+    assert!(
+        !p.peak_at.is_empty() && !p.largest_at_peak.is_empty(),
+        "{p:?}"
+    );
 }

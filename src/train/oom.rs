@@ -270,12 +270,12 @@ pub fn check_host(
     if limit.is_some_and(|l| l <= budget.usable()) {
         return Ok(HostFit::Fits);
     }
-    if let Some(advice) = plan::one_sequence_advice(&request, &budget) {
+    if let Some(advice) = plan::one_sequence_advice(&request, &budget)? {
         return Err(KilnError::DoesNotFit(format!(
             "the plan of this step on the CPU {advice}"
         )));
     }
-    let planned = plan::plan(&request).pool_peak;
+    let planned = plan::plan(&request)?.pool_peak;
     if planned > budget.usable() {
         return Ok(HostFit::CapAt {
             usable: budget.usable(),

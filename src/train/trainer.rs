@@ -378,6 +378,9 @@ impl Trainer {
                 crate::engine::rng::stream::DROPOUT,
                 (self.state.step << 16) + n as u64,
             ));
+            // A meta pool charges the pass's bookings to the forward until the model says its
+            // backward began (the planner's breakdown of the peak).
+            self.pool.set_phase(engine::Phase::Forward);
             let pass = self.model.forward_backward(
                 &b.inputs[span.clone()],
                 &b.targets[span],
@@ -468,6 +471,7 @@ impl Trainer {
             self.global_trained = Some(trained as usize);
         }
         let mut loss_sum = self.accumulate(micro)?;
+        self.pool.set_phase(engine::Phase::Optimizer);
         if let Some(d) = &mut self.dist {
             let mut l = [loss_sum];
             d.control
