@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The planner against real GPU steps, in one command from the repository root (about two
-# minutes on an H100): for each shape, `kiln plan --json` on this GPU (GPT and ResNet-BK by
-# their walks, every Llama-family step by a meta step) beside the pool peak a real
+# minutes on an H100): for each shape, `kiln plan --json` on this GPU (every step planned by
+# running it on a meta device) beside the pool peak a real
 # `kiln train` of three steps measures (metrics.jsonl's mem_peak). PASS when the plan is
 # within 0.5% of the measured peak.
 #
