@@ -3,7 +3,7 @@
 The model matches kiln's GPT exactly in shape: learned position embeddings, pre-norm blocks
 with a fused QKV projection, GELU (tanh), biases everywhere, a final layernorm and a head tied
 to the token embedding. Modes: fp32, tf32, bf16 autocast (eager) and bf16 autocast with
-torch.compile. Prints one JSON object per mode: tokens/s (median step after warm-up), MFU
+torch.compile, fp16 autocast with a GradScaler (eager) and the same with torch.compile. Prints one JSON object per mode: tokens/s (median step after warm-up), MFU
 against the GPU's dense peak, and peak allocated memory.
 
     python3 bench/pytorch_gpt.py --batch 8 --seq 1024 --modes fp32,tf32,bf16,bf16-compile
@@ -114,7 +114,9 @@ def run(mode, args):
     if WORLD > 1:
         wrapped = torch.nn.parallel.DistributedDataParallel(model, device_ids=[LOCAL_RANK])
     step_model = torch.compile(wrapped) if mode.endswith("compile") else wrapped
-    autocast = mode.startswith("bf16")
+    half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mode.split("-")[0])
+    # fp16 needs loss scaling, as in PyTorch's AMP recipe; bf16 does not.
+    scaler = torch.amp.GradScaler("cuda", enabled=half is torch.float16)
     data = load_batches(args).to(dev)
     torch.cuda.reset_peak_memory_stats()
     times, losses = [], []
@@ -122,11 +124,13 @@ def run(mode, args):
         x, y = data[i, 0], data[i, 1]
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+        with torch.autocast("cuda", dtype=half or torch.bfloat16, enabled=half is not None):
             loss = step_model(x, y)
-        loss.backward()
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        scaler.step(opt)
+        scaler.update()
         opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
         if i >= args.warmup:

@@ -236,15 +236,10 @@ pub fn run(a: BenchTrainArgs) -> Result<()> {
         .map(|step| data::train_batch(&tokens, cfg.train.seed, step, 0, b, t));
     match pytorch_plan(&a, device, precision, k) {
         Err(why) => report.skip(format!("PyTorch reference (bench/pytorch_gpt.py): {why}")),
-        Ok(plan) => {
-            match run_pytorch(&plan, &a, &cfg, vocab, py_batches) {
-                Ok(modes) => py_modes = modes,
-                Err(why) => report.skip(format!("PyTorch reference (bench/pytorch_gpt.py): {why}")),
-            }
-            if let Some(m) = plan.missing {
-                report.skip(m);
-            }
-        }
+        Ok(plan) => match run_pytorch(&plan, &a, &cfg, vocab, py_batches) {
+            Ok(modes) => py_modes = modes,
+            Err(why) => report.skip(format!("PyTorch reference (bench/pytorch_gpt.py): {why}")),
+        },
     }
     for m in &py_modes {
         engines.push(EngineResult {
@@ -379,11 +374,10 @@ fn write_engines(report: &mut Report, engines: &[EngineResult], warmup: usize) -
     Ok(t)
 }
 
-/// Which PyTorch modes to run, and what kiln's precision has no PyTorch counterpart for.
+/// Which PyTorch modes run beside kiln's precision (eager, and compiled where it has both).
 struct PyPlan {
     script: PathBuf,
     modes: Vec<&'static str>,
-    missing: Option<String>,
 }
 
 /// Decides whether the PyTorch reference can run; the error says why not.
@@ -406,20 +400,13 @@ fn pytorch_plan(
             "train.grad_accum={grad_accum}; the script has no gradient accumulation (use 1)"
         ));
     }
-    let (modes, missing) = match precision {
-        Precision::Bf16Mixed => (vec!["bf16", "bf16-compile"], None),
-        Precision::Fp32 => (vec!["fp32"], None),
-        Precision::Tf32 => (vec!["tf32"], None),
-        Precision::Fp16Mixed => (
-            vec!["bf16", "bf16-compile"],
-            Some("PyTorch in fp16 with loss scaling: the script has no fp16 mode; its bf16 modes ran instead".into()),
-        ),
+    let modes = match precision {
+        Precision::Bf16Mixed => vec!["bf16", "bf16-compile"],
+        Precision::Fp32 => vec!["fp32"],
+        Precision::Tf32 => vec!["tf32"],
+        Precision::Fp16Mixed => vec!["fp16", "fp16-compile"],
     };
-    Ok(PyPlan {
-        script,
-        modes,
-        missing,
-    })
+    Ok(PyPlan { script, modes })
 }
 
 /// Whether `python3` imports torch and torch sees a CUDA GPU.
