@@ -474,7 +474,6 @@ __device__ __forceinline__ void tc_forward(const typename Ops::elem* __restrict_
 // dQ and the row term d: a block owns 64 queries and streams the keys twice, first summing
 // d_i = sum_j P_ij dP_ij exactly in f32, then accumulating dQ += dS K with dS = P (dP - d).
 // Shared memory: TcShape::dq_bytes.
-
 template <class Ops, int HS>
 __device__ __forceinline__ void tc_backward_dq(const typename Ops::elem* __restrict__ qkv,
                                                const typename Ops::elem* __restrict__ dout,
