@@ -873,6 +873,84 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
             s
         );
     }
+    // The tensor-core kernels at head sizes 64 and 128 in bf16 and f16, on the layout
+    // grouped-query attention gives them: 8 query heads over 2 key/value heads, each key/value
+    // head repeated over its 4 query heads as rope_expand packs them. Sequence ends that are no
+    // multiple of a tile (64 rows; 32-row key tiles at head size 128), windows longer than a
+    // block, and one shorter than a 64-row block but longer than a 32-row tile.
+    for (b, t, heads, kv_heads, hs, window) in [
+        (2, 520, 8, 2, 128, 0),
+        (2, 300, 8, 2, 128, 100),
+        (1, 333, 8, 2, 128, 37),
+        (2, 520, 8, 2, 64, 0),
+        (2, 300, 8, 2, 64, 100),
+    ] {
+        let s = AttnShape {
+            batch: b,
+            seq: t,
+            heads,
+            channels: heads * hs,
+        };
+        let (forward, backward, shape) = if window > 0 {
+            (
+                "attention_forward_gqa_window",
+                "attention_backward_gqa_window",
+                format!("B{b} T{t} H{heads}/{kv_heads} D{hs} W{window}"),
+            )
+        } else {
+            (
+                "attention_forward_gqa",
+                "attention_backward_gqa",
+                format!("B{b} T{t} H{heads}/{kv_heads} D{hs}"),
+            )
+        };
+        let (fwd, bwd) = check_attention_grouped::<Bf16>(gpu, inp, s, kv_heads, window);
+        push(forward, "bf16", shape.clone(), BOUND_BF16, fwd);
+        push(backward, "bf16", shape.clone(), BOUND_BF16, bwd);
+        // f16's bound holds: P (times 2^12) and dS (scaled per row) split as hi + lo f16
+        // carry 22 bits, so the output's own rounding to 11 bits dominates, as in the f16
+        // CUDA-core kernels.
+        let (fwd, bwd) = check_attention_grouped::<F16>(gpu, inp, s, kv_heads, window);
+        push(forward, "f16", shape.clone(), BOUND_F16, fwd);
+        push(backward, "f16", shape, BOUND_F16, bwd);
+    }
+    // f16's range: score gradients dS past f16's largest value, as fp16-mixed's loss scale
+    // gives them, with dQ, dK and dV inside it.
+    for (t, heads, hs) in [(256, 4, 128), (256, 4, 64)] {
+        let s = AttnShape {
+            batch: 1,
+            seq: t,
+            heads,
+            channels: heads * hs,
+        };
+        push(
+            "attention_backward_large_ds",
+            "f16",
+            format!("B1 T{t} H{heads} D{hs} dS>65504"),
+            BOUND_F16,
+            check_attention_large_ds::<F16>(gpu, inp, s),
+        );
+    }
+    // A window of the whole sequence changes nothing at head size 128 either (the tensor-core
+    // kernels only: f32 has no head size 128).
+    let s = AttnShape {
+        batch: 2,
+        seq: 200,
+        heads: 2,
+        channels: 256,
+    };
+    let shape = "B2 T200 H2 C256 W200 vs none".to_string();
+    let r = check_attention_full_window::<Bf16>(gpu, inp, s);
+    push("attention_full_window", "bf16", shape.clone(), 0.0, r);
+    let r = check_attention_full_window::<F16>(gpu, inp, s);
+    push("attention_full_window", "f16", shape, 0.0, r);
+    push(
+        "attention_hs128_refused",
+        "f32",
+        "B1 T64 H2 C256".into(),
+        0.0,
+        check_attention_f32_hs128_refused(gpu),
+    );
     // Encoder operations. Layernorm with BERT's eps of 1e-12 on rows of small spread (GPT-2's
     // 1e-5 would change their rstd several-fold, so a lost eps shows), plain and residual.
     for (n, c) in [(512, 384), (37, 1001)] {
@@ -1717,16 +1795,29 @@ fn check_attention<T: Elem>(
     s: AttnShape,
     window: usize,
 ) -> (Check, Check) {
-    let (b, t, nh, c) = (s.batch, s.seq, s.heads, s.channels);
+    let (b, t, c) = (s.batch, s.seq, s.channels);
     let qkv = inp.uniform(b * t * 3 * c, 2.0, T::DTYPE);
     let dout = inp.uniform(b * t * c, 1.0, T::DTYPE);
+    compare_attention::<T>(gpu, &qkv, &dout, s, window)
+}
+
+/// The GPU's attention forward and backward on `qkv` and `dout` against the CPU kernel's:
+/// the output's error, then dqkv's.
+fn compare_attention<T: Elem>(
+    gpu: &CudaBackend,
+    qkv: &[f32],
+    dout: &[f32],
+    s: AttnShape,
+    window: usize,
+) -> (Check, Check) {
+    let (b, t, nh, c) = (s.batch, s.seq, s.heads, s.channels);
     let mut out = vec![0.0; b * t * c];
     let mut probs = vec![0.0; b * nh * t * t];
-    cpu::attention::windowed_attention_forward(&mut out, &mut probs, &qkv, s, window);
+    cpu::attention::windowed_attention_forward(&mut out, &mut probs, qkv, s, window);
     let mut dqkv = vec![0.0; qkv.len()];
-    cpu::attention::windowed_attention_backward(&mut dqkv, &dout, &qkv, &probs, s, window);
+    cpu::attention::windowed_attention_backward(&mut dqkv, dout, qkv, &probs, s, window);
     let run = || -> std::result::Result<(Vec<f32>, Vec<f32>), CudaError> {
-        let (o, _, g) = gpu_attention::<T>(gpu, &qkv, &dout, s, window)?;
+        let (o, _, g) = gpu_attention::<T>(gpu, qkv, dout, s, window)?;
         Ok((o, g))
     };
     match run() {
@@ -1735,6 +1826,130 @@ fn check_attention<T: Elem>(
             Ok(rel_err(&g, &dqkv, ELEMENTWISE_FLOOR)),
         ),
         Err(e) => (Err(e.clone()), Err(e)),
+    }
+}
+
+/// Attention on the layout grouped-query heads reach the kernels in: `kv_heads` key/value
+/// heads, each repeated over its `heads / kv_heads` query heads (as rope_expand packs them),
+/// so that groups of heads share their keys and values; against the CPU kernel as in
+/// [`check_attention`].
+fn check_attention_grouped<T: Elem>(
+    gpu: &CudaBackend,
+    inp: &mut Inputs,
+    s: AttnShape,
+    kv_heads: usize,
+    window: usize,
+) -> (Check, Check) {
+    let (c, d, group) = (s.channels, s.head_size(), s.heads / kv_heads);
+    let mut qkv = inp.uniform(s.batch * s.seq * 3 * c, 2.0, T::DTYPE);
+    for row in qkv.chunks_mut(3 * c) {
+        for head in 0..s.heads {
+            // The group's first head holds its key and value.
+            let first = head / group * group;
+            if first != head {
+                for part in [c, 2 * c] {
+                    row.copy_within(part + first * d..part + (first + 1) * d, part + head * d);
+                }
+            }
+        }
+    }
+    let dout = inp.uniform(s.batch * s.seq * c, 1.0, T::DTYPE);
+    compare_attention::<T>(gpu, &qkv, &dout, s, window)
+}
+
+/// The largest score gradient `|dS_ij| = |P_ij (dP_ij - d_i)|` of causal attention, with
+/// `dP_ij = dO_i . V_j` and `d_i = sum_j P_ij dP_ij`, from the CPU forward's probabilities.
+fn largest_score_gradient(probs: &[f32], qkv: &[f32], dout: &[f32], s: AttnShape) -> f32 {
+    let (t, c, d) = (s.seq, s.channels, s.head_size());
+    let mut largest = 0.0f32;
+    let mut dp = vec![0.0f32; t];
+    for b in 0..s.batch {
+        for h in 0..s.heads {
+            for i in 0..t {
+                let g = &dout[(b * t + i) * c + h * d..][..d];
+                let p = &probs[((b * s.heads + h) * t + i) * t..][..t];
+                for (j, x) in dp.iter_mut().enumerate().take(i + 1) {
+                    let v = &qkv[(b * t + j) * 3 * c + 2 * c + h * d..][..d];
+                    *x = g.iter().zip(v).map(|(a, b)| a * b).sum();
+                }
+                let row_d: f32 = (0..=i).map(|j| p[j] * dp[j]).sum();
+                for j in 0..=i {
+                    largest = largest.max((p[j] * (dp[j] - row_d)).abs());
+                }
+            }
+        }
+    }
+    largest
+}
+
+/// f16's largest finite value.
+const F16_MAX: f32 = 65504.0;
+
+/// The backward with score gradients past f16's range: dO scaled (as fp16-mixed's loss
+/// scale scales it) so that the largest |dS| lands above f16's largest value, near 2^17,
+/// while every element of dQ, dK and dV stays under 90% of it. Q and K in [-1, 1] and V in
+/// [-8, 8] make dS = P (dO . V - d) large beside dQ and dK (which scale with K and Q). The
+/// tensor-core kernels scale dS per row before rounding it to f16 (unscaled it would become
+/// inf); the error is dqkv's against the CPU kernel, whose f32 has the range.
+fn check_attention_large_ds<T: Elem>(gpu: &CudaBackend, inp: &mut Inputs, s: AttnShape) -> Check {
+    let (b, t, nh, c) = (s.batch, s.seq, s.heads, s.channels);
+    let mut qkv = inp.uniform(b * t * 3 * c, 1.0, T::DTYPE);
+    for row in qkv.chunks_mut(3 * c) {
+        row[2 * c..].iter_mut().for_each(|v| *v *= 8.0);
+    }
+    let unit_dout = inp.uniform(b * t * c, 1.0, T::DTYPE);
+    let mut out = vec![0.0; b * t * c];
+    let mut probs = vec![0.0; b * nh * t * t];
+    cpu::attention::windowed_attention_forward(&mut out, &mut probs, &qkv, s, 0);
+    let backward = |dout: &[f32]| {
+        let mut dqkv = vec![0.0; qkv.len()];
+        cpu::attention::windowed_attention_backward(&mut dqkv, dout, &qkv, &probs, s, 0);
+        let largest = dqkv.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+        (dqkv, largest)
+    };
+    // The backward is linear in dO: the scale that puts either limit where it should be.
+    let (_, unit_grad) = backward(&unit_dout);
+    let unit_ds = largest_score_gradient(&probs, &qkv, &unit_dout, s);
+    let scale = (0.9 * F16_MAX / unit_grad).min((1u32 << 17) as f32 / unit_ds);
+    let dout: Vec<f32> = unit_dout
+        .iter()
+        .map(|x| T::DTYPE.round(x * scale))
+        .collect();
+    let (dqkv, largest_grad) = backward(&dout);
+    let largest_ds = largest_score_gradient(&probs, &qkv, &dout, s);
+    if largest_ds <= F16_MAX || largest_grad >= 0.95 * F16_MAX {
+        return Err(CudaError::Shape {
+            op: "attention",
+            detail: format!(
+                "these inputs cannot take |dS| past f16's range with dqkv inside it (largest \
+                 |dS| {largest_ds:.0}, |dqkv| {largest_grad:.0})"
+            ),
+        });
+    }
+    let (_, _, g) = gpu_attention::<T>(gpu, &qkv, &dout, s, 0)?;
+    Ok(rel_err(&g, &dqkv, ELEMENTWISE_FLOOR))
+}
+
+/// f32 activations at head size 128 have no GPU kernel: the call must fail with an error
+/// that names the head size and the way out, never compute. 0 when it does.
+fn check_attention_f32_hs128_refused(gpu: &CudaBackend) -> Check {
+    let s = AttnShape {
+        batch: 1,
+        seq: 64,
+        heads: 2,
+        channels: 256,
+    };
+    let qkv = gpu.upload(&vec![0.5f32; s.batch * s.seq * 3 * s.channels])?;
+    let mut out = poisoned::<f32>(gpu, s.batch * s.seq * s.channels)?;
+    let mut lse = poisoned::<f32>(gpu, s.batch * s.heads * s.seq)?;
+    match gpu.attention_forward(&mut out, &mut lse, &qkv, s) {
+        Err(CudaError::Shape { detail, .. })
+            if detail.contains("head size 128") && detail.contains("bf16") =>
+        {
+            Ok(0.0)
+        }
+        Err(e) => Err(e),
+        Ok(()) => Ok(f64::INFINITY),
     }
 }
 

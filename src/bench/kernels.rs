@@ -56,7 +56,8 @@ pub struct BenchKernelsArgs {
     /// Model width.
     #[arg(long, default_value_t = 768)]
     pub channels: usize,
-    /// Attention heads (head size = channels / heads; the GPU kernels take 16, 32 or 64).
+    /// Attention heads (head size = channels / heads; the GPU kernels take 16, 32 and 64, and
+    /// 128 in bf16 and f16 on sm_80+).
     #[arg(long, default_value_t = 12)]
     pub heads: usize,
     /// Vocabulary size (padded, as GPT-2 trains it).
@@ -870,9 +871,9 @@ fn time_attention<T: Elem>(b: &mut Bench, a: &BenchKernelsArgs, n: usize) -> CRe
         channels: c,
     };
     let hs = c / a.heads;
-    // The tensor-core kernels (bf16, head size 64, sm_80+) run at the bf16 GEMM rate at best;
-    // every other case runs f32 arithmetic on the CUDA cores.
-    let math = if T::DTYPE == DType::BF16 && hs == 64 && b.gpu.info().arch() >= 80 {
+    // The tensor-core kernels (bf16 and f16, head sizes 64 and 128, sm_80+) run at the 16-bit
+    // GEMM rate at best; every other case runs f32 arithmetic on the CUDA cores.
+    let math = if b.gpu.attention_uses_tensor_cores(T::DTYPE, hs) {
         Math::Bf16
     } else {
         Math::Fp32
@@ -1537,12 +1538,15 @@ fn run_gpu(
         ..Outcome::default()
     };
     let hs = a.channels / a.heads;
-    let fused_attention = [16, 32, 64].contains(&hs);
-    if !fused_attention {
-        o.skipped.push(format!(
-            "fused attention: head size {hs} (--channels / --heads) has no GPU kernel; use 16, \
-             32 or 64 (the unfused path's attention kernels take any head size and are timed)"
-        ));
+    for &dt in dtypes {
+        if !fused_attention_runs(gpu, dt_type(dt), hs) {
+            o.skipped.push(format!(
+                "fused attention in {}: head size {hs} (--channels / --heads) has no GPU kernel \
+                 for it here; 16, 32 and 64 run in every type, 128 in bf16 and f16 on sm_80+ \
+                 (the unfused path's attention kernels take any head size and are timed)",
+                dt_name(dt)
+            ));
+        }
     }
     let grid_groups = [Group::Memory, Group::Compute, Group::Unfused];
     if grid_groups.iter().any(|g| groups.contains(g)) {
@@ -1550,9 +1554,9 @@ fn run_gpu(
             for &n in &a.rows {
                 let whole = n.is_multiple_of(a.seq);
                 let r = match dt {
-                    Dt::F32 => time_at::<f32>(&mut b, a, n, whole, fused_attention, groups),
-                    Dt::Bf16 => time_at::<Bf16>(&mut b, a, n, whole, fused_attention, groups),
-                    Dt::F16 => time_at::<F16>(&mut b, a, n, whole, fused_attention, groups),
+                    Dt::F32 => time_at::<f32>(&mut b, a, n, whole, groups),
+                    Dt::Bf16 => time_at::<Bf16>(&mut b, a, n, whole, groups),
+                    Dt::F16 => time_at::<F16>(&mut b, a, n, whole, groups),
                 };
                 record(
                     gpu,
@@ -1627,6 +1631,19 @@ fn run_gpu(
     Ok(o)
 }
 
+fn dt_type(d: Dt) -> DType {
+    match d {
+        Dt::F32 => DType::F32,
+        Dt::Bf16 => DType::BF16,
+        Dt::F16 => DType::F16,
+    }
+}
+
+/// Whether the fused attention kernels take head size `hs` in `dtype` on this GPU.
+fn fused_attention_runs(gpu: &CudaBackend, dtype: DType, hs: usize) -> bool {
+    [16, 32, 64].contains(&hs) || gpu.attention_uses_tensor_cores(dtype, hs)
+}
+
 fn dt_name(d: Dt) -> &'static str {
     match d {
         Dt::F32 => "f32",
@@ -1642,9 +1659,9 @@ fn time_at<T: Elem>(
     a: &BenchKernelsArgs,
     n: usize,
     whole: bool,
-    fused_attention: bool,
     groups: &[Group],
 ) -> CResult<()> {
+    let fused_attention = fused_attention_runs(b.gpu, T::DTYPE, a.channels / a.heads);
     if groups.contains(&Group::Memory) {
         time_rowwise::<T>(b, a, n)?;
         time_row_ops::<T>(b, a, n)?;

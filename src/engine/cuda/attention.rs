@@ -3,17 +3,21 @@
 //!
 //! The forward saves one log-sum-exp per row instead of the probabilities; the backward
 //! recomputes them. Two kinds of kernel, both deterministic (no atomics):
-//! - bf16 with head size 64 on sm_80 and newer (GPT-2's shape): tensor cores (`mma.sync`),
-//!   a warp per 16 rows, 64-row tiles double-buffered in shared memory;
-//! - everything else (f32, head sizes 16 and 32, older GPUs): one query (or key) row per
-//!   thread on CUDA cores, f32 arithmetic.
+//! - bf16 or f16 with head size 64 (GPT-2's shape) or 128 (Llama 3's, Qwen3's) on sm_80 and
+//!   newer: tensor cores (`mma.sync`), a warp per 16 rows, tiles double-buffered in shared
+//!   memory;
+//! - everything else (f32, head sizes 16, 32 and 64, older GPUs): one query (or key) row per
+//!   thread on CUDA cores, f32 arithmetic. Head size 128 has no such kernel (a thread would
+//!   hold four 128-float rows): f32 activations or a GPU older than sm_80 get an error that
+//!   says so.
 //!
 //! Both take a sliding window (`window`, 0 for none) and skip the key tiles it leaves out.
 
 use super::{CudaBackend, CudaError, Elem, Program, Result, as_i32, check_len, raw_ptr};
 use crate::engine::AttnShape;
 use crate::engine::DType;
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::sys::CUfunction_attribute;
+use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 
 /// The CUDA-core kernels for f32 activations: one program per element type, so that a first
 /// start compiles them side by side.
@@ -78,14 +82,26 @@ pub(super) const PROGRAM_F16: Program = Program {
     ],
 };
 
-/// The tensor-core kernels (bf16, head size 64).
+/// The tensor-core kernels: bf16 and f16, head sizes 64 and 128.
 pub(super) const PROGRAM_TC: Program = Program {
     name: "attention_tc",
-    source: include_str!("attention_tc.cu"),
+    source: concat!(
+        include_str!("attention_tc.cu"),
+        "\nTC_ENTRY_POINTS(64, TcBf16, bf16)\nTC_ENTRY_POINTS(64, TcF16, f16)\nTC_ENTRY_POINTS(128, TcBf16, bf16)\nTC_ENTRY_POINTS(128, TcF16, f16)\n"
+    ),
     kernels: &[
         "attention_forward_bf16_hs64_tc",
         "attention_backward_dq_bf16_hs64_tc",
         "attention_backward_dkv_bf16_hs64_tc",
+        "attention_forward_f16_hs64_tc",
+        "attention_backward_dq_f16_hs64_tc",
+        "attention_backward_dkv_f16_hs64_tc",
+        "attention_forward_bf16_hs128_tc",
+        "attention_backward_dq_bf16_hs128_tc",
+        "attention_backward_dkv_bf16_hs128_tc",
+        "attention_forward_f16_hs128_tc",
+        "attention_backward_dq_f16_hs128_tc",
+        "attention_backward_dkv_f16_hs128_tc",
     ],
 };
 
@@ -95,16 +111,52 @@ const KR: u32 = 32;
 /// Rows per block of the tensor-core kernels (TC_ROWS), and their threads: 4 warps of 16 rows.
 const TC_ROWS: u32 = 64;
 const TC_THREADS: u32 = 128;
+/// Head sizes of the tensor-core kernels, and of the CUDA-core ones.
+const TC_HEAD_SIZES: [usize; 2] = [64, 128];
+const CUDA_CORE_HEAD_SIZES: [usize; 3] = [16, 32, 64];
+/// Shared memory a kernel gets without opting in to more.
+const DEFAULT_SHARED_BYTES: u32 = 48 << 10;
+
+/// Dynamic shared memory of the three tensor-core kernels at one head size, in bytes: the
+/// layouts of `TcShape` in attention_tc.cu (which trap when launched with less).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct TcShared {
+    forward: u32,
+    dq: u32,
+    dkv: u32,
+}
+
+const fn tc_shared(hs: usize) -> TcShared {
+    let rows = TC_ROWS as usize;
+    // Streamed tiles: 64 rows at head size 64, 32 at 128; rows padded by 8 elements.
+    let stream = if hs == 64 { 64 } else { 32 };
+    let ld = hs + 8;
+    let tile = stream * ld;
+    let dq_staged = 2 * tile + 2 * rows * ld;
+    let dq = if dq_staged > 4 * tile {
+        dq_staged
+    } else {
+        4 * tile
+    };
+    let kv_tiles = if hs == 64 { 0 } else { 2 * rows * ld };
+    TcShared {
+        forward: (4 * tile * 2) as u32,
+        dq: (dq * 2) as u32,
+        dkv: ((4 * tile + kv_tiles) * 2 + 4 * stream * 4) as u32,
+    }
+}
 
 /// Checks the shape and returns `(T, C, NH, HS)` as the kernels' ints.
 fn dims(s: AttnShape) -> Result<(i32, i32, i32, usize)> {
     const OP: &str = "attention";
     let hs = s.channels / s.heads.max(1);
-    if ![16, 32, 64].contains(&hs) || hs * s.heads != s.channels {
+    let known = CUDA_CORE_HEAD_SIZES.contains(&hs) || TC_HEAD_SIZES.contains(&hs);
+    if !known || hs * s.heads != s.channels {
         return Err(CudaError::Shape {
             op: OP,
             detail: format!(
-                "head size {} (d_model {} / {} heads) has no GPU kernel; use 16, 32 or 64",
+                "head size {} (d_model {} / {} heads) has no GPU kernel; use 16, 32, 64 or 128 \
+                 (128 in bf16 or f16 on sm_80 or newer)",
                 s.channels as f64 / s.heads.max(1) as f64,
                 s.channels,
                 s.heads
@@ -124,49 +176,116 @@ fn window_arg(window: usize) -> Result<i32> {
     as_i32("attention", "window", window)
 }
 
-/// One block per `per_block` rows of each (batch, head), `threads` threads each.
-fn rows_grid(rows: usize, per_block: u32, threads: u32, s: AttnShape) -> LaunchConfig {
+/// One block per `per_block` rows of each (batch, head), `threads` threads and `shared` bytes
+/// of dynamic shared memory each.
+fn rows_grid(rows: usize, launch: Launch, s: AttnShape) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (
-            rows.div_ceil(per_block as usize) as u32,
+            rows.div_ceil(launch.rows as usize) as u32,
             (s.batch * s.heads) as u32,
             1,
         ),
-        block_dim: (threads, 1, 1),
-        shared_mem_bytes: 0,
+        block_dim: (launch.threads, 1, 1),
+        shared_mem_bytes: launch.shared,
     }
+}
+
+/// How one kernel of an attention call is launched: rows per block, threads per block and
+/// dynamic shared memory.
+#[derive(Debug, Clone, Copy)]
+struct Launch {
+    rows: u32,
+    threads: u32,
+    shared: u32,
 }
 
 /// Kernel names and launch shapes of one attention call: the tensor-core kernels where they
 /// apply, else the row-per-thread ones.
 struct Plan {
     suffix: String,
-    forward_dq: (u32, u32),
-    dkv: (u32, u32),
+    forward: Launch,
+    dq: Launch,
+    dkv: Launch,
 }
 
 impl CudaBackend {
-    /// The tensor-core kernels take bf16, head size 64, sm_80+ (bf16 `mma.sync`), and buffers
-    /// on 16-byte boundaries (their tiles move 16 bytes per access; rows stay aligned because
-    /// C is a multiple of 64).
-    fn attention_plan<T: Elem>(&self, hs: usize, ptrs: &[u64]) -> Plan {
-        let tensor_cores = T::DTYPE == DType::BF16
-            && hs == 64
+    /// Whether attention over `dtype` activations with head size `head_size` runs on the
+    /// tensor cores here: bf16 or f16, head size 64 or 128, sm_80+ (16-bit `mma.sync`).
+    pub fn attention_uses_tensor_cores(&self, dtype: DType, head_size: usize) -> bool {
+        matches!(dtype, DType::BF16 | DType::F16)
+            && TC_HEAD_SIZES.contains(&head_size)
             && self.info.arch() >= 80
-            && ptrs.iter().all(|p| p % 16 == 0);
-        if tensor_cores {
-            Plan {
+    }
+
+    /// The kernels of a call: the tensor-core ones where [`Self::attention_uses_tensor_cores`]
+    /// and the buffers lie on 16-byte boundaries (their tiles move 16 bytes per access; rows
+    /// stay aligned because C is a multiple of 64), else the CUDA-core ones, which have no
+    /// head size 128.
+    fn attention_plan<T: Elem>(&self, hs: usize, ptrs: &[u64]) -> Result<Plan> {
+        let aligned = ptrs.iter().all(|p| p % 16 == 0);
+        if self.attention_uses_tensor_cores(T::DTYPE, hs) && aligned {
+            let shared = tc_shared(hs);
+            let launch = |shared| Launch {
+                rows: TC_ROWS,
+                threads: TC_THREADS,
+                shared,
+            };
+            return Ok(Plan {
                 suffix: format!("{}_hs{hs}_tc", T::SUFFIX),
-                forward_dq: (TC_ROWS, TC_THREADS),
-                dkv: (TC_ROWS, TC_THREADS),
-            }
-        } else {
-            Plan {
-                suffix: format!("{}_hs{hs}", T::SUFFIX),
-                forward_dq: (BR, BR),
-                dkv: (KR, KR),
-            }
+                forward: launch(shared.forward),
+                dq: launch(shared.dq),
+                dkv: launch(shared.dkv),
+            });
         }
+        if !CUDA_CORE_HEAD_SIZES.contains(&hs) {
+            let why = if T::DTYPE == DType::F32 {
+                "f32 activations; train with precision bf16-mixed or fp16-mixed".to_string()
+            } else if self.info.arch() < 80 {
+                format!("sm_{} (tensor cores need sm_80 or newer)", self.info.arch())
+            } else {
+                "a buffer that is not on a 16-byte boundary".to_string()
+            };
+            return Err(CudaError::Shape {
+                op: "attention",
+                detail: format!(
+                    "head size {hs} runs on the GPU only on the tensor cores (bf16 or f16 \
+                     activations, sm_80 or newer), and this call has {why}"
+                ),
+            });
+        }
+        let launch = |rows| Launch {
+            rows,
+            threads: rows,
+            shared: 0,
+        };
+        Ok(Plan {
+            suffix: format!("{}_hs{hs}", T::SUFFIX),
+            forward: launch(BR),
+            dq: launch(BR),
+            dkv: launch(KR),
+        })
+    }
+
+    /// The kernel `name`, allowed the dynamic shared memory `launch` gives it (above 48 KiB a
+    /// kernel must opt in; every sm_80+ GPU allows the tensor-core kernels' 68.5 KiB).
+    fn attention_kernel(&self, name: &str, launch: Launch) -> Result<&CudaFunction> {
+        let f = self.function(name)?;
+        if launch.shared > DEFAULT_SHARED_BYTES {
+            if launch.shared as usize > self.info.shared_memory_per_block_optin {
+                return Err(CudaError::Shape {
+                    op: "attention",
+                    detail: format!(
+                        "{name} needs {} bytes of shared memory per block; this GPU allows {}",
+                        launch.shared, self.info.shared_memory_per_block_optin
+                    ),
+                });
+            }
+            f.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                launch.shared as i32,
+            )?;
+        }
+        Ok(f)
     }
 
     /// Writes `out[B, T, C]` and `lse[B, NH, T]` from `qkv[B, T, 3C]`.
@@ -207,8 +326,9 @@ impl CudaBackend {
         let plan = self.attention_plan::<T>(
             hs,
             &[raw_ptr(qkv, &self.stream), raw_ptr(out, &self.stream)],
-        );
-        let f = self.function(&format!("attention_forward_{}", plan.suffix))?;
+        )?;
+        let f =
+            self.attention_kernel(&format!("attention_forward_{}", plan.suffix), plan.forward)?;
         let mut b = self.stream.launch_builder(f);
         b.arg(qkv)
             .arg(out)
@@ -217,9 +337,8 @@ impl CudaBackend {
             .arg(&c)
             .arg(&nh)
             .arg(&w);
-        let (rows, threads) = plan.forward_dq;
         // SAFETY: buffer sizes checked above; the grid covers B*NH x ceil(T/rows) row tiles.
-        unsafe { b.launch(rows_grid(s.seq, rows, threads, s)) }?;
+        unsafe { b.launch(rows_grid(s.seq, plan.forward, s)) }?;
         Ok(())
     }
 
@@ -269,11 +388,12 @@ impl CudaBackend {
                 raw_ptr(dout, &self.stream),
                 raw_ptr(qkv, &self.stream),
             ],
-        );
+        )?;
         // Written by the dQ kernel, read by the dK/dV kernel (same stream, so in order).
         let mut d = self.alloc::<f32>(rows)?;
         {
-            let f = self.function(&format!("attention_backward_dq_{}", plan.suffix))?;
+            let f =
+                self.attention_kernel(&format!("attention_backward_dq_{}", plan.suffix), plan.dq)?;
             let mut b = self.stream.launch_builder(f);
             b.arg(qkv)
                 .arg(dout)
@@ -284,11 +404,11 @@ impl CudaBackend {
                 .arg(&c)
                 .arg(&nh)
                 .arg(&w);
-            let (rows, threads) = plan.forward_dq;
             // SAFETY: as above; this kernel writes the Q third of each dqkv row and `d`.
-            unsafe { b.launch(rows_grid(s.seq, rows, threads, s)) }?;
+            unsafe { b.launch(rows_grid(s.seq, plan.dq, s)) }?;
         }
-        let f = self.function(&format!("attention_backward_dkv_{}", plan.suffix))?;
+        let f =
+            self.attention_kernel(&format!("attention_backward_dkv_{}", plan.suffix), plan.dkv)?;
         let mut b = self.stream.launch_builder(f);
         b.arg(qkv)
             .arg(dout)
@@ -299,9 +419,85 @@ impl CudaBackend {
             .arg(&c)
             .arg(&nh)
             .arg(&w);
-        let (rows, threads) = plan.dkv;
         // SAFETY: as above; this kernel writes only the K and V thirds of each dqkv row.
-        unsafe { b.launch(rows_grid(s.seq, rows, threads, s)) }?;
+        unsafe { b.launch(rows_grid(s.seq, plan.dkv, s)) }?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::cuda::loader::{CudaLibrary, ensure_loaded};
+    use crate::engine::cuda::nvrtc;
+
+    /// The byte counts the launcher passes must be those of the kernels' layouts (a launch with
+    /// fewer traps), and every sm_80..sm_90 GPU must allow them: sm_86 and sm_89 give a block
+    /// at most 99 KiB, the least of those generations.
+    #[test]
+    fn tensor_core_shared_memory_fits_every_sm80_gpu() {
+        // Head size 64: forward [K0 V0 K1 V1] of 64 x 72; dQ the same (Q, dO staged in K1, V1);
+        // dK/dV [Q0 dO0 Q1 dO1] and two 64-float lse and d buffers.
+        assert_eq!(
+            tc_shared(64),
+            TcShared {
+                forward: 4 * 64 * 72 * 2,
+                dq: 4 * 64 * 72 * 2,
+                dkv: 4 * 64 * 72 * 2 + 4 * 64 * 4,
+            }
+        );
+        // Head size 128: 32-row tiles of 136; dQ stages Q and dO (64 rows each) from K1 on;
+        // dK/dV adds its K and V tiles (64 rows each).
+        assert_eq!(
+            tc_shared(128),
+            TcShared {
+                forward: 4 * 32 * 136 * 2,
+                dq: (2 * 32 + 2 * 64) * 136 * 2,
+                dkv: (4 * 32 + 2 * 64) * 136 * 2 + 4 * 32 * 4,
+            }
+        );
+        for hs in TC_HEAD_SIZES {
+            let s = tc_shared(hs);
+            assert!(s.forward.max(s.dq).max(s.dkv) <= 99 << 10, "{hs}: {s:?}");
+        }
+        // GPT-2's shape needs no opt-in, as before.
+        let s = tc_shared(64);
+        assert!(s.forward.max(s.dq).max(s.dkv) <= DEFAULT_SHARED_BYTES);
+    }
+
+    /// Every kernel name the launcher asks for is one the program defines: each dtype, head
+    /// size and kernel, compiled for sm_80, sm_86 and sm_90 (skipped where NVRTC is absent).
+    #[test]
+    fn every_tensor_core_kernel_is_in_the_compiled_program() {
+        if let Err(e) = ensure_loaded(CudaLibrary::Nvrtc) {
+            eprintln!("skipped: {e}");
+            return;
+        }
+        let mut names = Vec::new();
+        for kernel in ["forward", "backward_dq", "backward_dkv"] {
+            for dtype in ["bf16", "f16"] {
+                for hs in TC_HEAD_SIZES {
+                    names.push(format!("attention_{kernel}_{dtype}_hs{hs}_tc"));
+                }
+            }
+        }
+        let mut listed: Vec<String> = PROGRAM_TC.kernels.iter().map(|k| k.to_string()).collect();
+        listed.sort();
+        names.sort();
+        assert_eq!(listed, names);
+        for arch in [80, 86, 90] {
+            let cubin = nvrtc::compile(PROGRAM_TC.name, &PROGRAM_TC.full_source(), arch, None)
+                .unwrap_or_else(|e| panic!("sm_{arch}: {e}"))
+                .cubin;
+            for name in &names {
+                let symbol = format!("{name}\0");
+                assert!(
+                    cubin.windows(symbol.len()).any(|w| w == symbol.as_bytes()),
+                    "sm_{arch}: {name} missing"
+                );
+            }
+            // A name the program does not define is not found by the same search.
+            assert!(!cubin.windows(20).any(|w| w == b"attention_f32_hs128\0"));
+        }
     }
 }

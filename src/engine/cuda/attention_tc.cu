@@ -1,35 +1,161 @@
-// Tensor-core kernels: bf16 activations, head size 64, sm_80 and newer (mma.sync on bf16).
+// Tensor-core kernels: bf16 or f16 activations, head size 64 or 128, sm_80 and newer
+// (mma.sync on 16-bit operands).
 //
 // The same three kernels as attention.cu's CUDA-core ones (forward; dQ with the exact row term d; dK/dV), but a block
-// owns 64 rows and each of its 4 warps owns 16 of them, computing on 64 x 64 tiles with
-// `mma.sync.m16n8k16` (bf16 operands, f32 accumulators). Fragments are read from shared memory
+// owns 64 rows and each of its 4 warps owns 16 of them, computing on tiles with
+// `mma.sync.m16n8k16` (16-bit operands, f32 accumulators). Fragments are read from shared memory
 // with `ldmatrix`; tiles arrive by `cp.async` into two buffers, so the next tile's copy overlaps
 // the current tile's arithmetic. All inline PTX, so NVRTC needs no CUDA headers.
 //
+// One template per kernel, instantiated at the end for each element type and head size (the
+// `extern "C"` entry points keep plain kernel names). The element type only changes the operand
+// conversions and the mma variant (`TcBf16`, `TcF16`: bf16 and f16 share the fragment layouts).
+//
 // Fragment layouts (PTX ISA, m16n8k16): in a warp, lane = 4 * g + t. An f32 accumulator tile of
-// 16 rows x 64 columns is `float acc[8][4]`: acc[n][e] is row g + 8 * (e >> 1), column
-// 8 * n + 2 * t + (e & 1). An A operand of 16 rows x 64 (the k dimension) is `unsigned a[4][4]`,
-// one bf16 pair per register. An accumulator can be reused as an A operand without shuffles,
-// because its layout for columns 16k .. 16k + 15 matches the A layout of k-chunk k.
+// 16 rows x N columns is `float acc[N / 8][4]`: acc[n][e] is row g + 8 * (e >> 1), column
+// 8 * n + 2 * t + (e & 1). An A operand of 16 rows x HS (the k dimension) is
+// `unsigned a[HS / 16][4]`, one 16-bit pair per register. An accumulator can be reused as an A
+// operand without shuffles, because its layout for columns 16k .. 16k + 15 matches the A layout
+// of k-chunk k.
 //
 // Probabilities P and score gradients dS are f32 values that feed a second product. Rounding
-// them to bf16 would cost 8 bits where the row's result cancels (O near 0, dK near 0), so they
-// are split as hi + lo bf16 and multiplied twice: ~16 bits, close to the f32 kernels of attention.cu.
-// The products of stored bf16 values (Q K^T, dO V^T) are exact in the f32 accumulators.
+// them to 16 bits would cost their low bits where the row's result cancels (O near 0, dK near
+// 0), so they are split as hi + lo in the operand type and multiplied twice: ~16 bits in bf16,
+// ~22 in f16, close to the f32 kernels of attention.cu. The products of stored 16-bit values
+// (Q K^T, dO V^T) are exact in the f32 accumulators.
+//
+// f16 has 5 exponent bits (normal from 2^-14, largest 65504), which P and dS need scaled into:
+// - P is in [0, 1]: it is multiplied by 2^12 before the split (and the result divided by it),
+//   so that a P down to 2^-26 is still a normal f16 hi and only smaller ones lose low bits
+//   (an absolute error under 2^-37 per P, far below the f32 rounding of the sums);
+// - dS = P (dP - d) has no bound (dO carries the loss scale of fp16-mixed), so each
+//   accumulator row keeps its own power-of-two scale, the smallest that any tile so far
+//   needed to put the row's largest |dS| in [2^14, 2^15); a tile that needs a smaller one
+//   rescales the row's accumulator first, as the online softmax does with its maximum. Every
+//   scaled dS is then below 2^15 and its hi + lo carries 22 bits relative to the row's
+//   largest, as in bf16 but with no overflow. The scales are powers of two: exact in f32.
+// bf16 shares f32's exponent range and needs neither (its results are those of the earlier
+// bf16-only kernels, bit for bit).
+//
+// Tile shapes. A block is 4 warps of 16 rows (64 queries, or 64 keys in dK/dV). At head size 64
+// the streamed tiles (keys, or queries in dK/dV) are 64 rows and every operand a warp keeps
+// (its rows' Q, dO, or K and V) sits in registers. At head size 128 each row is twice as long:
+// - streamed tiles are 32 rows, so that their double buffers stay at 4 x 32 x 136 x 2 B = 34 KiB
+//   and the per-tile score fragments at 16 registers, leaving room for the 64-register output
+//   accumulators (the forward and dQ stay under 48 KiB of shared memory with their own rows in
+//   registers: Q and dO, 32 registers each);
+// - the dK/dV kernel holds two 16 x 128 f32 accumulators (128 registers), so its K and V rows
+//   stay in shared memory (2 x 64 x 136 x 2 B = 34 KiB more) and are read per product: 68.5 KiB
+//   in all, which sm_80 (163 KiB), sm_86/89 (99 KiB) and sm_90 (227 KiB) allow a block once the
+//   kernel opts in (the launcher does), and two blocks fit an SM's registers at up to 255
+//   registers a thread.
+// Tile rows have a pitch of HS + 8 elements (16 bytes over), so ldmatrix's 8 row reads of 16
+// bytes fall in distinct banks. Shared memory is dynamic; the launcher's byte counts
+// (attention.rs) follow the layouts below, and each kernel traps if given fewer.
 //
 // Every sum is in a fixed order (no atomics), so results are deterministic.
 //
 // A sliding window W > 0 limits query i to keys j with i - W < j <= i (W = 0: none): tiles
-// wholly outside every window of a block are skipped, and scores outside a row's window are
-// masked like those past the diagonal.
+// wholly outside every window of a block are skipped, a warp skips the tiles wholly outside
+// its rows' windows, and scores outside a row's window are masked like those past the
+// diagonal.
 
-#define TC_ROWS 64  // rows (queries or keys) per block, and per shared tile
-#define TC_LD 72    // tile row pitch in bf16: 64 + 8, so ldmatrix's 8 row reads hit distinct banks
+#define TC_ROWS 64  // rows (queries or keys) a block owns: 4 warps of 16
 #define TC_LOG2E 1.4426950408889634f
-#define TC_SCALE 0.125f  // 1 / sqrt(64)
+
+// Rows of the streamed tiles (see "Tile shapes" above) and the shared memory layouts' sizes
+// (the launcher's byte counts in attention.rs follow them).
+template <int HS> struct TcShape {
+    static constexpr int stream = HS == 64 ? 64 : 32;
+    static constexpr int ld = HS + 8;  // tile row pitch in elements
+    static constexpr int tile = stream * ld;
+    // Forward: [K0 | V0 | K1 | V1].
+    static constexpr int forward_bytes = 4 * tile * 2;
+    // dQ: [K0 | V0 | K1 | V1], with the Q and dO tiles (64 rows each) staged from K1 on: at
+    // head size 64 in K1 and V1 themselves, at 128 reaching two tiles past V1.
+    static constexpr int dq_bytes = (2 * tile + 2 * TC_ROWS * ld > 4 * tile ? 2 * tile + 2 * TC_ROWS * ld : 4 * tile) * 2;
+    // dK/dV: the query tiles [Q0 | dO0 | Q1 | dO1], then at head size 128 the block's K and V
+    // tiles (64 rows each; at 64 they are staged in Q1 and dO1 and kept in registers), then
+    // two buffers of the query rows' lse and d (f32).
+    static constexpr int dkv_elems = 4 * tile + (HS == 64 ? 0 : 2 * TC_ROWS * ld);
+    static constexpr int dkv_bytes = dkv_elems * 2 + 4 * stream * 4;
+};
+
+// 1 / sqrt(HS), the softmax's score scale.
+template <int HS> __device__ __forceinline__ float tc_scale() {
+    return HS == 64 ? 0.125f : 0.08838834764831845f;
+}
 
 __device__ __forceinline__ unsigned tc_smem_addr(const void* p) {
     return (unsigned)__cvta_generic_to_shared(p);
+}
+
+// The dynamic shared memory this block has: a launch with fewer bytes than a kernel's layout
+// needs traps (a launch error) rather than reading past its shared memory.
+__device__ __forceinline__ void tc_need_shared(unsigned bytes) {
+    unsigned have;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(have));
+    if (have < bytes) __trap();
+}
+
+// Operand conversions and the mma of bf16.
+struct TcBf16 {
+    typedef bf16 elem;
+    static constexpr bool scaled = false;  // no P or dS scaling (f32's exponent range)
+    static __device__ __forceinline__ float p_scale() { return 1.0f; }
+    // Two f32 as a pair (round to nearest even), `lo` in the low half as mma operands expect.
+    static __device__ __forceinline__ unsigned pack(float lo, float hi) {
+        unsigned r;
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+        return r;
+    }
+    static __device__ __forceinline__ float low(unsigned p) { return __uint_as_float(p << 16); }
+    static __device__ __forceinline__ float high(unsigned p) { return __uint_as_float(p & 0xffff0000u); }
+    // acc (16 x 8) += a (16 x 16) * b (16 x 8).
+    static __device__ __forceinline__ void mma(float acc[4], const unsigned a[4], unsigned b0, unsigned b1) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+            "{%8, %9}, {%0, %1, %2, %3};"
+            : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+
+// Operand conversions and the mma of f16 (IEEE half: round to nearest even, overflow to inf,
+// as common.cuh's store<f16>).
+struct TcF16 {
+    typedef f16 elem;
+    static constexpr bool scaled = true;  // P times 2^12, dS by a power of two per row
+    static __device__ __forceinline__ float p_scale() { return 4096.0f; }
+    static __device__ __forceinline__ unsigned pack(float lo, float hi) {
+        unsigned r;
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+        return r;
+    }
+    static __device__ __forceinline__ float low(unsigned p) {
+        float r;
+        asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"((unsigned short)(p & 0xffffu)));
+        return r;
+    }
+    static __device__ __forceinline__ float high(unsigned p) {
+        float r;
+        asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"((unsigned short)(p >> 16)));
+        return r;
+    }
+    static __device__ __forceinline__ void mma(float acc[4], const unsigned a[4], unsigned b0, unsigned b1) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+            "{%8, %9}, {%0, %1, %2, %3};"
+            : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+
+// x0, x1 as a pair `hi` plus the pair of what rounding left over, `lo`.
+template <class Ops>
+__device__ __forceinline__ void tc_split(float x0, float x1, unsigned& hi, unsigned& lo) {
+    hi = Ops::pack(x0, x1);
+    lo = Ops::pack(x0 - Ops::low(hi), x1 - Ops::high(hi));
 }
 
 // Global to shared memory copies run asynchronously (cp.async), so a block loads its next tile
@@ -50,29 +176,18 @@ template <int N> __device__ __forceinline__ void tc_wait() {
     asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
 }
 
-// Starts copying rows r0 .. r0 + 63 (64 bf16 each, `stride` elements apart) into a padded
-// tile, 16 bytes per copy; rows at or past T become zeros. Needs 16-byte aligned rows
-// (checked by the launcher).
-__device__ __forceinline__ void tc_tile_copy(unsigned short* tile, const bf16* src, size_t stride,
+// Starts copying rows r0 .. r0 + ROWS - 1 (HS 16-bit elements each, `stride` elements apart)
+// into a padded tile, 16 bytes per copy; rows at or past T become zeros. Needs 16-byte aligned
+// rows (checked by the launcher).
+template <int HS, int ROWS, typename E>
+__device__ __forceinline__ void tc_tile_copy(unsigned short* tile, const E* src, size_t stride,
                                              int r0, int T) {
-    for (int i = threadIdx.x; i < TC_ROWS * 8; i += blockDim.x) {
-        const int r = i >> 3, c = (i & 7) * 8;
+    constexpr int chunks = HS / 8;
+    for (int i = threadIdx.x; i < ROWS * chunks; i += blockDim.x) {
+        const int r = i / chunks, c = (i % chunks) * 8;
         const bool in = r0 + r < T;
-        tc_copy_async(tile + r * TC_LD + c, src + (size_t)(in ? r0 + r : 0) * stride + c, in);
+        tc_copy_async(tile + r * TcShape<HS>::ld + c, src + (size_t)(in ? r0 + r : 0) * stride + c, in);
     }
-}
-
-// Two f32 as a bf16 pair (round to nearest even), `lo` in the low half as mma operands expect.
-__device__ __forceinline__ unsigned tc_pack(float lo, float hi) {
-    unsigned r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
-// x0, x1 as a bf16 pair `hi` plus the pair of what rounding left over, `lo`.
-__device__ __forceinline__ void tc_split(float x0, float x1, unsigned& hi, unsigned& lo) {
-    hi = tc_pack(x0, x1);
-    lo = tc_pack(x0 - __uint_as_float(hi << 16), x1 - __uint_as_float(hi & 0xffff0000u));
 }
 
 __device__ __forceinline__ void tc_ldsm(unsigned r[4], unsigned addr) {
@@ -87,62 +202,88 @@ __device__ __forceinline__ void tc_ldsm_trans(unsigned r[4], unsigned addr) {
                  : "r"(addr));
 }
 
-// acc (16 x 8) += a (16 x 16) * b (16 x 8).
-__device__ __forceinline__ void tc_mma(float acc[4], const unsigned a[4], unsigned b0, unsigned b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+// k-chunk k (columns 16k .. 16k + 15) of the A operand for tile rows r0 .. r0 + 15.
+template <int HS>
+__device__ __forceinline__ void tc_load_a_chunk(unsigned a[4], const unsigned short* tile, int r0, int k) {
+    const int lane = threadIdx.x & 31;
+    tc_ldsm(a, tc_smem_addr(tile + (r0 + (lane & 15)) * TcShape<HS>::ld + k * 16 + (lane >> 4) * 8));
 }
 
-// The A operand for tile rows r0 .. r0 + 15 (all 64 columns).
-__device__ __forceinline__ void tc_load_a(unsigned a[4][4], const unsigned short* tile, int r0) {
+// acc (16 x 16) += a (16 x 16, k-chunk k) times rows 16n .. 16n + 15 of `tile`, transposed.
+template <class Ops, int HS>
+__device__ __forceinline__ void tc_mma_chunk_t(float acc0[4], float acc1[4], const unsigned a[4],
+                                               const unsigned short* tile, int n, int k) {
     const int lane = threadIdx.x & 31;
-    #pragma unroll
-    for (int k = 0; k < 4; k++)
-        tc_ldsm(a[k], tc_smem_addr(tile + (r0 + (lane & 15)) * TC_LD + k * 16 + (lane >> 4) * 8));
+    unsigned b[4];
+    tc_ldsm(b, tc_smem_addr(tile + (n * 16 + (lane & 7) + ((lane >> 4) << 3)) * TcShape<HS>::ld +
+                            k * 16 + ((lane >> 3) & 1) * 8));
+    Ops::mma(acc0, a, b[0], b[1]);
+    Ops::mma(acc1, a, b[2], b[3]);
 }
 
-// acc (16 x 64) += a (16 x 64) * tile^T: the tile's rows are the 64 output columns (S = Q K^T,
-// with the K tile; dP = dO V^T, with the V tile).
-__device__ __forceinline__ void tc_mma_a_tile_t(float acc[8][4], const unsigned a[4][4],
-                                                const unsigned short* tile) {
-    const int lane = threadIdx.x & 31;
-    #pragma unroll
-    for (int n = 0; n < 4; n++) {
+// A warp's 16 rows x HS as the A operand of products with tiles, kept in registers: loaded
+// once, read by every product.
+template <class Ops, int HS> struct TcRowsInRegisters {
+    unsigned a[HS / 16][4];
+    __device__ __forceinline__ void load(const unsigned short* tile, int r0) {
         #pragma unroll
-        for (int k = 0; k < 4; k++) {
-            unsigned b[4];
-            tc_ldsm(b, tc_smem_addr(tile + (n * 16 + (lane & 7) + ((lane >> 4) << 3)) * TC_LD +
-                                    k * 16 + ((lane >> 3) & 1) * 8));
-            tc_mma(acc[2 * n], a[k], b[0], b[1]);
-            tc_mma(acc[2 * n + 1], a[k], b[2], b[3]);
+        for (int k = 0; k < HS / 16; k++) tc_load_a_chunk<HS>(a[k], tile, r0, k);
+    }
+    // acc (16 x N) += rows * tile^T: the tile's N rows are the output columns (S = Q K^T with
+    // the K tile; dP = dO V^T with the V tile).
+    template <int N> __device__ __forceinline__ void mma_tile_t(float acc[N / 8][4], const unsigned short* tile) const {
+        #pragma unroll
+        for (int n = 0; n < N / 16; n++) {
+            #pragma unroll
+            for (int k = 0; k < HS / 16; k++) tc_mma_chunk_t<Ops, HS>(acc[2 * n], acc[2 * n + 1], a[k], tile, n, k);
         }
     }
-}
+};
 
-// acc (16 x 64) += x (16 x 64, f32 in the accumulator layout) * tile, with x split as hi + lo
-// bf16 (O += P V, dQ += dS K, dV += P^T dO, dK += dS^T Q).
-__device__ __forceinline__ void tc_mma_x_tile(float acc[8][4], const float x[8][4],
-                                              const unsigned short* tile) {
+// The same operand left in its shared tile and read chunk by chunk per product: for the
+// dK/dV kernel at head size 128, whose accumulators need the registers.
+template <class Ops, int HS> struct TcRowsInShared {
+    const unsigned short* tile;
+    int r0;
+    __device__ __forceinline__ void load(const unsigned short* t, int row0) {
+        tile = t;
+        r0 = row0;
+    }
+    // The same sums as TcRowsInRegisters::mma_tile_t, in the same order per output element.
+    template <int N> __device__ __forceinline__ void mma_tile_t(float acc[N / 8][4], const unsigned short* other) const {
+        #pragma unroll
+        for (int k = 0; k < HS / 16; k++) {
+            unsigned a[4];
+            tc_load_a_chunk<HS>(a, tile, r0, k);
+            #pragma unroll
+            for (int n = 0; n < N / 16; n++) tc_mma_chunk_t<Ops, HS>(acc[2 * n], acc[2 * n + 1], a, other, n, k);
+        }
+    }
+};
+
+// acc (16 x HS) += x (16 x K, f32 in the accumulator layout, times `scale[r]` in row g + 8r)
+// * tile (K rows x HS), with the scaled x split as hi + lo (O += P V, dQ += dS K,
+// dV += P^T dO, dK += dS^T Q).
+template <class Ops, int HS, int K>
+__device__ __forceinline__ void tc_mma_x_tile(float acc[HS / 8][4], const float x[K / 8][4],
+                                              const unsigned short* tile, const float scale[2]) {
     const int lane = threadIdx.x & 31;
     #pragma unroll
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < K / 16; k++) {
         unsigned hi[4], lo[4];
-        tc_split(x[2 * k][0], x[2 * k][1], hi[0], lo[0]);
-        tc_split(x[2 * k][2], x[2 * k][3], hi[1], lo[1]);
-        tc_split(x[2 * k + 1][0], x[2 * k + 1][1], hi[2], lo[2]);
-        tc_split(x[2 * k + 1][2], x[2 * k + 1][3], hi[3], lo[3]);
+        tc_split<Ops>(x[2 * k][0] * scale[0], x[2 * k][1] * scale[0], hi[0], lo[0]);
+        tc_split<Ops>(x[2 * k][2] * scale[1], x[2 * k][3] * scale[1], hi[1], lo[1]);
+        tc_split<Ops>(x[2 * k + 1][0] * scale[0], x[2 * k + 1][1] * scale[0], hi[2], lo[2]);
+        tc_split<Ops>(x[2 * k + 1][2] * scale[1], x[2 * k + 1][3] * scale[1], hi[3], lo[3]);
         #pragma unroll
-        for (int n = 0; n < 4; n++) {
+        for (int n = 0; n < HS / 16; n++) {
             unsigned b[4];
             tc_ldsm_trans(b, tc_smem_addr(tile + (k * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) *
-                                                     TC_LD + n * 16 + (lane >> 4) * 8));
-            tc_mma(acc[2 * n], hi, b[0], b[1]);
-            tc_mma(acc[2 * n], lo, b[0], b[1]);
-            tc_mma(acc[2 * n + 1], hi, b[2], b[3]);
-            tc_mma(acc[2 * n + 1], lo, b[2], b[3]);
+                                                     TcShape<HS>::ld + n * 16 + (lane >> 4) * 8));
+            Ops::mma(acc[2 * n], hi, b[0], b[1]);
+            Ops::mma(acc[2 * n], lo, b[0], b[1]);
+            Ops::mma(acc[2 * n + 1], hi, b[2], b[3]);
+            Ops::mma(acc[2 * n + 1], lo, b[2], b[3]);
         }
     }
 }
@@ -152,9 +293,15 @@ __device__ __forceinline__ bool tc_sees(int query, int key, int W) {
     return key <= query && (W == 0 || query - key < W);
 }
 
-// The first key tile a block of queries from q0 on reads under the window W.
-__device__ __forceinline__ int tc_first_key_tile(int q0, int W) {
-    return W > 0 ? max(0, q0 - W + 1) / TC_ROWS : 0;
+// Whether any query in q_lo .. q_hi sees any key in k_lo .. k_hi: a warp skips the products of
+// a tile otherwise (they would add exact zeros).
+__device__ __forceinline__ bool tc_any_sees(int q_lo, int q_hi, int k_lo, int k_hi, int W) {
+    return k_lo <= q_hi && (W == 0 || q_lo - k_hi < W);
+}
+
+// The first tile of `rows` keys that queries from q0 on read under the window W.
+__device__ __forceinline__ int tc_first_key_tile(int q0, int W, int rows) {
+    return W > 0 ? max(0, q0 - W + 1) / rows : 0;
 }
 
 // Reductions over the 4 lanes (t = 0..3) that share an accumulator row.
@@ -167,85 +314,146 @@ __device__ __forceinline__ float tc_row_sum(float v) {
     return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
-// Forward: a block owns 64 queries, streams the keys up to the diagonal in 64-row tiles with
-// an online softmax (scores in base 2: exp2 is the hardware's exponential).
-extern "C" __global__ void __launch_bounds__(128) attention_forward_bf16_hs64_tc(
-    const bf16* __restrict__ qkv, bf16* __restrict__ out, float* __restrict__ lse, int T, int C,
-    int NH, int W) {
+// The largest scale a row of dS ever takes: 2^64 keeps every scaled sum far inside f32.
+#define TC_DS_SCALE_MAX_EXP 64
+
+// The power of two that puts `largest` (a row's largest |dS| in a tile, > 0) in
+// [2^14, 2^15), at most 2^TC_DS_SCALE_MAX_EXP; inf and NaN get 2^-114 and stay what they are.
+__device__ __forceinline__ float tc_ds_scale(float largest) {
+    const int biased = (int)((__float_as_uint(largest) >> 23) & 0xffu);
+    const int e = min(141 - biased, TC_DS_SCALE_MAX_EXP);  // 14 - (biased - 127)
+    return __uint_as_float((unsigned)(e + 127) << 23);
+}
+
+// For element types that need it (f16), lowers the scale of each of this lane's two
+// accumulator rows to what the tile's dS needs, rescaling the row's accumulator to match.
+template <class Ops, int HS, int K>
+__device__ __forceinline__ void tc_rescale_rows(float acc[HS / 8][4], const float ds[K / 8][4], float scale[2]) {
+    #pragma unroll
+    for (int r = 0; r < 2 && Ops::scaled; r++) {
+        float largest = 0.0f;
+        #pragma unroll
+        for (int n = 0; n < K / 8; n++) largest = fmaxf(largest, fmaxf(fabsf(ds[n][2 * r]), fabsf(ds[n][2 * r + 1])));
+        largest = tc_row_max(largest);
+        // A tile with no dS in this row (largest 0) constrains nothing.
+        const float want = largest == 0.0f ? scale[r] : tc_ds_scale(largest);
+        if (want < scale[r]) {
+            const float ratio = want / scale[r];  // a power of two: exact
+            #pragma unroll
+            for (int n = 0; n < HS / 8; n++) {
+                acc[n][2 * r] *= ratio;
+                acc[n][2 * r + 1] *= ratio;
+            }
+            scale[r] = want;
+        }
+    }
+}
+
+// The scale a row's dS accumulator starts with (then only ever lowered).
+__device__ __forceinline__ float tc_ds_scale_start() {
+    return __uint_as_float((unsigned)(TC_DS_SCALE_MAX_EXP + 127) << 23);
+}
+
+// Forward: a block owns 64 queries, streams the keys up to the diagonal in tiles with an
+// online softmax (scores in base 2: exp2 is the hardware's exponential).
+//
+// Shared memory: [K0 | V0 | K1 | V1], TcShape::stream rows each; the Q tile (64 rows) is first
+// staged from K1 on, which the pipeline fills only after Q is in registers.
+template <class Ops, int HS>
+__device__ __forceinline__ void tc_forward(const typename Ops::elem* __restrict__ qkv,
+                                           typename Ops::elem* __restrict__ out,
+                                           float* __restrict__ lse, int T, int C, int NH, int W) {
 #if __CUDA_ARCH__ >= 800
-    __shared__ __align__(16) unsigned short qs[TC_ROWS * TC_LD];
-    __shared__ __align__(16) unsigned short ks[2][TC_ROWS * TC_LD];  // two buffers: one computed
-    __shared__ __align__(16) unsigned short vs[2][TC_ROWS * TC_LD];  // on, one being filled
+    typedef TcShape<HS> S;
+    constexpr int KC = S::stream;
+    static_assert(TC_ROWS <= 2 * KC, "the Q tile is staged in two key tiles");
+    extern __shared__ __align__(16) unsigned short tc_smem[];
+    tc_need_shared(S::forward_bytes);
+    // Buffer i (one computed on, one being filled) is K at tc_smem + 2i tiles, V after it.
+    auto ks = [&](int i) { return tc_smem + 2 * i * S::tile; };
+    auto vs = [&](int i) { return tc_smem + (2 * i + 1) * S::tile; };
     const int b = blockIdx.y / NH, h = blockIdx.y % NH;
     // Under the causal mask the last query tiles see the most keys: start those first.
     const int qt = gridDim.x - 1 - blockIdx.x;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3;
     const size_t stride = 3 * (size_t)C;
-    const bf16* base = qkv + (size_t)b * T * stride + h * 64;
+    const typename Ops::elem* base = qkv + (size_t)b * T * stride + h * HS;
     const int q0 = qt * TC_ROWS;
-    const int row0 = q0 + warp * 16 + (lane >> 2);  // this lane's rows: row0 and row0 + 8
-    const float c = TC_SCALE * TC_LOG2E;
-    const int kt0 = tc_first_key_tile(q0, W);
+    const int warp_row0 = q0 + warp * 16;
+    const int row0 = warp_row0 + (lane >> 2);  // this lane's rows: row0 and row0 + 8
+    const float c = tc_scale<HS>() * TC_LOG2E;
+    const int kt0 = tc_first_key_tile(q0, W, KC);
+    // The last key tile: the block's last query's, or the one holding key T - 1.
+    const int kt_last = min(q0 + TC_ROWS - 1, T - 1) / KC;
 
-    tc_tile_copy(qs, base, stride, q0, T);
+    tc_tile_copy<HS, TC_ROWS>(ks(1), base, stride, q0, T);
     tc_commit();
-    tc_tile_copy(ks[0], base + C, stride, kt0 * TC_ROWS, T);
-    tc_tile_copy(vs[0], base + 2 * C, stride, kt0 * TC_ROWS, T);
+    tc_tile_copy<HS, KC>(ks(0), base + C, stride, kt0 * KC, T);
+    tc_tile_copy<HS, KC>(vs(0), base + 2 * C, stride, kt0 * KC, T);
     tc_commit();
     tc_wait<1>();
     __syncthreads();
-    unsigned qf[4][4];
-    tc_load_a(qf, qs, warp * 16);
+    TcRowsInRegisters<Ops, HS> qf;
+    qf.load(ks(1), warp * 16);
+    __syncthreads();  // the second buffers are free for the pipeline
 
-    float o[8][4] = {}, m[2] = {KILN_NEG_INF, KILN_NEG_INF}, l[2] = {0.0f, 0.0f};
-    for (int kt = kt0; kt <= qt; kt++) {
-        const int k0 = kt * TC_ROWS, buf = (kt - kt0) & 1;
-        if (kt < qt) {
-            tc_tile_copy(ks[buf ^ 1], base + C, stride, k0 + TC_ROWS, T);
-            tc_tile_copy(vs[buf ^ 1], base + 2 * C, stride, k0 + TC_ROWS, T);
+    const float p_scale[2] = {Ops::p_scale(), Ops::p_scale()};
+    float o[HS / 8][4] = {}, m[2] = {KILN_NEG_INF, KILN_NEG_INF}, l[2] = {0.0f, 0.0f};
+    for (int kt = kt0; kt <= kt_last; kt++) {
+        const int k0 = kt * KC, buf = (kt - kt0) & 1;
+        if (kt < kt_last) {
+            tc_tile_copy<HS, KC>(ks(buf ^ 1), base + C, stride, k0 + KC, T);
+            tc_tile_copy<HS, KC>(vs(buf ^ 1), base + 2 * C, stride, k0 + KC, T);
             tc_commit();
             tc_wait<1>();
         } else {
             tc_wait<0>();
         }
         __syncthreads();  // tile kt is in shared memory for every thread
-        float s[8][4] = {};
-        tc_mma_a_tile_t(s, qf, ks[buf]);
-        #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const int row = row0 + 8 * r;
-            float mx = KILN_NEG_INF;
+        if (tc_any_sees(warp_row0, warp_row0 + 15, k0, k0 + KC - 1, W)) {
+            float s[KC / 8][4] = {};
+            qf.template mma_tile_t<KC>(s, ks(buf));
             #pragma unroll
-            for (int n = 0; n < 8; n++) {
+            for (int r = 0; r < 2; r++) {
+                const int row = row0 + 8 * r;
+                float mx = KILN_NEG_INF;
                 #pragma unroll
-                for (int e = 2 * r; e < 2 * r + 2; e++) {
-                    // Keys past the row are masked; that includes keys >= T for rows < T.
-                    const int key = k0 + n * 8 + 2 * t + (e & 1);
-                    const float v = tc_sees(row, key, W) ? s[n][e] * c : KILN_NEG_INF;
-                    s[n][e] = v;
-                    mx = fmaxf(mx, v);
+                for (int n = 0; n < KC / 8; n++) {
+                    #pragma unroll
+                    for (int e = 2 * r; e < 2 * r + 2; e++) {
+                        // Keys past the row are masked; that includes keys >= T for rows < T.
+                        const int key = k0 + n * 8 + 2 * t + (e & 1);
+                        const float v = tc_sees(row, key, W) ? s[n][e] * c : KILN_NEG_INF;
+                        s[n][e] = v;
+                        mx = fmaxf(mx, v);
+                    }
                 }
-            }
-            // Without a window key k0 <= row is never masked, so the new max is finite; a
-            // window can mask a whole tile of a row that has seen no key yet, whose max stays
-            // -inf: it then subtracts 0, so its masked scores give 0, never NaN.
-            const float m_new = fmaxf(m[r], tc_row_max(mx));
-            const float m_sub = m_new == KILN_NEG_INF ? 0.0f : m_new;
-            const float corr = exp2f(m[r] - m_sub);
-            l[r] *= corr;  // a per-lane partial sum until the end
-            #pragma unroll
-            for (int n = 0; n < 8; n++) {
-                o[n][2 * r] *= corr;
-                o[n][2 * r + 1] *= corr;
+                // A row that has seen no key yet and finds every key of this tile masked (past
+                // its diagonal, or before its window) keeps a max of -inf: it then subtracts 0,
+                // so its masked scores give 0, never NaN.
+                const float m_new = fmaxf(m[r], tc_row_max(mx));
+                const float m_sub = m_new == KILN_NEG_INF ? 0.0f : m_new;
+                const float corr = exp2f(m[r] - m_sub);
+                l[r] *= corr;  // a per-lane partial sum until the end
                 #pragma unroll
-                for (int e = 2 * r; e < 2 * r + 2; e++) {
-                    s[n][e] = exp2f(s[n][e] - m_sub);
-                    l[r] += s[n][e];
+                for (int n = 0; n < KC / 8; n++) {
+                    o[n][2 * r] *= corr;
+                    o[n][2 * r + 1] *= corr;
+                    #pragma unroll
+                    for (int e = 2 * r; e < 2 * r + 2; e++) {
+                        s[n][e] = exp2f(s[n][e] - m_sub);
+                        l[r] += s[n][e];
+                    }
                 }
+                #pragma unroll
+                for (int n = KC / 8; n < HS / 8; n++) {
+                    o[n][2 * r] *= corr;
+                    o[n][2 * r + 1] *= corr;
+                }
+                m[r] = m_new;
             }
-            m[r] = m_new;
+            tc_mma_x_tile<Ops, HS, KC>(o, s, vs(buf), p_scale);
         }
-        tc_mma_x_tile(o, s, vs[buf]);
         __syncthreads();  // buffer `buf` is no longer read: the next iteration refills it
     }
     #pragma unroll
@@ -253,10 +461,10 @@ extern "C" __global__ void __launch_bounds__(128) attention_forward_bf16_hs64_tc
         const int row = row0 + 8 * r;
         const float sum = tc_row_sum(l[r]);
         if (row >= T) continue;
-        const float inv = 1.0f / sum;
-        unsigned* dst = reinterpret_cast<unsigned*>(out + ((size_t)b * T + row) * C + h * 64 + 2 * t);
+        const float inv = 1.0f / (sum * Ops::p_scale());
+        unsigned* dst = reinterpret_cast<unsigned*>(out + ((size_t)b * T + row) * C + h * HS + 2 * t);
         #pragma unroll
-        for (int n = 0; n < 8; n++) dst[n * 4] = tc_pack(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+        for (int n = 0; n < HS / 8; n++) dst[n * 4] = Ops::pack(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
         // Natural log-sum-exp of the scaled scores: m is in base-2 units.
         if (t == 0) lse[((size_t)b * NH + h) * T + row] = m[r] * 0.6931471805599453f + logf(sum);
     }
@@ -265,51 +473,65 @@ extern "C" __global__ void __launch_bounds__(128) attention_forward_bf16_hs64_tc
 
 // dQ and the row term d: a block owns 64 queries and streams the keys twice, first summing
 // d_i = sum_j P_ij dP_ij exactly in f32, then accumulating dQ += dS K with dS = P (dP - d).
-extern "C" __global__ void __launch_bounds__(128) attention_backward_dq_bf16_hs64_tc(
-    const bf16* __restrict__ qkv, const bf16* __restrict__ dout, const float* __restrict__ lse,
-    float* __restrict__ d, bf16* __restrict__ dqkv, int T, int C, int NH, int W) {
+// Shared memory: TcShape::dq_bytes.
+template <class Ops, int HS>
+__device__ __forceinline__ void tc_backward_dq(const typename Ops::elem* __restrict__ qkv,
+                                               const typename Ops::elem* __restrict__ dout,
+                                               const float* __restrict__ lse, float* __restrict__ d,
+                                               typename Ops::elem* __restrict__ dqkv, int T, int C,
+                                               int NH, int W) {
 #if __CUDA_ARCH__ >= 800
-    __shared__ __align__(16) unsigned short ks[2][TC_ROWS * TC_LD];  // double-buffered as in
-    __shared__ __align__(16) unsigned short vs[2][TC_ROWS * TC_LD];  // the forward
+    typedef TcShape<HS> S;
+    constexpr int KC = S::stream;
+    extern __shared__ __align__(16) unsigned short tc_smem[];
+    tc_need_shared(S::dq_bytes);
+    auto ks = [&](int i) { return tc_smem + 2 * i * S::tile; };  // as in the forward
+    auto vs = [&](int i) { return tc_smem + (2 * i + 1) * S::tile; };
+    unsigned short* q_stage = tc_smem + 2 * S::tile;
+    unsigned short* g_stage = q_stage + TC_ROWS * S::ld;
     const int b = blockIdx.y / NH, h = blockIdx.y % NH;
     const int qt = gridDim.x - 1 - blockIdx.x;  // most keys first, as in the forward
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3;
     const size_t stride = 3 * (size_t)C;
-    const bf16* base = qkv + (size_t)b * T * stride + h * 64;
+    const typename Ops::elem* base = qkv + (size_t)b * T * stride + h * HS;
     const int q0 = qt * TC_ROWS;
-    const int row0 = q0 + warp * 16 + (lane >> 2);
-    const float c = TC_SCALE * TC_LOG2E;
+    const int warp_row0 = q0 + warp * 16;
+    const int row0 = warp_row0 + (lane >> 2);
+    const float c = tc_scale<HS>() * TC_LOG2E;
     const size_t lse_row = ((size_t)b * NH + h) * T;
-    const int kt0 = tc_first_key_tile(q0, W);
+    const int kt0 = tc_first_key_tile(q0, W, KC);
+    const int kt_last = min(q0 + TC_ROWS - 1, T - 1) / KC;
 
-    // Q and dO rows reach registers through the second buffers, while the first K/V tile loads.
-    tc_tile_copy(ks[1], base, stride, q0, T);
-    tc_tile_copy(vs[1], dout + (size_t)b * T * C + h * 64, C, q0, T);
+    // Q and dO rows reach registers through the staging tiles, while the first K/V tile loads.
+    tc_tile_copy<HS, TC_ROWS>(q_stage, base, stride, q0, T);
+    tc_tile_copy<HS, TC_ROWS>(g_stage, dout + (size_t)b * T * C + h * HS, C, q0, T);
     tc_commit();
-    tc_tile_copy(ks[0], base + C, stride, kt0 * TC_ROWS, T);
-    tc_tile_copy(vs[0], base + 2 * C, stride, kt0 * TC_ROWS, T);
+    tc_tile_copy<HS, KC>(ks(0), base + C, stride, kt0 * KC, T);
+    tc_tile_copy<HS, KC>(vs(0), base + 2 * C, stride, kt0 * KC, T);
     tc_commit();
     tc_wait<1>();
     __syncthreads();
-    unsigned qf[4][4], gf[4][4];
-    tc_load_a(qf, ks[1], warp * 16);
-    tc_load_a(gf, vs[1], warp * 16);
+    TcRowsInRegisters<Ops, HS> qf, gf;
+    qf.load(q_stage, warp * 16);
+    gf.load(g_stage, warp * 16);
     __syncthreads();  // the second buffers are free for the pipeline
     float lse2[2], rowd[2] = {0.0f, 0.0f};
     #pragma unroll
     for (int r = 0; r < 2; r++) lse2[r] = row0 + 8 * r < T ? lse[lse_row + row0 + 8 * r] * TC_LOG2E : 0.0f;
 
-    // Two passes over the key tiles kt0 .. qt, as one sequence of 2 n steps so that the copy
-    // of the first tile of the second pass overlaps the last of the first.
-    const int n_tiles = qt - kt0 + 1;
-    float dq[8][4] = {}, dsum[2] = {0.0f, 0.0f};
+    // Two passes over the key tiles kt0 .. kt_last, as one sequence of 2 n steps so that the
+    // copy of the first tile of the second pass overlaps the last of the first.
+    const int n_tiles = kt_last - kt0 + 1;
+    float dq[HS / 8][4] = {}, dsum[2] = {0.0f, 0.0f};
+    float ds_scale[2] = {1.0f, 1.0f};
+    if (Ops::scaled) ds_scale[0] = ds_scale[1] = tc_ds_scale_start();
     for (int step = 0; step < 2 * n_tiles; step++) {
         const int pass = step < n_tiles ? 0 : 1, buf = step & 1;
-        const int k0 = (kt0 + step - pass * n_tiles) * TC_ROWS;
+        const int k0 = (kt0 + step - pass * n_tiles) * KC;
         if (step + 1 < 2 * n_tiles) {
             const int next = kt0 + (step + 1 < n_tiles ? step + 1 : step + 1 - n_tiles);
-            tc_tile_copy(ks[buf ^ 1], base + C, stride, next * TC_ROWS, T);
-            tc_tile_copy(vs[buf ^ 1], base + 2 * C, stride, next * TC_ROWS, T);
+            tc_tile_copy<HS, KC>(ks(buf ^ 1), base + C, stride, next * KC, T);
+            tc_tile_copy<HS, KC>(vs(buf ^ 1), base + 2 * C, stride, next * KC, T);
             tc_commit();
             tc_wait<1>();
         } else {
@@ -320,90 +542,121 @@ extern "C" __global__ void __launch_bounds__(128) attention_backward_dq_bf16_hs6
             rowd[0] = tc_row_sum(dsum[0]);
             rowd[1] = tc_row_sum(dsum[1]);
         }
-        float s[8][4] = {}, dp[8][4] = {};
-        tc_mma_a_tile_t(s, qf, ks[buf]);
-        tc_mma_a_tile_t(dp, gf, vs[buf]);
-        #pragma unroll
-        for (int n = 0; n < 8; n++) {
+        if (tc_any_sees(warp_row0, warp_row0 + 15, k0, k0 + KC - 1, W)) {
+            float s[KC / 8][4] = {}, dp[KC / 8][4] = {};
+            qf.template mma_tile_t<KC>(s, ks(buf));
+            gf.template mma_tile_t<KC>(dp, vs(buf));
             #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int r = e >> 1;
-                const int key = k0 + n * 8 + 2 * t + (e & 1);
-                const float p = tc_sees(row0 + 8 * r, key, W) ? exp2f(s[n][e] * c - lse2[r]) : 0.0f;
-                if (pass == 0) dsum[r] += p * dp[n][e];
-                else dp[n][e] = p * (dp[n][e] - rowd[r]);
+            for (int n = 0; n < KC / 8; n++) {
+                #pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int r = e >> 1;
+                    const int key = k0 + n * 8 + 2 * t + (e & 1);
+                    const float p = tc_sees(row0 + 8 * r, key, W) ? exp2f(s[n][e] * c - lse2[r]) : 0.0f;
+                    if (pass == 0) dsum[r] += p * dp[n][e];
+                    else dp[n][e] = p * (dp[n][e] - rowd[r]);
+                }
+            }
+            if (pass == 1) {
+                tc_rescale_rows<Ops, HS, KC>(dq, dp, ds_scale);
+                tc_mma_x_tile<Ops, HS, KC>(dq, dp, ks(buf), ds_scale);
             }
         }
-        if (pass == 1) tc_mma_x_tile(dq, dp, ks[buf]);
         __syncthreads();
     }
     #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int row = row0 + 8 * r;
         if (row >= T) continue;
-        unsigned* dst = reinterpret_cast<unsigned*>(dqkv + ((size_t)b * T + row) * stride + h * 64 + 2 * t);
+        const float k = tc_scale<HS>() / ds_scale[r];  // a power of two at head size 64
+        unsigned* dst = reinterpret_cast<unsigned*>(dqkv + ((size_t)b * T + row) * stride + h * HS + 2 * t);
         #pragma unroll
-        for (int n = 0; n < 8; n++)
-            dst[n * 4] = tc_pack(dq[n][2 * r] * TC_SCALE, dq[n][2 * r + 1] * TC_SCALE);
+        for (int n = 0; n < HS / 8; n++) dst[n * 4] = Ops::pack(dq[n][2 * r] * k, dq[n][2 * r + 1] * k);
         if (t == 0) d[lse_row + row] = rowd[r];
     }
 #endif
 }
 
-// dK and dV: a block owns 64 keys (a warp 16, with their K and V rows in registers) and streams
-// the queries from the diagonal on. The warp computes S^T = K Q^T and dP^T = V dO^T, so each
-// key's P and dS sit in its own accumulator rows: dV += P^T dO and dK += dS^T Q need no
-// exchange between warps.
-extern "C" __global__ void __launch_bounds__(128) attention_backward_dkv_bf16_hs64_tc(
-    const bf16* __restrict__ qkv, const bf16* __restrict__ dout, const float* __restrict__ lse,
-    const float* __restrict__ d, bf16* __restrict__ dqkv, int T, int C, int NH, int W) {
+// Selects between two types at compile time (NVRTC has no <type_traits> without headers).
+template <bool First, class A, class B> struct TcPick { typedef A type; };
+template <class A, class B> struct TcPick<false, A, B> { typedef B type; };
+
+// dK and dV: a block owns 64 keys (a warp 16) and streams the queries from the diagonal on.
+// The warp computes S^T = K Q^T and dP^T = V dO^T, so each key's P and dS sit in its own
+// accumulator rows: dV += P^T dO and dK += dS^T Q need no exchange between warps.
+// Shared memory: TcShape::dkv_bytes.
+template <class Ops, int HS>
+__device__ __forceinline__ void tc_backward_dkv(const typename Ops::elem* __restrict__ qkv,
+                                                const typename Ops::elem* __restrict__ dout,
+                                                const float* __restrict__ lse,
+                                                const float* __restrict__ d,
+                                                typename Ops::elem* __restrict__ dqkv, int T, int C,
+                                                int NH, int W) {
 #if __CUDA_ARCH__ >= 800
-    __shared__ __align__(16) unsigned short qs[2][TC_ROWS * TC_LD];  // double-buffered as in
-    __shared__ __align__(16) unsigned short gs[2][TC_ROWS * TC_LD];  // the forward
-    __shared__ __align__(16) float lses[2][TC_ROWS], ds[2][TC_ROWS];
+    typedef TcShape<HS> S;
+    constexpr int QC = S::stream;
+    constexpr bool kv_in_registers = HS == 64;
+    static_assert(!kv_in_registers || TC_ROWS <= QC, "K and V are staged in one query tile each");
+    typedef typename TcPick<kv_in_registers, TcRowsInRegisters<Ops, HS>, TcRowsInShared<Ops, HS>>::type Rows;
+    extern __shared__ __align__(16) unsigned short tc_smem[];
+    tc_need_shared(S::dkv_bytes);
+    // Buffer i is Q at tc_smem + 2i tiles, dO after it; its rows' lse and d in f32 after all.
+    auto qs = [&](int i) { return tc_smem + 2 * i * S::tile; };
+    auto gs = [&](int i) { return tc_smem + (2 * i + 1) * S::tile; };
+    float* const lse_d = reinterpret_cast<float*>(tc_smem + S::dkv_elems);
+    auto lses = [&](int i) { return lse_d + i * QC; };
+    auto ds = [&](int i) { return lse_d + (2 + i) * QC; };
+    unsigned short* k_tile = kv_in_registers ? qs(1) : tc_smem + 4 * S::tile;
+    unsigned short* v_tile = kv_in_registers ? gs(1) : k_tile + TC_ROWS * S::ld;
     const int b = blockIdx.y / NH, h = blockIdx.y % NH;
     const int kt = blockIdx.x;  // the first key tiles see the most queries and start first
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3;
     const size_t stride = 3 * (size_t)C;
-    const bf16* base = qkv + (size_t)b * T * stride + h * 64;
-    const bf16* gbase = dout + (size_t)b * T * C + h * 64;
+    const typename Ops::elem* base = qkv + (size_t)b * T * stride + h * HS;
+    const typename Ops::elem* gbase = dout + (size_t)b * T * C + h * HS;
     const int k0 = kt * TC_ROWS;
-    const int key0 = k0 + warp * 16 + (lane >> 2);  // this lane's keys: key0 and key0 + 8
-    const float c = TC_SCALE * TC_LOG2E;
+    const int warp_key0 = k0 + warp * 16;
+    const int key0 = warp_key0 + (lane >> 2);  // this lane's keys: key0 and key0 + 8
+    const float c = tc_scale<HS>() * TC_LOG2E;
     const size_t lse_row = ((size_t)b * NH + h) * T;
 
     // Starts copying query tile qt (Q, dO, and its rows' lse and d) into buffer `buf`.
     auto copy_query_tile = [&](int qt, int buf) {
-        const int q0 = qt * TC_ROWS;
-        tc_tile_copy(qs[buf], base, stride, q0, T);
-        tc_tile_copy(gs[buf], gbase, C, q0, T);
-        for (int i = threadIdx.x; i < TC_ROWS; i += blockDim.x) {
+        const int q0 = qt * QC;
+        tc_tile_copy<HS, QC>(qs(buf), base, stride, q0, T);
+        tc_tile_copy<HS, QC>(gs(buf), gbase, C, q0, T);
+        for (int i = threadIdx.x; i < QC; i += blockDim.x) {
             const bool in = q0 + i < T;
             const size_t at = lse_row + (in ? q0 + i : 0);
-            tc_copy_async4(&lses[buf][i], lse + at, in);
-            tc_copy_async4(&ds[buf][i], d + at, in);
+            tc_copy_async4(&lses(buf)[i], lse + at, in);
+            tc_copy_async4(&ds(buf)[i], d + at, in);
         }
         tc_commit();
     };
 
-    // K and V rows reach registers through the second buffers, while the first query tile loads.
-    tc_tile_copy(qs[1], base + C, stride, k0, T);
-    tc_tile_copy(gs[1], base + 2 * C, stride, k0, T);
+    // The block's K and V rows (through Q1 and dO1 into registers at head size 64) load while
+    // the first query tile does.
+    const int qt0 = k0 / QC;  // the tile holding query k0, the first that sees key k0
+    tc_tile_copy<HS, TC_ROWS>(k_tile, base + C, stride, k0, T);
+    tc_tile_copy<HS, TC_ROWS>(v_tile, base + 2 * C, stride, k0, T);
     tc_commit();
-    copy_query_tile(kt, 0);
+    copy_query_tile(qt0, 0);
     tc_wait<1>();
     __syncthreads();
-    unsigned kf[4][4], vf[4][4];
-    tc_load_a(kf, qs[1], warp * 16);
-    tc_load_a(vf, gs[1], warp * 16);
-    __syncthreads();  // the second buffers are free for the pipeline
+    Rows kf, vf;
+    kf.load(k_tile, warp * 16);
+    vf.load(v_tile, warp * 16);
+    if (kv_in_registers) __syncthreads();  // the second buffers are free for the pipeline
 
-    float dk[8][4] = {}, dv[8][4] = {};
+    const float p_scale[2] = {Ops::p_scale(), Ops::p_scale()};
+    float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
+    float ds_scale[2] = {1.0f, 1.0f};
+    if (Ops::scaled) ds_scale[0] = ds_scale[1] = tc_ds_scale_start();
     // Query tiles up to the one holding the last query that sees the block's last key.
-    const int all_tiles = (T + TC_ROWS - 1) / TC_ROWS;
-    const int tiles = W > 0 ? min(all_tiles, (k0 + TC_ROWS - 1 + W - 1) / TC_ROWS + 1) : all_tiles;
-    for (int qt = kt; qt < tiles; qt++) {
-        const int q0 = qt * TC_ROWS, buf = (qt - kt) & 1;
+    const int all_tiles = (T + QC - 1) / QC;
+    const int tiles = W > 0 ? min(all_tiles, (k0 + TC_ROWS - 1 + W - 1) / QC + 1) : all_tiles;
+    for (int qt = qt0; qt < tiles; qt++) {
+        const int q0 = qt * QC, buf = (qt - qt0) & 1;
         if (qt + 1 < tiles) {
             copy_query_tile(qt + 1, buf ^ 1);
             tc_wait<1>();
@@ -411,36 +664,57 @@ extern "C" __global__ void __launch_bounds__(128) attention_backward_dkv_bf16_hs
             tc_wait<0>();
         }
         __syncthreads();
-        float s[8][4] = {}, dp[8][4] = {};
-        tc_mma_a_tile_t(s, kf, qs[buf]);
-        tc_mma_a_tile_t(dp, vf, gs[buf]);
-        #pragma unroll
-        for (int n = 0; n < 8; n++) {
+        if (tc_any_sees(q0, q0 + QC - 1, warp_key0, warp_key0 + 15, W)) {
+            float s[QC / 8][4] = {}, dp[QC / 8][4] = {};
+            kf.template mma_tile_t<QC>(s, qs(buf));
+            vf.template mma_tile_t<QC>(dp, gs(buf));
             #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int qi = n * 8 + 2 * t + (e & 1), query = q0 + qi;
-                const bool live = tc_sees(query, key0 + 8 * (e >> 1), W) && query < T;
-                const float p = live ? exp2f(s[n][e] * c - lses[buf][qi] * TC_LOG2E) : 0.0f;
-                s[n][e] = p;
-                dp[n][e] = p * (dp[n][e] - ds[buf][qi]);
+            for (int n = 0; n < QC / 8; n++) {
+                #pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int qi = n * 8 + 2 * t + (e & 1), query = q0 + qi;
+                    const bool live = tc_sees(query, key0 + 8 * (e >> 1), W) && query < T;
+                    const float p = live ? exp2f(s[n][e] * c - lses(buf)[qi] * TC_LOG2E) : 0.0f;
+                    s[n][e] = p;
+                    dp[n][e] = p * (dp[n][e] - ds(buf)[qi]);
+                }
             }
+            tc_mma_x_tile<Ops, HS, QC>(dv, s, gs(buf), p_scale);
+            tc_rescale_rows<Ops, HS, QC>(dk, dp, ds_scale);
+            tc_mma_x_tile<Ops, HS, QC>(dk, dp, qs(buf), ds_scale);
         }
-        tc_mma_x_tile(dv, s, gs[buf]);
-        tc_mma_x_tile(dk, dp, qs[buf]);
         __syncthreads();
     }
     #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int key = key0 + 8 * r;
         if (key >= T) continue;
-        bf16* row = dqkv + ((size_t)b * T + key) * stride + h * 64 + 2 * t;
+        const float kk = tc_scale<HS>() / ds_scale[r], kv = 1.0f / Ops::p_scale();
+        typename Ops::elem* row = dqkv + ((size_t)b * T + key) * stride + h * HS + 2 * t;
         unsigned* dst_k = reinterpret_cast<unsigned*>(row + C);
         unsigned* dst_v = reinterpret_cast<unsigned*>(row + 2 * C);
         #pragma unroll
-        for (int n = 0; n < 8; n++) {
-            dst_k[n * 4] = tc_pack(dk[n][2 * r] * TC_SCALE, dk[n][2 * r + 1] * TC_SCALE);
-            dst_v[n * 4] = tc_pack(dv[n][2 * r], dv[n][2 * r + 1]);
+        for (int n = 0; n < HS / 8; n++) {
+            dst_k[n * 4] = Ops::pack(dk[n][2 * r] * kk, dk[n][2 * r + 1] * kk);
+            dst_v[n * 4] = Ops::pack(dv[n][2 * r] * kv, dv[n][2 * r + 1] * kv);
         }
     }
 #endif
 }
+
+// Entry points, one per element type and head size; attention.rs appends the instantiations.
+#define TC_ENTRY_POINTS(HS, OPS, SUFFIX)                                                                   \
+    extern "C" __global__ void __launch_bounds__(128) attention_forward_##SUFFIX##_hs##HS##_tc(            \
+        const OPS::elem* qkv, OPS::elem* out, float* lse, int T, int C, int NH, int W) {                   \
+        tc_forward<OPS, HS>(qkv, out, lse, T, C, NH, W);                                                   \
+    }                                                                                                      \
+    extern "C" __global__ void __launch_bounds__(128) attention_backward_dq_##SUFFIX##_hs##HS##_tc(        \
+        const OPS::elem* qkv, const OPS::elem* dout, const float* lse, float* d, OPS::elem* dqkv, int T,   \
+        int C, int NH, int W) {                                                                            \
+        tc_backward_dq<OPS, HS>(qkv, dout, lse, d, dqkv, T, C, NH, W);                                     \
+    }                                                                                                      \
+    extern "C" __global__ void __launch_bounds__(128) attention_backward_dkv_##SUFFIX##_hs##HS##_tc(       \
+        const OPS::elem* qkv, const OPS::elem* dout, const float* lse, const float* d, OPS::elem* dqkv,    \
+        int T, int C, int NH, int W) {                                                                     \
+        tc_backward_dkv<OPS, HS>(qkv, dout, lse, d, dqkv, T, C, NH, W);                                    \
+    }
