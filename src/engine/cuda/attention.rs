@@ -253,6 +253,7 @@ impl CudaBackend {
                 ),
             });
         }
+        self.note_cuda_core_attention(T::DTYPE, hs, aligned);
         let launch = |rows| Launch {
             rows,
             threads: rows,
@@ -264,6 +265,33 @@ impl CudaBackend {
             dq: launch(BR),
             dkv: launch(KR),
         })
+    }
+
+    /// Says once per process and reason, on standard error, that attention runs on the
+    /// general CUDA-core kernels and why: a slower path is never taken silently.
+    fn note_cuda_core_attention(&self, dtype: DType, hs: usize, aligned: bool) {
+        use std::collections::HashSet;
+        use std::sync::Mutex;
+        static SAID: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+        let why = if !matches!(dtype, DType::BF16 | DType::F16) {
+            format!("{dtype:?} activations").to_lowercase()
+        } else if self.info.arch() < 80 {
+            format!("sm_{} (they need sm_80 or newer)", self.info.arch())
+        } else if !TC_HEAD_SIZES.contains(&hs) {
+            format!("head size {hs}")
+        } else if !aligned {
+            "a buffer off a 16-byte boundary".to_string()
+        } else {
+            return;
+        };
+        let mut said = SAID.lock().unwrap_or_else(|e| e.into_inner());
+        if said.get_or_insert_with(HashSet::new).insert(why.clone()) {
+            eprintln!(
+                "note: attention runs on the CUDA-core kernels because of {why}; the tensor-core \
+                 kernels take bf16 or f16 activations at head size 64 or 128 on sm_80 or newer \
+                 (train.precision=bf16-mixed or fp16-mixed), several times faster"
+            );
+        }
     }
 
     /// The kernel `name`, allowed the dynamic shared memory `launch` gives it (above 48 KiB a
