@@ -6,9 +6,9 @@
 //! name no slot; positions and tokens live in device buffers; the attention's split is chosen
 //! from a bucketed length bound) the same kernels with the same arguments run every step, so
 //! the step is captured once per (bound, rows) and replayed. When the row count changes the
-//! step's buffers change with it, and the graphs of the old count are dropped. The first step of
-//! each key runs directly: it chooses the GEMM algorithms
-//! (which times candidates, something a capture cannot hold) and shows that the step works.
+//! step's buffers change with it, and the graphs of the old count are dropped. The first step
+//! of each key runs directly: it chooses the GEMM algorithms (which times candidates,
+//! something a capture cannot hold) and shows that the step works.
 //! A capture that fails (a step that waits for the device, as `KILN_PROFILE=1` makes every
 //! op do) leaves the stream usable; generation then goes on without graphs and says why.
 
