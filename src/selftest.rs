@@ -665,12 +665,38 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
     // samples do. The error is the fraction of rows drawing another token than the CPU
     // (ties and rounding only) or the log-probability's relative error, whichever is worse;
     // a slot state (position, counter, presence) that differs is a failure.
-    for vocab in [49152usize, 128256, 1001] {
+    // Each row is split over many blocks, as many as fill the GPU for the call's row count:
+    // 96 rows, the 64 rows of a decode batch, and 16 rows drawn one per call (batch 1, the
+    // most blocks per row, and the scratch reused call after call).
+    for (vocab, rows, per_call) in [
+        (49152usize, 96usize, 96usize),
+        (49152, 64, 64),
+        (128256, 96, 96),
+        (128256, 64, 64),
+        (128256, 16, 1),
+        (1001, 96, 96),
+    ] {
         for (name, p, mapped) in sample_cases() {
-            let shape = format!("V{vocab} {name}");
-            both_dtypes!(check_sample_rows, "sample_rows", shape, vocab, p, mapped);
+            let shape = format!("V{vocab} R{rows}/{per_call} {name}");
+            both_dtypes!(
+                check_sample_rows,
+                "sample_rows",
+                shape,
+                vocab,
+                p,
+                mapped,
+                rows,
+                per_call
+            );
         }
     }
+    push(
+        "gather_slot_rows",
+        "u32",
+        "37 rows of 50 slots".into(),
+        0.0,
+        check_gather_slot_rows(gpu, inp),
+    );
     // Mixture-of-experts routing: 1.5 slots per token over a GPT-2-wide stream, and a ragged
     // shape with a width that is not a multiple of the block.
     for (src_rows, rows, c) in [(8192, 12288, 768), (37, 29, 33)] {
@@ -1145,17 +1171,50 @@ fn sample_cases() -> Vec<(&'static str, cpu::sampling::SampleParams, bool)> {
     ]
 }
 
+/// The rows of a decode step over some slots (padding rows naming no slot among them)
+/// gathered on both devices; the error is the fraction of entries that differ.
+fn check_gather_slot_rows(gpu: &CudaBackend, inp: &mut Inputs) -> Check {
+    use cpu::sampling::{HostSlots, gather_slot_rows};
+    let slots = 50;
+    let pos: Vec<u32> = (0..slots).map(|_| inp.0.next_u64() as u32 % 1000).collect();
+    let mut host = HostSlots::new(pos, vec![7; slots], &[], 1000, 1000);
+    host.tokens = (0..slots).map(|_| inp.0.next_u64() as u32 % 1000).collect();
+    let ids: Vec<u32> = (0..37)
+        .map(|i| {
+            if i % 9 == 8 {
+                u32::MAX
+            } else {
+                (i * 7 % slots) as u32
+            }
+        })
+        .collect();
+    let (mut want_t, mut want_p) = (vec![0u32; ids.len()], vec![0u32; ids.len()]);
+    gather_slot_rows(&host, &ids, &mut want_t, &mut want_p);
+    let dev = gpu.upload_slots(&host)?;
+    let d_ids = gpu.upload(&ids)?;
+    let mut got_t = gpu.upload(&vec![0xdead_beefu32; ids.len()])?;
+    let mut got_p = gpu.upload(&vec![0xdead_beefu32; ids.len()])?;
+    gpu.gather_slot_rows(&dev, &d_ids, &mut got_t, &mut got_p)?;
+    let (got_t, got_p) = (gpu.download(&got_t)?, gpu.download(&got_p)?);
+    let differ = (0..ids.len())
+        .filter(|&i| got_t[i] != want_t[i] || got_p[i] != want_p[i])
+        .count();
+    Ok(differ as f64 / ids.len() as f64)
+}
+
 /// `rows` rows of random logits (scale 6: peaked enough that top-p keeps a part of the
-/// vocabulary) drawn on both devices from the same slot state.
+/// vocabulary) drawn on both devices from the same slot state, `per_call` rows per GPU call.
+#[allow(clippy::too_many_arguments)]
 fn check_sample_rows<T: Elem>(
     gpu: &CudaBackend,
     inp: &mut Inputs,
     vocab: usize,
     p: cpu::sampling::SampleParams,
     mapped: bool,
+    rows: usize,
+    per_call: usize,
 ) -> Check {
     use cpu::sampling::{HostSlots, sample_rows};
-    let rows = 96;
     let stride = crate::models::padded_vocab(vocab);
     let logit_rows = if mapped { rows / 2 } else { rows };
     let logits = inp.uniform(logit_rows * stride, 6.0, T::DTYPE);
@@ -1181,16 +1240,33 @@ fn check_sample_rows<T: Elem>(
         (None, None)
     };
     sample_rows(&logits, stride, h_src, h_slot, &mut host, &p, rows);
-    let (d_src, d_slot) = (gpu.upload(&src)?, gpu.upload(&slot)?);
-    gpu.sample_rows::<T>(
-        &gpu.upload_as::<T>(&logits)?,
-        stride,
-        rows,
-        mapped.then_some(&d_src),
-        mapped.then_some(&d_slot),
-        &mut dev,
-        &p,
-    )?;
+    let d_logits = gpu.upload_as::<T>(&logits)?;
+    if per_call >= rows {
+        let (d_src, d_slot) = (gpu.upload(&src)?, gpu.upload(&slot)?);
+        gpu.sample_rows::<T>(
+            &d_logits,
+            stride,
+            rows,
+            mapped.then_some(&d_src),
+            mapped.then_some(&d_slot),
+            &mut dev,
+            &p,
+        )?;
+    } else {
+        // Fewer rows per call: each call names its rows' logits rows and slots.
+        for (src, slot) in src.chunks(per_call).zip(slot.chunks(per_call)) {
+            let (d_src, d_slot) = (gpu.upload(src)?, gpu.upload(slot)?);
+            gpu.sample_rows::<T>(
+                &d_logits,
+                stride,
+                src.len(),
+                Some(&d_src),
+                Some(&d_slot),
+                &mut dev,
+                &p,
+            )?;
+        }
+    }
     let tokens = gpu.download(&dev.tokens)?;
     let logprobs = gpu.download(&dev.logprobs)?;
     let mut differ = 0usize;

@@ -92,6 +92,10 @@ pub struct GenerateArgs {
     /// for --tokens) instead of refusing it.
     #[arg(long)]
     pub truncate_left: bool,
+    /// Decode at most N sequences at once; the others wait and take the slots of finished
+    /// ones (default: all at once, or as many as fit in memory).
+    #[arg(long, value_name = "N")]
+    pub max_batch: Option<usize>,
 }
 
 impl GenerateArgs {
@@ -106,6 +110,11 @@ impl GenerateArgs {
         if self.tokens == 0 {
             return Err(KilnError::Setting(
                 "--tokens 0 generates nothing; give 1 or more".into(),
+            ));
+        }
+        if self.max_batch == Some(0) {
+            return Err(KilnError::Setting(
+                "--max-batch 0 decodes nothing; give 1 or more".into(),
             ));
         }
         Ok(())
@@ -323,6 +332,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         seed: a.seed,
         cuda_graphs: !a.no_cuda_graphs,
         truncate_left: a.truncate_left,
+        max_batch: a.max_batch,
     };
     let stream = a.prompts.is_none() && a.num_samples == 1;
     let mut out = std::io::stdout();

@@ -2,11 +2,13 @@
 //!
 //! A decode step launches a few hundred small kernels; issued one by one from the host, each
 //! costs a few microseconds of launch time and the GPU waits between them. Once a step's
-//! shapes are fixed (every slot decodes each step, positions and tokens live in device
-//! buffers, the attention's split is chosen from a bucketed length bound) the same kernels
-//! with the same arguments run every step, so the step is captured once per bound and
-//! replayed. The first step of each bound runs directly: it chooses the GEMM algorithms
-//! (which times candidates, something a capture cannot hold) and shows that the step works.
+//! shapes are fixed (the live slots run as a bucketed number of rows, padded with rows that
+//! name no slot; positions and tokens live in device buffers; the attention's split is chosen
+//! from a bucketed length bound) the same kernels with the same arguments run every step, so
+//! the step is captured once per (bound, rows) and replayed. When the row count changes the
+//! step's buffers change with it, and the graphs of the old count are dropped. The first step
+//! of each key runs directly: it chooses the GEMM algorithms (which times candidates,
+//! something a capture cannot hold) and shows that the step works.
 //! A capture that fails (a step that waits for the device, as `KILN_PROFILE=1` makes every
 //! op do) leaves the stream usable; generation then goes on without graphs and says why.
 
@@ -17,11 +19,14 @@ use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-/// The captured steps of one generation call, by attention bound.
+/// What a captured step is keyed by: the attention bound and the number of rows.
+pub(crate) type StepKey = (usize, usize);
+
+/// The captured steps of one generation call, by attention bound and row count.
 pub(crate) struct StepGraphs {
     gpu: Arc<CudaBackend>,
-    graphs: HashMap<usize, CudaGraph>,
-    seen: HashSet<usize>,
+    graphs: HashMap<StepKey, CudaGraph>,
+    seen: HashSet<StepKey>,
     /// Why graphs were given up, once they were.
     pub failed: Option<String>,
     pub captures: usize,
@@ -40,16 +45,22 @@ impl StepGraphs {
         }
     }
 
-    /// Runs `step` for attention bound `bound`: directly the first time, then from its graph.
-    pub fn run(&mut self, bound: usize, step: &mut dyn FnMut() -> Result<()>) -> Result<()> {
-        if self.failed.is_some() || self.seen.insert(bound) {
+    /// Drops every captured step (their buffers are about to be freed).
+    pub fn forget(&mut self) {
+        self.graphs.clear();
+        self.seen.clear();
+    }
+
+    /// Runs `step` for `key`: directly the first time, then from its graph.
+    pub fn run(&mut self, key: StepKey, step: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        if self.failed.is_some() || self.seen.insert(key) {
             return step();
         }
-        if !self.graphs.contains_key(&bound) {
+        if !self.graphs.contains_key(&key) {
             match self.capture(step) {
                 Ok(g) => {
                     self.captures += 1;
-                    self.graphs.insert(bound, g);
+                    self.graphs.insert(key, g);
                 }
                 Err(why) => {
                     self.failed = Some(why);
@@ -57,7 +68,7 @@ impl StepGraphs {
                 }
             }
         }
-        let g = &self.graphs[&bound];
+        let g = &self.graphs[&key];
         g.launch().map_err(|e| EngineError::Cuda(e.into()))?;
         self.replays += 1;
         Ok(())
@@ -88,6 +99,14 @@ impl StepGraphs {
     }
 }
 
+/// The rows a step with `live` live slots runs (at most `capacity`): `live` rounded up to a
+/// quarter of its next power of two, so a batch that shrinks one sequence at a time captures
+/// at most four graphs per halving and pads fewer rows than half its live ones.
+pub fn row_bucket(live: usize, capacity: usize) -> usize {
+    let step = (live.next_power_of_two() / 4).max(1);
+    (live.div_ceil(step) * step).min(capacity).max(live).max(1)
+}
+
 /// The attention bound a step with sequences up to `longest` positions uses: a power of two
 /// of at least 256 (rows that short are never split), at most the cache length. Steps of one
 /// bound share a graph; direct and replayed steps use the same bound, so they agree bit for
@@ -99,6 +118,22 @@ pub fn attention_bound(longest: usize, max_len: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn row_buckets_are_few_and_cover_every_count() {
+        assert_eq!(row_bucket(1, 64), 1);
+        assert_eq!(row_bucket(5, 64), 6);
+        assert_eq!(row_bucket(33, 64), 48);
+        assert_eq!(row_bucket(64, 64), 64);
+        assert_eq!(row_bucket(60, 60), 60);
+        assert_eq!(row_bucket(65, 70), 70);
+        let buckets: HashSet<usize> = (1..=256).map(|n| row_bucket(n, 256)).collect();
+        assert!(buckets.len() <= 4 * 8 + 4, "{}", buckets.len());
+        for n in 1..=256 {
+            let b = row_bucket(n, 256);
+            assert!(b >= n && b <= 256 && (b - n) * 2 < n.max(2), "{n} -> {b}");
+        }
+    }
 
     #[test]
     fn bounds_are_few_and_cover_every_length() {

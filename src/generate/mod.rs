@@ -11,9 +11,12 @@
 //! replayed from a CUDA graph once its shapes settle ([`graph`]).
 //!
 //! The host decides when a sequence ends: stop tokens, stop strings (checked on the text of
-//! the drawn ids) and length. A finished slot keeps being decoded with the others (the
-//! step's shapes stay fixed) and its tokens are ignored. Models without a cached decoder
-//! fall back to re-running their window for each token and sampling on the host.
+//! the drawn ids) and length. A finished sequence frees its slot: each step runs only the
+//! live slots (on a GPU as a bucketed number of rows, so that few graphs serve a shrinking
+//! batch), and sequences beyond the cache's capacity (`Options::max_batch`, or what fits in
+//! memory) wait and take freed slots, their prompts prefilled as they enter. Models without a
+//! cached decoder fall back to re-running their window for each token and sampling on the
+//! host.
 //!
 //! Training code calls [`generate`] directly between optimizer steps: it reads the model's
 //! weights where they are and returns token ids, texts and the model's log-probabilities of
@@ -27,8 +30,9 @@ pub mod sampling;
 pub use sampling::{Sampling, log_prob, sample};
 
 use crate::data::Tokenizer;
+use crate::engine::Tensor;
 use crate::engine::cpu::sampling::{HostSlots, draw_bits, mark, mask_words, sample_row};
-use crate::engine::ops::{self, Ids, SlotState};
+use crate::engine::ops::{self, Ids, SlotState, StepRows};
 use crate::engine::rng::hash3;
 use crate::error::{KilnError, Result};
 use crate::models::{DecodeRows, Decoder, KvCache, Model};
@@ -57,6 +61,9 @@ pub struct Options {
     /// Cut prompts too long for the model from the left, keeping their end and room for
     /// the new tokens, instead of refusing them.
     pub truncate_left: bool,
+    /// The most sequences decoded at once (the cache's slots); the others wait for a slot.
+    /// `None`: all of them, or as many as fit in memory.
+    pub max_batch: Option<usize>,
 }
 
 impl Options {
@@ -70,6 +77,7 @@ impl Options {
             seed: 1,
             cuda_graphs: true,
             truncate_left: false,
+            max_batch: None,
         }
     }
 }
@@ -110,8 +118,10 @@ pub struct Stats {
     pub prefill_secs: f64,
     pub decode_tokens: usize,
     pub decode_secs: f64,
-    /// Decode steps run (each advances every slot by one token).
+    /// Decode steps run (each advances every live sequence by one token).
     pub decode_steps: usize,
+    /// Sequences decoded at once at most (the cache's slots).
+    pub slots: usize,
     pub cache_bytes: usize,
     /// Decode steps replayed from CUDA graphs, and graphs captured.
     pub graph_replays: usize,
@@ -237,19 +247,21 @@ fn stopped(
     false
 }
 
-/// Moves the sequences that just ended from `live` to `done`.
+/// Moves the sequences that just ended from `live` to `done`; returns the slots they free.
 fn retire(
     live: &mut Vec<Live>,
     done: &mut Vec<Completion>,
     tok: &dyn Tokenizer,
     o: &Options,
     max_len: usize,
-) {
+) -> Vec<usize> {
+    let mut freed = Vec::new();
     let mut i = 0;
     while i < live.len() {
         let mut cut = None;
         if stopped(&mut live[i], tok, o, max_len, &mut cut) {
             let s = live.swap_remove(i);
+            freed.push(s.slot);
             let text = cut.unwrap_or_else(|| tok.decode(s.generated()));
             done.push(Completion {
                 prompt: s.prompt,
@@ -264,28 +276,39 @@ fn retire(
             i += 1;
         }
     }
+    freed
 }
 
-/// A cache for `slots` sequences of `max_len` positions, or, when it does not fit, an error
-/// with its size, the memory there was, and the most sequences that would fit.
-fn new_cache(model: &dyn Model, d: &dyn Decoder, slots: usize, max_len: usize) -> Result<KvCache> {
+/// A cache for up to `wanted` sequences of `max_len` positions: all of them when they fit,
+/// else as many as fit (halving until one does; the rest wait for a slot), or, when not even
+/// one fits, an error with its size and the memory there was.
+fn new_cache(
+    model: &dyn Model,
+    d: &dyn Decoder,
+    wanted: usize,
+    max_len: usize,
+) -> Result<(KvCache, usize)> {
     let pool = model.params()[0].value.pool().clone();
     let before = pool.stats().current;
-    d.new_cache(slots, max_len).map_err(|e| {
-        if !e.is_out_of_memory() {
-            return KilnError::Engine(e);
+    let mut slots = wanted.max(1);
+    loop {
+        match d.new_cache(slots, max_len) {
+            Ok(cache) => return Ok((cache, slots)),
+            Err(e) if !e.is_out_of_memory() => return Err(KilnError::Engine(e)),
+            Err(_) if slots > 1 => slots /= 2,
+            Err(_) => {
+                let per_slot = d.cache_bytes(1, max_len).max(1);
+                let room = pool.capacity().unwrap_or(0).saturating_sub(before);
+                let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
+                return Err(KilnError::DoesNotFit(format!(
+                    "the key/value cache for one sequence of up to {max_len} tokens needs {:.2} GiB on {} and {:.2} GiB is left beside the model: ask for fewer --tokens or use shorter prompts",
+                    gib(per_slot),
+                    pool.device(),
+                    gib(room),
+                )));
+            }
         }
-        let per_slot = d.cache_bytes(1, max_len).max(1);
-        let room = pool.capacity().unwrap_or(0).saturating_sub(before);
-        let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
-        KilnError::DoesNotFit(format!(
-            "the key/value cache for {slots} sequences of up to {max_len} tokens needs {:.2} GiB on {} and {:.2} GiB is left beside the model; at most {} sequences of that length fit: use fewer prompts or --num-samples, or fewer --tokens",
-            gib(per_slot * slots),
-            pool.device(),
-            gib(room),
-            room / per_slot
-        ))
-    })
+    }
 }
 
 /// Generates `o.max_new_tokens` (at most) for each sample of each request. `on_token` sees
@@ -325,7 +348,7 @@ pub fn generate(
     let mut done = Vec::with_capacity(live.len());
     let stats = match model.decoder() {
         Some(d) => cached(
-            model, d, tok, &prompts, reqs, o, max_len, live, &mut done, on_token,
+            model, d, tok, &prompts, o, max_len, live, &mut done, on_token,
         )?,
         None => windows(model, tok, o, live, &mut done, on_token)?,
     };
@@ -337,6 +360,104 @@ pub fn generate(
 /// pass's activations stay small beside the weights.
 const PREFILL_ROWS: usize = 8192;
 
+/// What the cached path works with while it admits and decodes sequences.
+struct Engine<'a> {
+    d: &'a dyn Decoder,
+    prompts: &'a [(Vec<u32>, usize)],
+    o: &'a Options,
+    cache: KvCache,
+    st: SlotState,
+}
+
+impl Engine<'_> {
+    /// Prefills the prompts of `entering` (sequences already given free slots), a chunk of
+    /// whole prompts per pass; each prompt runs once, in the slot of its first entering
+    /// sample, and is copied to the others; then every entering sequence draws its first
+    /// token. Returns the prompt tokens run.
+    fn admit(
+        &mut self,
+        entering: &mut [Live],
+        on_token: &mut dyn FnMut(usize, usize, u32),
+    ) -> Result<usize> {
+        let penalised = self.o.sampling.repetition_penalty != 1.0;
+        for s in entering.iter() {
+            let history = if penalised { &s.tokens[..] } else { &[][..] };
+            self.st
+                .reset_slot(s.slot, s.prompt_len as u32 - 1, s.seed, history)?;
+        }
+        // (prompt, slots of its entering samples), in order of entering.
+        let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
+        for s in entering.iter() {
+            match groups.iter_mut().find(|g| g.0 == s.prompt) {
+                Some(g) => g.1.push(s.slot),
+                None => groups.push((s.prompt, vec![s.slot])),
+            }
+        }
+        let params = self.o.sampling.params();
+        let mut run = 0;
+        let mut g = 0;
+        while g < groups.len() {
+            let mut end = g;
+            let mut rows = 0;
+            while end < groups.len()
+                && (end == g || rows + self.prompts[groups[end].0].0.len() <= PREFILL_ROWS)
+            {
+                rows += self.prompts[groups[end].0].0.len();
+                end += 1;
+            }
+            let (mut tokens, mut slot, mut pos, mut emit) = (vec![], vec![], vec![], vec![]);
+            let (mut src_row, mut sample_slot) = (vec![], vec![]);
+            for (q, (p, slots)) in groups[g..end].iter().enumerate() {
+                let prompt = &self.prompts[*p].0;
+                tokens.extend_from_slice(prompt);
+                slot.extend(std::iter::repeat_n(slots[0] as u32, prompt.len()));
+                pos.extend(0..prompt.len() as u32);
+                emit.push(tokens.len() as u32 - 1);
+                for &s in slots {
+                    src_row.push(q as u32);
+                    sample_slot.push(s as u32);
+                }
+            }
+            let mut logits = self.d.new_logits(end - g)?;
+            let longest = groups[g..end]
+                .iter()
+                .map(|(p, _)| self.prompts[*p].0.len())
+                .max()
+                .unwrap_or(1);
+            self.d.decode_into(
+                &mut self.cache,
+                &DecodeRows {
+                    tokens: Ids::Host(&tokens),
+                    slot: Ids::Host(&slot),
+                    pos: Ids::Host(&pos),
+                    longest,
+                    emit: Some(Ids::Host(&emit)),
+                },
+                &mut logits,
+            )?;
+            for (p, slots) in &groups[g..end] {
+                for &to in &slots[1..] {
+                    self.cache
+                        .copy_slot(slots[0], to, self.prompts[*p].0.len())?;
+                }
+            }
+            ops::sample_rows(
+                &logits,
+                Some(Ids::Host(&src_row)),
+                Some(Ids::Host(&sample_slot)),
+                src_row.len(),
+                &mut self.st,
+                &params,
+            )?;
+            run += rows;
+            g = end;
+        }
+        let drawn = self.st.read()?;
+        take_drawn(entering, &drawn, on_token);
+        Ok(run)
+    }
+}
+
 /// Generation through the model's key/value cache, sampling where the logits are.
 #[allow(clippy::too_many_arguments)]
 fn cached(
@@ -344,136 +465,118 @@ fn cached(
     d: &dyn Decoder,
     tok: &dyn Tokenizer,
     prompts: &[(Vec<u32>, usize)],
-    reqs: &[Request],
     o: &Options,
     max_len: usize,
-    mut live: Vec<Live>,
+    sequences: Vec<Live>,
     done: &mut Vec<Completion>,
     on_token: &mut dyn FnMut(usize, usize, u32),
 ) -> Result<Stats> {
-    let slots = live.len();
+    let wanted = sequences
+        .len()
+        .min(o.max_batch.unwrap_or(usize::MAX))
+        .max(1);
     let pool = model.params()[0].value.pool().clone();
-    let mut cache = new_cache(model, d, slots, max_len)?;
+    let (cache, slots) = new_cache(model, d, wanted, max_len)?;
     let mut stats = Stats {
         cache_bytes: cache.bytes(),
+        slots,
         ..Stats::default()
     };
+    // Every slot's state is set as a sequence enters it.
+    let init = HostSlots::new(vec![0; slots], vec![0; slots], &[], model.vocab(), max_len);
+    let st = SlotState::new(&pool, init)?;
+    let mut eng = Engine {
+        d,
+        prompts,
+        o,
+        cache,
+        st,
+    };
+    let mut waiting: std::collections::VecDeque<Live> = sequences.into();
+    let mut free: Vec<usize> = (0..slots).rev().collect();
+    let mut live: Vec<Live> = Vec::new();
     let params = o.sampling.params();
-    let penalised = o.sampling.repetition_penalty != 1.0;
-    let history: Vec<&[u32]> = live
-        .iter()
-        .map(|s| if penalised { &s.tokens[..] } else { &[][..] })
-        .collect();
-    let init = HostSlots::new(
-        live.iter().map(|s| s.prompt_len as u32 - 1).collect(),
-        live.iter().map(|s| s.seed).collect(),
-        &history,
-        model.vocab(),
-        max_len,
-    );
-    let mut st = SlotState::new(&pool, init)?;
-
-    // Prefill, a chunk of whole prompts per pass; then each chunk's first tokens are drawn.
-    let t0 = Instant::now();
-    let first_slot: Vec<usize> = reqs
-        .iter()
-        .scan(0, |next, r| {
-            let at = *next;
-            *next += r.samples;
-            Some(at)
-        })
-        .collect();
-    let mut p = 0;
-    while p < prompts.len() {
-        let mut end = p;
-        let mut rows = 0;
-        while end < prompts.len() && (end == p || rows + prompts[end].0.len() <= PREFILL_ROWS) {
-            rows += prompts[end].0.len();
-            end += 1;
-        }
-        let (mut tokens, mut slot, mut pos, mut emit) = (vec![], vec![], vec![], vec![]);
-        let (mut src_row, mut sample_slot) = (vec![], vec![]);
-        for q in p..end {
-            let prompt = &prompts[q].0;
-            tokens.extend_from_slice(prompt);
-            slot.extend(std::iter::repeat_n(first_slot[q] as u32, prompt.len()));
-            pos.extend(0..prompt.len() as u32);
-            emit.push(tokens.len() as u32 - 1);
-            for s in 0..reqs[q].samples {
-                src_row.push((q - p) as u32);
-                sample_slot.push((first_slot[q] + s) as u32);
-            }
-        }
-        let mut logits = d.new_logits(end - p)?;
-        let longest = prompts[p..end].iter().map(|x| x.0.len()).max().unwrap_or(1);
-        d.decode_into(
-            &mut cache,
-            &DecodeRows {
-                tokens: Ids::Host(&tokens),
-                slot: Ids::Host(&slot),
-                pos: Ids::Host(&pos),
-                longest,
-                emit: Some(Ids::Host(&emit)),
-            },
-            &mut logits,
-        )?;
-        for q in p..end {
-            for s in 1..reqs[q].samples {
-                cache.copy_slot(first_slot[q], first_slot[q] + s, prompts[q].0.len())?;
-            }
-        }
-        ops::sample_rows(
-            &logits,
-            Some(Ids::Host(&src_row)),
-            Some(Ids::Host(&sample_slot)),
-            src_row.len(),
-            &mut st,
-            &params,
-        )?;
-        stats.prefill_tokens += rows;
-        p = end;
-    }
-    let drawn = st.read()?;
-    take_drawn(&mut live, &drawn, on_token);
-    stats.prefill_secs = t0.elapsed().as_secs_f64();
-
-    // Decode: every slot advances one token per step.
-    let t1 = Instant::now();
-    let mut logits = d.new_logits(slots)?;
-    let mut graphs = match &st {
+    let mut graphs = match &eng.st {
         SlotState::Gpu(g, _, _) if o.cuda_graphs => Some(graph::StepGraphs::new(g.clone())),
         _ => None,
     };
+    // The rows of the current step and their logits, rebuilt when the row count changes.
+    let mut step_rows: Option<(StepRows, Tensor)> = None;
+    let mut rows_of: Vec<u32> = Vec::new();
+    let mut decode_time = std::time::Duration::ZERO;
+    let mut prefill_time = std::time::Duration::ZERO;
     loop {
-        retire(&mut live, done, tok, o, max_len);
+        free.extend(retire(&mut live, done, tok, o, max_len));
+        if !waiting.is_empty() && !free.is_empty() {
+            let t0 = Instant::now();
+            // Lowest free slots first, so a run's slot use does not depend on timing.
+            free.sort_unstable_by(|a, b| b.cmp(a));
+            let first = live.len();
+            while let (Some(_), Some(slot)) = (waiting.front(), free.pop()) {
+                let mut s = waiting.pop_front().expect("checked above");
+                s.slot = slot;
+                live.push(s);
+            }
+            stats.prefill_tokens += eng.admit(&mut live[first..], on_token)?;
+            prefill_time += t0.elapsed();
+            // The entering sequences may already be done (one new token).
+            continue;
+        }
         if live.is_empty() {
             break;
         }
+        let t1 = Instant::now();
+        let mut live_slots: Vec<u32> = live.iter().map(|s| s.slot as u32).collect();
+        live_slots.sort_unstable();
+        let rows = match graphs {
+            Some(_) => graph::row_bucket(live_slots.len(), slots),
+            None => live_slots.len(),
+        };
+        if live_slots != rows_of {
+            match &mut step_rows {
+                Some((r, _)) if r.len() == rows => r.refill(&live_slots)?,
+                _ => {
+                    // A new row count: the old buffers go, and the graphs that read them.
+                    drop(step_rows.take());
+                    if let Some(g) = &mut graphs {
+                        g.forget();
+                    }
+                    let r = StepRows::new(&eng.st, &live_slots, rows)?;
+                    step_rows = Some((r, d.new_logits(rows)?));
+                }
+            }
+            rows_of = live_slots;
+        }
+        let (r, logits) = step_rows.as_mut().expect("built above");
         let longest = live.iter().map(|s| s.tokens.len()).max().unwrap_or(1);
         let bound = graph::attention_bound(longest, max_len);
+        let Engine { cache, st, .. } = &mut eng;
         let mut step = || -> crate::engine::Result<()> {
+            ops::gather_step_rows(st, r)?;
             d.decode_into(
-                &mut cache,
+                cache,
                 &DecodeRows {
-                    tokens: st.tokens(),
-                    slot: st.slot_ids(),
-                    pos: st.pos(),
+                    tokens: r.tokens(),
+                    slot: r.slots(),
+                    pos: r.pos(),
                     longest: bound,
                     emit: None,
                 },
-                &mut logits,
+                logits,
             )?;
-            ops::sample_rows(&logits, None, None, slots, &mut st, &params)
+            ops::sample_rows(logits, None, Some(r.slots()), rows, st, &params)
         };
         match &mut graphs {
-            Some(g) => g.run(bound, &mut step)?,
+            Some(g) => g.run((bound, rows), &mut step)?,
             None => step()?,
         }
-        let drawn = st.read()?;
+        let drawn = eng.st.read()?;
         stats.decode_tokens += take_drawn(&mut live, &drawn, on_token);
         stats.decode_steps += 1;
+        decode_time += t1.elapsed();
     }
-    stats.decode_secs = t1.elapsed().as_secs_f64();
+    stats.prefill_secs = prefill_time.as_secs_f64();
+    stats.decode_secs = decode_time.as_secs_f64();
     if let Some(g) = graphs {
         stats.graph_replays = g.replays;
         stats.graph_captures = g.captures;
@@ -664,28 +767,103 @@ mod tests {
         assert_eq!(cut[0].tokens, alone[0].tokens[..2]);
     }
 
-    /// A cache too large for the memory left is exit code 6 with the most sequences that fit.
+    /// Sequences that end free their slot: outputs do not depend on how many run at once
+    /// (every step runs only the live slots, and waiting sequences enter freed slots), with
+    /// stops ending samples at different steps and a repetition penalty in the slot state.
     #[test]
-    fn a_cache_that_cannot_fit_says_how_many_would() {
+    fn finished_sequences_free_their_slots_without_changing_outputs() {
+        let model = tiny();
+        let s = Sampling {
+            temperature: 1.0,
+            top_k: 30,
+            top_p: 0.9,
+            min_p: 0.0,
+            repetition_penalty: 1.1,
+        };
+        let reqs = [
+            Request {
+                prompt: vec![72, 101, 108],
+                samples: 3,
+            },
+            Request {
+                prompt: vec![66, 97, 121, 32, 111, 33],
+                samples: 2,
+            },
+            Request {
+                prompt: vec![40],
+                samples: 2,
+            },
+        ];
+        let mut o = opts(s, 12);
+        let all = run(&model, &reqs, &o);
+        // Stop on a token some samples draw early, so the batch shrinks as it goes.
+        o.stop_ids = vec![all[1].tokens[3], all[4].tokens[1]];
+        let generate_all =
+            |o: &Options| generate(&model, &ByteTokenizer, &reqs, o, &mut |_, _, _| {}).unwrap();
+        let (free_all, stats) = generate_all(&o);
+        assert_eq!(stats.slots, 7);
+        let lengths: std::collections::BTreeSet<usize> =
+            free_all.iter().map(|c| c.tokens.len()).collect();
+        assert!(
+            lengths.len() > 1,
+            "every sample ended together: {lengths:?}"
+        );
+        for cap in [1, 2, 3, 6] {
+            o.max_batch = Some(cap);
+            let (got, stats) = generate_all(&o);
+            assert_eq!(stats.slots, cap);
+            assert_eq!(got.len(), 7);
+            for (a, b) in got.iter().zip(&free_all) {
+                assert_eq!((a.prompt, a.sample), (b.prompt, b.sample));
+                assert_eq!(
+                    a.tokens, b.tokens,
+                    "capacity {cap}: prompt {} sample {}",
+                    a.prompt, a.sample
+                );
+                assert_eq!(a.finish, b.finish);
+                assert_eq!(a.logprobs, b.logprobs);
+            }
+        }
+    }
+
+    /// A cache too large for the memory left holds as many sequences as fit, the others
+    /// waiting for its slots; one that cannot hold a single sequence is exit code 6.
+    #[test]
+    fn a_cache_that_cannot_fit_runs_fewer_sequences_at_once() {
         let model = tiny();
         let pool = model.params()[0].value.pool().clone();
-        // 2 layers x (K + V) x 2 heads x 8 dims x 4 bytes = 256 bytes per position and slot.
-        let per_slot = 256 * 20;
-        pool.set_limit(pool.stats().current + 3 * per_slot + 100);
         let req = Request {
             prompt: vec![1; 10],
             samples: 8,
         };
-        let e = generate(
+        let o = opts(Sampling::GREEDY, 40);
+        let free = run(&model, std::slice::from_ref(&req), &o);
+        // The peak of a run holding two sequences at once, and a slot's cache beside it.
+        let before = pool.stats().current;
+        pool.reset_peak();
+        let two = Options {
+            max_batch: Some(2),
+            ..o.clone()
+        };
+        run(&model, std::slice::from_ref(&req), &two);
+        let peak = pool.stats().peak;
+        pool.set_limit(peak);
+        let (got, stats) = generate(
             &model,
             &ByteTokenizer,
-            &[req],
-            &opts(Sampling::GREEDY, 10),
+            std::slice::from_ref(&req),
+            &o,
             &mut |_, _, _| {},
         )
-        .unwrap_err();
+        .unwrap();
+        assert!(stats.slots < 8 && stats.slots >= 1, "{}", stats.slots);
+        for (a, b) in got.iter().zip(&free) {
+            assert_eq!(a.tokens, b.tokens);
+        }
+        pool.set_limit(before + 100);
+        let e = generate(&model, &ByteTokenizer, &[req], &o, &mut |_, _, _| {}).unwrap_err();
         assert_eq!(e.exit_code(), 6, "{e}");
-        assert!(e.to_string().contains("at most 3 sequences"), "{e}");
+        assert!(e.to_string().contains("one sequence"), "{e}");
     }
 
     #[test]

@@ -290,6 +290,19 @@ pub fn sample_rows(
     }
 }
 
+/// The inputs of a decode step over some of the slots: `row_tokens[i] = tokens[slot[i]]`,
+/// `row_pos[i] = pos[slot[i]]`, and `u32::MAX` for both where `slot[i]` names no slot (a
+/// padding row, which the step's kernels skip).
+pub fn gather_slot_rows(st: &HostSlots, slot: &[u32], row_tokens: &mut [u32], row_pos: &mut [u32]) {
+    for ((&s, t), p) in slot.iter().zip(row_tokens).zip(row_pos) {
+        let s = s as usize;
+        (*t, *p) = match (st.tokens.get(s), st.pos.get(s)) {
+            (Some(&t), Some(&p)) => (t, p),
+            _ => (u32::MAX, u32::MAX),
+        };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,10 +2,12 @@
 //! [`crate::engine::cpu::sampling`]. The logits stay on the device: only the drawn tokens and
 //! their log-probabilities (a few bytes per sequence) come back to the host.
 //!
-//! [`DeviceSlots`] is the per-slot state of [`cpu::sampling::HostSlots`] on the device. Each
-//! draw writes the slot's next input token and advances its position there, so the next
-//! decode step reads both from the device and a decode step replayed from a CUDA graph needs
-//! nothing from the host.
+//! [`DeviceSlots`] is the per-slot state of [`cpu::sampling::HostSlots`] on the device, with
+//! the scratch the sampler's stages pass between them (allocated once with the slots, so a
+//! decode step captured into a CUDA graph allocates nothing). Each draw writes the slot's next
+//! input token and advances its position there, so the next decode step reads both from the
+//! device and a decode step replayed from a CUDA graph needs nothing from the host.
+//! `sampling.cu` explains how a row is split over many blocks.
 
 use super::{CudaBackend, CudaError, Elem, Program, Result, as_i32, check_len, raw_ptr};
 use crate::engine::cpu::sampling::{self as cpu, HostSlots, SampleParams};
@@ -14,11 +16,62 @@ use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 pub(super) const PROGRAM: Program = Program {
     name: "sampling",
     source: include_str!("sampling.cu"),
-    kernels: &["sample_rows_f32", "sample_rows_bf16", "sample_rows_f16"],
+    kernels: &[
+        "sample_max_f32",
+        "sample_histogram_f32",
+        "sample_select_f32",
+        "sample_draw_f32",
+        "sample_max_bf16",
+        "sample_histogram_bf16",
+        "sample_select_bf16",
+        "sample_draw_bf16",
+        "sample_max_f16",
+        "sample_histogram_f16",
+        "sample_select_f16",
+        "sample_draw_f16",
+        "gather_slot_rows",
+    ],
 };
 
-/// Threads of a block (`SAMPLE_THREADS` in the kernel); one block per row.
-const THREADS: u32 = 1024;
+/// Threads of a block (`SAMPLE_THREADS` in the kernel).
+const THREADS: u32 = 512;
+/// Value bins of the threshold histograms (`SAMPLE_BINS`).
+const BINS: usize = 256;
+/// u64 words of the kernel's `RowState`.
+const ROW_WORDS: usize = 7;
+/// The fewest ids a block reads: below this a row's blocks spend more on combining their
+/// partials than on reading.
+const MIN_CHUNK: usize = 2048;
+/// Blocks a call aims for per SM (four blocks of 512 threads fill one).
+const BLOCKS_PER_SM: usize = 4;
+
+/// Blocks per row of vocabulary `vocab` at most.
+fn max_chunks(vocab: usize) -> usize {
+    vocab.div_ceil(MIN_CHUNK).max(1)
+}
+
+/// Blocks per row for a call of `rows` rows on `sms` SMs: enough blocks over all rows to fill
+/// the GPU a few times, each reading at least [`MIN_CHUNK`] ids. Any count draws the same
+/// token (every sum is of integers); this only sets the speed.
+pub fn chunks_per_row(rows: usize, vocab: usize, sms: usize) -> usize {
+    (BLOCKS_PER_SM * sms.max(1))
+        .div_ceil(rows.max(1))
+        .clamp(1, max_chunks(vocab))
+}
+
+/// Bytes of the sampler's scratch for `slots` slots over `vocab` tokens: per slot its stage
+/// state, a partial result per block, the two histograms and room for every token as a
+/// candidate of the threshold bins.
+pub fn scratch_bytes(slots: usize, vocab: usize) -> usize {
+    slots * (8 * (ROW_WORDS + 2 * max_chunks(vocab) + 2 * BINS) + 4 * vocab)
+}
+
+/// Bytes [`CudaBackend::upload_slots`] allocates for `slots` slots over `vocab` tokens: the
+/// per-slot state (tokens, positions, log-probabilities, seeds, counters, presence masks)
+/// and the scratch.
+pub fn device_slots_bytes(slots: usize, vocab: usize) -> usize {
+    slots * (4 + 4 + 4 + 8 + 8 + 4 * cpu::mask_words(vocab)) + scratch_bytes(slots, vocab)
+}
 
 // SAFETY: four f32 and a u32, `repr(C)`, the layout of the kernel's `SampleParams`.
 unsafe impl DeviceRepr for SampleParams {}
@@ -33,10 +86,38 @@ struct SampleDims {
     max_len: u32,
     logit_rows: u32,
     slots: u32,
+    chunks: i32,
+    chunk_len: i32,
+    max_chunks: i32,
 }
 
-// SAFETY: an i64 then five 32-bit fields, `repr(C)`, the layout of the CUDA struct.
+// SAFETY: an i64 then eight 32-bit fields, `repr(C)`, the layout of the CUDA struct.
 unsafe impl DeviceRepr for SampleDims {}
+
+/// The kernel's `SampleScratch`: device addresses of the scratch buffers.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct ScratchPtrs {
+    rows: u64,
+    part: u64,
+    hist: u64,
+    cand: u64,
+}
+
+// SAFETY: four device pointers, `repr(C)`, the layout of the CUDA struct.
+unsafe impl DeviceRepr for ScratchPtrs {}
+
+/// What the sampler's stages pass between them, for up to `slots` rows a call.
+struct Scratch {
+    /// `[slots, ROW_WORDS]`, zeroed: the arrival counters start at zero.
+    rows: CudaSlice<u64>,
+    /// `[slots, max_chunks, 2]`.
+    part: CudaSlice<u64>,
+    /// `[slots, 2, BINS]`.
+    hist: CudaSlice<u64>,
+    /// `[slots, vocab]`.
+    cand: CudaSlice<u32>,
+}
 
 /// [`HostSlots`] on the device.
 pub struct DeviceSlots {
@@ -48,6 +129,7 @@ pub struct DeviceSlots {
     pub presence: CudaSlice<u32>,
     pub vocab: usize,
     pub max_len: usize,
+    scratch: Scratch,
 }
 
 impl DeviceSlots {
@@ -57,8 +139,10 @@ impl DeviceSlots {
 }
 
 impl CudaBackend {
-    /// Copies the sampler's per-slot state to the device.
+    /// Copies the sampler's per-slot state to the device and allocates its scratch.
     pub fn upload_slots(&self, h: &HostSlots) -> Result<DeviceSlots> {
+        let slots = h.slots();
+        let chunks = max_chunks(h.vocab);
         Ok(DeviceSlots {
             tokens: self.upload(&h.tokens)?,
             pos: self.upload(&h.pos)?,
@@ -68,12 +152,40 @@ impl CudaBackend {
             presence: self.upload(&h.presence)?,
             vocab: h.vocab,
             max_len: h.max_len,
+            scratch: Scratch {
+                rows: self.upload(&vec![0u64; slots * ROW_WORDS])?,
+                part: self.alloc(slots * chunks * 2)?,
+                hist: self.alloc(slots * 2 * BINS)?,
+                cand: self.alloc(slots * h.vocab)?,
+            },
         })
+    }
+
+    /// Overwrites slot `slot` of `st` with the one slot of `one` (a sequence entering a freed
+    /// slot).
+    pub fn reset_slot(&self, st: &mut DeviceSlots, slot: usize, one: &HostSlots) -> Result<()> {
+        let words = cpu::mask_words(st.vocab);
+        if slot >= st.slots() || one.slots() != 1 || one.presence.len() != words {
+            return Err(CudaError::Shape {
+                op: "reset_slot",
+                detail: format!("slot {slot} of {} from {} slots", st.slots(), one.slots()),
+            });
+        }
+        let s = &self.stream;
+        s.memcpy_htod(&one.tokens, &mut st.tokens.slice_mut(slot..slot + 1))?;
+        s.memcpy_htod(&one.pos, &mut st.pos.slice_mut(slot..slot + 1))?;
+        s.memcpy_htod(&one.logprobs, &mut st.logprobs.slice_mut(slot..slot + 1))?;
+        s.memcpy_htod(&one.seeds, &mut st.seeds.slice_mut(slot..slot + 1))?;
+        s.memcpy_htod(&one.counters, &mut st.counters.slice_mut(slot..slot + 1))?;
+        let mask = slot * words..(slot + 1) * words;
+        s.memcpy_htod(&one.presence, &mut st.presence.slice_mut(mask))?;
+        Ok(())
     }
 
     /// Draws a token for each of `rows` rows: row `i` reads logits row `src_row[i]` (or `i`)
     /// of `logits` (`[logit_rows, stride]`, the first `vocab` columns used) and the state of
-    /// slot `slot[i]` (or `i`). Rows must name distinct slots.
+    /// slot `slot[i]` (or `i`). Rows must name distinct slots. Greedy settings take one
+    /// launch, sampling two, and top-k or top-p four (see `sampling.cu`).
     #[allow(clippy::too_many_arguments)]
     pub fn sample_rows<T: Elem>(
         &self,
@@ -97,7 +209,8 @@ impl CudaBackend {
         if src_row.is_none() {
             check_len(OP, "logits", logits, rows * stride)?;
         }
-        if slot.is_none() && rows > slots {
+        // The scratch holds one row per slot, and rows name distinct slots.
+        if rows > slots {
             return Err(CudaError::Shape {
                 op: OP,
                 detail: format!("{rows} rows for {slots} slots"),
@@ -119,6 +232,12 @@ impl CudaBackend {
         }
         check_len(OP, "seeds", &st.seeds, slots)?;
         check_len(OP, "counters", &st.counters, slots)?;
+        let max_chunks = max_chunks(st.vocab);
+        check_len(OP, "row scratch", &st.scratch.rows, slots * ROW_WORDS)?;
+        check_len(OP, "partials", &st.scratch.part, slots * max_chunks * 2)?;
+        check_len(OP, "histograms", &st.scratch.hist, slots * 2 * BINS)?;
+        check_len(OP, "candidates", &st.scratch.cand, slots * st.vocab)?;
+        let chunks = chunks_per_row(rows, st.vocab, self.info().sm_count as usize);
         let dims = SampleDims {
             stride: stride as i64,
             vocab: as_i32(OP, "vocab", st.vocab)?,
@@ -126,35 +245,130 @@ impl CudaBackend {
             max_len: as_i32(OP, "max_len", st.max_len)? as u32,
             logit_rows: as_i32(OP, "logit rows", logits.len() / stride)? as u32,
             slots: as_i32(OP, "slots", slots)? as u32,
+            chunks: chunks as i32,
+            chunk_len: as_i32(OP, "chunk", st.vocab.div_ceil(chunks))?,
+            max_chunks: max_chunks as i32,
         };
         if rows == 0 {
             return Ok(());
         }
-        let grid = as_i32(OP, "rows", rows)? as u32;
-        let f = self.function(&format!("sample_rows_{}", T::SUFFIX))?;
+        if rows > 65_535 {
+            return Err(CudaError::Shape {
+                op: OP,
+                detail: format!("{rows} rows in one call; the grid holds at most 65535"),
+            });
+        }
+        let ptrs = ScratchPtrs {
+            rows: raw_ptr(&st.scratch.rows, &self.stream),
+            part: raw_ptr(&st.scratch.part, &self.stream),
+            hist: raw_ptr(&st.scratch.hist, &self.stream),
+            cand: raw_ptr(&st.scratch.cand, &self.stream),
+        };
         let src_ptr = src_row.map_or(0u64, |s| raw_ptr(s, &self.stream));
         let slot_ptr = slot.map_or(0u64, |s| raw_ptr(s, &self.stream));
-        let mut b = self.stream.launch_builder(f);
-        b.arg(logits)
-            .arg(&src_ptr)
-            .arg(&slot_ptr)
-            .arg(&mut st.tokens)
-            .arg(&mut st.pos)
-            .arg(&mut st.logprobs)
-            .arg(&st.seeds)
-            .arg(&mut st.counters)
-            .arg(&mut st.presence)
-            .arg(&dims)
-            .arg(p);
+        let thresholds = p.top_p < 1.0 || (p.top_k > 0 && (p.top_k as usize) < st.vocab);
+        let stages: &[&str] = match (p.temperature == 0.0, thresholds) {
+            (true, _) => &["sample_max"],
+            (false, false) => &["sample_max", "sample_draw"],
+            (false, true) => &[
+                "sample_max",
+                "sample_histogram",
+                "sample_select",
+                "sample_draw",
+            ],
+        };
         let cfg = LaunchConfig {
-            grid_dim: (grid, 1, 1),
+            grid_dim: (chunks as u32, rows as u32, 1),
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: lengths checked above; the kernel skips rows whose logits row or slot lies
-        // outside `dims.logit_rows` / `dims.slots`, and the index arrays hold `rows` entries
-        // (or are null, meaning the row's own index).
+        for stage in stages {
+            let f = self.function(&format!("{stage}_{}", T::SUFFIX))?;
+            let mut b = self.stream.launch_builder(f);
+            b.arg(logits)
+                .arg(&src_ptr)
+                .arg(&slot_ptr)
+                .arg(&mut st.tokens)
+                .arg(&mut st.pos)
+                .arg(&mut st.logprobs)
+                .arg(&st.seeds)
+                .arg(&mut st.counters)
+                .arg(&mut st.presence)
+                .arg(&dims)
+                .arg(p)
+                .arg(&ptrs);
+            // SAFETY: lengths checked above (the scratch holds `slots` >= `rows` rows of
+            // `max_chunks` partials, histograms and `vocab` candidates); the kernels skip
+            // rows whose logits row or slot lies outside `dims.logit_rows` / `dims.slots`,
+            // and the index arrays hold `rows` entries (or are null, meaning the row's own
+            // index).
+            unsafe { b.launch(cfg) }?;
+        }
+        Ok(())
+    }
+
+    /// `row_tokens[i] = tokens[slot[i]]`, `row_pos[i] = pos[slot[i]]` for each row of a
+    /// decode step over some of the slots (`u32::MAX` for a slot outside `st`, which every
+    /// kernel of the step then skips); reference: [`cpu::gather_slot_rows`].
+    pub fn gather_slot_rows(
+        &self,
+        st: &DeviceSlots,
+        slot: &CudaSlice<u32>,
+        row_tokens: &mut CudaSlice<u32>,
+        row_pos: &mut CudaSlice<u32>,
+    ) -> Result<()> {
+        const OP: &str = "gather_slot_rows";
+        let rows = slot.len();
+        check_len(OP, "row tokens", row_tokens, rows)?;
+        check_len(OP, "row positions", row_pos, rows)?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let n = as_i32(OP, "rows", rows)? as u32;
+        let slots = as_i32(OP, "slots", st.slots().min(st.tokens.len()))? as u32;
+        let f = self.function("gather_slot_rows")?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(slot)
+            .arg(&st.tokens)
+            .arg(&st.pos)
+            .arg(row_tokens)
+            .arg(row_pos)
+            .arg(&n)
+            .arg(&slots);
+        let cfg = LaunchConfig {
+            grid_dim: (n.div_ceil(256), 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: `slot`, `row_tokens` and `row_pos` hold at least `n` entries; the kernel
+        // reads `tokens` and `pos` only below `slots`, which both hold.
         unsafe { b.launch(cfg) }?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_fill_the_gpu_and_cover_the_vocabulary() {
+        // One row of Llama 3's vocabulary spreads over 63 blocks of about 2k ids.
+        assert_eq!(chunks_per_row(1, 128_256, 132), 63);
+        // 64 rows of SmolLM2's: 9 blocks each, 576 in all.
+        assert_eq!(chunks_per_row(64, 49_152, 132), 9);
+        // A small vocabulary is one block; many rows never drop below one.
+        assert_eq!(chunks_per_row(1, 1001, 132), 1);
+        assert_eq!(chunks_per_row(4096, 49_152, 132), 1);
+        for (rows, vocab) in [(1, 128_256), (3, 5000), (64, 49_152), (256, 1001)] {
+            let c = chunks_per_row(rows, vocab, 132);
+            assert!(c <= max_chunks(vocab) && vocab.div_ceil(c) * c >= vocab);
+        }
+        // 64 slots of Llama 3: the candidates dominate, as large as the rows' f32 logits.
+        let bytes = scratch_bytes(64, 128_256);
+        assert!(
+            bytes > 64 * 128_256 * 4 && bytes < 64 * 128_256 * 5,
+            "{bytes}"
+        );
     }
 }
