@@ -36,9 +36,11 @@ def main():
     for d in [a.ref] + a.runs:
         rs = records(d)
         tps = [r["tokens_per_s"] for r in rs if r["step"] > a.skip]
-        diffs = [abs(r["loss"] - ref[r["step"]]["loss"]) / abs(ref[r["step"]]["loss"]) for r in rs if r["step"] in ref]
+        pairs = [(abs(r["loss"] - ref[r["step"]]["loss"]) / abs(ref[r["step"]]["loss"]), r["step"], r["loss"], ref[r["step"]]["loss"]) for r in rs if r["step"] in ref]
+        diffs = [d for d, *_ in pairs]
         peaks = rs[-1].get("mem_peak_ranks") if rs else None
         worst = max(diffs) if diffs else float("nan")
+        at = max(pairs)[1:] if pairs else None
         res = {
             "run": d,
             "steps": len(rs),
@@ -46,6 +48,8 @@ def main():
             "first_loss": rs[0]["loss"] if rs else None,
             "last_loss": rs[-1]["loss"] if rs else None,
             "max_rel_loss_diff_vs_ref": worst,
+            "worst_step_loss_ref_loss": at,
+            "mean_rel_loss_diff_vs_ref": statistics.mean(diffs) if diffs else None,
             "mem_peak_gib": [round(x / 2**30, 3) for x in peaks] if peaks else round(rs[-1]["mem_peak"] / 2**30, 3) if rs else None,
         }
         print(json.dumps(res))

@@ -3,7 +3,12 @@ AdamW), eager or with torch.compile, at a published model's shape from random we
 baseline `kiln train` is compared against in the same command.
 
     python3 bench/hf_llama_train.py --shape smollm2-135m --batch 16 --seq 1024 [--compile]
-        [--lora R] [--data FILE]
+        [--lora R] [--data FILE] [--vocab V]
+    torchrun --standalone --nproc-per-node N bench/hf_llama_train.py ... [--zero1]
+
+Under torchrun the model is wrapped in DistributedDataParallel (each rank its own batch of
+--batch rows; --zero1 shards the AdamW moments with ZeroRedundancyOptimizer) and rank 0 prints
+tokens/s over all ranks and per GPU, and its own peak memory.
 
 Prints one JSON line: tokens/s (median over the timed steps), peak memory, the bytes of the
 frozen weights, and the loss of every step. With --data the batches come from FILE (int32;
@@ -13,6 +18,7 @@ them); otherwise random token ids.
 
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -43,9 +49,22 @@ def main():
                     help="PEFT LoRA of this rank on q/k/v/o/gate/up/down over a frozen base")
     ap.add_argument("--data", default=None,
                     help="int32 batches: per step, inputs then targets, each [batch, seq]")
+    ap.add_argument("--vocab", type=int, default=None, help="override the shape's vocabulary")
+    ap.add_argument("--zero1", action="store_true",
+                    help="under torchrun: shard the optimizer state (ZeroRedundancyOptimizer)")
     a = ap.parse_args()
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if world > 1:
+        import torch.distributed as dist
+        torch.cuda.set_device(local)
+        dist.init_process_group("nccl")
     torch.manual_seed(0)
-    cfg = tf.LlamaConfig(**SHAPES[a.shape], attn_implementation="sdpa")
+    shape = dict(SHAPES[a.shape])
+    if a.vocab:
+        shape["vocab_size"] = a.vocab
+    cfg = tf.LlamaConfig(**shape, attn_implementation="sdpa")
     model = tf.LlamaForCausalLM(cfg).cuda()
     if a.lora:
         import peft
@@ -54,10 +73,16 @@ def main():
                                              "gate_proj", "up_proj", "down_proj"])
         model = peft.get_peft_model(model, lc)
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=1e-4, fused=True)
+    if world > 1 and a.zero1:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        opt = ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=1e-4, fused=True)
+    else:
+        opt = torch.optim.AdamW(params, lr=1e-4, fused=True)
     step_fn = model
+    if world > 1:
+        step_fn = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local])
     if a.compile:
-        step_fn = torch.compile(model)
+        step_fn = torch.compile(step_fn)
     steps = a.warmup + a.steps
     if a.data:
         import numpy as np
@@ -67,7 +92,8 @@ def main():
             raise SystemExit(f"{a.data} holds {raw.size} ids, {want} needed for {steps} steps")
         data = torch.from_numpy(raw[:want].astype(np.int64)).view(steps, 2, a.batch, a.seq).cuda()
     else:
-        x = torch.randint(0, cfg.vocab_size, (a.batch, a.seq + 1), device="cuda")
+        g = torch.Generator(device="cpu").manual_seed(1 + rank)
+        x = torch.randint(0, cfg.vocab_size, (a.batch, a.seq + 1), generator=g).cuda()
     frozen = sum(p.numel() * p.element_size() for p in model.parameters() if not p.requires_grad)
     times, losses = [], []
     torch.cuda.reset_peak_memory_stats()
@@ -89,15 +115,20 @@ def main():
         if i >= a.warmup:
             times.append(time.perf_counter() - t0)
         losses.append(loss.item())
-    tps = a.batch * a.seq / statistics.median(times)
-    print(json.dumps({
-        "engine": "transformers" + (" + PEFT LoRA r%d" % a.lora if a.lora else "")
-                  + (" + torch.compile" if a.compile else " eager"),
-        "shape": a.shape, "batch": a.batch, "seq": a.seq,
-        "tokens_per_s": round(tps), "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
-        "peak_bytes": torch.cuda.max_memory_allocated(), "base_weight_bytes": frozen,
-        "losses": losses,
-    }))
+    tps = a.batch * a.seq * world / statistics.median(times)
+    if rank == 0:
+        print(json.dumps({
+            "engine": "transformers" + (" + PEFT LoRA r%d" % a.lora if a.lora else "")
+                      + (" + torch.compile" if a.compile else " eager")
+                      + (" + DDP" if world > 1 else "") + (" + ZeRO-1" if world > 1 and a.zero1 else ""),
+            "shape": a.shape, "vocab": cfg.vocab_size, "batch": a.batch, "seq": a.seq, "world": world,
+            "tokens_per_s": round(tps), "tokens_per_s_per_gpu": round(tps / world),
+            "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+            "peak_bytes": torch.cuda.max_memory_allocated(), "base_weight_bytes": frozen,
+            "losses": losses,
+        }), flush=True)
+    if world > 1:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

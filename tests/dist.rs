@@ -322,6 +322,50 @@ fn the_plan_of_each_zero_stage_is_the_pool_peak_each_rank_measures() {
 }
 
 #[test]
+fn a_llama_plan_over_two_gpus_is_the_pool_peak_each_rank_measures() {
+    // The meta-step planner (every family but GPT and ResNet-BK's walks) reports the same
+    // per-rank stages; the fullest ZeRO-1 rank must book exactly what the plan says.
+    let tmp = tempfile::tempdir().unwrap();
+    let llama = [
+        "model.kind=llama",
+        "model.n_kv_heads=1",
+        "model.ffn_hidden=64",
+        "data.tokenizer=byte",
+        "train.device=cpu",
+    ];
+    let mut plan_args: Vec<String> = ["plan", "--profile", "none", "--json", "--gpus", "2"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    plan_args.extend(common::with(&llama));
+    let o = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(&plan_args)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let plan: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let stages = plan["data_parallel"]["stages"].as_array().unwrap().clone();
+    assert_eq!(stages.len(), 3);
+    assert_eq!(stages[0]["pool_peak"], plan["pool_peak"]);
+    let dir = tmp.path().join("z1");
+    let mut extra = vec!["train.grad_accum=1", "dist.zero=1"];
+    extra.extend(&llama[..3]);
+    for o in run_world(2, &train_args(&dir, &extra)) {
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    let last = train_records(&dir).pop().unwrap();
+    let fullest = last["mem_peak_ranks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .max()
+        .unwrap();
+    assert_eq!(fullest, stages[1]["pool_peak"].as_u64().unwrap(), "{plan}");
+    assert!(stages[1]["pool_peak"].as_u64() < stages[0]["pool_peak"].as_u64());
+}
+
+#[test]
 fn a_global_batch_is_split_across_ranks_or_refused_with_the_sizes_that_would_split_it() {
     let tmp = tempfile::tempdir().unwrap();
     let one = tmp.path().join("one");

@@ -1191,3 +1191,29 @@ fn killed_at_random_points_and_resumed_the_run_is_bit_exact() {
     }
     println!("kill test: {kills} kills over {attempts} starts, final checkpoint bit-identical");
 }
+
+#[test]
+fn save_final_false_ends_a_run_without_its_last_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    let mut args = s(&["train", "--quiet", "--out", dir.to_str().unwrap()]);
+    args.extend(tiny(&[
+        "train.steps=4",
+        "train.checkpoint_every=3",
+        "train.save_final=false",
+    ]));
+    let out = run(&args);
+    assert!(out.status.success(), "{}", text(&out));
+    // The periodic save at step 3 stays; step 4, the last, is not saved.
+    assert!(ckpt(&dir, 3).is_dir(), "{}", text(&out));
+    assert_eq!(checkpoint_count(&dir), 1, "{}", text(&out));
+    let summary: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    assert!(
+        summary["checkpoint"]
+            .as_str()
+            .unwrap()
+            .ends_with("step_0000003"),
+        "{summary}"
+    );
+}

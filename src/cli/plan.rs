@@ -111,7 +111,12 @@ struct StagePlan {
 /// parameters another rank owns (the fullest rank's share). kiln keeps every gradient
 /// buffer through backward, so stage 2 frees gradients only after the reduction and its
 /// peak equals stage 1's. NCCL's own buffers are outside the pool and not counted.
-fn data_parallel_plan(p: &Plan, elements: &[usize], gpus: usize) -> DataParallelPlan {
+fn data_parallel_plan(
+    pool_peak: usize,
+    device_peak: usize,
+    elements: &[usize],
+    gpus: usize,
+) -> DataParallelPlan {
     use crate::dist::shard::{self, ZeroStage};
     let owners = shard::owners(elements, gpus);
     let stages = [ZeroStage::Zero0, ZeroStage::Zero1, ZeroStage::Zero2]
@@ -125,8 +130,8 @@ fn data_parallel_plan(p: &Plan, elements: &[usize], gpus: usize) -> DataParallel
             let saved = all_moments - worst.moments;
             StagePlan {
                 zero: stage.number(),
-                pool_peak: p.pool_peak - saved,
-                device_peak: p.device_peak - saved,
+                pool_peak: pool_peak - saved,
+                device_peak: device_peak - saved,
                 optimizer_moments: worst.moments,
                 gradients_after_reduce: worst.grads_after_reduce,
             }
@@ -192,15 +197,8 @@ pub fn run(a: PlanArgs) -> Result<()> {
     } else {
         Vec::new()
     };
-    let data_parallel = match a.gpus {
-        None => None,
-        Some(0) => {
-            return Err(KilnError::Setting(
-                "--gpus 0 plans no GPU; give 1 or more".into(),
-            ));
-        }
-        Some(n) => Some(data_parallel_plan(&p, &p.trainable_elements, n)),
-    };
+    let data_parallel =
+        gpus(&a)?.map(|n| data_parallel_plan(p.pool_peak, p.device_peak, &p.trainable_elements, n));
     let report = Report {
         budget,
         notes: &target.notes,
@@ -235,6 +233,16 @@ pub fn run(a: PlanArgs) -> Result<()> {
     Ok(())
 }
 
+/// `--gpus N`, refusing 0.
+fn gpus(a: &PlanArgs) -> Result<Option<usize>> {
+    match a.gpus {
+        Some(0) => Err(KilnError::Setting(
+            "--gpus 0 plans no GPU; give 1 or more".into(),
+        )),
+        n => Ok(n),
+    }
+}
+
 /// What `kiln plan` reports for a step planned by running it on a meta device.
 #[derive(Serialize)]
 struct MetaReport<'a> {
@@ -258,6 +266,8 @@ struct MetaReport<'a> {
     planning_seconds: f64,
     /// A low-rank fine-tune's frozen base (with `lora.enabled`).
     finetune_base: Option<plan::finetune::FinetuneWeights>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    data_parallel: Option<DataParallelPlan>,
 }
 
 /// Plans a step of any model family by running it on a meta device standing in for the
@@ -281,6 +291,8 @@ fn plan_by_meta_step(a: &PlanArgs, cfg: &Config) -> Result<()> {
         m.device_peak <= budget.usable() && budget.pool_limit.is_none_or(|l| m.pool_peak <= l)
     };
     let p = step(cfg.train.micro_batch)?;
+    let data_parallel =
+        gpus(a)?.map(|n| data_parallel_plan(p.pool_peak, p.device_peak, &p.trainable_elements, n));
     let mut largest = None;
     if fits(&step(1)?) {
         // Doubling, then bisection: memory grows with the micro-batch.
@@ -321,6 +333,7 @@ fn plan_by_meta_step(a: &PlanArgs, cfg: &Config) -> Result<()> {
         largest_micro_batch: largest,
         planning_seconds: p.seconds,
         finetune_base,
+        data_parallel,
     };
     if a.json {
         let text = serde_json::to_string_pretty(&r)
@@ -386,6 +399,9 @@ fn plan_by_meta_step(a: &PlanArgs, cfg: &Config) -> Result<()> {
     }
     if let Some(w) = &r.finetune_base {
         print_finetune_base(w, cfg, precision);
+    }
+    if let Some(d) = &r.data_parallel {
+        print_data_parallel(d);
     }
     Ok(())
 }

@@ -264,13 +264,19 @@ pub fn run(a: TrainArgs) -> Result<()> {
             summary.effective_micro_batch
         );
     }
-    if let Some(c) = &summary.checkpoint {
-        println!("checkpoint: {c}");
+    match &summary.checkpoint {
+        Some(c) => {
+            println!("checkpoint: {c}");
+            println!(
+                "run directory: {}   (try: kiln generate --run {})",
+                run_dir.display(),
+                run_dir.display()
+            );
+        }
+        None => println!(
+            "run directory: {}   (no checkpoint: train.save_final=false)",
+            run_dir.display()
+        ),
     }
-    println!(
-        "run directory: {}   (try: kiln generate --run {})",
-        run_dir.display(),
-        run_dir.display()
-    );
     Ok(())
 }

@@ -243,6 +243,10 @@ pub struct TrainConfig {
     /// copy. `false` saves in line, as kiln first did: training waits for the copy and the
     /// write, which is what the background writer is measured against.
     pub checkpoint_async: bool,
+    /// Save a checkpoint after the last step. `false` is for runs whose weights nobody
+    /// needs (benchmarks, throughput checks): a 1B model's final save is 14 GB of weights
+    /// and moments. A stop request (SIGTERM, Ctrl-C) still saves.
+    pub save_final: bool,
     /// Evaluate once before the first step of a fresh run (not on resume): for a
     /// fine-tune, the base model's validation loss, the "before" of the run.
     pub eval_at_start: bool,
@@ -284,6 +288,7 @@ impl Default for TrainConfig {
             eval_batches: 16,
             checkpoint_every: 100,
             checkpoint_async: true,
+            save_final: true,
             eval_at_start: false,
             log_every: 10,
             loss_scale_init: 65536.0,
@@ -633,6 +638,10 @@ const KEYS: &[(&str, &str)] = &[
     (
         "train.checkpoint_async",
         "false = save in line (training waits for the write)",
+    ),
+    (
+        "train.save_final",
+        "false = no checkpoint after the last step (benchmarks)",
     ),
     ("train.log_every", "steps between log lines"),
     (

@@ -813,7 +813,8 @@ fn run_locked(opts: RunOptions, lock: Option<&lock::RunLock>) -> Result<Summary>
             ));
             stop_note_shown = true;
         }
-        let scheduled = every(cfg.train.checkpoint_every, step) || step == last;
+        let scheduled =
+            every(cfg.train.checkpoint_every, step) || (step == last && cfg.train.save_final);
         let mut written_inline = None;
         if (scheduled || stop.is_some() || save_request) && trainer.dist.is_some() {
             gather_for_checkpoint(&mut trainer)?;
