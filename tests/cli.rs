@@ -973,3 +973,76 @@ fn train_trace_records_the_phases_of_the_chosen_steps() {
     );
     assert_fails(&bad, 2, &["--trace-steps", "at least one step"]);
 }
+
+#[test]
+fn plan_generate_books_the_cache_and_finds_the_most_sequences_that_fit() {
+    // Long enough that the cache, not loading the weights, makes the peak.
+    let llama = common::with(&[
+        "model.kind=llama",
+        "model.n_kv_heads=1",
+        "model.ffn_hidden=64",
+        "model.context=64",
+        "train.seq_len=64",
+        "train.device=cpu",
+    ]);
+    let shape = [
+        "plan",
+        "--generate",
+        "--prompts",
+        "16",
+        "--num-samples",
+        "2",
+        "--prompt-tokens",
+        "16",
+        "--tokens",
+        "48",
+    ];
+    let json = |extra: &[String]| -> serde_json::Value {
+        let o = kiln(&[&shape[..], &["--json"]].concat(), extra);
+        assert!(o.status.success(), "{}", text(&o));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let p = json(&llama);
+    let plan = &p["plan"];
+    assert_eq!(plan["slots"], 32, "{p}");
+    assert_eq!(plan["max_len"], 64, "{p}");
+    let (peak, weights, cache) = (
+        plan["pool_peak"].as_u64().unwrap(),
+        plan["weights"].as_u64().unwrap(),
+        plan["cache_bytes"].as_u64().unwrap(),
+    );
+    assert!(cache > 0 && peak > weights + cache, "{p}");
+    assert_eq!(p["fits"], true);
+    assert_eq!(p["largest_at_once"], 32);
+
+    // A pool limit one byte short of the whole call: fewer sequences at once, named.
+    let mut capped = llama.clone();
+    capped.push(format!("train.memory_limit={}", peak - 1));
+    let q = json(&capped);
+    assert_eq!(q["fits"], false, "{q}");
+    let n = q["largest_at_once"].as_u64().unwrap();
+    assert!((1..32).contains(&n), "{q}");
+    let o = kiln(&shape, &capped);
+    let t = text(&o);
+    assert!(
+        t.contains("does NOT fit") && t.contains(&format!("--max-batch {n}")),
+        "{t}"
+    );
+
+    assert_fails(
+        &kiln(&["plan", "--generate", "--tokens", "0"], &llama),
+        2,
+        &["--tokens 0"],
+    );
+    assert_fails(
+        &kiln(&["plan", "--generate", "--num-samples", "0"], &llama),
+        2,
+        &["--num-samples"],
+    );
+    // The generation flags belong to --generate.
+    assert_fails(
+        &kiln(&["plan", "--prompts", "3"], &llama),
+        2,
+        &["--generate"],
+    );
+}

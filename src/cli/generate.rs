@@ -394,6 +394,15 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         eprintln!("--truncate-left: {}", truncated.join("; "));
     }
     eprintln!("{}", summary(&l.note, &stats));
+    let sequences: usize = reqs.iter().map(|r| r.samples).sum();
+    let asked = a.max_batch.unwrap_or(usize::MAX).min(sequences);
+    if stats.slots > 0 && stats.slots < asked {
+        eprintln!(
+            "note: the key/value cache for {asked} sequences at once did not fit; {} ran at once and the others took freed slots ({} of cache). `kiln plan --generate` gives the figures and the most that fit",
+            stats.slots,
+            crate::plan::gib(stats.cache_bytes)
+        );
+    }
     Ok(())
 }
 

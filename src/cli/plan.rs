@@ -1,6 +1,7 @@
 //! `kiln plan`: the memory and FLOPs of one training step, the largest micro-batch that fits a
 //! GPU (this machine's or a named one), and, with `--find-batch`, the boundary confirmed by
-//! real steps.
+//! real steps; with `--generate`, the memory of a generation call (weights, key/value cache,
+//! prefill and decode buffers) and the most sequences that fit at once.
 
 use crate::config::Config;
 use crate::engine::device::DeviceRequest;
@@ -21,6 +22,8 @@ use std::sync::Arc;
   kiln plan --find-batch train.micro_batch=8        run steps at the predicted largest micro-batch
                                                      and one more, and compare measured peaks
   kiln plan --find-batch train.device=cpu train.memory_limit=64MiB   the same on the CPU
+  kiln plan --generate --init-from model.gguf --prompts 64 --prompt-tokens 64 --tokens 128 --gpu h100
+                                                     a generation call: weights, cache, buffers
 
 Settings resolve as for `kiln train` (defaults < --profile < --config FILE < KEY=VALUE). The plan runs the
 step once on a meta device (tensors booked, nothing computed), so its pool peak is what the
@@ -46,6 +49,33 @@ pub struct PlanArgs {
     /// Data-parallel over N GPUs: each GPU's memory under ZeRO stages 0, 1 and 2.
     #[arg(long, value_name = "N")]
     pub gpus: Option<usize>,
+    /// Plan a generation call instead of a training step: the model as `kiln generate`
+    /// keeps it, the key/value cache, the prefill and decode buffers, by running the call on
+    /// a meta device.
+    #[arg(long, conflicts_with_all = ["find_batch", "gpus"])]
+    pub generate: bool,
+    /// With --generate: the model's shape from a Hugging Face directory or a GGUF file.
+    #[arg(long, value_name = "PATH", requires = "generate")]
+    pub init_from: Option<std::path::PathBuf>,
+    /// With --generate: prompts in the call.
+    #[arg(long, value_name = "N", default_value_t = 1, requires = "generate")]
+    pub prompts: usize,
+    /// With --generate: replies per prompt (they share the prompt's prefill).
+    #[arg(long, value_name = "N", default_value_t = 1, requires = "generate")]
+    pub num_samples: usize,
+    /// With --generate: tokens per prompt.
+    #[arg(long, value_name = "N", default_value_t = 64, requires = "generate")]
+    pub prompt_tokens: usize,
+    /// With --generate: new tokens per reply (as `kiln generate --tokens`).
+    #[arg(long, value_name = "N", default_value_t = 300, requires = "generate")]
+    pub tokens: usize,
+    /// With --generate: the most sequences decoded at once (as `kiln generate --max-batch`).
+    #[arg(long, value_name = "N", requires = "generate")]
+    pub max_batch: Option<usize>,
+    /// With --generate: fp32 or bf16 (bf16 on a GPU unless fp32 is asked for; the CPU runs
+    /// fp32), as `kiln generate --precision`.
+    #[arg(long, value_name = "fp32|bf16", requires = "generate")]
+    pub precision: Option<String>,
     /// Overrides on dotted keys, e.g. model.n_layers=12 train.micro_batch=8.
     #[arg(value_name = "KEY=VALUE")]
     pub overrides: Vec<String>,
@@ -149,6 +179,9 @@ struct Largest {
 pub fn run(a: PlanArgs) -> Result<()> {
     let settings = crate::config::settings::resolve(&a.profile, a.config.as_deref(), &a.overrides)?;
     let mut cfg = settings.config.config;
+    if a.generate {
+        return plan_generation(&a, &cfg);
+    }
     if cfg.lora.enabled && cfg.model.kind != "llama" && !cfg.lora.base.is_empty() {
         // The shape and tokenizer of the base the adapters go on, as kiln finetune reads them.
         let base = crate::models::import::pretrained::open(std::path::Path::new(&cfg.lora.base))?;
@@ -402,6 +435,152 @@ fn plan_by_meta_step(a: &PlanArgs, cfg: &Config) -> Result<()> {
     }
     if let Some(d) = &r.data_parallel {
         print_data_parallel(d);
+    }
+    Ok(())
+}
+
+/// What `kiln plan --generate` reports.
+#[derive(Serialize)]
+struct GenerateReport<'a> {
+    budget: &'a Budget,
+    notes: &'a [String],
+    precision: &'static str,
+    shape: plan::generate::GenerateShape,
+    plan: &'a plan::generate::GeneratePlan,
+    usable_bytes: usize,
+    fits: bool,
+    /// The most sequences at once whose call fits (`None`: not even one).
+    largest_at_once: Option<usize>,
+}
+
+/// Plans one generation call by running it on a meta device (see `plan::generate`).
+fn plan_generation(a: &PlanArgs, cfg: &Config) -> Result<()> {
+    let (model, vocab, source) = match &a.init_from {
+        Some(path) => {
+            let p = crate::models::import::pretrained::open(path)?;
+            (p.model, p.vocab, format!("{}", path.display()))
+        }
+        None => (
+            cfg.model.clone(),
+            crate::train::model_vocab(cfg)?,
+            "the configured model".to_string(),
+        ),
+    };
+    let target = target(a, cfg)?;
+    let budget = &target.budget;
+    let device = budget.device;
+    let dtype = match (device, a.precision.as_deref()) {
+        (Device::Cpu, None | Some("fp32")) => None,
+        (Device::Cpu, Some(p)) => {
+            return Err(KilnError::Setting(format!(
+                "--precision {p} needs a GPU; the CPU generates in fp32"
+            )));
+        }
+        (_, Some("fp32")) => None,
+        (_, None | Some("bf16")) => Some(DType::BF16),
+        (_, Some(p)) => {
+            return Err(KilnError::Setting(format!(
+                "--precision {p} is not one kiln generates in; use fp32 or bf16"
+            )));
+        }
+    };
+    let shape = plan::generate::GenerateShape {
+        prompts: a.prompts,
+        samples: a.num_samples,
+        prompt_tokens: a.prompt_tokens,
+        new_tokens: a.tokens,
+        max_batch: a.max_batch,
+    };
+    if a.tokens == 0 {
+        return Err(KilnError::Setting(
+            "--tokens 0: plan at least one new token".into(),
+        ));
+    }
+    if a.max_batch == Some(0) {
+        return Err(KilnError::Setting(
+            "--max-batch 0: give 1 or more sequences at once".into(),
+        ));
+    }
+    let fits = |p: &plan::generate::GeneratePlan| {
+        p.device_peak <= budget.usable() && budget.pool_limit.is_none_or(|l| p.pool_peak <= l)
+    };
+    let p = plan::generate::meta_generate(&model, vocab, device, dtype, &shape)?;
+    let all = shape.max_batch.unwrap_or(usize::MAX).min(shape.sequences());
+    let largest = plan::generate::largest_at_once(&model, vocab, device, dtype, &shape, &fits)?;
+    let precision = if dtype.is_some() { "bf16" } else { "fp32" };
+    let r = GenerateReport {
+        budget,
+        notes: &target.notes,
+        precision,
+        shape,
+        plan: &p,
+        usable_bytes: budget.usable(),
+        fits: fits(&p),
+        largest_at_once: largest,
+    };
+    if a.json {
+        let text = serde_json::to_string_pretty(&r)
+            .map_err(|e| KilnError::Setting(format!("cannot encode the plan as JSON: {e}")))?;
+        println!("{text}");
+        return Ok(());
+    }
+    println!(
+        "plan: generate with model.kind={} (d_model {}, {} layers, vocabulary {vocab}) from {source}: {} prompt(s) x {} sample(s), {} prompt tokens + {} new, {precision}, on {} ({device})",
+        model.kind,
+        model.d_model,
+        model.n_layers,
+        shape.prompts,
+        shape.samples,
+        shape.prompt_tokens,
+        shape.new_tokens,
+        budget.name,
+    );
+    for n in &target.notes {
+        println!("note: {n}");
+    }
+    println!(
+        "  planned by running the prefill and every decode step on a meta device ({:.2} s, no memory touched)",
+        p.seconds
+    );
+    println!("  weights as generation keeps them {:>10}", gib(p.weights));
+    if p.slots > 0 {
+        println!(
+            "  key/value cache        {:>12}  ({} sequence(s) at once x {} positions)",
+            gib(p.cache_bytes),
+            p.slots,
+            p.max_len
+        );
+    } else {
+        println!(
+            "  key/value cache              none  (model.kind={} re-runs its window for each token)",
+            model.kind
+        );
+    }
+    println!(
+        "  prefill, decode and sampling buffers {:>6}  at the peak",
+        gib(p.pool_peak - p.weights - p.cache_bytes)
+    );
+    println!("  pool peak              {:>12}", gib(p.pool_peak));
+    if device != Device::Cpu {
+        println!(
+            "  outside the pool       {:>12}  (GEMM workspace and kernel scratch)",
+            gib(p.device_peak - p.pool_peak)
+        );
+    }
+    println!(
+        "  device peak            {:>12}  of {} usable: {}",
+        gib(p.device_peak),
+        gib(budget.usable()),
+        if r.fits { "fits" } else { "does NOT fit" }
+    );
+    match largest {
+        Some(n) if n >= all => println!("  all {all} sequence(s) fit at once"),
+        Some(n) => println!(
+            "  at most {n} sequence(s) fit at once: kiln generate runs that many and starts the others as slots free up (--max-batch {n})"
+        ),
+        None => println!(
+            "  not even one sequence fits beside the weights: ask for fewer --tokens, use shorter prompts, or bf16"
+        ),
     }
     Ok(())
 }

@@ -11,6 +11,7 @@
 //! layer come from the layers' own `cost_of`.
 
 pub mod finetune;
+pub mod generate;
 pub mod gpus;
 pub mod meta;
 
