@@ -217,7 +217,7 @@ pub fn run(a: PlanArgs) -> Result<()> {
     }
     let budget = &target.budget;
     let mut request = base.clone();
-    if cfg.train.recompute == "auto" && base.can_recompute() && !budget.fits(&plan::plan(&base)?) {
+    if cfg.train.recompute == "auto" && !budget.fits(&plan::plan(&base)?) {
         request.recompute = true;
         target.notes.push(
             "train.recompute=auto: the configured micro-batch does not fit without recomputation, so the plan recomputes blocks".into(),

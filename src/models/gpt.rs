@@ -1,19 +1,12 @@
 //! A GPT-style decoder: token and position embeddings, pre-norm transformer blocks, a final
 //! norm and a language-model head (tied to the token embedding by default).
 //!
-//! The forward below keeps the activations the backward needs in [`Activations`], and the
-//! backward walks the blocks in reverse with one gradient buffer for the residual stream.
-//! Every layernorm after the first is fused with the residual add that precedes it.
+//! The embedding, the stack, the head, the loss, block recomputation and the backward's
+//! order are [`super::lm`]'s; this file holds the block and its shape. Every layernorm after
+//! the first is fused with the residual add that precedes it.
 //!
 //! The vocabulary is padded to a multiple of [`super::VOCAB_ALIGN`] in the embedding table and
 //! the head (see [`super::padded_vocab`]).
-//!
-//! With [`Recompute::Blocks`] the forward keeps only each block's input (the residual stream
-//! entering it) and the backward re-runs that block's forward right before its backward, so
-//! one block's activations are alive at a time. The rebuilt activations are bit-identical to
-//! the kept ones: the same kernels run on the same inputs, and the block's first norm, fused
-//! with the previous residual add in the forward, normalises the same stored sum when re-run
-//! on its own.
 //!
 //! With [`Kernels::Unfused`] (`train.fused_kernels=false`) the fused operations run as chains
 //! of single-purpose kernels with the same mathematics: the residual adds before the norms,
@@ -21,8 +14,9 @@
 //! log-softmax, gather and gradient kernels, and attention as batched GEMMs around a causal
 //! softmax whose probabilities are kept for the backward.
 
+use super::lm::{self, BlockActs, Lm};
 use super::{Model, Recompute, StepPrecision};
-use crate::engine::ops::{self, NormStats};
+use crate::engine::ops::NormStats;
 use crate::engine::rng::{Rng, stream};
 use crate::engine::{MemoryPool, Result, Tensor};
 use crate::nn::attention::{AttnSaved, CausalSelfAttention};
@@ -51,7 +45,7 @@ impl GptConfig {
     }
 }
 
-pub struct Block {
+pub struct GptBlock {
     pub ln1: LayerNorm,
     pub attn: CausalSelfAttention,
     pub ln2: LayerNorm,
@@ -60,22 +54,12 @@ pub struct Block {
 
 pub struct Gpt {
     pub cfg: GptConfig,
-    pub embed: Embedding,
-    pub blocks: Vec<Block>,
-    pub ln_f: LayerNorm,
-    /// Present only when the head is untied.
-    pub head: Option<Linear>,
-    recompute: Recompute,
-    kernels: Kernels,
-    grad_ready: Option<super::GradReady>,
+    pub lm: Lm<Embedding, GptBlock>,
 }
 
-/// One block's saved activations. `input` is the residual stream entering the block,
-/// `mid` the stream after the attention add.
-struct BlockActs {
-    input: Tensor,
-    ln1: Tensor,
-    ln1_stats: NormStats,
+/// What a block keeps beyond its input and first norm: `mid` is the stream after the
+/// attention add.
+pub struct GptSaved {
     attn: AttnSaved,
     mid: Tensor,
     ln2: Tensor,
@@ -83,51 +67,30 @@ struct BlockActs {
     mlp: MlpSaved,
 }
 
-/// What the forward keeps of one block for its backward.
-enum BlockSaved {
-    All(Box<BlockActs>),
-    /// Only the block's input, to recompute the rest from.
-    Input(Tensor),
-}
+impl lm::Block for GptBlock {
+    type Norm = LayerNorm;
+    type Saved = GptSaved;
+    type Pass<'p> = ();
+    type Report = ();
 
-/// What the forward keeps.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Keep {
-    /// Every block's activations (a backward without recomputation).
-    All,
-    /// Each block's input (a backward that recomputes blocks).
-    BlockInputs,
-    /// Only the final norm: evaluation and generation run no backward.
-    Output,
-}
+    fn norm(&self) -> &LayerNorm {
+        &self.ln1
+    }
 
-struct Activations {
-    blocks: Vec<BlockSaved>,
-    /// Residual stream after the last block, and its final norm.
-    last: Tensor,
-    ln_f: Tensor,
-    ln_f_stats: NormStats,
-}
-
-impl Block {
-    /// Everything the block's backward needs, from its input and its first norm: attention,
-    /// the residual add fused with the second norm, and the MLP short of its output
-    /// projection (the caller adds that output to the stream, fused with the next norm).
-    fn activations(
+    /// Attention, the residual add fused with the second norm, and the MLP short of its
+    /// output projection.
+    fn forward(
         &self,
-        input: Tensor,
-        ln1: Tensor,
-        ln1_stats: NormStats,
+        input: &Tensor,
+        ln1: &Tensor,
         kernels: Kernels,
-    ) -> Result<BlockActs> {
-        let (attn_out, attn) = self.attn.forward(&ln1, kernels)?;
-        let (mid, ln2, ln2_stats) = self.ln2.forward_residual_with(&input, &attn_out, kernels)?;
+        _pass: &(),
+    ) -> Result<GptSaved> {
+        let (attn_out, attn) = self.attn.forward(ln1, kernels)?;
+        let (mid, ln2, ln2_stats) = self.ln2.forward_residual_with(input, &attn_out, kernels)?;
         drop(attn_out);
         let mlp = self.mlp.activations(&ln2)?;
-        Ok(BlockActs {
-            input,
-            ln1,
-            ln1_stats,
+        Ok(GptSaved {
             attn,
             mid,
             ln2,
@@ -136,10 +99,46 @@ impl Block {
         })
     }
 
-    /// Rebuilds the block's activations from its input alone.
-    fn recompute(&self, input: Tensor, kernels: Kernels) -> Result<BlockActs> {
-        let (ln1, ln1_stats) = self.ln1.forward(&input)?;
-        self.activations(input, ln1, ln1_stats, kernels)
+    fn last_branch(&self, saved: &mut GptSaved) -> Result<Tensor> {
+        self.mlp.output(&saved.mlp)
+    }
+
+    fn last_residual(acts: &BlockActs<Self>) -> &Tensor {
+        &acts.saved.mid
+    }
+
+    fn report(_saved: &GptSaved) {}
+
+    fn backward(
+        &mut self,
+        dstream: &mut Tensor,
+        a: BlockActs<Self>,
+        kernels: Kernels,
+        _pass: &(),
+    ) -> Result<()> {
+        let s = &a.saved;
+        let d_ln2 = self.mlp.backward(dstream, &s.ln2, &s.mlp)?;
+        self.ln2
+            .backward_with(dstream, &d_ln2, &s.mid, &s.ln2_stats, kernels)?;
+        let d_ln1 = self.attn.backward(dstream, &a.normed, &s.attn)?;
+        self.ln1
+            .backward_with(dstream, &d_ln1, &a.input, &a.stats, kernels)
+    }
+
+    fn block_params(&self) -> Vec<&Param> {
+        let mut v = self.ln1.params();
+        v.extend(self.attn.params());
+        v.extend(self.ln2.params());
+        v.extend(self.mlp.params());
+        v
+    }
+
+    fn block_params_mut(&mut self) -> Vec<&mut Param> {
+        let mut v = self.ln1.params_mut();
+        v.extend(self.attn.params_mut());
+        v.extend(self.ln2.params_mut());
+        v.extend(self.mlp.params_mut());
+        v
     }
 }
 
@@ -152,7 +151,7 @@ impl Gpt {
         let blocks = (0..cfg.n_layers)
             .map(|l| {
                 let name = format!("blocks.{l}");
-                Ok(Block {
+                Ok(GptBlock {
                     ln1: LayerNorm::new(pool, &format!("{name}.ln1"), c, &mut rng)?,
                     attn: CausalSelfAttention::new(
                         pool,
@@ -181,116 +180,18 @@ impl Gpt {
                 &mut rng,
             )?)
         };
-        Ok(Gpt {
-            cfg,
-            embed,
-            blocks,
-            ln_f,
-            head,
-            recompute: Recompute::None,
-            kernels: Kernels::Fused,
-            grad_ready: None,
-        })
-    }
-
-    /// Index of the first trainable parameter of each block, then of the final norm.
-    fn grad_block_starts(&self) -> Vec<usize> {
-        use super::trainable_count as t;
-        super::block_starts(
-            super::trainable_count(&self.embed.params()),
-            self.blocks.iter().map(|b| {
-                t(&b.ln1.params()) + t(&b.attn.params()) + t(&b.ln2.params()) + t(&b.mlp.params())
-            }),
-        )
-    }
-
-    /// Tells the hook, if any, that the parameters from index `k` on are final.
-    fn grads_final_from(&mut self, k: usize) {
-        if let Some(h) = &mut self.grad_ready {
-            h(k);
-        }
-    }
-
-    fn check_len(&self, seq: usize) -> Result<()> {
-        super::check_context("gpt", seq, self.cfg.context)
-    }
-
-    /// The layernorm that follows block `l`: the next block's first, or the final one.
-    fn norm_after(&self, l: usize) -> &LayerNorm {
-        self.blocks.get(l + 1).map_or(&self.ln_f, |b| &b.ln1)
-    }
-
-    fn forward(&self, tokens: &[u32], batch: usize, seq: usize, keep: Keep) -> Result<Activations> {
-        self.check_len(seq)?;
-        let mut input = self.embed.forward(tokens, batch, seq)?;
-        let (mut ln1, mut ln1_stats) = self
-            .blocks
-            .first()
-            .map_or(&self.ln_f, |b| &b.ln1)
-            .forward(&input)?;
-        let mut saved = Vec::with_capacity(self.blocks.len());
-        for (l, block) in self.blocks.iter().enumerate() {
-            let acts = block.activations(input, ln1, ln1_stats, self.kernels)?;
-            let mlp_out = block.mlp.output(&acts.mlp)?;
-            let (next, next_ln, next_stats) =
-                self.norm_after(l)
-                    .forward_residual_with(&acts.mid, &mlp_out, self.kernels)?;
-            drop(mlp_out);
-            match keep {
-                Keep::All => saved.push(BlockSaved::All(Box::new(acts))),
-                Keep::BlockInputs => saved.push(BlockSaved::Input(acts.input)),
-                Keep::Output => {}
-            }
-            (input, ln1, ln1_stats) = (next, next_ln, next_stats);
-        }
-        Ok(Activations {
-            blocks: saved,
-            last: input,
-            ln_f: ln1,
-            ln_f_stats: ln1_stats,
-        })
-    }
-
-    fn head_weight(&self) -> &Tensor {
-        self.head
-            .as_ref()
-            .map_or(self.embed.wte.weight(), |h| h.weight.weight())
-    }
-
-    fn logits(&self, acts: &Activations) -> Result<Tensor> {
-        ops::linear_forward(&acts.ln_f, self.head_weight(), None)
+        let lm = Lm::new("gpt", embed, blocks, ln_f, head, cfg.vocab, cfg.context);
+        Ok(Gpt { cfg, lm })
     }
 }
 
 impl Model for Gpt {
     fn params(&self) -> Vec<&Param> {
-        let mut v = self.embed.params();
-        for b in &self.blocks {
-            v.extend(b.ln1.params());
-            v.extend(b.attn.params());
-            v.extend(b.ln2.params());
-            v.extend(b.mlp.params());
-        }
-        v.extend(self.ln_f.params());
-        if let Some(h) = &self.head {
-            v.extend(h.params());
-        }
-        v
+        self.lm.params()
     }
 
     fn params_mut(&mut self) -> Vec<&mut Param> {
-        let mut v = self.embed.params_mut();
-        for b in &mut self.blocks {
-            v.extend(b.ln1.params_mut());
-            v.extend(b.attn.params_mut());
-            v.extend(b.ln2.params_mut());
-            v.extend(b.mlp.params_mut());
-        }
-        v.extend(self.ln_f.params_mut());
-        if let Some(h) = &mut self.head {
-            v.extend(h.params_mut());
-        }
-        v
+        self.lm.params_mut()
     }
 
     fn forward_backward(
@@ -301,97 +202,23 @@ impl Model for Gpt {
         seq: usize,
         p: StepPrecision,
     ) -> Result<f64> {
-        let keep = match self.recompute {
-            Recompute::None => Keep::All,
-            Recompute::Blocks => Keep::BlockInputs,
-        };
-        let acts = self.forward(inputs, batch, seq, keep)?;
-        // What the forward kept is saved; the head, the loss and the backward are transient.
-        acts.ln_f.pool().set_phase(crate::engine::Phase::Backward);
-        let (losses, mut dlogits) = match self.kernels {
-            Kernels::Fused => {
-                let mut dlogits = self.logits(&acts)?;
-                let losses =
-                    ops::cross_entropy_fused(&mut dlogits, targets, self.cfg.vocab, p.grad_scale)?;
-                (losses, dlogits)
-            }
-            Kernels::Unfused => {
-                let logits = self.logits(&acts)?;
-                ops::cross_entropy_unfused(&logits, targets, self.cfg.vocab, p.grad_scale)?
-            }
-        };
-        ops::round_in_place(&mut dlogits, p.grad_dtype)?;
-
-        let d_ln_f = match &mut self.head {
-            Some(head) => head.backward(&dlogits, &acts.ln_f)?,
-            None => {
-                let (w, dw) = self.embed.wte.weight_and_grad();
-                ops::linear_backward(&dlogits, &acts.ln_f, w, dw, None)?
-            }
-        };
-        drop(dlogits);
-        let Activations {
-            blocks: mut saved,
-            last,
-            ln_f,
-            ln_f_stats,
-        } = acts;
-        drop(ln_f);
-        // `dstream` is the gradient of the residual stream, carried down through the blocks.
-        let mut dstream = Tensor::zeros(last.pool(), last.shape(), last.dtype())?;
-        // The final norm (fused with the last block's MLP residual add) comes first.
-        let kernels = self.kernels;
-        self.ln_f
-            .backward_with(&mut dstream, &d_ln_f, &last, &ln_f_stats, kernels)?;
-        drop((d_ln_f, last));
-        let starts = self.grad_ready.as_ref().map(|_| self.grad_block_starts());
-        if let Some(s) = &starts {
-            self.grads_final_from(s[self.blocks.len()]);
-        }
-        while let Some(kept) = saved.pop() {
-            let block = &mut self.blocks[saved.len()];
-            let a = match kept {
-                BlockSaved::All(a) => *a,
-                BlockSaved::Input(input) => block.recompute(input, kernels)?,
-            };
-            let d_ln2 = block.mlp.backward(&dstream, &a.ln2, &a.mlp)?;
-            block
-                .ln2
-                .backward_with(&mut dstream, &d_ln2, &a.mid, &a.ln2_stats, kernels)?;
-            let d_ln1 = block.attn.backward(&dstream, &a.ln1, &a.attn)?;
-            block
-                .ln1
-                .backward_with(&mut dstream, &d_ln1, &a.input, &a.ln1_stats, kernels)?;
-            if let Some(s) = &starts {
-                self.grads_final_from(s[saved.len()]);
-            }
-        }
-        self.embed.backward(&dstream, inputs, seq)?;
-        if starts.is_some() {
-            self.grads_final_from(0);
-        }
-        Ok(losses.iter().map(|&l| l as f64).sum())
+        let (loss, _) = self
+            .lm
+            .forward_backward(inputs, targets, batch, seq, p, &(), None)?;
+        Ok(loss)
     }
 
     fn set_grad_ready(&mut self, hook: Option<super::GradReady>) -> bool {
-        self.grad_ready = hook;
+        self.lm.set_grad_ready(hook);
         true
     }
 
     fn loss(&self, inputs: &[u32], targets: &[u32], batch: usize, seq: usize) -> Result<f64> {
-        let acts = self.forward(inputs, batch, seq, Keep::Output)?;
-        let logits = self.logits(&acts)?;
-        Ok(ops::cross_entropy(&logits, targets, self.cfg.vocab)?
-            .iter()
-            .map(|&l| l as f64)
-            .sum())
+        self.lm.loss(inputs, targets, batch, seq, &())
     }
 
     fn next_logits(&self, tokens: &[u32]) -> Result<Vec<f32>> {
-        let acts = self.forward(tokens, 1, tokens.len(), Keep::Output)?;
-        let logits = self.logits(&acts)?.to_vec()?;
-        let row = (tokens.len() - 1) * self.cfg.padded_vocab();
-        Ok(logits[row..row + self.cfg.vocab].to_vec())
+        self.lm.next_logits(tokens, &())
     }
 
     fn context(&self) -> usize {
@@ -399,28 +226,29 @@ impl Model for Gpt {
     }
 
     fn recompute(&self) -> Recompute {
-        self.recompute
+        self.lm.recompute
     }
 
     fn set_recompute(&mut self, policy: Recompute) -> std::result::Result<(), String> {
-        self.recompute = policy;
+        self.lm.recompute = policy;
         Ok(())
     }
 
     fn set_kernels(&mut self, kernels: Kernels) -> std::result::Result<(), String> {
-        self.kernels = kernels;
+        self.lm.kernels = kernels;
         Ok(())
     }
 
-    /// Sums the built layers' costs (fp32 on the CPU); [`GptConfig::cost_on`] gives the same
-    /// from the shape alone, for any layout, without building the model.
     fn vocab(&self) -> usize {
         self.cfg.vocab
     }
 
+    /// Sums the built layers' costs (fp32 on the CPU); [`GptConfig::cost_on`] gives the same
+    /// from the shape alone, for any layout, without building the model.
     fn cost(&self, batch: usize, seq: usize) -> Cost {
         let tokens = batch * seq;
-        let blocks: Cost = self
+        let lm = &self.lm;
+        let blocks: Cost = lm
             .blocks
             .iter()
             .map(|b| {
@@ -430,13 +258,14 @@ impl Model for Gpt {
                     + b.mlp.cost(tokens)
             })
             .sum();
-        let head = Linear::cost_of(self.cfg.d_model, self.cfg.padded_vocab(), false, tokens);
-        let head = Cost {
-            params: self.head.as_ref().map_or(0, |h| h.cost(tokens).params),
-            saved_bytes: ActLayout::CPU_F32.act_bytes(tokens * self.cfg.padded_vocab()),
-            ..head
-        };
-        self.embed.cost(tokens) + blocks + self.ln_f.cost(tokens) + head
+        let head = lm::head_cost(
+            self.cfg.d_model,
+            self.cfg.padded_vocab(),
+            lm.head.is_none(),
+            tokens,
+            ActLayout::CPU_F32,
+        );
+        lm.embed.cost(tokens) + blocks + lm.ln_f.cost(tokens) + head
     }
 }
 
@@ -451,13 +280,7 @@ impl GptConfig {
             + LayerNorm::cost_of(c, tokens, layout)
             + Mlp::cost_of(c, 4 * c, tokens, layout);
         let blocks: Cost = (0..self.n_layers).map(|_| block).sum();
-        let head = Linear::cost_of(c, self.padded_vocab(), false, tokens);
-        let head = Cost {
-            params: if self.tied_head { 0 } else { head.params },
-            // The logits buffer, reused in place for its gradient.
-            saved_bytes: layout.act_bytes(tokens * self.padded_vocab()),
-            ..head
-        };
+        let head = lm::head_cost(c, self.padded_vocab(), self.tied_head, tokens, layout);
         Embedding::cost_of(self.padded_vocab(), self.context, c, tokens)
             + blocks
             + LayerNorm::cost_of(c, tokens, layout)
@@ -536,14 +359,14 @@ mod tests {
     #[test]
     fn padded_vocabulary_is_inert() {
         let mut model = tiny(true);
-        assert_eq!(model.embed.wte.value.shape(), &[128, 8]);
+        assert_eq!(model.lm.embed.wte.value.shape(), &[128, 8]);
         let (x, y) = batch();
         let p = StepPrecision {
             grad_scale: 1.0,
             grad_dtype: DType::F32,
         };
         model.forward_backward(&x, &y, 2, 6, p).unwrap();
-        let g = model.embed.wte.grad.to_vec().unwrap();
+        let g = model.lm.embed.wte.grad.to_vec().unwrap();
         assert!(g[..11 * 8].iter().any(|&v| v != 0.0));
         assert!(g[11 * 8..].iter().all(|&v| v == 0.0));
         assert_eq!(model.next_logits(&x[..3]).unwrap().len(), 11);

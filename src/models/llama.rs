@@ -2,15 +2,15 @@
 //! blocks of RMSNorm, grouped-query attention with rotary positions and a SwiGLU feed-forward,
 //! a final RMSNorm and a language-model head (tied to the embedding or not).
 //!
-//! The forward keeps what the backward needs per block and the backward walks the blocks in
-//! reverse with one gradient buffer for the residual stream, as the GPT does: every norm after
-//! the first is fused with the residual add before it. With [`Recompute::Blocks`] only each
-//! block's input is kept and the block is re-run right before its backward.
+//! The embedding, the stack, the head, the loss, block recomputation and the backward's order
+//! are [`super::lm`]'s, as for the GPT: every norm after the first is fused with the residual
+//! add before it. This file holds the block, the shape, adapters and the cached decoder.
 //!
 //! Weights use kiln's names (`layers.N.attn.qkv.weight`, one fused QKV and one fused
 //! gate/up matrix per block); `models::import` maps Hugging Face and GGUF checkpoints onto
 //! them.
 
+use super::lm::{self, BlockActs, Keep, Lm, StreamNorm};
 use super::{
     DecodeRows, Decoder, KvCache, Model, QuantizedBase, Recompute, StepPrecision, padded_vocab,
 };
@@ -25,7 +25,7 @@ use crate::nn::linear::Linear;
 use crate::nn::lora::{Adapter, LoraSpec};
 use crate::nn::rmsnorm::RmsNorm;
 use crate::nn::swiglu::{SwiGlu, SwiGluSaved};
-use crate::nn::{ActLayout, Cost, Init, Param};
+use crate::nn::{ActLayout, Cost, Init, Kernels, Param};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
@@ -177,12 +177,7 @@ impl LlamaConfig {
         };
         let blocks: Cost = (0..self.n_layers).map(block).sum();
         let vocab = padded_vocab(self.vocab);
-        let head = Linear::cost_of(c, vocab, false, tokens);
-        let head = Cost {
-            params: if self.tied_head { 0 } else { head.params },
-            saved_bytes: layout.act_bytes(tokens * vocab),
-            ..head
-        };
+        let head = lm::head_cost(c, vocab, self.tied_head, tokens, layout);
         let embed = Cost {
             params: vocab * c,
             ..Cost::default()
@@ -191,7 +186,7 @@ impl LlamaConfig {
     }
 }
 
-pub struct Block {
+pub struct LlamaBlock {
     pub ln1: RmsNorm,
     pub attn: GqaAttention,
     pub ln2: RmsNorm,
@@ -200,20 +195,15 @@ pub struct Block {
 
 pub struct Llama {
     pub cfg: LlamaConfig,
-    /// `[padded vocab, C]`; also the head's weight when the head is tied.
-    pub embed: Param,
-    pub blocks: Vec<Block>,
-    pub ln_f: RmsNorm,
-    pub head: Option<Linear>,
+    /// The embedding is the `[padded vocab, C]` token table alone, also the head's weight
+    /// when the head is tied.
+    pub lm: Lm<Param, LlamaBlock>,
     rotary: Rotary,
-    recompute: Recompute,
-    grad_ready: Option<super::GradReady>,
 }
 
-struct BlockActs {
-    input: Tensor,
-    ln1: Tensor,
-    ln1_rstd: Tensor,
+/// What a block keeps beyond its input and first norm: `mid` is the stream after the
+/// attention add.
+pub struct LlamaSaved {
     attn: GqaSaved,
     mid: Tensor,
     ln2: Tensor,
@@ -221,27 +211,14 @@ struct BlockActs {
     mlp: SwiGluSaved,
 }
 
-enum BlockSaved {
-    All(Box<BlockActs>),
-    Input(Tensor),
+/// Each row's position and the rotary tables, for every block of a pass.
+pub struct RotaryPass<'p> {
+    pos: Vec<u32>,
+    rotary: &'p Rotary,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Keep {
-    All,
-    BlockInputs,
-    Output,
-}
-
-struct Activations {
-    blocks: Vec<BlockSaved>,
-    last: Tensor,
-    ln_f: Tensor,
-    ln_f_rstd: Tensor,
-}
-
-impl Block {
-    /// Names (under `layers.N.`) of the block's projections, in [`Block::linears`] order.
+impl LlamaBlock {
+    /// Names (under `layers.N.`) of the block's projections, in [`LlamaBlock::linears`] order.
     const LINEARS: [&'static str; 4] = ["attn.qkv", "attn.out", "mlp.gate_up", "mlp.down"];
 
     /// The block's projections: the layers adapters can wrap.
@@ -262,23 +239,32 @@ impl Block {
             &mut self.mlp.down,
         ]
     }
+}
 
-    fn activations(
+impl lm::Block for LlamaBlock {
+    type Norm = RmsNorm;
+    type Saved = LlamaSaved;
+    type Pass<'p> = RotaryPass<'p>;
+    type Report = ();
+
+    fn norm(&self) -> &RmsNorm {
+        &self.ln1
+    }
+
+    /// Attention, the residual add fused with the second norm, and the feed-forward short
+    /// of its down projection.
+    fn forward(
         &self,
-        input: Tensor,
-        ln1: Tensor,
-        ln1_rstd: Tensor,
-        pos: &[u32],
-        rot: &Rotary,
-    ) -> Result<BlockActs> {
-        let (attn_out, attn) = self.attn.forward(&ln1, pos, rot)?;
-        let (mid, ln2, ln2_rstd) = self.ln2.forward_residual(&input, &attn_out)?;
+        input: &Tensor,
+        ln1: &Tensor,
+        _kernels: Kernels,
+        pass: &RotaryPass<'_>,
+    ) -> Result<LlamaSaved> {
+        let (attn_out, attn) = self.attn.forward(ln1, &pass.pos, pass.rotary)?;
+        let (mid, ln2, ln2_rstd) = self.ln2.forward_residual(input, &attn_out)?;
         drop(attn_out);
         let mlp = self.mlp.activations(&ln2)?;
-        Ok(BlockActs {
-            input,
-            ln1,
-            ln1_rstd,
+        Ok(LlamaSaved {
             attn,
             mid,
             ln2,
@@ -287,9 +273,47 @@ impl Block {
         })
     }
 
-    fn recompute(&self, input: Tensor, pos: &[u32], rot: &Rotary) -> Result<BlockActs> {
-        let (ln1, ln1_rstd) = self.ln1.forward(&input)?;
-        self.activations(input, ln1, ln1_rstd, pos, rot)
+    fn last_branch(&self, saved: &mut LlamaSaved) -> Result<Tensor> {
+        self.mlp.output(&saved.mlp)
+    }
+
+    fn last_residual(acts: &BlockActs<Self>) -> &Tensor {
+        &acts.saved.mid
+    }
+
+    fn report(_saved: &LlamaSaved) {}
+
+    fn backward(
+        &mut self,
+        dstream: &mut Tensor,
+        a: BlockActs<Self>,
+        _kernels: Kernels,
+        pass: &RotaryPass<'_>,
+    ) -> Result<()> {
+        let s = &a.saved;
+        let d_ln2 = self.mlp.backward(dstream, &s.ln2, &s.mlp)?;
+        self.ln2.backward(dstream, &d_ln2, &s.mid, &s.ln2_rstd)?;
+        drop(d_ln2);
+        let d_ln1 = self
+            .attn
+            .backward(dstream, &a.normed, &pass.pos, pass.rotary, &s.attn)?;
+        self.ln1.backward(dstream, &d_ln1, &a.input, &a.stats)
+    }
+
+    fn block_params(&self) -> Vec<&Param> {
+        let mut v = self.ln1.params();
+        v.extend(self.attn.params());
+        v.extend(self.ln2.params());
+        v.extend(self.mlp.params());
+        v
+    }
+
+    fn block_params_mut(&mut self) -> Vec<&mut Param> {
+        let mut v = self.ln1.params_mut();
+        v.extend(self.attn.params_mut());
+        v.extend(self.ln2.params_mut());
+        v.extend(self.mlp.params_mut());
+        v
     }
 }
 
@@ -319,7 +343,7 @@ impl Llama {
         let blocks = (0..cfg.n_layers)
             .map(|l| {
                 let name = format!("layers.{l}");
-                Ok(Block {
+                Ok(LlamaBlock {
                     ln1: RmsNorm::new(pool, &format!("{name}.ln1"), c, cfg.norm_eps, &mut rng)?,
                     attn: GqaAttention::new(
                         pool,
@@ -375,79 +399,16 @@ impl Llama {
             cos: Tensor::from_vec(pool, &[cfg.context, half], DType::F32, cos)?,
             sin: Tensor::from_vec(pool, &[cfg.context, half], DType::F32, sin)?,
         };
-        Ok(Llama {
-            cfg,
-            embed,
-            blocks,
-            ln_f,
-            head,
-            rotary,
-            recompute: Recompute::None,
-            grad_ready: None,
-        })
+        let lm = Lm::new("llama", embed, blocks, ln_f, head, cfg.vocab, cfg.context);
+        Ok(Llama { cfg, lm, rotary })
     }
 
-    /// Index of the first trainable parameter of each block, then of the final norm.
-    fn grad_block_starts(&self) -> Vec<usize> {
-        use super::trainable_count as t;
-        super::block_starts(
-            usize::from(!self.embed.frozen),
-            self.blocks.iter().map(|b| {
-                t(&b.ln1.params()) + t(&b.attn.params()) + t(&b.ln2.params()) + t(&b.mlp.params())
-            }),
-        )
-    }
-
-    /// Tells the hook, if any, that the parameters from index `k` on are final.
-    fn grads_final_from(&mut self, k: usize) {
-        if let Some(h) = &mut self.grad_ready {
-            h(k);
+    /// What every block of a `[batch, seq]` pass of whole sequences needs.
+    fn pass(&self, batch: usize, seq: usize) -> RotaryPass<'_> {
+        RotaryPass {
+            pos: positions(batch, seq),
+            rotary: &self.rotary,
         }
-    }
-
-    fn norm_after(&self, l: usize) -> &RmsNorm {
-        self.blocks.get(l + 1).map_or(&self.ln_f, |b| &b.ln1)
-    }
-
-    fn forward(&self, tokens: &[u32], batch: usize, seq: usize, keep: Keep) -> Result<Activations> {
-        super::check_context("llama", seq, self.cfg.context)?;
-        let pos = positions(batch, seq);
-        let mut input = ops::token_embedding_forward(tokens, batch, seq, self.embed.weight())?;
-        let (mut ln1, mut ln1_rstd) = self
-            .blocks
-            .first()
-            .map_or(&self.ln_f, |b| &b.ln1)
-            .forward(&input)?;
-        let mut saved = Vec::with_capacity(self.blocks.len());
-        for (l, block) in self.blocks.iter().enumerate() {
-            let acts = block.activations(input, ln1, ln1_rstd, &pos, &self.rotary)?;
-            let mlp_out = block.mlp.output(&acts.mlp)?;
-            let (next, next_ln, next_rstd) =
-                self.norm_after(l).forward_residual(&acts.mid, &mlp_out)?;
-            drop(mlp_out);
-            match keep {
-                Keep::All => saved.push(BlockSaved::All(Box::new(acts))),
-                Keep::BlockInputs => saved.push(BlockSaved::Input(acts.input)),
-                Keep::Output => {}
-            }
-            (input, ln1, ln1_rstd) = (next, next_ln, next_rstd);
-        }
-        Ok(Activations {
-            blocks: saved,
-            last: input,
-            ln_f: ln1,
-            ln_f_rstd: ln1_rstd,
-        })
-    }
-
-    fn head_weight(&self) -> &Tensor {
-        self.head
-            .as_ref()
-            .map_or(self.embed.weight(), |h| h.weight.weight())
-    }
-
-    fn logits(&self, acts: &Activations) -> Result<Tensor> {
-        ops::linear_forward(&acts.ln_f, self.head_weight(), None)
     }
 
     /// Forward and backward with every token's loss weighted by `grad_scale`, times
@@ -461,122 +422,34 @@ impl Llama {
         p: StepPrecision,
         token_weights: Option<&[f32]>,
     ) -> Result<f64> {
-        let keep = match self.recompute {
-            Recompute::None => Keep::All,
-            Recompute::Blocks => Keep::BlockInputs,
+        let pass = RotaryPass {
+            pos: positions(batch, seq),
+            rotary: &self.rotary,
         };
-        let acts = self.forward(inputs, batch, seq, keep)?;
-        // What the forward kept is saved; the head, the loss and the backward are transient.
-        acts.ln_f.pool().set_phase(crate::engine::Phase::Backward);
-        let mut dlogits = self.logits(&acts)?;
-        let losses = ops::cross_entropy_fused(&mut dlogits, targets, self.cfg.vocab, p.grad_scale)?;
-        ops::round_in_place(&mut dlogits, p.grad_dtype)?;
-        // Token weights scale rows of the logits' gradient. The head is linear, so the same
-        // result comes from scaling the head's input rows for its weight gradient and the
-        // rows of its input gradient: two tensors of the model's width instead of a second
-        // one of the vocabulary's.
-        let scale_rows = |t: &Tensor, w: &[f32]| -> Result<Tensor> {
-            let all: Vec<u32> = (0..w.len() as u32).collect();
-            Ok(ops::gather_rows(t, &all, Some(w))?.reshaped(t.shape()))
-        };
-        let scaled_ln_f = token_weights
-            .map(|w| scale_rows(&acts.ln_f, w))
-            .transpose()?;
-        let head_input = scaled_ln_f.as_ref().unwrap_or(&acts.ln_f);
-        let d_ln_f = match &mut self.head {
-            Some(head) => head.backward(&dlogits, head_input)?,
-            None => {
-                let (w, dw) = self.embed.weight_and_grad();
-                ops::linear_backward(&dlogits, head_input, w, dw, None)?
-            }
-        };
-        drop((dlogits, scaled_ln_f));
-        let d_ln_f = match token_weights {
-            Some(w) => scale_rows(&d_ln_f, w)?,
-            None => d_ln_f,
-        };
-        let Activations {
-            blocks: mut saved,
-            last,
-            ln_f,
-            ln_f_rstd,
-        } = acts;
-        drop(ln_f);
-        let pos = positions(batch, seq);
-        let mut dstream = Tensor::zeros(last.pool(), last.shape(), last.dtype())?;
-        self.ln_f
-            .backward(&mut dstream, &d_ln_f, &last, &ln_f_rstd)?;
-        drop((d_ln_f, last));
-        let starts = self.grad_ready.as_ref().map(|_| self.grad_block_starts());
-        if let Some(s) = &starts {
-            self.grads_final_from(s[self.blocks.len()]);
-        }
-        while let Some(kept) = saved.pop() {
-            let block = &mut self.blocks[saved.len()];
-            let a = match kept {
-                BlockSaved::All(a) => *a,
-                BlockSaved::Input(input) => block.recompute(input, &pos, &self.rotary)?,
-            };
-            let d_ln2 = block.mlp.backward(&dstream, &a.ln2, &a.mlp)?;
-            block
-                .ln2
-                .backward(&mut dstream, &d_ln2, &a.mid, &a.ln2_rstd)?;
-            drop(d_ln2);
-            let d_ln1 = block
-                .attn
-                .backward(&dstream, &a.ln1, &pos, &self.rotary, &a.attn)?;
-            block
-                .ln1
-                .backward(&mut dstream, &d_ln1, &a.input, &a.ln1_rstd)?;
-            if let Some(s) = &starts {
-                self.grads_final_from(s[saved.len()]);
-            }
-        }
-        if let Some(dembed) = self.embed.grad_mut() {
-            ops::token_embedding_backward(dembed, &dstream, inputs)?;
-        }
-        if starts.is_some() {
-            self.grads_final_from(0);
-        }
-        Ok(losses.iter().map(|&l| l as f64).sum())
+        let (loss, _) =
+            self.lm
+                .forward_backward(inputs, targets, batch, seq, p, &pass, token_weights)?;
+        Ok(loss)
     }
 
     /// The final hidden states `[batch, seq, C]` (after the last norm, before the head), for
     /// using the decoder as a text encoder.
     pub fn final_hidden_states(&self, tokens: &[u32], batch: usize, seq: usize) -> Result<Tensor> {
-        Ok(self.forward(tokens, batch, seq, Keep::Output)?.ln_f)
+        let pass = self.pass(batch, seq);
+        Ok(self
+            .lm
+            .forward(tokens, batch, seq, Keep::Output, &pass)?
+            .normed)
     }
 }
 
 impl Model for Llama {
     fn params(&self) -> Vec<&Param> {
-        let mut v = vec![&self.embed];
-        for b in &self.blocks {
-            v.extend(b.ln1.params());
-            v.extend(b.attn.params());
-            v.extend(b.ln2.params());
-            v.extend(b.mlp.params());
-        }
-        v.extend(self.ln_f.params());
-        if let Some(h) = &self.head {
-            v.extend(h.params());
-        }
-        v
+        self.lm.params()
     }
 
     fn params_mut(&mut self) -> Vec<&mut Param> {
-        let mut v = vec![&mut self.embed];
-        for b in &mut self.blocks {
-            v.extend(b.ln1.params_mut());
-            v.extend(b.attn.params_mut());
-            v.extend(b.ln2.params_mut());
-            v.extend(b.mlp.params_mut());
-        }
-        v.extend(self.ln_f.params_mut());
-        if let Some(h) = &mut self.head {
-            v.extend(h.params_mut());
-        }
-        v
+        self.lm.params_mut()
     }
 
     fn attach_lora(
@@ -586,13 +459,13 @@ impl Model for Llama {
     ) -> std::result::Result<Vec<String>, String> {
         let fail = |e: crate::engine::EngineError| e.to_string();
         let mut rng = Rng::new(seed, stream::LORA);
-        let pool = self.embed.value.pool().clone();
+        let pool = self.lm.embed.value.pool().clone();
         for p in self.params_mut() {
             p.freeze().map_err(fail)?;
         }
         let mut adapted = Vec::new();
-        for (l, b) in self.blocks.iter_mut().enumerate() {
-            for (name, lin) in Block::LINEARS.iter().zip(b.linears_mut()) {
+        for (l, b) in self.lm.blocks.iter_mut().enumerate() {
+            for (name, lin) in LlamaBlock::LINEARS.iter().zip(b.linears_mut()) {
                 adapted.extend(
                     lin.attach_lora(&pool, &format!("layers.{l}.{name}"), spec, &mut rng)
                         .map_err(fail)?,
@@ -603,42 +476,46 @@ impl Model for Llama {
     }
 
     fn lora_modules(&self) -> Vec<String> {
-        self.blocks
+        self.lm
+            .blocks
             .iter()
-            .flat_map(Block::linears)
+            .flat_map(LlamaBlock::linears)
             .flat_map(|lin| lin.blocks.iter().map(|blk| blk.module.clone()))
             .collect()
     }
 
     fn adapters(&self) -> Vec<&Adapter> {
-        self.blocks
+        self.lm
+            .blocks
             .iter()
-            .flat_map(Block::linears)
+            .flat_map(LlamaBlock::linears)
             .flat_map(|lin| lin.adapters.iter())
             .collect()
     }
 
     fn adapters_mut(&mut self) -> Vec<&mut Adapter> {
-        self.blocks
+        self.lm
+            .blocks
             .iter_mut()
-            .flat_map(Block::linears_mut)
+            .flat_map(LlamaBlock::linears_mut)
             .flat_map(|lin| lin.adapters.iter_mut())
             .collect()
     }
 
     fn merge_lora(&mut self) -> Result<()> {
-        for lin in self.blocks.iter_mut().flat_map(Block::linears_mut) {
+        for lin in self.lm.blocks.iter_mut().flat_map(LlamaBlock::linears_mut) {
             lin.merge_adapters()?;
         }
         Ok(())
     }
 
     fn quantize_base_nf4(&mut self, compute: DType) -> Result<Option<QuantizedBase>> {
-        let pool = self.embed.value.pool().clone();
+        let pool = self.lm.embed.value.pool().clone();
         let largest = self
+            .lm
             .blocks
             .iter()
-            .flat_map(Block::linears)
+            .flat_map(LlamaBlock::linears)
             .map(|lin| lin.c_in * lin.c_out)
             .max()
             .unwrap_or(0);
@@ -650,7 +527,7 @@ impl Model for Llama {
             workspace_bytes: workspace.bytes(),
         };
         // One projection at a time: its dense copy is freed before the next is quantised.
-        for lin in self.blocks.iter_mut().flat_map(Block::linears_mut) {
+        for lin in self.lm.blocks.iter_mut().flat_map(LlamaBlock::linears_mut) {
             q.nf4_bytes += lin.quantize_nf4(&workspace)?;
             q.weights += 1;
             q.values += lin.c_in * lin.c_out;
@@ -687,31 +564,30 @@ impl Model for Llama {
     }
 
     fn set_grad_ready(&mut self, hook: Option<super::GradReady>) -> bool {
-        self.grad_ready = hook;
+        self.lm.set_grad_ready(hook);
         true
     }
 
     fn loss(&self, inputs: &[u32], targets: &[u32], batch: usize, seq: usize) -> Result<f64> {
-        let acts = self.forward(inputs, batch, seq, Keep::Output)?;
-        let logits = self.logits(&acts)?;
-        Ok(ops::cross_entropy(&logits, targets, self.cfg.vocab)?
-            .iter()
-            .map(|&l| l as f64)
-            .sum())
+        self.lm
+            .loss(inputs, targets, batch, seq, &self.pass(batch, seq))
     }
 
     fn next_logits(&self, tokens: &[u32]) -> Result<Vec<f32>> {
-        let acts = self.forward(tokens, 1, tokens.len(), Keep::Output)?;
+        let pass = self.pass(1, tokens.len());
+        let acts = self
+            .lm
+            .forward(tokens, 1, tokens.len(), Keep::Output, &pass)?;
         // Only the last position's logits are needed: project that row alone.
         let c = self.cfg.d_model;
-        let last = acts.ln_f.to_vec()?;
+        let last = acts.normed.to_vec()?;
         let row = Tensor::from_vec(
-            acts.ln_f.pool(),
+            acts.normed.pool(),
             &[1, c],
-            acts.ln_f.dtype(),
+            acts.normed.dtype(),
             last[(tokens.len() - 1) * c..].to_vec(),
         )?;
-        let logits = ops::linear_forward(&row, self.head_weight(), None)?.to_vec()?;
+        let logits = ops::linear_forward(&row, self.lm.head_weight(), None)?.to_vec()?;
         Ok(logits[..self.cfg.vocab].to_vec())
     }
 
@@ -728,11 +604,11 @@ impl Model for Llama {
     }
 
     fn recompute(&self) -> Recompute {
-        self.recompute
+        self.lm.recompute
     }
 
     fn set_recompute(&mut self, policy: Recompute) -> std::result::Result<(), String> {
-        self.recompute = policy;
+        self.lm.recompute = policy;
         Ok(())
     }
 
@@ -749,10 +625,10 @@ impl Llama {
             max_len: max_len.min(self.cfg.context),
             head_dim: self.cfg.head_dim,
         };
-        let pool = self.embed.value.pool();
+        let pool = self.lm.embed.value.pool();
         (
             shape,
-            ops::activation_dtype(pool.device(), self.embed.weight().dtype()),
+            ops::activation_dtype(pool.device(), self.lm.embed.weight().dtype()),
         )
     }
 }
@@ -765,7 +641,7 @@ impl Decoder for Llama {
 
     fn new_cache(&self, slots: usize, max_len: usize) -> Result<KvCache> {
         let (shape, dtype) = self.cache_shape(slots, max_len);
-        let pool = self.embed.value.pool();
+        let pool = self.lm.embed.value.pool();
         let layers = (0..self.cfg.n_layers)
             .map(|_| {
                 Ok((
@@ -795,7 +671,7 @@ impl Decoder for Llama {
         };
         let ln = self.decode_hidden(cache, &rows)?;
         let last = ops::gather_rows(&ln, emit, None)?;
-        let logits = ops::linear_forward(&last, self.head_weight(), None)?.to_vec()?;
+        let logits = ops::linear_forward(&last, self.lm.head_weight(), None)?.to_vec()?;
         let padded = padded_vocab(self.cfg.vocab);
         Ok(logits
             .chunks(padded)
@@ -807,7 +683,7 @@ impl Decoder for Llama {
     fn new_logits(&self, rows: usize) -> Result<Tensor> {
         let (_, dtype) = self.cache_shape(1, 1);
         Tensor::uninit(
-            self.embed.value.pool(),
+            self.lm.embed.value.pool(),
             &[rows, padded_vocab(self.cfg.vocab)],
             dtype,
         )
@@ -824,7 +700,7 @@ impl Decoder for Llama {
             Some(emit) => ops::gather_rows_at(&ln, emit, None)?,
             None => ln,
         };
-        ops::linear_forward_into(logits, &last, self.head_weight(), None)
+        ops::linear_forward_into(logits, &last, self.lm.head_weight(), None)
     }
 }
 
@@ -840,14 +716,10 @@ impl Llama {
             rot_dim: self.cfg.rot_dim,
         };
         let c = cache.shape;
-        let mut x = ops::token_embedding_at(r.tokens, 1, rows, self.embed.weight())?
+        let mut x = ops::token_embedding_at(r.tokens, 1, rows, self.lm.embed.weight())?
             .reshaped(&[rows, self.cfg.d_model]);
-        let (mut ln, _) = self
-            .blocks
-            .first()
-            .map_or(&self.ln_f, |b| &b.ln1)
-            .forward(&x)?;
-        for (l, block) in self.blocks.iter().enumerate() {
+        let (mut ln, _) = self.lm.first_norm().normalize(&x)?;
+        for (l, block) in self.lm.blocks.iter().enumerate() {
             let (k, v) = &mut cache.layers[l];
             let (qkv, _) = block.attn.project(&ln)?;
             let q = ops::kv_append_at(
@@ -877,7 +749,7 @@ impl Llama {
             let (mid, ln2, _) = block.ln2.forward_residual(&x, &o)?;
             let act = block.mlp.activations(&ln2)?;
             let down = block.mlp.output(&act)?;
-            let (next, next_ln, _) = self.norm_after(l).forward_residual(&mid, &down)?;
+            let (next, next_ln, _) = self.lm.norm_after(l).forward_residual(&mid, &down)?;
             (x, ln) = (next, next_ln);
         }
         Ok(ln)

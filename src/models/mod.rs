@@ -5,6 +5,7 @@ pub mod export;
 pub mod gpt;
 pub mod import;
 pub mod llama;
+pub mod lm;
 pub mod peft;
 pub mod resnet_bk;
 

@@ -19,18 +19,23 @@
 //! (the BK-Core computes in f32 whatever the activation type, and the scale is applied there).
 //! The training loss adds each layer's load-balancing loss, weighted by `aux_coef` and by the
 //! micro-batch's tokens, so accumulated micro-batches sum to the token-weighted mean of theirs.
+//!
+//! The embedding, the stack, the head, the loss, block recomputation and the backward's order
+//! are [`super::lm`]'s; this file holds the block and its shape. A recomputed block routes its
+//! tokens as the forward did (the same kernels on the same inputs), and only the forward's
+//! routing is reported.
 
+use super::lm::{self, BlockActs, Lm};
 use super::padded_vocab;
-use super::{Model, RoutingStats, StepPrecision};
-use crate::engine::ops::{self, NormStats};
+use super::{Model, Recompute, RoutingStats, StepPrecision};
 use crate::engine::rng::{Rng, stream};
-use crate::engine::{DType, MemoryPool, Result, Tensor};
+use crate::engine::{DType, MemoryPool, Result, Tensor, ops};
 use crate::nn::bk_core::{BkCore, BkCoreOptions, BkSaved};
 use crate::nn::embedding::Embedding;
 use crate::nn::layernorm::LayerNorm;
 use crate::nn::linear::Linear;
 use crate::nn::moe::{Moe, MoeConfig, MoeSaved, MoeStats};
-use crate::nn::{ActLayout, Cost, Init, Param, f32_bytes};
+use crate::nn::{ActLayout, Cost, Init, Kernels, Param, f32_bytes};
 use std::sync::Arc;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -48,6 +53,19 @@ impl ResnetBkConfig {
     /// from the shape alone (the model's [`Model::cost`] and the planner share it).
     pub fn cost(&self, batch: usize, seq: usize) -> Cost {
         let (tokens, c) = (batch * seq, self.d_model);
+        let block = self.block_cost(batch, seq);
+        let padded = padded_vocab(self.vocab);
+        let head = lm::head_cost(c, padded, self.tied_head, tokens, ActLayout::CPU_F32);
+        Embedding::cost_of(padded, self.context, c, tokens)
+            + (0..self.n_layers).map(|_| block).sum::<Cost>()
+            + LayerNorm::cost_of(c, tokens, ActLayout::CPU_F32)
+            + head
+    }
+
+    /// One block's share of [`ResnetBkConfig::cost`] (its forward FLOPs are what
+    /// recomputation repeats).
+    pub fn block_cost(&self, batch: usize, seq: usize) -> Cost {
+        let (tokens, c) = (batch * seq, self.d_model);
         let scale = Cost {
             params: 1,
             flops_forward: 2 * tokens as u64,
@@ -55,24 +73,12 @@ impl ResnetBkConfig {
             // G, and `scale * G` for out_proj's weight gradient.
             saved_bytes: f32_bytes(4 * tokens),
         };
-        let block = LayerNorm::cost_of(c, tokens, ActLayout::CPU_F32)
+        LayerNorm::cost_of(c, tokens, ActLayout::CPU_F32)
             + Moe::cost_of(&self.moe, tokens)
             + Linear::cost_of(c, 1, true, tokens)
             + BkCore::cost_of(BkCoreOptions::default(), self.context, batch, seq)
             + Linear::cost_of(2, c, false, tokens)
-            + scale;
-        let padded = padded_vocab(self.vocab);
-        let head_mac = (tokens * c * padded) as u64;
-        let head = Cost {
-            params: if self.tied_head { 0 } else { padded * c },
-            flops_forward: 2 * head_mac,
-            flops_backward: 4 * head_mac,
-            saved_bytes: f32_bytes(tokens * padded),
-        };
-        Embedding::cost_of(padded, self.context, c, tokens)
-            + (0..self.n_layers).map(|_| block).sum::<Cost>()
-            + LayerNorm::cost_of(c, tokens, ActLayout::CPU_F32)
-            + head
+            + scale
     }
 }
 
@@ -89,32 +95,160 @@ pub struct BkBlock {
 
 pub struct ResnetBk {
     pub cfg: ResnetBkConfig,
-    pub embed: Embedding,
-    pub blocks: Vec<BkBlock>,
-    pub ln_f: LayerNorm,
-    pub head: Option<Linear>,
+    pub lm: Lm<Embedding, BkBlock>,
     /// Routing statistics of the forward-backward passes since the last
     /// [`Model::take_routing_stats`], one entry per layer and micro-batch.
     routing: Vec<MoeStats>,
 }
 
-/// One block's saved activations; `input` is the stream entering it.
-struct BlockActs {
-    input: Tensor,
-    ln: Tensor,
-    ln_stats: NormStats,
+/// What a block keeps beyond its input and its norm.
+pub struct BkBlockSaved {
     moe: MoeSaved,
     bk: BkSaved,
     /// `G` as the BK-Core returned it, and `scale * G` as `out_proj` read it.
     g: Vec<f32>,
     g_scaled: Tensor,
+    /// The sum of both branches, until the skeleton adds it to the stream (a recomputed
+    /// block's is dropped unread).
+    delta: Option<Tensor>,
 }
 
-struct Activations {
-    blocks: Vec<BlockActs>,
-    last: Tensor,
-    ln_f: Tensor,
-    ln_f_stats: NormStats,
+/// What every block of a pass needs: the batch's shape, and the weight of the
+/// load-balancing loss in the gradient.
+pub struct BkPass {
+    batch: usize,
+    seq: usize,
+    aux_scale: f32,
+}
+
+impl lm::Block for BkBlock {
+    type Norm = LayerNorm;
+    type Saved = BkBlockSaved;
+    type Pass<'p> = BkPass;
+    type Report = MoeStats;
+
+    fn norm(&self) -> &LayerNorm {
+        &self.ln
+    }
+
+    /// The block's two branches on the normed stream `ln`, summed.
+    fn forward(
+        &self,
+        _input: &Tensor,
+        ln: &Tensor,
+        _kernels: Kernels,
+        pass: &BkPass,
+    ) -> Result<BkBlockSaved> {
+        let (batch, seq) = (pass.batch, pass.seq);
+        let pool = ln.pool();
+        let (mut delta, moe) = self.moe.forward(ln)?;
+        let v = self.v_proj.forward(ln)?;
+        let v = Tensor::from_vec(pool, &[batch * seq], DType::F32, v.to_vec()?)?;
+        let (g, bk) = self.bk.forward(&v, batch, seq)?;
+        let g = g.to_vec()?;
+        let scale = self.scale.weight().to_vec()?[0];
+        let g_scaled = Tensor::from_vec(
+            pool,
+            &[batch, seq, 2],
+            ln.dtype(),
+            g.iter().map(|x| scale * x).collect(),
+        )?;
+        ops::add_in_place(&mut delta, &self.out_proj.forward(&g_scaled)?)?;
+        Ok(BkBlockSaved {
+            moe,
+            bk,
+            g,
+            g_scaled,
+            delta: Some(delta),
+        })
+    }
+
+    fn last_branch(&self, saved: &mut BkBlockSaved) -> Result<Tensor> {
+        Ok(saved
+            .delta
+            .take()
+            .expect("the forward leaves the branches' sum"))
+    }
+
+    /// Both branches read the block's normed input, so their sum adds to the input.
+    fn last_residual(acts: &BlockActs<Self>) -> &Tensor {
+        &acts.input
+    }
+
+    fn report(saved: &BkBlockSaved) -> MoeStats {
+        saved.moe.stats()
+    }
+
+    /// `dstream`, the gradient of the block's output, is the gradient of both branches.
+    fn backward(
+        &mut self,
+        dstream: &mut Tensor,
+        a: BlockActs<Self>,
+        _kernels: Kernels,
+        pass: &BkPass,
+    ) -> Result<()> {
+        let BlockActs {
+            input,
+            normed: ln,
+            stats: ln_stats,
+            saved,
+        } = a;
+        drop(saved.delta);
+        // The gradient of the normed input; the branches' temporaries go before the norm's
+        // backward.
+        let d_ln = {
+            let pool = dstream.pool();
+            let d_g_scaled = self.out_proj.backward(dstream, &saved.g_scaled)?.to_vec()?;
+            let scale = self.scale.weight().to_vec()?[0];
+            let dscale: f64 = d_g_scaled
+                .iter()
+                .zip(&saved.g)
+                .map(|(d, g)| *d as f64 * *g as f64)
+                .sum();
+            let mut grad = self.scale.grad.to_vec()?;
+            grad[0] += dscale as f32;
+            self.scale.grad.copy_from_host(&grad)?;
+            let d_g = Tensor::from_vec(
+                pool,
+                &[saved.g.len() / 2, 2],
+                DType::F32,
+                d_g_scaled.iter().map(|d| scale * d).collect(),
+            )?;
+            let dv = self.bk.backward(&d_g, &saved.bk)?;
+            let mut shape = ln.shape().to_vec();
+            *shape
+                .last_mut()
+                .expect("the stream has a channel dimension") = 1;
+            let dv = Tensor::from_vec(pool, &shape, ln.dtype(), dv.to_vec()?)?;
+            let mut d_ln = self.v_proj.backward(&dv, &ln)?;
+            let d_ln_moe = self
+                .moe
+                .backward(dstream, &ln, &saved.moe, pass.aux_scale)?;
+            ops::add_in_place(&mut d_ln, &d_ln_moe)?;
+            d_ln
+        };
+        self.ln.backward(dstream, &d_ln, &input, &ln_stats)
+    }
+
+    fn block_params(&self) -> Vec<&Param> {
+        let mut v = self.ln.params();
+        v.extend(self.moe.params());
+        v.extend(self.v_proj.params());
+        v.extend(self.bk.params());
+        v.extend(self.out_proj.params());
+        v.push(&self.scale);
+        v
+    }
+
+    fn block_params_mut(&mut self) -> Vec<&mut Param> {
+        let mut v = self.ln.params_mut();
+        v.extend(self.moe.params_mut());
+        v.extend(self.v_proj.params_mut());
+        v.extend(self.bk.params_mut());
+        v.extend(self.out_proj.params_mut());
+        v.push(&mut self.scale);
+        v
+    }
 }
 
 impl ResnetBk {
@@ -167,171 +301,43 @@ impl ResnetBk {
                 pool, "lm_head", c, padded, false, 0.02, &mut rng,
             )?)
         };
-        Ok(ResnetBk {
-            cfg,
+        let lm = Lm::new(
+            "resnet_bk",
             embed,
             blocks,
             ln_f,
             head,
+            cfg.vocab,
+            cfg.context,
+        );
+        Ok(ResnetBk {
+            cfg,
+            lm,
             routing: Vec::new(),
         })
     }
 
-    fn check_len(&self, seq: usize) -> Result<()> {
-        super::check_context("resnet_bk", seq, self.cfg.context)
-    }
-
-    fn norm_after(&self, l: usize) -> &LayerNorm {
-        self.blocks.get(l + 1).map_or(&self.ln_f, |b| &b.ln)
-    }
-
-    /// The block's two branches on the normed stream `ln`: returns their sum and what the
-    /// backward needs besides the stream and the norm.
-    fn block_forward(
-        block: &BkBlock,
-        ln: &Tensor,
-        batch: usize,
-        seq: usize,
-    ) -> Result<(Tensor, MoeSaved, BkSaved, Vec<f32>, Tensor)> {
-        let pool = ln.pool();
-        let (mut delta, moe) = block.moe.forward(ln)?;
-        let v = block.v_proj.forward(ln)?;
-        let v = Tensor::from_vec(pool, &[batch * seq], DType::F32, v.to_vec()?)?;
-        let (g, bk) = block.bk.forward(&v, batch, seq)?;
-        let g = g.to_vec()?;
-        let scale = block.scale.weight().to_vec()?[0];
-        let g_scaled = Tensor::from_vec(
-            pool,
-            &[batch, seq, 2],
-            ln.dtype(),
-            g.iter().map(|x| scale * x).collect(),
-        )?;
-        ops::add_in_place(&mut delta, &block.out_proj.forward(&g_scaled)?)?;
-        Ok((delta, moe, bk, g, g_scaled))
-    }
-
-    fn forward(&self, tokens: &[u32], batch: usize, seq: usize) -> Result<Activations> {
-        self.check_len(seq)?;
-        let mut input = self.embed.forward(tokens, batch, seq)?;
-        let (mut ln, mut ln_stats) = self
-            .blocks
-            .first()
-            .map_or(&self.ln_f, |b| &b.ln)
-            .forward(&input)?;
-        let mut acts = Vec::with_capacity(self.blocks.len());
-        for (l, block) in self.blocks.iter().enumerate() {
-            let (delta, moe, bk, g, g_scaled) = Self::block_forward(block, &ln, batch, seq)?;
-            let (next, next_ln, next_stats) =
-                self.norm_after(l).forward_residual(&input, &delta)?;
-            acts.push(BlockActs {
-                input,
-                ln,
-                ln_stats,
-                moe,
-                bk,
-                g,
-                g_scaled,
-            });
-            (input, ln, ln_stats) = (next, next_ln, next_stats);
+    /// The pass of evaluation and generation: no backward, so no load-balancing gradient.
+    fn eval_pass(batch: usize, seq: usize) -> BkPass {
+        BkPass {
+            batch,
+            seq,
+            aux_scale: 0.0,
         }
-        Ok(Activations {
-            blocks: acts,
-            last: input,
-            ln_f: ln,
-            ln_f_stats: ln_stats,
-        })
-    }
-
-    fn head_weight(&self) -> &Tensor {
-        self.head
-            .as_ref()
-            .map_or(self.embed.wte.weight(), |h| h.weight.weight())
-    }
-
-    fn logits(&self, acts: &Activations) -> Result<Tensor> {
-        ops::linear_forward(&acts.ln_f, self.head_weight(), None)
-    }
-}
-
-impl BkBlock {
-    /// Gradient of the normed stream from `dstream`, the gradient of the block's output
-    /// (which is the gradient of both branches); accumulates every parameter gradient.
-    fn backward(&mut self, dstream: &Tensor, a: &BlockActs, aux_scale: f32) -> Result<Tensor> {
-        let pool = dstream.pool();
-        let d_g_scaled = self.out_proj.backward(dstream, &a.g_scaled)?.to_vec()?;
-        let scale = self.scale.weight().to_vec()?[0];
-        let dscale: f64 = d_g_scaled
-            .iter()
-            .zip(&a.g)
-            .map(|(d, g)| *d as f64 * *g as f64)
-            .sum();
-        let mut grad = self.scale.grad.to_vec()?;
-        grad[0] += dscale as f32;
-        self.scale.grad.copy_from_host(&grad)?;
-        let d_g = Tensor::from_vec(
-            pool,
-            &[a.g.len() / 2, 2],
-            DType::F32,
-            d_g_scaled.iter().map(|d| scale * d).collect(),
-        )?;
-        let dv = self.bk.backward(&d_g, &a.bk)?;
-        let mut shape = a.ln.shape().to_vec();
-        *shape
-            .last_mut()
-            .expect("the stream has a channel dimension") = 1;
-        let dv = Tensor::from_vec(pool, &shape, a.ln.dtype(), dv.to_vec()?)?;
-        let mut d_ln = self.v_proj.backward(&dv, &a.ln)?;
-        let d_ln_moe = self.moe.backward(dstream, &a.ln, &a.moe, aux_scale)?;
-        ops::add_in_place(&mut d_ln, &d_ln_moe)?;
-        Ok(d_ln)
-    }
-
-    fn params(&self) -> Vec<&Param> {
-        let mut v = self.ln.params();
-        v.extend(self.moe.params());
-        v.extend(self.v_proj.params());
-        v.extend(self.bk.params());
-        v.extend(self.out_proj.params());
-        v.push(&self.scale);
-        v
-    }
-
-    fn params_mut(&mut self) -> Vec<&mut Param> {
-        let mut v = self.ln.params_mut();
-        v.extend(self.moe.params_mut());
-        v.extend(self.v_proj.params_mut());
-        v.extend(self.bk.params_mut());
-        v.extend(self.out_proj.params_mut());
-        v.push(&mut self.scale);
-        v
     }
 }
 
 impl Model for ResnetBk {
     fn params(&self) -> Vec<&Param> {
-        let mut v = self.embed.params();
-        for b in &self.blocks {
-            v.extend(b.params());
-        }
-        v.extend(self.ln_f.params());
-        if let Some(h) = &self.head {
-            v.extend(h.params());
-        }
-        v
+        self.lm.params()
     }
 
     fn params_mut(&mut self) -> Vec<&mut Param> {
-        let mut v = self.embed.params_mut();
-        for b in &mut self.blocks {
-            v.extend(b.params_mut());
-        }
-        v.extend(self.ln_f.params_mut());
-        if let Some(h) = &mut self.head {
-            v.extend(h.params_mut());
-        }
-        v
+        self.lm.params_mut()
     }
 
+    /// The training loss adds each layer's load-balancing loss, `aux_coef` times its aux loss
+    /// for each token.
     fn forward_backward(
         &mut self,
         inputs: &[u32],
@@ -340,56 +346,30 @@ impl Model for ResnetBk {
         seq: usize,
         p: StepPrecision,
     ) -> Result<f64> {
-        let mut acts = self.forward(inputs, batch, seq)?;
-        // What the forward kept is saved; the head, the loss and the backward are transient.
-        acts.ln_f.pool().set_phase(crate::engine::Phase::Backward);
-        let mut dlogits = self.logits(&acts)?;
-        let losses = ops::cross_entropy_fused(&mut dlogits, targets, self.cfg.vocab, p.grad_scale)?;
-        ops::round_in_place(&mut dlogits, p.grad_dtype)?;
         let tokens = inputs.len();
-        let stats: Vec<MoeStats> = acts.blocks.iter().map(|a| a.moe.stats()).collect();
-        let aux: f64 = stats.iter().map(|s| s.aux_loss).sum::<f64>() * self.cfg.moe.aux_coef;
-
-        let d_ln_f = match &mut self.head {
-            Some(head) => head.backward(&dlogits, &acts.ln_f)?,
-            None => {
-                let (w, dw) = self.embed.wte.weight_and_grad();
-                ops::linear_backward(&dlogits, &acts.ln_f, w, dw, None)?
-            }
-        };
-        drop(dlogits);
-        let mut dstream = Tensor::zeros(acts.last.pool(), acts.last.shape(), acts.last.dtype())?;
-        self.ln_f
-            .backward(&mut dstream, &d_ln_f, &acts.last, &acts.ln_f_stats)?;
         // Each token carries `tokens * aux_coef * aux` of extra loss in total, so the aux
         // loss's weight in the gradient is the token loss's weight times the tokens.
-        let aux_scale = p.grad_scale * tokens as f32;
-        while let Some(a) = acts.blocks.pop() {
-            let block = &mut self.blocks[acts.blocks.len()];
-            let d_ln = block.backward(&dstream, &a, aux_scale)?;
-            block
-                .ln
-                .backward(&mut dstream, &d_ln, &a.input, &a.ln_stats)?;
-        }
-        self.embed.backward(&dstream, inputs, seq)?;
+        let pass = BkPass {
+            batch,
+            seq,
+            aux_scale: p.grad_scale * tokens as f32,
+        };
+        let (loss, stats) = self
+            .lm
+            .forward_backward(inputs, targets, batch, seq, p, &pass, None)?;
+        let aux: f64 = stats.iter().map(|s| s.aux_loss).sum::<f64>() * self.cfg.moe.aux_coef;
         self.routing.extend(stats);
-        Ok(losses.iter().map(|&l| l as f64).sum::<f64>() + tokens as f64 * aux)
+        Ok(loss + tokens as f64 * aux)
     }
 
     fn loss(&self, inputs: &[u32], targets: &[u32], batch: usize, seq: usize) -> Result<f64> {
-        let acts = self.forward(inputs, batch, seq)?;
-        let logits = self.logits(&acts)?;
-        Ok(ops::cross_entropy(&logits, targets, self.cfg.vocab)?
-            .iter()
-            .map(|&l| l as f64)
-            .sum())
+        let pass = Self::eval_pass(batch, seq);
+        self.lm.loss(inputs, targets, batch, seq, &pass)
     }
 
     fn next_logits(&self, tokens: &[u32]) -> Result<Vec<f32>> {
-        let acts = self.forward(tokens, 1, tokens.len())?;
-        let logits = self.logits(&acts)?.to_vec()?;
-        let row = (tokens.len() - 1) * padded_vocab(self.cfg.vocab);
-        Ok(logits[row..row + self.cfg.vocab].to_vec())
+        self.lm
+            .next_logits(tokens, &Self::eval_pass(1, tokens.len()))
     }
 
     fn context(&self) -> usize {
@@ -402,6 +382,15 @@ impl Model for ResnetBk {
 
     fn cost(&self, batch: usize, seq: usize) -> Cost {
         self.cfg.cost(batch, seq)
+    }
+
+    fn recompute(&self) -> Recompute {
+        self.lm.recompute
+    }
+
+    fn set_recompute(&mut self, policy: Recompute) -> std::result::Result<(), String> {
+        self.lm.recompute = policy;
+        Ok(())
     }
 
     fn take_routing_stats(&mut self) -> Option<RoutingStats> {
@@ -442,13 +431,19 @@ mod tests {
 
     /// The routing of every layer for a batch (which experts got which tokens).
     fn routing(model: &ResnetBk, x: &[u32]) -> Vec<Vec<Vec<u32>>> {
+        let pass = ResnetBk::eval_pass(2, 6);
         model
-            .forward(x, 2, 6)
+            .lm
+            .forward(x, 2, 6, lm::Keep::All, &pass)
             .unwrap()
             .blocks
             .iter()
-            .map(|a| {
-                a.moe
+            .map(|kept| {
+                let lm::BlockKept::All(a) = kept else {
+                    unreachable!("every block's activations are kept")
+                };
+                a.saved
+                    .moe
                     .routing
                     .slots
                     .iter()
@@ -465,7 +460,7 @@ mod tests {
         for (tied, top_k) in [(true, 2), (false, 1)] {
             let mut model = tiny(tied, top_k);
             // A larger scale on the BK branch so its gradients are not lost in the noise.
-            for b in &mut model.blocks {
+            for b in &mut model.lm.blocks {
                 b.out_proj
                     .weight
                     .value
@@ -534,7 +529,7 @@ mod tests {
         let n: usize = model.params().iter().map(|p| p.value.len()).sum();
         assert_eq!(model.cost(2, 6).params, n);
         // A NaN in the potential projection's bias reaches layer 1's BK-Core.
-        model.blocks[1]
+        model.lm.blocks[1]
             .v_proj
             .bias
             .as_mut()
@@ -546,5 +541,41 @@ mod tests {
         let err = model.loss(&x, &y, 2, 6).unwrap_err();
         assert!(matches!(err, EngineError::NonFinite { .. }), "{err}");
         assert!(err.to_string().contains("blocks.1.bk"), "{err}");
+    }
+
+    /// Recomputing blocks re-runs the same kernels on the same inputs (the same routing
+    /// included), so the loss, every gradient and the routing statistics come out as from
+    /// kept activations, over two accumulated micro-batches.
+    #[test]
+    fn recomputing_blocks_gives_bit_identical_gradients() {
+        let run = |policy: Recompute| {
+            let mut model = tiny(false, 2);
+            model.set_recompute(policy).unwrap();
+            assert_eq!(model.recompute(), policy);
+            let p = StepPrecision {
+                grad_scale: 0.5,
+                grad_dtype: DType::F32,
+            };
+            let (x, y) = batch();
+            let losses: Vec<u64> = (0..2)
+                .map(|_| model.forward_backward(&x, &y, 2, 6, p).unwrap().to_bits())
+                .collect();
+            let grads: Vec<Vec<u32>> = model
+                .params()
+                .iter()
+                .map(|p| {
+                    p.grad
+                        .to_vec()
+                        .unwrap()
+                        .iter()
+                        .map(|v| v.to_bits())
+                        .collect()
+                })
+                .collect();
+            (losses, grads, model.take_routing_stats())
+        };
+        let kept = run(Recompute::None);
+        assert!(kept.1.iter().flatten().any(|&g| g != 0));
+        assert_eq!(kept, run(Recompute::Blocks));
     }
 }

@@ -136,7 +136,7 @@ impl PlanRequest {
             seq_len: cfg.train.seq_len,
             device,
             compute,
-            recompute: cfg.train.recompute == "blocks" && arch == Arch::Gpt,
+            recompute: cfg.train.recompute == "blocks",
             offload_optimizer: cfg.train.offload_optimizer && device != Device::Cpu,
             config: Arc::new(cfg.clone()),
             vocab,
@@ -194,11 +194,6 @@ impl PlanRequest {
                 moe,
             }),
         }
-    }
-
-    /// Whether the model has block recomputation (the GPT has; ResNet-BK has not).
-    pub fn can_recompute(&self) -> bool {
-        self.arch == Arch::Gpt
     }
 }
 
@@ -326,9 +321,12 @@ pub fn plan(r: &PlanRequest) -> crate::error::Result<Plan> {
         } else {
             0
         },
-        recompute_flops: if r.recompute && r.can_recompute() {
-            block_cost(&r.model, r.micro_batch, r.seq_len, r.layout()).flops_forward
-                * r.model.n_layers as u64
+        recompute_flops: if r.recompute {
+            let block = match r.resnet_bk() {
+                None => block_cost(&r.model, r.micro_batch, r.seq_len, r.layout()),
+                Some(cfg) => cfg.block_cost(r.micro_batch, r.seq_len),
+            };
+            block.flops_forward * r.model.n_layers as u64
         } else {
             0
         },
@@ -418,7 +416,7 @@ pub fn layer_table(r: &PlanRequest) -> Vec<LayerLine> {
     ]
 }
 
-/// [`layer_table`] for ResNet-BK (no recomputation, so both saved-bytes columns agree).
+/// [`layer_table`] for ResNet-BK.
 fn resnet_bk_layer_table(cfg: &ResnetBkConfig, r: &PlanRequest) -> Vec<LayerLine> {
     use crate::nn::{
         bk_core::{BkCore, BkCoreOptions},
@@ -431,6 +429,9 @@ fn resnet_bk_layer_table(cfg: &ResnetBkConfig, r: &PlanRequest) -> Vec<LayerLine
     let (b, t, c) = (r.micro_batch, r.seq_len, cfg.d_model);
     let n = b * t;
     let padded = padded_vocab(cfg.vocab);
+    // Under recomputation a block keeps only its input, the norm's input; the final norm
+    // keeps what it always does.
+    let stream = layout.act_bytes(n * c);
     let line = |layer: &str, count: usize, cost: Cost| LayerLine {
         layer: layer.into(),
         count,
@@ -438,7 +439,11 @@ fn resnet_bk_layer_table(cfg: &ResnetBkConfig, r: &PlanRequest) -> Vec<LayerLine
         flops_forward: cost.flops_forward,
         flops_backward: cost.flops_backward,
         saved_bytes: cost.saved_bytes,
-        saved_bytes_recompute: cost.saved_bytes,
+        saved_bytes_recompute: match layer {
+            "block.ln" => stream,
+            _ if layer.starts_with("block.") => 0,
+            _ => cost.saved_bytes,
+        },
     };
     let l = cfg.n_layers;
     let head = Linear::cost_of(c, padded, false, n);
@@ -593,7 +598,7 @@ pub const VARIANTS: [(&str, bool, bool); 4] = [
 ];
 
 /// The largest micro-batch of each variant ([`VARIANTS`]); offload is skipped on the CPU,
-/// where host memory is the device, and recomputation for a model without it.
+/// where host memory is the device.
 pub fn largest_by_variant(
     r: &PlanRequest,
     budget: &Budget,
@@ -601,7 +606,6 @@ pub fn largest_by_variant(
     VARIANTS
         .iter()
         .filter(|v| r.gpu() || !v.2)
-        .filter(|v| r.can_recompute() || !v.1)
         .map(|&(name, recompute, offload)| {
             let v = PlanRequest {
                 recompute,
@@ -627,7 +631,7 @@ pub fn one_sequence_advice(
     let saves =
         |alt: PlanRequest| plan(&alt).map(|p| base.device_peak.saturating_sub(p.device_peak));
     let mut options = Vec::new();
-    if !one.recompute && one.can_recompute() {
+    if !one.recompute {
         let s = saves(PlanRequest {
             recompute: true,
             ..one.clone()

@@ -51,9 +51,10 @@ fn request(c: &Case, micro_batch: usize) -> PlanRequest {
 
 /// Runs one real optimizer step of one micro-batch: the pool's peak (construction
 /// included).
-fn measured(c: &Case, b: usize, offload: bool) -> usize {
+fn measured(c: &Case, b: usize, offload: bool, recompute: bool) -> usize {
     let mut cfg = config(c, b);
     cfg.train.offload_optimizer = offload;
+    cfg.train.recompute = if recompute { "blocks" } else { "none" }.into();
     let pool = MemoryPool::new(Device::Cpu);
     let mut trainer = Trainer::new(&cfg, c.vocab, &pool, c.precision).unwrap();
     let ids = |k: usize| -> Vec<u32> {
@@ -105,10 +106,11 @@ fn resnet_bk_plans_bound_real_cpu_steps_and_equal_them_where_routing_is_fixed() 
     let mut bounded = 0;
     for (i, c) in cases().iter().enumerate() {
         for b in 1..=4 {
-            for offload in [false, true] {
+            for (offload, recompute) in [(false, false), (true, false), (false, true)] {
                 let mut r = request(c, b);
                 r.offload_optimizer = offload;
-                let peak = measured(c, b, offload);
+                r.recompute = recompute;
+                let peak = measured(c, b, offload, recompute);
                 // With no more experts than the top-k every token goes to every expert, so the
                 // worst case is the only case.
                 let fixed = c.experts <= c.top_k;
@@ -116,18 +118,18 @@ fn resnet_bk_plans_bound_real_cpu_steps_and_equal_them_where_routing_is_fixed() 
                 if fixed {
                     assert_eq!(
                         planned.pool_peak, peak,
-                        "case {i} batch {b} offload {offload}"
+                        "case {i} batch {b} offload {offload} recompute {recompute}"
                     );
                 }
                 assert!(
                     planned.pool_peak >= peak,
-                    "case {i} batch {b} offload {offload}: planned {} below measured {peak}",
+                    "case {i} batch {b} offload {offload} recompute {recompute}: planned {} below measured {peak}",
                     planned.pool_peak
                 );
                 let over = (planned.pool_peak - peak) as f64 / peak as f64;
                 assert!(
                     over < 0.05,
-                    "case {i} batch {b} offload {offload}: planned {} is {:.1}% over measured {peak}",
+                    "case {i} batch {b} offload {offload} recompute {recompute}: planned {} is {:.1}% over measured {peak}",
                     planned.pool_peak,
                     100.0 * over
                 );
