@@ -144,3 +144,27 @@ fn built_in_tokenizers_and_bad_arguments() {
     assert_eq!(o.status.code(), Some(3), "{err}");
     assert!(err.contains("line 2") && err.contains("UTF-8"), "{err}");
 }
+
+#[test]
+fn stop_strings_a_model_cannot_write_are_refused() {
+    use kiln::data::Tokenizer;
+    let stops = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    // Byte-level vocabularies write any text.
+    let byte = kiln::data::ByteTokenizer;
+    kiln::generate::check_stop_strings(&byte, &stops(&["\n\n", " User:", "☃"])).unwrap();
+    let smol = kiln::data::tokenizer_from_path(&smollm2_gguf()).unwrap();
+    kiln::generate::check_stop_strings(&smol, &stops(&["<|im_end|>", "\nUser:", "𝔘"])).unwrap();
+    // MiniLM's uncased WordPiece vocabulary folds case and has no fraktur letters.
+    let minilm = kiln::data::tokenizer_from_path(&minilm_dir().join("tokenizer.json")).unwrap();
+    kiln::generate::check_stop_strings(&minilm, &stops(&["the end", " and"])).unwrap();
+    for bad in ["User:", "𝔘"] {
+        let e = kiln::generate::check_stop_strings(&minilm, &stops(&[bad]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--stop") && e.contains("cannot appear") && e.contains(minilm.name()),
+            "{e}"
+        );
+    }
+    assert!(kiln::generate::check_stop_strings(&byte, &stops(&[""])).is_err());
+}

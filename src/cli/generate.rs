@@ -276,6 +276,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         return Err(KilnError::Setting("--stop needs a non-empty text".into()));
     }
     let l = load(&a)?;
+    generate::check_stop_strings(l.tokenizer.as_ref(), &a.stop)?;
     let mut texts = Vec::new();
     match &a.prompts {
         None => texts.push(render(&l, a.chat, Some(a.prompt.clone()), None, 1)?),

@@ -203,6 +203,26 @@ fn prepare(model: &dyn Model, reqs: &[Request], o: &Options) -> Result<Vec<(Vec<
         .collect()
 }
 
+/// Refuses a stop string the model can never write: one whose text does not come back
+/// from its own tokens (characters the tokenizer maps to an unknown token, or case an
+/// uncased vocabulary folds). Leading and trailing whitespace is not compared, since
+/// decoders may add or strip a space at a text's edges.
+pub fn check_stop_strings(tok: &dyn Tokenizer, stops: &[String]) -> Result<()> {
+    for s in stops {
+        if s.is_empty() {
+            return Err(KilnError::Setting("--stop needs a non-empty text".into()));
+        }
+        let back = tok.decode(&tok.encode(s));
+        if !back.contains(s.trim()) {
+            return Err(KilnError::Setting(format!(
+                "--stop {s:?} cannot appear in this model's output: its tokenizer ({}) turns it into {back:?}; give a text the model can write",
+                tok.name()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Decides whether `s` just ended; when a stop string ended it, `text` is its text cut there.
 fn stopped(
     s: &mut Live,
