@@ -281,14 +281,14 @@ fn bad_launch_settings_are_refused_before_anything_starts() {
     assert!(!tmp.path().join("r").join("checkpoints").exists());
 }
 
-#[test]
-fn the_plan_of_each_zero_stage_is_the_pool_peak_each_rank_measures() {
-    let tmp = tempfile::tempdir().unwrap();
+/// `kiln plan --json --gpus 2` of the tiny model with `extra`: the plan and its three ZeRO
+/// stages.
+fn plan_over_two(extra: &[&str]) -> (serde_json::Value, Vec<serde_json::Value>) {
     let mut plan_args: Vec<String> = ["plan", "--profile", "none", "--json", "--gpus", "2"]
         .iter()
         .map(|s| s.to_string())
         .collect();
-    plan_args.extend(common::with(&["data.tokenizer=byte", "train.device=cpu"]));
+    plan_args.extend(common::with(extra));
     let o = Command::new(env!("CARGO_BIN_EXE_kiln"))
         .args(&plan_args)
         .output()
@@ -297,6 +297,13 @@ fn the_plan_of_each_zero_stage_is_the_pool_peak_each_rank_measures() {
     let plan: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let stages = plan["data_parallel"]["stages"].as_array().unwrap().clone();
     assert_eq!(stages.len(), 3);
+    (plan, stages)
+}
+
+#[test]
+fn the_plan_of_each_zero_stage_is_the_pool_peak_each_rank_measures() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_, stages) = plan_over_two(&["data.tokenizer=byte", "train.device=cpu"]);
     for (zero, stage) in [(0usize, &stages[0]), (1, &stages[1])] {
         let dir = tmp.path().join(format!("z{zero}"));
         let z = format!("dist.zero={zero}");
@@ -333,19 +340,7 @@ fn a_llama_plan_over_two_gpus_is_the_pool_peak_each_rank_measures() {
         "data.tokenizer=byte",
         "train.device=cpu",
     ];
-    let mut plan_args: Vec<String> = ["plan", "--profile", "none", "--json", "--gpus", "2"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    plan_args.extend(common::with(&llama));
-    let o = Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(&plan_args)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", text(&o));
-    let plan: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    let stages = plan["data_parallel"]["stages"].as_array().unwrap().clone();
-    assert_eq!(stages.len(), 3);
+    let (plan, stages) = plan_over_two(&llama);
     assert_eq!(stages[0]["pool_peak"], plan["pool_peak"]);
     let dir = tmp.path().join("z1");
     let mut extra = vec!["train.grad_accum=1", "dist.zero=1"];

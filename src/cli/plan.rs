@@ -320,9 +320,7 @@ fn plan_by_meta_step(a: &PlanArgs, cfg: &Config) -> Result<()> {
         c.train.micro_batch = micro_batch;
         plan::meta::meta_step(&c, vocab, device, precision)
     };
-    let fits = |m: &plan::meta::MetaStep| {
-        m.device_peak <= budget.usable() && budget.pool_limit.is_none_or(|l| m.pool_peak <= l)
-    };
+    let fits = |m: &plan::meta::MetaStep| budget.holds(m.pool_peak, m.device_peak);
     let p = step(cfg.train.micro_batch)?;
     let data_parallel =
         gpus(a)?.map(|n| data_parallel_plan(p.pool_peak, p.device_peak, &p.trainable_elements, n));
@@ -411,19 +409,7 @@ fn plan_by_meta_step(a: &PlanArgs, cfg: &Config) -> Result<()> {
         "  activations at the peak {:>11}",
         gib(p.pool_peak - p.resident)
     );
-    println!("  pool peak              {:>12}", gib(p.pool_peak));
-    if device != Device::Cpu {
-        println!(
-            "  outside the pool       {:>12}  (GEMM workspace and kernel scratch)",
-            gib(r.outside_pool)
-        );
-    }
-    println!(
-        "  device peak            {:>12}  of {} usable: {}",
-        gib(p.device_peak),
-        gib(budget.usable()),
-        if r.fits { "fits" } else { "does NOT fit" }
-    );
+    print_peaks(budget, p.pool_peak, p.device_peak, r.fits);
     match largest {
         Some(b) => println!("  largest micro-batch that fits: {b}"),
         None => println!(
@@ -437,6 +423,24 @@ fn plan_by_meta_step(a: &PlanArgs, cfg: &Config) -> Result<()> {
         print_data_parallel(d);
     }
     Ok(())
+}
+
+/// The pool peak, the scratch outside the pool (on a GPU) and the device peak against the
+/// usable memory.
+fn print_peaks(budget: &Budget, pool_peak: usize, device_peak: usize, fits: bool) {
+    println!("  pool peak              {:>12}", gib(pool_peak));
+    if budget.device != Device::Cpu {
+        println!(
+            "  outside the pool       {:>12}  (GEMM workspace and kernel scratch)",
+            gib(device_peak - pool_peak)
+        );
+    }
+    println!(
+        "  device peak            {:>12}  of {} usable: {}",
+        gib(device_peak),
+        gib(budget.usable()),
+        if fits { "fits" } else { "does NOT fit" }
+    );
 }
 
 /// What `kiln plan --generate` reports.
@@ -469,21 +473,7 @@ fn plan_generation(a: &PlanArgs, cfg: &Config) -> Result<()> {
     let target = target(a, cfg)?;
     let budget = &target.budget;
     let device = budget.device;
-    let dtype = match (device, a.precision.as_deref()) {
-        (Device::Cpu, None | Some("fp32")) => None,
-        (Device::Cpu, Some(p)) => {
-            return Err(KilnError::Setting(format!(
-                "--precision {p} needs a GPU; the CPU generates in fp32"
-            )));
-        }
-        (_, Some("fp32")) => None,
-        (_, None | Some("bf16")) => Some(DType::BF16),
-        (_, Some(p)) => {
-            return Err(KilnError::Setting(format!(
-                "--precision {p} is not one kiln generates in; use fp32 or bf16"
-            )));
-        }
-    };
+    let dtype = crate::generate::load::generation_dtype(device, a.precision.as_deref())?;
     let shape = plan::generate::GenerateShape {
         prompts: a.prompts,
         samples: a.num_samples,
@@ -501,11 +491,9 @@ fn plan_generation(a: &PlanArgs, cfg: &Config) -> Result<()> {
             "--max-batch 0: give 1 or more sequences at once".into(),
         ));
     }
-    let fits = |p: &plan::generate::GeneratePlan| {
-        p.device_peak <= budget.usable() && budget.pool_limit.is_none_or(|l| p.pool_peak <= l)
-    };
+    let fits = |p: &plan::generate::GeneratePlan| budget.holds(p.pool_peak, p.device_peak);
     let p = plan::generate::meta_generate(&model, vocab, device, dtype, &shape)?;
-    let all = shape.max_batch.unwrap_or(usize::MAX).min(shape.sequences());
+    let all = shape.most_at_once();
     let largest = plan::generate::largest_at_once(&model, vocab, device, dtype, &shape, &fits)?;
     let precision = if dtype.is_some() { "bf16" } else { "fp32" };
     let r = GenerateReport {
@@ -560,19 +548,7 @@ fn plan_generation(a: &PlanArgs, cfg: &Config) -> Result<()> {
         "  prefill, decode and sampling buffers {:>6}  at the peak",
         gib(p.pool_peak - p.weights - p.cache_bytes)
     );
-    println!("  pool peak              {:>12}", gib(p.pool_peak));
-    if device != Device::Cpu {
-        println!(
-            "  outside the pool       {:>12}  (GEMM workspace and kernel scratch)",
-            gib(p.device_peak - p.pool_peak)
-        );
-    }
-    println!(
-        "  device peak            {:>12}  of {} usable: {}",
-        gib(p.device_peak),
-        gib(budget.usable()),
-        if r.fits { "fits" } else { "does NOT fit" }
-    );
+    print_peaks(budget, p.pool_peak, p.device_peak, r.fits);
     match largest {
         Some(n) if n >= all => println!("  all {all} sequence(s) fit at once"),
         Some(n) => println!(

@@ -15,27 +15,29 @@ pub fn open_for_generation(
 ) -> Result<(Arc<MemoryPool>, Option<DType>, String)> {
     let request: DeviceRequest = device.parse().map_err(KilnError::Setting)?;
     let (pool, _) = crate::engine::open(request)?;
-    let dtype = match (pool.device(), precision) {
-        (Device::Cpu, None | Some("fp32")) => None,
-        (Device::Cpu, Some(p)) => {
-            return Err(KilnError::Setting(format!(
-                "--precision {p} needs a GPU; the CPU generates in fp32"
-            )));
-        }
-        (_, Some("fp32")) => None,
-        (_, None | Some("bf16")) => Some(DType::BF16),
-        (_, Some(p)) => {
-            return Err(KilnError::Setting(format!(
-                "--precision {p} is not one kiln generates in; use fp32 or bf16"
-            )));
-        }
-    };
+    let dtype = generation_dtype(pool.device(), precision)?;
     let note = format!(
         "{} in {}",
         pool.device(),
         if dtype.is_some() { "bf16" } else { "fp32" }
     );
     Ok((pool, dtype, note))
+}
+
+/// The compute dtype generation uses on `device` for `--precision`: bf16 on a GPU unless fp32
+/// is asked for; the CPU runs fp32 (`None`).
+pub fn generation_dtype(device: Device, precision: Option<&str>) -> Result<Option<DType>> {
+    match (device, precision) {
+        (Device::Cpu, None | Some("fp32")) => Ok(None),
+        (Device::Cpu, Some(p)) => Err(KilnError::Setting(format!(
+            "--precision {p} needs a GPU; the CPU generates in fp32"
+        ))),
+        (_, Some("fp32")) => Ok(None),
+        (_, None | Some("bf16")) => Ok(Some(DType::BF16)),
+        (_, Some(p)) => Err(KilnError::Setting(format!(
+            "--precision {p} is not one kiln generates in; use fp32 or bf16"
+        ))),
+    }
 }
 
 /// Moves a model built on the CPU to `device`, with bf16 compute copies on a GPU unless

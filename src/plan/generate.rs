@@ -33,6 +33,11 @@ impl GenerateShape {
         self.prompts * self.samples
     }
 
+    /// Sequences at once when memory allows: all of them, or `max_batch`.
+    pub fn most_at_once(&self) -> usize {
+        self.max_batch.unwrap_or(usize::MAX).min(self.sequences())
+    }
+
     /// The same shape with `n` sequences at once (the cache's slots).
     pub fn at_once(&self, n: usize) -> GenerateShape {
         GenerateShape {
@@ -137,7 +142,7 @@ pub fn largest_at_once(
 ) -> Result<Option<usize>> {
     let wave = |n: usize| meta_generate(cfg, vocab, device, dtype, &shape.first_wave(n));
     let whole = |n: usize| meta_generate(cfg, vocab, device, dtype, &shape.at_once(n));
-    let all = shape.max_batch.unwrap_or(usize::MAX).min(shape.sequences());
+    let all = shape.most_at_once();
     if fits(&whole(all)?) {
         return Ok(Some(all));
     }

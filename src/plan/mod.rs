@@ -551,7 +551,12 @@ impl Budget {
     }
 
     pub fn fits(&self, p: &Plan) -> bool {
-        p.device_peak <= self.usable() && self.pool_limit.is_none_or(|l| p.pool_peak <= l)
+        self.holds(p.pool_peak, p.device_peak)
+    }
+
+    /// Whether a pool peak and a device peak fit this budget (any plan's peaks).
+    pub fn holds(&self, pool_peak: usize, device_peak: usize) -> bool {
+        device_peak <= self.usable() && self.pool_limit.is_none_or(|l| pool_peak <= l)
     }
 }
 
