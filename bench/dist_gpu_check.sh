@@ -89,18 +89,20 @@ fi
 if has llama && [ -n "$COUNTS" ]; then
   # Llama-3.2-1B's blocks (width 2048, 16 layers, 32 heads, 8 KV heads, FFN 8192) with GPT-2's
   # vocabulary, micro-batch 4 x 1024 per GPU: per-rank memory and tokens/s under ZeRO-0/1/2,
-  # at the GPU counts in LLAMA_COUNTS (default: every count). Learning rate 3e-4, as for
+  # at the GPU counts in LLAMA_COUNTS (default: every count) and ZeRO stages in LLAMA_ZEROS
+  # (default: 0 1 2). Learning rate 3e-4, as for
   # Llama-3.2-1B (the default 3e-3 makes the loss spike here too). No final checkpoint
   # (14 GB of weights and moments that nothing reads).
   LLAMA="model.kind=llama model.d_model=2048 model.n_layers=16 model.n_heads=32 model.n_kv_heads=8 model.head_dim=64 model.ffn_hidden=8192 model.rope_theta=500000 model.context=1024 train.seq_len=1024 data.tokenizer=gpt2 train.precision=bf16-mixed train.micro_batch=4 train.eval_every=0 train.checkpoint_every=0 train.log_every=1 train.eval_batches=2 optim.warmup_steps=5 optim.lr=3e-4 optim.min_lr=3e-5 train.steps=30 train.save_final=false"
   T $KILN train --profile none -q --out "$OUT/llama1" $LLAMA train.grad_accum=$MAXN
   $KILN plan --profile none $LLAMA train.grad_accum=$MAXN > "$OUT/llama_plan1.txt" 2>&1; tail -n 2 "$OUT/llama_plan1.txt"
   for N in ${LLAMA_COUNTS:-$COUNTS}; do
-    for Z in 0 1 2; do
+    for Z in ${LLAMA_ZEROS:-0 1 2}; do
       $KILN plan --profile none --gpus $N $LLAMA train.grad_accum=$(( MAXN / N )) dist.zero=$Z > "$OUT/llama_plan${N}z$Z.txt" 2>&1; tail -n 2 "$OUT/llama_plan${N}z$Z.txt"
       T $KILN train --profile none -q --gpus $N --out "$OUT/llama${N}z$Z" $LLAMA train.grad_accum=$(( MAXN / N )) dist.zero=$Z
     done
-    python3 bench/dist_compare.py "$OUT/llama1" "$OUT/llama${N}z0" "$OUT/llama${N}z1" "$OUT/llama${N}z2" --bound 0.02 | tee "$OUT/llama$N.txt"
+    runs=(); for Z in ${LLAMA_ZEROS:-0 1 2}; do runs+=("$OUT/llama${N}z$Z"); done
+    python3 bench/dist_compare.py "$OUT/llama1" "${runs[@]}" --bound 0.02 | tee "$OUT/llama$N.txt"
   done
 fi
 
