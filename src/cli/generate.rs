@@ -394,7 +394,13 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     if !truncated.is_empty() {
         eprintln!("--truncate-left: {}", truncated.join("; "));
     }
-    eprintln!("{}", summary(&l.note, &stats));
+    // The pool's peak over loading and generation: what `kiln plan --generate` predicts.
+    let pool_peak = l
+        .model
+        .params()
+        .first()
+        .map(|p| p.value.pool().stats().peak);
+    eprintln!("{}", summary(&l.note, &stats, pool_peak));
     let sequences: usize = reqs.iter().map(|r| r.samples).sum();
     let asked = a.max_batch.unwrap_or(usize::MAX).min(sequences);
     if stats.slots > 0 && stats.slots < asked {
@@ -407,8 +413,8 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     Ok(())
 }
 
-/// The closing line: prefill and decode rates, and how decode steps ran.
-fn summary(note: &str, stats: &generate::Stats) -> String {
+/// The closing line: prefill and decode rates, how decode steps ran, and the pool's peak.
+fn summary(note: &str, stats: &generate::Stats, pool_peak: Option<usize>) -> String {
     let graphs = match (&stats.graphs_off, stats.graph_replays) {
         (Some(why), _) => format!("; CUDA graphs off: {why}"),
         (None, 0) => String::new(),
@@ -417,8 +423,11 @@ fn summary(note: &str, stats: &generate::Stats) -> String {
             stats.decode_steps
         ),
     };
+    let peak = pool_peak
+        .map(|b| format!("; pool peak {} ({b} bytes)", crate::plan::gib(b)))
+        .unwrap_or_default();
     format!(
-        "{note}: prefill {} tokens at {:.0} tok/s, decode {} tokens at {:.0} tok/s{graphs}",
+        "{note}: prefill {} tokens at {:.0} tok/s, decode {} tokens at {:.0} tok/s{graphs}{peak}",
         stats.prefill_tokens,
         stats.prefill_rate(),
         stats.decode_tokens,
