@@ -1,19 +1,22 @@
 //! NVML, the NVIDIA Management Library, loaded at run time, and a background sampler of a
 //! GPU's utilisation, power, clocks, temperature and memory.
 //!
-//! cudarc has no NVML binding, so `libnvidia-ml.so.1` (installed with the driver) is opened
-//! with `libloading` and only the functions kiln reads are looked up, each one optional: a
-//! function an old driver lacks, or a query a GPU does not support, leaves its field `None`
-//! ("unknown"), never an error for the whole report. The declarations follow `nvml.h`.
+//! The `nvml-wrapper` crate opens `libnvidia-ml.so.1` (installed with the driver) with
+//! `libloading` when [`Nvml::load`] runs and looks each function up when it is first called,
+//! so kiln builds and runs with no driver, and a function an old driver lacks, or a query a
+//! GPU does not support, leaves its field `None` ("unknown"), never an error for the whole
+//! report. It reports everything `kiln hw` and the sampler read, so kiln keeps no bindings
+//! of its own.
 //!
 //! NVML numbers GPUs in PCI order and sees every GPU, while CUDA renumbers them (fastest
 //! first, and only those in `CUDA_VISIBLE_DEVICES`), so a CUDA ordinal is matched to its NVML
 //! device through the PCI location both report.
 
-use libloading::Library;
+use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
+use nvml_wrapper::error::NvmlError as NvmlCallError;
 use serde::Serialize;
 use std::collections::VecDeque;
-use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::ffi::OsStr;
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -23,223 +26,109 @@ use thiserror::Error;
 /// The soname the driver installs; the unversioned name exists only with development files.
 pub const LIBRARY: &str = "libnvidia-ml.so.1";
 
-type Status = c_int;
-type RawDevice = *mut c_void;
-
-const SUCCESS: Status = 0;
-const ERROR_NOT_SUPPORTED: Status = 3;
-const ERROR_FUNCTION_NOT_FOUND: Status = 13;
-
-// Enumerations and sizes from nvml.h.
-const CLOCK_SM: c_uint = 1;
-const CLOCK_MEM: c_uint = 2;
-const TEMPERATURE_GPU: c_uint = 0;
-const FEATURE_ENABLED: c_uint = 1;
 /// Links per GPU the API can address (18 on Hopper; older GPUs answer fewer).
-const NVLINK_MAX_LINKS: c_uint = 18;
-const NAME_BUFFER: usize = 96;
-const UUID_BUFFER: usize = 96;
-const DRIVER_VERSION_BUFFER: usize = 80;
-
-#[repr(C)]
-#[derive(Default)]
-struct Memory {
-    total: u64,
-    free: u64,
-    used: u64,
-}
-
-#[repr(C)]
-#[derive(Default)]
-struct Utilization {
-    gpu: c_uint,
-    memory: c_uint,
-}
-
-/// `nvmlPciInfo_t` as the `_v3` queries fill it.
-#[repr(C)]
-#[derive(Default)]
-struct PciInfo {
-    bus_id_legacy: [c_char; 16],
-    domain: c_uint,
-    bus: c_uint,
-    device: c_uint,
-    pci_device_id: c_uint,
-    pci_sub_system_id: c_uint,
-    bus_id: [c_char; 32],
-}
-
-/// Declares the NVML functions kiln uses; each is looked up once and may be absent.
-macro_rules! nvml_api {
-    ($($field:ident = $symbol:literal ($($arg:ty),*);)*) => {
-        struct Api {
-            $($field: Option<unsafe extern "C" fn($($arg),*) -> Status>,)*
-        }
-
-        impl Api {
-            fn resolve(lib: &Library) -> Api {
-                Api {
-                    // SAFETY: each type is the function's declaration in nvml.h.
-                    $($field: unsafe {
-                        lib.get::<unsafe extern "C" fn($($arg),*) -> Status>($symbol)
-                    }
-                    .ok()
-                    .map(|s| *s),)*
-                }
-            }
-        }
-    };
-}
-
-nvml_api! {
-    init = "nvmlInit_v2"();
-    shutdown = "nvmlShutdown"();
-    driver_version = "nvmlSystemGetDriverVersion"(*mut c_char, c_uint);
-    cuda_driver_version = "nvmlSystemGetCudaDriverVersion_v2"(*mut c_int);
-    device_count = "nvmlDeviceGetCount_v2"(*mut c_uint);
-    handle_by_index = "nvmlDeviceGetHandleByIndex_v2"(c_uint, *mut RawDevice);
-    name = "nvmlDeviceGetName"(RawDevice, *mut c_char, c_uint);
-    uuid = "nvmlDeviceGetUUID"(RawDevice, *mut c_char, c_uint);
-    pci_info = "nvmlDeviceGetPciInfo_v3"(RawDevice, *mut PciInfo);
-    memory_info = "nvmlDeviceGetMemoryInfo"(RawDevice, *mut Memory);
-    clock = "nvmlDeviceGetClockInfo"(RawDevice, c_uint, *mut c_uint);
-    max_clock = "nvmlDeviceGetMaxClockInfo"(RawDevice, c_uint, *mut c_uint);
-    power_limit = "nvmlDeviceGetPowerManagementLimit"(RawDevice, *mut c_uint);
-    power_usage = "nvmlDeviceGetPowerUsage"(RawDevice, *mut c_uint);
-    temperature = "nvmlDeviceGetTemperature"(RawDevice, c_uint, *mut c_uint);
-    utilization = "nvmlDeviceGetUtilizationRates"(RawDevice, *mut Utilization);
-    pcie_gen = "nvmlDeviceGetCurrPcieLinkGeneration"(RawDevice, *mut c_uint);
-    pcie_width = "nvmlDeviceGetCurrPcieLinkWidth"(RawDevice, *mut c_uint);
-    pcie_max_gen = "nvmlDeviceGetMaxPcieLinkGeneration"(RawDevice, *mut c_uint);
-    pcie_max_width = "nvmlDeviceGetMaxPcieLinkWidth"(RawDevice, *mut c_uint);
-    nvlink_state = "nvmlDeviceGetNvLinkState"(RawDevice, c_uint, *mut c_uint);
-    nvlink_remote_pci = "nvmlDeviceGetNvLinkRemotePciInfo_v2"(RawDevice, c_uint, *mut PciInfo);
-}
-
-/// Calls an optional NVML function; a missing one fails like an unsupported query.
-macro_rules! call {
-    ($nvml:expr, $f:ident ($($arg:expr),*)) => {
-        match $nvml.api.$f {
-            // SAFETY: the arguments are a live device handle from NVML and pointers to locals
-            // of the types and sizes the declaration names.
-            Some(f) => status(stringify!($f), unsafe { f($($arg),*) }),
-            None => status(stringify!($f), ERROR_FUNCTION_NOT_FOUND),
-        }
-    };
-}
+const NVLINK_MAX_LINKS: u32 = 18;
 
 #[derive(Debug, Clone, Error)]
 pub enum NvmlError {
     #[error("{LIBRARY} could not be loaded ({0}); it is installed with the NVIDIA driver")]
     Missing(String),
-    #[error("NVML {call} failed: {}", describe(*code))]
-    Call { call: &'static str, code: i32 },
+    #[error("NVML {call} failed: {detail}")]
+    Call { call: &'static str, detail: String },
     #[error("no NVML device at PCI {0}")]
     NotFound(String),
 }
 
-fn describe(code: Status) -> &'static str {
-    match code {
-        1 => "NVML is not initialised",
-        2 => "invalid argument",
-        ERROR_NOT_SUPPORTED => "not supported on this GPU",
-        4 => "no permission",
-        6 => "not found",
-        9 => "the NVIDIA kernel driver is not loaded",
-        ERROR_FUNCTION_NOT_FOUND => "this driver's NVML lacks the function",
-        15 => "the GPU has fallen off the bus",
-        _ => "unknown error",
+/// What went wrong in a call, in the words the report uses.
+fn describe(e: &NvmlCallError) -> String {
+    match e {
+        NvmlCallError::Uninitialized => "NVML is not initialised".into(),
+        NvmlCallError::InvalidArg => "invalid argument".into(),
+        NvmlCallError::NotSupported => "not supported on this GPU".into(),
+        NvmlCallError::NoPermission => "no permission".into(),
+        NvmlCallError::NotFound => "not found".into(),
+        NvmlCallError::DriverNotLoaded => "the NVIDIA kernel driver is not loaded".into(),
+        NvmlCallError::FailedToLoadSymbol(_) => "this driver's NVML lacks the function".into(),
+        NvmlCallError::GpuLost => "the GPU has fallen off the bus".into(),
+        other => other.to_string(),
     }
 }
 
-fn status(call: &'static str, code: Status) -> Result<(), NvmlError> {
-    if code == SUCCESS {
-        Ok(())
-    } else {
-        Err(NvmlError::Call { call, code })
+fn failed(call: &'static str) -> impl FnOnce(NvmlCallError) -> NvmlError {
+    move |e| NvmlError::Call {
+        call,
+        detail: describe(&e),
     }
-}
-
-fn text(buf: &[c_char]) -> String {
-    let bytes: Vec<u8> = buf
-        .iter()
-        .take_while(|&&c| c != 0)
-        .map(|&c| c as u8)
-        .collect();
-    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 /// A GPU's place on the PCI bus: (domain, bus, device).
 pub type PciLocation = (u32, u32, u32);
 
-/// An NVML device handle. NVML is thread-safe and its handles stay valid until shutdown,
-/// which only [`Nvml`]'s drop performs.
-#[derive(Clone, Copy)]
+/// An NVML device by its NVML index. Each query looks the handle up again (a table read in
+/// the library), which keeps this a plain value that a sampler thread owns beside its
+/// [`Nvml`], where the wrapper's handle borrows the library.
+#[derive(Debug, Clone, Copy)]
 pub struct Device {
-    raw: RawDevice,
     pub index: u32,
 }
 
-// SAFETY: see the type's comment; the pointer is an opaque token NVML hands out.
-unsafe impl Send for Device {}
-unsafe impl Sync for Device {}
+type Handle<'a> = nvml_wrapper::Device<'a>;
 
 /// An initialised NVML; shut down when dropped.
 pub struct Nvml {
-    api: Api,
-    _lib: Library,
+    nvml: nvml_wrapper::Nvml,
 }
 
 impl Nvml {
     /// Opens and initialises NVML, or says why it cannot.
     pub fn load() -> Result<Arc<Nvml>, NvmlError> {
-        // SAFETY: opening the driver's NVML runs only its own initialisers.
-        let lib =
-            unsafe { Library::new(LIBRARY) }.map_err(|e| NvmlError::Missing(e.to_string()))?;
-        let nvml = Nvml {
-            api: Api::resolve(&lib),
-            _lib: lib,
-        };
-        if nvml.api.shutdown.is_none() {
-            return Err(NvmlError::Missing(
-                "the library has no nvmlShutdown; it is not NVML".into(),
-            ));
-        }
-        call!(nvml, init())?;
-        Ok(Arc::new(nvml))
+        let nvml = nvml_wrapper::Nvml::builder()
+            .lib_path(OsStr::new(LIBRARY))
+            .init()
+            .map_err(|e| match e {
+                NvmlCallError::LibloadingError(e) => NvmlError::Missing(e.to_string()),
+                NvmlCallError::FailedToLoadSymbol(_) => {
+                    NvmlError::Missing("the library has no nvmlInit_v2; it is not NVML".into())
+                }
+                other => failed("nvmlInit_v2")(other),
+            })?;
+        Ok(Arc::new(Nvml { nvml }))
     }
 
     /// The driver version, such as `580.95.05`.
     pub fn driver_version(&self) -> Option<String> {
-        let mut buf = [0 as c_char; DRIVER_VERSION_BUFFER];
-        call!(self, driver_version(buf.as_mut_ptr(), buf.len() as c_uint)).ok()?;
-        Some(text(&buf))
+        self.nvml.sys_driver_version().ok()
     }
 
     /// The CUDA driver API version the driver supports, as CUDA writes it (13000 is 13.0).
     pub fn cuda_driver_version(&self) -> Option<i32> {
-        let mut v: c_int = 0;
-        call!(self, cuda_driver_version(&mut v)).ok()?;
-        Some(v)
+        self.nvml.sys_cuda_driver_version().ok()
     }
 
     pub fn device_count(&self) -> Result<u32, NvmlError> {
-        let mut n: c_uint = 0;
-        call!(self, device_count(&mut n))?;
-        Ok(n)
+        self.nvml
+            .device_count()
+            .map_err(failed("nvmlDeviceGetCount_v2"))
     }
 
     pub fn device(&self, index: u32) -> Result<Device, NvmlError> {
-        let mut raw: RawDevice = std::ptr::null_mut();
-        call!(self, handle_by_index(index, &mut raw))?;
-        Ok(Device { raw, index })
+        let d = Device { index };
+        self.handle(d)?;
+        Ok(d)
+    }
+
+    fn handle(&self, d: Device) -> Result<Handle<'_>, NvmlError> {
+        self.nvml
+            .device_by_index(d.index)
+            .map_err(failed("nvmlDeviceGetHandleByIndex_v2"))
     }
 
     /// The device at a PCI location (which a CUDA ordinal names too).
     pub fn device_at(&self, pci: PciLocation) -> Result<Device, NvmlError> {
         for index in 0..self.device_count()? {
             let d = self.device(index)?;
-            if self.pci(d).is_some_and(|(loc, _)| loc == pci) {
+            let h = self.handle(d)?;
+            if Self::pci(&h).is_some_and(|(loc, _)| loc == pci) {
                 return Ok(d);
             }
         }
@@ -247,81 +136,43 @@ impl Nvml {
     }
 
     /// PCI location and NVML's bus id string (`00000000:1B:00.0`).
-    fn pci(&self, d: Device) -> Option<(PciLocation, String)> {
-        let mut p = PciInfo::default();
-        call!(self, pci_info(d.raw, &mut p)).ok()?;
-        Some(((p.domain, p.bus, p.device), text(&p.bus_id)))
+    fn pci(h: &Handle) -> Option<(PciLocation, String)> {
+        let p = h.pci_info().ok()?;
+        Some(((p.domain, p.bus, p.device), p.bus_id))
     }
 
-    fn string(
-        &self,
-        f: Option<unsafe extern "C" fn(RawDevice, *mut c_char, c_uint) -> Status>,
-        d: Device,
-        len: usize,
-    ) -> Option<String> {
-        let mut buf = vec![0 as c_char; len];
-        let f = f?;
-        // SAFETY: `buf` holds `len` bytes, the length passed.
-        status("string query", unsafe {
-            f(d.raw, buf.as_mut_ptr(), len as c_uint)
-        })
-        .ok()?;
-        Some(text(&buf))
-    }
-
-    fn uint(
-        &self,
-        f: Option<unsafe extern "C" fn(RawDevice, *mut c_uint) -> Status>,
-        d: Device,
-    ) -> Option<u32> {
-        let mut v: c_uint = 0;
-        // SAFETY: `v` is a live c_uint the function writes.
-        status("query", unsafe { f?(d.raw, &mut v) }).ok()?;
-        Some(v)
-    }
-
-    fn clock(&self, max: bool, d: Device, which: c_uint) -> Option<u32> {
-        let mut v: c_uint = 0;
-        if max {
-            call!(self, max_clock(d.raw, which, &mut v)).ok()?;
-        } else {
-            call!(self, clock(d.raw, which, &mut v)).ok()?;
-        }
-        Some(v)
-    }
-
-    fn memory(&self, d: Device) -> Option<Memory> {
-        let mut m = Memory::default();
-        call!(self, memory_info(d.raw, &mut m)).ok()?;
-        Some(m)
+    /// (total, free, used) bytes. NVML's `_v2` memory query, the one the wrapper makes, counts
+    /// the driver's reserved memory apart from `used`; it is added back so that `used` is what
+    /// the first query reported and `total - free`, as `nvidia-smi` shows it.
+    fn memory(h: &Handle) -> Option<(u64, u64, u64)> {
+        let m = h.memory_info().ok()?;
+        Some((m.total, m.free, m.used + m.reserved))
     }
 
     /// Active NVLinks and the PCI bus id at the far end of each, grouped by peer. `None` when
     /// this NVML cannot say; no links at all (a PCIe-only GPU) is `Some` with zero.
-    fn nvlink(&self, d: Device) -> Option<NvLink> {
+    fn nvlink(h: &Handle) -> Option<NvLink> {
         let mut out = NvLink::default();
         let mut answered = false;
         for link in 0..NVLINK_MAX_LINKS {
-            let mut state: c_uint = 0;
-            match call!(self, nvlink_state(d.raw, link, &mut state)) {
-                Ok(()) => answered = true,
+            let link = h.link_wrapper_for(link);
+            match link.is_active() {
+                Ok(active) => {
+                    answered = true;
+                    if !active {
+                        continue;
+                    }
+                }
                 // A GPU without NVLink, or a link number past this GPU's last.
-                Err(NvmlError::Call {
-                    code: ERROR_NOT_SUPPORTED | 2,
-                    ..
-                }) => {
+                Err(NvmlCallError::NotSupported | NvmlCallError::InvalidArg) => {
                     answered = true;
                     continue;
                 }
                 Err(_) => continue,
             }
-            if state != FEATURE_ENABLED {
-                continue;
-            }
             out.active_links += 1;
-            let mut p = PciInfo::default();
-            let peer = match call!(self, nvlink_remote_pci(d.raw, link, &mut p)) {
-                Ok(()) => text(&p.bus_id),
+            let peer = match link.remote_pci_info() {
+                Ok(p) => p.bus_id,
                 Err(_) => "unknown".into(),
             };
             match out.peers.iter_mut().find(|x| x.bus_id == peer) {
@@ -337,64 +188,62 @@ impl Nvml {
 
     /// Everything `kiln hw` shows about one device; each field that NVML cannot give is `None`.
     pub fn describe(&self, d: Device) -> NvmlDevice {
-        let memory = self.memory(d);
-        let pci = self.pci(d);
+        let h = self.handle(d).ok();
+        let h = h.as_ref();
+        let memory = h.and_then(Self::memory);
+        let pci = h.and_then(Self::pci);
         NvmlDevice {
             index: d.index,
-            name: self.string(self.api.name, d, NAME_BUFFER),
-            uuid: self.string(self.api.uuid, d, UUID_BUFFER),
+            name: ask(h, |h| h.name()),
+            uuid: ask(h, |h| h.uuid()),
             pci: pci.as_ref().map(|p| p.0),
             pci_bus_id: pci.map(|p| p.1),
-            memory_total: memory.as_ref().map(|m| m.total),
-            memory_free: memory.as_ref().map(|m| m.free),
+            memory_total: memory.map(|m| m.0),
+            memory_free: memory.map(|m| m.1),
             clocks: Clocks {
-                sm_mhz: self.clock(false, d, CLOCK_SM),
-                sm_max_mhz: self.clock(true, d, CLOCK_SM),
-                memory_mhz: self.clock(false, d, CLOCK_MEM),
-                memory_max_mhz: self.clock(true, d, CLOCK_MEM),
+                sm_mhz: ask(h, |h| h.clock_info(Clock::SM)),
+                sm_max_mhz: ask(h, |h| h.max_clock_info(Clock::SM)),
+                memory_mhz: ask(h, |h| h.clock_info(Clock::Memory)),
+                memory_max_mhz: ask(h, |h| h.max_clock_info(Clock::Memory)),
             },
-            power_limit_w: self.uint(self.api.power_limit, d).map(milliwatts),
-            power_draw_w: self.uint(self.api.power_usage, d).map(milliwatts),
-            temperature_c: self.temperature(d),
+            power_limit_w: ask(h, |h| h.power_management_limit()).map(milliwatts),
+            power_draw_w: ask(h, |h| h.power_usage()).map(milliwatts),
+            temperature_c: ask(h, |h| h.temperature(TemperatureSensor::Gpu)),
             pcie: Pcie {
-                generation: self.uint(self.api.pcie_gen, d),
-                width: self.uint(self.api.pcie_width, d),
-                max_generation: self.uint(self.api.pcie_max_gen, d),
-                max_width: self.uint(self.api.pcie_max_width, d),
+                generation: ask(h, |h| h.current_pcie_link_gen()),
+                width: ask(h, |h| h.current_pcie_link_width()),
+                max_generation: ask(h, |h| h.max_pcie_link_gen()),
+                max_width: ask(h, |h| h.max_pcie_link_width()),
             },
-            nvlink: self.nvlink(d),
+            nvlink: h.and_then(Self::nvlink),
         }
-    }
-
-    fn temperature(&self, d: Device) -> Option<u32> {
-        let mut t: c_uint = 0;
-        call!(self, temperature(d.raw, TEMPERATURE_GPU, &mut t)).ok()?;
-        Some(t)
     }
 
     /// One reading of what changes while a GPU works.
     pub fn sample(&self, d: Device, gpu: usize, elapsed_s: f64) -> DeviceSample {
-        let mut u = Utilization::default();
-        let util = call!(self, utilization(d.raw, &mut u)).ok().map(|()| u);
+        let h = self.handle(d).ok();
+        let h = h.as_ref();
+        let util = ask(h, |h| h.utilization_rates());
         DeviceSample {
             elapsed_s,
             gpu,
             gpu_util_pct: util.as_ref().map(|u| u.gpu),
             mem_util_pct: util.as_ref().map(|u| u.memory),
-            power_w: self.uint(self.api.power_usage, d).map(milliwatts),
-            sm_clock_mhz: self.clock(false, d, CLOCK_SM),
-            mem_clock_mhz: self.clock(false, d, CLOCK_MEM),
-            temperature_c: self.temperature(d),
-            mem_used_bytes: self.memory(d).map(|m| m.used),
+            power_w: ask(h, |h| h.power_usage()).map(milliwatts),
+            sm_clock_mhz: ask(h, |h| h.clock_info(Clock::SM)),
+            mem_clock_mhz: ask(h, |h| h.clock_info(Clock::Memory)),
+            temperature_c: ask(h, |h| h.temperature(TemperatureSensor::Gpu)),
+            mem_used_bytes: h.and_then(Self::memory).map(|m| m.2),
         }
     }
 }
 
-impl Drop for Nvml {
-    fn drop(&mut self) {
-        // NVML counts initialisations; this undoes the one `load` made.
-        let _ = call!(self, shutdown());
-    }
+/// The answer of query `q` on a device, if there is a device and it answers.
+fn ask<'a, T>(
+    h: Option<&Handle<'a>>,
+    q: impl FnOnce(&Handle<'a>) -> Result<T, NvmlCallError>,
+) -> Option<T> {
+    h.and_then(|h| q(h).ok())
 }
 
 fn milliwatts(mw: u32) -> f64 {
@@ -539,30 +388,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn struct_layouts_match_nvml_h() {
-        assert_eq!(std::mem::size_of::<PciInfo>(), 16 + 5 * 4 + 32);
-        assert_eq!(std::mem::size_of::<Memory>(), 24);
-        assert_eq!(std::mem::size_of::<Utilization>(), 8);
-    }
-
-    #[test]
     fn bus_ids_read_as_nvml_writes_them() {
         assert_eq!(format_bus_id((0, 0x1b, 0)), "00000000:1B:00.0");
-        let mut buf = [0 as c_char; 8];
-        for (i, b) in b"GPU-ab".iter().enumerate() {
-            buf[i] = *b as c_char;
-        }
-        assert_eq!(text(&buf), "GPU-ab");
     }
 
     #[test]
     fn errors_say_what_failed() {
-        let e = status("nvmlDeviceGetPowerUsage", ERROR_NOT_SUPPORTED).unwrap_err();
+        let e = failed("nvmlDeviceGetPowerUsage")(NvmlCallError::NotSupported);
         assert_eq!(
             e.to_string(),
             "NVML nvmlDeviceGetPowerUsage failed: not supported on this GPU"
         );
-        assert!(status("x", SUCCESS).is_ok());
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 use crate::error::{KilnError, Result};
 use crate::hw::nvml::DeviceSample;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 use std::fs::{File, OpenOptions};
 use std::io::{IsTerminal, Write};
@@ -86,33 +87,39 @@ pub fn format_bytes(b: usize) -> String {
     }
 }
 
-/// The progress line: rewritten in place on a terminal, one plain line per report otherwise
-/// (so logs and CI output stay readable).
+/// The progress line: redrawn in place on a terminal (by indicatif, which limits redraws and
+/// cuts the line to the terminal's width instead of wrapping it), one plain line per report
+/// otherwise (so logs, CI output and the tests that read it stay as they are).
 pub struct Progress {
-    tty: bool,
+    /// The live line; `None` when standard output is not a terminal that indicatif draws on,
+    /// and then every update and message is printed as a line of its own.
+    bar: Option<ProgressBar>,
     quiet: bool,
-    live: bool,
 }
 
 impl Progress {
     pub fn new(quiet: bool) -> Self {
-        Progress {
-            tty: std::io::stdout().is_terminal(),
-            quiet,
-            live: false,
-        }
+        let bar = (!quiet && std::io::stdout().is_terminal())
+            .then(|| {
+                let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stdout());
+                bar.set_style(
+                    ProgressStyle::with_template("{wide_msg}").expect("a valid template"),
+                );
+                bar
+            })
+            // indicatif hides a bar whose target it judges not to be a terminal, and drops
+            // what it is given to print then: such a run prints plain lines instead.
+            .filter(|bar| !bar.is_hidden());
+        Progress { bar, quiet }
     }
 
     pub fn update(&mut self, line: &str) {
         if self.quiet {
             return;
         }
-        if self.tty {
-            print!("\r\x1b[2K{line}");
-            let _ = std::io::stdout().flush();
-            self.live = true;
-        } else {
-            println!("{line}");
+        match &self.bar {
+            Some(bar) => bar.set_message(line.to_string()),
+            None => println!("{line}"),
         }
     }
 
@@ -121,18 +128,29 @@ impl Progress {
         if self.quiet {
             return;
         }
-        if self.live {
-            println!();
-            self.live = false;
+        match &self.bar {
+            Some(bar) => bar.println(msg),
+            None => println!("{msg}"),
         }
-        println!("{msg}");
     }
 
+    /// Leaves the last progress line on the screen as a plain line (none when no step was
+    /// reported); later messages print as plain lines.
     pub fn finish(&mut self) {
-        if self.live && !self.quiet {
-            println!();
+        if let Some(bar) = self.bar.take() {
+            let last = bar.message();
+            bar.finish_and_clear();
+            if !last.is_empty() {
+                println!("{last}");
+            }
         }
-        self.live = false;
+    }
+}
+
+/// A run that stops on an error still ends the live line, so the error starts a line of its own.
+impl Drop for Progress {
+    fn drop(&mut self) {
+        self.finish();
     }
 }
 

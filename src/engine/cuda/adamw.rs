@@ -3,7 +3,10 @@
 //! (f32, bf16 or f16) in the same pass. [`CudaBackend::adamw_update_unfused`] runs the same
 //! update as five kernels over whole tensors (the baseline `train.fused_kernels=false`).
 
-use super::{CudaBackend, Elem, Program, Result, check_len, elementwise_grid};
+use super::{
+    CudaBackend, ELEM_DTYPES, Elem, ElemKernel, Kernel, Program, Result, check_len,
+    elementwise_grid,
+};
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 
 pub use crate::engine::cpu::adamw::AdamWStep;
@@ -12,18 +15,14 @@ pub(super) const PROGRAM: Program = Program {
     name: "adamw",
     source: include_str!("adamw.cu"),
     kernels: &[
-        "adamw_master_only",
-        "adamw_compute_f32",
-        "adamw_compute_bf16",
-        "adamw_compute_f16",
-        "adamw_scale_grad",
-        "adamw_first_moment",
-        "adamw_second_moment",
-        "adamw_apply",
-        "adamw_round_compute_f32",
-        "adamw_round_compute_bf16",
-        "adamw_round_compute_f16",
+        Kernel::AdamwMasterOnly,
+        Kernel::AdamwScaleGrad,
+        Kernel::AdamwFirstMoment,
+        Kernel::AdamwSecondMoment,
+        Kernel::AdamwApply,
     ],
+    elem_kernels: &[ElemKernel::AdamwCompute, ElemKernel::AdamwRoundCompute],
+    dtypes: ELEM_DTYPES,
 };
 
 const BLOCK: u32 = 256;
@@ -89,7 +88,7 @@ impl CudaBackend {
         let cfg = grid(n);
         match compute {
             None => {
-                let f = self.function("adamw_master_only")?;
+                let f = self.function(Kernel::AdamwMasterOnly)?;
                 let mut b = self.stream.launch_builder(f);
                 b.arg(param).arg(grad).arg(m).arg(v).arg(&n64).arg(&step);
                 // SAFETY: all buffers hold at least `n` values.
@@ -97,7 +96,7 @@ impl CudaBackend {
             }
             Some(c) => {
                 check_len(OP, "compute", c, n)?;
-                let f = self.function(&format!("adamw_compute_{}", C::SUFFIX))?;
+                let f = self.elem_function::<C>(ElemKernel::AdamwCompute)?;
                 let mut b = self.stream.launch_builder(f);
                 b.arg(param)
                     .arg(grad)
@@ -144,24 +143,24 @@ impl CudaBackend {
         let n64 = n as i64;
         // SAFETY (every launch below): all buffers hold at least `n` values (checked above),
         // the kernels are grid-stride loops that stop at `n`.
-        let f = self.function("adamw_scale_grad")?;
+        let f = self.function(Kernel::AdamwScaleGrad)?;
         let mut b = self.stream.launch_builder(f);
         b.arg(&mut *scaled).arg(grad).arg(&n64).arg(&step);
         unsafe { b.launch(grid(n)) }?;
-        let f = self.function("adamw_first_moment")?;
+        let f = self.function(Kernel::AdamwFirstMoment)?;
         let mut b = self.stream.launch_builder(f);
         b.arg(&mut *m).arg(&*scaled).arg(&n64).arg(&step);
         unsafe { b.launch(grid(n)) }?;
-        let f = self.function("adamw_second_moment")?;
+        let f = self.function(Kernel::AdamwSecondMoment)?;
         let mut b = self.stream.launch_builder(f);
         b.arg(&mut *v).arg(&*scaled).arg(&n64).arg(&step);
         unsafe { b.launch(grid(n)) }?;
-        let f = self.function("adamw_apply")?;
+        let f = self.function(Kernel::AdamwApply)?;
         let mut b = self.stream.launch_builder(f);
         b.arg(&mut *param).arg(&*m).arg(&*v).arg(&n64).arg(&step);
         unsafe { b.launch(grid(n)) }?;
         if let Some(c) = compute {
-            let f = self.function(&format!("adamw_round_compute_{}", C::SUFFIX))?;
+            let f = self.elem_function::<C>(ElemKernel::AdamwRoundCompute)?;
             let mut b = self.stream.launch_builder(f);
             b.arg(c).arg(&*param).arg(&n64);
             unsafe { b.launch(grid(n)) }?;

@@ -1,25 +1,21 @@
 //! Elementwise addition on the GPU; reference: [`crate::engine::cpu::add`].
 
-use super::{CudaBackend, Elem, Program, Result, check_len, elementwise_grid};
+use super::{
+    CudaBackend, ELEM_DTYPES, Elem, ElemKernel, Program, Result, check_len, elementwise_grid,
+};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 pub(super) const PROGRAM: Program = Program {
     name: "add",
     source: include_str!("add.cu"),
-    kernels: &[
-        "add_f32",
-        "add_bf16",
-        "add_f16",
-        "add_assign_f32",
-        "add_assign_bf16",
-        "add_assign_f16",
-        "add_cols_scaled_f32",
-        "add_cols_scaled_bf16",
-        "add_cols_scaled_f16",
-        "cols_scaled_f32",
-        "cols_scaled_bf16",
-        "cols_scaled_f16",
+    kernels: &[],
+    elem_kernels: &[
+        ElemKernel::Add,
+        ElemKernel::AddAssign,
+        ElemKernel::AddColsScaled,
+        ElemKernel::ColsScaled,
     ],
+    dtypes: ELEM_DTYPES,
 };
 
 const BLOCK: u32 = 256;
@@ -48,7 +44,7 @@ impl CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        let f = self.function(&format!("add_{}", T::SUFFIX))?;
+        let f = self.elem_function::<T>(ElemKernel::Add)?;
         let n64 = n as i64;
         let mut l = self.stream.launch_builder(f);
         l.arg(out).arg(a).arg(b).arg(&n64);
@@ -69,7 +65,7 @@ impl CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        let f = self.function(&format!("add_assign_{}", T::SUFFIX))?;
+        let f = self.elem_function::<T>(ElemKernel::AddAssign)?;
         let n64 = n as i64;
         let mut l = self.stream.launch_builder(f);
         l.arg(dst).arg(src).arg(&n64);
@@ -91,7 +87,13 @@ impl CudaBackend {
         c: usize,
         alpha: f32,
     ) -> Result<()> {
-        self.cols_kernel("add_cols_scaled", dst, src, (n, row, col0, c), alpha)
+        self.cols_kernel(
+            ElemKernel::AddColsScaled,
+            dst,
+            src,
+            (n, row, col0, c),
+            alpha,
+        )
     }
 
     /// `out[r, j] = alpha * src[r, col0 + j]`; reference:
@@ -107,7 +109,7 @@ impl CudaBackend {
         c: usize,
         alpha: f32,
     ) -> Result<()> {
-        self.cols_kernel("cols_scaled", out, src, (n, row, col0, c), alpha)
+        self.cols_kernel(ElemKernel::ColsScaled, out, src, (n, row, col0, c), alpha)
     }
 
     /// Launches one of the column-block kernels; `(n, row, col0, c)` as they take them. The
@@ -115,20 +117,20 @@ impl CudaBackend {
     /// `cols_scaled`.
     fn cols_kernel<T: Elem>(
         &self,
-        name: &'static str,
+        kernel: ElemKernel,
         a: &mut CudaSlice<T>,
         b: &CudaSlice<T>,
         (n, row, col0, c): (usize, usize, usize, usize),
         alpha: f32,
     ) -> Result<()> {
-        let (wide, narrow) = if name == "cols_scaled" {
+        let (wide, narrow) = if kernel == ElemKernel::ColsScaled {
             (b.len(), a.len())
         } else {
             (a.len(), b.len())
         };
         if col0 + c > row || wide < n * row || narrow < n * c {
             return Err(super::CudaError::Shape {
-                op: name,
+                op: kernel.op(),
                 detail: format!(
                     "columns {col0}..{} of {n} rows of {row} do not fit buffers of {wide} and {narrow}",
                     col0 + c
@@ -138,7 +140,7 @@ impl CudaBackend {
         if n * c == 0 {
             return Ok(());
         }
-        let f = self.function(&format!("{name}_{}", T::SUFFIX))?;
+        let f = self.elem_function::<T>(kernel)?;
         let (n64, row32, col32, c32) = (n as i64, row as i32, col0 as i32, c as i32);
         let mut l = self.stream.launch_builder(f);
         l.arg(a)

@@ -13,11 +13,26 @@
 //!
 //! Both take a sliding window (`window`, 0 for none) and skip the key tiles it leaves out.
 
-use super::{CudaBackend, CudaError, Elem, Program, Result, as_i32, check_len, raw_ptr};
+use super::{
+    CudaBackend, CudaError, Elem, ElemKernel, Program, Result, as_i32, check_len, raw_ptr,
+};
 use crate::engine::AttnShape;
 use crate::engine::DType;
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
+
+/// The CUDA-core kernels of every head size, as each element type's program instantiates them.
+const CUDA_CORE_KERNELS: &[ElemKernel] = &[
+    ElemKernel::AttentionForwardHs16,
+    ElemKernel::AttentionForwardHs32,
+    ElemKernel::AttentionForwardHs64,
+    ElemKernel::AttentionBackwardDqHs16,
+    ElemKernel::AttentionBackwardDqHs32,
+    ElemKernel::AttentionBackwardDqHs64,
+    ElemKernel::AttentionBackwardDkvHs16,
+    ElemKernel::AttentionBackwardDkvHs32,
+    ElemKernel::AttentionBackwardDkvHs64,
+];
 
 /// The CUDA-core kernels for f32 activations: one program per element type, so that a first
 /// start compiles them side by side.
@@ -27,17 +42,9 @@ pub(super) const PROGRAM_F32: Program = Program {
         include_str!("attention.cu"),
         "\nATTENTION_ENTRY_POINTS(16, float, f32)\nATTENTION_ENTRY_POINTS(32, float, f32)\nATTENTION_ENTRY_POINTS(64, float, f32)\n"
     ),
-    kernels: &[
-        "attention_forward_f32_hs16",
-        "attention_forward_f32_hs32",
-        "attention_forward_f32_hs64",
-        "attention_backward_dq_f32_hs16",
-        "attention_backward_dq_f32_hs32",
-        "attention_backward_dq_f32_hs64",
-        "attention_backward_dkv_f32_hs16",
-        "attention_backward_dkv_f32_hs32",
-        "attention_backward_dkv_f32_hs64",
-    ],
+    kernels: &[],
+    elem_kernels: CUDA_CORE_KERNELS,
+    dtypes: &[DType::F32],
 };
 
 /// The CUDA-core kernels for bf16 activations: one program per element type, so that a first
@@ -48,17 +55,9 @@ pub(super) const PROGRAM_BF16: Program = Program {
         include_str!("attention.cu"),
         "\nATTENTION_ENTRY_POINTS(16, bf16, bf16)\nATTENTION_ENTRY_POINTS(32, bf16, bf16)\nATTENTION_ENTRY_POINTS(64, bf16, bf16)\n"
     ),
-    kernels: &[
-        "attention_forward_bf16_hs16",
-        "attention_forward_bf16_hs32",
-        "attention_forward_bf16_hs64",
-        "attention_backward_dq_bf16_hs16",
-        "attention_backward_dq_bf16_hs32",
-        "attention_backward_dq_bf16_hs64",
-        "attention_backward_dkv_bf16_hs16",
-        "attention_backward_dkv_bf16_hs32",
-        "attention_backward_dkv_bf16_hs64",
-    ],
+    kernels: &[],
+    elem_kernels: CUDA_CORE_KERNELS,
+    dtypes: &[DType::BF16],
 };
 
 /// The CUDA-core kernels for f16 activations: one program per element type, so that a first
@@ -69,17 +68,9 @@ pub(super) const PROGRAM_F16: Program = Program {
         include_str!("attention.cu"),
         "\nATTENTION_ENTRY_POINTS(16, f16, f16)\nATTENTION_ENTRY_POINTS(32, f16, f16)\nATTENTION_ENTRY_POINTS(64, f16, f16)\n"
     ),
-    kernels: &[
-        "attention_forward_f16_hs16",
-        "attention_forward_f16_hs32",
-        "attention_forward_f16_hs64",
-        "attention_backward_dq_f16_hs16",
-        "attention_backward_dq_f16_hs32",
-        "attention_backward_dq_f16_hs64",
-        "attention_backward_dkv_f16_hs16",
-        "attention_backward_dkv_f16_hs32",
-        "attention_backward_dkv_f16_hs64",
-    ],
+    kernels: &[],
+    elem_kernels: CUDA_CORE_KERNELS,
+    dtypes: &[DType::F16],
 };
 
 /// The tensor-core kernels: bf16 and f16, head sizes 64 and 128.
@@ -89,20 +80,16 @@ pub(super) const PROGRAM_TC: Program = Program {
         include_str!("attention_tc.cu"),
         "\nTC_ENTRY_POINTS(64, TcBf16, bf16)\nTC_ENTRY_POINTS(64, TcF16, f16)\nTC_ENTRY_POINTS(128, TcBf16, bf16)\nTC_ENTRY_POINTS(128, TcF16, f16)\n"
     ),
-    kernels: &[
-        "attention_forward_bf16_hs64_tc",
-        "attention_backward_dq_bf16_hs64_tc",
-        "attention_backward_dkv_bf16_hs64_tc",
-        "attention_forward_f16_hs64_tc",
-        "attention_backward_dq_f16_hs64_tc",
-        "attention_backward_dkv_f16_hs64_tc",
-        "attention_forward_bf16_hs128_tc",
-        "attention_backward_dq_bf16_hs128_tc",
-        "attention_backward_dkv_bf16_hs128_tc",
-        "attention_forward_f16_hs128_tc",
-        "attention_backward_dq_f16_hs128_tc",
-        "attention_backward_dkv_f16_hs128_tc",
+    kernels: &[],
+    elem_kernels: &[
+        ElemKernel::AttentionForwardHs64Tc,
+        ElemKernel::AttentionBackwardDqHs64Tc,
+        ElemKernel::AttentionBackwardDkvHs64Tc,
+        ElemKernel::AttentionForwardHs128Tc,
+        ElemKernel::AttentionBackwardDqHs128Tc,
+        ElemKernel::AttentionBackwardDkvHs128Tc,
     ],
+    dtypes: &[DType::BF16, DType::F16],
 };
 
 /// Query rows per block (forward, dQ) and key rows per block (dK/dV), as in attention.cu.
@@ -111,9 +98,49 @@ const KR: u32 = 32;
 /// Rows per block of the tensor-core kernels (TC_ROWS), and their threads: 4 warps of 16 rows.
 const TC_ROWS: u32 = 64;
 const TC_THREADS: u32 = 128;
-/// Head sizes of the tensor-core kernels, and of the CUDA-core ones.
+/// Head sizes of the tensor-core kernels.
 const TC_HEAD_SIZES: [usize; 2] = [64, 128];
-const CUDA_CORE_HEAD_SIZES: [usize; 3] = [16, 32, 64];
+
+/// The forward, dQ and dK/dV tensor-core kernels at head size `hs`.
+fn tc_kernels(hs: usize) -> Option<[ElemKernel; 3]> {
+    use ElemKernel::*;
+    match hs {
+        64 => Some([
+            AttentionForwardHs64Tc,
+            AttentionBackwardDqHs64Tc,
+            AttentionBackwardDkvHs64Tc,
+        ]),
+        128 => Some([
+            AttentionForwardHs128Tc,
+            AttentionBackwardDqHs128Tc,
+            AttentionBackwardDkvHs128Tc,
+        ]),
+        _ => None,
+    }
+}
+
+/// The forward, dQ and dK/dV CUDA-core kernels at head size `hs`.
+fn cuda_core_kernels(hs: usize) -> Option<[ElemKernel; 3]> {
+    use ElemKernel::*;
+    match hs {
+        16 => Some([
+            AttentionForwardHs16,
+            AttentionBackwardDqHs16,
+            AttentionBackwardDkvHs16,
+        ]),
+        32 => Some([
+            AttentionForwardHs32,
+            AttentionBackwardDqHs32,
+            AttentionBackwardDkvHs32,
+        ]),
+        64 => Some([
+            AttentionForwardHs64,
+            AttentionBackwardDqHs64,
+            AttentionBackwardDkvHs64,
+        ]),
+        _ => None,
+    }
+}
 /// Shared memory a kernel gets without opting in to more.
 const DEFAULT_SHARED_BYTES: u32 = 48 << 10;
 
@@ -150,7 +177,7 @@ const fn tc_shared(hs: usize) -> TcShared {
 fn dims(s: AttnShape) -> Result<(i32, i32, i32, usize)> {
     const OP: &str = "attention";
     let hs = s.channels / s.heads.max(1);
-    let known = CUDA_CORE_HEAD_SIZES.contains(&hs) || TC_HEAD_SIZES.contains(&hs);
+    let known = cuda_core_kernels(hs).is_some() || tc_kernels(hs).is_some();
     if !known || hs * s.heads != s.channels {
         return Err(CudaError::Shape {
             op: OP,
@@ -190,19 +217,19 @@ fn rows_grid(rows: usize, launch: Launch, s: AttnShape) -> LaunchConfig {
     }
 }
 
-/// How one kernel of an attention call is launched: rows per block, threads per block and
-/// dynamic shared memory.
+/// One kernel of an attention call and how it is launched: rows per block, threads per block
+/// and dynamic shared memory.
 #[derive(Debug, Clone, Copy)]
 struct Launch {
+    kernel: ElemKernel,
     rows: u32,
     threads: u32,
     shared: u32,
 }
 
-/// Kernel names and launch shapes of one attention call: the tensor-core kernels where they
-/// apply, else the row-per-thread ones.
+/// The kernels of one attention call: the tensor-core ones where they apply, else the
+/// row-per-thread ones.
 struct Plan {
-    suffix: String,
     forward: Launch,
     dq: Launch,
     dkv: Launch,
@@ -223,21 +250,24 @@ impl CudaBackend {
     /// head size 128.
     fn attention_plan<T: Elem>(&self, hs: usize, ptrs: &[u64]) -> Result<Plan> {
         let aligned = ptrs.iter().all(|p| p % 16 == 0);
-        if self.attention_uses_tensor_cores(T::DTYPE, hs) && aligned {
+        if self.attention_uses_tensor_cores(T::DTYPE, hs)
+            && aligned
+            && let Some([forward, dq, dkv]) = tc_kernels(hs)
+        {
             let shared = tc_shared(hs);
-            let launch = |shared| Launch {
+            let launch = |kernel, shared| Launch {
+                kernel,
                 rows: TC_ROWS,
                 threads: TC_THREADS,
                 shared,
             };
             return Ok(Plan {
-                suffix: format!("{}_hs{hs}_tc", T::SUFFIX),
-                forward: launch(shared.forward),
-                dq: launch(shared.dq),
-                dkv: launch(shared.dkv),
+                forward: launch(forward, shared.forward),
+                dq: launch(dq, shared.dq),
+                dkv: launch(dkv, shared.dkv),
             });
         }
-        if !CUDA_CORE_HEAD_SIZES.contains(&hs) {
+        let Some([forward, dq, dkv]) = cuda_core_kernels(hs) else {
             let why = if T::DTYPE == DType::F32 {
                 "f32 activations; train with precision bf16-mixed or fp16-mixed".to_string()
             } else if self.info.arch() < 80 {
@@ -252,18 +282,18 @@ impl CudaBackend {
                      activations, sm_80 or newer), and this call has {why}"
                 ),
             });
-        }
+        };
         self.note_cuda_core_attention(T::DTYPE, hs, aligned);
-        let launch = |rows| Launch {
+        let launch = |kernel, rows| Launch {
+            kernel,
             rows,
             threads: rows,
             shared: 0,
         };
         Ok(Plan {
-            suffix: format!("{}_hs{hs}", T::SUFFIX),
-            forward: launch(BR),
-            dq: launch(BR),
-            dkv: launch(KR),
+            forward: launch(forward, BR),
+            dq: launch(dq, BR),
+            dkv: launch(dkv, KR),
         })
     }
 
@@ -294,17 +324,19 @@ impl CudaBackend {
         }
     }
 
-    /// The kernel `name`, allowed the dynamic shared memory `launch` gives it (above 48 KiB a
-    /// kernel must opt in; every sm_80+ GPU allows the tensor-core kernels' 68.5 KiB).
-    fn attention_kernel(&self, name: &str, launch: Launch) -> Result<&CudaFunction> {
-        let f = self.function(name)?;
+    /// The kernel of `launch`, allowed the dynamic shared memory `launch` gives it (above
+    /// 48 KiB a kernel must opt in; every sm_80+ GPU allows the tensor-core kernels' 68.5 KiB).
+    fn attention_kernel<T: Elem>(&self, launch: Launch) -> Result<&CudaFunction> {
+        let f = self.elem_function::<T>(launch.kernel)?;
         if launch.shared > DEFAULT_SHARED_BYTES {
             if launch.shared as usize > self.info.shared_memory_per_block_optin {
                 return Err(CudaError::Shape {
                     op: "attention",
                     detail: format!(
-                        "{name} needs {} bytes of shared memory per block; this GPU allows {}",
-                        launch.shared, self.info.shared_memory_per_block_optin
+                        "{} needs {} bytes of shared memory per block; this GPU allows {}",
+                        launch.kernel.name(T::DTYPE),
+                        launch.shared,
+                        self.info.shared_memory_per_block_optin
                     ),
                 });
             }
@@ -355,8 +387,7 @@ impl CudaBackend {
             hs,
             &[raw_ptr(qkv, &self.stream), raw_ptr(out, &self.stream)],
         )?;
-        let f =
-            self.attention_kernel(&format!("attention_forward_{}", plan.suffix), plan.forward)?;
+        let f = self.attention_kernel::<T>(plan.forward)?;
         let mut b = self.stream.launch_builder(f);
         b.arg(qkv)
             .arg(out)
@@ -420,8 +451,7 @@ impl CudaBackend {
         // Written by the dQ kernel, read by the dK/dV kernel (same stream, so in order).
         let mut d = self.alloc::<f32>(rows)?;
         {
-            let f =
-                self.attention_kernel(&format!("attention_backward_dq_{}", plan.suffix), plan.dq)?;
+            let f = self.attention_kernel::<T>(plan.dq)?;
             let mut b = self.stream.launch_builder(f);
             b.arg(qkv)
                 .arg(dout)
@@ -435,8 +465,7 @@ impl CudaBackend {
             // SAFETY: as above; this kernel writes the Q third of each dqkv row and `d`.
             unsafe { b.launch(rows_grid(s.seq, plan.dq, s)) }?;
         }
-        let f =
-            self.attention_kernel(&format!("attention_backward_dkv_{}", plan.suffix), plan.dkv)?;
+        let f = self.attention_kernel::<T>(plan.dkv)?;
         let mut b = self.stream.launch_builder(f);
         b.arg(qkv)
             .arg(dout)
@@ -493,8 +522,8 @@ mod tests {
         assert!(s.forward.max(s.dq).max(s.dkv) <= DEFAULT_SHARED_BYTES);
     }
 
-    /// Every kernel name the launcher asks for is one the program defines: each dtype, head
-    /// size and kernel, compiled for sm_80, sm_86 and sm_90 (skipped where NVRTC is absent).
+    /// Every kernel the launcher asks for is one the program defines: each dtype, head size and
+    /// kernel, compiled for sm_80, sm_86 and sm_90 (skipped where NVRTC is absent).
     #[test]
     fn every_tensor_core_kernel_is_in_the_compiled_program() {
         if let Err(e) = ensure_loaded(CudaLibrary::Nvrtc) {
@@ -502,14 +531,13 @@ mod tests {
             return;
         }
         let mut names = Vec::new();
-        for kernel in ["forward", "backward_dq", "backward_dkv"] {
-            for dtype in ["bf16", "f16"] {
-                for hs in TC_HEAD_SIZES {
-                    names.push(format!("attention_{kernel}_{dtype}_hs{hs}_tc"));
-                }
+        for hs in TC_HEAD_SIZES {
+            let kernels = tc_kernels(hs).unwrap_or_else(|| panic!("no kernels for {hs}"));
+            for dtype in [DType::BF16, DType::F16] {
+                names.extend(kernels.iter().map(|k| k.name(dtype)));
             }
         }
-        let mut listed: Vec<String> = PROGRAM_TC.kernels.iter().map(|k| k.to_string()).collect();
+        let mut listed: Vec<&str> = PROGRAM_TC.entries().map(|(_, name)| name).collect();
         listed.sort();
         names.sort();
         assert_eq!(listed, names);

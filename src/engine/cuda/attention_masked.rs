@@ -4,30 +4,24 @@
 //! training, the padded softmax and the whole-row softmax backward of the unfused route
 //! (one warp per row), which batched GEMMs surround.
 
-use super::{CudaBackend, CudaError, Elem, Program, Result, as_i32, check_len};
+use super::{
+    CudaBackend, CudaError, ELEM_DTYPES, Elem, ElemKernel, Program, Result, as_i32, check_len,
+};
 use crate::engine::AttnShape;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 pub(super) const PROGRAM: Program = Program {
     name: "attention_masked",
     source: include_str!("attention_masked.cu"),
-    kernels: &[
-        "masked_attention_forward_f32_hs16",
-        "masked_attention_forward_f32_hs32",
-        "masked_attention_forward_f32_hs64",
-        "masked_attention_forward_bf16_hs16",
-        "masked_attention_forward_bf16_hs32",
-        "masked_attention_forward_bf16_hs64",
-        "masked_attention_forward_f16_hs16",
-        "masked_attention_forward_f16_hs32",
-        "masked_attention_forward_f16_hs64",
-        "padded_softmax_f32",
-        "padded_softmax_bf16",
-        "padded_softmax_f16",
-        "softmax_backward_rows_f32",
-        "softmax_backward_rows_bf16",
-        "softmax_backward_rows_f16",
+    kernels: &[],
+    elem_kernels: &[
+        ElemKernel::MaskedAttentionForwardHs16,
+        ElemKernel::MaskedAttentionForwardHs32,
+        ElemKernel::MaskedAttentionForwardHs64,
+        ElemKernel::PaddedSoftmax,
+        ElemKernel::SoftmaxBackwardRows,
     ],
+    dtypes: ELEM_DTYPES,
 };
 
 /// Query rows per block (MBR in the kernel), one thread each.
@@ -45,7 +39,13 @@ impl CudaBackend {
     ) -> Result<()> {
         const OP: &str = "masked_attention_forward";
         let hs = s.channels / s.heads.max(1);
-        if ![16, 32, 64].contains(&hs) || hs * s.heads != s.channels {
+        let kernel = match hs {
+            16 => Some(ElemKernel::MaskedAttentionForwardHs16),
+            32 => Some(ElemKernel::MaskedAttentionForwardHs32),
+            64 => Some(ElemKernel::MaskedAttentionForwardHs64),
+            _ => None,
+        };
+        let Some(kernel) = kernel.filter(|_| hs * s.heads == s.channels) else {
             return Err(CudaError::Shape {
                 op: OP,
                 detail: format!(
@@ -55,7 +55,7 @@ impl CudaBackend {
                     s.heads
                 ),
             });
-        }
+        };
         check_len(OP, "qkv", qkv, s.batch * s.seq * 3 * s.channels)?;
         check_len(OP, "out", out, s.batch * s.seq * s.channels)?;
         check_len(OP, "lens", lens, s.batch)?;
@@ -67,7 +67,7 @@ impl CudaBackend {
             as_i32(OP, "channels", s.channels)?,
             as_i32(OP, "heads", s.heads)?,
         );
-        let f = self.function(&format!("masked_attention_forward_{}_hs{hs}", T::SUFFIX))?;
+        let f = self.elem_function::<T>(kernel)?;
         let mut b = self.stream.launch_builder(f);
         b.arg(qkv).arg(lens).arg(out).arg(&t).arg(&c).arg(&nh);
         let cfg = LaunchConfig {
@@ -102,7 +102,7 @@ impl CudaBackend {
         if rows == 0 {
             return Ok(());
         }
-        let f = self.function(&format!("padded_softmax_{}", T::SUFFIX))?;
+        let f = self.elem_function::<T>(ElemKernel::PaddedSoftmax)?;
         let (rows64, seq32, heads32) = (
             rows as i64,
             as_i32(OP, "seq", s.seq)?,
@@ -137,7 +137,7 @@ impl CudaBackend {
         if rows == 0 {
             return Ok(());
         }
-        let f = self.function(&format!("softmax_backward_rows_{}", T::SUFFIX))?;
+        let f = self.elem_function::<T>(ElemKernel::SoftmaxBackwardRows)?;
         let (rows64, seq32) = (rows as i64, as_i32(OP, "seq", seq)?);
         let mut l = self.stream.launch_builder(f);
         l.arg(dscores)

@@ -2,27 +2,24 @@
 //! [`crate::engine::cpu::attention_unfused`] (same layouts and results). The products between
 //! them are [`CudaBackend::matmul_batched`].
 
-use super::{CudaBackend, CudaError, Elem, Program, Result, as_i32, check_len, elementwise_grid};
+use super::{
+    CudaBackend, CudaError, ELEM_DTYPES, Elem, ElemKernel, Program, Result, as_i32, check_len,
+    elementwise_grid,
+};
 use crate::engine::AttnShape;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 pub(super) const PROGRAM: Program = Program {
     name: "attention_unfused",
     source: include_str!("attention_unfused.cu"),
-    kernels: &[
-        "heads_from_rows_f32",
-        "heads_from_rows_bf16",
-        "heads_from_rows_f16",
-        "heads_to_rows_f32",
-        "heads_to_rows_bf16",
-        "heads_to_rows_f16",
-        "causal_softmax_f32",
-        "causal_softmax_bf16",
-        "causal_softmax_f16",
-        "causal_softmax_backward_f32",
-        "causal_softmax_backward_bf16",
-        "causal_softmax_backward_f16",
+    kernels: &[],
+    elem_kernels: &[
+        ElemKernel::HeadsFromRows,
+        ElemKernel::HeadsToRows,
+        ElemKernel::CausalSoftmax,
+        ElemKernel::CausalSoftmaxBackward,
     ],
+    dtypes: ELEM_DTYPES,
 };
 
 const BLOCK: u32 = 256;
@@ -99,16 +96,16 @@ impl CudaBackend {
                 ),
             });
         }
-        let (name, dst_len, src_len) = match dir {
-            HeadMove::FromRows => ("heads_from_rows", n, rows_len),
-            HeadMove::ToRows => ("heads_to_rows", rows_len, n),
+        let (kernel, dst_len, src_len) = match dir {
+            HeadMove::FromRows => (ElemKernel::HeadsFromRows, n, rows_len),
+            HeadMove::ToRows => (ElemKernel::HeadsToRows, rows_len, n),
         };
         check_len(OP, "dst", dst, dst_len)?;
         check_len(OP, "src", src, src_len)?;
         if n == 0 {
             return Ok(());
         }
-        let f = self.function(&format!("{name}_{}", T::SUFFIX))?;
+        let f = self.elem_function::<T>(kernel)?;
         let (n64, row64, col64) = (n as i64, row as i64, col0 as i64);
         let seq = as_i32(OP, "seq", s.seq)?;
         let heads = as_i32(OP, "heads", s.heads)?;
@@ -142,7 +139,7 @@ impl CudaBackend {
         if rows == 0 {
             return Ok(());
         }
-        let f = self.function(&format!("causal_softmax_{}", T::SUFFIX))?;
+        let f = self.elem_function::<T>(ElemKernel::CausalSoftmax)?;
         let (rows64, seq32) = (rows as i64, as_i32(OP, "seq", seq)?);
         let mut l = self.stream.launch_builder(f);
         l.arg(probs).arg(scores).arg(&rows64).arg(&seq32);
@@ -167,7 +164,7 @@ impl CudaBackend {
         if rows == 0 {
             return Ok(());
         }
-        let f = self.function(&format!("causal_softmax_backward_{}", T::SUFFIX))?;
+        let f = self.elem_function::<T>(ElemKernel::CausalSoftmaxBackward)?;
         let (rows64, seq32) = (rows as i64, as_i32(OP, "seq", seq)?);
         let mut l = self.stream.launch_builder(f);
         l.arg(dscores)

@@ -6,7 +6,7 @@
 //! forward on sm_90), and the multi-launch chunk path beyond. None waits for the stream; the
 //! non-finite flag is read separately.
 
-use super::{CudaBackend, Program, Result, as_i32, check_len};
+use super::{CudaBackend, Kernel, Program, Result, as_i32, check_len};
 use crate::engine::cpu::bk_core::BkShape;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg, sys::CUfunction_attribute};
 
@@ -14,26 +14,28 @@ pub(super) const PROGRAM: Program = Program {
     name: "bk_core",
     source: include_str!("bk_core.cu"),
     kernels: &[
-        "bk_chunk_maps",
-        "bk_scan_maps",
-        "bk_forward",
-        "bk_backward_local",
-        "bk_scan_affine",
-        "bk_backward_final",
-        "bk_forward_fused",
-        "bk_backward_fused",
-        "bk_forward_long16",
-        "bk_forward_long32",
-        "bk_forward_long64",
-        "bk_backward_long16",
-        "bk_backward_long32",
-        "bk_forward_warp4",
-        "bk_forward_warp8",
-        "bk_forward_warp16",
-        "bk_backward_warp4",
-        "bk_backward_warp8",
-        "bk_backward_warp16",
+        Kernel::BkChunkMaps,
+        Kernel::BkScanMaps,
+        Kernel::BkForward,
+        Kernel::BkBackwardLocal,
+        Kernel::BkScanAffine,
+        Kernel::BkBackwardFinal,
+        Kernel::BkForwardFused,
+        Kernel::BkBackwardFused,
+        Kernel::BkForwardLong16,
+        Kernel::BkForwardLong32,
+        Kernel::BkForwardLong64,
+        Kernel::BkBackwardLong16,
+        Kernel::BkBackwardLong32,
+        Kernel::BkForwardWarp4,
+        Kernel::BkForwardWarp8,
+        Kernel::BkForwardWarp16,
+        Kernel::BkBackwardWarp4,
+        Kernel::BkBackwardWarp8,
+        Kernel::BkBackwardWarp16,
     ],
+    elem_kernels: &[],
+    dtypes: &[],
 };
 
 /// Positions per thread; must match `BK_CHUNK` in `bk_core.cu`.
@@ -119,18 +121,18 @@ impl Fused {
 
 /// The warp kernels (`bk_forward_warp{4,8,16}`, `bk_backward_warp{4,8,16}` in `bk_core.cu`):
 /// one warp per sequence, its positions in registers, for small calls with unit
-/// off-diagonals and N = 32 L. Returns the kernel's name.
-fn warp_kernel(n: usize, batch: usize, has_off: bool, backward: bool) -> Option<&'static str> {
+/// off-diagonals and N = 32 L. Returns the kernel.
+fn warp_kernel(n: usize, batch: usize, has_off: bool, backward: bool) -> Option<Kernel> {
     if has_off || batch * n > SMALL_CALL {
         return None;
     }
     Some(match (n, backward) {
-        (128, false) => "bk_forward_warp4",
-        (256, false) => "bk_forward_warp8",
-        (512, false) => "bk_forward_warp16",
-        (128, true) => "bk_backward_warp4",
-        (256, true) => "bk_backward_warp8",
-        (512, true) => "bk_backward_warp16",
+        (128, false) => Kernel::BkForwardWarp4,
+        (256, false) => Kernel::BkForwardWarp8,
+        (512, false) => Kernel::BkForwardWarp16,
+        (128, true) => Kernel::BkBackwardWarp4,
+        (256, true) => Kernel::BkBackwardWarp8,
+        (512, true) => Kernel::BkBackwardWarp16,
         _ => return None,
     })
 }
@@ -205,13 +207,13 @@ impl Long {
         })
     }
 
-    fn kernel(&self) -> &'static str {
+    fn kernel(&self) -> Kernel {
         match (self.backward, self.chunk) {
-            (false, 64) => "bk_forward_long64",
-            (false, 32) => "bk_forward_long32",
-            (false, _) => "bk_forward_long16",
-            (true, 32) => "bk_backward_long32",
-            (true, _) => "bk_backward_long16",
+            (false, 64) => Kernel::BkForwardLong64,
+            (false, 32) => Kernel::BkForwardLong32,
+            (false, _) => Kernel::BkForwardLong16,
+            (true, 32) => Kernel::BkBackwardLong32,
+            (true, _) => Kernel::BkBackwardLong16,
         }
     }
 
@@ -315,13 +317,13 @@ impl CudaBackend {
         // limit, so that no shape lowers what another's launches need, and here rather than
         // per call, which keeps a host round of the driver out of the timed launches.
         for name in [
-            "bk_forward_fused",
-            "bk_backward_fused",
-            "bk_forward_long16",
-            "bk_forward_long32",
-            "bk_forward_long64",
-            "bk_backward_long16",
-            "bk_backward_long32",
+            Kernel::BkForwardFused,
+            Kernel::BkBackwardFused,
+            Kernel::BkForwardLong16,
+            Kernel::BkForwardLong32,
+            Kernel::BkForwardLong64,
+            Kernel::BkBackwardLong16,
+            Kernel::BkBackwardLong32,
         ] {
             self.function(name)?.set_attribute(
                 CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -360,13 +362,13 @@ impl CudaBackend {
         let (has_off, batch, n, causal) = check_inputs(s, v, z, off)?;
         // Without off-diagonals the kernels never read b or c; any buffer stands in.
         let (b, c) = off.unwrap_or((v, v));
-        let f = self.function("bk_chunk_maps")?;
+        let f = self.function(Kernel::BkChunkMaps)?;
         let mut l = self.stream.launch_builder(f);
         l.arg(&mut w.maps).arg(v).arg(z).arg(b).arg(c);
         l.arg(&has_off).arg(&batch).arg(&n).arg(&causal);
         // SAFETY: `maps` holds 16 floats per chunk; v holds batch * n; b, c hold n - 1.
         unsafe { l.launch(chunk_grid(s)) }?;
-        let f = self.function("bk_scan_maps")?;
+        let f = self.function(Kernel::BkScanMaps)?;
         let mut l = self.stream.launch_builder(f);
         l.arg(&mut w.enter)
             .arg(&w.maps)
@@ -406,7 +408,7 @@ impl CudaBackend {
         self.bk_enter(w, v, z, off)?;
         let (has_off, batch, n, causal) = dims(OP, s, &off)?;
         let (b, c) = off.unwrap_or((v, v));
-        let f = self.function("bk_forward")?;
+        let f = self.function(Kernel::BkForward)?;
         let mut l = self.stream.launch_builder(f);
         l.arg(out)
             .arg(&mut w.nonfinite)
@@ -435,7 +437,7 @@ impl CudaBackend {
         let (has_off, batch, n, causal) = check_inputs(s, v, z, off)?;
         let (b, c) = off.unwrap_or((v, v));
         let (team_warps, chunk) = plan.args("bk_core")?;
-        let f = self.function("bk_forward_fused")?;
+        let f = self.function(Kernel::BkForwardFused)?;
         let mut l = self.stream.launch_builder(f);
         l.arg(out).arg(&mut w.nonfinite).arg(v).arg(z).arg(b).arg(c);
         l.arg(&has_off)
@@ -454,7 +456,7 @@ impl CudaBackend {
     fn bk_forward_unit(
         &self,
         w: &mut BkWork,
-        kernel: &str,
+        kernel: Kernel,
         cfg: LaunchConfig,
         out: &mut CudaSlice<f32>,
         v: &CudaSlice<f32>,
@@ -584,7 +586,7 @@ impl CudaBackend {
         let learn_off = i32::from(learn_off);
         let bw = w.back.as_mut().expect("allocated by the caller");
         let shared = plan.backward_shared_bytes();
-        let f = self.function("bk_backward_fused")?;
+        let f = self.function(Kernel::BkBackwardFused)?;
         let mut l = self.stream.launch_builder(f);
         l.arg(dv)
             .arg(&mut bw.zpart)
@@ -615,7 +617,7 @@ impl CudaBackend {
     fn bk_backward_unit(
         &self,
         w: &mut BkWork,
-        kernel: &str,
+        kernel: Kernel,
         cfg: LaunchConfig,
         dv: &mut CudaSlice<f32>,
         d_out: &CudaSlice<f32>,
@@ -667,7 +669,7 @@ impl CudaBackend {
         let sw = bw.sweeps.as_mut().expect("allocated above");
         let (has_off, batch, n, causal) = dims(OP, s, &off)?;
         let (b, c) = off.unwrap_or((v, v));
-        let f = self.function("bk_backward_local")?;
+        let f = self.function(Kernel::BkBackwardLocal)?;
         let mut l = self.stream.launch_builder(f);
         l.arg(&mut sw.rs)
             .arg(&mut sw.qs)
@@ -684,7 +686,7 @@ impl CudaBackend {
             .arg(&causal);
         // SAFETY: rs, qs hold 2 floats per position, aff 8 per chunk; inputs checked above.
         unsafe { l.launch(chunk_grid(s)) }?;
-        let f = self.function("bk_scan_affine")?;
+        let f = self.function(Kernel::BkScanAffine)?;
         let mut l = self.stream.launch_builder(f);
         l.arg(&mut sw.carry)
             .arg(&sw.aff)
@@ -694,7 +696,7 @@ impl CudaBackend {
         // SAFETY: carry holds 4 floats per chunk; one warp per sequence.
         unsafe { l.launch(scan_grid(s)) }?;
         let learn_off = i32::from(learn_off);
-        let f = self.function("bk_backward_final")?;
+        let f = self.function(Kernel::BkBackwardFinal)?;
         let mut l = self.stream.launch_builder(f);
         l.arg(dv)
             .arg(&mut bw.zpart)
@@ -787,11 +789,17 @@ mod tests {
 
     #[test]
     fn warp_kernels_take_small_unit_calls_of_128_256_and_512() {
-        assert_eq!(warp_kernel(128, 1, false, false), Some("bk_forward_warp4"));
-        assert_eq!(warp_kernel(256, 64, false, false), Some("bk_forward_warp8"));
+        assert_eq!(
+            warp_kernel(128, 1, false, false),
+            Some(Kernel::BkForwardWarp4)
+        );
+        assert_eq!(
+            warp_kernel(256, 64, false, false),
+            Some(Kernel::BkForwardWarp8)
+        );
         assert_eq!(
             warp_kernel(512, 256, false, true),
-            Some("bk_backward_warp16")
+            Some(Kernel::BkBackwardWarp16)
         );
         // Off-diagonals, other lengths and calls too large for one warp's chain go elsewhere.
         assert_eq!(warp_kernel(128, 1, true, false), None);
@@ -800,7 +808,7 @@ mod tests {
         assert_eq!(warp_kernel(512, 512, false, true), None);
         assert_eq!(
             warp_kernel(128, 1024, false, true),
-            Some("bk_backward_warp4")
+            Some(Kernel::BkBackwardWarp4)
         );
         assert_eq!(warp_kernel(128, 1025, false, false), None);
     }
@@ -814,12 +822,12 @@ mod tests {
         let f = p(2048, 512, false).unwrap();
         assert_eq!(
             (f.chunk, f.block, f.seqs, f.kernel()),
-            (16, 128, 1, "bk_forward_long16")
+            (16, 128, 1, Kernel::BkForwardLong16)
         );
         let b = p(8192, 512, true).unwrap();
         assert_eq!(
             (b.chunk, b.block, b.kernel()),
-            (32, 256, "bk_backward_long32")
+            (32, 256, Kernel::BkBackwardLong32)
         );
         // Short sequences share a block; smaller calls take shorter chunks as far as the
         // block bound allows.

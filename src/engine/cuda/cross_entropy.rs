@@ -7,30 +7,23 @@
 //! [`CudaBackend::cross_entropy_unfused`] runs the same mathematics as three kernels with the
 //! log-probabilities in a buffer of their own: the baseline `train.fused_kernels=false`.
 
-use super::{CudaBackend, Elem, Program, Result, as_i32, check_len};
+use super::{
+    CudaBackend, ELEM_DTYPES, Elem, ElemKernel, Kernel, Program, Result, as_i32, check_len,
+};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg, sys::CUfunction_attribute};
 
 pub(super) const PROGRAM: Program = Program {
     name: "cross_entropy",
     source: include_str!("cross_entropy.cu"),
-    kernels: &[
-        "cross_entropy_forward_f32",
-        "cross_entropy_forward_bf16",
-        "cross_entropy_forward_f16",
-        "cross_entropy_fused_f32",
-        "cross_entropy_fused_bf16",
-        "cross_entropy_fused_f16",
-        "cross_entropy_fused_staged_f32",
-        "cross_entropy_fused_staged_bf16",
-        "cross_entropy_fused_staged_f16",
-        "log_softmax_f32",
-        "log_softmax_bf16",
-        "log_softmax_f16",
-        "nll_loss",
-        "log_softmax_nll_backward_f32",
-        "log_softmax_nll_backward_bf16",
-        "log_softmax_nll_backward_f16",
+    kernels: &[Kernel::NllLoss],
+    elem_kernels: &[
+        ElemKernel::CrossEntropyForward,
+        ElemKernel::CrossEntropyFused,
+        ElemKernel::CrossEntropyFusedStaged,
+        ElemKernel::LogSoftmax,
+        ElemKernel::LogSoftmaxNllBackward,
     ],
+    dtypes: ELEM_DTYPES,
 };
 
 const BLOCK: u32 = 1024;
@@ -75,7 +68,7 @@ impl CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        let f = self.function(&format!("cross_entropy_forward_{}", T::SUFFIX))?;
+        let f = self.elem_function::<T>(ElemKernel::CrossEntropyForward)?;
         let mut b = self.stream.launch_builder(f);
         b.arg(losses)
             .arg(logits)
@@ -110,7 +103,7 @@ impl CudaBackend {
         let row_bytes = v * std::mem::size_of::<T>();
         let staged = row_bytes + STATIC_SHARED_BYTES <= self.info.shared_memory_per_block_optin;
         let (f, shared) = if staged {
-            let f = self.function(&format!("cross_entropy_fused_staged_{}", T::SUFFIX))?;
+            let f = self.elem_function::<T>(ElemKernel::CrossEntropyFusedStaged)?;
             // Above 48 KiB a kernel must opt in to its dynamic shared memory.
             f.set_attribute(
                 CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -118,10 +111,7 @@ impl CudaBackend {
             )?;
             (f, row_bytes as u32)
         } else {
-            (
-                self.function(&format!("cross_entropy_fused_{}", T::SUFFIX))?,
-                0,
-            )
+            (self.elem_function::<T>(ElemKernel::CrossEntropyFused)?, 0)
         };
         let mut b = self.stream.launch_builder(f);
         b.arg(losses)
@@ -162,14 +152,14 @@ impl CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        let f = self.function(&format!("log_softmax_{}", T::SUFFIX))?;
+        let f = self.elem_function::<T>(ElemKernel::LogSoftmax)?;
         let mut b = self.stream.launch_builder(f);
         b.arg(&mut *logp).arg(logits).arg(&v32).arg(&valid32);
         // SAFETY: lengths checked above; one block per row.
         unsafe { b.launch(rows(n, 0)) }?;
 
         const NLL_BLOCK: u32 = 256;
-        let f = self.function("nll_loss")?;
+        let f = self.function(Kernel::NllLoss)?;
         let mut b = self.stream.launch_builder(f);
         b.arg(losses)
             .arg(&*logp)
@@ -192,7 +182,7 @@ impl CudaBackend {
                 op: OP,
                 detail: format!("a row of {v} logits exceeds the grid's 65535 column blocks"),
             })?;
-        let f = self.function(&format!("log_softmax_nll_backward_{}", T::SUFFIX))?;
+        let f = self.elem_function::<T>(ElemKernel::LogSoftmaxNllBackward)?;
         let mut b = self.stream.launch_builder(f);
         b.arg(dlogits)
             .arg(&*logp)

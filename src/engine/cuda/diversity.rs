@@ -6,23 +6,19 @@
 //! normalised rows (one read of the embeddings), the column sums over chunks with their
 //! squared norm, and D per set. The backward is one launch, a block per row.
 
-use super::{CudaBackend, CudaError, Elem, Program, Result, as_i32, check_len};
+use super::{
+    CudaBackend, CudaError, ELEM_DTYPES, Elem, ElemKernel, Kernel, Program, Result, as_i32,
+    check_len,
+};
 use crate::engine::cpu::diversity::SetShape;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 pub(super) const PROGRAM: Program = Program {
     name: "diversity",
     source: include_str!("diversity.cu"),
-    kernels: &[
-        "diversity_partial_f32",
-        "diversity_partial_bf16",
-        "diversity_partial_f16",
-        "diversity_column_sums",
-        "diversity_value",
-        "diversity_backward_f32",
-        "diversity_backward_bf16",
-        "diversity_backward_f16",
-    ],
+    kernels: &[Kernel::DiversityColumnSums, Kernel::DiversityValue],
+    elem_kernels: &[ElemKernel::DiversityPartial, ElemKernel::DiversityBackward],
+    dtypes: ELEM_DTYPES,
 };
 
 /// Rows one block of the first stage normalises and sums (at most the kernel's
@@ -88,7 +84,7 @@ impl CudaBackend {
         let mut ss_partial = self.alloc::<f64>(sets * col_blocks)?;
         let (chunks32, rpc) = (as_i32(OP, "chunks", chunks)?, ROWS_PER_CHUNK as i32);
 
-        let f = self.function(&format!("diversity_partial_{}", T::SUFFIX))?;
+        let f = self.elem_function::<T>(ElemKernel::DiversityPartial)?;
         let mut b = self.stream.launch_builder(f);
         b.arg(&mut partial)
             .arg(&mut q_partial)
@@ -106,7 +102,7 @@ impl CudaBackend {
         // its own partial row, q partial and rnorm entries.
         unsafe { b.launch(cfg) }?;
 
-        let f = self.function("diversity_column_sums")?;
+        let f = self.function(Kernel::DiversityColumnSums)?;
         let mut b = self.stream.launch_builder(f);
         b.arg(&mut *s)
             .arg(&mut ss_partial)
@@ -122,7 +118,7 @@ impl CudaBackend {
         // of `s`, each block one `ss_partial`.
         unsafe { b.launch(cfg) }?;
 
-        let f = self.function("diversity_value")?;
+        let f = self.function(Kernel::DiversityValue)?;
         let (sets32, cb32) = (sets as i32, col_blocks as i32);
         let mut b = self.stream.launch_builder(f);
         b.arg(value)
@@ -161,7 +157,7 @@ impl CudaBackend {
         check_len(OP, "s", s, sets * d)?;
         check_len(OP, "rnorm", rnorm, sets * n)?;
         let scale = shape.grad_scale() as f32;
-        let f = self.function(&format!("diversity_backward_{}", T::SUFFIX))?;
+        let f = self.elem_function::<T>(ElemKernel::DiversityBackward)?;
         let mut b = self.stream.launch_builder(f);
         b.arg(de)
             .arg(dd)

@@ -1,13 +1,17 @@
 //! Inverted dropout on the GPU; reference: [`crate::engine::cpu::dropout`].
 
-use super::{CudaBackend, Elem, Program, Result, check_len, elementwise_grid};
+use super::{
+    CudaBackend, ELEM_DTYPES, Elem, ElemKernel, Program, Result, check_len, elementwise_grid,
+};
 use crate::engine::cpu::dropout::threshold;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 pub(super) const PROGRAM: Program = Program {
     name: "dropout",
     source: include_str!("dropout.cu"),
-    kernels: &["dropout_f32", "dropout_bf16", "dropout_f16"],
+    kernels: &[],
+    elem_kernels: &[ElemKernel::Dropout],
+    dtypes: ELEM_DTYPES,
 };
 
 const BLOCK: u32 = 256;
@@ -25,7 +29,7 @@ impl CudaBackend {
     ) -> Result<()> {
         check_len("dropout", "out", out, n)?;
         check_len("dropout", "x", x, n)?;
-        let f = self.function(&format!("dropout_{}", T::SUFFIX))?;
+        let f = self.elem_function::<T>(ElemKernel::Dropout)?;
         let (n64, t, scale) = (n as i64, threshold(p), 1.0f32 / (1.0 - p));
         let mut b = self.stream.launch_builder(f);
         b.arg(out).arg(x).arg(&n64).arg(&seed).arg(&t).arg(&scale);

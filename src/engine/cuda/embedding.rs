@@ -3,26 +3,20 @@
 //! [`crate::engine::cpu::embedding`]. Tables and output are `T`; the gradients of the tables
 //! are f32 and accumulate.
 
-use super::{CudaBackend, Elem, Program, Result, as_i32, check_len};
+use super::{CudaBackend, ELEM_DTYPES, Elem, ElemKernel, Program, Result, as_i32, check_len};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg, sys::CUfunction_attribute};
 
 pub(super) const PROGRAM: Program = Program {
     name: "embedding",
     source: include_str!("embedding.cu"),
-    kernels: &[
-        "embedding_forward_f32",
-        "embedding_forward_bf16",
-        "embedding_forward_f16",
-        "embedding_backward_wte_f32",
-        "embedding_backward_wte_bf16",
-        "embedding_backward_wte_f16",
-        "embedding_backward_wte_staged_f32",
-        "embedding_backward_wte_staged_bf16",
-        "embedding_backward_wte_staged_f16",
-        "embedding_backward_wpe_f32",
-        "embedding_backward_wpe_bf16",
-        "embedding_backward_wpe_f16",
+    kernels: &[],
+    elem_kernels: &[
+        ElemKernel::EmbeddingForward,
+        ElemKernel::EmbeddingBackwardWte,
+        ElemKernel::EmbeddingBackwardWteStaged,
+        ElemKernel::EmbeddingBackwardWpe,
     ],
+    dtypes: ELEM_DTYPES,
 };
 
 const BLOCK: u32 = 256;
@@ -93,7 +87,7 @@ impl CudaBackend {
         if n == 0 || seq == 0 {
             return Ok(());
         }
-        let f = self.function(&format!("embedding_forward_{}", T::SUFFIX))?;
+        let f = self.elem_function::<T>(ElemKernel::EmbeddingForward)?;
         let mut b = self.stream.launch_builder(f);
         b.arg(out)
             .arg(tokens)
@@ -135,7 +129,7 @@ impl CudaBackend {
             return Ok(());
         }
         self.token_embedding_backward(dwte, dout, tokens, n, vocab, c, hot_rows)?;
-        let f = self.function(&format!("embedding_backward_wpe_{}", T::SUFFIX))?;
+        let f = self.elem_function::<T>(ElemKernel::EmbeddingBackwardWpe)?;
         let mut b = self.stream.launch_builder(f);
         b.arg(dwpe).arg(dout).arg(&n32).arg(&seq32).arg(&c32);
         let cfg = LaunchConfig {
@@ -176,7 +170,7 @@ impl CudaBackend {
         let staged = staged_rows(c, self.info.shared_memory_per_block_optin).filter(|_| hot_rows);
         let (f, rows, cfg) = match staged {
             Some(rows) => {
-                let f = self.function(&format!("embedding_backward_wte_staged_{}", T::SUFFIX))?;
+                let f = self.elem_function::<T>(ElemKernel::EmbeddingBackwardWteStaged)?;
                 let bytes = rows * c * 4;
                 // Above 48 KiB a kernel must opt in to its dynamic shared memory.
                 f.set_attribute(
@@ -191,7 +185,7 @@ impl CudaBackend {
                 (f, rows, cfg)
             }
             None => (
-                self.function(&format!("embedding_backward_wte_{}", T::SUFFIX))?,
+                self.elem_function::<T>(ElemKernel::EmbeddingBackwardWte)?,
                 WTE_ROWS_PER_BLOCK,
                 blocks(vocab.div_ceil(WTE_ROWS_PER_BLOCK)),
             ),

@@ -1,19 +1,16 @@
 //! GELU (tanh form) forward and backward on the GPU; reference: [`crate::engine::cpu::gelu`].
 
-use super::{CudaBackend, Elem, Program, Result, check_len, elementwise_grid};
+use super::{
+    CudaBackend, ELEM_DTYPES, Elem, ElemKernel, Program, Result, check_len, elementwise_grid,
+};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 pub(super) const PROGRAM: Program = Program {
     name: "gelu",
     source: include_str!("gelu.cu"),
-    kernels: &[
-        "gelu_forward_f32",
-        "gelu_forward_bf16",
-        "gelu_forward_f16",
-        "gelu_backward_f32",
-        "gelu_backward_bf16",
-        "gelu_backward_f16",
-    ],
+    kernels: &[],
+    elem_kernels: &[ElemKernel::GeluForward, ElemKernel::GeluBackward],
+    dtypes: ELEM_DTYPES,
 };
 
 const BLOCK: u32 = 256;
@@ -28,7 +25,7 @@ impl CudaBackend {
     ) -> Result<()> {
         check_len("gelu_forward", "out", out, n)?;
         check_len("gelu_forward", "inp", inp, n)?;
-        let f = self.function(&format!("gelu_forward_{}", T::SUFFIX))?;
+        let f = self.elem_function::<T>(ElemKernel::GeluForward)?;
         let n64 = n as i64;
         let mut b = self.stream.launch_builder(f);
         b.arg(out).arg(inp).arg(&n64);
@@ -48,7 +45,7 @@ impl CudaBackend {
         check_len("gelu_backward", "dinp", dinp, n)?;
         check_len("gelu_backward", "inp", inp, n)?;
         check_len("gelu_backward", "dout", dout, n)?;
-        let f = self.function(&format!("gelu_backward_{}", T::SUFFIX))?;
+        let f = self.elem_function::<T>(ElemKernel::GeluBackward)?;
         let n64 = n as i64;
         let mut b = self.stream.launch_builder(f);
         b.arg(dinp).arg(inp).arg(dout).arg(&n64);

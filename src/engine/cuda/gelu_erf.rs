@@ -1,20 +1,17 @@
 //! GELU (exact erf form) forward and backward on the GPU; reference:
 //! [`crate::engine::cpu::gelu_erf`].
 
-use super::{CudaBackend, Elem, Program, Result, check_len, elementwise_grid};
+use super::{
+    CudaBackend, ELEM_DTYPES, Elem, ElemKernel, Program, Result, check_len, elementwise_grid,
+};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 pub(super) const PROGRAM: Program = Program {
     name: "gelu_erf",
     source: include_str!("gelu_erf.cu"),
-    kernels: &[
-        "gelu_erf_forward_f32",
-        "gelu_erf_forward_bf16",
-        "gelu_erf_forward_f16",
-        "gelu_erf_backward_f32",
-        "gelu_erf_backward_bf16",
-        "gelu_erf_backward_f16",
-    ],
+    kernels: &[],
+    elem_kernels: &[ElemKernel::GeluErfForward, ElemKernel::GeluErfBackward],
+    dtypes: ELEM_DTYPES,
 };
 
 const BLOCK: u32 = 256;
@@ -29,7 +26,7 @@ impl CudaBackend {
     ) -> Result<()> {
         check_len("gelu_erf_forward", "out", out, n)?;
         check_len("gelu_erf_forward", "inp", inp, n)?;
-        let f = self.function(&format!("gelu_erf_forward_{}", T::SUFFIX))?;
+        let f = self.elem_function::<T>(ElemKernel::GeluErfForward)?;
         let n64 = n as i64;
         let mut b = self.stream.launch_builder(f);
         b.arg(out).arg(inp).arg(&n64);
@@ -49,7 +46,7 @@ impl CudaBackend {
         check_len("gelu_erf_backward", "dinp", dinp, n)?;
         check_len("gelu_erf_backward", "inp", inp, n)?;
         check_len("gelu_erf_backward", "dout", dout, n)?;
-        let f = self.function(&format!("gelu_erf_backward_{}", T::SUFFIX))?;
+        let f = self.elem_function::<T>(ElemKernel::GeluErfBackward)?;
         let n64 = n as i64;
         let mut b = self.stream.launch_builder(f);
         b.arg(dinp).arg(inp).arg(dout).arg(&n64);

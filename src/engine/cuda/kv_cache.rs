@@ -8,14 +8,17 @@
 //! few sequences decoding far into their context), each row's positions are split over
 //! several blocks whose partial softmax states a second kernel merges (flash-decoding).
 
-use super::{CudaBackend, CudaError, Elem, Program, Result, as_i32, check_len, elementwise_grid};
+use super::{
+    CudaBackend, CudaError, Elem, ElemKernel, Program, Result, as_i32, check_len, elementwise_grid,
+};
+use crate::engine::DType;
 use crate::engine::cpu::kv_cache::CacheShape;
 use crate::engine::cpu::rope::RopeShape;
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 
 /// One program per element type, so that a first start compiles them side by side.
 macro_rules! program {
-    ($name:ident, $t:literal, $s:literal) => {
+    ($name:ident, $t:literal, $s:literal, $d:ident) => {
         pub(super) const $name: Program = Program {
             name: concat!("kv_cache_", $s),
             source: concat!(
@@ -26,27 +29,29 @@ macro_rules! program {
                 $s,
                 ")\n"
             ),
-            kernels: &[
-                concat!("kv_append_", $s),
-                concat!("copy_cache_slot_", $s),
-                concat!("cache_attention_combine_", $s),
-                concat!("cache_attention_", $s, "_l8_g2"),
-                concat!("cache_attention_", $s, "_l8_g4"),
-                concat!("cache_attention_", $s, "_l8_g8"),
-                concat!("cache_attention_", $s, "_l16_g2"),
-                concat!("cache_attention_", $s, "_l16_g4"),
-                concat!("cache_attention_", $s, "_l16_g8"),
-                concat!("cache_attention_", $s, "_l32_g2"),
-                concat!("cache_attention_", $s, "_l32_g4"),
-                concat!("cache_attention_", $s, "_l32_g8"),
+            kernels: &[],
+            elem_kernels: &[
+                ElemKernel::KvAppend,
+                ElemKernel::CopyCacheSlot,
+                ElemKernel::CacheAttentionCombine,
+                ElemKernel::CacheAttentionL8G2,
+                ElemKernel::CacheAttentionL8G4,
+                ElemKernel::CacheAttentionL8G8,
+                ElemKernel::CacheAttentionL16G2,
+                ElemKernel::CacheAttentionL16G4,
+                ElemKernel::CacheAttentionL16G8,
+                ElemKernel::CacheAttentionL32G2,
+                ElemKernel::CacheAttentionL32G4,
+                ElemKernel::CacheAttentionL32G8,
             ],
+            dtypes: &[DType::$d],
         };
     };
 }
 
-program!(PROGRAM_F32, "float", "f32");
-program!(PROGRAM_BF16, "bf16", "bf16");
-program!(PROGRAM_F16, "f16", "f16");
+program!(PROGRAM_F32, "float", "f32", F32);
+program!(PROGRAM_BF16, "bf16", "bf16", BF16);
+program!(PROGRAM_F16, "f16", "f16", F16);
 
 const BLOCK: u32 = 256;
 /// Threads of an attention block (`ATT_THREADS` in the kernel).
@@ -140,6 +145,23 @@ pub fn attention_plan(
     })
 }
 
+/// The decode kernel of a plan's lanes per vector and query heads per block.
+fn cache_attention_kernel(lanes: usize, group: usize) -> Option<ElemKernel> {
+    use ElemKernel::*;
+    Some(match (lanes, group) {
+        (8, 2) => CacheAttentionL8G2,
+        (8, 4) => CacheAttentionL8G4,
+        (8, 8) => CacheAttentionL8G8,
+        (16, 2) => CacheAttentionL16G2,
+        (16, 4) => CacheAttentionL16G4,
+        (16, 8) => CacheAttentionL16G8,
+        (32, 2) => CacheAttentionL32G2,
+        (32, 4) => CacheAttentionL32G4,
+        (32, 8) => CacheAttentionL32G8,
+        _ => return None,
+    })
+}
+
 fn grid(n: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (elementwise_grid(n, BLOCK), 1, 1),
@@ -230,7 +252,7 @@ impl CudaBackend {
         if total == 0 {
             return Ok(());
         }
-        let f = self.function(&format!("kv_append_{}", T::SUFFIX))?;
+        let f = self.elem_function::<T>(ElemKernel::KvAppend)?;
         let total64 = total as i64;
         let mut b = self.stream.launch_builder(f);
         b.arg(q)
@@ -318,13 +340,13 @@ impl CudaBackend {
         };
         let part_o = self.alloc::<f32>(parts * c.head_dim.max(1))?;
         let part_ml = self.alloc::<f32>(2 * parts)?;
-        let name = format!(
-            "cache_attention_{}_l{}_g{}",
-            T::SUFFIX,
-            plan.lanes,
-            plan.group
-        );
-        let f = self.function(&name)?;
+        let kernel = cache_attention_kernel(plan.lanes, plan.group).ok_or_else(|| {
+            CudaError::Driver(format!(
+                "no cache attention kernel for {} lanes and groups of {}",
+                plan.lanes, plan.group
+            ))
+        })?;
+        let f = self.elem_function::<T>(kernel)?;
         let y = c.kv_heads * plan.chunks;
         if y > 65_535 {
             return bad(format!("{y} blocks of heads per row exceed the grid"));
@@ -349,7 +371,7 @@ impl CudaBackend {
         // hold `outputs * splits` entries.
         unsafe { b.launch(cfg) }?;
         if plan.splits > 1 {
-            let f = self.function(&format!("cache_attention_combine_{}", T::SUFFIX))?;
+            let f = self.elem_function::<T>(ElemKernel::CacheAttentionCombine)?;
             let cfg = LaunchConfig {
                 grid_dim: (as_i32(OP, "rows x heads", outputs)? as u32, 1, 1),
                 block_dim: ((c.head_dim.div_ceil(32) * 32) as u32, 1, 1),
@@ -387,7 +409,7 @@ impl CudaBackend {
         if from == to || total == 0 {
             return Ok(());
         }
-        let f = self.function(&format!("copy_cache_slot_{}", T::SUFFIX))?;
+        let f = self.elem_function::<T>(ElemKernel::CopyCacheSlot)?;
         let (src, dst) = (c.at(from, 0, 0) as i64, c.at(to, 0, 0) as i64);
         let head_stride = (c.max_len * c.head_dim) as i64;
         let run = (len * c.head_dim) as i64;

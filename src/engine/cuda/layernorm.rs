@@ -3,27 +3,24 @@
 //! the parameters' compute copies in `T`, and the saved statistics and parameter gradients
 //! are f32.
 
-use super::{CudaBackend, CudaError, Elem, Program, Result, as_i32, check_len, reduce};
+use super::{
+    CudaBackend, CudaError, ELEM_DTYPES, Elem, ElemKernel, Program, Result, as_i32, check_len,
+    reduce,
+};
 use crate::engine::cpu::layernorm::EPS;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 pub(super) const PROGRAM: Program = Program {
     name: "layernorm",
     source: include_str!("layernorm.cu"),
-    kernels: &[
-        "layernorm_forward_f32",
-        "layernorm_forward_bf16",
-        "layernorm_forward_f16",
-        "residual_layernorm_forward_f32",
-        "residual_layernorm_forward_bf16",
-        "residual_layernorm_forward_f16",
-        "layernorm_backward_input_f32",
-        "layernorm_backward_input_bf16",
-        "layernorm_backward_input_f16",
-        "layernorm_param_grad_partial_f32",
-        "layernorm_param_grad_partial_bf16",
-        "layernorm_param_grad_partial_f16",
+    kernels: &[],
+    elem_kernels: &[
+        ElemKernel::LayernormForward,
+        ElemKernel::ResidualLayernormForward,
+        ElemKernel::LayernormBackwardInput,
+        ElemKernel::LayernormParamGradPartial,
     ],
+    dtypes: ELEM_DTYPES,
 };
 
 const BLOCK: u32 = 256;
@@ -91,7 +88,7 @@ impl CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        let f = self.function(&format!("layernorm_forward_{}", T::SUFFIX))?;
+        let f = self.elem_function::<T>(ElemKernel::LayernormForward)?;
         let mut b = self.stream.launch_builder(f);
         b.arg(out)
             .arg(mean)
@@ -153,7 +150,7 @@ impl CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        let f = self.function(&format!("residual_layernorm_forward_{}", T::SUFFIX))?;
+        let f = self.elem_function::<T>(ElemKernel::ResidualLayernormForward)?;
         let mut b = self.stream.launch_builder(f);
         b.arg(sum)
             .arg(out)
@@ -199,7 +196,7 @@ impl CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        let f = self.function(&format!("layernorm_backward_input_{}", T::SUFFIX))?;
+        let f = self.elem_function::<T>(ElemKernel::LayernormBackwardInput)?;
         let mut b = self.stream.launch_builder(f);
         b.arg(dinp)
             .arg(dout)
@@ -214,7 +211,7 @@ impl CudaBackend {
         let (chunks, rows_per_chunk) = reduce::row_chunks(n);
         let mut partial_gamma = self.alloc::<f32>(chunks * c)?;
         let mut partial_beta = self.alloc::<f32>(chunks * c)?;
-        let f = self.function(&format!("layernorm_param_grad_partial_{}", T::SUFFIX))?;
+        let f = self.elem_function::<T>(ElemKernel::LayernormParamGradPartial)?;
         let (n32, rpc) = (n as i32, rows_per_chunk as i32);
         let mut b = self.stream.launch_builder(f);
         b.arg(&mut partial_gamma)

@@ -21,6 +21,7 @@ pub mod embedding;
 mod gelu;
 mod gelu_erf;
 mod gemm;
+mod kernels;
 mod kv_cache;
 mod layernorm;
 pub mod loader;
@@ -47,8 +48,8 @@ use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, DriverError,
     sys::{CUdevice_attribute, CUevent_flags, cudaError_enum},
 };
+use kernels::{ELEM_DTYPES, ElemKernel, Kernel, elem_index};
 use loader::{CudaLibrary, ensure_loaded, guarded};
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use thiserror::Error;
@@ -291,12 +292,50 @@ const COMMON: &str = include_str!("common.cuh");
 struct Program {
     name: &'static str,
     source: &'static str,
-    kernels: &'static [&'static str],
+    /// The kernels with one instance it defines.
+    kernels: &'static [Kernel],
+    /// The per-element-type kernels it defines, each for those of `dtypes` it comes in.
+    elem_kernels: &'static [ElemKernel],
+    dtypes: &'static [DType],
 }
 
 impl Program {
     fn full_source(&self) -> String {
         format!("{COMMON}\n{}", self.source)
+    }
+
+    /// Every kernel instance it defines: its slot in [`Functions`] and its name.
+    fn entries(&self) -> impl Iterator<Item = (usize, &'static str)> + '_ {
+        let plain = self.kernels.iter().map(|&k| (Functions::slot(k), k.name()));
+        let typed = self.elem_kernels.iter().flat_map(move |&k| {
+            self.dtypes
+                .iter()
+                .filter(move |d| k.dtypes().contains(d))
+                .map(move |&d| (Functions::elem_slot(k, d), k.name(d)))
+        });
+        plain.chain(typed)
+    }
+}
+
+/// The loaded kernels, one slot per [`Kernel`] and per ([`ElemKernel`], element type), so a
+/// launch finds its function by index.
+struct Functions(Vec<Option<CudaFunction>>);
+
+impl Functions {
+    const SLOTS: usize = Kernel::COUNT + ElemKernel::COUNT * ELEM_DTYPES.len();
+
+    const fn slot(k: Kernel) -> usize {
+        k as usize
+    }
+
+    const fn elem_slot(k: ElemKernel, dtype: DType) -> usize {
+        Kernel::COUNT + k as usize * ELEM_DTYPES.len() + elem_index(dtype)
+    }
+
+    fn get(&self, slot: usize, name: &str) -> Result<&CudaFunction> {
+        self.0.get(slot).and_then(Option::as_ref).ok_or_else(|| {
+            CudaError::Driver(format!("kernel {name} is not part of any loaded program"))
+        })
     }
 }
 
@@ -369,7 +408,7 @@ pub struct CudaBackend {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     info: GpuInfo,
-    functions: HashMap<&'static str, CudaFunction>,
+    functions: Functions,
     blas: gemm::Blas,
     compile: CompileReport,
 }
@@ -635,10 +674,14 @@ impl CudaBackend {
         Ok(start.elapsed_ms(&end)? as f64)
     }
 
-    fn function(&self, name: &str) -> Result<&CudaFunction> {
-        self.functions.get(name).ok_or_else(|| {
-            CudaError::Driver(format!("kernel {name} is not part of any loaded program"))
-        })
+    fn function(&self, k: Kernel) -> Result<&CudaFunction> {
+        self.functions.get(Functions::slot(k), k.name())
+    }
+
+    /// The instance of `k` for the element type `T`.
+    fn elem_function<T: Elem>(&self, k: ElemKernel) -> Result<&CudaFunction> {
+        self.functions
+            .get(Functions::elem_slot(k, T::DTYPE), k.name(T::DTYPE))
     }
 }
 
@@ -668,17 +711,14 @@ fn keep_freed_memory(ctx: &Arc<CudaContext>) -> Result<()> {
 }
 
 /// Compiles or reads from the cache every program, loads it and looks up its kernels.
-fn load_programs(
-    ctx: &Arc<CudaContext>,
-    arch: u32,
-) -> Result<(HashMap<&'static str, CudaFunction>, CompileReport)> {
+fn load_programs(ctx: &Arc<CudaContext>, arch: u32) -> Result<(Functions, CompileReport)> {
     let start = Instant::now();
     let mut report = CompileReport {
         compiled: 0,
         from_cache: 0,
         elapsed: Duration::ZERO,
     };
-    let mut functions = HashMap::new();
+    let mut functions = Functions((0..Functions::SLOTS).map(|_| None).collect());
     let cache = nvrtc::cache_dir();
     // NVRTC compiles one program per thread: a first start costs the slowest program, not
     // the sum (several seconds each for the attention and layernorm programs).
@@ -720,8 +760,8 @@ fn load_programs(
         } else {
             report.compiled += 1;
         }
-        for &k in p.kernels {
-            functions.insert(k, module.load_function(k)?);
+        for (slot, name) in p.entries() {
+            functions.0[slot] = Some(module.load_function(name)?);
         }
     }
     report.elapsed = start.elapsed();
@@ -801,6 +841,52 @@ mod tests {
                 let again =
                     nvrtc::compile(p.name, &p.full_source(), arch, Some(cache.path())).unwrap();
                 assert!(again.from_cache && again.cubin == first.cubin);
+            }
+        }
+    }
+
+    /// Every kernel handle names an entry point of the program that lists it, for each element
+    /// type it comes in, and every entry point has a handle: each program compiled to PTX with
+    /// NVRTC, no GPU needed (skipped where NVRTC is absent). Each handle instance comes from
+    /// exactly one program, so a launch never finds a kernel missing.
+    #[test]
+    fn every_kernel_handle_is_an_entry_point_of_its_program() {
+        use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
+        use std::collections::BTreeSet;
+        if let Err(e) = ensure_loaded(CudaLibrary::Nvrtc) {
+            eprintln!("skipped: {e}");
+            return;
+        }
+        let mut providers: Vec<Vec<&str>> = vec![Vec::new(); Functions::SLOTS];
+        for p in PROGRAMS {
+            let options = CompileOptions {
+                arch: Some("compute_90"),
+                options: vec!["--std=c++17".into()],
+                name: Some(format!("{}.cu", p.name)),
+                ..Default::default()
+            };
+            let ptx = compile_ptx_with_opts(p.full_source(), options)
+                .unwrap_or_else(|e| panic!("{}: {e:?}", p.name))
+                .to_src();
+            let entries: BTreeSet<&str> = ptx
+                .lines()
+                .filter_map(|line| line.split(".entry ").nth(1))
+                .map(|rest| rest.split('(').next().unwrap_or(rest).trim())
+                .collect();
+            let handles: BTreeSet<&str> = p.entries().map(|(_, name)| name).collect();
+            assert_eq!(handles, entries, "{}.cu: handles vs .entry points", p.name);
+            for (slot, _) in p.entries() {
+                providers[slot].push(p.name);
+            }
+        }
+        for &k in Kernel::ALL {
+            assert_eq!(providers[Functions::slot(k)].len(), 1, "{}", k.name());
+        }
+        for &k in ElemKernel::ALL {
+            for &d in ELEM_DTYPES {
+                let want = usize::from(k.dtypes().contains(&d));
+                let got = &providers[Functions::elem_slot(k, d)];
+                assert_eq!(got.len(), want, "{} in {got:?}", k.name(d));
             }
         }
     }

@@ -2,18 +2,16 @@
 //! [`crate::engine::quant::nf4`]. Output `T` is f32, bf16 or f16, equal to the CPU's bit for
 //! bit.
 
-use super::{CudaBackend, Elem, Program, Result, check_len};
+use super::{CudaBackend, ELEM_DTYPES, Elem, ElemKernel, Program, Result, check_len};
 use crate::engine::cpu::nf4::{ABSMAX_BLOCK, BLOCK_BYTES, NF4_CODE, blocks};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 pub(super) const PROGRAM: Program = Program {
     name: "nf4",
     source: include_str!("nf4.cu"),
-    kernels: &[
-        "nf4_dequantize_f32",
-        "nf4_dequantize_bf16",
-        "nf4_dequantize_f16",
-    ],
+    kernels: &[],
+    elem_kernels: &[ElemKernel::Nf4Dequantize],
+    dtypes: ELEM_DTYPES,
 };
 
 /// The device buffers of one NF4 weight, as [`crate::engine::quant::Nf4Weight`] holds them.
@@ -61,7 +59,7 @@ impl CudaBackend {
         let grid = words
             .div_ceil(THREADS as usize)
             .clamp(1, self.info.sm_count as usize * BLOCKS_PER_SM);
-        let func = self.function(&format!("nf4_dequantize_{}", T::SUFFIX))?;
+        let func = self.elem_function::<T>(ElemKernel::Nf4Dequantize)?;
         let n64 = n as i64;
         let mut l = self.stream.launch_builder(func);
         l.arg(out)

@@ -5,20 +5,21 @@
 //! Both are two-stage with a fixed split of the work, and no float atomics, so a run repeats
 //! bit for bit on the same GPU.
 
-use super::{CudaBackend, Elem, Program, Result, as_i32, check_len};
+use super::{
+    CudaBackend, ELEM_DTYPES, Elem, ElemKernel, Kernel, Program, Result, as_i32, check_len,
+};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 pub(super) const PROGRAM: Program = Program {
     name: "reduce",
     source: include_str!("reduce.cu"),
     kernels: &[
-        "column_sum_partial_f32",
-        "column_sum_partial_bf16",
-        "column_sum_partial_f16",
-        "accumulate_partials",
-        "sum_squares_partial",
-        "sum_squares_finish",
+        Kernel::AccumulatePartials,
+        Kernel::SumSquaresPartial,
+        Kernel::SumSquaresFinish,
     ],
+    elem_kernels: &[ElemKernel::ColumnSumPartial],
+    dtypes: ELEM_DTYPES,
 };
 
 const COLUMN_BLOCK: u32 = 256;
@@ -72,7 +73,7 @@ impl CudaBackend {
         check_len(OP, "acc", acc, c)?;
         check_len(OP, "partial", partial, chunks * c)?;
         let (chunks32, c32) = (as_i32(OP, "chunks", chunks)?, as_i32(OP, "c", c)?);
-        let f = self.function("accumulate_partials")?;
+        let f = self.function(Kernel::AccumulatePartials)?;
         let mut b = self.stream.launch_builder(f);
         b.arg(acc).arg(partial).arg(&chunks32).arg(&c32);
         // SAFETY: lengths checked above; one thread per column.
@@ -97,7 +98,7 @@ impl CudaBackend {
         }
         let (chunks, rows_per_chunk) = row_chunks(n);
         let mut partial = self.alloc::<f32>(chunks * c)?;
-        let f = self.function(&format!("column_sum_partial_{}", T::SUFFIX))?;
+        let f = self.elem_function::<T>(ElemKernel::ColumnSumPartial)?;
         let rpc = rows_per_chunk as i32;
         let mut b = self.stream.launch_builder(f);
         b.arg(&mut partial).arg(x).arg(&n32).arg(&c32).arg(&rpc);
@@ -158,7 +159,7 @@ impl CudaBackend {
             let mut slot = partial.slice_mut(at..at + b);
             at += b;
             let n64 = n as i64;
-            let f = self.function("sum_squares_partial")?;
+            let f = self.function(Kernel::SumSquaresPartial)?;
             let mut l = self.stream.launch_builder(f);
             l.arg(&mut slot).arg(&mut *nonfinite).arg(x).arg(&n64);
             let cfg = LaunchConfig {
@@ -170,7 +171,7 @@ impl CudaBackend {
             unsafe { l.launch(cfg) }?;
         }
         let total32 = as_i32(OP, "partial sums", total)?;
-        let f = self.function("sum_squares_finish")?;
+        let f = self.function(Kernel::SumSquaresFinish)?;
         let mut l = self.stream.launch_builder(f);
         l.arg(acc).arg(&partial).arg(&total32);
         // SAFETY: one block reads `total` partials and thread 0 writes `acc[0]`.

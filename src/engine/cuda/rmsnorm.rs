@@ -2,26 +2,23 @@
 //! [`crate::engine::cpu::rmsnorm`]. Activations are `T` (f32, bf16 or f16), gamma is the
 //! parameter's compute copy in `T`, and the saved reciprocal RMS and the gain gradient are f32.
 
-use super::{CudaBackend, CudaError, Elem, Program, Result, as_i32, check_len, reduce};
+use super::{
+    CudaBackend, CudaError, ELEM_DTYPES, Elem, ElemKernel, Program, Result, as_i32, check_len,
+    reduce,
+};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 pub(super) const PROGRAM: Program = Program {
     name: "rmsnorm",
     source: include_str!("rmsnorm.cu"),
-    kernels: &[
-        "rmsnorm_forward_f32",
-        "rmsnorm_forward_bf16",
-        "rmsnorm_forward_f16",
-        "residual_rmsnorm_forward_f32",
-        "residual_rmsnorm_forward_bf16",
-        "residual_rmsnorm_forward_f16",
-        "rmsnorm_backward_input_f32",
-        "rmsnorm_backward_input_bf16",
-        "rmsnorm_backward_input_f16",
-        "rmsnorm_param_grad_partial_f32",
-        "rmsnorm_param_grad_partial_bf16",
-        "rmsnorm_param_grad_partial_f16",
+    kernels: &[],
+    elem_kernels: &[
+        ElemKernel::RmsnormForward,
+        ElemKernel::ResidualRmsnormForward,
+        ElemKernel::RmsnormBackwardInput,
+        ElemKernel::RmsnormParamGradPartial,
     ],
+    dtypes: ELEM_DTYPES,
 };
 
 /// One block per row, about eight elements per thread: 96 threads for SmolLM2's 576
@@ -70,7 +67,7 @@ impl CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        let f = self.function(&format!("rmsnorm_forward_{}", T::SUFFIX))?;
+        let f = self.elem_function::<T>(ElemKernel::RmsnormForward)?;
         let mut b = self.stream.launch_builder(f);
         b.arg(out).arg(rstd).arg(x).arg(gamma).arg(&c32).arg(&eps);
         // SAFETY: lengths checked above; one block per row.
@@ -103,7 +100,7 @@ impl CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        let f = self.function(&format!("residual_rmsnorm_forward_{}", T::SUFFIX))?;
+        let f = self.elem_function::<T>(ElemKernel::ResidualRmsnormForward)?;
         let mut b = self.stream.launch_builder(f);
         b.arg(sum)
             .arg(out)
@@ -143,7 +140,7 @@ impl CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        let f = self.function(&format!("rmsnorm_backward_input_{}", T::SUFFIX))?;
+        let f = self.elem_function::<T>(ElemKernel::RmsnormBackwardInput)?;
         let mut b = self.stream.launch_builder(f);
         b.arg(dx).arg(dout).arg(x).arg(gamma).arg(rstd).arg(&c32);
         // SAFETY: lengths checked above; one block per row.
@@ -151,7 +148,7 @@ impl CudaBackend {
 
         let (chunks, rows_per_chunk) = reduce::row_chunks(n);
         let mut partial = self.alloc::<f32>(chunks * c)?;
-        let f = self.function(&format!("rmsnorm_param_grad_partial_{}", T::SUFFIX))?;
+        let f = self.elem_function::<T>(ElemKernel::RmsnormParamGradPartial)?;
         let (n32, rpc) = (n as i32, rows_per_chunk as i32);
         let mut b = self.stream.launch_builder(f);
         b.arg(&mut partial)

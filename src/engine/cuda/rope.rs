@@ -2,21 +2,22 @@
 //! [`crate::engine::cpu::rope`]. The projection and the packed tensor are `T`; the positions
 //! are u32 per row and the cos/sin tables f32 `[positions, rot/2]`.
 
-use super::{CudaBackend, CudaError, Elem, Program, Result, as_i32, check_len, elementwise_grid};
+use super::{
+    CudaBackend, CudaError, ELEM_DTYPES, Elem, ElemKernel, Program, Result, as_i32, check_len,
+    elementwise_grid,
+};
 use crate::engine::cpu::rope::RopeShape;
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 
 pub(super) const PROGRAM: Program = Program {
     name: "rope",
     source: include_str!("rope.cu"),
-    kernels: &[
-        "rope_expand_forward_f32",
-        "rope_expand_forward_bf16",
-        "rope_expand_forward_f16",
-        "rope_expand_backward_f32",
-        "rope_expand_backward_bf16",
-        "rope_expand_backward_f16",
+    kernels: &[],
+    elem_kernels: &[
+        ElemKernel::RopeExpandForward,
+        ElemKernel::RopeExpandBackward,
     ],
+    dtypes: ELEM_DTYPES,
 };
 
 const BLOCK: u32 = 256;
@@ -101,7 +102,16 @@ impl CudaBackend {
         s: RopeShape,
     ) -> Result<()> {
         let widths = (s.packed_width(), s.qkv_width());
-        self.launch_rope("rope_expand_forward", packed, qkv, widths, pos, cos, sin, s)
+        self.launch_rope(
+            ElemKernel::RopeExpandForward,
+            packed,
+            qkv,
+            widths,
+            pos,
+            cos,
+            sin,
+            s,
+        )
     }
 
     /// The backward of [`Self::rope_expand_forward`]: writes every element of `dqkv` from
@@ -117,7 +127,7 @@ impl CudaBackend {
     ) -> Result<()> {
         let widths = (s.qkv_width(), s.packed_width());
         self.launch_rope(
-            "rope_expand_backward",
+            ElemKernel::RopeExpandBackward,
             dqkv,
             dpacked,
             widths,
@@ -128,12 +138,12 @@ impl CudaBackend {
         )
     }
 
-    /// Checks and launches kernel `op` (one thread per element of `out`): rows of
+    /// Checks and launches `kernel` (one thread per element of `out`): rows of
     /// `widths.0` in `out`, of `widths.1` in `inp`.
     #[allow(clippy::too_many_arguments)]
     fn launch_rope<T: Elem>(
         &self,
-        op: &'static str,
+        kernel: ElemKernel,
         out: &mut CudaSlice<T>,
         inp: &CudaSlice<T>,
         widths: (usize, usize),
@@ -142,13 +152,14 @@ impl CudaBackend {
         sin: &CudaSlice<f32>,
         s: RopeShape,
     ) -> Result<()> {
+        let op = kernel.op();
         let (dims, total) = check(op, s, pos, cos, sin, widths.0)?;
         check_len(op, "out", out, total)?;
         check_len(op, "inp", inp, s.rows * widths.1)?;
         if total == 0 {
             return Ok(());
         }
-        let f = self.function(&format!("{op}_{}", T::SUFFIX))?;
+        let f = self.elem_function::<T>(kernel)?;
         let total64 = total as i64;
         let mut b = self.stream.launch_builder(f);
         b.arg(out)

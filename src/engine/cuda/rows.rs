@@ -2,23 +2,21 @@
 //! routing); reference: [`crate::engine::cpu::rows`]. Rows are `T`; gate weights and dot
 //! products are f32. Indices are `u32` row numbers already on the device.
 
-use super::{CudaBackend, Elem, Program, Result, as_i32, check_len, raw_ptr};
+use super::{
+    CudaBackend, ELEM_DTYPES, Elem, ElemKernel, Program, Result, as_i32, check_len, raw_ptr,
+};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 pub(super) const PROGRAM: Program = Program {
     name: "rows",
     source: include_str!("rows.cu"),
-    kernels: &[
-        "gather_rows_f32",
-        "gather_rows_bf16",
-        "gather_rows_f16",
-        "scatter_add_rows_f32",
-        "scatter_add_rows_bf16",
-        "scatter_add_rows_f16",
-        "gathered_row_dot_f32",
-        "gathered_row_dot_bf16",
-        "gathered_row_dot_f16",
+    kernels: &[],
+    elem_kernels: &[
+        ElemKernel::GatherRows,
+        ElemKernel::ScatterAddRows,
+        ElemKernel::GatheredRowDot,
     ],
+    dtypes: ELEM_DTYPES,
 };
 
 /// Threads per row; a multiple of 32 (the dot product reduces over the block).
@@ -66,7 +64,7 @@ impl CudaBackend {
             return Ok(());
         }
         let scale = scale_ptr(self, scale);
-        let f = self.function(&format!("gather_rows_{}", T::SUFFIX))?;
+        let f = self.elem_function::<T>(ElemKernel::GatherRows)?;
         let mut b = self.stream.launch_builder(f);
         b.arg(out)
             .arg(src)
@@ -108,7 +106,7 @@ impl CudaBackend {
             return Ok(());
         }
         let scale = scale_ptr(self, scale);
-        let f = self.function(&format!("scatter_add_rows_{}", T::SUFFIX))?;
+        let f = self.elem_function::<T>(ElemKernel::ScatterAddRows)?;
         let mut b = self.stream.launch_builder(f);
         b.arg(dst)
             .arg(src)
@@ -146,7 +144,7 @@ impl CudaBackend {
         if rows == 0 {
             return Ok(());
         }
-        let f = self.function(&format!("gathered_row_dot_{}", T::SUFFIX))?;
+        let f = self.elem_function::<T>(ElemKernel::GatheredRowDot)?;
         let mut b = self.stream.launch_builder(f);
         b.arg(out)
             .arg(a)

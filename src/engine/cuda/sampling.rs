@@ -9,28 +9,24 @@
 //! device and a decode step replayed from a CUDA graph needs nothing from the host.
 //! `sampling.cu` explains how a row is split over many blocks.
 
-use super::{CudaBackend, CudaError, Elem, Program, Result, as_i32, check_len, raw_ptr};
+use super::{
+    CudaBackend, CudaError, ELEM_DTYPES, Elem, ElemKernel, Kernel, Program, Result, as_i32,
+    check_len, raw_ptr,
+};
 use crate::engine::cpu::sampling::{self as cpu, HostSlots, SampleParams};
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 
 pub(super) const PROGRAM: Program = Program {
     name: "sampling",
     source: include_str!("sampling.cu"),
-    kernels: &[
-        "sample_max_f32",
-        "sample_histogram_f32",
-        "sample_select_f32",
-        "sample_draw_f32",
-        "sample_max_bf16",
-        "sample_histogram_bf16",
-        "sample_select_bf16",
-        "sample_draw_bf16",
-        "sample_max_f16",
-        "sample_histogram_f16",
-        "sample_select_f16",
-        "sample_draw_f16",
-        "gather_slot_rows",
+    kernels: &[Kernel::GatherSlotRows],
+    elem_kernels: &[
+        ElemKernel::SampleMax,
+        ElemKernel::SampleHistogram,
+        ElemKernel::SampleSelect,
+        ElemKernel::SampleDraw,
     ],
+    dtypes: ELEM_DTYPES,
 };
 
 /// Threads of a block (`SAMPLE_THREADS` in the kernel).
@@ -267,23 +263,19 @@ impl CudaBackend {
         let src_ptr = src_row.map_or(0u64, |s| raw_ptr(s, &self.stream));
         let slot_ptr = slot.map_or(0u64, |s| raw_ptr(s, &self.stream));
         let thresholds = p.top_p < 1.0 || (p.top_k > 0 && (p.top_k as usize) < st.vocab);
-        let stages: &[&str] = match (p.temperature == 0.0, thresholds) {
-            (true, _) => &["sample_max"],
-            (false, false) => &["sample_max", "sample_draw"],
-            (false, true) => &[
-                "sample_max",
-                "sample_histogram",
-                "sample_select",
-                "sample_draw",
-            ],
+        use ElemKernel::{SampleDraw, SampleHistogram, SampleMax, SampleSelect};
+        let stages: &[ElemKernel] = match (p.temperature == 0.0, thresholds) {
+            (true, _) => &[SampleMax],
+            (false, false) => &[SampleMax, SampleDraw],
+            (false, true) => &[SampleMax, SampleHistogram, SampleSelect, SampleDraw],
         };
         let cfg = LaunchConfig {
             grid_dim: (chunks as u32, rows as u32, 1),
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        for stage in stages {
-            let f = self.function(&format!("{stage}_{}", T::SUFFIX))?;
+        for &stage in stages {
+            let f = self.elem_function::<T>(stage)?;
             let mut b = self.stream.launch_builder(f);
             b.arg(logits)
                 .arg(&src_ptr)
@@ -326,7 +318,7 @@ impl CudaBackend {
         }
         let n = as_i32(OP, "rows", rows)? as u32;
         let slots = as_i32(OP, "slots", st.slots().min(st.tokens.len()))? as u32;
-        let f = self.function("gather_slot_rows")?;
+        let f = self.function(Kernel::GatherSlotRows)?;
         let mut b = self.stream.launch_builder(f);
         b.arg(slot)
             .arg(&st.tokens)

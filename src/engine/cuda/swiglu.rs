@@ -1,20 +1,18 @@
 //! SwiGLU forward and backward on the GPU; reference: [`crate::engine::cpu::swiglu`]. Rows of
 //! the input are `[gate: F | up: F]` in `T`; the output has rows of `F`.
 
-use super::{CudaBackend, CudaError, Elem, Program, Result, as_i32, check_len, elementwise_grid};
+use super::{
+    CudaBackend, CudaError, ELEM_DTYPES, Elem, ElemKernel, Program, Result, as_i32, check_len,
+    elementwise_grid,
+};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 pub(super) const PROGRAM: Program = Program {
     name: "swiglu",
     source: include_str!("swiglu.cu"),
-    kernels: &[
-        "swiglu_forward_f32",
-        "swiglu_forward_bf16",
-        "swiglu_forward_f16",
-        "swiglu_backward_f32",
-        "swiglu_backward_bf16",
-        "swiglu_backward_f16",
-    ],
+    kernels: &[],
+    elem_kernels: &[ElemKernel::SwigluForward, ElemKernel::SwigluBackward],
+    dtypes: ELEM_DTYPES,
 };
 
 const BLOCK: u32 = 256;
@@ -56,7 +54,7 @@ impl CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        let func = self.function(&format!("swiglu_forward_{}", T::SUFFIX))?;
+        let func = self.elem_function::<T>(ElemKernel::SwigluForward)?;
         let n64 = n as i64;
         let mut b = self.stream.launch_builder(func);
         b.arg(h).arg(gate_up).arg(&n64).arg(&width);
@@ -83,7 +81,7 @@ impl CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        let func = self.function(&format!("swiglu_backward_{}", T::SUFFIX))?;
+        let func = self.elem_function::<T>(ElemKernel::SwigluBackward)?;
         let n64 = n as i64;
         let mut b = self.stream.launch_builder(func);
         b.arg(dgate_up).arg(gate_up).arg(dh).arg(&n64).arg(&width);

@@ -1,0 +1,223 @@
+//! Typed handles of the kernels the launchers call, one table for every program.
+//!
+//! A launcher names its kernel by a variant ([`Kernel`] for the kernels with one instance,
+//! [`ElemKernel`] for those instantiated per activation type, whose instance the launcher's
+//! type parameter picks), so a misspelt kernel does not compile, and the backend finds the
+//! loaded function by index with no name to format or hash per launch. The table is one
+//! enum for all programs rather than one per operation so that the backend keeps one flat
+//! array of functions. Each program lists the handles it defines; a test compiles every
+//! program and checks that each handle is an entry point of the program that lists it.
+
+use crate::engine::DType;
+
+/// The element types the [`ElemKernel`]s come in, in the order of their instances.
+pub(super) const ELEM_DTYPES: &[DType] = &[DType::F32, DType::BF16, DType::F16];
+
+/// Position of `dtype` in [`ELEM_DTYPES`].
+pub(super) const fn elem_index(dtype: DType) -> usize {
+    match dtype {
+        DType::F32 => 0,
+        DType::BF16 => 1,
+        DType::F16 => 2,
+    }
+}
+
+/// Declares both enums: a plain kernel's name is its CUDA name; an element-type kernel's name
+/// is `{prefix}_{suffix}{postfix}` with the type's suffix (`f32`, `bf16`, `f16`), for every
+/// element type unless `in [..]` names fewer.
+macro_rules! kernel_table {
+    (
+        plain { $($p:ident = $pname:literal,)* }
+        per_elem { $($e:ident = $prefix:literal $(+ $postfix:literal)? $(in [$($d:ident),+])?,)* }
+    ) => {
+        /// A kernel with one instance.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub(super) enum Kernel { $($p,)* }
+
+        impl Kernel {
+            #[cfg(test)]
+            pub(super) const ALL: &[Kernel] = &[$(Kernel::$p,)*];
+            pub(super) const COUNT: usize = [$(Kernel::$p,)*].len();
+
+            /// Its name in the CUDA source.
+            pub(super) const fn name(self) -> &'static str {
+                match self { $(Kernel::$p => $pname,)* }
+            }
+        }
+
+        /// A kernel instantiated per activation element type ([`super::Elem`]).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub(super) enum ElemKernel { $($e,)* }
+
+        impl ElemKernel {
+            #[cfg(test)]
+            pub(super) const ALL: &[ElemKernel] = &[$(ElemKernel::$e,)*];
+            pub(super) const COUNT: usize = [$(ElemKernel::$e,)*].len();
+
+            /// Its name without the element type, which names the operation in errors.
+            pub(super) const fn op(self) -> &'static str {
+                match self { $(ElemKernel::$e => $prefix,)* }
+            }
+
+            /// Its name in the CUDA source for `dtype`.
+            pub(super) const fn name(self, dtype: DType) -> &'static str {
+                match self {
+                    $(ElemKernel::$e => [
+                        concat!($prefix, "_f32" $(, $postfix)?),
+                        concat!($prefix, "_bf16" $(, $postfix)?),
+                        concat!($prefix, "_f16" $(, $postfix)?),
+                    ][elem_index(dtype)],)*
+                }
+            }
+
+            /// The element types it is instantiated for.
+            pub(super) const fn dtypes(self) -> &'static [DType] {
+                match self { $(ElemKernel::$e => kernel_table!(@dtypes $($($d),+)?),)* }
+            }
+        }
+    };
+    (@dtypes) => { ELEM_DTYPES };
+    (@dtypes $($d:ident),+) => { &[$(DType::$d),+] };
+}
+
+kernel_table! {
+    plain {
+        AdamwMasterOnly = "adamw_master_only",
+        AdamwScaleGrad = "adamw_scale_grad",
+        AdamwFirstMoment = "adamw_first_moment",
+        AdamwSecondMoment = "adamw_second_moment",
+        AdamwApply = "adamw_apply",
+        BkChunkMaps = "bk_chunk_maps",
+        BkScanMaps = "bk_scan_maps",
+        BkForward = "bk_forward",
+        BkBackwardLocal = "bk_backward_local",
+        BkScanAffine = "bk_scan_affine",
+        BkBackwardFinal = "bk_backward_final",
+        BkForwardFused = "bk_forward_fused",
+        BkBackwardFused = "bk_backward_fused",
+        BkForwardLong16 = "bk_forward_long16",
+        BkForwardLong32 = "bk_forward_long32",
+        BkForwardLong64 = "bk_forward_long64",
+        BkBackwardLong16 = "bk_backward_long16",
+        BkBackwardLong32 = "bk_backward_long32",
+        BkForwardWarp4 = "bk_forward_warp4",
+        BkForwardWarp8 = "bk_forward_warp8",
+        BkForwardWarp16 = "bk_forward_warp16",
+        BkBackwardWarp4 = "bk_backward_warp4",
+        BkBackwardWarp8 = "bk_backward_warp8",
+        BkBackwardWarp16 = "bk_backward_warp16",
+        NllLoss = "nll_loss",
+        DiversityColumnSums = "diversity_column_sums",
+        DiversityValue = "diversity_value",
+        AccumulatePartials = "accumulate_partials",
+        SumSquaresPartial = "sum_squares_partial",
+        SumSquaresFinish = "sum_squares_finish",
+        GatherSlotRows = "gather_slot_rows",
+    }
+    per_elem {
+        AdamwCompute = "adamw_compute",
+        AdamwRoundCompute = "adamw_round_compute",
+        Add = "add",
+        AddAssign = "add_assign",
+        AddColsScaled = "add_cols_scaled",
+        ColsScaled = "cols_scaled",
+        AttentionForwardHs16 = "attention_forward" + "_hs16",
+        AttentionForwardHs32 = "attention_forward" + "_hs32",
+        AttentionForwardHs64 = "attention_forward" + "_hs64",
+        AttentionBackwardDqHs16 = "attention_backward_dq" + "_hs16",
+        AttentionBackwardDqHs32 = "attention_backward_dq" + "_hs32",
+        AttentionBackwardDqHs64 = "attention_backward_dq" + "_hs64",
+        AttentionBackwardDkvHs16 = "attention_backward_dkv" + "_hs16",
+        AttentionBackwardDkvHs32 = "attention_backward_dkv" + "_hs32",
+        AttentionBackwardDkvHs64 = "attention_backward_dkv" + "_hs64",
+        AttentionForwardHs64Tc = "attention_forward" + "_hs64_tc" in [BF16, F16],
+        AttentionForwardHs128Tc = "attention_forward" + "_hs128_tc" in [BF16, F16],
+        AttentionBackwardDqHs64Tc = "attention_backward_dq" + "_hs64_tc" in [BF16, F16],
+        AttentionBackwardDqHs128Tc = "attention_backward_dq" + "_hs128_tc" in [BF16, F16],
+        AttentionBackwardDkvHs64Tc = "attention_backward_dkv" + "_hs64_tc" in [BF16, F16],
+        AttentionBackwardDkvHs128Tc = "attention_backward_dkv" + "_hs128_tc" in [BF16, F16],
+        MaskedAttentionForwardHs16 = "masked_attention_forward" + "_hs16",
+        MaskedAttentionForwardHs32 = "masked_attention_forward" + "_hs32",
+        MaskedAttentionForwardHs64 = "masked_attention_forward" + "_hs64",
+        PaddedSoftmax = "padded_softmax",
+        SoftmaxBackwardRows = "softmax_backward_rows",
+        HeadsFromRows = "heads_from_rows",
+        HeadsToRows = "heads_to_rows",
+        CausalSoftmax = "causal_softmax",
+        CausalSoftmaxBackward = "causal_softmax_backward",
+        CrossEntropyForward = "cross_entropy_forward",
+        CrossEntropyFused = "cross_entropy_fused",
+        CrossEntropyFusedStaged = "cross_entropy_fused_staged",
+        LogSoftmax = "log_softmax",
+        LogSoftmaxNllBackward = "log_softmax_nll_backward",
+        DiversityPartial = "diversity_partial",
+        DiversityBackward = "diversity_backward",
+        Dropout = "dropout",
+        EmbeddingForward = "embedding_forward",
+        EmbeddingBackwardWte = "embedding_backward_wte",
+        EmbeddingBackwardWteStaged = "embedding_backward_wte_staged",
+        EmbeddingBackwardWpe = "embedding_backward_wpe",
+        GeluForward = "gelu_forward",
+        GeluBackward = "gelu_backward",
+        GeluErfForward = "gelu_erf_forward",
+        GeluErfBackward = "gelu_erf_backward",
+        KvAppend = "kv_append",
+        CopyCacheSlot = "copy_cache_slot",
+        CacheAttentionCombine = "cache_attention_combine",
+        CacheAttentionL8G2 = "cache_attention" + "_l8_g2",
+        CacheAttentionL8G4 = "cache_attention" + "_l8_g4",
+        CacheAttentionL8G8 = "cache_attention" + "_l8_g8",
+        CacheAttentionL16G2 = "cache_attention" + "_l16_g2",
+        CacheAttentionL16G4 = "cache_attention" + "_l16_g4",
+        CacheAttentionL16G8 = "cache_attention" + "_l16_g8",
+        CacheAttentionL32G2 = "cache_attention" + "_l32_g2",
+        CacheAttentionL32G4 = "cache_attention" + "_l32_g4",
+        CacheAttentionL32G8 = "cache_attention" + "_l32_g8",
+        LayernormForward = "layernorm_forward",
+        ResidualLayernormForward = "residual_layernorm_forward",
+        LayernormBackwardInput = "layernorm_backward_input",
+        LayernormParamGradPartial = "layernorm_param_grad_partial",
+        Nf4Dequantize = "nf4_dequantize",
+        ColumnSumPartial = "column_sum_partial",
+        RmsnormForward = "rmsnorm_forward",
+        ResidualRmsnormForward = "residual_rmsnorm_forward",
+        RmsnormBackwardInput = "rmsnorm_backward_input",
+        RmsnormParamGradPartial = "rmsnorm_param_grad_partial",
+        RopeExpandForward = "rope_expand_forward",
+        RopeExpandBackward = "rope_expand_backward",
+        GatherRows = "gather_rows",
+        ScatterAddRows = "scatter_add_rows",
+        GatheredRowDot = "gathered_row_dot",
+        SampleMax = "sample_max",
+        SampleHistogram = "sample_histogram",
+        SampleSelect = "sample_select",
+        SampleDraw = "sample_draw",
+        SwigluForward = "swiglu_forward",
+        SwigluBackward = "swiglu_backward",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_put_the_type_suffix_where_the_sources_do() {
+        assert_eq!(
+            ElemKernel::SwigluForward.name(DType::BF16),
+            "swiglu_forward_bf16"
+        );
+        assert_eq!(
+            ElemKernel::AttentionBackwardDkvHs128Tc.name(DType::F16),
+            "attention_backward_dkv_f16_hs128_tc"
+        );
+        assert_eq!(
+            ElemKernel::CacheAttentionL16G4.name(DType::F32),
+            "cache_attention_f32_l16_g4"
+        );
+        assert_eq!(Kernel::NllLoss.name(), "nll_loss");
+        for (i, &d) in ELEM_DTYPES.iter().enumerate() {
+            assert_eq!(elem_index(d), i);
+        }
+    }
+}
