@@ -5,6 +5,7 @@
 mod common;
 
 use common::fixtures::{minilm_dir, smollm2_gguf};
+use kiln::nn::Params;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

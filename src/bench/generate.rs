@@ -5,6 +5,7 @@ use crate::generate::Sampling;
 use crate::generate::bench::{self, PRESETS, Reference, ReferenceModel, Settings};
 use crate::models::Model;
 use crate::models::llama::Llama;
+use crate::nn::Params;
 use clap::Args;
 use std::path::PathBuf;
 

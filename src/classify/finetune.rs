@@ -19,6 +19,7 @@ use crate::engine::{Device, Tensor};
 use crate::error::{KilnError, Result};
 use crate::models::bert::EncoderBatch;
 use crate::models::import::bert::PoolingMode;
+use crate::nn::Params;
 use crate::nn::lora::LoraSpec;
 use crate::optim::adamw::{AdamW, AdamWConfig};
 use std::path::Path;

@@ -19,6 +19,7 @@ use crate::models::bert::{Bert, EncoderBatch};
 use crate::models::import::bert::{self as bert_import, Pooling, PoolingMode};
 use crate::models::import::{Provenance, pretrained};
 use crate::models::llama::{Llama, LlamaConfig};
+use crate::nn::Params;
 use std::path::Path;
 use std::sync::Arc;
 use tokenizers::{TruncationDirection, TruncationParams, TruncationStrategy};
@@ -287,7 +288,7 @@ impl TextEncoder {
     fn params_mut(&mut self) -> Vec<&mut crate::nn::Param> {
         match &mut self.net {
             Network::Bert { model, .. } => model.params_mut(),
-            Network::Llama { model, .. } => crate::models::Model::params_mut(model.as_mut()),
+            Network::Llama { model, .. } => model.params_mut(),
         }
     }
 

@@ -54,6 +54,9 @@ pub enum EngineError {
     /// A layer met or produced inf/NaN; `layer` names it (the trainer adds the step).
     #[error("{layer}: {detail}")]
     NonFinite { layer: String, detail: String },
+    /// Weights a model is built from do not fit it; `origin` names where they came from.
+    #[error("{origin}: {detail}")]
+    Weights { origin: String, detail: String },
     #[error(transparent)]
     Cuda(cuda::CudaError),
 }

@@ -398,6 +398,7 @@ mod tests {
     use super::*;
     use crate::engine::{Device, MemoryPool};
     use crate::models::llama::Llama;
+    use crate::nn::Params;
 
     #[test]
     fn presets_have_the_published_sizes_and_the_floor_counts_weights_and_cache() {

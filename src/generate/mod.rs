@@ -682,6 +682,7 @@ mod tests {
     use crate::engine::rng::Rng;
     use crate::engine::{Device, MemoryPool};
     use crate::models::llama::{Llama, LlamaConfig};
+    use crate::nn::Params;
 
     fn tiny() -> Llama {
         let cfg = LlamaConfig {
@@ -909,13 +910,9 @@ mod tests {
     /// The Llama without its cache: generation re-runs windows and samples on the host.
     struct Uncached(Llama);
 
+    crate::nn::params!(Uncached { 0 });
+
     impl Model for Uncached {
-        fn params(&self) -> Vec<&crate::nn::Param> {
-            self.0.params()
-        }
-        fn params_mut(&mut self) -> Vec<&mut crate::nn::Param> {
-            self.0.params_mut()
-        }
         fn forward_backward(
             &mut self,
             inputs: &[u32],

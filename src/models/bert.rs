@@ -27,7 +27,7 @@ use crate::engine::{DType, EngineError, MemoryPool, Result, Tensor, ops};
 use crate::nn::layernorm::LayerNorm;
 use crate::nn::linear::Linear;
 use crate::nn::lora::LoraSpec;
-use crate::nn::{Cost, Init, Param};
+use crate::nn::{Cost, Init, Param, ParamBuilder, Params, params};
 use std::sync::Arc;
 
 /// The shape of a BERT-family encoder (transformers' `BertConfig` names in the comments).
@@ -77,6 +77,15 @@ pub struct BertLayer {
     pub ln_mlp: LayerNorm,
 }
 
+params!(BertLayer {
+    qkv,
+    attn_out,
+    ln_attn,
+    fc_in,
+    fc_out,
+    ln_mlp
+});
+
 pub struct Bert {
     pub cfg: BertConfig,
     pub word: Param,
@@ -85,6 +94,14 @@ pub struct Bert {
     pub ln_embed: LayerNorm,
     pub layers: Vec<BertLayer>,
 }
+
+params!(Bert {
+    word,
+    position,
+    token_type,
+    ln_embed,
+    layers
+});
 
 /// Right-padded token sequences: `tokens` and `type_ids` are `[batch, seq]`, and sequence
 /// `b` holds `lens[b]` real tokens followed by padding (whose ids are never attended to).
@@ -139,34 +156,36 @@ impl Bert {
     /// An encoder of shape `cfg` with BERT's initialisation (normal 0.02, unit norms), to
     /// be overwritten by imported weights.
     pub fn new(pool: &Arc<MemoryPool>, cfg: BertConfig, seed: u64) -> Result<Bert> {
+        let mut rng = Rng::new(seed, stream::INIT);
+        Bert::build(&mut ParamBuilder::init(pool, &mut rng), cfg)
+    }
+
+    /// The encoder with its parameters named and filled by `b` (initialised or loaded).
+    pub fn build(b: &mut ParamBuilder, cfg: BertConfig) -> Result<Bert> {
         cfg.check()
             .map_err(|detail| EngineError::Shape { op: "bert", detail })?;
-        let mut rng = Rng::new(seed, stream::INIT);
         let (c, f) = (cfg.d_model, cfg.ffn_hidden);
-        let table = |name: &str, rows: usize, rng: &mut Rng| {
-            Param::new(
-                pool,
-                format!("embeddings.{name}.weight"),
-                &[rows, c],
-                Init::Normal(0.02),
-                rng,
-            )
+        let mut embeddings = b.scope("embeddings");
+        let mut table = |name: &str, rows: usize| {
+            embeddings
+                .scope(name)
+                .param("weight", &[rows, c], Init::Normal(0.02))
         };
-        let word = table("word", cfg.vocab, &mut rng)?;
-        let position = table("position", cfg.max_positions, &mut rng)?;
-        let token_type = table("token_type", cfg.type_vocab, &mut rng)?;
-        let ln_embed = LayerNorm::new(pool, "embeddings.ln", c, &mut rng)?;
+        let word = table("word", cfg.vocab)?;
+        let position = table("position", cfg.max_positions)?;
+        let token_type = table("token_type", cfg.type_vocab)?;
+        let ln_embed = LayerNorm::new(&mut embeddings.scope("ln"), c)?;
         let layers = (0..cfg.n_layers)
             .map(|l| {
-                let name = |part: &str| format!("layers.{l}.{part}");
+                let mut b = b.scope(format_args!("layers.{l}"));
                 let hf = |part: &str| format!("encoder.layer.{l}.{part}");
                 let mut layer = BertLayer {
-                    qkv: Linear::new(pool, &name("attn.qkv"), c, 3 * c, true, 0.02, &mut rng)?,
-                    attn_out: Linear::new(pool, &name("attn.out"), c, c, true, 0.02, &mut rng)?,
-                    ln_attn: LayerNorm::new(pool, &name("ln_attn"), c, &mut rng)?,
-                    fc_in: Linear::new(pool, &name("mlp.fc_in"), c, f, true, 0.02, &mut rng)?,
-                    fc_out: Linear::new(pool, &name("mlp.fc_out"), f, c, true, 0.02, &mut rng)?,
-                    ln_mlp: LayerNorm::new(pool, &name("ln_mlp"), c, &mut rng)?,
+                    qkv: Linear::new(&mut b.scope("attn.qkv"), c, 3 * c, true, 0.02)?,
+                    attn_out: Linear::new(&mut b.scope("attn.out"), c, c, true, 0.02)?,
+                    ln_attn: LayerNorm::new(&mut b.scope("ln_attn"), c)?,
+                    fc_in: Linear::new(&mut b.scope("mlp.fc_in"), c, f, true, 0.02)?,
+                    fc_out: Linear::new(&mut b.scope("mlp.fc_out"), f, c, true, 0.02)?,
+                    ln_mlp: LayerNorm::new(&mut b.scope("ln_mlp"), c)?,
                 };
                 layer.qkv.set_blocks(&[
                     (hf("attention.self.query"), c),
@@ -189,35 +208,6 @@ impl Bert {
             ln_embed,
             layers,
         })
-    }
-
-    /// Every parameter in a fixed order.
-    pub fn params(&self) -> Vec<&Param> {
-        let mut v = vec![&self.word, &self.position, &self.token_type];
-        v.extend(self.ln_embed.params());
-        for l in &self.layers {
-            v.extend(l.qkv.params());
-            v.extend(l.attn_out.params());
-            v.extend(l.ln_attn.params());
-            v.extend(l.fc_in.params());
-            v.extend(l.fc_out.params());
-            v.extend(l.ln_mlp.params());
-        }
-        v
-    }
-
-    pub fn params_mut(&mut self) -> Vec<&mut Param> {
-        let mut v = vec![&mut self.word, &mut self.position, &mut self.token_type];
-        v.extend(self.ln_embed.params_mut());
-        for l in &mut self.layers {
-            v.extend(l.qkv.params_mut());
-            v.extend(l.attn_out.params_mut());
-            v.extend(l.ln_attn.params_mut());
-            v.extend(l.fc_in.params_mut());
-            v.extend(l.fc_out.params_mut());
-            v.extend(l.ln_mlp.params_mut());
-        }
-        v
     }
 
     /// The last hidden states `[batch, seq, C]` of a padded batch (rows past a sequence's
@@ -269,20 +259,17 @@ impl Bert {
             p.freeze()?;
         }
         let mut rng = Rng::new(seed, stream::INIT);
+        let mut b = ParamBuilder::init(pool, &mut rng);
         let mut adapted = Vec::new();
         for (l, layer) in self.layers.iter_mut().enumerate() {
+            let mut b = b.scope(format_args!("layers.{l}"));
             for (part, lin) in [
                 ("attn.qkv", &mut layer.qkv),
                 ("attn.out", &mut layer.attn_out),
                 ("mlp.fc_in", &mut layer.fc_in),
                 ("mlp.fc_out", &mut layer.fc_out),
             ] {
-                adapted.extend(lin.attach_lora(
-                    pool,
-                    &format!("layers.{l}.{part}"),
-                    spec,
-                    &mut rng,
-                )?);
+                adapted.extend(lin.attach_lora(&mut b.scope(part), spec)?);
                 for ad in &mut lin.adapters {
                     ad.a.set_compute_dtype(compute)?;
                     ad.b.set_compute_dtype(compute)?;
@@ -290,14 +277,6 @@ impl Bert {
             }
         }
         Ok(adapted)
-    }
-
-    /// The parameters that train: all of them, or only the adapters under LoRA.
-    pub fn trainable_params_mut(&mut self) -> Vec<&mut Param> {
-        self.params_mut()
-            .into_iter()
-            .filter(|p| !p.frozen)
-            .collect()
     }
 
     /// [`Bert::forward`] keeping what [`Bert::backward`] needs: the last hidden states

@@ -24,7 +24,7 @@ use crate::nn::embedding::Embedding;
 use crate::nn::layernorm::LayerNorm;
 use crate::nn::linear::Linear;
 use crate::nn::mlp::{Mlp, MlpSaved};
-use crate::nn::{ActLayout, Cost, Kernels, Param};
+use crate::nn::{ActLayout, Cost, Kernels, ParamBuilder, params};
 use std::sync::Arc;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,6 +51,13 @@ pub struct GptBlock {
     pub ln2: LayerNorm,
     pub mlp: Mlp,
 }
+
+params!(GptBlock {
+    ln1,
+    attn,
+    ln2,
+    mlp
+});
 
 pub struct Gpt {
     pub cfg: GptConfig,
@@ -124,60 +131,40 @@ impl lm::Block for GptBlock {
         self.ln1
             .backward_with(dstream, &d_ln1, &a.input, &a.stats, kernels)
     }
-
-    fn block_params(&self) -> Vec<&Param> {
-        let mut v = self.ln1.params();
-        v.extend(self.attn.params());
-        v.extend(self.ln2.params());
-        v.extend(self.mlp.params());
-        v
-    }
-
-    fn block_params_mut(&mut self) -> Vec<&mut Param> {
-        let mut v = self.ln1.params_mut();
-        v.extend(self.attn.params_mut());
-        v.extend(self.ln2.params_mut());
-        v.extend(self.mlp.params_mut());
-        v
-    }
 }
 
 impl Gpt {
     pub fn new(pool: &Arc<MemoryPool>, cfg: GptConfig, seed: u64) -> Result<Gpt> {
         let mut rng = Rng::new(seed, stream::INIT);
+        Gpt::build(&mut ParamBuilder::init(pool, &mut rng), cfg)
+    }
+
+    /// The model with its parameters named and filled by `b` (initialised or loaded).
+    pub fn build(b: &mut ParamBuilder, cfg: GptConfig) -> Result<Gpt> {
         let c = cfg.d_model;
         let proj_std = 0.02 / (2.0 * cfg.n_layers as f32).sqrt();
-        let embed = Embedding::new(pool, cfg.padded_vocab(), cfg.context, c, &mut rng)?;
+        let embed = Embedding::new(b, cfg.padded_vocab(), cfg.context, c)?;
         let blocks = (0..cfg.n_layers)
             .map(|l| {
-                let name = format!("blocks.{l}");
+                let mut b = b.scope(format_args!("blocks.{l}"));
                 Ok(GptBlock {
-                    ln1: LayerNorm::new(pool, &format!("{name}.ln1"), c, &mut rng)?,
-                    attn: CausalSelfAttention::new(
-                        pool,
-                        &format!("{name}.attn"),
-                        c,
-                        cfg.n_heads,
-                        proj_std,
-                        &mut rng,
-                    )?,
-                    ln2: LayerNorm::new(pool, &format!("{name}.ln2"), c, &mut rng)?,
-                    mlp: Mlp::new(pool, &format!("{name}.mlp"), c, proj_std, &mut rng)?,
+                    ln1: LayerNorm::new(&mut b.scope("ln1"), c)?,
+                    attn: CausalSelfAttention::new(&mut b.scope("attn"), c, cfg.n_heads, proj_std)?,
+                    ln2: LayerNorm::new(&mut b.scope("ln2"), c)?,
+                    mlp: Mlp::new(&mut b.scope("mlp"), c, proj_std)?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let ln_f = LayerNorm::new(pool, "ln_f", c, &mut rng)?;
+        let ln_f = LayerNorm::new(&mut b.scope("ln_f"), c)?;
         let head = if cfg.tied_head {
             None
         } else {
             Some(Linear::new(
-                pool,
-                "lm_head",
+                &mut b.scope("lm_head"),
                 c,
                 cfg.padded_vocab(),
                 false,
                 0.02,
-                &mut rng,
             )?)
         };
         let lm = Lm::new("gpt", embed, blocks, ln_f, head, cfg.vocab, cfg.context);
@@ -185,15 +172,9 @@ impl Gpt {
     }
 }
 
+params!(Gpt { lm });
+
 impl Model for Gpt {
-    fn params(&self) -> Vec<&Param> {
-        self.lm.params()
-    }
-
-    fn params_mut(&mut self) -> Vec<&mut Param> {
-        self.lm.params_mut()
-    }
-
     fn forward_backward(
         &mut self,
         inputs: &[u32],
@@ -292,6 +273,7 @@ impl GptConfig {
 mod tests {
     use super::*;
     use crate::engine::{DType, Device};
+    use crate::nn::Params;
 
     fn tiny(tied: bool) -> Gpt {
         let cfg = GptConfig {

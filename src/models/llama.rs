@@ -25,7 +25,7 @@ use crate::nn::linear::Linear;
 use crate::nn::lora::{Adapter, LoraSpec};
 use crate::nn::rmsnorm::RmsNorm;
 use crate::nn::swiglu::{SwiGlu, SwiGluSaved};
-use crate::nn::{ActLayout, Cost, Init, Kernels, Param};
+use crate::nn::{ActLayout, Cost, Init, Kernels, Param, ParamBuilder, Params, params};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
@@ -241,6 +241,13 @@ impl LlamaBlock {
     }
 }
 
+params!(LlamaBlock {
+    ln1,
+    attn,
+    ln2,
+    mlp
+});
+
 impl lm::Block for LlamaBlock {
     type Norm = RmsNorm;
     type Saved = LlamaSaved;
@@ -299,22 +306,6 @@ impl lm::Block for LlamaBlock {
             .backward(dstream, &a.normed, &pass.pos, pass.rotary, &s.attn)?;
         self.ln1.backward(dstream, &d_ln1, &a.input, &a.stats)
     }
-
-    fn block_params(&self) -> Vec<&Param> {
-        let mut v = self.ln1.params();
-        v.extend(self.attn.params());
-        v.extend(self.ln2.params());
-        v.extend(self.mlp.params());
-        v
-    }
-
-    fn block_params_mut(&mut self) -> Vec<&mut Param> {
-        let mut v = self.ln1.params_mut();
-        v.extend(self.attn.params_mut());
-        v.extend(self.ln2.params_mut());
-        v.extend(self.mlp.params_mut());
-        v
-    }
 }
 
 /// Each row's position for a `[batch, seq]` batch of whole sequences.
@@ -324,47 +315,40 @@ fn positions(batch: usize, seq: usize) -> Vec<u32> {
 
 impl Llama {
     pub fn new(pool: &Arc<MemoryPool>, cfg: LlamaConfig, seed: u64) -> Result<Llama> {
+        let mut rng = Rng::new(seed, stream::INIT);
+        Llama::build(&mut ParamBuilder::init(pool, &mut rng), cfg)
+    }
+
+    /// The model with its parameters named and filled by `b` (initialised or loaded).
+    pub fn build(b: &mut ParamBuilder, cfg: LlamaConfig) -> Result<Llama> {
         cfg.check()
             .map_err(|detail| crate::engine::EngineError::Shape {
                 op: "llama",
                 detail,
             })?;
-        let mut rng = Rng::new(seed, stream::INIT);
+        let pool = b.pool();
         let c = cfg.d_model;
         let out_std = 0.02 / (2.0 * cfg.n_layers as f32).sqrt();
         let vocab = padded_vocab(cfg.vocab);
-        let embed = Param::new(
-            pool,
-            "embed.weight".into(),
-            &[vocab, c],
-            Init::Normal(0.02),
-            &mut rng,
-        )?;
+        let embed = b
+            .scope("embed")
+            .param("weight", &[vocab, c], Init::Normal(0.02))?;
         let blocks = (0..cfg.n_layers)
             .map(|l| {
-                let name = format!("layers.{l}");
+                let mut b = b.scope(format_args!("layers.{l}"));
                 Ok(LlamaBlock {
-                    ln1: RmsNorm::new(pool, &format!("{name}.ln1"), c, cfg.norm_eps, &mut rng)?,
+                    ln1: RmsNorm::new(&mut b.scope("ln1"), c, cfg.norm_eps)?,
                     attn: GqaAttention::new(
-                        pool,
-                        &format!("{name}.attn"),
+                        &mut b.scope("attn"),
                         c,
                         cfg.heads(),
                         cfg.qkv_bias,
                         cfg.qk_norm.then_some(cfg.norm_eps),
                         out_std,
-                        &mut rng,
                     )?
                     .with_window(cfg.window_of(l)),
-                    ln2: RmsNorm::new(pool, &format!("{name}.ln2"), c, cfg.norm_eps, &mut rng)?,
-                    mlp: SwiGlu::new(
-                        pool,
-                        &format!("{name}.mlp"),
-                        c,
-                        cfg.ffn_hidden,
-                        out_std,
-                        &mut rng,
-                    )?,
+                    ln2: RmsNorm::new(&mut b.scope("ln2"), c, cfg.norm_eps)?,
+                    mlp: SwiGlu::new(&mut b.scope("mlp"), c, cfg.ffn_hidden, out_std)?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -384,13 +368,11 @@ impl Llama {
                 .set_blocks(&[named("mlp.gate_proj", f), named("mlp.up_proj", f)]);
             b.mlp.down.set_blocks(&[named("mlp.down_proj", c)]);
         }
-        let ln_f = RmsNorm::new(pool, "ln_f", c, cfg.norm_eps, &mut rng)?;
+        let ln_f = RmsNorm::new(&mut b.scope("ln_f"), c, cfg.norm_eps)?;
         let head = if cfg.tied_head {
             None
         } else {
-            Some(Linear::new(
-                pool, "lm_head", c, vocab, false, 0.02, &mut rng,
-            )?)
+            Some(Linear::new(&mut b.scope("lm_head"), c, vocab, false, 0.02)?)
         };
         let inv = rope::inverse_frequencies(cfg.rope_theta, cfg.rot_dim, cfg.rope_scaling);
         let (cos, sin) = rope::rope_tables(&inv, cfg.context);
@@ -443,15 +425,9 @@ impl Llama {
     }
 }
 
+params!(Llama { lm });
+
 impl Model for Llama {
-    fn params(&self) -> Vec<&Param> {
-        self.lm.params()
-    }
-
-    fn params_mut(&mut self) -> Vec<&mut Param> {
-        self.lm.params_mut()
-    }
-
     fn attach_lora(
         &mut self,
         spec: &LoraSpec,
@@ -464,12 +440,11 @@ impl Model for Llama {
             p.freeze().map_err(fail)?;
         }
         let mut adapted = Vec::new();
-        for (l, b) in self.lm.blocks.iter_mut().enumerate() {
-            for (name, lin) in LlamaBlock::LINEARS.iter().zip(b.linears_mut()) {
-                adapted.extend(
-                    lin.attach_lora(&pool, &format!("layers.{l}.{name}"), spec, &mut rng)
-                        .map_err(fail)?,
-                );
+        let mut b = ParamBuilder::init(&pool, &mut rng);
+        for (l, block) in self.lm.blocks.iter_mut().enumerate() {
+            let mut b = b.scope(format_args!("layers.{l}"));
+            for (name, lin) in LlamaBlock::LINEARS.iter().zip(block.linears_mut()) {
+                adapted.extend(lin.attach_lora(&mut b.scope(name), spec).map_err(fail)?);
             }
         }
         Ok(adapted)

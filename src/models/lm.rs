@@ -19,17 +19,17 @@
 //! blocks share ([`Block::Pass`]: positions and rotary tables, the weight of an auxiliary loss)
 //! and what sets it apart outside the stack (a cached decoder, adapters, auxiliary losses).
 
-use super::{GradReady, Recompute, StepPrecision, padded_vocab, trainable_count};
+use super::{GradReady, Recompute, StepPrecision, padded_vocab};
 use crate::engine::ops::{self, NormStats};
 use crate::engine::{Phase, Result, Tensor};
 use crate::nn::embedding::Embedding;
 use crate::nn::layernorm::LayerNorm;
 use crate::nn::linear::Linear;
 use crate::nn::rmsnorm::RmsNorm;
-use crate::nn::{ActLayout, Cost, Kernels, Param};
+use crate::nn::{ActLayout, Cost, Kernels, Param, Params, params};
 
 /// A norm of the residual stream, alone or fused with the residual add before it.
-pub trait StreamNorm: Send {
+pub trait StreamNorm: Params + Send {
     /// What the norm's backward needs besides its input.
     type Stats;
 
@@ -54,9 +54,6 @@ pub trait StreamNorm: Send {
         stats: &Self::Stats,
         kernels: Kernels,
     ) -> Result<()>;
-
-    fn norm_params(&self) -> Vec<&Param>;
-    fn norm_params_mut(&mut self) -> Vec<&mut Param>;
 }
 
 impl StreamNorm for LayerNorm {
@@ -84,14 +81,6 @@ impl StreamNorm for LayerNorm {
         kernels: Kernels,
     ) -> Result<()> {
         self.backward_with(dx, dout, x, stats, kernels)
-    }
-
-    fn norm_params(&self) -> Vec<&Param> {
-        self.params()
-    }
-
-    fn norm_params_mut(&mut self) -> Vec<&mut Param> {
-        self.params_mut()
     }
 }
 
@@ -123,19 +112,11 @@ impl StreamNorm for RmsNorm {
     ) -> Result<()> {
         self.backward(dx, dout, x, rstd)
     }
-
-    fn norm_params(&self) -> Vec<&Param> {
-        self.params()
-    }
-
-    fn norm_params_mut(&mut self) -> Vec<&mut Param> {
-        self.params_mut()
-    }
 }
 
 /// The layer that turns token ids into the residual stream, whose token table a tied head
 /// shares.
-pub trait TokenEmbedding: Send {
+pub trait TokenEmbedding: Params + Send {
     fn embed(&self, tokens: &[u32], batch: usize, seq: usize) -> Result<Tensor>;
 
     /// Accumulates into the table gradients (of those that train); the tokens are the
@@ -145,9 +126,6 @@ pub trait TokenEmbedding: Send {
     /// The `[padded vocab, C]` token table.
     fn table(&self) -> &Param;
     fn table_mut(&mut self) -> &mut Param;
-
-    fn embed_params(&self) -> Vec<&Param>;
-    fn embed_params_mut(&mut self) -> Vec<&mut Param>;
 }
 
 /// Token and learned position embeddings.
@@ -166,14 +144,6 @@ impl TokenEmbedding for Embedding {
 
     fn table_mut(&mut self) -> &mut Param {
         &mut self.wte
-    }
-
-    fn embed_params(&self) -> Vec<&Param> {
-        self.params()
-    }
-
-    fn embed_params_mut(&mut self) -> Vec<&mut Param> {
-        self.params_mut()
     }
 }
 
@@ -198,19 +168,11 @@ impl TokenEmbedding for Param {
     fn table_mut(&mut self) -> &mut Param {
         self
     }
-
-    fn embed_params(&self) -> Vec<&Param> {
-        vec![self]
-    }
-
-    fn embed_params_mut(&mut self) -> Vec<&mut Param> {
-        vec![self]
-    }
 }
 
 /// One block of the stack: a norm of the stream that opens it, then branches that add to the
 /// stream. The last branch's output is added by the skeleton, fused with the next norm.
-pub trait Block: Send + Sized {
+pub trait Block: Params + Send + Sized {
     type Norm: StreamNorm;
     /// What the block's backward needs beyond its input and its first norm.
     type Saved;
@@ -250,9 +212,6 @@ pub trait Block: Send + Sized {
         kernels: Kernels,
         pass: &Self::Pass<'_>,
     ) -> Result<()>;
-
-    fn block_params(&self) -> Vec<&Param>;
-    fn block_params_mut(&mut self) -> Vec<&mut Param>;
 }
 
 /// One block's activations: its input (the residual stream entering it), the input's norm
@@ -310,6 +269,8 @@ pub struct Lm<E: TokenEmbedding, B: Block> {
     grad_ready: Option<GradReady>,
 }
 
+params!(impl[E: TokenEmbedding, B: Block] Lm<E, B> { embed, blocks, ln_f, head });
+
 impl<E: TokenEmbedding, B: Block> Lm<E, B> {
     pub fn new(
         name: &'static str,
@@ -334,30 +295,6 @@ impl<E: TokenEmbedding, B: Block> Lm<E, B> {
         }
     }
 
-    pub fn params(&self) -> Vec<&Param> {
-        let mut v = self.embed.embed_params();
-        for b in &self.blocks {
-            v.extend(b.block_params());
-        }
-        v.extend(self.ln_f.norm_params());
-        if let Some(h) = &self.head {
-            v.extend(h.params());
-        }
-        v
-    }
-
-    pub fn params_mut(&mut self) -> Vec<&mut Param> {
-        let mut v = self.embed.embed_params_mut();
-        for b in &mut self.blocks {
-            v.extend(b.block_params_mut());
-        }
-        v.extend(self.ln_f.norm_params_mut());
-        if let Some(h) = &mut self.head {
-            v.extend(h.params_mut());
-        }
-        v
-    }
-
     pub fn set_grad_ready(&mut self, hook: Option<GradReady>) {
         self.grad_ready = hook;
     }
@@ -365,10 +302,8 @@ impl<E: TokenEmbedding, B: Block> Lm<E, B> {
     /// Index of the first trainable parameter of each block, then of the final norm.
     fn grad_block_starts(&self) -> Vec<usize> {
         super::block_starts(
-            trainable_count(&self.embed.embed_params()),
-            self.blocks
-                .iter()
-                .map(|b| trainable_count(&b.block_params())),
+            self.embed.trainable_count(),
+            self.blocks.iter().map(Params::trainable_count),
         )
     }
 

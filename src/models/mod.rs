@@ -6,6 +6,8 @@ pub mod gpt;
 pub mod import;
 pub mod llama;
 pub mod lm;
+#[cfg(test)]
+mod param_order;
 pub mod peft;
 pub mod resnet_bk;
 
@@ -16,7 +18,7 @@ use crate::engine::{DType, EngineError, MemoryPool, Result, Tensor, ops};
 use crate::error::KilnError;
 use crate::nn::lora::{Adapter, LoraSpec};
 use crate::nn::moe::{MoeConfig, MoeStats};
-use crate::nn::{Cost, Kernels, Param};
+use crate::nn::{Cost, Kernels, Params};
 use gpt::{Gpt, GptConfig};
 use resnet_bk::{ResnetBk, ResnetBkConfig};
 use serde::Serialize;
@@ -52,31 +54,10 @@ pub fn block_starts(before: usize, per_block: impl IntoIterator<Item = usize>) -
     out
 }
 
-/// Trainable parameters among `params`.
-pub fn trainable_count(params: &[&Param]) -> usize {
-    params.iter().filter(|p| !p.frozen).count()
-}
-
-/// What the trainer asks of a model.
-pub trait Model: Send {
-    /// Every parameter, frozen ones included, in a fixed order (imports and exports map them
-    /// by name).
-    fn params(&self) -> Vec<&Param>;
-    fn params_mut(&mut self) -> Vec<&mut Param>;
-
-    /// The parameters that train, in a fixed order (the optimizer and checkpoints rely on
-    /// it): all of them, or only the adapters over a frozen base.
-    fn trainable_params(&self) -> Vec<&Param> {
-        self.params().into_iter().filter(|p| !p.frozen).collect()
-    }
-
-    fn trainable_params_mut(&mut self) -> Vec<&mut Param> {
-        self.params_mut()
-            .into_iter()
-            .filter(|p| !p.frozen)
-            .collect()
-    }
-
+/// What the trainer asks of a model. Its parameters come through [`Params`], in a fixed
+/// order (imports and exports map them by name; the optimizer, checkpoints and data-parallel
+/// buckets rely on the order).
+pub trait Model: Params + Send {
     /// Freezes every weight and adds low-rank adapters on the projections `spec` targets
     /// (see [`crate::nn::lora`]); returns the adapted modules. Families without adapters say
     /// so.

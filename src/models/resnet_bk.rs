@@ -35,7 +35,7 @@ use crate::nn::embedding::Embedding;
 use crate::nn::layernorm::LayerNorm;
 use crate::nn::linear::Linear;
 use crate::nn::moe::{Moe, MoeConfig, MoeSaved, MoeStats};
-use crate::nn::{ActLayout, Cost, Init, Kernels, Param, f32_bytes};
+use crate::nn::{ActLayout, Cost, Init, Kernels, Param, ParamBuilder, f32_bytes, params};
 use std::sync::Arc;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -120,6 +120,15 @@ pub struct BkPass {
     seq: usize,
     aux_scale: f32,
 }
+
+params!(BkBlock {
+    ln,
+    moe,
+    v_proj,
+    bk,
+    out_proj,
+    scale
+});
 
 impl lm::Block for BkBlock {
     type Norm = LayerNorm;
@@ -229,76 +238,44 @@ impl lm::Block for BkBlock {
         };
         self.ln.backward(dstream, &d_ln, &input, &ln_stats)
     }
-
-    fn block_params(&self) -> Vec<&Param> {
-        let mut v = self.ln.params();
-        v.extend(self.moe.params());
-        v.extend(self.v_proj.params());
-        v.extend(self.bk.params());
-        v.extend(self.out_proj.params());
-        v.push(&self.scale);
-        v
-    }
-
-    fn block_params_mut(&mut self) -> Vec<&mut Param> {
-        let mut v = self.ln.params_mut();
-        v.extend(self.moe.params_mut());
-        v.extend(self.v_proj.params_mut());
-        v.extend(self.bk.params_mut());
-        v.extend(self.out_proj.params_mut());
-        v.push(&mut self.scale);
-        v
-    }
 }
 
 impl ResnetBk {
     pub fn new(pool: &Arc<MemoryPool>, cfg: ResnetBkConfig, seed: u64) -> Result<ResnetBk> {
         let mut rng = Rng::new(seed, stream::INIT);
+        ResnetBk::build(&mut ParamBuilder::init(pool, &mut rng), cfg)
+    }
+
+    /// The model with its parameters named and filled by `b` (initialised or loaded).
+    pub fn build(b: &mut ParamBuilder, cfg: ResnetBkConfig) -> Result<ResnetBk> {
         let c = cfg.d_model;
         let proj_std = 0.02 / (2.0 * cfg.n_layers as f32).sqrt();
         // Padded like the GPT's (see `models::padded_vocab`): whole tensor-core tiles in the head.
         let padded = padded_vocab(cfg.vocab);
-        let embed = Embedding::new(pool, padded, cfg.context, c, &mut rng)?;
+        let embed = Embedding::new(b, padded, cfg.context, c)?;
         let blocks = (0..cfg.n_layers)
             .map(|l| {
-                let name = format!("blocks.{l}");
+                let mut b = b.scope(format_args!("blocks.{l}"));
                 Ok(BkBlock {
-                    ln: LayerNorm::new(pool, &format!("{name}.ln"), c, &mut rng)?,
-                    moe: Moe::new(pool, &format!("{name}.moe"), cfg.moe, proj_std, &mut rng)?,
-                    v_proj: Linear::new(
-                        pool,
-                        &format!("{name}.v_proj"),
-                        c,
-                        1,
-                        true,
-                        0.02,
-                        &mut rng,
-                    )?,
-                    bk: BkCore::new(
-                        pool,
-                        &format!("{name}.bk"),
-                        cfg.context,
-                        BkCoreOptions::default(),
-                    )?,
-                    out_proj: Linear::new(
-                        pool,
-                        &format!("{name}.out_proj"),
-                        2,
-                        c,
-                        false,
-                        proj_std,
-                        &mut rng,
-                    )?,
-                    scale: Param::new(pool, format!("{name}.scale"), &[1], Init::Ones, &mut rng)?,
+                    ln: LayerNorm::new(&mut b.scope("ln"), c)?,
+                    moe: Moe::new(&mut b.scope("moe"), cfg.moe, proj_std)?,
+                    v_proj: Linear::new(&mut b.scope("v_proj"), c, 1, true, 0.02)?,
+                    bk: BkCore::new(&mut b.scope("bk"), cfg.context, BkCoreOptions::default())?,
+                    out_proj: Linear::new(&mut b.scope("out_proj"), 2, c, false, proj_std)?,
+                    scale: b.param("scale", &[1], Init::Ones)?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let ln_f = LayerNorm::new(pool, "ln_f", c, &mut rng)?;
+        let ln_f = LayerNorm::new(&mut b.scope("ln_f"), c)?;
         let head = if cfg.tied_head {
             None
         } else {
             Some(Linear::new(
-                pool, "lm_head", c, padded, false, 0.02, &mut rng,
+                &mut b.scope("lm_head"),
+                c,
+                padded,
+                false,
+                0.02,
             )?)
         };
         let lm = Lm::new(
@@ -327,15 +304,9 @@ impl ResnetBk {
     }
 }
 
+params!(ResnetBk { lm });
+
 impl Model for ResnetBk {
-    fn params(&self) -> Vec<&Param> {
-        self.lm.params()
-    }
-
-    fn params_mut(&mut self) -> Vec<&mut Param> {
-        self.lm.params_mut()
-    }
-
     /// The training loss adds each layer's load-balancing loss, `aux_coef` times its aux loss
     /// for each token.
     fn forward_backward(
@@ -403,6 +374,7 @@ mod tests {
     use super::*;
     use crate::engine::Device;
     use crate::engine::EngineError;
+    use crate::nn::Params;
 
     fn tiny(tied: bool, top_k: usize) -> ResnetBk {
         let cfg = ResnetBkConfig {

@@ -7,12 +7,10 @@
 //! as a batched GEMM, and the heads copied back into token rows.
 
 use super::linear::Linear;
-use super::{ActLayout, Cost, Kernels, Param, f32_bytes};
+use super::{ActLayout, Cost, Kernels, ParamBuilder, f32_bytes, params};
 use crate::engine::AttnShape;
 use crate::engine::GemmShape;
-use crate::engine::rng::Rng;
-use crate::engine::{MemoryPool, Result, Tensor, ops};
-use std::sync::Arc;
+use crate::engine::{Result, Tensor, ops};
 
 pub struct CausalSelfAttention {
     pub qkv: Linear,
@@ -98,18 +96,13 @@ pub fn attention_backward_unfused(
     ops::heads_to_rows(dqkv, &dk, s, c)
 }
 
+params!(CausalSelfAttention { qkv, proj });
+
 impl CausalSelfAttention {
-    pub fn new(
-        pool: &Arc<MemoryPool>,
-        name: &str,
-        c: usize,
-        n_heads: usize,
-        proj_std: f32,
-        rng: &mut Rng,
-    ) -> Result<Self> {
+    pub fn new(b: &mut ParamBuilder, c: usize, n_heads: usize, proj_std: f32) -> Result<Self> {
         Ok(CausalSelfAttention {
-            qkv: Linear::new(pool, &format!("{name}.qkv"), c, 3 * c, true, 0.02, rng)?,
-            proj: Linear::new(pool, &format!("{name}.proj"), c, c, true, proj_std, rng)?,
+            qkv: Linear::new(&mut b.scope("qkv"), c, 3 * c, true, 0.02)?,
+            proj: Linear::new(&mut b.scope("proj"), c, c, true, proj_std)?,
             n_heads,
         })
     }
@@ -162,16 +155,6 @@ impl CausalSelfAttention {
         self.qkv.backward(&dqkv, x)
     }
 
-    pub fn params(&self) -> Vec<&Param> {
-        [self.qkv.params(), self.proj.params()].concat()
-    }
-
-    pub fn params_mut(&mut self) -> Vec<&mut Param> {
-        let mut v = self.qkv.params_mut();
-        v.extend(self.proj.params_mut());
-        v
-    }
-
     pub fn cost(&self, batch: usize, seq: usize) -> Cost {
         Self::cost_of(self.qkv.c_in, self.n_heads, batch, seq, ActLayout::CPU_F32)
     }
@@ -219,7 +202,7 @@ mod tests {
     #[test]
     fn backward_matches_finite_differences() {
         let p = pool();
-        let mut attn = CausalSelfAttention::new(&p, "attn", 8, 2, 0.3, &mut rng(5)).unwrap();
+        let mut attn = build(&p, "attn", 5, |b| CausalSelfAttention::new(b, 8, 2, 0.3));
         let x = random_tensor(&p, &[2, 5, 8], 6);
         let w = random_tensor(&p, &[2, 5, 8], 7);
         let (_, saved) = attn.forward(&x, Kernels::Fused).unwrap();
@@ -280,7 +263,7 @@ mod tests {
     #[test]
     fn unfused_layer_backward_matches_finite_differences() {
         let p = pool();
-        let mut attn = CausalSelfAttention::new(&p, "attn", 12, 3, 0.3, &mut rng(8)).unwrap();
+        let mut attn = build(&p, "attn", 8, |b| CausalSelfAttention::new(b, 12, 3, 0.3));
         let x = random_tensor(&p, &[2, 5, 12], 9);
         let w = random_tensor(&p, &[2, 5, 12], 10);
         let (_, saved) = attn.forward(&x, Kernels::Unfused).unwrap();

@@ -6,12 +6,10 @@
 //! `z` (default `i`) and the off-diagonals may be learned. They are tiny and precision
 //! sensitive, so the layer always reads their fp32 master values, never a bf16/f16 copy.
 
-use super::{Cost, Init, Param, f32_bytes};
+use super::{Cost, Init, Param, ParamBuilder, f32_bytes, params};
 use crate::engine::cpu::bk_core::{BkShape, spectrum_bound};
 use crate::engine::ops::{self, BkCoeffGrads, BkCoeffs};
-use crate::engine::rng::Rng;
-use crate::engine::{DType, EngineError, MemoryPool, Result, Tensor};
-use std::sync::Arc;
+use crate::engine::{EngineError, Result, Tensor};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -54,13 +52,13 @@ pub struct BkSaved {
     n: usize,
 }
 
+params!(BkCore { z if opts.learn_z, offdiag });
+
 impl BkCore {
-    pub fn new(
-        pool: &Arc<MemoryPool>,
-        name: &str,
-        n_max: usize,
-        opts: BkCoreOptions,
-    ) -> Result<BkCore> {
+    /// A layer named by `b`'s scope; only the parameters it learns are built through `b`
+    /// (loaded, when `b` loads).
+    pub fn new(b: &mut ParamBuilder, n_max: usize, opts: BkCoreOptions) -> Result<BkCore> {
+        let name = b.prefix().to_string();
         let bad = |detail: String| EngineError::Shape {
             op: "bk_core",
             detail: format!("layer {name}: {detail}"),
@@ -71,38 +69,24 @@ impl BkCore {
         if !(opts.z.0.is_finite() && opts.z.1.is_finite()) {
             return Err(bad(format!("z = {:?} must be finite", opts.z)));
         }
-        // Deterministic inits (ones, the given z): no random draws needed.
-        let mut rng = Rng::new(0, 0);
-        let mut z = Param::new(pool, format!("{name}.z"), &[2], Init::Zeros, &mut rng)?;
-        z.value = Tensor::from_vec(
-            pool,
-            &[2],
-            DType::F32,
-            vec![opts.z.0 as f32, opts.z.1 as f32],
-        )?;
+        // Deterministic inits (ones, the given z): no random draws.
+        let z_values = vec![opts.z.0 as f32, opts.z.1 as f32];
+        let z = if opts.learn_z {
+            b.param_from("z", &[2], z_values)?
+        } else {
+            Param::from_values(b.pool(), b.name("z"), &[2], z_values)?
+        };
         let offdiag = if opts.learn_offdiag {
             let m = (n_max - 1).max(1);
             Some((
-                Param::new(
-                    pool,
-                    format!("{name}.offdiag_upper"),
-                    &[m],
-                    Init::Ones,
-                    &mut rng,
-                )?,
-                Param::new(
-                    pool,
-                    format!("{name}.offdiag_lower"),
-                    &[m],
-                    Init::Ones,
-                    &mut rng,
-                )?,
+                b.param("offdiag_upper", &[m], Init::Ones)?,
+                b.param("offdiag_lower", &[m], Init::Ones)?,
             ))
         } else {
             None
         };
         let layer = BkCore {
-            name: name.to_string(),
+            name,
             n_max,
             opts,
             z,
@@ -171,29 +155,6 @@ impl BkCore {
             offdiag,
         };
         ops::bk_core_backward(d_out, &saved.v, &coeffs, s, BkCoeffGrads { dz, doffdiag })
-    }
-
-    pub fn params(&self) -> Vec<&Param> {
-        let mut ps = Vec::new();
-        if self.opts.learn_z {
-            ps.push(&self.z);
-        }
-        if let Some((b, c)) = &self.offdiag {
-            ps.extend([b, c]);
-        }
-        ps
-    }
-
-    pub fn params_mut(&mut self) -> Vec<&mut Param> {
-        let mut ps = Vec::new();
-        if self.opts.learn_z {
-            ps.push(&mut self.z);
-        }
-        if let Some((b, c)) = &mut self.offdiag {
-            ps.push(b);
-            ps.push(c);
-        }
-        ps
     }
 
     /// FLOPs count the real operations of the complex recurrences (a reciprocal as 6): about
@@ -281,6 +242,7 @@ impl BkCore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::DType;
     use crate::nn::gradcheck::*;
 
     fn layer(causal: bool, learn: bool) -> BkCore {
@@ -290,7 +252,7 @@ mod tests {
             learn_offdiag: learn,
             z: (0.2, 0.9),
         };
-        let mut l = BkCore::new(&pool(), "blocks.0.bk", 16, opts).unwrap();
+        let mut l = build(&pool(), "blocks.0.bk", 0, |b| BkCore::new(b, 16, opts));
         if let Some((b, c)) = &mut l.offdiag {
             let nb = b.value.len();
             b.value
@@ -402,7 +364,7 @@ mod tests {
             z: (0.0, 0.0),
             ..BkCoreOptions::default()
         };
-        let l = BkCore::new(&pool(), "bk", 4, opts).unwrap();
+        let l = build(&pool(), "bk", 0, |b| BkCore::new(b, 4, opts));
         let v = Tensor::from_vec(&pool(), &[1], DType::F32, vec![2.0]).unwrap();
         let err = l.forward(&v, 1, 1).err().unwrap().to_string();
         assert!(err.contains("singular") && err.contains("bk"), "{err}");

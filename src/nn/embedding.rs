@@ -1,9 +1,7 @@
 //! Token and learned position embeddings, summed.
 
-use super::{Cost, Init, Param};
-use crate::engine::rng::Rng;
-use crate::engine::{MemoryPool, Result, Tensor, ops};
-use std::sync::Arc;
+use super::{Cost, Init, Param, ParamBuilder, params};
+use crate::engine::{Result, Tensor, ops};
 
 pub struct Embedding {
     /// `[vocab, C]`; also the output head's weight when the head is tied.
@@ -12,29 +10,18 @@ pub struct Embedding {
     pub wpe: Param,
 }
 
+params!(Embedding { wte, wpe });
+
 impl Embedding {
-    pub fn new(
-        pool: &Arc<MemoryPool>,
-        vocab: usize,
-        context: usize,
-        c: usize,
-        rng: &mut Rng,
-    ) -> Result<Embedding> {
+    /// Tables `wte` and `wpe` in `b`'s scope, normal with standard deviation 0.02.
+    pub fn new(b: &mut ParamBuilder, vocab: usize, context: usize, c: usize) -> Result<Embedding> {
         Ok(Embedding {
-            wte: Param::new(
-                pool,
-                "wte.weight".into(),
-                &[vocab, c],
-                Init::Normal(0.02),
-                rng,
-            )?,
-            wpe: Param::new(
-                pool,
-                "wpe.weight".into(),
-                &[context, c],
-                Init::Normal(0.02),
-                rng,
-            )?,
+            wte: b
+                .scope("wte")
+                .param("weight", &[vocab, c], Init::Normal(0.02))?,
+            wpe: b
+                .scope("wpe")
+                .param("weight", &[context, c], Init::Normal(0.02))?,
         })
     }
 
@@ -45,14 +32,6 @@ impl Embedding {
     /// Accumulates into the table gradients; the tokens are the forward's.
     pub fn backward(&mut self, dout: &Tensor, tokens: &[u32], seq: usize) -> Result<()> {
         ops::embedding_backward(&mut self.wte.grad, &mut self.wpe.grad, dout, tokens, seq)
-    }
-
-    pub fn params(&self) -> Vec<&Param> {
-        vec![&self.wte, &self.wpe]
-    }
-
-    pub fn params_mut(&mut self) -> Vec<&mut Param> {
-        vec![&mut self.wte, &mut self.wpe]
     }
 
     pub fn cost(&self, tokens: usize) -> Cost {
@@ -79,7 +58,7 @@ mod tests {
     #[test]
     fn backward_matches_finite_differences() {
         let p = pool();
-        let mut emb = Embedding::new(&p, 7, 4, 3, &mut rng(1)).unwrap();
+        let mut emb = build(&p, "", 1, |b| Embedding::new(b, 7, 4, 3));
         let tokens = [1u32, 6, 1, 0, 2, 2, 5, 1];
         let w = random_tensor(&p, &[2, 4, 3], 2);
         emb.backward(&w, &tokens, 4).unwrap();

@@ -17,12 +17,10 @@
 
 use super::linear::Linear;
 use super::rmsnorm::RmsNorm;
-use super::{ActLayout, Cost, Param, f32_bytes};
+use super::{ActLayout, Cost, ParamBuilder, f32_bytes, params};
 use crate::engine::AttnShape;
 use crate::engine::cpu::rope::RopeShape;
-use crate::engine::rng::Rng;
-use crate::engine::{MemoryPool, Result, Tensor, ops};
-use std::sync::Arc;
+use crate::engine::{Result, Tensor, ops};
 
 /// The heads of one attention layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,37 +97,29 @@ fn norm_heads_backward(
     ops::add_cols_scaled(dqkv, &dx.reshaped(&[rows, heads * d]), col0, 1.0)
 }
 
+params!(GqaAttention { qkv, qk_norm, out });
+
 impl GqaAttention {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
-        pool: &Arc<MemoryPool>,
-        name: &str,
+        b: &mut ParamBuilder,
         c: usize,
         heads: Heads,
         bias: bool,
         qk_norm_eps: Option<f32>,
         out_std: f32,
-        rng: &mut Rng,
     ) -> Result<Self> {
         let (h, k, d) = (heads.heads, heads.kv_heads, heads.head_dim);
         Ok(GqaAttention {
-            qkv: Linear::new(
-                pool,
-                &format!("{name}.qkv"),
-                c,
-                (h + 2 * k) * d,
-                bias,
-                0.02,
-                rng,
-            )?,
+            qkv: Linear::new(&mut b.scope("qkv"), c, (h + 2 * k) * d, bias, 0.02)?,
             qk_norm: match qk_norm_eps {
                 Some(eps) => Some((
-                    RmsNorm::new(pool, &format!("{name}.q_norm"), d, eps, rng)?,
-                    RmsNorm::new(pool, &format!("{name}.k_norm"), d, eps, rng)?,
+                    RmsNorm::new(&mut b.scope("q_norm"), d, eps)?,
+                    RmsNorm::new(&mut b.scope("k_norm"), d, eps)?,
                 )),
                 None => None,
             },
-            out: Linear::new(pool, &format!("{name}.out"), h * d, c, false, out_std, rng)?,
+            out: Linear::new(&mut b.scope("out"), h * d, c, false, out_std)?,
             heads,
             window: 0,
         })
@@ -215,26 +205,6 @@ impl GqaAttention {
             norm_heads_backward(&mut dqkv, kn, col0, h.kv_heads, h.head_dim, k)?;
         }
         self.qkv.backward(&dqkv, x)
-    }
-
-    pub fn params(&self) -> Vec<&Param> {
-        let mut v = self.qkv.params();
-        if let Some((q, k)) = &self.qk_norm {
-            v.extend(q.params());
-            v.extend(k.params());
-        }
-        v.extend(self.out.params());
-        v
-    }
-
-    pub fn params_mut(&mut self) -> Vec<&mut Param> {
-        let mut v = self.qkv.params_mut();
-        if let Some((q, k)) = &mut self.qk_norm {
-            v.extend(q.params_mut());
-            v.extend(k.params_mut());
-        }
-        v.extend(self.out.params_mut());
-        v
     }
 
     /// Saves the packed `[q | k | v]`, the attention output and the softmax statistics;

@@ -4,11 +4,9 @@
 //! and in the backward the norm's input gradient goes to a buffer of its own that a second
 //! kernel adds into the residual stream's gradient.
 
-use super::{ActLayout, Cost, Init, Kernels, Param, f32_bytes};
+use super::{ActLayout, Cost, Init, Kernels, Param, ParamBuilder, f32_bytes, params};
 use crate::engine::ops::{self, NormStats};
-use crate::engine::rng::Rng;
-use crate::engine::{MemoryPool, Result, Tensor};
-use std::sync::Arc;
+use crate::engine::{Result, Tensor};
 
 pub struct LayerNorm {
     pub gamma: Param,
@@ -16,11 +14,14 @@ pub struct LayerNorm {
     pub c: usize,
 }
 
+params!(LayerNorm { gamma, beta });
+
 impl LayerNorm {
-    pub fn new(pool: &Arc<MemoryPool>, name: &str, c: usize, rng: &mut Rng) -> Result<LayerNorm> {
+    /// Gain `weight` (ones) and shift `bias` (zeros) in `b`'s scope.
+    pub fn new(b: &mut ParamBuilder, c: usize) -> Result<LayerNorm> {
         Ok(LayerNorm {
-            gamma: Param::new(pool, format!("{name}.weight"), &[c], Init::Ones, rng)?,
-            beta: Param::new(pool, format!("{name}.bias"), &[c], Init::Zeros, rng)?,
+            gamma: b.param("weight", &[c], Init::Ones)?,
+            beta: b.param("bias", &[c], Init::Zeros)?,
             c,
         })
     }
@@ -97,14 +98,6 @@ impl LayerNorm {
         )
     }
 
-    pub fn params(&self) -> Vec<&Param> {
-        vec![&self.gamma, &self.beta]
-    }
-
-    pub fn params_mut(&mut self) -> Vec<&mut Param> {
-        vec![&mut self.gamma, &mut self.beta]
-    }
-
     pub fn cost(&self, tokens: usize) -> Cost {
         Self::cost_of(self.c, tokens, ActLayout::CPU_F32)
     }
@@ -136,8 +129,8 @@ mod tests {
     fn unfused_residual_norm_matches_fused() {
         let p = pool();
         let (n, c) = (6, 40);
-        let mut fused = LayerNorm::new(&p, "ln", c, &mut rng(3)).unwrap();
-        let mut unfused = LayerNorm::new(&p, "ln", c, &mut rng(3)).unwrap();
+        let mut fused = build(&p, "ln", 3, |b| LayerNorm::new(b, c));
+        let mut unfused = build(&p, "ln", 3, |b| LayerNorm::new(b, c));
         for ln in [&mut fused, &mut unfused] {
             // Non-trivial gains and biases, the same in both.
             let g = random_tensor(&p, &[c], 4);
@@ -181,7 +174,7 @@ mod tests {
     #[test]
     fn fused_backward_matches_finite_differences() {
         let p = pool();
-        let mut ln = LayerNorm::new(&p, "ln", 8, &mut rng(1)).unwrap();
+        let mut ln = build(&p, "ln", 1, |b| LayerNorm::new(b, 8));
         ln.gamma
             .value
             .copy_from_host(&random_tensor(&p, &[8], 7).to_vec().unwrap())

@@ -4,10 +4,9 @@
 //! first expands it into the model's shared [`DequantWorkspace`].
 
 use super::lora::{Adapter, LoraSpec, OutputBlock};
-use super::{Cost, Init, Param};
+use super::{Cost, Init, Param, ParamBuilder, params};
 use crate::engine::quant::{DequantWorkspace, Nf4Weight};
-use crate::engine::rng::Rng;
-use crate::engine::{EngineError, MemoryPool, Result, Tensor, ops};
+use crate::engine::{EngineError, Result, Tensor, ops};
 use std::sync::Arc;
 
 /// A frozen weight held only in NF4, and the workspace its GEMMs expand it into.
@@ -31,32 +30,26 @@ pub struct Linear {
     pub adapters: Vec<Adapter>,
 }
 
+params!(Linear {
+    weight,
+    bias,
+    adapters
+});
+
 impl Linear {
+    /// A layer named by `b`'s scope: its weight `[c_out, c_in]` normal with `std`, its bias
+    /// zero.
     pub fn new(
-        pool: &Arc<MemoryPool>,
-        name: &str,
+        b: &mut ParamBuilder,
         c_in: usize,
         c_out: usize,
         bias: bool,
         std: f32,
-        rng: &mut Rng,
     ) -> Result<Linear> {
         Ok(Linear {
-            weight: Param::new(
-                pool,
-                format!("{name}.weight"),
-                &[c_out, c_in],
-                Init::Normal(std),
-                rng,
-            )?,
+            weight: b.param("weight", &[c_out, c_in], Init::Normal(std))?,
             bias: if bias {
-                Some(Param::new(
-                    pool,
-                    format!("{name}.bias"),
-                    &[c_out],
-                    Init::Zeros,
-                    rng,
-                )?)
+                Some(b.param("bias", &[c_out], Init::Zeros)?)
             } else {
                 None
             },
@@ -87,26 +80,14 @@ impl Linear {
     }
 
     /// Freezes the weight and bias and adds an adapter on every block `spec` targets;
-    /// returns the modules it adapted. `name` prefixes the adapters' parameter names.
-    pub fn attach_lora(
-        &mut self,
-        pool: &Arc<MemoryPool>,
-        name: &str,
-        spec: &LoraSpec,
-        rng: &mut Rng,
-    ) -> Result<Vec<String>> {
+    /// returns the modules it adapted. The adapters are named in `b`'s scope, the layer's.
+    pub fn attach_lora(&mut self, b: &mut ParamBuilder, spec: &LoraSpec) -> Result<Vec<String>> {
         self.freeze()?;
         let mut adapted = Vec::new();
         for block in self.blocks.iter().filter(|b| spec.matches(b)) {
             adapted.push(block.module.clone());
-            self.adapters.push(Adapter::new(
-                pool,
-                name,
-                block.clone(),
-                self.c_in,
-                spec,
-                rng,
-            )?);
+            self.adapters
+                .push(Adapter::new(b, block.clone(), self.c_in, spec)?);
         }
         Ok(adapted)
     }
@@ -209,28 +190,6 @@ impl Linear {
         Ok(dx)
     }
 
-    pub fn params(&self) -> Vec<&Param> {
-        let mut v: Vec<&Param> = std::iter::once(&self.weight)
-            .chain(self.bias.as_ref())
-            .collect();
-        for ad in &self.adapters {
-            v.push(&ad.a);
-            v.push(&ad.b);
-        }
-        v
-    }
-
-    pub fn params_mut(&mut self) -> Vec<&mut Param> {
-        let mut v: Vec<&mut Param> = std::iter::once(&mut self.weight)
-            .chain(self.bias.as_mut())
-            .collect();
-        for ad in &mut self.adapters {
-            v.push(&mut ad.a);
-            v.push(&mut ad.b);
-        }
-        v
-    }
-
     pub fn cost(&self, tokens: usize) -> Cost {
         Self::cost_of(self.c_in, self.c_out, self.bias.is_some(), tokens)
     }
@@ -255,7 +214,7 @@ mod tests {
     #[test]
     fn backward_matches_finite_differences() {
         let p = pool();
-        let mut lin = Linear::new(&p, "fc", 6, 5, true, 0.5, &mut rng(1)).unwrap();
+        let mut lin = build(&p, "fc", 1, |b| Linear::new(b, 6, 5, true, 0.5));
         lin.bias
             .as_mut()
             .unwrap()
@@ -292,7 +251,7 @@ mod tests {
     #[test]
     fn adapter_dropout_has_exact_gradients_inside_a_scope_only() {
         let p = pool();
-        let mut lin = Linear::new(&p, "qkv", 6, 4, false, 0.5, &mut rng(1)).unwrap();
+        let mut lin = build(&p, "qkv", 1, |b| Linear::new(b, 6, 4, false, 0.5));
         lin.set_blocks(&[("q".into(), 4)]);
         let spec = LoraSpec {
             rank: 2,
@@ -301,7 +260,7 @@ mod tests {
             dropout: 0.5,
             targets: vec!["q".into()],
         };
-        lin.attach_lora(&p, "qkv", &spec, &mut rng(2)).unwrap();
+        build(&p, "qkv", 2, |b| lin.attach_lora(b, &spec));
         let n = lin.adapters[0].b.value.len();
         let vals = random_tensor(&p, &[n], 10).to_vec().unwrap();
         lin.adapters[0].b.value.copy_from_host(&vals).unwrap();
@@ -325,7 +284,7 @@ mod tests {
     #[test]
     fn adapters_on_blocks_of_a_frozen_layer() {
         let p = pool();
-        let mut lin = Linear::new(&p, "qkv", 6, 7, true, 0.5, &mut rng(1)).unwrap();
+        let mut lin = build(&p, "qkv", 1, |b| Linear::new(b, 6, 7, true, 0.5));
         lin.set_blocks(&[("q".into(), 3), ("k".into(), 2), ("v".into(), 2)]);
         let spec = LoraSpec {
             rank: 2,
@@ -334,7 +293,7 @@ mod tests {
             dropout: 0.0,
             targets: vec!["q".into(), "v".into()],
         };
-        let adapted = lin.attach_lora(&p, "qkv", &spec, &mut rng(2)).unwrap();
+        let adapted = build(&p, "qkv", 2, |b| lin.attach_lora(b, &spec));
         assert_eq!(adapted, vec!["q".to_string(), "v".to_string()]);
         assert!(lin.weight.frozen && lin.weight.grad.is_empty());
         // B starts at zero; give it values so every path is exercised.
@@ -352,9 +311,9 @@ mod tests {
         for k in 0..2 {
             let da = lin.adapters[k].a.grad.to_vec().unwrap();
             let a0 = lin.adapters[k].a.value.try_clone().unwrap();
-            let mut probe = Linear::new(&p, "qkv", 6, 7, true, 0.5, &mut rng(1)).unwrap();
+            let mut probe = build(&p, "qkv", 1, |b| Linear::new(b, 6, 7, true, 0.5));
             probe.set_blocks(&[("q".into(), 3), ("k".into(), 2), ("v".into(), 2)]);
-            probe.attach_lora(&p, "qkv", &spec, &mut rng(2)).unwrap();
+            build(&p, "qkv", 2, |b| probe.attach_lora(b, &spec));
             for (dst, src) in probe.adapters.iter_mut().zip(&lin.adapters) {
                 dst.a
                     .value
@@ -375,7 +334,7 @@ mod tests {
             });
         }
         let before = lin.forward(&x).unwrap().to_vec().unwrap();
-        let mut merged = Linear::new(&p, "qkv", 6, 7, true, 0.5, &mut rng(1)).unwrap();
+        let mut merged = build(&p, "qkv", 1, |b| Linear::new(b, 6, 7, true, 0.5));
         merged.set_blocks(&[("q".into(), 3), ("k".into(), 2), ("v".into(), 2)]);
         merged.adapters = std::mem::take(&mut lin.adapters);
         merged.merge_adapters().unwrap();
@@ -393,7 +352,7 @@ mod tests {
     fn an_nf4_weight_computes_as_its_dequantised_dense_weight() {
         use crate::engine::DType;
         let p = pool();
-        let mut lin = Linear::new(&p, "up", 48, 40, true, 0.5, &mut rng(1)).unwrap();
+        let mut lin = build(&p, "up", 1, |b| Linear::new(b, 48, 40, true, 0.5));
         lin.set_blocks(&[("up_proj".into(), 40)]);
         let spec = LoraSpec {
             rank: 2,
@@ -402,14 +361,14 @@ mod tests {
             dropout: 0.0,
             targets: vec!["up_proj".into()],
         };
-        let fresh = Linear::new(&p, "up", 48, 40, true, 0.5, &mut rng(1)).unwrap();
+        let fresh = build(&p, "up", 1, |b| Linear::new(b, 48, 40, true, 0.5));
         let e = {
             let mut trainable = fresh;
             let ws = Arc::new(DequantWorkspace::new(&p, 48 * 40, DType::F32).unwrap());
             trainable.quantize_nf4(&ws).unwrap_err().to_string()
         };
         assert!(e.contains("up.weight trains"), "{e}");
-        lin.attach_lora(&p, "up", &spec, &mut rng(2)).unwrap();
+        build(&p, "up", 2, |b| lin.attach_lora(b, &spec));
         let b_vals = random_tensor(&p, &[40 * 2], 5).to_vec().unwrap();
         lin.adapters[0].b.value.copy_from_host(&b_vals).unwrap();
         let dense_before = lin.weight.value.bytes();
@@ -433,9 +392,9 @@ mod tests {
         let dy = random_tensor(&p, &[3, 5, 40], 4);
         let bias = lin.bias.as_ref().map(|b| &b.value);
         // The dense twin: the same layer with the dequantised weight.
-        let mut twin = Linear::new(&p, "up", 48, 40, true, 0.5, &mut rng(1)).unwrap();
+        let mut twin = build(&p, "up", 1, |b| Linear::new(b, 48, 40, true, 0.5));
         twin.set_blocks(&[("up_proj".into(), 40)]);
-        twin.attach_lora(&p, "up", &spec, &mut rng(2)).unwrap();
+        build(&p, "up", 2, |b| twin.attach_lora(b, &spec));
         twin.adapters[0].b.value.copy_from_host(&b_vals).unwrap();
         twin.weight.value = deq.try_clone().unwrap();
         let y = lin.forward(&x).unwrap().to_vec().unwrap();

@@ -18,11 +18,9 @@
 //! mask is a function of the seed and element index, so the backward (and a recomputed
 //! forward) sees the forward's mask, and evaluation and sampling, outside any scope, see none.
 
-use super::{Init, Param};
-use crate::engine::rng::Rng;
-use crate::engine::{MemoryPool, Result, Tensor, ops};
+use super::{Init, Param, ParamBuilder, params};
+use crate::engine::{Result, Tensor, ops};
 use std::cell::Cell;
-use std::sync::Arc;
 
 thread_local! {
     /// The seed of the training pass running on this thread, if adapter dropout is on.
@@ -125,35 +123,23 @@ pub struct Adapter {
     mask_salt: u64,
 }
 
+params!(Adapter { a, b });
+
 impl Adapter {
-    /// A fresh adapter (named `{layer}.lora.{short name}.{A,B}`) on `block` of a layer with
-    /// `c_in` inputs.
+    /// A fresh adapter (named `{layer}.lora.{short name}.{A,B}`, `layer` being the layer's
+    /// scope) on `block` of a layer with `c_in` inputs.
     pub fn new(
-        pool: &Arc<MemoryPool>,
-        layer: &str,
+        layer: &mut ParamBuilder,
         block: OutputBlock,
         c_in: usize,
         spec: &LoraSpec,
-        rng: &mut Rng,
     ) -> Result<Adapter> {
-        let name = format!("{layer}.lora.{}", block.short_name());
+        let mut scope = layer.scope(format_args!("lora.{}", block.short_name()));
         let bound = 1.0 / (c_in as f32).sqrt();
-        let a = Param::new(
-            pool,
-            format!("{name}.A"),
-            &[spec.rank, c_in],
-            Init::Uniform(bound),
-            rng,
-        )?;
-        let b = Param::new(
-            pool,
-            format!("{name}.B"),
-            &[block.cols, spec.rank],
-            Init::Zeros,
-            rng,
-        )?;
+        let a = scope.param("A", &[spec.rank, c_in], Init::Uniform(bound))?;
+        let b = scope.param("B", &[block.cols, spec.rank], Init::Zeros)?;
         Ok(Adapter {
-            mask_salt: name_hash(&name),
+            mask_salt: name_hash(scope.prefix()),
             block,
             a,
             b,

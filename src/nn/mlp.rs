@@ -1,10 +1,8 @@
 //! The transformer feed-forward: `proj(gelu(fc(x)))`, widening the stream four times.
 
 use super::linear::Linear;
-use super::{ActLayout, Cost, Param};
-use crate::engine::rng::Rng;
-use crate::engine::{MemoryPool, Result, Tensor, ops};
-use std::sync::Arc;
+use super::{ActLayout, Cost, ParamBuilder, params};
+use crate::engine::{Result, Tensor, ops};
 
 pub struct Mlp {
     pub fc: Linear,
@@ -17,39 +15,25 @@ pub struct MlpSaved {
     pub act: Tensor,
 }
 
+params!(Mlp { fc, proj });
+
 impl Mlp {
     /// `proj_std` is smaller than the default init: it scales the residual contributions so
     /// the stream's variance does not grow with depth (GPT-2's 1/sqrt(2 * layers) rule).
-    pub fn new(
-        pool: &Arc<MemoryPool>,
-        name: &str,
-        c: usize,
-        proj_std: f32,
-        rng: &mut Rng,
-    ) -> Result<Mlp> {
-        Mlp::with_hidden(pool, name, c, 4 * c, proj_std, rng)
+    pub fn new(b: &mut ParamBuilder, c: usize, proj_std: f32) -> Result<Mlp> {
+        Mlp::with_hidden(b, c, 4 * c, proj_std)
     }
 
     /// An MLP `c -> hidden -> c` (mixture-of-experts experts are often narrower than 4c).
     pub fn with_hidden(
-        pool: &Arc<MemoryPool>,
-        name: &str,
+        b: &mut ParamBuilder,
         c: usize,
         hidden: usize,
         proj_std: f32,
-        rng: &mut Rng,
     ) -> Result<Mlp> {
         Ok(Mlp {
-            fc: Linear::new(pool, &format!("{name}.fc"), c, hidden, true, 0.02, rng)?,
-            proj: Linear::new(
-                pool,
-                &format!("{name}.proj"),
-                hidden,
-                c,
-                true,
-                proj_std,
-                rng,
-            )?,
+            fc: Linear::new(&mut b.scope("fc"), c, hidden, true, 0.02)?,
+            proj: Linear::new(&mut b.scope("proj"), hidden, c, true, proj_std)?,
         })
     }
 
@@ -78,16 +62,6 @@ impl Mlp {
         self.fc.backward(&dpre, x)
     }
 
-    pub fn params(&self) -> Vec<&Param> {
-        [self.fc.params(), self.proj.params()].concat()
-    }
-
-    pub fn params_mut(&mut self) -> Vec<&mut Param> {
-        let mut v = self.fc.params_mut();
-        v.extend(self.proj.params_mut());
-        v
-    }
-
     pub fn cost(&self, tokens: usize) -> Cost {
         Self::cost_of(self.fc.c_in, self.fc.c_out, tokens, ActLayout::CPU_F32)
     }
@@ -114,7 +88,7 @@ mod tests {
     #[test]
     fn backward_matches_finite_differences() {
         let p = pool();
-        let mut mlp = Mlp::new(&p, "mlp", 4, 0.3, &mut rng(3)).unwrap();
+        let mut mlp = build(&p, "mlp", 3, |b| Mlp::new(b, 4, 0.3));
         let x = random_tensor(&p, &[5, 4], 4);
         let w = random_tensor(&p, &[5, 4], 5);
         let (_, saved) = mlp.forward(&x).unwrap();

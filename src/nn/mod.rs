@@ -7,6 +7,7 @@
 
 pub mod attention;
 pub mod bk_core;
+pub mod builder;
 pub mod embedding;
 pub mod gqa;
 pub mod layernorm;
@@ -14,6 +15,7 @@ pub mod linear;
 pub mod lora;
 pub mod mlp;
 pub mod moe;
+pub mod params;
 pub mod rmsnorm;
 pub mod swiglu;
 
@@ -21,6 +23,10 @@ use crate::engine::rng::Rng;
 use crate::engine::{DType, Device, MemoryPool, Result, Tensor, ops};
 use std::ops::Add;
 use std::sync::Arc;
+
+pub use builder::ParamBuilder;
+pub use params::Params;
+pub(crate) use params::params;
 
 /// One trainable tensor: the fp32 master value, its gradient, and under mixed precision the
 /// rounded copy the forward and backward compute with. With the optimizer offloaded the
@@ -80,19 +86,12 @@ impl Param {
         init: Init,
         rng: &mut Rng,
     ) -> Result<Param> {
-        let n: usize = shape.iter().product();
+        // Planning: the booking is what counts, and drawing a large model's values would
+        // cost seconds and gigabytes.
         if pool.is_meta() {
-            // Planning: the booking is what counts, and drawing a large model's values would
-            // cost seconds and gigabytes.
-            return Ok(Param {
-                name,
-                value: Tensor::zeros(pool, shape, DType::F32)?,
-                grad: Tensor::zeros(pool, shape, DType::F32)?,
-                compute: None,
-                decay: shape.len() >= 2,
-                frozen: false,
-            });
+            return Param::from_values(pool, name, shape, Vec::new());
         }
+        let n: usize = shape.iter().product();
         let values: Vec<f32> = match init {
             Init::Zeros => vec![0.0; n],
             Init::Ones => vec![1.0; n],
@@ -101,9 +100,25 @@ impl Param {
                 .map(|_| (rng.next_f32() * 2.0 - 1.0) * bound)
                 .collect(),
         };
+        Param::from_values(pool, name, shape, values)
+    }
+
+    /// A parameter holding `values`, with a zero gradient; on the meta device only the
+    /// booking (the values are not read).
+    pub fn from_values(
+        pool: &Arc<MemoryPool>,
+        name: String,
+        shape: &[usize],
+        values: Vec<f32>,
+    ) -> Result<Param> {
+        let value = if pool.is_meta() {
+            Tensor::zeros(pool, shape, DType::F32)?
+        } else {
+            Tensor::from_vec(pool, shape, DType::F32, values)?
+        };
         Ok(Param {
             name,
-            value: Tensor::from_vec(pool, shape, DType::F32, values)?,
+            value,
             grad: Tensor::zeros(pool, shape, DType::F32)?,
             compute: None,
             decay: shape.len() >= 2,
@@ -239,6 +254,8 @@ pub(crate) fn f32_bytes(n: usize) -> usize {
 #[cfg(test)]
 pub(crate) mod gradcheck {
     //! Finite-difference checks shared by the layer tests.
+    use super::ParamBuilder;
+    pub use super::Params;
     use crate::engine::rng::{Rng, stream};
     use crate::engine::{DType, Device, MemoryPool, Tensor};
     use std::sync::Arc;
@@ -249,6 +266,17 @@ pub(crate) mod gradcheck {
 
     pub fn rng(seed: u64) -> Rng {
         Rng::new(seed, stream::INIT)
+    }
+
+    /// What `f` builds in the scope `name`, initialised from a fresh RNG seeded with `seed`.
+    pub fn build<T>(
+        pool: &Arc<MemoryPool>,
+        name: &str,
+        seed: u64,
+        f: impl FnOnce(&mut ParamBuilder) -> crate::engine::Result<T>,
+    ) -> T {
+        let mut rng = rng(seed);
+        f(&mut ParamBuilder::init(pool, &mut rng).scope(name)).unwrap()
     }
 
     pub fn random_tensor(pool: &Arc<MemoryPool>, shape: &[usize], seed: u64) -> Tensor {

@@ -18,10 +18,8 @@
 
 use super::linear::Linear;
 use super::mlp::{Mlp, MlpSaved};
-use super::{Cost, Param, f32_bytes};
-use crate::engine::rng::Rng;
-use crate::engine::{MemoryPool, Result, Tensor, ops};
-use std::sync::Arc;
+use super::{Cost, ParamBuilder, f32_bytes, params};
+use crate::engine::{Result, Tensor, ops};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MoeConfig {
@@ -224,33 +222,21 @@ pub struct Moe {
     pub experts: Vec<Mlp>,
 }
 
+params!(Moe { router, experts });
+
 impl Moe {
-    pub fn new(
-        pool: &Arc<MemoryPool>,
-        name: &str,
-        cfg: MoeConfig,
-        proj_std: f32,
-        rng: &mut Rng,
-    ) -> Result<Moe> {
+    pub fn new(b: &mut ParamBuilder, cfg: MoeConfig, proj_std: f32) -> Result<Moe> {
         let router = Linear::new(
-            pool,
-            &format!("{name}.router"),
+            &mut b.scope("router"),
             cfg.d_model,
             cfg.experts,
             false,
             0.02,
-            rng,
         )?;
         let experts = (0..cfg.experts)
             .map(|e| {
-                Mlp::with_hidden(
-                    pool,
-                    &format!("{name}.experts.{e}"),
-                    cfg.d_model,
-                    cfg.hidden,
-                    proj_std,
-                    rng,
-                )
+                let mut expert = b.scope(format_args!("experts.{e}"));
+                Mlp::with_hidden(&mut expert, cfg.d_model, cfg.hidden, proj_std)
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Moe {
@@ -349,22 +335,6 @@ impl Moe {
         Ok(dx)
     }
 
-    pub fn params(&self) -> Vec<&Param> {
-        let mut v = self.router.params();
-        for e in &self.experts {
-            v.extend(e.params());
-        }
-        v
-    }
-
-    pub fn params_mut(&mut self) -> Vec<&mut Param> {
-        let mut v = self.router.params_mut();
-        for e in &mut self.experts {
-            v.extend(e.params_mut());
-        }
-        v
-    }
-
     /// Counted as if no slot were dropped: `top_k` expert passes per token.
     pub fn cost(&self, tokens: usize) -> Cost {
         Self::cost_of(&self.cfg, tokens)
@@ -432,7 +402,7 @@ mod tests {
         assert_eq!(r.slots[2].tokens, [3]);
         assert_eq!((r.dropped, r.chosen.clone()), (1, vec![4, 3, 1]));
 
-        let moe = Moe::new(&pool(), "moe", cfg(2, 1.0), 0.1, &mut rng(1)).unwrap();
+        let moe = build(&pool(), "moe", 1, |b| Moe::new(b, cfg(2, 1.0), 0.1));
         let (_, saved) = moe.forward(&random_tensor(&pool(), &[4, 6], 2)).unwrap();
         let stats = saved.stats();
         assert_eq!(stats.slots, 8);
@@ -495,8 +465,9 @@ mod tests {
     fn backward_matches_finite_differences_with_top1_and_top2() {
         for (top_k, capacity_factor) in [(1, 1.0), (2, 0.75), (2, 2.0)] {
             let p = pool();
-            let mut moe =
-                Moe::new(&p, "moe", cfg(top_k, capacity_factor), 1.0, &mut rng(7)).unwrap();
+            let mut moe = build(&p, "moe", 7, |b| {
+                Moe::new(b, cfg(top_k, capacity_factor), 1.0)
+            });
             // A sharp router, so that the small nudges below rarely change the routing.
             let sharp = random_tensor(&p, &[3, 6], 11).to_vec().unwrap();
             moe.router.weight.value.copy_from_host(&sharp).unwrap();
@@ -563,7 +534,7 @@ mod tests {
 
     #[test]
     fn cost_counts_every_parameter() {
-        let moe = Moe::new(&pool(), "moe", cfg(2, 1.25), 0.1, &mut rng(1)).unwrap();
+        let moe = build(&pool(), "moe", 1, |b| Moe::new(b, cfg(2, 1.25), 0.1));
         let n: usize = moe.params().iter().map(|p| p.value.len()).sum();
         assert_eq!(moe.cost(10).params, n);
         assert_eq!(n, 6 * 3 + 3 * (6 * 5 + 5 + 5 * 6 + 6));

@@ -1,9 +1,7 @@
 //! RMS normalisation with a learned gain (no bias), optionally fused with a residual add.
 
-use super::{ActLayout, Cost, Init, Param, f32_bytes};
-use crate::engine::rng::Rng;
-use crate::engine::{DType, MemoryPool, Result, Tensor, ops};
-use std::sync::Arc;
+use super::{ActLayout, Cost, Init, Param, ParamBuilder, f32_bytes, params};
+use crate::engine::{DType, Result, Tensor, ops};
 
 pub struct RmsNorm {
     pub gamma: Param,
@@ -11,16 +9,13 @@ pub struct RmsNorm {
     pub eps: f32,
 }
 
+params!(RmsNorm { gamma });
+
 impl RmsNorm {
-    pub fn new(
-        pool: &Arc<MemoryPool>,
-        name: &str,
-        c: usize,
-        eps: f32,
-        rng: &mut Rng,
-    ) -> Result<RmsNorm> {
+    /// Gain `weight` (ones) in `b`'s scope.
+    pub fn new(b: &mut ParamBuilder, c: usize, eps: f32) -> Result<RmsNorm> {
         Ok(RmsNorm {
-            gamma: Param::new(pool, format!("{name}.weight"), &[c], Init::Ones, rng)?,
+            gamma: b.param("weight", &[c], Init::Ones)?,
             c,
             eps,
         })
@@ -52,14 +47,6 @@ impl RmsNorm {
             return ops::rmsnorm_backward(dx, &mut scratch, dout, x, gamma, rstd);
         }
         ops::rmsnorm_backward(dx, &mut self.gamma.grad, dout, x, gamma, rstd)
-    }
-
-    pub fn params(&self) -> Vec<&Param> {
-        vec![&self.gamma]
-    }
-
-    pub fn params_mut(&mut self) -> Vec<&mut Param> {
-        vec![&mut self.gamma]
     }
 
     /// Saves its input (the residual stream), its output and one f32 statistic per row.

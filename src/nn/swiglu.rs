@@ -4,10 +4,8 @@
 //! GEMM; imports concatenate the checkpoint's two matrices and exports split them.
 
 use super::linear::Linear;
-use super::{ActLayout, Cost, Param};
-use crate::engine::rng::Rng;
-use crate::engine::{MemoryPool, Result, Tensor, ops};
-use std::sync::Arc;
+use super::{ActLayout, Cost, ParamBuilder, params};
+use crate::engine::{Result, Tensor, ops};
 
 pub struct SwiGlu {
     pub gate_up: Linear,
@@ -21,34 +19,13 @@ pub struct SwiGluSaved {
     pub act: Tensor,
 }
 
+params!(SwiGlu { gate_up, down });
+
 impl SwiGlu {
-    pub fn new(
-        pool: &Arc<MemoryPool>,
-        name: &str,
-        c: usize,
-        hidden: usize,
-        down_std: f32,
-        rng: &mut Rng,
-    ) -> Result<SwiGlu> {
+    pub fn new(b: &mut ParamBuilder, c: usize, hidden: usize, down_std: f32) -> Result<SwiGlu> {
         Ok(SwiGlu {
-            gate_up: Linear::new(
-                pool,
-                &format!("{name}.gate_up"),
-                c,
-                2 * hidden,
-                false,
-                0.02,
-                rng,
-            )?,
-            down: Linear::new(
-                pool,
-                &format!("{name}.down"),
-                hidden,
-                c,
-                false,
-                down_std,
-                rng,
-            )?,
+            gate_up: Linear::new(&mut b.scope("gate_up"), c, 2 * hidden, false, 0.02)?,
+            down: Linear::new(&mut b.scope("down"), hidden, c, false, down_std)?,
             hidden,
         })
     }
@@ -70,16 +47,6 @@ impl SwiGlu {
         let dgu = ops::swiglu_backward(&saved.gate_up, &dact)?;
         drop(dact);
         self.gate_up.backward(&dgu, x)
-    }
-
-    pub fn params(&self) -> Vec<&Param> {
-        [self.gate_up.params(), self.down.params()].concat()
-    }
-
-    pub fn params_mut(&mut self) -> Vec<&mut Param> {
-        let mut v = self.gate_up.params_mut();
-        v.extend(self.down.params_mut());
-        v
     }
 
     /// Saves both projections' outputs `[.., 2F]` and the product `[.., F]`.

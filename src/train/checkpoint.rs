@@ -1128,6 +1128,39 @@ mod tests {
         t
     }
 
+    /// A checkpoint's weights, under kiln's own names, build the model they came from
+    /// through a parameter builder: every parameter found, none left over, equal values.
+    #[test]
+    fn a_checkpoint_builds_its_model_through_a_param_builder() {
+        use crate::models::gpt::{Gpt, GptConfig};
+        use crate::nn::ParamBuilder;
+        use crate::nn::builder::NameMap;
+        let t = trainer();
+        let tmp = tempfile::tempdir().unwrap();
+        let ckpt = save(&t, tmp.path()).unwrap();
+        let path = ckpt.join(MODEL_FILE);
+        let mut source =
+            crate::models::import::pretrained::weight_source(&path, NameMap::identity()).unwrap();
+        // The shape `trainer()` sets.
+        let cfg = GptConfig {
+            vocab: t.vocab,
+            d_model: 32,
+            n_layers: 2,
+            n_heads: 2,
+            context: 16,
+            tied_head: true,
+        };
+        let built = Gpt::build(&mut ParamBuilder::load(&t.pool, &mut source), cfg).unwrap();
+        source.finish().unwrap();
+        let described = |m: &dyn Model| -> Vec<(String, Vec<f32>)> {
+            m.params()
+                .iter()
+                .map(|p| (p.name.clone(), p.value.to_vec().unwrap()))
+                .collect()
+        };
+        assert_eq!(described(&built), described(t.model.as_ref()));
+    }
+
     fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
         let mut v: Vec<(String, Vec<u8>)> = fs::read_dir(dir)
             .unwrap()

@@ -16,6 +16,7 @@ use crate::data::HfTokenizer;
 use crate::engine::MemoryPool;
 use crate::error::Result;
 use crate::models::bert::{Bert, BertConfig};
+use crate::nn::Params;
 use safetensors::SafeTensors;
 use serde_json::Value;
 use std::collections::BTreeMap;

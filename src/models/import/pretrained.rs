@@ -13,18 +13,14 @@ use crate::config::ModelConfig;
 use crate::data::HfTokenizer;
 use crate::error::{KilnError, Result};
 use crate::models::{Model, padded_vocab};
+use crate::nn::builder::{NameMap, WeightSource};
 use safetensors::SafeTensors;
 use safetensors::tensor::Dtype;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-/// A host tensor read from a checkpoint: row-major shape and f32 values.
-#[derive(Debug, Clone)]
-pub struct HostTensor {
-    pub shape: Vec<usize>,
-    pub data: Vec<f32>,
-}
+pub use crate::nn::builder::HostTensor;
 
 /// Where imported weights came from, recorded in the run directory.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -200,6 +196,14 @@ fn read_safetensors(files: &[PathBuf]) -> Result<BTreeMap<String, HostTensor>> {
         }
     }
     Ok(out)
+}
+
+/// The tensors of a safetensors file (kiln's checkpoint or any other, f32, bf16 or f16) to
+/// build a model from with a [`crate::nn::ParamBuilder`], found under `map` of the
+/// parameters' names.
+pub fn weight_source(path: &Path, map: NameMap) -> Result<WeightSource> {
+    let tensors = read_safetensors(&[path.to_path_buf()])?;
+    Ok(WeightSource::new(path.display(), tensors, map))
 }
 
 fn open_hf_dir(dir: &Path) -> Result<Pretrained> {

@@ -1,0 +1,266 @@
+//! Naming and filling parameters while a model is built.
+//!
+//! A [`ParamBuilder`] carries the name of the layer being built, as nested scopes
+//! (`blocks.3` > `attn` > `qkv`), so a layer names its parameters by their last part
+//! (`weight`) and the full name (`blocks.3.attn.qkv.weight`) follows from where it sits. It
+//! fills each parameter either from its initialisation, drawing from the model's RNG in the
+//! order the layers ask (so a model built through it is the model built before, draw for
+//! draw), or from a [`WeightSource`]: tensors read from a file, found under a [`NameMap`] of
+//! the parameters' names, each taken once, every one of them used.
+
+use super::{Init, Param};
+use crate::engine::rng::Rng;
+use crate::engine::{EngineError, MemoryPool, Result};
+use std::collections::BTreeMap;
+use std::fmt::Display;
+use std::sync::Arc;
+
+/// A host tensor read from a weight file: row-major shape and f32 values.
+#[derive(Debug, Clone)]
+pub struct HostTensor {
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+/// How a parameter's name in kiln becomes the name of its tensor in a weight source.
+pub struct NameMap(Box<dyn Fn(&str) -> String + Send + Sync>);
+
+impl NameMap {
+    /// The same name (a file kiln wrote: a checkpoint's `model.safetensors`).
+    pub fn identity() -> NameMap {
+        NameMap(Box::new(str::to_string))
+    }
+
+    /// The name behind `prefix` (`model.` + `layers.0.ln1.weight`).
+    pub fn prefix(prefix: &str) -> NameMap {
+        let prefix = prefix.to_string();
+        NameMap(Box::new(move |name| format!("{prefix}{name}")))
+    }
+
+    /// Any other mapping.
+    pub fn new(map: impl Fn(&str) -> String + Send + Sync + 'static) -> NameMap {
+        NameMap(Box::new(map))
+    }
+
+    pub fn apply(&self, name: &str) -> String {
+        (self.0)(name)
+    }
+}
+
+/// Tensors to build parameters from, by their names in the source.
+pub struct WeightSource {
+    /// Where the tensors came from (a path), for errors.
+    origin: String,
+    /// What is left to take.
+    tensors: BTreeMap<String, HostTensor>,
+    map: NameMap,
+}
+
+impl WeightSource {
+    pub fn new(
+        origin: impl Display,
+        tensors: BTreeMap<String, HostTensor>,
+        map: NameMap,
+    ) -> WeightSource {
+        WeightSource {
+            origin: origin.to_string(),
+            tensors,
+            map,
+        }
+    }
+
+    fn error(&self, detail: String) -> EngineError {
+        EngineError::Weights {
+            origin: self.origin.clone(),
+            detail,
+        }
+    }
+
+    /// The values of parameter `name`, which must have `shape`; each tensor is taken once.
+    fn take(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let key = self.map.apply(name);
+        let Some(t) = self.tensors.get(&key) else {
+            return Err(self.error(format!(
+                "has no tensor {key} for the model's parameter {name}"
+            )));
+        };
+        if t.shape != shape {
+            return Err(self.error(format!(
+                "tensor {key} has shape {:?}, the model's parameter {name} {shape:?}",
+                t.shape
+            )));
+        }
+        Ok(self
+            .tensors
+            .remove(&key)
+            .map(|t| t.data)
+            .unwrap_or_default())
+    }
+
+    /// Ends the build: a tensor no parameter took is an error, so that a mapping mistake
+    /// cannot pass silently.
+    pub fn finish(self) -> Result<()> {
+        if self.tensors.is_empty() {
+            return Ok(());
+        }
+        let extra: Vec<&String> = self.tensors.keys().take(3).collect();
+        Err(self.error(format!(
+            "has {} tensors the model does not use: {extra:?}",
+            self.tensors.len()
+        )))
+    }
+}
+
+/// Where new parameters get their values.
+enum Fill<'a> {
+    Init(&'a mut Rng),
+    Load(&'a mut WeightSource),
+}
+
+/// Names parameters by nested scopes and initialises or loads them (see the module comment).
+pub struct ParamBuilder<'a> {
+    pool: &'a Arc<MemoryPool>,
+    prefix: String,
+    fill: Fill<'a>,
+}
+
+impl<'a> ParamBuilder<'a> {
+    /// Parameters in `pool` initialised from `rng`.
+    pub fn init(pool: &'a Arc<MemoryPool>, rng: &'a mut Rng) -> ParamBuilder<'a> {
+        ParamBuilder {
+            pool,
+            prefix: String::new(),
+            fill: Fill::Init(rng),
+        }
+    }
+
+    /// Parameters in `pool` holding the tensors of `source`.
+    pub fn load(pool: &'a Arc<MemoryPool>, source: &'a mut WeightSource) -> ParamBuilder<'a> {
+        ParamBuilder {
+            pool,
+            prefix: String::new(),
+            fill: Fill::Load(source),
+        }
+    }
+
+    pub fn pool(&self) -> &'a Arc<MemoryPool> {
+        self.pool
+    }
+
+    /// The name of the scope (empty at the top).
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The full name of `part` in this scope.
+    pub fn name(&self, part: &str) -> String {
+        if self.prefix.is_empty() {
+            part.to_string()
+        } else {
+            format!("{}.{part}", self.prefix)
+        }
+    }
+
+    /// A builder for the parts of `name` in this scope; it fills from the same RNG or source.
+    pub fn scope(&mut self, name: impl Display) -> ParamBuilder<'_> {
+        ParamBuilder {
+            pool: self.pool,
+            prefix: self.name(&name.to_string()),
+            fill: match &mut self.fill {
+                Fill::Init(rng) => Fill::Init(rng),
+                Fill::Load(source) => Fill::Load(source),
+            },
+        }
+    }
+
+    /// Parameter `part` of this scope, of `shape`, initialised by `init` or loaded.
+    pub fn param(&mut self, part: &str, shape: &[usize], init: Init) -> Result<Param> {
+        let name = self.name(part);
+        match &mut self.fill {
+            Fill::Init(rng) => Param::new(self.pool, name, shape, init, rng),
+            Fill::Load(source) => {
+                let values = source.take(&name, shape)?;
+                Param::from_values(self.pool, name, shape, values)
+            }
+        }
+    }
+
+    /// Parameter `part` starting from `values` (or loaded).
+    pub fn param_from(&mut self, part: &str, shape: &[usize], values: Vec<f32>) -> Result<Param> {
+        let name = self.name(part);
+        let values = match &mut self.fill {
+            Fill::Init(_) => values,
+            Fill::Load(source) => source.take(&name, shape)?,
+        };
+        Param::from_values(self.pool, name, shape, values)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::Device;
+    use crate::engine::rng::stream;
+
+    /// Scopes nest into names; a builder draws what `Param::new` draws, in order; loading
+    /// takes tensors by mapped name and shape and refuses what is missing, misshapen or left.
+    #[test]
+    fn scopes_name_and_sources_fill() {
+        let pool = MemoryPool::new(Device::Cpu);
+        let mut rng = Rng::new(4, stream::INIT);
+        let mut b = ParamBuilder::init(&pool, &mut rng);
+        let w = b
+            .scope("blocks.1")
+            .scope("attn")
+            .param("weight", &[2, 3], Init::Normal(1.0))
+            .unwrap();
+        let g = b
+            .scope("ln_f")
+            .param("weight", &[3], Init::Uniform(1.0))
+            .unwrap();
+        assert_eq!(
+            (w.name.as_str(), g.name.as_str()),
+            ("blocks.1.attn.weight", "ln_f.weight")
+        );
+        let mut direct = Rng::new(4, stream::INIT);
+        let w0 = Param::new(&pool, "w".into(), &[2, 3], Init::Normal(1.0), &mut direct).unwrap();
+        let g0 = Param::new(&pool, "g".into(), &[3], Init::Uniform(1.0), &mut direct).unwrap();
+        assert_eq!(w.value.to_vec().unwrap(), w0.value.to_vec().unwrap());
+        assert_eq!(g.value.to_vec().unwrap(), g0.value.to_vec().unwrap());
+
+        let tensor = |shape: &[usize]| HostTensor {
+            shape: shape.to_vec(),
+            data: (0..shape.iter().product::<usize>())
+                .map(|i| i as f32)
+                .collect(),
+        };
+        let tensors = BTreeMap::from([
+            ("model.a.weight".to_string(), tensor(&[2, 2])),
+            ("model.b".to_string(), tensor(&[3])),
+        ]);
+        let mut source = WeightSource::new("w.safetensors", tensors, NameMap::prefix("model."));
+        let mut b = ParamBuilder::load(&pool, &mut source);
+        let a = b.scope("a").param("weight", &[2, 2], Init::Zeros).unwrap();
+        assert_eq!(a.value.to_vec().unwrap(), [0.0, 1.0, 2.0, 3.0]);
+        let e = b
+            .param("b", &[4], Init::Zeros)
+            .map(drop)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("model.b has shape [3]"), "{e}");
+        let e = b
+            .param("c", &[1], Init::Zeros)
+            .map(drop)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("no tensor model.c for the model's parameter c"),
+            "{e}"
+        );
+        let e = source.finish().unwrap_err().to_string();
+        assert_eq!(
+            e,
+            r#"w.safetensors: has 1 tensors the model does not use: ["model.b"]"#
+        );
+    }
+}
