@@ -5,7 +5,7 @@
 mod common;
 
 use common::fixtures::{minilm_dir, smollm2_gguf};
-use kiln::config::ResolvedConfig;
+use kiln::config::{FamilySettings, ResolvedConfig};
 use kiln::engine::{Device, MemoryPool};
 use kiln::models::import::pretrained;
 use kiln::models::{self, export};
@@ -110,7 +110,7 @@ fn exported_llama_imports_back_to_the_same_logits() {
         v["rope_parameters"] = serde_json::json!({"rope_type": "default", "rope_theta": theta});
     });
     let p = pretrained::open(&out).unwrap();
-    assert_eq!(p.model.rope_theta, 500.0);
+    assert_eq!(p.model.llama().unwrap().rope_theta, 500.0);
     let mut v5 = models::build(&p.model, p.vocab, &pool, 9).unwrap();
     pretrained::load_into(v5.as_mut(), &p.weights, &out).unwrap();
     assert_eq!(a, v5.next_logits(&ids).unwrap(), "rope_parameters read");
@@ -451,7 +451,7 @@ fn an_exported_qwen3_with_query_key_norms_imports_back_to_the_same_logits() {
     export::export_hf(original.as_ref(), &cfg.model, vocab, tok, &out).unwrap();
     let p = pretrained::open(&out).unwrap();
     assert_eq!(p.source.architecture, "Qwen3ForCausalLM");
-    assert!(p.model.qk_norm);
+    assert!(p.model.llama().unwrap().qk_norm);
     let mut back = models::build(&p.model, p.vocab, &pool, 9).unwrap();
     pretrained::load_into(back.as_mut(), &p.weights, &out).unwrap();
     let ids: Vec<u32> = (0..20).map(|i| (i * 977 + 13) % 30522).collect();
@@ -459,7 +459,9 @@ fn an_exported_qwen3_with_query_key_norms_imports_back_to_the_same_logits() {
     assert_eq!(a, back.next_logits(&ids).unwrap());
     // Without the norms the model computes something else.
     let mut plain_cfg = cfg.model.clone();
-    plain_cfg.qk_norm = false;
+    if let FamilySettings::Llama(l) = &mut plain_cfg.family {
+        l.qk_norm = false;
+    }
     let plain = models::build(&plain_cfg, vocab, &pool, 5).unwrap();
     assert_ne!(a, plain.next_logits(&ids).unwrap());
     // And it trains from the directory (the import's settings carry the norms).
@@ -529,7 +531,10 @@ fn windowed_models_export_and_import_back_to_the_same_logits() {
         let p = pretrained::open(&out).unwrap();
         assert_eq!(p.source.architecture, arch, "{extra:?}");
         assert_eq!(
-            (p.model.sliding_window, p.model.full_attention_layers),
+            {
+                let l = p.model.llama().unwrap();
+                (l.sliding_window, l.full_attention_layers)
+            },
             (8, full_layers),
             "{extra:?}"
         );
@@ -538,7 +543,9 @@ fn windowed_models_export_and_import_back_to_the_same_logits() {
         let a = original.next_logits(&ids).unwrap();
         assert_eq!(a, back.next_logits(&ids).unwrap(), "{extra:?}");
         let mut full = cfg.model.clone();
-        (full.sliding_window, full.full_attention_layers) = (0, 0);
+        if let FamilySettings::Llama(l) = &mut full.family {
+            (l.sliding_window, l.full_attention_layers) = (0, 0);
+        }
         let full = models::build(&full, vocab, &pool, 5).unwrap();
         assert_ne!(
             a,
@@ -553,6 +560,14 @@ fn windowed_models_export_and_import_back_to_the_same_logits() {
                 v["use_sliding_window"] = serde_json::json!(false);
             }
         });
-        assert_eq!(pretrained::open(&out).unwrap().model.sliding_window, 0);
+        assert_eq!(
+            pretrained::open(&out)
+                .unwrap()
+                .model
+                .llama()
+                .unwrap()
+                .sliding_window,
+            0
+        );
     }
 }

@@ -182,7 +182,7 @@ pub fn run(a: PlanArgs) -> Result<()> {
     if a.generate {
         return plan_generation(&a, &cfg);
     }
-    if cfg.lora.enabled && cfg.model.kind != "llama" && !cfg.lora.base.is_empty() {
+    if cfg.lora.enabled && !cfg.model.entry().features.lora && !cfg.lora.base.is_empty() {
         // The shape and tokenizer of the base the adapters go on, as kiln finetune reads them.
         let base = crate::models::import::pretrained::open(std::path::Path::new(&cfg.lora.base))?;
         base.check_overrides(&a.overrides)?;
@@ -192,7 +192,7 @@ pub fn run(a: PlanArgs) -> Result<()> {
             .config
             .config;
     }
-    if cfg.model.kind == "llama" {
+    if !cfg.model.entry().features.analytic_plan {
         return plan_by_meta_step(&a, &cfg);
     }
     let mut target = target(&a, &cfg)?;
@@ -341,11 +341,12 @@ fn plan_by_meta_step(a: &PlanArgs, cfg: &Config) -> Result<()> {
         }
         largest = Some(lo);
     }
-    let finetune_base = cfg.lora.enabled.then(|| {
-        let m = crate::models::llama::LlamaConfig::from_model(&cfg.model, vocab);
-        let compute = precision.compute_dtype().unwrap_or(DType::F32);
-        plan::finetune::finetune_weights(&m, vocab, compute, device, cfg.lora.quantize == "nf4")
-    });
+    let finetune_base = crate::models::llama::LlamaConfig::from_model(&cfg.model, vocab)
+        .filter(|_| cfg.lora.enabled)
+        .map(|m| {
+            let compute = precision.compute_dtype().unwrap_or(DType::F32);
+            plan::finetune::finetune_weights(&m, vocab, compute, device, cfg.lora.quantize == "nf4")
+        });
     let r = MetaReport {
         budget,
         notes: &notes,
@@ -374,16 +375,9 @@ fn plan_by_meta_step(a: &PlanArgs, cfg: &Config) -> Result<()> {
     }
     let m = &cfg.model;
     println!(
-        "plan: model.kind={} (d_model {}, {} layers, {} heads / {} key-value heads, vocabulary {vocab}), micro-batch {} x {} tokens, {}, recompute {}, on {} ({device})",
-        m.kind,
-        m.d_model,
-        m.n_layers,
-        m.n_heads,
-        if m.n_kv_heads == 0 {
-            m.n_heads
-        } else {
-            m.n_kv_heads
-        },
+        "plan: model.kind={} ({}, vocabulary {vocab}), micro-batch {} x {} tokens, {}, recompute {}, on {} ({device})",
+        m.kind(),
+        (m.entry().describe)(m),
         r.micro_batch,
         r.seq_len,
         r.precision,
@@ -514,7 +508,7 @@ fn plan_generation(a: &PlanArgs, cfg: &Config) -> Result<()> {
     }
     println!(
         "plan: generate with model.kind={} (d_model {}, {} layers, vocabulary {vocab}) from {source}: {} prompt(s) x {} sample(s), {} prompt tokens + {} new, {precision}, on {} ({device})",
-        model.kind,
+        model.kind(),
         model.d_model,
         model.n_layers,
         shape.prompts,
@@ -541,7 +535,7 @@ fn plan_generation(a: &PlanArgs, cfg: &Config) -> Result<()> {
     } else {
         println!(
             "  key/value cache              none  (model.kind={} re-runs its window for each token)",
-            model.kind
+            model.kind()
         );
     }
     println!(

@@ -33,6 +33,17 @@ pub enum ConfigError {
         hint: String,
     },
 
+    /// A key of another model family than the chosen `model.kind`.
+    #[error(
+        "{key} (from {origin}) is a setting of model.kind = \"{family}\", but model.kind is \"{kind}\"; remove {key}, or set model.kind={family} to use it"
+    )]
+    OtherFamilyKey {
+        key: String,
+        family: &'static str,
+        kind: String,
+        origin: Source,
+    },
+
     /// A whole section was given a plain value, as in `model=3`.
     #[error(
         "'{section}' (from {origin}) is a section, not a value; set a key inside it instead, e.g. {example}"

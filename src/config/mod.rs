@@ -19,6 +19,7 @@
 
 pub mod auto;
 mod error;
+pub mod model;
 mod presets;
 pub mod profile;
 pub mod settings;
@@ -34,9 +35,13 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use toml::{Table, Value};
 
+use crate::models::family::{self, FAMILIES};
+
 pub use error::ConfigError;
+pub use model::{FamilySettings, LlamaSettings, ModelConfig, ResnetBkSettings};
 pub use profile::Profile;
 pub use validate::parse_bytes;
+pub(crate) use validate::{at_least_one, finite, out_of_range};
 
 /// The full configuration of a training run.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -63,117 +68,6 @@ pub struct Config {
 // `default` on the sections lets a config saved by an older build, which
 // lacks keys added since, still load; resolution itself always supplies
 // every key.
-
-/// `[model]`: the network's shape.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ModelConfig {
-    /// Model family: "gpt", "resnet_bk" or "llama".
-    pub kind: String,
-    /// Width of the residual stream (embedding size).
-    pub d_model: usize,
-    /// Number of transformer blocks.
-    pub n_layers: usize,
-    /// Attention heads per block; must divide `d_model`.
-    pub n_heads: usize,
-    /// Longest sequence the model can attend over (size of the position table).
-    pub context: usize,
-    /// Share the token embedding matrix with the output head.
-    pub tied_head: bool,
-    /// Named size for the model kind (resnet_bk: tiny, small, base); it sets the model keys
-    /// that the file and overrides leave at their defaults. Empty: no preset.
-    pub preset: String,
-    /// resnet_bk: experts per mixture-of-experts layer.
-    pub moe_experts: usize,
-    /// resnet_bk: experts each token is routed to (1 or 2).
-    pub moe_top_k: usize,
-    /// resnet_bk: hidden width of each expert; 0 means 2 x d_model.
-    pub moe_hidden: usize,
-    /// resnet_bk: expert capacity, as a multiple of an even share of the token slots.
-    pub moe_capacity_factor: f64,
-    /// resnet_bk: weight of the load-balancing loss.
-    pub moe_aux_coef: f64,
-    /// Rows of the embedding (the vocabulary size); 0 means the tokenizer's. Imported models
-    /// set it when their embedding is larger than their tokenizer.
-    pub vocab: usize,
-    /// llama: key/value heads shared by the query heads; 0 means one per query head.
-    pub n_kv_heads: usize,
-    /// llama: width of each attention head; 0 means d_model / n_heads.
-    pub head_dim: usize,
-    /// llama: hidden width of the SwiGLU feed-forward; 0 means about 8/3 x d_model,
-    /// rounded up to a multiple of 64.
-    pub ffn_hidden: usize,
-    /// llama: base of the rotary position frequencies.
-    pub rope_theta: f64,
-    /// llama: rotated dimensions of each head; 0 means all of them.
-    pub rot_dim: usize,
-    /// llama: Llama 3 rotary frequency scaling factor; 0 means no scaling.
-    pub rope_scaling_factor: f64,
-    /// llama: Llama 3 scaling, low-frequency factor.
-    pub rope_low_freq_factor: f64,
-    /// llama: Llama 3 scaling, high-frequency factor.
-    pub rope_high_freq_factor: f64,
-    /// llama: Llama 3 scaling, the context the frequencies were trained for.
-    pub rope_original_context: usize,
-    /// llama: epsilon of the RMS norms.
-    pub norm_eps: f64,
-    /// llama: biases on the query, key and value projections (Qwen2).
-    pub qkv_bias: bool,
-    /// llama: a per-head RMSNorm on queries and keys before the rotation (Qwen3).
-    pub qk_norm: bool,
-    /// llama: sliding-window attention (Mistral, Qwen2): query `i` attends to keys `j` with
-    /// `i - W < j <= i`, the `W` latest positions including its own; 0 means full causal
-    /// attention.
-    pub sliding_window: usize,
-    /// llama: the first layers that attend fully even with a window (Qwen2's
-    /// `max_window_layers`); the window applies from this layer on.
-    pub full_attention_layers: usize,
-}
-
-impl ModelConfig {
-    /// Each expert's hidden width with the `0 = 2 x d_model` default resolved.
-    pub fn moe_hidden_width(&self) -> usize {
-        if self.moe_hidden == 0 {
-            2 * self.d_model
-        } else {
-            self.moe_hidden
-        }
-    }
-}
-
-impl Default for ModelConfig {
-    fn default() -> Self {
-        Self {
-            kind: "gpt".into(),
-            d_model: 128,
-            n_layers: 4,
-            n_heads: 4,
-            context: 128,
-            tied_head: true,
-            preset: String::new(),
-            moe_experts: 4,
-            moe_top_k: 2,
-            moe_hidden: 0,
-            moe_capacity_factor: 1.25,
-            moe_aux_coef: 0.01,
-            vocab: 0,
-            n_kv_heads: 0,
-            head_dim: 0,
-            ffn_hidden: 0,
-            rope_theta: 10000.0,
-            rot_dim: 0,
-            rope_scaling_factor: 0.0,
-            rope_low_freq_factor: 1.0,
-            rope_high_freq_factor: 4.0,
-            rope_original_context: 8192,
-            norm_eps: 1e-5,
-            qkv_bias: false,
-            qk_norm: false,
-            sliding_window: 0,
-            full_attention_layers: 0,
-        }
-    }
-}
 
 /// `[data]`: what to train on and how to feed it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -784,7 +678,8 @@ pub enum Source {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ResolvedConfig {
     pub config: Config,
-    /// Dotted key -> the layer that set it; has an entry for every key.
+    /// Dotted key -> the layer that set it; has an entry for every key of the config (the
+    /// shared keys and those of its `model.kind`).
     pub sources: BTreeMap<String, Source>,
 }
 
@@ -826,12 +721,16 @@ impl ResolvedConfig {
             }
         }
 
+        let mut saved_before_families = None;
         if let Some(path) = file {
             let origin = Source::File(path.to_path_buf());
             let text = std::fs::read_to_string(path).map_err(|e| ConfigError::ReadFile {
                 path: path.to_path_buf(),
                 reason: e.to_string(),
             })?;
+            if text.lines().next() == Some(HEADER_BEFORE_FAMILIES) {
+                saved_before_families = Some(origin.clone());
+            }
             let table: Table =
                 text.parse()
                     .map_err(|e: toml::de::Error| ConfigError::ParseFile {
@@ -850,6 +749,7 @@ impl ResolvedConfig {
             set(&mut values, &mut sources, key, value, &Source::Override)?;
         }
 
+        select_family(&mut values, &mut sources, saved_before_families.as_ref())?;
         presets::apply(&mut values, &mut sources)?;
         let config = decode(&values)?;
         let mut resolved = Self { config, sources };
@@ -960,14 +860,14 @@ impl ResolvedConfig {
         };
         let rows: Vec<(&str, String, String)> = KEYS
             .iter()
-            .map(|(key, _)| {
-                let value = values.get(*key).map(Value::to_string).unwrap_or_default();
+            .filter_map(|(key, _)| {
+                let value = values.get(*key)?.to_string();
                 let source = self
                     .sources
                     .get(*key)
                     .map(Source::to_string)
                     .unwrap_or_else(|| Source::Default.to_string());
-                (*key, value, source)
+                Some((*key, value, source))
             })
             .collect();
         let key_w = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
@@ -979,13 +879,16 @@ impl ResolvedConfig {
         out
     }
 
-    /// The resolved config as a TOML document (all keys), which `resolve(Some(file), &[])` reads back to an equal Config.
+    /// The resolved config as a TOML document (every key of the config: the shared ones and
+    /// those of its `model.kind`), which `resolve(Some(file), &[])` reads back to an equal
+    /// Config. Builds from before the model section was per family read it too: they take
+    /// the keys it leaves out at their defaults, which are the values it would have held.
     pub fn to_toml(&self) -> String {
         let values = match flatten_config(&self.config) {
             Ok(v) => v,
             Err(e) => return format!("# {e}\n"),
         };
-        let mut out = String::from("# kiln run configuration\n");
+        let mut out = format!("{HEADER}\n");
         let mut section = "";
         for (key, help) in KEYS {
             let Some((sec, field)) = key.split_once('.') else {
@@ -1019,8 +922,65 @@ fn flatten_config(config: &Config) -> Result<Flat, ConfigError> {
     Ok(flat)
 }
 
+/// The first line of [`ResolvedConfig::to_toml`].
+const HEADER: &str = "# kiln run configuration (the model keys of its model.kind)";
+/// The first line `to_toml` wrote before the model section was per family, when it listed
+/// every family's keys: in a file that starts with it, keys of other families than its kind
+/// are the values kiln wrote, not a person's choice, and are dropped rather than refused.
+const HEADER_BEFORE_FAMILIES: &str = "# kiln run configuration";
+
+/// Every key with its default: the defaults' keys plus every family's own keys, so a layer
+/// may set a family's key before or after it sets `model.kind`.
 fn default_flat() -> Result<Flat, ConfigError> {
-    flatten_config(&Config::default())
+    let mut flat = flatten_config(&Config::default())?;
+    for f in FAMILIES {
+        for (key, value) in model::own_keys(&(f.defaults)()) {
+            flat.entry(key).or_insert(value);
+        }
+    }
+    Ok(flat)
+}
+
+/// Checks `model.kind` and removes the other families' keys, refusing any that a layer set
+/// (except a file `saved_before_families`, which listed them all). It runs once every layer
+/// is merged, so a kind chosen after its keys (`model.rope_theta=1e5 model.kind=llama`)
+/// counts as much as one chosen before.
+fn select_family(
+    values: &mut Flat,
+    sources: &mut BTreeMap<String, Source>,
+    saved_before_families: Option<&Source>,
+) -> Result<(), ConfigError> {
+    let kind = match values.get("model.kind") {
+        Some(Value::String(s)) => s.clone(),
+        _ => String::new(),
+    };
+    if family::of(&kind).is_none() {
+        return Err(ConfigError::NotAllowed {
+            key: "model.kind",
+            value: kind,
+            allowed: family::kinds(),
+        });
+    }
+    for (key, family) in model::family_keys() {
+        if family == kind {
+            continue;
+        }
+        match sources.get(&key) {
+            None | Some(Source::Default) => {}
+            Some(origin) if Some(origin) == saved_before_families => {}
+            Some(origin) => {
+                return Err(ConfigError::OtherFamilyKey {
+                    key,
+                    family,
+                    kind,
+                    origin: origin.clone(),
+                });
+            }
+        }
+        values.remove(&key);
+        sources.remove(&key);
+    }
+    Ok(())
 }
 
 fn static_key(key: &str) -> Option<&'static str> {

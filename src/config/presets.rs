@@ -1,63 +1,17 @@
 //! Named model sizes (`model.preset`). A preset is a layer between the defaults and the file:
 //! it sets the model keys that neither the file nor an override set, so `model.preset=small
 //! model.n_layers=6` is the small model with six layers, and `--print-config` shows
-//! "preset small" beside each value it chose.
+//! "preset small" beside each value it chose. Each family lists its presets in its registry
+//! entry ([`crate::models::family::Family::presets`]).
 
 use super::{ConfigError, Flat, Source};
+use crate::models::family::{self, FAMILIES};
 use std::collections::BTreeMap;
 use toml::Value;
 
-struct Preset {
-    kind: &'static str,
-    name: &'static str,
-    settings: &'static [(&'static str, i64)],
-}
-
-const PRESETS: &[Preset] = &[
-    Preset {
-        kind: "resnet_bk",
-        name: "tiny",
-        settings: &[
-            ("model.d_model", 64),
-            ("model.n_layers", 2),
-            ("model.moe_experts", 4),
-            ("model.moe_top_k", 1),
-            ("model.moe_hidden", 128),
-        ],
-    },
-    // Two of four experts of width 2 x d_model per token: the compute of a dense 4 x d_model
-    // MLP, with twice its parameters.
-    Preset {
-        kind: "resnet_bk",
-        name: "small",
-        settings: &[
-            ("model.d_model", 128),
-            ("model.n_layers", 4),
-            ("model.moe_experts", 4),
-            ("model.moe_top_k", 2),
-            ("model.moe_hidden", 256),
-        ],
-    },
-    Preset {
-        kind: "resnet_bk",
-        name: "base",
-        settings: &[
-            ("model.d_model", 256),
-            ("model.n_layers", 8),
-            ("model.moe_experts", 8),
-            ("model.moe_top_k", 2),
-            ("model.moe_hidden", 512),
-        ],
-    },
-];
-
 /// The preset names for `kind`, for error messages.
-pub(crate) fn names(kind: &str) -> Vec<&'static str> {
-    PRESETS
-        .iter()
-        .filter(|p| p.kind == kind)
-        .map(|p| p.name)
-        .collect()
+fn names(kind: &str) -> Vec<&'static str> {
+    family::of(kind).map_or_else(Vec::new, |f| f.presets.iter().map(|p| p.name).collect())
 }
 
 /// The error for a preset `kind` does not have, listing the ones it has.
@@ -67,9 +21,14 @@ pub(crate) fn unknown(kind: &str, name: &str) -> ConfigError {
         key: "model.preset",
         value: name.to_string(),
         allowed: if known.is_empty() {
+            let others: Vec<String> = FAMILIES
+                .iter()
+                .filter(|f| !f.presets.is_empty())
+                .map(|f| format!("{} has {}", f.kind, names(f.kind).join(", ")))
+                .collect();
             format!(
-                "\"\" (model.kind \"{kind}\" has no presets; resnet_bk has {})",
-                names("resnet_bk").join(", ")
+                "\"\" (model.kind \"{kind}\" has no presets; {})",
+                others.join("; ")
             )
         } else {
             format!(
@@ -93,9 +52,8 @@ pub(super) fn apply(
     if name.is_empty() {
         return Ok(());
     }
-    let preset = PRESETS
-        .iter()
-        .find(|p| p.kind == kind && p.name == name)
+    let preset = family::of(&kind)
+        .and_then(|f| f.presets.iter().find(|p| p.name == name))
         .ok_or_else(|| unknown(&kind, &name))?;
     for &(key, value) in preset.settings {
         if matches!(sources.get(key), Some(Source::Default)) {

@@ -62,16 +62,17 @@ fn defaults_resolve_and_validate() {
     assert_eq!(r.config.train.micro_batch, 16);
     assert_eq!(r.config.optim.lr, 3e-3);
     assert_eq!(r.config.train.loss_scale_init, 65536.0);
-    assert_eq!(r.sources.len(), all_keys().len());
+    // Every key but the other families' (GPT has none of its own).
+    assert_eq!(
+        r.sources.len(),
+        all_keys().len() - model::family_keys().len()
+    );
     assert!(r.sources.values().all(|s| *s == Source::Default));
 }
 
 #[test]
 fn key_table_matches_structs() {
-    let from_structs: Vec<String> = flatten_config(&Config::default())
-        .expect("flatten")
-        .into_keys()
-        .collect();
+    let from_structs: Vec<String> = default_flat().expect("flatten").into_keys().collect();
     let mut listed: Vec<String> = all_keys().iter().map(|k| k.to_string()).collect();
     listed.sort();
     assert_eq!(listed, from_structs);
@@ -138,8 +139,13 @@ fn render_is_aligned_and_in_key_order() {
     let r = ResolvedConfig::resolve(None, &[]).expect("ok");
     let text = r.render();
     let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), all_keys().len());
-    for (line, key) in lines.iter().zip(all_keys()) {
+    // The keys of the chosen kind only (GPT has none of its own).
+    let keys: Vec<&str> = all_keys()
+        .into_iter()
+        .filter(|k| model::family_of_key(k).is_none())
+        .collect();
+    assert_eq!(lines.len(), keys.len());
+    for (line, key) in lines.iter().zip(keys) {
         assert!(line.starts_with(key), "{line} should start with {key}");
         assert!(line.ends_with("# default"), "{line}");
     }
@@ -504,7 +510,7 @@ fn validate_choices() {
         msg.starts_with("data.tokenizer") && msg.contains("byte, gpt2"),
         "{msg}"
     );
-    let msg = validate_err(|c| c.model.kind = "mamba".into());
+    let msg = override_err(&["model.kind=mamba"]);
     assert!(
         msg.starts_with("model.kind") && msg.contains("gpt, resnet_bk, llama"),
         "{msg}"
@@ -573,8 +579,9 @@ fn a_preset_fills_the_model_keys_left_at_their_defaults() {
     )
     .unwrap();
     let m = &r.config.model;
-    assert_eq!((m.d_model, m.n_layers, m.moe_experts), (128, 6, 4));
-    assert_eq!((m.moe_top_k, m.moe_hidden), (2, 256));
+    let moe = m.resnet_bk().unwrap();
+    assert_eq!((m.d_model, m.n_layers, moe.moe_experts), (128, 6, 4));
+    assert_eq!((moe.moe_top_k, moe.moe_hidden), (2, 256));
     assert_eq!(r.sources["model.d_model"], Source::Preset("small"));
     assert_eq!(r.sources["model.n_layers"], Source::Override);
     assert!(r.render().contains("# preset small"));
@@ -626,12 +633,9 @@ fn validate_sliding_window() {
         ]),
     )
     .unwrap();
-    assert_eq!(ok.config.model.sliding_window, 64);
+    assert_eq!(ok.config.model.llama().unwrap().sliding_window, 64);
     let e = resolve_err(None, &["model.sliding_window=16"]);
-    assert!(
-        e.contains("only llama models attend within a window"),
-        "{e}"
-    );
+    assert!(e.contains("is a setting of model.kind = \"llama\""), "{e}");
     let e = resolve_err(None, &["model.kind=llama", "model.sliding_window=-3"]);
     assert!(e.contains("model.sliding_window"), "{e}");
     let e = resolve_err(None, &["model.kind=llama", "model.sliding_window=99999999"]);
@@ -648,4 +652,174 @@ fn validate_sliding_window() {
         ],
     );
     assert!(e.contains("at most model.n_layers"), "{e}");
+}
+
+/// The `[model]` section of a saved config, as `to_toml` wrote it before the section was per
+/// family: every family's keys, whatever the kind (from a run of this build's parent).
+const SAVED_BEFORE_FAMILIES: &str = "# kiln run configuration
+
+[model]
+# model family: \"gpt\", \"resnet_bk\" or \"llama\"
+kind = \"gpt\"
+d_model = 64
+n_layers = 2
+n_heads = 2
+context = 64
+tied_head = true
+preset = \"\"
+moe_experts = 4
+moe_top_k = 2
+moe_hidden = 0
+moe_capacity_factor = 1.25
+moe_aux_coef = 0.01
+vocab = 0
+n_kv_heads = 0
+head_dim = 0
+ffn_hidden = 0
+rope_theta = 10000.0
+rot_dim = 0
+rope_scaling_factor = 0.0
+rope_low_freq_factor = 1.0
+rope_high_freq_factor = 4.0
+rope_original_context = 8192
+norm_eps = 1e-5
+qkv_bias = false
+qk_norm = false
+sliding_window = 0
+full_attention_layers = 0
+
+[train]
+seq_len = 64
+steps = 20
+";
+
+#[test]
+fn a_key_of_another_family_is_refused_naming_key_family_and_kind() {
+    for (args, key, family, kind) in [
+        (
+            &["model.moe_experts=4"][..],
+            "model.moe_experts",
+            "resnet_bk",
+            "gpt",
+        ),
+        (
+            &["model.kind=resnet_bk", "model.rope_theta=500000"],
+            "model.rope_theta",
+            "llama",
+            "resnet_bk",
+        ),
+        (
+            &["model.moe_top_k=1", "model.kind=llama"],
+            "model.moe_top_k",
+            "resnet_bk",
+            "llama",
+        ),
+    ] {
+        let e = override_err(args);
+        assert!(
+            e.starts_with(key)
+                && e.contains("(from override)")
+                && e.contains(&format!("model.kind = \"{family}\""))
+                && e.contains(&format!("model.kind is \"{kind}\""))
+                && e.contains(&format!("set model.kind={family}")),
+            "{args:?}: {e}"
+        );
+    }
+    // From a file, the file is named.
+    let f = TempFile::new("[model]\nkind = \"gpt\"\nn_kv_heads = 2\n");
+    let e = resolve_err(Some(f.path()), &[]);
+    assert!(
+        e.starts_with("model.n_kv_heads") && e.contains(&f.path().display().to_string()),
+        "{e}"
+    );
+    // A key set to its default still counts: it was asked for.
+    let e = override_err(&["model.kind=llama", "model.moe_capacity_factor=1.25"]);
+    assert!(e.starts_with("model.moe_capacity_factor"), "{e}");
+}
+
+#[test]
+fn a_family_key_may_come_before_or_after_its_kind() {
+    let spellings: [&[&str]; 2] = [
+        &["model.kind=resnet_bk", "model.moe_top_k=1"],
+        &["model.moe_top_k=1", "model.kind=resnet_bk"],
+    ];
+    for args in spellings {
+        let r = ResolvedConfig::resolve(None, &ov(args)).unwrap();
+        assert_eq!(r.config.model.resnet_bk().unwrap().moe_top_k, 1, "{args:?}");
+    }
+    // The kind from an override, the keys from the file, and the other way round.
+    let llama_keys = TempFile::new("[model]\nn_kv_heads = 2\n");
+    let r = ResolvedConfig::resolve(Some(llama_keys.path()), &ov(&["model.kind=llama"])).unwrap();
+    assert_eq!(r.config.model.llama().unwrap().n_kv_heads, 2);
+    let llama = TempFile::new("[model]\nkind = \"llama\"\nn_kv_heads = 2\n");
+    let r = ResolvedConfig::resolve(Some(llama.path()), &ov(&["model.rope_theta=1e5"])).unwrap();
+    let l = r.config.model.llama().unwrap();
+    assert_eq!((l.n_kv_heads, l.rope_theta), (2, 1e5));
+    assert_eq!(r.sources["model.rope_theta"], Source::Override);
+    // A later override that changes the kind strands the file's key of the first kind.
+    let e = resolve_err(Some(llama.path()), &["model.kind=gpt"]);
+    assert!(e.starts_with("model.n_kv_heads"), "{e}");
+}
+
+#[test]
+fn a_config_saved_before_families_still_loads() {
+    let f = TempFile::new(SAVED_BEFORE_FAMILIES);
+    let r = ResolvedConfig::resolve(Some(f.path()), &[]).unwrap();
+    assert_eq!(r.config.model.family, FamilySettings::Gpt);
+    assert_eq!((r.config.model.d_model, r.config.train.steps), (64, 20));
+    assert!(r.sources.keys().all(|k| model::family_of_key(k).is_none()));
+    // Resumed with another kind, its keys of that kind are the values it holds.
+    let r = ResolvedConfig::resolve(Some(f.path()), &ov(&["model.kind=resnet_bk"])).unwrap();
+    assert_eq!(
+        r.config.model.resnet_bk(),
+        Some(&ResnetBkSettings::default())
+    );
+    // Written again, it lists the kind's keys only, and reads back equal.
+    let again = TempFile::new(&r.to_toml());
+    let text = std::fs::read_to_string(again.path()).unwrap();
+    assert!(
+        text.contains("moe_experts") && !text.contains("rope_theta"),
+        "{text}"
+    );
+    assert_eq!(
+        ResolvedConfig::resolve(Some(again.path()), &[])
+            .unwrap()
+            .config,
+        r.config
+    );
+    // Without the header kiln wrote, the same keys are a person's, and refused.
+    let edited = TempFile::new(&SAVED_BEFORE_FAMILIES.replacen("# kiln run configuration", "", 1));
+    let e = resolve_err(Some(edited.path()), &[]);
+    assert!(e.contains("is a setting of model.kind"), "{e}");
+}
+
+#[test]
+fn a_checkpoint_model_written_before_families_still_loads() {
+    // `CheckpointMeta::model` in trainer.json: the flat object with every family's keys.
+    let json = r#"{"kind":"resnet_bk","d_model":64,"n_layers":2,"n_heads":4,"context":64,
+        "tied_head":true,"preset":"","moe_experts":3,"moe_top_k":1,"moe_hidden":0,
+        "moe_capacity_factor":1.0,"moe_aux_coef":0.01,"vocab":0,"n_kv_heads":0,"head_dim":0,
+        "ffn_hidden":0,"rope_theta":10000.0,"rot_dim":0,"rope_scaling_factor":0.0,
+        "rope_low_freq_factor":1.0,"rope_high_freq_factor":4.0,"rope_original_context":8192,
+        "norm_eps":1e-5,"qkv_bias":false,"qk_norm":false,"sliding_window":0,
+        "full_attention_layers":0}"#;
+    let m: ModelConfig = serde_json::from_str(json).unwrap();
+    let moe = m.resnet_bk().unwrap();
+    assert_eq!((m.d_model, moe.moe_experts, moe.moe_top_k), (64, 3, 1));
+    assert_eq!(moe.moe_capacity_factor, 1.0);
+    // Written now, it holds the shared keys and its kind's, in the same flat object that
+    // builds before families read (their missing keys default).
+    let out = serde_json::to_value(&m).unwrap();
+    let keys: Vec<&str> = out
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(|k| k.as_str())
+        .collect();
+    assert!(
+        keys.contains(&"kind") && keys.contains(&"moe_experts"),
+        "{keys:?}"
+    );
+    assert!(!keys.contains(&"rope_theta"), "{keys:?}");
+    assert_eq!(serde_json::from_value::<ModelConfig>(out).unwrap(), m);
 }

@@ -6,12 +6,15 @@
 
 use super::{Config, ConfigError};
 
-pub(crate) const MODEL_KINDS: &[&str] = &["gpt", "resnet_bk", "llama"];
 pub(crate) const TOKENIZERS: &[&str] = &["byte", "gpt2"];
 pub(crate) const RECOMPUTE: &[&str] = &["none", "blocks", "auto"];
 pub(crate) const PRECISIONS: &[&str] = &["fp32", "tf32", "bf16-mixed", "fp16-mixed"];
 
-fn out_of_range(key: &'static str, value: impl ToString, rule: impl Into<String>) -> ConfigError {
+pub(crate) fn out_of_range(
+    key: &'static str,
+    value: impl ToString,
+    rule: impl Into<String>,
+) -> ConfigError {
     ConfigError::OutOfRange {
         key,
         value: value.to_string(),
@@ -19,11 +22,20 @@ fn out_of_range(key: &'static str, value: impl ToString, rule: impl Into<String>
     }
 }
 
-fn at_least_one(key: &'static str, value: usize) -> Result<(), ConfigError> {
+pub(crate) fn at_least_one(key: &'static str, value: usize) -> Result<(), ConfigError> {
     if value >= 1 {
         Ok(())
     } else {
         Err(out_of_range(key, value, "it must be at least 1"))
+    }
+}
+
+/// Refuses the first NaN or infinite value of `values`, before any comparison would quietly
+/// pass or fail it for the wrong reason.
+pub(crate) fn finite(values: &[(&'static str, f64)]) -> Result<(), ConfigError> {
+    match values.iter().find(|(_, v)| !v.is_finite()) {
+        Some(&(key, value)) => Err(ConfigError::NotFinite { key, value }),
+        None => Ok(()),
     }
 }
 
@@ -96,14 +108,7 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         let (m, d, t, o) = (&self.model, &self.data, &self.train, &self.optim);
 
-        // Checked first so later comparisons never see a NaN, which would
-        // quietly pass or fail them for the wrong reason.
-        let floats = [
-            ("model.moe_capacity_factor", m.moe_capacity_factor),
-            ("model.moe_aux_coef", m.moe_aux_coef),
-            ("model.rope_theta", m.rope_theta),
-            ("model.norm_eps", m.norm_eps),
-            ("model.rope_scaling_factor", m.rope_scaling_factor),
+        finite(&[
             ("data.val_fraction", d.val_fraction),
             ("train.loss_scale_init", t.loss_scale_init),
             ("optim.lr", o.lr),
@@ -113,98 +118,17 @@ impl Config {
             ("optim.beta2", o.beta2),
             ("optim.eps", o.eps),
             ("optim.grad_clip", o.grad_clip),
-        ];
-        for (key, value) in floats {
-            if !value.is_finite() {
-                return Err(ConfigError::NotFinite { key, value });
-            }
-        }
+        ])?;
 
-        one_of("model.kind", &m.kind, MODEL_KINDS)?;
         at_least_one("model.d_model", m.d_model)?;
         at_least_one("model.n_layers", m.n_layers)?;
         at_least_one("model.n_heads", m.n_heads)?;
         at_least_one("model.context", m.context)?;
-        if !m.preset.is_empty() && !super::presets::names(&m.kind).contains(&m.preset.as_str()) {
-            return Err(super::presets::unknown(&m.kind, &m.preset));
+        let family = m.entry();
+        if !m.preset.is_empty() && !family.presets.iter().any(|p| p.name == m.preset) {
+            return Err(super::presets::unknown(family.kind, &m.preset));
         }
-        at_least_one("model.moe_experts", m.moe_experts)?;
-        if !(1..=2).contains(&m.moe_top_k) || m.moe_top_k > m.moe_experts {
-            return Err(out_of_range(
-                "model.moe_top_k",
-                m.moe_top_k,
-                format!(
-                    "it must be 1 or 2 and at most model.moe_experts ({})",
-                    m.moe_experts
-                ),
-            ));
-        }
-        if m.moe_capacity_factor <= 0.0 {
-            return Err(out_of_range(
-                "model.moe_capacity_factor",
-                m.moe_capacity_factor,
-                "it must be greater than 0, e.g. 1.25 (1 = exactly an even share per expert)",
-            ));
-        }
-        if m.moe_aux_coef < 0.0 {
-            return Err(out_of_range(
-                "model.moe_aux_coef",
-                m.moe_aux_coef,
-                "it must be 0 or more, e.g. 0.01 (0 disables load balancing)",
-            ));
-        }
-        if m.kind != "llama" && (m.sliding_window > 0 || m.full_attention_layers > 0) {
-            return Err(out_of_range(
-                "model.sliding_window",
-                m.sliding_window,
-                format!(
-                    "only llama models attend within a window (model.kind is \"{}\"); set model.sliding_window=0 and model.full_attention_layers=0",
-                    m.kind
-                ),
-            ));
-        }
-        if m.sliding_window > crate::models::llama::MAX_SLIDING_WINDOW {
-            return Err(out_of_range(
-                "model.sliding_window",
-                m.sliding_window,
-                format!(
-                    "a window is 1 to {} positions (a window at least as long as the sequence is full attention), or 0 for none",
-                    crate::models::llama::MAX_SLIDING_WINDOW
-                ),
-            ));
-        }
-        if m.full_attention_layers > 0
-            && (m.sliding_window == 0 || m.full_attention_layers > m.n_layers)
-        {
-            return Err(out_of_range(
-                "model.full_attention_layers",
-                m.full_attention_layers,
-                format!(
-                    "it counts the first of the {} layers that ignore model.sliding_window, so it needs a window and at most model.n_layers; 0 puts the window on every layer",
-                    m.n_layers
-                ),
-            ));
-        }
-        if m.kind == "llama" {
-            if let Err(rule) = crate::models::llama::LlamaConfig::from_model(m, 1).check() {
-                return Err(out_of_range("model.n_kv_heads", m.n_kv_heads, rule));
-            }
-            if !(m.rope_theta > 0.0 && m.norm_eps > 0.0 && m.rope_scaling_factor >= 0.0) {
-                return Err(out_of_range(
-                    "model.rope_theta",
-                    m.rope_theta,
-                    "model.rope_theta and model.norm_eps must be positive, model.rope_scaling_factor 0 or more",
-                ));
-            }
-        }
-        // Only attention splits the width into heads (a Llama may set its head width).
-        if (m.kind == "gpt" || (m.kind == "llama" && m.head_dim == 0)) && m.d_model % m.n_heads != 0
-        {
-            return Err(ConfigError::HeadsDoNotDivide {
-                d_model: m.d_model,
-                n_heads: m.n_heads,
-            });
-        }
+        (family.validate)(m)?;
 
         if !crate::data::is_tokenizer_path(&d.tokenizer) {
             one_of("data.tokenizer", &d.tokenizer, TOKENIZERS)?;
@@ -245,13 +169,19 @@ impl Config {
             t.loss_scale_growth_interval,
         )?;
         one_of("train.recompute", &t.recompute, RECOMPUTE)?;
-        if !t.fused_kernels && m.kind != "gpt" {
+        if !t.fused_kernels && !family.features.unfused_kernels {
+            let with: Vec<String> = crate::models::family::FAMILIES
+                .iter()
+                .filter(|f| f.features.unfused_kernels)
+                .map(|f| format!("model.kind = \"{}\"", f.kind))
+                .collect();
             return Err(out_of_range(
                 "train.fused_kernels",
                 t.fused_kernels,
                 format!(
-                    "only model.kind = \"gpt\" has an unfused path, not \"{}\"; leave train.fused_kernels=true",
-                    m.kind
+                    "only {} has an unfused path, not \"{}\"; leave train.fused_kernels=true",
+                    with.join(" and "),
+                    family.kind
                 ),
             ));
         }

@@ -207,7 +207,7 @@ impl TextEncoder {
         precision: &'static str,
     ) -> Result<TextEncoder> {
         let pre = pretrained::open(path)?;
-        if pre.model.kind != "llama" {
+        let Some(cfg) = LlamaConfig::from_model(&pre.model, pre.vocab) else {
             return Err(KilnError::checkpoint(
                 path,
                 format!(
@@ -215,8 +215,7 @@ impl TextEncoder {
                     pre.source.architecture
                 ),
             ));
-        }
-        let cfg = LlamaConfig::from_model(&pre.model, pre.vocab);
+        };
         let max_length = max_length(opts.max_length, DECODER_DEFAULT_MAX_LENGTH, cfg.context)?;
         let mut model = Llama::new(pool, cfg, 0)?;
         pretrained::load_into(&mut model, &pre.weights, path)?;

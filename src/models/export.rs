@@ -47,9 +47,11 @@ fn hf_tensors(
     let mut put = |name: String, shape: Vec<usize>, data: Vec<f32>| {
         out.insert(name, Out { shape, data });
     };
-    let config = match m.kind.as_str() {
-        "llama" => {
-            let l = crate::models::llama::LlamaConfig::from_model(m, vocab);
+    let config = match (
+        m.kind(),
+        crate::models::llama::LlamaConfig::from_model(m, vocab),
+    ) {
+        (_, Some(l)) => {
             // transformers' Llama has no window: a windowed model is a Mistral, or a Qwen2
             // when its first layers attend fully or its projections have biases (Qwen2's
             // are always there; a model without them writes zeros).
@@ -215,7 +217,7 @@ fn hf_tensors(
             }
             c
         }
-        "gpt" => {
+        ("gpt", None) => {
             let (_, e) = get("wte.weight")?;
             put(
                 "transformer.wte.weight".into(),
@@ -273,7 +275,7 @@ fn hf_tensors(
                 "torch_dtype": "float32",
             })
         }
-        other => {
+        (other, None) => {
             return Err(KilnError::Setting(format!(
                 "model.kind = \"{other}\" has no Hugging Face architecture to export to; llama and gpt do"
             )));

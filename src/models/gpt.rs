@@ -14,8 +14,10 @@
 //! log-softmax, gather and gradient kernels, and attention as batched GEMMs around a causal
 //! softmax whose probabilities are kept for the backward.
 
+use super::family::{Family, Features};
 use super::lm::{self, BlockActs, Lm};
 use super::{Model, Recompute, StepPrecision};
+use crate::config::{ConfigError, FamilySettings, ModelConfig};
 use crate::engine::ops::NormStats;
 use crate::engine::rng::{Rng, stream};
 use crate::engine::{MemoryPool, Result, Tensor};
@@ -26,6 +28,48 @@ use crate::nn::linear::Linear;
 use crate::nn::mlp::{Mlp, MlpSaved};
 use crate::nn::{ActLayout, Cost, Kernels, ParamBuilder, params};
 use std::sync::Arc;
+
+/// `model.kind = "gpt"` in the family registry.
+pub const FAMILY: Family = Family {
+    kind: "gpt",
+    name: "GPT",
+    defaults: || FamilySettings::Gpt,
+    build: |m, vocab, pool, seed| {
+        Ok(Box::new(Gpt::new(
+            pool,
+            GptConfig::from_model(m, vocab),
+            seed,
+        )?))
+    },
+    validate: check_heads,
+    describe: |m| {
+        format!(
+            "d_model {}, {} layers, {} heads",
+            m.d_model, m.n_layers, m.n_heads
+        )
+    },
+    presets: &[],
+    tiny: || super::family::tiny_shape(FamilySettings::Gpt),
+    features: Features {
+        recompute: true,
+        unfused_kernels: true,
+        moe: false,
+        kv_cache: false,
+        lora: false,
+        analytic_plan: true,
+    },
+};
+
+/// Attention splits the width evenly into heads.
+pub(crate) fn check_heads(m: &ModelConfig) -> std::result::Result<(), ConfigError> {
+    if !m.d_model.is_multiple_of(m.n_heads) {
+        return Err(ConfigError::HeadsDoNotDivide {
+            d_model: m.d_model,
+            n_heads: m.n_heads,
+        });
+    }
+    Ok(())
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GptConfig {
@@ -38,6 +82,18 @@ pub struct GptConfig {
 }
 
 impl GptConfig {
+    /// The shape the `[model]` settings describe, for a `vocab`-token vocabulary.
+    pub fn from_model(m: &ModelConfig, vocab: usize) -> GptConfig {
+        GptConfig {
+            vocab,
+            d_model: m.d_model,
+            n_layers: m.n_layers,
+            n_heads: m.n_heads,
+            context: m.context,
+            tied_head: m.tied_head,
+        }
+    }
+
     /// Rows of the embedding table and columns of the logits: the vocabulary rounded up to
     /// a multiple of [`super::VOCAB_ALIGN`].
     pub fn padded_vocab(&self) -> usize {

@@ -10,9 +10,13 @@
 //! gate/up matrix per block); `models::import` maps Hugging Face and GGUF checkpoints onto
 //! them.
 
+use super::family::{Family, Features, other_family, tiny_shape};
 use super::lm::{self, BlockActs, Keep, Lm, StreamNorm};
 use super::{
     DecodeRows, Decoder, KvCache, Model, QuantizedBase, Recompute, StepPrecision, padded_vocab,
+};
+use crate::config::{
+    ConfigError, FamilySettings, LlamaSettings, ModelConfig, finite, out_of_range,
 };
 use crate::engine::cpu::kv_cache::CacheShape;
 use crate::engine::cpu::rope::{self, Llama3Scaling};
@@ -61,6 +65,90 @@ pub struct LlamaConfig {
     pub full_attention_layers: usize,
 }
 
+/// `model.kind = "llama"` in the family registry.
+pub const FAMILY: Family = Family {
+    kind: "llama",
+    name: "Llama",
+    defaults: || FamilySettings::Llama(LlamaSettings::default()),
+    build: |m, vocab, pool, seed| {
+        let cfg = LlamaConfig::from_model(m, vocab).ok_or_else(|| other_family("llama", m))?;
+        Ok(Box::new(Llama::new(pool, cfg, seed)?))
+    },
+    validate,
+    describe: |m| {
+        let kv_heads = match m.llama().map_or(0, |l| l.n_kv_heads) {
+            0 => m.n_heads,
+            k => k,
+        };
+        format!(
+            "d_model {}, {} layers, {} heads / {kv_heads} key-value heads",
+            m.d_model, m.n_layers, m.n_heads
+        )
+    },
+    presets: &[],
+    tiny: || {
+        tiny_shape(FamilySettings::Llama(LlamaSettings {
+            n_kv_heads: 1,
+            ffn_hidden: 64,
+            ..LlamaSettings::default()
+        }))
+    },
+    features: Features {
+        recompute: true,
+        unfused_kernels: false,
+        moe: false,
+        kv_cache: true,
+        lora: true,
+        analytic_plan: false,
+    },
+};
+
+/// The rotary, norm, head-sharing and window settings' ranges.
+fn validate(m: &ModelConfig) -> std::result::Result<(), ConfigError> {
+    let l = m.llama().ok_or_else(|| other_family("llama", m))?;
+    finite(&[
+        ("model.rope_theta", l.rope_theta),
+        ("model.norm_eps", l.norm_eps),
+        ("model.rope_scaling_factor", l.rope_scaling_factor),
+    ])?;
+    if l.sliding_window > MAX_SLIDING_WINDOW {
+        return Err(out_of_range(
+            "model.sliding_window",
+            l.sliding_window,
+            format!(
+                "a window is 1 to {MAX_SLIDING_WINDOW} positions (a window at least as long as the sequence is full attention), or 0 for none"
+            ),
+        ));
+    }
+    if l.full_attention_layers > 0
+        && (l.sliding_window == 0 || l.full_attention_layers > m.n_layers)
+    {
+        return Err(out_of_range(
+            "model.full_attention_layers",
+            l.full_attention_layers,
+            format!(
+                "it counts the first of the {} layers that ignore model.sliding_window, so it needs a window and at most model.n_layers; 0 puts the window on every layer",
+                m.n_layers
+            ),
+        ));
+    }
+    if let Some(Err(rule)) = LlamaConfig::from_model(m, 1).map(|c| c.check()) {
+        return Err(out_of_range("model.n_kv_heads", l.n_kv_heads, rule));
+    }
+    if !(l.rope_theta > 0.0 && l.norm_eps > 0.0 && l.rope_scaling_factor >= 0.0) {
+        return Err(out_of_range(
+            "model.rope_theta",
+            l.rope_theta,
+            "model.rope_theta and model.norm_eps must be positive, model.rope_scaling_factor 0 or more",
+        ));
+    }
+    // A Llama may set its head width; only without one do the heads split the width.
+    if l.head_dim == 0 {
+        super::gpt::check_heads(m)?;
+    }
+    Ok(())
+}
+
 /// The longest window the settings accept: far past any context a model is trained or run
 /// at (a window at least as long as the sequence is full attention), and small enough for
 /// the kernels' 32-bit positions.
@@ -69,45 +157,47 @@ pub const MAX_SLIDING_WINDOW: usize = 1 << 24;
 impl LlamaConfig {
     /// The shape the `[model]` settings describe, for a `vocab`-token vocabulary; zeros take
     /// their documented defaults.
-    pub fn from_model(m: &crate::config::ModelConfig, vocab: usize) -> LlamaConfig {
-        let head_dim = if m.head_dim > 0 {
-            m.head_dim
+    /// `None` for another family's settings.
+    pub fn from_model(m: &ModelConfig, vocab: usize) -> Option<LlamaConfig> {
+        let l = m.llama()?;
+        let head_dim = if l.head_dim > 0 {
+            l.head_dim
         } else {
             m.d_model / m.n_heads.max(1)
         };
-        let rope_scaling = (m.rope_scaling_factor > 0.0).then_some(Llama3Scaling {
-            factor: m.rope_scaling_factor as f32,
-            low_freq_factor: m.rope_low_freq_factor as f32,
-            high_freq_factor: m.rope_high_freq_factor as f32,
-            original_context: m.rope_original_context,
+        let rope_scaling = (l.rope_scaling_factor > 0.0).then_some(Llama3Scaling {
+            factor: l.rope_scaling_factor as f32,
+            low_freq_factor: l.rope_low_freq_factor as f32,
+            high_freq_factor: l.rope_high_freq_factor as f32,
+            original_context: l.rope_original_context,
         });
-        LlamaConfig {
+        Some(LlamaConfig {
             vocab,
             d_model: m.d_model,
             n_layers: m.n_layers,
             n_heads: m.n_heads,
-            n_kv_heads: if m.n_kv_heads > 0 {
-                m.n_kv_heads
+            n_kv_heads: if l.n_kv_heads > 0 {
+                l.n_kv_heads
             } else {
                 m.n_heads
             },
             head_dim,
-            ffn_hidden: if m.ffn_hidden > 0 {
-                m.ffn_hidden
+            ffn_hidden: if l.ffn_hidden > 0 {
+                l.ffn_hidden
             } else {
                 (8 * m.d_model / 3).next_multiple_of(64)
             },
             context: m.context,
-            rope_theta: m.rope_theta as f32,
-            rot_dim: if m.rot_dim > 0 { m.rot_dim } else { head_dim },
+            rope_theta: l.rope_theta as f32,
+            rot_dim: if l.rot_dim > 0 { l.rot_dim } else { head_dim },
             rope_scaling,
-            norm_eps: m.norm_eps as f32,
+            norm_eps: l.norm_eps as f32,
             tied_head: m.tied_head,
-            qkv_bias: m.qkv_bias,
-            qk_norm: m.qk_norm,
-            sliding_window: m.sliding_window,
-            full_attention_layers: m.full_attention_layers,
-        }
+            qkv_bias: l.qkv_bias,
+            qk_norm: l.qk_norm,
+            sliding_window: l.sliding_window,
+            full_attention_layers: l.full_attention_layers,
+        })
     }
 
     /// The attention window of layer `layer`: 0 (full causal attention) for the first

@@ -2,6 +2,7 @@
 
 pub mod bert;
 pub mod export;
+pub mod family;
 pub mod gpt;
 pub mod import;
 pub mod llama;
@@ -17,10 +18,8 @@ use crate::engine::ops::Ids;
 use crate::engine::{DType, EngineError, MemoryPool, Result, Tensor, ops};
 use crate::error::KilnError;
 use crate::nn::lora::{Adapter, LoraSpec};
-use crate::nn::moe::{MoeConfig, MoeStats};
+use crate::nn::moe::MoeStats;
 use crate::nn::{Cost, Kernels, Params};
-use gpt::{Gpt, GptConfig};
-use resnet_bk::{ResnetBk, ResnetBkConfig};
 use serde::Serialize;
 use std::sync::Arc;
 
@@ -340,56 +339,15 @@ impl RoutingStats {
     }
 }
 
-/// The model `cfg.kind` names, with a `vocab`-token vocabulary, initialised from `seed`.
+/// The model `cfg` describes (its family's [`family::Family::build`]), with a `vocab`-token
+/// vocabulary, initialised from `seed`.
 pub fn build(
     cfg: &ModelConfig,
     vocab: usize,
     pool: &Arc<MemoryPool>,
     seed: u64,
 ) -> std::result::Result<Box<dyn Model>, KilnError> {
-    Ok(match cfg.kind.as_str() {
-        "gpt" => Box::new(Gpt::new(
-            pool,
-            GptConfig {
-                vocab,
-                d_model: cfg.d_model,
-                n_layers: cfg.n_layers,
-                n_heads: cfg.n_heads,
-                context: cfg.context,
-                tied_head: cfg.tied_head,
-            },
-            seed,
-        )?),
-        "resnet_bk" => Box::new(ResnetBk::new(
-            pool,
-            ResnetBkConfig {
-                vocab,
-                d_model: cfg.d_model,
-                n_layers: cfg.n_layers,
-                context: cfg.context,
-                tied_head: cfg.tied_head,
-                moe: MoeConfig {
-                    d_model: cfg.d_model,
-                    hidden: cfg.moe_hidden_width(),
-                    experts: cfg.moe_experts,
-                    top_k: cfg.moe_top_k,
-                    capacity_factor: cfg.moe_capacity_factor,
-                    aux_coef: cfg.moe_aux_coef,
-                },
-            },
-            seed,
-        )?),
-        "llama" => Box::new(llama::Llama::new(
-            pool,
-            llama::LlamaConfig::from_model(cfg, vocab),
-            seed,
-        )?),
-        other => {
-            return Err(KilnError::Setting(format!(
-                "model.kind = \"{other}\" is not a model kiln knows; use \"gpt\", \"resnet_bk\" or \"llama\""
-            )));
-        }
-    })
+    (cfg.entry().build)(cfg, vocab, pool, seed)
 }
 
 /// Embedding tables and heads pad the vocabulary to a multiple of this many entries, so the

@@ -25,9 +25,13 @@
 //! tokens as the forward did (the same kernels on the same inputs), and only the forward's
 //! routing is reported.
 
+use super::family::{Family, Features, Preset, other_family, tiny_shape};
 use super::lm::{self, BlockActs, Lm};
 use super::padded_vocab;
 use super::{Model, Recompute, RoutingStats, StepPrecision};
+use crate::config::{
+    ConfigError, FamilySettings, ModelConfig, ResnetBkSettings, at_least_one, finite, out_of_range,
+};
 use crate::engine::rng::{Rng, stream};
 use crate::engine::{DType, MemoryPool, Result, Tensor, ops};
 use crate::nn::bk_core::{BkCore, BkCoreOptions, BkSaved};
@@ -37,6 +41,110 @@ use crate::nn::linear::Linear;
 use crate::nn::moe::{Moe, MoeConfig, MoeSaved, MoeStats};
 use crate::nn::{ActLayout, Cost, Init, Kernels, Param, ParamBuilder, f32_bytes, params};
 use std::sync::Arc;
+
+/// `model.kind = "resnet_bk"` in the family registry.
+pub const FAMILY: Family = Family {
+    kind: "resnet_bk",
+    name: "ResNet-BK",
+    defaults: || FamilySettings::ResnetBk(ResnetBkSettings::default()),
+    build: |m, vocab, pool, seed| {
+        let cfg =
+            ResnetBkConfig::from_model(m, vocab).ok_or_else(|| other_family("resnet_bk", m))?;
+        Ok(Box::new(ResnetBk::new(pool, cfg, seed)?))
+    },
+    validate,
+    describe: |m| {
+        let (d, n) = (m.d_model, m.n_layers);
+        match m.resnet_bk() {
+            Some(s) => format!(
+                "d_model {d}, {n} layers, {} experts of width {}, top-{}, capacity factor {}",
+                s.moe_experts,
+                s.moe_hidden_width(d),
+                s.moe_top_k,
+                s.moe_capacity_factor
+            ),
+            None => format!("d_model {d}, {n} layers"),
+        }
+    },
+    presets: &[
+        Preset {
+            name: "tiny",
+            settings: &[
+                ("model.d_model", 64),
+                ("model.n_layers", 2),
+                ("model.moe_experts", 4),
+                ("model.moe_top_k", 1),
+                ("model.moe_hidden", 128),
+            ],
+        },
+        // Two of four experts of width 2 x d_model per token: the compute of a dense
+        // 4 x d_model MLP, with twice its parameters.
+        Preset {
+            name: "small",
+            settings: &[
+                ("model.d_model", 128),
+                ("model.n_layers", 4),
+                ("model.moe_experts", 4),
+                ("model.moe_top_k", 2),
+                ("model.moe_hidden", 256),
+            ],
+        },
+        Preset {
+            name: "base",
+            settings: &[
+                ("model.d_model", 256),
+                ("model.n_layers", 8),
+                ("model.moe_experts", 8),
+                ("model.moe_top_k", 2),
+                ("model.moe_hidden", 512),
+            ],
+        },
+    ],
+    tiny: || tiny_shape(FamilySettings::ResnetBk(ResnetBkSettings::default())),
+    features: Features {
+        recompute: true,
+        unfused_kernels: false,
+        moe: true,
+        kv_cache: false,
+        lora: false,
+        analytic_plan: true,
+    },
+};
+
+/// The mixture-of-experts settings' ranges (the BK-Core has no settings of its own).
+fn validate(m: &ModelConfig) -> std::result::Result<(), ConfigError> {
+    let s = m.resnet_bk().ok_or_else(|| other_family("resnet_bk", m))?;
+    finite(&[
+        ("model.moe_capacity_factor", s.moe_capacity_factor),
+        ("model.moe_aux_coef", s.moe_aux_coef),
+    ])?;
+    at_least_one("model.moe_experts", s.moe_experts)?;
+    if !(1..=2).contains(&s.moe_top_k) || s.moe_top_k > s.moe_experts {
+        return Err(out_of_range(
+            "model.moe_top_k",
+            s.moe_top_k,
+            format!(
+                "it must be 1 or 2 and at most model.moe_experts ({})",
+                s.moe_experts
+            ),
+        ));
+    }
+    if s.moe_capacity_factor <= 0.0 {
+        return Err(out_of_range(
+            "model.moe_capacity_factor",
+            s.moe_capacity_factor,
+            "it must be greater than 0, e.g. 1.25 (1 = exactly an even share per expert)",
+        ));
+    }
+    if s.moe_aux_coef < 0.0 {
+        return Err(out_of_range(
+            "model.moe_aux_coef",
+            s.moe_aux_coef,
+            "it must be 0 or more, e.g. 0.01 (0 disables load balancing)",
+        ));
+    }
+    Ok(())
+}
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ResnetBkConfig {
@@ -49,6 +157,27 @@ pub struct ResnetBkConfig {
 }
 
 impl ResnetBkConfig {
+    /// The shape the `[model]` settings describe, for a `vocab`-token vocabulary; `None` for
+    /// another family's settings.
+    pub fn from_model(m: &ModelConfig, vocab: usize) -> Option<ResnetBkConfig> {
+        let s = m.resnet_bk()?;
+        Some(ResnetBkConfig {
+            vocab,
+            d_model: m.d_model,
+            n_layers: m.n_layers,
+            context: m.context,
+            tied_head: m.tied_head,
+            moe: MoeConfig {
+                d_model: m.d_model,
+                hidden: s.moe_hidden_width(m.d_model),
+                experts: s.moe_experts,
+                top_k: s.moe_top_k,
+                capacity_factor: s.moe_capacity_factor,
+                aux_coef: s.moe_aux_coef,
+            },
+        })
+    }
+
     /// Parameters, FLOPs and saved bytes of a step over `batch` sequences of `seq` tokens,
     /// from the shape alone (the model's [`Model::cost`] and the planner share it).
     pub fn cost(&self, batch: usize, seq: usize) -> Cost {

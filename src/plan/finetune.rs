@@ -107,7 +107,7 @@ mod tests {
             let pool = MemoryPool::new(Device::Cpu);
             let t = Trainer::over_initialised_base(&cfg, 256, &pool, precision).unwrap();
             let compute = precision.compute_dtype().unwrap_or(DType::F32);
-            let lc = LlamaConfig::from_model(&cfg.model, 256);
+            let lc = LlamaConfig::from_model(&cfg.model, 256).unwrap();
             let plan = finetune_weights(&lc, 256, compute, Device::Cpu, quantize == "nf4");
             let what = format!("{quantize} {precision} tied {tied} bias {bias}");
             assert_eq!(plan.base_bytes, t.base_weight_bytes(), "{what}");

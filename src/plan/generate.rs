@@ -173,16 +173,8 @@ mod tests {
     use crate::engine::Device;
 
     fn tiny(kind: &str) -> ModelConfig {
-        let mut m = crate::config::Config::default().model;
-        m.kind = kind.into();
-        m.d_model = 32;
-        m.n_layers = 2;
-        m.n_heads = 2;
+        let mut m = (crate::models::family::of(kind).unwrap().tiny)();
         m.context = 64;
-        if kind == "llama" {
-            m.n_kv_heads = 1;
-            m.ffn_hidden = 64;
-        }
         m
     }
 

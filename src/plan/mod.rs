@@ -49,21 +49,12 @@ pub enum Arch {
 }
 
 impl Arch {
-    /// The model `model.kind` names (the config's validation admits only the two).
+    /// The model `model.kind` names (of the families with
+    /// [`crate::models::family::Features::analytic_plan`]).
     pub fn of(m: &crate::config::ModelConfig) -> Arch {
-        if m.kind == "resnet_bk" {
-            Arch::ResnetBk {
-                moe: MoeConfig {
-                    d_model: m.d_model,
-                    hidden: m.moe_hidden_width(),
-                    experts: m.moe_experts,
-                    top_k: m.moe_top_k,
-                    capacity_factor: m.moe_capacity_factor,
-                    aux_coef: m.moe_aux_coef,
-                },
-            }
-        } else {
-            Arch::Gpt
+        match crate::models::resnet_bk::ResnetBkConfig::from_model(m, 0) {
+            Some(r) => Arch::ResnetBk { moe: r.moe },
+            None => Arch::Gpt,
         }
     }
 

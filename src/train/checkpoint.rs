@@ -35,7 +35,7 @@
 
 use super::oom::PassSize;
 use super::trainer::{TrainState, Trainer};
-use crate::config::ModelConfig;
+use crate::config::{ModelConfig, ResnetBkSettings};
 use crate::engine::staging::HostStaging;
 use crate::engine::{Device, Tensor};
 use crate::error::{KilnError, Result};
@@ -900,6 +900,13 @@ fn read_meta_with(ckpt: &Path, integrity: &Integrity) -> Result<CheckpointMeta> 
 /// Names every model dimension that differs between a checkpoint and the configured model.
 fn shape_differences(saved: &CheckpointMeta, model: &ModelConfig, vocab: usize) -> Vec<String> {
     let (s, m) = (&saved.model, model);
+    // Another kind is reported as such; its experts (none, or some) are not compared.
+    let both_resnet_bk = s.resnet_bk().is_some() && m.resnet_bk().is_some();
+    let moe = |c: &ModelConfig, value: fn(&ResnetBkSettings, usize) -> usize| {
+        c.resnet_bk()
+            .filter(|_| both_resnet_bk)
+            .map_or_else(String::new, |r| value(r, c.d_model).to_string())
+    };
     [
         (
             "model.d_model",
@@ -926,16 +933,16 @@ fn shape_differences(saved: &CheckpointMeta, model: &ModelConfig, vocab: usize) 
             s.tied_head.to_string(),
             m.tied_head.to_string(),
         ),
-        ("model.kind", s.kind.clone(), m.kind.clone()),
+        ("model.kind", s.kind().into(), m.kind().into()),
         (
             "model.moe_experts",
-            s.moe_experts.to_string(),
-            m.moe_experts.to_string(),
+            moe(s, |r, _| r.moe_experts),
+            moe(m, |r, _| r.moe_experts),
         ),
         (
             "model.moe_hidden (resolved)",
-            s.moe_hidden_width().to_string(),
-            m.moe_hidden_width().to_string(),
+            moe(s, ResnetBkSettings::moe_hidden_width),
+            moe(m, ResnetBkSettings::moe_hidden_width),
         ),
         (
             "vocabulary (data.tokenizer)",

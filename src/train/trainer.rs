@@ -191,7 +191,7 @@ impl Trainer {
                 quantized = Some(model.quantize_base_nf4(compute)?.ok_or_else(|| {
                     KilnError::Setting(format!(
                         "lora.quantize = \"nf4\" keeps the projections of a Llama-family base in NF4; model.kind = \"{}\" has none (use lora.quantize = \"none\")",
-                        cfg.model.kind
+                        cfg.model.kind()
                     ))
                 })?);
             }

@@ -9,7 +9,7 @@
 //! zeros, which the loss never reads.
 
 use super::gguf::GgufFile;
-use crate::config::ModelConfig;
+use crate::config::{FamilySettings, LlamaSettings, ModelConfig};
 use crate::data::HfTokenizer;
 use crate::error::{KilnError, Result};
 use crate::models::{Model, padded_vocab};
@@ -483,13 +483,7 @@ fn llama_from_hf(
     let rope = cfg.get("rope_parameters").filter(|r| r.is_object());
     let rope_f64 = |key: &str| json_f64(cfg, key).or_else(|| rope.and_then(|r| json_f64(r, key)));
     let partial = rope_f64("partial_rotary_factor").unwrap_or(1.0);
-    let mut m = ModelConfig {
-        kind: "llama".into(),
-        d_model: d,
-        n_layers,
-        n_heads,
-        context,
-        tied_head: tied,
+    let mut l = LlamaSettings {
         n_kv_heads: n_kv,
         head_dim,
         ffn_hidden: ffn,
@@ -504,7 +498,7 @@ fn llama_from_hf(
         qk_norm: arch == "Qwen3ForCausalLM",
         sliding_window,
         full_attention_layers,
-        ..ModelConfig::default()
+        ..LlamaSettings::default()
     };
     if let Some(s) = cfg.get("rope_scaling").filter(|s| !s.is_null()).or(rope) {
         let kind = s
@@ -521,13 +515,23 @@ fn llama_from_hf(
             ));
         }
         if kind == "llama3" {
-            m.rope_scaling_factor = need(path, "rope_scaling.factor", json_f64(s, "factor"))?;
-            m.rope_low_freq_factor = json_f64(s, "low_freq_factor").unwrap_or(1.0);
-            m.rope_high_freq_factor = json_f64(s, "high_freq_factor").unwrap_or(4.0);
-            m.rope_original_context =
+            l.rope_scaling_factor = need(path, "rope_scaling.factor", json_f64(s, "factor"))?;
+            l.rope_low_freq_factor = json_f64(s, "low_freq_factor").unwrap_or(1.0);
+            l.rope_high_freq_factor = json_f64(s, "high_freq_factor").unwrap_or(4.0);
+            l.rope_original_context =
                 json_usize(s, "original_max_position_embeddings").unwrap_or(8192);
         }
     }
+    let (qkv_bias, qk_norm) = (l.qkv_bias, l.qk_norm);
+    let m = ModelConfig {
+        family: FamilySettings::Llama(l),
+        d_model: d,
+        n_layers,
+        n_heads,
+        context,
+        tied_head: tied,
+        ..ModelConfig::default()
+    };
     let qd = n_heads * head_dim;
     let kvd = n_kv * head_dim;
     let padded = padded_vocab(vocab);
@@ -555,13 +559,13 @@ fn llama_from_hf(
             format!("{k}.attn.qkv.weight"),
             take_stacked(path, &mut raw, &qkv("weight"), &[d])?,
         );
-        if m.qkv_bias {
+        if qkv_bias {
             w.insert(
                 format!("{k}.attn.qkv.bias"),
                 take_stacked(path, &mut raw, &qkv("bias"), &[])?,
             );
         }
-        if m.qk_norm {
+        if qk_norm {
             for x in ["q", "k"] {
                 w.insert(
                     format!("{k}.attn.{x}_norm.weight"),
@@ -638,7 +642,7 @@ fn gpt2_from_hf(
         ""
     };
     let m = ModelConfig {
-        kind: "gpt".into(),
+        family: FamilySettings::Gpt,
         d_model: d,
         n_layers,
         n_heads,
@@ -804,13 +808,7 @@ fn open_gguf(path: &Path) -> Result<Pretrained> {
             "is a qwen3 GGUF without query/key norms (blk.0.attn_q_norm.weight); the file is incomplete",
         ));
     }
-    let m = ModelConfig {
-        kind: "llama".into(),
-        d_model: d,
-        n_layers,
-        n_heads,
-        context,
-        tied_head: !has_output,
+    let l = LlamaSettings {
         n_kv_heads: n_kv,
         head_dim,
         ffn_hidden: ffn,
@@ -823,6 +821,15 @@ fn open_gguf(path: &Path) -> Result<Pretrained> {
             .unwrap_or(1e-5),
         qkv_bias,
         qk_norm,
+        ..LlamaSettings::default()
+    };
+    let m = ModelConfig {
+        family: FamilySettings::Llama(l),
+        d_model: d,
+        n_layers,
+        n_heads,
+        context,
+        tied_head: !has_output,
         ..ModelConfig::default()
     };
     // llama's query and key rows (and their biases, if any) come interleaved.
@@ -947,7 +954,7 @@ impl Pretrained {
     pub fn overrides(&self) -> Vec<String> {
         let m = &self.model;
         let mut v = vec![
-            format!("model.kind={}", m.kind),
+            format!("model.kind={}", m.kind()),
             format!("model.d_model={}", m.d_model),
             format!("model.n_layers={}", m.n_layers),
             format!("model.n_heads={}", m.n_heads),
@@ -956,22 +963,22 @@ impl Pretrained {
             format!("model.vocab={}", self.vocab),
             format!("data.tokenizer={}", self.source.path.display()),
         ];
-        if m.kind == "llama" {
+        if let Some(l) = m.llama() {
             v.extend([
-                format!("model.n_kv_heads={}", m.n_kv_heads),
-                format!("model.head_dim={}", m.head_dim),
-                format!("model.ffn_hidden={}", m.ffn_hidden),
-                format!("model.rope_theta={:?}", m.rope_theta),
-                format!("model.rot_dim={}", m.rot_dim),
-                format!("model.rope_scaling_factor={:?}", m.rope_scaling_factor),
-                format!("model.rope_low_freq_factor={:?}", m.rope_low_freq_factor),
-                format!("model.rope_high_freq_factor={:?}", m.rope_high_freq_factor),
-                format!("model.rope_original_context={}", m.rope_original_context),
-                format!("model.norm_eps={:?}", m.norm_eps),
-                format!("model.qkv_bias={}", m.qkv_bias),
-                format!("model.qk_norm={}", m.qk_norm),
-                format!("model.sliding_window={}", m.sliding_window),
-                format!("model.full_attention_layers={}", m.full_attention_layers),
+                format!("model.n_kv_heads={}", l.n_kv_heads),
+                format!("model.head_dim={}", l.head_dim),
+                format!("model.ffn_hidden={}", l.ffn_hidden),
+                format!("model.rope_theta={:?}", l.rope_theta),
+                format!("model.rot_dim={}", l.rot_dim),
+                format!("model.rope_scaling_factor={:?}", l.rope_scaling_factor),
+                format!("model.rope_low_freq_factor={:?}", l.rope_low_freq_factor),
+                format!("model.rope_high_freq_factor={:?}", l.rope_high_freq_factor),
+                format!("model.rope_original_context={}", l.rope_original_context),
+                format!("model.norm_eps={:?}", l.norm_eps),
+                format!("model.qkv_bias={}", l.qkv_bias),
+                format!("model.qk_norm={}", l.qk_norm),
+                format!("model.sliding_window={}", l.sliding_window),
+                format!("model.full_attention_layers={}", l.full_attention_layers),
             ]);
         }
         v
@@ -1279,10 +1286,10 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             let p = open(&tiny.gguf(dir.path())).unwrap();
             assert_eq!(p.source.architecture, if qwen3 { "qwen3" } else { "qwen2" });
-            let m = &p.model;
-            assert_eq!((m.qk_norm, m.qkv_bias, m.tied_head), (qwen3, !qwen3, qwen3));
-            assert_eq!(m.head_dim, if qwen3 { 16 } else { 8 });
-            assert_eq!(m.sliding_window, 0);
+            let (m, l) = (&p.model, p.model.llama().unwrap());
+            assert_eq!((l.qk_norm, l.qkv_bias, m.tied_head), (qwen3, !qwen3, qwen3));
+            assert_eq!(l.head_dim, if qwen3 { 16 } else { 8 });
+            assert_eq!(l.sliding_window, 0);
             let from_gguf = p.build_on_cpu().unwrap();
             let from_hf = tiny.model_via_hf_files(dir.path());
             let ids = [3u32, 1, 2, 2, 0, 3, 1, 1, 2, 3, 0, 0];
@@ -1291,7 +1298,7 @@ mod tests {
             // Read as llama's interleaved rows, the same file computes something else.
             let mut permuted = p.weights.clone();
             let qkv = permuted.get_mut("layers.0.attn.qkv.weight").unwrap();
-            let q_rows = m.n_heads * m.head_dim;
+            let q_rows = m.n_heads * l.head_dim;
             let q = HostTensor {
                 shape: vec![q_rows, m.d_model],
                 data: qkv.data[..q_rows * m.d_model].to_vec(),

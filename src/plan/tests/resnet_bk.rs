@@ -8,7 +8,7 @@ use crate::nn::moe::MoeConfig;
 fn worst_case_loads(m: &MoeConfig, tokens: usize) -> Vec<usize> {
     crate::nn::moe::worst_case_loads(tokens, m.experts, m.top_k, m.capacity(tokens))
 }
-use crate::config::Config;
+use crate::config::{Config, FamilySettings, ResnetBkSettings};
 use crate::data::Batch;
 use crate::engine::MemoryPool;
 use crate::train::{Precision, Trainer};
@@ -27,12 +27,14 @@ struct Case {
 
 fn config(c: &Case, micro_batch: usize) -> Config {
     let mut cfg = Config::default();
-    cfg.model.kind = "resnet_bk".into();
+    cfg.model.family = FamilySettings::ResnetBk(ResnetBkSettings {
+        moe_experts: c.experts,
+        moe_top_k: c.top_k,
+        moe_hidden: c.hidden,
+        ..ResnetBkSettings::default()
+    });
     cfg.model.d_model = c.d_model;
     cfg.model.n_layers = c.n_layers;
-    cfg.model.moe_experts = c.experts;
-    cfg.model.moe_top_k = c.top_k;
-    cfg.model.moe_hidden = c.hidden;
     cfg.model.context = c.seq + 2;
     cfg.model.tied_head = c.tied;
     cfg.train.seq_len = c.seq;
