@@ -1046,3 +1046,55 @@ fn plan_generate_books_the_cache_and_finds_the_most_sequences_that_fit() {
         &["--generate"],
     );
 }
+
+#[test]
+fn a_key_of_another_family_is_refused_and_an_older_run_directory_still_loads() {
+    let out = kiln(&["train", "model.moe_experts=4"], &[]);
+    assert_fails(
+        &out,
+        2,
+        &[
+            "model.moe_experts (from override) is a setting of model.kind = \"resnet_bk\"",
+            "model.kind is \"gpt\"",
+            "set model.kind=resnet_bk",
+        ],
+    );
+    // A run directory whose config.toml lists every family's keys, as kiln wrote it before
+    // the model section was per family, still evaluates, resumes and exports.
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    train_tiny(&run, &[]);
+    let toml = run.join("config.toml");
+    let cfg = fs::read_to_string(&toml).unwrap();
+    let (_, body) = cfg.split_once('\n').unwrap();
+    let other_families = "moe_experts = 4\nmoe_top_k = 2\nmoe_hidden = 0\n\
+        moe_capacity_factor = 1.25\nmoe_aux_coef = 0.01\nn_kv_heads = 0\nhead_dim = 0\n\
+        ffn_hidden = 0\nrope_theta = 10000.0\nrot_dim = 0\nrope_scaling_factor = 0.0\n\
+        rope_low_freq_factor = 1.0\nrope_high_freq_factor = 4.0\nrope_original_context = 8192\n\
+        norm_eps = 1e-5\nqkv_bias = false\nqk_norm = false\nsliding_window = 0\n\
+        full_attention_layers = 0\n";
+    let old = format!(
+        "# kiln run configuration\n{}",
+        body.replacen("[model]\n", &format!("[model]\n{other_families}"), 1)
+    );
+    fs::write(&toml, &old).unwrap();
+    let ev = kiln(&["eval", "--run", run.to_str().unwrap()], &[]);
+    assert!(ev.status.success(), "{}", text(&ev));
+    let resumed = kiln(
+        &["train", "--quiet", "--resume", run.to_str().unwrap()],
+        &["train.steps=6".into()],
+    );
+    assert!(resumed.status.success(), "{}", text(&resumed));
+    let exported = tmp.path().join("hf");
+    let ex = kiln(
+        &[
+            "export",
+            "--run",
+            run.to_str().unwrap(),
+            "--to",
+            exported.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(ex.status.success(), "{}", text(&ex));
+}
