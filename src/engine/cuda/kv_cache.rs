@@ -453,4 +453,24 @@ mod tests {
         assert_eq!((p.group, p.chunks), (2, 1));
         assert!(attention_plan(4, 8, 8, 257, 100, 132).is_none());
     }
+
+    /// Every layout a plan can choose has a compiled decode kernel: head sizes up to
+    /// MAX_HEAD_DIM, any number of query heads per key/value head.
+    #[test]
+    fn every_decode_plan_has_a_kernel() {
+        for head_dim in 1..=MAX_HEAD_DIM {
+            for kv_heads in [1, 2, 3, 8] {
+                for per_kv in 1..=40 {
+                    let p =
+                        attention_plan(8, kv_heads * per_kv, kv_heads, head_dim, 300, 132).unwrap();
+                    assert!(
+                        cache_attention_kernel(p.lanes, p.group).is_some(),
+                        "head size {head_dim}, {per_kv} query heads per key/value head: lanes {} group {}",
+                        p.lanes,
+                        p.group
+                    );
+                }
+            }
+        }
+    }
 }
