@@ -568,11 +568,12 @@ pub fn padded_attention_backward(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::engine::{Device, MemoryPool};
 
-    fn tiny() -> Bert {
+    /// A two-layer encoder of 16 wide on the CPU (seed 7); the parameter-order record uses it too.
+    pub(crate) fn tiny() -> Bert {
         let cfg = BertConfig {
             vocab: 50,
             d_model: 16,

@@ -822,11 +822,13 @@ impl Llama {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::engine::Device;
 
-    fn tiny(tied: bool, kv_heads: usize) -> Llama {
+    /// A two-layer model of 16 wide on the CPU (seed 3); `tied` also picks Qwen3's q/k
+    /// norms, untied Qwen2's QKV biases. The parameter-order record uses it too.
+    pub(crate) fn tiny(tied: bool, kv_heads: usize) -> Llama {
         tiny_windowed(tied, kv_heads, 0, 0)
     }
 
@@ -987,18 +989,7 @@ mod tests {
                 grad_dtype: DType::F32,
             };
             let loss = model.forward_backward(&x, &y, 2, 7, p).unwrap();
-            let grads: Vec<Vec<u32>> = model
-                .params()
-                .iter()
-                .map(|p| {
-                    p.grad
-                        .to_vec()
-                        .unwrap()
-                        .iter()
-                        .map(|v| v.to_bits())
-                        .collect()
-                })
-                .collect();
+            let grads = crate::models::grad_bits(&model.params());
             (loss.to_bits(), grads)
         };
         assert_eq!(run(Recompute::None), run(Recompute::Blocks));

@@ -40,6 +40,23 @@ pub struct QuantizedBase {
 /// parallelism sends those gradients while backward goes on below them.
 pub type GradReady = Box<dyn FnMut(usize) + Send + Sync>;
 
+/// Every parameter's gradient as bits, in order: for tests that hold two runs to the same
+/// gradients bit for bit.
+#[cfg(test)]
+pub(crate) fn grad_bits(params: &[&crate::nn::Param]) -> Vec<Vec<u32>> {
+    params
+        .iter()
+        .map(|p| {
+            p.grad
+                .to_vec()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect()
+        })
+        .collect()
+}
+
 /// The index of the first trainable parameter of each block and, last, of what follows the
 /// blocks, given the trainable parameters before the blocks and in each block.
 pub fn block_starts(before: usize, per_block: impl IntoIterator<Item = usize>) -> Vec<usize> {

@@ -5,9 +5,7 @@
 //! to how layers declare or build their parameters must leave all of it as it was.
 
 use super::Model;
-use super::bert::{Bert, BertConfig};
 use super::gpt::{Gpt, GptConfig};
-use super::llama::{Llama, LlamaConfig};
 use super::resnet_bk::{ResnetBk, ResnetBkConfig};
 use crate::engine::{Device, MemoryPool};
 use crate::nn::lora::LoraSpec;
@@ -42,41 +40,6 @@ fn lora() -> LoraSpec {
 }
 
 /// Tied with query/key norms, or untied with query/key/value biases.
-fn llama_cfg(tied: bool) -> LlamaConfig {
-    LlamaConfig {
-        vocab: 13,
-        d_model: 16,
-        n_layers: 2,
-        n_heads: 4,
-        n_kv_heads: 2,
-        head_dim: 4,
-        ffn_hidden: 24,
-        context: 8,
-        rope_theta: 100.0,
-        rot_dim: 4,
-        rope_scaling: None,
-        norm_eps: 1e-5,
-        tied_head: tied,
-        qkv_bias: !tied,
-        qk_norm: tied,
-        sliding_window: 0,
-        full_attention_layers: 0,
-    }
-}
-
-fn bert_cfg() -> BertConfig {
-    BertConfig {
-        vocab: 50,
-        d_model: 16,
-        n_layers: 2,
-        n_heads: 4,
-        ffn_hidden: 24,
-        max_positions: 12,
-        type_vocab: 2,
-        norm_eps: 1e-12,
-    }
-}
-
 /// One line per parameter of every model, in order.
 fn all() -> String {
     let pool = MemoryPool::new(Device::Cpu);
@@ -110,14 +73,15 @@ fn all() -> String {
         };
         let m = ResnetBk::new(&pool, cfg, 2).unwrap();
         describe(&mut out, &format!("resnet_bk tied={tied}"), m.params());
-        let mut m = Llama::new(&pool, llama_cfg(tied), 3).unwrap();
+        let mut m = super::llama::tests::tiny(tied, 2);
         describe(&mut out, &format!("llama tied={tied}"), m.params());
         m.attach_lora(&lora(), 5).unwrap();
         describe(&mut out, &format!("llama+lora tied={tied}"), m.params());
     }
-    let mut m = Bert::new(&pool, bert_cfg(), 7).unwrap();
+    let mut m = super::bert::tests::tiny();
     describe(&mut out, "bert", m.params());
-    m.attach_lora(&pool, &lora(), None, 9).unwrap();
+    let bert_pool = m.params()[0].value.pool().clone();
+    m.attach_lora(&bert_pool, &lora(), None, 9).unwrap();
     describe(&mut out, "bert+lora", m.params());
     out
 }

@@ -661,18 +661,7 @@ mod tests {
             let losses: Vec<u64> = (0..2)
                 .map(|_| model.forward_backward(&x, &y, 2, 6, p).unwrap().to_bits())
                 .collect();
-            let grads: Vec<Vec<u32>> = model
-                .params()
-                .iter()
-                .map(|p| {
-                    p.grad
-                        .to_vec()
-                        .unwrap()
-                        .iter()
-                        .map(|v| v.to_bits())
-                        .collect()
-                })
-                .collect();
+            let grads = crate::models::grad_bits(&model.params());
             (losses, grads, model.take_routing_stats())
         };
         let kept = run(Recompute::None);
