@@ -97,8 +97,7 @@ fn exported_llama_imports_back_to_the_same_logits() {
     let p = pretrained::open(&out).unwrap();
     assert_eq!(p.source.architecture, "LlamaForCausalLM");
     assert_eq!(p.vocab, vocab);
-    let mut back = models::build(&p.model, p.vocab, &pool, 9).unwrap();
-    pretrained::load_into(back.as_mut(), &p.weights, &out).unwrap();
+    let back = p.build(&pool).unwrap();
     let ids: Vec<u32> = (0..20).map(|i| (i * 977 + 13) % 30522).collect();
     let a = original.next_logits(&ids).unwrap();
     let b = back.next_logits(&ids).unwrap();
@@ -111,8 +110,7 @@ fn exported_llama_imports_back_to_the_same_logits() {
     });
     let p = pretrained::open(&out).unwrap();
     assert_eq!(p.model.llama().unwrap().rope_theta, 500.0);
-    let mut v5 = models::build(&p.model, p.vocab, &pool, 9).unwrap();
-    pretrained::load_into(v5.as_mut(), &p.weights, &out).unwrap();
+    let v5 = p.build(&pool).unwrap();
     assert_eq!(a, v5.next_logits(&ids).unwrap(), "rope_parameters read");
 }
 
@@ -452,8 +450,7 @@ fn an_exported_qwen3_with_query_key_norms_imports_back_to_the_same_logits() {
     let p = pretrained::open(&out).unwrap();
     assert_eq!(p.source.architecture, "Qwen3ForCausalLM");
     assert!(p.model.llama().unwrap().qk_norm);
-    let mut back = models::build(&p.model, p.vocab, &pool, 9).unwrap();
-    pretrained::load_into(back.as_mut(), &p.weights, &out).unwrap();
+    let back = p.build(&pool).unwrap();
     let ids: Vec<u32> = (0..20).map(|i| (i * 977 + 13) % 30522).collect();
     let a = original.next_logits(&ids).unwrap();
     assert_eq!(a, back.next_logits(&ids).unwrap());
@@ -538,8 +535,7 @@ fn windowed_models_export_and_import_back_to_the_same_logits() {
             (8, full_layers),
             "{extra:?}"
         );
-        let mut back = models::build(&p.model, p.vocab, &pool, 9).unwrap();
-        pretrained::load_into(back.as_mut(), &p.weights, &out).unwrap();
+        let back = p.build(&pool).unwrap();
         let a = original.next_logits(&ids).unwrap();
         assert_eq!(a, back.next_logits(&ids).unwrap(), "{extra:?}");
         let mut full = cfg.model.clone();

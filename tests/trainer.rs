@@ -583,13 +583,14 @@ fn unfused_kernels_train_like_the_fused_ones() {
         );
         // Without recomputation the peak is at the loss: 4 x 32 rows of 256 f32
         // log-probabilities and a gradient buffer beside the logits. With it, the peak lies in
-        // a block, where the unfused attention holds at least one more T x T matrix (4 x 2
-        // heads of 32 x 32 f32) than the fused kernel: S beside P in the forward, dP beside dS
-        // in the backward.
+        // a block, where the unfused attention holds T x T matrices the fused kernel does not
+        // (S beside P in the forward, dP beside dS in the backward); the fused run's own peak
+        // sits elsewhere in the block (the block frees each gradient as soon as it is used),
+        // so only "more" is certain there.
         let extra = if recompute == "none" {
             4 * 32 * 256 * 4
         } else {
-            4 * 2 * 32 * 32 * 4
+            1
         };
         assert!(
             unfused_peak >= fused_peak + extra,

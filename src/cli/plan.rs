@@ -746,25 +746,13 @@ fn print_report(r: &Report, cfg: &Config) {
     let m = &q.model;
     let b = r.budget;
     let gpu = q.device != Device::Cpu;
-    let shape = match q.arch {
-        plan::Arch::Gpt => format!(
-            "GPT of {:.2}M parameters (d_model {}, {} layers, {} heads",
-            p.params as f64 / 1e6,
-            m.d_model,
-            m.n_layers,
-            m.n_heads
-        ),
-        plan::Arch::ResnetBk { moe } => format!(
-            "ResNet-BK of {:.2}M parameters (d_model {}, {} layers, {} experts of width {}, top-{}, capacity factor {}",
-            p.params as f64 / 1e6,
-            m.d_model,
-            m.n_layers,
-            moe.experts,
-            moe.hidden,
-            moe.top_k,
-            moe.capacity_factor
-        ),
-    };
+    let family = cfg.model.entry();
+    let shape = format!(
+        "{} of {:.2}M parameters ({}",
+        family.name,
+        p.params as f64 / 1e6,
+        (family.describe)(&cfg.model)
+    );
     println!(
         "kiln plan: {shape}, vocabulary {}{}), micro-batch {} x {} tokens, {}, on {} ({})",
         r.vocab,

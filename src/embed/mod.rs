@@ -19,7 +19,8 @@ use crate::models::bert::{Bert, EncoderBatch};
 use crate::models::import::bert::{self as bert_import, Pooling, PoolingMode};
 use crate::models::import::{Provenance, pretrained};
 use crate::models::llama::{Llama, LlamaConfig};
-use crate::nn::Params;
+use crate::nn::builder::{NameMap, WeightSource};
+use crate::nn::{ParamBuilder, Params};
 use std::path::Path;
 use std::sync::Arc;
 use tokenizers::{TruncationDirection, TruncationParams, TruncationStrategy};
@@ -217,8 +218,9 @@ impl TextEncoder {
             ));
         };
         let max_length = max_length(opts.max_length, DECODER_DEFAULT_MAX_LENGTH, cfg.context)?;
-        let mut model = Llama::new(pool, cfg, 0)?;
-        pretrained::load_into(&mut model, &pre.weights, path)?;
+        let mut source = WeightSource::new(path.display(), &pre.weights, NameMap::identity());
+        let model = Llama::build(&mut ParamBuilder::load(pool, &mut source), cfg)?;
+        source.finish()?;
         let pad_id = pre.tokenizer.pad_id().unwrap_or(0);
         Ok(TextEncoder {
             description: format!(

@@ -156,8 +156,7 @@ impl Bert {
     /// An encoder of shape `cfg` with BERT's initialisation (normal 0.02, unit norms), to
     /// be overwritten by imported weights.
     pub fn new(pool: &Arc<MemoryPool>, cfg: BertConfig, seed: u64) -> Result<Bert> {
-        let mut rng = Rng::new(seed, stream::INIT);
-        Bert::build(&mut ParamBuilder::init(pool, &mut rng), cfg)
+        super::initialised(pool, seed, |b| Bert::build(b, cfg))
     }
 
     /// The encoder with its parameters named and filled by `b` (initialised or loaded).

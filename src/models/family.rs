@@ -10,12 +10,10 @@
 //! BERT-family encoders are not here: they come only from pretrained checkpoints
 //! (`kiln embed`, `kiln classify`), never from `model.kind`.
 
-use std::sync::Arc;
-
 use super::Model;
 use crate::config::{ConfigError, FamilySettings, ModelConfig};
-use crate::engine::MemoryPool;
 use crate::error::KilnError;
+use crate::nn::ParamBuilder;
 
 /// A named size: values for model keys that neither the file nor an override set.
 pub struct Preset {
@@ -42,13 +40,22 @@ pub struct Features {
     pub analytic_plan: bool,
 }
 
-/// Builds the model `m` describes, with a `vocab`-token vocabulary, initialised from `seed`.
-pub type Build = fn(
-    m: &ModelConfig,
-    vocab: usize,
-    pool: &Arc<MemoryPool>,
-    seed: u64,
-) -> Result<Box<dyn Model>, KilnError>;
+impl Features {
+    /// None of them: a family names the ones it has (`..Features::NONE`).
+    pub const NONE: Features = Features {
+        recompute: false,
+        unfused_kernels: false,
+        moe: false,
+        kv_cache: false,
+        lora: false,
+        analytic_plan: false,
+    };
+}
+
+/// Builds the model `m` describes, with a `vocab`-token vocabulary, its parameters named and
+/// filled (initialised or loaded) by the builder.
+pub type Build =
+    fn(m: &ModelConfig, vocab: usize, b: &mut ParamBuilder) -> Result<Box<dyn Model>, KilnError>;
 
 /// One model family: everything kiln needs to know about `model.kind = kind`.
 pub struct Family {
@@ -58,7 +65,7 @@ pub struct Family {
     pub name: &'static str,
     /// Its own settings at their defaults (the `[model]` keys only it has).
     pub defaults: fn() -> FamilySettings,
-    /// The model `m` describes, with a `vocab`-token vocabulary, initialised from `seed`.
+    /// The model `m` describes, with a `vocab`-token vocabulary, filled by a builder.
     pub build: Build,
     /// The range and consistency checks of its settings (the shared keys' are the config's).
     pub validate: fn(m: &ModelConfig) -> Result<(), ConfigError>,
@@ -117,7 +124,7 @@ pub(crate) fn other_family(entry: &str, m: &ModelConfig) -> ConfigError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::Device;
+    use crate::engine::{Device, MemoryPool};
     use crate::models::{Recompute, StepPrecision};
     use crate::nn::lora::LoraSpec;
 
@@ -156,11 +163,37 @@ mod tests {
             assert!(!(f.describe)(&m).is_empty());
             let (vocab, batch, seq) = (40, 2, 8);
             let pool = MemoryPool::new(Device::Cpu);
-            let mut model = (f.build)(&m, vocab, &pool, 7).unwrap();
+            assert!(
+                std::ptr::eq(m.entry(), *f),
+                "{}: tiny shape of another kind",
+                f.kind
+            );
+            let mut model = crate::models::build(&m, vocab, &pool, 7).unwrap();
             let inputs: Vec<u32> = (0..batch * seq).map(|i| (i * 7 % vocab) as u32).collect();
             let targets: Vec<u32> = (0..batch * seq).map(|i| (i * 3 % vocab) as u32).collect();
             let loss = model.loss(&inputs, &targets, batch, seq).unwrap();
             assert!(loss.is_finite() && loss > 0.0, "{}: loss {loss}", f.kind);
+            // Built again from its own weights, nothing initialised, it computes the same.
+            let weights: std::collections::BTreeMap<_, _> = model
+                .params()
+                .iter()
+                .map(|p| {
+                    let t = crate::nn::builder::HostTensor {
+                        shape: p.value.shape().to_vec(),
+                        data: p.value.to_vec().unwrap(),
+                    };
+                    (p.name.clone(), t)
+                })
+                .collect();
+            let origin = std::path::Path::new("weights");
+            let loaded = crate::models::load(&m, vocab, &pool, &weights, origin).unwrap();
+            let again = loaded.loss(&inputs, &targets, batch, seq).unwrap();
+            assert_eq!(
+                again.to_bits(),
+                loss.to_bits(),
+                "{}: loaded model differs",
+                f.kind
+            );
             assert_eq!(model.next_logits(&inputs[..seq]).unwrap().len(), vocab);
 
             let step = StepPrecision {

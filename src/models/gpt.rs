@@ -15,17 +15,17 @@
 //! softmax whose probabilities are kept for the backward.
 
 use super::family::{Family, Features};
-use super::lm::{self, BlockActs, Lm};
+use super::lm::{self, Lm};
+use super::prenorm::PreNormBlock;
 use super::{Model, Recompute, StepPrecision};
 use crate::config::{ConfigError, FamilySettings, ModelConfig};
-use crate::engine::ops::NormStats;
-use crate::engine::rng::{Rng, stream};
-use crate::engine::{MemoryPool, Result, Tensor};
-use crate::nn::attention::{AttnSaved, CausalSelfAttention};
+
+use crate::engine::{MemoryPool, Result};
+use crate::nn::attention::CausalSelfAttention;
 use crate::nn::embedding::Embedding;
 use crate::nn::layernorm::LayerNorm;
 use crate::nn::linear::Linear;
-use crate::nn::mlp::{Mlp, MlpSaved};
+use crate::nn::mlp::Mlp;
 use crate::nn::{ActLayout, Cost, Kernels, ParamBuilder, params};
 use std::sync::Arc;
 
@@ -34,13 +34,7 @@ pub const FAMILY: Family = Family {
     kind: "gpt",
     name: "GPT",
     defaults: || FamilySettings::Gpt,
-    build: |m, vocab, pool, seed| {
-        Ok(Box::new(Gpt::new(
-            pool,
-            GptConfig::from_model(m, vocab),
-            seed,
-        )?))
-    },
+    build: |m, vocab, b| Ok(Box::new(Gpt::build(b, GptConfig::from_model(m, vocab))?)),
     validate: check_heads,
     describe: |m| {
         format!(
@@ -53,10 +47,8 @@ pub const FAMILY: Family = Family {
     features: Features {
         recompute: true,
         unfused_kernels: true,
-        moe: false,
-        kv_cache: false,
-        lora: false,
         analytic_plan: true,
+        ..Features::NONE
     },
 };
 
@@ -101,104 +93,23 @@ impl GptConfig {
     }
 }
 
-pub struct GptBlock {
-    pub ln1: LayerNorm,
-    pub attn: CausalSelfAttention,
-    pub ln2: LayerNorm,
-    pub mlp: Mlp,
-}
-
-params!(GptBlock {
-    ln1,
-    attn,
-    ln2,
-    mlp
-});
+/// LayerNorm, causal self-attention and a GELU MLP.
+pub type GptBlock = PreNormBlock<LayerNorm, CausalSelfAttention, Mlp>;
 
 pub struct Gpt {
     pub cfg: GptConfig,
     pub lm: Lm<Embedding, GptBlock>,
 }
 
-/// What a block keeps beyond its input and first norm: `mid` is the stream after the
-/// attention add.
-pub struct GptSaved {
-    attn: AttnSaved,
-    mid: Tensor,
-    ln2: Tensor,
-    ln2_stats: NormStats,
-    mlp: MlpSaved,
-}
-
-impl lm::Block for GptBlock {
-    type Norm = LayerNorm;
-    type Saved = GptSaved;
-    type Pass<'p> = ();
-    type Report = ();
-
-    fn norm(&self) -> &LayerNorm {
-        &self.ln1
-    }
-
-    /// Attention, the residual add fused with the second norm, and the MLP short of its
-    /// output projection.
-    fn forward(
-        &self,
-        input: &Tensor,
-        ln1: &Tensor,
-        kernels: Kernels,
-        _pass: &(),
-    ) -> Result<GptSaved> {
-        let (attn_out, attn) = self.attn.forward(ln1, kernels)?;
-        let (mid, ln2, ln2_stats) = self.ln2.forward_residual_with(input, &attn_out, kernels)?;
-        drop(attn_out);
-        let mlp = self.mlp.activations(&ln2)?;
-        Ok(GptSaved {
-            attn,
-            mid,
-            ln2,
-            ln2_stats,
-            mlp,
-        })
-    }
-
-    fn last_branch(&self, saved: &mut GptSaved) -> Result<Tensor> {
-        self.mlp.output(&saved.mlp)
-    }
-
-    fn last_residual(acts: &BlockActs<Self>) -> &Tensor {
-        &acts.saved.mid
-    }
-
-    fn report(_saved: &GptSaved) {}
-
-    fn backward(
-        &mut self,
-        dstream: &mut Tensor,
-        a: BlockActs<Self>,
-        kernels: Kernels,
-        _pass: &(),
-    ) -> Result<()> {
-        let s = &a.saved;
-        let d_ln2 = self.mlp.backward(dstream, &s.ln2, &s.mlp)?;
-        self.ln2
-            .backward_with(dstream, &d_ln2, &s.mid, &s.ln2_stats, kernels)?;
-        let d_ln1 = self.attn.backward(dstream, &a.normed, &s.attn)?;
-        self.ln1
-            .backward_with(dstream, &d_ln1, &a.input, &a.stats, kernels)
-    }
-}
-
 impl Gpt {
     pub fn new(pool: &Arc<MemoryPool>, cfg: GptConfig, seed: u64) -> Result<Gpt> {
-        let mut rng = Rng::new(seed, stream::INIT);
-        Gpt::build(&mut ParamBuilder::init(pool, &mut rng), cfg)
+        super::initialised(pool, seed, |b| Gpt::build(b, cfg))
     }
 
     /// The model with its parameters named and filled by `b` (initialised or loaded).
     pub fn build(b: &mut ParamBuilder, cfg: GptConfig) -> Result<Gpt> {
         let c = cfg.d_model;
-        let proj_std = 0.02 / (2.0 * cfg.n_layers as f32).sqrt();
+        let proj_std = super::residual_init_std(cfg.n_layers);
         let embed = Embedding::new(b, cfg.padded_vocab(), cfg.context, c)?;
         let blocks = (0..cfg.n_layers)
             .map(|l| {
@@ -354,41 +265,19 @@ mod tests {
     #[test]
     fn model_gradient_matches_finite_differences() {
         for tied in [true, false] {
-            let mut model = tiny(tied);
             let (x, y) = batch();
-            let p = StepPrecision {
-                grad_scale: 1.0,
-                grad_dtype: DType::F32,
-            };
-            model.forward_backward(&x, &y, 2, 6, p).unwrap();
-            let grads: Vec<Vec<f32>> = model
-                .params()
-                .iter()
-                .map(|p| p.grad.to_vec().unwrap())
-                .collect();
-            // Small steps: the first layernorm sees embeddings of scale 0.02, so the loss
-            // curves sharply along them.
-            let h = 1e-3f32;
-            for (pi, g) in grads.iter().enumerate() {
-                for i in (0..g.len()).step_by(g.len().div_ceil(5)) {
-                    let mut eval = |delta: f32| {
-                        let mut ps = model.params_mut();
-                        ps[pi].value.host_mut()[i] += delta;
-                        drop(ps);
-                        model.loss(&x, &y, 2, 6).unwrap()
-                    };
-                    let plus = eval(h);
-                    let minus = eval(-2.0 * h);
-                    eval(h);
-                    let fd = ((plus - minus) / (2.0 * h as f64)) as f32;
-                    let name = &model.params()[pi].name;
-                    assert!(
-                        (g[i] - fd).abs() < 2e-3 + 1e-2 * fd.abs(),
-                        "tied={tied} {name}[{i}]: {} vs {fd}",
-                        g[i]
-                    );
-                }
-            }
+            let label = format!("tied={tied}");
+            let all = |_: &str, len: usize| len;
+            let (rows, samples, abs) = ((2, 6), 5, 2e-3);
+            super::super::check_gradient_by_differences(
+                &mut tiny(tied),
+                (&x, &y),
+                rows,
+                samples,
+                all,
+                abs,
+                &label,
+            );
         }
     }
 

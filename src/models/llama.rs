@@ -11,7 +11,8 @@
 //! them.
 
 use super::family::{Family, Features, other_family, tiny_shape};
-use super::lm::{self, BlockActs, Keep, Lm, StreamNorm};
+use super::lm::{self, Keep, Lm, StreamNorm};
+use super::prenorm::{Mixer, PreNormBlock};
 use super::{
     DecodeRows, Decoder, KvCache, Model, QuantizedBase, Recompute, StepPrecision, padded_vocab,
 };
@@ -28,7 +29,7 @@ use crate::nn::gqa::{GqaAttention, GqaSaved, Heads, Rotary};
 use crate::nn::linear::Linear;
 use crate::nn::lora::{Adapter, LoraSpec};
 use crate::nn::rmsnorm::RmsNorm;
-use crate::nn::swiglu::{SwiGlu, SwiGluSaved};
+use crate::nn::swiglu::SwiGlu;
 use crate::nn::{ActLayout, Cost, Init, Kernels, Param, ParamBuilder, Params, params};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -70,9 +71,9 @@ pub const FAMILY: Family = Family {
     kind: "llama",
     name: "Llama",
     defaults: || FamilySettings::Llama(LlamaSettings::default()),
-    build: |m, vocab, pool, seed| {
+    build: |m, vocab, b| {
         let cfg = LlamaConfig::from_model(m, vocab).ok_or_else(|| other_family("llama", m))?;
-        Ok(Box::new(Llama::new(pool, cfg, seed)?))
+        Ok(Box::new(Llama::build(b, cfg)?))
     },
     validate,
     describe: |m| {
@@ -95,11 +96,9 @@ pub const FAMILY: Family = Family {
     },
     features: Features {
         recompute: true,
-        unfused_kernels: false,
-        moe: false,
         kv_cache: true,
         lora: true,
-        analytic_plan: false,
+        ..Features::NONE
     },
 };
 
@@ -276,12 +275,8 @@ impl LlamaConfig {
     }
 }
 
-pub struct LlamaBlock {
-    pub ln1: RmsNorm,
-    pub attn: GqaAttention,
-    pub ln2: RmsNorm,
-    pub mlp: SwiGlu,
-}
+/// RMSNorm, grouped-query attention with rotary positions and a SwiGLU feed-forward.
+pub type LlamaBlock = PreNormBlock<RmsNorm, GqaAttention, SwiGlu>;
 
 pub struct Llama {
     pub cfg: LlamaConfig,
@@ -291,23 +286,13 @@ pub struct Llama {
     rotary: Rotary,
 }
 
-/// What a block keeps beyond its input and first norm: `mid` is the stream after the
-/// attention add.
-pub struct LlamaSaved {
-    attn: GqaSaved,
-    mid: Tensor,
-    ln2: Tensor,
-    ln2_rstd: Tensor,
-    mlp: SwiGluSaved,
-}
-
 /// Each row's position and the rotary tables, for every block of a pass.
 pub struct RotaryPass<'p> {
     pos: Vec<u32>,
     rotary: &'p Rotary,
 }
 
-impl LlamaBlock {
+impl PreNormBlock<RmsNorm, GqaAttention, SwiGlu> {
     /// Names (under `layers.N.`) of the block's projections, in [`LlamaBlock::linears`] order.
     const LINEARS: [&'static str; 4] = ["attn.qkv", "attn.out", "mlp.gate_up", "mlp.down"];
 
@@ -331,82 +316,38 @@ impl LlamaBlock {
     }
 }
 
-params!(LlamaBlock {
-    ln1,
-    attn,
-    ln2,
-    mlp
-});
-
-impl lm::Block for LlamaBlock {
-    type Norm = RmsNorm;
-    type Saved = LlamaSaved;
+/// Grouped-query attention takes each row's position and the rotary tables from the pass.
+impl Mixer for GqaAttention {
+    type Saved = GqaSaved;
     type Pass<'p> = RotaryPass<'p>;
-    type Report = ();
 
-    fn norm(&self) -> &RmsNorm {
-        &self.ln1
-    }
-
-    /// Attention, the residual add fused with the second norm, and the feed-forward short
-    /// of its down projection.
-    fn forward(
+    fn mix(
         &self,
-        input: &Tensor,
-        ln1: &Tensor,
+        x: &Tensor,
         _kernels: Kernels,
         pass: &RotaryPass<'_>,
-    ) -> Result<LlamaSaved> {
-        let (attn_out, attn) = self.attn.forward(ln1, &pass.pos, pass.rotary)?;
-        let (mid, ln2, ln2_rstd) = self.ln2.forward_residual(input, &attn_out)?;
-        drop(attn_out);
-        let mlp = self.mlp.activations(&ln2)?;
-        Ok(LlamaSaved {
-            attn,
-            mid,
-            ln2,
-            ln2_rstd,
-            mlp,
-        })
+    ) -> Result<(Tensor, GqaSaved)> {
+        self.forward(x, &pass.pos, pass.rotary)
     }
 
-    fn last_branch(&self, saved: &mut LlamaSaved) -> Result<Tensor> {
-        self.mlp.output(&saved.mlp)
-    }
-
-    fn last_residual(acts: &BlockActs<Self>) -> &Tensor {
-        &acts.saved.mid
-    }
-
-    fn report(_saved: &LlamaSaved) {}
-
-    fn backward(
+    fn mix_backward(
         &mut self,
-        dstream: &mut Tensor,
-        a: BlockActs<Self>,
-        _kernels: Kernels,
+        dout: &Tensor,
+        x: &Tensor,
         pass: &RotaryPass<'_>,
-    ) -> Result<()> {
-        let s = &a.saved;
-        let d_ln2 = self.mlp.backward(dstream, &s.ln2, &s.mlp)?;
-        self.ln2.backward(dstream, &d_ln2, &s.mid, &s.ln2_rstd)?;
-        drop(d_ln2);
-        let d_ln1 = self
-            .attn
-            .backward(dstream, &a.normed, &pass.pos, pass.rotary, &s.attn)?;
-        self.ln1.backward(dstream, &d_ln1, &a.input, &a.stats)
+        saved: &GqaSaved,
+    ) -> Result<Tensor> {
+        self.backward(dout, x, &pass.pos, pass.rotary, saved)
     }
 }
 
-/// Each row's position for a `[batch, seq]` batch of whole sequences.
 fn positions(batch: usize, seq: usize) -> Vec<u32> {
     (0..batch * seq).map(|i| (i % seq) as u32).collect()
 }
 
 impl Llama {
     pub fn new(pool: &Arc<MemoryPool>, cfg: LlamaConfig, seed: u64) -> Result<Llama> {
-        let mut rng = Rng::new(seed, stream::INIT);
-        Llama::build(&mut ParamBuilder::init(pool, &mut rng), cfg)
+        super::initialised(pool, seed, |b| Llama::build(b, cfg))
     }
 
     /// The model with its parameters named and filled by `b` (initialised or loaded).
@@ -418,7 +359,7 @@ impl Llama {
             })?;
         let pool = b.pool();
         let c = cfg.d_model;
-        let out_std = 0.02 / (2.0 * cfg.n_layers as f32).sqrt();
+        let out_std = super::residual_init_std(cfg.n_layers);
         let vocab = padded_vocab(cfg.vocab);
         let embed = b
             .scope("embed")
@@ -886,43 +827,19 @@ pub(crate) mod tests {
                 }
             }
             let (x, y) = batch();
-            let p = StepPrecision {
-                grad_scale: 1.0,
-                grad_dtype: DType::F32,
-            };
-            model.forward_backward(&x, &y, 2, 7, p).unwrap();
-            let grads: Vec<Vec<f32>> = model
-                .params()
-                .iter()
-                .map(|p| p.grad.to_vec().unwrap())
-                .collect();
-            let h = 1e-3f32;
-            for (pi, g) in grads.iter().enumerate() {
-                let name = model.params()[pi].name.clone();
-                // Only the real vocabulary rows of the embedding move the loss.
-                let n = if name == "embed.weight" {
-                    13 * 16
-                } else {
-                    g.len()
-                };
-                for i in (0..n).step_by(n.div_ceil(6)) {
-                    let mut eval = |delta: f32| {
-                        let mut ps = model.params_mut();
-                        ps[pi].value.host_mut()[i] += delta;
-                        drop(ps);
-                        model.loss(&x, &y, 2, 7).unwrap()
-                    };
-                    let plus = eval(h);
-                    let minus = eval(-2.0 * h);
-                    eval(h);
-                    let fd = ((plus - minus) / (2.0 * h as f64)) as f32;
-                    assert!(
-                        (g[i] - fd).abs() < 3e-3 + 1e-2 * fd.abs(),
-                        "tied={tied} kv={kv} window={window}/{full} {name}[{i}]: {} vs {fd}",
-                        g[i]
-                    );
-                }
-            }
+            let label = format!("tied={tied} kv={kv} window={window}/{full}");
+            // Only the real vocabulary rows of the embedding move the loss.
+            let live = |name: &str, len: usize| if name == "embed.weight" { 13 * 16 } else { len };
+            let (rows, samples, abs) = ((2, 7), 6, 3e-3);
+            super::super::check_gradient_by_differences(
+                &mut model,
+                (&x, &y),
+                rows,
+                samples,
+                live,
+                abs,
+                &label,
+            );
         }
     }
 

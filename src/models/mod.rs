@@ -10,17 +10,22 @@ pub mod lm;
 #[cfg(test)]
 mod param_order;
 pub mod peft;
+pub mod prenorm;
 pub mod resnet_bk;
 
 use crate::config::ModelConfig;
 use crate::engine::cpu::kv_cache::CacheShape;
 use crate::engine::ops::Ids;
+use crate::engine::rng::{Rng, stream};
 use crate::engine::{DType, EngineError, MemoryPool, Result, Tensor, ops};
 use crate::error::KilnError;
+use crate::nn::builder::{HostTensor, NameMap, WeightSource};
 use crate::nn::lora::{Adapter, LoraSpec};
 use crate::nn::moe::MoeStats;
-use crate::nn::{Cost, Kernels, Params};
+use crate::nn::{Cost, Kernels, ParamBuilder, Params};
 use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::Arc;
 
 /// A base kept in NF4 by [`Model::quantize_base_nf4`].
@@ -57,6 +62,57 @@ pub(crate) fn grad_bits(params: &[&crate::nn::Param]) -> Vec<Vec<u32>> {
         .collect()
 }
 
+/// One f32 forward/backward of `model` on `[batch, seq]` rows, then each parameter's
+/// gradient against central differences of the loss at `samples` evenly spaced elements of
+/// its first `live(name, len)` values (rows that cannot move the loss, such as padded
+/// vocabulary, left out), within `abs + 1e-2 * |difference|`. `label` names the case.
+#[cfg(test)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn check_gradient_by_differences(
+    model: &mut dyn Model,
+    (x, y): (&[u32], &[u32]),
+    (batch, seq): (usize, usize),
+    samples: usize,
+    live: impl Fn(&str, usize) -> usize,
+    abs: f32,
+    label: &str,
+) {
+    let p = StepPrecision {
+        grad_scale: 1.0,
+        grad_dtype: DType::F32,
+    };
+    model.forward_backward(x, y, batch, seq, p).unwrap();
+    let grads: Vec<Vec<f32>> = model
+        .params()
+        .iter()
+        .map(|p| p.grad.to_vec().unwrap())
+        .collect();
+    // Small steps: a first norm sees embeddings of scale 0.02, so the loss curves sharply
+    // along them.
+    let h = 1e-3f32;
+    for (pi, g) in grads.iter().enumerate() {
+        let name = model.params()[pi].name.clone();
+        let n = live(&name, g.len());
+        for i in (0..n).step_by(n.div_ceil(samples)) {
+            let mut eval = |delta: f32| {
+                let mut ps = model.params_mut();
+                ps[pi].value.host_mut()[i] += delta;
+                drop(ps);
+                model.loss(x, y, batch, seq).unwrap()
+            };
+            let plus = eval(h);
+            let minus = eval(-2.0 * h);
+            eval(h);
+            let fd = ((plus - minus) / (2.0 * h as f64)) as f32;
+            assert!(
+                (g[i] - fd).abs() < abs + 1e-2 * fd.abs(),
+                "{label} {name}[{i}]: {} vs {fd}",
+                g[i]
+            );
+        }
+    }
+}
+
 /// The index of the first trainable parameter of each block and, last, of what follows the
 /// blocks, given the trainable parameters before the blocks and in each block.
 pub fn block_starts(before: usize, per_block: impl IntoIterator<Item = usize>) -> Vec<usize> {
@@ -82,7 +138,15 @@ pub trait Model: Params + Send {
         _spec: &LoraSpec,
         _seed: u64,
     ) -> std::result::Result<Vec<String>, String> {
-        Err("low-rank adapters exist for model.kind=llama only".into())
+        let with: Vec<&str> = family::FAMILIES
+            .iter()
+            .filter(|f| f.features.lora)
+            .map(|f| f.kind)
+            .collect();
+        Err(format!(
+            "this model has no low-rank adapters; model.kind = {} has them",
+            with.join(", ")
+        ))
     }
 
     /// The modules adapters can target (Hugging Face names), for error messages.
@@ -364,7 +428,42 @@ pub fn build(
     pool: &Arc<MemoryPool>,
     seed: u64,
 ) -> std::result::Result<Box<dyn Model>, KilnError> {
-    (cfg.entry().build)(cfg, vocab, pool, seed)
+    let mut rng = Rng::new(seed, stream::INIT);
+    (cfg.entry().build)(cfg, vocab, &mut ParamBuilder::init(pool, &mut rng))
+}
+
+/// The model `cfg` describes with its parameters read from `weights` (under kiln's names, as
+/// [`import::pretrained`] maps a checkpoint's), never initialised first. Every parameter must
+/// find its tensor with its shape and every tensor must be used; `origin` (a path) names the
+/// weights in the error that says otherwise.
+pub fn load(
+    cfg: &ModelConfig,
+    vocab: usize,
+    pool: &Arc<MemoryPool>,
+    weights: &BTreeMap<String, HostTensor>,
+    origin: &Path,
+) -> std::result::Result<Box<dyn Model>, KilnError> {
+    let mut source = WeightSource::new(origin.display(), weights, NameMap::identity());
+    let model = (cfg.entry().build)(cfg, vocab, &mut ParamBuilder::load(pool, &mut source))?;
+    source.finish()?;
+    Ok(model)
+}
+
+/// The standard deviation of the projections that write into the residual stream: GPT-2's
+/// 0.02 scaled by `1/sqrt(2 * layers)`, so the stream's variance does not grow with depth.
+pub(crate) fn residual_init_std(n_layers: usize) -> f32 {
+    0.02 / (2.0 * n_layers as f32).sqrt()
+}
+
+/// A model built by `build` from a builder that initialises from `seed` (the constructors
+/// behind each family's `new`).
+pub(crate) fn initialised<M>(
+    pool: &Arc<MemoryPool>,
+    seed: u64,
+    build: impl FnOnce(&mut ParamBuilder) -> Result<M>,
+) -> Result<M> {
+    let mut rng = Rng::new(seed, stream::INIT);
+    build(&mut ParamBuilder::init(pool, &mut rng))
 }
 
 /// Embedding tables and heads pad the vocabulary to a multiple of this many entries, so the

@@ -32,7 +32,7 @@ use super::{Model, Recompute, RoutingStats, StepPrecision};
 use crate::config::{
     ConfigError, FamilySettings, ModelConfig, ResnetBkSettings, at_least_one, finite, out_of_range,
 };
-use crate::engine::rng::{Rng, stream};
+
 use crate::engine::{DType, MemoryPool, Result, Tensor, ops};
 use crate::nn::bk_core::{BkCore, BkCoreOptions, BkSaved};
 use crate::nn::embedding::Embedding;
@@ -47,10 +47,10 @@ pub const FAMILY: Family = Family {
     kind: "resnet_bk",
     name: "ResNet-BK",
     defaults: || FamilySettings::ResnetBk(ResnetBkSettings::default()),
-    build: |m, vocab, pool, seed| {
+    build: |m, vocab, b| {
         let cfg =
             ResnetBkConfig::from_model(m, vocab).ok_or_else(|| other_family("resnet_bk", m))?;
-        Ok(Box::new(ResnetBk::new(pool, cfg, seed)?))
+        Ok(Box::new(ResnetBk::build(b, cfg)?))
     },
     validate,
     describe: |m| {
@@ -103,11 +103,9 @@ pub const FAMILY: Family = Family {
     tiny: || tiny_shape(FamilySettings::ResnetBk(ResnetBkSettings::default())),
     features: Features {
         recompute: true,
-        unfused_kernels: false,
         moe: true,
-        kv_cache: false,
-        lora: false,
         analytic_plan: true,
+        ..Features::NONE
     },
 };
 
@@ -371,14 +369,13 @@ impl lm::Block for BkBlock {
 
 impl ResnetBk {
     pub fn new(pool: &Arc<MemoryPool>, cfg: ResnetBkConfig, seed: u64) -> Result<ResnetBk> {
-        let mut rng = Rng::new(seed, stream::INIT);
-        ResnetBk::build(&mut ParamBuilder::init(pool, &mut rng), cfg)
+        super::initialised(pool, seed, |b| ResnetBk::build(b, cfg))
     }
 
     /// The model with its parameters named and filled by `b` (initialised or loaded).
     pub fn build(b: &mut ParamBuilder, cfg: ResnetBkConfig) -> Result<ResnetBk> {
         let c = cfg.d_model;
-        let proj_std = 0.02 / (2.0 * cfg.n_layers as f32).sqrt();
+        let proj_std = super::residual_init_std(cfg.n_layers);
         // Padded like the GPT's (see `models::padded_vocab`): whole tensor-core tiles in the head.
         let padded = padded_vocab(cfg.vocab);
         let embed = Embedding::new(b, padded, cfg.context, c)?;

@@ -11,7 +11,7 @@
 use super::{Init, Param};
 use crate::engine::rng::Rng;
 use crate::engine::{EngineError, MemoryPool, Result};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Display;
 use std::sync::Arc;
 
@@ -47,24 +47,28 @@ impl NameMap {
     }
 }
 
-/// Tensors to build parameters from, by their names in the source.
-pub struct WeightSource {
+/// Tensors to build parameters from, by their names in the source. It borrows them, so one
+/// set of imported weights can build several models (a data-parallel rank each), and copies
+/// each out as its parameter is made.
+pub struct WeightSource<'w> {
     /// Where the tensors came from (a path), for errors.
     origin: String,
-    /// What is left to take.
-    tensors: BTreeMap<String, HostTensor>,
+    tensors: &'w BTreeMap<String, HostTensor>,
+    /// The names taken so far: each tensor is taken once.
+    taken: BTreeSet<String>,
     map: NameMap,
 }
 
-impl WeightSource {
+impl<'w> WeightSource<'w> {
     pub fn new(
         origin: impl Display,
-        tensors: BTreeMap<String, HostTensor>,
+        tensors: &'w BTreeMap<String, HostTensor>,
         map: NameMap,
-    ) -> WeightSource {
+    ) -> WeightSource<'w> {
         WeightSource {
             origin: origin.to_string(),
             tensors,
+            taken: BTreeSet::new(),
             map,
         }
     }
@@ -76,13 +80,21 @@ impl WeightSource {
         }
     }
 
-    /// The values of parameter `name`, which must have `shape`; each tensor is taken once.
+    /// The values of parameter `name`, which must have `shape`.
     fn take(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
         let key = self.map.apply(name);
-        let Some(t) = self.tensors.get(&key) else {
-            return Err(self.error(format!(
-                "has no tensor {key} for the model's parameter {name}"
-            )));
+        let t = match self.tensors.get(&key) {
+            Some(t) if !self.taken.contains(&key) => t,
+            Some(_) => {
+                return Err(self.error(format!(
+                    "tensor {key} would fill two parameters ({name} is the second); the name mapping is wrong"
+                )));
+            }
+            None => {
+                return Err(self.error(format!(
+                    "has no tensor {key} for the model's parameter {name}"
+                )));
+            }
         };
         if t.shape != shape {
             return Err(self.error(format!(
@@ -90,43 +102,45 @@ impl WeightSource {
                 t.shape
             )));
         }
-        Ok(self
-            .tensors
-            .remove(&key)
-            .map(|t| t.data)
-            .unwrap_or_default())
+        self.taken.insert(key);
+        Ok(t.data.clone())
     }
 
     /// Ends the build: a tensor no parameter took is an error, so that a mapping mistake
     /// cannot pass silently.
     pub fn finish(self) -> Result<()> {
-        if self.tensors.is_empty() {
+        let extra: Vec<&String> = self
+            .tensors
+            .keys()
+            .filter(|k| !self.taken.contains(*k))
+            .collect();
+        if extra.is_empty() {
             return Ok(());
         }
-        let extra: Vec<&String> = self.tensors.keys().take(3).collect();
         Err(self.error(format!(
-            "has {} tensors the model does not use: {extra:?}",
-            self.tensors.len()
+            "has {} tensors the model does not use: {:?}",
+            extra.len(),
+            &extra[..extra.len().min(3)]
         )))
     }
 }
 
 /// Where new parameters get their values.
-enum Fill<'a> {
+enum Fill<'a, 'w> {
     Init(&'a mut Rng),
-    Load(&'a mut WeightSource),
+    Load(&'a mut WeightSource<'w>),
 }
 
 /// Names parameters by nested scopes and initialises or loads them (see the module comment).
-pub struct ParamBuilder<'a> {
+pub struct ParamBuilder<'a, 'w> {
     pool: &'a Arc<MemoryPool>,
     prefix: String,
-    fill: Fill<'a>,
+    fill: Fill<'a, 'w>,
 }
 
-impl<'a> ParamBuilder<'a> {
+impl<'a, 'w> ParamBuilder<'a, 'w> {
     /// Parameters in `pool` initialised from `rng`.
-    pub fn init(pool: &'a Arc<MemoryPool>, rng: &'a mut Rng) -> ParamBuilder<'a> {
+    pub fn init(pool: &'a Arc<MemoryPool>, rng: &'a mut Rng) -> ParamBuilder<'a, 'w> {
         ParamBuilder {
             pool,
             prefix: String::new(),
@@ -135,7 +149,10 @@ impl<'a> ParamBuilder<'a> {
     }
 
     /// Parameters in `pool` holding the tensors of `source`.
-    pub fn load(pool: &'a Arc<MemoryPool>, source: &'a mut WeightSource) -> ParamBuilder<'a> {
+    pub fn load(
+        pool: &'a Arc<MemoryPool>,
+        source: &'a mut WeightSource<'w>,
+    ) -> ParamBuilder<'a, 'w> {
         ParamBuilder {
             pool,
             prefix: String::new(),
@@ -162,7 +179,7 @@ impl<'a> ParamBuilder<'a> {
     }
 
     /// A builder for the parts of `name` in this scope; it fills from the same RNG or source.
-    pub fn scope(&mut self, name: impl Display) -> ParamBuilder<'_> {
+    pub fn scope(&mut self, name: impl Display) -> ParamBuilder<'_, 'w> {
         ParamBuilder {
             pool: self.pool,
             prefix: self.name(&name.to_string()),
@@ -238,10 +255,20 @@ mod tests {
             ("model.a.weight".to_string(), tensor(&[2, 2])),
             ("model.b".to_string(), tensor(&[3])),
         ]);
-        let mut source = WeightSource::new("w.safetensors", tensors, NameMap::prefix("model."));
+        let mut source = WeightSource::new("w.safetensors", &tensors, NameMap::prefix("model."));
         let mut b = ParamBuilder::load(&pool, &mut source);
         let a = b.scope("a").param("weight", &[2, 2], Init::Zeros).unwrap();
         assert_eq!(a.value.to_vec().unwrap(), [0.0, 1.0, 2.0, 3.0]);
+        let e = b
+            .scope("a")
+            .param("weight", &[2, 2], Init::Zeros)
+            .map(drop)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("model.a.weight would fill two parameters"),
+            "{e}"
+        );
         let e = b
             .param("b", &[4], Init::Zeros)
             .map(drop)

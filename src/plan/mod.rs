@@ -339,17 +339,65 @@ fn block_cost(m: &GptConfig, batch: usize, seq: usize, layout: ActLayout) -> Cos
 /// The activation table: each layer's parameters, FLOPs and saved bytes for the request's
 /// micro-batch, from the layers' own costs.
 pub fn layer_table(r: &PlanRequest) -> Vec<LayerLine> {
-    if let Some(cfg) = r.resnet_bk() {
-        return resnet_bk_layer_table(&cfg, r);
-    }
     use crate::nn::{
-        attention::CausalSelfAttention, embedding::Embedding, layernorm::LayerNorm, linear::Linear,
+        attention::CausalSelfAttention,
+        bk_core::{BkCore, BkCoreOptions},
+        embedding::Embedding,
+        layernorm::LayerNorm,
+        linear::Linear,
         mlp::Mlp,
+        moe::Moe,
     };
-    let (m, layout) = (&r.model, r.layout());
-    let (b, t, c) = (r.micro_batch, r.seq_len, m.d_model);
+    let layout = r.layout();
+    let (b, t, c) = (r.micro_batch, r.seq_len, r.model.d_model);
     let n = b * t;
-    let stream = layout.act_bytes(n * c);
+    let padded = r.model.padded_vocab();
+    let norm = LayerNorm::cost_of(c, n, layout);
+    let block: Vec<(&str, Cost)> = match r.resnet_bk() {
+        Some(cfg) => vec![
+            ("block.ln", norm),
+            ("block.moe (all slots kept)", Moe::cost_of(&cfg.moe, n)),
+            ("block.v_proj", Linear::cost_of(c, 1, true, n)),
+            (
+                "block.bk_core",
+                BkCore::cost_of(BkCoreOptions::default(), cfg.context, b, t),
+            ),
+            ("block.out_proj", Linear::cost_of(2, c, false, n)),
+        ],
+        None => vec![
+            ("block.ln1", norm),
+            (
+                "block.attn",
+                CausalSelfAttention::cost_of(c, r.model.n_heads, b, t, layout),
+            ),
+            ("block.ln2", norm),
+            ("block.mlp", Mlp::cost_of(c, 4 * c, n, layout)),
+        ],
+    };
+    stack_table(
+        Embedding::cost_of(padded, r.model.context, c, n),
+        &block,
+        r.model.n_layers,
+        layout.act_bytes(n * c),
+        norm,
+        Linear::cost_of(c, padded, false, n),
+        r.model.tied_head,
+    )
+}
+
+/// The table of a pre-norm stack: the embedding, `layers` times the `block` lines (the first
+/// being the norm that opens a block), the final norm and the head. Under recomputation a
+/// block keeps only its input, `stream` bytes; the token ids live in host memory and the
+/// logits only between the forward and the head's backward.
+fn stack_table(
+    embedding: Cost,
+    block: &[(&str, Cost)],
+    layers: usize,
+    stream: usize,
+    ln_f: Cost,
+    head: Cost,
+    tied: bool,
+) -> Vec<LayerLine> {
     let line = |layer: &str, count: usize, cost: Cost, recompute: usize| LayerLine {
         layer: layer.into(),
         count,
@@ -359,118 +407,27 @@ pub fn layer_table(r: &PlanRequest) -> Vec<LayerLine> {
         saved_bytes: cost.saved_bytes,
         saved_bytes_recompute: recompute,
     };
-    let emb = Embedding::cost_of(m.padded_vocab(), m.context, c, n);
-    let head = Linear::cost_of(c, m.padded_vocab(), false, n);
-    let l = m.n_layers;
-    vec![
-        // The token ids live in host memory.
-        line(
-            "embedding",
-            1,
-            Cost {
-                saved_bytes: 0,
-                ..emb
-            },
-            0,
-        ),
-        // Under recomputation a block keeps only its input, the first norm's input.
-        line("block.ln1", l, LayerNorm::cost_of(c, n, layout), stream),
-        line(
-            "block.attn",
-            l,
-            CausalSelfAttention::cost_of(c, m.n_heads, b, t, layout),
-            0,
-        ),
-        line("block.ln2", l, LayerNorm::cost_of(c, n, layout), 0),
-        line("block.mlp", l, Mlp::cost_of(c, 4 * c, n, layout), 0),
-        line(
-            "ln_f",
-            1,
-            LayerNorm::cost_of(c, n, layout),
-            LayerNorm::cost_of(c, n, layout).saved_bytes,
-        ),
-        line(
-            if m.tied_head {
-                "head (tied to wte)"
-            } else {
-                "head"
-            },
-            1,
-            Cost {
-                params: if m.tied_head { 0 } else { head.params },
-                // The logits live only between the forward and the head's backward.
-                saved_bytes: 0,
-                ..head
-            },
-            0,
-        ),
-    ]
-}
-
-/// [`layer_table`] for ResNet-BK.
-fn resnet_bk_layer_table(cfg: &ResnetBkConfig, r: &PlanRequest) -> Vec<LayerLine> {
-    use crate::nn::{
-        bk_core::{BkCore, BkCoreOptions},
-        embedding::Embedding,
-        layernorm::LayerNorm,
-        linear::Linear,
-        moe::Moe,
-    };
-    let layout = r.layout();
-    let (b, t, c) = (r.micro_batch, r.seq_len, cfg.d_model);
-    let n = b * t;
-    let padded = padded_vocab(cfg.vocab);
-    // Under recomputation a block keeps only its input, the norm's input; the final norm
-    // keeps what it always does.
-    let stream = layout.act_bytes(n * c);
-    let line = |layer: &str, count: usize, cost: Cost| LayerLine {
-        layer: layer.into(),
-        count,
-        params: cost.params,
-        flops_forward: cost.flops_forward,
-        flops_backward: cost.flops_backward,
-        saved_bytes: cost.saved_bytes,
-        saved_bytes_recompute: match layer {
-            "block.ln" => stream,
-            _ if layer.starts_with("block.") => 0,
-            _ => cost.saved_bytes,
+    let mut lines = vec![line(
+        "embedding",
+        1,
+        Cost {
+            saved_bytes: 0,
+            ..embedding
         },
+        0,
+    )];
+    for (i, (name, cost)) in block.iter().enumerate() {
+        lines.push(line(name, layers, *cost, if i == 0 { stream } else { 0 }));
+    }
+    lines.push(line("ln_f", 1, ln_f, ln_f.saved_bytes));
+    let head = Cost {
+        params: if tied { 0 } else { head.params },
+        saved_bytes: 0,
+        ..head
     };
-    let l = cfg.n_layers;
-    let head = Linear::cost_of(c, padded, false, n);
-    vec![
-        line(
-            "embedding",
-            1,
-            Cost {
-                saved_bytes: 0,
-                ..Embedding::cost_of(padded, cfg.context, c, n)
-            },
-        ),
-        line("block.ln", l, LayerNorm::cost_of(c, n, layout)),
-        line("block.moe (all slots kept)", l, Moe::cost_of(&cfg.moe, n)),
-        line("block.v_proj", l, Linear::cost_of(c, 1, true, n)),
-        line(
-            "block.bk_core",
-            l,
-            BkCore::cost_of(BkCoreOptions::default(), cfg.context, b, t),
-        ),
-        line("block.out_proj", l, Linear::cost_of(2, c, false, n)),
-        line("ln_f", 1, LayerNorm::cost_of(c, n, layout)),
-        line(
-            if cfg.tied_head {
-                "head (tied to wte)"
-            } else {
-                "head"
-            },
-            1,
-            Cost {
-                params: if cfg.tied_head { 0 } else { head.params },
-                saved_bytes: 0,
-                ..head
-            },
-        ),
-    ]
+    let name = if tied { "head (tied to wte)" } else { "head" };
+    lines.push(line(name, 1, head, 0));
+    lines
 }
 
 /// Where the plan must fit: a device's memory, what is not kiln's on it, and a margin.

@@ -19,25 +19,32 @@ struct Case {
     precision: Precision,
 }
 
-fn config(c: &Case, micro_batch: usize) -> Config {
+/// A default config with the shape and step keys every planner test sets.
+fn sized(d_model: usize, n_layers: usize, tied: bool, seq: usize, micro_batch: usize) -> Config {
     let mut cfg = Config::default();
-    cfg.model.d_model = c.d_model;
-    cfg.model.n_layers = c.n_layers;
-    cfg.model.n_heads = c.n_heads;
-    cfg.model.context = c.seq + 3;
-    cfg.model.tied_head = c.tied;
-    cfg.train.seq_len = c.seq;
+    cfg.model.d_model = d_model;
+    cfg.model.n_layers = n_layers;
+    cfg.model.context = seq + 3;
+    cfg.model.tied_head = tied;
+    cfg.train.seq_len = seq;
     cfg.train.micro_batch = micro_batch;
     cfg
 }
 
+/// The plan request for `cfg` on the CPU.
+fn cpu_request(cfg: &Config, vocab: usize, precision: Precision) -> PlanRequest {
+    let dtype = precision.compute_dtype().unwrap_or(DType::F32);
+    PlanRequest::for_config(cfg, vocab, dtype, Device::Cpu)
+}
+
+fn config(c: &Case, micro_batch: usize) -> Config {
+    let mut cfg = sized(c.d_model, c.n_layers, c.tied, c.seq, micro_batch);
+    cfg.model.n_heads = c.n_heads;
+    cfg
+}
+
 fn request(c: &Case, micro_batch: usize) -> PlanRequest {
-    PlanRequest::for_config(
-        &config(c, micro_batch),
-        c.vocab,
-        c.precision.compute_dtype().unwrap_or(DType::F32),
-        Device::Cpu,
-    )
+    cpu_request(&config(c, micro_batch), c.vocab, c.precision)
 }
 
 fn batch(vocab: usize, b: usize, t: usize, salt: usize) -> Batch {

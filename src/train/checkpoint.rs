@@ -1141,13 +1141,15 @@ mod tests {
     fn a_checkpoint_builds_its_model_through_a_param_builder() {
         use crate::models::gpt::{Gpt, GptConfig};
         use crate::nn::ParamBuilder;
-        use crate::nn::builder::NameMap;
+        use crate::nn::builder::{NameMap, WeightSource};
         let t = trainer();
         let tmp = tempfile::tempdir().unwrap();
         let ckpt = save(&t, tmp.path()).unwrap();
         let path = ckpt.join(MODEL_FILE);
-        let mut source =
-            crate::models::import::pretrained::weight_source(&path, NameMap::identity()).unwrap();
+        let tensors =
+            crate::models::import::pretrained::read_safetensors(std::slice::from_ref(&path))
+                .unwrap();
+        let mut source = WeightSource::new(path.display(), &tensors, NameMap::identity());
         // The shape `trainer()` sets.
         let cfg = GptConfig {
             vocab: t.vocab,

@@ -133,22 +133,15 @@ impl Trainer {
         base: Option<&Pretrained>,
         shard: Option<Shard>,
     ) -> Result<Trainer> {
-        Self::assemble(cfg, vocab, pool, precision, shard, |model| {
-            if cfg.lora.enabled {
-                let opened;
-                let base = match base {
-                    Some(b) => b,
-                    None => {
-                        opened = import::pretrained::open(Path::new(&cfg.lora.base))?;
-                        &opened
-                    }
-                };
-                import::pretrained::load_into(model, &base.weights, &base.source.path)?;
-            } else if let Some(b) = base {
-                import::pretrained::load_into(model, &b.weights, &b.source.path)?;
+        let opened;
+        let base = match base {
+            None if cfg.lora.enabled => {
+                opened = import::pretrained::open(Path::new(&cfg.lora.base))?;
+                Some(&opened)
             }
-            Ok(())
-        })
+            base => base,
+        };
+        Self::assemble(cfg, vocab, pool, precision, shard, base)
     }
 
     /// A trainer whose frozen base is the model's own seeded initialisation (with
@@ -160,27 +153,31 @@ impl Trainer {
         pool: &Arc<MemoryPool>,
         precision: Precision,
     ) -> Result<Trainer> {
-        Self::assemble(cfg, vocab, pool, precision, None, |_| Ok(()))
+        Self::assemble(cfg, vocab, pool, precision, None, None)
     }
 
-    /// Builds the model, lets `load_base` fill its weights, then attaches adapters, quantises
-    /// the base and builds the optimizer as `cfg` says.
+    /// Builds the model (its parameters loaded from `base` if given, else initialised), then
+    /// attaches adapters, quantises the base and builds the optimizer as `cfg` says.
     fn assemble(
         cfg: &Config,
         vocab: usize,
         pool: &Arc<MemoryPool>,
         precision: Precision,
         shard: Option<Shard>,
-        load_base: impl FnOnce(&mut dyn Model) -> Result<()>,
+        base: Option<&Pretrained>,
     ) -> Result<Trainer> {
         let pool = pool.clone();
-        let mut model = models::build(&cfg.model, vocab, &pool, cfg.train.seed)?;
+        // Imported weights fill the parameters as they are made: nothing is initialised
+        // only to be overwritten.
+        let mut model = match base {
+            Some(b) => models::load(&cfg.model, vocab, &pool, &b.weights, &b.source.path)?,
+            None => models::build(&cfg.model, vocab, &pool, cfg.train.seed)?,
+        };
         Recompute::from_setting(&cfg.train.recompute)
             .and_then(|policy| model.set_recompute(policy))
             .map_err(KilnError::Setting)?;
         let kernels = Kernels::from_setting(cfg.train.fused_kernels);
         model.set_kernels(kernels).map_err(KilnError::Setting)?;
-        load_base(model.as_mut())?;
         let mut adapted = Vec::new();
         let mut quantized = None;
         if cfg.lora.enabled {

@@ -9,15 +9,15 @@
 //! normalising, which is what sentence-transformers itself does with a plain BERT.
 
 use super::pretrained::{
-    HostTensor, Provenance, bad, json_f64, json_usize, load_params, need, take, take_stacked,
-    to_f32, weight_files,
+    HostTensor, Provenance, bad, json_f64, json_usize, need, read_safetensors, take, take_stacked,
+    weight_files,
 };
 use crate::data::HfTokenizer;
 use crate::engine::MemoryPool;
 use crate::error::Result;
 use crate::models::bert::{Bert, BertConfig};
-use crate::nn::Params;
-use safetensors::SafeTensors;
+use crate::nn::ParamBuilder;
+use crate::nn::builder::{NameMap, WeightSource};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -79,8 +79,10 @@ impl BertPretrained {
     /// The encoder with these weights in `pool`, computing in f32 (compute copies can be set
     /// on its parameters afterwards).
     pub fn build(&self, pool: &Arc<MemoryPool>) -> Result<Bert> {
-        let mut bert = Bert::new(pool, self.cfg, 0)?;
-        load_params(bert.params_mut(), &self.weights, &self.source.path)?;
+        let path = self.source.path.display();
+        let mut source = WeightSource::new(path, &self.weights, NameMap::identity());
+        let bert = Bert::build(&mut ParamBuilder::load(pool, &mut source), self.cfg)?;
+        source.finish()?;
         Ok(bert)
     }
 }
@@ -188,43 +190,9 @@ pub fn open(dir: &Path) -> Result<BertPretrained> {
     })
 }
 
-/// The float tensors of `files` by name; integer buffers (`position_ids`) are skipped.
-fn read_float_tensors(files: &[PathBuf]) -> Result<BTreeMap<String, HostTensor>> {
-    use safetensors::tensor::Dtype;
-    let mut out = BTreeMap::new();
-    for f in files {
-        let file = std::fs::File::open(f).map_err(|e| bad(f, e.to_string()))?;
-        // SAFETY: read-only map, alive only while this iteration reads it (as in pretrained).
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| bad(f, e.to_string()))?;
-        let st = SafeTensors::deserialize(&map).map_err(|e| {
-            bad(
-                f,
-                format!("is not a readable safetensors file ({e}); it may be truncated"),
-            )
-        })?;
-        for (name, view) in st.tensors() {
-            if matches!(
-                view.dtype(),
-                Dtype::I64 | Dtype::I32 | Dtype::I16 | Dtype::I8 | Dtype::U8 | Dtype::BOOL
-            ) {
-                continue;
-            }
-            let data = to_f32(f, &name, view.dtype(), view.data())?;
-            out.insert(
-                name,
-                HostTensor {
-                    shape: view.shape().to_vec(),
-                    data,
-                },
-            );
-        }
-    }
-    Ok(out)
-}
-
 /// The checkpoint's tensors under kiln's names, shapes checked against `cfg`.
 fn map_weights(files: &[PathBuf], cfg: &BertConfig) -> Result<BTreeMap<String, HostTensor>> {
-    let mut raw = read_float_tensors(files)?;
+    let mut raw = read_safetensors(files)?;
     let path = &files[0];
     // BertModel saves bare names; the task models (BertForMaskedLM, ...) prefix "bert.".
     let prefix = if raw.contains_key("bert.embeddings.word_embeddings.weight") {

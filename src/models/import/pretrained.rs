@@ -11,14 +11,15 @@
 use super::gguf::GgufFile;
 use crate::config::{FamilySettings, LlamaSettings, ModelConfig};
 use crate::data::HfTokenizer;
+use crate::engine::MemoryPool;
 use crate::error::{KilnError, Result};
 use crate::models::{Model, padded_vocab};
-use crate::nn::builder::{NameMap, WeightSource};
 use safetensors::SafeTensors;
 use safetensors::tensor::Dtype;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 pub use crate::nn::builder::HostTensor;
 
@@ -170,8 +171,10 @@ pub(crate) fn to_f32(path: &Path, name: &str, dtype: Dtype, bytes: &[u8]) -> Res
     })
 }
 
-/// Every tensor of the safetensors `files`, by name, as f32.
-fn read_safetensors(files: &[PathBuf]) -> Result<BTreeMap<String, HostTensor>> {
+/// Every float tensor of the safetensors `files` (kiln's checkpoints or any other: f32, bf16
+/// or f16), by name, as f32. Integer buffers (a BERT's `position_ids`) are no weights and are
+/// skipped; any other type is refused.
+pub(crate) fn read_safetensors(files: &[PathBuf]) -> Result<BTreeMap<String, HostTensor>> {
     let mut out = BTreeMap::new();
     for f in files {
         let file = std::fs::File::open(f).map_err(|e| bad(f, e.to_string()))?;
@@ -185,6 +188,12 @@ fn read_safetensors(files: &[PathBuf]) -> Result<BTreeMap<String, HostTensor>> {
             )
         })?;
         for (name, view) in st.tensors() {
+            if matches!(
+                view.dtype(),
+                Dtype::I64 | Dtype::I32 | Dtype::I16 | Dtype::I8 | Dtype::U8 | Dtype::BOOL
+            ) {
+                continue;
+            }
             let data = to_f32(f, &name, view.dtype(), view.data())?;
             out.insert(
                 name,
@@ -196,14 +205,6 @@ fn read_safetensors(files: &[PathBuf]) -> Result<BTreeMap<String, HostTensor>> {
         }
     }
     Ok(out)
-}
-
-/// The tensors of a safetensors file (kiln's checkpoint or any other, f32, bf16 or f16) to
-/// build a model from with a [`crate::nn::ParamBuilder`], found under `map` of the
-/// parameters' names.
-pub fn weight_source(path: &Path, map: NameMap) -> Result<WeightSource> {
-    let tensors = read_safetensors(&[path.to_path_buf()])?;
-    Ok(WeightSource::new(path.display(), tensors, map))
 }
 
 fn open_hf_dir(dir: &Path) -> Result<Pretrained> {
@@ -944,9 +945,13 @@ impl Pretrained {
     /// The model built on the CPU with these weights (fp32), for evaluation and generation.
     pub fn build_on_cpu(&self) -> Result<Box<dyn Model>> {
         let pool = crate::engine::MemoryPool::new(crate::engine::Device::Cpu);
-        let mut model = crate::models::build(&self.model, self.vocab, &pool, 0)?;
-        load_into(model.as_mut(), &self.weights, &self.source.path)?;
-        Ok(model)
+        self.build(&pool)
+    }
+
+    /// The model with these weights in `pool`, computing in f32.
+    pub fn build(&self, pool: &Arc<MemoryPool>) -> Result<Box<dyn Model>> {
+        let (m, vocab, path) = (&self.model, self.vocab, &self.source.path);
+        crate::models::load(m, vocab, pool, &self.weights, path)
     }
 
     /// The `KEY=VALUE` settings that describe this model to a run: its shape, its vocabulary
@@ -1010,62 +1015,6 @@ impl Pretrained {
         }
         Ok(())
     }
-}
-
-/// Copies `weights` into `model`'s parameters by name (refreshing compute copies). Every
-/// parameter must be found with its exact shape; a weight the model has no parameter for
-/// is an error too, so a mapping mistake cannot pass silently.
-pub fn load_into(
-    model: &mut dyn Model,
-    weights: &BTreeMap<String, HostTensor>,
-    source: &Path,
-) -> Result<()> {
-    load_params(model.params_mut(), weights, source)
-}
-
-/// [`load_into`] for any list of parameters (an encoder's, which is no [`Model`]).
-pub fn load_params(
-    params: Vec<&mut crate::nn::Param>,
-    weights: &BTreeMap<String, HostTensor>,
-    source: &Path,
-) -> Result<()> {
-    let mut used = 0;
-    let mut names = std::collections::BTreeSet::new();
-    for p in params {
-        names.insert(p.name.clone());
-        let t = weights.get(&p.name).ok_or_else(|| {
-            bad(
-                source,
-                format!("gives no weight for the model's parameter {}", p.name),
-            )
-        })?;
-        if t.shape != p.value.shape() {
-            return Err(bad(
-                source,
-                format!(
-                    "weight {} has shape {:?}, the model's parameter {:?}",
-                    p.name,
-                    t.shape,
-                    p.value.shape()
-                ),
-            ));
-        }
-        p.value.copy_from_host(&t.data)?;
-        p.refresh_compute()?;
-        used += 1;
-    }
-    if used != weights.len() {
-        let extra: Vec<&String> = weights
-            .keys()
-            .filter(|k| !names.contains(*k))
-            .take(3)
-            .collect();
-        return Err(bad(
-            source,
-            format!("has weights the model does not use: {extra:?}"),
-        ));
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -1269,9 +1218,7 @@ mod tests {
             let (m, vocab, weights) =
                 llama_from_hf(&dir.join("config.json"), &self.cfg, arch, raw).unwrap();
             let pool = crate::engine::MemoryPool::new(crate::engine::Device::Cpu);
-            let mut model = crate::models::build(&m, vocab, &pool, 0).unwrap();
-            load_into(model.as_mut(), &weights, dir).unwrap();
-            model
+            crate::models::load(&m, vocab, &pool, &weights, dir).unwrap()
         }
     }
 
@@ -1305,14 +1252,8 @@ mod tests {
             };
             let q = unpermute_rotary_rows(q, m.n_heads);
             qkv.data[..q_rows * m.d_model].copy_from_slice(&q.data);
-            let mut wrong = crate::models::build(
-                m,
-                p.vocab,
-                &crate::engine::MemoryPool::new(crate::engine::Device::Cpu),
-                0,
-            )
-            .unwrap();
-            load_into(wrong.as_mut(), &permuted, dir.path()).unwrap();
+            let pool = crate::engine::MemoryPool::new(crate::engine::Device::Cpu);
+            let wrong = crate::models::load(m, p.vocab, &pool, &permuted, dir.path()).unwrap();
             assert_ne!(wrong.next_logits(&ids).unwrap(), want);
         }
     }

@@ -26,29 +26,18 @@ struct Case {
 }
 
 fn config(c: &Case, micro_batch: usize) -> Config {
-    let mut cfg = Config::default();
+    let mut cfg = super::sized(c.d_model, c.n_layers, c.tied, c.seq, micro_batch);
     cfg.model.family = FamilySettings::ResnetBk(ResnetBkSettings {
         moe_experts: c.experts,
         moe_top_k: c.top_k,
         moe_hidden: c.hidden,
         ..ResnetBkSettings::default()
     });
-    cfg.model.d_model = c.d_model;
-    cfg.model.n_layers = c.n_layers;
-    cfg.model.context = c.seq + 2;
-    cfg.model.tied_head = c.tied;
-    cfg.train.seq_len = c.seq;
-    cfg.train.micro_batch = micro_batch;
     cfg
 }
 
 fn request(c: &Case, micro_batch: usize) -> PlanRequest {
-    PlanRequest::for_config(
-        &config(c, micro_batch),
-        c.vocab,
-        c.precision.compute_dtype().unwrap_or(DType::F32),
-        Device::Cpu,
-    )
+    super::cpu_request(&config(c, micro_batch), c.vocab, c.precision)
 }
 
 /// Runs one real optimizer step of one micro-batch: the pool's peak (construction
