@@ -52,6 +52,8 @@ for mb in 4 8 16; do
   check "gpt2-small-mb$mb" $COMMON $GPT2 train.micro_batch=$mb
 done
 check "gpt2-small-mb8-recompute" $COMMON $GPT2 train.micro_batch=8 train.recompute=blocks
+# f32 activations: attention runs as batched GEMMs keeping P per layer.
+check "gpt2-small-mb8-tf32" $COMMON $GPT2 train.micro_batch=8 train.precision=tf32
 check "resnet-bk-mb8" $COMMON $BK train.micro_batch=8
 check "smollm2-135m-mb16" $COMMON $SMOL train.micro_batch=16
 check "smollm2-135m-mb8-recompute" $COMMON $SMOL train.micro_batch=8 train.recompute=blocks

@@ -10,7 +10,7 @@ use super::linear::Linear;
 use super::{ActLayout, Cost, Kernels, ParamBuilder, f32_bytes, params};
 use crate::engine::AttnShape;
 use crate::engine::GemmShape;
-use crate::engine::{Result, Tensor, ops};
+use crate::engine::{DType, Result, Tensor, ops};
 
 pub struct CausalSelfAttention {
     pub qkv: Linear,
@@ -117,10 +117,11 @@ impl CausalSelfAttention {
         }
     }
 
-    /// `x` is `[B, T, C]`; attention runs as `kernels` says.
+    /// `x` is `[B, T, C]`; attention runs as [`attention_path`] chooses for `kernels`.
     pub fn forward(&self, x: &Tensor, kernels: Kernels) -> Result<(Tensor, AttnSaved)> {
         let qkv = self.qkv.forward(x)?;
         let s = self.shape(x);
+        let kernels = attention_path(kernels, &qkv);
         let (att, stats) = match kernels {
             Kernels::Fused => ops::attention_forward(&qkv, s)?,
             Kernels::Unfused => {
@@ -176,13 +177,35 @@ impl CausalSelfAttention {
         let stats: usize = ops::attention_stats_shape(layout.device, stats)
             .iter()
             .product();
+        // f32 on a GPU runs as GEMMs (see `attention_path`), keeping P instead.
+        let act = ops::activation_dtype(layout.device, layout.weights);
+        let kept = if layout.device != crate::engine::Device::Cpu && act == DType::F32 {
+            unfused_probs_bytes(heads, batch, seq, layout)
+        } else {
+            f32_bytes(stats)
+        };
         let core = Cost {
             params: 0,
             flops_forward: 4 * pairs * hs,
             flops_backward: 8 * pairs * hs,
-            saved_bytes: layout.act_bytes(tokens * 3 * c + tokens * c) + f32_bytes(stats),
+            saved_bytes: layout.act_bytes(tokens * 3 * c + tokens * c) + kept,
         };
         Linear::cost_of(c, 3 * c, true, tokens) + core + Linear::cost_of(c, c, true, tokens)
+    }
+}
+
+/// The attention that runs for `qkv` when `requested` is asked for: the unfused chain when
+/// asked, and on a GPU also for f32 activations (the tf32 and fp32 policies). There the
+/// fused kernel runs on CUDA cores, while the chain's batched GEMMs run in cuBLAS (on the
+/// tensor cores under tf32): 2.5x the step speed for GPT-2 small in tf32 and 1.5x in fp32 on
+/// an H100 (docs/perf-log.md), for keeping `P` per layer ([`unfused_probs_bytes`]), which the
+/// planner's meta step books like any other buffer. The CPU keeps its fused reference.
+pub fn attention_path(requested: Kernels, qkv: &Tensor) -> Kernels {
+    let gpu = qkv.device() != crate::engine::Device::Cpu;
+    if gpu && qkv.dtype() == DType::F32 {
+        Kernels::Unfused
+    } else {
+        requested
     }
 }
 
@@ -198,6 +221,22 @@ mod tests {
     use super::*;
     use crate::engine::cpu::testutil::assert_close;
     use crate::nn::gradcheck::*;
+
+    /// f32 attention on a GPU takes the GEMM chain whatever was asked; 16-bit activations and
+    /// the CPU keep the requested path (a meta pool stands for the GPU: no GPU needed).
+    #[test]
+    fn f32_attention_on_a_gpu_runs_as_gemms() {
+        use crate::engine::{DType, Device, MemoryPool};
+        let gpu = MemoryPool::meta(Device::Cuda(0));
+        let cpu = MemoryPool::new(Device::Cpu);
+        let qkv = |pool, dtype| Tensor::zeros(pool, &[1, 4, 6], dtype).unwrap();
+        for asked in [Kernels::Fused, Kernels::Unfused] {
+            let on_gpu = attention_path(asked, &qkv(&gpu, DType::F32));
+            assert_eq!(on_gpu, Kernels::Unfused);
+            assert_eq!(attention_path(asked, &qkv(&gpu, DType::BF16)), asked);
+            assert_eq!(attention_path(asked, &qkv(&cpu, DType::F32)), asked);
+        }
+    }
 
     #[test]
     fn backward_matches_finite_differences() {
