@@ -9,8 +9,8 @@
 //! normalising, which is what sentence-transformers itself does with a plain BERT.
 
 use super::pretrained::{
-    HostTensor, Provenance, bad, json_f64, json_usize, need, read_safetensors, take, take_stacked,
-    weight_files,
+    HostTensor, Provenance, architecture, bad, json_f64, json_usize, need, read_safetensors, take,
+    take_stacked, weight_files,
 };
 use crate::data::HfTokenizer;
 use crate::engine::MemoryPool;
@@ -106,12 +106,7 @@ pub fn open(dir: &Path) -> Result<BertPretrained> {
             "does not exist; an encoder directory has config.json, model.safetensors and tokenizer.json",
         )
     })?;
-    let arch = cfg
-        .get("architectures")
-        .and_then(|a| a.get(0))
-        .and_then(Value::as_str)
-        .unwrap_or("BertModel")
-        .to_string();
+    let arch = architecture(&cfg).unwrap_or("BertModel").to_string();
     if !is_bert_architecture(&arch) {
         return Err(bad(
             &cfg_path,

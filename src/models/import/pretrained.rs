@@ -96,6 +96,11 @@ pub fn open(path: &Path) -> Result<Pretrained> {
 
 // ---------- Hugging Face directories ----------
 
+/// The first entry of a Hugging Face `config.json`'s `architectures` list.
+pub(super) fn architecture(cfg: &Value) -> Option<&str> {
+    cfg.get("architectures")?.get(0)?.as_str()
+}
+
 pub(super) fn json_usize(cfg: &Value, key: &str) -> Option<usize> {
     cfg.get(key).and_then(Value::as_u64).map(|v| v as usize)
 }
@@ -216,12 +221,7 @@ fn open_hf_dir(dir: &Path) -> Result<Pretrained> {
         )
     })?;
     let cfg: Value = serde_json::from_str(&text).map_err(|e| bad(&cfg_path, e.to_string()))?;
-    let arch = cfg
-        .get("architectures")
-        .and_then(|a| a.get(0))
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string();
+    let arch = architecture(&cfg).unwrap_or("").to_string();
     if super::bert::is_bert_architecture(&arch) {
         return Err(bad(
             &cfg_path,
