@@ -85,6 +85,14 @@ impl BkCore {
         } else {
             None
         };
+        // The recurrences read these as f32 masters under every precision.
+        let mut z = z;
+        z.master_read = true;
+        let mut offdiag = offdiag;
+        if let Some((upper, lower)) = &mut offdiag {
+            upper.master_read = true;
+            lower.master_read = true;
+        }
         let layer = BkCore {
             name,
             n_max,

@@ -43,6 +43,9 @@ pub struct Param {
     /// `grad` is empty, the optimizer never sees it, and the layers skip its weight-gradient
     /// GEMMs. Its value is kept only in the compute dtype (no f32 master).
     pub frozen: bool,
+    /// Read by its layer's kernels as the f32 master whatever the compute dtype (the
+    /// BK-Core's `z` and off-diagonals): freezing keeps its value in f32.
+    pub master_read: bool,
 }
 
 /// Which implementation of the operations kiln fuses a layer runs (`train.fused_kernels`).
@@ -123,6 +126,7 @@ impl Param {
             compute: None,
             decay: shape.len() >= 2,
             frozen: false,
+            master_read: false,
         })
     }
 
@@ -174,7 +178,10 @@ impl Param {
     /// parameter has no master to keep: its value is converted in place.
     pub fn set_compute_dtype(&mut self, dtype: Option<DType>) -> Result<()> {
         if self.frozen {
-            let want = dtype.unwrap_or(DType::F32);
+            let want = match dtype {
+                Some(d) if !self.master_read => d,
+                _ => DType::F32,
+            };
             if self.value.dtype() != want {
                 self.value = self.value.converted(self.value.pool(), want)?;
             }
