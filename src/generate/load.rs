@@ -40,8 +40,9 @@ pub fn generation_dtype(device: Device, precision: Option<&str>) -> Result<Optio
     }
 }
 
-/// Moves a model built on the CPU to `device`, with bf16 compute copies on a GPU unless
-/// fp32 is asked for. Returns the model and a note naming the device and precision.
+/// Moves a model built on the CPU to `device` (a fresh pool, also on the CPU), frozen and
+/// held in bf16 on a GPU unless fp32 is asked for. Returns the model and a note naming the
+/// device and precision.
 pub fn to_device(
     model: Box<dyn Model>,
     cfg: &crate::config::ModelConfig,
@@ -50,16 +51,23 @@ pub fn to_device(
     precision: Option<&str>,
 ) -> Result<(Box<dyn Model>, String)> {
     let (pool, dtype, note) = open_for_generation(device, precision)?;
-    if pool.device() == Device::Cpu {
-        let mut model = model;
-        ready_for_generation(model.as_mut(), None)?;
-        return Ok((model, note));
-    }
-    let mut on = crate::models::build(cfg, vocab, &pool, 0)?;
-    for (dst, src) in on.params_mut().into_iter().zip(model.params()) {
-        dst.value.copy_from_host(&src.value.to_vec()?)?;
+    // The host model's values by name, each released as it is read (host memory stays at
+    // one copy), then the device model built from them frozen: no initialisation, no
+    // gradient buffers, so the device holds the f32 values alone until they are converted.
+    let mut model = model;
+    let mut weights = std::collections::BTreeMap::new();
+    for p in model.params_mut() {
+        let t = crate::nn::builder::HostTensor {
+            shape: p.value.shape().to_vec(),
+            data: p.value.to_vec()?,
+        };
+        p.value = crate::engine::Tensor::zeros(p.value.pool(), &[0], DType::F32)?;
+        weights.insert(p.name.clone(), t);
     }
     drop(model);
+    let origin = std::path::Path::new("the model built on the host");
+    let mut on = crate::models::load_frozen(cfg, vocab, &pool, &weights, origin)?;
+    drop(weights);
     ready_for_generation(on.as_mut(), dtype)?;
     Ok((on, note))
 }

@@ -428,8 +428,33 @@ pub fn build(
     pool: &Arc<MemoryPool>,
     seed: u64,
 ) -> std::result::Result<Box<dyn Model>, KilnError> {
+    build_with(cfg, vocab, pool, seed, false)
+}
+
+/// [`build`] with every parameter frozen from the start (no gradient buffer is ever
+/// allocated): the planner's stand-in for [`load_frozen`], booking the same memory.
+pub fn build_frozen(
+    cfg: &ModelConfig,
+    vocab: usize,
+    pool: &Arc<MemoryPool>,
+    seed: u64,
+) -> std::result::Result<Box<dyn Model>, KilnError> {
+    build_with(cfg, vocab, pool, seed, true)
+}
+
+fn build_with(
+    cfg: &ModelConfig,
+    vocab: usize,
+    pool: &Arc<MemoryPool>,
+    seed: u64,
+    frozen: bool,
+) -> std::result::Result<Box<dyn Model>, KilnError> {
     let mut rng = Rng::new(seed, stream::INIT);
-    (cfg.entry().build)(cfg, vocab, &mut ParamBuilder::init(pool, &mut rng))
+    let mut b = ParamBuilder::init(pool, &mut rng);
+    if frozen {
+        b = b.frozen();
+    }
+    (cfg.entry().build)(cfg, vocab, &mut b)
 }
 
 /// The model `cfg` describes with its parameters read from `weights` (under kiln's names, as
@@ -443,8 +468,36 @@ pub fn load(
     weights: &BTreeMap<String, HostTensor>,
     origin: &Path,
 ) -> std::result::Result<Box<dyn Model>, KilnError> {
+    load_with(cfg, vocab, pool, weights, origin, false)
+}
+
+/// [`load`] with every parameter frozen from the start: a model to run (generation), which
+/// never allocates a gradient buffer, so loading peaks at the values alone.
+pub fn load_frozen(
+    cfg: &ModelConfig,
+    vocab: usize,
+    pool: &Arc<MemoryPool>,
+    weights: &BTreeMap<String, HostTensor>,
+    origin: &Path,
+) -> std::result::Result<Box<dyn Model>, KilnError> {
+    load_with(cfg, vocab, pool, weights, origin, true)
+}
+
+fn load_with(
+    cfg: &ModelConfig,
+    vocab: usize,
+    pool: &Arc<MemoryPool>,
+    weights: &BTreeMap<String, HostTensor>,
+    origin: &Path,
+    frozen: bool,
+) -> std::result::Result<Box<dyn Model>, KilnError> {
     let mut source = WeightSource::new(origin.display(), weights, NameMap::identity());
-    let model = (cfg.entry().build)(cfg, vocab, &mut ParamBuilder::load(pool, &mut source))?;
+    let mut b = ParamBuilder::load(pool, &mut source);
+    if frozen {
+        b = b.frozen();
+    }
+    let model = (cfg.entry().build)(cfg, vocab, &mut b)?;
+    drop(b);
     source.finish()?;
     Ok(model)
 }

@@ -136,6 +136,8 @@ pub struct ParamBuilder<'a, 'w> {
     pool: &'a Arc<MemoryPool>,
     prefix: String,
     fill: Fill<'a, 'w>,
+    /// Parameters are made frozen (no gradient buffer): a model to run, not to train.
+    frozen: bool,
 }
 
 impl<'a, 'w> ParamBuilder<'a, 'w> {
@@ -145,6 +147,7 @@ impl<'a, 'w> ParamBuilder<'a, 'w> {
             pool,
             prefix: String::new(),
             fill: Fill::Init(rng),
+            frozen: false,
         }
     }
 
@@ -157,7 +160,15 @@ impl<'a, 'w> ParamBuilder<'a, 'w> {
             pool,
             prefix: String::new(),
             fill: Fill::Load(source),
+            frozen: false,
         }
+    }
+
+    /// The same builder making every parameter frozen from the start: no gradient buffer
+    /// is ever allocated, so a model built to run (generation) peaks at its values alone.
+    pub fn frozen(mut self) -> Self {
+        self.frozen = true;
+        self
     }
 
     pub fn pool(&self) -> &'a Arc<MemoryPool> {
@@ -187,6 +198,7 @@ impl<'a, 'w> ParamBuilder<'a, 'w> {
                 Fill::Init(rng) => Fill::Init(rng),
                 Fill::Load(source) => Fill::Load(source),
             },
+            frozen: self.frozen,
         }
     }
 
@@ -194,10 +206,10 @@ impl<'a, 'w> ParamBuilder<'a, 'w> {
     pub fn param(&mut self, part: &str, shape: &[usize], init: Init) -> Result<Param> {
         let name = self.name(part);
         match &mut self.fill {
-            Fill::Init(rng) => Param::new(self.pool, name, shape, init, rng),
+            Fill::Init(rng) => Param::initialised(self.pool, name, shape, init, rng, self.frozen),
             Fill::Load(source) => {
                 let values = source.take(&name, shape)?;
-                Param::from_values(self.pool, name, shape, values)
+                Param::holding(self.pool, name, shape, values, self.frozen)
             }
         }
     }
@@ -209,7 +221,7 @@ impl<'a, 'w> ParamBuilder<'a, 'w> {
             Fill::Init(_) => values,
             Fill::Load(source) => source.take(&name, shape)?,
         };
-        Param::from_values(self.pool, name, shape, values)
+        Param::holding(self.pool, name, shape, values, self.frozen)
     }
 }
 
@@ -284,6 +296,18 @@ mod tests {
             e.contains("no tensor model.c for the model's parameter c"),
             "{e}"
         );
+        // A frozen builder makes parameters with no gradient buffer, drawn the same.
+        let (mut r1, mut r2) = (Rng::new(9, stream::INIT), Rng::new(9, stream::INIT));
+        let mut frozen = ParamBuilder::init(&pool, &mut r1).frozen();
+        let f = frozen
+            .scope("x")
+            .param("w", &[3, 2], Init::Normal(1.0))
+            .unwrap();
+        let t = ParamBuilder::init(&pool, &mut r2)
+            .param("w", &[3, 2], Init::Normal(1.0))
+            .unwrap();
+        assert!(f.frozen && f.grad.is_empty() && !t.frozen && t.grad.len() == 6);
+        assert_eq!(f.value.to_vec().unwrap(), t.value.to_vec().unwrap());
         let e = source.finish().unwrap_err().to_string();
         assert_eq!(
             e,

@@ -89,10 +89,23 @@ impl Param {
         init: Init,
         rng: &mut Rng,
     ) -> Result<Param> {
+        Param::initialised(pool, name, shape, init, rng, false)
+    }
+
+    /// A parameter drawn from `init`, frozen from the start (no gradient buffer is ever
+    /// allocated) when `frozen`.
+    pub fn initialised(
+        pool: &Arc<MemoryPool>,
+        name: String,
+        shape: &[usize],
+        init: Init,
+        rng: &mut Rng,
+        frozen: bool,
+    ) -> Result<Param> {
         // Planning: the booking is what counts, and drawing a large model's values would
         // cost seconds and gigabytes.
         if pool.is_meta() {
-            return Param::from_values(pool, name, shape, Vec::new());
+            return Param::holding(pool, name, shape, Vec::new(), frozen);
         }
         let n: usize = shape.iter().product();
         let values: Vec<f32> = match init {
@@ -103,7 +116,7 @@ impl Param {
                 .map(|_| (rng.next_f32() * 2.0 - 1.0) * bound)
                 .collect(),
         };
-        Param::from_values(pool, name, shape, values)
+        Param::holding(pool, name, shape, values, frozen)
     }
 
     /// A parameter holding `values`, with a zero gradient; on the meta device only the
@@ -114,18 +127,30 @@ impl Param {
         shape: &[usize],
         values: Vec<f32>,
     ) -> Result<Param> {
+        Param::holding(pool, name, shape, values, false)
+    }
+
+    /// [`Param::from_values`], frozen from the start when `frozen` (an empty gradient).
+    pub fn holding(
+        pool: &Arc<MemoryPool>,
+        name: String,
+        shape: &[usize],
+        values: Vec<f32>,
+        frozen: bool,
+    ) -> Result<Param> {
         let value = if pool.is_meta() {
             Tensor::zeros(pool, shape, DType::F32)?
         } else {
             Tensor::from_vec(pool, shape, DType::F32, values)?
         };
+        let grad_shape: &[usize] = if frozen { &[0] } else { shape };
         Ok(Param {
             name,
             value,
-            grad: Tensor::zeros(pool, shape, DType::F32)?,
+            grad: Tensor::zeros(pool, grad_shape, DType::F32)?,
             compute: None,
             decay: shape.len() >= 2,
-            frozen: false,
+            frozen,
             master_read: false,
         })
     }

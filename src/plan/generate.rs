@@ -98,7 +98,8 @@ pub fn meta_generate(
     }
     let start = Instant::now();
     let pool = MemoryPool::meta(device);
-    let mut model = crate::models::build(cfg, vocab, &pool, 0)?;
+    // As generation loads a model onto its device: frozen from the start.
+    let mut model = crate::models::build_frozen(cfg, vocab, &pool, 0)?;
     generate::load::ready_for_generation(model.as_mut(), dtype)?;
     let weights = pool.stats().current;
     // Ids spread over the vocabulary; their values change no booking.
@@ -193,7 +194,8 @@ mod tests {
                 };
                 let plan = meta_generate(&cfg, 256, Device::Cpu, None, &shape).unwrap();
                 let pool = MemoryPool::new(Device::Cpu);
-                let mut model = crate::models::build(&cfg, 256, &pool, 7).unwrap();
+                // As `generate::load::to_device` builds it (loaded instead of drawn).
+                let mut model = crate::models::build_frozen(&cfg, 256, &pool, 7).unwrap();
                 generate::load::ready_for_generation(model.as_mut(), None).unwrap();
                 assert_eq!(pool.stats().current, plan.weights, "{kind}");
                 let reqs: Vec<Request> = (0..prompts)
