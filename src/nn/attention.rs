@@ -179,7 +179,7 @@ impl CausalSelfAttention {
             .product();
         // f32 on a GPU runs as GEMMs (see `attention_path`), keeping P instead.
         let act = ops::activation_dtype(layout.device, layout.weights);
-        let kept = if layout.device != crate::engine::Device::Cpu && act == DType::F32 {
+        let kept = if gemm_attention(layout.device, act) {
             unfused_probs_bytes(heads, batch, seq, layout)
         } else {
             f32_bytes(stats)
@@ -201,12 +201,17 @@ impl CausalSelfAttention {
 /// an H100 (docs/perf-log.md), for keeping `P` per layer ([`unfused_probs_bytes`]), which the
 /// planner's meta step books like any other buffer. The CPU keeps its fused reference.
 pub fn attention_path(requested: Kernels, qkv: &Tensor) -> Kernels {
-    let gpu = qkv.device() != crate::engine::Device::Cpu;
-    if gpu && qkv.dtype() == DType::F32 {
+    if gemm_attention(qkv.device(), qkv.dtype()) {
         Kernels::Unfused
     } else {
         requested
     }
+}
+
+/// Whether attention over activations of `dtype` on `device` always runs as GEMMs (see
+/// [`attention_path`]): the one rule the layer and its cost both follow.
+fn gemm_attention(device: crate::engine::Device, dtype: DType) -> bool {
+    device != crate::engine::Device::Cpu && dtype == DType::F32
 }
 
 /// Bytes of the probabilities `P[B, H, T, T]` one unfused attention layer keeps for its
