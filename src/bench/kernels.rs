@@ -910,7 +910,6 @@ fn time_attention<T: Elem>(b: &mut Bench, a: &BenchKernelsArgs, n: usize) -> CRe
     for j in 0..k {
         gpu.attention_forward(&mut out[j], &mut lse[j], &qkv[j], s)?;
     }
-    drop(out);
     let dout = b.ring::<T>(nc, 1.0, k)?;
     let mut dqkv = b.outputs::<T>(3 * nc, k)?;
     let mut i = 0;
@@ -927,10 +926,9 @@ fn time_attention<T: Elem>(b: &mut Bench, a: &BenchKernelsArgs, n: usize) -> CRe
         k,
         || {
             let j = cycle(&mut i, k);
-            gpu.attention_backward(&mut dqkv[j], &dout[j], &qkv[j], &lse[j], s)
+            gpu.attention_backward(&mut dqkv[j], &dout[j], &qkv[j], &out[j], &lse[j], s)
         },
     )?;
-    let mut out = b.outputs::<T>(nc, k)?;
     let mut i = 0;
     b.time(
         Entry::compute(
@@ -946,7 +944,7 @@ fn time_attention<T: Elem>(b: &mut Bench, a: &BenchKernelsArgs, n: usize) -> CRe
         || {
             let j = cycle(&mut i, k);
             gpu.attention_forward(&mut out[j], &mut lse[j], &qkv[j], s)?;
-            gpu.attention_backward(&mut dqkv[j], &dout[j], &qkv[j], &lse[j], s)
+            gpu.attention_backward(&mut dqkv[j], &dout[j], &qkv[j], &out[j], &lse[j], s)
         },
     )
 }

@@ -654,27 +654,30 @@ pub fn windowed_attention_forward(
     }
 }
 
-/// `dqkv` from `dout`, the forward's `qkv` and saved statistics.
+/// `dqkv` from `dout`, the forward's `qkv`, its output `out` and saved statistics (the GPU's
+/// tensor-core kernels take the backward's row term from `out`).
 pub fn attention_backward(
     dout: &Tensor,
     qkv: &Tensor,
+    out: &Tensor,
     saved: &Tensor,
     s: AttnShape,
 ) -> Result<Tensor> {
     profile::label("attention_backward", dout);
-    windowed_attention_backward(dout, qkv, saved, s, 0)
+    windowed_attention_backward(dout, qkv, out, saved, s, 0)
 }
 
 /// The backward of [`windowed_attention_forward`] with the same `window`.
 pub fn windowed_attention_backward(
     dout: &Tensor,
     qkv: &Tensor,
+    out: &Tensor,
     saved: &Tensor,
     s: AttnShape,
     window: usize,
 ) -> Result<Tensor> {
     let _prof = profile::scope("attention_backward", qkv);
-    let on = device_of("attention_backward", &[dout, qkv, saved])?;
+    let on = device_of("attention_backward", &[dout, qkv, out, saved])?;
     let mut dqkv = Tensor::uninit(qkv.pool(), qkv.shape(), act_dtype(qkv))?;
     match on {
         On::Meta => meta_scratch(qkv, 4 * s.batch * s.heads * s.seq),
@@ -690,6 +693,7 @@ pub fn windowed_attention_backward(
             dqkv.cuda_mut(),
             dout.cuda(),
             qkv.cuda(),
+            out.cuda(),
             saved.cuda(),
             s,
             window,

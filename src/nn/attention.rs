@@ -145,7 +145,7 @@ impl CausalSelfAttention {
         let datt = self.proj.backward(dout, &saved.att)?;
         let (qkv, stats, s) = (&saved.qkv, &saved.stats, self.shape(x));
         let dqkv = match saved.kernels {
-            Kernels::Fused => ops::attention_backward(&datt, qkv, stats, s)?,
+            Kernels::Fused => ops::attention_backward(&datt, qkv, &saved.att, stats, s)?,
             Kernels::Unfused => {
                 let mut dqkv = Tensor::uninit(qkv.pool(), qkv.shape(), qkv.dtype())?;
                 attention_backward_unfused(&mut dqkv, &datt, qkv, stats, s)?;
@@ -297,7 +297,8 @@ mod tests {
                 2e-5,
                 &format!("probabilities {what}"),
             );
-            let want = ops::attention_backward(&dout, &qkv, &want_probs, s).unwrap();
+            let (att, _) = ops::attention_forward(&qkv, s).unwrap();
+            let want = ops::attention_backward(&dout, &qkv, &att, &want_probs, s).unwrap();
             let mut got = random_tensor(&p, &[batch, seq, 3 * channels], seed + 3);
             attention_backward_unfused(&mut got, &dout, &qkv, &probs, s).unwrap();
             assert_close(got.host(), want.host(), 2e-5, &format!("dqkv {what}"));

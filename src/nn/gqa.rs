@@ -193,8 +193,14 @@ impl GqaAttention {
         let (batch, seq) = (x.shape()[0], x.shape()[1]);
         let (rs, s) = self.shapes(batch, seq);
         let datt = self.out.backward(dout, &saved.att)?;
-        let dpacked =
-            ops::windowed_attention_backward(&datt, &saved.packed, &saved.stats, s, self.window)?;
+        let dpacked = ops::windowed_attention_backward(
+            &datt,
+            &saved.packed,
+            &saved.att,
+            &saved.stats,
+            s,
+            self.window,
+        )?;
         drop(datt);
         let mut dqkv = ops::rope_expand_backward(&dpacked, pos, &rot.cos, &rot.sin, rs)?;
         drop(dpacked);

@@ -92,6 +92,34 @@ pub fn windowed_attention_backward(
     s: AttnShape,
     window: usize,
 ) {
+    backward(dqkv, dout, qkv, probs, None, s, window);
+}
+
+/// [`windowed_attention_backward`] with the softmax backward's row term
+/// `d_i = sum_j P_ij dP_ij` given (`[B, NH, T]`) instead of summed: the GPU's 16-bit kernels
+/// take it as `dO_i . O_i` from their stored output, and their checks compare against this
+/// with the same `d`.
+pub fn attention_backward_given_row_term(
+    dqkv: &mut [f32],
+    dout: &[f32],
+    qkv: &[f32],
+    probs: &[f32],
+    row_term: &[f32],
+    s: AttnShape,
+    window: usize,
+) {
+    backward(dqkv, dout, qkv, probs, Some(row_term), s, window);
+}
+
+fn backward(
+    dqkv: &mut [f32],
+    dout: &[f32],
+    qkv: &[f32],
+    probs: &[f32],
+    row_term: Option<&[f32]>,
+    s: AttnShape,
+    window: usize,
+) {
     let (t_len, c, nh, hs) = (s.seq, s.channels, s.heads, s.head_size());
     let scale = 1.0 / (hs as f32).sqrt();
     dqkv.par_chunks_mut(t_len * 3 * c)
@@ -100,7 +128,9 @@ pub fn windowed_attention_backward(
             qkv.par_chunks(t_len * 3 * c)
                 .zip(probs.par_chunks(nh * t_len * t_len)),
         )
-        .for_each(|((dqkv_b, dout_b), (qkv_b, probs_b))| {
+        .enumerate()
+        .for_each(|(b, ((dqkv_b, dout_b), (qkv_b, probs_b)))| {
+            let row_term_b = row_term.map(|d| &d[b * nh * t_len..][..nh * t_len]);
             dqkv_b.iter_mut().for_each(|v| *v = 0.0);
             let mut dp = vec![0.0f32; t_len];
             for h in 0..nh {
@@ -120,7 +150,10 @@ pub fn windowed_attention_backward(
                         dv.iter_mut().zip(dy).for_each(|(dv, dy)| *dv += p[t2] * dy);
                     }
                     // Softmax backward: dS = P * (dP - sum(P * dP)).
-                    let dot: f32 = (lo..=t).map(|t2| p[t2] * dp[t2]).sum();
+                    let dot: f32 = match row_term_b {
+                        Some(d) => d[h * t_len + t],
+                        None => (lo..=t).map(|t2| p[t2] * dp[t2]).sum(),
+                    };
                     let q_off = t * 3 * c + h * hs;
                     for t2 in lo..=t {
                         let ds = p[t2] * (dp[t2] - dot) * scale;

@@ -98,6 +98,12 @@ const KR: u32 = 32;
 /// Rows per block of the tensor-core kernels (TC_ROWS), and their threads: 4 warps of 16 rows.
 const TC_ROWS: u32 = 64;
 const TC_THREADS: u32 = 128;
+
+/// Queries per block of the tensor-core forward (`TcForward::rows`): its warps own two tiles
+/// of 16 rows at head size 64 and one at 128.
+const fn tc_forward_rows(hs: usize) -> u32 {
+    if hs == 64 { 2 * TC_ROWS } else { TC_ROWS }
+}
 /// Head sizes of the tensor-core kernels.
 const TC_HEAD_SIZES: [usize; 2] = [64, 128];
 
@@ -233,6 +239,9 @@ struct Plan {
     forward: Launch,
     dq: Launch,
     dkv: Launch,
+    /// The tensor-core dQ kernel takes the row term d from the forward's output (`out`); the
+    /// CUDA-core one sums it over the keys and takes no `out`.
+    tensor_cores: bool,
 }
 
 impl CudaBackend {
@@ -255,16 +264,17 @@ impl CudaBackend {
             && let Some([forward, dq, dkv]) = tc_kernels(hs)
         {
             let shared = tc_shared(hs);
-            let launch = |kernel, shared| Launch {
+            let launch = |kernel, rows, shared| Launch {
                 kernel,
-                rows: TC_ROWS,
+                rows,
                 threads: TC_THREADS,
                 shared,
             };
             return Ok(Plan {
-                forward: launch(forward, shared.forward),
-                dq: launch(dq, shared.dq),
-                dkv: launch(dkv, shared.dkv),
+                forward: launch(forward, tc_forward_rows(hs), shared.forward),
+                dq: launch(dq, TC_ROWS, shared.dq),
+                dkv: launch(dkv, TC_ROWS, shared.dkv),
+                tensor_cores: true,
             });
         }
         let Some([forward, dq, dkv]) = cuda_core_kernels(hs) else {
@@ -294,6 +304,7 @@ impl CudaBackend {
             forward: launch(forward, BR),
             dq: launch(dq, BR),
             dkv: launch(dkv, KR),
+            tensor_cores: false,
         })
     }
 
@@ -401,25 +412,29 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Overwrites `dqkv[B, T, 3C]` from `dout` and the forward's `qkv` and `lse`.
+    /// Overwrites `dqkv[B, T, 3C]` from `dout` and the forward's `qkv`, output `out` and
+    /// `lse`.
     pub fn attention_backward<T: Elem>(
         &self,
         dqkv: &mut CudaSlice<T>,
         dout: &CudaSlice<T>,
         qkv: &CudaSlice<T>,
+        out: &CudaSlice<T>,
         lse: &CudaSlice<f32>,
         s: AttnShape,
     ) -> Result<()> {
-        self.windowed_attention_backward(dqkv, dout, qkv, lse, s, 0)
+        self.windowed_attention_backward(dqkv, dout, qkv, out, lse, s, 0)
     }
 
     /// [`Self::attention_backward`] of [`Self::windowed_attention_forward`] with the same
     /// `window`.
+    #[allow(clippy::too_many_arguments)]
     pub fn windowed_attention_backward<T: Elem>(
         &self,
         dqkv: &mut CudaSlice<T>,
         dout: &CudaSlice<T>,
         qkv: &CudaSlice<T>,
+        out: &CudaSlice<T>,
         lse: &CudaSlice<f32>,
         s: AttnShape,
         window: usize,
@@ -439,6 +454,12 @@ impl CudaBackend {
             dout,
             s.batch * s.seq * s.channels,
         )?;
+        check_len(
+            "attention_backward",
+            "out",
+            out,
+            s.batch * s.seq * s.channels,
+        )?;
         check_len("attention_backward", "lse", lse, rows)?;
         let plan = self.attention_plan::<T>(
             hs,
@@ -446,6 +467,7 @@ impl CudaBackend {
                 raw_ptr(dqkv, &self.stream),
                 raw_ptr(dout, &self.stream),
                 raw_ptr(qkv, &self.stream),
+                raw_ptr(out, &self.stream),
             ],
         )?;
         // Written by the dQ kernel, read by the dK/dV kernel (same stream, so in order).
@@ -453,8 +475,11 @@ impl CudaBackend {
         {
             let f = self.attention_kernel::<T>(plan.dq)?;
             let mut b = self.stream.launch_builder(f);
-            b.arg(qkv)
-                .arg(dout)
+            b.arg(qkv);
+            if plan.tensor_cores {
+                b.arg(out);
+            }
+            b.arg(dout)
                 .arg(lse)
                 .arg(&mut d)
                 .arg(&mut *dqkv)

@@ -1,8 +1,8 @@
 // Tensor-core kernels: bf16 or f16 activations, head size 64 or 128, sm_80 and newer
 // (mma.sync on 16-bit operands).
 //
-// The same three kernels as attention.cu's CUDA-core ones (forward; dQ with the exact row term d; dK/dV), but a block
-// owns 64 rows and each of its 4 warps owns 16 of them, computing on tiles with
+// The same three kernels as attention.cu's CUDA-core ones (forward; dQ and the row term d;
+// dK/dV), but a block owns 64 rows and each of its 4 warps owns 16 of them, computing on tiles with
 // `mma.sync.m16n8k16` (16-bit operands, f32 accumulators). Fragments are read from shared memory
 // with `ldmatrix`; tiles arrive by `cp.async` into two buffers, so the next tile's copy overlaps
 // the current tile's arithmetic. All inline PTX, so NVRTC needs no CUDA headers.
@@ -18,24 +18,27 @@
 // operand without shuffles, because its layout for columns 16k .. 16k + 15 matches the A layout
 // of k-chunk k.
 //
-// Probabilities P and score gradients dS are f32 values that feed a second product. Rounding
-// them to 16 bits would cost their low bits where the row's result cancels (O near 0, dK near
-// 0), so they are split as hi + lo in the operand type and multiplied twice: ~16 bits in bf16,
-// ~22 in f16, close to the f32 kernels of attention.cu. The products of stored 16-bit values
-// (Q K^T, dO V^T) are exact in the f32 accumulators.
+// Probabilities P and score gradients dS are f32 values that feed a second product: they are
+// rounded once to the operand type (8 bits of mantissa in bf16, 11 in f16), as FlashAttention
+// and PyTorch's SDPA do; a split into hi + lo halves would keep ~16 bits but doubles those
+// products, and costed the backward 1.7x. The products of stored 16-bit values (Q K^T, dO V^T)
+// are exact in the f32 accumulators.
+//
+// The backward's row term d_i = sum_j P_ij dP_ij equals dO_i . O_i; the dQ kernel takes it from
+// the forward's stored output O (one dot product per row) rather than from a second pass over
+// the keys, again as FlashAttention does: its error is O's rounding, within the bounds above.
 //
 // f16 has 5 exponent bits (normal from 2^-14, largest 65504), which P and dS need scaled into:
-// - P is in [0, 1]: it is multiplied by 2^12 before the split (and the result divided by it),
-//   so that a P down to 2^-26 is still a normal f16 hi and only smaller ones lose low bits
+// - P is in [0, 1]: it is multiplied by 2^12 before rounding (and the result divided by it),
+//   so that a P down to 2^-26 is still a normal f16 and only smaller ones lose low bits
 //   (an absolute error under 2^-37 per P, far below the f32 rounding of the sums);
 // - dS = P (dP - d) has no bound (dO carries the loss scale of fp16-mixed), so each
 //   accumulator row keeps its own power-of-two scale, the smallest that any tile so far
 //   needed to put the row's largest |dS| in [2^14, 2^15); a tile that needs a smaller one
 //   rescales the row's accumulator first, as the online softmax does with its maximum. Every
-//   scaled dS is then below 2^15 and its hi + lo carries 22 bits relative to the row's
-//   largest, as in bf16 but with no overflow. The scales are powers of two: exact in f32.
-// bf16 shares f32's exponent range and needs neither (its results are those of the earlier
-// bf16-only kernels, bit for bit).
+//   scaled dS is then below 2^15 and keeps 11 bits relative to the row's largest, with no
+//   overflow. The scales are powers of two: exact in f32.
+// bf16 shares f32's exponent range and needs neither.
 //
 // Tile shapes. A block is 4 warps of 16 rows (64 queries, or 64 keys in dK/dV). At head size 64
 // the streamed tiles (keys, or queries in dK/dV) are 64 rows and every operand a warp keeps
@@ -151,13 +154,6 @@ struct TcF16 {
     }
 };
 
-// x0, x1 as a pair `hi` plus the pair of what rounding left over, `lo`.
-template <class Ops>
-__device__ __forceinline__ void tc_split(float x0, float x1, unsigned& hi, unsigned& lo) {
-    hi = Ops::pack(x0, x1);
-    lo = Ops::pack(x0 - Ops::low(hi), x1 - Ops::high(hi));
-}
-
 // Global to shared memory copies run asynchronously (cp.async), so a block loads its next tile
 // while it computes on the current one. A copy (16 or 4 bytes) whose source lies past the end
 // (`in` false) fills zeros and reads nothing (source size 0; the address stays a valid one).
@@ -209,39 +205,50 @@ __device__ __forceinline__ void tc_load_a_chunk(unsigned a[4], const unsigned sh
     tc_ldsm(a, tc_smem_addr(tile + (r0 + (lane & 15)) * TcShape<HS>::ld + k * 16 + (lane >> 4) * 8));
 }
 
-// acc (16 x 16) += a (16 x 16, k-chunk k) times rows 16n .. 16n + 15 of `tile`, transposed.
-template <class Ops, int HS>
-__device__ __forceinline__ void tc_mma_chunk_t(float acc0[4], float acc1[4], const unsigned a[4],
-                                               const unsigned short* tile, int n, int k) {
+// The B operand of k-chunk k for output columns 16n .. 16n + 15 from rows 16n .. 16n + 15 of
+// `tile`, transposed: b[0], b[1] for columns 16n .. 16n + 7, b[2], b[3] for the next 8.
+template <int HS>
+__device__ __forceinline__ void tc_load_b_t(unsigned b[4], const unsigned short* tile, int n, int k) {
     const int lane = threadIdx.x & 31;
-    unsigned b[4];
     tc_ldsm(b, tc_smem_addr(tile + (n * 16 + (lane & 7) + ((lane >> 4) << 3)) * TcShape<HS>::ld +
                             k * 16 + ((lane >> 3) & 1) * 8));
-    Ops::mma(acc0, a, b[0], b[1]);
-    Ops::mma(acc1, a, b[2], b[3]);
 }
 
-// A warp's 16 rows x HS as the A operand of products with tiles, kept in registers: loaded
-// once, read by every product.
-template <class Ops, int HS> struct TcRowsInRegisters {
-    unsigned a[HS / 16][4];
+// A warp's MT x 16 rows x HS as the A operand of products with tiles, kept in registers:
+// loaded once, read by every product. Each B fragment read from shared memory feeds all MT
+// row tiles, so MT = 2 halves the shared-memory reads per product (the forward at head size
+// 64, where the registers allow it).
+template <class Ops, int HS, int MT = 1> struct TcRowsInRegisters {
+    unsigned a[MT][HS / 16][4];
     __device__ __forceinline__ void load(const unsigned short* tile, int r0) {
         #pragma unroll
-        for (int k = 0; k < HS / 16; k++) tc_load_a_chunk<HS>(a[k], tile, r0, k);
+        for (int mt = 0; mt < MT; mt++) {
+            #pragma unroll
+            for (int k = 0; k < HS / 16; k++) tc_load_a_chunk<HS>(a[mt][k], tile, r0 + 16 * mt, k);
+        }
     }
-    // acc (16 x N) += rows * tile^T: the tile's N rows are the output columns (S = Q K^T with
-    // the K tile; dP = dO V^T with the V tile).
-    template <int N> __device__ __forceinline__ void mma_tile_t(float acc[N / 8][4], const unsigned short* tile) const {
+    // acc[mt] (16 x N) += rows of tile mt * tile^T: the tile's N rows are the output columns
+    // (S = Q K^T with the K tile; dP = dO V^T with the V tile).
+    template <int N>
+    __device__ __forceinline__ void mma_tile_t(float (*acc)[N / 8][4], const unsigned short* tile) const {
         #pragma unroll
         for (int n = 0; n < N / 16; n++) {
             #pragma unroll
-            for (int k = 0; k < HS / 16; k++) tc_mma_chunk_t<Ops, HS>(acc[2 * n], acc[2 * n + 1], a[k], tile, n, k);
+            for (int k = 0; k < HS / 16; k++) {
+                unsigned b[4];
+                tc_load_b_t<HS>(b, tile, n, k);
+                #pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    Ops::mma(acc[mt][2 * n], a[mt][k], b[0], b[1]);
+                    Ops::mma(acc[mt][2 * n + 1], a[mt][k], b[2], b[3]);
+                }
+            }
         }
     }
 };
 
-// The same operand left in its shared tile and read chunk by chunk per product: for the
-// dK/dV kernel at head size 128, whose accumulators need the registers.
+// The same operand (one row tile) left in its shared tile and read chunk by chunk per
+// product: for the dK/dV kernel at head size 128, whose accumulators need the registers.
 template <class Ops, int HS> struct TcRowsInShared {
     const unsigned short* tile;
     int r0;
@@ -250,40 +257,50 @@ template <class Ops, int HS> struct TcRowsInShared {
         r0 = row0;
     }
     // The same sums as TcRowsInRegisters::mma_tile_t, in the same order per output element.
-    template <int N> __device__ __forceinline__ void mma_tile_t(float acc[N / 8][4], const unsigned short* other) const {
+    template <int N>
+    __device__ __forceinline__ void mma_tile_t(float (*acc)[N / 8][4], const unsigned short* other) const {
         #pragma unroll
         for (int k = 0; k < HS / 16; k++) {
             unsigned a[4];
             tc_load_a_chunk<HS>(a, tile, r0, k);
             #pragma unroll
-            for (int n = 0; n < N / 16; n++) tc_mma_chunk_t<Ops, HS>(acc[2 * n], acc[2 * n + 1], a, other, n, k);
+            for (int n = 0; n < N / 16; n++) {
+                unsigned b[4];
+                tc_load_b_t<HS>(b, other, n, k);
+                Ops::mma(acc[0][2 * n], a, b[0], b[1]);
+                Ops::mma(acc[0][2 * n + 1], a, b[2], b[3]);
+            }
         }
     }
 };
 
-// acc (16 x HS) += x (16 x K, f32 in the accumulator layout, times `scale[r]` in row g + 8r)
-// * tile (K rows x HS), with the scaled x split as hi + lo (O += P V, dQ += dS K,
-// dV += P^T dO, dK += dS^T Q).
-template <class Ops, int HS, int K>
-__device__ __forceinline__ void tc_mma_x_tile(float acc[HS / 8][4], const float x[K / 8][4],
-                                              const unsigned short* tile, const float scale[2]) {
+// acc[mt] (16 x HS) += x[mt] (16 x K, f32 in the accumulator layout, times `scale[mt][r]` in
+// row g + 8r) * tile (K rows x HS), with the scaled x rounded to the operand type (O += P V,
+// dQ += dS K, dV += P^T dO, dK += dS^T Q); each B fragment feeds all MT row tiles.
+template <class Ops, int HS, int K, int MT = 1>
+__device__ __forceinline__ void tc_mma_x_tile(float (*acc)[HS / 8][4], float (*x)[K / 8][4],
+                                              const unsigned short* tile, float (*scale)[2]) {
     const int lane = threadIdx.x & 31;
     #pragma unroll
     for (int k = 0; k < K / 16; k++) {
-        unsigned hi[4], lo[4];
-        tc_split<Ops>(x[2 * k][0] * scale[0], x[2 * k][1] * scale[0], hi[0], lo[0]);
-        tc_split<Ops>(x[2 * k][2] * scale[1], x[2 * k][3] * scale[1], hi[1], lo[1]);
-        tc_split<Ops>(x[2 * k + 1][0] * scale[0], x[2 * k + 1][1] * scale[0], hi[2], lo[2]);
-        tc_split<Ops>(x[2 * k + 1][2] * scale[1], x[2 * k + 1][3] * scale[1], hi[3], lo[3]);
+        unsigned a[MT][4];
+        #pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            a[mt][0] = Ops::pack(x[mt][2 * k][0] * scale[mt][0], x[mt][2 * k][1] * scale[mt][0]);
+            a[mt][1] = Ops::pack(x[mt][2 * k][2] * scale[mt][1], x[mt][2 * k][3] * scale[mt][1]);
+            a[mt][2] = Ops::pack(x[mt][2 * k + 1][0] * scale[mt][0], x[mt][2 * k + 1][1] * scale[mt][0]);
+            a[mt][3] = Ops::pack(x[mt][2 * k + 1][2] * scale[mt][1], x[mt][2 * k + 1][3] * scale[mt][1]);
+        }
         #pragma unroll
         for (int n = 0; n < HS / 16; n++) {
             unsigned b[4];
             tc_ldsm_trans(b, tc_smem_addr(tile + (k * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) *
                                                      TcShape<HS>::ld + n * 16 + (lane >> 4) * 8));
-            Ops::mma(acc[2 * n], hi, b[0], b[1]);
-            Ops::mma(acc[2 * n], lo, b[0], b[1]);
-            Ops::mma(acc[2 * n + 1], hi, b[2], b[3]);
-            Ops::mma(acc[2 * n + 1], lo, b[2], b[3]);
+            #pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                Ops::mma(acc[mt][2 * n], a[mt], b[0], b[1]);
+                Ops::mma(acc[mt][2 * n + 1], a[mt], b[2], b[3]);
+            }
         }
     }
 }
@@ -291,6 +308,21 @@ __device__ __forceinline__ void tc_mma_x_tile(float acc[HS / 8][4], const float 
 // Whether query `query` sees key `key` under the causal mask and the window W (0: none).
 __device__ __forceinline__ bool tc_sees(int query, int key, int W) {
     return key <= query && (W == 0 || query - key < W);
+}
+
+// Whether every query in q_lo .. q_hi (all < T) sees every key in k_lo .. k_hi: such tiles
+// (all but the diagonal ones and a window's edges) skip the per-score mask.
+__device__ __forceinline__ bool tc_all_see(int q_lo, int q_hi, int k_lo, int k_hi, int W, int T) {
+    return k_hi <= q_lo && q_hi < T && (W == 0 || q_hi - k_lo < W);
+}
+
+// 2^x on the special-function unit, subnormal results flushed to 0 (a probability under
+// 2^-126 of its row's largest adds nothing an f32 sum keeps): one instruction, where exp2f
+// adds range fix-ups around it. 2^-inf = 0.
+__device__ __forceinline__ float tc_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
 }
 
 // Whether any query in q_lo .. q_hi sees any key in k_lo .. k_hi: a warp skips the products of
@@ -354,19 +386,28 @@ __device__ __forceinline__ float tc_ds_scale_start() {
     return __uint_as_float((unsigned)(TC_DS_SCALE_MAX_EXP + 127) << 23);
 }
 
-// Forward: a block owns 64 queries, streams the keys up to the diagonal in tiles with an
-// online softmax (scores in base 2: exp2 is the hardware's exponential).
+// Row tiles of 16 a forward warp owns, and the queries of a forward block (4 warps): at head
+// size 64 two tiles, so that every K and V fragment read from shared memory feeds two
+// products (the registers allow it: 64 for the output accumulators, 64 for the scores, 32 for
+// Q); at 128 the accumulators alone take 64 registers a tile, so one.
+template <int HS> struct TcForward {
+    static constexpr int mt = HS == 64 ? 2 : 1;
+    static constexpr int rows = 4 * 16 * mt;
+};
+
+// Forward: a block owns TcForward::rows queries, streams the keys up to the diagonal in tiles
+// with an online softmax (scores in base 2: exp2 is the hardware's exponential).
 //
-// Shared memory: [K0 | V0 | K1 | V1], TcShape::stream rows each; the Q tile (64 rows) is first
-// staged from K1 on, which the pipeline fills only after Q is in registers.
+// Shared memory: [K0 | V0 | K1 | V1], TcShape::stream rows each; the Q tile is first staged
+// from K1 on, which the pipeline fills only after Q is in registers.
 template <class Ops, int HS>
 __device__ __forceinline__ void tc_forward(const typename Ops::elem* __restrict__ qkv,
                                            typename Ops::elem* __restrict__ out,
                                            float* __restrict__ lse, int T, int C, int NH, int W) {
 #if __CUDA_ARCH__ >= 800
     typedef TcShape<HS> S;
-    constexpr int KC = S::stream;
-    static_assert(TC_ROWS <= 2 * KC, "the Q tile is staged in two key tiles");
+    constexpr int KC = S::stream, MT = TcForward<HS>::mt, ROWS = TcForward<HS>::rows;
+    static_assert(ROWS <= 2 * KC, "the Q tile is staged in two key tiles");
     extern __shared__ __align__(16) unsigned short tc_smem[];
     tc_need_shared(S::forward_bytes);
     // Buffer i (one computed on, one being filled) is K at tc_smem + 2i tiles, V after it.
@@ -378,27 +419,37 @@ __device__ __forceinline__ void tc_forward(const typename Ops::elem* __restrict_
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3;
     const size_t stride = 3 * (size_t)C;
     const typename Ops::elem* base = qkv + (size_t)b * T * stride + h * HS;
-    const int q0 = qt * TC_ROWS;
-    const int warp_row0 = q0 + warp * 16;
-    const int row0 = warp_row0 + (lane >> 2);  // this lane's rows: row0 and row0 + 8
+    const int q0 = qt * ROWS;
+    const int warp_row0 = q0 + warp * 16 * MT;
+    // This lane's rows: row0 + 16 mt + 8 r.
+    const int row0 = warp_row0 + (lane >> 2);
     const float c = tc_scale<HS>() * TC_LOG2E;
     const int kt0 = tc_first_key_tile(q0, W, KC);
     // The last key tile: the block's last query's, or the one holding key T - 1.
-    const int kt_last = min(q0 + TC_ROWS - 1, T - 1) / KC;
+    const int kt_last = min(q0 + ROWS - 1, T - 1) / KC;
 
-    tc_tile_copy<HS, TC_ROWS>(ks(1), base, stride, q0, T);
+    tc_tile_copy<HS, ROWS>(ks(1), base, stride, q0, T);
     tc_commit();
     tc_tile_copy<HS, KC>(ks(0), base + C, stride, kt0 * KC, T);
     tc_tile_copy<HS, KC>(vs(0), base + 2 * C, stride, kt0 * KC, T);
     tc_commit();
     tc_wait<1>();
     __syncthreads();
-    TcRowsInRegisters<Ops, HS> qf;
-    qf.load(ks(1), warp * 16);
+    TcRowsInRegisters<Ops, HS, MT> qf;
+    qf.load(ks(1), warp * 16 * MT);
     __syncthreads();  // the second buffers are free for the pipeline
 
-    const float p_scale[2] = {Ops::p_scale(), Ops::p_scale()};
-    float o[HS / 8][4] = {}, m[2] = {KILN_NEG_INF, KILN_NEG_INF}, l[2] = {0.0f, 0.0f};
+    float p_scale[MT][2];
+    float o[MT][HS / 8][4] = {}, m[MT][2], l[MT][2];
+    #pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        #pragma unroll
+        for (int r = 0; r < 2; r++) {
+            p_scale[mt][r] = Ops::p_scale();
+            m[mt][r] = KILN_NEG_INF;
+            l[mt][r] = 0.0f;
+        }
+    }
     for (int kt = kt0; kt <= kt_last; kt++) {
         const int k0 = kt * KC, buf = (kt - kt0) & 1;
         if (kt < kt_last) {
@@ -410,72 +461,112 @@ __device__ __forceinline__ void tc_forward(const typename Ops::elem* __restrict_
             tc_wait<0>();
         }
         __syncthreads();  // tile kt is in shared memory for every thread
-        if (tc_any_sees(warp_row0, warp_row0 + 15, k0, k0 + KC - 1, W)) {
-            float s[KC / 8][4] = {};
+        if (tc_any_sees(warp_row0, warp_row0 + 16 * MT - 1, k0, k0 + KC - 1, W)) {
+            float s[MT][KC / 8][4] = {};
             qf.template mma_tile_t<KC>(s, ks(buf));
-            #pragma unroll
-            for (int r = 0; r < 2; r++) {
-                const int row = row0 + 8 * r;
-                float mx = KILN_NEG_INF;
+            // Scores stay unscaled until the exponential: c > 0, so the largest raw score
+            // times c is the largest scaled one, and s * c - m is one fused multiply-add.
+            if (!tc_all_see(warp_row0, warp_row0 + 16 * MT - 1, k0, k0 + KC - 1, W, T)) {
                 #pragma unroll
-                for (int n = 0; n < KC / 8; n++) {
+                for (int mt = 0; mt < MT; mt++) {
                     #pragma unroll
-                    for (int e = 2 * r; e < 2 * r + 2; e++) {
-                        // Keys past the row are masked; that includes keys >= T for rows < T.
-                        const int key = k0 + n * 8 + 2 * t + (e & 1);
-                        const float v = tc_sees(row, key, W) ? s[n][e] * c : KILN_NEG_INF;
-                        s[n][e] = v;
-                        mx = fmaxf(mx, v);
+                    for (int n = 0; n < KC / 8; n++) {
+                        #pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            // Keys past the row are masked; that includes keys >= T for rows < T.
+                            const int row = row0 + 16 * mt + 8 * (e >> 1);
+                            const int key = k0 + n * 8 + 2 * t + (e & 1);
+                            if (!tc_sees(row, key, W)) s[mt][n][e] = KILN_NEG_INF;
+                        }
                     }
                 }
-                // A row that has seen no key yet and finds every key of this tile masked (past
-                // its diagonal, or before its window) keeps a max of -inf: it then subtracts 0,
-                // so its masked scores give 0, never NaN.
-                const float m_new = fmaxf(m[r], tc_row_max(mx));
-                const float m_sub = m_new == KILN_NEG_INF ? 0.0f : m_new;
-                const float corr = exp2f(m[r] - m_sub);
-                l[r] *= corr;  // a per-lane partial sum until the end
-                #pragma unroll
-                for (int n = 0; n < KC / 8; n++) {
-                    o[n][2 * r] *= corr;
-                    o[n][2 * r + 1] *= corr;
-                    #pragma unroll
-                    for (int e = 2 * r; e < 2 * r + 2; e++) {
-                        s[n][e] = exp2f(s[n][e] - m_sub);
-                        l[r] += s[n][e];
-                    }
-                }
-                #pragma unroll
-                for (int n = KC / 8; n < HS / 8; n++) {
-                    o[n][2 * r] *= corr;
-                    o[n][2 * r + 1] *= corr;
-                }
-                m[r] = m_new;
             }
-            tc_mma_x_tile<Ops, HS, KC>(o, s, vs(buf), p_scale);
+            #pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                #pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    float mx = KILN_NEG_INF;
+                    #pragma unroll
+                    for (int n = 0; n < KC / 8; n++) mx = fmaxf(mx, fmaxf(s[mt][n][2 * r], s[mt][n][2 * r + 1]));
+                    // A row that has seen no key yet and finds every key of this tile masked
+                    // (past its diagonal, or before its window) keeps a max of -inf: it then
+                    // subtracts 0, so its masked scores give 0, never NaN.
+                    const float m_new = fmaxf(m[mt][r], tc_row_max(mx) * c);
+                    const float m_sub = m_new == KILN_NEG_INF ? 0.0f : m_new;
+                    const float corr = tc_exp2(m[mt][r] - m_sub);
+                    l[mt][r] *= corr;  // a per-lane partial sum until the end
+                    #pragma unroll
+                    for (int n = 0; n < KC / 8; n++) {
+                        #pragma unroll
+                        for (int e = 2 * r; e < 2 * r + 2; e++) {
+                            s[mt][n][e] = tc_exp2(fmaf(s[mt][n][e], c, -m_sub));
+                            l[mt][r] += s[mt][n][e];
+                        }
+                    }
+                    #pragma unroll
+                    for (int n = 0; n < HS / 8; n++) {
+                        o[mt][n][2 * r] *= corr;
+                        o[mt][n][2 * r + 1] *= corr;
+                    }
+                    m[mt][r] = m_new;
+                }
+            }
+            tc_mma_x_tile<Ops, HS, KC, MT>(o, s, vs(buf), p_scale);
         }
         __syncthreads();  // buffer `buf` is no longer read: the next iteration refills it
     }
     #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int row = row0 + 8 * r;
-        const float sum = tc_row_sum(l[r]);
-        if (row >= T) continue;
-        const float inv = 1.0f / (sum * Ops::p_scale());
-        unsigned* dst = reinterpret_cast<unsigned*>(out + ((size_t)b * T + row) * C + h * HS + 2 * t);
+    for (int mt = 0; mt < MT; mt++) {
         #pragma unroll
-        for (int n = 0; n < HS / 8; n++) dst[n * 4] = Ops::pack(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
-        // Natural log-sum-exp of the scaled scores: m is in base-2 units.
-        if (t == 0) lse[((size_t)b * NH + h) * T + row] = m[r] * 0.6931471805599453f + logf(sum);
+        for (int r = 0; r < 2; r++) {
+            const int row = row0 + 16 * mt + 8 * r;
+            const float sum = tc_row_sum(l[mt][r]);
+            if (row >= T) continue;
+            const float inv = 1.0f / (sum * Ops::p_scale());
+            unsigned* dst = reinterpret_cast<unsigned*>(out + ((size_t)b * T + row) * C + h * HS + 2 * t);
+            #pragma unroll
+            for (int n = 0; n < HS / 8; n++) dst[n * 4] = Ops::pack(o[mt][n][2 * r] * inv, o[mt][n][2 * r + 1] * inv);
+            // Natural log-sum-exp of the scaled scores: m is in base-2 units.
+            if (t == 0) lse[((size_t)b * NH + h) * T + row] = m[mt][r] * 0.6931471805599453f + logf(sum);
+        }
     }
 #endif
 }
 
-// dQ and the row term d: a block owns 64 queries and streams the keys twice, first summing
-// d_i = sum_j P_ij dP_ij exactly in f32, then accumulating dQ += dS K with dS = P (dP - d).
+// d_i = dO_i . O_i for this warp's 16 rows from global memory (rows at or past T give 0): lane
+// L sums half of row L / 2, its neighbour the other half. Returned for the lane's accumulator
+// rows, row0 and row0 + 8, in rowd.
+template <class Ops, int HS>
+__device__ __forceinline__ void tc_row_term(const typename Ops::elem* __restrict__ out,
+                                            const typename Ops::elem* __restrict__ dout,
+                                            size_t first, int warp_row0, int T, int C, float rowd[2]) {
+    const int lane = threadIdx.x & 31, row = warp_row0 + (lane >> 1);
+    float sum = 0.0f;
+    if (row < T) {
+        const size_t at = first + (size_t)row * C + (lane & 1) * (HS / 2);
+        const uint4* o = reinterpret_cast<const uint4*>(out + at);
+        const uint4* g = reinterpret_cast<const uint4*>(dout + at);
+        #pragma unroll
+        for (int i = 0; i < HS / 16; i++) {
+            const uint4 ov = o[i], gv = g[i];
+            const unsigned ow[4] = {ov.x, ov.y, ov.z, ov.w}, gw[4] = {gv.x, gv.y, gv.z, gv.w};
+            #pragma unroll
+            for (int j = 0; j < 4; j++)
+                sum += Ops::low(ow[j]) * Ops::low(gw[j]) + Ops::high(ow[j]) * Ops::high(gw[j]);
+        }
+    }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    const int g = lane >> 2;
+    rowd[0] = __shfl_sync(0xffffffffu, sum, 2 * g);
+    rowd[1] = __shfl_sync(0xffffffffu, sum, 2 * g + 16);
+}
+
+// dQ and the row term d: a block owns 64 queries; d_i = dO_i . O_i comes from the stored
+// output, then the keys stream once, accumulating dQ += dS K with dS = P (dP - d).
 // Shared memory: TcShape::dq_bytes.
 template <class Ops, int HS>
 __device__ __forceinline__ void tc_backward_dq(const typename Ops::elem* __restrict__ qkv,
+                                               const typename Ops::elem* __restrict__ out,
                                                const typename Ops::elem* __restrict__ dout,
                                                const float* __restrict__ lse, float* __restrict__ d,
                                                typename Ops::elem* __restrict__ dqkv, int T, int C,
@@ -509,58 +600,50 @@ __device__ __forceinline__ void tc_backward_dq(const typename Ops::elem* __restr
     tc_tile_copy<HS, KC>(ks(0), base + C, stride, kt0 * KC, T);
     tc_tile_copy<HS, KC>(vs(0), base + 2 * C, stride, kt0 * KC, T);
     tc_commit();
+    float rowd[2];
+    tc_row_term<Ops, HS>(out, dout, (size_t)b * T * C + h * HS, warp_row0, T, C, rowd);
     tc_wait<1>();
     __syncthreads();
     TcRowsInRegisters<Ops, HS> qf, gf;
     qf.load(q_stage, warp * 16);
     gf.load(g_stage, warp * 16);
     __syncthreads();  // the second buffers are free for the pipeline
-    float lse2[2], rowd[2] = {0.0f, 0.0f};
+    float lse2[2];
     #pragma unroll
     for (int r = 0; r < 2; r++) lse2[r] = row0 + 8 * r < T ? lse[lse_row + row0 + 8 * r] * TC_LOG2E : 0.0f;
 
-    // Two passes over the key tiles kt0 .. kt_last, as one sequence of 2 n steps so that the
-    // copy of the first tile of the second pass overlaps the last of the first.
-    const int n_tiles = kt_last - kt0 + 1;
-    float dq[HS / 8][4] = {}, dsum[2] = {0.0f, 0.0f};
+    float dq[HS / 8][4] = {};
     float ds_scale[2] = {1.0f, 1.0f};
     if (Ops::scaled) ds_scale[0] = ds_scale[1] = tc_ds_scale_start();
-    for (int step = 0; step < 2 * n_tiles; step++) {
-        const int pass = step < n_tiles ? 0 : 1, buf = step & 1;
-        const int k0 = (kt0 + step - pass * n_tiles) * KC;
-        if (step + 1 < 2 * n_tiles) {
-            const int next = kt0 + (step + 1 < n_tiles ? step + 1 : step + 1 - n_tiles);
-            tc_tile_copy<HS, KC>(ks(buf ^ 1), base + C, stride, next * KC, T);
-            tc_tile_copy<HS, KC>(vs(buf ^ 1), base + 2 * C, stride, next * KC, T);
+    for (int kt = kt0; kt <= kt_last; kt++) {
+        const int k0 = kt * KC, buf = (kt - kt0) & 1;
+        if (kt < kt_last) {
+            tc_tile_copy<HS, KC>(ks(buf ^ 1), base + C, stride, k0 + KC, T);
+            tc_tile_copy<HS, KC>(vs(buf ^ 1), base + 2 * C, stride, k0 + KC, T);
             tc_commit();
             tc_wait<1>();
         } else {
             tc_wait<0>();
         }
         __syncthreads();
-        if (step == n_tiles) {
-            rowd[0] = tc_row_sum(dsum[0]);
-            rowd[1] = tc_row_sum(dsum[1]);
-        }
         if (tc_any_sees(warp_row0, warp_row0 + 15, k0, k0 + KC - 1, W)) {
             float s[KC / 8][4] = {}, dp[KC / 8][4] = {};
-            qf.template mma_tile_t<KC>(s, ks(buf));
-            gf.template mma_tile_t<KC>(dp, vs(buf));
+            qf.template mma_tile_t<KC>(&s, ks(buf));
+            gf.template mma_tile_t<KC>(&dp, vs(buf));
+            const bool all_see = tc_all_see(warp_row0, warp_row0 + 15, k0, k0 + KC - 1, W, T);
             #pragma unroll
             for (int n = 0; n < KC / 8; n++) {
                 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int r = e >> 1;
                     const int key = k0 + n * 8 + 2 * t + (e & 1);
-                    const float p = tc_sees(row0 + 8 * r, key, W) ? exp2f(s[n][e] * c - lse2[r]) : 0.0f;
-                    if (pass == 0) dsum[r] += p * dp[n][e];
-                    else dp[n][e] = p * (dp[n][e] - rowd[r]);
+                    float p = tc_exp2(fmaf(s[n][e], c, -lse2[r]));
+                    if (!all_see && !tc_sees(row0 + 8 * r, key, W)) p = 0.0f;
+                    dp[n][e] = p * (dp[n][e] - rowd[r]);
                 }
             }
-            if (pass == 1) {
-                tc_rescale_rows<Ops, HS, KC>(dq, dp, ds_scale);
-                tc_mma_x_tile<Ops, HS, KC>(dq, dp, ks(buf), ds_scale);
-            }
+            tc_rescale_rows<Ops, HS, KC>(dq, dp, ds_scale);
+            tc_mma_x_tile<Ops, HS, KC>(&dq, &dp, ks(buf), &ds_scale);
         }
         __syncthreads();
     }
@@ -648,7 +731,7 @@ __device__ __forceinline__ void tc_backward_dkv(const typename Ops::elem* __rest
     vf.load(v_tile, warp * 16);
     if (kv_in_registers) __syncthreads();  // the second buffers are free for the pipeline
 
-    const float p_scale[2] = {Ops::p_scale(), Ops::p_scale()};
+    float p_scale[2] = {Ops::p_scale(), Ops::p_scale()};
     float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
     float ds_scale[2] = {1.0f, 1.0f};
     if (Ops::scaled) ds_scale[0] = ds_scale[1] = tc_ds_scale_start();
@@ -666,22 +749,23 @@ __device__ __forceinline__ void tc_backward_dkv(const typename Ops::elem* __rest
         __syncthreads();
         if (tc_any_sees(q0, q0 + QC - 1, warp_key0, warp_key0 + 15, W)) {
             float s[QC / 8][4] = {}, dp[QC / 8][4] = {};
-            kf.template mma_tile_t<QC>(s, qs(buf));
-            vf.template mma_tile_t<QC>(dp, gs(buf));
+            kf.template mma_tile_t<QC>(&s, qs(buf));
+            vf.template mma_tile_t<QC>(&dp, gs(buf));
+            const bool all_see = tc_all_see(q0, q0 + QC - 1, warp_key0, warp_key0 + 15, W, T);
             #pragma unroll
             for (int n = 0; n < QC / 8; n++) {
                 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int qi = n * 8 + 2 * t + (e & 1), query = q0 + qi;
-                    const bool live = tc_sees(query, key0 + 8 * (e >> 1), W) && query < T;
-                    const float p = live ? exp2f(s[n][e] * c - lses(buf)[qi] * TC_LOG2E) : 0.0f;
+                    float p = tc_exp2(fmaf(s[n][e], c, -lses(buf)[qi] * TC_LOG2E));
+                    if (!all_see && !(tc_sees(query, key0 + 8 * (e >> 1), W) && query < T)) p = 0.0f;
                     s[n][e] = p;
                     dp[n][e] = p * (dp[n][e] - ds(buf)[qi]);
                 }
             }
-            tc_mma_x_tile<Ops, HS, QC>(dv, s, gs(buf), p_scale);
+            tc_mma_x_tile<Ops, HS, QC>(&dv, &s, gs(buf), &p_scale);
             tc_rescale_rows<Ops, HS, QC>(dk, dp, ds_scale);
-            tc_mma_x_tile<Ops, HS, QC>(dk, dp, qs(buf), ds_scale);
+            tc_mma_x_tile<Ops, HS, QC>(&dk, &dp, qs(buf), &ds_scale);
         }
         __syncthreads();
     }
@@ -709,9 +793,9 @@ __device__ __forceinline__ void tc_backward_dkv(const typename Ops::elem* __rest
         tc_forward<OPS, HS>(qkv, out, lse, T, C, NH, W);                                                   \
     }                                                                                                      \
     extern "C" __global__ void __launch_bounds__(128) attention_backward_dq_##SUFFIX##_hs##HS##_tc(        \
-        const OPS::elem* qkv, const OPS::elem* dout, const float* lse, float* d, OPS::elem* dqkv, int T,   \
-        int C, int NH, int W) {                                                                            \
-        tc_backward_dq<OPS, HS>(qkv, dout, lse, d, dqkv, T, C, NH, W);                                     \
+        const OPS::elem* qkv, const OPS::elem* out, const OPS::elem* dout, const float* lse, float* d,     \
+        OPS::elem* dqkv, int T, int C, int NH, int W) {                                                    \
+        tc_backward_dq<OPS, HS>(qkv, out, dout, lse, d, dqkv, T, C, NH, W);                                \
     }                                                                                                      \
     extern "C" __global__ void __launch_bounds__(128) attention_backward_dkv_##SUFFIX##_hs##HS##_tc(       \
         const OPS::elem* qkv, const OPS::elem* dout, const float* lse, const float* d, OPS::elem* dqkv,    \
