@@ -138,9 +138,11 @@ fn rel_err_per_head(got: &[f32], want: &[f32], head_size: usize) -> f64 {
     got.chunks(head_size)
         .zip(want.chunks(head_size))
         .fold(0.0f64, |worst, (g, w)| {
-            let scale = largest(w).max(floor).max(f64::MIN_POSITIVE);
-            // rel_err with the vector's own floor (its largest over `scale`, at most 1).
-            worst.max(rel_err(g, w, 1.0) * largest(w).max(f64::MIN_POSITIVE) / scale)
+            // rel_err(.., 1.0) is the largest |g - w| over the vector's largest (infinite for
+            // a non-finite value); rescaled, it is over `scale` instead.
+            let own = largest(w).max(f64::MIN_POSITIVE);
+            let scale = own.max(floor);
+            worst.max(rel_err(g, w, 1.0) * own / scale)
         })
 }
 
@@ -1916,28 +1918,25 @@ fn compare_attention<T: Elem>(
         Err(e) => return (Err(e.clone()), Err(e)),
     };
     let mut dqkv = vec![0.0; qkv.len()];
-    match gpu.attention_uses_tensor_cores(T::DTYPE, s.head_size()) {
+    if !gpu.attention_uses_tensor_cores(T::DTYPE, s.head_size()) {
         // The CUDA-core kernels keep P, dS and the row term d in f32: elementwise.
-        false => {
-            cpu::attention::windowed_attention_backward(&mut dqkv, dout, qkv, &probs, s, window);
-            (
-                Ok(rel_err(&o, &out, ELEMENTWISE_FLOOR)),
-                Ok(rel_err(&g, &dqkv, ELEMENTWISE_FLOOR)),
-            )
-        }
+        cpu::attention::windowed_attention_backward(&mut dqkv, dout, qkv, &probs, s, window);
+        (
+            Ok(rel_err(&o, &out, ELEMENTWISE_FLOOR)),
+            Ok(rel_err(&g, &dqkv, ELEMENTWISE_FLOOR)),
+        )
+    } else {
         // The tensor cores take d_i = dO_i . O_i from the stored 16-bit output, as
         // FlashAttention does (exact math on the output as stored); the reference uses the
         // same d, from the output the GPU stored.
-        true => {
-            let d = row_term(dout, &o, s);
-            cpu::attention::attention_backward_given_row_term(
-                &mut dqkv, dout, qkv, &probs, &d, s, window,
-            );
-            (
-                Ok(rel_err_per_head(&o, &out, s.head_size())),
-                Ok(rel_err_per_head(&g, &dqkv, s.head_size())),
-            )
-        }
+        let d = row_term(dout, &o, s);
+        cpu::attention::attention_backward_given_row_term(
+            &mut dqkv, dout, qkv, &probs, &d, s, window,
+        );
+        (
+            Ok(rel_err_per_head(&o, &out, s.head_size())),
+            Ok(rel_err_per_head(&g, &dqkv, s.head_size())),
+        )
     }
 }
 
