@@ -2,8 +2,9 @@
 // (mma.sync on 16-bit operands).
 //
 // The same three kernels as attention.cu's CUDA-core ones (forward; dQ and the row term d;
-// dK/dV), but a block owns 64 rows and each of its 4 warps owns 16 of them, computing on tiles with
-// `mma.sync.m16n8k16` (16-bit operands, f32 accumulators). Fragments are read from shared memory
+// dK/dV), but a block owns 64 rows and each of its 4 warps owns 16 of them (the forward at head
+// size 64: 128 and 32, see TcForward), computing on tiles with `mma.sync.m16n8k16` (16-bit
+// operands, f32 accumulators). Fragments are read from shared memory
 // with `ldmatrix`; tiles arrive by `cp.async` into two buffers, so the next tile's copy overlaps
 // the current tile's arithmetic. All inline PTX, so NVRTC needs no CUDA headers.
 //
@@ -40,7 +41,8 @@
 //   overflow. The scales are powers of two: exact in f32.
 // bf16 shares f32's exponent range and needs neither.
 //
-// Tile shapes. A block is 4 warps of 16 rows (64 queries, or 64 keys in dK/dV). At head size 64
+// Tile shapes. A block is 4 warps of 16 rows (64 queries, or 64 keys in dK/dV; the forward at
+// head size 64 has two row tiles a warp, 128 queries a block, staged the same way). At head size 64
 // the streamed tiles (keys, or queries in dK/dV) are 64 rows and every operand a warp keeps
 // (its rows' Q, dO, or K and V) sits in registers. At head size 128 each row is twice as long:
 // - streamed tiles are 32 rows, so that their double buffers stay at 4 x 32 x 136 x 2 B = 34 KiB
