@@ -66,7 +66,14 @@ pub fn to_device(
     }
     drop(model);
     let origin = std::path::Path::new("the model built on the host");
-    let mut on = crate::models::load_frozen(cfg, vocab, &pool, &weights, origin)?;
+    let mut on = crate::models::load_for(
+        cfg,
+        vocab,
+        &pool,
+        &weights,
+        origin,
+        crate::models::Role::Run,
+    )?;
     drop(weights);
     ready_for_generation(on.as_mut(), dtype)?;
     Ok((on, note))

@@ -420,47 +420,47 @@ impl RoutingStats {
     }
 }
 
+/// What a built or loaded model is for: `Train` (gradient buffers allocated as training needs
+/// them) or `Run` (every parameter frozen from the start, so no gradient buffer is ever
+/// allocated: generation, which then peaks at the values alone).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Train,
+    Run,
+}
+
 /// The model `cfg` describes (its family's [`family::Family::build`]), with a `vocab`-token
-/// vocabulary, initialised from `seed`.
+/// vocabulary, initialised from `seed`, to train; [`build_for`] with [`Role::Train`].
 pub fn build(
     cfg: &ModelConfig,
     vocab: usize,
     pool: &Arc<MemoryPool>,
     seed: u64,
 ) -> std::result::Result<Box<dyn Model>, KilnError> {
-    build_with(cfg, vocab, pool, seed, false)
+    build_for(cfg, vocab, pool, seed, Role::Train)
 }
 
-/// [`build`] with every parameter frozen from the start (no gradient buffer is ever
-/// allocated): the planner's stand-in for [`load_frozen`], booking the same memory.
-pub fn build_frozen(
+/// [`build`] for `role`: with [`Role::Run`] the planner's stand-in for [`load_for`] with the
+/// same role, booking the same memory.
+pub fn build_for(
     cfg: &ModelConfig,
     vocab: usize,
     pool: &Arc<MemoryPool>,
     seed: u64,
-) -> std::result::Result<Box<dyn Model>, KilnError> {
-    build_with(cfg, vocab, pool, seed, true)
-}
-
-fn build_with(
-    cfg: &ModelConfig,
-    vocab: usize,
-    pool: &Arc<MemoryPool>,
-    seed: u64,
-    frozen: bool,
+    role: Role,
 ) -> std::result::Result<Box<dyn Model>, KilnError> {
     let mut rng = Rng::new(seed, stream::INIT);
     let mut b = ParamBuilder::init(pool, &mut rng);
-    if frozen {
+    if role == Role::Run {
         b = b.frozen();
     }
     (cfg.entry().build)(cfg, vocab, &mut b)
 }
 
 /// The model `cfg` describes with its parameters read from `weights` (under kiln's names, as
-/// [`import::pretrained`] maps a checkpoint's), never initialised first. Every parameter must
-/// find its tensor with its shape and every tensor must be used; `origin` (a path) names the
-/// weights in the error that says otherwise.
+/// [`import::pretrained`] maps a checkpoint's), never initialised first, to train; [`load_for`]
+/// with [`Role::Train`]. Every parameter must find its tensor with its shape and every tensor
+/// must be used; `origin` (a path) names the weights in the error that says otherwise.
 pub fn load(
     cfg: &ModelConfig,
     vocab: usize,
@@ -468,32 +468,21 @@ pub fn load(
     weights: &BTreeMap<String, HostTensor>,
     origin: &Path,
 ) -> std::result::Result<Box<dyn Model>, KilnError> {
-    load_with(cfg, vocab, pool, weights, origin, false)
+    load_for(cfg, vocab, pool, weights, origin, Role::Train)
 }
 
-/// [`load`] with every parameter frozen from the start: a model to run (generation), which
-/// never allocates a gradient buffer, so loading peaks at the values alone.
-pub fn load_frozen(
+/// [`load`] for `role`.
+pub fn load_for(
     cfg: &ModelConfig,
     vocab: usize,
     pool: &Arc<MemoryPool>,
     weights: &BTreeMap<String, HostTensor>,
     origin: &Path,
-) -> std::result::Result<Box<dyn Model>, KilnError> {
-    load_with(cfg, vocab, pool, weights, origin, true)
-}
-
-fn load_with(
-    cfg: &ModelConfig,
-    vocab: usize,
-    pool: &Arc<MemoryPool>,
-    weights: &BTreeMap<String, HostTensor>,
-    origin: &Path,
-    frozen: bool,
+    role: Role,
 ) -> std::result::Result<Box<dyn Model>, KilnError> {
     let mut source = WeightSource::new(origin.display(), weights, NameMap::identity());
     let mut b = ParamBuilder::load(pool, &mut source);
-    if frozen {
+    if role == Role::Run {
         b = b.frozen();
     }
     let model = (cfg.entry().build)(cfg, vocab, &mut b)?;

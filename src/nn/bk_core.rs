@@ -74,7 +74,7 @@ impl BkCore {
         let z = if opts.learn_z {
             b.param_from("z", &[2], z_values)?
         } else {
-            Param::from_values(b.pool(), b.name("z"), &[2], z_values)?
+            Param::holding(b.pool(), b.name("z"), &[2], z_values, false)?
         };
         let offdiag = if opts.learn_offdiag {
             let m = (n_max - 1).max(1);

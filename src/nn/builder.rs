@@ -231,7 +231,7 @@ mod tests {
     use crate::engine::Device;
     use crate::engine::rng::stream;
 
-    /// Scopes nest into names; a builder draws what `Param::new` draws, in order; loading
+    /// Scopes nest into names; a builder draws what `Param::initialised` draws, in order; loading
     /// takes tensors by mapped name and shape and refuses what is missing, misshapen or left.
     #[test]
     fn scopes_name_and_sources_fill() {
@@ -252,8 +252,24 @@ mod tests {
             ("blocks.1.attn.weight", "ln_f.weight")
         );
         let mut direct = Rng::new(4, stream::INIT);
-        let w0 = Param::new(&pool, "w".into(), &[2, 3], Init::Normal(1.0), &mut direct).unwrap();
-        let g0 = Param::new(&pool, "g".into(), &[3], Init::Uniform(1.0), &mut direct).unwrap();
+        let w0 = Param::initialised(
+            &pool,
+            "w".into(),
+            &[2, 3],
+            Init::Normal(1.0),
+            &mut direct,
+            false,
+        )
+        .unwrap();
+        let g0 = Param::initialised(
+            &pool,
+            "g".into(),
+            &[3],
+            Init::Uniform(1.0),
+            &mut direct,
+            false,
+        )
+        .unwrap();
         assert_eq!(w.value.to_vec().unwrap(), w0.value.to_vec().unwrap());
         assert_eq!(g.value.to_vec().unwrap(), g0.value.to_vec().unwrap());
 

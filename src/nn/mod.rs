@@ -82,16 +82,6 @@ pub enum Init {
 }
 
 impl Param {
-    pub fn new(
-        pool: &Arc<MemoryPool>,
-        name: String,
-        shape: &[usize],
-        init: Init,
-        rng: &mut Rng,
-    ) -> Result<Param> {
-        Param::initialised(pool, name, shape, init, rng, false)
-    }
-
     /// A parameter drawn from `init`, frozen from the start (no gradient buffer is ever
     /// allocated) when `frozen`.
     pub fn initialised(
@@ -119,18 +109,8 @@ impl Param {
         Param::holding(pool, name, shape, values, frozen)
     }
 
-    /// A parameter holding `values`, with a zero gradient; on the meta device only the
-    /// booking (the values are not read).
-    pub fn from_values(
-        pool: &Arc<MemoryPool>,
-        name: String,
-        shape: &[usize],
-        values: Vec<f32>,
-    ) -> Result<Param> {
-        Param::holding(pool, name, shape, values, false)
-    }
-
-    /// [`Param::from_values`], frozen from the start when `frozen` (an empty gradient).
+    /// A parameter holding `values`, with a zero gradient, frozen from the start when `frozen`
+    /// (an empty gradient); on the meta device only the booking (the values are not read).
     pub fn holding(
         pool: &Arc<MemoryPool>,
         name: String,

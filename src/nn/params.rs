@@ -175,12 +175,13 @@ mod tests {
     fn both_traversals_follow_the_declared_order() {
         let pool = MemoryPool::new(Device::Cpu);
         let p = |name: &str| {
-            Param::new(
+            Param::initialised(
                 &pool,
                 name.into(),
                 &[1],
                 Init::Zeros,
                 &mut Rng::new(0, stream::INIT),
+                false,
             )
             .unwrap()
         };

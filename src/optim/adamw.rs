@@ -246,8 +246,15 @@ mod tests {
             .iter()
             .enumerate()
             .map(|(i, s)| {
-                let mut p =
-                    Param::new(pool, format!("p{i}"), s, Init::Normal(0.5), &mut rng).unwrap();
+                let mut p = Param::initialised(
+                    pool,
+                    format!("p{i}"),
+                    s,
+                    Init::Normal(0.5),
+                    &mut rng,
+                    false,
+                )
+                .unwrap();
                 p.set_compute_dtype(dtype).unwrap();
                 p
             })

@@ -99,7 +99,7 @@ pub fn meta_generate(
     let start = Instant::now();
     let pool = MemoryPool::meta(device);
     // As generation loads a model onto its device: frozen from the start.
-    let mut model = crate::models::build_frozen(cfg, vocab, &pool, 0)?;
+    let mut model = crate::models::build_for(cfg, vocab, &pool, 0, crate::models::Role::Run)?;
     generate::load::ready_for_generation(model.as_mut(), dtype)?;
     let weights = pool.stats().current;
     // Ids spread over the vocabulary; their values change no booking.
@@ -195,7 +195,9 @@ mod tests {
                 let plan = meta_generate(&cfg, 256, Device::Cpu, None, &shape).unwrap();
                 let pool = MemoryPool::new(Device::Cpu);
                 // As `generate::load::to_device` builds it (loaded instead of drawn).
-                let mut model = crate::models::build_frozen(&cfg, 256, &pool, 7).unwrap();
+                let mut model =
+                    crate::models::build_for(&cfg, 256, &pool, 7, crate::models::Role::Run)
+                        .unwrap();
                 generate::load::ready_for_generation(model.as_mut(), None).unwrap();
                 assert_eq!(pool.stats().current, plan.weights, "{kind}");
                 let reqs: Vec<Request> = (0..prompts)
