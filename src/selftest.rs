@@ -12,7 +12,6 @@
 use crate::config::ResolvedConfig;
 use crate::data;
 use crate::engine::AttnShape;
-use crate::engine::GemmShape;
 use crate::engine::cpu;
 use crate::engine::cpu::bk_core::BkShape;
 use crate::engine::cuda::{
@@ -21,6 +20,7 @@ use crate::engine::cuda::{
 use crate::engine::quant::Nf4Weight;
 use crate::engine::rng::{Rng, stream};
 use crate::engine::{DType, Device, MemoryPool, Tensor};
+use crate::engine::{GemmShape, MatrixView};
 use crate::error::{KilnError, Result};
 use crate::nn::{Kernels, attention};
 use crate::train::{Precision, Trainer};
@@ -826,6 +826,35 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
         push("matmul_batched", "f32", shape.clone(), BOUND_FP32, r);
         let r = check_matmul_batched::<Bf16>(gpu, inp, g);
         push("matmul_batched", "bf16", shape, BOUND_BF16, r);
+    }
+    // Products on column blocks of wider matrices (an adapter's columns of a fused projection),
+    // added into a block of C (beta 1): the adapter's forward, dh, dB and dx; the last with
+    // an odd column offset, so the operands are not 16-byte aligned.
+    for (trans_a, trans_b, m, n, k, off) in [
+        (false, true, 1000, 192, 16, 576),
+        (false, false, 1000, 16, 192, 576),
+        (true, false, 192, 16, 1000, 576),
+        (false, false, 77, 45, 16, 3),
+    ] {
+        let g = GemmShape {
+            trans_a,
+            trans_b,
+            batch: 1,
+            m,
+            n,
+            k,
+        };
+        let shape = format!(
+            "{}{m}x{k} {}{k}x{n} at column {off}",
+            if trans_a { "T " } else { "" },
+            if trans_b { "T " } else { "" }
+        );
+        let r = check_matmul_view::<f32, f32>(gpu, inp, g, off);
+        push("matmul_view", "f32", shape.clone(), BOUND_FP32, r);
+        let r = check_matmul_view::<Bf16, Bf16>(gpu, inp, g, off);
+        push("matmul_view", "bf16", shape.clone(), BOUND_BF16, r);
+        let r = check_matmul_view::<Bf16, f32>(gpu, inp, g, off);
+        push("matmul_view", "bf16 into f32", shape, BOUND_BF16, r);
     }
     // The last shape has head size 64 (the tensor-core path in bf16) and a ragged last tile.
     for (b, t, nh, c) in [
@@ -3416,6 +3445,42 @@ fn check_matmul_batched<T: Elem>(gpu: &CudaBackend, inp: &mut Inputs, g: GemmSha
     let mut d_c = poisoned::<T>(gpu, c.len())?;
     let (d_a, d_b) = (gpu.upload_as::<T>(&a)?, gpu.upload_as::<T>(&b)?);
     gpu.matmul_batched::<T, T>(g, 0.5, &d_a, &d_b, 0.0, &mut d_c, GemmMath::Fp32)?;
+    Ok(rel_err(&gpu.download_f32(&d_c)?, &c, GEMM_FLOOR))
+}
+
+/// A product whose A (when not transposed, else B) and C are column blocks starting at
+/// column `off` of matrices `off + width + 5` wide, C added into (beta 1) and its other
+/// columns left as they were.
+fn check_matmul_view<T: Elem, TC: Elem>(
+    gpu: &CudaBackend,
+    inp: &mut Inputs,
+    g: GemmShape,
+    off: usize,
+) -> Check {
+    let (ar, ac) = if g.trans_a { (g.k, g.m) } else { (g.m, g.k) };
+    let (br, bc) = if g.trans_b { (g.n, g.k) } else { (g.k, g.n) };
+    let view = |cols: usize| MatrixView {
+        ld: off + cols + 5,
+        offset: off,
+    };
+    let (va, vb, vc) = (view(ac), MatrixView::packed(bc), view(g.n));
+    let a = inp.uniform(ar * va.ld, 1.0, T::DTYPE);
+    let b = inp.uniform(br * vb.ld, 1.0, T::DTYPE);
+    let c0 = inp.uniform(g.m * vc.ld, 1.0, TC::DTYPE);
+    let mut c = c0.clone();
+    cpu::gemm::sgemm_strided(g, [va, vb, vc], 0.5, &a, &b, 1.0, &mut c);
+    let mut d_c = gpu.upload_as::<TC>(&c0)?;
+    let (d_a, d_b) = (gpu.upload_as::<T>(&a)?, gpu.upload_as::<T>(&b)?);
+    gpu.matmul_view::<T, TC>(
+        g,
+        [va, vb, vc],
+        0.5,
+        &d_a,
+        &d_b,
+        1.0,
+        &mut d_c,
+        GemmMath::Fp32,
+    )?;
     Ok(rel_err(&gpu.download_f32(&d_c)?, &c, GEMM_FLOOR))
 }
 

@@ -271,6 +271,22 @@ fn lora_resume_with_scu_is_bit_exact() {
 /// Adapter dropout: a run with `lora.dropout` trains other adapters than one without, resumes
 /// bit for bit (the masks are a function of the seed, step and pass), and writes the
 /// probability into PEFT's adapter_config.json.
+/// A run that keeps no checkpoint trains, says the adapters were not written, and exits 0.
+#[test]
+fn a_run_without_checkpoints_ends_cleanly_without_adapters() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (base, data) = fixture(tmp.path());
+    let run = tmp.path().join("run");
+    let out = finetune(
+        &base,
+        &data,
+        &run,
+        &["train.steps=2", "train.save_final=false"],
+    );
+    assert!(out.contains("adapters: not written"), "{out}");
+    assert!(!run.join("adapter").exists());
+}
+
 #[test]
 fn lora_dropout_changes_training_and_resumes_bit_exactly() {
     let tmp = tempfile::tempdir().unwrap();

@@ -240,7 +240,12 @@ pub fn run(mut a: FinetuneArgs) -> Result<()> {
         .unwrap_or_else(super::new_run_dir);
     a.train.out = a.train.resume.is_none().then(|| run_dir.clone());
     super::train::run(a.train)?;
-    // The adapters in PEFT's format, from the run's last checkpoint.
+    // The adapters in PEFT's format, from the run's last checkpoint; a run told to keep none
+    // (train.save_final=false, no periodic checkpoints) has nothing to write them from.
+    if train::checkpoint::latest(&run_dir)?.is_none() {
+        println!("adapters: not written (the run kept no checkpoint: train.save_final=false)");
+        return Ok(());
+    }
     let loaded = train::load_run(&run_dir, None)?;
     let lora = &loaded.config.lora;
     if lora.enabled {

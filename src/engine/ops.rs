@@ -6,6 +6,7 @@
 
 use super::AttnShape;
 use super::GemmShape;
+use super::MatrixView;
 use super::cpu;
 use super::cpu::adamw::AdamWStep;
 pub use super::cpu::cross_entropy::IGNORE_TARGET;
@@ -330,6 +331,84 @@ pub fn linear_backward(
         ))?,
     }
     Ok(dx)
+}
+
+/// `C = alpha * op(A) @ op(B) + beta * C` on matrices inside larger tensors (see
+/// [`MatrixView`]); `shape.batch` is 1. `A` and `B` share a dtype; `C` has theirs (the
+/// activation dtype) or is f32 (a gradient). A low-rank adapter uses it to read its columns
+/// of a projection's output gradient and to add into its columns of the output and into the
+/// input gradient in place, with no copy of either.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_view(
+    shape: GemmShape,
+    views: [MatrixView; 3],
+    alpha: f32,
+    a: &Tensor,
+    b: &Tensor,
+    beta: f32,
+    c: &mut Tensor,
+) -> Result<()> {
+    const OP: &str = "matmul_view";
+    let _prof = profile::scope(OP, a);
+    let on = device_of(OP, &[a, b, c])?;
+    if shape.batch != 1 {
+        return Err(EngineError::Shape {
+            op: OP,
+            detail: format!("{} products: views take one", shape.batch),
+        });
+    }
+    match on {
+        On::Meta => {}
+        On::Cpu => {
+            cpu::gemm::sgemm_strided(shape, views, alpha, a.host(), b.host(), beta, c.host_mut())
+        }
+        On::Gpu(g) => {
+            if a.dtype() != b.dtype() || (c.dtype() != a.dtype() && c.dtype() != DType::F32) {
+                return Err(EngineError::Shape {
+                    op: OP,
+                    detail: format!(
+                        "operands of {:?} and {:?} into {:?}",
+                        a.dtype(),
+                        b.dtype(),
+                        c.dtype()
+                    ),
+                });
+            }
+            let math = a.pool().gemm_math();
+            match c.dtype() {
+                DType::F32 => with_elem!(a.dtype(), T => g.matmul_view::<T, f32>(
+                    shape, views, alpha, a.cuda(), b.cuda(), beta, c.cuda_mut(), math,
+                ))?,
+                _ => with_elem!(a.dtype(), T => g.matmul_view::<T, T>(
+                    shape, views, alpha, a.cuda(), b.cuda(), beta, c.cuda_mut(), math,
+                ))?,
+            }
+        }
+    }
+    Ok(())
+}
+
+/// [`matmul_view`] into a new packed `[m, n]` tensor in the activation dtype of `a`
+/// (`views[2]` is ignored: the output is packed).
+pub fn matmul_view_new(
+    shape: GemmShape,
+    views: [MatrixView; 3],
+    alpha: f32,
+    a: &Tensor,
+    b: &Tensor,
+) -> Result<Tensor> {
+    let mut out = Tensor::uninit(a.pool(), &[shape.m, shape.n], act_dtype(a))?;
+    let [va, vb, _] = views;
+    matmul_view(
+        shape,
+        [va, vb, MatrixView::packed(shape.n)],
+        alpha,
+        a,
+        b,
+        0.0,
+        &mut out,
+    )?;
+    Ok(out)
 }
 
 /// Inverted dropout of `x` (a new tensor): each element kept with probability `1 - p` and

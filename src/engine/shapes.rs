@@ -28,3 +28,23 @@ pub struct GemmShape {
     pub n: usize,
     pub k: usize,
 }
+
+/// Where the operands of a single product lie in their buffers: each is a row-major matrix
+/// whose rows are `ld` elements apart, starting `offset` elements in. A packed operand has
+/// `ld` equal to its row length and offset 0; a column block of a wider matrix (an adapter's
+/// columns of a fused projection's output) has the wider row length as `ld`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MatrixView {
+    pub ld: usize,
+    pub offset: usize,
+}
+
+impl MatrixView {
+    /// A packed matrix whose stored rows hold `cols` elements.
+    pub fn packed(cols: usize) -> MatrixView {
+        MatrixView {
+            ld: cols,
+            offset: 0,
+        }
+    }
+}

@@ -19,7 +19,7 @@
 //! forward) sees the forward's mask, and evaluation and sampling, outside any scope, see none.
 
 use super::{Init, Param, ParamBuilder, params};
-use crate::engine::{Result, Tensor, ops};
+use crate::engine::{GemmShape, MatrixView, Result, Tensor, ops};
 use std::cell::Cell;
 
 thread_local! {
@@ -156,7 +156,8 @@ impl Adapter {
         DROPOUT_SEED.with(Cell::get).map(|s| s ^ self.mask_salt)
     }
 
-    /// Adds the adapter's output for input `x` into its columns of `y`.
+    /// Adds the adapter's output for input `x` into its columns of `y`: `x A^T` (rank `r`),
+    /// then `scale * h B^T` added straight into the block of `y` by the product itself.
     pub fn forward_into(&self, y: &mut Tensor, x: &Tensor) -> Result<()> {
         let dropped = match self.mask_seed() {
             Some(seed) => Some(ops::dropout(x, self.dropout, seed)?),
@@ -164,13 +165,27 @@ impl Adapter {
         };
         let h = ops::linear_forward(dropped.as_ref().unwrap_or(x), self.a.weight(), None)?;
         drop(dropped);
-        let z = ops::linear_forward(&h, self.b.weight(), None)?;
-        ops::add_cols_scaled(y, &z, self.block.col0, self.scale)
+        let (rows, row) = rows_and_width(y);
+        let r = self.a.value.shape()[0];
+        ops::matmul_view(
+            gemm(false, true, rows, self.block.cols, r),
+            [
+                MatrixView::packed(r),
+                MatrixView::packed(r),
+                self.columns_of(row),
+            ],
+            self.scale,
+            &h,
+            self.b.weight(),
+            1.0,
+            y,
+        )
     }
 
     /// Accumulates the adapter's gradients from the layer's output gradient `dy` and adds
     /// its input gradient into `dx`. `x A^T` (and the dropped input) is recomputed, a rank-`r`
-    /// GEMM, rather than kept.
+    /// GEMM, rather than kept. The products read the adapter's columns of `dy` in place and
+    /// add into `dx` in place (with dropout, the input gradient is masked first).
     pub fn backward(&mut self, dy: &Tensor, x: &Tensor, dx: &mut Tensor) -> Result<()> {
         let seed = self.mask_seed();
         let dropped = match seed {
@@ -178,18 +193,74 @@ impl Adapter {
             None => None,
         };
         let input = dropped.as_ref().unwrap_or(x);
-        let dz = ops::cols_scaled(dy, self.block.col0, self.block.cols, self.scale)?;
+        let (rows, row) = rows_and_width(dy);
+        let (_, c_in) = rows_and_width(x);
+        let r = self.a.value.shape()[0];
+        let cols = self.block.cols;
+        let dy_block = self.columns_of(row);
         let h = ops::linear_forward(input, self.a.weight(), None)?;
-        let (bw, db) = self.b.weight_and_grad();
-        let dh = ops::linear_backward(&dz, &h, bw, db, None)?;
-        drop((dz, h));
+        // dh = scale * dy[:, block] @ B   ([rows, r])
+        let dh = ops::matmul_view_new(
+            gemm(false, false, rows, r, cols),
+            [dy_block, MatrixView::packed(r), MatrixView::packed(r)],
+            self.scale,
+            dy,
+            self.b.weight(),
+        )?;
+        // dB += scale * dy[:, block]^T @ h   ([cols, r])
+        let (_, db) = self.b.weight_and_grad();
+        if let Some(db) = db {
+            ops::matmul_view(
+                gemm(true, false, cols, r, rows),
+                [dy_block, MatrixView::packed(r), MatrixView::packed(r)],
+                self.scale,
+                dy,
+                &h,
+                1.0,
+                db,
+            )?;
+        }
+        drop(h);
+        // dA += dh^T @ input   ([r, in])
         let (aw, da) = self.a.weight_and_grad();
-        let dxa = ops::linear_backward(&dh, input, aw, da, None)?;
+        if let Some(da) = da {
+            ops::matmul_view(
+                gemm(true, false, r, c_in, rows),
+                [
+                    MatrixView::packed(r),
+                    MatrixView::packed(c_in),
+                    MatrixView::packed(c_in),
+                ],
+                1.0,
+                &dh,
+                input,
+                1.0,
+                da,
+            )?;
+        }
         drop(dropped);
+        // dx += dh @ A   ([rows, in])
+        let views = [
+            MatrixView::packed(r),
+            MatrixView::packed(c_in),
+            MatrixView::packed(c_in),
+        ];
+        let shape = gemm(false, false, rows, c_in, r);
         match seed {
             // The mask's derivative is the mask itself, with the same scale.
-            Some(seed) => ops::add_in_place(dx, &ops::dropout(&dxa, self.dropout, seed)?),
-            None => ops::add_in_place(dx, &dxa),
+            Some(seed) => {
+                let dxa = ops::matmul_view_new(shape, views, 1.0, &dh, aw)?;
+                ops::add_in_place(dx, &ops::dropout(&dxa, self.dropout, seed)?)
+            }
+            None => ops::matmul_view(shape, views, 1.0, &dh, aw, 1.0, dx),
+        }
+    }
+
+    /// This adapter's block of the columns of a `[rows, row]` output.
+    fn columns_of(&self, row: usize) -> MatrixView {
+        MatrixView {
+            ld: row,
+            offset: self.block.col0,
         }
     }
 
@@ -209,5 +280,23 @@ impl Adapter {
             }
         }
         Ok(out)
+    }
+}
+
+/// A tensor as `[rows, width]`, its last dimension the width.
+fn rows_and_width(t: &Tensor) -> (usize, usize) {
+    let width = t.shape().last().copied().unwrap_or(1).max(1);
+    (t.len() / width, width)
+}
+
+/// One product `op(A)[m, k] @ op(B)[k, n]`.
+fn gemm(trans_a: bool, trans_b: bool, m: usize, n: usize, k: usize) -> GemmShape {
+    GemmShape {
+        trans_a,
+        trans_b,
+        batch: 1,
+        m,
+        n,
+        k,
     }
 }

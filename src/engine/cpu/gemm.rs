@@ -5,7 +5,7 @@
 //! `matrixmultiply`, whose blocked kernels give every output element to one thread with a fixed
 //! summation order: results do not depend on the thread count.
 
-use crate::engine::GemmShape;
+use crate::engine::{GemmShape, MatrixView};
 use rayon::prelude::*;
 
 /// `C = alpha * op(A) @ op(B) + beta * C` with `op(X) = X` or `X^T`; `op(A)` is `m x k`,
@@ -44,6 +44,61 @@ pub fn sgemm(
             beta,
             c.as_mut_ptr(),
             n as isize,
+            1,
+        );
+    }
+}
+
+/// [`sgemm`] on matrices that lie inside larger buffers ([`MatrixView`]: the row stride and
+/// first element of A, B and C as stored), for one product (`s.batch` is 1): how an adapter
+/// reads and adds into its block of a fused projection's columns without copying it out.
+pub fn sgemm_strided(
+    s: GemmShape,
+    [va, vb, vc]: [MatrixView; 3],
+    alpha: f32,
+    a: &[f32],
+    b: &[f32],
+    beta: f32,
+    c: &mut [f32],
+) {
+    let GemmShape { m, n, k, .. } = s;
+    assert_eq!(s.batch, 1, "sgemm_strided: one product");
+    if m == 0 || n == 0 {
+        return;
+    }
+    let (ar, ac) = if s.trans_a { (k, m) } else { (m, k) };
+    let (br, bc) = if s.trans_b { (n, k) } else { (k, n) };
+    assert!(va.ld >= ac && a.len() >= va.offset + (ar.max(1) - 1) * va.ld + ac);
+    assert!(vb.ld >= bc && b.len() >= vb.offset + (br.max(1) - 1) * vb.ld + bc);
+    assert!(vc.ld >= n && c.len() >= vc.offset + (m - 1) * vc.ld + n);
+    let (rsa, csa) = if s.trans_a { (1, va.ld) } else { (va.ld, 1) };
+    let (rsb, csb) = if s.trans_b { (1, vb.ld) } else { (vb.ld, 1) };
+    if k == 0 {
+        // matrixmultiply reads no operand then; C still scales by beta.
+        for r in 0..m {
+            for x in &mut c[vc.offset + r * vc.ld..][..n] {
+                *x = if beta == 0.0 { 0.0 } else { *x * beta };
+            }
+        }
+        return;
+    }
+    // SAFETY: the asserts above bound every index the strides reach from each offset, and
+    // `c` does not alias `a` or `b` (distinct borrows).
+    unsafe {
+        matrixmultiply::sgemm(
+            m,
+            k,
+            n,
+            alpha,
+            a.as_ptr().add(va.offset),
+            rsa as isize,
+            csa as isize,
+            b.as_ptr().add(vb.offset),
+            rsb as isize,
+            csb as isize,
+            beta,
+            c.as_mut_ptr().add(vc.offset),
+            vc.ld as isize,
             1,
         );
     }
@@ -153,6 +208,56 @@ mod tests {
                 .map(|(p, c)| 0.5 * p + 2.0 * c)
                 .collect();
             assert_close(&c, &want, 1e-5, &format!("sgemm ta={ta} tb={tb}"));
+        }
+    }
+
+    /// Column blocks of wider matrices: the packed product of the blocks copied out, added
+    /// into C's block, every other element of C untouched.
+    #[test]
+    fn strided_views_match_the_packed_product_of_their_blocks() {
+        let (m, n, k) = (11, 7, 5);
+        for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+            let (ar, ac) = if ta { (k, m) } else { (m, k) };
+            let (br, bc) = if tb { (n, k) } else { (k, n) };
+            let view = |cols: usize, offset: usize| MatrixView {
+                ld: cols + offset + 3,
+                offset,
+            };
+            let (va, vb, vc) = (view(ac, 2), view(bc, 1), view(n, 4));
+            let a = random(ar * va.ld, 1, 1.0);
+            let b = random(br * vb.ld, 2, 1.0);
+            let mut c = random(m * vc.ld, 3, 1.0);
+            let c0 = c.clone();
+            let block = |x: &[f32], v: MatrixView, rows: usize, cols: usize| -> Vec<f32> {
+                (0..rows)
+                    .flat_map(|r| x[v.offset + r * v.ld..][..cols].to_vec())
+                    .collect()
+            };
+            let s = GemmShape {
+                trans_a: ta,
+                trans_b: tb,
+                batch: 1,
+                m,
+                n,
+                k,
+            };
+            sgemm_strided(s, [va, vb, vc], 0.5, &a, &b, 1.0, &mut c);
+            let p = naive(
+                ta,
+                tb,
+                m,
+                n,
+                k,
+                &block(&a, va, ar, ac),
+                &block(&b, vb, br, bc),
+            );
+            let mut want = c0.clone();
+            for r in 0..m {
+                for j in 0..n {
+                    want[vc.offset + r * vc.ld + j] += 0.5 * p[r * n + j];
+                }
+            }
+            assert_close(&c, &want, 1e-5, &format!("strided ta={ta} tb={tb}"));
         }
     }
 

@@ -9,7 +9,7 @@
 
 use super::{CudaBackend, CudaError, Elem, Result, check_len, raw_ptr};
 use crate::engine::DType;
-use crate::engine::GemmShape;
+use crate::engine::{GemmShape, MatrixView};
 use cudarc::cublaslt::{result as lt, sys};
 use cudarc::driver::{CudaSlice, CudaStream};
 use std::collections::HashMap;
@@ -52,6 +52,11 @@ struct ShapeKey {
     bias: bool,
     /// Products in one strided-batched call (1 for a plain product).
     batch: usize,
+    /// Row strides of A, B and C as stored (their row lengths when packed).
+    ld: [usize; 3],
+    /// The largest power of two up to 16 dividing every operand's byte address: an algorithm
+    /// chosen for aligned operands may not run on a column block that starts mid-vector.
+    align: u32,
 }
 
 /// One product's descriptors and operands, as `launch` needs them.
@@ -187,6 +192,15 @@ fn set_desc<V>(desc: &Desc, attr: sys::cublasLtMatmulDescAttributes_t, value: &V
     .map_err(blas_err("matmul attribute"))
 }
 
+/// Packed views of a product's operands (see [`MatrixView`]).
+fn packed_views(s: GemmShape) -> [MatrixView; 3] {
+    [
+        MatrixView::packed(if s.trans_a { s.m } else { s.k }),
+        MatrixView::packed(if s.trans_b { s.k } else { s.n }),
+        MatrixView::packed(s.n),
+    ]
+}
+
 impl CudaBackend {
     /// Row-major `C[m, n] = alpha * op(A) @ op(B) + beta * C` (+ `bias[n]` on every row),
     /// `op(A)` is `m x k`, `op(B)` is `k x n`; the semantics of [`crate::engine::cpu::gemm::sgemm`].
@@ -218,7 +232,31 @@ impl CudaBackend {
             n,
             k,
         };
-        self.product(shape, alpha, a, b, beta, c, bias, math)
+        self.product(shape, packed_views(shape), alpha, a, b, beta, c, bias, math)
+    }
+
+    /// Row-major `C = alpha * op(A) @ op(B) + beta * C` on matrices that lie inside larger
+    /// buffers ([`MatrixView`]: row strides and first elements); the semantics of
+    /// [`crate::engine::cpu::gemm::sgemm_strided`]. `shape.batch` must be 1.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul_view<TA: Elem, TC: Elem>(
+        &self,
+        shape: GemmShape,
+        views: [MatrixView; 3],
+        alpha: f32,
+        a: &CudaSlice<TA>,
+        b: &CudaSlice<TA>,
+        beta: f32,
+        c: &mut CudaSlice<TC>,
+        math: GemmMath,
+    ) -> Result<()> {
+        if shape.batch != 1 {
+            return Err(CudaError::Shape {
+                op: "matmul_view",
+                detail: format!("{} products: views take one", shape.batch),
+            });
+        }
+        self.product(shape, views, alpha, a, b, beta, c, None, math)
     }
 
     /// `batch` independent products `C_i = alpha * op(A_i) @ op(B_i) + beta * C_i`, each
@@ -236,13 +274,14 @@ impl CudaBackend {
         c: &mut CudaSlice<TC>,
         math: GemmMath,
     ) -> Result<()> {
-        self.product(shape, alpha, a, b, beta, c, None, math)
+        self.product(shape, packed_views(shape), alpha, a, b, beta, c, None, math)
     }
 
     #[allow(clippy::too_many_arguments)]
     fn product<TA: Elem, TC: Elem>(
         &self,
         shape: GemmShape,
+        views: [MatrixView; 3],
         alpha: f32,
         a: &CudaSlice<TA>,
         b: &CudaSlice<TA>,
@@ -260,11 +299,32 @@ impl CudaBackend {
             n,
             k,
         } = shape;
-        check_len(OP, "A", a, batch * m * k)?;
-        check_len(OP, "B", b, batch * k * n)?;
-        check_len(OP, "C", c, batch * m * n)?;
         if m == 0 || n == 0 || batch == 0 {
             return Ok(());
+        }
+        // Stored shapes (rows, row length) of A and B; C is stored m x n.
+        let a_stored = if trans_a { (k, m) } else { (m, k) };
+        let b_stored = if trans_b { (n, k) } else { (k, n) };
+        let [va, vb, vc] = views;
+        for (what, v, (rows, cols), len, per) in [
+            ("A", va, a_stored, a.len(), m * k),
+            ("B", vb, b_stored, b.len(), k * n),
+            ("C", vc, (m, n), c.len(), m * n),
+        ] {
+            let need = if batch == 1 {
+                v.offset + (rows.max(1) - 1) * v.ld + cols
+            } else {
+                batch * per
+            };
+            if v.ld < cols || len < need {
+                return Err(CudaError::Shape {
+                    op: OP,
+                    detail: format!(
+                        "{what} ({rows} x {cols}, rows {} apart, from element {}) needs {need} elements, has {len}",
+                        v.ld, v.offset
+                    ),
+                });
+            }
         }
         let ab_type = data_type(TA::DTYPE)?;
         let c_type = data_type(TC::DTYPE)?;
@@ -274,11 +334,9 @@ impl CudaBackend {
             _ => sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
         };
         // Column-major view: D' = op'(B_stored) @ op'(A_stored), m' = n, n' = m.
-        let (b_rows, b_cols) = if trans_b { (k, n) } else { (n, k) };
-        let (a_rows, a_cols) = if trans_a { (m, k) } else { (k, m) };
-        let first = layout(ab_type, b_rows, b_cols, b_rows)?;
-        let second = layout(ab_type, a_rows, a_cols, a_rows)?;
-        let out = layout(c_type, n, m, n)?;
+        let first = layout(ab_type, b_stored.1, b_stored.0, vb.ld)?;
+        let second = layout(ab_type, a_stored.1, a_stored.0, va.ld)?;
+        let out = layout(c_type, n, m, vc.ld)?;
         set_batch(&first, batch, k * n)?;
         set_batch(&second, batch, m * k)?;
         set_batch(&out, batch, m * n)?;
@@ -297,6 +355,14 @@ impl CudaBackend {
             set_desc(&desc, Attr::CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue)?;
         }
 
+        let a_ptr = raw_ptr(a, &self.stream) + (va.offset * std::mem::size_of::<TA>()) as u64;
+        let b_ptr = raw_ptr(b, &self.stream) + (vb.offset * std::mem::size_of::<TA>()) as u64;
+        let c_ptr = raw_ptr(c, &self.stream) + (vc.offset * std::mem::size_of::<TC>()) as u64;
+        let align = [a_ptr, b_ptr, c_ptr]
+            .iter()
+            .map(|p| 1u32 << p.trailing_zeros().min(4))
+            .min()
+            .unwrap_or(16);
         let key = ShapeKey {
             trans_a,
             trans_b,
@@ -308,6 +374,8 @@ impl CudaBackend {
             math,
             bias: bias.is_some(),
             batch,
+            ld: [va.ld, vb.ld, vc.ld],
+            align,
         };
         let product = Product {
             desc: &desc,
@@ -316,8 +384,8 @@ impl CudaBackend {
             out: &out,
             alpha,
             beta,
-            a: raw_ptr(a, &self.stream),
-            b: raw_ptr(b, &self.stream),
+            a: a_ptr,
+            b: b_ptr,
         };
         let cached = self
             .blas
@@ -335,7 +403,7 @@ impl CudaBackend {
                 algo
             }
         };
-        self.launch(&product, raw_ptr(c, &self.stream), &algo)
+        self.launch(&product, c_ptr, &algo)
     }
 
     /// Runs one product with `algo`, writing `c`.
@@ -384,6 +452,24 @@ impl CudaBackend {
             )
         }
         .map_err(blas_err("workspace preference"))?;
+        use sys::cublasLtMatmulPreferenceAttributes_t as PrefAttr;
+        for attr in [
+            PrefAttr::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+            PrefAttr::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+            PrefAttr::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+            PrefAttr::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+        ] {
+            // SAFETY: `key.align` is a live u32, the attribute's type.
+            unsafe {
+                lt::set_matmul_pref_attribute(
+                    pref.0,
+                    attr,
+                    (&key.align as *const u32).cast(),
+                    std::mem::size_of::<u32>(),
+                )
+            }
+            .map_err(blas_err("alignment preference"))?;
+        }
         const CANDIDATES: usize = 8;
         // SAFETY: an all-zero heuristic result is a valid value of this plain C struct.
         let mut results: [sys::cublasLtMatmulHeuristicResult_t; CANDIDATES] =
@@ -417,7 +503,11 @@ impl CudaBackend {
         if candidates.len() == 1 {
             return Ok(first_choice);
         }
-        let Ok(scratch) = self.alloc::<TC>(key.batch * key.m * key.n) else {
+        let c_len = match key.batch {
+            1 => (key.m - 1) * key.ld[2] + key.n,
+            b => b * key.m * key.n,
+        };
+        let Ok(scratch) = self.alloc::<TC>(c_len) else {
             return Ok(first_choice);
         };
         let c = raw_ptr(&scratch, &self.stream);
