@@ -566,6 +566,8 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
         (37, 4, 2, 64, 32, 10_000.0, None),
         (19, 8, 1, 16, 16, 10_000.0, None),
         (23, 3, 3, 32, 24, 10_000.0, None),
+        // A head size that is no multiple of 4: one dimension a thread.
+        (17, 6, 2, 18, 10, 10_000.0, None),
     ] {
         let s = cpu::rope::RopeShape {
             rows,

@@ -2,97 +2,152 @@
 // one per query head; reference: engine/cpu/rope.rs (Hugging Face's rotate_half convention:
 // within the first `rot` dimensions of a head, dimension i pairs with i + rot/2).
 //
-// One thread per output element, grid-stride: consecutive threads write consecutive
-// dimensions of a head and read consecutive elements of its source (and of the partner half,
-// rot/2 further), so both sides are coalesced. The cos/sin tables are f32 [positions, rot/2];
-// a position past the table gives NaN rather than an out-of-bounds read.
+// Rows are grid-strided over blocks; within a block, threadIdx.x walks a head's dimensions
+// (VW consecutive ones per thread) and threadIdx.y the heads, so no thread divides a 64-bit
+// element index and each row's cos/sin entries are read once per thread. With VW = 4 (head
+// size a multiple of 4, rot a multiple of 8, aligned buffers) a thread moves 4 elements per
+// access; its 4 dimensions then lie on one side of rot/2 and of rot. The cos/sin tables are
+// f32 [positions, rot/2]; a position past the table gives NaN rather than an out-of-bounds read.
 
 struct RopeDims {
     int heads, kv_heads, head_dim, rot_dim;
     unsigned int positions;  // rows of the cos/sin tables
+    int vec4;                // 4 dimensions a thread (see the kernels' macro)
 };
 
-// Element i of head `x` turned by position p: sign +1 forward, -1 back (the transpose).
-// Dimensions at or past rot pass through.
-template <typename F>
-__device__ __forceinline__ float rotate_elem(F x, int i, unsigned int p, const float* cos_t,
-                                             const float* sin_t, const RopeDims& d, float sign) {
-    if (i >= d.rot_dim) return x(i);
-    if (p >= d.positions) return KILN_NAN;
+__device__ __forceinline__ void load_vec(const float* p, float (&v)[1]) { v[0] = p[0]; }
+__device__ __forceinline__ void load_vec(const bf16* p, float (&v)[1]) { v[0] = load(p[0]); }
+__device__ __forceinline__ void load_vec(const f16* p, float (&v)[1]) { v[0] = load(p[0]); }
+template <typename T> __device__ __forceinline__ void load_vec(const T* p, float (&v)[4]) {
+    load4(p, v);
+}
+template <typename T> __device__ __forceinline__ void store_vec(T* p, const float (&v)[1]) {
+    p[0] = store<T>(v[0]);
+}
+template <typename T> __device__ __forceinline__ void store_vec(T* p, const float (&v)[4]) {
+    store4(p, v);
+}
+
+// The cos and sin (times `sign`) of dimensions i .. i + VW - 1 at position p, when they rotate.
+template <int VW>
+__device__ __forceinline__ void row_angles(float (&c)[VW], float (&s)[VW], int i, unsigned int p,
+                                           const float* cos_t, const float* sin_t,
+                                           const RopeDims& d, float sign) {
     const int half = d.rot_dim / 2;
     const int j = i < half ? i : i - half;
-    const float c = cos_t[(long long)p * half + j], s = sign * sin_t[(long long)p * half + j];
-    // y[j] = a c - b s, y[j + half] = b c + a s with a = x[j], b = x[j + half].
-    return i < half ? x(i) * c - x(i + half) * s : x(i) * c + x(i - half) * s;
+    for (int k = 0; k < VW; ++k) {
+        const bool live = i + k < d.rot_dim && p < d.positions;
+        c[k] = live ? cos_t[(long long)p * half + j + k] : KILN_NAN;
+        s[k] = live ? sign * sin_t[(long long)p * half + j + k] : KILN_NAN;
+    }
+}
+
+// a (dimensions i ..) turned with partner b (dimensions i +- rot/2 ..): y[j] = a c - b s below
+// rot/2, y[j + half] = b' c + a' s above it (s already carries the direction's sign).
+template <int VW>
+__device__ __forceinline__ void turn(float (&a)[VW], const float (&b)[VW], const float (&c)[VW],
+                                     const float (&s)[VW], bool lower) {
+    for (int k = 0; k < VW; ++k) a[k] = lower ? a[k] * c[k] - b[k] * s[k] : a[k] * c[k] + b[k] * s[k];
 }
 
 // packed[row] = [rot(q) | rot(k) repeated per group | v repeated per group], 3 H D per row.
-template <typename T>
+template <typename T, int VW>
 __device__ void rope_expand_forward(T* packed, const T* qkv, const unsigned int* pos,
-                                    const float* cos_t, const float* sin_t, long long total,
+                                    const float* cos_t, const float* sin_t, long long rows,
                                     RopeDims d) {
-    const int D = d.head_dim, H = d.heads, K = d.kv_heads, g = H / K;
-    const long long hd = (long long)H * D, width = 3 * hd, in_width = (long long)(H + 2 * K) * D;
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += stride) {
-        const long long row = e / width;
-        const long long rem = e - row * width;
-        const int slot = (int)(rem / hd);  // 0 q, 1 k, 2 v
-        const int within = (int)(rem - slot * hd);
-        const int hq = within / D, i = within - hq * D;
-        const int src_head = slot == 0 ? hq : slot == 1 ? H + hq / g : H + K + hq / g;
-        const T* src = qkv + row * in_width + (long long)src_head * D;
-        auto x = [&](int k) { return load(src[k]); };
-        const float y = slot == 2 ? x(i) : rotate_elem(x, i, pos[row], cos_t, sin_t, d, 1.0f);
-        packed[e] = store<T>(y);
+    const int D = d.head_dim, H = d.heads, K = d.kv_heads, g = H / K, half = d.rot_dim / 2;
+    const int i = threadIdx.x * VW;
+    if (i >= D) return;
+    const bool rotates = i < d.rot_dim, lower = i < half;
+    const int partner = lower ? i + half : i - half;
+    const long long in_width = (long long)(H + 2 * K) * D, width = 3LL * H * D;
+    for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
+        float c[VW], s[VW];
+        if (rotates) row_angles<VW>(c, s, i, pos[row], cos_t, sin_t, d, 1.0f);
+        const T* in = qkv + row * in_width;
+        T* out = packed + row * width;
+        for (int oh = threadIdx.y; oh < 3 * H; oh += blockDim.y) {
+            const int slot = oh / H, hq = oh - slot * H;  // slot 0 q, 1 k, 2 v
+            const int src_head = slot == 0 ? hq : (slot == 1 ? H : H + K) + hq / g;
+            const T* src = in + (long long)src_head * D;
+            float a[VW];
+            load_vec(src + i, a);
+            if (slot < 2 && rotates) {
+                float b[VW];
+                load_vec(src + partner, b);
+                turn<VW>(a, b, c, s, lower);
+            }
+            store_vec(out + (long long)oh * D + i, a);
+        }
     }
 }
 
 // dqkv[row] from dpacked[row]: query heads rotate back; each key/value head sums its group's
 // query-head gradients in head order (keys then rotate back), as the CPU does.
-template <typename T>
+template <typename T, int VW>
 __device__ void rope_expand_backward(T* dqkv, const T* dpacked, const unsigned int* pos,
-                                     const float* cos_t, const float* sin_t, long long total,
+                                     const float* cos_t, const float* sin_t, long long rows,
                                      RopeDims d) {
-    const int D = d.head_dim, H = d.heads, K = d.kv_heads, g = H / K;
+    const int D = d.head_dim, H = d.heads, K = d.kv_heads, g = H / K, half = d.rot_dim / 2;
+    const int i = threadIdx.x * VW;
+    if (i >= D) return;
+    const bool rotates = i < d.rot_dim, lower = i < half;
+    const int partner = lower ? i + half : i - half;
     const long long width = (long long)(H + 2 * K) * D, packed_width = 3LL * H * D;
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += stride) {
-        const long long row = e / width;
-        const int rem = (int)(e - row * width);
-        const int head = rem / D, i = rem - head * D;
+    for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
+        float c[VW], s[VW];
+        if (rotates) row_angles<VW>(c, s, i, pos[row], cos_t, sin_t, d, -1.0f);
         const T* src = dpacked + row * packed_width;
-        float y;
-        if (head < H) {
-            const T* q = src + (long long)head * D;
-            auto x = [&](int k) { return load(q[k]); };
-            y = rotate_elem(x, i, pos[row], cos_t, sin_t, d, -1.0f);
-        } else {
-            const bool key = head < H + K;
-            const int j = key ? head - H : head - H - K;
-            // The group's heads in the packed row: slot 1 (keys) or 2 (values), heads j g ...
-            const T* grp = src + (long long)((key ? H : 2 * H) + j * g) * D;
-            auto x = [&](int k) {
-                float acc = 0.f;
-                for (int r = 0; r < g; ++r) acc += load(grp[(long long)r * D + k]);
-                return acc;
-            };
-            y = key ? rotate_elem(x, i, pos[row], cos_t, sin_t, d, -1.0f) : x(i);
+        T* out = dqkv + row * width;
+        for (int head = threadIdx.y; head < H + 2 * K; head += blockDim.y) {
+            float a[VW], b[VW];
+            bool turns;
+            if (head < H) {
+                const T* q = src + (long long)head * D;
+                load_vec(q + i, a);
+                if (rotates) load_vec(q + partner, b);
+                turns = rotates;
+            } else {
+                const bool key = head < H + K;
+                const int j = key ? head - H : head - H - K;
+                // The group's heads in the packed row: slot 1 (keys) or 2 (values), heads j g ...
+                const T* grp = src + (long long)((key ? H : 2 * H) + j * g) * D;
+                turns = key && rotates;
+                for (int k = 0; k < VW; ++k) a[k] = b[k] = 0.f;
+                for (int r = 0; r < g; ++r) {
+                    float t[VW];
+                    load_vec(grp + (long long)r * D + i, t);
+                    for (int k = 0; k < VW; ++k) a[k] += t[k];
+                    if (turns) {
+                        load_vec(grp + (long long)r * D + partner, t);
+                        for (int k = 0; k < VW; ++k) b[k] += t[k];
+                    }
+                }
+            }
+            if (turns) turn<VW>(a, b, c, s, lower);
+            store_vec(out + (long long)head * D + i, a);
         }
-        dqkv[e] = store<T>(y);
     }
 }
 
+// `vec4` (uniform over the launch) picks 4 dimensions a thread; the host sets it, and the
+// block's width, only where the shape and the buffers' alignment allow it.
 #define ROPE_KERNELS(T, SUFFIX)                                                                  \
     extern "C" __global__ void rope_expand_forward_##SUFFIX(                                   \
         T* packed, const T* qkv, const unsigned int* pos, const float* cos_t, const float* sin_t,  \
-        long long total, RopeDims d) {                                                           \
-        rope_expand_forward<T>(packed, qkv, pos, cos_t, sin_t, total, d);                           \
+        long long rows, RopeDims d) {                                                            \
+        if (d.vec4)                                                                              \
+            rope_expand_forward<T, 4>(packed, qkv, pos, cos_t, sin_t, rows, d);                  \
+        else                                                                                     \
+            rope_expand_forward<T, 1>(packed, qkv, pos, cos_t, sin_t, rows, d);                  \
     }                                                                                            \
     extern "C" __global__ void rope_expand_backward_##SUFFIX(                                  \
         T* dqkv, const T* dpacked, const unsigned int* pos, const float* cos_t,                   \
-        const float* sin_t, long long total, RopeDims d) {                                         \
-        rope_expand_backward<T>(dqkv, dpacked, pos, cos_t, sin_t, total, d);                        \
+        const float* sin_t, long long rows, RopeDims d) {                                          \
+        if (d.vec4)                                                                              \
+            rope_expand_backward<T, 4>(dqkv, dpacked, pos, cos_t, sin_t, rows, d);               \
+        else                                                                                     \
+            rope_expand_backward<T, 1>(dqkv, dpacked, pos, cos_t, sin_t, rows, d);               \
     }
 
 ROPE_KERNELS(float, f32)

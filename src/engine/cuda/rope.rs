@@ -4,7 +4,7 @@
 
 use super::{
     CudaBackend, CudaError, ELEM_DTYPES, Elem, ElemKernel, Program, Result, as_i32, check_len,
-    elementwise_grid,
+    raw_ptr,
 };
 use crate::engine::cpu::rope::RopeShape;
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
@@ -31,9 +31,10 @@ struct KernelDims {
     head_dim: i32,
     rot_dim: i32,
     positions: u32,
+    vec4: i32,
 }
 
-// SAFETY: four i32 and a u32, `repr(C)`, the same layout as the CUDA struct.
+// SAFETY: four i32, a u32 and an i32, `repr(C)`, the same layout as the CUDA struct.
 unsafe impl DeviceRepr for KernelDims {}
 
 /// Checks a rotary call's shape and buffers; returns the kernels' dimensions and the number
@@ -59,6 +60,12 @@ fn check(
             s.rot_dim, s.head_dim
         ));
     }
+    if s.head_dim > 1024 {
+        return bad(format!(
+            "a head size of {} (a block's threads walk one head; at most 1024)",
+            s.head_dim
+        ));
+    }
     if cos.len() != sin.len() {
         return bad("the cos and sin tables differ in length".into());
     }
@@ -76,14 +83,18 @@ fn check(
         head_dim: as_i32(op, "head_dim", s.head_dim)?,
         rot_dim: as_i32(op, "rot_dim", s.rot_dim)?,
         positions: positions.min(u32::MAX as usize) as u32,
+        vec4: 0,
     };
     Ok((dims, total))
 }
 
-fn grid(n: usize) -> LaunchConfig {
+/// Rows over blocks; a head's dimensions (`vw` a thread) over x, heads over y.
+fn row_grid(rows: usize, head_dim: usize, vw: usize) -> LaunchConfig {
+    let x = head_dim.div_ceil(vw).max(1) as u32;
+    let y = (BLOCK / x).max(1);
     LaunchConfig {
-        grid_dim: (elementwise_grid(n, BLOCK), 1, 1),
-        block_dim: (BLOCK, 1, 1),
+        grid_dim: (rows.clamp(1, 1 << 20) as u32, 1, 1),
+        block_dim: (x, y, 1),
         shared_mem_bytes: 0,
     }
 }
@@ -138,7 +149,7 @@ impl CudaBackend {
         )
     }
 
-    /// Checks and launches `kernel` (one thread per element of `out`): rows of
+    /// Checks and launches `kernel` (rows over blocks, see `row_grid`): rows of
     /// `widths.0` in `out`, of `widths.1` in `inp`.
     #[allow(clippy::too_many_arguments)]
     fn launch_rope<T: Elem>(
@@ -153,25 +164,33 @@ impl CudaBackend {
         s: RopeShape,
     ) -> Result<()> {
         let op = kernel.op();
-        let (dims, total) = check(op, s, pos, cos, sin, widths.0)?;
+        let (mut dims, total) = check(op, s, pos, cos, sin, widths.0)?;
         check_len(op, "out", out, total)?;
         check_len(op, "inp", inp, s.rows * widths.1)?;
         if total == 0 {
             return Ok(());
         }
+        // Four dimensions a thread where every access of four stays inside one head, on one
+        // side of rot/2, and 4-element aligned.
+        let aligned = |p: u64| p.is_multiple_of(4 * std::mem::size_of::<T>() as u64);
+        let vec4 = s.head_dim.is_multiple_of(4)
+            && s.rot_dim.is_multiple_of(8)
+            && aligned(raw_ptr(out, &self.stream))
+            && aligned(raw_ptr(inp, &self.stream));
+        dims.vec4 = vec4 as i32;
         let f = self.elem_function::<T>(kernel)?;
-        let total64 = total as i64;
+        let rows64 = s.rows as i64;
         let mut b = self.stream.launch_builder(f);
         b.arg(out)
             .arg(inp)
             .arg(pos)
             .arg(cos)
             .arg(sin)
-            .arg(&total64)
+            .arg(&rows64)
             .arg(&dims);
         // SAFETY: lengths checked above; table reads are bounded by `dims.positions` (the
         // tables' rows) in the kernel.
-        unsafe { b.launch(grid(total)) }?;
+        unsafe { b.launch(row_grid(s.rows, s.head_dim, if vec4 { 4 } else { 1 })) }?;
         Ok(())
     }
 }
