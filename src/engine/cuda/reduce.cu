@@ -28,13 +28,24 @@ extern "C" __global__ void column_sum_partial_f16(float* partial, const f16* x, 
     column_sum_partial<f16>(partial, x, n, c, rows_per_chunk);
 }
 
-// acc[col] += sum over chunks (in order) of partial[chunk, col].
+// acc[col] += sum over chunks of partial[chunk, col]. A block of 32 x ACC_LANES threads takes
+// 32 columns: lane y sums chunks y, y + ACC_LANES, ... in order, then one thread per column adds
+// the lanes in order, so the sum is the same on every run (a fixed tree, not a sequential
+// one: one thread per column walking every chunk waited on each load in turn).
+#define ACC_LANES 32
 extern "C" __global__ void accumulate_partials(float* acc, const float* partial, int chunks, int c) {
-    const int col = blockIdx.x * blockDim.x + threadIdx.x;
-    if (col >= c) return;
+    __shared__ float lanes[ACC_LANES][33];
+    const int col = blockIdx.x * 32 + threadIdx.x;
     float s = 0.f;
-    for (int k = 0; k < chunks; ++k) s += partial[(long long)k * c + col];
-    acc[col] += s;
+    if (col < c)
+        for (int k = threadIdx.y; k < chunks; k += ACC_LANES) s += partial[(long long)k * c + col];
+    lanes[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && col < c) {
+        float t = 0.f;
+        for (int y = 0; y < ACC_LANES; ++y) t += lanes[y][threadIdx.x];
+        acc[col] += t;
+    }
 }
 
 // Sum of squares of a gradient in f64 (the global norm is a sum over ~1e8 squares), and a flag

@@ -76,8 +76,14 @@ impl CudaBackend {
         let f = self.function(Kernel::AccumulatePartials)?;
         let mut b = self.stream.launch_builder(f);
         b.arg(acc).arg(partial).arg(&chunks32).arg(&c32);
-        // SAFETY: lengths checked above; one thread per column.
-        unsafe { b.launch(column_grid(c, 1)) }?;
+        // 32 columns a block, 32 lanes over the chunks (the kernel's ACC_LANES).
+        let cfg = LaunchConfig {
+            grid_dim: (c.div_ceil(32) as u32, 1, 1),
+            block_dim: (32, 32, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: lengths checked above; the kernel guards columns past `c`.
+        unsafe { b.launch(cfg) }?;
         Ok(())
     }
 
