@@ -535,9 +535,15 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
             c
         );
     }
-    // Llama-family operations. RMSNorm at SmolLM2's and Llama-3.2-1B's widths and a ragged
-    // one (not a multiple of the block, an odd row count).
-    for (n, c, eps) in [(1024, 576, 1e-5), (512, 2048, 1e-5), (37, 1001, 1e-6)] {
+    // Llama-family operations. RMSNorm at SmolLM2's and Llama-3.2-1B's widths (rows held in
+    // registers), a ragged one (not a multiple of the block, an odd row count) and one too
+    // wide to hold (both read twice).
+    for (n, c, eps) in [
+        (1024, 576, 1e-5),
+        (512, 2048, 1e-5),
+        (37, 1001, 1e-6),
+        (9, 8192, 1e-5),
+    ] {
         let shape = format!("{n}x{c}");
         both_dtypes!(check_rmsnorm_forward, "rmsnorm_forward", shape, n, c, eps);
         both_dtypes!(

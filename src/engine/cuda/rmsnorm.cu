@@ -1,10 +1,57 @@
 // Root-mean-square normalisation with the residual add fused in; reference:
-// engine/cpu/rmsnorm.rs. One block per row, f32 accumulation. The row is read twice (sum of
-// squares, then the scaled output); the second read hits L1/L2.
+// engine/cpu/rmsnorm.rs. One block per row, f32 accumulation. Where the row's width is a
+// multiple of 4, at most 8 elements a thread and every buffer 4-element aligned (the common
+// case: 576 channels over 96 threads), a thread moves 4 elements per access and keeps its
+// elements in registers between the two passes (`held_row`); otherwise the row is read
+// twice, the second read hitting L1/L2.
+
+// Up to two 4-element groups of a row per thread (group v = threadIdx.x + k * blockDim.x).
+#define HELD 2
+template <typename T> __device__ __forceinline__ bool held_row(const T* p, int c) {
+    return c % 4 == 0 && c <= 4 * HELD * (int)blockDim.x && aligned4(p);
+}
+
+template <typename T, bool RESIDUAL>
+__device__ void rmsnorm_forward_held(T* sum, T* out, float* rstd, const T* x, const T* delta,
+                                     const T* gamma, int c, float eps) {
+    __shared__ float scratch[32];
+    const long long off = (long long)blockIdx.x * c;
+    const int groups = c / 4;
+    float v[HELD][4];
+    float acc = 0.f;
+    for (int k = 0; k < HELD; ++k) {
+        const int g = threadIdx.x + k * blockDim.x;
+        if (g >= groups) continue;
+        load4(x + off + 4 * g, v[k]);
+        if (RESIDUAL) {
+            float d[4];
+            load4(delta + off + 4 * g, d);
+            // The stored (rounded) sum is what is normalised, as in the general path.
+            for (int j = 0; j < 4; ++j) v[k][j] = load(store<T>(v[k][j] + d[j]));
+            store4(sum + off + 4 * g, v[k]);
+        }
+        for (int j = 0; j < 4; ++j) acc += v[k][j] * v[k][j];
+    }
+    const float r = 1.0f / sqrtf(block_sum(acc, scratch) / c + eps);
+    for (int k = 0; k < HELD; ++k) {
+        const int g = threadIdx.x + k * blockDim.x;
+        if (g >= groups) continue;
+        float w[4];
+        load4(gamma + 4 * g, w);
+        for (int j = 0; j < 4; ++j) w[j] = v[k][j] * r * w[j];
+        store4(out + off + 4 * g, w);
+    }
+    if (threadIdx.x == 0) rstd[blockIdx.x] = r;
+}
 
 template <typename T, bool RESIDUAL>
 __device__ void rmsnorm_forward(T* sum, T* out, float* rstd, const T* x, const T* delta,
                                 const T* gamma, int c, float eps) {
+    if (held_row(x, c) && held_row(out, c) && held_row(gamma, c) &&
+        (!RESIDUAL || (held_row(sum, c) && held_row(delta, c)))) {
+        rmsnorm_forward_held<T, RESIDUAL>(sum, out, rstd, x, delta, gamma, c, eps);
+        return;
+    }
     __shared__ float scratch[32];
     const long long off = (long long)blockIdx.x * c;
     float acc = 0.f;
@@ -29,8 +76,44 @@ __device__ void rmsnorm_forward(T* sum, T* out, float* rstd, const T* x, const T
 
 // dx += r * (g*dy - x*r * mean(g*dy*x*r)); one block per row.
 template <typename T>
+__device__ void rmsnorm_backward_input_held(T* dx, const T* dout, const T* x, const T* gamma,
+                                            const float* rstd, int c) {
+    __shared__ float scratch[32];
+    const long long off = (long long)blockIdx.x * c;
+    const float r = rstd[blockIdx.x];
+    const int groups = c / 4;
+    float xs[HELD][4], gdy[HELD][4];
+    float dot = 0.f;
+    for (int k = 0; k < HELD; ++k) {
+        const int g = threadIdx.x + k * blockDim.x;
+        if (g >= groups) continue;
+        float d[4], w[4];
+        load4(dout + off + 4 * g, d);
+        load4(gamma + 4 * g, w);
+        load4(x + off + 4 * g, xs[k]);
+        for (int j = 0; j < 4; ++j) {
+            gdy[k][j] = w[j] * d[j];
+            dot += gdy[k][j] * xs[k][j];
+        }
+    }
+    const float mean_dot = block_sum(dot, scratch) * r / c;
+    for (int k = 0; k < HELD; ++k) {
+        const int g = threadIdx.x + k * blockDim.x;
+        if (g >= groups) continue;
+        float o[4];
+        load4(dx + off + 4 * g, o);
+        for (int j = 0; j < 4; ++j) o[j] += r * (gdy[k][j] - xs[k][j] * r * mean_dot);
+        store4(dx + off + 4 * g, o);
+    }
+}
+
+template <typename T>
 __device__ void rmsnorm_backward_input(T* dx, const T* dout, const T* x, const T* gamma,
                                        const float* rstd, int c) {
+    if (held_row(dx, c) && held_row(dout, c) && held_row(x, c) && held_row(gamma, c)) {
+        rmsnorm_backward_input_held<T>(dx, dout, x, gamma, rstd, c);
+        return;
+    }
     __shared__ float scratch[32];
     const long long off = (long long)blockIdx.x * c;
     const float r = rstd[blockIdx.x];
