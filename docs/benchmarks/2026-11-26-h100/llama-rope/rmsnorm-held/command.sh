@@ -1,5 +1,5 @@
 set -u
-source gpubin/common.sh
+mkdir -p bin && cp target/release/kiln bin/kiln   # the release build of the commit measured; OUT is the log folder
 s=$(date +%s)
 timeout 240 bin/kiln selftest --only kernels > $OUT/selftest.log 2>&1; echo "selftest rc $? t=$(( $(date +%s)-s ))"; grep -E "failed" $OUT/selftest.log | tail -2; grep -E "FAIL" $OUT/selftest.log | head; grep -E "rmsnorm" $OUT/selftest.log | grep 8192 | head -3
 W=/tmp/w; mkdir -p $W
