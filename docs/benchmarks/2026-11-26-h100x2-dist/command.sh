@@ -1,5 +1,6 @@
 set -u
-mkdir -p bin && gzip -dc gpubin/kiln.gz > bin/kiln && chmod +x bin/kiln; export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+mkdir -p bin && cp target/release/kiln bin/kiln   # the release build measured; OUT is the log folder
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 O=$OUT
 nvidia-smi -L > $O/device.txt
 GPT2="model.d_model=768 model.n_layers=12 model.n_heads=12 model.context=1024 train.seq_len=1024 data.tokenizer=gpt2 train.precision=bf16-mixed train.micro_batch=8 train.eval_every=0 train.checkpoint_every=0 train.log_every=1 train.eval_batches=2 optim.warmup_steps=10 optim.lr=6e-4 optim.min_lr=6e-5 train.steps=40"

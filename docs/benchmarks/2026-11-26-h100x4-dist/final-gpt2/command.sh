@@ -1,5 +1,6 @@
 set -u
-mkdir -p bin && gzip -dc gpubin/kiln.gz > bin/kiln && chmod +x bin/kiln; export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+mkdir -p bin && cp target/release/kiln bin/kiln   # the release build measured; OUT is the log folder
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 O=$OUT
 nvidia-smi -L > $O/device.txt; nvidia-smi topo -m >> $O/device.txt 2>&1; nvidia-smi --query-gpu=driver_version --format=csv >> $O/device.txt
 cat $O/device.txt | head -5
