@@ -2,9 +2,9 @@
 // one per query head; reference: engine/cpu/rope.rs (Hugging Face's rotate_half convention:
 // within the first `rot` dimensions of a head, dimension i pairs with i + rot/2).
 //
-// Rows are grid-strided over blocks; within a block, threadIdx.x walks a head's dimensions
-// (VW consecutive ones per thread) and threadIdx.y the heads, so no thread divides a 64-bit
-// element index and each row's cos/sin entries are read once per thread. With VW = 4 (head
+// Blocks take 8 rows at a time, grid-strided; within a block, threadIdx.x walks a head's
+// dimensions (VW consecutive ones per thread) and threadIdx.y the rows' heads, so no thread
+// divides a 64-bit element index and a block does more than one short row's work. With VW = 4 (head
 // size a multiple of 4, rot a multiple of 8, aligned buffers) a thread moves 4 elements per
 // access; its 4 dimensions then lie on one side of rot/2 and of rot. The cos/sin tables are
 // f32 [positions, rot/2]; a position past the table gives NaN rather than an out-of-bounds read.
@@ -50,6 +50,25 @@ __device__ __forceinline__ void turn(float (&a)[VW], const float (&b)[VW], const
     for (int k = 0; k < VW; ++k) a[k] = lower ? a[k] * c[k] - b[k] * s[k] : a[k] * c[k] + b[k] * s[k];
 }
 
+// Rows a block takes at a time (rope.rs's ROWS_PER_BLOCK): its y lanes walk the heads of
+// these rows flattened, so a lane does several heads' work and none idles at a row's end.
+#define ROPE_ROWS 8
+
+// Calls f(row, head) for this thread's items: blocks take ROPE_ROWS rows at a time,
+// grid-strided, and within them the block's y lanes walk (row, head) in row order.
+template <typename F>
+__device__ __forceinline__ void for_each_head(long long rows, int heads, F f) {
+    const int items = ROPE_ROWS * heads;
+    for (long long base = (long long)blockIdx.x * ROPE_ROWS; base < rows;
+         base += (long long)gridDim.x * ROPE_ROWS) {
+        for (int item = threadIdx.y; item < items; item += blockDim.y) {
+            const int r = item / heads;
+            if (base + r >= rows) break;  // the later items lie past the end too
+            f(base + r, item - r * heads);
+        }
+    }
+}
+
 // packed[row] = [rot(q) | rot(k) repeated per group | v repeated per group], 3 H D per row.
 template <typename T, int VW>
 __device__ void rope_expand_forward(T* packed, const T* qkv, const unsigned int* pos,
@@ -61,25 +80,20 @@ __device__ void rope_expand_forward(T* packed, const T* qkv, const unsigned int*
     const bool rotates = i < d.rot_dim, lower = i < half;
     const int partner = lower ? i + half : i - half;
     const long long in_width = (long long)(H + 2 * K) * D, width = 3LL * H * D;
-    for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
-        float c[VW], s[VW];
-        if (rotates) row_angles<VW>(c, s, i, pos[row], cos_t, sin_t, d, 1.0f);
-        const T* in = qkv + row * in_width;
-        T* out = packed + row * width;
-        for (int oh = threadIdx.y; oh < 3 * H; oh += blockDim.y) {
-            const int slot = oh / H, hq = oh - slot * H;  // slot 0 q, 1 k, 2 v
-            const int src_head = slot == 0 ? hq : (slot == 1 ? H : H + K) + hq / g;
-            const T* src = in + (long long)src_head * D;
-            float a[VW];
-            load_vec(src + i, a);
-            if (slot < 2 && rotates) {
-                float b[VW];
-                load_vec(src + partner, b);
-                turn<VW>(a, b, c, s, lower);
-            }
-            store_vec(out + (long long)oh * D + i, a);
+    for_each_head(rows, 3 * H, [&](long long row, int oh) {
+        const int slot = oh / H, hq = oh - slot * H;  // slot 0 q, 1 k, 2 v
+        const int src_head = slot == 0 ? hq : (slot == 1 ? H : H + K) + hq / g;
+        const T* src = qkv + row * in_width + (long long)src_head * D;
+        float a[VW];
+        load_vec(src + i, a);
+        if (slot < 2 && rotates) {
+            float b[VW], c[VW], s[VW];
+            row_angles<VW>(c, s, i, pos[row], cos_t, sin_t, d, 1.0f);
+            load_vec(src + partner, b);
+            turn<VW>(a, b, c, s, lower);
         }
-    }
+        store_vec(packed + row * width + (long long)oh * D + i, a);
+    });
 }
 
 // dqkv[row] from dpacked[row]: query heads rotate back; each key/value head sums its group's
@@ -94,40 +108,39 @@ __device__ void rope_expand_backward(T* dqkv, const T* dpacked, const unsigned i
     const bool rotates = i < d.rot_dim, lower = i < half;
     const int partner = lower ? i + half : i - half;
     const long long width = (long long)(H + 2 * K) * D, packed_width = 3LL * H * D;
-    for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
-        float c[VW], s[VW];
-        if (rotates) row_angles<VW>(c, s, i, pos[row], cos_t, sin_t, d, -1.0f);
+    for_each_head(rows, H + 2 * K, [&](long long row, int head) {
         const T* src = dpacked + row * packed_width;
-        T* out = dqkv + row * width;
-        for (int head = threadIdx.y; head < H + 2 * K; head += blockDim.y) {
-            float a[VW], b[VW];
-            bool turns;
-            if (head < H) {
-                const T* q = src + (long long)head * D;
-                load_vec(q + i, a);
-                if (rotates) load_vec(q + partner, b);
-                turns = rotates;
-            } else {
-                const bool key = head < H + K;
-                const int j = key ? head - H : head - H - K;
-                // The group's heads in the packed row: slot 1 (keys) or 2 (values), heads j g ...
-                const T* grp = src + (long long)((key ? H : 2 * H) + j * g) * D;
-                turns = key && rotates;
-                for (int k = 0; k < VW; ++k) a[k] = b[k] = 0.f;
-                for (int r = 0; r < g; ++r) {
-                    float t[VW];
-                    load_vec(grp + (long long)r * D + i, t);
-                    for (int k = 0; k < VW; ++k) a[k] += t[k];
-                    if (turns) {
-                        load_vec(grp + (long long)r * D + partner, t);
-                        for (int k = 0; k < VW; ++k) b[k] += t[k];
-                    }
+        float a[VW], b[VW];
+        bool turns;
+        if (head < H) {
+            const T* q = src + (long long)head * D;
+            load_vec(q + i, a);
+            if (rotates) load_vec(q + partner, b);
+            turns = rotates;
+        } else {
+            const bool key = head < H + K;
+            const int j = key ? head - H : head - H - K;
+            // The group's heads in the packed row: slot 1 (keys) or 2 (values), heads j g ...
+            const T* grp = src + (long long)((key ? H : 2 * H) + j * g) * D;
+            turns = key && rotates;
+            for (int k = 0; k < VW; ++k) a[k] = b[k] = 0.f;
+            for (int r = 0; r < g; ++r) {
+                float t[VW];
+                load_vec(grp + (long long)r * D + i, t);
+                for (int k = 0; k < VW; ++k) a[k] += t[k];
+                if (turns) {
+                    load_vec(grp + (long long)r * D + partner, t);
+                    for (int k = 0; k < VW; ++k) b[k] += t[k];
                 }
             }
-            if (turns) turn<VW>(a, b, c, s, lower);
-            store_vec(out + (long long)head * D + i, a);
         }
-    }
+        if (turns) {
+            float c[VW], s[VW];
+            row_angles<VW>(c, s, i, pos[row], cos_t, sin_t, d, -1.0f);
+            turn<VW>(a, b, c, s, lower);
+        }
+        store_vec(dqkv + row * width + (long long)head * D + i, a);
+    });
 }
 
 // `vec4` (uniform over the launch) picks 4 dimensions a thread; the host sets it, and the

@@ -88,12 +88,16 @@ fn check(
     Ok((dims, total))
 }
 
-/// Rows over blocks; a head's dimensions (`vw` a thread) over x, heads over y.
+/// Rows a block takes at a time: the kernels' ROPE_ROWS.
+const ROWS_PER_BLOCK: usize = 8;
+
+/// Rows over blocks, [`ROWS_PER_BLOCK`] at a time; a head's dimensions (`vw` a thread) over
+/// x, the rows' heads over y.
 fn row_grid(rows: usize, head_dim: usize, vw: usize) -> LaunchConfig {
     let x = head_dim.div_ceil(vw).max(1) as u32;
     let y = (BLOCK / x).max(1);
     LaunchConfig {
-        grid_dim: (rows.clamp(1, 1 << 20) as u32, 1, 1),
+        grid_dim: (rows.div_ceil(ROWS_PER_BLOCK).clamp(1, 1 << 20) as u32, 1, 1),
         block_dim: (x, y, 1),
         shared_mem_bytes: 0,
     }
