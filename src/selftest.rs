@@ -844,14 +844,7 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
         (true, false, 192, 16, 1000, 576),
         (false, false, 77, 45, 16, 3),
     ] {
-        let g = GemmShape {
-            trans_a,
-            trans_b,
-            batch: 1,
-            m,
-            n,
-            k,
-        };
+        let g = GemmShape::single(trans_a, trans_b, m, n, k);
         let shape = format!(
             "{}{m}x{k} {}{k}x{n} at column {off}",
             if trans_a { "T " } else { "" },

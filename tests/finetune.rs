@@ -268,9 +268,6 @@ fn lora_resume_with_scu_is_bit_exact() {
     assert_eq!(hist(&whole).lines().last(), hist(&parts).lines().last());
 }
 
-/// Adapter dropout: a run with `lora.dropout` trains other adapters than one without, resumes
-/// bit for bit (the masks are a function of the seed, step and pass), and writes the
-/// probability into PEFT's adapter_config.json.
 /// A run that keeps no checkpoint trains, says the adapters were not written, and exits 0.
 #[test]
 fn a_run_without_checkpoints_ends_cleanly_without_adapters() {
@@ -287,6 +284,9 @@ fn a_run_without_checkpoints_ends_cleanly_without_adapters() {
     assert!(!run.join("adapter").exists());
 }
 
+/// Adapter dropout: a run with `lora.dropout` trains other adapters than one without, resumes
+/// bit for bit (the masks are a function of the seed, step and pass), and writes the
+/// probability into PEFT's adapter_config.json.
 #[test]
 fn lora_dropout_changes_training_and_resumes_bit_exactly() {
     let tmp = tempfile::tempdir().unwrap();

@@ -115,7 +115,8 @@ fn expect_len(op: &'static str, what: &str, t: &Tensor, len: usize) -> Result<()
     }
 }
 
-fn rows_cols(op: &'static str, t: &Tensor) -> Result<(usize, usize)> {
+/// A tensor as `[rows, width]` (its last dimension the width), or a shape error naming `op`.
+pub fn rows_cols(op: &'static str, t: &Tensor) -> Result<(usize, usize)> {
     match t.shape() {
         [.., c] if *c > 0 => Ok((t.len() / c, *c)),
         s => Err(EngineError::Shape {
@@ -357,6 +358,10 @@ pub fn matmul_view(
             detail: format!("{} products: views take one", shape.batch),
         });
     }
+    // Checked here for every device (the CPU kernel only asserts).
+    shape
+        .check_views(views, [a.len(), b.len(), c.len()])
+        .map_err(|detail| EngineError::Shape { op: OP, detail })?;
     match on {
         On::Meta => {}
         On::Cpu => {

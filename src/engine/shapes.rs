@@ -29,6 +29,50 @@ pub struct GemmShape {
     pub k: usize,
 }
 
+impl GemmShape {
+    /// One product `op(A)[m, k] @ op(B)[k, n]` (a batch of 1).
+    pub fn single(trans_a: bool, trans_b: bool, m: usize, n: usize, k: usize) -> GemmShape {
+        GemmShape {
+            trans_a,
+            trans_b,
+            batch: 1,
+            m,
+            n,
+            k,
+        }
+    }
+
+    /// The stored (rows, row length) of A, B and C: A is `[m, k]`, or `[k, m]` with
+    /// `trans_a`; B is `[k, n]`, or `[n, k]` with `trans_b`; C is `[m, n]`.
+    pub fn stored(&self) -> [(usize, usize); 3] {
+        let GemmShape { m, n, k, .. } = *self;
+        [
+            if self.trans_a { (k, m) } else { (m, k) },
+            if self.trans_b { (n, k) } else { (k, n) },
+            (m, n),
+        ]
+    }
+
+    /// Whether buffers of `lens` elements hold A, B and C where `views` place them (one
+    /// product); if not, which operand falls short and by what.
+    pub fn check_views(&self, views: [MatrixView; 3], lens: [usize; 3]) -> Result<(), String> {
+        for ((what, v), ((rows, cols), len)) in ["A", "B", "C"]
+            .into_iter()
+            .zip(views)
+            .zip(self.stored().into_iter().zip(lens))
+        {
+            let need = v.offset + rows.saturating_sub(1) * v.ld + cols;
+            if v.ld < cols || (rows > 0 && len < need) {
+                return Err(format!(
+                    "{what} ({rows} x {cols}, rows {} apart, from element {}) needs {need} elements, has {len}",
+                    v.ld, v.offset
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Where the operands of a single product lie in their buffers: each is a row-major matrix
 /// whose rows are `ld` elements apart, starting `offset` elements in. A packed operand has
 /// `ld` equal to its row length and offset 0; a column block of a wider matrix (an adapter's

@@ -165,10 +165,10 @@ impl Adapter {
         };
         let h = ops::linear_forward(dropped.as_ref().unwrap_or(x), self.a.weight(), None)?;
         drop(dropped);
-        let (rows, row) = rows_and_width(y);
+        let (rows, row) = ops::rows_cols("lora forward", y)?;
         let r = self.a.value.shape()[0];
         ops::matmul_view(
-            gemm(false, true, rows, self.block.cols, r),
+            GemmShape::single(false, true, rows, self.block.cols, r),
             [
                 MatrixView::packed(r),
                 MatrixView::packed(r),
@@ -193,15 +193,15 @@ impl Adapter {
             None => None,
         };
         let input = dropped.as_ref().unwrap_or(x);
-        let (rows, row) = rows_and_width(dy);
-        let (_, c_in) = rows_and_width(x);
+        let (rows, row) = ops::rows_cols("lora backward", dy)?;
+        let (_, c_in) = ops::rows_cols("lora backward", x)?;
         let r = self.a.value.shape()[0];
         let cols = self.block.cols;
         let dy_block = self.columns_of(row);
         let h = ops::linear_forward(input, self.a.weight(), None)?;
         // dh = scale * dy[:, block] @ B   ([rows, r])
         let dh = ops::matmul_view_new(
-            gemm(false, false, rows, r, cols),
+            GemmShape::single(false, false, rows, r, cols),
             [dy_block, MatrixView::packed(r), MatrixView::packed(r)],
             self.scale,
             dy,
@@ -211,7 +211,7 @@ impl Adapter {
         let (_, db) = self.b.weight_and_grad();
         if let Some(db) = db {
             ops::matmul_view(
-                gemm(true, false, cols, r, rows),
+                GemmShape::single(true, false, cols, r, rows),
                 [dy_block, MatrixView::packed(r), MatrixView::packed(r)],
                 self.scale,
                 dy,
@@ -225,7 +225,7 @@ impl Adapter {
         let (aw, da) = self.a.weight_and_grad();
         if let Some(da) = da {
             ops::matmul_view(
-                gemm(true, false, r, c_in, rows),
+                GemmShape::single(true, false, r, c_in, rows),
                 [
                     MatrixView::packed(r),
                     MatrixView::packed(c_in),
@@ -245,7 +245,7 @@ impl Adapter {
             MatrixView::packed(c_in),
             MatrixView::packed(c_in),
         ];
-        let shape = gemm(false, false, rows, c_in, r);
+        let shape = GemmShape::single(false, false, rows, c_in, r);
         match seed {
             // The mask's derivative is the mask itself, with the same scale.
             Some(seed) => {
@@ -280,23 +280,5 @@ impl Adapter {
             }
         }
         Ok(out)
-    }
-}
-
-/// A tensor as `[rows, width]`, its last dimension the width.
-fn rows_and_width(t: &Tensor) -> (usize, usize) {
-    let width = t.shape().last().copied().unwrap_or(1).max(1);
-    (t.len() / width, width)
-}
-
-/// One product `op(A)[m, k] @ op(B)[k, n]`.
-fn gemm(trans_a: bool, trans_b: bool, m: usize, n: usize, k: usize) -> GemmShape {
-    GemmShape {
-        trans_a,
-        trans_b,
-        batch: 1,
-        m,
-        n,
-        k,
     }
 }

@@ -66,11 +66,9 @@ pub fn sgemm_strided(
     if m == 0 || n == 0 {
         return;
     }
-    let (ar, ac) = if s.trans_a { (k, m) } else { (m, k) };
-    let (br, bc) = if s.trans_b { (n, k) } else { (k, n) };
-    assert!(va.ld >= ac && a.len() >= va.offset + (ar.max(1) - 1) * va.ld + ac);
-    assert!(vb.ld >= bc && b.len() >= vb.offset + (br.max(1) - 1) * vb.ld + bc);
-    assert!(vc.ld >= n && c.len() >= vc.offset + (m - 1) * vc.ld + n);
+    if let Err(e) = s.check_views([va, vb, vc], [a.len(), b.len(), c.len()]) {
+        panic!("sgemm_strided: {e}");
+    }
     let (rsa, csa) = if s.trans_a { (1, va.ld) } else { (va.ld, 1) };
     let (rsb, csb) = if s.trans_b { (1, vb.ld) } else { (vb.ld, 1) };
     if k == 0 {
@@ -82,7 +80,7 @@ pub fn sgemm_strided(
         }
         return;
     }
-    // SAFETY: the asserts above bound every index the strides reach from each offset, and
+    // SAFETY: the view check above bounds every index the strides reach from each offset, and
     // `c` does not alias `a` or `b` (distinct borrows).
     unsafe {
         matrixmultiply::sgemm(
@@ -233,14 +231,7 @@ mod tests {
                     .flat_map(|r| x[v.offset + r * v.ld..][..cols].to_vec())
                     .collect()
             };
-            let s = GemmShape {
-                trans_a: ta,
-                trans_b: tb,
-                batch: 1,
-                m,
-                n,
-                k,
-            };
+            let s = GemmShape::single(ta, tb, m, n, k);
             sgemm_strided(s, [va, vb, vc], 0.5, &a, &b, 1.0, &mut c);
             let p = naive(
                 ta,

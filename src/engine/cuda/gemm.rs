@@ -224,14 +224,7 @@ impl CudaBackend {
         if let Some(bias) = bias {
             check_len("matmul", "bias", bias, n)?;
         }
-        let shape = GemmShape {
-            trans_a,
-            trans_b,
-            batch: 1,
-            m,
-            n,
-            k,
-        };
+        let shape = GemmShape::single(trans_a, trans_b, m, n, k);
         self.product(shape, packed_views(shape), alpha, a, b, beta, c, bias, math)
     }
 
@@ -302,30 +295,17 @@ impl CudaBackend {
         if m == 0 || n == 0 || batch == 0 {
             return Ok(());
         }
-        // Stored shapes (rows, row length) of A and B; C is stored m x n.
-        let a_stored = if trans_a { (k, m) } else { (m, k) };
-        let b_stored = if trans_b { (n, k) } else { (k, n) };
-        let [va, vb, vc] = views;
-        for (what, v, (rows, cols), len, per) in [
-            ("A", va, a_stored, a.len(), m * k),
-            ("B", vb, b_stored, b.len(), k * n),
-            ("C", vc, (m, n), c.len(), m * n),
-        ] {
-            let need = if batch == 1 {
-                v.offset + (rows.max(1) - 1) * v.ld + cols
-            } else {
-                batch * per
-            };
-            if v.ld < cols || len < need {
-                return Err(CudaError::Shape {
-                    op: OP,
-                    detail: format!(
-                        "{what} ({rows} x {cols}, rows {} apart, from element {}) needs {need} elements, has {len}",
-                        v.ld, v.offset
-                    ),
-                });
-            }
+        if batch == 1 {
+            shape
+                .check_views(views, [a.len(), b.len(), c.len()])
+                .map_err(|detail| CudaError::Shape { op: OP, detail })?;
+        } else {
+            check_len(OP, "A", a, batch * m * k)?;
+            check_len(OP, "B", b, batch * k * n)?;
+            check_len(OP, "C", c, batch * m * n)?;
         }
+        let [a_stored, b_stored, _] = shape.stored();
+        let [va, vb, vc] = views;
         let ab_type = data_type(TA::DTYPE)?;
         let c_type = data_type(TC::DTYPE)?;
         let compute = match (TA::DTYPE, math) {
