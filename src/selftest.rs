@@ -450,7 +450,7 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
             push($name, "f16", $shape.clone(), bound_of($name, BOUND_F16), $f::<F16>(gpu, inp, $($arg),*));
         };
     }
-    for (n, c) in [(1024, 768), (37, 1001)] {
+    for (n, c) in [(1024, 768), (70, 768), (37, 1001)] {
         let shape = format!("{n}x{c}");
         both_dtypes!(check_layernorm_forward, "layernorm_forward", shape, n, c);
         both_dtypes!(
@@ -536,10 +536,12 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
         );
     }
     // Llama-family operations. RMSNorm at SmolLM2's and Llama-3.2-1B's widths (rows held in
-    // registers), a ragged one (not a multiple of the block, an odd row count) and one too
-    // wide to hold (both read twice).
+    // registers; the fused backward's chunks of 16 rows then end ragged at 70 rows), a ragged one
+    // (not a multiple of the block, an odd row count) and one too wide to hold (both read
+    // twice).
     for (n, c, eps) in [
         (1024, 576, 1e-5),
+        (70, 576, 1e-5),
         (512, 2048, 1e-5),
         (37, 1001, 1e-6),
         (9, 8192, 1e-5),
@@ -767,6 +769,19 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
             both_dtypes!(check_adamw, name, &format!("{n}"), n, true, kernels);
         }
     }
+    // One launch over ragged tensors (tails of 1-3, a single piece, one past a piece), each
+    // with its own weight decay, against the CPU update of each alone.
+    let sizes = [77, 1_000_003, 16384, 16385, 1, 6];
+    let shape = format!("{sizes:?}");
+    let r = check_adamw_many::<f32>(gpu, inp, &sizes, false);
+    push(
+        "adamw_update_many (master only)",
+        "f32",
+        shape.clone(),
+        BOUND_FP32,
+        r,
+    );
+    both_dtypes!(check_adamw_many, "adamw_update_many", &shape, &sizes, true);
     for n in [10_000_019, 1000] {
         let r = check_sum_squares(gpu, inp, n, None);
         push("sum_squares", "f32", format!("{n}"), BOUND_FP32, r);
@@ -2711,27 +2726,13 @@ fn check_embedding_backward<T: Elem>(
     );
     let (mut dwte, mut dwpe) = (dwte0.clone(), dwpe0.clone());
     cpu::embedding::embedding_backward(&mut dwte, &mut dwpe, &dout, &tokens, seq, c);
-    let (d_dout, d_tokens) = (gpu.upload_as::<T>(&dout)?, gpu.upload(&tokens)?);
-    // Both kernels, whatever these tokens would choose: rows staged in shared memory (hot
-    // rows) and not.
-    let mut errors = Vec::new();
-    for hot_rows in [false, true] {
-        let (mut d_dwte, mut d_dwpe) = (gpu.upload(&dwte0)?, gpu.upload(&dwpe0)?);
-        gpu.embedding_backward(
-            &mut d_dwte,
-            &mut d_dwpe,
-            &d_dout,
-            &d_tokens,
-            n,
-            vocab,
-            seq,
-            c,
-            hot_rows,
-        )?;
-        errors.push(rel_err(&gpu.download(&d_dwte)?, &dwte, ELEMENTWISE_FLOOR));
-        errors.push(rel_err(&gpu.download(&d_dwpe)?, &dwpe, ELEMENTWISE_FLOOR));
-    }
-    Ok(worst(&errors))
+    let d_dout = gpu.upload_as::<T>(&dout)?;
+    let (mut d_dwte, mut d_dwpe) = (gpu.upload(&dwte0)?, gpu.upload(&dwpe0)?);
+    gpu.embedding_backward(&mut d_dwte, &mut d_dwpe, &d_dout, &tokens, vocab, seq, c)?;
+    Ok(worst(&[
+        rel_err(&gpu.download(&d_dwte)?, &dwte, ELEMENTWISE_FLOOR),
+        rel_err(&gpu.download(&d_dwpe)?, &dwpe, ELEMENTWISE_FLOOR),
+    ]))
 }
 
 /// Rows of the rotary tables in the selftest; positions are drawn below it.
@@ -3103,16 +3104,22 @@ fn check_token_embedding_backward<T: Elem>(
     c: usize,
 ) -> Check {
     let dout = inp.uniform(n * c, 1.0, T::DTYPE);
-    let tokens = inp.tokens(n, vocab);
+    let uniform = inp.tokens(n, vocab);
+    // Uniform tokens, and the same with every third position one hot token (hundreds of
+    // hits in one row, many batches of loads).
+    let skewed: Vec<u32> = uniform
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| if i % 3 == 1 { 7 % vocab as u32 } else { t })
+        .collect();
     let dwte0 = inp.uniform(vocab * c, 1.0, DType::F32);
-    let mut dwte = dwte0.clone();
-    cpu::embedding::token_embedding_backward(&mut dwte, &dout, &tokens, c);
-    let (d_dout, d_tokens) = (gpu.upload_as::<T>(&dout)?, gpu.upload(&tokens)?);
-    // Both kernels: rows staged in shared memory (hot rows) and not.
+    let d_dout = gpu.upload_as::<T>(&dout)?;
     let mut errors = Vec::new();
-    for hot_rows in [false, true] {
+    for tokens in [uniform, skewed] {
+        let mut dwte = dwte0.clone();
+        cpu::embedding::token_embedding_backward(&mut dwte, &dout, &tokens, c);
         let mut d_dwte = gpu.upload(&dwte0)?;
-        gpu.token_embedding_backward(&mut d_dwte, &d_dout, &d_tokens, n, vocab, c, hot_rows)?;
+        gpu.token_embedding_backward(&mut d_dwte, &d_dout, &tokens, vocab, c)?;
         errors.push(rel_err(&gpu.download(&d_dwte)?, &dwte, ELEMENTWISE_FLOOR));
     }
     Ok(worst(&errors))
@@ -3290,6 +3297,72 @@ fn check_adamw<C: Elem>(
             &compute,
             ELEMENTWISE_FLOOR,
         ));
+    }
+    Ok(worst(&errs))
+}
+
+/// Tensors of `sizes` through one launch of the fused update, alternating weight decays,
+/// each against the CPU reference run on it alone.
+fn check_adamw_many<C: Elem>(
+    gpu: &CudaBackend,
+    inp: &mut Inputs,
+    sizes: &[usize],
+    with_compute: bool,
+) -> Check {
+    use crate::engine::cuda::AdamWSlices;
+    let h = |i: usize| AdamWStep {
+        lr: 1e-2,
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        weight_decay: if i.is_multiple_of(2) { 0.1 } else { 0.0 },
+        t: 3,
+        grad_scale: 0.5,
+    };
+    let mut want = Vec::new();
+    let mut dev = Vec::new();
+    for (i, &n) in sizes.iter().enumerate() {
+        let p0 = inp.uniform(n, 1.0, DType::F32);
+        let g = inp.uniform(n, 2.0, DType::F32);
+        let m0 = inp.uniform(n, 0.1, DType::F32);
+        let v0 = inp.positive(n, 0.01);
+        let (mut p, mut m, mut v, mut c) = (p0.clone(), m0.clone(), v0.clone(), vec![0.0; n]);
+        let cpu_c = with_compute.then_some((c.as_mut_slice(), C::DTYPE));
+        cpu::adamw::adamw_update(&mut p, &g, &mut m, &mut v, cpu_c, h(i));
+        want.push((p, m, v, c));
+        let up = gpu.upload(&p0)?;
+        dev.push((
+            up,
+            gpu.upload(&g)?,
+            gpu.upload(&m0)?,
+            gpu.upload(&v0)?,
+            poisoned::<C>(gpu, n)?,
+        ));
+    }
+    let mut slices: Vec<_> = dev
+        .iter_mut()
+        .zip(sizes)
+        .enumerate()
+        .map(|(i, ((p, g, m, v, c), &n))| AdamWSlices {
+            param: p,
+            grad: &*g,
+            m,
+            v,
+            compute: with_compute.then_some(c),
+            n,
+            weight_decay: h(i).weight_decay,
+        })
+        .collect();
+    gpu.adamw_update_many(&mut slices, with_compute, h(0))?;
+    drop(slices);
+    let mut errs = Vec::new();
+    for ((p, _, m, v, c), (wp, wm, wv, wc)) in dev.iter().zip(&want) {
+        errs.push(rel_err(&gpu.download(p)?, wp, ELEMENTWISE_FLOOR));
+        errs.push(rel_err(&gpu.download(m)?, wm, ELEMENTWISE_FLOOR));
+        errs.push(rel_err(&gpu.download(v)?, wv, ELEMENTWISE_FLOOR));
+        if with_compute {
+            errs.push(rel_err(&gpu.download_f32(c)?, wc, ELEMENTWISE_FLOOR));
+        }
     }
     Ok(worst(&errs))
 }

@@ -777,6 +777,12 @@ fn time_rowwise<T: Elem>(b: &mut Bench, a: &BenchKernelsArgs, n: usize) -> CResu
     let dout_bytes = act + 4.0 * n as f64;
     let k = b.copies(dout_bytes);
     let (tokens, unique) = b.indices(n, v, false, k)?;
+    // The backward plans its work from the tokens on the host (timed with it, as in training).
+    let host_tokens = tokens
+        .iter()
+        .map(|t| gpu.download(t))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    drop(tokens);
     let bytes = dout_bytes + 8.0 * ((unique + pos_rows) * c) as f64;
     let dout = b.ring::<T>(nc, 1.0, k)?;
     let mut dwte = gpu.stream().alloc_zeros::<f32>(v * c)?;
@@ -787,10 +793,7 @@ fn time_rowwise<T: Elem>(b: &mut Bench, a: &BenchKernelsArgs, n: usize) -> CResu
         k,
         || {
             let j = cycle(&mut i, k);
-            // Uniform tokens have no hot rows: the unstaged kernel, as training would pick.
-            gpu.embedding_backward(
-                &mut dwte, &mut dwpe, &dout[j], &tokens[j], n, v, seq, c, false,
-            )
+            gpu.embedding_backward(&mut dwte, &mut dwpe, &dout[j], &host_tokens[j], v, seq, c)
         },
     )?;
     Ok(())

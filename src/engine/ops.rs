@@ -15,10 +15,11 @@ use super::cpu::kv_cache::CacheShape;
 use super::cpu::rope::RopeShape;
 use super::cpu::sampling::{HostSlots, SampleParams};
 use super::cuda::sampling::DeviceSlots;
-use super::cuda::{Bf16, CudaBackend, F16, LogitRows};
+use super::cuda::{AdamWSlices, Bf16, CudaBackend, F16, LogitRows};
 use super::pool::MemoryPool;
 use super::profile;
 use super::quant::Nf4Weight;
+use super::tensor::DeviceElem;
 use super::{DType, Device, EngineError, Result, Tensor};
 use cudarc::driver::CudaSlice;
 use std::sync::Arc;
@@ -640,7 +641,7 @@ pub fn layernorm_backward(
     let (n, c) = rows_cols("layernorm_backward", x)?;
     expect_len("layernorm_backward", "dout", dout, x.len())?;
     match on {
-        On::Meta => meta_scratch(x, 2 * super::cuda::reduce::column_partials_bytes(n, c)),
+        On::Meta => meta_scratch(x, super::cuda::reduce::norm_partials_bytes(n, c, 2)),
         On::Cpu => cpu::layernorm::layernorm_backward(
             dx.host_mut(),
             dgamma.host_mut(),
@@ -1274,7 +1275,7 @@ pub fn embedding_backward(
     let _prof = profile::scope("embedding_backward", dout);
     let (vocab, c) = rows_cols("embedding_backward", dwte)?;
     if dout.is_meta() {
-        meta_scratch(dout, 4 * tokens.len());
+        meta_scratch(dout, super::cuda::embedding::row_plan_bytes(tokens));
         return Ok(());
     }
     match dout.device() {
@@ -1288,17 +1289,14 @@ pub fn embedding_backward(
         ),
         Device::Cuda(_) => {
             let g = dout.pool().cuda()?.clone();
-            let toks = g.upload(tokens)?;
             with_elem!(dout.dtype(), T => g.embedding_backward::<T>(
                 dwte.cuda_mut(),
                 dwpe.cuda_mut(),
                 dout.cuda(),
-                &toks,
-                tokens.len(),
+                tokens,
                 vocab,
                 seq,
                 c,
-                super::cuda::embedding::has_hot_rows(tokens),
             ))?
         }
     }
@@ -1558,6 +1556,101 @@ pub fn adamw_update(
     h: AdamWStep,
 ) -> Result<()> {
     adamw_step(param, grad, m, v, compute, h, false)
+}
+
+/// One parameter of [`adamw_update_many`]: its fp32 master, gradient and moments, its compute
+/// copy if it has one, and the step's settings for it.
+pub struct AdamWParam<'a> {
+    pub param: &'a mut Tensor,
+    pub grad: &'a Tensor,
+    pub m: &'a mut Tensor,
+    pub v: &'a mut Tensor,
+    pub compute: Option<&'a mut Tensor>,
+    pub h: AdamWStep,
+}
+
+/// [`adamw_update`] over many parameters. On the GPU the parameters that share a kind of
+/// compute copy and every setting but the weight decay go in one launch (a model's step is
+/// then one or two launches instead of one per tensor, most too small to fill the GPU); on
+/// the CPU each runs alone. Every parameter gets the bits [`adamw_update`] gives it.
+pub fn adamw_update_many(params: Vec<AdamWParam<'_>>) -> Result<()> {
+    let Some(first) = params.first() else {
+        return Ok(());
+    };
+    let on = device_of(
+        "adamw",
+        &params.iter().map(|p| &*p.param).collect::<Vec<_>>(),
+    )?;
+    let g = match on {
+        On::Gpu(g) => g,
+        On::Meta => {
+            let table = params.len() * super::cuda::ADAMW_TABLE_BYTES_PER_TENSOR;
+            meta_scratch(first.param, table);
+            return Ok(());
+        }
+        On::Cpu => {
+            for p in params {
+                adamw_update(p.param, p.grad, p.m, p.v, p.compute, p.h)?;
+            }
+            return Ok(());
+        }
+    };
+    let _prof = profile::scope("adamw_update", first.param);
+    for p in &params {
+        let n = p.param.len();
+        for (what, t) in [("grad", p.grad), ("m", &*p.m), ("v", &*p.v)] {
+            expect_len("adamw", what, t, n)?;
+        }
+        if let Some(c) = &p.compute {
+            expect_len("adamw", "compute", c, n)?;
+        }
+    }
+    // Launches by (compute dtype, settings but the weight decay), in first-seen order.
+    type Key = (Option<DType>, [u32; 5], u64);
+    let key = |p: &AdamWParam| -> Key {
+        let h = &p.h;
+        let bits = [h.lr, h.beta1, h.beta2, h.eps, h.grad_scale].map(f32::to_bits);
+        (p.compute.as_ref().map(|c| c.dtype()), bits, h.t)
+    };
+    let mut groups: Vec<(Key, Vec<AdamWParam>)> = Vec::new();
+    for p in params {
+        let k = key(&p);
+        match groups.iter_mut().find(|(gk, _)| *gk == k) {
+            Some((_, members)) => members.push(p),
+            None => groups.push((k, vec![p])),
+        }
+    }
+    for ((dtype, _, _), members) in groups {
+        match dtype {
+            None => adamw_launch::<f32>(&g, members, false)?,
+            Some(d) => with_elem!(d, T => adamw_launch::<T>(&g, members, true))?,
+        }
+    }
+    Ok(())
+}
+
+/// One launch of the fused AdamW over `members`, which share their settings (but the weight
+/// decay) and their kind of compute copy, `C` (unused without one).
+fn adamw_launch<C: DeviceElem>(
+    g: &CudaBackend,
+    members: Vec<AdamWParam<'_>>,
+    with_compute: bool,
+) -> Result<()> {
+    let h = members[0].h;
+    let mut slices: Vec<_> = members
+        .into_iter()
+        .map(|p| AdamWSlices {
+            n: p.param.len(),
+            param: p.param.cuda_mut::<f32>(),
+            grad: p.grad.cuda::<f32>(),
+            m: p.m.cuda_mut::<f32>(),
+            v: p.v.cuda_mut::<f32>(),
+            compute: p.compute.map(|c| c.cuda_mut::<C>()),
+            weight_decay: p.h.weight_decay,
+        })
+        .collect();
+    g.adamw_update_many(&mut slices, with_compute, h)?;
+    Ok(())
 }
 
 /// [`adamw_update`] as the five whole-tensor passes of a non-fused AdamW (scale the gradient
@@ -1903,7 +1996,7 @@ pub fn rmsnorm_backward(
     expect_len("rmsnorm_backward", "dgamma", dgamma, c)?;
     expect_len("rmsnorm_backward", "rstd", rstd, n)?;
     match on {
-        On::Meta => meta_scratch(x, super::cuda::reduce::column_partials_bytes(n, c)),
+        On::Meta => meta_scratch(x, super::cuda::reduce::norm_partials_bytes(n, c, 1)),
         On::Cpu => cpu::rmsnorm::rmsnorm_backward(
             dx.host_mut(),
             dgamma.host_mut(),
@@ -2150,22 +2243,17 @@ pub fn token_embedding_backward(dwte: &mut Tensor, dout: &Tensor, tokens: &[u32]
         });
     }
     match on {
-        On::Meta => meta_scratch(dout, 4 * tokens.len()),
+        On::Meta => meta_scratch(dout, super::cuda::embedding::row_plan_bytes(tokens)),
         On::Cpu => {
             cpu::embedding::token_embedding_backward(dwte.host_mut(), dout.host(), tokens, c)
         }
-        On::Gpu(g) => {
-            let toks = g.upload(tokens)?;
-            with_elem!(dout.dtype(), T => g.token_embedding_backward::<T>(
-                dwte.cuda_mut(),
-                dout.cuda(),
-                &toks,
-                tokens.len(),
-                vocab,
-                c,
-                super::cuda::embedding::has_hot_rows(tokens),
-            ))?
-        }
+        On::Gpu(g) => with_elem!(dout.dtype(), T => g.token_embedding_backward::<T>(
+            dwte.cuda_mut(),
+            dout.cuda(),
+            tokens,
+            vocab,
+            c,
+        ))?,
     }
     Ok(())
 }

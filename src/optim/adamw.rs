@@ -173,24 +173,31 @@ impl AdamW {
             .map(|(_, s)| s);
         match &mut self.offload {
             None => {
-                for ((p, m), v) in state {
-                    let h = hyper(p);
-                    let Param {
-                        value,
-                        grad,
-                        compute,
-                        ..
-                    } = &mut **p;
-                    match self.kernels {
-                        Kernels::Fused => {
-                            ops::adamw_update(value, grad, m, v, compute.as_mut(), h)?
+                let work: Vec<ops::AdamWParam> = state
+                    .map(|((p, m), v)| {
+                        let h = hyper(p);
+                        let Param {
+                            value,
+                            grad,
+                            compute,
+                            ..
+                        } = &mut **p;
+                        ops::AdamWParam {
+                            param: value,
+                            grad,
+                            m,
+                            v,
+                            compute: compute.as_mut(),
+                            h,
                         }
-                        Kernels::Unfused => {
-                            ops::adamw_update_unfused(value, grad, m, v, compute.as_mut(), h)?
-                        }
-                    }
+                    })
+                    .collect();
+                match self.kernels {
+                    Kernels::Fused => ops::adamw_update_many(work),
+                    Kernels::Unfused => work.into_iter().try_for_each(|p| {
+                        ops::adamw_update_unfused(p.param, p.grad, p.m, p.v, p.compute, p.h)
+                    }),
                 }
-                Ok(())
             }
             Some(offload) => {
                 let mut work = state

@@ -114,3 +114,15 @@ __device__ float block_max(float v, float* scratch) {
     __syncthreads();
     return warp_max(lane < warps ? scratch[lane] : KILN_NEG_INF);
 }
+
+// The entry of `table` (n entries, first_block ascending) that block b works for: the last
+// whose first_block is at or before b. The one-launch kernels over many tensors (AdamW, the
+// gradient norm) list their tensors this way, each with the blocks from its first_block on.
+template <typename E> __device__ __forceinline__ E table_entry(const E* table, int n, long long b) {
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (table[mid].first_block <= b) lo = mid; else hi = mid - 1;
+    }
+    return table[lo];
+}

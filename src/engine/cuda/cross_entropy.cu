@@ -3,10 +3,9 @@
 // exp) over its share of the row (an online softmax, so the row is read once before the
 // write pass), then the block combines them. No fp32 copy of the logits is made in memory.
 //
-// The STAGED variant also copies the row into shared memory during that read, so the write
-// pass reads shared memory instead of the row a second time: two passes over the logits in
-// device memory instead of three. It needs v * sizeof(T) bytes of shared memory (a 50k
-// vocabulary fits in f32 on Hopper); wider rows use the unstaged kernel.
+// The STAGED kernel (cross_entropy_staged below) copies the row into shared memory as it
+// reads it, so the logits cross device memory once each way. It needs v * sizeof(T) bytes of
+// shared memory (a 50k vocabulary fits in f32 on Hopper); wider rows use the unstaged kernel.
 //
 // A row holds v logits of which the first `valid` are the vocabulary; the rest pad the
 // vocabulary to a tensor-core-friendly width. Padded logits count as minus infinity: they
@@ -34,12 +33,11 @@ __device__ __forceinline__ float masked(float x, int col, int valid) {
     return col < valid ? x : KILN_NEG_INF;
 }
 
-template <typename T, bool WRITE_GRAD, bool STAGED>
+template <typename T, bool WRITE_GRAD>
 __device__ void cross_entropy(float* losses, T* logits, const unsigned int* targets, int v,
                               int valid, float grad_scale) {
     __shared__ float scratch[32];
     T* row = logits + (long long)blockIdx.x * v;
-    T* cache = reinterpret_cast<T*>(ce_row_cache);
     const unsigned int t = targets[blockIdx.x];
     if (t == KILN_IGNORE) {  // uniform over the block: one block per row
         if (threadIdx.x == 0) losses[blockIdx.x] = 0.f;
@@ -57,11 +55,9 @@ __device__ void cross_entropy(float* losses, T* logits, const unsigned int* targ
     for (int i = threadIdx.x; i < v4; i += blockDim.x) {
         float x[4];
         load4(row + 4 * i, x);
-        if (STAGED) store4(cache + 4 * i, x);
         for (int k = 0; k < 4; ++k) online_add(masked(x[k], 4 * i + k, valid), m, s);
     }
     for (int i = 4 * v4 + threadIdx.x; i < v; i += blockDim.x) {
-        if (STAGED) cache[i] = row[i];
         online_add(masked(load(row[i]), i, valid), m, s);
     }
     const float row_max = block_max(m, scratch);
@@ -73,8 +69,7 @@ __device__ void cross_entropy(float* losses, T* logits, const unsigned int* targ
         losses[blockIdx.x] = t < (unsigned int)valid ? lse - target_logit : KILN_NAN;
     }
     if (WRITE_GRAD) {
-        // The block reductions above were barriers, so the cache is complete.
-        const T* src = STAGED ? cache : row;
+        const T* src = row;
         for (int i = threadIdx.x; i < v4; i += blockDim.x) {
             float x[4];
             load4(src + 4 * i, x);
@@ -91,21 +86,109 @@ __device__ void cross_entropy(float* losses, T* logits, const unsigned int* targ
     }
 }
 
+// Sixteen bytes of a row in one access: 4 f32 or 8 bf16/f16 values.
+template <typename T> struct Wide {
+    static constexpr int N = 16 / sizeof(T);
+};
+template <typename T> __device__ __forceinline__ void unpack16(const uint4& q, float* x) {
+    const T* e = reinterpret_cast<const T*>(&q);
+    for (int k = 0; k < Wide<T>::N; ++k) x[k] = load(e[k]);
+}
+template <typename T> __device__ __forceinline__ uint4 pack16(const float* x) {
+    uint4 q;
+    T* e = reinterpret_cast<T*>(&q);
+    for (int k = 0; k < Wide<T>::N; ++k) e[k] = store<T>(x[k]);
+    return q;
+}
+
+#define CE_LOG2E 1.4426950408889634f
+
+// The staged fused kernel: three passes over the row, only the first and last in device
+// memory. (1) copy the row into shared memory in 16-byte accesses, keeping the maximum;
+// (2) sum exp(x - max) from shared memory; (3) write the gradient from shared memory. Each
+// exponential is one multiply-add and one exp2, and the first pass has none, so the kernel
+// stays bound by memory instead of the exponentials of an online softmax (two per logit).
+// A NaN logit escapes the maximum but poisons the sum, so the loss is NaN as it should be.
+template <typename T>
+__device__ void cross_entropy_staged(float* losses, T* logits, const unsigned int* targets,
+                                     int v, int valid, float grad_scale) {
+    constexpr int W = Wide<T>::N;
+    __shared__ float scratch[32];
+    T* row = logits + (long long)blockIdx.x * v;
+    T* cache = reinterpret_cast<T*>(ce_row_cache);
+    const unsigned int t = targets[blockIdx.x];
+    if (t == KILN_IGNORE) {  // uniform over the block: one block per row
+        if (threadIdx.x == 0) losses[blockIdx.x] = 0.f;
+        for (int i = threadIdx.x; i < v; i += blockDim.x) row[i] = store<T>(0.f);
+        return;
+    }
+    const float target_logit =
+        (threadIdx.x == 0 && t < (unsigned int)valid) ? load(row[t]) : 0.f;
+    // Whole 16-byte pieces where the row is aligned to them (uniform over the block); the
+    // tail and misaligned rows go one value at a time.
+    const int nw = ((unsigned long long)row % 16 == 0) ? v / W : 0;
+    const uint4* wide_row = reinterpret_cast<const uint4*>(row);
+    uint4* wide_cache = reinterpret_cast<uint4*>(cache);
+    float m = KILN_NEG_INF;
+#pragma unroll 4
+    for (int i = threadIdx.x; i < nw; i += blockDim.x) {
+        const uint4 q = wide_row[i];
+        wide_cache[i] = q;
+        float x[W];
+        unpack16<T>(q, x);
+        for (int k = 0; k < W; ++k) m = fmaxf(m, masked(x[k], W * i + k, valid));
+    }
+    for (int i = W * nw + threadIdx.x; i < v; i += blockDim.x) {
+        cache[i] = row[i];
+        m = fmaxf(m, masked(load(cache[i]), i, valid));
+    }
+    // The reduction is a barrier: the cache is complete after it.
+    const float row_max = block_max(m, scratch);
+    // A row with no finite logit keeps a zero shift (its sum is then 0, inf or NaN).
+    const float shift = is_finite(row_max) ? row_max * CE_LOG2E : 0.f;
+    float s = 0.f;
+    for (int i = threadIdx.x; i < nw; i += blockDim.x) {
+        float x[W];
+        unpack16<T>(wide_cache[i], x);
+        for (int k = 0; k < W; ++k) s += exp2f(fmaf(masked(x[k], W * i + k, valid), CE_LOG2E, -shift));
+    }
+    for (int i = W * nw + threadIdx.x; i < v; i += blockDim.x)
+        s += exp2f(fmaf(masked(load(cache[i]), i, valid), CE_LOG2E, -shift));
+    const float total = block_sum(s, scratch);
+    const float lse = shift / CE_LOG2E + logf(total);
+    if (threadIdx.x == 0) losses[blockIdx.x] = t < (unsigned int)valid ? lse - target_logit : KILN_NAN;
+    const float lse2 = lse * CE_LOG2E;
+    uint4* wide_out = reinterpret_cast<uint4*>(row);
+    for (int i = threadIdx.x; i < nw; i += blockDim.x) {
+        float x[W];
+        unpack16<T>(wide_cache[i], x);
+        for (int k = 0; k < W; ++k) {
+            const int col = W * i + k;
+            const float p = exp2f(fmaf(masked(x[k], col, valid), CE_LOG2E, -lse2)) * grad_scale;
+            x[k] = (unsigned int)col == t ? p - grad_scale : p;
+        }
+        wide_out[i] = pack16<T>(x);
+    }
+    for (int i = W * nw + threadIdx.x; i < v; i += blockDim.x) {
+        const float p = exp2f(fmaf(masked(load(cache[i]), i, valid), CE_LOG2E, -lse2)) * grad_scale;
+        row[i] = store<T>((unsigned int)i == t ? p - grad_scale : p);
+    }
+}
+
 #define CROSS_ENTROPY_KERNELS(T, SUFFIX)                                                       \
     extern "C" __global__ void cross_entropy_forward_##SUFFIX(                               \
         float* losses, const T* logits, const unsigned int* targets, int v, int valid) {      \
-        cross_entropy<T, false, false>(losses, const_cast<T*>(logits), targets, v, valid,    \
-                                       0.f);                                                  \
+        cross_entropy<T, false>(losses, const_cast<T*>(logits), targets, v, valid, 0.f);     \
     }                                                                                          \
     extern "C" __global__ void cross_entropy_fused_##SUFFIX(                                 \
         float* losses, T* logits, const unsigned int* targets, int v, int valid,              \
         float grad_scale) {                                                                    \
-        cross_entropy<T, true, false>(losses, logits, targets, v, valid, grad_scale);         \
+        cross_entropy<T, true>(losses, logits, targets, v, valid, grad_scale);                \
     }                                                                                          \
     extern "C" __global__ void cross_entropy_fused_staged_##SUFFIX(                          \
         float* losses, T* logits, const unsigned int* targets, int v, int valid,              \
         float grad_scale) {                                                                    \
-        cross_entropy<T, true, true>(losses, logits, targets, v, valid, grad_scale);          \
+        cross_entropy_staged<T>(losses, logits, targets, v, valid, grad_scale);               \
     }
 
 CROSS_ENTROPY_KERNELS(float, f32)

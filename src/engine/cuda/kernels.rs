@@ -82,7 +82,7 @@ macro_rules! kernel_table {
 
 kernel_table! {
     plain {
-        AdamwMasterOnly = "adamw_master_only",
+        AdamwManyMasterOnly = "adamw_many_master_only",
         AdamwScaleGrad = "adamw_scale_grad",
         AdamwFirstMoment = "adamw_first_moment",
         AdamwSecondMoment = "adamw_second_moment",
@@ -115,7 +115,7 @@ kernel_table! {
         GatherSlotRows = "gather_slot_rows",
     }
     per_elem {
-        AdamwCompute = "adamw_compute",
+        AdamwManyCompute = "adamw_many_compute",
         AdamwRoundCompute = "adamw_round_compute",
         Add = "add",
         AddAssign = "add_assign",
@@ -154,8 +154,7 @@ kernel_table! {
         DiversityBackward = "diversity_backward",
         Dropout = "dropout",
         EmbeddingForward = "embedding_forward",
-        EmbeddingBackwardWte = "embedding_backward_wte",
-        EmbeddingBackwardWteStaged = "embedding_backward_wte_staged",
+        EmbeddingBackwardRows = "embedding_backward_rows",
         EmbeddingBackwardWpe = "embedding_backward_wpe",
         GeluForward = "gelu_forward",
         GeluBackward = "gelu_backward",
@@ -177,12 +176,14 @@ kernel_table! {
         ResidualLayernormForward = "residual_layernorm_forward",
         LayernormBackwardInput = "layernorm_backward_input",
         LayernormParamGradPartial = "layernorm_param_grad_partial",
+        LayernormBackwardFused = "layernorm_backward_fused",
         Nf4Dequantize = "nf4_dequantize",
         ColumnSumPartial = "column_sum_partial",
         RmsnormForward = "rmsnorm_forward",
         ResidualRmsnormForward = "residual_rmsnorm_forward",
         RmsnormBackwardInput = "rmsnorm_backward_input",
         RmsnormParamGradPartial = "rmsnorm_param_grad_partial",
+        RmsnormBackwardFused = "rmsnorm_backward_fused",
         RopeExpandForward = "rope_expand_forward",
         RopeExpandBackward = "rope_expand_backward",
         GatherRows = "gather_rows",

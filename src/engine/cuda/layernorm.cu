@@ -60,6 +60,99 @@ __device__ void layernorm_backward_input(T* dinp, const T* dout, const T* inp, c
     }
 }
 
+// The backward with the parameter gradients fused in, for rows a block can hold in registers
+// (c a multiple of 4, at most 8 values a thread, aligned buffers: the host checks): block x
+// owns rows [x * rows_per_chunk, ...) and works through them blockDim.y (at most
+// LN_BWD_LANES) at a time, one row per threadIdx.y lane (threadIdx.x over the row, whole warps). Each row is read once for
+// dinp and for the thread's sums of dgamma and dbeta over its lane's rows; the lanes' sums
+// are added in lane order into partial_gamma/partial_beta[x, col] (accumulate_partials
+// finishes, as for the unfused kernels, which read dout and inp a second time).
+#define LN_BWD_LANES 4
+#define LN_HELD 2
+template <typename T>
+__device__ void layernorm_backward_fused(T* dinp, float* partial_gamma, float* partial_beta,
+                                         const T* dout, const T* inp, const T* gamma,
+                                         const float* mean, const float* rstd, int n, int c,
+                                         int rows_per_chunk) {
+    __shared__ float lane_sums[LN_BWD_LANES][2][32];
+    extern __shared__ float chunk_sums[];  // 2c values: dgamma then dbeta, lanes added in turn
+    const int lane = threadIdx.y, groups = c / 4;
+    const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    float w[LN_HELD][4], dg[LN_HELD][4], db[LN_HELD][4];
+    for (int k = 0; k < LN_HELD; ++k) {
+        const int g = threadIdx.x + k * blockDim.x;
+        for (int j = 0; j < 4; ++j) dg[k][j] = db[k][j] = 0.f;
+        if (g < groups) load4(gamma + 4 * g, w[k]);
+    }
+    const int begin = blockIdx.x * rows_per_chunk, end = min(n, begin + rows_per_chunk);
+    for (int base = begin; base < end; base += blockDim.y) {  // uniform over the block
+        const int row = base + lane;
+        const bool live = row < end;
+        const long long off = (long long)row * c;
+        const float m = live ? mean[row] : 0.f, r = live ? rstd[row] : 0.f;
+        // dinp is loaded with the row, before the reductions, so each row costs one wait on
+        // memory rather than two.
+        float xs[LN_HELD][4], d[LN_HELD][4], o[LN_HELD][4];
+        float sum_gdy = 0.f, sum_gdy_xhat = 0.f;
+        for (int k = 0; k < LN_HELD; ++k) {
+            const int g = threadIdx.x + k * blockDim.x;
+            if (!live || g >= groups) continue;
+            load4(dout + off + 4 * g, d[k]);
+            load4(inp + off + 4 * g, xs[k]);
+            load4(dinp + off + 4 * g, o[k]);
+            for (int j = 0; j < 4; ++j) {
+                const float gdy = w[k][j] * d[k][j];
+                sum_gdy += gdy;
+                sum_gdy_xhat += gdy * (xs[k][j] - m) * r;
+            }
+        }
+        sum_gdy = warp_sum(sum_gdy);
+        sum_gdy_xhat = warp_sum(sum_gdy_xhat);
+        if ((threadIdx.x & 31) == 0) {
+            lane_sums[lane][0][warp] = sum_gdy;
+            lane_sums[lane][1][warp] = sum_gdy_xhat;
+        }
+        __syncthreads();
+        float total_gdy = 0.f, total_gdy_xhat = 0.f;
+        for (int i = 0; i < warps; ++i) {
+            total_gdy += lane_sums[lane][0][i];
+            total_gdy_xhat += lane_sums[lane][1][i];
+        }
+        __syncthreads();  // lane_sums is written again next round
+        if (!live) continue;
+        const float mean_gdy = total_gdy / c, mean_gdy_xhat = total_gdy_xhat / c;
+        for (int k = 0; k < LN_HELD; ++k) {
+            const int g = threadIdx.x + k * blockDim.x;
+            if (g >= groups) continue;
+            for (int j = 0; j < 4; ++j) {
+                const float xhat = (xs[k][j] - m) * r;
+                o[k][j] += r * (w[k][j] * d[k][j] - mean_gdy - xhat * mean_gdy_xhat);
+                dg[k][j] += d[k][j] * (xs[k][j] - m) * r;
+                db[k][j] += d[k][j];
+            }
+            store4(dinp + off + 4 * g, o[k]);
+        }
+    }
+    for (int l = 0; l < (int)blockDim.y; ++l) {  // lane order, so the sums are the same every run
+        if (lane == l) {
+            for (int k = 0; k < LN_HELD; ++k) {
+                const int g = threadIdx.x + k * blockDim.x;
+                if (g >= groups) continue;
+                for (int j = 0; j < 4; ++j) {
+                    const int i = 4 * g + j;
+                    chunk_sums[i] = l == 0 ? dg[k][j] : chunk_sums[i] + dg[k][j];
+                    chunk_sums[c + i] = l == 0 ? db[k][j] : chunk_sums[c + i] + db[k][j];
+                }
+            }
+        }
+        __syncthreads();
+    }
+    for (int i = threadIdx.x + lane * blockDim.x; i < c; i += blockDim.x * blockDim.y) {
+        partial_gamma[(long long)blockIdx.x * c + i] = chunk_sums[i];
+        partial_beta[(long long)blockIdx.x * c + i] = chunk_sums[c + i];
+    }
+}
+
 // Parameter gradients, first stage: block (x, y) sums columns [x*blockDim, ...) over the rows
 // of chunk y into partial_gamma/partial_beta[y, col]. reduce.cu's accumulate_partials adds
 // the chunks in order, so the result does not depend on scheduling.
@@ -97,6 +190,13 @@ __device__ void layernorm_param_grad_partial(float* partial_gamma, float* partia
         T* dinp, const T* dout, const T* inp, const T* gamma, const float* mean,               \
         const float* rstd, int c) {                                                             \
         layernorm_backward_input<T>(dinp, dout, inp, gamma, mean, rstd, c);                     \
+    }                                                                                            \
+    extern "C" __global__ void layernorm_backward_fused_##SUFFIX(                              \
+        T* dinp, float* partial_gamma, float* partial_beta, const T* dout, const T* inp,        \
+        const T* gamma, const float* mean, const float* rstd, int n, int c,                     \
+        int rows_per_chunk) {                                                                    \
+        layernorm_backward_fused<T>(dinp, partial_gamma, partial_beta, dout, inp, gamma, mean,   \
+                                    rstd, n, c, rows_per_chunk);                                 \
     }                                                                                            \
     extern "C" __global__ void layernorm_param_grad_partial_##SUFFIX(                          \
         float* partial_gamma, float* partial_beta, const T* dout, const T* inp,                 \

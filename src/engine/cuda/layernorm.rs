@@ -5,7 +5,7 @@
 
 use super::{
     CudaBackend, CudaError, ELEM_DTYPES, Elem, ElemKernel, Program, Result, as_i32, check_len,
-    reduce,
+    reduce, reduce::fused_lanes,
 };
 use crate::engine::cpu::layernorm::EPS;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
@@ -19,6 +19,7 @@ pub(super) const PROGRAM: Program = Program {
         ElemKernel::ResidualLayernormForward,
         ElemKernel::LayernormBackwardInput,
         ElemKernel::LayernormParamGradPartial,
+        ElemKernel::LayernormBackwardFused,
     ],
     dtypes: ELEM_DTYPES,
 };
@@ -196,6 +197,44 @@ impl CudaBackend {
         if n == 0 {
             return Ok(());
         }
+        let n32 = n as i32;
+        // The fused kernel holds a row in registers: at most two 4-value groups a thread of
+        // whole warps (96 threads for 768 channels).
+        let threads = reduce::norm_threads(c);
+        if self.norm_backward_fuses([&*dinp, dout, inp, gamma], c) {
+            let chunks = n.div_ceil(reduce::FUSED_NORM_ROWS);
+            let rpc = reduce::FUSED_NORM_ROWS as i32;
+            let mut partial_gamma = self.alloc::<f32>(chunks * c)?;
+            let mut partial_beta = self.alloc::<f32>(chunks * c)?;
+            let f = self.elem_function::<T>(ElemKernel::LayernormBackwardFused)?;
+            let mut b = self.stream.launch_builder(f);
+            b.arg(dinp)
+                .arg(&mut partial_gamma)
+                .arg(&mut partial_beta)
+                .arg(dout)
+                .arg(inp)
+                .arg(gamma)
+                .arg(mean)
+                .arg(rstd)
+                .arg(&n32)
+                .arg(&c32)
+                .arg(&rpc);
+            let cfg = LaunchConfig {
+                grid_dim: (chunks as u32, 1, 1),
+                block_dim: (threads as u32, fused_lanes(threads), 1),
+                shared_mem_bytes: (2 * c * 4) as u32,
+            };
+            // SAFETY: lengths checked above; block x covers FUSED_NORM_ROWS rows of the n,
+            // writes row x of both partials (chunks x c values each) and takes 2c f32 of
+            // shared memory.
+            unsafe { b.launch(cfg) }?;
+            self.accumulate_partials(dgamma, &partial_gamma, chunks, c)?;
+            return self.accumulate_partials(dbeta, &partial_beta, chunks, c);
+        }
+        let (chunks, rows_per_chunk) = reduce::row_chunks(n);
+        let rpc = rows_per_chunk as i32;
+        let mut partial_gamma = self.alloc::<f32>(chunks * c)?;
+        let mut partial_beta = self.alloc::<f32>(chunks * c)?;
         let f = self.elem_function::<T>(ElemKernel::LayernormBackwardInput)?;
         let mut b = self.stream.launch_builder(f);
         b.arg(dinp)
@@ -207,12 +246,7 @@ impl CudaBackend {
             .arg(&c32);
         // SAFETY: lengths checked above; one block per row.
         unsafe { b.launch(one_block_per_row(n)) }?;
-
-        let (chunks, rows_per_chunk) = reduce::row_chunks(n);
-        let mut partial_gamma = self.alloc::<f32>(chunks * c)?;
-        let mut partial_beta = self.alloc::<f32>(chunks * c)?;
         let f = self.elem_function::<T>(ElemKernel::LayernormParamGradPartial)?;
-        let (n32, rpc) = (n as i32, rows_per_chunk as i32);
         let mut b = self.stream.launch_builder(f);
         b.arg(&mut partial_gamma)
             .arg(&mut partial_beta)

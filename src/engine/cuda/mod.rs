@@ -35,7 +35,7 @@ mod rows;
 pub mod sampling;
 mod swiglu;
 
-pub use adamw::AdamWStep;
+pub use adamw::{ADAMW_TABLE_BYTES_PER_TENSOR, AdamWSlices, AdamWStep};
 pub use bk_core::BkWork;
 pub use cross_entropy::LogitRows;
 pub use cudarc::driver::CudaEvent;

@@ -9,6 +9,7 @@ __device__ void column_sum_partial(float* partial, const T* x, int n, int c, int
     const int begin = blockIdx.y * rows_per_chunk;
     const int end = min(n, begin + rows_per_chunk);
     float acc = 0.f;
+#pragma unroll 8
     for (int row = begin; row < end; ++row) acc += load(x[(long long)row * c + col]);
     partial[(long long)blockIdx.y * c + col] = acc;
 }
@@ -33,12 +34,25 @@ extern "C" __global__ void column_sum_partial_f16(float* partial, const f16* x, 
 // the lanes in order, so the sum is the same on every run (a fixed tree, not a sequential
 // one: one thread per column walking every chunk waited on each load in turn).
 #define ACC_LANES 32
+#define ACC_BATCH 8
 extern "C" __global__ void accumulate_partials(float* acc, const float* partial, int chunks, int c) {
     __shared__ float lanes[ACC_LANES][33];
     const int col = blockIdx.x * 32 + threadIdx.x;
     float s = 0.f;
-    if (col < c)
-        for (int k = threadIdx.y; k < chunks; k += ACC_LANES) s += partial[(long long)k * c + col];
+    // Loads go out ACC_BATCH at a time and are added in chunk order, so the latencies
+    // overlap and the sum does not change (1024 chunks were 32 waits in a row per lane).
+    if (col < c) {
+        for (int k0 = threadIdx.y; k0 < chunks; k0 += ACC_LANES * ACC_BATCH) {
+            float v[ACC_BATCH];
+#pragma unroll
+            for (int u = 0; u < ACC_BATCH; ++u) {
+                const int k = k0 + u * ACC_LANES;
+                v[u] = k < chunks ? partial[(long long)k * c + col] : 0.f;
+            }
+#pragma unroll
+            for (int u = 0; u < ACC_BATCH; ++u) s += v[u];
+        }
+    }
     lanes[threadIdx.y][threadIdx.x] = s;
     __syncthreads();
     if (threadIdx.y == 0 && col < c) {
@@ -49,22 +63,49 @@ extern "C" __global__ void accumulate_partials(float* acc, const float* partial,
 }
 
 // Sum of squares of a gradient in f64 (the global norm is a sum over ~1e8 squares), and a flag
-// raised by any inf/NaN. Stage one: a fixed grid of blocks, each a fixed grid-stride pattern.
+// raised by any inf/NaN. Stage one, over many tensors in one launch: the host lists them in a
+// table; each owns a fixed number of blocks (from its size alone), numbered from its
+// first_block, and its blocks walk it in a fixed grid-stride pattern. A block finds its
+// tensor by bisecting the table. Partial b is block b's sum.
+struct SumSquaresTensor {
+    const float* x;
+    long long n;
+    long long first_block;
+    long long blocks;
+};
+
 extern "C" __global__ void sum_squares_partial(double* partial, unsigned int* nonfinite,
-                                               const float* x, long long n) {
+                                               const SumSquaresTensor* table, int tensors) {
     __shared__ double scratch[32];
+    const long long b = blockIdx.x;
+    const SumSquaresTensor t = table_entry(table, tensors, b);
     double acc = 0.0;
     bool bad = false;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
-        const float v = x[i];
+    // Four values an access where the tensor is 16-byte aligned (then the tail past the last
+    // whole four goes one at a time), unrolled so that several accesses are in flight: one
+    // 4-byte load at a time per thread left the reduction waiting on memory latency.
+    const long long first = (b - t.first_block) * blockDim.x + threadIdx.x;
+    const long long stride = t.blocks * blockDim.x;
+    const long long n4 = aligned4(t.x) ? t.n / 4 : 0;
+    const float4* x4 = reinterpret_cast<const float4*>(t.x);
+#pragma unroll 4
+    for (long long i = first; i < n4; i += stride) {
+        const float4 q = x4[i];
+        bad |= !(is_finite(q.x) && is_finite(q.y) && is_finite(q.z) && is_finite(q.w));
+        acc += (double)q.x * (double)q.x;
+        acc += (double)q.y * (double)q.y;
+        acc += (double)q.z * (double)q.z;
+        acc += (double)q.w * (double)q.w;
+    }
+    for (long long i = 4 * n4 + first; i < t.n; i += stride) {
+        const float v = t.x[i];
         bad |= !is_finite(v);
         acc += (double)v * (double)v;
     }
     // Every writer stores the same value, so the race is benign.
     if (bad) *nonfinite = 1u;
     acc = block_sum(acc, scratch);
-    if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+    if (threadIdx.x == 0) partial[b] = acc;
 }
 
 // Stage two: *acc += the sum of the partials, by one block: thread t adds partials t, t +

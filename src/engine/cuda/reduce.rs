@@ -6,7 +6,8 @@
 //! bit for bit on the same GPU.
 
 use super::{
-    CudaBackend, ELEM_DTYPES, Elem, ElemKernel, Kernel, Program, Result, as_i32, check_len,
+    CudaBackend, CudaError, ELEM_DTYPES, Elem, ElemKernel, Kernel, Program, Result, as_i32,
+    check_len, raw_ptr,
 };
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
@@ -26,12 +27,66 @@ const COLUMN_BLOCK: u32 = 256;
 const ROWS_PER_CHUNK: usize = 64;
 const SUMSQ_BLOCK: u32 = 512;
 const SUMSQ_MAX_BLOCKS: usize = 1024;
+/// Values a thread of the sum of squares takes at least (four 4-value accesses): fewer
+/// blocks, each with enough work to outweigh its start and its reduction. At one value a
+/// thread, a gradient norm over SmolLM2-135M's tensors ran 216k blocks.
+const SUMSQ_PER_THREAD: usize = 16;
+
+/// Blocks of the sum of squares over a tensor of `n` values (from its size alone, so the
+/// order of the sums is too).
+fn sum_squares_blocks(n: usize) -> usize {
+    n.div_ceil(SUMSQ_BLOCK as usize * SUMSQ_PER_THREAD)
+        .clamp(1, SUMSQ_MAX_BLOCKS)
+}
 /// Threads of the block that adds the partials (a multiple of 32, at most 1024).
 const SUMSQ_FINISH_BLOCK: u32 = 1024;
 
 /// The split of `n` rows into chunks for the first stage: (chunks, rows per chunk).
 pub(super) fn row_chunks(n: usize) -> (usize, usize) {
     (n.div_ceil(ROWS_PER_CHUNK).max(1), ROWS_PER_CHUNK)
+}
+
+/// Rows a block of a fused norm backward (RMSNorm, layernorm) sums its parameter gradients
+/// over: fewer than [`row_chunks`]'s, so that SmolLM2's 16384 rows make 1024 blocks, enough
+/// to keep memory busy while each block waits on its rows' reductions.
+pub(super) const FUSED_NORM_ROWS: usize = 16;
+
+/// Whether a norm backward over rows of `c` channels holds each row in registers (and fuses
+/// its parameter gradients): `c` a multiple of 4 with at most 8 values for each of
+/// `norm_threads(c)` threads. The buffers must also be aligned to 4 values, as the pool's are.
+pub(super) fn norm_row_held(c: usize) -> bool {
+    c.is_multiple_of(4) && c <= 8 * norm_threads(c)
+}
+
+/// Rows a block of a fused norm backward works on at once (the kernels' blockDim.y, at most
+/// their RMS_BWD_LANES and LN_BWD_LANES of 4): up to 512 threads, so that the registers that
+/// hold the rows suffice (four lanes of 256 threads did not launch).
+pub(super) fn fused_lanes(threads: usize) -> u32 {
+    (512 / threads).clamp(1, 4) as u32
+}
+
+impl CudaBackend {
+    /// Whether the fused norm backward takes rows of `c` channels from `bufs`: rows it holds
+    /// ([`norm_row_held`]) and every buffer aligned to a group of 4 values.
+    pub(super) fn norm_backward_fuses<T>(&self, bufs: [&CudaSlice<T>; 4], c: usize) -> bool {
+        let group = 4 * std::mem::size_of::<T>() as u64;
+        norm_row_held(c) && bufs.iter().all(|b| raw_ptr(b, &self.stream) % group == 0)
+    }
+}
+
+/// Threads over a norm's row: whole warps of about eight values each, at most 512.
+pub(super) fn norm_threads(c: usize) -> usize {
+    c.div_ceil(8).next_multiple_of(32).clamp(32, 512)
+}
+
+/// Bytes of f32 partials (`tensors` of them: 1 for RMSNorm's gain, 2 for layernorm's gain
+/// and bias) a norm backward over `n` rows of `c` channels takes outside the pool.
+pub fn norm_partials_bytes(n: usize, c: usize, tensors: usize) -> usize {
+    let chunks = match norm_row_held(c) {
+        true => n.div_ceil(FUSED_NORM_ROWS).max(1),
+        false => row_chunks(n).0,
+    };
+    tensors * chunks * c * 4
 }
 
 /// Bytes of the f32 partials a column reduction of `n` rows by `c` columns takes from the
@@ -41,14 +96,11 @@ pub fn column_partials_bytes(n: usize, c: usize) -> usize {
 }
 
 /// Bytes a gradient-norm reduction over tensors of `lens` elements takes outside the pool:
-/// its f64 partials, the f64 accumulator and the u32 non-finite flag.
+/// its table of tensors, its f64 partials, the f64 accumulator and the u32 non-finite flag.
 pub fn sum_squares_scratch_bytes(lens: &[usize]) -> usize {
-    let partials: usize = lens
-        .iter()
-        .filter(|&&n| n > 0)
-        .map(|&n| n.div_ceil(SUMSQ_BLOCK as usize).clamp(1, SUMSQ_MAX_BLOCKS))
-        .sum();
-    8 * partials + 8 + 4
+    let nonempty = lens.iter().filter(|&&n| n > 0);
+    let partials: usize = nonempty.clone().map(|&n| sum_squares_blocks(n)).sum();
+    32 * nonempty.count() + 8 * partials + 8 + 4
 }
 
 /// Grid of column blocks by row chunks.
@@ -125,9 +177,9 @@ impl CudaBackend {
         self.sum_squares_many(acc, nonfinite, &[(x, n)])
     }
 
-    /// `acc[0] +=` the sum of squares of the first `n` values of every `(x, n)`, in f64, with
-    /// one partial buffer and one final reduction for all of them (a gradient norm over a
-    /// model's 148 tensors is then 149 launches, not 296 and 148 allocations); the flag as in
+    /// `acc[0] +=` the sum of squares of the first `n` values of every `(x, n)`, in f64: one
+    /// launch for the partial sums of all of them and one for their total (a gradient norm
+    /// over a model's 148 tensors was 149 launches, most too small to fill the GPU); the flag as in
     /// [`Self::sum_squares_accumulate`]. The order of the sums depends only on the sizes, so
     /// the result is the same on every run.
     pub fn sum_squares_many(
@@ -143,10 +195,7 @@ impl CudaBackend {
             check_len(OP, "x", x, n)?;
         }
         // Each tensor's block count depends on its size only.
-        let blocks: Vec<usize> = xs
-            .iter()
-            .map(|&(_, n)| n.div_ceil(SUMSQ_BLOCK as usize).clamp(1, SUMSQ_MAX_BLOCKS))
-            .collect();
+        let blocks: Vec<usize> = xs.iter().map(|&(_, n)| sum_squares_blocks(n)).collect();
         let total: usize = xs
             .iter()
             .zip(&blocks)
@@ -156,26 +205,35 @@ impl CudaBackend {
         if total == 0 {
             return Ok(());
         }
-        let mut partial = self.alloc::<f64>(total)?;
+        let mut table: Vec<u64> = Vec::with_capacity(4 * xs.len());
         let mut at = 0;
         for (&(x, n), &b) in xs.iter().zip(&blocks) {
-            if n == 0 {
-                continue;
+            if n > 0 {
+                table.extend([raw_ptr(x, &self.stream), n as u64, at as u64, b as u64]);
+                at += b;
             }
-            let mut slot = partial.slice_mut(at..at + b);
-            at += b;
-            let n64 = n as i64;
-            let f = self.function(Kernel::SumSquaresPartial)?;
-            let mut l = self.stream.launch_builder(f);
-            l.arg(&mut slot).arg(&mut *nonfinite).arg(x).arg(&n64);
-            let cfg = LaunchConfig {
-                grid_dim: (b as u32, 1, 1),
-                block_dim: (SUMSQ_BLOCK, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            // SAFETY: `slot` holds one value per block; `x` holds `n`.
-            unsafe { l.launch(cfg) }?;
         }
+        let tensors = as_i32(OP, "tensors", table.len() / 4)?;
+        let grid_blocks = u32::try_from(total).map_err(|_| CudaError::Shape {
+            op: OP,
+            detail: format!("{total} blocks exceed the grid"),
+        })?;
+        let table = self.upload(&table)?;
+        let mut partial = self.alloc::<f64>(total)?;
+        let f = self.function(Kernel::SumSquaresPartial)?;
+        let mut l = self.stream.launch_builder(f);
+        l.arg(&mut partial)
+            .arg(&mut *nonfinite)
+            .arg(&table)
+            .arg(&tensors);
+        let cfg = LaunchConfig {
+            grid_dim: (grid_blocks, 1, 1),
+            block_dim: (SUMSQ_BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the table lists buffers of at least `n` values (checked above) and their
+        // block counts, which add up to `total`, the partials' length and the grid.
+        unsafe { l.launch(cfg) }?;
         let total32 = as_i32(OP, "partial sums", total)?;
         let f = self.function(Kernel::SumSquaresFinish)?;
         let mut l = self.stream.launch_builder(f);

@@ -129,6 +129,79 @@ __device__ void rmsnorm_backward_input(T* dx, const T* dout, const T* x, const T
     }
 }
 
+// The backward with the gain gradient fused in, for rows the held path takes: block x owns
+// rows [x * rows_per_chunk, ...) and works through them blockDim.y (at most RMS_BWD_LANES)
+// at a time, one row per threadIdx.y lane (threadIdx.x over the row, whole warps). Each row is read once for both
+// gradients: dx as in rmsnorm_backward_input_held, and each thread sums dout * x * rstd for
+// its columns over its lane's rows; the lanes' sums are then added in lane order into
+// partial[x, col] (accumulate_partials finishes, as for the unfused kernels). The separate
+// gain-gradient pass read dout and x a second time.
+#define RMS_BWD_LANES 4
+template <typename T>
+__device__ void rmsnorm_backward_fused(T* dx, float* partial, const T* dout, const T* x,
+                                       const T* gamma, const float* rstd, int n, int c,
+                                       int rows_per_chunk) {
+    __shared__ float lane_dot[RMS_BWD_LANES][32];
+    extern __shared__ float chunk_dg[];  // c values: the lanes' gain gradients, added in turn
+    const int lane = threadIdx.y, groups = c / 4;
+    const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    float w[HELD][4], dg[HELD][4];
+    for (int k = 0; k < HELD; ++k) {
+        const int g = threadIdx.x + k * blockDim.x;
+        for (int j = 0; j < 4; ++j) dg[k][j] = 0.f;
+        if (g < groups) load4(gamma + 4 * g, w[k]);
+    }
+    const int begin = blockIdx.x * rows_per_chunk, end = min(n, begin + rows_per_chunk);
+    for (int base = begin; base < end; base += blockDim.y) {  // uniform over the block
+        const int row = base + lane;
+        const bool live = row < end;
+        const long long off = (long long)row * c;
+        const float r = live ? rstd[row] : 0.f;
+        // dx is loaded with the row, before the reduction, so each row costs one wait on
+        // memory rather than two.
+        float xs[HELD][4], d[HELD][4], o[HELD][4];
+        float dot = 0.f;
+        for (int k = 0; k < HELD; ++k) {
+            const int g = threadIdx.x + k * blockDim.x;
+            if (!live || g >= groups) continue;
+            load4(dout + off + 4 * g, d[k]);
+            load4(x + off + 4 * g, xs[k]);
+            load4(dx + off + 4 * g, o[k]);
+            for (int j = 0; j < 4; ++j) dot += w[k][j] * d[k][j] * xs[k][j];
+        }
+        dot = warp_sum(dot);
+        if ((threadIdx.x & 31) == 0) lane_dot[lane][warp] = dot;
+        __syncthreads();
+        float total = 0.f;
+        for (int i = 0; i < warps; ++i) total += lane_dot[lane][i];
+        __syncthreads();  // lane_dot is written again next round
+        if (!live) continue;
+        const float mean_dot = total * r / c;
+        for (int k = 0; k < HELD; ++k) {
+            const int g = threadIdx.x + k * blockDim.x;
+            if (g >= groups) continue;
+            for (int j = 0; j < 4; ++j) {
+                o[k][j] += r * (w[k][j] * d[k][j] - xs[k][j] * r * mean_dot);
+                dg[k][j] += d[k][j] * xs[k][j] * r;
+            }
+            store4(dx + off + 4 * g, o[k]);
+        }
+    }
+    for (int l = 0; l < (int)blockDim.y; ++l) {  // lane order, so the sum is the same every run
+        if (lane == l) {
+            for (int k = 0; k < HELD; ++k) {
+                const int g = threadIdx.x + k * blockDim.x;
+                if (g >= groups) continue;
+                for (int j = 0; j < 4; ++j)
+                    chunk_dg[4 * g + j] = l == 0 ? dg[k][j] : chunk_dg[4 * g + j] + dg[k][j];
+            }
+        }
+        __syncthreads();
+    }
+    for (int i = threadIdx.x + lane * blockDim.x; i < c; i += blockDim.x * blockDim.y)
+        partial[(long long)blockIdx.x * c + i] = chunk_dg[i];
+}
+
 // Gain gradient, first stage: block (x, y) sums columns [x*blockDim, ...) of dout * x * rstd
 // over the rows of chunk y into partial[y, col]; reduce.cu's accumulate_partials adds the
 // chunks in order, so the result does not depend on scheduling.
@@ -160,6 +233,11 @@ __device__ void rmsnorm_param_grad_partial(float* partial, const T* dout, const 
     extern "C" __global__ void rmsnorm_backward_input_##SUFFIX(                                \
         T* dx, const T* dout, const T* x, const T* gamma, const float* rstd, int c) {          \
         rmsnorm_backward_input<T>(dx, dout, x, gamma, rstd, c);                                \
+    }                                                                                           \
+    extern "C" __global__ void rmsnorm_backward_fused_##SUFFIX(                                \
+        T* dx, float* partial, const T* dout, const T* x, const T* gamma, const float* rstd,   \
+        int n, int c, int rows_per_chunk) {                                                     \
+        rmsnorm_backward_fused<T>(dx, partial, dout, x, gamma, rstd, n, c, rows_per_chunk);    \
     }                                                                                           \
     extern "C" __global__ void rmsnorm_param_grad_partial_##SUFFIX(                            \
         float* partial, const T* dout, const T* x, const float* rstd, int n, int c,            \

@@ -4,7 +4,7 @@
 
 use super::{
     CudaBackend, CudaError, ELEM_DTYPES, Elem, ElemKernel, Program, Result, as_i32, check_len,
-    reduce,
+    reduce, reduce::fused_lanes,
 };
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
@@ -17,6 +17,7 @@ pub(super) const PROGRAM: Program = Program {
         ElemKernel::ResidualRmsnormForward,
         ElemKernel::RmsnormBackwardInput,
         ElemKernel::RmsnormParamGradPartial,
+        ElemKernel::RmsnormBackwardFused,
     ],
     dtypes: ELEM_DTYPES,
 };
@@ -24,7 +25,7 @@ pub(super) const PROGRAM: Program = Program {
 /// One block per row, about eight elements per thread: 96 threads for SmolLM2's 576
 /// channels, 256 for Llama-3.2-1B's 2048, at most 512.
 fn one_block_per_row(n: usize, c: usize) -> LaunchConfig {
-    let threads = c.div_ceil(8).next_multiple_of(32).clamp(32, 512);
+    let threads = reduce::norm_threads(c);
     LaunchConfig {
         grid_dim: (n as u32, 1, 1),
         block_dim: (threads as u32, 1, 1),
@@ -140,16 +141,43 @@ impl CudaBackend {
         if n == 0 {
             return Ok(());
         }
+        let n32 = n as i32;
+        let row = one_block_per_row(n, c);
+        let threads = row.block_dim.0 as usize;
+        if self.norm_backward_fuses([&*dx, dout, x, gamma], c) {
+            let chunks = n.div_ceil(reduce::FUSED_NORM_ROWS);
+            let rpc = reduce::FUSED_NORM_ROWS as i32;
+            let mut partial = self.alloc::<f32>(chunks * c)?;
+            let f = self.elem_function::<T>(ElemKernel::RmsnormBackwardFused)?;
+            let mut b = self.stream.launch_builder(f);
+            b.arg(dx)
+                .arg(&mut partial)
+                .arg(dout)
+                .arg(x)
+                .arg(gamma)
+                .arg(rstd)
+                .arg(&n32)
+                .arg(&c32)
+                .arg(&rpc);
+            let cfg = LaunchConfig {
+                grid_dim: (chunks as u32, 1, 1),
+                block_dim: (threads as u32, fused_lanes(threads), 1),
+                shared_mem_bytes: (c * 4) as u32,
+            };
+            // SAFETY: lengths checked above; block x covers FUSED_NORM_ROWS rows of the n,
+            // writes partial row x (chunks x c values) and takes c f32 of shared memory.
+            unsafe { b.launch(cfg) }?;
+            return self.accumulate_partials(dgamma, &partial, chunks, c);
+        }
+        let (chunks, rows_per_chunk) = reduce::row_chunks(n);
+        let rpc = rows_per_chunk as i32;
+        let mut partial = self.alloc::<f32>(chunks * c)?;
         let f = self.elem_function::<T>(ElemKernel::RmsnormBackwardInput)?;
         let mut b = self.stream.launch_builder(f);
         b.arg(dx).arg(dout).arg(x).arg(gamma).arg(rstd).arg(&c32);
         // SAFETY: lengths checked above; one block per row.
-        unsafe { b.launch(one_block_per_row(n, c)) }?;
-
-        let (chunks, rows_per_chunk) = reduce::row_chunks(n);
-        let mut partial = self.alloc::<f32>(chunks * c)?;
+        unsafe { b.launch(row) }?;
         let f = self.elem_function::<T>(ElemKernel::RmsnormParamGradPartial)?;
-        let (n32, rpc) = (n as i32, rows_per_chunk as i32);
         let mut b = self.stream.launch_builder(f);
         b.arg(&mut partial)
             .arg(dout)

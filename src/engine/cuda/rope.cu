@@ -2,11 +2,10 @@
 // one per query head; reference: engine/cpu/rope.rs (Hugging Face's rotate_half convention:
 // within the first `rot` dimensions of a head, dimension i pairs with i + rot/2).
 //
-// Blocks take 8 rows at a time, grid-strided; within a block, threadIdx.x walks a head's
-// dimensions (VW consecutive ones per thread) and threadIdx.y the rows' heads, so no thread
-// divides a 64-bit element index and a block does more than one short row's work. With VW = 4 (head
-// size a multiple of 4, rot a multiple of 8, aligned buffers) a thread moves 4 elements per
-// access; its 4 dimensions then lie on one side of rot/2 and of rot. The cos/sin tables are
+// threadIdx.x walks a head's dimensions (VW consecutive ones per thread) and threadIdx.y the
+// block's rows, one row per thread (see for_each_row). With VW = 4 (head size a multiple of
+// 4, rot a multiple of 8, aligned buffers) a thread moves 4 elements per access; its 4
+// dimensions then lie on one side of rot/2 and of rot. The cos/sin tables are
 // f32 [positions, rot/2]; a position past the table gives NaN rather than an out-of-bounds read.
 
 struct RopeDims {
@@ -50,23 +49,16 @@ __device__ __forceinline__ void turn(float (&a)[VW], const float (&b)[VW], const
     for (int k = 0; k < VW; ++k) a[k] = lower ? a[k] * c[k] - b[k] * s[k] : a[k] * c[k] + b[k] * s[k];
 }
 
-// Rows a block takes at a time (rope.rs's ROWS_PER_BLOCK): its y lanes walk the heads of
-// these rows flattened, so a lane does several heads' work and none idles at a row's end.
-#define ROPE_ROWS 8
-
-// Calls f(row, head) for this thread's items: blocks take ROPE_ROWS rows at a time,
-// grid-strided, and within them the block's y lanes walk (row, head) in row order.
+// A thread takes dimensions i .. i + VW - 1 of every head of one row (threadIdx.x over the
+// head's dimensions, threadIdx.y over the block's rows, rows grid-strided): the position and
+// the row's cos/sin are read once for all its heads, and heads are walked by loops, with no
+// index divided per head. (Spreading a row's heads over threads made the kernels bound by
+// the instructions that found each thread's head and angles, at a third of memory speed.)
 template <typename F>
-__device__ __forceinline__ void for_each_head(long long rows, int heads, F f) {
-    const int items = ROPE_ROWS * heads;
-    for (long long base = (long long)blockIdx.x * ROPE_ROWS; base < rows;
-         base += (long long)gridDim.x * ROPE_ROWS) {
-        for (int item = threadIdx.y; item < items; item += blockDim.y) {
-            const int r = item / heads;
-            if (base + r >= rows) break;  // the later items lie past the end too
-            f(base + r, item - r * heads);
-        }
-    }
+__device__ __forceinline__ void for_each_row(long long rows, F f) {
+    for (long long row = (long long)blockIdx.x * blockDim.y + threadIdx.y; row < rows;
+         row += (long long)gridDim.x * blockDim.y)
+        f(row);
 }
 
 // packed[row] = [rot(q) | rot(k) repeated per group | v repeated per group], 3 H D per row.
@@ -80,19 +72,36 @@ __device__ void rope_expand_forward(T* packed, const T* qkv, const unsigned int*
     const bool rotates = i < d.rot_dim, lower = i < half;
     const int partner = lower ? i + half : i - half;
     const long long in_width = (long long)(H + 2 * K) * D, width = 3LL * H * D;
-    for_each_head(rows, 3 * H, [&](long long row, int oh) {
-        const int slot = oh / H, hq = oh - slot * H;  // slot 0 q, 1 k, 2 v
-        const int src_head = slot == 0 ? hq : (slot == 1 ? H : H + K) + hq / g;
-        const T* src = qkv + row * in_width + (long long)src_head * D;
-        float a[VW];
-        load_vec(src + i, a);
-        if (slot < 2 && rotates) {
-            float b[VW], c[VW], s[VW];
-            row_angles<VW>(c, s, i, pos[row], cos_t, sin_t, d, 1.0f);
-            load_vec(src + partner, b);
-            turn<VW>(a, b, c, s, lower);
+    for_each_row(rows, [&](long long row) {
+        const T* src = qkv + row * in_width;
+        T* dst = packed + row * width;
+        float c[VW], s[VW];
+        if (rotates) row_angles<VW>(c, s, i, pos[row], cos_t, sin_t, d, 1.0f);
+        // Queries, then keys (each written once per head of its group): turned.
+#pragma unroll 3
+        for (int h = 0; h < H + K; ++h) {
+            float a[VW];
+            load_vec(src + (long long)h * D + i, a);
+            if (rotates) {
+                float b[VW];
+                load_vec(src + (long long)h * D + partner, b);
+                turn<VW>(a, b, c, s, lower);
+            }
+            if (h < H) {
+                store_vec(dst + (long long)h * D + i, a);
+            } else {
+                T* out = dst + (long long)(H + (h - H) * g) * D + i;
+                for (int r = 0; r < g; ++r) store_vec(out + (long long)r * D, a);
+            }
         }
-        store_vec(packed + row * width + (long long)oh * D + i, a);
+        // Values, copied once per head of their group.
+#pragma unroll 3
+        for (int kh = 0; kh < K; ++kh) {
+            float a[VW];
+            load_vec(src + (long long)(H + K + kh) * D + i, a);
+            T* out = dst + (long long)(2 * H + kh * g) * D + i;
+            for (int r = 0; r < g; ++r) store_vec(out + (long long)r * D, a);
+        }
     });
 }
 
@@ -108,21 +117,29 @@ __device__ void rope_expand_backward(T* dqkv, const T* dpacked, const unsigned i
     const bool rotates = i < d.rot_dim, lower = i < half;
     const int partner = lower ? i + half : i - half;
     const long long width = (long long)(H + 2 * K) * D, packed_width = 3LL * H * D;
-    for_each_head(rows, H + 2 * K, [&](long long row, int head) {
+    for_each_row(rows, [&](long long row) {
         const T* src = dpacked + row * packed_width;
-        float a[VW], b[VW];
-        bool turns;
-        if (head < H) {
-            const T* q = src + (long long)head * D;
-            load_vec(q + i, a);
-            if (rotates) load_vec(q + partner, b);
-            turns = rotates;
-        } else {
-            const bool key = head < H + K;
-            const int j = key ? head - H : head - H - K;
-            // The group's heads in the packed row: slot 1 (keys) or 2 (values), heads j g ...
-            const T* grp = src + (long long)((key ? H : 2 * H) + j * g) * D;
-            turns = key && rotates;
+        T* dst = dqkv + row * width;
+        float c[VW], s[VW];
+        if (rotates) row_angles<VW>(c, s, i, pos[row], cos_t, sin_t, d, -1.0f);
+#pragma unroll 3
+        for (int h = 0; h < H; ++h) {
+            float a[VW];
+            load_vec(src + (long long)h * D + i, a);
+            if (rotates) {
+                float b[VW];
+                load_vec(src + (long long)h * D + partner, b);
+                turn<VW>(a, b, c, s, lower);
+            }
+            store_vec(dst + (long long)h * D + i, a);
+        }
+        // Key heads (j < K) and value heads (j >= K): their group's heads in the packed row,
+        // slot 1 (keys) or 2 (values), heads j g ...
+        for (int j = 0; j < 2 * K; ++j) {
+            const bool key = j < K;
+            const T* grp = src + (long long)((key ? H : 2 * H) + (key ? j : j - K) * g) * D;
+            const bool turns = key && rotates;
+            float a[VW], b[VW];
             for (int k = 0; k < VW; ++k) a[k] = b[k] = 0.f;
             for (int r = 0; r < g; ++r) {
                 float t[VW];
@@ -133,13 +150,9 @@ __device__ void rope_expand_backward(T* dqkv, const T* dpacked, const unsigned i
                     for (int k = 0; k < VW; ++k) b[k] += t[k];
                 }
             }
+            if (turns) turn<VW>(a, b, c, s, lower);
+            store_vec(dst + (long long)(H + j) * D + i, a);
         }
-        if (turns) {
-            float c[VW], s[VW];
-            row_angles<VW>(c, s, i, pos[row], cos_t, sin_t, d, -1.0f);
-            turn<VW>(a, b, c, s, lower);
-        }
-        store_vec(dqkv + row * width + (long long)head * D + i, a);
     });
 }
 

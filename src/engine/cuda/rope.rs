@@ -88,16 +88,13 @@ fn check(
     Ok((dims, total))
 }
 
-/// Rows a block takes at a time: the kernels' ROPE_ROWS.
-const ROWS_PER_BLOCK: usize = 8;
-
-/// Rows over blocks, [`ROWS_PER_BLOCK`] at a time; a head's dimensions (`vw` a thread) over
-/// x, the rows' heads over y.
+/// A head's dimensions (`vw` a thread) over x, rows over y (as many as fill [`BLOCK`]
+/// threads), rows over blocks.
 fn row_grid(rows: usize, head_dim: usize, vw: usize) -> LaunchConfig {
     let x = head_dim.div_ceil(vw).max(1) as u32;
     let y = (BLOCK / x).max(1);
     LaunchConfig {
-        grid_dim: (rows.div_ceil(ROWS_PER_BLOCK).clamp(1, 1 << 20) as u32, 1, 1),
+        grid_dim: (rows.div_ceil(y as usize).clamp(1, 1 << 20) as u32, 1, 1),
         block_dim: (x, y, 1),
         shared_mem_bytes: 0,
     }
