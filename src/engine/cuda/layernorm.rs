@@ -5,7 +5,7 @@
 
 use super::{
     CudaBackend, CudaError, ELEM_DTYPES, Elem, ElemKernel, Program, Result, as_i32, check_len,
-    reduce, reduce::fused_lanes,
+    reduce,
 };
 use crate::engine::cpu::layernorm::EPS;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
@@ -200,7 +200,6 @@ impl CudaBackend {
         let n32 = n as i32;
         // The fused kernel holds a row in registers: at most two 4-value groups a thread of
         // whole warps (96 threads for 768 channels).
-        let threads = reduce::norm_threads(c);
         if self.norm_backward_fuses([&*dinp, dout, inp, gamma], c) {
             let chunks = n.div_ceil(reduce::FUSED_NORM_ROWS);
             let rpc = reduce::FUSED_NORM_ROWS as i32;
@@ -219,15 +218,10 @@ impl CudaBackend {
                 .arg(&n32)
                 .arg(&c32)
                 .arg(&rpc);
-            let cfg = LaunchConfig {
-                grid_dim: (chunks as u32, 1, 1),
-                block_dim: (threads as u32, fused_lanes(threads), 1),
-                shared_mem_bytes: (2 * c * 4) as u32,
-            };
             // SAFETY: lengths checked above; block x covers FUSED_NORM_ROWS rows of the n,
             // writes row x of both partials (chunks x c values each) and takes 2c f32 of
             // shared memory.
-            unsafe { b.launch(cfg) }?;
+            unsafe { b.launch(reduce::fused_norm_grid(n, c, 2)) }?;
             self.accumulate_partials(dgamma, &partial_gamma, chunks, c)?;
             return self.accumulate_partials(dbeta, &partial_beta, chunks, c);
         }

@@ -61,8 +61,20 @@ pub(super) fn norm_row_held(c: usize) -> bool {
 /// Rows a block of a fused norm backward works on at once (the kernels' blockDim.y, at most
 /// their RMS_BWD_LANES and LN_BWD_LANES of 4): up to 512 threads, so that the registers that
 /// hold the rows suffice (four lanes of 256 threads did not launch).
-pub(super) fn fused_lanes(threads: usize) -> u32 {
+fn fused_lanes(threads: usize) -> u32 {
     (512 / threads).clamp(1, 4) as u32
+}
+
+/// Launch shape of a fused norm backward over rows of `c` channels: a block per chunk of
+/// [`FUSED_NORM_ROWS`] of the `n` rows, [`norm_threads`] over a row by [`fused_lanes`] rows,
+/// and `tensors` rows of `c` f32 in shared memory for the lanes' parameter-gradient sums.
+pub(super) fn fused_norm_grid(n: usize, c: usize, tensors: usize) -> LaunchConfig {
+    let threads = norm_threads(c);
+    LaunchConfig {
+        grid_dim: (n.div_ceil(FUSED_NORM_ROWS) as u32, 1, 1),
+        block_dim: (threads as u32, fused_lanes(threads), 1),
+        shared_mem_bytes: (tensors * c * 4) as u32,
+    }
 }
 
 impl CudaBackend {
@@ -246,5 +258,38 @@ impl CudaBackend {
         };
         unsafe { l.launch(one_block) }?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fused_norm_blocks_stay_within_512_threads_and_book_what_they_allocate() {
+        // SmolLM2's 576 channels: 96 threads by 4 rows, 1024 chunks of 16 rows.
+        let g = fused_norm_grid(16384, 576, 1);
+        assert_eq!((g.grid_dim.0, g.block_dim.0, g.block_dim.1), (1024, 96, 4));
+        assert_eq!(g.shared_mem_bytes, 576 * 4);
+        // Llama-3.2-1B's 2048: 256 threads by 2 rows (4 by 256 did not launch); 4096: 512 by 1.
+        let g = fused_norm_grid(70, 2048, 2);
+        assert_eq!((g.grid_dim.0, g.block_dim.0, g.block_dim.1), (5, 256, 2));
+        assert_eq!(g.shared_mem_bytes, 2 * 2048 * 4);
+        assert_eq!(fused_norm_grid(1, 4096, 1).block_dim.1, 1);
+        // Rows it cannot hold take the two-kernel path and its 64-row chunks.
+        assert!(norm_row_held(576) && norm_row_held(4096));
+        assert!(!norm_row_held(1001) && !norm_row_held(8192));
+        assert_eq!(norm_partials_bytes(16384, 576, 1), 1024 * 576 * 4);
+        assert_eq!(norm_partials_bytes(100, 1001, 2), 2 * 2 * 1001 * 4);
+    }
+
+    #[test]
+    fn the_gradient_norm_gives_each_thread_at_least_sixteen_values() {
+        assert_eq!(sum_squares_blocks(1), 1);
+        assert_eq!(sum_squares_blocks(512 * 16), 1);
+        assert_eq!(sum_squares_blocks(512 * 16 + 1), 2);
+        assert_eq!(sum_squares_blocks(1 << 30), SUMSQ_MAX_BLOCKS);
+        // The table's entry, the partials, the accumulator and the flag.
+        assert_eq!(sum_squares_scratch_bytes(&[0, 10]), 32 + 8 + 8 + 4);
     }
 }

@@ -4,7 +4,7 @@
 
 use super::{
     CudaBackend, CudaError, ELEM_DTYPES, Elem, ElemKernel, Program, Result, as_i32, check_len,
-    reduce, reduce::fused_lanes,
+    reduce,
 };
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
@@ -143,7 +143,6 @@ impl CudaBackend {
         }
         let n32 = n as i32;
         let row = one_block_per_row(n, c);
-        let threads = row.block_dim.0 as usize;
         if self.norm_backward_fuses([&*dx, dout, x, gamma], c) {
             let chunks = n.div_ceil(reduce::FUSED_NORM_ROWS);
             let rpc = reduce::FUSED_NORM_ROWS as i32;
@@ -159,14 +158,9 @@ impl CudaBackend {
                 .arg(&n32)
                 .arg(&c32)
                 .arg(&rpc);
-            let cfg = LaunchConfig {
-                grid_dim: (chunks as u32, 1, 1),
-                block_dim: (threads as u32, fused_lanes(threads), 1),
-                shared_mem_bytes: (c * 4) as u32,
-            };
             // SAFETY: lengths checked above; block x covers FUSED_NORM_ROWS rows of the n,
             // writes partial row x (chunks x c values) and takes c f32 of shared memory.
-            unsafe { b.launch(cfg) }?;
+            unsafe { b.launch(reduce::fused_norm_grid(n, c, 1)) }?;
             return self.accumulate_partials(dgamma, &partial, chunks, c);
         }
         let (chunks, rows_per_chunk) = reduce::row_chunks(n);
