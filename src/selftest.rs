@@ -3353,7 +3353,7 @@ fn check_adamw_many<C: Elem>(
             weight_decay: h(i).weight_decay,
         })
         .collect();
-    gpu.adamw_update_many(&mut slices, with_compute, h(0))?;
+    gpu.adamw_update_many(&mut slices, h(0))?;
     drop(slices);
     let mut errs = Vec::new();
     for ((p, _, m, v, c), (wp, wm, wv, wc)) in dev.iter().zip(&want) {

@@ -1622,8 +1622,8 @@ pub fn adamw_update_many(params: Vec<AdamWParam<'_>>) -> Result<()> {
     }
     for ((dtype, _, _), members) in groups {
         match dtype {
-            None => adamw_launch::<f32>(&g, members, false)?,
-            Some(d) => with_elem!(d, T => adamw_launch::<T>(&g, members, true))?,
+            None => adamw_launch::<f32>(&g, members)?,
+            Some(d) => with_elem!(d, T => adamw_launch::<T>(&g, members))?,
         }
     }
     Ok(())
@@ -1631,11 +1631,7 @@ pub fn adamw_update_many(params: Vec<AdamWParam<'_>>) -> Result<()> {
 
 /// One launch of the fused AdamW over `members`, which share their settings (but the weight
 /// decay) and their kind of compute copy, `C` (unused without one).
-fn adamw_launch<C: DeviceElem>(
-    g: &CudaBackend,
-    members: Vec<AdamWParam<'_>>,
-    with_compute: bool,
-) -> Result<()> {
+fn adamw_launch<C: DeviceElem>(g: &CudaBackend, members: Vec<AdamWParam<'_>>) -> Result<()> {
     let h = members[0].h;
     let mut slices: Vec<_> = members
         .into_iter()
@@ -1649,7 +1645,7 @@ fn adamw_launch<C: DeviceElem>(
             weight_decay: p.h.weight_decay,
         })
         .collect();
-    g.adamw_update_many(&mut slices, with_compute, h)?;
+    g.adamw_update_many(&mut slices, h)?;
     Ok(())
 }
 

@@ -1,7 +1,8 @@
 //! Fused AdamW on the GPU; reference: [`crate::engine::cpu::adamw`]. Reads the fp32 master
 //! weights and gradient, updates both moments and the master, and writes the compute copy
-//! (f32, bf16 or f16) in the same pass, over all of a step's tensors in one launch. [`CudaBackend::adamw_update_unfused`] runs the same
-//! update as five kernels over whole tensors (the baseline `train.fused_kernels=false`).
+//! (f32, bf16 or f16) in the same pass, over all of a step's tensors in one launch.
+//! [`CudaBackend::adamw_update_unfused`] runs the same update as five kernels over whole
+//! tensors (the baseline `train.fused_kernels=false`).
 
 use super::{
     CudaBackend, CudaError, ELEM_DTYPES, Elem, ElemKernel, Kernel, Program, Result, as_i32,
@@ -93,7 +94,6 @@ impl CudaBackend {
         n: usize,
         h: AdamWStep,
     ) -> Result<()> {
-        let with_compute = compute.is_some();
         let one = AdamWSlices {
             param,
             grad,
@@ -103,20 +103,20 @@ impl CudaBackend {
             n,
             weight_decay: h.weight_decay,
         };
-        self.adamw_update_many(&mut [one], with_compute, h)
+        self.adamw_update_many(&mut [one], h)
     }
 
     /// One fused AdamW step over many tensors in a single launch (a model's 150-400 tensors
     /// cost one launch instead of one each, most of which are too small to fill the GPU).
-    /// `h` holds for all of them except the weight decay, which each brings. `with_compute`
-    /// says whether every tensor has a compute copy to write (a launch writes all or none).
+    /// `h` holds for all of them except the weight decay, which each brings. Every tensor has
+    /// a compute copy to write, or none has (one launch writes all or none).
     pub fn adamw_update_many<C: Elem>(
         &self,
         tensors: &mut [AdamWSlices<'_, C>],
-        with_compute: bool,
         h: AdamWStep,
     ) -> Result<()> {
         const OP: &str = "adamw_update";
+        let with_compute = tensors.first().is_some_and(|t| t.compute.is_some());
         let mut table: Vec<u64> = Vec::with_capacity(tensors.len() * TABLE_WORDS);
         let mut blocks = 0usize;
         for t in tensors.iter() {

@@ -126,3 +126,25 @@ template <typename E> __device__ __forceinline__ E table_entry(const E* table, i
     }
     return table[lo];
 }
+
+// The last step of a fused norm backward (rmsnorm.cu, layernorm.cu): each threadIdx.y lane's
+// threads hold sums for their columns (group g = threadIdx.x + k * blockDim.x, 4 columns a
+// group, c / 4 groups); the lanes add them into `chunk` (c floats of shared memory) in lane
+// order, so the result is the same on every run, and the block writes the total to dst[0, c).
+template <int GROUPS>
+__device__ void add_lanes_in_order(float* chunk, const float (&v)[GROUPS][4], int c, float* dst) {
+    const int groups = c / 4;
+    for (int l = 0; l < (int)blockDim.y; ++l) {
+        if ((int)threadIdx.y == l) {
+            for (int k = 0; k < GROUPS; ++k) {
+                const int g = threadIdx.x + k * blockDim.x;
+                if (g >= groups) continue;
+                for (int j = 0; j < 4; ++j)
+                    chunk[4 * g + j] = l == 0 ? v[k][j] : chunk[4 * g + j] + v[k][j];
+            }
+        }
+        __syncthreads();
+    }
+    for (int i = threadIdx.x + threadIdx.y * blockDim.x; i < c; i += blockDim.x * blockDim.y)
+        dst[i] = chunk[i];
+}

@@ -49,10 +49,7 @@ pub fn row_plan(tokens: &[u32]) -> (Vec<u32>, usize) {
 
 /// Bytes of the plan [`row_plan`] uploads for `tokens` (outside the pool), for the meta device.
 pub fn row_plan_bytes(tokens: &[u32]) -> usize {
-    let mut sorted = tokens.to_vec();
-    sorted.sort_unstable();
-    sorted.dedup();
-    4 * (2 * sorted.len() + 1 + tokens.len())
+    4 * row_plan(tokens).0.len()
 }
 
 fn blocks(count: usize) -> LaunchConfig {

@@ -63,10 +63,11 @@ __device__ void layernorm_backward_input(T* dinp, const T* dout, const T* inp, c
 // The backward with the parameter gradients fused in, for rows a block can hold in registers
 // (c a multiple of 4, at most 8 values a thread, aligned buffers: the host checks): block x
 // owns rows [x * rows_per_chunk, ...) and works through them blockDim.y (at most
-// LN_BWD_LANES) at a time, one row per threadIdx.y lane (threadIdx.x over the row, whole warps). Each row is read once for
-// dinp and for the thread's sums of dgamma and dbeta over its lane's rows; the lanes' sums
-// are added in lane order into partial_gamma/partial_beta[x, col] (accumulate_partials
-// finishes, as for the unfused kernels, which read dout and inp a second time).
+// LN_BWD_LANES) at a time, one row per threadIdx.y lane (threadIdx.x over the row, whole
+// warps). Each row is read once for dinp and for the thread's sums of dgamma and dbeta over
+// its lane's rows; the lanes' sums are added in lane order into partial_gamma/partial_beta
+// [x, col] (accumulate_partials finishes, as for the unfused kernels, which read dout and
+// inp a second time).
 #define LN_BWD_LANES 4
 #define LN_HELD 2
 template <typename T>
@@ -133,24 +134,8 @@ __device__ void layernorm_backward_fused(T* dinp, float* partial_gamma, float* p
             store4(dinp + off + 4 * g, o[k]);
         }
     }
-    for (int l = 0; l < (int)blockDim.y; ++l) {  // lane order, so the sums are the same every run
-        if (lane == l) {
-            for (int k = 0; k < LN_HELD; ++k) {
-                const int g = threadIdx.x + k * blockDim.x;
-                if (g >= groups) continue;
-                for (int j = 0; j < 4; ++j) {
-                    const int i = 4 * g + j;
-                    chunk_sums[i] = l == 0 ? dg[k][j] : chunk_sums[i] + dg[k][j];
-                    chunk_sums[c + i] = l == 0 ? db[k][j] : chunk_sums[c + i] + db[k][j];
-                }
-            }
-        }
-        __syncthreads();
-    }
-    for (int i = threadIdx.x + lane * blockDim.x; i < c; i += blockDim.x * blockDim.y) {
-        partial_gamma[(long long)blockIdx.x * c + i] = chunk_sums[i];
-        partial_beta[(long long)blockIdx.x * c + i] = chunk_sums[c + i];
-    }
+    add_lanes_in_order(chunk_sums, dg, c, partial_gamma + (long long)blockIdx.x * c);
+    add_lanes_in_order(chunk_sums + c, db, c, partial_beta + (long long)blockIdx.x * c);
 }
 
 // Parameter gradients, first stage: block (x, y) sums columns [x*blockDim, ...) over the rows

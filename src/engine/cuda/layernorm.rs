@@ -201,7 +201,8 @@ impl CudaBackend {
         // The fused kernel holds a row in registers: at most two 4-value groups a thread of
         // whole warps (96 threads for 768 channels).
         if self.norm_backward_fuses([&*dinp, dout, inp, gamma], c) {
-            let chunks = n.div_ceil(reduce::FUSED_NORM_ROWS);
+            let grid = reduce::fused_norm_grid(n, c, 2);
+            let chunks = grid.grid_dim.0 as usize;
             let rpc = reduce::FUSED_NORM_ROWS as i32;
             let mut partial_gamma = self.alloc::<f32>(chunks * c)?;
             let mut partial_beta = self.alloc::<f32>(chunks * c)?;
@@ -221,7 +222,7 @@ impl CudaBackend {
             // SAFETY: lengths checked above; block x covers FUSED_NORM_ROWS rows of the n,
             // writes row x of both partials (chunks x c values each) and takes 2c f32 of
             // shared memory.
-            unsafe { b.launch(reduce::fused_norm_grid(n, c, 2)) }?;
+            unsafe { b.launch(grid) }?;
             self.accumulate_partials(dgamma, &partial_gamma, chunks, c)?;
             return self.accumulate_partials(dbeta, &partial_beta, chunks, c);
         }

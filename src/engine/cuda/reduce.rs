@@ -191,8 +191,8 @@ impl CudaBackend {
 
     /// `acc[0] +=` the sum of squares of the first `n` values of every `(x, n)`, in f64: one
     /// launch for the partial sums of all of them and one for their total (a gradient norm
-    /// over a model's 148 tensors was 149 launches, most too small to fill the GPU); the flag as in
-    /// [`Self::sum_squares_accumulate`]. The order of the sums depends only on the sizes, so
+    /// over a model's 148 tensors was 149 launches, most too small to fill the GPU); the flag
+    /// as in [`Self::sum_squares_accumulate`]. The order of the sums depends only on the sizes, so
     /// the result is the same on every run.
     pub fn sum_squares_many(
         &self,
@@ -206,24 +206,16 @@ impl CudaBackend {
         for &(x, n) in xs {
             check_len(OP, "x", x, n)?;
         }
-        // Each tensor's block count depends on its size only.
-        let blocks: Vec<usize> = xs.iter().map(|&(_, n)| sum_squares_blocks(n)).collect();
-        let total: usize = xs
-            .iter()
-            .zip(&blocks)
-            .filter(|((_, n), _)| *n > 0)
-            .map(|(_, b)| b)
-            .sum();
+        // Each tensor's block count depends on its size only; `total` counts them all.
+        let mut table: Vec<u64> = Vec::with_capacity(4 * xs.len());
+        let mut total = 0;
+        for &(x, n) in xs.iter().filter(|&&(_, n)| n > 0) {
+            let b = sum_squares_blocks(n);
+            table.extend([raw_ptr(x, &self.stream), n as u64, total as u64, b as u64]);
+            total += b;
+        }
         if total == 0 {
             return Ok(());
-        }
-        let mut table: Vec<u64> = Vec::with_capacity(4 * xs.len());
-        let mut at = 0;
-        for (&(x, n), &b) in xs.iter().zip(&blocks) {
-            if n > 0 {
-                table.extend([raw_ptr(x, &self.stream), n as u64, at as u64, b as u64]);
-                at += b;
-            }
         }
         let tensors = as_i32(OP, "tensors", table.len() / 4)?;
         let grid_blocks = u32::try_from(total).map_err(|_| CudaError::Shape {

@@ -74,46 +74,11 @@ __device__ void rmsnorm_forward(T* sum, T* out, float* rstd, const T* x, const T
     if (threadIdx.x == 0) rstd[blockIdx.x] = r;
 }
 
-// dx += r * (g*dy - x*r * mean(g*dy*x*r)); one block per row.
-template <typename T>
-__device__ void rmsnorm_backward_input_held(T* dx, const T* dout, const T* x, const T* gamma,
-                                            const float* rstd, int c) {
-    __shared__ float scratch[32];
-    const long long off = (long long)blockIdx.x * c;
-    const float r = rstd[blockIdx.x];
-    const int groups = c / 4;
-    float xs[HELD][4], gdy[HELD][4];
-    float dot = 0.f;
-    for (int k = 0; k < HELD; ++k) {
-        const int g = threadIdx.x + k * blockDim.x;
-        if (g >= groups) continue;
-        float d[4], w[4];
-        load4(dout + off + 4 * g, d);
-        load4(gamma + 4 * g, w);
-        load4(x + off + 4 * g, xs[k]);
-        for (int j = 0; j < 4; ++j) {
-            gdy[k][j] = w[j] * d[j];
-            dot += gdy[k][j] * xs[k][j];
-        }
-    }
-    const float mean_dot = block_sum(dot, scratch) * r / c;
-    for (int k = 0; k < HELD; ++k) {
-        const int g = threadIdx.x + k * blockDim.x;
-        if (g >= groups) continue;
-        float o[4];
-        load4(dx + off + 4 * g, o);
-        for (int j = 0; j < 4; ++j) o[j] += r * (gdy[k][j] - xs[k][j] * r * mean_dot);
-        store4(dx + off + 4 * g, o);
-    }
-}
-
+// dx += r * (g*dy - x*r * mean(g*dy*x*r)); one block per row, the row read twice. The host
+// runs it only for rows rmsnorm_backward_fused cannot hold (see rmsnorm.rs).
 template <typename T>
 __device__ void rmsnorm_backward_input(T* dx, const T* dout, const T* x, const T* gamma,
                                        const float* rstd, int c) {
-    if (held_row(dx, c) && held_row(dout, c) && held_row(x, c) && held_row(gamma, c)) {
-        rmsnorm_backward_input_held<T>(dx, dout, x, gamma, rstd, c);
-        return;
-    }
     __shared__ float scratch[32];
     const long long off = (long long)blockIdx.x * c;
     const float r = rstd[blockIdx.x];
@@ -131,11 +96,11 @@ __device__ void rmsnorm_backward_input(T* dx, const T* dout, const T* x, const T
 
 // The backward with the gain gradient fused in, for rows the held path takes: block x owns
 // rows [x * rows_per_chunk, ...) and works through them blockDim.y (at most RMS_BWD_LANES)
-// at a time, one row per threadIdx.y lane (threadIdx.x over the row, whole warps). Each row is read once for both
-// gradients: dx as in rmsnorm_backward_input_held, and each thread sums dout * x * rstd for
-// its columns over its lane's rows; the lanes' sums are then added in lane order into
-// partial[x, col] (accumulate_partials finishes, as for the unfused kernels). The separate
-// gain-gradient pass read dout and x a second time.
+// at a time, one row per threadIdx.y lane (threadIdx.x over the row, whole warps). Each row
+// is read once for both gradients: dx as in rmsnorm_backward_input, and each thread sums
+// dout * x * rstd for its columns over its lane's rows; the lanes' sums are then added in
+// lane order into partial[x, col] (accumulate_partials finishes, as for the unfused
+// kernels). The separate gain-gradient pass read dout and x a second time.
 #define RMS_BWD_LANES 4
 template <typename T>
 __device__ void rmsnorm_backward_fused(T* dx, float* partial, const T* dout, const T* x,
@@ -187,19 +152,7 @@ __device__ void rmsnorm_backward_fused(T* dx, float* partial, const T* dout, con
             store4(dx + off + 4 * g, o[k]);
         }
     }
-    for (int l = 0; l < (int)blockDim.y; ++l) {  // lane order, so the sum is the same every run
-        if (lane == l) {
-            for (int k = 0; k < HELD; ++k) {
-                const int g = threadIdx.x + k * blockDim.x;
-                if (g >= groups) continue;
-                for (int j = 0; j < 4; ++j)
-                    chunk_dg[4 * g + j] = l == 0 ? dg[k][j] : chunk_dg[4 * g + j] + dg[k][j];
-            }
-        }
-        __syncthreads();
-    }
-    for (int i = threadIdx.x + lane * blockDim.x; i < c; i += blockDim.x * blockDim.y)
-        partial[(long long)blockIdx.x * c + i] = chunk_dg[i];
+    add_lanes_in_order(chunk_dg, dg, c, partial + (long long)blockIdx.x * c);
 }
 
 // Gain gradient, first stage: block (x, y) sums columns [x*blockDim, ...) of dout * x * rstd

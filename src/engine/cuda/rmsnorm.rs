@@ -144,7 +144,8 @@ impl CudaBackend {
         let n32 = n as i32;
         let row = one_block_per_row(n, c);
         if self.norm_backward_fuses([&*dx, dout, x, gamma], c) {
-            let chunks = n.div_ceil(reduce::FUSED_NORM_ROWS);
+            let grid = reduce::fused_norm_grid(n, c, 1);
+            let chunks = grid.grid_dim.0 as usize;
             let rpc = reduce::FUSED_NORM_ROWS as i32;
             let mut partial = self.alloc::<f32>(chunks * c)?;
             let f = self.elem_function::<T>(ElemKernel::RmsnormBackwardFused)?;
@@ -160,7 +161,7 @@ impl CudaBackend {
                 .arg(&rpc);
             // SAFETY: lengths checked above; block x covers FUSED_NORM_ROWS rows of the n,
             // writes partial row x (chunks x c values) and takes c f32 of shared memory.
-            unsafe { b.launch(reduce::fused_norm_grid(n, c, 1)) }?;
+            unsafe { b.launch(grid) }?;
             return self.accumulate_partials(dgamma, &partial, chunks, c);
         }
         let (chunks, rows_per_chunk) = reduce::row_chunks(n);
