@@ -710,14 +710,14 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
         (128256, 16, 1),
         (1001, 96, 96),
     ] {
-        for (name, p, mapped) in sample_cases() {
+        for (name, p, mapped, scale) in sample_cases() {
             let shape = format!("V{vocab} R{rows}/{per_call} {name}");
             both_dtypes!(
                 check_sample_rows,
                 "sample_rows",
                 shape,
                 vocab,
-                p,
+                (p, scale),
                 mapped,
                 rows,
                 per_call
@@ -1196,7 +1196,9 @@ fn bound_of(kernel: &str, dtype_bound: f64) -> f64 {
 
 const SAMPLE_BOUND: f64 = 2e-2;
 
-fn sample_cases() -> Vec<(&'static str, cpu::sampling::SampleParams, bool)> {
+/// The sampler's cases: name, settings, whether rows map to shared logits rows, and the
+/// logits' scale.
+fn sample_cases() -> Vec<(&'static str, cpu::sampling::SampleParams, bool, f32)> {
     use cpu::sampling::SampleParams;
     let plain = SampleParams {
         temperature: 1.0,
@@ -1214,6 +1216,7 @@ fn sample_cases() -> Vec<(&'static str, cpu::sampling::SampleParams, bool)> {
                 ..plain
             },
             false,
+            6.0,
         ),
         (
             "T0.9 p0.9",
@@ -1223,6 +1226,7 @@ fn sample_cases() -> Vec<(&'static str, cpu::sampling::SampleParams, bool)> {
                 ..plain
             },
             false,
+            6.0,
         ),
         (
             "T0.7 k50 minp0.05 pen1.2",
@@ -1234,8 +1238,33 @@ fn sample_cases() -> Vec<(&'static str, cpu::sampling::SampleParams, bool)> {
                 ..plain
             },
             false,
+            6.0,
         ),
-        ("T1 mapped", plain, true),
+        ("T1 mapped", plain, true, 6.0),
+        // Nearly flat logits (within 0.3, a few bins of T/8): thousands of candidates per row
+        // share a few bins, the contended path of the histograms and the threshold search;
+        // with top-k as well, both cuts are searched among the same candidates.
+        (
+            "T0.9 p0.9 flat",
+            SampleParams {
+                temperature: 0.9,
+                top_p: 0.9,
+                ..plain
+            },
+            false,
+            0.3,
+        ),
+        (
+            "T0.9 k50 p0.9 flat",
+            SampleParams {
+                temperature: 0.9,
+                top_k: 50,
+                top_p: 0.9,
+                ..plain
+            },
+            false,
+            0.3,
+        ),
     ]
 }
 
@@ -1270,14 +1299,15 @@ fn check_gather_slot_rows(gpu: &CudaBackend, inp: &mut Inputs) -> Check {
     Ok(differ as f64 / ids.len() as f64)
 }
 
-/// `rows` rows of random logits (scale 6: peaked enough that top-p keeps a part of the
-/// vocabulary) drawn on both devices from the same slot state, `per_call` rows per GPU call.
+/// `rows` rows of random logits uniform within `scale` (6: peaked enough that top-p keeps a
+/// part of the vocabulary; 0.3: nearly flat, thousands of candidates in a few bins) drawn on
+/// both devices from the same slot state, `per_call` rows per GPU call.
 #[allow(clippy::too_many_arguments)]
 fn check_sample_rows<T: Elem>(
     gpu: &CudaBackend,
     inp: &mut Inputs,
     vocab: usize,
-    p: cpu::sampling::SampleParams,
+    (p, scale): (cpu::sampling::SampleParams, f32),
     mapped: bool,
     rows: usize,
     per_call: usize,
@@ -1285,7 +1315,7 @@ fn check_sample_rows<T: Elem>(
     use cpu::sampling::{HostSlots, sample_rows};
     let stride = crate::models::padded_vocab(vocab);
     let logit_rows = if mapped { rows / 2 } else { rows };
-    let logits = inp.uniform(logit_rows * stride, 6.0, T::DTYPE);
+    let logits = inp.uniform(logit_rows * stride, scale, T::DTYPE);
     let slots = rows + 3;
     let max_len = 50;
     let history: Vec<Vec<u32>> = (0..slots).map(|_| inp.tokens(40, vocab)).collect();

@@ -15,9 +15,13 @@
 //      exactly over the chunks). From the row's histogram the last block finds the value bin
 //      that holds the top-k threshold and the bins that may hold the top-p one (top-p's total
 //      depends on where top-k cuts inside its bin, so it is bounded from both sides).
-//   3. sample_select (top-k or top-p only): tokens of those bins are collected as candidates;
-//      the last block narrows the exact thresholds among the candidates only (the other bins
-//      enter as whole sums), with key-range histograms as before, and stores the row's floor.
+//   3. sample_select (top-k or top-p only): the order keys of those bins' tokens are collected
+//      as candidates; the last block narrows the exact thresholds among the candidates only
+//      (the other bins enter as whole sums) and stores the row's floor. A threshold's value
+//      bin is split into 256 steps of T/2048, the chosen step's keys into 256 ranges, and so
+//      on until one key is left. Where only one of top-k and top-p cuts, its bin is known
+//      already: the blocks sum the candidates by step as they collect them, and the last
+//      block reads only the keys of one step.
 //   4. sample_draw: each block sums the kept weights of its chunk; the last block scans the
 //      chunk sums, finds the chunk where the inverse-CDF target falls and walks it in id order.
 //
@@ -25,7 +29,10 @@
 // and are never drawn, and they rank below every token of positive weight, so a top-k that
 // reaches into them keeps every positive weight: the histograms skip them. Every sum is of
 // integers, so no result depends on how the vocabulary is chunked or on the order of atomics,
-// and the GPU draws the token the CPU reference draws.
+// and the GPU draws the token the CPU reference draws. The one floating-point sum, stage 1's
+// log-sum-exp, is added in a fixed order: each thread takes ids i0 + t, i0 + t + 512, ... in
+// turn (loaded a batch at a time, but used in that order), then the block and the chunks
+// combine theirs in a fixed order.
 //
 // Each row reads logits row src_row[r] (or r) and the state of slot slot[r] (or r): its
 // presence mask, seed and draw counter; it writes the slot's token, log-probability and
@@ -34,9 +41,14 @@
 // scratch (SampleScratch) is allocated once with the slots; its arrival counters start at
 // zero and every stage leaves them at zero.
 
-#define SAMPLE_THREADS 512
+#define SAMPLE_THREADS 512  // blockDim.x of every stage
 #define SAMPLE_BINS 256
 #define SAMPLE_WARPS (SAMPLE_THREADS / 32)
+// Ids (or candidates) a thread loads before it uses the first of them: see Sampler::load_batch.
+#define SAMPLE_BATCH 8
+#define SAMPLE_MAX_BATCH 2  // sample_max's, which keeps more per id in registers
+#define SAMPLE_IDS_PER_BATCH (SAMPLE_BATCH * SAMPLE_THREADS)
+#define SAMPLE_FULL 0xffffffffu
 
 typedef unsigned long long u64;
 
@@ -76,11 +88,14 @@ struct RowState {
 };
 static_assert(sizeof(RowState) == 56, "RowState is 7 words (SAMPLE_ROW_WORDS in sampling.rs)");
 
+// Where only one of top-k and top-p cuts, sample_select reuses `hist` for its bin's sums by
+// value step and their keys, and reads top-p's need from the row's first partial (see
+// sample_histogram).
 struct SampleScratch {
     RowState* rows;       // [slots]
     u64* part;            // [slots, max_chunks, 2]: a chunk's partial result
     u64* hist;            // [slots, 2, SAMPLE_BINS]: counts, then weights
-    unsigned int* cand;   // [slots, vocab]: candidate token ids
+    unsigned int* cand;   // [slots, vocab]: order keys of sample_select's candidates
 };
 
 __device__ __forceinline__ unsigned int order_key(float x) {
@@ -90,6 +105,12 @@ __device__ __forceinline__ unsigned int order_key(float x) {
 
 __device__ __forceinline__ float key_value(unsigned int k) {
     return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+// floor(v) for 0 <= v < 2^23 without a conversion instruction (conversions issue at a fraction
+// of the rate of adds): v + 2^23 rounded down is 2^23 + floor(v), whose low bits are floor(v).
+__device__ __forceinline__ int floor_small(float v) {
+    return __float_as_int(__fadd_rd(v, 8388608.f)) - 0x4b000000;
 }
 
 // SplitMix64's finaliser and engine/rng.rs's hash3.
@@ -114,43 +135,76 @@ __device__ __forceinline__ u64 top_p_need(float top_p, u64 total) {
     return need < total ? need : total;
 }
 
-// What a row is drawn from: its logits, its presence mask and the settings.
+// What a row is drawn from: its logits, its presence mask and the settings. A token's logit l
+// (penalised) and order key k give x = (l - max) / T, its relative probability e = exp(x)
+// (exactly 1 for the maximum itself) and its weight floor(e x 2^40); one division serves the
+// weight and the bins.
 template <typename T>
 struct SampleRow {
     const T* logits;
     const unsigned int* mask;
     SampleParams p;
-    float max;  // largest penalised logit
+    float max;             // largest penalised logit
+    unsigned int max_key;  // its order key
 
+    __device__ __forceinline__ void set_max(float m) {
+        max = m;
+        max_key = order_key(m);
+    }
     __device__ __forceinline__ float raw(int i) const {
         const float l = load(logits[i]);
         return l != l ? KILN_NEG_INF : l;
     }
-    __device__ __forceinline__ float penalised(int i) const {
-        const float l = raw(i);
-        if (p.repetition_penalty != 1.f && ((mask[i >> 5] >> (i & 31)) & 1u)) {
+    // The presence-mask word of id i, read only when the penalty is on.
+    __device__ __forceinline__ unsigned int mask_word(int i) const {
+        return p.repetition_penalty != 1.f ? mask[i >> 5] : 0u;
+    }
+    __device__ __forceinline__ float penalise(int i, float l, unsigned int word) const {
+        if (p.repetition_penalty != 1.f && ((word >> (i & 31)) & 1u)) {
             return l > 0.f ? l / p.repetition_penalty : l * p.repetition_penalty;
         }
         return l;
     }
-    __device__ __forceinline__ float relative(float l) const {
-        return order_key(l) == order_key(max) ? 1.f : expf((l - max) / p.temperature);
+    __device__ __forceinline__ float penalised(int i) const {
+        return penalise(i, raw(i), mask_word(i));
     }
-    __device__ __forceinline__ u64 weight(float l) const {
-        return (u64)(relative(l) * WEIGHT_ONE);
+    __device__ __forceinline__ float exponent(float l) const { return (l - max) / p.temperature; }
+    __device__ __forceinline__ u64 weight(unsigned int k, float x) const {
+        if (k == max_key) return (u64)WEIGHT_ONE;
+        // exp(-28.5) is less than half of 2^-40, far beyond expf's error: the weight is 0.
+        if (x < -28.5f) return 0;
+        return (u64)(expf(x) * WEIGHT_ONE);
+    }
+    // weight(k, x) > 0, with no exponential where it is plain: exp(-27.5) is above 2^-40 by
+    // far more than expf's error.
+    __device__ __forceinline__ bool positive(unsigned int k, float x) const {
+        return k == max_key || x >= -27.5f || weight(k, x) > 0;
     }
     // Bins of T/8 below the maximum (0 holds the maximum; 255 everything past 32 T, which
-    // weighs nothing).
-    __device__ __forceinline__ int value_bin(float l) const {
-        if (order_key(l) == order_key(max)) return 0;
-        const float z = (max - l) / p.temperature * 8.f;
-        return z < 255.f ? (int)z : 255;
+    // weighs nothing): z = (max - l) / T x 8, which is -8x bit for bit (a rounded difference
+    // or quotient only changes sign when its operands are swapped or negated).
+    __device__ __forceinline__ int value_bin(unsigned int k, float x) const {
+        if (k == max_key) return 0;
+        const float z = -x * 8.f;
+        return z < 255.f ? floor_small(z) : 255;
+    }
+    // Steps of T/2048 inside value bin `bin` (0 nearest the maximum) for a token of that bin.
+    // z - bin is exact (Sterbenz: bin <= z < bin + 1 <= 2 bin, or bin is 0), so the steps
+    // split the bin exactly and, like the bins, never decrease as the key decreases.
+    __device__ __forceinline__ int value_step(unsigned int k, float x, int bin) const {
+        if (k == max_key) return 0;
+        return floor_small(fminf((-x * 8.f - (float)bin) * 256.f, 255.f));
     }
     // Kept by the floor and min-p: the weight the walk counts.
-    __device__ __forceinline__ u64 kept_weight(int i, unsigned int floor_key) const {
-        const float l = penalised(i);
-        if (order_key(l) < floor_key) return 0;
-        const float e = relative(l);
+    __device__ __forceinline__ u64 kept_weight(float l, unsigned int floor_key) const {
+        const unsigned int k = order_key(l);
+        if (k < floor_key) return 0;
+        float e = 1.f;
+        if (k != max_key) {
+            const float x = exponent(l);
+            if (x < -28.5f) return 0;  // weighs nothing, whatever min-p says (see weight)
+            e = expf(x);
+        }
         if (p.min_p > 0.f && !(e >= p.min_p)) return 0;
         return (u64)(e * WEIGHT_ONE);
     }
@@ -183,7 +237,8 @@ struct Sampler {
         const long long src = src_row ? src_row[r] : r;
         slot = slot_of ? slot_of[r] : r;
         if (src >= d.logit_rows || slot >= d.slots) return false;
-        row = SampleRow<T>{logits + src * d.stride, presence + (long long)slot * d.words, p, 0.f};
+        row = SampleRow<T>{logits + src * d.stride, presence + (long long)slot * d.words, p, 0.f,
+                           0u};
         state = sc.rows + r;
         i0 = min(d.vocab, (int)blockIdx.x * d.chunk_len);
         i1 = min(d.vocab, i0 + d.chunk_len);
@@ -195,6 +250,26 @@ struct Sampler {
     __device__ u64* hist_counts() const { return sc.hist + (long long)blockIdx.y * 2 * SAMPLE_BINS; }
     __device__ u64* hist_weights() const { return hist_counts() + SAMPLE_BINS; }
     __device__ unsigned int* candidates() const { return sc.cand + (long long)blockIdx.y * d.vocab; }
+
+    // The block reads its ids in batches of B per thread: at `start` (i0, then every
+    // B x SAMPLE_THREADS ids, the same for the whole block) thread t takes ids start + t +
+    // j x SAMPLE_THREADS for j < B, those below i1, and issues all their loads before it uses
+    // one (one at a time, each load's latency would be the loop's).
+    __device__ __forceinline__ int batch_id(int start, int j) const {
+        return start + (int)threadIdx.x + j * SAMPLE_THREADS;
+    }
+    template <int B>
+    __device__ __forceinline__ void load_batch(int start, float (&raw)[B], float (&pen)[B]) const {
+        unsigned int word[B];
+#pragma unroll
+        for (int j = 0; j < B; ++j) {
+            const int i = batch_id(start, j);
+            raw[j] = i < i1 ? row.raw(i) : KILN_NEG_INF;
+            word[j] = i < i1 ? row.mask_word(i) : 0u;
+        }
+#pragma unroll
+        for (int j = 0; j < B; ++j) pen[j] = row.penalise(batch_id(start, j), raw[j], word[j]);
+    }
 
     // The slot's draw (thread 0): token, log-probability, position, counter, presence bit.
     __device__ void record(int token, float lse) const {
@@ -209,23 +284,27 @@ struct Sampler {
 
 // Called by every block of a row once its partial results are written: true in the last
 // block to arrive, which then sees the others' writes (read them with __ldcg, past the L1).
-// The last block resets the counter for the next stage.
+// The last block resets the counter for the next stage. As in cooperative groups' grid
+// barrier, one thread fences for the block: the barrier orders the other threads' writes
+// before its fence and atomic, and its fence after the atomic before their reads.
 __device__ bool last_to_arrive(unsigned int* arrivals, int blocks) {
     __shared__ bool last;
-    __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
+        __threadfence();
         last = atomicAdd(arrivals, 1u) == (unsigned int)blocks - 1;
-        if (last) *arrivals = 0;
+        if (last) {
+            *arrivals = 0;
+            __threadfence();
+        }
     }
     __syncthreads();
-    if (last) __threadfence();
     return last;
 }
 
 __device__ __forceinline__ u64 warp_max_u64(u64 v) {
     for (int o = 16; o > 0; o >>= 1) {
-        const u64 other = __shfl_xor_sync(0xffffffffu, v, o);
+        const u64 other = __shfl_xor_sync(SAMPLE_FULL, v, o);
         v = other > v ? other : v;
     }
     return v;
@@ -244,7 +323,7 @@ __device__ u64 block_max_u64(u64 v, u64* scratch) {
 __device__ __forceinline__ u64 warp_inclusive(u64 v) {
     const int lane = threadIdx.x & 31;
     for (int o = 1; o < 32; o <<= 1) {
-        const u64 n = __shfl_up_sync(0xffffffffu, v, o);
+        const u64 n = __shfl_up_sync(SAMPLE_FULL, v, o);
         if (lane >= o) v += n;
     }
     return v;
@@ -282,7 +361,7 @@ __device__ int bin_reaching(const u64* hist, bool descending, u64 above, u64 nee
             local += hist[descending ? SAMPLE_BINS - 1 - q : q];
         }
         const u64 inc = warp_inclusive(local);
-        const unsigned int hit = __ballot_sync(0xffffffffu, above + inc >= need);
+        const unsigned int hit = __ballot_sync(SAMPLE_FULL, above + inc >= need);
         // No bin reaches `need` only if the caller's sums disagree; the last bin then.
         const int first = hit ? __ffs(hit) - 1 : 31;
         if (lane == first) {
@@ -304,6 +383,58 @@ __device__ int bin_reaching(const u64* hist, bool descending, u64 above, u64 nee
     return bin;
 }
 
+// ---- Block histograms: exact 64-bit sums from 32-bit shared atomics ----
+//
+// A 64-bit shared atomicAdd compiles to a compare-and-swap loop (ATOMS.CAST.SPIN.64), in which
+// the lanes that add to one address retry one after another: on nearly flat logits, where most
+// of a block's tokens share a bin, those loops took longer than the rest of the stage. Here
+// every 64-bit sum is kept as two words, each added with a native 32-bit atomic, which serves
+// colliding lanes in turn without retries. (On an H100 this also beat summing a bin's lanes
+// across the warp first, by a loop over the warp's bins or by __match_any_sync and reductions:
+// their extra instructions cost more than the collisions, even on flat logits.) The sums are
+// of integers, so the order of the adds changes no result.
+
+// Per bin: tokens, weight (two 32-bit words: see add_split) and smallest and largest key.
+struct BinSums {
+    unsigned int count[SAMPLE_BINS];
+    unsigned int w_lo[SAMPLE_BINS], w_hi[SAMPLE_BINS];
+    unsigned int key_min[SAMPLE_BINS], key_max[SAMPLE_BINS];
+};
+
+__device__ void clear_bins(BinSums& h) {
+    for (int b = threadIdx.x; b < SAMPLE_BINS; b += blockDim.x) {
+        h.count[b] = 0;
+        h.w_lo[b] = 0;
+        h.w_hi[b] = 0;
+        h.key_min[b] = 0xffffffffu;
+        h.key_max[b] = 0;
+    }
+}
+
+__device__ __forceinline__ u64 bin_weight(const BinSums& h, int b) {
+    return ((u64)h.w_hi[b] << 32) + h.w_lo[b];
+}
+
+// Adds v to the 64-bit sum held as words *lo and *hi: the low word's atomic returns the old
+// word, and a wrap-around carries into the high word.
+__device__ __forceinline__ void add_split(unsigned int* lo, unsigned int* hi, u64 v) {
+    const unsigned int v_lo = (unsigned int)v;
+    const unsigned int carry = atomicAdd(lo, v_lo) > 0xffffffffu - v_lo ? 1u : 0u;
+    const unsigned int up = (unsigned int)(v >> 32) + carry;
+    if (up) atomicAdd(hi, up);
+}
+
+// Adds a token of weight w (WEIGHTS) and key k (KEYS) to bin b.
+template <bool WEIGHTS, bool KEYS>
+__device__ __forceinline__ void add_to_bin(BinSums& h, int b, u64 w, unsigned int k) {
+    atomicAdd(&h.count[b], 1u);
+    if (WEIGHTS) add_split(&h.w_lo[b], &h.w_hi[b], w);
+    if (KEYS) {
+        atomicMin(&h.key_min[b], k);
+        atomicMax(&h.key_max[b], k);
+    }
+}
+
 // ---- Stage 1: the maximum and the log-sum-exp ----
 
 template <typename T>
@@ -313,17 +444,23 @@ __device__ void sample_max(Sampler<T>& S) {
     if (!S.open()) return;
     u64 best = 0;
     float m = KILN_NEG_INF, s = 0.f;
-    for (int i = S.i0 + threadIdx.x; i < S.i1; i += blockDim.x) {
-        const u64 packed =
-            ((u64)order_key(S.row.penalised(i)) << 32) | (0xffffffffu - (unsigned int)i);
-        best = packed > best ? packed : best;
-        const float x = S.row.raw(i);
-        if (x == KILN_NEG_INF) continue;
-        if (x > m) {
-            s = s * expf(m - x) + 1.f;
-            m = x;
-        } else {
-            s += expf(x - m);
+    for (int start = S.i0; start < S.i1; start += SAMPLE_MAX_BATCH * SAMPLE_THREADS) {
+        float raw[SAMPLE_MAX_BATCH], pen[SAMPLE_MAX_BATCH];
+        S.load_batch(start, raw, pen);
+#pragma unroll
+        for (int j = 0; j < SAMPLE_MAX_BATCH; ++j) {
+            const int i = S.batch_id(start, j);
+            if (i >= S.i1) break;
+            const u64 packed = ((u64)order_key(pen[j]) << 32) | (0xffffffffu - (unsigned int)i);
+            best = packed > best ? packed : best;
+            const float x = raw[j];
+            if (x == KILN_NEG_INF) continue;
+            if (x > m) {
+                s = s * expf(m - x) + 1.f;
+                m = x;
+            } else {
+                s += expf(x - m);
+            }
         }
     }
     best = block_max_u64(best, u_scratch);
@@ -383,30 +520,32 @@ __device__ void sample_max(Sampler<T>& S) {
 
 template <typename T>
 __device__ void sample_histogram(Sampler<T>& S) {
+    __shared__ BinSums h;
     __shared__ u64 counts[SAMPLE_BINS], weights[SAMPLE_BINS];
     __shared__ u64 u_scratch[32];
     if (!S.open() || S.state->done) return;
-    S.row.max = S.state->max;
-    for (int b = threadIdx.x; b < SAMPLE_BINS; b += blockDim.x) {
-        counts[b] = 0;
-        weights[b] = 0;
-    }
+    S.row.set_max(S.state->max);
+    clear_bins(h);
     __syncthreads();
-    for (int i = S.i0 + threadIdx.x; i < S.i1; i += blockDim.x) {
-        const float l = S.row.penalised(i);
-        const u64 w = S.row.weight(l);
-        if (w == 0) continue;
-        const int b = S.row.value_bin(l);
-        atomicAdd(&counts[b], 1ull);
-        atomicAdd(&weights[b], w);
+    for (int start = S.i0; start < S.i1; start += SAMPLE_IDS_PER_BATCH) {
+        float raw[SAMPLE_BATCH], pen[SAMPLE_BATCH];
+        S.load_batch(start, raw, pen);
+#pragma unroll
+        for (int j = 0; j < SAMPLE_BATCH; ++j) {
+            if (S.batch_id(start, j) >= S.i1) break;
+            const unsigned int k = order_key(pen[j]);
+            const float x = S.row.exponent(pen[j]);
+            const u64 w = S.row.weight(k, x);
+            if (w > 0) add_to_bin<true, false>(h, S.row.value_bin(k, x), w, 0u);
+        }
     }
     __syncthreads();
     u64* g_counts = S.hist_counts();
     u64* g_weights = S.hist_weights();
     for (int b = threadIdx.x; b < SAMPLE_BINS; b += blockDim.x) {
-        if (counts[b] == 0) continue;
-        atomicAdd(&g_counts[b], counts[b]);
-        atomicAdd(&g_weights[b], weights[b]);
+        if (h.count[b] == 0) continue;
+        atomicAdd(&g_counts[b], (u64)h.count[b]);
+        atomicAdd(&g_weights[b], bin_weight(h, b));
     }
     if (!last_to_arrive(&S.state->arrivals, S.d.chunks)) return;
 
@@ -434,9 +573,11 @@ __device__ void sample_histogram(Sampler<T>& S) {
     }
     // top-p's total lies in [w_lo, w_hi], so its threshold lies between these bins.
     int p_lo = -1, p_hi = -1;
-    if (S.p.top_p < 1.f) {
-        u64 unused;
-        p_lo = bin_reaching(weights, false, 0, top_p_need(S.p.top_p, w_lo), &unused);
+    const bool top_p = S.p.top_p < 1.f;
+    const u64 need_p = top_p_need(S.p.top_p, w_lo);
+    u64 above_p = 0, unused;
+    if (top_p) {
+        p_lo = bin_reaching(weights, false, 0, need_p, &above_p);
         p_hi = bin_reaching(weights, false, 0, top_p_need(S.p.top_p, w_hi), &unused);
     }
     if (threadIdx.x == 0) {
@@ -446,127 +587,305 @@ __device__ void sample_histogram(Sampler<T>& S) {
         st->bin_p_lo = p_lo;
         st->bin_p_hi = p_hi;
     }
+    // Where only one of top-k and top-p cuts, sample_select sums its bin by value step into this
+    // row's histogram scratch (every read of it above is behind a barrier by now); top-p's need
+    // and the weight above its bin wait in the row's first partial, unused until sample_draw.
+    if (bin_k >= 0 ? !top_p : top_p) {
+        unsigned int* keys = (unsigned int*)g_weights;
+        for (int b = threadIdx.x; b < SAMPLE_BINS; b += blockDim.x) {
+            g_counts[b] = 0;
+            keys[b] = 0xffffffffu;
+            keys[SAMPLE_BINS + b] = 0;
+        }
+        if (threadIdx.x == 0 && bin_k < 0) {
+            S.part(0)[0] = above_p;
+            S.part(0)[1] = need_p;
+        }
+    }
 }
 
 // ---- Stage 3: candidates of the threshold bins, and the exact thresholds among them ----
+//
+// Where only one of top-k and top-p cuts, the value bin of its threshold is known before this
+// stage (top-p's total is then the whole weight), and every block also sums the candidates by
+// value step into the row's histogram scratch: per step the count (top-k) or the weight
+// (top-p) in the counts' words, the smallest and largest key in the weights'. The last block
+// then takes the step where the threshold falls and narrows among that step's keys only.
+// Where both cut, top-p's bin depends on top-k's threshold, and the last block splits both
+// bins by value step itself, over all the candidates.
 
-// The largest key v such that `above` plus the candidates of value bin `bin` with key >= v
-// (and >= min_key) reach `need`, counting each as 1 (by_weight false) or its weight.
-template <typename T>
-__device__ unsigned int select_key(const SampleRow<T>& row, const unsigned int* cand,
-                                   unsigned int n, int bin, unsigned int min_key, bool by_weight,
-                                   u64 above, u64 need, u64* hist) {
-    __shared__ unsigned int range[2];
-    __syncthreads();  // the previous call's readers of `range` are done
-    if (threadIdx.x == 0) {
-        range[0] = 0xffffffffu;
-        range[1] = 0;
-    }
+#define SAMPLE_LIST 2048  // keys the last block keeps in shared memory while it narrows
+
+// Shared memory of sample_select.
+struct SelectScratch {
+    BinSums bins;
+    u64 crit[SAMPLE_BINS];  // per bin, what the threshold counts: tokens or weight
+    u64 sum[32];
+    unsigned int list[SAMPLE_LIST];  // the keys between the bounds of a narrowing pass
+    unsigned int listed;
+};
+
+// Copies the candidates' keys in [lo, hi] to s.list (the first SAMPLE_LIST of them; s.listed
+// counts them all), reading 16 bytes at a time where the row's candidates are aligned to them.
+__device__ void gather_keys(const unsigned int* cand, unsigned int n, unsigned int lo,
+                            unsigned int hi, SelectScratch& s) {
+    const int lane = threadIdx.x & 31;
+    if (threadIdx.x == 0) s.listed = 0;
     __syncthreads();
-    unsigned int lo = 0xffffffffu, hi = 0;
-    for (unsigned int j = threadIdx.x; j < n; j += blockDim.x) {
-        const float l = row.penalised((int)__ldcg(cand + j));
-        const unsigned int k = order_key(l);
-        if (k < min_key || row.value_bin(l) != bin) continue;
-        lo = min(lo, k);
-        hi = max(hi, k);
-    }
-    lo = __reduce_min_sync(0xffffffffu, lo);
-    hi = __reduce_max_sync(0xffffffffu, hi);
-    if ((threadIdx.x & 31) == 0) {
-        atomicMin(&range[0], lo);
-        atomicMax(&range[1], hi);
-    }
-    __syncthreads();
-    lo = range[0];
-    hi = range[1];
-    while (lo < hi) {
-        const unsigned int width = (hi - lo) / SAMPLE_BINS + 1;
-        for (int b = threadIdx.x; b < SAMPLE_BINS; b += blockDim.x) hist[b] = 0;
-        __syncthreads();
-        for (unsigned int j = threadIdx.x; j < n; j += blockDim.x) {
-            const float l = row.penalised((int)__ldcg(cand + j));
-            const unsigned int k = order_key(l);
-            if (k < lo || k > hi || k < min_key || row.value_bin(l) != bin) continue;
-            atomicAdd(&hist[(k - lo) / width], by_weight ? row.weight(l) : 1ull);
+    const bool quads = ((unsigned long long)cand & 15) == 0;
+    const unsigned int n4 = quads ? n / 4 : 0;  // keys [0, 4 n4) are read 4 at a time
+    // Reads q < n4 are quads, the n - 4 n4 after them single keys.
+    for (unsigned int start = 0; start < n - 3 * n4; start += 4 * SAMPLE_THREADS) {
+        unsigned int key[16];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const unsigned int q = start + threadIdx.x + j * SAMPLE_THREADS;
+            if (q < n4) {
+                const uint4 v = __ldcg(reinterpret_cast<const uint4*>(cand) + q);
+                key[4 * j] = v.x;
+                key[4 * j + 1] = v.y;
+                key[4 * j + 2] = v.z;
+                key[4 * j + 3] = v.w;
+            } else {
+                const unsigned int c = 3 * n4 + q;
+                key[4 * j] = c < n ? __ldcg(cand + c) : 0u;
+                key[4 * j + 1] = key[4 * j + 2] = key[4 * j + 3] = 0u;
+            }
         }
-        const unsigned int b = (unsigned int)bin_reaching(hist, true, above, need, &above);
-        const unsigned int new_lo = lo + b * width;
-        hi = (unsigned int)min((u64)hi, (u64)new_lo + width - 1);
-        lo = new_lo;
+        // Key 0 (a NaN) is no candidate's and lies below every lo.
+        unsigned int mine = 0;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) mine += key[j] - lo <= hi - lo ? 1u : 0u;
+        if (__ballot_sync(SAMPLE_FULL, mine != 0) == 0) continue;
+        unsigned int inc = mine;
+        for (int o = 1; o < 32; o <<= 1) {
+            const unsigned int v = __shfl_up_sync(SAMPLE_FULL, inc, o);
+            if (lane >= o) inc += v;
+        }
+        unsigned int at = 0;
+        if (lane == 31) at = atomicAdd(&s.listed, inc);
+        at = __shfl_sync(SAMPLE_FULL, at, 31) + inc - mine;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+            if (key[j] - lo <= hi - lo) {
+                if (at < SAMPLE_LIST) s.list[at] = key[j];
+                ++at;
+            }
+        }
     }
-    return lo;
+    __syncthreads();
+}
+
+// One narrowing pass over n keys (in shared memory, or the candidates in global memory). A
+// pass `by_value` puts the keys of value bin `bin` that are >= min_key into its value steps;
+// another puts the keys in [lo, hi] into ranges of 2^shift keys. value_bin and value_step
+// never decrease as the key decreases, so every key between two keys of one step is of that
+// step: a range of keys needs no other test.
+template <bool WEIGHTS, bool SHARED, typename T>
+__device__ void narrow_pass(const SampleRow<T>& row, const unsigned int* keys, unsigned int n,
+                            bool by_value, int bin, unsigned int min_key, unsigned int lo,
+                            unsigned int hi, int shift, SelectScratch& s) {
+    for (unsigned int start = 0; start < n; start += SAMPLE_IDS_PER_BATCH) {
+        unsigned int key[SAMPLE_BATCH];
+#pragma unroll
+        for (int j = 0; j < SAMPLE_BATCH; ++j) {
+            const unsigned int c = start + threadIdx.x + j * SAMPLE_THREADS;
+            // Key 0 (a NaN) pads the last batch: every candidate weighs something.
+            key[j] = c < n ? (SHARED ? keys[c] : __ldcg(keys + c)) : 0u;
+        }
+#pragma unroll
+        for (int j = 0; j < SAMPLE_BATCH; ++j) {
+            const unsigned int k = key[j];
+            if (by_value) {
+                if (k == 0 || k < min_key) continue;
+                const float x = row.exponent(key_value(k));
+                if (row.value_bin(k, x) != bin) continue;
+                add_to_bin<WEIGHTS, true>(s.bins, row.value_step(k, x, bin),
+                                          WEIGHTS ? row.weight(k, x) : 0ull, k);
+            } else if (lo <= k && k <= hi) {
+                add_to_bin<WEIGHTS, true>(s.bins, (int)((k - lo) >> shift),
+                                          WEIGHTS ? row.weight(k, row.exponent(key_value(k))) : 0ull, k);
+            }
+        }
+    }
+}
+
+// The largest key v such that `above` plus the candidates counted with key >= v reach `need`,
+// counting each as 1 (by_weight false) or its weight. Counted are the candidates of value bin
+// `bin` with key >= min_key where `by_value` (the first pass then splits the bin by value
+// step), else those with key in [lo, hi] (lo < hi, all of one step). Each pass bins what is
+// left of them and keeps the bin where `need` is reached, down to its smallest and largest key,
+// until one key is left. Where `kept` is given it gets the weight of the counted candidates
+// with key >= v.
+template <typename T>
+__device__ unsigned int narrow(const SampleRow<T>& row, const unsigned int* cand, unsigned int n,
+                               bool by_value, int bin, unsigned int min_key, unsigned int lo,
+                               unsigned int hi, bool by_weight, u64 above, u64 need,
+                               SelectScratch& s, u64* kept) {
+    const bool weights = by_weight || kept != nullptr;
+    u64 kept_above = 0;  // weight of the steps and ranges above the chosen ones
+    // Before the first pass over a range of keys, its keys are copied to s.list, and the
+    // passes read them there; where they don't fit, once the range holds few enough.
+    bool listed = false, try_list = true;
+    unsigned int m = 0;
+    for (;; by_value = false) {
+        if (!by_value && !listed && try_list) {
+            __syncthreads();  // the last pass's readers of s are done
+            gather_keys(cand, n, lo, hi, s);
+            m = s.listed;
+            listed = m <= SAMPLE_LIST;
+            try_list = false;
+        }
+        // Ranges of 2^shift keys: the 256th reaches past hi.
+        const int shift = by_value ? 0 : max(0, 24 - __clz(hi - lo));
+        __syncthreads();  // the last pass's readers of s are done
+        clear_bins(s.bins);
+        __syncthreads();
+        if (listed) {
+            if (weights) {
+                narrow_pass<true, true>(row, s.list, m, false, bin, min_key, lo, hi, shift, s);
+            } else {
+                narrow_pass<false, true>(row, s.list, m, false, bin, min_key, lo, hi, shift, s);
+            }
+        } else if (weights) {
+            narrow_pass<true, false>(row, cand, n, by_value, bin, min_key, lo, hi, shift, s);
+        } else {
+            narrow_pass<false, false>(row, cand, n, by_value, bin, min_key, lo, hi, shift, s);
+        }
+        __syncthreads();
+        for (int b = threadIdx.x; b < SAMPLE_BINS; b += blockDim.x) {
+            s.crit[b] = by_weight ? bin_weight(s.bins, b) : (u64)s.bins.count[b];
+        }
+        // From the largest keys down: value steps ascend, key ranges descend.
+        u64 before;
+        const int b = bin_reaching(s.crit, !by_value, above, need, &before);
+        if (kept) {
+            u64 w = 0;
+            for (int q = threadIdx.x; q < SAMPLE_BINS; q += blockDim.x) {
+                if (by_value ? q < b : q > b) w += bin_weight(s.bins, q);
+            }
+            kept_above += block_sum(w, s.sum);
+        }
+        above = before;
+        lo = s.bins.key_min[b];
+        hi = s.bins.key_max[b];
+        try_list = s.bins.count[b] <= SAMPLE_LIST;
+        // One key left (or, only if the sums disagreed, none).
+        if (lo >= hi) {
+            if (kept) *kept = kept_above + bin_weight(s.bins, b);
+            return lo;
+        }
+    }
 }
 
 template <typename T>
 __device__ void sample_select(Sampler<T>& S) {
-    __shared__ u64 counts[SAMPLE_BINS], weights[SAMPLE_BINS];
-    __shared__ u64 u_scratch[32];
+    __shared__ SelectScratch sel;
+    __shared__ u64 weights[SAMPLE_BINS];
     if (!S.open() || S.state->done) return;
-    S.row.max = S.state->max;
+    S.row.set_max(S.state->max);
     const int bin_k = S.state->bin_k, p_lo = S.state->bin_p_lo, p_hi = S.state->bin_p_hi;
+    const bool top_p = S.p.top_p < 1.f;
+    // The value bin of the only threshold: top-k's, or top-p's without top-k; -1 where both
+    // cut or neither does.
+    const int lone = bin_k >= 0 ? (top_p ? -1 : bin_k) : p_lo;
+    const bool by_weight = bin_k < 0;  // the lone threshold is top-p's
     unsigned int* cand = S.candidates();
+    u64* g_steps = S.hist_counts();
+    unsigned int* g_key_min = (unsigned int*)S.hist_weights();
+    unsigned int* g_key_max = g_key_min + SAMPLE_BINS;
     if (bin_k >= 0 || p_lo >= 0) {
+        if (lone >= 0) {
+            clear_bins(sel.bins);
+            __syncthreads();
+        }
         const int lane = threadIdx.x & 31;
-        // Whole warps run every iteration, so the warp's candidates take one atomic.
-        for (int base = S.i0; base < S.i1; base += blockDim.x) {
-            const int i = base + threadIdx.x;
-            bool take = false;
-            if (i < S.i1) {
-                const float l = S.row.penalised(i);
-                if (S.row.weight(l) > 0) {
-                    const int b = S.row.value_bin(l);
-                    take = b == bin_k || (p_lo <= b && b <= p_hi);
+        for (int start = S.i0; start < S.i1; start += SAMPLE_IDS_PER_BATCH) {
+            float raw[SAMPLE_BATCH], pen[SAMPLE_BATCH];
+            S.load_batch(start, raw, pen);
+            unsigned int take = 0;  // bit j: the batch's id j is a candidate
+#pragma unroll
+            for (int j = 0; j < SAMPLE_BATCH; ++j) {
+                if (S.batch_id(start, j) >= S.i1) break;
+                const unsigned int k = order_key(pen[j]);
+                const float x = S.row.exponent(pen[j]);
+                const int b = S.row.value_bin(k, x);
+                if (!(b == bin_k || (p_lo <= b && b <= p_hi)) || !S.row.positive(k, x)) continue;
+                take |= 1u << j;
+                if (lone < 0) continue;
+                const int step = S.row.value_step(k, x, b);
+                if (by_weight) {
+                    add_to_bin<true, true>(sel.bins, step, S.row.weight(k, x), k);
+                } else {
+                    add_to_bin<false, true>(sel.bins, step, 0, k);
                 }
             }
-            const unsigned int mask = __ballot_sync(0xffffffffu, take);
-            if (mask == 0) continue;
-            const int leader = __ffs(mask) - 1;
+            // Whole warps run every batch, so a warp's candidates of a batch take one atomic.
+            const unsigned int mine = __popc(take);
+            unsigned int inc = mine;
+            for (int o = 1; o < 32; o <<= 1) {
+                const unsigned int v = __shfl_up_sync(SAMPLE_FULL, inc, o);
+                if (lane >= o) inc += v;
+            }
+            const unsigned int total = __shfl_sync(SAMPLE_FULL, inc, 31);
+            if (total == 0) continue;
             unsigned int at = 0;
-            if (lane == leader) at = atomicAdd(&S.state->candidates, (unsigned int)__popc(mask));
-            at = __shfl_sync(0xffffffffu, at, leader);
-            if (take) cand[at + __popc(mask & ((1u << lane) - 1u))] = (unsigned int)i;
+            if (lane == 31) at = atomicAdd(&S.state->candidates, total);
+            at = __shfl_sync(SAMPLE_FULL, at, 31) + inc - mine;
+#pragma unroll
+            for (int j = 0; j < SAMPLE_BATCH; ++j) {
+                if ((take >> j) & 1u) cand[at++] = order_key(pen[j]);
+            }
+        }
+        if (lone >= 0) {
+            __syncthreads();
+            for (int b = threadIdx.x; b < SAMPLE_BINS; b += blockDim.x) {
+                if (sel.bins.count[b] == 0) continue;
+                atomicAdd(&g_steps[b], by_weight ? bin_weight(sel.bins, b) : (u64)sel.bins.count[b]);
+                atomicMin(&g_key_min[b], sel.bins.key_min[b]);
+                atomicMax(&g_key_max[b], sel.bins.key_max[b]);
+            }
         }
     }
     if (!last_to_arrive(&S.state->arrivals, S.d.chunks)) return;
 
     const unsigned int n = __ldcg(&S.state->candidates);
-    const u64* g_weights = S.hist_weights();
-    for (int b = threadIdx.x; b < SAMPLE_BINS; b += blockDim.x) weights[b] = __ldcg(g_weights + b);
     unsigned int floor_key = 0;
-    if (bin_k >= 0) {
-        floor_key = select_key(S.row, cand, n, bin_k, 0u, false, S.state->above_k,
-                               (u64)S.p.top_k, counts);
-    }
-    if (S.p.top_p < 1.f) {
-        u64 kept;
-        if (bin_k >= 0) {
-            // Top-k keeps the bins before bin_k whole and bin_k from its threshold up.
-            u64 before = 0, inside = 0;
-            for (int b = threadIdx.x; b < bin_k; b += blockDim.x) before += weights[b];
-            for (unsigned int j = threadIdx.x; j < n; j += blockDim.x) {
-                const float l = S.row.penalised((int)__ldcg(cand + j));
-                if (S.row.value_bin(l) == bin_k && order_key(l) >= floor_key) {
-                    inside += S.row.weight(l);
-                }
-            }
-            before = block_sum(before, u_scratch);
-            inside = block_sum(inside, u_scratch);
-            kept = before + inside;
-            for (int b = threadIdx.x; b < SAMPLE_BINS; b += blockDim.x) {
-                if (b == bin_k) weights[b] = inside;
-                if (b > bin_k) weights[b] = 0;
-            }
+    if (lone >= 0) {
+        u64 above, need;
+        if (by_weight) {
+            above = __ldcg(S.part(0));
+            need = __ldcg(S.part(0) + 1);
         } else {
-            u64 local = 0;
-            for (int b = threadIdx.x; b < SAMPLE_BINS; b += blockDim.x) local += weights[b];
-            kept = block_sum(local, u_scratch);
+            above = S.state->above_k;
+            need = (u64)S.p.top_k;
+        }
+        for (int b = threadIdx.x; b < SAMPLE_BINS; b += blockDim.x) sel.crit[b] = __ldcg(g_steps + b);
+        const int step = bin_reaching(sel.crit, false, above, need, &above);
+        const unsigned int lo = __ldcg(g_key_min + step), hi = __ldcg(g_key_max + step);
+        floor_key = lo < hi ? narrow(S.row, cand, n, false, lone, 0u, lo, hi, by_weight, above, need,
+                                     sel, nullptr)
+                            : lo;
+    } else if (bin_k >= 0) {
+        // Both cut: top-k's threshold, and the weight it keeps in bin_k.
+        const u64* g_weights = S.hist_weights();
+        for (int b = threadIdx.x; b < SAMPLE_BINS; b += blockDim.x) weights[b] = __ldcg(g_weights + b);
+        u64 inside;
+        floor_key = narrow(S.row, cand, n, true, bin_k, 0u, 0u, 0u, false, S.state->above_k,
+                           (u64)S.p.top_k, sel, &inside);
+        // Top-k keeps the bins before bin_k whole and bin_k from its threshold up.
+        u64 before = 0;
+        for (int b = threadIdx.x; b < bin_k; b += blockDim.x) before += weights[b];
+        const u64 kept = block_sum(before, sel.sum) + inside;
+        for (int b = threadIdx.x; b < SAMPLE_BINS; b += blockDim.x) {
+            if (b == bin_k) weights[b] = inside;
+            if (b > bin_k) weights[b] = 0;
         }
         const u64 need = top_p_need(S.p.top_p, kept);
         u64 above;
         const int bin_p = bin_reaching(weights, false, 0, need, &above);
         const unsigned int k =
-            select_key(S.row, cand, n, bin_p, floor_key, true, above, need, counts);
+            narrow(S.row, cand, n, true, bin_p, floor_key, 0u, 0u, true, above, need, sel, nullptr);
         floor_key = max(floor_key, k);
     }
     if (threadIdx.x == 0) S.state->floor_key = floor_key;
@@ -580,12 +899,19 @@ __device__ void sample_draw(Sampler<T>& S) {
     __shared__ int chosen;
     __shared__ int chosen_chunk;
     __shared__ u64 chunk_before;
+    __shared__ int run_from, run_to;  // the run of ids where the target falls
+    __shared__ u64 run_before;
     if (!S.open() || S.state->done) return;
-    S.row.max = S.state->max;
+    S.row.set_max(S.state->max);
     const unsigned int floor_key = S.state->floor_key;
     u64 local = 0;
-    for (int i = S.i0 + threadIdx.x; i < S.i1; i += blockDim.x) {
-        local += S.row.kept_weight(i, floor_key);
+    for (int start = S.i0; start < S.i1; start += SAMPLE_IDS_PER_BATCH) {
+        float raw[SAMPLE_BATCH], pen[SAMPLE_BATCH];
+        S.load_batch(start, raw, pen);
+#pragma unroll
+        for (int j = 0; j < SAMPLE_BATCH; ++j) {
+            if (S.batch_id(start, j) < S.i1) local += S.row.kept_weight(pen[j], floor_key);
+        }
     }
     local = block_sum(local, u_scratch);
     if (threadIdx.x == 0) S.part(blockIdx.x)[0] = local;
@@ -602,6 +928,9 @@ __device__ void sample_draw(Sampler<T>& S) {
         chosen = best_i;
         chosen_chunk = -1;
         chunk_before = 0;
+        run_from = 0;
+        run_to = 0;
+        run_before = 0;
     }
     u64 running = 0;
     for (int base = 0; base < S.d.chunks; base += blockDim.x) {
@@ -623,17 +952,38 @@ __device__ void sample_draw(Sampler<T>& S) {
         const int per = (c1 - c0 + (int)blockDim.x - 1) / (int)blockDim.x;
         const int j0 = min(c1, c0 + (int)threadIdx.x * per), j1 = min(c1, j0 + per);
         u64 mine = 0;
-        for (int i = j0; i < j1; ++i) mine += S.row.kept_weight(i, floor_key);
+        for (int i = j0; i < j1; i += SAMPLE_BATCH) {
+            float pen[SAMPLE_BATCH];
+#pragma unroll
+            for (int q = 0; q < SAMPLE_BATCH; ++q) pen[q] = i + q < j1 ? S.row.penalised(i + q) : 0.f;
+#pragma unroll
+            for (int q = 0; q < SAMPLE_BATCH; ++q) {
+                if (i + q < j1) mine += S.row.kept_weight(pen[q], floor_key);
+            }
+        }
         u64 chunk_total;
         const u64 before = chunk_before + block_exclusive(mine, u_scratch, &chunk_total);
         if (mine > 0 && before <= target && target < before + mine) {
-            u64 cum = before;
-            for (int i = j0; i < j1; ++i) {
-                cum += S.row.kept_weight(i, floor_key);
-                if (cum > target) {
-                    chosen = i;
+            run_from = j0;
+            run_to = j1;
+            run_before = before;
+        }
+        __syncthreads();
+        // Warp 0 walks that run 32 ids at a time: the first id whose running sum passes the
+        // target.
+        if (threadIdx.x < 32) {
+            const int lane = threadIdx.x;
+            u64 cum = run_before;
+            for (int from = run_from; from < run_to; from += 32) {
+                const int i = from + lane;
+                const u64 w = i < run_to ? S.row.kept_weight(S.row.penalised(i), floor_key) : 0ull;
+                const u64 inc = cum + warp_inclusive(w);
+                const unsigned int hit = __ballot_sync(SAMPLE_FULL, inc > target);
+                if (hit) {
+                    if (lane == __ffs(hit) - 1) chosen = i;
                     break;
                 }
+                cum = __shfl_sync(SAMPLE_FULL, inc, 31);
             }
         }
     }
@@ -641,8 +991,15 @@ __device__ void sample_draw(Sampler<T>& S) {
     if (threadIdx.x == 0) S.record(chosen, S.state->lse);
 }
 
+// Blocks of a stage an SM holds at once (four of 512 threads fill it): __launch_bounds__ caps
+// the registers per thread to fit them, at no spill.
+#define sample_max_blocks 4
+#define sample_histogram_blocks 4
+#define sample_select_blocks 3
+#define sample_draw_blocks 3
+
 #define SAMPLE_STAGE(STAGE, T, SUFFIX)                                                          \
-    extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) STAGE##_##SUFFIX(             \
+    extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, STAGE##_blocks) STAGE##_##SUFFIX( \
         const T* logits, const unsigned int* src_row, const unsigned int* slot_of,             \
         unsigned int* tokens, unsigned int* pos, float* logprobs, const u64* seeds,            \
         u64* counters, unsigned int* presence, SampleDims d, SampleParams p,                   \
