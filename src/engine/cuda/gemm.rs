@@ -25,6 +25,20 @@ pub enum GemmMath {
     Tf32,
 }
 
+/// Heuristic candidates timed for a product, and for a skinny one (see `pick_algo`).
+const CANDIDATES: usize = 8;
+const SKINNY_CANDIDATES: usize = 32;
+/// Output rows up to which a single product counts as skinny (a decode step's batch).
+const SKINNY_ROWS: usize = 256;
+/// The most memory the operand copies of a skinny product's timing may take.
+const ROTATION_BYTES: usize = 256 << 20;
+
+/// Copies of a product's operands (A and B device addresses), and the buffers holding them.
+struct OperandCopies {
+    operands: Vec<(u64, u64)>,
+    _buffers: Vec<CudaSlice<u8>>,
+}
+
 /// NVIDIA's recommended workspace for Hopper (32 MiB); older GPUs use less of it.
 pub const WORKSPACE_BYTES: usize = 32 << 20;
 
@@ -60,6 +74,7 @@ struct ShapeKey {
 }
 
 /// One product's descriptors and operands, as `launch` needs them.
+#[derive(Clone, Copy)]
 struct Product<'a> {
     desc: &'a Desc,
     first: &'a Layout,
@@ -419,6 +434,15 @@ impl CudaBackend {
     /// The fastest of the heuristic's best candidates for this product, timed on the real
     /// operands with a scratch output (the analogue of cudnn.benchmark); the heuristic's first
     /// choice when there is no memory for the scratch or only one candidate.
+    ///
+    /// Skinny products (at most [`SKINNY_ROWS`] output rows: decode steps, short prefills)
+    /// are timed differently. In a decode step each of them streams its weights from memory
+    /// once, between other kernels, inside a CUDA graph; timed back to back on one operand
+    /// pair they find the weights in the L2 cache and pay the host's launch cost (a few
+    /// microseconds, as long as the product itself), which favours algorithms that use few
+    /// blocks and hides the ones that spread the weight read over every SM. So they are timed
+    /// in a graph, cycling through copies of their operands that together exceed the L2, over
+    /// more of the heuristic's candidates.
     fn pick_algo<TC: Elem>(&self, p: &Product, key: ShapeKey) -> Result<sys::cublasLtMatmulAlgo_t> {
         let pref = Pref(lt::create_matmul_pref().map_err(blas_err("matmul preference"))?);
         let ws = self.blas.workspace.len();
@@ -450,12 +474,17 @@ impl CudaBackend {
             }
             .map_err(blas_err("alignment preference"))?;
         }
-        const CANDIDATES: usize = 8;
+        let skinny = key.batch == 1 && key.m <= SKINNY_ROWS;
+        let wanted = if skinny {
+            SKINNY_CANDIDATES
+        } else {
+            CANDIDATES
+        };
         // SAFETY: an all-zero heuristic result is a valid value of this plain C struct.
-        let mut results: [sys::cublasLtMatmulHeuristicResult_t; CANDIDATES] =
-            unsafe { std::mem::zeroed() };
+        let mut results: Vec<sys::cublasLtMatmulHeuristicResult_t> =
+            (0..wanted).map(|_| unsafe { std::mem::zeroed() }).collect();
         let mut found = 0i32;
-        // SAFETY: every descriptor is live; `results` has room for CANDIDATES entries.
+        // SAFETY: every descriptor is live; `results` has room for `wanted` entries.
         unsafe {
             sys::cublasLtMatmulAlgoGetHeuristic(
                 self.blas.handle,
@@ -465,7 +494,7 @@ impl CudaBackend {
                 p.out.0,
                 p.out.0,
                 pref.0,
-                CANDIDATES as i32,
+                wanted as i32,
                 results.as_mut_ptr(),
                 &mut found,
             )
@@ -491,10 +520,28 @@ impl CudaBackend {
             return Ok(first_choice);
         };
         let c = raw_ptr(&scratch, &self.stream);
+        // Copies of the operands for the skinny products' cold timing; without the memory
+        // for them, the products are timed as the others.
+        let rotation = if skinny {
+            self.operand_copies(p, key).ok()
+        } else {
+            None
+        };
         let mut best = (f64::INFINITY, first_choice);
         for algo in &candidates {
             // A candidate that fails to launch is simply not chosen.
-            if let Ok(ms) = self.time_median_ms(1, 3, || self.launch(p, c, algo))
+            let time = match &rotation {
+                Some(copies) => {
+                    let mut i = 0;
+                    self.time_graph_median_ms(1, 5, || {
+                        let (a, b) = copies.operands[i % copies.operands.len()];
+                        i += 1;
+                        self.launch(&Product { a, b, ..*p }, c, algo)
+                    })
+                }
+                None => self.time_median_ms(1, 3, || self.launch(p, c, algo)),
+            };
+            if let Ok(ms) = time
                 && ms < best.0
             {
                 best = (ms, *algo);
@@ -502,6 +549,46 @@ impl CudaBackend {
         }
         self.synchronize()?;
         Ok(best.1)
+    }
+
+    /// Copies of a single product's A and B (their whole stored spans), enough that cycling
+    /// through them finds each out of the L2 cache (see [`CudaBackend::rotation_copies`]).
+    fn operand_copies(&self, p: &Product, key: ShapeKey) -> Result<OperandCopies> {
+        let elem = key.operands.size_bytes();
+        let [a_stored, b_stored, _] =
+            GemmShape::single(key.trans_a, key.trans_b, key.m, key.n, key.k).stored();
+        let span = |(rows, cols): (usize, usize), ld: usize| ((rows - 1) * ld + cols) * elem;
+        let (a_bytes, b_bytes) = (span(a_stored, key.ld[0]), span(b_stored, key.ld[1]));
+        // B starts on a 256-byte boundary after A, so both copies keep 16-byte alignment.
+        let b_at = a_bytes.next_multiple_of(256);
+        let bytes = b_at + b_bytes;
+        let count = self.rotation_copies(bytes, ROTATION_BYTES).max(1);
+        let mut buffers = Vec::with_capacity(count);
+        let mut operands = Vec::with_capacity(count);
+        for _ in 0..count {
+            let buf = self.alloc::<u8>(bytes)?;
+            let base = raw_ptr(&buf, &self.stream);
+            for (dst, src, len) in [(base, p.a, a_bytes), (base + b_at as u64, p.b, b_bytes)] {
+                // SAFETY: both ranges lie inside live device allocations (the operands' spans
+                // as the product reads them; the copy's buffer of `bytes`), on the
+                // backend's stream.
+                unsafe {
+                    cudarc::driver::sys::cuMemcpyDtoDAsync_v2(
+                        dst,
+                        src,
+                        len,
+                        self.stream.cu_stream(),
+                    )
+                }
+                .result()?;
+            }
+            operands.push((base, base + b_at as u64));
+            buffers.push(buf);
+        }
+        Ok(OperandCopies {
+            operands,
+            _buffers: buffers,
+        })
     }
 
     /// `out[n, c_out] = inp[n, c_in] @ weight[c_out, c_in]^T + bias`.
