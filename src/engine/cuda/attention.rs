@@ -5,7 +5,8 @@
 //! recomputes them. Two kinds of kernel, both deterministic (no atomics):
 //! - bf16 or f16 with head size 64 (GPT-2's shape) or 128 (Llama 3's, Qwen3's) on sm_80 and
 //!   newer: tensor cores (`mma.sync`), a warp per 16 rows, tiles double-buffered in shared
-//!   memory;
+//!   memory; on sm_90 (Hopper) the forward runs on warpgroup MMA instead (`wgmma`,
+//!   attention_wgmma.cu), a warpgroup per 64 rows, tiles triple-buffered;
 //! - everything else (f32, head sizes 16, 32 and 64, older GPUs): one query (or key) row per
 //!   thread on CUDA cores, f32 arithmetic. Head size 128 has no such kernel (a thread would
 //!   hold four 128-float rows): f32 activations or a GPU older than sm_80 get an error that
@@ -73,12 +74,16 @@ pub(super) const PROGRAM_F16: Program = Program {
     dtypes: &[DType::F16],
 };
 
-/// The tensor-core kernels: bf16 and f16, head sizes 64 and 128.
+/// The tensor-core kernels: bf16 and f16, head sizes 64 and 128, and the Hopper forward that
+/// shares their helpers (nvrtc.rs compiles this program for sm_90a on sm_90; elsewhere the
+/// Hopper kernels compile to empty bodies and are never launched).
 pub(super) const PROGRAM_TC: Program = Program {
     name: "attention_tc",
     source: concat!(
         include_str!("attention_tc.cu"),
-        "\nTC_ENTRY_POINTS(64, TcBf16, bf16)\nTC_ENTRY_POINTS(64, TcF16, f16)\nTC_ENTRY_POINTS(128, TcBf16, bf16)\nTC_ENTRY_POINTS(128, TcF16, f16)\n"
+        "\nTC_ENTRY_POINTS(64, TcBf16, bf16)\nTC_ENTRY_POINTS(64, TcF16, f16)\nTC_ENTRY_POINTS(128, TcBf16, bf16)\nTC_ENTRY_POINTS(128, TcF16, f16)\n",
+        include_str!("attention_wgmma.cu"),
+        "\nWG_ENTRY_POINTS(64, WgBf16, bf16)\nWG_ENTRY_POINTS(64, WgF16, f16)\nWG_ENTRY_POINTS(128, WgBf16, bf16)\nWG_ENTRY_POINTS(128, WgF16, f16)\n"
     ),
     kernels: &[],
     elem_kernels: &[
@@ -88,6 +93,8 @@ pub(super) const PROGRAM_TC: Program = Program {
         ElemKernel::AttentionForwardHs128Tc,
         ElemKernel::AttentionBackwardDqHs128Tc,
         ElemKernel::AttentionBackwardDkvHs128Tc,
+        ElemKernel::AttentionForwardHs64Wgmma,
+        ElemKernel::AttentionForwardHs128Wgmma,
     ],
     dtypes: &[DType::BF16, DType::F16],
 };
@@ -106,6 +113,28 @@ const fn tc_forward_rows(hs: usize) -> u32 {
 }
 /// Head sizes of the tensor-core kernels.
 const TC_HEAD_SIZES: [usize; 2] = [64, 128];
+
+/// The Hopper (sm_90) forward at head size `hs`: a warpgroup of 128 threads per 64 queries.
+fn wgmma_forward_kernel(hs: usize) -> Option<ElemKernel> {
+    match hs {
+        64 => Some(ElemKernel::AttentionForwardHs64Wgmma),
+        128 => Some(ElemKernel::AttentionForwardHs128Wgmma),
+        _ => None,
+    }
+}
+/// Queries per block of the Hopper forward (WG_ROWS) and its threads (WG_THREADS).
+const WGMMA_ROWS: u32 = 64;
+const WGMMA_THREADS: u32 = 128;
+
+/// Dynamic shared memory of the Hopper forward at head size `hs`, in bytes: `WgShape::bytes`
+/// of attention_wgmma.cu (which traps when launched with less) for the key tile of
+/// `WgForward` (64 keys): three stages of a K and a V tile of 128-byte rows (a row of `hs`
+/// elements is `hs / 64` of them), and 1024 bytes to align them.
+const fn wgmma_shared(hs: usize) -> u32 {
+    let keys = 64;
+    let tile = (hs / 64) * keys * 128;
+    (2 * 3 * tile + 1024) as u32
+}
 
 /// The forward, dQ and dK/dV tensor-core kernels at head size `hs`.
 fn tc_kernels(hs: usize) -> Option<[ElemKernel; 3]> {
@@ -270,8 +299,19 @@ impl CudaBackend {
                 threads: TC_THREADS,
                 shared,
             };
+            // Hopper's warpgroup MMA forward where the GPU is sm_90 (its program is compiled
+            // for sm_90a there); the mma.sync one elsewhere. The backward is mma.sync's on all.
+            let forward = match wgmma_forward_kernel(hs) {
+                Some(kernel) if self.info.arch() == 90 => Launch {
+                    kernel,
+                    rows: WGMMA_ROWS,
+                    threads: WGMMA_THREADS,
+                    shared: wgmma_shared(hs),
+                },
+                _ => launch(forward, tc_forward_rows(hs), shared.forward),
+            };
             return Ok(Plan {
-                forward: launch(forward, tc_forward_rows(hs), shared.forward),
+                forward,
                 dq: launch(dq, TC_ROWS, shared.dq),
                 dkv: launch(dkv, TC_ROWS, shared.dkv),
                 tensor_cores: true,
@@ -547,6 +587,19 @@ mod tests {
         assert!(s.forward.max(s.dq).max(s.dkv) <= DEFAULT_SHARED_BYTES);
     }
 
+    /// The Hopper forward's byte counts are `WgShape::bytes` of its key tiles, and the blocks
+    /// that its registers allow an SM (three at head size 64, two at 128) fit an sm_90 SM's
+    /// shared memory (228 KiB, 1 KiB of it reserved per block).
+    #[test]
+    fn wgmma_shared_memory_is_the_kernel_layout_and_blocks_fit() {
+        // Three stages of [K | V]: 64 keys x 64 columns at head size 64, 64 keys x two
+        // 64-column halves at 128; 1024 bytes of alignment slack.
+        assert_eq!(wgmma_shared(64), 2 * 3 * 64 * 128 + 1024);
+        assert_eq!(wgmma_shared(128), 2 * 3 * 2 * 64 * 128 + 1024);
+        assert!(3 * (wgmma_shared(64) + 1024) <= 228 << 10);
+        assert!(2 * (wgmma_shared(128) + 1024) <= 228 << 10);
+    }
+
     /// Every kernel the launcher asks for is one the program defines: each dtype, head size and
     /// kernel, compiled for sm_80, sm_86 and sm_90 (skipped where NVRTC is absent).
     #[test]
@@ -558,8 +611,10 @@ mod tests {
         let mut names = Vec::new();
         for hs in TC_HEAD_SIZES {
             let kernels = tc_kernels(hs).unwrap_or_else(|| panic!("no kernels for {hs}"));
+            let hopper = wgmma_forward_kernel(hs).unwrap_or_else(|| panic!("no wgmma for {hs}"));
             for dtype in [DType::BF16, DType::F16] {
                 names.extend(kernels.iter().map(|k| k.name(dtype)));
+                names.push(hopper.name(dtype));
             }
         }
         let mut listed: Vec<&str> = PROGRAM_TC.entries().map(|(_, name)| name).collect();

@@ -136,6 +136,8 @@ kernel_table! {
         AttentionBackwardDqHs128Tc = "attention_backward_dq" + "_hs128_tc" in [BF16, F16],
         AttentionBackwardDkvHs64Tc = "attention_backward_dkv" + "_hs64_tc" in [BF16, F16],
         AttentionBackwardDkvHs128Tc = "attention_backward_dkv" + "_hs128_tc" in [BF16, F16],
+        AttentionForwardHs64Wgmma = "attention_forward" + "_hs64_wgmma" in [BF16, F16],
+        AttentionForwardHs128Wgmma = "attention_forward" + "_hs128_wgmma" in [BF16, F16],
         MaskedAttentionForwardHs16 = "masked_attention_forward" + "_hs16",
         MaskedAttentionForwardHs32 = "masked_attention_forward" + "_hs32",
         MaskedAttentionForwardHs64 = "masked_attention_forward" + "_hs64",

@@ -16,6 +16,21 @@ use std::path::{Path, PathBuf};
 /// defaults and stay on: the kernels are checked against the CPU reference to fp32 accuracy.
 const OPTIONS: &[&str] = &["--std=c++17"];
 
+/// Programs with instructions of Hopper's arch-specific target (warpgroup MMA, `wgmma`): on
+/// sm_90 they are compiled for `sm_90a`, whose CUBIN runs on compute capability 9.0 alone,
+/// which is the GPU at hand; on every other GPU for its plain `sm_XX` (their sources compile
+/// those kernels' bodies only for sm_90a).
+const HOPPER_SPECIFIC: &[&str] = &["attention_tc"];
+
+/// NVRTC's target for program `name` on `sm_{arch}`.
+fn arch_option(name: &str, arch: u32) -> String {
+    if arch == 90 && HOPPER_SPECIFIC.contains(&name) {
+        "--gpu-architecture=sm_90a".to_string()
+    } else {
+        format!("--gpu-architecture=sm_{arch}")
+    }
+}
+
 /// A compiled program and whether it came from the cache.
 pub struct Compiled {
     pub cubin: Vec<u8>,
@@ -64,7 +79,7 @@ pub fn compile(
     arch: u32,
     cache: Option<&Path>,
 ) -> Result<Compiled, CudaError> {
-    let arch_opt = format!("--gpu-architecture=sm_{arch}");
+    let arch_opt = arch_option(name, arch);
     let (major, minor) = nvrtc_version()?;
     let key = fnv1a(&[
         source.as_bytes(),
@@ -179,6 +194,17 @@ fn compile_uncached(name: &str, source: &str, options: &[String]) -> Result<Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_hopper_specific_programs_get_sm90a_and_only_on_sm90() {
+        assert_eq!(arch_option("attention_tc", 90), "--gpu-architecture=sm_90a");
+        assert_eq!(arch_option("attention_tc", 80), "--gpu-architecture=sm_80");
+        assert_eq!(arch_option("layernorm", 90), "--gpu-architecture=sm_90");
+        assert_eq!(
+            arch_option("attention_tc", 100),
+            "--gpu-architecture=sm_100"
+        );
+    }
 
     #[test]
     fn cache_key_hash_is_stable_and_separates_parts() {
