@@ -2,9 +2,11 @@
 // CPU reference, outside the engine: the kernels' sources are included as the engine's
 // program compiles them (common.cuh first), with their entry points instantiated here.
 //
-// Correctness: small shapes (T not a multiple of any tile, windows 0 and 37), each head
-// vector's largest |error| over its own largest |value| (the selftest's per-head measure), and
-// the log-sum-exp's absolute error. Timing: cudaEvent around single launches, median of many.
+// Correctness: small shapes (T not a multiple of any tile, windows 0, 1, 37, 64 and 300), each
+// head vector's largest |error| over its own largest |value| (the selftest's per-head measure),
+// and the log-sum-exp's absolute error; each two-warpgroup configuration is also compared bit for
+// bit with the one-warpgroup one of its key tile. Timing: cudaEvent around single launches,
+// median of many. Exits with 2 when a check exceeds its bound or a configuration spills.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -22,14 +24,28 @@ TC_ENTRY_POINTS(64, TcBf16, bf16)
 TC_ENTRY_POINTS(64, TcF16, f16)
 TC_ENTRY_POINTS(128, TcBf16, bf16)
 TC_ENTRY_POINTS(128, TcF16, f16)
-// The engine's key tile (WgForward: 64 keys), and 128 keys at head size 64 (two blocks an SM);
-// 128 keys at head size 128 would spill.
-WG_ENTRY_POINT(64, 128, WgBf16, wg_bf16_hs64_n128)
-WG_ENTRY_POINT(64, 128, WgF16, wg_f16_hs64_n128)
-WG_ENTRY_POINT(64, 64, WgBf16, wg_bf16_hs64_n64)
-WG_ENTRY_POINT(64, 64, WgF16, wg_f16_hs64_n64)
-WG_ENTRY_POINT(128, 64, WgBf16, wg_bf16_hs128_n64)
-WG_ENTRY_POINT(128, 64, WgF16, wg_f16_hs128_n64)
+// Configurations of the Hopper forward (WgShape: head size, key tile, warpgroups a block, Q in
+// shared memory). The engine's (WgForward) are marked in the table below; 128 keys with one
+// warpgroup and Q in registers at head size 128 would spill.
+WG_ENTRY_POINT(64, 64, 1, false, WgBf16, wg_bf16_hs64_n64)
+WG_ENTRY_POINT(64, 64, 1, false, WgF16, wg_f16_hs64_n64)
+WG_ENTRY_POINT(64, 128, 1, false, WgBf16, wg_bf16_hs64_n128)
+WG_ENTRY_POINT(64, 128, 1, false, WgF16, wg_f16_hs64_n128)
+WG_ENTRY_POINT(64, 64, 2, true, WgBf16, wg_bf16_hs64_n64_g2q)
+WG_ENTRY_POINT(64, 64, 2, true, WgF16, wg_f16_hs64_n64_g2q)
+WG_ENTRY_POINT(64, 128, 2, true, WgBf16, wg_bf16_hs64_n128_g2q)
+WG_ENTRY_POINT(64, 128, 2, true, WgF16, wg_f16_hs64_n128_g2q)
+WG_ENTRY_POINT(128, 64, 1, false, WgBf16, wg_bf16_hs128_n64)
+WG_ENTRY_POINT(128, 64, 1, false, WgF16, wg_f16_hs128_n64)
+WG_ENTRY_POINT(128, 64, 2, false, WgBf16, wg_bf16_hs128_n64_g2)
+WG_ENTRY_POINT(128, 64, 2, false, WgF16, wg_f16_hs128_n64_g2)
+WG_ENTRY_POINT(128, 64, 2, true, WgBf16, wg_bf16_hs128_n64_g2q)
+WG_ENTRY_POINT(128, 64, 2, true, WgF16, wg_f16_hs128_n64_g2q)
+WG_ENTRY_POINT(128, 128, 2, true, WgBf16, wg_bf16_hs128_n128_g2q)
+WG_ENTRY_POINT(128, 128, 2, true, WgF16, wg_f16_hs128_n128_g2q)
+// The configurations marked [engine] below are WgForward's.
+static_assert(WgForward<64>::keys == 64 && WgForward<64>::groups == 1 && !WgForward<64>::q_shared, "engine hs 64");
+static_assert(WgForward<128>::keys == 64 && WgForward<128>::groups == 1 && !WgForward<128>::q_shared, "engine hs 128");
 
 #define CK(x)                                                                              \
     do {                                                                                   \
@@ -47,6 +63,9 @@ struct Kernel {
     Fwd f;
     int hs, rows, shared;
     bool f16;
+    int threads;  // 128 a warpgroup
+    int keys;     // key tile (0: the mma.sync forward)
+    bool engine;  // the configuration the engine launches on sm_90
 };
 
 // IEEE half by hand (round to nearest even, overflow to inf; the inputs here are small).
@@ -158,7 +177,7 @@ static void launch(const Kernel& k, const void* qkv, void* out, float* lse, int 
     void* args[] = {(void*)&qkv, (void*)&out, (void*)&lse, (void*)&T, nullptr, (void*)&NH, (void*)&W};
     int C = NH * k.hs;
     args[4] = (void*)&C;
-    CK(cudaLaunchKernel((const void*)k.f, grid, dim3(128), args, k.shared, 0));
+    CK(cudaLaunchKernel((const void*)k.f, grid, dim3(k.threads), args, k.shared, 0));
 }
 
 struct Run {
@@ -232,32 +251,57 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+#define WG(NAME, HS, N, G, QS, F16, ENGINE) \
+    {#NAME, (Fwd)NAME, HS, G * 64, WgShape<HS, N, G, QS>::bytes, F16, G * 128, N, ENGINE}
+    // Names: n<key tile>, g2 two warpgroups a block (128 queries), q Q in shared memory.
     Kernel ks[] = {
-        {"tc bf16 hs64", (Fwd)attention_forward_bf16_hs64_tc, 64, 128, 4 * 64 * 72 * 2, false},
-        {"tc f16 hs64", (Fwd)attention_forward_f16_hs64_tc, 64, 128, 4 * 64 * 72 * 2, true},
-        {"tc bf16 hs128", (Fwd)attention_forward_bf16_hs128_tc, 128, 64, 4 * 32 * 136 * 2, false},
-        {"tc f16 hs128", (Fwd)attention_forward_f16_hs128_tc, 128, 64, 4 * 32 * 136 * 2, true},
-        {"wg bf16 hs64 n128", (Fwd)wg_bf16_hs64_n128, 64, 64, WgShape<64, 128>::bytes, false},
-        {"wg f16 hs64 n128", (Fwd)wg_f16_hs64_n128, 64, 64, WgShape<64, 128>::bytes, true},
-        {"wg bf16 hs64 n64", (Fwd)wg_bf16_hs64_n64, 64, 64, WgShape<64, 64>::bytes, false},
-        {"wg f16 hs64 n64", (Fwd)wg_f16_hs64_n64, 64, 64, WgShape<64, 64>::bytes, true},
-        {"wg bf16 hs128 n64", (Fwd)wg_bf16_hs128_n64, 128, 64, WgShape<128, 64>::bytes, false},
-        {"wg f16 hs128 n64", (Fwd)wg_f16_hs128_n64, 128, 64, WgShape<128, 64>::bytes, true},
+        {"tc bf16 hs64", (Fwd)attention_forward_bf16_hs64_tc, 64, 128, 4 * 64 * 72 * 2, false, 128, 0, false},
+        {"tc f16 hs64", (Fwd)attention_forward_f16_hs64_tc, 64, 128, 4 * 64 * 72 * 2, true, 128, 0, false},
+        {"tc bf16 hs128", (Fwd)attention_forward_bf16_hs128_tc, 128, 64, 4 * 32 * 136 * 2, false, 128, 0, false},
+        {"tc f16 hs128", (Fwd)attention_forward_f16_hs128_tc, 128, 64, 4 * 32 * 136 * 2, true, 128, 0, false},
+        WG(wg_bf16_hs64_n64, 64, 64, 1, false, false, true),
+        WG(wg_f16_hs64_n64, 64, 64, 1, false, true, true),
+        WG(wg_bf16_hs64_n128, 64, 128, 1, false, false, false),
+        WG(wg_f16_hs64_n128, 64, 128, 1, false, true, false),
+        WG(wg_bf16_hs64_n64_g2q, 64, 64, 2, true, false, false),
+        WG(wg_f16_hs64_n64_g2q, 64, 64, 2, true, true, false),
+        WG(wg_bf16_hs64_n128_g2q, 64, 128, 2, true, false, false),
+        WG(wg_f16_hs64_n128_g2q, 64, 128, 2, true, true, false),
+        WG(wg_bf16_hs128_n64, 128, 64, 1, false, false, true),
+        WG(wg_f16_hs128_n64, 128, 64, 1, false, true, true),
+        WG(wg_bf16_hs128_n64_g2, 128, 64, 2, false, false, false),
+        WG(wg_f16_hs128_n64_g2, 128, 64, 2, false, true, false),
+        WG(wg_bf16_hs128_n64_g2q, 128, 64, 2, true, false, false),
+        WG(wg_f16_hs128_n64_g2q, 128, 64, 2, true, true, false),
+        WG(wg_bf16_hs128_n128_g2q, 128, 128, 2, true, false, false),
+        WG(wg_f16_hs128_n128_g2q, 128, 128, 2, true, true, false),
     };
+#undef WG
     const int nk = sizeof(ks) / sizeof(ks[0]);
+    bool ok_build = true;
     for (int i = 0; i < nk; i++) {
         CK(cudaFuncSetAttribute((const void*)ks[i].f, cudaFuncAttributeMaxDynamicSharedMemorySize, ks[i].shared));
         cudaFuncAttributes at;
         CK(cudaFuncGetAttributes(&at, (const void*)ks[i].f));
         int blocks = 0;
-        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, (const void*)ks[i].f, 128, ks[i].shared));
-        printf("%-20s regs %3d, local %zu B, shared %6d B, %d blocks/SM\n", ks[i].name, at.numRegs,
-               at.localSizeBytes, ks[i].shared, blocks);
+        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, (const void*)ks[i].f, ks[i].threads,
+                                                         ks[i].shared));
+        printf("%-24s %3d threads, regs %3d, local %zu B, shared %6d B, %d blocks/SM (%2d warps)%s\n", ks[i].name,
+               ks[i].threads, at.numRegs, at.localSizeBytes, ks[i].shared, blocks, blocks * ks[i].threads / 32,
+               ks[i].engine ? "  [engine]" : "");
+        // A spilling configuration is no candidate: the run fails (its times are still shown).
+        if (at.localSizeBytes != 0) {
+            printf("%s spills to local memory: FAIL\n", ks[i].name);
+            ok_build = false;
+        }
     }
 
     // Correctness: every wgmma kernel against the CPU and against the tc kernel of its type.
     struct Shape { int B, T, NH, W; };
-    const Shape shapes[] = {{1, 200, 2, 0}, {1, 200, 2, 37}, {2, 77, 2, 0}, {1, 1000, 2, 0}, {1, 1000, 2, 300}, {1, 64, 1, 1}};
+    // T = 64 and 77 leave a 128-query block's second warpgroup without rows or with a few; W = 37
+    // and 64 start its window a tile later than the first's.
+    const Shape shapes[] = {{1, 200, 2, 0}, {1, 200, 2, 37}, {2, 77, 2, 0}, {1, 1000, 2, 0}, {1, 1000, 2, 300},
+                            {1, 64, 1, 1}, {1, 513, 2, 64}};
     double worst_wg[2] = {0, 0}, worst_tc[2] = {0, 0};
     // Per kernel: worst output error vs the CPU, lse error vs the CPU, output and lse vs tc.
     std::vector<double> w_out(nk, 0), w_lse(nk, 0), w_dout(nk, 0), w_dlse(nk, 0);
@@ -285,11 +329,13 @@ int main(int argc, char** argv) {
                 worst_tc[f16] = std::max(worst_tc[f16], et);
                 w_out[tc - ks] = std::max(w_out[tc - ks], et);
                 w_lse[tc - ks] = std::max(w_lse[tc - ks], etl);
-                printf("B %d T %4d NH %d W %3d %-20s out %.2e lse %.2e (vs cpu)\n", sh.B, sh.T, sh.NH, sh.W,
+                printf("B %d T %4d NH %d W %3d %-24s out %.2e lse %.2e (vs cpu)\n", sh.B, sh.T, sh.NH, sh.W,
                        tc->name, et, etl);
+                std::vector<Run> runs(nk);
                 for (int i = 0; i < nk; i++) {
                     if (ks[i].hs != hs || ks[i].f16 != (bool)f16 || ks[i].name[0] != 'w') continue;
-                    Run rw = run_once(ks[i], bits, sh.B, sh.T, sh.NH, sh.W);
+                    runs[i] = run_once(ks[i], bits, sh.B, sh.T, sh.NH, sh.W);
+                    const Run& rw = runs[i];
                     const double e = err_per_head(rw.out, ro, hs), el = err_abs(rw.lse, rl);
                     const double d = err_per_head(rw.out, rt.out, hs), dl = err_abs(rw.lse, rt.lse);
                     worst_wg[f16] = std::max(worst_wg[f16], e);
@@ -300,17 +346,30 @@ int main(int argc, char** argv) {
                     const double bound = f16 ? 2e-3 : 1e-2;
                     const bool good = e <= bound && el < 1e-3;
                     ok = ok && good;
-                    printf("B %d T %4d NH %d W %3d %-20s out %.2e lse %.2e (vs cpu), %.2e %.2e (vs tc)%s\n", sh.B,
-                           sh.T, sh.NH, sh.W, ks[i].name, e, el, d, dl, good ? "" : "  FAIL");
+                    // Two warpgroups with the key tile of a one-warpgroup configuration sum in the same
+                    // order: their results should be that one's bit for bit (reported, not a bound).
+                    std::string same;
+                    for (int j = 0; j < i; j++) {
+                        if (ks[j].hs != hs || ks[j].f16 != (bool)f16 || ks[j].keys != ks[i].keys ||
+                            ks[j].threads != 128 || ks[i].threads == 128 || runs[j].out.empty())
+                            continue;
+                        const bool eq = !memcmp(runs[j].out.data(), rw.out.data(), rw.out.size() * 4) &&
+                                        !memcmp(runs[j].lse.data(), rw.lse.data(), rw.lse.size() * 4);
+                        same = eq ? ", = n" + std::to_string(ks[j].keys) + " g1"
+                                  : ", DIFFERS from n" + std::to_string(ks[j].keys) + " g1";
+                    }
+                    printf("B %d T %4d NH %d W %3d %-24s out %.2e lse %.2e (vs cpu), %.2e %.2e (vs tc)%s%s\n", sh.B,
+                           sh.T, sh.NH, sh.W, ks[i].name, e, el, d, dl, same.c_str(), good ? "" : "  FAIL");
                 }
             }
         }
     }
-    printf("%-20s %9s %9s %9s %9s\n", "worst over shapes", "out/cpu", "lse/cpu", "out/tc", "lse/tc");
+    printf("%-24s %9s %9s %9s %9s\n", "worst over shapes", "out/cpu", "lse/cpu", "out/tc", "lse/tc");
     for (int i = 0; i < nk; i++)
-        printf("%-20s %9.2e %9.2e %9.2e %9.2e\n", ks[i].name, w_out[i], w_lse[i], w_dout[i], w_dlse[i]);
+        printf("%-24s %9.2e %9.2e %9.2e %9.2e\n", ks[i].name, w_out[i], w_lse[i], w_dout[i], w_dlse[i]);
     printf("worst vs cpu: bf16 wg %.2e tc %.2e (bound 1e-2); f16 wg %.2e tc %.2e (bound 2e-3): %s\n", worst_wg[0],
            worst_tc[0], worst_wg[1], worst_tc[1], ok ? "PASS" : "FAIL");
+    ok = ok && ok_build;
 
     // Timing: causal, no window.
     struct TShape { int B, T, NH, hs; };
@@ -321,9 +380,10 @@ int main(int argc, char** argv) {
             const int reps = quick ? 10 : (sh.T > 1024 ? 30 : 100);
             const float us = time_us(ks[i], sh.B, sh.T, sh.NH, reps);
             const double flops = 2.0 * 2.0 * sh.B * sh.NH * (double)sh.T * (sh.T + 1) / 2.0 * sh.hs;
-            printf("time B %d T %d NH %2d hs %3d %-20s %8.1f us %6.1f TFLOP/s\n", sh.B, sh.T, sh.NH, sh.hs,
-                   ks[i].name, us, flops / us * 1e-6);
+            printf("time B %d T %d NH %2d hs %3d %-24s %8.1f us %6.1f TFLOP/s%s\n", sh.B, sh.T, sh.NH, sh.hs,
+                   ks[i].name, us, flops / us * 1e-6, ks[i].engine ? "  [engine]" : "");
         }
     }
+    printf("checks: %s\n", ok ? "PASS" : "FAIL");
     return ok ? 0 : 2;
 }

@@ -1,14 +1,20 @@
 #!/bin/bash
-# Builds the harness for sm_90a, checks and times the wgmma forward against the mma.sync one,
-# then times PyTorch SDPA at the same shapes. Run from the repository root on a Hopper GPU:
+# Builds the harness for sm_90a, checks every Hopper configuration against the CPU reference
+# and times them beside the mma.sync forward, then times PyTorch SDPA at the same shapes and
+# prints the times side by side. Run from the repository root on a Hopper GPU:
 #   bash bench/wgmma_attention/run.sh [quick]
+# Exits non-zero when the build fails, a configuration spills, or a check exceeds its bound.
 set -o pipefail
 dir=$(dirname "$0")
 out=${OUT:-/tmp}
 nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -o /tmp/wgmma_harness \
     "$dir/harness.cu" 2>"$out/ptxas.txt" || { cat "$out/ptxas.txt"; exit 1; }
-grep -A2 "entry function 'wg_" "$out/ptxas.txt" | grep -i "registers\|spill" | sort | uniq -c
+python3 "$dir/summary.py" ptxas "$out/ptxas.txt"
+# wgmma serialized by ptxas (C7520) costs most of its speed: say so loudly.
+grep -i "C7520" "$out/ptxas.txt" && echo "WARNING: ptxas serialized wgmma in the functions above"
 /tmp/wgmma_harness "$@" 2>&1 | tee "$out/harness.txt"
 rc=$?
 PYTHONUNBUFFERED=1 python3 "$dir/sdpa.py" 2>&1 | tee "$out/sdpa.txt"
+python3 "$dir/summary.py" times "$out/harness.txt" "$out/sdpa.txt" | tee "$out/summary.txt"
+echo "harness exit status: $rc"
 exit $rc

@@ -6,7 +6,8 @@
 //! - bf16 or f16 with head size 64 (GPT-2's shape) or 128 (Llama 3's, Qwen3's) on sm_80 and
 //!   newer: tensor cores (`mma.sync`), a warp per 16 rows, tiles double-buffered in shared
 //!   memory; on sm_90 (Hopper) the forward runs on warpgroup MMA instead (`wgmma`,
-//!   attention_wgmma.cu), a warpgroup per 64 rows, tiles triple-buffered;
+//!   attention_wgmma.cu), a warpgroup per 64 rows (two sharing each tile at head size 128),
+//!   tiles triple-buffered;
 //! - everything else (f32, head sizes 16, 32 and 64, older GPUs): one query (or key) row per
 //!   thread on CUDA cores, f32 arithmetic. Head size 128 has no such kernel (a thread would
 //!   hold four 128-float rows): f32 activations or a GPU older than sm_80 get an error that
@@ -114,7 +115,7 @@ const fn tc_forward_rows(hs: usize) -> u32 {
 /// Head sizes of the tensor-core kernels.
 const TC_HEAD_SIZES: [usize; 2] = [64, 128];
 
-/// The Hopper (sm_90) forward at head size `hs`: a warpgroup of 128 threads per 64 queries.
+/// The Hopper (sm_90) forward at head size `hs`; its configuration is [`wgmma_config`].
 fn wgmma_forward_kernel(hs: usize) -> Option<ElemKernel> {
     match hs {
         64 => Some(ElemKernel::AttentionForwardHs64Wgmma),
@@ -122,18 +123,52 @@ fn wgmma_forward_kernel(hs: usize) -> Option<ElemKernel> {
         _ => None,
     }
 }
-/// Queries per block of the Hopper forward (WG_ROWS) and its threads (WG_THREADS).
-const WGMMA_ROWS: u32 = 64;
-const WGMMA_THREADS: u32 = 128;
+
+/// A configuration of the Hopper forward (`WgShape` of attention_wgmma.cu): key tile rows,
+/// warpgroups a block (each 128 threads and 64 queries, sharing every K and V tile), and
+/// whether Q is read from shared memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct WgmmaConfig {
+    keys: usize,
+    groups: u32,
+    q_shared: bool,
+}
+
+/// The configuration the Hopper forward's entry point at head size `hs` is compiled for:
+/// `WgForward` of attention_wgmma.cu, which this mirrors (the two change together): one
+/// warpgroup, 64 keys, Q in registers at both head sizes (two warpgroups sharing the tiles
+/// measured slower at head size 128 and at T 1024; see the kernel's comment).
+const fn wgmma_config(_hs: usize) -> WgmmaConfig {
+    WgmmaConfig {
+        keys: 64,
+        groups: 1,
+        q_shared: false,
+    }
+}
+
+/// Queries per block of the Hopper forward (64 a warpgroup, WG_ROWS) and its threads (128 a
+/// warpgroup, WG_THREADS).
+const fn wgmma_rows(hs: usize) -> u32 {
+    64 * wgmma_config(hs).groups
+}
+const fn wgmma_threads(hs: usize) -> u32 {
+    128 * wgmma_config(hs).groups
+}
 
 /// Dynamic shared memory of the Hopper forward at head size `hs`, in bytes: `WgShape::bytes`
-/// of attention_wgmma.cu (which traps when launched with less) for the key tile of
-/// `WgForward` (64 keys): three stages of a K and a V tile of 128-byte rows (a row of `hs`
-/// elements is `hs / 64` of them), and 1024 bytes to align them.
+/// of attention_wgmma.cu (which traps when launched with less) for [`wgmma_config`]: Q's tile
+/// of 64 rows a warpgroup where it is read from shared memory, three stages of a K and a V
+/// tile, all of 128-byte rows (a row of `hs` elements is `hs / 64` of them), and 1024 bytes
+/// to align them.
 const fn wgmma_shared(hs: usize) -> u32 {
-    let keys = 64;
-    let tile = (hs / 64) * keys * 128;
-    (2 * 3 * tile + 1024) as u32
+    let config = wgmma_config(hs);
+    let q = if config.q_shared {
+        (hs / 64) * 64 * config.groups as usize * 128
+    } else {
+        0
+    };
+    let tile = (hs / 64) * config.keys * 128;
+    (q + 2 * 3 * tile + 1024) as u32
 }
 
 /// The forward, dQ and dK/dV tensor-core kernels at head size `hs`.
@@ -304,8 +339,8 @@ impl CudaBackend {
             let forward = match wgmma_forward_kernel(hs) {
                 Some(kernel) if self.info.arch() == 90 => Launch {
                     kernel,
-                    rows: WGMMA_ROWS,
-                    threads: WGMMA_THREADS,
+                    rows: wgmma_rows(hs),
+                    threads: wgmma_threads(hs),
                     shared: wgmma_shared(hs),
                 },
                 _ => launch(forward, tc_forward_rows(hs), shared.forward),
@@ -587,16 +622,28 @@ mod tests {
         assert!(s.forward.max(s.dq).max(s.dkv) <= DEFAULT_SHARED_BYTES);
     }
 
-    /// The Hopper forward's byte counts are `WgShape::bytes` of its key tiles, and the blocks
-    /// that its registers allow an SM (three at head size 64, two at 128) fit an sm_90 SM's
-    /// shared memory (228 KiB, 1 KiB of it reserved per block).
+    /// The Hopper forward's byte counts are `WgShape::bytes` of its configurations, and the
+    /// blocks that its registers allow an SM (three at head size 64, two at 128) fit an sm_90
+    /// SM's shared memory (228 KiB, 1 KiB of it reserved per block; at most 227 KiB a block).
     #[test]
     fn wgmma_shared_memory_is_the_kernel_layout_and_blocks_fit() {
-        // Three stages of [K | V]: 64 keys x 64 columns at head size 64, 64 keys x two
-        // 64-column halves at 128; 1024 bytes of alignment slack.
+        // Head size 64: one warpgroup (64 queries, 128 threads); three stages of [K | V] of
+        // 64 keys x 64 columns; 1024 bytes of alignment slack.
+        assert_eq!(
+            wgmma_config(64),
+            WgmmaConfig {
+                keys: 64,
+                groups: 1,
+                q_shared: false
+            }
+        );
+        assert_eq!((wgmma_rows(64), wgmma_threads(64)), (64, 128));
         assert_eq!(wgmma_shared(64), 2 * 3 * 64 * 128 + 1024);
-        assert_eq!(wgmma_shared(128), 2 * 3 * 2 * 64 * 128 + 1024);
         assert!(3 * (wgmma_shared(64) + 1024) <= 228 << 10);
+        // Head size 128: the same, each tile two 64-column halves; two blocks an SM.
+        assert_eq!(wgmma_config(128), wgmma_config(64));
+        assert_eq!((wgmma_rows(128), wgmma_threads(128)), (64, 128));
+        assert_eq!(wgmma_shared(128), 2 * 3 * 2 * 64 * 128 + 1024);
         assert!(2 * (wgmma_shared(128) + 1024) <= 228 << 10);
     }
 

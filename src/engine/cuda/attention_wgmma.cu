@@ -3,40 +3,55 @@
 // helpers it shares (this file follows attention_tc.cu in its program); the backward kernels
 // stay there.
 //
-// A block is one warpgroup (4 warps, 128 threads) that owns 64 queries: wgmma's M is 64, and
-// warp w of the group holds rows 16w .. 16w + 15 in the same fragment layouts as mma.sync's
-// m16n8k16 (attention_tc.cu's header): an f32 accumulator chunk of 8 columns is rows g and
-// g + 8, columns 2t and 2t + 1 of lane 4g + t, and the A operand of k-chunk k is the
-// accumulator's columns 16k .. 16k + 15 packed in pairs. So the online softmax, its row
-// reductions over 4 lanes and the masks are the mma.sync forward's, and P goes from the
-// score accumulators to the next product's A operand without a shuffle. Small blocks let
-// several share an SM (three at head size 64, two at 128; registers and shared memory allow
-// no more): while one block works through its softmax, the others' products keep the tensor
-// cores busy.
+// A warpgroup (4 warps, 128 threads) owns 64 queries: wgmma's M is 64, and warp w of the group
+// holds rows 16w .. 16w + 15 in the same fragment layouts as mma.sync's m16n8k16
+// (attention_tc.cu's header): an f32 accumulator chunk of 8 columns is rows g and g + 8,
+// columns 2t and 2t + 1 of lane 4g + t, and the A operand of k-chunk k is the accumulator's
+// columns 16k .. 16k + 15 packed in pairs. So the online softmax, its row reductions over 4
+// lanes and the masks are the mma.sync forward's, and P goes from the score accumulators to the
+// next product's A operand without a shuffle.
 //
-// Both products take A from registers and B from shared memory through matrix descriptors:
-// - S = Q K^T: Q's fragments are read from global memory once into registers (16 or 32 per
-//   thread); K is the B operand in its natural layout, head dimension contiguous ("K-major");
+// A block is G warpgroups (WgShape: one or two) over 64 G consecutive queries that share every
+// K and V tile in shared memory: each tile is copied once and read by the tensor cores once per
+// warpgroup, so two warpgroups halve the copies of K and V per query (their global and L2 reads,
+// shared-memory writes, copy instructions and barriers); the tensor cores' reads per query stay
+// the same. The warpgroups run the same steps in lockstep (one barrier a tile) and each issues the
+// products of every tile of the block, as wgmma needs control flow the compiler can see is
+// uniform over a warpgroup: the tiles that one warpgroup's rows do not see at all are masked
+// whole and add exact zeros, so each row's sums are those of a one-warpgroup block with the same
+// key tile, in the same order. Several blocks share an SM where registers and shared memory allow: while
+// one block works through its softmax, the others' products keep the tensor cores busy. The
+// engine's configurations and their occupancy are listed at WgForward.
+//
+// Both products take B from shared memory through matrix descriptors:
+// - S = Q K^T: Q's fragments are either read from global memory once into registers (16 or 32
+//   per thread) and are the A operand from there, or copied once into shared memory in K's
+//   layout below and read through a descriptor as well (QS), which frees those registers for
+//   larger key tiles; K is the B operand in its natural layout, head dimension contiguous
+//   ("K-major");
 // - O += P V: P comes from the score registers, rounded to the operand type; V is the B
 //   operand with the key (reduction) dimension strided, head dimension contiguous, which
 //   wgmma reads transposed ("MN-major").
-// Each tile of K or V lies in shared memory in the 128-byte swizzle that wgmma reads without
+// Each tile of K, V or Q lies in shared memory in the 128-byte swizzle that wgmma reads without
 // bank conflicts: a row of 64 elements is 128 bytes, and 16-byte chunk c of row r sits at
 // chunk c ^ (r % 8) of its row, in 1024-byte aligned groups of 8 rows. At head size 128 a row
 // is split into two 64-column halves, each half of the tile a separate swizzled sub-tile. The
-// descriptors: for K, one k-step (16 columns, 32 bytes) advances the start address by 32 bytes
-// inside the swizzled row, and groups of 8 rows are 1024 bytes apart (the stride offset); for
-// V, one k-step (16 keys) advances it by 2048 bytes (two groups of 8 rows, again 1024 bytes
-// apart), and the two 64-column halves at head size 128 are one sub-tile apart (the leading
-// offset).
+// descriptors: for K (and Q), one k-step (16 columns, 32 bytes) advances the start address by
+// 32 bytes inside the swizzled row, the fifth k-step starts the second sub-tile, and groups of
+// 8 rows are 1024 bytes apart (the stride offset); warpgroup w's 64 rows of Q start 64 rows
+// (8 KiB) into each sub-tile. For V, one k-step (16 keys) advances it by 2048 bytes (two groups
+// of 8 rows, again 1024 bytes apart), and the two 64-column halves at head size 128 are one
+// sub-tile apart (the leading offset).
 //
-// Tiles arrive by `cp.async` into three stages of K and V; every thread waits for its own
-// copies, makes them visible to the tensor cores' (asynchronous) proxy with
+// Tiles arrive by `cp.async` into three stages of K and V, the copies spread over all the
+// block's threads (Q's, when in shared memory, go with the first tile's); every thread waits
+// for its own copies, makes them visible to the tensor cores' (asynchronous) proxy with
 // `fence.proxy.async`, and a barrier then publishes the tile to the block. The loop overlaps
 // the products with the softmax: at key tile j the block issues S_j = Q K_j^T and
 // O += P_{j-1} V_{j-1} back to back, waits only for S_j, computes P_j while the second product
-// runs, then waits for it and rescales O. Tile j + 1 is copied during step j into the stage
-// that held tile j - 2, whose last reader (the product of step j - 1) every thread has waited
+// runs, then waits for it and rescales O. Tile j + 1 is copied during step j (its copies issued
+// before the products with one warpgroup, after them with two) into the stage that held tile
+// j - 2, whose last reader (the product of step j - 1) every thread has waited
 // for before the barrier that opens step j.
 //
 // The arithmetic is the mma.sync forward's: base-2 scores with `ex2.approx.ftz`, the causal mask
@@ -51,27 +66,52 @@
 // The output is staged through shared memory so that each row is written with 16-byte stores.
 
 #define WG_THREADS 128  // one warpgroup
-#define WG_ROWS 64      // the queries of a block: wgmma's M
+#define WG_ROWS 64      // the queries of a warpgroup: wgmma's M
 
-// Key tile rows (wgmma's N of S = Q K^T) and the shared memory layout at one head size:
-// three stages of [K | V], each tile HS / 64 sub-tiles of 64 columns (128-byte rows).
-template <int HS, int N> struct WgShape {
-    static constexpr int sub = N * 128;           // bytes of one 64-column sub-tile
+// A configuration of the forward: head size HS, key tile rows N (wgmma's N of S = Q K^T), G
+// warpgroups a block (64 G queries, 128 G threads) that share every K and V tile, and whether Q
+// is read by the tensor cores from shared memory (QS) rather than held in registers. The
+// shared memory: Q's tile when QS (HS / 64 sub-tiles of 64 G rows), then three stages of
+// [K | V], each tile HS / 64 sub-tiles of 64 columns (128-byte rows).
+template <int HS, int N, int G = 1, bool QS = false> struct WgShape {
+    static constexpr int threads = G * WG_THREADS;
+    static constexpr int rows = G * WG_ROWS;
+    static constexpr int sub = N * 128;           // bytes of one 64-column sub-tile of K or V
     static constexpr int tile = (HS / 64) * sub;  // bytes of a K or V tile
+    static constexpr int q_sub = rows * 128;      // bytes of one 64-column sub-tile of Q
+    static constexpr int q_bytes = QS ? (HS / 64) * q_sub : 0;
     static constexpr int stages = 3;
-    // The stages, and 1024 bytes of slack to align their base (the swizzle's period).
-    static constexpr int bytes = 2 * stages * tile + 1024;
+    // Q, the stages, and 1024 bytes of slack to align their base (the swizzle's period).
+    static constexpr int bytes = q_bytes + 2 * stages * tile + 1024;
     static constexpr int out_pitch = 2 * HS + 16;  // output staging row, bytes (see below)
-    static_assert(4 * 16 * out_pitch <= 2 * stages * tile, "the output staging fits the stages");
+    static_assert(4 * G * 16 * out_pitch <= 2 * stages * tile, "the output staging fits the stages");
+    static_assert(bytes <= 227 * 1024, "a block's shared memory fits an SM");
+    // The blocks an SM the registers are budgeted for (the launch bound): at least two of one
+    // warpgroup (at most 255 registers a thread); two of two warpgroups (at most 128) only at
+    // head size 64 with 64-key tiles and Q in shared memory, which fits them without spilling;
+    // otherwise one (at most 255).
+    static constexpr int min_blocks = G == 1 ? 2 : (HS == 64 && N == 64 && QS ? 2 : 1);
 };
 
-// The key tile the forward uses: 64 keys at both head sizes. At head size 64 three stages
-// take 49 KiB and 155 registers a thread, so three blocks share an SM (128 keys would halve
-// the tiles but allow only two blocks, and measured 10% slower at T = 1024); at 128, S is 32
-// registers a thread beside O's 64 and three stages take 97 KiB, two blocks an SM (128 keys
-// would spill).
+// The configuration the engine launches at each head size (attention.rs mirrors it).
+// - Head size 64: one warpgroup, 64 keys. Three stages take 49 KiB and 155 registers a
+//   thread, so three blocks (12 warps) share an SM (128 keys would halve the tiles but allow
+//   only two blocks, and measured 10% slower at T = 1024). Two warpgroups with 64 keys and Q
+//   in shared memory fit 126 registers and 65 KiB, two blocks (16 warps) an SM; with 128 keys,
+//   220 registers and 113 KiB, one block.
+// - Head size 128: one warpgroup, 64 keys, Q in registers (244 registers, 97 KiB, two blocks
+//   an SM). Two warpgroups sharing each K/V tile, Q in shared memory and 128-key tiles (218
+//   registers, 225 KiB, one block an SM) copy each tile once for 128 queries and take one
+//   barrier per 128 keys, but measured slower on an H100 (B 8, causal: 136.5 against 123.9 us
+//   at T 1024, 1483 against 1368 at T 4096, bf16): with one block an SM and one barrier a
+//   tile, the two warpgroups run in step and nothing hides their softmax. Two warpgroups with
+//   64 keys and Q in shared memory were 4% faster at head size 64 and T 4096 (576 against 599
+//   us) but 2% slower at T 1024, so the engine keeps one there too. bench/wgmma_attention
+//   checks and times every configuration.
 template <int HS> struct WgForward {
     static constexpr int keys = 64;
+    static constexpr int groups = 1;
+    static constexpr bool q_shared = false;
 };
 
 // One wgmma of 64 rows x N columns x 16: d (f32, the accumulator layout above) += a (the
@@ -118,10 +158,56 @@ template <int HS> struct WgForward {
     }
 
 
+// The same with A from shared memory through a descriptor too (K-major: A not transposed),
+// for S = Q K^T when Q is held in shared memory.
+#define WG_MMA_SS_N64(NAME, TY)                                                            \
+    template <int SCALE_D>                                                                   \
+    __device__ __forceinline__ void NAME(float (&d)[8][4], unsigned long long desc_a,         \
+                                         unsigned long long desc) {                          \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                 \
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " "             \
+                     "{" \
+                     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+                     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" \
+                     "}, %32, %33, p, 1, 1, 0, 0;\n}\n"                                 \
+                     : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), \
+                       "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), \
+                       "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
+                       "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]) \
+                     : "l"(desc_a), "l"(desc), "n"(SCALE_D)); \
+    }
+
+#define WG_MMA_SS_N128(NAME, TY)                                                            \
+    template <int SCALE_D>                                                                   \
+    __device__ __forceinline__ void NAME(float (&d)[16][4], unsigned long long desc_a,        \
+                                         unsigned long long desc) {                          \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                 \
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " "             \
+                     "{" \
+                     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+                     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+                     "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+                     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" \
+                     "}, %64, %65, p, 1, 1, 0, 0;\n}\n"                                 \
+                     : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), \
+                       "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), \
+                       "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
+                       "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), \
+                       "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), \
+                       "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), \
+                       "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), \
+                       "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]) \
+                     : "l"(desc_a), "l"(desc), "n"(SCALE_D)); \
+    }
+
 WG_MMA_RS_N64(wg_mma_bf16_n64, "bf16")
 WG_MMA_RS_N128(wg_mma_bf16_n128, "bf16")
 WG_MMA_RS_N64(wg_mma_f16_n64, "f16")
 WG_MMA_RS_N128(wg_mma_f16_n128, "f16")
+WG_MMA_SS_N64(wg_mma_ss_bf16_n64, "bf16")
+WG_MMA_SS_N128(wg_mma_ss_bf16_n128, "bf16")
+WG_MMA_SS_N64(wg_mma_ss_f16_n64, "f16")
+WG_MMA_SS_N128(wg_mma_ss_f16_n128, "f16")
 
 // The element types: attention_tc.cu's conversions, the wgmma variant, and P's scale as a
 // power of two (log2).
@@ -132,6 +218,11 @@ struct WgBf16 : TcBf16 {
         if constexpr (N == 64) wg_mma_bf16_n64<TRANS_B, SCALE_D>(d, a, desc);
         else wg_mma_bf16_n128<TRANS_B, SCALE_D>(d, a, desc);
     }
+    template <int N, int SCALE_D>
+    static __device__ __forceinline__ void mma_ss(float (&d)[N / 8][4], unsigned long long desc_a, unsigned long long desc) {
+        if constexpr (N == 64) wg_mma_ss_bf16_n64<SCALE_D>(d, desc_a, desc);
+        else wg_mma_ss_bf16_n128<SCALE_D>(d, desc_a, desc);
+    }
 };
 struct WgF16 : TcF16 {
     static constexpr float p_log2 = 12.0f;  // TcF16::p_scale() = 2^12
@@ -139,6 +230,11 @@ struct WgF16 : TcF16 {
     static __device__ __forceinline__ void mma(float (&d)[N / 8][4], const unsigned (&a)[4], unsigned long long desc) {
         if constexpr (N == 64) wg_mma_f16_n64<TRANS_B, SCALE_D>(d, a, desc);
         else wg_mma_f16_n128<TRANS_B, SCALE_D>(d, a, desc);
+    }
+    template <int N, int SCALE_D>
+    static __device__ __forceinline__ void mma_ss(float (&d)[N / 8][4], unsigned long long desc_a, unsigned long long desc) {
+        if constexpr (N == 64) wg_mma_ss_f16_n64<SCALE_D>(d, desc_a, desc);
+        else wg_mma_ss_f16_n128<SCALE_D>(d, desc_a, desc);
     }
 };
 
@@ -171,16 +267,17 @@ __device__ __forceinline__ unsigned long long wg_desc(unsigned addr, unsigned le
            (unsigned long long)((stride >> 4) & 0x3fffu) << 32 | 1ull << 62;
 }
 
-// Starts copying rows r0 .. r0 + N - 1 of K or V (HS elements each, `stride` elements apart)
-// into the swizzled tile at shared address `dst`; rows at or past T become zeros (so that
-// masked probabilities, exact zeros, meet finite values).
-template <int HS, int N, typename E>
+// Starts copying rows r0 .. r0 + N - 1 of K, V or Q (HS elements each, `stride` elements
+// apart) into the swizzled tile at shared address `dst`, the copies spread over the block's
+// THREADS threads; rows at or past T become zeros (so that masked probabilities, exact zeros,
+// meet finite values).
+template <int HS, int N, int THREADS, int UNROLL = N * HS / 8 / THREADS, typename E>
 __device__ __forceinline__ void wg_tile_copy(unsigned dst, const E* src, size_t stride, int r0, int T) {
     constexpr int chunks = HS / 8;  // 16-byte chunks of a row
-    static_assert(N * chunks % WG_THREADS == 0, "every thread copies the same number of chunks");
-    #pragma unroll
-    for (int j = 0; j < N * chunks / WG_THREADS; j++) {
-        const int i = threadIdx.x + WG_THREADS * j;
+    static_assert(N * chunks % THREADS == 0, "every thread copies the same number of chunks");
+    #pragma unroll UNROLL
+    for (int j = 0; j < N * chunks / THREADS; j++) {
+        const int i = threadIdx.x + THREADS * j;
         const int r = i / chunks, c = i % chunks;
         const bool in = r0 + r < T;
         const unsigned at = dst + (c >> 3) * (N * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
@@ -235,53 +332,77 @@ __device__ __forceinline__ void wg_softmax(float (&s)[N / 8][4], float (&m)[2], 
     }
 }
 
-// The forward: a block owns 64 queries and streams the key tiles up to its last query's
-// (from the first its window reaches) with the online softmax. Shared memory: WgShape::bytes.
-template <class Ops, int HS, int N>
+// The forward: a block owns 64 G queries (warpgroup w of them rows 64w .. 64w + 63) and streams
+// the key tiles up to its last query's (from the first its window reaches) with the online
+// softmax. Shared memory: WgShape::bytes.
+template <class Ops, int HS, int N, int G, bool QS>
 __device__ __forceinline__ void wg_forward(const typename Ops::elem* __restrict__ qkv,
                                            typename Ops::elem* __restrict__ out,
                                            float* __restrict__ lse, int T, int C, int NH, int W) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    typedef WgShape<HS, N> S;
+    typedef WgShape<HS, N, G, QS> S;
     typedef typename Ops::elem E;
     extern __shared__ __align__(1024) unsigned char wg_smem[];
     tc_need_shared(S::bytes);
+    // A launch with other than the configuration's threads (attention.rs mirrors WgForward)
+    // traps rather than leaving queries unwritten.
+    if (blockDim.x != S::threads) __trap();
     const unsigned smem0 = (tc_smem_addr(wg_smem) + 1023u) & ~1023u;
-    auto ks = [&](int i) { return smem0 + 2 * i * S::tile; };
-    auto vs = [&](int i) { return smem0 + (2 * i + 1) * S::tile; };
+    const unsigned qs = smem0;  // Q's tile (QS)
+    auto ks = [&](int i) { return smem0 + S::q_bytes + 2 * i * S::tile; };
+    auto vs = [&](int i) { return smem0 + S::q_bytes + (2 * i + 1) * S::tile; };
     const int b = blockIdx.y / NH, h = blockIdx.y % NH;
     // Under the causal mask the last query tiles see the most keys: start those first.
     const int qt = gridDim.x - 1 - blockIdx.x;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int group = warp >> 2;  // this thread's warpgroup
     const size_t stride = 3 * (size_t)C;
     const E* base = qkv + (size_t)b * T * stride + h * HS;
-    const int q0 = qt * WG_ROWS;
+    const int q0 = qt * S::rows;
     const int warp_row0 = q0 + warp * 16;
     const int row0 = warp_row0 + g;  // this lane's rows: row0 and row0 + 8
     const float c = tc_scale<HS>() * TC_LOG2E;
+    // The block's key tiles. Every warpgroup issues the products of every tile: whether a
+    // warpgroup's rows see a tile depends on the thread index, and a wgmma under a branch the
+    // compiler cannot prove uniform over the warpgroup gets serialized with the others. The
+    // tiles a warpgroup's rows do not see at all (with two warpgroups and 64-key tiles, the
+    // first's last tile under the causal mask; a window's first tile for the second) are masked
+    // whole and add exact zeros (a correction of exactly 1 or, before a row's first key, 0).
     const int kt0 = tc_first_key_tile(q0, W, N);
-    const int tiles = min(q0 + WG_ROWS - 1, T - 1) / N - kt0 + 1;
+    const int tiles = min(q0 + S::rows - 1, T - 1) / N - kt0 + 1;
 
+    // Tile copies are issued at once with one warpgroup (other blocks keep the tensor cores
+    // busy meanwhile) and after the step's products are issued with two (one block an SM: the
+    // tensor cores would wait for the copies' issue otherwise). There the copy loop is
+    // unrolled only 4 times, so that it needs few registers beside the running products' (fully
+    // unrolled, it spilled at head size 128 with 128-key tiles).
+    constexpr bool copy_after_issue = G > 1;
+    constexpr int copy_unroll = copy_after_issue ? 4 : N * HS / 8 / S::threads;
     auto copy_tile = [&](int kt, int stage) {
-        wg_tile_copy<HS, N>(ks(stage), base + C, stride, kt * N, T);
-        wg_tile_copy<HS, N>(vs(stage), base + 2 * C, stride, kt * N, T);
+        wg_tile_copy<HS, N, S::threads, copy_unroll>(ks(stage), base + C, stride, kt * N, T);
+        wg_tile_copy<HS, N, S::threads, copy_unroll>(vs(stage), base + 2 * C, stride, kt * N, T);
     };
+    if constexpr (QS) wg_tile_copy<HS, S::rows, S::threads>(qs, base, stride, q0, T);
     copy_tile(kt0, 0);
     tc_commit();
 
-    // Q as the A operand of every k-chunk: register kk][r + 2h] holds row row0 + 8r, columns
-    // 16kk + 8h + 2t and the next; rows at or past T are zeros.
-    unsigned qf[HS / 16][4];
-    #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const bool in = row0 + 8 * r < T;
-        const unsigned* src = reinterpret_cast<const unsigned*>(base + (size_t)(in ? row0 + 8 * r : 0) * stride) + t;
+    // Q as the A operand of every k-chunk: in registers (register kk][r + 2h] holds row
+    // row0 + 8r, columns 16kk + 8h + 2t and the next; rows at or past T are zeros), or in shared
+    // memory, K's layout with 64 G rows, this warpgroup's 64 of them 64 rows (8 KiB) in.
+    unsigned qf[QS ? 1 : HS / 16][4];
+    if constexpr (!QS) {
         #pragma unroll
-        for (int kk = 0; kk < HS / 16; kk++) {
-            qf[kk][r] = in ? src[8 * kk] : 0u;
-            qf[kk][r + 2] = in ? src[8 * kk + 4] : 0u;
+        for (int r = 0; r < 2; r++) {
+            const bool in = row0 + 8 * r < T;
+            const unsigned* src = reinterpret_cast<const unsigned*>(base + (size_t)(in ? row0 + 8 * r : 0) * stride) + t;
+            #pragma unroll
+            for (int kk = 0; kk < HS / 16; kk++) {
+                qf[kk][r] = in ? src[8 * kk] : 0u;
+                qf[kk][r + 2] = in ? src[8 * kk + 4] : 0u;
+            }
         }
     }
+    const unsigned long long qd = wg_desc(qs + group * WG_ROWS * 128, 16, 1024);
 
     float o[HS / 8][4], s[N / 8][4];
     #pragma unroll
@@ -290,23 +411,34 @@ __device__ __forceinline__ void wg_forward(const typename Ops::elem* __restrict_
     for (int n = 0; n < N / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
     unsigned p[N / 16][4];  // P of the last tile as the A operand of O += P V
     float m[2] = {KILN_NEG_INF, KILN_NEG_INF}, l[2] = {0.0f, 0.0f}, corr[2];
-    // Waits for tile j's copies and starts tile j + 1's into the stage after `stage`.
-    auto next_tile = [&](int j, int stage) {
+    // Waits for tile j's copies, and starts tile j + 1's into the stage after `stage`.
+    auto wait_tile = [&]() {
         tc_wait<0>();  // this thread's copies of tile j
         wg_fence_proxy();
         // Every thread's copies of tile j are in; every thread has finished step j - 1, whose
-        // product read the stage of tile j - 2, which tile j + 1 now fills.
+        // products read the stage of tile j - 2 at the latest, which tile j + 1 now fills.
         __syncthreads();
+    };
+    auto start_copy = [&](int j, int stage) {
         if (j + 1 < tiles) copy_tile(kt0 + j + 1, stage == 2 ? 0 : stage + 1);
         tc_commit();
     };
-    // Issues S = Q K^T from the K tile of `stage`.
+    // Issues S = Q K^T from the K tile of `stage`. One k-step (16 columns) is 32 bytes along a
+    // swizzled row, four of them a sub-tile, for K and Q alike.
     auto issue_s = [&](int stage) {
         const unsigned long long kd = wg_desc(ks(stage), 16, 1024);
-        Ops::template mma<N, 0, 0>(s, qf[0], kd);
         #pragma unroll
-        for (int kk = 1; kk < HS / 16; kk++)
-            Ops::template mma<N, 0, 1>(s, qf[kk], kd + (((kk >> 2) * S::sub + (kk & 3) * 32) >> 4));
+        for (int kk = 0; kk < HS / 16; kk++) {
+            const unsigned long long kstep = kd + (((kk >> 2) * S::sub + (kk & 3) * 32) >> 4);
+            if constexpr (QS) {
+                const unsigned long long qstep = qd + (((kk >> 2) * S::q_sub + (kk & 3) * 32) >> 4);
+                if (kk == 0) Ops::template mma_ss<N, 0>(s, qstep, kstep);
+                else Ops::template mma_ss<N, 1>(s, qstep, kstep);
+            } else {
+                if (kk == 0) Ops::template mma<N, 0, 0>(s, qf[0], kstep);
+                else Ops::template mma<N, 0, 1>(s, qf[kk], kstep);
+            }
+        }
         wg_commit();
     };
     // Issues O += P V from the V tile of `stage`.
@@ -328,23 +460,27 @@ __device__ __forceinline__ void wg_forward(const typename Ops::elem* __restrict_
     };
 
     // Step 0: S_0 and its softmax (O is still zero).
-    next_tile(0, 0);
+    wait_tile();
+    if constexpr (!copy_after_issue) start_copy(0, 0);
     wg_fence();
     issue_s(0);
+    if constexpr (copy_after_issue) start_copy(0, 0);
     wg_wait<0>();
     wg_pin(s);
     wg_softmax<Ops, N>(s, m, l, corr, kt0 * N, warp_row0, row0, t, c, W, T);
     pack_p();
-    // Steps 1 ..: S_j and O += P_{j-1} V_{j-1} issued together; P_j computed while the
-    // second runs. The waits are unconditional, so that the compiler sees every register
-    // of a running product untouched until its wait.
+    // Steps 1 ..: S_j and O += P_{j-1} V_{j-1} issued together; P_j computed while the second
+    // runs. The waits are unconditional, so that the compiler sees every register of a running
+    // product untouched until its wait.
     int prev = 0;  // the stage of tile j - 1
     for (int it = 1; it < tiles; it++) {
         const int stage = prev == 2 ? 0 : prev + 1;
-        next_tile(it, stage);
+        wait_tile();
+        if constexpr (!copy_after_issue) start_copy(it, stage);
         wg_fence();
         issue_s(stage);
         issue_pv(prev);
+        if constexpr (copy_after_issue) start_copy(it, stage);
         wg_wait<1>();  // S_j is done
         wg_pin(s);
         wg_softmax<Ops, N>(s, m, l, corr, (kt0 + it) * N, warp_row0, row0, t, c, W, T);
@@ -369,7 +505,7 @@ __device__ __forceinline__ void wg_forward(const typename Ops::elem* __restrict_
     // Each warp stages its 16 rows (row pitch HS * 2 + 16 bytes: lane 4g + t's 4-byte writes
     // fall in banks 4g + t) and writes them back in 16-byte pieces, 8 or 16 lanes a row.
     __syncthreads();  // every product has read its stage
-    unsigned char* const stage_out = wg_smem + (smem0 - tc_smem_addr(wg_smem)) + warp * 16 * S::out_pitch;
+    unsigned char* const stage_out = wg_smem + (smem0 - tc_smem_addr(wg_smem)) + S::q_bytes + warp * 16 * S::out_pitch;
     float inv[2];
     #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -402,12 +538,13 @@ __device__ __forceinline__ void wg_forward(const typename Ops::elem* __restrict_
 #endif
 }
 
-// Entry points, one per element type and head size (the key tile of WgForward); attention.rs
-// appends the instantiations. At least two blocks an SM: at most 255 registers a thread.
-#define WG_ENTRY_POINT(HS, N, OPS, NAME)                                                                   \
-    extern "C" __global__ void __launch_bounds__(WG_THREADS, 2)                                           \
+// Entry points for a configuration (WgShape); attention.rs appends the engine's, those of
+// WgForward, one per element type and head size.
+#define WG_ENTRY_POINT(HS, N, G, QS, OPS, NAME)                                                            \
+    extern "C" __global__ void __launch_bounds__(G * WG_THREADS, (WgShape<HS, N, G, QS>::min_blocks))     \
         NAME(const OPS::elem* qkv, OPS::elem* out, float* lse, int T, int C, int NH, int W) {              \
-        wg_forward<OPS, HS, N>(qkv, out, lse, T, C, NH, W);                                                \
+        wg_forward<OPS, HS, N, G, QS>(qkv, out, lse, T, C, NH, W);                                        \
     }
-#define WG_ENTRY_POINTS(HS, OPS, SUFFIX) \
-    WG_ENTRY_POINT(HS, WgForward<HS>::keys, OPS, attention_forward_##SUFFIX##_hs##HS##_wgmma)
+#define WG_ENTRY_POINTS(HS, OPS, SUFFIX)                                                                   \
+    WG_ENTRY_POINT(HS, WgForward<HS>::keys, WgForward<HS>::groups, WgForward<HS>::q_shared, OPS,           \
+                   attention_forward_##SUFFIX##_hs##HS##_wgmma)
