@@ -114,6 +114,16 @@ template <int HS> struct WgForward {
     static constexpr bool q_shared = false;
 };
 
+// The accumulator operands of a wgmma of N = 64 (32 registers a thread) or 128 (64), as
+// inline assembly lists them: d[n][e] in order, read and written.
+#define WG_ACC4(d, n) "+f"(d[n][0]), "+f"(d[n][1]), "+f"(d[n][2]), "+f"(d[n][3])
+#define WG_ACC_N64(d)                                                                          \
+    WG_ACC4(d, 0), WG_ACC4(d, 1), WG_ACC4(d, 2), WG_ACC4(d, 3), WG_ACC4(d, 4), WG_ACC4(d, 5),  \
+        WG_ACC4(d, 6), WG_ACC4(d, 7)
+#define WG_ACC_N128(d)                                                                         \
+    WG_ACC_N64(d), WG_ACC4(d, 8), WG_ACC4(d, 9), WG_ACC4(d, 10), WG_ACC4(d, 11), WG_ACC4(d, 12), \
+        WG_ACC4(d, 13), WG_ACC4(d, 14), WG_ACC4(d, 15)
+
 // One wgmma of 64 rows x N columns x 16: d (f32, the accumulator layout above) += a (the
 // warp's 16 rows of A, 4 registers of pairs) * B (16 x N, from the descriptor); B transposed
 // when TRANS_B (V), and d overwritten rather than added to when SCALE_D is 0.
@@ -127,10 +137,7 @@ template <int HS> struct WgForward {
                      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
                      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" \
                      "}, {%32, %33, %34, %35}, %36, p, 1, 1, %37;\n}\n"                                 \
-                     : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), \
-                       "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), \
-                       "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
-                       "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]) \
+                     : WG_ACC_N64(d) \
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(TRANS_B), "n"(SCALE_D)); \
     }
 
@@ -146,14 +153,7 @@ template <int HS> struct WgForward {
                      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
                      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" \
                      "}, {%64, %65, %66, %67}, %68, p, 1, 1, %69;\n}\n"                                 \
-                     : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), \
-                       "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), \
-                       "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
-                       "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), \
-                       "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), \
-                       "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), \
-                       "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), \
-                       "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]) \
+                     : WG_ACC_N128(d) \
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(TRANS_B), "n"(SCALE_D)); \
     }
 
@@ -170,10 +170,7 @@ template <int HS> struct WgForward {
                      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
                      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" \
                      "}, %32, %33, p, 1, 1, 0, 0;\n}\n"                                 \
-                     : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), \
-                       "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), \
-                       "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
-                       "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]) \
+                     : WG_ACC_N64(d) \
                      : "l"(desc_a), "l"(desc), "n"(SCALE_D)); \
     }
 
@@ -189,14 +186,7 @@ template <int HS> struct WgForward {
                      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
                      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" \
                      "}, %64, %65, p, 1, 1, 0, 0;\n}\n"                                 \
-                     : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), \
-                       "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), \
-                       "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
-                       "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), \
-                       "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), \
-                       "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), \
-                       "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), \
-                       "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]) \
+                     : WG_ACC_N128(d) \
                      : "l"(desc_a), "l"(desc), "n"(SCALE_D)); \
     }
 
@@ -209,34 +199,28 @@ WG_MMA_SS_N128(wg_mma_ss_bf16_n128, "bf16")
 WG_MMA_SS_N64(wg_mma_ss_f16_n64, "f16")
 WG_MMA_SS_N128(wg_mma_ss_f16_n128, "f16")
 
-// The element types: attention_tc.cu's conversions, the wgmma variant, and P's scale as a
-// power of two (log2).
-struct WgBf16 : TcBf16 {
-    static constexpr float p_log2 = 0.0f;
-    template <int N, int TRANS_B, int SCALE_D>
-    static __device__ __forceinline__ void mma(float (&d)[N / 8][4], const unsigned (&a)[4], unsigned long long desc) {
-        if constexpr (N == 64) wg_mma_bf16_n64<TRANS_B, SCALE_D>(d, a, desc);
-        else wg_mma_bf16_n128<TRANS_B, SCALE_D>(d, a, desc);
-    }
-    template <int N, int SCALE_D>
-    static __device__ __forceinline__ void mma_ss(float (&d)[N / 8][4], unsigned long long desc_a, unsigned long long desc) {
-        if constexpr (N == 64) wg_mma_ss_bf16_n64<SCALE_D>(d, desc_a, desc);
-        else wg_mma_ss_bf16_n128<SCALE_D>(d, desc_a, desc);
-    }
-};
-struct WgF16 : TcF16 {
-    static constexpr float p_log2 = 12.0f;  // TcF16::p_scale() = 2^12
-    template <int N, int TRANS_B, int SCALE_D>
-    static __device__ __forceinline__ void mma(float (&d)[N / 8][4], const unsigned (&a)[4], unsigned long long desc) {
-        if constexpr (N == 64) wg_mma_f16_n64<TRANS_B, SCALE_D>(d, a, desc);
-        else wg_mma_f16_n128<TRANS_B, SCALE_D>(d, a, desc);
-    }
-    template <int N, int SCALE_D>
-    static __device__ __forceinline__ void mma_ss(float (&d)[N / 8][4], unsigned long long desc_a, unsigned long long desc) {
-        if constexpr (N == 64) wg_mma_ss_f16_n64<SCALE_D>(d, desc_a, desc);
-        else wg_mma_ss_f16_n128<SCALE_D>(d, desc_a, desc);
-    }
-};
+// The element types: attention_tc.cu's conversions, the wgmma variants (A from registers, or
+// from shared memory: `mma_ss`), and P's scale as a power of two (log2; f16's 2^12 is
+// TcF16::p_scale()).
+#define WG_ELEM(NAME, BASE, TY, P_LOG2)                                                          \
+    struct NAME : BASE {                                                                         \
+        static constexpr float p_log2 = P_LOG2;                                                  \
+        template <int N, int TRANS_B, int SCALE_D>                                               \
+        static __device__ __forceinline__ void mma(float (&d)[N / 8][4], const unsigned (&a)[4], \
+                                                   unsigned long long desc) {                    \
+            if constexpr (N == 64) wg_mma_##TY##_n64<TRANS_B, SCALE_D>(d, a, desc);              \
+            else wg_mma_##TY##_n128<TRANS_B, SCALE_D>(d, a, desc);                               \
+        }                                                                                        \
+        template <int N, int SCALE_D>                                                            \
+        static __device__ __forceinline__ void mma_ss(float (&d)[N / 8][4],                      \
+                                                      unsigned long long desc_a,                 \
+                                                      unsigned long long desc) {                 \
+            if constexpr (N == 64) wg_mma_ss_##TY##_n64<SCALE_D>(d, desc_a, desc);               \
+            else wg_mma_ss_##TY##_n128<SCALE_D>(d, desc_a, desc);                                \
+        }                                                                                        \
+    };
+WG_ELEM(WgBf16, TcBf16, bf16, 0.0f)
+WG_ELEM(WgF16, TcF16, f16, 12.0f)
 
 // wgmma's ordering: `fence` before the first wgmma that reads registers written by other
 // instructions (the accumulators, P); `commit` closes a group of issued wgmmas; `wait<N>`
