@@ -6,8 +6,7 @@
 //! - bf16 or f16 with head size 64 (GPT-2's shape) or 128 (Llama 3's, Qwen3's) on sm_80 and
 //!   newer: tensor cores (`mma.sync`), a warp per 16 rows, tiles double-buffered in shared
 //!   memory; on sm_90 (Hopper) the forward runs on warpgroup MMA instead (`wgmma`,
-//!   attention_wgmma.cu), a warpgroup per 64 rows (two sharing each tile at head size 128),
-//!   tiles triple-buffered;
+//!   attention_wgmma.cu), a warpgroup per 64 rows, tiles triple-buffered;
 //! - everything else (f32, head sizes 16, 32 and 64, older GPUs): one query (or key) row per
 //!   thread on CUDA cores, f32 arithmetic. Head size 128 has no such kernel (a thread would
 //!   hold four 128-float rows): f32 activations or a GPU older than sm_80 get an error that
@@ -77,7 +76,7 @@ pub(super) const PROGRAM_F16: Program = Program {
 
 /// The tensor-core kernels: bf16 and f16, head sizes 64 and 128, and the Hopper forward that
 /// shares their helpers (nvrtc.rs compiles this program for sm_90a on sm_90; elsewhere the
-/// Hopper kernels compile to empty bodies and are never launched).
+/// Hopper kernels compile to a trap and are never launched).
 pub(super) const PROGRAM_TC: Program = Program {
     name: "attention_tc",
     source: concat!(

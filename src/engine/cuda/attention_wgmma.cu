@@ -19,9 +19,9 @@
 // products of every tile of the block, as wgmma needs control flow the compiler can see is
 // uniform over a warpgroup: the tiles that one warpgroup's rows do not see at all are masked
 // whole and add exact zeros, so each row's sums are those of a one-warpgroup block with the same
-// key tile, in the same order. Several blocks share an SM where registers and shared memory allow: while
-// one block works through its softmax, the others' products keep the tensor cores busy. The
-// engine's configurations and their occupancy are listed at WgForward.
+// key tile, in the same order. Several blocks share an SM where registers and shared memory
+// allow: while one block works through its softmax, the others' products keep the tensor cores
+// busy. The engine's configurations and their occupancy are listed at WgForward.
 //
 // Both products take B from shared memory through matrix descriptors:
 // - S = Q K^T: Q's fragments are either read from global memory once into registers (16 or 32

@@ -562,7 +562,7 @@ impl CudaBackend {
         // B starts on a 256-byte boundary after A, so both copies keep 16-byte alignment.
         let b_at = a_bytes.next_multiple_of(256);
         let bytes = b_at + b_bytes;
-        let count = self.rotation_copies(bytes, ROTATION_BYTES).max(1);
+        let count = self.rotation_copies(bytes, ROTATION_BYTES);
         let mut buffers = Vec::with_capacity(count);
         let mut operands = Vec::with_capacity(count);
         for _ in 0..count {
