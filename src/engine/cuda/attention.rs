@@ -5,7 +5,7 @@
 //! recomputes them. Two kinds of kernel, both deterministic (no atomics):
 //! - bf16 or f16 with head size 64 (GPT-2's shape) or 128 (Llama 3's, Qwen3's) on sm_80 and
 //!   newer: tensor cores (`mma.sync`), a warp per 16 rows, tiles double-buffered in shared
-//!   memory; on sm_90 (Hopper) the forward runs on warpgroup MMA instead (`wgmma`,
+//!   memory; on sm_90 (Hopper) all three kernels run on warpgroup MMA instead (`wgmma`,
 //!   attention_wgmma.cu), a warpgroup per 64 rows, tiles triple-buffered;
 //! - everything else (f32, head sizes 16, 32 and 64, older GPUs): one query (or key) row per
 //!   thread on CUDA cores, f32 arithmetic. Head size 128 has no such kernel (a thread would
@@ -94,7 +94,11 @@ pub(super) const PROGRAM_TC: Program = Program {
         ElemKernel::AttentionBackwardDqHs128Tc,
         ElemKernel::AttentionBackwardDkvHs128Tc,
         ElemKernel::AttentionForwardHs64Wgmma,
+        ElemKernel::AttentionBackwardDqHs64Wgmma,
+        ElemKernel::AttentionBackwardDkvHs64Wgmma,
         ElemKernel::AttentionForwardHs128Wgmma,
+        ElemKernel::AttentionBackwardDqHs128Wgmma,
+        ElemKernel::AttentionBackwardDkvHs128Wgmma,
     ],
     dtypes: &[DType::BF16, DType::F16],
 };
@@ -114,11 +118,21 @@ const fn tc_forward_rows(hs: usize) -> u32 {
 /// Head sizes of the tensor-core kernels.
 const TC_HEAD_SIZES: [usize; 2] = [64, 128];
 
-/// The Hopper (sm_90) forward at head size `hs`; its configuration is [`wgmma_config`].
-fn wgmma_forward_kernel(hs: usize) -> Option<ElemKernel> {
+/// The Hopper (sm_90) forward, dQ and dK/dV kernels at head size `hs`; the forward's
+/// configuration is [`wgmma_config`], the backward's [`wgmma_backward_shared`].
+fn wgmma_kernels(hs: usize) -> Option<[ElemKernel; 3]> {
+    use ElemKernel::*;
     match hs {
-        64 => Some(ElemKernel::AttentionForwardHs64Wgmma),
-        128 => Some(ElemKernel::AttentionForwardHs128Wgmma),
+        64 => Some([
+            AttentionForwardHs64Wgmma,
+            AttentionBackwardDqHs64Wgmma,
+            AttentionBackwardDkvHs64Wgmma,
+        ]),
+        128 => Some([
+            AttentionForwardHs128Wgmma,
+            AttentionBackwardDqHs128Wgmma,
+            AttentionBackwardDkvHs128Wgmma,
+        ]),
         _ => None,
     }
 }
@@ -168,6 +182,19 @@ const fn wgmma_shared(hs: usize) -> u32 {
     };
     let tile = (hs / 64) * config.keys * 128;
     (q + 2 * 3 * tile + 1024) as u32
+}
+
+/// Dynamic shared memory of the Hopper backward at head size `hs` (`WgBackShape::bytes` of
+/// attention_wgmma.cu, which traps when launched with less): the block's two tiles of 64 rows,
+/// three stages of two streamed tiles (64 rows at head size 64, 32 at 128: `WgBackward`), all
+/// of 128-byte rows, for dK/dV each stage's queries' lse and d (f32), and 1024 bytes to align
+/// the tiles.
+const fn wgmma_backward_shared(hs: usize, dkv: bool) -> u32 {
+    let stream = if hs == 64 { 64 } else { 32 };
+    let own = (hs / 64) * 64 * 128;
+    let tile = (hs / 64) * stream * 128;
+    let row_terms = if dkv { 2 * stream * 4 } else { 0 };
+    (2 * own + 3 * (2 * tile + row_terms) + 1024) as u32
 }
 
 /// The forward, dQ and dK/dV tensor-core kernels at head size `hs`.
@@ -333,19 +360,26 @@ impl CudaBackend {
                 threads: TC_THREADS,
                 shared,
             };
-            // Hopper's warpgroup MMA forward where the GPU is sm_90 (its program is compiled
-            // for sm_90a there); the mma.sync one elsewhere. The backward is mma.sync's on all.
-            let forward = match wgmma_forward_kernel(hs) {
-                Some(kernel) if self.info.arch() == 90 => Launch {
-                    kernel,
-                    rows: wgmma_rows(hs),
-                    threads: wgmma_threads(hs),
-                    shared: wgmma_shared(hs),
-                },
-                _ => launch(forward, tc_forward_rows(hs), shared.forward),
-            };
+            // Hopper's warpgroup MMA kernels where the GPU is sm_90 (their program is compiled
+            // for sm_90a there); the mma.sync ones elsewhere.
+            if self.info.arch() == 90
+                && let Some([forward, dq, dkv]) = wgmma_kernels(hs)
+            {
+                // The backward: one warpgroup (128 threads) per 64 rows, as TC_ROWS.
+                return Ok(Plan {
+                    forward: Launch {
+                        kernel: forward,
+                        rows: wgmma_rows(hs),
+                        threads: wgmma_threads(hs),
+                        shared: wgmma_shared(hs),
+                    },
+                    dq: launch(dq, TC_ROWS, wgmma_backward_shared(hs, false)),
+                    dkv: launch(dkv, TC_ROWS, wgmma_backward_shared(hs, true)),
+                    tensor_cores: true,
+                });
+            }
             return Ok(Plan {
-                forward,
+                forward: launch(forward, tc_forward_rows(hs), shared.forward),
                 dq: launch(dq, TC_ROWS, shared.dq),
                 dkv: launch(dkv, TC_ROWS, shared.dkv),
                 tensor_cores: true,
@@ -646,6 +680,36 @@ mod tests {
         assert!(2 * (wgmma_shared(128) + 1024) <= 228 << 10);
     }
 
+    /// The Hopper backward's byte counts are `WgBackShape::bytes`, and two blocks of each
+    /// kernel (what their registers allow) fit an sm_90 SM's shared memory.
+    #[test]
+    fn wgmma_backward_shared_memory_is_the_kernel_layout_and_two_blocks_fit() {
+        // Head size 64: Q and dO (or K and V), 64 x 64 each; three stages of two 64-row tiles;
+        // dK/dV adds each stage's 64 lse and 64 d.
+        assert_eq!(
+            wgmma_backward_shared(64, false),
+            2 * 64 * 128 + 3 * 2 * 64 * 128 + 1024
+        );
+        assert_eq!(
+            wgmma_backward_shared(64, true),
+            2 * 64 * 128 + 3 * (2 * 64 * 128 + 2 * 64 * 4) + 1024
+        );
+        // Head size 128: rows of two 64-column halves; 32-row streamed tiles.
+        assert_eq!(
+            wgmma_backward_shared(128, false),
+            2 * 2 * 64 * 128 + 3 * 2 * 2 * 32 * 128 + 1024
+        );
+        assert_eq!(
+            wgmma_backward_shared(128, true),
+            2 * 2 * 64 * 128 + 3 * (2 * 2 * 32 * 128 + 2 * 32 * 4) + 1024
+        );
+        for hs in TC_HEAD_SIZES {
+            for dkv in [false, true] {
+                assert!(2 * (wgmma_backward_shared(hs, dkv) + 1024) <= 228 << 10);
+            }
+        }
+    }
+
     /// Every kernel the launcher asks for is one the program defines: each dtype, head size and
     /// kernel, compiled for sm_80, sm_86 and sm_90 (skipped where NVRTC is absent).
     #[test]
@@ -657,10 +721,10 @@ mod tests {
         let mut names = Vec::new();
         for hs in TC_HEAD_SIZES {
             let kernels = tc_kernels(hs).unwrap_or_else(|| panic!("no kernels for {hs}"));
-            let hopper = wgmma_forward_kernel(hs).unwrap_or_else(|| panic!("no wgmma for {hs}"));
+            let hopper = wgmma_kernels(hs).unwrap_or_else(|| panic!("no wgmma for {hs}"));
             for dtype in [DType::BF16, DType::F16] {
                 names.extend(kernels.iter().map(|k| k.name(dtype)));
-                names.push(hopper.name(dtype));
+                names.extend(hopper.iter().map(|k| k.name(dtype)));
             }
         }
         let mut listed: Vec<&str> = PROGRAM_TC.entries().map(|(_, name)| name).collect();

@@ -1,7 +1,8 @@
-// Hopper forward (sm_90a): bf16 or f16 activations, head size 64 or 128, on warpgroup MMA
-// (`wgmma.mma_async`). On sm_90 it takes the place of attention_tc.cu's mma.sync forward, whose
-// helpers it shares (this file follows attention_tc.cu in its program); the backward kernels
-// stay there.
+// Hopper attention (sm_90a): bf16 or f16 activations, head size 64 or 128, on warpgroup MMA
+// (`wgmma.mma_async`). On sm_90 its forward and backward take the place of attention_tc.cu's
+// mma.sync kernels, whose helpers they share (this file follows attention_tc.cu in its
+// program). The forward is described first; the backward ("The backward on warpgroup MMA"
+// below) streams its tiles the same way.
 //
 // A warpgroup (4 warps, 128 threads) owns 64 queries: wgmma's M is 64, and warp w of the group
 // holds rows 16w .. 16w + 15 in the same fragment layouts as mma.sync's m16n8k16
@@ -190,6 +191,21 @@ template <int HS> struct WgForward {
                      : "l"(desc_a), "l"(desc), "n"(SCALE_D)); \
     }
 
+// m64n32k16 with both operands from shared memory: the backward's S and dP over 32-row tiles
+// (head size 128).
+#define WG_ACC_N32(d) WG_ACC4(d, 0), WG_ACC4(d, 1), WG_ACC4(d, 2), WG_ACC4(d, 3)
+#define WG_MMA_SS_N32(NAME, TY)                                                            \
+    template <int SCALE_D>                                                                   \
+    __device__ __forceinline__ void NAME(float (&d)[4][4], unsigned long long desc_a,         \
+                                         unsigned long long desc) {                          \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                 \
+                     "wgmma.mma_async.sync.aligned.m64n32k16.f32." TY "." TY " "             \
+                     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, " \
+                     "%16, %17, p, 1, 1, 0, 0;\n}\n"                                 \
+                     : WG_ACC_N32(d) \
+                     : "l"(desc_a), "l"(desc), "n"(SCALE_D)); \
+    }
+
 WG_MMA_RS_N64(wg_mma_bf16_n64, "bf16")
 WG_MMA_RS_N128(wg_mma_bf16_n128, "bf16")
 WG_MMA_RS_N64(wg_mma_f16_n64, "f16")
@@ -198,6 +214,8 @@ WG_MMA_SS_N64(wg_mma_ss_bf16_n64, "bf16")
 WG_MMA_SS_N128(wg_mma_ss_bf16_n128, "bf16")
 WG_MMA_SS_N64(wg_mma_ss_f16_n64, "f16")
 WG_MMA_SS_N128(wg_mma_ss_f16_n128, "f16")
+WG_MMA_SS_N32(wg_mma_ss_bf16_n32, "bf16")
+WG_MMA_SS_N32(wg_mma_ss_f16_n32, "f16")
 
 // The element types: attention_tc.cu's conversions, the wgmma variants (A from registers, or
 // from shared memory: `mma_ss`), and P's scale as a power of two (log2; f16's 2^12 is
@@ -215,7 +233,8 @@ WG_MMA_SS_N128(wg_mma_ss_f16_n128, "f16")
         static __device__ __forceinline__ void mma_ss(float (&d)[N / 8][4],                      \
                                                       unsigned long long desc_a,                 \
                                                       unsigned long long desc) {                 \
-            if constexpr (N == 64) wg_mma_ss_##TY##_n64<SCALE_D>(d, desc_a, desc);               \
+            if constexpr (N == 32) wg_mma_ss_##TY##_n32<SCALE_D>(d, desc_a, desc);               \
+            else if constexpr (N == 64) wg_mma_ss_##TY##_n64<SCALE_D>(d, desc_a, desc);          \
             else wg_mma_ss_##TY##_n128<SCALE_D>(d, desc_a, desc);                                \
         }                                                                                        \
     };
@@ -522,6 +541,284 @@ __device__ __forceinline__ void wg_forward(const typename Ops::elem* __restrict_
 #endif
 }
 
+// The backward on warpgroup MMA: attention_tc.cu's two kernels (dQ with the row term d; dK and
+// dV) with their sums, masks and f16 scaling, each products' operands read by the tensor cores
+// from shared memory. A block is one warpgroup that owns 64 rows, whose two tiles (dQ: Q and dO;
+// dK/dV: K and V) stay in shared memory, and streams the other side's tiles of N rows (dQ: K
+// and V; dK/dV: Q, dO and the queries' lse and d) through three stages, as the forward streams
+// K and V:
+// - dQ: S = Q K^T and dP = dO V^T (A and B both from shared memory, K-major), then
+//   P = exp(S / sqrt(HS) - lse), dS = P (dP - d) per query row, and dQ += dS K (dS from
+//   registers, K read transposed like the forward's V);
+// - dK/dV: S^T = K Q^T and dP^T = V dO^T, so that each key's P and dS sit in its own rows, then
+//   dV += P^T dO and dK += dS^T Q.
+// Step j issues S_j and dP_j, then the accumulating products of tile j - 1, waits for the
+// first two only and computes P_j and dS_j while the others run; so tile j + 1's copies go into
+// the stage of tile j - 2, as in the forward.
+//
+// P and dS are rounded once to the operand type, P times TcF16::p_scale() and each row's dS
+// times its own power of two in f16 (tc_rescale_rows), as attention_tc.cu's header describes:
+// the same values as the mma.sync kernels, summed by the tensor cores in their own order.
+// Every sum is in a fixed order: results are deterministic.
+
+// Rows of the tiles the backward streams: 64 at head size 64; 32 at 128, where the dK/dV
+// kernel's two 64 x 128 f32 accumulators take 128 registers a thread and 32-row tiles keep the
+// scores at 16 registers each and the stages at 48 KiB, so that two blocks share an SM
+// (attention.rs mirrors this).
+template <int HS> struct WgBackward {
+    static constexpr int stream = HS == 64 ? 64 : 32;
+};
+
+// Shared memory of the backward at head size HS with N-row streamed tiles: the block's two
+// tiles of 64 rows, three stages of two streamed tiles (128-byte swizzled rows, HS / 64
+// sub-tiles each), for dK/dV three stages of the queries' lse and d (f32), and 1024 bytes to
+// align the tiles.
+template <int HS, int N, bool DKV> struct WgBackShape {
+    static constexpr int own_sub = WG_ROWS * 128;  // bytes of one 64-column sub-tile of an owned tile
+    static constexpr int own = (HS / 64) * own_sub;
+    static constexpr int sub = N * 128;            // the same for a streamed tile
+    static constexpr int tile = (HS / 64) * sub;
+    static constexpr int stages = 3;
+    static constexpr int row_terms = DKV ? 2 * N * 4 : 0;  // a stage's lse and d, bytes
+    static constexpr int bytes = 2 * own + stages * (2 * tile + row_terms) + 1024;
+    static_assert(bytes <= 113 * 1024, "two blocks fit an SM's shared memory");
+};
+
+template <class Ops, int HS, int N, bool DKV>
+__device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict__ qkv,
+                                            const typename Ops::elem* __restrict__ out,
+                                            const typename Ops::elem* __restrict__ dout,
+                                            const float* __restrict__ lse, float* __restrict__ d,
+                                            typename Ops::elem* __restrict__ dqkv, int T, int C,
+                                            int NH, int W) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    typedef WgBackShape<HS, N, DKV> S;
+    typedef typename Ops::elem E;
+    extern __shared__ __align__(1024) unsigned char wg_smem[];
+    tc_need_shared(S::bytes);
+    if (blockDim.x != WG_THREADS) __trap();
+    const unsigned smem0 = (tc_smem_addr(wg_smem) + 1023u) & ~1023u;
+    // The block's tiles x1 (dQ: Q; dK/dV: K) and x2 (dO; V); stage i's streamed tiles y1
+    // (K; Q) and y2 (V; dO), and for dK/dV its queries' lse and d.
+    const unsigned x1 = smem0, x2 = smem0 + S::own;
+    auto y1 = [&](int i) { return smem0 + 2 * S::own + 2 * i * S::tile; };
+    auto y2 = [&](int i) { return y1(i) + S::tile; };
+    float* const row_terms = reinterpret_cast<float*>(wg_smem + (smem0 - tc_smem_addr(wg_smem)) + 2 * S::own +
+                                                      S::stages * 2 * S::tile);
+    auto lses = [&](int i) { return row_terms + 2 * i * N; };
+    auto ds = [&](int i) { return row_terms + (2 * i + 1) * N; };
+    const int b = blockIdx.y / NH, h = blockIdx.y % NH;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const size_t stride = 3 * (size_t)C;
+    const E* base = qkv + (size_t)b * T * stride + h * HS;
+    const E* gbase = dout + (size_t)b * T * C + h * HS;
+    const size_t lse_row = ((size_t)b * NH + h) * T;
+    const float c = tc_scale<HS>() * TC_LOG2E;
+    // The block's 64 rows: keys (the first key tiles see the most queries) or queries (the
+    // last see the most keys); each starts the longest first.
+    const int r0 = (DKV ? blockIdx.x : gridDim.x - 1 - blockIdx.x) * WG_ROWS;
+    const int warp_row0 = r0 + warp * 16;
+    const int row0 = warp_row0 + g;  // this lane's rows: row0 and row0 + 8
+    // The streamed tiles: dK/dV from the tile holding query r0 (the first that sees key r0) to
+    // the last query that sees the block's last key; dQ from the first key its window reaches
+    // to its last query's.
+    int first, tiles;
+    if constexpr (DKV) {
+        first = r0 / N;
+        const int all = (T + N - 1) / N;
+        tiles = (W > 0 ? min(all, (r0 + WG_ROWS - 1 + W - 1) / N + 1) : all) - first;
+    } else {
+        first = tc_first_key_tile(r0, W, N);
+        tiles = min(r0 + WG_ROWS - 1, T - 1) / N - first + 1;
+    }
+
+    if constexpr (DKV) {
+        wg_tile_copy<HS, WG_ROWS, WG_THREADS>(x1, base + C, stride, r0, T);
+        wg_tile_copy<HS, WG_ROWS, WG_THREADS>(x2, base + 2 * C, stride, r0, T);
+    } else {
+        wg_tile_copy<HS, WG_ROWS, WG_THREADS>(x1, base, stride, r0, T);
+        wg_tile_copy<HS, WG_ROWS, WG_THREADS>(x2, gbase, C, r0, T);
+    }
+    auto copy_tile = [&](int j, int stage) {
+        const int s0 = (first + j) * N;
+        if constexpr (DKV) {
+            wg_tile_copy<HS, N, WG_THREADS>(y1(stage), base, stride, s0, T);
+            wg_tile_copy<HS, N, WG_THREADS>(y2(stage), gbase, C, s0, T);
+            for (int i = threadIdx.x; i < N; i += WG_THREADS) {
+                const bool in = s0 + i < T;
+                const size_t at = lse_row + (in ? s0 + i : 0);
+                tc_copy_async4(lses(stage) + i, lse + at, in);
+                tc_copy_async4(ds(stage) + i, d + at, in);
+            }
+        } else {
+            wg_tile_copy<HS, N, WG_THREADS>(y1(stage), base + C, stride, s0, T);
+            wg_tile_copy<HS, N, WG_THREADS>(y2(stage), base + 2 * C, stride, s0, T);
+        }
+    };
+    copy_tile(0, 0);
+    tc_commit();
+
+    // dQ: the row term d_i = dO_i . O_i (from the stored output) and lse, per query row.
+    float rowd[2] = {0.0f, 0.0f}, lse2[2] = {0.0f, 0.0f};
+    if constexpr (!DKV) {
+        tc_row_term<Ops, HS>(out, dout, (size_t)b * T * C + h * HS, warp_row0, T, C, rowd);
+        #pragma unroll
+        for (int r = 0; r < 2; r++) lse2[r] = row0 + 8 * r < T ? lse[lse_row + row0 + 8 * r] * TC_LOG2E : 0.0f;
+    }
+
+    float acc[HS / 8][4];             // dQ or dK
+    float dv[DKV ? HS / 8 : 1][4];    // dV
+    #pragma unroll
+    for (int n = 0; n < HS / 8; n++) {
+        acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+        if constexpr (DKV) dv[n][0] = dv[n][1] = dv[n][2] = dv[n][3] = 0.0f;
+    }
+    float s[N / 8][4], dp[N / 8][4];  // S then P, and dP then dS, of the current tile
+    unsigned pa[DKV ? N / 16 : 1][4], dsa[N / 16][4];  // P and dS of the last tile as A operands
+    float ds_scale[2] = {1.0f, 1.0f};
+    if (Ops::scaled) ds_scale[0] = ds_scale[1] = tc_ds_scale_start();
+
+    auto wait_tile = [&]() {
+        tc_wait<0>();
+        wg_fence_proxy();
+        __syncthreads();
+    };
+    auto start_copy = [&](int j, int stage) {
+        if (j + 1 < tiles) copy_tile(j + 1, stage == 2 ? 0 : stage + 1);
+        tc_commit();
+    };
+    // Issues S = x1 y1^T and dP = x2 y2^T from `stage` (a k-step is 32 bytes along a swizzled
+    // row, four of them a sub-tile).
+    auto issue_s_dp = [&](int stage) {
+        const unsigned long long a1 = wg_desc(x1, 16, 1024), a2 = wg_desc(x2, 16, 1024);
+        const unsigned long long b1 = wg_desc(y1(stage), 16, 1024), b2 = wg_desc(y2(stage), 16, 1024);
+        #pragma unroll
+        for (int kk = 0; kk < HS / 16; kk++) {
+            const unsigned ka = ((kk >> 2) * S::own_sub + (kk & 3) * 32) >> 4;
+            const unsigned kb = ((kk >> 2) * S::sub + (kk & 3) * 32) >> 4;
+            if (kk == 0) Ops::template mma_ss<N, 0>(s, a1 + ka, b1 + kb);
+            else Ops::template mma_ss<N, 1>(s, a1 + ka, b1 + kb);
+        }
+        #pragma unroll
+        for (int kk = 0; kk < HS / 16; kk++) {
+            const unsigned ka = ((kk >> 2) * S::own_sub + (kk & 3) * 32) >> 4;
+            const unsigned kb = ((kk >> 2) * S::sub + (kk & 3) * 32) >> 4;
+            if (kk == 0) Ops::template mma_ss<N, 0>(dp, a2 + ka, b2 + kb);
+            else Ops::template mma_ss<N, 1>(dp, a2 + ka, b2 + kb);
+        }
+        wg_commit();
+    };
+    // Issues dV += P^T dO (dK/dV) and dQ += dS K or dK += dS^T Q from `stage`, the streamed
+    // tiles read transposed: a k-step is 16 rows (2048 bytes), the 64-column halves at head
+    // size 128 a sub-tile apart.
+    auto issue_grads = [&](int stage) {
+        const unsigned long long b1 = wg_desc(y1(stage), S::sub, 1024), b2 = wg_desc(y2(stage), S::sub, 1024);
+        #pragma unroll
+        for (int kk = 0; kk < N / 16; kk++) {
+            if constexpr (DKV) Ops::template mma<HS, 1, 1>(dv, pa[kk], b2 + ((kk * 2048) >> 4));
+            Ops::template mma<HS, 1, 1>(acc, dsa[kk], b1 + ((kk * 2048) >> 4));
+        }
+        wg_commit();
+    };
+    // P and dS of tile j from its S and dP.
+    auto p_ds = [&](int j, int stage) {
+        const int s0 = (first + j) * N;
+        const bool all_see = DKV ? tc_all_see(s0, s0 + N - 1, warp_row0, warp_row0 + 15, W, T)
+                                 : tc_all_see(warp_row0, warp_row0 + 15, s0, s0 + N - 1, W, T);
+        #pragma unroll
+        for (int n = 0; n < N / 8; n++) {
+            #pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = e >> 1, col = n * 8 + 2 * t + (e & 1);
+                const int query = DKV ? s0 + col : row0 + 8 * r, key = DKV ? row0 + 8 * r : s0 + col;
+                const float l2 = DKV ? lses(stage)[col] * TC_LOG2E : lse2[r];
+                const float dd = DKV ? ds(stage)[col] : rowd[r];
+                float p = tc_exp2(fmaf(s[n][e], c, -l2));
+                if (!all_see && !(tc_sees(query, key, W) && query < T)) p = 0.0f;
+                s[n][e] = p;
+                dp[n][e] = p * (dp[n][e] - dd);
+            }
+        }
+    };
+    // P (times its scale) and dS (times its row's) as the next products' A operands, after the
+    // dS accumulator's rows are rescaled to what this tile needs (f16).
+    auto pack = [&]() {
+        tc_rescale_rows<Ops, HS, N>(acc, dp, ds_scale);
+        #pragma unroll
+        for (int kk = 0; kk < N / 16; kk++) {
+            if constexpr (DKV) {
+                const float k = Ops::p_scale();
+                pa[kk][0] = Ops::pack(s[2 * kk][0] * k, s[2 * kk][1] * k);
+                pa[kk][1] = Ops::pack(s[2 * kk][2] * k, s[2 * kk][3] * k);
+                pa[kk][2] = Ops::pack(s[2 * kk + 1][0] * k, s[2 * kk + 1][1] * k);
+                pa[kk][3] = Ops::pack(s[2 * kk + 1][2] * k, s[2 * kk + 1][3] * k);
+            }
+            dsa[kk][0] = Ops::pack(dp[2 * kk][0] * ds_scale[0], dp[2 * kk][1] * ds_scale[0]);
+            dsa[kk][1] = Ops::pack(dp[2 * kk][2] * ds_scale[1], dp[2 * kk][3] * ds_scale[1]);
+            dsa[kk][2] = Ops::pack(dp[2 * kk + 1][0] * ds_scale[0], dp[2 * kk + 1][1] * ds_scale[0]);
+            dsa[kk][3] = Ops::pack(dp[2 * kk + 1][2] * ds_scale[1], dp[2 * kk + 1][3] * ds_scale[1]);
+        }
+    };
+    auto pin_grads = [&]() {
+        wg_pin(acc);
+        if constexpr (DKV) wg_pin(dv);
+    };
+
+    // Step 0: S_0, dP_0 and their P and dS (the accumulators are still zero).
+    wait_tile();
+    start_copy(0, 0);
+    wg_fence();
+    issue_s_dp(0);
+    wg_wait<0>();
+    wg_pin(s);
+    wg_pin(dp);
+    p_ds(0, 0);
+    pack();
+    int prev = 0;  // the stage of tile j - 1
+    for (int it = 1; it < tiles; it++) {
+        const int stage = prev == 2 ? 0 : prev + 1;
+        wait_tile();
+        start_copy(it, stage);
+        wg_fence();
+        issue_s_dp(stage);
+        issue_grads(prev);
+        wg_wait<1>();  // S_j and dP_j are done
+        wg_pin(s);
+        wg_pin(dp);
+        p_ds(it, stage);
+        wg_wait<0>();  // the products of tile j - 1 are done
+        pin_grads();
+        pack();
+        prev = stage;
+    }
+    wg_fence();
+    issue_grads(prev);
+    wg_wait<0>();
+    pin_grads();
+
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int row = row0 + 8 * r;
+        if (row >= T) continue;
+        const float k = tc_scale<HS>() / ds_scale[r];  // dS's scale and the score scale
+        E* const dst_row = dqkv + ((size_t)b * T + row) * stride + h * HS + 2 * t;
+        unsigned* dst = reinterpret_cast<unsigned*>(dst_row + (DKV ? C : 0));
+        #pragma unroll
+        for (int n = 0; n < HS / 8; n++) dst[n * 4] = Ops::pack(acc[n][2 * r] * k, acc[n][2 * r + 1] * k);
+        if constexpr (DKV) {
+            const float kv = 1.0f / Ops::p_scale();
+            unsigned* dst_v = reinterpret_cast<unsigned*>(dst_row + 2 * C);
+            #pragma unroll
+            for (int n = 0; n < HS / 8; n++) dst_v[n * 4] = Ops::pack(dv[n][2 * r] * kv, dv[n][2 * r + 1] * kv);
+        } else if (t == 0) {
+            d[lse_row + row] = rowd[r];
+        }
+    }
+#elif defined(__CUDA_ARCH__)
+    __trap();
+#endif
+}
+
 // Entry points for a configuration (WgShape); attention.rs appends the engine's, those of
 // WgForward, one per element type and head size.
 #define WG_ENTRY_POINT(HS, N, G, QS, OPS, NAME)                                                            \
@@ -531,4 +828,15 @@ __device__ __forceinline__ void wg_forward(const typename Ops::elem* __restrict_
     }
 #define WG_ENTRY_POINTS(HS, OPS, SUFFIX)                                                                   \
     WG_ENTRY_POINT(HS, WgForward<HS>::keys, WgForward<HS>::groups, WgForward<HS>::q_shared, OPS,           \
-                   attention_forward_##SUFFIX##_hs##HS##_wgmma)
+                   attention_forward_##SUFFIX##_hs##HS##_wgmma)                                            \
+    extern "C" __global__ void __launch_bounds__(WG_THREADS, 2) attention_backward_dq_##SUFFIX##_hs##HS##_wgmma( \
+        const OPS::elem* qkv, const OPS::elem* out, const OPS::elem* dout, const float* lse, float* d,     \
+        OPS::elem* dqkv, int T, int C, int NH, int W) {                                                    \
+        wg_backward<OPS, HS, WgBackward<HS>::stream, false>(qkv, out, dout, lse, d, dqkv, T, C, NH, W);    \
+    }                                                                                                      \
+    extern "C" __global__ void __launch_bounds__(WG_THREADS, 2) attention_backward_dkv_##SUFFIX##_hs##HS##_wgmma( \
+        const OPS::elem* qkv, const OPS::elem* dout, const float* lse, const float* d, OPS::elem* dqkv,    \
+        int T, int C, int NH, int W) {                                                                     \
+        wg_backward<OPS, HS, WgBackward<HS>::stream, true>(qkv, nullptr, dout, lse, const_cast<float*>(d), \
+                                                           dqkv, T, C, NH, W);                             \
+    }
