@@ -49,6 +49,9 @@ DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 # A sample runs calls back to back until it holds about this much work, at most MAX_CALLS.
 SAMPLE_MS = 1.0
 MAX_CALLS = 16
+# Idle seconds before each kernel's timing, as kiln's suite pauses (src/bench/kernels.rs,
+# "Settling"): a long GEMM before it lowers the SM clock under the power limit.
+SETTLE_S = 0.2
 
 
 def copies_for(working_set, l2_bytes, max_copies):
@@ -91,6 +94,9 @@ class Bench:
         return (time.perf_counter() - t0) * 1e3 / calls
 
     def median_ms(self, fn):
+        if self.cuda:
+            self.sync()
+            time.sleep(SETTLE_S)
         for _ in range(self.a.warmup):
             fn()
         self.sync()

@@ -4,6 +4,11 @@
 //!
 //! - Time: device events, the median of `--reps` samples after `--warmup` calls
 //!   ([`CudaBackend::time_median_ms`]).
+//! - Settling: each kernel is timed after [`SETTLE`] of idle GPU, so that it starts at the
+//!   clock the previous kernel left (under the power limit a long GEMM lowers the SM clock,
+//!   which takes time to come back: on an H100 without the pause, attention timed right after
+//!   the previous type's large GEMMs read 15-35% slower than in a run that timed it first).
+//!   `bench/pytorch_kernels.py` pauses the same way.
 //! - Rotation: a kernel whose working set is under twice the L2 cache gets enough copies of
 //!   its buffers that successive calls touch different copies, so a timed call never finds
 //!   its inputs left in L2 by the previous one (as in training, where other layers run in
@@ -449,6 +454,9 @@ struct Bench<'a> {
     rows: Vec<Row>,
 }
 
+/// Idle time before each kernel's timing (see the module's "Settling").
+const SETTLE: std::time::Duration = std::time::Duration::from_millis(200);
+
 /// Host values generated at most this many at a time; larger buffers repeat the block (the
 /// values do not change a kernel's time, and generating gigabytes on the host would).
 const HOST_BLOCK: usize = 1 << 20;
@@ -541,6 +549,8 @@ impl Bench<'_> {
     /// Times `work` (which cycles through its `copies` itself, however often it is called)
     /// and records the row.
     fn time(&mut self, e: Entry, copies: usize, work: impl FnMut() -> CResult<()>) -> CResult<()> {
+        self.gpu.synchronize()?;
+        std::thread::sleep(SETTLE);
         let ms = self.gpu.time_median_ms(self.warmup, self.reps, work)?;
         let row = make_row(e, ms, copies, &self.ceilings);
         println!(
