@@ -824,6 +824,23 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
         let r = check_matmul_tt(gpu, inp, n, c_in, c_out);
         push("matmul (A^T B^T)", "f32", shape, BOUND_FP32, r);
     }
+    // A product with the GELU in its epilogue, and the backward through it: GPT-2's MLP
+    // (768 -> 3072 and back), a shape whose widths are multiples of 8 (the epilogue's), and one
+    // whose are not (the separate kernels).
+    for (n, c, hidden) in [(512, 768, 3072), (37, 56, 24), (37, 53, 29)] {
+        let shape = format!("{n}x{c}->{hidden}");
+        for (label, math, b) in [
+            ("f32", GemmMath::Fp32, BOUND_FP32),
+            ("tf32", GemmMath::Tf32, BOUND_TF32),
+        ] {
+            let r = check_linear_gelu::<f32>(gpu, inp, n, c, hidden, math);
+            push("linear_gelu", label, shape.clone(), b, r);
+        }
+        let r = check_linear_gelu::<Bf16>(gpu, inp, n, c, hidden, GemmMath::Fp32);
+        push("linear_gelu", "bf16", shape.clone(), BOUND_BF16, r);
+        let r = check_linear_gelu::<F16>(gpu, inp, n, c, hidden, GemmMath::Fp32);
+        push("linear_gelu", "f16", shape, BOUND_F16, r);
+    }
     // The unfused attention's products: S = Q K^T (GPT-2's 12 heads of 64 at T = 1024 over
     // a batch of 4), P^T dO, and ragged sizes in every transpose combination.
     for (trans_a, trans_b, batch, m, n, k) in [
@@ -3530,6 +3547,101 @@ fn check_linear_backward<T: Elem>(
     let db_want: Vec<f32> = db.iter().zip(&db0).map(|(a, s)| a - s).collect();
     Ok(worst(&[
         rel_err(&gpu.download_f32(&d_dinp)?, &dinp, GEMM_FLOOR),
+        rel_err(&added(gpu.download(&d_dw)?, &dw0), &dw_want, GEMM_FLOOR),
+        rel_err(
+            &added(gpu.download(&d_db)?, &db0),
+            &db_want,
+            ELEMENTWISE_FLOOR,
+        ),
+    ]))
+}
+
+/// The fused GELU products of an MLP against the CPU's separate kernels: `fc` with the GELU
+/// in its epilogue (`pre` and `act`), then `proj`'s backward carried through the GELU (`dpre`,
+/// and the accumulated `dweight` and `dbias`), `c -> hidden -> c` over `n` rows.
+fn check_linear_gelu<T: Elem>(
+    gpu: &CudaBackend,
+    inp: &mut Inputs,
+    n: usize,
+    c: usize,
+    hidden: usize,
+    math: GemmMath,
+) -> Check {
+    let d = T::DTYPE;
+    let (x, w_fc, b_fc) = (
+        inp.uniform(n * c, 1.0, d),
+        inp.uniform(hidden * c, 1.0, d),
+        inp.uniform(hidden, 1.0, d),
+    );
+    let mut pre = vec![0.0; n * hidden];
+    cpu::gemm::linear_forward(&mut pre, &x, &w_fc, Some(&b_fc), n, c, hidden);
+    let mut act = vec![0.0; n * hidden];
+    cpu::gelu::gelu_forward(&mut act, &pre);
+    let (mut d_pre, mut d_act) = (
+        poisoned::<T>(gpu, n * hidden)?,
+        poisoned::<T>(gpu, n * hidden)?,
+    );
+    gpu.linear_gelu_forward(
+        &mut d_pre,
+        &mut d_act,
+        &gpu.upload_as::<T>(&x)?,
+        &gpu.upload_as::<T>(&w_fc)?,
+        Some(&gpu.upload_as::<T>(&b_fc)?),
+        n,
+        c,
+        hidden,
+        math,
+    )?;
+    let forward = worst(&[
+        rel_err(&gpu.download_f32(&d_pre)?, &pre, GEMM_FLOOR),
+        rel_err(&gpu.download_f32(&d_act)?, &act, GEMM_FLOOR),
+    ]);
+    // The backward takes the pre-activation and the GELU output as stored in the dtype.
+    let (pre, act) = (
+        inp.uniform(n * hidden, 3.0, d),
+        inp.uniform(n * hidden, 1.0, d),
+    );
+    let (w, dout) = (inp.uniform(c * hidden, 1.0, d), inp.uniform(n * c, 1.0, d));
+    let (dw0, db0) = (
+        inp.uniform(c * hidden, 1.0, DType::F32),
+        inp.uniform(c, 1.0, DType::F32),
+    );
+    let (mut dpre, mut dw, mut db) = (vec![0.0; n * hidden], dw0.clone(), db0.clone());
+    cpu::gemm::linear_backward(
+        &mut dpre,
+        &mut dw,
+        Some(&mut db),
+        &dout,
+        &act,
+        &w,
+        n,
+        hidden,
+        c,
+    );
+    cpu::gelu::gelu_backward_in_place(&mut dpre, &pre);
+    let mut d_dpre = poisoned::<T>(gpu, n * hidden)?;
+    let (mut d_dw, mut d_db) = (gpu.upload(&dw0)?, gpu.upload(&db0)?);
+    gpu.linear_gelu_backward(
+        &mut d_dpre,
+        Some(&mut d_dw),
+        Some(&mut d_db),
+        &gpu.upload_as::<T>(&dout)?,
+        &gpu.upload_as::<T>(&act)?,
+        &gpu.upload_as::<T>(&pre)?,
+        &gpu.upload_as::<T>(&w)?,
+        n,
+        hidden,
+        c,
+        math,
+    )?;
+    let added = |got: Vec<f32>, start: &[f32]| -> Vec<f32> {
+        got.iter().zip(start).map(|(g, s)| g - s).collect()
+    };
+    let dw_want: Vec<f32> = dw.iter().zip(&dw0).map(|(a, s)| a - s).collect();
+    let db_want: Vec<f32> = db.iter().zip(&db0).map(|(a, s)| a - s).collect();
+    Ok(worst(&[
+        forward,
+        rel_err(&gpu.download_f32(&d_dpre)?, &dpre, GEMM_FLOOR),
         rel_err(&added(gpu.download(&d_dw)?, &dw0), &dw_want, GEMM_FLOOR),
         rel_err(
             &added(gpu.download(&d_db)?, &db0),

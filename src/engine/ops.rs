@@ -335,6 +335,116 @@ pub fn linear_backward(
     Ok(dx)
 }
 
+/// `gelu(x @ w^T + b)` (GELU's tanh form) and the GELU's argument: returns `(pre, act)`, the
+/// tensors [`linear_forward`] then [`gelu_forward`] return. On the GPU one product whose
+/// epilogue applies the GELU and stores its argument (see
+/// [`CudaBackend::linear_gelu_forward`]), which saves the GELU kernel's read of `pre` and
+/// write of `act`; on the CPU the two kernels.
+pub fn linear_gelu_forward(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<(Tensor, Tensor)> {
+    let _prof = profile::scope("linear_gelu_forward", x);
+    let on = device_of("linear_gelu", &[x, w])?;
+    if !matches!(on, On::Gpu(_)) {
+        let pre = linear_forward(x, w, b)?;
+        let act = gelu_forward(&pre)?;
+        return Ok((pre, act));
+    }
+    let (n, c_in) = rows_cols("linear_gelu", x)?;
+    let c_out = w.shape()[0];
+    expect_len("linear_gelu", "weight", w, c_out * c_in)?;
+    if let Some(b) = b {
+        expect_len("linear_gelu", "bias", b, c_out)?;
+    }
+    let mut shape = x.shape().to_vec();
+    if let Some(last) = shape.last_mut() {
+        *last = c_out;
+    }
+    let mut pre = Tensor::uninit(x.pool(), &shape, act_dtype(x))?;
+    let mut act = Tensor::uninit(x.pool(), &shape, act_dtype(x))?;
+    if let On::Gpu(g) = on {
+        with_elem!(x.dtype(), T => g.linear_gelu_forward::<T>(
+            pre.cuda_mut(),
+            act.cuda_mut(),
+            x.cuda(),
+            w.cuda(),
+            b.map(|b| b.cuda()),
+            n,
+            c_in,
+            c_out,
+            x.pool().gemm_math(),
+        ))?;
+    }
+    Ok((pre, act))
+}
+
+/// The backward of `linear_forward(act, w, b)` where `act = gelu(pre)`, carried through the
+/// GELU: returns `dpre`, what [`linear_backward`] then [`gelu_backward`] return, and
+/// accumulates into `dw` and `db` as [`linear_backward`] does (a frozen weight passes neither).
+/// On the GPU the input gradient is one product whose epilogue applies the GELU's derivative
+/// (see [`CudaBackend::linear_gelu_backward`]); on the CPU the same arithmetic as the two
+/// kernels, in place in `dpre`.
+pub fn linear_gelu_backward(
+    dout: &Tensor,
+    act: &Tensor,
+    pre: &Tensor,
+    w: &Tensor,
+    dw: Option<&mut Tensor>,
+    db: Option<&mut Tensor>,
+) -> Result<Tensor> {
+    let _prof = profile::scope("linear_gelu_backward", act);
+    let on = device_of("linear_gelu_backward", &[dout, act, pre, w])?;
+    let (n, c_in) = rows_cols("linear_gelu_backward", act)?;
+    let c_out = w.shape()[0];
+    expect_len("linear_gelu_backward", "dout", dout, n * c_out)?;
+    expect_len("linear_gelu_backward", "pre", pre, n * c_in)?;
+    let mut dpre = Tensor::uninit(act.pool(), act.shape(), act_dtype(act))?;
+    if let Some(dw) = &dw {
+        device_of("linear_gelu_backward", &[dw])?;
+    }
+    match on {
+        On::Meta => {
+            let elem = act_dtype(act).size_bytes();
+            if !super::cuda::gelu_epilogue_fits(c_in) {
+                meta_scratch(act, n * c_in * elem);
+            }
+            if dw.is_some() && db.is_some() {
+                meta_scratch(act, super::cuda::reduce::column_partials_bytes(n, c_out));
+            }
+        }
+        On::Cpu => {
+            let dx = dpre.host_mut();
+            match dw {
+                Some(dw) => cpu::gemm::linear_backward(
+                    dx,
+                    dw.host_mut(),
+                    db.map(|b| b.host_mut()),
+                    dout.host(),
+                    act.host(),
+                    w.host(),
+                    n,
+                    c_in,
+                    c_out,
+                ),
+                None => cpu::gemm::linear_backward_input(dx, dout.host(), w.host(), n, c_in, c_out),
+            }
+            cpu::gelu::gelu_backward_in_place(dx, pre.host());
+        }
+        On::Gpu(g) => with_elem!(act.dtype(), T => g.linear_gelu_backward::<T>(
+            dpre.cuda_mut(),
+            dw.map(|t| t.cuda_mut()),
+            db.map(|t| t.cuda_mut()),
+            dout.cuda(),
+            act.cuda(),
+            pre.cuda(),
+            w.cuda(),
+            n,
+            c_in,
+            c_out,
+            act.pool().gemm_math(),
+        ))?,
+    }
+    Ok(dpre)
+}
+
 /// `C = alpha * op(A) @ op(B) + beta * C` on matrices inside larger tensors (see
 /// [`MatrixView`]); `shape.batch` is 1. `A` and `B` share a dtype; `C` has theirs (the
 /// activation dtype) or is f32 (a gradient). A low-rank adapter uses it to read its columns

@@ -190,6 +190,38 @@ impl Linear {
         Ok(dx)
     }
 
+    /// Whether the layer is its weight and bias alone (no 4-bit base, no adapters): the fused
+    /// GELU products below take only such layers.
+    fn plain(&self) -> bool {
+        self.nf4.is_none() && self.adapters.is_empty()
+    }
+
+    /// `gelu(self.forward(x))` and the GELU's argument, `(pre, act)`: for a plain layer one
+    /// product whose epilogue applies the GELU on the GPU ([`ops::linear_gelu_forward`]).
+    pub fn forward_gelu(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {
+        if self.plain() {
+            let bias = self.bias.as_ref().map(Param::weight);
+            return ops::linear_gelu_forward(x, self.weight.weight(), bias);
+        }
+        let pre = self.forward(x)?;
+        let act = ops::gelu_forward(&pre)?;
+        Ok((pre, act))
+    }
+
+    /// The backward of `self.forward(act)` where `act = gelu(pre)`, carried through the GELU:
+    /// returns the gradient of `pre` and accumulates the parameter gradients. For a plain
+    /// layer the input gradient is one product whose epilogue applies the GELU's derivative on
+    /// the GPU ([`ops::linear_gelu_backward`]).
+    pub fn backward_gelu(&mut self, dout: &Tensor, act: &Tensor, pre: &Tensor) -> Result<Tensor> {
+        if self.plain() {
+            let db = self.bias.as_mut().and_then(|b| b.grad_mut());
+            let (w, dw) = self.weight.weight_and_grad();
+            return ops::linear_gelu_backward(dout, act, pre, w, dw, db);
+        }
+        let dact = self.backward(dout, act)?;
+        ops::gelu_backward(pre, &dact)
+    }
+
     pub fn cost(&self, tokens: usize) -> Cost {
         Self::cost_of(self.c_in, self.c_out, self.bias.is_some(), tokens)
     }

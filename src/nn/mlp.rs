@@ -1,8 +1,10 @@
-//! The transformer feed-forward: `proj(gelu(fc(x)))`, widening the stream four times.
+//! The transformer feed-forward: `proj(gelu(fc(x)))`, widening the stream four times. The
+//! GELU rides on the products around it where the layers are plain (on the GPU, cuBLASLt
+//! epilogues: `fc` applies it, `proj`'s input gradient applies its derivative).
 
 use super::linear::Linear;
 use super::{ActLayout, Cost, ParamBuilder, params};
-use crate::engine::{Result, Tensor, ops};
+use crate::engine::{Result, Tensor};
 
 pub struct Mlp {
     pub fc: Linear,
@@ -45,8 +47,7 @@ impl Mlp {
     /// The forward up to what the backward needs, without the output projection: all that
     /// a recomputing backward has to rebuild.
     pub fn activations(&self, x: &Tensor) -> Result<MlpSaved> {
-        let pre = self.fc.forward(x)?;
-        let act = ops::gelu_forward(&pre)?;
+        let (pre, act) = self.fc.forward_gelu(x)?;
         Ok(MlpSaved { pre, act })
     }
 
@@ -57,8 +58,7 @@ impl Mlp {
 
     /// Returns `dx`; `x` is the forward's input.
     pub fn backward(&mut self, dout: &Tensor, x: &Tensor, saved: &MlpSaved) -> Result<Tensor> {
-        let dact = self.proj.backward(dout, &saved.act)?;
-        let dpre = ops::gelu_backward(&saved.pre, &dact)?;
+        let dpre = self.proj.backward_gelu(dout, &saved.act, &saved.pre)?;
         self.fc.backward(&dpre, x)
     }
 
@@ -83,6 +83,7 @@ impl Mlp {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::ops;
     use crate::nn::gradcheck::*;
 
     #[test]

@@ -36,6 +36,14 @@ pub fn gelu_backward(dinp: &mut [f32], inp: &[f32], dout: &[f32]) {
         });
 }
 
+/// [`gelu_backward`] with the incoming gradient already in `d` (the same arithmetic): `d` becomes
+/// `d * gelu'(inp)`.
+pub fn gelu_backward_in_place(d: &mut [f32], inp: &[f32]) {
+    d.par_chunks_mut(CHUNK)
+        .zip(inp.par_chunks(CHUNK))
+        .for_each(|(d, x)| d.iter_mut().zip(x).for_each(|(d, &x)| *d *= gelu_grad(x)));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

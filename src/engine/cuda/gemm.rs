@@ -52,6 +52,45 @@ fn blas_err(what: &str) -> impl Fn(lt::CublasError) -> CudaError + '_ {
     }
 }
 
+/// What a product's kernel does to its output before storing it (cuBLASLt's epilogues).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum EpilogueKind {
+    /// The product as it is.
+    None,
+    /// `+ bias[n]` on every row.
+    Bias,
+    /// `gelu(product)` (GELU's tanh form), its argument stored in the auxiliary matrix.
+    GeluAux,
+    /// `gelu(product + bias)`, its argument stored in the auxiliary matrix.
+    GeluAuxBias,
+    /// `product * gelu'(aux)`: the gradient through a GELU whose argument is the auxiliary
+    /// matrix.
+    DGelu,
+}
+
+/// An epilogue and its vectors: the bias and the auxiliary matrix (`[m, n]` row-major,
+/// packed, the output's element type), as device addresses (0 where the kind has none).
+#[derive(Debug, Clone, Copy)]
+struct Epilogue {
+    kind: EpilogueKind,
+    bias: u64,
+    aux: u64,
+}
+
+impl Epilogue {
+    const NONE: Epilogue = Epilogue {
+        kind: EpilogueKind::None,
+        bias: 0,
+        aux: 0,
+    };
+}
+
+/// Whether cuBLASLt's GELU epilogues take an auxiliary matrix of `cols` columns: its leading
+/// dimension must be a multiple of 8 (the shapes they refuse take the separate kernels).
+pub const fn gelu_epilogue_fits(cols: usize) -> bool {
+    cols.is_multiple_of(8)
+}
+
 /// What determines the algorithm cuBLASLt picks for a product.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct ShapeKey {
@@ -63,7 +102,7 @@ struct ShapeKey {
     operands: DType,
     output: DType,
     math: GemmMath,
-    bias: bool,
+    epilogue: EpilogueKind,
     /// Products in one strided-batched call (1 for a plain product).
     batch: usize,
     /// Row strides of A, B and C as stored (their row lengths when packed).
@@ -236,11 +275,29 @@ impl CudaBackend {
         bias: Option<&CudaSlice<TC>>,
         math: GemmMath,
     ) -> Result<()> {
-        if let Some(bias) = bias {
-            check_len("matmul", "bias", bias, n)?;
-        }
+        let epilogue = match bias {
+            Some(bias) => {
+                check_len("matmul", "bias", bias, n)?;
+                Epilogue {
+                    kind: EpilogueKind::Bias,
+                    bias: raw_ptr(bias, &self.stream),
+                    aux: 0,
+                }
+            }
+            None => Epilogue::NONE,
+        };
         let shape = GemmShape::single(trans_a, trans_b, m, n, k);
-        self.product(shape, packed_views(shape), alpha, a, b, beta, c, bias, math)
+        self.product(
+            shape,
+            packed_views(shape),
+            alpha,
+            a,
+            b,
+            beta,
+            c,
+            epilogue,
+            math,
+        )
     }
 
     /// Row-major `C = alpha * op(A) @ op(B) + beta * C` on matrices that lie inside larger
@@ -264,7 +321,7 @@ impl CudaBackend {
                 detail: format!("{} products: views take one", shape.batch),
             });
         }
-        self.product(shape, views, alpha, a, b, beta, c, None, math)
+        self.product(shape, views, alpha, a, b, beta, c, Epilogue::NONE, math)
     }
 
     /// `batch` independent products `C_i = alpha * op(A_i) @ op(B_i) + beta * C_i`, each
@@ -282,7 +339,17 @@ impl CudaBackend {
         c: &mut CudaSlice<TC>,
         math: GemmMath,
     ) -> Result<()> {
-        self.product(shape, packed_views(shape), alpha, a, b, beta, c, None, math)
+        self.product(
+            shape,
+            packed_views(shape),
+            alpha,
+            a,
+            b,
+            beta,
+            c,
+            Epilogue::NONE,
+            math,
+        )
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -295,7 +362,7 @@ impl CudaBackend {
         b: &CudaSlice<TA>,
         beta: f32,
         c: &mut CudaSlice<TC>,
-        bias: Option<&CudaSlice<TC>>,
+        epilogue: Epilogue,
         math: GemmMath,
     ) -> Result<()> {
         const OP: &str = "matmul";
@@ -343,18 +410,44 @@ impl CudaBackend {
         use sys::cublasLtMatmulDescAttributes_t as Attr;
         set_desc(&desc, Attr::CUBLASLT_MATMUL_DESC_TRANSA, &(trans_b as i32))?;
         set_desc(&desc, Attr::CUBLASLT_MATMUL_DESC_TRANSB, &(trans_a as i32))?;
-        if let Some(bias) = bias {
-            let ptr = raw_ptr(bias, &self.stream);
-            set_desc(&desc, Attr::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ptr)?;
-            let epilogue = sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS;
-            set_desc(&desc, Attr::CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue)?;
+        if epilogue.kind != EpilogueKind::None {
+            use sys::cublasLtEpilogue_t as E;
+            let kind = match epilogue.kind {
+                EpilogueKind::None => E::CUBLASLT_EPILOGUE_DEFAULT,
+                EpilogueKind::Bias => E::CUBLASLT_EPILOGUE_BIAS,
+                EpilogueKind::GeluAux => E::CUBLASLT_EPILOGUE_GELU_AUX,
+                EpilogueKind::GeluAuxBias => E::CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
+                EpilogueKind::DGelu => E::CUBLASLT_EPILOGUE_DGELU,
+            };
+            set_desc(&desc, Attr::CUBLASLT_MATMUL_DESC_EPILOGUE, &kind)?;
+            if epilogue.bias != 0 {
+                set_desc(
+                    &desc,
+                    Attr::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                    &epilogue.bias,
+                )?;
+            }
+            if epilogue.aux != 0 {
+                // The auxiliary matrix has the output's column-major shape, packed.
+                set_desc(
+                    &desc,
+                    Attr::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                    &epilogue.aux,
+                )?;
+                set_desc(
+                    &desc,
+                    Attr::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                    &(n as i64),
+                )?;
+            }
         }
 
         let a_ptr = raw_ptr(a, &self.stream) + (va.offset * std::mem::size_of::<TA>()) as u64;
         let b_ptr = raw_ptr(b, &self.stream) + (vb.offset * std::mem::size_of::<TA>()) as u64;
         let c_ptr = raw_ptr(c, &self.stream) + (vc.offset * std::mem::size_of::<TC>()) as u64;
-        let align = [a_ptr, b_ptr, c_ptr]
+        let align = [a_ptr, b_ptr, c_ptr, epilogue.aux]
             .iter()
+            .filter(|&&p| p != 0)
             .map(|p| 1u32 << p.trailing_zeros().min(4))
             .min()
             .unwrap_or(16);
@@ -367,7 +460,7 @@ impl CudaBackend {
             operands: TA::DTYPE,
             output: TC::DTYPE,
             math,
-            bias: bias.is_some(),
+            epilogue: epilogue.kind,
             batch,
             ld: [va.ld, vb.ld, vc.ld],
             align,
@@ -651,6 +744,95 @@ impl CudaBackend {
         )?;
         if let Some(dbias) = dbias {
             self.column_sum_accumulate(dbias, dout, n, c_out)?;
+        }
+        Ok(())
+    }
+
+    /// `act = gelu(inp @ weight^T + bias)` (GELU's tanh form) with the GELU's argument kept in
+    /// `pre`, both `[n, c_out]`: one product whose epilogue applies the GELU and stores its
+    /// argument (cuBLASLt's GELU_AUX_BIAS), where the epilogue takes `c_out`
+    /// ([`gelu_epilogue_fits`]); else the product, then the GELU kernel. Reference:
+    /// [`crate::engine::cpu::gemm::linear_forward`], then
+    /// [`crate::engine::cpu::gelu::gelu_forward`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear_gelu_forward<T: Elem>(
+        &self,
+        pre: &mut CudaSlice<T>,
+        act: &mut CudaSlice<T>,
+        inp: &CudaSlice<T>,
+        weight: &CudaSlice<T>,
+        bias: Option<&CudaSlice<T>>,
+        n: usize,
+        c_in: usize,
+        c_out: usize,
+        math: GemmMath,
+    ) -> Result<()> {
+        check_len("linear_gelu", "pre", pre, n * c_out)?;
+        if gelu_epilogue_fits(c_out) {
+            let kind = match bias {
+                Some(b) => {
+                    check_len("linear_gelu", "bias", b, c_out)?;
+                    EpilogueKind::GeluAuxBias
+                }
+                None => EpilogueKind::GeluAux,
+            };
+            let epilogue = Epilogue {
+                kind,
+                bias: bias.map_or(0, |b| raw_ptr(b, &self.stream)),
+                aux: raw_ptr(pre, &self.stream),
+            };
+            let shape = GemmShape::single(false, true, n, c_out, c_in);
+            let views = packed_views(shape);
+            return self.product(shape, views, 1.0, inp, weight, 0.0, act, epilogue, math);
+        }
+        self.linear_forward(pre, inp, weight, bias, n, c_in, c_out, math)?;
+        self.gelu_forward(act, pre, n * c_out)
+    }
+
+    /// The backward of `linear_forward(act, weight, bias)` where `act = gelu(pre)`, carried
+    /// through the GELU: overwrites `dpre = (dout @ weight) * gelu'(pre)` (`[n, c_in]`) and,
+    /// for a trained weight, accumulates `dweight += dout^T @ act` and `dbias`. `dpre` is one
+    /// product whose epilogue applies the GELU's derivative (cuBLASLt's DGELU) where the
+    /// epilogue takes `c_in`; else the product into scratch, then the GELU backward kernel.
+    /// Reference: [`crate::engine::cpu::gemm::linear_backward`], then
+    /// [`crate::engine::cpu::gelu::gelu_backward`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear_gelu_backward<T: Elem>(
+        &self,
+        dpre: &mut CudaSlice<T>,
+        dweight: Option<&mut CudaSlice<f32>>,
+        dbias: Option<&mut CudaSlice<f32>>,
+        dout: &CudaSlice<T>,
+        act: &CudaSlice<T>,
+        pre: &CudaSlice<T>,
+        weight: &CudaSlice<T>,
+        n: usize,
+        c_in: usize,
+        c_out: usize,
+        math: GemmMath,
+    ) -> Result<()> {
+        check_len("linear_gelu_backward", "pre", pre, n * c_in)?;
+        if gelu_epilogue_fits(c_in) {
+            let epilogue = Epilogue {
+                kind: EpilogueKind::DGelu,
+                bias: 0,
+                aux: raw_ptr(pre, &self.stream),
+            };
+            let shape = GemmShape::single(false, false, n, c_in, c_out);
+            let views = packed_views(shape);
+            self.product(shape, views, 1.0, dout, weight, 0.0, dpre, epilogue, math)?;
+        } else {
+            let mut dact = self.alloc::<T>(n * c_in)?;
+            self.linear_backward_input(&mut dact, dout, weight, n, c_in, c_out, math)?;
+            self.gelu_backward(dpre, pre, &dact, n * c_in)?;
+        }
+        if let Some(dweight) = dweight {
+            self.matmul(
+                true, false, c_out, c_in, n, 1.0, dout, act, 1.0, dweight, None, math,
+            )?;
+            if let Some(dbias) = dbias {
+                self.column_sum_accumulate(dbias, dout, n, c_out)?;
+            }
         }
         Ok(())
     }
