@@ -1,12 +1,76 @@
 // Layer normalisation with the residual add fused in; reference: engine/cpu/layernorm.rs.
 // One block per row. Mean and variance are two passes over the row (as on the CPU), which
-// keeps fp32 accuracy for rows with a large mean; the second pass hits L1/L2.
+// keeps fp32 accuracy for rows with a large mean: over registers where the row is held
+// (layernorm_forward_held), else a second read that hits L1/L2.
 
 // eps is an argument: GPT-2 uses 1e-5, BERT-family encoders 1e-12.
+
+// Up to LN_FWD_HELD 4-element groups of a row per thread (group v = threadIdx.x + k *
+// blockDim.x), held in registers between the passes, where the row's width is a multiple of 4,
+// fits them and every buffer is 4-element aligned (GPT-2's 768 channels over 96 threads):
+// each access moves 4 elements, and the row is read from memory once.
+#define LN_FWD_HELD 2
+template <typename T> __device__ __forceinline__ bool ln_held_row(const T* p, int c) {
+    return c % 4 == 0 && c <= 4 * LN_FWD_HELD * (int)blockDim.x && aligned4(p);
+}
+
+// The forward on a held row: the same two passes (mean, then the squared deviations), over
+// registers.
+template <typename T, bool RESIDUAL>
+__device__ void layernorm_forward_held(T* sum, T* out, float* mean, float* rstd, const T* x,
+                                       const T* delta, const T* gamma, const T* beta, int c,
+                                       float eps) {
+    __shared__ float scratch[32];
+    const long long off = (long long)blockIdx.x * c;
+    const int groups = c / 4;
+    float v[LN_FWD_HELD][4];
+    float acc = 0.f;
+    for (int k = 0; k < LN_FWD_HELD; ++k) {
+        const int g = threadIdx.x + k * blockDim.x;
+        if (g >= groups) continue;
+        load4(x + off + 4 * g, v[k]);
+        if (RESIDUAL) {
+            float d[4];
+            load4(delta + off + 4 * g, d);
+            // The stored (rounded) sum is what is normalised, as in the general path.
+            for (int j = 0; j < 4; ++j) v[k][j] = load(store<T>(v[k][j] + d[j]));
+            store4(sum + off + 4 * g, v[k]);
+        }
+        for (int j = 0; j < 4; ++j) acc += v[k][j];
+    }
+    const float mu = block_sum(acc, scratch) / c;
+    float var = 0.f;
+    for (int k = 0; k < LN_FWD_HELD; ++k) {
+        if (threadIdx.x + k * blockDim.x >= groups) continue;
+        for (int j = 0; j < 4; ++j) {
+            const float d = v[k][j] - mu;
+            var += d * d;
+        }
+    }
+    const float r = 1.0f / sqrtf(block_sum(var, scratch) / c + eps);
+    for (int k = 0; k < LN_FWD_HELD; ++k) {
+        const int g = threadIdx.x + k * blockDim.x;
+        if (g >= groups) continue;
+        float w[4], b[4];
+        load4(gamma + 4 * g, w);
+        load4(beta + 4 * g, b);
+        for (int j = 0; j < 4; ++j) w[j] = (v[k][j] - mu) * r * w[j] + b[j];
+        store4(out + off + 4 * g, w);
+    }
+    if (threadIdx.x == 0) {
+        mean[blockIdx.x] = mu;
+        rstd[blockIdx.x] = r;
+    }
+}
 
 template <typename T, bool RESIDUAL>
 __device__ void layernorm_forward(T* sum, T* out, float* mean, float* rstd, const T* x,
                                   const T* delta, const T* gamma, const T* beta, int c, float eps) {
+    if (ln_held_row(x, c) && ln_held_row(out, c) && ln_held_row(gamma, c) && ln_held_row(beta, c) &&
+        (!RESIDUAL || (ln_held_row(sum, c) && ln_held_row(delta, c)))) {
+        layernorm_forward_held<T, RESIDUAL>(sum, out, mean, rstd, x, delta, gamma, beta, c, eps);
+        return;
+    }
     __shared__ float scratch[32];
     const long long off = (long long)blockIdx.x * c;
     float acc = 0.f;

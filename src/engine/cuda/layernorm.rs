@@ -26,6 +26,16 @@ pub(super) const PROGRAM: Program = Program {
 
 const BLOCK: u32 = 256;
 
+/// The forward's launch: one block per row of [`reduce::norm_threads`] threads (96 for GPT-2's
+/// 768 channels), so that the kernel holds a row of up to 8 values a thread in registers.
+fn forward_rows(n: usize, c: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (n as u32, 1, 1),
+        block_dim: (reduce::norm_threads(c) as u32, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 fn one_block_per_row(n: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (n as u32, 1, 1),
@@ -100,7 +110,7 @@ impl CudaBackend {
             .arg(&c32)
             .arg(&eps);
         // SAFETY: lengths checked above; one block per row.
-        unsafe { b.launch(one_block_per_row(n)) }?;
+        unsafe { b.launch(forward_rows(n, c)) }?;
         Ok(())
     }
 
@@ -164,7 +174,7 @@ impl CudaBackend {
             .arg(&c32)
             .arg(&eps);
         // SAFETY: lengths checked above; one block per row.
-        unsafe { b.launch(one_block_per_row(n)) }?;
+        unsafe { b.launch(forward_rows(n, c)) }?;
         Ok(())
     }
 
