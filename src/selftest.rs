@@ -3538,22 +3538,19 @@ fn check_linear_backward<T: Elem>(
         c_out,
         math,
     )?;
-    // dweight and dbias started from random values, which dominate their scale; measure the
-    // accumulated product against the product itself so the check stays sharp.
-    let added = |got: Vec<f32>, start: &[f32]| -> Vec<f32> {
-        got.iter().zip(start).map(|(g, s)| g - s).collect()
-    };
-    let dw_want: Vec<f32> = dw.iter().zip(&dw0).map(|(a, s)| a - s).collect();
-    let db_want: Vec<f32> = db.iter().zip(&db0).map(|(a, s)| a - s).collect();
     Ok(worst(&[
         rel_err(&gpu.download_f32(&d_dinp)?, &dinp, GEMM_FLOOR),
-        rel_err(&added(gpu.download(&d_dw)?, &dw0), &dw_want, GEMM_FLOOR),
-        rel_err(
-            &added(gpu.download(&d_db)?, &db0),
-            &db_want,
-            ELEMENTWISE_FLOOR,
-        ),
+        accumulated_err(&gpu.download(&d_dw)?, &dw0, &dw, GEMM_FLOOR),
+        accumulated_err(&gpu.download(&d_db)?, &db0, &db, ELEMENTWISE_FLOOR),
     ]))
+}
+
+/// The error of a gradient accumulated into a buffer that started at `start` (random values,
+/// which would dominate its scale): what the GPU added (`got - start`) against what the CPU
+/// added (`want - start`), so that the check stays sharp.
+fn accumulated_err(got: &[f32], start: &[f32], want: &[f32], floor: f64) -> f64 {
+    let added = |v: &[f32]| -> Vec<f32> { v.iter().zip(start).map(|(a, s)| a - s).collect() };
+    rel_err(&added(got), &added(want), floor)
 }
 
 /// The fused GELU products of an MLP against the CPU's separate kernels: `fc` with the GELU
@@ -3634,20 +3631,11 @@ fn check_linear_gelu<T: Elem>(
         c,
         math,
     )?;
-    let added = |got: Vec<f32>, start: &[f32]| -> Vec<f32> {
-        got.iter().zip(start).map(|(g, s)| g - s).collect()
-    };
-    let dw_want: Vec<f32> = dw.iter().zip(&dw0).map(|(a, s)| a - s).collect();
-    let db_want: Vec<f32> = db.iter().zip(&db0).map(|(a, s)| a - s).collect();
     Ok(worst(&[
         forward,
         rel_err(&gpu.download_f32(&d_dpre)?, &dpre, GEMM_FLOOR),
-        rel_err(&added(gpu.download(&d_dw)?, &dw0), &dw_want, GEMM_FLOOR),
-        rel_err(
-            &added(gpu.download(&d_db)?, &db0),
-            &db_want,
-            ELEMENTWISE_FLOOR,
-        ),
+        accumulated_err(&gpu.download(&d_dw)?, &dw0, &dw, GEMM_FLOOR),
+        accumulated_err(&gpu.download(&d_db)?, &db0, &db, ELEMENTWISE_FLOOR),
     ]))
 }
 

@@ -85,6 +85,21 @@ __device__ __forceinline__ void store4(f16* p, const float v[4]) {
     *reinterpret_cast<uint2*>(p) = q;
 }
 
+// The 4 elements of a norm's input row at `at`: x's, or with RESIDUAL x + delta rounded to T
+// and stored into `sum` (the rounded sum is what the norm normalises and the backward reads,
+// so forward and backward agree in bf16 and f16).
+template <typename T, bool RESIDUAL>
+__device__ __forceinline__ void load4_residual(float v[4], const T* x, const T* delta, T* sum,
+                                               long long at) {
+    load4(x + at, v);
+    if (RESIDUAL) {
+        float d[4];
+        load4(delta + at, d);
+        for (int j = 0; j < 4; ++j) v[j] = load(store<T>(v[j] + d[j]));
+        store4(sum + at, v);
+    }
+}
+
 template <typename F> __device__ __forceinline__ F warp_sum(F v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;

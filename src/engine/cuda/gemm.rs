@@ -739,6 +739,23 @@ impl CudaBackend {
         self.matmul(
             false, false, n, c_in, c_out, 1.0, dout, weight, 0.0, dinp, None, math,
         )?;
+        self.accumulate_weight_grads(dweight, dbias, dout, inp, n, c_in, c_out, math)
+    }
+
+    /// The parameter gradients of [`Self::linear_forward`]: `dweight += dout^T @ inp` and
+    /// `dbias` += the column sums of `dout` (both f32).
+    #[allow(clippy::too_many_arguments)]
+    fn accumulate_weight_grads<T: Elem>(
+        &self,
+        dweight: &mut CudaSlice<f32>,
+        dbias: Option<&mut CudaSlice<f32>>,
+        dout: &CudaSlice<T>,
+        inp: &CudaSlice<T>,
+        n: usize,
+        c_in: usize,
+        c_out: usize,
+        math: GemmMath,
+    ) -> Result<()> {
         self.matmul(
             true, false, c_out, c_in, n, 1.0, dout, inp, 1.0, dweight, None, math,
         )?;
@@ -826,14 +843,11 @@ impl CudaBackend {
             self.linear_backward_input(&mut dact, dout, weight, n, c_in, c_out, math)?;
             self.gelu_backward(dpre, pre, &dact, n * c_in)?;
         }
-        if let Some(dweight) = dweight {
-            self.matmul(
-                true, false, c_out, c_in, n, 1.0, dout, act, 1.0, dweight, None, math,
-            )?;
-            if let Some(dbias) = dbias {
-                self.column_sum_accumulate(dbias, dout, n, c_out)?;
+        match dweight {
+            Some(dweight) => {
+                self.accumulate_weight_grads(dweight, dbias, dout, act, n, c_in, c_out, math)
             }
+            None => Ok(()),
         }
-        Ok(())
     }
 }

@@ -28,14 +28,7 @@ __device__ void layernorm_forward_held(T* sum, T* out, float* mean, float* rstd,
     for (int k = 0; k < LN_FWD_HELD; ++k) {
         const int g = threadIdx.x + k * blockDim.x;
         if (g >= groups) continue;
-        load4(x + off + 4 * g, v[k]);
-        if (RESIDUAL) {
-            float d[4];
-            load4(delta + off + 4 * g, d);
-            // The stored (rounded) sum is what is normalised, as in the general path.
-            for (int j = 0; j < 4; ++j) v[k][j] = load(store<T>(v[k][j] + d[j]));
-            store4(sum + off + 4 * g, v[k]);
-        }
+        load4_residual<T, RESIDUAL>(v[k], x, delta, sum, off + 4 * g);
         for (int j = 0; j < 4; ++j) acc += v[k][j];
     }
     const float mu = block_sum(acc, scratch) / c;
