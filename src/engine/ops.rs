@@ -195,20 +195,24 @@ fn cpu_ids<'a>(op: &'static str, ids: Ids<'a>) -> Result<&'a [u32]> {
 /// `x[.., c_in] @ w[c_out, c_in]^T + b` -> `[.., c_out]`.
 pub fn linear_forward(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
     profile::label("linear_forward", x);
-    let c_out = w.shape()[0];
+    let mut out = Tensor::uninit(x.pool(), &linear_out_shape("linear", x, w)?, act_dtype(x))?;
+    linear_forward_into(&mut out, x, w, b)?;
+    Ok(out)
+}
+
+/// The shape of `x[.., c_in] @ w[c_out, c_in]^T`: `x`'s with the last dimension `c_out`.
+fn linear_out_shape(op: &'static str, x: &Tensor, w: &Tensor) -> Result<Vec<usize>> {
     let mut shape = x.shape().to_vec();
     match shape.last_mut() {
-        Some(last) => *last = c_out,
+        Some(last) => *last = w.shape()[0],
         None => {
             return Err(EngineError::Shape {
-                op: "linear",
+                op,
                 detail: "a scalar input has no features".into(),
             });
         }
     }
-    let mut out = Tensor::uninit(x.pool(), &shape, act_dtype(x))?;
-    linear_forward_into(&mut out, x, w, b)?;
-    Ok(out)
+    Ok(shape)
 }
 
 /// [`linear_forward`] into `out` (`[.., c_out]` elements, the activation dtype of `x`): a
@@ -354,10 +358,7 @@ pub fn linear_gelu_forward(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result
     if let Some(b) = b {
         expect_len("linear_gelu", "bias", b, c_out)?;
     }
-    let mut shape = x.shape().to_vec();
-    if let Some(last) = shape.last_mut() {
-        *last = c_out;
-    }
+    let shape = linear_out_shape("linear_gelu", x, w)?;
     let mut pre = Tensor::uninit(x.pool(), &shape, act_dtype(x))?;
     let mut act = Tensor::uninit(x.pool(), &shape, act_dtype(x))?;
     if let On::Gpu(g) = on {

@@ -74,9 +74,9 @@ pub(super) const PROGRAM_F16: Program = Program {
     dtypes: &[DType::F16],
 };
 
-/// The tensor-core kernels: bf16 and f16, head sizes 64 and 128, and the Hopper forward that
-/// shares their helpers (nvrtc.rs compiles this program for sm_90a on sm_90; elsewhere the
-/// Hopper kernels compile to a trap and are never launched).
+/// The tensor-core kernels: bf16 and f16, head sizes 64 and 128, and the Hopper forward and
+/// backward that share their helpers (nvrtc.rs compiles this program for sm_90a on sm_90;
+/// elsewhere the Hopper kernels compile to a trap and are never launched).
 pub(super) const PROGRAM_TC: Program = Program {
     name: "attention_tc",
     source: concat!(

@@ -115,107 +115,62 @@ template <int HS> struct WgForward {
     static constexpr bool q_shared = false;
 };
 
-// The accumulator operands of a wgmma of N = 64 (32 registers a thread) or 128 (64), as
-// inline assembly lists them: d[n][e] in order, read and written.
+// The accumulator operands of a wgmma of N columns (N / 2 registers a thread), as inline
+// assembly lists them: d[n][e] in order, read and written; and their places in the
+// instruction's text (%0 .. %(N / 2 - 1)).
 #define WG_ACC4(d, n) "+f"(d[n][0]), "+f"(d[n][1]), "+f"(d[n][2]), "+f"(d[n][3])
-#define WG_ACC_N64(d)                                                                          \
-    WG_ACC4(d, 0), WG_ACC4(d, 1), WG_ACC4(d, 2), WG_ACC4(d, 3), WG_ACC4(d, 4), WG_ACC4(d, 5),  \
-        WG_ACC4(d, 6), WG_ACC4(d, 7)
+#define WG_ACC_N32(d) WG_ACC4(d, 0), WG_ACC4(d, 1), WG_ACC4(d, 2), WG_ACC4(d, 3)
+#define WG_ACC_N64(d) WG_ACC_N32(d), WG_ACC4(d, 4), WG_ACC4(d, 5), WG_ACC4(d, 6), WG_ACC4(d, 7)
 #define WG_ACC_N128(d)                                                                         \
     WG_ACC_N64(d), WG_ACC4(d, 8), WG_ACC4(d, 9), WG_ACC4(d, 10), WG_ACC4(d, 11), WG_ACC4(d, 12), \
         WG_ACC4(d, 13), WG_ACC4(d, 14), WG_ACC4(d, 15)
+#define WG_REGS_N32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+#define WG_REGS_N64 WG_REGS_N32 ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define WG_REGS_N128                                                                            \
+    WG_REGS_N64 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+                "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 
 // One wgmma of 64 rows x N columns x 16: d (f32, the accumulator layout above) += a (the
 // warp's 16 rows of A, 4 registers of pairs) * B (16 x N, from the descriptor); B transposed
-// when TRANS_B (V), and d overwritten rather than added to when SCALE_D is 0.
-#define WG_MMA_RS_N64(NAME, TY)                                                            \
-    template <int TRANS_B, int SCALE_D>                                                      \
-    __device__ __forceinline__ void NAME(float (&d)[8][4], const unsigned (&a)[4],          \
-                                         unsigned long long desc) {                          \
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %38, 0;\n"                                 \
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " "             \
-                     "{" \
-                     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-                     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" \
-                     "}, {%32, %33, %34, %35}, %36, p, 1, 1, %37;\n}\n"                                 \
-                     : WG_ACC_N64(d) \
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(TRANS_B), "n"(SCALE_D)); \
+// when TRANS_B (V), and d overwritten rather than added to when SCALE_D is 0. The operands
+// after the accumulators are numbered from N / 2: A's registers, the descriptor, TRANS_B and
+// SCALE_D (A0 .. SD, as text).
+#define WG_MMA_RS(NAME, TY, N, A0, A1, A2, A3, DESC, TB, SD)                                     \
+    template <int TRANS_B, int SCALE_D>                                                          \
+    __device__ __forceinline__ void NAME(float (&d)[N / 8][4], const unsigned (&a)[4],          \
+                                         unsigned long long desc) {                              \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" SD ", 0;\n"                              \
+                     "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " "             \
+                     "{" WG_REGS_N##N "}, {%" A0 ", %" A1 ", %" A2 ", %" A3 "}, %" DESC            \
+                     ", p, 1, 1, %" TB ";\n}\n"                                                  \
+                     : WG_ACC_N##N(d)                                                            \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(TRANS_B),      \
+                       "n"(SCALE_D));                                                            \
     }
 
-#define WG_MMA_RS_N128(NAME, TY)                                                            \
-    template <int TRANS_B, int SCALE_D>                                                      \
-    __device__ __forceinline__ void NAME(float (&d)[16][4], const unsigned (&a)[4],          \
-                                         unsigned long long desc) {                          \
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %70, 0;\n"                                 \
-                     "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " "             \
-                     "{" \
-                     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-                     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
-                     "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-                     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" \
-                     "}, {%64, %65, %66, %67}, %68, p, 1, 1, %69;\n}\n"                                 \
-                     : WG_ACC_N128(d) \
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(TRANS_B), "n"(SCALE_D)); \
+// The same with A from shared memory through a descriptor too (K-major: A not transposed):
+// S = Q K^T with Q in shared memory, and the backward's S and dP. Operands after the
+// accumulators: A's descriptor, B's, SCALE_D.
+#define WG_MMA_SS(NAME, TY, N, DA, DB, SD)                                                       \
+    template <int SCALE_D>                                                                       \
+    __device__ __forceinline__ void NAME(float (&d)[N / 8][4], unsigned long long desc_a,        \
+                                         unsigned long long desc) {                              \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" SD ", 0;\n"                              \
+                     "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " "             \
+                     "{" WG_REGS_N##N "}, %" DA ", %" DB ", p, 1, 1, 0, 0;\n}\n"                 \
+                     : WG_ACC_N##N(d)                                                            \
+                     : "l"(desc_a), "l"(desc), "n"(SCALE_D));                                    \
     }
 
-
-// The same with A from shared memory through a descriptor too (K-major: A not transposed),
-// for S = Q K^T when Q is held in shared memory.
-#define WG_MMA_SS_N64(NAME, TY)                                                            \
-    template <int SCALE_D>                                                                   \
-    __device__ __forceinline__ void NAME(float (&d)[8][4], unsigned long long desc_a,         \
-                                         unsigned long long desc) {                          \
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                 \
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " "             \
-                     "{" \
-                     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-                     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" \
-                     "}, %32, %33, p, 1, 1, 0, 0;\n}\n"                                 \
-                     : WG_ACC_N64(d) \
-                     : "l"(desc_a), "l"(desc), "n"(SCALE_D)); \
-    }
-
-#define WG_MMA_SS_N128(NAME, TY)                                                            \
-    template <int SCALE_D>                                                                   \
-    __device__ __forceinline__ void NAME(float (&d)[16][4], unsigned long long desc_a,        \
-                                         unsigned long long desc) {                          \
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                 \
-                     "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " "             \
-                     "{" \
-                     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-                     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
-                     "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-                     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" \
-                     "}, %64, %65, p, 1, 1, 0, 0;\n}\n"                                 \
-                     : WG_ACC_N128(d) \
-                     : "l"(desc_a), "l"(desc), "n"(SCALE_D)); \
-    }
-
-// m64n32k16 with both operands from shared memory: the backward's S and dP over 32-row tiles
-// (head size 128).
-#define WG_ACC_N32(d) WG_ACC4(d, 0), WG_ACC4(d, 1), WG_ACC4(d, 2), WG_ACC4(d, 3)
-#define WG_MMA_SS_N32(NAME, TY)                                                            \
-    template <int SCALE_D>                                                                   \
-    __device__ __forceinline__ void NAME(float (&d)[4][4], unsigned long long desc_a,         \
-                                         unsigned long long desc) {                          \
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                 \
-                     "wgmma.mma_async.sync.aligned.m64n32k16.f32." TY "." TY " "             \
-                     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, " \
-                     "%16, %17, p, 1, 1, 0, 0;\n}\n"                                 \
-                     : WG_ACC_N32(d) \
-                     : "l"(desc_a), "l"(desc), "n"(SCALE_D)); \
-    }
-
-WG_MMA_RS_N64(wg_mma_bf16_n64, "bf16")
-WG_MMA_RS_N128(wg_mma_bf16_n128, "bf16")
-WG_MMA_RS_N64(wg_mma_f16_n64, "f16")
-WG_MMA_RS_N128(wg_mma_f16_n128, "f16")
-WG_MMA_SS_N64(wg_mma_ss_bf16_n64, "bf16")
-WG_MMA_SS_N128(wg_mma_ss_bf16_n128, "bf16")
-WG_MMA_SS_N64(wg_mma_ss_f16_n64, "f16")
-WG_MMA_SS_N128(wg_mma_ss_f16_n128, "f16")
-WG_MMA_SS_N32(wg_mma_ss_bf16_n32, "bf16")
-WG_MMA_SS_N32(wg_mma_ss_f16_n32, "f16")
+// Every variant the kernels use, for one element type.
+#define WG_MMA_VARIANTS(TY)                                                                      \
+    WG_MMA_RS(wg_mma_##TY##_n64, #TY, 64, "32", "33", "34", "35", "36", "37", "38")             \
+    WG_MMA_RS(wg_mma_##TY##_n128, #TY, 128, "64", "65", "66", "67", "68", "69", "70")           \
+    WG_MMA_SS(wg_mma_ss_##TY##_n32, #TY, 32, "16", "17", "18")                                  \
+    WG_MMA_SS(wg_mma_ss_##TY##_n64, #TY, 64, "32", "33", "34")                                  \
+    WG_MMA_SS(wg_mma_ss_##TY##_n128, #TY, 128, "64", "65", "66")
+WG_MMA_VARIANTS(bf16)
+WG_MMA_VARIANTS(f16)
 
 // The element types: attention_tc.cu's conversions, the wgmma variants (A from registers, or
 // from shared memory: `mma_ss`), and P's scale as a power of two (log2; f16's 2^12 is
