@@ -504,7 +504,12 @@ def main():
                 row_ops(b, n, name, dt)
             if "compute" in only:
                 if n % a.seq == 0:
-                    attention(b, n, name, dt)
+                    # f32 under both labels, as the GEMMs: SDPA runs the same kernel either way
+                    # (CUTLASS's memory-efficient one, three tf32 products per f32 product).
+                    for label, tf32 in gemm_modes(name):
+                        torch.backends.cuda.matmul.allow_tf32 = tf32
+                        attention(b, n, label, dt)
+                    torch.backends.cuda.matmul.allow_tf32 = False
                 linears(b, n, name, dt)
             if "unfused" in only:
                 unfused(b, n, name, dt)

@@ -88,6 +88,15 @@ const BOUND_FP32: f64 = 1e-4;
 /// TF32 rounds every operand to a 10-bit mantissa (relative error up to 2^-11 each); over a
 /// long dot product of random signs the worst output lands near 4e-4 of the largest.
 const BOUND_TF32: f64 = 1e-3;
+/// f32 attention on tf32 tensor cores: Q, K, V, P and dS each rounded once to tf32's 10-bit
+/// mantissa, the precision of f16 (and f16's exponent range is no issue in f32), so f16's
+/// attention bound.
+const BOUND_TF32_ATTENTION: f64 = BOUND_F16;
+/// f32 attention on the tensor cores as three tf32 products each: a product keeps 21 to 22 of
+/// f32's 24 mantissa bits (the low halves' product is dropped, the split rounds), up to 8x
+/// f32's rounding per product; the fp32 bound times 4 (measured worst 1.3e-4 on an H100, a
+/// GQA backward at T 520 and head size 128).
+const BOUND_3XTF32_ATTENTION: f64 = 4.0 * BOUND_FP32;
 /// bf16 outputs carry one rounding to an 8-bit mantissa (2^-9 relative) on top.
 const BOUND_BF16: f64 = 1e-2;
 /// f16 outputs carry one rounding to an 11-bit mantissa (2^-11 relative), four times finer;
@@ -903,13 +912,31 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
             heads: nh,
             channels: c,
         };
-        let (fwd, bwd) = check_attention::<f32>(gpu, inp, s, 0);
-        push("attention_forward", "f32", shape.clone(), BOUND_FP32, fwd);
-        push("attention_backward", "f32", shape.clone(), BOUND_FP32, bwd);
-        let (fwd, bwd) = check_attention::<Bf16>(gpu, inp, s, 0);
+        let (fwd, bwd) = check_attention::<f32>(gpu, inp, s, 0, GemmMath::Fp32);
+        let bound = f32_attention_bound(gpu, s.head_size());
+        push("attention_forward", "f32", shape.clone(), bound, fwd);
+        push("attention_backward", "f32", shape.clone(), bound, bwd);
+        if gpu.attention_uses_tensor_cores(DType::F32, s.head_size()) {
+            let (fwd, bwd) = check_attention::<f32>(gpu, inp, s, 0, GemmMath::Tf32);
+            push(
+                "attention_forward",
+                "tf32",
+                shape.clone(),
+                BOUND_TF32_ATTENTION,
+                fwd,
+            );
+            push(
+                "attention_backward",
+                "tf32",
+                shape.clone(),
+                BOUND_TF32_ATTENTION,
+                bwd,
+            );
+        }
+        let (fwd, bwd) = check_attention::<Bf16>(gpu, inp, s, 0, GemmMath::Fp32);
         push("attention_forward", "bf16", shape.clone(), BOUND_BF16, fwd);
         push("attention_backward", "bf16", shape.clone(), BOUND_BF16, bwd);
-        let (fwd, bwd) = check_attention::<F16>(gpu, inp, s, 0);
+        let (fwd, bwd) = check_attention::<F16>(gpu, inp, s, 0, GemmMath::Fp32);
         push("attention_forward", "f16", shape.clone(), BOUND_F16, fwd);
         push("attention_backward", "f16", shape, BOUND_F16, bwd);
     }
@@ -930,22 +957,35 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
             heads: nh,
             channels: c,
         };
-        let (fwd, bwd) = check_attention::<f32>(gpu, inp, s, window);
-        push(
-            "attention_forward_window",
-            "f32",
-            shape.clone(),
-            BOUND_FP32,
-            fwd,
-        );
+        let (fwd, bwd) = check_attention::<f32>(gpu, inp, s, window, GemmMath::Fp32);
+        let bound = f32_attention_bound(gpu, s.head_size());
+        push("attention_forward_window", "f32", shape.clone(), bound, fwd);
         push(
             "attention_backward_window",
             "f32",
             shape.clone(),
-            BOUND_FP32,
+            bound,
             bwd,
         );
-        let (fwd, bwd) = check_attention::<Bf16>(gpu, inp, s, window);
+        if gpu.attention_uses_tensor_cores(DType::F32, s.head_size()) {
+            let (fwd, bwd) = check_attention::<f32>(gpu, inp, s, window, GemmMath::Tf32);
+            let bound = BOUND_TF32_ATTENTION;
+            push(
+                "attention_forward_window",
+                "tf32",
+                shape.clone(),
+                bound,
+                fwd,
+            );
+            push(
+                "attention_backward_window",
+                "tf32",
+                shape.clone(),
+                bound,
+                bwd,
+            );
+        }
+        let (fwd, bwd) = check_attention::<Bf16>(gpu, inp, s, window, GemmMath::Fp32);
         push(
             "attention_forward_window",
             "bf16",
@@ -960,7 +1000,7 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
             BOUND_BF16,
             bwd,
         );
-        let (fwd, bwd) = check_attention::<F16>(gpu, inp, s, window);
+        let (fwd, bwd) = check_attention::<F16>(gpu, inp, s, window, GemmMath::Fp32);
         push(
             "attention_forward_window",
             "f16",
@@ -982,7 +1022,8 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
             check_attention_full_window,
             "attention_full_window",
             shape,
-            s
+            s,
+            GemmMath::Fp32
         );
     }
     // The tensor-core kernels at head sizes 64 and 128 in bf16 and f16, on the layout
@@ -1016,12 +1057,22 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
                 format!("B{b} T{t} H{heads}/{kv_heads} D{hs}"),
             )
         };
-        let (fwd, bwd) = check_attention_grouped::<Bf16>(gpu, inp, s, kv_heads, window);
+        for (label, math, bound) in [
+            ("f32", GemmMath::Fp32, BOUND_3XTF32_ATTENTION),
+            ("tf32", GemmMath::Tf32, BOUND_TF32_ATTENTION),
+        ] {
+            let (fwd, bwd) = check_attention_grouped::<f32>(gpu, inp, s, kv_heads, window, math);
+            push(forward, label, shape.clone(), bound, fwd);
+            push(backward, label, shape.clone(), bound, bwd);
+        }
+        let (fwd, bwd) =
+            check_attention_grouped::<Bf16>(gpu, inp, s, kv_heads, window, GemmMath::Fp32);
         push(forward, "bf16", shape.clone(), BOUND_BF16, fwd);
         push(backward, "bf16", shape.clone(), BOUND_BF16, bwd);
         // f16's bound holds per head vector: P (times 2^12) and dS (scaled per row) rounded
         // to f16 keep 11 bits, as the output's own rounding does.
-        let (fwd, bwd) = check_attention_grouped::<F16>(gpu, inp, s, kv_heads, window);
+        let (fwd, bwd) =
+            check_attention_grouped::<F16>(gpu, inp, s, kv_heads, window, GemmMath::Fp32);
         push(forward, "f16", shape.clone(), BOUND_F16, fwd);
         push(backward, "f16", shape, BOUND_F16, bwd);
     }
@@ -1043,7 +1094,7 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
         );
     }
     // A window of the whole sequence changes nothing at head size 128 either (the tensor-core
-    // kernels only: f32 has no head size 128).
+    // kernels only: the CUDA-core ones have no head size 128).
     let s = AttnShape {
         batch: 2,
         seq: 200,
@@ -1051,17 +1102,14 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
         channels: 256,
     };
     let shape = "B2 T200 H2 C256 W200 vs none".to_string();
-    let r = check_attention_full_window::<Bf16>(gpu, inp, s);
+    for (label, math) in [("f32", GemmMath::Fp32), ("tf32", GemmMath::Tf32)] {
+        let r = check_attention_full_window::<f32>(gpu, inp, s, math);
+        push("attention_full_window", label, shape.clone(), 0.0, r);
+    }
+    let r = check_attention_full_window::<Bf16>(gpu, inp, s, GemmMath::Fp32);
     push("attention_full_window", "bf16", shape.clone(), 0.0, r);
-    let r = check_attention_full_window::<F16>(gpu, inp, s);
+    let r = check_attention_full_window::<F16>(gpu, inp, s, GemmMath::Fp32);
     push("attention_full_window", "f16", shape, 0.0, r);
-    push(
-        "attention_hs128_refused",
-        "f32",
-        "B1 T64 H2 C256".into(),
-        0.0,
-        check_attention_f32_hs128_refused(gpu),
-    );
     // Encoder operations. Layernorm with BERT's eps of 1e-12 on rows of small spread (GPT-2's
     // 1e-5 would change their rstd several-fold, so a lost eps shows), plain and residual.
     for (n, c) in [(512, 384), (37, 1001)] {
@@ -1979,33 +2027,49 @@ fn offload_parity(
 
 /// Flash-style attention (log-sum-exp saved, no T x T matrix) against the CPU kernel, which
 /// stores the probabilities: forward output, then the whole dqkv; within a sliding `window`
-/// (0: none).
+/// (0: none); `math` picks f32's products (16-bit activations ignore it).
 fn check_attention<T: Elem>(
     gpu: &CudaBackend,
     inp: &mut Inputs,
     s: AttnShape,
     window: usize,
+    math: GemmMath,
 ) -> (Check, Check) {
     let (b, t, c) = (s.batch, s.seq, s.channels);
     let qkv = inp.uniform(b * t * 3 * c, 2.0, T::DTYPE);
     let dout = inp.uniform(b * t * c, 1.0, T::DTYPE);
-    compare_attention::<T>(gpu, &qkv, &dout, s, window)
+    compare_attention::<T>(gpu, &qkv, &dout, s, window, math)
 }
 
 /// The GPU's attention forward and backward on `qkv` and `dout` against the CPU kernel's:
 /// the output's error, then dqkv's.
+///
+/// Under tf32 the inputs are first rounded to tf32, as the 16-bit checks draw inputs their
+/// type holds: the check measures the kernels' own roundings (P, dS, the row term), not the
+/// policy's rounding of every f32 operand, which the tf32 GEMMs make too. That one is large in
+/// the backward: dS = P (dP - d) subtracts nearly equal terms, and dP = dO V^T carries dO's and
+/// V's rounding, 1e-2 to 3e-2 of each head's largest gradient against the exact f32
+/// reference (measured on an H100).
 fn compare_attention<T: Elem>(
     gpu: &CudaBackend,
     qkv: &[f32],
     dout: &[f32],
     s: AttnShape,
     window: usize,
+    math: GemmMath,
 ) -> (Check, Check) {
+    let rounded: [Vec<f32>; 2];
+    let (qkv, dout) = if T::DTYPE == DType::F32 && math == GemmMath::Tf32 {
+        rounded = [qkv, dout].map(|x| x.iter().map(|&v| round_tf32(v)).collect());
+        (&rounded[0][..], &rounded[1][..])
+    } else {
+        (qkv, dout)
+    };
     let (b, t, nh, c) = (s.batch, s.seq, s.heads, s.channels);
     let mut out = vec![0.0; b * t * c];
     let mut probs = vec![0.0; b * nh * t * t];
     cpu::attention::windowed_attention_forward(&mut out, &mut probs, qkv, s, window);
-    let (o, g) = match gpu_attention::<T>(gpu, qkv, dout, s, window) {
+    let (o, g) = match gpu_attention::<T>(gpu, qkv, dout, s, window, math) {
         Ok((o, _, g)) => (o, g),
         Err(e) => return (Err(e.clone()), Err(e)),
     };
@@ -2018,9 +2082,9 @@ fn compare_attention<T: Elem>(
             Ok(rel_err(&g, &dqkv, ELEMENTWISE_FLOOR)),
         )
     } else {
-        // The tensor cores take d_i = dO_i . O_i from the stored 16-bit output, as
-        // FlashAttention does (exact math on the output as stored); the reference uses the
-        // same d, from the output the GPU stored.
+        // The tensor cores take d_i = dO_i . O_i from the stored output, as FlashAttention
+        // does (exact math on the output as stored); the reference uses the same d, from the
+        // output the GPU stored.
         let d = row_term(dout, &o, s);
         cpu::attention::attention_backward_given_row_term(
             &mut dqkv, dout, qkv, &probs, &d, s, window,
@@ -2030,6 +2094,24 @@ fn compare_attention<T: Elem>(
             Ok(rel_err_per_head(&g, &dqkv, s.head_size())),
         )
     }
+}
+
+/// The bound of f32 attention at `head_size`: three tf32 products on the tensor cores, or f32
+/// arithmetic on the CUDA cores.
+fn f32_attention_bound(gpu: &CudaBackend, head_size: usize) -> f64 {
+    if gpu.attention_uses_tensor_cores(DType::F32, head_size) {
+        BOUND_3XTF32_ATTENTION
+    } else {
+        BOUND_FP32
+    }
+}
+
+/// `x` rounded to tf32's 10 mantissa bits (to nearest, ties away from zero, as `cvt.rna`).
+fn round_tf32(x: f32) -> f32 {
+    if !x.is_finite() {
+        return x;
+    }
+    f32::from_bits((x.to_bits() + 0x1000) & !0x1fff)
 }
 
 /// `d_i = dO_i . O_i` per batch, head and row (`[B, NH, T]`), summed in f64.
@@ -2062,6 +2144,7 @@ fn check_attention_grouped<T: Elem>(
     s: AttnShape,
     kv_heads: usize,
     window: usize,
+    math: GemmMath,
 ) -> (Check, Check) {
     let (c, d, group) = (s.channels, s.head_size(), s.heads / kv_heads);
     let mut qkv = inp.uniform(s.batch * s.seq * 3 * c, 2.0, T::DTYPE);
@@ -2077,7 +2160,7 @@ fn check_attention_grouped<T: Elem>(
         }
     }
     let dout = inp.uniform(s.batch * s.seq * c, 1.0, T::DTYPE);
-    compare_attention::<T>(gpu, &qkv, &dout, s, window)
+    compare_attention::<T>(gpu, &qkv, &dout, s, window, math)
 }
 
 /// The largest score gradient `|dS_ij| = |P_ij (dP_ij - d_i)|` of causal attention, with
@@ -2149,36 +2232,13 @@ fn check_attention_large_ds<T: Elem>(gpu: &CudaBackend, inp: &mut Inputs, s: Att
             ),
         });
     }
-    let (o, _, g) = gpu_attention::<T>(gpu, &qkv, &dout, s, 0)?;
+    let (o, _, g) = gpu_attention::<T>(gpu, &qkv, &dout, s, 0, GemmMath::Fp32)?;
     // As in `compare_attention`: the reference takes the kernels' row term, from the output
     // the GPU stored, and each head's vector is measured against its largest element.
     let mut dqkv = vec![0.0; qkv.len()];
     let d = row_term(&dout, &o, s);
     cpu::attention::attention_backward_given_row_term(&mut dqkv, &dout, &qkv, &probs, &d, s, 0);
     Ok(rel_err_per_head(&g, &dqkv, s.head_size()))
-}
-
-/// f32 activations at head size 128 have no GPU kernel: the call must fail with an error
-/// that names the head size and the way out, never compute. 0 when it does.
-fn check_attention_f32_hs128_refused(gpu: &CudaBackend) -> Check {
-    let s = AttnShape {
-        batch: 1,
-        seq: 64,
-        heads: 2,
-        channels: 256,
-    };
-    let qkv = gpu.upload(&vec![0.5f32; s.batch * s.seq * 3 * s.channels])?;
-    let mut out = poisoned::<f32>(gpu, s.batch * s.seq * s.channels)?;
-    let mut lse = poisoned::<f32>(gpu, s.batch * s.heads * s.seq)?;
-    match gpu.attention_forward(&mut out, &mut lse, &qkv, s) {
-        Err(CudaError::Shape { detail, .. })
-            if detail.contains("head size 128") && detail.contains("bf16") =>
-        {
-            Ok(0.0)
-        }
-        Err(e) => Err(e),
-        Ok(()) => Ok(f64::INFINITY),
-    }
 }
 
 /// The attention output, log-sum-exp and dqkv a GPU computed.
@@ -2191,14 +2251,24 @@ fn gpu_attention<T: Elem>(
     dout: &[f32],
     s: AttnShape,
     window: usize,
+    math: GemmMath,
 ) -> std::result::Result<AttentionResults, CudaError> {
     let d_qkv = gpu.upload_as::<T>(qkv)?;
     let mut d_out = poisoned::<T>(gpu, dout.len())?;
     let mut d_lse = poisoned::<f32>(gpu, s.batch * s.heads * s.seq)?;
-    gpu.windowed_attention_forward(&mut d_out, &mut d_lse, &d_qkv, s, window)?;
+    gpu.windowed_attention_forward(&mut d_out, &mut d_lse, &d_qkv, s, window, math)?;
     let mut d_dqkv = poisoned::<T>(gpu, qkv.len())?;
     let d_dout = gpu.upload_as::<T>(dout)?;
-    gpu.windowed_attention_backward(&mut d_dqkv, &d_dout, &d_qkv, &d_out, &d_lse, s, window)?;
+    gpu.windowed_attention_backward(
+        &mut d_dqkv,
+        &d_dout,
+        &d_qkv,
+        &d_out,
+        &d_lse,
+        s,
+        window,
+        math,
+    )?;
     Ok((
         gpu.download_f32(&d_out)?,
         gpu.download_f32(&d_lse)?,
@@ -2212,11 +2282,12 @@ fn check_attention_full_window<T: Elem>(
     gpu: &CudaBackend,
     inp: &mut Inputs,
     s: AttnShape,
+    math: GemmMath,
 ) -> Check {
     let qkv = inp.uniform(s.batch * s.seq * 3 * s.channels, 2.0, T::DTYPE);
     let dout = inp.uniform(s.batch * s.seq * s.channels, 1.0, T::DTYPE);
-    let (o, l, g) = gpu_attention::<T>(gpu, &qkv, &dout, s, 0)?;
-    let (wo, wl, wg) = gpu_attention::<T>(gpu, &qkv, &dout, s, s.seq)?;
+    let (o, l, g) = gpu_attention::<T>(gpu, &qkv, &dout, s, 0, math)?;
+    let (wo, wl, wg) = gpu_attention::<T>(gpu, &qkv, &dout, s, s.seq, math)?;
     let differ = |a: &[f32], b: &[f32]| {
         a.iter().zip(b).fold(0.0f64, |m, (&x, &y)| {
             if x.to_bits() == y.to_bits() {

@@ -873,10 +873,11 @@ fn time_row_ops<T: Elem>(b: &mut Bench, a: &BenchKernelsArgs, n: usize) -> CResu
     Ok(())
 }
 
-/// Causal attention over `n / seq` sequences: forward, backward, and both.
+/// Causal attention over `n / seq` sequences: forward, backward, and both; f32 in both of its
+/// product kinds (`f32`: three tf32 products each on the tensor cores, about f32's accuracy;
+/// `tf32`: one), as the GEMM rows.
 fn time_attention<T: Elem>(b: &mut Bench, a: &BenchKernelsArgs, n: usize) -> CResult<()> {
     let (c, seq, gpu) = (a.channels, a.seq, b.gpu);
-    let dt = T::SUFFIX;
     let s = AttnShape {
         batch: n / seq,
         seq,
@@ -884,13 +885,6 @@ fn time_attention<T: Elem>(b: &mut Bench, a: &BenchKernelsArgs, n: usize) -> CRe
         channels: c,
     };
     let hs = c / a.heads;
-    // The tensor-core kernels (bf16 and f16, head sizes 64 and 128, sm_80+) run at the 16-bit
-    // GEMM rate at best; every other case runs f32 arithmetic on the CUDA cores.
-    let math = if b.gpu.attention_uses_tensor_cores(T::DTYPE, hs) {
-        Math::Bf16
-    } else {
-        Math::Fp32
-    };
     // Causal: half of the 4 T^2 C multiply-adds per sequence of the full QK^T and PV; the
     // backward's five products (one recomputes QK^T) are 2.5 times the forward.
     let fwd = 2.0 * (s.batch * seq * seq * c) as f64;
@@ -902,64 +896,92 @@ fn time_attention<T: Elem>(b: &mut Bench, a: &BenchKernelsArgs, n: usize) -> CRe
     let qkv = b.ring::<T>(3 * nc, 1.0, k)?;
     let mut out = b.outputs::<T>(nc, k)?;
     let mut lse = b.outputs::<f32>(lse_len, k)?;
-    let mut i = 0;
-    b.time(
-        Entry::compute(
-            "attention_forward",
-            "attn f",
-            dt,
-            n,
-            shape.clone(),
-            fwd,
-            math,
-        ),
-        k,
-        || {
-            let j = cycle(&mut i, k);
-            gpu.attention_forward(&mut out[j], &mut lse[j], &qkv[j], s)
-        },
-    )?;
-    // Every copy's log-sum-exp as its forward left it, for the backward to read.
-    for j in 0..k {
-        gpu.attention_forward(&mut out[j], &mut lse[j], &qkv[j], s)?;
-    }
     let dout = b.ring::<T>(nc, 1.0, k)?;
     let mut dqkv = b.outputs::<T>(3 * nc, k)?;
-    let mut i = 0;
-    b.time(
-        Entry::compute(
-            "attention_backward",
-            "attn b",
-            dt,
-            n,
-            shape.clone(),
-            2.5 * fwd,
-            math,
-        ),
-        k,
-        || {
-            let j = cycle(&mut i, k);
-            gpu.attention_backward(&mut dqkv[j], &dout[j], &qkv[j], &out[j], &lse[j], s)
-        },
-    )?;
-    let mut i = 0;
-    b.time(
-        Entry::compute(
-            "attention_forward+backward",
-            "attn f+b",
-            dt,
-            n,
-            shape,
-            3.5 * fwd,
-            math,
-        ),
-        k,
-        || {
-            let j = cycle(&mut i, k);
-            gpu.attention_forward(&mut out[j], &mut lse[j], &qkv[j], s)?;
-            gpu.attention_backward(&mut dqkv[j], &dout[j], &qkv[j], &out[j], &lse[j], s)
-        },
-    )
+    let tensor_cores = gpu.attention_uses_tensor_cores(T::DTYPE, hs);
+    for &(gemm_math, dt, rate) in gemm_modes::<T>() {
+        // The tensor-core kernels run at the tensor cores' rate for their operands at best
+        // (f32's at the tf32 rate: its fp32 kind does three times the products); every other
+        // case runs f32 arithmetic on the CUDA cores.
+        let math = match (tensor_cores, rate) {
+            (false, _) => Math::Fp32,
+            (true, Math::Fp32) => Math::Tf32,
+            (true, rate) => rate,
+        };
+        let mut i = 0;
+        b.time(
+            Entry::compute(
+                "attention_forward",
+                "attn f",
+                dt,
+                n,
+                shape.clone(),
+                fwd,
+                math,
+            ),
+            k,
+            || {
+                let j = cycle(&mut i, k);
+                gpu.attention_forward(&mut out[j], &mut lse[j], &qkv[j], s, gemm_math)
+            },
+        )?;
+        // Every copy's log-sum-exp as its forward left it, for the backward to read.
+        for j in 0..k {
+            gpu.attention_forward(&mut out[j], &mut lse[j], &qkv[j], s, gemm_math)?;
+        }
+        let mut i = 0;
+        b.time(
+            Entry::compute(
+                "attention_backward",
+                "attn b",
+                dt,
+                n,
+                shape.clone(),
+                2.5 * fwd,
+                math,
+            ),
+            k,
+            || {
+                let j = cycle(&mut i, k);
+                gpu.attention_backward(
+                    &mut dqkv[j],
+                    &dout[j],
+                    &qkv[j],
+                    &out[j],
+                    &lse[j],
+                    s,
+                    gemm_math,
+                )
+            },
+        )?;
+        let mut i = 0;
+        b.time(
+            Entry::compute(
+                "attention_forward+backward",
+                "attn f+b",
+                dt,
+                n,
+                shape.clone(),
+                3.5 * fwd,
+                math,
+            ),
+            k,
+            || {
+                let j = cycle(&mut i, k);
+                gpu.attention_forward(&mut out[j], &mut lse[j], &qkv[j], s, gemm_math)?;
+                gpu.attention_backward(
+                    &mut dqkv[j],
+                    &dout[j],
+                    &qkv[j],
+                    &out[j],
+                    &lse[j],
+                    s,
+                    gemm_math,
+                )
+            },
+        )?;
+    }
+    Ok(())
 }
 
 /// The GEMM math modes of operands of type `T`: the math cuBLASLt is asked for, the type

@@ -844,7 +844,8 @@ pub fn windowed_attention_forward(
         }
         On::Gpu(g) => {
             let mut lse = Tensor::uninit(qkv.pool(), &stats, DType::F32)?;
-            with_elem!(qkv.dtype(), T => g.windowed_attention_forward::<T>(out.cuda_mut(), lse.cuda_mut(), qkv.cuda(), s, window))?;
+            let math = qkv.pool().gemm_math();
+            with_elem!(qkv.dtype(), T => g.windowed_attention_forward::<T>(out.cuda_mut(), lse.cuda_mut(), qkv.cuda(), s, window, math))?;
             Ok((out, lse))
         }
     }
@@ -893,6 +894,7 @@ pub fn windowed_attention_backward(
             saved.cuda(),
             s,
             window,
+            qkv.pool().gemm_math(),
         ))?,
     }
     Ok(dqkv)

@@ -121,7 +121,7 @@ impl CausalSelfAttention {
     pub fn forward(&self, x: &Tensor, kernels: Kernels) -> Result<(Tensor, AttnSaved)> {
         let qkv = self.qkv.forward(x)?;
         let s = self.shape(x);
-        let kernels = attention_path(kernels, &qkv);
+        let kernels = attention_path(kernels, &qkv, self.n_heads);
         let (att, stats) = match kernels {
             Kernels::Fused => ops::attention_forward(&qkv, s)?,
             Kernels::Unfused => {
@@ -177,9 +177,10 @@ impl CausalSelfAttention {
         let stats: usize = ops::attention_stats_shape(layout.device, stats)
             .iter()
             .product();
-        // f32 on a GPU runs as GEMMs (see `attention_path`), keeping P instead.
+        // f32 on a GPU at head sizes without tensor-core kernels runs as GEMMs (see
+        // `attention_path`), keeping P instead.
         let act = ops::activation_dtype(layout.device, layout.weights);
-        let kept = if gemm_attention(layout.device, act) {
+        let kept = if gemm_attention(layout.device, act, hs as usize) {
             unfused_probs_bytes(heads, batch, seq, layout)
         } else {
             f32_bytes(stats)
@@ -194,24 +195,28 @@ impl CausalSelfAttention {
     }
 }
 
-/// The attention that runs for `qkv` when `requested` is asked for: the unfused chain when
-/// asked, and on a GPU also for f32 activations (the tf32 and fp32 policies). There the
-/// fused kernel runs on CUDA cores, while the chain's batched GEMMs run in cuBLAS (on the
-/// tensor cores under tf32): 2.5x the step speed for GPT-2 small in tf32 and 1.5x in fp32 on
-/// an H100 (docs/perf-log.md), for keeping `P` per layer ([`unfused_probs_bytes`]), which the
-/// planner's meta step books like any other buffer. The CPU keeps its fused reference.
-pub fn attention_path(requested: Kernels, qkv: &Tensor) -> Kernels {
-    if gemm_attention(qkv.device(), qkv.dtype()) {
+/// The attention that runs for `qkv` with `heads` heads when `requested` is asked for: the
+/// unfused chain when asked, and on a GPU also for f32 activations (the tf32 and fp32
+/// policies) at head sizes other than 64 and 128. At 64 and 128 the fused kernels run f32 on
+/// the tensor cores (tf32 products, or three of them per product for fp32's accuracy); at
+/// other sizes they would run on CUDA cores, while the chain's batched GEMMs run in cuBLAS:
+/// 2.5x the step speed for GPT-2 small in tf32 and 1.5x in fp32 on an H100 before the f32
+/// tensor-core kernels existed (docs/perf-log.md), for keeping `P` per layer
+/// ([`unfused_probs_bytes`]), which the planner's meta step books like any other buffer. The
+/// CPU keeps its fused reference.
+pub fn attention_path(requested: Kernels, qkv: &Tensor, heads: usize) -> Kernels {
+    let head_size = qkv.shape().last().map_or(0, |w| w / 3 / heads.max(1));
+    if gemm_attention(qkv.device(), qkv.dtype(), head_size) {
         Kernels::Unfused
     } else {
         requested
     }
 }
 
-/// Whether attention over activations of `dtype` on `device` always runs as GEMMs (see
-/// [`attention_path`]): the one rule the layer and its cost both follow.
-fn gemm_attention(device: crate::engine::Device, dtype: DType) -> bool {
-    device != crate::engine::Device::Cpu && dtype == DType::F32
+/// Whether attention over activations of `dtype` with `head_size` on `device` always runs as
+/// GEMMs (see [`attention_path`]): the one rule the layer and its cost both follow.
+fn gemm_attention(device: crate::engine::Device, dtype: DType, head_size: usize) -> bool {
+    device != crate::engine::Device::Cpu && dtype == DType::F32 && !matches!(head_size, 64 | 128)
 }
 
 /// Bytes of the probabilities `P[B, H, T, T]` one unfused attention layer keeps for its
@@ -227,19 +232,24 @@ mod tests {
     use crate::engine::cpu::testutil::assert_close;
     use crate::nn::gradcheck::*;
 
-    /// f32 attention on a GPU takes the GEMM chain whatever was asked; 16-bit activations and
-    /// the CPU keep the requested path (a meta pool stands for the GPU: no GPU needed).
+    /// f32 attention on a GPU takes the GEMM chain whatever was asked at head sizes without
+    /// tensor-core kernels (here 2), and the requested path at 64 and 128; 16-bit activations
+    /// and the CPU keep the requested path (a meta pool stands for the GPU: no GPU needed).
     #[test]
-    fn f32_attention_on_a_gpu_runs_as_gemms() {
+    fn f32_attention_on_a_gpu_runs_as_gemms_without_tensor_core_kernels() {
         use crate::engine::{DType, Device, MemoryPool};
         let gpu = MemoryPool::meta(Device::Cuda(0));
         let cpu = MemoryPool::new(Device::Cpu);
-        let qkv = |pool, dtype| Tensor::zeros(pool, &[1, 4, 6], dtype).unwrap();
+        // Two heads over a width of `c`.
+        let qkv = |pool, dtype, c: usize| Tensor::zeros(pool, &[1, 4, 3 * c], dtype).unwrap();
         for asked in [Kernels::Fused, Kernels::Unfused] {
-            let on_gpu = attention_path(asked, &qkv(&gpu, DType::F32));
+            let on_gpu = attention_path(asked, &qkv(&gpu, DType::F32, 4), 2);
             assert_eq!(on_gpu, Kernels::Unfused);
-            assert_eq!(attention_path(asked, &qkv(&gpu, DType::BF16)), asked);
-            assert_eq!(attention_path(asked, &qkv(&cpu, DType::F32)), asked);
+            for c in [128, 256] {
+                assert_eq!(attention_path(asked, &qkv(&gpu, DType::F32, c), 2), asked);
+            }
+            assert_eq!(attention_path(asked, &qkv(&gpu, DType::BF16, 4), 2), asked);
+            assert_eq!(attention_path(asked, &qkv(&cpu, DType::F32, 4), 2), asked);
         }
     }
 

@@ -7,15 +7,17 @@
 //!   newer: tensor cores (`mma.sync`), a warp per 16 rows, tiles double-buffered in shared
 //!   memory; on sm_90 (Hopper) all three kernels run on warpgroup MMA instead (`wgmma`,
 //!   attention_wgmma.cu), a warpgroup per 64 rows, tiles triple-buffered;
-//! - everything else (f32, head sizes 16, 32 and 64, older GPUs): one query (or key) row per
-//!   thread on CUDA cores, f32 arithmetic. Head size 128 has no such kernel (a thread would
-//!   hold four 128-float rows): f32 activations or a GPU older than sm_80 get an error that
-//!   says so.
+//! - f32 with head size 64 or 128 on sm_80 and newer: the same schedule on tf32 tensor cores
+//!   (attention_tf32.cu), its products rounded to tf32 under the tf32 policy
+//!   ([`GemmMath::Tf32`]) and split into three tf32 products (about f32's accuracy) under fp32;
+//! - everything else (head sizes 16 and 32, older GPUs): one query (or key) row per thread on
+//!   CUDA cores, f32 arithmetic. Head size 128 has no such kernel (a thread would hold four
+//!   128-float rows): a GPU older than sm_80 gets an error that says so.
 //!
 //! Both take a sliding window (`window`, 0 for none) and skip the key tiles it leaves out.
 
 use super::{
-    CudaBackend, CudaError, Elem, ElemKernel, Program, Result, as_i32, check_len, raw_ptr,
+    CudaBackend, CudaError, Elem, ElemKernel, GemmMath, Program, Result, as_i32, check_len, raw_ptr,
 };
 use crate::engine::AttnShape;
 use crate::engine::DType;
@@ -101,6 +103,33 @@ pub(super) const PROGRAM_TC: Program = Program {
         ElemKernel::AttentionBackwardDkvHs128Wgmma,
     ],
     dtypes: &[DType::BF16, DType::F16],
+};
+
+/// The tensor-core kernels for f32 activations (tf32 and 3xtf32 products), which share the
+/// 16-bit tensor-core program's helpers (its templates compile only where instantiated).
+pub(super) const PROGRAM_TF32: Program = Program {
+    name: "attention_tf32",
+    source: concat!(
+        include_str!("attention_tc.cu"),
+        include_str!("attention_tf32.cu"),
+        "\nTF_ENTRY_POINTS(64, false, tf32)\nTF_ENTRY_POINTS(128, false, tf32)\nTF_ENTRY_POINTS(64, true, tf32x3)\nTF_ENTRY_POINTS(128, true, tf32x3)\n"
+    ),
+    kernels: &[],
+    elem_kernels: &[
+        ElemKernel::AttentionForwardHs64Tf32,
+        ElemKernel::AttentionBackwardDqHs64Tf32,
+        ElemKernel::AttentionBackwardDkvHs64Tf32,
+        ElemKernel::AttentionForwardHs128Tf32,
+        ElemKernel::AttentionBackwardDqHs128Tf32,
+        ElemKernel::AttentionBackwardDkvHs128Tf32,
+        ElemKernel::AttentionForwardHs64Tf32x3,
+        ElemKernel::AttentionBackwardDqHs64Tf32x3,
+        ElemKernel::AttentionBackwardDkvHs64Tf32x3,
+        ElemKernel::AttentionForwardHs128Tf32x3,
+        ElemKernel::AttentionBackwardDqHs128Tf32x3,
+        ElemKernel::AttentionBackwardDkvHs128Tf32x3,
+    ],
+    dtypes: &[DType::F32],
 };
 
 /// Query rows per block (forward, dQ) and key rows per block (dK/dV), as in attention.cu.
@@ -215,6 +244,56 @@ fn tc_kernels(hs: usize) -> Option<[ElemKernel; 3]> {
     }
 }
 
+/// The forward, dQ and dK/dV kernels for f32 activations on the tensor cores at head size `hs`:
+/// tf32 products under [`GemmMath::Tf32`], three tf32 products each (f32's accuracy) under
+/// [`GemmMath::Fp32`].
+fn tf32_kernels(hs: usize, math: GemmMath) -> Option<[ElemKernel; 3]> {
+    use ElemKernel::*;
+    match (hs, math) {
+        (64, GemmMath::Tf32) => Some([
+            AttentionForwardHs64Tf32,
+            AttentionBackwardDqHs64Tf32,
+            AttentionBackwardDkvHs64Tf32,
+        ]),
+        (128, GemmMath::Tf32) => Some([
+            AttentionForwardHs128Tf32,
+            AttentionBackwardDqHs128Tf32,
+            AttentionBackwardDkvHs128Tf32,
+        ]),
+        (64, GemmMath::Fp32) => Some([
+            AttentionForwardHs64Tf32x3,
+            AttentionBackwardDqHs64Tf32x3,
+            AttentionBackwardDkvHs64Tf32x3,
+        ]),
+        (128, GemmMath::Fp32) => Some([
+            AttentionForwardHs128Tf32x3,
+            AttentionBackwardDqHs128Tf32x3,
+            AttentionBackwardDkvHs128Tf32x3,
+        ]),
+        _ => None,
+    }
+}
+
+/// Dynamic shared memory of the f32 tensor-core kernels at head size `hs`: `TfShape` of
+/// attention_tf32.cu (which traps when launched with less). Rows of `hs + 4` floats; the
+/// forward streams 64-row tiles at head size 64 and 32-row ones at 128, the backward 32 and 16
+/// (its registers hold two score tiles); dK/dV keeps each query's lse and d in the padding of
+/// its Q and dO rows and, at head size 128, the block's 64 K and 64 V rows.
+const fn tf32_shared(hs: usize) -> TcShared {
+    let (stream, back) = if hs == 64 { (64, 32) } else { (32, 16) };
+    let ld = hs + 4;
+    let own = if hs == 64 {
+        0
+    } else {
+        2 * TC_ROWS as usize * ld
+    };
+    TcShared {
+        forward: (4 * stream * ld * 4) as u32,
+        dq: (4 * back * ld * 4) as u32,
+        dkv: ((4 * back * ld + own) * 4) as u32,
+    }
+}
+
 /// The forward, dQ and dK/dV CUDA-core kernels at head size `hs`.
 fn cuda_core_kernels(hs: usize) -> Option<[ElemKernel; 3]> {
     use ElemKernel::*;
@@ -279,7 +358,7 @@ fn dims(s: AttnShape) -> Result<(i32, i32, i32, usize)> {
             op: OP,
             detail: format!(
                 "head size {} (d_model {} / {} heads) has no GPU kernel; use 16, 32, 64 or 128 \
-                 (128 in bf16 or f16 on sm_80 or newer)",
+                 (128 on sm_80 or newer)",
                 s.channels as f64 / s.heads.max(1) as f64,
                 s.channels,
                 s.heads
@@ -336,20 +415,39 @@ struct Plan {
 
 impl CudaBackend {
     /// Whether attention over `dtype` activations with head size `head_size` runs on the
-    /// tensor cores here: bf16 or f16, head size 64 or 128, sm_80+ (16-bit `mma.sync`).
-    pub fn attention_uses_tensor_cores(&self, dtype: DType, head_size: usize) -> bool {
-        matches!(dtype, DType::BF16 | DType::F16)
-            && TC_HEAD_SIZES.contains(&head_size)
-            && self.info.arch() >= 80
+    /// tensor cores here: head size 64 or 128 on sm_80+ (16-bit `mma.sync` for bf16 and f16,
+    /// tf32 for f32).
+    pub fn attention_uses_tensor_cores(&self, _dtype: DType, head_size: usize) -> bool {
+        TC_HEAD_SIZES.contains(&head_size) && self.info.arch() >= 80
     }
 
     /// The kernels of a call: the tensor-core ones where [`Self::attention_uses_tensor_cores`]
     /// and the buffers lie on 16-byte boundaries (their tiles move 16 bytes per access; rows
     /// stay aligned because C is a multiple of 64), else the CUDA-core ones, which have no
     /// head size 128.
-    fn attention_plan<T: Elem>(&self, hs: usize, ptrs: &[u64]) -> Result<Plan> {
+    fn attention_plan<T: Elem>(&self, hs: usize, ptrs: &[u64], math: GemmMath) -> Result<Plan> {
         let aligned = ptrs.iter().all(|p| p % 16 == 0);
-        if self.attention_uses_tensor_cores(T::DTYPE, hs)
+        if T::DTYPE == DType::F32
+            && self.attention_uses_tensor_cores(T::DTYPE, hs)
+            && aligned
+            && let Some([forward, dq, dkv]) = tf32_kernels(hs, math)
+        {
+            let shared = tf32_shared(hs);
+            let launch = |kernel, shared| Launch {
+                kernel,
+                rows: TC_ROWS,
+                threads: TC_THREADS,
+                shared,
+            };
+            return Ok(Plan {
+                forward: launch(forward, shared.forward),
+                dq: launch(dq, shared.dq),
+                dkv: launch(dkv, shared.dkv),
+                tensor_cores: true,
+            });
+        }
+        if T::DTYPE != DType::F32
+            && self.attention_uses_tensor_cores(T::DTYPE, hs)
             && aligned
             && let Some([forward, dq, dkv]) = tc_kernels(hs)
         {
@@ -386,9 +484,7 @@ impl CudaBackend {
             });
         }
         let Some([forward, dq, dkv]) = cuda_core_kernels(hs) else {
-            let why = if T::DTYPE == DType::F32 {
-                "f32 activations; train with precision bf16-mixed or fp16-mixed".to_string()
-            } else if self.info.arch() < 80 {
+            let why = if self.info.arch() < 80 {
                 format!("sm_{} (tensor cores need sm_80 or newer)", self.info.arch())
             } else {
                 "a buffer that is not on a 16-byte boundary".to_string()
@@ -396,12 +492,12 @@ impl CudaBackend {
             return Err(CudaError::Shape {
                 op: "attention",
                 detail: format!(
-                    "head size {hs} runs on the GPU only on the tensor cores (bf16 or f16 \
-                     activations, sm_80 or newer), and this call has {why}"
+                    "head size {hs} runs on the GPU only on the tensor cores (sm_80 or newer), \
+                     and this call has {why}"
                 ),
             });
         };
-        self.note_cuda_core_attention(T::DTYPE, hs, aligned);
+        self.note_cuda_core_attention(hs, aligned);
         let launch = |kernel, rows| Launch {
             kernel,
             rows,
@@ -418,13 +514,11 @@ impl CudaBackend {
 
     /// Says once per process and reason, on standard error, that attention runs on the
     /// general CUDA-core kernels and why: a slower path is never taken silently.
-    fn note_cuda_core_attention(&self, dtype: DType, hs: usize, aligned: bool) {
+    fn note_cuda_core_attention(&self, hs: usize, aligned: bool) {
         use std::collections::HashSet;
         use std::sync::Mutex;
         static SAID: Mutex<Option<HashSet<String>>> = Mutex::new(None);
-        let why = if !matches!(dtype, DType::BF16 | DType::F16) {
-            format!("{dtype:?} activations").to_lowercase()
-        } else if self.info.arch() < 80 {
+        let why = if self.info.arch() < 80 {
             format!("sm_{} (they need sm_80 or newer)", self.info.arch())
         } else if !TC_HEAD_SIZES.contains(&hs) {
             format!("head size {hs}")
@@ -437,8 +531,7 @@ impl CudaBackend {
         if said.get_or_insert_with(HashSet::new).insert(why.clone()) {
             eprintln!(
                 "note: attention runs on the CUDA-core kernels because of {why}; the tensor-core \
-                 kernels take bf16 or f16 activations at head size 64 or 128 on sm_80 or newer \
-                 (train.precision=bf16-mixed or fp16-mixed), several times faster"
+                 kernels take head size 64 or 128 on sm_80 or newer, several times faster"
             );
         }
     }
@@ -467,15 +560,17 @@ impl CudaBackend {
         Ok(f)
     }
 
-    /// Writes `out[B, T, C]` and `lse[B, NH, T]` from `qkv[B, T, 3C]`.
+    /// Writes `out[B, T, C]` and `lse[B, NH, T]` from `qkv[B, T, 3C]`; `math` picks the
+    /// products of f32 activations (16-bit ones ignore it).
     pub fn attention_forward<T: Elem>(
         &self,
         out: &mut CudaSlice<T>,
         lse: &mut CudaSlice<f32>,
         qkv: &CudaSlice<T>,
         s: AttnShape,
+        math: GemmMath,
     ) -> Result<()> {
-        self.windowed_attention_forward(out, lse, qkv, s, 0)
+        self.windowed_attention_forward(out, lse, qkv, s, 0, math)
     }
 
     /// [`Self::attention_forward`] within a sliding `window` (0: none).
@@ -486,6 +581,7 @@ impl CudaBackend {
         qkv: &CudaSlice<T>,
         s: AttnShape,
         window: usize,
+        math: GemmMath,
     ) -> Result<()> {
         let (t, c, nh, hs) = dims(s)?;
         let w = window_arg(window)?;
@@ -505,6 +601,7 @@ impl CudaBackend {
         let plan = self.attention_plan::<T>(
             hs,
             &[raw_ptr(qkv, &self.stream), raw_ptr(out, &self.stream)],
+            math,
         )?;
         let f = self.attention_kernel::<T>(plan.forward)?;
         let mut b = self.stream.launch_builder(f);
@@ -521,7 +618,8 @@ impl CudaBackend {
     }
 
     /// Overwrites `dqkv[B, T, 3C]` from `dout` and the forward's `qkv`, output `out` and
-    /// `lse`.
+    /// `lse`, with the forward's `math`.
+    #[allow(clippy::too_many_arguments)]
     pub fn attention_backward<T: Elem>(
         &self,
         dqkv: &mut CudaSlice<T>,
@@ -530,8 +628,9 @@ impl CudaBackend {
         out: &CudaSlice<T>,
         lse: &CudaSlice<f32>,
         s: AttnShape,
+        math: GemmMath,
     ) -> Result<()> {
-        self.windowed_attention_backward(dqkv, dout, qkv, out, lse, s, 0)
+        self.windowed_attention_backward(dqkv, dout, qkv, out, lse, s, 0, math)
     }
 
     /// [`Self::attention_backward`] of [`Self::windowed_attention_forward`] with the same
@@ -546,6 +645,7 @@ impl CudaBackend {
         lse: &CudaSlice<f32>,
         s: AttnShape,
         window: usize,
+        math: GemmMath,
     ) -> Result<()> {
         let (t, c, nh, hs) = dims(s)?;
         let w = window_arg(window)?;
@@ -577,6 +677,7 @@ impl CudaBackend {
                 raw_ptr(qkv, &self.stream),
                 raw_ptr(out, &self.stream),
             ],
+            math,
         )?;
         // Written by the dQ kernel, read by the dK/dV kernel (same stream, so in order).
         let mut d = self.alloc::<f32>(rows)?;
@@ -653,6 +754,35 @@ mod tests {
         // GPT-2's shape needs no opt-in, as before.
         let s = tc_shared(64);
         assert!(s.forward.max(s.dq).max(s.dkv) <= DEFAULT_SHARED_BYTES);
+    }
+
+    /// The f32 kernels' byte counts are `TfShape`'s, and every sm_80..sm_90 GPU allows them
+    /// (99 KiB a block on sm_86 and sm_89, the least: dK/dV at head size 128 takes all of it).
+    #[test]
+    fn tf32_shared_memory_is_the_kernel_layout_and_fits_every_sm80_gpu() {
+        // Head size 64: rows of 68 floats; the forward streams 64-row K and V tiles, the
+        // backward 32-row ones; dK/dV keeps K and V in registers.
+        assert_eq!(
+            tf32_shared(64),
+            TcShared {
+                forward: 4 * 64 * 68 * 4,
+                dq: 4 * 32 * 68 * 4,
+                dkv: 4 * 32 * 68 * 4,
+            }
+        );
+        // Head size 128: rows of 132; 32 and 16-row tiles; dK/dV adds 64 K and 64 V rows.
+        assert_eq!(
+            tf32_shared(128),
+            TcShared {
+                forward: 4 * 32 * 132 * 4,
+                dq: 4 * 16 * 132 * 4,
+                dkv: (4 * 16 + 2 * 64) * 132 * 4,
+            }
+        );
+        for hs in TC_HEAD_SIZES {
+            let s = tf32_shared(hs);
+            assert!(s.forward.max(s.dq).max(s.dkv) <= 99 << 10, "{hs}: {s:?}");
+        }
     }
 
     /// The Hopper forward's byte counts are `WgShape::bytes` of its configurations, and the
@@ -744,6 +874,38 @@ mod tests {
             }
             // A name the program does not define is not found by the same search.
             assert!(!cubin.windows(20).any(|w| w == b"attention_f32_hs128\0"));
+        }
+    }
+
+    /// The same for the f32 tensor-core program: both product kinds at both head sizes.
+    #[test]
+    fn every_tf32_kernel_is_in_the_compiled_program() {
+        if let Err(e) = ensure_loaded(CudaLibrary::Nvrtc) {
+            eprintln!("skipped: {e}");
+            return;
+        }
+        let mut names = Vec::new();
+        for hs in TC_HEAD_SIZES {
+            for math in [GemmMath::Tf32, GemmMath::Fp32] {
+                let kernels = tf32_kernels(hs, math).unwrap_or_else(|| panic!("none for {hs}"));
+                names.extend(kernels.iter().map(|k| k.name(DType::F32)));
+            }
+        }
+        let mut listed: Vec<&str> = PROGRAM_TF32.entries().map(|(_, name)| name).collect();
+        listed.sort();
+        names.sort();
+        assert_eq!(listed, names);
+        for arch in [80, 86, 90] {
+            let cubin = nvrtc::compile(PROGRAM_TF32.name, &PROGRAM_TF32.full_source(), arch, None)
+                .unwrap_or_else(|e| panic!("sm_{arch}: {e}"))
+                .cubin;
+            for name in &names {
+                let symbol = format!("{name}\0");
+                assert!(
+                    cubin.windows(symbol.len()).any(|w| w == symbol.as_bytes()),
+                    "sm_{arch}: {name} missing"
+                );
+            }
         }
     }
 }

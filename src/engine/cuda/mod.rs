@@ -344,6 +344,7 @@ const PROGRAMS: &[Program] = &[
     attention::PROGRAM_BF16,
     attention::PROGRAM_F16,
     attention::PROGRAM_TC,
+    attention::PROGRAM_TF32,
     attention_masked::PROGRAM,
     attention_unfused::PROGRAM,
     layernorm::PROGRAM,
