@@ -1986,8 +1986,16 @@ fn offload_parity(
             .zip(&start)
         {
             let (wa, wb) = (a.value.to_vec()?, b.value.to_vec()?);
-            for ((&x, &y), &w) in wa.iter().zip(&wb).zip(w0) {
+            let noise = key_bias(&b.name, wa.len());
+            for (i, ((&x, &y), &w)) in wa.iter().zip(&wb).zip(w0).enumerate() {
                 let (ua, ub) = ((x - w) as f64, (y - w) as f64);
+                if noise.contains(&i) {
+                    // Still finite, or the run is broken.
+                    if !(ua.is_finite() && ub.is_finite()) {
+                        worst_diff = f64::INFINITY;
+                    }
+                    continue;
+                }
                 // f64::max drops NaN; a non-finite update must fail instead.
                 let diff = (ua - ub).abs();
                 worst_diff = if diff.is_finite() {
@@ -2023,6 +2031,22 @@ fn offload_parity(
         ))
     };
     run().map_err(|e| e.to_string())
+}
+
+/// The elements of parameter `name` (of `len` elements) that are GPT's key bias: softmax is
+/// the same for every shift of a row's scores, so its true gradient is exactly zero and what
+/// its gradient holds is rounding noise, of either sign. AdamW normalises each element's
+/// update, so that noise becomes an update as large as any, and the last-bit difference
+/// between the host's and the GPU's AdamW (which, under bf16-mixed, can flip the rounding of a
+/// compute copy and so every later gradient's last bits) turns its sign: 1.27e-2 of the
+/// largest update after 3 bf16-mixed steps on an H200 with them, 2.98e-4 without
+/// (2026-11-27). The offload check leaves these elements out.
+fn key_bias(name: &str, len: usize) -> std::ops::Range<usize> {
+    if name.ends_with("attn.qkv.bias") {
+        len / 3..2 * len / 3
+    } else {
+        0..0
+    }
 }
 
 /// Flash-style attention (log-sum-exp saved, no T x T matrix) against the CPU kernel, which
@@ -4058,6 +4082,31 @@ mod tests {
         let msg = out_of_memory_splits(&cpu, 1).unwrap();
         assert!(msg.contains("split 8 -> 4"), "{msg}");
         assert_eq!(cpu.stats().limit, 0, "the check removes its cap");
+    }
+
+    /// The offload check leaves out exactly the key third of every GPT attention's QKV bias,
+    /// found by the names the model gives its parameters.
+    #[test]
+    fn key_bias_is_the_middle_third_of_each_qkv_bias() {
+        use crate::models::gpt::{Gpt, GptConfig};
+        use crate::nn::Params;
+        let cpu = MemoryPool::new(Device::Cpu);
+        let cfg = GptConfig {
+            vocab: 11,
+            d_model: 8,
+            n_layers: 2,
+            n_heads: 2,
+            context: 4,
+            tied_head: true,
+        };
+        let gpt = Gpt::new(&cpu, cfg, 1).unwrap();
+        let ranges: Vec<_> = gpt
+            .params()
+            .iter()
+            .map(|p| key_bias(&p.name, p.value.len()))
+            .filter(|r| !r.is_empty())
+            .collect();
+        assert_eq!(ranges, vec![8..16, 8..16]);
     }
 
     #[test]

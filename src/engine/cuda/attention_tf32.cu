@@ -124,32 +124,47 @@ template <int HS> struct TfRowsInRegisters {
     }
 };
 
-// ... or left in a shared tile (`r0` its first row) and read per product, where the
-// accumulators need the registers (dK/dV at head size 128).
+// ... or left in a shared tile (its first row at `tile`) and read per product, where the
+// accumulators need the registers (dK/dV at head size 128). One ldmatrix reads the chunk: on
+// 32-bit data, an 8 x 8 matrix of 16-bit pairs is 8 rows x 4 floats and lane 4 g + t receives
+// float (g, t) of it, so the four matrices (rows 0-7 and 8-15, columns 0-3 and 4-7 of the
+// chunk) are a[0] to a[3].
 template <int HS> struct TfRowsInShared {
     const float* tile;
     __device__ __forceinline__ void chunk(int k, float out[4]) const {
-        const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+        const int lane = threadIdx.x & 31;
+        unsigned r[4];
+        tc_ldsm(r, tc_smem_addr(tile + ((lane & 7) + 8 * ((lane >> 3) & 1)) * TfShape<HS>::ld + 8 * k +
+                                4 * (lane >> 4)));
         #pragma unroll
-        for (int i = 0; i < 4; i++) out[i] = tile[(g + 8 * (i & 1)) * TfShape<HS>::ld + 8 * k + t + 4 * (i >> 1)];
+        for (int i = 0; i < 4; i++) out[i] = __uint_as_float(r[i]);
     }
 };
 
 // acc (16 x N) += rows (16 x HS) * tile^T, the tile's first N rows being the output columns
-// (S = Q K^T with the K tile, dP = dO V^T with the V tile; S^T = K Q^T in dK/dV).
+// (S = Q K^T with the K tile, dP = dO V^T with the V tile; S^T = K Q^T in dK/dV). One
+// ldmatrix reads the B operands of two k-chunks for 8 output columns (lane 4 g + t gets the
+// tile's row g, columns t and t + 4 of each chunk); each accumulator still sums its chunks in
+// order.
 template <int HS, int N, bool X3, class Rows>
 __device__ __forceinline__ void tf_mma_rows_tile_t(float acc[N / 8][4], const Rows& rows, const float* tile) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int lane = threadIdx.x & 31;
+    const float* lane_row = tile + (lane & 7) * TfShape<HS>::ld + 4 * (lane >> 3);
     #pragma unroll
-    for (int k = 0; k < HS / 8; k++) {
-        float x[4];
-        rows.chunk(k, x);
-        TfOperand<X3> a;
-        a.set(x);
+    for (int k = 0; k < HS / 8; k += 2) {
+        TfOperand<X3> a[2];
+        #pragma unroll
+        for (int i = 0; i < 2; i++) {
+            float x[4];
+            rows.chunk(k + i, x);
+            a[i].set(x);
+        }
         #pragma unroll
         for (int n = 0; n < N / 8; n++) {
-            const float* b = tile + (n * 8 + g) * TfShape<HS>::ld + 8 * k + t;
-            a.mma(acc[n], b[0], b[4]);
+            unsigned b[4];
+            tc_ldsm(b, tc_smem_addr(lane_row + n * 8 * TfShape<HS>::ld + 8 * k));
+            a[0].mma(acc[n], __uint_as_float(b[0]), __uint_as_float(b[1]));
+            a[1].mma(acc[n], __uint_as_float(b[2]), __uint_as_float(b[3]));
         }
     }
 }
