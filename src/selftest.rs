@@ -92,10 +92,10 @@ const BOUND_TF32: f64 = 1e-3;
 /// mantissa, the precision of f16 (and f16's exponent range is no issue in f32), so f16's
 /// attention bound.
 const BOUND_TF32_ATTENTION: f64 = BOUND_F16;
-/// f32 attention on the tensor cores as three tf32 products each: a product keeps 21 to 22 of
-/// f32's 24 mantissa bits (the low halves' product is dropped, the split rounds), up to 8x
-/// f32's rounding per product; the fp32 bound times 4 (measured worst 1.3e-4 on an H100, a
-/// GQA backward at T 520 and head size 128).
+/// f32 attention on the tensor cores as three tf32 products each: a product is within 2^-20 of
+/// the exact one (the low halves' product is dropped, the low half rounded), 16x f32's
+/// rounding; the fp32 bound times 4 (measured worst 1.4e-4 on an H100, a windowed GQA
+/// backward at head size 128).
 const BOUND_3XTF32_ATTENTION: f64 = 4.0 * BOUND_FP32;
 /// bf16 outputs carry one rounding to an 8-bit mantissa (2^-9 relative) on top.
 const BOUND_BF16: f64 = 1e-2;

@@ -844,10 +844,6 @@ mod tests {
     /// kernel, compiled for sm_80, sm_86 and sm_90 (skipped where NVRTC is absent).
     #[test]
     fn every_tensor_core_kernel_is_in_the_compiled_program() {
-        if let Err(e) = ensure_loaded(CudaLibrary::Nvrtc) {
-            eprintln!("skipped: {e}");
-            return;
-        }
         let mut names = Vec::new();
         for hs in TC_HEAD_SIZES {
             let kernels = tc_kernels(hs).unwrap_or_else(|| panic!("no kernels for {hs}"));
@@ -857,33 +853,12 @@ mod tests {
                 names.extend(hopper.iter().map(|k| k.name(dtype)));
             }
         }
-        let mut listed: Vec<&str> = PROGRAM_TC.entries().map(|(_, name)| name).collect();
-        listed.sort();
-        names.sort();
-        assert_eq!(listed, names);
-        for arch in [80, 86, 90] {
-            let cubin = nvrtc::compile(PROGRAM_TC.name, &PROGRAM_TC.full_source(), arch, None)
-                .unwrap_or_else(|e| panic!("sm_{arch}: {e}"))
-                .cubin;
-            for name in &names {
-                let symbol = format!("{name}\0");
-                assert!(
-                    cubin.windows(symbol.len()).any(|w| w == symbol.as_bytes()),
-                    "sm_{arch}: {name} missing"
-                );
-            }
-            // A name the program does not define is not found by the same search.
-            assert!(!cubin.windows(20).any(|w| w == b"attention_f32_hs128\0"));
-        }
+        assert_program_defines(&PROGRAM_TC, names);
     }
 
     /// The same for the f32 tensor-core program: both product kinds at both head sizes.
     #[test]
     fn every_tf32_kernel_is_in_the_compiled_program() {
-        if let Err(e) = ensure_loaded(CudaLibrary::Nvrtc) {
-            eprintln!("skipped: {e}");
-            return;
-        }
         let mut names = Vec::new();
         for hs in TC_HEAD_SIZES {
             for math in [GemmMath::Tf32, GemmMath::Fp32] {
@@ -891,21 +866,33 @@ mod tests {
                 names.extend(kernels.iter().map(|k| k.name(DType::F32)));
             }
         }
-        let mut listed: Vec<&str> = PROGRAM_TF32.entries().map(|(_, name)| name).collect();
+        assert_program_defines(&PROGRAM_TF32, names);
+    }
+
+    /// `program` lists exactly the kernels `names`, and its CUBIN for sm_80, sm_86 and sm_90
+    /// holds each of them (skipped where NVRTC is absent).
+    fn assert_program_defines(program: &Program, mut names: Vec<&str>) {
+        if let Err(e) = ensure_loaded(CudaLibrary::Nvrtc) {
+            eprintln!("skipped: {e}");
+            return;
+        }
+        let mut listed: Vec<&str> = program.entries().map(|(_, name)| name).collect();
         listed.sort();
         names.sort();
         assert_eq!(listed, names);
+        let has = |cubin: &[u8], name: &str| {
+            let symbol = format!("{name}\0");
+            cubin.windows(symbol.len()).any(|w| w == symbol.as_bytes())
+        };
         for arch in [80, 86, 90] {
-            let cubin = nvrtc::compile(PROGRAM_TF32.name, &PROGRAM_TF32.full_source(), arch, None)
+            let cubin = nvrtc::compile(program.name, &program.full_source(), arch, None)
                 .unwrap_or_else(|e| panic!("sm_{arch}: {e}"))
                 .cubin;
             for name in &names {
-                let symbol = format!("{name}\0");
-                assert!(
-                    cubin.windows(symbol.len()).any(|w| w == symbol.as_bytes()),
-                    "sm_{arch}: {name} missing"
-                );
+                assert!(has(&cubin, name), "sm_{arch}: {name} missing");
             }
+            // A name the program does not define is not found by the same search.
+            assert!(!has(&cubin, "attention_f32_hs128"));
         }
     }
 }

@@ -9,11 +9,12 @@
 // Two kinds of product, chosen per entry point:
 // - tf32 (`X3` false): each operand rounded once to tf32 (10 explicit mantissa bits, round to
 //   nearest), what cuBLAS does for f32 GEMMs under the tf32 policy;
-// - 3xtf32 (`X3` true): each operand split into hi = tf32(x) and lo = tf32(x - hi), and
-//   a b = lo_a hi_b + hi_a lo_b + hi_a hi_b (the lo_a lo_b term is below 2^-22 relative):
-//   about f32's accuracy at three times the tensor-core work, which is still several times the
-//   speed of f32 on the CUDA cores. PyTorch's memory-efficient attention computes f32 inputs
-//   this way on sm_80+ (CUTLASS's "fast f32" operator), so the fp32 policy uses it.
+// - 3xtf32 (`X3` true): each operand split into hi (x truncated to tf32) and lo (x - hi
+//   rounded to tf32), and a b = lo_a hi_b + hi_a lo_b + hi_a hi_b (the dropped lo_a lo_b and
+//   lo's rounding stay within 2^-20 of a b): close to f32's accuracy at three times the
+//   tensor-core work, which is still several times the speed of f32 on the CUDA cores.
+//   PyTorch's memory-efficient attention computes f32 inputs this way on sm_80+ (CUTLASS's
+//   "fast f32" operator), so the fp32 policy uses it.
 // Probabilities P and score gradients dS enter their second product the same way: f32 has the
 // exponent range, so nothing is scaled (attention_tc.cu's f16 scaling does not apply).
 //
@@ -59,9 +60,24 @@ template <bool X3> struct TfOperand {
     __device__ __forceinline__ void set(const float a[4]) {
         #pragma unroll
         for (int i = 0; i < 4; i++) {
-            hi[i] = tf_round(a[i]);
-            if (X3) lo[i] = tf_round(a[i] - __uint_as_float(hi[i]));
+            if (X3) {
+                split(a[i], hi[i], lo[i]);
+            } else {
+                hi[i] = tf_round(a[i]);
+            }
         }
+    }
+    // 3xtf32's halves as CUTLASS's fast-f32 operator (PyTorch's f32 SDPA) makes them: hi is x
+    // with the 13 bits cleared that the tensor core ignores, lo = x - hi exactly (at most 2^-10
+    // of x), and lo's bits get half a tf32 ulp added so that the tensor core's truncation
+    // rounds it to nearest (an error of at most 2^-21 of x). A NaN or infinite x keeps a NaN
+    // or infinite hi. Three integer and f32 instructions where two tf32 conversions made the
+    // 3xtf32 kernels a third slower: forward + backward 5161.7 -> 3417.5 us at head size 128
+    // (B 8, T 1024, one H100). `volatile` as tf_round, for the same reason.
+    static __device__ __forceinline__ void split(float x, unsigned& h, unsigned& l) {
+        asm volatile("and.b32 %0, %1, 0xffffe000;" : "=r"(h) : "r"(__float_as_uint(x)));
+        const float rest = x - __uint_as_float(h);
+        asm volatile("add.u32 %0, %1, 0x1000;" : "=r"(l) : "r"(__float_as_uint(rest)));
     }
     // `volatile`: the rounding happens where it is written. Otherwise the compiler hoists the
     // loop-invariant roundings of a warp's own rows out of the key loop and keeps them (and, for
@@ -81,13 +97,16 @@ template <bool X3> struct TfOperand {
     // acc += this * (b0, b1): the small terms first, so that they are not lost under the big
     // one's rounding.
     __device__ __forceinline__ void mma(float acc[4], float b0, float b1) const {
-        const unsigned h0 = tf_round(b0), h1 = tf_round(b1);
         if (X3) {
-            const unsigned l0 = tf_round(b0 - __uint_as_float(h0)), l1 = tf_round(b1 - __uint_as_float(h1));
+            unsigned h0, h1, l0, l1;
+            split(b0, h0, l0);
+            split(b1, h1, l1);
             mma1(acc, lo, h0, h1);
             mma1(acc, hi, l0, l1);
+            mma1(acc, hi, h0, h1);
+        } else {
+            mma1(acc, hi, tf_round(b0), tf_round(b1));
         }
-        mma1(acc, hi, h0, h1);
     }
 };
 
