@@ -3,12 +3,13 @@
 //
 // The same three kernels and schedule as attention_tc.cu (whose helpers this program shares:
 // copies, masks, row reductions, exp2): a block owns 64 rows, each of its 4 warps 16; the
-// other side streams through two shared-memory buffers filled by cp.async. Tiles hold f32, so
-// a streamed tile is 64 rows at head size 64 and 32 at 128, as there.
+// other side streams through two shared-memory buffers filled by cp.async. Tiles hold f32; the
+// forward streams 64 rows at head size 64 and 32 at 128, as there, the backward half as many
+// (TfShape).
 //
 // Two kinds of product, chosen per entry point:
 // - tf32 (`X3` false): each operand rounded once to tf32 (10 explicit mantissa bits, round to
-//   nearest), what cuBLAS does for f32 GEMMs under the tf32 policy;
+//   nearest), the precision of the tf32 policy's GEMMs;
 // - 3xtf32 (`X3` true): each operand split into hi (x truncated to tf32) and lo (x - hi
 //   rounded to tf32), and a b = lo_a hi_b + hi_a lo_b + hi_a hi_b (the dropped lo_a lo_b and
 //   lo's rounding stay within 2^-20 of a b): close to f32's accuracy at three times the
@@ -27,8 +28,9 @@
 // A takes its columns 2t and 2t + 1 as k = t and t + 4, and the B operand reads the matching
 // rows 2t and 2t + 1 of the other tile. No shuffles.
 //
-// Tile rows have a pitch of HS + 4 floats: the B reads of Q K^T (lanes reading rows g, columns
-// t) and of P V (rows 2t, columns g) then fall in 32 distinct banks.
+// Tile rows have a pitch of HS + 4 floats: the ldmatrix reads of the K side (8 rows of 16
+// bytes) and the B reads of P V (lanes reading rows 2t, columns g) then fall in 32 distinct
+// banks.
 //
 // Every sum is in a fixed order (no atomics), so results are deterministic.
 
