@@ -916,7 +916,7 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
         let bound = f32_attention_bound(gpu, s.head_size());
         push("attention_forward", "f32", shape.clone(), bound, fwd);
         push("attention_backward", "f32", shape.clone(), bound, bwd);
-        if gpu.attention_uses_tensor_cores(DType::F32, s.head_size()) {
+        if gpu.attention_uses_tensor_cores(s.head_size()) {
             let (fwd, bwd) = check_attention::<f32>(gpu, inp, s, 0, GemmMath::Tf32);
             push(
                 "attention_forward",
@@ -967,7 +967,7 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
             bound,
             bwd,
         );
-        if gpu.attention_uses_tensor_cores(DType::F32, s.head_size()) {
+        if gpu.attention_uses_tensor_cores(s.head_size()) {
             let (fwd, bwd) = check_attention::<f32>(gpu, inp, s, window, GemmMath::Tf32);
             let bound = BOUND_TF32_ATTENTION;
             push(
@@ -1026,7 +1026,8 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
             GemmMath::Fp32
         );
     }
-    // The tensor-core kernels at head sizes 64 and 128 in bf16 and f16, on the layout
+    // The tensor-core kernels at head sizes 64 and 128 in f32 (both product kinds), bf16 and
+    // f16, on the layout
     // grouped-query attention gives them: 8 query heads over 2 key/value heads, each key/value
     // head repeated over its 4 query heads as rope_expand packs them. Sequence ends that are no
     // multiple of a tile (64 rows; 32-row key tiles at head size 128), windows longer than a
@@ -2098,7 +2099,7 @@ fn compare_attention<T: Elem>(
         Err(e) => return (Err(e.clone()), Err(e)),
     };
     let mut dqkv = vec![0.0; qkv.len()];
-    if !gpu.attention_uses_tensor_cores(T::DTYPE, s.head_size()) {
+    if !gpu.attention_uses_tensor_cores(s.head_size()) {
         // The CUDA-core kernels keep P, dS and the row term d in f32: elementwise.
         cpu::attention::windowed_attention_backward(&mut dqkv, dout, qkv, &probs, s, window);
         (
@@ -2123,7 +2124,7 @@ fn compare_attention<T: Elem>(
 /// The bound of f32 attention at `head_size`: three tf32 products on the tensor cores, or f32
 /// arithmetic on the CUDA cores.
 fn f32_attention_bound(gpu: &CudaBackend, head_size: usize) -> f64 {
-    if gpu.attention_uses_tensor_cores(DType::F32, head_size) {
+    if gpu.attention_uses_tensor_cores(head_size) {
         BOUND_3XTF32_ATTENTION
     } else {
         BOUND_FP32

@@ -62,7 +62,7 @@ pub struct BenchKernelsArgs {
     #[arg(long, default_value_t = 768)]
     pub channels: usize,
     /// Attention heads (head size = channels / heads; the GPU kernels take 16, 32 and 64, and
-    /// 128 in bf16 and f16 on sm_80+).
+    /// 128 on sm_80+).
     #[arg(long, default_value_t = 12)]
     pub heads: usize,
     /// Vocabulary size (padded, as GPT-2 trains it).
@@ -898,7 +898,7 @@ fn time_attention<T: Elem>(b: &mut Bench, a: &BenchKernelsArgs, n: usize) -> CRe
     let mut lse = b.outputs::<f32>(lse_len, k)?;
     let dout = b.ring::<T>(nc, 1.0, k)?;
     let mut dqkv = b.outputs::<T>(3 * nc, k)?;
-    let tensor_cores = gpu.attention_uses_tensor_cores(T::DTYPE, hs);
+    let tensor_cores = gpu.attention_uses_tensor_cores(hs);
     for &(gemm_math, dt, rate) in gemm_modes::<T>() {
         // The tensor-core kernels run at the tensor cores' rate for their operands at best
         // (f32's at the tf32 rate: its fp32 kind does three times the products); every other
@@ -1572,11 +1572,11 @@ fn run_gpu(
     };
     let hs = a.channels / a.heads;
     for &dt in dtypes {
-        if !fused_attention_runs(gpu, dt_type(dt), hs) {
+        if !fused_attention_runs(gpu, hs) {
             o.skipped.push(format!(
                 "fused attention in {}: head size {hs} (--channels / --heads) has no GPU kernel \
-                 for it here; 16, 32 and 64 run in every type, 128 in bf16 and f16 on sm_80+ \
-                 (the unfused path's attention kernels take any head size and are timed)",
+                 for it here; 16, 32 and 64 run on every GPU, 128 on sm_80+ (the unfused \
+                 path's attention kernels take any head size and are timed)",
                 dt_name(dt)
             ));
         }
@@ -1664,17 +1664,9 @@ fn run_gpu(
     Ok(o)
 }
 
-fn dt_type(d: Dt) -> DType {
-    match d {
-        Dt::F32 => DType::F32,
-        Dt::Bf16 => DType::BF16,
-        Dt::F16 => DType::F16,
-    }
-}
-
-/// Whether the fused attention kernels take head size `hs` in `dtype` on this GPU.
-fn fused_attention_runs(gpu: &CudaBackend, dtype: DType, hs: usize) -> bool {
-    [16, 32, 64].contains(&hs) || gpu.attention_uses_tensor_cores(dtype, hs)
+/// Whether the fused attention kernels take head size `hs` on this GPU (in every type).
+fn fused_attention_runs(gpu: &CudaBackend, hs: usize) -> bool {
+    [16, 32, 64].contains(&hs) || gpu.attention_uses_tensor_cores(hs)
 }
 
 fn dt_name(d: Dt) -> &'static str {
@@ -1694,7 +1686,7 @@ fn time_at<T: Elem>(
     whole: bool,
     groups: &[Group],
 ) -> CResult<()> {
-    let fused_attention = fused_attention_runs(b.gpu, T::DTYPE, a.channels / a.heads);
+    let fused_attention = fused_attention_runs(b.gpu, a.channels / a.heads);
     if groups.contains(&Group::Memory) {
         time_rowwise::<T>(b, a, n)?;
         time_row_ops::<T>(b, a, n)?;

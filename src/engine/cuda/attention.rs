@@ -414,10 +414,10 @@ struct Plan {
 }
 
 impl CudaBackend {
-    /// Whether attention over `dtype` activations with head size `head_size` runs on the
-    /// tensor cores here: head size 64 or 128 on sm_80+ (16-bit `mma.sync` for bf16 and f16,
-    /// tf32 for f32).
-    pub fn attention_uses_tensor_cores(&self, _dtype: DType, head_size: usize) -> bool {
+    /// Whether attention with head size `head_size` runs on the tensor cores here, whatever
+    /// the activations' type: head size 64 or 128 on sm_80+ (16-bit `mma.sync` for bf16 and
+    /// f16, tf32 for f32).
+    pub fn attention_uses_tensor_cores(&self, head_size: usize) -> bool {
         TC_HEAD_SIZES.contains(&head_size) && self.info.arch() >= 80
     }
 
@@ -428,7 +428,7 @@ impl CudaBackend {
     fn attention_plan<T: Elem>(&self, hs: usize, ptrs: &[u64], math: GemmMath) -> Result<Plan> {
         let aligned = ptrs.iter().all(|p| p % 16 == 0);
         if T::DTYPE == DType::F32
-            && self.attention_uses_tensor_cores(T::DTYPE, hs)
+            && self.attention_uses_tensor_cores(hs)
             && aligned
             && let Some([forward, dq, dkv]) = tf32_kernels(hs, math)
         {
@@ -447,7 +447,7 @@ impl CudaBackend {
             });
         }
         if T::DTYPE != DType::F32
-            && self.attention_uses_tensor_cores(T::DTYPE, hs)
+            && self.attention_uses_tensor_cores(hs)
             && aligned
             && let Some([forward, dq, dkv]) = tc_kernels(hs)
         {

@@ -535,6 +535,16 @@ __device__ __forceinline__ void tc_forward(const typename Ops::elem* __restrict_
 #endif
 }
 
+// The row term's last step, shared by the tensor-core kernels: lane L holds its half of row
+// L / 2 of the warp's 16 (`sum`); adds the two halves and hands each lane the terms of its
+// accumulator rows g and g + 8 (lane 4 g + t), in rowd.
+__device__ __forceinline__ void tc_row_term_to_rows(float sum, float rowd[2]) {
+    const int g = (threadIdx.x & 31) >> 2;
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    rowd[0] = __shfl_sync(0xffffffffu, sum, 2 * g);
+    rowd[1] = __shfl_sync(0xffffffffu, sum, 2 * g + 16);
+}
+
 // d_i = dO_i . O_i for this warp's 16 rows from global memory (rows at or past T give 0): lane
 // L sums half of row L / 2, its neighbour the other half. Returned for the lane's accumulator
 // rows, row0 and row0 + 8, in rowd.
@@ -557,10 +567,7 @@ __device__ __forceinline__ void tc_row_term(const typename Ops::elem* __restrict
                 sum += Ops::low(ow[j]) * Ops::low(gw[j]) + Ops::high(ow[j]) * Ops::high(gw[j]);
         }
     }
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    const int g = lane >> 2;
-    rowd[0] = __shfl_sync(0xffffffffu, sum, 2 * g);
-    rowd[1] = __shfl_sync(0xffffffffu, sum, 2 * g + 16);
+    tc_row_term_to_rows(sum, rowd);
 }
 
 // dQ and the row term d: a block owns 64 queries; d_i = dO_i . O_i comes from the stored

@@ -124,6 +124,34 @@ __device__ __forceinline__ void tf_tile_copy(float* tile, const float* src, size
     }
 }
 
+// The key tiles the forward and dQ blocks stream: KC keys of K and of V in each of two buffers,
+// [K0 | V0 | K1 | V1], one computed on while the next is copied in.
+template <int HS, int KC> struct TfKeyTiles {
+    float* smem;
+    const float* base;  // the batch and head's first Q element: K is C floats on, V 2C
+    size_t stride;
+    int C, T;
+    __device__ __forceinline__ float* k(int buf) const { return smem + 2 * buf * KC * TfShape<HS>::ld; }
+    __device__ __forceinline__ float* v(int buf) const { return smem + (2 * buf + 1) * KC * TfShape<HS>::ld; }
+    // Starts copying key tile kt into buffer `buf`.
+    __device__ __forceinline__ void start(int kt, int buf) const {
+        tf_tile_copy<HS, KC>(k(buf), base + C, stride, kt * KC, T);
+        tf_tile_copy<HS, KC>(v(buf), base + 2 * C, stride, kt * KC, T);
+        tc_commit();
+    }
+    // Makes tile kt (in buffer `buf`) ready for every thread, having started tile kt + 1 in the
+    // other buffer unless kt is the last.
+    __device__ __forceinline__ void wait(int kt, int kt_last, int buf) const {
+        if (kt < kt_last) {
+            start(kt + 1, buf ^ 1);
+            tc_wait<1>();
+        } else {
+            tc_wait<0>();
+        }
+        __syncthreads();
+    }
+};
+
 // A warp's 16 rows x HS as the A operand of its products, in f32 (rounded or split per use).
 // In registers, loaded once from global memory (rows at or past T are zeros)...
 template <int HS> struct TfRowsInRegisters {
@@ -217,9 +245,6 @@ __device__ __forceinline__ void tf_forward(const float* __restrict__ qkv, float*
     constexpr int KC = S::stream;
     extern __shared__ __align__(16) float tf_smem[];
     tc_need_shared(S::forward_bytes);
-    constexpr int tile = KC * S::ld;
-    auto ks = [&](int i) { return tf_smem + 2 * i * tile; };
-    auto vs = [&](int i) { return tf_smem + (2 * i + 1) * tile; };
     const int b = blockIdx.y / NH, h = blockIdx.y % NH;
     const int qt = gridDim.x - 1 - blockIdx.x;  // the most keys first
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3;
@@ -232,27 +257,18 @@ __device__ __forceinline__ void tf_forward(const float* __restrict__ qkv, float*
     const int kt0 = tc_first_key_tile(q0, W, KC);
     const int kt_last = min(q0 + TF_ROWS - 1, T - 1) / KC;
 
-    tf_tile_copy<HS, KC>(ks(0), base + C, stride, kt0 * KC, T);
-    tf_tile_copy<HS, KC>(vs(0), base + 2 * C, stride, kt0 * KC, T);
-    tc_commit();
+    const TfKeyTiles<HS, KC> tiles = {tf_smem, base, stride, C, T};
+    tiles.start(kt0, 0);
     TfRowsInRegisters<HS> qf;
     qf.load(base, stride, warp_row0, T);
 
     float o[HS / 8][4] = {}, m[2] = {KILN_NEG_INF, KILN_NEG_INF}, l[2] = {0.0f, 0.0f};
     for (int kt = kt0; kt <= kt_last; kt++) {
         const int k0 = kt * KC, buf = (kt - kt0) & 1;
-        if (kt < kt_last) {
-            tf_tile_copy<HS, KC>(ks(buf ^ 1), base + C, stride, k0 + KC, T);
-            tf_tile_copy<HS, KC>(vs(buf ^ 1), base + 2 * C, stride, k0 + KC, T);
-            tc_commit();
-            tc_wait<1>();
-        } else {
-            tc_wait<0>();
-        }
-        __syncthreads();
+        tiles.wait(kt, kt_last, buf);
         if (tc_any_sees(warp_row0, warp_row0 + 15, k0, k0 + KC - 1, W)) {
             float s[KC / 8][4] = {};
-            tf_mma_rows_tile_t<HS, KC, X3>(s, qf, ks(buf));
+            tf_mma_rows_tile_t<HS, KC, X3>(s, qf, tiles.k(buf));
             if (!tc_all_see(warp_row0, warp_row0 + 15, k0, k0 + KC - 1, W, T)) {
                 #pragma unroll
                 for (int n = 0; n < KC / 8; n++) {
@@ -288,7 +304,7 @@ __device__ __forceinline__ void tf_forward(const float* __restrict__ qkv, float*
                 }
                 m[r] = m_new;
             }
-            tf_mma_x_tile<HS, KC, X3>(o, s, vs(buf));
+            tf_mma_x_tile<HS, KC, X3>(o, s, tiles.v(buf));
         }
         __syncthreads();  // buffer `buf` is refilled next
     }
@@ -332,10 +348,7 @@ __device__ __forceinline__ void tf_row_term(const float* __restrict__ out, const
                 sum += ow[j] * (X3 ? gw[j] : __uint_as_float(TfOperand<false>::tf_round(gw[j])));
         }
     }
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    const int g = lane >> 2;
-    rowd[0] = __shfl_sync(0xffffffffu, sum, 2 * g);
-    rowd[1] = __shfl_sync(0xffffffffu, sum, 2 * g + 16);
+    tc_row_term_to_rows(sum, rowd);
 }
 
 // dQ and the row term d: a block owns 64 queries; d_i = dO_i . O_i from the stored output, then
@@ -350,9 +363,6 @@ __device__ __forceinline__ void tf_backward_dq(const float* __restrict__ qkv, co
     constexpr int KC = S::back;
     extern __shared__ __align__(16) float tf_smem[];
     tc_need_shared(S::dq_bytes);
-    constexpr int tile = KC * S::ld;
-    auto ks = [&](int i) { return tf_smem + 2 * i * tile; };
-    auto vs = [&](int i) { return tf_smem + (2 * i + 1) * tile; };
     const int b = blockIdx.y / NH, h = blockIdx.y % NH;
     const int qt = gridDim.x - 1 - blockIdx.x;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3;
@@ -366,9 +376,8 @@ __device__ __forceinline__ void tf_backward_dq(const float* __restrict__ qkv, co
     const int kt0 = tc_first_key_tile(q0, W, KC);
     const int kt_last = min(q0 + TF_ROWS - 1, T - 1) / KC;
 
-    tf_tile_copy<HS, KC>(ks(0), base + C, stride, kt0 * KC, T);
-    tf_tile_copy<HS, KC>(vs(0), base + 2 * C, stride, kt0 * KC, T);
-    tc_commit();
+    const TfKeyTiles<HS, KC> tiles = {tf_smem, base, stride, C, T};
+    tiles.start(kt0, 0);
     float rowd[2];
     tf_row_term<HS, X3>(out, dout, (size_t)b * T * C + h * HS, warp_row0, T, C, rowd);
     TfRowsInRegisters<HS> qf, gf;
@@ -381,19 +390,11 @@ __device__ __forceinline__ void tf_backward_dq(const float* __restrict__ qkv, co
     float dq[HS / 8][4] = {};
     for (int kt = kt0; kt <= kt_last; kt++) {
         const int k0 = kt * KC, buf = (kt - kt0) & 1;
-        if (kt < kt_last) {
-            tf_tile_copy<HS, KC>(ks(buf ^ 1), base + C, stride, k0 + KC, T);
-            tf_tile_copy<HS, KC>(vs(buf ^ 1), base + 2 * C, stride, k0 + KC, T);
-            tc_commit();
-            tc_wait<1>();
-        } else {
-            tc_wait<0>();
-        }
-        __syncthreads();
+        tiles.wait(kt, kt_last, buf);
         if (tc_any_sees(warp_row0, warp_row0 + 15, k0, k0 + KC - 1, W)) {
             float s[KC / 8][4] = {}, dp[KC / 8][4] = {};
-            tf_mma_rows_tile_t<HS, KC, X3>(s, qf, ks(buf));
-            tf_mma_rows_tile_t<HS, KC, X3>(dp, gf, vs(buf));
+            tf_mma_rows_tile_t<HS, KC, X3>(s, qf, tiles.k(buf));
+            tf_mma_rows_tile_t<HS, KC, X3>(dp, gf, tiles.v(buf));
             const bool all_see = tc_all_see(warp_row0, warp_row0 + 15, k0, k0 + KC - 1, W, T);
             #pragma unroll
             for (int n = 0; n < KC / 8; n++) {
@@ -406,7 +407,7 @@ __device__ __forceinline__ void tf_backward_dq(const float* __restrict__ qkv, co
                     dp[n][e] = p * (dp[n][e] - rowd[r]);
                 }
             }
-            tf_mma_x_tile<HS, KC, X3>(dq, dp, ks(buf));
+            tf_mma_x_tile<HS, KC, X3>(dq, dp, tiles.k(buf));
         }
         __syncthreads();
     }
