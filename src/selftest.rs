@@ -1026,6 +1026,36 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
             GemmMath::Fp32
         );
     }
+    // Every attention kernel sums in a fixed order (no atomics): two runs agree bit for bit
+    // (bound 0), here on a long sequence with thousands of blocks.
+    let s = AttnShape {
+        batch: 4,
+        seq: 4096,
+        heads: 12,
+        channels: 768,
+    };
+    let shape = "B4 T4096 H12 C768 twice".to_string();
+    push(
+        "attention_repeatable",
+        "f32",
+        shape.clone(),
+        0.0,
+        check_attention_repeatable::<f32>(gpu, inp, s),
+    );
+    push(
+        "attention_repeatable",
+        "bf16",
+        shape.clone(),
+        0.0,
+        check_attention_repeatable::<Bf16>(gpu, inp, s),
+    );
+    push(
+        "attention_repeatable",
+        "f16",
+        shape,
+        0.0,
+        check_attention_repeatable::<F16>(gpu, inp, s),
+    );
     // The tensor-core kernels at head sizes 64 and 128 in f32 (both product kinds), bf16 and
     // f16, on the layout
     // grouped-query attention gives them: 8 query heads over 2 key/value heads, each key/value
@@ -2313,16 +2343,32 @@ fn check_attention_full_window<T: Elem>(
     let dout = inp.uniform(s.batch * s.seq * s.channels, 1.0, T::DTYPE);
     let (o, l, g) = gpu_attention::<T>(gpu, &qkv, &dout, s, 0, math)?;
     let (wo, wl, wg) = gpu_attention::<T>(gpu, &qkv, &dout, s, s.seq, math)?;
-    let differ = |a: &[f32], b: &[f32]| {
-        a.iter().zip(b).fold(0.0f64, |m, (&x, &y)| {
-            if x.to_bits() == y.to_bits() {
-                m
-            } else {
-                m.max(((x - y).abs() as f64).max(f64::MIN_POSITIVE))
-            }
-        })
-    };
-    Ok(differ(&o, &wo).max(differ(&l, &wl)).max(differ(&g, &wg)))
+    Ok(bits_differ(&o, &wo)
+        .max(bits_differ(&l, &wl))
+        .max(bits_differ(&g, &wg)))
+}
+
+/// The same attention forward and backward twice: 0 when every output bit agrees.
+fn check_attention_repeatable<T: Elem>(gpu: &CudaBackend, inp: &mut Inputs, s: AttnShape) -> Check {
+    let qkv = inp.uniform(s.batch * s.seq * 3 * s.channels, 2.0, T::DTYPE);
+    let dout = inp.uniform(s.batch * s.seq * s.channels, 1.0, T::DTYPE);
+    let (o, l, g) = gpu_attention::<T>(gpu, &qkv, &dout, s, 0, GemmMath::Fp32)?;
+    let (ro, rl, rg) = gpu_attention::<T>(gpu, &qkv, &dout, s, 0, GemmMath::Fp32)?;
+    Ok(bits_differ(&o, &ro)
+        .max(bits_differ(&l, &rl))
+        .max(bits_differ(&g, &rg)))
+}
+
+/// The largest difference between `a` and `b` where their bits differ (at least the smallest
+/// positive f64, so that any difference shows), 0 where all agree.
+fn bits_differ(a: &[f32], b: &[f32]) -> f64 {
+    a.iter().zip(b).fold(0.0f64, |m, (&x, &y)| {
+        if x.to_bits() == y.to_bits() {
+            m
+        } else {
+            m.max(((x - y).abs() as f64).max(f64::MIN_POSITIVE))
+        }
+    })
 }
 
 /// Bidirectional attention with a key padding mask against the CPU kernel; every row of
