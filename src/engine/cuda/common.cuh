@@ -85,6 +85,34 @@ __device__ __forceinline__ void store4(f16* p, const float v[4]) {
     *reinterpret_cast<uint2*>(p) = q;
 }
 
+// The register cap of the fused norm backwards on 16-bit rows: at 80 registers a thread two
+// blocks of 384 threads (4 rows of GPT-2's 768 or SmolLM2's 576 channels) share an SM, which
+// their pipelined rows need to keep enough loads in flight. f32 rows (twice the registers a
+// group) keep the compiler's choice.
+#define LN_BWD_REGS __maxnreg__(80)
+
+// A group of 4 elements as loaded, not yet widened: the pipelined norm backwards issue the
+// next rows' loads into these and widen them (unpack4) only when they use them, so that no
+// instruction waits on the loads while the current rows are worked on.
+template <typename T> struct Raw4 { uint2 q; };  // bf16, f16: 8 bytes
+template <> struct Raw4<float> { float4 q; };
+template <typename T> __device__ __forceinline__ void load_raw4(const T* p, Raw4<T>& r) {
+    r.q = *reinterpret_cast<const decltype(r.q)*>(p);
+}
+__device__ __forceinline__ void unpack4(const Raw4<float>& r, float v[4]) {
+    v[0] = r.q.x; v[1] = r.q.y; v[2] = r.q.z; v[3] = r.q.w;
+}
+__device__ __forceinline__ void unpack4(const Raw4<bf16>& r, float v[4]) {
+    v[0] = __uint_as_float(r.q.x << 16); v[1] = __uint_as_float(r.q.x & 0xffff0000u);
+    v[2] = __uint_as_float(r.q.y << 16); v[3] = __uint_as_float(r.q.y & 0xffff0000u);
+}
+__device__ __forceinline__ void unpack4(const Raw4<f16>& r, float v[4]) {
+    f16 h[4];
+    h[0].bits = (unsigned short)(r.q.x & 0xffffu); h[1].bits = (unsigned short)(r.q.x >> 16);
+    h[2].bits = (unsigned short)(r.q.y & 0xffffu); h[3].bits = (unsigned short)(r.q.y >> 16);
+    for (int k = 0; k < 4; ++k) v[k] = load(h[k]);
+}
+
 // The 4 elements of a norm's input row at `at`: x's, or with RESIDUAL x + delta rounded to T
 // and stored into `sum` (the rounded sum is what the norm normalises and the backward reads,
 // so forward and backward agree in bf16 and f16).

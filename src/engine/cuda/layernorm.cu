@@ -143,21 +143,42 @@ __device__ void layernorm_backward_fused(T* dinp, float* partial_gamma, float* p
         if (g < groups) load4(gamma + 4 * g, w[k]);
     }
     const int begin = blockIdx.x * rows_per_chunk, end = min(n, begin + rows_per_chunk);
+    // The rows are pipelined: the next round's dout, inp and dinp (and mean, rstd) are loaded
+    // while this round's are reduced and written, so each block waits on memory once, not
+    // once a round.
+    Raw4<T> nd[LN_HELD], nx[LN_HELD];
+    float nr = 0.f;
+    auto fetch = [&](int base) {
+        const int row = base + lane;
+        if (row >= end) return;
+        const long long off = (long long)row * c;
+        nr = rstd[row];
+        for (int k = 0; k < LN_HELD; ++k) {
+            const int g = threadIdx.x + k * blockDim.x;
+            if (g >= groups) continue;
+            load_raw4(dout + off + 4 * g, nd[k]);
+            load_raw4(inp + off + 4 * g, nx[k]);
+        }
+    };
+    fetch(begin);
     for (int base = begin; base < end; base += blockDim.y) {  // uniform over the block
         const int row = base + lane;
         const bool live = row < end;
         const long long off = (long long)row * c;
-        const float m = live ? mean[row] : 0.f, r = live ? rstd[row] : 0.f;
-        // dinp is loaded with the row, before the reductions, so each row costs one wait on
-        // memory rather than two.
-        float xs[LN_HELD][4], d[LN_HELD][4], o[LN_HELD][4];
+        const float m = live ? mean[row] : 0.f, r = live ? nr : 0.f;
+        // dinp is read now and used after the reductions, which its load overlaps.
+        float xs[LN_HELD][4], d[LN_HELD][4];
+        Raw4<T> ro[LN_HELD];
+        for (int k = 0; k < LN_HELD; ++k) {
+            if (!live || threadIdx.x + k * blockDim.x >= groups) continue;
+            unpack4(nd[k], d[k]);
+            unpack4(nx[k], xs[k]);
+            load_raw4(dinp + off + 4 * k * blockDim.x + 4 * threadIdx.x, ro[k]);
+        }
+        if (base + (int)blockDim.y < end) fetch(base + blockDim.y);
         float sum_gdy = 0.f, sum_gdy_xhat = 0.f;
         for (int k = 0; k < LN_HELD; ++k) {
-            const int g = threadIdx.x + k * blockDim.x;
-            if (!live || g >= groups) continue;
-            load4(dout + off + 4 * g, d[k]);
-            load4(inp + off + 4 * g, xs[k]);
-            load4(dinp + off + 4 * g, o[k]);
+            if (!live || threadIdx.x + k * blockDim.x >= groups) continue;
             for (int j = 0; j < 4; ++j) {
                 const float gdy = w[k][j] * d[k][j];
                 sum_gdy += gdy;
@@ -182,13 +203,15 @@ __device__ void layernorm_backward_fused(T* dinp, float* partial_gamma, float* p
         for (int k = 0; k < LN_HELD; ++k) {
             const int g = threadIdx.x + k * blockDim.x;
             if (g >= groups) continue;
+            float o[4];
+            unpack4(ro[k], o);
             for (int j = 0; j < 4; ++j) {
                 const float xhat = (xs[k][j] - m) * r;
-                o[k][j] += r * (w[k][j] * d[k][j] - mean_gdy - xhat * mean_gdy_xhat);
+                o[j] += r * (w[k][j] * d[k][j] - mean_gdy - xhat * mean_gdy_xhat);
                 dg[k][j] += d[k][j] * (xs[k][j] - m) * r;
                 db[k][j] += d[k][j];
             }
-            store4(dinp + off + 4 * g, o[k]);
+            store4(dinp + off + 4 * g, o);
         }
     }
     add_lanes_in_order(chunk_sums, dg, c, partial_gamma + (long long)blockIdx.x * c);
@@ -217,7 +240,7 @@ __device__ void layernorm_param_grad_partial(float* partial_gamma, float* partia
     partial_beta[(long long)blockIdx.y * c + col] = db;
 }
 
-#define LAYERNORM_KERNELS(T, SUFFIX)                                                             \
+#define LAYERNORM_KERNELS(T, SUFFIX, BWD_REGS)                                                             \
     extern "C" __global__ void layernorm_forward_##SUFFIX(                                     \
         T* out, float* mean, float* rstd, const T* x, const T* gamma, const T* beta, int c,    \
         float eps) {                                                                             \
@@ -233,7 +256,7 @@ __device__ void layernorm_param_grad_partial(float* partial_gamma, float* partia
         const float* rstd, int c) {                                                             \
         layernorm_backward_input<T>(dinp, dout, inp, gamma, mean, rstd, c);                     \
     }                                                                                            \
-    extern "C" __global__ void layernorm_backward_fused_##SUFFIX(                              \
+    extern "C" __global__ void BWD_REGS layernorm_backward_fused_##SUFFIX(              \
         T* dinp, float* partial_gamma, float* partial_beta, const T* dout, const T* inp,        \
         const T* gamma, const float* mean, const float* rstd, int n, int c,                     \
         int rows_per_chunk) {                                                                    \
@@ -247,6 +270,6 @@ __device__ void layernorm_param_grad_partial(float* partial_gamma, float* partia
                                         c, rows_per_chunk);                                     \
     }
 
-LAYERNORM_KERNELS(float, f32)
-LAYERNORM_KERNELS(bf16, bf16)
-LAYERNORM_KERNELS(f16, f16)
+LAYERNORM_KERNELS(float, f32, )
+LAYERNORM_KERNELS(bf16, bf16, LN_BWD_REGS)
+LAYERNORM_KERNELS(f16, f16, LN_BWD_REGS)

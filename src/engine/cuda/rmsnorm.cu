@@ -110,21 +110,41 @@ __device__ void rmsnorm_backward_fused(T* dx, float* partial, const T* dout, con
         if (g < groups) load4(gamma + 4 * g, w[k]);
     }
     const int begin = blockIdx.x * rows_per_chunk, end = min(n, begin + rows_per_chunk);
+    // The rows are pipelined: the next round's dout, x and dx (and rstd) are loaded while this
+    // round's are reduced and written, so each block waits on memory once, not once a round.
+    Raw4<T> nd[HELD], nx[HELD];
+    float nr = 0.f;
+    auto fetch = [&](int base) {
+        const int row = base + lane;
+        if (row >= end) return;
+        const long long off = (long long)row * c;
+        nr = rstd[row];
+        for (int k = 0; k < HELD; ++k) {
+            const int g = threadIdx.x + k * blockDim.x;
+            if (g >= groups) continue;
+            load_raw4(dout + off + 4 * g, nd[k]);
+            load_raw4(x + off + 4 * g, nx[k]);
+        }
+    };
+    fetch(begin);
     for (int base = begin; base < end; base += blockDim.y) {  // uniform over the block
         const int row = base + lane;
         const bool live = row < end;
         const long long off = (long long)row * c;
-        const float r = live ? rstd[row] : 0.f;
-        // dx is loaded with the row, before the reduction, so each row costs one wait on
-        // memory rather than two.
-        float xs[HELD][4], d[HELD][4], o[HELD][4];
+        const float r = live ? nr : 0.f;
+        // dx is read now and used after the reductions, which its load overlaps.
+        float xs[HELD][4], d[HELD][4];
+        Raw4<T> ro[HELD];
+        for (int k = 0; k < HELD; ++k) {
+            if (!live || threadIdx.x + k * blockDim.x >= groups) continue;
+            unpack4(nd[k], d[k]);
+            unpack4(nx[k], xs[k]);
+            load_raw4(dx + off + 4 * k * blockDim.x + 4 * threadIdx.x, ro[k]);
+        }
+        if (base + (int)blockDim.y < end) fetch(base + blockDim.y);
         float dot = 0.f;
         for (int k = 0; k < HELD; ++k) {
-            const int g = threadIdx.x + k * blockDim.x;
-            if (!live || g >= groups) continue;
-            load4(dout + off + 4 * g, d[k]);
-            load4(x + off + 4 * g, xs[k]);
-            load4(dx + off + 4 * g, o[k]);
+            if (!live || threadIdx.x + k * blockDim.x >= groups) continue;
             for (int j = 0; j < 4; ++j) dot += w[k][j] * d[k][j] * xs[k][j];
         }
         dot = warp_sum(dot);
@@ -138,11 +158,13 @@ __device__ void rmsnorm_backward_fused(T* dx, float* partial, const T* dout, con
         for (int k = 0; k < HELD; ++k) {
             const int g = threadIdx.x + k * blockDim.x;
             if (g >= groups) continue;
+            float o[4];
+            unpack4(ro[k], o);
             for (int j = 0; j < 4; ++j) {
-                o[k][j] += r * (w[k][j] * d[k][j] - xs[k][j] * r * mean_dot);
+                o[j] += r * (w[k][j] * d[k][j] - xs[k][j] * r * mean_dot);
                 dg[k][j] += d[k][j] * xs[k][j] * r;
             }
-            store4(dx + off + 4 * g, o[k]);
+            store4(dx + off + 4 * g, o);
         }
     }
     add_lanes_in_order(chunk_dg, dg, c, partial + (long long)blockIdx.x * c);
@@ -166,7 +188,7 @@ __device__ void rmsnorm_param_grad_partial(float* partial, const T* dout, const 
     partial[(long long)blockIdx.y * c + col] = dg;
 }
 
-#define RMSNORM_KERNELS(T, SUFFIX)                                                              \
+#define RMSNORM_KERNELS(T, SUFFIX, BWD_REGS)                                                              \
     extern "C" __global__ void rmsnorm_forward_##SUFFIX(T* out, float* rstd, const T* x,       \
                                                         const T* gamma, int c, float eps) {    \
         rmsnorm_forward<T, false>(nullptr, out, rstd, x, nullptr, gamma, c, eps);              \
@@ -180,7 +202,7 @@ __device__ void rmsnorm_param_grad_partial(float* partial, const T* dout, const 
         T* dx, const T* dout, const T* x, const T* gamma, const float* rstd, int c) {          \
         rmsnorm_backward_input<T>(dx, dout, x, gamma, rstd, c);                                \
     }                                                                                           \
-    extern "C" __global__ void rmsnorm_backward_fused_##SUFFIX(                                \
+    extern "C" __global__ void BWD_REGS rmsnorm_backward_fused_##SUFFIX(                \
         T* dx, float* partial, const T* dout, const T* x, const T* gamma, const float* rstd,   \
         int n, int c, int rows_per_chunk) {                                                     \
         rmsnorm_backward_fused<T>(dx, partial, dout, x, gamma, rstd, n, c, rows_per_chunk);    \
@@ -191,6 +213,6 @@ __device__ void rmsnorm_param_grad_partial(float* partial, const T* dout, const 
         rmsnorm_param_grad_partial<T>(partial, dout, x, rstd, n, c, rows_per_chunk);           \
     }
 
-RMSNORM_KERNELS(float, f32)
-RMSNORM_KERNELS(bf16, bf16)
-RMSNORM_KERNELS(f16, f16)
+RMSNORM_KERNELS(float, f32, )
+RMSNORM_KERNELS(bf16, bf16, LN_BWD_REGS)
+RMSNORM_KERNELS(f16, f16, LN_BWD_REGS)
