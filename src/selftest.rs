@@ -1034,28 +1034,14 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
         heads: 12,
         channels: 768,
     };
-    let shape = "B4 T4096 H12 C768 twice".to_string();
-    push(
-        "attention_repeatable",
-        "f32",
-        shape.clone(),
-        0.0,
-        check_attention_repeatable::<f32>(gpu, inp, s),
-    );
-    push(
-        "attention_repeatable",
-        "bf16",
-        shape.clone(),
-        0.0,
-        check_attention_repeatable::<Bf16>(gpu, inp, s),
-    );
-    push(
-        "attention_repeatable",
-        "f16",
-        shape,
-        0.0,
-        check_attention_repeatable::<F16>(gpu, inp, s),
-    );
+    for (dtype, result) in [
+        ("f32", check_attention_repeatable::<f32>(gpu, inp, s)),
+        ("bf16", check_attention_repeatable::<Bf16>(gpu, inp, s)),
+        ("f16", check_attention_repeatable::<F16>(gpu, inp, s)),
+    ] {
+        let shape = "B4 T4096 H12 C768 twice".to_string();
+        push("attention_repeatable", dtype, shape, 0.0, result);
+    }
     // The tensor-core kernels at head sizes 64 and 128 in f32 (both product kinds), bf16 and
     // f16, on the layout
     // grouped-query attention gives them: 8 query heads over 2 key/value heads, each key/value

@@ -113,6 +113,23 @@ __device__ __forceinline__ void unpack4(const Raw4<f16>& r, float v[4]) {
     for (int k = 0; k < 4; ++k) v[k] = load(h[k]);
 }
 
+// The pipelined norm backwards' next round: this thread's groups of row `row` of dout and x,
+// as loaded, and the row's rstd, where the row is one of the block's (below `end`).
+template <typename T, int GROUPS>
+__device__ __forceinline__ void norm_fetch_row(const T* dout, const T* x, const float* rstd, int row,
+                                               int end, int c, Raw4<T> (&nd)[GROUPS],
+                                               Raw4<T> (&nx)[GROUPS], float& nr) {
+    if (row >= end) return;
+    const long long off = (long long)row * c;
+    nr = rstd[row];
+    for (int k = 0; k < GROUPS; ++k) {
+        const int g = threadIdx.x + k * blockDim.x;
+        if (g >= c / 4) continue;
+        load_raw4(dout + off + 4 * g, nd[k]);
+        load_raw4(x + off + 4 * g, nx[k]);
+    }
+}
+
 // The 4 elements of a norm's input row at `at`: x's, or with RESIDUAL x + delta rounded to T
 // and stored into `sum` (the rounded sum is what the norm normalises and the backward reads,
 // so forward and backward agree in bf16 and f16).

@@ -143,23 +143,11 @@ __device__ void layernorm_backward_fused(T* dinp, float* partial_gamma, float* p
         if (g < groups) load4(gamma + 4 * g, w[k]);
     }
     const int begin = blockIdx.x * rows_per_chunk, end = min(n, begin + rows_per_chunk);
-    // The rows are pipelined: the next round's dout, inp and dinp (and mean, rstd) are loaded
-    // while this round's are reduced and written, so each block waits on memory once, not
-    // once a round.
+    // The rows are pipelined: the next round's dout and inp (and rstd) are loaded while this
+    // round's are reduced and written, so each block waits on memory once, not once a round.
     Raw4<T> nd[LN_HELD], nx[LN_HELD];
     float nr = 0.f;
-    auto fetch = [&](int base) {
-        const int row = base + lane;
-        if (row >= end) return;
-        const long long off = (long long)row * c;
-        nr = rstd[row];
-        for (int k = 0; k < LN_HELD; ++k) {
-            const int g = threadIdx.x + k * blockDim.x;
-            if (g >= groups) continue;
-            load_raw4(dout + off + 4 * g, nd[k]);
-            load_raw4(inp + off + 4 * g, nx[k]);
-        }
-    };
+    auto fetch = [&](int base) { norm_fetch_row<T, LN_HELD>(dout, inp, rstd, base + lane, end, c, nd, nx, nr); };
     fetch(begin);
     for (int base = begin; base < end; base += blockDim.y) {  // uniform over the block
         const int row = base + lane;

@@ -110,22 +110,11 @@ __device__ void rmsnorm_backward_fused(T* dx, float* partial, const T* dout, con
         if (g < groups) load4(gamma + 4 * g, w[k]);
     }
     const int begin = blockIdx.x * rows_per_chunk, end = min(n, begin + rows_per_chunk);
-    // The rows are pipelined: the next round's dout, x and dx (and rstd) are loaded while this
+    // The rows are pipelined: the next round's dout and x (and rstd) are loaded while this
     // round's are reduced and written, so each block waits on memory once, not once a round.
     Raw4<T> nd[HELD], nx[HELD];
     float nr = 0.f;
-    auto fetch = [&](int base) {
-        const int row = base + lane;
-        if (row >= end) return;
-        const long long off = (long long)row * c;
-        nr = rstd[row];
-        for (int k = 0; k < HELD; ++k) {
-            const int g = threadIdx.x + k * blockDim.x;
-            if (g >= groups) continue;
-            load_raw4(dout + off + 4 * g, nd[k]);
-            load_raw4(x + off + 4 * g, nx[k]);
-        }
-    };
+    auto fetch = [&](int base) { norm_fetch_row<T, HELD>(dout, x, rstd, base + lane, end, c, nd, nx, nr); };
     fetch(begin);
     for (int base = begin; base < end; base += blockDim.y) {  // uniform over the block
         const int row = base + lane;
