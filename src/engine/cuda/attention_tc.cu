@@ -348,6 +348,35 @@ __device__ __forceinline__ float tc_row_sum(float v) {
     return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
+// Masks the scores of one warp's 16-row tile s (this lane's rows row0 and row0 + 8, N keys
+// from k0) that the causal mask or the window W hides. Keys past the row are masked; that
+// includes keys >= T for rows < T. Callers skip it on tiles every row sees whole.
+template <int N>
+__device__ __forceinline__ void tc_mask_tile(float (&s)[N / 8][4], int k0, int row0, int t, int W) {
+    #pragma unroll
+    for (int n = 0; n < N / 8; n++) {
+        #pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int key = k0 + n * 8 + 2 * t + (e & 1);
+            if (!tc_sees(row0 + 8 * (e >> 1), key, W)) s[n][e] = KILN_NEG_INF;
+        }
+    }
+}
+
+// The online softmax's new running maximum of accumulator row r (0: row0, 1: row0 + 8) after
+// the tile s, in base-2 units (raw scores times c), and in m_sub the value its scores
+// subtract: a row that has seen no key yet and finds every key of this tile masked keeps a
+// maximum of -inf and subtracts 0, so its masked scores give 0, never NaN.
+template <int N>
+__device__ __forceinline__ float tc_tile_max(const float (&s)[N / 8][4], int r, float m, float c, float& m_sub) {
+    float mx = KILN_NEG_INF;
+    #pragma unroll
+    for (int n = 0; n < N / 8; n++) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
+    const float m_new = fmaxf(m, tc_row_max(mx) * c);
+    m_sub = m_new == KILN_NEG_INF ? 0.0f : m_new;
+    return m_new;
+}
+
 // The largest scale a row of dS ever takes: 2^64 keeps every scaled sum far inside f32.
 #define TC_DS_SCALE_MAX_EXP 64
 
@@ -470,31 +499,14 @@ __device__ __forceinline__ void tc_forward(const typename Ops::elem* __restrict_
             // times c is the largest scaled one, and s * c - m is one fused multiply-add.
             if (!tc_all_see(warp_row0, warp_row0 + 16 * MT - 1, k0, k0 + KC - 1, W, T)) {
                 #pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    #pragma unroll
-                    for (int n = 0; n < KC / 8; n++) {
-                        #pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                            // Keys past the row are masked; that includes keys >= T for rows < T.
-                            const int row = row0 + 16 * mt + 8 * (e >> 1);
-                            const int key = k0 + n * 8 + 2 * t + (e & 1);
-                            if (!tc_sees(row, key, W)) s[mt][n][e] = KILN_NEG_INF;
-                        }
-                    }
-                }
+                for (int mt = 0; mt < MT; mt++) tc_mask_tile<KC>(s[mt], k0, row0 + 16 * mt, t, W);
             }
             #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
                 #pragma unroll
                 for (int r = 0; r < 2; r++) {
-                    float mx = KILN_NEG_INF;
-                    #pragma unroll
-                    for (int n = 0; n < KC / 8; n++) mx = fmaxf(mx, fmaxf(s[mt][n][2 * r], s[mt][n][2 * r + 1]));
-                    // A row that has seen no key yet and finds every key of this tile masked
-                    // (past its diagonal, or before its window) keeps a max of -inf: it then
-                    // subtracts 0, so its masked scores give 0, never NaN.
-                    const float m_new = fmaxf(m[mt][r], tc_row_max(mx) * c);
-                    const float m_sub = m_new == KILN_NEG_INF ? 0.0f : m_new;
+                    float m_sub;
+                    const float m_new = tc_tile_max<KC>(s[mt], r, m[mt][r], c, m_sub);
                     const float corr = tc_exp2(m[mt][r] - m_sub);
                     l[mt][r] *= corr;  // a per-lane partial sum until the end
                     #pragma unroll
@@ -546,28 +558,37 @@ __device__ __forceinline__ void tc_row_term_to_rows(float sum, float rowd[2]) {
 }
 
 // d_i = dO_i . O_i for this warp's 16 rows from global memory (rows at or past T give 0): lane
-// L sums half of row L / 2, its neighbour the other half. Returned for the lane's accumulator
-// rows, row0 and row0 + 8, in rowd.
-template <class Ops, int HS>
-__device__ __forceinline__ void tc_row_term(const typename Ops::elem* __restrict__ out,
-                                            const typename Ops::elem* __restrict__ dout,
-                                            size_t first, int warp_row0, int T, int C, float rowd[2]) {
+// L reads half of row L / 2 in 16-byte pieces V (uint4 or float4), its neighbour the other
+// half; dot(sum, o, g) adds one piece's products into the lane's sum in order. Returned for
+// the lane's accumulator rows, row0 and row0 + 8, in rowd. Shared by the tensor-core
+// programs, which differ only in how a piece's products are formed.
+template <class V, int HS, class E, class Dot>
+__device__ __forceinline__ void tc_row_term_pieces(const E* __restrict__ out, const E* __restrict__ dout,
+                                                   size_t first, int warp_row0, int T, int C, float rowd[2],
+                                                   Dot dot) {
     const int lane = threadIdx.x & 31, row = warp_row0 + (lane >> 1);
     float sum = 0.0f;
     if (row < T) {
         const size_t at = first + (size_t)row * C + (lane & 1) * (HS / 2);
-        const uint4* o = reinterpret_cast<const uint4*>(out + at);
-        const uint4* g = reinterpret_cast<const uint4*>(dout + at);
+        const V* o = reinterpret_cast<const V*>(out + at);
+        const V* g = reinterpret_cast<const V*>(dout + at);
         #pragma unroll
-        for (int i = 0; i < HS / 16; i++) {
-            const uint4 ov = o[i], gv = g[i];
-            const unsigned ow[4] = {ov.x, ov.y, ov.z, ov.w}, gw[4] = {gv.x, gv.y, gv.z, gv.w};
-            #pragma unroll
-            for (int j = 0; j < 4; j++)
-                sum += Ops::low(ow[j]) * Ops::low(gw[j]) + Ops::high(ow[j]) * Ops::high(gw[j]);
-        }
+        for (int i = 0; i < HS / 2 * (int)sizeof(E) / 16; i++) dot(sum, o[i], g[i]);
     }
     tc_row_term_to_rows(sum, rowd);
+}
+
+// The row term of 16-bit activations: each 32-bit word holds two values.
+template <class Ops, int HS>
+__device__ __forceinline__ void tc_row_term(const typename Ops::elem* __restrict__ out,
+                                            const typename Ops::elem* __restrict__ dout,
+                                            size_t first, int warp_row0, int T, int C, float rowd[2]) {
+    tc_row_term_pieces<uint4, HS>(out, dout, first, warp_row0, T, C, rowd, [](float& sum, uint4 ov, uint4 gv) {
+        const unsigned ow[4] = {ov.x, ov.y, ov.z, ov.w}, gw[4] = {gv.x, gv.y, gv.z, gv.w};
+        #pragma unroll
+        for (int j = 0; j < 4; j++)
+            sum += Ops::low(ow[j]) * Ops::low(gw[j]) + Ops::high(ow[j]) * Ops::high(gw[j]);
+    });
 }
 
 // dQ and the row term d: a block owns 64 queries; d_i = dO_i . O_i comes from the stored

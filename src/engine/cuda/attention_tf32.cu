@@ -269,24 +269,11 @@ __device__ __forceinline__ void tf_forward(const float* __restrict__ qkv, float*
         if (tc_any_sees(warp_row0, warp_row0 + 15, k0, k0 + KC - 1, W)) {
             float s[KC / 8][4] = {};
             tf_mma_rows_tile_t<HS, KC, X3>(s, qf, tiles.k(buf));
-            if (!tc_all_see(warp_row0, warp_row0 + 15, k0, k0 + KC - 1, W, T)) {
-                #pragma unroll
-                for (int n = 0; n < KC / 8; n++) {
-                    #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int key = k0 + n * 8 + 2 * t + (e & 1);
-                        if (!tc_sees(row0 + 8 * (e >> 1), key, W)) s[n][e] = KILN_NEG_INF;
-                    }
-                }
-            }
+            if (!tc_all_see(warp_row0, warp_row0 + 15, k0, k0 + KC - 1, W, T)) tc_mask_tile<KC>(s, k0, row0, t, W);
             #pragma unroll
             for (int r = 0; r < 2; r++) {
-                float mx = KILN_NEG_INF;
-                #pragma unroll
-                for (int n = 0; n < KC / 8; n++) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
-                // A row with every key so far masked keeps -inf and subtracts 0 (no NaN).
-                const float m_new = fmaxf(m[r], tc_row_max(mx) * c);
-                const float m_sub = m_new == KILN_NEG_INF ? 0.0f : m_new;
+                float m_sub;
+                const float m_new = tc_tile_max<KC>(s, r, m[r], c, m_sub);
                 const float corr = tc_exp2(m[r] - m_sub);
                 l[r] *= corr;
                 #pragma unroll
@@ -333,22 +320,11 @@ __device__ __forceinline__ void tf_forward(const float* __restrict__ qkv, float*
 template <int HS, bool X3>
 __device__ __forceinline__ void tf_row_term(const float* __restrict__ out, const float* __restrict__ dout,
                                             size_t first, int warp_row0, int T, int C, float rowd[2]) {
-    const int lane = threadIdx.x & 31, row = warp_row0 + (lane >> 1);
-    float sum = 0.0f;
-    if (row < T) {
-        const size_t at = first + (size_t)row * C + (lane & 1) * (HS / 2);
-        const float4* o = reinterpret_cast<const float4*>(out + at);
-        const float4* g = reinterpret_cast<const float4*>(dout + at);
+    tc_row_term_pieces<float4, HS>(out, dout, first, warp_row0, T, C, rowd, [](float& sum, float4 ov, float4 gv) {
+        const float gw[4] = {gv.x, gv.y, gv.z, gv.w}, ow[4] = {ov.x, ov.y, ov.z, ov.w};
         #pragma unroll
-        for (int i = 0; i < HS / 8; i++) {
-            const float4 ov = o[i], gv = g[i];
-            const float gw[4] = {gv.x, gv.y, gv.z, gv.w}, ow[4] = {ov.x, ov.y, ov.z, ov.w};
-            #pragma unroll
-            for (int j = 0; j < 4; j++)
-                sum += ow[j] * (X3 ? gw[j] : __uint_as_float(TfOperand<false>::tf_round(gw[j])));
-        }
-    }
-    tc_row_term_to_rows(sum, rowd);
+        for (int j = 0; j < 4; j++) sum += ow[j] * (X3 ? gw[j] : __uint_as_float(TfOperand<false>::tf_round(gw[j])));
+    });
 }
 
 // dQ and the row term d: a block owns 64 queries; d_i = dO_i . O_i from the stored output, then

@@ -254,26 +254,11 @@ __device__ __forceinline__ void wg_softmax(float (&s)[N / 8][4], float (&m)[2], 
                                            int k0, int warp_row0, int row0, int t, float c, int W, int T) {
     // Scores stay unscaled until the exponential: c > 0, so the largest raw score times c is
     // the largest scaled one, and s * c - m is one fused multiply-add.
-    if (!tc_all_see(warp_row0, warp_row0 + 15, k0, k0 + N - 1, W, T)) {
-        #pragma unroll
-        for (int n = 0; n < N / 8; n++) {
-            #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                // Keys past the row are masked; that includes keys >= T for rows < T.
-                const int key = k0 + n * 8 + 2 * t + (e & 1);
-                if (!tc_sees(row0 + 8 * (e >> 1), key, W)) s[n][e] = KILN_NEG_INF;
-            }
-        }
-    }
+    if (!tc_all_see(warp_row0, warp_row0 + 15, k0, k0 + N - 1, W, T)) tc_mask_tile<N>(s, k0, row0, t, W);
     #pragma unroll
     for (int r = 0; r < 2; r++) {
-        float mx = KILN_NEG_INF;
-        #pragma unroll
-        for (int n = 0; n < N / 8; n++) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
-        // A row that has seen no key yet and finds every key of this tile masked keeps a max
-        // of -inf: it then subtracts 0, so its masked scores give 0, never NaN.
-        const float m_new = fmaxf(m[r], tc_row_max(mx) * c);
-        const float m_sub = m_new == KILN_NEG_INF ? 0.0f : m_new;
+        float m_sub;
+        const float m_new = tc_tile_max<N>(s, r, m[r], c, m_sub);
         corr[r] = tc_exp2(m[r] - m_sub);
         const float shift = m_sub - Ops::p_log2;  // P times 2^p_log2
         float sum = 0.0f;  // this lane's share of the row, in column order

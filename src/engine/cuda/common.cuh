@@ -53,21 +53,35 @@ template <> __device__ __forceinline__ f16 store<f16>(float x) {
 template <typename T> __device__ __forceinline__ bool aligned4(const T* p) {
     return ((unsigned long long)p % (4 * sizeof(T))) == 0;
 }
-__device__ __forceinline__ void load4(const float* p, float v[4]) {
-    const float4 q = *reinterpret_cast<const float4*>(p);
-    v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
+
+// A group of 4 elements as loaded (load_raw4), not yet widened to f32 (unpack4); load4 does
+// both at once. The pipelined norm backwards load the next rows' groups raw and widen them
+// only when they use them, so that no instruction waits on the loads while the current rows
+// are worked on.
+template <typename T> struct Raw4 { uint2 q; };  // bf16, f16: 8 bytes
+template <> struct Raw4<float> { float4 q; };
+template <typename T> __device__ __forceinline__ void load_raw4(const T* p, Raw4<T>& r) {
+    r.q = *reinterpret_cast<const decltype(r.q)*>(p);
 }
-__device__ __forceinline__ void load4(const bf16* p, float v[4]) {
-    const uint2 q = *reinterpret_cast<const uint2*>(p);
-    v[0] = __uint_as_float(q.x << 16); v[1] = __uint_as_float(q.x & 0xffff0000u);
-    v[2] = __uint_as_float(q.y << 16); v[3] = __uint_as_float(q.y & 0xffff0000u);
+__device__ __forceinline__ void unpack4(const Raw4<float>& r, float v[4]) {
+    v[0] = r.q.x; v[1] = r.q.y; v[2] = r.q.z; v[3] = r.q.w;
 }
-__device__ __forceinline__ void load4(const f16* p, float v[4]) {
-    const uint2 q = *reinterpret_cast<const uint2*>(p);
+__device__ __forceinline__ void unpack4(const Raw4<bf16>& r, float v[4]) {
+    v[0] = __uint_as_float(r.q.x << 16); v[1] = __uint_as_float(r.q.x & 0xffff0000u);
+    v[2] = __uint_as_float(r.q.y << 16); v[3] = __uint_as_float(r.q.y & 0xffff0000u);
+}
+__device__ __forceinline__ void unpack4(const Raw4<f16>& r, float v[4]) {
     f16 h[4];
-    h[0].bits = (unsigned short)(q.x & 0xffffu); h[1].bits = (unsigned short)(q.x >> 16);
-    h[2].bits = (unsigned short)(q.y & 0xffffu); h[3].bits = (unsigned short)(q.y >> 16);
+    h[0].bits = (unsigned short)(r.q.x & 0xffffu); h[1].bits = (unsigned short)(r.q.x >> 16);
+    h[2].bits = (unsigned short)(r.q.y & 0xffffu); h[3].bits = (unsigned short)(r.q.y >> 16);
     for (int k = 0; k < 4; ++k) v[k] = load(h[k]);
+}
+
+// Four elements, widened to f32 as they arrive.
+template <typename T> __device__ __forceinline__ void load4(const T* p, float v[4]) {
+    Raw4<T> r;
+    load_raw4(p, r);
+    unpack4(r, v);
 }
 __device__ __forceinline__ void store4(float* p, const float v[4]) {
     *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
@@ -90,28 +104,6 @@ __device__ __forceinline__ void store4(f16* p, const float v[4]) {
 // their pipelined rows need to keep enough loads in flight. f32 rows (twice the registers a
 // group) keep the compiler's choice.
 #define LN_BWD_REGS __maxnreg__(80)
-
-// A group of 4 elements as loaded, not yet widened: the pipelined norm backwards issue the
-// next rows' loads into these and widen them (unpack4) only when they use them, so that no
-// instruction waits on the loads while the current rows are worked on.
-template <typename T> struct Raw4 { uint2 q; };  // bf16, f16: 8 bytes
-template <> struct Raw4<float> { float4 q; };
-template <typename T> __device__ __forceinline__ void load_raw4(const T* p, Raw4<T>& r) {
-    r.q = *reinterpret_cast<const decltype(r.q)*>(p);
-}
-__device__ __forceinline__ void unpack4(const Raw4<float>& r, float v[4]) {
-    v[0] = r.q.x; v[1] = r.q.y; v[2] = r.q.z; v[3] = r.q.w;
-}
-__device__ __forceinline__ void unpack4(const Raw4<bf16>& r, float v[4]) {
-    v[0] = __uint_as_float(r.q.x << 16); v[1] = __uint_as_float(r.q.x & 0xffff0000u);
-    v[2] = __uint_as_float(r.q.y << 16); v[3] = __uint_as_float(r.q.y & 0xffff0000u);
-}
-__device__ __forceinline__ void unpack4(const Raw4<f16>& r, float v[4]) {
-    f16 h[4];
-    h[0].bits = (unsigned short)(r.q.x & 0xffffu); h[1].bits = (unsigned short)(r.q.x >> 16);
-    h[2].bits = (unsigned short)(r.q.y & 0xffffu); h[3].bits = (unsigned short)(r.q.y >> 16);
-    for (int k = 0; k < 4; ++k) v[k] = load(h[k]);
-}
 
 // The pipelined norm backwards' next round: this thread's groups of row `row` of dout and x,
 // as loaded, and the row's rstd, where the row is one of the block's (below `end`).
