@@ -239,6 +239,153 @@ fn lora_trains_adapters_only_and_writes_peft_format() {
     );
 }
 
+/// A tiny random GPT exported as GPT2LMHeadModel (SmolLM2's tokenizer, as the Llama fixture).
+fn gpt_base(dir: &Path) -> PathBuf {
+    let tok = smollm2_gguf().display().to_string();
+    let cfg = ResolvedConfig::resolve(
+        None,
+        &[
+            "model.kind=gpt".into(),
+            "model.d_model=32".into(),
+            "model.n_layers=2".into(),
+            "model.n_heads=4".into(),
+            "model.context=64".into(),
+            "train.seq_len=64".into(),
+            format!("data.tokenizer={tok}"),
+        ],
+    )
+    .unwrap()
+    .config;
+    let vocab = kiln::train::model_vocab(&cfg).unwrap();
+    let mut model = models::build(&cfg.model, vocab, &MemoryPool::new(Device::Cpu), 5).unwrap();
+    // The tied head at GPT-2's init (std 0.02) keeps every logit within about 0.6 of the
+    // others, which adapters on a frozen base can barely move; a wider table lets them.
+    for p in model.params_mut() {
+        if p.name == "wte.weight" {
+            let v: Vec<f32> = p.value.to_vec().unwrap().iter().map(|x| x * 25.0).collect();
+            p.value.copy_from_host(&v).unwrap();
+        }
+    }
+    let base = dir.join("gpt2");
+    export::export_hf(model.as_ref(), &cfg.model, vocab, &tok, &base).unwrap();
+    base
+}
+
+/// LoRA and QLoRA over a GPT-2 base: the default targets adapt every projection under
+/// GPT2LMHeadModel's module names, PEFT's config records its Conv1D layout, the base stays
+/// bit-identical, base + adapter decodes as the run, and the merged export moves c_attn.
+#[test]
+fn gpt2_lora_and_qlora_write_peft_adapters_under_gpt2_names() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_, data) = fixture(tmp.path());
+    let base = gpt_base(tmp.path());
+    let run = tmp.path().join("run");
+    let out = finetune(&base, &data, &run, &["train.steps=6"]);
+    assert!(out.contains("8 modules in PEFT's format"), "{out}");
+    let adapter = run.join("adapter");
+    let peft = tensors(&adapter.join("adapter_model.safetensors"));
+    assert_eq!(peft.len(), 16, "2 blocks x 4 projections x (A, B)");
+    for m in ["attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"] {
+        let k = format!("base_model.model.transformer.h.1.{m}.lora_B.weight");
+        let (_, b) = peft.iter().find(|(name, _)| *name == k).expect(&k);
+        assert!(b.iter().any(|&x| x != 0), "{k} trained");
+    }
+    let cfg: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(adapter.join("adapter_config.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(cfg["fan_in_fan_out"], true);
+    assert_eq!(
+        cfg["target_modules"],
+        serde_json::json!(["c_attn", "c_proj", "c_fc"])
+    );
+    let loaded = kiln::train::load_run(&run, None).unwrap();
+    let p = kiln::models::import::pretrained::open(&base).unwrap();
+    let frozen: Vec<_> = loaded
+        .model
+        .params()
+        .into_iter()
+        .filter(|p| p.frozen)
+        .collect();
+    assert_eq!(
+        frozen.len(),
+        2 + 2 * 12 + 2,
+        "embeddings, blocks, final norm"
+    );
+    for param in frozen {
+        assert_eq!(
+            &param.value.to_vec().unwrap(),
+            &p.weights[&param.name].data,
+            "{} unchanged",
+            param.name
+        );
+    }
+    let stdout = |args: &[&str]| {
+        let o = kiln(args);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let (base_s, adapter_s) = (base.to_str().unwrap(), adapter.to_str().unwrap());
+    let greedy = |source: &[&str]| {
+        let mut v = vec!["generate", "--prompt", "ROMEO:", "--temperature", "0"];
+        v.extend_from_slice(&["--tokens", "12"]);
+        v.extend_from_slice(source);
+        stdout(&v)
+    };
+    let from_run = greedy(&["--run", run.to_str().unwrap()]);
+    let with_adapter = greedy(&["--init-from", base_s, "--adapter", adapter_s]);
+    assert_eq!(
+        from_run, with_adapter,
+        "base + PEFT adapter decodes as the run"
+    );
+    let merged = tmp.path().join("merged");
+    ok(&kiln(&[
+        "export",
+        "--run",
+        run.to_str().unwrap(),
+        "--to",
+        merged.to_str().unwrap(),
+    ]));
+    // The held-out loss of base + adapter is the merged model's, and not the base's.
+    let eval = |source: &[&str]| {
+        let out = stdout(&[&["eval", "--batches", "2"][..], source].concat());
+        out.lines()
+            .find(|l| l.starts_with("val loss"))
+            .unwrap()
+            .to_string()
+    };
+    let adapted = eval(&["--init-from", base_s, "--adapter", adapter_s]);
+    assert_eq!(adapted, eval(&["--init-from", merged.to_str().unwrap()]));
+    assert_ne!(adapted, eval(&["--init-from", base_s]));
+    let m = kiln::models::import::pretrained::open(&merged).unwrap();
+    let (qkv, wte) = ("blocks.0.attn.qkv.weight", "wte.weight");
+    assert_ne!(
+        m.weights[qkv].data, p.weights[qkv].data,
+        "merged into c_attn"
+    );
+    assert_eq!(m.weights[wte].data, p.weights[wte].data);
+
+    // QLoRA: the projections in NF4 under the same adapters; the held-out loss falls below
+    // the base's (the same evaluation batches, so no sampling noise).
+    let qrun = tmp.path().join("qlora");
+    let out = finetune(
+        &base,
+        &data,
+        &qrun,
+        &["--qlora", "train.steps=24", "optim.lr=2e-2"],
+    );
+    assert!(out.contains("8 modules in PEFT's format"), "{out}");
+    let loss = |line: &str| -> f64 { line.split_whitespace().nth(2).unwrap().parse().unwrap() };
+    let (tuned, plain) = (
+        loss(&eval(&["--run", qrun.to_str().unwrap()])),
+        loss(&eval(&["--init-from", base_s])),
+    );
+    assert!(
+        tuned < plain - 0.02,
+        "QLoRA held-out loss {tuned} against the base's {plain}"
+    );
+}
+
 /// Resuming a fine-tune gives the adapters and optimizer state of an uninterrupted run, bit
 /// for bit, with the SCU controller's state carried along.
 #[test]

@@ -11,8 +11,10 @@ use std::path::{Path, PathBuf};
 #[derive(Args, Debug)]
 #[command(after_help = "EXAMPLES:
   kiln finetune --init-from SmolLM2-135M-Instruct.Q4_1.gguf --data chats.jsonl --out runs/ft
-                       LoRA (rank 16 on q/k/v/o/gate/up/down) on a frozen base; chats rendered
-                       with the model's chat template, only assistant turns trained
+                       LoRA (rank 16 on every block projection) on a frozen base; chats
+                       rendered with the model's chat template, only assistant turns trained
+  kiln finetune --init-from ./gpt2 --data corpus.txt lora.targets=c_attn
+                       a GPT-2 base (GPT2LMHeadModel), adapters on its fused q/k/v only
   kiln finetune --init-from ./Llama-3.2-1B --data pairs.jsonl lora.rank=8 lora.targets=q_proj,v_proj
   kiln finetune --init-from ./base --data corpus.txt --full     every weight trains
   kiln finetune --init-from ./Llama-3.2-1B --data chats.jsonl --qlora

@@ -182,9 +182,15 @@ pub fn run(a: PlanArgs) -> Result<()> {
     if a.generate {
         return plan_generation(&a, &cfg);
     }
-    if cfg.lora.enabled && !cfg.model.entry().features.lora && !cfg.lora.base.is_empty() {
-        // The shape and tokenizer of the base the adapters go on, as kiln finetune reads them.
-        let base = crate::models::import::pretrained::open(std::path::Path::new(&cfg.lora.base))?;
+    let base_path = std::path::Path::new(&cfg.lora.base);
+    if cfg.lora.enabled
+        && !cfg.lora.base.is_empty()
+        && (!cfg.model.entry().features.lora || base_path.exists())
+    {
+        // The shape and tokenizer of the base the adapters go on, as kiln finetune reads them
+        // (a `lora.base` that names no file over a family with adapters is a label for its
+        // seeded initialisation, as `kiln bench finetune` writes).
+        let base = crate::models::import::pretrained::open(base_path)?;
         base.check_overrides(&a.overrides)?;
         let mut overrides = base.overrides();
         overrides.extend(a.overrides.iter().cloned());
@@ -192,7 +198,9 @@ pub fn run(a: PlanArgs) -> Result<()> {
             .config
             .config;
     }
-    if !cfg.model.entry().features.analytic_plan {
+    // The analytic planner counts a full training step; adapters over a frozen (or NF4)
+    // base are booked by running the step on the meta device.
+    if !cfg.model.entry().features.analytic_plan || cfg.lora.enabled {
         return plan_by_meta_step(&a, &cfg);
     }
     let mut target = target(&a, &cfg)?;

@@ -246,8 +246,9 @@ pub struct LoraConfig {
     pub alpha: f64,
     /// Dropout on the adapters' input (only 0 is supported).
     pub dropout: f64,
-    /// Comma-separated module names to adapt (q_proj, k_proj, v_proj, o_proj, gate_proj,
-    /// up_proj, down_proj) or "all-linear".
+    /// Comma-separated module names to adapt, as Hugging Face names them (a Llama's q_proj,
+    /// k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; a GPT-2's c_attn, c_proj,
+    /// c_fc), or "all-linear": every block projection (the default; not the head).
     pub targets: String,
     /// Rank-stabilised scaling: alpha / sqrt(rank).
     pub rslora: bool,
@@ -264,7 +265,7 @@ impl Default for LoraConfig {
             rank: 16,
             alpha: 32.0,
             dropout: 0.0,
-            targets: "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj".into(),
+            targets: "all-linear".into(),
             rslora: false,
             quantize: "none".into(),
         }
@@ -583,7 +584,7 @@ const KEYS: &[(&str, &str)] = &[
     ),
     (
         "lora.targets",
-        "modules to adapt, comma-separated, or \"all-linear\"",
+        "modules to adapt (q_proj,v_proj or c_attn) or all-linear",
     ),
     ("lora.rslora", "rank-stabilised scale alpha / sqrt(rank)"),
     (

@@ -33,10 +33,14 @@ fn unknown(name: &str) -> DataError {
 }
 
 /// Whether `name` names a pretrained model's tokenizer by path (a `tokenizer.json`, a model
-/// directory or a `.gguf` file) rather than a built-in one.
+/// directory or a `.gguf` file) rather than a built-in one. A directory in the working
+/// directory counts without a slash (`--init-from Llama-3.2-1B`).
 pub fn is_tokenizer_path(name: &str) -> bool {
     !TOKENIZER_NAMES.contains(&name)
-        && (name.contains('/') || name.ends_with(".json") || name.ends_with(".gguf"))
+        && (name.contains('/')
+            || name.ends_with(".json")
+            || name.ends_with(".gguf")
+            || std::path::Path::new(name).is_dir())
 }
 
 /// The tokenizer of a pretrained model at `path`: a directory with `tokenizer.json`, a

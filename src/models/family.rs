@@ -76,6 +76,10 @@ pub struct Family {
     /// A shape small enough for a forward on the CPU in a test.
     pub tiny: fn() -> ModelConfig,
     pub features: Features,
+    /// The parameters (kiln's names) a 4-bit base keeps in NF4, its block projections'
+    /// weights: a base loaded for QLoRA leaves them on the host and quantises them from
+    /// there, never holding them dense on the device. `None` without adapters.
+    pub nf4_weights: Option<fn(&str) -> bool>,
 }
 
 /// Every family, in the order `--help` and error messages list them.
@@ -234,6 +238,67 @@ mod tests {
                 "{}: lora",
                 f.kind
             );
+            assert_eq!(f.nf4_weights.is_some(), feats.lora, "{}: nf4", f.kind);
+            if let Some(nf4) = f.nf4_weights {
+                // The names it gives are exactly the weights quantisation replaces.
+                let named: Vec<String> = model
+                    .params()
+                    .iter()
+                    .map(|p| p.name.clone())
+                    .filter(|n| nf4(n))
+                    .collect();
+                model
+                    .quantize_base_nf4(crate::engine::DType::F32, None)
+                    .unwrap();
+                let replaced: Vec<String> = model
+                    .params()
+                    .iter()
+                    .filter(|p| p.value.is_empty())
+                    .map(|p| p.name.clone())
+                    .collect();
+                assert!(!named.is_empty());
+                assert_eq!(named, replaced, "{}: nf4 names", f.kind);
+                // Loaded leaving those weights on the host, the pool never holds them, and
+                // quantising from the host gives the model quantised after a dense load.
+                let dense_loss = model.loss(&inputs, &targets, batch, seq).unwrap();
+                let pool = MemoryPool::new(Device::Cpu);
+                let mut deferred = crate::models::load_deferring(
+                    &m,
+                    vocab,
+                    &pool,
+                    &weights,
+                    origin,
+                    crate::models::Role::Train,
+                    Some(nf4),
+                )
+                .unwrap();
+                let kept: usize = weights
+                    .iter()
+                    .filter(|(n, _)| !nf4(n))
+                    .map(|(_, t)| t.data.len())
+                    .sum();
+                let smallest = weights
+                    .iter()
+                    .filter(|(n, _)| nf4(n))
+                    .map(|(_, t)| t.data.len())
+                    .min()
+                    .unwrap();
+                // Values and gradients of the other parameters, and tables (rotary) less
+                // than any one of the deferred weights would have taken.
+                let peak = pool.stats().peak;
+                assert!(
+                    peak >= 2 * 4 * kept && peak < 2 * 4 * kept + 4 * smallest,
+                    "{}: pool peak {peak} at load, other parameters {}",
+                    f.kind,
+                    2 * 4 * kept
+                );
+                deferred.attach_lora(&spec, 1).unwrap();
+                deferred
+                    .quantize_base_nf4(crate::engine::DType::F32, Some(&weights))
+                    .unwrap();
+                let loss = deferred.loss(&inputs, &targets, batch, seq).unwrap();
+                assert_eq!(loss.to_bits(), dense_loss.to_bits(), "{}", f.kind);
+            }
         }
     }
 

@@ -2,8 +2,9 @@
 //! norm and a language-model head (tied to the token embedding by default).
 //!
 //! The embedding, the stack, the head, the loss, block recomputation and the backward's
-//! order are [`super::lm`]'s; this file holds the block and its shape. Every layernorm after
-//! the first is fused with the residual add that precedes it.
+//! order are [`super::lm`]'s, adapters and the NF4 base [`super::adapters`]'; this file holds
+//! the block, its shape and the Hugging Face module names (GPT-2's) adapters are saved
+//! under. Every layernorm after the first is fused with the residual add that precedes it.
 //!
 //! The vocabulary is padded to a multiple of [`super::VOCAB_ALIGN`] in the embedding table and
 //! the head (see [`super::padded_vocab`]).
@@ -14,17 +15,19 @@
 //! log-softmax, gather and gradient kernels, and attention as batched GEMMs around a causal
 //! softmax whose probabilities are kept for the backward.
 
+use super::adapters::Projections;
 use super::family::{Family, Features};
 use super::lm::{self, Lm};
 use super::prenorm::PreNormBlock;
-use super::{Model, Recompute, StepPrecision};
+use super::{HostWeights, Model, QuantizedBase, Recompute, StepPrecision};
 use crate::config::{ConfigError, FamilySettings, ModelConfig};
 
-use crate::engine::{MemoryPool, Result};
+use crate::engine::{DType, MemoryPool, Result};
 use crate::nn::attention::CausalSelfAttention;
 use crate::nn::embedding::Embedding;
 use crate::nn::layernorm::LayerNorm;
 use crate::nn::linear::Linear;
+use crate::nn::lora::{Adapter, LoraSpec};
 use crate::nn::mlp::Mlp;
 use crate::nn::{ActLayout, Cost, Kernels, ParamBuilder, params};
 use std::sync::Arc;
@@ -48,8 +51,10 @@ pub const FAMILY: Family = Family {
         recompute: true,
         unfused_kernels: true,
         analytic_plan: true,
+        lora: true,
         ..Features::NONE
     },
+    nf4_weights: Some(super::adapters::is_projection_weight::<GptBlock>),
 };
 
 /// Attention splits the width evenly into heads.
@@ -96,6 +101,29 @@ impl GptConfig {
 /// LayerNorm, causal self-attention and a GELU MLP.
 pub type GptBlock = PreNormBlock<LayerNorm, CausalSelfAttention, Mlp>;
 
+impl Projections for GptBlock {
+    const SCOPE: &'static str = "blocks";
+    const NAMES: &'static [&'static str] = &["attn.qkv", "attn.proj", "mlp.fc", "mlp.proj"];
+
+    fn linears(&self) -> Vec<&Linear> {
+        vec![
+            &self.attn.qkv,
+            &self.attn.proj,
+            &self.mlp.fc,
+            &self.mlp.proj,
+        ]
+    }
+
+    fn linears_mut(&mut self) -> Vec<&mut Linear> {
+        vec![
+            &mut self.attn.qkv,
+            &mut self.attn.proj,
+            &mut self.mlp.fc,
+            &mut self.mlp.proj,
+        ]
+    }
+}
+
 pub struct Gpt {
     pub cfg: GptConfig,
     pub lm: Lm<Embedding, GptBlock>,
@@ -121,7 +149,17 @@ impl Gpt {
                     mlp: Mlp::new(&mut b.scope("mlp"), c, proj_std)?,
                 })
             })
-            .collect::<Result<Vec<_>>>()?;
+            .collect::<Result<Vec<GptBlock>>>()?;
+        let mut blocks = blocks;
+        for (l, block) in blocks.iter_mut().enumerate() {
+            // GPT2LMHeadModel's module names (its Conv1D layers), which adapters are saved
+            // under; the fused query/key/value projection is one module there too.
+            let hf = ["attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"];
+            for (lin, m) in block.linears_mut().into_iter().zip(hf) {
+                let cols = lin.c_out;
+                lin.set_blocks(&[(format!("transformer.h.{l}.{m}"), cols)]);
+            }
+        }
         let ln_f = LayerNorm::new(&mut b.scope("ln_f"), c)?;
         let head = if cfg.tied_head {
             None
@@ -142,6 +180,42 @@ impl Gpt {
 params!(Gpt { lm });
 
 impl Model for Gpt {
+    fn attach_lora(
+        &mut self,
+        spec: &LoraSpec,
+        seed: u64,
+    ) -> std::result::Result<Vec<String>, String> {
+        self.lm.attach_lora(spec, seed)
+    }
+
+    fn lora_modules(&self) -> Vec<String> {
+        self.lm.lora_modules()
+    }
+
+    fn adapters(&self) -> Vec<&Adapter> {
+        self.lm.adapters()
+    }
+
+    fn adapters_mut(&mut self) -> Vec<&mut Adapter> {
+        self.lm.adapters_mut()
+    }
+
+    fn lora_fan_in_fan_out(&self) -> bool {
+        true
+    }
+
+    fn merge_lora(&mut self) -> Result<()> {
+        self.lm.merge_lora()
+    }
+
+    fn quantize_base_nf4(
+        &mut self,
+        compute: DType,
+        host: Option<&HostWeights>,
+    ) -> Result<Option<QuantizedBase>> {
+        self.lm.quantize_base_nf4(compute, host).map(Some)
+    }
+
     fn forward_backward(
         &mut self,
         inputs: &[u32],
@@ -279,6 +353,68 @@ mod tests {
                 &label,
             );
         }
+    }
+
+    /// Adapters on every projection, under GPT-2's module names: the base is frozen (no
+    /// gradient buffers, its norms and embeddings included), the adapters' gradients match
+    /// central differences of the loss, and merging them gives the adapted model's logits.
+    #[test]
+    fn adapters_train_over_a_frozen_base_and_merge_into_it() {
+        let mut model = tiny(true);
+        let spec = LoraSpec {
+            rank: 2,
+            alpha: 4.0,
+            rslora: false,
+            dropout: 0.0,
+            targets: vec!["all-linear".into()],
+        };
+        let adapted = model.attach_lora(&spec, 5).unwrap();
+        assert_eq!(adapted.len(), 8, "2 blocks x 4 projections: {adapted:?}");
+        for m in ["attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"] {
+            assert!(adapted.contains(&format!("transformer.h.1.{m}")), "{m}");
+        }
+        assert!(model.lora_fan_in_fan_out());
+        // B starts at zero, which would leave A's gradient zero too.
+        for ad in model.adapters_mut() {
+            let v: Vec<f32> = (0..ad.b.value.len())
+                .map(|i| ((i * 7 % 11) as f32 - 5.0) * 0.05)
+                .collect();
+            ad.b.value.copy_from_host(&v).unwrap();
+        }
+        let trainable: Vec<String> = model
+            .trainable_params()
+            .iter()
+            .map(|p| p.name.clone())
+            .collect();
+        assert_eq!(trainable.len(), 16);
+        assert!(
+            trainable.iter().all(|n| n.contains(".lora.")),
+            "{trainable:?}"
+        );
+        let (x, y) = batch();
+        let all = |_: &str, len: usize| len;
+        super::super::check_gradient_by_differences(
+            &mut model,
+            (&x, &y),
+            (2, 6),
+            5,
+            all,
+            2e-3,
+            "adapted",
+        );
+        let adapted_logits = model.next_logits(&x[..5]).unwrap();
+        model.merge_lora().unwrap();
+        assert!(model.adapters().is_empty());
+        let merged = model.next_logits(&x[..5]).unwrap();
+        let plain = tiny(true).next_logits(&x[..5]).unwrap();
+        let diff = |a: &[f32], b: &[f32]| {
+            a.iter()
+                .zip(b)
+                .map(|(p, q)| (p - q).abs())
+                .fold(0f32, f32::max)
+        };
+        assert!(diff(&adapted_logits, &merged) < 1e-5);
+        assert!(diff(&adapted_logits, &plain) > 1e-3, "the adapters matter");
     }
 
     /// The padded vocabulary rows exist (128 of them for 11 tokens), get exactly zero

@@ -4,17 +4,20 @@
 //!
 //! The embedding, the stack, the head, the loss, block recomputation and the backward's order
 //! are [`super::lm`]'s, as for the GPT: every norm after the first is fused with the residual
-//! add before it. This file holds the block, the shape, adapters and the cached decoder.
+//! add before it. This file holds the block, the shape, the projections adapters wrap and the cached
+//! decoder.
 //!
 //! Weights use kiln's names (`layers.N.attn.qkv.weight`, one fused QKV and one fused
 //! gate/up matrix per block); `models::import` maps Hugging Face and GGUF checkpoints onto
 //! them.
 
+use super::adapters::Projections;
 use super::family::{Family, Features, other_family, tiny_shape};
 use super::lm::{self, Keep, Lm, StreamNorm};
 use super::prenorm::{Mixer, PreNormBlock};
 use super::{
-    DecodeRows, Decoder, KvCache, Model, QuantizedBase, Recompute, StepPrecision, padded_vocab,
+    DecodeRows, Decoder, HostWeights, KvCache, Model, QuantizedBase, Recompute, StepPrecision,
+    padded_vocab,
 };
 use crate::config::{
     ConfigError, FamilySettings, LlamaSettings, ModelConfig, finite, out_of_range,
@@ -22,15 +25,13 @@ use crate::config::{
 use crate::engine::cpu::kv_cache::CacheShape;
 use crate::engine::cpu::rope::{self, Llama3Scaling};
 use crate::engine::ops::Ids;
-use crate::engine::quant::DequantWorkspace;
-use crate::engine::rng::{Rng, stream};
 use crate::engine::{DType, MemoryPool, Result, Tensor, ops};
 use crate::nn::gqa::{GqaAttention, GqaSaved, Heads, Rotary};
 use crate::nn::linear::Linear;
 use crate::nn::lora::{Adapter, LoraSpec};
 use crate::nn::rmsnorm::RmsNorm;
 use crate::nn::swiglu::SwiGlu;
-use crate::nn::{ActLayout, Cost, Init, Kernels, Param, ParamBuilder, Params, params};
+use crate::nn::{ActLayout, Cost, Init, Kernels, Param, ParamBuilder, params};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
@@ -100,6 +101,7 @@ pub const FAMILY: Family = Family {
         lora: true,
         ..Features::NONE
     },
+    nf4_weights: Some(super::adapters::is_projection_weight::<LlamaBlock>),
 };
 
 /// The rotary, norm, head-sharing and window settings' ranges.
@@ -292,13 +294,12 @@ pub struct RotaryPass<'p> {
     rotary: &'p Rotary,
 }
 
-impl PreNormBlock<RmsNorm, GqaAttention, SwiGlu> {
-    /// Names (under `layers.N.`) of the block's projections, in [`LlamaBlock::linears`] order.
-    const LINEARS: [&'static str; 4] = ["attn.qkv", "attn.out", "mlp.gate_up", "mlp.down"];
+impl Projections for LlamaBlock {
+    const SCOPE: &'static str = "layers";
+    const NAMES: &'static [&'static str] = &["attn.qkv", "attn.out", "mlp.gate_up", "mlp.down"];
 
-    /// The block's projections: the layers adapters can wrap.
-    fn linears(&self) -> [&Linear; 4] {
-        [
+    fn linears(&self) -> Vec<&Linear> {
+        vec![
             &self.attn.qkv,
             &self.attn.out,
             &self.mlp.gate_up,
@@ -306,8 +307,8 @@ impl PreNormBlock<RmsNorm, GqaAttention, SwiGlu> {
         ]
     }
 
-    fn linears_mut(&mut self) -> [&mut Linear; 4] {
-        [
+    fn linears_mut(&mut self) -> Vec<&mut Linear> {
+        vec![
             &mut self.attn.qkv,
             &mut self.attn.out,
             &mut self.mlp.gate_up,
@@ -464,81 +465,31 @@ impl Model for Llama {
         spec: &LoraSpec,
         seed: u64,
     ) -> std::result::Result<Vec<String>, String> {
-        let fail = |e: crate::engine::EngineError| e.to_string();
-        let mut rng = Rng::new(seed, stream::LORA);
-        let pool = self.lm.embed.value.pool().clone();
-        for p in self.params_mut() {
-            p.freeze().map_err(fail)?;
-        }
-        let mut adapted = Vec::new();
-        let mut b = ParamBuilder::init(&pool, &mut rng);
-        for (l, block) in self.lm.blocks.iter_mut().enumerate() {
-            let mut b = b.scope(format_args!("layers.{l}"));
-            for (name, lin) in LlamaBlock::LINEARS.iter().zip(block.linears_mut()) {
-                adapted.extend(lin.attach_lora(&mut b.scope(name), spec).map_err(fail)?);
-            }
-        }
-        Ok(adapted)
+        self.lm.attach_lora(spec, seed)
     }
 
     fn lora_modules(&self) -> Vec<String> {
-        self.lm
-            .blocks
-            .iter()
-            .flat_map(LlamaBlock::linears)
-            .flat_map(|lin| lin.blocks.iter().map(|blk| blk.module.clone()))
-            .collect()
+        self.lm.lora_modules()
     }
 
     fn adapters(&self) -> Vec<&Adapter> {
-        self.lm
-            .blocks
-            .iter()
-            .flat_map(LlamaBlock::linears)
-            .flat_map(|lin| lin.adapters.iter())
-            .collect()
+        self.lm.adapters()
     }
 
     fn adapters_mut(&mut self) -> Vec<&mut Adapter> {
-        self.lm
-            .blocks
-            .iter_mut()
-            .flat_map(LlamaBlock::linears_mut)
-            .flat_map(|lin| lin.adapters.iter_mut())
-            .collect()
+        self.lm.adapters_mut()
     }
 
     fn merge_lora(&mut self) -> Result<()> {
-        for lin in self.lm.blocks.iter_mut().flat_map(LlamaBlock::linears_mut) {
-            lin.merge_adapters()?;
-        }
-        Ok(())
+        self.lm.merge_lora()
     }
 
-    fn quantize_base_nf4(&mut self, compute: DType) -> Result<Option<QuantizedBase>> {
-        let pool = self.lm.embed.value.pool().clone();
-        let largest = self
-            .lm
-            .blocks
-            .iter()
-            .flat_map(LlamaBlock::linears)
-            .map(|lin| lin.c_in * lin.c_out)
-            .max()
-            .unwrap_or(0);
-        let workspace = Arc::new(DequantWorkspace::new(&pool, largest, compute)?);
-        let mut q = QuantizedBase {
-            weights: 0,
-            values: 0,
-            nf4_bytes: 0,
-            workspace_bytes: workspace.bytes(),
-        };
-        // One projection at a time: its dense copy is freed before the next is quantised.
-        for lin in self.lm.blocks.iter_mut().flat_map(LlamaBlock::linears_mut) {
-            q.nf4_bytes += lin.quantize_nf4(&workspace)?;
-            q.weights += 1;
-            q.values += lin.c_in * lin.c_out;
-        }
-        Ok(Some(q))
+    fn quantize_base_nf4(
+        &mut self,
+        compute: DType,
+        host: Option<&HostWeights>,
+    ) -> Result<Option<QuantizedBase>> {
+        self.lm.quantize_base_nf4(compute, host).map(Some)
     }
 
     fn forward_backward(
@@ -766,6 +717,7 @@ impl Llama {
 pub(crate) mod tests {
     use super::*;
     use crate::engine::Device;
+    use crate::nn::Params;
 
     /// A two-layer model of 16 wide on the CPU (seed 3); `tied` also picks Qwen3's q/k
     /// norms, untied Qwen2's QKV biases. The parameter-order record uses it too.

@@ -1,5 +1,6 @@
 //! Models: compositions of `nn` layers with a loss, behind one interface the trainer uses.
 
+pub mod adapters;
 pub mod bert;
 pub mod export;
 pub mod family;
@@ -27,6 +28,9 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
+
+/// A pretrained model's tensors on the host, by kiln's parameter names.
+pub type HostWeights = BTreeMap<String, crate::nn::builder::HostTensor>;
 
 /// A base kept in NF4 by [`Model::quantize_base_nf4`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -92,7 +96,11 @@ pub(crate) fn check_gradient_by_differences(
     let h = 1e-3f32;
     for (pi, g) in grads.iter().enumerate() {
         let name = model.params()[pi].name.clone();
+        // A frozen parameter has no gradient to check.
         let n = live(&name, g.len());
+        if n == 0 {
+            continue;
+        }
         for i in (0..n).step_by(n.div_ceil(samples)) {
             let mut eval = |delta: f32| {
                 let mut ps = model.params_mut();
@@ -154,15 +162,26 @@ pub trait Model: Params + Send {
         Vec::new()
     }
 
+    /// Whether the Hugging Face modules the adapters are named after store their weights
+    /// `[in, out]` (GPT-2's Conv1D), which PEFT's `fan_in_fan_out` records.
+    fn lora_fan_in_fan_out(&self) -> bool {
+        false
+    }
+
     /// Folds the adapters into the base weights (f32 masters) and removes them.
     fn merge_lora(&mut self) -> Result<()> {
         Ok(())
     }
 
     /// Keeps every frozen projection only in NF4 (QLoRA), quantised from the values it
-    /// holds now, each GEMM expanding it into one workspace of `compute` values that all
-    /// of them share. `None` for a family without such projections.
-    fn quantize_base_nf4(&mut self, _compute: DType) -> Result<Option<QuantizedBase>> {
+    /// holds now (or, for one loaded as a placeholder, from its tensor in `host`), each GEMM
+    /// expanding it into one workspace of `compute` values that all of them share. `None`
+    /// for a family without such projections.
+    fn quantize_base_nf4(
+        &mut self,
+        _compute: DType,
+        _host: Option<&HostWeights>,
+    ) -> Result<Option<QuantizedBase>> {
         Ok(None)
     }
 
@@ -480,7 +499,24 @@ pub fn load_for(
     origin: &Path,
     role: Role,
 ) -> std::result::Result<Box<dyn Model>, KilnError> {
+    load_deferring(cfg, vocab, pool, weights, origin, role, None)
+}
+
+/// [`load_for`] leaving the parameters `defer` names on the host as empty placeholders (a
+/// base about to be quantised from `weights`: see [`Model::quantize_base_nf4`]).
+pub fn load_deferring(
+    cfg: &ModelConfig,
+    vocab: usize,
+    pool: &Arc<MemoryPool>,
+    weights: &BTreeMap<String, HostTensor>,
+    origin: &Path,
+    role: Role,
+    defer: Option<fn(&str) -> bool>,
+) -> std::result::Result<Box<dyn Model>, KilnError> {
     let mut source = WeightSource::new(origin.display(), weights, NameMap::identity());
+    if let Some(d) = defer {
+        source = source.deferring(d);
+    }
     let mut b = ParamBuilder::load(pool, &mut source);
     if role == Role::Run {
         b = b.frozen();

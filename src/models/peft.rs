@@ -71,7 +71,7 @@ pub fn save_adapter(model: &dyn Model, lora: &LoraConfig, base: &str, dir: &Path
         "use_rslora": lora.rslora,
         "target_modules": targets,
         "bias": "none",
-        "fan_in_fan_out": false,
+        "fan_in_fan_out": model.lora_fan_in_fan_out(),
         "inference_mode": true,
         "init_lora_weights": true,
         "modules_to_save": null,

@@ -107,6 +107,7 @@ pub const FAMILY: Family = Family {
         analytic_plan: true,
         ..Features::NONE
     },
+    nf4_weights: None,
 };
 
 /// The mixture-of-experts settings' ranges (the BK-Core has no settings of its own).

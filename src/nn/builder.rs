@@ -57,6 +57,10 @@ pub struct WeightSource<'w> {
     /// The names taken so far: each tensor is taken once.
     taken: BTreeSet<String>,
     map: NameMap,
+    /// Parameters whose tensors stay here, checked and counted as taken but not copied into
+    /// the pool: the caller reads them from the map later (a base quantised to NF4 straight
+    /// from the host, never held dense on the device).
+    defer: Option<fn(&str) -> bool>,
 }
 
 impl<'w> WeightSource<'w> {
@@ -70,7 +74,15 @@ impl<'w> WeightSource<'w> {
             tensors,
             taken: BTreeSet::new(),
             map,
+            defer: None,
         }
+    }
+
+    /// The same source leaving the parameters `defer` names (kiln's names) on the host: each
+    /// is built as an empty, frozen placeholder (see [`WeightSource::defer`]).
+    pub fn deferring(mut self, defer: fn(&str) -> bool) -> Self {
+        self.defer = Some(defer);
+        self
     }
 
     fn error(&self, detail: String) -> EngineError {
@@ -82,6 +94,11 @@ impl<'w> WeightSource<'w> {
 
     /// The values of parameter `name`, which must have `shape`.
     fn take(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        Ok(self.take_ref(name, shape)?.data.clone())
+    }
+
+    /// The tensor of parameter `name`, checked against `shape` and counted as taken.
+    fn take_ref(&mut self, name: &str, shape: &[usize]) -> Result<&'w HostTensor> {
         let key = self.map.apply(name);
         let t = match self.tensors.get(&key) {
             Some(t) if !self.taken.contains(&key) => t,
@@ -103,7 +120,7 @@ impl<'w> WeightSource<'w> {
             )));
         }
         self.taken.insert(key);
-        Ok(t.data.clone())
+        Ok(t)
     }
 
     /// Ends the build: a tensor no parameter took is an error, so that a mapping mistake
@@ -207,6 +224,10 @@ impl<'a, 'w> ParamBuilder<'a, 'w> {
         let name = self.name(part);
         match &mut self.fill {
             Fill::Init(rng) => Param::initialised(self.pool, name, shape, init, rng, self.frozen),
+            Fill::Load(source) if source.defer.is_some_and(|d| d(&name)) => {
+                source.take_ref(&name, shape)?;
+                Param::holding(self.pool, name, &[0], Vec::new(), true)
+            }
             Fill::Load(source) => {
                 let values = source.take(&name, shape)?;
                 Param::holding(self.pool, name, shape, values, self.frozen)

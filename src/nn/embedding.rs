@@ -1,7 +1,7 @@
 //! Token and learned position embeddings, summed.
 
 use super::{Cost, Init, Param, ParamBuilder, params};
-use crate::engine::{Result, Tensor, ops};
+use crate::engine::{DType, Result, Tensor, ops};
 
 pub struct Embedding {
     /// `[vocab, C]`; also the output head's weight when the head is tied.
@@ -30,8 +30,24 @@ impl Embedding {
     }
 
     /// Accumulates into the table gradients; the tokens are the forward's.
+    /// Frozen tables (under adapters) get nothing.
     pub fn backward(&mut self, dout: &Tensor, tokens: &[u32], seq: usize) -> Result<()> {
-        ops::embedding_backward(&mut self.wte.grad, &mut self.wpe.grad, dout, tokens, seq)
+        match (self.wte.frozen, self.wpe.frozen) {
+            (false, false) => {
+                ops::embedding_backward(&mut self.wte.grad, &mut self.wpe.grad, dout, tokens, seq)
+            }
+            (true, true) => Ok(()),
+            // The kernel writes both tables' gradients; the frozen one's goes to scratch.
+            (wte_frozen, _) => {
+                let frozen = if wte_frozen { &self.wte } else { &self.wpe };
+                let mut scratch = Tensor::zeros(dout.pool(), frozen.value.shape(), DType::F32)?;
+                if wte_frozen {
+                    ops::embedding_backward(&mut scratch, &mut self.wpe.grad, dout, tokens, seq)
+                } else {
+                    ops::embedding_backward(&mut self.wte.grad, &mut scratch, dout, tokens, seq)
+                }
+            }
+        }
     }
 
     pub fn cost(&self, tokens: usize) -> Cost {

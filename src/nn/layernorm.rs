@@ -6,7 +6,7 @@
 
 use super::{ActLayout, Cost, Init, Kernels, Param, ParamBuilder, f32_bytes, params};
 use crate::engine::ops::{self, NormStats};
-use crate::engine::{Result, Tensor};
+use crate::engine::{DType, Result, Tensor};
 
 pub struct LayerNorm {
     pub gamma: Param,
@@ -87,10 +87,17 @@ impl LayerNorm {
         stats: &NormStats,
     ) -> Result<()> {
         let gamma = self.gamma.compute.as_ref().unwrap_or(&self.gamma.value);
+        // The kernel always produces both parameter gradients; a frozen one's goes to scratch.
+        let scratch = |p: &Param| -> Result<Option<Tensor>> {
+            p.frozen
+                .then(|| Tensor::zeros(x.pool(), &[self.c], DType::F32))
+                .transpose()
+        };
+        let (mut g_scratch, mut b_scratch) = (scratch(&self.gamma)?, scratch(&self.beta)?);
         ops::layernorm_backward(
             dx,
-            &mut self.gamma.grad,
-            &mut self.beta.grad,
+            g_scratch.as_mut().unwrap_or(&mut self.gamma.grad),
+            b_scratch.as_mut().unwrap_or(&mut self.beta.grad),
             dout,
             x,
             gamma,

@@ -101,10 +101,15 @@ impl Linear {
         Ok(())
     }
 
-    /// Replaces the frozen weight by its NF4 quantisation (from the values it holds now, so
-    /// call it before they are rounded to a compute dtype) and frees the dense copy; its
-    /// GEMMs will expand it into `workspace`. Returns the bytes the NF4 weight holds.
-    pub fn quantize_nf4(&mut self, workspace: &Arc<DequantWorkspace>) -> Result<usize> {
+    /// Replaces the frozen weight by its NF4 quantisation and frees the dense copy; its GEMMs
+    /// will expand it into `workspace`. The values are `dense` (the host values of a weight
+    /// loaded as a placeholder) or else the ones it holds now, so call it before they are
+    /// rounded to a compute dtype. Returns the bytes the NF4 weight holds.
+    pub fn quantize_nf4(
+        &mut self,
+        workspace: &Arc<DequantWorkspace>,
+        dense: Option<&[f32]>,
+    ) -> Result<usize> {
         if !self.weight.frozen {
             return Err(EngineError::Shape {
                 op: "nf4 quantize",
@@ -115,13 +120,15 @@ impl Linear {
             });
         }
         let pool = self.weight.value.pool().clone();
-        let weight = Nf4Weight::quantize(
-            &pool,
-            &self.weight.name,
-            &self.weight.value.to_vec()?,
-            self.c_out,
-            self.c_in,
-        )?;
+        let held;
+        let values = match dense {
+            Some(d) => d,
+            None => {
+                held = self.weight.value.to_vec()?;
+                &held
+            }
+        };
+        let weight = Nf4Weight::quantize(&pool, &self.weight.name, values, self.c_out, self.c_in)?;
         let bytes = weight.bytes();
         self.weight.value = Tensor::zeros(&pool, &[0], self.weight.value.dtype())?;
         self.weight.compute = None;
@@ -397,7 +404,7 @@ mod tests {
         let e = {
             let mut trainable = fresh;
             let ws = Arc::new(DequantWorkspace::new(&p, 48 * 40, DType::F32).unwrap());
-            trainable.quantize_nf4(&ws).unwrap_err().to_string()
+            trainable.quantize_nf4(&ws, None).unwrap_err().to_string()
         };
         assert!(e.contains("up.weight trains"), "{e}");
         build(&p, "up", 2, |b| lin.attach_lora(b, &spec));
@@ -406,7 +413,7 @@ mod tests {
         let dense_before = lin.weight.value.bytes();
         let ws = Arc::new(DequantWorkspace::new(&p, 48 * 40, DType::F32).unwrap());
         let before = p.stats().current;
-        let nf4_bytes = lin.quantize_nf4(&ws).unwrap();
+        let nf4_bytes = lin.quantize_nf4(&ws, None).unwrap();
         assert_eq!(lin.weight.value.len(), 0, "the dense copy is freed");
         assert_eq!(
             p.stats().current + dense_before,

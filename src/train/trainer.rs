@@ -167,10 +167,20 @@ impl Trainer {
         base: Option<&Pretrained>,
     ) -> Result<Trainer> {
         let pool = pool.clone();
+        let nf4 = cfg.lora.enabled && cfg.lora.quantize == "nf4";
         // Imported weights fill the parameters as they are made: nothing is initialised
-        // only to be overwritten.
+        // only to be overwritten. A base going to NF4 leaves its projections on the host, to
+        // be quantised from there: the device never holds them dense.
         let mut model = match base {
-            Some(b) => models::load(&cfg.model, vocab, &pool, &b.weights, &b.source.path)?,
+            Some(b) => models::load_deferring(
+                &cfg.model,
+                vocab,
+                &pool,
+                &b.weights,
+                &b.source.path,
+                models::Role::Train,
+                cfg.model.entry().nf4_weights.filter(|_| nf4),
+            )?,
             None => models::build(&cfg.model, vocab, &pool, cfg.train.seed)?,
         };
         Recompute::from_setting(&cfg.train.recompute)
@@ -182,12 +192,13 @@ impl Trainer {
         let mut quantized = None;
         if cfg.lora.enabled {
             adapted = attach_adapters(model.as_mut(), cfg)?;
-            if cfg.lora.quantize == "nf4" {
+            if nf4 {
                 // From the f32 values just loaded, before any rounding to the compute dtype.
                 let compute = precision.compute_dtype().unwrap_or(engine::DType::F32);
-                quantized = Some(model.quantize_base_nf4(compute)?.ok_or_else(|| {
+                let host = base.map(|b| &b.weights);
+                quantized = Some(model.quantize_base_nf4(compute, host)?.ok_or_else(|| {
                     KilnError::Setting(format!(
-                        "lora.quantize = \"nf4\" keeps the projections of a Llama-family base in NF4; model.kind = \"{}\" has none (use lora.quantize = \"none\")",
+                        "lora.quantize = \"nf4\" keeps the block projections of a GPT or Llama-family base in NF4; model.kind = \"{}\" has none (use lora.quantize = \"none\")",
                         cfg.model.kind()
                     ))
                 })?);

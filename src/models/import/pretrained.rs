@@ -968,6 +968,12 @@ impl Pretrained {
             format!("model.vocab={}", self.vocab),
             format!("data.tokenizer={}", self.source.path.display()),
         ];
+        // A model whose context is shorter than the default sequence length (a small test
+        // model) trains and evaluates on sequences of its whole context.
+        let default_seq = crate::config::TrainConfig::default().seq_len;
+        if m.context < default_seq {
+            v.push(format!("train.seq_len={}", m.context));
+        }
         if let Some(l) = m.llama() {
             v.extend([
                 format!("model.n_kv_heads={}", l.n_kv_heads),
