@@ -73,6 +73,11 @@ pub struct CheckpointMeta {
     /// (and in checkpoints written before it was kept).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub learned_passes: Option<LearnedPasses>,
+    /// The matrix-multiply algorithm chosen for each product on the GPU: a resumed run
+    /// adopts them, so its products round as the run's did (absent on the CPU and in
+    /// checkpoints written before it was kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gemm_algorithms: Option<crate::engine::cuda::GemmAlgorithms>,
 }
 
 /// Rows per forward/backward pass learned from out-of-memory errors, and the memory they
@@ -502,6 +507,7 @@ fn state_json(trainer: &Trainer) -> Result<Vec<u8>> {
             rows,
             capacity_bytes: trainer.pool.capacity(),
         }),
+        gemm_algorithms: trainer.pool.cuda().ok().map(|g| g.gemm_algorithms()),
     };
     serde_json::to_vec_pretty(&meta)
         .map_err(|e| KilnError::Setting(format!("internal: trainer state to JSON: {e}")))
@@ -1095,6 +1101,15 @@ pub fn load_into(trainer: &mut Trainer, ckpt: &Path) -> Result<()> {
         Some(l) if l.capacity_bytes == trainer.pool.capacity() => PassSize::resumed(l.rows),
         _ => PassSize::default(),
     };
+    // The products' algorithms are timed when first met, and two processes may time them
+    // differently: adopting the run's keeps its rounding.
+    if let (Some(saved), Ok(gpu)) = (&meta.gemm_algorithms, trainer.pool.cuda())
+        && let Err(why) = gpu.adopt_gemm_algorithms(saved)
+    {
+        eprintln!(
+            "note: the checkpoint's matrix-multiply algorithms were {why}; they are chosen again, so the resumed run may differ from an uninterrupted one in the last bits"
+        );
+    }
     Ok(())
 }
 
@@ -1137,6 +1152,25 @@ mod tests {
 
     /// A checkpoint's weights, under kiln's own names, build the model they came from
     /// through a parameter builder: every parameter found, none left over, equal values.
+    /// The trainer state keeps a GPU's matrix-multiply algorithms through JSON, and a state
+    /// written without them (on the CPU, or before they were kept) reads as none.
+    #[test]
+    fn trainer_state_keeps_the_gemm_algorithm_table() {
+        let t = trainer();
+        let mut meta: CheckpointMeta = serde_json::from_slice(&state_json(&t).unwrap()).unwrap();
+        assert!(meta.gemm_algorithms.is_none(), "none on the CPU");
+        let text = serde_json::to_string(&meta).unwrap();
+        assert!(!text.contains("gemm_algorithms"));
+        meta.gemm_algorithms = Some(crate::engine::cuda::GemmAlgorithms {
+            gpu: "NVIDIA H100 80GB HBM3".into(),
+            cublaslt: 130100,
+            table: vec![("ShapeKey { m: 8 }".into(), [1, 2, 3, 4, 5, 6, 7, u64::MAX])],
+        });
+        let back: CheckpointMeta =
+            serde_json::from_str(&serde_json::to_string(&meta).unwrap()).unwrap();
+        assert_eq!(back.gemm_algorithms, meta.gemm_algorithms);
+    }
+
     #[test]
     fn a_checkpoint_builds_its_model_through_a_param_builder() {
         use crate::models::gpt::{Gpt, GptConfig};

@@ -16,6 +16,13 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
+/// The loaded cuBLASLt's version number.
+fn cublaslt_version() -> usize {
+    // SAFETY: a plain query with no arguments; the library is loaded before any backend
+    // exists.
+    unsafe { sys::cublasLtGetVersion() }
+}
+
 /// How f32 operands are multiplied (16-bit operands ignore this: fp32 accumulation always).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum GemmMath {
@@ -132,6 +139,24 @@ pub(super) struct Blas {
     handle: sys::cublasLtHandle_t,
     workspace: CudaSlice<u8>,
     algos: Mutex<HashMap<ShapeKey, sys::cublasLtMatmulAlgo_t>>,
+    /// Algorithms adopted from a checkpoint ([`CudaBackend::adopt_gemm_algorithms`]), by the
+    /// shape's description: used in place of timing when their shape comes up.
+    adopted: Mutex<HashMap<String, sys::cublasLtMatmulAlgo_t>>,
+}
+
+/// The algorithm chosen for each product shape so far, on which GPU and cuBLASLt.
+///
+/// The choice is timed (the fastest of several candidates), so two processes may choose
+/// differently, and algorithms that split a sum differently round differently. A checkpoint
+/// keeps this table and a resumed run adopts it, so it multiplies as the run before it did
+/// and continues bit for bit.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct GemmAlgorithms {
+    pub gpu: String,
+    pub cublaslt: usize,
+    /// `(shape, algorithm)`: the shape as kiln describes it, the algorithm as cuBLASLt's
+    /// opaque words.
+    pub table: Vec<(String, [u64; 8])>,
 }
 
 // SAFETY: the handle is used only through `&CudaBackend` on its one stream; cuBLASLt handles
@@ -155,6 +180,7 @@ impl Blas {
             handle,
             workspace,
             algos: Mutex::new(HashMap::new()),
+            adopted: Mutex::new(HashMap::new()),
         })
     }
 }
@@ -484,7 +510,16 @@ impl CudaBackend {
         let algo = match cached {
             Some(algo) => algo,
             None => {
-                let algo = self.pick_algo::<TC>(&product, key)?;
+                let adopted = self
+                    .blas
+                    .adopted
+                    .lock()
+                    .ok()
+                    .and_then(|a| a.get(&format!("{key:?}")).copied());
+                let algo = match adopted {
+                    Some(algo) => algo,
+                    None => self.pick_algo::<TC>(&product, key)?,
+                };
                 if let Ok(mut c) = self.blas.algos.lock() {
                     c.insert(key, algo);
                 }
@@ -492,6 +527,45 @@ impl CudaBackend {
             }
         };
         self.launch(&product, c_ptr, &algo)
+    }
+
+    /// The algorithms chosen so far (see [`GemmAlgorithms`]), in a stable order.
+    pub fn gemm_algorithms(&self) -> GemmAlgorithms {
+        let mut table: Vec<(String, [u64; 8])> = self
+            .blas
+            .algos
+            .lock()
+            .map(|a| a.iter().map(|(k, v)| (format!("{k:?}"), v.data)).collect())
+            .unwrap_or_default();
+        table.sort();
+        GemmAlgorithms {
+            gpu: self.info.name.clone(),
+            cublaslt: cublaslt_version(),
+            table,
+        }
+    }
+
+    /// Uses `saved`'s algorithm for each shape it lists from now on, instead of timing
+    /// candidates. Refused, with the reason, when it was chosen on another GPU model or
+    /// cuBLASLt version (where its algorithms may not exist); shapes already chosen here keep
+    /// their algorithm.
+    pub fn adopt_gemm_algorithms(&self, saved: &GemmAlgorithms) -> std::result::Result<(), String> {
+        let here = (self.info.name.as_str(), cublaslt_version());
+        if (saved.gpu.as_str(), saved.cublaslt) != here {
+            return Err(format!(
+                "chosen on {} with cuBLASLt {}, this is {} with cuBLASLt {}",
+                saved.gpu, saved.cublaslt, here.0, here.1
+            ));
+        }
+        if let Ok(mut a) = self.blas.adopted.lock() {
+            a.extend(
+                saved
+                    .table
+                    .iter()
+                    .map(|(k, data)| (k.clone(), sys::cublasLtMatmulAlgo_t { data: *data })),
+            );
+        }
+        Ok(())
     }
 
     /// Runs one product with `algo`, writing `c`.

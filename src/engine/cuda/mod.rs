@@ -39,7 +39,9 @@ pub use adamw::{ADAMW_TABLE_BYTES_PER_TENSOR, AdamWSlices, AdamWStep};
 pub use bk_core::BkWork;
 pub use cross_entropy::LogitRows;
 pub use cudarc::driver::CudaEvent;
-pub use gemm::{GemmMath, WORKSPACE_BYTES as GEMM_WORKSPACE_BYTES, gelu_epilogue_fits};
+pub use gemm::{
+    GemmAlgorithms, GemmMath, WORKSPACE_BYTES as GEMM_WORKSPACE_BYTES, gelu_epilogue_fits,
+};
 pub use kv_cache::{AttnPlan, attention_plan};
 pub use nf4::Nf4Device;
 
