@@ -318,6 +318,58 @@ fn train_from_an_imported_model_then_export() {
     assert_eq!(p.model.d_model, 16);
 }
 
+/// A GPT trained on each built-in tokenizer exports with a tokenizer.json (byte-level BPE
+/// giving the same ids), so the exported directory imports back: evaluated on the same
+/// held-out tokens it gives the run's loss exactly.
+#[test]
+fn runs_on_built_in_tokenizers_export_a_tokenizer_and_import_back() {
+    let dir = tempfile::tempdir().unwrap();
+    for tokenizer in ["byte", "gpt2"] {
+        let run = dir.path().join(format!("run-{tokenizer}"));
+        let hf = dir.path().join(format!("hf-{tokenizer}"));
+        let o = kiln(&[
+            "train",
+            "--quiet",
+            "--out",
+            run.to_str().unwrap(),
+            "model.d_model=32",
+            "model.n_layers=1",
+            "model.n_heads=2",
+            "model.context=32",
+            "train.seq_len=32",
+            // The default micro-batch, which `eval --init-from` evaluates with too.
+            "train.micro_batch=16",
+            "train.steps=2",
+            "train.eval_every=0",
+            &format!("data.tokenizer={tokenizer}"),
+        ]);
+        assert!(o.status.success(), "{tokenizer}: {}", text(&o).1);
+        let o = kiln(&[
+            "export",
+            "--run",
+            run.to_str().unwrap(),
+            "--to",
+            hf.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{tokenizer}: {}", text(&o).1);
+        assert!(hf.join("tokenizer.json").exists(), "{tokenizer}");
+        let eval = |source: &[&str]| {
+            let o = kiln(&[&["eval", "--batches", "2", "--seq-len", "32"][..], source].concat());
+            let (out, err) = text(&o);
+            assert!(o.status.success(), "{tokenizer}: {err}");
+            out.lines()
+                .find(|l| l.starts_with("val loss"))
+                .unwrap()
+                .to_string()
+        };
+        assert_eq!(
+            eval(&["--run", run.to_str().unwrap()]),
+            eval(&["--init-from", hf.to_str().unwrap()]),
+            "{tokenizer}"
+        );
+    }
+}
+
 /// `--prompts` with several samples each writes one JSON line per prompt with its samples'
 /// texts, token ids and log-probabilities; a seed reproduces them; bad generation arguments
 /// and prompt files are refused with what to fix.

@@ -306,6 +306,41 @@ impl HfTokenizer {
         Self::build(json, path, name, config, Some(tokens.len()))
     }
 
+    /// A built-in tokenizer (`byte` or `gpt2`) as the byte-level BPE `tokenizer.json` that
+    /// encodes every text to the same ids (see [`super::builtin_json`]), for exporting a model
+    /// trained on it.
+    pub fn from_builtin(name: &str) -> Result<HfTokenizer, DataError> {
+        let origin = Path::new(name);
+        let fail = |reason: String| DataError::TokenizerInit {
+            name: name.to_string(),
+            reason,
+        };
+        let (json, config) = match name {
+            "byte" => (
+                super::builtin_json::byte_tokenizer_json(),
+                DirConfig::default(),
+            ),
+            "gpt2" => {
+                let bpe = tiktoken_rs::r50k_base().map_err(|e| fail(e.to_string()))?;
+                let end = Some("<|endoftext|>".to_string());
+                let config = DirConfig {
+                    bos_token: end.clone(),
+                    eos_token: end,
+                    add_bos: Some(false),
+                    ..DirConfig::default()
+                };
+                (
+                    super::builtin_json::gpt2_tokenizer_json(&bpe).map_err(fail)?,
+                    config,
+                )
+            }
+            other => return Err(fail(format!("{other} is not a built-in tokenizer"))),
+        };
+        let mut config = config;
+        config.add_bos = Some(false);
+        Self::build(json, origin, name.to_string(), config, None)
+    }
+
     fn build(
         json: Json,
         path: &Path,

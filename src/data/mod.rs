@@ -8,6 +8,7 @@
 //! configuration and the step it is at.
 
 mod batch;
+mod builtin_json;
 mod chat;
 mod corpus;
 mod error;

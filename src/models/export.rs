@@ -285,8 +285,8 @@ fn hf_tensors(
 }
 
 /// Writes `model` (of settings `m`, `vocab` embedding rows) as a Hugging Face directory in
-/// `dir`, with the tokenizer files of `tokenizer` (a data.tokenizer value) where it is a
-/// pretrained model's. Returns notes for the user.
+/// `dir`, with the tokenizer files of `tokenizer` (a data.tokenizer value: a pretrained
+/// model's, or a built-in one written as its `tokenizer.json`). Returns notes for the user.
 pub fn export_hf(
     model: &dyn Model,
     m: &ModelConfig,
@@ -321,14 +321,12 @@ pub fn export_hf(
             .unwrap_or_default()
             .as_bytes(),
     )?;
-    let mut notes = Vec::new();
-    if crate::data::is_tokenizer_path(tokenizer) {
-        let tok = crate::data::tokenizer_from_path(Path::new(tokenizer))?;
-        tok.save_dir(dir)?;
+    // A built-in tokenizer is written as the byte-level BPE file that encodes the same ids.
+    let tok = if crate::data::is_tokenizer_path(tokenizer) {
+        crate::data::tokenizer_from_path(Path::new(tokenizer))?
     } else {
-        notes.push(format!(
-            "the run's tokenizer \"{tokenizer}\" is built into kiln and has no tokenizer.json; the directory holds the model only"
-        ));
-    }
-    Ok(notes)
+        crate::data::HfTokenizer::from_builtin(tokenizer)?
+    };
+    tok.save_dir(dir)?;
+    Ok(Vec::new())
 }
