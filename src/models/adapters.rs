@@ -45,6 +45,45 @@ pub fn is_projection_weight<B: Projections>(name: &str) -> bool {
             .is_some_and(|p| B::NAMES.contains(&p))
 }
 
+/// The adapter methods of [`super::Model`] for a family whose model keeps its skeleton in a
+/// field `lm` with [`Projections`] blocks: each one [`Lm`]'s own.
+macro_rules! adapters_on_lm {
+    () => {
+        fn attach_lora(
+            &mut self,
+            spec: &crate::nn::lora::LoraSpec,
+            seed: u64,
+        ) -> std::result::Result<Vec<String>, String> {
+            self.lm.attach_lora(spec, seed)
+        }
+
+        fn lora_modules(&self) -> Vec<String> {
+            self.lm.lora_modules()
+        }
+
+        fn adapters(&self) -> Vec<&crate::nn::lora::Adapter> {
+            self.lm.adapters()
+        }
+
+        fn adapters_mut(&mut self) -> Vec<&mut crate::nn::lora::Adapter> {
+            self.lm.adapters_mut()
+        }
+
+        fn merge_lora(&mut self) -> crate::engine::Result<()> {
+            self.lm.merge_lora()
+        }
+
+        fn quantize_base_nf4(
+            &mut self,
+            compute: crate::engine::DType,
+            host: Option<&crate::models::HostWeights>,
+        ) -> crate::engine::Result<Option<crate::models::QuantizedBase>> {
+            self.lm.quantize_base_nf4(compute, host).map(Some)
+        }
+    };
+}
+pub(crate) use adapters_on_lm;
+
 impl<E: TokenEmbedding, B: Block + Projections> Lm<E, B> {
     /// Freezes every weight and adds an adapter on each projection block `spec` targets
     /// (named `{SCOPE}.{l}.{projection}.lora.{module}`); returns the adapted modules.

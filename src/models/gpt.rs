@@ -19,15 +19,14 @@ use super::adapters::Projections;
 use super::family::{Family, Features};
 use super::lm::{self, Lm};
 use super::prenorm::PreNormBlock;
-use super::{HostWeights, Model, QuantizedBase, Recompute, StepPrecision};
+use super::{Model, Recompute, StepPrecision};
 use crate::config::{ConfigError, FamilySettings, ModelConfig};
 
-use crate::engine::{DType, MemoryPool, Result};
+use crate::engine::{MemoryPool, Result};
 use crate::nn::attention::CausalSelfAttention;
 use crate::nn::embedding::Embedding;
 use crate::nn::layernorm::LayerNorm;
 use crate::nn::linear::Linear;
-use crate::nn::lora::{Adapter, LoraSpec};
 use crate::nn::mlp::Mlp;
 use crate::nn::{ActLayout, Cost, Kernels, ParamBuilder, params};
 use std::sync::Arc;
@@ -180,40 +179,10 @@ impl Gpt {
 params!(Gpt { lm });
 
 impl Model for Gpt {
-    fn attach_lora(
-        &mut self,
-        spec: &LoraSpec,
-        seed: u64,
-    ) -> std::result::Result<Vec<String>, String> {
-        self.lm.attach_lora(spec, seed)
-    }
-
-    fn lora_modules(&self) -> Vec<String> {
-        self.lm.lora_modules()
-    }
-
-    fn adapters(&self) -> Vec<&Adapter> {
-        self.lm.adapters()
-    }
-
-    fn adapters_mut(&mut self) -> Vec<&mut Adapter> {
-        self.lm.adapters_mut()
-    }
+    super::adapters::adapters_on_lm!();
 
     fn lora_fan_in_fan_out(&self) -> bool {
         true
-    }
-
-    fn merge_lora(&mut self) -> Result<()> {
-        self.lm.merge_lora()
-    }
-
-    fn quantize_base_nf4(
-        &mut self,
-        compute: DType,
-        host: Option<&HostWeights>,
-    ) -> Result<Option<QuantizedBase>> {
-        self.lm.quantize_base_nf4(compute, host).map(Some)
     }
 
     fn forward_backward(
@@ -315,6 +284,7 @@ mod tests {
     use super::*;
     use crate::engine::{DType, Device};
     use crate::nn::Params;
+    use crate::nn::lora::LoraSpec;
 
     fn tiny(tied: bool) -> Gpt {
         let cfg = GptConfig {

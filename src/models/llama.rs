@@ -15,10 +15,7 @@ use super::adapters::Projections;
 use super::family::{Family, Features, other_family, tiny_shape};
 use super::lm::{self, Keep, Lm, StreamNorm};
 use super::prenorm::{Mixer, PreNormBlock};
-use super::{
-    DecodeRows, Decoder, HostWeights, KvCache, Model, QuantizedBase, Recompute, StepPrecision,
-    padded_vocab,
-};
+use super::{DecodeRows, Decoder, KvCache, Model, Recompute, StepPrecision, padded_vocab};
 use crate::config::{
     ConfigError, FamilySettings, LlamaSettings, ModelConfig, finite, out_of_range,
 };
@@ -28,7 +25,6 @@ use crate::engine::ops::Ids;
 use crate::engine::{DType, MemoryPool, Result, Tensor, ops};
 use crate::nn::gqa::{GqaAttention, GqaSaved, Heads, Rotary};
 use crate::nn::linear::Linear;
-use crate::nn::lora::{Adapter, LoraSpec};
 use crate::nn::rmsnorm::RmsNorm;
 use crate::nn::swiglu::SwiGlu;
 use crate::nn::{ActLayout, Cost, Init, Kernels, Param, ParamBuilder, params};
@@ -460,37 +456,7 @@ impl Llama {
 params!(Llama { lm });
 
 impl Model for Llama {
-    fn attach_lora(
-        &mut self,
-        spec: &LoraSpec,
-        seed: u64,
-    ) -> std::result::Result<Vec<String>, String> {
-        self.lm.attach_lora(spec, seed)
-    }
-
-    fn lora_modules(&self) -> Vec<String> {
-        self.lm.lora_modules()
-    }
-
-    fn adapters(&self) -> Vec<&Adapter> {
-        self.lm.adapters()
-    }
-
-    fn adapters_mut(&mut self) -> Vec<&mut Adapter> {
-        self.lm.adapters_mut()
-    }
-
-    fn merge_lora(&mut self) -> Result<()> {
-        self.lm.merge_lora()
-    }
-
-    fn quantize_base_nf4(
-        &mut self,
-        compute: DType,
-        host: Option<&HostWeights>,
-    ) -> Result<Option<QuantizedBase>> {
-        self.lm.quantize_base_nf4(compute, host).map(Some)
-    }
+    super::adapters::adapters_on_lm!();
 
     fn forward_backward(
         &mut self,
