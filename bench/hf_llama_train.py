@@ -1,6 +1,6 @@
-"""Training throughput of Hugging Face LlamaForCausalLM (SDPA attention, bf16 autocast, fused
-AdamW), eager or with torch.compile, at a published model's shape from random weights: the
-baseline `kiln train` is compared against in the same command.
+"""Training throughput of Hugging Face LlamaForCausalLM or GPT2LMHeadModel (SDPA attention,
+bf16 autocast, fused AdamW), eager or with torch.compile, at a published model's shape from
+random weights: the baseline `kiln train` is compared against in the same command.
 
     python3 bench/hf_llama_train.py --shape smollm2-135m --batch 16 --seq 1024 [--compile]
         [--lora R] [--data FILE] [--vocab V]
@@ -35,18 +35,22 @@ SHAPES = {
                          head_dim=64, max_position_embeddings=131072, rope_theta=500000.0,
                          tie_word_embeddings=True),
 }
+# GPT2LMHeadModel shapes: LoRA there targets its Conv1D projections.
+GPT2_SHAPES = {
+    "gpt2-small": dict(vocab_size=50257, n_embd=768, n_layer=12, n_head=12, n_positions=1024),
+}
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shape", default="smollm2-135m", choices=SHAPES)
+    ap.add_argument("--shape", default="smollm2-135m", choices=list(SHAPES) + list(GPT2_SHAPES))
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--lora", type=int, default=0,
-                    help="PEFT LoRA of this rank on q/k/v/o/gate/up/down over a frozen base")
+                    help="PEFT LoRA of this rank on every block projection over a frozen base")
     ap.add_argument("--data", default=None,
                     help="int32 batches: per step, inputs then targets, each [batch, seq]")
     ap.add_argument("--vocab", type=int, default=None, help="override the shape's vocabulary")
@@ -61,16 +65,22 @@ def main():
         torch.cuda.set_device(local)
         dist.init_process_group("nccl")
     torch.manual_seed(0)
-    shape = dict(SHAPES[a.shape])
+    gpt2 = a.shape in GPT2_SHAPES
+    shape = dict(GPT2_SHAPES[a.shape] if gpt2 else SHAPES[a.shape])
     if a.vocab:
         shape["vocab_size"] = a.vocab
-    cfg = tf.LlamaConfig(**shape, attn_implementation="sdpa")
-    model = tf.LlamaForCausalLM(cfg).cuda()
+    if gpt2:
+        cfg = tf.GPT2Config(**shape, attn_implementation="sdpa")
+        model = tf.GPT2LMHeadModel(cfg).cuda()
+        targets = ["c_attn", "c_proj", "c_fc"]
+    else:
+        cfg = tf.LlamaConfig(**shape, attn_implementation="sdpa")
+        model = tf.LlamaForCausalLM(cfg).cuda()
+        targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     if a.lora:
         import peft
         lc = peft.LoraConfig(r=a.lora, lora_alpha=2 * a.lora, lora_dropout=0.0,
-                             target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
-                                             "gate_proj", "up_proj", "down_proj"])
+                             target_modules=targets)
         model = peft.get_peft_model(model, lc)
     params = [p for p in model.parameters() if p.requires_grad]
     if world > 1 and a.zero1:
