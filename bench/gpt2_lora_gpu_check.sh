@@ -58,34 +58,6 @@ timeout 120 "$K" finetune --init-from "$O/gpt2" --data "$O/chat.jsonl" --out "$O
 grep -E "QLoRA:|low-rank|done:|adapters:" "$O/qft.txt"
 timeout 60 "$K" export --run "$O/qft" --to "$O/qmerged" >"$O/qexport.txt" 2>&1 \
   || bad "qlora-export (log $O/qexport.txt)"
-python3 - "$O" <<'PY' || fail=1
-import json, sys
-import peft, torch
-import transformers as tf
-o = sys.argv[1]
-ok = True
-def check(name, cond, detail):
-    global ok
-    print(("PASS " if cond else "FAIL ") + name + " " + detail)
-    ok &= bool(cond)
-losses = [json.loads(l) for l in open(f"{o}/qft/metrics.jsonl")]
-losses = [r["loss"] for r in losses if isinstance(r.get("loss"), (int, float))]
-first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
-check("qlora-loss-falls", last < first - 0.1, f"(first 5 steps {first:.3f}, last 5 {last:.3f})")
-load = lambda d: tf.AutoModelForCausalLM.from_pretrained(d, torch_dtype=torch.float32).cuda().eval()
-base, merged = load(f"{o}/gpt2"), load(f"{o}/qmerged")
-ids = torch.randint(0, base.config.vocab_size, (2, 64), generator=torch.Generator().manual_seed(0)).cuda()
-with torch.no_grad():
-    lb, lm = base(ids).logits, merged(ids).logits
-rel = ((lm - lb).norm() / lb.norm()).item()
-check("qlora-merged-loads", torch.isfinite(lm).all().item() and rel > 0,
-      f"(merged export in transformers: finite logits, {rel:.3f} from the base's relative to their norm)")
-pm = peft.PeftModel.from_pretrained(load(f"{o}/gpt2"), f"{o}/qft/adapter").eval()
-with torch.no_grad():
-    lp = pm(ids).logits
-check("qlora-peft-loads", torch.isfinite(lp).all().item() and not torch.equal(lp, lb),
-      "(peft.PeftModel.from_pretrained(base, run/adapter): the adapters change the logits)")
-sys.exit(0 if ok else 1)
-PY
+python3 bench/qlora_run_checks.py --base "$O/gpt2" --run "$O/qft" --merged "$O/qmerged" || fail=1
 [ $fail = 0 ] && echo "ALL PASS" || echo "SOME FAILED"
 exit $fail

@@ -58,50 +58,8 @@ grep -E "QLoRA:|low-rank|done:|val loss|adapters:" "$O/qft.txt"
 if [ $rc = 0 ]; then pass "qlora-finetune"; else bad "qlora-finetune (log $O/qft.txt)"; fi
 timeout 120 "$K" export --run "$O/qft" --to "$O/qmerged" >"$O/export.txt" 2>&1 \
   || bad "qlora-export (log $O/export.txt)"
-python3 - "$O" <<'PY'
-import json, sys
-import torch
-import transformers as tf
-o = sys.argv[1]
-ok = True
-def check(name, cond, detail):
-    global ok
-    print(("PASS " if cond else "FAIL ") + name + " " + detail)
-    ok &= bool(cond)
-losses = [json.loads(l) for l in open(f"{o}/qft/metrics.jsonl")]
-losses = [r["loss"] for r in losses if isinstance(r.get("loss"), (int, float))]
-first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
-check("qlora-loss-falls", last < first - 0.1, f"(first 5 steps {first:.3f}, last 5 {last:.3f})")
-load = lambda d: tf.AutoModelForCausalLM.from_pretrained(d, torch_dtype=torch.float32).cuda().eval()
-base, merged = load(f"{o}/smol"), load(f"{o}/qmerged")
-ids = torch.randint(0, base.config.vocab_size, (2, 64), generator=torch.Generator().manual_seed(0)).cuda()
-with torch.no_grad():
-    lb, lm = base(ids).logits, merged(ids).logits
-rel = ((lm - lb).norm() / lb.norm()).item()
-check("qlora-merged-loads", torch.isfinite(lm).all().item() and rel > 0,
-      f"(merged export in transformers: finite logits, {rel:.3f} from the base's relative to their norm)")
-try:
-    import peft
-    pm = peft.PeftModel.from_pretrained(load(f"{o}/smol"), f"{o}/qft/adapter").eval()
-    with torch.no_grad():
-        lp = pm(ids).logits
-    check("qlora-peft-loads", torch.isfinite(lp).all().item() and not torch.equal(lp, lb),
-          "(peft.PeftModel.from_pretrained(base, run/adapter): the adapters change the logits)")
-    # kiln's merge is the NF4 base plus the adapters; PEFT's the exact base plus the same
-    # adapters: they differ by the NF4 error alone, at most half the widest gap of the code
-    # book (0.723 to 1) times a block's absmax.
-    exact = pm.merge_and_unload().state_dict()
-    worst = 0.0
-    for k, m in merged.state_dict().items():
-        if k.endswith("_proj.weight"):
-            worst = max(worst, ((m - exact[k]).abs().max() / exact[k].abs().max()).item())
-    check("qlora-merged-is-nf4-plus-adapters", 0 < worst <= 0.15,
-          f"(largest difference from PEFT's merge of the exact base: {worst:.4f} of a projection's largest weight)")
-except Exception as e:  # noqa: BLE001 -- report, do not crash the check
-    check("qlora-peft", False, f"({type(e).__name__}: {e})")
-sys.exit(0 if ok else 1)
-PY
-[ $? = 0 ] || fail=1
+python3 bench/qlora_run_checks.py --base "$O/smol" --run "$O/qft" --merged "$O/qmerged" \
+  --nf4-bound 0.15 || fail=1
 
 echo "== 3. kiln bench finetune --shape llama-3.2-1b (LoRA, QLoRA, transformers + PEFT)"
 rm -rf "$O/bench"

@@ -28,27 +28,12 @@ fn ok(o: &Output) -> String {
 /// A tiny random Llama with SmolLM2's tokenizer and chat template, as a Hugging Face
 /// directory, and chat data from the bundled corpus.
 fn fixture(dir: &Path) -> (PathBuf, PathBuf) {
-    let tok = smollm2_gguf().display().to_string();
-    let cfg = ResolvedConfig::resolve(
-        None,
-        &[
-            "model.kind=llama".into(),
-            "model.d_model=32".into(),
-            "model.n_layers=2".into(),
-            "model.n_heads=4".into(),
-            "model.n_kv_heads=2".into(),
-            "model.ffn_hidden=64".into(),
-            "model.context=64".into(),
-            "train.seq_len=64".into(),
-            format!("data.tokenizer={tok}"),
-        ],
-    )
-    .unwrap()
-    .config;
-    let vocab = kiln::train::model_vocab(&cfg).unwrap();
-    let model = models::build(&cfg.model, vocab, &MemoryPool::new(Device::Cpu), 3).unwrap();
-    let base = dir.join("base");
-    export::export_hf(model.as_ref(), &cfg.model, vocab, &tok, &base).unwrap();
+    let family = [
+        "model.kind=llama",
+        "model.n_kv_heads=2",
+        "model.ffn_hidden=64",
+    ];
+    let base = random_base(&dir.join("base"), &family, 3, |_| {});
     let text = kiln::data::Corpus::load(None).unwrap().text;
     let speeches: Vec<&str> = text
         .split("\n\n")
@@ -239,36 +224,45 @@ fn lora_trains_adapters_only_and_writes_peft_format() {
     );
 }
 
+/// A tiny random model of `family` (2 layers of 32, 4 heads, context 64, seeded by `seed`,
+/// its parameters then changed by `adjust`) with SmolLM2's tokenizer and chat template,
+/// exported as a Hugging Face directory at `dir`.
+fn random_base(
+    dir: &Path,
+    family: &[&str],
+    seed: u64,
+    adjust: impl FnOnce(&mut dyn models::Model),
+) -> PathBuf {
+    let tok = smollm2_gguf().display().to_string();
+    let mut overrides: Vec<String> = family.iter().map(|s| s.to_string()).collect();
+    overrides.extend([
+        "model.d_model=32".into(),
+        "model.n_layers=2".into(),
+        "model.n_heads=4".into(),
+        "model.context=64".into(),
+        "train.seq_len=64".into(),
+        format!("data.tokenizer={tok}"),
+    ]);
+    let cfg = ResolvedConfig::resolve(None, &overrides).unwrap().config;
+    let vocab = kiln::train::model_vocab(&cfg).unwrap();
+    let mut model = models::build(&cfg.model, vocab, &MemoryPool::new(Device::Cpu), seed).unwrap();
+    adjust(model.as_mut());
+    export::export_hf(model.as_ref(), &cfg.model, vocab, &tok, dir).unwrap();
+    dir.to_path_buf()
+}
+
 /// A tiny random GPT exported as GPT2LMHeadModel (SmolLM2's tokenizer, as the Llama fixture).
 fn gpt_base(dir: &Path) -> PathBuf {
-    let tok = smollm2_gguf().display().to_string();
-    let cfg = ResolvedConfig::resolve(
-        None,
-        &[
-            "model.kind=gpt".into(),
-            "model.d_model=32".into(),
-            "model.n_layers=2".into(),
-            "model.n_heads=4".into(),
-            "model.context=64".into(),
-            "train.seq_len=64".into(),
-            format!("data.tokenizer={tok}"),
-        ],
-    )
-    .unwrap()
-    .config;
-    let vocab = kiln::train::model_vocab(&cfg).unwrap();
-    let mut model = models::build(&cfg.model, vocab, &MemoryPool::new(Device::Cpu), 5).unwrap();
-    // The tied head at GPT-2's init (std 0.02) keeps every logit within about 0.6 of the
-    // others, which adapters on a frozen base can barely move; a wider table lets them.
-    for p in model.params_mut() {
-        if p.name == "wte.weight" {
-            let v: Vec<f32> = p.value.to_vec().unwrap().iter().map(|x| x * 25.0).collect();
-            p.value.copy_from_host(&v).unwrap();
+    random_base(&dir.join("gpt2"), &["model.kind=gpt"], 5, |model| {
+        // The tied head at GPT-2's init (std 0.02) keeps every logit within about 0.6 of the
+        // others, which adapters on a frozen base can barely move; a wider table lets them.
+        for p in model.params_mut() {
+            if p.name == "wte.weight" {
+                let v: Vec<f32> = p.value.to_vec().unwrap().iter().map(|x| x * 25.0).collect();
+                p.value.copy_from_host(&v).unwrap();
+            }
         }
-    }
-    let base = dir.join("gpt2");
-    export::export_hf(model.as_ref(), &cfg.model, vocab, &tok, &base).unwrap();
-    base
+    })
 }
 
 /// LoRA and QLoRA over a GPT-2 base: the default targets adapt every projection under

@@ -162,20 +162,21 @@ impl<E: TokenEmbedding, B: Block + Projections> Lm<E, B> {
             workspace_bytes: workspace.bytes(),
         };
         for lin in self.blocks.iter_mut().flat_map(B::linears_mut) {
-            let dense = match (lin.weight.value.is_empty(), host) {
-                (false, _) => None,
-                (true, Some(h)) => h.get(&lin.weight.name).map(|t| t.data.as_slice()),
-                (true, None) => None,
+            let dense = match lin.weight.value.is_empty() {
+                false => None,
+                true => Some(
+                    host.and_then(|h| h.get(&lin.weight.name))
+                        .ok_or_else(|| EngineError::Shape {
+                            op: "nf4 quantize",
+                            detail: format!(
+                                "{} was left on the host at load, but its tensor is not among the host weights",
+                                lin.weight.name
+                            ),
+                        })?
+                        .data
+                        .as_slice(),
+                ),
             };
-            if lin.weight.value.is_empty() && dense.is_none() {
-                return Err(EngineError::Shape {
-                    op: "nf4 quantize",
-                    detail: format!(
-                        "{} was left on the host at load, but its tensor is not among the host weights",
-                        lin.weight.name
-                    ),
-                });
-            }
             q.nf4_bytes += lin.quantize_nf4(&workspace, dense)?;
             q.weights += 1;
             q.values += lin.c_in * lin.c_out;

@@ -30,24 +30,25 @@ impl Embedding {
     }
 
     /// Accumulates into the table gradients; the tokens are the forward's.
-    /// Frozen tables (under adapters) get nothing.
+    /// Frozen tables (under adapters) get nothing: the kernel writes both tables' gradients,
+    /// and a frozen one's go to scratch, or the kernel is skipped when both are frozen.
     pub fn backward(&mut self, dout: &Tensor, tokens: &[u32], seq: usize) -> Result<()> {
-        match (self.wte.frozen, self.wpe.frozen) {
-            (false, false) => {
-                ops::embedding_backward(&mut self.wte.grad, &mut self.wpe.grad, dout, tokens, seq)
-            }
-            (true, true) => Ok(()),
-            // The kernel writes both tables' gradients; the frozen one's goes to scratch.
-            (wte_frozen, _) => {
-                let frozen = if wte_frozen { &self.wte } else { &self.wpe };
-                let mut scratch = Tensor::zeros(dout.pool(), frozen.value.shape(), DType::F32)?;
-                if wte_frozen {
-                    ops::embedding_backward(&mut scratch, &mut self.wpe.grad, dout, tokens, seq)
-                } else {
-                    ops::embedding_backward(&mut self.wte.grad, &mut scratch, dout, tokens, seq)
-                }
-            }
+        if self.wte.frozen && self.wpe.frozen {
+            return Ok(());
         }
+        let scratch = |p: &Param| -> Result<Option<Tensor>> {
+            p.frozen
+                .then(|| Tensor::zeros(dout.pool(), p.value.shape(), DType::F32))
+                .transpose()
+        };
+        let (mut wte_scratch, mut wpe_scratch) = (scratch(&self.wte)?, scratch(&self.wpe)?);
+        ops::embedding_backward(
+            wte_scratch.as_mut().unwrap_or(&mut self.wte.grad),
+            wpe_scratch.as_mut().unwrap_or(&mut self.wpe.grad),
+            dout,
+            tokens,
+            seq,
+        )
     }
 
     pub fn cost(&self, tokens: usize) -> Cost {
