@@ -476,9 +476,15 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
         both_dtypes!(check_gelu_forward, "gelu_forward", &format!("{n}"), n);
         both_dtypes!(check_gelu_backward, "gelu_backward", &format!("{n}"), n);
     }
-    // 50304 f32 fits a Hopper block's shared memory (the staged kernel), 65536 f32 does not.
-    // GPT-2's 50257 tokens padded to 50304 columns checks the masking of the padding.
-    for (n, v, valid) in [(64, 50304, 50257), (4, 65536, 65536), (7, 1001, 1001)] {
+    // 50304 f32 fits a Hopper block's shared memory (the staged kernel), 65536 f32 and
+    // Llama-3's 128256 do not. GPT-2's 50257 tokens padded to 50304 columns checks the
+    // masking of the padding.
+    for (n, v, valid) in [
+        (64, 50304, 50257),
+        (4, 65536, 65536),
+        (3, 128256, 128256),
+        (7, 1001, 1001),
+    ] {
         let shape = format!("{n}x{v} valid {valid}");
         both_dtypes!(
             check_cross_entropy_forward,
@@ -509,6 +515,12 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
     // one-at-a-time tail).
     for n in [8192 * 768, 1001] {
         both_dtypes!(check_add, "add, add_assign", &format!("{n}"), n);
+    }
+    // Stacking three rank-16 adapters' A (Llama-3.2-1B width) and adding one's rows of the
+    // stacked gradient back, and ragged sizes.
+    for (n, at) in [(16 * 2048, 16 * 2048), (37, 11)] {
+        let shape = format!("n{n} at{at}");
+        both_dtypes!(check_offsets, "copy_into_at, add_assign_from", shape, n, at);
     }
     // A rank-16 adapter's columns of a fused QKV projection (SmolLM2 shape), and ragged sizes.
     for (n, row, col0, c) in [(16384, 960, 576, 192), (37, 101, 13, 29)] {
@@ -2827,6 +2839,27 @@ fn check_add<T: Elem>(gpu: &CudaBackend, inp: &mut Inputs, n: usize) -> Check {
     Ok(worst(&[
         rel_err(&gpu.download_f32(&d_out)?, &want, ELEMENTWISE_FLOOR),
         rel_err(&gpu.download_f32(&d_a)?, &want, ELEMENTWISE_FLOOR),
+    ]))
+}
+
+/// `copy_into_at` (`n` values into a buffer of `3n` at `at`) and `add_assign_from` (`n`
+/// values from `at` of that buffer added to another), against the CPU.
+fn check_offsets<T: Elem>(gpu: &CudaBackend, inp: &mut Inputs, n: usize, at: usize) -> Check {
+    let big = inp.uniform(3 * n, 2.0, T::DTYPE);
+    let part = inp.uniform(n, 3.0, T::DTYPE);
+    let dst = inp.uniform(n, 1.0, T::DTYPE);
+    let mut want_big = big.clone();
+    want_big[at..at + n].copy_from_slice(&part);
+    let mut want_dst = dst.clone();
+    cpu::add::add_assign(&mut want_dst, &want_big[at..at + n]);
+    let mut d_big = gpu.upload_as::<T>(&big)?;
+    let d_part = gpu.upload_as::<T>(&part)?;
+    let mut d_dst = gpu.upload_as::<T>(&dst)?;
+    gpu.copy_into_at(&mut d_big, at, &d_part)?;
+    gpu.add_assign_from(&mut d_dst, &d_big, at, n)?;
+    Ok(worst(&[
+        rel_err(&gpu.download_f32(&d_big)?, &want_big, ELEMENTWISE_FLOOR),
+        rel_err(&gpu.download_f32(&d_dst)?, &want_dst, ELEMENTWISE_FLOOR),
     ]))
 }
 

@@ -72,7 +72,6 @@ pub struct TrainArgs {
     /// Print only the final summary.
     #[arg(long, short)]
     pub quiet: bool,
-    /// Overrides on dotted keys, e.g. train.steps=100 optim.lr=1e-3 data.tokenizer=gpt2.
     /// Write a Chrome trace (open it in Perfetto) of the phases of the steps in
     /// --trace-steps: data wait, forward+backward, optimizer, eval, checkpoint. The device is
     /// synchronised at each phase boundary of those steps only.
@@ -99,6 +98,7 @@ pub struct TrainArgs {
     /// TCP port of the rendezvous; default MASTER_PORT, else 29500.
     #[arg(long, value_name = "PORT")]
     pub master_port: Option<u16>,
+    /// Overrides on dotted keys, e.g. train.steps=100 optim.lr=1e-3 data.tokenizer=gpt2.
     #[arg(value_name = "KEY=VALUE")]
     pub overrides: Vec<String>,
 }

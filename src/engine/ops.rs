@@ -1557,6 +1557,33 @@ pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     Ok(out)
 }
 
+/// `dst`'s elements from `offset` on become `src`'s (same dtype): stacking matrices along
+/// their rows, as a layer's low-rank adapters stack their `A`s.
+pub fn copy_into_at(dst: &mut Tensor, offset: usize, src: &Tensor) -> Result<()> {
+    const OP: &str = "copy_into_at";
+    let on = device_of(OP, &[dst, src])?;
+    if offset + src.len() > dst.len() || dst.dtype() != src.dtype() {
+        return Err(EngineError::Shape {
+            op: OP,
+            detail: format!(
+                "{} {:?} values at {offset} do not fit {} {:?} values",
+                src.len(),
+                src.dtype(),
+                dst.len(),
+                dst.dtype()
+            ),
+        });
+    }
+    match on {
+        On::Meta => {}
+        On::Cpu => dst.host_mut()[offset..offset + src.len()].copy_from_slice(src.host()),
+        On::Gpu(g) => {
+            with_elem!(src.dtype(), T => g.copy_into_at::<T>(dst.cuda_mut(), offset, src.cuda()))?
+        }
+    }
+    Ok(())
+}
+
 /// `dst += src`, elementwise (two gradients of one tensor meeting).
 pub fn add_in_place(dst: &mut Tensor, src: &Tensor) -> Result<()> {
     let _prof = profile::scope("add_in_place", src);
@@ -1569,6 +1596,30 @@ pub fn add_in_place(dst: &mut Tensor, src: &Tensor) -> Result<()> {
             same_gpu_dtype("add_in_place", dst, src)?;
             let n = dst.len();
             with_elem!(src.dtype(), T => g.add_assign::<T>(dst.cuda_mut(), src.cuda(), n))?
+        }
+    }
+    Ok(())
+}
+
+/// `dst += src[offset .. offset + dst.len()]`, elementwise: one adapter's rows of a
+/// gradient computed for a layer's stacked adapters.
+pub fn add_from_at(dst: &mut Tensor, src: &Tensor, offset: usize) -> Result<()> {
+    const OP: &str = "add_from_at";
+    let _prof = profile::scope(OP, src);
+    let on = device_of(OP, &[dst, src])?;
+    let n = dst.len();
+    if offset + n > src.len() {
+        return Err(EngineError::Shape {
+            op: OP,
+            detail: format!("{n} values from {offset} of a source of {}", src.len()),
+        });
+    }
+    match on {
+        On::Meta => {}
+        On::Cpu => cpu::add::add_assign(dst.host_mut(), &src.host()[offset..offset + n]),
+        On::Gpu(g) => {
+            same_gpu_dtype(OP, dst, src)?;
+            with_elem!(src.dtype(), T => g.add_assign_from::<T>(dst.cuda_mut(), src.cuda(), offset, n))?
         }
     }
     Ok(())

@@ -3,10 +3,10 @@
 //! weight-gradient GEMM, and may be kept only in NF4 (QLoRA): then each GEMM that reads it
 //! first expands it into the model's shared [`DequantWorkspace`].
 
-use super::lora::{Adapter, LoraSpec, OutputBlock};
+use super::lora::{self, Adapter, KeptSlot, LoraSpec, OutputBlock};
 use super::{Cost, Init, Param, ParamBuilder, params};
 use crate::engine::quant::{DequantWorkspace, Nf4Weight};
-use crate::engine::{EngineError, Result, Tensor, ops};
+use crate::engine::{EngineError, GemmShape, MatrixView, Result, Tensor, ops};
 use std::sync::Arc;
 
 /// A frozen weight held only in NF4, and the workspace its GEMMs expand it into.
@@ -28,6 +28,8 @@ pub struct Linear {
     /// empty means the layer is not a target).
     pub blocks: Vec<OutputBlock>,
     pub adapters: Vec<Adapter>,
+    /// What the adapters' forward keeps for their backward in a training pass.
+    kept: KeptSlot,
 }
 
 params!(Linear {
@@ -58,6 +60,7 @@ impl Linear {
             c_out,
             blocks: Vec::new(),
             adapters: Vec::new(),
+            kept: KeptSlot::default(),
         })
     }
 
@@ -165,6 +168,9 @@ impl Linear {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if self.bias.is_none() && lora::adapters_first(&self.adapters, self.c_in, self.c_out) {
+            return self.forward_adapters_first(x);
+        }
         let bias = self.bias.as_ref().map(Param::weight);
         let mut y = match &self.nf4 {
             Some(q) => q
@@ -172,14 +178,46 @@ impl Linear {
                 .with_weight(&q.weight, |w| ops::linear_forward(x, w, bias))?,
             None => ops::linear_forward(x, self.weight.weight(), bias)?,
         };
-        for ad in &self.adapters {
-            ad.forward_into(&mut y, x)?;
+        lora::forward_layer(&self.adapters, &mut y, x, &self.kept, 1.0)?;
+        Ok(y)
+    }
+
+    /// [`Linear::forward`] with the adapters' outputs written first and the layer's product
+    /// added into them by its GEMM (see [`lora::adapters_first`]).
+    fn forward_adapters_first(&self, x: &Tensor) -> Result<Tensor> {
+        let (rows, c_in) = ops::rows_cols("linear", x)?;
+        let mut shape = x.shape().to_vec();
+        *shape.last_mut().expect("rows_cols checked the rank") = self.c_out;
+        let dtype = ops::activation_dtype(x.device(), x.dtype());
+        let mut y = Tensor::uninit(x.pool(), &shape, dtype)?;
+        lora::forward_layer(&self.adapters, &mut y, x, &self.kept, 0.0)?;
+        let mut product = |w: &Tensor| {
+            ops::matmul_view(
+                GemmShape::single(false, true, rows, self.c_out, c_in),
+                [
+                    MatrixView::packed(c_in),
+                    MatrixView::packed(c_in),
+                    MatrixView::packed(self.c_out),
+                ],
+                1.0,
+                x,
+                w,
+                1.0,
+                &mut y,
+            )
+        };
+        match &self.nf4 {
+            Some(q) => q.workspace.with_weight(&q.weight, product)?,
+            None => product(self.weight.weight())?,
         }
         Ok(y)
     }
 
     /// Returns `dx`; accumulates the parameter gradients. `x` is the forward's input.
     pub fn backward(&mut self, dout: &Tensor, x: &Tensor) -> Result<Tensor> {
+        if self.weight.frozen && self.bias.is_none() && lora::together(&self.adapters) {
+            return self.backward_adapters_first(dout, x);
+        }
         let db = self.bias.as_mut().and_then(|b| b.grad_mut());
         let mut dx = match &self.nf4 {
             // Frozen: the input gradient only, from the weight expanded once more.
@@ -191,8 +229,37 @@ impl Linear {
                 ops::linear_backward(dout, x, w, dw, db)?
             }
         };
-        for ad in &mut self.adapters {
-            ad.backward(dout, x, &mut dx)?;
+        lora::backward_layer(&mut self.adapters, dout, x, &mut dx, &self.kept, 1.0)?;
+        Ok(dx)
+    }
+
+    /// [`Linear::backward`] of a frozen layer whose adapters run together: their input
+    /// gradient is written first and the frozen product's adds into it as its GEMM's
+    /// `beta = 1` input (one write of `dx` instead of a second read and write).
+    fn backward_adapters_first(&mut self, dout: &Tensor, x: &Tensor) -> Result<Tensor> {
+        let (rows, c_in) = ops::rows_cols("linear backward", x)?;
+        let dtype = ops::activation_dtype(dout.device(), dout.dtype());
+        let mut dx = Tensor::uninit(x.pool(), x.shape(), dtype)?;
+        lora::backward_layer(&mut self.adapters, dout, x, &mut dx, &self.kept, 0.0)?;
+        let c_out = self.c_out;
+        let mut product = |w: &Tensor| {
+            ops::matmul_view(
+                GemmShape::single(false, false, rows, c_in, c_out),
+                [
+                    MatrixView::packed(c_out),
+                    MatrixView::packed(c_in),
+                    MatrixView::packed(c_in),
+                ],
+                1.0,
+                dout,
+                w,
+                1.0,
+                &mut dx,
+            )
+        };
+        match &self.nf4 {
+            Some(q) => q.workspace.with_weight(&q.weight, product)?,
+            None => product(self.weight.weight())?,
         }
         Ok(dx)
     }
@@ -382,6 +449,80 @@ mod tests {
         for (a, b) in before.iter().zip(&after) {
             assert!((a - b).abs() < 1e-5, "merged {b} vs adapted {a}");
         }
+    }
+
+    /// A layer's adapters run together inside a training pass (one `x A^T` kept from the
+    /// forward, one `A` gradient product, one input-gradient product): the outputs and every
+    /// gradient equal those of the adapters run one by one outside a pass, and a backward
+    /// without its forward (nothing kept) recomputes the same. Without a bias (and an output
+    /// over twice the input's width) the adapters write the output first and the layer's
+    /// product adds into it, and the backward does the same with the input gradient.
+    #[test]
+    fn adapters_run_together_in_a_training_pass() {
+        // With a bias the layer's product runs first; without, the adapters do.
+        for bias in [true, false] {
+            adapters_together(bias);
+        }
+    }
+
+    fn adapters_together(bias: bool) {
+        let p = pool();
+        let spec = LoraSpec {
+            rank: 2,
+            alpha: 4.0,
+            rslora: false,
+            dropout: 0.0,
+            targets: vec!["all-linear".into()],
+        };
+        let layer = || {
+            let mut lin = build(&p, "qkv", 1, |b| Linear::new(b, 3, 7, bias, 0.5));
+            lin.set_blocks(&[("q".into(), 3), ("k".into(), 2), ("v".into(), 2)]);
+            build(&p, "qkv", 2, |b| lin.attach_lora(b, &spec));
+            for (i, ad) in lin.adapters.iter_mut().enumerate() {
+                let n = ad.b.value.len();
+                let vals = random_tensor(&p, &[n], 10 + i as u64).to_vec().unwrap();
+                ad.b.value.copy_from_host(&vals).unwrap();
+            }
+            lin
+        };
+        let grads = |lin: &Linear| -> Vec<Vec<f32>> {
+            lin.adapters
+                .iter()
+                .flat_map(|ad| [ad.a.grad.to_vec().unwrap(), ad.b.grad.to_vec().unwrap()])
+                .collect()
+        };
+        let close = |what: &str, a: &[f32], b: &[f32]| {
+            assert_eq!(a.len(), b.len());
+            for (x, y) in a.iter().zip(b) {
+                assert!(
+                    (x - y).abs() <= 1e-5 * (1.0 + y.abs()),
+                    "{what}: {x} vs {y}"
+                );
+            }
+        };
+        let x = random_tensor(&p, &[2, 3, 3], 3);
+        let dy = random_tensor(&p, &[2, 3, 7], 4);
+        let mut alone = layer();
+        let y_alone = alone.forward(&x).unwrap().to_vec().unwrap();
+        let dx_alone = alone.backward(&dy, &x).unwrap().to_vec().unwrap();
+        let mut together = layer();
+        let mut recomputed = layer();
+        {
+            let _pass = super::super::lora::dropout_scope(7);
+            let y = together.forward(&x).unwrap().to_vec().unwrap();
+            close("y", &y, &y_alone);
+            let dx = together.backward(&dy, &x).unwrap().to_vec().unwrap();
+            close("dx", &dx, &dx_alone);
+            let dx = recomputed.backward(&dy, &x).unwrap().to_vec().unwrap();
+            close("dx recomputed", &dx, &dx_alone);
+        }
+        for (g, want) in grads(&together).iter().zip(grads(&alone).iter()) {
+            close("adapter gradient", g, want);
+        }
+        for (g, want) in grads(&recomputed).iter().zip(grads(&alone).iter()) {
+            close("recomputed adapter gradient", g, want);
+        }
+        assert!(grads(&alone).iter().all(|g| g.iter().any(|v| *v != 0.0)));
     }
 
     /// An NF4 frozen layer computes exactly what a dense layer whose weight is the

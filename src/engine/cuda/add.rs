@@ -53,6 +53,23 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// `dst[offset .. offset + src.len()] = src`: a device-to-device copy into part of a
+    /// buffer (no kernel).
+    pub fn copy_into_at<T: Elem>(
+        &self,
+        dst: &mut CudaSlice<T>,
+        offset: usize,
+        src: &CudaSlice<T>,
+    ) -> Result<()> {
+        check_len("copy_into_at", "dst", dst, offset + src.len())?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        let mut part = dst.slice_mut(offset..offset + src.len());
+        self.stream.memcpy_dtod(src, &mut part)?;
+        Ok(())
+    }
+
     /// `dst += src` over the first `n` elements.
     pub fn add_assign<T: Elem>(
         &self,
@@ -70,6 +87,29 @@ impl CudaBackend {
         let mut l = self.stream.launch_builder(f);
         l.arg(dst).arg(src).arg(&n64);
         // SAFETY: both buffers hold at least `n` elements of the kernel's element type.
+        unsafe { l.launch(grid(n)) }?;
+        Ok(())
+    }
+
+    /// `dst += src[offset .. offset + n]` over the first `n` elements of `dst`.
+    pub fn add_assign_from<T: Elem>(
+        &self,
+        dst: &mut CudaSlice<T>,
+        src: &CudaSlice<T>,
+        offset: usize,
+        n: usize,
+    ) -> Result<()> {
+        check_len("add_assign_from", "dst", dst, n)?;
+        check_len("add_assign_from", "src", src, offset + n)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let part = src.slice(offset..offset + n);
+        let f = self.elem_function::<T>(ElemKernel::AddAssign)?;
+        let n64 = n as i64;
+        let mut l = self.stream.launch_builder(f);
+        l.arg(dst).arg(&part).arg(&n64);
+        // SAFETY: `dst` and the view hold at least `n` elements of the kernel's element type.
         unsafe { l.launch(grid(n)) }?;
         Ok(())
     }
