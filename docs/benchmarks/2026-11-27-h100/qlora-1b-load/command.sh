@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # 1. A QLoRA fine-tune's wall time from a random Llama-3.2-1B-shaped directory (f32 safetensors),
-#    stop-38 binary vs this build (NF4's finite check in chunks; projections left on the host),
+#    earlier binary vs this build (NF4's finite check in chunks; projections left on the host),
 #    with the GPU's memory in use sampled every 50 ms.
 # 2. A GPT run on the built-in gpt2 tokenizer, exported: transformers' AutoTokenizer reads the
 #    written tokenizer.json and gives kiln's ids.

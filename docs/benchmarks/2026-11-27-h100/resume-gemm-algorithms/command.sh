@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Bit-exact resume on a GPU: a QLoRA run of a random SmolLM2-135M-shaped model (micro-batch 1 x 128,
 # whose products are timed as skinny ones) checkpoints at steps 2 and 4; a copy resumed from step 2
-# must write the same step-4 checkpoint. Three trials each for the stop-38 binary (no algorithm
+# must write the same step-4 checkpoint. Three trials each for the earlier binary (no algorithm
 # table) and this build (the checkpoint's table adopted).
 set -u
 O=$OUT
