@@ -22,8 +22,8 @@
 //! they run together ([`forward_layer`], [`backward_layer`]): their `A`s stacked into one
 //! `[R, in]` matrix, the input is read once for every `x A^T` and once for every `A`
 //! gradient, and the input gradient gets one rank-`R` product instead of one per adapter.
-//! The forward keeps `H = x A^T` (`[rows, R]`, a few hundred kilobytes) for the backward
-//! rather than reading the input again to recompute it.
+//! The forward keeps `H = x A^T` (`[rows, R]`: at rank 16, 3.5 MB a SmolLM2 layer for a batch
+//! of 16 x 1024 in bf16) for the backward rather than reading the input again to recompute it.
 
 use super::{Init, Param, ParamBuilder, params};
 use crate::engine::{DType, GemmShape, MatrixView, Result, Tensor, ops};
