@@ -1,15 +1,16 @@
-//! `kiln bench finetune`: low-rank fine-tuning of one Llama-family shape (random weights) in
-//! three engines on the same batches: kiln LoRA over a bf16 base (bf16-mixed), kiln QLoRA over
-//! an NF4 base, and transformers + PEFT LoRA (`bench/hf_llama_train.py --lora R`, bf16
-//! autocast, SDPA) when python3 imports torch and sees a GPU. Rank R adapters on
-//! q/k/v/o/gate/up/down with alpha 2R in every engine, AdamW at a constant learning rate.
+//! `kiln bench finetune`: low-rank fine-tuning of one shape (random weights) in three engines
+//! on the same batches: kiln LoRA over a bf16 base (bf16-mixed), kiln QLoRA over an NF4 base,
+//! and transformers + PEFT LoRA (`bench/hf_llama_train.py --lora R`, bf16 autocast, SDPA) when
+//! python3 imports torch and sees a GPU. The shapes are Llama-family (rank R adapters on
+//! q/k/v/o/gate/up/down) or GPT-2 small (on every c_attn, c_proj and c_fc), alpha 2R in every
+//! engine, AdamW at a constant learning rate.
 //!
 //! Per engine: tokens/s from the median step (device synchronised after each step), peak
 //! memory (kiln: the pool's peak over the steps; transformers: torch's peak allocated), the
 //! bytes the frozen base's weights hold on the device (for QLoRA the NF4 weights, beside the
 //! workspace they are expanded into), and the loss of every step. The data is the bundled
-//! corpus as bytes, the same windows in every engine. On the CPU the suite runs its `tiny`
-//! shape (kiln's engines only), which is what the test suite covers.
+//! corpus as bytes, the same windows in every engine. On the CPU the suite runs its `tiny` and
+//! `gpt2-tiny` shapes (kiln's engines only), which is what the test suite covers.
 
 use super::train::{probe_torch, write_batches};
 use super::{find_script, timed_steps};
@@ -28,6 +29,7 @@ use std::path::PathBuf;
 #[command(after_help = "EXAMPLES:
   kiln bench finetune                                SmolLM2-135M's shape, batch 16 x 1024
   kiln bench finetune --shape llama-3.2-1b           Llama-3.2-1B's shape, batch 8 x 1024
+  kiln bench finetune --shape gpt2-small             GPT-2 small (GPT2LMHeadModel), 16 x 1024
   kiln bench finetune --shape tiny --device cpu      a tiny shape on the CPU (kiln only)
   kiln bench finetune --no-python --steps 10 --out bench-out/ft
 
@@ -35,13 +37,14 @@ Targets it reports: kiln QLoRA's base weights under 1 GiB on the GPU for the Lla
 shape and its tokens/s at least 0.8x kiln's bf16 LoRA; kiln LoRA at least 2.5x the tokens/s
 of transformers + PEFT at no more than half its peak memory.")]
 pub struct BenchFinetuneArgs {
-    /// A published shape with random weights (smollm2-135m, llama-3.2-1b) or tiny.
+    /// A published shape with random weights (smollm2-135m, llama-3.2-1b, gpt2-small), or
+    /// tiny or gpt2-tiny (the CPU's).
     #[arg(long, default_value = "smollm2-135m")]
     pub shape: String,
-    /// Sequences per step (default: 16 for smollm2-135m, 8 for llama-3.2-1b, 2 for tiny).
+    /// Sequences per step (default: 8 for llama-3.2-1b, 2 for the tiny shapes, else 16).
     #[arg(long)]
     pub batch: Option<usize>,
-    /// Tokens per sequence (default: 1024; 32 for tiny).
+    /// Tokens per sequence (default: 1024; 32 for the tiny shapes).
     #[arg(long)]
     pub seq: Option<usize>,
     /// Rank of every adapter.
@@ -64,10 +67,29 @@ pub struct BenchFinetuneArgs {
     pub out: PathBuf,
 }
 
-/// The shapes the suite knows: the generation presets and a tiny one for the CPU.
-fn shape(name: &str) -> Option<LlamaConfig> {
+/// A model the suite fine-tunes: a Llama-family shape or a GPT-2 one.
+#[derive(Debug, Clone, Copy, Serialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+enum SuiteModel {
+    Llama(LlamaConfig),
+    Gpt(GptShape),
+}
+
+/// A GPT-2 shape (GPT2LMHeadModel's: learned positions, biases, tied head).
+#[derive(Debug, Clone, Copy, Serialize)]
+struct GptShape {
+    vocab: usize,
+    d_model: usize,
+    n_layers: usize,
+    n_heads: usize,
+    context: usize,
+}
+
+/// The shapes the suite knows: the generation presets, GPT-2 small, and a tiny one of each
+/// family for the CPU.
+fn shape(name: &str) -> Option<SuiteModel> {
     match name {
-        "tiny" => Some(LlamaConfig {
+        "tiny" => Some(SuiteModel::Llama(LlamaConfig {
             vocab: 256,
             d_model: 64,
             n_layers: 2,
@@ -78,28 +100,79 @@ fn shape(name: &str) -> Option<LlamaConfig> {
             context: 64,
             rot_dim: 16,
             ..preset("smollm2-135m")?
-        }),
-        _ => preset(name),
+        })),
+        "gpt2-small" => Some(SuiteModel::Gpt(GptShape {
+            vocab: 50257,
+            d_model: 768,
+            n_layers: 12,
+            n_heads: 12,
+            context: 1024,
+        })),
+        "gpt2-tiny" => Some(SuiteModel::Gpt(GptShape {
+            vocab: 256,
+            d_model: 64,
+            n_layers: 2,
+            n_heads: 4,
+            context: 64,
+        })),
+        _ => preset(name).map(SuiteModel::Llama),
     }
 }
 
+/// Every shape name [`shape`] takes, for the error that lists them.
+fn shape_names() -> String {
+    let mut names: Vec<&str> = PRESETS.to_vec();
+    names.extend(["gpt2-small", "tiny", "gpt2-tiny"]);
+    names.join(", ")
+}
+
 /// The `model.*` settings of a shape, with a context of at least `seq`.
-fn model_overrides(m: &LlamaConfig, seq: usize) -> Vec<String> {
-    vec![
-        "model.kind=llama".into(),
-        format!("model.vocab={}", m.vocab),
-        format!("model.d_model={}", m.d_model),
-        format!("model.n_layers={}", m.n_layers),
-        format!("model.n_heads={}", m.n_heads),
-        format!("model.n_kv_heads={}", m.n_kv_heads),
-        format!("model.head_dim={}", m.head_dim),
-        format!("model.ffn_hidden={}", m.ffn_hidden),
-        format!("model.context={}", m.context.max(seq)),
-        format!("model.rope_theta={:?}", m.rope_theta),
-        format!("model.rot_dim={}", m.rot_dim),
-        format!("model.norm_eps={:?}", m.norm_eps),
-        format!("model.tied_head={}", m.tied_head),
-    ]
+fn model_overrides(m: &SuiteModel, seq: usize) -> Vec<String> {
+    match m {
+        SuiteModel::Llama(m) => vec![
+            "model.kind=llama".into(),
+            format!("model.vocab={}", m.vocab),
+            format!("model.d_model={}", m.d_model),
+            format!("model.n_layers={}", m.n_layers),
+            format!("model.n_heads={}", m.n_heads),
+            format!("model.n_kv_heads={}", m.n_kv_heads),
+            format!("model.head_dim={}", m.head_dim),
+            format!("model.ffn_hidden={}", m.ffn_hidden),
+            format!("model.context={}", m.context.max(seq)),
+            format!("model.rope_theta={:?}", m.rope_theta),
+            format!("model.rot_dim={}", m.rot_dim),
+            format!("model.norm_eps={:?}", m.norm_eps),
+            format!("model.tied_head={}", m.tied_head),
+        ],
+        SuiteModel::Gpt(g) => vec![
+            "model.kind=gpt".into(),
+            format!("model.vocab={}", g.vocab),
+            format!("model.d_model={}", g.d_model),
+            format!("model.n_layers={}", g.n_layers),
+            format!("model.n_heads={}", g.n_heads),
+            format!("model.context={}", g.context.max(seq)),
+        ],
+    }
+}
+
+/// What the shape's adapters cover and how the model is built, for the report.
+fn describe(m: &SuiteModel) -> (String, &'static str) {
+    match m {
+        SuiteModel::Llama(m) => (
+            format!(
+                "width {}, {} layers, {} heads, {} key/value heads, feed-forward {}, vocabulary {}",
+                m.d_model, m.n_layers, m.n_heads, m.n_kv_heads, m.ffn_hidden, m.vocab
+            ),
+            "q/k/v/o/gate/up/down",
+        ),
+        SuiteModel::Gpt(g) => (
+            format!(
+                "GPT-2: width {}, {} layers, {} heads, vocabulary {}",
+                g.d_model, g.n_layers, g.n_heads, g.vocab
+            ),
+            "every c_attn, c_proj and c_fc",
+        ),
+    }
 }
 
 /// One engine's measurements.
@@ -130,9 +203,9 @@ struct Target {
 pub fn run(a: BenchFinetuneArgs) -> Result<()> {
     let m = shape(&a.shape).ok_or_else(|| {
         KilnError::Setting(format!(
-            "--shape {} is not a shape this suite knows; use one of {}, tiny",
+            "--shape {} is not a shape this suite knows; use one of {}",
             a.shape,
-            PRESETS.join(", ")
+            shape_names()
         ))
     })?;
     if a.steps == 0 || a.rank == 0 {
@@ -141,9 +214,9 @@ pub fn run(a: BenchFinetuneArgs) -> Result<()> {
                 .into(),
         ));
     }
-    let tiny = a.shape == "tiny";
+    let tiny = a.shape.ends_with("tiny");
     let batch = a.batch.unwrap_or(match a.shape.as_str() {
-        "tiny" => 2,
+        _ if tiny => 2,
         "llama-3.2-1b" => 8,
         _ => 16,
     });
@@ -188,8 +261,12 @@ pub fn run(a: BenchFinetuneArgs) -> Result<()> {
     let tokens = data::tokenizer_by_name("byte")?.encode(&corpus.text);
     data::check_train_len(&tokens, seq)?;
     println!(
-        "kiln bench finetune: {} shape, rank {} on q/k/v/o/gate/up/down, batch {batch} x {seq}, {} + {} steps per engine on {device}",
-        a.shape, a.rank, a.warmup, a.steps
+        "kiln bench finetune: {} shape, rank {} on {}, batch {batch} x {seq}, {} + {} steps per engine on {device}",
+        a.shape,
+        a.rank,
+        describe(&m).1,
+        a.warmup,
+        a.steps
     );
 
     let mut results = Vec::new();
@@ -231,7 +308,10 @@ pub fn run(a: BenchFinetuneArgs) -> Result<()> {
     } else if device == Device::Cpu {
         Err("kiln ran on the CPU; the script runs on a CUDA GPU only".to_string())
     } else if tiny {
-        Err("--shape tiny has no published counterpart; the script builds published shapes".into())
+        Err(format!(
+            "--shape {} has no published counterpart; the script builds published shapes",
+            a.shape
+        ))
     } else {
         find_script("hf_llama_train.py").and_then(|script| probe_torch().map(|()| script))
     };
@@ -367,14 +447,14 @@ fn targets(shape: &str, results: &[EngineResult]) -> Vec<Target> {
 fn write_report(
     mut report: Report,
     a: &BenchFinetuneArgs,
-    m: &LlamaConfig,
+    m: &SuiteModel,
     batch: usize,
     seq: usize,
     results: Vec<EngineResult>,
 ) -> Result<()> {
+    let (model, adapted) = describe(m);
     report.text(&format!(
-        "{} shape (width {}, {} layers, {} heads, {} key/value heads, feed-forward {}, \
-         vocabulary {}), random weights; LoRA rank {} (alpha {}) on q/k/v/o/gate/up/down; \
+        "{} shape ({model}), random weights; LoRA rank {} (alpha {}) on {adapted}; \
          batch {batch} x {seq}; {} warm-up + {} timed steps per engine on the same windows of \
          the bundled corpus (as bytes); AdamW at a constant 1e-4. tokens/s from the median \
          step; peak is kiln's pool peak over the steps, torch's peak allocated for \
@@ -382,12 +462,6 @@ fn write_report(
          QLoRA: embedding and norms in bf16, projections in NF4 with double-quantised scales; \
          its workspace is listed apart).",
         a.shape,
-        m.d_model,
-        m.n_layers,
-        m.n_heads,
-        m.n_kv_heads,
-        m.ffn_hidden,
-        m.vocab,
         a.rank,
         2 * a.rank,
         a.warmup,
@@ -576,6 +650,43 @@ mod tests {
         })
         .unwrap_err()
         .to_string();
-        assert!(e.contains("smollm2-135m, llama-3.2-1b, tiny"), "{e}");
+        assert!(
+            e.contains("smollm2-135m, llama-3.2-1b, gpt2-small, tiny, gpt2-tiny"),
+            "{e}"
+        );
+    }
+
+    /// A GPT-2 base: both kiln engines train adapters on its Conv1D-named projections, the
+    /// NF4 base is the smaller, and the report says what was adapted.
+    #[test]
+    fn on_the_cpu_the_gpt2_tiny_shape_runs_both_kiln_engines() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("ft");
+        run(BenchFinetuneArgs {
+            shape: "gpt2-tiny".into(),
+            batch: None,
+            seq: None,
+            rank: 4,
+            steps: 2,
+            warmup: 1,
+            device: "cpu".into(),
+            no_python: true,
+            out: out.clone(),
+        })
+        .unwrap();
+        let json = crate::report::read_results(&out);
+        assert_eq!(json["model"]["kind"], "gpt");
+        let engines = json["engines"].as_array().unwrap();
+        assert_eq!(engines.len(), 2);
+        let bytes = |i: usize, k: &str| engines[i][k].as_u64().unwrap();
+        assert!(bytes(1, "base_weight_bytes") < bytes(0, "base_weight_bytes"));
+        for e in engines {
+            let losses = e["losses"].as_array().unwrap();
+            assert_eq!(losses.len(), 3);
+            assert!(losses.iter().all(|l| l.as_f64().unwrap().is_finite()));
+        }
+        let md = std::fs::read_to_string(out.join("report.md")).unwrap();
+        assert!(md.contains("on every c_attn, c_proj and c_fc"), "{md}");
+        assert!(md.contains("GPT-2: width 64, 2 layers"), "{md}");
     }
 }
