@@ -25,6 +25,17 @@ fn ok(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned() + &err
 }
 
+/// `kiln export --run RUN --to TO`, which must succeed.
+fn export_run(run: &Path, to: &Path) {
+    ok(&kiln(&[
+        "export",
+        "--run",
+        run.to_str().unwrap(),
+        "--to",
+        to.to_str().unwrap(),
+    ]));
+}
+
 /// A tiny random Llama with SmolLM2's tokenizer and chat template, as a Hugging Face
 /// directory, and chat data from the bundled corpus.
 fn fixture(dir: &Path) -> (PathBuf, PathBuf) {
@@ -205,13 +216,7 @@ fn lora_trains_adapters_only_and_writes_peft_format() {
     }
     // Merged export: the base plus scale * B A.
     let merged = tmp.path().join("merged");
-    ok(&kiln(&[
-        "export",
-        "--run",
-        run.to_str().unwrap(),
-        "--to",
-        merged.to_str().unwrap(),
-    ]));
+    export_run(&run, &merged);
     let m = kiln::models::import::pretrained::open(&merged).unwrap();
     let q = "layers.0.attn.qkv.weight";
     assert_ne!(
@@ -333,13 +338,7 @@ fn gpt2_lora_and_qlora_write_peft_adapters_under_gpt2_names() {
         "base + PEFT adapter decodes as the run"
     );
     let merged = tmp.path().join("merged");
-    ok(&kiln(&[
-        "export",
-        "--run",
-        run.to_str().unwrap(),
-        "--to",
-        merged.to_str().unwrap(),
-    ]));
+    export_run(&run, &merged);
     // The held-out loss of base + adapter is the merged model's, and not the base's.
     let eval = |source: &[&str]| {
         let out = stdout(&[&["eval", "--batches", "2"][..], source].concat());
@@ -653,13 +652,7 @@ fn qlora_trains_over_an_nf4_base_and_writes_peft_format() {
     // the down projection, which has no adapter, differs from the base on disk by the NF4
     // error alone.
     let merged = tmp.path().join("merged");
-    ok(&kiln(&[
-        "export",
-        "--run",
-        run.to_str().unwrap(),
-        "--to",
-        merged.to_str().unwrap(),
-    ]));
+    export_run(&run, &merged);
     let m = kiln::models::import::pretrained::open(&merged).unwrap();
     let p = kiln::models::import::pretrained::open(&base).unwrap();
     let q = "layers.1.mlp.down.weight";

@@ -585,22 +585,26 @@ fn write_report(
 mod tests {
     use super::*;
 
-    #[test]
-    fn on_the_cpu_the_tiny_shape_runs_both_kiln_engines() {
-        let dir = tempfile::tempdir().unwrap();
-        let out = dir.path().join("ft");
-        run(BenchFinetuneArgs {
-            shape: "tiny".into(),
+    /// A short run of `shape` on the CPU at rank 4 into `out`.
+    fn cpu_args(shape: &str, no_python: bool, out: PathBuf) -> BenchFinetuneArgs {
+        BenchFinetuneArgs {
+            shape: shape.into(),
             batch: None,
             seq: None,
             rank: 4,
             steps: 2,
             warmup: 1,
             device: "cpu".into(),
-            no_python: false,
-            out: out.clone(),
-        })
-        .unwrap();
+            no_python,
+            out,
+        }
+    }
+
+    #[test]
+    fn on_the_cpu_the_tiny_shape_runs_both_kiln_engines() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("ft");
+        run(cpu_args("tiny", false, out.clone())).unwrap();
         let json = crate::report::read_results(&out);
         let engines = json["engines"].as_array().unwrap();
         let names: Vec<&str> = engines
@@ -637,19 +641,7 @@ mod tests {
         for p in ["tokens_per_s", "peak_memory", "base_weights", "loss"] {
             crate::report::plot::tests::assert_png(&out.join(format!("{p}.png")));
         }
-        let e = run(BenchFinetuneArgs {
-            shape: "gpt2".into(),
-            batch: None,
-            seq: None,
-            rank: 4,
-            steps: 2,
-            warmup: 1,
-            device: "cpu".into(),
-            no_python: true,
-            out,
-        })
-        .unwrap_err()
-        .to_string();
+        let e = run(cpu_args("gpt2", true, out)).unwrap_err().to_string();
         assert!(
             e.contains("smollm2-135m, llama-3.2-1b, gpt2-small, tiny, gpt2-tiny"),
             "{e}"
@@ -662,18 +654,7 @@ mod tests {
     fn on_the_cpu_the_gpt2_tiny_shape_runs_both_kiln_engines() {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("ft");
-        run(BenchFinetuneArgs {
-            shape: "gpt2-tiny".into(),
-            batch: None,
-            seq: None,
-            rank: 4,
-            steps: 2,
-            warmup: 1,
-            device: "cpu".into(),
-            no_python: true,
-            out: out.clone(),
-        })
-        .unwrap();
+        run(cpu_args("gpt2-tiny", true, out.clone())).unwrap();
         let json = crate::report::read_results(&out);
         assert_eq!(json["model"]["kind"], "gpt");
         let engines = json["engines"].as_array().unwrap();

@@ -331,13 +331,7 @@ mod tests {
     #[test]
     fn adapters_train_over_a_frozen_base_and_merge_into_it() {
         let mut model = tiny(true);
-        let spec = LoraSpec {
-            rank: 2,
-            alpha: 4.0,
-            rslora: false,
-            dropout: 0.0,
-            targets: vec!["all-linear".into()],
-        };
+        let spec = LoraSpec::plain(2, &["all-linear"]);
         let adapted = model.attach_lora(&spec, 5).unwrap();
         assert_eq!(adapted.len(), 8, "2 blocks x 4 projections: {adapted:?}");
         for m in ["attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"] {

@@ -360,11 +360,8 @@ mod tests {
         let mut lin = build(&p, "qkv", 1, |b| Linear::new(b, 6, 4, false, 0.5));
         lin.set_blocks(&[("q".into(), 4)]);
         let spec = LoraSpec {
-            rank: 2,
-            alpha: 4.0,
-            rslora: false,
             dropout: 0.5,
-            targets: vec!["q".into()],
+            ..LoraSpec::plain(2, &["q"])
         };
         build(&p, "qkv", 2, |b| lin.attach_lora(b, &spec));
         let n = lin.adapters[0].b.value.len();
@@ -392,13 +389,7 @@ mod tests {
         let p = pool();
         let mut lin = build(&p, "qkv", 1, |b| Linear::new(b, 6, 7, true, 0.5));
         lin.set_blocks(&[("q".into(), 3), ("k".into(), 2), ("v".into(), 2)]);
-        let spec = LoraSpec {
-            rank: 2,
-            alpha: 4.0,
-            rslora: false,
-            dropout: 0.0,
-            targets: vec!["q".into(), "v".into()],
-        };
+        let spec = LoraSpec::plain(2, &["q", "v"]);
         let adapted = build(&p, "qkv", 2, |b| lin.attach_lora(b, &spec));
         assert_eq!(adapted, vec!["q".to_string(), "v".to_string()]);
         assert!(lin.weight.frozen && lin.weight.grad.is_empty());
@@ -467,13 +458,7 @@ mod tests {
 
     fn adapters_together(bias: bool) {
         let p = pool();
-        let spec = LoraSpec {
-            rank: 2,
-            alpha: 4.0,
-            rslora: false,
-            dropout: 0.0,
-            targets: vec!["all-linear".into()],
-        };
+        let spec = LoraSpec::plain(2, &["all-linear"]);
         let layer = || {
             let mut lin = build(&p, "qkv", 1, |b| Linear::new(b, 3, 7, bias, 0.5));
             lin.set_blocks(&[("q".into(), 3), ("k".into(), 2), ("v".into(), 2)]);
@@ -534,13 +519,7 @@ mod tests {
         let p = pool();
         let mut lin = build(&p, "up", 1, |b| Linear::new(b, 48, 40, true, 0.5));
         lin.set_blocks(&[("up_proj".into(), 40)]);
-        let spec = LoraSpec {
-            rank: 2,
-            alpha: 4.0,
-            rslora: false,
-            dropout: 0.0,
-            targets: vec!["up_proj".into()],
-        };
+        let spec = LoraSpec::plain(2, &["up_proj"]);
         let fresh = build(&p, "up", 1, |b| Linear::new(b, 48, 40, true, 0.5));
         let e = {
             let mut trainable = fresh;

@@ -106,6 +106,19 @@ impl LoraSpec {
         }
     }
 
+    /// Adapters of rank `rank` on `targets` with `alpha = 2 * rank`, no dropout, plain
+    /// scaling (what the tests build).
+    #[cfg(test)]
+    pub fn plain(rank: usize, targets: &[&str]) -> LoraSpec {
+        LoraSpec {
+            rank,
+            alpha: 2.0 * rank as f64,
+            rslora: false,
+            dropout: 0.0,
+            targets: targets.iter().map(|t| t.to_string()).collect(),
+        }
+    }
+
     pub fn scale(&self) -> f32 {
         let r = self.rank as f64;
         (if self.rslora {
@@ -173,30 +186,14 @@ impl Adapter {
         self.a.value.shape()[0]
     }
 
-    /// Adds the adapter's output for input `x` into its columns of `y`: `x A^T` (rank `r`),
-    /// then `scale * h B^T` added straight into the block of `y` by the product itself.
+    /// Adds the adapter's output for input `x` (dropped out inside a training pass) into its
+    /// columns of `y`: `x A^T` (rank `r`), then `scale * h B^T` added straight into the block
+    /// of `y` by the product itself.
     pub fn forward_into(&self, y: &mut Tensor, x: &Tensor) -> Result<()> {
-        let dropped = match self.mask_seed() {
-            Some(seed) => Some(ops::dropout(x, self.dropout, seed)?),
-            None => None,
-        };
+        let dropped = self.dropped(x)?;
         let h = ops::linear_forward(dropped.as_ref().unwrap_or(x), self.a.weight(), None)?;
         drop(dropped);
-        let (rows, row) = ops::rows_cols("lora forward", y)?;
-        let r = self.a.value.shape()[0];
-        ops::matmul_view(
-            GemmShape::single(false, true, rows, self.block.cols, r),
-            [
-                MatrixView::packed(r),
-                MatrixView::packed(r),
-                self.columns_of(row),
-            ],
-            self.scale,
-            &h,
-            self.b.weight(),
-            1.0,
-            y,
-        )
+        add_outputs(std::slice::from_ref(self), &h, y, 1.0)
     }
 
     /// Accumulates the adapter's gradients from the layer's output gradient `dy` and adds
@@ -204,66 +201,22 @@ impl Adapter {
     /// GEMM, rather than kept. The products read the adapter's columns of `dy` in place and
     /// add into `dx` in place (with dropout, the input gradient is masked first).
     pub fn backward(&mut self, dy: &Tensor, x: &Tensor, dx: &mut Tensor) -> Result<()> {
-        let seed = self.mask_seed();
-        let dropped = match seed {
-            Some(seed) => Some(ops::dropout(x, self.dropout, seed)?),
-            None => None,
-        };
+        let dropped = self.dropped(x)?;
         let input = dropped.as_ref().unwrap_or(x);
-        let (rows, row) = ops::rows_cols("lora backward", dy)?;
-        let (_, c_in) = ops::rows_cols("lora backward", x)?;
-        let r = self.a.value.shape()[0];
-        let cols = self.block.cols;
-        let dy_block = self.columns_of(row);
         let h = ops::linear_forward(input, self.a.weight(), None)?;
-        // dh = scale * dy[:, block] @ B   ([rows, r])
-        let dh = ops::matmul_view_new(
-            GemmShape::single(false, false, rows, r, cols),
-            [dy_block, MatrixView::packed(r), MatrixView::packed(r)],
-            self.scale,
-            dy,
-            self.b.weight(),
-        )?;
-        // dB += scale * dy[:, block]^T @ h   ([cols, r])
-        let (_, db) = self.b.weight_and_grad();
-        if let Some(db) = db {
-            ops::matmul_view(
-                GemmShape::single(true, false, cols, r, rows),
-                [dy_block, MatrixView::packed(r), MatrixView::packed(r)],
-                self.scale,
-                dy,
-                &h,
-                1.0,
-                db,
-            )?;
-        }
-        drop(h);
-        // dA += dh^T @ input   ([r, in])
-        let (aw, da) = self.a.weight_and_grad();
-        if let Some(da) = da {
-            ops::matmul_view(
-                GemmShape::single(true, false, r, c_in, rows),
-                [
-                    MatrixView::packed(r),
-                    MatrixView::packed(c_in),
-                    MatrixView::packed(c_in),
-                ],
-                1.0,
-                &dh,
-                input,
-                1.0,
-                da,
-            )?;
-        }
+        let dh = gradients(std::slice::from_mut(self), dy, input, h)?;
         drop(dropped);
-        // dx += dh @ A   ([rows, in])
+        // dx += dH @ A   ([rows, in])
+        let (rows, c_in) = ops::rows_cols("lora backward", x)?;
+        let r = self.rank();
         let views = [
             MatrixView::packed(r),
             MatrixView::packed(c_in),
             MatrixView::packed(c_in),
         ];
         let shape = GemmShape::single(false, false, rows, c_in, r);
-        match seed {
+        let aw = self.a.weight();
+        match self.mask_seed() {
             // The mask's derivative is the mask itself, with the same scale.
             Some(seed) => {
                 let dxa = ops::matmul_view_new(shape, views, 1.0, &dh, aw)?;
@@ -271,6 +224,13 @@ impl Adapter {
             }
             None => ops::matmul_view(shape, views, 1.0, &dh, aw, 1.0, dx),
         }
+    }
+
+    /// `x` with this adapter's dropout mask applied, inside a training pass with dropout.
+    fn dropped(&self, x: &Tensor) -> Result<Option<Tensor>> {
+        self.mask_seed()
+            .map(|seed| ops::dropout(x, self.dropout, seed))
+            .transpose()
     }
 
     /// This adapter's block of the columns of a `[rows, row]` output.
@@ -350,6 +310,13 @@ fn stack_a(adapters: &[Adapter]) -> Result<Option<Tensor>> {
     Ok(Some(stacked))
 }
 
+/// The stacked `A`s (see [`stack_a`]) and `H = x A^T` for all the adapters at once.
+fn stacked_h(adapters: &[Adapter], x: &Tensor) -> Result<(Option<Tensor>, Tensor)> {
+    let stacked = stack_a(adapters)?;
+    let h = ops::linear_forward(x, stacked.as_ref().unwrap_or(adapters[0].a.weight()), None)?;
+    Ok((stacked, h))
+}
+
 /// Whether a layer's adapters run together in this pass: a training pass, and no dropout.
 /// A frozen layer's backward then writes their input gradient first and adds its own
 /// product into it (one write of the gradient instead of a write, a read and a write; the
@@ -384,37 +351,17 @@ pub fn forward_layer(
     slot: &KeptSlot,
     beta: f32,
 ) -> Result<()> {
+    if adapters.is_empty() {
+        return Ok(());
+    }
     slot.put(None);
     let pass = training_pass();
     let Some(pass) = pass.filter(|_| grouped(adapters)) else {
         debug_assert_eq!(beta, 1.0, "adapters run alone add into the output");
         return adapters.iter().try_for_each(|ad| ad.forward_into(y, x));
     };
-    let stacked = stack_a(adapters)?;
-    let h = ops::linear_forward(x, stacked.as_ref().unwrap_or(adapters[0].a.weight()), None)?;
-    let (rows, row) = ops::rows_cols("lora forward", y)?;
-    let big_r = h.shape()[h.shape().len() - 1];
-    let mut k0 = 0;
-    for ad in adapters {
-        let r = ad.rank();
-        ops::matmul_view(
-            GemmShape::single(false, true, rows, ad.block.cols, r),
-            [
-                MatrixView {
-                    ld: big_r,
-                    offset: k0,
-                },
-                MatrixView::packed(r),
-                ad.columns_of(row),
-            ],
-            ad.scale,
-            &h,
-            ad.b.weight(),
-            beta,
-            y,
-        )?;
-        k0 += r;
-    }
+    let (stacked, h) = stacked_h(adapters, x)?;
+    add_outputs(adapters, &h, y, beta)?;
     slot.put(Some(Kept {
         pass,
         len: x.len(),
@@ -436,6 +383,9 @@ pub fn backward_layer(
     slot: &KeptSlot,
     beta: f32,
 ) -> Result<()> {
+    if adapters.is_empty() {
+        return Ok(());
+    }
     let kept = slot.take();
     if !grouped(adapters) {
         debug_assert_eq!(beta, 1.0, "adapters run alone add into the input gradient");
@@ -445,17 +395,65 @@ pub fn backward_layer(
     }
     let (stacked, h) = match kept {
         Some(k) if Some(k.pass) == training_pass() && k.len == x.len() => (k.stacked, k.h),
-        _ => {
-            let stacked = stack_a(adapters)?;
-            let a = stacked.as_ref().unwrap_or(adapters[0].a.weight());
-            let h = ops::linear_forward(x, a, None)?;
-            (stacked, h)
-        }
+        _ => stacked_h(adapters, x)?,
     };
+    let dh = gradients(adapters, dy, x, h)?;
+    let (rows, c_in) = ops::rows_cols("lora backward", x)?;
+    let big_r = dh.shape()[1];
+    // dx = beta * dx + dH @ A   ([rows, in])
+    let a = stacked.as_ref().unwrap_or(adapters[0].a.weight());
+    ops::matmul_view(
+        GemmShape::single(false, false, rows, c_in, big_r),
+        [
+            MatrixView::packed(big_r),
+            MatrixView::packed(c_in),
+            MatrixView::packed(c_in),
+        ],
+        1.0,
+        &dh,
+        a,
+        beta,
+        dx,
+    )
+}
+
+/// `scale * H[:, k] B^T` of every adapter into its columns of `y` (`beta` 1: added; 0:
+/// written), `H` holding the adapters' `x A^T` side by side (`[rows, R]`).
+fn add_outputs(adapters: &[Adapter], h: &Tensor, y: &mut Tensor, beta: f32) -> Result<()> {
+    let (rows, row) = ops::rows_cols("lora forward", y)?;
+    let big_r = h.shape()[h.shape().len() - 1];
+    let mut k0 = 0;
+    for ad in adapters {
+        let r = ad.rank();
+        ops::matmul_view(
+            GemmShape::single(false, true, rows, ad.block.cols, r),
+            [
+                MatrixView {
+                    ld: big_r,
+                    offset: k0,
+                },
+                MatrixView::packed(r),
+                ad.columns_of(row),
+            ],
+            ad.scale,
+            h,
+            ad.b.weight(),
+            beta,
+            y,
+        )?;
+        k0 += r;
+    }
+    Ok(())
+}
+
+/// Accumulates every adapter's `A` and `B` gradients from the layer's output gradient `dy`,
+/// their input `x` and `H = x A^T` (side by side, `[rows, R]`), and returns
+/// `dH = scale * dy[:, block] @ B` for each adapter's columns (`[rows, R]`), from which the
+/// caller makes the input gradient.
+fn gradients(adapters: &mut [Adapter], dy: &Tensor, x: &Tensor, h: Tensor) -> Result<Tensor> {
     let (rows, row) = ops::rows_cols("lora backward", dy)?;
     let (_, c_in) = ops::rows_cols("lora backward", x)?;
     let big_r: usize = adapters.iter().map(Adapter::rank).sum();
-    // dH[:, k] = scale * dy[:, block] @ B for each adapter's columns k of dH ([rows, R]).
     let mut dh = Tensor::uninit(dy.pool(), &[rows, big_r], h.dtype())?;
     let mut k0 = 0;
     for ad in adapters.iter_mut() {
@@ -513,19 +511,5 @@ pub fn backward_layer(
             k0 += n;
         }
     }
-    // dx = beta * dx + dH @ A   ([rows, in])
-    let a = stacked.as_ref().unwrap_or(adapters[0].a.weight());
-    ops::matmul_view(
-        GemmShape::single(false, false, rows, c_in, big_r),
-        [
-            MatrixView::packed(big_r),
-            MatrixView::packed(c_in),
-            MatrixView::packed(c_in),
-        ],
-        1.0,
-        &dh,
-        a,
-        beta,
-        dx,
-    )
+    Ok(dh)
 }
