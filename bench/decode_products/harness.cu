@@ -1,0 +1,410 @@
+// The fused decode products of decode_product.cu (beside this file), outside the engine:
+// checked against a CPU reference in double precision, then timed inside CUDA graphs (as decode
+// steps run) beside cuBLASLt's products of the same shapes. The kernel source is included as an
+// engine program would compile it (common.cuh and attention_tc.cu's helpers first).
+//
+//   bash bench/decode_products/run.sh            checks, then the chosen configurations' times
+//   /tmp/decode_products sweep                   every configuration of the SmolLM2 products
+//
+// Exits non-zero when a check exceeds its bound (bf16 1e-2, f16 2e-3 of the output's largest
+// value) or a launch fails.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <algorithm>
+#include <cmath>
+#include <vector>
+#include <random>
+#include <string>
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cublasLt.h>
+
+#include "../../src/engine/cuda/common.cuh"
+#include "../../src/engine/cuda/attention_tc.cu"
+#include "decode_product.cu"
+
+DP_ENTRY_POINTS(TcBf16, bf16)
+DP_ENTRY_POINTS(TcF16, f16)
+
+#define CK(x)                                                                          \
+    do {                                                                               \
+        cudaError_t e_ = (x);                                                          \
+        if (e_ != cudaSuccess) {                                                       \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+            exit(2);                                                                   \
+        }                                                                              \
+    } while (0)
+#define CL(x)                                                                          \
+    do {                                                                               \
+        cublasStatus_t s_ = (x);                                                       \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                             \
+            fprintf(stderr, "%s:%d %s: status %d\n", __FILE__, __LINE__, #x, (int)s_); \
+            exit(2);                                                                   \
+        }                                                                              \
+    } while (0)
+
+typedef void (*Kernel)(DecodeProductArgs);
+
+// An empty kernel: the launch cost of a graph node, with and without a cluster.
+extern "C" __global__ void dp_empty(DecodeProductArgs) {}
+
+static unsigned short to_bits(float v, bool half) {
+    if (half) {
+        __half h = __float2half_rn(v);
+        return *(unsigned short*)&h;
+    }
+    unsigned u;
+    memcpy(&u, &v, 4);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (unsigned short)(u >> 16);
+}
+static float from_bits(unsigned short b, bool half) {
+    if (half) {
+        __half h;
+        *(unsigned short*)&h = b;
+        return __half2float(h);
+    }
+    unsigned u = (unsigned)b << 16;
+    float v;
+    memcpy(&v, &u, 4);
+    return v;
+}
+
+struct Shape {
+    const char* name;
+    int kind;  // DP_NORM, DP_SWIGLU, DP_RESID
+    int n, k;  // output columns (SwiGLU: F) and reduction
+    int wrows() const { return kind == DP_SWIGLU ? 2 * n : n; }
+};
+
+struct Config {
+    int nb, s, tiles;
+};
+
+// The engine's choice (decode.rs mirrors it): 64-column tiles unless they leave the GPU less
+// than half covered; then the largest cluster (at most 8 CTAs, K a multiple of 16 S, the
+// slices within 200 KiB of shared memory) that keeps the CTAs within 1.1 waves of one a
+// multiprocessor, or the smallest that fits when none does. nb 0: no configuration fits.
+static Config choose_nb(const Shape& sh, int sms, int nb) {
+    const int oc = sh.kind == DP_SWIGLU ? nb / 2 : nb;
+    const int tiles = (sh.n + oc - 1) / oc;
+    int fit = 0, within = 0;
+    for (int s = 1; s <= 8; ++s) {
+        if (sh.k % (16 * s) != 0 || dp_shared_bytes(nb, sh.k / s) > 200 * 1024) continue;
+        if (!fit) fit = s;
+        if (tiles * s <= sms * 11 / 10) within = s;
+    }
+    const int s = within ? within : fit;
+    return Config{s ? nb : 0, s, tiles};
+}
+static Config choose(const Shape& sh, int sms) {
+    const Config wide = choose_nb(sh, sms, 64);
+    if (sh.kind == DP_SWIGLU || (wide.nb && wide.tiles * wide.s >= sms / 2)) return wide;
+    const Config narrow = choose_nb(sh, sms, 32);
+    return narrow.nb ? narrow : wide;
+}
+
+static Kernel kernel_for(const Shape& sh, int nb, bool half) {
+    if (half) {
+        if (sh.kind == DP_NORM) return nb == 64 ? decode_product_norm_nb64_f16 : decode_product_norm_nb32_f16;
+        if (sh.kind == DP_SWIGLU) return decode_product_swiglu_nb64_f16;
+        return nb == 64 ? decode_product_resid_nb64_f16 : decode_product_resid_nb32_f16;
+    }
+    if (sh.kind == DP_NORM) return nb == 64 ? decode_product_norm_nb64_bf16 : decode_product_norm_nb32_bf16;
+    if (sh.kind == DP_SWIGLU) return decode_product_swiglu_nb64_bf16;
+    return nb == 64 ? decode_product_resid_nb64_bf16 : decode_product_resid_nb32_bf16;
+}
+
+static void launch(const Shape& sh, const Config& c, bool half, const DecodeProductArgs& a,
+                   cudaStream_t st) {
+    Kernel f = kernel_for(sh, c.nb, half);
+    const int ks = sh.k / c.s;
+    const int bytes = dp_shared_bytes(c.nb, ks);
+    static bool set[16] = {};
+    const int id = sh.kind * 4 + (c.nb == 64) * 2 + half;
+    if (!set[id]) {
+        CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+        if (getenv("DP_CARVEOUT")) CK(cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, atoi(getenv("DP_CARVEOUT"))));
+        set[id] = true;
+    }
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(c.tiles, c.s, (a.m + DP_ROWS - 1) / DP_ROWS);
+    cfg.blockDim = dim3(DP_THREADS);
+    cfg.dynamicSmemBytes = bytes;
+    cfg.stream = st;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 1;
+    attr[0].val.clusterDim.y = c.s;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    CK(cudaLaunchKernelEx(&cfg, f, a));
+}
+
+struct Dev {
+    void* p = nullptr;
+    explicit Dev(size_t bytes) { CK(cudaMalloc(&p, bytes)); }
+    ~Dev() { cudaFree(p); }
+};
+
+static std::vector<unsigned short> random_bits(size_t n, float scale, bool half, std::mt19937& g,
+                                               float offset = 0.f) {
+    std::normal_distribution<float> d(0.f, 1.f);
+    std::vector<unsigned short> v(n);
+    for (auto& e : v) e = to_bits(offset + scale * d(g), half);
+    return v;
+}
+
+// One product on random inputs against the CPU in double; returns the error over the largest
+// reference value.
+static double check(const Shape& sh, int m, bool half, int sms, std::mt19937& g) {
+    const int k = sh.k, n = sh.n, wr = sh.wrows();
+    const float eps = 1e-5f;
+    auto x = random_bits((size_t)m * k, 1.5f, half, g);
+    auto w = random_bits((size_t)wr * k, 1.0f / sqrtf((float)k), half, g);
+    auto gamma = random_bits(k, 0.3f, half, g, 1.0f);
+    auto resid = random_bits((size_t)m * n, 1.0f, half, g);
+    Dev dx(x.size() * 2), dw(w.size() * 2), dg(gamma.size() * 2), dr(resid.size() * 2), dout((size_t)m * n * 2);
+    CK(cudaMemcpy(dx.p, x.data(), x.size() * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dw.p, w.data(), w.size() * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dg.p, gamma.data(), gamma.size() * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dr.p, resid.data(), resid.size() * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemset(dout.p, 0xff, (size_t)m * n * 2));
+    DecodeProductArgs a{dx.p, dw.p, dg.p, dr.p, dout.p, m, k, n, k, n, eps};
+    Config c = choose(sh, sms);
+    launch(sh, c, half, a, 0);
+    CK(cudaDeviceSynchronize());
+    std::vector<unsigned short> out((size_t)m * n);
+    CK(cudaMemcpy(out.data(), dout.p, out.size() * 2, cudaMemcpyDeviceToHost));
+    double worst = 0, largest = 0;
+    for (int i = 0; i < m; ++i) {
+        double rstd = 1.0;
+        if (sh.kind != DP_RESID) {
+            double s = 0;
+            for (int j = 0; j < k; ++j) {
+                const double v = from_bits(x[(size_t)i * k + j], half);
+                s += v * v;
+            }
+            rstd = 1.0 / sqrt(s / k + eps);
+        }
+        for (int col = 0; col < n; ++col) {
+            auto dot = [&](int row) {
+                double s = 0;
+                for (int j = 0; j < k; ++j) {
+                    double v = from_bits(x[(size_t)i * k + j], half);
+                    if (sh.kind != DP_RESID) v *= rstd * from_bits(gamma[j], half);
+                    s += v * from_bits(w[(size_t)row * k + j], half);
+                }
+                return s;
+            };
+            double ref;
+            if (sh.kind == DP_NORM) ref = dot(col);
+            else if (sh.kind == DP_SWIGLU) {
+                const double gt = dot(col), up = dot(n + col);
+                ref = gt / (1.0 + exp(-gt)) * up;
+            } else ref = from_bits(resid[(size_t)i * n + col], half) + dot(col);
+            const double got = from_bits(out[(size_t)i * n + col], half);
+            worst = std::max(worst, std::isfinite(got) ? fabs(got - ref) : 1e30);
+            largest = std::max(largest, fabs(ref));
+        }
+    }
+    return worst / largest;
+}
+
+// cuBLASLt's product Y[m, n] = X[m, k] W[n, k]^T in bf16 (its heuristic's first algorithm).
+struct LtProduct {
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasLtMatmulAlgo_t algo;
+    LtProduct(cublasLtHandle_t h, int m, int n, int k, void* ws, size_t wsb) {
+        CL(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        cublasOperation_t t = CUBLAS_OP_T;
+        CL(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
+        CL(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, k, n, k));
+        CL(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, k, m, k));
+        CL(cublasLtMatrixLayoutCreate(&ld, CUDA_R_16BF, n, m, n));
+        cublasLtMatmulPreference_t pref;
+        CL(cublasLtMatmulPreferenceCreate(&pref));
+        CL(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof(wsb)));
+        cublasLtMatmulHeuristicResult_t r;
+        int found = 0;
+        CL(cublasLtMatmulAlgoGetHeuristic(h, desc, la, lb, ld, ld, pref, 1, &r, &found));
+        if (!found) { fprintf(stderr, "no cuBLASLt algorithm\n"); exit(2); }
+        algo = r.algo;
+    }
+    void run(cublasLtHandle_t h, const void* w, const void* x, void* y, void* ws, size_t wsb, cudaStream_t st) {
+        const float one = 1.f, zero = 0.f;
+        CL(cublasLtMatmul(h, desc, &one, w, la, x, lb, &zero, y, ld, y, ld, &algo, ws, wsb, st));
+    }
+};
+
+// Microseconds per replay of a graph captured from `body`, median of 7 timings of 20 replays.
+template <class F> static double time_graph(cudaStream_t st, F body) {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    body();
+    CK(cudaStreamEndCapture(st, &graph));
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(exec, st));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    std::vector<double> t;
+    for (int r = 0; r < 7; ++r) {
+        CK(cudaEventRecord(e0, st));
+        for (int i = 0; i < 20; ++i) CK(cudaGraphLaunch(exec, st));
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        t.push_back(ms * 1000.0 / 20);
+    }
+    std::sort(t.begin(), t.end());
+    CK(cudaGraphExecDestroy(exec));
+    CK(cudaGraphDestroy(graph));
+    return t[3];
+}
+
+int main(int argc, char** argv) {
+    int sms;
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    std::mt19937 g(7);
+    // SmolLM2-135M's products (d 576, F 1536, q/k/v 576 + 2 x 192), and a 1B-like width (2048).
+    const std::vector<Shape> shapes = {
+        {"qkv (norm)", DP_NORM, 960, 576},    {"o (+resid)", DP_RESID, 576, 576},
+        {"gate_up (norm, swiglu)", DP_SWIGLU, 1536, 576}, {"down (+resid)", DP_RESID, 576, 1536},
+        {"2048 qkv (norm)", DP_NORM, 3072, 2048}, {"2048 o (+resid)", DP_RESID, 2048, 2048},
+    };
+    int failed = 0;
+    const bool mode = argc > 1;
+    if (!mode) printf("checks (error over the largest reference value; bounds bf16 1e-2, f16 2e-3)\n");
+    for (const auto& sh : mode ? std::vector<Shape>{} : shapes) {
+        const Config c = choose(sh, sms);
+        for (int m : {1, 5, 64, 100}) {
+            for (bool half : {false, true}) {
+                const double e = check(sh, m, half, sms, g);
+                const bool ok = e <= (half ? 2e-3 : 1e-2);
+                failed += !ok;
+                printf("  %-24s m %3d %s  nb %d s %d tiles %d: %.2e %s\n", sh.name, m, half ? "f16 " : "bf16",
+                       c.nb, c.s, c.tiles, e, ok ? "ok" : "FAIL");
+            }
+        }
+    }
+
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    const int layers = 30;
+    if (argc > 1 && std::string(argv[1]) == "sweep") {
+        for (int cl : {0, 1, 6}) {
+            DecodeProductArgs a{};
+            const double t = time_graph(st, [&] {
+                for (int l = 0; l < layers; ++l) {
+                    cudaLaunchConfig_t cfg = {};
+                    cfg.gridDim = dim3(15, 6, 1);
+                    cfg.blockDim = dim3(DP_THREADS);
+                    cfg.stream = st;
+                    cudaLaunchAttribute attr[1];
+                    attr[0].id = cudaLaunchAttributeClusterDimension;
+                    attr[0].val.clusterDim.x = 1;
+                    attr[0].val.clusterDim.y = cl;
+                    attr[0].val.clusterDim.z = 1;
+                    cfg.attrs = attr;
+                    cfg.numAttrs = cl ? 1 : 0;
+                    CK(cudaLaunchKernelEx(&cfg, dp_empty, a));
+                }
+            }) / layers;
+            printf("empty kernel, 90 CTAs, cluster %d: %.2f us a launch\n", cl, t);
+        }
+        // Every configuration of the four SmolLM2 products at m 64 (us a product, graph-timed).
+        const int m = 64;
+        for (int si = 0; si < 4; ++si) {
+            const Shape& sh = shapes[si];
+            std::vector<Dev*> wts;
+            for (int l = 0; l < layers; ++l) {
+                wts.push_back(new Dev((size_t)sh.wrows() * sh.k * 2));
+                CK(cudaMemset(wts.back()->p, 0, (size_t)sh.wrows() * sh.k * 2));
+            }
+            Dev x((size_t)m * sh.k * 2), gm(sh.k * 2), out((size_t)m * sh.wrows() * 2);
+            CK(cudaMemset(x.p, 0, (size_t)m * sh.k * 2));
+            CK(cudaMemset(gm.p, 0, sh.k * 2));
+            printf("sweep %s:", sh.name);
+            for (int nb : {64, 32}) {
+                if (sh.kind == DP_SWIGLU && nb == 32) continue;
+                for (int s = 1; s <= 8; ++s) {
+                    if (sh.k % (16 * s) || dp_shared_bytes(nb, sh.k / s) > 200 * 1024) continue;
+                    const int oc = sh.kind == DP_SWIGLU ? nb / 2 : nb;
+                    const Config c{nb, s, (sh.n + oc - 1) / oc};
+                    const double t = time_graph(st, [&] {
+                        for (int l = 0; l < layers; ++l) {
+                            DecodeProductArgs a{x.p, wts[l]->p, gm.p, out.p, out.p, m, sh.k, sh.n, sh.k, sh.n, 1e-5f};
+                            launch(sh, c, false, a, st);
+                        }
+                    }) / layers;
+                    printf("  nb%d s%d %.2f", nb, s, t);
+                }
+            }
+            printf("\n");
+            for (auto* d : wts) delete d;
+        }
+        return 0;
+    }
+    if (argc > 1 && std::string(argv[1]) == "once") {
+        // One launch of each SmolLM2 product at m 64, for a profiler.
+        for (int si = 0; si < 4; ++si) {
+            const Shape& sh = shapes[si];
+            const int m = 64;
+            Dev w((size_t)sh.wrows() * sh.k * 2), x((size_t)m * sh.k * 2), gm(sh.k * 2), out((size_t)m * sh.wrows() * 2);
+            CK(cudaMemset(w.p, 0, (size_t)sh.wrows() * sh.k * 2));
+            CK(cudaMemset(x.p, 0, (size_t)m * sh.k * 2));
+            CK(cudaMemset(gm.p, 0, sh.k * 2));
+            DecodeProductArgs a{x.p, w.p, gm.p, out.p, out.p, m, sh.k, sh.n, sh.k, sh.n, 1e-5f};
+            launch(sh, choose(sh, sms), false, a, st);
+            CK(cudaStreamSynchronize(st));
+        }
+        return 0;
+    }
+    // Timing: 30 layers' products, each on its own weights (so they come from memory, as in a
+    // decode step of the whole model), m rows.
+    cublasLtHandle_t lt;
+    CL(cublasLtCreate(&lt));
+    const size_t wsb = 32 << 20;
+    Dev ws(wsb);
+    for (int m : {1, 16, 64}) {
+        printf("timing, m %d, bf16, %d products of each shape in one graph (us a product)\n", m, layers);
+        double fused_layer = 0, lt_layer = 0;
+        for (int si = 0; si < 4; ++si) {
+            const Shape& sh = shapes[si];
+            const Config c = choose(sh, sms);
+            std::vector<Dev*> wts;
+            for (int l = 0; l < layers; ++l) {
+                wts.push_back(new Dev((size_t)sh.wrows() * sh.k * 2));
+                CK(cudaMemset(wts.back()->p, 0, (size_t)sh.wrows() * sh.k * 2));
+            }
+            Dev x((size_t)m * sh.k * 2), gm(sh.k * 2), out((size_t)m * sh.wrows() * 2);
+            CK(cudaMemset(x.p, 0, (size_t)m * sh.k * 2));
+            CK(cudaMemset(gm.p, 0, sh.k * 2));
+            const double fused = time_graph(st, [&] {
+                for (int l = 0; l < layers; ++l) {
+                    DecodeProductArgs a{x.p, wts[l]->p, gm.p, out.p, out.p, m, sh.k, sh.n, sh.k, sh.n, 1e-5f};
+                    launch(sh, c, false, a, st);
+                }
+            }) / layers;
+            LtProduct p(lt, m, sh.wrows(), sh.k, ws.p, wsb);
+            const double blas = time_graph(st, [&] {
+                for (int l = 0; l < layers; ++l) p.run(lt, wts[l]->p, x.p, out.p, ws.p, wsb, st);
+            }) / layers;
+            fused_layer += fused;
+            lt_layer += blas;
+            printf("  %-24s fused %6.2f  (nb %d, s %d, %d CTAs)   cuBLASLt product alone %6.2f\n", sh.name, fused,
+                   c.nb, c.s, c.tiles * c.s * ((m + 63) / 64), blas);
+            for (auto* d : wts) delete d;
+        }
+        printf("  a layer's four: fused %.2f us, cuBLASLt products alone %.2f us (the unfused path adds two norms and SwiGLU)\n",
+               fused_layer, lt_layer);
+    }
+    printf("%s\n", failed ? "SOME CHECKS FAILED" : "all checks within bounds");
+    return failed ? 1 : 0;
+}
