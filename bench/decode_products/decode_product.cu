@@ -54,8 +54,14 @@ __host__ __device__ __forceinline__ int dp_tile_bytes(int nb, int ks) {
     return operands > partial ? operands : partial;
 }
 #define DP_RESID_STAGE (DP_ROWS * 64 * 2)
-__host__ __device__ __forceinline__ int dp_shared_bytes(int nb, int ks) {
+__host__ __device__ __forceinline__ int dp_base_bytes(int nb, int ks) {
     return dp_tile_bytes(nb, ks) + DP_ROWS * 4 + DP_RESID_STAGE + ks * 2 + 16;  // + the barrier
+}
+// Then (unless DP_PULL) the slots the cluster's CTAs push their partial rows into: for each
+// rank q, this CTA's rows' partial sums [q][row here][nb + 4] and sums of squares [q][row here]
+// (at most 64 + S - 1 rows in all).
+__host__ __device__ __forceinline__ int dp_shared_bytes(int nb, int ks) {
+    return dp_base_bytes(nb, ks) + 72 * (nb + 4) * 4 + 72 * 4;
 }
 
 __device__ __forceinline__ unsigned dp_remote(const void* p, unsigned rank) {
@@ -68,6 +74,12 @@ __device__ __forceinline__ float4 dp_remote4(unsigned addr) {
     asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
                  : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr) : "memory");
     return v;
+}
+__device__ __forceinline__ void dp_store2(unsigned addr, float x, float y) {
+    asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};" :: "r"(addr), "f"(x), "f"(y) : "memory");
+}
+__device__ __forceinline__ void dp_store1(unsigned addr, float x) {
+    asm volatile("st.shared::cluster.f32 [%0], %1;" :: "r"(addr), "f"(x) : "memory");
 }
 __device__ __forceinline__ float dp_remote1(unsigned addr) {
     float v;
@@ -106,6 +118,9 @@ __device__ __forceinline__ void decode_product(const DecodeProductArgs& a) {
     tc_need_shared(dp_shared_bytes(NB, ks));
     const int per_row = oc / 4;
     const int mine = (DP_ROWS - (int)rank + (int)S - 1) / (int)S;  // rows rank, rank + S, ...
+    const int srows = (DP_ROWS + (int)S - 1) / (int)S;
+    float* slots = (float*)(dp_smem + dp_base_bytes(NB, ks));
+    float* sslots = slots + S * srows * (NB + 4);
 
     // Every copy of the block's slices at once, one bulk (TMA) copy a row, all completing on
     // one barrier: a decode product waits on memory, and per-element copy instructions would
@@ -123,12 +138,20 @@ __device__ __forceinline__ void decode_product(const DecodeProductArgs& a) {
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
+#ifndef DP_PULL
+    // Says this CTA has started; waited for before the first remote store.
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#endif
     if (threadIdx.x == 0) {
         const unsigned bytes = (xrows + wrows) * ks * 2 + (KIND == DP_RESID ? rrows * rcols * 2 : ks * 2);
         asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
     }
+    // Copies of weights (W, gamma) start before the previous kernel has finished, when this
+    // one is launched as its programmatic dependent: they read nothing it writes. X and the
+    // residual wait for it (griddepcontrol.wait; a no-op in an ordinary launch).
     {
         const int i = threadIdx.x;
+        const bool weight = (i >= DP_ROWS && i < DP_ROWS + wrows) || (i == DP_ROWS + NB && KIND != DP_RESID);
         const void* src = nullptr;
         void* dst = nullptr;
         int size = ks * 2;
@@ -150,7 +173,13 @@ __device__ __forceinline__ void decode_product(const DecodeProductArgs& a) {
             dst = rs + rl * oc;
             size = rcols * 2;
         }
-        if (src)
+        if (src && weight)
+            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                         :: "r"(tc_smem_addr(dst)), "l"(src), "r"(size), "r"(bar) : "memory");
+        asm volatile("griddepcontrol.wait;" ::: "memory");
+        // The next kernel may start now and fetch its own weights while this one works.
+        asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+        if (src && !weight)
             asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                          :: "r"(tc_smem_addr(dst)), "l"(src), "r"(size), "r"(bar) : "memory");
     }
@@ -209,6 +238,7 @@ __device__ __forceinline__ void decode_product(const DecodeProductArgs& a) {
         }
     }
 #endif
+#ifdef DP_PULL
     __syncthreads();  // every warp is done with xs and ws, which the partial tile reuses
     {
         const int g = lane >> 2, t = lane & 3;
@@ -223,21 +253,51 @@ __device__ __forceinline__ void decode_product(const DecodeProductArgs& a) {
     return;
 #endif
     dp_cluster_sync();
+#else
+    // Each partial row goes straight to the CTA that finishes it (row r to rank r % S), into
+    // this CTA's slot there: fire-and-forget stores, then one barrier.
+    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+    {
+        const int g = lane >> 2, t = lane & 3;
+        #pragma unroll
+        for (int j = 0; j < NB / 16; ++j) {
+            #pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = wr + g + 8 * h;
+                const float* p = slots + ((int)rank * srows + r / (int)S) * (NB + 4) + wc + j * 8 + 2 * t;
+                dp_store2(dp_remote(p, r % S), acc[j][2 * h], acc[j][2 * h + 1]);
+            }
+        }
+        if (KIND != DP_RESID && threadIdx.x < DP_ROWS) {
+            const int r = threadIdx.x;
+            dp_store1(dp_remote(sslots + (int)rank * srows + r / (int)S, r % S), ss[r]);
+        }
+    }
+#ifdef SKIP_REDUCE
+    return;
+#endif
+    dp_cluster_sync();
+#endif
 
     // This CTA finishes rows rank, rank + S, ...: the partial tiles added in rank order.
     for (int i = threadIdx.x; i < mine * per_row; i += DP_THREADS) {
-        const int r = (int)rank + (i / per_row) * (int)S, c = (i % per_row) * 4;
+        const int rl = i / per_row, r = (int)rank + rl * (int)S, c = (i % per_row) * 4;
         const int col = tile * oc + c;
         if (m0 + r >= a.m || col >= a.n) continue;
         float v[4] = {0.f, 0.f, 0.f, 0.f}, u[4] = {0.f, 0.f, 0.f, 0.f}, sq = 0.f;
         for (unsigned q = 0; q < S; ++q) {
+#ifdef DP_PULL
             const float4 p = dp_remote4(dp_remote(part + r * (NB + 4) + c, q));
-            v[0] += p.x, v[1] += p.y, v[2] += p.z, v[3] += p.w;
-            if (KIND == DP_SWIGLU) {
-                const float4 pu = dp_remote4(dp_remote(part + r * (NB + 4) + oc + c, q));
-                u[0] += pu.x, u[1] += pu.y, u[2] += pu.z, u[3] += pu.w;
-            }
+            const float4 pu = KIND == DP_SWIGLU ? dp_remote4(dp_remote(part + r * (NB + 4) + oc + c, q)) : p;
             if (KIND != DP_RESID) sq += dp_remote1(dp_remote(ss + r, q));
+#else
+            const float* row = slots + (q * srows + rl) * (NB + 4);
+            const float4 p = *(const float4*)(row + c);
+            const float4 pu = KIND == DP_SWIGLU ? *(const float4*)(row + oc + c) : p;
+            if (KIND != DP_RESID) sq += sslots[q * srows + rl];
+#endif
+            v[0] += p.x, v[1] += p.y, v[2] += p.z, v[3] += p.w;
+            if (KIND == DP_SWIGLU) u[0] += pu.x, u[1] += pu.y, u[2] += pu.z, u[3] += pu.w;
         }
         const size_t at = (size_t)(m0 + r) * a.ldo + col;
         float y[4];
@@ -256,13 +316,15 @@ __device__ __forceinline__ void decode_product(const DecodeProductArgs& a) {
                 y[j] = gt * (1.0f / (1.0f + expf(-gt))) * up;
             }
         } else {
-            const unsigned short* res = rs + (i / per_row) * oc + c;
+            const unsigned short* res = rs + rl * oc + c;
             #pragma unroll
             for (int j = 0; j < 4; ++j) y[j] = load(dp_elem<T>(res[j])) + load(store<T>(v[j]));
         }
         store4((T*)a.out + at, y);
     }
+#ifdef DP_PULL
     dp_cluster_sync();  // no CTA leaves while another still reads its shared memory
+#endif
 #else
     __trap();
 #endif

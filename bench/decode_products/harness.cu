@@ -23,9 +23,12 @@
 #include "../../src/engine/cuda/common.cuh"
 #include "../../src/engine/cuda/attention_tc.cu"
 #include "decode_product.cu"
+#include "decode_product_mc.cu"
 
 DP_ENTRY_POINTS(TcBf16, bf16)
 DP_ENTRY_POINTS(TcF16, f16)
+MC_ENTRY_POINTS(TcBf16, bf16)
+MC_ENTRY_POINTS(TcF16, f16)
 
 #define CK(x)                                                                          \
     do {                                                                               \
@@ -116,6 +119,8 @@ static Kernel kernel_for(const Shape& sh, int nb, bool half) {
     return nb == 64 ? decode_product_resid_nb64_bf16 : decode_product_resid_nb32_bf16;
 }
 
+static bool g_pdl = false;  // launch as programmatic dependents of the previous kernel
+
 static void launch(const Shape& sh, const Config& c, bool half, const DecodeProductArgs& a,
                    cudaStream_t st) {
     Kernel f = kernel_for(sh, c.nb, half);
@@ -133,13 +138,48 @@ static void launch(const Shape& sh, const Config& c, bool half, const DecodeProd
     cfg.blockDim = dim3(DP_THREADS);
     cfg.dynamicSmemBytes = bytes;
     cfg.stream = st;
-    cudaLaunchAttribute attr[1];
+    cudaLaunchAttribute attr[2];
     attr[0].id = cudaLaunchAttributeClusterDimension;
     attr[0].val.clusterDim.x = 1;
     attr[0].val.clusterDim.y = c.s;
     attr[0].val.clusterDim.z = 1;
+    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[1].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cfg.numAttrs = g_pdl ? 2 : 1;
+    CK(cudaLaunchKernelEx(&cfg, f, a));
+}
+
+// The multicast design (decode_product_mc.cu): 16 columns a CTA (SwiGLU 16 outputs of 32 W
+// rows; 8 above K 1024, so that X fits), clusters of 8 along N.
+static bool g_mc = false;
+static const int MC_CLUSTER = 8;
+static int mc_nb(const Shape& sh) { return sh.kind == DP_SWIGLU ? 32 : sh.k > 1024 ? 8 : 16; }
+static void launch_mc(const Shape& sh, bool half, const DecodeProductArgs& a, cudaStream_t st) {
+    const int nb = mc_nb(sh);
+    Kernel f;
+    if (half) f = sh.kind == DP_NORM ? decode_product_mc_norm_nb16_f16 : sh.kind == DP_SWIGLU ? decode_product_mc_swiglu_nb32_f16
+                  : nb == 16 ? decode_product_mc_resid_nb16_f16 : decode_product_mc_resid_nb8_f16;
+    else f = sh.kind == DP_NORM ? decode_product_mc_norm_nb16_bf16 : sh.kind == DP_SWIGLU ? decode_product_mc_swiglu_nb32_bf16
+             : nb == 16 ? decode_product_mc_resid_nb16_bf16 : decode_product_mc_resid_nb8_bf16;
+    const int bytes = mc_shared_bytes(nb, sh.k);
+    CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    const int oc = sh.kind == DP_SWIGLU ? nb / 2 : nb;
+    const int tiles = (sh.n + oc - 1) / oc;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((tiles + MC_CLUSTER - 1) / MC_CLUSTER * MC_CLUSTER, 1, (a.m + DP_ROWS - 1) / DP_ROWS);
+    cfg.blockDim = dim3(MC_THREADS);
+    cfg.dynamicSmemBytes = bytes;
+    cfg.stream = st;
+    cudaLaunchAttribute attr[2];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = MC_CLUSTER;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[1].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = g_pdl ? 2 : 1;
     CK(cudaLaunchKernelEx(&cfg, f, a));
 }
 
@@ -174,7 +214,8 @@ static double check(const Shape& sh, int m, bool half, int sms, std::mt19937& g)
     CK(cudaMemset(dout.p, 0xff, (size_t)m * n * 2));
     DecodeProductArgs a{dx.p, dw.p, dg.p, dr.p, dout.p, m, k, n, k, n, eps};
     Config c = choose(sh, sms);
-    launch(sh, c, half, a, 0);
+    if (g_mc) launch_mc(sh, half, a, 0);
+    else launch(sh, c, half, a, 0);
     CK(cudaDeviceSynchronize());
     std::vector<unsigned short> out((size_t)m * n);
     CK(cudaMemcpy(out.data(), dout.p, out.size() * 2, cudaMemcpyDeviceToHost));
@@ -281,22 +322,35 @@ int main(int argc, char** argv) {
     int failed = 0;
     const bool mode = argc > 1;
     if (!mode) printf("checks (error over the largest reference value; bounds bf16 1e-2, f16 2e-3)\n");
-    for (const auto& sh : mode ? std::vector<Shape>{} : shapes) {
-        const Config c = choose(sh, sms);
-        for (int m : {1, 5, 64, 100}) {
-            for (bool half : {false, true}) {
-                const double e = check(sh, m, half, sms, g);
-                const bool ok = e <= (half ? 2e-3 : 1e-2);
-                failed += !ok;
-                printf("  %-24s m %3d %s  nb %d s %d tiles %d: %.2e %s\n", sh.name, m, half ? "f16 " : "bf16",
-                       c.nb, c.s, c.tiles, e, ok ? "ok" : "FAIL");
+    for (bool mc : {false, true}) {
+        g_mc = mc;
+        for (const auto& sh : mode ? std::vector<Shape>{} : shapes) {
+            const Config c = choose(sh, sms);
+            if (mc && mc_shared_bytes(mc_nb(sh), sh.k) > 227 * 1024) continue;
+            for (int m : {1, 5, 64, 100}) {
+                for (bool half : {false, true}) {
+                    const double e = check(sh, m, half, sms, g);
+                    const bool ok = e <= (half ? 2e-3 : 1e-2);
+                    failed += !ok;
+                    if (mc)
+                        printf("  multicast %-24s m %3d %s  nb %d: %.2e %s\n", sh.name, m, half ? "f16 " : "bf16",
+                               mc_nb(sh), e, ok ? "ok" : "FAIL");
+                    else
+                        printf("  %-24s m %3d %s  nb %d s %d tiles %d: %.2e %s\n", sh.name, m, half ? "f16 " : "bf16",
+                               c.nb, c.s, c.tiles, e, ok ? "ok" : "FAIL");
+                }
             }
         }
     }
+    g_mc = false;
 
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     const int layers = 30;
+    cublasLtHandle_t lt;
+    CL(cublasLtCreate(&lt));
+    const size_t wsb = 32 << 20;
+    Dev ws(wsb);
     if (argc > 1 && std::string(argv[1]) == "sweep") {
         for (int cl : {0, 1, 6}) {
             DecodeProductArgs a{};
@@ -351,6 +405,80 @@ int main(int argc, char** argv) {
         }
         return 0;
     }
+    if (argc > 1 && std::string(argv[1]) == "chain") {
+        // SmolLM2's four products of each of 30 layers, each reading what the previous wrote
+        // (q/k/v from the residual stream, o from q's columns back into the stream, gate/up
+        // from it, down back into it), as in a decode step without its attention; then the
+        // same with each launched as a programmatic dependent of the one before; then
+        // cuBLASLt's four products alone in the same order.
+        for (int m : {1, 64}) {
+            const Shape& q = shapes[0];
+            const Shape& o = shapes[1];
+            const Shape& gu = shapes[2];
+            const Shape& dn = shapes[3];
+            std::vector<Dev*> keep;
+            auto zeros = [&](size_t bytes) {
+                keep.push_back(new Dev(bytes));
+                CK(cudaMemset(keep.back()->p, 0, bytes));
+                return keep.back()->p;
+            };
+            std::vector<void*> wq, wo, wg, wd, gq, gg;
+            for (int l = 0; l < layers; ++l) {
+                wq.push_back(zeros((size_t)q.wrows() * q.k * 2));
+                wo.push_back(zeros((size_t)o.wrows() * o.k * 2));
+                wg.push_back(zeros((size_t)gu.wrows() * gu.k * 2));
+                wd.push_back(zeros((size_t)dn.wrows() * dn.k * 2));
+                gq.push_back(zeros(q.k * 2));
+                gg.push_back(zeros(gu.k * 2));
+            }
+            void* h = zeros((size_t)m * 576 * 2);
+            void* qkv = zeros((size_t)m * 960 * 2);
+            void* act = zeros((size_t)m * 1536 * 2);
+            const Config cq = choose(q, sms), co = choose(o, sms), cg = choose(gu, sms), cd = choose(dn, sms);
+            auto body = [&] {
+                for (int l = 0; l < layers; ++l) {
+                    launch(q, cq, false, DecodeProductArgs{h, wq[l], gq[l], nullptr, qkv, m, 576, 960, 576, 960, 1e-5f}, st);
+                    launch(o, co, false, DecodeProductArgs{qkv, wo[l], nullptr, h, h, m, 576, 576, 960, 576, 1e-5f}, st);
+                    launch(gu, cg, false, DecodeProductArgs{h, wg[l], gg[l], nullptr, act, m, 576, 1536, 576, 1536, 1e-5f}, st);
+                    launch(dn, cd, false, DecodeProductArgs{act, wd[l], nullptr, h, h, m, 1536, 576, 1536, 576, 1e-5f}, st);
+                }
+            };
+            auto body_mc = [&] {
+                for (int l = 0; l < layers; ++l) {
+                    launch_mc(q, false, DecodeProductArgs{h, wq[l], gq[l], nullptr, qkv, m, 576, 960, 576, 960, 1e-5f}, st);
+                    launch_mc(o, false, DecodeProductArgs{qkv, wo[l], nullptr, h, h, m, 576, 576, 960, 576, 1e-5f}, st);
+                    launch_mc(gu, false, DecodeProductArgs{h, wg[l], gg[l], nullptr, act, m, 576, 1536, 576, 1536, 1e-5f}, st);
+                    launch_mc(dn, false, DecodeProductArgs{act, wd[l], nullptr, h, h, m, 1536, 576, 1536, 576, 1e-5f}, st);
+                }
+            };
+            g_pdl = false;
+            const double mc_plain = time_graph(st, body_mc) / layers;
+            g_pdl = true;
+            const double mc_pdl = time_graph(st, body_mc) / layers;
+            g_pdl = false;
+            printf("chain m %d, multicast design: a layer's four %.2f us, as programmatic dependents %.2f us\n", m,
+                   mc_plain, mc_pdl);
+            const double plain = time_graph(st, body) / layers;
+            g_pdl = true;
+            const double pdl = time_graph(st, body) / layers;
+            g_pdl = false;
+            LtProduct pq(lt, m, 960, 576, ws.p, wsb), po(lt, m, 576, 576, ws.p, wsb);
+            LtProduct pg(lt, m, 3072, 576, ws.p, wsb), pd(lt, m, 576, 1536, ws.p, wsb);
+            void* gu_out = zeros((size_t)m * 3072 * 2);
+            const double blas = time_graph(st, [&] {
+                for (int l = 0; l < layers; ++l) {
+                    pq.run(lt, wq[l], h, qkv, ws.p, wsb, st);
+                    po.run(lt, wo[l], qkv, h, ws.p, wsb, st);
+                    pg.run(lt, wg[l], h, gu_out, ws.p, wsb, st);
+                    pd.run(lt, wd[l], act, h, ws.p, wsb, st);
+                }
+            }) / layers;
+            printf("chain m %d: a layer's four fused products %.2f us, as programmatic dependents %.2f us; "
+                   "cuBLASLt's four products alone %.2f us\n", m, plain, pdl, blas);
+            for (auto* d : keep) delete d;
+        }
+        return 0;
+    }
     if (argc > 1 && std::string(argv[1]) == "once") {
         // One launch of each SmolLM2 product at m 64, for a profiler.
         for (int si = 0; si < 4; ++si) {
@@ -368,10 +496,6 @@ int main(int argc, char** argv) {
     }
     // Timing: 30 layers' products, each on its own weights (so they come from memory, as in a
     // decode step of the whole model), m rows.
-    cublasLtHandle_t lt;
-    CL(cublasLtCreate(&lt));
-    const size_t wsb = 32 << 20;
-    Dev ws(wsb);
     for (int m : {1, 16, 64}) {
         printf("timing, m %d, bf16, %d products of each shape in one graph (us a product)\n", m, layers);
         double fused_layer = 0, lt_layer = 0;
