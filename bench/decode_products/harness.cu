@@ -22,6 +22,8 @@
 
 #include "../../src/engine/cuda/common.cuh"
 #include "../../src/engine/cuda/attention_tc.cu"
+#include "../../src/engine/cuda/rmsnorm.cu"
+#include "../../src/engine/cuda/swiglu.cu"
 #include "decode_product.cu"
 #include "decode_product_mc.cu"
 
@@ -473,8 +475,33 @@ int main(int argc, char** argv) {
                     pd.run(lt, wd[l], act, h, ws.p, wsb, st);
                 }
             }) / layers;
+            // The engine's unfused layer without its attention: the four cuBLASLt products, two
+            // residual RMSNorms and SwiGLU, launched as the engine launches them.
+            void* att = zeros((size_t)m * 576 * 2);
+            void* o_out = zeros((size_t)m * 576 * 2);
+            void* d_out = zeros((size_t)m * 576 * 2);
+            void* mid = zeros((size_t)m * 576 * 2);
+            void* ln = zeros((size_t)m * 576 * 2);
+            void* rstd = zeros((size_t)m * 4);
+            const int norm_threads = std::min(512, std::max(32, (576 / 8 + 31) / 32 * 32));
+            const long long sw_n = (long long)m * 1536;
+            const int sw_blocks = (int)std::min<long long>(65535, (sw_n / 4 + 255) / 256);
+            const double unfused = time_graph(st, [&] {
+                for (int l = 0; l < layers; ++l) {
+                    pq.run(lt, wq[l], ln, qkv, ws.p, wsb, st);
+                    po.run(lt, wo[l], att, o_out, ws.p, wsb, st);
+                    residual_rmsnorm_forward_bf16<<<m, norm_threads, 0, st>>>(
+                        (bf16*)mid, (bf16*)ln, (float*)rstd, (const bf16*)h, (const bf16*)o_out, (const bf16*)gq[l], 576, 1e-5f);
+                    pg.run(lt, wg[l], ln, gu_out, ws.p, wsb, st);
+                    swiglu_forward_bf16<<<sw_blocks, 256, 0, st>>>((bf16*)act, (const bf16*)gu_out, sw_n, 1536);
+                    pd.run(lt, wd[l], act, d_out, ws.p, wsb, st);
+                    residual_rmsnorm_forward_bf16<<<m, norm_threads, 0, st>>>(
+                        (bf16*)h, (bf16*)ln, (float*)rstd, (const bf16*)mid, (const bf16*)d_out, (const bf16*)gg[l], 576, 1e-5f);
+                }
+            }) / layers;
             printf("chain m %d: a layer's four fused products %.2f us, as programmatic dependents %.2f us; "
-                   "cuBLASLt's four products alone %.2f us\n", m, plain, pdl, blas);
+                   "cuBLASLt's four products alone %.2f us; the engine's unfused layer (products, two residual "
+                   "RMSNorms, SwiGLU) %.2f us\n", m, plain, pdl, blas, unfused);
             for (auto* d : keep) delete d;
         }
         return 0;
