@@ -51,6 +51,31 @@ MC_ENTRY_POINTS(TcF16, f16)
 
 typedef void (*Kernel)(DecodeProductArgs);
 
+// The engine's residual RMSNorm and SwiGLU waiting on their predecessor as programmatic
+// dependents (griddepcontrol.wait first, so they may be launched before it ends).
+extern "C" __global__ void pdl_residual_rmsnorm_bf16(bf16* sum, bf16* out, float* rstd, const bf16* x,
+                                                     const bf16* delta, const bf16* gamma, int c, float eps) {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    rmsnorm_forward<bf16, true>(sum, out, rstd, x, delta, gamma, c, eps);
+}
+extern "C" __global__ void pdl_swiglu_bf16(bf16* h, const bf16* gu, long long n, int f) {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    swiglu_forward<bf16>(h, gu, n, f);
+}
+template <typename... A>
+static void launch_pdl(void (*f)(A...), int grid, int block, cudaStream_t st, A... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(block);
+    cfg.stream = st;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    CK(cudaLaunchKernelEx(&cfg, f, args...));
+}
+
 // An empty kernel: the launch cost of a graph node, with and without a cluster.
 extern "C" __global__ void dp_empty(DecodeProductArgs) {}
 
@@ -499,6 +524,21 @@ int main(int argc, char** argv) {
                         (bf16*)h, (bf16*)ln, (float*)rstd, (const bf16*)mid, (const bf16*)d_out, (const bf16*)gg[l], 576, 1e-5f);
                 }
             }) / layers;
+            const double unfused_pdl = time_graph(st, [&] {
+                for (int l = 0; l < layers; ++l) {
+                    pq.run(lt, wq[l], ln, qkv, ws.p, wsb, st);
+                    po.run(lt, wo[l], att, o_out, ws.p, wsb, st);
+                    launch_pdl(pdl_residual_rmsnorm_bf16, m, norm_threads, st, (bf16*)mid, (bf16*)ln, (float*)rstd,
+                               (const bf16*)h, (const bf16*)o_out, (const bf16*)gq[l], 576, 1e-5f);
+                    pg.run(lt, wg[l], ln, gu_out, ws.p, wsb, st);
+                    launch_pdl(pdl_swiglu_bf16, sw_blocks, 256, st, (bf16*)act, (const bf16*)gu_out, sw_n, 1536);
+                    pd.run(lt, wd[l], act, d_out, ws.p, wsb, st);
+                    launch_pdl(pdl_residual_rmsnorm_bf16, m, norm_threads, st, (bf16*)h, (bf16*)ln, (float*)rstd,
+                               (const bf16*)mid, (const bf16*)d_out, (const bf16*)gg[l], 576, 1e-5f);
+                }
+            }) / layers;
+            printf("chain m %d: the engine's unfused layer with its norms and SwiGLU as programmatic dependents "
+                   "of the products %.2f us\n", m, unfused_pdl);
             printf("chain m %d: a layer's four fused products %.2f us, as programmatic dependents %.2f us; "
                    "cuBLASLt's four products alone %.2f us; the engine's unfused layer (products, two residual "
                    "RMSNorms, SwiGLU) %.2f us\n", m, plain, pdl, blas, unfused);
