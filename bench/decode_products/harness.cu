@@ -76,6 +76,91 @@ static void launch_pdl(void (*f)(A...), int grid, int block, cudaStream_t st, A.
     CK(cudaLaunchKernelEx(&cfg, f, args...));
 }
 
+// The floor of a persistent layer kernel (one launch a layer, its four products as phases
+// separated by grid-wide barriers): each phase only waits at the barrier, then the CTAs that
+// own a tile of the phase copy the phase's whole X (64 rows; K 576, or 1536 for down) from
+// L2 with cp.async and write one value; no products. `counter` is zeroed before each launch.
+__device__ __forceinline__ void floor_barrier(unsigned* counter, unsigned target) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        atomicAdd(counter, 1u);
+        unsigned v;
+        long long spin = 0;
+        do {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(counter) : "memory");
+            if (++spin > (1ll << 26)) {
+                printf("CTA %d: grid barrier stuck at %u of %u\n", blockIdx.x, v, target);
+                __trap();
+            }
+        } while (v < target);
+    }
+    __syncthreads();
+}
+extern "C" __global__ void __launch_bounds__(256) layer_floor(const unsigned short* x576, const unsigned short* x1536,
+                                                              unsigned short* out, unsigned* counter, int copy) {
+    extern __shared__ __align__(16) unsigned short fl_smem[];
+    const int owners[4] = {120, 72, 132, 72};  // CTAs with a tile: q/k/v, o, gate/up, down
+    for (int p = 0; p < 4; ++p) {
+        if (p) floor_barrier(counter, p * gridDim.x);
+        if ((int)blockIdx.x >= owners[p] || !copy) continue;
+        const int k = p == 3 ? 1536 : 576, chunks = k / 8;
+        const unsigned short* x = p == 3 ? x1536 : x576;
+        for (int i = threadIdx.x; i < 64 * chunks; i += 256) {
+            const int r = i / chunks, c = (i - r * chunks) * 8;
+            tc_copy_async(fl_smem + r * (k + 8) + c, x + (size_t)r * k + c, true);
+        }
+        tc_commit();
+        tc_wait<0>();
+        __syncthreads();
+        if (threadIdx.x == 0) out[blockIdx.x * 4 + p] = fl_smem[threadIdx.x * 8];
+    }
+}
+
+// The same floor with X reaching each cluster of 8 CTAs by one bulk multicast copy a row (each
+// CTA copies 8 of the 64 rows for all 8), one mbarrier a phase.
+extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(256)
+    layer_floor_mc(const unsigned short* x576, const unsigned short* x1536, unsigned short* out, unsigned* counter) {
+    extern __shared__ __align__(16) unsigned short fl_smem[];
+    unsigned rank;
+    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+    const unsigned bar0 = tc_smem_addr(fl_smem + 64 * (1536 + 8));
+    if (threadIdx.x == 0) {
+        for (int p = 0; p < 4; ++p) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(bar0 + 8 * p));
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+    for (int p = 0; p < 4; ++p) {
+        if (p) floor_barrier(counter, p * gridDim.x);
+        asm volatile("fence.proxy.async.global;" ::: "memory");
+        const int k = p == 3 ? 1536 : 576;
+        const unsigned short* x = p == 3 ? x1536 : x576;
+        const unsigned bar = bar0 + 8 * p;
+        if (threadIdx.x == 0)
+            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(64 * k * 2) : "memory");
+        if (threadIdx.x < 8) {
+            const int r = rank * 8 + threadIdx.x;
+            asm volatile(
+                "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], %4;"
+                :: "r"(tc_smem_addr(fl_smem + r * (k + 8))), "l"(x + (size_t)r * k), "r"(k * 2), "r"(bar),
+                   "h"((unsigned short)0xff) : "memory");
+        }
+        unsigned done = 0;
+        for (long long spin = 0; !done; ++spin) {
+            asm volatile("{ .reg .pred q; mbarrier.try_wait.parity.shared::cta.b64 q, [%1], 0; selp.u32 %0, 1, 0, q; }"
+                         : "=r"(done) : "r"(bar) : "memory");
+            if (spin > (1ll << 24)) {
+                if (threadIdx.x == 0) printf("CTA %d phase %d: copies never completed\n", blockIdx.x, p);
+                __trap();
+            }
+        }
+        if (threadIdx.x == 0) out[blockIdx.x * 4 + p] = fl_smem[8 * p];
+    }
+    // No CTA leaves while a multicast into another may still be in flight from it.
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
 // An empty kernel: the launch cost of a graph node, with and without a cluster.
 extern "C" __global__ void dp_empty(DecodeProductArgs) {}
 
@@ -429,6 +514,47 @@ int main(int argc, char** argv) {
             }
             printf("\n");
             for (auto* d : wts) delete d;
+        }
+        return 0;
+    }
+    if (argc > 1 && std::string(argv[1]) == "floor") {
+        Dev x576(64 * 576 * 2), x1536(64 * 1536 * 2), out(4096 * 2), counters(layers * 4);
+        CK(cudaMemset(x576.p, 0, 64 * 576 * 2));
+        CK(cudaMemset(x1536.p, 0, 64 * 1536 * 2));
+        const int bytes = 64 * (1536 + 8) * 2;
+        CK(cudaFuncSetAttribute(layer_floor, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+        for (int copy : {0, 1})
+            for (int grid : {120, 132}) {
+                const double t = time_graph(st, [&] {
+                    CK(cudaMemsetAsync(counters.p, 0, layers * 4, st));
+                    for (int l = 0; l < layers; ++l)
+                        layer_floor<<<grid, 256, bytes, st>>>((const unsigned short*)x576.p, (const unsigned short*)x1536.p,
+                                                              (unsigned short*)out.p, (unsigned*)counters.p + l, copy);
+                }) / layers;
+                printf("persistent layer floor (%s), %d CTAs: %.2f us a layer\n",
+                       copy ? "three barriers and the four phases' X copies" : "three barriers only", grid, t);
+                fflush(stdout);
+            }
+        const int mc_bytes = 64 * (1536 + 8) * 2 + 64;
+        CK(cudaFuncSetAttribute(layer_floor_mc, cudaFuncAttributeMaxDynamicSharedMemorySize, mc_bytes));
+        {
+            cudaLaunchConfig_t cfg = {};
+            cfg.gridDim = dim3(128);
+            cfg.blockDim = dim3(256);
+            cfg.dynamicSmemBytes = mc_bytes;
+            int clusters = 0;
+            CK(cudaOccupancyMaxActiveClusters(&clusters, (void*)layer_floor_mc, &cfg));
+            printf("clusters of 8 that can be resident at once: %d\n", clusters);
+            fflush(stdout);
+        }
+        for (int grid : {64, 128}) {
+            const double t = time_graph(st, [&] {
+                CK(cudaMemsetAsync(counters.p, 0, layers * 4, st));
+                for (int l = 0; l < layers; ++l)
+                    layer_floor_mc<<<grid, 256, mc_bytes, st>>>((const unsigned short*)x576.p, (const unsigned short*)x1536.p,
+                                                                (unsigned short*)out.p, (unsigned*)counters.p + l);
+            }) / layers;
+            printf("persistent layer floor (three barriers, X multicast to clusters of 8), %d CTAs: %.2f us a layer\n", grid, t);
         }
         return 0;
     }
