@@ -26,6 +26,7 @@
 #include "../../src/engine/cuda/swiglu.cu"
 #include "decode_product.cu"
 #include "decode_product_mc.cu"
+#include "decode_layer.cu"
 
 DP_ENTRY_POINTS(TcBf16, bf16)
 DP_ENTRY_POINTS(TcF16, f16)
@@ -516,6 +517,131 @@ int main(int argc, char** argv) {
             for (auto* d : wts) delete d;
         }
         return 0;
+    }
+    if (argc > 1 && std::string(argv[1]) == "layer") {
+        // The persistent layer kernel (decode_layer.cu): one layer on random values against the
+        // CPU, then 30 layers' launches in a graph, beside the engine's unfused layer.
+        CK(cudaFuncSetAttribute(decode_layer_bf16, cudaFuncAttributeMaxDynamicSharedMemorySize, DL_SHARED));
+        {
+            cudaLaunchConfig_t cfg = {};
+            cfg.gridDim = dim3(DL_CTAS);
+            cfg.blockDim = dim3(256);
+            cfg.dynamicSmemBytes = DL_SHARED;
+            int clusters = 0;
+            CK(cudaOccupancyMaxActiveClusters(&clusters, (void*)decode_layer_bf16, &cfg));
+            printf("decode_layer: %d bytes of shared memory, clusters of 8 resident at once: %d (needs %d)\n",
+                   DL_SHARED, clusters, DL_CTAS / 8);
+            fflush(stdout);
+            if (clusters < DL_CTAS / 8) return 3;
+        }
+        int failed = 0;
+        for (int m : {1, 5, 64}) {
+            auto hv = random_bits((size_t)m * 576, 1.5f, false, g);
+            auto attv = random_bits((size_t)m * 576, 1.0f, false, g);
+            auto wq = random_bits((size_t)960 * 576, 1.0f / 24, false, g);
+            auto wo = random_bits((size_t)576 * 576, 1.0f / 24, false, g);
+            auto wgu = random_bits((size_t)3072 * 576, 1.0f / 24, false, g);
+            auto wd = random_bits((size_t)576 * 1536, 1.0f / 39, false, g);
+            auto g1 = random_bits(576, 0.3f, false, g, 1.0f), g2 = random_bits(576, 0.3f, false, g, 1.0f);
+            auto up = [&](const std::vector<unsigned short>& v) {
+                Dev* d = new Dev(v.size() * 2);
+                CK(cudaMemcpy(d->p, v.data(), v.size() * 2, cudaMemcpyHostToDevice));
+                return d;
+            };
+            Dev *dh = up(hv), *datt = up(attv), *dwq = up(wq), *dwo = up(wo), *dwgu = up(wgu), *dwd = up(wd), *dg1 = up(g1),
+                *dg2 = up(g2);
+            Dev dqkv((size_t)m * 960 * 2), dact((size_t)m * 1536 * 2), dcount(4);
+            CK(cudaMemset(dcount.p, 0, 4));
+            LayerArgs la{(bf16*)dh->p, (const bf16*)datt->p, (bf16*)dqkv.p, (bf16*)dact.p, (const bf16*)dwq->p,
+                         (const bf16*)dwo->p, (const bf16*)dwgu->p, (const bf16*)dwd->p, (const bf16*)dg1->p,
+                         (const bf16*)dg2->p, (unsigned*)dcount.p, m, 1e-5f};
+            decode_layer_bf16<<<DL_CTAS, 256, DL_SHARED>>>(la);
+            CK(cudaDeviceSynchronize());
+            std::vector<unsigned short> qkv_out((size_t)m * 960), act_out((size_t)m * 1536), h_out((size_t)m * 576);
+            CK(cudaMemcpy(qkv_out.data(), dqkv.p, qkv_out.size() * 2, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(act_out.data(), dact.p, act_out.size() * 2, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(h_out.data(), dh->p, h_out.size() * 2, cudaMemcpyDeviceToHost));
+            // The reference: double precision, rounded to bf16 where the engine's kernels store.
+            auto f = [&](unsigned short b) { return (double)from_bits(b, false); };
+            auto rb = [&](double v) { return (double)from_bits(to_bits((float)v, false), false); };
+            double e_qkv = 0, m_qkv = 0, e_act = 0, m_act = 0, e_h = 0, m_h = 0;
+            for (int i = 0; i < m; ++i) {
+                std::vector<double> h0(576), h1(576), act(1536);
+                for (int j = 0; j < 576; ++j) h0[j] = f(hv[(size_t)i * 576 + j]);
+                auto rstd = [&](const std::vector<double>& x) {
+                    double s2 = 0;
+                    for (double v : x) s2 += v * v;
+                    return 1.0 / sqrt(s2 / 576 + 1e-5);
+                };
+                const double r0 = rstd(h0);
+                for (int n = 0; n < 960; ++n) {
+                    double s2 = 0;
+                    for (int k = 0; k < 576; ++k) s2 += h0[k] * r0 * f(g1[k]) * f(wq[(size_t)n * 576 + k]);
+                    e_qkv = std::max(e_qkv, fabs(f(qkv_out[(size_t)i * 960 + n]) - s2));
+                    m_qkv = std::max(m_qkv, fabs(s2));
+                }
+                for (int n = 0; n < 576; ++n) {
+                    double s2 = 0;
+                    for (int k = 0; k < 576; ++k) s2 += f(attv[(size_t)i * 576 + k]) * f(wo[(size_t)n * 576 + k]);
+                    h1[n] = rb(h0[n] + rb(s2));
+                }
+                const double r1 = rstd(h1);
+                for (int n = 0; n < 1536; ++n) {
+                    double gt = 0, u = 0;
+                    for (int k = 0; k < 576; ++k) {
+                        const double x = h1[k] * r1 * f(g2[k]);
+                        gt += x * f(wgu[(size_t)n * 576 + k]);
+                        u += x * f(wgu[(size_t)(1536 + n) * 576 + k]);
+                    }
+                    gt = rb(gt), u = rb(u);
+                    act[n] = rb(gt / (1 + exp(-gt)) * u);
+                    e_act = std::max(e_act, fabs(f(act_out[(size_t)i * 1536 + n]) - act[n]));
+                    m_act = std::max(m_act, fabs(act[n]));
+                }
+                for (int n = 0; n < 576; ++n) {
+                    double s2 = 0;
+                    for (int k = 0; k < 1536; ++k) s2 += act[k] * f(wd[(size_t)n * 1536 + k]);
+                    const double ref = rb(h1[n] + rb(s2));
+                    e_h = std::max(e_h, fabs(f(h_out[(size_t)i * 576 + n]) - ref));
+                    m_h = std::max(m_h, fabs(ref));
+                }
+            }
+            const double eq = e_qkv / m_qkv, ea = e_act / m_act, eh = e_h / m_h;
+            const bool ok = eq <= 1e-2 && ea <= 1e-2 && eh <= 1e-2;
+            failed += !ok;
+            printf("decode_layer m %d: q/k/v %.2e, SwiGLU output %.2e, residual stream %.2e (bound 1e-2) %s\n", m, eq, ea,
+                   eh, ok ? "ok" : "FAIL");
+            for (Dev* d : {dh, datt, dwq, dwo, dwgu, dwd, dg1, dg2}) delete d;
+        }
+        // Timing: 30 layers on their own (zero) weights, each launch with its own counter.
+        for (int m : {1, 64}) {
+            std::vector<Dev*> keep;
+            auto zeros = [&](size_t bytes) {
+                keep.push_back(new Dev(bytes));
+                CK(cudaMemset(keep.back()->p, 0, bytes));
+                return keep.back()->p;
+            };
+            void* h = zeros((size_t)m * 576 * 2);
+            void* att = zeros((size_t)m * 576 * 2);
+            void* qkv = zeros((size_t)m * 960 * 2);
+            void* act = zeros((size_t)m * 1536 * 2);
+            void* counters = zeros(layers * 4);
+            std::vector<LayerArgs> args;
+            for (int l = 0; l < layers; ++l)
+                args.push_back(LayerArgs{(bf16*)h, (const bf16*)att, (bf16*)qkv, (bf16*)act,
+                                         (const bf16*)zeros((size_t)960 * 576 * 2), (const bf16*)zeros((size_t)576 * 576 * 2),
+                                         (const bf16*)zeros((size_t)3072 * 576 * 2), (const bf16*)zeros((size_t)576 * 1536 * 2),
+                                         (const bf16*)zeros(576 * 2), (const bf16*)zeros(576 * 2), (unsigned*)counters + l, m,
+                                         1e-5f});
+            const double t = time_graph(st, [&] {
+                CK(cudaMemsetAsync(counters, 0, layers * 4, st));
+                for (int l = 0; l < layers; ++l) decode_layer_bf16<<<DL_CTAS, 256, DL_SHARED, st>>>(args[l]);
+            }) / layers;
+            printf("decode_layer m %d: %.2f us a layer (its four products, norms, SwiGLU and residual adds)\n", m, t);
+            fflush(stdout);
+            for (auto* d : keep) delete d;
+        }
+        return failed ? 1 : 0;
     }
     if (argc > 1 && std::string(argv[1]) == "floor") {
         Dev x576(64 * 576 * 2), x1536(64 * 1536 * 2), out(4096 * 2), counters(layers * 4);
