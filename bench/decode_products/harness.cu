@@ -1,10 +1,14 @@
-// The fused decode products of decode_product.cu (beside this file), outside the engine:
-// checked against a CPU reference in double precision, then timed inside CUDA graphs (as decode
-// steps run) beside cuBLASLt's products of the same shapes. The kernel source is included as an
-// engine program would compile it (common.cuh and attention_tc.cu's helpers first).
+// The fused decode products of decode_product.cu, decode_product_mc.cu and decode_layer.cu
+// (beside this file), outside the engine: checked against a CPU reference in double precision,
+// then timed inside CUDA graphs (as decode steps run) beside cuBLASLt's products of the same
+// shapes and the engine's own norm and SwiGLU kernels. The sources are included as an engine
+// program would compile them (common.cuh and attention_tc.cu's helpers first).
 //
 //   bash bench/decode_products/run.sh            checks, then the chosen configurations' times
 //   /tmp/decode_products sweep                   every configuration of the SmolLM2 products
+//   /tmp/decode_products chain                   30 layers' dependent products, every design
+//   /tmp/decode_products floor                   a persistent layer kernel's barriers and copies
+//   /tmp/decode_products layer                   the persistent layer kernel, checked and timed
 //
 // Exits non-zero when a check exceeds its bound (bf16 1e-2, f16 2e-3 of the output's largest
 // value) or a launch fails.
