@@ -36,43 +36,6 @@ struct LayerArgs {
     float eps;
 };
 
-__device__ __forceinline__ void dl_grid_barrier(unsigned* counter, unsigned target) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        atomicAdd(counter, 1u);
-        unsigned v;
-        do {
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(counter) : "memory");
-        } while (v < target);
-    }
-    __syncthreads();
-    // X's next copies are read by the async proxy: order them after what the barrier acquired.
-    asm volatile("fence.proxy.async.global;" ::: "memory");
-}
-
-__device__ __forceinline__ void dl_wait(unsigned bar) {
-    unsigned done = 0;
-    while (!done)
-        asm volatile("{ .reg .pred q; mbarrier.try_wait.parity.shared::cta.b64 q, [%1], 0; selp.u32 %0, 1, 0, q; }"
-                     : "=r"(done) : "r"(bar) : "memory");
-}
-__device__ __forceinline__ void dl_expect(unsigned bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void dl_copy(void* dst, const void* src, int bytes, unsigned bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                 :: "r"(tc_smem_addr(dst)), "l"(src), "r"(bytes), "r"(bar) : "memory");
-}
-__device__ __forceinline__ void dl_multicast(void* dst, const void* src, int bytes, unsigned bar) {
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], %4;"
-        :: "r"(tc_smem_addr(dst)), "l"(src), "r"(bytes), "r"(bar), "h"((unsigned short)0xff) : "memory");
-}
-__device__ __forceinline__ void dl_cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-
 // The W rows of a phase's tiles for CTA c: P0 tile c (8 rows of Wq), P1 and P3 tile c < 72,
 // P2 tiles c and c + 120 < 192 (8 gate rows, then their 8 up rows, each).
 __device__ __forceinline__ int dl_tiles(int phase, int c) {
@@ -82,12 +45,12 @@ __device__ __forceinline__ int dl_tiles(int phase, int c) {
         default: return c < DL_D / 8 ? 1 : 0;
     }
 }
-__device__ __forceinline__ unsigned dl_issue_w(int phase, int c, const LayerArgs& a, unsigned short* buf,
+__device__ __forceinline__ void dl_issue_w(int phase, int c, const LayerArgs& a, unsigned short* buf,
                                                unsigned bar) {
     const int tiles = dl_tiles(phase, c);
     const int k = phase == 3 ? DL_F : DL_D, ld = k + 8;
     const int rows = phase == 2 ? 16 * tiles : 8 * tiles;
-    if (threadIdx.x == 0) dl_expect(bar, rows * k * 2);
+    if (threadIdx.x == 0) dp_expect(bar, rows * k * 2);
     const int r = threadIdx.x;
     if (r < rows) {
         const bf16* src;
@@ -98,9 +61,8 @@ __device__ __forceinline__ unsigned dl_issue_w(int phase, int c, const LayerArgs
             const int t = r / 16, q = r % 16, j = 8 * (c + t * DL_CTAS) + (q % 8);
             src = a.wgu + (size_t)(q < 8 ? j : DL_F + j) * k;
         }
-        dl_copy(buf + r * ld, src, k * 2, bar);
+        dp_copy(buf + r * ld, src, k * 2, bar);
     }
-    return rows;
 }
 
 extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(256) decode_layer_bf16(LayerArgs a) {
@@ -121,22 +83,27 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(256) deco
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
     if (threadIdx.x == 0) {
-        for (int i = 0; i < 10; ++i) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(bar(i)));
+        for (int i = 0; i < 10; ++i) dp_init_barrier(bar(i));
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
     // Weights first (they depend on nothing): P0's and P1's tiles, both gammas.
     dl_issue_w(0, c, a, wbuf[0], bar(5));
     dl_issue_w(1, c, a, wbuf[1], bar(6));
-    if (threadIdx.x == 0) dl_expect(bar(9), 2 * DL_D * 2);
+    if (threadIdx.x == 0) dp_expect(bar(9), 2 * DL_D * 2);
     if (threadIdx.x == 255) {
-        dl_copy(gs, a.g1, DL_D * 2, bar(9));
-        dl_copy(gs + DL_D, a.g2, DL_D * 2, bar(9));
+        dp_copy(gs, a.g1, DL_D * 2, bar(9));
+        dp_copy(gs + DL_D, a.g2, DL_D * 2, bar(9));
     }
-    dl_cluster_sync();  // every CTA's barriers are initialised before any multicast
+    dp_cluster_sync();  // every CTA's barriers are initialised before any multicast
 
     for (int phase = 0; phase < 4; ++phase) {
-        if (phase) dl_grid_barrier(a.counter, phase * gridDim.x);
+        if (phase) {
+            dp_grid_barrier(a.counter, phase * gridDim.x);
+            // X's next copies are read by the async proxy: order them after what the barrier
+            // acquired.
+            asm volatile("fence.proxy.async.global;" ::: "memory");
+        }
         const int tiles = dl_tiles(phase, c);
         const int k = phase == 3 ? DL_F : DL_D;
         const bool norm = phase == 0 || phase == 2;
@@ -150,58 +117,32 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(256) deco
             for (int mt = 0; mt < 4; ++mt)
                 #pragma unroll
                 for (int j = 0; j < 2; ++j) acc[t][mt][j][0] = acc[t][mt][j][1] = acc[t][mt][j][2] = acc[t][mt][j][3] = 0.f;
-        float sq = 0.f;  // this thread's share of its row's sum of squares (norm phases)
         const int halves = phase == 3 ? 2 : 1;
         for (int half = 0; half < halves; ++half) {
             const int kc = phase == 3 ? 768 : DL_D, k0 = half * 768;
             const unsigned xb = bar(phase == 3 ? 3 + half : phase);
             const bf16* src = phase == 1 ? a.att : phase == 3 ? a.act : a.h;
             const int sld = phase == 3 ? DL_F : DL_D;
-            if (half) dl_cluster_sync();  // every CTA of the cluster is done with the first half
+            if (half) dp_cluster_sync();  // every CTA of the cluster is done with the first half
             if (threadIdx.x == 0) {
                 int bytes = xrows * kc * 2;
                 if ((phase == 1 || phase == 3) && half == 0 && tiles) bytes += xrows * 16;
-                dl_expect(xb, bytes);
+                dp_expect(xb, bytes);
             }
             const int r = rank * 8 + threadIdx.x;
             if (threadIdx.x < 8 && r < xrows)
-                dl_multicast(xs + r * DL_XLD, src + (size_t)r * sld + k0, kc * 2, xb);
+                dp_multicast(xs + r * DL_XLD, src + (size_t)r * sld + k0, kc * 2, xb, 0xff);
             if ((phase == 1 || phase == 3) && half == 0 && tiles && threadIdx.x >= 64 && threadIdx.x < 64 + xrows) {
                 const int rr = threadIdx.x - 64;
-                dl_copy(rs + rr * 8, a.h + (size_t)rr * DL_D + 8 * c, 16, xb);
+                dp_copy(rs + rr * 8, a.h + (size_t)rr * DL_D + 8 * c, 16, xb);
             }
-            dl_wait(xb);
-            if (half == 0) dl_wait(bar(5 + phase));
-            if (phase == 0 && half == 0) dl_wait(bar(9));
+            dp_wait(xb);
+            if (half == 0) dp_wait(bar(5 + phase));
+            if (phase == 0 && half == 0) dp_wait(bar(9));
             if (norm) {
-                {  // four threads a row
-                    const int row = threadIdx.x >> 2, q = threadIdx.x & 3;
-                    for (int ch = q; ch < DL_D / 8; ch += 4) {
-                        const uint4 raw = *(const uint4*)(xs + row * DL_XLD + ch * 8);
-                        const unsigned* e = (const unsigned*)&raw;
-                        #pragma unroll
-                        for (int j = 0; j < 4; ++j) {
-                            const float v0 = load(dp_elem<bf16>(e[j] & 0xffffu)), v1 = load(dp_elem<bf16>(e[j] >> 16));
-                            sq += v0 * v0 + v1 * v1;
-                        }
-                    }
-                }
-                // gamma into this phase's W rows, rounded
-                const unsigned short* g = gs + (phase == 2 ? DL_D : 0);
-                for (int e = threadIdx.x; e < tiles * nb * (DL_D / 8); e += 256) {
-                    const int row = e / (DL_D / 8), ch = (e - row * (DL_D / 8)) * 8;
-                    uint4 raw = *(const uint4*)(w + row * wld + ch);
-                    const uint4 graw = *(const uint4*)(g + ch);
-                    unsigned* v = (unsigned*)&raw;
-                    const unsigned* gg = (const unsigned*)&graw;
-                    #pragma unroll
-                    for (int j = 0; j < 4; ++j) {
-                        const float w0 = load(dp_elem<bf16>(v[j] & 0xffffu)) * load(dp_elem<bf16>(gg[j] & 0xffffu));
-                        const float w1 = load(dp_elem<bf16>(v[j] >> 16)) * load(dp_elem<bf16>(gg[j] >> 16));
-                        v[j] = (unsigned)store<bf16>(w0).bits | ((unsigned)store<bf16>(w1).bits << 16);
-                    }
-                    *(uint4*)(w + row * wld + ch) = raw;
-                }
+                const float sq = dp_row_squares<bf16>(xs, DL_XLD, DL_D / 8);
+                if ((threadIdx.x & 3) == 0) ss[threadIdx.x >> 2] = sq;
+                dp_gamma_rows<bf16>(w, wld, tiles * nb, DL_D / 8, gs + (phase == 2 ? DL_D : 0));
                 __syncthreads();
             }
             // Warp w: k-steps [w S / 8, (w + 1) S / 8) of this half, all 64 rows, every tile.
@@ -235,11 +176,6 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(256) deco
         __syncthreads();  // done with X and this phase's W
         // The next use of this W buffer (two phases on) can start copying now.
         if (phase < 2) dl_issue_w(phase + 2, c, a, w, bar(7 + phase));
-        if (norm) {
-            sq += __shfl_xor_sync(0xffffffffu, sq, 1);
-            sq += __shfl_xor_sync(0xffffffffu, sq, 2);
-            if ((threadIdx.x & 3) == 0) ss[threadIdx.x >> 2] = sq;
-        }
         #pragma unroll
         for (int t = 0; t < 2; ++t) {
             if (t >= tiles) break;
@@ -272,30 +208,14 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(256) deco
                             u[0] += pu.x, u[1] += pu.y, u[2] += pu.z, u[3] += pu.w;
                         }
                     }
-                    float y[4];
-                    if (norm) {
-                        const float rstd = 1.0f / sqrtf(ss[row] / DL_D + a.eps);
-                        #pragma unroll
-                        for (int j = 0; j < 4; ++j) v[j] *= rstd, u[j] *= rstd;
-                    }
-                    bf16* out;
-                    if (phase == 0) {
-                        #pragma unroll
-                        for (int j = 0; j < 4; ++j) y[j] = v[j];
-                        out = a.qkv + (size_t)row * DL_QKV + 8 * c + c4;
-                    } else if (phase == 2) {
-                        #pragma unroll
-                        for (int j = 0; j < 4; ++j) {
-                            const float gt = load(store<bf16>(v[j])), up = load(store<bf16>(u[j]));
-                            y[j] = gt * (1.0f / (1.0f + expf(-gt))) * up;
-                        }
-                        out = a.act + (size_t)row * DL_F + 8 * (c + t * DL_CTAS) + c4;
-                    } else {
-                        #pragma unroll
-                        for (int j = 0; j < 4; ++j) y[j] = load(dp_elem<bf16>(rs[row * 8 + c4 + j])) + load(store<bf16>(v[j]));
-                        out = a.h + (size_t)row * DL_D + 8 * c + c4;
-                    }
-                    store4(out, y);
+                    const float rstd = norm ? 1.0f / sqrtf(ss[row] / DL_D + a.eps) : 1.0f;
+                    if (phase == 0)
+                        dp_finish<bf16, DP_NORM>(v, u, rstd, nullptr, a.qkv + (size_t)row * DL_QKV + 8 * c + c4);
+                    else if (phase == 2)
+                        dp_finish<bf16, DP_SWIGLU>(v, u, rstd, nullptr,
+                                                   a.act + (size_t)row * DL_F + 8 * (c + t * DL_CTAS) + c4);
+                    else
+                        dp_finish<bf16, DP_RESID>(v, u, rstd, rs + row * 8 + c4, a.h + (size_t)row * DL_D + 8 * c + c4);
                 }
             }
             __syncthreads();

@@ -98,6 +98,118 @@ template <typename T> __device__ __forceinline__ T dp_elem(unsigned short bits) 
     return t;
 }
 
+// Bulk (TMA) copies that complete on an mbarrier, and the waits on it; every kernel here (and
+// the harness's floor kernels) uses these. A wait that never ends (a copy that never arrives)
+// says so and traps instead of hanging the GPU.
+__device__ __forceinline__ void dp_init_barrier(unsigned bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(bar));
+}
+__device__ __forceinline__ void dp_expect(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void dp_copy(void* dst, const void* src, int bytes, unsigned bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 :: "r"(tc_smem_addr(dst)), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+// The same rows into the same place of every CTA of the cluster in `mask`.
+__device__ __forceinline__ void dp_multicast(void* dst, const void* src, int bytes, unsigned bar,
+                                             unsigned short mask) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], %4;"
+        :: "r"(tc_smem_addr(dst)), "l"(src), "r"(bytes), "r"(bar), "h"(mask) : "memory");
+}
+__device__ __forceinline__ void dp_wait(unsigned bar) {
+    unsigned done = 0;
+    for (long long spin = 0; !done; ++spin) {
+        asm volatile("{ .reg .pred q; mbarrier.try_wait.parity.shared::cta.b64 q, [%1], 0; selp.u32 %0, 1, 0, q; }"
+                     : "=r"(done) : "r"(bar) : "memory");
+        if (spin > (1ll << 24)) {
+            if (threadIdx.x == 0) printf("CTA %d: copies never completed\n", blockIdx.x);
+            __trap();
+        }
+    }
+}
+// Every CTA of the grid arrives (its writes released) and waits for `target` arrivals on
+// `counter`, which starts at zero each launch; a barrier that never completes (CTAs that cannot
+// all be resident) says so and traps.
+__device__ __forceinline__ void dp_grid_barrier(unsigned* counter, unsigned target) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        atomicAdd(counter, 1u);
+        unsigned v;
+        long long spin = 0;
+        do {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(counter) : "memory");
+            if (++spin > (1ll << 26)) {
+                printf("CTA %d: grid barrier stuck at %u of %u\n", blockIdx.x, v, target);
+                __trap();
+            }
+        } while (v < target);
+    }
+    __syncthreads();
+}
+
+// Four threads a row (256 threads, 64 rows): row threadIdx.x / 4's sum of squares over its
+// `chunks` 16-byte pieces, the same on all four threads.
+template <typename T>
+__device__ __forceinline__ float dp_row_squares(const unsigned short* xs, int ld, int chunks) {
+    const int r = threadIdx.x >> 2, q = threadIdx.x & 3;
+    float acc = 0.f;
+    for (int c = q; c < chunks; c += 4) {
+        const uint4 raw = *(const uint4*)(xs + r * ld + c * 8);
+        const unsigned* e = (const unsigned*)&raw;
+        #pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const float v0 = load(dp_elem<T>(e[j] & 0xffffu)), v1 = load(dp_elem<T>(e[j] >> 16));
+            acc += v0 * v0 + v1 * v1;
+        }
+    }
+    acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+    return acc + __shfl_xor_sync(0xffffffffu, acc, 2);
+}
+
+// gamma (`gs`, `chunks` 16-byte pieces) into `rows` rows of W in shared memory, rounded: the
+// norm's gain on the CTA's slice of W instead of on X (rows x K products, not 64 x K).
+template <typename T>
+__device__ __forceinline__ void dp_gamma_rows(unsigned short* w, int ld, int rows, int chunks,
+                                              const unsigned short* gs) {
+    for (int e = threadIdx.x; e < rows * chunks; e += blockDim.x) {
+        const int r = e / chunks, c = (e - r * chunks) * 8;
+        uint4 raw = *(const uint4*)(w + r * ld + c);
+        const uint4 graw = *(const uint4*)(gs + c);
+        unsigned* v = (unsigned*)&raw;
+        const unsigned* g = (const unsigned*)&graw;
+        #pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const float w0 = load(dp_elem<T>(v[j] & 0xffffu)) * load(dp_elem<T>(g[j] & 0xffffu));
+            const float w1 = load(dp_elem<T>(v[j] >> 16)) * load(dp_elem<T>(g[j] >> 16));
+            v[j] = (unsigned)store<T>(w0).bits | ((unsigned)store<T>(w1).bits << 16);
+        }
+        *(uint4*)(w + r * ld + c) = raw;
+    }
+}
+
+// Four outputs from their summed products `v` (SwiGLU: `u`, the up half's): the norm's
+// `rstd` (norm kinds), the epilogue with the unfused kernels' roundings, the store. `res`:
+// the residual's four elements (DP_RESID).
+template <typename T, int KIND>
+__device__ __forceinline__ void dp_finish(float v[4], float u[4], float rstd, const unsigned short* res, T* out) {
+    float y[4];
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        if (KIND == DP_NORM) {
+            y[j] = v[j] * rstd;
+        } else if (KIND == DP_SWIGLU) {
+            const float gt = load(store<T>(v[j] * rstd)), up = load(store<T>(u[j] * rstd));
+            y[j] = gt * (1.0f / (1.0f + expf(-gt))) * up;
+        } else {
+            y[j] = load(dp_elem<T>(res[j])) + load(store<T>(v[j]));
+        }
+    }
+    store4(out, y);
+}
+
 template <class Ops, int NB, int KIND>
 __device__ __forceinline__ void decode_product(const DecodeProductArgs& a) {
 #if __CUDA_ARCH__ >= 900
@@ -111,7 +223,9 @@ __device__ __forceinline__ void decode_product(const DecodeProductArgs& a) {
     const int oc = KIND == DP_SWIGLU ? NB / 2 : NB;  // output columns of a tile
     unsigned short* xs = (unsigned short*)dp_smem;
     unsigned short* ws = xs + DP_ROWS * ld;
-    float* part = (float*)dp_smem;
+#ifdef DP_PULL
+    float* part = (float*)dp_smem;  // the partial tile, once the products are done
+#endif
     float* ss = (float*)(dp_smem + dp_tile_bytes(NB, ks));
     unsigned short* rs = (unsigned short*)(ss + DP_ROWS);  // [rows finished here][oc]
     unsigned short* gs = rs + DP_ROWS * 64;                // gamma[k0 .. k0 + ks)
@@ -134,7 +248,7 @@ __device__ __forceinline__ void decode_product(const DecodeProductArgs& a) {
     const int rcols = max(0, min(oc, a.n - tile * oc));
     const unsigned bar = tc_smem_addr(gs + ks);
     if (threadIdx.x == 0) {
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(bar));
+        dp_init_barrier(bar);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
@@ -144,7 +258,7 @@ __device__ __forceinline__ void decode_product(const DecodeProductArgs& a) {
 #endif
     if (threadIdx.x == 0) {
         const unsigned bytes = (xrows + wrows) * ks * 2 + (KIND == DP_RESID ? rrows * rcols * 2 : ks * 2);
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
+        dp_expect(bar, bytes);
     }
     // Copies of weights (W, gamma) start before the previous kernel has finished, when this
     // one is launched as its programmatic dependent: they read nothing it writes. X and the
@@ -173,22 +287,13 @@ __device__ __forceinline__ void decode_product(const DecodeProductArgs& a) {
             dst = rs + rl * oc;
             size = rcols * 2;
         }
-        if (src && weight)
-            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                         :: "r"(tc_smem_addr(dst)), "l"(src), "r"(size), "r"(bar) : "memory");
+        if (src && weight) dp_copy(dst, src, size, bar);
         asm volatile("griddepcontrol.wait;" ::: "memory");
         // The next kernel may start now and fetch its own weights while this one works.
         asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-        if (src && !weight)
-            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                         :: "r"(tc_smem_addr(dst)), "l"(src), "r"(size), "r"(bar) : "memory");
+        if (src && !weight) dp_copy(dst, src, size, bar);
     }
-    {
-        unsigned done = 0;
-        while (!done)
-            asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
-                         : "=r"(done) : "r"(bar) : "memory");
-    }
+    dp_wait(bar);
 
     const int chunks = ks / 8;  // 16-byte pieces of a row's slice
 #ifndef SKIP_NORM
@@ -299,28 +404,8 @@ __device__ __forceinline__ void decode_product(const DecodeProductArgs& a) {
             v[0] += p.x, v[1] += p.y, v[2] += p.z, v[3] += p.w;
             if (KIND == DP_SWIGLU) u[0] += pu.x, u[1] += pu.y, u[2] += pu.z, u[3] += pu.w;
         }
-        const size_t at = (size_t)(m0 + r) * a.ldo + col;
-        float y[4];
-        if (KIND != DP_RESID) {
-            const float rs = 1.0f / sqrtf(sq / a.k + a.eps);
-            #pragma unroll
-            for (int j = 0; j < 4; ++j) v[j] *= rs, u[j] *= rs;
-        }
-        if (KIND == DP_NORM) {
-            #pragma unroll
-            for (int j = 0; j < 4; ++j) y[j] = v[j];
-        } else if (KIND == DP_SWIGLU) {
-            #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const float gt = load(store<T>(v[j])), up = load(store<T>(u[j]));
-                y[j] = gt * (1.0f / (1.0f + expf(-gt))) * up;
-            }
-        } else {
-            const unsigned short* res = rs + rl * oc + c;
-            #pragma unroll
-            for (int j = 0; j < 4; ++j) y[j] = load(dp_elem<T>(res[j])) + load(store<T>(v[j]));
-        }
-        store4((T*)a.out + at, y);
+        const float rstd = KIND == DP_RESID ? 1.0f : 1.0f / sqrtf(sq / a.k + a.eps);
+        dp_finish<T, KIND>(v, u, rstd, rs + rl * oc + c, (T*)a.out + (size_t)(m0 + r) * a.ldo + col);
     }
 #ifdef DP_PULL
     dp_cluster_sync();  // no CTA leaves while another still reads its shared memory

@@ -52,83 +52,42 @@ __device__ __forceinline__ void decode_product_mc(const DecodeProductArgs& a) {
     const int per = DP_ROWS / (int)C;  // X rows this CTA copies for the cluster
     const int mine = max(0, min(per, xrows - (int)rank * per));
     if (threadIdx.x == 0) {
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(bar));
+        dp_init_barrier(bar);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
     asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");  // my barrier is ready
     if (threadIdx.x == 0) {
         const unsigned bytes = (xrows + wrows) * K * 2 + (KIND == DP_RESID ? xrows * valid * 2 : K * 2);
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
+        dp_expect(bar, bytes);
     }
     const int i = threadIdx.x;
     // The weights first: they do not depend on the previous kernel.
     if (i < wrows) {
         const int row = KIND == DP_SWIGLU ? (i < valid ? tile * oc + i : a.n + tile * oc + i - valid) : tile * NB + i;
         unsigned short* dst = ws + (KIND == DP_SWIGLU && i >= valid ? i - valid + oc : i) * ld;
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                     :: "r"(tc_smem_addr(dst)), "l"(w + (size_t)row * K), "r"(K * 2), "r"(bar) : "memory");
+        dp_copy(dst, w + (size_t)row * K, K * 2, bar);
     } else if (i == MC_THREADS - 1 && KIND != DP_RESID) {
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                     :: "r"(tc_smem_addr(gs)), "l"((const T*)a.gamma), "r"(K * 2), "r"(bar) : "memory");
+        dp_copy(gs, a.gamma, K * 2, bar);
     }
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     asm volatile("barrier.cluster.wait.aligned;" ::: "memory");  // every CTA's barrier is ready
     if (i < mine) {
         const int r = (int)rank * per + i;
-        const unsigned short mask = (unsigned short)((1u << C) - 1u);
-        asm volatile(
-            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], %4;"
-            :: "r"(tc_smem_addr(xs + r * ld)), "l"(x + (size_t)(m0 + r) * a.ldx), "r"(K * 2), "r"(bar), "h"(mask)
-            : "memory");
+        dp_multicast(xs + r * ld, x + (size_t)(m0 + r) * a.ldx, K * 2, bar, (unsigned short)((1u << C) - 1u));
     }
     if (KIND == DP_RESID && i >= 128 && i - 128 < xrows && valid > 0) {
         const int r = i - 128;
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                     :: "r"(tc_smem_addr(rs + r * oc)), "l"((const T*)a.resid + (size_t)(m0 + r) * a.ldo + tile * oc),
-                        "r"(valid * 2), "r"(bar) : "memory");
+        dp_copy(rs + r * oc, (const T*)a.resid + (size_t)(m0 + r) * a.ldo + tile * oc, valid * 2, bar);
     }
-    {
-        unsigned done = 0;
-        while (!done)
-            asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
-                         : "=r"(done) : "r"(bar) : "memory");
-    }
+    dp_wait(bar);
 
     const int chunks = K / 8;
     if (KIND != DP_RESID) {
-        {  // four threads a row: its sum of squares
-            const int r = threadIdx.x >> 2, q = threadIdx.x & 3;
-            float acc = 0.f;
-            for (int c = q; c < chunks; c += 4) {
-                const uint4 raw = *(const uint4*)(xs + r * ld + c * 8);
-                const unsigned* e = (const unsigned*)&raw;
-                #pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    const float v0 = load(dp_elem<T>(e[j] & 0xffffu)), v1 = load(dp_elem<T>(e[j] >> 16));
-                    acc += v0 * v0 + v1 * v1;
-                }
-            }
-            acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-            acc += __shfl_xor_sync(0xffffffffu, acc, 2);
-            if (!q) ss[r] = acc;
-        }
-        // gamma into the CTA's rows of W, rounded
-        for (int e = threadIdx.x; e < NB * chunks; e += MC_THREADS) {
-            const int r = e / chunks, c = (e - r * chunks) * 8;
-            uint4 raw = *(const uint4*)(ws + r * ld + c);
-            const uint4 graw = *(const uint4*)(gs + c);
-            unsigned* v = (unsigned*)&raw;
-            const unsigned* g = (const unsigned*)&graw;
-            #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const float w0 = load(dp_elem<T>(v[j] & 0xffffu)) * load(dp_elem<T>(g[j] & 0xffffu));
-                const float w1 = load(dp_elem<T>(v[j] >> 16)) * load(dp_elem<T>(g[j] >> 16));
-                v[j] = (unsigned)store<T>(w0).bits | ((unsigned)store<T>(w1).bits << 16);
-            }
-            *(uint4*)(ws + r * ld + c) = raw;
-        }
+        const float sq = dp_row_squares<T>(xs, ld, chunks);
+        if ((threadIdx.x & 3) == 0) ss[threadIdx.x >> 2] = sq;
+        dp_gamma_rows<T>(ws, ld, NB, chunks, gs);
         __syncthreads();
     }
 
@@ -194,27 +153,8 @@ __device__ __forceinline__ void decode_product_mc(const DecodeProductArgs& a) {
                 u[0] += pu.x, u[1] += pu.y, u[2] += pu.z, u[3] += pu.w;
             }
         }
-        if (KIND != DP_RESID) {
-            const float rstd = 1.0f / sqrtf(ss[r] / K + a.eps);
-            #pragma unroll
-            for (int j = 0; j < 4; ++j) v[j] *= rstd, u[j] *= rstd;
-        }
-        float y[4];
-        if (KIND == DP_NORM) {
-            #pragma unroll
-            for (int j = 0; j < 4; ++j) y[j] = v[j];
-        } else if (KIND == DP_SWIGLU) {
-            #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const float gt = load(store<T>(v[j])), up = load(store<T>(u[j]));
-                y[j] = gt * (1.0f / (1.0f + expf(-gt))) * up;
-            }
-        } else {
-            const unsigned short* res = rs + r * oc + c;
-            #pragma unroll
-            for (int j = 0; j < 4; ++j) y[j] = load(dp_elem<T>(res[j])) + load(store<T>(v[j]));
-        }
-        store4((T*)a.out + (size_t)(m0 + r) * a.ldo + col, y);
+        const float rstd = KIND == DP_RESID ? 1.0f : 1.0f / sqrtf(ss[r] / K + a.eps);
+        dp_finish<T, KIND>(v, u, rstd, rs + r * oc + c, (T*)a.out + (size_t)(m0 + r) * a.ldo + col);
     }
 #else
     __trap();

@@ -67,47 +67,61 @@ extern "C" __global__ void pdl_swiglu_bf16(bf16* h, const bf16* gu, long long n,
     asm volatile("griddepcontrol.wait;" ::: "memory");
     swiglu_forward<bf16>(h, gu, n, f);
 }
+// One launch through cudaLaunchKernelEx: in clusters of `cluster` CTAs when given, and as a
+// programmatic dependent of the previous kernel on the stream when `pdl`.
+template <typename... A>
+static void launch_ex(void (*f)(A...), dim3 grid, int block, int shared, const dim3* cluster, bool pdl,
+                      cudaStream_t st, A... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(block);
+    cfg.dynamicSmemBytes = shared;
+    cfg.stream = st;
+    cudaLaunchAttribute attr[2];
+    int n = 0;
+    if (cluster) {
+        attr[n].id = cudaLaunchAttributeClusterDimension;
+        attr[n].val.clusterDim.x = cluster->x;
+        attr[n].val.clusterDim.y = cluster->y;
+        attr[n].val.clusterDim.z = cluster->z;
+        ++n;
+    }
+    if (pdl) {
+        attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[n].val.programmaticStreamSerializationAllowed = 1;
+        ++n;
+    }
+    cfg.attrs = attr;
+    cfg.numAttrs = n;
+    CK(cudaLaunchKernelEx(&cfg, f, args...));
+}
 template <typename... A>
 static void launch_pdl(void (*f)(A...), int grid, int block, cudaStream_t st, A... args) {
+    launch_ex(f, dim3(grid), block, 0, nullptr, true, st, args...);
+}
+
+// How many clusters of `f` (`ctas` CTAs of `block` threads and `shared` bytes, in its
+// compiled cluster shape) can be resident at once: a grid barrier needs them all.
+static int resident_clusters(const void* f, int ctas, int block, int shared) {
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(grid);
+    cfg.gridDim = dim3(ctas);
     cfg.blockDim = dim3(block);
-    cfg.stream = st;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    CK(cudaLaunchKernelEx(&cfg, f, args...));
+    cfg.dynamicSmemBytes = shared;
+    int clusters = 0;
+    CK(cudaOccupancyMaxActiveClusters(&clusters, f, &cfg));
+    return clusters;
 }
 
 // The floor of a persistent layer kernel (one launch a layer, its four products as phases
 // separated by grid-wide barriers): each phase only waits at the barrier, then the CTAs that
 // own a tile of the phase copy the phase's whole X (64 rows; K 576, or 1536 for down) from
 // L2 with cp.async and write one value; no products. `counter` is zeroed before each launch.
-__device__ __forceinline__ void floor_barrier(unsigned* counter, unsigned target) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        atomicAdd(counter, 1u);
-        unsigned v;
-        long long spin = 0;
-        do {
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(counter) : "memory");
-            if (++spin > (1ll << 26)) {
-                printf("CTA %d: grid barrier stuck at %u of %u\n", blockIdx.x, v, target);
-                __trap();
-            }
-        } while (v < target);
-    }
-    __syncthreads();
-}
 extern "C" __global__ void __launch_bounds__(256) layer_floor(const unsigned short* x576, const unsigned short* x1536,
                                                               unsigned short* out, unsigned* counter, int copy) {
     extern __shared__ __align__(16) unsigned short fl_smem[];
     const int owners[4] = {120, 72, 132, 72};  // CTAs with a tile: q/k/v, o, gate/up, down
     for (int p = 0; p < 4; ++p) {
-        if (p) floor_barrier(counter, p * gridDim.x);
+        if (p) dp_grid_barrier(counter, p * gridDim.x);
         if ((int)blockIdx.x >= owners[p] || !copy) continue;
         const int k = p == 3 ? 1536 : 576, chunks = k / 8;
         const unsigned short* x = p == 3 ? x1536 : x576;
@@ -131,39 +145,27 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(256)
     asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
     const unsigned bar0 = tc_smem_addr(fl_smem + 64 * (1536 + 8));
     if (threadIdx.x == 0) {
-        for (int p = 0; p < 4; ++p) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(bar0 + 8 * p));
+        for (int p = 0; p < 4; ++p) dp_init_barrier(bar0 + 8 * p);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+    dp_cluster_sync();
     for (int p = 0; p < 4; ++p) {
-        if (p) floor_barrier(counter, p * gridDim.x);
+        if (p) dp_grid_barrier(counter, p * gridDim.x);
         asm volatile("fence.proxy.async.global;" ::: "memory");
         const int k = p == 3 ? 1536 : 576;
         const unsigned short* x = p == 3 ? x1536 : x576;
         const unsigned bar = bar0 + 8 * p;
-        if (threadIdx.x == 0)
-            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(64 * k * 2) : "memory");
+        if (threadIdx.x == 0) dp_expect(bar, 64 * k * 2);
         if (threadIdx.x < 8) {
             const int r = rank * 8 + threadIdx.x;
-            asm volatile(
-                "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], %4;"
-                :: "r"(tc_smem_addr(fl_smem + r * (k + 8))), "l"(x + (size_t)r * k), "r"(k * 2), "r"(bar),
-                   "h"((unsigned short)0xff) : "memory");
+            dp_multicast(fl_smem + r * (k + 8), x + (size_t)r * k, k * 2, bar, 0xff);
         }
-        unsigned done = 0;
-        for (long long spin = 0; !done; ++spin) {
-            asm volatile("{ .reg .pred q; mbarrier.try_wait.parity.shared::cta.b64 q, [%1], 0; selp.u32 %0, 1, 0, q; }"
-                         : "=r"(done) : "r"(bar) : "memory");
-            if (spin > (1ll << 24)) {
-                if (threadIdx.x == 0) printf("CTA %d phase %d: copies never completed\n", blockIdx.x, p);
-                __trap();
-            }
-        }
+        dp_wait(bar);
         if (threadIdx.x == 0) out[blockIdx.x * 4 + p] = fl_smem[8 * p];
     }
     // No CTA leaves while a multicast into another may still be in flight from it.
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+    dp_cluster_sync();
 }
 
 // An empty kernel: the launch cost of a graph node, with and without a cluster.
@@ -202,7 +204,7 @@ struct Config {
     int nb, s, tiles;
 };
 
-// The engine's choice (decode.rs mirrors it): 64-column tiles unless they leave the GPU less
+// The configuration a product runs in: 64-column tiles unless they leave the GPU less
 // than half covered; then the largest cluster (at most 8 CTAs, K a multiple of 16 S, the
 // slices within 200 KiB of shared memory) that keeps the CTAs within 1.1 waves of one a
 // multiprocessor, or the smallest that fits when none does. nb 0: no configuration fits.
@@ -241,30 +243,10 @@ static bool g_pdl = false;  // launch as programmatic dependents of the previous
 static void launch(const Shape& sh, const Config& c, bool half, const DecodeProductArgs& a,
                    cudaStream_t st) {
     Kernel f = kernel_for(sh, c.nb, half);
-    const int ks = sh.k / c.s;
-    const int bytes = dp_shared_bytes(c.nb, ks);
-    static bool set[16] = {};
-    const int id = sh.kind * 4 + (c.nb == 64) * 2 + half;
-    if (!set[id]) {
-        CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
-        if (getenv("DP_CARVEOUT")) CK(cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, atoi(getenv("DP_CARVEOUT"))));
-        set[id] = true;
-    }
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(c.tiles, c.s, (a.m + DP_ROWS - 1) / DP_ROWS);
-    cfg.blockDim = dim3(DP_THREADS);
-    cfg.dynamicSmemBytes = bytes;
-    cfg.stream = st;
-    cudaLaunchAttribute attr[2];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 1;
-    attr[0].val.clusterDim.y = c.s;
-    attr[0].val.clusterDim.z = 1;
-    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[1].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = g_pdl ? 2 : 1;
-    CK(cudaLaunchKernelEx(&cfg, f, a));
+    CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+    const dim3 cluster(1, c.s, 1);
+    launch_ex(f, dim3(c.tiles, c.s, (a.m + DP_ROWS - 1) / DP_ROWS), DP_THREADS, dp_shared_bytes(c.nb, sh.k / c.s),
+              &cluster, g_pdl, st, a);
 }
 
 // The multicast design (decode_product_mc.cu): 16 columns a CTA (SwiGLU 16 outputs of 32 W
@@ -283,27 +265,46 @@ static void launch_mc(const Shape& sh, bool half, const DecodeProductArgs& a, cu
     CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
     const int oc = sh.kind == DP_SWIGLU ? nb / 2 : nb;
     const int tiles = (sh.n + oc - 1) / oc;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((tiles + MC_CLUSTER - 1) / MC_CLUSTER * MC_CLUSTER, 1, (a.m + DP_ROWS - 1) / DP_ROWS);
-    cfg.blockDim = dim3(MC_THREADS);
-    cfg.dynamicSmemBytes = bytes;
-    cfg.stream = st;
-    cudaLaunchAttribute attr[2];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = MC_CLUSTER;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[1].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = g_pdl ? 2 : 1;
-    CK(cudaLaunchKernelEx(&cfg, f, a));
+    const dim3 cluster(MC_CLUSTER, 1, 1);
+    launch_ex(f, dim3((tiles + MC_CLUSTER - 1) / MC_CLUSTER * MC_CLUSTER, 1, (a.m + DP_ROWS - 1) / DP_ROWS), MC_THREADS,
+              bytes, &cluster, g_pdl, st, a);
 }
 
 struct Dev {
     void* p = nullptr;
     explicit Dev(size_t bytes) { CK(cudaMalloc(&p, bytes)); }
     ~Dev() { cudaFree(p); }
+};
+
+// Zero-filled device buffers that live as long as the arena.
+struct Zeros {
+    std::vector<Dev*> keep;
+    void* operator()(size_t bytes) {
+        keep.push_back(new Dev(bytes));
+        CK(cudaMemset(keep.back()->p, 0, bytes));
+        return keep.back()->p;
+    }
+    ~Zeros() {
+        for (Dev* d : keep) delete d;
+    }
+};
+
+// Zeroed operands of `layers` products of shape `sh` at m rows, each on its own weights (so that
+// a graph of them reads the weights from memory, as a decode step of the whole model does).
+struct Products {
+    Zeros z;
+    std::vector<void*> w;
+    void *x, *gamma, *out;
+    Products(const Shape& sh, int m, int layers) {
+        for (int l = 0; l < layers; ++l) w.push_back(z((size_t)sh.wrows() * sh.k * 2));
+        x = z((size_t)m * sh.k * 2);
+        gamma = z(sh.k * 2);
+        out = z((size_t)m * sh.wrows() * 2);
+    }
+    // Layer l's product, its output written over the residual it reads (DP_RESID).
+    DecodeProductArgs args(const Shape& sh, int m, int l) const {
+        return DecodeProductArgs{x, w[l], gamma, out, out, m, sh.k, sh.n, sh.k, sh.n, 1e-5f};
+    }
 };
 
 static std::vector<unsigned short> random_bits(size_t n, float scale, bool half, std::mt19937& g,
@@ -470,22 +471,11 @@ int main(int argc, char** argv) {
     Dev ws(wsb);
     if (argc > 1 && std::string(argv[1]) == "sweep") {
         for (int cl : {0, 1, 6}) {
-            DecodeProductArgs a{};
+            const dim3 cluster(1, cl, 1);
             const double t = time_graph(st, [&] {
-                for (int l = 0; l < layers; ++l) {
-                    cudaLaunchConfig_t cfg = {};
-                    cfg.gridDim = dim3(15, 6, 1);
-                    cfg.blockDim = dim3(DP_THREADS);
-                    cfg.stream = st;
-                    cudaLaunchAttribute attr[1];
-                    attr[0].id = cudaLaunchAttributeClusterDimension;
-                    attr[0].val.clusterDim.x = 1;
-                    attr[0].val.clusterDim.y = cl;
-                    attr[0].val.clusterDim.z = 1;
-                    cfg.attrs = attr;
-                    cfg.numAttrs = cl ? 1 : 0;
-                    CK(cudaLaunchKernelEx(&cfg, dp_empty, a));
-                }
+                for (int l = 0; l < layers; ++l)
+                    launch_ex(dp_empty, dim3(15, 6, 1), DP_THREADS, 0, cl ? &cluster : nullptr, false, st,
+                              DecodeProductArgs{});
             }) / layers;
             printf("empty kernel, 90 CTAs, cluster %d: %.2f us a launch\n", cl, t);
         }
@@ -493,14 +483,7 @@ int main(int argc, char** argv) {
         const int m = 64;
         for (int si = 0; si < 4; ++si) {
             const Shape& sh = shapes[si];
-            std::vector<Dev*> wts;
-            for (int l = 0; l < layers; ++l) {
-                wts.push_back(new Dev((size_t)sh.wrows() * sh.k * 2));
-                CK(cudaMemset(wts.back()->p, 0, (size_t)sh.wrows() * sh.k * 2));
-            }
-            Dev x((size_t)m * sh.k * 2), gm(sh.k * 2), out((size_t)m * sh.wrows() * 2);
-            CK(cudaMemset(x.p, 0, (size_t)m * sh.k * 2));
-            CK(cudaMemset(gm.p, 0, sh.k * 2));
+            const Products bufs(sh, m, layers);
             printf("sweep %s:", sh.name);
             for (int nb : {64, 32}) {
                 if (sh.kind == DP_SWIGLU && nb == 32) continue;
@@ -509,16 +492,12 @@ int main(int argc, char** argv) {
                     const int oc = sh.kind == DP_SWIGLU ? nb / 2 : nb;
                     const Config c{nb, s, (sh.n + oc - 1) / oc};
                     const double t = time_graph(st, [&] {
-                        for (int l = 0; l < layers; ++l) {
-                            DecodeProductArgs a{x.p, wts[l]->p, gm.p, out.p, out.p, m, sh.k, sh.n, sh.k, sh.n, 1e-5f};
-                            launch(sh, c, false, a, st);
-                        }
+                        for (int l = 0; l < layers; ++l) launch(sh, c, false, bufs.args(sh, m, l), st);
                     }) / layers;
                     printf("  nb%d s%d %.2f", nb, s, t);
                 }
             }
             printf("\n");
-            for (auto* d : wts) delete d;
         }
         return 0;
     }
@@ -527,12 +506,7 @@ int main(int argc, char** argv) {
         // CPU, then 30 layers' launches in a graph, beside the engine's unfused layer.
         CK(cudaFuncSetAttribute(decode_layer_bf16, cudaFuncAttributeMaxDynamicSharedMemorySize, DL_SHARED));
         {
-            cudaLaunchConfig_t cfg = {};
-            cfg.gridDim = dim3(DL_CTAS);
-            cfg.blockDim = dim3(256);
-            cfg.dynamicSmemBytes = DL_SHARED;
-            int clusters = 0;
-            CK(cudaOccupancyMaxActiveClusters(&clusters, (void*)decode_layer_bf16, &cfg));
+            const int clusters = resident_clusters((const void*)decode_layer_bf16, DL_CTAS, 256, DL_SHARED);
             printf("decode_layer: %d bytes of shared memory, clusters of 8 resident at once: %d (needs %d)\n",
                    DL_SHARED, clusters, DL_CTAS / 8);
             fflush(stdout);
@@ -619,12 +593,7 @@ int main(int argc, char** argv) {
         }
         // Timing: 30 layers on their own (zero) weights, each launch with its own counter.
         for (int m : {1, 64}) {
-            std::vector<Dev*> keep;
-            auto zeros = [&](size_t bytes) {
-                keep.push_back(new Dev(bytes));
-                CK(cudaMemset(keep.back()->p, 0, bytes));
-                return keep.back()->p;
-            };
+            Zeros zeros;
             void* h = zeros((size_t)m * 576 * 2);
             void* att = zeros((size_t)m * 576 * 2);
             void* qkv = zeros((size_t)m * 960 * 2);
@@ -643,7 +612,6 @@ int main(int argc, char** argv) {
             }) / layers;
             printf("decode_layer m %d: %.2f us a layer (its four products, norms, SwiGLU and residual adds)\n", m, t);
             fflush(stdout);
-            for (auto* d : keep) delete d;
         }
         return failed ? 1 : 0;
     }
@@ -667,17 +635,11 @@ int main(int argc, char** argv) {
             }
         const int mc_bytes = 64 * (1536 + 8) * 2 + 64;
         CK(cudaFuncSetAttribute(layer_floor_mc, cudaFuncAttributeMaxDynamicSharedMemorySize, mc_bytes));
-        {
-            cudaLaunchConfig_t cfg = {};
-            cfg.gridDim = dim3(128);
-            cfg.blockDim = dim3(256);
-            cfg.dynamicSmemBytes = mc_bytes;
-            int clusters = 0;
-            CK(cudaOccupancyMaxActiveClusters(&clusters, (void*)layer_floor_mc, &cfg));
-            printf("clusters of 8 that can be resident at once: %d\n", clusters);
-            fflush(stdout);
-        }
-        for (int grid : {64, 128}) {
+        // A grid barrier needs every CTA resident: at most this many clusters of 8 are.
+        const int clusters = resident_clusters((const void*)layer_floor_mc, 128, 256, mc_bytes);
+        printf("clusters of 8 that can be resident at once: %d\n", clusters);
+        fflush(stdout);
+        for (int grid : {64, 8 * std::min(clusters, 16)}) {
             const double t = time_graph(st, [&] {
                 CK(cudaMemsetAsync(counters.p, 0, layers * 4, st));
                 for (int l = 0; l < layers; ++l)
@@ -699,12 +661,7 @@ int main(int argc, char** argv) {
             const Shape& o = shapes[1];
             const Shape& gu = shapes[2];
             const Shape& dn = shapes[3];
-            std::vector<Dev*> keep;
-            auto zeros = [&](size_t bytes) {
-                keep.push_back(new Dev(bytes));
-                CK(cudaMemset(keep.back()->p, 0, bytes));
-                return keep.back()->p;
-            };
+            Zeros zeros;
             std::vector<void*> wq, wo, wg, wd, gq, gg;
             for (int l = 0; l < layers; ++l) {
                 wq.push_back(zeros((size_t)q.wrows() * q.k * 2));
@@ -798,7 +755,6 @@ int main(int argc, char** argv) {
             printf("chain m %d: a layer's four fused products %.2f us, as programmatic dependents %.2f us; "
                    "cuBLASLt's four products alone %.2f us; the engine's unfused layer (products, two residual "
                    "RMSNorms, SwiGLU) %.2f us\n", m, plain, pdl, blas, unfused);
-            for (auto* d : keep) delete d;
         }
         return 0;
     }
@@ -807,12 +763,8 @@ int main(int argc, char** argv) {
         for (int si = 0; si < 4; ++si) {
             const Shape& sh = shapes[si];
             const int m = 64;
-            Dev w((size_t)sh.wrows() * sh.k * 2), x((size_t)m * sh.k * 2), gm(sh.k * 2), out((size_t)m * sh.wrows() * 2);
-            CK(cudaMemset(w.p, 0, (size_t)sh.wrows() * sh.k * 2));
-            CK(cudaMemset(x.p, 0, (size_t)m * sh.k * 2));
-            CK(cudaMemset(gm.p, 0, sh.k * 2));
-            DecodeProductArgs a{x.p, w.p, gm.p, out.p, out.p, m, sh.k, sh.n, sh.k, sh.n, 1e-5f};
-            launch(sh, choose(sh, sms), false, a, st);
+            const Products bufs(sh, m, 1);
+            launch(sh, choose(sh, sms), false, bufs.args(sh, m, 0), st);
             CK(cudaStreamSynchronize(st));
         }
         return 0;
@@ -825,29 +777,18 @@ int main(int argc, char** argv) {
         for (int si = 0; si < 4; ++si) {
             const Shape& sh = shapes[si];
             const Config c = choose(sh, sms);
-            std::vector<Dev*> wts;
-            for (int l = 0; l < layers; ++l) {
-                wts.push_back(new Dev((size_t)sh.wrows() * sh.k * 2));
-                CK(cudaMemset(wts.back()->p, 0, (size_t)sh.wrows() * sh.k * 2));
-            }
-            Dev x((size_t)m * sh.k * 2), gm(sh.k * 2), out((size_t)m * sh.wrows() * 2);
-            CK(cudaMemset(x.p, 0, (size_t)m * sh.k * 2));
-            CK(cudaMemset(gm.p, 0, sh.k * 2));
+            const Products bufs(sh, m, layers);
             const double fused = time_graph(st, [&] {
-                for (int l = 0; l < layers; ++l) {
-                    DecodeProductArgs a{x.p, wts[l]->p, gm.p, out.p, out.p, m, sh.k, sh.n, sh.k, sh.n, 1e-5f};
-                    launch(sh, c, false, a, st);
-                }
+                for (int l = 0; l < layers; ++l) launch(sh, c, false, bufs.args(sh, m, l), st);
             }) / layers;
             LtProduct p(lt, m, sh.wrows(), sh.k, ws.p, wsb);
             const double blas = time_graph(st, [&] {
-                for (int l = 0; l < layers; ++l) p.run(lt, wts[l]->p, x.p, out.p, ws.p, wsb, st);
+                for (int l = 0; l < layers; ++l) p.run(lt, bufs.w[l], bufs.x, bufs.out, ws.p, wsb, st);
             }) / layers;
             fused_layer += fused;
             lt_layer += blas;
             printf("  %-24s fused %6.2f  (nb %d, s %d, %d CTAs)   cuBLASLt product alone %6.2f\n", sh.name, fused,
                    c.nb, c.s, c.tiles * c.s * ((m + 63) / 64), blas);
-            for (auto* d : wts) delete d;
         }
         printf("  a layer's four: fused %.2f us, cuBLASLt products alone %.2f us (the unfused path adds two norms and SwiGLU)\n",
                fused_layer, lt_layer);
