@@ -9,6 +9,7 @@
 //   /tmp/decode_products chain                   30 layers' dependent products, every design
 //   /tmp/decode_products floor                   a persistent layer kernel's barriers and copies
 //   /tmp/decode_products layer                   the persistent layer kernel, checked and timed
+//   /tmp/decode_products lanes                   the engine's unfused layers, the batch split into parallel lanes
 //
 // Exits non-zero when a check exceeds its bound (bf16 1e-2, f16 2e-3 of the output's largest
 // value) or a launch fails.
@@ -647,6 +648,90 @@ int main(int argc, char** argv) {
                                                                 (unsigned short*)out.p, (unsigned*)counters.p + l);
             }) / layers;
             printf("persistent layer floor (three barriers, X multicast to clusters of 8), %d CTAs: %.2f us a layer\n", grid, t);
+        }
+        return 0;
+    }
+    if (argc > 1 && std::string(argv[1]) == "lanes") {
+        // The engine's unfused SmolLM2 layer without its attention (four cuBLASLt products, two
+        // residual RMSNorms, SwiGLU) for 30 layers, the batch split into `lanes` independent
+        // groups of rows: each lane's layers run on their own stream, forked from the capturing
+        // stream and joined back, so one graph holds the lanes as parallel branches. The
+        // weights are shared; each lane has its own activations and cuBLASLt workspace.
+        Zeros zeros;
+        std::vector<void*> wq, wo, wg, wd, gq, gg;
+        for (int l = 0; l < layers; ++l) {
+            wq.push_back(zeros((size_t)960 * 576 * 2));
+            wo.push_back(zeros((size_t)576 * 576 * 2));
+            wg.push_back(zeros((size_t)3072 * 576 * 2));
+            wd.push_back(zeros((size_t)576 * 1536 * 2));
+            gq.push_back(zeros(576 * 2));
+            gg.push_back(zeros(576 * 2));
+        }
+        struct Lane {
+            cudaStream_t s;
+            cudaEvent_t done;
+            void *h, *qkv, *att, *o_out, *mid, *ln, *rstd, *gu_out, *act, *d_out, *ws;
+            LtProduct *pq, *po, *pg, *pd;
+        };
+        cudaEvent_t fork;
+        CK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+        for (int total : {64, 128, 256}) {
+            double one = 0;
+            for (int lanes : {1, 2, 4, 8}) {
+                const int m = total / lanes;
+                std::vector<Lane> ls(lanes);
+                for (auto& x : ls) {
+                    CK(cudaStreamCreateWithFlags(&x.s, cudaStreamNonBlocking));
+                    CK(cudaEventCreateWithFlags(&x.done, cudaEventDisableTiming));
+                    x.h = zeros((size_t)m * 576 * 2);
+                    x.qkv = zeros((size_t)m * 960 * 2);
+                    x.att = zeros((size_t)m * 576 * 2);
+                    x.o_out = zeros((size_t)m * 576 * 2);
+                    x.mid = zeros((size_t)m * 576 * 2);
+                    x.ln = zeros((size_t)m * 576 * 2);
+                    x.rstd = zeros((size_t)m * 4);
+                    x.gu_out = zeros((size_t)m * 3072 * 2);
+                    x.act = zeros((size_t)m * 1536 * 2);
+                    x.d_out = zeros((size_t)m * 576 * 2);
+                    x.ws = zeros(wsb);
+                    x.pq = new LtProduct(lt, m, 960, 576, x.ws, wsb);
+                    x.po = new LtProduct(lt, m, 576, 576, x.ws, wsb);
+                    x.pg = new LtProduct(lt, m, 3072, 576, x.ws, wsb);
+                    x.pd = new LtProduct(lt, m, 576, 1536, x.ws, wsb);
+                }
+                const int norm_threads = std::min(512, std::max(32, (576 / 8 + 31) / 32 * 32));
+                const long long sw_n = (long long)m * 1536;
+                const int sw_blocks = (int)std::min<long long>(65535, (sw_n / 4 + 255) / 256);
+                const double step = time_graph(st, [&] {
+                    CK(cudaEventRecord(fork, st));
+                    for (auto& x : ls) {
+                        CK(cudaStreamWaitEvent(x.s, fork, 0));
+                        for (int l = 0; l < layers; ++l) {
+                            x.pq->run(lt, wq[l], x.ln, x.qkv, x.ws, wsb, x.s);
+                            x.po->run(lt, wo[l], x.att, x.o_out, x.ws, wsb, x.s);
+                            residual_rmsnorm_forward_bf16<<<m, norm_threads, 0, x.s>>>(
+                                (bf16*)x.mid, (bf16*)x.ln, (float*)x.rstd, (const bf16*)x.h, (const bf16*)x.o_out,
+                                (const bf16*)gq[l], 576, 1e-5f);
+                            x.pg->run(lt, wg[l], x.ln, x.gu_out, x.ws, wsb, x.s);
+                            swiglu_forward_bf16<<<sw_blocks, 256, 0, x.s>>>((bf16*)x.act, (const bf16*)x.gu_out, sw_n, 1536);
+                            x.pd->run(lt, wd[l], x.act, x.d_out, x.ws, wsb, x.s);
+                            residual_rmsnorm_forward_bf16<<<m, norm_threads, 0, x.s>>>(
+                                (bf16*)x.h, (bf16*)x.ln, (float*)x.rstd, (const bf16*)x.mid, (const bf16*)x.d_out,
+                                (const bf16*)gg[l], 576, 1e-5f);
+                        }
+                        CK(cudaEventRecord(x.done, x.s));
+                        CK(cudaStreamWaitEvent(st, x.done, 0));
+                    }
+                });
+                if (lanes == 1) one = step;
+                printf("lanes: %3d rows as %d lane(s) of %3d: %7.1f us a step of 30 layers (%.2f us a layer), "
+                       "%.2fx the rows a second of one lane\n", total, lanes, m, step, step / layers, one / step);
+                for (auto& x : ls) {
+                    delete x.pq; delete x.po; delete x.pg; delete x.pd;
+                    CK(cudaStreamDestroy(x.s));
+                    CK(cudaEventDestroy(x.done));
+                }
+            }
         }
         return 0;
     }

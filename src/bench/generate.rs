@@ -47,6 +47,10 @@ pub struct BenchGenerateArgs {
     /// Launch every decode kernel from the host instead of replaying CUDA graphs.
     #[arg(long)]
     pub no_cuda_graphs: bool,
+    /// Wait for each decode step's tokens before queueing the next step (by default the
+    /// next step runs while the host reads them).
+    #[arg(long)]
+    pub no_overlap: bool,
     /// Skip the transformers run.
     #[arg(long)]
     pub no_python: bool,
@@ -132,6 +136,7 @@ pub fn run(a: BenchGenerateArgs) -> Result<()> {
         new_tokens: a.new_tokens,
         sampling,
         cuda_graphs: !a.no_cuda_graphs,
+        overlap_steps: !a.no_overlap,
         seed: a.seed,
         out: a.out.clone(),
         reference,

@@ -88,6 +88,10 @@ pub struct GenerateArgs {
     /// graph (the output is the same; graphs only save launch time).
     #[arg(long)]
     pub no_cuda_graphs: bool,
+    /// Wait for each decode step's tokens before queueing the next step, instead of running
+    /// the next step while the host reads them (the output is the same).
+    #[arg(long)]
+    pub no_overlap: bool,
     /// Cut a prompt longer than the model's context from the left (keeping its end and room
     /// for --tokens) instead of refusing it.
     #[arg(long)]
@@ -332,6 +336,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         stop_strings: a.stop.clone(),
         seed: a.seed,
         cuda_graphs: !a.no_cuda_graphs,
+        overlap_steps: !a.no_overlap,
         truncate_left: a.truncate_left,
         max_batch: a.max_batch,
     };

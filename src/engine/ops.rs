@@ -2811,12 +2811,44 @@ impl SlotState {
     }
 
     /// The tokens and log-probabilities of the last draw of every slot (waits for a GPU).
-    pub fn read(&self) -> Result<(Vec<u32>, Vec<f32>)> {
+    pub fn read(&mut self) -> Result<(Vec<u32>, Vec<f32>)> {
+        let r = self.start_read()?;
+        self.finish_read(r)
+    }
+
+    /// Starts reading the last draw of every slot: on a GPU a copy queued behind the work so
+    /// far, which [`SlotState::finish_read`] waits for, so that the host can read one decode
+    /// step's draws while the next one runs (two reads may be unfinished at a time); on the
+    /// host the draws as they are now.
+    pub fn start_read(&mut self) -> Result<DrawnRead> {
         Ok(match self {
-            SlotState::Host(h, _) | SlotState::Meta(h, _) => (h.tokens.clone(), h.logprobs.clone()),
-            SlotState::Gpu(g, d, _) => (g.download(&d.tokens)?, g.download(&d.logprobs)?),
+            SlotState::Host(h, _) | SlotState::Meta(h, _) => {
+                DrawnRead::Ready(h.tokens.clone(), h.logprobs.clone())
+            }
+            SlotState::Gpu(g, d, _) => DrawnRead::Queued(g.queue_drawn(d)?),
         })
     }
+
+    /// The tokens and log-probabilities of the draw `read` was started after.
+    pub fn finish_read(&mut self, read: DrawnRead) -> Result<(Vec<u32>, Vec<f32>)> {
+        Ok(match (self, read) {
+            (_, DrawnRead::Ready(tokens, logprobs)) => (tokens, logprobs),
+            (SlotState::Gpu(g, d, _), DrawnRead::Queued(t)) => g.read_drawn(d, t)?,
+            (_, DrawnRead::Queued(_)) => {
+                return Err(EngineError::Shape {
+                    op: "finish_read",
+                    detail: "a GPU read of another slot state".into(),
+                });
+            }
+        })
+    }
+}
+
+/// A read of every slot's last draw ([`SlotState::start_read`]).
+#[derive(Debug)]
+pub enum DrawnRead {
+    Ready(Vec<u32>, Vec<f32>),
+    Queued(super::cuda::sampling::DrawnTicket),
 }
 
 /// The rows of a decode step over some of the slots: row `i` runs slot `slots[i]`, feeding

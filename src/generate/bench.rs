@@ -80,6 +80,8 @@ pub struct Settings {
     pub new_tokens: usize,
     pub sampling: Sampling,
     pub cuda_graphs: bool,
+    /// Queue each decode step before reading the last one's tokens ([`Options::overlap_steps`]).
+    pub overlap_steps: bool,
     pub seed: u64,
     pub out: PathBuf,
     /// The reference run: its script, model and batches; `Err` says why it does not run.
@@ -146,6 +148,7 @@ fn options(s: &Settings, new_tokens: usize) -> Options {
     Options {
         seed: s.seed,
         cuda_graphs: s.cuda_graphs,
+        overlap_steps: s.overlap_steps,
         ..Options::new(new_tokens, s.sampling)
     }
 }
@@ -271,7 +274,7 @@ fn write_report(
     copy_gbs: Option<f64>,
 ) -> Result<()> {
     report.text(&format!(
-        "Model: {}. `batch` prompts of {} random tokens, {} new tokens each, temperature {}, top-p {}, top-k {} (0 = off), no stop token; CUDA graphs {}.\n\n\
+        "Model: {}. `batch` prompts of {} random tokens, {} new tokens each, temperature {}, top-p {}, top-k {} (0 = off), no stop token; CUDA graphs {}; decode steps {}.\n\n\
          Prefill = the prompts' forward passes and each sequence's first token; decode = the remaining tokens. \
          The floor of a decode step is the weights plus the key/value cache at the average length read once, over the \
          measured copy bandwidth{}.\n\n",
@@ -282,6 +285,11 @@ fn write_report(
         s.sampling.top_p,
         s.sampling.top_k,
         if s.cuda_graphs { "on" } else { "off" },
+        if s.overlap_steps {
+            "queued one ahead of the host's reading"
+        } else {
+            "each read before the next is queued"
+        },
         copy_gbs.map_or(" (no GPU: no floor)".into(), |g| format!(" ({g:.0} GB/s)"))
     ));
     let mut t = Table::new(&[
@@ -457,6 +465,7 @@ mod tests {
                 ..Sampling::default()
             },
             cuda_graphs: true,
+            overlap_steps: true,
             seed: 1,
             out: out.path().to_path_buf(),
             reference: Err("not asked for".into()),

@@ -10,6 +10,14 @@
 //! does not depend on which other sequences share the batch. On a GPU the decode step is
 //! replayed from a CUDA graph once its shapes settle ([`graph`]).
 //!
+//! Steps run one ahead of the host: step n + 1 is queued (its input tokens are already where
+//! step n's sampler wrote them) before the host reads step n's tokens, so the device does not
+//! wait while the host copies tokens back, checks stops and launches the next step. A
+//! sequence that step n ends with a stop token or string has then run one step more than it
+//! needed, whose token is dropped; one that step n ends by length is left out of step n + 1,
+//! since the host knows that in advance. A step in flight lands before sequences enter freed
+//! slots or the step's buffers change.
+//!
 //! The host decides when a sequence ends: stop tokens, stop strings (checked on the text of
 //! the drawn ids) and length. A finished sequence frees its slot: each step runs only the
 //! live slots (on a GPU as a bucketed number of rows, so that few graphs serve a shrinking
@@ -32,7 +40,7 @@ pub use sampling::{Sampling, log_prob, sample};
 use crate::data::Tokenizer;
 use crate::engine::Tensor;
 use crate::engine::cpu::sampling::{HostSlots, draw_bits, mark, mask_words, sample_row};
-use crate::engine::ops::{self, Ids, SlotState, StepRows};
+use crate::engine::ops::{self, DrawnRead, Ids, SlotState, StepRows};
 use crate::engine::rng::hash3;
 use crate::error::{KilnError, Result};
 use crate::models::{DecodeRows, Decoder, KvCache, Model};
@@ -58,6 +66,10 @@ pub struct Options {
     pub seed: u64,
     /// Replay decode steps from CUDA graphs on a GPU (`--no-cuda-graphs` turns it off).
     pub cuda_graphs: bool,
+    /// Queue each decode step before reading the previous step's tokens, so that the host's
+    /// reading and bookkeeping overlap the device's work; false waits for each step's tokens
+    /// before the next step starts. The same tokens either way.
+    pub overlap_steps: bool,
     /// Cut prompts too long for the model from the left, keeping their end and room for
     /// the new tokens, instead of refusing them.
     pub truncate_left: bool,
@@ -76,6 +88,7 @@ impl Options {
             stop_strings: Vec::new(),
             seed: 1,
             cuda_graphs: true,
+            overlap_steps: true,
             truncate_left: false,
             max_batch: None,
         }
@@ -525,9 +538,21 @@ fn cached(
     let mut rows_of: Vec<u32> = Vec::new();
     let mut decode_time = std::time::Duration::ZERO;
     let mut prefill_time = std::time::Duration::ZERO;
+    // The last decode step queued whose tokens the host has not read yet.
+    let mut in_flight: Option<DrawnRead> = None;
     loop {
         free.extend(retire(&mut live, done, tok, o, max_len));
-        if !waiting.is_empty() && !free.is_empty() {
+        let admitting = !waiting.is_empty() && !free.is_empty();
+        if admitting || live.is_empty() {
+            // Entering sequences may take slots the step in flight still runs: it lands first.
+            if let Some(read) = in_flight.take() {
+                let t = Instant::now();
+                stats.decode_tokens += land(&mut eng.st, read, &mut live, on_token)?;
+                decode_time += t.elapsed();
+                continue;
+            }
+        }
+        if admitting {
             let t0 = Instant::now();
             // Lowest free slots first, so a run's slot use does not depend on timing.
             free.sort_unstable_by(|a, b| b.cmp(a));
@@ -546,7 +571,23 @@ fn cached(
             break;
         }
         let t1 = Instant::now();
-        let mut live_slots: Vec<u32> = live.iter().map(|s| s.slot as u32).collect();
+        // Every live sequence gains a token from the step in flight; those that it ends by
+        // length do not run this step.
+        let ahead = usize::from(in_flight.is_some());
+        let running: Vec<&Live> = live
+            .iter()
+            .filter(|s| !ends_by_length(s, ahead, o, max_len))
+            .collect();
+        if running.is_empty() {
+            let read = in_flight
+                .take()
+                .expect("a live sequence runs unless a step is in flight");
+            stats.decode_tokens += land(&mut eng.st, read, &mut live, on_token)?;
+            decode_time += t1.elapsed();
+            continue;
+        }
+        let longest = running.iter().map(|s| s.tokens.len()).max().unwrap_or(1) + ahead;
+        let mut live_slots: Vec<u32> = running.iter().map(|s| s.slot as u32).collect();
         live_slots.sort_unstable();
         let rows = match graphs {
             Some(_) => graph::row_bucket(live_slots.len(), slots),
@@ -554,8 +595,16 @@ fn cached(
         };
         if live_slots != rows_of {
             match &mut step_rows {
+                // Rewritten in stream order: a step in flight still reads the old rows.
                 Some((r, _)) if r.len() == rows => r.refill(&live_slots)?,
                 _ => {
+                    if let Some(read) = in_flight.take() {
+                        // New buffers and graphs: the step in flight, which uses the old ones,
+                        // lands first, and the rows are chosen again.
+                        stats.decode_tokens += land(&mut eng.st, read, &mut live, on_token)?;
+                        decode_time += t1.elapsed();
+                        continue;
+                    }
                     // A new row count: the old buffers go, and the graphs that read them.
                     drop(step_rows.take());
                     if let Some(g) = &mut graphs {
@@ -568,7 +617,6 @@ fn cached(
             rows_of = live_slots;
         }
         let (r, logits) = step_rows.as_mut().expect("built above");
-        let longest = live.iter().map(|s| s.tokens.len()).max().unwrap_or(1);
         let bound = graph::attention_bound(longest, max_len);
         let Engine { cache, st, .. } = &mut eng;
         let mut step = || -> crate::engine::Result<()> {
@@ -590,9 +638,18 @@ fn cached(
             Some(g) => g.run((bound, rows), &mut step)?,
             None => step()?,
         }
-        let drawn = eng.st.read()?;
-        stats.decode_tokens += take_drawn(&mut live, &drawn, on_token);
         stats.decode_steps += 1;
+        let read = eng.st.start_read()?;
+        // The previous step's tokens, read while this one runs.
+        let previous = in_flight.replace(read);
+        if let Some(prev) = previous {
+            stats.decode_tokens += land(&mut eng.st, prev, &mut live, on_token)?;
+        }
+        if !o.overlap_steps
+            && let Some(read) = in_flight.take()
+        {
+            stats.decode_tokens += land(&mut eng.st, read, &mut live, on_token)?;
+        }
         decode_time += t1.elapsed();
     }
     stats.prefill_secs = prefill_time.as_secs_f64();
@@ -603,6 +660,26 @@ fn cached(
         stats.graphs_off = g.failed;
     }
     Ok(stats)
+}
+
+/// Whether the step in flight (`ahead` is 1 when there is one) ends `s` by length, so that
+/// it must not run the next step: the same test as [`stopped`]'s, one token on.
+fn ends_by_length(s: &Live, ahead: usize, o: &Options, max_len: usize) -> bool {
+    ahead > 0
+        && (s.generated().len() + ahead >= o.max_new_tokens || s.tokens.len() + ahead > max_len)
+}
+
+/// Waits for the draws of a queued step and gives each live sequence its token; returns how
+/// many. Every live sequence ran that step: none enters while a step is in flight, and one
+/// that ends before the step runs is retired before it is read.
+fn land(
+    st: &mut SlotState,
+    read: DrawnRead,
+    live: &mut [Live],
+    on_token: &mut dyn FnMut(usize, usize, u32),
+) -> Result<usize> {
+    let drawn = st.finish_read(read)?;
+    Ok(take_drawn(live, &drawn, on_token))
 }
 
 /// Appends each live sequence's drawn token and log-probability (by slot); returns how many.
@@ -844,6 +921,74 @@ mod tests {
                 assert_eq!(a.finish, b.finish);
                 assert_eq!(a.logprobs, b.logprobs);
             }
+        }
+    }
+
+    /// Steps queued one ahead of the host's reading give the tokens, log-probabilities,
+    /// endings and streamed tokens of steps read one by one: with stop tokens and a stop
+    /// string ending samples at different steps (their extra step's token dropped), a sample
+    /// ended by the context (left out of the step after its last), and fewer slots than
+    /// samples (the step in flight lands before a waiting sample enters).
+    #[test]
+    fn steps_queued_ahead_give_the_same_tokens() {
+        let model = tiny();
+        let s = Sampling {
+            temperature: 1.0,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.0,
+            repetition_penalty: 1.05,
+        };
+        let long: Vec<u32> = (0..58).map(|i| 65 + (i * 7) % 26).collect();
+        let reqs = [
+            Request {
+                prompt: vec![72, 101, 108],
+                samples: 3,
+            },
+            Request {
+                prompt: vec![66, 97, 121, 32, 111, 33],
+                samples: 2,
+            },
+            Request {
+                prompt: long,
+                samples: 1,
+            },
+        ];
+        let mut o = opts(s, 12);
+        let plain = run(&model, &reqs, &o);
+        o.stop_ids = vec![plain[1].tokens[3], plain[3].tokens[1]];
+        o.stop_strings = vec![ByteTokenizer.decode(&plain[0].tokens[4..6])];
+        let go = |o: &Options| {
+            let mut streamed: std::collections::BTreeMap<(usize, usize), Vec<u32>> =
+                Default::default();
+            let (done, stats) = generate(&model, &ByteTokenizer, &reqs, o, &mut |p, s, t| {
+                streamed.entry((p, s)).or_default().push(t)
+            })
+            .unwrap();
+            (done, stats, streamed)
+        };
+        for cap in [None, Some(2), Some(4)] {
+            o.max_batch = cap;
+            o.overlap_steps = false;
+            let (one_by_one, stats_one, streamed_one) = go(&o);
+            o.overlap_steps = true;
+            let (ahead, stats_ahead, streamed_ahead) = go(&o);
+            let finishes: Vec<Finish> = one_by_one.iter().map(|c| c.finish).collect();
+            assert!(finishes.contains(&Finish::Stop), "{finishes:?}");
+            assert_eq!(one_by_one[5].finish, Finish::Length);
+            assert_eq!(one_by_one[5].tokens.len(), 64 + 1 - 58);
+            assert_eq!(ahead.len(), one_by_one.len());
+            for (a, b) in ahead.iter().zip(&one_by_one) {
+                let which = format!("capacity {cap:?}: prompt {} sample {}", b.prompt, b.sample);
+                assert_eq!((a.prompt, a.sample), (b.prompt, b.sample));
+                assert_eq!(a.tokens, b.tokens, "{which}");
+                assert_eq!(a.logprobs, b.logprobs, "{which}");
+                assert_eq!(a.finish, b.finish, "{which}");
+                assert_eq!(a.text, b.text, "{which}");
+            }
+            assert_eq!(streamed_ahead, streamed_one, "capacity {cap:?}");
+            assert_eq!(stats_ahead.decode_tokens, stats_one.decode_tokens);
+            assert!(stats_ahead.decode_steps >= stats_one.decode_steps);
         }
     }
 

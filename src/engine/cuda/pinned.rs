@@ -71,6 +71,17 @@ impl PinnedBuffer {
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.bytes) }
     }
 
+    /// The whole buffer as 32-bit words (token ids; every bit pattern is a valid `u32`).
+    pub fn words(&self) -> &[u32] {
+        // SAFETY: as in `as_slice`; page alignment suits `u32`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().cast::<u32>(), self.bytes / 4) }
+    }
+
+    pub fn words_mut(&mut self) -> &mut [u32] {
+        // SAFETY: as in `as_mut_slice`.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().cast::<u32>(), self.bytes / 4) }
+    }
+
     pub fn as_mut_slice<T: Elem>(&mut self) -> &mut [T] {
         // SAFETY: as in `as_slice`, and `&mut self` makes this the only reference.
         unsafe {

@@ -9,12 +9,13 @@
 //! device and a decode step replayed from a CUDA graph needs nothing from the host.
 //! `sampling.cu` explains how a row is split over many blocks.
 
+use super::pinned::PinnedBuffer;
 use super::{
     CudaBackend, CudaError, ELEM_DTYPES, Elem, ElemKernel, Kernel, Program, Result, as_i32,
     check_len, raw_ptr,
 };
 use crate::engine::cpu::sampling::{self as cpu, HostSlots, SampleParams};
-use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaEvent, CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg, result};
 
 pub(super) const PROGRAM: Program = Program {
     name: "sampling",
@@ -126,6 +127,7 @@ pub struct DeviceSlots {
     pub vocab: usize,
     pub max_len: usize,
     scratch: Scratch,
+    drawn: DrawnCopies,
 }
 
 impl DeviceSlots {
@@ -133,6 +135,32 @@ impl DeviceSlots {
         self.pos.len()
     }
 }
+
+/// Page-locked copies of every slot's last draw (its tokens, then its log-probabilities as
+/// bits), two of them: the host reads one decode step's draws while the next step runs.
+struct DrawnCopies {
+    bufs: [PinnedBuffer; 2],
+    copied: [CudaEvent; 2],
+    /// Which copies are queued and not yet read.
+    queued: [bool; 2],
+    next: usize,
+}
+
+impl Drop for DrawnCopies {
+    fn drop(&mut self) {
+        // The driver may still be writing into a queued copy's buffer: wait before freeing it.
+        for (e, q) in self.copied.iter().zip(self.queued) {
+            if q {
+                let _ = e.synchronize();
+            }
+        }
+    }
+}
+
+/// A queued copy of every slot's last draw ([`CudaBackend::queue_drawn`]).
+#[derive(Debug)]
+#[must_use = "a queued copy holds its buffer until it is read"]
+pub struct DrawnTicket(usize);
 
 impl CudaBackend {
     /// Copies the sampler's per-slot state to the device and allocates its scratch.
@@ -154,7 +182,65 @@ impl CudaBackend {
                 hist: self.alloc(slots * 2 * BINS)?,
                 cand: self.alloc(slots * h.vocab)?,
             },
+            drawn: DrawnCopies {
+                bufs: [
+                    PinnedBuffer::zeroed(&self.ctx, 8 * slots)?,
+                    PinnedBuffer::zeroed(&self.ctx, 8 * slots)?,
+                ],
+                copied: [self.ctx.new_event(None)?, self.ctx.new_event(None)?],
+                queued: [false; 2],
+                next: 0,
+            },
         })
+    }
+
+    /// Queues a copy of every slot's last token and log-probability into page-locked memory,
+    /// after the work queued so far, and returns at once; [`CudaBackend::read_drawn`] waits
+    /// for it. So the host can read one decode step's draws while the next step runs. Two
+    /// copies may be unread at a time: a third is refused.
+    pub fn queue_drawn(&self, st: &mut DeviceSlots) -> Result<DrawnTicket> {
+        let n = st.slots();
+        let i = st.drawn.next;
+        if st.drawn.queued[i] {
+            return Err(CudaError::Shape {
+                op: "queue_drawn",
+                detail: "two copies of the draws are unread already; read one first".into(),
+            });
+        }
+        self.ctx.bind_to_thread()?;
+        let (tokens, logprobs) = st.drawn.bufs[i].words_mut().split_at_mut(n);
+        let stream = self.stream.cu_stream();
+        // SAFETY: each destination holds exactly its source's `n` 32-bit elements (f32 bits
+        // land in `u32` words unchanged). The buffer is neither read nor freed before the
+        // event recorded after both copies has completed (`read_drawn`, and `DrawnCopies`'
+        // drop); the stream orders the copies after the kernels that write the sources.
+        unsafe {
+            result::memcpy_dtoh_async(tokens, raw_ptr(&st.tokens, &self.stream), stream)?;
+            result::memcpy_dtoh_async(
+                &mut logprobs[..n],
+                raw_ptr(&st.logprobs, &self.stream),
+                stream,
+            )?;
+        }
+        st.drawn.copied[i].record(&self.stream)?;
+        st.drawn.queued[i] = true;
+        st.drawn.next = 1 - i;
+        Ok(DrawnTicket(i))
+    }
+
+    /// Waits for a queued copy of the draws and returns every slot's token and
+    /// log-probability.
+    pub fn read_drawn(
+        &self,
+        st: &mut DeviceSlots,
+        ticket: DrawnTicket,
+    ) -> Result<(Vec<u32>, Vec<f32>)> {
+        let (n, i) = (st.slots(), ticket.0);
+        st.drawn.copied[i].synchronize()?;
+        st.drawn.queued[i] = false;
+        let words = st.drawn.bufs[i].words();
+        let logprobs = words[n..2 * n].iter().map(|&w| f32::from_bits(w)).collect();
+        Ok((words[..n].to_vec(), logprobs))
     }
 
     /// Overwrites slot `slot` of `st` with the one slot of `one` (a sequence entering a freed
