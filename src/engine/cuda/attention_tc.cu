@@ -318,6 +318,16 @@ __device__ __forceinline__ bool tc_all_see(int q_lo, int q_hi, int k_lo, int k_h
     return k_hi <= q_lo && q_hi < T && (W == 0 || q_hi - k_lo < W);
 }
 
+// Runs `tile(masked)`: masked = false where every query of the tile sees every key (all_see),
+// true on the tiles that straddle the causal mask, a window's edge or T. The two calls are
+// separate copies of the tile's code: a test of the mask inside one copy is compiled into
+// selects evaluated on every tile, a few instructions a score on the unmasked tiles that are
+// nearly all of them.
+template <class F> __device__ __forceinline__ void tc_masked_or_not(bool all_see, F&& tile) {
+    if (all_see) tile(false);
+    else tile(true);
+}
+
 // 2^x on the special-function unit, subnormal results flushed to 0 (a probability under
 // 2^-126 of its row's largest adds nothing an f32 sum keeps): one instruction, where exp2f
 // adds range fix-ups around it. 2^-inf = 0.
@@ -497,34 +507,36 @@ __device__ __forceinline__ void tc_forward(const typename Ops::elem* __restrict_
             qf.template mma_tile_t<KC>(s, ks(buf));
             // Scores stay unscaled until the exponential: c > 0, so the largest raw score
             // times c is the largest scaled one, and s * c - m is one fused multiply-add.
-            if (!tc_all_see(warp_row0, warp_row0 + 16 * MT - 1, k0, k0 + KC - 1, W, T)) {
-                #pragma unroll
-                for (int mt = 0; mt < MT; mt++) tc_mask_tile<KC>(s[mt], k0, row0 + 16 * mt, t, W);
-            }
-            #pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-                #pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    float m_sub;
-                    const float m_new = tc_tile_max<KC>(s[mt], r, m[mt][r], c, m_sub);
-                    const float corr = tc_exp2(m[mt][r] - m_sub);
-                    l[mt][r] *= corr;  // a per-lane partial sum until the end
+            tc_masked_or_not(tc_all_see(warp_row0, warp_row0 + 16 * MT - 1, k0, k0 + KC - 1, W, T), [&](bool masked) {
+                if (masked) {
                     #pragma unroll
-                    for (int n = 0; n < KC / 8; n++) {
-                        #pragma unroll
-                        for (int e = 2 * r; e < 2 * r + 2; e++) {
-                            s[mt][n][e] = tc_exp2(fmaf(s[mt][n][e], c, -m_sub));
-                            l[mt][r] += s[mt][n][e];
-                        }
-                    }
-                    #pragma unroll
-                    for (int n = 0; n < HS / 8; n++) {
-                        o[mt][n][2 * r] *= corr;
-                        o[mt][n][2 * r + 1] *= corr;
-                    }
-                    m[mt][r] = m_new;
+                    for (int mt = 0; mt < MT; mt++) tc_mask_tile<KC>(s[mt], k0, row0 + 16 * mt, t, W);
                 }
-            }
+                #pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    #pragma unroll
+                    for (int r = 0; r < 2; r++) {
+                        float m_sub;
+                        const float m_new = tc_tile_max<KC>(s[mt], r, m[mt][r], c, m_sub);
+                        const float corr = tc_exp2(m[mt][r] - m_sub);
+                        l[mt][r] *= corr;  // a per-lane partial sum until the end
+                        #pragma unroll
+                        for (int n = 0; n < KC / 8; n++) {
+                            #pragma unroll
+                            for (int e = 2 * r; e < 2 * r + 2; e++) {
+                                s[mt][n][e] = tc_exp2(fmaf(s[mt][n][e], c, -m_sub));
+                                l[mt][r] += s[mt][n][e];
+                            }
+                        }
+                        #pragma unroll
+                        for (int n = 0; n < HS / 8; n++) {
+                            o[mt][n][2 * r] *= corr;
+                            o[mt][n][2 * r + 1] *= corr;
+                        }
+                        m[mt][r] = m_new;
+                    }
+                }
+            });
             tc_mma_x_tile<Ops, HS, KC, MT>(o, s, vs(buf), p_scale);
         }
         __syncthreads();  // buffer `buf` is no longer read: the next iteration refills it
@@ -660,18 +672,19 @@ __device__ __forceinline__ void tc_backward_dq(const typename Ops::elem* __restr
             float s[KC / 8][4] = {}, dp[KC / 8][4] = {};
             qf.template mma_tile_t<KC>(&s, ks(buf));
             gf.template mma_tile_t<KC>(&dp, vs(buf));
-            const bool all_see = tc_all_see(warp_row0, warp_row0 + 15, k0, k0 + KC - 1, W, T);
-            #pragma unroll
-            for (int n = 0; n < KC / 8; n++) {
+            tc_masked_or_not(tc_all_see(warp_row0, warp_row0 + 15, k0, k0 + KC - 1, W, T), [&](bool masked) {
                 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int r = e >> 1;
-                    const int key = k0 + n * 8 + 2 * t + (e & 1);
-                    float p = tc_exp2(fmaf(s[n][e], c, -lse2[r]));
-                    if (!all_see && !tc_sees(row0 + 8 * r, key, W)) p = 0.0f;
-                    dp[n][e] = p * (dp[n][e] - rowd[r]);
+                for (int n = 0; n < KC / 8; n++) {
+                    #pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int r = e >> 1;
+                        const int key = k0 + n * 8 + 2 * t + (e & 1);
+                        float p = tc_exp2(fmaf(s[n][e], c, -lse2[r]));
+                        if (masked && !tc_sees(row0 + 8 * r, key, W)) p = 0.0f;
+                        dp[n][e] = p * (dp[n][e] - rowd[r]);
+                    }
                 }
-            }
+            });
             tc_rescale_rows<Ops, HS, KC>(dq, dp, ds_scale);
             tc_mma_x_tile<Ops, HS, KC>(&dq, &dp, ks(buf), &ds_scale);
         }
@@ -781,18 +794,19 @@ __device__ __forceinline__ void tc_backward_dkv(const typename Ops::elem* __rest
             float s[QC / 8][4] = {}, dp[QC / 8][4] = {};
             kf.template mma_tile_t<QC>(&s, qs(buf));
             vf.template mma_tile_t<QC>(&dp, gs(buf));
-            const bool all_see = tc_all_see(q0, q0 + QC - 1, warp_key0, warp_key0 + 15, W, T);
-            #pragma unroll
-            for (int n = 0; n < QC / 8; n++) {
+            tc_masked_or_not(tc_all_see(q0, q0 + QC - 1, warp_key0, warp_key0 + 15, W, T), [&](bool masked) {
                 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int qi = n * 8 + 2 * t + (e & 1), query = q0 + qi;
-                    float p = tc_exp2(fmaf(s[n][e], c, -lses(buf)[qi] * TC_LOG2E));
-                    if (!all_see && !(tc_sees(query, key0 + 8 * (e >> 1), W) && query < T)) p = 0.0f;
-                    s[n][e] = p;
-                    dp[n][e] = p * (dp[n][e] - ds(buf)[qi]);
+                for (int n = 0; n < QC / 8; n++) {
+                    #pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int qi = n * 8 + 2 * t + (e & 1), query = q0 + qi;
+                        float p = tc_exp2(fmaf(s[n][e], c, -lses(buf)[qi] * TC_LOG2E));
+                        if (masked && !(tc_sees(query, key0 + 8 * (e >> 1), W) && query < T)) p = 0.0f;
+                        s[n][e] = p;
+                        dp[n][e] = p * (dp[n][e] - ds(buf)[qi]);
+                    }
                 }
-            }
+            });
             tc_mma_x_tile<Ops, HS, QC>(&dv, &s, gs(buf), &p_scale);
             tc_rescale_rows<Ops, HS, QC>(dk, dp, ds_scale);
             tc_mma_x_tile<Ops, HS, QC>(&dk, &dp, qs(buf), &ds_scale);

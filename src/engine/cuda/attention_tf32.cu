@@ -269,28 +269,30 @@ __device__ __forceinline__ void tf_forward(const float* __restrict__ qkv, float*
         if (tc_any_sees(warp_row0, warp_row0 + 15, k0, k0 + KC - 1, W)) {
             float s[KC / 8][4] = {};
             tf_mma_rows_tile_t<HS, KC, X3>(s, qf, tiles.k(buf));
-            if (!tc_all_see(warp_row0, warp_row0 + 15, k0, k0 + KC - 1, W, T)) tc_mask_tile<KC>(s, k0, row0, t, W);
-            #pragma unroll
-            for (int r = 0; r < 2; r++) {
-                float m_sub;
-                const float m_new = tc_tile_max<KC>(s, r, m[r], c, m_sub);
-                const float corr = tc_exp2(m[r] - m_sub);
-                l[r] *= corr;
+            tc_masked_or_not(tc_all_see(warp_row0, warp_row0 + 15, k0, k0 + KC - 1, W, T), [&](bool masked) {
+                if (masked) tc_mask_tile<KC>(s, k0, row0, t, W);
                 #pragma unroll
-                for (int n = 0; n < KC / 8; n++) {
+                for (int r = 0; r < 2; r++) {
+                    float m_sub;
+                    const float m_new = tc_tile_max<KC>(s, r, m[r], c, m_sub);
+                    const float corr = tc_exp2(m[r] - m_sub);
+                    l[r] *= corr;
                     #pragma unroll
-                    for (int e = 2 * r; e < 2 * r + 2; e++) {
-                        s[n][e] = tc_exp2(fmaf(s[n][e], c, -m_sub));
-                        l[r] += s[n][e];
+                    for (int n = 0; n < KC / 8; n++) {
+                        #pragma unroll
+                        for (int e = 2 * r; e < 2 * r + 2; e++) {
+                            s[n][e] = tc_exp2(fmaf(s[n][e], c, -m_sub));
+                            l[r] += s[n][e];
+                        }
                     }
+                    #pragma unroll
+                    for (int n = 0; n < HS / 8; n++) {
+                        o[n][2 * r] *= corr;
+                        o[n][2 * r + 1] *= corr;
+                    }
+                    m[r] = m_new;
                 }
-                #pragma unroll
-                for (int n = 0; n < HS / 8; n++) {
-                    o[n][2 * r] *= corr;
-                    o[n][2 * r + 1] *= corr;
-                }
-                m[r] = m_new;
-            }
+            });
             tf_mma_x_tile<HS, KC, X3>(o, s, tiles.v(buf));
         }
         __syncthreads();  // buffer `buf` is refilled next
@@ -371,18 +373,19 @@ __device__ __forceinline__ void tf_backward_dq(const float* __restrict__ qkv, co
             float s[KC / 8][4] = {}, dp[KC / 8][4] = {};
             tf_mma_rows_tile_t<HS, KC, X3>(s, qf, tiles.k(buf));
             tf_mma_rows_tile_t<HS, KC, X3>(dp, gf, tiles.v(buf));
-            const bool all_see = tc_all_see(warp_row0, warp_row0 + 15, k0, k0 + KC - 1, W, T);
-            #pragma unroll
-            for (int n = 0; n < KC / 8; n++) {
+            tc_masked_or_not(tc_all_see(warp_row0, warp_row0 + 15, k0, k0 + KC - 1, W, T), [&](bool masked) {
                 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int r = e >> 1;
-                    const int key = k0 + n * 8 + 2 * t + (e & 1);
-                    float p = tc_exp2(fmaf(s[n][e], c, -lse2[r]));
-                    if (!all_see && !tc_sees(row0 + 8 * r, key, W)) p = 0.0f;
-                    dp[n][e] = p * (dp[n][e] - rowd[r]);
+                for (int n = 0; n < KC / 8; n++) {
+                    #pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int r = e >> 1;
+                        const int key = k0 + n * 8 + 2 * t + (e & 1);
+                        float p = tc_exp2(fmaf(s[n][e], c, -lse2[r]));
+                        if (masked && !tc_sees(row0 + 8 * r, key, W)) p = 0.0f;
+                        dp[n][e] = p * (dp[n][e] - rowd[r]);
+                    }
                 }
-            }
+            });
             tf_mma_x_tile<HS, KC, X3>(dq, dp, tiles.k(buf));
         }
         __syncthreads();
@@ -475,18 +478,19 @@ __device__ __forceinline__ void tf_backward_dkv(const float* __restrict__ qkv, c
             float s[QC / 8][4] = {}, dp[QC / 8][4] = {};
             tf_mma_rows_tile_t<HS, QC, X3>(s, kf, qs(buf));
             tf_mma_rows_tile_t<HS, QC, X3>(dp, vf, gs(buf));
-            const bool all_see = tc_all_see(q0, q0 + QC - 1, warp_key0, warp_key0 + 15, W, T);
-            #pragma unroll
-            for (int n = 0; n < QC / 8; n++) {
+            tc_masked_or_not(tc_all_see(q0, q0 + QC - 1, warp_key0, warp_key0 + 15, W, T), [&](bool masked) {
                 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int qi = n * 8 + 2 * t + (e & 1), query = q0 + qi;
-                    float p = tc_exp2(fmaf(s[n][e], c, -qs(buf)[qi * S::ld + HS] * TC_LOG2E));
-                    if (!all_see && !(tc_sees(query, key0 + 8 * (e >> 1), W) && query < T)) p = 0.0f;
-                    s[n][e] = p;
-                    dp[n][e] = p * (dp[n][e] - gs(buf)[qi * S::ld + HS]);
+                for (int n = 0; n < QC / 8; n++) {
+                    #pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int qi = n * 8 + 2 * t + (e & 1), query = q0 + qi;
+                        float p = tc_exp2(fmaf(s[n][e], c, -qs(buf)[qi * S::ld + HS] * TC_LOG2E));
+                        if (masked && !(tc_sees(query, key0 + 8 * (e >> 1), W) && query < T)) p = 0.0f;
+                        s[n][e] = p;
+                        dp[n][e] = p * (dp[n][e] - gs(buf)[qi * S::ld + HS]);
+                    }
                 }
-            }
+            });
             tf_mma_x_tile<HS, QC, X3>(dv, s, gs(buf));
             tf_mma_x_tile<HS, QC, X3>(dk, dp, qs(buf));
         }

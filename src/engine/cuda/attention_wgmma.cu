@@ -228,19 +228,24 @@ __device__ __forceinline__ unsigned long long wg_desc(unsigned addr, unsigned le
 // Starts copying rows r0 .. r0 + N - 1 of K, V or Q (HS elements each, `stride` elements
 // apart) into the swizzled tile at shared address `dst`, the copies spread over the block's
 // THREADS threads; rows at or past T become zeros (so that masked probabilities, exact zeros,
-// meet finite values).
+// meet finite values). Thread x copies chunk x % (HS / 8) of rows x / (HS / 8) + R j, R =
+// THREADS / (HS / 8) rows a pass: a multiple of 8, so every pass has the thread's swizzle and
+// its addresses are the first pass's plus j passes' (one multiply by the stride a tile).
 template <int HS, int N, int THREADS, int UNROLL = N * HS / 8 / THREADS, typename E>
 __device__ __forceinline__ void wg_tile_copy(unsigned dst, const E* src, size_t stride, int r0, int T) {
     constexpr int chunks = HS / 8;  // 16-byte chunks of a row
+    constexpr int pass = THREADS / chunks;
     static_assert(N * chunks % THREADS == 0, "every thread copies the same number of chunks");
+    static_assert(THREADS % chunks == 0 && pass % 8 == 0, "a pass keeps each thread's swizzle");
+    const int r = threadIdx.x / chunks, c = threadIdx.x % chunks;
+    const unsigned at = dst + (c >> 3) * (N * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
+    const E* from = src + (size_t)(r0 + r) * stride + c * 8;
+    const size_t step = (size_t)pass * stride;
     #pragma unroll UNROLL
     for (int j = 0; j < N * chunks / THREADS; j++) {
-        const int i = threadIdx.x + THREADS * j;
-        const int r = i / chunks, c = i % chunks;
-        const bool in = r0 + r < T;
-        const unsigned at = dst + (c >> 3) * (N * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
+        const bool in = r0 + r + pass * j < T;
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-                     :: "r"(at), "l"(src + (size_t)(in ? r0 + r : 0) * stride + c * 8), "r"(in ? 16 : 0));
+                     :: "r"(at + pass * j * 128), "l"(in ? from + j * step : src), "r"(in ? 16 : 0));
     }
 }
 
@@ -249,12 +254,23 @@ __device__ __forceinline__ void wg_tile_copy(unsigned dst, const E* src, size_t 
 // mask or the window hides (on tiles that straddle them), updates the running maximum m (base
 // 2) and the lane's partial row sums l, turns s into P times 2^Ops::p_log2, and returns each
 // row's correction corr = 2^(m_old - m_new) for the output accumulators.
+// (The masked tiles run their own copy of the code: tc_masked_or_not.)
+template <class Ops, int N>
+__device__ __forceinline__ void wg_softmax_rows(float (&s)[N / 8][4], float (&m)[2], float (&l)[2],
+                                                float (&corr)[2], float c);
 template <class Ops, int N>
 __device__ __forceinline__ void wg_softmax(float (&s)[N / 8][4], float (&m)[2], float (&l)[2], float (&corr)[2],
                                            int k0, int warp_row0, int row0, int t, float c, int W, int T) {
+    tc_masked_or_not(tc_all_see(warp_row0, warp_row0 + 15, k0, k0 + N - 1, W, T), [&](bool masked) {
+        if (masked) tc_mask_tile<N>(s, k0, row0, t, W);
+        wg_softmax_rows<Ops, N>(s, m, l, corr, c);
+    });
+}
+template <class Ops, int N>
+__device__ __forceinline__ void wg_softmax_rows(float (&s)[N / 8][4], float (&m)[2], float (&l)[2],
+                                                float (&corr)[2], float c) {
     // Scores stay unscaled until the exponential: c > 0, so the largest raw score times c is
     // the largest scaled one, and s * c - m is one fused multiply-add.
-    if (!tc_all_see(warp_row0, warp_row0 + 15, k0, k0 + N - 1, W, T)) tc_mask_tile<N>(s, k0, row0, t, W);
     #pragma unroll
     for (int r = 0; r < 2; r++) {
         float m_sub;
@@ -660,11 +676,10 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
         }
         wg_commit();
     };
-    // P and dS of tile j from its S and dP.
-    auto p_ds = [&](int j, int stage) {
+    // P and dS of tile j from its S and dP, the per-score mask (causal, window, T) applied
+    // only when `mask` (tc_masked_or_not: on the tiles that straddle it).
+    auto p_ds = [&](int j, int stage, bool mask) {
         const int s0 = (first + j) * N;
-        const bool all_see = DKV ? tc_all_see(s0, s0 + N - 1, warp_row0, warp_row0 + 15, W, T)
-                                 : tc_all_see(warp_row0, warp_row0 + 15, s0, s0 + N - 1, W, T);
         #pragma unroll
         for (int n = 0; n < N / 8; n++) {
             #pragma unroll
@@ -674,11 +689,17 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
                 const float l2 = DKV ? lses(stage)[col] * TC_LOG2E : lse2[r];
                 const float dd = DKV ? ds(stage)[col] : rowd[r];
                 float p = tc_exp2(fmaf(s[n][e], c, -l2));
-                if (!all_see && !(tc_sees(query, key, W) && query < T)) p = 0.0f;
+                if (mask && !(tc_sees(query, key, W) && query < T)) p = 0.0f;
                 s[n][e] = p;
                 dp[n][e] = p * (dp[n][e] - dd);
             }
         }
+    };
+    auto p_ds_tile = [&](int j, int stage) {
+        const int s0 = (first + j) * N;
+        const bool all_see = DKV ? tc_all_see(s0, s0 + N - 1, warp_row0, warp_row0 + 15, W, T)
+                                 : tc_all_see(warp_row0, warp_row0 + 15, s0, s0 + N - 1, W, T);
+        tc_masked_or_not(all_see, [&](bool masked) { p_ds(j, stage, masked); });
     };
     // P (times its scale) and dS (times its row's) as the next products' A operands, after the
     // dS accumulator's rows are rescaled to what this tile needs (f16).
@@ -712,7 +733,7 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
     wg_wait<0>();
     wg_pin(s);
     wg_pin(dp);
-    p_ds(0, 0);
+    p_ds_tile(0, 0);
     pack();
     int prev = 0;  // the stage of tile j - 1
     for (int it = 1; it < tiles; it++) {
@@ -725,7 +746,7 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
         wg_wait<1>();  // S_j and dP_j are done
         wg_pin(s);
         wg_pin(dp);
-        p_ds(it, stage);
+        p_ds_tile(it, stage);
         wg_wait<0>();  // the products of tile j - 1 are done
         pin_grads();
         pack();
