@@ -168,3 +168,57 @@ fn stop_strings_a_model_cannot_write_are_refused() {
     }
     assert!(kiln::generate::check_stop_strings(&byte, &stops(&[""])).is_err());
 }
+
+/// Generation checks stop strings on the text of a sequence's last tokens only
+/// (`generate::stops`). On the real vocabularies (SmolLM2's byte-level BPE, MiniLM's WordPiece,
+/// whose decoder joins `##` pieces and removes spaces before punctuation): at every token of
+/// a text, a stop string that the whole text gains is in that window too.
+#[test]
+fn stop_string_windows_find_what_the_whole_text_gains() {
+    use kiln::data::tokenizer_from_path;
+    use kiln::generate::stops::tail_may_stop;
+    let text = "Where the bee sucks, there suck I : in a cowslip's bell I lie — thère I couch \
+        when owls do cry. On the bat's back I do fly after summer merrily. Merrily, merrily \
+        shall I live now , under the blossom that hangs on the bough ! Ĉu vi parolas? 日本語 , \
+        and bees , more bees , « quoted » text .";
+    let stops = [
+        " bees",
+        "bees ,",
+        " merrily",
+        "Merrily, m",
+        " ,",
+        "!",
+        "ère",
+        "日本",
+        "語 ,",
+        "« quoted »",
+        "the bough",
+        "owls do",
+        ". On",
+        "merrily, m",
+        "the bee",
+        "s back",
+    ];
+    for path in [smollm2_gguf(), minilm_dir()] {
+        let tok = tokenizer_from_path(&path).unwrap();
+        let ids = tok.encode(text);
+        let mut found = 0;
+        for stop in stops {
+            let mut before = 0;
+            for n in 1..=ids.len() {
+                let count = tok.decode(&ids[..n]).matches(stop).count();
+                if count > before {
+                    found += 1;
+                    assert!(
+                        tail_may_stop(&tok, &ids[..n], &[stop.to_string()], stop.len()),
+                        "{}: {stop:?} appears at token {n} of {:?} but not in its window",
+                        path.display(),
+                        tok.decode(&ids[..n])
+                    );
+                }
+                before = count;
+            }
+        }
+        assert!(found >= 10, "{}: only {found} occurrences", path.display());
+    }
+}

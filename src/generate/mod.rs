@@ -34,6 +34,7 @@ pub mod bench;
 pub mod graph;
 pub mod load;
 pub mod sampling;
+pub mod stops;
 
 pub use sampling::{Sampling, log_prob, sample};
 
@@ -164,7 +165,8 @@ struct Live {
     /// The key of its random stream.
     seed: u64,
     finish: Option<Finish>,
-    /// Bytes of text already checked for stop strings.
+    /// Bytes of text already checked for stop strings (as of the last decode of the whole
+    /// text; a step whose last tokens hold none leaves it).
     checked: usize,
     truncated: usize,
 }
@@ -251,10 +253,15 @@ fn stopped(
         s.finish = Some(Finish::Stop);
         return true;
     }
-    if !o.stop_strings.is_empty() {
+    let longest = o.stop_strings.iter().map(String::len).max().unwrap_or(0);
+    // The whole text is decoded only when the last tokens' text holds a stop string (see
+    // [`stops`]); `checked` then still bounds the search from below, since every stop string
+    // completed at an earlier step was found then.
+    if !o.stop_strings.is_empty()
+        && stops::tail_may_stop(tok, s.generated(), &o.stop_strings, longest)
+    {
         let mut t = tok.decode(s.generated());
         // Search only the tail that could hold a stop string not seen before.
-        let longest = o.stop_strings.iter().map(String::len).max().unwrap_or(0);
         let mut from = s.checked.saturating_sub(longest).min(t.len());
         while !t.is_char_boundary(from) {
             from -= 1;
