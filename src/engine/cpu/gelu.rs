@@ -10,7 +10,7 @@ const CHUNK: usize = 4096;
 /// 5e-9 of 2^f (the first term left out, (ln 2)^8 / 8! / 2^8).
 const EXP2_TERMS: [f32; 8] = [
     1.0,
-    0.693_147_2,
+    std::f32::consts::LN_2,
     0.240_226_5,
     0.055_504_11,
     0.009_618_129,
