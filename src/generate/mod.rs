@@ -279,8 +279,7 @@ fn stopped(
         }
         s.checked = t.len();
     }
-    // The cache holds positions `0..max_len`; the newest token would be fed at `len - 1`.
-    if s.generated().len() >= o.max_new_tokens || s.tokens.len() > max_len {
+    if at_length(s, 0, o, max_len) {
         s.finish = Some(Finish::Length);
         return true;
     }
@@ -583,7 +582,7 @@ fn cached(
         let ahead = usize::from(in_flight.is_some());
         let running: Vec<&Live> = live
             .iter()
-            .filter(|s| !ends_by_length(s, ahead, o, max_len))
+            .filter(|s| ahead == 0 || !at_length(s, ahead, o, max_len))
             .collect();
         if running.is_empty() {
             let read = in_flight
@@ -669,11 +668,11 @@ fn cached(
     Ok(stats)
 }
 
-/// Whether the step in flight (`ahead` is 1 when there is one) ends `s` by length, so that
-/// it must not run the next step: the same test as [`stopped`]'s, one token on.
-fn ends_by_length(s: &Live, ahead: usize, o: &Options, max_len: usize) -> bool {
-    ahead > 0
-        && (s.generated().len() + ahead >= o.max_new_tokens || s.tokens.len() + ahead > max_len)
+/// Whether `s` has reached its length once it holds `ahead` more tokens: its limit of new
+/// tokens, or the cache's `max_len` positions (the newest token would be fed at `len - 1`).
+/// [`stopped`] asks with none ahead; a step queued behind one in flight with one.
+fn at_length(s: &Live, ahead: usize, o: &Options, max_len: usize) -> bool {
+    s.generated().len() + ahead >= o.max_new_tokens || s.tokens.len() + ahead > max_len
 }
 
 /// Waits for the draws of a queued step and gives each live sequence its token; returns how

@@ -249,23 +249,9 @@ __device__ __forceinline__ void wg_tile_copy(unsigned dst, const E* src, size_t 
     }
 }
 
-// The online softmax of one tile of scores s (64 rows x N keys from k0, this lane's rows
-// row0 and row0 + 8 of the warp's warp_row0 .. warp_row0 + 15): masks the scores the causal
-// mask or the window hides (on tiles that straddle them), updates the running maximum m (base
-// 2) and the lane's partial row sums l, turns s into P times 2^Ops::p_log2, and returns each
-// row's correction corr = 2^(m_old - m_new) for the output accumulators.
-// (The masked tiles run their own copy of the code: tc_masked_or_not.)
-template <class Ops, int N>
-__device__ __forceinline__ void wg_softmax_rows(float (&s)[N / 8][4], float (&m)[2], float (&l)[2],
-                                                float (&corr)[2], float c);
-template <class Ops, int N>
-__device__ __forceinline__ void wg_softmax(float (&s)[N / 8][4], float (&m)[2], float (&l)[2], float (&corr)[2],
-                                           int k0, int warp_row0, int row0, int t, float c, int W, int T) {
-    tc_masked_or_not(tc_all_see(warp_row0, warp_row0 + 15, k0, k0 + N - 1, W, T), [&](bool masked) {
-        if (masked) tc_mask_tile<N>(s, k0, row0, t, W);
-        wg_softmax_rows<Ops, N>(s, m, l, corr, c);
-    });
-}
+// The online softmax of a tile of scores s whose mask is already applied: updates the running
+// maximum m (base 2) and the lane's partial row sums l, turns s into P times 2^Ops::p_log2,
+// and returns each row's correction corr = 2^(m_old - m_new) for the output accumulators.
 template <class Ops, int N>
 __device__ __forceinline__ void wg_softmax_rows(float (&s)[N / 8][4], float (&m)[2], float (&l)[2],
                                                 float (&corr)[2], float c) {
@@ -289,6 +275,19 @@ __device__ __forceinline__ void wg_softmax_rows(float (&s)[N / 8][4], float (&m)
         l[r] = l[r] * corr[r] + sum;  // a per-lane partial sum until the end
         m[r] = m_new;
     }
+}
+
+// The online softmax of one tile of scores s (64 rows x N keys from k0, this lane's rows
+// row0 and row0 + 8 of the warp's warp_row0 .. warp_row0 + 15): masks the scores the causal
+// mask or the window hides on the tiles that straddle them (their own copy of the code,
+// tc_masked_or_not), then wg_softmax_rows.
+template <class Ops, int N>
+__device__ __forceinline__ void wg_softmax(float (&s)[N / 8][4], float (&m)[2], float (&l)[2], float (&corr)[2],
+                                           int k0, int warp_row0, int row0, int t, float c, int W, int T) {
+    tc_masked_or_not(tc_all_see(warp_row0, warp_row0 + 15, k0, k0 + N - 1, W, T), [&](bool masked) {
+        if (masked) tc_mask_tile<N>(s, k0, row0, t, W);
+        wg_softmax_rows<Ops, N>(s, m, l, corr, c);
+    });
 }
 
 // The forward: a block owns 64 G queries (warpgroup w of them rows 64w .. 64w + 63) and streams
