@@ -427,6 +427,56 @@ __device__ __forceinline__ float tc_ds_scale_start() {
     return __uint_as_float((unsigned)(TC_DS_SCALE_MAX_EXP + 127) << 23);
 }
 
+// tc_rescale_rows's scales at less work a tile, for the Hopper backward: the same scales and
+// the same scaled dS, bit for bit. A lane first compares its own |dS| with the limit each row
+// may reach (2^15 scaled) and the warp votes; only a warp in which some row needs a smaller
+// scale (its first tile, then rarely) takes the row maxima over the lanes and lowers the
+// scales as tc_rescale_rows does. With PRESCALED the tile's dS already carries its row's scale
+// (the caller computed P (dP - d) as P fma(dP, scale, -d scale), exact for a power of two) and
+// is rescaled here with the accumulator, as is `d_scaled` (d times the scale); otherwise the
+// caller multiplies by the scale afterwards.
+template <class Ops, int HS, int K, bool PRESCALED>
+__device__ __forceinline__ void tc_fit_ds_scales(float (&acc)[HS / 8][4], float (&ds)[K / 8][4], float (&scale)[2],
+                                                 float (&d_scaled)[2]) {
+    if constexpr (Ops::scaled) {
+        float mine[2];
+        bool over = false;
+        #pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mine[r] = 0.0f;
+            #pragma unroll
+            for (int n = 0; n < K / 8; n++) mine[r] = fmaxf(mine[r], fmaxf(fabsf(ds[n][2 * r]), fabsf(ds[n][2 * r + 1])));
+            over |= mine[r] >= (PRESCALED ? 32768.0f : 32768.0f / scale[r]);
+        }
+        if (!__any_sync(0xffffffffu, over)) return;
+        #pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const float largest = tc_row_max(mine[r]);
+            if (largest == 0.0f) continue;  // no dS in this row: constrains nothing
+            // The power of two that brings the row to [2^14, 2^15): below 1 only when the row
+            // reaches 2^15 under its scale (the scaled maximum's scale is the unscaled one's
+            // divided by the row's scale: powers of two, and the cap of 2^64 binds only above 1).
+            const float ratio = PRESCALED ? tc_ds_scale(largest) : tc_ds_scale(largest) / scale[r];
+            if (ratio < 1.0f) {
+                #pragma unroll
+                for (int n = 0; n < HS / 8; n++) {
+                    acc[n][2 * r] *= ratio;
+                    acc[n][2 * r + 1] *= ratio;
+                }
+                if constexpr (PRESCALED) {
+                    #pragma unroll
+                    for (int n = 0; n < K / 8; n++) {
+                        ds[n][2 * r] *= ratio;
+                        ds[n][2 * r + 1] *= ratio;
+                    }
+                    d_scaled[r] *= ratio;
+                }
+                scale[r] *= ratio;
+            }
+        }
+    }
+}
+
 // Row tiles of 16 a forward warp owns, and the queries of a forward block (4 warps): at head
 // size 64 two tiles, so that every K and V fragment read from shared memory feeds two
 // products (the registers allow it: 64 for the output accumulators, 64 for the scores, 32 for

@@ -512,9 +512,13 @@ __device__ __forceinline__ void wg_forward(const typename Ops::elem* __restrict_
 // the stage of tile j - 2, as in the forward.
 //
 // P and dS are rounded once to the operand type, P times TcF16::p_scale() and each row's dS
-// times its own power of two in f16 (tc_rescale_rows), as attention_tc.cu's header describes:
-// the same values as the mma.sync kernels, summed by the tensor cores in their own order.
-// Every sum is in a fixed order: results are deterministic.
+// times its own power of two in f16, as attention_tc.cu's header describes, at less work a
+// tile than the mma.sync kernels: the row scales come from tc_fit_ds_scales (the same scales,
+// a warp vote in place of the row maxima on most tiles); dQ's dS takes its scale inside
+// P (dP - d) as P fma(dP, scale, -d scale) (the same bits); dK/dV's P takes 2^12 inside its
+// exponent (within a rounding of the exponent's argument of the mma.sync kernels' P), and
+// dS = P (dP - d) then carries 2^12 as well, which the output removes. Every sum is in a
+// fixed order: results are deterministic.
 
 // Rows of the tiles the backward streams: 64 at head size 64; 32 at 128, where the dK/dV
 // kernel's two 64 x 128 f32 accumulators take 128 registers a thread and 32-row tiles keep the
@@ -630,8 +634,15 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
     }
     float s[N / 8][4], dp[N / 8][4];  // S then P, and dP then dS, of the current tile
     unsigned pa[DKV ? N / 16 : 1][4], dsa[N / 16][4];  // P and dS of the last tile as A operands
-    float ds_scale[2] = {1.0f, 1.0f};
-    if (Ops::scaled) ds_scale[0] = ds_scale[1] = tc_ds_scale_start();
+    // f16's per-row dS scales (tc_fit_ds_scales); dQ computes dS with its rows' scales already
+    // in (dd_scaled: the row term d times the scale), dK/dV multiplies them in when packing.
+    float ds_scale[2] = {1.0f, 1.0f}, dd_scaled[2] = {0.0f, 0.0f};
+    if (Ops::scaled) {
+        ds_scale[0] = ds_scale[1] = tc_ds_scale_start();
+        dd_scaled[0] = rowd[0] * ds_scale[0];
+        dd_scaled[1] = rowd[1] * ds_scale[1];
+    }
+    constexpr bool prescaled = Ops::scaled && !DKV;
 
     auto wait_tile = [&]() {
         tc_wait<0>();
@@ -681,16 +692,24 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
         const int s0 = (first + j) * N;
         #pragma unroll
         for (int n = 0; n < N / 8; n++) {
+            // dK/dV: the lse and d of this lane's two query columns, one 8-byte read each.
+            float2 lse_pair = {0.0f, 0.0f}, d_pair = {0.0f, 0.0f};
+            if constexpr (DKV) {
+                lse_pair = *reinterpret_cast<const float2*>(lses(stage) + n * 8 + 2 * t);
+                d_pair = *reinterpret_cast<const float2*>(ds(stage) + n * 8 + 2 * t);
+            }
             #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int r = e >> 1, col = n * 8 + 2 * t + (e & 1);
                 const int query = DKV ? s0 + col : row0 + 8 * r, key = DKV ? row0 + 8 * r : s0 + col;
-                const float l2 = DKV ? lses(stage)[col] * TC_LOG2E : lse2[r];
-                const float dd = DKV ? ds(stage)[col] : rowd[r];
-                float p = tc_exp2(fmaf(s[n][e], c, -l2));
+                // dK/dV's P times 2^p_log2 (f16's operand scale), folded into the exponent.
+                const float neg_l2 = DKV ? fmaf(e & 1 ? lse_pair.y : lse_pair.x, -TC_LOG2E, Ops::p_log2) : -lse2[r];
+                const float dd = DKV ? (e & 1 ? d_pair.y : d_pair.x) : rowd[r];
+                float p = tc_exp2(fmaf(s[n][e], c, neg_l2));
                 if (mask && !(tc_sees(query, key, W) && query < T)) p = 0.0f;
                 s[n][e] = p;
-                dp[n][e] = p * (dp[n][e] - dd);
+                if constexpr (prescaled) dp[n][e] = p * fmaf(dp[n][e], ds_scale[r], -dd_scaled[r]);
+                else dp[n][e] = p * (dp[n][e] - dd);
             }
         }
     };
@@ -700,23 +719,24 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
                                  : tc_all_see(warp_row0, warp_row0 + 15, s0, s0 + N - 1, W, T);
         tc_masked_or_not(all_see, [&](bool masked) { p_ds(j, stage, masked); });
     };
-    // P (times its scale) and dS (times its row's) as the next products' A operands, after the
-    // dS accumulator's rows are rescaled to what this tile needs (f16).
+    // P (already times its scale) and dS (times its row's) as the next products' A operands,
+    // after the dS accumulator's rows are rescaled to what this tile needs (f16).
     auto pack = [&]() {
-        tc_rescale_rows<Ops, HS, N>(acc, dp, ds_scale);
+        tc_fit_ds_scales<Ops, HS, N, prescaled>(acc, dp, ds_scale, dd_scaled);
+        // dQ's dS carries its scale already (and bf16's is 1).
+        const float k0 = prescaled ? 1.0f : ds_scale[0], k1 = prescaled ? 1.0f : ds_scale[1];
         #pragma unroll
         for (int kk = 0; kk < N / 16; kk++) {
             if constexpr (DKV) {
-                const float k = Ops::p_scale();
-                pa[kk][0] = Ops::pack(s[2 * kk][0] * k, s[2 * kk][1] * k);
-                pa[kk][1] = Ops::pack(s[2 * kk][2] * k, s[2 * kk][3] * k);
-                pa[kk][2] = Ops::pack(s[2 * kk + 1][0] * k, s[2 * kk + 1][1] * k);
-                pa[kk][3] = Ops::pack(s[2 * kk + 1][2] * k, s[2 * kk + 1][3] * k);
+                pa[kk][0] = Ops::pack(s[2 * kk][0], s[2 * kk][1]);
+                pa[kk][1] = Ops::pack(s[2 * kk][2], s[2 * kk][3]);
+                pa[kk][2] = Ops::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                pa[kk][3] = Ops::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
             }
-            dsa[kk][0] = Ops::pack(dp[2 * kk][0] * ds_scale[0], dp[2 * kk][1] * ds_scale[0]);
-            dsa[kk][1] = Ops::pack(dp[2 * kk][2] * ds_scale[1], dp[2 * kk][3] * ds_scale[1]);
-            dsa[kk][2] = Ops::pack(dp[2 * kk + 1][0] * ds_scale[0], dp[2 * kk + 1][1] * ds_scale[0]);
-            dsa[kk][3] = Ops::pack(dp[2 * kk + 1][2] * ds_scale[1], dp[2 * kk + 1][3] * ds_scale[1]);
+            dsa[kk][0] = Ops::pack(dp[2 * kk][0] * k0, dp[2 * kk][1] * k0);
+            dsa[kk][1] = Ops::pack(dp[2 * kk][2] * k1, dp[2 * kk][3] * k1);
+            dsa[kk][2] = Ops::pack(dp[2 * kk + 1][0] * k0, dp[2 * kk + 1][1] * k0);
+            dsa[kk][3] = Ops::pack(dp[2 * kk + 1][2] * k1, dp[2 * kk + 1][3] * k1);
         }
     };
     auto pin_grads = [&]() {
@@ -760,7 +780,8 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
     for (int r = 0; r < 2; r++) {
         const int row = row0 + 8 * r;
         if (row >= T) continue;
-        const float k = tc_scale<HS>() / ds_scale[r];  // dS's scale and the score scale
+        // dS's scale (in dK/dV times P's, which dS = P (dP - d) carries) and the score scale.
+        const float k = tc_scale<HS>() / (DKV ? ds_scale[r] * Ops::p_scale() : ds_scale[r]);
         E* const dst_row = dqkv + ((size_t)b * T + row) * stride + h * HS + 2 * t;
         unsigned* dst = reinterpret_cast<unsigned*>(dst_row + (DKV ? C : 0));
         #pragma unroll
