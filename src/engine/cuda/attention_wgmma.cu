@@ -230,7 +230,9 @@ __device__ __forceinline__ unsigned long long wg_desc(unsigned addr, unsigned le
 // THREADS threads; rows at or past T become zeros (so that masked probabilities, exact zeros,
 // meet finite values). Thread x copies chunk x % (HS / 8) of rows x / (HS / 8) + R j, R =
 // THREADS / (HS / 8) rows a pass: a multiple of 8, so every pass has the thread's swizzle and
-// its addresses are the first pass's plus j passes' (one multiply by the stride a tile).
+// its addresses are the first pass's plus j passes' (one multiply by the stride a tile). A tile
+// wholly before T (all but a sequence's last) takes a copy of the loop without the row test:
+// no predicate or selects a copy, its source one 64-bit add from the last.
 template <int HS, int N, int THREADS, int UNROLL = N * HS / 8 / THREADS, typename E>
 __device__ __forceinline__ void wg_tile_copy(unsigned dst, const E* src, size_t stride, int r0, int T) {
     constexpr int chunks = HS / 8;  // 16-byte chunks of a row
@@ -241,6 +243,14 @@ __device__ __forceinline__ void wg_tile_copy(unsigned dst, const E* src, size_t 
     const unsigned at = dst + (c >> 3) * (N * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
     const E* from = src + (size_t)(r0 + r) * stride + c * 8;
     const size_t step = (size_t)pass * stride;
+    if (r0 + N <= T) {
+        #pragma unroll UNROLL
+        for (int j = 0; j < N * chunks / THREADS; j++) {
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(at + pass * j * 128), "l"(from));
+            from += step;
+        }
+        return;
+    }
     #pragma unroll UNROLL
     for (int j = 0; j < N * chunks / THREADS; j++) {
         const bool in = r0 + r + pass * j < T;
