@@ -16,7 +16,7 @@ def ptxas(path):
         if m:
             spill = m.group(0)
         m = re.search(r"Used (\d+) registers", line)
-        if m and name and name.startswith("wg_"):
+        if m and name and name.startswith(("wg_", "ws_")):
             print(f"ptxas {name:24s} {m.group(1):>3s} registers, {spill}")
             name = None
 
@@ -30,7 +30,7 @@ def times(harness, sdpa):
             continue
         T, hs, name, us = int(m.group(1)), int(m.group(2)), m.group(3).strip(), float(m.group(4))
         dtype = "f16" if "f16" in name.replace("bf16", "") else "bf16"
-        col = "mma.sync" if name.startswith("tc ") else re.sub(r"^wg_b?f16_hs\d+_", "wgmma ", name)
+        col = "mma.sync" if name.startswith("tc ") else re.sub(r"^w([gs])_b?f16_hs\d+_", r"w\1 ", name)
         if "[engine]" in line:
             engine.add((hs, col))
         table.setdefault((T, hs, dtype), {})[col] = us

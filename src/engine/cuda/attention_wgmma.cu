@@ -232,14 +232,16 @@ __device__ __forceinline__ unsigned long long wg_desc(unsigned addr, unsigned le
 // THREADS / (HS / 8) rows a pass: a multiple of 8, so every pass has the thread's swizzle and
 // its addresses are the first pass's plus j passes' (one multiply by the stride a tile). A tile
 // wholly before T (all but a sequence's last) takes a copy of the loop without the row test:
-// no predicate or selects a copy, its source one 64-bit add from the last.
+// no predicate or selects a copy, its source one 64-bit add from the last. `tid` is the
+// thread's index among the THREADS that copy (all of the block's, or a producer's).
 template <int HS, int N, int THREADS, int UNROLL = N * HS / 8 / THREADS, typename E>
-__device__ __forceinline__ void wg_tile_copy(unsigned dst, const E* src, size_t stride, int r0, int T) {
+__device__ __forceinline__ void wg_tile_copy(unsigned dst, const E* src, size_t stride, int r0, int T,
+                                             int tid = threadIdx.x) {
     constexpr int chunks = HS / 8;  // 16-byte chunks of a row
     constexpr int pass = THREADS / chunks;
     static_assert(N * chunks % THREADS == 0, "every thread copies the same number of chunks");
     static_assert(THREADS % chunks == 0 && pass % 8 == 0, "a pass keeps each thread's swizzle");
-    const int r = threadIdx.x / chunks, c = threadIdx.x % chunks;
+    const int r = tid / chunks, c = tid % chunks;
     const unsigned at = dst + (c >> 3) * (N * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
     const E* from = src + (size_t)(r0 + r) * stride + c * 8;
     const size_t step = (size_t)pass * stride;
@@ -505,6 +507,250 @@ __device__ __forceinline__ void wg_forward(const typename Ops::elem* __restrict_
     __trap();  // compiled for a target without wgmma: a launch fails rather than writing nothing
 #endif
 }
+
+// The warp-specialised forward (sm_90a; checked and timed by bench/wgmma_attention, not yet
+// launched by the engine). wg_forward's blocks keep each warpgroup's steps in turn, products
+// then softmax then rescale, with one block barrier a tile; at head size 128 Nsight Compute has
+// it at 40% of issue slots busy and 62% of L2 throughput, two warpgroups an SM. Here a block
+// is two consumer warpgroups of 64 queries each (128 a block, so each K and V tile is read
+// from L2 once per 128 queries) and a producer warpgroup that copies the tiles:
+// - the producer copies tile j into stage j % STAGES once both consumers have released the
+//   tile that stage held (its `empty` barrier), and, with tile j's copies issued, waits for
+//   its own copies of tile j - 1, makes them visible to the tensor cores' proxy and arrives on
+//   that stage's `full` barrier: a tile's copies overlap the next one's issue;
+// - each consumer runs wg_forward's steps for its rows (S_j beside O += P_{j-1} V_{j-1},
+//   softmax while the second runs) on its own: it waits on tile j's `full` barrier and
+//   releases tile j - 1's stage once the product reading V_{j-1} is done. Nothing makes the
+//   two consumers wait for each other, so one's softmax can run beside the other's products.
+// The consumers take Q into registers and stage their output as wg_forward does; their
+// arithmetic is wg_forward's with one warpgroup, tile for tile: the same results, bit for bit
+// (the harness checks it). The producer gives its registers to the consumers (`setmaxnreg`).
+// STAGES >= 3: the producer arrives on tile j - 1's barrier only after issuing tile j, which
+// waits for the consumers to release tile j - STAGES; they release it at step j - STAGES + 1,
+// which needs tile j - STAGES + 1 to have arrived, so with two stages each would wait for
+// the other.
+template <int HS, int N, int STAGES> struct WgWsShape {
+    static_assert(STAGES >= 3, "the producer's arrival runs a tile behind its copies");
+    static constexpr int consumers = 2;
+    static constexpr int threads = (consumers + 1) * WG_THREADS;
+    static constexpr int rows = consumers * WG_ROWS;
+    static constexpr int sub = N * 128;           // bytes of a 64-column sub-tile of K or V
+    static constexpr int tile = (HS / 64) * sub;  // bytes of a K or V tile
+    static constexpr int out_pitch = 2 * HS + 16;  // output staging row, bytes (wg_forward's)
+    static constexpr int staging = 4 * consumers * 16 * out_pitch;  // a warp's 16 rows each
+    // The stages (1024-byte aligned), the consumers' output staging, the barriers.
+    static constexpr int bytes = 1024 + 2 * STAGES * tile + staging + 2 * STAGES * 8;
+    static_assert(bytes <= 227 * 1024, "a block's shared memory fits an SM");
+    // Registers after `setmaxnreg`: the producer's few, the consumers' the rest of the 64K
+    // (128 x 56 + 256 x 224 = 64512). At launch every thread has at most 65536 / 384.
+    static constexpr int producer_regs = 56, consumer_regs = 224;
+};
+
+// mbarrier operations on a barrier at a shared address: init (one thread, before a block
+// barrier), arrive (release), and a wait for the completion of the phase of parity `parity`.
+__device__ __forceinline__ void wg_mbar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void wg_mbar_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
+}
+__device__ __forceinline__ void wg_mbar_wait(unsigned bar, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile(
+            "{\n.reg .pred p;\n"
+            "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+            "selp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    }
+}
+
+template <class Ops, int HS, int N, int STAGES>
+__device__ __forceinline__ void wg_forward_ws(const typename Ops::elem* __restrict__ qkv,
+                                              typename Ops::elem* __restrict__ out,
+                                              float* __restrict__ lse, int T, int C, int NH, int W) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    typedef WgWsShape<HS, N, STAGES> S;
+    typedef typename Ops::elem E;
+    extern __shared__ __align__(1024) unsigned char wg_smem[];
+    tc_need_shared(S::bytes);
+    if (blockDim.x != S::threads) __trap();
+    const unsigned smem0 = (tc_smem_addr(wg_smem) + 1023u) & ~1023u;
+    auto ks = [&](int i) { return smem0 + 2 * i * S::tile; };
+    auto vs = [&](int i) { return smem0 + (2 * i + 1) * S::tile; };
+    const unsigned staging = smem0 + 2 * STAGES * S::tile;
+    const unsigned bars = staging + S::staging;
+    auto full = [&](int i) { return bars + 8 * i; };
+    auto empty = [&](int i) { return bars + 8 * (STAGES + i); };
+    const int b = blockIdx.y / NH, h = blockIdx.y % NH;
+    const int qt = gridDim.x - 1 - blockIdx.x;  // the last query tiles see the most keys
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int group = warp >> 2;  // 0, 1: consumers; 2: the producer
+    const size_t stride = 3 * (size_t)C;
+    const E* base = qkv + (size_t)b * T * stride + h * HS;
+    const int q0 = qt * S::rows;
+    const int kt0 = tc_first_key_tile(q0, W, N);
+    const int tiles = min(q0 + S::rows - 1, T - 1) / N - kt0 + 1;
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < STAGES; i++) {
+            wg_mbar_init(full(i), WG_THREADS);           // every producer thread's copies
+            wg_mbar_init(empty(i), 4 * S::consumers);   // lane 0 of every consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+
+    if (group == S::consumers) {
+        // The producer.
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(S::producer_regs));
+        const int tid = threadIdx.x - S::consumers * WG_THREADS;
+        for (int j = 0; j < tiles; j++) {
+            const int stage = j % STAGES, use = j / STAGES;
+            if (use > 0) wg_mbar_wait(empty(stage), (use - 1) & 1);
+            const int k0 = (kt0 + j) * N;
+            wg_tile_copy<HS, N, WG_THREADS>(ks(stage), base + C, stride, k0, T, tid);
+            wg_tile_copy<HS, N, WG_THREADS>(vs(stage), base + 2 * C, stride, k0, T, tid);
+            tc_commit();
+            if (j > 0) {
+                tc_wait<1>();  // this thread's copies of tile j - 1
+                wg_fence_proxy();
+                wg_mbar_arrive(full((j - 1) % STAGES));
+            }
+        }
+        tc_wait<0>();
+        wg_fence_proxy();
+        wg_mbar_arrive(full((tiles - 1) % STAGES));
+        return;
+    }
+
+    // A consumer: warpgroup `group`, rows q0 + 64 group .. q0 + 64 group + 63, warp w of the
+    // block rows q0 + 16 w .. q0 + 16 w + 15.
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(S::consumer_regs));
+    const int warp_row0 = q0 + warp * 16;
+    const int row0 = warp_row0 + g;  // this lane's rows: row0 and row0 + 8
+    const float c = tc_scale<HS>() * TC_LOG2E;
+    unsigned qf[HS / 16][4];
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const bool in = row0 + 8 * r < T;
+        const unsigned* src = reinterpret_cast<const unsigned*>(base + (size_t)(in ? row0 + 8 * r : 0) * stride) + t;
+        #pragma unroll
+        for (int kk = 0; kk < HS / 16; kk++) {
+            qf[kk][r] = in ? src[8 * kk] : 0u;
+            qf[kk][r + 2] = in ? src[8 * kk + 4] : 0u;
+        }
+    }
+    float o[HS / 8][4], s[N / 8][4];
+    #pragma unroll
+    for (int n = 0; n < HS / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    #pragma unroll
+    for (int n = 0; n < N / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+    unsigned p[N / 16][4];
+    float m[2] = {KILN_NEG_INF, KILN_NEG_INF}, l[2] = {0.0f, 0.0f}, corr[2];
+    auto wait_tile = [&](int j) { wg_mbar_wait(full(j % STAGES), (j / STAGES) & 1); };
+    auto release = [&](int j) {
+        if (lane == 0) wg_mbar_arrive(empty(j % STAGES));
+    };
+    auto issue_s = [&](int stage) {
+        const unsigned long long kd = wg_desc(ks(stage), 16, 1024);
+        #pragma unroll
+        for (int kk = 0; kk < HS / 16; kk++) {
+            const unsigned long long kstep = kd + (((kk >> 2) * S::sub + (kk & 3) * 32) >> 4);
+            if (kk == 0) Ops::template mma<N, 0, 0>(s, qf[0], kstep);
+            else Ops::template mma<N, 0, 1>(s, qf[kk], kstep);
+        }
+        wg_commit();
+    };
+    auto issue_pv = [&](int stage) {
+        const unsigned long long vd = wg_desc(vs(stage), S::sub, 1024);
+        #pragma unroll
+        for (int kk = 0; kk < N / 16; kk++) Ops::template mma<HS, 1, 1>(o, p[kk], vd + ((kk * 2048) >> 4));
+        wg_commit();
+    };
+    auto pack_p = [&]() {
+        #pragma unroll
+        for (int kk = 0; kk < N / 16; kk++) {
+            p[kk][0] = Ops::pack(s[2 * kk][0], s[2 * kk][1]);
+            p[kk][1] = Ops::pack(s[2 * kk][2], s[2 * kk][3]);
+            p[kk][2] = Ops::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            p[kk][3] = Ops::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        }
+    };
+    wait_tile(0);
+    wg_fence();
+    issue_s(0);
+    wg_wait<0>();
+    wg_pin(s);
+    wg_softmax<Ops, N>(s, m, l, corr, kt0 * N, warp_row0, row0, t, c, W, T);
+    pack_p();
+    for (int it = 1; it < tiles; it++) {
+        const int stage = it % STAGES, prev = (it - 1) % STAGES;
+        wait_tile(it);
+        wg_fence();
+        issue_s(stage);
+        issue_pv(prev);
+        wg_wait<1>();  // S_j is done
+        wg_pin(s);
+        wg_softmax<Ops, N>(s, m, l, corr, (kt0 + it) * N, warp_row0, row0, t, c, W, T);
+        wg_wait<0>();  // O += P_{j-1} V_{j-1} is done: tile j - 1's stage is free
+        wg_pin(o);
+        release(it - 1);
+        #pragma unroll
+        for (int n = 0; n < HS / 8; n++) {
+            o[n][0] *= corr[0];
+            o[n][1] *= corr[0];
+            o[n][2] *= corr[1];
+            o[n][3] *= corr[1];
+        }
+        pack_p();
+    }
+    wg_fence();
+    issue_pv((tiles - 1) % STAGES);
+    wg_wait<0>();
+    wg_pin(o);
+    release(tiles - 1);
+
+    // Each warp stages its 16 rows in its own part of the staging area (wg_forward's layout)
+    // and writes them back in 16-byte pieces.
+    unsigned char* const stage_out = wg_smem + (staging - tc_smem_addr(wg_smem)) + warp * 16 * S::out_pitch;
+    float inv[2];
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const float sum = tc_row_sum(l[r]);
+        inv[r] = 1.0f / sum;
+        const int row = row0 + 8 * r;
+        if (t == 0 && row < T)
+            lse[((size_t)b * NH + h) * T + row] = (m[r] - Ops::p_log2) * 0.6931471805599453f + logf(sum);
+    }
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        unsigned* dst = reinterpret_cast<unsigned*>(stage_out + (g + 8 * r) * S::out_pitch) + t;
+        #pragma unroll
+        for (int n = 0; n < HS / 8; n++) dst[4 * n] = Ops::pack(o[n][2 * r] * inv[r], o[n][2 * r + 1] * inv[r]);
+    }
+    __syncwarp();
+    constexpr int chunks = HS / 8;
+    #pragma unroll
+    for (int j = 0; j < 16 * chunks / 32; j++) {
+        const int i = lane + 32 * j, r = i / chunks, ch = i % chunks;
+        const int row = warp_row0 + r;
+        if (row < T) {
+            const uint4 v = *reinterpret_cast<const uint4*>(stage_out + r * S::out_pitch + ch * 16);
+            *reinterpret_cast<uint4*>(out + ((size_t)b * T + row) * C + h * HS + ch * 8) = v;
+        }
+    }
+#elif defined(__CUDA_ARCH__)
+    __trap();
+#endif
+}
+
+// An entry point of the warp-specialised forward (bench/wgmma_attention instantiates them):
+// one block an SM, its registers shared out by setmaxnreg.
+#define WG_WS_ENTRY_POINT(HS, N, STAGES, OPS, NAME)                                                \
+    extern "C" __global__ void __launch_bounds__(WgWsShape<HS, N, STAGES>::threads, 1)              \
+        NAME(const OPS::elem* qkv, OPS::elem* out, float* lse, int T, int C, int NH, int W) {      \
+        wg_forward_ws<OPS, HS, N, STAGES>(qkv, out, lse, T, C, NH, W);                             \
+    }
 
 // The backward on warpgroup MMA: attention_tc.cu's two kernels (dQ with the row term d; dK and
 // dV) with their sums, masks and f16 scaling, each products' operands read by the tensor cores
