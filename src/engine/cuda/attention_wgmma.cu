@@ -585,7 +585,9 @@ __device__ __forceinline__ void wg_forward_ws(const typename Ops::elem* __restri
     const int b = blockIdx.y / NH, h = blockIdx.y % NH;
     const int qt = gridDim.x - 1 - blockIdx.x;  // the last query tiles see the most keys
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int group = warp >> 2;  // 0, 1: consumers; 2: the producer
+    // 0, 1: consumers; 2: the producer. Taken through a shuffle so that the compiler sees it
+    // uniform over the warp, and the wgmma under the branches that depend on it stays whole.
+    const int group = __shfl_sync(0xffffffffu, warp >> 2, 0);
     const size_t stride = 3 * (size_t)C;
     const E* base = qkv + (size_t)b * T * stride + h * HS;
     const int q0 = qt * S::rows;
@@ -676,39 +678,56 @@ __device__ __forceinline__ void wg_forward_ws(const typename Ops::elem* __restri
             p[kk][3] = Ops::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
         }
     };
-    wait_tile(0);
-    wg_fence();
-    issue_s(0);
-    wg_wait<0>();
-    wg_pin(s);
-    wg_softmax<Ops, N>(s, m, l, corr, kt0 * N, warp_row0, row0, t, c, W, T);
-    pack_p();
-    for (int it = 1; it < tiles; it++) {
-        const int stage = it % STAGES, prev = (it - 1) % STAGES;
-        wait_tile(it);
-        wg_fence();
-        issue_s(stage);
-        issue_pv(prev);
-        wg_wait<1>();  // S_j is done
-        wg_pin(s);
-        wg_softmax<Ops, N>(s, m, l, corr, (kt0 + it) * N, warp_row0, row0, t, c, W, T);
-        wg_wait<0>();  // O += P_{j-1} V_{j-1} is done: tile j - 1's stage is free
-        wg_pin(o);
-        release(it - 1);
-        #pragma unroll
-        for (int n = 0; n < HS / 8; n++) {
-            o[n][0] *= corr[0];
-            o[n][1] *= corr[0];
-            o[n][2] *= corr[1];
-            o[n][3] *= corr[1];
-        }
-        pack_p();
+    // This warpgroup's key tiles (indices from kt0, as the producer counts them): those its
+    // rows see, so that its sums are a one-warpgroup block's exactly. The block's other tiles
+    // it only waits for and releases (the wait keeps each release in its tile's phase of the
+    // stage's barrier); a warpgroup with no row before T has none of its own.
+    const int wg_q0 = q0 + WG_ROWS * group;
+    const int first = wg_q0 < T ? tc_first_key_tile(wg_q0, W, N) - kt0 : tiles;
+    const int last = wg_q0 < T ? min(wg_q0 + WG_ROWS - 1, T - 1) / N - kt0 : tiles - 1;
+    for (int j = 0; j < first; j++) {
+        wait_tile(j);
+        release(j);
     }
-    wg_fence();
-    issue_pv((tiles - 1) % STAGES);
-    wg_wait<0>();
-    wg_pin(o);
-    release(tiles - 1);
+    if (first <= last) {
+        wait_tile(first);
+        wg_fence();
+        issue_s(first % STAGES);
+        wg_wait<0>();
+        wg_pin(s);
+        wg_softmax<Ops, N>(s, m, l, corr, (kt0 + first) * N, warp_row0, row0, t, c, W, T);
+        pack_p();
+        for (int it = first + 1; it <= last; it++) {
+            const int stage = it % STAGES, prev = (it - 1) % STAGES;
+            wait_tile(it);
+            wg_fence();
+            issue_s(stage);
+            issue_pv(prev);
+            wg_wait<1>();  // S_j is done
+            wg_pin(s);
+            wg_softmax<Ops, N>(s, m, l, corr, (kt0 + it) * N, warp_row0, row0, t, c, W, T);
+            wg_wait<0>();  // O += P_{j-1} V_{j-1} is done: tile j - 1's stage is free
+            wg_pin(o);
+            release(it - 1);
+            #pragma unroll
+            for (int n = 0; n < HS / 8; n++) {
+                o[n][0] *= corr[0];
+                o[n][1] *= corr[0];
+                o[n][2] *= corr[1];
+                o[n][3] *= corr[1];
+            }
+            pack_p();
+        }
+        wg_fence();
+        issue_pv(last % STAGES);
+        wg_wait<0>();
+        wg_pin(o);
+        release(last);
+    }
+    for (int j = last + 1; j < tiles; j++) {
+        wait_tile(j);
+        release(j);
+    }
 
     // Each warp stages its 16 rows in its own part of the staging area (wg_forward's layout)
     // and writes them back in 16-byte pieces.
