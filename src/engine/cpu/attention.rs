@@ -5,11 +5,21 @@
 //! `[B, H, T, T]` for the backward; at the CPU's sequence lengths that is cheaper than
 //! recomputing them. Work splits over the batch, whose rows own disjoint output memory.
 //!
+//! Each head's products run as blocked matrix products over the whole `T x T` block of scores
+//! (`gemm::sgemm_strided` on Q, K and V where they lie in the QKV rows), the keys a query does
+//! not see computed and then set to zero: at the CPU's sequence lengths a blocked product at
+//! twice the multiplies is still about twice as fast as the triangle's dot products one by one,
+//! and the exponentials are `fastmath`'s, which vectorise where libm's `expf` is a call each.
+//! Every sum is in a fixed order (the products' own, then the rows' in key order), whatever
+//! the number of threads.
+//!
 //! With a sliding window `W > 0` query `i` attends to keys `j` with `i - W < j <= i` (the
 //! convention of transformers' `sliding_window_overlay`: `W` keys, its own included); `W = 0`
 //! is full causal attention, and so is any `W` at least the sequence length, bit for bit.
 
-use crate::engine::AttnShape;
+use super::fastmath::exp_nonpositive;
+use super::gemm::sgemm_strided;
+use crate::engine::{AttnShape, GemmShape, MatrixView};
 use rayon::prelude::*;
 
 /// The first key query `t` attends to under a sliding `window` (0: none).
@@ -19,6 +29,11 @@ pub fn first_key(t: usize, window: usize) -> usize {
     } else {
         (t + 1).saturating_sub(window)
     }
+}
+
+/// A matrix in a buffer: rows `ld` elements apart from element `offset`.
+fn at(ld: usize, offset: usize) -> MatrixView {
+    MatrixView { ld, offset }
 }
 
 /// `out[B, T, C]` and the saved probabilities `probs[B, H, T, T]` (upper triangle zero).
@@ -42,32 +57,38 @@ pub fn windowed_attention_forward(
         .zip(qkv.par_chunks(t_len * 3 * c))
         .for_each(|((out_b, probs_b), qkv_b)| {
             for h in 0..nh {
+                let p0 = h * t_len * t_len;
+                // S = Q K^T / sqrt(hs), every query against every key.
+                sgemm_strided(
+                    GemmShape::single(false, true, t_len, t_len, hs),
+                    [at(3 * c, h * hs), at(3 * c, c + h * hs), at(t_len, p0)],
+                    scale,
+                    qkv_b,
+                    qkv_b,
+                    0.0,
+                    probs_b,
+                );
                 for t in 0..t_len {
-                    let q = &qkv_b[t * 3 * c + h * hs..][..hs];
-                    let p = &mut probs_b[(h * t_len + t) * t_len..][..t_len];
+                    let row = &mut probs_b[p0 + t * t_len..][..t_len];
                     let lo = first_key(t, window);
-                    p.fill(0.0);
-                    let seen = &mut p[lo..=t];
-                    let mut max = f32::NEG_INFINITY;
-                    for (t2, pv) in (lo..).zip(seen.iter_mut()) {
-                        let k = &qkv_b[t2 * 3 * c + c + h * hs..][..hs];
-                        *pv = q.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * scale;
-                        max = max.max(*pv);
-                    }
-                    let mut sum = 0.0f32;
-                    for pv in seen.iter_mut() {
-                        *pv = (*pv - max).exp();
-                        sum += *pv;
-                    }
-                    let inv = 1.0 / sum;
-                    seen.iter_mut().for_each(|pv| *pv *= inv);
-                    let o = &mut out_b[t * c + h * hs..][..hs];
-                    o.iter_mut().for_each(|v| *v = 0.0);
-                    for (t2, &pv) in (lo..).zip(seen.iter()) {
-                        let v = &qkv_b[t2 * 3 * c + 2 * c + h * hs..][..hs];
-                        o.iter_mut().zip(v).for_each(|(o, v)| *o += pv * v);
-                    }
+                    row[..lo].fill(0.0);
+                    row[t + 1..].fill(0.0);
+                    let seen = &mut row[lo..=t];
+                    let max = seen.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+                    seen.iter_mut().for_each(|v| *v = exp_nonpositive(*v - max));
+                    let inv = 1.0 / seen.iter().sum::<f32>();
+                    seen.iter_mut().for_each(|v| *v *= inv);
                 }
+                // O = P V (the zeros of P add nothing).
+                sgemm_strided(
+                    GemmShape::single(false, false, t_len, hs, t_len),
+                    [at(t_len, p0), at(3 * c, 2 * c + h * hs), at(c, h * hs)],
+                    1.0,
+                    probs_b,
+                    qkv_b,
+                    0.0,
+                    out_b,
+                );
             }
         });
 }
@@ -131,39 +152,65 @@ fn backward(
         .enumerate()
         .for_each(|(b, ((dqkv_b, dout_b), (qkv_b, probs_b)))| {
             let row_term_b = row_term.map(|d| &d[b * nh * t_len..][..nh * t_len]);
-            dqkv_b.iter_mut().for_each(|v| *v = 0.0);
-            let mut dp = vec![0.0f32; t_len];
+            // dP, then dS in its place.
+            let mut ds = vec![0.0f32; t_len * t_len];
+            let packed = at(t_len, 0);
             for h in 0..nh {
+                let p0 = h * t_len * t_len;
+                let (q, k, v) = (h * hs, c + h * hs, 2 * c + h * hs);
+                // dP = dO V^T, and dV = P^T dO.
+                sgemm_strided(
+                    GemmShape::single(false, true, t_len, t_len, hs),
+                    [at(c, h * hs), at(3 * c, v), packed],
+                    1.0,
+                    dout_b,
+                    qkv_b,
+                    0.0,
+                    &mut ds,
+                );
+                sgemm_strided(
+                    GemmShape::single(true, false, t_len, hs, t_len),
+                    [at(t_len, p0), at(c, h * hs), at(3 * c, v)],
+                    1.0,
+                    probs_b,
+                    dout_b,
+                    0.0,
+                    dqkv_b,
+                );
+                // Softmax backward: dS = P * (dP - sum(P * dP)), times the score scale.
                 for t in 0..t_len {
-                    let p = &probs_b[(h * t_len + t) * t_len..][..t_len];
-                    let dy = &dout_b[t * c + h * hs..][..hs];
+                    let p = &probs_b[p0 + t * t_len..][..t_len];
+                    let row = &mut ds[t * t_len..][..t_len];
                     let lo = first_key(t, window);
-                    // dP = dY V^T, and dV += P^T dY.
-                    for t2 in lo..=t {
-                        let v_off = t2 * 3 * c + 2 * c + h * hs;
-                        dp[t2] = dy
-                            .iter()
-                            .zip(&qkv_b[v_off..][..hs])
-                            .map(|(a, b)| a * b)
-                            .sum();
-                        let dv = &mut dqkv_b[v_off..][..hs];
-                        dv.iter_mut().zip(dy).for_each(|(dv, dy)| *dv += p[t2] * dy);
-                    }
-                    // Softmax backward: dS = P * (dP - sum(P * dP)).
                     let dot: f32 = match row_term_b {
                         Some(d) => d[h * t_len + t],
-                        None => (lo..=t).map(|t2| p[t2] * dp[t2]).sum(),
+                        None => (lo..=t).map(|j| p[j] * row[j]).sum(),
                     };
-                    let q_off = t * 3 * c + h * hs;
-                    for t2 in lo..=t {
-                        let ds = p[t2] * (dp[t2] - dot) * scale;
-                        let k_off = t2 * 3 * c + c + h * hs;
-                        for i in 0..hs {
-                            dqkv_b[q_off + i] += ds * qkv_b[k_off + i];
-                            dqkv_b[k_off + i] += ds * qkv_b[q_off + i];
-                        }
+                    row[..lo].fill(0.0);
+                    row[t + 1..].fill(0.0);
+                    for (d, &p) in row[lo..=t].iter_mut().zip(&p[lo..=t]) {
+                        *d = p * (*d - dot) * scale;
                     }
                 }
+                // dQ = dS K and dK = dS^T Q.
+                sgemm_strided(
+                    GemmShape::single(false, false, t_len, hs, t_len),
+                    [packed, at(3 * c, k), at(3 * c, q)],
+                    1.0,
+                    &ds,
+                    qkv_b,
+                    0.0,
+                    dqkv_b,
+                );
+                sgemm_strided(
+                    GemmShape::single(true, false, t_len, hs, t_len),
+                    [packed, at(3 * c, q), at(3 * c, k)],
+                    1.0,
+                    &ds,
+                    qkv_b,
+                    0.0,
+                    dqkv_b,
+                );
             }
         });
 }

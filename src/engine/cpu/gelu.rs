@@ -1,23 +1,11 @@
 //! GELU in its tanh form (as GPT-2 uses), forward and backward.
 
+use super::fastmath::exp2_nonpositive;
 use rayon::prelude::*;
 
 const SQRT_2_OVER_PI: f32 = 0.797_884_6;
 const COEF: f32 = 0.044_715;
 const CHUNK: usize = 4096;
-
-/// (ln 2)^k / k!, k = 0..7: 2^f = e^(f ln 2) as its Taylor polynomial, for |f| <= 1/2 within
-/// 5e-9 of 2^f (the first term left out, (ln 2)^8 / 8! / 2^8).
-const EXP2_TERMS: [f32; 8] = [
-    1.0,
-    std::f32::consts::LN_2,
-    0.240_226_5,
-    0.055_504_11,
-    0.009_618_129,
-    0.001_333_355_8,
-    0.000_154_035_3,
-    0.000_015_252_734,
-];
 
 /// tanh(u) = (1 - e) / (1 + e) with e = e^(-2|u|) = 2^n 2^f, n an integer (placed in the
 /// exponent bits) and 2^f a polynomial, in arithmetic the compiler vectorises: libm's tanhf
@@ -25,17 +13,8 @@ const EXP2_TERMS: [f32; 8] = [
 /// Within 2e-7 of the exact value; NaN stays NaN and the infinities give +-1.
 #[inline]
 pub fn tanh(u: f32) -> f32 {
-    let a = -2.0 * std::f32::consts::LOG2_E * u.abs();
-    // Below 2^-126 e adds nothing to 1 + e; a NaN fails the test and stays.
-    let a = if a < -126.0 { -126.0 } else { a };
-    // Rounded to the nearest integer by adding and subtracting 1.5 * 2^23.
-    let n = (a + 12_582_912.0) - 12_582_912.0;
-    let f = a - n;
-    let mut p = EXP2_TERMS[7];
-    for c in EXP2_TERMS[..7].iter().rev() {
-        p = p * f + c;
-    }
-    let e = p * f32::from_bits(((n as i32 + 127) as u32) << 23);
+    // Below 2^-126 e adds nothing to 1 + e; a NaN stays.
+    let e = exp2_nonpositive(-2.0 * std::f32::consts::LOG2_E * u.abs());
     ((1.0 - e) / (1.0 + e)).copysign(u)
 }
 

@@ -14,6 +14,7 @@ pub mod cross_entropy;
 pub mod diversity;
 pub mod dropout;
 pub mod embedding;
+pub mod fastmath;
 pub mod gelu;
 pub mod gelu_erf;
 pub mod gemm;
