@@ -194,8 +194,12 @@ fn lambda_zero_is_plain_fine_tuning_and_a_positive_lambda_moves_the_adapters() {
 
 /// Full fine-tunes at lambda 0, 1 and 4 with all-MiniLM-L6-v2 as the embedder, seeded, 30
 /// steps: held-out D (4 replies to each of 26 validation prompts, the same random streams
-/// in every run) rises with lambda, and the held-out cross-entropy stays within 0.5 nats of
-/// plain fine-tuning's. Measured when written: D 0.829, 0.853, 0.865; CE 7.59, 7.77, 7.90.
+/// in every run) rises with lambda, by more than 0.02 from lambda 0 to 4, and the held-out
+/// cross-entropy stays within 0.5 nats of plain fine-tuning's. Measured when written: D 0.829,
+/// 0.853, 0.865; CE 7.59, 7.77, 7.90. After the CPU attention moved to blocked products (the
+/// same mathematics, sums in another order, so 30 steps of sampled training take another
+/// path): D 0.844, 0.873, 0.877; CE 7.60, 7.84, 7.99. The step from 1 to 4 varies with such
+/// rounding (0.012 and 0.004), so each step is only required to rise.
 #[test]
 fn held_out_diversity_rises_with_lambda_within_a_cross_entropy_bound() {
     let tmp = tempfile::tempdir().unwrap();
@@ -235,11 +239,12 @@ fn held_out_diversity_rises_with_lambda_within_a_cross_entropy_bound() {
     let results: Vec<(f64, f64)> = ["0", "1", "4"].iter().map(|l| run(l)).collect();
     let (d0, ce0) = results[0];
     for w in results.windows(2) {
-        assert!(
-            w[1].0 > w[0].0 + 0.005,
-            "D must rise with lambda: {results:?}"
-        );
+        assert!(w[1].0 > w[0].0, "D must rise with lambda: {results:?}");
     }
+    assert!(
+        results[2].0 > d0 + 0.02,
+        "D must rise by more than 0.02 from lambda 0 to 4: {results:?}"
+    );
     for (d, ce) in &results[1..] {
         assert!(
             *ce < ce0 + 0.5,
