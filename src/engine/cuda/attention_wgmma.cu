@@ -302,6 +302,123 @@ __device__ __forceinline__ void wg_softmax(float (&s)[N / 8][4], float (&m)[2], 
     });
 }
 
+// The forward's steps, shared by wg_forward and wg_forward_ws (one warpgroup's view: its
+// warp's 16 rows, this lane's rows row0 and row0 + 8).
+
+// Q as the A operand of every k-chunk, read once from global memory into registers: register
+// [kk][r + 2h] holds row row0 + 8r, columns 16kk + 8h + 2t and the next; rows at or past T are
+// zeros.
+template <int HS, typename E>
+__device__ __forceinline__ void wg_load_q(unsigned (&qf)[HS / 16][4], const E* base, size_t stride, int row0, int t,
+                                          int T) {
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const bool in = row0 + 8 * r < T;
+        const unsigned* src = reinterpret_cast<const unsigned*>(base + (size_t)(in ? row0 + 8 * r : 0) * stride) + t;
+        #pragma unroll
+        for (int kk = 0; kk < HS / 16; kk++) {
+            qf[kk][r] = in ? src[8 * kk] : 0u;
+            qf[kk][r + 2] = in ? src[8 * kk + 4] : 0u;
+        }
+    }
+}
+
+// Issues S = Q K^T from the K tile at shared address `k_tile` (sub-tiles `sub` bytes apart), Q
+// from registers or, with QS, from shared memory through the descriptor qd (sub-tiles `q_sub`
+// apart). One k-step (16 columns) is 32 bytes along a swizzled row, four of them a sub-tile,
+// for K and Q alike.
+template <class Ops, int HS, int N, bool QS, int QF>
+__device__ __forceinline__ void wg_issue_s(float (&s)[N / 8][4], const unsigned (&qf)[QF][4], unsigned long long qd,
+                                           int q_sub, unsigned k_tile, int sub) {
+    const unsigned long long kd = wg_desc(k_tile, 16, 1024);
+    #pragma unroll
+    for (int kk = 0; kk < HS / 16; kk++) {
+        const unsigned long long kstep = kd + (((kk >> 2) * sub + (kk & 3) * 32) >> 4);
+        if constexpr (QS) {
+            const unsigned long long qstep = qd + (((kk >> 2) * q_sub + (kk & 3) * 32) >> 4);
+            if (kk == 0) Ops::template mma_ss<N, 0>(s, qstep, kstep);
+            else Ops::template mma_ss<N, 1>(s, qstep, kstep);
+        } else {
+            if (kk == 0) Ops::template mma<N, 0, 0>(s, qf[0], kstep);
+            else Ops::template mma<N, 0, 1>(s, qf[kk], kstep);
+        }
+    }
+    wg_commit();
+}
+
+// Issues O += P V from the V tile at shared address `v_tile` (64-column halves `sub` bytes
+// apart; a k-step of 16 keys is 2048 bytes).
+template <class Ops, int HS, int N>
+__device__ __forceinline__ void wg_issue_pv(float (&o)[HS / 8][4], const unsigned (&p)[N / 16][4], unsigned v_tile,
+                                            int sub) {
+    const unsigned long long vd = wg_desc(v_tile, sub, 1024);
+    #pragma unroll
+    for (int kk = 0; kk < N / 16; kk++) Ops::template mma<HS, 1, 1>(o, p[kk], vd + ((kk * 2048) >> 4));
+    wg_commit();
+}
+
+// P as the A operand of the next O += P V, rounded once to the operand type.
+template <class Ops, int N>
+__device__ __forceinline__ void wg_pack_p(unsigned (&p)[N / 16][4], const float (&s)[N / 8][4]) {
+    #pragma unroll
+    for (int kk = 0; kk < N / 16; kk++) {
+        p[kk][0] = Ops::pack(s[2 * kk][0], s[2 * kk][1]);
+        p[kk][1] = Ops::pack(s[2 * kk][2], s[2 * kk][3]);
+        p[kk][2] = Ops::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        p[kk][3] = Ops::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+}
+
+// O's rows times the online softmax's corrections.
+template <int HS>
+__device__ __forceinline__ void wg_rescale_o(float (&o)[HS / 8][4], const float (&corr)[2]) {
+    #pragma unroll
+    for (int n = 0; n < HS / 8; n++) {
+        o[n][0] *= corr[0];
+        o[n][1] *= corr[0];
+        o[n][2] *= corr[1];
+        o[n][3] *= corr[1];
+    }
+}
+
+// The end of the forward for one warp: the lse of its rows, and O divided by the row sums,
+// staged in `stage_out` (the warp's 16 rows, `pitch` bytes apart: lane 4g + t's 4-byte writes
+// fall in banks 4g + t) and written back in 16-byte pieces, 8 or 16 lanes a row.
+template <class Ops, int HS>
+__device__ __forceinline__ void wg_store_output(const float (&o)[HS / 8][4], const float (&l)[2], const float (&m)[2],
+                                                unsigned char* stage_out, int pitch, typename Ops::elem* out,
+                                                float* lse, int b, int h, int NH, int warp_row0, int row0, int T,
+                                                int C) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    float inv[2];
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const float sum = tc_row_sum(l[r]);
+        inv[r] = 1.0f / sum;  // rows < T saw their own key: sum > 0
+        const int row = row0 + 8 * r;
+        // Natural log-sum-exp of the scaled scores: m is in base-2 units, sum carries P's scale.
+        if (t == 0 && row < T)
+            lse[((size_t)b * NH + h) * T + row] = (m[r] - Ops::p_log2) * 0.6931471805599453f + logf(sum);
+    }
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        unsigned* dst = reinterpret_cast<unsigned*>(stage_out + (g + 8 * r) * pitch) + t;
+        #pragma unroll
+        for (int n = 0; n < HS / 8; n++) dst[4 * n] = Ops::pack(o[n][2 * r] * inv[r], o[n][2 * r + 1] * inv[r]);
+    }
+    __syncwarp();
+    constexpr int chunks = HS / 8;  // 16-byte pieces of an output row
+    #pragma unroll
+    for (int j = 0; j < 16 * chunks / 32; j++) {
+        const int i = lane + 32 * j, r = i / chunks, ch = i % chunks;
+        const int row = warp_row0 + r;
+        if (row < T) {
+            const uint4 v = *reinterpret_cast<const uint4*>(stage_out + r * pitch + ch * 16);
+            *reinterpret_cast<uint4*>(out + ((size_t)b * T + row) * C + h * HS + ch * 8) = v;
+        }
+    }
+}
+
 // The forward: a block owns 64 G queries (warpgroup w of them rows 64w .. 64w + 63) and streams
 // the key tiles up to its last query's (from the first its window reaches) with the online
 // softmax. Shared memory: WgShape::bytes.
@@ -356,22 +473,10 @@ __device__ __forceinline__ void wg_forward(const typename Ops::elem* __restrict_
     copy_tile(kt0, 0);
     tc_commit();
 
-    // Q as the A operand of every k-chunk: in registers (register kk][r + 2h] holds row
-    // row0 + 8r, columns 16kk + 8h + 2t and the next; rows at or past T are zeros), or in shared
-    // memory, K's layout with 64 G rows, this warpgroup's 64 of them 64 rows (8 KiB) in.
+    // Q as the A operand of every k-chunk: in registers (wg_load_q), or in shared memory, K's
+    // layout with 64 G rows, this warpgroup's 64 of them 64 rows (8 KiB) in.
     unsigned qf[QS ? 1 : HS / 16][4];
-    if constexpr (!QS) {
-        #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const bool in = row0 + 8 * r < T;
-            const unsigned* src = reinterpret_cast<const unsigned*>(base + (size_t)(in ? row0 + 8 * r : 0) * stride) + t;
-            #pragma unroll
-            for (int kk = 0; kk < HS / 16; kk++) {
-                qf[kk][r] = in ? src[8 * kk] : 0u;
-                qf[kk][r + 2] = in ? src[8 * kk + 4] : 0u;
-            }
-        }
-    }
+    if constexpr (!QS) wg_load_q<HS>(qf, base, stride, row0, t, T);
     const unsigned long long qd = wg_desc(qs + group * WG_ROWS * 128, 16, 1024);
 
     float o[HS / 8][4], s[N / 8][4];
@@ -393,41 +498,9 @@ __device__ __forceinline__ void wg_forward(const typename Ops::elem* __restrict_
         if (j + 1 < tiles) copy_tile(kt0 + j + 1, stage == 2 ? 0 : stage + 1);
         tc_commit();
     };
-    // Issues S = Q K^T from the K tile of `stage`. One k-step (16 columns) is 32 bytes along a
-    // swizzled row, four of them a sub-tile, for K and Q alike.
-    auto issue_s = [&](int stage) {
-        const unsigned long long kd = wg_desc(ks(stage), 16, 1024);
-        #pragma unroll
-        for (int kk = 0; kk < HS / 16; kk++) {
-            const unsigned long long kstep = kd + (((kk >> 2) * S::sub + (kk & 3) * 32) >> 4);
-            if constexpr (QS) {
-                const unsigned long long qstep = qd + (((kk >> 2) * S::q_sub + (kk & 3) * 32) >> 4);
-                if (kk == 0) Ops::template mma_ss<N, 0>(s, qstep, kstep);
-                else Ops::template mma_ss<N, 1>(s, qstep, kstep);
-            } else {
-                if (kk == 0) Ops::template mma<N, 0, 0>(s, qf[0], kstep);
-                else Ops::template mma<N, 0, 1>(s, qf[kk], kstep);
-            }
-        }
-        wg_commit();
-    };
-    // Issues O += P V from the V tile of `stage`.
-    auto issue_pv = [&](int stage) {
-        const unsigned long long vd = wg_desc(vs(stage), S::sub, 1024);
-        #pragma unroll
-        for (int kk = 0; kk < N / 16; kk++) Ops::template mma<HS, 1, 1>(o, p[kk], vd + ((kk * 2048) >> 4));
-        wg_commit();
-    };
-    // P as the A operand of the next O += P V, rounded once to the operand type.
-    auto pack_p = [&]() {
-        #pragma unroll
-        for (int kk = 0; kk < N / 16; kk++) {
-            p[kk][0] = Ops::pack(s[2 * kk][0], s[2 * kk][1]);
-            p[kk][1] = Ops::pack(s[2 * kk][2], s[2 * kk][3]);
-            p[kk][2] = Ops::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            p[kk][3] = Ops::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-        }
-    };
+    auto issue_s = [&](int stage) { wg_issue_s<Ops, HS, N, QS>(s, qf, qd, S::q_sub, ks(stage), S::sub); };
+    auto issue_pv = [&](int stage) { wg_issue_pv<Ops, HS, N>(o, p, vs(stage), S::sub); };
+    auto pack_p = [&]() { wg_pack_p<Ops, N>(p, s); };
 
     // Step 0: S_0 and its softmax (O is still zero).
     wait_tile();
@@ -456,13 +529,7 @@ __device__ __forceinline__ void wg_forward(const typename Ops::elem* __restrict_
         wg_softmax<Ops, N>(s, m, l, corr, (kt0 + it) * N, warp_row0, row0, t, c, W, T);
         wg_wait<0>();  // O += P_{j-1} V_{j-1} is done
         wg_pin(o);
-        #pragma unroll
-        for (int n = 0; n < HS / 8; n++) {
-            o[n][0] *= corr[0];
-            o[n][1] *= corr[0];
-            o[n][2] *= corr[1];
-            o[n][3] *= corr[1];
-        }
+        wg_rescale_o<HS>(o, corr);
         pack_p();
         prev = stage;
     }
@@ -472,37 +539,10 @@ __device__ __forceinline__ void wg_forward(const typename Ops::elem* __restrict_
     wg_wait<0>();
     wg_pin(o);
 
-    // Each warp stages its 16 rows (row pitch HS * 2 + 16 bytes: lane 4g + t's 4-byte writes
-    // fall in banks 4g + t) and writes them back in 16-byte pieces, 8 or 16 lanes a row.
+    // Each warp stages its 16 rows (row pitch HS * 2 + 16 bytes) in the stages' memory.
     __syncthreads();  // every product has read its stage
     unsigned char* const stage_out = wg_smem + (smem0 - tc_smem_addr(wg_smem)) + S::q_bytes + warp * 16 * S::out_pitch;
-    float inv[2];
-    #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const float sum = tc_row_sum(l[r]);
-        inv[r] = 1.0f / sum;  // rows < T saw their own key: sum > 0
-        const int row = row0 + 8 * r;
-        // Natural log-sum-exp of the scaled scores: m is in base-2 units, sum carries P's scale.
-        if (t == 0 && row < T)
-            lse[((size_t)b * NH + h) * T + row] = (m[r] - Ops::p_log2) * 0.6931471805599453f + logf(sum);
-    }
-    #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        unsigned* dst = reinterpret_cast<unsigned*>(stage_out + (g + 8 * r) * S::out_pitch) + t;
-        #pragma unroll
-        for (int n = 0; n < HS / 8; n++) dst[4 * n] = Ops::pack(o[n][2 * r] * inv[r], o[n][2 * r + 1] * inv[r]);
-    }
-    __syncwarp();
-    constexpr int chunks = HS / 8;  // 16-byte pieces of an output row
-    #pragma unroll
-    for (int j = 0; j < 16 * chunks / 32; j++) {
-        const int i = lane + 32 * j, r = i / chunks, ch = i % chunks;
-        const int row = warp_row0 + r;
-        if (row < T) {
-            const uint4 v = *reinterpret_cast<const uint4*>(stage_out + r * S::out_pitch + ch * 16);
-            *reinterpret_cast<uint4*>(out + ((size_t)b * T + row) * C + h * HS + ch * 8) = v;
-        }
-    }
+    wg_store_output<Ops, HS>(o, l, m, stage_out, S::out_pitch, out, lse, b, h, NH, warp_row0, row0, T, C);
 #elif defined(__CUDA_ARCH__)
     __trap();  // compiled for a target without wgmma: a launch fails rather than writing nothing
 #endif
@@ -632,16 +672,7 @@ __device__ __forceinline__ void wg_forward_ws(const typename Ops::elem* __restri
     const int row0 = warp_row0 + g;  // this lane's rows: row0 and row0 + 8
     const float c = tc_scale<HS>() * TC_LOG2E;
     unsigned qf[HS / 16][4];
-    #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const bool in = row0 + 8 * r < T;
-        const unsigned* src = reinterpret_cast<const unsigned*>(base + (size_t)(in ? row0 + 8 * r : 0) * stride) + t;
-        #pragma unroll
-        for (int kk = 0; kk < HS / 16; kk++) {
-            qf[kk][r] = in ? src[8 * kk] : 0u;
-            qf[kk][r + 2] = in ? src[8 * kk + 4] : 0u;
-        }
-    }
+    wg_load_q<HS>(qf, base, stride, row0, t, T);
     float o[HS / 8][4], s[N / 8][4];
     #pragma unroll
     for (int n = 0; n < HS / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
@@ -653,31 +684,9 @@ __device__ __forceinline__ void wg_forward_ws(const typename Ops::elem* __restri
     auto release = [&](int j) {
         if (lane == 0) wg_mbar_arrive(empty(j % STAGES));
     };
-    auto issue_s = [&](int stage) {
-        const unsigned long long kd = wg_desc(ks(stage), 16, 1024);
-        #pragma unroll
-        for (int kk = 0; kk < HS / 16; kk++) {
-            const unsigned long long kstep = kd + (((kk >> 2) * S::sub + (kk & 3) * 32) >> 4);
-            if (kk == 0) Ops::template mma<N, 0, 0>(s, qf[0], kstep);
-            else Ops::template mma<N, 0, 1>(s, qf[kk], kstep);
-        }
-        wg_commit();
-    };
-    auto issue_pv = [&](int stage) {
-        const unsigned long long vd = wg_desc(vs(stage), S::sub, 1024);
-        #pragma unroll
-        for (int kk = 0; kk < N / 16; kk++) Ops::template mma<HS, 1, 1>(o, p[kk], vd + ((kk * 2048) >> 4));
-        wg_commit();
-    };
-    auto pack_p = [&]() {
-        #pragma unroll
-        for (int kk = 0; kk < N / 16; kk++) {
-            p[kk][0] = Ops::pack(s[2 * kk][0], s[2 * kk][1]);
-            p[kk][1] = Ops::pack(s[2 * kk][2], s[2 * kk][3]);
-            p[kk][2] = Ops::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            p[kk][3] = Ops::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-        }
-    };
+    auto issue_s = [&](int stage) { wg_issue_s<Ops, HS, N, false>(s, qf, 0, 0, ks(stage), S::sub); };
+    auto issue_pv = [&](int stage) { wg_issue_pv<Ops, HS, N>(o, p, vs(stage), S::sub); };
+    auto pack_p = [&]() { wg_pack_p<Ops, N>(p, s); };
     // This warpgroup's key tiles (indices from kt0, as the producer counts them): those its
     // rows see, so that its sums are a one-warpgroup block's exactly. The block's other tiles
     // it only waits for and releases (the wait keeps each release in its tile's phase of the
@@ -709,13 +718,7 @@ __device__ __forceinline__ void wg_forward_ws(const typename Ops::elem* __restri
             wg_wait<0>();  // O += P_{j-1} V_{j-1} is done: tile j - 1's stage is free
             wg_pin(o);
             release(it - 1);
-            #pragma unroll
-            for (int n = 0; n < HS / 8; n++) {
-                o[n][0] *= corr[0];
-                o[n][1] *= corr[0];
-                o[n][2] *= corr[1];
-                o[n][3] *= corr[1];
-            }
+            wg_rescale_o<HS>(o, corr);
             pack_p();
         }
         wg_fence();
@@ -729,35 +732,9 @@ __device__ __forceinline__ void wg_forward_ws(const typename Ops::elem* __restri
         release(j);
     }
 
-    // Each warp stages its 16 rows in its own part of the staging area (wg_forward's layout)
-    // and writes them back in 16-byte pieces.
+    // Each warp stages its 16 rows in its own part of the staging area.
     unsigned char* const stage_out = wg_smem + (staging - tc_smem_addr(wg_smem)) + warp * 16 * S::out_pitch;
-    float inv[2];
-    #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const float sum = tc_row_sum(l[r]);
-        inv[r] = 1.0f / sum;
-        const int row = row0 + 8 * r;
-        if (t == 0 && row < T)
-            lse[((size_t)b * NH + h) * T + row] = (m[r] - Ops::p_log2) * 0.6931471805599453f + logf(sum);
-    }
-    #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        unsigned* dst = reinterpret_cast<unsigned*>(stage_out + (g + 8 * r) * S::out_pitch) + t;
-        #pragma unroll
-        for (int n = 0; n < HS / 8; n++) dst[4 * n] = Ops::pack(o[n][2 * r] * inv[r], o[n][2 * r + 1] * inv[r]);
-    }
-    __syncwarp();
-    constexpr int chunks = HS / 8;
-    #pragma unroll
-    for (int j = 0; j < 16 * chunks / 32; j++) {
-        const int i = lane + 32 * j, r = i / chunks, ch = i % chunks;
-        const int row = warp_row0 + r;
-        if (row < T) {
-            const uint4 v = *reinterpret_cast<const uint4*>(stage_out + r * S::out_pitch + ch * 16);
-            *reinterpret_cast<uint4*>(out + ((size_t)b * T + row) * C + h * HS + ch * 8) = v;
-        }
-    }
+    wg_store_output<Ops, HS>(o, l, m, stage_out, S::out_pitch, out, lse, b, h, NH, warp_row0, row0, T, C);
 #elif defined(__CUDA_ARCH__)
     __trap();
 #endif
