@@ -387,6 +387,46 @@ __device__ __forceinline__ float tc_tile_max(const float (&s)[N / 8][4], int r, 
     return m_new;
 }
 
+// The backward's P = 2^(S c - lse) and dS = P (dP - d) of one warp's 16-row tile, shared by
+// the mma.sync and tf32 kernels (masked only when `masked`: tc_masked_or_not).
+// dQ: rows are queries (this lane's row0 and row0 + 8, their lse in base 2 and row terms d),
+// KC keys from k0; dS replaces dP.
+template <int KC>
+__device__ __forceinline__ void tc_dq_p_ds(const float (&s)[KC / 8][4], float (&dp)[KC / 8][4], int k0, int row0,
+                                           int t, float c, const float (&lse2)[2], const float (&rowd)[2], int W,
+                                           bool masked) {
+    #pragma unroll
+    for (int n = 0; n < KC / 8; n++) {
+        #pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int r = e >> 1;
+            const int key = k0 + n * 8 + 2 * t + (e & 1);
+            float p = tc_exp2(fmaf(s[n][e], c, -lse2[r]));
+            if (masked && !tc_sees(row0 + 8 * r, key, W)) p = 0.0f;
+            dp[n][e] = p * (dp[n][e] - rowd[r]);
+        }
+    }
+}
+
+// dK/dV: rows are keys (key0 and key0 + 8), QC queries from q0 whose lse (natural) and row
+// terms d are read at lse[qi * stride] and d[qi * stride]; P replaces S, dS replaces dP.
+template <int QC>
+__device__ __forceinline__ void tc_dkv_p_ds(float (&s)[QC / 8][4], float (&dp)[QC / 8][4], int q0, int key0, int t,
+                                            float c, const float* lse, const float* d, int stride, int W, int T,
+                                            bool masked) {
+    #pragma unroll
+    for (int n = 0; n < QC / 8; n++) {
+        #pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int qi = n * 8 + 2 * t + (e & 1), query = q0 + qi;
+            float p = tc_exp2(fmaf(s[n][e], c, -lse[qi * stride] * TC_LOG2E));
+            if (masked && !(tc_sees(query, key0 + 8 * (e >> 1), W) && query < T)) p = 0.0f;
+            s[n][e] = p;
+            dp[n][e] = p * (dp[n][e] - d[qi * stride]);
+        }
+    }
+}
+
 // The largest scale a row of dS ever takes: 2^64 keeps every scaled sum far inside f32.
 #define TC_DS_SCALE_MAX_EXP 64
 
@@ -723,17 +763,7 @@ __device__ __forceinline__ void tc_backward_dq(const typename Ops::elem* __restr
             qf.template mma_tile_t<KC>(&s, ks(buf));
             gf.template mma_tile_t<KC>(&dp, vs(buf));
             tc_masked_or_not(tc_all_see(warp_row0, warp_row0 + 15, k0, k0 + KC - 1, W, T), [&](bool masked) {
-                #pragma unroll
-                for (int n = 0; n < KC / 8; n++) {
-                    #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int r = e >> 1;
-                        const int key = k0 + n * 8 + 2 * t + (e & 1);
-                        float p = tc_exp2(fmaf(s[n][e], c, -lse2[r]));
-                        if (masked && !tc_sees(row0 + 8 * r, key, W)) p = 0.0f;
-                        dp[n][e] = p * (dp[n][e] - rowd[r]);
-                    }
-                }
+                tc_dq_p_ds<KC>(s, dp, k0, row0, t, c, lse2, rowd, W, masked);
             });
             tc_rescale_rows<Ops, HS, KC>(dq, dp, ds_scale);
             tc_mma_x_tile<Ops, HS, KC>(&dq, &dp, ks(buf), &ds_scale);
@@ -845,17 +875,7 @@ __device__ __forceinline__ void tc_backward_dkv(const typename Ops::elem* __rest
             kf.template mma_tile_t<QC>(&s, qs(buf));
             vf.template mma_tile_t<QC>(&dp, gs(buf));
             tc_masked_or_not(tc_all_see(q0, q0 + QC - 1, warp_key0, warp_key0 + 15, W, T), [&](bool masked) {
-                #pragma unroll
-                for (int n = 0; n < QC / 8; n++) {
-                    #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int qi = n * 8 + 2 * t + (e & 1), query = q0 + qi;
-                        float p = tc_exp2(fmaf(s[n][e], c, -lses(buf)[qi] * TC_LOG2E));
-                        if (masked && !(tc_sees(query, key0 + 8 * (e >> 1), W) && query < T)) p = 0.0f;
-                        s[n][e] = p;
-                        dp[n][e] = p * (dp[n][e] - ds(buf)[qi]);
-                    }
-                }
+                tc_dkv_p_ds<QC>(s, dp, q0, key0, t, c, lses(buf), ds(buf), 1, W, T, masked);
             });
             tc_mma_x_tile<Ops, HS, QC>(&dv, &s, gs(buf), &p_scale);
             tc_rescale_rows<Ops, HS, QC>(dk, dp, ds_scale);

@@ -374,17 +374,7 @@ __device__ __forceinline__ void tf_backward_dq(const float* __restrict__ qkv, co
             tf_mma_rows_tile_t<HS, KC, X3>(s, qf, tiles.k(buf));
             tf_mma_rows_tile_t<HS, KC, X3>(dp, gf, tiles.v(buf));
             tc_masked_or_not(tc_all_see(warp_row0, warp_row0 + 15, k0, k0 + KC - 1, W, T), [&](bool masked) {
-                #pragma unroll
-                for (int n = 0; n < KC / 8; n++) {
-                    #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int r = e >> 1;
-                        const int key = k0 + n * 8 + 2 * t + (e & 1);
-                        float p = tc_exp2(fmaf(s[n][e], c, -lse2[r]));
-                        if (masked && !tc_sees(row0 + 8 * r, key, W)) p = 0.0f;
-                        dp[n][e] = p * (dp[n][e] - rowd[r]);
-                    }
-                }
+                tc_dq_p_ds<KC>(s, dp, k0, row0, t, c, lse2, rowd, W, masked);
             });
             tf_mma_x_tile<HS, KC, X3>(dq, dp, tiles.k(buf));
         }
@@ -479,17 +469,8 @@ __device__ __forceinline__ void tf_backward_dkv(const float* __restrict__ qkv, c
             tf_mma_rows_tile_t<HS, QC, X3>(s, kf, qs(buf));
             tf_mma_rows_tile_t<HS, QC, X3>(dp, vf, gs(buf));
             tc_masked_or_not(tc_all_see(q0, q0 + QC - 1, warp_key0, warp_key0 + 15, W, T), [&](bool masked) {
-                #pragma unroll
-                for (int n = 0; n < QC / 8; n++) {
-                    #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int qi = n * 8 + 2 * t + (e & 1), query = q0 + qi;
-                        float p = tc_exp2(fmaf(s[n][e], c, -qs(buf)[qi * S::ld + HS] * TC_LOG2E));
-                        if (masked && !(tc_sees(query, key0 + 8 * (e >> 1), W) && query < T)) p = 0.0f;
-                        s[n][e] = p;
-                        dp[n][e] = p * (dp[n][e] - gs(buf)[qi * S::ld + HS]);
-                    }
-                }
+                // Each query's lse and d sit in the padding column of its Q and dO rows.
+                tc_dkv_p_ds<QC>(s, dp, q0, key0, t, c, qs(buf) + HS, gs(buf) + HS, S::ld, W, T, masked);
             });
             tf_mma_x_tile<HS, QC, X3>(dv, s, gs(buf));
             tf_mma_x_tile<HS, QC, X3>(dk, dp, qs(buf));
