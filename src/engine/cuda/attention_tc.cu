@@ -438,46 +438,23 @@ __device__ __forceinline__ float tc_ds_scale(float largest) {
     return __uint_as_float((unsigned)(e + 127) << 23);
 }
 
-// For element types that need it (f16), lowers the scale of each of this lane's two
-// accumulator rows to what the tile's dS needs, rescaling the row's accumulator to match.
-template <class Ops, int HS, int K>
-__device__ __forceinline__ void tc_rescale_rows(float acc[HS / 8][4], const float ds[K / 8][4], float scale[2]) {
-    #pragma unroll
-    for (int r = 0; r < 2 && Ops::scaled; r++) {
-        float largest = 0.0f;
-        #pragma unroll
-        for (int n = 0; n < K / 8; n++) largest = fmaxf(largest, fmaxf(fabsf(ds[n][2 * r]), fabsf(ds[n][2 * r + 1])));
-        largest = tc_row_max(largest);
-        // A tile with no dS in this row (largest 0) constrains nothing.
-        const float want = largest == 0.0f ? scale[r] : tc_ds_scale(largest);
-        if (want < scale[r]) {
-            const float ratio = want / scale[r];  // a power of two: exact
-            #pragma unroll
-            for (int n = 0; n < HS / 8; n++) {
-                acc[n][2 * r] *= ratio;
-                acc[n][2 * r + 1] *= ratio;
-            }
-            scale[r] = want;
-        }
-    }
-}
-
 // The scale a row's dS accumulator starts with (then only ever lowered).
 __device__ __forceinline__ float tc_ds_scale_start() {
     return __uint_as_float((unsigned)(TC_DS_SCALE_MAX_EXP + 127) << 23);
 }
 
-// tc_rescale_rows's scales at less work a tile, for the Hopper backward: the same scales and
-// the same scaled dS, bit for bit. A lane first compares its own |dS| with the limit each row
-// may reach (2^15 scaled) and the warp votes; only a warp in which some row needs a smaller
-// scale (its first tile, then rarely) takes the row maxima over the lanes and lowers the
-// scales as tc_rescale_rows does. With PRESCALED the tile's dS already carries its row's scale
+// For element types that need it (f16), lowers the scale of each of this lane's two
+// accumulator rows to what the tile's dS needs (the smallest any tile so far needed, see
+// tc_ds_scale), rescaling the row's accumulator to match. A lane first compares its own |dS|
+// with the limit each row may reach (2^15 scaled) and the warp votes; only a warp in which
+// some row needs a smaller scale (its first tile, then rarely) takes the row maxima over the
+// lanes and lowers the scales. With PRESCALED the tile's dS already carries its row's scale
 // (the caller computed P (dP - d) as P fma(dP, scale, -d scale), exact for a power of two) and
-// is rescaled here with the accumulator, as is `d_scaled` (d times the scale); otherwise the
-// caller multiplies by the scale afterwards.
+// is rescaled here with the accumulator, as is `d_scaled` (d times the scale, two values);
+// otherwise the caller multiplies by the scale afterwards and `d_scaled` is not read.
 template <class Ops, int HS, int K, bool PRESCALED>
 __device__ __forceinline__ void tc_fit_ds_scales(float (&acc)[HS / 8][4], float (&ds)[K / 8][4], float (&scale)[2],
-                                                 float (&d_scaled)[2]) {
+                                                 float* d_scaled) {
     if constexpr (Ops::scaled) {
         float mine[2];
         bool over = false;
@@ -765,7 +742,7 @@ __device__ __forceinline__ void tc_backward_dq(const typename Ops::elem* __restr
             tc_masked_or_not(tc_all_see(warp_row0, warp_row0 + 15, k0, k0 + KC - 1, W, T), [&](bool masked) {
                 tc_dq_p_ds<KC>(s, dp, k0, row0, t, c, lse2, rowd, W, masked);
             });
-            tc_rescale_rows<Ops, HS, KC>(dq, dp, ds_scale);
+            tc_fit_ds_scales<Ops, HS, KC, false>(dq, dp, ds_scale, nullptr);
             tc_mma_x_tile<Ops, HS, KC>(&dq, &dp, ks(buf), &ds_scale);
         }
         __syncthreads();
@@ -878,7 +855,7 @@ __device__ __forceinline__ void tc_backward_dkv(const typename Ops::elem* __rest
                 tc_dkv_p_ds<QC>(s, dp, q0, key0, t, c, lses(buf), ds(buf), 1, W, T, masked);
             });
             tc_mma_x_tile<Ops, HS, QC>(&dv, &s, gs(buf), &p_scale);
-            tc_rescale_rows<Ops, HS, QC>(dk, dp, ds_scale);
+            tc_fit_ds_scales<Ops, HS, QC, false>(dk, dp, ds_scale, nullptr);
             tc_mma_x_tile<Ops, HS, QC>(&dk, &dp, qs(buf), &ds_scale);
         }
         __syncthreads();

@@ -764,12 +764,12 @@ __device__ __forceinline__ void wg_forward_ws(const typename Ops::elem* __restri
 // the stage of tile j - 2, as in the forward.
 //
 // P and dS are rounded once to the operand type, P times TcF16::p_scale() and each row's dS
-// times its own power of two in f16, as attention_tc.cu's header describes, at less work a
-// tile than the mma.sync kernels: the row scales come from tc_fit_ds_scales (the same scales,
-// a warp vote in place of the row maxima on most tiles); dQ's dS takes its scale inside
-// P (dP - d) as P fma(dP, scale, -d scale) (the same bits); dK/dV's P takes 2^12 inside its
-// exponent (within a rounding of the exponent's argument of the mma.sync kernels' P), and
-// dS = P (dP - d) then carries 2^12 as well, which the output removes. Every sum is in a
+// times its own power of two in f16, as attention_tc.cu's header describes, with the row
+// scales from tc_fit_ds_scales as there, and at less work a tile than the mma.sync kernels:
+// dQ's dS takes its scale inside P (dP - d) as P fma(dP, scale, -d scale) (the same bits);
+// dK/dV's P takes 2^12 inside its exponent (within a rounding of the exponent's argument of
+// the mma.sync kernels' P), and dS = P (dP - d) then carries 2^12 as well, which the output
+// removes. Every sum is in a
 // fixed order: results are deterministic.
 
 // Rows of the tiles the backward streams: 64 at head size 64; 32 at 128, where the dK/dV
