@@ -8,6 +8,9 @@
 // dimensions then lie on one side of rot/2 and of rot. The cos/sin tables are
 // f32 [positions, rot/2]; a position past the table gives NaN rather than an out-of-bounds read.
 
+// Heads a thread loads before it turns and stores any of them.
+#define ROPE_BATCH 4
+
 struct RopeDims {
     int heads, kv_heads, head_dim, rot_dim;
     unsigned int positions;  // rows of the cos/sin tables
@@ -49,6 +52,10 @@ __device__ __forceinline__ void turn(float (&a)[VW], const float (&b)[VW], const
     for (int k = 0; k < VW; ++k) a[k] = lower ? a[k] * c[k] - b[k] * s[k] : a[k] * c[k] + b[k] * s[k];
 }
 
+// Each thread loads ROPE_BATCH heads before it turns and stores any (the buffers never
+// overlap, and say so with restrict): one head's load, turn and store at a time left a
+// thread one load in flight, and the forward at 37% of memory speed (41% batched).
+//
 // A thread takes dimensions i .. i + VW - 1 of every head of one row (threadIdx.x over the
 // head's dimensions, threadIdx.y over the block's rows, rows grid-strided): the position and
 // the row's cos/sin are read once for all its heads, and heads are walked by loops, with no
@@ -63,8 +70,9 @@ __device__ __forceinline__ void for_each_row(long long rows, F f) {
 
 // packed[row] = [rot(q) | rot(k) repeated per group | v repeated per group], 3 H D per row.
 template <typename T, int VW>
-__device__ void rope_expand_forward(T* packed, const T* qkv, const unsigned int* pos,
-                                    const float* cos_t, const float* sin_t, long long rows,
+__device__ void rope_expand_forward(T* __restrict__ packed, const T* __restrict__ qkv,
+                                    const unsigned int* __restrict__ pos,
+                                    const float* __restrict__ cos_t, const float* __restrict__ sin_t, long long rows,
                                     RopeDims d) {
     const int D = d.head_dim, H = d.heads, K = d.kv_heads, g = H / K, half = d.rot_dim / 2;
     const int i = threadIdx.x * VW;
@@ -77,30 +85,42 @@ __device__ void rope_expand_forward(T* packed, const T* qkv, const unsigned int*
         T* dst = packed + row * width;
         float c[VW], s[VW];
         if (rotates) row_angles<VW>(c, s, i, pos[row], cos_t, sin_t, d, 1.0f);
-        // Queries, then keys (each written once per head of its group): turned.
-#pragma unroll 3
-        for (int h = 0; h < H + K; ++h) {
-            float a[VW];
-            load_vec(src + (long long)h * D + i, a);
-            if (rotates) {
-                float b[VW];
-                load_vec(src + (long long)h * D + partner, b);
-                turn<VW>(a, b, c, s, lower);
+        // Queries, then keys (each written once per head of its group): turned. A batch of
+        // heads' loads go out before any of them is used.
+        for (int h0 = 0; h0 < H + K; h0 += ROPE_BATCH) {
+            float a[ROPE_BATCH][VW], b[ROPE_BATCH][VW];
+#pragma unroll
+            for (int j = 0; j < ROPE_BATCH; ++j) {
+                const int h = h0 + j;
+                if (h >= H + K) break;
+                load_vec(src + (long long)h * D + i, a[j]);
+                if (rotates) load_vec(src + (long long)h * D + partner, b[j]);
             }
-            if (h < H) {
-                store_vec(dst + (long long)h * D + i, a);
-            } else {
-                T* out = dst + (long long)(H + (h - H) * g) * D + i;
-                for (int r = 0; r < g; ++r) store_vec(out + (long long)r * D, a);
+#pragma unroll
+            for (int j = 0; j < ROPE_BATCH; ++j) {
+                const int h = h0 + j;
+                if (h >= H + K) break;
+                if (rotates) turn<VW>(a[j], b[j], c, s, lower);
+                if (h < H) {
+                    store_vec(dst + (long long)h * D + i, a[j]);
+                } else {
+                    T* out = dst + (long long)(H + (h - H) * g) * D + i;
+                    for (int r = 0; r < g; ++r) store_vec(out + (long long)r * D, a[j]);
+                }
             }
         }
         // Values, copied once per head of their group.
-#pragma unroll 3
-        for (int kh = 0; kh < K; ++kh) {
-            float a[VW];
-            load_vec(src + (long long)(H + K + kh) * D + i, a);
-            T* out = dst + (long long)(2 * H + kh * g) * D + i;
-            for (int r = 0; r < g; ++r) store_vec(out + (long long)r * D, a);
+        for (int k0 = 0; k0 < K; k0 += ROPE_BATCH) {
+            float a[ROPE_BATCH][VW];
+#pragma unroll
+            for (int j = 0; j < ROPE_BATCH; ++j)
+                if (k0 + j < K) load_vec(src + (long long)(H + K + k0 + j) * D + i, a[j]);
+#pragma unroll
+            for (int j = 0; j < ROPE_BATCH; ++j) {
+                if (k0 + j >= K) break;
+                T* out = dst + (long long)(2 * H + (k0 + j) * g) * D + i;
+                for (int r = 0; r < g; ++r) store_vec(out + (long long)r * D, a[j]);
+            }
         }
     });
 }
@@ -108,8 +128,9 @@ __device__ void rope_expand_forward(T* packed, const T* qkv, const unsigned int*
 // dqkv[row] from dpacked[row]: query heads rotate back; each key/value head sums its group's
 // query-head gradients in head order (keys then rotate back), as the CPU does.
 template <typename T, int VW>
-__device__ void rope_expand_backward(T* dqkv, const T* dpacked, const unsigned int* pos,
-                                     const float* cos_t, const float* sin_t, long long rows,
+__device__ void rope_expand_backward(T* __restrict__ dqkv, const T* __restrict__ dpacked,
+                                     const unsigned int* __restrict__ pos,
+                                     const float* __restrict__ cos_t, const float* __restrict__ sin_t, long long rows,
                                      RopeDims d) {
     const int D = d.head_dim, H = d.heads, K = d.kv_heads, g = H / K, half = d.rot_dim / 2;
     const int i = threadIdx.x * VW;
@@ -122,16 +143,20 @@ __device__ void rope_expand_backward(T* dqkv, const T* dpacked, const unsigned i
         T* dst = dqkv + row * width;
         float c[VW], s[VW];
         if (rotates) row_angles<VW>(c, s, i, pos[row], cos_t, sin_t, d, -1.0f);
-#pragma unroll 3
-        for (int h = 0; h < H; ++h) {
-            float a[VW];
-            load_vec(src + (long long)h * D + i, a);
-            if (rotates) {
-                float b[VW];
-                load_vec(src + (long long)h * D + partner, b);
-                turn<VW>(a, b, c, s, lower);
+        for (int h0 = 0; h0 < H; h0 += ROPE_BATCH) {
+            float a[ROPE_BATCH][VW], b[ROPE_BATCH][VW];
+#pragma unroll
+            for (int j = 0; j < ROPE_BATCH; ++j) {
+                if (h0 + j >= H) break;
+                load_vec(src + (long long)(h0 + j) * D + i, a[j]);
+                if (rotates) load_vec(src + (long long)(h0 + j) * D + partner, b[j]);
             }
-            store_vec(dst + (long long)h * D + i, a);
+#pragma unroll
+            for (int j = 0; j < ROPE_BATCH; ++j) {
+                if (h0 + j >= H) break;
+                if (rotates) turn<VW>(a[j], b[j], c, s, lower);
+                store_vec(dst + (long long)(h0 + j) * D + i, a[j]);
+            }
         }
         // Key heads (j < K) and value heads (j >= K): their group's heads in the packed row,
         // slot 1 (keys) or 2 (values), heads j g ...

@@ -1,72 +1,126 @@
 // SwiGLU, h = silu(gate) * up over rows [gate: F | up: F]; reference: engine/cpu/swiglu.rs.
-// Elementwise and grid-stride over the elements of h, four per access when F is a multiple of
-// four and the buffers are aligned (four consecutive columns then never straddle two rows);
-// otherwise one at a time.
+// Rows come from the grid (y, strided) and a row's columns from x, so no index is divided.
+// Four columns an access where F is a multiple of four and the buffers are aligned (the four
+// then never straddle two rows), otherwise one; each thread issues the loads of
+// SWIGLU_GROUPS accesses before it uses any (the pointers are restrict-qualified, so the
+// compiler may), which keeps enough bytes in flight to run at memory speed.
 
-__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+#define SWIGLU_GROUPS 2
+
+// The logistic function. In bf16 and f16 the fast exponential and division (a few ulp of f32)
+// vanish in the output's rounding; f32 keeps the exact forms the CPU reference uses.
+template <typename T> __device__ __forceinline__ float swiglu_sigmoid(float x) {
+    if constexpr (sizeof(T) == 2) {
+        return __fdividef(1.0f, 1.0f + __expf(-x));
+    } else {
+        return 1.0f / (1.0f + expf(-x));
+    }
+}
+
+// The `W` columns (1 or 4) from `p`, widened to f32.
+template <int W, typename T> __device__ __forceinline__ void swiglu_load(const T* p, float (&v)[W]) {
+    if constexpr (W == 4) {
+        load4(p, v);
+    } else {
+        v[0] = load(p[0]);
+    }
+}
+template <int W, typename T> __device__ __forceinline__ void swiglu_store(T* p, const float (&v)[W]) {
+    if constexpr (W == 4) {
+        store4(p, v);
+    } else {
+        p[0] = store<T>(v[0]);
+    }
+}
 
 // h[row, col] = silu(gu[row, col]) * gu[row, F + col]
-template <typename T> __device__ void swiglu_forward(T* h, const T* gu, long long n, int f) {
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    const bool vec = f % 4 == 0 && aligned4(h) && aligned4(gu);
-    const long long n4 = vec ? n / 4 : 0;
-    for (long long i = tid; i < n4; i += stride) {
-        const long long e = 4 * i, row = e / f, col = e - row * f;
-        const T* g = gu + 2 * row * f + col;
-        float a[4], u[4];
-        load4(g, a);
-        load4(g + f, u);
-        for (int k = 0; k < 4; ++k) a[k] = a[k] * sigmoid(a[k]) * u[k];
-        store4(h + e, a);
-    }
-    for (long long e = 4 * n4 + tid; e < n; e += stride) {
-        const long long row = e / f, col = e - row * f;
-        const float a = load(gu[2 * row * f + col]), u = load(gu[2 * row * f + f + col]);
-        h[e] = store<T>(a * sigmoid(a) * u);
+template <typename T, int W>
+__device__ __forceinline__ void swiglu_forward_rows(T* __restrict__ h, const T* __restrict__ gu, int rows, int f) {
+    const int groups = f / W, stride = gridDim.x * blockDim.x;
+    for (int row = blockIdx.y; row < rows; row += gridDim.y) {
+        const T* gate = gu + 2LL * row * f;
+        const T* up = gate + f;
+        T* out = h + (long long)row * f;
+        for (int g0 = blockIdx.x * blockDim.x + threadIdx.x; g0 < groups; g0 += SWIGLU_GROUPS * stride) {
+            float a[SWIGLU_GROUPS][W], u[SWIGLU_GROUPS][W];
+#pragma unroll
+            for (int k = 0; k < SWIGLU_GROUPS; ++k) {
+                const int g = g0 + k * stride;
+                if (g < groups) {
+                    swiglu_load<W>(gate + W * g, a[k]);
+                    swiglu_load<W>(up + W * g, u[k]);
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < SWIGLU_GROUPS; ++k) {
+                const int g = g0 + k * stride;
+                if (g >= groups) continue;
+#pragma unroll
+                for (int e = 0; e < W; ++e) a[k][e] = a[k][e] * swiglu_sigmoid<T>(a[k][e]) * u[k][e];
+                swiglu_store<W>(out + W * g, a[k]);
+            }
+        }
     }
 }
 
 // dgu[row] = [dh * up * silu'(gate) | dh * silu(gate)], every element written.
-template <typename T>
-__device__ void swiglu_backward(T* dgu, const T* gu, const T* dh, long long n, int f) {
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    const bool vec = f % 4 == 0 && aligned4(dgu) && aligned4(gu) && aligned4(dh);
-    const long long n4 = vec ? n / 4 : 0;
-    for (long long i = tid; i < n4; i += stride) {
-        const long long e = 4 * i, row = e / f, col = e - row * f;
-        const long long at = 2 * row * f + col;
-        float a[4], u[4], d[4];
-        load4(gu + at, a);
-        load4(gu + at + f, u);
-        load4(dh + e, d);
-        for (int k = 0; k < 4; ++k) {
-            const float s = sigmoid(a[k]);
-            const float dgate = d[k] * u[k] * s * (1.0f + a[k] * (1.0f - s));
-            u[k] = d[k] * a[k] * s;  // dup
-            a[k] = dgate;
+template <typename T, int W>
+__device__ __forceinline__ void swiglu_backward_rows(T* __restrict__ dgu, const T* __restrict__ gu,
+                                                     const T* __restrict__ dh, int rows, int f) {
+    const int groups = f / W, stride = gridDim.x * blockDim.x;
+    for (int row = blockIdx.y; row < rows; row += gridDim.y) {
+        const long long at = 2LL * row * f;
+        const T* d_row = dh + (long long)row * f;
+        for (int g0 = blockIdx.x * blockDim.x + threadIdx.x; g0 < groups; g0 += SWIGLU_GROUPS * stride) {
+            float a[SWIGLU_GROUPS][W], u[SWIGLU_GROUPS][W], d[SWIGLU_GROUPS][W];
+#pragma unroll
+            for (int k = 0; k < SWIGLU_GROUPS; ++k) {
+                const int g = g0 + k * stride;
+                if (g < groups) {
+                    swiglu_load<W>(gu + at + W * g, a[k]);
+                    swiglu_load<W>(gu + at + f + W * g, u[k]);
+                    swiglu_load<W>(d_row + W * g, d[k]);
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < SWIGLU_GROUPS; ++k) {
+                const int g = g0 + k * stride;
+                if (g >= groups) continue;
+#pragma unroll
+                for (int e = 0; e < W; ++e) {
+                    const float s = swiglu_sigmoid<T>(a[k][e]);
+                    const float dgate = d[k][e] * u[k][e] * s * (1.0f + a[k][e] * (1.0f - s));
+                    u[k][e] = d[k][e] * a[k][e] * s;  // dup
+                    a[k][e] = dgate;
+                }
+                swiglu_store<W>(dgu + at + W * g, a[k]);
+                swiglu_store<W>(dgu + at + f + W * g, u[k]);
+            }
         }
-        store4(dgu + at, a);
-        store4(dgu + at + f, u);
-    }
-    for (long long e = 4 * n4 + tid; e < n; e += stride) {
-        const long long row = e / f, col = e - row * f;
-        const long long at = 2 * row * f + col;
-        const float a = load(gu[at]), u = load(gu[at + f]), d = load(dh[e]);
-        const float s = sigmoid(a);
-        dgu[at] = store<T>(d * u * s * (1.0f + a * (1.0f - s)));
-        dgu[at + f] = store<T>(d * a * s);
     }
 }
 
-#define SWIGLU_KERNELS(T, SUFFIX)                                                               \
-    extern "C" __global__ void swiglu_forward_##SUFFIX(T* h, const T* gu, long long n, int f) { \
-        swiglu_forward<T>(h, gu, n, f);                                                         \
-    }                                                                                            \
-    extern "C" __global__ void swiglu_backward_##SUFFIX(T* dgu, const T* gu, const T* dh,       \
-                                                        long long n, int f) {                   \
-        swiglu_backward<T>(dgu, gu, dh, n, f);                                                  \
+template <typename T> __device__ void swiglu_forward(T* h, const T* gu, int rows, int f) {
+    if (f % 4 == 0 && aligned4(h) && aligned4(gu))
+        swiglu_forward_rows<T, 4>(h, gu, rows, f);
+    else
+        swiglu_forward_rows<T, 1>(h, gu, rows, f);
+}
+
+template <typename T> __device__ void swiglu_backward(T* dgu, const T* gu, const T* dh, int rows, int f) {
+    if (f % 4 == 0 && aligned4(dgu) && aligned4(gu) && aligned4(dh))
+        swiglu_backward_rows<T, 4>(dgu, gu, dh, rows, f);
+    else
+        swiglu_backward_rows<T, 1>(dgu, gu, dh, rows, f);
+}
+
+#define SWIGLU_KERNELS(T, SUFFIX)                                                                \
+    extern "C" __global__ void swiglu_forward_##SUFFIX(T* h, const T* gu, int rows, int f) {     \
+        swiglu_forward<T>(h, gu, rows, f);                                                       \
+    }                                                                                             \
+    extern "C" __global__ void swiglu_backward_##SUFFIX(T* dgu, const T* gu, const T* dh,        \
+                                                        int rows, int f) {                       \
+        swiglu_backward<T>(dgu, gu, dh, rows, f);                                                \
     }
 
 SWIGLU_KERNELS(float, f32)

@@ -3,7 +3,6 @@
 
 use super::{
     CudaBackend, CudaError, ELEM_DTYPES, Elem, ElemKernel, Program, Result, as_i32, check_len,
-    elementwise_grid,
 };
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
@@ -16,11 +15,18 @@ pub(super) const PROGRAM: Program = Program {
 };
 
 const BLOCK: u32 = 256;
+/// Accesses of four columns a thread takes at once (the kernels' SWIGLU_GROUPS).
+const GROUPS: usize = 2;
 
-/// Each thread takes four elements of `h` per access.
-fn grid(n: usize) -> LaunchConfig {
+/// A row's accesses of four columns over x, rows over y (strided past 65535).
+fn grid(rows: usize, f: usize) -> LaunchConfig {
+    let per_block = BLOCK as usize * GROUPS;
     LaunchConfig {
-        grid_dim: (elementwise_grid(n.div_ceil(4), BLOCK), 1, 1),
+        grid_dim: (
+            f.div_ceil(4).div_ceil(per_block) as u32,
+            rows.min(65_535) as u32,
+            1,
+        ),
         block_dim: (BLOCK, 1, 1),
         shared_mem_bytes: 0,
     }
@@ -55,11 +61,12 @@ impl CudaBackend {
             return Ok(());
         }
         let func = self.elem_function::<T>(ElemKernel::SwigluForward)?;
-        let n64 = n as i64;
+        let rows32 = as_i32(OP, "rows", rows)?;
         let mut b = self.stream.launch_builder(func);
-        b.arg(h).arg(gate_up).arg(&n64).arg(&width);
-        // SAFETY: `h` holds `rows * f` elements and `gate_up` twice that (checked above).
-        unsafe { b.launch(grid(n)) }?;
+        b.arg(h).arg(gate_up).arg(&rows32).arg(&width);
+        // SAFETY: `h` holds `rows * f` elements and `gate_up` twice that (checked above); the
+        // two are distinct buffers, as the kernel's restrict-qualified pointers require.
+        unsafe { b.launch(grid(rows, f)) }?;
         Ok(())
     }
 
@@ -82,11 +89,16 @@ impl CudaBackend {
             return Ok(());
         }
         let func = self.elem_function::<T>(ElemKernel::SwigluBackward)?;
-        let n64 = n as i64;
+        let rows32 = as_i32(OP, "rows", rows)?;
         let mut b = self.stream.launch_builder(func);
-        b.arg(dgate_up).arg(gate_up).arg(dh).arg(&n64).arg(&width);
-        // SAFETY: `dh` holds `rows * f` elements, the other two twice that (checked above).
-        unsafe { b.launch(grid(n)) }?;
+        b.arg(dgate_up)
+            .arg(gate_up)
+            .arg(dh)
+            .arg(&rows32)
+            .arg(&width);
+        // SAFETY: `dh` holds `rows * f` elements, the other two twice that (checked above);
+        // the three are distinct buffers (restrict-qualified in the kernel).
+        unsafe { b.launch(grid(rows, f)) }?;
         Ok(())
     }
 }
