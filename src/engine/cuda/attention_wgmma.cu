@@ -548,8 +548,9 @@ __device__ __forceinline__ void wg_forward(const typename Ops::elem* __restrict_
 #endif
 }
 
-// The warp-specialised forward (sm_90a; checked and timed by bench/wgmma_attention, not yet
-// launched by the engine). wg_forward's blocks keep each warpgroup's steps in turn, products
+// The warp-specialised forward (sm_90a; checked and timed by bench/wgmma_attention, not
+// launched by the engine: on an H100 it measured 1.02x wg_forward at head size 128 and T 4096
+// with four stages, level at T 1024, and slower at head size 64). wg_forward's blocks keep each warpgroup's steps in turn, products
 // then softmax then rescale, with one block barrier a tile; at head size 128 Nsight Compute has
 // it at 40% of issue slots busy and 62% of L2 throughput, two warpgroups an SM. Here a block
 // is two consumer warpgroups of 64 queries each (128 a block, so each K and V tile is read
