@@ -43,16 +43,18 @@ WG_ENTRY_POINT(128, 64, 2, true, WgBf16, wg_bf16_hs128_n64_g2q)
 WG_ENTRY_POINT(128, 64, 2, true, WgF16, wg_f16_hs128_n64_g2q)
 WG_ENTRY_POINT(128, 128, 2, true, WgBf16, wg_bf16_hs128_n128_g2q)
 WG_ENTRY_POINT(128, 128, 2, true, WgF16, wg_f16_hs128_n128_g2q)
-// The warp-specialised forward (WgWsShape: head size, key tile, stages): two consumer
-// warpgroups of 64 queries and a producer warpgroup a block.
-WG_WS_ENTRY_POINT(64, 64, 3, WgBf16, ws_bf16_hs64_n64_s3)
-WG_WS_ENTRY_POINT(64, 64, 3, WgF16, ws_f16_hs64_n64_s3)
-WG_WS_ENTRY_POINT(64, 128, 3, WgBf16, ws_bf16_hs64_n128_s3)
-WG_WS_ENTRY_POINT(64, 128, 3, WgF16, ws_f16_hs64_n128_s3)
-WG_WS_ENTRY_POINT(128, 64, 3, WgBf16, ws_bf16_hs128_n64_s3)
-WG_WS_ENTRY_POINT(128, 64, 3, WgF16, ws_f16_hs128_n64_s3)
-WG_WS_ENTRY_POINT(128, 64, 4, WgBf16, ws_bf16_hs128_n64_s4)
-WG_WS_ENTRY_POINT(128, 64, 4, WgF16, ws_f16_hs128_n64_s4)
+// The warp-specialised forward (WgWsShape: head size, key tile, stages, Q in shared memory):
+// two consumer warpgroups of 64 queries and a producer warpgroup a block.
+WG_WS_ENTRY_POINT(64, 64, 3, false, WgBf16, ws_bf16_hs64_n64_s3)
+WG_WS_ENTRY_POINT(64, 64, 3, false, WgF16, ws_f16_hs64_n64_s3)
+WG_WS_ENTRY_POINT(64, 128, 2, false, WgBf16, ws_bf16_hs64_n128_s2)
+WG_WS_ENTRY_POINT(64, 128, 2, false, WgF16, ws_f16_hs64_n128_s2)
+WG_WS_ENTRY_POINT(64, 128, 3, false, WgBf16, ws_bf16_hs64_n128_s3)
+WG_WS_ENTRY_POINT(64, 128, 3, false, WgF16, ws_f16_hs64_n128_s3)
+WG_WS_ENTRY_POINT(128, 64, 4, false, WgBf16, ws_bf16_hs128_n64_s4)
+WG_WS_ENTRY_POINT(128, 64, 4, false, WgF16, ws_f16_hs128_n64_s4)
+WG_WS_ENTRY_POINT(128, 128, 2, true, WgBf16, ws_bf16_hs128_n128_s2q)
+WG_WS_ENTRY_POINT(128, 128, 2, true, WgF16, ws_f16_hs128_n128_s2q)
 // The configurations marked [engine] below are WgForward's.
 static_assert(WgForward<64>::keys == 64 && WgForward<64>::groups == 1 && !WgForward<64>::q_shared, "engine hs 64");
 static_assert(WgForward<128>::keys == 64 && WgForward<128>::groups == 1 && !WgForward<128>::q_shared, "engine hs 128");
@@ -263,10 +265,10 @@ int main(int argc, char** argv) {
     printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
 #define WG(NAME, HS, N, G, QS, F16, ENGINE) \
     {#NAME, (Fwd)NAME, HS, G * 64, WgShape<HS, N, G, QS>::bytes, F16, G * 128, N, ENGINE}
-#define WS(NAME, HS, N, ST, F16) \
-    {#NAME, (Fwd)NAME, HS, 128, WgWsShape<HS, N, ST>::bytes, F16, WgWsShape<HS, N, ST>::threads, N, false}
+#define WS(NAME, HS, N, ST, QS, F16) \
+    {#NAME, (Fwd)NAME, HS, 128, WgWsShape<HS, N, ST, QS>::bytes, F16, WgWsShape<HS, N, ST, QS>::threads, N, false}
     // Names: n<key tile>, g2 two warpgroups a block (128 queries), q Q in shared memory; ws the
-    // warp-specialised forward with s<stages>.
+    // warp-specialised forward with s<stages> (and q: Q in shared memory).
     Kernel ks[] = {
         {"tc bf16 hs64", (Fwd)attention_forward_bf16_hs64_tc, 64, 128, 4 * 64 * 72 * 2, false, 128, 0, false},
         {"tc f16 hs64", (Fwd)attention_forward_f16_hs64_tc, 64, 128, 4 * 64 * 72 * 2, true, 128, 0, false},
@@ -288,14 +290,16 @@ int main(int argc, char** argv) {
         WG(wg_f16_hs128_n64_g2q, 128, 64, 2, true, true, false),
         WG(wg_bf16_hs128_n128_g2q, 128, 128, 2, true, false, false),
         WG(wg_f16_hs128_n128_g2q, 128, 128, 2, true, true, false),
-        WS(ws_bf16_hs64_n64_s3, 64, 64, 3, false),
-        WS(ws_f16_hs64_n64_s3, 64, 64, 3, true),
-        WS(ws_bf16_hs64_n128_s3, 64, 128, 3, false),
-        WS(ws_f16_hs64_n128_s3, 64, 128, 3, true),
-        WS(ws_bf16_hs128_n64_s3, 128, 64, 3, false),
-        WS(ws_f16_hs128_n64_s3, 128, 64, 3, true),
-        WS(ws_bf16_hs128_n64_s4, 128, 64, 4, false),
-        WS(ws_f16_hs128_n64_s4, 128, 64, 4, true),
+        WS(ws_bf16_hs64_n64_s3, 64, 64, 3, false, false),
+        WS(ws_f16_hs64_n64_s3, 64, 64, 3, false, true),
+        WS(ws_bf16_hs64_n128_s2, 64, 128, 2, false, false),
+        WS(ws_f16_hs64_n128_s2, 64, 128, 2, false, true),
+        WS(ws_bf16_hs64_n128_s3, 64, 128, 3, false, false),
+        WS(ws_f16_hs64_n128_s3, 64, 128, 3, false, true),
+        WS(ws_bf16_hs128_n64_s4, 128, 64, 4, false, false),
+        WS(ws_f16_hs128_n64_s4, 128, 64, 4, false, true),
+        WS(ws_bf16_hs128_n128_s2q, 128, 128, 2, true, false),
+        WS(ws_f16_hs128_n128_s2q, 128, 128, 2, true, true),
     };
 #undef WG
 #undef WS

@@ -555,32 +555,39 @@ __device__ __forceinline__ void wg_forward(const typename Ops::elem* __restrict_
 // it at 40% of issue slots busy and 62% of L2 throughput, two warpgroups an SM. Here a block
 // is two consumer warpgroups of 64 queries each (128 a block, so each K and V tile is read
 // from L2 once per 128 queries) and a producer warpgroup that copies the tiles:
-// - the producer copies tile j into stage j % STAGES once both consumers have released the
-//   tile that stage held (its `empty` barrier), and, with tile j's copies issued, waits for
-//   its own copies of tile j - 1, makes them visible to the tensor cores' proxy and arrives on
-//   that stage's `full` barrier: a tile's copies overlap the next one's issue;
+// - the producer copies K_j and V_j into stage j % STAGES, each once both consumers have
+//   released what that stage's K or V buffer held (its `empty_k` or `empty_v` barrier); with
+//   K_j's copies issued it waits for its own copies of tile j - 1, makes them visible to the
+//   tensor cores' proxy and arrives on that stage's `full` barrier, then copies V_j: a tile's
+//   copies overlap the next one's issue;
 // - each consumer runs wg_forward's steps for its rows (S_j beside O += P_{j-1} V_{j-1},
-//   softmax while the second runs) on its own: it waits on tile j's `full` barrier and
-//   releases tile j - 1's stage once the product reading V_{j-1} is done. Nothing makes the
+//   softmax while the second runs) on its own: it waits on tile j's `full` barrier, releases
+//   K_j once S_j is done and V_{j-1} once the product reading it is done. Nothing makes the
 //   two consumers wait for each other, so one's softmax can run beside the other's products.
-// The consumers take Q into registers and stage their output as wg_forward does; their
-// arithmetic is wg_forward's with one warpgroup, tile for tile: the same results, bit for bit
-// (the harness checks it). The producer gives its registers to the consumers (`setmaxnreg`).
-// STAGES >= 3: the producer arrives on tile j - 1's barrier only after issuing tile j, which
-// waits for the consumers to release tile j - STAGES; they release it at step j - STAGES + 1,
-// which needs tile j - STAGES + 1 to have arrived, so with two stages each would wait for
-// the other.
-template <int HS, int N, int STAGES> struct WgWsShape {
-    static_assert(STAGES >= 3, "the producer's arrival runs a tile behind its copies");
+// K and V are released apart so that two stages suffice: the producer's V_j waits for V_{j-2},
+// which the consumers release in step j - 1, which needs only tile j - 1's `full`, already
+// signalled after K_j's issue; K_j waits for K_{j-2}, released in step j - 2. (With one
+// release a stage, two stages would wait on each other.) Two stages leave room for 128-key
+// tiles at head size 128, whose scores then need Q in shared memory (QS: each consumer copies
+// its 64 rows in K's layout; in registers they would spill).
+// The consumers take Q into registers or shared memory and stage their output as wg_forward
+// does; their arithmetic is wg_forward's with one warpgroup, tile for tile: the same results,
+// bit for bit, as the one-warpgroup block of the same key tile (the harness checks it). The
+// producer gives its registers to the consumers (`setmaxnreg`).
+template <int HS, int N, int STAGES, bool QS = false> struct WgWsShape {
+    static_assert(STAGES >= 2, "the producer releases a tile's copies a tile behind");
     static constexpr int consumers = 2;
     static constexpr int threads = (consumers + 1) * WG_THREADS;
     static constexpr int rows = consumers * WG_ROWS;
     static constexpr int sub = N * 128;           // bytes of a 64-column sub-tile of K or V
     static constexpr int tile = (HS / 64) * sub;  // bytes of a K or V tile
+    static constexpr int q_sub = WG_ROWS * 128;   // bytes of a 64-column sub-tile of a consumer's Q
+    static constexpr int q_bytes = QS ? consumers * (HS / 64) * q_sub : 0;
     static constexpr int out_pitch = 2 * HS + 16;  // output staging row, bytes (wg_forward's)
     static constexpr int staging = 4 * consumers * 16 * out_pitch;  // a warp's 16 rows each
-    // The stages (1024-byte aligned), the consumers' output staging, the barriers.
-    static constexpr int bytes = 1024 + 2 * STAGES * tile + staging + 2 * STAGES * 8;
+    // Q, the stages (1024-byte aligned), the consumers' output staging, the barriers (full,
+    // empty_k, empty_v a stage).
+    static constexpr int bytes = 1024 + q_bytes + 2 * STAGES * tile + staging + 3 * STAGES * 8;
     static_assert(bytes <= 227 * 1024, "a block's shared memory fits an SM");
     // Registers after `setmaxnreg`: the producer's few, the consumers' the rest of the 64K
     // (128 x 56 + 256 x 224 = 64512). At launch every thread has at most 65536 / 384.
@@ -606,23 +613,24 @@ __device__ __forceinline__ void wg_mbar_wait(unsigned bar, unsigned parity) {
     }
 }
 
-template <class Ops, int HS, int N, int STAGES>
+template <class Ops, int HS, int N, int STAGES, bool QS>
 __device__ __forceinline__ void wg_forward_ws(const typename Ops::elem* __restrict__ qkv,
                                               typename Ops::elem* __restrict__ out,
                                               float* __restrict__ lse, int T, int C, int NH, int W) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    typedef WgWsShape<HS, N, STAGES> S;
+    typedef WgWsShape<HS, N, STAGES, QS> S;
     typedef typename Ops::elem E;
     extern __shared__ __align__(1024) unsigned char wg_smem[];
     tc_need_shared(S::bytes);
     if (blockDim.x != S::threads) __trap();
     const unsigned smem0 = (tc_smem_addr(wg_smem) + 1023u) & ~1023u;
-    auto ks = [&](int i) { return smem0 + 2 * i * S::tile; };
-    auto vs = [&](int i) { return smem0 + (2 * i + 1) * S::tile; };
-    const unsigned staging = smem0 + 2 * STAGES * S::tile;
+    auto ks = [&](int i) { return smem0 + S::q_bytes + 2 * i * S::tile; };
+    auto vs = [&](int i) { return smem0 + S::q_bytes + (2 * i + 1) * S::tile; };
+    const unsigned staging = smem0 + S::q_bytes + 2 * STAGES * S::tile;
     const unsigned bars = staging + S::staging;
     auto full = [&](int i) { return bars + 8 * i; };
-    auto empty = [&](int i) { return bars + 8 * (STAGES + i); };
+    auto empty_k = [&](int i) { return bars + 8 * (STAGES + i); };
+    auto empty_v = [&](int i) { return bars + 8 * (2 * STAGES + i); };
     const int b = blockIdx.y / NH, h = blockIdx.y % NH;
     const int qt = gridDim.x - 1 - blockIdx.x;  // the last query tiles see the most keys
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -636,8 +644,9 @@ __device__ __forceinline__ void wg_forward_ws(const typename Ops::elem* __restri
     const int tiles = min(q0 + S::rows - 1, T - 1) / N - kt0 + 1;
     if (threadIdx.x == 0) {
         for (int i = 0; i < STAGES; i++) {
-            wg_mbar_init(full(i), WG_THREADS);           // every producer thread's copies
-            wg_mbar_init(empty(i), 4 * S::consumers);   // lane 0 of every consumer warp
+            wg_mbar_init(full(i), WG_THREADS);             // every producer thread's copies
+            wg_mbar_init(empty_k(i), 4 * S::consumers);  // lane 0 of every consumer warp
+            wg_mbar_init(empty_v(i), 4 * S::consumers);
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -649,16 +658,18 @@ __device__ __forceinline__ void wg_forward_ws(const typename Ops::elem* __restri
         const int tid = threadIdx.x - S::consumers * WG_THREADS;
         for (int j = 0; j < tiles; j++) {
             const int stage = j % STAGES, use = j / STAGES;
-            if (use > 0) wg_mbar_wait(empty(stage), (use - 1) & 1);
             const int k0 = (kt0 + j) * N;
+            if (use > 0) wg_mbar_wait(empty_k(stage), (use - 1) & 1);
             wg_tile_copy<HS, N, WG_THREADS>(ks(stage), base + C, stride, k0, T, tid);
-            wg_tile_copy<HS, N, WG_THREADS>(vs(stage), base + 2 * C, stride, k0, T, tid);
             tc_commit();
             if (j > 0) {
-                tc_wait<1>();  // this thread's copies of tile j - 1
+                tc_wait<1>();  // this thread's copies of tile j - 1 (all but K_j's)
                 wg_fence_proxy();
                 wg_mbar_arrive(full((j - 1) % STAGES));
             }
+            if (use > 0) wg_mbar_wait(empty_v(stage), (use - 1) & 1);
+            wg_tile_copy<HS, N, WG_THREADS>(vs(stage), base + 2 * C, stride, k0, T, tid);
+            tc_commit();
         }
         tc_wait<0>();
         wg_fence_proxy();
@@ -671,9 +682,24 @@ __device__ __forceinline__ void wg_forward_ws(const typename Ops::elem* __restri
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(S::consumer_regs));
     const int warp_row0 = q0 + warp * 16;
     const int row0 = warp_row0 + g;  // this lane's rows: row0 and row0 + 8
+    const int wg_q0 = q0 + WG_ROWS * group;
     const float c = tc_scale<HS>() * TC_LOG2E;
-    unsigned qf[HS / 16][4];
-    wg_load_q<HS>(qf, base, stride, row0, t, T);
+    unsigned qf[QS ? 1 : HS / 16][4];
+    const unsigned q_tile = smem0 + group * (S::q_bytes / S::consumers);
+    if constexpr (QS) {
+        // This warpgroup's 64 rows of Q in K's layout, copied by its own threads, visible to
+        // the tensor cores' proxy before any of them issues a product (named barrier 1 + group
+        // over the warpgroup's 128 threads; barrier 0 is the block's).
+        wg_tile_copy<HS, WG_ROWS, WG_THREADS>(q_tile, base, stride, wg_q0, T, threadIdx.x - group * WG_THREADS);
+        tc_commit();
+        tc_wait<0>();
+        wg_fence_proxy();
+        if (group == 0) asm volatile("bar.sync 1, %0;" :: "n"(WG_THREADS) : "memory");
+        else asm volatile("bar.sync 2, %0;" :: "n"(WG_THREADS) : "memory");
+    } else {
+        wg_load_q<HS>(qf, base, stride, row0, t, T);
+    }
+    const unsigned long long qd = wg_desc(q_tile, 16, 1024);
     float o[HS / 8][4], s[N / 8][4];
     #pragma unroll
     for (int n = 0; n < HS / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
@@ -682,22 +708,25 @@ __device__ __forceinline__ void wg_forward_ws(const typename Ops::elem* __restri
     unsigned p[N / 16][4];
     float m[2] = {KILN_NEG_INF, KILN_NEG_INF}, l[2] = {0.0f, 0.0f}, corr[2];
     auto wait_tile = [&](int j) { wg_mbar_wait(full(j % STAGES), (j / STAGES) & 1); };
-    auto release = [&](int j) {
-        if (lane == 0) wg_mbar_arrive(empty(j % STAGES));
+    auto release_k = [&](int j) {
+        if (lane == 0) wg_mbar_arrive(empty_k(j % STAGES));
     };
-    auto issue_s = [&](int stage) { wg_issue_s<Ops, HS, N, false>(s, qf, 0, 0, ks(stage), S::sub); };
+    auto release_v = [&](int j) {
+        if (lane == 0) wg_mbar_arrive(empty_v(j % STAGES));
+    };
+    auto issue_s = [&](int stage) { wg_issue_s<Ops, HS, N, QS>(s, qf, qd, S::q_sub, ks(stage), S::sub); };
     auto issue_pv = [&](int stage) { wg_issue_pv<Ops, HS, N>(o, p, vs(stage), S::sub); };
     auto pack_p = [&]() { wg_pack_p<Ops, N>(p, s); };
     // This warpgroup's key tiles (indices from kt0, as the producer counts them): those its
     // rows see, so that its sums are a one-warpgroup block's exactly. The block's other tiles
     // it only waits for and releases (the wait keeps each release in its tile's phase of the
-    // stage's barrier); a warpgroup with no row before T has none of its own.
-    const int wg_q0 = q0 + WG_ROWS * group;
+    // stage's barriers); a warpgroup with no row before T has none of its own.
     const int first = wg_q0 < T ? tc_first_key_tile(wg_q0, W, N) - kt0 : tiles;
     const int last = wg_q0 < T ? min(wg_q0 + WG_ROWS - 1, T - 1) / N - kt0 : tiles - 1;
     for (int j = 0; j < first; j++) {
         wait_tile(j);
-        release(j);
+        release_k(j);
+        release_v(j);
     }
     if (first <= last) {
         wait_tile(first);
@@ -705,6 +734,7 @@ __device__ __forceinline__ void wg_forward_ws(const typename Ops::elem* __restri
         issue_s(first % STAGES);
         wg_wait<0>();
         wg_pin(s);
+        release_k(first);
         wg_softmax<Ops, N>(s, m, l, corr, (kt0 + first) * N, warp_row0, row0, t, c, W, T);
         pack_p();
         for (int it = first + 1; it <= last; it++) {
@@ -713,12 +743,13 @@ __device__ __forceinline__ void wg_forward_ws(const typename Ops::elem* __restri
             wg_fence();
             issue_s(stage);
             issue_pv(prev);
-            wg_wait<1>();  // S_j is done
+            wg_wait<1>();  // S_j is done: K_j's buffer is free
             wg_pin(s);
+            release_k(it);
             wg_softmax<Ops, N>(s, m, l, corr, (kt0 + it) * N, warp_row0, row0, t, c, W, T);
-            wg_wait<0>();  // O += P_{j-1} V_{j-1} is done: tile j - 1's stage is free
+            wg_wait<0>();  // O += P_{j-1} V_{j-1} is done: V_{j-1}'s buffer is free
             wg_pin(o);
-            release(it - 1);
+            release_v(it - 1);
             wg_rescale_o<HS>(o, corr);
             pack_p();
         }
@@ -726,11 +757,12 @@ __device__ __forceinline__ void wg_forward_ws(const typename Ops::elem* __restri
         issue_pv(last % STAGES);
         wg_wait<0>();
         wg_pin(o);
-        release(last);
+        release_v(last);
     }
     for (int j = last + 1; j < tiles; j++) {
         wait_tile(j);
-        release(j);
+        release_k(j);
+        release_v(j);
     }
 
     // Each warp stages its 16 rows in its own part of the staging area.
@@ -743,10 +775,10 @@ __device__ __forceinline__ void wg_forward_ws(const typename Ops::elem* __restri
 
 // An entry point of the warp-specialised forward (bench/wgmma_attention instantiates them):
 // one block an SM, its registers shared out by setmaxnreg.
-#define WG_WS_ENTRY_POINT(HS, N, STAGES, OPS, NAME)                                                \
-    extern "C" __global__ void __launch_bounds__(WgWsShape<HS, N, STAGES>::threads, 1)              \
+#define WG_WS_ENTRY_POINT(HS, N, STAGES, QS, OPS, NAME)                                            \
+    extern "C" __global__ void __launch_bounds__(WgWsShape<HS, N, STAGES, QS>::threads, 1)          \
         NAME(const OPS::elem* qkv, OPS::elem* out, float* lse, int T, int C, int NH, int W) {      \
-        wg_forward_ws<OPS, HS, N, STAGES>(qkv, out, lse, T, C, NH, W);                             \
+        wg_forward_ws<OPS, HS, N, STAGES, QS>(qkv, out, lse, T, C, NH, W);                         \
     }
 
 // The backward on warpgroup MMA: attention_tc.cu's two kernels (dQ with the row term d; dK and
