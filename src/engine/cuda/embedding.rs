@@ -229,7 +229,11 @@ mod tests {
                 state = state.wrapping_mul(6364136223846793005).wrapping_add(1);
                 // Skewed ids: a few hot rows, many rare ones.
                 let u = (state >> 40) as u32;
-                if u % 3 == 0 { u % 7 } else { u % 40000 }
+                if u.is_multiple_of(3) {
+                    u % 7
+                } else {
+                    u % 40000
+                }
             })
             .collect();
         let mut order: Vec<u32> = (0..tokens.len() as u32).collect();
