@@ -575,7 +575,7 @@ __device__ __forceinline__ void wg_forward(const typename Ops::elem* __restrict_
 // bit for bit, as the one-warpgroup block of the same key tile (the harness checks it). The
 // producer gives its registers to the consumers (`setmaxnreg`).
 template <int HS, int N, int STAGES, bool QS = false> struct WgWsShape {
-    static_assert(STAGES >= 2, "the producer releases a tile's copies a tile behind");
+    static_assert(STAGES >= 2, "the producer signals each tile a tile behind its copies");
     static constexpr int consumers = 2;
     static constexpr int threads = (consumers + 1) * WG_THREADS;
     static constexpr int rows = consumers * WG_ROWS;

@@ -54,7 +54,7 @@ __device__ __forceinline__ void turn(float (&a)[VW], const float (&b)[VW], const
 
 // Each thread loads ROPE_BATCH heads before it turns and stores any (the buffers never
 // overlap, and say so with restrict): one head's load, turn and store at a time left a
-// thread one load in flight, and the forward at 37% of memory speed (41% batched).
+// thread one load in flight, and the forward at 37% of memory speed (40% batched).
 //
 // A thread takes dimensions i .. i + VW - 1 of every head of one row (threadIdx.x over the
 // head's dimensions, threadIdx.y over the block's rows, rows grid-strided): the position and
