@@ -877,7 +877,7 @@ pub fn windowed_attention_backward(
     let on = device_of("attention_backward", &[dout, qkv, out, saved])?;
     let mut dqkv = Tensor::uninit(qkv.pool(), qkv.shape(), act_dtype(qkv))?;
     match on {
-        On::Meta => meta_scratch(qkv, 4 * s.batch * s.heads * s.seq),
+        On::Meta => meta_scratch(qkv, 4 * super::cuda::attention::backward_scratch_len(s)),
         On::Cpu => cpu::attention::windowed_attention_backward(
             dqkv.host_mut(),
             dout.host(),

@@ -147,6 +147,15 @@ const fn tc_forward_rows(hs: usize) -> u32 {
 /// Head sizes of the tensor-core kernels.
 const TC_HEAD_SIZES: [usize; 2] = [64, 128];
 
+/// f32 values of the scratch an attention backward takes from the driver outside the pool:
+/// the row terms d of every (batch, head, query), then two bound words a head (read only by
+/// the Hopper f16 kernels, taken on every path so that the planner's figure does not depend on
+/// the GPU).
+pub fn backward_scratch_len(s: AttnShape) -> usize {
+    let heads = s.batch * s.heads;
+    heads * s.seq + 2 * heads
+}
+
 /// The Hopper (sm_90) forward, dQ and dK/dV kernels at head size `hs`; the forward's
 /// configuration is [`wgmma_config`], the backward's [`wgmma_backward_shared`].
 fn wgmma_kernels(hs: usize) -> Option<[ElemKernel; 3]> {
@@ -411,6 +420,10 @@ struct Plan {
     /// The tensor-core dQ kernel takes the row term d from the forward's output (`out`); the
     /// CUDA-core one sums it over the keys and takes no `out`.
     tensor_cores: bool,
+    /// The Hopper backward: both kernels take `bounds` after `d`, two u32 a head, where in f16
+    /// the dQ kernel records the head's largest |dO_i| and |d_i| for the dK/dV kernel's dS
+    /// scales (zeroed before the dQ kernel runs).
+    head_bounds: bool,
 }
 
 impl CudaBackend {
@@ -444,6 +457,7 @@ impl CudaBackend {
                 dq: launch(dq, shared.dq),
                 dkv: launch(dkv, shared.dkv),
                 tensor_cores: true,
+                head_bounds: false,
             });
         }
         if T::DTYPE != DType::F32
@@ -474,6 +488,7 @@ impl CudaBackend {
                     dq: launch(dq, TC_ROWS, wgmma_backward_shared(hs, false)),
                     dkv: launch(dkv, TC_ROWS, wgmma_backward_shared(hs, true)),
                     tensor_cores: true,
+                    head_bounds: true,
                 });
             }
             return Ok(Plan {
@@ -481,6 +496,7 @@ impl CudaBackend {
                 dq: launch(dq, TC_ROWS, shared.dq),
                 dkv: launch(dkv, TC_ROWS, shared.dkv),
                 tensor_cores: true,
+                head_bounds: false,
             });
         }
         let Some([forward, dq, dkv]) = cuda_core_kernels(hs) else {
@@ -509,6 +525,7 @@ impl CudaBackend {
             dq: launch(dq, BR),
             dkv: launch(dkv, KR),
             tensor_cores: false,
+            head_bounds: false,
         })
     }
 
@@ -679,8 +696,15 @@ impl CudaBackend {
             ],
             math,
         )?;
-        // Written by the dQ kernel, read by the dK/dV kernel (same stream, so in order).
-        let mut d = self.alloc::<f32>(rows)?;
+        // Written by the dQ kernel, read by the dK/dV kernel (same stream, so in order): the
+        // row terms d, then the heads' bounds (Plan::head_bounds), as f32 bit patterns.
+        let heads = s.batch * s.heads;
+        let mut scratch = self.alloc::<f32>(backward_scratch_len(s))?;
+        let (mut d, mut bounds) = scratch.split_at_mut(rows);
+        if plan.head_bounds && T::DTYPE == DType::F16 {
+            self.stream.memset_zeros(&mut bounds)?;
+        }
+        debug_assert_eq!(bounds.len(), 2 * heads);
         {
             let f = self.attention_kernel::<T>(plan.dq)?;
             let mut b = self.stream.launch_builder(f);
@@ -688,28 +712,23 @@ impl CudaBackend {
             if plan.tensor_cores {
                 b.arg(out);
             }
-            b.arg(dout)
-                .arg(lse)
-                .arg(&mut d)
-                .arg(&mut *dqkv)
-                .arg(&t)
-                .arg(&c)
-                .arg(&nh)
-                .arg(&w);
+            b.arg(dout).arg(lse).arg(&mut d);
+            if plan.head_bounds {
+                b.arg(&mut bounds);
+            }
+            b.arg(&mut *dqkv).arg(&t).arg(&c).arg(&nh).arg(&w);
             // SAFETY: as above; this kernel writes the Q third of each dqkv row and `d`.
             unsafe { b.launch(rows_grid(s.seq, plan.dq, s)) }?;
         }
         let f = self.attention_kernel::<T>(plan.dkv)?;
         let mut b = self.stream.launch_builder(f);
-        b.arg(qkv)
-            .arg(dout)
-            .arg(lse)
-            .arg(&d)
-            .arg(dqkv)
-            .arg(&t)
-            .arg(&c)
-            .arg(&nh)
-            .arg(&w);
+        // The views are passed mutably (the kernel only reads them): cudarc pushes a view
+        // mutably or a whole slice either way.
+        b.arg(qkv).arg(dout).arg(lse).arg(&mut d);
+        if plan.head_bounds {
+            b.arg(&mut bounds);
+        }
+        b.arg(dqkv).arg(&t).arg(&c).arg(&nh).arg(&w);
         // SAFETY: as above; this kernel writes only the K and V thirds of each dqkv row.
         unsafe { b.launch(rows_grid(s.seq, plan.dkv, s)) }?;
         Ok(())

@@ -550,9 +550,11 @@ __device__ __forceinline__ void wg_forward(const typename Ops::elem* __restrict_
 
 // The warp-specialised forward (sm_90a; checked and timed by bench/wgmma_attention, not
 // launched by the engine: on an H100 it measured 1.02x wg_forward at head size 128 and T 4096
-// with four stages, level at T 1024, and slower at head size 64). wg_forward's blocks keep each warpgroup's steps in turn, products
-// then softmax then rescale, with one block barrier a tile; at head size 128 Nsight Compute has
-// it at 40% of issue slots busy and 62% of L2 throughput, two warpgroups an SM. Here a block
+// with four stages, level at T 1024, and slower at head size 64; on an H200 with K and V
+// released apart, level with four stages and 16% slower with 128-key tiles). wg_forward's
+// blocks keep each warpgroup's steps in turn, products then softmax then rescale, with one
+// block barrier a tile; at head size 128 Nsight Compute has it at 40% of issue slots busy and
+// 62% of L2 throughput, two warpgroups an SM. Here a block
 // is two consumer warpgroups of 64 queries each (128 a block, so each K and V tile is read
 // from L2 once per 128 queries) and a producer warpgroup that copies the tiles:
 // - the producer copies K_j and V_j into stage j % STAGES, each once both consumers have
@@ -797,13 +799,52 @@ __device__ __forceinline__ void wg_forward_ws(const typename Ops::elem* __restri
 // the stage of tile j - 2, as in the forward.
 //
 // P and dS are rounded once to the operand type, P times TcF16::p_scale() and each row's dS
-// times its own power of two in f16, as attention_tc.cu's header describes, with the row
-// scales from tc_fit_ds_scales as there, and at less work a tile than the mma.sync kernels:
-// dQ's dS takes its scale inside P (dP - d) as P fma(dP, scale, -d scale) (the same bits);
-// dK/dV's P takes 2^12 inside its exponent (within a rounding of the exponent's argument of
-// the mma.sync kernels' P), and dS = P (dP - d) then carries 2^12 as well, which the output
-// removes. Every sum is in a
-// fixed order: results are deterministic.
+// times its own power of two in f16, as attention_tc.cu's header describes, at less work a
+// tile than the mma.sync kernels: dQ fits its row scales with tc_fit_ds_scales as there and
+// takes each inside P (dP - d) as P fma(dP, scale, -d scale) (the same bits); dK/dV fixes its
+// key rows' scales before the loop from a bound on |dS| (the head's largest |dO_i| and |d_i|,
+// which the dQ kernel records in `bounds`: two f32 bit patterns a head, zeroed before it
+// runs), so that no tile takes the fitting's vote and maxima; its P takes 2^12 inside its
+// exponent (within a rounding of the exponent's argument of the mma.sync kernels' P), and
+// dS = P (dP - d) then carries 2^12 as well, which the output removes. Every sum is in a fixed
+// order and the bounds are maxima, whatever order the blocks record them in: results are
+// deterministic.
+
+// The L2 norms of this lane's two accumulator rows, row0 and row0 + 8, of a [T, stride] matrix
+// of 16-bit values (0 for rows at or past T): the four lanes of a row each sum the squares of
+// a quarter of it, then add their sums.
+template <class Ops, int HS>
+__device__ __forceinline__ void wg_row_norms(const typename Ops::elem* __restrict__ rows, size_t stride, int row0,
+                                             int t, int T, float (&norm)[2]) {
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int row = row0 + 8 * r;
+        float sum = 0.0f;
+        if (row < T) {
+            const uint4* q = reinterpret_cast<const uint4*>(rows + (size_t)row * stride + t * (HS / 4));
+            #pragma unroll
+            for (int i = 0; i < HS / 32; i++) {
+                const uint4 v = q[i];
+                const unsigned w[4] = {v.x, v.y, v.z, v.w};
+                #pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const float lo = Ops::low(w[j]), hi = Ops::high(w[j]);
+                    sum = fmaf(lo, lo, fmaf(hi, hi, sum));
+                }
+            }
+        }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        norm[r] = sqrtf(sum);
+    }
+}
+
+// The largest of `x` (>= 0) over the warp.
+__device__ __forceinline__ float wg_warp_max(float x) {
+    #pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+}
 
 // Rows of the tiles the backward streams: 64 at head size 64; 32 at 128, where the dK/dV
 // kernel's two 64 x 128 f32 accumulators take 128 registers a thread and 32-row tiles keep the
@@ -833,6 +874,7 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
                                             const typename Ops::elem* __restrict__ out,
                                             const typename Ops::elem* __restrict__ dout,
                                             const float* __restrict__ lse, float* __restrict__ d,
+                                            unsigned* __restrict__ bounds,
                                             typename Ops::elem* __restrict__ dqkv, int T, int C,
                                             int NH, int W) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -922,10 +964,35 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
     // f16's per-row dS scales (tc_fit_ds_scales); dQ computes dS with its rows' scales already
     // in (dd_scaled: the row term d times the scale), dK/dV multiplies them in when packing.
     float ds_scale[2] = {1.0f, 1.0f}, dd_scaled[2] = {0.0f, 0.0f};
-    if (Ops::scaled) {
+    unsigned* const head_bounds = bounds + 2 * ((size_t)b * NH + h);
+    if constexpr (Ops::scaled && !DKV) {
         ds_scale[0] = ds_scale[1] = tc_ds_scale_start();
         dd_scaled[0] = rowd[0] * ds_scale[0];
         dd_scaled[1] = rowd[1] * ds_scale[1];
+        // The head's largest |dO_i| and |d_i| for the dK/dV kernel's scales (below): as float
+        // bits, which order as unsigned integers for values >= 0.
+        float norm[2];
+        wg_row_norms<Ops, HS>(gbase, C, row0, t, T, norm);
+        const float norm_max = wg_warp_max(fmaxf(norm[0], norm[1]));
+        const float d_max = wg_warp_max(fmaxf(fabsf(rowd[0]), fabsf(rowd[1])));
+        if (lane == 0) {
+            atomicMax(head_bounds, __float_as_uint(norm_max));
+            atomicMax(head_bounds + 1, __float_as_uint(d_max));
+        }
+    }
+    if constexpr (Ops::scaled && DKV) {
+        // dK/dV fixes each key row's scale before the loop: |dS_ji| = P_ij |dP_ij - d_i| <=
+        // p_scale (|V_j| |dO_i| + |d_i|) (P <= 1 before its scale, Cauchy-Schwarz for dP =
+        // dO_i . V_j), and the dQ kernel, launched before, recorded the head's largest |dO_i|
+        // and |d_i|. The power of two that puts the bound in [2^14, 2^15) keeps every scaled
+        // dS under f16's largest value with room for the sums' rounding, and leaves 29 binades
+        // below it before dS turns subnormal. A tile then needs no fitting (tc_fit_ds_scales,
+        // which dQ keeps).
+        const float dout_max = __uint_as_float(head_bounds[0]), d_max = __uint_as_float(head_bounds[1]);
+        float norm[2];
+        wg_row_norms<Ops, HS>(base + 2 * C, stride, row0, t, T, norm);
+        #pragma unroll
+        for (int r = 0; r < 2; r++) ds_scale[r] = tc_ds_scale(Ops::p_scale() * fmaf(norm[r], dout_max, d_max));
     }
     constexpr bool prescaled = Ops::scaled && !DKV;
 
@@ -1007,7 +1074,7 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
     // P (already times its scale) and dS (times its row's) as the next products' A operands,
     // after the dS accumulator's rows are rescaled to what this tile needs (f16).
     auto pack = [&]() {
-        tc_fit_ds_scales<Ops, HS, N, prescaled>(acc, dp, ds_scale, dd_scaled);
+        if constexpr (!DKV) tc_fit_ds_scales<Ops, HS, N, prescaled>(acc, dp, ds_scale, dd_scaled);
         // dQ's dS carries its scale already (and bf16's is 1).
         const float k0 = prescaled ? 1.0f : ds_scale[0], k1 = prescaled ? 1.0f : ds_scale[1];
         #pragma unroll
@@ -1097,12 +1164,13 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
                    attention_forward_##SUFFIX##_hs##HS##_wgmma)                                            \
     extern "C" __global__ void __launch_bounds__(WG_THREADS, 2) attention_backward_dq_##SUFFIX##_hs##HS##_wgmma( \
         const OPS::elem* qkv, const OPS::elem* out, const OPS::elem* dout, const float* lse, float* d,     \
-        OPS::elem* dqkv, int T, int C, int NH, int W) {                                                    \
-        wg_backward<OPS, HS, WgBackward<HS>::stream, false>(qkv, out, dout, lse, d, dqkv, T, C, NH, W);    \
+        unsigned* bounds, OPS::elem* dqkv, int T, int C, int NH, int W) {                                  \
+        wg_backward<OPS, HS, WgBackward<HS>::stream, false>(qkv, out, dout, lse, d, bounds, dqkv, T, C, NH, \
+                                                            W);                                            \
     }                                                                                                      \
     extern "C" __global__ void __launch_bounds__(WG_THREADS, 2) attention_backward_dkv_##SUFFIX##_hs##HS##_wgmma( \
-        const OPS::elem* qkv, const OPS::elem* dout, const float* lse, const float* d, OPS::elem* dqkv,    \
-        int T, int C, int NH, int W) {                                                                     \
+        const OPS::elem* qkv, const OPS::elem* dout, const float* lse, const float* d, unsigned* bounds,   \
+        OPS::elem* dqkv, int T, int C, int NH, int W) {                                                    \
         wg_backward<OPS, HS, WgBackward<HS>::stream, true>(qkv, nullptr, dout, lse, const_cast<float*>(d), \
-                                                           dqkv, T, C, NH, W);                             \
+                                                           bounds, dqkv, T, C, NH, W);                     \
     }

@@ -10,7 +10,7 @@
 
 mod adamw;
 mod add;
-mod attention;
+pub(crate) mod attention;
 mod attention_masked;
 mod attention_unfused;
 mod bk_core;

@@ -172,8 +172,9 @@ impl CudaBackend {
         let rpc = rows_per_chunk as i32;
         let mut b = self.stream.launch_builder(f);
         b.arg(&mut partial).arg(x).arg(&n32).arg(&c32).arg(&rpc);
-        // SAFETY: `partial` holds `chunks * c` values; `x` holds `n * c`.
-        unsafe { b.launch(column_grid(c, chunks)) }?;
+        // SAFETY: `partial` holds `chunks * c` values; `x` holds `n * c`. A thread takes four
+        // columns (the kernel's column_sum_partial).
+        unsafe { b.launch(column_grid(c.div_ceil(4), chunks)) }?;
         self.accumulate_partials(acc, &partial, chunks, c)
     }
 
