@@ -972,6 +972,27 @@ fn train_trace_records_the_phases_of_the_chosen_steps() {
         &common::with(&["train.steps=1"]),
     );
     assert_fails(&bad, 2, &["--trace-steps", "at least one step"]);
+
+    // The profiler's range takes the same form and names its own option.
+    let bad = kiln(
+        &["train", "--quiet", "--profile-steps", "0..3"],
+        &common::with(&["train.steps=1"]),
+    );
+    assert_fails(&bad, 2, &["--profile-steps", "at least one step"]);
+    // On the CPU there is no profiler to start: the run trains as without the option.
+    let run = dir.path().join("profiled");
+    let ok = kiln(
+        &[
+            "train",
+            "--quiet",
+            "--out",
+            run.to_str().unwrap(),
+            "--profile-steps",
+            "1..=2",
+        ],
+        &common::with(&["train.steps=2"]),
+    );
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
 }
 
 #[test]

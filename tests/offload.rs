@@ -40,6 +40,7 @@ fn run_to(
         stop_after,
         quiet: true,
         trace: None,
+        profile_steps: None,
         init: None,
         world: None,
     })

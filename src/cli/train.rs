@@ -80,6 +80,12 @@ pub struct TrainArgs {
     /// Steps to trace, A..B (A to B-1) or A..=B, counted from 1.
     #[arg(long, value_name = "A..B", default_value = "2..=4", requires = "trace")]
     pub trace_steps: String,
+    /// On a GPU, run only steps A..B (A to B-1) or A..=B, counted from 1, under an attached
+    /// profiler's collection (cuProfilerStart before the first, cuProfilerStop after the
+    /// last): `nsys profile --capture-range=cudaProfilerApi` or `ncu --profile-from-start off`
+    /// then see those steps alone, without the start-up's kernels. Nothing is synchronised.
+    #[arg(long, value_name = "A..B")]
+    pub profile_steps: Option<String>,
     /// Train data-parallel on N GPUs of this machine (or all), one process per GPU, through
     /// NCCL. Under torchrun or srun leave it out: kiln reads RANK, WORLD_SIZE, LOCAL_RANK,
     /// MASTER_ADDR and MASTER_PORT (or SLURM_*) itself.
@@ -178,6 +184,13 @@ pub fn run(a: TrainArgs) -> Result<()> {
         }),
         None => None,
     };
+    let profile_steps = match &a.profile_steps {
+        Some(s) => Some(
+            train::trace::parse_steps(s)
+                .map_err(|e| KilnError::Setting(e.replace("--trace-steps", "--profile-steps")))?,
+        ),
+        None => None,
+    };
     // A wrong --resume path is about the run directory, not about --config.
     if let Some(dir) = &a.resume
         && !dir.join("config.toml").is_file()
@@ -235,6 +248,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
         stop_after: a.stop_after,
         quiet: a.quiet,
         trace,
+        profile_steps,
         init,
         world: world.clone(),
     })?;

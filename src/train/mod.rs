@@ -51,6 +51,9 @@ pub struct RunOptions {
     pub quiet: bool,
     /// A Chrome trace of the phases of some steps (`kiln train --trace`).
     pub trace: Option<trace::TraceOptions>,
+    /// Steps (1-based, end exclusive) run under an attached profiler's collection (`kiln
+    /// train --profile-steps`).
+    pub profile_steps: Option<std::ops::Range<u64>>,
     /// Weights to start from (`kiln train --init-from`); the config already has its shape.
     pub init: Option<crate::models::import::Pretrained>,
     /// This process's place in a data-parallel run (`None`: a single process).
@@ -341,6 +344,16 @@ fn holds_data(run_dir: &Path) -> bool {
         || fs::metadata(run_dir.join("metrics.jsonl")).is_ok_and(|m| m.len() > 0)
 }
 
+/// Starts or stops an attached profiler's collection on the trainer's GPU (nothing on the CPU).
+fn profiler_collect(trainer: &Trainer, on: bool) -> Result<()> {
+    match trainer.pool.cuda() {
+        Ok(g) => g
+            .profiler_collect(on)
+            .map_err(|e| KilnError::Engine(crate::engine::EngineError::Cuda(e))),
+        Err(_) => Ok(()),
+    }
+}
+
 fn run_locked(opts: RunOptions, lock: Option<&lock::RunLock>) -> Result<Summary> {
     // Installed first: a stop asked for while the run starts is honoured after its first step.
     let _handlers = signals::install();
@@ -616,6 +629,12 @@ fn run_locked(opts: RunOptions, lock: Option<&lock::RunLock>) -> Result<Summary>
             .filter(|t| t.covers(trainer.state.step + 1))
             .map(|_| trainer.state.step + 1);
         trainer.mark_phases = traced.is_some();
+        let step_number = trainer.state.step + 1;
+        if let Some(range) = &opts.profile_steps
+            && range.start == step_number
+        {
+            profiler_collect(&trainer, true)?;
+        }
         if traced.is_some() {
             trainer.synchronize()?;
             crate::engine::profile::start_recording(trainer.pool.cuda().ok().map(|g| &**g))
@@ -683,6 +702,11 @@ fn run_locked(opts: RunOptions, lock: Option<&lock::RunLock>) -> Result<Summary>
             for op in ops {
                 t.op_span(op.name, n, op.start, op.duration);
             }
+        }
+        if let Some(range) = &opts.profile_steps
+            && range.end == step_number + 1
+        {
+            profiler_collect(&trainer, false)?;
         }
         for split in trainer.passes.take_splits() {
             progress.message(&format!(

@@ -553,6 +553,24 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// Starts (`on`) or stops the collection of an attached profiler (`cuProfilerStart` and
+    /// `cuProfilerStop`): Nsight Systems with `--capture-range=cudaProfilerApi` and Nsight
+    /// Compute with `--profile-from-start off` then record only what runs in between.
+    /// Without a profiler both calls do nothing.
+    pub fn profiler_collect(&self, on: bool) -> Result<()> {
+        use cudarc::driver::sys;
+        self.ctx.bind_to_thread()?;
+        // SAFETY: both calls take no arguments and act on the context bound above.
+        unsafe {
+            if on {
+                sys::cuProfilerStart().result()?;
+            } else {
+                sys::cuProfilerStop().result()?;
+            }
+        }
+        Ok(())
+    }
+
     /// Copies a device buffer back (waits for the stream).
     pub fn download<T: DeviceRepr + Default + Clone>(&self, dev: &CudaSlice<T>) -> Result<Vec<T>> {
         Ok(self.stream.clone_dtoh(dev)?)
