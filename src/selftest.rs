@@ -701,9 +701,10 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
         both_dtypes!(check_swiglu_forward, "swiglu_forward", shape, n, f);
         both_dtypes!(check_swiglu_backward, "swiglu_backward", shape, n, f);
     }
-    // The token table's backward alone (rotary models): SmolLM2's vocabulary and width, and a
-    // ragged shape.
-    for (vocab, n, c) in [(49152, 2048, 576), (97, 23, 33)] {
+    // The token table's backward alone (rotary models): SmolLM2's vocabulary and width, a
+    // ragged shape, and rows wider than a block (two passes, the second with idle threads)
+    // whose hot token has more positions than a block stages at once.
+    for (vocab, n, c) in [(49152, 2048, 576), (97, 23, 33), (1000, 4096, 1536)] {
         let shape = format!("V{vocab} N{n} C{c}");
         both_dtypes!(
             check_token_embedding_backward,

@@ -22,33 +22,52 @@ __device__ void embedding_forward(T* out, const unsigned int* tokens, const T* w
 // dwte[row, :] += dout[i, :] for every i with tokens[i] == row, i ascending. The host's plan
 // lists the hit rows (rows[u], `unique` of them), where each row's positions start in
 // `positions` (starts[u] .. starts[u + 1]) and the positions, sorted by token and, within a
-// token, ascending. Block u owns row rows[u]: each thread keeps its columns of the row in
-// registers while it adds the row's gradient rows, EMB_BATCH loaded at a time so their
-// latencies overlap (the sums stay in position order). Work is proportional to the tokens,
-// not to the vocabulary times the tokens as when every block scanned the token list for
-// its own rows (0.76 ms a step at SmolLM2-135M's 49152 x 16384).
-#define EMB_BATCH 16
+// token, ascending. Block u owns row rows[u]: each thread keeps one column of the row in a
+// register while it adds the row's gradient rows in position order. Work is proportional to
+// the tokens, not to the vocabulary times the tokens as when every block scanned the token
+// list for its own rows (0.76 ms a step at SmolLM2-135M's 49152 x 16384).
+//
+// A frequent token's block is the kernel's tail (GPT-2's newline has about 2000 of 16384
+// positions in the bundled corpus): its threads walk every position one after the other, so
+// their loads must overlap. The block stages EMB_STAGE positions at a time in shared memory
+// (a position read from the plan and then the gradient row it names were two latencies in a
+// row) and each thread loads EMB_BATCH gradient values before adding any; the sums keep
+// position order, so the result is the same.
+#define EMB_BATCH 32
+#define EMB_STAGE 1024
 
 template <typename T>
 __device__ void embedding_backward_rows(float* dwte, const T* dout, const unsigned int* plan,
                                         int unique, int c) {
+    __shared__ unsigned int staged[EMB_STAGE];
     const unsigned int* rows = plan;
     const unsigned int* starts = plan + unique;
     const unsigned int* positions = plan + 2 * unique + 1;
     const unsigned int begin = starts[blockIdx.x], end = starts[blockIdx.x + 1];
     float* const dst = dwte + (long long)rows[blockIdx.x] * c;
-    for (int j = threadIdx.x; j < c; j += blockDim.x) {
-        float acc = dst[j];
-        for (unsigned int k = begin; k < end; k += EMB_BATCH) {
-            float g[EMB_BATCH];
+    // Every thread runs every pass (some without a column), so the barriers are uniform.
+    const int passes = (c + blockDim.x - 1) / blockDim.x;
+    for (int pass = 0; pass < passes; ++pass) {
+        const int j = pass * blockDim.x + threadIdx.x;
+        const bool active = j < c;
+        float acc = active ? dst[j] : 0.f;
+        for (unsigned int k0 = begin; k0 < end; k0 += EMB_STAGE) {
+            const int n = (int)min(end - k0, (unsigned int)EMB_STAGE);
+            __syncthreads();  // the previous round's positions are read
+            for (int i = threadIdx.x; i < n; i += blockDim.x) staged[i] = positions[k0 + i];
+            __syncthreads();
+            if (!active) continue;
+            for (int k = 0; k < n; k += EMB_BATCH) {
+                float g[EMB_BATCH];
 #pragma unroll
-            for (int u = 0; u < EMB_BATCH; ++u)
-                if (k + u < end) g[u] = load(dout[(long long)positions[k + u] * c + j]);
+                for (int u = 0; u < EMB_BATCH; ++u)
+                    if (k + u < n) g[u] = load(dout[(long long)staged[k + u] * c + j]);
 #pragma unroll
-            for (int u = 0; u < EMB_BATCH; ++u)
-                if (k + u < end) acc += g[u];
+                for (int u = 0; u < EMB_BATCH; ++u)
+                    if (k + u < n) acc += g[u];
+            }
         }
-        dst[j] = acc;
+        if (active) dst[j] = acc;
     }
 }
 
