@@ -992,7 +992,11 @@ fn train_trace_records_the_phases_of_the_chosen_steps() {
         ],
         &common::with(&["train.steps=2"]),
     );
-    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
 }
 
 #[test]
