@@ -260,6 +260,9 @@ static float time_us(const Kernel& k, int B, int T, int NH, int reps) {
 
 int main(int argc, char** argv) {
     const bool quick = argc > 1 && !strcmp(argv[1], "quick");
+    // `profile NAME`: only NAME, launched 6 times at B 8, T 4096 (12 heads of 64 or 16 of 128),
+    // no checks, for a profiler (ncu.sh takes the sixth launch).
+    const char* profile = argc > 2 && !strcmp(argv[1], "profile") ? argv[2] : nullptr;
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
@@ -304,6 +307,18 @@ int main(int argc, char** argv) {
 #undef WG
 #undef WS
     const int nk = sizeof(ks) / sizeof(ks[0]);
+    if (profile) {
+        for (int i = 0; i < nk; i++) {
+            if (strcmp(ks[i].name, profile)) continue;
+            const int NH = ks[i].hs == 64 ? 12 : 16;
+            CK(cudaFuncSetAttribute((const void*)ks[i].f, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    ks[i].shared));
+            printf("profile %s B 8 T 4096 NH %d: %.1f us\n", ks[i].name, NH, time_us(ks[i], 8, 4096, NH, 1));
+            return 0;
+        }
+        printf("profile: no configuration named %s\n", profile);
+        return 2;
+    }
     bool ok_build = true;
     for (int i = 0; i < nk; i++) {
         CK(cudaFuncSetAttribute((const void*)ks[i].f, cudaFuncAttributeMaxDynamicSharedMemorySize, ks[i].shared));

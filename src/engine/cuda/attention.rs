@@ -717,7 +717,8 @@ impl CudaBackend {
                 b.arg(&mut bounds);
             }
             b.arg(&mut *dqkv).arg(&t).arg(&c).arg(&nh).arg(&w);
-            // SAFETY: as above; this kernel writes the Q third of each dqkv row and `d`.
+            // SAFETY: as above; this kernel writes the Q third of each dqkv row, `d`, and with
+            // head_bounds two words a head of `bounds` (its `2 B NH` values).
             unsafe { b.launch(rows_grid(s.seq, plan.dq, s)) }?;
         }
         let f = self.attention_kernel::<T>(plan.dkv)?;
