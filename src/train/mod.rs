@@ -623,13 +623,13 @@ fn run_locked(opts: RunOptions, lock: Option<&lock::RunLock>) -> Result<Summary>
     let mut ckpt_note = String::new();
     let mut stop_note_shown = false;
     while trainer.state.step < last {
-        // Steps count from 1 in the trace, as in the progress line.
+        // Steps count from 1 in the trace and the profiler's range, as in the progress line.
+        let step_number = trainer.state.step + 1;
         let traced = tracer
             .as_ref()
-            .filter(|t| t.covers(trainer.state.step + 1))
-            .map(|_| trainer.state.step + 1);
+            .filter(|t| t.covers(step_number))
+            .map(|_| step_number);
         trainer.mark_phases = traced.is_some();
-        let step_number = trainer.state.step + 1;
         if let Some(range) = &opts.profile_steps
             && range.start == step_number
         {

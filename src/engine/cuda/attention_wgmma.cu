@@ -839,13 +839,6 @@ __device__ __forceinline__ void wg_row_norms(const typename Ops::elem* __restric
     }
 }
 
-// The largest of `x` (>= 0) over the warp.
-__device__ __forceinline__ float wg_warp_max(float x) {
-    #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-    return x;
-}
-
 // Rows of the tiles the backward streams: 64 at head size 64; 32 at 128, where the dK/dV
 // kernel's two 64 x 128 f32 accumulators take 128 registers a thread and 32-row tiles keep the
 // scores at 16 registers each and the stages at 48 KiB, so that two blocks share an SM
@@ -973,8 +966,8 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
         // bits, which order as unsigned integers for values >= 0.
         float norm[2];
         wg_row_norms<Ops, HS>(gbase, C, row0, t, T, norm);
-        const float norm_max = wg_warp_max(fmaxf(norm[0], norm[1]));
-        const float d_max = wg_warp_max(fmaxf(fabsf(rowd[0]), fabsf(rowd[1])));
+        const float norm_max = warp_max(fmaxf(norm[0], norm[1]));
+        const float d_max = warp_max(fmaxf(fabsf(rowd[0]), fabsf(rowd[1])));
         if (lane == 0) {
             atomicMax(head_bounds, __float_as_uint(norm_max));
             atomicMax(head_bounds + 1, __float_as_uint(d_max));
