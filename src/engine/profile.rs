@@ -41,6 +41,8 @@ enum Mark {
 
 struct Pending {
     name: &'static str,
+    /// When the host began the op (its launches follow).
+    launched: Instant,
     start: Mark,
     end: Option<Mark>,
 }
@@ -61,6 +63,10 @@ thread_local! {
 #[derive(Debug, Clone)]
 pub struct OpSpan {
     pub name: &'static str,
+    /// When the host began the op. On a GPU, `start` minus this is how long its kernels
+    /// waited in the queue: near zero where the GPU had run out of work and waited for the
+    /// host's launches.
+    pub launched: Instant,
     pub start: Instant,
     pub duration: Duration,
 }
@@ -109,6 +115,7 @@ pub fn finish_recording() -> super::cuda::Result<Vec<OpSpan>> {
         };
         out.push(OpSpan {
             name: p.name,
+            launched: p.launched,
             start,
             duration,
         });
@@ -147,6 +154,7 @@ pub fn record_stream_span(name: &'static str, start: CudaEvent, end: CudaEvent) 
         if let Some(rec) = r.borrow_mut().as_mut() {
             rec.spans.push(Pending {
                 name,
+                launched: Instant::now(),
                 start: Mark::Device(start),
                 end: Some(Mark::Device(end)),
             });
@@ -185,11 +193,13 @@ pub fn scope(name: &'static str, t: &Tensor) -> Option<Scope> {
     if table && let Some(g) = &gpu {
         let _ = g.synchronize();
     }
+    let launched = Instant::now();
     let span = mark(gpu.as_ref()).and_then(|start| {
         RECORDING.with(|r| {
             r.borrow_mut().as_mut().map(|rec| {
                 rec.spans.push(Pending {
                     name,
+                    launched,
                     start,
                     end: None,
                 });

@@ -700,7 +700,7 @@ fn run_locked(opts: RunOptions, lock: Option<&lock::RunLock>) -> Result<Summary>
             let ops = crate::engine::profile::finish_recording()
                 .map_err(|e| KilnError::Engine(crate::engine::EngineError::Cuda(e)))?;
             for op in ops {
-                t.op_span(op.name, n, op.start, op.duration);
+                t.op_span(op.name, n, op.launched, op.start, op.duration);
             }
         }
         if let Some(range) = &opts.profile_steps

@@ -100,10 +100,23 @@ impl Trace {
         );
     }
 
-    /// An op of step `step` on the op track.
-    pub fn op_span(&mut self, name: &'static str, step: u64, start: Instant, duration: Duration) {
+    /// An op of step `step` on the op track, begun by the host at `launched`: its args give
+    /// `queued_us`, how long its work waited for the device (near zero where the GPU had
+    /// drained its queue and waited for the host's launches).
+    pub fn op_span(
+        &mut self,
+        name: &'static str,
+        step: u64,
+        launched: Instant,
+        start: Instant,
+        duration: Duration,
+    ) {
         let tid = if name.starts_with("nccl") { COMM } else { OPS };
         self.push(name, "op", tid, step, start, duration);
+        if let Some(e) = self.events.last_mut() {
+            let queued = start.saturating_duration_since(launched).as_secs_f64() * 1e6;
+            e.args["queued_us"] = serde_json::json!((queued * 1e3).round() / 1e3);
+        }
     }
 
     fn push(
@@ -187,12 +200,14 @@ mod tests {
         t.op_span(
             "adamw_update",
             2,
+            start + std::time::Duration::from_micros(4),
             start + std::time::Duration::from_micros(10),
             std::time::Duration::from_micros(40),
         );
         t.op_span(
             "nccl all-reduce",
             2,
+            start + std::time::Duration::from_micros(20),
             start + std::time::Duration::from_micros(20),
             std::time::Duration::from_micros(30),
         );
@@ -216,6 +231,9 @@ mod tests {
         );
         assert_ne!(op["tid"], e["tid"]);
         assert!((op["ts"].as_f64().unwrap() - 5010.0).abs() < 1e-6);
+        // Launched 6 us before its device span began: queued that long.
+        assert!((op["args"]["queued_us"].as_f64().unwrap() - 6.0).abs() < 1e-6);
+        assert_eq!(events[5]["args"]["queued_us"].as_f64(), Some(0.0));
         // Collectives have a track of their own beside the compute stream's ops.
         assert_eq!(events[5]["tid"].as_u64(), Some(3));
     }
