@@ -204,6 +204,8 @@ kernel_table! {
         RmsnormBackwardFused = "rmsnorm_backward_fused",
         RopeExpandForward = "rope_expand_forward",
         RopeExpandBackward = "rope_expand_backward",
+        RopePairsForward = "rope_pairs_forward",
+        RopePairsBackward = "rope_pairs_backward",
         GatherRows = "gather_rows",
         ScatterAddRows = "scatter_add_rows",
         GatheredRowDot = "gathered_row_dot",

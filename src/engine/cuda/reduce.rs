@@ -60,9 +60,15 @@ pub(super) fn norm_row_held(c: usize) -> bool {
 
 /// Rows a block of a fused norm backward works on at once (the kernels' blockDim.y, at most
 /// their RMS_BWD_LANES and LN_BWD_LANES of 4): up to 512 threads, so that the registers that
-/// hold the rows suffice (four lanes of 256 threads did not launch).
+/// hold the rows suffice (four lanes of 256 threads did not launch). Rows of 256 threads or
+/// more take one lane: at the kernels' 80 registers a thread one block of 512 fits an SM (a
+/// quarter of its warps, Nsight Compute on Llama-3.2-1B's 2048 channels) where three of 256 do.
 fn fused_lanes(threads: usize) -> u32 {
-    (512 / threads).clamp(1, 4) as u32
+    if threads >= 256 {
+        1
+    } else {
+        (512 / threads).clamp(1, 4) as u32
+    }
 }
 
 /// Launch shape of a fused norm backward over rows of `c` channels: a block per chunk of
@@ -264,9 +270,9 @@ mod tests {
         let g = fused_norm_grid(16384, 576, 1);
         assert_eq!((g.grid_dim.0, g.block_dim.0, g.block_dim.1), (1024, 96, 4));
         assert_eq!(g.shared_mem_bytes, 576 * 4);
-        // Llama-3.2-1B's 2048: 256 threads by 2 rows (4 by 256 did not launch); 4096: 512 by 1.
+        // Llama-3.2-1B's 2048: 256 threads by 1 row (three such blocks an SM); 4096: 512 by 1.
         let g = fused_norm_grid(70, 2048, 2);
-        assert_eq!((g.grid_dim.0, g.block_dim.0, g.block_dim.1), (5, 256, 2));
+        assert_eq!((g.grid_dim.0, g.block_dim.0, g.block_dim.1), (5, 256, 1));
         assert_eq!(g.shared_mem_bytes, 2 * 2048 * 4);
         assert_eq!(fused_norm_grid(1, 4096, 1).block_dim.1, 1);
         // Rows it cannot hold take the two-kernel path and its 64-row chunks.

@@ -16,6 +16,8 @@ pub(super) const PROGRAM: Program = Program {
     elem_kernels: &[
         ElemKernel::RopeExpandForward,
         ElemKernel::RopeExpandBackward,
+        ElemKernel::RopePairsForward,
+        ElemKernel::RopePairsBackward,
     ],
     dtypes: ELEM_DTYPES,
 };
@@ -88,16 +90,30 @@ fn check(
     Ok((dims, total))
 }
 
+/// Head units (query, key and value heads of a row) a block takes at most: two batches of the
+/// kernels' ROPE_BATCH.
+const UNITS_PER_PART: usize = 8;
+
 /// A head's dimensions (`vw` a thread) over x, rows over y (as many as fill [`BLOCK`]
-/// threads), rows over blocks.
-fn row_grid(rows: usize, head_dim: usize, vw: usize) -> LaunchConfig {
+/// threads), rows over blocks, and the row's `units` head units in parts of at most
+/// [`UNITS_PER_PART`] over the grid's y (the kernels' `head_part`).
+fn row_grid(rows: usize, head_dim: usize, vw: usize, units: usize) -> LaunchConfig {
     let x = head_dim.div_ceil(vw).max(1) as u32;
     let y = (BLOCK / x).max(1);
+    let parts = units.div_ceil(UNITS_PER_PART).clamp(1, 64) as u32;
     LaunchConfig {
-        grid_dim: (rows.div_ceil(y as usize).clamp(1, 1 << 20) as u32, 1, 1),
+        grid_dim: (rows.div_ceil(y as usize).clamp(1, 1 << 20) as u32, parts, 1),
         block_dim: (x, y, 1),
         shared_mem_bytes: 0,
     }
+}
+
+/// Whether the pair kernels serve `s`: four dimensions a thread, every dimension rotating, and
+/// a head's `head_dim / 4` threads a power of two of at most a warp, so that partners (rot/8
+/// lanes apart) share a warp and whole heads' segments tile it.
+fn pairs_by_shuffle(vec4: bool, s: RopeShape) -> bool {
+    let threads = s.head_dim / 4;
+    vec4 && s.rot_dim == s.head_dim && threads.is_power_of_two() && (2..=32).contains(&threads)
 }
 
 impl CudaBackend {
@@ -115,7 +131,7 @@ impl CudaBackend {
     ) -> Result<()> {
         let widths = (s.packed_width(), s.qkv_width());
         self.launch_rope(
-            ElemKernel::RopeExpandForward,
+            [ElemKernel::RopeExpandForward, ElemKernel::RopePairsForward],
             packed,
             qkv,
             widths,
@@ -139,7 +155,10 @@ impl CudaBackend {
     ) -> Result<()> {
         let widths = (s.qkv_width(), s.packed_width());
         self.launch_rope(
-            ElemKernel::RopeExpandBackward,
+            [
+                ElemKernel::RopeExpandBackward,
+                ElemKernel::RopePairsBackward,
+            ],
             dqkv,
             dpacked,
             widths,
@@ -150,12 +169,14 @@ impl CudaBackend {
         )
     }
 
-    /// Checks and launches `kernel` (rows over blocks, see `row_grid`): rows of
-    /// `widths.0` in `out`, of `widths.1` in `inp`.
+    /// Checks and launches `kernels[0]`, or `kernels[1]` (the same result, partners by warp
+    /// shuffle) where every dimension rotates and a head's threads are a power of two up to a
+    /// warp (rows over blocks, see `row_grid`): rows of `widths.0` in `out`, of `widths.1` in
+    /// `inp`.
     #[allow(clippy::too_many_arguments)]
     fn launch_rope<T: Elem>(
         &self,
-        kernel: ElemKernel,
+        kernels: [ElemKernel; 2],
         out: &mut CudaSlice<T>,
         inp: &CudaSlice<T>,
         widths: (usize, usize),
@@ -164,7 +185,7 @@ impl CudaBackend {
         sin: &CudaSlice<f32>,
         s: RopeShape,
     ) -> Result<()> {
-        let op = kernel.op();
+        let op = kernels[0].op();
         let (mut dims, total) = check(op, s, pos, cos, sin, widths.0)?;
         check_len(op, "out", out, total)?;
         check_len(op, "inp", inp, s.rows * widths.1)?;
@@ -179,8 +200,9 @@ impl CudaBackend {
             && aligned(raw_ptr(out, &self.stream))
             && aligned(raw_ptr(inp, &self.stream));
         dims.vec4 = vec4 as i32;
-        let f = self.elem_function::<T>(kernel)?;
+        let f = self.elem_function::<T>(kernels[pairs_by_shuffle(vec4, s) as usize])?;
         let rows64 = s.rows as i64;
+        let units = s.heads + 2 * s.kv_heads;
         let mut b = self.stream.launch_builder(f);
         b.arg(out)
             .arg(inp)
@@ -190,8 +212,52 @@ impl CudaBackend {
             .arg(&rows64)
             .arg(&dims);
         // SAFETY: lengths checked above; table reads are bounded by `dims.positions` (the
-        // tables' rows) in the kernel.
-        unsafe { b.launch(row_grid(s.rows, s.head_dim, if vec4 { 4 } else { 1 })) }?;
+        // tables' rows) in the kernel; each block writes only its part's heads.
+        unsafe {
+            b.launch(row_grid(
+                s.rows,
+                s.head_dim,
+                if vec4 { 4 } else { 1 },
+                units,
+            ))
+        }?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(head_dim: usize, rot_dim: usize) -> RopeShape {
+        RopeShape {
+            rows: 3,
+            heads: 4,
+            kv_heads: 2,
+            head_dim,
+            rot_dim,
+        }
+    }
+
+    #[test]
+    fn pairs_serve_fully_rotating_heads_of_up_to_a_warp() {
+        for d in [8, 16, 32, 64, 128] {
+            assert!(pairs_by_shuffle(true, shape(d, d)), "{d}");
+        }
+        // Partial rotary, a head wider than a warp's threads, threads not a power of two,
+        // or one dimension a thread: the general kernels.
+        assert!(!pairs_by_shuffle(true, shape(64, 32)));
+        assert!(!pairs_by_shuffle(true, shape(256, 256)));
+        assert!(!pairs_by_shuffle(true, shape(96, 96)));
+        assert!(!pairs_by_shuffle(false, shape(64, 64)));
+    }
+
+    #[test]
+    fn heads_split_into_parts_of_at_most_eight() {
+        // Llama-3.2-1B: 32 + 2 x 8 head units in 6 parts; SmolLM2: 9 + 2 x 3 in 2.
+        assert_eq!(row_grid(8192, 64, 4, 48).grid_dim, (512, 6, 1));
+        assert_eq!(row_grid(8192, 64, 4, 15).grid_dim, (512, 2, 1));
+        assert_eq!(row_grid(5, 128, 4, 3).grid_dim, (1, 1, 1));
+        assert_eq!(row_grid(5, 128, 4, 3).block_dim, (32, 8, 1));
     }
 }
