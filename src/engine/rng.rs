@@ -5,6 +5,7 @@
 //! checkpoint can store it exactly and a resumed run draws the same numbers as an uninterrupted
 //! one, whatever order the draws of other streams happened in.
 
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 /// Mixes a 64-bit value into a well-distributed one (SplitMix64 finaliser).
@@ -79,11 +80,60 @@ impl Rng {
         let u2 = self.next_f64();
         ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()) as f32
     }
+
+    /// `n` draws of [`Rng::normal`] times `scale`: the values `n` calls in a row give (two
+    /// counters each), computed in parallel, since each is a function of its counter alone.
+    /// A billion-parameter model's initialisation took a minute on one core.
+    pub fn normals(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        self.fill(n, 2, |r| r.normal() * scale)
+    }
+
+    /// `n` draws uniform in `[-bound, bound)`, as `(next_f32() * 2 - 1) * bound` in a row gives
+    /// them (one counter each), computed in parallel.
+    pub fn uniforms(&mut self, n: usize, bound: f32) -> Vec<f32> {
+        self.fill(n, 1, |r| (r.next_f32() * 2.0 - 1.0) * bound)
+    }
+
+    /// `n` values of `draw`, each taking `per` counters, in chunks over the threads; the
+    /// generator ends where `n` sequential draws would leave it.
+    fn fill(&mut self, n: usize, per: u64, draw: impl Fn(&mut Rng) -> f32 + Sync) -> Vec<f32> {
+        const CHUNK: usize = 1 << 16;
+        let start = *self;
+        let mut out = vec![0.0f32; n];
+        out.par_chunks_mut(CHUNK)
+            .enumerate()
+            .for_each(|(c, chunk)| {
+                let mut r = Rng {
+                    counter: start.counter + per * (c * CHUNK) as u64,
+                    ..start
+                };
+                for v in chunk {
+                    *v = draw(&mut r);
+                }
+            });
+        self.counter += per * n as u64;
+        out
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parallel_draws_equal_sequential_ones_and_leave_the_same_state() {
+        // Longer than one chunk, not a multiple of it.
+        let n = (1 << 16) * 2 + 77;
+        let mut seq = Rng::new(11, stream::INIT);
+        seq.counter = 5;
+        let mut par = seq;
+        let want: Vec<f32> = (0..n).map(|_| seq.normal() * 0.02).collect();
+        assert_eq!(par.normals(n, 0.02), want);
+        assert_eq!(par, seq);
+        let want: Vec<f32> = (0..n).map(|_| (seq.next_f32() * 2.0 - 1.0) * 0.5).collect();
+        assert_eq!(par.uniforms(n, 0.5), want);
+        assert_eq!(par, seq);
+    }
 
     #[test]
     fn same_state_same_numbers_and_streams_differ() {

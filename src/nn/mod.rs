@@ -101,10 +101,8 @@ impl Param {
         let values: Vec<f32> = match init {
             Init::Zeros => vec![0.0; n],
             Init::Ones => vec![1.0; n],
-            Init::Normal(std) => (0..n).map(|_| rng.normal() * std).collect(),
-            Init::Uniform(bound) => (0..n)
-                .map(|_| (rng.next_f32() * 2.0 - 1.0) * bound)
-                .collect(),
+            Init::Normal(std) => rng.normals(n, std),
+            Init::Uniform(bound) => rng.uniforms(n, bound),
         };
         Param::holding(pool, name, shape, values, frozen)
     }
