@@ -853,17 +853,20 @@ mod tests {
             eprintln!("skipped: {e}");
             return;
         }
+        use rayon::prelude::*;
         let cache = tempfile::tempdir().unwrap();
-        for arch in [80, 90] {
-            for p in PROGRAMS {
-                let first = nvrtc::compile(p.name, &p.full_source(), arch, Some(cache.path()))
-                    .unwrap_or_else(|e| panic!("{e}"));
-                assert!(!first.from_cache && !first.cubin.is_empty());
-                let again =
-                    nvrtc::compile(p.name, &p.full_source(), arch, Some(cache.path())).unwrap();
-                assert!(again.from_cache && again.cubin == first.cubin);
-            }
-        }
+        // One compile per core at a time (each program compiles on its own, as at start-up).
+        let jobs: Vec<(u32, &Program)> = [80, 90]
+            .into_iter()
+            .flat_map(|arch| PROGRAMS.iter().map(move |p| (arch, p)))
+            .collect();
+        jobs.par_iter().for_each(|&(arch, p)| {
+            let first = nvrtc::compile(p.name, &p.full_source(), arch, Some(cache.path()))
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert!(!first.from_cache && !first.cubin.is_empty());
+            let again = nvrtc::compile(p.name, &p.full_source(), arch, Some(cache.path())).unwrap();
+            assert!(again.from_cache && again.cubin == first.cubin);
+        });
     }
 
     /// Every kernel handle names an entry point of the program that lists it, for each element
