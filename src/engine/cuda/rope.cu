@@ -223,7 +223,9 @@ __device__ __forceinline__ void partner_f32(const float (&a)[4], float (&b)[4], 
 
 // Heads the pair kernels load before they turn and store any (raw, two registers a 16-bit
 // head), as many as the 64 registers of ROPE_PAIR_REGS hold without spilling in the loops.
-#define ROPE_FWD_PAIR_BATCH 4
+// The forward's and the backward's turning loops are written out in each kernel: one shared
+// helper taking the store as a lambda compiled the 16-bit forward with twice the spills
+// (52 bytes against 24 under ptxas), and the measured code is this one.
 #define ROPE_PAIR_BATCH 4
 
 // rope_expand_forward where every dimension rotates and partners come by shuffle (vec4 == 2):
@@ -255,13 +257,13 @@ __device__ void rope_expand_forward_pairs(T* __restrict__ packed, const T* __res
         for (int phase = 0; phase < 2; ++phase) {
             const int lo = phase == 0 ? u0 : max(u0, H), hi = phase == 0 ? min(turned_end, H) : turned_end;
             const int copies = phase == 0 ? 1 : g;
-            for (int h0 = lo; h0 < hi; h0 += ROPE_FWD_PAIR_BATCH) {  // uniform over the block
-                Raw4<T> ra[ROPE_FWD_PAIR_BATCH];
+            for (int h0 = lo; h0 < hi; h0 += ROPE_PAIR_BATCH) {  // uniform over the block
+                Raw4<T> ra[ROPE_PAIR_BATCH];
 #pragma unroll
-                for (int j = 0; j < ROPE_FWD_PAIR_BATCH; ++j)
+                for (int j = 0; j < ROPE_PAIR_BATCH; ++j)
                     if (live && h0 + j < hi) load_raw4(src + (long long)(h0 + j) * D + i, ra[j]);
 #pragma unroll
-                for (int j = 0; j < ROPE_FWD_PAIR_BATCH; ++j) {
+                for (int j = 0; j < ROPE_PAIR_BATCH; ++j) {
                     const int h = h0 + j;
                     if (h >= hi) break;
                     Raw4<T> rb;
@@ -278,13 +280,13 @@ __device__ void rope_expand_forward_pairs(T* __restrict__ packed, const T* __res
             }
         }
         if (!live) continue;
-        for (int k0 = max(u0, H + K) - (H + K); k0 < v_end; k0 += ROPE_FWD_PAIR_BATCH) {
-            Raw4<T> ra[ROPE_FWD_PAIR_BATCH];
+        for (int k0 = max(u0, H + K) - (H + K); k0 < v_end; k0 += ROPE_PAIR_BATCH) {
+            Raw4<T> ra[ROPE_PAIR_BATCH];
 #pragma unroll
-            for (int j = 0; j < ROPE_FWD_PAIR_BATCH; ++j)
+            for (int j = 0; j < ROPE_PAIR_BATCH; ++j)
                 if (k0 + j < v_end) load_raw4(src + (long long)(H + K + k0 + j) * D + i, ra[j]);
 #pragma unroll
-            for (int j = 0; j < ROPE_FWD_PAIR_BATCH; ++j) {
+            for (int j = 0; j < ROPE_PAIR_BATCH; ++j) {
                 if (k0 + j >= v_end) break;
                 float a[4];
                 unpack4(ra[j], a);

@@ -15,12 +15,12 @@ NCU=$(which ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)
 timeout 120 /tmp/kiln train --device cuda --out /tmp/full -q --profile none $common $L1B train.steps=20 train.save_final=false > $OUT/full.log 2>&1; echo "full rc $? t=$(( $(date +%s)-s ))"; med /tmp/full full
 timeout 200 $NCU --profile-from-start off --cache-control none --clock-control none --metrics gpu__time_duration.sum --csv \
   /tmp/kiln train --device cuda --out /tmp/ncf -q --profile none $common $L1B train.steps=4 train.save_final=false --profile-steps 3..=3 > $OUT/full_ncu.csv 2>/dev/null; echo "ncu full rc $? t=$(( $(date +%s)-s ))"
-python3 docs/benchmarks/2026-11-28-h200/llama-1b-step-split/ncu_steps.py $OUT/full_ncu.csv -1 | tee $OUT/full_step.txt | head -45
+python3 docs/benchmarks/2026-11-28-h200/gpt2-step-split/ncu_steps.py $OUT/full_ncu.csv -1 | tee $OUT/full_step.txt | head -45
 timeout 120 /tmp/kiln train --device cuda --out /tmp/base -q --profile none $common $L1B train.steps=1 train.save_final=true > /dev/null 2>&1; echo "base rc $?"
 timeout 120 /tmp/kiln export --run /tmp/base --to /tmp/basex > /dev/null 2>&1; echo "export rc $? t=$(( $(date +%s)-s ))"
 gunzip -c data/shakespeare.txt.gz > /tmp/shakespeare.txt; D=/tmp/shakespeare.txt
 timeout 150 /tmp/kiln finetune --device cuda --init-from /tmp/basex --data $D --out /tmp/lora -q --profile none $common $LORA train.steps=20 train.save_final=false > $OUT/lora.log 2>&1; echo "lora rc $? t=$(( $(date +%s)-s ))"; med /tmp/lora lora
 timeout 200 $NCU --profile-from-start off --cache-control none --clock-control none --metrics gpu__time_duration.sum --csv \
   /tmp/kiln finetune --device cuda --init-from /tmp/basex --data $D --out /tmp/ncl -q --profile none $common $LORA train.steps=4 train.save_final=false --profile-steps 3..=3 > $OUT/lora_ncu.csv 2>/dev/null; echo "ncu lora rc $? t=$(( $(date +%s)-s ))"
-python3 docs/benchmarks/2026-11-28-h200/llama-1b-step-split/ncu_steps.py $OUT/lora_ncu.csv -1 | tee $OUT/lora_step.txt | head -60
+python3 docs/benchmarks/2026-11-28-h200/gpt2-step-split/ncu_steps.py $OUT/lora_ncu.csv -1 | tee $OUT/lora_step.txt | head -60
 gzip -f $OUT/*.csv
