@@ -658,6 +658,17 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
             let base = format!("R{} H{heads}/{kv_heads} D{head_dim}", s.rows);
             let rows = (&slot[..], &pos[..]);
             both_dtypes!(check_kv_append, "kv_append", base, s, c, rows, tables);
+            // The folded decode step's append: the projection of an unnormalised stream of
+            // 576 (SmolLM2's width), each row scaled by its RMSNorm factor first.
+            both_dtypes!(
+                check_kv_append_normed,
+                "kv_append_normed",
+                base,
+                s,
+                c,
+                rows,
+                tables
+            );
             let shape = format!("{base} split{}", splits(longest));
             both_dtypes!(
                 check_cache_attention,
@@ -699,6 +710,13 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
     for (n, f) in [(1024, 1536), (128, 8192), (37, 1001)] {
         let shape = format!("{n}x2x{f}");
         both_dtypes!(check_swiglu_forward, "swiglu_forward", shape, n, f);
+        both_dtypes!(
+            check_swiglu_forward_normed,
+            "swiglu_forward_normed",
+            shape,
+            n,
+            f
+        );
         both_dtypes!(check_swiglu_backward, "swiglu_backward", shape, n, f);
     }
     // The token table's backward alone (rotary models): SmolLM2's vocabulary and width, a
@@ -3214,6 +3232,51 @@ fn check_kv_append<T: Elem>(
     ]))
 }
 
+/// Width of the unnormalised stream behind the normed kernels' checks (SmolLM2's).
+const NORMED_STREAM: usize = 576;
+
+fn check_kv_append_normed<T: Elem>(
+    gpu: &CudaBackend,
+    inp: &mut Inputs,
+    s: cpu::rope::RopeShape,
+    c: cpu::kv_cache::CacheShape,
+    (slot, pos): (&[u32], &[u32]),
+    (cos, sin): (&[f32], &[f32]),
+) -> Check {
+    let qkv = inp.uniform(s.rows * s.qkv_width(), 1.0, T::DTYPE);
+    // A stream of a few units, as a residual stream is: factors well away from one.
+    let x = inp.uniform(s.rows * NORMED_STREAM, 4.0, T::DTYPE);
+    let eps = 1e-5;
+    let rstd = cpu::rmsnorm::row_rstds(&x, NORMED_STREAM, eps);
+    let scaled = cpu::rmsnorm::scaled_rows(&qkv, s.qkv_width(), &rstd);
+    let mut q = vec![0.0; s.rows * s.heads * s.head_dim];
+    let (mut k, mut v) = (vec![f32::NAN; c.len()], vec![f32::NAN; c.len()]);
+    cpu::kv_cache::kv_append(&mut q, &mut k, &mut v, &scaled, slot, pos, cos, sin, s, c);
+    let mut d_q = poisoned::<T>(gpu, q.len())?;
+    let mut d_k = poisoned::<T>(gpu, c.len())?;
+    let mut d_v = poisoned::<T>(gpu, c.len())?;
+    gpu.kv_append_normed(
+        &mut d_q,
+        &mut d_k,
+        &mut d_v,
+        &gpu.upload_as::<T>(&qkv)?,
+        &gpu.upload_as::<T>(&x)?,
+        NORMED_STREAM,
+        eps,
+        &gpu.upload(slot)?,
+        &gpu.upload(pos)?,
+        &gpu.upload(cos)?,
+        &gpu.upload(sin)?,
+        s,
+        c,
+    )?;
+    Ok(worst(&[
+        rel_err(&gpu.download_f32(&d_q)?, &q, ELEMENTWISE_FLOOR),
+        cache_err(&gpu.download_f32(&d_k)?, &k),
+        cache_err(&gpu.download_f32(&d_v)?, &v),
+    ]))
+}
+
 fn check_cache_attention<T: Elem>(
     gpu: &CudaBackend,
     inp: &mut Inputs,
@@ -3281,6 +3344,31 @@ fn check_swiglu_forward<T: Elem>(gpu: &CudaBackend, inp: &mut Inputs, n: usize, 
     cpu::swiglu::swiglu_forward(&mut h, &gu, f);
     let mut d_h = poisoned::<T>(gpu, n * f)?;
     gpu.swiglu_forward(&mut d_h, &gpu.upload_as::<T>(&gu)?, n, f)?;
+    Ok(rel_err(&gpu.download_f32(&d_h)?, &h, ELEMENTWISE_FLOOR))
+}
+
+fn check_swiglu_forward_normed<T: Elem>(
+    gpu: &CudaBackend,
+    inp: &mut Inputs,
+    n: usize,
+    f: usize,
+) -> Check {
+    let gu = swiglu_input(inp, n, f, T::DTYPE);
+    let x = inp.uniform(n * NORMED_STREAM, 4.0, T::DTYPE);
+    let eps = 1e-5;
+    let rstd = cpu::rmsnorm::row_rstds(&x, NORMED_STREAM, eps);
+    let mut h = vec![0.0; n * f];
+    cpu::swiglu::swiglu_forward(&mut h, &cpu::rmsnorm::scaled_rows(&gu, 2 * f, &rstd), f);
+    let mut d_h = poisoned::<T>(gpu, n * f)?;
+    gpu.swiglu_forward_normed(
+        &mut d_h,
+        &gpu.upload_as::<T>(&gu)?,
+        &gpu.upload_as::<T>(&x)?,
+        n,
+        f,
+        NORMED_STREAM,
+        eps,
+    )?;
     Ok(rel_err(&gpu.download_f32(&d_h)?, &h, ELEMENTWISE_FLOOR))
 }
 

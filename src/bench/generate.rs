@@ -104,6 +104,8 @@ pub fn run(a: BenchGenerateArgs) -> Result<()> {
                 let (pool, dtype, _) =
                     crate::generate::load::open_for_generation(&a.device, a.precision.as_deref())?;
                 let mut m = Llama::new(&pool, cfg, a.seed)?;
+                // As `kiln generate` readies a model (generate::load::ready_for_generation).
+                m.fold_norm_gains()?;
                 for p in m.params_mut() {
                     p.set_compute_dtype(dtype)?;
                 }

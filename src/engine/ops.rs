@@ -2334,6 +2334,47 @@ pub fn swiglu_forward(gate_up: &Tensor) -> Result<Tensor> {
     Ok(h)
 }
 
+/// [`swiglu_forward`] of `gate_up`, the projection of an unnormalised stream `x` (`[rows, C]`)
+/// through a weight with its RMSNorm gain folded in: both halves of each row are first scaled
+/// by `1 / sqrt(mean(x_row^2) + eps)` (see [`kv_append_normed_at`]).
+pub fn swiglu_forward_normed(gate_up: &Tensor, x: &Tensor, eps: f32) -> Result<Tensor> {
+    const OP: &str = "swiglu_forward_normed";
+    let _prof = profile::scope(OP, gate_up);
+    let on = device_of(OP, &[gate_up, x])?;
+    let (rows, two_f) = rows_cols(OP, gate_up)?;
+    if !two_f.is_multiple_of(2) {
+        return Err(EngineError::Shape {
+            op: OP,
+            detail: format!("rows of {two_f} cannot split into gate and up halves"),
+        });
+    }
+    let c = norm_width(OP, Some((x, eps)), rows)?;
+    let mut shape = gate_up.shape().to_vec();
+    *shape.last_mut().expect("rows_cols checked rank") = two_f / 2;
+    let mut h = Tensor::uninit(gate_up.pool(), &shape, act_dtype(gate_up))?;
+    match on {
+        On::Meta => {}
+        On::Cpu => {
+            let rstd = cpu::rmsnorm::row_rstds(x.host(), c, eps);
+            let scaled = cpu::rmsnorm::scaled_rows(gate_up.host(), two_f, &rstd);
+            cpu::swiglu::swiglu_forward(h.host_mut(), &scaled, two_f / 2)
+        }
+        On::Gpu(g) => {
+            same_dtype(OP, &[gate_up, x])?;
+            with_elem!(gate_up.dtype(), T => g.swiglu_forward_normed::<T>(
+                h.cuda_mut(),
+                gate_up.cuda(),
+                x.cuda(),
+                rows,
+                two_f / 2,
+                c,
+                eps,
+            ))?
+        }
+    }
+    Ok(h)
+}
+
 /// The gradient of both halves of `gate_up` from `dh`.
 pub fn swiglu_backward(gate_up: &Tensor, dh: &Tensor) -> Result<Tensor> {
     let _prof = profile::scope("swiglu_backward", dh);
@@ -2476,49 +2517,150 @@ pub fn kv_append_at(
     s: RopeShape,
     c: CacheShape,
 ) -> Result<Tensor> {
-    let _prof = profile::scope("kv_append", qkv);
-    let on = device_of("kv_append", &[qkv, k_cache, v_cache, cos, sin])?;
-    if let Some(p) = pos.host() {
-        check_rope("kv_append", p, cos, sin, s)?;
+    append(qkv, None, k_cache, v_cache, slot, pos, cos, sin, s, c)
+}
+
+/// [`kv_append_at`] of `qkv`, the projection of an unnormalised stream `x` (`[rows, C]`)
+/// through a weight with its RMSNorm gain folded in: each row of `qkv` is first scaled by
+/// `1 / sqrt(mean(x_row^2) + eps)`, which makes it the projection of `rmsnorm(x) * gain`.
+/// One kernel where a norm and an append were two (the decode step's, see
+/// `models::llama`).
+#[allow(clippy::too_many_arguments)]
+pub fn kv_append_normed_at(
+    qkv: &Tensor,
+    x: &Tensor,
+    eps: f32,
+    k_cache: &mut Tensor,
+    v_cache: &mut Tensor,
+    slot: Ids,
+    pos: Ids,
+    cos: &Tensor,
+    sin: &Tensor,
+    s: RopeShape,
+    c: CacheShape,
+) -> Result<Tensor> {
+    append(
+        qkv,
+        Some((x, eps)),
+        k_cache,
+        v_cache,
+        slot,
+        pos,
+        cos,
+        sin,
+        s,
+        c,
+    )
+}
+
+/// Checks `norm`'s stream against `rows` and returns its width.
+fn norm_width(op: &'static str, norm: Option<(&Tensor, f32)>, rows: usize) -> Result<usize> {
+    let Some((x, _)) = norm else { return Ok(0) };
+    let (xr, c) = rows_cols(op, x)?;
+    if xr != rows || c == 0 {
+        return Err(EngineError::Shape {
+            op,
+            detail: format!("a stream of {xr} rows of {c} for {rows} projected rows"),
+        });
     }
-    check_cache("kv_append", k_cache, v_cache, slot, pos, c)?;
-    expect_len("kv_append", "qkv", qkv, s.rows * s.qkv_width())?;
+    Ok(c)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn append(
+    qkv: &Tensor,
+    norm: Option<(&Tensor, f32)>,
+    k_cache: &mut Tensor,
+    v_cache: &mut Tensor,
+    slot: Ids,
+    pos: Ids,
+    cos: &Tensor,
+    sin: &Tensor,
+    s: RopeShape,
+    c: CacheShape,
+) -> Result<Tensor> {
+    let op = if norm.is_some() {
+        "kv_append_normed"
+    } else {
+        "kv_append"
+    };
+    let _prof = profile::scope(op, qkv);
+    let on = {
+        let mut all = vec![qkv, &*k_cache, &*v_cache, cos, sin];
+        all.extend(norm.map(|(x, _)| x));
+        device_of(op, &all)?
+    };
+    if let Some(p) = pos.host() {
+        check_rope(op, p, cos, sin, s)?;
+    }
+    check_cache(op, k_cache, v_cache, slot, pos, c)?;
+    expect_len(op, "qkv", qkv, s.rows * s.qkv_width())?;
     if pos.len() != s.rows {
         return Err(EngineError::Shape {
-            op: "kv_append",
+            op,
             detail: format!("{} positions for {} rows", pos.len(), s.rows),
         });
     }
+    let width = norm_width(op, norm, s.rows)?;
     let mut q = Tensor::uninit(qkv.pool(), &[s.rows, s.heads * s.head_dim], act_dtype(qkv))?;
     match on {
         On::Meta => {}
-        On::Cpu => cpu::kv_cache::kv_append(
-            q.host_mut(),
-            k_cache.host_mut(),
-            v_cache.host_mut(),
-            qkv.host(),
-            cpu_ids("kv_append", slot)?,
-            cpu_ids("kv_append", pos)?,
-            cos.host(),
-            sin.host(),
-            s,
-            c,
-        ),
-        On::Gpu(g) => {
-            same_dtype("kv_append", &[qkv, k_cache, v_cache])?;
-            let (d_slot, d_pos) = (gpu_ids(&g, slot)?, gpu_ids(&g, pos)?);
-            with_elem!(qkv.dtype(), T => g.kv_append::<T>(
-                q.cuda_mut(),
-                k_cache.cuda_mut(),
-                v_cache.cuda_mut(),
-                qkv.cuda(),
-                d_slot.get(),
-                d_pos.get(),
-                cos.cuda(),
-                sin.cuda(),
+        On::Cpu => {
+            let scaled = norm.map(|(x, eps)| {
+                cpu::rmsnorm::scaled_rows(
+                    qkv.host(),
+                    s.qkv_width(),
+                    &cpu::rmsnorm::row_rstds(x.host(), width, eps),
+                )
+            });
+            cpu::kv_cache::kv_append(
+                q.host_mut(),
+                k_cache.host_mut(),
+                v_cache.host_mut(),
+                scaled.as_deref().unwrap_or(qkv.host()),
+                cpu_ids(op, slot)?,
+                cpu_ids(op, pos)?,
+                cos.host(),
+                sin.host(),
                 s,
                 c,
-            ))?
+            )
+        }
+        On::Gpu(g) => {
+            same_dtype(op, &[qkv, &*k_cache, &*v_cache])?;
+            let (d_slot, d_pos) = (gpu_ids(&g, slot)?, gpu_ids(&g, pos)?);
+            match norm {
+                None => with_elem!(qkv.dtype(), T => g.kv_append::<T>(
+                    q.cuda_mut(),
+                    k_cache.cuda_mut(),
+                    v_cache.cuda_mut(),
+                    qkv.cuda(),
+                    d_slot.get(),
+                    d_pos.get(),
+                    cos.cuda(),
+                    sin.cuda(),
+                    s,
+                    c,
+                ))?,
+                Some((x, eps)) => {
+                    same_dtype(op, &[qkv, x])?;
+                    with_elem!(qkv.dtype(), T => g.kv_append_normed::<T>(
+                        q.cuda_mut(),
+                        k_cache.cuda_mut(),
+                        v_cache.cuda_mut(),
+                        qkv.cuda(),
+                        x.cuda(),
+                        width,
+                        eps,
+                        d_slot.get(),
+                        d_pos.get(),
+                        cos.cuda(),
+                        sin.cuda(),
+                        s,
+                        c,
+                    ))?
+                }
+            }
         }
     }
     Ok(q)

@@ -282,6 +282,9 @@ pub struct Llama {
     /// when the head is tied.
     pub lm: Lm<Param, LlamaBlock>,
     rotary: Rotary,
+    /// Whether every block's norm gains are folded into its projections
+    /// ([`Llama::fold_norm_gains`]), which the cached decoder then uses.
+    folded: bool,
 }
 
 /// Each row's position and the rotary tables, for every block of a pass.
@@ -410,7 +413,12 @@ impl Llama {
             sin: Tensor::from_vec(pool, &[cfg.context, half], DType::F32, sin)?,
         };
         let lm = Lm::new("llama", embed, blocks, ln_f, head, cfg.vocab, cfg.context);
-        Ok(Llama { cfg, lm, rotary })
+        Ok(Llama {
+            cfg,
+            lm,
+            rotary,
+            folded: false,
+        })
     }
 
     /// What every block of a `[batch, seq]` pass of whole sequences needs.
@@ -538,6 +546,10 @@ impl Model for Llama {
     fn decoder(&self) -> Option<&dyn Decoder> {
         Some(self)
     }
+
+    fn fold_norm_gains(&mut self) -> Result<bool> {
+        Llama::fold_norm_gains(self)
+    }
 }
 
 impl Llama {
@@ -627,9 +639,72 @@ impl Decoder for Llama {
     }
 }
 
+/// `w[o, i] *= gain[i]` for a `[out, in]` weight: what a norm's gain contributes to the
+/// projection reading the norm, moved into the projection. `gain` becomes ones. Each tensor is
+/// released before its replacement is booked, the same on a meta device (which has no values
+/// to fold), so `kiln plan --generate` books what a real load does.
+fn fold_gain(gain: &mut Param, linear: &mut Linear) -> Result<()> {
+    let (c, pool) = (linear.c_in, gain.value.pool().clone());
+    let meta = gain.value.is_meta();
+    let (mut w, g) = match meta {
+        true => (Vec::new(), Vec::new()),
+        false => (linear.weight.value.to_vec()?, gain.value.to_vec()?),
+    };
+    for row in w.chunks_mut(c) {
+        row.iter_mut().zip(&g).for_each(|(v, g)| *v *= g);
+    }
+    let replace = |p: &mut Param, shape: &[usize], values: Vec<f32>| -> Result<()> {
+        let dtype = p.value.dtype();
+        p.value = Tensor::zeros(&pool, &[0], DType::F32)?;
+        p.value = match meta {
+            true => Tensor::zeros(&pool, shape, dtype)?,
+            false => Tensor::from_vec(&pool, shape, dtype, values)?,
+        };
+        match meta {
+            true => Ok(()),
+            false => p.refresh_compute(),
+        }
+    };
+    replace(&mut linear.weight, &[linear.c_out, c], w)?;
+    replace(gain, &[c], vec![1.0; c])
+}
+
 impl Llama {
+    /// Folds each block's two RMSNorm gains into the projections that read the norms (the
+    /// first into query/key/value, the second into gate/up): `rmsnorm(x) * g` through `W` is
+    /// `rmsnorm(x)` through `W diag(g)`. The model computes the same function (rounded
+    /// differently), and the cached decoder then projects the unnormalised residual stream and
+    /// applies each row's norm factor in the kernel after the projection (the cache append,
+    /// SwiGLU), adding the attention and feed-forward outputs into the stream as their
+    /// products' accumulate input: a decode step's layer is seven launches instead of nine.
+    /// Only where every projection is a plain matrix: biases (Qwen2) and per-head norms
+    /// (Qwen3) come after the projection and would not commute with the row factor, and
+    /// adapters or a 4-bit weight are not folded into.
+    pub fn fold_norm_gains(&mut self) -> Result<bool> {
+        let plain = |l: &Linear| l.bias.is_none() && l.nf4.is_none() && l.adapters.is_empty();
+        let foldable = !self.cfg.qkv_bias
+            && !self.cfg.qk_norm
+            && self.lm.blocks.iter().all(|b| {
+                [&b.attn.qkv, &b.attn.out, &b.mlp.gate_up, &b.mlp.down]
+                    .into_iter()
+                    .all(plain)
+            });
+        if self.folded || !foldable {
+            return Ok(self.folded);
+        }
+        for b in &mut self.lm.blocks {
+            fold_gain(&mut b.ln1.gamma, &mut b.attn.qkv)?;
+            fold_gain(&mut b.ln2.gamma, &mut b.mlp.gate_up)?;
+        }
+        self.folded = true;
+        Ok(true)
+    }
+
     /// The rows run through every block against the cache, after the final norm.
     fn decode_hidden(&self, cache: &mut KvCache, r: &DecodeRows) -> Result<Tensor> {
+        if self.folded {
+            return self.decode_hidden_folded(cache, r);
+        }
         let rows = r.tokens.len();
         let rs = crate::engine::cpu::rope::RopeShape {
             rows,
@@ -676,6 +751,61 @@ impl Llama {
             (x, ln) = (next, next_ln);
         }
         Ok(ln)
+    }
+
+    /// [`Self::decode_hidden`] with the norm gains folded ([`Self::fold_norm_gains`]): the
+    /// stream `x` is projected unnormalised, the append and SwiGLU apply each row's norm
+    /// factor, and the attention and feed-forward outputs are added into `x` by their
+    /// products.
+    fn decode_hidden_folded(&self, cache: &mut KvCache, r: &DecodeRows) -> Result<Tensor> {
+        let rows = r.tokens.len();
+        let rs = crate::engine::cpu::rope::RopeShape {
+            rows,
+            heads: self.cfg.n_heads,
+            kv_heads: self.cfg.n_kv_heads,
+            head_dim: self.cfg.head_dim,
+            rot_dim: self.cfg.rot_dim,
+        };
+        let c = cache.shape;
+        let mut x = ops::token_embedding_at(r.tokens, 1, rows, self.lm.embed.weight())?
+            .reshaped(&[rows, self.cfg.d_model]);
+        for (l, block) in self.lm.blocks.iter().enumerate() {
+            let (k, v) = &mut cache.layers[l];
+            let qkv = block.attn.qkv.forward(&x)?;
+            let q = ops::kv_append_normed_at(
+                &qkv,
+                &x,
+                block.ln1.eps,
+                k,
+                v,
+                r.slot,
+                r.pos,
+                &self.rotary.cos,
+                &self.rotary.sin,
+                rs,
+                c,
+            )?;
+            drop(qkv);
+            let att = ops::cache_attention_at(
+                &q,
+                k,
+                v,
+                r.slot,
+                r.pos,
+                self.cfg.n_heads,
+                block.attn.window,
+                r.longest,
+                c,
+            )?;
+            drop(q);
+            block.attn.out.forward_add(&att, &mut x)?;
+            drop(att);
+            let gate_up = block.mlp.gate_up.forward(&x)?;
+            let act = ops::swiglu_forward_normed(&gate_up, &x, block.ln2.eps)?;
+            drop(gate_up);
+            block.mlp.down.forward_add(&act, &mut x)?;
+        }
+        Ok(self.lm.ln_f.forward(&x)?.0)
     }
 }
 
@@ -881,6 +1011,72 @@ pub(crate) mod tests {
             err.contains("longer than the model's context of 8"),
             "{err}"
         );
+    }
+
+    /// Gains folded into the projections: the same logits from the batch forward and from
+    /// the cached decoder (which then runs the fused append and SwiGLU and adds into the
+    /// stream by the products), with gains that are not ones. Models with QKV biases or
+    /// per-head norms are left as they are.
+    #[test]
+    fn folded_norm_gains_decode_the_same_logits() {
+        let plain = || {
+            let mut m = tiny(true, 2);
+            m.cfg.qk_norm = false;
+            m.lm.blocks.iter_mut().for_each(|b| b.attn.qk_norm = None);
+            let pool = m.lm.embed.value.pool().clone();
+            for (i, b) in m.lm.blocks.iter_mut().enumerate() {
+                for (j, g) in [&mut b.ln1.gamma, &mut b.ln2.gamma].into_iter().enumerate() {
+                    let v = (0..16)
+                        .map(|k| 0.5 + ((k * 7 + i * 3 + j * 5) % 11) as f32 / 10.0)
+                        .collect();
+                    g.value = Tensor::from_vec(&pool, &[16], DType::F32, v).unwrap();
+                }
+            }
+            m
+        };
+        let (x, _) = batch();
+        let reference = plain();
+        let mut folded = plain();
+        assert!(folded.fold_norm_gains().unwrap());
+        assert!(
+            folded.lm.blocks[1]
+                .ln2
+                .gamma
+                .value
+                .to_vec()
+                .unwrap()
+                .iter()
+                .all(|&g| g == 1.0)
+        );
+        let want = reference.next_logits(&x[..5]).unwrap();
+        let got = folded.next_logits(&x[..5]).unwrap();
+        crate::engine::cpu::testutil::assert_close(&got, &want, 1e-5, "batch forward");
+        let decode = |m: &Llama| {
+            let dec = m.decoder().unwrap();
+            let mut cache = dec.new_cache(2, 8).unwrap();
+            let mut out = dec
+                .decode(&mut cache, &x[..4], &[1; 4], &[0, 1, 2, 3], &[3])
+                .unwrap();
+            cache.copy_slot(1, 0, 4).unwrap();
+            out.extend(
+                dec.decode(&mut cache, &[x[4], x[5]], &[0, 1], &[4, 4], &[0, 1])
+                    .unwrap(),
+            );
+            out
+        };
+        let (want, got) = (decode(&reference), decode(&folded));
+        crate::engine::cpu::testutil::assert_close(&got, &want, 1e-5, "cached decoder");
+        crate::engine::cpu::testutil::assert_close(
+            &want[13..26],
+            &reference.next_logits(&x[..5]).unwrap(),
+            1e-5,
+            "decode step",
+        );
+        // Qwen3's per-head norms and Qwen2's biases come after the projection: not folded.
+        for tied in [true, false] {
+            let mut m = tiny(tied, 2);
+            assert!(!m.fold_norm_gains().unwrap());
+        }
     }
 
     /// A window of 3 positions: the cached decoder (a prefill, then steps past the window)

@@ -173,6 +173,15 @@ pub trait Model: Params + Send {
         Ok(())
     }
 
+    /// Readies the model for sampling by folding each norm's gain into the projection that
+    /// reads it, where the family decodes faster that way (the Llama family: see
+    /// `Llama::fold_norm_gains`). The model computes the same function afterwards; call it on
+    /// f32 masters, before generation freezes them into their compute dtype. Returns whether
+    /// anything was folded.
+    fn fold_norm_gains(&mut self) -> Result<bool> {
+        Ok(false)
+    }
+
     /// Keeps every frozen projection only in NF4 (QLoRA), quantised from the values it
     /// holds now (or, for one loaded as a placeholder, from its tensor in `host`), each GEMM
     /// expanding it into one workspace of `compute` values that all of them share. `None`

@@ -182,6 +182,32 @@ impl Linear {
         Ok(y)
     }
 
+    /// `y += x W^T` in place, the layer's product taking `y` as its accumulate input: a
+    /// residual add without a kernel of its own (the Llama family's folded decode step). Plain
+    /// layers only (no bias, adapters or 4-bit weight).
+    pub fn forward_add(&self, x: &Tensor, y: &mut Tensor) -> Result<()> {
+        if self.bias.is_some() || self.nf4.is_some() || !self.adapters.is_empty() {
+            return Err(EngineError::Shape {
+                op: "linear forward_add",
+                detail: "only a plain weight adds its product into its output".into(),
+            });
+        }
+        let (rows, c_in) = ops::rows_cols("linear", x)?;
+        ops::matmul_view(
+            GemmShape::single(false, true, rows, self.c_out, c_in),
+            [
+                MatrixView::packed(c_in),
+                MatrixView::packed(c_in),
+                MatrixView::packed(self.c_out),
+            ],
+            1.0,
+            x,
+            self.weight.weight(),
+            1.0,
+            y,
+        )
+    }
+
     /// [`Linear::forward`] with the adapters' outputs written first and the layer's product
     /// added into them by its GEMM (see [`lora::adapters_first`]).
     fn forward_adapters_first(&self, x: &Tensor) -> Result<Tensor> {

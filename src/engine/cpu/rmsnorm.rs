@@ -17,6 +17,24 @@ fn normalise_row(out: &mut [f32], x: &[f32], gamma: &[f32], eps: f32) -> f32 {
     rstd
 }
 
+/// `1 / sqrt(mean(row^2) + eps)` of each row of width `c` of `x`: RMSNorm's factor, which the
+/// decode step's normed append and SwiGLU apply to a projection of the unnormalised stream
+/// (see `ops::kv_append_normed_at`).
+pub fn row_rstds(x: &[f32], c: usize, eps: f32) -> Vec<f32> {
+    x.chunks(c.max(1))
+        .map(|r| 1.0 / (r.iter().map(|v| v * v).sum::<f32>() / c as f32 + eps).sqrt())
+        .collect()
+}
+
+/// `rows` (of `width`) each multiplied by its entry of `scales`.
+pub fn scaled_rows(rows: &[f32], width: usize, scales: &[f32]) -> Vec<f32> {
+    let mut out = rows.to_vec();
+    for (r, s) in out.chunks_mut(width.max(1)).zip(scales) {
+        r.iter_mut().for_each(|v| *v *= s);
+    }
+    out
+}
+
 /// `out = rmsnorm(x) * gamma` per row of width `c`; saves `rstd` per row.
 pub fn rmsnorm_forward(
     out: &mut [f32],

@@ -158,6 +158,18 @@ template <typename F> __device__ F block_sum(F v, F* scratch) {
     return warp_sum(lane < warps ? scratch[lane] : F(0));
 }
 
+// 1 / sqrt(mean(x^2) + eps) over a row of c values (RMSNorm's scale), computed by the whole
+// block: every thread must call it. The decode step's consumers of an unnormalised stream
+// (the cache append, SwiGLU) take it themselves instead of a norm kernel before them.
+template <typename T> __device__ float row_rstd(const T* x, int c, float eps, float* scratch) {
+    float acc = 0.f;
+    for (int i = threadIdx.x; i < c; i += blockDim.x) {
+        const float v = load(x[i]);
+        acc = fmaf(v, v, acc);
+    }
+    return 1.0f / sqrtf(block_sum(acc, scratch) / c + eps);
+}
+
 __device__ float block_max(float v, float* scratch) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     v = warp_max(v);

@@ -179,6 +179,7 @@ kernel_table! {
         GeluErfForward = "gelu_erf_forward",
         GeluErfBackward = "gelu_erf_backward",
         KvAppend = "kv_append",
+        KvAppendNormed = "kv_append_normed",
         CopyCacheSlot = "copy_cache_slot",
         CacheAttentionCombine = "cache_attention_combine",
         CacheAttentionL8G2 = "cache_attention" + "_l8_g2",
@@ -214,6 +215,7 @@ kernel_table! {
         SampleSelect = "sample_select",
         SampleDraw = "sample_draw",
         SwigluForward = "swiglu_forward",
+        SwigluForwardNormed = "swiglu_forward_normed",
         SwigluBackward = "swiglu_backward",
     }
 }

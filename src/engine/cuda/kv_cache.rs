@@ -32,6 +32,7 @@ macro_rules! program {
             kernels: &[],
             elem_kernels: &[
                 ElemKernel::KvAppend,
+                ElemKernel::KvAppendNormed,
                 ElemKernel::CopyCacheSlot,
                 ElemKernel::CacheAttentionCombine,
                 ElemKernel::CacheAttentionL8G2,
@@ -188,16 +189,14 @@ fn check_cache<T>(
 }
 
 impl CudaBackend {
-    /// Rotates each row's query heads into `q[rows, H D]`, and its rotated keys and its values
-    /// into the caches at `(slot[row], pos[row])`, from `qkv[rows, (H + 2K) D]`. A row outside
-    /// the cache writes nothing there and NaN queries; a position past the tables gives NaN in
-    /// the rotated dimensions. Rows must name distinct `(slot, pos)` pairs.
+    /// Checks an append's buffers against its shapes and returns the kernels' dimensions.
     #[allow(clippy::too_many_arguments)]
-    pub fn kv_append<T: Elem>(
+    fn append_dims<T: Elem>(
         &self,
-        q: &mut CudaSlice<T>,
-        k_cache: &mut CudaSlice<T>,
-        v_cache: &mut CudaSlice<T>,
+        op: &'static str,
+        q: &CudaSlice<T>,
+        k_cache: &CudaSlice<T>,
+        v_cache: &CudaSlice<T>,
         qkv: &CudaSlice<T>,
         slot: &CudaSlice<u32>,
         pos: &CudaSlice<u32>,
@@ -205,9 +204,8 @@ impl CudaBackend {
         sin: &CudaSlice<f32>,
         s: RopeShape,
         c: CacheShape,
-    ) -> Result<()> {
-        const OP: &str = "kv_append";
-        let bad = |detail: String| Err(CudaError::Shape { op: OP, detail });
+    ) -> Result<AppendDims> {
+        let bad = |detail: String| Err(CudaError::Shape { op, detail });
         if s.kv_heads == 0 || !s.heads.is_multiple_of(s.kv_heads) {
             return bad(format!(
                 "{} query heads cannot share {} key/value heads evenly",
@@ -229,25 +227,47 @@ impl CudaBackend {
         if cos.len() != sin.len() {
             return bad("the cos and sin tables differ in length".into());
         }
-        let (slots, max_len) = check_cache(OP, k_cache, v_cache, c)?;
-        check_len(OP, "slot", slot, s.rows)?;
-        check_len(OP, "pos", pos, s.rows)?;
-        check_len(OP, "q", q, s.rows * s.heads * s.head_dim)?;
-        check_len(OP, "qkv", qkv, s.rows * s.qkv_width())?;
-        as_i32(OP, "projection width", s.qkv_width())?;
+        let (slots, max_len) = check_cache(op, k_cache, v_cache, c)?;
+        check_len(op, "slot", slot, s.rows)?;
+        check_len(op, "pos", pos, s.rows)?;
+        check_len(op, "q", q, s.rows * s.heads * s.head_dim)?;
+        check_len(op, "qkv", qkv, s.rows * s.qkv_width())?;
+        as_i32(op, "projection width", s.qkv_width())?;
         let positions = cos
             .len()
             .checked_div(s.rot_dim / 2)
             .unwrap_or(u32::MAX as usize);
-        let dims = AppendDims {
-            heads: as_i32(OP, "heads", s.heads)?,
-            kv_heads: as_i32(OP, "kv_heads", s.kv_heads)?,
-            head_dim: as_i32(OP, "head_dim", s.head_dim)?,
-            rot_dim: as_i32(OP, "rot_dim", s.rot_dim)?,
+        Ok(AppendDims {
+            heads: as_i32(op, "heads", s.heads)?,
+            kv_heads: as_i32(op, "kv_heads", s.kv_heads)?,
+            head_dim: as_i32(op, "head_dim", s.head_dim)?,
+            rot_dim: as_i32(op, "rot_dim", s.rot_dim)?,
             positions: positions.min(u32::MAX as usize) as u32,
             slots,
             max_len,
-        };
+        })
+    }
+
+    /// Rotates each row's query heads into `q[rows, H D]`, and its rotated keys and its values
+    /// into the caches at `(slot[row], pos[row])`, from `qkv[rows, (H + 2K) D]`. A row outside
+    /// the cache writes nothing there and NaN queries; a position past the tables gives NaN in
+    /// the rotated dimensions. Rows must name distinct `(slot, pos)` pairs.
+    #[allow(clippy::too_many_arguments)]
+    pub fn kv_append<T: Elem>(
+        &self,
+        q: &mut CudaSlice<T>,
+        k_cache: &mut CudaSlice<T>,
+        v_cache: &mut CudaSlice<T>,
+        qkv: &CudaSlice<T>,
+        slot: &CudaSlice<u32>,
+        pos: &CudaSlice<u32>,
+        cos: &CudaSlice<f32>,
+        sin: &CudaSlice<f32>,
+        s: RopeShape,
+        c: CacheShape,
+    ) -> Result<()> {
+        const OP: &str = "kv_append";
+        let dims = self.append_dims(OP, q, k_cache, v_cache, qkv, slot, pos, cos, sin, s, c)?;
         let total = s.rows * s.qkv_width();
         if total == 0 {
             return Ok(());
@@ -268,6 +288,65 @@ impl CudaBackend {
         // SAFETY: lengths checked above; the kernel bounds each row's slot and position by
         // the cache's and its table reads by `dims.positions`.
         unsafe { b.launch(grid(total)) }?;
+        Ok(())
+    }
+
+    /// [`Self::kv_append`] of the projection of an unnormalised stream `x` (`rows` of `c`):
+    /// every element of a row scaled first by `1 / sqrt(mean(x_row^2) + eps)`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn kv_append_normed<T: Elem>(
+        &self,
+        q: &mut CudaSlice<T>,
+        k_cache: &mut CudaSlice<T>,
+        v_cache: &mut CudaSlice<T>,
+        qkv: &CudaSlice<T>,
+        x: &CudaSlice<T>,
+        c: usize,
+        eps: f32,
+        slot: &CudaSlice<u32>,
+        pos: &CudaSlice<u32>,
+        cos: &CudaSlice<f32>,
+        sin: &CudaSlice<f32>,
+        s: RopeShape,
+        cache: CacheShape,
+    ) -> Result<()> {
+        const OP: &str = "kv_append_normed";
+        let dims = self.append_dims(OP, q, k_cache, v_cache, qkv, slot, pos, cos, sin, s, cache)?;
+        check_len(OP, "x", x, s.rows * c)?;
+        if s.rows * s.qkv_width() == 0 {
+            return Ok(());
+        }
+        let c32 = as_i32(OP, "c", c)?;
+        let f = self.elem_function::<T>(ElemKernel::KvAppendNormed)?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(q)
+            .arg(k_cache)
+            .arg(v_cache)
+            .arg(qkv)
+            .arg(x)
+            .arg(&c32)
+            .arg(&eps)
+            .arg(slot)
+            .arg(pos)
+            .arg(cos)
+            .arg(sin)
+            .arg(&dims);
+        // A row's elements over a few blocks of 256 threads, each block taking the row's factor.
+        let cfg = LaunchConfig {
+            grid_dim: (
+                s.qkv_width().div_ceil(4 * 256) as u32,
+                u32::try_from(s.rows).map_err(|_| CudaError::Shape {
+                    op: OP,
+                    detail: format!("{} rows exceed the grid", s.rows),
+                })?,
+                1,
+            ),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: lengths checked above; the kernel bounds each row's slot and position by
+        // the cache's and its table reads by `dims.positions`.
+        unsafe { b.launch(cfg) }?;
         Ok(())
     }
 

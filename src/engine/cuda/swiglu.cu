@@ -33,11 +33,19 @@ template <int W, typename T> __device__ __forceinline__ void swiglu_store(T* p, 
     }
 }
 
-// h[row, col] = silu(gu[row, col]) * gu[row, F + col]
-template <typename T, int W>
-__device__ __forceinline__ void swiglu_forward_rows(T* __restrict__ h, const T* __restrict__ gu, int rows, int f) {
+// h[row, col] = silu(gu[row, col]) * gu[row, F + col]. With NORMED, gu is the projection of
+// an unnormalised stream x[rows, c] (the norm's gain folded into the weight) and both halves
+// are first scaled by the row's RMSNorm factor, which each block takes itself (see
+// kv_cache.cu's kv_append_normed): the decode step needs no norm kernel before gate/up.
+template <typename T, int W, bool NORMED = false>
+__device__ __forceinline__ void swiglu_forward_rows(T* __restrict__ h, const T* __restrict__ gu, int rows, int f,
+                                                    const T* __restrict__ x = nullptr, int c = 0,
+                                                    float eps = 0.f) {
+    __shared__ float scratch[NORMED ? 32 : 1];
     const int groups = f / W, stride = gridDim.x * blockDim.x;
     for (int row = blockIdx.y; row < rows; row += gridDim.y) {
+        float scale = 1.f;
+        if constexpr (NORMED) scale = row_rstd(x + (long long)row * c, c, eps, scratch);
         const T* gate = gu + 2LL * row * f;
         const T* up = gate + f;
         T* out = h + (long long)row * f;
@@ -56,7 +64,13 @@ __device__ __forceinline__ void swiglu_forward_rows(T* __restrict__ h, const T* 
                 const int g = g0 + k * stride;
                 if (g >= groups) continue;
 #pragma unroll
-                for (int e = 0; e < W; ++e) a[k][e] = a[k][e] * swiglu_sigmoid<T>(a[k][e]) * u[k][e];
+                for (int e = 0; e < W; ++e) {
+                    if constexpr (NORMED) {
+                        a[k][e] *= scale;
+                        u[k][e] *= scale;
+                    }
+                    a[k][e] = a[k][e] * swiglu_sigmoid<T>(a[k][e]) * u[k][e];
+                }
                 swiglu_store<W>(out + W * g, a[k]);
             }
         }
@@ -107,6 +121,14 @@ template <typename T> __device__ void swiglu_forward(T* h, const T* gu, int rows
         swiglu_forward_rows<T, 1>(h, gu, rows, f);
 }
 
+template <typename T>
+__device__ void swiglu_forward_normed(T* h, const T* gu, int rows, int f, const T* x, int c, float eps) {
+    if (f % 4 == 0 && aligned4(h) && aligned4(gu))
+        swiglu_forward_rows<T, 4, true>(h, gu, rows, f, x, c, eps);
+    else
+        swiglu_forward_rows<T, 1, true>(h, gu, rows, f, x, c, eps);
+}
+
 template <typename T> __device__ void swiglu_backward(T* dgu, const T* gu, const T* dh, int rows, int f) {
     if (f % 4 == 0 && aligned4(dgu) && aligned4(gu) && aligned4(dh))
         swiglu_backward_rows<T, 4>(dgu, gu, dh, rows, f);
@@ -117,6 +139,10 @@ template <typename T> __device__ void swiglu_backward(T* dgu, const T* gu, const
 #define SWIGLU_KERNELS(T, SUFFIX)                                                                \
     extern "C" __global__ void swiglu_forward_##SUFFIX(T* h, const T* gu, int rows, int f) {     \
         swiglu_forward<T>(h, gu, rows, f);                                                       \
+    }                                                                                             \
+    extern "C" __global__ void swiglu_forward_normed_##SUFFIX(T* h, const T* gu, int rows, int f, \
+                                                              const T* x, int c, float eps) {     \
+        swiglu_forward_normed<T>(h, gu, rows, f, x, c, eps);                                     \
     }                                                                                             \
     extern "C" __global__ void swiglu_backward_##SUFFIX(T* dgu, const T* gu, const T* dh,        \
                                                         int rows, int f) {                       \

@@ -10,7 +10,11 @@ pub(super) const PROGRAM: Program = Program {
     name: "swiglu",
     source: include_str!("swiglu.cu"),
     kernels: &[],
-    elem_kernels: &[ElemKernel::SwigluForward, ElemKernel::SwigluBackward],
+    elem_kernels: &[
+        ElemKernel::SwigluForward,
+        ElemKernel::SwigluForwardNormed,
+        ElemKernel::SwigluBackward,
+    ],
     dtypes: ELEM_DTYPES,
 };
 
@@ -66,6 +70,43 @@ impl CudaBackend {
         b.arg(h).arg(gate_up).arg(&rows32).arg(&width);
         // SAFETY: `h` holds `rows * f` elements and `gate_up` twice that (checked above); the
         // two are distinct buffers, as the kernel's restrict-qualified pointers require.
+        unsafe { b.launch(grid(rows, f)) }?;
+        Ok(())
+    }
+
+    /// [`Self::swiglu_forward`] of the projection of an unnormalised stream `x` (`rows` of `c`):
+    /// both halves of each row scaled first by `1 / sqrt(mean(x_row^2) + eps)`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn swiglu_forward_normed<T: Elem>(
+        &self,
+        h: &mut CudaSlice<T>,
+        gate_up: &CudaSlice<T>,
+        x: &CudaSlice<T>,
+        rows: usize,
+        f: usize,
+        c: usize,
+        eps: f32,
+    ) -> Result<()> {
+        const OP: &str = "swiglu_forward_normed";
+        let width = check_width(OP, f)?;
+        let n = rows * f;
+        check_len(OP, "h", h, n)?;
+        check_len(OP, "gate_up", gate_up, 2 * n)?;
+        check_len(OP, "x", x, rows * c)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let func = self.elem_function::<T>(ElemKernel::SwigluForwardNormed)?;
+        let (rows32, c32) = (as_i32(OP, "rows", rows)?, as_i32(OP, "c", c)?);
+        let mut b = self.stream.launch_builder(func);
+        b.arg(h)
+            .arg(gate_up)
+            .arg(&rows32)
+            .arg(&width)
+            .arg(x)
+            .arg(&c32)
+            .arg(&eps);
+        // SAFETY: as swiglu_forward; `x` holds `rows * c` elements and is read only.
         unsafe { b.launch(grid(rows, f)) }?;
         Ok(())
     }
