@@ -129,9 +129,15 @@ impl GgmlType {
     pub const F16: GgmlType = GgmlType(1);
     pub const Q4_0: GgmlType = GgmlType(2);
     pub const Q4_1: GgmlType = GgmlType(3);
+    pub const Q5_0: GgmlType = GgmlType(6);
+    pub const Q5_1: GgmlType = GgmlType(7);
     pub const Q8_0: GgmlType = GgmlType(8);
+    pub const Q2_K: GgmlType = GgmlType(10);
+    pub const Q3_K: GgmlType = GgmlType(11);
     pub const Q4_K: GgmlType = GgmlType(12);
+    pub const Q5_K: GgmlType = GgmlType(13);
     pub const Q6_K: GgmlType = GgmlType(14);
+    pub const Q8_K: GgmlType = GgmlType(15);
     pub const BF16: GgmlType = GgmlType(30);
 
     /// ggml's name for the type ("Q4_K"), or "type N" for a number ggml does not define.
@@ -209,8 +215,14 @@ impl GgmlType {
             Self::Q8_0,
             Self::Q4_0,
             Self::Q4_1,
+            Self::Q5_0,
+            Self::Q5_1,
+            Self::Q2_K,
+            Self::Q3_K,
             Self::Q4_K,
+            Self::Q5_K,
             Self::Q6_K,
+            Self::Q8_K,
         ]
         .contains(&self)
     }
@@ -744,8 +756,14 @@ fn dequantize(ty: GgmlType, data: &[u8], out: &mut [f32]) {
         GgmlType::Q8_0 => for_blocks(data, out, 34, 32, dequant_q8_0),
         GgmlType::Q4_0 => for_blocks(data, out, 18, 32, dequant_q4_0),
         GgmlType::Q4_1 => for_blocks(data, out, 20, 32, dequant_q4_1),
+        GgmlType::Q5_0 => for_blocks(data, out, 22, 32, dequant_q5_0),
+        GgmlType::Q5_1 => for_blocks(data, out, 24, 32, dequant_q5_1),
+        GgmlType::Q2_K => for_blocks(data, out, 84, 256, dequant_q2_k),
+        GgmlType::Q3_K => for_blocks(data, out, 110, 256, dequant_q3_k),
         GgmlType::Q4_K => for_blocks(data, out, 144, 256, dequant_q4_k),
+        GgmlType::Q5_K => for_blocks(data, out, 176, 256, dequant_q5_k),
         GgmlType::Q6_K => for_blocks(data, out, 210, 256, dequant_q6_k),
+        GgmlType::Q8_K => for_blocks(data, out, 292, 256, dequant_q8_k),
         _ => unreachable!("tensor_f32 checks is_dequantisable first"),
     }
 }
@@ -800,10 +818,93 @@ fn dequant_q4_1(b: &[u8], y: &mut [f32]) {
     }
 }
 
-/// The 6-bit scale and minimum of Q4_K sub-block `j` (0..8), packed in 12 bytes: sub-blocks
-/// 0-3 keep theirs in the low 6 bits of bytes j and j+4; sub-blocks 4-7 keep their low 4 bits
-/// in byte j+4 (scale low nibble, minimum high nibble) and their top 2 bits in the spare top
-/// bits of bytes j-4 and j.
+/// The 5-bit codes of elements `i` and `i + 16` (0..16) of a Q5_0 or Q5_1 block: the low 4
+/// bits are nibbles as in Q4_0 (`qs` byte `i`, low then high), the fifth bit is bit `i` or
+/// `i + 16` of `qh`, the block's 4 high-bit bytes read as one little-endian word.
+fn q5_codes(qs: &[u8], qh: u32, i: usize) -> (u8, u8) {
+    let top = |bit: usize| (((qh >> bit) & 1) as u8) << 4;
+    ((qs[i] & 0x0f) | top(i), (qs[i] >> 4) | top(i + 16))
+}
+
+/// Q5_0: an f16 scale, 4 bytes holding the fifth bit of each of the 32 codes, then 16 bytes
+/// of low nibbles (see [`q5_codes`]); `x = d * (q - 16)`.
+fn dequant_q5_0(b: &[u8], y: &mut [f32]) {
+    let d = half_at(b, 0);
+    let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+    let qs = &b[6..22];
+    for i in 0..16 {
+        let (lo, hi) = q5_codes(qs, qh, i);
+        y[i] = d * (f32::from(lo) - 16.0);
+        y[i + 16] = d * (f32::from(hi) - 16.0);
+    }
+}
+
+/// Q5_1: f16 scale and minimum, then the fifth-bit word and nibbles as in Q5_0;
+/// `x = d * q + m`.
+fn dequant_q5_1(b: &[u8], y: &mut [f32]) {
+    let (d, m) = (half_at(b, 0), half_at(b, 2));
+    let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+    let qs = &b[8..24];
+    for i in 0..16 {
+        let (lo, hi) = q5_codes(qs, qh, i);
+        y[i] = d * f32::from(lo) + m;
+        y[i + 16] = d * f32::from(hi) + m;
+    }
+}
+
+/// Q2_K: 256 elements in 16 sub-blocks of 16. 16 bytes of 4-bit scale (low nibble) and
+/// minimum (high nibble), one byte per sub-block; 64 bytes of 2-bit codes; then f16 `d` and
+/// `dmin`. Each half of 128 elements has 32 code bytes, and bit pair `k` (bits `2k..2k+2`) of
+/// its byte `l` is the half's element `32 k + l`. `x = d * scale * q - dmin * min`.
+fn dequant_q2_k(b: &[u8], y: &mut [f32]) {
+    let (sc, qs) = (&b[0..16], &b[16..80]);
+    let (d, dmin) = (half_at(b, 80), half_at(b, 82));
+    for (s, y) in y.chunks_exact_mut(16).enumerate() {
+        let (dl, ml) = (d * f32::from(sc[s] & 0x0f), dmin * f32::from(sc[s] >> 4));
+        let q = &qs[(s / 8) * 32 + (s % 2) * 16..][..16];
+        let shift = 2 * ((s % 8) / 2);
+        for (y, &q) in y.iter_mut().zip(q) {
+            *y = dl * f32::from((q >> shift) & 3) - ml;
+        }
+    }
+}
+
+/// The signed scale of Q3_K sub-block `s` (0..16): 6 bits stored with an offset of 32 in 12
+/// bytes. The low 4 bits are a nibble of the first 8 bytes (low nibbles for sub-blocks 0-7,
+/// high nibbles for 8-15, byte `s % 8`), the top 2 bits the bit pair `s / 4` of byte
+/// `8 + s % 4`.
+fn q3_k_scale(s: usize, sc: &[u8]) -> i8 {
+    let low = (sc[s % 8] >> (4 * (s / 8))) & 0x0f;
+    let high = (sc[8 + s % 4] >> (2 * (s / 4))) & 3;
+    (low | (high << 4)) as i8 - 32
+}
+
+/// Q3_K: 256 elements in 16 sub-blocks of 16, no minimum. 32 bytes of high bits (`hmask`),
+/// 64 bytes of 2-bit low codes laid out as in Q2_K, 12 bytes of packed scales (see
+/// [`q3_k_scale`]), then f16 `d`. Element `32 j + l` (`j` in 0..8, `l` in 0..32) takes its
+/// third bit from bit `j` of `hmask` byte `l`; a set bit means the code is the low bits as
+/// they are, a clear one subtracts 4, so codes run from -4 to 3. `x = d * scale * q`.
+fn dequant_q3_k(b: &[u8], y: &mut [f32]) {
+    let (hmask, qs, sc) = (&b[0..32], &b[32..96], &b[96..108]);
+    let d = half_at(b, 108);
+    for (s, y) in y.chunks_exact_mut(16).enumerate() {
+        let dl = d * f32::from(q3_k_scale(s, sc));
+        let l0 = (s % 2) * 16;
+        let (q, hm) = (&qs[(s / 8) * 32 + l0..][..16], &hmask[l0..][..16]);
+        let j = s / 2;
+        let shift = 2 * (j % 4);
+        for ((y, &q), &h) in y.iter_mut().zip(q).zip(hm) {
+            let low = ((q >> shift) & 3) as i8;
+            let code = if (h >> j) & 1 == 1 { low } else { low - 4 };
+            *y = dl * f32::from(code);
+        }
+    }
+}
+
+/// The 6-bit scale and minimum of Q4_K (and Q5_K) sub-block `j` (0..8), packed in 12 bytes:
+/// sub-blocks 0-3 keep theirs in the low 6 bits of bytes j and j+4; sub-blocks 4-7 keep their
+/// low 4 bits in byte j+4 (scale low nibble, minimum high nibble) and their top 2 bits in the
+/// spare top bits of bytes j-4 and j.
 fn q4_k_scale_min(j: usize, s: &[u8]) -> (u8, u8) {
     if j < 4 {
         (s[j] & 63, s[j + 4] & 63)
@@ -834,6 +935,25 @@ fn dequant_q4_k(b: &[u8], y: &mut [f32]) {
     }
 }
 
+/// Q5_K: 256 elements in 8 sub-blocks of 32. f16 `d` and `dmin` and 12 bytes of packed 6-bit
+/// scales and minimums as in Q4_K, then 32 bytes of high bits (`qh`) and 128 bytes of
+/// nibbles laid out as in Q4_K. Element `l` (0..32) of sub-block `j` takes its fifth bit from
+/// bit `j` of `qh` byte `l`. `x = d * scale * q - dmin * min`, with 5-bit codes.
+fn dequant_q5_k(b: &[u8], y: &mut [f32]) {
+    let (d, dmin) = (half_at(b, 0), half_at(b, 2));
+    let (scales, qh, qs) = (&b[4..16], &b[16..48], &b[48..176]);
+    for (j, y) in y.chunks_exact_mut(32).enumerate() {
+        let (sc, m) = q4_k_scale_min(j, scales);
+        let (dl, ml) = (d * f32::from(sc), dmin * f32::from(m));
+        let q = &qs[(j / 2) * 32..][..32];
+        let shift = 4 * (j % 2);
+        for ((y, &q), &h) in y.iter_mut().zip(q).zip(qh) {
+            let code = ((q >> shift) & 0x0f) | (((h >> j) & 1) << 4);
+            *y = dl * f32::from(code) - ml;
+        }
+    }
+}
+
 /// Q6_K: 256 elements with 16 signed 8-bit scales (one per 16 elements) and an f16 `d`.
 /// Codes are 6 bits: the low 4 in `ql` (128 bytes), the high 2 in `qh` (64 bytes). In each
 /// half of 128 elements, `ql` byte `l` holds elements `l` (low nibble) and `l + 64` (high),
@@ -853,6 +973,16 @@ fn dequant_q6_k(b: &[u8], y: &mut [f32]) {
             y[l + 64] = s(4) * code(ql[l] >> 4, 4);
             y[l + 96] = s(6) * code(ql[l + 32] >> 4, 6);
         }
+    }
+}
+
+/// Q8_K: an f32 scale (not f16, unlike the other types), 256 signed bytes, then 16 i16 sums of
+/// groups of 16 codes that ggml keeps for its dot products and dequantisation ignores;
+/// `x = d * q`.
+fn dequant_q8_k(b: &[u8], y: &mut [f32]) {
+    let d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    for (y, &q) in y.iter_mut().zip(&b[4..260]) {
+        *y = d * f32::from(q as i8);
     }
 }
 
@@ -1202,6 +1332,130 @@ mod tests {
         }
     }
 
+    /// `blocks` blocks of `ty`: bytes of the xorshift stream seeded with `seed`, then each
+    /// block's scale fields set to fixed finite values (random bytes read as f16 could be NaN
+    /// or infinite). bench/gguf_quants_reference.py builds the same bytes.
+    fn random_blocks(ty: GgmlType, seed: u64, blocks: usize) -> Vec<u8> {
+        fn put(block: &mut [u8], at: usize, v: u16) {
+            block[at..at + 2].copy_from_slice(&v.to_le_bytes());
+        }
+        let (_, size) = ty.block_layout().unwrap();
+        let mut rng = Rng(seed);
+        let mut data: Vec<u8> = (0..blocks * size).map(|_| rng.byte()).collect();
+        for (b, block) in data.chunks_exact_mut(size).enumerate() {
+            let b16 = b as u16;
+            // f16 bits: d from about 0.01 upwards, negative in odd blocks; dmin from about
+            // 0.003; Q5_1's minimum from 0.25, negative in every third block. Q8_K's f32 `d`
+            // is about 0.002 upwards, negative in odd blocks.
+            let d = (0x2147 + 0x0111 * b16) | ((b16 % 2) << 15);
+            let dmin = 0x1a3b + 0x0105 * b16;
+            let m = (0x3400 + 0x0123 * b16) | (u16::from(b % 3 == 0) << 15);
+            match ty {
+                GgmlType::Q5_0 => put(block, 0, d),
+                GgmlType::Q5_1 => {
+                    put(block, 0, d);
+                    put(block, 2, m);
+                }
+                GgmlType::Q2_K => {
+                    put(block, 80, d);
+                    put(block, 82, dmin);
+                }
+                GgmlType::Q3_K => put(block, 108, d),
+                GgmlType::Q5_K => {
+                    put(block, 0, d);
+                    put(block, 2, dmin);
+                }
+                GgmlType::Q8_K => {
+                    let d = (0x3b0f_5c29 + 0x0012_3457 * b as u32) | ((b as u32 % 2) << 31);
+                    block[0..4].copy_from_slice(&d.to_le_bytes());
+                }
+                _ => unreachable!("{ty}"),
+            }
+        }
+        data
+    }
+
+    /// FNV-1a (64-bit) of the values' little-endian f32 bytes.
+    fn fnv1a(values: &[f32]) -> u64 {
+        values
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .fold(0xcbf2_9ce4_8422_2325, |h, byte| {
+                (h ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+            })
+    }
+
+    /// Reads `blocks` blocks of [`random_blocks`] as one `ty` tensor of a GGUF file (a row per
+    /// block) and compares them with the reference: the first block value by value, bit for
+    /// bit, against `block0` (f32 bits in hex, 8 digits a value), and all of them by `hash`
+    /// ([`fnv1a`]).
+    fn check_against_reference(ty: GgmlType, seed: u64, blocks: usize, hash: u64, block0: &str) {
+        let (elems, _) = ty.block_layout().unwrap();
+        let t = tensor(
+            "w",
+            &[elems as u64, blocks as u64],
+            ty,
+            random_blocks(ty, seed, blocks),
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(&dir, "q.gguf", &gguf_bytes(&[], &[t]));
+        let g = GgufFile::open(&path).unwrap();
+        assert_eq!(g.tensor_info("w").unwrap().type_name(), ty.name());
+        let (shape, got) = g.tensor_f32("w").unwrap();
+        assert_eq!(shape, vec![blocks, elems], "{ty}");
+        let want: Vec<u32> = block0
+            .as_bytes()
+            .chunks(8)
+            .map(|h| u32::from_str_radix(std::str::from_utf8(h).unwrap(), 16).unwrap())
+            .collect();
+        assert_eq!(want.len(), elems, "{ty}: reference block length");
+        for (i, (g, &w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(
+                g.to_bits(),
+                w,
+                "{ty}[{i}]: {g} != {} (reference)",
+                f32::from_bits(w)
+            );
+        }
+        assert!(got.iter().all(|v| v.is_finite()), "{ty}");
+        assert_eq!(fnv1a(&got), hash, "{ty}: hash of all {blocks} blocks");
+    }
+
+    // The expected values come from bench/gguf_quants_reference.py: llama.cpp's gguf-py
+    // (`gguf.quants.dequantize`) for Q5_0, Q5_1, Q2_K, Q3_K and Q5_K, and numpy from ggml's
+    // block struct for Q8_K, which gguf-py does not dequantise. Both compute in f32 in ggml's
+    // order, as kiln does, so the values agree to the bit.
+
+    #[test]
+    fn q5_0_blocks_dequantise_as_gguf_py_does() {
+        check_against_reference(GgmlType::Q5_0, 0x5005, 8, Q5_0_HASH, Q5_0_BLOCK0);
+    }
+
+    #[test]
+    fn q5_1_blocks_dequantise_as_gguf_py_does() {
+        check_against_reference(GgmlType::Q5_1, 0x5105, 8, Q5_1_HASH, Q5_1_BLOCK0);
+    }
+
+    #[test]
+    fn q2_k_blocks_dequantise_as_gguf_py_does() {
+        check_against_reference(GgmlType::Q2_K, 0x2002, 4, Q2_K_HASH, Q2_K_BLOCK0);
+    }
+
+    #[test]
+    fn q3_k_blocks_dequantise_as_gguf_py_does() {
+        check_against_reference(GgmlType::Q3_K, 0x3003, 4, Q3_K_HASH, Q3_K_BLOCK0);
+    }
+
+    #[test]
+    fn q5_k_blocks_dequantise_as_gguf_py_does() {
+        check_against_reference(GgmlType::Q5_K, 0x5005_5005, 4, Q5_K_HASH, Q5_K_BLOCK0);
+    }
+
+    #[test]
+    fn q8_k_blocks_dequantise_as_ggml_defines() {
+        check_against_reference(GgmlType::Q8_K, 0x8008, 4, Q8_K_HASH, Q8_K_BLOCK0);
+    }
+
     #[test]
     fn metadata_of_every_type_reads_back() {
         use GgufValue::*;
@@ -1297,19 +1551,27 @@ mod tests {
     #[test]
     fn unsupported_types_bad_magic_and_missing_tensors_are_clear_errors() {
         let dir = tempfile::tempdir().unwrap();
-        let q5k = tensor("blk.0.ffn_down.weight", &[256], GgmlType(13), vec![0; 176]);
+        // Q8_1 has a known block layout (its bytes can be read) but is not dequantised;
+        // IQ2_XS has neither.
+        let q81 = tensor("blk.0.ffn_down.weight", &[32], GgmlType(9), vec![0; 36]);
+        let iq2 = tensor("blk.0.ffn_up.weight", &[256], GgmlType(17), vec![0; 74]);
         let odd = tensor("odd", &[4], GgmlType(99), vec![0; 4]);
-        let path = write(&dir, "t.gguf", &gguf_bytes(&[], &[q5k, odd]));
+        let path = write(&dir, "t.gguf", &gguf_bytes(&[], &[q81, iq2, odd]));
         let g = GgufFile::open(&path).unwrap();
         let e = g
             .tensor_f32("blk.0.ffn_down.weight")
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("blk.0.ffn_down.weight") && e.contains("Q5_K"),
+            e.contains("blk.0.ffn_down.weight") && e.contains("Q8_1"),
             "{e}"
         );
-        assert_eq!(g.tensor_data("blk.0.ffn_down.weight").unwrap().len(), 176);
+        assert_eq!(g.tensor_data("blk.0.ffn_down.weight").unwrap().len(), 36);
+        let e = g.tensor_f32("blk.0.ffn_up.weight").unwrap_err().to_string();
+        assert!(
+            e.contains("blk.0.ffn_up.weight") && e.contains("IQ2_XS"),
+            "{e}"
+        );
         let e = g.tensor_f32("odd").unwrap_err().to_string();
         assert!(e.contains("odd") && e.contains("type 99"), "{e}");
         let e = g.tensor_f32("output.weight").unwrap_err().to_string();
@@ -1331,4 +1593,132 @@ mod tests {
             .to_string();
         assert!(e.contains("nope.gguf") && e.contains("cannot read"), "{e}");
     }
+
+    // Printed by bench/gguf_quants_reference.py (see check_against_reference's tests).
+    // Q5_0: 8 blocks, seed 0x5005
+    const Q5_0_HASH: u64 = 0x26847aa3ea717c65;
+    const Q5_0_BLOCK0: &str = "\
+        bd93c400be13c4003da8e0003dbdfc00bd93c4003de834003d28e0003d7d50003c28e0003e093600bde83400\
+        bdfd5000bc28e0003c28e0003da8e0003e093600bd93c40000000000bd7d5000bdd31800bdbdfc00bc28e000\
+        3cfd5000bd28e000bdfd5000bde83400bca8e000bcfd50003d93c4003da8e0003e1e52003cfd5000\
+    ";
+    // Q5_1: 8 blocks, seed 0x5105
+    const Q5_1_HASH: u64 = 0x9f096874fe7e1c90;
+    const Q5_1_BLOCK0: &str = "\
+        be605600bdd87800be40ac00be361e00bded9400be757200bdd87800bdc35c00bdc35c00be361e00be55c800\
+        be2b9000bd992400be757200bd33a000bcbe60003d729000bc53e0003d8e6400bdae4000be40ac00be210200\
+        be2b9000be55c800bd33a000bb2c0000bdae40003c936000bd9924003ce7d000be6ae400be361e00\
+    ";
+    // Q2_K: 4 blocks, seed 0x2002
+    const Q2_K_HASH: u64 = 0xcefbf525b9071852;
+    const Q2_K_BLOCK0: &str = "\
+        bd158800bd1588003b9ac0003b9ac000bd1588003b9ac0003ccf9000bd158800bc823000bc8230003ccf9000\
+        3b9ac0003b9ac000bd158800bd1588003ccf90003bd7c0003d19a0003d19a0003d8c24003d19a0003d8c2400\
+        3d19a0003bd7c0003d8c24003d8c24003d8c24003d19a0003d19a000bcc760003bd7c0003bd7c0003d3f0200\
+        3cd52400bc7938003cd524003cd524003bb11000bc7938003bb110003bb11000bc7938003cd524003d3f0200\
+        3bb110003cd52400bc7938003d3f0200bc4760003d4b78003e3186003d4b7800bc4760003d4b78003e318600\
+        bc4760003d4b78003e3186003e3186003d4b78003d4b7800bc476000bc4760003d4b78003e0f4180bd3aea00\
+        3d9fdb00bd3aea00bd3aea003e0f41803e0f41803c84cc003d9fdb003d9fdb003d9fdb003d9fdb00bd3aea00\
+        3c84cc003d9fdb003e0f4180bbc760003d3a2c003d3a2c003dc6a2003dc6a2003e181700bbc76000bbc76000\
+        3d3a2c003dc6a200bbc76000bbc760003dc6a2003e181700bbc760003e181700bd2e7400bc3f3000bc3f3000\
+        bd2e7400bc3f30003c9db8003d4d84003c9db800bc3f3000bd2e74003c9db800bc3f3000bc3f3000bd2e7400\
+        3d4d8400bc3f30003e57ee00bd1588003e57ee003e037e003e57ee003e57ee003e57ee00bd158800bd158800\
+        3d3c38003e57ee00bd158800bd1588003e57ee00bd1588003d3c38003ee105003ee10500bcc760003ee10500\
+        3ee105003ee105003e0566003e91dc00bcc760003e0566003e0566003e0566003e91dc003e056600bcc76000\
+        bcc76000bc958800bc958800bc9588003e8a6b803e0113003ed44d803ed44d803e8a6b803e0113003e8a6b80\
+        bc9588003e0113003e8a6b80bc958800bc9588003e0113003e73f7803e1f87803e73f780bc1588003e73f780\
+        3e1f87803e1f87803d962f003e73f7803e73f7803e73f7803e73f7803d962f00bc1588003d962f003e1f8780\
+        3d837e003d837e003d837e00bc9588003d837e00bc9588003d837e003d837e00bc9588003e6a9f003d837e00\
+        3e6a9f00bc9588003e162f00bc9588003d837e003dccdd003dccdd00bb4760003e4ffa803e9cc3403dccdd00\
+        3e9cc3403e4ffa803e4ffa803e4ffa803e9cc3403dccdd003e4ffa80bb4760003e9cc3403e9cc3403e30d380\
+        bd0912003d8e8f00bd0912003e8d2fc0bd091200bd0912003e8d2fc03e8d2fc03d8e8f003e30d3803e30d380\
+        3d8e8f003d8e8f00bd0912003e30d380bbc760003e8618803e861880bbc76000bbc760003e02fb003ecab380\
+        3e02fb003ecab3803e02fb00bbc760003ecab3803e8618803e861880bbc76000bbc76000bce04c003db02100\
+        3db021003e4c2a80bce04c00bce04c003e4c2a803ea022403e4c2a803db021003ea022403ea022403db02100\
+        3db021003ea02240bce04c00\
+    ";
+    // Q3_K: 4 blocks, seed 0x3003
+    const Q3_K_HASH: u64 = 0x078cc014b3e610e6;
+    const Q3_K_BLOCK0: &str = "\
+        be3dfc003dbdfc0080000000be8e7d00be8e7d00bdbdfc003e8e7d00be3dfc0080000000bdbdfc003e8e7d00\
+        3ebdfc003dbdfc003e3dfc00bdbdfc003e8e7d003ec88a003e488a003f488a003e488a003ec88a00be488a00\
+        800000003ec88a003e488a00bf166780be488a003e488a003f488a00bf166780bf166780800000003e336e00\
+        3e336e003eb36e00be336e00bf06928000000000bf336e00beb36e00beb36e00beb36e003f0692803e336e00\
+        3eb36e003f06928000000000bf069280bd28e000bca8e000bc28e0003ca8e000bd28e000bd28e000bc28e000\
+        3cfd5000bcfd50003c28e0003cfd5000000000003ca8e0003c28e000bcfd50003cfd5000be7d5000bebdfc00\
+        be7d5000befd5000bdfd500000000000be7d50003dfd5000befd500000000000befd5000befd500000000000\
+        3dfd5000bebdfc00bebdfc008000000000000000800000000000000000000000800000000000000080000000\
+        8000000000000000000000000000000000000000800000000000000080000000bca8e000bca8e0003d28e000\
+        bda8e00000000000bda8e000bca8e00000000000bca8e000bda8e000bd28e0003d28e000bca8e0003d7d5000\
+        3ca8e000bca8e000bf659080bf6590803e990b00bf6590803f190b003e990b0080000000bf65908080000000\
+        3f6590803f659080bf659080bf65908080000000bf6590803e990b003edda6003e93c400800000003edda600\
+        80000000bedda60080000000bedda6003edda600bedda6003f13c400bedda600bedda6003edda6003e93c400\
+        3e93c400be8936003e0936003e8936003e8936003e093600be093600be893600becdd1003e893600becdd100\
+        3e093600800000003ecdd10080000000becdd100800000003e72c200bf72c200bf72c200000000003ef2c200\
+        3f3611803f361180be72c20000000000be72c200bf72c2003f36118000000000be72c200be72c2003f361180\
+        bf8936003e8936003f4dd10000000000bf093600be893600bf0936003e8936003e893600bf4dd100bf093600\
+        be893600bf4dd1003f093600bf4dd100bf4dd100bedda600000000003e5da6003e5da600bedda600bedda600\
+        bf263c80bf5da6000000000000000000bedda6003e5da600bf5da600be5da600bf263c80be5da6003e1e5200\
+        00000000bd531800000000003e1e5200bdd318003e1e5200000000003e1e52003dd31800bd531800bd531800\
+        3e1e5200bdd31800be531800be5318003f0e7d0000000000be8e7d00be8e7d00be8e7d003f55bb803f55bb80\
+        bf55bb80bf55bb803f55bb80bf0e7d00bf8e7d00bf8e7d003f55bb8000000000bf55bb80be683400bee83400\
+        bf2e2700be68340000000000bee834003f2e2700be6834003f2e2700bf6834003ee83400be6834003ee83400\
+        be683400be6834003f2e2700\
+    ";
+    // Q5_K: 4 blocks, seed 0x50055005
+    const Q5_K_HASH: u64 = 0xb6ed446512de0331;
+    const Q5_K_BLOCK0: &str = "\
+        41334f8040cc42403ffb0a4040f2d9703fc79600404ab380411995603f415b0041334f803ffb0a404098ce00\
+        40d91f50411326d8407e27c0407e27c04126727040646da0412003e840d91f5041267270412672704139be08\
+        40d91f5041199560404ab380407e27c0408bf0f041469b18408bf0f041469b1841267270411995604047d008\
+        4137893241126dfa40cbcdd43fa22510410b02223fdd83d04128b182415ca46a40ae1e7440cbcdd441126dfa\
+        40ae1e743fa22510bdff730041301d5a40e97d343f4d8ca0414dccba4128b182408197644119d9d240bcf624\
+        4128b18240e97d34413ef50a4047d0084103964a40f854e440819764bdff73003f4d8ca04128edc4413e33fc\
+        4008c430410578bc408b4c28415a919c4008c43040e06508415a919c410c9024415a919c3fd8cd20408b4c28\
+        410c90243f4ead403f4ead40407a3ab04130052c40c40768407a3ab0402521d040e065084008c43040e06508\
+        414c62cc410c902440b5d8984121d65c4121d65c41537a34408b4c28414c62cc4083e0e03fe0110041248f40\
+        406969804142e7803f4d600040b1654040930d0040a239204159a9b041613fc040ee15c0411cf930410dcd10\
+        3ea7fe004159a9b0410dcd104133bb6040930d004083e0e041156320413b51704159a9b041613fc04083e0e0\
+        40696980410dcd103f4d600040930d00be1588004142e7803ea7fe00408204c04027af004086a2e0404363c0\
+        3ee93a00401e72c03f198e003ee93a004002be003ff303803fe08b003fe08b00404ca0003ee93a003f96a900\
+        4086a2e03f3e7f003e9f58003fbb9a00bdf938003fe08b003fbb9a00403a2780401e72c03cb94000401e72c0\
+        404ca000404ca0004055dc404055dc404030eb40408204c03d764000bd2ff0003cef3000bdc18400be0afa00\
+        bd2ff0003de4ac00bd05b8003e31aa003e1c8e00bdd6a0003dba7400bd2ff000bae200003e271c003dba7400\
+        bd05b8003c9ac000bd5a28003de4ac003d903c00bd974c00bc452000bd2ff000bcb70000bd05b800be158800\
+        3e31aa00bd974c00bd974c00bc452000bd974c0040e03cdc41825ac3415043f6406eb37840abcb4c4147865e\
+        409a501c4186b98f4028c6b8412d4d964186b98f40cec1ac4028c6b841733a564088d4ec41360b2e4159018e\
+        4101999e406eb3784101999e41248ffe411bd26641733a5641360b2e41248ffe40f1b80c40cec1ac41825ac3\
+        41248ffe412d4d96406eb37840cec1ac40919a2440e0c32440fe72844117f612407b9fc8409b7f4440af4984\
+        40e0c32440fe72844087b5044117f612407b9fc8410e10f23fe230104117f61240a5646440af49843e624c80\
+        3fe230104004e24840540b48bdb4af004087b50440e0c32440540b483fe2301040af498440f48d6441130382\
+        4067d5884018ac8841042bd2\
+    ";
+    // Q8_K: 4 blocks, seed 0x8008
+    const Q8_K_HASH: u64 = 0xd88959497f13d609;
+    const Q8_K_BLOCK0: &str = "\
+        3e49999abde8f5c3bbd70a3ebd2147aebe8e3d71be49999abe16147bbde000003e3570a4bce8f5c3bdbc28f6\
+        3e2c7ae13d1851ecbd4e147bbd451eb8bd71eb85be528f5cbe66b8523b8f5c29be5b851f3e8e3d713e3e6666\
+        3e11999a3dff5c29bd3c28f63e8428f6bdc51eb83e1f0a3dbe42e148be40a3d7bdf666663dd70a3ebc8f5c29\
+        3e8e3d713e11999abd2a3d71bdf1eb853e5051ecbe6fae153e4e147b3e68f5c33e71eb853db33333bdce147b\
+        bc333333be7ae1483e6b33333e0428f6bd1851ec3e01eb85bd68f5c33d6000003daeb852be30f5c33df1eb85\
+        bdb33333bd3c28f63e0ae148be2eb8523e78a3d7be8e3d713e5b851f3e71eb85be8d1eb83dc9999a3dff5c29\
+        3d600000be54cccd3e37ae15bc8f5c29be475c29be0ae148be7d1eb83dfae148be25c28f3df66666bc333333\
+        bd570a3ebd81eb853e6000003e0666663d68f5c33dbc28f6bd9851ecbb0f5c29bdc51eb83e5947aebb0f5c29\
+        3dce147b3d0f5c293e25c28f3e8d1eb83d570a3e3e570a3e3d451eb83e40a3d73e5b851fbe7f5c293e3570a4\
+        bcc51eb83e866666be71eb85be54cccd3e8428f63df1eb853e25c28fbe570a3e3e6fae153e7d1eb8be5dc28f\
+        be1ccccd3e2800003e30f5c33e23851f3e11999abe2800003d2147ae3d68f5c33d8666663dc51eb8bc0f5c29\
+        be623d71bda147ae3e08a3d73e6fae15bdc9999abe81eb853e6b33333dc9999abe8547aebd8f5c29be66b852\
+        be13d70abcc51eb8bdaa3d71be7d1eb8bdbc28f63d2a3d713c3333333e7d1eb83e11999abe7428f6bdfae148\
+        3e623d71be6b33333d451eb83e1851ecbe8ae1483e11999a3e80cccdbe1f0a3dbe0666663ce8f5c33e5dc28f\
+        3db7ae153d3c28f63e475c293b0f5c293e80cccd3e830a3dbe30f5c33dbc28f63e7f5c29be37ae153d71eb85\
+        3d4e147b3e6fae153e87851fbe8547aebd7ae148be3570a43c0f5c29be0f5c29bdaeb852be01eb853c7ae148\
+        be1a8f5cbe13d70abe2800003e71eb853dfae1483c0f5c29be7f5c29be1f0a3d3e066666be13d70a3d71eb85\
+        3ddb851f3e475c29be6b33333e2eb852bc0f5c29bbd70a3ebe6000003e54cccd3dd28f5cbd81eb85bdc51eb8\
+        3d0666663d4e147bbe5051ecbdbc28f63e2c7ae13e5947aebe30f5c3be6000003d0666663e54cccd3e2c7ae1\
+        3e66b852bd3c28f63db333333e066666bdaa3d713e89c28fbd3c28f63e68f5c33e528f5cbdd70a3e3e280000\
+        be80cccdbcfae1483e7428f6be6b33333e81eb85be37ae15be16147b3cb333333e4e147bbc8f5c293d600000\
+        be475c293e766666be570a3e3e39eb85bdb7ae153e3333333e4e147b3e0666663e8428f63e7f5c29be8428f6\
+        3e5947ae3d066666be7428f6bdc51eb8bc7ae148be528f5cbd81eb85be528f5c3d600000bd71eb853dbc28f6\
+        3e0f5c293e68f5c3bc0f5c29\
+    ";
 }
