@@ -126,7 +126,13 @@ def run_windowed(a, rows, results):
 def save(cfg, path, tokenizer):
     torch.manual_seed(0)
     model = tf.AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32)
-    # Random weights of the usual scale; norms at 1 as the initialiser leaves them.
+    # Random weights of the usual scale, and norm gains drawn from [0.5, 1.5] rather than left
+    # at the initialiser's 1: kiln's decoder folds the gains into the projections after them,
+    # which gains of 1 would not test.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or (".ln_" in name and name.endswith(".weight")):
+                p.uniform_(0.5, 1.5)
     model.save_pretrained(path)
     for f in os.listdir(tokenizer):
         shutil.copy(os.path.join(tokenizer, f), path)
