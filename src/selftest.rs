@@ -478,11 +478,15 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
     }
     // 50304 f32 fits a Hopper block's shared memory (the staged kernel), 65536 f32 and
     // Llama-3's 128256 do not. GPT-2's 50257 tokens padded to 50304 columns checks the
-    // masking of the padding.
+    // masking of the padding. On Hopper the rows of whole 16-byte pieces split over clusters
+    // of 2, 4 or 8 blocks; 50264 leaves the cluster's last block a shorter share, Qwen's
+    // 151936 takes 8 blocks in bf16, and 1001 runs the single-block kernels.
     for (n, v, valid) in [
         (64, 50304, 50257),
         (4, 65536, 65536),
         (3, 128256, 128256),
+        (6, 50264, 50000),
+        (5, 151936, 151669),
         (7, 1001, 1001),
     ] {
         let shape = format!("{n}x{v} valid {valid}");

@@ -175,6 +175,123 @@ __device__ void cross_entropy_staged(float* losses, T* logits, const unsigned in
     }
 }
 
+// The row split over a cluster of CS blocks (Hopper's thread-block clusters), each staging
+// its share of the row in its own shared memory: rows too wide for one block's shared memory
+// (Llama 3's 128256 logits, 250 KiB in bf16) are still read from device memory once, and
+// narrower ones run as several smaller blocks an SM instead of one or two large ones, so one
+// block's reductions overlap another's copies. The passes are the staged kernel's; the
+// blocks exchange their maxima and then their sums through distributed shared memory (each
+// reads every block's value, in rank order, so the row's total is the same in every block and
+// on every run). A row needs 16-byte pieces: v a multiple of 16 / sizeof(T), the logits
+// aligned (the host checks).
+#if __CUDA_ARCH__ >= 900
+#define KILN_CLUSTER_DIMS(n) __cluster_dims__(n, 1, 1)
+__device__ __forceinline__ unsigned int cluster_rank() {
+    unsigned int r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+// Every thread of every block of the cluster arrives, then waits (release/acquire: shared
+// memory written before is visible to the other blocks after).
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.aligned;\n\tbarrier.cluster.wait.aligned;" ::: "memory");
+}
+// `*p` in the shared memory of the cluster's block `rank`.
+__device__ __forceinline__ float cluster_load(const float* p, unsigned int rank) {
+    const unsigned int local = (unsigned int)__cvta_generic_to_shared(p);
+    unsigned int remote;
+    float v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+    return v;
+}
+#else
+#define KILN_CLUSTER_DIMS(n)
+#endif
+
+template <typename T, int CS>
+__device__ void cross_entropy_cluster(float* losses, T* logits, const unsigned int* targets, int v,
+                                      int valid, float grad_scale) {
+#if __CUDA_ARCH__ >= 900
+    constexpr int W = Wide<T>::N;
+    __shared__ float scratch[32];
+    // This block's maximum, then its sum, for the cluster's other blocks to read.
+    __shared__ float stat[2];
+    const unsigned int rank = cluster_rank();
+    const long long r = blockIdx.x / CS;
+    T* row = logits + r * v;
+    const int nw = v / W, per = (nw + CS - 1) / CS;
+    const int w0 = min(nw, (int)rank * per), w1 = min(nw, w0 + per);
+    const unsigned int t = targets[r];
+    uint4* wide_out = reinterpret_cast<uint4*>(row);
+    if (t == KILN_IGNORE) {  // uniform over the cluster: no block waits on another
+        if (rank == 0 && threadIdx.x == 0) losses[r] = 0.f;
+        for (int i = w0 + threadIdx.x; i < w1; i += blockDim.x) wide_out[i] = make_uint4(0, 0, 0, 0);
+        return;
+    }
+    const uint4* wide_row = reinterpret_cast<const uint4*>(row);
+    uint4* cache = reinterpret_cast<uint4*>(ce_row_cache);
+    float m = KILN_NEG_INF;
+#pragma unroll 4
+    for (int i = w0 + threadIdx.x; i < w1; i += blockDim.x) {
+        const uint4 q = wide_row[i];
+        cache[i - w0] = q;
+        float x[W];
+        unpack16<T>(q, x);
+        for (int k = 0; k < W; ++k) m = fmaxf(m, masked(x[k], W * i + k, valid));
+    }
+    m = block_max(m, scratch);
+    if (threadIdx.x == 0) stat[0] = m;
+    cluster_sync();
+    float row_max = KILN_NEG_INF;
+    for (int b = 0; b < CS; ++b) row_max = fmaxf(row_max, cluster_load(&stat[0], b));
+    const float shift = is_finite(row_max) ? row_max * CE_LOG2E : 0.f;
+    float s = 0.f;
+    for (int i = w0 + threadIdx.x; i < w1; i += blockDim.x) {
+        float x[W];
+        unpack16<T>(cache[i - w0], x);
+        for (int k = 0; k < W; ++k) s += exp2f(fmaf(masked(x[k], W * i + k, valid), CE_LOG2E, -shift));
+    }
+    s = block_sum(s, scratch);
+    if (threadIdx.x == 0) stat[1] = s;
+    cluster_sync();
+    float total = 0.f;
+    for (int b = 0; b < CS; ++b) total += cluster_load(&stat[1], b);
+    const float lse = shift / CE_LOG2E + logf(total);
+    if (threadIdx.x == 0) {
+        // An out-of-range target has no loss to give; NaN makes the bad input visible.
+        const int piece = (int)(t / W);
+        if (t >= (unsigned int)valid) {
+            if (rank == 0) losses[r] = KILN_NAN;
+        } else if (piece >= w0 && piece < w1) {
+            float x[W];
+            unpack16<T>(cache[piece - w0], x);
+            losses[r] = lse - x[t % W];
+        }
+    }
+    const float lse2 = lse * CE_LOG2E;
+    for (int i = w0 + threadIdx.x; i < w1; i += blockDim.x) {
+        float x[W];
+        unpack16<T>(cache[i - w0], x);
+        for (int k = 0; k < W; ++k) {
+            const int col = W * i + k;
+            const float p = exp2f(fmaf(masked(x[k], col, valid), CE_LOG2E, -lse2)) * grad_scale;
+            x[k] = (unsigned int)col == t ? p - grad_scale : p;
+        }
+        wide_out[i] = pack16<T>(x);
+    }
+    // No block leaves while another may still read its sums.
+    cluster_sync();
+#endif
+}
+
+#define CROSS_ENTROPY_CLUSTER(T, SUFFIX, CS)                                                   \
+    extern "C" __global__ void KILN_CLUSTER_DIMS(CS) cross_entropy_fused_c##CS##_##SUFFIX(      \
+        float* losses, T* logits, const unsigned int* targets, int v, int valid,              \
+        float grad_scale) {                                                                    \
+        cross_entropy_cluster<T, CS>(losses, logits, targets, v, valid, grad_scale);          \
+    }
+
 #define CROSS_ENTROPY_KERNELS(T, SUFFIX)                                                       \
     extern "C" __global__ void cross_entropy_forward_##SUFFIX(                               \
         float* losses, const T* logits, const unsigned int* targets, int v, int valid) {      \
@@ -189,7 +306,10 @@ __device__ void cross_entropy_staged(float* losses, T* logits, const unsigned in
         float* losses, T* logits, const unsigned int* targets, int v, int valid,              \
         float grad_scale) {                                                                    \
         cross_entropy_staged<T>(losses, logits, targets, v, valid, grad_scale);               \
-    }
+    }                                                                                          \
+    CROSS_ENTROPY_CLUSTER(T, SUFFIX, 2)                                                        \
+    CROSS_ENTROPY_CLUSTER(T, SUFFIX, 4)                                                        \
+    CROSS_ENTROPY_CLUSTER(T, SUFFIX, 8)
 
 CROSS_ENTROPY_KERNELS(float, f32)
 CROSS_ENTROPY_KERNELS(bf16, bf16)

@@ -2,7 +2,9 @@
 //! [`crate::engine::cpu::cross_entropy`]. One block per row, so a 50k-wide vocabulary row is
 //! reduced by 1024 threads and never copied in device memory. Where the row fits in the
 //! block's shared memory the fused kernel keeps it there between its read and its write
-//! (two passes over the logits instead of three).
+//! (two passes over the logits instead of three). On Hopper each row is split over a cluster of
+//! blocks instead (see cross_entropy.cu's cross_entropy_cluster), which stages rows of any
+//! width and keeps more, smaller blocks on each SM.
 //!
 //! [`CudaBackend::cross_entropy_unfused`] runs the same mathematics as three kernels with the
 //! log-probabilities in a buffer of their own: the baseline `train.fused_kernels=false`.
@@ -20,6 +22,9 @@ pub(super) const PROGRAM: Program = Program {
         ElemKernel::CrossEntropyForward,
         ElemKernel::CrossEntropyFused,
         ElemKernel::CrossEntropyFusedStaged,
+        ElemKernel::CrossEntropyFusedC2,
+        ElemKernel::CrossEntropyFusedC4,
+        ElemKernel::CrossEntropyFusedC8,
         ElemKernel::LogSoftmax,
         ElemKernel::LogSoftmaxNllBackward,
     ],
@@ -39,6 +44,32 @@ fn rows(n: usize, shared_mem_bytes: u32) -> LaunchConfig {
 /// Static shared memory of the kernels besides the row cache (the reduction scratch), with
 /// room to spare.
 const STATIC_SHARED_BYTES: usize = 1024;
+
+/// Threads of each block of the clustered kernel (cross_entropy_cluster).
+const CLUSTER_BLOCK: u32 = 512;
+
+/// The most shared memory a block of the clustered kernel stages (its share of a row): small
+/// enough for three or four blocks an SM.
+const CLUSTER_SEGMENT_BYTES: usize = 64 << 10;
+
+/// The kernel that splits each row of `v` elements of `elem_bytes` over a cluster of blocks,
+/// and its shared memory a block: on Hopper, for rows of whole 16-byte pieces, the smallest
+/// cluster (2, 4 or 8 blocks) whose share of a row fits [`CLUSTER_SEGMENT_BYTES`].
+fn cluster_plan(cc_major: u32, v: usize, elem_bytes: usize) -> Option<(ElemKernel, usize, usize)> {
+    let per_piece = 16 / elem_bytes;
+    if cc_major < 9 || v == 0 || !v.is_multiple_of(per_piece) {
+        return None;
+    }
+    let pieces = v / per_piece;
+    [
+        (ElemKernel::CrossEntropyFusedC2, 2),
+        (ElemKernel::CrossEntropyFusedC4, 4),
+        (ElemKernel::CrossEntropyFusedC8, 8),
+    ]
+    .into_iter()
+    .map(|(k, cs)| (k, cs, pieces.div_ceil(cs) * 16))
+    .find(|&(_, _, bytes)| bytes <= CLUSTER_SEGMENT_BYTES)
+}
 
 /// `n` rows of `v` logits, of which the first `valid` columns are the vocabulary.
 #[derive(Debug, Clone, Copy)]
@@ -101,6 +132,36 @@ impl CudaBackend {
             return Ok(());
         }
         let row_bytes = v * std::mem::size_of::<T>();
+        let aligned = super::raw_ptr(logits, &self.stream).is_multiple_of(16);
+        let plan = cluster_plan(self.info.compute_capability.0, v, std::mem::size_of::<T>());
+        if let Some((kernel, cs, bytes)) = plan.filter(|_| aligned) {
+            let f = self.elem_function::<T>(kernel)?;
+            f.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            )?;
+            let grid = u32::try_from(n * cs).map_err(|_| super::CudaError::Shape {
+                op: OP,
+                detail: format!("{n} rows exceed the grid"),
+            })?;
+            let mut b = self.stream.launch_builder(f);
+            b.arg(losses)
+                .arg(logits)
+                .arg(targets)
+                .arg(&v32)
+                .arg(&valid32)
+                .arg(&grad_scale);
+            let cfg = LaunchConfig {
+                grid_dim: (grid, 1, 1),
+                block_dim: (CLUSTER_BLOCK, 1, 1),
+                shared_mem_bytes: bytes as u32,
+            };
+            // SAFETY: lengths checked above; `cs` blocks a row (the kernel's compile-time
+            // cluster), each with the shared memory its share of the row needs; rows are whole
+            // 16-byte pieces (cluster_plan) starting on a 16-byte boundary (checked above).
+            unsafe { b.launch(cfg) }?;
+            return Ok(());
+        }
         let staged = row_bytes + STATIC_SHARED_BYTES <= self.info.shared_memory_per_block_optin;
         let (f, shared) = if staged {
             let f = self.elem_function::<T>(ElemKernel::CrossEntropyFusedStaged)?;
