@@ -55,9 +55,14 @@ def configs():
         vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
         num_attention_heads=16, num_key_value_heads=8, head_dim=128,
         max_position_embeddings=40960, rope_theta=1000000.0, tie_word_embeddings=True)
+    # Qwen2.5-0.5B: query/key/value biases, 2 key/value heads.
+    qwen25 = tf.Qwen2Config(
+        vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+        num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True)
     gpt2 = tf.GPT2Config()
     return [("llama-3.2-1b", llama1b), ("smollm2-135m", smol), ("gpt2-small", gpt2),
-            ("qwen3-0.6b", qwen3)]
+            ("qwen3-0.6b", qwen3), ("qwen2.5-0.5b", qwen25)]
 
 
 def windowed_configs():

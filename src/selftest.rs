@@ -663,16 +663,21 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
             let rows = (&slot[..], &pos[..]);
             both_dtypes!(check_kv_append, "kv_append", base, s, c, rows, tables);
             // The folded decode step's append: the projection of an unnormalised stream of
-            // 576 (SmolLM2's width), each row scaled by its RMSNorm factor first.
-            both_dtypes!(
-                check_kv_append_normed,
-                "kv_append_normed",
-                base,
-                s,
-                c,
-                rows,
-                tables
-            );
+            // 576 (SmolLM2's width), each row scaled by its RMSNorm factor first, and with a
+            // bias after it (Qwen2's).
+            for bias in [false, true] {
+                let shape = format!("{base}{}", if bias { " bias" } else { "" });
+                both_dtypes!(
+                    check_kv_append_normed,
+                    "kv_append_normed",
+                    shape,
+                    s,
+                    c,
+                    rows,
+                    tables,
+                    bias
+                );
+            }
             let shape = format!("{base} split{}", splits(longest));
             both_dtypes!(
                 check_cache_attention,
@@ -3246,19 +3251,27 @@ fn check_kv_append_normed<T: Elem>(
     c: cpu::kv_cache::CacheShape,
     (slot, pos): (&[u32], &[u32]),
     (cos, sin): (&[f32], &[f32]),
+    with_bias: bool,
 ) -> Check {
     let qkv = inp.uniform(s.rows * s.qkv_width(), 1.0, T::DTYPE);
     // A stream of a few units, as a residual stream is: factors well away from one.
     let x = inp.uniform(s.rows * NORMED_STREAM, 4.0, T::DTYPE);
+    let bias = with_bias.then(|| inp.uniform(s.qkv_width(), 0.5, T::DTYPE));
     let eps = 1e-5;
     let rstd = cpu::rmsnorm::row_rstds(&x, NORMED_STREAM, eps);
-    let scaled = cpu::rmsnorm::scaled_rows(&qkv, s.qkv_width(), &rstd);
+    let mut scaled = cpu::rmsnorm::scaled_rows(&qkv, s.qkv_width(), &rstd);
+    if let Some(b) = &bias {
+        for row in scaled.chunks_mut(s.qkv_width()) {
+            row.iter_mut().zip(b).for_each(|(v, b)| *v += b);
+        }
+    }
     let mut q = vec![0.0; s.rows * s.heads * s.head_dim];
     let (mut k, mut v) = (vec![f32::NAN; c.len()], vec![f32::NAN; c.len()]);
     cpu::kv_cache::kv_append(&mut q, &mut k, &mut v, &scaled, slot, pos, cos, sin, s, c);
     let mut d_q = poisoned::<T>(gpu, q.len())?;
     let mut d_k = poisoned::<T>(gpu, c.len())?;
     let mut d_v = poisoned::<T>(gpu, c.len())?;
+    let d_bias = bias.as_ref().map(|b| gpu.upload_as::<T>(b)).transpose()?;
     gpu.kv_append_normed(
         &mut d_q,
         &mut d_k,
@@ -3267,6 +3280,7 @@ fn check_kv_append_normed<T: Elem>(
         &gpu.upload_as::<T>(&x)?,
         NORMED_STREAM,
         eps,
+        d_bias.as_ref(),
         &gpu.upload(slot)?,
         &gpu.upload(pos)?,
         &gpu.upload(cos)?,

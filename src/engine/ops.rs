@@ -2517,12 +2517,13 @@ pub fn kv_append_at(
     s: RopeShape,
     c: CacheShape,
 ) -> Result<Tensor> {
-    append(qkv, None, k_cache, v_cache, slot, pos, cos, sin, s, c)
+    append(qkv, None, None, k_cache, v_cache, slot, pos, cos, sin, s, c)
 }
 
 /// [`kv_append_at`] of `qkv`, the projection of an unnormalised stream `x` (`[rows, C]`)
 /// through a weight with its RMSNorm gain folded in: each row of `qkv` is first scaled by
-/// `1 / sqrt(mean(x_row^2) + eps)`, which makes it the projection of `rmsnorm(x) * gain`.
+/// `1 / sqrt(mean(x_row^2) + eps)`, which makes it the projection of `rmsnorm(x) * gain`, and
+/// then given the projection's `bias` (`[qkv width]`), which the product therefore leaves out.
 /// One kernel where a norm and an append were two (the decode step's, see
 /// `models::llama`).
 #[allow(clippy::too_many_arguments)]
@@ -2530,6 +2531,7 @@ pub fn kv_append_normed_at(
     qkv: &Tensor,
     x: &Tensor,
     eps: f32,
+    bias: Option<&Tensor>,
     k_cache: &mut Tensor,
     v_cache: &mut Tensor,
     slot: Ids,
@@ -2542,6 +2544,7 @@ pub fn kv_append_normed_at(
     append(
         qkv,
         Some((x, eps)),
+        bias,
         k_cache,
         v_cache,
         slot,
@@ -2570,6 +2573,7 @@ fn norm_width(op: &'static str, norm: Option<(&Tensor, f32)>, rows: usize) -> Re
 fn append(
     qkv: &Tensor,
     norm: Option<(&Tensor, f32)>,
+    bias: Option<&Tensor>,
     k_cache: &mut Tensor,
     v_cache: &mut Tensor,
     slot: Ids,
@@ -2588,8 +2592,12 @@ fn append(
     let on = {
         let mut all = vec![qkv, &*k_cache, &*v_cache, cos, sin];
         all.extend(norm.map(|(x, _)| x));
+        all.extend(bias);
         device_of(op, &all)?
     };
+    if let Some(b) = bias {
+        expect_len(op, "bias", b, s.qkv_width())?;
+    }
     if let Some(p) = pos.host() {
         check_rope(op, p, cos, sin, s)?;
     }
@@ -2607,11 +2615,17 @@ fn append(
         On::Meta => {}
         On::Cpu => {
             let scaled = norm.map(|(x, eps)| {
-                cpu::rmsnorm::scaled_rows(
+                let mut rows = cpu::rmsnorm::scaled_rows(
                     qkv.host(),
                     s.qkv_width(),
                     &cpu::rmsnorm::row_rstds(x.host(), width, eps),
-                )
+                );
+                if let Some(b) = bias {
+                    for row in rows.chunks_mut(s.qkv_width()) {
+                        row.iter_mut().zip(b.host()).for_each(|(v, b)| *v += b);
+                    }
+                }
+                rows
             });
             cpu::kv_cache::kv_append(
                 q.host_mut(),
@@ -2644,6 +2658,9 @@ fn append(
                 ))?,
                 Some((x, eps)) => {
                     same_dtype(op, &[qkv, x])?;
+                    if let Some(b) = bias {
+                        same_dtype(op, &[qkv, b])?;
+                    }
                     with_elem!(qkv.dtype(), T => g.kv_append_normed::<T>(
                         q.cuda_mut(),
                         k_cache.cuda_mut(),
@@ -2652,6 +2669,7 @@ fn append(
                         x.cuda(),
                         width,
                         eps,
+                        bias.map(|b| b.cuda()),
                         d_slot.get(),
                         d_pos.get(),
                         cos.cuda(),

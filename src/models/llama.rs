@@ -677,17 +677,20 @@ impl Llama {
     /// applies each row's norm factor in the kernel after the projection (the cache append,
     /// SwiGLU), adding the attention and feed-forward outputs into the stream as their
     /// products' accumulate input: a decode step's layer is seven launches instead of nine.
-    /// Only where every projection is a plain matrix: biases (Qwen2) and per-head norms
-    /// (Qwen3) come after the projection and would not commute with the row factor, and
-    /// adapters or a 4-bit weight are not folded into.
+    /// Qwen2's query/key/value biases are added by the append after the row factor. Only where
+    /// the projections are otherwise plain matrices: per-head norms (Qwen3) come after the
+    /// projection and would not commute with the row factor, and adapters or a 4-bit weight are
+    /// not folded into.
     pub fn fold_norm_gains(&mut self) -> Result<bool> {
         let plain = |l: &Linear| l.bias.is_none() && l.nf4.is_none() && l.adapters.is_empty();
-        let foldable = !self.cfg.qkv_bias
-            && !self.cfg.qk_norm
+        let foldable = !self.cfg.qk_norm
             && self.lm.blocks.iter().all(|b| {
-                [&b.attn.qkv, &b.attn.out, &b.mlp.gate_up, &b.mlp.down]
-                    .into_iter()
-                    .all(plain)
+                let qkv = &b.attn.qkv;
+                qkv.nf4.is_none()
+                    && qkv.adapters.is_empty()
+                    && [&b.attn.out, &b.mlp.gate_up, &b.mlp.down]
+                        .into_iter()
+                        .all(plain)
             });
         if self.folded || !foldable {
             return Ok(self.folded);
@@ -771,11 +774,13 @@ impl Llama {
             .reshaped(&[rows, self.cfg.d_model]);
         for (l, block) in self.lm.blocks.iter().enumerate() {
             let (k, v) = &mut cache.layers[l];
-            let qkv = block.attn.qkv.forward(&x)?;
+            // The bias, if any, is the append's to add after the row factor.
+            let qkv = ops::linear_forward(&x, block.attn.qkv.weight.weight(), None)?;
             let q = ops::kv_append_normed_at(
                 &qkv,
                 &x,
                 block.ln1.eps,
+                block.attn.qkv.bias.as_ref().map(Param::weight),
                 k,
                 v,
                 r.slot,
@@ -1072,11 +1077,34 @@ pub(crate) mod tests {
             1e-5,
             "decode step",
         );
-        // Qwen3's per-head norms and Qwen2's biases come after the projection: not folded.
-        for tied in [true, false] {
-            let mut m = tiny(tied, 2);
-            assert!(!m.fold_norm_gains().unwrap());
-        }
+        // Qwen3's per-head norms come after the projection: not folded.
+        assert!(!tiny(true, 2).fold_norm_gains().unwrap());
+        // Qwen2's biases are added after the row factor: the same logits, gains not ones.
+        let qwen2 = || {
+            let mut m = tiny(false, 2);
+            let pool = m.lm.embed.value.pool().clone();
+            for b in &mut m.lm.blocks {
+                let v = (0..16).map(|k| 0.6 + (k % 7) as f32 / 8.0).collect();
+                b.ln1.gamma.value = Tensor::from_vec(&pool, &[16], DType::F32, v).unwrap();
+                let bias = b.attn.qkv.bias.as_mut().unwrap();
+                let n = bias.value.len();
+                let v = (0..n).map(|k| ((k * 5) % 9) as f32 / 10.0 - 0.4).collect();
+                bias.value = Tensor::from_vec(&pool, &[n], DType::F32, v).unwrap();
+            }
+            m
+        };
+        let reference = qwen2();
+        let mut folded = qwen2();
+        assert!(folded.fold_norm_gains().unwrap());
+        let (want, got) = (decode(&reference), decode(&folded));
+        crate::engine::cpu::testutil::assert_close(&got, &want, 1e-5, "cached decoder, biases");
+        let want = reference.next_logits(&x[..5]).unwrap();
+        crate::engine::cpu::testutil::assert_close(
+            &got[13..26],
+            &want,
+            1e-5,
+            "decode step, biases",
+        );
     }
 
     /// A window of 3 positions: the cached decoder (a prefill, then steps past the window)

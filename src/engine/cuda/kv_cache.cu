@@ -26,32 +26,39 @@ __device__ __forceinline__ float rotated(const T* src, int i, unsigned int p, co
                     : load(src[i]) * c + load(src[i - half]) * s;
 }
 
-// Element `rem` of row `row` of qkv[rows, (H + 2K) D], times `scale`: a query element rotates
-// into q[rows, H D], a key element rotates and a value element copies into the cache at
-// (slot[row], pos[row]).
+// Element `rem` of row `row` of qkv[rows, (H + 2K) D], times `scale` and plus `bias` (a
+// (H + 2K) D vector, or null for none): a query element rotates into q[rows, H D], a key
+// element rotates and a value element copies into the cache at (slot[row], pos[row]). The
+// rotation is linear, so the scaled projection and the bias rotate apart.
 template <typename T>
 __device__ __forceinline__ void append_element(T* q, T* k_cache, T* v_cache, const T* qkv,
-                                               const unsigned int* slot, const unsigned int* pos,
-                                               const float* cos_t, const float* sin_t,
-                                               long long row, int rem, float scale,
-                                               const AppendDims& d) {
+                                               const T* bias, const unsigned int* slot,
+                                               const unsigned int* pos, const float* cos_t,
+                                               const float* sin_t, long long row, int rem,
+                                               float scale, const AppendDims& d) {
     const int D = d.head_dim, H = d.heads, K = d.kv_heads;
     const long long width = (long long)(H + 2 * K) * D;
     const int head = rem / D, i = rem - head * D;
     const T* src = qkv + row * width + (long long)head * D;
     const unsigned int p = pos[row], s = slot[row];
     const bool inside = p < (unsigned int)d.max_len && s < (unsigned int)d.slots;
+    auto turned = [&]() {
+        const float y = scale * rotated(src, i, p, cos_t, sin_t, d);
+        return bias ? y + rotated(bias + (long long)head * D, i, p, cos_t, sin_t, d) : y;
+    };
     if (head < H) {
-        const float y = inside ? scale * rotated(src, i, p, cos_t, sin_t, d) : KILN_NAN;
-        q[(row * H + head) * D + i] = store<T>(y);
+        q[(row * H + head) * D + i] = store<T>(inside ? turned() : KILN_NAN);
     } else if (inside) {
         const bool key = head < H + K;
         const int j = key ? head - H : head - H - K;
         const long long at = (((long long)s * K + j) * d.max_len + p) * D + i;
         if (key) {
-            k_cache[at] = store<T>(scale * rotated(src, i, p, cos_t, sin_t, d));
+            k_cache[at] = store<T>(turned());
+        } else if (scale == 1.f && !bias) {
+            v_cache[at] = src[i];
         } else {
-            v_cache[at] = scale == 1.f ? src[i] : store<T>(scale * load(src[i]));
+            const float y = scale * load(src[i]);
+            v_cache[at] = store<T>(bias ? y + load(bias[(long long)head * D + i]) : y);
         }
     }
 }
@@ -66,26 +73,27 @@ __device__ void kv_append(T* q, T* k_cache, T* v_cache, const T* qkv, const unsi
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += stride) {
         const long long row = e / width;
-        append_element(q, k_cache, v_cache, qkv, slot, pos, cos_t, sin_t, row,
+        append_element(q, k_cache, v_cache, qkv, (const T*)nullptr, slot, pos, cos_t, sin_t, row,
                        (int)(e - row * width), 1.f, d);
     }
 }
 
 // kv_append of the projection of an unnormalised stream x[rows, c]: each row's elements are
 // first scaled by the row's RMSNorm factor (the norm's gain is folded into the projection's
-// weight), so the decode step needs no norm kernel before its projection. Grid (parts, rows):
-// each block takes the factor of its row itself (c values from L2) and then its share of the
-// row's elements.
+// weight) and then given the projection's bias (null for none), so the decode step needs no
+// norm kernel before its projection. Grid (parts, rows): each block takes the factor of its
+// row itself (c values from L2) and then its share of the row's elements.
 template <typename T>
 __device__ void kv_append_normed(T* q, T* k_cache, T* v_cache, const T* qkv, const T* x, int c,
-                                 float eps, const unsigned int* slot, const unsigned int* pos,
-                                 const float* cos_t, const float* sin_t, AppendDims d) {
+                                 float eps, const T* bias, const unsigned int* slot,
+                                 const unsigned int* pos, const float* cos_t, const float* sin_t,
+                                 AppendDims d) {
     __shared__ float scratch[32];
     const long long row = blockIdx.y;
     const float scale = row_rstd(x + row * c, c, eps, scratch);
     const int width = (d.heads + 2 * d.kv_heads) * d.head_dim;
     for (int rem = blockIdx.x * blockDim.x + threadIdx.x; rem < width; rem += gridDim.x * blockDim.x)
-        append_element(q, k_cache, v_cache, qkv, slot, pos, cos_t, sin_t, row, rem, scale, d);
+        append_element(q, k_cache, v_cache, qkv, bias, slot, pos, cos_t, sin_t, row, rem, scale, d);
 }
 
 // Copies positions 0..len of every key/value head from one slot to another: `from` and `to`
@@ -296,9 +304,10 @@ __device__ void cache_attention_combine(T* out, const float* part_o, const float
     }                                                                                            \
     extern "C" __global__ void kv_append_normed_##SUFFIX(                                      \
         T* q, T* k_cache, T* v_cache, const T* qkv, const T* x, int c, float eps,               \
-        const unsigned int* slot, const unsigned int* pos, const float* cos_t,                  \
+        const T* bias, const unsigned int* slot, const unsigned int* pos, const float* cos_t,   \
         const float* sin_t, AppendDims d) {                                                      \
-        kv_append_normed<T>(q, k_cache, v_cache, qkv, x, c, eps, slot, pos, cos_t, sin_t, d);   \
+        kv_append_normed<T>(q, k_cache, v_cache, qkv, x, c, eps, bias, slot, pos, cos_t, sin_t, \
+                            d);                                                                  \
     }                                                                                            \
     extern "C" __global__ void copy_cache_slot_##SUFFIX(T* cache, long long from, long long to, \
                                                         long long head_stride, long long run,    \

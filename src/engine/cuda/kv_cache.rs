@@ -292,7 +292,8 @@ impl CudaBackend {
     }
 
     /// [`Self::kv_append`] of the projection of an unnormalised stream `x` (`rows` of `c`):
-    /// every element of a row scaled first by `1 / sqrt(mean(x_row^2) + eps)`.
+    /// every element of a row scaled first by `1 / sqrt(mean(x_row^2) + eps)`, then given the
+    /// projection's `bias` (`qkv_width` values) if it has one.
     #[allow(clippy::too_many_arguments)]
     pub fn kv_append_normed<T: Elem>(
         &self,
@@ -303,6 +304,7 @@ impl CudaBackend {
         x: &CudaSlice<T>,
         c: usize,
         eps: f32,
+        bias: Option<&CudaSlice<T>>,
         slot: &CudaSlice<u32>,
         pos: &CudaSlice<u32>,
         cos: &CudaSlice<f32>,
@@ -313,6 +315,11 @@ impl CudaBackend {
         const OP: &str = "kv_append_normed";
         let dims = self.append_dims(OP, q, k_cache, v_cache, qkv, slot, pos, cos, sin, s, cache)?;
         check_len(OP, "x", x, s.rows * c)?;
+        if let Some(b) = bias {
+            check_len(OP, "bias", b, s.qkv_width())?;
+        }
+        // The bias's address, or null for none (the kernel tests for it).
+        let bias_ptr = bias.map_or(0u64, |b| super::raw_ptr(b, &self.stream));
         if s.rows * s.qkv_width() == 0 {
             return Ok(());
         }
@@ -326,6 +333,7 @@ impl CudaBackend {
             .arg(x)
             .arg(&c32)
             .arg(&eps)
+            .arg(&bias_ptr)
             .arg(slot)
             .arg(pos)
             .arg(cos)
