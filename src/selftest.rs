@@ -661,21 +661,21 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
             };
             let base = format!("R{} H{heads}/{kv_heads} D{head_dim}", s.rows);
             let rows = (&slot[..], &pos[..]);
-            both_dtypes!(check_kv_append, "kv_append", base, s, c, rows, tables);
+            both_dtypes!(check_kv_append, "kv_append", base, s, c, rows, tables, None);
             // The folded decode step's append: the projection of an unnormalised stream of
             // 576 (SmolLM2's width), each row scaled by its RMSNorm factor first, and with a
             // bias after it (Qwen2's).
             for bias in [false, true] {
                 let shape = format!("{base}{}", if bias { " bias" } else { "" });
                 both_dtypes!(
-                    check_kv_append_normed,
+                    check_kv_append,
                     "kv_append_normed",
                     shape,
                     s,
                     c,
                     rows,
                     tables,
-                    bias
+                    Some(bias)
                 );
             }
             let shape = format!("{base} split{}", splits(longest));
@@ -3207,6 +3207,12 @@ fn cache_err(got: &[f32], want: &[f32]) -> f64 {
     rel_err(&g, &w, ELEMENTWISE_FLOOR)
 }
 
+/// Width of the unnormalised stream behind the normed kernels' checks (SmolLM2's).
+const NORMED_STREAM: usize = 576;
+
+/// The append kernel, or with `normed` (`Some(with_bias)`) the folded decode step's append of
+/// the projection of an unnormalised stream, each row scaled by its RMSNorm factor first and
+/// given a bias after it when asked.
 fn check_kv_append<T: Elem>(
     gpu: &CudaBackend,
     inp: &mut Inputs,
@@ -3214,80 +3220,57 @@ fn check_kv_append<T: Elem>(
     c: cpu::kv_cache::CacheShape,
     (slot, pos): (&[u32], &[u32]),
     (cos, sin): (&[f32], &[f32]),
-) -> Check {
-    let qkv = inp.uniform(s.rows * s.qkv_width(), 1.0, T::DTYPE);
-    let mut q = vec![0.0; s.rows * s.heads * s.head_dim];
-    let (mut k, mut v) = (vec![f32::NAN; c.len()], vec![f32::NAN; c.len()]);
-    cpu::kv_cache::kv_append(&mut q, &mut k, &mut v, &qkv, slot, pos, cos, sin, s, c);
-    let mut d_q = poisoned::<T>(gpu, q.len())?;
-    let mut d_k = poisoned::<T>(gpu, c.len())?;
-    let mut d_v = poisoned::<T>(gpu, c.len())?;
-    gpu.kv_append(
-        &mut d_q,
-        &mut d_k,
-        &mut d_v,
-        &gpu.upload_as::<T>(&qkv)?,
-        &gpu.upload(slot)?,
-        &gpu.upload(pos)?,
-        &gpu.upload(cos)?,
-        &gpu.upload(sin)?,
-        s,
-        c,
-    )?;
-    Ok(worst(&[
-        rel_err(&gpu.download_f32(&d_q)?, &q, ELEMENTWISE_FLOOR),
-        cache_err(&gpu.download_f32(&d_k)?, &k),
-        cache_err(&gpu.download_f32(&d_v)?, &v),
-    ]))
-}
-
-/// Width of the unnormalised stream behind the normed kernels' checks (SmolLM2's).
-const NORMED_STREAM: usize = 576;
-
-fn check_kv_append_normed<T: Elem>(
-    gpu: &CudaBackend,
-    inp: &mut Inputs,
-    s: cpu::rope::RopeShape,
-    c: cpu::kv_cache::CacheShape,
-    (slot, pos): (&[u32], &[u32]),
-    (cos, sin): (&[f32], &[f32]),
-    with_bias: bool,
+    normed: Option<bool>,
 ) -> Check {
     let qkv = inp.uniform(s.rows * s.qkv_width(), 1.0, T::DTYPE);
     // A stream of a few units, as a residual stream is: factors well away from one.
-    let x = inp.uniform(s.rows * NORMED_STREAM, 4.0, T::DTYPE);
-    let bias = with_bias.then(|| inp.uniform(s.qkv_width(), 0.5, T::DTYPE));
+    let x = normed.map(|_| inp.uniform(s.rows * NORMED_STREAM, 4.0, T::DTYPE));
+    let bias = (normed == Some(true)).then(|| inp.uniform(s.qkv_width(), 0.5, T::DTYPE));
     let eps = 1e-5;
-    let rstd = cpu::rmsnorm::row_rstds(&x, NORMED_STREAM, eps);
-    let mut scaled = cpu::rmsnorm::scaled_rows(&qkv, s.qkv_width(), &rstd);
-    if let Some(b) = &bias {
-        for row in scaled.chunks_mut(s.qkv_width()) {
-            row.iter_mut().zip(b).for_each(|(v, b)| *v += b);
+    let projected = match &x {
+        Some(x) => {
+            cpu::rmsnorm::normed_rows(&qkv, s.qkv_width(), x, NORMED_STREAM, eps, bias.as_deref())
         }
-    }
+        None => qkv.clone(),
+    };
     let mut q = vec![0.0; s.rows * s.heads * s.head_dim];
     let (mut k, mut v) = (vec![f32::NAN; c.len()], vec![f32::NAN; c.len()]);
-    cpu::kv_cache::kv_append(&mut q, &mut k, &mut v, &scaled, slot, pos, cos, sin, s, c);
+    cpu::kv_cache::kv_append(
+        &mut q, &mut k, &mut v, &projected, slot, pos, cos, sin, s, c,
+    );
     let mut d_q = poisoned::<T>(gpu, q.len())?;
     let mut d_k = poisoned::<T>(gpu, c.len())?;
     let mut d_v = poisoned::<T>(gpu, c.len())?;
-    let d_bias = bias.as_ref().map(|b| gpu.upload_as::<T>(b)).transpose()?;
-    gpu.kv_append_normed(
-        &mut d_q,
-        &mut d_k,
-        &mut d_v,
-        &gpu.upload_as::<T>(&qkv)?,
-        &gpu.upload_as::<T>(&x)?,
-        NORMED_STREAM,
-        eps,
-        d_bias.as_ref(),
-        &gpu.upload(slot)?,
-        &gpu.upload(pos)?,
-        &gpu.upload(cos)?,
-        &gpu.upload(sin)?,
-        s,
-        c,
-    )?;
+    let (d_qkv, d_slot, d_pos) = (
+        gpu.upload_as::<T>(&qkv)?,
+        gpu.upload(slot)?,
+        gpu.upload(pos)?,
+    );
+    let (d_cos, d_sin) = (gpu.upload(cos)?, gpu.upload(sin)?);
+    match &x {
+        None => gpu.kv_append(
+            &mut d_q, &mut d_k, &mut d_v, &d_qkv, &d_slot, &d_pos, &d_cos, &d_sin, s, c,
+        )?,
+        Some(x) => {
+            let d_bias = bias.as_ref().map(|b| gpu.upload_as::<T>(b)).transpose()?;
+            gpu.kv_append_normed(
+                &mut d_q,
+                &mut d_k,
+                &mut d_v,
+                &d_qkv,
+                &gpu.upload_as::<T>(x)?,
+                NORMED_STREAM,
+                eps,
+                d_bias.as_ref(),
+                &d_slot,
+                &d_pos,
+                &d_cos,
+                &d_sin,
+                s,
+                c,
+            )?
+        }
+    }
     Ok(worst(&[
         rel_err(&gpu.download_f32(&d_q)?, &q, ELEMENTWISE_FLOOR),
         cache_err(&gpu.download_f32(&d_k)?, &k),
@@ -3374,9 +3357,9 @@ fn check_swiglu_forward_normed<T: Elem>(
     let gu = swiglu_input(inp, n, f, T::DTYPE);
     let x = inp.uniform(n * NORMED_STREAM, 4.0, T::DTYPE);
     let eps = 1e-5;
-    let rstd = cpu::rmsnorm::row_rstds(&x, NORMED_STREAM, eps);
+    let normed = cpu::rmsnorm::normed_rows(&gu, 2 * f, &x, NORMED_STREAM, eps, None);
     let mut h = vec![0.0; n * f];
-    cpu::swiglu::swiglu_forward(&mut h, &cpu::rmsnorm::scaled_rows(&gu, 2 * f, &rstd), f);
+    cpu::swiglu::swiglu_forward(&mut h, &normed, f);
     let mut d_h = poisoned::<T>(gpu, n * f)?;
     gpu.swiglu_forward_normed(
         &mut d_h,

@@ -2355,8 +2355,7 @@ pub fn swiglu_forward_normed(gate_up: &Tensor, x: &Tensor, eps: f32) -> Result<T
     match on {
         On::Meta => {}
         On::Cpu => {
-            let rstd = cpu::rmsnorm::row_rstds(x.host(), c, eps);
-            let scaled = cpu::rmsnorm::scaled_rows(gate_up.host(), two_f, &rstd);
+            let scaled = cpu::rmsnorm::normed_rows(gate_up.host(), two_f, x.host(), c, eps, None);
             cpu::swiglu::swiglu_forward(h.host_mut(), &scaled, two_f / 2)
         }
         On::Gpu(g) => {
@@ -2615,17 +2614,8 @@ fn append(
         On::Meta => {}
         On::Cpu => {
             let scaled = norm.map(|(x, eps)| {
-                let mut rows = cpu::rmsnorm::scaled_rows(
-                    qkv.host(),
-                    s.qkv_width(),
-                    &cpu::rmsnorm::row_rstds(x.host(), width, eps),
-                );
-                if let Some(b) = bias {
-                    for row in rows.chunks_mut(s.qkv_width()) {
-                        row.iter_mut().zip(b.host()).for_each(|(v, b)| *v += b);
-                    }
-                }
-                rows
+                let bias = bias.map(Tensor::host);
+                cpu::rmsnorm::normed_rows(qkv.host(), s.qkv_width(), x.host(), width, eps, bias)
             });
             cpu::kv_cache::kv_append(
                 q.host_mut(),

@@ -703,19 +703,24 @@ impl Llama {
         Ok(true)
     }
 
+    /// The rotary shape of a decode call's `rows` rows.
+    fn decode_rope_shape(&self, rows: usize) -> crate::engine::cpu::rope::RopeShape {
+        crate::engine::cpu::rope::RopeShape {
+            rows,
+            heads: self.cfg.n_heads,
+            kv_heads: self.cfg.n_kv_heads,
+            head_dim: self.cfg.head_dim,
+            rot_dim: self.cfg.rot_dim,
+        }
+    }
+
     /// The rows run through every block against the cache, after the final norm.
     fn decode_hidden(&self, cache: &mut KvCache, r: &DecodeRows) -> Result<Tensor> {
         if self.folded {
             return self.decode_hidden_folded(cache, r);
         }
         let rows = r.tokens.len();
-        let rs = crate::engine::cpu::rope::RopeShape {
-            rows,
-            heads: self.cfg.n_heads,
-            kv_heads: self.cfg.n_kv_heads,
-            head_dim: self.cfg.head_dim,
-            rot_dim: self.cfg.rot_dim,
-        };
+        let rs = self.decode_rope_shape(rows);
         let c = cache.shape;
         let mut x = ops::token_embedding_at(r.tokens, 1, rows, self.lm.embed.weight())?
             .reshaped(&[rows, self.cfg.d_model]);
@@ -762,13 +767,7 @@ impl Llama {
     /// products.
     fn decode_hidden_folded(&self, cache: &mut KvCache, r: &DecodeRows) -> Result<Tensor> {
         let rows = r.tokens.len();
-        let rs = crate::engine::cpu::rope::RopeShape {
-            rows,
-            heads: self.cfg.n_heads,
-            kv_heads: self.cfg.n_kv_heads,
-            head_dim: self.cfg.head_dim,
-            rot_dim: self.cfg.rot_dim,
-        };
+        let rs = self.decode_rope_shape(rows);
         let c = cache.shape;
         let mut x = ops::token_embedding_at(r.tokens, 1, rows, self.lm.embed.weight())?
             .reshaped(&[rows, self.cfg.d_model]);

@@ -9,28 +9,39 @@
 use rayon::prelude::*;
 
 fn normalise_row(out: &mut [f32], x: &[f32], gamma: &[f32], eps: f32) -> f32 {
-    let ms = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
-    let rstd = 1.0 / (ms + eps).sqrt();
+    let rstd = row_rstd(x, eps);
     for ((o, v), g) in out.iter_mut().zip(x).zip(gamma) {
         *o = v * rstd * g;
     }
     rstd
 }
 
-/// `1 / sqrt(mean(row^2) + eps)` of each row of width `c` of `x`: RMSNorm's factor, which the
-/// decode step's normed append and SwiGLU apply to a projection of the unnormalised stream
-/// (see `ops::kv_append_normed_at`).
-pub fn row_rstds(x: &[f32], c: usize, eps: f32) -> Vec<f32> {
-    x.chunks(c.max(1))
-        .map(|r| 1.0 / (r.iter().map(|v| v * v).sum::<f32>() / c as f32 + eps).sqrt())
-        .collect()
+/// `1 / sqrt(mean(x^2) + eps)` of one row: RMSNorm's factor.
+fn row_rstd(x: &[f32], eps: f32) -> f32 {
+    let ms = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    1.0 / (ms + eps).sqrt()
 }
 
-/// `rows` (of `width`) each multiplied by its entry of `scales`.
-pub fn scaled_rows(rows: &[f32], width: usize, scales: &[f32]) -> Vec<f32> {
+/// Each row of `rows` (of `width`) times the RMSNorm factor of the same row of `x` (of `c`),
+/// plus `bias` (`width` values) when given: the projection of `rmsnorm(x) * gain` from that of
+/// `x` through a weight with the gain folded in. The CPU reference of the decode step's normed
+/// kernels (`ops::kv_append_normed_at`, `ops::swiglu_forward_normed`), which take the factor
+/// themselves instead of a norm kernel before the product.
+pub fn normed_rows(
+    rows: &[f32],
+    width: usize,
+    x: &[f32],
+    c: usize,
+    eps: f32,
+    bias: Option<&[f32]>,
+) -> Vec<f32> {
     let mut out = rows.to_vec();
-    for (r, s) in out.chunks_mut(width.max(1)).zip(scales) {
+    for (r, xr) in out.chunks_mut(width.max(1)).zip(x.chunks(c.max(1))) {
+        let s = row_rstd(xr, eps);
         r.iter_mut().for_each(|v| *v *= s);
+        if let Some(b) = bias {
+            r.iter_mut().zip(b).for_each(|(v, b)| *v += b);
+        }
     }
     out
 }

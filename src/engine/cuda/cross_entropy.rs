@@ -134,46 +134,36 @@ impl CudaBackend {
         let row_bytes = v * std::mem::size_of::<T>();
         let aligned = super::raw_ptr(logits, &self.stream).is_multiple_of(16);
         let plan = cluster_plan(self.info.compute_capability.0, v, std::mem::size_of::<T>());
-        if let Some((kernel, cs, bytes)) = plan.filter(|_| aligned) {
-            let f = self.elem_function::<T>(kernel)?;
-            f.set_attribute(
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                bytes as i32,
-            )?;
-            let grid = u32::try_from(n * cs).map_err(|_| super::CudaError::Shape {
-                op: OP,
-                detail: format!("{n} rows exceed the grid"),
-            })?;
-            let mut b = self.stream.launch_builder(f);
-            b.arg(losses)
-                .arg(logits)
-                .arg(targets)
-                .arg(&v32)
-                .arg(&valid32)
-                .arg(&grad_scale);
-            let cfg = LaunchConfig {
-                grid_dim: (grid, 1, 1),
-                block_dim: (CLUSTER_BLOCK, 1, 1),
-                shared_mem_bytes: bytes as u32,
-            };
-            // SAFETY: lengths checked above; `cs` blocks a row (the kernel's compile-time
-            // cluster), each with the shared memory its share of the row needs; rows are whole
-            // 16-byte pieces (cluster_plan) starting on a 16-byte boundary (checked above).
-            unsafe { b.launch(cfg) }?;
-            return Ok(());
-        }
         let staged = row_bytes + STATIC_SHARED_BYTES <= self.info.shared_memory_per_block_optin;
-        let (f, shared) = if staged {
-            let f = self.elem_function::<T>(ElemKernel::CrossEntropyFusedStaged)?;
-            // Above 48 KiB a kernel must opt in to its dynamic shared memory.
+        // The kernel, the shared memory a block stages its part of a row in (opted into above
+        // 48 KiB), and the launch.
+        let (kernel, shared, cfg) = match plan.filter(|_| aligned) {
+            Some((kernel, cs, bytes)) => {
+                let grid = u32::try_from(n * cs).map_err(|_| super::CudaError::Shape {
+                    op: OP,
+                    detail: format!("{n} rows exceed the grid"),
+                })?;
+                let cfg = LaunchConfig {
+                    grid_dim: (grid, 1, 1),
+                    block_dim: (CLUSTER_BLOCK, 1, 1),
+                    shared_mem_bytes: bytes as u32,
+                };
+                (kernel, bytes, cfg)
+            }
+            None if staged => (
+                ElemKernel::CrossEntropyFusedStaged,
+                row_bytes,
+                rows(n, row_bytes as u32),
+            ),
+            None => (ElemKernel::CrossEntropyFused, 0, rows(n, 0)),
+        };
+        let f = self.elem_function::<T>(kernel)?;
+        if shared > 0 {
             f.set_attribute(
                 CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                row_bytes as i32,
+                shared as i32,
             )?;
-            (f, row_bytes as u32)
-        } else {
-            (self.elem_function::<T>(ElemKernel::CrossEntropyFused)?, 0)
-        };
+        }
         let mut b = self.stream.launch_builder(f);
         b.arg(losses)
             .arg(logits)
@@ -181,9 +171,11 @@ impl CudaBackend {
             .arg(&v32)
             .arg(&valid32)
             .arg(&grad_scale);
-        // SAFETY: lengths checked above; one block per row; the staged kernel gets the
-        // `v * size_of::<T>()` bytes of shared memory it caches the row in.
-        unsafe { b.launch(rows(n, shared)) }?;
+        // SAFETY: lengths checked above. One block per row, the staged kernel with the
+        // `v * size_of::<T>()` bytes it caches the row in; or `cs` blocks a row (the clustered
+        // kernel's compile-time cluster), each with the shared memory its share needs, rows
+        // being whole 16-byte pieces (cluster_plan) on a 16-byte boundary (checked above).
+        unsafe { b.launch(cfg) }?;
         Ok(())
     }
 
