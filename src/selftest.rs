@@ -3060,10 +3060,23 @@ fn check_rmsnorm_backward<T: Elem>(
         gpu.upload_as::<T>(&g)?,
     );
     let d_rstd = gpu.upload(&rstd)?;
-    gpu.rmsnorm_backward(&mut d_dx, &mut d_dg, &d_dout, &d_x, &d_g, &d_rstd, n, c)?;
+    gpu.rmsnorm_backward(
+        &mut d_dx,
+        Some(&mut d_dg),
+        &d_dout,
+        &d_x,
+        &d_g,
+        &d_rstd,
+        n,
+        c,
+    )?;
+    // A frozen gain: the same input gradient, no gain gradient formed.
+    let mut d_dx_frozen = gpu.upload_as::<T>(&dx0)?;
+    gpu.rmsnorm_backward(&mut d_dx_frozen, None, &d_dout, &d_x, &d_g, &d_rstd, n, c)?;
     Ok(worst(&[
         rel_err(&gpu.download_f32(&d_dx)?, &dx, ELEMENTWISE_FLOOR),
         rel_err(&gpu.download(&d_dg)?, &dg, ELEMENTWISE_FLOOR),
+        rel_err(&gpu.download_f32(&d_dx_frozen)?, &dx, ELEMENTWISE_FLOOR),
     ]))
 }
 
@@ -3780,7 +3793,37 @@ fn check_linear_backward<T: Elem>(
     gpu.linear_backward(
         &mut d_dinp,
         &mut d_dw,
+        false,
         Some(&mut d_db),
+        &d_dout,
+        &d_x,
+        &d_w,
+        n,
+        c_in,
+        c_out,
+        math,
+    )?;
+    // A gradient whose clear was deferred to its first writer: the product overwrites it and
+    // must not read the old contents (NaN here).
+    let mut dw_whole = vec![0.0; c_out * c_in];
+    cpu::gemm::linear_backward(
+        &mut dinp,
+        &mut dw_whole,
+        None,
+        &dout,
+        &x,
+        &w,
+        n,
+        c_in,
+        c_out,
+    );
+    let mut d_dw_whole = poisoned::<f32>(gpu, c_out * c_in)?;
+    let mut d_dinp2 = poisoned::<T>(gpu, n * c_in)?;
+    gpu.linear_backward(
+        &mut d_dinp2,
+        &mut d_dw_whole,
+        true,
+        None,
         &d_dout,
         &d_x,
         &d_w,
@@ -3793,6 +3836,7 @@ fn check_linear_backward<T: Elem>(
         rel_err(&gpu.download_f32(&d_dinp)?, &dinp, GEMM_FLOOR),
         accumulated_err(&gpu.download(&d_dw)?, &dw0, &dw, GEMM_FLOOR),
         accumulated_err(&gpu.download(&d_db)?, &db0, &db, ELEMENTWISE_FLOOR),
+        rel_err(&gpu.download(&d_dw_whole)?, &dw_whole, GEMM_FLOOR),
     ]))
 }
 
@@ -3872,6 +3916,7 @@ fn check_linear_gelu<T: Elem>(
     gpu.linear_gelu_backward(
         &mut d_dpre,
         Some(&mut d_dw),
+        false,
         Some(&mut d_db),
         &gpu.upload_as::<T>(&dout)?,
         &gpu.upload_as::<T>(&act)?,

@@ -59,6 +59,49 @@ fn k_micro_batches_give_the_gradient_of_one_batch_k_times_larger() {
     assert!(max_rel < 1e-5, "max relative gradient difference {max_rel}");
 }
 
+/// Each step's gradient clear is left to the first writer of each gradient (a product
+/// overwrites it); a writer that added into the previous step's values instead would make a
+/// second accumulation of the same batch differ from the first.
+#[test]
+fn a_steps_gradients_owe_nothing_to_the_previous_steps() {
+    let tokens = corpus_tokens();
+    let a = data::train_batch(&tokens, 5, 3, 0, 4, 32);
+    let b = data::train_batch(&tokens, 5, 3, 1, 4, 32);
+    let families: [&[&str]; 4] = [
+        &[],
+        &["model.tied_head=false"],
+        &[
+            "model.kind=llama",
+            "model.n_kv_heads=2",
+            "model.ffn_hidden=64",
+        ],
+        &[
+            "model.kind=llama",
+            "model.n_kv_heads=2",
+            "model.ffn_hidden=64",
+            "model.tied_head=false",
+        ],
+    ];
+    for extra in families {
+        let cfg = config(extra);
+        let mut t =
+            Trainer::new(&cfg, 256, &MemoryPool::new(Device::Cpu), Precision::Fp32).unwrap();
+        t.step(std::slice::from_ref(&a)).unwrap();
+        let stale = grads(&t);
+        assert!(stale.iter().flatten().any(|&g| g != 0.0), "{extra:?}");
+        t.accumulate(std::slice::from_ref(&b)).unwrap();
+        let first = grads(&t);
+        t.accumulate(std::slice::from_ref(&b)).unwrap();
+        let second = grads(&t);
+        assert!(first.iter().flatten().all(|g| g.is_finite()), "{extra:?}");
+        assert_eq!(
+            first, second,
+            "{extra:?}: a gradient kept the previous step's values"
+        );
+        assert_ne!(first, stale, "{extra:?}");
+    }
+}
+
 fn run_to(
     dir: &std::path::Path,
     extra: &[&str],

@@ -1079,6 +1079,7 @@ fn time_linear<T: Elem>(
             gpu.linear_backward(
                 &mut dinp[j],
                 &mut dw[j],
+                false,
                 Some(&mut db[j]),
                 &dout[j],
                 &x[j],

@@ -267,13 +267,32 @@ pub fn linear_forward_into(
     Ok(())
 }
 
-/// Returns `dx`; accumulates into `dw` and `db`. A frozen weight passes no `dw` (and then no
-/// `db`): only the input gradient is computed, with no weight-gradient GEMM.
+/// A weight gradient for a product's backward to write: added to, or, when `overwrite`, written
+/// whole without reading the buffer (a gradient cleared by its first writer, see
+/// [`crate::nn::Param::defer_grad_clear`]).
+pub struct WeightGrad<'a> {
+    pub grad: &'a mut Tensor,
+    pub overwrite: bool,
+}
+
+impl<'a> WeightGrad<'a> {
+    /// A gradient to add into.
+    pub fn add(grad: &'a mut Tensor) -> WeightGrad<'a> {
+        WeightGrad {
+            grad,
+            overwrite: false,
+        }
+    }
+}
+
+/// Returns `dx`; accumulates into (or overwrites, see [`WeightGrad`]) `dw`, and accumulates into
+/// `db`. A frozen weight passes no `dw` (and then no `db`): only the input gradient is
+/// computed, with no weight-gradient GEMM.
 pub fn linear_backward(
     dout: &Tensor,
     x: &Tensor,
     w: &Tensor,
-    dw: Option<&mut Tensor>,
+    dw: Option<WeightGrad<'_>>,
     db: Option<&mut Tensor>,
 ) -> Result<Tensor> {
     let _prof = profile::scope("linear_backward", x);
@@ -305,7 +324,15 @@ pub fn linear_backward(
         }
         return Ok(dx);
     };
+    let WeightGrad {
+        grad: dw,
+        overwrite,
+    } = dw;
     device_of("linear_backward", &[dw])?;
+    if overwrite && !matches!(on, On::Gpu(_)) {
+        // The CPU's product only adds: clear first (its bits equal an overwrite's).
+        dw.fill_zero()?;
+    }
     match on {
         On::Meta => {
             if db.is_some() {
@@ -326,6 +353,7 @@ pub fn linear_backward(
         On::Gpu(g) => with_elem!(x.dtype(), T => g.linear_backward::<T>(
             dx.cuda_mut(),
             dw.cuda_mut(),
+            overwrite,
             db.map(|b| b.cuda_mut()),
             dout.cuda(),
             x.cuda(),
@@ -388,7 +416,7 @@ pub fn linear_gelu_backward(
     act: &Tensor,
     pre: &Tensor,
     w: &Tensor,
-    dw: Option<&mut Tensor>,
+    dw: Option<WeightGrad<'_>>,
     db: Option<&mut Tensor>,
 ) -> Result<Tensor> {
     let _prof = profile::scope("linear_gelu_backward", act);
@@ -398,8 +426,17 @@ pub fn linear_gelu_backward(
     expect_len("linear_gelu_backward", "dout", dout, n * c_out)?;
     expect_len("linear_gelu_backward", "pre", pre, n * c_in)?;
     let mut dpre = Tensor::uninit(act.pool(), act.shape(), act_dtype(act))?;
+    let overwrite = dw.as_ref().is_some_and(|d| d.overwrite);
+    let mut dw = dw.map(|d| d.grad);
     if let Some(dw) = &dw {
         device_of("linear_gelu_backward", &[dw])?;
+    }
+    if let Some(dw) = dw
+        .as_deref_mut()
+        .filter(|_| overwrite && !matches!(on, On::Gpu(_)))
+    {
+        // The CPU's product only adds: clear first (its bits equal an overwrite's).
+        dw.fill_zero()?;
     }
     match on {
         On::Meta => {
@@ -432,6 +469,7 @@ pub fn linear_gelu_backward(
         On::Gpu(g) => with_elem!(act.dtype(), T => g.linear_gelu_backward::<T>(
             dpre.cuda_mut(),
             dw.map(|t| t.cuda_mut()),
+            overwrite,
             db.map(|t| t.cuda_mut()),
             dout.cuda(),
             act.cuda(),
@@ -2142,24 +2180,42 @@ pub fn residual_rmsnorm_forward(
 /// gradient into `dgamma` (f32).
 pub fn rmsnorm_backward(
     dx: &mut Tensor,
-    dgamma: &mut Tensor,
+    dgamma: Option<&mut Tensor>,
     dout: &Tensor,
     x: &Tensor,
     gamma: &Tensor,
     rstd: &Tensor,
 ) -> Result<()> {
     let _prof = profile::scope("rmsnorm_backward", x);
-    let on = device_of("rmsnorm_backward", &[dx, dgamma, dout, x, gamma, rstd])?;
+    let on = device_of("rmsnorm_backward", &[dx, dout, x, gamma, rstd])?;
+    if let Some(dg) = &dgamma {
+        device_of("rmsnorm_backward", &[*dg])?;
+    }
     let (n, c) = rows_cols("rmsnorm_backward", x)?;
     expect_len("rmsnorm_backward", "dout", dout, x.len())?;
     expect_len("rmsnorm_backward", "dx", dx, x.len())?;
-    expect_len("rmsnorm_backward", "dgamma", dgamma, c)?;
+    if let Some(dg) = &dgamma {
+        expect_len("rmsnorm_backward", "dgamma", dg, c)?;
+    }
+    let mut frozen_gain;
     expect_len("rmsnorm_backward", "rstd", rstd, n)?;
     match on {
-        On::Meta => meta_scratch(x, super::cuda::reduce::norm_partials_bytes(n, c, 1)),
+        On::Meta => {
+            if dgamma.is_some() {
+                meta_scratch(x, super::cuda::reduce::norm_partials_bytes(n, c, 1));
+            }
+        }
         On::Cpu => cpu::rmsnorm::rmsnorm_backward(
             dx.host_mut(),
-            dgamma.host_mut(),
+            match dgamma {
+                Some(dg) => dg.host_mut(),
+                // A frozen gain: its gradient is formed and dropped (the CPU's kernel keeps
+                // one path).
+                None => {
+                    frozen_gain = vec![0.0; c];
+                    &mut frozen_gain
+                }
+            },
             dout.host(),
             x.host(),
             gamma.host(),
@@ -2168,7 +2224,7 @@ pub fn rmsnorm_backward(
         ),
         On::Gpu(g) => with_elem!(x.dtype(), T => g.rmsnorm_backward::<T>(
             dx.cuda_mut(),
-            dgamma.cuda_mut(),
+            dgamma.map(|d| d.cuda_mut()),
             dout.cuda(),
             x.cuda(),
             gamma.cuda(),

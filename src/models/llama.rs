@@ -361,9 +361,12 @@ impl Llama {
         let c = cfg.d_model;
         let out_std = super::residual_init_std(cfg.n_layers);
         let vocab = padded_vocab(cfg.vocab);
+        // Its gradient is written through Param's accessors only (the embedding's backward and
+        // the tied head's product).
         let embed = b
             .scope("embed")
-            .param("weight", &[vocab, c], Init::Normal(0.02))?;
+            .param("weight", &[vocab, c], Init::Normal(0.02))?
+            .with_lazy_grad();
         let blocks = (0..cfg.n_layers)
             .map(|l| {
                 let mut b = b.scope(format_args!("layers.{l}"));

@@ -155,7 +155,7 @@ impl TokenEmbedding for Param {
     }
 
     fn embed_backward(&mut self, dstream: &Tensor, tokens: &[u32], _seq: usize) -> Result<()> {
-        match self.grad_mut() {
+        match self.grad_mut()? {
             Some(dtable) => ops::token_embedding_backward(dtable, dstream, tokens),
             None => Ok(()),
         }
@@ -430,7 +430,7 @@ impl<E: TokenEmbedding, B: Block> Lm<E, B> {
         let d_normed = match &mut self.head {
             Some(head) => head.backward(&dlogits, head_input)?,
             None => {
-                let (w, dw) = self.embed.table_mut().weight_and_grad();
+                let (w, dw) = self.embed.table_mut().weight_and_grad_target();
                 ops::linear_backward(&dlogits, head_input, w, dw, None)?
             }
         };

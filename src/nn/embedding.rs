@@ -16,9 +16,12 @@ impl Embedding {
     /// Tables `wte` and `wpe` in `b`'s scope, normal with standard deviation 0.02.
     pub fn new(b: &mut ParamBuilder, vocab: usize, context: usize, c: usize) -> Result<Embedding> {
         Ok(Embedding {
+            // Written by `backward` below and, when the head is tied, by the head's product,
+            // both through Param's accessors.
             wte: b
                 .scope("wte")
-                .param("weight", &[vocab, c], Init::Normal(0.02))?,
+                .param("weight", &[vocab, c], Init::Normal(0.02))?
+                .with_lazy_grad(),
             wpe: b
                 .scope("wpe")
                 .param("weight", &[context, c], Init::Normal(0.02))?,
@@ -42,6 +45,7 @@ impl Embedding {
                 .transpose()
         };
         let (mut wte_scratch, mut wpe_scratch) = (scratch(&self.wte)?, scratch(&self.wpe)?);
+        self.wte.settle_grad()?;
         ops::embedding_backward(
             wte_scratch.as_mut().unwrap_or(&mut self.wte.grad),
             wpe_scratch.as_mut().unwrap_or(&mut self.wpe.grad),

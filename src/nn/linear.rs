@@ -49,7 +49,11 @@ impl Linear {
         std: f32,
     ) -> Result<Linear> {
         Ok(Linear {
-            weight: b.param("weight", &[c_out, c_in], Init::Normal(std))?,
+            // Only this layer's backward writes the weight's gradient, through Param's
+            // accessors: the trainer may leave its clear to the product.
+            weight: b
+                .param("weight", &[c_out, c_in], Init::Normal(std))?
+                .with_lazy_grad(),
             bias: if bias {
                 Some(b.param("bias", &[c_out], Init::Zeros)?)
             } else {
@@ -244,14 +248,17 @@ impl Linear {
         if self.weight.frozen && self.bias.is_none() && lora::together(&self.adapters) {
             return self.backward_adapters_first(dout, x);
         }
-        let db = self.bias.as_mut().and_then(|b| b.grad_mut());
+        let db = match self.bias.as_mut() {
+            Some(b) => b.grad_mut()?,
+            None => None,
+        };
         let mut dx = match &self.nf4 {
             // Frozen: the input gradient only, from the weight expanded once more.
             Some(q) => q
                 .workspace
                 .with_weight(&q.weight, |w| ops::linear_backward(dout, x, w, None, db))?,
             None => {
-                let (w, dw) = self.weight.weight_and_grad();
+                let (w, dw) = self.weight.weight_and_grad_target();
                 ops::linear_backward(dout, x, w, dw, db)?
             }
         };
@@ -314,8 +321,11 @@ impl Linear {
     /// the GPU ([`ops::linear_gelu_backward`]).
     pub fn backward_gelu(&mut self, dout: &Tensor, act: &Tensor, pre: &Tensor) -> Result<Tensor> {
         if self.plain() {
-            let db = self.bias.as_mut().and_then(|b| b.grad_mut());
-            let (w, dw) = self.weight.weight_and_grad();
+            let db = match self.bias.as_mut() {
+                Some(b) => b.grad_mut()?,
+                None => None,
+            };
+            let (w, dw) = self.weight.weight_and_grad_target();
             return ops::linear_gelu_backward(dout, act, pre, w, dw, db);
         }
         let dact = self.backward(dout, act)?;

@@ -473,7 +473,7 @@ fn gradients(adapters: &mut [Adapter], dy: &Tensor, x: &Tensor, h: Tensor) -> Re
             &mut dh,
         )?;
         // dB += scale * dy[:, block]^T @ H[:, k]   ([cols, r])
-        if let Some(db) = ad.b.grad_mut() {
+        if let Some(db) = ad.b.grad_mut()? {
             ops::matmul_view(
                 GemmShape::single(true, false, cols, r, rows),
                 [dy_block, own, MatrixView::packed(r)],
@@ -496,7 +496,7 @@ fn gradients(adapters: &mut [Adapter], dy: &Tensor, x: &Tensor, h: Tensor) -> Re
     ];
     let shape = GemmShape::single(true, false, big_r, c_in, rows);
     if let [ad] = adapters {
-        if let Some(da) = ad.a.grad_mut() {
+        if let Some(da) = ad.a.grad_mut()? {
             ops::matmul_view(shape, views, 1.0, &dh, x, 1.0, da)?;
         }
     } else if adapters.iter().any(|ad| !ad.a.frozen) {
@@ -505,7 +505,7 @@ fn gradients(adapters: &mut [Adapter], dy: &Tensor, x: &Tensor, h: Tensor) -> Re
         let mut k0 = 0;
         for ad in adapters.iter_mut() {
             let n = ad.rank() * c_in;
-            if let Some(da) = ad.a.grad_mut() {
+            if let Some(da) = ad.a.grad_mut()? {
                 ops::add_from_at(da, &da_all, k0)?;
             }
             k0 += n;

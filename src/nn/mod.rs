@@ -46,6 +46,13 @@ pub struct Param {
     /// Read by its layer's kernels as the f32 master whatever the compute dtype (the
     /// BK-Core's `z` and off-diagonals): freezing keeps its value in f32.
     pub master_read: bool,
+    /// Every write of the gradient goes through [`Param::weight_and_grad_target`] or
+    /// [`Param::grad_mut`], or follows [`Param::settle_grad`] (set by the layer that owns it), so
+    /// the trainer may leave the step's clear to the first writer ([`Param::defer_grad_clear`]).
+    pub lazy_grad: bool,
+    /// The gradient is zero by definition but its buffer still holds older values: the first
+    /// writer overwrites it whole, or clears it before adding.
+    grad_stale: bool,
 }
 
 /// Which implementation of the operations kiln fuses a layer runs (`train.fused_kernels`).
@@ -130,20 +137,58 @@ impl Param {
             decay: shape.len() >= 2,
             frozen,
             master_read: false,
+            lazy_grad: false,
+            grad_stale: false,
         })
+    }
+
+    /// Marks every write of the gradient as going through this type's accessors (see
+    /// [`Param::lazy_grad`]).
+    pub fn with_lazy_grad(mut self) -> Param {
+        self.lazy_grad = true;
+        self
     }
 
     /// Freezes the parameter: drops its gradient buffer. [`Param::set_compute_dtype`] then
     /// converts the value itself instead of adding a copy.
     pub fn freeze(&mut self) -> Result<()> {
         self.frozen = true;
+        self.grad_stale = false;
         self.grad = Tensor::zeros(self.value.pool(), &[0], DType::F32)?;
         Ok(())
     }
 
+    /// Clears the gradient now: every element zero.
+    pub fn clear_grad(&mut self) -> Result<()> {
+        self.grad_stale = false;
+        self.grad.fill_zero()
+    }
+
+    /// Clears the gradient by the next write instead of a pass over the buffer now: the first
+    /// weight-gradient product overwrites it (`beta = 0`) rather than reading zeros back, and
+    /// any other first writer clears it before adding. Only for a [`Param::lazy_grad`]
+    /// parameter; others are cleared at once.
+    pub fn defer_grad_clear(&mut self) -> Result<()> {
+        if !self.lazy_grad {
+            return self.clear_grad();
+        }
+        self.grad_stale = !self.frozen && !self.grad.is_empty();
+        Ok(())
+    }
+
+    /// Finishes a deferred clear that no writer made (a parameter this step did not reach),
+    /// so that the gradient may be read.
+    pub fn settle_grad(&mut self) -> Result<()> {
+        if self.grad_stale {
+            self.clear_grad()?;
+        }
+        Ok(())
+    }
+
     /// The gradient to accumulate into, or `None` for a frozen parameter.
-    pub fn grad_mut(&mut self) -> Option<&mut Tensor> {
-        (!self.frozen).then_some(&mut self.grad)
+    pub fn grad_mut(&mut self) -> Result<Option<&mut Tensor>> {
+        self.settle_grad()?;
+        Ok((!self.frozen).then_some(&mut self.grad))
     }
 
     /// The tensor the forward and backward read: the compute copy if there is one.
@@ -151,9 +196,14 @@ impl Param {
         self.compute.as_ref().unwrap_or(&self.value)
     }
 
-    /// The weight to read and the gradient to write (none when frozen), borrowed together.
-    pub fn weight_and_grad(&mut self) -> (&Tensor, Option<&mut Tensor>) {
-        let grad = (!self.frozen).then_some(&mut self.grad);
+    /// The weight to read and the gradient for a product that writes every element of it:
+    /// to be overwritten when a deferred clear is pending (which this ends), else added to.
+    pub fn weight_and_grad_target(&mut self) -> (&Tensor, Option<ops::WeightGrad<'_>>) {
+        let overwrite = std::mem::take(&mut self.grad_stale);
+        let grad = (!self.frozen).then_some(ops::WeightGrad {
+            grad: &mut self.grad,
+            overwrite,
+        });
         (self.compute.as_ref().unwrap_or(&self.value), grad)
     }
 

@@ -1,7 +1,7 @@
 //! RMS normalisation with a learned gain (no bias), optionally fused with a residual add.
 
 use super::{ActLayout, Cost, Init, Param, ParamBuilder, f32_bytes, params};
-use crate::engine::{DType, Result, Tensor, ops};
+use crate::engine::{Result, Tensor, ops};
 
 pub struct RmsNorm {
     pub gamma: Param,
@@ -40,13 +40,11 @@ impl RmsNorm {
         x: &Tensor,
         rstd: &Tensor,
     ) -> Result<()> {
+        self.gamma.settle_grad()?;
         let gamma = self.gamma.compute.as_ref().unwrap_or(&self.gamma.value);
-        if self.gamma.frozen {
-            // The kernel always produces the gain's gradient; a frozen gain's goes to scratch.
-            let mut scratch = Tensor::zeros(x.pool(), &[self.c], DType::F32)?;
-            return ops::rmsnorm_backward(dx, &mut scratch, dout, x, gamma, rstd);
-        }
-        ops::rmsnorm_backward(dx, &mut self.gamma.grad, dout, x, gamma, rstd)
+        // A frozen gain (under adapters) takes no gradient: none is formed.
+        let dgamma = (!self.gamma.frozen).then_some(&mut self.gamma.grad);
+        ops::rmsnorm_backward(dx, dgamma, dout, x, gamma, rstd)
     }
 
     /// Saves its input (the residual stream), its output and one f32 statistic per row.

@@ -347,8 +347,16 @@ impl Trainer {
         if let Some(d) = &self.dist {
             d.restore_grads(&mut self.model.trainable_params_mut())?;
         }
+        // Alone, each gradient's clear is left to its first writer (a product overwrites
+        // instead of reading zeros back); data parallelism reads gradients mid-backward, so
+        // there they are cleared now.
+        let deferred = self.dist.is_none();
         for p in self.model.trainable_params_mut() {
-            p.grad.fill_zero()?;
+            if deferred {
+                p.defer_grad_clear()?;
+            } else {
+                p.clear_grad()?;
+            }
         }
         // Statistics of a step that failed part-way are not this step's.
         self.model.take_routing_stats();
@@ -419,6 +427,10 @@ impl Trainer {
                     &w.row_weights[rows],
                 )?;
             }
+        }
+        // A parameter no pass reached still owes its clear before anything reads it.
+        for p in self.model.trainable_params_mut() {
+            p.settle_grad()?;
         }
         Ok(loss)
     }

@@ -795,12 +795,13 @@ impl CudaBackend {
     }
 
     /// Backward of [`Self::linear_forward`]: overwrites `dinp`, accumulates into the f32
-    /// `dweight` and `dbias`.
+    /// `dweight` (or overwrites it, without reading it, when `dweight_overwrite`) and `dbias`.
     #[allow(clippy::too_many_arguments)]
     pub fn linear_backward<T: Elem>(
         &self,
         dinp: &mut CudaSlice<T>,
         dweight: &mut CudaSlice<f32>,
+        dweight_overwrite: bool,
         dbias: Option<&mut CudaSlice<f32>>,
         dout: &CudaSlice<T>,
         inp: &CudaSlice<T>,
@@ -813,15 +814,27 @@ impl CudaBackend {
         self.matmul(
             false, false, n, c_in, c_out, 1.0, dout, weight, 0.0, dinp, None, math,
         )?;
-        self.accumulate_weight_grads(dweight, dbias, dout, inp, n, c_in, c_out, math)
+        self.accumulate_weight_grads(
+            dweight,
+            dweight_overwrite,
+            dbias,
+            dout,
+            inp,
+            n,
+            c_in,
+            c_out,
+            math,
+        )
     }
 
-    /// The parameter gradients of [`Self::linear_forward`]: `dweight += dout^T @ inp` and
-    /// `dbias` += the column sums of `dout` (both f32).
+    /// The parameter gradients of [`Self::linear_forward`]: `dweight += dout^T @ inp` (`=`
+    /// when `overwrite`: the product's `beta = 0` does not read the buffer) and `dbias` += the
+    /// column sums of `dout` (both f32).
     #[allow(clippy::too_many_arguments)]
     fn accumulate_weight_grads<T: Elem>(
         &self,
         dweight: &mut CudaSlice<f32>,
+        overwrite: bool,
         dbias: Option<&mut CudaSlice<f32>>,
         dout: &CudaSlice<T>,
         inp: &CudaSlice<T>,
@@ -831,7 +844,18 @@ impl CudaBackend {
         math: GemmMath,
     ) -> Result<()> {
         self.matmul(
-            true, false, c_out, c_in, n, 1.0, dout, inp, 1.0, dweight, None, math,
+            true,
+            false,
+            c_out,
+            c_in,
+            n,
+            1.0,
+            dout,
+            inp,
+            if overwrite { 0.0 } else { 1.0 },
+            dweight,
+            None,
+            math,
         )?;
         if let Some(dbias) = dbias {
             self.column_sum_accumulate(dbias, dout, n, c_out)?;
@@ -892,6 +916,7 @@ impl CudaBackend {
         &self,
         dpre: &mut CudaSlice<T>,
         dweight: Option<&mut CudaSlice<f32>>,
+        dweight_overwrite: bool,
         dbias: Option<&mut CudaSlice<f32>>,
         dout: &CudaSlice<T>,
         act: &CudaSlice<T>,
@@ -918,9 +943,17 @@ impl CudaBackend {
             self.gelu_backward(dpre, pre, &dact, n * c_in)?;
         }
         match dweight {
-            Some(dweight) => {
-                self.accumulate_weight_grads(dweight, dbias, dout, act, n, c_in, c_out, math)
-            }
+            Some(dweight) => self.accumulate_weight_grads(
+                dweight,
+                dweight_overwrite,
+                dbias,
+                dout,
+                act,
+                n,
+                c_in,
+                c_out,
+                math,
+            ),
             None => Ok(()),
         }
     }

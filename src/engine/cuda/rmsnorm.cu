@@ -93,7 +93,8 @@ __device__ void rmsnorm_backward_input(T* dx, const T* dout, const T* x, const T
 // is read once for both gradients: dx as in rmsnorm_backward_input, and each thread sums
 // dout * x * rstd for its columns over its lane's rows; the lanes' sums are then added in
 // lane order into partial[x, col] (accumulate_partials finishes, as for the unfused
-// kernels). The separate gain-gradient pass read dout and x a second time.
+// kernels); a null `partial` (a frozen gain) writes none. The separate gain-gradient pass
+// read dout and x a second time.
 #define RMS_BWD_LANES 4
 template <typename T>
 __device__ void rmsnorm_backward_fused(T* dx, float* partial, const T* dout, const T* x,
@@ -156,7 +157,8 @@ __device__ void rmsnorm_backward_fused(T* dx, float* partial, const T* dout, con
             store4(dx + off + 4 * g, o);
         }
     }
-    add_lanes_in_order(chunk_dg, dg, c, partial + (long long)blockIdx.x * c);
+    // A frozen gain (under adapters) takes no gradient: no partial row to write.
+    if (partial != nullptr) add_lanes_in_order(chunk_dg, dg, c, partial + (long long)blockIdx.x * c);
 }
 
 // Gain gradient, first stage: block (x, y) sums columns [x*blockDim, ...) of dout * x * rstd

@@ -117,12 +117,13 @@ impl CudaBackend {
     }
 
     /// Backward: ACCUMULATES into `dx` (the fused residual backward: pass the residual
-    /// stream's incoming gradient as `dx`) and `dgamma`.
+    /// stream's incoming gradient as `dx`) and `dgamma`; without `dgamma` (a frozen gain) the
+    /// gain's gradient is not formed at all.
     #[allow(clippy::too_many_arguments)]
     pub fn rmsnorm_backward<T: Elem>(
         &self,
         dx: &mut CudaSlice<T>,
-        dgamma: &mut CudaSlice<f32>,
+        dgamma: Option<&mut CudaSlice<f32>>,
         dout: &CudaSlice<T>,
         x: &CudaSlice<T>,
         gamma: &CudaSlice<T>,
@@ -135,7 +136,9 @@ impl CudaBackend {
         check_len(OP, "dx", dx, n * c)?;
         check_len(OP, "dout", dout, n * c)?;
         check_len(OP, "x", x, n * c)?;
-        check_len(OP, "dgamma", dgamma, c)?;
+        if let Some(dg) = &dgamma {
+            check_len(OP, "dgamma", *dg, c)?;
+        }
         check_len(OP, "gamma", gamma, c)?;
         check_len(OP, "rstd", rstd, n)?;
         if n == 0 {
@@ -147,12 +150,20 @@ impl CudaBackend {
             let grid = reduce::fused_norm_grid(n, c, 1);
             let chunks = grid.grid_dim.0 as usize;
             let rpc = reduce::FUSED_NORM_ROWS as i32;
-            let mut partial = self.alloc::<f32>(chunks * c)?;
+            // A frozen gain's kernel writes no partial sums (a null pointer).
+            let mut partial = match dgamma {
+                Some(_) => Some(self.alloc::<f32>(chunks * c)?),
+                None => None,
+            };
+            let none = 0u64;
             let f = self.elem_function::<T>(ElemKernel::RmsnormBackwardFused)?;
             let mut b = self.stream.launch_builder(f);
-            b.arg(dx)
-                .arg(&mut partial)
-                .arg(dout)
+            b.arg(dx);
+            match partial.as_mut() {
+                Some(p) => b.arg(p),
+                None => b.arg(&none),
+            };
+            b.arg(dout)
                 .arg(x)
                 .arg(gamma)
                 .arg(rstd)
@@ -160,18 +171,25 @@ impl CudaBackend {
                 .arg(&c32)
                 .arg(&rpc);
             // SAFETY: lengths checked above; block x covers FUSED_NORM_ROWS rows of the n,
-            // writes partial row x (chunks x c values) and takes c f32 of shared memory.
+            // writes partial row x (chunks x c values) if given and takes c f32 of shared
+            // memory.
             unsafe { b.launch(grid) }?;
-            return self.accumulate_partials(dgamma, &partial, chunks, c);
+            return match (dgamma, &partial) {
+                (Some(dg), Some(p)) => self.accumulate_partials(dg, p, chunks, c),
+                _ => Ok(()),
+            };
         }
-        let (chunks, rows_per_chunk) = reduce::row_chunks(n);
-        let rpc = rows_per_chunk as i32;
-        let mut partial = self.alloc::<f32>(chunks * c)?;
         let f = self.elem_function::<T>(ElemKernel::RmsnormBackwardInput)?;
         let mut b = self.stream.launch_builder(f);
         b.arg(dx).arg(dout).arg(x).arg(gamma).arg(rstd).arg(&c32);
         // SAFETY: lengths checked above; one block per row.
         unsafe { b.launch(row) }?;
+        let Some(dgamma) = dgamma else {
+            return Ok(());
+        };
+        let (chunks, rows_per_chunk) = reduce::row_chunks(n);
+        let rpc = rows_per_chunk as i32;
+        let mut partial = self.alloc::<f32>(chunks * c)?;
         let f = self.elem_function::<T>(ElemKernel::RmsnormParamGradPartial)?;
         let mut b = self.stream.launch_builder(f);
         b.arg(&mut partial)
