@@ -233,8 +233,12 @@ impl CudaBackend {
             // writes row x of both partials (chunks x c values each) and takes 2c f32 of
             // shared memory.
             unsafe { b.launch(grid) }?;
-            self.accumulate_partials(dgamma, &partial_gamma, chunks, c)?;
-            return self.accumulate_partials(dbeta, &partial_beta, chunks, c);
+            return self.accumulate_partials_with(
+                (dgamma, &partial_gamma),
+                Some((dbeta, &partial_beta)),
+                chunks,
+                c,
+            );
         }
         let (chunks, rows_per_chunk) = reduce::row_chunks(n);
         let rpc = rows_per_chunk as i32;
@@ -265,7 +269,11 @@ impl CudaBackend {
         // SAFETY: the partial buffers hold `chunks * c` values; the grid is `chunks` rows of
         // column blocks.
         unsafe { b.launch(reduce::column_grid(c, chunks)) }?;
-        self.accumulate_partials(dgamma, &partial_gamma, chunks, c)?;
-        self.accumulate_partials(dbeta, &partial_beta, chunks, c)
+        self.accumulate_partials_with(
+            (dgamma, &partial_gamma),
+            Some((dbeta, &partial_beta)),
+            chunks,
+            c,
+        )
     }
 }

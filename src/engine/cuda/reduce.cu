@@ -49,11 +49,16 @@ extern "C" __global__ void column_sum_partial_f16(float* partial, const f16* x, 
 // acc[col] += sum over chunks of partial[chunk, col]. A block of 32 x ACC_LANES threads takes
 // 32 columns: lane y sums chunks y, y + ACC_LANES, ... in order, then one thread per column adds
 // the lanes in order, so the sum is the same on every run (a fixed tree, not a sequential
-// one: one thread per column walking every chunk waited on each load in turn).
+// one: one thread per column walking every chunk waited on each load in turn). Blocks with
+// blockIdx.y = 1 do the same for a second tensor (a layernorm's bias beside its gain: one
+// launch for both, each a few microseconds of launch and latency for little data).
 #define ACC_LANES 32
 #define ACC_BATCH 32
-extern "C" __global__ void accumulate_partials(float* acc, const float* partial, int chunks, int c) {
+extern "C" __global__ void accumulate_partials(float* acc0, const float* partial0, float* acc1,
+                                               const float* partial1, int chunks, int c) {
     __shared__ float lanes[ACC_LANES][33];
+    float* acc = blockIdx.y == 0 ? acc0 : acc1;
+    const float* partial = blockIdx.y == 0 ? partial0 : partial1;
     const int col = blockIdx.x * 32 + threadIdx.x;
     float s = 0.f;
     // Loads go out ACC_BATCH at a time and are added in chunk order, so the latencies

@@ -139,21 +139,52 @@ impl CudaBackend {
         chunks: usize,
         c: usize,
     ) -> Result<()> {
+        self.accumulate_partials_with((acc, partial), None, chunks, c)
+    }
+
+    /// [`Self::accumulate_partials`] for `first` and, in the same launch, `second` of the same
+    /// shape (a layernorm's gain and bias gradients).
+    pub(super) fn accumulate_partials_with(
+        &self,
+        first: (&mut CudaSlice<f32>, &CudaSlice<f32>),
+        second: Option<(&mut CudaSlice<f32>, &CudaSlice<f32>)>,
+        chunks: usize,
+        c: usize,
+    ) -> Result<()> {
         const OP: &str = "accumulate_partials";
+        let (acc, partial) = first;
         check_len(OP, "acc", acc, c)?;
         check_len(OP, "partial", partial, chunks * c)?;
+        // The kernel reads the second pair only in blocks with blockIdx.y = 1.
+        let (tensors, acc1, partial1) = match &second {
+            Some((a, p)) => {
+                check_len(OP, "second acc", *a, c)?;
+                check_len(OP, "second partial", *p, chunks * c)?;
+                (2, raw_ptr(*a, &self.stream), raw_ptr(*p, &self.stream))
+            }
+            None => (1, 0u64, 0u64),
+        };
         let (chunks32, c32) = (as_i32(OP, "chunks", chunks)?, as_i32(OP, "c", c)?);
         let f = self.function(Kernel::AccumulatePartials)?;
         let mut b = self.stream.launch_builder(f);
-        b.arg(acc).arg(partial).arg(&chunks32).arg(&c32);
-        // 32 columns a block, 32 lanes over the chunks (the kernel's ACC_LANES).
+        b.arg(acc)
+            .arg(partial)
+            .arg(&acc1)
+            .arg(&partial1)
+            .arg(&chunks32)
+            .arg(&c32);
+        // 32 columns a block, 32 lanes over the chunks (the kernel's ACC_LANES), a row of
+        // blocks a tensor.
         let cfg = LaunchConfig {
-            grid_dim: (c.div_ceil(32) as u32, 1, 1),
+            grid_dim: (c.div_ceil(32) as u32, tensors, 1),
             block_dim: (32, 32, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: lengths checked above; the kernel guards columns past `c`.
+        // SAFETY: lengths checked above (the second pair's too, when there is one); the kernel
+        // guards columns past `c`; the second pair is borrowed until the launch is queued and
+        // its buffers outlive the launch on this stream.
         unsafe { b.launch(cfg) }?;
+        let _ = second;
         Ok(())
     }
 
