@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Expected values for the GGUF dequantisation tests of Q5_0, Q5_1, Q2_K, Q3_K, Q5_K and Q8_K.
+"""Expected values for the GGUF dequantisation tests of Q5_0, Q5_1, Q2_K, Q3_K, Q5_K, Q8_K,
+IQ4_NL and IQ4_XS.
 
     python bench/gguf_quants_reference.py > /tmp/expected.rs
 
@@ -29,6 +30,8 @@ CASES = [
     (T.Q3_K, 0x3003, 4),
     (T.Q5_K, 0x5005_5005, 4),
     (T.Q8_K, 0x8008, 4),
+    (T.IQ4_NL, 0x4A4A, 8),
+    (T.IQ4_XS, 0x4B4B, 4),
 ]
 
 
@@ -69,6 +72,8 @@ def random_blocks(qtype: T, seed: int, blocks: int) -> bytes:
             put(2, dmin)
         elif qtype == T.Q8_K:
             blk[0:4] = struct.pack("<I", (0x3B0F5C29 + 0x00123457 * b) | ((b % 2) << 31))
+        elif qtype in (T.IQ4_NL, T.IQ4_XS):
+            put(0, d)
     return bytes(data)
 
 

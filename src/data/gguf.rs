@@ -138,6 +138,8 @@ impl GgmlType {
     pub const Q5_K: GgmlType = GgmlType(13);
     pub const Q6_K: GgmlType = GgmlType(14);
     pub const Q8_K: GgmlType = GgmlType(15);
+    pub const IQ4_NL: GgmlType = GgmlType(20);
+    pub const IQ4_XS: GgmlType = GgmlType(23);
     pub const BF16: GgmlType = GgmlType(30);
 
     /// ggml's name for the type ("Q4_K"), or "type N" for a number ggml does not define.
@@ -198,6 +200,8 @@ impl GgmlType {
             13 => (256, 176),
             14 => (256, 210),
             15 => (256, 292),
+            20 => (32, 18),
+            23 => (256, 136),
             24 => (1, 1),
             25 => (1, 2),
             26 => (1, 4),
@@ -223,6 +227,8 @@ impl GgmlType {
             Self::Q5_K,
             Self::Q6_K,
             Self::Q8_K,
+            Self::IQ4_NL,
+            Self::IQ4_XS,
         ]
         .contains(&self)
     }
@@ -764,6 +770,8 @@ fn dequantize(ty: GgmlType, data: &[u8], out: &mut [f32]) {
         GgmlType::Q5_K => for_blocks(data, out, 176, 256, dequant_q5_k),
         GgmlType::Q6_K => for_blocks(data, out, 210, 256, dequant_q6_k),
         GgmlType::Q8_K => for_blocks(data, out, 292, 256, dequant_q8_k),
+        GgmlType::IQ4_NL => for_blocks(data, out, 18, 32, dequant_iq4_nl),
+        GgmlType::IQ4_XS => for_blocks(data, out, 136, 256, dequant_iq4_xs),
         _ => unreachable!("tensor_f32 checks is_dequantisable first"),
     }
 }
@@ -983,6 +991,42 @@ fn dequant_q8_k(b: &[u8], y: &mut [f32]) {
     let d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
     for (y, &q) in y.iter_mut().zip(&b[4..260]) {
         *y = d * f32::from(q as i8);
+    }
+}
+
+/// The 16 values a 4-bit code of IQ4_NL and IQ4_XS stands for: a fixed non-uniform grid, denser
+/// near zero, scaled by the block's (or sub-block's) scale.
+const IQ4_GRID: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
+
+/// 32 values from 16 bytes of 4-bit grid indices under one scale: byte `j`'s low nibble is
+/// value `j`, its high nibble value `j + 16`.
+fn iq4_half_bytes(scale: f32, q: &[u8], y: &mut [f32]) {
+    let (lo, hi) = y.split_at_mut(16);
+    for ((&q, lo), hi) in q.iter().zip(lo).zip(hi) {
+        *lo = scale * f32::from(IQ4_GRID[usize::from(q & 0x0f)]);
+        *hi = scale * f32::from(IQ4_GRID[usize::from(q >> 4)]);
+    }
+}
+
+/// IQ4_NL: an f16 scale and 16 bytes of 4-bit indices into [`IQ4_GRID`]; `x = d * grid[q]`.
+fn dequant_iq4_nl(b: &[u8], y: &mut [f32]) {
+    iq4_half_bytes(half_at(b, 0), &b[2..18], y);
+}
+
+/// IQ4_XS: 256 values in 8 sub-blocks of 32. An f16 `d`, then each sub-block's 6-bit scale
+/// split into a high part (2 bits each of a u16, sub-block `i` at bits `2i`) and a low part (a
+/// nibble each of 4 bytes, sub-block `i` in byte `i / 2`, low nibble first), stored plus 32;
+/// then 128 bytes of grid indices as in IQ4_NL, 16 a sub-block. `x = (d * (scale - 32)) *
+/// grid[q]`.
+fn dequant_iq4_xs(b: &[u8], y: &mut [f32]) {
+    let d = half_at(b, 0);
+    let high = u16::from_le_bytes([b[2], b[3]]);
+    for (i, y) in y.chunks_exact_mut(32).enumerate() {
+        let low = (b[4 + i / 2] >> (4 * (i % 2))) & 0x0f;
+        let scale = i32::from(low | ((((high >> (2 * i)) & 3) as u8) << 4)) - 32;
+        iq4_half_bytes(d * scale as f32, &b[8 + 16 * i..24 + 16 * i], y);
     }
 }
 
@@ -1369,6 +1413,7 @@ mod tests {
                     let d = (0x3b0f_5c29 + 0x0012_3457 * b as u32) | ((b as u32 % 2) << 31);
                     block[0..4].copy_from_slice(&d.to_le_bytes());
                 }
+                GgmlType::IQ4_NL | GgmlType::IQ4_XS => put(block, 0, d),
                 _ => unreachable!("{ty}"),
             }
         }
@@ -1422,9 +1467,9 @@ mod tests {
     }
 
     // The expected values come from bench/gguf_quants_reference.py: llama.cpp's gguf-py
-    // (`gguf.quants.dequantize`) for Q5_0, Q5_1, Q2_K, Q3_K and Q5_K, and numpy from ggml's
-    // block struct for Q8_K, which gguf-py does not dequantise. Both compute in f32 in ggml's
-    // order, as kiln does, so the values agree to the bit.
+    // (`gguf.quants.dequantize`) for Q5_0, Q5_1, Q2_K, Q3_K, Q5_K, IQ4_NL and IQ4_XS, and numpy
+    // from ggml's block struct for Q8_K, which gguf-py does not dequantise. Both compute in f32
+    // in ggml's order, as kiln does, so the values agree to the bit.
 
     #[test]
     fn q5_0_blocks_dequantise_as_gguf_py_does() {
@@ -1454,6 +1499,16 @@ mod tests {
     #[test]
     fn q8_k_blocks_dequantise_as_ggml_defines() {
         check_against_reference(GgmlType::Q8_K, 0x8008, 4, Q8_K_HASH, Q8_K_BLOCK0);
+    }
+
+    #[test]
+    fn iq4_nl_blocks_dequantise_as_gguf_py_does() {
+        check_against_reference(GgmlType::IQ4_NL, 0x4a4a, 8, IQ4_NL_HASH, IQ4_NL_BLOCK0);
+    }
+
+    #[test]
+    fn iq4_xs_blocks_dequantise_as_gguf_py_does() {
+        check_against_reference(GgmlType::IQ4_XS, 0x4b4b, 4, IQ4_XS_HASH, IQ4_XS_BLOCK0);
     }
 
     #[test]
@@ -1720,5 +1775,40 @@ mod tests {
         be475c293e766666be570a3e3e39eb85bdb7ae153e3333333e4e147b3e0666663e8428f63e7f5c29be8428f6\
         3e5947ae3d066666be7428f6bdc51eb8bc7ae148be528f5cbd81eb85be528f5c3d600000bd71eb853dbc28f6\
         3e0f5c293e68f5c3bc0f5c29\
+    ";
+    // IQ4_NL: 8 blocks, seed 0x4a4a
+    const IQ4_NL_HASH: u64 = 0x9cd0ff6907fd37b8;
+    const IQ4_NL_BLOCK0: &str = "\
+        3f9515c03f9515c0bf014b803f6ad780beb8b5003f6ad7803e83ef003f0bd9803f361180be6834003e093600\
+        3c28e000bfa78e403f3611803ec88a003f9515c0be6834003f0bd980be6834003ec88a003f0bd980be683400\
+        bf5b02803f3611803e0936003f6ad7803c28e000be6834003f0bd980bf893600bf5b02803ec88a00\
+    ";
+    // IQ4_XS: 4 blocks, seed 0x4b4b
+    const IQ4_XS_HASH: u64 = 0xfdfef613875e04bc;
+    const IQ4_XS_BLOCK0: &str = "\
+        c1d4d34c4127640840d26f20419b6f2c40d26f20c17d7a38c135bd10416a58d8416a58d8c1a4ffdcc0ef2130\
+        c2071bb6c078b1e0c17d7a38416a58d840d26f20c078b1e0c1d4d34cc2071bb6c078b1e0419b6f2cc078b1e0\
+        c1d4d34c403f4dc0c0ef2130c1a4ffdcc17d7a3841276408be990b004217d8ea403f4dc0c135bd10c0966780\
+        408a87c0412441e0408a87c0c045e680408a87c0bdfd5000414dd100c0d1c6404100a2a0c0d1c6404100a2a0\
+        414dd100bfcdd100c1088d20c0d1c640402e2700c1088d20bfcdd100bfcdd100bfcdd100c15fa0a0c0966780\
+        c045e680c1088d20bfcdd100c1088d20402e270040c1f1404100a2a0bdfd5000402e27003f014b803f014b80\
+        be0936003f014b803f5b0280bf0bd980bf9515c0be093600bf6ad7803e683400bf9515c03dd31800bec88a00\
+        bf9515c03f2b83803f2b83803f893600bf6ad780bf0bd9803e6834003eb8b500be0936003f2b8380bf361180\
+        3e683400bc28e0003dd318003f2b83803f8936003f2b83803e683400bec88a00bfe6e240c074bca03fcb2d80\
+        40f01e8040624420bd93c40041129c783f38b500bf701e8041129c7840219e6040f01e80c074bca0bd93c400\
+        41129c78c02f78c03f38b50040f01e80c0cd7c90bfe6e24040bfa23040961310c0cd7c9040624420bd93c400\
+        c09f4f5040961310c09f4f504096131040961310bd93c400bd93c400bee834003e893600c00936003ca8e000\
+        3f488a00bfdb02803f8bd9803fead780c0093600bf38b5003f488a00bf38b5003e8936003ca8e000c0278e40\
+        401515c0401515c0bee834003f488a003e8936003f8bd980c0278e40bee834003f8bd980bfdb0280c0093600\
+        bfdb0280bf38b5003f488a00bee83400401515c0c0278e40bfab8380bfdb02803fb61180401515c03ca8e000\
+        bee834003f8bd980c0278e403fead7803f03ef003f8bd9803e893600bee83400c0278e40bfdb02803e893600\
+        3fead7803f03ef00bee834003fead780c0093600bfdb0280bee83400bee83400bfab8380be5318003ca8e000\
+        3fead780c0278e40be5318003e8936003f488a0040f4bca040af78c0411f4f50c116131040af78c0c0e24420\
+        3ff01e80c0e24420c1929c78c1701e80c1929c78c1701e80c1929c7840f4bca041827308c1701e80411f4f50\
+        c1929c78c1701e80c1701e8040f4bca040f4bca040f4bca0c13fa230418273083ff01e804066e24040f4bca0\
+        c1929c7841827308c13fa230c04b2d80406395e0406395e0bfe6e2403f2b83803d5318003fa4eac03fa4eac0\
+        c0566460c088e1903ffaac80c0d171d0406395e0c0ab8380c0219e60402ecfe0402ecfe0c0ab8380c0566460\
+        c0d171d03d531800c0ab8380c0ab83804092c6b03f2b83803d53180040ba5b30402ecfe0bf912080406395e0\
+        c088e190c0d171d0c0ab8380\
     ";
 }

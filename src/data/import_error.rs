@@ -34,8 +34,9 @@ pub enum ImportError {
 
     #[error(
         "{}: tensor {tensor} is stored as {dtype}, which kiln cannot dequantise (it reads F32, \
-         F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and Q8_K); \
-         convert the file to one of those, for example with llama.cpp's llama-quantize",
+         F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ4_NL \
+         and IQ4_XS); convert the file to one of those, for example with llama.cpp's \
+         llama-quantize",
         path.display()
     )]
     UnsupportedType {
