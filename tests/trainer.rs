@@ -67,9 +67,10 @@ fn a_steps_gradients_owe_nothing_to_the_previous_steps() {
     let tokens = corpus_tokens();
     let a = data::train_batch(&tokens, 5, 3, 0, 4, 32);
     let b = data::train_batch(&tokens, 5, 3, 1, 4, 32);
-    let families: [&[&str]; 4] = [
+    let families: [&[&str]; 5] = [
         &[],
         &["model.tied_head=false"],
+        &["model.kind=resnet_bk"],
         &[
             "model.kind=llama",
             "model.n_kv_heads=2",
