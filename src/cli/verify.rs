@@ -151,6 +151,12 @@ pub fn run(a: VerifyArgs) -> Result<()> {
             if n.starts_with('.') && n.ends_with(".tmp") {
                 println!("leftover    {n} (an interrupted write; ignored by every reader)");
             }
+            if n.starts_with('.') && n.ends_with(checkpoint::DELETING_SUFFIX) {
+                println!(
+                    "leftover    {n} (an interrupted deletion of an old checkpoint; ignored by \
+                     every reader, removed by the next checkpoint)"
+                );
+            }
         }
     }
     if problems.is_empty() {

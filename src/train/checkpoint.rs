@@ -661,12 +661,31 @@ pub fn save(trainer: &Trainer, run_dir: &Path) -> Result<PathBuf> {
     Ok(write(&snapshot(trainer)?, run_dir)?.dir)
 }
 
-/// Deletes all but the newest `keep` checkpoints; failures only leave extra files behind.
+/// Suffix of a checkpoint directory that [`prune`] renamed out of the way and is deleting.
+pub const DELETING_SUFFIX: &str = ".deleting";
+
+/// Deletes all but the newest `keep` checkpoints; failures only leave extra files behind. Each
+/// is first renamed to a hidden name (one atomic step) and deleted there, so a process stopped
+/// part-way through a deletion (a rank's exit after a peer died, a kill) leaves no
+/// half-deleted checkpoint under a step name, only a hidden directory that no reader looks at
+/// and the next prune removes.
 fn prune(dir: &Path, keep: usize) {
     let mut names = step_names(dir);
     names.sort();
     for old in names.iter().rev().skip(keep) {
-        let _ = fs::remove_dir_all(dir.join(old));
+        let doomed = dir.join(format!(".{old}{DELETING_SUFFIX}"));
+        if fs::rename(dir.join(old), &doomed).is_ok() {
+            let _ = fs::remove_dir_all(&doomed);
+        }
+    }
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let n = e.file_name().to_string_lossy().into_owned();
+        if n.starts_with('.') && n.ends_with(DELETING_SUFFIX) {
+            let _ = fs::remove_dir_all(e.path());
+        }
     }
 }
 
@@ -1119,6 +1138,33 @@ mod tests {
     use crate::config::ResolvedConfig;
     use crate::engine::{DType, MemoryPool};
     use crate::train::Precision;
+
+    /// Old checkpoints leave under a hidden name first: an interrupted deletion (here, a
+    /// hidden directory already holding part of a checkpoint) is invisible to readers and gone
+    /// after the next prune, and only the newest `keep` step directories remain.
+    #[test]
+    fn prune_renames_before_deleting_and_clears_interrupted_deletions() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        for step in 1..=4 {
+            let d = dir.join(step_name(step));
+            fs::create_dir_all(&d).unwrap();
+            fs::write(d.join("model.safetensors"), b"x").unwrap();
+        }
+        let half = dir.join(format!(".{}{DELETING_SUFFIX}", step_name(0)));
+        fs::create_dir_all(&half).unwrap();
+        fs::write(half.join("model.safetensors"), b"x").unwrap();
+        let mut seen = step_names(dir);
+        seen.sort();
+        assert_eq!(seen, (1..=4).map(step_name).collect::<Vec<_>>());
+        prune(dir, 2);
+        let mut left: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(left, vec![step_name(3), step_name(4)]);
+    }
 
     /// A tiny CPU trainer whose weights are seeded and whose moments hold distinct values
     /// (never zeros, so a moment written to the wrong place shows).
