@@ -276,12 +276,15 @@ pub struct WeightGrad<'a> {
 }
 
 impl<'a> WeightGrad<'a> {
-    /// A gradient to add into.
-    pub fn add(grad: &'a mut Tensor) -> WeightGrad<'a> {
-        WeightGrad {
-            grad,
-            overwrite: false,
+    /// The buffer, checked to be on `on`'s device, and whether the product overwrites it. The
+    /// CPU's products only add, so there an overwrite becomes a clear first (the same bits).
+    fn prepare(self, op: &'static str, on: &On) -> Result<(&'a mut Tensor, bool)> {
+        device_of(op, &[self.grad])?;
+        if self.overwrite && !matches!(on, On::Gpu(_)) {
+            self.grad.fill_zero()?;
+            return Ok((self.grad, false));
         }
+        Ok((self.grad, self.overwrite))
     }
 }
 
@@ -324,15 +327,7 @@ pub fn linear_backward(
         }
         return Ok(dx);
     };
-    let WeightGrad {
-        grad: dw,
-        overwrite,
-    } = dw;
-    device_of("linear_backward", &[dw])?;
-    if overwrite && !matches!(on, On::Gpu(_)) {
-        // The CPU's product only adds: clear first (its bits equal an overwrite's).
-        dw.fill_zero()?;
-    }
+    let (dw, overwrite) = dw.prepare("linear_backward", &on)?;
     match on {
         On::Meta => {
             if db.is_some() {
@@ -426,18 +421,13 @@ pub fn linear_gelu_backward(
     expect_len("linear_gelu_backward", "dout", dout, n * c_out)?;
     expect_len("linear_gelu_backward", "pre", pre, n * c_in)?;
     let mut dpre = Tensor::uninit(act.pool(), act.shape(), act_dtype(act))?;
-    let overwrite = dw.as_ref().is_some_and(|d| d.overwrite);
-    let mut dw = dw.map(|d| d.grad);
-    if let Some(dw) = &dw {
-        device_of("linear_gelu_backward", &[dw])?;
-    }
-    if let Some(dw) = dw
-        .as_deref_mut()
-        .filter(|_| overwrite && !matches!(on, On::Gpu(_)))
-    {
-        // The CPU's product only adds: clear first (its bits equal an overwrite's).
-        dw.fill_zero()?;
-    }
+    let (dw, overwrite) = match dw {
+        Some(d) => {
+            let (dw, overwrite) = d.prepare("linear_gelu_backward", &on)?;
+            (Some(dw), overwrite)
+        }
+        None => (None, false),
+    };
     match on {
         On::Meta => {
             let elem = act_dtype(act).size_bytes();
@@ -2197,8 +2187,8 @@ pub fn rmsnorm_backward(
     if let Some(dg) = &dgamma {
         expect_len("rmsnorm_backward", "dgamma", dg, c)?;
     }
-    let mut frozen_gain;
     expect_len("rmsnorm_backward", "rstd", rstd, n)?;
+    let mut frozen_gain;
     match on {
         On::Meta => {
             if dgamma.is_some() {

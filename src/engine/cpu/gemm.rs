@@ -200,10 +200,6 @@ fn dot_in_order(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
-fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
-    dot_in_order(a, b)
-}
-
 /// [`dot_in_order`] compiled for AVX2 (eight lanes a vector instead of SSE2's four).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
@@ -218,7 +214,7 @@ fn dot_kernel() -> fn(&[f32], &[f32]) -> f32 {
         // SAFETY: the CPU has AVX2 (checked just above).
         return |a, b| unsafe { dot_avx2(a, b) };
     }
-    dot_portable
+    dot_in_order
 }
 
 /// [`sgemm`] on each of `s.batch` matrix triples: `C_i = alpha * op(A_i) @ op(B_i) + beta * C_i`.
