@@ -624,7 +624,8 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
             tables
         );
     }
-    // The key/value cache of generation at SmolLM2's, Llama-3.2-1B's and a Qwen3-like shape:
+    // The key/value cache of generation at SmolLM2's, Llama-3.2-1B's, a Qwen3-like and a
+    // multi-query shape (two blocks of eight query heads per key/value head):
     // decode steps of 64 sequences in distinct slots at positions up to 1500 and of 4 long
     // ones (rows split over the cache length, some splits empty), and a prefill of 37 tokens
     // into one slot. Cache positions no row covers hold NaN, so a stray read or write shows.
@@ -632,6 +633,7 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
         (9, 3, 64, 100_000.0),
         (32, 8, 64, 500_000.0),
         (16, 8, 128, 1_000_000.0),
+        (16, 1, 64, 10_000.0),
     ] {
         let (cos, sin) = cpu::rope::rope_tables(
             &cpu::rope::inverse_frequencies(theta, head_dim, None),
@@ -648,7 +650,7 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
                 rot_dim: head_dim,
             };
             let longest = pos.iter().map(|&p| p as usize + 1).max().unwrap_or(0);
-            let splits = |read: usize| {
+            let plan = |read: usize| {
                 cuda::attention_plan(
                     s.rows,
                     heads,
@@ -657,8 +659,11 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
                     read,
                     gpu.info().sm_count as usize,
                 )
-                .map_or(0, |p| p.splits)
             };
+            let splits = |read: usize| plan(read).map_or(0, |p| p.splits);
+            // Whether the one appending kernel runs (wide blocks, head sizes to 128), not the
+            // append and attention kernels in turn.
+            let fused = |read: usize| plan(read).is_some_and(|p| p.wide && p.lanes < 32);
             let base = format!("R{} H{heads}/{kv_heads} D{head_dim}", s.rows);
             let rows = (&slot[..], &pos[..]);
             both_dtypes!(check_kv_append, "kv_append", base, s, c, rows, tables, None);
@@ -677,6 +682,38 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
                     tables,
                     Some(bias)
                 );
+            }
+            // The decode step's append and attention in one kernel, with and without a bias
+            // and a window, against the two CPU ops in turn (a prefill keeps two kernels).
+            if let KvCall::Decode(_) = call {
+                for (bias, window) in [(false, 0), (true, 0), (false, 700)] {
+                    let read = if window > 0 {
+                        longest.min(window)
+                    } else {
+                        longest
+                    };
+                    let shape = format!(
+                        "{base}{}{} split{} {}",
+                        if bias { " bias" } else { "" },
+                        if window > 0 {
+                            format!(" W{window}")
+                        } else {
+                            String::new()
+                        },
+                        splits(read),
+                        if fused(read) { "fused" } else { "two kernels" }
+                    );
+                    both_dtypes!(
+                        check_cache_attention_append,
+                        "cache_attention_append",
+                        shape,
+                        s,
+                        c,
+                        rows,
+                        tables,
+                        (bias, window)
+                    );
+                }
             }
             let shape = format!("{base} split{}", splits(longest));
             both_dtypes!(
@@ -1309,10 +1346,13 @@ type Check = std::result::Result<f64, CudaError>;
 /// f32 rounding of `exp` (at most a row or two in a hundred landing on a boundary) and of
 /// the log-sum-exp separate them. Other kernels keep their dtype's bound.
 fn bound_of(kernel: &str, dtype_bound: f64) -> f64 {
-    if kernel == "sample_rows" {
-        SAMPLE_BOUND
-    } else {
-        dtype_bound
+    match kernel {
+        "sample_rows" => SAMPLE_BOUND,
+        // The reference rounds its queries, keys and values to the type as the kernel does,
+        // but forms them in another order (norm and bias, then rotation): a rounding that
+        // falls the other way moves a flat softmax's small outputs by a few steps.
+        "cache_attention_append" => 3.0 * dtype_bound,
+        _ => dtype_bound,
     }
 }
 
@@ -3321,6 +3361,69 @@ fn check_cache_attention<T: Elem>(
         c,
     )?;
     Ok(rel_err(&gpu.download_f32(&d_out)?, &out, ELEMENTWISE_FLOOR))
+}
+
+/// The decode step's append and attention in one kernel against the CPU's append of the
+/// normed projection and attention: the outputs and both caches.
+#[allow(clippy::too_many_arguments)]
+fn check_cache_attention_append<T: Elem>(
+    gpu: &CudaBackend,
+    inp: &mut Inputs,
+    s: cpu::rope::RopeShape,
+    c: cpu::kv_cache::CacheShape,
+    (slot, pos): (&[u32], &[u32]),
+    (cos, sin): (&[f32], &[f32]),
+    (with_bias, window): (bool, usize),
+) -> Check {
+    let d = T::DTYPE;
+    let mut k = kv_cache_input(inp, c, (slot, pos), d);
+    let mut v = kv_cache_input(inp, c, (slot, pos), d);
+    let qkv = inp.uniform(s.rows * s.qkv_width(), 1.0, d);
+    let x = inp.uniform(s.rows * NORMED_STREAM, 4.0, d);
+    let bias = with_bias.then(|| inp.uniform(s.qkv_width(), 0.5, d));
+    let eps = 1e-5;
+    let (d_k0, d_v0) = (gpu.upload_as::<T>(&k)?, gpu.upload_as::<T>(&v)?);
+    let projected =
+        cpu::rmsnorm::normed_rows(&qkv, s.qkv_width(), &x, NORMED_STREAM, eps, bias.as_deref());
+    let mut q = vec![0.0; s.rows * s.heads * s.head_dim];
+    cpu::kv_cache::kv_append(
+        &mut q, &mut k, &mut v, &projected, slot, pos, cos, sin, s, c,
+    );
+    // The kernel attends with the queries, keys and values rounded to the cache's type, as the
+    // two kernels it replaces store them: so does the reference (the attention's output moves
+    // by many of the type's steps with them, far past the elementwise bound).
+    for t in [&mut q, &mut k, &mut v] {
+        d.round_slice(t);
+    }
+    let mut out = vec![0.0; q.len()];
+    cpu::kv_cache::cache_attention(&mut out, &q, &k, &v, slot, pos, s.heads, window, c);
+    let longest = pos.iter().map(|&p| p as usize + 1).max().unwrap_or(0);
+    let (mut d_k, mut d_v) = (d_k0, d_v0);
+    let mut d_out = poisoned::<T>(gpu, out.len())?;
+    let d_bias = bias.as_ref().map(|b| gpu.upload_as::<T>(b)).transpose()?;
+    gpu.cache_attention_append(
+        &mut d_out,
+        &mut d_k,
+        &mut d_v,
+        &gpu.upload_as::<T>(&qkv)?,
+        &gpu.upload_as::<T>(&x)?,
+        NORMED_STREAM,
+        eps,
+        d_bias.as_ref(),
+        &gpu.upload(slot)?,
+        &gpu.upload(pos)?,
+        &gpu.upload(cos)?,
+        &gpu.upload(sin)?,
+        s,
+        window,
+        longest,
+        c,
+    )?;
+    Ok(worst(&[
+        rel_err(&gpu.download_f32(&d_out)?, &out, ELEMENTWISE_FLOOR),
+        cache_err(&gpu.download_f32(&d_k)?, &k),
+        cache_err(&gpu.download_f32(&d_v)?, &v),
+    ]))
 }
 
 fn check_copy_cache_slot<T: Elem>(

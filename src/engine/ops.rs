@@ -2834,6 +2834,89 @@ pub fn cache_attention_at(
     Ok(out)
 }
 
+/// A decode step's [`kv_append_normed_at`] followed by [`cache_attention_at`] on the queries
+/// it rotates: `[rows, H D]`. On a GPU one kernel does both, the queries never stored; rows
+/// must name distinct slots there (one row per sequence), since a row cannot attend to
+/// another row's append of the same call. The CPU runs the two ops in turn.
+#[allow(clippy::too_many_arguments)]
+pub fn cache_attention_append_at(
+    qkv: &Tensor,
+    x: &Tensor,
+    eps: f32,
+    bias: Option<&Tensor>,
+    k_cache: &mut Tensor,
+    v_cache: &mut Tensor,
+    slot: Ids,
+    pos: Ids,
+    cos: &Tensor,
+    sin: &Tensor,
+    s: RopeShape,
+    window: usize,
+    longest: usize,
+    c: CacheShape,
+) -> Result<Tensor> {
+    const OP: &str = "cache_attention_append";
+    let on = {
+        let mut all = vec![qkv, x, &*k_cache, &*v_cache, cos, sin];
+        all.extend(bias);
+        device_of(OP, &all)?
+    };
+    if matches!(on, On::Cpu) {
+        let q = kv_append_normed_at(
+            qkv, x, eps, bias, k_cache, v_cache, slot, pos, cos, sin, s, c,
+        )?;
+        return cache_attention_at(&q, k_cache, v_cache, slot, pos, s.heads, window, longest, c);
+    }
+    let _prof = profile::scope(OP, qkv);
+    if let Some(b) = bias {
+        expect_len(OP, "bias", b, s.qkv_width())?;
+    }
+    if let Some(p) = pos.host() {
+        check_rope(OP, p, cos, sin, s)?;
+    }
+    check_cache(OP, k_cache, v_cache, slot, pos, c)?;
+    expect_len(OP, "qkv", qkv, s.rows * s.qkv_width())?;
+    if pos.len() != s.rows || slot.len() != s.rows {
+        return Err(EngineError::Shape {
+            op: OP,
+            detail: format!(
+                "{} slots and {} positions for {} rows",
+                slot.len(),
+                pos.len(),
+                s.rows
+            ),
+        });
+    }
+    let width = norm_width(OP, Some((x, eps)), s.rows)?;
+    let mut out = Tensor::uninit(qkv.pool(), &[s.rows, s.heads * s.head_dim], act_dtype(qkv))?;
+    if let On::Gpu(g) = on {
+        same_dtype(OP, &[qkv, x, &*k_cache, &*v_cache])?;
+        if let Some(b) = bias {
+            same_dtype(OP, &[qkv, b])?;
+        }
+        let (d_slot, d_pos) = (gpu_ids(&g, slot)?, gpu_ids(&g, pos)?);
+        with_elem!(qkv.dtype(), T => g.cache_attention_append::<T>(
+            out.cuda_mut(),
+            k_cache.cuda_mut(),
+            v_cache.cuda_mut(),
+            qkv.cuda(),
+            x.cuda(),
+            width,
+            eps,
+            bias.map(|b| b.cuda()),
+            d_slot.get(),
+            d_pos.get(),
+            cos.cuda(),
+            sin.cuda(),
+            s,
+            window,
+            longest,
+            c,
+        ))?;
+    }
+    Ok(out)
+}
+
 /// Copies positions `0..len` of cache slot `from` into slot `to` (samples sharing a prompt's
 /// prefill).
 pub fn copy_cache_slot(

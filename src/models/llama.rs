@@ -605,6 +605,11 @@ impl Decoder for Llama {
             slot: Ids::Host(slot),
             pos: Ids::Host(pos),
             longest,
+            distinct_slots: {
+                let mut seen = slot.to_vec();
+                seen.sort_unstable();
+                seen.windows(2).all(|w| w[0] != w[1])
+            },
             emit: None,
         };
         let ln = self.decode_hidden(cache, &rows)?;
@@ -778,33 +783,53 @@ impl Llama {
             let (k, v) = &mut cache.layers[l];
             // The bias, if any, is the append's to add after the row factor.
             let qkv = ops::linear_forward(&x, block.attn.qkv.weight.weight(), None)?;
-            let q = ops::kv_append_normed_at(
-                &qkv,
-                &x,
-                block.ln1.eps,
-                block.attn.qkv.bias.as_ref().map(Param::weight),
-                k,
-                v,
-                r.slot,
-                r.pos,
-                &self.rotary.cos,
-                &self.rotary.sin,
-                rs,
-                c,
-            )?;
+            let bias = block.attn.qkv.bias.as_ref().map(Param::weight);
+            let (cos, sin) = (&self.rotary.cos, &self.rotary.sin);
+            let att = if r.distinct_slots {
+                ops::cache_attention_append_at(
+                    &qkv,
+                    &x,
+                    block.ln1.eps,
+                    bias,
+                    k,
+                    v,
+                    r.slot,
+                    r.pos,
+                    cos,
+                    sin,
+                    rs,
+                    block.attn.window,
+                    r.longest,
+                    c,
+                )?
+            } else {
+                let q = ops::kv_append_normed_at(
+                    &qkv,
+                    &x,
+                    block.ln1.eps,
+                    bias,
+                    k,
+                    v,
+                    r.slot,
+                    r.pos,
+                    cos,
+                    sin,
+                    rs,
+                    c,
+                )?;
+                ops::cache_attention_at(
+                    &q,
+                    k,
+                    v,
+                    r.slot,
+                    r.pos,
+                    self.cfg.n_heads,
+                    block.attn.window,
+                    r.longest,
+                    c,
+                )?
+            };
             drop(qkv);
-            let att = ops::cache_attention_at(
-                &q,
-                k,
-                v,
-                r.slot,
-                r.pos,
-                self.cfg.n_heads,
-                block.attn.window,
-                r.longest,
-                c,
-            )?;
-            drop(q);
             block.attn.out.forward_add(&att, &mut x)?;
             drop(att);
             let gate_up = block.mlp.gate_up.forward(&x)?;

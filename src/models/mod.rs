@@ -373,6 +373,9 @@ pub struct DecodeRows<'a> {
     /// GPU blocks, which decides the last bits of the result: calls that must agree bit for
     /// bit (a step run directly and the same step replayed from a graph) pass the same bound.
     pub longest: usize,
+    /// Every row names a different slot (a decode step, not a prefill): each row's key and
+    /// value can then be appended and attended to in one kernel.
+    pub distinct_slots: bool,
     /// The rows whose logits are wanted, in order (`None`: every row).
     pub emit: Option<Ids<'a>>,
 }

@@ -110,17 +110,27 @@ __device__ void copy_cache_slot(T* cache, long long from, long long to, long lon
 
 // ---- Attention of new queries against the cache (decode and prefill) ----
 //
-// One block of ATT_THREADS threads per (row, key/value head, chunk of G query heads, split of
-// the row's positions). The block's threads form groups of L lanes; a group holds one cached
-// vector, eight elements per lane (L = 8, 16, 32 for D up to 64, 128, 256), so each key and
-// value loaded serves all G query heads of the chunk. Each group runs its own online softmax
-// over positions grp, grp + groups, ... of the split; the block then merges its groups in
-// shared memory. With one split the result is the output; with several, each split writes its
-// unnormalised output, max and sum (base 2) and `cache_attention_combine` merges them.
-// A sliding window (`window` > 0) limits a row to its `window` latest positions, which the
-// splits then divide among themselves.
+// One block of THREADS threads (128, or 256 for few blocks: see the kernels' instances) per
+// (row, key/value head, chunk of G query heads, split of the row's positions). The block's threads form groups of L lanes; a group holds one
+// cached vector, eight elements per lane (L = 8, 16, 32 for D up to 64, 128, 256), so each key
+// and value loaded serves all G query heads of the chunk. Each group runs its own online
+// softmax over positions grp, grp + groups, ... of the split: a decode row's positions are a
+// chain of dependent loads per group, so the more groups a block has, the shorter the chain.
+// The groups then merge in shared memory (in a wide block, first by shuffles within a warp). With one split
+// the result is the output; with several, each split writes its unnormalised output, max and
+// sum (base 2) and `cache_attention_combine` merges them. A sliding window (`window` > 0)
+// limits a row to its `window` latest positions, which the splits then divide among
+// themselves.
+//
+// The appending variant (APPEND, wide blocks only) is the folded decode step's key/value append and attention
+// in one launch: it reads the row's query, key and value from the projection qkv[rows, (H +
+// 2K) D] of the unnormalised stream x[rows, c], applies the row's RMSNorm factor, the bias and
+// the rotation as kv_append_normed does (rounding through T as its stores do), writes
+// the key and value at the row's position and then attends. Every block whose split holds
+// that position writes it and reads it back after a barrier, so no block waits on another;
+// chunks of one key/value head write the same bits to the same place. It requires one row
+// per slot (a decode step): a row cannot see another row's append of the same call.
 
-#define ATT_THREADS 128
 #define ATT_EPL 8  // elements of a vector per lane
 
 struct AttnDims {
@@ -129,6 +139,19 @@ struct AttnDims {
     int splits;  // splits of each row's positions
     float scale_log2;  // 1/sqrt(D) * log2(e): scores in base 2
     int window;  // the sliding window in positions; 0: none
+};
+
+// Where the appending variant takes its rows from (unused by the plain one).
+template <typename T>
+struct AppendSrc {
+    const T* qkv;   // [rows, (H + 2K) D], the projection of the unnormalised stream
+    const T* x;     // [rows, c], the stream, for each row's RMSNorm factor
+    const T* bias;  // [(H + 2K) D] or null
+    const float* cos_t;
+    const float* sin_t;
+    int c;
+    float eps;
+    AppendDims ad;
 };
 
 // Eight elements base..base+7 of a vector of length D (zeros past D).
@@ -143,14 +166,29 @@ __device__ __forceinline__ void load8(const T* v, int base, int D, bool vec, flo
     }
 }
 
-template <typename T, int L, int G>
-__device__ void cache_attention(T* out, float* part_o, float* part_ml, const T* q, const T* k_cache,
-                                const T* v_cache, const unsigned int* slot,
-                                const unsigned int* pos, AttnDims d) {
-    constexpr int GROUPS = ATT_THREADS / L;
+// Element i of head `head` of a row's projection `src` as kv_append_normed leaves it: the
+// row factor `scale` times the rotated projection plus the rotated bias.
+template <typename T>
+__device__ __forceinline__ float appended(const T* src, const T* bias, int head, int i,
+                                          unsigned int p, float scale, const AppendSrc<T>& a) {
+    const int D = a.ad.head_dim;
+    const float y = scale * rotated(src + (long long)head * D, i, p, a.cos_t, a.sin_t, a.ad);
+    return bias ? y + rotated(bias + (long long)head * D, i, p, a.cos_t, a.sin_t, a.ad) : y;
+}
+
+template <typename T, int L, int G, int THREADS, bool APPEND>
+__device__ void cache_attention(T* out, float* part_o, float* part_ml, const T* q, T* k_cache,
+                                T* v_cache, const unsigned int* slot, const unsigned int* pos,
+                                AttnDims d, AppendSrc<T> a) {
     constexpr int DP = L * ATT_EPL;  // padded head size
-    __shared__ float sm_m[GROUPS][G], sm_l[GROUPS][G];
-    __shared__ float sm_o[GROUPS][G][DP];
+    constexpr int GROUPS = THREADS / L;
+    // A narrow block's groups each leave their state in shared memory (as many floats as the
+    // block has lanes, for each of G heads); a wide block's would not fit, so the groups of a
+    // warp merge first and each warp leaves one.
+    constexpr bool WARP_MERGE = THREADS > 128;
+    constexpr int STATES = WARP_MERGE ? THREADS / 32 : GROUPS;
+    __shared__ float sm_m[STATES][G], sm_l[STATES][G];
+    __shared__ float sm_o[STATES][G][DP];
 
     const long long row = blockIdx.x;
     const int kvh = blockIdx.y / d.chunks, chunk = blockIdx.y - kvh * d.chunks;
@@ -166,20 +204,55 @@ __device__ void cache_attention(T* out, float* part_o, float* part_ml, const T* 
     // and aligned buffers.
     const bool vec = D % ATT_EPL == 0 && aligned4(q) && aligned4(k_cache) && aligned4(v_cache);
 
-    float qr[G][ATT_EPL];
-#pragma unroll
-    for (int h = 0; h < G; ++h) {
-        const T* qh = q + (row * H + h0 + min(h, nh - 1)) * D;
-        load8(qh, base, D, vec, qr[h]);
-#pragma unroll
-        for (int j = 0; j < ATT_EPL; ++j) qr[h][j] *= d.scale_log2;
-    }
-
     // This split's positions of lo..=p, lo the first of the window.
     const int end = inside ? (int)p + 1 : 0;
     const int lo = d.window > 0 ? max(0, end - d.window) : 0;
     const int per = (end - lo + d.splits - 1) / d.splits;
     const int t0 = lo + split * per, t1 = min(end, t0 + per);
+    const long long head_base = inside ? ((long long)s * d.kv_heads + kvh) * d.max_len * D : 0;
+
+    float qr[G][ATT_EPL];
+    if constexpr (APPEND) {
+        // The block's queries are formed once, one element a thread, into shared memory; the
+        // split that holds the row's position writes its key and value meanwhile.
+        __shared__ float scratch[32];
+        __shared__ float sm_q[G][DP];
+        const int width = (H + 2 * d.kv_heads) * D;
+        const T* src = a.qkv + row * width;
+        const float scale = row_rstd(a.x + row * a.c, a.c, a.eps, scratch);
+        const bool writer = inside && t0 <= (int)p && (int)p < t1;
+        const int queries = nh * D, work = queries + (writer ? 2 * D : 0);
+        const long long at = head_base + (long long)p * D;
+        for (int e = threadIdx.x; e < work; e += THREADS) {
+            if (e < queries) {
+                const int h = e / D, i = e - h * D;
+                const float y = inside ? appended(src, a.bias, h0 + h, i, p, scale, a) : 0.f;
+                sm_q[h][i] = load(store<T>(y)) * d.scale_log2;
+            } else if (e < queries + D) {
+                const int i = e - queries;
+                k_cache[at + i] = store<T>(appended(src, a.bias, H + kvh, i, p, scale, a));
+            } else {
+                const int i = e - queries - D, head = H + d.kv_heads + kvh;
+                const float y = scale * load(src[(long long)head * D + i]);
+                v_cache[at + i] = store<T>(a.bias ? y + load(a.bias[(long long)head * D + i]) : y);
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+#pragma unroll
+            for (int j = 0; j < ATT_EPL; ++j)
+                qr[h][j] = base + j < D ? sm_q[min(h, nh - 1)][base + j] : 0.f;
+        }
+    } else {
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+            const T* qh = q + (row * H + h0 + min(h, nh - 1)) * D;
+            load8(qh, base, D, vec, qr[h]);
+#pragma unroll
+            for (int j = 0; j < ATT_EPL; ++j) qr[h][j] *= d.scale_log2;
+        }
+    }
 
     float m[G], l[G], acc[G][ATT_EPL];
 #pragma unroll
@@ -189,7 +262,6 @@ __device__ void cache_attention(T* out, float* part_o, float* part_ml, const T* 
 #pragma unroll
         for (int j = 0; j < ATT_EPL; ++j) acc[h][j] = 0.f;
     }
-    const long long head_base = inside ? ((long long)s * d.kv_heads + kvh) * d.max_len * D : 0;
     const T* kp = k_cache + head_base;
     const T* vp = v_cache + head_base;
     // Every group runs the same number of steps (the last ones partly past the split), so
@@ -219,24 +291,49 @@ __device__ void cache_attention(T* out, float* part_o, float* part_ml, const T* 
         }
     }
 
+    // In a wide block the groups of a warp merge pairwise by shuffles (lane i of a group with
+    // lane i of the group `o / L` away), a group that saw no position weighing nothing.
+    if constexpr (WARP_MERGE) {
 #pragma unroll
-    for (int h = 0; h < G; ++h) {
-        if (lane == 0) {
-            sm_m[grp][h] = m[h];
-            sm_l[grp][h] = l[h];
+        for (int o = L; o < 32; o <<= 1) {
+#pragma unroll
+            for (int h = 0; h < G; ++h) {
+                const float mo = __shfl_xor_sync(0xffffffffu, m[h], o);
+                const float lo_ = __shfl_xor_sync(0xffffffffu, l[h], o);
+                const float mn = fmaxf(m[h], mo);
+                const float ws = mn == KILN_NEG_INF ? 0.f : exp2f(m[h] - mn);
+                const float wo = mn == KILN_NEG_INF ? 0.f : exp2f(mo - mn);
+                l[h] = fmaf(l[h], ws, lo_ * wo);
+#pragma unroll
+                for (int j = 0; j < ATT_EPL; ++j) {
+                    const float ao = __shfl_xor_sync(0xffffffffu, acc[h][j], o);
+                    acc[h][j] = fmaf(acc[h][j], ws, ao * wo);
+                }
+                m[h] = mn;
+            }
         }
+    }
+    const int state = WARP_MERGE ? (int)threadIdx.x / 32 : grp;
+    if (!WARP_MERGE || (int)threadIdx.x % 32 < L) {
 #pragma unroll
-        for (int j = 0; j < ATT_EPL; ++j) sm_o[grp][h][base + j] = acc[h][j];
+        for (int h = 0; h < G; ++h) {
+            if (lane == 0) {
+                sm_m[state][h] = m[h];
+                sm_l[state][h] = l[h];
+            }
+#pragma unroll
+            for (int j = 0; j < ATT_EPL; ++j) sm_o[state][h][base + j] = acc[h][j];
+        }
     }
     __syncthreads();
 
-    for (int e = threadIdx.x; e < nh * D; e += ATT_THREADS) {
+    for (int e = threadIdx.x; e < nh * D; e += THREADS) {
         const int h = e / D, i = e - h * D;
         float mx = KILN_NEG_INF;
-        for (int r = 0; r < GROUPS; ++r) mx = fmaxf(mx, sm_m[r][h]);
+        for (int r = 0; r < STATES; ++r) mx = fmaxf(mx, sm_m[r][h]);
         float sum = 0.f, o = 0.f;
         if (mx != KILN_NEG_INF) {
-            for (int r = 0; r < GROUPS; ++r) {
+            for (int r = 0; r < STATES; ++r) {
                 const float w = exp2f(sm_m[r][h] - mx);
                 sum = fmaf(sm_l[r][h], w, sum);
                 o = fmaf(sm_o[r][h][i], w, o);
@@ -279,21 +376,42 @@ __device__ void cache_attention_combine(T* out, const float* part_o, const float
     }
 }
 
-#define ATTN_KERNEL(T, SUFFIX, L, G)                                                          \
-    extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                   \
-        cache_attention_##SUFFIX##_l##L##_g##G(T* out, float* part_o, float* part_ml,          \
-                                               const T* q, const T* k_cache, const T* v_cache, \
-                                               const unsigned int* slot,                       \
-                                               const unsigned int* pos, AttnDims d) {          \
-        cache_attention<T, L, G>(out, part_o, part_ml, q, k_cache, v_cache, slot, pos, d);     \
+// Each layout comes as a block of 128 threads (many blocks: prefill, large decode batches)
+// and, for head sizes up to 128, a wide block of 256 (few blocks, where the chain of positions
+// per group sets the time), which also comes appending: with many blocks, the appending
+// block's prologue (every block of a row taking the row's norm factor) costs more than the
+// separate append's launch saves.
+#define ATTN_KERNEL_T(T, SUFFIX, L, G, WIDE, THREADS)                                          \
+    extern "C" __global__ void __launch_bounds__(THREADS)                                      \
+        cache_attention##WIDE##_##SUFFIX##_l##L##_g##G(                                        \
+            T* out, float* part_o, float* part_ml, const T* q, const T* k_cache,               \
+            const T* v_cache, const unsigned int* slot, const unsigned int* pos, AttnDims d) { \
+        cache_attention<T, L, G, THREADS, false>(out, part_o, part_ml, q, (T*)k_cache,         \
+                                                 (T*)v_cache, slot, pos, d, AppendSrc<T>{});   \
+    }
+
+#define ATTN_APPEND_KERNEL(T, SUFFIX, L, G)                                                    \
+    ATTN_KERNEL_T(T, SUFFIX, L, G, _wide, 256)                                                 \
+    extern "C" __global__ void __launch_bounds__(256) cache_attention_append_##SUFFIX##_l##L##_g##G( \
+        T* out, float* part_o, float* part_ml, T* k_cache, T* v_cache,                         \
+        const unsigned int* slot, const unsigned int* pos, AttnDims d, const T* qkv,           \
+        const T* x, const T* bias, const float* cos_t, const float* sin_t, int c, float eps,   \
+        AppendDims ad) {                                                                       \
+        cache_attention<T, L, G, 256, true>(out, part_o, part_ml, (const T*)nullptr, k_cache,  \
+                                            v_cache, slot, pos, d,                             \
+                                            AppendSrc<T>{qkv, x, bias, cos_t, sin_t, c, eps, ad}); \
     }
 
 // G = 2 serves multi-head attention too (the second head repeats the first): one kernel less
 // to compile for a kernel that waits on memory anyway.
-#define ATTN_KERNELS_L(T, SUFFIX, L) \
-    ATTN_KERNEL(T, SUFFIX, L, 2)     \
-    ATTN_KERNEL(T, SUFFIX, L, 4)     \
-    ATTN_KERNEL(T, SUFFIX, L, 8)
+#define ATTN_KERNELS_L(T, SUFFIX, L)             \
+    ATTN_KERNEL_T(T, SUFFIX, L, 2, , 128)        \
+    ATTN_KERNEL_T(T, SUFFIX, L, 4, , 128)        \
+    ATTN_KERNEL_T(T, SUFFIX, L, 8, , 128)
+#define ATTN_WIDE_KERNELS_L(T, SUFFIX, L) \
+    ATTN_APPEND_KERNEL(T, SUFFIX, L, 2)   \
+    ATTN_APPEND_KERNEL(T, SUFFIX, L, 4)   \
+    ATTN_APPEND_KERNEL(T, SUFFIX, L, 8)
 
 #define KV_KERNELS(T, SUFFIX)                                                                  \
     extern "C" __global__ void kv_append_##SUFFIX(                                             \
@@ -320,6 +438,8 @@ __device__ void cache_attention_combine(T* out, const float* part_o, const float
     }                                                                                            \
     ATTN_KERNELS_L(T, SUFFIX, 8)                                                                 \
     ATTN_KERNELS_L(T, SUFFIX, 16)                                                                \
-    ATTN_KERNELS_L(T, SUFFIX, 32)
+    ATTN_KERNELS_L(T, SUFFIX, 32)                                                                \
+    ATTN_WIDE_KERNELS_L(T, SUFFIX, 8)                                                            \
+    ATTN_WIDE_KERNELS_L(T, SUFFIX, 16)
 
 // Instantiated by each element type's program (kv_cache.rs): KV_KERNELS(float, f32) etc.

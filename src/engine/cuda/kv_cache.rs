@@ -44,6 +44,18 @@ macro_rules! program {
                 ElemKernel::CacheAttentionL32G2,
                 ElemKernel::CacheAttentionL32G4,
                 ElemKernel::CacheAttentionL32G8,
+                ElemKernel::CacheAttentionWideL8G2,
+                ElemKernel::CacheAttentionWideL8G4,
+                ElemKernel::CacheAttentionWideL8G8,
+                ElemKernel::CacheAttentionWideL16G2,
+                ElemKernel::CacheAttentionWideL16G4,
+                ElemKernel::CacheAttentionWideL16G8,
+                ElemKernel::CacheAttentionAppendL8G2,
+                ElemKernel::CacheAttentionAppendL8G4,
+                ElemKernel::CacheAttentionAppendL8G8,
+                ElemKernel::CacheAttentionAppendL16G2,
+                ElemKernel::CacheAttentionAppendL16G4,
+                ElemKernel::CacheAttentionAppendL16G8,
             ],
             dtypes: &[DType::$d],
         };
@@ -55,8 +67,12 @@ program!(PROGRAM_BF16, "bf16", "bf16", BF16);
 program!(PROGRAM_F16, "f16", "f16", F16);
 
 const BLOCK: u32 = 256;
-/// Threads of an attention block (`ATT_THREADS` in the kernel).
-const ATT_THREADS: u32 = 128;
+
+/// Threads of a narrow attention block.
+const NARROW_THREADS: u32 = 128;
+/// Threads of a wide one (head sizes up to 128: at 256, the warps' merged states of eight
+/// heads of 256 would pass the 48 KiB of static shared memory).
+const WIDE_THREADS: u32 = 256;
 /// The largest head size the attention kernels take (32 lanes of 8 elements).
 pub const MAX_HEAD_DIM: usize = 256;
 
@@ -103,6 +119,8 @@ pub struct AttnPlan {
     pub group: usize,
     pub chunks: usize,
     pub splits: usize,
+    /// Wide blocks: the call's blocks alone leave room on the GPU.
+    pub wide: bool,
 }
 
 /// Rows at most this long are never split: one block reads them quickly enough.
@@ -112,6 +130,10 @@ const MIN_SPLIT: usize = 128;
 const MAX_SPLITS: usize = 64;
 /// Blocks per SM a call aims for before it splits rows.
 const BLOCKS_PER_SM: usize = 4;
+/// Calls of at most this many blocks an SM take wide blocks (measured on an H200: SmolLM2's
+/// decode at batch 64, 1.45 blocks an SM, gains 7% from them, Llama-3.2-1B's at batch 64, 3.9,
+/// loses 4%).
+const WIDE_UP_TO: usize = 2;
 
 /// The layout of a call of `rows` rows, the longest attending to `longest` positions, on a GPU
 /// of `sm_count` SMs; `None` for a head size past [`MAX_HEAD_DIM`].
@@ -138,29 +160,68 @@ pub fn attention_plan(
     } else {
         (BLOCKS_PER_SM * sm_count / blocks).clamp(1, longest.div_ceil(MIN_SPLIT).min(MAX_SPLITS))
     };
+    let wide = blocks * splits <= WIDE_UP_TO * sm_count;
     Some(AttnPlan {
         lanes,
         group,
         chunks,
         splits,
+        wide,
     })
 }
 
-/// The decode kernel of a plan's lanes per vector and query heads per block.
-fn cache_attention_kernel(lanes: usize, group: usize) -> Option<ElemKernel> {
+/// The attention kernel of a layout's lanes per vector and query heads per block, wide or
+/// narrow, appending or not, and its threads a block. Head sizes past 128 have narrow blocks
+/// only, and only wide blocks append.
+fn cache_attention_kernel(
+    lanes: usize,
+    group: usize,
+    wide: bool,
+    append: bool,
+) -> Option<(ElemKernel, u32)> {
     use ElemKernel::*;
-    Some(match (lanes, group) {
-        (8, 2) => CacheAttentionL8G2,
-        (8, 4) => CacheAttentionL8G4,
-        (8, 8) => CacheAttentionL8G8,
-        (16, 2) => CacheAttentionL16G2,
-        (16, 4) => CacheAttentionL16G4,
-        (16, 8) => CacheAttentionL16G8,
-        (32, 2) => CacheAttentionL32G2,
-        (32, 4) => CacheAttentionL32G4,
-        (32, 8) => CacheAttentionL32G8,
+    let kernel = match (lanes, group, wide, append) {
+        (8, 2, false, false) => CacheAttentionL8G2,
+        (8, 4, false, false) => CacheAttentionL8G4,
+        (8, 8, false, false) => CacheAttentionL8G8,
+        (16, 2, false, false) => CacheAttentionL16G2,
+        (16, 4, false, false) => CacheAttentionL16G4,
+        (16, 8, false, false) => CacheAttentionL16G8,
+        (32, 2, _, false) => CacheAttentionL32G2,
+        (32, 4, _, false) => CacheAttentionL32G4,
+        (32, 8, _, false) => CacheAttentionL32G8,
+        (8, 2, true, false) => CacheAttentionWideL8G2,
+        (8, 4, true, false) => CacheAttentionWideL8G4,
+        (8, 8, true, false) => CacheAttentionWideL8G8,
+        (16, 2, true, false) => CacheAttentionWideL16G2,
+        (16, 4, true, false) => CacheAttentionWideL16G4,
+        (16, 8, true, false) => CacheAttentionWideL16G8,
+        (8, 2, true, true) => CacheAttentionAppendL8G2,
+        (8, 4, true, true) => CacheAttentionAppendL8G4,
+        (8, 8, true, true) => CacheAttentionAppendL8G8,
+        (16, 2, true, true) => CacheAttentionAppendL16G2,
+        (16, 4, true, true) => CacheAttentionAppendL16G4,
+        (16, 8, true, true) => CacheAttentionAppendL16G8,
         _ => return None,
-    })
+    };
+    let threads = if wide && lanes < 32 {
+        WIDE_THREADS
+    } else {
+        NARROW_THREADS
+    };
+    Some((kernel, threads))
+}
+
+/// An attention call laid out: the kernel's dimensions, its plan and its grid.
+struct AttnLaunch {
+    dims: AttnDims,
+    plan: AttnPlan,
+    kernel: ElemKernel,
+    /// The kernel appends the rows' keys and values itself.
+    appends: bool,
+    cfg: LaunchConfig,
+    /// Rows x query heads: the outputs, and the combine kernel's blocks.
+    outputs: usize,
 }
 
 fn grid(n: usize) -> LaunchConfig {
@@ -194,7 +255,7 @@ impl CudaBackend {
     fn append_dims<T: Elem>(
         &self,
         op: &'static str,
-        q: &CudaSlice<T>,
+        q: Option<&CudaSlice<T>>,
         k_cache: &CudaSlice<T>,
         v_cache: &CudaSlice<T>,
         qkv: &CudaSlice<T>,
@@ -230,7 +291,9 @@ impl CudaBackend {
         let (slots, max_len) = check_cache(op, k_cache, v_cache, c)?;
         check_len(op, "slot", slot, s.rows)?;
         check_len(op, "pos", pos, s.rows)?;
-        check_len(op, "q", q, s.rows * s.heads * s.head_dim)?;
+        if let Some(q) = q {
+            check_len(op, "q", q, s.rows * s.heads * s.head_dim)?;
+        }
         check_len(op, "qkv", qkv, s.rows * s.qkv_width())?;
         as_i32(op, "projection width", s.qkv_width())?;
         let positions = cos
@@ -267,7 +330,19 @@ impl CudaBackend {
         c: CacheShape,
     ) -> Result<()> {
         const OP: &str = "kv_append";
-        let dims = self.append_dims(OP, q, k_cache, v_cache, qkv, slot, pos, cos, sin, s, c)?;
+        let dims = self.append_dims(
+            OP,
+            Some(&*q),
+            k_cache,
+            v_cache,
+            qkv,
+            slot,
+            pos,
+            cos,
+            sin,
+            s,
+            c,
+        )?;
         let total = s.rows * s.qkv_width();
         if total == 0 {
             return Ok(());
@@ -313,7 +388,19 @@ impl CudaBackend {
         cache: CacheShape,
     ) -> Result<()> {
         const OP: &str = "kv_append_normed";
-        let dims = self.append_dims(OP, q, k_cache, v_cache, qkv, slot, pos, cos, sin, s, cache)?;
+        let dims = self.append_dims(
+            OP,
+            Some(&*q),
+            k_cache,
+            v_cache,
+            qkv,
+            slot,
+            pos,
+            cos,
+            sin,
+            s,
+            cache,
+        )?;
         check_len(OP, "x", x, s.rows * c)?;
         if let Some(b) = bias {
             check_len(OP, "bias", b, s.qkv_width())?;
@@ -358,6 +445,132 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// Checks an attention call of `slot.len()` rows and lays it out, with the appending
+    /// kernel if `append` asks for it and the layout has one; `None` when it has nothing to
+    /// compute.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_launch<T: Elem>(
+        &self,
+        op: &'static str,
+        append: bool,
+        out: &CudaSlice<T>,
+        k_cache: &CudaSlice<T>,
+        v_cache: &CudaSlice<T>,
+        slot: &CudaSlice<u32>,
+        pos: &CudaSlice<u32>,
+        heads: usize,
+        window: usize,
+        longest: usize,
+        c: CacheShape,
+    ) -> Result<Option<AttnLaunch>> {
+        let bad = |detail: String| Err(CudaError::Shape { op, detail });
+        if c.kv_heads == 0 || !heads.is_multiple_of(c.kv_heads) {
+            return bad(format!(
+                "{heads} query heads cannot share {} key/value heads evenly",
+                c.kv_heads
+            ));
+        }
+        let rows = slot.len();
+        let (slots, max_len) = check_cache(op, k_cache, v_cache, c)?;
+        check_len(op, "pos", pos, rows)?;
+        check_len(op, "out", out, rows * heads * c.head_dim)?;
+        let sm_count = self.info().sm_count as usize;
+        // A row reads at most `window` positions, however far into the cache it is.
+        let read = if window > 0 {
+            longest.min(window)
+        } else {
+            longest
+        };
+        let Some(plan) = attention_plan(rows, heads, c.kv_heads, c.head_dim, read, sm_count) else {
+            return bad(format!(
+                "head size {} is past the kernel's {MAX_HEAD_DIM}",
+                c.head_dim
+            ));
+        };
+        if rows == 0 || heads == 0 || c.head_dim == 0 {
+            return Ok(None);
+        }
+        let dims = AttnDims {
+            heads: as_i32(op, "heads", heads)?,
+            kv_heads: as_i32(op, "kv_heads", c.kv_heads)?,
+            head_dim: as_i32(op, "head_dim", c.head_dim)?,
+            max_len,
+            slots,
+            chunks: as_i32(op, "chunks", plan.chunks)?,
+            splits: as_i32(op, "splits", plan.splits)?,
+            scale_log2: std::f32::consts::LOG2_E / (c.head_dim as f32).sqrt(),
+            window: as_i32(op, "window", window)?,
+        };
+        as_i32(op, "rows", rows)?;
+        let y = c.kv_heads * plan.chunks;
+        if y > 65_535 {
+            return bad(format!("{y} blocks of heads per row exceed the grid"));
+        }
+        let appends = append && plan.wide && plan.lanes < 32;
+        let Some((kernel, threads)) =
+            cache_attention_kernel(plan.lanes, plan.group, plan.wide, appends)
+        else {
+            return Err(CudaError::Driver(format!(
+                "no cache attention kernel for {} lanes and groups of {}",
+                plan.lanes, plan.group
+            )));
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, y as u32, plan.splits as u32),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        Ok(Some(AttnLaunch {
+            dims,
+            plan,
+            kernel,
+            appends,
+            cfg,
+            outputs: rows * heads,
+        }))
+    }
+
+    /// The splits' partial outputs and (max, sum) pairs of a launch (unread with one split).
+    fn attention_parts(&self, l: &AttnLaunch, head_dim: usize) -> Result<[CudaSlice<f32>; 2]> {
+        let parts = if l.plan.splits > 1 {
+            l.outputs * l.plan.splits
+        } else {
+            1
+        };
+        Ok([
+            self.alloc::<f32>(parts * head_dim.max(1))?,
+            self.alloc::<f32>(2 * parts)?,
+        ])
+    }
+
+    /// Merges a launch's splits into `out`; nothing with one split.
+    fn combine_splits<T: Elem>(
+        &self,
+        out: &mut CudaSlice<T>,
+        l: &AttnLaunch,
+        [part_o, part_ml]: &[CudaSlice<f32>; 2],
+        head_dim: usize,
+    ) -> Result<()> {
+        if l.plan.splits == 1 {
+            return Ok(());
+        }
+        let f = self.elem_function::<T>(ElemKernel::CacheAttentionCombine)?;
+        let cfg = LaunchConfig {
+            grid_dim: (
+                as_i32("cache_attention", "rows x heads", l.outputs)? as u32,
+                1,
+                1,
+            ),
+            block_dim: ((head_dim.div_ceil(32) * 32) as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(f);
+        b.arg(out).arg(part_o).arg(part_ml).arg(&l.dims);
+        // SAFETY: one block per (row, head) of `out`, reading the splits the attention wrote.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+
     /// `out[r, h] = softmax(q[r, h] . K[slot, h/g, lo..=pos] / sqrt(D)) V[slot, h/g, lo..=pos]`
     /// for `q, out: [rows, H D]`, rows = `slot.len()`, with `lo` the first position of the
     /// sliding `window` (0 without one). `longest` is the longest row's length (its position
@@ -378,98 +591,106 @@ impl CudaBackend {
         c: CacheShape,
     ) -> Result<()> {
         const OP: &str = "cache_attention";
-        let bad = |detail: String| Err(CudaError::Shape { op: OP, detail });
-        if c.kv_heads == 0 || !heads.is_multiple_of(c.kv_heads) {
-            return bad(format!(
-                "{heads} query heads cannot share {} key/value heads evenly",
-                c.kv_heads
-            ));
-        }
-        let rows = slot.len();
-        let (slots, max_len) = check_cache(OP, k_cache, v_cache, c)?;
-        check_len(OP, "pos", pos, rows)?;
-        check_len(OP, "q", q, rows * heads * c.head_dim)?;
-        check_len(OP, "out", out, rows * heads * c.head_dim)?;
-        let sm_count = self.info().sm_count as usize;
-        // A row reads at most `window` positions, however far into the cache it is.
-        let read = if window > 0 {
-            longest.min(window)
-        } else {
-            longest
-        };
-        let Some(plan) = attention_plan(rows, heads, c.kv_heads, c.head_dim, read, sm_count) else {
-            return bad(format!(
-                "head size {} is past the kernel's {MAX_HEAD_DIM}",
-                c.head_dim
-            ));
-        };
-        if rows == 0 || heads == 0 || c.head_dim == 0 {
+        check_len(OP, "q", q, slot.len() * heads * c.head_dim)?;
+        let Some(l) = self.attention_launch(
+            OP, false, out, k_cache, v_cache, slot, pos, heads, window, longest, c,
+        )?
+        else {
             return Ok(());
-        }
-        let dims = AttnDims {
-            heads: as_i32(OP, "heads", heads)?,
-            kv_heads: as_i32(OP, "kv_heads", c.kv_heads)?,
-            head_dim: as_i32(OP, "head_dim", c.head_dim)?,
-            max_len,
-            slots,
-            chunks: as_i32(OP, "chunks", plan.chunks)?,
-            splits: as_i32(OP, "splits", plan.splits)?,
-            scale_log2: std::f32::consts::LOG2_E / (c.head_dim as f32).sqrt(),
-            window: as_i32(OP, "window", window)?,
         };
-        as_i32(OP, "rows", rows)?;
-        let outputs = rows * heads;
-        // The splits' partial outputs and (max, sum) pairs; unread with one split.
-        let parts = if plan.splits > 1 {
-            outputs * plan.splits
-        } else {
-            1
-        };
-        let part_o = self.alloc::<f32>(parts * c.head_dim.max(1))?;
-        let part_ml = self.alloc::<f32>(2 * parts)?;
-        let kernel = cache_attention_kernel(plan.lanes, plan.group).ok_or_else(|| {
-            CudaError::Driver(format!(
-                "no cache attention kernel for {} lanes and groups of {}",
-                plan.lanes, plan.group
-            ))
-        })?;
-        let f = self.elem_function::<T>(kernel)?;
-        let y = c.kv_heads * plan.chunks;
-        if y > 65_535 {
-            return bad(format!("{y} blocks of heads per row exceed the grid"));
-        }
-        let cfg = LaunchConfig {
-            grid_dim: (rows as u32, y as u32, plan.splits as u32),
-            block_dim: (ATT_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut b = self.stream.launch_builder(f);
+        let parts = self.attention_parts(&l, c.head_dim)?;
+        let mut b = self
+            .stream
+            .launch_builder(self.elem_function::<T>(l.kernel)?);
         b.arg(&mut *out)
-            .arg(&part_o)
-            .arg(&part_ml)
+            .arg(&parts[0])
+            .arg(&parts[1])
             .arg(q)
             .arg(k_cache)
             .arg(v_cache)
             .arg(slot)
             .arg(pos)
-            .arg(&dims);
+            .arg(&l.dims);
         // SAFETY: lengths checked above; the kernel bounds each row's slot and position by
         // the cache's, and writes the partial buffers only with several splits, which then
         // hold `outputs * splits` entries.
-        unsafe { b.launch(cfg) }?;
-        if plan.splits > 1 {
-            let f = self.elem_function::<T>(ElemKernel::CacheAttentionCombine)?;
-            let cfg = LaunchConfig {
-                grid_dim: (as_i32(OP, "rows x heads", outputs)? as u32, 1, 1),
-                block_dim: ((c.head_dim.div_ceil(32) * 32) as u32, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let mut b = self.stream.launch_builder(f);
-            b.arg(out).arg(&part_o).arg(&part_ml).arg(&dims);
-            // SAFETY: one block per (row, head) of `out`, reading the splits written above.
-            unsafe { b.launch(cfg) }?;
+        unsafe { b.launch(l.cfg) }?;
+        self.combine_splits(out, &l, &parts, c.head_dim)
+    }
+
+    /// A decode step's [`Self::kv_append_normed`] followed by [`Self::cache_attention`] on the
+    /// queries it rotates (`out: [rows, H D]`, rows = `s.rows`). Where the call has few blocks
+    /// (wide ones: see [`AttnPlan::wide`]) one kernel does both and never stores the queries;
+    /// otherwise the two kernels run. Rows must name distinct slots: a row cannot attend to
+    /// another row's append of the same call (a prefill takes the two ops).
+    #[allow(clippy::too_many_arguments)]
+    pub fn cache_attention_append<T: Elem>(
+        &self,
+        out: &mut CudaSlice<T>,
+        k_cache: &mut CudaSlice<T>,
+        v_cache: &mut CudaSlice<T>,
+        qkv: &CudaSlice<T>,
+        x: &CudaSlice<T>,
+        c_x: usize,
+        eps: f32,
+        bias: Option<&CudaSlice<T>>,
+        slot: &CudaSlice<u32>,
+        pos: &CudaSlice<u32>,
+        cos: &CudaSlice<f32>,
+        sin: &CudaSlice<f32>,
+        s: RopeShape,
+        window: usize,
+        longest: usize,
+        c: CacheShape,
+    ) -> Result<()> {
+        const OP: &str = "cache_attention_append";
+        let ad = self.append_dims(OP, None, k_cache, v_cache, qkv, slot, pos, cos, sin, s, c)?;
+        check_len(OP, "x", x, s.rows * c_x)?;
+        if let Some(b) = bias {
+            check_len(OP, "bias", b, s.qkv_width())?;
         }
-        Ok(())
+        let Some(l) = self.attention_launch(
+            OP, true, out, k_cache, v_cache, slot, pos, s.heads, window, longest, c,
+        )?
+        else {
+            return Ok(());
+        };
+        if !l.appends {
+            let mut q = self.alloc::<T>(s.rows * s.heads * s.head_dim)?;
+            self.kv_append_normed(
+                &mut q, k_cache, v_cache, qkv, x, c_x, eps, bias, slot, pos, cos, sin, s, c,
+            )?;
+            return self.cache_attention(
+                out, &q, k_cache, v_cache, slot, pos, s.heads, window, longest, c,
+            );
+        }
+        let bias_ptr = bias.map_or(0u64, |b| super::raw_ptr(b, &self.stream));
+        let c32 = as_i32(OP, "c", c_x)?;
+        let parts = self.attention_parts(&l, c.head_dim)?;
+        let mut b = self
+            .stream
+            .launch_builder(self.elem_function::<T>(l.kernel)?);
+        b.arg(&mut *out)
+            .arg(&parts[0])
+            .arg(&parts[1])
+            .arg(k_cache)
+            .arg(v_cache)
+            .arg(slot)
+            .arg(pos)
+            .arg(&l.dims)
+            .arg(qkv)
+            .arg(x)
+            .arg(&bias_ptr)
+            .arg(cos)
+            .arg(sin)
+            .arg(&c32)
+            .arg(&eps)
+            .arg(&ad);
+        // SAFETY: lengths checked above; the kernel bounds each row's slot and position by
+        // the cache's and its table reads by `ad.positions`, and writes the partial buffers
+        // only with several splits.
+        unsafe { b.launch(l.cfg) }?;
+        self.combine_splits(out, &l, &parts, c.head_dim)
     }
 
     /// Copies positions `0..len` of every key/value head of cache slot `from` into slot `to`.
@@ -541,6 +762,28 @@ mod tests {
         assert!(attention_plan(4, 8, 8, 257, 100, 132).is_none());
     }
 
+    #[test]
+    fn wide_blocks_only_where_a_calls_blocks_leave_room() {
+        // SmolLM2 decoding 64 rows of a 192-token bench: 192 blocks on 132 SMs, wide.
+        assert!(attention_plan(64, 9, 3, 64, 192, 132).unwrap().wide);
+        // Llama-3.2-1B at batch 64 (512 blocks) and SmolLM2 at 256 (768): narrow.
+        assert!(!attention_plan(64, 32, 8, 64, 192, 132).unwrap().wide);
+        assert!(!attention_plan(256, 9, 3, 64, 192, 132).unwrap().wide);
+        // A prefill's rows are many: narrow.
+        assert!(!attention_plan(4096, 9, 3, 64, 64, 132).unwrap().wide);
+        // Splits count: one long row split 32 ways over 8 key/value heads is 256 blocks.
+        let p = attention_plan(1, 16, 8, 128, 4000, 132).unwrap();
+        assert!(p.wide && p.splits == 32);
+        // Head sizes past 128 have no wide kernels: the layout may say wide, the kernel is
+        // the narrow one, and it never appends.
+        let p = attention_plan(1, 8, 8, 256, 100, 132).unwrap();
+        assert_eq!(
+            cache_attention_kernel(p.lanes, p.group, p.wide, false).map(|k| k.1),
+            Some(NARROW_THREADS)
+        );
+        assert!(cache_attention_kernel(32, 2, true, true).is_none());
+    }
+
     /// Every layout a plan can choose has a compiled decode kernel: head sizes up to
     /// MAX_HEAD_DIM, any number of query heads per key/value head.
     #[test]
@@ -551,7 +794,9 @@ mod tests {
                     let p =
                         attention_plan(8, kv_heads * per_kv, kv_heads, head_dim, 300, 132).unwrap();
                     assert!(
-                        cache_attention_kernel(p.lanes, p.group).is_some(),
+                        [(false, false), (true, false), (true, p.lanes < 32)]
+                            .into_iter()
+                            .all(|(w, a)| cache_attention_kernel(p.lanes, p.group, w, a).is_some()),
                         "head size {head_dim}, {per_kv} query heads per key/value head: lanes {} group {}",
                         p.lanes,
                         p.group
