@@ -2834,10 +2834,10 @@ pub fn cache_attention_at(
     Ok(out)
 }
 
-/// A decode step's [`kv_append_normed_at`] followed by [`cache_attention_at`] on the queries
-/// it rotates: `[rows, H D]`. On a GPU one kernel does both, the queries never stored; rows
-/// must name distinct slots there (one row per sequence), since a row cannot attend to
-/// another row's append of the same call. The CPU runs the two ops in turn.
+/// [`kv_append_normed_at`] followed by [`cache_attention_at`] on the queries it rotates:
+/// `[rows, H D]`. Where the rows name `distinct_slots` (a decode step, one row per sequence)
+/// a GPU may do both in one kernel, the queries never stored; otherwise (a prefill, whose rows
+/// attend to each other's appends) and on the CPU the two ops run in turn.
 #[allow(clippy::too_many_arguments)]
 pub fn cache_attention_append_at(
     qkv: &Tensor,
@@ -2853,6 +2853,7 @@ pub fn cache_attention_append_at(
     s: RopeShape,
     window: usize,
     longest: usize,
+    distinct_slots: bool,
     c: CacheShape,
 ) -> Result<Tensor> {
     const OP: &str = "cache_attention_append";
@@ -2861,7 +2862,7 @@ pub fn cache_attention_append_at(
         all.extend(bias);
         device_of(OP, &all)?
     };
-    if matches!(on, On::Cpu) {
+    if matches!(on, On::Cpu) || !distinct_slots {
         let q = kv_append_normed_at(
             qkv, x, eps, bias, k_cache, v_cache, slot, pos, cos, sin, s, c,
         )?;

@@ -785,50 +785,23 @@ impl Llama {
             let qkv = ops::linear_forward(&x, block.attn.qkv.weight.weight(), None)?;
             let bias = block.attn.qkv.bias.as_ref().map(Param::weight);
             let (cos, sin) = (&self.rotary.cos, &self.rotary.sin);
-            let att = if r.distinct_slots {
-                ops::cache_attention_append_at(
-                    &qkv,
-                    &x,
-                    block.ln1.eps,
-                    bias,
-                    k,
-                    v,
-                    r.slot,
-                    r.pos,
-                    cos,
-                    sin,
-                    rs,
-                    block.attn.window,
-                    r.longest,
-                    c,
-                )?
-            } else {
-                let q = ops::kv_append_normed_at(
-                    &qkv,
-                    &x,
-                    block.ln1.eps,
-                    bias,
-                    k,
-                    v,
-                    r.slot,
-                    r.pos,
-                    cos,
-                    sin,
-                    rs,
-                    c,
-                )?;
-                ops::cache_attention_at(
-                    &q,
-                    k,
-                    v,
-                    r.slot,
-                    r.pos,
-                    self.cfg.n_heads,
-                    block.attn.window,
-                    r.longest,
-                    c,
-                )?
-            };
+            let att = ops::cache_attention_append_at(
+                &qkv,
+                &x,
+                block.ln1.eps,
+                bias,
+                k,
+                v,
+                r.slot,
+                r.pos,
+                cos,
+                sin,
+                rs,
+                block.attn.window,
+                r.longest,
+                r.distinct_slots,
+                c,
+            )?;
             drop(qkv);
             block.attn.out.forward_add(&att, &mut x)?;
             drop(att);
