@@ -2836,8 +2836,9 @@ pub fn cache_attention_at(
 
 /// [`kv_append_normed_at`] followed by [`cache_attention_at`] on the queries it rotates:
 /// `[rows, H D]`. Where the rows name `distinct_slots` (a decode step, one row per sequence)
-/// a GPU may do both in one kernel, the queries never stored; otherwise (a prefill, whose rows
-/// attend to each other's appends) and on the CPU the two ops run in turn.
+/// a GPU may do both in one kernel, the queries never stored (and the CPU keeps them outside
+/// the pool); otherwise (a prefill, whose rows attend to each other's appends) the two ops
+/// run in turn.
 #[allow(clippy::too_many_arguments)]
 pub fn cache_attention_append_at(
     qkv: &Tensor,
@@ -2862,7 +2863,7 @@ pub fn cache_attention_append_at(
         all.extend(bias);
         device_of(OP, &all)?
     };
-    if matches!(on, On::Cpu) || !distinct_slots {
+    if !distinct_slots {
         let q = kv_append_normed_at(
             qkv, x, eps, bias, k_cache, v_cache, slot, pos, cos, sin, s, c,
         )?;
@@ -2888,9 +2889,49 @@ pub fn cache_attention_append_at(
             ),
         });
     }
+    if s.kv_heads == 0 || !s.heads.is_multiple_of(s.kv_heads) || s.kv_heads != c.kv_heads {
+        return Err(EngineError::Shape {
+            op: OP,
+            detail: format!(
+                "{} heads over {} key/value heads, a cache of {}",
+                s.heads, s.kv_heads, c.kv_heads
+            ),
+        });
+    }
     let width = norm_width(OP, Some((x, eps)), s.rows)?;
+    // Only the output is booked, on every device: the GPU kernel never stores the queries,
+    // and the CPU keeps them outside the pool, so a meta pool's plan is each device's peak.
     let mut out = Tensor::uninit(qkv.pool(), &[s.rows, s.heads * s.head_dim], act_dtype(qkv))?;
-    if let On::Gpu(g) = on {
+    if matches!(on, On::Cpu) {
+        let (slot, pos) = (cpu_ids(OP, slot)?, cpu_ids(OP, pos)?);
+        let bias = bias.map(Tensor::host);
+        let projected =
+            cpu::rmsnorm::normed_rows(qkv.host(), s.qkv_width(), x.host(), width, eps, bias);
+        let mut q = vec![0.0; s.rows * s.heads * s.head_dim];
+        cpu::kv_cache::kv_append(
+            &mut q,
+            k_cache.host_mut(),
+            v_cache.host_mut(),
+            &projected,
+            slot,
+            pos,
+            cos.host(),
+            sin.host(),
+            s,
+            c,
+        );
+        cpu::kv_cache::cache_attention(
+            out.host_mut(),
+            &q,
+            k_cache.host(),
+            v_cache.host(),
+            slot,
+            pos,
+            s.heads,
+            window,
+            c,
+        );
+    } else if let On::Gpu(g) = on {
         same_dtype(OP, &[qkv, x, &*k_cache, &*v_cache])?;
         if let Some(b) = bias {
             same_dtype(OP, &[qkv, b])?;
