@@ -2901,8 +2901,12 @@ pub fn cache_attention_append_at(
     let width = norm_width(OP, Some((x, eps)), s.rows)?;
     // Only the output is booked, on every device: the GPU kernel never stores the queries,
     // and the CPU keeps them outside the pool, so a meta pool's plan is each device's peak.
-    let mut out = Tensor::uninit(qkv.pool(), &[s.rows, s.heads * s.head_dim], act_dtype(qkv))?;
-    if matches!(on, On::Cpu) {
+    let dtype = act_dtype(qkv);
+    let mut out = Tensor::uninit(qkv.pool(), &[s.rows, s.heads * s.head_dim], dtype)?;
+    if matches!(on, On::Meta) {
+        // A GPU call of many blocks runs the two kernels, its queries taken from the driver.
+        meta_scratch(qkv, out.len() * dtype.size_bytes());
+    } else if matches!(on, On::Cpu) {
         let (slot, pos) = (cpu_ids(OP, slot)?, cpu_ids(OP, pos)?);
         let bias = bias.map(Tensor::host);
         let projected =
