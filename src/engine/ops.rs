@@ -2640,42 +2640,27 @@ fn append(
         all.extend(bias);
         device_of(op, &all)?
     };
-    if let Some(b) = bias {
-        expect_len(op, "bias", b, s.qkv_width())?;
-    }
-    if let Some(p) = pos.host() {
-        check_rope(op, p, cos, sin, s)?;
-    }
-    check_cache(op, k_cache, v_cache, slot, pos, c)?;
-    expect_len(op, "qkv", qkv, s.rows * s.qkv_width())?;
-    if pos.len() != s.rows {
-        return Err(EngineError::Shape {
-            op,
-            detail: format!("{} positions for {} rows", pos.len(), s.rows),
-        });
-    }
-    let width = norm_width(op, norm, s.rows)?;
+    let width = check_append(
+        op, qkv, norm, bias, k_cache, v_cache, slot, pos, cos, sin, s, c,
+    )?;
     let mut q = Tensor::uninit(qkv.pool(), &[s.rows, s.heads * s.head_dim], act_dtype(qkv))?;
     match on {
         On::Meta => {}
-        On::Cpu => {
-            let scaled = norm.map(|(x, eps)| {
-                let bias = bias.map(Tensor::host);
-                cpu::rmsnorm::normed_rows(qkv.host(), s.qkv_width(), x.host(), width, eps, bias)
-            });
-            cpu::kv_cache::kv_append(
-                q.host_mut(),
-                k_cache.host_mut(),
-                v_cache.host_mut(),
-                scaled.as_deref().unwrap_or(qkv.host()),
-                cpu_ids(op, slot)?,
-                cpu_ids(op, pos)?,
-                cos.host(),
-                sin.host(),
-                s,
-                c,
-            )
-        }
+        On::Cpu => cpu_append(
+            op,
+            q.host_mut(),
+            qkv,
+            norm.map(|(x, eps)| (x, eps, width)),
+            bias,
+            k_cache,
+            v_cache,
+            slot,
+            pos,
+            cos,
+            sin,
+            s,
+            c,
+        )?,
         On::Gpu(g) => {
             same_dtype(op, &[qkv, &*k_cache, &*v_cache])?;
             let (d_slot, d_pos) = (gpu_ids(&g, slot)?, gpu_ids(&g, pos)?);
@@ -2718,6 +2703,77 @@ fn append(
         }
     }
     Ok(q)
+}
+
+/// Checks an append's operands against its shapes (bias, tables, cache, rows, the norm's
+/// stream); returns the stream's width (0 without a norm).
+#[allow(clippy::too_many_arguments)]
+fn check_append(
+    op: &'static str,
+    qkv: &Tensor,
+    norm: Option<(&Tensor, f32)>,
+    bias: Option<&Tensor>,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    slot: Ids,
+    pos: Ids,
+    cos: &Tensor,
+    sin: &Tensor,
+    s: RopeShape,
+    c: CacheShape,
+) -> Result<usize> {
+    if let Some(b) = bias {
+        expect_len(op, "bias", b, s.qkv_width())?;
+    }
+    if let Some(p) = pos.host() {
+        check_rope(op, p, cos, sin, s)?;
+    }
+    check_cache(op, k_cache, v_cache, slot, pos, c)?;
+    expect_len(op, "qkv", qkv, s.rows * s.qkv_width())?;
+    if pos.len() != s.rows {
+        return Err(EngineError::Shape {
+            op,
+            detail: format!("{} positions for {} rows", pos.len(), s.rows),
+        });
+    }
+    norm_width(op, norm, s.rows)
+}
+
+/// The CPU append into `q` (host values): the projection, first scaled by each row's norm
+/// factor of `norm`'s stream (of `width`) and given the bias, when there is a norm.
+#[allow(clippy::too_many_arguments)]
+fn cpu_append(
+    op: &'static str,
+    q: &mut [f32],
+    qkv: &Tensor,
+    norm: Option<(&Tensor, f32, usize)>,
+    bias: Option<&Tensor>,
+    k_cache: &mut Tensor,
+    v_cache: &mut Tensor,
+    slot: Ids,
+    pos: Ids,
+    cos: &Tensor,
+    sin: &Tensor,
+    s: RopeShape,
+    c: CacheShape,
+) -> Result<()> {
+    let scaled = norm.map(|(x, eps, width)| {
+        let bias = bias.map(Tensor::host);
+        cpu::rmsnorm::normed_rows(qkv.host(), s.qkv_width(), x.host(), width, eps, bias)
+    });
+    cpu::kv_cache::kv_append(
+        q,
+        k_cache.host_mut(),
+        v_cache.host_mut(),
+        scaled.as_deref().unwrap_or(qkv.host()),
+        cpu_ids(op, slot)?,
+        cpu_ids(op, pos)?,
+        cos.host(),
+        sin.host(),
+        s,
+        c,
+    );
+    Ok(())
 }
 
 fn check_cache(
@@ -2870,25 +2926,10 @@ pub fn cache_attention_append_at(
         return cache_attention_at(&q, k_cache, v_cache, slot, pos, s.heads, window, longest, c);
     }
     let _prof = profile::scope(OP, qkv);
-    if let Some(b) = bias {
-        expect_len(OP, "bias", b, s.qkv_width())?;
-    }
-    if let Some(p) = pos.host() {
-        check_rope(OP, p, cos, sin, s)?;
-    }
-    check_cache(OP, k_cache, v_cache, slot, pos, c)?;
-    expect_len(OP, "qkv", qkv, s.rows * s.qkv_width())?;
-    if pos.len() != s.rows || slot.len() != s.rows {
-        return Err(EngineError::Shape {
-            op: OP,
-            detail: format!(
-                "{} slots and {} positions for {} rows",
-                slot.len(),
-                pos.len(),
-                s.rows
-            ),
-        });
-    }
+    let norm = Some((x, eps));
+    let width = check_append(
+        OP, qkv, norm, bias, k_cache, v_cache, slot, pos, cos, sin, s, c,
+    )?;
     if s.kv_heads == 0 || !s.heads.is_multiple_of(s.kv_heads) || s.kv_heads != c.kv_heads {
         return Err(EngineError::Shape {
             op: OP,
@@ -2898,7 +2939,6 @@ pub fn cache_attention_append_at(
             ),
         });
     }
-    let width = norm_width(OP, Some((x, eps)), s.rows)?;
     // Only the output is booked, on every device: the GPU kernel never stores the queries,
     // and the CPU keeps them outside the pool, so a meta pool's plan is each device's peak.
     let dtype = act_dtype(qkv);
@@ -2907,30 +2947,18 @@ pub fn cache_attention_append_at(
         // A GPU call of many blocks runs the two kernels, its queries taken from the driver.
         meta_scratch(qkv, out.len() * dtype.size_bytes());
     } else if matches!(on, On::Cpu) {
-        let (slot, pos) = (cpu_ids(OP, slot)?, cpu_ids(OP, pos)?);
-        let bias = bias.map(Tensor::host);
-        let projected =
-            cpu::rmsnorm::normed_rows(qkv.host(), s.qkv_width(), x.host(), width, eps, bias);
         let mut q = vec![0.0; s.rows * s.heads * s.head_dim];
-        cpu::kv_cache::kv_append(
-            &mut q,
-            k_cache.host_mut(),
-            v_cache.host_mut(),
-            &projected,
-            slot,
-            pos,
-            cos.host(),
-            sin.host(),
-            s,
-            c,
-        );
+        let normed = Some((x, eps, width));
+        cpu_append(
+            OP, &mut q, qkv, normed, bias, k_cache, v_cache, slot, pos, cos, sin, s, c,
+        )?;
         cpu::kv_cache::cache_attention(
             out.host_mut(),
             &q,
             k_cache.host(),
             v_cache.host(),
-            slot,
-            pos,
+            cpu_ids(OP, slot)?,
+            cpu_ids(OP, pos)?,
             s.heads,
             window,
             c,
