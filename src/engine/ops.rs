@@ -2856,6 +2856,9 @@ pub fn cache_attention_at(
             detail: format!("{heads} heads cannot share {} key/value heads", c.kv_heads),
         });
     }
+    if let Some(p) = PrefillRuns::of(q, slot, pos) {
+        return prefill_attention(q, k_cache, v_cache, &p, heads, window, c);
+    }
     let mut out = Tensor::uninit(q.pool(), q.shape(), act_dtype(q))?;
     match on {
         On::Meta => {}
@@ -2888,6 +2891,122 @@ pub fn cache_attention_at(
         }
     }
     Ok(out)
+}
+
+/// The longest prompt of a prefill from which a GPU attends through the training attention:
+/// below it the cache kernel, one block per row, has no tiles to fill.
+const PREFILL_FLASH_FROM: usize = 16;
+
+/// A GPU prefill's rows as runs, each one sequence's positions `0..len` in order, for the
+/// training attention's tiles: a prompt's rows otherwise each walk their prefix of the cache
+/// alone (about half the prefill's time at 64 prompts of 64 tokens).
+struct PrefillRuns {
+    /// (slot, first row, length) per run.
+    runs: Vec<u32>,
+    /// The longest run: the padded sequence length.
+    tmax: usize,
+    /// Each row's row in the padded `[runs x tmax]` output.
+    padded_row: Vec<u32>,
+}
+
+impl PrefillRuns {
+    /// The runs of a call whose rows (on the host) all form runs from position 0, on a GPU
+    /// (or a meta pool standing in for one), with a prompt at least [`PREFILL_FLASH_FROM`]
+    /// long and at most half the padded rows padding; `None` leaves the call to the cache
+    /// kernel.
+    fn of(q: &Tensor, slot: Ids, pos: Ids) -> Option<PrefillRuns> {
+        if !matches!(q.device(), Device::Cuda(_)) {
+            return None;
+        }
+        let (slot, pos) = (slot.host()?, pos.host()?);
+        let mut runs = Vec::new();
+        let mut first = 0;
+        while first < pos.len() {
+            if pos[first] != 0 {
+                return None;
+            }
+            let mut end = first + 1;
+            while end < pos.len() && slot[end] == slot[first] && pos[end] as usize == end - first {
+                end += 1;
+            }
+            runs.push((slot[first], first, end - first));
+            first = end;
+        }
+        let tmax = runs.iter().map(|r| r.2).max()?;
+        if tmax < PREFILL_FLASH_FROM || runs.len() * tmax > 2 * pos.len() {
+            return None;
+        }
+        let padded_row = runs
+            .iter()
+            .enumerate()
+            .flat_map(|(r, &(_, _, len))| (0..len).map(move |t| (r * tmax + t) as u32))
+            .collect();
+        let runs = runs
+            .iter()
+            .flat_map(|&(slot, first, len)| [slot, first as u32, len as u32])
+            .collect();
+        Some(PrefillRuns {
+            runs,
+            tmax,
+            padded_row,
+        })
+    }
+
+    fn count(&self) -> usize {
+        self.runs.len() / 3
+    }
+}
+
+/// [`cache_attention_at`] of a prefill's runs through the training attention: the queries and
+/// the runs' cached keys and values packed as its fused input, padded to the longest run,
+/// and the real rows gathered from its output. Each row attends to positions `0..=pos` of
+/// its slot as the cache kernel's rows do (with the training attention's rounding).
+fn prefill_attention(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    p: &PrefillRuns,
+    heads: usize,
+    window: usize,
+    c: CacheShape,
+) -> Result<Tensor> {
+    const OP: &str = "prefill_attention";
+    let on = device_of(OP, &[q, k_cache, v_cache])?;
+    let width = heads * c.head_dim;
+    let (n, tmax) = (p.count(), p.tmax);
+    let mut packed = Tensor::uninit(q.pool(), &[n, tmax, 3 * width], act_dtype(q))?;
+    match on {
+        On::Meta => {}
+        On::Cpu => {
+            return Err(EngineError::Shape {
+                op: OP,
+                detail: "the packed prefill runs on a GPU only".into(),
+            });
+        }
+        On::Gpu(g) => {
+            same_dtype(OP, &[q, k_cache, v_cache])?;
+            with_elem!(q.dtype(), T => g.prefill_pack::<T>(
+                packed.cuda_mut(),
+                q.cuda(),
+                k_cache.cuda(),
+                v_cache.cuda(),
+                &p.runs,
+                tmax,
+                heads,
+                c,
+            ))?
+        }
+    }
+    let s = AttnShape {
+        batch: n,
+        seq: tmax,
+        heads,
+        channels: width,
+    };
+    let (out, stats) = windowed_attention_forward(&packed, s, window)?;
+    drop((packed, stats));
+    let out = out.reshaped(&[n * tmax, width]);
+    gather_rows_at(&out, Ids::Host(&p.padded_row), None)
 }
 
 /// [`kv_append_normed_at`] followed by [`cache_attention_at`] on the queries it rotates:
@@ -3523,4 +3642,82 @@ pub fn pairwise_diversity_backward(
         }
     }
     Ok(de)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q_on(pool: &Arc<MemoryPool>, rows: usize) -> Tensor {
+        Tensor::uninit(pool, &[rows, 8], DType::BF16).unwrap()
+    }
+
+    #[test]
+    fn prefill_runs_take_prompts_from_position_zero_on_a_gpu_only() {
+        let gpu = MemoryPool::meta(Device::Cuda(0));
+        let lens = [37u32, 20, 29];
+        let slot: Vec<u32> = lens
+            .iter()
+            .zip([2u32, 0, 3])
+            .flat_map(|(&n, s)| std::iter::repeat_n(s, n as usize))
+            .collect();
+        let pos: Vec<u32> = lens.iter().flat_map(|&n| 0..n).collect();
+        let q = q_on(&gpu, slot.len());
+        let p = PrefillRuns::of(&q, Ids::Host(&slot), Ids::Host(&pos)).unwrap();
+        assert_eq!(p.runs, [2, 0, 37, 0, 37, 20, 3, 57, 29]);
+        assert_eq!(p.tmax, 37);
+        assert_eq!(&p.padded_row[35..39], [35, 36, 37, 38]);
+        assert_eq!(p.padded_row[57], 74);
+        // The CPU keeps its cache attention.
+        let cpu = MemoryPool::new(Device::Cpu);
+        let q_cpu = q_on(&cpu, slot.len());
+        assert!(PrefillRuns::of(&q_cpu, Ids::Host(&slot), Ids::Host(&pos)).is_none());
+        // A decode step's rows, a prompt continuing a cache, short prompts, and runs mostly
+        // padding keep the cache kernel.
+        let none = |slot: &[u32], pos: &[u32]| {
+            PrefillRuns::of(&q_on(&gpu, slot.len()), Ids::Host(slot), Ids::Host(pos)).is_none()
+        };
+        assert!(none(&[0, 1, 2], &[40, 41, 42]));
+        assert!(none(&[1; 20], &(5..25).collect::<Vec<_>>()));
+        assert!(none(&[1; 15], &(0..15).collect::<Vec<_>>()));
+        let mut slot = vec![0u32; 40];
+        let mut pos: Vec<u32> = (0..40).collect();
+        for s in 1..=30 {
+            slot.push(s);
+            pos.push(0);
+        }
+        assert!(none(&slot, &pos));
+    }
+
+    #[test]
+    fn a_meta_prefill_standing_for_a_gpu_books_the_packed_runs() {
+        let c = CacheShape {
+            slots: 2,
+            kv_heads: 2,
+            max_len: 64,
+            head_dim: 4,
+        };
+        let booked = |device: Device, slot: &[u32], pos: &[u32]| {
+            let pool = MemoryPool::meta(device);
+            let k = Tensor::uninit(&pool, &[c.len()], DType::BF16).unwrap();
+            let v = Tensor::uninit(&pool, &[c.len()], DType::BF16).unwrap();
+            let q = Tensor::uninit(&pool, &[slot.len(), 16], DType::BF16).unwrap();
+            pool.reset_peak();
+            let before = pool.stats().current;
+            let out = cache_attention_at(&q, &k, &v, Ids::Host(slot), Ids::Host(pos), 4, 0, 64, c)
+                .unwrap();
+            assert_eq!(out.shape(), [slot.len(), 16]);
+            pool.stats().peak - before
+        };
+        let (slot, pos) = (vec![1u32; 40], (0..40).collect::<Vec<u32>>());
+        // The output alone on the CPU; on a GPU the packed [1, 40, 48] input besides.
+        let (cpu, gpu) = (
+            booked(Device::Cpu, &slot, &pos),
+            booked(Device::Cuda(0), &slot, &pos),
+        );
+        assert!(
+            cpu < 40 * 48 * 2 && gpu >= (40 * 48 + 40 * 16) * 2,
+            "{cpu} {gpu}"
+        );
+    }
 }

@@ -184,6 +184,7 @@ kernel_table! {
         KvAppend = "kv_append",
         KvAppendNormed = "kv_append_normed",
         CopyCacheSlot = "copy_cache_slot",
+        PrefillPack = "prefill_pack",
         CacheAttentionCombine = "cache_attention_combine",
         CacheAttentionL8G2 = "cache_attention" + "_l8_g2",
         CacheAttentionL8G4 = "cache_attention" + "_l8_g4",

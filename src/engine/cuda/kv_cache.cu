@@ -108,6 +108,46 @@ __device__ void copy_cache_slot(T* cache, long long from, long long to, long lon
     }
 }
 
+// Lays a prefill's rows out for the training attention (`attention.cu`'s fused `qkv[B, T, 3C]`,
+// C = heads D): `runs` holds (slot, first row, length) per run of rows, a run being one
+// sequence's positions 0..length in order. packed[r, t] = [the queries of row first + t | every
+// query head's key at position t of the slot | its value], and zeros past the run's length:
+// the causal mask keeps those keys from every real query, and zeros (unlike whatever the
+// cache holds there) add nothing to a masked product.
+template <typename T>
+__device__ void prefill_pack(T* packed, const T* q, const T* k_cache, const T* v_cache,
+                             const unsigned int* runs, int tmax, int heads, int kv_heads, int d,
+                             int max_len, int vec) {
+    // One block per packed row: its run, slot and position are found once, and the row is
+    // copied in 16-byte pieces where the caller found the buffers and head size aligned (`vec`; a
+    // piece never straddles a head).
+    const int row = blockIdx.x;
+    const int r = row / tmax, t = row - r * tmax;
+    const unsigned int slot = runs[3 * r], first = runs[3 * r + 1], len = runs[3 * r + 2];
+    const int ch = heads * d, group = heads / kv_heads;
+    T* dst = packed + (long long)row * 3 * ch;
+    constexpr int V = 16 / sizeof(T);
+    const int step = vec ? V : 1;
+    for (int col = threadIdx.x * step; col < 3 * ch; col += blockDim.x * step) {
+        const T* src = nullptr;
+        if ((unsigned int)t < len) {
+            const int part = col / ch, within = col - part * ch;
+            if (part == 0) {
+                src = q + ((long long)first + t) * ch + within;
+            } else {
+                const int h = within / d, i = within - h * d;
+                src = (part == 1 ? k_cache : v_cache) +
+                      (((long long)slot * kv_heads + h / group) * max_len + t) * d + i;
+            }
+        }
+        if (vec) {
+            *(uint4*)(dst + col) = src ? *(const uint4*)src : make_uint4(0, 0, 0, 0);
+        } else {
+            dst[col] = src ? *src : store<T>(0.0f);
+        }
+    }
+}
+
 // ---- Attention of new queries against the cache (decode and prefill) ----
 //
 // One block of THREADS threads (128, or 256 for few blocks: see the kernels' instances) per
@@ -431,6 +471,12 @@ __device__ void cache_attention_combine(T* out, const float* part_o, const float
                                                         long long head_stride, long long run,    \
                                                         long long total) {                       \
         copy_cache_slot<T>(cache, from, to, head_stride, run, total);                            \
+    }                                                                                            \
+    extern "C" __global__ void prefill_pack_##SUFFIX(                                          \
+        T* packed, const T* q, const T* k_cache, const T* v_cache, const unsigned int* runs,    \
+        int tmax, int heads, int kv_heads, int d, int max_len, int vec) {                        \
+        prefill_pack<T>(packed, q, k_cache, v_cache, runs, tmax, heads, kv_heads, d, max_len,   \
+                        vec);                                                                    \
     }                                                                                            \
     extern "C" __global__ void cache_attention_combine_##SUFFIX(                               \
         T* out, const float* part_o, const float* part_ml, AttnDims d) {                         \

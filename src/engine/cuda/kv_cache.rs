@@ -10,6 +10,7 @@
 
 use super::{
     CudaBackend, CudaError, Elem, ElemKernel, Program, Result, as_i32, check_len, elementwise_grid,
+    raw_ptr,
 };
 use crate::engine::DType;
 use crate::engine::cpu::kv_cache::CacheShape;
@@ -34,6 +35,7 @@ macro_rules! program {
                 ElemKernel::KvAppend,
                 ElemKernel::KvAppendNormed,
                 ElemKernel::CopyCacheSlot,
+                ElemKernel::PrefillPack,
                 ElemKernel::CacheAttentionCombine,
                 ElemKernel::CacheAttentionL8G2,
                 ElemKernel::CacheAttentionL8G4,
@@ -691,6 +693,92 @@ impl CudaBackend {
         // only with several splits.
         unsafe { b.launch(l.cfg) }?;
         self.combine_splits(out, &l, &parts, c.head_dim)
+    }
+
+    /// Lays out a prefill's queries `q[rows, heads D]` and its runs' cached keys and values as
+    /// the training attention's fused `packed[runs, tmax, 3 heads D]` (keys and values repeated
+    /// for every query head of their group, zeros past each run's length). `runs` holds
+    /// (slot, first row, length) per run, a run being one slot's positions `0..length`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn prefill_pack<T: Elem>(
+        &self,
+        packed: &mut CudaSlice<T>,
+        q: &CudaSlice<T>,
+        k_cache: &CudaSlice<T>,
+        v_cache: &CudaSlice<T>,
+        runs: &[u32],
+        tmax: usize,
+        heads: usize,
+        c: CacheShape,
+    ) -> Result<()> {
+        const OP: &str = "prefill_pack";
+        let (_, max_len) = check_cache(OP, k_cache, v_cache, c)?;
+        let width = heads * c.head_dim;
+        let rows = q.len() / width.max(1);
+        check_len(OP, "q", q, rows * width)?;
+        let n = runs.len() / 3;
+        check_len(OP, "packed", packed, n * tmax * 3 * width)?;
+        let bad = runs.len() != 3 * n
+            || c.kv_heads == 0
+            || !heads.is_multiple_of(c.kv_heads)
+            || runs.chunks(3).any(|r| {
+                let (slot, first, len) = (r[0] as usize, r[1] as usize, r[2] as usize);
+                slot >= c.slots || len > tmax || len > c.max_len || first + len > rows
+            });
+        if bad {
+            return Err(CudaError::Shape {
+                op: OP,
+                detail: format!(
+                    "runs {runs:?} over {rows} rows, {tmax} positions, a cache of {} slots of {} positions, {heads} heads over {}",
+                    c.slots, c.max_len, c.kv_heads
+                ),
+            });
+        }
+        if packed.is_empty() {
+            return Ok(());
+        }
+        let d_runs = self.upload(runs)?;
+        let f = self.elem_function::<T>(ElemKernel::PrefillPack)?;
+        let (tmax32, heads32) = (as_i32(OP, "tmax", tmax)?, as_i32(OP, "heads", heads)?);
+        let (kvh, d) = (c.kv_heads as i32, c.head_dim as i32);
+        // 16-byte pieces where every head and buffer starts on one.
+        let piece = 16 / std::mem::size_of::<T>();
+        let aligned = [
+            raw_ptr(packed, &self.stream),
+            raw_ptr(q, &self.stream),
+            raw_ptr(k_cache, &self.stream),
+            raw_ptr(v_cache, &self.stream),
+        ]
+        .iter()
+        .all(|p| p % 16 == 0);
+        let vec = i32::from(aligned && c.head_dim.is_multiple_of(piece));
+        let blocks = u32::try_from(n * tmax).map_err(|_| CudaError::Shape {
+            op: OP,
+            detail: format!("{n} x {tmax} packed rows"),
+        })?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(packed)
+            .arg(q)
+            .arg(k_cache)
+            .arg(v_cache)
+            .arg(&d_runs)
+            .arg(&tmax32)
+            .arg(&heads32)
+            .arg(&kvh)
+            .arg(&d)
+            .arg(&max_len)
+            .arg(&vec);
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: every run was checked to lie inside `q`'s rows, the cache's slots and
+        // positions and `packed`'s positions; block `r tmax + t` writes packed row (r, t).
+        // The 16-byte pieces run only where every buffer starts on 16 bytes and the head size
+        // is a multiple of a piece, so every piece is aligned.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
     }
 
     /// Copies positions `0..len` of every key/value head of cache slot `from` into slot `to`.
