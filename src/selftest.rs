@@ -273,38 +273,20 @@ pub fn run(args: SelftestArgs) -> Result<()> {
         checks += rows.len();
     }
     if groups.contains(&"diversity") {
-        let rows = diversity_rows(&gpu, &mut inputs);
-        print_table(&rows);
-        failed += rows.iter().filter(|r| !r.passed()).count();
-        checks += rows.len();
-        for r in rows.iter().filter(|r| r.result.is_err()) {
-            if let Err(e) = &r.result {
-                println!("{} ({}, {}): {e}", r.kernel, r.dtype, r.shape);
-            }
-        }
+        let (n, bad) = report_rows(&diversity_rows(&gpu, &mut inputs));
+        checks += n;
+        failed += bad;
     }
     let pool = MemoryPool::with_cuda(std::sync::Arc::new(gpu));
     if groups.contains(&"kernels") {
-        let rows = prefill_attention_rows(&pool, &mut inputs);
-        print_table(&rows);
-        failed += rows.iter().filter(|r| !r.passed()).count();
-        checks += rows.len();
-        for r in rows.iter().filter(|r| r.result.is_err()) {
-            if let Err(e) = &r.result {
-                println!("{} ({}, {}): {e}", r.kernel, r.dtype, r.shape);
-            }
-        }
+        let (n, bad) = report_rows(&prefill_attention_rows(&pool, &mut inputs));
+        checks += n;
+        failed += bad;
     }
     if groups.contains(&"unfused") {
-        let unfused = unfused_attention_rows(&pool, &mut inputs);
-        print_table(&unfused);
-        failed += unfused.iter().filter(|r| !r.passed()).count();
-        checks += unfused.len();
-        for r in unfused.iter().filter(|r| r.result.is_err()) {
-            if let Err(e) = &r.result {
-                println!("{} ({}, {}): {e}", r.kernel, r.dtype, r.shape);
-            }
-        }
+        let (n, bad) = report_rows(&unfused_attention_rows(&pool, &mut inputs));
+        checks += n;
+        failed += bad;
     }
     if groups.contains(&"memory") {
         let oom = out_of_memory_is_recoverable(&pool);
@@ -337,6 +319,7 @@ pub fn run(args: SelftestArgs) -> Result<()> {
         checks += training_checks;
         failed += training_failures;
     }
+    println!("{checks} checks in all, {failed} failed");
     if failed > 0 {
         return Err(KilnError::SelfTest(format!(
             "{failed} of {checks} GPU checks failed"
@@ -427,6 +410,17 @@ fn training_checks(pool: &Arc<MemoryPool>, seed: u64) -> (usize, usize) {
         }
     }
     (checks, failed)
+}
+
+/// Prints a group's rows, then each error in full; returns (checks, failures).
+fn report_rows(rows: &[Row]) -> (usize, usize) {
+    print_table(rows);
+    for r in rows {
+        if let Err(e) = &r.result {
+            println!("{} ({}, {}): {e}", r.kernel, r.dtype, r.shape);
+        }
+    }
+    (rows.len(), rows.iter().filter(|r| !r.passed()).count())
 }
 
 fn print_table(rows: &[Row]) {
