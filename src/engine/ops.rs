@@ -2856,7 +2856,7 @@ pub fn cache_attention_at(
             detail: format!("{heads} heads cannot share {} key/value heads", c.kv_heads),
         });
     }
-    if let Some(p) = PrefillRuns::of(q, slot, pos) {
+    if let Some(p) = PrefillRuns::of(q, slot, pos, c.head_dim) {
         return prefill_attention(q, k_cache, v_cache, &p, heads, window, c);
     }
     let mut out = Tensor::uninit(q.pool(), q.shape(), act_dtype(q))?;
@@ -2911,11 +2911,13 @@ struct PrefillRuns {
 
 impl PrefillRuns {
     /// The runs of a call whose rows (on the host) all form runs from position 0, on a GPU
-    /// (or a meta pool standing in for one), with a prompt at least [`PREFILL_FLASH_FROM`]
-    /// long and at most half the padded rows padding; `None` leaves the call to the cache
-    /// kernel.
-    fn of(q: &Tensor, slot: Ids, pos: Ids) -> Option<PrefillRuns> {
-        if !matches!(q.device(), Device::Cuda(_)) {
+    /// (or a meta pool standing in for one) whose attention takes `head_dim`, with a prompt
+    /// at least [`PREFILL_FLASH_FROM`] long and at most half the padded rows padding; `None`
+    /// leaves the call to the cache kernel.
+    fn of(q: &Tensor, slot: Ids, pos: Ids, head_dim: usize) -> Option<PrefillRuns> {
+        if !matches!(q.device(), Device::Cuda(_))
+            || !super::cuda::attention::has_head_size(head_dim)
+        {
             return None;
         }
         let (slot, pos) = (slot.host()?, pos.host()?);
@@ -3663,7 +3665,7 @@ mod tests {
             .collect();
         let pos: Vec<u32> = lens.iter().flat_map(|&n| 0..n).collect();
         let q = q_on(&gpu, slot.len());
-        let p = PrefillRuns::of(&q, Ids::Host(&slot), Ids::Host(&pos)).unwrap();
+        let p = PrefillRuns::of(&q, Ids::Host(&slot), Ids::Host(&pos), 64).unwrap();
         assert_eq!(p.runs, [2, 0, 37, 0, 37, 20, 3, 57, 29]);
         assert_eq!(p.tmax, 37);
         assert_eq!(&p.padded_row[35..39], [35, 36, 37, 38]);
@@ -3671,11 +3673,13 @@ mod tests {
         // The CPU keeps its cache attention.
         let cpu = MemoryPool::new(Device::Cpu);
         let q_cpu = q_on(&cpu, slot.len());
-        assert!(PrefillRuns::of(&q_cpu, Ids::Host(&slot), Ids::Host(&pos)).is_none());
+        assert!(PrefillRuns::of(&q_cpu, Ids::Host(&slot), Ids::Host(&pos), 64).is_none());
+        // A head size the fused attention has no kernel for keeps the cache kernel.
+        assert!(PrefillRuns::of(&q, Ids::Host(&slot), Ids::Host(&pos), 96).is_none());
         // A decode step's rows, a prompt continuing a cache, short prompts, and runs mostly
         // padding keep the cache kernel.
         let none = |slot: &[u32], pos: &[u32]| {
-            PrefillRuns::of(&q_on(&gpu, slot.len()), Ids::Host(slot), Ids::Host(pos)).is_none()
+            PrefillRuns::of(&q_on(&gpu, slot.len()), Ids::Host(slot), Ids::Host(pos), 64).is_none()
         };
         assert!(none(&[0, 1, 2], &[40, 41, 42]));
         assert!(none(&[1; 20], &(5..25).collect::<Vec<_>>()));
@@ -3695,28 +3699,28 @@ mod tests {
             slots: 2,
             kv_heads: 2,
             max_len: 64,
-            head_dim: 4,
+            head_dim: 16,
         };
         let booked = |device: Device, slot: &[u32], pos: &[u32]| {
             let pool = MemoryPool::meta(device);
             let k = Tensor::uninit(&pool, &[c.len()], DType::BF16).unwrap();
             let v = Tensor::uninit(&pool, &[c.len()], DType::BF16).unwrap();
-            let q = Tensor::uninit(&pool, &[slot.len(), 16], DType::BF16).unwrap();
+            let q = Tensor::uninit(&pool, &[slot.len(), 64], DType::BF16).unwrap();
             pool.reset_peak();
             let before = pool.stats().current;
             let out = cache_attention_at(&q, &k, &v, Ids::Host(slot), Ids::Host(pos), 4, 0, 64, c)
                 .unwrap();
-            assert_eq!(out.shape(), [slot.len(), 16]);
+            assert_eq!(out.shape(), [slot.len(), 64]);
             pool.stats().peak - before
         };
         let (slot, pos) = (vec![1u32; 40], (0..40).collect::<Vec<u32>>());
-        // The output alone on the CPU; on a GPU the packed [1, 40, 48] input besides.
+        // The output alone on the CPU; on a GPU the packed [1, 40, 192] input besides.
         let (cpu, gpu) = (
             booked(Device::Cpu, &slot, &pos),
             booked(Device::Cuda(0), &slot, &pos),
         );
         assert!(
-            cpu < 40 * 48 * 2 && gpu >= (40 * 48 + 40 * 16) * 2,
+            cpu < 40 * 192 * 2 && gpu >= (40 * 192 + 40 * 64) * 2,
             "{cpu} {gpu}"
         );
     }
