@@ -14,6 +14,9 @@ With --gguf FILE (for example SmolLM2-135M-Instruct.Q4_1.gguf) the real model is
 kiln decodes from the GGUF file itself, transformers from the same weights written back as a
 Hugging Face directory by `kiln export --init-from FILE` (dequantised to f32).
 
+With --long-prompts the full-attention models get prompts of about 100 tokens: a GPU then
+prefills them through the training attention (prompts of 16 tokens or more), not row by row.
+
 With --windowed the sliding-window configurations run instead (a Mistral attending to its 64
 latest positions, a Qwen2 whose last two layers attend to 48): prompts of about 100 tokens and
 128 new ones, so every query past position 64 loses keys to the window; transformers applies
@@ -197,6 +200,9 @@ def main():
     ap.add_argument("--windowed", action="store_true",
                     help="the sliding-window configurations (Mistral, Qwen2) only")
     ap.add_argument("--json", default="", help="write the windowed rows as JSON here")
+    ap.add_argument("--long-prompts", action="store_true",
+                    help="prompts of about 100 tokens for the full-attention models, whose "
+                         "prefill then runs through the packed training attention on a GPU")
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
     rows = []
@@ -232,7 +238,8 @@ def main():
             continue
         path = os.path.join(a.work, name)
         model = save(cfg, path, a.tokenizer).cuda().eval()
-        lines, note = kiln_generate(a.kiln, ["--init-from", path], a.work, name)
+        lines, note = kiln_generate(a.kiln, ["--init-from", path], a.work, name,
+                                    prompts=LONG_PROMPTS if a.long_prompts else PROMPTS)
         if lines is None:
             rows.append((name, "kiln refused", note))
         else:
