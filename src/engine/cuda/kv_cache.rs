@@ -7,6 +7,8 @@
 //! loaded. When those blocks alone would leave the GPU underfilled and the rows are long (a
 //! few sequences decoding far into their context), each row's positions are split over
 //! several blocks whose partial softmax states a second kernel merges (flash-decoding).
+//! [`CudaBackend::prefill_pack`] lays a prefill's prompts out for the training attention
+//! instead (`engine::ops` decides which path a call takes).
 
 use super::{
     CudaBackend, CudaError, Elem, ElemKernel, Program, Result, as_i32, check_len, elementwise_grid,
