@@ -2857,7 +2857,7 @@ pub fn cache_attention_at(
         });
     }
     if let Some(p) = PrefillRuns::of(q, slot, pos, c.head_dim) {
-        return prefill_attention(q, k_cache, v_cache, &p, heads, window, c);
+        return prefill_attention(on, q, k_cache, v_cache, &p, heads, window, c);
     }
     let mut out = Tensor::uninit(q.pool(), q.shape(), act_dtype(q))?;
     match on {
@@ -2963,7 +2963,9 @@ impl PrefillRuns {
 /// the runs' cached keys and values packed as its fused input, padded to the longest run,
 /// and the real rows gathered from its output. Each row attends to positions `0..=pos` of
 /// its slot as the cache kernel's rows do (with the training attention's rounding).
+#[allow(clippy::too_many_arguments)]
 fn prefill_attention(
+    on: On,
     q: &Tensor,
     k_cache: &Tensor,
     v_cache: &Tensor,
@@ -2973,7 +2975,6 @@ fn prefill_attention(
     c: CacheShape,
 ) -> Result<Tensor> {
     const OP: &str = "prefill_attention";
-    let on = device_of(OP, &[q, k_cache, v_cache])?;
     let width = heads * c.head_dim;
     let (n, tmax) = (p.count(), p.tmax);
     let mut packed = Tensor::uninit(q.pool(), &[n, tmax, 3 * width], act_dtype(q))?;

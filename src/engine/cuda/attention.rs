@@ -357,12 +357,12 @@ const fn tc_shared(hs: usize) -> TcShared {
     }
 }
 
-/// Checks the shape and returns `(T, C, NH, HS)` as the kernels' ints.
 /// Whether the fused attention has kernels for head size `hs` (128 on sm_80 or newer).
 pub fn has_head_size(hs: usize) -> bool {
     cuda_core_kernels(hs).is_some() || tc_kernels(hs).is_some()
 }
 
+/// Checks the shape and returns `(T, C, NH, HS)` as the kernels' ints.
 fn dims(s: AttnShape) -> Result<(i32, i32, i32, usize)> {
     const OP: &str = "attention";
     let hs = s.channels / s.heads.max(1);
