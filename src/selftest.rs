@@ -688,6 +688,40 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
                     Some(bias)
                 );
             }
+            // Partial rotary dimensions at SmolLM2's shape: 32 of 64 takes the row kernels
+            // (pieces of eight, dimensions past 32 passed through), 24 the element kernels
+            // (its halves of 12 split a piece).
+            if heads == 9 && matches!(call, KvCall::Prefill(_)) {
+                for rot_dim in [32, 24] {
+                    let (cos, sin) = cpu::rope::rope_tables(
+                        &cpu::rope::inverse_frequencies(theta, rot_dim, None),
+                        KV_MAX_LEN,
+                    );
+                    let s = cpu::rope::RopeShape { rot_dim, ..s };
+                    let shape = format!("{base} rot{rot_dim}");
+                    let tables = (&cos[..], &sin[..]);
+                    both_dtypes!(
+                        check_kv_append,
+                        "kv_append",
+                        shape,
+                        s,
+                        c,
+                        rows,
+                        tables,
+                        None
+                    );
+                    both_dtypes!(
+                        check_kv_append,
+                        "kv_append_normed",
+                        shape,
+                        s,
+                        c,
+                        rows,
+                        tables,
+                        Some(true)
+                    );
+                }
+            }
             // The decode step's append and attention in one kernel, with and without a bias
             // and a window, against the two CPU ops in turn (a prefill keeps two kernels).
             if let KvCall::Decode(_) = call {
@@ -1618,17 +1652,8 @@ fn prefill_attention_rows(pool: &Arc<MemoryPool>, inp: &mut Inputs) -> Vec<Row> 
                         t(&k, &[c.len()])?,
                         t(&v, &[c.len()])?,
                     );
-                    let out = ops::cache_attention_at(
-                        &q,
-                        &k,
-                        &v,
-                        ops::Ids::Host(&slot),
-                        ops::Ids::Host(&pos),
-                        heads,
-                        window,
-                        lens[0],
-                        c,
-                    )?;
+                    let at = ops::CacheRows::host(&q, &slot, &pos, head_dim)?;
+                    let out = ops::cache_attention_at(&q, &k, &v, &at, heads, window, lens[0], c)?;
                     out.to_vec()
                 })();
                 let result = got

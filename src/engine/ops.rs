@@ -174,6 +174,62 @@ impl GpuIds<'_> {
     }
 }
 
+/// The rows of one call into a layer's key/value cache (a prefill, or a decode step), as every
+/// layer's cache ops read them: their slots and positions, copied to the GPU once for all the
+/// layers when they come from the host, and a GPU prefill's runs ([`PrefillRuns`]), found and
+/// copied once. Host ids stay at hand for the ops' checks and for the CPU.
+pub struct CacheRows<'a> {
+    slot: Ids<'a>,
+    pos: Ids<'a>,
+    /// Device copies of host `slot` and `pos` (on a GPU).
+    device: Option<(CudaSlice<u32>, CudaSlice<u32>)>,
+    prefill: Option<PrefillRuns>,
+}
+
+impl<'a> CacheRows<'a> {
+    /// The rows `slot`, `pos` of a call whose tensors live where `like` does, into a cache of
+    /// heads of `head_dim`.
+    pub fn new(like: &Tensor, slot: Ids<'a>, pos: Ids<'a>, head_dim: usize) -> Result<Self> {
+        let mut prefill = PrefillRuns::of(like, slot, pos, head_dim);
+        let mut device = None;
+        if let On::Gpu(g) = device_of("cache_rows", &[like])? {
+            if let (Some(s), Some(p)) = (slot.host(), pos.host()) {
+                device = Some((g.upload(s)?, g.upload(p)?));
+            }
+            if let Some(runs) = &mut prefill {
+                runs.device = Some((g.upload(&runs.runs)?, g.upload(&runs.padded_row)?));
+            }
+        }
+        Ok(CacheRows {
+            slot,
+            pos,
+            device,
+            prefill,
+        })
+    }
+
+    /// Rows with slots and positions on the host, where `like` lives.
+    pub fn host(like: &Tensor, slot: &'a [u32], pos: &'a [u32], head_dim: usize) -> Result<Self> {
+        CacheRows::new(like, Ids::Host(slot), Ids::Host(pos), head_dim)
+    }
+
+    pub fn len(&self) -> usize {
+        self.slot.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Slots and positions where a GPU kernel reads them, uploaded only if no copy was made.
+    fn gpu(&self, g: &CudaBackend) -> Result<(GpuIds<'_>, GpuIds<'_>)> {
+        Ok(match &self.device {
+            Some((s, p)) => (GpuIds::Borrowed(s), GpuIds::Borrowed(p)),
+            None => (gpu_ids(g, self.slot)?, gpu_ids(g, self.pos)?),
+        })
+    }
+}
+
 fn gpu_ids<'a>(g: &CudaBackend, ids: Ids<'a>) -> Result<GpuIds<'a>> {
     Ok(match ids {
         Ids::Host(v) => GpuIds::Uploaded(g.upload(v)?),
@@ -2535,17 +2591,8 @@ pub fn kv_append(
     c: CacheShape,
 ) -> Result<Tensor> {
     profile::label("kv_append", qkv);
-    kv_append_at(
-        qkv,
-        k_cache,
-        v_cache,
-        Ids::Host(slot),
-        Ids::Host(pos),
-        cos,
-        sin,
-        s,
-        c,
-    )
+    let rows = CacheRows::host(qkv, slot, pos, c.head_dim)?;
+    kv_append_at(qkv, k_cache, v_cache, &rows, cos, sin, s, c)
 }
 
 /// [`kv_append`] with slots and positions where the kernel reads them; device rows outside
@@ -2555,14 +2602,13 @@ pub fn kv_append_at(
     qkv: &Tensor,
     k_cache: &mut Tensor,
     v_cache: &mut Tensor,
-    slot: Ids,
-    pos: Ids,
+    rows: &CacheRows,
     cos: &Tensor,
     sin: &Tensor,
     s: RopeShape,
     c: CacheShape,
 ) -> Result<Tensor> {
-    append(qkv, None, None, k_cache, v_cache, slot, pos, cos, sin, s, c)
+    append(qkv, None, None, k_cache, v_cache, rows, cos, sin, s, c)
 }
 
 /// [`kv_append_at`] of `qkv`, the projection of an unnormalised stream `x` (`[rows, C]`)
@@ -2579,8 +2625,7 @@ pub fn kv_append_normed_at(
     bias: Option<&Tensor>,
     k_cache: &mut Tensor,
     v_cache: &mut Tensor,
-    slot: Ids,
-    pos: Ids,
+    rows: &CacheRows,
     cos: &Tensor,
     sin: &Tensor,
     s: RopeShape,
@@ -2592,8 +2637,7 @@ pub fn kv_append_normed_at(
         bias,
         k_cache,
         v_cache,
-        slot,
-        pos,
+        rows,
         cos,
         sin,
         s,
@@ -2621,13 +2665,13 @@ fn append(
     bias: Option<&Tensor>,
     k_cache: &mut Tensor,
     v_cache: &mut Tensor,
-    slot: Ids,
-    pos: Ids,
+    rows: &CacheRows,
     cos: &Tensor,
     sin: &Tensor,
     s: RopeShape,
     c: CacheShape,
 ) -> Result<Tensor> {
+    let (slot, pos) = (rows.slot, rows.pos);
     let op = if norm.is_some() {
         "kv_append_normed"
     } else {
@@ -2663,7 +2707,7 @@ fn append(
         )?,
         On::Gpu(g) => {
             same_dtype(op, &[qkv, &*k_cache, &*v_cache])?;
-            let (d_slot, d_pos) = (gpu_ids(&g, slot)?, gpu_ids(&g, pos)?);
+            let (d_slot, d_pos) = rows.gpu(&g)?;
             match norm {
                 None => with_elem!(qkv.dtype(), T => g.kv_append::<T>(
                     q.cuda_mut(),
@@ -2817,17 +2861,8 @@ pub fn cache_attention(
 ) -> Result<Tensor> {
     profile::label("cache_attention", q);
     let longest = pos.iter().map(|&p| p as usize + 1).max().unwrap_or(0);
-    cache_attention_at(
-        q,
-        k_cache,
-        v_cache,
-        Ids::Host(slot),
-        Ids::Host(pos),
-        heads,
-        window,
-        longest,
-        c,
-    )
+    let rows = CacheRows::host(q, slot, pos, c.head_dim)?;
+    cache_attention_at(q, k_cache, v_cache, &rows, heads, window, longest, c)
 }
 
 /// [`cache_attention`] with slots and positions where the kernel reads them. `longest`
@@ -2839,8 +2874,7 @@ pub fn cache_attention_at(
     q: &Tensor,
     k_cache: &Tensor,
     v_cache: &Tensor,
-    slot: Ids,
-    pos: Ids,
+    rows: &CacheRows,
     heads: usize,
     window: usize,
     longest: usize,
@@ -2848,6 +2882,7 @@ pub fn cache_attention_at(
 ) -> Result<Tensor> {
     let _prof = profile::scope("cache_attention", q);
     let on = device_of("cache_attention", &[q, k_cache, v_cache])?;
+    let (slot, pos) = (rows.slot, rows.pos);
     check_cache("cache_attention", k_cache, v_cache, slot, pos, c)?;
     expect_len("cache_attention", "q", q, slot.len() * heads * c.head_dim)?;
     if c.kv_heads == 0 || !heads.is_multiple_of(c.kv_heads) {
@@ -2856,8 +2891,8 @@ pub fn cache_attention_at(
             detail: format!("{heads} heads cannot share {} key/value heads", c.kv_heads),
         });
     }
-    if let Some(p) = PrefillRuns::of(q, slot, pos, c.head_dim) {
-        return prefill_attention(on, q, k_cache, v_cache, &p, heads, window, c);
+    if let Some(p) = rows.prefill.as_ref().filter(|p| p.head_dim == c.head_dim) {
+        return prefill_attention(on, q, k_cache, v_cache, p, heads, window, c);
     }
     let mut out = Tensor::uninit(q.pool(), q.shape(), act_dtype(q))?;
     match on {
@@ -2875,7 +2910,7 @@ pub fn cache_attention_at(
         ),
         On::Gpu(g) => {
             same_dtype("cache_attention", &[q, k_cache, v_cache])?;
-            let (d_slot, d_pos) = (gpu_ids(&g, slot)?, gpu_ids(&g, pos)?);
+            let (d_slot, d_pos) = rows.gpu(&g)?;
             with_elem!(q.dtype(), T => g.cache_attention::<T>(
                 out.cuda_mut(),
                 q.cuda(),
@@ -2907,6 +2942,10 @@ struct PrefillRuns {
     tmax: usize,
     /// Each row's row in the padded `[runs x tmax]` output.
     padded_row: Vec<u32>,
+    /// The head size the runs were found for (the attention's kernels must have it).
+    head_dim: usize,
+    /// `runs` and `padded_row` on the GPU ([`CacheRows::new`] copies them once a call).
+    device: Option<(CudaSlice<u32>, CudaSlice<u32>)>,
 }
 
 impl PrefillRuns {
@@ -2951,6 +2990,8 @@ impl PrefillRuns {
             runs,
             tmax,
             padded_row,
+            head_dim,
+            device: None,
         })
     }
 
@@ -2988,12 +3029,21 @@ fn prefill_attention(
         }
         On::Gpu(g) => {
             same_dtype(OP, &[q, k_cache, v_cache])?;
+            let uploaded;
+            let d_runs = match &p.device {
+                Some((runs, _)) => runs,
+                None => {
+                    uploaded = g.upload(&p.runs)?;
+                    &uploaded
+                }
+            };
             with_elem!(q.dtype(), T => g.prefill_pack::<T>(
                 packed.cuda_mut(),
                 q.cuda(),
                 k_cache.cuda(),
                 v_cache.cuda(),
                 &p.runs,
+                d_runs,
                 tmax,
                 heads,
                 c,
@@ -3009,7 +3059,11 @@ fn prefill_attention(
     let (out, stats) = windowed_attention_forward(&packed, s, window)?;
     drop((packed, stats));
     let out = out.reshaped(&[n * tmax, width]);
-    gather_rows_at(&out, Ids::Host(&p.padded_row), None)
+    let padded = match &p.device {
+        Some((_, rows)) => Ids::Device(rows),
+        None => Ids::Host(&p.padded_row),
+    };
+    gather_rows_at(&out, padded, None)
 }
 
 /// [`kv_append_normed_at`] followed by [`cache_attention_at`] on the queries it rotates:
@@ -3025,8 +3079,7 @@ pub fn cache_attention_append_at(
     bias: Option<&Tensor>,
     k_cache: &mut Tensor,
     v_cache: &mut Tensor,
-    slot: Ids,
-    pos: Ids,
+    rows: &CacheRows,
     cos: &Tensor,
     sin: &Tensor,
     s: RopeShape,
@@ -3042,11 +3095,10 @@ pub fn cache_attention_append_at(
         device_of(OP, &all)?
     };
     if !distinct_slots {
-        let q = kv_append_normed_at(
-            qkv, x, eps, bias, k_cache, v_cache, slot, pos, cos, sin, s, c,
-        )?;
-        return cache_attention_at(&q, k_cache, v_cache, slot, pos, s.heads, window, longest, c);
+        let q = kv_append_normed_at(qkv, x, eps, bias, k_cache, v_cache, rows, cos, sin, s, c)?;
+        return cache_attention_at(&q, k_cache, v_cache, rows, s.heads, window, longest, c);
     }
+    let (slot, pos) = (rows.slot, rows.pos);
     let _prof = profile::scope(OP, qkv);
     let norm = Some((x, eps));
     let width = check_append(
@@ -3090,7 +3142,7 @@ pub fn cache_attention_append_at(
         if let Some(b) = bias {
             same_dtype(OP, &[qkv, b])?;
         }
-        let (d_slot, d_pos) = (gpu_ids(&g, slot)?, gpu_ids(&g, pos)?);
+        let (d_slot, d_pos) = rows.gpu(&g)?;
         with_elem!(qkv.dtype(), T => g.cache_attention_append::<T>(
             out.cuda_mut(),
             k_cache.cuda_mut(),
@@ -3709,8 +3761,8 @@ mod tests {
             let q = Tensor::uninit(&pool, &[slot.len(), 64], DType::BF16).unwrap();
             pool.reset_peak();
             let before = pool.stats().current;
-            let out = cache_attention_at(&q, &k, &v, Ids::Host(slot), Ids::Host(pos), 4, 0, 64, c)
-                .unwrap();
+            let rows = CacheRows::host(&q, slot, pos, c.head_dim).unwrap();
+            let out = cache_attention_at(&q, &k, &v, &rows, 4, 0, 64, c).unwrap();
             assert_eq!(out.shape(), [slot.len(), 64]);
             pool.stats().peak - before
         };

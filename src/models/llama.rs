@@ -732,28 +732,18 @@ impl Llama {
         let c = cache.shape;
         let mut x = ops::token_embedding_at(r.tokens, 1, rows, self.lm.embed.weight())?
             .reshaped(&[rows, self.cfg.d_model]);
+        let at = ops::CacheRows::new(&x, r.slot, r.pos, c.head_dim)?;
         let (mut ln, _) = self.lm.first_norm().normalize(&x)?;
         for (l, block) in self.lm.blocks.iter().enumerate() {
             let (k, v) = &mut cache.layers[l];
             let (qkv, _) = block.attn.project(&ln)?;
-            let q = ops::kv_append_at(
-                &qkv,
-                k,
-                v,
-                r.slot,
-                r.pos,
-                &self.rotary.cos,
-                &self.rotary.sin,
-                rs,
-                c,
-            )?;
+            let q = ops::kv_append_at(&qkv, k, v, &at, &self.rotary.cos, &self.rotary.sin, rs, c)?;
             drop(qkv);
             let att = ops::cache_attention_at(
                 &q,
                 k,
                 v,
-                r.slot,
-                r.pos,
+                &at,
                 self.cfg.n_heads,
                 block.attn.window,
                 r.longest,
@@ -779,6 +769,7 @@ impl Llama {
         let c = cache.shape;
         let mut x = ops::token_embedding_at(r.tokens, 1, rows, self.lm.embed.weight())?
             .reshaped(&[rows, self.cfg.d_model]);
+        let at = ops::CacheRows::new(&x, r.slot, r.pos, c.head_dim)?;
         for (l, block) in self.lm.blocks.iter().enumerate() {
             let (k, v) = &mut cache.layers[l];
             // The bias, if any, is the append's to add after the row factor.
@@ -792,8 +783,7 @@ impl Llama {
                 bias,
                 k,
                 v,
-                r.slot,
-                r.pos,
+                &at,
                 cos,
                 sin,
                 rs,

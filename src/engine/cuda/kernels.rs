@@ -183,6 +183,8 @@ kernel_table! {
         GeluErfBackward = "gelu_erf_backward",
         KvAppend = "kv_append",
         KvAppendNormed = "kv_append_normed",
+        KvAppendRows = "kv_append_rows",
+        KvAppendNormedRows = "kv_append_normed_rows",
         CopyCacheSlot = "copy_cache_slot",
         PrefillPack = "prefill_pack",
         CacheAttentionCombine = "cache_attention_combine",

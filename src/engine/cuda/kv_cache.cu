@@ -96,6 +96,135 @@ __device__ void kv_append_normed(T* q, T* k_cache, T* v_cache, const T* qkv, con
         append_element(q, k_cache, v_cache, qkv, bias, slot, pos, cos_t, sin_t, row, rem, scale, d);
 }
 
+// Eight elements of a head, loaded as one 16-byte piece.
+template <typename T> struct Piece {
+    T v[8];
+};
+template <typename T> __device__ __forceinline__ Piece<T> load_piece(const T* p) {
+    Piece<T> out;
+    if constexpr (sizeof(T) == 2) {
+        *(uint4*)out.v = *(const uint4*)p;
+    } else {
+        *(uint4*)out.v = *(const uint4*)p;
+        *(uint4*)(out.v + 4) = *(const uint4*)(p + 4);
+    }
+    return out;
+}
+template <typename T> __device__ __forceinline__ void store_piece(T* p, const float (&y)[8]) {
+    Piece<T> out;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) out.v[e] = store<T>(y[e]);
+    if constexpr (sizeof(T) == 2) {
+        *(uint4*)p = *(const uint4*)out.v;
+    } else {
+        *(uint4*)p = *(const uint4*)out.v;
+        *(uint4*)(p + 4) = *(const uint4*)(out.v + 4);
+    }
+}
+
+// One piece (eight elements i0..i0+7 of head `head`) of a row's projection, with what its
+// rotation needs: the partner piece rot/2 away, the angles, and the bias's two pieces.
+template <typename T> struct AppendPiece {
+    Piece<T> own, partner, b_own, b_partner;
+    float c[8], s[8];
+    int head, i0;
+    bool turns, first_half, has_angles;
+
+    // Every load of the piece, issued before any is used.
+    __device__ __forceinline__ void fetch(const T* src_row, const T* bias, int piece, unsigned int p,
+                                          const float* cos_t, const float* sin_t,
+                                          const AppendDims& d) {
+        const int e0 = piece * 8;
+        head = e0 / d.head_dim;
+        i0 = e0 - head * d.head_dim;
+        const int half = d.rot_dim / 2;
+        // Values never turn; key and query dimensions below rot do.
+        turns = head < d.heads + d.kv_heads && i0 < d.rot_dim;
+        first_half = i0 < half;
+        has_angles = p < d.positions;
+        own = load_piece(src_row + e0);
+        if (bias) b_own = load_piece(bias + e0);
+        if (turns) {
+            const int other = first_half ? e0 + half : e0 - half;
+            partner = load_piece(src_row + other);
+            if (bias) b_partner = load_piece(bias + other);
+            if (has_angles) {
+                const int j = first_half ? i0 : i0 - half;
+                const float* ct = cos_t + (long long)p * half + j;
+                const float* st = sin_t + (long long)p * half + j;
+                *(float4*)c = *(const float4*)ct;
+                *(float4*)(c + 4) = *(const float4*)(ct + 4);
+                *(float4*)s = *(const float4*)st;
+                *(float4*)(s + 4) = *(const float4*)(st + 4);
+            }
+        }
+    }
+
+    // Element e as append_element's rotated() gives it for `src` (own, partner).
+    __device__ __forceinline__ float turned(const Piece<T>& a, const Piece<T>& b, int e) const {
+        if (!turns) return load(a.v[e]);
+        if (!has_angles) return KILN_NAN;
+        return first_half ? load(a.v[e]) * c[e] - load(b.v[e]) * s[e]
+                          : load(a.v[e]) * c[e] + load(b.v[e]) * s[e];
+    }
+};
+
+// kv_append (NORMED false, `x` and `bias` unused) or kv_append_normed with a row's elements
+// taken eight at a time: one block per row, each thread a piece of eight, 16-byte loads and
+// stores. For head sizes and rotary halves that are multiples of eight and buffers on 16-byte
+// boundaries (the caller checks); the same arithmetic as append_element. A block's first
+// pieces are loaded before the row's norm factor is reduced, so the two latencies overlap.
+template <typename T, bool NORMED>
+__device__ void kv_append_rows(T* q, T* k_cache, T* v_cache, const T* qkv, const T* x, int c,
+                               float eps, const T* bias, const unsigned int* slot,
+                               const unsigned int* pos, const float* cos_t, const float* sin_t,
+                               AppendDims d) {
+    const long long row = blockIdx.x;
+    const int D = d.head_dim, H = d.heads, K = d.kv_heads;
+    const int width = (H + 2 * K) * D, pieces = width / 8;
+    const T* src_row = qkv + row * width;
+    const unsigned int p = pos[row], s = slot[row];
+    const bool inside = p < (unsigned int)d.max_len && s < (unsigned int)d.slots;
+    AppendPiece<T> a;
+    int piece = threadIdx.x;
+    if (piece < pieces) a.fetch(src_row, bias, piece, p, cos_t, sin_t, d);
+    float scale = 1.f;
+    if constexpr (NORMED) {
+        __shared__ float scratch[32];
+        scale = row_rstd(x + row * c, c, eps, scratch);
+    }
+    for (; piece < pieces; piece += blockDim.x) {
+        if (piece != (int)threadIdx.x) a.fetch(src_row, bias, piece, p, cos_t, sin_t, d);
+        float y[8];
+        if (a.head < H + K) {
+            // Queries and keys: scale times the rotated projection, plus the rotated bias.
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                y[e] = scale * a.turned(a.own, a.partner, e);
+                if (bias) y[e] = y[e] + a.turned(a.b_own, a.b_partner, e);
+            }
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                y[e] = scale * load(a.own.v[e]);
+                if (bias) y[e] = y[e] + load(a.b_own.v[e]);
+            }
+        }
+        if (a.head < H) {
+            if (!inside) {
+#pragma unroll
+                for (int e = 0; e < 8; ++e) y[e] = KILN_NAN;
+            }
+            store_piece<T>(q + (row * H + a.head) * D + a.i0, y);
+        } else if (inside) {
+            const bool key = a.head < H + K;
+            const int j = key ? a.head - H : a.head - H - K;
+            const long long at = (((long long)s * K + j) * d.max_len + p) * D + a.i0;
+            store_piece<T>((key ? k_cache : v_cache) + at, y);
+        }
+    }
+}
+
 // Copies positions 0..len of every key/value head from one slot to another: `from` and `to`
 // are the offsets of the slots' first vectors, `head_stride` = max_len D, `run` = len D.
 template <typename T>
@@ -207,14 +336,45 @@ __device__ __forceinline__ void load8(const T* v, int base, int D, bool vec, flo
 }
 
 // Element i of head `head` of a row's projection `src` as kv_append_normed leaves it: the
-// row factor `scale` times the rotated projection plus the rotated bias.
-template <typename T>
-__device__ __forceinline__ float appended(const T* src, const T* bias, int head, int i,
-                                          unsigned int p, float scale, const AppendSrc<T>& a) {
-    const int D = a.ad.head_dim;
-    const float y = scale * rotated(src + (long long)head * D, i, p, a.cos_t, a.sin_t, a.ad);
-    return bias ? y + rotated(bias + (long long)head * D, i, p, a.cos_t, a.sin_t, a.ad) : y;
-}
+// row factor times the rotated projection plus the rotated bias (values turn by nothing).
+// `fetch` issues every load, `value` uses them, so a caller can put the norm factor's
+// reduction between the two and overlap the latencies.
+template <typename T> struct Appended {
+    float own, partner, b_own, b_partner, c, s;
+    bool turns, first_half, angles;
+
+    __device__ __forceinline__ void fetch(const T* src, const T* bias, int head, int i,
+                                          unsigned int p, bool rotate, const AppendSrc<T>& a) {
+        const AppendDims& d = a.ad;
+        const long long at = (long long)head * d.head_dim;
+        const int half = d.rot_dim / 2;
+        turns = rotate && i < d.rot_dim;
+        first_half = i < half;
+        angles = p < d.positions;
+        own = load(src[at + i]);
+        b_own = bias ? load(bias[at + i]) : 0.f;
+        if (turns) {
+            const int other = first_half ? i + half : i - half;
+            partner = load(src[at + other]);
+            b_partner = bias ? load(bias[at + other]) : 0.f;
+            if (angles) {
+                const int j = first_half ? i : i - half;
+                c = a.cos_t[(long long)p * half + j];
+                s = a.sin_t[(long long)p * half + j];
+            }
+        }
+    }
+    // rotated()'s arithmetic on loaded operands.
+    __device__ __forceinline__ float turned(float x, float y) const {
+        if (!turns) return x;
+        if (!angles) return KILN_NAN;
+        return first_half ? x * c - y * s : x * c + y * s;
+    }
+    __device__ __forceinline__ float value(float scale, bool has_bias) const {
+        const float y = scale * turned(own, partner);
+        return has_bias ? y + turned(b_own, b_partner) : y;
+    }
+};
 
 template <typename T, int L, int G, int THREADS, bool APPEND>
 __device__ void cache_attention(T* out, float* part_o, float* part_ml, const T* q, T* k_cache,
@@ -259,22 +419,34 @@ __device__ void cache_attention(T* out, float* part_o, float* part_ml, const T* 
         __shared__ float sm_q[G][DP];
         const int width = (H + 2 * d.kv_heads) * D;
         const T* src = a.qkv + row * width;
-        const float scale = row_rstd(a.x + row * a.c, a.c, a.eps, scratch);
         const bool writer = inside && t0 <= (int)p && (int)p < t1;
         const int queries = nh * D, work = queries + (writer ? 2 * D : 0);
         const long long at = head_base + (long long)p * D;
+        // Element e of the block's work: a query (its head, element) or the key, then the value.
+        auto fetch = [&](Appended<T>& op, int e) {
+            if (e < queries) {
+                const int h = e / D;
+                op.fetch(src, a.bias, h0 + h, e - h * D, p, true, a);
+            } else if (e < queries + D) {
+                op.fetch(src, a.bias, H + kvh, e - queries, p, true, a);
+            } else {
+                op.fetch(src, a.bias, H + d.kv_heads + kvh, e - queries - D, p, false, a);
+            }
+        };
+        // The first element's operands load while the row's norm factor is reduced.
+        Appended<T> op;
+        if ((int)threadIdx.x < work) fetch(op, threadIdx.x);
+        const float scale = row_rstd(a.x + row * a.c, a.c, a.eps, scratch);
         for (int e = threadIdx.x; e < work; e += THREADS) {
+            if (e != (int)threadIdx.x) fetch(op, e);
+            const float y = op.value(scale, a.bias != nullptr);
             if (e < queries) {
                 const int h = e / D, i = e - h * D;
-                const float y = inside ? appended(src, a.bias, h0 + h, i, p, scale, a) : 0.f;
-                sm_q[h][i] = load(store<T>(y)) * d.scale_log2;
+                sm_q[h][i] = load(store<T>(inside ? y : 0.f)) * d.scale_log2;
             } else if (e < queries + D) {
-                const int i = e - queries;
-                k_cache[at + i] = store<T>(appended(src, a.bias, H + kvh, i, p, scale, a));
+                k_cache[at + e - queries] = store<T>(y);
             } else {
-                const int i = e - queries - D, head = H + d.kv_heads + kvh;
-                const float y = scale * load(src[(long long)head * D + i]);
-                v_cache[at + i] = store<T>(a.bias ? y + load(a.bias[(long long)head * D + i]) : y);
+                v_cache[at + e - queries - D] = store<T>(y);
             }
         }
         __syncthreads();
@@ -466,6 +638,19 @@ __device__ void cache_attention_combine(T* out, const float* part_o, const float
         const float* sin_t, AppendDims d) {                                                      \
         kv_append_normed<T>(q, k_cache, v_cache, qkv, x, c, eps, bias, slot, pos, cos_t, sin_t, \
                             d);                                                                  \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(256) kv_append_rows_##SUFFIX(                  \
+        T* q, T* k_cache, T* v_cache, const T* qkv, const unsigned int* slot,                   \
+        const unsigned int* pos, const float* cos_t, const float* sin_t, AppendDims d) {         \
+        kv_append_rows<T, false>(q, k_cache, v_cache, qkv, (const T*)nullptr, 0, 0.f,           \
+                                 (const T*)nullptr, slot, pos, cos_t, sin_t, d);                 \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(256) kv_append_normed_rows_##SUFFIX(           \
+        T* q, T* k_cache, T* v_cache, const T* qkv, const T* x, int c, float eps,               \
+        const T* bias, const unsigned int* slot, const unsigned int* pos, const float* cos_t,   \
+        const float* sin_t, AppendDims d) {                                                      \
+        kv_append_rows<T, true>(q, k_cache, v_cache, qkv, x, c, eps, bias, slot, pos, cos_t,    \
+                                sin_t, d);                                                       \
     }                                                                                            \
     extern "C" __global__ void copy_cache_slot_##SUFFIX(T* cache, long long from, long long to, \
                                                         long long head_stride, long long run,    \

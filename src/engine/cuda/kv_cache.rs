@@ -36,6 +36,8 @@ macro_rules! program {
             elem_kernels: &[
                 ElemKernel::KvAppend,
                 ElemKernel::KvAppendNormed,
+                ElemKernel::KvAppendRows,
+                ElemKernel::KvAppendNormedRows,
                 ElemKernel::CopyCacheSlot,
                 ElemKernel::PrefillPack,
                 ElemKernel::CacheAttentionCombine,
@@ -228,6 +230,25 @@ struct AttnLaunch {
     outputs: usize,
 }
 
+/// The launch of the row kernels (`kv_append_rows`: one block a row, a piece of eight
+/// elements a thread, 16-byte loads and stores) where the pieces line up: head size and rotary
+/// half multiples of eight, every buffer (`bufs`, device addresses) on a 16-byte boundary.
+/// `None` leaves the call to the element kernels, a thread an element.
+fn rows_launch(s: RopeShape, bufs: &[u64]) -> Option<LaunchConfig> {
+    let lined_up = s.head_dim.is_multiple_of(8)
+        && s.rot_dim.is_multiple_of(16)
+        && bufs.iter().all(|p| p.is_multiple_of(16));
+    if !lined_up || s.rows == 0 {
+        return None;
+    }
+    let threads = (s.qkv_width() / 8).next_multiple_of(32).clamp(32, 256);
+    Some(LaunchConfig {
+        grid_dim: (u32::try_from(s.rows).ok().filter(|&r| r < 1 << 31)?, 1, 1),
+        block_dim: (threads as u32, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
 fn grid(n: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (elementwise_grid(n, BLOCK), 1, 1),
@@ -351,6 +372,30 @@ impl CudaBackend {
         if total == 0 {
             return Ok(());
         }
+        let bufs = [
+            raw_ptr(&*q, &self.stream),
+            raw_ptr(&*k_cache, &self.stream),
+            raw_ptr(&*v_cache, &self.stream),
+            raw_ptr(qkv, &self.stream),
+            raw_ptr(cos, &self.stream),
+            raw_ptr(sin, &self.stream),
+        ];
+        if let Some(cfg) = rows_launch(s, &bufs) {
+            let f = self.elem_function::<T>(ElemKernel::KvAppendRows)?;
+            let mut b = self.stream.launch_builder(f);
+            b.arg(q)
+                .arg(k_cache)
+                .arg(v_cache)
+                .arg(qkv)
+                .arg(slot)
+                .arg(pos)
+                .arg(cos)
+                .arg(sin)
+                .arg(&dims);
+            // SAFETY: as below; `rows_launch` checked the pieces' alignment.
+            unsafe { b.launch(cfg) }?;
+            return Ok(());
+        }
         let f = self.elem_function::<T>(ElemKernel::KvAppend)?;
         let total64 = total as i64;
         let mut b = self.stream.launch_builder(f);
@@ -415,7 +460,21 @@ impl CudaBackend {
             return Ok(());
         }
         let c32 = as_i32(OP, "c", c)?;
-        let f = self.elem_function::<T>(ElemKernel::KvAppendNormed)?;
+        let mut bufs = vec![
+            raw_ptr(&*q, &self.stream),
+            raw_ptr(&*k_cache, &self.stream),
+            raw_ptr(&*v_cache, &self.stream),
+            raw_ptr(qkv, &self.stream),
+            raw_ptr(cos, &self.stream),
+            raw_ptr(sin, &self.stream),
+        ];
+        bufs.extend(bias.map(|_| bias_ptr));
+        let rows_cfg = rows_launch(s, &bufs);
+        let kernel = match rows_cfg {
+            Some(_) => ElemKernel::KvAppendNormedRows,
+            None => ElemKernel::KvAppendNormed,
+        };
+        let f = self.elem_function::<T>(kernel)?;
         let mut b = self.stream.launch_builder(f);
         b.arg(q)
             .arg(k_cache)
@@ -430,8 +489,9 @@ impl CudaBackend {
             .arg(cos)
             .arg(sin)
             .arg(&dims);
-        // A row's elements over a few blocks of 256 threads, each block taking the row's factor.
-        let cfg = LaunchConfig {
+        // A row's elements over a few blocks of 256 threads, each block taking the row's factor
+        // (or the row kernel's one block a row).
+        let cfg = rows_cfg.unwrap_or(LaunchConfig {
             grid_dim: (
                 s.qkv_width().div_ceil(4 * 256) as u32,
                 u32::try_from(s.rows).map_err(|_| CudaError::Shape {
@@ -442,9 +502,10 @@ impl CudaBackend {
             ),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
-        };
+        });
         // SAFETY: lengths checked above; the kernel bounds each row's slot and position by
-        // the cache's and its table reads by `dims.positions`.
+        // the cache's and its table reads by `dims.positions`; `rows_launch` checked the row
+        // kernel's alignment.
         unsafe { b.launch(cfg) }?;
         Ok(())
     }
@@ -700,7 +761,8 @@ impl CudaBackend {
     /// Lays out a prefill's queries `q[rows, heads D]` and its runs' cached keys and values as
     /// the training attention's fused `packed[runs, tmax, 3 heads D]` (keys and values repeated
     /// for every query head of their group, zeros past each run's length). `runs` holds
-    /// (slot, first row, length) per run, a run being one slot's positions `0..length`.
+    /// (slot, first row, length) per run, a run being one slot's positions `0..length`; the
+    /// kernel reads the same values from `d_runs` (the host's are checked here).
     #[allow(clippy::too_many_arguments)]
     pub fn prefill_pack<T: Elem>(
         &self,
@@ -709,6 +771,7 @@ impl CudaBackend {
         k_cache: &CudaSlice<T>,
         v_cache: &CudaSlice<T>,
         runs: &[u32],
+        d_runs: &CudaSlice<u32>,
         tmax: usize,
         heads: usize,
         c: CacheShape,
@@ -736,10 +799,10 @@ impl CudaBackend {
                 ),
             });
         }
+        check_len(OP, "d_runs", d_runs, runs.len())?;
         if packed.is_empty() {
             return Ok(());
         }
-        let d_runs = self.upload(runs)?;
         let f = self.elem_function::<T>(ElemKernel::PrefillPack)?;
         let (tmax32, heads32) = (as_i32(OP, "tmax", tmax)?, as_i32(OP, "heads", heads)?);
         let (kvh, d) = (c.kv_heads as i32, c.head_dim as i32);
@@ -763,7 +826,7 @@ impl CudaBackend {
             .arg(q)
             .arg(k_cache)
             .arg(v_cache)
-            .arg(&d_runs)
+            .arg(d_runs)
             .arg(&tmax32)
             .arg(&heads32)
             .arg(&kvh)
