@@ -96,30 +96,22 @@ __device__ void kv_append_normed(T* q, T* k_cache, T* v_cache, const T* qkv, con
         append_element(q, k_cache, v_cache, qkv, bias, slot, pos, cos_t, sin_t, row, rem, scale, d);
 }
 
-// Eight elements of a head, loaded as one 16-byte piece.
+// Eight elements of a head: one 16-byte access in bf16 and f16, two in f32.
 template <typename T> struct Piece {
     T v[8];
 };
 template <typename T> __device__ __forceinline__ Piece<T> load_piece(const T* p) {
     Piece<T> out;
-    if constexpr (sizeof(T) == 2) {
-        *(uint4*)out.v = *(const uint4*)p;
-    } else {
-        *(uint4*)out.v = *(const uint4*)p;
-        *(uint4*)(out.v + 4) = *(const uint4*)(p + 4);
-    }
+    *(uint4*)out.v = *(const uint4*)p;
+    if constexpr (sizeof(T) == 4) *(uint4*)(out.v + 4) = *(const uint4*)(p + 4);
     return out;
 }
 template <typename T> __device__ __forceinline__ void store_piece(T* p, const float (&y)[8]) {
     Piece<T> out;
 #pragma unroll
     for (int e = 0; e < 8; ++e) out.v[e] = store<T>(y[e]);
-    if constexpr (sizeof(T) == 2) {
-        *(uint4*)p = *(const uint4*)out.v;
-    } else {
-        *(uint4*)p = *(const uint4*)out.v;
-        *(uint4*)(p + 4) = *(const uint4*)(out.v + 4);
-    }
+    *(uint4*)p = *(const uint4*)out.v;
+    if constexpr (sizeof(T) == 4) *(uint4*)(p + 4) = *(const uint4*)(out.v + 4);
 }
 
 // One piece (eight elements i0..i0+7 of head `head`) of a row's projection, with what its
@@ -336,45 +328,14 @@ __device__ __forceinline__ void load8(const T* v, int base, int D, bool vec, flo
 }
 
 // Element i of head `head` of a row's projection `src` as kv_append_normed leaves it: the
-// row factor times the rotated projection plus the rotated bias (values turn by nothing).
-// `fetch` issues every load, `value` uses them, so a caller can put the norm factor's
-// reduction between the two and overlap the latencies.
-template <typename T> struct Appended {
-    float own, partner, b_own, b_partner, c, s;
-    bool turns, first_half, angles;
-
-    __device__ __forceinline__ void fetch(const T* src, const T* bias, int head, int i,
-                                          unsigned int p, bool rotate, const AppendSrc<T>& a) {
-        const AppendDims& d = a.ad;
-        const long long at = (long long)head * d.head_dim;
-        const int half = d.rot_dim / 2;
-        turns = rotate && i < d.rot_dim;
-        first_half = i < half;
-        angles = p < d.positions;
-        own = load(src[at + i]);
-        b_own = bias ? load(bias[at + i]) : 0.f;
-        if (turns) {
-            const int other = first_half ? i + half : i - half;
-            partner = load(src[at + other]);
-            b_partner = bias ? load(bias[at + other]) : 0.f;
-            if (angles) {
-                const int j = first_half ? i : i - half;
-                c = a.cos_t[(long long)p * half + j];
-                s = a.sin_t[(long long)p * half + j];
-            }
-        }
-    }
-    // rotated()'s arithmetic on loaded operands.
-    __device__ __forceinline__ float turned(float x, float y) const {
-        if (!turns) return x;
-        if (!angles) return KILN_NAN;
-        return first_half ? x * c - y * s : x * c + y * s;
-    }
-    __device__ __forceinline__ float value(float scale, bool has_bias) const {
-        const float y = scale * turned(own, partner);
-        return has_bias ? y + turned(b_own, b_partner) : y;
-    }
-};
+// row factor `scale` times the rotated projection plus the rotated bias.
+template <typename T>
+__device__ __forceinline__ float appended(const T* src, const T* bias, int head, int i,
+                                          unsigned int p, float scale, const AppendSrc<T>& a) {
+    const int D = a.ad.head_dim;
+    const float y = scale * rotated(src + (long long)head * D, i, p, a.cos_t, a.sin_t, a.ad);
+    return bias ? y + rotated(bias + (long long)head * D, i, p, a.cos_t, a.sin_t, a.ad) : y;
+}
 
 template <typename T, int L, int G, int THREADS, bool APPEND>
 __device__ void cache_attention(T* out, float* part_o, float* part_ml, const T* q, T* k_cache,
@@ -419,34 +380,22 @@ __device__ void cache_attention(T* out, float* part_o, float* part_ml, const T* 
         __shared__ float sm_q[G][DP];
         const int width = (H + 2 * d.kv_heads) * D;
         const T* src = a.qkv + row * width;
+        const float scale = row_rstd(a.x + row * a.c, a.c, a.eps, scratch);
         const bool writer = inside && t0 <= (int)p && (int)p < t1;
         const int queries = nh * D, work = queries + (writer ? 2 * D : 0);
         const long long at = head_base + (long long)p * D;
-        // Element e of the block's work: a query (its head, element) or the key, then the value.
-        auto fetch = [&](Appended<T>& op, int e) {
-            if (e < queries) {
-                const int h = e / D;
-                op.fetch(src, a.bias, h0 + h, e - h * D, p, true, a);
-            } else if (e < queries + D) {
-                op.fetch(src, a.bias, H + kvh, e - queries, p, true, a);
-            } else {
-                op.fetch(src, a.bias, H + d.kv_heads + kvh, e - queries - D, p, false, a);
-            }
-        };
-        // The first element's operands load while the row's norm factor is reduced.
-        Appended<T> op;
-        if ((int)threadIdx.x < work) fetch(op, threadIdx.x);
-        const float scale = row_rstd(a.x + row * a.c, a.c, a.eps, scratch);
         for (int e = threadIdx.x; e < work; e += THREADS) {
-            if (e != (int)threadIdx.x) fetch(op, e);
-            const float y = op.value(scale, a.bias != nullptr);
             if (e < queries) {
                 const int h = e / D, i = e - h * D;
-                sm_q[h][i] = load(store<T>(inside ? y : 0.f)) * d.scale_log2;
+                const float y = inside ? appended(src, a.bias, h0 + h, i, p, scale, a) : 0.f;
+                sm_q[h][i] = load(store<T>(y)) * d.scale_log2;
             } else if (e < queries + D) {
-                k_cache[at + e - queries] = store<T>(y);
+                const int i = e - queries;
+                k_cache[at + i] = store<T>(appended(src, a.bias, H + kvh, i, p, scale, a));
             } else {
-                v_cache[at + e - queries - D] = store<T>(y);
+                const int i = e - queries - D, head = H + d.kv_heads + kvh;
+                const float y = scale * load(src[(long long)head * D + i]);
+                v_cache[at + i] = store<T>(a.bias ? y + load(a.bias[(long long)head * D + i]) : y);
             }
         }
         __syncthreads();

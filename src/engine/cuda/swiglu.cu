@@ -45,14 +45,11 @@ __device__ __forceinline__ void swiglu_forward_rows(T* __restrict__ h, const T* 
     const int groups = f / W, stride = gridDim.x * blockDim.x;
     for (int row = blockIdx.y; row < rows; row += gridDim.y) {
         float scale = 1.f;
+        if constexpr (NORMED) scale = row_rstd(x + (long long)row * c, c, eps, scratch);
         const T* gate = gu + 2LL * row * f;
         const T* up = gate + f;
         T* out = h + (long long)row * f;
-        // Every thread runs the first pass (the norm factor's reduction needs the whole
-        // block), whose loads are issued before the factor is reduced: the two latencies
-        // overlap.
-        const int first = blockIdx.x * blockDim.x + threadIdx.x;
-        for (int g0 = first; g0 == first || g0 < groups; g0 += SWIGLU_GROUPS * stride) {
+        for (int g0 = blockIdx.x * blockDim.x + threadIdx.x; g0 < groups; g0 += SWIGLU_GROUPS * stride) {
             float a[SWIGLU_GROUPS][W], u[SWIGLU_GROUPS][W];
 #pragma unroll
             for (int k = 0; k < SWIGLU_GROUPS; ++k) {
@@ -61,9 +58,6 @@ __device__ __forceinline__ void swiglu_forward_rows(T* __restrict__ h, const T* 
                     swiglu_load<W>(gate + W * g, a[k]);
                     swiglu_load<W>(up + W * g, u[k]);
                 }
-            }
-            if constexpr (NORMED) {
-                if (g0 == first) scale = row_rstd(x + (long long)row * c, c, eps, scratch);
             }
 #pragma unroll
             for (int k = 0; k < SWIGLU_GROUPS; ++k) {
