@@ -573,6 +573,8 @@ __device__ void cache_attention_combine(T* out, const float* part_o, const float
     ATTN_APPEND_KERNEL(T, SUFFIX, L, 2)   \
     ATTN_APPEND_KERNEL(T, SUFFIX, L, 4)   \
     ATTN_APPEND_KERNEL(T, SUFFIX, L, 8)
+// Three query heads a key/value head (SmolLM2) in wide blocks of head size 64: as four, a
+// repeated fourth head would cost a quarter more work a position and 127 registers (80).
 
 #define KV_KERNELS(T, SUFFIX)                                                                  \
     extern "C" __global__ void kv_append_##SUFFIX(                                             \
@@ -620,6 +622,7 @@ __device__ void cache_attention_combine(T* out, const float* part_o, const float
     ATTN_KERNELS_L(T, SUFFIX, 16)                                                                \
     ATTN_KERNELS_L(T, SUFFIX, 32)                                                                \
     ATTN_WIDE_KERNELS_L(T, SUFFIX, 8)                                                            \
-    ATTN_WIDE_KERNELS_L(T, SUFFIX, 16)
+    ATTN_WIDE_KERNELS_L(T, SUFFIX, 16)                                                           \
+    ATTN_APPEND_KERNEL(T, SUFFIX, 8, 3)
 
 // Instantiated by each element type's program (kv_cache.rs): KV_KERNELS(float, f32) etc.

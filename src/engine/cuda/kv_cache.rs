@@ -51,12 +51,14 @@ macro_rules! program {
                 ElemKernel::CacheAttentionL32G4,
                 ElemKernel::CacheAttentionL32G8,
                 ElemKernel::CacheAttentionWideL8G2,
+                ElemKernel::CacheAttentionWideL8G3,
                 ElemKernel::CacheAttentionWideL8G4,
                 ElemKernel::CacheAttentionWideL8G8,
                 ElemKernel::CacheAttentionWideL16G2,
                 ElemKernel::CacheAttentionWideL16G4,
                 ElemKernel::CacheAttentionWideL16G8,
                 ElemKernel::CacheAttentionAppendL8G2,
+                ElemKernel::CacheAttentionAppendL8G3,
                 ElemKernel::CacheAttentionAppendL8G4,
                 ElemKernel::CacheAttentionAppendL8G8,
                 ElemKernel::CacheAttentionAppendL16G2,
@@ -117,8 +119,8 @@ struct AttnDims {
 unsafe impl DeviceRepr for AttnDims {}
 
 /// How an attention call is laid out: lanes per cached vector, query heads per block (2, 4 or
-/// 8; a block with fewer repeats its last), chunks of them per key/value head, and splits of
-/// each row's positions.
+/// 8, a block with fewer repeating its last; 3 for three a key/value head in wide blocks of
+/// eight lanes), chunks of them per key/value head, and splits of each row's positions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AttnPlan {
     pub lanes: usize,
@@ -167,6 +169,13 @@ pub fn attention_plan(
         (BLOCKS_PER_SM * sm_count / blocks).clamp(1, longest.div_ceil(MIN_SPLIT).min(MAX_SPLITS))
     };
     let wide = blocks * splits <= WIDE_UP_TO * sm_count;
+    // Three heads a key/value head (one chunk either way) take the wide kernels of three
+    // where they exist instead of repeating a fourth.
+    let group = if g == 3 && wide && lanes == 8 {
+        3
+    } else {
+        group
+    };
     Some(AttnPlan {
         lanes,
         group,
@@ -197,12 +206,14 @@ fn cache_attention_kernel(
         (32, 4, _, false) => CacheAttentionL32G4,
         (32, 8, _, false) => CacheAttentionL32G8,
         (8, 2, true, false) => CacheAttentionWideL8G2,
+        (8, 3, true, false) => CacheAttentionWideL8G3,
         (8, 4, true, false) => CacheAttentionWideL8G4,
         (8, 8, true, false) => CacheAttentionWideL8G8,
         (16, 2, true, false) => CacheAttentionWideL16G2,
         (16, 4, true, false) => CacheAttentionWideL16G4,
         (16, 8, true, false) => CacheAttentionWideL16G8,
         (8, 2, true, true) => CacheAttentionAppendL8G2,
+        (8, 3, true, true) => CacheAttentionAppendL8G3,
         (8, 4, true, true) => CacheAttentionAppendL8G4,
         (8, 8, true, true) => CacheAttentionAppendL8G8,
         (16, 2, true, true) => CacheAttentionAppendL16G2,
@@ -917,8 +928,11 @@ mod tests {
 
     #[test]
     fn wide_blocks_only_where_a_calls_blocks_leave_room() {
-        // SmolLM2 decoding 64 rows of a 192-token bench: 192 blocks on 132 SMs, wide.
-        assert!(attention_plan(64, 9, 3, 64, 192, 132).unwrap().wide);
+        // SmolLM2 decoding 64 rows of a 192-token bench: 192 blocks on 132 SMs, wide, in
+        // blocks of its three query heads a key/value head (narrow blocks take four).
+        let p = attention_plan(64, 9, 3, 64, 192, 132).unwrap();
+        assert!(p.wide && p.group == 3 && p.chunks == 1);
+        assert_eq!(attention_plan(256, 9, 3, 64, 192, 132).unwrap().group, 4);
         // Llama-3.2-1B at batch 64 (512 blocks) and SmolLM2 at 256 (768): narrow.
         assert!(!attention_plan(64, 32, 8, 64, 192, 132).unwrap().wide);
         assert!(!attention_plan(256, 9, 3, 64, 192, 132).unwrap().wide);
@@ -937,17 +951,18 @@ mod tests {
         assert!(cache_attention_kernel(32, 2, true, true).is_none());
     }
 
-    /// Every layout a plan can choose has a compiled decode kernel: head sizes up to
-    /// MAX_HEAD_DIM, any number of query heads per key/value head.
+    /// Every layout a plan can choose has a compiled decode kernel, plain and (wide blocks of
+    /// head sizes to 128) appending: head sizes up to MAX_HEAD_DIM, any number of query heads
+    /// per key/value head, calls of few and of many blocks.
     #[test]
     fn every_decode_plan_has_a_kernel() {
-        for head_dim in 1..=MAX_HEAD_DIM {
+        for (head_dim, rows) in (1..=MAX_HEAD_DIM).flat_map(|d| [(d, 8), (d, 512)]) {
             for kv_heads in [1, 2, 3, 8] {
                 for per_kv in 1..=40 {
-                    let p =
-                        attention_plan(8, kv_heads * per_kv, kv_heads, head_dim, 300, 132).unwrap();
+                    let p = attention_plan(rows, kv_heads * per_kv, kv_heads, head_dim, 300, 132)
+                        .unwrap();
                     assert!(
-                        [(false, false), (true, false), (true, p.lanes < 32)]
+                        [(p.wide, false), (p.wide, p.wide && p.lanes < 32)]
                             .into_iter()
                             .all(|(w, a)| cache_attention_kernel(p.lanes, p.group, w, a).is_some()),
                         "head size {head_dim}, {per_kv} query heads per key/value head: lanes {} group {}",
