@@ -213,14 +213,6 @@ impl<'a> CacheRows<'a> {
         CacheRows::new(like, Ids::Host(slot), Ids::Host(pos), head_dim)
     }
 
-    pub fn len(&self) -> usize {
-        self.slot.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// Slots and positions where a GPU kernel reads them, uploaded only if no copy was made.
     fn gpu(&self, g: &CudaBackend) -> Result<(GpuIds<'_>, GpuIds<'_>)> {
         Ok(match &self.device {

@@ -391,23 +391,14 @@ impl CudaBackend {
             raw_ptr(cos, &self.stream),
             raw_ptr(sin, &self.stream),
         ];
-        if let Some(cfg) = rows_launch(s, &bufs) {
-            let f = self.elem_function::<T>(ElemKernel::KvAppendRows)?;
-            let mut b = self.stream.launch_builder(f);
-            b.arg(q)
-                .arg(k_cache)
-                .arg(v_cache)
-                .arg(qkv)
-                .arg(slot)
-                .arg(pos)
-                .arg(cos)
-                .arg(sin)
-                .arg(&dims);
-            // SAFETY: as below; `rows_launch` checked the pieces' alignment.
-            unsafe { b.launch(cfg) }?;
-            return Ok(());
-        }
-        let f = self.elem_function::<T>(ElemKernel::KvAppend)?;
+        // The row kernel where the pieces line up, else a thread an element (which also takes
+        // the element count).
+        let rows_cfg = rows_launch(s, &bufs);
+        let kernel = match rows_cfg {
+            Some(_) => ElemKernel::KvAppendRows,
+            None => ElemKernel::KvAppend,
+        };
+        let f = self.elem_function::<T>(kernel)?;
         let total64 = total as i64;
         let mut b = self.stream.launch_builder(f);
         b.arg(q)
@@ -417,12 +408,15 @@ impl CudaBackend {
             .arg(slot)
             .arg(pos)
             .arg(cos)
-            .arg(sin)
-            .arg(&total64)
-            .arg(&dims);
+            .arg(sin);
+        if rows_cfg.is_none() {
+            b.arg(&total64);
+        }
+        b.arg(&dims);
         // SAFETY: lengths checked above; the kernel bounds each row's slot and position by
-        // the cache's and its table reads by `dims.positions`.
-        unsafe { b.launch(grid(total)) }?;
+        // the cache's and its table reads by `dims.positions`; `rows_launch` checked the row
+        // kernel's alignment.
+        unsafe { b.launch(rows_cfg.unwrap_or_else(|| grid(total))) }?;
         Ok(())
     }
 
