@@ -3021,13 +3021,12 @@ fn prefill_attention(
         }
         On::Gpu(g) => {
             same_dtype(OP, &[q, k_cache, v_cache])?;
-            let uploaded;
-            let d_runs = match &p.device {
-                Some((runs, _)) => runs,
-                None => {
-                    uploaded = g.upload(&p.runs)?;
-                    &uploaded
-                }
+            // CacheRows::new copies a GPU call's runs to the device.
+            let Some((d_runs, _)) = &p.device else {
+                return Err(EngineError::Shape {
+                    op: OP,
+                    detail: "the prefill's runs were found for another device".into(),
+                });
             };
             with_elem!(q.dtype(), T => g.prefill_pack::<T>(
                 packed.cuda_mut(),

@@ -347,6 +347,22 @@ impl CudaBackend {
         })
     }
 
+    /// [`rows_launch`] for an append's buffers (`[q, k_cache, v_cache, qkv]`, the cos and sin
+    /// tables, and the bias's address if it has one).
+    fn append_rows_launch<T>(
+        &self,
+        s: RopeShape,
+        bufs: [&CudaSlice<T>; 4],
+        tables: [&CudaSlice<f32>; 2],
+        bias: Option<u64>,
+    ) -> Option<LaunchConfig> {
+        let ptrs: Vec<u64> = (bufs.iter().map(|b| raw_ptr(b, &self.stream)))
+            .chain(tables.iter().map(|t| raw_ptr(t, &self.stream)))
+            .chain(bias)
+            .collect();
+        rows_launch(s, &ptrs)
+    }
+
     /// Rotates each row's query heads into `q[rows, H D]`, and its rotated keys and its values
     /// into the caches at `(slot[row], pos[row])`, from `qkv[rows, (H + 2K) D]`. A row outside
     /// the cache writes nothing there and NaN queries; a position past the tables gives NaN in
@@ -383,17 +399,10 @@ impl CudaBackend {
         if total == 0 {
             return Ok(());
         }
-        let bufs = [
-            raw_ptr(&*q, &self.stream),
-            raw_ptr(&*k_cache, &self.stream),
-            raw_ptr(&*v_cache, &self.stream),
-            raw_ptr(qkv, &self.stream),
-            raw_ptr(cos, &self.stream),
-            raw_ptr(sin, &self.stream),
-        ];
         // The row kernel where the pieces line up, else a thread an element (which also takes
         // the element count).
-        let rows_cfg = rows_launch(s, &bufs);
+        let rows_cfg =
+            self.append_rows_launch(s, [&*q, &*k_cache, &*v_cache, qkv], [cos, sin], None);
         let kernel = match rows_cfg {
             Some(_) => ElemKernel::KvAppendRows,
             None => ElemKernel::KvAppend,
@@ -465,16 +474,12 @@ impl CudaBackend {
             return Ok(());
         }
         let c32 = as_i32(OP, "c", c)?;
-        let mut bufs = vec![
-            raw_ptr(&*q, &self.stream),
-            raw_ptr(&*k_cache, &self.stream),
-            raw_ptr(&*v_cache, &self.stream),
-            raw_ptr(qkv, &self.stream),
-            raw_ptr(cos, &self.stream),
-            raw_ptr(sin, &self.stream),
-        ];
-        bufs.extend(bias.map(|_| bias_ptr));
-        let rows_cfg = rows_launch(s, &bufs);
+        let rows_cfg = self.append_rows_launch(
+            s,
+            [&*q, &*k_cache, &*v_cache, qkv],
+            [cos, sin],
+            bias.map(|_| bias_ptr),
+        );
         let kernel = match rows_cfg {
             Some(_) => ElemKernel::KvAppendNormedRows,
             None => ElemKernel::KvAppendNormed,
