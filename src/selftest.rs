@@ -949,6 +949,35 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
         let r = check_matmul_tt(gpu, inp, n, c_in, c_out);
         push("matmul (A^T B^T)", "f32", shape, BOUND_FP32, r);
     }
+    // A decode step's products of a few rows on the tensor cores: SmolLM2-135M's and
+    // Llama-3.2-1B's projections at batches 1 to 64 (row counts off the 8-row tiles too), written
+    // and added into the output, and the gate/up product fused with the row's norm and SwiGLU.
+    for (rows, k, n, accumulate) in [
+        (1, 576, 960, false),
+        (7, 576, 576, true),
+        (64, 1536, 576, true),
+        (33, 2048, 3072, false),
+        (64, 576, 960, false),
+        (16, 8192, 2048, true),
+    ] {
+        let shape = format!("{rows}x{k}->{n}{}", if accumulate { " +=" } else { "" });
+        let r = check_few_rows_product::<Bf16>(gpu, inp, rows, k, n, accumulate);
+        push("few_rows_product", "bf16", shape.clone(), BOUND_BF16, r);
+        let r = check_few_rows_product::<F16>(gpu, inp, rows, k, n, accumulate);
+        push("few_rows_product", "f16", shape, BOUND_F16, r);
+    }
+    for (rows, k, f) in [
+        (1, 576, 1536),
+        (64, 576, 1536),
+        (20, 2048, 8192),
+        (9, 64, 16),
+    ] {
+        let shape = format!("{rows}x{k}->2x{f}");
+        let r = check_few_rows_swiglu::<Bf16>(gpu, inp, rows, k, f);
+        push("few_rows_swiglu", "bf16", shape.clone(), BOUND_BF16, r);
+        let r = check_few_rows_swiglu::<F16>(gpu, inp, rows, k, f);
+        push("few_rows_swiglu", "f16", shape, BOUND_F16, r);
+    }
     // A product with the GELU in its epilogue, and the backward through it: GPT-2's MLP
     // (768 -> 3072 and back), a shape whose widths are multiples of 8 (the epilogue's), and one
     // whose are not (the separate kernels).
@@ -3960,6 +3989,73 @@ fn check_linear_forward<T: Elem>(
     );
     gpu.linear_forward(&mut d_out, &d_x, &d_w, Some(&d_b), n, c_in, c_out, math)?;
     Ok(rel_err(&gpu.download_f32(&d_out)?, &out, GEMM_FLOOR))
+}
+
+/// A call the few-row kernels must take: declining it fails the check.
+fn few_rows_taken(op: &'static str, taken: bool) -> std::result::Result<(), CudaError> {
+    if taken {
+        Ok(())
+    } else {
+        Err(CudaError::Shape {
+            op,
+            detail: "the few-row kernels declined a shape they take".into(),
+        })
+    }
+}
+
+fn check_few_rows_product<T: Elem>(
+    gpu: &CudaBackend,
+    inp: &mut Inputs,
+    rows: usize,
+    k: usize,
+    n: usize,
+    accumulate: bool,
+) -> Check {
+    let d = T::DTYPE;
+    let (x, w, y0) = (
+        inp.uniform(rows * k, 1.0, d),
+        inp.uniform(n * k, 1.0, d),
+        inp.uniform(rows * n, 4.0, d),
+    );
+    let mut want = vec![0.0; rows * n];
+    cpu::gemm::linear_forward(&mut want, &x, &w, None, rows, k, n);
+    if accumulate {
+        want.iter_mut().zip(&y0).for_each(|(v, y)| *v += y);
+    }
+    let mut d_y = if accumulate {
+        gpu.upload_as::<T>(&y0)?
+    } else {
+        poisoned::<T>(gpu, rows * n)?
+    };
+    let (d_x, d_w) = (gpu.upload_as::<T>(&x)?, gpu.upload_as::<T>(&w)?);
+    let taken = gpu.few_rows_product(&mut d_y, &d_x, &d_w, rows, n, k, accumulate)?;
+    few_rows_taken("few_rows_product", taken)?;
+    Ok(rel_err(&gpu.download_f32(&d_y)?, &want, GEMM_FLOOR))
+}
+
+fn check_few_rows_swiglu<T: Elem>(
+    gpu: &CudaBackend,
+    inp: &mut Inputs,
+    rows: usize,
+    k: usize,
+    f: usize,
+) -> Check {
+    let d = T::DTYPE;
+    let (x, w) = (
+        inp.uniform(rows * k, 1.0, d),
+        inp.uniform(2 * f * k, 1.0, d),
+    );
+    let eps = 1e-5;
+    let mut gate_up = vec![0.0; rows * 2 * f];
+    cpu::gemm::linear_forward(&mut gate_up, &x, &w, None, rows, k, 2 * f);
+    let normed = cpu::rmsnorm::normed_rows(&gate_up, 2 * f, &x, k, eps, None);
+    let mut want = vec![0.0; rows * f];
+    cpu::swiglu::swiglu_forward(&mut want, &normed, f);
+    let mut d_h = poisoned::<T>(gpu, rows * f)?;
+    let (d_x, d_w) = (gpu.upload_as::<T>(&x)?, gpu.upload_as::<T>(&w)?);
+    let taken = gpu.few_rows_swiglu(&mut d_h, &d_x, &d_w, rows, f, k, eps)?;
+    few_rows_taken("few_rows_swiglu", taken)?;
+    Ok(rel_err(&gpu.download_f32(&d_h)?, &want, GEMM_FLOOR))
 }
 
 fn check_linear_backward<T: Elem>(

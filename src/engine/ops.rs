@@ -301,18 +301,122 @@ pub fn linear_forward_into(
             c_in,
             c_out,
         ),
-        On::Gpu(g) => with_elem!(x.dtype(), T => g.linear_forward::<T>(
-            out.cuda_mut(),
-            x.cuda(),
-            w.cuda(),
-            b.map(|b| b.cuda()),
-            n,
-            c_in,
-            c_out,
-            x.pool().gemm_math(),
-        ))?,
+        On::Gpu(g) => {
+            // A decode step's few rows: the tensor-core kernel that reads the weight once.
+            if b.is_none()
+                && few_rows_chosen(n, c_out, c_in, w)
+                && with_elem!(x.dtype(), T => g.few_rows_product::<T>(
+                    out.cuda_mut(), x.cuda(), w.cuda(), n, c_out, c_in, false,
+                ))?
+            {
+                return Ok(());
+            }
+            with_elem!(x.dtype(), T => g.linear_forward::<T>(
+                out.cuda_mut(),
+                x.cuda(),
+                w.cuda(),
+                b.map(|b| b.cuda()),
+                n,
+                c_in,
+                c_out,
+                x.pool().gemm_math(),
+            ))?
+        }
     }
     Ok(())
+}
+
+/// Whether a product of `rows` rows of `k` into `features` outputs by the weight `w` should
+/// take the few-row kernels (whose launchers still decline what they cannot run): where they
+/// beat cuBLAS ([`crate::engine::cuda::few_rows_pay`]), and for weights of up to 16384 rows,
+/// the largest projection of the decoders kiln runs. Wider ones (a vocabulary's logits) stay
+/// with cuBLAS, whose tiles reuse each row across many features where the few-row kernels read
+/// the rows again for every 16.
+fn few_rows_chosen(rows: usize, features: usize, k: usize, w: &Tensor) -> bool {
+    let weight_bytes = w.len() * w.dtype().size_bytes();
+    w.shape()[0] <= 16_384 && crate::engine::cuda::few_rows_pay(rows, features, k, weight_bytes)
+}
+
+/// `y += x @ w^T` in place (`x[.., c_in]`, `w[c_out, c_in]`, `y[.., c_out]` in the activation
+/// dtype): a residual add without a kernel of its own, the product taking `y` as its
+/// accumulate input (cuBLAS's `beta = 1`, or the few-row kernels' epilogue for a decode
+/// step's rows).
+pub fn linear_forward_add(x: &Tensor, w: &Tensor, y: &mut Tensor) -> Result<()> {
+    const OP: &str = "linear_forward_add";
+    let _prof = profile::scope(OP, x);
+    let on = device_of(OP, &[x, w, y])?;
+    let (rows, c_in) = rows_cols(OP, x)?;
+    let c_out = w.shape()[0];
+    expect_len(OP, "weight", w, c_out * c_in)?;
+    expect_len(OP, "output", y, rows * c_out)?;
+    if let On::Gpu(g) = on
+        && y.dtype() == x.dtype()
+        && w.dtype() == x.dtype()
+        && few_rows_chosen(rows, c_out, c_in, w)
+        && with_elem!(x.dtype(), T => g.few_rows_product::<T>(
+            y.cuda_mut(), x.cuda(), w.cuda(), rows, c_out, c_in, true,
+        ))?
+    {
+        return Ok(());
+    }
+    matmul_view(
+        GemmShape::single(false, true, rows, c_out, c_in),
+        [
+            MatrixView::packed(c_in),
+            MatrixView::packed(c_in),
+            MatrixView::packed(c_out),
+        ],
+        1.0,
+        x,
+        w,
+        1.0,
+        y,
+    )
+}
+
+/// `silu(r gate) * (r up)` with `[gate | up] = x @ w^T` (`w[2f, c]`) and `r` each row's
+/// RMSNorm factor `1 / sqrt(mean(x_row^2) + eps)`: the decode step's gate/up projection of the
+/// unnormalised stream `x` (the norm's gain folded into `w`), its norm and SwiGLU. A decode
+/// step's few rows on the GPU take one kernel; otherwise [`linear_forward`] and
+/// [`swiglu_forward_normed`], which are also its reference.
+pub fn linear_swiglu_normed(x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor> {
+    const OP: &str = "linear_swiglu_normed";
+    let _prof = profile::scope(OP, x);
+    let on = device_of(OP, &[x, w])?;
+    let (rows, c) = rows_cols(OP, x)?;
+    let two_f = w.shape()[0];
+    if !two_f.is_multiple_of(2) {
+        return Err(EngineError::Shape {
+            op: OP,
+            detail: format!("a weight of {two_f} rows cannot split into gate and up halves"),
+        });
+    }
+    expect_len(OP, "weight", w, two_f * c)?;
+    let few_rows = matches!(x.device(), Device::Cuda(_))
+        && x.dtype() != DType::F32
+        && w.dtype() == x.dtype()
+        && few_rows_chosen(rows, two_f / 2, c, w);
+    if few_rows {
+        let mut shape = x.shape().to_vec();
+        *shape.last_mut().expect("rows_cols checked rank") = two_f / 2;
+        let mut h = Tensor::uninit(x.pool(), &shape, act_dtype(x))?;
+        match on {
+            // A meta pass standing for a GPU books what the kernel allocates: `h` alone, no
+            // gate/up rows (a GPU older than sm_80, or unaligned buffers, decline below, and
+            // then the call's peak is the gate/up rows more than planned).
+            On::Meta => return Ok(h),
+            On::Gpu(g) => {
+                if with_elem!(x.dtype(), T => g.few_rows_swiglu::<T>(
+                    h.cuda_mut(), x.cuda(), w.cuda(), rows, two_f / 2, c, eps,
+                ))? {
+                    return Ok(h);
+                }
+            }
+            On::Cpu => {}
+        }
+    }
+    let gate_up = linear_forward(x, w, None)?;
+    swiglu_forward_normed(&gate_up, x, eps)
 }
 
 /// A weight gradient for a product's backward to write: added to, or, when `overwrite`, written
@@ -3767,5 +3871,28 @@ mod tests {
             cpu < 40 * 192 * 2 && gpu >= (40 * 192 + 40 * 64) * 2,
             "{cpu} {gpu}"
         );
+    }
+
+    /// The decode step's gate/up, norm and SwiGLU on a GPU's few rows is one kernel with no
+    /// gate/up rows in memory; a meta pass standing for a GPU books the same, and one standing
+    /// for the CPU (or for a GPU's f32, or too many rows) books the gate/up rows too.
+    #[test]
+    fn a_meta_pass_books_the_fused_gate_up_of_a_gpus_few_rows() {
+        let (c, f) = (64, 96);
+        let booked = |device: Device, rows: usize, dtype: DType| {
+            let pool = MemoryPool::meta(device);
+            let x = Tensor::uninit(&pool, &[rows, c], dtype).unwrap();
+            let w = Tensor::uninit(&pool, &[2 * f, c], dtype).unwrap();
+            pool.reset_peak();
+            let before = pool.stats().current;
+            let h = linear_swiglu_normed(&x, &w, 1e-5).unwrap();
+            assert_eq!(h.shape(), [rows, f]);
+            pool.stats().peak - before
+        };
+        let h_bytes = |rows: usize, size: usize| rows * f * size;
+        assert_eq!(booked(Device::Cuda(0), 8, DType::BF16), h_bytes(8, 2));
+        assert!(booked(Device::Cpu, 8, DType::BF16) >= h_bytes(8, 2) * 3);
+        assert!(booked(Device::Cuda(0), 8, DType::F32) >= h_bytes(8, 4) * 3);
+        assert!(booked(Device::Cuda(0), 65, DType::BF16) >= h_bytes(65, 2) * 3);
     }
 }

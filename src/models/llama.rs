@@ -795,9 +795,8 @@ impl Llama {
             drop(qkv);
             block.attn.out.forward_add(&att, &mut x)?;
             drop(att);
-            let gate_up = block.mlp.gate_up.forward(&x)?;
-            let act = ops::swiglu_forward_normed(&gate_up, &x, block.ln2.eps)?;
-            drop(gate_up);
+            let act =
+                ops::linear_swiglu_normed(&x, block.mlp.gate_up.weight.weight(), block.ln2.eps)?;
             block.mlp.down.forward_add(&act, &mut x)?;
         }
         Ok(self.lm.ln_f.forward(&x)?.0)

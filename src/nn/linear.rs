@@ -196,20 +196,7 @@ impl Linear {
                 detail: "only a plain weight adds its product into its output".into(),
             });
         }
-        let (rows, c_in) = ops::rows_cols("linear", x)?;
-        ops::matmul_view(
-            GemmShape::single(false, true, rows, self.c_out, c_in),
-            [
-                MatrixView::packed(c_in),
-                MatrixView::packed(c_in),
-                MatrixView::packed(self.c_out),
-            ],
-            1.0,
-            x,
-            self.weight.weight(),
-            1.0,
-            y,
-        )
+        ops::linear_forward_add(x, self.weight.weight(), y)
     }
 
     /// [`Linear::forward`] with the adapters' outputs written first and the layer's product

@@ -18,6 +18,7 @@ mod cross_entropy;
 mod diversity;
 mod dropout;
 pub mod embedding;
+mod few_rows;
 mod gelu;
 mod gelu_erf;
 mod gemm;
@@ -39,6 +40,7 @@ pub use adamw::{ADAMW_TABLE_BYTES_PER_TENSOR, AdamWSlices, AdamWStep};
 pub use bk_core::BkWork;
 pub use cross_entropy::LogitRows;
 pub use cudarc::driver::CudaEvent;
+pub use few_rows::few_rows_pay;
 pub use gemm::{
     GemmAlgorithms, GemmMath, WORKSPACE_BYTES as GEMM_WORKSPACE_BYTES, gelu_epilogue_fits,
 };
@@ -369,6 +371,7 @@ const PROGRAMS: &[Program] = &[
     swiglu::PROGRAM,
     nf4::PROGRAM,
     diversity::PROGRAM,
+    few_rows::PROGRAM,
 ];
 
 /// How the kernels were obtained at start-up.

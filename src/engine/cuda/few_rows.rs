@@ -1,0 +1,219 @@
+//! Products of a few rows (a decode step's, up to [`FEW_ROWS_MAX`]) on tensor cores, reading
+//! each weight value once: `y = x W^T` written or added into `y`, and the gate/up product fused
+//! with the row's RMSNorm factor and SwiGLU. References: [`crate::engine::cpu::gemm`],
+//! `cpu::rmsnorm::normed_rows` and [`crate::engine::cpu::swiglu`]. The launchers answer
+//! `Ok(false)` for a call the kernels do not take (f32, an older GPU, more rows, widths off
+//! their multiples, unaligned buffers), and the caller runs the general product instead.
+
+use super::{
+    CudaBackend, CudaError, Elem, ElemKernel, Program, Result, as_i32, check_len, raw_ptr,
+};
+use crate::engine::DType;
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+
+pub(super) const PROGRAM: Program = Program {
+    name: "few_rows",
+    source: concat!(
+        include_str!("attention_tc.cu"),
+        include_str!("few_rows.cu"),
+        "\nFEW_ROWS_ENTRY_POINTS(TcBf16, bf16, 1)\nFEW_ROWS_ENTRY_POINTS(TcBf16, bf16, 2)\n",
+        "FEW_ROWS_ENTRY_POINTS(TcF16, f16, 1)\nFEW_ROWS_ENTRY_POINTS(TcF16, f16, 2)\n",
+    ),
+    kernels: &[],
+    elem_kernels: &[
+        ElemKernel::FewRowsProductX1,
+        ElemKernel::FewRowsProductX2,
+        ElemKernel::FewRowsSwigluX1,
+        ElemKernel::FewRowsSwigluX2,
+    ],
+    dtypes: &[DType::BF16, DType::F16],
+};
+
+/// The most rows the kernels take (a decode batch of 64).
+pub const FEW_ROWS_MAX: usize = 64;
+/// Output features a block owns, and the multiple the widths must be.
+const FEATURES: usize = 16;
+/// The k values a warp takes at a time, and the multiple `k` must be.
+const CHUNK: usize = 32;
+/// Threads a block (few_rows.cu's `FewRowsShape::warps` times 32).
+const THREADS: u32 = 256;
+/// Calls of more than 16 rows take more blocks per feature tile, each reading the tile's
+/// weight again, from L2 while the weight stays there. Measured at 64 rows on an H200: 5% faster
+/// than cuBLAS end to end with SmolLM2-135M's weights (3.4 MiB at most), 38% slower with
+/// Llama-3.2-1B's (8 to 64 MiB); so such calls take the kernels only for weights up to 4 MiB.
+const GROUPED_WEIGHT_BYTES: usize = 4 << 20;
+
+/// Whether a product of `rows` rows of `k` into `features` outputs has the kernels' shape
+/// (16-bit operands on sm_80 or newer and aligned buffers aside, which the launchers check)
+/// and runs faster there than in cuBLAS (see [`GROUPED_WEIGHT_BYTES`]) against a weight of
+/// `weight_bytes`: the callers' choice, kept apart from what the launchers take, so that
+/// every shape they take can be checked.
+pub fn few_rows_pay(rows: usize, features: usize, k: usize, weight_bytes: usize) -> bool {
+    let (_, groups) = row_tiles(rows);
+    (1..=FEW_ROWS_MAX).contains(&rows)
+        && features > 0
+        && features.is_multiple_of(FEATURES)
+        && k > 0
+        && k.is_multiple_of(CHUNK)
+        && (groups == 1 || weight_bytes <= GROUPED_WEIGHT_BYTES)
+}
+
+/// The kernels' row tiles of 8 a block (1 for up to 8 rows, else 2) and the blocks of each
+/// feature tile for `rows` rows.
+fn row_tiles(rows: usize) -> (usize, usize) {
+    let xt = if rows <= 8 { 1 } else { 2 };
+    (xt, rows.div_ceil(8 * xt))
+}
+
+impl CudaBackend {
+    /// Whether a product of `rows` rows of `k` into `features` outputs in `T` fits the
+    /// kernels' shapes on this GPU (the buffers' alignment is checked at launch). Whether the
+    /// kernels pay for it is [`few_rows_pay`]'s question.
+    fn few_rows_fit<T: Elem>(&self, rows: usize, features: usize, k: usize) -> bool {
+        T::DTYPE != DType::F32 && self.info.arch() >= 80 && few_rows_pay(rows, features, k, 0)
+    }
+
+    fn few_rows_aligned<T>(&self, bufs: [&CudaSlice<T>; 3]) -> bool {
+        bufs.iter().all(|b| raw_ptr(b, &self.stream) % 16 == 0)
+    }
+
+    /// `y[rows, n] = x[rows, k] w[n, k]^T`, or `+=` with `accumulate` (f32 sums, one
+    /// rounding). `Ok(false)`: not taken (see the module's note), nothing written.
+    #[allow(clippy::too_many_arguments)]
+    pub fn few_rows_product<T: Elem>(
+        &self,
+        y: &mut CudaSlice<T>,
+        x: &CudaSlice<T>,
+        w: &CudaSlice<T>,
+        rows: usize,
+        n: usize,
+        k: usize,
+        accumulate: bool,
+    ) -> Result<bool> {
+        const OP: &str = "few_rows_product";
+        if !self.few_rows_fit::<T>(rows, n, k) || !self.few_rows_aligned([y, x, w]) {
+            return Ok(false);
+        }
+        check_len(OP, "y", y, rows * n)?;
+        check_len(OP, "x", x, rows * k)?;
+        check_len(OP, "w", w, n * k)?;
+        let (xt, groups) = row_tiles(rows);
+        let kernel = if xt == 1 {
+            ElemKernel::FewRowsProductX1
+        } else {
+            ElemKernel::FewRowsProductX2
+        };
+        let func = self.elem_function::<T>(kernel)?;
+        let (m32, n32, k32) = (
+            as_i32(OP, "rows", rows)?,
+            as_i32(OP, "n", n)?,
+            as_i32(OP, "k", k)?,
+        );
+        let acc = i32::from(accumulate);
+        let mut b = self.stream.launch_builder(func);
+        b.arg(y)
+            .arg(x)
+            .arg(w)
+            .arg(&m32)
+            .arg(&n32)
+            .arg(&k32)
+            .arg(&acc);
+        let cfg = LaunchConfig {
+            grid_dim: (blocks(OP, n, groups)?, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: lengths checked above; every buffer starts on 16 bytes and k is a multiple
+        // of 32, so each 16-byte load lies inside its row; each block writes its 16 features
+        // of its own rows, below `rows` only; y is distinct from x and w (a &mut).
+        unsafe { b.launch(cfg) }?;
+        Ok(true)
+    }
+
+    /// `h[rows, f] = silu(r gate) * (r up)`, `[gate | up] = x[rows, k] w[2f, k]^T`, `r` the
+    /// RMSNorm factor `1 / sqrt(mean(x_row^2) + eps)` of each row of `x` itself (the gain is
+    /// folded into `w`): the decode step's gate/up product, norm and SwiGLU in one kernel.
+    /// `Ok(false)`: not taken, nothing written.
+    #[allow(clippy::too_many_arguments)]
+    pub fn few_rows_swiglu<T: Elem>(
+        &self,
+        h: &mut CudaSlice<T>,
+        x: &CudaSlice<T>,
+        w: &CudaSlice<T>,
+        rows: usize,
+        f: usize,
+        k: usize,
+        eps: f32,
+    ) -> Result<bool> {
+        const OP: &str = "few_rows_swiglu";
+        if !self.few_rows_fit::<T>(rows, f, k) || !self.few_rows_aligned([h, x, w]) {
+            return Ok(false);
+        }
+        check_len(OP, "h", h, rows * f)?;
+        check_len(OP, "x", x, rows * k)?;
+        check_len(OP, "w", w, 2 * f * k)?;
+        let (xt, groups) = row_tiles(rows);
+        let kernel = if xt == 1 {
+            ElemKernel::FewRowsSwigluX1
+        } else {
+            ElemKernel::FewRowsSwigluX2
+        };
+        let func = self.elem_function::<T>(kernel)?;
+        let (m32, f32_, k32) = (
+            as_i32(OP, "rows", rows)?,
+            as_i32(OP, "f", f)?,
+            as_i32(OP, "k", k)?,
+        );
+        let mut b = self.stream.launch_builder(func);
+        b.arg(h)
+            .arg(x)
+            .arg(w)
+            .arg(&m32)
+            .arg(&f32_)
+            .arg(&k32)
+            .arg(&eps);
+        let cfg = LaunchConfig {
+            grid_dim: (blocks(OP, f, groups)?, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: as few_rows_product, with w holding the 2f rows of both halves.
+        unsafe { b.launch(cfg) }?;
+        Ok(true)
+    }
+}
+
+/// `groups` blocks (of rows) per 16 output features.
+fn blocks(op: &'static str, features: usize, groups: usize) -> Result<u32> {
+    u32::try_from(features / FEATURES * groups).map_err(|_| CudaError::Shape {
+        op,
+        detail: format!("{features} output features in {groups} groups of rows"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Row tiles a block and blocks a feature tile, by rows.
+    #[test]
+    fn row_tiles_split_rows_into_blocks_of_8_or_16() {
+        assert_eq!(row_tiles(1), (1, 1));
+        assert_eq!(row_tiles(8), (1, 1));
+        assert_eq!(row_tiles(9), (2, 1));
+        assert_eq!(row_tiles(17), (2, 2));
+        assert_eq!(row_tiles(64), (2, 4));
+    }
+
+    /// Up to 16 rows always pay; more only against weights that stay in L2.
+    #[test]
+    fn many_rows_pay_only_against_small_weights() {
+        assert!(few_rows_pay(16, 2048, 8192, 32 << 20));
+        assert!(few_rows_pay(64, 3072, 576, 3 << 20));
+        assert!(!few_rows_pay(17, 2048, 2048, 8 << 20));
+        assert!(!few_rows_pay(65, 16, 32, 1 << 10));
+        // Shapes off the kernels' multiples.
+        assert!(!few_rows_pay(1, 24, 64, 0));
+        assert!(!few_rows_pay(1, 16, 48, 0));
+    }
+}
