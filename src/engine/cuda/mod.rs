@@ -747,6 +747,7 @@ fn load_programs(ctx: &Arc<CudaContext>, arch: u32) -> Result<(Functions, Compil
     // NVRTC compiles one program per thread: a first start costs the slowest program, not
     // the sum (several seconds each for the attention and layernorm programs).
     let sources: Vec<String> = PROGRAMS.iter().map(Program::full_source).collect();
+    note_first_start(&sources, arch, cache.as_deref());
     let compiled: Vec<Result<nvrtc::Compiled>> = std::thread::scope(|s| {
         let handles: Vec<_> = PROGRAMS
             .iter()
@@ -790,6 +791,27 @@ fn load_programs(ctx: &Arc<CudaContext>, arch: u32) -> Result<(Functions, Compil
     }
     report.elapsed = start.elapsed();
     Ok((functions, report))
+}
+
+/// Says on standard error, before a start that has programs to compile, that it will take a
+/// while and why: the slowest program takes about a minute, which looks like a hang otherwise.
+fn note_first_start(sources: &[String], arch: u32, cache: Option<&std::path::Path>) {
+    let uncached = PROGRAMS
+        .iter()
+        .zip(sources)
+        .filter(|(p, source)| !nvrtc::is_cached(p.name, source, arch, cache))
+        .count();
+    if uncached > 0 {
+        let kept = cache.map_or_else(
+            || " (no cache directory: every start compiles)".to_string(),
+            |d| format!("; kept in {} for the next start", d.display()),
+        );
+        eprintln!(
+            "note: compiling {uncached} of {} GPU kernel programs for sm_{arch}, as on the first \
+             start with a new GPU, NVRTC or kiln build: about a minute{kept}",
+            PROGRAMS.len()
+        );
+    }
 }
 
 /// Checks a buffer holds at least `want` elements; kernels index it blindly.
@@ -864,10 +886,13 @@ mod tests {
             .flat_map(|arch| PROGRAMS.iter().map(move |p| (arch, p)))
             .collect();
         jobs.par_iter().for_each(|&(arch, p)| {
-            let first = nvrtc::compile(p.name, &p.full_source(), arch, Some(cache.path()))
+            let source = p.full_source();
+            assert!(!nvrtc::is_cached(p.name, &source, arch, Some(cache.path())));
+            let first = nvrtc::compile(p.name, &source, arch, Some(cache.path()))
                 .unwrap_or_else(|e| panic!("{e}"));
             assert!(!first.from_cache && !first.cubin.is_empty());
-            let again = nvrtc::compile(p.name, &p.full_source(), arch, Some(cache.path())).unwrap();
+            assert!(nvrtc::is_cached(p.name, &source, arch, Some(cache.path())));
+            let again = nvrtc::compile(p.name, &source, arch, Some(cache.path())).unwrap();
             assert!(again.from_cache && again.cubin == first.cubin);
         });
     }

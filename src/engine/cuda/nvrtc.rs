@@ -80,14 +80,7 @@ pub fn compile(
     cache: Option<&Path>,
 ) -> Result<Compiled, CudaError> {
     let arch_opt = arch_option(name, arch);
-    let (major, minor) = nvrtc_version()?;
-    let key = fnv1a(&[
-        source.as_bytes(),
-        OPTIONS.join(" ").as_bytes(),
-        arch_opt.as_bytes(),
-        format!("nvrtc {major}.{minor}").as_bytes(),
-    ]);
-    let cached = cache.map(|d| d.join(format!("{name}-sm{arch}-{key:016x}.cubin")));
+    let cached = cache_path(name, source, arch, cache)?;
     if let Some(bytes) = cached.as_deref().and_then(|p| std::fs::read(p).ok()) {
         return Ok(Compiled {
             cubin: bytes,
@@ -104,6 +97,29 @@ pub fn compile(
         cubin,
         from_cache: false,
     })
+}
+
+/// The file under `cache` that holds the CUBIN of `source` for `sm_{arch}` (none without a
+/// cache directory). Its name carries the key: source, options, target and NVRTC version.
+fn cache_path(
+    name: &str,
+    source: &str,
+    arch: u32,
+    cache: Option<&Path>,
+) -> Result<Option<PathBuf>, CudaError> {
+    let (major, minor) = nvrtc_version()?;
+    let key = fnv1a(&[
+        source.as_bytes(),
+        OPTIONS.join(" ").as_bytes(),
+        arch_option(name, arch).as_bytes(),
+        format!("nvrtc {major}.{minor}").as_bytes(),
+    ]);
+    Ok(cache.map(|d| d.join(format!("{name}-sm{arch}-{key:016x}.cubin"))))
+}
+
+/// Whether [`compile`] would read `source` from the cache instead of compiling it.
+pub fn is_cached(name: &str, source: &str, arch: u32, cache: Option<&Path>) -> bool {
+    matches!(cache_path(name, source, arch, cache), Ok(Some(p)) if p.is_file())
 }
 
 /// Forgets a cached CUBIN the driver refused, so the next start recompiles it.
