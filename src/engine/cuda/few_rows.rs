@@ -73,8 +73,56 @@ impl CudaBackend {
         T::DTYPE != DType::F32 && self.info.arch() >= 80 && few_rows_pay(rows, features, k, 0)
     }
 
-    fn few_rows_aligned<T>(&self, bufs: [&CudaSlice<T>; 3]) -> bool {
-        bufs.iter().all(|b| raw_ptr(b, &self.stream) % 16 == 0)
+    /// The launch both forms share: `out[rows, features]` from `x[rows, k]` and the weight
+    /// `w` of `weight_rows` rows, one of `kernels` (a block of 8 rows, of 16) by the rows, with
+    /// the form's last argument. `Ok(false)`: not taken (see the module's note), nothing
+    /// written.
+    #[allow(clippy::too_many_arguments)]
+    fn few_rows_launch<T: Elem, A: cudarc::driver::DeviceRepr>(
+        &self,
+        op: &'static str,
+        kernels: [ElemKernel; 2],
+        out: &mut CudaSlice<T>,
+        x: &CudaSlice<T>,
+        w: &CudaSlice<T>,
+        (rows, features, k, weight_rows): (usize, usize, usize, usize),
+        last: A,
+    ) -> Result<bool> {
+        let aligned = [&*out, x, w]
+            .iter()
+            .all(|b| raw_ptr(b, &self.stream) % 16 == 0);
+        if !self.few_rows_fit::<T>(rows, features, k) || !aligned {
+            return Ok(false);
+        }
+        check_len(op, "out", out, rows * features)?;
+        check_len(op, "x", x, rows * k)?;
+        check_len(op, "w", w, weight_rows * k)?;
+        let (xt, groups) = row_tiles(rows);
+        let func = self.elem_function::<T>(kernels[usize::from(xt != 1)])?;
+        let (m32, n32, k32) = (
+            as_i32(op, "rows", rows)?,
+            as_i32(op, "features", features)?,
+            as_i32(op, "k", k)?,
+        );
+        let mut b = self.stream.launch_builder(func);
+        b.arg(out)
+            .arg(x)
+            .arg(w)
+            .arg(&m32)
+            .arg(&n32)
+            .arg(&k32)
+            .arg(&last);
+        let cfg = LaunchConfig {
+            grid_dim: (blocks(op, features, groups)?, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: lengths checked above (the weight holds `weight_rows` rows of k); every
+        // buffer starts on 16 bytes and k is a multiple of 32, so each 16-byte load lies
+        // inside its row; each block writes its 16 features of its own rows, below `rows`
+        // only; `out` is distinct from x and w (a &mut).
+        unsafe { b.launch(cfg) }?;
+        Ok(true)
     }
 
     /// `y[rows, n] = x[rows, k] w[n, k]^T`, or `+=` with `accumulate` (f32 sums, one
@@ -90,44 +138,10 @@ impl CudaBackend {
         k: usize,
         accumulate: bool,
     ) -> Result<bool> {
-        const OP: &str = "few_rows_product";
-        if !self.few_rows_fit::<T>(rows, n, k) || !self.few_rows_aligned([y, x, w]) {
-            return Ok(false);
-        }
-        check_len(OP, "y", y, rows * n)?;
-        check_len(OP, "x", x, rows * k)?;
-        check_len(OP, "w", w, n * k)?;
-        let (xt, groups) = row_tiles(rows);
-        let kernel = if xt == 1 {
-            ElemKernel::FewRowsProductX1
-        } else {
-            ElemKernel::FewRowsProductX2
-        };
-        let func = self.elem_function::<T>(kernel)?;
-        let (m32, n32, k32) = (
-            as_i32(OP, "rows", rows)?,
-            as_i32(OP, "n", n)?,
-            as_i32(OP, "k", k)?,
-        );
+        let kernels = [ElemKernel::FewRowsProductX1, ElemKernel::FewRowsProductX2];
+        let shape = (rows, n, k, n);
         let acc = i32::from(accumulate);
-        let mut b = self.stream.launch_builder(func);
-        b.arg(y)
-            .arg(x)
-            .arg(w)
-            .arg(&m32)
-            .arg(&n32)
-            .arg(&k32)
-            .arg(&acc);
-        let cfg = LaunchConfig {
-            grid_dim: (blocks(OP, n, groups)?, 1, 1),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: lengths checked above; every buffer starts on 16 bytes and k is a multiple
-        // of 32, so each 16-byte load lies inside its row; each block writes its 16 features
-        // of its own rows, below `rows` only; y is distinct from x and w (a &mut).
-        unsafe { b.launch(cfg) }?;
-        Ok(true)
+        self.few_rows_launch("few_rows_product", kernels, y, x, w, shape, acc)
     }
 
     /// `h[rows, f] = silu(r gate) * (r up)`, `[gate | up] = x[rows, k] w[2f, k]^T`, `r` the
@@ -145,41 +159,16 @@ impl CudaBackend {
         k: usize,
         eps: f32,
     ) -> Result<bool> {
-        const OP: &str = "few_rows_swiglu";
-        if !self.few_rows_fit::<T>(rows, f, k) || !self.few_rows_aligned([h, x, w]) {
-            return Ok(false);
-        }
-        check_len(OP, "h", h, rows * f)?;
-        check_len(OP, "x", x, rows * k)?;
-        check_len(OP, "w", w, 2 * f * k)?;
-        let (xt, groups) = row_tiles(rows);
-        let kernel = if xt == 1 {
-            ElemKernel::FewRowsSwigluX1
-        } else {
-            ElemKernel::FewRowsSwigluX2
-        };
-        let func = self.elem_function::<T>(kernel)?;
-        let (m32, f32_, k32) = (
-            as_i32(OP, "rows", rows)?,
-            as_i32(OP, "f", f)?,
-            as_i32(OP, "k", k)?,
-        );
-        let mut b = self.stream.launch_builder(func);
-        b.arg(h)
-            .arg(x)
-            .arg(w)
-            .arg(&m32)
-            .arg(&f32_)
-            .arg(&k32)
-            .arg(&eps);
-        let cfg = LaunchConfig {
-            grid_dim: (blocks(OP, f, groups)?, 1, 1),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: as few_rows_product, with w holding the 2f rows of both halves.
-        unsafe { b.launch(cfg) }?;
-        Ok(true)
+        let kernels = [ElemKernel::FewRowsSwigluX1, ElemKernel::FewRowsSwigluX2];
+        self.few_rows_launch(
+            "few_rows_swiglu",
+            kernels,
+            h,
+            x,
+            w,
+            (rows, f, k, 2 * f),
+            eps,
+        )
     }
 }
 
