@@ -978,6 +978,22 @@ fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
         let r = check_few_rows_swiglu::<F16>(gpu, inp, rows, k, f);
         push("few_rows_swiglu", "f16", shape, BOUND_F16, r);
     }
+    // The decode MLP's chain (fused gate/up, then the down product added into the stream),
+    // three layers, launched overlapped where the GPU can (engine/cuda/overlap.rs): the same
+    // bits as plain launches, and the CPU's chain within the bound.
+    for (rows, k, f) in [(1, 576, 1536), (64, 576, 1536), (8, 2048, 8192)] {
+        let shape = format!("3 x {rows}x{k}->2x{f}->{k}");
+        let r = check_overlapped_chain::<Bf16>(gpu, inp, rows, k, f);
+        push(
+            "few_rows chain (overlapped)",
+            "bf16",
+            shape.clone(),
+            BOUND_BF16,
+            r,
+        );
+        let r = check_overlapped_chain::<F16>(gpu, inp, rows, k, f);
+        push("few_rows chain (overlapped)", "f16", shape, BOUND_F16, r);
+    }
     // A product with the GELU in its epilogue, and the backward through it: GPT-2's MLP
     // (768 -> 3072 and back), a shape whose widths are multiples of 8 (the epilogue's), and one
     // whose are not (the separate kernels).
@@ -4056,6 +4072,72 @@ fn check_few_rows_swiglu<T: Elem>(
     let taken = gpu.few_rows_swiglu(&mut d_h, &d_x, &d_w, rows, f, k, eps)?;
     few_rows_taken("few_rows_swiglu", taken)?;
     Ok(rel_err(&gpu.download_f32(&d_h)?, &want, GEMM_FLOOR))
+}
+
+/// Three decode MLP layers in a row (`h = swiglu(norm(x) [gate | up])`, `x += h down^T`), each
+/// kernel reading the one before's output: launched overlapped they must give the bits of plain
+/// launches (an input read before the previous kernel finished would differ), and both the
+/// CPU's chain, rounded to `T` where the GPU stores.
+fn check_overlapped_chain<T: Elem>(
+    gpu: &CudaBackend,
+    inp: &mut Inputs,
+    rows: usize,
+    k: usize,
+    f: usize,
+) -> Check {
+    const LAYERS: usize = 3;
+    let d = T::DTYPE;
+    let eps = 1e-5;
+    let x0 = inp.uniform(rows * k, 1.0, d);
+    // Weights scaled so the stream stays of order one through the layers.
+    let layers: Vec<(Vec<f32>, Vec<f32>)> = (0..LAYERS)
+        .map(|_| {
+            let gate_up = inp.uniform(2 * f * k, 1.0 / (k as f32).sqrt(), d);
+            let down = inp.uniform(k * f, 1.0 / (f as f32).sqrt(), d);
+            (gate_up, down)
+        })
+        .collect();
+    let mut want = x0.clone();
+    for (gate_up, down) in &layers {
+        let mut gu = vec![0.0; rows * 2 * f];
+        cpu::gemm::linear_forward(&mut gu, &want, gate_up, None, rows, k, 2 * f);
+        let normed = cpu::rmsnorm::normed_rows(&gu, 2 * f, &want, k, eps, None);
+        let mut h = vec![0.0; rows * f];
+        cpu::swiglu::swiglu_forward(&mut h, &normed, f);
+        d.round_slice(&mut h);
+        let mut y = vec![0.0; rows * k];
+        cpu::gemm::linear_forward(&mut y, &h, down, None, rows, f, k);
+        want.iter_mut()
+            .zip(&y)
+            .for_each(|(w, y)| *w = d.round(*w + y));
+    }
+    let weights = layers
+        .iter()
+        .map(|(gu, dn)| Ok((gpu.upload_as::<T>(gu)?, gpu.upload_as::<T>(dn)?)))
+        .collect::<std::result::Result<Vec<_>, CudaError>>()?;
+    let run = |overlapped: bool| -> std::result::Result<Vec<f32>, CudaError> {
+        let _overlap = overlapped.then(|| gpu.overlapped());
+        let mut x = gpu.upload_as::<T>(&x0)?;
+        let mut h = poisoned::<T>(gpu, rows * f)?;
+        for (gate_up, down) in &weights {
+            let taken = gpu.few_rows_swiglu(&mut h, &x, gate_up, rows, f, k, eps)?;
+            few_rows_taken("few_rows_swiglu", taken)?;
+            let taken = gpu.few_rows_product(&mut x, &h, down, rows, k, f, true)?;
+            few_rows_taken("few_rows_product", taken)?;
+        }
+        gpu.download_f32(&x)
+    };
+    let (plain, overlapped) = (run(false)?, run(true)?);
+    if let Some(i) = (0..plain.len()).find(|&i| plain[i].to_bits() != overlapped[i].to_bits()) {
+        return Err(CudaError::Shape {
+            op: "few_rows chain (overlapped)",
+            detail: format!(
+                "overlapped launches gave {} at {i}, plain ones {}",
+                overlapped[i], plain[i]
+            ),
+        });
+    }
+    Ok(rel_err(&overlapped, &want, GEMM_FLOOR))
 }
 
 fn check_linear_backward<T: Elem>(

@@ -380,9 +380,22 @@ pub fn linear_forward_add(x: &Tensor, w: &Tensor, y: &mut Tensor) -> Result<()> 
 /// step's few rows on the GPU take one kernel; otherwise [`linear_forward`] and
 /// [`swiglu_forward_normed`], which are also its reference.
 pub fn linear_swiglu_normed(x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor> {
+    let mut shape = x.shape().to_vec();
+    if let Some(last) = shape.last_mut() {
+        *last = w.shape()[0] / 2;
+    }
+    let mut h = Tensor::uninit(x.pool(), &shape, act_dtype(x))?;
+    linear_swiglu_normed_into(&mut h, x, w, eps)?;
+    Ok(h)
+}
+
+/// [`linear_swiglu_normed`] into `h` (`[.., f]` in the activation dtype of `x`): a decode
+/// step that keeps its buffers, so that its kernels follow each other with no allocation
+/// between them.
+pub fn linear_swiglu_normed_into(h: &mut Tensor, x: &Tensor, w: &Tensor, eps: f32) -> Result<()> {
     const OP: &str = "linear_swiglu_normed";
     let _prof = profile::scope(OP, x);
-    let on = device_of(OP, &[x, w])?;
+    let on = device_of(OP, &[x, w, h])?;
     let (rows, c) = rows_cols(OP, x)?;
     let two_f = w.shape()[0];
     if !two_f.is_multiple_of(2) {
@@ -392,31 +405,39 @@ pub fn linear_swiglu_normed(x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor> 
         });
     }
     expect_len(OP, "weight", w, two_f * c)?;
+    expect_len(OP, "output", h, rows * two_f / 2)?;
+    if h.dtype() != act_dtype(x) {
+        return Err(EngineError::Shape {
+            op: OP,
+            detail: format!(
+                "an output of {:?} for an input computing in {:?}",
+                h.dtype(),
+                act_dtype(x)
+            ),
+        });
+    }
     let few_rows = matches!(x.device(), Device::Cuda(_))
         && x.dtype() != DType::F32
         && w.dtype() == x.dtype()
         && few_rows_chosen(rows, two_f / 2, c, w);
     if few_rows {
-        let mut shape = x.shape().to_vec();
-        *shape.last_mut().expect("rows_cols checked rank") = two_f / 2;
-        let mut h = Tensor::uninit(x.pool(), &shape, act_dtype(x))?;
         match on {
-            // A meta pass standing for a GPU books what the kernel allocates: `h` alone, no
-            // gate/up rows (a GPU older than sm_80, or unaligned buffers, decline below, and
+            // A meta pass standing for a GPU books what the kernel allocates: nothing past `h`,
+            // no gate/up rows (a GPU older than sm_80, or unaligned buffers, decline below, and
             // then the call's peak is the gate/up rows more than planned).
-            On::Meta => return Ok(h),
+            On::Meta => return Ok(()),
             On::Gpu(g) => {
                 if with_elem!(x.dtype(), T => g.few_rows_swiglu::<T>(
                     h.cuda_mut(), x.cuda(), w.cuda(), rows, two_f / 2, c, eps,
                 ))? {
-                    return Ok(h);
+                    return Ok(());
                 }
             }
             On::Cpu => {}
         }
     }
     let gate_up = linear_forward(x, w, None)?;
-    swiglu_forward_normed(&gate_up, x, eps)
+    swiglu_forward_normed_into(h, &gate_up, x, eps)
 }
 
 /// A weight gradient for a product's backward to write: added to, or, when `overwrite`, written
@@ -2536,9 +2557,25 @@ pub fn swiglu_forward(gate_up: &Tensor) -> Result<Tensor> {
 /// through a weight with its RMSNorm gain folded in: both halves of each row are first scaled
 /// by `1 / sqrt(mean(x_row^2) + eps)` (see [`kv_append_normed_at`]).
 pub fn swiglu_forward_normed(gate_up: &Tensor, x: &Tensor, eps: f32) -> Result<Tensor> {
+    let mut shape = gate_up.shape().to_vec();
+    if let Some(last) = shape.last_mut() {
+        *last /= 2;
+    }
+    let mut h = Tensor::uninit(gate_up.pool(), &shape, act_dtype(gate_up))?;
+    swiglu_forward_normed_into(&mut h, gate_up, x, eps)?;
+    Ok(h)
+}
+
+/// [`swiglu_forward_normed`] into `h` (`[rows, f]` in the activation dtype of `gate_up`).
+pub fn swiglu_forward_normed_into(
+    h: &mut Tensor,
+    gate_up: &Tensor,
+    x: &Tensor,
+    eps: f32,
+) -> Result<()> {
     const OP: &str = "swiglu_forward_normed";
     let _prof = profile::scope(OP, gate_up);
-    let on = device_of(OP, &[gate_up, x])?;
+    let on = device_of(OP, &[gate_up, x, h])?;
     let (rows, two_f) = rows_cols(OP, gate_up)?;
     if !two_f.is_multiple_of(2) {
         return Err(EngineError::Shape {
@@ -2547,9 +2584,17 @@ pub fn swiglu_forward_normed(gate_up: &Tensor, x: &Tensor, eps: f32) -> Result<T
         });
     }
     let c = norm_width(OP, Some((x, eps)), rows)?;
-    let mut shape = gate_up.shape().to_vec();
-    *shape.last_mut().expect("rows_cols checked rank") = two_f / 2;
-    let mut h = Tensor::uninit(gate_up.pool(), &shape, act_dtype(gate_up))?;
+    expect_len(OP, "output", h, rows * two_f / 2)?;
+    if h.dtype() != act_dtype(gate_up) {
+        return Err(EngineError::Shape {
+            op: OP,
+            detail: format!(
+                "an output of {:?} for an input computing in {:?}",
+                h.dtype(),
+                act_dtype(gate_up)
+            ),
+        });
+    }
     match on {
         On::Meta => {}
         On::Cpu => {
@@ -2569,7 +2614,7 @@ pub fn swiglu_forward_normed(gate_up: &Tensor, x: &Tensor, eps: f32) -> Result<T
             ))?
         }
     }
-    Ok(h)
+    Ok(())
 }
 
 /// The gradient of both halves of `gate_up` from `dh`.
@@ -3183,16 +3228,44 @@ pub fn cache_attention_append_at(
     distinct_slots: bool,
     c: CacheShape,
 ) -> Result<Tensor> {
-    const OP: &str = "cache_attention_append";
-    let on = {
-        let mut all = vec![qkv, x, &*k_cache, &*v_cache, cos, sin];
-        all.extend(bias);
-        device_of(OP, &all)?
-    };
     if !distinct_slots {
         let q = kv_append_normed_at(qkv, x, eps, bias, k_cache, v_cache, rows, cos, sin, s, c)?;
         return cache_attention_at(&q, k_cache, v_cache, rows, s.heads, window, longest, c);
     }
+    let shape = [s.rows, s.heads * s.head_dim];
+    let mut out = Tensor::uninit(qkv.pool(), &shape, act_dtype(qkv))?;
+    let cache = (k_cache, v_cache);
+    cache_attention_append_into(
+        &mut out, qkv, x, eps, bias, cache, rows, cos, sin, s, window, longest, c,
+    )?;
+    Ok(out)
+}
+
+/// [`cache_attention_append_at`] of a decode step (rows naming distinct slots) into `out`
+/// (`[rows, H D]` in the activation dtype): a step that keeps its buffers, so that its kernels
+/// follow each other with no allocation between them.
+#[allow(clippy::too_many_arguments)]
+pub fn cache_attention_append_into(
+    out: &mut Tensor,
+    qkv: &Tensor,
+    x: &Tensor,
+    eps: f32,
+    bias: Option<&Tensor>,
+    (k_cache, v_cache): (&mut Tensor, &mut Tensor),
+    rows: &CacheRows,
+    cos: &Tensor,
+    sin: &Tensor,
+    s: RopeShape,
+    window: usize,
+    longest: usize,
+    c: CacheShape,
+) -> Result<()> {
+    const OP: &str = "cache_attention_append";
+    let on = {
+        let mut all = vec![qkv, x, &*k_cache, &*v_cache, cos, sin, &*out];
+        all.extend(bias);
+        device_of(OP, &all)?
+    };
     let (slot, pos) = (rows.slot, rows.pos);
     let _prof = profile::scope(OP, qkv);
     let norm = Some((x, eps));
@@ -3208,10 +3281,16 @@ pub fn cache_attention_append_at(
             ),
         });
     }
+    let dtype = act_dtype(qkv);
+    expect_len(OP, "output", out, s.rows * s.heads * s.head_dim)?;
+    if out.dtype() != dtype {
+        return Err(EngineError::Shape {
+            op: OP,
+            detail: format!("an output of {:?} for queries in {dtype:?}", out.dtype()),
+        });
+    }
     // Only the output is booked, on every device: the GPU kernel never stores the queries,
     // and the CPU keeps them outside the pool, so a meta pool's plan is each device's peak.
-    let dtype = act_dtype(qkv);
-    let mut out = Tensor::uninit(qkv.pool(), &[s.rows, s.heads * s.head_dim], dtype)?;
     if matches!(on, On::Meta) {
         // A GPU call of many blocks runs the two kernels, its queries taken from the driver.
         meta_scratch(qkv, out.len() * dtype.size_bytes());
@@ -3257,7 +3336,7 @@ pub fn cache_attention_append_at(
             c,
         ))?;
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Copies positions `0..len` of cache slot `from` into slot `to` (samples sharing a prompt's

@@ -41,6 +41,7 @@ pub use sampling::{Sampling, log_prob, sample};
 use crate::data::Tokenizer;
 use crate::engine::Tensor;
 use crate::engine::cpu::sampling::{HostSlots, draw_bits, mark, mask_words, sample_row};
+use crate::engine::cuda::CudaBackend;
 use crate::engine::ops::{self, DrawnRead, Ids, SlotState, StepRows};
 use crate::engine::rng::hash3;
 use crate::error::{KilnError, Result};
@@ -540,6 +541,10 @@ fn cached(
         SlotState::Gpu(g, _, _) if o.cuda_graphs => Some(graph::StepGraphs::new(g.clone())),
         _ => None,
     };
+    let gpu = match &eng.st {
+        SlotState::Gpu(g, _, _) => Some(g.clone()),
+        _ => None,
+    };
     // The rows of the current step and their logits, rebuilt when the row count changes.
     let mut step_rows: Option<(StepRows, Tensor)> = None;
     let mut rows_of: Vec<u32> = Vec::new();
@@ -627,6 +632,8 @@ fn cached(
         let bound = graph::attention_bound(longest, max_len);
         let Engine { cache, st, .. } = &mut eng;
         let mut step = || -> crate::engine::Result<()> {
+            // A decode step's chain of kernels may overlap (engine/cuda/overlap.rs).
+            let _overlapped = gpu.as_deref().map(CudaBackend::overlapped);
             ops::gather_step_rows(st, r)?;
             d.decode_into(
                 cache,

@@ -770,35 +770,49 @@ impl Llama {
         let mut x = ops::token_embedding_at(r.tokens, 1, rows, self.lm.embed.weight())?
             .reshaped(&[rows, self.cfg.d_model]);
         let at = ops::CacheRows::new(&x, r.slot, r.pos, c.head_dim)?;
+        // The layers' outputs live through the loop, so that a step's kernels follow one
+        // another with no allocation between them (which lets them overlap on a GPU that can:
+        // see engine/cuda/overlap.rs).
+        let dtype = ops::activation_dtype(x.device(), x.dtype());
+        let buffer = |width: usize| Tensor::uninit(x.pool(), &[rows, width], dtype);
+        let mut qkv = buffer(rs.qkv_width())?;
+        let mut att = buffer(rs.heads * rs.head_dim)?;
+        let mut act = buffer(self.cfg.ffn_hidden)?;
         for (l, block) in self.lm.blocks.iter().enumerate() {
             let (k, v) = &mut cache.layers[l];
+            ops::linear_forward_into(&mut qkv, &x, block.attn.qkv.weight.weight(), None)?;
             // The bias, if any, is the append's to add after the row factor.
-            let qkv = ops::linear_forward(&x, block.attn.qkv.weight.weight(), None)?;
             let bias = block.attn.qkv.bias.as_ref().map(Param::weight);
             let (cos, sin) = (&self.rotary.cos, &self.rotary.sin);
-            let att = ops::cache_attention_append_at(
-                &qkv,
-                &x,
-                block.ln1.eps,
-                bias,
-                k,
-                v,
-                &at,
-                cos,
-                sin,
-                rs,
-                block.attn.window,
-                r.longest,
-                r.distinct_slots,
-                c,
-            )?;
-            drop(qkv);
+            let eps = block.ln1.eps;
+            let (window, longest) = (block.attn.window, r.longest);
+            if r.distinct_slots {
+                ops::cache_attention_append_into(
+                    &mut att,
+                    &qkv,
+                    &x,
+                    eps,
+                    bias,
+                    (k, v),
+                    &at,
+                    cos,
+                    sin,
+                    rs,
+                    window,
+                    longest,
+                    c,
+                )?;
+            } else {
+                att = ops::cache_attention_append_at(
+                    &qkv, &x, eps, bias, k, v, &at, cos, sin, rs, window, longest, false, c,
+                )?;
+            }
             block.attn.out.forward_add(&att, &mut x)?;
-            drop(att);
-            let act =
-                ops::linear_swiglu_normed(&x, block.mlp.gate_up.weight.weight(), block.ln2.eps)?;
+            let gate_up = block.mlp.gate_up.weight.weight();
+            ops::linear_swiglu_normed_into(&mut act, &x, gate_up, block.ln2.eps)?;
             block.mlp.down.forward_add(&act, &mut x)?;
         }
+        drop((qkv, att, act));
         Ok(self.lm.ln_f.forward(&x)?.0)
     }
 }

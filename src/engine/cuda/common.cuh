@@ -212,3 +212,33 @@ __device__ void add_lanes_in_order(float* chunk, const float (&v)[GROUPS][4], in
     for (int i = threadIdx.x + threadIdx.y * blockDim.x; i < c; i += blockDim.x * blockDim.y)
         dst[i] = chunk[i];
 }
+
+// Overlapped launches (programmatic dependent launch, sm_90). A decode step is a chain of
+// small kernels, each needing the one before; launched overlapped (CudaBackend's
+// launch_overlapped), a kernel's blocks may start while the previous kernel still runs, fetch
+// their weights into L2 (L2 is where every SM's writes land, so a fetch there is never
+// stale) and then wait here. Every kernel that can be launched so calls grid_wait_for_previous
+// before it reads an input or writes anything; launched plainly, the wait returns at once.
+// Its blocks then let the next overlapped kernel start, only after the wait, so the previous
+// kernel's own predecessor has finished before anything after it starts.
+__device__ __forceinline__ void grid_wait_for_previous() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void grid_let_next_start() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+// Both, in order: a kernel with nothing to do before its inputs are ready.
+__device__ __forceinline__ void grid_chain() {
+    grid_wait_for_previous();
+    grid_let_next_start();
+}
+// `bytes` (a multiple of 16) from `p` (16-byte aligned) fetched into L2, not waited for.
+__device__ __forceinline__ void prefetch_l2(const void* p, unsigned int bytes) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}

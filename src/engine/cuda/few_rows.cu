@@ -58,7 +58,7 @@ template <class Ops, int XT, int WT, bool SWIGLU>
 __device__ __forceinline__ void few_rows(typename Ops::elem* __restrict__ y,
                                          const typename Ops::elem* __restrict__ x,
                                          const typename Ops::elem* __restrict__ w, int m, int n, int k,
-                                         int accumulate, float eps) {
+                                         int accumulate, float eps, int prefetch) {
 #if __CUDA_ARCH__ >= 800
     typedef typename Ops::elem T;
     typedef FewRowsShape<XT, WT> S;
@@ -75,6 +75,19 @@ __device__ __forceinline__ void few_rows(typename Ops::elem* __restrict__ y,
     y += (size_t)row0 * n;
     m = min(m - row0, 8 * XT);
     const int chunks = k / FR_CHUNK;
+    // Launched overlapped (`prefetch`), the first block of each feature tile fetches the head of
+    // its weight rows that the warps load first (their first round of chunks) into L2 while the
+    // previous kernel finishes. Only the head, and only then: whole tiles fetched at every
+    // launch, beside the warps' own loads of the same bytes, left Llama-3.2-1B's batch-1 decode
+    // 1% faster than cuBLAS instead of about 10% (H200). Nothing else happens before the wait.
+    if (prefetch && blockIdx.x % groups == 0 && threadIdx.x < 16 * WT) {
+        const int r = threadIdx.x & 15, wt = threadIdx.x >> 4;
+        const size_t row = n0 + r + (SWIGLU && wt == 1 ? n : 0);
+        const int head = min(k, WARPS * U * FR_CHUNK);
+        prefetch_l2(w + row * k, (unsigned)head * (unsigned)sizeof(T));
+    }
+    grid_wait_for_previous();
+    grid_let_next_start();
 
     // This lane's operand rows, at its eight k values of chunk 0. Fused, weight tile 1 is the
     // up half: rows n .. 2n - 1 (n is then the width of each half).
@@ -218,11 +231,11 @@ __device__ __forceinline__ void few_rows(typename Ops::elem* __restrict__ y,
 #define FEW_ROWS_ENTRY_POINTS(OPS, SUFFIX, XT)                                                       \
     extern "C" __global__ void __launch_bounds__(FewRowsShape<XT, 1>::warps * 32, 1)                     \
         few_rows_product_##SUFFIX##_x##XT(OPS::elem* y, const OPS::elem* x, const OPS::elem* w, int m, \
-                                          int n, int k, int accumulate) {                            \
-        few_rows<OPS, XT, 1, false>(y, x, w, m, n, k, accumulate, 0.f);                               \
+                                          int n, int k, int accumulate, int prefetch) {              \
+        few_rows<OPS, XT, 1, false>(y, x, w, m, n, k, accumulate, 0.f, prefetch);                     \
     }                                                                                                 \
     extern "C" __global__ void __launch_bounds__(FewRowsShape<XT, 2>::warps * 32, 1)                     \
         few_rows_swiglu_##SUFFIX##_x##XT(OPS::elem* h, const OPS::elem* x, const OPS::elem* w, int m,  \
-                                         int f, int k, float eps) {                                  \
-        few_rows<OPS, XT, 2, true>(h, x, w, m, f, k, 0, eps);                                         \
+                                         int f, int k, float eps, int prefetch) {                    \
+        few_rows<OPS, XT, 2, true>(h, x, w, m, f, k, 0, eps, prefetch);                               \
     }

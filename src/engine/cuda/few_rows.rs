@@ -5,11 +5,12 @@
 //! `Ok(false)` for a call the kernels do not take (f32, an older GPU, more rows, widths off
 //! their multiples, unaligned buffers), and the caller runs the general product instead.
 
+use super::overlap::kernel_params;
 use super::{
     CudaBackend, CudaError, Elem, ElemKernel, Program, Result, as_i32, check_len, raw_ptr,
 };
 use crate::engine::DType;
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig};
 
 pub(super) const PROGRAM: Program = Program {
     name: "few_rows",
@@ -104,24 +105,21 @@ impl CudaBackend {
             as_i32(op, "features", features)?,
             as_i32(op, "k", k)?,
         );
-        let mut b = self.stream.launch_builder(func);
-        b.arg(out)
-            .arg(x)
-            .arg(w)
-            .arg(&m32)
-            .arg(&n32)
-            .arg(&k32)
-            .arg(&last);
+        let [yp, xp, wp] = [&*out, x, w].map(|b| raw_ptr(b, &self.stream));
+        // The kernels fetch their first weights early only when they may start early.
+        let prefetch = i32::from(self.overlapping());
+        let mut params = kernel_params![yp, xp, wp, m32, n32, k32, last, prefetch];
         let cfg = LaunchConfig {
             grid_dim: (blocks(op, features, groups)?, 1, 1),
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: lengths checked above (the weight holds `weight_rows` rows of k); every
-        // buffer starts on 16 bytes and k is a multiple of 32, so each 16-byte load lies
-        // inside its row; each block writes its 16 features of its own rows, below `rows`
-        // only; `out` is distinct from x and w (a &mut).
-        unsafe { b.launch(cfg) }?;
+        // SAFETY: the kernels' parameters in order; lengths checked above (the weight holds
+        // `weight_rows` rows of k); every buffer starts on 16 bytes and k is a multiple of 32,
+        // so each 16-byte load lies inside its row; each block writes its 16 features of its
+        // own rows, below `rows` only; `out` is distinct from x and w (a &mut); the kernels
+        // wait for the previous kernel before their first load (few_rows.cu).
+        unsafe { self.launch_overlapped(func, cfg, &mut params) }?;
         Ok(true)
     }
 

@@ -547,6 +547,7 @@ __device__ void cache_attention_combine(T* out, const float* part_o, const float
         cache_attention##WIDE##_##SUFFIX##_l##L##_g##G(                                        \
             T* out, float* part_o, float* part_ml, const T* q, const T* k_cache,               \
             const T* v_cache, const unsigned int* slot, const unsigned int* pos, AttnDims d) { \
+        grid_chain();                                                                          \
         cache_attention<T, L, G, THREADS, false>(out, part_o, part_ml, q, (T*)k_cache,         \
                                                  (T*)v_cache, slot, pos, d, AppendSrc<T>{});   \
     }
@@ -558,6 +559,7 @@ __device__ void cache_attention_combine(T* out, const float* part_o, const float
         const unsigned int* slot, const unsigned int* pos, AttnDims d, const T* qkv,           \
         const T* x, const T* bias, const float* cos_t, const float* sin_t, int c, float eps,   \
         AppendDims ad) {                                                                       \
+        grid_chain();                                                                          \
         cache_attention<T, L, G, 256, true>(out, part_o, part_ml, (const T*)nullptr, k_cache,  \
                                             v_cache, slot, pos, d,                             \
                                             AppendSrc<T>{qkv, x, bias, cos_t, sin_t, c, eps, ad}); \
@@ -581,18 +583,21 @@ __device__ void cache_attention_combine(T* out, const float* part_o, const float
         T* q, T* k_cache, T* v_cache, const T* qkv, const unsigned int* slot,                   \
         const unsigned int* pos, const float* cos_t, const float* sin_t, long long total,       \
         AppendDims d) {                                                                          \
+        grid_chain();                                                                           \
         kv_append<T>(q, k_cache, v_cache, qkv, slot, pos, cos_t, sin_t, total, d);              \
     }                                                                                            \
     extern "C" __global__ void kv_append_normed_##SUFFIX(                                      \
         T* q, T* k_cache, T* v_cache, const T* qkv, const T* x, int c, float eps,               \
         const T* bias, const unsigned int* slot, const unsigned int* pos, const float* cos_t,   \
         const float* sin_t, AppendDims d) {                                                      \
+        grid_chain();                                                                           \
         kv_append_normed<T>(q, k_cache, v_cache, qkv, x, c, eps, bias, slot, pos, cos_t, sin_t, \
                             d);                                                                  \
     }                                                                                            \
     extern "C" __global__ void __launch_bounds__(256) kv_append_rows_##SUFFIX(                  \
         T* q, T* k_cache, T* v_cache, const T* qkv, const unsigned int* slot,                   \
         const unsigned int* pos, const float* cos_t, const float* sin_t, AppendDims d) {         \
+        grid_chain();                                                                           \
         kv_append_rows<T, false>(q, k_cache, v_cache, qkv, (const T*)nullptr, 0, 0.f,           \
                                  (const T*)nullptr, slot, pos, cos_t, sin_t, d);                 \
     }                                                                                            \
@@ -600,6 +605,7 @@ __device__ void cache_attention_combine(T* out, const float* part_o, const float
         T* q, T* k_cache, T* v_cache, const T* qkv, const T* x, int c, float eps,               \
         const T* bias, const unsigned int* slot, const unsigned int* pos, const float* cos_t,   \
         const float* sin_t, AppendDims d) {                                                      \
+        grid_chain();                                                                           \
         kv_append_rows<T, true>(q, k_cache, v_cache, qkv, x, c, eps, bias, slot, pos, cos_t,    \
                                 sin_t, d);                                                       \
     }                                                                                            \
@@ -616,6 +622,7 @@ __device__ void cache_attention_combine(T* out, const float* part_o, const float
     }                                                                                            \
     extern "C" __global__ void cache_attention_combine_##SUFFIX(                               \
         T* out, const float* part_o, const float* part_ml, AttnDims d) {                         \
+        grid_chain();                                                                            \
         cache_attention_combine<T>(out, part_o, part_ml, d);                                     \
     }                                                                                            \
     ATTN_KERNELS_L(T, SUFFIX, 8)                                                                 \

@@ -10,6 +10,7 @@
 //! [`CudaBackend::prefill_pack`] lays a prefill's prompts out for the training attention
 //! instead (`engine::ops` decides which path a call takes).
 
+use super::overlap::kernel_params;
 use super::{
     CudaBackend, CudaError, Elem, ElemKernel, Program, Result, as_i32, check_len, elementwise_grid,
     raw_ptr,
@@ -485,20 +486,14 @@ impl CudaBackend {
             None => ElemKernel::KvAppendNormed,
         };
         let f = self.elem_function::<T>(kernel)?;
-        let mut b = self.stream.launch_builder(f);
-        b.arg(q)
-            .arg(k_cache)
-            .arg(v_cache)
-            .arg(qkv)
-            .arg(x)
-            .arg(&c32)
-            .arg(&eps)
-            .arg(&bias_ptr)
-            .arg(slot)
-            .arg(pos)
-            .arg(cos)
-            .arg(sin)
-            .arg(&dims);
+        let st = &self.stream;
+        let [qp, kp, vp] = [&*q, &*k_cache, &*v_cache].map(|b| raw_ptr(b, st));
+        let [qkvp, xp] = [qkv, x].map(|b| raw_ptr(b, st));
+        let [slotp, posp] = [slot, pos].map(|b| raw_ptr(b, st));
+        let [cosp, sinp] = [cos, sin].map(|b| raw_ptr(b, st));
+        let mut params = kernel_params![
+            qp, kp, vp, qkvp, xp, c32, eps, bias_ptr, slotp, posp, cosp, sinp, dims
+        ];
         // A row's elements over a few blocks of 256 threads, each block taking the row's factor
         // (or the row kernel's one block a row).
         let cfg = rows_cfg.unwrap_or(LaunchConfig {
@@ -513,10 +508,11 @@ impl CudaBackend {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         });
-        // SAFETY: lengths checked above; the kernel bounds each row's slot and position by
-        // the cache's and its table reads by `dims.positions`; `rows_launch` checked the row
-        // kernel's alignment.
-        unsafe { b.launch(cfg) }?;
+        // SAFETY: the kernel's parameters in order; lengths checked above; the kernel bounds
+        // each row's slot and position by the cache's and its table reads by
+        // `dims.positions`; `rows_launch` checked the row kernel's alignment; it waits for the
+        // previous kernel first (grid_chain).
+        unsafe { self.launch_overlapped(f, cfg, &mut params) }?;
         Ok(())
     }
 
@@ -605,17 +601,29 @@ impl CudaBackend {
         }))
     }
 
-    /// The splits' partial outputs and (max, sum) pairs of a launch (unread with one split).
-    fn attention_parts(&self, l: &AttnLaunch, head_dim: usize) -> Result<[CudaSlice<f32>; 2]> {
-        let parts = if l.plan.splits > 1 {
-            l.outputs * l.plan.splits
-        } else {
-            1
-        };
-        Ok([
+    /// The splits' partial outputs and (max, sum) pairs of a launch; none with one split
+    /// (the kernel never touches them then, and a decode step's chain of kernels stays free
+    /// of allocations).
+    fn attention_parts(
+        &self,
+        l: &AttnLaunch,
+        head_dim: usize,
+    ) -> Result<Option<[CudaSlice<f32>; 2]>> {
+        if l.plan.splits == 1 {
+            return Ok(None);
+        }
+        let parts = l.outputs * l.plan.splits;
+        Ok(Some([
             self.alloc::<f32>(parts * head_dim.max(1))?,
             self.alloc::<f32>(2 * parts)?,
-        ])
+        ]))
+    }
+
+    /// The addresses of [`Self::attention_parts`]'s buffers, null for none.
+    fn parts_ptrs(&self, parts: &Option<[CudaSlice<f32>; 2]>) -> [u64; 2] {
+        parts
+            .as_ref()
+            .map_or([0, 0], |p| [&p[0], &p[1]].map(|b| raw_ptr(b, &self.stream)))
     }
 
     /// Merges a launch's splits into `out`; nothing with one split.
@@ -623,10 +631,10 @@ impl CudaBackend {
         &self,
         out: &mut CudaSlice<T>,
         l: &AttnLaunch,
-        [part_o, part_ml]: &[CudaSlice<f32>; 2],
+        parts: &Option<[CudaSlice<f32>; 2]>,
         head_dim: usize,
     ) -> Result<()> {
-        if l.plan.splits == 1 {
+        if parts.is_none() {
             return Ok(());
         }
         let f = self.elem_function::<T>(ElemKernel::CacheAttentionCombine)?;
@@ -639,10 +647,13 @@ impl CudaBackend {
             block_dim: ((head_dim.div_ceil(32) * 32) as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream.launch_builder(f);
-        b.arg(out).arg(part_o).arg(part_ml).arg(&l.dims);
-        // SAFETY: one block per (row, head) of `out`, reading the splits the attention wrote.
-        unsafe { b.launch(cfg) }?;
+        let outp = raw_ptr(&*out, &self.stream);
+        let [po, pml] = self.parts_ptrs(parts);
+        let dims = l.dims;
+        let mut params = kernel_params![outp, po, pml, dims];
+        // SAFETY: the kernel's parameters in order; one block per (row, head) of `out`,
+        // reading the splits the attention wrote, after waiting for it (grid_chain).
+        unsafe { self.launch_overlapped(f, cfg, &mut params) }?;
         Ok(())
     }
 
@@ -674,22 +685,19 @@ impl CudaBackend {
             return Ok(());
         };
         let parts = self.attention_parts(&l, c.head_dim)?;
-        let mut b = self
-            .stream
-            .launch_builder(self.elem_function::<T>(l.kernel)?);
-        b.arg(&mut *out)
-            .arg(&parts[0])
-            .arg(&parts[1])
-            .arg(q)
-            .arg(k_cache)
-            .arg(v_cache)
-            .arg(slot)
-            .arg(pos)
-            .arg(&l.dims);
-        // SAFETY: lengths checked above; the kernel bounds each row's slot and position by
-        // the cache's, and writes the partial buffers only with several splits, which then
-        // hold `outputs * splits` entries.
-        unsafe { b.launch(l.cfg) }?;
+        let st = &self.stream;
+        let outp = raw_ptr(&*out, st);
+        let [po, pml] = self.parts_ptrs(&parts);
+        let [qp, kp, vp] = [q, k_cache, v_cache].map(|b| raw_ptr(b, st));
+        let [slotp, posp] = [slot, pos].map(|b| raw_ptr(b, st));
+        let dims = l.dims;
+        let mut params = kernel_params![outp, po, pml, qp, kp, vp, slotp, posp, dims];
+        // SAFETY: the kernel's parameters in order; lengths checked above; the kernel bounds
+        // each row's slot and position by the cache's, and writes the partial buffers only
+        // with several splits, which then hold `outputs * splits` entries; it waits for the
+        // previous kernel first (grid_chain).
+        let f = self.elem_function::<T>(l.kernel)?;
+        unsafe { self.launch_overlapped(f, l.cfg, &mut params) }?;
         self.combine_splits(out, &l, &parts, c.head_dim)
     }
 
@@ -742,29 +750,23 @@ impl CudaBackend {
         let bias_ptr = bias.map_or(0u64, |b| super::raw_ptr(b, &self.stream));
         let c32 = as_i32(OP, "c", c_x)?;
         let parts = self.attention_parts(&l, c.head_dim)?;
-        let mut b = self
-            .stream
-            .launch_builder(self.elem_function::<T>(l.kernel)?);
-        b.arg(&mut *out)
-            .arg(&parts[0])
-            .arg(&parts[1])
-            .arg(k_cache)
-            .arg(v_cache)
-            .arg(slot)
-            .arg(pos)
-            .arg(&l.dims)
-            .arg(qkv)
-            .arg(x)
-            .arg(&bias_ptr)
-            .arg(cos)
-            .arg(sin)
-            .arg(&c32)
-            .arg(&eps)
-            .arg(&ad);
-        // SAFETY: lengths checked above; the kernel bounds each row's slot and position by
-        // the cache's and its table reads by `ad.positions`, and writes the partial buffers
-        // only with several splits.
-        unsafe { b.launch(l.cfg) }?;
+        let st = &self.stream;
+        let outp = raw_ptr(&*out, st);
+        let [po, pml] = self.parts_ptrs(&parts);
+        let [kp, vp] = [&*k_cache, &*v_cache].map(|b| raw_ptr(b, st));
+        let [slotp, posp] = [slot, pos].map(|b| raw_ptr(b, st));
+        let [qkvp, xp] = [qkv, x].map(|b| raw_ptr(b, st));
+        let [cosp, sinp] = [cos, sin].map(|b| raw_ptr(b, st));
+        let dims = l.dims;
+        let mut params = kernel_params![
+            outp, po, pml, kp, vp, slotp, posp, dims, qkvp, xp, bias_ptr, cosp, sinp, c32, eps, ad
+        ];
+        // SAFETY: the kernel's parameters in order; lengths checked above; the kernel bounds
+        // each row's slot and position by the cache's and its table reads by `ad.positions`,
+        // and writes the partial buffers only with several splits; it waits for the previous
+        // kernel first (grid_chain).
+        let f = self.elem_function::<T>(l.kernel)?;
+        unsafe { self.launch_overlapped(f, l.cfg, &mut params) }?;
         self.combine_splits(out, &l, &parts, c.head_dim)
     }
 

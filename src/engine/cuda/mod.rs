@@ -28,6 +28,7 @@ mod layernorm;
 pub mod loader;
 mod nf4;
 pub mod nvrtc;
+mod overlap;
 pub mod pinned;
 pub(crate) mod reduce;
 mod rmsnorm;
@@ -46,6 +47,7 @@ pub use gemm::{
 };
 pub use kv_cache::{AttnPlan, attention_plan};
 pub use nf4::Nf4Device;
+pub use overlap::{OVERLAP_ENV, Overlapped};
 
 use crate::engine::DType;
 use cudarc::driver::{
@@ -417,6 +419,10 @@ pub struct CudaBackend {
     functions: Functions,
     blas: gemm::Blas,
     compile: CompileReport,
+    /// Whether launches that can overlap the previous kernel do now (see `overlap.rs`).
+    overlap: std::sync::atomic::AtomicBool,
+    /// Whether this process allows it at all.
+    overlap_allowed: bool,
 }
 
 impl CudaBackend {
@@ -452,6 +458,8 @@ impl CudaBackend {
             functions,
             blas,
             compile,
+            overlap: std::sync::atomic::AtomicBool::new(false),
+            overlap_allowed: overlap::allowed_by_env(),
         })
     }
 
