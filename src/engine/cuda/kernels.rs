@@ -178,6 +178,7 @@ kernel_table! {
         FewRowsProductX2 = "few_rows_product" + "_x2" in [BF16, F16],
         FewRowsSwigluX1 = "few_rows_swiglu" + "_x1" in [BF16, F16],
         FewRowsSwigluX2 = "few_rows_swiglu" + "_x2" in [BF16, F16],
+        FewRowsSwigluGrouped = "few_rows_swiglu" + "_grouped" in [BF16, F16],
         EmbeddingForward = "embedding_forward",
         EmbeddingBackwardRows = "embedding_backward_rows",
         EmbeddingBackwardWpe = "embedding_backward_wpe",
