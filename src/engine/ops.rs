@@ -58,6 +58,22 @@ fn act_dtype(t: &Tensor) -> DType {
     activation_dtype(t.device(), t.dtype())
 }
 
+/// An error unless `out` holds the activation dtype that `input` computes in: the check of an
+/// op writing into a caller's buffer.
+fn expect_act_output(op: &'static str, out: &Tensor, input: &Tensor) -> Result<()> {
+    if out.dtype() == act_dtype(input) {
+        return Ok(());
+    }
+    Err(EngineError::Shape {
+        op,
+        detail: format!(
+            "an output of {:?} for an input computing in {:?}",
+            out.dtype(),
+            act_dtype(input)
+        ),
+    })
+}
+
 /// Shape of the f32 softmax statistics attention keeps for its backward on `device`: the
 /// probabilities `[B, H, T, T]` on the CPU, one log-sum-exp per row `[B, H, T]` on a GPU.
 pub fn attention_stats_shape(device: Device, s: AttnShape) -> Vec<usize> {
@@ -280,16 +296,7 @@ pub fn linear_forward_into(
     if let Some(b) = b {
         expect_len("linear", "bias", b, c_out)?;
     }
-    if out.dtype() != act_dtype(x) {
-        return Err(EngineError::Shape {
-            op: "linear",
-            detail: format!(
-                "an output of {:?} for an input computing in {:?}",
-                out.dtype(),
-                act_dtype(x)
-            ),
-        });
-    }
+    expect_act_output("linear", out, x)?;
     match on {
         On::Meta => {}
         On::Cpu => cpu::gemm::linear_forward(
@@ -406,16 +413,7 @@ pub fn linear_swiglu_normed_into(h: &mut Tensor, x: &Tensor, w: &Tensor, eps: f3
     }
     expect_len(OP, "weight", w, two_f * c)?;
     expect_len(OP, "output", h, rows * two_f / 2)?;
-    if h.dtype() != act_dtype(x) {
-        return Err(EngineError::Shape {
-            op: OP,
-            detail: format!(
-                "an output of {:?} for an input computing in {:?}",
-                h.dtype(),
-                act_dtype(x)
-            ),
-        });
-    }
+    expect_act_output(OP, h, x)?;
     let few_rows = matches!(x.device(), Device::Cuda(_))
         && x.dtype() != DType::F32
         && w.dtype() == x.dtype()
@@ -2585,16 +2583,7 @@ pub fn swiglu_forward_normed_into(
     }
     let c = norm_width(OP, Some((x, eps)), rows)?;
     expect_len(OP, "output", h, rows * two_f / 2)?;
-    if h.dtype() != act_dtype(gate_up) {
-        return Err(EngineError::Shape {
-            op: OP,
-            detail: format!(
-                "an output of {:?} for an input computing in {:?}",
-                h.dtype(),
-                act_dtype(gate_up)
-            ),
-        });
-    }
+    expect_act_output(OP, h, gate_up)?;
     match on {
         On::Meta => {}
         On::Cpu => {
@@ -3283,12 +3272,7 @@ pub fn cache_attention_append_into(
     }
     let dtype = act_dtype(qkv);
     expect_len(OP, "output", out, s.rows * s.heads * s.head_dim)?;
-    if out.dtype() != dtype {
-        return Err(EngineError::Shape {
-            op: OP,
-            detail: format!("an output of {:?} for queries in {dtype:?}", out.dtype()),
-        });
-    }
+    expect_act_output(OP, out, qkv)?;
     // Only the output is booked, on every device: the GPU kernel never stores the queries,
     // and the CPU keeps them outside the pool, so a meta pool's plan is each device's peak.
     if matches!(on, On::Meta) {
@@ -3876,6 +3860,35 @@ pub fn pairwise_diversity_backward(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The `_into` forms of the decode step write what the allocating ones return, and refuse
+    /// an output buffer of another dtype than the activations'.
+    #[test]
+    fn into_forms_match_the_allocating_ones_and_check_their_output() {
+        let cpu = MemoryPool::new(Device::Cpu);
+        let (rows, c, f) = (3, 8, 6);
+        let values = |n: usize, k: usize| (0..n).map(move |i| ((i * k % 17) as f32 - 8.0) / 9.0);
+        let x = Tensor::from_vec(&cpu, &[rows, c], DType::F32, values(rows * c, 5).collect());
+        let w = Tensor::from_vec(
+            &cpu,
+            &[2 * f, c],
+            DType::F32,
+            values(2 * f * c, 7).collect(),
+        );
+        let (x, w) = (x.unwrap(), w.unwrap());
+        let want = linear_swiglu_normed(&x, &w, 1e-5)
+            .unwrap()
+            .to_vec()
+            .unwrap();
+        let mut h = Tensor::uninit(&cpu, &[rows, f], DType::F32).unwrap();
+        linear_swiglu_normed_into(&mut h, &x, &w, 1e-5).unwrap();
+        assert_eq!(h.to_vec().unwrap(), want);
+        let mut wrong = Tensor::uninit(&cpu, &[rows, f], DType::BF16).unwrap();
+        let err = linear_swiglu_normed_into(&mut wrong, &x, &w, 1e-5).unwrap_err();
+        assert!(err.to_string().contains("an output of BF16"), "{err}");
+        let mut short = Tensor::uninit(&cpu, &[rows, f - 1], DType::F32).unwrap();
+        assert!(linear_swiglu_normed_into(&mut short, &x, &w, 1e-5).is_err());
+    }
 
     fn q_on(pool: &Arc<MemoryPool>, rows: usize) -> Tensor {
         Tensor::uninit(pool, &[rows, 8], DType::BF16).unwrap()
