@@ -24,7 +24,12 @@ pub const OVERLAP_ENV: &str = "KILN_OVERLAPPED_LAUNCHES";
 
 /// Whether this process allows overlapped launches (the variable unset, or anything but `0`).
 pub(super) fn allowed_by_env() -> bool {
-    std::env::var(OVERLAP_ENV).map_or(true, |v| v.trim() != "0")
+    allowed_by(std::env::var(OVERLAP_ENV).ok().as_deref())
+}
+
+/// [`allowed_by_env`] for the variable's value (`None`: unset).
+fn allowed_by(value: Option<&str>) -> bool {
+    value.is_none_or(|v| v.trim() != "0")
 }
 
 /// The kernel parameter list of `cuLaunchKernelEx`: a pointer to each argument, in order.
@@ -108,5 +113,20 @@ impl CudaBackend {
         }
         .result()?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only `0` (spaces aside) turns overlap off; unset or anything else leaves it on.
+    #[test]
+    fn only_zero_turns_overlap_off() {
+        assert!(allowed_by(None));
+        assert!(allowed_by(Some("1")));
+        assert!(allowed_by(Some("")));
+        assert!(!allowed_by(Some("0")));
+        assert!(!allowed_by(Some(" 0\n")));
     }
 }
