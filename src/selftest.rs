@@ -4049,6 +4049,17 @@ fn check_few_rows_product<T: Elem>(
     Ok(rel_err(&gpu.download_f32(&d_y)?, &want, GEMM_FLOOR))
 }
 
+/// The CPU reference of the fused gate/up kernel: `silu(r gate) * (r up)`, `[gate | up] =
+/// x[rows, k] w[2f, k]^T`, `r` each row's RMSNorm factor of `x`.
+fn cpu_swiglu_normed(x: &[f32], w: &[f32], rows: usize, k: usize, f: usize, eps: f32) -> Vec<f32> {
+    let mut gate_up = vec![0.0; rows * 2 * f];
+    cpu::gemm::linear_forward(&mut gate_up, x, w, None, rows, k, 2 * f);
+    let normed = cpu::rmsnorm::normed_rows(&gate_up, 2 * f, x, k, eps, None);
+    let mut h = vec![0.0; rows * f];
+    cpu::swiglu::swiglu_forward(&mut h, &normed, f);
+    h
+}
+
 fn check_few_rows_swiglu<T: Elem>(
     gpu: &CudaBackend,
     inp: &mut Inputs,
@@ -4062,11 +4073,7 @@ fn check_few_rows_swiglu<T: Elem>(
         inp.uniform(2 * f * k, 1.0, d),
     );
     let eps = 1e-5;
-    let mut gate_up = vec![0.0; rows * 2 * f];
-    cpu::gemm::linear_forward(&mut gate_up, &x, &w, None, rows, k, 2 * f);
-    let normed = cpu::rmsnorm::normed_rows(&gate_up, 2 * f, &x, k, eps, None);
-    let mut want = vec![0.0; rows * f];
-    cpu::swiglu::swiglu_forward(&mut want, &normed, f);
+    let want = cpu_swiglu_normed(&x, &w, rows, k, f, eps);
     let mut d_h = poisoned::<T>(gpu, rows * f)?;
     let (d_x, d_w) = (gpu.upload_as::<T>(&x)?, gpu.upload_as::<T>(&w)?);
     let taken = gpu.few_rows_swiglu(&mut d_h, &d_x, &d_w, rows, f, k, eps)?;
@@ -4099,11 +4106,7 @@ fn check_overlapped_chain<T: Elem>(
         .collect();
     let mut want = x0.clone();
     for (gate_up, down) in &layers {
-        let mut gu = vec![0.0; rows * 2 * f];
-        cpu::gemm::linear_forward(&mut gu, &want, gate_up, None, rows, k, 2 * f);
-        let normed = cpu::rmsnorm::normed_rows(&gu, 2 * f, &want, k, eps, None);
-        let mut h = vec![0.0; rows * f];
-        cpu::swiglu::swiglu_forward(&mut h, &normed, f);
+        let mut h = cpu_swiglu_normed(&want, gate_up, rows, k, f, eps);
         d.round_slice(&mut h);
         let mut y = vec![0.0; rows * k];
         cpu::gemm::linear_forward(&mut y, &h, down, None, rows, f, k);

@@ -381,6 +381,18 @@ pub fn linear_forward_add(x: &Tensor, w: &Tensor, y: &mut Tensor) -> Result<()> 
     )
 }
 
+/// The width of each half of `two_f` gate/up values; an error naming them as `what` says
+/// (`a weight of N rows`, `rows of N`) when they do not split.
+fn gate_up_halves(op: &'static str, two_f: usize, what: impl FnOnce() -> String) -> Result<usize> {
+    if two_f.is_multiple_of(2) {
+        return Ok(two_f / 2);
+    }
+    Err(EngineError::Shape {
+        op,
+        detail: format!("{} cannot split into gate and up halves", what()),
+    })
+}
+
 /// `silu(r gate) * (r up)` with `[gate | up] = x @ w^T` (`w[2f, c]`) and `r` each row's
 /// RMSNorm factor `1 / sqrt(mean(x_row^2) + eps)`: the decode step's gate/up projection of the
 /// unnormalised stream `x` (the norm's gain folded into `w`), its norm and SwiGLU. A decode
@@ -405,19 +417,14 @@ pub fn linear_swiglu_normed_into(h: &mut Tensor, x: &Tensor, w: &Tensor, eps: f3
     let on = device_of(OP, &[x, w, h])?;
     let (rows, c) = rows_cols(OP, x)?;
     let two_f = w.shape()[0];
-    if !two_f.is_multiple_of(2) {
-        return Err(EngineError::Shape {
-            op: OP,
-            detail: format!("a weight of {two_f} rows cannot split into gate and up halves"),
-        });
-    }
+    let f = gate_up_halves(OP, two_f, || format!("a weight of {two_f} rows"))?;
     expect_len(OP, "weight", w, two_f * c)?;
-    expect_len(OP, "output", h, rows * two_f / 2)?;
+    expect_len(OP, "output", h, rows * f)?;
     expect_act_output(OP, h, x)?;
     let few_rows = matches!(x.device(), Device::Cuda(_))
         && x.dtype() != DType::F32
         && w.dtype() == x.dtype()
-        && few_rows_chosen(rows, two_f / 2, c, w);
+        && few_rows_chosen(rows, f, c, w);
     if few_rows {
         match on {
             // A meta pass standing for a GPU books what the kernel allocates: nothing past `h`,
@@ -426,7 +433,7 @@ pub fn linear_swiglu_normed_into(h: &mut Tensor, x: &Tensor, w: &Tensor, eps: f3
             On::Meta => return Ok(()),
             On::Gpu(g) => {
                 if with_elem!(x.dtype(), T => g.few_rows_swiglu::<T>(
-                    h.cuda_mut(), x.cuda(), w.cuda(), rows, two_f / 2, c, eps,
+                    h.cuda_mut(), x.cuda(), w.cuda(), rows, f, c, eps,
                 ))? {
                     return Ok(());
                 }
@@ -2575,20 +2582,15 @@ pub fn swiglu_forward_normed_into(
     let _prof = profile::scope(OP, gate_up);
     let on = device_of(OP, &[gate_up, x, h])?;
     let (rows, two_f) = rows_cols(OP, gate_up)?;
-    if !two_f.is_multiple_of(2) {
-        return Err(EngineError::Shape {
-            op: OP,
-            detail: format!("rows of {two_f} cannot split into gate and up halves"),
-        });
-    }
+    let f = gate_up_halves(OP, two_f, || format!("rows of {two_f}"))?;
     let c = norm_width(OP, Some((x, eps)), rows)?;
-    expect_len(OP, "output", h, rows * two_f / 2)?;
+    expect_len(OP, "output", h, rows * f)?;
     expect_act_output(OP, h, gate_up)?;
     match on {
         On::Meta => {}
         On::Cpu => {
             let scaled = cpu::rmsnorm::normed_rows(gate_up.host(), two_f, x.host(), c, eps, None);
-            cpu::swiglu::swiglu_forward(h.host_mut(), &scaled, two_f / 2)
+            cpu::swiglu::swiglu_forward(h.host_mut(), &scaled, f)
         }
         On::Gpu(g) => {
             same_dtype(OP, &[gate_up, x])?;
@@ -2597,7 +2599,7 @@ pub fn swiglu_forward_normed_into(
                 gate_up.cuda(),
                 x.cuda(),
                 rows,
-                two_f / 2,
+                f,
                 c,
                 eps,
             ))?

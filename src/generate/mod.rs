@@ -537,14 +537,14 @@ fn cached(
     let mut free: Vec<usize> = (0..slots).rev().collect();
     let mut live: Vec<Live> = Vec::new();
     let params = o.sampling.params();
-    let mut graphs = match &eng.st {
-        SlotState::Gpu(g, _, _) if o.cuda_graphs => Some(graph::StepGraphs::new(g.clone())),
-        _ => None,
-    };
     let gpu = match &eng.st {
         SlotState::Gpu(g, _, _) => Some(g.clone()),
         _ => None,
     };
+    let mut graphs = gpu
+        .clone()
+        .filter(|_| o.cuda_graphs)
+        .map(graph::StepGraphs::new);
     // The rows of the current step and their logits, rebuilt when the row count changes.
     let mut step_rows: Option<(StepRows, Tensor)> = None;
     let mut rows_of: Vec<u32> = Vec::new();
