@@ -290,7 +290,10 @@ __device__ void prefill_pack(T* packed, const T* q, const T* k_cache, const T* v
 // the key and value at the row's position and then attends. Every block whose split holds
 // that position writes it and reads it back after a barrier, so no block waits on another;
 // chunks of one key/value head write the same bits to the same place. It requires one row
-// per slot (a decode step): a row cannot see another row's append of the same call.
+// per slot (a decode step): a row cannot see another row's append of the same call. Before
+// its wait for the QKV product it copies the split's cached keys and values before the row's
+// position (up to about 40 KiB) into shared memory, so that, launched overlapped, their
+// loads leave the chain of each group's positions.
 
 #define ATT_EPL 8  // elements of a vector per lane
 
@@ -348,8 +351,14 @@ __device__ void cache_attention(T* out, float* part_o, float* part_ml, const T* 
     // warp merge first and each warp leaves one.
     constexpr bool WARP_MERGE = THREADS > 128;
     constexpr int STATES = WARP_MERGE ? THREADS / 32 : GROUPS;
+    // The groups' final states (sm_o) are written only after the loop over positions, so in
+    // the appending variant the same shared memory first holds the keys and values it loads
+    // before its wait (see below): as many as fit in about 40 KiB.
+    constexpr int O_BYTES = STATES * G * DP * (int)sizeof(float);
+    constexpr int BUF_BYTES = APPEND && O_BYTES < 40 * 1024 ? 40 * 1024 : O_BYTES;
     __shared__ float sm_m[STATES][G], sm_l[STATES][G];
-    __shared__ float sm_o[STATES][G][DP];
+    __shared__ __align__(16) unsigned char sm_buf[BUF_BYTES];
+    float (*sm_o)[G][DP] = reinterpret_cast<float (*)[G][DP]>(sm_buf);
 
     const long long row = blockIdx.x;
     const int kvh = blockIdx.y / d.chunks, chunk = blockIdx.y - kvh * d.chunks;
@@ -359,7 +368,10 @@ __device__ void cache_attention(T* out, float* part_o, float* part_ml, const T* 
     const int nh = min(G, g - chunk * G);  // heads of this chunk; the rest repeat the last
     const int lane = threadIdx.x % L, grp = threadIdx.x / L;
     const int base = lane * ATT_EPL;
-    const unsigned int p = pos[row], s = slot[row];
+    // Read past the L1 in the appending variant, which reads them before its wait (see
+    // copy_async16).
+    const unsigned int p = APPEND ? __ldcg(pos + row) : pos[row];
+    const unsigned int s = APPEND ? __ldcg(slot + row) : slot[row];
     const bool inside = p < (unsigned int)d.max_len && s < (unsigned int)d.slots;
     // Every vector starts at a multiple of D elements: four-element accesses need D % 8 == 0
     // and aligned buffers.
@@ -373,14 +385,40 @@ __device__ void cache_attention(T* out, float* part_o, float* part_ml, const T* 
     const long long head_base = inside ? ((long long)s * d.kv_heads + kvh) * d.max_len * D : 0;
 
     float qr[G][ATT_EPL];
+    // Positions t0..t0 + preloaded come from shared memory (the appending variant's early
+    // loads), the rest from the cache.
+    int preloaded = 0;
+    const T* pre_k = reinterpret_cast<const T*>(sm_buf);
+    const T* pre_v = pre_k;
     if constexpr (APPEND) {
-        // The block's queries are formed once, one element a thread, into shared memory; the
-        // split that holds the row's position writes its key and value meanwhile.
+        // Before the wait for the previous kernel (the QKV product) the block starts copying
+        // the row's cached keys and values before position p into shared memory: earlier
+        // steps wrote them, so they are in place, and launched overlapped the copies run while
+        // the product finishes. What the product writes (qkv) and position p wait.
         __shared__ float scratch[32];
         __shared__ float sm_q[G][DP];
+        const bool copies = vec && D % (16 / (int)sizeof(T)) == 0 &&
+                            ((unsigned long long)k_cache % 16) == 0 &&
+                            ((unsigned long long)v_cache % 16) == 0;
+        if (copies) {
+            const int vector_bytes = D * (int)sizeof(T);
+            preloaded = max(0, min(min(t1, (int)p) - t0, BUF_BYTES / (2 * vector_bytes)));
+            pre_v = pre_k + (long long)preloaded * D;
+            const int pieces = preloaded * vector_bytes / 16;  // of keys, and as many of values
+            const char* k_from = reinterpret_cast<const char*>(k_cache + head_base + (long long)t0 * D);
+            const char* v_from = reinterpret_cast<const char*>(v_cache + head_base + (long long)t0 * D);
+            for (int e = threadIdx.x; e < pieces; e += THREADS) {
+                copy_async16(sm_buf + 16 * e, k_from + 16 * e);
+                copy_async16(sm_buf + (long long)preloaded * vector_bytes + 16 * e, v_from + 16 * e);
+            }
+        }
+        grid_chain();
+        const float scale = row_rstd(a.x + row * a.c, a.c, a.eps, scratch);
+
+        // The block's queries are formed once, one element a thread, into shared memory; the
+        // split that holds the row's position writes its key and value meanwhile.
         const int width = (H + 2 * d.kv_heads) * D;
         const T* src = a.qkv + row * width;
-        const float scale = row_rstd(a.x + row * a.c, a.c, a.eps, scratch);
         const bool writer = inside && t0 <= (int)p && (int)p < t1;
         const int queries = nh * D, work = queries + (writer ? 2 * D : 0);
         const long long at = head_base + (long long)p * D;
@@ -398,6 +436,7 @@ __device__ void cache_attention(T* out, float* part_o, float* part_ml, const T* 
                 v_cache[at + i] = store<T>(a.bias ? y + load(a.bias[(long long)head * D + i]) : y);
             }
         }
+        copy_async_wait_all();
         __syncthreads();
 #pragma unroll
         for (int h = 0; h < G; ++h) {
@@ -432,8 +471,14 @@ __device__ void cache_attention(T* out, float* part_o, float* part_ml, const T* 
         const int t = tb + grp;
         const bool valid = t < t1;
         float kx[ATT_EPL], vx[ATT_EPL];
-        load8(kp + (long long)(valid ? t : t0) * D, base, D, vec, kx);
-        load8(vp + (long long)(valid ? t : t0) * D, base, D, vec, vx);
+        const int at = valid ? t : t0;
+        if (at - t0 < preloaded) {
+            load8(pre_k + (long long)(at - t0) * D, base, D, true, kx);
+            load8(pre_v + (long long)(at - t0) * D, base, D, true, vx);
+        } else {
+            load8(kp + (long long)at * D, base, D, vec, kx);
+            load8(vp + (long long)at * D, base, D, vec, vx);
+        }
 #pragma unroll
         for (int h = 0; h < G; ++h) {
             float sc = 0.f;
@@ -475,6 +520,7 @@ __device__ void cache_attention(T* out, float* part_o, float* part_ml, const T* 
         }
     }
     const int state = WARP_MERGE ? (int)threadIdx.x / 32 : grp;
+    if (APPEND) __syncthreads();  // every group is through the keys and values sm_o replaces
     if (!WARP_MERGE || (int)threadIdx.x % 32 < L) {
 #pragma unroll
         for (int h = 0; h < G; ++h) {
@@ -559,7 +605,6 @@ __device__ void cache_attention_combine(T* out, const float* part_o, const float
         const unsigned int* slot, const unsigned int* pos, AttnDims d, const T* qkv,           \
         const T* x, const T* bias, const float* cos_t, const float* sin_t, int c, float eps,   \
         AppendDims ad) {                                                                       \
-        grid_chain();                                                                          \
         cache_attention<T, L, G, 256, true>(out, part_o, part_ml, (const T*)nullptr, k_cache,  \
                                             v_cache, slot, pos, d,                             \
                                             AppendSrc<T>{qkv, x, bias, cos_t, sin_t, c, eps, ad}); \

@@ -4,7 +4,8 @@
 //! on an H200 each boundary costs about as much as a small kernel's work: the next grid is
 //! launched only once the previous one has finished and its writes are flushed. Launched
 //! overlapped, a kernel's blocks start while the previous kernel still runs, fetch what does
-//! not depend on it (a product's weight rows, into L2) and wait in `grid_wait_for_previous`
+//! not depend on it (a product's weight rows, into L2; the cache attention's keys and values of
+//! earlier steps, into shared memory) and wait in `grid_wait_for_previous`
 //! (common.cuh) until it has finished. Only kernels that call that wait before touching
 //! their inputs may be launched so; they then run the same arithmetic, so results are bit
 //! for bit those of plain launches.
@@ -56,8 +57,8 @@ impl Drop for Overlapped<'_> {
 impl CudaBackend {
     /// Overlapped launches on (where this GPU and the process allow them) until the guard
     /// drops: for work whose chained kernels read nothing before their wait that the kernel
-    /// before them writes (a decode step: the products fetch weights early, never
-    /// activations).
+    /// before them writes (a decode step: the products fetch weights early and the cache
+    /// attention the keys and values of earlier steps, never activations).
     pub fn overlapped(&self) -> Overlapped<'_> {
         let on = self.overlap_allowed && self.info.arch() >= 90;
         let was = self.overlap.swap(on, Ordering::Relaxed);
