@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# kiln builds side by side on one GPU: `kiln bench generate --no-python` (128 new tokens) by
+# each in turn, ROUNDS times, alternating (every other round in reverse order) so that clock and
+# thermal drift fall on all of them. Each build first fills its kernel cache, all at once: a
+# fresh machine's first start compiles for about a minute, which would otherwise eat a timed
+# run's limit. Prints one line per run with the decode new tokens/s of each batch; the logs
+# stay in OUT.
+#
+#   OUT=/tmp/ab SHAPES=smollm2-135m,llama-3.2-1b BATCHES=1,8,16,32,64 ROUNDS=2 \
+#     bench/ab_decode_speed.sh base=OLD_KILN new=NEW_KILN
+set -uo pipefail
+[ $# -ge 1 ] || { echo "usage: $0 NAME=KILN [NAME=KILN ...]" >&2; exit 2; }
+O=${OUT:-/tmp/kiln-ab-decode}
+ROUNDS=${ROUNDS:-2}
+SHAPES=${SHAPES:-smollm2-135m,llama-3.2-1b}
+BATCHES=${BATCHES:-1,8,16,32,64}
+LIMIT=${LIMIT:-60}  # seconds a timed run may take once the caches are filled
+mkdir -p "$O"
+names=()
+bins=()
+for a in "$@"; do
+  case $a in
+    *=*) names+=("${a%%=*}"); bins+=("${a#*=}") ;;
+    *) echo "$0: '$a' is not NAME=KILN" >&2; exit 2 ;;
+  esac
+done
+start=$(date +%s)
+for i in "${!names[@]}"; do
+  (
+    timeout 300 "${bins[$i]}" bench generate --shape smollm2-135m --batches 1 --new-tokens 8 \
+      --no-python --out "$O/warm-${names[$i]}" >"$O/warm-${names[$i]}.log" 2>&1
+    echo "${names[$i]}: kernel cache filled, rc $? at $(($(date +%s) - start)) s"
+  ) &
+done
+wait
+order=("${!names[@]}")
+for r in $(seq 1 "$ROUNDS"); do
+  for shape in ${SHAPES//,/ }; do
+    for i in "${order[@]}"; do
+      n=${names[$i]}
+      log="$O/$n-$shape-r$r.log"
+      timeout "$LIMIT" "${bins[$i]}" bench generate --shape "$shape" --batches "$BATCHES" \
+        --new-tokens 128 --no-python --out "$O/$n-$shape-r$r" >"$log" 2>&1
+      rc=$?
+      rates=$(sed -nE 's/^kiln batch ([0-9]+):.*decode ([0-9]+) tok\/s.*/b\1=\2/p' "$log" | tr '\n' ' ')
+      echo "$n $shape r$r rc $rc at $(($(date +%s) - start)) s: $rates"
+    done
+  done
+  # The next round in the other order.
+  rev=()
+  for ((j = ${#order[@]} - 1; j >= 0; j--)); do rev+=("${order[$j]}"); done
+  order=("${rev[@]}")
+done
