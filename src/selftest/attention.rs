@@ -8,7 +8,7 @@ use super::*;
 /// an f32 reference that rounds only its inputs: each rounding adds up to 2^-9 relative, and
 /// the one of P passes into O and every gradient, so the bound is a few times the single
 /// rounding's 1e-2.
-pub(super) const BOUND_BF16_CHAIN: f64 = 5e-2;
+const BOUND_BF16_CHAIN: f64 = 5e-2;
 
 /// A GPU prefill's attention through the training attention (`ops::cache_attention_at` on
 /// rows that form runs from position 0: queries and cached keys and values packed, padded to
@@ -159,7 +159,7 @@ pub(super) fn check_attention<T: Elem>(
 /// the backward: dS = P (dP - d) subtracts nearly equal terms, and dP = dO V^T carries dO's and
 /// V's rounding, 1e-2 to 3e-2 of each head's largest gradient against the exact f32
 /// reference (measured on an H100).
-pub(super) fn compare_attention<T: Elem>(
+fn compare_attention<T: Elem>(
     gpu: &CudaBackend,
     qkv: &[f32],
     dout: &[f32],
@@ -216,7 +216,7 @@ pub(super) fn f32_attention_bound(gpu: &CudaBackend, head_size: usize) -> f64 {
 }
 
 /// `x` rounded to tf32's 10 mantissa bits (to nearest, ties away from zero, as `cvt.rna`).
-pub(super) fn round_tf32(x: f32) -> f32 {
+fn round_tf32(x: f32) -> f32 {
     if !x.is_finite() {
         return x;
     }
@@ -224,7 +224,7 @@ pub(super) fn round_tf32(x: f32) -> f32 {
 }
 
 /// `d_i = dO_i . O_i` per batch, head and row (`[B, NH, T]`), summed in f64.
-pub(super) fn row_term(dout: &[f32], out: &[f32], s: AttnShape) -> Vec<f32> {
+fn row_term(dout: &[f32], out: &[f32], s: AttnShape) -> Vec<f32> {
     let (t, c, hs) = (s.seq, s.channels, s.head_size());
     let mut d = vec![0.0f32; s.batch * s.heads * t];
     for b in 0..s.batch {
@@ -274,12 +274,7 @@ pub(super) fn check_attention_grouped<T: Elem>(
 
 /// The largest score gradient `|dS_ij| = |P_ij (dP_ij - d_i)|` of causal attention, with
 /// `dP_ij = dO_i . V_j` and `d_i = sum_j P_ij dP_ij`, from the CPU forward's probabilities.
-pub(super) fn largest_score_gradient(
-    probs: &[f32],
-    qkv: &[f32],
-    dout: &[f32],
-    s: AttnShape,
-) -> f32 {
+fn largest_score_gradient(probs: &[f32], qkv: &[f32], dout: &[f32], s: AttnShape) -> f32 {
     let (t, c, d) = (s.seq, s.channels, s.head_size());
     let mut largest = 0.0f32;
     let mut dp = vec![0.0f32; t];
@@ -303,7 +298,7 @@ pub(super) fn largest_score_gradient(
 }
 
 /// f16's largest finite value.
-pub(super) const F16_MAX: f32 = 65504.0;
+const F16_MAX: f32 = 65504.0;
 
 /// The backward with score gradients past f16's range: dO scaled (as fp16-mixed's loss
 /// scale scales it) so that the largest |dS| lands above f16's largest value, near 2^17,
@@ -360,10 +355,10 @@ pub(super) fn check_attention_large_ds<T: Elem>(
 }
 
 /// The attention output, log-sum-exp and dqkv a GPU computed.
-pub(super) type AttentionResults = (Vec<f32>, Vec<f32>, Vec<f32>);
+type AttentionResults = (Vec<f32>, Vec<f32>, Vec<f32>);
 
 /// The GPU's attention forward (output and log-sum-exp) and backward on fresh buffers.
-pub(super) fn gpu_attention<T: Elem>(
+fn gpu_attention<T: Elem>(
     gpu: &CudaBackend,
     qkv: &[f32],
     dout: &[f32],
@@ -499,7 +494,7 @@ pub(super) fn check_softmax_backward_rows<T: Elem>(
 /// chain on the CPU, on tensors: forward output and probabilities, then dqkv. The outputs the
 /// caller provides start as NaN; the probabilities and intermediates come from kernels whose
 /// own checks poison them.
-pub(super) fn check_attention_unfused(
+fn check_attention_unfused(
     gpu: &Arc<MemoryPool>,
     inp: &mut Inputs,
     s: AttnShape,

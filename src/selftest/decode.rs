@@ -277,7 +277,7 @@ pub(super) fn kv_cache_input(
 
 /// The error of a cache the GPU wrote against the CPU's: where the CPU's holds NaN (never
 /// written) the GPU's must too, elsewhere the relative error.
-pub(super) fn cache_err(got: &[f32], want: &[f32]) -> f64 {
+fn cache_err(got: &[f32], want: &[f32]) -> f64 {
     if got.len() != want.len() {
         return f64::INFINITY;
     }
@@ -482,7 +482,7 @@ pub(super) fn check_copy_cache_slot<T: Elem>(
 }
 
 /// A call the few-row kernels must take: declining it fails the check.
-pub(super) fn few_rows_taken(op: &'static str, taken: bool) -> std::result::Result<(), CudaError> {
+fn few_rows_taken(op: &'static str, taken: bool) -> std::result::Result<(), CudaError> {
     if taken {
         Ok(())
     } else {
@@ -525,14 +525,7 @@ pub(super) fn check_few_rows_product<T: Elem>(
 
 /// The CPU reference of the fused gate/up kernel: `silu(r gate) * (r up)`, `[gate | up] =
 /// x[rows, k] w[2f, k]^T`, `r` each row's RMSNorm factor of `x`.
-pub(super) fn cpu_swiglu_normed(
-    x: &[f32],
-    w: &[f32],
-    rows: usize,
-    k: usize,
-    f: usize,
-    eps: f32,
-) -> Vec<f32> {
+fn cpu_swiglu_normed(x: &[f32], w: &[f32], rows: usize, k: usize, f: usize, eps: f32) -> Vec<f32> {
     let mut gate_up = vec![0.0; rows * 2 * f];
     cpu::gemm::linear_forward(&mut gate_up, x, w, None, rows, k, 2 * f);
     let normed = cpu::rmsnorm::normed_rows(&gate_up, 2 * f, x, k, eps, None);

@@ -70,7 +70,7 @@ pub(super) fn diversity_rows(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
 }
 
 /// One shape and type: (forward: D, s and rnorm; backward: the gradient).
-pub(super) fn check_diversity<T: Elem>(
+fn check_diversity<T: Elem>(
     gpu: &CudaBackend,
     inp: &mut Inputs,
     shape: cpu::diversity::SetShape,

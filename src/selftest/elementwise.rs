@@ -68,7 +68,7 @@ pub(super) fn check_gelu_backward<T: Elem>(gpu: &CudaBackend, inp: &mut Inputs, 
     Ok(rel_err(&gpu.download_f32(&d_dx)?, &dx, ELEMENTWISE_FLOOR))
 }
 
-pub(super) fn logits_and_targets(
+fn logits_and_targets(
     inp: &mut Inputs,
     n: usize,
     v: usize,
@@ -319,7 +319,7 @@ pub(super) fn check_embedding_backward<T: Elem>(
 }
 
 /// Rows `[gate | up]` with the gate over silu's curved range and beyond.
-pub(super) fn swiglu_input(inp: &mut Inputs, n: usize, f: usize, d: DType) -> Vec<f32> {
+fn swiglu_input(inp: &mut Inputs, n: usize, f: usize, d: DType) -> Vec<f32> {
     let (gate, up) = (inp.uniform(n * f, 6.0, d), inp.uniform(n * f, 1.0, d));
     gate.chunks(f)
         .zip(up.chunks(f))

@@ -5,7 +5,7 @@ use super::*;
 /// A weight for the NF4 checks: uniform values whose 64-value blocks span four decades of
 /// scale (so the double-quantised absmax codes spread over the dynamic map), with every 97th
 /// block all zeros.
-pub(super) fn nf4_weight(inp: &mut Inputs, n: usize) -> Vec<f32> {
+fn nf4_weight(inp: &mut Inputs, n: usize) -> Vec<f32> {
     let mut values = inp.uniform(n, 1.0, DType::F32);
     for (b, block) in values.chunks_mut(cpu::nf4::BLOCK).enumerate() {
         let scale = if b % 97 == 5 {

@@ -125,7 +125,7 @@ pub(super) fn out_of_memory_is_recoverable(
 
 /// A small GPT (6 blocks, d_model 128, 8 x 128 tokens) for the recomputation and
 /// out-of-memory checks.
-pub(super) fn small_gpt(seed: u64, extra: &[&str]) -> Result<crate::config::Config> {
+fn small_gpt(seed: u64, extra: &[&str]) -> Result<crate::config::Config> {
     let overrides: Vec<String> = [
         "model.d_model=128",
         "model.n_layers=6",
@@ -142,7 +142,7 @@ pub(super) fn small_gpt(seed: u64, extra: &[&str]) -> Result<crate::config::Conf
     Ok(ResolvedConfig::resolve(None, &overrides)?.config)
 }
 
-pub(super) fn small_batches(seed: u64, steps: u64, rows: usize) -> Result<Vec<data::Batch>> {
+fn small_batches(seed: u64, steps: u64, rows: usize) -> Result<Vec<data::Batch>> {
     let corpus = data::Corpus::load(None)?;
     let tokens = data::Tokenizer::encode(&data::ByteTokenizer, &corpus.text[..200_000]);
     Ok((0..steps)
@@ -255,7 +255,7 @@ pub(super) fn out_of_memory_splits(
 
 /// A tiny GPT in fp16-mixed with a loss scale of 2^40: its fp16 output gradient overflows, so
 /// the first step must be skipped (no update, no schedule step) and the scale halved.
-pub(super) fn fp16_scaler_backs_off(
+fn fp16_scaler_backs_off(
     gpu: &std::sync::Arc<MemoryPool>,
     seed: u64,
 ) -> std::result::Result<String, String> {
@@ -317,7 +317,7 @@ pub(super) fn fp16_scaler_backs_off(
 /// Trains a tiny model (a GPT, or the kind `kind` overrides name) for 50 steps from one seed
 /// on the same batches on the CPU (fp32) and on the GPU (`precision`); returns both losses at
 /// every step.
-pub(super) fn training_parity(
+fn training_parity(
     gpu: &std::sync::Arc<MemoryPool>,
     kind: &[&str],
     precision: &str,
@@ -367,7 +367,7 @@ pub(super) fn training_parity(
 /// update (the host AdamW pass against the GPU kernel; they differ in fused multiply-adds);
 /// and that every compute copy on the GPU is exactly its host master rounded, which shows
 /// each uploaded chunk landed where it belongs.
-pub(super) fn offload_parity(
+fn offload_parity(
     gpu: &std::sync::Arc<MemoryPool>,
     precision: &str,
     seed: u64,

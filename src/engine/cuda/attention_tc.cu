@@ -156,13 +156,10 @@ struct TcF16 {
     }
 };
 
-// Global to shared memory copies run asynchronously (cp.async), so a block loads its next tile
-// while it computes on the current one. A copy (16 or 4 bytes) whose source lies past the end
-// (`in` false) fills zeros and reads nothing (source size 0; the address stays a valid one).
-__device__ __forceinline__ void tc_copy_async(void* dst, const void* src, bool in) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-                 :: "r"(tc_smem_addr(dst)), "l"(src), "r"(in ? 16 : 0));
-}
+// Global to shared memory copies run asynchronously (cp.async: copy_async16 in common.cuh for
+// 16 bytes), so a block loads its next tile while it computes on the current one. A copy whose
+// source lies past the end (`in` false) fills zeros and reads nothing (source size 0; the
+// address stays a valid one).
 __device__ __forceinline__ void tc_copy_async4(void* dst, const void* src, bool in) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;"
                  :: "r"(tc_smem_addr(dst)), "l"(src), "r"(in ? 4 : 0));
@@ -184,7 +181,7 @@ __device__ __forceinline__ void tc_tile_copy(unsigned short* tile, const E* src,
     for (int i = threadIdx.x; i < ROWS * chunks; i += blockDim.x) {
         const int r = i / chunks, c = (i % chunks) * 8;
         const bool in = r0 + r < T;
-        tc_copy_async(tile + r * TcShape<HS>::ld + c, src + (size_t)(in ? r0 + r : 0) * stride + c, in);
+        copy_async16(tile + r * TcShape<HS>::ld + c, src + (size_t)(in ? r0 + r : 0) * stride + c, in);
     }
 }
 

@@ -120,7 +120,7 @@ __device__ __forceinline__ void tf_tile_copy(float* tile, const float* src, size
     for (int i = threadIdx.x; i < ROWS * chunks; i += blockDim.x) {
         const int r = i / chunks, c = (i % chunks) * 4;
         const bool in = r0 + r < T;
-        tc_copy_async(tile + r * TfShape<HS>::ld + c, src + (size_t)(in ? r0 + r : 0) * stride + c, in);
+        copy_async16(tile + r * TfShape<HS>::ld + c, src + (size_t)(in ? r0 + r : 0) * stride + c, in);
     }
 }
 

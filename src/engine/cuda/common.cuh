@@ -237,16 +237,26 @@ __device__ __forceinline__ void grid_chain() {
     grid_let_next_start();
 }
 // 16 bytes from global `src` to shared `dst` (both 16-byte aligned), asynchronously and past
-// the L1 (cp.async.cg). Before grid_wait_for_previous it may read what the previous kernel
-// does not write: the kernels before that one have finished by then (see above) and their
-// writes are in L2, though an SM's L1 may still hold older copies. Wait for a block's copies
-// with copy_async_wait_all and then __syncthreads.
+// the L1 (cp.async.cg). Before grid_wait_for_previous it may read what the previous kernel does
+// not write: the kernels before that one have finished by then (see above) and their writes
+// are in L2, though an SM's L1 may still hold older copies. Wait for a block's copies with
+// copy_async_wait_all (or a committed group's) and then __syncthreads.
 __device__ __forceinline__ void copy_async16(void* dst, const void* src) {
 #if __CUDA_ARCH__ >= 800
     const unsigned int at = (unsigned int)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(at), "l"(src) : "memory");
 #else
     *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+#endif
+}
+// The same copy, or with `in` false zeros that read nothing (source size 0; the address must
+// still be a valid one): rows past the end of a tile.
+__device__ __forceinline__ void copy_async16(void* dst, const void* src, bool in) {
+#if __CUDA_ARCH__ >= 800
+    const unsigned int at = (unsigned int)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(at), "l"(src), "r"(in ? 16 : 0));
+#else
+    *reinterpret_cast<uint4*>(dst) = in ? *reinterpret_cast<const uint4*>(src) : make_uint4(0u, 0u, 0u, 0u);
 #endif
 }
 __device__ __forceinline__ void copy_async_wait_all() {

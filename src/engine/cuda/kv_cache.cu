@@ -520,7 +520,7 @@ __device__ void cache_attention(T* out, float* part_o, float* part_ml, const T* 
         }
     }
     const int state = WARP_MERGE ? (int)threadIdx.x / 32 : grp;
-    if (APPEND) __syncthreads();  // every group is through the keys and values sm_o replaces
+    if constexpr (APPEND) __syncthreads();  // every group is through the keys and values sm_o replaces
     if (!WARP_MERGE || (int)threadIdx.x % 32 < L) {
 #pragma unroll
         for (int h = 0; h < G; ++h) {

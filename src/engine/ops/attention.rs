@@ -141,7 +141,7 @@ pub fn masked_attention_forward(qkv: &Tensor, lens: &[u32], s: AttnShape) -> Res
 }
 
 /// Checks a padding mask: one length per sequence, each in `1 ..= T`.
-pub(super) fn check_lens(op: &'static str, lens: &[u32], s: AttnShape) -> Result<()> {
+fn check_lens(op: &'static str, lens: &[u32], s: AttnShape) -> Result<()> {
     if lens.len() != s.batch {
         return Err(EngineError::Shape {
             op,
@@ -217,12 +217,7 @@ pub fn softmax_backward(probs: &Tensor, dprobs: &Tensor) -> Result<Tensor> {
     Ok(dscores)
 }
 
-pub(super) fn heads_rows_check(
-    op: &'static str,
-    rows: &Tensor,
-    s: AttnShape,
-    col0: usize,
-) -> Result<usize> {
+fn heads_rows_check(op: &'static str, rows: &Tensor, s: AttnShape, col0: usize) -> Result<usize> {
     let (n, row) = rows_cols(op, rows)?;
     if n != s.batch * s.seq || col0 + s.channels > row {
         return Err(EngineError::Shape {

@@ -17,12 +17,7 @@ pub struct BkCoeffGrads<'a> {
     pub doffdiag: Option<(&'a mut Tensor, &'a mut Tensor)>,
 }
 
-pub(super) fn check_bk(
-    op: &'static str,
-    v: &Tensor,
-    k: &BkCoeffs,
-    s: cpu::bk_core::BkShape,
-) -> Result<()> {
+fn check_bk(op: &'static str, v: &Tensor, k: &BkCoeffs, s: cpu::bk_core::BkShape) -> Result<()> {
     let bad = |detail: String| Err(EngineError::Shape { op, detail });
     if s.n == 0 || s.batch == 0 {
         return bad(format!(
@@ -56,10 +51,10 @@ pub(super) fn check_bk(
 }
 
 /// Super- and sub-diagonal as f64 host values.
-pub(super) type HostOffdiag = Option<(Vec<f64>, Vec<f64>)>;
+type HostOffdiag = Option<(Vec<f64>, Vec<f64>)>;
 
 /// The coefficients as f64 host values for the CPU kernel.
-pub(super) fn bk_host_coeffs(k: &BkCoeffs) -> (cpu::bk_core::Cx<f64>, HostOffdiag) {
+fn bk_host_coeffs(k: &BkCoeffs) -> (cpu::bk_core::Cx<f64>, HostOffdiag) {
     let z = k.z.host();
     let wide = |t: &Tensor| t.host().iter().map(|&x| x as f64).collect::<Vec<f64>>();
     (

@@ -10,7 +10,7 @@ pub struct DiversitySaved {
     pub rnorm: Tensor,
 }
 
-pub(super) fn diversity_shape(op: &'static str, e: &Tensor, n: usize) -> Result<SetShape> {
+fn diversity_shape(op: &'static str, e: &Tensor, n: usize) -> Result<SetShape> {
     let (rows, d) = rows_cols(op, e)?;
     let shape = SetShape {
         sets: rows.checked_div(n).unwrap_or(0),

@@ -75,7 +75,7 @@ pub fn cols_scaled(src: &Tensor, col0: usize, c: usize, alpha: f32) -> Result<Te
     Ok(out)
 }
 
-pub(super) fn check_cols(
+fn check_cols(
     op: &'static str,
     n: usize,
     row: usize,

@@ -154,7 +154,7 @@ pub(super) fn norm_width(
 }
 
 #[allow(clippy::too_many_arguments)]
-pub(super) fn append(
+fn append(
     qkv: &Tensor,
     norm: Option<(&Tensor, f32)>,
     bias: Option<&Tensor>,
@@ -247,7 +247,7 @@ pub(super) fn append(
 /// Checks an append's operands against its shapes (bias, tables, cache, rows, the norm's
 /// stream); returns the stream's width (0 without a norm).
 #[allow(clippy::too_many_arguments)]
-pub(super) fn check_append(
+fn check_append(
     op: &'static str,
     qkv: &Tensor,
     norm: Option<(&Tensor, f32)>,
@@ -281,7 +281,7 @@ pub(super) fn check_append(
 /// The CPU append into `q` (host values): the projection, first scaled by each row's norm
 /// factor of `norm`'s stream (of `width`) and given the bias, when there is a norm.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn cpu_append(
+fn cpu_append(
     op: &'static str,
     q: &mut [f32],
     qkv: &Tensor,
@@ -315,7 +315,7 @@ pub(super) fn cpu_append(
     Ok(())
 }
 
-pub(super) fn check_cache(
+fn check_cache(
     op: &'static str,
     k: &Tensor,
     v: &Tensor,
@@ -425,7 +425,7 @@ pub fn cache_attention_at(
 
 /// The longest prompt of a prefill from which a GPU attends through the training attention:
 /// below it the cache kernel, one block per row, has no tiles to fill.
-pub(super) const PREFILL_FLASH_FROM: usize = 16;
+const PREFILL_FLASH_FROM: usize = 16;
 
 /// A GPU prefill's rows as runs, each one sequence's positions `0..len` in order, for the
 /// training attention's tiles: a prompt's rows otherwise each walk their prefix of the cache
@@ -500,7 +500,7 @@ impl PrefillRuns {
 /// and the real rows gathered from its output. Each row attends to positions `0..=pos` of
 /// its slot as the cache kernel's rows do (with the training attention's rounding).
 #[allow(clippy::too_many_arguments)]
-pub(super) fn prefill_attention(
+fn prefill_attention(
     on: On,
     q: &Tensor,
     k_cache: &Tensor,

@@ -13,7 +13,7 @@ pub fn linear_forward(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tens
 }
 
 /// The shape of `x[.., c_in] @ w[c_out, c_in]^T`: `x`'s with the last dimension `c_out`.
-pub(super) fn linear_out_shape(op: &'static str, x: &Tensor, w: &Tensor) -> Result<Vec<usize>> {
+fn linear_out_shape(op: &'static str, x: &Tensor, w: &Tensor) -> Result<Vec<usize>> {
     let mut shape = x.shape().to_vec();
     match shape.last_mut() {
         Some(last) => *last = w.shape()[0],
@@ -87,7 +87,7 @@ pub fn linear_forward_into(
 /// the largest projection of the decoders kiln runs. Wider ones (a vocabulary's logits) stay
 /// with cuBLAS, whose tiles reuse each row across many features where the few-row kernels read
 /// the rows again for every 16.
-pub(super) fn few_rows_chosen(rows: usize, features: usize, k: usize, w: &Tensor) -> bool {
+fn few_rows_chosen(rows: usize, features: usize, k: usize, w: &Tensor) -> bool {
     let weight_bytes = w.len() * w.dtype().size_bytes();
     w.shape()[0] <= 16_384 && crate::engine::cuda::few_rows_pay(rows, features, k, weight_bytes)
 }
@@ -208,7 +208,7 @@ pub struct WeightGrad<'a> {
 impl<'a> WeightGrad<'a> {
     /// The buffer, checked to be on `on`'s device, and whether the product overwrites it. The
     /// CPU's products only add, so there an overwrite becomes a clear first (the same bits).
-    pub(super) fn prepare(self, op: &'static str, on: &On) -> Result<(&'a mut Tensor, bool)> {
+    fn prepare(self, op: &'static str, on: &On) -> Result<(&'a mut Tensor, bool)> {
         device_of(op, &[self.grad])?;
         if self.overwrite && !matches!(on, On::Gpu(_)) {
             self.grad.fill_zero()?;

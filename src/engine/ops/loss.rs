@@ -2,7 +2,7 @@
 
 use super::*;
 
-pub(super) fn check_targets(
+fn check_targets(
     op: &'static str,
     logits: &Tensor,
     targets: &[u32],

@@ -8,7 +8,7 @@ pub struct NormStats {
     pub rstd: Tensor,
 }
 
-pub(super) fn norm_stats(x: &Tensor, n: usize) -> Result<NormStats> {
+fn norm_stats(x: &Tensor, n: usize) -> Result<NormStats> {
     Ok(NormStats {
         mean: Tensor::uninit(x.pool(), &[n], DType::F32)?,
         rstd: Tensor::uninit(x.pool(), &[n], DType::F32)?,

@@ -122,10 +122,7 @@ pub fn adamw_update_many(params: Vec<AdamWParam<'_>>) -> Result<()> {
 
 /// One launch of the fused AdamW over `members`, which share their settings (but the weight
 /// decay) and their kind of compute copy, `C` (unused without one).
-pub(super) fn adamw_launch<C: DeviceElem>(
-    g: &CudaBackend,
-    members: Vec<AdamWParam<'_>>,
-) -> Result<()> {
+fn adamw_launch<C: DeviceElem>(g: &CudaBackend, members: Vec<AdamWParam<'_>>) -> Result<()> {
     let h = members[0].h;
     let mut slices: Vec<_> = members
         .into_iter()
@@ -158,7 +155,7 @@ pub fn adamw_update_unfused(
 }
 
 /// The two AdamW forms: the same checks and dispatch, the unfused one with its scratch.
-pub(super) fn adamw_step(
+fn adamw_step(
     param: &mut Tensor,
     grad: &Tensor,
     m: &mut Tensor,

@@ -97,7 +97,7 @@ pub fn embedding_backward(
 
 /// Checks row indices against a tensor of `rows` rows (and, for a scatter, that no row is
 /// named twice: each destination row must have one writer) and the scale's length.
-pub(super) fn check_row_indices(
+fn check_row_indices(
     op: &'static str,
     idx: &[u32],
     rows: usize,
