@@ -508,7 +508,8 @@ pub(super) fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
     }
     // A decode step's products of a few rows on the tensor cores: SmolLM2-135M's and
     // Llama-3.2-1B's projections at batches 1 to 64 (row counts off the 8-row tiles too), written
-    // and added into the output, and the gate/up product fused with the row's norm and SwiGLU.
+    // and added into the output, and the gate/up product fused with the row's norm and SwiGLU;
+    // blocks of 8 and of 16 warps (k over one round of an 8-warp block's loads, one block an SM).
     for (rows, k, n, accumulate) in [
         (1, 576, 960, false),
         (7, 576, 576, true),
@@ -516,6 +517,7 @@ pub(super) fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
         (33, 2048, 3072, false),
         (64, 576, 960, false),
         (16, 8192, 2048, true),
+        (1, 1536, 576, true),
     ] {
         let shape = format!("{rows}x{k}->{n}{}", if accumulate { " +=" } else { "" });
         let r = check_few_rows_product::<Bf16>(gpu, inp, rows, k, n, accumulate);
@@ -528,6 +530,8 @@ pub(super) fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
         (64, 576, 1536),
         (20, 2048, 8192),
         (9, 64, 16),
+        (16, 576, 1536),
+        (4, 2048, 2048),
     ] {
         let shape = format!("{rows}x{k}->2x{f}");
         let r = check_few_rows_swiglu::<Bf16>(gpu, inp, rows, k, f);

@@ -21,6 +21,8 @@
 // of two m16n8k16 steps (step s: positions {2t, 2t + 1} are 8t + 4s + {0, 1}, positions
 // {2t + 8, 2t + 9} are 8t + 4s + {2, 3}). No shared memory holds operands; each warp issues the
 // loads of FewRowsShape::unroll chunks before their products, which keeps enough bytes in flight.
+// A block has 8 warps, or 16 (the `_w16` kernels) where k would take 8 warps more than one round
+// of those loads and the grid fits one block an SM (few_rows.rs, wide_blocks).
 //
 // The warps' partial tiles are summed in shared memory in warp order (no atomics: the result
 // does not depend on scheduling), then the epilogue writes, adds into y, or (fused) scales gate
@@ -33,13 +35,13 @@
 
 #define FR_CHUNK 32
 
-template <int XT, int WT> struct FewRowsShape {
+template <int XT, int WT, int W = 8> struct FewRowsShape {
     // Each lane's 16-byte loads a chunk: two weight rows (g, g + 8) a weight tile, one row a
     // row tile.
     static constexpr int loads = 2 * WT + XT;
     // Chunks whose loads are in flight together: about 64 registers of them.
     static constexpr int unroll = 16 / loads >= 4 ? 4 : (16 / loads >= 1 ? 16 / loads : 1);
-    static constexpr int warps = 8;
+    static constexpr int warps = W;
 };
 
 __device__ __forceinline__ uint4 fr_load16(const void* p) {
@@ -54,14 +56,14 @@ __device__ __forceinline__ unsigned fr_word(const uint4& v, int i) {
     return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
 }
 
-template <class Ops, int XT, int WT, bool SWIGLU>
+template <class Ops, int XT, int WT, bool SWIGLU, int W = 8>
 __device__ __forceinline__ void few_rows(typename Ops::elem* __restrict__ y,
                                          const typename Ops::elem* __restrict__ x,
                                          const typename Ops::elem* __restrict__ w, int m, int n, int k,
                                          int accumulate, float eps, int prefetch) {
 #if __CUDA_ARCH__ >= 800
     typedef typename Ops::elem T;
-    typedef FewRowsShape<XT, WT> S;
+    typedef FewRowsShape<XT, WT, W> S;
     constexpr int WARPS = S::warps, U = S::unroll, SLOTS = WT * XT * 4;
     __shared__ float part[WARPS][SLOTS][32];
     __shared__ float sq_part[SWIGLU ? WARPS : 1][SWIGLU ? XT : 1][8];
@@ -252,4 +254,19 @@ __device__ __forceinline__ void few_rows(typename Ops::elem* __restrict__ y,
         few_rows_swiglu_##SUFFIX##_grouped(OPS::elem* h, const OPS::elem* x, const OPS::elem* w, int m, \
                                            int f, int k, float eps, int prefetch) {                  \
         few_rows<OPS, 2, 2, true>(h, x, w, m, f, k, 0, eps, prefetch);                                \
+    }
+
+// Blocks of 16 warps for calls whose k takes an 8-warp block's warps more than one round of
+// loads (more than 8 unroll chunks: SmolLM2-135M's down product, k = 1536; every product of
+// Llama-3.2-1B, k = 2048 and 8192): half the rounds, twice the bytes in flight an SM.
+#define FEW_ROWS_WIDE_ENTRY_POINTS(OPS, SUFFIX, XT)                                                  \
+    extern "C" __global__ void __launch_bounds__(FewRowsShape<XT, 1, 16>::warps * 32, 1)                \
+        few_rows_product_##SUFFIX##_x##XT##_w16(OPS::elem* y, const OPS::elem* x, const OPS::elem* w,  \
+                                                int m, int n, int k, int accumulate, int prefetch) {   \
+        few_rows<OPS, XT, 1, false, 16>(y, x, w, m, n, k, accumulate, 0.f, prefetch);                 \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(FewRowsShape<XT, 2, 16>::warps * 32, 1)                \
+        few_rows_swiglu_##SUFFIX##_x##XT##_w16(OPS::elem* h, const OPS::elem* x, const OPS::elem* w,   \
+                                               int m, int f, int k, float eps, int prefetch) {         \
+        few_rows<OPS, XT, 2, true, 16>(h, x, w, m, f, k, 0, eps, prefetch);                           \
     }

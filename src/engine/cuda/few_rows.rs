@@ -20,6 +20,8 @@ pub(super) const PROGRAM: Program = Program {
         "\nFEW_ROWS_ENTRY_POINTS(TcBf16, bf16, 1)\nFEW_ROWS_ENTRY_POINTS(TcBf16, bf16, 2)\n",
         "FEW_ROWS_ENTRY_POINTS(TcF16, f16, 1)\nFEW_ROWS_ENTRY_POINTS(TcF16, f16, 2)\n",
         "FEW_ROWS_GROUPED_ENTRY_POINT(TcBf16, bf16)\nFEW_ROWS_GROUPED_ENTRY_POINT(TcF16, f16)\n",
+        "FEW_ROWS_WIDE_ENTRY_POINTS(TcBf16, bf16, 1)\nFEW_ROWS_WIDE_ENTRY_POINTS(TcBf16, bf16, 2)\n",
+        "FEW_ROWS_WIDE_ENTRY_POINTS(TcF16, f16, 1)\nFEW_ROWS_WIDE_ENTRY_POINTS(TcF16, f16, 2)\n",
     ),
     kernels: &[],
     elem_kernels: &[
@@ -28,6 +30,10 @@ pub(super) const PROGRAM: Program = Program {
         ElemKernel::FewRowsSwigluX1,
         ElemKernel::FewRowsSwigluX2,
         ElemKernel::FewRowsSwigluGrouped,
+        ElemKernel::FewRowsProductX1W16,
+        ElemKernel::FewRowsProductX2W16,
+        ElemKernel::FewRowsSwigluX1W16,
+        ElemKernel::FewRowsSwigluX2W16,
     ],
     dtypes: &[DType::BF16, DType::F16],
 };
@@ -38,8 +44,9 @@ pub const FEW_ROWS_MAX: usize = 64;
 const FEATURES: usize = 16;
 /// The k values a warp takes at a time, and the multiple `k` must be.
 const CHUNK: usize = 32;
-/// Threads a block (few_rows.cu's `FewRowsShape::warps` times 32).
-const THREADS: u32 = 256;
+/// Warps a block (few_rows.cu's `FewRowsShape::warps`), and of the wide kernels.
+const WARPS: usize = 8;
+const WIDE_WARPS: usize = 16;
 /// Calls of more than 16 rows take more blocks per feature tile, each reading the tile's
 /// weight again, from L2 while the weight stays there. Measured at 64 rows on an H200: 5% faster
 /// than cuBLAS end to end with SmolLM2-135M's weights (3.4 MiB at most), 38% slower with
@@ -84,7 +91,7 @@ impl CudaBackend {
     fn few_rows_launch<T: Elem, A: cudarc::driver::DeviceRepr>(
         &self,
         op: &'static str,
-        kernels: [ElemKernel; 3],
+        kernels: [ElemKernel; 5],
         out: &mut CudaSlice<T>,
         x: &CudaSlice<T>,
         w: &CudaSlice<T>,
@@ -100,9 +107,17 @@ impl CudaBackend {
         check_len(op, "out", out, rows * features)?;
         check_len(op, "x", x, rows * k)?;
         check_len(op, "w", w, weight_rows * k)?;
-        let (_, groups) = row_tiles(rows);
+        let (xt, groups) = row_tiles(rows);
         let form = kernel_form(rows, features, self.info.sm_count as usize);
-        let func = self.elem_function::<T>(kernels[form])?;
+        // The fused form's weight tiles: gate and up.
+        let wt = if weight_rows == features { 1 } else { 2 };
+        let grid = blocks(op, features, groups)?;
+        let wide = wide_blocks(k, xt, wt) && grid as usize <= self.info.sm_count as usize;
+        let func = self.elem_function::<T>(match wide {
+            true => kernels[3 + xt - 1],
+            false => kernels[form],
+        })?;
+        let warps = if wide { WIDE_WARPS } else { WARPS };
         let (m32, n32, k32) = (
             as_i32(op, "rows", rows)?,
             as_i32(op, "features", features)?,
@@ -113,8 +128,8 @@ impl CudaBackend {
         let prefetch = i32::from(self.overlapping());
         let mut params = kernel_params![yp, xp, wp, m32, n32, k32, last, prefetch];
         let cfg = LaunchConfig {
-            grid_dim: (blocks(op, features, groups)?, 1, 1),
-            block_dim: (THREADS, 1, 1),
+            grid_dim: (grid, 1, 1),
+            block_dim: (32 * warps as u32, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: the kernels' parameters in order; lengths checked above (the weight holds
@@ -139,8 +154,16 @@ impl CudaBackend {
         k: usize,
         accumulate: bool,
     ) -> Result<bool> {
-        use ElemKernel::{FewRowsProductX1, FewRowsProductX2};
-        let kernels = [FewRowsProductX1, FewRowsProductX2, FewRowsProductX2];
+        use ElemKernel::{
+            FewRowsProductX1, FewRowsProductX1W16, FewRowsProductX2, FewRowsProductX2W16,
+        };
+        let kernels = [
+            FewRowsProductX1,
+            FewRowsProductX2,
+            FewRowsProductX2,
+            FewRowsProductX1W16,
+            FewRowsProductX2W16,
+        ];
         let shape = (rows, n, k, n);
         let acc = i32::from(accumulate);
         self.few_rows_launch("few_rows_product", kernels, y, x, w, shape, acc)
@@ -161,8 +184,17 @@ impl CudaBackend {
         k: usize,
         eps: f32,
     ) -> Result<bool> {
-        use ElemKernel::{FewRowsSwigluGrouped, FewRowsSwigluX1, FewRowsSwigluX2};
-        let kernels = [FewRowsSwigluX1, FewRowsSwigluX2, FewRowsSwigluGrouped];
+        use ElemKernel::{
+            FewRowsSwigluGrouped, FewRowsSwigluX1, FewRowsSwigluX1W16, FewRowsSwigluX2,
+            FewRowsSwigluX2W16,
+        };
+        let kernels = [
+            FewRowsSwigluX1,
+            FewRowsSwigluX2,
+            FewRowsSwigluGrouped,
+            FewRowsSwigluX1W16,
+            FewRowsSwigluX2W16,
+        ];
         self.few_rows_launch(
             "few_rows_swiglu",
             kernels,
@@ -186,6 +218,15 @@ fn kernel_form(rows: usize, features: usize, sms: usize) -> usize {
         (_, groups) if groups > 1 && features / FEATURES * groups > 2 * sms => 2,
         _ => 1,
     }
+}
+
+/// Whether a call of `k` may take the 16-warp kernels: where an 8-warp block's warps would need
+/// more than one round of loads (few_rows.cu's `FewRowsShape::unroll` chunks a round, from
+/// `2 wt + xt` loads a chunk). The caller also keeps them to grids of one block an SM, all
+/// that their registers allow.
+fn wide_blocks(k: usize, xt: usize, wt: usize) -> bool {
+    let unroll = (16 / (2 * wt + xt)).clamp(1, 4);
+    k / CHUNK > WARPS * unroll
 }
 
 /// `groups` blocks (of rows) per 16 output features.
@@ -219,6 +260,22 @@ mod tests {
         assert_eq!(forms, [0, 0, 1, 1, 1, 1, 2, 2]);
         // One block a tile stays unbounded however many blocks (Llama-3.2-1B's 8192 features).
         assert_eq!(kernel_form(16, 8192, 132), 1);
+    }
+
+    /// The 16-warp kernels take the calls whose k needs more than one round of an 8-warp
+    /// block's loads: SmolLM2-135M's down product (k 1536) and Llama-3.2-1B's products (k 2048
+    /// and 8192), not SmolLM2's k of 576 except in the fused gate/up form of 16-row blocks
+    /// (2 chunks a round a warp there).
+    #[test]
+    fn wide_blocks_take_the_calls_of_more_than_one_round() {
+        assert!(!wide_blocks(576, 1, 1));
+        assert!(!wide_blocks(576, 2, 1));
+        assert!(!wide_blocks(576, 1, 2));
+        assert!(wide_blocks(576, 2, 2));
+        assert!(wide_blocks(1536, 1, 1));
+        assert!(wide_blocks(2048, 2, 1));
+        assert!(wide_blocks(8192, 1, 2));
+        assert!(!wide_blocks(1024, 2, 1));
     }
 
     /// Up to 16 rows always pay; more only against weights that stay in L2.
