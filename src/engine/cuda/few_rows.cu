@@ -21,8 +21,9 @@
 // of two m16n8k16 steps (step s: positions {2t, 2t + 1} are 8t + 4s + {0, 1}, positions
 // {2t + 8, 2t + 9} are 8t + 4s + {2, 3}). No shared memory holds operands; each warp issues the
 // loads of FewRowsShape::unroll chunks before their products, which keeps enough bytes in flight.
-// A block has 8 warps, or 16 (the `_w16` kernels) where k would take 8 warps more than one round
-// of those loads and the grid fits one block an SM (few_rows.rs, wide_blocks).
+// A block has 8 warps, or more where k would take 8 warps more than one round of those loads:
+// 16 (the `_w16` kernels) where the grid fits one block an SM, 12 (`_x2_w12`, products of 16-row
+// blocks) where it fits two (few_rows.rs, block_warps).
 //
 // The warps' partial tiles are summed in shared memory in warp order (no atomics: the result
 // does not depend on scheduling), then the epilogue writes, adds into y, or (fused) scales gate
@@ -269,4 +270,14 @@ __device__ __forceinline__ void few_rows(typename Ops::elem* __restrict__ y,
         few_rows_swiglu_##SUFFIX##_x##XT##_w16(OPS::elem* h, const OPS::elem* x, const OPS::elem* w,   \
                                                int m, int f, int k, float eps, int prefetch) {         \
         few_rows<OPS, XT, 2, true, 16>(h, x, w, m, f, k, 0, eps, prefetch);                           \
+    }
+
+// Blocks of 12 warps and 16 rows, bounded to two an SM (80 registers), for products whose grid
+// is too large for one 16-warp block an SM but fits two of these, with k in one round of their
+// loads: SmolLM2-135M's batch-64 down product (k 1536: 48 chunks, 4 a warp; 144 blocks).
+#define FEW_ROWS_W12_ENTRY_POINT(OPS, SUFFIX)                                                         \
+    extern "C" __global__ void __launch_bounds__(FewRowsShape<2, 1, 12>::warps * 32, 2)                 \
+        few_rows_product_##SUFFIX##_x2_w12(OPS::elem* y, const OPS::elem* x, const OPS::elem* w, int m,\
+                                           int n, int k, int accumulate, int prefetch) {              \
+        few_rows<OPS, 2, 1, false, 12>(y, x, w, m, n, k, accumulate, 0.f, prefetch);                  \
     }

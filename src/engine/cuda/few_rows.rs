@@ -22,6 +22,7 @@ pub(super) const PROGRAM: Program = Program {
         "FEW_ROWS_GROUPED_ENTRY_POINT(TcBf16, bf16)\nFEW_ROWS_GROUPED_ENTRY_POINT(TcF16, f16)\n",
         "FEW_ROWS_WIDE_ENTRY_POINTS(TcBf16, bf16, 1)\nFEW_ROWS_WIDE_ENTRY_POINTS(TcBf16, bf16, 2)\n",
         "FEW_ROWS_WIDE_ENTRY_POINTS(TcF16, f16, 1)\nFEW_ROWS_WIDE_ENTRY_POINTS(TcF16, f16, 2)\n",
+        "FEW_ROWS_W12_ENTRY_POINT(TcBf16, bf16)\nFEW_ROWS_W12_ENTRY_POINT(TcF16, f16)\n",
     ),
     kernels: &[],
     elem_kernels: &[
@@ -34,6 +35,7 @@ pub(super) const PROGRAM: Program = Program {
         ElemKernel::FewRowsProductX2W16,
         ElemKernel::FewRowsSwigluX1W16,
         ElemKernel::FewRowsSwigluX2W16,
+        ElemKernel::FewRowsProductX2W12,
     ],
     dtypes: &[DType::BF16, DType::F16],
 };
@@ -44,9 +46,6 @@ pub const FEW_ROWS_MAX: usize = 64;
 const FEATURES: usize = 16;
 /// The k values a warp takes at a time, and the multiple `k` must be.
 const CHUNK: usize = 32;
-/// Warps a block (few_rows.cu's `FewRowsShape::warps`), and of the wide kernels.
-const WARPS: usize = 8;
-const WIDE_WARPS: usize = 16;
 /// Calls of more than 16 rows take more blocks per feature tile, each reading the tile's
 /// weight again, from L2 while the weight stays there. Measured at 64 rows on an H200: 5% faster
 /// than cuBLAS end to end with SmolLM2-135M's weights (3.4 MiB at most), 38% slower with
@@ -92,6 +91,7 @@ impl CudaBackend {
         &self,
         op: &'static str,
         kernels: [ElemKernel; 5],
+        twelve: Option<ElemKernel>,
         out: &mut CudaSlice<T>,
         x: &CudaSlice<T>,
         w: &CudaSlice<T>,
@@ -112,12 +112,13 @@ impl CudaBackend {
         // The fused form's weight tiles: gate and up.
         let wt = if weight_rows == features { 1 } else { 2 };
         let grid = blocks(op, features, groups)?;
-        let wide = wide_blocks(k, xt, wt) && grid as usize <= self.info.sm_count as usize;
-        let func = self.elem_function::<T>(match wide {
-            true => kernels[3 + xt - 1],
-            false => kernels[form],
-        })?;
-        let warps = if wide { WIDE_WARPS } else { WARPS };
+        let sms = self.info.sm_count as usize;
+        let (kernel, warps) = match block_warps(k, (xt, wt), grid as usize, sms, twelve.is_some()) {
+            Warps::Sixteen => (kernels[3 + xt - 1], 16),
+            Warps::Twelve => (twelve.unwrap_or(kernels[form]), 12),
+            Warps::Eight => (kernels[form], 8),
+        };
+        let func = self.elem_function::<T>(kernel)?;
         let (m32, n32, k32) = (
             as_i32(op, "rows", rows)?,
             as_i32(op, "features", features)?,
@@ -166,7 +167,8 @@ impl CudaBackend {
         ];
         let shape = (rows, n, k, n);
         let acc = i32::from(accumulate);
-        self.few_rows_launch("few_rows_product", kernels, y, x, w, shape, acc)
+        let twelve = Some(ElemKernel::FewRowsProductX2W12);
+        self.few_rows_launch("few_rows_product", kernels, twelve, y, x, w, shape, acc)
     }
 
     /// `h[rows, f] = silu(r gate) * (r up)`, `[gate | up] = x[rows, k] w[2f, k]^T`, `r` the
@@ -198,6 +200,7 @@ impl CudaBackend {
         self.few_rows_launch(
             "few_rows_swiglu",
             kernels,
+            None,
             h,
             x,
             w,
@@ -220,13 +223,42 @@ fn kernel_form(rows: usize, features: usize, sms: usize) -> usize {
     }
 }
 
-/// Whether a call of `k` may take the 16-warp kernels: where an 8-warp block's warps would need
-/// more than one round of loads (few_rows.cu's `FewRowsShape::unroll` chunks a round, from
-/// `2 wt + xt` loads a chunk). The caller also keeps them to grids of one block an SM, all
-/// that their registers allow.
-fn wide_blocks(k: usize, xt: usize, wt: usize) -> bool {
+/// Whether `warps` warps a block take more than one round of loads over `k` (few_rows.cu's
+/// `FewRowsShape::unroll` chunks a warp a round, from `2 wt + xt` loads a chunk).
+fn over_one_round(k: usize, (xt, wt): (usize, usize), warps: usize) -> bool {
     let unroll = (16 / (2 * wt + xt)).clamp(1, 4);
-    k / CHUNK > WARPS * unroll
+    k / CHUNK > warps * unroll
+}
+
+/// The warps of a call's blocks (few_rows.cu's `FewRowsShape::warps`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Warps {
+    /// The form's kernel (`kernel_form`).
+    Eight,
+    /// `_w16`: one block an SM (their registers allow no more).
+    Sixteen,
+    /// `_x2_w12`, products of 16-row blocks: two blocks an SM.
+    Twelve,
+}
+
+/// Which blocks take a call of `k` with `grid` blocks of `xt` row tiles and `wt` weight tiles on
+/// `sms` SMs, `twelve` where the form has 12-warp blocks. Where 8 warps would go round their
+/// loads more than once, more warps halve the rounds and double the bytes in flight an SM, but
+/// only where the grid then still runs in one wave: 16 warps where it fits one block an SM,
+/// else 12 where it fits two and 12 warps take one round. Measured on an H200
+/// (`docs/benchmarks/2026-11-29-h200/wide-blocks/`, `twelve-warp-down/`): decode 3-5% faster at
+/// batches 1-32 with 16-warp blocks (SmolLM2-135M's down product, Llama-3.2-1B's products), 2%
+/// at SmolLM2's batch 64 with 12 (its down product, 144 blocks).
+fn block_warps(k: usize, tiles: (usize, usize), grid: usize, sms: usize, twelve: bool) -> Warps {
+    if !over_one_round(k, tiles, 8) {
+        Warps::Eight
+    } else if grid <= sms {
+        Warps::Sixteen
+    } else if twelve && tiles == (2, 1) && !over_one_round(k, tiles, 12) && grid <= 2 * sms {
+        Warps::Twelve
+    } else {
+        Warps::Eight
+    }
 }
 
 /// `groups` blocks (of rows) per 16 output features.
@@ -262,20 +294,29 @@ mod tests {
         assert_eq!(kernel_form(16, 8192, 132), 1);
     }
 
-    /// The 16-warp kernels take the calls whose k needs more than one round of an 8-warp
-    /// block's loads: SmolLM2-135M's down product (k 1536) and Llama-3.2-1B's products (k 2048
-    /// and 8192), not SmolLM2's k of 576 except in the fused gate/up form of 16-row blocks
-    /// (2 chunks a round a warp there).
+    /// More warps take the calls whose k needs more than one round of an 8-warp block's loads
+    /// (SmolLM2-135M's down product, k 1536; Llama-3.2-1B's products, k 2048 and 8192; not
+    /// SmolLM2's k of 576 except in the fused gate/up form of 16-row blocks, 2 chunks a round a
+    /// warp there), 16 where the grid fits one block an SM, else 12 where it fits two.
     #[test]
-    fn wide_blocks_take_the_calls_of_more_than_one_round() {
-        assert!(!wide_blocks(576, 1, 1));
-        assert!(!wide_blocks(576, 2, 1));
-        assert!(!wide_blocks(576, 1, 2));
-        assert!(wide_blocks(576, 2, 2));
-        assert!(wide_blocks(1536, 1, 1));
-        assert!(wide_blocks(2048, 2, 1));
-        assert!(wide_blocks(8192, 1, 2));
-        assert!(!wide_blocks(1024, 2, 1));
+    fn more_warps_take_the_calls_of_more_than_one_round() {
+        let sms = 132;
+        // SmolLM2-135M at batch 64: QKV (k 576, 240 blocks) and gate/up (grouped, 384) stay;
+        // the down product (k 1536, 144 blocks) takes 12 warps; at batch 16 (36 blocks), 16.
+        assert_eq!(block_warps(576, (2, 1), 240, sms, true), Warps::Eight);
+        assert_eq!(block_warps(576, (2, 2), 384, sms, false), Warps::Eight);
+        assert_eq!(block_warps(1536, (2, 1), 144, sms, true), Warps::Twelve);
+        assert_eq!(block_warps(1536, (2, 1), 36, sms, true), Warps::Sixteen);
+        assert_eq!(block_warps(576, (2, 2), 96, sms, false), Warps::Sixteen);
+        // Llama-3.2-1B at batch 1: the down product (k 8192, 128 blocks) and o (k 2048) take
+        // 16; QKV (192 blocks) and gate/up (512) stay at 8 (12 would go round twice at k 2048).
+        assert_eq!(block_warps(8192, (1, 1), 128, sms, true), Warps::Sixteen);
+        assert_eq!(block_warps(2048, (1, 1), 192, sms, true), Warps::Eight);
+        assert_eq!(block_warps(2048, (2, 1), 192, sms, true), Warps::Eight);
+        assert_eq!(block_warps(2048, (1, 2), 512, sms, false), Warps::Eight);
+        // One round at 8 warps: never more.
+        assert_eq!(block_warps(1024, (2, 1), 64, sms, true), Warps::Eight);
+        assert_eq!(block_warps(576, (1, 2), 96, sms, false), Warps::Eight);
     }
 
     /// Up to 16 rows always pay; more only against weights that stay in L2.

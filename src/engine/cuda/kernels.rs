@@ -183,6 +183,7 @@ kernel_table! {
         FewRowsProductX2W16 = "few_rows_product" + "_x2_w16" in [BF16, F16],
         FewRowsSwigluX1W16 = "few_rows_swiglu" + "_x1_w16" in [BF16, F16],
         FewRowsSwigluX2W16 = "few_rows_swiglu" + "_x2_w16" in [BF16, F16],
+        FewRowsProductX2W12 = "few_rows_product" + "_x2_w12" in [BF16, F16],
         EmbeddingForward = "embedding_forward",
         EmbeddingBackwardRows = "embedding_backward_rows",
         EmbeddingBackwardWpe = "embedding_backward_wpe",
