@@ -83,9 +83,10 @@ impl CudaBackend {
     }
 
     /// The launch both forms share: `out[rows, features]` from `x[rows, k]` and the weight
-    /// `w` of `weight_rows` rows, one of `kernels` (see [`kernel_form`]), with the form's last
-    /// argument. `Ok(false)`: not taken (see the module's note), nothing
-    /// written.
+    /// `w` of `weight_rows` rows, with the form's last argument. `kernels` are the form's
+    /// 8-warp kernels (indexed by [`kernel_form`]) and its 16-warp ones for 8 and 16 rows a
+    /// block, `twelve` its 12-warp one if it has one ([`block_warps`] chooses). `Ok(false)`:
+    /// not taken (see the module's note), nothing written.
     #[allow(clippy::too_many_arguments)]
     fn few_rows_launch<T: Elem, A: cudarc::driver::DeviceRepr>(
         &self,
