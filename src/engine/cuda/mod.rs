@@ -20,7 +20,6 @@ mod dropout;
 pub mod embedding;
 mod few_rows;
 mod gelu;
-mod gelu_erf;
 mod gemm;
 mod kernels;
 mod kv_cache;
@@ -356,7 +355,7 @@ const PROGRAMS: &[Program] = &[
     layernorm::PROGRAM,
     dropout::PROGRAM,
     gelu::PROGRAM,
-    gelu_erf::PROGRAM,
+    gelu::ERF_PROGRAM,
     cross_entropy::PROGRAM,
     embedding::PROGRAM,
     adamw::PROGRAM,
