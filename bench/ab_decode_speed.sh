@@ -3,8 +3,8 @@
 # each in turn, ROUNDS times, alternating (every other round in reverse order) so that clock and
 # thermal drift fall on all of them. Each build first fills its kernel cache, all at once: a
 # fresh machine's first start compiles for about a minute, which would otherwise eat a timed
-# run's limit. Prints one line per run with the decode new tokens/s of each batch; the logs
-# stay in OUT.
+# run's limit. Prints one line per run with the decode new tokens/s of each batch, then each
+# build's mean over the rounds and its ratio to the first build's; the logs stay in OUT.
 #
 #   OUT=/tmp/ab SHAPES=smollm2-135m,llama-3.2-1b BATCHES=1,8,16,32,64 ROUNDS=2 \
 #     bench/ab_decode_speed.sh base=OLD_KILN new=NEW_KILN
@@ -25,6 +25,7 @@ for a in "$@"; do
   esac
 done
 start=$(date +%s)
+: >"$O/rates.txt"
 for i in "${!names[@]}"; do
   (
     timeout 300 "${bins[$i]}" bench generate --shape smollm2-135m --batches 1 --new-tokens 8 \
@@ -44,6 +45,7 @@ for r in $(seq 1 "$ROUNDS"); do
       rc=$?
       rates=$(sed -nE 's/^kiln batch ([0-9]+):.*decode ([0-9]+) tok\/s.*/b\1=\2/p' "$log" | tr '\n' ' ')
       echo "$n $shape r$r rc $rc at $(($(date +%s) - start)) s: $rates"
+      echo "$n $shape $rates" >>"$O/rates.txt"
     done
   done
   # The next round in the other order.
@@ -51,3 +53,14 @@ for r in $(seq 1 "$ROUNDS"); do
   for ((j = ${#order[@]} - 1; j >= 0; j--)); do rev+=("${order[$j]}"); done
   order=("${rev[@]}")
 done
+# Each build's mean over the rounds, and its ratio to the first build's, by shape and batch.
+echo "means of $ROUNDS rounds (ratio to ${names[0]}):"
+awk -v first="${names[0]}" '
+  { for (i = 3; i <= NF; i++) { split($i, kv, "="); key = $2 " " kv[1]; sum[$1, key] += kv[2]; cnt[$1, key]++;
+      if (!(key in seen)) { seen[key] = 1; keys[++nk] = key } }
+    if (!($1 in known)) { known[$1] = 1; builds[++nb] = $1 } }
+  END { for (k = 1; k <= nk; k++) { key = keys[k]; line = key ":";
+          base = cnt[first, key] ? sum[first, key] / cnt[first, key] : 0;
+          for (b = 1; b <= nb; b++) { n = builds[b]; if (!cnt[n, key]) continue; m = sum[n, key] / cnt[n, key];
+            line = line sprintf("  %s %.0f", n, m); if (base > 0 && n != first) line = line sprintf(" (%.3f)", m / base) }
+          print line } }' "$O/rates.txt"
