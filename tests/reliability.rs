@@ -417,6 +417,19 @@ fn every_bad_argument_and_setting_is_refused_with_its_code() {
         row(&["generate", "--top-k", "-1"], &[], 2, "'-1'"),
         row(&["generate", "--tokens", "abc"], &[], 2, "--tokens"),
         row(&["hw", "--bogus"], &[], 2, "--bogus"),
+        // A negative number reaches kiln's own check, whose message says what to use.
+        row(
+            &["bench", "generate", "--no-python", "--temperature", "-1"],
+            &[],
+            2,
+            "--temperature -1 is not a temperature",
+        ),
+        row(
+            &["bench", "generate", "--no-python", "--top-p", "-0.5"],
+            &[],
+            2,
+            "must be in (0, 1]",
+        ),
         row(
             &["bench", "amp", "--steps", "0", "--out", "{dir}/amp"],
             &[],

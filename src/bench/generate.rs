@@ -37,9 +37,11 @@ pub struct BenchGenerateArgs {
     /// New tokens per sequence.
     #[arg(long, default_value_t = 128)]
     pub new_tokens: usize,
-    #[arg(long, default_value_t = 0.9)]
+    /// Sampling temperature (0: greedy).
+    #[arg(long, default_value_t = 0.9, allow_negative_numbers = true)]
     pub temperature: f32,
-    #[arg(long, default_value_t = 0.9)]
+    /// Nucleus sampling: the smallest set of tokens whose probability reaches this, in (0, 1].
+    #[arg(long, default_value_t = 0.9, allow_negative_numbers = true)]
     pub top_p: f32,
     /// 0 = off (transformers gets the same).
     #[arg(long, default_value_t = 0)]
