@@ -431,6 +431,22 @@ fn every_bad_argument_and_setting_is_refused_with_its_code() {
             "must be in (0, 1]",
         ),
         row(
+            &[
+                "classify",
+                "--init-from",
+                "{dir}/model",
+                "--data",
+                "{dir}/empty.txt",
+                "--out",
+                "{dir}/cv",
+                "--lr",
+                "-1",
+            ],
+            &[],
+            2,
+            "--lr -1 must be a positive number",
+        ),
+        row(
             &["bench", "amp", "--steps", "0", "--out", "{dir}/amp"],
             &[],
             2,

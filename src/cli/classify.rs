@@ -49,10 +49,10 @@ pub struct ClassifyArgs {
     #[arg(long, default_value_t = 20)]
     pub patience: usize,
     /// AdamW learning rate of the head.
-    #[arg(long, default_value_t = 1e-3)]
+    #[arg(long, default_value_t = 1e-3, allow_negative_numbers = true)]
     pub lr: f32,
     /// AdamW weight decay of the head's weights.
-    #[arg(long, default_value_t = 1e-2)]
+    #[arg(long, default_value_t = 1e-2, allow_negative_numbers = true)]
     pub weight_decay: f32,
     /// Records per head training step.
     #[arg(long, default_value_t = 64)]
@@ -87,7 +87,7 @@ pub struct ClassifyArgs {
     #[arg(long, value_name = "lora|full")]
     pub finetune: Option<String>,
     /// AdamW learning rate of the encoder under --finetune (default 1e-4 lora, 2e-5 full).
-    #[arg(long, value_name = "LR")]
+    #[arg(long, value_name = "LR", allow_negative_numbers = true)]
     pub encoder_lr: Option<f32>,
 }
 

@@ -84,10 +84,10 @@ pub struct PolychromicArgs {
     #[arg(long, value_name = "K")]
     pub diversity_every: Option<usize>,
     /// Temperature of the sampled replies (default 1).
-    #[arg(long, value_name = "T")]
+    #[arg(long, value_name = "T", allow_negative_numbers = true)]
     pub sample_temperature: Option<f64>,
     /// Nucleus sampling of the replies (default 1: the whole distribution).
-    #[arg(long, value_name = "P")]
+    #[arg(long, value_name = "P", allow_negative_numbers = true)]
     pub sample_top_p: Option<f64>,
     /// Longest sampled reply in tokens (default 32).
     #[arg(long, value_name = "N")]
