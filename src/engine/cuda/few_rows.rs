@@ -114,10 +114,11 @@ impl CudaBackend {
         let wt = if weight_rows == features { 1 } else { 2 };
         let grid = blocks(op, features, groups)?;
         let sms = self.info.sm_count as usize;
-        let (kernel, warps) = match block_warps(k, (xt, wt), grid as usize, sms, twelve.is_some()) {
-            Warps::Sixteen => (kernels[3 + xt - 1], 16),
-            Warps::Twelve => (twelve.unwrap_or(kernels[form]), 12),
-            Warps::Eight => (kernels[form], 8),
+        let warps = block_warps(k, (xt, wt), grid as usize, sms, twelve.is_some());
+        let (kernel, warps) = match (warps, twelve) {
+            (Warps::Sixteen, _) => (kernels[3 + xt - 1], warps),
+            (Warps::Twelve, Some(twelve)) => (twelve, warps),
+            _ => (kernels[form], Warps::Eight),
         };
         let func = self.elem_function::<T>(kernel)?;
         let (m32, n32, k32) = (
@@ -131,7 +132,7 @@ impl CudaBackend {
         let mut params = kernel_params![yp, xp, wp, m32, n32, k32, last, prefetch];
         let cfg = LaunchConfig {
             grid_dim: (grid, 1, 1),
-            block_dim: (32 * warps as u32, 1, 1),
+            block_dim: (32 * warps.count(), 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: the kernels' parameters in order; lengths checked above (the weight holds
@@ -240,6 +241,16 @@ enum Warps {
     Sixteen,
     /// `_x2_w12`, products of 16-row blocks: two blocks an SM.
     Twelve,
+}
+
+impl Warps {
+    fn count(self) -> u32 {
+        match self {
+            Warps::Eight => 8,
+            Warps::Sixteen => 16,
+            Warps::Twelve => 12,
+        }
+    }
 }
 
 /// Which blocks take a call of `k` with `grid` blocks of `xt` row tiles and `wt` weight tiles on
