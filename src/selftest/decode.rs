@@ -216,9 +216,9 @@ pub(super) const KV_MAX_LEN: usize = 1536;
 #[derive(Clone, Copy)]
 pub(super) enum KvCall {
     /// Decode steps of this many sequences, each in its own slot at a random position below
-    /// 1500; the first at 1499 and, with more than two, the last at 2 (shorter than the
-    /// number of splits, so some of its splits are empty).
-    Decode(usize),
+    /// the second number; the first at its last position and, with more than two, the last at
+    /// 2 (shorter than the number of splits, so some of its splits are empty).
+    Decode(usize, usize),
     /// A prompt of this many tokens at positions 0.. of slot 1.
     Prefill(usize),
 }
@@ -238,11 +238,11 @@ impl KvCall {
             head_dim,
         };
         match self {
-            KvCall::Decode(n) => {
+            KvCall::Decode(n, below) => {
                 // Slots in a scrambled order (7 is coprime to any power of two).
                 let slot = (0..n).map(|r| ((r * 7 + 3) % n) as u32).collect();
-                let mut pos = inp.positions(n, 1500);
-                pos[0] = 1499;
+                let mut pos = inp.positions(n, below);
+                pos[0] = below as u32 - 1;
                 if n > 2 {
                     pos[n - 1] = 2;
                 }

@@ -202,7 +202,14 @@ pub(super) fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
             KV_MAX_LEN,
         );
         let tables = (&cos[..], &sin[..]);
-        for call in [KvCall::Decode(64), KvCall::Decode(4), KvCall::Prefill(37)] {
+        // Rows of up to 250 positions are never split: a block of the appending kernel a
+        // position a thread then takes two rounds of positions at head size 64, four at 128.
+        for call in [
+            KvCall::Decode(64, 1500),
+            KvCall::Decode(4, 1500),
+            KvCall::Decode(8, 250),
+            KvCall::Prefill(37),
+        ] {
             let (c, slot, pos) = call.rows(inp, kv_heads, head_dim);
             let s = cpu::rope::RopeShape {
                 rows: slot.len(),
@@ -281,7 +288,7 @@ pub(super) fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
             }
             // The decode step's append and attention in one kernel, with and without a bias
             // and a window, against the two CPU ops in turn (a prefill keeps two kernels).
-            if let KvCall::Decode(_) = call {
+            if let KvCall::Decode(..) = call {
                 for (bias, window) in [(false, 0), (true, 0), (false, 700)] {
                     let read = if window > 0 {
                         longest.min(window)
@@ -325,7 +332,7 @@ pub(super) fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
             // leaves the long decode rows split.
             let window = match call {
                 KvCall::Prefill(_) => 16,
-                KvCall::Decode(_) => 700,
+                KvCall::Decode(..) => 700,
             };
             let shape = format!("{base} W{window} split{}", splits(longest.min(window)));
             both_dtypes!(

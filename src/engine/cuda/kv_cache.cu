@@ -340,6 +340,71 @@ __device__ __forceinline__ float appended(const T* src, const T* bias, int head,
     return bias ? y + rotated(bias + (long long)head * D, i, p, a.cos_t, a.sin_t, a.ad) : y;
 }
 
+// The appending variant's start, shared by its two layouts. Before the wait for the previous
+// kernel (the QKV product) the block starts copying the row's cached keys and values before
+// position p (of the split's t0..t1) into `buf` (keys, then as many values), where `may_copy`
+// and the buffers' alignment allow: earlier steps wrote them, so they are in place, and
+// launched overlapped the copies run while the product finishes. What the product writes (qkv)
+// and position p wait. Then the block forms its queries (heads h0..h0 + nh, times scale_log2,
+// rounded through T as kv_append_normed's stores round) and hands each element to
+// put_q(h, i, value); the split that holds p writes its key and value meanwhile. With
+// `swizzle_keys` each key's 16-byte pieces are stored with their index XORed with the
+// position's low three bits (a key needs 8 pieces or more). Returns the positions copied; on
+// return the copies and every put_q are complete (a barrier). Every thread of the block must
+// call it.
+template <typename T, int THREADS, typename PutQ>
+__device__ __forceinline__ int append_prologue(unsigned char* buf, int buf_bytes, T* k_cache,
+                                               T* v_cache, long long head_base, int t0, int t1,
+                                               unsigned int p, bool inside, long long row,
+                                               int kvh, int h0, int nh, bool may_copy,
+                                               bool swizzle_keys, const AttnDims& d,
+                                               const AppendSrc<T>& a, PutQ put_q) {
+    __shared__ float scratch[32];
+    const int D = d.head_dim, H = d.heads;
+    int preloaded = 0;
+    const bool copies = may_copy && D % (16 / (int)sizeof(T)) == 0 &&
+                        ((unsigned long long)k_cache % 16) == 0 &&
+                        ((unsigned long long)v_cache % 16) == 0;
+    if (copies) {
+        const int vector_bytes = D * (int)sizeof(T);
+        preloaded = max(0, min(min(t1, (int)p) - t0, buf_bytes / (2 * vector_bytes)));
+        const int per_vector = vector_bytes / 16;
+        const int pieces = preloaded * per_vector;  // of keys, and as many of values
+        const char* k_from = reinterpret_cast<const char*>(k_cache + head_base + (long long)t0 * D);
+        const char* v_from = reinterpret_cast<const char*>(v_cache + head_base + (long long)t0 * D);
+        for (int e = threadIdx.x; e < pieces; e += THREADS) {
+            const int to = swizzle_keys ? e ^ (e / per_vector & 7) : e;
+            copy_async16(buf + 16 * to, k_from + 16 * e);
+            copy_async16(buf + (long long)preloaded * vector_bytes + 16 * e, v_from + 16 * e);
+        }
+    }
+    grid_chain();
+    const float scale = row_rstd(a.x + row * a.c, a.c, a.eps, scratch);
+
+    const int width = (H + 2 * d.kv_heads) * D;
+    const T* src = a.qkv + row * width;
+    const bool writer = inside && t0 <= (int)p && (int)p < t1;
+    const int queries = nh * D, work = queries + (writer ? 2 * D : 0);
+    const long long at = head_base + (long long)p * D;
+    for (int e = threadIdx.x; e < work; e += THREADS) {
+        if (e < queries) {
+            const int h = e / D, i = e - h * D;
+            const float y = inside ? appended(src, a.bias, h0 + h, i, p, scale, a) : 0.f;
+            put_q(h, i, load(store<T>(y)) * d.scale_log2);
+        } else if (e < queries + D) {
+            const int i = e - queries;
+            k_cache[at + i] = store<T>(appended(src, a.bias, H + kvh, i, p, scale, a));
+        } else {
+            const int i = e - queries - D, head = H + d.kv_heads + kvh;
+            const float y = scale * load(src[(long long)head * D + i]);
+            v_cache[at + i] = store<T>(a.bias ? y + load(a.bias[(long long)head * D + i]) : y);
+        }
+    }
+    copy_async_wait_all();
+    __syncthreads();
+    return preloaded;
+}
+
 template <typename T, int L, int G, int THREADS, bool APPEND>
 __device__ void cache_attention(T* out, float* part_o, float* part_ml, const T* q, T* k_cache,
                                 T* v_cache, const unsigned int* slot, const unsigned int* pos,
@@ -391,53 +456,11 @@ __device__ void cache_attention(T* out, float* part_o, float* part_ml, const T* 
     const T* pre_k = reinterpret_cast<const T*>(sm_buf);
     const T* pre_v = pre_k;
     if constexpr (APPEND) {
-        // Before the wait for the previous kernel (the QKV product) the block starts copying
-        // the row's cached keys and values before position p into shared memory: earlier
-        // steps wrote them, so they are in place, and launched overlapped the copies run while
-        // the product finishes. What the product writes (qkv) and position p wait.
-        __shared__ float scratch[32];
         __shared__ float sm_q[G][DP];
-        const bool copies = vec && D % (16 / (int)sizeof(T)) == 0 &&
-                            ((unsigned long long)k_cache % 16) == 0 &&
-                            ((unsigned long long)v_cache % 16) == 0;
-        if (copies) {
-            const int vector_bytes = D * (int)sizeof(T);
-            preloaded = max(0, min(min(t1, (int)p) - t0, BUF_BYTES / (2 * vector_bytes)));
-            pre_v = pre_k + (long long)preloaded * D;
-            const int pieces = preloaded * vector_bytes / 16;  // of keys, and as many of values
-            const char* k_from = reinterpret_cast<const char*>(k_cache + head_base + (long long)t0 * D);
-            const char* v_from = reinterpret_cast<const char*>(v_cache + head_base + (long long)t0 * D);
-            for (int e = threadIdx.x; e < pieces; e += THREADS) {
-                copy_async16(sm_buf + 16 * e, k_from + 16 * e);
-                copy_async16(sm_buf + (long long)preloaded * vector_bytes + 16 * e, v_from + 16 * e);
-            }
-        }
-        grid_chain();
-        const float scale = row_rstd(a.x + row * a.c, a.c, a.eps, scratch);
-
-        // The block's queries are formed once, one element a thread, into shared memory; the
-        // split that holds the row's position writes its key and value meanwhile.
-        const int width = (H + 2 * d.kv_heads) * D;
-        const T* src = a.qkv + row * width;
-        const bool writer = inside && t0 <= (int)p && (int)p < t1;
-        const int queries = nh * D, work = queries + (writer ? 2 * D : 0);
-        const long long at = head_base + (long long)p * D;
-        for (int e = threadIdx.x; e < work; e += THREADS) {
-            if (e < queries) {
-                const int h = e / D, i = e - h * D;
-                const float y = inside ? appended(src, a.bias, h0 + h, i, p, scale, a) : 0.f;
-                sm_q[h][i] = load(store<T>(y)) * d.scale_log2;
-            } else if (e < queries + D) {
-                const int i = e - queries;
-                k_cache[at + i] = store<T>(appended(src, a.bias, H + kvh, i, p, scale, a));
-            } else {
-                const int i = e - queries - D, head = H + d.kv_heads + kvh;
-                const float y = scale * load(src[(long long)head * D + i]);
-                v_cache[at + i] = store<T>(a.bias ? y + load(a.bias[(long long)head * D + i]) : y);
-            }
-        }
-        copy_async_wait_all();
-        __syncthreads();
+        preloaded = append_prologue<T, THREADS>(
+            sm_buf, BUF_BYTES, k_cache, v_cache, head_base, t0, t1, p, inside, row, kvh, h0, nh,
+            vec, false, d, a, [&](int h, int i, float y) { sm_q[h][i] = y; });
+        pre_v = pre_k + (long long)preloaded * D;
 #pragma unroll
         for (int h = 0; h < G; ++h) {
 #pragma unroll
@@ -559,6 +582,247 @@ __device__ void cache_attention(T* out, float* part_o, float* part_ml, const T* 
     }
 }
 
+// Eight elements of a vector at p into f32: one 16-byte access in bf16 and f16, two in f32
+// (`wide`: p is 16-byte aligned), else one element at a time.
+template <typename T>
+__device__ __forceinline__ void load8_at(const T* p, bool wide, float x[8]) {
+    if (wide) {
+        if constexpr (sizeof(T) == 4) {
+            load4(p, x);
+            load4(p + 4, x + 4);
+        } else {
+            const uint4 u = *reinterpret_cast<const uint4*>(p);
+            unpack4(Raw4<T>{make_uint2(u.x, u.y)}, x);
+            unpack4(Raw4<T>{make_uint2(u.z, u.w)}, x + 4);
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) x[j] = load(p[j]);
+    }
+}
+
+// ---- The appending decode attention a position a thread (head sizes 64 and 128) ----
+//
+// The same call as cache_attention's appending variant (one block of 256 threads per row, key/
+// value head, chunk of G query heads and split; the same prologue), laid out for short chains
+// of dependent instructions per thread instead of a group of lanes per cached vector. The
+// split's positions go in rounds of TILE = 256 / (D / 32), each in two steps:
+//   1. Each thread takes 32 dimensions of one position's key (D / 32 threads a position) and
+//      forms the partial scores of all G heads, added across the position's threads by
+//      shuffles; each warp also leaves its largest score of each head.
+//   2. Each thread takes 8 dimensions of the value vectors (D / 8 threads a position) at
+//      every (256 / (D / 8))-th position of the round. From the warps' maxima every thread
+//      forms the same running maximum of each head, rescales its sums by its change, and adds
+//      2^(score - max) times the value, and the weight into its own sum of weights.
+// The threads of a dimension range then add their sums (shuffles within a warp, then shared
+// memory across warps) and the block writes the output, or the split's partial state, as
+// cache_attention does; only the order of additions differs. The copied keys are stored with
+// each 16-byte piece's index XORed with the position's low three bits, so that the threads of
+// step 1 (a position 128 or 256 bytes after the last) read them without bank conflicts.
+template <typename T, int D, int G>
+__device__ void cache_attention_positions(T* out, float* part_o, float* part_ml, T* k_cache,
+                                          T* v_cache, const unsigned int* slot,
+                                          const unsigned int* pos, AttnDims d, AppendSrc<T> a) {
+    constexpr int THREADS = 256, WARPS = THREADS / 32;
+    constexpr int TPP = D / 32;              // threads a position in the scores
+    constexpr int TILE = THREADS / TPP;      // positions a round: 128 at D 64, 64 at D 128
+    constexpr int PIECES = 32 * (int)sizeof(T) / 16;  // 16-byte pieces of a thread's 32 dims
+    constexpr int QS = 36;                   // floats between a query's 32-dimension parts
+    constexpr int GP = (G + 3) / 4 * 4;      // a position's scores, padded to 16 bytes
+    constexpr int COLS = D / 8;              // threads a position in the values
+    constexpr int STRIPES = THREADS / COLS;  // the positions of a round a value thread takes:
+    constexpr int PER = TILE / STRIPES;      // every STRIPES-th, PER of them
+    constexpr int BUF_BYTES = 38 * 1024;
+    static_assert(D == 64 || D == 128, "head sizes 64 and 128");
+    static_assert(WARPS * G * (D + 1) * 4 <= BUF_BYTES, "the warps' sums fit the buffer");
+    __shared__ __align__(16) unsigned char sm_buf[BUF_BYTES];  // copied keys and values, then sums
+    __shared__ __align__(16) float sm_q[G][TPP][QS];
+    __shared__ __align__(16) float sm_s[TILE][GP];  // a round's scores
+    __shared__ float sm_wmax[WARPS][G];             // each warp's largest score of the round
+
+    const long long row = blockIdx.x;
+    const int kvh = blockIdx.y / d.chunks, chunk = blockIdx.y - kvh * d.chunks;
+    const int split = blockIdx.z;
+    const int H = d.heads, g = H / d.kv_heads;
+    const int h0 = kvh * g + chunk * G;
+    const int nh = min(G, g - chunk * G);
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    // Read past the L1: read before the wait (see copy_async16).
+    const unsigned int p = __ldcg(pos + row);
+    const unsigned int s = __ldcg(slot + row);
+    const bool inside = p < (unsigned int)d.max_len && s < (unsigned int)d.slots;
+    const bool wide = ((unsigned long long)k_cache % 16) == 0 && ((unsigned long long)v_cache % 16) == 0;
+    const int end = inside ? (int)p + 1 : 0;
+    const int lo = d.window > 0 ? max(0, end - d.window) : 0;
+    const int per = (end - lo + d.splits - 1) / d.splits;
+    const int t0 = lo + split * per, t1 = min(end, t0 + per);
+    const long long head_base = inside ? ((long long)s * d.kv_heads + kvh) * d.max_len * D : 0;
+
+    // Heads past the chunk's (a chunk of fewer than G) score zeros; their outputs are dropped.
+    for (int e = tid; e < (G - nh) * TPP * QS; e += THREADS) (&sm_q[nh][0][0])[e] = 0.f;
+    const int preloaded = append_prologue<T, THREADS>(
+        sm_buf, BUF_BYTES, k_cache, v_cache, head_base, t0, t1, p, inside, row, kvh, h0, nh,
+        true, true, d, a, [&](int h, int i, float y) { sm_q[h][i / 32][i % 32] = y; });
+    const uint4* pre_k = reinterpret_cast<const uint4*>(sm_buf);
+    const T* pre_v = reinterpret_cast<const T*>(sm_buf) + (long long)preloaded * D;
+    const T* kp = k_cache + head_base;
+    const T* vp = v_cache + head_base;
+
+    const int part = tid % TPP, at_score = tid / TPP;  // scores: this thread's part and position
+    const int col = tid % COLS, stripe = tid / COLS;   // values: its dimensions and positions
+    float acc[G][8], lsum[G], m_run[G];
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+        m_run[h] = KILN_NEG_INF;
+        lsum[h] = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[h][j] = 0.f;
+    }
+
+    for (int tb = t0; tb < t1; tb += TILE) {
+        const int n = min(TILE, t1 - tb);
+        {
+            const int i = at_score < n ? at_score : 0;
+            const int q = tb + i - t0;  // the position's index among the copied ones
+            float kx[32];
+            if (q < preloaded) {
+                const uint4* key = pre_k + (long long)q * (D * (int)sizeof(T) / 16);
+#pragma unroll
+                for (int k = 0; k < PIECES; ++k) {
+                    const uint4 u = key[(part * PIECES + k) ^ (q & 7)];
+                    if constexpr (sizeof(T) == 4) {
+                        kx[4 * k] = __uint_as_float(u.x);
+                        kx[4 * k + 1] = __uint_as_float(u.y);
+                        kx[4 * k + 2] = __uint_as_float(u.z);
+                        kx[4 * k + 3] = __uint_as_float(u.w);
+                    } else {
+                        unpack4(Raw4<T>{make_uint2(u.x, u.y)}, kx + 8 * k);
+                        unpack4(Raw4<T>{make_uint2(u.z, u.w)}, kx + 8 * k + 4);
+                    }
+                }
+            } else {
+                const T* key = kp + (long long)(tb + i) * D + part * 32;
+#pragma unroll
+                for (int j = 0; j < 32; j += 8) load8_at(key + j, wide, kx + j);
+            }
+#pragma unroll
+            for (int h = 0; h < G; ++h) {
+                float s4[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                for (int j = 0; j < 32; j += 4) {
+                    const float4 qv = *reinterpret_cast<const float4*>(&sm_q[h][part][j]);
+                    s4[0] = fmaf(qv.x, kx[j], s4[0]);
+                    s4[1] = fmaf(qv.y, kx[j + 1], s4[1]);
+                    s4[2] = fmaf(qv.z, kx[j + 2], s4[2]);
+                    s4[3] = fmaf(qv.w, kx[j + 3], s4[3]);
+                }
+                float sc = (s4[0] + s4[1]) + (s4[2] + s4[3]);
+#pragma unroll
+                for (int o = TPP / 2; o > 0; o >>= 1) sc += __shfl_xor_sync(0xffffffffu, sc, o);
+                sc = at_score < n ? sc : KILN_NEG_INF;
+                if (part == 0) sm_s[at_score][h] = sc;
+                float mx = sc;
+#pragma unroll
+                for (int o = TPP; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+                if (lane == 0) sm_wmax[warp][h] = mx;
+            }
+        }
+        __syncthreads();
+        // Every thread forms the same running maximum (the same values, the same order).
+        float m_new[G];
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+            float mx = m_run[h];
+#pragma unroll
+            for (int w = 0; w < WARPS; ++w) mx = fmaxf(mx, sm_wmax[w][h]);
+            m_new[h] = mx;
+            const float corr = exp2f(m_run[h] - mx);
+            lsum[h] *= corr;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) acc[h][j] *= corr;
+            m_run[h] = mx;
+        }
+#pragma unroll
+        for (int k = 0; k < PER; ++k) {
+            const int i = stripe + k * STRIPES;
+            if (i < n) {
+                const bool copied = tb + i - t0 < preloaded;
+                const T* val = (copied ? pre_v + (long long)(tb + i - t0) * D
+                                       : vp + (long long)(tb + i) * D) +
+                               col * 8;
+                float vx[8];
+                load8_at(val, wide || copied, vx);
+                float w[GP];
+#pragma unroll
+                for (int h = 0; h < GP; h += 4) {
+                    const float4 s4 = *reinterpret_cast<const float4*>(&sm_s[i][h]);
+                    w[h] = s4.x;
+                    w[h + 1] = s4.y;
+                    w[h + 2] = s4.z;
+                    w[h + 3] = s4.w;
+                }
+#pragma unroll
+                for (int h = 0; h < G; ++h) {
+                    const float wh = exp2f(w[h] - m_new[h]);
+                    lsum[h] += wh;
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) acc[h][j] = fmaf(wh, vx[j], acc[h][j]);
+                }
+            }
+        }
+        __syncthreads();  // the next round's scores and maxima replace these
+    }
+
+    // The sums of a dimension range: across the warp's stripes by shuffles, then across warps
+    // (each thread's sum of weights is its stripe's, the same for every dimension range).
+    float* sums = reinterpret_cast<float*>(sm_buf);  // [WARPS][G][D], the copies used up
+    float* wsums = sums + WARPS * G * D;             // [WARPS][G]
+#pragma unroll
+    for (int o = COLS; o < 32; o <<= 1) {
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+            lsum[h] += __shfl_xor_sync(0xffffffffu, lsum[h], o);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) acc[h][j] += __shfl_xor_sync(0xffffffffu, acc[h][j], o);
+        }
+    }
+    if (lane < COLS) {
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+#pragma unroll
+            for (int j = 0; j < 8; j += 4)
+                *reinterpret_cast<float4*>(&sums[(warp * G + h) * D + col * 8 + j]) =
+                    make_float4(acc[h][j], acc[h][j + 1], acc[h][j + 2], acc[h][j + 3]);
+            if (lane == 0) wsums[warp * G + h] = lsum[h];
+        }
+    }
+    if (tid == 0) {
+#pragma unroll
+        for (int h = 0; h < G; ++h) sm_wmax[0][h] = m_run[h];  // indexed below by a variable head
+    }
+    __syncthreads();
+    for (int e = tid; e < nh * D; e += THREADS) {
+        const int h = e / D, i = e - h * D;
+        float o = 0.f, sum = 0.f;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) {
+            o += sums[(w * G + h) * D + i];
+            sum += wsums[w * G + h];
+        }
+        const float mx = sm_wmax[0][h];
+        const long long oh = row * H + h0 + h;
+        if (d.splits == 1) {
+            out[oh * D + i] = store<T>(inside && mx != KILN_NEG_INF ? o / sum : KILN_NAN);
+        } else {
+            part_o[(oh * d.splits + split) * D + i] = o;
+            if (i == 0) {
+                part_ml[2 * (oh * d.splits + split)] = mx;
+                part_ml[2 * (oh * d.splits + split) + 1] = sum;
+            }
+        }
+    }
+}
+
 // Merges the splits of one (row, query head) per block: out = sum_s o_s 2^(m_s - M) / sum_s
 // l_s 2^(m_s - M). A split with no positions has m = -inf and weighs nothing; a row outside
 // the cache has no positions at all and gives NaN.
@@ -608,6 +872,18 @@ __device__ void cache_attention_combine(T* out, const float* part_o, const float
         cache_attention<T, L, G, 256, true>(out, part_o, part_ml, (const T*)nullptr, k_cache,  \
                                             v_cache, slot, pos, d,                             \
                                             AppendSrc<T>{qkv, x, bias, cos_t, sin_t, c, eps, ad}); \
+    }
+
+// The appending kernels a position a thread, for head sizes 64 and 128 (kv_cache.rs takes
+// them where they exist; the kernels of a group of lanes a vector serve the other sizes).
+#define ATTN_POSITIONS_KERNEL(T, SUFFIX, D, G)                                                 \
+    extern "C" __global__ void __launch_bounds__(256) cache_attention_append_##SUFFIX##_d##D##_g##G( \
+        T* out, float* part_o, float* part_ml, T* k_cache, T* v_cache,                         \
+        const unsigned int* slot, const unsigned int* pos, AttnDims d, const T* qkv,           \
+        const T* x, const T* bias, const float* cos_t, const float* sin_t, int c, float eps,   \
+        AppendDims ad) {                                                                       \
+        cache_attention_positions<T, D, G>(out, part_o, part_ml, k_cache, v_cache, slot, pos, d, \
+                                           AppendSrc<T>{qkv, x, bias, cos_t, sin_t, c, eps, ad}); \
     }
 
 // G = 2 serves multi-head attention too (the second head repeats the first): one kernel less
@@ -675,6 +951,13 @@ __device__ void cache_attention_combine(T* out, const float* part_o, const float
     ATTN_KERNELS_L(T, SUFFIX, 32)                                                                \
     ATTN_WIDE_KERNELS_L(T, SUFFIX, 8)                                                            \
     ATTN_WIDE_KERNELS_L(T, SUFFIX, 16)                                                           \
-    ATTN_APPEND_KERNEL(T, SUFFIX, 8, 3)
+    ATTN_APPEND_KERNEL(T, SUFFIX, 8, 3)                                                          \
+    ATTN_POSITIONS_KERNEL(T, SUFFIX, 64, 2)                                                      \
+    ATTN_POSITIONS_KERNEL(T, SUFFIX, 64, 3)                                                      \
+    ATTN_POSITIONS_KERNEL(T, SUFFIX, 64, 4)                                                      \
+    ATTN_POSITIONS_KERNEL(T, SUFFIX, 64, 8)                                                      \
+    ATTN_POSITIONS_KERNEL(T, SUFFIX, 128, 2)                                                     \
+    ATTN_POSITIONS_KERNEL(T, SUFFIX, 128, 4)                                                     \
+    ATTN_POSITIONS_KERNEL(T, SUFFIX, 128, 8)
 
 // Instantiated by each element type's program (kv_cache.rs): KV_KERNELS(float, f32) etc.

@@ -6,7 +6,11 @@
 //! chunk of up to 8 query heads), so the query heads of a group share every key and value
 //! loaded. When those blocks alone would leave the GPU underfilled and the rows are long (a
 //! few sequences decoding far into their context), each row's positions are split over
-//! several blocks whose partial softmax states a second kernel merges (flash-decoding).
+//! several blocks whose partial softmax states a second kernel merges (flash-decoding). A
+//! decode step's appending calls at head sizes 64 and 128 take a kernel that gives each thread
+//! a position's scores and then a range of the values' dimensions (`cache_attention_positions`
+//! in `kv_cache.cu`): its chains of dependent instructions are shorter than those of the
+//! kernel of a group of lanes per cached vector, which serves the other calls.
 //! [`CudaBackend::prefill_pack`] lays a prefill's prompts out for the training attention
 //! instead (`engine::ops` decides which path a call takes).
 
@@ -65,6 +69,13 @@ macro_rules! program {
                 ElemKernel::CacheAttentionAppendL16G2,
                 ElemKernel::CacheAttentionAppendL16G4,
                 ElemKernel::CacheAttentionAppendL16G8,
+                ElemKernel::CacheAttentionAppendD64G2,
+                ElemKernel::CacheAttentionAppendD64G3,
+                ElemKernel::CacheAttentionAppendD64G4,
+                ElemKernel::CacheAttentionAppendD64G8,
+                ElemKernel::CacheAttentionAppendD128G2,
+                ElemKernel::CacheAttentionAppendD128G4,
+                ElemKernel::CacheAttentionAppendD128G8,
             ],
             dtypes: &[DType::$d],
         };
@@ -228,6 +239,30 @@ fn cache_attention_kernel(
         NARROW_THREADS
     };
     Some((kernel, threads))
+}
+
+/// The appending kernel a position a thread (`cache_attention_positions`) for a head size and
+/// query heads per block, where one is compiled: head sizes 64 and 128 exactly.
+fn positions_kernel(head_dim: usize, group: usize) -> Option<ElemKernel> {
+    use ElemKernel::*;
+    Some(match (head_dim, group) {
+        (64, 2) => CacheAttentionAppendD64G2,
+        (64, 3) => CacheAttentionAppendD64G3,
+        (64, 4) => CacheAttentionAppendD64G4,
+        (64, 8) => CacheAttentionAppendD64G8,
+        (128, 2) => CacheAttentionAppendD128G2,
+        (128, 4) => CacheAttentionAppendD128G4,
+        (128, 8) => CacheAttentionAppendD128G8,
+        _ => return None,
+    })
+}
+
+/// Whether appending calls take the kernel a position a thread where one fits
+/// (`KILN_DECODE_ATTENTION=lanes` keeps the kernel of a group of lanes per cached vector, for
+/// comparing the two in one build).
+fn positions_layout() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("KILN_DECODE_ATTENTION").map_or(true, |v| v != "lanes"))
 }
 
 /// An attention call laid out: the kernel's dimensions, its plan and its grid.
@@ -578,8 +613,11 @@ impl CudaBackend {
             return bad(format!("{y} blocks of heads per row exceed the grid"));
         }
         let appends = append && plan.wide && plan.lanes < 32;
-        let Some((kernel, threads)) =
-            cache_attention_kernel(plan.lanes, plan.group, plan.wide, appends)
+        let positions = positions_kernel(c.head_dim, plan.group)
+            .filter(|_| appends && positions_layout())
+            .map(|k| (k, WIDE_THREADS));
+        let Some((kernel, threads)) = positions
+            .or_else(|| cache_attention_kernel(plan.lanes, plan.group, plan.wide, appends))
         else {
             return Err(CudaError::Driver(format!(
                 "no cache attention kernel for {} lanes and groups of {}",
@@ -950,6 +988,26 @@ mod tests {
             Some(NARROW_THREADS)
         );
         assert!(cache_attention_kernel(32, 2, true, true).is_none());
+    }
+
+    #[test]
+    fn appending_calls_of_head_sizes_64_and_128_take_the_kernel_a_position_a_thread() {
+        // SmolLM2 at batch 64 (three heads a block), Llama-3.2-1B at batch 8 (four), a
+        // head size of 128 with two, and a multi-query chunk of eight.
+        for (rows, heads, kv, d, kernel) in [
+            (64, 9, 3, 64, ElemKernel::CacheAttentionAppendD64G3),
+            (8, 32, 8, 64, ElemKernel::CacheAttentionAppendD64G4),
+            (8, 16, 8, 128, ElemKernel::CacheAttentionAppendD128G2),
+            (4, 16, 1, 64, ElemKernel::CacheAttentionAppendD64G8),
+        ] {
+            let p = attention_plan(rows, heads, kv, d, 192, 132).unwrap();
+            assert!(p.wide, "{rows} rows of {heads}/{kv} heads of {d}");
+            assert_eq!(positions_kernel(d, p.group), Some(kernel));
+        }
+        // Other head sizes keep the kernel of a group of lanes.
+        for d in [32, 80, 96, 256] {
+            assert!(positions_kernel(d, 4).is_none());
+        }
     }
 
     /// Every layout a plan can choose has a compiled decode kernel, plain and (wide blocks of
