@@ -377,6 +377,14 @@ __device__ __forceinline__ int append_prologue(unsigned char* buf, int buf_bytes
             copy_async16(buf + 16 * to, k_from + 16 * e);
             copy_async16(buf + (long long)preloaded * vector_bytes + 16 * e, v_from + 16 * e);
         }
+        // The rest of the cached range (past what fits) is fetched into L2 meanwhile: read
+        // later in the block's chain, it then costs an L2 trip, not a DRAM one.
+        const int rest = max(0, min(t1, (int)p) - t0 - preloaded);
+        if (threadIdx.x == 0 && rest > 0) {
+            const long long from = head_base + (long long)(t0 + preloaded) * D;
+            prefetch_l2(k_cache + from, (unsigned int)(rest * vector_bytes));
+            prefetch_l2(v_cache + from, (unsigned int)(rest * vector_bytes));
+        }
     }
     grid_chain();
     const float scale = row_rstd(a.x + row * a.c, a.c, a.eps, scratch);
