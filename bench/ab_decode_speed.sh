@@ -8,6 +8,10 @@
 #
 #   OUT=/tmp/ab SHAPES=smollm2-135m,llama-3.2-1b BATCHES=1,8,16,32,64 ROUNDS=2 \
 #     bench/ab_decode_speed.sh base=OLD_KILN new=NEW_KILN
+#
+# A build may be a two-line wrapper script that sets a switch and execs a binary, to compare
+# one binary with and without it (the wrappers share the binary's kernel cache):
+#   printf '#!/bin/sh\nKILN_DECODE_ATTENTION=lanes exec /tmp/kiln "$@"\n' > /tmp/kiln-lanes
 set -uo pipefail
 [ $# -ge 1 ] || { echo "usage: $0 NAME=KILN [NAME=KILN ...]" >&2; exit 2; }
 O=${OUT:-/tmp/kiln-ab-decode}
