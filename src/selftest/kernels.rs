@@ -186,16 +186,18 @@ pub(super) fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
             tables
         );
     }
-    // The key/value cache of generation at SmolLM2's, Llama-3.2-1B's, a Qwen3-like and a
-    // multi-query shape (two blocks of eight query heads per key/value head):
-    // decode steps of 64 sequences in distinct slots at positions up to 1500 and of 4 long
-    // ones (rows split over the cache length, some splits empty), and a prefill of 37 tokens
-    // into one slot. Cache positions no row covers hold NaN, so a stray read or write shows.
+    // The key/value cache of generation at SmolLM2's, Llama-3.2-1B's, a Qwen3-like, a
+    // multi-query shape (two blocks of eight query heads per key/value head) and Qwen2.5-0.5B's
+    // (seven query heads a key/value head: blocks of eight with one place unused): decode steps
+    // of 64 sequences in distinct slots at positions up to 1500, of 4 long ones (rows split
+    // over the cache length, some splits empty) and of 8 below 250 (unsplit), and a prefill of
+    // 37 tokens into one slot. Cache positions no row covers hold NaN, so a stray read or write shows.
     for (heads, kv_heads, head_dim, theta) in [
         (9, 3, 64, 100_000.0),
         (32, 8, 64, 500_000.0),
         (16, 8, 128, 1_000_000.0),
         (16, 1, 64, 10_000.0),
+        (14, 2, 64, 1_000_000.0),
     ] {
         let (cos, sin) = cpu::rope::rope_tables(
             &cpu::rope::inverse_frequencies(theta, head_dim, None),
