@@ -257,6 +257,22 @@ fn positions_kernel(head_dim: usize, group: usize) -> Option<ElemKernel> {
     })
 }
 
+/// The kernel a position a thread for an appending call of this layout, where it takes it:
+/// wide blocks of head size 64 or 128 whose chunks of query heads are all full. (Qwen2.5's
+/// seven query heads a key/value head, in blocks of eight, keep the older kernel: the new
+/// kernel's handling of a partial chunk has not yet run against the CPU reference on a GPU.)
+fn appending_positions_kernel(
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    plan: &AttnPlan,
+) -> Option<ElemKernel> {
+    let full_chunks = kv_heads > 0 && (heads / kv_heads).is_multiple_of(plan.group);
+    (plan.wide && plan.lanes < 32 && full_chunks)
+        .then(|| positions_kernel(head_dim, plan.group))
+        .flatten()
+}
+
 /// Whether appending calls take the kernel a position a thread where one fits
 /// (`KILN_DECODE_ATTENTION=lanes` keeps the kernel of a group of lanes per cached vector, for
 /// comparing the two in one build).
@@ -613,7 +629,7 @@ impl CudaBackend {
             return bad(format!("{y} blocks of heads per row exceed the grid"));
         }
         let appends = append && plan.wide && plan.lanes < 32;
-        let positions = positions_kernel(c.head_dim, plan.group)
+        let positions = appending_positions_kernel(heads, c.kv_heads, c.head_dim, &plan)
             .filter(|_| appends && positions_layout())
             .map(|k| (k, WIDE_THREADS));
         let Some((kernel, threads)) = positions
@@ -1002,8 +1018,15 @@ mod tests {
         ] {
             let p = attention_plan(rows, heads, kv, d, 192, 132).unwrap();
             assert!(p.wide, "{rows} rows of {heads}/{kv} heads of {d}");
-            assert_eq!(positions_kernel(d, p.group), Some(kernel));
+            assert_eq!(appending_positions_kernel(heads, kv, d, &p), Some(kernel));
         }
+        // Partial chunks (Qwen2.5-0.5B: seven heads a key/value head in blocks of eight) and
+        // narrow blocks (Llama-3.2-1B at batch 64) keep the older kernels.
+        let p = attention_plan(8, 14, 2, 64, 192, 132).unwrap();
+        assert!(p.wide && p.group == 8);
+        assert_eq!(appending_positions_kernel(14, 2, 64, &p), None);
+        let p = attention_plan(64, 32, 8, 64, 192, 132).unwrap();
+        assert_eq!(appending_positions_kernel(32, 8, 64, &p), None);
         // Other head sizes keep the kernel of a group of lanes.
         for d in [32, 80, 96, 256] {
             assert!(positions_kernel(d, 4).is_none());
