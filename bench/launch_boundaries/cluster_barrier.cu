@@ -6,11 +6,8 @@
 // ping-pong buffers are not protected against a fast block overwriting a chunk a slow one
 // still reads in the plain kernels' case: this measures time only.)
 //   nvcc -O3 -arch=sm_90 -o cluster_barrier cluster_barrier.cu && ./cluster_barrier
-#include <cstdio>
-#include <cuda_runtime.h>
-#define S (64 * 1024)
+#include "boundaries.cuh"
 #define PRODUCERS 4
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); return 1; } } while (0)
 
 // The k-th producer of block b: blocks of b's own group of `cl` consecutive blocks.
 __device__ __forceinline__ int producer(int b, int k, int cl) {

@@ -1,7 +1,5 @@
 // one stream of wide kernels vs four streams of narrow kernels (graph, PDL)
-#include <cstdio>
-#include <cuda_runtime.h>
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); return 1; } } while (0)
+#include "boundaries.cuh"
 #define W (1 << 22)  // weight floats (16 MiB), read-only
 // A product-like block: 256 threads each load 8 x 16 B of "weights" and 2 x 16 B of the
 // previous kernel's output, reduce in shared memory, write 16 floats.

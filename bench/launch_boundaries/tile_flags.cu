@@ -6,21 +6,9 @@
 // the previous stage, not for the whole grid. (The ping-pong buffers are not protected
 // against a fast block overwriting a chunk a slow one still reads: this measures time only.)
 //   nvcc -O3 -arch=sm_90 -o tile_flags tile_flags.cu && ./tile_flags
-#include <cstdio>
-#include <cuda_runtime.h>
-#define S (64 * 1024)
+#include "boundaries.cuh"
 #define PRODUCERS 4
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); return 1; } } while (0)
 
-__device__ unsigned int bar_count = 0;
-__device__ unsigned int bar_gen = 0;
-
-__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
-  unsigned v; asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory"); return v;
-}
-__device__ __forceinline__ void st_release(unsigned* p, unsigned v) {
-  asm volatile("st.release.gpu.global.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
-}
 __device__ __forceinline__ int producer(int b, int k, int nblk) {
   const int step[PRODUCERS] = {0, 1, 7, 33};
   return (b + step[k]) % nblk;
@@ -38,17 +26,6 @@ __device__ __forceinline__ void work(const float* in, float* out, int b, int nbl
 __global__ void stage(const float* in, float* out, int rep, int pdl) {
   if (pdl) { asm volatile("griddepcontrol.wait;" ::: "memory"); asm volatile("griddepcontrol.launch_dependents;"); }
   work(in, out, blockIdx.x, gridDim.x, rep);
-}
-__device__ __forceinline__ void grid_barrier(unsigned& gen) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    unsigned old = atomicAdd(&bar_count, 1u);
-    if (old == gridDim.x - 1) { atomicExch(&bar_count, 0u); __threadfence(); atomicAdd(&bar_gen, 1u); }
-    else { while (ld_acquire(&bar_gen) == gen) {} }
-    gen++;
-  }
-  __syncthreads();
 }
 __global__ void persistent_barrier(float* a, float* b, int stages, int rep) {
   unsigned gen = 0;

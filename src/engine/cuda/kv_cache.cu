@@ -340,6 +340,59 @@ __device__ __forceinline__ float appended(const T* src, const T* bias, int head,
     return bias ? y + rotated(bias + (long long)head * D, i, p, a.cos_t, a.sin_t, a.ad) : y;
 }
 
+// What a block of either attention layout works on: its row, key/value head, chunk of query
+// heads (h0.., nh of them) and split, the row's slot and position (read past the L1 where
+// `past_l1`: the appending kernels read them before their wait, see copy_async16), and the
+// split's positions t0..t1 of lo..=p, lo the first of the window (`head_dim` is d.head_dim,
+// a constant where the kernel has one).
+struct AttnBlock {
+    long long row, head_base;
+    int kvh, split, h0, nh, t0, t1;
+    unsigned int p;
+    bool inside;
+};
+
+template <int G>
+__device__ __forceinline__ AttnBlock attn_block(const unsigned int* slot, const unsigned int* pos,
+                                                const AttnDims& d, int head_dim, bool past_l1) {
+    AttnBlock b;
+    b.row = blockIdx.x;
+    b.kvh = blockIdx.y / d.chunks;
+    const int chunk = blockIdx.y - b.kvh * d.chunks, g = d.heads / d.kv_heads;
+    b.split = blockIdx.z;
+    b.h0 = b.kvh * g + chunk * G;
+    b.nh = min(G, g - chunk * G);
+    b.p = past_l1 ? __ldcg(pos + b.row) : pos[b.row];
+    const unsigned int s = past_l1 ? __ldcg(slot + b.row) : slot[b.row];
+    b.inside = b.p < (unsigned int)d.max_len && s < (unsigned int)d.slots;
+    const int end = b.inside ? (int)b.p + 1 : 0;
+    const int lo = d.window > 0 ? max(0, end - d.window) : 0;
+    const int per = (end - lo + d.splits - 1) / d.splits;
+    b.t0 = lo + b.split * per;
+    b.t1 = min(end, b.t0 + per);
+    b.head_base = b.inside ? ((long long)s * d.kv_heads + b.kvh) * d.max_len * head_dim : 0;
+    return b;
+}
+
+// Element i of head h of a block's output: o / sum with one split (NaN for a row outside the
+// cache), else the split's unnormalised o and its (max, sum) for cache_attention_combine.
+// `D` is d.head_dim, a constant where the kernel has one.
+template <typename T>
+__device__ __forceinline__ void write_head_output(T* out, float* part_o, float* part_ml,
+                                                  const AttnDims& d, int D, const AttnBlock& b,
+                                                  int h, int i, float o, float sum, float mx) {
+    const long long oh = b.row * d.heads + b.h0 + h;
+    if (d.splits == 1) {
+        out[oh * D + i] = store<T>(b.inside ? o / sum : KILN_NAN);
+    } else {
+        part_o[(oh * d.splits + b.split) * D + i] = o;
+        if (i == 0) {
+            part_ml[2 * (oh * d.splits + b.split)] = mx;
+            part_ml[2 * (oh * d.splits + b.split) + 1] = sum;
+        }
+    }
+}
+
 // The appending variant's start, shared by its two layouts. Before the wait for the previous
 // kernel (the QKV product) the block starts copying the row's cached keys and values before
 // position p (of the split's t0..t1) into `buf` (keys, then as many values), where `may_copy`
@@ -354,13 +407,15 @@ __device__ __forceinline__ float appended(const T* src, const T* bias, int head,
 // call it.
 template <typename T, int THREADS, typename PutQ>
 __device__ __forceinline__ int append_prologue(unsigned char* buf, int buf_bytes, T* k_cache,
-                                               T* v_cache, long long head_base, int t0, int t1,
-                                               unsigned int p, bool inside, long long row,
-                                               int kvh, int h0, int nh, bool may_copy,
+                                               T* v_cache, const AttnBlock& b, bool may_copy,
                                                bool swizzle_keys, const AttnDims& d,
                                                const AppendSrc<T>& a, PutQ put_q) {
     __shared__ float scratch[32];
     const int D = d.head_dim, H = d.heads;
+    const long long row = b.row, head_base = b.head_base;
+    const int t0 = b.t0, t1 = b.t1, kvh = b.kvh, h0 = b.h0, nh = b.nh;
+    const unsigned int p = b.p;
+    const bool inside = b.inside;
     int preloaded = 0;
     const bool copies = may_copy && D % (16 / (int)sizeof(T)) == 0 &&
                         ((unsigned long long)k_cache % 16) == 0 &&
@@ -433,29 +488,17 @@ __device__ void cache_attention(T* out, float* part_o, float* part_ml, const T* 
     __shared__ __align__(16) unsigned char sm_buf[BUF_BYTES];
     float (*sm_o)[G][DP] = reinterpret_cast<float (*)[G][DP]>(sm_buf);
 
-    const long long row = blockIdx.x;
-    const int kvh = blockIdx.y / d.chunks, chunk = blockIdx.y - kvh * d.chunks;
-    const int split = blockIdx.z;
-    const int D = d.head_dim, H = d.heads, g = H / d.kv_heads;
-    const int h0 = kvh * g + chunk * G;
-    const int nh = min(G, g - chunk * G);  // heads of this chunk; the rest repeat the last
+    const AttnBlock b = attn_block<G>(slot, pos, d, d.head_dim, APPEND);
+    const long long row = b.row;
+    const int D = d.head_dim, H = d.heads;
+    const int h0 = b.h0, nh = b.nh;  // heads of this chunk; the rest repeat the last
+    const int t0 = b.t0, t1 = b.t1;
+    const long long head_base = b.head_base;
     const int lane = threadIdx.x % L, grp = threadIdx.x / L;
     const int base = lane * ATT_EPL;
-    // Read past the L1 in the appending variant, which reads them before its wait (see
-    // copy_async16).
-    const unsigned int p = APPEND ? __ldcg(pos + row) : pos[row];
-    const unsigned int s = APPEND ? __ldcg(slot + row) : slot[row];
-    const bool inside = p < (unsigned int)d.max_len && s < (unsigned int)d.slots;
     // Every vector starts at a multiple of D elements: four-element accesses need D % 8 == 0
     // and aligned buffers.
     const bool vec = D % ATT_EPL == 0 && aligned4(q) && aligned4(k_cache) && aligned4(v_cache);
-
-    // This split's positions of lo..=p, lo the first of the window.
-    const int end = inside ? (int)p + 1 : 0;
-    const int lo = d.window > 0 ? max(0, end - d.window) : 0;
-    const int per = (end - lo + d.splits - 1) / d.splits;
-    const int t0 = lo + split * per, t1 = min(end, t0 + per);
-    const long long head_base = inside ? ((long long)s * d.kv_heads + kvh) * d.max_len * D : 0;
 
     float qr[G][ATT_EPL];
     // Positions t0..t0 + preloaded come from shared memory (the appending variant's early
@@ -465,9 +508,8 @@ __device__ void cache_attention(T* out, float* part_o, float* part_ml, const T* 
     const T* pre_v = pre_k;
     if constexpr (APPEND) {
         __shared__ float sm_q[G][DP];
-        preloaded = append_prologue<T, THREADS>(
-            sm_buf, BUF_BYTES, k_cache, v_cache, head_base, t0, t1, p, inside, row, kvh, h0, nh,
-            vec, false, d, a, [&](int h, int i, float y) { sm_q[h][i] = y; });
+        preloaded = append_prologue<T, THREADS>(sm_buf, BUF_BYTES, k_cache, v_cache, b, vec, false,
+                                                d, a, [&](int h, int i, float y) { sm_q[h][i] = y; });
         pre_v = pre_k + (long long)preloaded * D;
 #pragma unroll
         for (int h = 0; h < G; ++h) {
@@ -577,16 +619,21 @@ __device__ void cache_attention(T* out, float* part_o, float* part_ml, const T* 
                 o = fmaf(sm_o[r][h][i], w, o);
             }
         }
-        const long long oh = row * H + h0 + h;
-        if (d.splits == 1) {
-            out[oh * D + i] = store<T>(inside ? o / sum : KILN_NAN);
-        } else {
-            part_o[(oh * d.splits + split) * D + i] = o;
-            if (i == 0) {
-                part_ml[2 * (oh * d.splits + split)] = mx;
-                part_ml[2 * (oh * d.splits + split) + 1] = sum;
-            }
-        }
+        write_head_output(out, part_o, part_ml, d, D, b, h, i, o, sum, mx);
+    }
+}
+
+// A 16-byte piece of a vector as f32: 8 elements of bf16 or f16, 4 of f32.
+template <typename T>
+__device__ __forceinline__ void unpack16(const uint4 u, float* x) {
+    if constexpr (sizeof(T) == 4) {
+        x[0] = __uint_as_float(u.x);
+        x[1] = __uint_as_float(u.y);
+        x[2] = __uint_as_float(u.z);
+        x[3] = __uint_as_float(u.w);
+    } else {
+        unpack4(Raw4<T>{make_uint2(u.x, u.y)}, x);
+        unpack4(Raw4<T>{make_uint2(u.z, u.w)}, x + 4);
     }
 }
 
@@ -595,14 +642,9 @@ __device__ void cache_attention(T* out, float* part_o, float* part_ml, const T* 
 template <typename T>
 __device__ __forceinline__ void load8_at(const T* p, bool wide, float x[8]) {
     if (wide) {
-        if constexpr (sizeof(T) == 4) {
-            load4(p, x);
-            load4(p + 4, x + 4);
-        } else {
-            const uint4 u = *reinterpret_cast<const uint4*>(p);
-            unpack4(Raw4<T>{make_uint2(u.x, u.y)}, x);
-            unpack4(Raw4<T>{make_uint2(u.z, u.w)}, x + 4);
-        }
+        constexpr int PER = 16 / (int)sizeof(T);  // elements a piece
+#pragma unroll
+        for (int k = 0; k < 8 / PER; ++k) unpack16<T>(reinterpret_cast<const uint4*>(p)[k], x + k * PER);
     } else {
 #pragma unroll
         for (int j = 0; j < 8; ++j) x[j] = load(p[j]);
@@ -648,33 +690,20 @@ __device__ void cache_attention_positions(T* out, float* part_o, float* part_ml,
     __shared__ __align__(16) float sm_s[TILE][GP];  // a round's scores
     __shared__ float sm_wmax[WARPS][G];             // each warp's largest score of the round
 
-    const long long row = blockIdx.x;
-    const int kvh = blockIdx.y / d.chunks, chunk = blockIdx.y - kvh * d.chunks;
-    const int split = blockIdx.z;
-    const int H = d.heads, g = H / d.kv_heads;
-    const int h0 = kvh * g + chunk * G;
-    const int nh = min(G, g - chunk * G);
+    const AttnBlock b = attn_block<G>(slot, pos, d, D, true);
+    const int nh = b.nh, t0 = b.t0, t1 = b.t1;
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-    // Read past the L1: read before the wait (see copy_async16).
-    const unsigned int p = __ldcg(pos + row);
-    const unsigned int s = __ldcg(slot + row);
-    const bool inside = p < (unsigned int)d.max_len && s < (unsigned int)d.slots;
     const bool wide = ((unsigned long long)k_cache % 16) == 0 && ((unsigned long long)v_cache % 16) == 0;
-    const int end = inside ? (int)p + 1 : 0;
-    const int lo = d.window > 0 ? max(0, end - d.window) : 0;
-    const int per = (end - lo + d.splits - 1) / d.splits;
-    const int t0 = lo + split * per, t1 = min(end, t0 + per);
-    const long long head_base = inside ? ((long long)s * d.kv_heads + kvh) * d.max_len * D : 0;
 
     // Heads past the chunk's (a chunk of fewer than G) score zeros; their outputs are dropped.
     for (int e = tid; e < (G - nh) * TPP * QS; e += THREADS) (&sm_q[nh][0][0])[e] = 0.f;
     const int preloaded = append_prologue<T, THREADS>(
-        sm_buf, BUF_BYTES, k_cache, v_cache, head_base, t0, t1, p, inside, row, kvh, h0, nh,
-        true, true, d, a, [&](int h, int i, float y) { sm_q[h][i / 32][i % 32] = y; });
+        sm_buf, BUF_BYTES, k_cache, v_cache, b, true, true, d, a,
+        [&](int h, int i, float y) { sm_q[h][i / 32][i % 32] = y; });
     const uint4* pre_k = reinterpret_cast<const uint4*>(sm_buf);
     const T* pre_v = reinterpret_cast<const T*>(sm_buf) + (long long)preloaded * D;
-    const T* kp = k_cache + head_base;
-    const T* vp = v_cache + head_base;
+    const T* kp = k_cache + b.head_base;
+    const T* vp = v_cache + b.head_base;
 
     const int part = tid % TPP, at_score = tid / TPP;  // scores: this thread's part and position
     const int col = tid % COLS, stripe = tid / COLS;   // values: its dimensions and positions
@@ -696,18 +725,8 @@ __device__ void cache_attention_positions(T* out, float* part_o, float* part_ml,
             if (q < preloaded) {
                 const uint4* key = pre_k + (long long)q * (D * (int)sizeof(T) / 16);
 #pragma unroll
-                for (int k = 0; k < PIECES; ++k) {
-                    const uint4 u = key[(part * PIECES + k) ^ (q & 7)];
-                    if constexpr (sizeof(T) == 4) {
-                        kx[4 * k] = __uint_as_float(u.x);
-                        kx[4 * k + 1] = __uint_as_float(u.y);
-                        kx[4 * k + 2] = __uint_as_float(u.z);
-                        kx[4 * k + 3] = __uint_as_float(u.w);
-                    } else {
-                        unpack4(Raw4<T>{make_uint2(u.x, u.y)}, kx + 8 * k);
-                        unpack4(Raw4<T>{make_uint2(u.z, u.w)}, kx + 8 * k + 4);
-                    }
-                }
+                for (int k = 0; k < PIECES; ++k)
+                    unpack16<T>(key[(part * PIECES + k) ^ (q & 7)], kx + k * (16 / (int)sizeof(T)));
             } else {
                 const T* key = kp + (long long)(tb + i) * D + part * 32;
 #pragma unroll
@@ -817,17 +836,7 @@ __device__ void cache_attention_positions(T* out, float* part_o, float* part_ml,
             o += sums[(w * G + h) * D + i];
             sum += wsums[w * G + h];
         }
-        const float mx = sm_wmax[0][h];
-        const long long oh = row * H + h0 + h;
-        if (d.splits == 1) {
-            out[oh * D + i] = store<T>(inside && mx != KILN_NEG_INF ? o / sum : KILN_NAN);
-        } else {
-            part_o[(oh * d.splits + split) * D + i] = o;
-            if (i == 0) {
-                part_ml[2 * (oh * d.splits + split)] = mx;
-                part_ml[2 * (oh * d.splits + split) + 1] = sum;
-            }
-        }
+        write_head_output(out, part_o, part_ml, d, D, b, h, i, o, sum, sm_wmax[0][h]);
     }
 }
 
