@@ -50,9 +50,32 @@ pub(super) fn sample_cases() -> Vec<(&'static str, cpu::sampling::SampleParams, 
             6.0,
         ),
         ("T1 mapped", plain, true, 6.0),
-        // Nearly flat logits (within 0.3, a few bins of T/8): thousands of candidates per row
-        // share a few bins, the contended path of the histograms and the threshold search;
-        // with top-k as well, both cuts are searched among the same candidates.
+        // Nearly flat logits (within 0.3: under a T/2, the fine value bins near the maximum)
+        // and flatter still (within 0.003, one or two fine bins: thousands of candidates per row
+        // and many equal logits, the contended path of the histograms and the threshold search
+        // past the list in shared memory); with top-k as well, both cuts are searched among the
+        // same candidates.
+        (
+            "T0.9 p0.9 flatter",
+            SampleParams {
+                temperature: 0.9,
+                top_p: 0.9,
+                ..plain
+            },
+            false,
+            0.003,
+        ),
+        (
+            "T0.9 k50 p0.9 flatter",
+            SampleParams {
+                temperature: 0.9,
+                top_k: 50,
+                top_p: 0.9,
+                ..plain
+            },
+            false,
+            0.003,
+        ),
         (
             "T0.9 p0.9 flat",
             SampleParams {
@@ -109,7 +132,7 @@ pub(super) fn check_gather_slot_rows(gpu: &CudaBackend, inp: &mut Inputs) -> Che
 }
 
 /// `rows` rows of random logits uniform within `scale` (6: peaked enough that top-p keeps a
-/// part of the vocabulary; 0.3: nearly flat, thousands of candidates in a few bins) drawn on
+/// part of the vocabulary; 0.3 and 0.003: nearly flat) drawn on
 /// both devices from the same slot state, `per_call` rows per GPU call.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn check_sample_rows<T: Elem>(

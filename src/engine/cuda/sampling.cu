@@ -10,16 +10,17 @@
 //
 //   1. sample_max: the penalised maximum (first index among ties) and the raw log-sum-exp.
 //      Greedy rows (and rows with nothing to sample) are drawn here and marked done.
-//   2. sample_histogram (top-k or top-p only): each positive integer weight goes to a 256-bin
-//      histogram by distance below the maximum in units of T/8 (counts and weights, summed
-//      exactly over the chunks). From the row's histogram the last block finds the value bin
+//   2. sample_histogram (top-k or top-p only): each positive integer weight goes to a histogram
+//      by distance below the maximum (counts and weights, summed exactly over the chunks): 256
+//      bins of T/64 down to 4 T below the maximum, then bins of T/8 (see value_bin). From the
+//      row's histogram the last block finds the value bin
 //      that holds the top-k threshold and the bins that may hold the top-p one (top-p's total
 //      depends on where top-k cuts inside its bin, so it is bounded from both sides).
 //   3. sample_select (top-k or top-p only): the order keys of those bins' tokens are collected
 //      as candidates; the last block narrows the exact thresholds among the candidates only
 //      (the other bins enter as whole sums) and stores the row's floor. A threshold's value
-//      bin is split into 256 steps of T/2048, the chosen step's keys into 256 ranges, and so
-//      on until one key is left. Where only one of top-k and top-p cuts, its bin is known
+//      bin is split into 256 value steps, the chosen step's keys into 256 ranges, and so on
+//      until one key is left. Where only one of top-k and top-p cuts, its bin is known
 //      already: the blocks sum the candidates by step as they collect them, and the last
 //      block reads only the keys of one step.
 //   4. sample_draw: each block sums the kept weights of its chunk; the last block scans the
@@ -42,7 +43,14 @@
 // zero and every stage leaves them at zero.
 
 #define SAMPLE_THREADS 512  // blockDim.x of every stage
-#define SAMPLE_BINS 256
+#define SAMPLE_BINS 256  // value steps of a bin, and key ranges, of sample_select's narrowing
+// The value bins of stage 2's histograms: SAMPLE_FINE_BINS of T/64 (4 T), then bins of T/8
+// from 4 T to 31.875 T below the maximum, and one for everything further (which weighs
+// nothing). Fine bins near the maximum keep the bin of a threshold small where the logits are
+// nearly flat (a model's untrained head): with bins of T/8 there, stage 3 took nearly half a
+// row's tokens as candidates.
+#define SAMPLE_FINE_BINS 256
+#define SAMPLE_VALUE_BINS (SAMPLE_FINE_BINS - 32 + 256)
 #define SAMPLE_WARPS (SAMPLE_THREADS / 32)
 // Ids (or candidates) a thread loads before it uses the first of them: see Sampler::load_batch.
 #define SAMPLE_BATCH 8
@@ -94,7 +102,7 @@ static_assert(sizeof(RowState) == 56, "RowState is 7 words (SAMPLE_ROW_WORDS in 
 struct SampleScratch {
     RowState* rows;       // [slots]
     u64* part;            // [slots, max_chunks, 2]: a chunk's partial result
-    u64* hist;            // [slots, 2, SAMPLE_BINS]: counts, then weights
+    u64* hist;            // [slots, 2, SAMPLE_VALUE_BINS]: counts, then weights
     unsigned int* cand;   // [slots, vocab]: order keys of sample_select's candidates
 };
 
@@ -180,20 +188,27 @@ struct SampleRow {
     __device__ __forceinline__ bool positive(unsigned int k, float x) const {
         return k == max_key || x >= -27.5f || weight(k, x) > 0;
     }
-    // Bins of T/8 below the maximum (0 holds the maximum; 255 everything past 32 T, which
-    // weighs nothing): z = (max - l) / T x 8, which is -8x bit for bit (a rounded difference
-    // or quotient only changes sign when its operands are swapped or negated).
+    // Value bins below the maximum (0 holds the maximum): bin floor(u) for u = (max - l) / T x
+    // 64 below 256, then SAMPLE_FINE_BINS - 32 + floor(z) for z = u / 8 below 255, then the
+    // last bin (past 31.875 T: weighs nothing). u and z are -64x and -8x bit for bit (a
+    // rounded difference or quotient only changes sign when its operands are swapped or
+    // negated; powers of two scale exactly), so the bins never decrease as the key decreases.
+    // x = 0 gives bin 0 whether or not the token is the maximum.
     __device__ __forceinline__ int value_bin(unsigned int k, float x) const {
         if (k == max_key) return 0;
+        const float u = -x * 64.f;
+        if (u < (float)SAMPLE_FINE_BINS) return floor_small(u);
         const float z = -x * 8.f;
-        return z < 255.f ? floor_small(z) : 255;
+        return z < 255.f ? SAMPLE_FINE_BINS - 32 + floor_small(z) : SAMPLE_VALUE_BINS - 1;
     }
-    // Steps of T/2048 inside value bin `bin` (0 nearest the maximum) for a token of that bin.
-    // z - bin is exact (Sterbenz: bin <= z < bin + 1 <= 2 bin, or bin is 0), so the steps
-    // split the bin exactly and, like the bins, never decrease as the key decreases.
+    // 256 equal value steps inside value bin `bin` (0 nearest the maximum) for a token of that
+    // bin. u - bin (or z - floor(z)) is exact (Sterbenz: b <= v < b + 1 <= 2 b, or b is 0), so
+    // the steps split the bin exactly and, like the bins, never decrease as the key decreases.
     __device__ __forceinline__ int value_step(unsigned int k, float x, int bin) const {
         if (k == max_key) return 0;
-        return floor_small(fminf((-x * 8.f - (float)bin) * 256.f, 255.f));
+        const float inside = bin < SAMPLE_FINE_BINS ? -x * 64.f - (float)bin
+                                                    : -x * 8.f - (float)(bin - SAMPLE_FINE_BINS + 32);
+        return floor_small(fminf(inside * 256.f, 255.f));
     }
     // Kept by the floor and min-p: the weight the walk counts.
     __device__ __forceinline__ u64 kept_weight(float l, unsigned int floor_key) const {
@@ -247,8 +262,8 @@ struct Sampler {
     __device__ u64* part(int chunk) const {
         return sc.part + ((long long)blockIdx.y * d.max_chunks + chunk) * 2;
     }
-    __device__ u64* hist_counts() const { return sc.hist + (long long)blockIdx.y * 2 * SAMPLE_BINS; }
-    __device__ u64* hist_weights() const { return hist_counts() + SAMPLE_BINS; }
+    __device__ u64* hist_counts() const { return sc.hist + (long long)blockIdx.y * 2 * SAMPLE_VALUE_BINS; }
+    __device__ u64* hist_weights() const { return hist_counts() + SAMPLE_VALUE_BINS; }
     __device__ unsigned int* candidates() const { return sc.cand + (long long)blockIdx.y * d.vocab; }
 
     // The block reads its ids in batches of B per thread: at `start` (i0, then every
@@ -346,19 +361,22 @@ __device__ u64 block_exclusive(u64 v, u64* scratch, u64* total) {
     return (warp > 0 ? scratch[warp - 1] : 0ull) + inc - v;
 }
 
-// Warp 0 walks the bins of `hist` in the given order (ascending: bin 0 first) and finds the
-// first at which `above` plus the running sum reaches `need`; returns the bin to every thread
-// and stores the sum of the bins walked before it (plus `above`) in *before.
+// Warp 0 walks the N bins of `hist` (N a multiple of 32) in the given order (ascending: bin 0
+// first) and finds the first at which `above` plus the running sum reaches `need`; returns the
+// bin to every thread and stores the sum of the bins walked before it (plus `above`) in
+// *before.
+template <int N>
 __device__ int bin_reaching(const u64* hist, bool descending, u64 above, u64 need, u64* before) {
+    static_assert(N % 32 == 0, "whole bins a lane");
     __shared__ u64 found[2];
     __syncthreads();
     if (threadIdx.x < 32) {
         const int lane = threadIdx.x;
-        const int per = SAMPLE_BINS / 32;
+        const int per = N / 32;
         u64 local = 0;
         for (int j = 0; j < per; ++j) {
             const int q = lane * per + j;
-            local += hist[descending ? SAMPLE_BINS - 1 - q : q];
+            local += hist[descending ? N - 1 - q : q];
         }
         const u64 inc = warp_inclusive(local);
         const unsigned int hit = __ballot_sync(SAMPLE_FULL, above + inc >= need);
@@ -368,11 +386,11 @@ __device__ int bin_reaching(const u64* hist, bool descending, u64 above, u64 nee
             u64 cum = above + inc - local;
             int q = lane * per;
             for (int j = 0; j < per; ++j, ++q) {
-                const u64 h = hist[descending ? SAMPLE_BINS - 1 - q : q];
+                const u64 h = hist[descending ? N - 1 - q : q];
                 if (cum + h >= need || j == per - 1) break;
                 cum += h;
             }
-            found[0] = descending ? SAMPLE_BINS - 1 - q : q;
+            found[0] = descending ? N - 1 - q : q;
             found[1] = cum;
         }
     }
@@ -498,7 +516,7 @@ __device__ void sample_max(Sampler<T>& S) {
     const float lse = M + logf(sum);
     // The histograms of stage 2 start from zero.
     u64* hist = S.hist_counts();
-    for (int b = threadIdx.x; b < 2 * SAMPLE_BINS; b += blockDim.x) hist[b] = 0;
+    for (int b = threadIdx.x; b < 2 * SAMPLE_VALUE_BINS; b += blockDim.x) hist[b] = 0;
     if (threadIdx.x == 0) {
         RowState* st = S.state;
         st->best = best;
@@ -518,14 +536,24 @@ __device__ void sample_max(Sampler<T>& S) {
 
 // ---- Stage 2: histograms of positive weights by distance below the maximum ----
 
+// Per value bin: tokens and weight (two 32-bit words: see add_split).
+struct ValueBins {
+    unsigned int count[SAMPLE_VALUE_BINS];
+    unsigned int w_lo[SAMPLE_VALUE_BINS], w_hi[SAMPLE_VALUE_BINS];
+};
+
 template <typename T>
 __device__ void sample_histogram(Sampler<T>& S) {
-    __shared__ BinSums h;
-    __shared__ u64 counts[SAMPLE_BINS], weights[SAMPLE_BINS];
+    __shared__ ValueBins h;
+    __shared__ u64 counts[SAMPLE_VALUE_BINS], weights[SAMPLE_VALUE_BINS];
     __shared__ u64 u_scratch[32];
     if (!S.open() || S.state->done) return;
     S.row.set_max(S.state->max);
-    clear_bins(h);
+    for (int b = threadIdx.x; b < SAMPLE_VALUE_BINS; b += blockDim.x) {
+        h.count[b] = 0;
+        h.w_lo[b] = 0;
+        h.w_hi[b] = 0;
+    }
     __syncthreads();
     for (int start = S.i0; start < S.i1; start += SAMPLE_IDS_PER_BATCH) {
         float raw[SAMPLE_BATCH], pen[SAMPLE_BATCH];
@@ -536,25 +564,29 @@ __device__ void sample_histogram(Sampler<T>& S) {
             const unsigned int k = order_key(pen[j]);
             const float x = S.row.exponent(pen[j]);
             const u64 w = S.row.weight(k, x);
-            if (w > 0) add_to_bin<true, false>(h, S.row.value_bin(k, x), w, 0u);
+            if (w > 0) {
+                const int b = S.row.value_bin(k, x);
+                atomicAdd(&h.count[b], 1u);
+                add_split(&h.w_lo[b], &h.w_hi[b], w);
+            }
         }
     }
     __syncthreads();
     u64* g_counts = S.hist_counts();
     u64* g_weights = S.hist_weights();
-    for (int b = threadIdx.x; b < SAMPLE_BINS; b += blockDim.x) {
+    for (int b = threadIdx.x; b < SAMPLE_VALUE_BINS; b += blockDim.x) {
         if (h.count[b] == 0) continue;
         atomicAdd(&g_counts[b], (u64)h.count[b]);
-        atomicAdd(&g_weights[b], bin_weight(h, b));
+        atomicAdd(&g_weights[b], ((u64)h.w_hi[b] << 32) + h.w_lo[b]);
     }
     if (!last_to_arrive(&S.state->arrivals, S.d.chunks)) return;
 
-    for (int b = threadIdx.x; b < SAMPLE_BINS; b += blockDim.x) {
+    for (int b = threadIdx.x; b < SAMPLE_VALUE_BINS; b += blockDim.x) {
         counts[b] = __ldcg(g_counts + b);
         weights[b] = __ldcg(g_weights + b);
     }
     u64 n_local = 0, w_local = 0;
-    for (int b = threadIdx.x; b < SAMPLE_BINS; b += blockDim.x) {
+    for (int b = threadIdx.x; b < SAMPLE_VALUE_BINS; b += blockDim.x) {
         n_local += counts[b];
         w_local += weights[b];
     }
@@ -565,7 +597,7 @@ __device__ void sample_histogram(Sampler<T>& S) {
     u64 above_k = 0, w_lo = total, w_hi = total;
     const bool top_k = S.p.top_k > 0 && S.p.top_k < (unsigned int)S.d.vocab;
     if (top_k && (u64)S.p.top_k < positive) {
-        bin_k = bin_reaching(counts, false, 0, (u64)S.p.top_k, &above_k);
+        bin_k = bin_reaching<SAMPLE_VALUE_BINS>(counts, false, 0, (u64)S.p.top_k, &above_k);
         u64 before = 0;
         for (int b = threadIdx.x; b < bin_k; b += blockDim.x) before += weights[b];
         w_lo = block_sum(before, u_scratch);
@@ -577,8 +609,9 @@ __device__ void sample_histogram(Sampler<T>& S) {
     const u64 need_p = top_p_need(S.p.top_p, w_lo);
     u64 above_p = 0, unused;
     if (top_p) {
-        p_lo = bin_reaching(weights, false, 0, need_p, &above_p);
-        p_hi = bin_reaching(weights, false, 0, top_p_need(S.p.top_p, w_hi), &unused);
+        p_lo = bin_reaching<SAMPLE_VALUE_BINS>(weights, false, 0, need_p, &above_p);
+        p_hi = w_hi == w_lo ? p_lo
+                            : bin_reaching<SAMPLE_VALUE_BINS>(weights, false, 0, top_p_need(S.p.top_p, w_hi), &unused);
     }
     if (threadIdx.x == 0) {
         RowState* st = S.state;
@@ -758,7 +791,7 @@ __device__ unsigned int narrow(const SampleRow<T>& row, const unsigned int* cand
         }
         // From the largest keys down: value steps ascend, key ranges descend.
         u64 before;
-        const int b = bin_reaching(s.crit, !by_value, above, need, &before);
+        const int b = bin_reaching<SAMPLE_BINS>(s.crit, !by_value, above, need, &before);
         if (kept) {
             u64 w = 0;
             for (int q = threadIdx.x; q < SAMPLE_BINS; q += blockDim.x) {
@@ -781,7 +814,7 @@ __device__ unsigned int narrow(const SampleRow<T>& row, const unsigned int* cand
 template <typename T>
 __device__ void sample_select(Sampler<T>& S) {
     __shared__ SelectScratch sel;
-    __shared__ u64 weights[SAMPLE_BINS];
+    __shared__ u64 weights[SAMPLE_VALUE_BINS];
     if (!S.open() || S.state->done) return;
     S.row.set_max(S.state->max);
     const int bin_k = S.state->bin_k, p_lo = S.state->bin_p_lo, p_hi = S.state->bin_p_hi;
@@ -861,7 +894,7 @@ __device__ void sample_select(Sampler<T>& S) {
             need = (u64)S.p.top_k;
         }
         for (int b = threadIdx.x; b < SAMPLE_BINS; b += blockDim.x) sel.crit[b] = __ldcg(g_steps + b);
-        const int step = bin_reaching(sel.crit, false, above, need, &above);
+        const int step = bin_reaching<SAMPLE_BINS>(sel.crit, false, above, need, &above);
         const unsigned int lo = __ldcg(g_key_min + step), hi = __ldcg(g_key_max + step);
         floor_key = lo < hi ? narrow(S.row, cand, n, false, lone, 0u, lo, hi, by_weight, above, need,
                                      sel, nullptr)
@@ -869,7 +902,7 @@ __device__ void sample_select(Sampler<T>& S) {
     } else if (bin_k >= 0) {
         // Both cut: top-k's threshold, and the weight it keeps in bin_k.
         const u64* g_weights = S.hist_weights();
-        for (int b = threadIdx.x; b < SAMPLE_BINS; b += blockDim.x) weights[b] = __ldcg(g_weights + b);
+        for (int b = threadIdx.x; b < SAMPLE_VALUE_BINS; b += blockDim.x) weights[b] = __ldcg(g_weights + b);
         u64 inside;
         floor_key = narrow(S.row, cand, n, true, bin_k, 0u, 0u, 0u, false, S.state->above_k,
                            (u64)S.p.top_k, sel, &inside);
@@ -877,13 +910,13 @@ __device__ void sample_select(Sampler<T>& S) {
         u64 before = 0;
         for (int b = threadIdx.x; b < bin_k; b += blockDim.x) before += weights[b];
         const u64 kept = block_sum(before, sel.sum) + inside;
-        for (int b = threadIdx.x; b < SAMPLE_BINS; b += blockDim.x) {
+        for (int b = threadIdx.x; b < SAMPLE_VALUE_BINS; b += blockDim.x) {
             if (b == bin_k) weights[b] = inside;
             if (b > bin_k) weights[b] = 0;
         }
         const u64 need = top_p_need(S.p.top_p, kept);
         u64 above;
-        const int bin_p = bin_reaching(weights, false, 0, need, &above);
+        const int bin_p = bin_reaching<SAMPLE_VALUE_BINS>(weights, false, 0, need, &above);
         const unsigned int k =
             narrow(S.row, cand, n, true, bin_p, floor_key, 0u, 0u, true, above, need, sel, nullptr);
         floor_key = max(floor_key, k);

@@ -32,8 +32,8 @@ pub(super) const PROGRAM: Program = Program {
 
 /// Threads of a block (`SAMPLE_THREADS` in the kernel).
 const THREADS: u32 = 512;
-/// Value bins of the threshold histograms (`SAMPLE_BINS`).
-const BINS: usize = 256;
+/// Value bins of the threshold histograms (`SAMPLE_VALUE_BINS`).
+const BINS: usize = 256 - 32 + 256;
 /// u64 words of the kernel's `RowState`.
 const ROW_WORDS: usize = 7;
 /// The fewest ids a block reads: below this a row's blocks spend more on combining their
