@@ -38,6 +38,15 @@ for i in "${!names[@]}"; do
   ) &
 done
 wait
+# A build whose CUDA backend does not start (a kernel program that fails to compile, say) runs
+# on the CPU under the default `--device auto`: its timed runs would only eat the limit.
+for i in "${!names[@]}"; do
+  if grep -q "no usable GPU" "$O/warm-${names[$i]}.log"; then
+    echo "${names[$i]}: no usable GPU, stopping:" >&2
+    grep "no usable GPU" "$O/warm-${names[$i]}.log" | head -3 >&2
+    exit 1
+  fi
+done
 order=("${!names[@]}")
 for r in $(seq 1 "$ROUNDS"); do
   for shape in ${SHAPES//,/ }; do

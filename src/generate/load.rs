@@ -8,13 +8,20 @@ use crate::models::Model;
 use std::sync::Arc;
 
 /// The pool of `device` and the compute dtype generation uses there (bf16 on a GPU unless
-/// fp32 is asked for; the CPU runs fp32), with a note naming both.
+/// fp32 is asked for; the CPU runs fp32), with a note naming both. Where `auto` falls back to
+/// the CPU, why goes to standard error (as `kiln train` says it): a GPU whose backend does not
+/// start would otherwise look like a slow run.
 pub fn open_for_generation(
     device: &str,
     precision: Option<&str>,
 ) -> Result<(Arc<MemoryPool>, Option<DType>, String)> {
     let request: DeviceRequest = device.parse().map_err(KilnError::Setting)?;
-    let (pool, _) = crate::engine::open(request)?;
+    let (pool, why) = crate::engine::open(request)?;
+    if pool.device() == Device::Cpu
+        && let Some(why) = why
+    {
+        eprintln!("note: {why}");
+    }
     let dtype = generation_dtype(pool.device(), precision)?;
     let note = format!(
         "{} in {}",
