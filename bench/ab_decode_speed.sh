@@ -9,6 +9,10 @@
 #   OUT=/tmp/ab SHAPES=smollm2-135m,llama-3.2-1b BATCHES=1,8,16,32,64 ROUNDS=2 \
 #     bench/ab_decode_speed.sh base=OLD_KILN new=NEW_KILN
 #
+# Before taking builds to a GPU, `cargo test --release --lib every_program_compiles_with_nvrtc`
+# compiles every kernel program for sm_80 and sm_90 on any machine with NVRTC: a program that
+# does not compile keeps the CUDA backend from starting (this script then stops).
+#
 # A build may be a two-line wrapper script that sets a switch and execs a binary, to compare
 # one binary with and without it (the wrappers share the binary's kernel cache):
 #   printf '#!/bin/sh\nKILN_DECODE_ATTENTION=lanes exec /tmp/kiln "$@"\n' > /tmp/kiln-lanes
