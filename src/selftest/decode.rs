@@ -16,6 +16,16 @@ pub(super) fn sample_cases() -> Vec<(&'static str, cpu::sampling::SampleParams, 
         min_p: 0.0,
         repetition_penalty: 1.0,
     };
+    // Temperature 0.9 and top-p 0.9 (with top-k where it is not 0) on logits within `scale`.
+    let nearly_flat = |name, top_k, scale| {
+        let p = SampleParams {
+            temperature: 0.9,
+            top_k,
+            top_p: 0.9,
+            ..plain
+        };
+        (name, p, false, scale)
+    };
     vec![
         (
             "greedy pen1.3",
@@ -55,48 +65,10 @@ pub(super) fn sample_cases() -> Vec<(&'static str, cpu::sampling::SampleParams, 
         // and many equal logits, the contended path of the histograms and the threshold search
         // past the list in shared memory); with top-k as well, both cuts are searched among the
         // same candidates.
-        (
-            "T0.9 p0.9 flatter",
-            SampleParams {
-                temperature: 0.9,
-                top_p: 0.9,
-                ..plain
-            },
-            false,
-            0.003,
-        ),
-        (
-            "T0.9 k50 p0.9 flatter",
-            SampleParams {
-                temperature: 0.9,
-                top_k: 50,
-                top_p: 0.9,
-                ..plain
-            },
-            false,
-            0.003,
-        ),
-        (
-            "T0.9 p0.9 flat",
-            SampleParams {
-                temperature: 0.9,
-                top_p: 0.9,
-                ..plain
-            },
-            false,
-            0.3,
-        ),
-        (
-            "T0.9 k50 p0.9 flat",
-            SampleParams {
-                temperature: 0.9,
-                top_k: 50,
-                top_p: 0.9,
-                ..plain
-            },
-            false,
-            0.3,
-        ),
+        nearly_flat("T0.9 p0.9 flatter", 0, 0.003),
+        nearly_flat("T0.9 k50 p0.9 flatter", 50, 0.003),
+        nearly_flat("T0.9 p0.9 flat", 0, 0.3),
+        nearly_flat("T0.9 k50 p0.9 flat", 50, 0.3),
     ]
 }
 

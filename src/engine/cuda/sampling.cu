@@ -412,24 +412,32 @@ __device__ int bin_reaching(const u64* hist, bool descending, u64 above, u64 nee
 // their extra instructions cost more than the collisions, even on flat logits.) The sums are
 // of integers, so the order of the adds changes no result.
 
-// Per bin: tokens, weight (two 32-bit words: see add_split) and smallest and largest key.
-struct BinSums {
-    unsigned int count[SAMPLE_BINS];
-    unsigned int w_lo[SAMPLE_BINS], w_hi[SAMPLE_BINS];
-    unsigned int key_min[SAMPLE_BINS], key_max[SAMPLE_BINS];
+// Per bin of N: tokens, weight (two 32-bit words: see add_split) and, with KEYS, the smallest
+// and largest key.
+template <int N, bool KEYS>
+struct Bins {
+    unsigned int count[N];
+    unsigned int w_lo[N], w_hi[N];
+    unsigned int key_min[KEYS ? N : 1], key_max[KEYS ? N : 1];
 };
+typedef Bins<SAMPLE_BINS, true> BinSums;              // sample_select's value steps and key ranges
+typedef Bins<SAMPLE_VALUE_BINS, false> ValueBins;     // sample_histogram's value bins
 
-__device__ void clear_bins(BinSums& h) {
-    for (int b = threadIdx.x; b < SAMPLE_BINS; b += blockDim.x) {
+template <int N, bool KEYS>
+__device__ void clear_bins(Bins<N, KEYS>& h) {
+    for (int b = threadIdx.x; b < N; b += blockDim.x) {
         h.count[b] = 0;
         h.w_lo[b] = 0;
         h.w_hi[b] = 0;
-        h.key_min[b] = 0xffffffffu;
-        h.key_max[b] = 0;
+        if (KEYS) {
+            h.key_min[b] = 0xffffffffu;
+            h.key_max[b] = 0;
+        }
     }
 }
 
-__device__ __forceinline__ u64 bin_weight(const BinSums& h, int b) {
+template <int N, bool KEYS>
+__device__ __forceinline__ u64 bin_weight(const Bins<N, KEYS>& h, int b) {
     return ((u64)h.w_hi[b] << 32) + h.w_lo[b];
 }
 
@@ -443,8 +451,9 @@ __device__ __forceinline__ void add_split(unsigned int* lo, unsigned int* hi, u6
 }
 
 // Adds a token of weight w (WEIGHTS) and key k (KEYS) to bin b.
-template <bool WEIGHTS, bool KEYS>
-__device__ __forceinline__ void add_to_bin(BinSums& h, int b, u64 w, unsigned int k) {
+template <bool WEIGHTS, bool KEYS, int N, bool HAS_KEYS>
+__device__ __forceinline__ void add_to_bin(Bins<N, HAS_KEYS>& h, int b, u64 w, unsigned int k) {
+    static_assert(HAS_KEYS || !KEYS, "these bins keep no keys");
     atomicAdd(&h.count[b], 1u);
     if (WEIGHTS) add_split(&h.w_lo[b], &h.w_hi[b], w);
     if (KEYS) {
@@ -536,12 +545,6 @@ __device__ void sample_max(Sampler<T>& S) {
 
 // ---- Stage 2: histograms of positive weights by distance below the maximum ----
 
-// Per value bin: tokens and weight (two 32-bit words: see add_split).
-struct ValueBins {
-    unsigned int count[SAMPLE_VALUE_BINS];
-    unsigned int w_lo[SAMPLE_VALUE_BINS], w_hi[SAMPLE_VALUE_BINS];
-};
-
 template <typename T>
 __device__ void sample_histogram(Sampler<T>& S) {
     __shared__ ValueBins h;
@@ -549,11 +552,7 @@ __device__ void sample_histogram(Sampler<T>& S) {
     __shared__ u64 u_scratch[32];
     if (!S.open() || S.state->done) return;
     S.row.set_max(S.state->max);
-    for (int b = threadIdx.x; b < SAMPLE_VALUE_BINS; b += blockDim.x) {
-        h.count[b] = 0;
-        h.w_lo[b] = 0;
-        h.w_hi[b] = 0;
-    }
+    clear_bins(h);
     __syncthreads();
     for (int start = S.i0; start < S.i1; start += SAMPLE_IDS_PER_BATCH) {
         float raw[SAMPLE_BATCH], pen[SAMPLE_BATCH];
@@ -564,11 +563,7 @@ __device__ void sample_histogram(Sampler<T>& S) {
             const unsigned int k = order_key(pen[j]);
             const float x = S.row.exponent(pen[j]);
             const u64 w = S.row.weight(k, x);
-            if (w > 0) {
-                const int b = S.row.value_bin(k, x);
-                atomicAdd(&h.count[b], 1u);
-                add_split(&h.w_lo[b], &h.w_hi[b], w);
-            }
+            if (w > 0) add_to_bin<true, false>(h, S.row.value_bin(k, x), w, 0u);
         }
     }
     __syncthreads();
@@ -577,7 +572,7 @@ __device__ void sample_histogram(Sampler<T>& S) {
     for (int b = threadIdx.x; b < SAMPLE_VALUE_BINS; b += blockDim.x) {
         if (h.count[b] == 0) continue;
         atomicAdd(&g_counts[b], (u64)h.count[b]);
-        atomicAdd(&g_weights[b], ((u64)h.w_hi[b] << 32) + h.w_lo[b]);
+        atomicAdd(&g_weights[b], bin_weight(h, b));
     }
     if (!last_to_arrive(&S.state->arrivals, S.d.chunks)) return;
 
