@@ -83,6 +83,35 @@ template <typename T> __device__ __forceinline__ void load4(const T* p, float v[
     load_raw4(p, r);
     unpack4(r, v);
 }
+
+// A 16-byte piece of a vector as f32: 8 elements of bf16 or f16, 4 of f32.
+template <typename T>
+__device__ __forceinline__ void unpack16(const uint4 u, float* x) {
+    if constexpr (sizeof(T) == 4) {
+        x[0] = __uint_as_float(u.x);
+        x[1] = __uint_as_float(u.y);
+        x[2] = __uint_as_float(u.z);
+        x[3] = __uint_as_float(u.w);
+    } else {
+        unpack4(Raw4<T>{make_uint2(u.x, u.y)}, x);
+        unpack4(Raw4<T>{make_uint2(u.z, u.w)}, x + 4);
+    }
+}
+
+// Eight elements of a vector at p into f32: one 16-byte access in bf16 and f16, two in f32
+// (`wide`: p is 16-byte aligned), else one element at a time.
+template <typename T>
+__device__ __forceinline__ void load8_at(const T* p, bool wide, float x[8]) {
+    if (wide) {
+        constexpr int PER = 16 / (int)sizeof(T);  // elements a piece
+#pragma unroll
+        for (int k = 0; k < 8 / PER; ++k) unpack16<T>(reinterpret_cast<const uint4*>(p)[k], x + k * PER);
+    } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) x[j] = load(p[j]);
+    }
+}
+
 __device__ __forceinline__ void store4(float* p, const float v[4]) {
     *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
 }

@@ -86,14 +86,11 @@ __device__ void cross_entropy(float* losses, T* logits, const unsigned int* targ
     }
 }
 
-// Sixteen bytes of a row in one access: 4 f32 or 8 bf16/f16 values.
+// Sixteen bytes of a row in one access: 4 f32 or 8 bf16/f16 values (unpack16 in common.cuh
+// reads them).
 template <typename T> struct Wide {
     static constexpr int N = 16 / sizeof(T);
 };
-template <typename T> __device__ __forceinline__ void unpack16(const uint4& q, float* x) {
-    const T* e = reinterpret_cast<const T*>(&q);
-    for (int k = 0; k < Wide<T>::N; ++k) x[k] = load(e[k]);
-}
 template <typename T> __device__ __forceinline__ uint4 pack16(const float* x) {
     uint4 q;
     T* e = reinterpret_cast<T*>(&q);

@@ -25,15 +25,21 @@
 //      block reads only the keys of one step.
 //   4. sample_draw: each block sums the kept weights of its chunk; the last block scans the
 //      chunk sums, finds the chunk where the inverse-CDF target falls and walks it in id order.
+//      Where stage 3 runs, a row has at most SAMPLE_MERGE_CHUNKS blocks and the call has rows
+//      enough (the host's choice, SampleDims::select_draws), stage 3 draws instead and stage
+//      4 is not launched: its blocks also sum their chunk's kept weight of
+//      the value bins before every threshold's bin (kept whatever the thresholds) and note each
+//      candidate's chunk, and its last block adds the candidates at or above the floor to
+//      their chunks' sums and walks as stage 4's would.
 //
 // Tokens of zero weight (more than about 27.7 T below the maximum) never change a weighted sum
 // and are never drawn, and they rank below every token of positive weight, so a top-k that
 // reaches into them keeps every positive weight: the histograms skip them. Every sum is of
 // integers, so no result depends on how the vocabulary is chunked or on the order of atomics,
 // and the GPU draws the token the CPU reference draws. The one floating-point sum, stage 1's
-// log-sum-exp, is added in a fixed order: each thread takes ids i0 + t, i0 + t + 512, ... in
-// turn (loaded a batch at a time, but used in that order), then the block and the chunks
-// combine theirs in a fixed order.
+// log-sum-exp, is added in a fixed order: each thread takes runs of 8 ids, i0 + 8t .. i0 + 8t +
+// 7, then the same 4096 ids further on, and so on (see Sampler::load_batch), then the block
+// and the chunks combine theirs in a fixed order.
 //
 // Each row reads logits row src_row[r] (or r) and the state of slot slot[r] (or r): its
 // presence mask, seed and draw counter; it writes the slot's token, log-probability and
@@ -54,7 +60,6 @@
 #define SAMPLE_WARPS (SAMPLE_THREADS / 32)
 // Ids (or candidates) a thread loads before it uses the first of them: see Sampler::load_batch.
 #define SAMPLE_BATCH 8
-#define SAMPLE_MAX_BATCH 2  // sample_max's, which keeps more per id in registers
 #define SAMPLE_IDS_PER_BATCH (SAMPLE_BATCH * SAMPLE_THREADS)
 #define SAMPLE_FULL 0xffffffffu
 
@@ -78,6 +83,7 @@ struct SampleDims {
     int chunks;      // blocks per row in this call
     int chunk_len;   // ids per block (the last block's run may be shorter)
     int max_chunks;  // partials per row in the scratch
+    int select_draws;  // 1: sample_select draws the token (the host chose it; see sampling.rs)
 };
 
 // What the stages of one row pass to each other.
@@ -93,18 +99,23 @@ struct RowState {
     int bin_k;                // value bin of the top-k threshold; -1: top-k keeps all
     int bin_p_lo, bin_p_hi;   // value bins that may hold the top-p threshold; -1: no top-p
     int unused;
+    u64 above_p, need_p;  // where top-p cuts alone: the weight above its bin, and its need
 };
-static_assert(sizeof(RowState) == 56, "RowState is 7 words (SAMPLE_ROW_WORDS in sampling.rs)");
+static_assert(sizeof(RowState) == 72, "RowState is 9 words (ROW_WORDS in sampling.rs)");
 
 // Where only one of top-k and top-p cuts, sample_select reuses `hist` for its bin's sums by
-// value step and their keys, and reads top-p's need from the row's first partial (see
-// sample_histogram).
+// value step and their keys (see sample_histogram).
 struct SampleScratch {
-    RowState* rows;       // [slots]
-    u64* part;            // [slots, max_chunks, 2]: a chunk's partial result
-    u64* hist;            // [slots, 2, SAMPLE_VALUE_BINS]: counts, then weights
-    unsigned int* cand;   // [slots, vocab]: order keys of sample_select's candidates
+    RowState* rows;              // [slots]
+    u64* part;                   // [slots, max_chunks, 2]: a chunk's partial result
+    u64* hist;                   // [slots, 2, SAMPLE_VALUE_BINS]: counts, then weights
+    unsigned int* cand;          // [slots, vocab]: order keys of sample_select's candidates
+    unsigned char* cand_chunk;   // [slots, vocab]: the chunk of each candidate
 };
+
+// Calls of at most this many blocks a row may draw in sample_select's last block (a
+// candidate's chunk fits a byte); larger ones launch sample_draw (MERGE_CHUNKS in sampling.rs).
+#define SAMPLE_MERGE_CHUNKS 255
 
 __device__ __forceinline__ unsigned int order_key(float x) {
     const unsigned int b = __float_as_uint(x);
@@ -210,6 +221,16 @@ struct SampleRow {
                                                     : -x * 8.f - (float)(bin - SAMPLE_FINE_BINS + 32);
         return floor_small(fminf(inside * 256.f, 255.f));
     }
+    // kept_weight of a token known to lie above the floor (key k, exponent x).
+    __device__ __forceinline__ u64 kept_above_floor(unsigned int k, float x) const {
+        float e = 1.f;
+        if (k != max_key) {
+            if (x < -28.5f) return 0;
+            e = expf(x);
+        }
+        if (p.min_p > 0.f && !(e >= p.min_p)) return 0;
+        return (u64)(e * WEIGHT_ONE);
+    }
     // Kept by the floor and min-p: the weight the walk counts.
     __device__ __forceinline__ u64 kept_weight(float l, unsigned int floor_key) const {
         const unsigned int k = order_key(l);
@@ -265,25 +286,53 @@ struct Sampler {
     __device__ u64* hist_counts() const { return sc.hist + (long long)blockIdx.y * 2 * SAMPLE_VALUE_BINS; }
     __device__ u64* hist_weights() const { return hist_counts() + SAMPLE_VALUE_BINS; }
     __device__ unsigned int* candidates() const { return sc.cand + (long long)blockIdx.y * d.vocab; }
-
-    // The block reads its ids in batches of B per thread: at `start` (i0, then every
-    // B x SAMPLE_THREADS ids, the same for the whole block) thread t takes ids start + t +
-    // j x SAMPLE_THREADS for j < B, those below i1, and issues all their loads before it uses
-    // one (one at a time, each load's latency would be the loop's).
-    __device__ __forceinline__ int batch_id(int start, int j) const {
-        return start + (int)threadIdx.x + j * SAMPLE_THREADS;
+    __device__ unsigned char* candidate_chunks() const {
+        return sc.cand_chunk + (long long)blockIdx.y * d.vocab;
     }
-    template <int B>
-    __device__ __forceinline__ void load_batch(int start, float (&raw)[B], float (&pen)[B]) const {
-        unsigned int word[B];
+    // sample_select draws the token itself (sample_draw is not launched).
+    __device__ bool select_draws() const { return d.select_draws != 0 && d.chunks <= SAMPLE_MERGE_CHUNKS; }
+
+    // The block reads its ids in batches of SAMPLE_BATCH (8) a thread: at `start` (i0, then
+    // every SAMPLE_IDS_PER_BATCH ids, the same for the whole block) thread t takes the run
+    // start + 8t + j for j < 8, those below i1: one 16-byte load in bf16 and f16 (two in f32)
+    // where the run is whole and aligned (the host makes chunks multiples of 8 ids), else one
+    // load an id. Ids past i1 read -inf.
+    __device__ __forceinline__ int batch_id(int start, int j) const {
+        return start + (int)threadIdx.x * SAMPLE_BATCH + j;
+    }
+    // The raw logits of the run at `start` (NaN as -inf; ids past i1 as -inf).
+    __device__ __forceinline__ void load_raw(int start, float (&v)[SAMPLE_BATCH]) const {
+        const int i = batch_id(start, 0);
+        const T* p = row.logits + i;
+        if (i + SAMPLE_BATCH <= i1 && ((unsigned long long)p & 15) == 0) {
+            load8_at(p, true, v);
 #pragma unroll
-        for (int j = 0; j < B; ++j) {
-            const int i = batch_id(start, j);
-            raw[j] = i < i1 ? row.raw(i) : KILN_NEG_INF;
-            word[j] = i < i1 ? row.mask_word(i) : 0u;
+            for (int j = 0; j < SAMPLE_BATCH; ++j) v[j] = v[j] != v[j] ? KILN_NEG_INF : v[j];
+        } else {
+#pragma unroll
+            for (int j = 0; j < SAMPLE_BATCH; ++j) v[j] = i + j < i1 ? row.raw(i + j) : KILN_NEG_INF;
         }
+    }
+    // The presence-mask word of the run's first id, and whether the run's ids all lie in it
+    // (runs start at multiples of 8 where chunks do); mask_word_at then reads id i's word.
+    __device__ __forceinline__ unsigned int run_word(int start, bool& one_word) const {
+        const int i = batch_id(start, 0);
+        one_word = (i & 31) <= 32 - SAMPLE_BATCH;
+        return i < i1 ? row.mask_word(i) : 0u;
+    }
+    __device__ __forceinline__ unsigned int mask_word_at(int i, unsigned int word, bool one_word) const {
+        return one_word ? word : (i < i1 ? row.mask_word(i) : 0u);
+    }
+    // The run's penalised logits (the stages after the first use only these).
+    __device__ __forceinline__ void load_batch(int start, float (&pen)[SAMPLE_BATCH]) const {
+        load_raw(start, pen);
+        bool one_word;
+        const unsigned int word = run_word(start, one_word);
+        const int i = batch_id(start, 0);
 #pragma unroll
-        for (int j = 0; j < B; ++j) pen[j] = row.penalise(batch_id(start, j), raw[j], word[j]);
+        for (int j = 0; j < SAMPLE_BATCH; ++j) {
+            pen[j] = row.penalise(i + j, pen[j], mask_word_at(i + j, word, one_word));
+        }
     }
 
     // The slot's draw (thread 0): token, log-probability, position, counter, presence bit.
@@ -469,27 +518,40 @@ __device__ void sample_max(Sampler<T>& S) {
     __shared__ u64 u_scratch[32];
     __shared__ float f_scratch[32];
     if (!S.open()) return;
-    u64 best = 0;
+    // This thread's first id of the largest penalised key (key 0 is no id's: NaN reads as
+    // -inf, so 0 marks a thread without ids), and its raw maximum m with the sum s of
+    // exp(raw - m): each run's ids are added in id order after the run's maximum has rescaled
+    // the sum (once a run), one exponential an id.
+    unsigned int first_k = 0;
+    int first_i = 0;
     float m = KILN_NEG_INF, s = 0.f;
-    for (int start = S.i0; start < S.i1; start += SAMPLE_MAX_BATCH * SAMPLE_THREADS) {
-        float raw[SAMPLE_MAX_BATCH], pen[SAMPLE_MAX_BATCH];
-        S.load_batch(start, raw, pen);
+    for (int start = S.i0; start < S.i1; start += SAMPLE_IDS_PER_BATCH) {
+        float raw[SAMPLE_BATCH];
+        S.load_raw(start, raw);
+        bool one_word;
+        const unsigned int word = S.run_word(start, one_word);
+        float run_max = m;
 #pragma unroll
-        for (int j = 0; j < SAMPLE_MAX_BATCH; ++j) {
+        for (int j = 0; j < SAMPLE_BATCH; ++j) {
             const int i = S.batch_id(start, j);
-            if (i >= S.i1) break;
-            const u64 packed = ((u64)order_key(pen[j]) << 32) | (0xffffffffu - (unsigned int)i);
-            best = packed > best ? packed : best;
-            const float x = raw[j];
-            if (x == KILN_NEG_INF) continue;
-            if (x > m) {
-                s = s * expf(m - x) + 1.f;
-                m = x;
-            } else {
-                s += expf(x - m);
+            const float pen = S.row.penalise(i, raw[j], S.mask_word_at(i, word, one_word));
+            const unsigned int k = i < S.i1 ? order_key(pen) : 0u;
+            if (k > first_k) {
+                first_k = k;
+                first_i = i;
             }
+            run_max = fmaxf(run_max, raw[j]);
+        }
+        if (run_max > m) {
+            s *= expf(m - run_max);
+            m = run_max;
+        }
+        if (m != KILN_NEG_INF) {
+#pragma unroll
+            for (int j = 0; j < SAMPLE_BATCH; ++j) s += expf(raw[j] - m);
         }
     }
+    u64 best = first_k ? ((u64)first_k << 32) | (0xffffffffu - (unsigned int)first_i) : 0ull;
     best = block_max_u64(best, u_scratch);
     float M = block_max(m, f_scratch);
     float sum = block_sum(m == KILN_NEG_INF ? 0.f : s * expf(m - M), f_scratch);
@@ -555,8 +617,8 @@ __device__ void sample_histogram(Sampler<T>& S) {
     clear_bins(h);
     __syncthreads();
     for (int start = S.i0; start < S.i1; start += SAMPLE_IDS_PER_BATCH) {
-        float raw[SAMPLE_BATCH], pen[SAMPLE_BATCH];
-        S.load_batch(start, raw, pen);
+        float pen[SAMPLE_BATCH];
+        S.load_batch(start, pen);
 #pragma unroll
         for (int j = 0; j < SAMPLE_BATCH; ++j) {
             if (S.batch_id(start, j) >= S.i1) break;
@@ -617,7 +679,7 @@ __device__ void sample_histogram(Sampler<T>& S) {
     }
     // Where only one of top-k and top-p cuts, sample_select sums its bin by value step into this
     // row's histogram scratch (every read of it above is behind a barrier by now); top-p's need
-    // and the weight above its bin wait in the row's first partial, unused until sample_draw.
+    // and the weight above its bin wait in the row's state.
     if (bin_k >= 0 ? !top_p : top_p) {
         unsigned int* keys = (unsigned int*)g_weights;
         for (int b = threadIdx.x; b < SAMPLE_BINS; b += blockDim.x) {
@@ -626,10 +688,98 @@ __device__ void sample_histogram(Sampler<T>& S) {
             keys[SAMPLE_BINS + b] = 0;
         }
         if (threadIdx.x == 0 && bin_k < 0) {
-            S.part(0)[0] = above_p;
-            S.part(0)[1] = need_p;
+            S.state->above_p = above_p;
+            S.state->need_p = need_p;
         }
     }
+}
+
+// ---- The inverse-CDF walk in id order (stage 4, or stage 3's last block) ----
+
+// The last block of the row's stage, once every chunk's kept weight is known (in `sums`, in
+// shared memory, or else in the chunks' first partials): finds the chunk where the row's target
+// falls, walks it in id order and records the drawn token.
+template <typename T>
+__device__ void walk_and_record(Sampler<T>& S, unsigned int floor_key, const u64* sums) {
+    __shared__ u64 u_scratch[32];
+    __shared__ int chosen;
+    __shared__ int chosen_chunk;
+    __shared__ u64 chunk_before;
+    __shared__ int run_from, run_to;  // the run of ids where the target falls
+    __shared__ u64 run_before;
+    auto chunk_sum = [&](int c) { return sums ? sums[c] : __ldcg(S.part(c)); };
+    // The chunk where the target falls, from the chunks' sums in id order.
+    u64 sum = 0;
+    for (int c = threadIdx.x; c < S.d.chunks; c += blockDim.x) sum += chunk_sum(c);
+    const u64 total = block_sum(sum, u_scratch);
+    const u64 bits = hash3(S.seeds[S.slot], SAMPLE_STREAM, S.counters[S.slot]);
+    const u64 target = __umul64hi(bits, total);
+    const int best_i = (int)(0xffffffffu - (unsigned int)(S.state->best & 0xffffffffu));
+    if (threadIdx.x == 0) {
+        chosen = best_i;
+        chosen_chunk = -1;
+        chunk_before = 0;
+        run_from = 0;
+        run_to = 0;
+        run_before = 0;
+    }
+    u64 running = 0;
+    for (int base = 0; base < S.d.chunks; base += blockDim.x) {
+        const int c = base + threadIdx.x;
+        const u64 v = c < S.d.chunks ? chunk_sum(c) : 0ull;
+        u64 tile;
+        const u64 before = running + block_exclusive(v, u_scratch, &tile);
+        if (v > 0 && before <= target && target < before + v) {
+            chosen_chunk = c;
+            chunk_before = before;
+        }
+        running += tile;
+    }
+    __syncthreads();
+    const int c = chosen_chunk;
+    if (c >= 0) {
+        // Each thread owns a contiguous run of the chunk's ids.
+        const int c0 = min(S.d.vocab, c * S.d.chunk_len), c1 = min(S.d.vocab, c0 + S.d.chunk_len);
+        const int per = (c1 - c0 + (int)blockDim.x - 1) / (int)blockDim.x;
+        const int j0 = min(c1, c0 + (int)threadIdx.x * per), j1 = min(c1, j0 + per);
+        u64 mine = 0;
+        for (int i = j0; i < j1; i += SAMPLE_BATCH) {
+            float pen[SAMPLE_BATCH];
+#pragma unroll
+            for (int q = 0; q < SAMPLE_BATCH; ++q) pen[q] = i + q < j1 ? S.row.penalised(i + q) : 0.f;
+#pragma unroll
+            for (int q = 0; q < SAMPLE_BATCH; ++q) {
+                if (i + q < j1) mine += S.row.kept_weight(pen[q], floor_key);
+            }
+        }
+        u64 chunk_total;
+        const u64 before = chunk_before + block_exclusive(mine, u_scratch, &chunk_total);
+        if (mine > 0 && before <= target && target < before + mine) {
+            run_from = j0;
+            run_to = j1;
+            run_before = before;
+        }
+        __syncthreads();
+        // Warp 0 walks that run 32 ids at a time: the first id whose running sum passes the
+        // target.
+        if (threadIdx.x < 32) {
+            const int lane = threadIdx.x;
+            u64 cum = run_before;
+            for (int from = run_from; from < run_to; from += 32) {
+                const int i = from + lane;
+                const u64 w = i < run_to ? S.row.kept_weight(S.row.penalised(i), floor_key) : 0ull;
+                const u64 inc = cum + warp_inclusive(w);
+                const unsigned int hit = __ballot_sync(SAMPLE_FULL, inc > target);
+                if (hit) {
+                    if (lane == __ffs(hit) - 1) chosen = i;
+                    break;
+                }
+                cum = __shfl_sync(SAMPLE_FULL, inc, 31);
+            }
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) S.record(chosen, S.state->lse);
 }
 
 // ---- Stage 3: candidates of the threshold bins, and the exact thresholds among them ----
@@ -822,15 +972,21 @@ __device__ void sample_select(Sampler<T>& S) {
     u64* g_steps = S.hist_counts();
     unsigned int* g_key_min = (unsigned int*)S.hist_weights();
     unsigned int* g_key_max = g_key_min + SAMPLE_BINS;
-    if (bin_k >= 0 || p_lo >= 0) {
+    const bool draws = S.select_draws();
+    // Tokens of the value bins before every threshold's bin are kept whatever the thresholds
+    // turn out to be: where this stage draws, each block sums their kept weight for its chunk.
+    const int kept_below = min(bin_k >= 0 ? bin_k : SAMPLE_VALUE_BINS, p_lo >= 0 ? p_lo : SAMPLE_VALUE_BINS);
+    u64 kept = 0;
+    if (bin_k >= 0 || p_lo >= 0 || draws) {
         if (lone >= 0) {
             clear_bins(sel.bins);
             __syncthreads();
         }
+        unsigned char* cand_chunk = S.candidate_chunks();
         const int lane = threadIdx.x & 31;
         for (int start = S.i0; start < S.i1; start += SAMPLE_IDS_PER_BATCH) {
-            float raw[SAMPLE_BATCH], pen[SAMPLE_BATCH];
-            S.load_batch(start, raw, pen);
+            float pen[SAMPLE_BATCH];
+            S.load_batch(start, pen);
             unsigned int take = 0;  // bit j: the batch's id j is a candidate
 #pragma unroll
             for (int j = 0; j < SAMPLE_BATCH; ++j) {
@@ -838,6 +994,7 @@ __device__ void sample_select(Sampler<T>& S) {
                 const unsigned int k = order_key(pen[j]);
                 const float x = S.row.exponent(pen[j]);
                 const int b = S.row.value_bin(k, x);
+                if (draws && b < kept_below) kept += S.row.kept_above_floor(k, x);
                 if (!(b == bin_k || (p_lo <= b && b <= p_hi)) || !S.row.positive(k, x)) continue;
                 take |= 1u << j;
                 if (lone < 0) continue;
@@ -862,7 +1019,10 @@ __device__ void sample_select(Sampler<T>& S) {
             at = __shfl_sync(SAMPLE_FULL, at, 31) + inc - mine;
 #pragma unroll
             for (int j = 0; j < SAMPLE_BATCH; ++j) {
-                if ((take >> j) & 1u) cand[at++] = order_key(pen[j]);
+                if ((take >> j) & 1u) {
+                    if (draws) cand_chunk[at] = (unsigned char)blockIdx.x;
+                    cand[at++] = order_key(pen[j]);
+                }
             }
         }
         if (lone >= 0) {
@@ -875,6 +1035,10 @@ __device__ void sample_select(Sampler<T>& S) {
             }
         }
     }
+    if (draws) {
+        kept = block_sum(kept, sel.sum);
+        if (threadIdx.x == 0) S.part(blockIdx.x)[0] = kept;
+    }
     if (!last_to_arrive(&S.state->arrivals, S.d.chunks)) return;
 
     const unsigned int n = __ldcg(&S.state->candidates);
@@ -882,8 +1046,8 @@ __device__ void sample_select(Sampler<T>& S) {
     if (lone >= 0) {
         u64 above, need;
         if (by_weight) {
-            above = __ldcg(S.part(0));
-            need = __ldcg(S.part(0) + 1);
+            above = __ldcg(&S.state->above_p);
+            need = __ldcg(&S.state->need_p);
         } else {
             above = S.state->above_k;
             need = (u64)S.p.top_k;
@@ -916,26 +1080,49 @@ __device__ void sample_select(Sampler<T>& S) {
             narrow(S.row, cand, n, true, bin_p, floor_key, 0u, 0u, true, above, need, sel, nullptr);
         floor_key = max(floor_key, k);
     }
-    if (threadIdx.x == 0) S.state->floor_key = floor_key;
+    if (!draws) {
+        if (threadIdx.x == 0) S.state->floor_key = floor_key;
+        return;
+    }
+    // Each chunk's kept weight: its blocks' sum of the bins before the thresholds', and its
+    // candidates at or above the floor (each 64-bit sum as two 32-bit words: see add_split).
+    __shared__ unsigned int chunk_lo[SAMPLE_MERGE_CHUNKS], chunk_hi[SAMPLE_MERGE_CHUNKS];
+    __shared__ u64 chunk_kept[SAMPLE_MERGE_CHUNKS];
+    const int chunks = S.d.chunks;
+    for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+        const u64 v = __ldcg(S.part(c));
+        chunk_lo[c] = (unsigned int)v;
+        chunk_hi[c] = (unsigned int)(v >> 32);
+    }
+    __syncthreads();
+    const unsigned char* cand_chunk = S.candidate_chunks();
+    for (unsigned int q = threadIdx.x; q < n; q += blockDim.x) {
+        const unsigned int k = __ldcg(cand + q);
+        if (k < floor_key) continue;
+        const int c = __ldcg(cand_chunk + q);
+        add_split(&chunk_lo[c], &chunk_hi[c], S.row.kept_weight(key_value(k), floor_key));
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < chunks; c += blockDim.x) chunk_kept[c] = ((u64)chunk_hi[c] << 32) + chunk_lo[c];
+    __syncthreads();
+    walk_and_record(S, floor_key, chunk_kept);
 }
 
-// ---- Stage 4: the inverse-CDF walk in id order ----
+// ---- Stage 4: each chunk's kept weight, then the walk ----
+//
+// Launched where no threshold cuts (stage 3 did not run) or where a row has more blocks than
+// sample_select draws for (SAMPLE_MERGE_CHUNKS).
 
 template <typename T>
 __device__ void sample_draw(Sampler<T>& S) {
     __shared__ u64 u_scratch[32];
-    __shared__ int chosen;
-    __shared__ int chosen_chunk;
-    __shared__ u64 chunk_before;
-    __shared__ int run_from, run_to;  // the run of ids where the target falls
-    __shared__ u64 run_before;
     if (!S.open() || S.state->done) return;
     S.row.set_max(S.state->max);
     const unsigned int floor_key = S.state->floor_key;
     u64 local = 0;
     for (int start = S.i0; start < S.i1; start += SAMPLE_IDS_PER_BATCH) {
-        float raw[SAMPLE_BATCH], pen[SAMPLE_BATCH];
-        S.load_batch(start, raw, pen);
+        float pen[SAMPLE_BATCH];
+        S.load_batch(start, pen);
 #pragma unroll
         for (int j = 0; j < SAMPLE_BATCH; ++j) {
             if (S.batch_id(start, j) < S.i1) local += S.row.kept_weight(pen[j], floor_key);
@@ -944,79 +1131,7 @@ __device__ void sample_draw(Sampler<T>& S) {
     local = block_sum(local, u_scratch);
     if (threadIdx.x == 0) S.part(blockIdx.x)[0] = local;
     if (!last_to_arrive(&S.state->arrivals, S.d.chunks)) return;
-
-    // The chunk where the target falls, from the chunks' sums in id order.
-    u64 sum = 0;
-    for (int c = threadIdx.x; c < S.d.chunks; c += blockDim.x) sum += __ldcg(S.part(c));
-    const u64 total = block_sum(sum, u_scratch);
-    const u64 bits = hash3(S.seeds[S.slot], SAMPLE_STREAM, S.counters[S.slot]);
-    const u64 target = __umul64hi(bits, total);
-    const int best_i = (int)(0xffffffffu - (unsigned int)(S.state->best & 0xffffffffu));
-    if (threadIdx.x == 0) {
-        chosen = best_i;
-        chosen_chunk = -1;
-        chunk_before = 0;
-        run_from = 0;
-        run_to = 0;
-        run_before = 0;
-    }
-    u64 running = 0;
-    for (int base = 0; base < S.d.chunks; base += blockDim.x) {
-        const int c = base + threadIdx.x;
-        const u64 v = c < S.d.chunks ? __ldcg(S.part(c)) : 0ull;
-        u64 tile;
-        const u64 before = running + block_exclusive(v, u_scratch, &tile);
-        if (v > 0 && before <= target && target < before + v) {
-            chosen_chunk = c;
-            chunk_before = before;
-        }
-        running += tile;
-    }
-    __syncthreads();
-    const int c = chosen_chunk;
-    if (c >= 0) {
-        // Each thread owns a contiguous run of the chunk's ids.
-        const int c0 = min(S.d.vocab, c * S.d.chunk_len), c1 = min(S.d.vocab, c0 + S.d.chunk_len);
-        const int per = (c1 - c0 + (int)blockDim.x - 1) / (int)blockDim.x;
-        const int j0 = min(c1, c0 + (int)threadIdx.x * per), j1 = min(c1, j0 + per);
-        u64 mine = 0;
-        for (int i = j0; i < j1; i += SAMPLE_BATCH) {
-            float pen[SAMPLE_BATCH];
-#pragma unroll
-            for (int q = 0; q < SAMPLE_BATCH; ++q) pen[q] = i + q < j1 ? S.row.penalised(i + q) : 0.f;
-#pragma unroll
-            for (int q = 0; q < SAMPLE_BATCH; ++q) {
-                if (i + q < j1) mine += S.row.kept_weight(pen[q], floor_key);
-            }
-        }
-        u64 chunk_total;
-        const u64 before = chunk_before + block_exclusive(mine, u_scratch, &chunk_total);
-        if (mine > 0 && before <= target && target < before + mine) {
-            run_from = j0;
-            run_to = j1;
-            run_before = before;
-        }
-        __syncthreads();
-        // Warp 0 walks that run 32 ids at a time: the first id whose running sum passes the
-        // target.
-        if (threadIdx.x < 32) {
-            const int lane = threadIdx.x;
-            u64 cum = run_before;
-            for (int from = run_from; from < run_to; from += 32) {
-                const int i = from + lane;
-                const u64 w = i < run_to ? S.row.kept_weight(S.row.penalised(i), floor_key) : 0ull;
-                const u64 inc = cum + warp_inclusive(w);
-                const unsigned int hit = __ballot_sync(SAMPLE_FULL, inc > target);
-                if (hit) {
-                    if (lane == __ffs(hit) - 1) chosen = i;
-                    break;
-                }
-                cum = __shfl_sync(SAMPLE_FULL, inc, 31);
-            }
-        }
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) S.record(chosen, S.state->lse);
+    walk_and_record(S, floor_key, nullptr);
 }
 
 // Blocks of a stage an SM holds at once (four of 512 threads fill it): __launch_bounds__ caps

@@ -35,7 +35,16 @@ const THREADS: u32 = 512;
 /// Value bins of the threshold histograms (`SAMPLE_VALUE_BINS`).
 const BINS: usize = 256 - 32 + 256;
 /// u64 words of the kernel's `RowState`.
-const ROW_WORDS: usize = 7;
+const ROW_WORDS: usize = 9;
+/// Blocks a row at most for which the select stage draws the token itself
+/// (`SAMPLE_MERGE_CHUNKS`): a candidate's chunk fits a byte.
+const MERGE_CHUNKS: usize = 255;
+/// Rows a call at least for which the select stage draws the token itself. Its last block a
+/// row then walks the row's candidates alone, where the draw stage spread that pass over the
+/// row's blocks: with many rows a call the rows' last blocks run side by side and the saved
+/// launch pays (H200, SmolLM2-135M and Llama-3.2-1B: +0.4-0.8% decode at batches 32 and 64),
+/// with few they are the call's tail (-0.3% to -1.7% at batches 1 and 8).
+const MERGE_MIN_ROWS: usize = 32;
 /// The fewest ids a block reads: below this a row's blocks spend more on combining their
 /// partials than on reading.
 const MIN_CHUNK: usize = 2048;
@@ -56,11 +65,19 @@ pub fn chunks_per_row(rows: usize, vocab: usize, sms: usize) -> usize {
         .clamp(1, max_chunks(vocab))
 }
 
+/// Ids a block of a row split into `chunks` reads: a multiple of 8, so that every run of 8
+/// ids a thread reads starts 16-byte aligned (`load_batch` in `sampling.cu`). `chunks` blocks
+/// still cover the vocabulary, and none is empty: chunks_per_row keeps chunks at least
+/// MIN_CHUNK long.
+fn chunk_len(vocab: usize, chunks: usize) -> usize {
+    vocab.div_ceil(chunks.max(1)).next_multiple_of(8)
+}
+
 /// Bytes of the sampler's scratch for `slots` slots over `vocab` tokens: per slot its stage
 /// state, a partial result per block, the two histograms and room for every token as a
-/// candidate of the threshold bins.
+/// candidate of the threshold bins (its key, and its chunk).
 pub fn scratch_bytes(slots: usize, vocab: usize) -> usize {
-    slots * (8 * (ROW_WORDS + 2 * max_chunks(vocab) + 2 * BINS) + 4 * vocab)
+    slots * (8 * (ROW_WORDS + 2 * max_chunks(vocab) + 2 * BINS) + 5 * vocab)
 }
 
 /// Bytes [`CudaBackend::upload_slots`] allocates for `slots` slots over `vocab` tokens: the
@@ -86,9 +103,10 @@ struct SampleDims {
     chunks: i32,
     chunk_len: i32,
     max_chunks: i32,
+    select_draws: i32,
 }
 
-// SAFETY: an i64 then eight 32-bit fields, `repr(C)`, the layout of the CUDA struct.
+// SAFETY: an i64 then nine 32-bit fields, `repr(C)`, the layout of the CUDA struct.
 unsafe impl DeviceRepr for SampleDims {}
 
 /// The kernel's `SampleScratch`: device addresses of the scratch buffers.
@@ -99,9 +117,10 @@ struct ScratchPtrs {
     part: u64,
     hist: u64,
     cand: u64,
+    cand_chunk: u64,
 }
 
-// SAFETY: four device pointers, `repr(C)`, the layout of the CUDA struct.
+// SAFETY: five device pointers, `repr(C)`, the layout of the CUDA struct.
 unsafe impl DeviceRepr for ScratchPtrs {}
 
 /// What the sampler's stages pass between them, for up to `slots` rows a call.
@@ -114,6 +133,8 @@ struct Scratch {
     hist: CudaSlice<u64>,
     /// `[slots, vocab]`.
     cand: CudaSlice<u32>,
+    /// `[slots, vocab]`: each candidate's chunk.
+    cand_chunk: CudaSlice<u8>,
 }
 
 /// [`HostSlots`] on the device.
@@ -181,6 +202,7 @@ impl CudaBackend {
                 part: self.alloc(slots * chunks * 2)?,
                 hist: self.alloc(slots * 2 * BINS)?,
                 cand: self.alloc(slots * h.vocab)?,
+                cand_chunk: self.alloc(slots * h.vocab)?,
             },
             drawn: DrawnCopies {
                 bufs: [
@@ -267,7 +289,8 @@ impl CudaBackend {
     /// Draws a token for each of `rows` rows: row `i` reads logits row `src_row[i]` (or `i`)
     /// of `logits` (`[logit_rows, stride]`, the first `vocab` columns used) and the state of
     /// slot `slot[i]` (or `i`). Rows must name distinct slots. Greedy settings take one
-    /// launch, sampling two, and top-k or top-p four (see `sampling.cu`).
+    /// launch, sampling two, and top-k or top-p three (four for rows of more than 255 blocks;
+    /// see `sampling.cu`).
     #[allow(clippy::too_many_arguments)]
     pub fn sample_rows<T: Elem>(
         &self,
@@ -319,7 +342,16 @@ impl CudaBackend {
         check_len(OP, "partials", &st.scratch.part, slots * max_chunks * 2)?;
         check_len(OP, "histograms", &st.scratch.hist, slots * 2 * BINS)?;
         check_len(OP, "candidates", &st.scratch.cand, slots * st.vocab)?;
+        check_len(
+            OP,
+            "candidate chunks",
+            &st.scratch.cand_chunk,
+            slots * st.vocab,
+        )?;
         let chunks = chunks_per_row(rows, st.vocab, self.info().sm_count as usize);
+        // The select stage draws the token itself for calls of MERGE_MIN_ROWS rows or more,
+        // each of up to MERGE_CHUNKS blocks.
+        let merged = chunks <= MERGE_CHUNKS && rows >= MERGE_MIN_ROWS;
         let dims = SampleDims {
             stride: stride as i64,
             vocab: as_i32(OP, "vocab", st.vocab)?,
@@ -328,8 +360,9 @@ impl CudaBackend {
             logit_rows: as_i32(OP, "logit rows", logits.len() / stride)? as u32,
             slots: as_i32(OP, "slots", slots)? as u32,
             chunks: chunks as i32,
-            chunk_len: as_i32(OP, "chunk", st.vocab.div_ceil(chunks))?,
+            chunk_len: as_i32(OP, "chunk", chunk_len(st.vocab, chunks))?,
             max_chunks: max_chunks as i32,
+            select_draws: merged as i32,
         };
         if rows == 0 {
             return Ok(());
@@ -345,6 +378,7 @@ impl CudaBackend {
             part: raw_ptr(&st.scratch.part, &self.stream),
             hist: raw_ptr(&st.scratch.hist, &self.stream),
             cand: raw_ptr(&st.scratch.cand, &self.stream),
+            cand_chunk: raw_ptr(&st.scratch.cand_chunk, &self.stream),
         };
         let src_ptr = src_row.map_or(0u64, |s| raw_ptr(s, &self.stream));
         let slot_ptr = slot.map_or(0u64, |s| raw_ptr(s, &self.stream));
@@ -353,6 +387,7 @@ impl CudaBackend {
         let stages: &[ElemKernel] = match (p.temperature == 0.0, thresholds) {
             (true, _) => &[SampleMax],
             (false, false) => &[SampleMax, SampleDraw],
+            (false, true) if merged => &[SampleMax, SampleHistogram, SampleSelect],
             (false, true) => &[SampleMax, SampleHistogram, SampleSelect, SampleDraw],
         };
         let cfg = LaunchConfig {
@@ -440,12 +475,20 @@ mod tests {
         assert_eq!(chunks_per_row(4096, 49_152, 132), 1);
         for (rows, vocab) in [(1, 128_256), (3, 5000), (64, 49_152), (256, 1001)] {
             let c = chunks_per_row(rows, vocab, 132);
-            assert!(c <= max_chunks(vocab) && vocab.div_ceil(c) * c >= vocab);
+            let len = chunk_len(vocab, c);
+            assert!(c <= max_chunks(vocab) && len * c >= vocab);
+            // Runs of 8 ids start aligned, and the last block has ids to read.
+            assert_eq!(len % 8, 0);
+            assert!(
+                (c - 1) * len < vocab,
+                "{rows} x {vocab}: {c} chunks of {len}"
+            );
         }
-        // 64 slots of Llama 3: the candidates dominate, as large as the rows' f32 logits.
+        // 64 slots of Llama 3: the candidates dominate (a key and a chunk byte a token), a
+        // quarter more than the rows' f32 logits.
         let bytes = scratch_bytes(64, 128_256);
         assert!(
-            bytes > 64 * 128_256 * 4 && bytes < 64 * 128_256 * 5,
+            bytes > 64 * 128_256 * 5 && bytes < 64 * 128_256 * 6,
             "{bytes}"
         );
     }
