@@ -12,6 +12,8 @@
 # Before taking builds to a GPU, `cargo test --release --lib every_program_compiles_with_nvrtc`
 # compiles every kernel program for sm_80 and sm_90 on any machine with NVRTC: a program that
 # does not compile keeps the CUDA backend from starting (this script then stops).
+# On the GPU, `kiln selftest --only kernels --match sample_rows` (say) checks just the changed
+# kernels against the CPU, without the whole table's minutes.
 #
 # A build may be a two-line wrapper script that sets a switch and execs a binary, to compare
 # one binary with and without it (the wrappers share the binary's kernel cache):

@@ -3,9 +3,13 @@
 
 use super::*;
 
-pub(super) fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
+pub(super) fn run_checks(gpu: &CudaBackend, inp: &mut Inputs, only: &KernelFilter) -> Vec<Row> {
     let mut rows = Vec::new();
+    let wants = |kernel: &str| only.wants(kernel);
     let mut push = |kernel: &str, dtype: &'static str, shape: String, bound: f64, result| {
+        if !wants(kernel) {
+            return;
+        }
         rows.push(Row {
             kernel: kernel.to_string(),
             dtype,
@@ -16,9 +20,11 @@ pub(super) fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
     };
     macro_rules! both_dtypes {
         ($f:ident, $name:expr, $shape:expr, $($arg:expr),*) => {
-            push($name, "f32", $shape.clone(), bound_of($name, BOUND_FP32), $f::<f32>(gpu, inp, $($arg),*));
-            push($name, "bf16", $shape.clone(), bound_of($name, BOUND_BF16), $f::<Bf16>(gpu, inp, $($arg),*));
-            push($name, "f16", $shape.clone(), bound_of($name, BOUND_F16), $f::<F16>(gpu, inp, $($arg),*));
+            if wants($name) {
+                push($name, "f32", $shape.clone(), bound_of($name, BOUND_FP32), $f::<f32>(gpu, inp, $($arg),*));
+                push($name, "bf16", $shape.clone(), bound_of($name, BOUND_BF16), $f::<Bf16>(gpu, inp, $($arg),*));
+                push($name, "f16", $shape.clone(), bound_of($name, BOUND_F16), $f::<F16>(gpu, inp, $($arg),*));
+            }
         };
     }
     for (n, c) in [(1024, 768), (70, 768), (37, 1001)] {
@@ -415,13 +421,15 @@ pub(super) fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
             );
         }
     }
-    push(
-        "gather_slot_rows",
-        "u32",
-        "37 rows of 50 slots".into(),
-        0.0,
-        check_gather_slot_rows(gpu, inp),
-    );
+    if wants("gather_slot_rows") {
+        push(
+            "gather_slot_rows",
+            "u32",
+            "37 rows of 50 slots".into(),
+            0.0,
+            check_gather_slot_rows(gpu, inp),
+        );
+    }
     // Mixture-of-experts routing: 1.5 slots per token over a GPT-2-wide stream, and a ragged
     // shape with a width that is not a multiple of the block.
     for (src_rows, rows, c) in [(8192, 12288, 768), (37, 29, 33)] {
@@ -449,14 +457,16 @@ pub(super) fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
             (Kernels::Fused, "adamw_update"),
             (Kernels::Unfused, "adamw_update_unfused"),
         ] {
-            let master_only = check_adamw::<f32>(gpu, inp, n, false, kernels);
-            push(
-                &format!("{name} (master only)"),
-                "f32",
-                format!("{n}"),
-                BOUND_FP32,
-                master_only,
-            );
+            if wants(name) {
+                let master_only = check_adamw::<f32>(gpu, inp, n, false, kernels);
+                push(
+                    &format!("{name} (master only)"),
+                    "f32",
+                    format!("{n}"),
+                    BOUND_FP32,
+                    master_only,
+                );
+            }
             both_dtypes!(check_adamw, name, &format!("{n}"), n, true, kernels);
         }
     }
@@ -464,56 +474,66 @@ pub(super) fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
     // with its own weight decay, against the CPU update of each alone.
     let sizes = [77, 1_000_003, 16384, 16385, 1, 6];
     let shape = format!("{sizes:?}");
-    let r = check_adamw_many::<f32>(gpu, inp, &sizes, false);
-    push(
-        "adamw_update_many (master only)",
-        "f32",
-        shape.clone(),
-        BOUND_FP32,
-        r,
-    );
+    if wants("adamw_update_many") {
+        let r = check_adamw_many::<f32>(gpu, inp, &sizes, false);
+        push(
+            "adamw_update_many (master only)",
+            "f32",
+            shape.clone(),
+            BOUND_FP32,
+            r,
+        );
+    }
     both_dtypes!(check_adamw_many, "adamw_update_many", &shape, &sizes, true);
     for n in [10_000_019, 1000] {
-        let r = check_sum_squares(gpu, inp, n, None);
-        push("sum_squares", "f32", format!("{n}"), BOUND_FP32, r);
+        if wants("sum_squares") {
+            let r = check_sum_squares(gpu, inp, n, None);
+            push("sum_squares", "f32", format!("{n}"), BOUND_FP32, r);
+        }
     }
     let sizes = [2_359_296, 0, 768, 1_000_003, 1];
-    let r = check_sum_squares_many(gpu, inp, &sizes);
-    push(
-        "sum_squares_many",
-        "f32",
-        format!("{sizes:?}"),
-        BOUND_FP32,
-        r,
-    );
+    if wants("sum_squares_many") {
+        let r = check_sum_squares_many(gpu, inp, &sizes);
+        push(
+            "sum_squares_many",
+            "f32",
+            format!("{sizes:?}"),
+            BOUND_FP32,
+            r,
+        );
+    }
     for (bad, name) in [
         (f32::NAN, "sum_squares (NaN flag)"),
         (f32::INFINITY, "sum_squares (inf flag)"),
     ] {
-        let r = check_sum_squares(gpu, inp, 100_003, Some(bad));
-        push(name, "f32", "100003".into(), 0.0, r);
-    }
-    for (n, c_in, c_out) in [(512, 768, 2304), (37, 53, 29)] {
-        let shape = format!("{n}x{c_in}->{c_out}");
-        for (label, math, b) in [
-            ("f32", GemmMath::Fp32, BOUND_FP32),
-            ("tf32", GemmMath::Tf32, BOUND_TF32),
-        ] {
-            let r = check_linear_forward::<f32>(gpu, inp, n, c_in, c_out, math);
-            push("linear_forward", label, shape.clone(), b, r);
-            let r = check_linear_backward::<f32>(gpu, inp, n, c_in, c_out, math);
-            push("linear_backward", label, shape.clone(), b, r);
+        if wants(name) {
+            let r = check_sum_squares(gpu, inp, 100_003, Some(bad));
+            push(name, "f32", "100003".into(), 0.0, r);
         }
-        let r = check_linear_forward::<Bf16>(gpu, inp, n, c_in, c_out, GemmMath::Fp32);
-        push("linear_forward", "bf16", shape.clone(), BOUND_BF16, r);
-        let r = check_linear_backward::<Bf16>(gpu, inp, n, c_in, c_out, GemmMath::Fp32);
-        push("linear_backward", "bf16", shape.clone(), BOUND_BF16, r);
-        let r = check_linear_forward::<F16>(gpu, inp, n, c_in, c_out, GemmMath::Fp32);
-        push("linear_forward", "f16", shape.clone(), BOUND_F16, r);
-        let r = check_linear_backward::<F16>(gpu, inp, n, c_in, c_out, GemmMath::Fp32);
-        push("linear_backward", "f16", shape.clone(), BOUND_F16, r);
-        let r = check_matmul_tt(gpu, inp, n, c_in, c_out);
-        push("matmul (A^T B^T)", "f32", shape, BOUND_FP32, r);
+    }
+    if wants("linear_forward") || wants("linear_backward") || wants("matmul (A^T B^T)") {
+        for (n, c_in, c_out) in [(512, 768, 2304), (37, 53, 29)] {
+            let shape = format!("{n}x{c_in}->{c_out}");
+            for (label, math, b) in [
+                ("f32", GemmMath::Fp32, BOUND_FP32),
+                ("tf32", GemmMath::Tf32, BOUND_TF32),
+            ] {
+                let r = check_linear_forward::<f32>(gpu, inp, n, c_in, c_out, math);
+                push("linear_forward", label, shape.clone(), b, r);
+                let r = check_linear_backward::<f32>(gpu, inp, n, c_in, c_out, math);
+                push("linear_backward", label, shape.clone(), b, r);
+            }
+            let r = check_linear_forward::<Bf16>(gpu, inp, n, c_in, c_out, GemmMath::Fp32);
+            push("linear_forward", "bf16", shape.clone(), BOUND_BF16, r);
+            let r = check_linear_backward::<Bf16>(gpu, inp, n, c_in, c_out, GemmMath::Fp32);
+            push("linear_backward", "bf16", shape.clone(), BOUND_BF16, r);
+            let r = check_linear_forward::<F16>(gpu, inp, n, c_in, c_out, GemmMath::Fp32);
+            push("linear_forward", "f16", shape.clone(), BOUND_F16, r);
+            let r = check_linear_backward::<F16>(gpu, inp, n, c_in, c_out, GemmMath::Fp32);
+            push("linear_backward", "f16", shape.clone(), BOUND_F16, r);
+            let r = check_matmul_tt(gpu, inp, n, c_in, c_out);
+            push("matmul (A^T B^T)", "f32", shape, BOUND_FP32, r);
+        }
     }
     // A decode step's products of a few rows on the tensor cores: SmolLM2-135M's and
     // Llama-3.2-1B's projections at batches 1 to 64 (row counts off the 8-row tiles too), written
@@ -529,10 +549,12 @@ pub(super) fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
         (1, 1536, 576, true),
     ] {
         let shape = format!("{rows}x{k}->{n}{}", if accumulate { " +=" } else { "" });
-        let r = check_few_rows_product::<Bf16>(gpu, inp, rows, k, n, accumulate);
-        push("few_rows_product", "bf16", shape.clone(), BOUND_BF16, r);
-        let r = check_few_rows_product::<F16>(gpu, inp, rows, k, n, accumulate);
-        push("few_rows_product", "f16", shape, BOUND_F16, r);
+        if wants("few_rows_product") {
+            let r = check_few_rows_product::<Bf16>(gpu, inp, rows, k, n, accumulate);
+            push("few_rows_product", "bf16", shape.clone(), BOUND_BF16, r);
+            let r = check_few_rows_product::<F16>(gpu, inp, rows, k, n, accumulate);
+            push("few_rows_product", "f16", shape, BOUND_F16, r);
+        }
     }
     for (rows, k, f) in [
         (1, 576, 1536),
@@ -543,43 +565,49 @@ pub(super) fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
         (4, 2048, 2048),
     ] {
         let shape = format!("{rows}x{k}->2x{f}");
-        let r = check_few_rows_swiglu::<Bf16>(gpu, inp, rows, k, f);
-        push("few_rows_swiglu", "bf16", shape.clone(), BOUND_BF16, r);
-        let r = check_few_rows_swiglu::<F16>(gpu, inp, rows, k, f);
-        push("few_rows_swiglu", "f16", shape, BOUND_F16, r);
+        if wants("few_rows_swiglu") {
+            let r = check_few_rows_swiglu::<Bf16>(gpu, inp, rows, k, f);
+            push("few_rows_swiglu", "bf16", shape.clone(), BOUND_BF16, r);
+            let r = check_few_rows_swiglu::<F16>(gpu, inp, rows, k, f);
+            push("few_rows_swiglu", "f16", shape, BOUND_F16, r);
+        }
     }
     // The decode MLP's chain (fused gate/up, then the down product added into the stream),
     // three layers, launched overlapped where the GPU can (engine/cuda/overlap.rs): the same
     // bits as plain launches, and the CPU's chain within the bound.
     for (rows, k, f) in [(1, 576, 1536), (64, 576, 1536), (8, 2048, 8192)] {
         let shape = format!("3 x {rows}x{k}->2x{f}->{k}");
-        let r = check_overlapped_chain::<Bf16>(gpu, inp, rows, k, f);
-        push(
-            "few_rows chain (overlapped)",
-            "bf16",
-            shape.clone(),
-            BOUND_BF16,
-            r,
-        );
-        let r = check_overlapped_chain::<F16>(gpu, inp, rows, k, f);
-        push("few_rows chain (overlapped)", "f16", shape, BOUND_F16, r);
+        if wants("few_rows chain (overlapped)") {
+            let r = check_overlapped_chain::<Bf16>(gpu, inp, rows, k, f);
+            push(
+                "few_rows chain (overlapped)",
+                "bf16",
+                shape.clone(),
+                BOUND_BF16,
+                r,
+            );
+            let r = check_overlapped_chain::<F16>(gpu, inp, rows, k, f);
+            push("few_rows chain (overlapped)", "f16", shape, BOUND_F16, r);
+        }
     }
     // A product with the GELU in its epilogue, and the backward through it: GPT-2's MLP
     // (768 -> 3072 and back), a shape whose widths are multiples of 8 (the epilogue's), and one
     // whose are not (the separate kernels).
-    for (n, c, hidden) in [(512, 768, 3072), (37, 56, 24), (37, 53, 29)] {
-        let shape = format!("{n}x{c}->{hidden}");
-        for (label, math, b) in [
-            ("f32", GemmMath::Fp32, BOUND_FP32),
-            ("tf32", GemmMath::Tf32, BOUND_TF32),
-        ] {
-            let r = check_linear_gelu::<f32>(gpu, inp, n, c, hidden, math);
-            push("linear_gelu", label, shape.clone(), b, r);
+    if wants("linear_gelu") {
+        for (n, c, hidden) in [(512, 768, 3072), (37, 56, 24), (37, 53, 29)] {
+            let shape = format!("{n}x{c}->{hidden}");
+            for (label, math, b) in [
+                ("f32", GemmMath::Fp32, BOUND_FP32),
+                ("tf32", GemmMath::Tf32, BOUND_TF32),
+            ] {
+                let r = check_linear_gelu::<f32>(gpu, inp, n, c, hidden, math);
+                push("linear_gelu", label, shape.clone(), b, r);
+            }
+            let r = check_linear_gelu::<Bf16>(gpu, inp, n, c, hidden, GemmMath::Fp32);
+            push("linear_gelu", "bf16", shape.clone(), BOUND_BF16, r);
+            let r = check_linear_gelu::<F16>(gpu, inp, n, c, hidden, GemmMath::Fp32);
+            push("linear_gelu", "f16", shape, BOUND_F16, r);
         }
-        let r = check_linear_gelu::<Bf16>(gpu, inp, n, c, hidden, GemmMath::Fp32);
-        push("linear_gelu", "bf16", shape.clone(), BOUND_BF16, r);
-        let r = check_linear_gelu::<F16>(gpu, inp, n, c, hidden, GemmMath::Fp32);
-        push("linear_gelu", "f16", shape, BOUND_F16, r);
     }
     // The unfused attention's products: S = Q K^T (GPT-2's 12 heads of 64 at T = 1024 over
     // a batch of 4), P^T dO, and ragged sizes in every transpose combination.
@@ -602,10 +630,12 @@ pub(super) fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
             if trans_a { "T " } else { "" },
             if trans_b { "T " } else { "" }
         );
-        let r = check_matmul_batched::<f32>(gpu, inp, g);
-        push("matmul_batched", "f32", shape.clone(), BOUND_FP32, r);
-        let r = check_matmul_batched::<Bf16>(gpu, inp, g);
-        push("matmul_batched", "bf16", shape, BOUND_BF16, r);
+        if wants("matmul_batched") {
+            let r = check_matmul_batched::<f32>(gpu, inp, g);
+            push("matmul_batched", "f32", shape.clone(), BOUND_FP32, r);
+            let r = check_matmul_batched::<Bf16>(gpu, inp, g);
+            push("matmul_batched", "bf16", shape, BOUND_BF16, r);
+        }
     }
     // Products on column blocks of wider matrices (an adapter's columns of a fused projection),
     // added into a block of C (beta 1): the adapter's forward, dh, dB and dx; the last with
@@ -622,12 +652,14 @@ pub(super) fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
             if trans_a { "T " } else { "" },
             if trans_b { "T " } else { "" }
         );
-        let r = check_matmul_view::<f32, f32>(gpu, inp, g, off);
-        push("matmul_view", "f32", shape.clone(), BOUND_FP32, r);
-        let r = check_matmul_view::<Bf16, Bf16>(gpu, inp, g, off);
-        push("matmul_view", "bf16", shape.clone(), BOUND_BF16, r);
-        let r = check_matmul_view::<Bf16, f32>(gpu, inp, g, off);
-        push("matmul_view", "bf16 into f32", shape, BOUND_BF16, r);
+        if wants("matmul_view") {
+            let r = check_matmul_view::<f32, f32>(gpu, inp, g, off);
+            push("matmul_view", "f32", shape.clone(), BOUND_FP32, r);
+            let r = check_matmul_view::<Bf16, Bf16>(gpu, inp, g, off);
+            push("matmul_view", "bf16", shape.clone(), BOUND_BF16, r);
+            let r = check_matmul_view::<Bf16, f32>(gpu, inp, g, off);
+            push("matmul_view", "bf16 into f32", shape, BOUND_BF16, r);
+        }
     }
     // The last shape has head size 64 (the tensor-core path in bf16) and a ragged last tile.
     for (b, t, nh, c) in [
@@ -643,33 +675,35 @@ pub(super) fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
             heads: nh,
             channels: c,
         };
-        let (fwd, bwd) = check_attention::<f32>(gpu, inp, s, 0, GemmMath::Fp32);
-        let bound = f32_attention_bound(gpu, s.head_size());
-        push("attention_forward", "f32", shape.clone(), bound, fwd);
-        push("attention_backward", "f32", shape.clone(), bound, bwd);
-        if gpu.attention_uses_tensor_cores(s.head_size()) {
-            let (fwd, bwd) = check_attention::<f32>(gpu, inp, s, 0, GemmMath::Tf32);
-            push(
-                "attention_forward",
-                "tf32",
-                shape.clone(),
-                BOUND_TF32_ATTENTION,
-                fwd,
-            );
-            push(
-                "attention_backward",
-                "tf32",
-                shape.clone(),
-                BOUND_TF32_ATTENTION,
-                bwd,
-            );
+        if wants("attention_forward") || wants("attention_backward") {
+            let (fwd, bwd) = check_attention::<f32>(gpu, inp, s, 0, GemmMath::Fp32);
+            let bound = f32_attention_bound(gpu, s.head_size());
+            push("attention_forward", "f32", shape.clone(), bound, fwd);
+            push("attention_backward", "f32", shape.clone(), bound, bwd);
+            if gpu.attention_uses_tensor_cores(s.head_size()) {
+                let (fwd, bwd) = check_attention::<f32>(gpu, inp, s, 0, GemmMath::Tf32);
+                push(
+                    "attention_forward",
+                    "tf32",
+                    shape.clone(),
+                    BOUND_TF32_ATTENTION,
+                    fwd,
+                );
+                push(
+                    "attention_backward",
+                    "tf32",
+                    shape.clone(),
+                    BOUND_TF32_ATTENTION,
+                    bwd,
+                );
+            }
+            let (fwd, bwd) = check_attention::<Bf16>(gpu, inp, s, 0, GemmMath::Fp32);
+            push("attention_forward", "bf16", shape.clone(), BOUND_BF16, fwd);
+            push("attention_backward", "bf16", shape.clone(), BOUND_BF16, bwd);
+            let (fwd, bwd) = check_attention::<F16>(gpu, inp, s, 0, GemmMath::Fp32);
+            push("attention_forward", "f16", shape.clone(), BOUND_F16, fwd);
+            push("attention_backward", "f16", shape, BOUND_F16, bwd);
         }
-        let (fwd, bwd) = check_attention::<Bf16>(gpu, inp, s, 0, GemmMath::Fp32);
-        push("attention_forward", "bf16", shape.clone(), BOUND_BF16, fwd);
-        push("attention_backward", "bf16", shape.clone(), BOUND_BF16, bwd);
-        let (fwd, bwd) = check_attention::<F16>(gpu, inp, s, 0, GemmMath::Fp32);
-        push("attention_forward", "f16", shape.clone(), BOUND_F16, fwd);
-        push("attention_backward", "f16", shape, BOUND_F16, bwd);
     }
     // Sliding-window attention (Mistral, Qwen2): windows shorter than a tile, not a multiple
     // of one, and longer than several, over head sizes 64 (the tensor cores in bf16) and 32;
@@ -688,58 +722,60 @@ pub(super) fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
             heads: nh,
             channels: c,
         };
-        let (fwd, bwd) = check_attention::<f32>(gpu, inp, s, window, GemmMath::Fp32);
-        let bound = f32_attention_bound(gpu, s.head_size());
-        push("attention_forward_window", "f32", shape.clone(), bound, fwd);
-        push(
-            "attention_backward_window",
-            "f32",
-            shape.clone(),
-            bound,
-            bwd,
-        );
-        if gpu.attention_uses_tensor_cores(s.head_size()) {
-            let (fwd, bwd) = check_attention::<f32>(gpu, inp, s, window, GemmMath::Tf32);
-            let bound = BOUND_TF32_ATTENTION;
-            push(
-                "attention_forward_window",
-                "tf32",
-                shape.clone(),
-                bound,
-                fwd,
-            );
+        if wants("attention_forward_window") || wants("attention_backward_window") {
+            let (fwd, bwd) = check_attention::<f32>(gpu, inp, s, window, GemmMath::Fp32);
+            let bound = f32_attention_bound(gpu, s.head_size());
+            push("attention_forward_window", "f32", shape.clone(), bound, fwd);
             push(
                 "attention_backward_window",
-                "tf32",
+                "f32",
                 shape.clone(),
                 bound,
                 bwd,
             );
+            if gpu.attention_uses_tensor_cores(s.head_size()) {
+                let (fwd, bwd) = check_attention::<f32>(gpu, inp, s, window, GemmMath::Tf32);
+                let bound = BOUND_TF32_ATTENTION;
+                push(
+                    "attention_forward_window",
+                    "tf32",
+                    shape.clone(),
+                    bound,
+                    fwd,
+                );
+                push(
+                    "attention_backward_window",
+                    "tf32",
+                    shape.clone(),
+                    bound,
+                    bwd,
+                );
+            }
+            let (fwd, bwd) = check_attention::<Bf16>(gpu, inp, s, window, GemmMath::Fp32);
+            push(
+                "attention_forward_window",
+                "bf16",
+                shape.clone(),
+                BOUND_BF16,
+                fwd,
+            );
+            push(
+                "attention_backward_window",
+                "bf16",
+                shape.clone(),
+                BOUND_BF16,
+                bwd,
+            );
+            let (fwd, bwd) = check_attention::<F16>(gpu, inp, s, window, GemmMath::Fp32);
+            push(
+                "attention_forward_window",
+                "f16",
+                shape.clone(),
+                BOUND_F16,
+                fwd,
+            );
+            push("attention_backward_window", "f16", shape, BOUND_F16, bwd);
         }
-        let (fwd, bwd) = check_attention::<Bf16>(gpu, inp, s, window, GemmMath::Fp32);
-        push(
-            "attention_forward_window",
-            "bf16",
-            shape.clone(),
-            BOUND_BF16,
-            fwd,
-        );
-        push(
-            "attention_backward_window",
-            "bf16",
-            shape.clone(),
-            BOUND_BF16,
-            bwd,
-        );
-        let (fwd, bwd) = check_attention::<F16>(gpu, inp, s, window, GemmMath::Fp32);
-        push(
-            "attention_forward_window",
-            "f16",
-            shape.clone(),
-            BOUND_F16,
-            fwd,
-        );
-        push("attention_backward_window", "f16", shape, BOUND_F16, bwd);
     }
     for (b, t, nh, c) in [(2, 200, 4, 256), (2, 77, 2, 64)] {
         let shape = format!("B{b} T{t} H{nh} C{c} W{t} vs none");
@@ -765,13 +801,15 @@ pub(super) fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
         heads: 12,
         channels: 768,
     };
-    for (dtype, result) in [
-        ("f32", check_attention_repeatable::<f32>(gpu, inp, s)),
-        ("bf16", check_attention_repeatable::<Bf16>(gpu, inp, s)),
-        ("f16", check_attention_repeatable::<F16>(gpu, inp, s)),
-    ] {
-        let shape = "B4 T4096 H12 C768 twice".to_string();
-        push("attention_repeatable", dtype, shape, 0.0, result);
+    if wants("attention_repeatable") {
+        for (dtype, result) in [
+            ("f32", check_attention_repeatable::<f32>(gpu, inp, s)),
+            ("bf16", check_attention_repeatable::<Bf16>(gpu, inp, s)),
+            ("f16", check_attention_repeatable::<F16>(gpu, inp, s)),
+        ] {
+            let shape = "B4 T4096 H12 C768 twice".to_string();
+            push("attention_repeatable", dtype, shape, 0.0, result);
+        }
     }
     // The tensor-core kernels at head sizes 64 and 128 in f32 (both product kinds), bf16 and
     // f16, on the layout
@@ -805,24 +843,27 @@ pub(super) fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
                 format!("B{b} T{t} H{heads}/{kv_heads} D{hs}"),
             )
         };
-        for (label, math, bound) in [
-            ("f32", GemmMath::Fp32, BOUND_3XTF32_ATTENTION),
-            ("tf32", GemmMath::Tf32, BOUND_TF32_ATTENTION),
-        ] {
-            let (fwd, bwd) = check_attention_grouped::<f32>(gpu, inp, s, kv_heads, window, math);
-            push(forward, label, shape.clone(), bound, fwd);
-            push(backward, label, shape.clone(), bound, bwd);
+        if wants(forward) || wants(backward) {
+            for (label, math, bound) in [
+                ("f32", GemmMath::Fp32, BOUND_3XTF32_ATTENTION),
+                ("tf32", GemmMath::Tf32, BOUND_TF32_ATTENTION),
+            ] {
+                let (fwd, bwd) =
+                    check_attention_grouped::<f32>(gpu, inp, s, kv_heads, window, math);
+                push(forward, label, shape.clone(), bound, fwd);
+                push(backward, label, shape.clone(), bound, bwd);
+            }
+            let (fwd, bwd) =
+                check_attention_grouped::<Bf16>(gpu, inp, s, kv_heads, window, GemmMath::Fp32);
+            push(forward, "bf16", shape.clone(), BOUND_BF16, fwd);
+            push(backward, "bf16", shape.clone(), BOUND_BF16, bwd);
+            // f16's bound holds per head vector: P (times 2^12) and dS (scaled per row) rounded
+            // to f16 keep 11 bits, as the output's own rounding does.
+            let (fwd, bwd) =
+                check_attention_grouped::<F16>(gpu, inp, s, kv_heads, window, GemmMath::Fp32);
+            push(forward, "f16", shape.clone(), BOUND_F16, fwd);
+            push(backward, "f16", shape, BOUND_F16, bwd);
         }
-        let (fwd, bwd) =
-            check_attention_grouped::<Bf16>(gpu, inp, s, kv_heads, window, GemmMath::Fp32);
-        push(forward, "bf16", shape.clone(), BOUND_BF16, fwd);
-        push(backward, "bf16", shape.clone(), BOUND_BF16, bwd);
-        // f16's bound holds per head vector: P (times 2^12) and dS (scaled per row) rounded
-        // to f16 keep 11 bits, as the output's own rounding does.
-        let (fwd, bwd) =
-            check_attention_grouped::<F16>(gpu, inp, s, kv_heads, window, GemmMath::Fp32);
-        push(forward, "f16", shape.clone(), BOUND_F16, fwd);
-        push(backward, "f16", shape, BOUND_F16, bwd);
     }
     // f16's range: score gradients dS past f16's largest value, as fp16-mixed's loss scale
     // gives them, with dQ, dK and dV inside it.
@@ -833,13 +874,15 @@ pub(super) fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
             heads,
             channels: heads * hs,
         };
-        push(
-            "attention_backward_large_ds",
-            "f16",
-            format!("B1 T{t} H{heads} D{hs} dS>65504"),
-            BOUND_F16,
-            check_attention_large_ds::<F16>(gpu, inp, s),
-        );
+        if wants("attention_backward_large_ds") {
+            push(
+                "attention_backward_large_ds",
+                "f16",
+                format!("B1 T{t} H{heads} D{hs} dS>65504"),
+                BOUND_F16,
+                check_attention_large_ds::<F16>(gpu, inp, s),
+            );
+        }
     }
     // A window of the whole sequence changes nothing at head size 128 either (the tensor-core
     // kernels only: the CUDA-core ones have no head size 128).
@@ -850,14 +893,16 @@ pub(super) fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
         channels: 256,
     };
     let shape = "B2 T200 H2 C256 W200 vs none".to_string();
-    for (label, math) in [("f32", GemmMath::Fp32), ("tf32", GemmMath::Tf32)] {
-        let r = check_attention_full_window::<f32>(gpu, inp, s, math);
-        push("attention_full_window", label, shape.clone(), 0.0, r);
+    if wants("attention_full_window") {
+        for (label, math) in [("f32", GemmMath::Fp32), ("tf32", GemmMath::Tf32)] {
+            let r = check_attention_full_window::<f32>(gpu, inp, s, math);
+            push("attention_full_window", label, shape.clone(), 0.0, r);
+        }
+        let r = check_attention_full_window::<Bf16>(gpu, inp, s, GemmMath::Fp32);
+        push("attention_full_window", "bf16", shape.clone(), 0.0, r);
+        let r = check_attention_full_window::<F16>(gpu, inp, s, GemmMath::Fp32);
+        push("attention_full_window", "f16", shape, 0.0, r);
     }
-    let r = check_attention_full_window::<Bf16>(gpu, inp, s, GemmMath::Fp32);
-    push("attention_full_window", "bf16", shape.clone(), 0.0, r);
-    let r = check_attention_full_window::<F16>(gpu, inp, s, GemmMath::Fp32);
-    push("attention_full_window", "f16", shape, 0.0, r);
     // Encoder operations. Layernorm with BERT's eps of 1e-12 on rows of small spread (GPT-2's
     // 1e-5 would change their rstd several-fold, so a lost eps shows), plain and residual.
     for (n, c) in [(512, 384), (37, 1001)] {
@@ -960,9 +1005,11 @@ pub(super) fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
             if causal { "causal" } else { "full" },
             if off { "" } else { " unit off-diag" }
         );
-        let (fwd, bwd) = check_bk_core(gpu, inp, BkShape { batch, n, causal }, off, 3.0, 0.5);
-        push("bk_core_forward", "f32", shape.clone(), BOUND_BK, fwd);
-        push("bk_core_backward", "f32", shape, BOUND_BK, bwd);
+        if wants("bk_core_forward") || wants("bk_core_backward") {
+            let (fwd, bwd) = check_bk_core(gpu, inp, BkShape { batch, n, causal }, off, 3.0, 0.5);
+            push("bk_core_forward", "f32", shape.clone(), BOUND_BK, fwd);
+            push("bk_core_backward", "f32", shape, BOUND_BK, bwd);
+        }
     }
     // Inputs at the edges of the unit-off-diagonal kernels' numerics, full mode: a potential
     // up to 2e9 (the long-chunk kernels renormalise their maps twice as often once some |s|
@@ -979,17 +1026,21 @@ pub(super) fn run_checks(gpu: &CudaBackend, inp: &mut Inputs) -> Vec<Row> {
             n,
             causal: false,
         };
-        let (fwd, bwd) = check_bk_core(gpu, inp, s, false, v_scale, z_im_min);
-        let shape = format!("B{batch} N{n} full unit off-diag, {what}");
-        push("bk_core_forward", "f32", shape.clone(), BOUND_BK, fwd);
-        push("bk_core_backward", "f32", shape, BOUND_BK, bwd);
+        if wants("bk_core_forward") || wants("bk_core_backward") {
+            let (fwd, bwd) = check_bk_core(gpu, inp, s, false, v_scale, z_im_min);
+            let shape = format!("B{batch} N{n} full unit off-diag, {what}");
+            push("bk_core_forward", "f32", shape.clone(), BOUND_BK, fwd);
+            push("bk_core_backward", "f32", shape, BOUND_BK, bwd);
+        }
     }
-    push(
-        "bk_core (NaN flag)",
-        "f32",
-        "B2 N300".into(),
-        0.0,
-        check_bk_core_flags_nan(gpu, inp),
-    );
+    if wants("bk_core (NaN flag)") {
+        push(
+            "bk_core (NaN flag)",
+            "f32",
+            "B2 N300".into(),
+            0.0,
+            check_bk_core_flags_nan(gpu, inp),
+        );
+    }
     rows
 }

@@ -62,7 +62,8 @@ use training::*;
   kiln selftest
   kiln selftest --gpu 1 --seed 7
   kiln selftest --only nf4
-  kiln selftest --only kernels,memory")]
+  kiln selftest --only kernels,memory
+  kiln selftest --only kernels --match sample_rows,cache_attention")]
 pub struct SelftestArgs {
     /// Which GPU to test (CUDA ordinal).
     #[arg(long, default_value_t = 0)]
@@ -77,6 +78,36 @@ pub struct SelftestArgs {
     /// diversity (the pairwise cosine diversity kernel and its gradient). Default: all.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
+    /// Of the kernels group, run only the checks whose kernel name (the table's first column)
+    /// contains one of these (comma-separated), to check a changed kernel without the whole
+    /// table. Default: every kernel check.
+    #[arg(long = "match", value_delimiter = ',', value_name = "NAME")]
+    pub matching: Vec<String>,
+}
+
+/// Which kernel checks run (`--match`): those whose kernel name contains one of the patterns,
+/// or all of them when there is none.
+pub struct KernelFilter(Vec<String>);
+
+impl KernelFilter {
+    pub fn new(patterns: &[String]) -> KernelFilter {
+        KernelFilter(
+            patterns
+                .iter()
+                .map(|p| p.trim().to_string())
+                .filter(|p| !p.is_empty())
+                .collect(),
+        )
+    }
+
+    /// Whether the check of `kernel` runs.
+    pub fn wants(&self, kernel: &str) -> bool {
+        self.0.is_empty() || self.0.iter().any(|p| kernel.contains(p.as_str()))
+    }
+
+    fn is_all(&self) -> bool {
+        self.0.is_empty()
+    }
 }
 
 /// The groups of checks `--only` selects from.
@@ -89,10 +120,15 @@ const GROUPS: [&str; 6] = [
     "diversity",
 ];
 
-/// Which groups run: all of them when `only` is empty.
-fn selected_groups(only: &[String]) -> Result<Vec<&'static str>> {
+/// Which groups run: all of them when `only` is empty, or the kernels group alone when
+/// kernel checks are picked by name (`matching`, which other groups do not take).
+fn selected_groups(only: &[String], matching: &KernelFilter) -> Result<Vec<&'static str>> {
     if only.is_empty() {
-        return Ok(GROUPS.to_vec());
+        return Ok(if matching.is_all() {
+            GROUPS.to_vec()
+        } else {
+            vec!["kernels"]
+        });
     }
     let mut groups = Vec::new();
     for name in only {
@@ -107,6 +143,12 @@ fn selected_groups(only: &[String]) -> Result<Vec<&'static str>> {
                 )));
             }
         }
+    }
+    if !matching.is_all() && !groups.contains(&"kernels") {
+        return Err(KilnError::Setting(
+            "--match picks kernel checks by name: add kernels to --only, or leave --only out"
+                .into(),
+        ));
     }
     Ok(groups)
 }
@@ -228,7 +270,8 @@ impl Row {
 }
 
 pub fn run(args: SelftestArgs) -> Result<()> {
-    let groups = selected_groups(&args.only)?;
+    let filter = KernelFilter::new(&args.matching);
+    let groups = selected_groups(&args.only, &filter)?;
     if let Err(why) = cuda::probe() {
         println!("selftest skipped: {why}");
         return Ok(());
@@ -283,7 +326,17 @@ pub fn run(args: SelftestArgs) -> Result<()> {
     let mut checks = 0;
     if groups.contains(&"kernels") {
         let started = Instant::now();
-        let rows = run_checks(&gpu, &mut inputs);
+        if !filter.is_all() {
+            println!("kernel checks: those matching {}", args.matching.join(","));
+        }
+        let rows = run_checks(&gpu, &mut inputs, &filter);
+        if rows.is_empty() && !filter.is_all() {
+            return Err(KilnError::Setting(format!(
+                "--match {}: no kernel check's name contains it; `kiln selftest --only kernels` \
+                 lists every check's kernel in its table's first column",
+                args.matching.join(",")
+            )));
+        }
         print_table(&rows);
         let kernel_failures = rows.iter().filter(|r| !r.passed()).count();
         println!(
@@ -519,18 +572,41 @@ mod tests {
             gpu: 0,
             seed: 1,
             only: vec![],
+            matching: vec![],
         })
         .unwrap();
     }
 
     #[test]
     fn only_takes_known_groups() {
-        assert_eq!(selected_groups(&[]).unwrap(), GROUPS.to_vec());
-        let picked = selected_groups(&["nf4".into(), " kernels".into(), "nf4".into()]).unwrap();
+        let all = KernelFilter::new(&[]);
+        assert_eq!(selected_groups(&[], &all).unwrap(), GROUPS.to_vec());
+        let picked =
+            selected_groups(&["nf4".into(), " kernels".into(), "nf4".into()], &all).unwrap();
         assert_eq!(picked, vec!["nf4", "kernels"]);
-        let e = selected_groups(&["nf5".into()]).unwrap_err();
+        let e = selected_groups(&["nf5".into()], &all).unwrap_err();
         assert!(
             e.to_string().contains("unknown group \"nf5\"") && e.exit_code() == 2,
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn match_picks_kernel_checks_by_name() {
+        let some = KernelFilter::new(&["sample_rows".into(), " cache_attention".into()]);
+        assert!(some.wants("sample_rows") && some.wants("cache_attention_append"));
+        assert!(!some.wants("kv_append") && !some.wants("attention_forward"));
+        let all = KernelFilter::new(&["".into()]);
+        assert!(all.is_all() && all.wants("anything"));
+        // Picking checks by name runs the kernels group alone, and needs it.
+        assert_eq!(selected_groups(&[], &some).unwrap(), vec!["kernels"]);
+        assert_eq!(
+            selected_groups(&["kernels".into(), "nf4".into()], &some).unwrap(),
+            vec!["kernels", "nf4"]
+        );
+        let e = selected_groups(&["nf4".into()], &some).unwrap_err();
+        assert!(
+            e.to_string().contains("add kernels to --only") && e.exit_code() == 2,
             "{e}"
         );
     }
