@@ -225,7 +225,7 @@ struct SampleRow {
     __device__ __forceinline__ u64 kept_above_floor(unsigned int k, float x) const {
         float e = 1.f;
         if (k != max_key) {
-            if (x < -28.5f) return 0;
+            if (x < -28.5f) return 0;  // weighs nothing, whatever min-p says (see weight)
             e = expf(x);
         }
         if (p.min_p > 0.f && !(e >= p.min_p)) return 0;
@@ -234,15 +234,7 @@ struct SampleRow {
     // Kept by the floor and min-p: the weight the walk counts.
     __device__ __forceinline__ u64 kept_weight(float l, unsigned int floor_key) const {
         const unsigned int k = order_key(l);
-        if (k < floor_key) return 0;
-        float e = 1.f;
-        if (k != max_key) {
-            const float x = exponent(l);
-            if (x < -28.5f) return 0;  // weighs nothing, whatever min-p says (see weight)
-            e = expf(x);
-        }
-        if (p.min_p > 0.f && !(e >= p.min_p)) return 0;
-        return (u64)(e * WEIGHT_ONE);
+        return k < floor_key ? 0 : kept_above_floor(k, exponent(l));
     }
 };
 
@@ -289,7 +281,9 @@ struct Sampler {
     __device__ unsigned char* candidate_chunks() const {
         return sc.cand_chunk + (long long)blockIdx.y * d.vocab;
     }
-    // sample_select draws the token itself (sample_draw is not launched).
+    // sample_select draws the token itself (sample_draw is not launched). The host decides
+    // (SampleDims::select_draws); the chunk bound keeps the last block's per-chunk sums in
+    // their shared arrays whatever it passes.
     __device__ bool select_draws() const { return d.select_draws != 0 && d.chunks <= SAMPLE_MERGE_CHUNKS; }
 
     // The block reads its ids in batches of SAMPLE_BATCH (8) a thread: at `start` (i0, then
