@@ -19,7 +19,8 @@ import csv
 import re
 import sys
 
-STALL = re.compile(r"smsp__average_warps_issue_stalled_(.+)_per_issue_active")
+# Nsight Compute reports each stall metric as .ratio, .pct and .max_rate; .ratio is warps per issue.
+STALL = re.compile(r"smsp__average_warps_issue_stalled_(.+)_per_issue_active\.ratio")
 
 
 def number(text):
