@@ -525,6 +525,17 @@ mod tests {
         assert_eq!(cpu.stats().limit, 0, "the check removes its cap");
     }
 
+    /// The parity check's Llama configurations resolve and train: two CPU runs of the one
+    /// with query/key norms and biases give the same losses, which fall.
+    #[test]
+    fn the_llama_parity_configurations_train_on_the_cpu() {
+        let cpu = MemoryPool::new(Device::Cpu);
+        let losses = training::training_parity(&cpu, training::QWEN.1, "fp32", 1).unwrap();
+        assert_eq!(losses.len(), 50);
+        assert!(losses.iter().all(|(a, b)| a == b), "{losses:?}");
+        assert!(losses[49].0 < losses[0].0 - 0.5, "{losses:?}");
+    }
+
     /// The offload check leaves out exactly the key third of every GPT attention's QKV bias,
     /// found by the names the model gives its parameters.
     #[test]

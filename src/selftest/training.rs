@@ -14,8 +14,15 @@ pub(super) fn training_checks(pool: &Arc<MemoryPool>, seed: u64) -> (usize, usiz
     // The unfused kernels on the GPU against the unfused CPU run (itself equal to the fused
     // one; see tests/trainer.rs), under the fused GPT's bounds.
     const GPT_UNFUSED: (&str, &[&str]) = ("tiny GPT, unfused", &["train.fused_kernels=false"]);
+    // The Llama family's training path: grouped-query attention at head size 64 (the
+    // tensor-core kernels), rotary embeddings, SwiGLU, RMSNorm; and with Qwen3's per-head
+    // query/key norms and Qwen2's projection biases.
     for ((model, kind), precision, bound) in [
         (GPT, "fp32", 1e-4),
+        (LLAMA, "fp32", 1e-4),
+        (LLAMA, "bf16-mixed", 2e-2),
+        (QWEN, "fp32", 1e-4),
+        (QWEN, "bf16-mixed", 2e-2),
         (GPT, "tf32", 2e-2),
         (GPT, "bf16-mixed", 2e-2),
         (GPT, "fp16-mixed", 2e-2),
@@ -317,7 +324,7 @@ fn fp16_scaler_backs_off(
 /// Trains a tiny model (a GPT, or the kind `kind` overrides name) for 50 steps from one seed
 /// on the same batches on the CPU (fp32) and on the GPU (`precision`); returns both losses at
 /// every step.
-fn training_parity(
+pub(super) fn training_parity(
     gpu: &std::sync::Arc<MemoryPool>,
     kind: &[&str],
     precision: &str,
@@ -359,6 +366,27 @@ fn training_parity(
     }
     Ok(diffs)
 }
+
+/// A tiny Llama for the parity checks: 4 query heads over 2 key/value heads of 64.
+pub(super) const LLAMA: (&str, &[&str]) = (
+    "tiny Llama",
+    &[
+        "model.kind=llama",
+        "model.n_kv_heads=2",
+        "model.head_dim=64",
+    ],
+);
+/// The tiny Llama with per-head query/key norms (Qwen3) and projection biases (Qwen2).
+pub(super) const QWEN: (&str, &[&str]) = (
+    "tiny Llama, q/k norms and QKV biases",
+    &[
+        "model.kind=llama",
+        "model.n_kv_heads=2",
+        "model.head_dim=64",
+        "model.qk_norm=true",
+        "model.qkv_bias=true",
+    ],
+);
 
 /// A tiny GPT trained 3 steps on the GPU twice from one seed, with the optimizer on the device
 /// and offloaded to the host. Checks that the device books of the offloaded one are lower by
