@@ -109,6 +109,22 @@ __device__ __forceinline__ void few_rows(typename Ops::elem* __restrict__ y,
         xrow[j] = x + (size_t)(xin[j] ? 8 * j + g : 0) * k + 8 * t;
     }
 
+    // `accumulate` 2 (products of one row tile): the thread loads the old value of its output
+    // (the epilogue gives each thread at most one) now, so that its L2 trip runs beside the
+    // loop instead of after the block's reduction, at the end of the kernel's chain. After the
+    // wait: the kernel just before may be the one that wrote y. (Measured at batch 64, where
+    // the products have two row tiles, the early load lost 1%: there it is not compiled.)
+    constexpr int OUTS = (SWIGLU ? 1 : WT) * XT * 4 * 32;
+    static_assert(OUTS <= WARPS * 32, "the epilogue gives each thread at most one output");
+    float prior = 0.f;
+    if constexpr (!SWIGLU && XT == 1) {
+        // Thread i's output as the epilogue places it: accumulator slot i / 32 of lane i % 32.
+        const int li = threadIdx.x & 31, slot = threadIdx.x >> 5;
+        const int row = 2 * (li & 3) + (slot & 1);
+        const int col = n0 + (li >> 2) + 8 * ((slot & 3) >> 1);
+        if (accumulate == 2 && threadIdx.x < OUTS && row < m) prior = load(y[(size_t)row * n + col]);
+    }
+
     float acc[WT][XT][4];
     float sq[XT];
 #pragma unroll
@@ -194,8 +210,7 @@ __device__ __forceinline__ void few_rows(typename Ops::elem* __restrict__ y,
     }
     __syncthreads();
 
-    constexpr int OUTS = (SWIGLU ? 1 : WT) * XT * 4 * 32;
-    for (int i = threadIdx.x; i < OUTS; i += blockDim.x) {
+    for (int i = threadIdx.x; i < OUTS; i += blockDim.x) {  // once: OUTS <= threads
         const int li = i & 31, slot = i >> 5;
         const int e = slot & 3, j = (slot >> 2) % XT;
         const int q = 2 * (li & 3) + (e & 1);  // the row within its tile
@@ -220,7 +235,7 @@ __device__ __forceinline__ void few_rows(typename Ops::elem* __restrict__ y,
             y[(size_t)row * n + col] = store<T>(gate * sig * up);
         } else {
             const size_t at = (size_t)row * n + col;  // WT is 1: one weight tile
-            if (accumulate) v += load(y[at]);
+            if (accumulate) v += XT == 1 && accumulate == 2 ? prior : load(y[at]);
             y[at] = store<T>(v);
         }
     }

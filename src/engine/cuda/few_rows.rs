@@ -168,7 +168,13 @@ impl CudaBackend {
             FewRowsProductX2W16,
         ];
         let shape = (rows, n, k, n);
-        let acc = i32::from(accumulate);
+        // 2: the kernels of one row tile (up to 8 rows) load the accumulate input before their
+        // loop (few_rows.cu).
+        let acc = match (accumulate, row_tiles(rows).0 == 1 && early_accumulate()) {
+            (false, _) => 0,
+            (true, false) => 1,
+            (true, true) => 2,
+        };
         let twelve = Some(ElemKernel::FewRowsProductX2W12);
         self.few_rows_launch("few_rows_product", kernels, twelve, y, x, w, shape, acc)
     }
@@ -271,6 +277,16 @@ fn block_warps(k: usize, tiles: (usize, usize), grid: usize, sms: usize, twelve:
     } else {
         Warps::Eight
     }
+}
+
+/// Whether products of up to 8 rows that add into their output load its old values before
+/// their loop rather than after their reduction (`KILN_FEW_ROWS_EARLY_ACCUMULATE=0` keeps the
+/// late load, for comparing the two in one build). Measured on an H200 with both row tiles
+/// (`docs/benchmarks/2026-11-29-h200/few-rows-early-accumulate/`): +1.5% SmolLM2-135M decode
+/// at batch 1, +1.3% at 8, -1.1% at 64, so the kernels of two row tiles keep the late load.
+fn early_accumulate() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("KILN_FEW_ROWS_EARLY_ACCUMULATE").map_or(true, |v| v != "0"))
 }
 
 /// `groups` blocks (of rows) per 16 output features.
