@@ -57,6 +57,17 @@ __device__ __forceinline__ unsigned fr_word(const uint4& v, int i) {
     return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
 }
 
+// Output i of a block's epilogue (accumulator slot i / 32 of lane i % 32; element e = slot % 4
+// of its tile): row tile j, row q within it, and its column past the block's first feature.
+template <int XT>
+struct FrOutput {
+    int li, slot, j, q;
+    __device__ __forceinline__ explicit FrOutput(int i)
+        : li(i & 31), slot(i >> 5), j((slot >> 2) % XT), q(2 * (li & 3) + (slot & 1)) {}
+    __device__ __forceinline__ int row() const { return 8 * j + q; }
+    __device__ __forceinline__ int col(int n0) const { return n0 + (li >> 2) + 8 * ((slot & 3) >> 1); }
+};
+
 template <class Ops, int XT, int WT, bool SWIGLU, int W = 8>
 __device__ __forceinline__ void few_rows(typename Ops::elem* __restrict__ y,
                                          const typename Ops::elem* __restrict__ x,
@@ -112,17 +123,15 @@ __device__ __forceinline__ void few_rows(typename Ops::elem* __restrict__ y,
     // `accumulate` 2 (products of one row tile): the thread loads the old value of its output
     // (the epilogue gives each thread at most one) now, so that its L2 trip runs beside the
     // loop instead of after the block's reduction, at the end of the kernel's chain. After the
-    // wait: the kernel just before may be the one that wrote y. (Measured at batch 64, where
-    // the products have two row tiles, the early load lost 1%: there it is not compiled.)
+    // wait: the kernel just before may be the one that wrote y. (Compiled into the kernels of
+    // two row tiles too, its registers made SmolLM2-135M's batch-64 decode 1.7% slower: there
+    // it is not compiled.)
     constexpr int OUTS = (SWIGLU ? 1 : WT) * XT * 4 * 32;
     static_assert(OUTS <= WARPS * 32, "the epilogue gives each thread at most one output");
     float prior = 0.f;
     if constexpr (!SWIGLU && XT == 1) {
-        // Thread i's output as the epilogue places it: accumulator slot i / 32 of lane i % 32.
-        const int li = threadIdx.x & 31, slot = threadIdx.x >> 5;
-        const int row = 2 * (li & 3) + (slot & 1);
-        const int col = n0 + (li >> 2) + 8 * ((slot & 3) >> 1);
-        if (accumulate == 2 && threadIdx.x < OUTS && row < m) prior = load(y[(size_t)row * n + col]);
+        const FrOutput<XT> o(threadIdx.x);  // the output the epilogue gives this thread
+        if (accumulate == 2 && threadIdx.x < OUTS && o.row() < m) prior = load(y[(size_t)o.row() * n + o.col(n0)]);
     }
 
     float acc[WT][XT][4];
@@ -211,12 +220,10 @@ __device__ __forceinline__ void few_rows(typename Ops::elem* __restrict__ y,
     __syncthreads();
 
     for (int i = threadIdx.x; i < OUTS; i += blockDim.x) {  // once: OUTS <= threads
-        const int li = i & 31, slot = i >> 5;
-        const int e = slot & 3, j = (slot >> 2) % XT;
-        const int q = 2 * (li & 3) + (e & 1);  // the row within its tile
-        const int row = 8 * j + q;
+        const FrOutput<XT> o(i);
+        const int li = o.li, slot = o.slot, j = o.j, q = o.q, row = o.row();
         if (row >= m) continue;
-        const int col = n0 + (li >> 2) + 8 * (e >> 1);
+        const int col = o.col(n0);
         float v = 0.f;
 #pragma unroll
         for (int p = 0; p < WARPS; p++) v += part[p][slot][li];

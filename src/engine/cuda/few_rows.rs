@@ -281,9 +281,10 @@ fn block_warps(k: usize, tiles: (usize, usize), grid: usize, sms: usize, twelve:
 
 /// Whether products of up to 8 rows that add into their output load its old values before
 /// their loop rather than after their reduction (`KILN_FEW_ROWS_EARLY_ACCUMULATE=0` keeps the
-/// late load, for comparing the two in one build). Measured on an H200 with both row tiles
-/// (`docs/benchmarks/2026-11-29-h200/few-rows-early-accumulate/`): +1.5% SmolLM2-135M decode
-/// at batch 1, +1.3% at 8, -1.1% at 64, so the kernels of two row tiles keep the late load.
+/// late load, for comparing the two in one build). Measured on an H200
+/// (`docs/benchmarks/2026-11-29-h200/few-rows-early-accumulate/`): SmolLM2-135M decode +1.9%
+/// at batch 1 and +1.8% at 8; compiled into the kernels of two row tiles as well, batch 64 was
+/// 1.7% slower, so those keep the late load.
 fn early_accumulate() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("KILN_FEW_ROWS_EARLY_ACCUMULATE").map_or(true, |v| v != "0"))
