@@ -559,6 +559,7 @@ pub(super) fn run_checks(gpu: &CudaBackend, inp: &mut Inputs, only: &KernelFilte
     for (rows, k, f) in [
         (1, 576, 1536),
         (64, 576, 1536),
+        (50, 544, 1536),
         (20, 2048, 8192),
         (9, 64, 16),
         (16, 576, 1536),

@@ -23,7 +23,8 @@
 // loads of FewRowsShape::unroll chunks before their products, which keeps enough bytes in flight.
 // A block has 8 warps, or more where k would take 8 warps more than one round of those loads:
 // 16 (the `_w16` kernels) where the grid fits one block an SM, 12 (`_x2_w12`, products of 16-row
-// blocks) where it fits two (few_rows.rs, block_warps).
+// blocks) where it fits two (few_rows.rs, block_warps); the bounded gate/up form has 6 warps of
+// 3 chunks a round where that takes k in one round and 8 warps of 2 would not (`_grouped6`).
 //
 // The warps' partial tiles are summed in shared memory in warp order (no atomics: the result
 // does not depend on scheduling), then the epilogue writes, adds into y, or (fused) scales gate
@@ -36,12 +37,13 @@
 
 #define FR_CHUNK 32
 
-template <int XT, int WT, int W = 8> struct FewRowsShape {
+template <int XT, int WT, int W = 8, int UNROLL = 0> struct FewRowsShape {
     // Each lane's 16-byte loads a chunk: two weight rows (g, g + 8) a weight tile, one row a
     // row tile.
     static constexpr int loads = 2 * WT + XT;
-    // Chunks whose loads are in flight together: about 64 registers of them.
-    static constexpr int unroll = 16 / loads >= 4 ? 4 : (16 / loads >= 1 ? 16 / loads : 1);
+    // Chunks whose loads are in flight together: about 64 registers of them, or UNROLL.
+    static constexpr int unroll =
+        UNROLL > 0 ? UNROLL : (16 / loads >= 4 ? 4 : (16 / loads >= 1 ? 16 / loads : 1));
     static constexpr int warps = W;
 };
 
@@ -68,14 +70,14 @@ struct FrOutput {
     __device__ __forceinline__ int col(int n0) const { return n0 + (li >> 2) + 8 * ((slot & 3) >> 1); }
 };
 
-template <class Ops, int XT, int WT, bool SWIGLU, int W = 8>
+template <class Ops, int XT, int WT, bool SWIGLU, int W = 8, int UNROLL = 0>
 __device__ __forceinline__ void few_rows(typename Ops::elem* __restrict__ y,
                                          const typename Ops::elem* __restrict__ x,
                                          const typename Ops::elem* __restrict__ w, int m, int n, int k,
                                          int accumulate, float eps, int prefetch) {
 #if __CUDA_ARCH__ >= 800
     typedef typename Ops::elem T;
-    typedef FewRowsShape<XT, WT, W> S;
+    typedef FewRowsShape<XT, WT, W, UNROLL> S;
     constexpr int WARPS = S::warps, U = S::unroll, SLOTS = WT * XT * 4;
     __shared__ float part[WARPS][SLOTS][32];
     __shared__ float sq_part[SWIGLU ? WARPS : 1][SWIGLU ? XT : 1][8];
@@ -127,7 +129,7 @@ __device__ __forceinline__ void few_rows(typename Ops::elem* __restrict__ y,
     // two row tiles too, its registers made SmolLM2-135M's batch-64 decode 1.7% slower: there
     // it is not compiled.)
     constexpr int OUTS = (SWIGLU ? 1 : WT) * XT * 4 * 32;
-    static_assert(OUTS <= WARPS * 32, "the epilogue gives each thread at most one output");
+    static_assert(SWIGLU || OUTS <= WARPS * 32, "the epilogue gives each thread at most one output");
     float prior = 0.f;
     if constexpr (!SWIGLU && XT == 1) {
         const FrOutput<XT> o(threadIdx.x);  // the output the epilogue gives this thread
@@ -219,7 +221,8 @@ __device__ __forceinline__ void few_rows(typename Ops::elem* __restrict__ y,
     }
     __syncthreads();
 
-    for (int i = threadIdx.x; i < OUTS; i += blockDim.x) {  // once: OUTS <= threads
+    // Once a thread, but for the 6-warp gate/up blocks (256 outputs, 192 threads).
+    for (int i = threadIdx.x; i < OUTS; i += blockDim.x) {
         const FrOutput<XT> o(i);
         const int li = o.li, slot = o.slot, j = o.j, q = o.q, row = o.row();
         if (row >= m) continue;
@@ -277,6 +280,16 @@ __device__ __forceinline__ void few_rows(typename Ops::elem* __restrict__ y,
         few_rows_swiglu_##SUFFIX##_grouped(OPS::elem* h, const OPS::elem* x, const OPS::elem* w, int m, \
                                            int f, int k, float eps, int prefetch) {                  \
         few_rows<OPS, 2, 2, true>(h, x, w, m, f, k, 0, eps, prefetch);                                \
+    }
+
+// The grouped gate/up form in blocks of 6 warps taking 3 chunks a round, bounded to three
+// blocks an SM: where 8 warps of 2 chunks a round leave 2 of the 8 a second round (k of 544 or
+// 576: SmolLM2-135M's 18 chunks), the 6 warps take k in one (few_rows.rs, six_warps).
+#define FEW_ROWS_GROUPED6_ENTRY_POINT(OPS, SUFFIX)                                                    \
+    extern "C" __global__ void __launch_bounds__(FewRowsShape<2, 2, 6, 3>::warps * 32, 3)                \
+        few_rows_swiglu_##SUFFIX##_grouped6(OPS::elem* h, const OPS::elem* x, const OPS::elem* w, int m,\
+                                            int f, int k, float eps, int prefetch) {                  \
+        few_rows<OPS, 2, 2, true, 6, 3>(h, x, w, m, f, k, 0, eps, prefetch);                          \
     }
 
 // Blocks of 16 warps for calls whose k takes an 8-warp block's warps more than one round of

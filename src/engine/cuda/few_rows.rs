@@ -20,6 +20,7 @@ pub(super) const PROGRAM: Program = Program {
         "\nFEW_ROWS_ENTRY_POINTS(TcBf16, bf16, 1)\nFEW_ROWS_ENTRY_POINTS(TcBf16, bf16, 2)\n",
         "FEW_ROWS_ENTRY_POINTS(TcF16, f16, 1)\nFEW_ROWS_ENTRY_POINTS(TcF16, f16, 2)\n",
         "FEW_ROWS_GROUPED_ENTRY_POINT(TcBf16, bf16)\nFEW_ROWS_GROUPED_ENTRY_POINT(TcF16, f16)\n",
+        "FEW_ROWS_GROUPED6_ENTRY_POINT(TcBf16, bf16)\nFEW_ROWS_GROUPED6_ENTRY_POINT(TcF16, f16)\n",
         "FEW_ROWS_WIDE_ENTRY_POINTS(TcBf16, bf16, 1)\nFEW_ROWS_WIDE_ENTRY_POINTS(TcBf16, bf16, 2)\n",
         "FEW_ROWS_WIDE_ENTRY_POINTS(TcF16, f16, 1)\nFEW_ROWS_WIDE_ENTRY_POINTS(TcF16, f16, 2)\n",
         "FEW_ROWS_W12_ENTRY_POINT(TcBf16, bf16)\nFEW_ROWS_W12_ENTRY_POINT(TcF16, f16)\n",
@@ -31,6 +32,7 @@ pub(super) const PROGRAM: Program = Program {
         ElemKernel::FewRowsSwigluX1,
         ElemKernel::FewRowsSwigluX2,
         ElemKernel::FewRowsSwigluGrouped,
+        ElemKernel::FewRowsSwigluGrouped6,
         ElemKernel::FewRowsProductX1W16,
         ElemKernel::FewRowsProductX2W16,
         ElemKernel::FewRowsSwigluX1W16,
@@ -85,14 +87,15 @@ impl CudaBackend {
     /// The launch both forms share: `out[rows, features]` from `x[rows, k]` and the weight
     /// `w` of `weight_rows` rows, with the form's last argument. `kernels` are the form's
     /// 8-warp kernels (indexed by [`kernel_form`]) and its 16-warp ones for 8 and 16 rows a
-    /// block, `twelve` its 12-warp one if it has one ([`block_warps`] chooses). `Ok(false)`:
-    /// not taken (see the module's note), nothing written.
+    /// block, `twelve` its 12-warp one if it has one ([`block_warps`] chooses), `six` its
+    /// 6-warp bounded one ([`six_warps`] chooses). `Ok(false)`: not taken (see the module's
+    /// note), nothing written.
     #[allow(clippy::too_many_arguments)]
     fn few_rows_launch<T: Elem, A: cudarc::driver::DeviceRepr>(
         &self,
         op: &'static str,
         kernels: [ElemKernel; 5],
-        twelve: Option<ElemKernel>,
+        (twelve, six): (Option<ElemKernel>, Option<ElemKernel>),
         out: &mut CudaSlice<T>,
         x: &CudaSlice<T>,
         w: &CudaSlice<T>,
@@ -118,6 +121,9 @@ impl CudaBackend {
         let (kernel, warps) = match (warps, twelve) {
             (Warps::Sixteen, _) => (kernels[3 + xt - 1], warps),
             (Warps::Twelve, Some(twelve)) => (twelve, warps),
+            (_, _) if form == 2 && six.is_some() && six_warps(k, (xt, wt)) => {
+                (six.unwrap_or(kernels[form]), Warps::Six)
+            }
             _ => (kernels[form], Warps::Eight),
         };
         let func = self.elem_function::<T>(kernel)?;
@@ -175,8 +181,8 @@ impl CudaBackend {
             (true, false) => 1,
             (true, true) => 2,
         };
-        let twelve = Some(ElemKernel::FewRowsProductX2W12);
-        self.few_rows_launch("few_rows_product", kernels, twelve, y, x, w, shape, acc)
+        let extra = (Some(ElemKernel::FewRowsProductX2W12), None);
+        self.few_rows_launch("few_rows_product", kernels, extra, y, x, w, shape, acc)
     }
 
     /// `h[rows, f] = silu(r gate) * (r up)`, `[gate | up] = x[rows, k] w[2f, k]^T`, `r` the
@@ -208,7 +214,7 @@ impl CudaBackend {
         self.few_rows_launch(
             "few_rows_swiglu",
             kernels,
-            None,
+            (None, Some(ElemKernel::FewRowsSwigluGrouped6)),
             h,
             x,
             w,
@@ -247,6 +253,8 @@ enum Warps {
     Sixteen,
     /// `_x2_w12`, products of 16-row blocks: two blocks an SM.
     Twelve,
+    /// `_grouped6`, the bounded gate/up form taking 3 chunks a warp a round.
+    Six,
 }
 
 impl Warps {
@@ -255,8 +263,21 @@ impl Warps {
             Warps::Eight => 8,
             Warps::Sixteen => 16,
             Warps::Twelve => 12,
+            Warps::Six => 6,
         }
     }
+}
+
+/// Whether the bounded gate/up form (`kernel_form` 2) of a call over `k` takes 6-warp blocks of
+/// 3 chunks a warp a round instead of 8 warps of 2: where 8 warps go round twice and 6 take k
+/// in one (17 or 18 chunks: SmolLM2-135M's k of 576), so that no warp's second round holds up
+/// the block's reduction. Measured on an H200 (`docs/benchmarks/2026-11-30-h200/
+/// gate-up-six-warps/`): SmolLM2-135M decode +2.1% at batch 48, +0.8% at 64, the same bits.
+/// `KILN_GATE_UP_SIX_WARPS=0` keeps 8 warps (for comparing the two in one build).
+fn six_warps(k: usize, tiles: (usize, usize)) -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let on = *ON.get_or_init(|| std::env::var("KILN_GATE_UP_SIX_WARPS").map_or(true, |v| v != "0"));
+    on && tiles == (2, 2) && over_one_round(k, tiles, 8) && k / CHUNK <= 6 * 3
 }
 
 /// Which blocks take a call of `k` with `grid` blocks of `xt` row tiles and `wt` weight tiles on
@@ -346,6 +367,17 @@ mod tests {
         // One round at 8 warps: never more.
         assert_eq!(block_warps(1024, (2, 1), 64, sms, true), Warps::Eight);
         assert_eq!(block_warps(576, (1, 2), 96, sms, false), Warps::Eight);
+    }
+
+    /// The bounded gate/up form takes 6-warp blocks only where 8 warps would go round twice and
+    /// 6 take k in one round (17 or 18 chunks of 32).
+    #[test]
+    fn six_warps_take_the_gate_up_calls_of_17_or_18_chunks() {
+        assert!(six_warps(576, (2, 2)));
+        assert!(six_warps(544, (2, 2)));
+        assert!(!six_warps(512, (2, 2)));
+        assert!(!six_warps(608, (2, 2)));
+        assert!(!six_warps(576, (2, 1)));
     }
 
     /// Up to 16 rows always pay; more only against weights that stay in L2.

@@ -179,6 +179,7 @@ kernel_table! {
         FewRowsSwigluX1 = "few_rows_swiglu" + "_x1" in [BF16, F16],
         FewRowsSwigluX2 = "few_rows_swiglu" + "_x2" in [BF16, F16],
         FewRowsSwigluGrouped = "few_rows_swiglu" + "_grouped" in [BF16, F16],
+        FewRowsSwigluGrouped6 = "few_rows_swiglu" + "_grouped6" in [BF16, F16],
         FewRowsProductX1W16 = "few_rows_product" + "_x1_w16" in [BF16, F16],
         FewRowsProductX2W16 = "few_rows_product" + "_x2_w16" in [BF16, F16],
         FewRowsSwigluX1W16 = "few_rows_swiglu" + "_x1_w16" in [BF16, F16],
