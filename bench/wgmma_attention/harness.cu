@@ -55,6 +55,17 @@ WG_WS_ENTRY_POINT(128, 64, 4, false, WgBf16, ws_bf16_hs128_n64_s4)
 WG_WS_ENTRY_POINT(128, 64, 4, false, WgF16, ws_f16_hs128_n64_s4)
 WG_WS_ENTRY_POINT(128, 128, 2, true, WgBf16, ws_bf16_hs128_n128_s2q)
 WG_WS_ENTRY_POINT(128, 128, 2, true, WgF16, ws_f16_hs128_n128_s2q)
+// The same with the consumers' products issued in turn (ping-pong, `pp`).
+WG_WS_PP_ENTRY_POINT(64, 64, 3, false, true, WgBf16, ws_bf16_hs64_n64_s3_pp)
+WG_WS_PP_ENTRY_POINT(64, 64, 3, false, true, WgF16, ws_f16_hs64_n64_s3_pp)
+WG_WS_PP_ENTRY_POINT(64, 128, 2, false, true, WgBf16, ws_bf16_hs64_n128_s2_pp)
+WG_WS_PP_ENTRY_POINT(64, 128, 2, false, true, WgF16, ws_f16_hs64_n128_s2_pp)
+WG_WS_PP_ENTRY_POINT(64, 128, 3, false, true, WgBf16, ws_bf16_hs64_n128_s3_pp)
+WG_WS_PP_ENTRY_POINT(64, 128, 3, false, true, WgF16, ws_f16_hs64_n128_s3_pp)
+WG_WS_PP_ENTRY_POINT(128, 64, 4, false, true, WgBf16, ws_bf16_hs128_n64_s4_pp)
+WG_WS_PP_ENTRY_POINT(128, 64, 4, false, true, WgF16, ws_f16_hs128_n64_s4_pp)
+WG_WS_PP_ENTRY_POINT(128, 128, 2, true, true, WgBf16, ws_bf16_hs128_n128_s2q_pp)
+WG_WS_PP_ENTRY_POINT(128, 128, 2, true, true, WgF16, ws_f16_hs128_n128_s2q_pp)
 // The configurations marked [engine] below are WgForward's.
 static_assert(WgForward<64>::keys == 64 && WgForward<64>::groups == 1 && !WgForward<64>::q_shared, "engine hs 64");
 static_assert(WgForward<128>::keys == 64 && WgForward<128>::groups == 1 && !WgForward<128>::q_shared, "engine hs 128");
@@ -271,7 +282,8 @@ int main(int argc, char** argv) {
 #define WS(NAME, HS, N, ST, QS, F16) \
     {#NAME, (Fwd)NAME, HS, 128, WgWsShape<HS, N, ST, QS>::bytes, F16, WgWsShape<HS, N, ST, QS>::threads, N, false}
     // Names: n<key tile>, g2 two warpgroups a block (128 queries), q Q in shared memory; ws the
-    // warp-specialised forward with s<stages> (and q: Q in shared memory).
+    // warp-specialised forward with s<stages> (and q: Q in shared memory; pp: the consumers'
+    // products issued in turn).
     Kernel ks[] = {
         {"tc bf16 hs64", (Fwd)attention_forward_bf16_hs64_tc, 64, 128, 4 * 64 * 72 * 2, false, 128, 0, false},
         {"tc f16 hs64", (Fwd)attention_forward_f16_hs64_tc, 64, 128, 4 * 64 * 72 * 2, true, 128, 0, false},
@@ -303,6 +315,16 @@ int main(int argc, char** argv) {
         WS(ws_f16_hs128_n64_s4, 128, 64, 4, false, true),
         WS(ws_bf16_hs128_n128_s2q, 128, 128, 2, true, false),
         WS(ws_f16_hs128_n128_s2q, 128, 128, 2, true, true),
+        WS(ws_bf16_hs64_n64_s3_pp, 64, 64, 3, false, false),
+        WS(ws_f16_hs64_n64_s3_pp, 64, 64, 3, false, true),
+        WS(ws_bf16_hs64_n128_s2_pp, 64, 128, 2, false, false),
+        WS(ws_f16_hs64_n128_s2_pp, 64, 128, 2, false, true),
+        WS(ws_bf16_hs64_n128_s3_pp, 64, 128, 3, false, false),
+        WS(ws_f16_hs64_n128_s3_pp, 64, 128, 3, false, true),
+        WS(ws_bf16_hs128_n64_s4_pp, 128, 64, 4, false, false),
+        WS(ws_f16_hs128_n64_s4_pp, 128, 64, 4, false, true),
+        WS(ws_bf16_hs128_n128_s2q_pp, 128, 128, 2, true, false),
+        WS(ws_f16_hs128_n128_s2q_pp, 128, 128, 2, true, true),
     };
 #undef WG
 #undef WS

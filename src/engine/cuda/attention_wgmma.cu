@@ -615,7 +615,21 @@ __device__ __forceinline__ void wg_mbar_wait(unsigned bar, unsigned parity) {
     }
 }
 
-template <class Ops, int HS, int N, int STAGES, bool QS>
+// Named barriers of the consumers' turns (PP): a consumer waits on its own (3 + group) before
+// issuing a step's products and arrives on the other's (4 - group) once they are issued, so
+// the two consumers' products go to the tensor cores in turn and each one's softmax runs while
+// the other's products do (FlashAttention-3's ping-pong schedule). 1 and 2 are the consumers'
+// Q barriers, 0 the block's.
+__device__ __forceinline__ void wg_turn_wait(int group) {
+    if (group == 0) asm volatile("bar.sync 3, %0;" :: "n"(2 * WG_THREADS) : "memory");
+    else asm volatile("bar.sync 4, %0;" :: "n"(2 * WG_THREADS) : "memory");
+}
+__device__ __forceinline__ void wg_turn_pass(int group) {
+    if (group == 0) asm volatile("bar.arrive 4, %0;" :: "n"(2 * WG_THREADS) : "memory");
+    else asm volatile("bar.arrive 3, %0;" :: "n"(2 * WG_THREADS) : "memory");
+}
+
+template <class Ops, int HS, int N, int STAGES, bool QS, bool PP = false>
 __device__ __forceinline__ void wg_forward_ws(const typename Ops::elem* __restrict__ qkv,
                                               typename Ops::elem* __restrict__ out,
                                               float* __restrict__ lse, int T, int C, int NH, int W) {
@@ -725,15 +739,31 @@ __device__ __forceinline__ void wg_forward_ws(const typename Ops::elem* __restri
     // stage's barriers); a warpgroup with no row before T has none of its own.
     const int first = wg_q0 < T ? tc_first_key_tile(wg_q0, W, N) - kt0 : tiles;
     const int last = wg_q0 < T ? min(wg_q0 + WG_ROWS - 1, T - 1) / N - kt0 : tiles - 1;
+    // With PP every consumer takes one turn a tile of the block and one more for the last
+    // O += P V (or, with no rows, an empty one), so both take tiles + 1 turns; consumer 0 goes
+    // first, and takes one turn more at the end for consumer 1's last pass.
+    auto turn_wait = [&]() {
+        if constexpr (PP) wg_turn_wait(group);
+    };
+    auto turn_pass = [&]() {
+        if constexpr (PP) wg_turn_pass(group);
+    };
+    if constexpr (PP) {
+        if (group == 1) wg_turn_pass(group);
+    }
     for (int j = 0; j < first; j++) {
         wait_tile(j);
+        turn_wait();
+        turn_pass();
         release_k(j);
         release_v(j);
     }
     if (first <= last) {
         wait_tile(first);
+        turn_wait();
         wg_fence();
         issue_s(first % STAGES);
+        turn_pass();
         wg_wait<0>();
         wg_pin(s);
         release_k(first);
@@ -742,9 +772,11 @@ __device__ __forceinline__ void wg_forward_ws(const typename Ops::elem* __restri
         for (int it = first + 1; it <= last; it++) {
             const int stage = it % STAGES, prev = (it - 1) % STAGES;
             wait_tile(it);
+            turn_wait();
             wg_fence();
             issue_s(stage);
             issue_pv(prev);
+            turn_pass();
             wg_wait<1>();  // S_j is done: K_j's buffer is free
             wg_pin(s);
             release_k(it);
@@ -755,16 +787,26 @@ __device__ __forceinline__ void wg_forward_ws(const typename Ops::elem* __restri
             wg_rescale_o<HS>(o, corr);
             pack_p();
         }
+        turn_wait();
         wg_fence();
         issue_pv(last % STAGES);
+        turn_pass();
         wg_wait<0>();
         wg_pin(o);
         release_v(last);
+    } else {
+        turn_wait();
+        turn_pass();
     }
     for (int j = last + 1; j < tiles; j++) {
         wait_tile(j);
+        turn_wait();
+        turn_pass();
         release_k(j);
         release_v(j);
+    }
+    if constexpr (PP) {
+        if (group == 0) wg_turn_wait(group);  // consumer 1's last pass
     }
 
     // Each warp stages its 16 rows in its own part of the staging area.
@@ -777,10 +819,11 @@ __device__ __forceinline__ void wg_forward_ws(const typename Ops::elem* __restri
 
 // An entry point of the warp-specialised forward (bench/wgmma_attention instantiates them):
 // one block an SM, its registers shared out by setmaxnreg.
-#define WG_WS_ENTRY_POINT(HS, N, STAGES, QS, OPS, NAME)                                            \
+#define WG_WS_ENTRY_POINT(HS, N, STAGES, QS, OPS, NAME) WG_WS_PP_ENTRY_POINT(HS, N, STAGES, QS, false, OPS, NAME)
+#define WG_WS_PP_ENTRY_POINT(HS, N, STAGES, QS, PP, OPS, NAME)                                      \
     extern "C" __global__ void __launch_bounds__(WgWsShape<HS, N, STAGES, QS>::threads, 1)          \
         NAME(const OPS::elem* qkv, OPS::elem* out, float* lse, int T, int C, int NH, int W) {      \
-        wg_forward_ws<OPS, HS, N, STAGES, QS>(qkv, out, lse, T, C, NH, W);                         \
+        wg_forward_ws<OPS, HS, N, STAGES, QS, PP>(qkv, out, lse, T, C, NH, W);                     \
     }
 
 // The backward on warpgroup MMA: attention_tc.cu's two kernels (dQ with the row term d; dK and
