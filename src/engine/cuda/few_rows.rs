@@ -118,12 +118,11 @@ impl CudaBackend {
         let grid = blocks(op, features, groups)?;
         let sms = self.info.sm_count as usize;
         let warps = block_warps(k, (xt, wt), grid as usize, sms, twelve.is_some());
-        let (kernel, warps) = match (warps, twelve) {
-            (Warps::Sixteen, _) => (kernels[3 + xt - 1], warps),
-            (Warps::Twelve, Some(twelve)) => (twelve, warps),
-            (_, _) if form == 2 && six.is_some() && six_warps(k, (xt, wt)) => {
-                (six.unwrap_or(kernels[form]), Warps::Six)
-            }
+        // 6-warp blocks where 8 warps would go round twice and 16 do not fit the grid.
+        let (kernel, warps) = match (warps, twelve, six) {
+            (Warps::Sixteen, _, _) => (kernels[3 + xt - 1], warps),
+            (Warps::Twelve, Some(twelve), _) => (twelve, warps),
+            (_, _, Some(six)) if six_warps(k, (xt, wt)) => (six, Warps::Six),
             _ => (kernels[form], Warps::Eight),
         };
         let func = self.elem_function::<T>(kernel)?;
@@ -268,9 +267,10 @@ impl Warps {
     }
 }
 
-/// Whether the bounded gate/up form (`kernel_form` 2) of a call over `k` takes 6-warp blocks of
-/// 3 chunks a warp a round instead of 8 warps of 2: where 8 warps go round twice and 6 take k
-/// in one (17 or 18 chunks: SmolLM2-135M's k of 576), so that no warp's second round holds up
+/// Whether a gate/up call of 16-row blocks over `k` that 16-warp blocks do not take (its grid
+/// exceeds an SM each) takes 6-warp blocks of 3 chunks a warp a round (`_grouped6`, three blocks
+/// an SM) instead of 8 warps of 2: where 8 warps go round twice and 6 take k in one (17 or 18
+/// chunks: SmolLM2-135M's k of 576 at batches 17 to 64), so that no warp's second round holds up
 /// the block's reduction. Measured on an H200 (`docs/benchmarks/2026-11-30-h200/
 /// gate-up-six-warps/`): SmolLM2-135M decode +2.1% at batch 48, +0.8% at 64, the same bits.
 /// `KILN_GATE_UP_SIX_WARPS=0` keeps 8 warps (for comparing the two in one build).
