@@ -72,16 +72,18 @@
 // A configuration of the forward: head size HS, key tile rows N (wgmma's N of S = Q K^T), G
 // warpgroups a block (64 G queries, 128 G threads) that share every K and V tile, and whether Q
 // is read by the tensor cores from shared memory (QS) rather than held in registers. The
-// shared memory: Q's tile when QS (HS / 64 sub-tiles of 64 G rows), then three stages of
-// [K | V], each tile HS / 64 sub-tiles of 64 columns (128-byte rows).
-template <int HS, int N, int G = 1, bool QS = false> struct WgShape {
+// shared memory: Q's tile when QS (HS / 64 sub-tiles of 64 G rows), then STAGES stages of
+// [K | V] (three; two only with one warpgroup, see wg_forward: a configuration the harness
+// measures, not the engine's), each tile HS / 64 sub-tiles of 64 columns (128-byte rows).
+template <int HS, int N, int G = 1, bool QS = false, int STAGES = 3> struct WgShape {
+    static_assert(STAGES == 3 || (STAGES == 2 && G == 1), "two stages with one warpgroup only");
     static constexpr int threads = G * WG_THREADS;
     static constexpr int rows = G * WG_ROWS;
     static constexpr int sub = N * 128;           // bytes of one 64-column sub-tile of K or V
     static constexpr int tile = (HS / 64) * sub;  // bytes of a K or V tile
     static constexpr int q_sub = rows * 128;      // bytes of one 64-column sub-tile of Q
     static constexpr int q_bytes = QS ? (HS / 64) * q_sub : 0;
-    static constexpr int stages = 3;
+    static constexpr int stages = STAGES;
     // Q, the stages, and 1024 bytes of slack to align their base (the swizzle's period).
     static constexpr int bytes = q_bytes + 2 * stages * tile + 1024;
     static constexpr int out_pitch = 2 * HS + 16;  // output staging row, bytes (see below)
@@ -91,7 +93,9 @@ template <int HS, int N, int G = 1, bool QS = false> struct WgShape {
     // warpgroup (at most 255 registers a thread); two of two warpgroups (at most 128) only at
     // head size 64 with 64-key tiles and Q in shared memory, which fits them without spilling;
     // otherwise one (at most 255).
-    static constexpr int min_blocks = G == 1 ? 2 : (HS == 64 && N == 64 && QS ? 2 : 1);
+    // Two stages (K_{j+1} and V_j copied together, see wg_forward) leave room for a third
+    // block of one warpgroup, which the bound then budgets for (at most 168 registers).
+    static constexpr int min_blocks = G == 1 ? (STAGES == 2 ? 3 : 2) : (HS == 64 && N == 64 && QS ? 2 : 1);
 };
 
 // The configuration the engine launches at each head size (attention.rs mirrors it).
@@ -422,12 +426,15 @@ __device__ __forceinline__ void wg_store_output(const float (&o)[HS / 8][4], con
 // The forward: a block owns 64 G queries (warpgroup w of them rows 64w .. 64w + 63) and streams
 // the key tiles up to its last query's (from the first its window reaches) with the online
 // softmax. Shared memory: WgShape::bytes.
-template <class Ops, int HS, int N, int G, bool QS>
+// With STAGES 2 (one warpgroup) the step of tile j copies K_{j+1} and V_j, in place of K_{j-1}
+// and V_{j-2}, both done by then: every copy still has a whole step ahead of the product that
+// reads it (as tile j + 1's have with three stages), in two thirds of the shared memory.
+template <class Ops, int HS, int N, int G, bool QS, int STAGES = 3>
 __device__ __forceinline__ void wg_forward(const typename Ops::elem* __restrict__ qkv,
                                            typename Ops::elem* __restrict__ out,
                                            float* __restrict__ lse, int T, int C, int NH, int W) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    typedef WgShape<HS, N, G, QS> S;
+    typedef WgShape<HS, N, G, QS, STAGES> S;
     typedef typename Ops::elem E;
     extern __shared__ __align__(1024) unsigned char wg_smem[];
     tc_need_shared(S::bytes);
@@ -464,13 +471,21 @@ __device__ __forceinline__ void wg_forward(const typename Ops::elem* __restrict_
     // unrolled only 4 times, so that it needs few registers beside the running products' (fully
     // unrolled, it spilled at head size 128 with 128-key tiles).
     constexpr bool copy_after_issue = G > 1;
-    constexpr int copy_unroll = copy_after_issue ? 4 : N * HS / 8 / S::threads;
+    constexpr int copy_unroll = copy_after_issue || STAGES == 2 ? 4 : N * HS / 8 / S::threads;
     auto copy_tile = [&](int kt, int stage) {
         wg_tile_copy<HS, N, S::threads, copy_unroll>(ks(stage), base + C, stride, kt * N, T);
         wg_tile_copy<HS, N, S::threads, copy_unroll>(vs(stage), base + 2 * C, stride, kt * N, T);
     };
+    constexpr bool two = STAGES == 2;
+    auto copy_k = [&](int kt, int stage) {
+        wg_tile_copy<HS, N, S::threads, copy_unroll>(ks(stage), base + C, stride, kt * N, T);
+    };
+    auto copy_v = [&](int kt, int stage) {
+        wg_tile_copy<HS, N, S::threads, copy_unroll>(vs(stage), base + 2 * C, stride, kt * N, T);
+    };
     if constexpr (QS) wg_tile_copy<HS, S::rows, S::threads>(qs, base, stride, q0, T);
-    copy_tile(kt0, 0);
+    if constexpr (two) copy_k(kt0, 0);
+    else copy_tile(kt0, 0);
     tc_commit();
 
     // Q as the A operand of every k-chunk: in registers (wg_load_q), or in shared memory, K's
@@ -495,7 +510,13 @@ __device__ __forceinline__ void wg_forward(const typename Ops::elem* __restrict_
         __syncthreads();
     };
     auto start_copy = [&](int j, int stage) {
-        if (j + 1 < tiles) copy_tile(kt0 + j + 1, stage == 2 ? 0 : stage + 1);
+        if constexpr (two) {
+            // K_{j+1} over K_{j-1} (S_{j-1} is done), V_j over V_{j-2} (O += P_{j-2} V_{j-2} is).
+            if (j + 1 < tiles) copy_k(kt0 + j + 1, stage ^ 1);
+            copy_v(kt0 + j, stage);
+        } else {
+            if (j + 1 < tiles) copy_tile(kt0 + j + 1, stage == 2 ? 0 : stage + 1);
+        }
         tc_commit();
     };
     auto issue_s = [&](int stage) { wg_issue_s<Ops, HS, N, QS>(s, qf, qd, S::q_sub, ks(stage), S::sub); };
@@ -517,7 +538,7 @@ __device__ __forceinline__ void wg_forward(const typename Ops::elem* __restrict_
     // product untouched until its wait.
     int prev = 0;  // the stage of tile j - 1
     for (int it = 1; it < tiles; it++) {
-        const int stage = prev == 2 ? 0 : prev + 1;
+        const int stage = two ? prev ^ 1 : (prev == 2 ? 0 : prev + 1);
         wait_tile();
         if constexpr (!copy_after_issue) start_copy(it, stage);
         wg_fence();
@@ -533,7 +554,8 @@ __device__ __forceinline__ void wg_forward(const typename Ops::elem* __restrict_
         pack_p();
         prev = stage;
     }
-    // The last tile's O += P V.
+    // The last tile's O += P V (with two stages, after its V's copies).
+    if constexpr (two) wait_tile();
     wg_fence();
     issue_pv(prev);
     wg_wait<0>();
@@ -1190,10 +1212,11 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
 
 // Entry points for a configuration (WgShape); attention.rs appends the engine's, those of
 // WgForward, one per element type and head size.
-#define WG_ENTRY_POINT(HS, N, G, QS, OPS, NAME)                                                            \
-    extern "C" __global__ void __launch_bounds__(G * WG_THREADS, (WgShape<HS, N, G, QS>::min_blocks))     \
+#define WG_ENTRY_POINT(HS, N, G, QS, OPS, NAME) WG_STAGES_ENTRY_POINT(HS, N, G, QS, 3, OPS, NAME)
+#define WG_STAGES_ENTRY_POINT(HS, N, G, QS, ST, OPS, NAME)                                                 \
+    extern "C" __global__ void __launch_bounds__(G * WG_THREADS, (WgShape<HS, N, G, QS, ST>::min_blocks)) \
         NAME(const OPS::elem* qkv, OPS::elem* out, float* lse, int T, int C, int NH, int W) {              \
-        wg_forward<OPS, HS, N, G, QS>(qkv, out, lse, T, C, NH, W);                                        \
+        wg_forward<OPS, HS, N, G, QS, ST>(qkv, out, lse, T, C, NH, W);                                    \
     }
 #define WG_ENTRY_POINTS(HS, OPS, SUFFIX)                                                                   \
     WG_ENTRY_POINT(HS, WgForward<HS>::keys, WgForward<HS>::groups, WgForward<HS>::q_shared, OPS,           \
