@@ -294,7 +294,7 @@ int main(int argc, char** argv) {
     // Names: n<key tile>, g2 two warpgroups a block (128 queries), q Q in shared memory; ws the
     // warp-specialised forward with s<stages> (and q: Q in shared memory; pp: the consumers'
     // products issued in turn).
-    Kernel ks[] = {
+    Kernel all[] = {
         {"tc bf16 hs64", (Fwd)attention_forward_bf16_hs64_tc, 64, 128, 4 * 64 * 72 * 2, false, 128, 0, false},
         {"tc f16 hs64", (Fwd)attention_forward_f16_hs64_tc, 64, 128, 4 * 64 * 72 * 2, true, 128, 0, false},
         {"tc bf16 hs128", (Fwd)attention_forward_bf16_hs128_tc, 128, 64, 4 * 32 * 136 * 2, false, 128, 0, false},
@@ -345,7 +345,22 @@ int main(int argc, char** argv) {
 #undef WG
 #undef WG2
 #undef WS
-    const int nk = sizeof(ks) / sizeof(ks[0]);
+    // HARNESS_ONLY=NAME,NAME: only the configurations named (and the mma.sync forwards, the
+    // checks' references), for a quick comparison of builds.
+    std::vector<Kernel> kept;
+    const char* only = getenv("HARNESS_ONLY");
+    for (const Kernel& k : all) {
+        bool keep = !only || k.name[0] == 't';
+        for (const char* p = only; p && *p && !keep;) {
+            const char* end = strchr(p, ',');
+            const std::string part(p, end ? end - p : strlen(p));
+            keep = part == k.name;
+            p = end ? end + 1 : nullptr;
+        }
+        if (keep) kept.push_back(k);
+    }
+    Kernel* ks = kept.data();
+    const int nk = (int)kept.size();
     if (profile) {
         for (int i = 0; i < nk; i++) {
             if (strcmp(ks[i].name, profile)) continue;

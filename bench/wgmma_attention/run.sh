@@ -10,8 +10,9 @@ out=${OUT:-/tmp}
 nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -o /tmp/wgmma_harness \
     "$dir/harness.cu" 2>"$out/ptxas.txt" || { cat "$out/ptxas.txt"; exit 1; }
 python3 "$dir/summary.py" ptxas "$out/ptxas.txt"
-# wgmma serialized by ptxas (C7520) costs most of its speed: say so loudly.
-grep -i "C7520" "$out/ptxas.txt" && echo "WARNING: ptxas serialized wgmma in the functions above"
+# wgmma serialized by ptxas (C7520, or C7512 where registers run short) costs most of its
+# speed: say so loudly.
+grep -iE "C7520|C7512" "$out/ptxas.txt" && echo "WARNING: ptxas serialized wgmma in the functions above"
 /tmp/wgmma_harness "$@" 2>&1 | tee "$out/harness.txt"
 rc=$?
 PYTHONUNBUFFERED=1 python3 "$dir/sdpa.py" 2>&1 | tee "$out/sdpa.txt"
