@@ -16,6 +16,9 @@
 #include <random>
 #include <string>
 
+#ifdef KILN_HARNESS_TMA
+#include <cuda.h>  // cuTensorMapEncodeTiled (link with -lcuda)
+#endif
 #include "../../src/engine/cuda/common.cuh"
 #include "../../src/engine/cuda/attention_tc.cu"
 #include "../../src/engine/cuda/attention_wgmma.cu"
@@ -50,6 +53,13 @@ WG_STAGES_ENTRY_POINT(128, 64, 1, false, 2, WgBf16, wg_bf16_hs128_n64_s2)
 WG_STAGES_ENTRY_POINT(128, 64, 1, false, 2, WgF16, wg_f16_hs128_n64_s2)
 WG_STAGES_ENTRY_POINT(128, 64, 1, true, 2, WgBf16, wg_bf16_hs128_n64_s2q)
 WG_STAGES_ENTRY_POINT(128, 64, 1, true, 2, WgF16, wg_f16_hs128_n64_s2q)
+#ifdef KILN_HARNESS_TMA
+// The one-warpgroup forward with its K and V tiles copied by the TMA unit (wg_forward's TMA).
+WG_TMA_ENTRY_POINT(64, 64, WgBf16, wg_bf16_hs64_n64_tma)
+WG_TMA_ENTRY_POINT(64, 64, WgF16, wg_f16_hs64_n64_tma)
+WG_TMA_ENTRY_POINT(128, 64, WgBf16, wg_bf16_hs128_n64_tma)
+WG_TMA_ENTRY_POINT(128, 64, WgF16, wg_f16_hs128_n64_tma)
+#endif
 // The warp-specialised forward (WgWsShape: head size, key tile, stages, Q in shared memory):
 // two consumer warpgroups of 64 queries and a producer warpgroup a block.
 WG_WS_ENTRY_POINT(64, 64, 3, false, WgBf16, ws_bf16_hs64_n64_s3)
@@ -96,7 +106,8 @@ struct Kernel {
     int threads;  // 128 a warpgroup
     int keys;     // key tile (0: the mma.sync forward)
     bool engine;  // the configuration the engine launches on sm_90
-    bool two_stages = false;  // one warpgroup, two stages: compared with the engine's bit for bit
+    bool g1_variant = false;  // a one-warpgroup variant (two stages, TMA): compared with n<keys> g1 bit for bit
+    bool tma = false;         // takes a tensor map of qkv as its last parameter (KILN_HARNESS_TMA)
 };
 
 // IEEE half by hand (round to nearest even, overflow to inf; the inputs here are small).
@@ -205,9 +216,29 @@ static double err_abs(const std::vector<float>& got, const std::vector<float>& w
 
 static void launch(const Kernel& k, const void* qkv, void* out, float* lse, int B, int T, int NH, int W) {
     dim3 grid((T + k.rows - 1) / k.rows, B * NH);
-    void* args[] = {(void*)&qkv, (void*)&out, (void*)&lse, (void*)&T, nullptr, (void*)&NH, (void*)&W};
     int C = NH * k.hs;
-    args[4] = (void*)&C;
+    WgTensorMap map;
+    void* args[] = {(void*)&qkv, (void*)&out, (void*)&lse, (void*)&T, (void*)&C, (void*)&NH, (void*)&W, (void*)&map};
+#ifdef KILN_HARNESS_TMA
+    if (k.tma) {
+        // qkv as [B][T][3C], boxes of 64 columns (128 bytes, the swizzle's span) by the key tile.
+        static_assert(sizeof(CUtensorMap) == sizeof(WgTensorMap), "the driver's tensor map");
+        CUtensorMap m;
+        const cuuint64_t dims[3] = {(cuuint64_t)3 * C, (cuuint64_t)T, (cuuint64_t)B};
+        const cuuint64_t strides[2] = {(cuuint64_t)3 * C * 2, (cuuint64_t)T * 3 * C * 2};
+        const cuuint32_t box[3] = {64, (cuuint32_t)k.keys, 1};
+        const cuuint32_t unit[3] = {1, 1, 1};
+        const CUresult r = cuTensorMapEncodeTiled(
+            &m, k.f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(qkv),
+            dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (r != CUDA_SUCCESS) {
+            fprintf(stderr, "cuTensorMapEncodeTiled failed (%d) for %s\n", (int)r, k.name);
+            exit(1);
+        }
+        memcpy(&map, &m, sizeof(map));
+    }
+#endif
     CK(cudaLaunchKernel((const void*)k.f, grid, dim3(k.threads), args, k.shared, 0));
 }
 
@@ -289,6 +320,8 @@ int main(int argc, char** argv) {
     {#NAME, (Fwd)NAME, HS, G * 64, WgShape<HS, N, G, QS>::bytes, F16, G * 128, N, ENGINE}
 #define WG2(NAME, HS, N, QS, F16) \
     {#NAME, (Fwd)NAME, HS, 64, WgShape<HS, N, 1, QS, 2>::bytes, F16, 128, N, false, true}
+#define WGT(NAME, HS, N, F16) \
+    {#NAME, (Fwd)NAME, HS, 64, WgShape<HS, N, 1, false>::bytes, F16, 128, N, false, true, true}
 #define WS(NAME, HS, N, ST, QS, F16) \
     {#NAME, (Fwd)NAME, HS, 128, WgWsShape<HS, N, ST, QS>::bytes, F16, WgWsShape<HS, N, ST, QS>::threads, N, false}
     // Names: n<key tile>, g2 two warpgroups a block (128 queries), q Q in shared memory; ws the
@@ -321,6 +354,12 @@ int main(int argc, char** argv) {
         WG2(wg_f16_hs128_n64_s2, 128, 64, false, true),
         WG2(wg_bf16_hs128_n64_s2q, 128, 64, true, false),
         WG2(wg_f16_hs128_n64_s2q, 128, 64, true, true),
+#ifdef KILN_HARNESS_TMA
+        WGT(wg_bf16_hs64_n64_tma, 64, 64, false),
+        WGT(wg_f16_hs64_n64_tma, 64, 64, true),
+        WGT(wg_bf16_hs128_n64_tma, 128, 64, false),
+        WGT(wg_f16_hs128_n64_tma, 128, 64, true),
+#endif
         WS(ws_bf16_hs64_n64_s3, 64, 64, 3, false, false),
         WS(ws_f16_hs64_n64_s3, 64, 64, 3, false, true),
         WS(ws_bf16_hs64_n128_s2, 64, 128, 2, false, false),
@@ -344,6 +383,7 @@ int main(int argc, char** argv) {
     };
 #undef WG
 #undef WG2
+#undef WGT
 #undef WS
     // HARNESS_ONLY=NAME,NAME: only the configurations named (and the mma.sync forwards, the
     // checks' references), for a quick comparison of builds.
@@ -446,8 +486,8 @@ int main(int argc, char** argv) {
                     std::string same;
                     for (int j = 0; j < i; j++) {
                         if (ks[j].hs != hs || ks[j].f16 != (bool)f16 || ks[j].keys != ks[i].keys ||
-                            ks[j].threads != 128 || (ks[i].threads == 128 && !ks[i].two_stages) ||
-                            ks[j].two_stages || runs[j].out.empty())
+                            ks[j].threads != 128 || (ks[i].threads == 128 && !ks[i].g1_variant) ||
+                            ks[j].g1_variant || runs[j].out.empty())
                             continue;
                         const bool eq = !memcmp(runs[j].out.data(), rw.out.data(), rw.out.size() * 4) &&
                                         !memcmp(runs[j].lse.data(), rw.lse.data(), rw.lse.size() * 4);

@@ -222,6 +222,60 @@ template <int A> __device__ __forceinline__ void wg_pin(float (&d)[A][4]) {
 // proxy, which sees those writes only after this fence (then a barrier for other threads').
 __device__ __forceinline__ void wg_fence_proxy() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
+// mbarrier operations on a barrier at a shared address: init (one thread, before a block
+// barrier), arrive (release), and a wait for the completion of the phase of parity `parity`.
+__device__ __forceinline__ void wg_mbar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void wg_mbar_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
+}
+__device__ __forceinline__ void wg_mbar_wait(unsigned bar, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile(
+            "{\n.reg .pred p;\n"
+            "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+            "selp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    }
+}
+
+// Named barriers of the consumers' turns (PP): a consumer waits on its own (3 + group) before
+// issuing a step's products and arrives on the other's (4 - group) once they are issued, so
+// the two consumers' products go to the tensor cores in turn and each one's softmax runs while
+// the other's products do (FlashAttention-3's ping-pong schedule). 1 and 2 are the consumers'
+// Q barriers, 0 the block's.
+__device__ __forceinline__ void wg_turn_wait(int group) {
+    if (group == 0) asm volatile("bar.sync 3, %0;" :: "n"(2 * WG_THREADS) : "memory");
+    else asm volatile("bar.sync 4, %0;" :: "n"(2 * WG_THREADS) : "memory");
+}
+__device__ __forceinline__ void wg_turn_pass(int group) {
+    if (group == 0) asm volatile("bar.arrive 4, %0;" :: "n"(2 * WG_THREADS) : "memory");
+    else asm volatile("bar.arrive 3, %0;" :: "n"(2 * WG_THREADS) : "memory");
+}
+// This thread's arrival on `bar`, expecting `bytes` more of copies before its phase completes.
+__device__ __forceinline__ void wg_mbar_expect_tx(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
+}
+
+// A TMA tensor map as the driver encodes it (CUtensorMap: 128 bytes, 64-byte aligned), passed
+// to a kernel by value (__grid_constant__) and read only by the copy instructions.
+struct alignas(64) WgTensorMap {
+    unsigned long long opaque[16];
+};
+
+// A tile of a 3-D tensor map copied by the TMA unit into shared memory at `dst` (its swizzle as
+// the map says), from coordinates {c0, c1, c2} (innermost first), counted on the mbarrier `bar`
+// as bytes completed. Elements outside the tensor arrive as zeros and count too.
+__device__ __forceinline__ void wg_tma_load_3d(unsigned dst, const WgTensorMap* map, int c0, int c1, int c2,
+                                               unsigned bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];"
+        :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+        : "memory");
+}
+
 // A matrix descriptor with the 128-byte swizzle: start address, leading and stride byte
 // offsets (each in 16-byte units, 14 bits), layout type 1 in bits 62-63.
 __device__ __forceinline__ unsigned long long wg_desc(unsigned addr, unsigned lead, unsigned stride) {
@@ -429,11 +483,17 @@ __device__ __forceinline__ void wg_store_output(const float (&o)[HS / 8][4], con
 // With STAGES 2 (one warpgroup) the step of tile j copies K_{j+1} and V_j, in place of K_{j-1}
 // and V_{j-2}, both done by then: every copy still has a whole step ahead of the product that
 // reads it (as tile j + 1's have with three stages), in two thirds of the shared memory.
-template <class Ops, int HS, int N, int G, bool QS, int STAGES = 3>
+// With TMA (one warpgroup, three stages) thread 0 has the TMA unit copy each K and V tile
+// (`map`: qkv as [B][T][3C], boxes of 64 columns by N rows, the 128-byte swizzle) and every
+// thread waits on the stage's mbarrier, in place of each thread's cp.async copies and their
+// address arithmetic (a measured configuration of bench/wgmma_attention, not the engine's).
+template <class Ops, int HS, int N, int G, bool QS, int STAGES = 3, bool TMA = false>
 __device__ __forceinline__ void wg_forward(const typename Ops::elem* __restrict__ qkv,
                                            typename Ops::elem* __restrict__ out,
-                                           float* __restrict__ lse, int T, int C, int NH, int W) {
+                                           float* __restrict__ lse, int T, int C, int NH, int W,
+                                           const WgTensorMap* map = nullptr) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    static_assert(!TMA || (G == 1 && STAGES == 3 && !QS), "TMA copies with one warpgroup and three stages");
     typedef WgShape<HS, N, G, QS, STAGES> S;
     typedef typename Ops::elem E;
     extern __shared__ __align__(1024) unsigned char wg_smem[];
@@ -483,10 +543,34 @@ __device__ __forceinline__ void wg_forward(const typename Ops::elem* __restrict_
     auto copy_v = [&](int kt, int stage) {
         wg_tile_copy<HS, N, S::threads, copy_unroll>(vs(stage), base + 2 * C, stride, kt * N, T);
     };
+    // TMA: a full barrier a stage (one arrival, thread 0's, with the tile's bytes).
+    unsigned full0 = 0;
+    if constexpr (TMA) {
+        __shared__ __align__(8) unsigned long long wg_tma_full[3];
+        full0 = tc_smem_addr(wg_tma_full);
+        if (threadIdx.x == 0) {
+            for (int i = 0; i < 3; i++) wg_mbar_init(full0 + 8 * i, 1);
+            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        }
+        __syncthreads();
+    }
+    auto tma_tile = [&](int kt, int stage) {
+        const unsigned bar = full0 + 8 * stage;
+        wg_mbar_expect_tx(bar, 2 * S::tile);
+        #pragma unroll
+        for (int sub = 0; sub < HS / 64; sub++) {
+            wg_tma_load_3d(ks(stage) + sub * S::sub, map, C + h * HS + 64 * sub, kt * N, b, bar);
+            wg_tma_load_3d(vs(stage) + sub * S::sub, map, 2 * C + h * HS + 64 * sub, kt * N, b, bar);
+        }
+    };
     if constexpr (QS) wg_tile_copy<HS, S::rows, S::threads>(qs, base, stride, q0, T);
-    if constexpr (two) copy_k(kt0, 0);
-    else copy_tile(kt0, 0);
-    tc_commit();
+    if constexpr (TMA) {
+        if (threadIdx.x == 0) tma_tile(kt0, 0);
+    } else {
+        if constexpr (two) copy_k(kt0, 0);
+        else copy_tile(kt0, 0);
+        tc_commit();
+    }
 
     // Q as the A operand of every k-chunk: in registers (wg_load_q), or in shared memory, K's
     // layout with 64 G rows, this warpgroup's 64 of them 64 rows (8 KiB) in.
@@ -502,14 +586,22 @@ __device__ __forceinline__ void wg_forward(const typename Ops::elem* __restrict_
     unsigned p[N / 16][4];  // P of the last tile as the A operand of O += P V
     float m[2] = {KILN_NEG_INF, KILN_NEG_INF}, l[2] = {0.0f, 0.0f}, corr[2];
     // Waits for tile j's copies, and starts tile j + 1's into the stage after `stage`.
-    auto wait_tile = [&]() {
-        tc_wait<0>();  // this thread's copies of tile j
-        wg_fence_proxy();
+    auto wait_tile = [&](int j, int stage) {
+        if constexpr (TMA) {
+            wg_mbar_wait(full0 + 8 * stage, (j / 3) & 1);  // the TMA unit's copies of tile j
+        } else {
+            tc_wait<0>();  // this thread's copies of tile j
+            wg_fence_proxy();
+        }
         // Every thread's copies of tile j are in; every thread has finished step j - 1, whose
         // products read the stage of tile j - 2 at the latest, which tile j + 1 now fills.
         __syncthreads();
     };
     auto start_copy = [&](int j, int stage) {
+        if constexpr (TMA) {
+            if (threadIdx.x == 0 && j + 1 < tiles) tma_tile(kt0 + j + 1, stage == 2 ? 0 : stage + 1);
+            return;
+        }
         if constexpr (two) {
             // K_{j+1} over K_{j-1} (S_{j-1} is done), V_j over V_{j-2} (O += P_{j-2} V_{j-2} is).
             if (j + 1 < tiles) copy_k(kt0 + j + 1, stage ^ 1);
@@ -524,7 +616,7 @@ __device__ __forceinline__ void wg_forward(const typename Ops::elem* __restrict_
     auto pack_p = [&]() { wg_pack_p<Ops, N>(p, s); };
 
     // Step 0: S_0 and its softmax (O is still zero).
-    wait_tile();
+    wait_tile(0, 0);
     if constexpr (!copy_after_issue) start_copy(0, 0);
     wg_fence();
     issue_s(0);
@@ -539,7 +631,7 @@ __device__ __forceinline__ void wg_forward(const typename Ops::elem* __restrict_
     int prev = 0;  // the stage of tile j - 1
     for (int it = 1; it < tiles; it++) {
         const int stage = two ? prev ^ 1 : (prev == 2 ? 0 : prev + 1);
-        wait_tile();
+        wait_tile(it, stage);
         if constexpr (!copy_after_issue) start_copy(it, stage);
         wg_fence();
         issue_s(stage);
@@ -555,7 +647,7 @@ __device__ __forceinline__ void wg_forward(const typename Ops::elem* __restrict_
         prev = stage;
     }
     // The last tile's O += P V (with two stages, after its V's copies).
-    if constexpr (two) wait_tile();
+    if constexpr (two) wait_tile(tiles, prev);
     wg_fence();
     issue_pv(prev);
     wg_wait<0>();
@@ -563,6 +655,7 @@ __device__ __forceinline__ void wg_forward(const typename Ops::elem* __restrict_
 
     // Each warp stages its 16 rows (row pitch HS * 2 + 16 bytes) in the stages' memory.
     __syncthreads();  // every product has read its stage
+    if constexpr (TMA) wg_fence_proxy();  // the stages were last written by the TMA unit
     unsigned char* const stage_out = wg_smem + (smem0 - tc_smem_addr(wg_smem)) + S::q_bytes + warp * 16 * S::out_pitch;
     wg_store_output<Ops, HS>(o, l, m, stage_out, S::out_pitch, out, lse, b, h, NH, warp_row0, row0, T, C);
 #elif defined(__CUDA_ARCH__)
@@ -617,39 +710,6 @@ template <int HS, int N, int STAGES, bool QS = false> struct WgWsShape {
     // (128 x 56 + 256 x 224 = 64512). At launch every thread has at most 65536 / 384.
     static constexpr int producer_regs = 56, consumer_regs = 224;
 };
-
-// mbarrier operations on a barrier at a shared address: init (one thread, before a block
-// barrier), arrive (release), and a wait for the completion of the phase of parity `parity`.
-__device__ __forceinline__ void wg_mbar_init(unsigned bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void wg_mbar_arrive(unsigned bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
-}
-__device__ __forceinline__ void wg_mbar_wait(unsigned bar, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile(
-            "{\n.reg .pred p;\n"
-            "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-            "selp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-    }
-}
-
-// Named barriers of the consumers' turns (PP): a consumer waits on its own (3 + group) before
-// issuing a step's products and arrives on the other's (4 - group) once they are issued, so
-// the two consumers' products go to the tensor cores in turn and each one's softmax runs while
-// the other's products do (FlashAttention-3's ping-pong schedule). 1 and 2 are the consumers'
-// Q barriers, 0 the block's.
-__device__ __forceinline__ void wg_turn_wait(int group) {
-    if (group == 0) asm volatile("bar.sync 3, %0;" :: "n"(2 * WG_THREADS) : "memory");
-    else asm volatile("bar.sync 4, %0;" :: "n"(2 * WG_THREADS) : "memory");
-}
-__device__ __forceinline__ void wg_turn_pass(int group) {
-    if (group == 0) asm volatile("bar.arrive 4, %0;" :: "n"(2 * WG_THREADS) : "memory");
-    else asm volatile("bar.arrive 3, %0;" :: "n"(2 * WG_THREADS) : "memory");
-}
 
 template <class Ops, int HS, int N, int STAGES, bool QS, bool PP = false>
 __device__ __forceinline__ void wg_forward_ws(const typename Ops::elem* __restrict__ qkv,
@@ -1213,6 +1273,13 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
 // Entry points for a configuration (WgShape); attention.rs appends the engine's, those of
 // WgForward, one per element type and head size.
 #define WG_ENTRY_POINT(HS, N, G, QS, OPS, NAME) WG_STAGES_ENTRY_POINT(HS, N, G, QS, 3, OPS, NAME)
+// The one-warpgroup forward fed by TMA (wg_forward's TMA), its tensor map an extra parameter.
+#define WG_TMA_ENTRY_POINT(HS, N, OPS, NAME)                                                               \
+    extern "C" __global__ void __launch_bounds__(WG_THREADS, (WgShape<HS, N, 1, false>::min_blocks))       \
+        NAME(const OPS::elem* qkv, OPS::elem* out, float* lse, int T, int C, int NH, int W,                  \
+             const __grid_constant__ WgTensorMap map) {                                                     \
+        wg_forward<OPS, HS, N, 1, false, 3, true>(qkv, out, lse, T, C, NH, W, &map);                        \
+    }
 #define WG_STAGES_ENTRY_POINT(HS, N, G, QS, ST, OPS, NAME)                                                 \
     extern "C" __global__ void __launch_bounds__(G * WG_THREADS, (WgShape<HS, N, G, QS, ST>::min_blocks)) \
         NAME(const OPS::elem* qkv, OPS::elem* out, float* lse, int T, int C, int NH, int W) {              \
