@@ -85,7 +85,11 @@ pub(super) const PROGRAM_TC: Program = Program {
         include_str!("attention_tc.cu"),
         "\nTC_ENTRY_POINTS(64, TcBf16, bf16)\nTC_ENTRY_POINTS(64, TcF16, f16)\nTC_ENTRY_POINTS(128, TcBf16, bf16)\nTC_ENTRY_POINTS(128, TcF16, f16)\n",
         include_str!("attention_wgmma.cu"),
-        "\nWG_ENTRY_POINTS(64, WgBf16, bf16)\nWG_ENTRY_POINTS(64, WgF16, f16)\nWG_ENTRY_POINTS(128, WgBf16, bf16)\nWG_ENTRY_POINTS(128, WgF16, f16)\n"
+        "\nWG_ENTRY_POINTS(64, WgBf16, bf16)\nWG_ENTRY_POINTS(64, WgF16, f16)\nWG_ENTRY_POINTS(128, WgBf16, bf16)\nWG_ENTRY_POINTS(128, WgF16, f16)\n",
+        "WG_TMA_ENTRY_POINT(64, 64, WgBf16, attention_forward_bf16_hs64_wgmma_tma)\n",
+        "WG_TMA_ENTRY_POINT(64, 64, WgF16, attention_forward_f16_hs64_wgmma_tma)\n",
+        "WG_TMA_ENTRY_POINT(128, 64, WgBf16, attention_forward_bf16_hs128_wgmma_tma)\n",
+        "WG_TMA_ENTRY_POINT(128, 64, WgF16, attention_forward_f16_hs128_wgmma_tma)\n"
     ),
     kernels: &[],
     elem_kernels: &[
@@ -101,6 +105,8 @@ pub(super) const PROGRAM_TC: Program = Program {
         ElemKernel::AttentionForwardHs128Wgmma,
         ElemKernel::AttentionBackwardDqHs128Wgmma,
         ElemKernel::AttentionBackwardDkvHs128Wgmma,
+        ElemKernel::AttentionForwardHs64WgmmaTma,
+        ElemKernel::AttentionForwardHs128WgmmaTma,
     ],
     dtypes: &[DType::BF16, DType::F16],
 };
@@ -173,6 +179,78 @@ fn wgmma_kernels(hs: usize) -> Option<[ElemKernel; 3]> {
         ]),
         _ => None,
     }
+}
+
+/// The Hopper forward whose K and V tiles the TMA unit copies (`wg_forward`'s TMA), at head
+/// size `hs`: taken only with `KILN_ATTENTION_TMA=1` ([`attention_tma`]).
+fn wgmma_tma_forward(hs: usize) -> Option<ElemKernel> {
+    match hs {
+        64 => Some(ElemKernel::AttentionForwardHs64WgmmaTma),
+        128 => Some(ElemKernel::AttentionForwardHs128WgmmaTma),
+        _ => None,
+    }
+}
+
+/// Whether the Hopper forward runs its TMA form (`KILN_ATTENTION_TMA=1`; off by default, for
+/// comparing the two in one build: bench/wgmma_attention has it as `wg_*_n64_tma`).
+fn attention_tma() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("KILN_ATTENTION_TMA").is_ok_and(|v| v == "1"))
+}
+
+/// A TMA tensor map of an attention call's `qkv` ([B][T][3C] in `T`): boxes of 64 columns
+/// (128 bytes, the span of the 128-byte swizzle the products read) by `keys` rows, rows past
+/// T read as zeros. Passed by value to the TMA forward.
+#[repr(transparent)]
+struct QkvTensorMap(cudarc::driver::sys::CUtensorMap);
+
+// SAFETY: a plain 128-byte value, which the kernel takes by value as its last parameter.
+unsafe impl cudarc::driver::DeviceRepr for QkvTensorMap {}
+
+fn qkv_tensor_map<T: Elem>(qkv: u64, s: AttnShape, keys: usize) -> Result<QkvTensorMap> {
+    use cudarc::driver::sys;
+    let dtype = match T::DTYPE {
+        DType::BF16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+        DType::F16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+        DType::F32 => {
+            return Err(CudaError::Shape {
+                op: "attention_forward",
+                detail: "the TMA forward takes bf16 and f16".into(),
+            });
+        }
+    };
+    let row = (3 * s.channels * std::mem::size_of::<T>()) as u64;
+    let dims = [3 * s.channels as u64, s.seq as u64, s.batch as u64];
+    let strides = [row, row * s.seq as u64];
+    let boxes = [64u32, keys as u32, 1];
+    let unit = [1u32; 3];
+    let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
+    // SAFETY: every array holds the rank's (3) entries (strides: rank - 1); `qkv` is a device
+    // buffer of B T 3C values on a 16-byte boundary (the caller's plan checks alignment), its
+    // row stride a multiple of 16 bytes (C a multiple of 64); the driver writes `map` only.
+    let r = unsafe {
+        sys::cuTensorMapEncodeTiled(
+            map.as_mut_ptr(),
+            dtype,
+            3,
+            qkv as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            unit.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        return Err(CudaError::Driver(format!(
+            "cuTensorMapEncodeTiled for attention's qkv ({s:?}): {r:?}"
+        )));
+    }
+    // SAFETY: the driver filled the map (it returned success).
+    Ok(QkvTensorMap(unsafe { map.assume_init() }))
 }
 
 /// A configuration of the Hopper forward (`WgShape` of attention_wgmma.cu): key tile rows,
@@ -428,6 +506,8 @@ struct Plan {
     /// the dQ kernel records the head's largest |dO_i| and |d_i| for the dK/dV kernel's dS
     /// scales (zeroed before the dQ kernel runs).
     head_bounds: bool,
+    /// The forward takes a tensor map of `qkv` as its last parameter (the TMA form).
+    tensor_map: bool,
 }
 
 impl CudaBackend {
@@ -462,6 +542,7 @@ impl CudaBackend {
                 dkv: launch(dkv, shared.dkv),
                 tensor_cores: true,
                 head_bounds: false,
+                tensor_map: false,
             });
         }
         if T::DTYPE != DType::F32
@@ -482,9 +563,10 @@ impl CudaBackend {
                 && let Some([forward, dq, dkv]) = wgmma_kernels(hs)
             {
                 // The backward: one warpgroup (128 threads) per 64 rows, as TC_ROWS.
+                let tma = attention_tma().then(|| wgmma_tma_forward(hs)).flatten();
                 return Ok(Plan {
                     forward: Launch {
-                        kernel: forward,
+                        kernel: tma.unwrap_or(forward),
                         rows: wgmma_rows(hs),
                         threads: wgmma_threads(hs),
                         shared: wgmma_shared(hs),
@@ -493,6 +575,7 @@ impl CudaBackend {
                     dkv: launch(dkv, TC_ROWS, wgmma_backward_shared(hs, true)),
                     tensor_cores: true,
                     head_bounds: true,
+                    tensor_map: tma.is_some(),
                 });
             }
             return Ok(Plan {
@@ -501,6 +584,7 @@ impl CudaBackend {
                 dkv: launch(dkv, TC_ROWS, shared.dkv),
                 tensor_cores: true,
                 head_bounds: false,
+                tensor_map: false,
             });
         }
         let Some([forward, dq, dkv]) = cuda_core_kernels(hs) else {
@@ -530,6 +614,7 @@ impl CudaBackend {
             dkv: launch(dkv, KR),
             tensor_cores: false,
             head_bounds: false,
+            tensor_map: false,
         })
     }
 
@@ -625,6 +710,12 @@ impl CudaBackend {
             math,
         )?;
         let f = self.attention_kernel::<T>(plan.forward)?;
+        let map = if plan.tensor_map {
+            let keys = wgmma_config(hs).keys;
+            Some(qkv_tensor_map::<T>(raw_ptr(qkv, &self.stream), s, keys)?)
+        } else {
+            None
+        };
         let mut b = self.stream.launch_builder(f);
         b.arg(qkv)
             .arg(out)
@@ -633,7 +724,11 @@ impl CudaBackend {
             .arg(&c)
             .arg(&nh)
             .arg(&w);
-        // SAFETY: buffer sizes checked above; the grid covers B*NH x ceil(T/rows) row tiles.
+        if let Some(map) = &map {
+            b.arg(map);
+        }
+        // SAFETY: buffer sizes checked above; the grid covers B*NH x ceil(T/rows) row tiles;
+        // the TMA form's map describes `qkv` itself.
         unsafe { b.launch(rows_grid(s.seq, plan.forward, s)) }?;
         Ok(())
     }
@@ -870,9 +965,11 @@ mod tests {
         for hs in TC_HEAD_SIZES {
             let kernels = tc_kernels(hs).unwrap_or_else(|| panic!("no kernels for {hs}"));
             let hopper = wgmma_kernels(hs).unwrap_or_else(|| panic!("no wgmma for {hs}"));
+            let tma = wgmma_tma_forward(hs).unwrap_or_else(|| panic!("no TMA forward for {hs}"));
             for dtype in [DType::BF16, DType::F16] {
                 names.extend(kernels.iter().map(|k| k.name(dtype)));
                 names.extend(hopper.iter().map(|k| k.name(dtype)));
+                names.push(tma.name(dtype));
             }
         }
         assert_program_defines(&PROGRAM_TC, names);

@@ -259,9 +259,10 @@ __device__ __forceinline__ void wg_mbar_expect_tx(unsigned bar, unsigned bytes) 
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
 }
 
-// A TMA tensor map as the driver encodes it (CUtensorMap: 128 bytes, 64-byte aligned), passed
-// to a kernel by value (__grid_constant__) and read only by the copy instructions.
-struct alignas(64) WgTensorMap {
+// A TMA tensor map as the driver encodes it (CUtensorMap: 128 bytes; the copies need 64-byte
+// alignment, CUDA 13 declares 128), passed to a kernel by value (__grid_constant__) and read
+// only by the copy instructions.
+struct alignas(128) WgTensorMap {
     unsigned long long opaque[16];
 };
 

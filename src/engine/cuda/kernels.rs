@@ -138,6 +138,8 @@ kernel_table! {
         AttentionBackwardDkvHs128Tc = "attention_backward_dkv" + "_hs128_tc" in [BF16, F16],
         AttentionForwardHs64Wgmma = "attention_forward" + "_hs64_wgmma" in [BF16, F16],
         AttentionForwardHs128Wgmma = "attention_forward" + "_hs128_wgmma" in [BF16, F16],
+        AttentionForwardHs64WgmmaTma = "attention_forward" + "_hs64_wgmma_tma" in [BF16, F16],
+        AttentionForwardHs128WgmmaTma = "attention_forward" + "_hs128_wgmma_tma" in [BF16, F16],
         AttentionBackwardDqHs64Wgmma = "attention_backward_dq" + "_hs64_wgmma" in [BF16, F16],
         AttentionBackwardDqHs128Wgmma = "attention_backward_dq" + "_hs128_wgmma" in [BF16, F16],
         AttentionBackwardDkvHs64Wgmma = "attention_backward_dkv" + "_hs64_wgmma" in [BF16, F16],
