@@ -23,8 +23,9 @@
 // loads of FewRowsShape::unroll chunks before their products, which keeps enough bytes in flight.
 // A block has 8 warps, or more where k would take 8 warps more than one round of those loads:
 // 16 (the `_w16` kernels) where the grid fits one block an SM, 12 (`_x2_w12`, products of 16-row
-// blocks) where it fits two (few_rows.rs, block_warps); the bounded gate/up form has 6 warps of
-// 3 chunks a round where that takes k in one round and 8 warps of 2 would not (`_grouped6`).
+// blocks) where it fits two (few_rows.rs, block_warps); gate/up calls of 16-row blocks that
+// 16 warps do not take have 6 warps of 3 chunks a round where that takes k in one round and 8
+// warps of 2 would not (`_grouped6`).
 //
 // The warps' partial tiles are summed in shared memory in warp order (no atomics: the result
 // does not depend on scheduling), then the epilogue writes, adds into y, or (fused) scales gate
@@ -282,9 +283,10 @@ __device__ __forceinline__ void few_rows(typename Ops::elem* __restrict__ y,
         few_rows<OPS, 2, 2, true>(h, x, w, m, f, k, 0, eps, prefetch);                                \
     }
 
-// The grouped gate/up form in blocks of 6 warps taking 3 chunks a round, bounded to three
-// blocks an SM: where 8 warps of 2 chunks a round leave 2 of the 8 a second round (k of 544 or
-// 576: SmolLM2-135M's 18 chunks), the 6 warps take k in one (few_rows.rs, six_warps).
+// The gate/up form of 16-row blocks in blocks of 6 warps taking 3 chunks a round, bounded to
+// three blocks an SM: where 8 warps of 2 chunks a round leave 2 of the 8 a second round (k of
+// 544 or 576: SmolLM2-135M's 18 chunks, batches 17-64), the 6 warps take k in one (few_rows.rs,
+// six_warps).
 #define FEW_ROWS_GROUPED6_ENTRY_POINT(OPS, SUFFIX)                                                    \
     extern "C" __global__ void __launch_bounds__(FewRowsShape<2, 2, 6, 3>::warps * 32, 3)                \
         few_rows_swiglu_##SUFFIX##_grouped6(OPS::elem* h, const OPS::elem* x, const OPS::elem* w, int m,\

@@ -88,7 +88,7 @@ impl CudaBackend {
     /// `w` of `weight_rows` rows, with the form's last argument. `kernels` are the form's
     /// 8-warp kernels (indexed by [`kernel_form`]) and its 16-warp ones for 8 and 16 rows a
     /// block, `twelve` its 12-warp one if it has one ([`block_warps`] chooses), `six` its
-    /// 6-warp bounded one ([`six_warps`] chooses). `Ok(false)`: not taken (see the module's
+    /// 6-warp one ([`six_warps`] chooses). `Ok(false)`: not taken (see the module's
     /// note), nothing written.
     #[allow(clippy::too_many_arguments)]
     fn few_rows_launch<T: Elem, A: cudarc::driver::DeviceRepr>(
@@ -252,7 +252,7 @@ enum Warps {
     Sixteen,
     /// `_x2_w12`, products of 16-row blocks: two blocks an SM.
     Twelve,
-    /// `_grouped6`, the bounded gate/up form taking 3 chunks a warp a round.
+    /// `_grouped6`, gate/up blocks of 16 rows taking 3 chunks a warp a round, three an SM.
     Six,
 }
 
@@ -272,7 +272,8 @@ impl Warps {
 /// an SM) instead of 8 warps of 2: where 8 warps go round twice and 6 take k in one (17 or 18
 /// chunks: SmolLM2-135M's k of 576 at batches 17 to 64), so that no warp's second round holds up
 /// the block's reduction. Measured on an H200 (`docs/benchmarks/2026-11-30-h200/
-/// gate-up-six-warps/`): SmolLM2-135M decode +2.1% at batch 48, +0.8% at 64, the same bits.
+/// gate-up-six-warps/`): SmolLM2-135M decode +1.0% at batch 24, +1.7% at 32, +2.1% at 48 and
+/// +0.2-0.8% at 64, the same bits.
 /// `KILN_GATE_UP_SIX_WARPS=0` keeps 8 warps (for comparing the two in one build).
 fn six_warps(k: usize, tiles: (usize, usize)) -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -369,8 +370,8 @@ mod tests {
         assert_eq!(block_warps(576, (1, 2), 96, sms, false), Warps::Eight);
     }
 
-    /// The bounded gate/up form takes 6-warp blocks only where 8 warps would go round twice and
-    /// 6 take k in one round (17 or 18 chunks of 32).
+    /// Gate/up calls of 16-row blocks take 6-warp blocks only where 8 warps would go round
+    /// twice and 6 take k in one round (17 or 18 chunks of 32).
     #[test]
     fn six_warps_take_the_gate_up_calls_of_17_or_18_chunks() {
         assert!(six_warps(576, (2, 2)));
