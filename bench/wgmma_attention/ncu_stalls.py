@@ -5,6 +5,8 @@
 import csv
 import sys
 
+from ncu_source import number
+
 
 def main(path):
     rows = [r for r in csv.reader(open(path)) if len(r) > 10]
@@ -16,13 +18,12 @@ def main(path):
     stalls, pipes = [], []
     for r in rows[1:]:
         metric = r[name]
-        try:
-            v = float(r[value].replace(",", ""))
-        except ValueError:
-            continue
+        v = number(r[value])
         if metric.startswith("smsp__average_warps_issue_stalled_"):
-            reason = metric[len("smsp__average_warps_issue_stalled_"):].replace("_per_issue_active.ratio", "")
-            stalls.append((v, reason))
+            # Each reason comes as `.ratio` (warps per issued instruction), `.pct` and `.max_rate`.
+            reason, _, suffix = metric[len("smsp__average_warps_issue_stalled_"):].partition("_per_issue_active")
+            if suffix == ".ratio":
+                stalls.append((v, reason))
         elif metric.startswith(("sm__pipe_", "sm__inst_executed_pipe_")):
             pipes.append((v, metric))
         elif metric == "gpu__time_duration.sum":

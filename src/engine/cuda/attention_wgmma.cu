@@ -223,7 +223,8 @@ template <int A> __device__ __forceinline__ void wg_pin(float (&d)[A][4]) {
 __device__ __forceinline__ void wg_fence_proxy() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 // mbarrier operations on a barrier at a shared address: init (one thread, before a block
-// barrier), arrive (release), and a wait for the completion of the phase of parity `parity`.
+// barrier), arrive (release), a wait for the completion of the phase of parity `parity`, and an
+// arrival that also expects the bytes of asynchronous copies.
 __device__ __forceinline__ void wg_mbar_init(unsigned bar, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
 }
@@ -240,6 +241,10 @@ __device__ __forceinline__ void wg_mbar_wait(unsigned bar, unsigned parity) {
             : "=r"(done) : "r"(bar), "r"(parity) : "memory");
     }
 }
+// This thread's arrival on `bar`, expecting `bytes` more of copies before its phase completes.
+__device__ __forceinline__ void wg_mbar_expect_tx(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
+}
 
 // Named barriers of the consumers' turns (PP): a consumer waits on its own (3 + group) before
 // issuing a step's products and arrives on the other's (4 - group) once they are issued, so
@@ -253,10 +258,6 @@ __device__ __forceinline__ void wg_turn_wait(int group) {
 __device__ __forceinline__ void wg_turn_pass(int group) {
     if (group == 0) asm volatile("bar.arrive 4, %0;" :: "n"(2 * WG_THREADS) : "memory");
     else asm volatile("bar.arrive 3, %0;" :: "n"(2 * WG_THREADS) : "memory");
-}
-// This thread's arrival on `bar`, expecting `bytes` more of copies before its phase completes.
-__device__ __forceinline__ void wg_mbar_expect_tx(unsigned bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
 }
 
 // A TMA tensor map as the driver encodes it (CUtensorMap: 128 bytes; the copies need 64-byte
@@ -533,17 +534,19 @@ __device__ __forceinline__ void wg_forward(const typename Ops::elem* __restrict_
     // unrolled, it spilled at head size 128 with 128-key tiles).
     constexpr bool copy_after_issue = G > 1;
     constexpr int copy_unroll = copy_after_issue || STAGES == 2 ? 4 : N * HS / 8 / S::threads;
-    auto copy_tile = [&](int kt, int stage) {
-        wg_tile_copy<HS, N, S::threads, copy_unroll>(ks(stage), base + C, stride, kt * N, T);
-        wg_tile_copy<HS, N, S::threads, copy_unroll>(vs(stage), base + 2 * C, stride, kt * N, T);
-    };
-    constexpr bool two = STAGES == 2;
     auto copy_k = [&](int kt, int stage) {
         wg_tile_copy<HS, N, S::threads, copy_unroll>(ks(stage), base + C, stride, kt * N, T);
     };
     auto copy_v = [&](int kt, int stage) {
         wg_tile_copy<HS, N, S::threads, copy_unroll>(vs(stage), base + 2 * C, stride, kt * N, T);
     };
+    auto copy_tile = [&](int kt, int stage) {
+        copy_k(kt, stage);
+        copy_v(kt, stage);
+    };
+    constexpr bool two = STAGES == 2;
+    // The stage after `stage`, in turn over the stages.
+    auto next_stage = [](int stage) { return two ? stage ^ 1 : (stage == 2 ? 0 : stage + 1); };
     // TMA: a full barrier a stage (one arrival, thread 0's, with the tile's bytes).
     unsigned full0 = 0;
     if constexpr (TMA) {
@@ -600,15 +603,15 @@ __device__ __forceinline__ void wg_forward(const typename Ops::elem* __restrict_
     };
     auto start_copy = [&](int j, int stage) {
         if constexpr (TMA) {
-            if (threadIdx.x == 0 && j + 1 < tiles) tma_tile(kt0 + j + 1, stage == 2 ? 0 : stage + 1);
+            if (threadIdx.x == 0 && j + 1 < tiles) tma_tile(kt0 + j + 1, next_stage(stage));
             return;
         }
         if constexpr (two) {
             // K_{j+1} over K_{j-1} (S_{j-1} is done), V_j over V_{j-2} (O += P_{j-2} V_{j-2} is).
-            if (j + 1 < tiles) copy_k(kt0 + j + 1, stage ^ 1);
+            if (j + 1 < tiles) copy_k(kt0 + j + 1, next_stage(stage));
             copy_v(kt0 + j, stage);
         } else {
-            if (j + 1 < tiles) copy_tile(kt0 + j + 1, stage == 2 ? 0 : stage + 1);
+            if (j + 1 < tiles) copy_tile(kt0 + j + 1, next_stage(stage));
         }
         tc_commit();
     };
@@ -631,7 +634,7 @@ __device__ __forceinline__ void wg_forward(const typename Ops::elem* __restrict_
     // product untouched until its wait.
     int prev = 0;  // the stage of tile j - 1
     for (int it = 1; it < tiles; it++) {
-        const int stage = two ? prev ^ 1 : (prev == 2 ? 0 : prev + 1);
+        const int stage = next_stage(prev);
         wait_tile(it, stage);
         if constexpr (!copy_after_issue) start_copy(it, stage);
         wg_fence();
