@@ -13,7 +13,7 @@ extra=()
 if [ "${TMA:-0}" = 1 ]; then
     libcuda=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 /{print $NF; exit}')
     cuda=$(dirname "$(dirname "$(which nvcc)")")
-    if [ -n "$libcuda" ]; then extra=(-DKILN_HARNESS_TMA "$libcuda")
+    if [ -n "$libcuda" ]; then extra=(-DKILN_HARNESS_TMA -Xlinker "$libcuda")
     else extra=(-DKILN_HARNESS_TMA -L"$cuda/lib64/stubs" -lcuda); fi
 fi
 nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Xptxas -v "${extra[@]}" -o /tmp/wgmma_harness \

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The TMA-fed Hopper attention forward against the engine's cp.async one, on an sm_90 GPU:
+# The TMA-fed Hopper attention (the engine's default on sm_90) against the cp.async forms:
 #   1. the harness with TMA=1, the engine's four configurations and their `_tma` forms only:
 #      checks against the CPU, bit for bit against the engine's configuration, times beside SDPA;
 #   2. KILN's attention kernel checks with KILN_ATTENTION_TMA=1 (the engine's TMA path);
-#   3. `KILN bench kernels` attention timings at head sizes 64 and 128, T 4096, with and without
-#      KILN_ATTENTION_TMA=1, alternating twice (one binary).
+#   3. `KILN bench kernels` attention timings at head sizes 64 and 128, T 4096, with
+#      KILN_ATTENTION_TMA=0 (cp.async) and 1, alternating twice (one binary).
 #   OUT=/tmp/tma-ab bash bench/wgmma_attention/tma_ab.sh KILN
 set -u
 KILN=${1:?usage: $0 KILN}

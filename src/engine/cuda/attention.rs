@@ -89,7 +89,8 @@ pub(super) const PROGRAM_TC: Program = Program {
         "WG_TMA_ENTRY_POINT(64, 64, WgBf16, attention_forward_bf16_hs64_wgmma_tma)\n",
         "WG_TMA_ENTRY_POINT(64, 64, WgF16, attention_forward_f16_hs64_wgmma_tma)\n",
         "WG_TMA_ENTRY_POINT(128, 64, WgBf16, attention_forward_bf16_hs128_wgmma_tma)\n",
-        "WG_TMA_ENTRY_POINT(128, 64, WgF16, attention_forward_f16_hs128_wgmma_tma)\n"
+        "WG_TMA_ENTRY_POINT(128, 64, WgF16, attention_forward_f16_hs128_wgmma_tma)\n",
+        "WG_TMA_BACKWARD_ENTRY_POINTS(64, WgBf16, bf16)\nWG_TMA_BACKWARD_ENTRY_POINTS(64, WgF16, f16)\n"
     ),
     kernels: &[],
     elem_kernels: &[
@@ -106,6 +107,8 @@ pub(super) const PROGRAM_TC: Program = Program {
         ElemKernel::AttentionBackwardDqHs128Wgmma,
         ElemKernel::AttentionBackwardDkvHs128Wgmma,
         ElemKernel::AttentionForwardHs64WgmmaTma,
+        ElemKernel::AttentionBackwardDqHs64WgmmaTma,
+        ElemKernel::AttentionBackwardDkvHs64WgmmaTma,
         ElemKernel::AttentionForwardHs128WgmmaTma,
     ],
     dtypes: &[DType::BF16, DType::F16],
@@ -181,33 +184,59 @@ fn wgmma_kernels(hs: usize) -> Option<[ElemKernel; 3]> {
     }
 }
 
-/// The Hopper forward whose K and V tiles the TMA unit copies (`wg_forward`'s TMA), at head
-/// size `hs`: taken only with `KILN_ATTENTION_TMA=1` ([`attention_tma`]).
-fn wgmma_tma_forward(hs: usize) -> Option<ElemKernel> {
+/// The Hopper kernels whose streamed tiles the TMA unit copies (`wg_forward`'s and
+/// `wg_backward`'s TMA) at head size `hs`, sm_90's default unless `KILN_ATTENTION_TMA=0`
+/// ([`attention_tma`]).
+#[derive(Debug, Clone, Copy)]
+struct TmaKernels {
+    forward: ElemKernel,
+    /// dQ and dK/dV: head size 64 only. At 128 (32-row streamed tiles) the TMA backward
+    /// measured level with the threads' copies in bf16 and 3.4% slower in f16 on an H200, and
+    /// 1-1.4% slower again with four stages (docs/benchmarks/2026-11-30-h200/attention-tma).
+    backward: Option<[ElemKernel; 2]>,
+}
+
+fn wgmma_tma_kernels(hs: usize) -> Option<TmaKernels> {
+    use ElemKernel::*;
     match hs {
-        64 => Some(ElemKernel::AttentionForwardHs64WgmmaTma),
-        128 => Some(ElemKernel::AttentionForwardHs128WgmmaTma),
+        64 => Some(TmaKernels {
+            forward: AttentionForwardHs64WgmmaTma,
+            backward: Some([
+                AttentionBackwardDqHs64WgmmaTma,
+                AttentionBackwardDkvHs64WgmmaTma,
+            ]),
+        }),
+        128 => Some(TmaKernels {
+            forward: AttentionForwardHs128WgmmaTma,
+            backward: None,
+        }),
         _ => None,
     }
 }
 
-/// Whether the Hopper forward runs its TMA form (`KILN_ATTENTION_TMA=1`; off by default, for
-/// comparing the two in one build: bench/wgmma_attention has it as `wg_*_n64_tma`).
+/// Whether the Hopper kernels run their TMA forms: yes unless `KILN_ATTENTION_TMA=0`, which
+/// takes the forms whose threads copy the tiles (cp.async), to compare the two in one build
+/// (bench/wgmma_attention has the forward's as `wg_*_n64_tma`). The two give the same bits.
 fn attention_tma() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("KILN_ATTENTION_TMA").is_ok_and(|v| v == "1"))
+    *ON.get_or_init(|| std::env::var("KILN_ATTENTION_TMA").map_or(true, |v| v != "0"))
 }
 
-/// A TMA tensor map of an attention call's `qkv` ([B][T][3C] in `T`): boxes of 64 columns
-/// (128 bytes, the span of the 128-byte swizzle the products read) by `keys` rows, rows past
-/// T read as zeros. Passed by value to the TMA forward.
+/// A TMA tensor map of an attention call's `[B][T][width]` buffer of `T` (`qkv`: width 3C;
+/// `dout`: C): boxes of 64 columns (128 bytes, the span of the 128-byte swizzle the products
+/// read) by `rows` rows, rows past T read as zeros. Passed by value to the TMA kernels.
 #[repr(transparent)]
-struct QkvTensorMap(cudarc::driver::sys::CUtensorMap);
+struct RowsTensorMap(cudarc::driver::sys::CUtensorMap);
 
-// SAFETY: a plain 128-byte value, which the kernel takes by value as its last parameter.
-unsafe impl cudarc::driver::DeviceRepr for QkvTensorMap {}
+// SAFETY: a plain 128-byte value, which the kernels take by value as trailing parameters.
+unsafe impl cudarc::driver::DeviceRepr for RowsTensorMap {}
 
-fn qkv_tensor_map<T: Elem>(qkv: u64, s: AttnShape, keys: usize) -> Result<QkvTensorMap> {
+fn rows_tensor_map<T: Elem>(
+    ptr: u64,
+    width: usize,
+    s: AttnShape,
+    rows: usize,
+) -> Result<RowsTensorMap> {
     use cudarc::driver::sys;
     let dtype = match T::DTYPE {
         DType::BF16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
@@ -215,25 +244,26 @@ fn qkv_tensor_map<T: Elem>(qkv: u64, s: AttnShape, keys: usize) -> Result<QkvTen
         DType::F32 => {
             return Err(CudaError::Shape {
                 op: "attention_forward",
-                detail: "the TMA forward takes bf16 and f16".into(),
+                detail: "the TMA kernels take bf16 and f16".into(),
             });
         }
     };
-    let row = (3 * s.channels * std::mem::size_of::<T>()) as u64;
-    let dims = [3 * s.channels as u64, s.seq as u64, s.batch as u64];
+    let row = (width * std::mem::size_of::<T>()) as u64;
+    let dims = [width as u64, s.seq as u64, s.batch as u64];
     let strides = [row, row * s.seq as u64];
-    let boxes = [64u32, keys as u32, 1];
+    let boxes = [64u32, rows as u32, 1];
     let unit = [1u32; 3];
     let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
-    // SAFETY: every array holds the rank's (3) entries (strides: rank - 1); `qkv` is a device
-    // buffer of B T 3C values on a 16-byte boundary (the caller's plan checks alignment), its
-    // row stride a multiple of 16 bytes (C a multiple of 64); the driver writes `map` only.
+    // SAFETY: every array holds the rank's (3) entries (strides: rank - 1); `ptr` is a device
+    // buffer of B T width values on a 16-byte boundary (the caller's plan checks alignment),
+    // its row stride a multiple of 16 bytes (width a multiple of 64); the driver writes `map`
+    // only.
     let r = unsafe {
         sys::cuTensorMapEncodeTiled(
             map.as_mut_ptr(),
             dtype,
             3,
-            qkv as *mut std::ffi::c_void,
+            ptr as *mut std::ffi::c_void,
             dims.as_ptr(),
             strides.as_ptr(),
             boxes.as_ptr(),
@@ -246,11 +276,11 @@ fn qkv_tensor_map<T: Elem>(qkv: u64, s: AttnShape, keys: usize) -> Result<QkvTen
     };
     if r != sys::CUresult::CUDA_SUCCESS {
         return Err(CudaError::Driver(format!(
-            "cuTensorMapEncodeTiled for attention's qkv ({s:?}): {r:?}"
+            "cuTensorMapEncodeTiled for an attention buffer of rows of {width} ({s:?}): {r:?}"
         )));
     }
     // SAFETY: the driver filled the map (it returned success).
-    Ok(QkvTensorMap(unsafe { map.assume_init() }))
+    Ok(RowsTensorMap(unsafe { map.assume_init() }))
 }
 
 /// A configuration of the Hopper forward (`WgShape` of attention_wgmma.cu): key tile rows,
@@ -302,15 +332,20 @@ const fn wgmma_shared(hs: usize) -> u32 {
 
 /// Dynamic shared memory of the Hopper backward at head size `hs` (`WgBackShape::bytes` of
 /// attention_wgmma.cu, which traps when launched with less): the block's two tiles of 64 rows,
-/// three stages of two streamed tiles (64 rows at head size 64, 32 at 128: `WgBackward`), all
-/// of 128-byte rows, for dK/dV each stage's queries' lse and d (f32), and 1024 bytes to align
-/// the tiles.
+/// three stages of two streamed tiles ([`wgmma_backward_rows`]), all of 128-byte rows, for
+/// dK/dV each stage's queries' lse and d (f32), and 1024 bytes to align the tiles.
 const fn wgmma_backward_shared(hs: usize, dkv: bool) -> u32 {
-    let stream = if hs == 64 { 64 } else { 32 };
+    let stream = wgmma_backward_rows(hs);
     let own = (hs / 64) * 64 * 128;
     let tile = (hs / 64) * stream * 128;
     let row_terms = if dkv { 2 * stream * 4 } else { 0 };
     (2 * own + 3 * (2 * tile + row_terms) + 1024) as u32
+}
+
+/// Rows of the tiles the Hopper backward streams (`WgBackward::stream`): 64 at head size 64,
+/// 32 at 128.
+const fn wgmma_backward_rows(hs: usize) -> usize {
+    if hs == 64 { 64 } else { 32 }
 }
 
 /// The forward, dQ and dK/dV tensor-core kernels at head size `hs`.
@@ -506,8 +541,13 @@ struct Plan {
     /// the dQ kernel records the head's largest |dO_i| and |d_i| for the dK/dV kernel's dS
     /// scales (zeroed before the dQ kernel runs).
     head_bounds: bool,
-    /// The forward takes a tensor map of `qkv` as its last parameter (the TMA form).
-    tensor_map: bool,
+    /// The TMA form of the Hopper forward: it takes a tensor map of `qkv` as its last parameter
+    /// (boxes of [`wgmma_config`]'s key rows).
+    forward_map: bool,
+    /// The TMA forms of the Hopper backward: the dQ kernel takes a tensor map of `qkv` as its
+    /// last parameter, the dK/dV kernel one of `qkv` then one of `dout` (boxes of
+    /// [`wgmma_backward_rows`]).
+    backward_maps: bool,
 }
 
 impl CudaBackend {
@@ -542,7 +582,8 @@ impl CudaBackend {
                 dkv: launch(dkv, shared.dkv),
                 tensor_cores: true,
                 head_bounds: false,
-                tensor_map: false,
+                forward_map: false,
+                backward_maps: false,
             });
         }
         if T::DTYPE != DType::F32
@@ -563,10 +604,12 @@ impl CudaBackend {
                 && let Some([forward, dq, dkv]) = wgmma_kernels(hs)
             {
                 // The backward: one warpgroup (128 threads) per 64 rows, as TC_ROWS.
-                let tma = attention_tma().then(|| wgmma_tma_forward(hs)).flatten();
+                let tma = attention_tma().then(|| wgmma_tma_kernels(hs)).flatten();
+                let forward = tma.map_or(forward, |k| k.forward);
+                let [dq, dkv] = tma.and_then(|k| k.backward).unwrap_or([dq, dkv]);
                 return Ok(Plan {
                     forward: Launch {
-                        kernel: tma.unwrap_or(forward),
+                        kernel: forward,
                         rows: wgmma_rows(hs),
                         threads: wgmma_threads(hs),
                         shared: wgmma_shared(hs),
@@ -575,7 +618,8 @@ impl CudaBackend {
                     dkv: launch(dkv, TC_ROWS, wgmma_backward_shared(hs, true)),
                     tensor_cores: true,
                     head_bounds: true,
-                    tensor_map: tma.is_some(),
+                    forward_map: tma.is_some(),
+                    backward_maps: tma.is_some_and(|k| k.backward.is_some()),
                 });
             }
             return Ok(Plan {
@@ -584,7 +628,8 @@ impl CudaBackend {
                 dkv: launch(dkv, TC_ROWS, shared.dkv),
                 tensor_cores: true,
                 head_bounds: false,
-                tensor_map: false,
+                forward_map: false,
+                backward_maps: false,
             });
         }
         let Some([forward, dq, dkv]) = cuda_core_kernels(hs) else {
@@ -614,7 +659,8 @@ impl CudaBackend {
             dkv: launch(dkv, KR),
             tensor_cores: false,
             head_bounds: false,
-            tensor_map: false,
+            forward_map: false,
+            backward_maps: false,
         })
     }
 
@@ -710,9 +756,14 @@ impl CudaBackend {
             math,
         )?;
         let f = self.attention_kernel::<T>(plan.forward)?;
-        let map = if plan.tensor_map {
+        let map = if plan.forward_map {
             let keys = wgmma_config(hs).keys;
-            Some(qkv_tensor_map::<T>(raw_ptr(qkv, &self.stream), s, keys)?)
+            Some(rows_tensor_map::<T>(
+                raw_ptr(qkv, &self.stream),
+                3 * s.channels,
+                s,
+                keys,
+            )?)
         } else {
             None
         };
@@ -802,6 +853,16 @@ impl CudaBackend {
         if plan.head_bounds && T::DTYPE == DType::F16 {
             self.stream.memset_zeros(&mut bounds)?;
         }
+        // The TMA forms' maps of the streamed tiles: K, V (dQ) and Q (dK/dV) in `qkv`, dO.
+        let maps = if plan.backward_maps {
+            let rows = wgmma_backward_rows(hs);
+            Some((
+                rows_tensor_map::<T>(raw_ptr(qkv, &self.stream), 3 * s.channels, s, rows)?,
+                rows_tensor_map::<T>(raw_ptr(dout, &self.stream), s.channels, s, rows)?,
+            ))
+        } else {
+            None
+        };
         {
             let f = self.attention_kernel::<T>(plan.dq)?;
             let mut b = self.stream.launch_builder(f);
@@ -814,8 +875,12 @@ impl CudaBackend {
                 b.arg(&mut bounds);
             }
             b.arg(&mut *dqkv).arg(&t).arg(&c).arg(&nh).arg(&w);
+            if let Some((qkv_map, _)) = &maps {
+                b.arg(qkv_map);
+            }
             // SAFETY: as above; this kernel writes the Q third of each dqkv row, `d`, and with
-            // head_bounds two words a head of `bounds` (its `2 B NH` values).
+            // head_bounds two words a head of `bounds` (its `2 B NH` values); the TMA form's map
+            // describes `qkv` itself.
             unsafe { b.launch(rows_grid(s.seq, plan.dq, s)) }?;
         }
         let f = self.attention_kernel::<T>(plan.dkv)?;
@@ -827,7 +892,11 @@ impl CudaBackend {
             b.arg(&mut bounds);
         }
         b.arg(dqkv).arg(&t).arg(&c).arg(&nh).arg(&w);
-        // SAFETY: as above; this kernel writes only the K and V thirds of each dqkv row.
+        if let Some((qkv_map, dout_map)) = &maps {
+            b.arg(qkv_map).arg(dout_map);
+        }
+        // SAFETY: as above; this kernel writes only the K and V thirds of each dqkv row; the
+        // TMA form's maps describe `qkv` and `dout` themselves.
         unsafe { b.launch(rows_grid(s.seq, plan.dkv, s)) }?;
         Ok(())
     }
@@ -952,7 +1021,9 @@ mod tests {
         );
         for hs in TC_HEAD_SIZES {
             for dkv in [false, true] {
-                assert!(2 * (wgmma_backward_shared(hs, dkv) + 1024) <= 228 << 10);
+                // Two blocks, each with the 1 KiB the driver reserves and the TMA forms' static
+                // barriers.
+                assert!(2 * (wgmma_backward_shared(hs, dkv) + 1024 + 64) <= 228 << 10);
             }
         }
     }
@@ -965,11 +1036,12 @@ mod tests {
         for hs in TC_HEAD_SIZES {
             let kernels = tc_kernels(hs).unwrap_or_else(|| panic!("no kernels for {hs}"));
             let hopper = wgmma_kernels(hs).unwrap_or_else(|| panic!("no wgmma for {hs}"));
-            let tma = wgmma_tma_forward(hs).unwrap_or_else(|| panic!("no TMA forward for {hs}"));
+            let tma = wgmma_tma_kernels(hs).unwrap_or_else(|| panic!("no TMA kernels for {hs}"));
             for dtype in [DType::BF16, DType::F16] {
                 names.extend(kernels.iter().map(|k| k.name(dtype)));
                 names.extend(hopper.iter().map(|k| k.name(dtype)));
-                names.push(tma.name(dtype));
+                names.push(tma.forward.name(dtype));
+                names.extend(tma.backward.iter().flatten().map(|k| k.name(dtype)));
             }
         }
         assert_program_defines(&PROGRAM_TC, names);

@@ -488,7 +488,7 @@ __device__ __forceinline__ void wg_store_output(const float (&o)[HS / 8][4], con
 // With TMA (one warpgroup, three stages) thread 0 has the TMA unit copy each K and V tile
 // (`map`: qkv as [B][T][3C], boxes of 64 columns by N rows, the 128-byte swizzle) and every
 // thread waits on the stage's mbarrier, in place of each thread's cp.async copies and their
-// address arithmetic (a measured configuration of bench/wgmma_attention, not the engine's).
+// address arithmetic (the engine's on sm_90 unless KILN_ATTENTION_TMA=0; the same bits).
 template <class Ops, int HS, int N, int G, bool QS, int STAGES = 3, bool TMA = false>
 __device__ __forceinline__ void wg_forward(const typename Ops::elem* __restrict__ qkv,
                                            typename Ops::elem* __restrict__ out,
@@ -991,14 +991,19 @@ template <int HS, int N, bool DKV> struct WgBackShape {
     static_assert(bytes <= 113 * 1024, "two blocks fit an SM's shared memory");
 };
 
-template <class Ops, int HS, int N, bool DKV>
+// With TMA thread 0 has the TMA unit copy each streamed tile (`map_y`: qkv as [B][T][3C], for
+// dQ K and V, for dK/dV Q; `map_g`: dout as [B][T][C], dK/dV's dO; boxes of 64 columns by N
+// rows, the 128-byte swizzle), and every thread waits on the stage's mbarrier; dK/dV's lse and
+// d and the block's own tiles stay cp.async copies.
+template <class Ops, int HS, int N, bool DKV, bool TMA = false>
 __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict__ qkv,
                                             const typename Ops::elem* __restrict__ out,
                                             const typename Ops::elem* __restrict__ dout,
                                             const float* __restrict__ lse, float* __restrict__ d,
                                             unsigned* __restrict__ bounds,
                                             typename Ops::elem* __restrict__ dqkv, int T, int C,
-                                            int NH, int W) {
+                                            int NH, int W, const WgTensorMap* map_y = nullptr,
+                                            const WgTensorMap* map_g = nullptr) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     typedef WgBackShape<HS, N, DKV> S;
     typedef typename Ops::elem E;
@@ -1047,23 +1052,61 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
         wg_tile_copy<HS, WG_ROWS, WG_THREADS>(x1, base, stride, r0, T);
         wg_tile_copy<HS, WG_ROWS, WG_THREADS>(x2, gbase, C, r0, T);
     }
+    // dK/dV: the lse and d of tile j's queries.
+    auto copy_row_terms = [&](int j, int stage) {
+        const int s0 = (first + j) * N;
+        for (int i = threadIdx.x; i < N; i += WG_THREADS) {
+            const bool in = s0 + i < T;
+            const size_t at = lse_row + (in ? s0 + i : 0);
+            tc_copy_async4(lses(stage) + i, lse + at, in);
+            tc_copy_async4(ds(stage) + i, d + at, in);
+        }
+    };
     auto copy_tile = [&](int j, int stage) {
         const int s0 = (first + j) * N;
         if constexpr (DKV) {
             wg_tile_copy<HS, N, WG_THREADS>(y1(stage), base, stride, s0, T);
             wg_tile_copy<HS, N, WG_THREADS>(y2(stage), gbase, C, s0, T);
-            for (int i = threadIdx.x; i < N; i += WG_THREADS) {
-                const bool in = s0 + i < T;
-                const size_t at = lse_row + (in ? s0 + i : 0);
-                tc_copy_async4(lses(stage) + i, lse + at, in);
-                tc_copy_async4(ds(stage) + i, d + at, in);
-            }
+            copy_row_terms(j, stage);
         } else {
             wg_tile_copy<HS, N, WG_THREADS>(y1(stage), base + C, stride, s0, T);
             wg_tile_copy<HS, N, WG_THREADS>(y2(stage), base + 2 * C, stride, s0, T);
         }
     };
-    copy_tile(0, 0);
+    // TMA: a full barrier a stage (one arrival, thread 0's, with the tile's bytes).
+    unsigned full0 = 0;
+    if constexpr (TMA) {
+        __shared__ __align__(8) unsigned long long wg_tma_full[3];
+        full0 = tc_smem_addr(wg_tma_full);
+        if (threadIdx.x == 0) {
+            for (int i = 0; i < 3; i++) wg_mbar_init(full0 + 8 * i, 1);
+            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        }
+        __syncthreads();
+    }
+    // TMA: thread 0's copies of tile j's two streamed tiles into `stage`.
+    auto tma_tile = [&](int j, int stage) {
+        const int s0 = (first + j) * N;
+        const unsigned bar = full0 + 8 * stage;
+        wg_mbar_expect_tx(bar, 2 * S::tile);
+        #pragma unroll
+        for (int sub = 0; sub < HS / 64; sub++) {
+            const int col = h * HS + 64 * sub;
+            if constexpr (DKV) {
+                wg_tma_load_3d(y1(stage) + sub * S::sub, map_y, col, s0, b, bar);
+                wg_tma_load_3d(y2(stage) + sub * S::sub, map_g, col, s0, b, bar);
+            } else {
+                wg_tma_load_3d(y1(stage) + sub * S::sub, map_y, C + col, s0, b, bar);
+                wg_tma_load_3d(y2(stage) + sub * S::sub, map_y, 2 * C + col, s0, b, bar);
+            }
+        }
+    };
+    if constexpr (TMA) {
+        if (threadIdx.x == 0) tma_tile(0, 0);
+        if constexpr (DKV) copy_row_terms(0, 0);
+    } else {
+        copy_tile(0, 0);
+    }
     tc_commit();
 
     // dQ: the row term d_i = dO_i . O_i (from the stored output) and lse, per query row.
@@ -1118,13 +1161,25 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
     }
     constexpr bool prescaled = Ops::scaled && !DKV;
 
-    auto wait_tile = [&]() {
-        tc_wait<0>();
+    // Waits for tile j's copies (in `stage`), and for the block's own tiles at j = 0.
+    auto wait_tile = [&](int j, int stage) {
+        tc_wait<0>();  // this thread's cp.async copies
+        if constexpr (TMA) wg_mbar_wait(full0 + 8 * stage, (j / 3) & 1);  // the TMA unit's
         wg_fence_proxy();
+        // Every thread's copies of tile j are in; every thread has finished step j - 1, whose
+        // products read the stage of tile j - 2 at the latest, which tile j + 1 now fills.
         __syncthreads();
     };
     auto start_copy = [&](int j, int stage) {
-        if (j + 1 < tiles) copy_tile(j + 1, stage == 2 ? 0 : stage + 1);
+        const int next = stage == 2 ? 0 : stage + 1;
+        if constexpr (TMA) {
+            if (threadIdx.x == 0 && j + 1 < tiles) tma_tile(j + 1, next);
+            if constexpr (DKV) {
+                if (j + 1 < tiles) copy_row_terms(j + 1, next);
+            }
+        } else if (j + 1 < tiles) {
+            copy_tile(j + 1, next);
+        }
         tc_commit();
     };
     // Issues S = x1 y1^T and dP = x2 y2^T from `stage` (a k-step is 32 bytes along a swizzled
@@ -1219,7 +1274,7 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
     };
 
     // Step 0: S_0, dP_0 and their P and dS (the accumulators are still zero).
-    wait_tile();
+    wait_tile(0, 0);
     start_copy(0, 0);
     wg_fence();
     issue_s_dp(0);
@@ -1231,7 +1286,7 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
     int prev = 0;  // the stage of tile j - 1
     for (int it = 1; it < tiles; it++) {
         const int stage = prev == 2 ? 0 : prev + 1;
-        wait_tile();
+        wait_tile(it, stage);
         start_copy(it, stage);
         wg_fence();
         issue_s_dp(stage);
@@ -1303,4 +1358,20 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
         OPS::elem* dqkv, int T, int C, int NH, int W) {                                                    \
         wg_backward<OPS, HS, WgBackward<HS>::stream, true>(qkv, nullptr, dout, lse, const_cast<float*>(d), \
                                                            bounds, dqkv, T, C, NH, W);                     \
+    }
+// The backward fed by TMA (wg_backward's TMA), its tensor maps extra parameters: dQ's of qkv,
+// dK/dV's of qkv and of dout.
+#define WG_TMA_BACKWARD_ENTRY_POINTS(HS, OPS, SUFFIX)                                                            \
+    extern "C" __global__ void __launch_bounds__(WG_THREADS, 2) attention_backward_dq_##SUFFIX##_hs##HS##_wgmma_tma( \
+        const OPS::elem* qkv, const OPS::elem* out, const OPS::elem* dout, const float* lse, float* d,           \
+        unsigned* bounds, OPS::elem* dqkv, int T, int C, int NH, int W, const __grid_constant__ WgTensorMap map_y) { \
+        wg_backward<OPS, HS, WgBackward<HS>::stream, false, true>(qkv, out, dout, lse, d, bounds, dqkv, T, C, NH, \
+                                                                  W, &map_y);                                    \
+    }                                                                                                            \
+    extern "C" __global__ void __launch_bounds__(WG_THREADS, 2) attention_backward_dkv_##SUFFIX##_hs##HS##_wgmma_tma( \
+        const OPS::elem* qkv, const OPS::elem* dout, const float* lse, const float* d, unsigned* bounds,         \
+        OPS::elem* dqkv, int T, int C, int NH, int W, const __grid_constant__ WgTensorMap map_y,                 \
+        const __grid_constant__ WgTensorMap map_g) {                                                             \
+        wg_backward<OPS, HS, WgBackward<HS>::stream, true, true>(qkv, nullptr, dout, lse, const_cast<float*>(d),  \
+                                                                 bounds, dqkv, T, C, NH, W, &map_y, &map_g);     \
     }
