@@ -278,6 +278,20 @@ __device__ __forceinline__ void wg_tma_load_3d(unsigned dst, const WgTensorMap* 
         : "memory");
 }
 
+// The three full barriers of a TMA-fed pipeline, one a stage, each completed by one arrival
+// (thread 0's, with the stage's bytes) and the copies' bytes: initialised by thread 0 before a
+// block barrier; returns the first's shared address (the others follow 8 bytes apart).
+__device__ __forceinline__ unsigned wg_tma_full_barriers() {
+    __shared__ __align__(8) unsigned long long wg_tma_full[3];
+    const unsigned full0 = tc_smem_addr(wg_tma_full);
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < 3; i++) wg_mbar_init(full0 + 8 * i, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    return full0;
+}
+
 // A matrix descriptor with the 128-byte swizzle: start address, leading and stride byte
 // offsets (each in 16-byte units, 14 bits), layout type 1 in bits 62-63.
 __device__ __forceinline__ unsigned long long wg_desc(unsigned addr, unsigned lead, unsigned stride) {
@@ -549,15 +563,7 @@ __device__ __forceinline__ void wg_forward(const typename Ops::elem* __restrict_
     auto next_stage = [](int stage) { return two ? stage ^ 1 : (stage == 2 ? 0 : stage + 1); };
     // TMA: a full barrier a stage (one arrival, thread 0's, with the tile's bytes).
     unsigned full0 = 0;
-    if constexpr (TMA) {
-        __shared__ __align__(8) unsigned long long wg_tma_full[3];
-        full0 = tc_smem_addr(wg_tma_full);
-        if (threadIdx.x == 0) {
-            for (int i = 0; i < 3; i++) wg_mbar_init(full0 + 8 * i, 1);
-            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        }
-        __syncthreads();
-    }
+    if constexpr (TMA) full0 = wg_tma_full_barriers();
     auto tma_tile = [&](int kt, int stage) {
         const unsigned bar = full0 + 8 * stage;
         wg_mbar_expect_tx(bar, 2 * S::tile);
@@ -1075,15 +1081,7 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
     };
     // TMA: a full barrier a stage (one arrival, thread 0's, with the tile's bytes).
     unsigned full0 = 0;
-    if constexpr (TMA) {
-        __shared__ __align__(8) unsigned long long wg_tma_full[3];
-        full0 = tc_smem_addr(wg_tma_full);
-        if (threadIdx.x == 0) {
-            for (int i = 0; i < 3; i++) wg_mbar_init(full0 + 8 * i, 1);
-            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        }
-        __syncthreads();
-    }
+    if constexpr (TMA) full0 = wg_tma_full_barriers();
     // TMA: thread 0's copies of tile j's two streamed tiles into `stage`.
     auto tma_tile = [&](int j, int stage) {
         const int s0 = (first + j) * N;
