@@ -550,6 +550,46 @@ struct Plan {
     backward_maps: bool,
 }
 
+impl Plan {
+    /// The same call on the Hopper kernels whose threads copy the tiles (the launch shapes are
+    /// the TMA forms'), for when a tensor map cannot be encoded.
+    fn without_tma(self, hs: usize) -> Plan {
+        let Some([forward, dq, dkv]) = wgmma_kernels(hs) else {
+            return self;
+        };
+        Plan {
+            forward: Launch {
+                kernel: forward,
+                ..self.forward
+            },
+            dq: Launch {
+                kernel: dq,
+                ..self.dq
+            },
+            dkv: Launch {
+                kernel: dkv,
+                ..self.dkv
+            },
+            forward_map: false,
+            backward_maps: false,
+            ..self
+        }
+    }
+}
+
+/// Says once per process, on standard error, that attention leaves its TMA forms because a
+/// tensor map could not be encoded, and why.
+fn note_tma_fallback(e: &CudaError) {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| {
+        eprintln!(
+            "note: attention runs its Hopper kernels with the threads copying the tiles, because \
+             the TMA unit's tensor map could not be encoded ({e}); KILN_ATTENTION_TMA=0 takes \
+             that path without trying"
+        )
+    });
+}
+
 impl CudaBackend {
     /// Whether attention with head size `head_size` runs on the tensor cores here, whatever
     /// the activations' type: head size 64 or 128 on sm_80+ (16-bit `mma.sync` for bf16 and
@@ -750,23 +790,23 @@ impl CudaBackend {
             s.batch * s.seq * s.channels,
         )?;
         check_len("attention_forward", "lse", lse, s.batch * s.heads * s.seq)?;
-        let plan = self.attention_plan::<T>(
+        let mut plan = self.attention_plan::<T>(
             hs,
             &[raw_ptr(qkv, &self.stream), raw_ptr(out, &self.stream)],
             math,
         )?;
-        let f = self.attention_kernel::<T>(plan.forward)?;
-        let map = if plan.forward_map {
+        let mut map = None;
+        if plan.forward_map {
             let keys = wgmma_config(hs).keys;
-            Some(rows_tensor_map::<T>(
-                raw_ptr(qkv, &self.stream),
-                3 * s.channels,
-                s,
-                keys,
-            )?)
-        } else {
-            None
-        };
+            match rows_tensor_map::<T>(raw_ptr(qkv, &self.stream), 3 * s.channels, s, keys) {
+                Ok(m) => map = Some(m),
+                Err(e) => {
+                    note_tma_fallback(&e);
+                    plan = plan.without_tma(hs);
+                }
+            }
+        }
+        let f = self.attention_kernel::<T>(plan.forward)?;
         let mut b = self.stream.launch_builder(f);
         b.arg(qkv)
             .arg(out)
@@ -836,7 +876,7 @@ impl CudaBackend {
             s.batch * s.seq * s.channels,
         )?;
         check_len("attention_backward", "lse", lse, rows)?;
-        let plan = self.attention_plan::<T>(
+        let mut plan = self.attention_plan::<T>(
             hs,
             &[
                 raw_ptr(dqkv, &self.stream),
@@ -854,15 +894,22 @@ impl CudaBackend {
             self.stream.memset_zeros(&mut bounds)?;
         }
         // The TMA forms' maps of the streamed tiles: K, V (dQ) and Q (dK/dV) in `qkv`, dO.
-        let maps = if plan.backward_maps {
+        let mut maps = None;
+        if plan.backward_maps {
             let rows = wgmma_backward_rows(hs);
-            Some((
-                rows_tensor_map::<T>(raw_ptr(qkv, &self.stream), 3 * s.channels, s, rows)?,
-                rows_tensor_map::<T>(raw_ptr(dout, &self.stream), s.channels, s, rows)?,
-            ))
-        } else {
-            None
-        };
+            let encoded = rows_tensor_map::<T>(raw_ptr(qkv, &self.stream), 3 * s.channels, s, rows)
+                .and_then(|q| {
+                    let g = rows_tensor_map::<T>(raw_ptr(dout, &self.stream), s.channels, s, rows)?;
+                    Ok((q, g))
+                });
+            match encoded {
+                Ok(m) => maps = Some(m),
+                Err(e) => {
+                    note_tma_fallback(&e);
+                    plan = plan.without_tma(hs);
+                }
+            }
+        }
         {
             let f = self.attention_kernel::<T>(plan.dq)?;
             let mut b = self.stream.launch_builder(f);
@@ -1031,6 +1078,41 @@ mod tests {
                     2 * (wgmma_backward_shared(hs, dkv) + 1024 + TMA_STATIC_SHARED) <= 228 << 10
                 );
             }
+        }
+    }
+
+    /// Where a tensor map cannot be encoded, a TMA plan falls back to the kernels whose threads
+    /// copy the tiles, with the same launch shapes and no maps.
+    #[test]
+    fn a_tma_plan_without_tma_takes_the_threads_copies() {
+        for hs in TC_HEAD_SIZES {
+            let tma = wgmma_tma_kernels(hs).unwrap_or_else(|| panic!("no TMA kernels for {hs}"));
+            let [forward, dq, dkv] = wgmma_kernels(hs).unwrap_or_else(|| panic!("none for {hs}"));
+            let [tma_dq, tma_dkv] = tma.backward.unwrap_or([dq, dkv]);
+            let launch = |kernel, shared| Launch {
+                kernel,
+                rows: TC_ROWS,
+                threads: TC_THREADS,
+                shared,
+            };
+            let plan = Plan {
+                forward: launch(tma.forward, wgmma_shared(hs)),
+                dq: launch(tma_dq, wgmma_backward_shared(hs, false)),
+                dkv: launch(tma_dkv, wgmma_backward_shared(hs, true)),
+                tensor_cores: true,
+                head_bounds: true,
+                forward_map: true,
+                backward_maps: tma.backward.is_some(),
+            };
+            let back = plan.without_tma(hs);
+            assert_eq!(
+                [back.forward.kernel, back.dq.kernel, back.dkv.kernel],
+                [forward, dq, dkv]
+            );
+            assert!(!back.forward_map && !back.backward_maps);
+            assert!(back.tensor_cores && back.head_bounds);
+            assert_eq!(back.forward.shared, wgmma_shared(hs));
+            assert_eq!(back.dkv.shared, wgmma_backward_shared(hs, true));
         }
     }
 
