@@ -408,36 +408,25 @@ pub fn run(o: &ClassifyOptions) -> Result<Outcome> {
         let mut fold_results = Vec::with_capacity(k);
         let mut confusion = vec![vec![0; n_classes]; n_classes];
         for (f, fold_counts) in counts.iter().enumerate() {
-            let test: Vec<usize> = (0..labels.len()).filter(|&i| assignment[i] == f).collect();
-            let rest: Vec<usize> = (0..labels.len()).filter(|&i| assignment[i] != f).collect();
-            // Early stopping watches a grouped part of the training side, never the test fold.
-            let (inner_train, inner_val) =
-                early_stopping_split(&rest, &labels, &groups, n_classes, o.head.seed);
-            let trained = head::train(&x, d, &labels, n_classes, &inner_train, &inner_val, &o.head);
-            let probs = trained.predict_proba(&x, d, &test);
-            let test_labels: Vec<usize> = test.iter().map(|&i| labels[i]).collect();
-            let m = metrics::evaluate(&probs, &test_labels, n_classes);
-            for (row, add) in confusion.iter_mut().zip(&m.confusion) {
-                row.iter_mut().zip(add).for_each(|(a, b)| *a += b);
-            }
-            eprintln!(
-                "fold {}/{k}: {} test records, accuracy {:.3}, macro-F1 {:.3}, ROC-AUC {}",
-                f + 1,
-                test.len(),
-                m.accuracy,
-                m.f1,
-                m.roc_auc.map_or("-".into(), |a| format!("{a:.3}"))
+            let sides = FoldSides::new(&assignment, f, &labels, &groups, n_classes, o.head.seed);
+            let trained = head::train(
+                &x,
+                d,
+                &labels,
+                n_classes,
+                &sides.train,
+                &sides.early_stopping,
+                &o.head,
             );
-            fold_results.push(FoldResult {
-                fold: f + 1,
-                train_records: inner_train.len(),
-                early_stopping_records: inner_val.len(),
-                test_records: test.len(),
-                test_class_counts: fold_counts.clone(),
-                epochs_run: trained.epochs_run,
-                best_epoch: trained.best_epoch,
-                metrics: m,
-            });
+            let probs = trained.predict_proba(&x, d, &sides.test);
+            fold_results.push(sides.score(
+                (f, k),
+                &probs,
+                &labels,
+                fold_counts,
+                (trained.epochs_run, trained.best_epoch),
+                &mut confusion,
+            ));
         }
         let head_seconds = start.elapsed().as_secs_f64();
         (
@@ -543,41 +532,29 @@ fn finetune_folds(
     let mut fold_results = Vec::with_capacity(k);
     let mut confusion = vec![vec![0; n_classes]; n_classes];
     for (f, fold_counts) in counts.iter().enumerate() {
-        let test: Vec<usize> = (0..labels.len()).filter(|&i| assignment[i] == f).collect();
-        let rest: Vec<usize> = (0..labels.len()).filter(|&i| assignment[i] != f).collect();
-        let (inner_train, inner_val) =
-            early_stopping_split(&rest, labels, groups, n_classes, o.head.seed);
+        let sides = FoldSides::new(assignment, f, labels, groups, n_classes, o.head.seed);
         eprintln!(
             "fold {}/{k}: fine-tuning on {} records",
             f + 1,
-            inner_train.len()
+            sides.train.len()
         );
-        let trained =
-            finetune::train_fold(&setup, &inputs, labels, n_classes, &inner_train, &inner_val)?;
-        let probs = finetune::predict(&trained, &inputs, &test, o.batch_size)?;
-        let test_labels: Vec<usize> = test.iter().map(|&i| labels[i]).collect();
-        let m = metrics::evaluate(&probs, &test_labels, n_classes);
-        for (row, add) in confusion.iter_mut().zip(&m.confusion) {
-            row.iter_mut().zip(add).for_each(|(a, b)| *a += b);
-        }
-        eprintln!(
-            "fold {}/{k}: {} test records, accuracy {:.3}, macro-F1 {:.3}, ROC-AUC {}",
-            f + 1,
-            test.len(),
-            m.accuracy,
-            m.f1,
-            m.roc_auc.map_or("-".into(), |a| format!("{a:.3}"))
-        );
-        fold_results.push(FoldResult {
-            fold: f + 1,
-            train_records: inner_train.len(),
-            early_stopping_records: inner_val.len(),
-            test_records: test.len(),
-            test_class_counts: fold_counts.clone(),
-            epochs_run: trained.epochs_run,
-            best_epoch: trained.best_epoch,
-            metrics: m,
-        });
+        let trained = finetune::train_fold(
+            &setup,
+            &inputs,
+            labels,
+            n_classes,
+            &sides.train,
+            &sides.early_stopping,
+        )?;
+        let probs = finetune::predict(&trained, &inputs, &sides.test, o.batch_size)?;
+        fold_results.push(sides.score(
+            (f, k),
+            &probs,
+            labels,
+            fold_counts,
+            (trained.epochs_run, trained.best_epoch),
+            &mut confusion,
+        ));
     }
     let cache = CacheUse {
         key: String::new(),
@@ -595,6 +572,72 @@ fn finetune_folds(
         fold_results,
         confusion,
     ))
+}
+
+/// The records of one fold: its test fold, and the rest split into the records a head trains
+/// on and those early stopping watches (a grouped part of the training side, never the test
+/// fold).
+struct FoldSides {
+    test: Vec<usize>,
+    train: Vec<usize>,
+    early_stopping: Vec<usize>,
+}
+
+impl FoldSides {
+    fn new(
+        assignment: &[usize],
+        fold: usize,
+        labels: &[usize],
+        groups: &[usize],
+        n_classes: usize,
+        seed: u64,
+    ) -> FoldSides {
+        let (test, rest): (Vec<usize>, Vec<usize>) =
+            (0..labels.len()).partition(|&i| assignment[i] == fold);
+        let (train, early_stopping) = early_stopping_split(&rest, labels, groups, n_classes, seed);
+        FoldSides {
+            test,
+            train,
+            early_stopping,
+        }
+    }
+
+    /// Scores the probabilities predicted for the test fold (fold `f` of `k`): adds its
+    /// confusion matrix into `confusion`, prints its line, and returns its result with the
+    /// fold's class counts and its head's (epochs run, best epoch).
+    fn score(
+        &self,
+        (f, k): (usize, usize),
+        probs: &[f32],
+        labels: &[usize],
+        class_counts: &[usize],
+        (epochs_run, best_epoch): (usize, usize),
+        confusion: &mut [Vec<usize>],
+    ) -> FoldResult {
+        let test_labels: Vec<usize> = self.test.iter().map(|&i| labels[i]).collect();
+        let m = metrics::evaluate(probs, &test_labels, confusion.len());
+        for (row, add) in confusion.iter_mut().zip(&m.confusion) {
+            row.iter_mut().zip(add).for_each(|(a, b)| *a += b);
+        }
+        eprintln!(
+            "fold {}/{k}: {} test records, accuracy {:.3}, macro-F1 {:.3}, ROC-AUC {}",
+            f + 1,
+            self.test.len(),
+            m.accuracy,
+            m.f1,
+            m.roc_auc.map_or("-".into(), |a| format!("{a:.3}"))
+        );
+        FoldResult {
+            fold: f + 1,
+            train_records: self.train.len(),
+            early_stopping_records: self.early_stopping.len(),
+            test_records: self.test.len(),
+            test_class_counts: class_counts.to_vec(),
+            epochs_run,
+            best_epoch,
+            metrics: m,
+        }
+    }
 }
 
 /// Splits the training side `rest` into the rows a head trains on and a grouped, stratified
