@@ -2006,6 +2006,57 @@ fn us(ms: f64) -> String {
     format!("{:.1}", ms * 1e3)
 }
 
+/// How far an engine's `K_forward+backward` time may stray from its `K_forward` plus
+/// `K_backward` before the report says so.
+const PAIR_TOLERANCE: f64 = 0.2;
+
+/// Notes on the rows whose `K_forward+backward` time, for kiln or for PyTorch, differs by more
+/// than [`PAIR_TOLERANCE`] from the same engine's `K_forward` plus `K_backward` at that type and
+/// size. The three are timed apart; such a gap (host time of eager launches at small sizes,
+/// work one timing shares and the other repeats) makes that size's speedups less telling, and
+/// the combined row the one to read.
+fn pair_consistency_notes(rows: &[Row]) -> Vec<String> {
+    let mut notes = Vec::new();
+    for both in rows
+        .iter()
+        .filter(|r| r.kernel.ends_with("_forward+backward"))
+    {
+        let base = both.kernel.trim_end_matches("_forward+backward");
+        let find = |suffix: &str| {
+            let kernel = format!("{base}{suffix}");
+            rows.iter()
+                .find(|r| r.kernel == kernel && r.dtype == both.dtype && r.size == both.size)
+        };
+        let (Some(f), Some(b)) = (find("_forward"), find("_backward")) else {
+            continue;
+        };
+        let engines = [
+            ("kiln", Some(both.ms), Some(f.ms), Some(b.ms)),
+            ("PyTorch", both.pytorch_ms, f.pytorch_ms, b.pytorch_ms),
+        ];
+        for (engine, whole, fwd, bwd) in engines {
+            let (Some(whole), Some(fwd), Some(bwd)) = (whole, fwd, bwd) else {
+                continue;
+            };
+            let ratio = whole / (fwd + bwd);
+            if (ratio - 1.0).abs() > PAIR_TOLERANCE {
+                notes.push(format!(
+                    "{engine}'s {} {} at {} rows took {} us, {ratio:.2}x its forward plus \
+                     backward ({} + {} us), timed apart: at this size read the combined row's \
+                     speedup rather than the forward's and backward's",
+                    both.kernel,
+                    both.dtype,
+                    both.size,
+                    us(whole),
+                    us(fwd),
+                    us(bwd)
+                ));
+            }
+        }
+    }
+    notes
+}
+
 fn achieved(r: &Row) -> String {
     if r.achieved_unit == "GB/s" {
         format!("{:.0} GB/s", r.achieved)
@@ -2316,8 +2367,13 @@ fn write_report(mut report: Report, a: &BenchKernelsArgs, mut o: Outcome) -> Res
             report.plot(&name, &plot)?;
         }
     }
-    for n in &o.notes {
-        report.note(n.clone());
+    for n in o
+        .notes
+        .iter()
+        .cloned()
+        .chain(pair_consistency_notes(&o.rows))
+    {
+        report.note(n);
     }
     for s in &o.skipped {
         report.skip(s.clone());
@@ -2430,6 +2486,41 @@ mod tests {
         tf32_tflops: 350.0,
         fp32_tflops: 50.0,
     };
+
+    #[test]
+    fn a_combined_row_far_from_its_parts_gets_a_note() {
+        let row = |kernel: &str, ms: f64, pytorch_ms: f64| {
+            let mut r = make_row(
+                Entry::compute(kernel, kernel, "bf16", 4096, "x".into(), 1e9, Math::Bf16),
+                ms,
+                1,
+                &CEILINGS,
+            );
+            r.pytorch_ms = Some(pytorch_ms);
+            r
+        };
+        // kiln: 0.12 ms against 0.03 + 0.09 (consistent); PyTorch: 0.35 against 0.07 + 0.16.
+        let mut rows = vec![
+            row("attention_forward", 0.03, 0.07),
+            row("attention_backward", 0.09, 0.16),
+            row("attention_forward+backward", 0.12, 0.35),
+        ];
+        let notes = pair_consistency_notes(&rows);
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(
+            notes[0].starts_with(
+                "PyTorch's attention_forward+backward bf16 at 4096 rows took 350.0 us, 1.52x"
+            ),
+            "{}",
+            notes[0]
+        );
+        // Within a fifth on both sides: no note; another size's parts are not this size's.
+        rows[2].pytorch_ms = Some(0.25);
+        assert!(pair_consistency_notes(&rows).is_empty());
+        rows[1].size = 8192;
+        rows[2].pytorch_ms = Some(0.35);
+        assert!(pair_consistency_notes(&rows).is_empty());
+    }
 
     #[test]
     fn rows_get_rates_fractions_and_speedups() {
