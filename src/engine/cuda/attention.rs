@@ -541,16 +541,30 @@ struct Plan {
     /// the dQ kernel records the head's largest |dO_i| and |d_i| for the dK/dV kernel's dS
     /// scales (zeroed before the dQ kernel runs).
     head_bounds: bool,
-    /// The TMA form of the Hopper forward: it takes a tensor map of `qkv` as its last parameter
-    /// (boxes of [`wgmma_config`]'s key rows).
-    forward_map: bool,
-    /// The TMA forms of the Hopper backward: the dQ kernel takes a tensor map of `qkv` as its
-    /// last parameter, the dK/dV kernel one of `qkv` then one of `dout` (boxes of
-    /// [`wgmma_backward_rows`]).
-    backward_maps: bool,
+}
+
+/// Whether `kernel` is one of the TMA forms ([`wgmma_tma_kernels`]), which take tensor maps.
+fn is_tma_kernel(kernel: ElemKernel) -> bool {
+    TC_HEAD_SIZES
+        .iter()
+        .filter_map(|&hs| wgmma_tma_kernels(hs))
+        .any(|k| k.forward == kernel || k.backward.is_some_and(|b| b.contains(&kernel)))
 }
 
 impl Plan {
+    /// The forward is the TMA form: it takes a tensor map of `qkv` as its last parameter
+    /// (boxes of [`wgmma_config`]'s key rows).
+    fn forward_map(&self) -> bool {
+        is_tma_kernel(self.forward.kernel)
+    }
+
+    /// The backward is the TMA form: the dQ kernel takes a tensor map of `qkv` as its last
+    /// parameter, the dK/dV kernel one of `qkv` then one of `dout` (boxes of
+    /// [`wgmma_backward_rows`]).
+    fn backward_maps(&self) -> bool {
+        is_tma_kernel(self.dq.kernel)
+    }
+
     /// The same call on the Hopper kernels whose threads copy the tiles (the launch shapes are
     /// the TMA forms'), for when a tensor map cannot be encoded.
     fn without_tma(self, hs: usize) -> Plan {
@@ -570,8 +584,6 @@ impl Plan {
                 kernel: dkv,
                 ..self.dkv
             },
-            forward_map: false,
-            backward_maps: false,
             ..self
         }
     }
@@ -622,8 +634,6 @@ impl CudaBackend {
                 dkv: launch(dkv, shared.dkv),
                 tensor_cores: true,
                 head_bounds: false,
-                forward_map: false,
-                backward_maps: false,
             });
         }
         if T::DTYPE != DType::F32
@@ -658,8 +668,6 @@ impl CudaBackend {
                     dkv: launch(dkv, TC_ROWS, wgmma_backward_shared(hs, true)),
                     tensor_cores: true,
                     head_bounds: true,
-                    forward_map: tma.is_some(),
-                    backward_maps: tma.is_some_and(|k| k.backward.is_some()),
                 });
             }
             return Ok(Plan {
@@ -668,8 +676,6 @@ impl CudaBackend {
                 dkv: launch(dkv, TC_ROWS, shared.dkv),
                 tensor_cores: true,
                 head_bounds: false,
-                forward_map: false,
-                backward_maps: false,
             });
         }
         let Some([forward, dq, dkv]) = cuda_core_kernels(hs) else {
@@ -699,8 +705,6 @@ impl CudaBackend {
             dkv: launch(dkv, KR),
             tensor_cores: false,
             head_bounds: false,
-            forward_map: false,
-            backward_maps: false,
         })
     }
 
@@ -796,7 +800,7 @@ impl CudaBackend {
             math,
         )?;
         let mut map = None;
-        if plan.forward_map {
+        if plan.forward_map() {
             let keys = wgmma_config(hs).keys;
             match rows_tensor_map::<T>(raw_ptr(qkv, &self.stream), 3 * s.channels, s, keys) {
                 Ok(m) => map = Some(m),
@@ -895,7 +899,7 @@ impl CudaBackend {
         }
         // The TMA forms' maps of the streamed tiles: K, V (dQ) and Q (dK/dV) in `qkv`, dO.
         let mut maps = None;
-        if plan.backward_maps {
+        if plan.backward_maps() {
             let rows = wgmma_backward_rows(hs);
             let encoded = rows_tensor_map::<T>(raw_ptr(qkv, &self.stream), 3 * s.channels, s, rows)
                 .and_then(|q| {
@@ -1101,15 +1105,14 @@ mod tests {
                 dkv: launch(tma_dkv, wgmma_backward_shared(hs, true)),
                 tensor_cores: true,
                 head_bounds: true,
-                forward_map: true,
-                backward_maps: tma.backward.is_some(),
             };
+            assert!(plan.forward_map() && plan.backward_maps() == tma.backward.is_some());
             let back = plan.without_tma(hs);
             assert_eq!(
                 [back.forward.kernel, back.dq.kernel, back.dkv.kernel],
                 [forward, dq, dkv]
             );
-            assert!(!back.forward_map && !back.backward_maps);
+            assert!(!back.forward_map() && !back.backward_maps());
             assert!(back.tensor_cores && back.head_bounds);
             assert_eq!(back.forward.shared, wgmma_shared(hs));
             assert_eq!(back.dkv.shared, wgmma_backward_shared(hs, true));

@@ -278,6 +278,21 @@ __device__ __forceinline__ void wg_tma_load_3d(unsigned dst, const WgTensorMap* 
         : "memory");
 }
 
+// Thread 0's TMA copies of two tiles of HS columns, from row r of batch b: into dst1 from
+// column col1 of map1 and into dst2 from col2 of map2, HS / 64 sub-tiles of `sub` bytes each,
+// counted on the stage's barrier `bar`, which this arrival tells to expect their `bytes`.
+template <int HS>
+__device__ __forceinline__ void wg_tma_tile_pair(unsigned bar, unsigned bytes, int sub, int r, int b, unsigned dst1,
+                                                 const WgTensorMap* map1, int col1, unsigned dst2,
+                                                 const WgTensorMap* map2, int col2) {
+    wg_mbar_expect_tx(bar, bytes);
+    #pragma unroll
+    for (int i = 0; i < HS / 64; i++) {
+        wg_tma_load_3d(dst1 + i * sub, map1, col1 + 64 * i, r, b, bar);
+        wg_tma_load_3d(dst2 + i * sub, map2, col2 + 64 * i, r, b, bar);
+    }
+}
+
 // The three full barriers of a TMA-fed pipeline, one a stage, each completed by one arrival
 // (thread 0's, with the stage's bytes) and the copies' bytes: initialised by thread 0 before a
 // block barrier; returns the first's shared address (the others follow 8 bytes apart).
@@ -565,13 +580,8 @@ __device__ __forceinline__ void wg_forward(const typename Ops::elem* __restrict_
     unsigned full0 = 0;
     if constexpr (TMA) full0 = wg_tma_full_barriers();
     auto tma_tile = [&](int kt, int stage) {
-        const unsigned bar = full0 + 8 * stage;
-        wg_mbar_expect_tx(bar, 2 * S::tile);
-        #pragma unroll
-        for (int sub = 0; sub < HS / 64; sub++) {
-            wg_tma_load_3d(ks(stage) + sub * S::sub, map, C + h * HS + 64 * sub, kt * N, b, bar);
-            wg_tma_load_3d(vs(stage) + sub * S::sub, map, 2 * C + h * HS + 64 * sub, kt * N, b, bar);
-        }
+        wg_tma_tile_pair<HS>(full0 + 8 * stage, 2 * S::tile, S::sub, kt * N, b, ks(stage), map, C + h * HS,
+                             vs(stage), map, 2 * C + h * HS);
     };
     if constexpr (QS) wg_tile_copy<HS, S::rows, S::threads>(qs, base, stride, q0, T);
     if constexpr (TMA) {
@@ -1084,19 +1094,13 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
     if constexpr (TMA) full0 = wg_tma_full_barriers();
     // TMA: thread 0's copies of tile j's two streamed tiles into `stage`.
     auto tma_tile = [&](int j, int stage) {
-        const int s0 = (first + j) * N;
+        const int s0 = (first + j) * N, col = h * HS;
         const unsigned bar = full0 + 8 * stage;
-        wg_mbar_expect_tx(bar, 2 * S::tile);
-        #pragma unroll
-        for (int sub = 0; sub < HS / 64; sub++) {
-            const int col = h * HS + 64 * sub;
-            if constexpr (DKV) {
-                wg_tma_load_3d(y1(stage) + sub * S::sub, map_y, col, s0, b, bar);
-                wg_tma_load_3d(y2(stage) + sub * S::sub, map_g, col, s0, b, bar);
-            } else {
-                wg_tma_load_3d(y1(stage) + sub * S::sub, map_y, C + col, s0, b, bar);
-                wg_tma_load_3d(y2(stage) + sub * S::sub, map_y, 2 * C + col, s0, b, bar);
-            }
+        if constexpr (DKV) {
+            wg_tma_tile_pair<HS>(bar, 2 * S::tile, S::sub, s0, b, y1(stage), map_y, col, y2(stage), map_g, col);
+        } else {
+            wg_tma_tile_pair<HS>(bar, 2 * S::tile, S::sub, s0, b, y1(stage), map_y, C + col, y2(stage), map_y,
+                                 2 * C + col);
         }
     };
     if constexpr (TMA) {
