@@ -54,6 +54,9 @@ def main():
     ap.add_argument("--data", default=None,
                     help="int32 batches: per step, inputs then targets, each [batch, seq]")
     ap.add_argument("--vocab", type=int, default=None, help="override the shape's vocabulary")
+    ap.add_argument("--profile-step", type=int, default=-1,
+                    help="bracket this step (0-based, warm-up included) with cudaProfilerStart/Stop, "
+                         "for `ncu --profile-from-start off`")
     ap.add_argument("--zero1", action="store_true",
                     help="under torchrun: shard the optimizer state (ZeroRedundancyOptimizer)")
     a = ap.parse_args()
@@ -109,6 +112,8 @@ def main():
     torch.cuda.reset_peak_memory_stats()
     for i in range(steps):
         torch.cuda.synchronize()
+        if i == a.profile_step:
+            torch.cuda.profiler.start()
         t0 = time.perf_counter()
         with torch.autocast("cuda", dtype=torch.bfloat16):
             if a.data:
@@ -122,6 +127,8 @@ def main():
         opt.step()
         opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
+        if i == a.profile_step:
+            torch.cuda.profiler.stop()
         if i >= a.warmup:
             times.append(time.perf_counter() - t0)
         losses.append(loss.item())

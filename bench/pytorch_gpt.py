@@ -123,6 +123,8 @@ def run(mode, args):
     for i in range(args.warmup + args.steps):
         x, y = data[i, 0], data[i, 1]
         torch.cuda.synchronize()
+        if i == args.profile_step:
+            torch.cuda.profiler.start()
         t0 = time.perf_counter()
         with torch.autocast("cuda", dtype=half or torch.bfloat16, enabled=half is not None):
             loss = step_model(x, y)
@@ -133,6 +135,8 @@ def run(mode, args):
         scaler.update()
         opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
+        if i == args.profile_step:
+            torch.cuda.profiler.stop()
         if i >= args.warmup:
             times.append(time.perf_counter() - t0)
         losses.append(loss.item())
@@ -169,6 +173,9 @@ def main():
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--modes", default="fp32,tf32,bf16,bf16-compile")
     p.add_argument("--data", help="batches to train on (int32 file, steps x 2 x batch x seq)")
+    p.add_argument("--profile-step", type=int, default=-1,
+                   help="bracket this step (0-based, warm-up included) with cudaProfilerStart/Stop, "
+                        "for `ncu --profile-from-start off`")
     args = p.parse_args()
     if WORLD > 1:
         torch.cuda.set_device(LOCAL_RANK)
