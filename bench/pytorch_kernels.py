@@ -26,6 +26,11 @@ implementation writes: `F.normalize`, the Gram matrix `u @ u.T` and the mean of 
 the upper triangle (`triu(G, 1).sum()`), and its autograd backward, for one set of n
 embeddings of width d.
 
+The attention rows replay each call from a CUDA graph, so that their time is the device's
+(SDPA's kernels and the layout copies around them) without eager autograd's host time between
+launches, which at T 1024 made PyTorch's forward + backward row up to 1.9x its kernels' time;
+kiln's side launches its own kernels back to back.
+
 Timing matches the kiln side: inputs rotated through enough copies that a call never finds
 its data left in L2 by the one before (working sets under twice the L2 size, `--l2-bytes`,
 at most `--max-copies`), `--warmup` untimed calls, then the median of `--reps` samples of
@@ -69,9 +74,14 @@ class Bench:
         self.cuda = self.dev.type == "cuda"
         self.rows = []
         self.skipped = []
+        # Inputs come from a generator of their own: the default one is registered with every
+        # captured CUDA graph (the attention rows'), after which PyTorch refuses to advance it
+        # outside a capture.
+        self.gen = torch.Generator(device=self.dev)
+        self.gen.manual_seed(0)
 
     def rand(self, *shape, dtype=torch.float32, scale=1.0, grad=False):
-        t = (torch.rand(*shape, device=self.dev, dtype=torch.float32) * 2 - 1) * scale
+        t = (torch.rand(*shape, device=self.dev, dtype=torch.float32, generator=self.gen) * 2 - 1) * scale
         return t.to(dtype).requires_grad_(grad)
 
     def sync(self):
@@ -104,16 +114,48 @@ class Bench:
         calls = max(1, min(MAX_CALLS, math.ceil(SAMPLE_MS / one)))
         return statistics.median(self.sample_ms(fn, calls) for _ in range(self.a.reps))
 
-    def run(self, kernel, dtype, size, op, working_set, make, fn):
-        """Times `fn(*s)` cycling over copies `s = make()`; a failure is listed, not fatal."""
+    def graphs(self, calls):
+        """One CUDA graph of each call (no arguments), warmed up on a side stream first."""
+        side = torch.cuda.Stream(device=self.dev)
+        side.wait_stream(torch.cuda.current_stream(self.dev))
+        with torch.cuda.stream(side):
+            for c in calls:
+                for _ in range(2):
+                    c()
+        torch.cuda.current_stream(self.dev).wait_stream(side)
+        out = []
+        for c in calls:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                c()
+            out.append(g)
+        return out
+
+    def run(self, kernel, dtype, size, op, working_set, make, fn, graphed=False):
+        """Times `fn(*s)` cycling over copies `s = make()`; a failure is listed, not fatal.
+
+        `graphed`: each copy's call is captured in a CUDA graph and the graphs are replayed,
+        so that the time is the device's alone, as kiln's kernels' (eager autograd's host time
+        between launches otherwise counts at small sizes); where capture fails, eager calls
+        are timed and the row says so."""
         try:
             k = copies_for(working_set, self.a.l2_bytes, self.a.max_copies)
             sets = [make() for _ in range(k)]
             i = [0]
+            replays = None
+            if graphed and self.cuda:
+                try:
+                    replays = self.graphs([lambda s=s: fn(*s) for s in sets])
+                    op = op + " (CUDA graph)"
+                except Exception as e:  # an operation that cannot be captured
+                    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                    op = op + f" (eager: capture failed: {first[:80]})"
 
             def call():
                 s = sets[i[0] % k]
                 i[0] += 1
+                if replays is not None:
+                    return replays[(i[0] - 1) % k].replay()
                 return fn(*s)
 
             ms = self.median_ms(call)
@@ -167,7 +209,7 @@ def rowwise(b, n, name, dt):
 
     def ce_inputs(grad):
         return (b.rand(n, v, dtype=dt, scale=4, grad=grad),
-                torch.randint(0, v, (n,), device=b.dev))
+                torch.randint(0, v, (n,), device=b.dev, generator=b.gen))
 
     b.run("cross_entropy_forward", name, n, "F.cross_entropy(reduction='none')",
           logits + stats, lambda: ce_inputs(False),
@@ -185,7 +227,7 @@ def rowwise(b, n, name, dt):
         return F.embedding(tok, wte) + F.embedding(pos, wpe)
 
     def tokens():
-        return torch.randint(0, v, (n,), device=b.dev)
+        return torch.randint(0, v, (n,), device=b.dev, generator=b.gen)
 
     with torch.no_grad():
         b.run("embedding_forward", name, n, "F.embedding(tok, wte) + F.embedding(pos, wpe)",
@@ -205,7 +247,7 @@ def row_ops(b, n, name, dt):
     act, per_row = es * n * c, 8 * n
 
     def perm():
-        return torch.randperm(n, device=b.dev)
+        return torch.randperm(n, device=b.dev, generator=b.gen)
 
     b.run("gather_rows", name, n, "src[idx] * scale[:, None]", 2 * act + per_row,
           lambda: (b.rand(n, c, dtype=dt), perm(), b.rand(n, dtype=dt)),
@@ -234,18 +276,18 @@ def attention(b, n, name, dt):
 
     with torch.no_grad():
         b.run("attention_forward", name, n, "F.scaled_dot_product_attention(is_causal=True)",
-              working_set, lambda: (b.rand(bsz, t, 3 * c, dtype=dt),), sdpa)
+              working_set, lambda: (b.rand(bsz, t, 3 * c, dtype=dt),), sdpa, graphed=True)
 
     def graph():
         qkv = b.rand(bsz, t, 3 * c, dtype=dt, grad=True)
         return sdpa(qkv), qkv, b.rand(bsz, t, c, dtype=dt)
 
     b.run("attention_backward", name, n, "autograd of SDPA (causal)", working_set, graph,
-          lambda out, qkv, dy: torch.autograd.grad(out, qkv, dy, retain_graph=True))
+          lambda out, qkv, dy: torch.autograd.grad(out, qkv, dy, retain_graph=True), graphed=True)
     b.run("attention_forward+backward", name, n, "SDPA (causal) forward + autograd backward",
           working_set,
           lambda: (b.rand(bsz, t, 3 * c, dtype=dt, grad=True), b.rand(bsz, t, c, dtype=dt)),
-          lambda qkv, dy: torch.autograd.grad(sdpa(qkv), qkv, dy))
+          lambda qkv, dy: torch.autograd.grad(sdpa(qkv), qkv, dy), graphed=True)
 
 
 def gemm_modes(name):
@@ -298,7 +340,7 @@ def unfused(b, n, name, dt):
 
     def ce_inputs():
         return (b.rand(n, v, dtype=dt, scale=4, grad=True),
-                torch.randint(0, v, (n,), device=b.dev))
+                torch.randint(0, v, (n,), device=b.dev, generator=b.gen))
 
     def ce(x, tg):
         return torch.autograd.grad(F.nll_loss(F.log_softmax(x, -1, dtype=torch.float32), tg), x)
@@ -394,16 +436,16 @@ def nf4(b):
         ws = n // 2 + blocks + 4 * ((blocks + 255) // 256) + 2 * n
         if bnbf is not None and b.cuda:
             def make_bnb(rows=rows, cols=cols):
-                w = torch.randn(rows, cols, device=dev, dtype=torch.bfloat16) * 0.02
+                w = torch.randn(rows, cols, device=dev, dtype=torch.bfloat16, generator=b.gen) * 0.02
                 return bnbf.quantize_4bit(w, blocksize=64, compress_statistics=True, quant_type="nf4")
 
             b.run(key, "bf16", NF4_TOKENS, "bnb.functional.dequantize_4bit", ws, make_bnb,
                   lambda q, state: bnbf.dequantize_4bit(q, state))
         else:
             def make_torch(n=n, blocks=blocks):
-                packed = torch.randint(0, 256, (n // 2,), dtype=torch.uint8, device=dev)
-                codes = torch.randint(0, 256, (blocks,), dtype=torch.uint8, device=dev)
-                scales = torch.rand((blocks + 255) // 256, device=dev) * 0.1
+                packed = torch.randint(0, 256, (n // 2,), dtype=torch.uint8, device=dev, generator=b.gen)
+                codes = torch.randint(0, 256, (blocks,), dtype=torch.uint8, device=dev, generator=b.gen)
+                scales = torch.rand((blocks + 255) // 256, device=dev, generator=b.gen) * 0.1
                 return packed, codes, scales
 
             def dequant(packed, codes, scales, rows=rows, cols=cols):
