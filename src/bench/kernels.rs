@@ -2335,7 +2335,8 @@ fn write_report(mut report: Report, a: &BenchKernelsArgs, mut o: Outcome) -> Res
          causal prefix and writes the whole row. `matmul_batched` (S = Q K^T * scale, O = P V \
          over [B*H, T, hs]) computes the full T x T products, masked half included, and is \
          counted so: 2 B T^2 C each. `kiln speedup` = PyTorch time / kiln time on the same \
-         operation, sizes and rotation (`bench/pytorch_kernels.py`, eager, in this command); \
+         operation, sizes and rotation (`bench/pytorch_kernels.py` in this command: eager, \
+         its attention rows replayed from CUDA graphs where they capture, as their op says); \
          PyTorch has no BK-Core. Where the two differ beyond speed: kiln's backward kernels \
          accumulate weight gradients in f32 where autograd returns them in the activation \
          type, kiln's embedding forward adds the position rows in the same kernel, kiln's \
