@@ -15,43 +15,14 @@ step and weighted by their time.
 """
 import argparse
 import collections
-import csv
-import re
 import sys
 
-# Nsight Compute reports each stall metric as .ratio, .pct and .max_rate; .ratio is warps per issue.
-STALL = re.compile(r"smsp__average_warps_issue_stalled_(.+)_per_issue_active\.ratio")
-
-
-def number(text):
-    return float(text.replace(",", ""))
-
-
-def microseconds(value, unit):
-    scale = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}
-    if unit not in scale:
-        sys.exit(f"decode_profile: a duration in unknown unit {unit!r}")
-    return value * scale[unit]
+from ncu_csv import read_launches as read_csv
 
 
 def read_launches(path):
-    """Launches in order: (name, microseconds, {stall reason: value})."""
-    with open(path) as f:
-        lines = [line for line in f if line.startswith('"')]
-    launches = collections.OrderedDict()
-    for r in csv.DictReader(lines):
-        key = int(r["ID"])
-        name = re.sub(r"\(.*", "", r["Kernel Name"])[:60]
-        entry = launches.setdefault(key, [name, None, {}])
-        metric, value = r["Metric Name"], r["Metric Value"]
-        if metric == "gpu__time_duration.sum":
-            entry[1] = microseconds(number(value), r.get("Metric Unit", "ns"))
-        elif (m := STALL.fullmatch(metric)) and value not in ("", "n/a"):
-            entry[2][m.group(1)] = number(value)
-    missing = [k for k, e in launches.items() if e[1] is None]
-    if missing:
-        sys.exit(f"decode_profile: {len(missing)} launches without gpu__time_duration.sum")
-    return [tuple(launches[k]) for k in sorted(launches)]
+    """Launches in order: (name, at most 60 characters, microseconds, {stall reason: value})."""
+    return [(name[:60], us, stalls) for name, us, stalls in read_csv(path, "decode_profile")]
 
 
 def steps_of(launches):

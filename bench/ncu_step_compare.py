@@ -12,8 +12,9 @@ kernels of each engine are listed by name as well.
 """
 import argparse
 import collections
-import csv
 import re
+
+from ncu_csv import read_launches
 
 # (kind, pattern on the lower-cased kernel name); attention first, as some of its kernels'
 # names mention gemm or softmax.
@@ -30,18 +31,8 @@ KINDS = [
 
 
 def read(path):
-    rows = []
-    with open(path) as f:
-        lines = [l for l in f if l.startswith('"')]
-    for r in csv.DictReader(lines):
-        if r.get("Metric Name") != "gpu__time_duration.sum":
-            continue
-        v = float(r["Metric Value"].replace(",", ""))
-        unit = r.get("Metric Unit", "ns")
-        us = v / 1000 if unit in ("nsecond", "ns") else (v if unit in ("usecond", "us") else v * 1000)
-        rows.append((int(r["ID"]), r["Kernel Name"], us))
-    rows.sort()
-    return [(name, us) for _, name, us in rows]
+    """(kernel name, microseconds) of each launch, in order."""
+    return [(name, us) for name, us, _ in read_launches(path, "ncu_step_compare")]
 
 
 def kind(name):
@@ -77,7 +68,7 @@ def main():
     for label, rows in runs:
         groups = collections.defaultdict(lambda: [0, 0.0])
         for name, us in rows:
-            key = re.sub(r"\(.*", "", name)[:90]
+            key = name[:90]
             groups[key][0] += 1
             groups[key][1] += us
         print(f"\n{label}: the {a.top} largest kernels by total time")

@@ -152,11 +152,9 @@ class Bench:
                     op = op + f" (eager: capture failed: {first[:80]})"
 
             def call():
-                s = sets[i[0] % k]
+                j = i[0] % k
                 i[0] += 1
-                if replays is not None:
-                    return replays[(i[0] - 1) % k].replay()
-                return fn(*s)
+                return replays[j].replay() if replays is not None else fn(*sets[j])
 
             ms = self.median_ms(call)
             self.rows.append({"kernel": kernel, "dtype": dtype, "size": size, "ms": ms, "op": op})
