@@ -671,6 +671,9 @@ fn fail(
         eprintln!(
             "kiln: rank {me} stops because {reason}. Checkpoints already written are intact; continue with kiln train --resume"
         );
+        // A checkpoint being written now is finished first: exiting skips the writer
+        // thread, and a write cut between its directory and its pointer leaves no `latest`.
+        let _no_more_writes = crate::train::checkpoint::finish_writes_before_exit();
         std::process::exit(PEER_FAILED_EXIT_CODE);
     }
 }

@@ -517,10 +517,22 @@ pub fn step_name(step: u64) -> String {
     format!("step_{step:07}")
 }
 
+/// Held by every checkpoint write from its first file to its `latest` pointer, so that a
+/// process which must exit from another thread (a peer rank died) can wait for the write in
+/// flight instead of leaving a checkpoint without its pointer.
+static WRITING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Waits for the checkpoint write in flight, if any, and keeps any other from starting: call
+/// it right before `std::process::exit` from a thread other than the training loop's.
+pub fn finish_writes_before_exit() -> std::sync::MutexGuard<'static, ()> {
+    WRITING.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Writes a snapshot under `run_dir`: files and manifest into a temporary directory, each
 /// synced, then renamed into place, then the `latest` pointer replaced by rename. On failure
 /// the temporary files are removed and the previous checkpoint and pointer are untouched.
 pub fn write(snap: &Snapshot, run_dir: &Path) -> Result<Written> {
+    let _writing = WRITING.lock().unwrap_or_else(|e| e.into_inner());
     let started = std::time::Instant::now();
     let dir = checkpoints_dir(run_dir);
     let tmp = dir.join(format!(".{}.tmp", snap.name));
