@@ -577,6 +577,37 @@ fn damaged_checkpoints_are_named_and_never_load() {
         4,
         "no checkpoint verifies",
     );
+    // A process stopped between its first checkpoint's rename and its pointer leaves no
+    // `latest`: readers take the newest, and verify agrees when that one verifies.
+    let no_pointer: Damage = |r| fs::remove_file(r.join("checkpoints").join("latest")).unwrap();
+    on_copy(
+        &mut tally,
+        "latest pointer missing",
+        no_pointer,
+        &verify,
+        0,
+        "step_0000004 (no pointer",
+    );
+    on_copy(
+        &mut tally,
+        "latest pointer missing",
+        no_pointer,
+        &eval,
+        0,
+        "(step 4)",
+    );
+    let no_pointer_newest_damaged: Damage = |r| {
+        fs::remove_file(r.join("checkpoints").join("latest")).unwrap();
+        flip(&ckpt(r, 4).join("model.safetensors"), 40, 0x01);
+    };
+    on_copy(
+        &mut tally,
+        "latest pointer missing, newest damaged",
+        no_pointer_newest_damaged,
+        &verify,
+        4,
+        "the newest checkpoint, step_0000004, does not verify",
+    );
     let none: Damage = |_| {};
     on_copy(
         &mut tally,
