@@ -227,6 +227,57 @@ fn lora_trains_adapters_only_and_writes_peft_format() {
         m.weights["embed.weight"].data,
         p.weights["embed.weight"].data
     );
+    // `kiln merge` writes what the merged export wrote, from the run or from the base on disk
+    // with the PEFT adapter.
+    let from_run = tmp.path().join("merge-run");
+    let said = ok(&kiln(&[
+        "merge",
+        "--run",
+        run.to_str().unwrap(),
+        "--to",
+        from_run.to_str().unwrap(),
+    ]));
+    assert!(!said.contains("note: the run trained"), "{said}");
+    let from_adapter = tmp.path().join("merge-adapter");
+    ok(&kiln(&[
+        "merge",
+        "--init-from",
+        base.to_str().unwrap(),
+        "--adapter",
+        adapter.to_str().unwrap(),
+        "--to",
+        from_adapter.to_str().unwrap(),
+    ]));
+    let exported = tensors(&merged.join("model.safetensors"));
+    assert_eq!(tensors(&from_run.join("model.safetensors")), exported);
+    assert_eq!(tensors(&from_adapter.join("model.safetensors")), exported);
+}
+
+/// `kiln merge` needs adapters: a run that trained every weight, or a base without
+/// `--adapter`, is refused before anything is written.
+#[test]
+fn merge_refuses_a_model_without_adapters() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (base, data) = fixture(tmp.path());
+    let run = tmp.path().join("full");
+    finetune(&base, &data, &run, &["--full", "train.steps=1"]);
+    let to = tmp.path().join("merged");
+    let refused = |args: &[&str], phrase: &str| {
+        let o = kiln(args);
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(phrase), "{args:?}: wanted {phrase:?} in {err}");
+    };
+    let t = to.to_str().unwrap();
+    refused(
+        &["merge", "--run", run.to_str().unwrap(), "--to", t],
+        "no adapters to merge; kiln export",
+    );
+    refused(
+        &["merge", "--init-from", base.to_str().unwrap(), "--to", t],
+        "--adapter",
+    );
+    assert!(!to.exists(), "nothing written");
 }
 
 /// A tiny random model of `family` (2 layers of 32, 4 heads, context 64, seeded by `seed`,

@@ -1,4 +1,5 @@
-//! `kiln export`: write a run's model as a Hugging Face directory.
+//! `kiln export`: write a run's model as a Hugging Face directory; `kiln merge`: the same with
+//! low-rank adapters folded into their base, refusing a model that has none.
 
 use crate::error::Result;
 use crate::train;
@@ -40,18 +41,96 @@ pub struct ExportArgs {
     pub adapter_only: Option<PathBuf>,
 }
 
+#[derive(Args, Debug)]
+#[command(after_help = "EXAMPLES:
+  kiln merge --run runs/ft --to ft-merged
+      the adapters a kiln finetune run trained, folded into its base (W + scale * B A) and
+      written as a Hugging Face directory that transformers loads alone
+  kiln merge --init-from ./base --adapter ./peft-adapter --to merged
+      a PEFT adapter directory (kiln's or PEFT's own) folded into a base from disk
+
+What merge_and_unload() and save_pretrained() do in PEFT. A model without adapters has
+nothing to merge and is refused (exit 2): kiln export writes it as it is.")]
+pub struct MergeArgs {
+    /// Run directory of a `kiln finetune` run with adapters (default: the most recent run).
+    #[arg(long, value_name = "DIR", conflicts_with = "init_from")]
+    pub run: Option<PathBuf>,
+    /// Merge into an imported model instead: a GGUF file or a Hugging Face directory.
+    #[arg(
+        long,
+        value_name = "PATH",
+        requires = "adapter",
+        conflicts_with = "checkpoint"
+    )]
+    pub init_from: Option<PathBuf>,
+    /// With --init-from: the PEFT adapter directory to merge.
+    #[arg(long, value_name = "DIR", requires = "init_from")]
+    pub adapter: Option<PathBuf>,
+    /// Merge the adapters of this checkpoint (step_N or N) instead of the latest.
+    #[arg(long, value_name = "step_N")]
+    pub checkpoint: Option<String>,
+    /// Directory to write (created if missing).
+    #[arg(long, value_name = "DIR")]
+    pub to: PathBuf,
+}
+
+pub fn merge(a: MergeArgs) -> Result<()> {
+    if let Some(path) = &a.init_from {
+        return export_imported(path, a.adapter.as_deref(), Some(&a.to));
+    }
+    export_run(
+        a.run,
+        a.checkpoint.as_deref(),
+        Some(&a.to),
+        None,
+        Adapters::MustMerge,
+    )
+}
+
+/// What a run without adapters means to the command.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Adapters {
+    /// `kiln export`: merged when there are any, the model as it is otherwise.
+    MergeIfAny,
+    /// `kiln merge`: there must be some.
+    MustMerge,
+}
+
 pub fn run(a: ExportArgs) -> Result<()> {
     if let Some(path) = &a.init_from {
         return export_imported(path, a.adapter.as_deref(), a.to.as_deref());
     }
-    let run_dir = super::find_run(a.run)?;
-    let mut loaded = train::load_run(&run_dir, a.checkpoint.as_deref())?;
+    export_run(
+        a.run,
+        a.checkpoint.as_deref(),
+        a.to.as_deref(),
+        a.adapter_only.as_deref(),
+        Adapters::MergeIfAny,
+    )
+}
+
+fn export_run(
+    run: Option<PathBuf>,
+    checkpoint: Option<&str>,
+    to: Option<&std::path::Path>,
+    adapter_only: Option<&std::path::Path>,
+    adapters: Adapters,
+) -> Result<()> {
+    let run_dir = super::find_run(run)?;
+    let mut loaded = train::load_run(&run_dir, checkpoint)?;
     if let Some(w) = &loaded.unverified {
         eprintln!("warning: {w}");
     }
     let cfg = &loaded.config;
+    if !cfg.lora.enabled && adapters == Adapters::MustMerge {
+        return Err(crate::error::KilnError::Setting(format!(
+            "{} trained every weight, so it has no adapters to merge; kiln export --run {} --to DIR writes it as it is",
+            run_dir.display(),
+            run_dir.display()
+        )));
+    }
     if cfg.lora.enabled {
-        if let Some(dir) = &a.adapter_only {
+        if let Some(dir) = adapter_only {
             let n = crate::models::peft::save_adapter(
                 loaded.model.as_ref(),
                 &cfg.lora,
@@ -63,18 +142,20 @@ pub fn run(a: ExportArgs) -> Result<()> {
         }
         // The adapters folded into the f32 base: a plain model transformers loads alone.
         loaded.model.merge_lora()?;
-        eprintln!(
-            "note: the run trained low-rank adapters; they are merged into the base {} for this export (--adapter-only DIR writes them alone in PEFT's format)",
-            cfg.lora.base
-        );
-    } else if a.adapter_only.is_some() {
+        if adapters == Adapters::MergeIfAny {
+            eprintln!(
+                "note: the run trained low-rank adapters; they are merged into the base {} for this export (--adapter-only DIR writes them alone in PEFT's format)",
+                cfg.lora.base
+            );
+        }
+    } else if adapter_only.is_some() {
         return Err(crate::error::KilnError::Setting(format!(
             "{} trained every weight, so it has no adapters; export it without --adapter-only",
             run_dir.display()
         )));
     }
     let vocab = train::model_vocab(cfg)?;
-    let to = a.to.as_ref().ok_or_else(|| {
+    let to = to.ok_or_else(|| {
         crate::error::KilnError::Setting("give --to DIR, the directory to write".into())
     })?;
     let notes = crate::models::export::export_hf(

@@ -24,9 +24,11 @@ use std::path::{Path, PathBuf};
 #[command(
     name = "kiln",
     version,
-    about = "A hardware-aware training engine: trains GPT-style language models on the CPU or NVIDIA GPUs.",
-    long_about = "kiln trains GPT-style language models. `kiln train` with no arguments trains a small \
-model on the bundled Shakespeare corpus; `kiln generate` then samples from it.\n\n\
+    about = "A hardware-aware training engine for language models and encoders, on the CPU or NVIDIA GPUs.",
+    long_about = "kiln trains, fine-tunes and samples from language models (GPT, Llama-family \
+decoders, ResNet-BK) and runs BERT-family encoders, from scratch or from Hugging Face \
+directories and GGUF files, on the CPU or NVIDIA GPUs. `kiln train` with no arguments trains a \
+small model on the bundled Shakespeare corpus; `kiln generate` then samples from it.\n\n\
 Settings come from defaults, then an optional --config TOML file, then KEY=VALUE overrides \
 (for example train.steps=100 optim.lr=1e-3); `kiln train --print-config` shows every key, its \
 value and where the value came from.\n\n\
@@ -50,12 +52,15 @@ pub enum Command {
     /// Fine-tune a pretrained model: LoRA adapters over a frozen base (or every weight), on
     /// text, prompt/completion pairs or chats; adapters saved in PEFT's format.
     Finetune(finetune::FinetuneArgs),
-    /// Evaluate a run's latest checkpoint on the held-out tail of its corpus.
+    /// Evaluate a run's latest checkpoint (or a pretrained model) on held-out text.
     Eval(eval::EvalArgs),
-    /// Sample text from a run's latest checkpoint.
+    /// Sample text from a run's latest checkpoint or a pretrained model (one prompt or many).
     Generate(generate::GenerateArgs),
     /// Write a run's model as a Hugging Face directory (safetensors, config.json, tokenizer).
     Export(export::ExportArgs),
+    /// Fold low-rank adapters into their base and write the merged model as a Hugging Face
+    /// directory (a fine-tuning run's, or a PEFT adapter over a base from disk).
+    Merge(export::MergeArgs),
     /// Plan the memory and FLOPs of a training step and the largest micro-batch that fits.
     Plan(plan::PlanArgs),
     /// Measure performance; most suites write report.md, results.json and plots (`kiln bench <suite>`).
@@ -93,6 +98,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Eval(a) => eval::run(a),
         Command::Generate(a) => generate::run(a),
         Command::Export(a) => export::run(a),
+        Command::Merge(a) => export::merge(a),
         Command::Plan(a) => plan::run(a),
         Command::Bench(b) => bench::run(b),
         Command::Selftest(a) => crate::selftest::run(a),
