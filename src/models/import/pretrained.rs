@@ -718,6 +718,73 @@ fn unpermute_rotary_rows(t: HostTensor, heads: usize) -> HostTensor {
     }
 }
 
+/// The GGUF tensor of per-pair rotary divisors (llama.cpp's form of Llama 3's scaling: pair
+/// `i` turns at `theta^(-2i/rot) / divisor[i]`).
+pub(crate) const ROPE_FREQS: &str = "rope_freqs.weight";
+
+/// The Llama 3 scaling whose divisors are `table`, or `None` for a table of ones.
+///
+/// The divisor is 1 for short wavelengths, `factor` for long ones and blends between, where
+/// `1/divisor = (1 - s)/factor + s` with `s = (old/wavelength - low)/(high - low)`, linear in
+/// `1/wavelength`. The blend fixes `old/(high - low)` and `low/(high - low)`, not `old` itself
+/// (scaling all three changes nothing), so `old` is taken as Llama 3's 8192 and `low` and
+/// `high` follow from the blend's two outermost pairs; with fewer than two blended pairs Llama
+/// 3's own values (1, 4, 8192) are tried. The answer is checked against every entry.
+pub(crate) fn llama3_scaling_from_divisors(
+    theta: f32,
+    rot_dim: usize,
+    table: &[f32],
+) -> std::result::Result<Option<crate::engine::cpu::rope::Llama3Scaling>, String> {
+    use crate::engine::cpu::rope::{Llama3Scaling, inverse_frequencies};
+    if let Some(bad) = table.iter().find(|v| !(v.is_finite() && **v >= 1.0 - 1e-6)) {
+        return Err(format!(
+            "holds {bad}; Llama 3's divisors are finite and at least 1"
+        ));
+    }
+    let factor = table.iter().copied().fold(1.0f32, f32::max);
+    if factor <= 1.0 + 1e-6 {
+        return Ok(None);
+    }
+    let base = inverse_frequencies(theta, rot_dim, None);
+    let blended: Vec<(f32, f32)> = table
+        .iter()
+        .zip(&base)
+        .filter(|(r, _)| **r > 1.0 + 1e-4 && **r < factor * (1.0 - 1e-4))
+        .map(|(r, f)| {
+            let s = (1.0 / r - 1.0 / factor) / (1.0 - 1.0 / factor);
+            (f / (2.0 * std::f32::consts::PI), s)
+        })
+        .collect();
+    let old = 8192usize;
+    let (low, high) = match (blended.first(), blended.last()) {
+        (Some(&(x0, s0)), Some(&(x1, s1))) if blended.len() >= 2 && x0 != x1 => {
+            // s = a x - b with a = old/(high - low), b = low/(high - low).
+            let a = (s1 - s0) / (x1 - x0);
+            let b = a * x0 - s0;
+            let span = old as f32 / a;
+            (b * span, b * span + span)
+        }
+        _ => (1.0, 4.0),
+    };
+    let s = Llama3Scaling {
+        factor,
+        low_freq_factor: low,
+        high_freq_factor: high,
+        original_context: old,
+    };
+    let scaled = inverse_frequencies(theta, rot_dim, Some(s));
+    for (i, ((f, r), got)) in base.iter().zip(table).zip(&scaled).enumerate() {
+        let want = f / r;
+        if (got - want).abs() > 1e-4 * want.abs() {
+            return Err(format!(
+                "is not Llama 3's frequency scaling (pair {i}: divisor {r}, where the closest Llama 3 scaling, factor {factor}, low {low}, high {high}, original context {old}, gives {}); kiln implements Llama 3's scaling only",
+                f / got
+            ));
+        }
+    }
+    Ok(Some(s))
+}
+
 /// GGUF architectures kiln imports: llama.cpp's names for the Llama family.
 const GGUF_ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3"];
 
@@ -809,7 +876,7 @@ fn open_gguf(path: &Path) -> Result<Pretrained> {
             "is a qwen3 GGUF without query/key norms (blk.0.attn_q_norm.weight); the file is incomplete",
         ));
     }
-    let l = LlamaSettings {
+    let mut l = LlamaSettings {
         n_kv_heads: n_kv,
         head_dim,
         ffn_hidden: ffn,
@@ -824,6 +891,27 @@ fn open_gguf(path: &Path) -> Result<Pretrained> {
         qk_norm,
         ..LlamaSettings::default()
     };
+    // Llama 3.1 and later carry their frequency scaling as a table of per-pair divisors.
+    if has(ROPE_FREQS) {
+        let (shape, table) = g.tensor_f32(ROPE_FREQS)?;
+        if shape != [l.rot_dim / 2] {
+            return Err(bad(
+                path,
+                format!(
+                    "tensor {ROPE_FREQS} has shape {shape:?}; one divisor per rotary pair is {:?}",
+                    [l.rot_dim / 2]
+                ),
+            ));
+        }
+        if let Some(s) = llama3_scaling_from_divisors(l.rope_theta as f32, l.rot_dim, &table)
+            .map_err(|e| bad(path, format!("has a {ROPE_FREQS} table that {e}")))?
+        {
+            l.rope_scaling_factor = s.factor as f64;
+            l.rope_low_freq_factor = s.low_freq_factor as f64;
+            l.rope_high_freq_factor = s.high_freq_factor as f64;
+            l.rope_original_context = s.original_context;
+        }
+    }
     let m = ModelConfig {
         family: FamilySettings::Llama(l),
         d_model: d,
@@ -1029,6 +1117,50 @@ mod tests {
 
     /// Interleaving each head's halves (what llama.cpp's converter does) and undoing it
     /// gives back the original rows.
+    /// llama.cpp's converter writes Llama 3's scaling as divisors `base / scaled`; reading
+    /// them back gives a scaling with the same frequencies, and a table that no Llama 3
+    /// scaling makes is refused.
+    #[test]
+    fn llama3_divisor_tables_give_back_their_scaling() {
+        use crate::engine::cpu::rope::{Llama3Scaling, inverse_frequencies};
+        for (theta, rot, factor) in [
+            (500000.0f32, 64, 32.0f32),
+            (500000.0, 128, 8.0),
+            (1e4, 64, 4.0),
+        ] {
+            let want = Llama3Scaling {
+                factor,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_context: 8192,
+            };
+            let base = inverse_frequencies(theta, rot, None);
+            let scaled = inverse_frequencies(theta, rot, Some(want));
+            let table: Vec<f32> = base.iter().zip(&scaled).map(|(b, s)| b / s).collect();
+            let got = llama3_scaling_from_divisors(theta, rot, &table)
+                .unwrap()
+                .unwrap();
+            assert_eq!(got.factor, factor);
+            for (a, b) in inverse_frequencies(theta, rot, Some(got))
+                .iter()
+                .zip(&scaled)
+            {
+                assert!((a - b).abs() <= 1e-5 * b, "{theta} {rot}: {a} vs {b}");
+            }
+        }
+        assert_eq!(
+            llama3_scaling_from_divisors(1e4, 64, &[1.0; 32]).unwrap(),
+            None
+        );
+        let mut odd = vec![1.0f32; 32];
+        odd[3] = 5.0; // a lone long divisor among short wavelengths
+        odd[31] = 8.0;
+        let e = llama3_scaling_from_divisors(1e4, 64, &odd).unwrap_err();
+        assert!(e.contains("not Llama 3's frequency scaling"), "{e}");
+        let e = llama3_scaling_from_divisors(1e4, 64, &[0.5; 32]).unwrap_err();
+        assert!(e.contains("at least 1"), "{e}");
+    }
+
     #[test]
     fn unpermuting_inverts_the_gguf_interleave() {
         let (heads, d, cols) = (3, 8, 2);
