@@ -2,6 +2,7 @@
 //! low-rank adapters folded into their base, refusing a model that has none.
 
 use crate::error::Result;
+use crate::models::export_gguf::GgufType;
 use crate::train;
 use clap::Args;
 use std::path::PathBuf;
@@ -19,7 +20,12 @@ The tokenizer files come along when the run's tokenizer is a pretrained model's.
 
   kiln export --init-from SmolLM2-135M-Instruct.Q4_1.gguf --to smol-hf
       an imported model (a GGUF file or a Hugging Face directory, with --adapter DIR merged
-      in) written back as a Hugging Face directory, dequantised to f32.")]
+      in) written back as a Hugging Face directory, dequantised to f32.
+
+  kiln export --run runs/smol-ft --to smol-ft.gguf --outtype q8_0
+      a single GGUF file for llama.cpp, Ollama or LM Studio (Llama-family models: llama, or
+      qwen2/qwen3 with their biases or norms), its tokenizer and chat template in the
+      metadata; matrices in f32, f16 (the default), bf16 or q8_0, vectors in f32.")]
 pub struct ExportArgs {
     /// Run directory written by `kiln train` (default: the most recent run).
     #[arg(long, value_name = "DIR", conflicts_with = "init_from")]
@@ -33,12 +39,16 @@ pub struct ExportArgs {
     /// Export this checkpoint (step_N or N) instead of the latest.
     #[arg(long, value_name = "step_N")]
     pub checkpoint: Option<String>,
-    /// Directory to write (created if missing).
+    /// Directory to write (created if missing), or a FILE.gguf: a single file for llama.cpp
+    /// (Llama-family models).
     #[arg(long, value_name = "DIR", required_unless_present = "adapter_only")]
     pub to: Option<PathBuf>,
     /// For a LoRA run: write only the adapters, in PEFT's format, to DIR.
     #[arg(long, value_name = "DIR")]
     pub adapter_only: Option<PathBuf>,
+    /// With --to FILE.gguf: how the matrices are stored (vectors are always f32).
+    #[arg(long, value_enum, default_value = "f16")]
+    pub outtype: GgufType,
 }
 
 #[derive(Args, Debug)]
@@ -69,14 +79,17 @@ pub struct MergeArgs {
     /// Merge the adapters of this checkpoint (step_N or N) instead of the latest.
     #[arg(long, value_name = "step_N")]
     pub checkpoint: Option<String>,
-    /// Directory to write (created if missing).
+    /// Directory to write (created if missing), or a FILE.gguf for llama.cpp.
     #[arg(long, value_name = "DIR")]
     pub to: PathBuf,
+    /// With --to FILE.gguf: how the matrices are stored (vectors are always f32).
+    #[arg(long, value_enum, default_value = "f16")]
+    pub outtype: GgufType,
 }
 
 pub fn merge(a: MergeArgs) -> Result<()> {
     if let Some(path) = &a.init_from {
-        return export_imported(path, a.adapter.as_deref(), Some(&a.to));
+        return export_imported(path, a.adapter.as_deref(), Some(&a.to), a.outtype);
     }
     export_run(
         a.run,
@@ -84,6 +97,7 @@ pub fn merge(a: MergeArgs) -> Result<()> {
         Some(&a.to),
         None,
         Adapters::MustMerge,
+        a.outtype,
     )
 }
 
@@ -98,7 +112,7 @@ enum Adapters {
 
 pub fn run(a: ExportArgs) -> Result<()> {
     if let Some(path) = &a.init_from {
-        return export_imported(path, a.adapter.as_deref(), a.to.as_deref());
+        return export_imported(path, a.adapter.as_deref(), a.to.as_deref(), a.outtype);
     }
     export_run(
         a.run,
@@ -106,6 +120,7 @@ pub fn run(a: ExportArgs) -> Result<()> {
         a.to.as_deref(),
         a.adapter_only.as_deref(),
         Adapters::MergeIfAny,
+        a.outtype,
     )
 }
 
@@ -115,6 +130,7 @@ fn export_run(
     to: Option<&std::path::Path>,
     adapter_only: Option<&std::path::Path>,
     adapters: Adapters,
+    outtype: GgufType,
 ) -> Result<()> {
     let run_dir = super::find_run(run)?;
     let mut loaded = train::load_run(&run_dir, checkpoint)?;
@@ -158,12 +174,13 @@ fn export_run(
     let to = to.ok_or_else(|| {
         crate::error::KilnError::Setting("give --to DIR, the directory to write".into())
     })?;
-    let notes = crate::models::export::export_hf(
+    let notes = write_model(
         loaded.model.as_ref(),
         &cfg.model,
         vocab,
         &cfg.data.tokenizer,
         to,
+        outtype,
     )?;
     for n in notes {
         eprintln!("note: {n}");
@@ -183,6 +200,7 @@ fn export_imported(
     path: &std::path::Path,
     adapter: Option<&std::path::Path>,
     to: Option<&std::path::Path>,
+    outtype: GgufType,
 ) -> Result<()> {
     let to = to.ok_or_else(|| {
         crate::error::KilnError::Setting("give --to DIR, the directory to write".into())
@@ -193,16 +211,37 @@ fn export_imported(
         crate::models::peft::apply(model.as_mut(), dir)?;
         model.merge_lora()?;
     }
-    let notes = crate::models::export::export_hf(
+    let notes = write_model(
         model.as_ref(),
         &p.model,
         p.vocab,
         &path.display().to_string(),
         to,
+        outtype,
     )?;
     for n in notes {
         eprintln!("note: {n}");
     }
     println!("exported {} to {}", path.display(), to.display());
     Ok(())
+}
+
+/// Writes `model` to `to`: a GGUF file when the name ends in `.gguf`, else a Hugging Face
+/// directory.
+fn write_model(
+    model: &dyn crate::models::Model,
+    m: &crate::config::ModelConfig,
+    vocab: usize,
+    tokenizer: &str,
+    to: &std::path::Path,
+    outtype: GgufType,
+) -> Result<Vec<String>> {
+    if to
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+    {
+        crate::models::export_gguf::export_gguf(model, m, vocab, tokenizer, to, outtype)
+    } else {
+        crate::models::export::export_hf(model, m, vocab, tokenizer, to)
+    }
 }

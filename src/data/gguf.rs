@@ -1030,8 +1030,7 @@ fn dequant_iq4_xs(b: &[u8], y: &mut [f32]) {
     }
 }
 
-/// Writes GGUF files for tests: the same layout `GgufFile` reads, built by hand.
-#[cfg(test)]
+/// Writes GGUF files (v3): the layout `GgufFile` reads. Used by the GGUF export and by tests.
 pub(crate) mod writer {
     use super::GgufValue;
 

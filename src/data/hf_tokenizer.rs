@@ -602,7 +602,7 @@ const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}
 
 /// (pre_tokenizer, normalizer, ignore_merges) of the tokenizer.json that the model behind a
 /// GGUF `tokenizer.ggml.pre` name ships.
-fn gguf_pre_tokenizer(pre: &str) -> Option<(Json, Json, bool)> {
+pub(crate) fn gguf_pre_tokenizer(pre: &str) -> Option<(Json, Json, bool)> {
     let byte_level = |use_regex: bool| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": use_regex});
     let split = |regex: &str| {
         json!({"type": "Sequence", "pretokenizers": [

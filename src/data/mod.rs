@@ -13,7 +13,7 @@ mod chat;
 mod corpus;
 mod error;
 pub mod gguf;
-mod hf_tokenizer;
+pub(crate) mod hf_tokenizer;
 mod import_error;
 mod prefetch;
 pub mod sft;

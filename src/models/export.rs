@@ -15,9 +15,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 /// A tensor to write: its shape and f32 values.
-struct Out {
-    shape: Vec<usize>,
-    data: Vec<f32>,
+pub(crate) struct Out {
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
 }
 
 fn rows(t: &[f32], cols: usize, from: usize, to: usize) -> Vec<f32> {
@@ -25,7 +25,7 @@ fn rows(t: &[f32], cols: usize, from: usize, to: usize) -> Vec<f32> {
 }
 
 /// The model's tensors under Hugging Face names, and its config.json.
-fn hf_tensors(
+pub(crate) fn hf_tensors(
     model: &dyn Model,
     m: &ModelConfig,
     vocab: usize,

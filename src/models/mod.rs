@@ -3,6 +3,7 @@
 pub mod adapters;
 pub mod bert;
 pub mod export;
+pub mod export_gguf;
 pub mod family;
 pub mod gpt;
 pub mod import;

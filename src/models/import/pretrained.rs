@@ -741,48 +741,63 @@ pub(crate) fn llama3_scaling_from_divisors(
             "holds {bad}; Llama 3's divisors are finite and at least 1"
         ));
     }
-    let factor = table.iter().copied().fold(1.0f32, f32::max);
-    if factor <= 1.0 + 1e-6 {
+    let largest = table.iter().copied().fold(1.0f32, f32::max);
+    if largest <= 1.0 + 1e-6 {
         return Ok(None);
     }
     let base = inverse_frequencies(theta, rot_dim, None);
-    let blended: Vec<(f32, f32)> = table
-        .iter()
-        .zip(&base)
-        .filter(|(r, _)| **r > 1.0 + 1e-4 && **r < factor * (1.0 - 1e-4))
-        .map(|(r, f)| {
-            let s = (1.0 / r - 1.0 / factor) / (1.0 - 1.0 / factor);
-            (f / (2.0 * std::f32::consts::PI), s)
-        })
-        .collect();
     let old = 8192usize;
-    let (low, high) = match (blended.first(), blended.last()) {
-        (Some(&(x0, s0)), Some(&(x1, s1))) if blended.len() >= 2 && x0 != x1 => {
-            // s = a x - b with a = old/(high - low), b = low/(high - low).
-            let a = (s1 - s0) / (x1 - x0);
-            let b = a * x0 - s0;
-            let span = old as f32 / a;
-            (b * span, b * span + span)
+    // The factor is the largest divisor when some pair lies past the blend; when every long
+    // pair is still blending it is not in the table, so Llama 3's usual factors are tried.
+    let mut last_err = String::new();
+    for factor in [largest, 8.0, 16.0, 32.0, 4.0, 2.0, 64.0] {
+        if factor < largest {
+            continue;
         }
-        _ => (1.0, 4.0),
-    };
-    let s = Llama3Scaling {
-        factor,
-        low_freq_factor: low,
-        high_freq_factor: high,
-        original_context: old,
-    };
-    let scaled = inverse_frequencies(theta, rot_dim, Some(s));
-    for (i, ((f, r), got)) in base.iter().zip(table).zip(&scaled).enumerate() {
-        let want = f / r;
-        if (got - want).abs() > 1e-4 * want.abs() {
-            return Err(format!(
-                "is not Llama 3's frequency scaling (pair {i}: divisor {r}, where the closest Llama 3 scaling, factor {factor}, low {low}, high {high}, original context {old}, gives {}); kiln implements Llama 3's scaling only",
-                f / got
-            ));
+        let blended: Vec<(f32, f32)> = table
+            .iter()
+            .zip(&base)
+            .filter(|(r, _)| **r > 1.0 + 1e-4 && **r < factor * (1.0 - 1e-4))
+            .map(|(r, f)| {
+                let s = (1.0 / r - 1.0 / factor) / (1.0 - 1.0 / factor);
+                (f / (2.0 * std::f32::consts::PI), s)
+            })
+            .collect();
+        let (low, high) = match (blended.first(), blended.last()) {
+            (Some(&(x0, s0)), Some(&(x1, s1))) if blended.len() >= 2 && x0 != x1 => {
+                // s = a x - b with a = old/(high - low), b = low/(high - low).
+                let a = (s1 - s0) / (x1 - x0);
+                let b = a * x0 - s0;
+                let span = old as f32 / a;
+                (b * span, b * span + span)
+            }
+            _ => (1.0, 4.0),
+        };
+        let s = Llama3Scaling {
+            factor,
+            low_freq_factor: low,
+            high_freq_factor: high,
+            original_context: old,
+        };
+        let scaled = inverse_frequencies(theta, rot_dim, Some(s));
+        let mismatch = base
+            .iter()
+            .zip(table)
+            .zip(&scaled)
+            .enumerate()
+            .find(|(_, ((f, r), got))| (*got - *f / *r).abs() > 1e-4 * (*f / *r).abs());
+        match mismatch {
+            None => return Ok(Some(s)),
+            Some((i, ((f, r), got))) if last_err.is_empty() => {
+                last_err = format!(
+                    "is not Llama 3's frequency scaling (pair {i}: divisor {r}, where the closest Llama 3 scaling, factor {factor}, low {low}, high {high}, original context {old}, gives {}); kiln implements Llama 3's scaling only",
+                    f / got
+                );
+            }
+            Some(_) => {}
         }
     }
-    Ok(Some(s))
+    Err(last_err)
 }
 
 /// GGUF architectures kiln imports: llama.cpp's names for the Llama family.

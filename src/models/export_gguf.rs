@@ -1,0 +1,516 @@
+//! Export to GGUF: a Llama-family model written as the single file llama.cpp (and Ollama, LM
+//! Studio, kiln itself) runs, with its tokenizer and chat template in the metadata.
+//!
+//! The inverse of `import::pretrained`'s GGUF reading, in llama.cpp's converter's layout:
+//! `general.architecture` llama, qwen2 (query/key/value biases) or qwen3 (per-head query/key
+//! norms); llama's query and key rows interleaved for its pairwise rotation; Llama 3's
+//! frequency scaling as `rope_freqs.weight` divisors; matrices in F32, F16, BF16 or Q8_0 and
+//! vectors in F32, as the converter writes them.
+
+use crate::config::ModelConfig;
+use crate::data::HfTokenizer;
+use crate::data::gguf::writer::{Tensor, gguf_bytes};
+use crate::data::gguf::{GgufFile, GgufValue as V};
+use crate::engine::cpu::rope::inverse_frequencies;
+use crate::error::{KilnError, Result};
+use crate::models::Model;
+use crate::models::export::hf_tensors;
+use crate::models::import::pretrained::ROPE_FREQS;
+use crate::models::llama::LlamaConfig;
+use std::path::Path;
+
+/// How the matrices are stored (the converter's `--outtype`); vectors are always F32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum GgufType {
+    F32,
+    F16,
+    Bf16,
+    /// 8-bit blocks of 32 values with one f16 scale each (llama.cpp's Q8_0).
+    #[value(name = "q8_0")]
+    Q8_0,
+}
+
+impl GgufType {
+    /// ggml's tensor type id.
+    fn ggml(self) -> u32 {
+        match self {
+            GgufType::F32 => 0,
+            GgufType::F16 => 1,
+            GgufType::Q8_0 => 8,
+            GgufType::Bf16 => 30,
+        }
+    }
+
+    /// `general.file_type` (llama.cpp's LLAMA_FTYPE of the file's main type).
+    fn file_type(self) -> u32 {
+        match self {
+            GgufType::F32 => 0,
+            GgufType::F16 => 1,
+            GgufType::Q8_0 => 7,
+            GgufType::Bf16 => 32,
+        }
+    }
+
+    fn encode(self, data: &[f32]) -> Vec<u8> {
+        match self {
+            GgufType::F32 => data.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            GgufType::F16 => data
+                .iter()
+                .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
+                .collect(),
+            GgufType::Bf16 => data
+                .iter()
+                .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+                .collect(),
+            GgufType::Q8_0 => q8_0(data),
+        }
+    }
+}
+
+/// Q8_0 blocks: `d = max|x| / 127` as f16, then `round(x / d)` as i8, 32 values a block.
+fn q8_0(data: &[f32]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(data.len() / 32 * 34);
+    for block in data.chunks(32) {
+        let amax = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+        out.extend(half::f16::from_f32(d).to_le_bytes());
+        out.extend(
+            block
+                .iter()
+                .map(|v| (v * inv).round().clamp(-127.0, 127.0) as i8 as u8),
+        );
+    }
+    out
+}
+
+/// llama.cpp's name of a Hugging Face Llama tensor.
+fn gguf_name(hf: &str) -> Option<String> {
+    let rest = hf.strip_prefix("model.").unwrap_or(hf);
+    if let Some(layer) = rest.strip_prefix("layers.") {
+        let (l, part) = layer.split_once('.')?;
+        let (module, kind) = part.rsplit_once('.')?;
+        let to = match module {
+            "input_layernorm" => "attn_norm",
+            "post_attention_layernorm" => "ffn_norm",
+            "self_attn.q_proj" => "attn_q",
+            "self_attn.k_proj" => "attn_k",
+            "self_attn.v_proj" => "attn_v",
+            "self_attn.o_proj" => "attn_output",
+            "self_attn.q_norm" => "attn_q_norm",
+            "self_attn.k_norm" => "attn_k_norm",
+            "mlp.gate_proj" => "ffn_gate",
+            "mlp.up_proj" => "ffn_up",
+            "mlp.down_proj" => "ffn_down",
+            _ => return None,
+        };
+        return Some(format!("blk.{l}.{to}.{kind}"));
+    }
+    Some(
+        match rest {
+            "embed_tokens.weight" => "token_embd.weight",
+            "norm.weight" => "output_norm.weight",
+            "lm_head.weight" => "output.weight",
+            _ => return None,
+        }
+        .into(),
+    )
+}
+
+/// Moves row `i + D/2` of each head next to row `i` (llama's rotation pairs neighbours; the
+/// importer's `unpermute_rotary_rows` puts them back).
+fn interleave_rotary_rows(data: &[f32], rows: usize, cols: usize, heads: usize) -> Vec<f32> {
+    let d = rows / heads;
+    let half = d / 2;
+    let mut out = vec![0.0; data.len()];
+    for h in 0..heads {
+        for i in 0..half {
+            for (src, dst) in [(i, 2 * i), (i + half, 2 * i + 1)] {
+                let (s, t) = ((h * d + src) * cols, (h * d + dst) * cols);
+                out[t..t + cols].copy_from_slice(&data[s..s + cols]);
+            }
+        }
+    }
+    out
+}
+
+/// Writes `model` (settings `m`, `vocab` embedding rows) as a GGUF file at `to`, its
+/// matrices in `ty`, with the tokenizer of `tokenizer` (a data.tokenizer value). Returns notes
+/// for the user.
+pub fn export_gguf(
+    model: &dyn Model,
+    m: &ModelConfig,
+    vocab: usize,
+    tokenizer: &str,
+    to: &Path,
+    ty: GgufType,
+) -> Result<Vec<String>> {
+    let l = LlamaConfig::from_model(m, vocab).ok_or_else(|| {
+        KilnError::Setting(format!(
+            "GGUF export writes Llama-family models; model.kind = \"{}\" exports as a Hugging Face directory (give --to a directory)",
+            m.kind()
+        ))
+    })?;
+    let arch = match (l.qkv_bias, l.qk_norm) {
+        (false, false) => "llama",
+        (true, false) => "qwen2",
+        (false, true) => "qwen3",
+        (true, true) => {
+            return Err(KilnError::Setting(
+                "the model has both query/key/value biases and query/key norms, which no GGUF architecture llama.cpp runs has; export it as a Hugging Face directory".into(),
+            ));
+        }
+    };
+    let mut notes = Vec::new();
+    if l.sliding_window > 0 {
+        notes.push(format!(
+            "the sliding window of {} positions is not stored: llama.cpp runs {arch} GGUF files with full attention",
+            l.sliding_window
+        ));
+    }
+    let (hf, _) = hf_tensors(model, m, vocab)?;
+    let mut tensors = Vec::with_capacity(hf.len() + 1);
+    for (name, t) in &hf {
+        let gname = gguf_name(name).ok_or_else(|| {
+            KilnError::Setting(format!("internal: no GGUF name for tensor {name}"))
+        })?;
+        let cols: usize = t.shape[1..].iter().product();
+        let rows = t.shape[0];
+        let heads = if gname.ends_with("attn_q.weight") {
+            Some(l.n_heads)
+        } else if gname.ends_with("attn_k.weight") {
+            Some(l.n_kv_heads)
+        } else {
+            None
+        };
+        let data = match heads {
+            Some(h) if arch == "llama" => interleave_rotary_rows(&t.data, rows, cols, h),
+            _ => t.data.clone(),
+        };
+        // Vectors stay F32, and Q8_0 needs rows of whole 32-value blocks (else F16, as the
+        // converter falls back).
+        let this = match (t.shape.len(), ty) {
+            (1, _) => GgufType::F32,
+            (_, GgufType::Q8_0) if !cols.is_multiple_of(32) => GgufType::F16,
+            _ => ty,
+        };
+        tensors.push(Tensor {
+            name: gname,
+            // ggml lists the fastest-varying dimension first.
+            dims: t.shape.iter().rev().map(|&n| n as u64).collect(),
+            ggml_type: this.ggml(),
+            data: this.encode(&data),
+        });
+    }
+    if let Some(s) = l.rope_scaling {
+        let base = inverse_frequencies(l.rope_theta, l.rot_dim, None);
+        let scaled = inverse_frequencies(l.rope_theta, l.rot_dim, Some(s));
+        let divisors: Vec<f32> = base.iter().zip(&scaled).map(|(b, s)| b / s).collect();
+        tensors.push(Tensor {
+            name: ROPE_FREQS.into(),
+            dims: vec![divisors.len() as u64],
+            ggml_type: 0,
+            data: GgufType::F32.encode(&divisors),
+        });
+    }
+
+    let key = |k: &str| format!("{arch}.{k}");
+    let u = |v: usize| V::U32(v as u32);
+    let mut meta: Vec<(String, V)> = vec![
+        ("general.architecture".into(), V::String(arch.into())),
+        ("general.name".into(), V::String(model_name(to))),
+        ("general.file_type".into(), V::U32(ty.file_type())),
+        (key("context_length"), u(l.context)),
+        (key("embedding_length"), u(l.d_model)),
+        (key("block_count"), u(l.n_layers)),
+        (key("feed_forward_length"), u(l.ffn_hidden)),
+        (key("attention.head_count"), u(l.n_heads)),
+        (key("attention.head_count_kv"), u(l.n_kv_heads)),
+        (key("attention.key_length"), u(l.head_dim)),
+        (key("attention.value_length"), u(l.head_dim)),
+        (key("rope.dimension_count"), u(l.rot_dim)),
+        (key("rope.freq_base"), V::F32(l.rope_theta)),
+        (key("attention.layer_norm_rms_epsilon"), V::F32(l.norm_eps)),
+        (key("vocab_size"), u(vocab)),
+    ];
+    meta.extend(tokenizer_metadata(tokenizer, vocab)?);
+    let refs: Vec<(&str, V)> = meta.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    if let Some(dir) = to.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| KilnError::output(dir, e))?;
+    }
+    std::fs::write(to, gguf_bytes(&refs, &tensors)).map_err(|e| KilnError::output(to, e))?;
+    Ok(notes)
+}
+
+/// `general.name`: the file's stem.
+fn model_name(to: &Path) -> String {
+    to.file_stem()
+        .map_or_else(|| "kiln".into(), |s| s.to_string_lossy().into_owned())
+}
+
+/// The `tokenizer.*` keys of `tokenizer`: copied from a GGUF file as they are, or built from
+/// a byte-level BPE tokenizer.json (tokens by id, merges, token types, special ids, chat
+/// template) whose pre-tokenizer is one llama.cpp names. Tokens are padded to `vocab`.
+fn tokenizer_metadata(tokenizer: &str, vocab: usize) -> Result<Vec<(String, V)>> {
+    let path = Path::new(tokenizer);
+    if crate::data::is_tokenizer_path(tokenizer) && path.extension().is_some_and(|e| e == "gguf") {
+        let g = GgufFile::open(path)?;
+        let n = g
+            .get_str_array("tokenizer.ggml.tokens")
+            .map_or(0, |t| t.len());
+        if n != vocab {
+            return Err(KilnError::Setting(format!(
+                "the tokenizer of {} has {n} tokens and the model {vocab} embedding rows; llama.cpp needs them equal",
+                path.display()
+            )));
+        }
+        return Ok(g
+            .metadata()
+            .iter()
+            .filter(|(k, _)| k.starts_with("tokenizer."))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect());
+    }
+    let tok = if crate::data::is_tokenizer_path(tokenizer) {
+        crate::data::tokenizer_from_path(path)?
+    } else {
+        HfTokenizer::from_builtin(tokenizer)?
+    };
+    from_tokenizer_json(&tok, vocab).map_err(|why| {
+        KilnError::Setting(format!(
+            "the tokenizer {tokenizer} cannot be written into GGUF: {why}; export a Hugging Face directory instead (give --to a directory)"
+        ))
+    })
+}
+
+fn from_tokenizer_json(
+    tok: &HfTokenizer,
+    vocab: usize,
+) -> std::result::Result<Vec<(String, V)>, String> {
+    let json: serde_json::Value = serde_json::from_str(
+        &tok.inner()
+            .to_string(false)
+            .map_err(|e| format!("it does not serialise ({e})"))?,
+    )
+    .map_err(|e| e.to_string())?;
+    let model = &json["model"];
+    if model["type"] != "BPE" {
+        return Err(format!(
+            "its model is {}, and kiln writes byte-level BPE vocabularies only",
+            model["type"]
+        ));
+    }
+    // The pre-tokenizer must be one llama.cpp knows by name; compare through the tokenizers
+    // library's own serialisation so spelling differences in the file do not matter.
+    let canon_pre = |v: &serde_json::Value| {
+        serde_json::from_value::<tokenizers::PreTokenizerWrapper>(v.clone())
+            .ok()
+            .and_then(|p| serde_json::to_value(p).ok())
+    };
+    let canon_norm = |v: &serde_json::Value| {
+        if v.is_null() {
+            return Some(serde_json::Value::Null);
+        }
+        serde_json::from_value::<tokenizers::NormalizerWrapper>(v.clone())
+            .ok()
+            .and_then(|n| serde_json::to_value(n).ok())
+    };
+    let (have_pre, have_norm) = (
+        canon_pre(&json["pre_tokenizer"]),
+        canon_norm(&json["normalizer"]),
+    );
+    let pre = ["gpt2", "smollm", "llama-bpe", "qwen2"]
+        .into_iter()
+        .find(|name| {
+            crate::data::hf_tokenizer::gguf_pre_tokenizer(name).is_some_and(|(p, n, _)| {
+                canon_pre(&p) == have_pre && canon_norm(&n) == have_norm
+            })
+        })
+        .ok_or("its pre-tokenizer is none of the ones llama.cpp names (gpt2, smollm, llama-bpe, qwen2)")?;
+    let mut tokens: Vec<Option<(String, i32)>> = vec![None; vocab];
+    let mut place = |id: u64, text: &str, ty: i32| -> std::result::Result<(), String> {
+        let slot = tokens.get_mut(id as usize).ok_or(format!(
+            "token id {id} is past the model's {vocab} embedding rows"
+        ))?;
+        *slot = Some((text.to_string(), ty));
+        Ok(())
+    };
+    for (text, id) in model["vocab"].as_object().ok_or("it has no vocabulary")? {
+        place(
+            id.as_u64().ok_or("a vocabulary id is not a number")?,
+            text,
+            1,
+        )?;
+    }
+    for a in json["added_tokens"].as_array().into_iter().flatten() {
+        let (id, text) = (a["id"].as_u64(), a["content"].as_str());
+        let (Some(id), Some(text)) = (id, text) else {
+            return Err("an added token has no id or content".into());
+        };
+        // 3: control (special); 4: user-defined (matched as written).
+        place(id, text, if a["special"] == true { 3 } else { 4 })?;
+    }
+    let (texts, types): (Vec<V>, Vec<V>) = tokens
+        .into_iter()
+        .enumerate()
+        .map(|(id, t)| {
+            // Rows no token uses, as llama.cpp's converter names them (type 5: unused).
+            let (text, ty) = t.unwrap_or_else(|| (format!("[PAD{id}]"), 5));
+            (V::String(text), V::I32(ty))
+        })
+        .unzip();
+    let merges = model["merges"]
+        .as_array()
+        .ok_or("it has no merges")?
+        .iter()
+        .map(|m| match m {
+            serde_json::Value::String(s) => Ok(V::String(s.clone())),
+            serde_json::Value::Array(p) if p.len() == 2 => Ok(V::String(format!(
+                "{} {}",
+                p[0].as_str().unwrap_or_default(),
+                p[1].as_str().unwrap_or_default()
+            ))),
+            _ => Err("a merge is neither \"a b\" nor [a, b]".to_string()),
+        })
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let mut meta = vec![
+        ("tokenizer.ggml.model".to_string(), V::String("gpt2".into())),
+        ("tokenizer.ggml.pre".to_string(), V::String(pre.into())),
+        ("tokenizer.ggml.tokens".to_string(), V::Array(texts)),
+        ("tokenizer.ggml.token_type".to_string(), V::Array(types)),
+        ("tokenizer.ggml.merges".to_string(), V::Array(merges)),
+        (
+            "tokenizer.ggml.add_bos_token".to_string(),
+            V::Bool(tok.adds_bos()),
+        ),
+    ];
+    if let Some(id) = tok.bos_id() {
+        meta.push(("tokenizer.ggml.bos_token_id".into(), V::U32(id)));
+    }
+    if let Some(&id) = tok.eos_ids().first() {
+        meta.push(("tokenizer.ggml.eos_token_id".into(), V::U32(id)));
+    }
+    if let Some(id) = tok.pad_id() {
+        meta.push(("tokenizer.ggml.padding_token_id".into(), V::U32(id)));
+    }
+    if let Some(t) = tok.chat_template() {
+        meta.push(("tokenizer.chat_template".into(), V::String(t.into())));
+    }
+    Ok(meta)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn q8_0_blocks_round_to_the_scale() {
+        let x: Vec<f32> = (0..64).map(|i| (i as f32 - 20.0) * 0.37).collect();
+        let b = q8_0(&x);
+        assert_eq!(b.len(), 2 * 34);
+        for (blk, vals) in b.chunks(34).zip(x.chunks(32)) {
+            let d = half::f16::from_le_bytes([blk[0], blk[1]]).to_f32();
+            for (q, v) in blk[2..].iter().zip(vals) {
+                let back = *q as i8 as f32 * d;
+                assert!(
+                    (back - v).abs() <= 0.5 * d + 1e-3 * v.abs(),
+                    "{back} vs {v}"
+                );
+            }
+        }
+    }
+
+    /// A Llama (with Llama 3's scaling), a Qwen2-style model (biases) and a Qwen3-style one
+    /// (query/key norms), written as GGUF and read back by the importer, give the same logits;
+    /// the file names its architecture and stores the scaling as divisors.
+    #[test]
+    fn exported_gguf_files_import_to_the_same_logits() {
+        use crate::config::ResolvedConfig;
+        use crate::engine::{Device, MemoryPool};
+        let cases: [(&[&str], &str); 3] = [
+            (
+                &["model.rope_scaling_factor=8", "model.n_kv_heads=2"],
+                "llama",
+            ),
+            (&["model.qkv_bias=true"], "qwen2"),
+            (&["model.qk_norm=true", "model.head_dim=16"], "qwen3"),
+        ];
+        let dir = tempfile::tempdir().unwrap();
+        for (extra, arch) in cases {
+            let mut o: Vec<String> = [
+                "model.kind=llama",
+                "model.d_model=32",
+                "model.n_layers=2",
+                "model.n_heads=4",
+                "model.context=64",
+                "model.ffn_hidden=64",
+                "train.seq_len=64",
+                "data.tokenizer=gpt2",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            o.extend(extra.iter().map(|s| s.to_string()));
+            let cfg = ResolvedConfig::resolve(None, &o).unwrap().config;
+            let vocab = crate::train::model_vocab(&cfg).unwrap();
+            let pool = MemoryPool::new(Device::Cpu);
+            let model = crate::models::build(&cfg.model, vocab, &pool, 11).unwrap();
+            let path = dir.path().join(format!("{arch}.gguf"));
+            export_gguf(
+                model.as_ref(),
+                &cfg.model,
+                vocab,
+                "gpt2",
+                &path,
+                GgufType::F32,
+            )
+            .unwrap();
+            let g = GgufFile::open(&path).unwrap();
+            assert_eq!(g.get_str("general.architecture"), Some(arch));
+            assert_eq!(g.get_str("tokenizer.ggml.pre"), Some("gpt2"));
+            assert_eq!(g.tensor_names().any(|n| n == ROPE_FREQS), arch == "llama");
+            let p = crate::models::import::pretrained::open(&path).unwrap();
+            let l = p.model.llama().unwrap();
+            assert_eq!(
+                l.rope_scaling_factor,
+                if arch == "llama" { 8.0 } else { 0.0 }
+            );
+            let back = p.build_on_cpu().unwrap();
+            let ids = [464u32, 3290, 318, 257, 1332, 13, 50256, 11];
+            let (want, got) = (
+                model.next_logits(&ids).unwrap(),
+                back.next_logits(&ids).unwrap(),
+            );
+            assert_eq!(want.len(), got.len());
+            for (a, b) in want.iter().zip(&got) {
+                assert!(
+                    (a - b).abs() <= 1e-5 * (1.0 + a.abs()),
+                    "{arch}: {a} vs {b}"
+                );
+            }
+            // The same text gives the same ids through the file's own tokenizer.
+            let text = "Hello world, it's 2026!";
+            assert_eq!(
+                p.tokenizer.encode(text),
+                HfTokenizer::from_builtin("gpt2").unwrap().encode(text)
+            );
+        }
+    }
+
+    #[test]
+    fn llama_names_map_to_llama_cpp_names() {
+        assert_eq!(
+            gguf_name("model.layers.3.self_attn.k_proj.weight").as_deref(),
+            Some("blk.3.attn_k.weight")
+        );
+        assert_eq!(
+            gguf_name("model.layers.0.self_attn.q_proj.bias").as_deref(),
+            Some("blk.0.attn_q.bias")
+        );
+        assert_eq!(
+            gguf_name("lm_head.weight").as_deref(),
+            Some("output.weight")
+        );
+        assert_eq!(gguf_name("model.layers.0.mlp.other.weight"), None);
+    }
+}
