@@ -30,11 +30,21 @@ fn text(o: &Output) -> (String, String) {
 /// transformers gives for the same file (Q4_1 weights dequantised on load).
 #[test]
 fn smollm2_gguf_answers_a_chat_prompt() {
-    let gguf = smollm2_gguf();
+    let (out, err) = capital_of_france(&smollm2_gguf());
+    assert_eq!(
+        out.trim(),
+        "The capital of France is Paris.",
+        "stderr: {err}"
+    );
+    assert!(err.contains("decode"), "a throughput summary: {err}");
+}
+
+/// The greedy 16-token reply of `model` to a chat prompt (stdout, stderr); it must succeed.
+fn capital_of_france(model: &Path) -> (String, String) {
     let o = kiln(&[
         "generate",
         "--init-from",
-        gguf.to_str().unwrap(),
+        model.to_str().unwrap(),
         "--chat",
         "--prompt",
         "What is the capital of France?",
@@ -44,13 +54,8 @@ fn smollm2_gguf_answers_a_chat_prompt() {
         "16",
     ]);
     let (out, err) = text(&o);
-    assert!(o.status.success(), "{err}");
-    assert_eq!(
-        out.trim(),
-        "The capital of France is Paris.",
-        "stderr: {err}"
-    );
-    assert!(err.contains("decode"), "a throughput summary: {err}");
+    assert!(o.status.success(), "{}: {err}", model.display());
+    (out, err)
 }
 
 /// SmolLM2 from its GGUF file, written back as GGUF: in f32 the re-imported model has the
@@ -60,23 +65,7 @@ fn smollm2_gguf_answers_a_chat_prompt() {
 fn smollm2_exports_to_gguf_and_imports_back() {
     let gguf = smollm2_gguf();
     let dir = tempfile::tempdir().unwrap();
-    let answer = |model: &Path| {
-        let o = kiln(&[
-            "generate",
-            "--init-from",
-            model.to_str().unwrap(),
-            "--chat",
-            "--prompt",
-            "What is the capital of France?",
-            "--temperature",
-            "0",
-            "--tokens",
-            "16",
-        ]);
-        let (out, err) = text(&o);
-        assert!(o.status.success(), "{}: {err}", model.display());
-        out.trim().to_string()
-    };
+    let answer = |model: &Path| capital_of_france(model).0.trim().to_string();
     let mut sizes = vec![];
     for outtype in ["f32", "q8_0"] {
         let to = dir.path().join(format!("smol-{outtype}.gguf"));
