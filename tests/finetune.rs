@@ -914,6 +914,10 @@ fn plan_shows_the_nf4_base_and_its_saving() {
         "{out}"
     );
     assert!(out.contains("largest micro-batch that fits"), "{out}");
+    // The peak by purpose: the frozen base is weights without gradients.
+    assert!(out.contains("at the peak, by purpose:"), "{out}");
+    assert!(out.contains("the frozen base as stored"), "{out}");
+    assert!(out.contains("by the operation that booked them"), "{out}");
     let json = ok(&kiln(&[
         "plan",
         "--gpu",
@@ -936,6 +940,18 @@ fn plan_shows_the_nf4_base_and_its_saving() {
         "{json}"
     );
     assert!(v["largest_micro_batch"].as_u64().unwrap() >= 1, "{json}");
+    // The parts by purpose add up to the device peak, the rounding aside.
+    let parts: u64 = v["breakdown"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|x| x.as_u64().unwrap())
+        .sum();
+    assert_eq!(parts, v["device_peak"].as_u64().unwrap(), "{json}");
+    assert!(
+        v["breakdown"]["gradients"].as_u64() < v["breakdown"]["master_weights"].as_u64(),
+        "only adapters have gradients: {json}"
+    );
     // A Llama step without adapters plans too, every parameter trained.
     let json = ok(&kiln(&[
         "plan",

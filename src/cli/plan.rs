@@ -305,6 +305,12 @@ struct MetaReport<'a> {
     fits: bool,
     largest_micro_batch: Option<usize>,
     planning_seconds: f64,
+    /// The device peak by purpose (weights, gradients, optimizer state, activations).
+    breakdown: plan::Breakdown,
+    /// The operation running at the peak.
+    peak_at: String,
+    /// The step's live bytes at the peak by the operation that booked them, largest first.
+    largest_at_peak: Vec<(String, usize)>,
     /// A low-rank fine-tune's frozen base (with `lora.enabled`).
     finetune_base: Option<plan::finetune::FinetuneWeights>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -372,6 +378,9 @@ fn plan_by_meta_step(a: &PlanArgs, cfg: &Config) -> Result<()> {
         fits: fits(&p),
         largest_micro_batch: largest,
         planning_seconds: p.seconds,
+        breakdown: plan::Breakdown::of(&p),
+        peak_at: p.at_peak.op.to_string(),
+        largest_at_peak: plan::largest_at_peak(&p.at_peak),
         finetune_base,
         data_parallel,
     };
@@ -412,6 +421,7 @@ fn plan_by_meta_step(a: &PlanArgs, cfg: &Config) -> Result<()> {
         gib(p.pool_peak - p.resident)
     );
     print_peaks(budget, p.pool_peak, p.device_peak, r.fits);
+    print_meta_breakdown(&r, precision);
     match largest {
         Some(b) => println!("  largest micro-batch that fits: {b}"),
         None => println!(
@@ -425,6 +435,51 @@ fn plan_by_meta_step(a: &PlanArgs, cfg: &Config) -> Result<()> {
         print_data_parallel(d);
     }
     Ok(())
+}
+
+/// The device peak by purpose, and the operations that booked most of what is live there.
+fn print_meta_breakdown(r: &MetaReport, precision: Precision) {
+    let bd = &r.breakdown;
+    let trains_all = r.trainable_params == r.params;
+    println!("  at the peak, by purpose:");
+    let row = |what: &str, bytes: usize| {
+        if bytes > 0 {
+            println!("    {what:<52} {:>12}", gib(bytes));
+        }
+    };
+    row(
+        if trains_all {
+            "weights (fp32 masters)"
+        } else {
+            "weights (the frozen base as stored, adapters in fp32)"
+        },
+        bd.master_weights,
+    );
+    if let Some(dt) = precision.compute_dtype() {
+        row(&format!("compute copies ({dt:?})"), bd.compute_copies);
+    }
+    row("gradients (fp32, trained weights only)", bd.gradients);
+    row("optimizer state and fixed buffers", bd.optimizer_state);
+    row(
+        "saved by the forward for the backward",
+        bd.saved_activations,
+    );
+    row(
+        &format!("transient (the peak is reached at: {})", r.peak_at),
+        bd.transient,
+    );
+    row("outside the pool", bd.outside_pool);
+    if !r.largest_at_peak.is_empty() {
+        let largest: Vec<String> = r
+            .largest_at_peak
+            .iter()
+            .map(|(w, n)| format!("{w} {}", gib(*n)))
+            .collect();
+        println!(
+            "  largest at the peak, by the operation that booked them: {}",
+            largest.join(", ")
+        );
+    }
 }
 
 /// The pool peak, the scratch outside the pool (on a GPU) and the device peak against the

@@ -188,6 +188,34 @@ impl PlanRequest {
     }
 }
 
+/// The four operations that booked the most of what is live at the peak, weights and
+/// optimizer state (booked at construction) left out.
+pub fn largest_at_peak(l: &crate::engine::pool::PeakLedger) -> Vec<(String, usize)> {
+    l.by_op
+        .iter()
+        .filter(|(op, _)| *op != "construction")
+        .take(4)
+        .map(|(op, n)| (op.to_string(), *n))
+        .collect()
+}
+
+impl Breakdown {
+    /// The breakdown of a step run on the meta device, from its ledger at the peak.
+    pub fn of(m: &meta::MetaStep) -> Breakdown {
+        let l = &m.at_peak;
+        let built = l.phase(Phase::Construction);
+        Breakdown {
+            master_weights: m.masters,
+            compute_copies: m.compute_copies,
+            gradients: m.gradients,
+            optimizer_state: built.saturating_sub(m.masters + m.compute_copies + m.gradients),
+            saved_activations: l.phase(Phase::Forward),
+            transient: l.phase(Phase::Backward) + l.phase(Phase::Optimizer),
+            outside_pool: l.outside,
+        }
+    }
+}
+
 /// Bytes by purpose at the device peak.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct Breakdown {
@@ -271,29 +299,14 @@ impl Plan {
 pub fn plan(r: &PlanRequest) -> crate::error::Result<Plan> {
     let m = meta::meta_step(&r.step_config(), r.vocab, r.device, r.precision())?;
     let l = &m.at_peak;
-    let built = l.phase(Phase::Construction);
-    let b = Breakdown {
-        master_weights: m.masters,
-        compute_copies: m.compute_copies,
-        gradients: m.gradients,
-        optimizer_state: built.saturating_sub(m.masters + m.compute_copies + m.gradients),
-        saved_activations: l.phase(Phase::Forward),
-        transient: l.phase(Phase::Backward) + l.phase(Phase::Optimizer),
-        outside_pool: l.outside,
-    };
+    let b = Breakdown::of(&m);
     let mut rounding = 0;
     if r.gpu() {
         rounding = l.alignment;
         let total = m.device_peak + rounding;
         rounding += total.next_multiple_of(POOL_GRANULE) - total;
     }
-    let largest: Vec<(String, usize)> = l
-        .by_op
-        .iter()
-        .filter(|(op, _)| *op != "construction")
-        .take(4)
-        .map(|(op, n)| (op.to_string(), *n))
-        .collect();
+    let largest = largest_at_peak(l);
     let cost = match r.resnet_bk() {
         None => r.model.cost_on(r.micro_batch, r.seq_len, r.layout()),
         Some(cfg) => cfg.cost(r.micro_batch, r.seq_len),
