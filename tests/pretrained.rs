@@ -60,14 +60,14 @@ fn capital_of_france(model: &Path) -> (String, String) {
 
 /// SmolLM2 from its GGUF file, written back as GGUF: in f32 the re-imported model has the
 /// same weights and tokenizer (its chat prompt answered the same way), in q8_0 the file is a
-/// quarter of that and still loads and answers; a GPT run is refused with what to do instead.
+/// quarter of that and in q4_0 smaller again, and both still load and answer; a GPT run is refused with what to do instead.
 #[test]
 fn smollm2_exports_to_gguf_and_imports_back() {
     let gguf = smollm2_gguf();
     let dir = tempfile::tempdir().unwrap();
     let answer = |model: &Path| capital_of_france(model).0.trim().to_string();
     let mut sizes = vec![];
-    for outtype in ["f32", "q8_0"] {
+    for outtype in ["f32", "q8_0", "q4_0"] {
         let to = dir.path().join(format!("smol-{outtype}.gguf"));
         let o = kiln(&[
             "export",
@@ -105,6 +105,12 @@ fn smollm2_exports_to_gguf_and_imports_back() {
         "q8_0 {} against f32 {}",
         sizes[1],
         sizes[0]
+    );
+    assert!(
+        sizes[2] < sizes[1],
+        "q4_0 {} against q8_0 {}",
+        sizes[2],
+        sizes[1]
     );
     // A GPT has no GGUF layout here: the error says so and names the way that works.
     let run = dir.path().join("gpt");

@@ -25,7 +25,7 @@ The tokenizer files come along when the run's tokenizer is a pretrained model's.
   kiln export --run runs/smol-ft --to smol-ft.gguf --outtype q8_0
       a single GGUF file for llama.cpp, Ollama or LM Studio (Llama-family models: llama, or
       qwen2/qwen3 with their biases or norms), its tokenizer and chat template in the
-      metadata; matrices in f32, f16 (the default), bf16 or q8_0, vectors in f32.")]
+      metadata; matrices in f32, f16 (the default), bf16, q8_0, q4_0 or q4_k, vectors in f32.")]
 pub struct ExportArgs {
     /// Run directory written by `kiln train` (default: the most recent run).
     #[arg(long, value_name = "DIR", conflicts_with = "init_from")]

@@ -4,7 +4,7 @@
 //! The inverse of `import::pretrained`'s GGUF reading, in llama.cpp's converter's layout:
 //! `general.architecture` llama, qwen2 (query/key/value biases) or qwen3 (per-head query/key
 //! norms); llama's query and key rows interleaved for its pairwise rotation; Llama 3's
-//! frequency scaling as `rope_freqs.weight` divisors; matrices in F32, F16, BF16 or Q8_0 and
+//! frequency scaling as `rope_freqs.weight` divisors; matrices in F32, F16, BF16, Q8_0, Q4_0 or Q4_K and
 //! vectors in F32, as the converter writes them.
 
 use crate::config::ModelConfig;
@@ -28,6 +28,15 @@ pub enum GgufType {
     /// 8-bit blocks of 32 values with one f16 scale each (llama.cpp's Q8_0).
     #[value(name = "q8_0")]
     Q8_0,
+    /// 4-bit blocks of 32 values with one f16 scale each (llama.cpp's Q4_0); the embedding and
+    /// the head stay in Q8_0.
+    #[value(name = "q4_0")]
+    Q4_0,
+    /// 4-bit super-blocks of 256 values in 8 sub-blocks with 6-bit scales and minimums
+    /// (llama.cpp's Q4_K); the embedding and the head stay in Q8_0, and matrices whose rows
+    /// are not whole super-blocks take Q8_0 too.
+    #[value(name = "q4_k")]
+    Q4K,
 }
 
 impl GgufType {
@@ -37,7 +46,18 @@ impl GgufType {
             GgufType::F32 => 0,
             GgufType::F16 => 1,
             GgufType::Q8_0 => 8,
+            GgufType::Q4_0 => 2,
+            GgufType::Q4K => 12,
             GgufType::Bf16 => 30,
+        }
+    }
+
+    /// Values a block holds (1 for the plain types).
+    fn block(self) -> usize {
+        match self {
+            GgufType::Q8_0 | GgufType::Q4_0 => 32,
+            GgufType::Q4K => 256,
+            _ => 1,
         }
     }
 
@@ -47,6 +67,8 @@ impl GgufType {
             GgufType::F32 => 0,
             GgufType::F16 => 1,
             GgufType::Q8_0 => 7,
+            GgufType::Q4_0 => 2,
+            GgufType::Q4K => 14,
             GgufType::Bf16 => 32,
         }
     }
@@ -63,8 +85,99 @@ impl GgufType {
                 .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
                 .collect(),
             GgufType::Q8_0 => q8_0(data),
+            GgufType::Q4_0 => q4_0(data),
+            GgufType::Q4K => q4_k(data),
         }
     }
+}
+
+/// Q4_0 blocks: the value of largest magnitude `m` sets `d = m / -8` (f16), and each value is
+/// stored as `round(x / d) + 8` in 4 bits: value `i` in byte `i`'s low nibble, value `i + 16`
+/// in its high nibble.
+fn q4_0(data: &[f32]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(data.len() / 32 * 18);
+    for block in data.chunks(32) {
+        let m = block
+            .iter()
+            .copied()
+            .fold(0.0f32, |m, v| if v.abs() > m.abs() { v } else { m });
+        let d = half::f16::from_f32(m / -8.0);
+        let df = d.to_f32();
+        let inv = if df != 0.0 { 1.0 / df } else { 0.0 };
+        let q = |v: f32| ((v * inv).round() + 8.0).clamp(0.0, 15.0) as u8;
+        out.extend(d.to_le_bytes());
+        out.extend((0..16).map(|i| q(block[i]) | (q(block[i + 16]) << 4)));
+    }
+    out
+}
+
+/// Q4_K super-blocks of 256: each sub-block of 32 gets a scale `(max - min) / 15` and a
+/// minimum `-min(min, 0)`; those are stored as 6-bit multiples of the super-block's f16 `d`
+/// and `dmin`, and each value as `round((x + dmin * m) / (d * s))` in 4 bits. The packing is
+/// the one `data::gguf` reads (scales of sub-blocks 4-7 split across the 12 scale bytes).
+fn q4_k(data: &[f32]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(data.len() / 256 * 144);
+    for sb in data.chunks(256) {
+        let mut scale = [0.0f32; 8];
+        let mut min = [0.0f32; 8];
+        for (j, sub) in sb.chunks(32).enumerate() {
+            let lo = sub.iter().copied().fold(0.0f32, f32::min);
+            let hi = sub.iter().copied().fold(f32::MIN, f32::max).max(lo);
+            scale[j] = (hi - lo) / 15.0;
+            min[j] = -lo;
+        }
+        let d = half::f16::from_f32(scale.iter().copied().fold(0.0, f32::max) / 63.0);
+        let dmin = half::f16::from_f32(min.iter().copied().fold(0.0, f32::max) / 63.0);
+        let (df, dminf) = (d.to_f32(), dmin.to_f32());
+        let code = |v: f32, unit: f32| {
+            if unit > 0.0 {
+                (v / unit).round().clamp(0.0, 63.0) as u8
+            } else {
+                0
+            }
+        };
+        // A scale code rounds up when rounding down would clip the sub-block's top values.
+        let sc: Vec<u8> = (0..8)
+            .map(|j| {
+                let c = code(scale[j], df);
+                if c < 63 && f32::from(c) * df * 15.0 < scale[j] * 15.0 - 0.5 * df {
+                    c + 1
+                } else {
+                    c
+                }
+            })
+            .collect();
+        let mc: Vec<u8> = (0..8).map(|j| code(min[j], dminf)).collect();
+        let mut scales = [0u8; 12];
+        for j in 0..8 {
+            if j < 4 {
+                scales[j] = sc[j];
+                scales[j + 4] = mc[j];
+            } else {
+                scales[j + 4] = (sc[j] & 0x0f) | ((mc[j] & 0x0f) << 4);
+                scales[j - 4] |= (sc[j] >> 4) << 6;
+                scales[j] |= (mc[j] >> 4) << 6;
+            }
+        }
+        let q = |j: usize, v: f32| {
+            let step = df * f32::from(sc[j]);
+            if step > 0.0 {
+                ((v + dminf * f32::from(mc[j])) / step)
+                    .round()
+                    .clamp(0.0, 15.0) as u8
+            } else {
+                0
+            }
+        };
+        out.extend(d.to_le_bytes());
+        out.extend(dmin.to_le_bytes());
+        out.extend(scales);
+        for g in 0..4 {
+            let (lo, hi) = (&sb[64 * g..64 * g + 32], &sb[64 * g + 32..64 * g + 64]);
+            out.extend((0..32).map(|l| q(2 * g, lo[l]) | (q(2 * g + 1, hi[l]) << 4)));
+        }
+    }
+    out
 }
 
 /// Q8_0 blocks: `d = max|x| / 127` as f16, then `round(x / d)` as i8, 32 values a block.
@@ -170,6 +283,7 @@ pub fn export_gguf(
     }
     let (hf, _) = hf_tensors(model, m, vocab)?;
     let mut tensors = Vec::with_capacity(hf.len() + 1);
+    let mut fallbacks = 0;
     for (name, t) in &hf {
         let gname = gguf_name(name).ok_or_else(|| {
             KilnError::Setting(format!("internal: no GGUF name for tensor {name}"))
@@ -189,11 +303,20 @@ pub fn export_gguf(
         };
         // Vectors stay F32, and Q8_0 needs rows of whole 32-value blocks (else F16, as the
         // converter falls back).
-        let this = match (t.shape.len(), ty) {
+        let embedding_or_head = gname == "token_embd.weight" || gname == "output.weight";
+        let mut this = match (t.shape.len(), ty) {
             (1, _) => GgufType::F32,
-            (_, GgufType::Q8_0) if !cols.is_multiple_of(32) => GgufType::F16,
+            (_, GgufType::Q4_0 | GgufType::Q4K) if embedding_or_head => GgufType::Q8_0,
             _ => ty,
         };
+        if !cols.is_multiple_of(this.block()) {
+            this = if cols.is_multiple_of(32) {
+                GgufType::Q8_0
+            } else {
+                GgufType::F16
+            };
+            fallbacks += 1;
+        }
         tensors.push(Tensor {
             name: gname,
             // ggml lists the fastest-varying dimension first.
@@ -201,6 +324,13 @@ pub fn export_gguf(
             ggml_type: this.ggml(),
             data: this.encode(&data),
         });
+    }
+    if fallbacks > 0 {
+        notes.push(format!(
+            "{fallbacks} matrices whose rows are not whole {} blocks of {} values were written in Q8_0 (or F16)",
+            crate::data::gguf::GgmlType(ty.ggml()).name(),
+            ty.block()
+        ));
     }
     if let Some(s) = l.rope_scaling {
         let base = inverse_frequencies(l.rope_theta, l.rot_dim, None);
@@ -494,6 +624,62 @@ mod tests {
                 p.tokenizer.encode(text),
                 HfTokenizer::from_builtin("gpt2").unwrap().encode(text)
             );
+        }
+    }
+
+    /// Each block type written here reads back through the GGUF reader within its rounding:
+    /// Q8_0 and Q4_0 within half a step of their block's scale, Q4_K within a few percent of
+    /// the values' spread.
+    #[test]
+    fn quantised_blocks_read_back_through_the_reader() {
+        let mut seed = 0x9e3779b97f4a7c15u64;
+        let mut normal = || {
+            // Box-Muller over a xorshift stream: weights look Gaussian.
+            let mut u = || {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                ((seed >> 11) as f64 / (1u64 << 53) as f64).max(1e-12)
+            };
+            let (a, b) = (u(), u());
+            ((-2.0 * a.ln()).sqrt() * (2.0 * std::f64::consts::PI * b).cos()) as f32 * 0.02
+        };
+        let (rows, cols) = (8usize, 512usize);
+        let x: Vec<f32> = (0..rows * cols).map(|_| normal()).collect();
+        let rms = (x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32).sqrt();
+        for ty in [
+            GgufType::F16,
+            GgufType::Bf16,
+            GgufType::Q8_0,
+            GgufType::Q4_0,
+            GgufType::Q4K,
+        ] {
+            let t = Tensor {
+                name: "w".into(),
+                dims: vec![cols as u64, rows as u64],
+                ggml_type: ty.ggml(),
+                data: ty.encode(&x),
+            };
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("w.gguf");
+            std::fs::write(&path, gguf_bytes(&[], &[t])).unwrap();
+            let (shape, back) = GgufFile::open(&path).unwrap().tensor_f32("w").unwrap();
+            assert_eq!(shape, [rows, cols]);
+            let err = (x
+                .iter()
+                .zip(&back)
+                .map(|(a, b)| (a - b) * (a - b))
+                .sum::<f32>()
+                / x.len() as f32)
+                .sqrt()
+                / rms;
+            // Relative RMS error: 4-bit codes over a Gaussian block land near 0.1.
+            let bound = match ty {
+                GgufType::Q4_0 | GgufType::Q4K => 0.15,
+                GgufType::Q8_0 => 0.01,
+                _ => 0.005,
+            };
+            assert!(err < bound, "{ty:?}: relative RMS error {err}");
         }
     }
 
