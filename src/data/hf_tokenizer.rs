@@ -189,15 +189,18 @@ impl HfTokenizer {
         let model = g.get_str("tokenizer.ggml.model").ok_or_else(|| {
             err("has no tokenizer (tokenizer.ggml.model is missing); use the model's tokenizer.json".into())
         })?;
+        if model == "llama" {
+            return Self::from_gguf_sentencepiece(g);
+        }
         if model != "gpt2" {
             let what = match model {
-                "llama" => "a SentencePiece vocabulary",
                 "bert" => "a WordPiece vocabulary",
                 _ => "a vocabulary kind",
             };
             return Err(err(format!(
                 "tokenizer.ggml.model = {model:?} ({what}) cannot be built from GGUF yet, only \
-                 byte-level BPE (\"gpt2\"); use the model's Hugging Face tokenizer.json instead"
+                 byte-level BPE (\"gpt2\") and SentencePiece BPE (\"llama\"); use the model's \
+                 Hugging Face tokenizer.json instead"
             )));
         }
         let tokens = g.get_str_array("tokenizer.ggml.tokens").ok_or_else(|| {
@@ -303,6 +306,135 @@ impl HfTokenizer {
             chat_template: g.get_str("tokenizer.chat_template").map(String::from),
         };
         let name = format!("{} (GGUF vocabulary)", path.display());
+        Self::build(json, path, name, config, Some(tokens.len()))
+    }
+
+    /// A GGUF SentencePiece BPE vocabulary (`tokenizer.ggml.model = "llama"`: Llama 2,
+    /// Mistral 7B, TinyLlama) as the tokenizer.json transformers builds for it: pieces with
+    /// `▁` for spaces, a `▁` put before the text (unless `add_space_prefix` is false), bytes
+    /// the vocabulary lacks spelled as its `<0xNN>` tokens, and merges made from the scores
+    /// (every split of a piece into two pieces, ranked by the whole piece's score).
+    fn from_gguf_sentencepiece(g: &GgufFile) -> Result<HfTokenizer, DataError> {
+        let path = g.path();
+        let err = |reason: String| file_error(path, reason);
+        let tokens = g.get_str_array("tokenizer.ggml.tokens").ok_or_else(|| {
+            err(
+                "tokenizer.ggml.tokens is missing or not a list of strings; the file is damaged"
+                    .into(),
+            )
+        })?;
+        let scores = g.get_f32_array("tokenizer.ggml.scores").ok_or_else(|| {
+            err(
+                "tokenizer.ggml.scores is missing; a SentencePiece vocabulary needs its scores"
+                    .into(),
+            )
+        })?;
+        let types = g
+            .get_i64_array("tokenizer.ggml.token_type")
+            .unwrap_or_else(|| vec![1; tokens.len()]);
+        if scores.len() != tokens.len() || types.len() != tokens.len() {
+            return Err(err(
+                "tokenizer.ggml.scores, token_type and tokens differ in length; the file is damaged"
+                    .into(),
+            ));
+        }
+        let mut vocab = serde_json::Map::with_capacity(tokens.len());
+        let mut ids: std::collections::HashMap<&str, usize> =
+            std::collections::HashMap::with_capacity(tokens.len());
+        for (id, &tok) in tokens.iter().enumerate() {
+            vocab.entry(tok).or_insert(json!(id));
+            ids.entry(tok).or_insert(id);
+        }
+        // transformers' SentencePiece extraction: for each piece in id order, its splits into
+        // two pieces (ordered by the parts' ids), then all of them by the piece's score,
+        // highest first, keeping that order among equal scores.
+        let mut merges: Vec<(&str, &str, f32)> = Vec::new();
+        for (id, &piece) in tokens.iter().enumerate() {
+            let mut local: Vec<(usize, usize, &str, &str)> = piece
+                .char_indices()
+                .skip(1)
+                .filter_map(|(at, _)| {
+                    let (l, r) = piece.split_at(at);
+                    Some((*ids.get(l)?, *ids.get(r)?, l, r))
+                })
+                .collect();
+            local.sort_by_key(|&(a, b, _, _)| (a, b));
+            merges.extend(local.into_iter().map(|(_, _, l, r)| (l, r, scores[id])));
+        }
+        merges.sort_by(|a, b| b.2.total_cmp(&a.2));
+        let merges: Vec<Json> = merges.iter().map(|(l, r, _)| json!([l, r])).collect();
+        let token = |key: &str| -> Option<(u32, String)> {
+            let id = u32::try_from(g.get_u64(key)?).ok()?;
+            Some((id, tokens.get(id as usize)?.to_string()))
+        };
+        let unk = token("tokenizer.ggml.unknown_token_id").or_else(|| {
+            types
+                .iter()
+                .position(|&t| t == 2)
+                .map(|i| (i as u32, tokens[i].to_string()))
+        });
+        let added: Vec<Json> = types
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| **t == 2 || **t == 3 || **t == 4)
+            .map(|(id, t)| {
+                json!({
+                    "id": id, "content": tokens[id], "single_word": false, "lstrip": false,
+                    "rstrip": false, "normalized": false, "special": *t != 4,
+                })
+            })
+            .collect();
+        let mut normalizers = vec![];
+        if g.get_bool("tokenizer.ggml.add_space_prefix")
+            .unwrap_or(true)
+        {
+            normalizers.push(json!({"type": "Prepend", "prepend": "\u{2581}"}));
+        }
+        normalizers
+            .push(json!({"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"}));
+        let json = json!({
+            "version": "1.0",
+            "truncation": null,
+            "padding": null,
+            "added_tokens": added,
+            "normalizer": {"type": "Sequence", "normalizers": normalizers},
+            "pre_tokenizer": null,
+            "post_processor": null,
+            "decoder": {"type": "Sequence", "decoders": [
+                {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
+                {"type": "ByteFallback"},
+                {"type": "Fuse"},
+                {"type": "Strip", "content": " ", "start": 1, "stop": 0},
+            ]},
+            "model": {
+                "type": "BPE", "dropout": null, "unk_token": unk.as_ref().map(|u| u.1.clone()),
+                "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
+                "vocab": vocab, "merges": merges,
+            },
+        });
+        let (bos, eos) = (
+            token("tokenizer.ggml.bos_token_id"),
+            token("tokenizer.ggml.eos_token_id"),
+        );
+        let mut eos_ids: Vec<u32> = eos.iter().map(|e| e.0).collect();
+        for (id, &tok) in tokens.iter().enumerate() {
+            if types[id] == 3 && END_OF_TURN.contains(&tok) && !eos_ids.contains(&(id as u32)) {
+                eos_ids.push(id as u32);
+            }
+        }
+        let config = DirConfig {
+            bos_token: bos.as_ref().map(|b| b.1.clone()),
+            eos_token: eos.as_ref().map(|e| e.1.clone()),
+            bos_id: bos.as_ref().map(|b| b.0),
+            eos_ids,
+            pad_token: None,
+            pad_id: token("tokenizer.ggml.padding_token_id").map(|t| t.0),
+            // llama.cpp's default for SentencePiece vocabularies is a BOS.
+            add_bos: Some(g.get_bool("tokenizer.ggml.add_bos_token").unwrap_or(true)),
+            chat_template: g.get_str("tokenizer.chat_template").map(String::from),
+        };
+        let name = format!("{} (GGUF SentencePiece vocabulary)", path.display());
         Self::build(json, path, name, config, Some(tokens.len()))
     }
 
@@ -771,6 +903,68 @@ mod tests {
         assert!(tok.is_chunk_safe());
         let t: &dyn Tokenizer = &tok;
         assert_eq!(t.decode(&t.encode("hello wo")), "hello wo");
+    }
+
+    /// A SentencePiece BPE vocabulary (trained by sentencepiece itself on the bundled corpus,
+    /// with byte fallback; `tests/data/spm_bpe.json`, made by scripts/make-spm-fixture.py) in
+    /// a GGUF file encodes 314 texts to the ids sentencepiece gave, and decodes them back.
+    #[test]
+    fn a_gguf_sentencepiece_vocabulary_encodes_as_sentencepiece_does() {
+        let fixture: Json =
+            serde_json::from_str(include_str!("../../tests/data/spm_bpe.json")).unwrap();
+        let pieces = fixture["pieces"].as_array().unwrap();
+        let col = |i: usize, f: &dyn Fn(&Json) -> GgufValue| {
+            GgufValue::Array(pieces.iter().map(|p| f(&p[i])).collect())
+        };
+        let md = vec![
+            ("tokenizer.ggml.model", GgufValue::String("llama".into())),
+            (
+                "tokenizer.ggml.tokens",
+                col(0, &|v| GgufValue::String(v.as_str().unwrap().into())),
+            ),
+            (
+                "tokenizer.ggml.scores",
+                col(1, &|v| GgufValue::F32(v.as_f64().unwrap() as f32)),
+            ),
+            (
+                "tokenizer.ggml.token_type",
+                col(2, &|v| GgufValue::I32(v.as_i64().unwrap() as i32)),
+            ),
+            ("tokenizer.ggml.bos_token_id", GgufValue::U32(1)),
+            ("tokenizer.ggml.eos_token_id", GgufValue::U32(2)),
+            ("tokenizer.ggml.unknown_token_id", GgufValue::U32(0)),
+        ];
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("spm.gguf");
+        std::fs::write(&path, gguf_bytes(&md, &[])).unwrap();
+        let tok = HfTokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
+        assert!(tok.adds_bos());
+        assert_eq!(tok.bos_id(), Some(1));
+        let cases = fixture["cases"].as_array().unwrap();
+        assert!(cases.len() > 300);
+        let mut wrong = vec![];
+        for c in cases {
+            let text = c[0].as_str().unwrap();
+            let want: Vec<u32> = c[1]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u32)
+                .collect();
+            let got = tok.encode(text);
+            if got != want {
+                wrong.push(format!("{text:?}: {got:?} != {want:?}"));
+            }
+            assert_eq!(tok.decode(&want), text, "decodes back");
+        }
+        assert!(
+            wrong.is_empty(),
+            "{} of {}:\n{}",
+            wrong.len(),
+            cases.len(),
+            wrong.join("\n")
+        );
+        assert_eq!(tok.encode_with_special("Hello", true)[0], 1);
     }
 
     #[test]
