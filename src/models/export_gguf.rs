@@ -683,6 +683,91 @@ mod tests {
         }
     }
 
+    /// A Llama with a SentencePiece vocabulary (Llama 2's kind; the fixture SentencePiece
+    /// trained) goes through GGUF and back: its tokenizer keys are copied, and the model
+    /// reads back with the same logits and the same ids.
+    #[test]
+    fn a_sentencepiece_llama_goes_through_gguf_and_back() {
+        use crate::config::ResolvedConfig;
+        use crate::engine::{Device, MemoryPool};
+        let fixture: serde_json::Value =
+            serde_json::from_str(include_str!("../../tests/data/spm_bpe.json")).unwrap();
+        let pieces = fixture["pieces"].as_array().unwrap();
+        let col = |i: usize, f: &dyn Fn(&serde_json::Value) -> V| {
+            V::Array(pieces.iter().map(|p| f(&p[i])).collect())
+        };
+        let md = vec![
+            ("tokenizer.ggml.model", V::String("llama".into())),
+            (
+                "tokenizer.ggml.tokens",
+                col(0, &|v| V::String(v.as_str().unwrap().into())),
+            ),
+            (
+                "tokenizer.ggml.scores",
+                col(1, &|v| V::F32(v.as_f64().unwrap() as f32)),
+            ),
+            (
+                "tokenizer.ggml.token_type",
+                col(2, &|v| V::I32(v.as_i64().unwrap() as i32)),
+            ),
+            ("tokenizer.ggml.bos_token_id", V::U32(1)),
+            ("tokenizer.ggml.eos_token_id", V::U32(2)),
+        ];
+        let dir = tempfile::tempdir().unwrap();
+        let vocab_file = dir.path().join("spm.gguf");
+        std::fs::write(&vocab_file, gguf_bytes(&md, &[])).unwrap();
+        let tok = vocab_file.display().to_string();
+        let o: Vec<String> = [
+            "model.kind=llama",
+            "model.d_model=32",
+            "model.n_layers=2",
+            "model.n_heads=4",
+            "model.n_kv_heads=2",
+            "model.context=64",
+            "model.ffn_hidden=64",
+            "train.seq_len=64",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([format!("data.tokenizer={tok}")])
+        .collect();
+        let cfg = ResolvedConfig::resolve(None, &o).unwrap().config;
+        let vocab = crate::train::model_vocab(&cfg).unwrap();
+        assert_eq!(vocab, pieces.len());
+        let model =
+            crate::models::build(&cfg.model, vocab, &MemoryPool::new(Device::Cpu), 5).unwrap();
+        let path = dir.path().join("llama2-like.gguf");
+        export_gguf(
+            model.as_ref(),
+            &cfg.model,
+            vocab,
+            &tok,
+            &path,
+            GgufType::F16,
+        )
+        .unwrap();
+        let p = crate::models::import::pretrained::open(&path).unwrap();
+        let text = "ROMEO: Wherefore art thou, 12 times?";
+        let ids = p.tokenizer.encode(text);
+        assert_eq!(
+            ids,
+            crate::data::tokenizer_from_path(&vocab_file)
+                .unwrap()
+                .encode(text)
+        );
+        assert!(p.tokenizer.adds_bos());
+        let back = p.build_on_cpu().unwrap();
+        let (want, got) = (
+            model.next_logits(&ids).unwrap(),
+            back.next_logits(&ids).unwrap(),
+        );
+        // F16 weights: the logits move by the rounding, not more.
+        let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        for (a, b) in want.iter().zip(&got) {
+            assert!((a - b).abs() <= 2e-2 * scale, "{a} vs {b}");
+        }
+    }
+
     #[test]
     fn llama_names_map_to_llama_cpp_names() {
         assert_eq!(
