@@ -969,6 +969,18 @@ fn plan_shows_the_nf4_base_and_its_saving() {
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(v["params"], v["trainable_params"], "{json}");
     assert!(v["fits"].as_bool().unwrap(), "{json}");
+    // Its per-layer table counts every parameter the meta step built.
+    let layers = v["layers"].as_array().unwrap();
+    let mlp = layers
+        .iter()
+        .find(|l| l["layer"] == "block.mlp (SwiGLU)")
+        .unwrap();
+    assert_eq!(mlp["count"], 2, "{json}");
+    let counted: u64 = layers
+        .iter()
+        .map(|l| l["params"].as_u64().unwrap() * l["count"].as_u64().unwrap())
+        .sum();
+    assert_eq!(counted, v["params"].as_u64().unwrap(), "{json}");
 }
 
 #[test]

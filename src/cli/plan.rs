@@ -307,6 +307,8 @@ struct MetaReport<'a> {
     planning_seconds: f64,
     /// The device peak by purpose (weights, gradients, optimizer state, activations).
     breakdown: plan::Breakdown,
+    /// Each layer's parameters, FLOPs and saved bytes (the Llama family; empty otherwise).
+    layers: Vec<plan::LayerLine>,
     /// The operation running at the peak.
     peak_at: String,
     /// The step's live bytes at the peak by the operation that booked them, largest first.
@@ -379,6 +381,15 @@ fn plan_by_meta_step(a: &PlanArgs, cfg: &Config) -> Result<()> {
         largest_micro_batch: largest,
         planning_seconds: p.seconds,
         breakdown: plan::Breakdown::of(&p),
+        layers: crate::models::llama::LlamaConfig::from_model(&cfg.model, vocab)
+            .map(|l| {
+                let layout = crate::nn::ActLayout {
+                    device,
+                    weights: precision.compute_dtype().unwrap_or(DType::F32),
+                };
+                plan::llama_layer_table(&l, cfg.train.micro_batch, cfg.train.seq_len, layout)
+            })
+            .unwrap_or_default(),
         peak_at: p.at_peak.op.to_string(),
         largest_at_peak: plan::largest_at_peak(&p.at_peak),
         finetune_base,
@@ -434,7 +445,43 @@ fn plan_by_meta_step(a: &PlanArgs, cfg: &Config) -> Result<()> {
     if let Some(d) = &r.data_parallel {
         print_data_parallel(d);
     }
+    if !r.layers.is_empty() {
+        println!(
+            "\nactivations per layer (micro-batch {} x {}; from the layers' own costs):",
+            r.micro_batch, r.seq_len
+        );
+        print_layer_table(&r.layers);
+        let tokens = (r.micro_batch * r.seq_len) as f64;
+        let sum = |f: fn(&plan::LayerLine) -> u64| {
+            r.layers.iter().map(|l| f(l) * l.count as u64).sum::<u64>() as f64 / tokens / 1e6
+        };
+        let (fwd, bwd) = (sum(|l| l.flops_forward), sum(|l| l.flops_backward));
+        println!(
+            "FLOPs per token: forward {fwd:.2} M, backward {bwd:.2} M (total {:.2} M)",
+            fwd + bwd
+        );
+    }
     Ok(())
+}
+
+/// The per-layer table: parameters, saved bytes with and without recomputation, FLOPs.
+fn print_layer_table(layers: &[plan::LayerLine]) {
+    println!(
+        "| layer | count | params | saved | saved with recompute=blocks | forward GFLOP | backward GFLOP |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for l in layers {
+        println!(
+            "| {} | {} | {} | {} | {} | {:.3} | {:.3} |",
+            l.layer,
+            l.count,
+            l.params,
+            gib(l.saved_bytes),
+            gib(l.saved_bytes_recompute),
+            l.flops_forward as f64 / 1e9,
+            l.flops_backward as f64 / 1e9
+        );
+    }
 }
 
 /// The device peak by purpose, and the operations that booked most of what is live there.
@@ -913,22 +960,7 @@ fn print_report(r: &Report, cfg: &Config) {
         "\nactivations per layer (micro-batch {} x {}):",
         q.micro_batch, q.seq_len
     );
-    println!(
-        "| layer | count | params | saved | saved with recompute=blocks | forward GFLOP | backward GFLOP |"
-    );
-    println!("|---|---|---|---|---|---|---|");
-    for l in &r.layers {
-        println!(
-            "| {} | {} | {} | {} | {} | {:.3} | {:.3} |",
-            l.layer,
-            l.count,
-            l.params,
-            gib(l.saved_bytes),
-            gib(l.saved_bytes_recompute),
-            l.flops_forward as f64 / 1e9,
-            l.flops_backward as f64 / 1e9
-        );
-    }
+    print_layer_table(&r.layers);
     let per = |f: u64| f as f64 / p.tokens as f64 / 1e6;
     let accum = cfg.train.grad_accum as f64;
     println!(

@@ -249,6 +249,47 @@ impl LlamaConfig {
         }
     }
 
+    /// The parts of the model for a per-layer table: the embedding, each block's layers
+    /// (named, the first the norm that opens a block; the attention of a windowed model is
+    /// the layer with the window, full layers noted in its name), the final norm and the head.
+    pub fn layer_costs(
+        &self,
+        batch: usize,
+        seq: usize,
+        layout: ActLayout,
+    ) -> (Cost, Vec<(String, Cost)>, Cost, Cost) {
+        let tokens = batch * seq;
+        let c = self.d_model;
+        let norm = RmsNorm::cost_of(c, tokens, layout);
+        let window = self.window_of(self.n_layers.saturating_sub(1));
+        let attention =
+            GqaAttention::cost_of(c, self.heads(), self.qkv_bias, batch, seq, window, layout)
+                + self.qk_norm_cost(tokens, layout);
+        let attn_name = match (window, self.full_attention_layers) {
+            (0, _) => "block.attn".to_string(),
+            (w, 0) => format!("block.attn (window {w})"),
+            (w, full) => format!("block.attn (window {w}; the first {full} attend fully)"),
+        };
+        let vocab = padded_vocab(self.vocab);
+        (
+            Cost {
+                params: vocab * c,
+                ..Cost::default()
+            },
+            vec![
+                ("block.ln1".into(), norm),
+                (attn_name, attention),
+                ("block.ln2".into(), norm),
+                (
+                    "block.mlp (SwiGLU)".into(),
+                    SwiGlu::cost_of(c, self.ffn_hidden, tokens, layout),
+                ),
+            ],
+            norm,
+            lm::head_cost(c, vocab, self.tied_head, tokens, layout),
+        )
+    }
+
     /// The cost of one micro-batch from the layers' own costs, activations laid out as
     /// `layout` keeps them.
     pub fn cost_on(&self, batch: usize, seq: usize, layout: ActLayout) -> Cost {

@@ -398,6 +398,27 @@ pub fn layer_table(r: &PlanRequest) -> Vec<LayerLine> {
     )
 }
 
+/// The activation table of a Llama-family step: each layer's parameters, FLOPs and saved
+/// bytes for `batch x seq` tokens, from the layers' own costs (as [`layer_table`] for GPT).
+pub fn llama_layer_table(
+    l: &crate::models::llama::LlamaConfig,
+    batch: usize,
+    seq: usize,
+    layout: ActLayout,
+) -> Vec<LayerLine> {
+    let (embedding, block, ln_f, head) = l.layer_costs(batch, seq, layout);
+    let block: Vec<(&str, Cost)> = block.iter().map(|(n, c)| (n.as_str(), *c)).collect();
+    stack_table(
+        embedding,
+        &block,
+        l.n_layers,
+        layout.act_bytes(batch * seq * l.d_model),
+        ln_f,
+        head,
+        l.tied_head,
+    )
+}
+
 /// The table of a pre-norm stack: the embedding, `layers` times the `block` lines (the first
 /// being the norm that opens a block), the final norm and the head. Under recomputation a
 /// block keeps only its input, `stream` bytes; the token ids live in host memory and the
