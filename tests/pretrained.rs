@@ -112,6 +112,20 @@ fn smollm2_exports_to_gguf_and_imports_back() {
         sizes[2],
         sizes[1]
     );
+    // --outtype belongs to GGUF targets: with a directory it is refused before anything runs.
+    let dir_target = dir.path().join("not-gguf");
+    let o = kiln(&[
+        "export",
+        "--init-from",
+        gguf.to_str().unwrap(),
+        "--to",
+        dir_target.to_str().unwrap(),
+        "--outtype",
+        "q8_0",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o).1);
+    assert!(text(&o).1.contains("--to FILE.gguf"), "{}", text(&o).1);
+    assert!(!dir_target.exists());
     // A GPT has no GGUF layout here: the error says so and names the way that works.
     let run = dir.path().join("gpt");
     let o = kiln(&[

@@ -46,9 +46,9 @@ pub struct ExportArgs {
     /// For a LoRA run: write only the adapters, in PEFT's format, to DIR.
     #[arg(long, value_name = "DIR")]
     pub adapter_only: Option<PathBuf>,
-    /// With --to FILE.gguf: how the matrices are stored (vectors are always f32).
-    #[arg(long, value_enum, default_value = "f16")]
-    pub outtype: GgufType,
+    /// With --to FILE.gguf: how the matrices are stored (vectors are always f32; default f16).
+    #[arg(long, value_enum)]
+    pub outtype: Option<GgufType>,
 }
 
 #[derive(Args, Debug)]
@@ -82,14 +82,31 @@ pub struct MergeArgs {
     /// Directory to write (created if missing), or a FILE.gguf for llama.cpp.
     #[arg(long, value_name = "DIR")]
     pub to: PathBuf,
-    /// With --to FILE.gguf: how the matrices are stored (vectors are always f32).
-    #[arg(long, value_enum, default_value = "f16")]
-    pub outtype: GgufType,
+    /// With --to FILE.gguf: how the matrices are stored (vectors are always f32; default f16).
+    #[arg(long, value_enum)]
+    pub outtype: Option<GgufType>,
+}
+
+/// The GGUF storage type: `--outtype`, which only a `.gguf` target takes, or f16.
+fn gguf_type(to: Option<&std::path::Path>, outtype: Option<GgufType>) -> Result<GgufType> {
+    match (outtype, to) {
+        (Some(_), Some(to)) if !is_gguf(to) => Err(crate::error::KilnError::Setting(format!(
+            "--outtype sets how a GGUF file stores its matrices, and {} is a directory target (written in f32 safetensors); give --to FILE.gguf, or leave --outtype out",
+            to.display()
+        ))),
+        (t, _) => Ok(t.unwrap_or(GgufType::F16)),
+    }
+}
+
+fn is_gguf(to: &std::path::Path) -> bool {
+    to.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
 }
 
 pub fn merge(a: MergeArgs) -> Result<()> {
+    let outtype = gguf_type(Some(&a.to), a.outtype)?;
     if let Some(path) = &a.init_from {
-        return export_imported(path, a.adapter.as_deref(), Some(&a.to), a.outtype);
+        return export_imported(path, a.adapter.as_deref(), Some(&a.to), outtype);
     }
     export_run(
         a.run,
@@ -97,7 +114,7 @@ pub fn merge(a: MergeArgs) -> Result<()> {
         Some(&a.to),
         None,
         Adapters::MustMerge,
-        a.outtype,
+        outtype,
     )
 }
 
@@ -111,8 +128,9 @@ enum Adapters {
 }
 
 pub fn run(a: ExportArgs) -> Result<()> {
+    let outtype = gguf_type(a.to.as_deref(), a.outtype)?;
     if let Some(path) = &a.init_from {
-        return export_imported(path, a.adapter.as_deref(), a.to.as_deref(), a.outtype);
+        return export_imported(path, a.adapter.as_deref(), a.to.as_deref(), outtype);
     }
     export_run(
         a.run,
@@ -120,7 +138,7 @@ pub fn run(a: ExportArgs) -> Result<()> {
         a.to.as_deref(),
         a.adapter_only.as_deref(),
         Adapters::MergeIfAny,
-        a.outtype,
+        outtype,
     )
 }
 
@@ -236,10 +254,7 @@ fn write_model(
     to: &std::path::Path,
     outtype: GgufType,
 ) -> Result<Vec<String>> {
-    if to
-        .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
-    {
+    if is_gguf(to) {
         crate::models::export_gguf::export_gguf(model, m, vocab, tokenizer, to, outtype)
     } else {
         crate::models::export::export_hf(model, m, vocab, tokenizer, to)
