@@ -270,41 +270,9 @@ impl HfTokenizer {
             },
         });
 
-        let token = |key: &str| -> Option<(u32, String)> {
-            let id = u32::try_from(g.get_u64(key)?).ok()?;
-            Some((id, tokens.get(id as usize)?.to_string()))
-        };
-        let (bos, eos) = (
-            token("tokenizer.ggml.bos_token_id"),
-            token("tokenizer.ggml.eos_token_id"),
-        );
-        let mut eos_ids: Vec<u32> = [
-            "tokenizer.ggml.eos_token_id",
-            "tokenizer.ggml.eot_token_id",
-            "tokenizer.ggml.eom_token_id",
-        ]
-        .iter()
-        .filter_map(|k| token(k).map(|t| t.0))
-        .collect();
-        // llama.cpp also ends generation on the end-of-turn control tokens of the common chat
-        // formats, since many converted files name only <|endoftext|> as EOS.
-        for (id, &tok) in tokens.iter().enumerate() {
-            let control = types.as_ref().is_some_and(|t| t[id] == 3);
-            if control && END_OF_TURN.contains(&tok) {
-                eos_ids.push(id as u32);
-            }
-        }
-        let config = DirConfig {
-            bos_token: bos.as_ref().map(|b| b.1.clone()),
-            eos_token: eos.as_ref().map(|e| e.1.clone()),
-            bos_id: bos.as_ref().map(|b| b.0),
-            eos_ids,
-            pad_token: None,
-            pad_id: token("tokenizer.ggml.padding_token_id").map(|t| t.0),
-            // llama.cpp's default for BPE vocabularies is no BOS.
-            add_bos: Some(g.get_bool("tokenizer.ggml.add_bos_token").unwrap_or(false)),
-            chat_template: g.get_str("tokenizer.chat_template").map(String::from),
-        };
+        let is_control = |id: usize| types.as_ref().is_some_and(|t| t[id] == 3);
+        // llama.cpp's default for BPE vocabularies is no BOS.
+        let config = gguf_special_tokens(g, &tokens, is_control, false);
         let name = format!("{} (GGUF vocabulary)", path.display());
         Self::build(json, path, name, config, Some(tokens.len()))
     }
@@ -363,16 +331,11 @@ impl HfTokenizer {
         }
         merges.sort_by(|a, b| b.2.total_cmp(&a.2));
         let merges: Vec<Json> = merges.iter().map(|(l, r, _)| json!([l, r])).collect();
-        let token = |key: &str| -> Option<(u32, String)> {
-            let id = u32::try_from(g.get_u64(key)?).ok()?;
-            Some((id, tokens.get(id as usize)?.to_string()))
-        };
-        let unk = token("tokenizer.ggml.unknown_token_id").or_else(|| {
-            types
-                .iter()
-                .position(|&t| t == 2)
-                .map(|i| (i as u32, tokens[i].to_string()))
-        });
+        let unk = g
+            .get_u64("tokenizer.ggml.unknown_token_id")
+            .and_then(|id| tokens.get(id as usize))
+            .or_else(|| types.iter().position(|&t| t == 2).map(|i| &tokens[i]))
+            .map(|t| t.to_string());
         let added: Vec<Json> = types
             .iter()
             .enumerate()
@@ -407,33 +370,14 @@ impl HfTokenizer {
                 {"type": "Strip", "content": " ", "start": 1, "stop": 0},
             ]},
             "model": {
-                "type": "BPE", "dropout": null, "unk_token": unk.as_ref().map(|u| u.1.clone()),
+                "type": "BPE", "dropout": null, "unk_token": unk,
                 "continuing_subword_prefix": null, "end_of_word_suffix": null,
                 "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
                 "vocab": vocab, "merges": merges,
             },
         });
-        let (bos, eos) = (
-            token("tokenizer.ggml.bos_token_id"),
-            token("tokenizer.ggml.eos_token_id"),
-        );
-        let mut eos_ids: Vec<u32> = eos.iter().map(|e| e.0).collect();
-        for (id, &tok) in tokens.iter().enumerate() {
-            if types[id] == 3 && END_OF_TURN.contains(&tok) && !eos_ids.contains(&(id as u32)) {
-                eos_ids.push(id as u32);
-            }
-        }
-        let config = DirConfig {
-            bos_token: bos.as_ref().map(|b| b.1.clone()),
-            eos_token: eos.as_ref().map(|e| e.1.clone()),
-            bos_id: bos.as_ref().map(|b| b.0),
-            eos_ids,
-            pad_token: None,
-            pad_id: token("tokenizer.ggml.padding_token_id").map(|t| t.0),
-            // llama.cpp's default for SentencePiece vocabularies is a BOS.
-            add_bos: Some(g.get_bool("tokenizer.ggml.add_bos_token").unwrap_or(true)),
-            chat_template: g.get_str("tokenizer.chat_template").map(String::from),
-        };
+        // llama.cpp's default for SentencePiece vocabularies is a BOS.
+        let config = gguf_special_tokens(g, &tokens, |id| types[id] == 3, true);
         let name = format!("{} (GGUF SentencePiece vocabulary)", path.display());
         Self::build(json, path, name, config, Some(tokens.len()))
     }
@@ -732,6 +676,89 @@ const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L
 /// Qwen2's: Llama 3's with single digits.
 const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
+/// The SentencePiece BPE fixture (`tests/data/spm_bpe.json`: pieces, scores and types that
+/// SentencePiece trained, and the ids it gives a set of texts), and its vocabulary as the GGUF
+/// `tokenizer.*` metadata llama.cpp's converter writes.
+#[cfg(test)]
+pub(crate) fn spm_fixture_gguf_metadata() -> (Json, Vec<(&'static str, super::gguf::GgufValue)>) {
+    use super::gguf::GgufValue;
+    let fixture: Json =
+        serde_json::from_str(include_str!("../../tests/data/spm_bpe.json")).unwrap();
+    let pieces = fixture["pieces"].as_array().unwrap();
+    let col = |i: usize, f: &dyn Fn(&Json) -> GgufValue| {
+        GgufValue::Array(pieces.iter().map(|p| f(&p[i])).collect())
+    };
+    let md = vec![
+        ("tokenizer.ggml.model", GgufValue::String("llama".into())),
+        (
+            "tokenizer.ggml.tokens",
+            col(0, &|v| GgufValue::String(v.as_str().unwrap().into())),
+        ),
+        (
+            "tokenizer.ggml.scores",
+            col(1, &|v| GgufValue::F32(v.as_f64().unwrap() as f32)),
+        ),
+        (
+            "tokenizer.ggml.token_type",
+            col(2, &|v| GgufValue::I32(v.as_i64().unwrap() as i32)),
+        ),
+        ("tokenizer.ggml.bos_token_id", GgufValue::U32(1)),
+        ("tokenizer.ggml.eos_token_id", GgufValue::U32(2)),
+        ("tokenizer.ggml.unknown_token_id", GgufValue::U32(0)),
+    ];
+    (fixture, md)
+}
+
+/// BOS, EOS, padding and the chat template from a GGUF file's `tokenizer.*` metadata, for
+/// its vocabulary `tokens` (`is_control` tells its control tokens). Generation ends at EOS and
+/// at the end-of-turn and end-of-message ids the file names, and, as llama.cpp does, at the
+/// end-of-turn control tokens of the common chat formats, since many converted files name only
+/// `<|endoftext|>` as EOS. `add_bos` applies when the file does not say.
+fn gguf_special_tokens(
+    g: &GgufFile,
+    tokens: &[&str],
+    is_control: impl Fn(usize) -> bool,
+    add_bos: bool,
+) -> DirConfig {
+    let token = |key: &str| -> Option<(u32, String)> {
+        let id = u32::try_from(g.get_u64(key)?).ok()?;
+        Some((id, tokens.get(id as usize)?.to_string()))
+    };
+    let (bos, eos) = (
+        token("tokenizer.ggml.bos_token_id"),
+        token("tokenizer.ggml.eos_token_id"),
+    );
+    let mut eos_ids: Vec<u32> = Vec::new();
+    let ends = [
+        "tokenizer.ggml.eos_token_id",
+        "tokenizer.ggml.eot_token_id",
+        "tokenizer.ggml.eom_token_id",
+    ]
+    .iter()
+    .filter_map(|k| token(k).map(|t| t.0));
+    let turns = (0..tokens.len())
+        .filter(|&id| is_control(id) && END_OF_TURN.contains(&tokens[id]))
+        .map(|id| id as u32);
+    for id in ends.chain(turns) {
+        if !eos_ids.contains(&id) {
+            eos_ids.push(id);
+        }
+    }
+    DirConfig {
+        bos_token: bos.as_ref().map(|b| b.1.clone()),
+        eos_token: eos.as_ref().map(|e| e.1.clone()),
+        bos_id: bos.as_ref().map(|b| b.0),
+        eos_ids,
+        pad_token: None,
+        pad_id: token("tokenizer.ggml.padding_token_id").map(|t| t.0),
+        add_bos: Some(
+            g.get_bool("tokenizer.ggml.add_bos_token")
+                .unwrap_or(add_bos),
+        ),
+        chat_template: g.get_str("tokenizer.chat_template").map(String::from),
+    }
+}
+
 /// (pre_tokenizer, normalizer, ignore_merges) of the tokenizer.json that the model behind a
 /// GGUF `tokenizer.ggml.pre` name ships.
 pub(crate) fn gguf_pre_tokenizer(pre: &str) -> Option<(Json, Json, bool)> {
@@ -910,30 +937,7 @@ mod tests {
     /// a GGUF file encodes 314 texts to the ids sentencepiece gave, and decodes them back.
     #[test]
     fn a_gguf_sentencepiece_vocabulary_encodes_as_sentencepiece_does() {
-        let fixture: Json =
-            serde_json::from_str(include_str!("../../tests/data/spm_bpe.json")).unwrap();
-        let pieces = fixture["pieces"].as_array().unwrap();
-        let col = |i: usize, f: &dyn Fn(&Json) -> GgufValue| {
-            GgufValue::Array(pieces.iter().map(|p| f(&p[i])).collect())
-        };
-        let md = vec![
-            ("tokenizer.ggml.model", GgufValue::String("llama".into())),
-            (
-                "tokenizer.ggml.tokens",
-                col(0, &|v| GgufValue::String(v.as_str().unwrap().into())),
-            ),
-            (
-                "tokenizer.ggml.scores",
-                col(1, &|v| GgufValue::F32(v.as_f64().unwrap() as f32)),
-            ),
-            (
-                "tokenizer.ggml.token_type",
-                col(2, &|v| GgufValue::I32(v.as_i64().unwrap() as i32)),
-            ),
-            ("tokenizer.ggml.bos_token_id", GgufValue::U32(1)),
-            ("tokenizer.ggml.eos_token_id", GgufValue::U32(2)),
-            ("tokenizer.ggml.unknown_token_id", GgufValue::U32(0)),
-        ];
+        let (fixture, md) = spm_fixture_gguf_metadata();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("spm.gguf");
         std::fs::write(&path, gguf_bytes(&md, &[])).unwrap();

@@ -198,7 +198,7 @@ fn q8_0(data: &[f32]) -> Vec<u8> {
 }
 
 /// llama.cpp's name of a Hugging Face Llama tensor.
-fn gguf_name(hf: &str) -> Option<String> {
+pub(crate) fn gguf_name(hf: &str) -> Option<String> {
     let rest = hf.strip_prefix("model.").unwrap_or(hf);
     if let Some(layer) = rest.strip_prefix("layers.") {
         let (l, part) = layer.split_once('.')?;
@@ -690,29 +690,8 @@ mod tests {
     fn a_sentencepiece_llama_goes_through_gguf_and_back() {
         use crate::config::ResolvedConfig;
         use crate::engine::{Device, MemoryPool};
-        let fixture: serde_json::Value =
-            serde_json::from_str(include_str!("../../tests/data/spm_bpe.json")).unwrap();
+        let (fixture, md) = crate::data::hf_tokenizer::spm_fixture_gguf_metadata();
         let pieces = fixture["pieces"].as_array().unwrap();
-        let col = |i: usize, f: &dyn Fn(&serde_json::Value) -> V| {
-            V::Array(pieces.iter().map(|p| f(&p[i])).collect())
-        };
-        let md = vec![
-            ("tokenizer.ggml.model", V::String("llama".into())),
-            (
-                "tokenizer.ggml.tokens",
-                col(0, &|v| V::String(v.as_str().unwrap().into())),
-            ),
-            (
-                "tokenizer.ggml.scores",
-                col(1, &|v| V::F32(v.as_f64().unwrap() as f32)),
-            ),
-            (
-                "tokenizer.ggml.token_type",
-                col(2, &|v| V::I32(v.as_i64().unwrap() as i32)),
-            ),
-            ("tokenizer.ggml.bos_token_id", V::U32(1)),
-            ("tokenizer.ggml.eos_token_id", V::U32(2)),
-        ];
         let dir = tempfile::tempdir().unwrap();
         let vocab_file = dir.path().join("spm.gguf");
         std::fs::write(&vocab_file, gguf_bytes(&md, &[])).unwrap();

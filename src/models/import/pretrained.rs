@@ -1299,40 +1299,12 @@ mod tests {
             ];
             let metadata: Vec<(&str, V)> =
                 keys.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
-            let gguf_name = |hf: &str| -> String {
-                let rest = hf.strip_prefix("model.").unwrap_or(hf);
-                if let Some(layer) = rest.strip_prefix("layers.") {
-                    let (l, part) = layer.split_once('.').unwrap();
-                    let part = [
-                        ("input_layernorm", "attn_norm"),
-                        ("post_attention_layernorm", "ffn_norm"),
-                        ("self_attn.q_proj", "attn_q"),
-                        ("self_attn.k_proj", "attn_k"),
-                        ("self_attn.v_proj", "attn_v"),
-                        ("self_attn.o_proj", "attn_output"),
-                        ("self_attn.q_norm", "attn_q_norm"),
-                        ("self_attn.k_norm", "attn_k_norm"),
-                        ("mlp.gate_proj", "ffn_gate"),
-                        ("mlp.up_proj", "ffn_up"),
-                        ("mlp.down_proj", "ffn_down"),
-                    ]
-                    .iter()
-                    .fold(part.to_string(), |p, (from, to)| p.replace(from, to));
-                    format!("blk.{l}.{part}")
-                } else {
-                    match rest {
-                        "embed_tokens.weight" => "token_embd.weight".into(),
-                        "norm.weight" => "output_norm.weight".into(),
-                        "lm_head.weight" => "output.weight".into(),
-                        other => panic!("no GGUF name for {other}"),
-                    }
-                }
-            };
             let tensors: Vec<Tensor> = self
                 .hf
                 .iter()
                 .map(|(name, t)| Tensor {
-                    name: gguf_name(name),
+                    name: crate::models::export_gguf::gguf_name(name)
+                        .unwrap_or_else(|| panic!("no GGUF name for {name}")),
                     // ggml lists the fastest-varying dimension first.
                     dims: t.shape.iter().rev().map(|&n| n as u64).collect(),
                     ggml_type: 0,
