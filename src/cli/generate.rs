@@ -130,6 +130,10 @@ struct Loaded {
     model: Box<dyn Model>,
     tokenizer: Box<dyn Tokenizer>,
     stop_ids: Vec<u32>,
+    /// The BOS id put in front of a plain prompt, where the model's tokenizer asks for one
+    /// (`add_bos_token`: Llama 2, Mistral), as transformers' tokenizer and llama.cpp do. A
+    /// chat prompt takes its BOS from the template's text instead.
+    prompt_bos: Option<u32>,
     chat: Option<ChatTemplate>,
     model_cfg: crate::config::ModelConfig,
     vocab: usize,
@@ -174,22 +178,29 @@ fn load_on_cpu(a: &GenerateArgs) -> Result<Loaded> {
     let name = &loaded.config.data.tokenizer;
     // A run fine-tuned from a pretrained model keeps that model's tokenizer (its path), and
     // with it the chat template and the end-of-turn ids its replies stop on.
-    let (tokenizer, stop_ids, chat): (Box<dyn Tokenizer>, _, _) = if data::is_tokenizer_path(name) {
-        let hf = data::tokenizer_from_path(std::path::Path::new(name))?;
-        let (stop, chat) = (hf.eos_ids(), chat_template_of(&hf));
-        (Box::new(hf), stop, chat)
-    } else {
-        (data::tokenizer_by_name(name)?, Vec::new(), None)
-    };
+    let (tokenizer, stop_ids, prompt_bos, chat): (Box<dyn Tokenizer>, _, _, _) =
+        if data::is_tokenizer_path(name) {
+            let hf = data::tokenizer_from_path(std::path::Path::new(name))?;
+            let (stop, bos, chat) = (hf.eos_ids(), prompt_bos_of(&hf), chat_template_of(&hf));
+            (Box::new(hf), stop, bos, chat)
+        } else {
+            (data::tokenizer_by_name(name)?, Vec::new(), None, None)
+        };
     Ok(Loaded {
         model: loaded.model,
         tokenizer,
         stop_ids,
+        prompt_bos,
         chat,
         model_cfg: loaded.config.model,
         vocab,
         note: String::new(),
     })
+}
+
+/// The BOS id a plain prompt starts with, if the tokenizer adds one.
+fn prompt_bos_of(t: &data::HfTokenizer) -> Option<u32> {
+    t.bos_id().filter(|_| t.adds_bos())
 }
 
 /// The tokenizer's chat template with the special tokens it refers to, if it has one.
@@ -211,6 +222,7 @@ fn load_pretrained(path: &std::path::Path, adapter: Option<&std::path::Path>) ->
     Ok(Loaded {
         model,
         stop_ids: p.tokenizer.eos_ids(),
+        prompt_bos: prompt_bos_of(&p.tokenizer),
         tokenizer: Box::new(p.tokenizer),
         chat,
         model_cfg: p.model,
@@ -259,6 +271,20 @@ fn render(
         &t.bos,
         &t.eos,
     )?)
+}
+
+/// A prompt's ids: a plain prompt gets the BOS its tokenizer asks for (unless its text
+/// already starts with it); a chat prompt is its rendered template as written, which places
+/// the BOS itself (transformers' `apply_chat_template` adds no special tokens either).
+fn encode_prompt(tok: &dyn Tokenizer, prompt_bos: Option<u32>, text: &str, chat: bool) -> Vec<u32> {
+    let mut ids = tok.encode(text);
+    if let Some(bos) = prompt_bos.filter(|_| !chat)
+        && !ids.is_empty()
+        && ids[0] != bos
+    {
+        ids.insert(0, bos);
+    }
+    ids
 }
 
 pub fn run(a: GenerateArgs) -> Result<()> {
@@ -315,7 +341,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let reqs: Vec<Request> = texts
         .iter()
         .map(|t| Request {
-            prompt: l.tokenizer.encode(t),
+            prompt: encode_prompt(l.tokenizer.as_ref(), l.prompt_bos, t, a.chat),
             samples: a.num_samples,
         })
         .collect();
@@ -345,19 +371,19 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     if stream && !a.chat {
         print!("{}", texts[0]);
     }
-    // Bytes of one character may arrive over several tokens: print whole characters only.
-    let mut pending: Vec<u32> = Vec::new();
+    // Whole characters only, with the spaces a decoder gives a token after others.
+    let mut streamed = generate::text_stream::TextStream::new(
+        l.tokenizer.as_ref(),
+        reqs.first().map_or(&[][..], |r| &r.prompt),
+    );
     let tokenizer = &l.tokenizer;
     let mut on_token = |_: usize, _: usize, t: u32| {
         if !stream || opts.stop_ids.contains(&t) {
             return;
         }
-        pending.push(t);
-        let text = tokenizer.decode(&pending);
-        if !text.ends_with('\u{FFFD}') {
+        if let Some(text) = streamed.push(tokenizer.as_ref(), t) {
             print!("{text}");
             let _ = out.flush();
-            pending.clear();
         }
     };
     let (done, stats) = generate::generate(
@@ -368,7 +394,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         &mut on_token,
     )?;
     if stream {
-        println!("{}", l.tokenizer.decode(&pending));
+        println!("{}", streamed.finish(l.tokenizer.as_ref()));
     } else {
         let mut sink: Box<dyn Write> = match &a.out {
             Some(p) => Box::new(std::fs::File::create(p).map_err(|e| KilnError::output(p, e))?),
@@ -438,4 +464,39 @@ fn summary(note: &str, stats: &generate::Stats, pool_peak: Option<usize>) -> Str
         stats.decode_tokens,
         stats.decode_rate()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::gguf::GgufFile;
+    use crate::data::gguf::writer::gguf_bytes;
+
+    /// A vocabulary that asks for BOS (the SentencePiece fixture's GGUF metadata, as Llama 2's
+    /// files do) puts it in front of a plain prompt once, and leaves a chat prompt as its
+    /// template wrote it; one that does not ask gets none.
+    #[test]
+    fn plain_prompts_start_with_bos_where_the_tokenizer_asks() {
+        let (_, md) = crate::data::hf_tokenizer::spm_fixture_gguf_metadata();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("spm.gguf");
+        std::fs::write(&path, gguf_bytes(&md, &[])).unwrap();
+        let tok = data::HfTokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
+        let bos = prompt_bos_of(&tok);
+        assert_eq!(bos, Some(1));
+        let text = "ROMEO: Wherefore art thou?";
+        let plain = tok.encode(text);
+        assert_ne!(plain[0], 1);
+        let mut want = vec![1];
+        want.extend(&plain);
+        assert_eq!(encode_prompt(&tok, bos, text, false), want);
+        assert_eq!(encode_prompt(&tok, bos, text, true), plain);
+        // A text that starts with the BOS token already keeps one.
+        assert_eq!(
+            encode_prompt(&tok, bos, &format!("<s>{text}"), false)[..2],
+            [1, plain[0]]
+        );
+        assert_eq!(encode_prompt(&tok, None, text, false), plain);
+        assert!(encode_prompt(&tok, bos, "", false).is_empty());
+    }
 }

@@ -35,6 +35,7 @@ pub mod graph;
 pub mod load;
 pub mod sampling;
 pub mod stops;
+pub mod text_stream;
 
 pub use sampling::{Sampling, log_prob, sample};
 
