@@ -223,8 +223,9 @@ impl HfTokenizer {
             gguf_pre_tokenizer(pre).ok_or_else(|| {
                 err(format!(
                     "tokenizer.ggml.pre = {pre:?} is a pre-tokenizer kiln does not know (it knows \
-                 default, gpt2, smollm, starcoder, refact, llama-bpe and qwen2); use the model's \
-                 tokenizer.json instead"
+                 llama.cpp's GPT-2, SmolLM/StarCoder, Llama 3 and Qwen2 families: default, gpt-2, \
+                 mpt, smollm, starcoder, refact, command-r, llama-bpe, qwen2 and their aliases); \
+                 use the model's tokenizer.json instead"
                 ))
             })?;
 
@@ -770,9 +771,15 @@ pub(crate) fn gguf_pre_tokenizer(pre: &str) -> Option<(Json, Json, bool)> {
         ]})
     };
     Some(match pre {
-        "default" | "gpt2" => (byte_level(true), Json::Null, false),
-        // SmolLM2's tokenizer.json: single digits, then GPT-2's byte-level regex.
-        "smollm" | "starcoder" | "refact" => (
+        // GPT-2's regex alone: llama.cpp's names for it ("gpt2" is what kiln wrote before
+        // it wrote llama.cpp's "gpt-2"; "default" is llama.cpp's fallback).
+        "default" | "gpt2" | "gpt-2" | "phi-2" | "mpt" | "olmo" | "jais" | "trillion"
+        | "jina-es" | "jina-de" | "jina-v2-es" | "jina-v2-de" | "gigachat" | "a.x-4.0"
+        | "mellum" | "modern-bert" | "granite-docling" => (byte_level(true), Json::Null, false),
+        // SmolLM2's tokenizer.json: single digits, then GPT-2's byte-level regex (llama.cpp
+        // gives these names the same two expressions).
+        "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva"
+        | "mellum2" => (
             json!({"type": "Sequence", "pretokenizers": [
                 {"type": "Digits", "individual_digits": true},
                 byte_level(true),
@@ -780,8 +787,11 @@ pub(crate) fn gguf_pre_tokenizer(pre: &str) -> Option<(Json, Json, bool)> {
             Json::Null,
             false,
         ),
-        "llama-bpe" | "llama3" => (split(LLAMA3_REGEX), Json::Null, true),
-        "qwen2" => (split(QWEN2_REGEX), json!({"type": "NFC"}), false),
+        "llama-bpe" | "llama3" | "llama-v3" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0"
+        | "lfm2" | "jina-v5-nano" => (split(LLAMA3_REGEX), Json::Null, true),
+        "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" => {
+            (split(QWEN2_REGEX), json!({"type": "NFC"}), false)
+        }
         _ => return None,
     })
 }

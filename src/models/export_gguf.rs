@@ -449,14 +449,14 @@ fn from_tokenizer_json(
         canon_pre(&json["pre_tokenizer"]),
         canon_norm(&json["normalizer"]),
     );
-    let pre = ["gpt2", "smollm", "llama-bpe", "qwen2"]
+    let pre = ["gpt-2", "smollm", "llama-bpe", "qwen2"]
         .into_iter()
         .find(|name| {
             crate::data::hf_tokenizer::gguf_pre_tokenizer(name).is_some_and(|(p, n, _)| {
                 canon_pre(&p) == have_pre && canon_norm(&n) == have_norm
             })
         })
-        .ok_or("its pre-tokenizer is none of the ones llama.cpp names (gpt2, smollm, llama-bpe, qwen2)")?;
+        .ok_or("its pre-tokenizer is none of the ones llama.cpp names (gpt-2, smollm, llama-bpe, qwen2)")?;
     let mut tokens: Vec<Option<(String, i32)>> = vec![None; vocab];
     let mut place = |id: u64, text: &str, ty: i32| -> std::result::Result<(), String> {
         let slot = tokens.get_mut(id as usize).ok_or(format!(
@@ -597,7 +597,7 @@ mod tests {
             .unwrap();
             let g = GgufFile::open(&path).unwrap();
             assert_eq!(g.get_str("general.architecture"), Some(arch));
-            assert_eq!(g.get_str("tokenizer.ggml.pre"), Some("gpt2"));
+            assert_eq!(g.get_str("tokenizer.ggml.pre"), Some("gpt-2"));
             assert_eq!(g.tensor_names().any(|n| n == ROPE_FREQS), arch == "llama");
             let p = crate::models::import::pretrained::open(&path).unwrap();
             let l = p.model.llama().unwrap();

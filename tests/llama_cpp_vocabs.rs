@@ -1,0 +1,108 @@
+//! kiln's GGUF vocabularies against llama.cpp's own tokenizer tests: the vocabulary-only GGUF
+//! files of published models that llama.cpp ships (`models/ggml-vocab-*.gguf`), each with its
+//! test texts (`.inp`, separated by `__ggml_vocab_test__` lines) and the ids llama.cpp gives
+//! them without special tokens (`.out`, one line of ids a text).
+//!
+//! The committed subset (tests/data/llama-cpp-vocab/, MIT-licensed, from llama.cpp as the PyPI
+//! sdist llama-cpp-python 0.3.36 vendors it) is Llama 2's and Phi-3's SentencePiece
+//! vocabularies. `KILN_LLAMA_CPP_VOCABS=DIR` runs the same check over every file in DIR (a
+//! llama.cpp checkout's models/), for vocabularies too large to commit.
+
+use std::path::{Path, PathBuf};
+
+/// The texts and llama.cpp's ids of `vocab`'s test files.
+fn cases(vocab: &Path) -> Vec<(String, Vec<u32>)> {
+    let with = |ext: &str| PathBuf::from(format!("{}.{ext}", vocab.display()));
+    let raw = std::fs::read_to_string(with("inp")).unwrap();
+    let out = std::fs::read_to_string(with("out")).unwrap();
+    // llama.cpp's reader: texts end at each separator; whatever follows the last one is a
+    // final text only when it is not empty.
+    let sep = "\n__ggml_vocab_test__\n";
+    let mut texts: Vec<String> = raw.split(sep).map(str::to_string).collect();
+    if texts.last().is_some_and(String::is_empty) {
+        texts.pop();
+    }
+    let ids: Vec<Vec<u32>> = out
+        .lines()
+        .map(|l| l.split_whitespace().map(|t| t.parse().unwrap()).collect())
+        .collect();
+    assert_eq!(texts.len(), ids.len(), "{}", vocab.display());
+    texts.into_iter().zip(ids).collect()
+}
+
+/// Every vocabulary in `dir` with test files: (name, texts equal, texts, first difference).
+fn check_dir(dir: &Path) -> Vec<(String, usize, usize, Option<String>)> {
+    let mut vocabs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "gguf"))
+        .filter(|p| PathBuf::from(format!("{}.inp", p.display())).exists())
+        .collect();
+    vocabs.sort();
+    assert!(!vocabs.is_empty(), "no vocabularies in {}", dir.display());
+    vocabs
+        .iter()
+        .map(|v| {
+            let name = v.file_name().unwrap().to_string_lossy().to_string();
+            let tok = match kiln::data::tokenizer_from_path(v) {
+                Ok(t) => t,
+                Err(e) => return (name, 0, 1, Some(format!("not read: {e}"))),
+            };
+            let cases = cases(v);
+            let mut first = None;
+            let mut same = 0;
+            for (text, want) in &cases {
+                let got = tok.encode(text);
+                if &got == want {
+                    same += 1;
+                } else if first.is_none() {
+                    first = Some(format!("{text:?}: llama.cpp {want:?}, kiln {got:?}"));
+                }
+            }
+            (name, same, cases.len(), first)
+        })
+        .collect()
+}
+
+/// Every vocabulary kiln reads gives llama.cpp's ids for every test text. Over a whole
+/// models/ folder (`KILN_LLAMA_CPP_VOCABS`) kiln may refuse some (a WordPiece or Gemma
+/// vocabulary, a pre-tokenizer it does not know), with a message; in the committed subset it
+/// must read them all.
+#[test]
+fn published_vocabularies_give_llama_cpps_ids() {
+    let given = std::env::var_os("KILN_LLAMA_CPP_VOCABS").map(PathBuf::from);
+    let dir = given.clone().unwrap_or_else(|| {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/llama-cpp-vocab")
+    });
+    let results = check_dir(&dir);
+    let refused = |r: &(String, usize, usize, Option<String>)| {
+        r.3.as_ref().is_some_and(|f| f.starts_with("not read"))
+    };
+    if given.is_none() {
+        assert!(
+            !results.iter().any(refused),
+            "a committed vocabulary was not read"
+        );
+    }
+    assert!(
+        results.iter().any(|r| !refused(r)),
+        "kiln read none of them"
+    );
+    for (name, same, total, first) in &results {
+        eprintln!(
+            "{name}: {same}/{total} texts{}",
+            first
+                .as_ref()
+                .map_or(String::new(), |f| format!("; first that differs: {f}"))
+        );
+    }
+    let failed: Vec<&String> = results
+        .iter()
+        .filter(|r| r.1 != r.2 && !refused(r))
+        .map(|r| &r.0)
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "ids differ from llama.cpp's for {failed:?}"
+    );
+}
