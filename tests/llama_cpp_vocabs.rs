@@ -1,12 +1,14 @@
-//! kiln's GGUF vocabularies against llama.cpp's own tokenizer tests: the vocabulary-only GGUF
+//! kiln's GGUF vocabularies against llama.cpp's tokenizer tests: the vocabulary-only GGUF
 //! files of published models that llama.cpp ships (`models/ggml-vocab-*.gguf`), each with its
-//! test texts (`.inp`, separated by `__ggml_vocab_test__` lines) and the ids llama.cpp gives
-//! them without special tokens (`.out`, one line of ids a text).
+//! test texts (`.inp`, separated by `__ggml_vocab_test__` lines) and the ids its tests expect
+//! without special tokens (`.out`, one line a text; written by llama.cpp's
+//! convert_hf_to_gguf_update.py with each model's Hugging Face tokenizer).
 //!
 //! The committed subset (tests/data/llama-cpp-vocab/, MIT-licensed, from llama.cpp as the PyPI
 //! sdist llama-cpp-python 0.3.36 vendors it) is Llama 2's and Phi-3's SentencePiece
-//! vocabularies. `KILN_LLAMA_CPP_VOCABS=DIR` runs the same check over every file in DIR (a
-//! llama.cpp checkout's models/), for vocabularies too large to commit.
+//! vocabularies and GPT-2's and DeepSeek Coder's byte-level ones. `KILN_LLAMA_CPP_VOCABS=DIR`
+//! runs the same check over every file in DIR (a llama.cpp checkout's models/), for
+//! vocabularies too large to commit.
 
 use std::path::{Path, PathBuf};
 

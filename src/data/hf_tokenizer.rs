@@ -223,8 +223,9 @@ impl HfTokenizer {
             gguf_pre_tokenizer(pre).ok_or_else(|| {
                 err(format!(
                     "tokenizer.ggml.pre = {pre:?} is a pre-tokenizer kiln does not know (it knows \
-                 llama.cpp's GPT-2, SmolLM/StarCoder, Llama 3 and Qwen2 families: default, gpt-2, \
-                 mpt, smollm, starcoder, refact, command-r, llama-bpe, qwen2 and their aliases); \
+                 llama.cpp's GPT-2, SmolLM/StarCoder, Llama 3, Qwen2, DeepSeek and Falcon \
+                 families: default, gpt-2, mpt, smollm, starcoder, refact, command-r, llama-bpe, \
+                 qwen2, qwen35, deepseek-llm, deepseek-coder, falcon and their aliases); \
                  use the model's tokenizer.json instead"
                 ))
             })?;
@@ -676,6 +677,31 @@ const END_OF_TURN: &[&str] = &[
 const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 /// Qwen2's: Llama 3's with single digits.
 const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// DeepSeek LLM's pre-tokenizer: these expressions split in turn (llama.cpp's deepseek-llm).
+const DEEPSEEK_LLM_REGEXES: &[&str] = &[
+    "[\u{d}\u{a}]",
+    "\\s?[A-Za-z\u{b5}\u{c0}-\u{d6}\u{d8}-\u{f6}\u{f8}-\u{1ba}\u{1bc}-\u{1bf}\u{1c4}-\u{293}\u{295}-\u{2af}\u{370}-\u{373}\u{376}\u{377}\u{37b}-\u{37d}\u{37f}\u{386}\u{388}-\u{38a}\u{38c}\u{38e}-\u{3a1}\u{3a3}-\u{3f5}\u{3f7}-\u{481}\u{48a}-\u{52f}\u{531}-\u{556}\u{10a0}-\u{10c5}\u{13a0}-\u{13f5}\u{13f8}-\u{13fd}\u{1c90}-\u{1cba}\u{1cbd}-\u{1cbf}\u{1d00}-\u{1d2b}\u{1d6b}-\u{1d77}\u{1d79}-\u{1d9a}\u{1e00}-\u{1f15}\u{1f18}-\u{1f1d}\u{1f20}-\u{1f45}\u{1f48}-\u{1f4d}\u{1f50}-\u{1f57}\u{1f59}\u{1f5b}\u{1f5d}\u{1f5f}-\u{1f7d}\u{1f80}-\u{1fb4}\u{1fb6}-\u{1fbc}\u{1fbe}\u{1fc2}-\u{1fc4}\u{1fc6}-\u{1fcc}\u{1fd0}-\u{1fd3}\u{1fd6}-\u{1fdb}\u{1fe0}-\u{1fec}\u{1ff2}-\u{1ff4}\u{1ff6}-\u{1ffc}\u{2102}\u{2107}\u{210a}-\u{2113}\u{2115}\u{2119}-\u{211d}\u{2124}\u{2126}\u{2128}\u{212a}-\u{212d}\u{212f}-\u{2134}\u{2139}\u{213c}-\u{213f}\u{2145}-\u{2149}\u{214e}\u{2183}\u{2184}\u{2c00}-\u{2c7b}\u{2c7e}-\u{2ce4}\u{2ceb}-\u{2cee}\u{2cf2}\u{2cf3}\u{a640}-\u{a66d}\u{a680}-\u{a69b}\u{a722}-\u{a76f}\u{a771}-\u{a787}\u{a78b}-\u{a78e}\u{ab70}-\u{abbf}\u{fb00}-\u{fb06}\u{fb13}-\u{fb17}\u{ff21}-\u{ff3a}\u{ff41}-\u{ff5a}\u{10400}-\u{1044f}\u{104b0}-\u{104d3}\u{104d8}-\u{104fb}\u{10c80}-\u{10cb2}\u{10cc0}-\u{10cf2}\u{118a0}-\u{118df}\u{1e900}-\u{1e943}]+",
+    "\\s?[!-/:-~\u{ff01}-\u{ff0f}\u{ff1a}-\u{ff5e}\u{2018}-\u{201f}\u{3000}-\u{3002}]+",
+    "\\s+$",
+    "[\u{4e00}-\u{9fa5}\u{800}-\u{4e00}\u{ac00}-\u{d7ff}]+",
+    "\\p{N}+",
+];
+/// DeepSeek Coder's (llama.cpp's deepseek-coder).
+const DEEPSEEK_CODER_REGEXES: &[&str] = &[
+    "[\u{d}\u{a}]",
+    "\\s?\\p{L}+",
+    "\\s?\\p{P}+",
+    "[\u{4e00}-\u{9fa5}\u{800}-\u{4e00}\u{ac00}-\u{d7ff}]+",
+    "\\p{N}",
+];
+/// Falcon's (llama.cpp's falcon): punctuation runs, GPT-2's expression, digits in threes.
+const FALCON_REGEXES: &[&str] = &[
+    "[\\p{P}\\$\\+<=>\\^~\\|`]+",
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)",
+    "[0-9][0-9][0-9]",
+];
+/// Qwen3.5's, as its tokenizer.json writes it (llama.cpp's qwen35).
+const QWEN35_REGEX: &str = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
 /// The SentencePiece BPE fixture (`tests/data/spm_bpe.json`: pieces, scores and types that
 /// SentencePiece trained, and the ids it gives a set of texts), and its vocabulary as the GGUF
@@ -764,12 +790,16 @@ fn gguf_special_tokens(
 /// GGUF `tokenizer.ggml.pre` name ships.
 pub(crate) fn gguf_pre_tokenizer(pre: &str) -> Option<(Json, Json, bool)> {
     let byte_level = |use_regex: bool| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": use_regex});
-    let split = |regex: &str| {
-        json!({"type": "Sequence", "pretokenizers": [
-            {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": false},
-            byte_level(false),
-        ]})
+    // Expressions that split in turn, each match its own piece, then bytes to symbols.
+    let splits = |regexes: &[&str]| {
+        let mut seq: Vec<Json> = regexes
+            .iter()
+            .map(|r| json!({"type": "Split", "pattern": {"Regex": r}, "behavior": "Isolated", "invert": false}))
+            .collect();
+        seq.push(byte_level(false));
+        json!({"type": "Sequence", "pretokenizers": seq})
     };
+    let split = |regex: &str| splits(&[regex]);
     Some(match pre {
         // GPT-2's regex alone: llama.cpp's names for it ("gpt2" is what kiln wrote before
         // it wrote llama.cpp's "gpt-2"; "default" is llama.cpp's fallback).
@@ -792,6 +822,11 @@ pub(crate) fn gguf_pre_tokenizer(pre: &str) -> Option<(Json, Json, bool)> {
         "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" => {
             (split(QWEN2_REGEX), json!({"type": "NFC"}), false)
         }
+        // No normalizer: Qwen3.5 keeps combining marks as they come, unlike Qwen2.
+        "qwen35" => (split(QWEN35_REGEX), Json::Null, false),
+        "deepseek-llm" => (splits(DEEPSEEK_LLM_REGEXES), Json::Null, false),
+        "deepseek-coder" => (splits(DEEPSEEK_CODER_REGEXES), Json::Null, false),
+        "falcon" => (splits(FALCON_REGEXES), Json::Null, false),
         _ => return None,
     })
 }
