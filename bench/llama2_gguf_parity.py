@@ -11,7 +11,9 @@ by llama.cpp's `convert_hf_to_gguf.py`. This run makes such files without downlo
 3. llama.cpp's converter writes each as GGUF (f32, and q8_0 for the first);
 4. kiln decodes 64 greedy tokens from the GGUF file (fp32, GPU) and transformers from the
    Hugging Face directory (the q8_0 file: from the same GGUF through `gguf_file=`), and kiln's
-   tokenizer read from the GGUF is held against SentencePiece's own ids on a few thousand lines.
+   tokenizer read from the GGUF is held against SentencePiece's own ids on a few thousand lines;
+5. kiln also reads the Hugging Face directory itself, whose tokenizer is only SentencePiece's
+   tokenizer.model: the same prompt ids and greedy replies as from the GGUF file.
 
     python3 bench/llama2_gguf_parity.py --kiln target/release/kiln \
         --convert llama.cpp/convert_hf_to_gguf.py [--work DIR]
@@ -146,6 +148,19 @@ def main():
             print(rows[-1], flush=True)
             if ref is not original:
                 del ref
+            if t == "f32":
+                # The directory itself, whose tokenizer is only SentencePiece's tokenizer.model.
+                dlines, dnote = lp.kiln_generate(a.kiln, ["--init-from", src], a.work, f"m{i}-dir")
+                if dlines is None:
+                    rows.append((f"{name}, the Hugging Face directory", "kiln refused it", dnote))
+                else:
+                    same_ids = sum(x["prompt_tokens"] == y["prompt_tokens"] for x, y in zip(dlines, lines))
+                    same_out = sum(x["samples"][0]["tokens"] == y["samples"][0]["tokens"]
+                                   for x, y in zip(dlines, lines))
+                    rows.append((f"{name}, the Hugging Face directory (tokenizer.model only)",
+                                 f"prompt ids as from the GGUF {same_ids}/{len(lines)}",
+                                 f"greedy replies as from the GGUF {same_out}/{len(lines)}"))
+                print(rows[-1], flush=True)
         del original
         torch.cuda.empty_cache()
 

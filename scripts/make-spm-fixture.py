@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Writes tests/data/spm_bpe.json: a SentencePiece BPE vocabulary and the ids SentencePiece
-itself gives 314 texts, the reference for kiln's reading of GGUF SentencePiece vocabularies.
+itself gives 314 texts, the reference for kiln's reading of GGUF SentencePiece vocabularies; and
+tests/data/spm_bpe.model, the same vocabulary as SentencePiece saves it (tokenizer.model).
 
 Needs the `sentencepiece` package (0.2.3 made the committed file). Run from the repository
 root: python3 scripts/make-spm-fixture.py /path/to/shakespeare.txt
@@ -24,6 +25,9 @@ with tempfile.TemporaryDirectory() as tmp:
         remove_extra_whitespaces=False, normalization_rule_name="identity", split_digits=True,
         max_sentence_length=100000, minloglevel=2, unk_id=0, bos_id=1, eos_id=2, pad_id=-1)
     sp = spm.SentencePieceProcessor(model_file=f"{tmp}/sp.model")
+    # The model file itself, for kiln's reader of Hugging Face directories that carry only a
+    # tokenizer.model.
+    open("tests/data/spm_bpe.model", "wb").write(open(f"{tmp}/sp.model", "rb").read())
 
 pieces = []
 for i in range(sp.get_piece_size()):

@@ -76,6 +76,83 @@ fn read_json(path: &Path) -> Result<Option<Json>, DataError> {
         .map_err(|e| file_error(path, format!("is not valid JSON: {e}")))
 }
 
+/// The tokenizer.json transformers builds for a SentencePiece BPE vocabulary (its Llama
+/// converter): pieces as the BPE vocabulary, merges recovered from the pieces and their scores,
+/// a space in front of the text (`add_space_prefix`) and spaces as "\u{2581}", byte fallback;
+/// unknown, control and user-defined pieces as added tokens. `unk` is the unknown piece's id.
+fn sentencepiece_bpe_json(
+    tokens: &[&str],
+    scores: &[f32],
+    types: &[i64],
+    unk: Option<usize>,
+    add_space_prefix: bool,
+    byte_fallback: bool,
+) -> Json {
+    let mut vocab = serde_json::Map::with_capacity(tokens.len());
+    let mut ids: std::collections::HashMap<&str, usize> =
+        std::collections::HashMap::with_capacity(tokens.len());
+    for (id, &tok) in tokens.iter().enumerate() {
+        vocab.entry(tok).or_insert(json!(id));
+        ids.entry(tok).or_insert(id);
+    }
+    // transformers' SentencePiece extraction: for each piece in id order, its splits into
+    // two pieces (ordered by the parts' ids), then all of them by the piece's score,
+    // highest first, keeping that order among equal scores.
+    let mut merges: Vec<(&str, &str, f32)> = Vec::new();
+    for (id, &piece) in tokens.iter().enumerate() {
+        let mut local: Vec<(usize, usize, &str, &str)> = piece
+            .char_indices()
+            .skip(1)
+            .filter_map(|(at, _)| {
+                let (l, r) = piece.split_at(at);
+                Some((*ids.get(l)?, *ids.get(r)?, l, r))
+            })
+            .collect();
+        local.sort_by_key(|&(a, b, _, _)| (a, b));
+        merges.extend(local.into_iter().map(|(_, _, l, r)| (l, r, scores[id])));
+    }
+    merges.sort_by(|a, b| b.2.total_cmp(&a.2));
+    let merges: Vec<Json> = merges.iter().map(|(l, r, _)| json!([l, r])).collect();
+    let unk = unk.and_then(|id| tokens.get(id)).map(|t| t.to_string());
+    let added: Vec<Json> = types
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| **t == 2 || **t == 3 || **t == 4)
+        .map(|(id, t)| {
+            json!({
+                "id": id, "content": tokens[id], "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": false, "special": *t != 4,
+            })
+        })
+        .collect();
+    let mut normalizers = vec![];
+    if add_space_prefix {
+        normalizers.push(json!({"type": "Prepend", "prepend": "\u{2581}"}));
+    }
+    normalizers.push(json!({"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"}));
+    json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": {"type": "Sequence", "normalizers": normalizers},
+        "pre_tokenizer": null,
+        "post_processor": null,
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
+            {"type": "ByteFallback"},
+            {"type": "Fuse"},
+            {"type": "Strip", "content": " ", "start": 1, "stop": 0},
+        ]},
+        "model": {
+            "type": "BPE", "dropout": null, "unk_token": unk,
+            "continuing_subword_prefix": null, "end_of_word_suffix": null,
+            "fuse_unk": true, "byte_fallback": byte_fallback, "ignore_merges": false,
+            "vocab": vocab, "merges": merges,
+        },
+    })
+}
+
 /// A special token as tokenizer_config.json writes it: a string, or an object with "content".
 fn token_text(v: &Json) -> Option<String> {
     match v {
@@ -169,14 +246,71 @@ impl HfTokenizer {
     pub fn from_dir(dir: &Path) -> Result<HfTokenizer, DataError> {
         let path = dir.join("tokenizer.json");
         if !path.exists() {
+            let model = dir.join("tokenizer.model");
+            if model.exists() {
+                return Self::from_sentencepiece_model(&model);
+            }
             return Err(file_error(
                 &path,
-                "does not exist; kiln needs the fast-tokenizer file tokenizer.json (models with \
-                 only a SentencePiece tokenizer.model can be converted by loading and saving \
-                 them once with transformers' AutoTokenizer)",
+                "does not exist, and neither does a SentencePiece tokenizer.model; a Hugging \
+                 Face model directory needs one of them",
             ));
         }
         Self::from_file(&path)
+    }
+
+    /// Builds the tokenizer transformers builds from a SentencePiece BPE `tokenizer.model`
+    /// (Llama 2, Mistral), with the special tokens and chat template of the configuration
+    /// files beside it. Like transformers' converter it applies no normalizer beyond the
+    /// space in front and spaces as "\u{2581}". A BOS goes in front of each text unless
+    /// tokenizer_config.json says otherwise (LlamaTokenizer's default).
+    pub fn from_sentencepiece_model(path: &Path) -> Result<HfTokenizer, DataError> {
+        let bytes =
+            std::fs::read(path).map_err(|e| file_error(path, format!("cannot read it: {e}")))?;
+        let m = super::sentencepiece_model::SentencePieceModel::parse(&bytes).map_err(|why| {
+            file_error(
+                path,
+                format!("is not a SentencePiece model kiln reads: {why}"),
+            )
+        })?;
+        if m.model_type != 2 {
+            let kind = match m.model_type {
+                1 => "unigram",
+                3 => "word",
+                4 => "char",
+                _ => "an unknown kind of",
+            };
+            return Err(file_error(
+                path,
+                format!(
+                    "is a SentencePiece {kind} model; kiln reads SentencePiece BPE models \
+                     (Llama 2, Mistral) only: use the model's tokenizer.json"
+                ),
+            ));
+        }
+        let tokens: Vec<&str> = m.pieces.iter().map(|p| p.0.as_str()).collect();
+        let scores: Vec<f32> = m.pieces.iter().map(|p| p.1).collect();
+        let types: Vec<i64> = m.pieces.iter().map(|p| p.2).collect();
+        let json = sentencepiece_bpe_json(
+            &tokens,
+            &scores,
+            &types,
+            Some(m.unk_id as usize),
+            m.add_dummy_prefix,
+            m.byte_fallback,
+        );
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let mut config = DirConfig::read(dir)?;
+        let piece = |id: i64| usize::try_from(id).ok().and_then(|i| tokens.get(i));
+        if config.bos_token.is_none() && config.bos_id.is_none() {
+            config.bos_token = piece(m.bos_id).map(|t| t.to_string());
+        }
+        if config.eos_token.is_none() && config.eos_ids.is_empty() {
+            config.eos_token = piece(m.eos_id).map(|t| t.to_string());
+        }
+        config.add_bos.get_or_insert(true);
+        let name = format!("{} (SentencePiece model)", path.display());
+        Self::build(json, path, name, config, Some(tokens.len()))
     }
 
     /// Builds the tokenizer a GGUF file describes. Byte-level BPE vocabularies
@@ -308,76 +442,14 @@ impl HfTokenizer {
                     .into(),
             ));
         }
-        let mut vocab = serde_json::Map::with_capacity(tokens.len());
-        let mut ids: std::collections::HashMap<&str, usize> =
-            std::collections::HashMap::with_capacity(tokens.len());
-        for (id, &tok) in tokens.iter().enumerate() {
-            vocab.entry(tok).or_insert(json!(id));
-            ids.entry(tok).or_insert(id);
-        }
-        // transformers' SentencePiece extraction: for each piece in id order, its splits into
-        // two pieces (ordered by the parts' ids), then all of them by the piece's score,
-        // highest first, keeping that order among equal scores.
-        let mut merges: Vec<(&str, &str, f32)> = Vec::new();
-        for (id, &piece) in tokens.iter().enumerate() {
-            let mut local: Vec<(usize, usize, &str, &str)> = piece
-                .char_indices()
-                .skip(1)
-                .filter_map(|(at, _)| {
-                    let (l, r) = piece.split_at(at);
-                    Some((*ids.get(l)?, *ids.get(r)?, l, r))
-                })
-                .collect();
-            local.sort_by_key(|&(a, b, _, _)| (a, b));
-            merges.extend(local.into_iter().map(|(_, _, l, r)| (l, r, scores[id])));
-        }
-        merges.sort_by(|a, b| b.2.total_cmp(&a.2));
-        let merges: Vec<Json> = merges.iter().map(|(l, r, _)| json!([l, r])).collect();
         let unk = g
             .get_u64("tokenizer.ggml.unknown_token_id")
-            .and_then(|id| tokens.get(id as usize))
-            .or_else(|| types.iter().position(|&t| t == 2).map(|i| &tokens[i]))
-            .map(|t| t.to_string());
-        let added: Vec<Json> = types
-            .iter()
-            .enumerate()
-            .filter(|(_, t)| **t == 2 || **t == 3 || **t == 4)
-            .map(|(id, t)| {
-                json!({
-                    "id": id, "content": tokens[id], "single_word": false, "lstrip": false,
-                    "rstrip": false, "normalized": false, "special": *t != 4,
-                })
-            })
-            .collect();
-        let mut normalizers = vec![];
-        if g.get_bool("tokenizer.ggml.add_space_prefix")
-            .unwrap_or(true)
-        {
-            normalizers.push(json!({"type": "Prepend", "prepend": "\u{2581}"}));
-        }
-        normalizers
-            .push(json!({"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"}));
-        let json = json!({
-            "version": "1.0",
-            "truncation": null,
-            "padding": null,
-            "added_tokens": added,
-            "normalizer": {"type": "Sequence", "normalizers": normalizers},
-            "pre_tokenizer": null,
-            "post_processor": null,
-            "decoder": {"type": "Sequence", "decoders": [
-                {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
-                {"type": "ByteFallback"},
-                {"type": "Fuse"},
-                {"type": "Strip", "content": " ", "start": 1, "stop": 0},
-            ]},
-            "model": {
-                "type": "BPE", "dropout": null, "unk_token": unk,
-                "continuing_subword_prefix": null, "end_of_word_suffix": null,
-                "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
-                "vocab": vocab, "merges": merges,
-            },
-        });
+            .map(|id| id as usize)
+            .or_else(|| types.iter().position(|&t| t == 2));
+        let add_space_prefix = g
+            .get_bool("tokenizer.ggml.add_space_prefix")
+            .unwrap_or(true);
+        let json = sentencepiece_bpe_json(&tokens, &scores, &types, unk, add_space_prefix, true);
         // llama.cpp's default for SentencePiece vocabularies is a BOS.
         let config = gguf_special_tokens(g, &tokens, |id| types[id] == 3, true);
         let name = format!("{} (GGUF SentencePiece vocabulary)", path.display());
@@ -987,6 +1059,97 @@ mod tests {
         let path = dir.path().join("spm.gguf");
         std::fs::write(&path, gguf_bytes(&md, &[])).unwrap();
         let tok = HfTokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
+        encodes_the_fixture_as_sentencepiece_does(&tok, &fixture);
+    }
+
+    /// The same vocabulary as SentencePiece saves it (`tokenizer.model`,
+    /// tests/data/spm_bpe.model), alone in a Hugging Face directory and as a file: the same
+    /// ids, BOS and EOS from the model's own settings; tokenizer_config.json's settings win.
+    #[test]
+    fn a_sentencepiece_model_file_encodes_as_sentencepiece_does() {
+        let fixture: Json =
+            serde_json::from_str(include_str!("../../tests/data/spm_bpe.json")).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("tokenizer.model");
+        std::fs::write(&model, include_bytes!("../../tests/data/spm_bpe.model")).unwrap();
+        for tok in [
+            HfTokenizer::from_dir(dir.path()).unwrap(),
+            crate::data::tokenizer_from_path(&model).unwrap(),
+        ] {
+            encodes_the_fixture_as_sentencepiece_does(&tok, &fixture);
+            assert_eq!(tok.eos_ids(), vec![2]);
+        }
+        std::fs::write(
+            dir.path().join("tokenizer_config.json"),
+            r#"{"add_bos_token": false, "eos_token": "<unk>"}"#,
+        )
+        .unwrap();
+        let tok = HfTokenizer::from_dir(dir.path()).unwrap();
+        assert!(!tok.adds_bos());
+        assert_eq!(tok.eos_ids(), vec![0]);
+        // A unigram model is refused by name; a file that is no model says so.
+        let bytes = include_bytes!("../../tests/data/spm_bpe.model");
+        let at = find_model_type(bytes);
+        let mut unigram = bytes.to_vec();
+        unigram[at] = 1;
+        std::fs::write(&model, &unigram).unwrap();
+        let e = HfTokenizer::from_dir(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("unigram") && e.contains("tokenizer.json"), "{e}");
+        std::fs::write(&model, b"not a model").unwrap();
+        let e = HfTokenizer::from_dir(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("not a SentencePiece model"), "{e}");
+        std::fs::remove_file(&model).unwrap();
+        let e = HfTokenizer::from_dir(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("tokenizer.model"), "{e}");
+    }
+
+    /// The byte offset of `TrainerSpec.model_type`'s value in a model file (field 2, then its
+    /// field 3 as a one-byte varint).
+    fn find_model_type(bytes: &[u8]) -> usize {
+        let mut i = 0;
+        let varint = |i: &mut usize| {
+            let mut v = 0u64;
+            let mut shift = 0;
+            loop {
+                let b = bytes[*i];
+                *i += 1;
+                v |= u64::from(b & 0x7f) << shift;
+                shift += 7;
+                if b & 0x80 == 0 {
+                    return v;
+                }
+            }
+        };
+        loop {
+            let key = varint(&mut i);
+            let n = varint(&mut i) as usize; // every top-level field here is length-delimited
+            if key >> 3 == 2 {
+                let end = i + n;
+                while i < end {
+                    let k = varint(&mut i);
+                    if k == (3 << 3) {
+                        return i;
+                    }
+                    match k & 7 {
+                        0 => {
+                            varint(&mut i);
+                        }
+                        1 => i += 8,
+                        2 => {
+                            let m = varint(&mut i) as usize;
+                            i += m;
+                        }
+                        5 => i += 4,
+                        _ => unreachable!(),
+                    }
+                }
+                panic!("no model_type");
+            }
+            i += n;
+        }
+    }
+
+    fn encodes_the_fixture_as_sentencepiece_does(tok: &HfTokenizer, fixture: &Json) {
         assert!(tok.adds_bos());
         assert_eq!(tok.bos_id(), Some(1));
         let cases = fixture["cases"].as_array().unwrap();

@@ -40,11 +40,13 @@ pub fn is_tokenizer_path(name: &str) -> bool {
         && (name.contains('/')
             || name.ends_with(".json")
             || name.ends_with(".gguf")
+            || name.ends_with(".model")
             || std::path::Path::new(name).is_dir())
 }
 
-/// The tokenizer of a pretrained model at `path`: a directory with `tokenizer.json`, a
-/// `tokenizer.json` itself, or a GGUF file's embedded vocabulary.
+/// The tokenizer of a pretrained model at `path`: a directory with `tokenizer.json` (or only
+/// a SentencePiece `tokenizer.model`), a `tokenizer.json` or `tokenizer.model` itself, or a
+/// GGUF file's embedded vocabulary.
 pub fn tokenizer_from_path(path: &std::path::Path) -> Result<super::HfTokenizer, DataError> {
     if path.is_dir() {
         super::HfTokenizer::from_dir(path)
@@ -54,6 +56,8 @@ pub fn tokenizer_from_path(path: &std::path::Path) -> Result<super::HfTokenizer,
             reason: e.reason(),
         })?;
         super::HfTokenizer::from_gguf(&g)
+    } else if path.extension().is_some_and(|e| e == "model") {
+        super::HfTokenizer::from_sentencepiece_model(path)
     } else {
         super::HfTokenizer::from_file(path)
     }
