@@ -16,7 +16,7 @@ pub mod gguf;
 pub(crate) mod hf_tokenizer;
 mod import_error;
 mod prefetch;
-mod sentencepiece_model;
+pub(crate) mod sentencepiece_model;
 pub mod sft;
 mod tokenizer;
 

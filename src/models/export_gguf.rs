@@ -406,11 +406,98 @@ fn tokenizer_metadata(tokenizer: &str, vocab: usize) -> Result<Vec<(String, V)>>
     } else {
         HfTokenizer::from_builtin(tokenizer)?
     };
+    // A SentencePiece model (a tokenizer.model, or a directory with one) goes in as
+    // SentencePiece pieces and scores, as llama.cpp's converter writes Llama 2's.
+    let model_file = if path.is_dir() {
+        Some(path.join("tokenizer.model")).filter(|m| m.exists())
+    } else {
+        Some(path.to_path_buf()).filter(|p| p.extension().is_some_and(|e| e == "model"))
+    };
+    if let Some(m) = model_file {
+        return from_sentencepiece_model(&m, &tok, vocab);
+    }
     from_tokenizer_json(&tok, vocab).map_err(|why| {
         KilnError::Setting(format!(
             "the tokenizer {tokenizer} cannot be written into GGUF: {why}; export a Hugging Face directory instead (give --to a directory)"
         ))
     })
+}
+
+/// The `tokenizer.*` keys of a SentencePiece `tokenizer.model` (`tokenizer.ggml.model =
+/// llama`): pieces, scores and types in id order (rows past them as unused pieces), the space
+/// in front, and the special ids and chat template of `tok`, the tokenizer kiln built from it.
+fn from_sentencepiece_model(
+    path: &Path,
+    tok: &HfTokenizer,
+    vocab: usize,
+) -> Result<Vec<(String, V)>> {
+    let bytes = std::fs::read(path)
+        .map_err(|e| KilnError::Setting(format!("cannot read {}: {e}", path.display())))?;
+    let m = crate::data::sentencepiece_model::SentencePieceModel::parse(&bytes).map_err(|why| {
+        KilnError::Setting(format!(
+            "{} is not a SentencePiece model: {why}",
+            path.display()
+        ))
+    })?;
+    if m.pieces.len() > vocab {
+        return Err(KilnError::Setting(format!(
+            "{} has {} pieces and the model {vocab} embedding rows; llama.cpp needs every piece to have a row",
+            path.display(),
+            m.pieces.len()
+        )));
+    }
+    let mut tokens = Vec::with_capacity(vocab);
+    let mut scores = Vec::with_capacity(vocab);
+    let mut types = Vec::with_capacity(vocab);
+    for id in 0..vocab {
+        let (text, score, ty) = m
+            .pieces
+            .get(id)
+            .cloned()
+            // Rows no piece uses, as llama.cpp's converter names them (type 5: unused).
+            .unwrap_or_else(|| (format!("[PAD{id}]"), -1000.0, 5));
+        tokens.push(V::String(text));
+        scores.push(V::F32(score));
+        types.push(V::I32(ty as i32));
+    }
+    let mut meta = vec![
+        (
+            "tokenizer.ggml.model".to_string(),
+            V::String("llama".into()),
+        ),
+        (
+            "tokenizer.ggml.pre".to_string(),
+            V::String("default".into()),
+        ),
+        ("tokenizer.ggml.tokens".to_string(), V::Array(tokens)),
+        ("tokenizer.ggml.scores".to_string(), V::Array(scores)),
+        ("tokenizer.ggml.token_type".to_string(), V::Array(types)),
+        (
+            "tokenizer.ggml.add_bos_token".to_string(),
+            V::Bool(tok.adds_bos()),
+        ),
+        (
+            "tokenizer.ggml.add_space_prefix".to_string(),
+            V::Bool(m.add_dummy_prefix),
+        ),
+        (
+            "tokenizer.ggml.unknown_token_id".to_string(),
+            V::U32(m.unk_id as u32),
+        ),
+    ];
+    if let Some(id) = tok.bos_id() {
+        meta.push(("tokenizer.ggml.bos_token_id".into(), V::U32(id)));
+    }
+    if let Some(&id) = tok.eos_ids().first() {
+        meta.push(("tokenizer.ggml.eos_token_id".into(), V::U32(id)));
+    }
+    if let Some(id) = tok.pad_id() {
+        meta.push(("tokenizer.ggml.padding_token_id".into(), V::U32(id)));
+    }
+    if let Some(t) = tok.chat_template() {
+        meta.push(("tokenizer.chat_template".into(), V::String(t.into())));
+    }
+    Ok(meta)
 }
 
 fn from_tokenizer_json(
@@ -688,13 +775,41 @@ mod tests {
     /// reads back with the same logits and the same ids.
     #[test]
     fn a_sentencepiece_llama_goes_through_gguf_and_back() {
-        use crate::config::ResolvedConfig;
-        use crate::engine::{Device, MemoryPool};
         let (fixture, md) = crate::data::hf_tokenizer::spm_fixture_gguf_metadata();
-        let pieces = fixture["pieces"].as_array().unwrap();
         let dir = tempfile::tempdir().unwrap();
         let vocab_file = dir.path().join("spm.gguf");
         std::fs::write(&vocab_file, gguf_bytes(&md, &[])).unwrap();
+        sentencepiece_llama_round_trip(&vocab_file, fixture["pieces"].as_array().unwrap().len());
+    }
+
+    /// The same vocabulary as a Hugging Face directory's `tokenizer.model`: written as
+    /// SentencePiece pieces and scores (`tokenizer.ggml.model = llama`), read back the same.
+    #[test]
+    fn a_tokenizer_model_llama_goes_through_gguf_and_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let hf = dir.path().join("hf");
+        std::fs::create_dir(&hf).unwrap();
+        std::fs::write(
+            hf.join("tokenizer.model"),
+            include_bytes!("../../tests/data/spm_bpe.model"),
+        )
+        .unwrap();
+        let path = sentencepiece_llama_round_trip(&hf, 1200);
+        let g = GgufFile::open(&path).unwrap();
+        assert_eq!(g.get_str("tokenizer.ggml.model"), Some("llama"));
+        assert_eq!(
+            g.get_f32_array("tokenizer.ggml.scores").unwrap().len(),
+            1200
+        );
+    }
+
+    /// A Llama over the tokenizer at `vocab_file` (`n` pieces) through GGUF and back: the
+    /// file's tokenizer gives the source's ids and asks for BOS; the logits move by f16's
+    /// rounding only. Returns the GGUF file's path.
+    fn sentencepiece_llama_round_trip(vocab_file: &Path, n: usize) -> std::path::PathBuf {
+        use crate::config::ResolvedConfig;
+        use crate::engine::{Device, MemoryPool};
+        let dir = vocab_file.parent().unwrap();
         let tok = vocab_file.display().to_string();
         let o: Vec<String> = [
             "model.kind=llama",
@@ -712,10 +827,10 @@ mod tests {
         .collect();
         let cfg = ResolvedConfig::resolve(None, &o).unwrap().config;
         let vocab = crate::train::model_vocab(&cfg).unwrap();
-        assert_eq!(vocab, pieces.len());
+        assert_eq!(vocab, n);
         let model =
             crate::models::build(&cfg.model, vocab, &MemoryPool::new(Device::Cpu), 5).unwrap();
-        let path = dir.path().join("llama2-like.gguf");
+        let path = dir.join("llama2-like.gguf");
         export_gguf(
             model.as_ref(),
             &cfg.model,
@@ -730,7 +845,7 @@ mod tests {
         let ids = p.tokenizer.encode(text);
         assert_eq!(
             ids,
-            crate::data::tokenizer_from_path(&vocab_file)
+            crate::data::tokenizer_from_path(vocab_file)
                 .unwrap()
                 .encode(text)
         );
@@ -745,6 +860,7 @@ mod tests {
         for (a, b) in want.iter().zip(&got) {
             assert!((a - b).abs() <= 2e-2 * scale, "{a} vs {b}");
         }
+        path
     }
 
     #[test]
