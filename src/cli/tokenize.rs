@@ -18,7 +18,8 @@ single ids. --special adds the ids the model puts around a text ([CLS] ... [SEP]
 the model's configuration asks for it), as Hugging Face's add_special_tokens=True does.")]
 pub struct TokenizeArgs {
     /// Tokenizer: byte, gpt2, or the path of a pretrained model's tokenizer (a Hugging Face
-    /// directory, a tokenizer.json or a .gguf file), as in the setting data.tokenizer.
+    /// directory, a tokenizer.json, a tokenizer.model or a .gguf file), as in the setting
+    /// data.tokenizer.
     #[arg(long, value_name = "NAME_OR_PATH")]
     pub tokenizer: String,
     /// Read lines from this file instead of standard input.

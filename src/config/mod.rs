@@ -76,7 +76,8 @@ pub struct DataConfig {
     /// Path of a text corpus; empty means the bundled Shakespeare corpus.
     pub corpus: String,
     /// Tokenizer: "byte" (256 raw bytes), "gpt2" (BPE), or the path of a pretrained model's
-    /// tokenizer (a model directory, a tokenizer.json or a .gguf file).
+    /// tokenizer (a model directory, a tokenizer.json, a SentencePiece tokenizer.model or a .gguf
+    /// file).
     pub tokenizer: String,
     /// Fraction of the corpus held out for validation, in (0, 0.5).
     pub val_fraction: f64,
