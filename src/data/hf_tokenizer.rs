@@ -682,8 +682,30 @@ impl HfTokenizer {
     /// transformers reads beside a model.
     pub fn save_dir(&self, dir: &Path) -> Result<(), DataError> {
         let json = dir.join("tokenizer.json");
-        self.inner
-            .save(&json, false)
+        let mut tokenizer: Json = self
+            .inner
+            .to_string(false)
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .ok_or_else(|| {
+                file_error(&json, "cannot be written: the tokenizer does not serialise")
+            })?;
+        // transformers' PreTrainedTokenizerFast adds special tokens through the post-processor
+        // alone (it ignores add_bos_token): a tokenizer that adds BOS without one (a
+        // SentencePiece vocabulary from GGUF or tokenizer.model) gets Llama's template.
+        if let (true, Json::Null, Some((id, t))) =
+            (self.adds_bos, &tokenizer["post_processor"], &self.bos)
+        {
+            let bos = json!({"SpecialToken": {"id": t, "type_id": 0}});
+            let seq = |ty: &str, n: u32| json!({"Sequence": {"id": ty, "type_id": n}});
+            tokenizer["post_processor"] = json!({
+                "type": "TemplateProcessing",
+                "single": [bos, seq("A", 0)],
+                "pair": [bos, seq("A", 0), {"SpecialToken": {"id": t, "type_id": 1}}, seq("B", 1)],
+                "special_tokens": {t: {"id": t, "ids": [id], "tokens": [t]}},
+            });
+        }
+        std::fs::write(&json, serde_json::to_string(&tokenizer).unwrap_or_default())
             .map_err(|e| file_error(&json, format!("cannot be written: {e}")))?;
         let mut cfg = serde_json::json!({
             "tokenizer_class": "PreTrainedTokenizerFast",
@@ -1079,6 +1101,22 @@ mod tests {
             encodes_the_fixture_as_sentencepiece_does(&tok, &fixture);
             assert_eq!(tok.eos_ids(), vec![2]);
         }
+        // Saved as a Hugging Face directory, the tokenizer.json itself puts the BOS in front
+        // (what transformers' fast tokenizer reads), once, and kiln reads it back the same.
+        let saved = tempfile::tempdir().unwrap();
+        HfTokenizer::from_dir(dir.path())
+            .unwrap()
+            .save_dir(saved.path())
+            .unwrap();
+        let raw = tokenizers::Tokenizer::from_file(saved.path().join("tokenizer.json")).unwrap();
+        let plain = raw.encode("Hello world", false).unwrap().get_ids().to_vec();
+        let special = raw.encode("Hello world", true).unwrap().get_ids().to_vec();
+        assert_eq!(special[0], 1);
+        assert_eq!(&special[1..], &plain[..]);
+        let back = HfTokenizer::from_dir(saved.path()).unwrap();
+        assert!(back.adds_bos());
+        assert_eq!(back.encode_with_special("Hello world", true), special);
+        encodes_the_fixture_as_sentencepiece_does(&back, &fixture);
         std::fs::write(
             dir.path().join("tokenizer_config.json"),
             r#"{"add_bos_token": false, "eos_token": "<unk>"}"#,
