@@ -82,8 +82,10 @@ pub struct Family {
     pub nf4_weights: Option<fn(&str) -> bool>,
 }
 
-/// Every family, in the order `--help` and error messages list them.
-pub const FAMILIES: &[&Family] = &[
+/// Every family, in the order `--help` and error messages list them. A static (as is each
+/// family's entry), so that every use sees the same addresses: a `const` is copied at each use,
+/// and identity checks (`std::ptr::eq`) then depend on what the compiler happened to merge.
+pub static FAMILIES: &[&Family] = &[
     &super::gpt::FAMILY,
     &super::resnet_bk::FAMILY,
     &super::llama::FAMILY,

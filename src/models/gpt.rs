@@ -32,7 +32,7 @@ use crate::nn::{ActLayout, Cost, Kernels, ParamBuilder, params};
 use std::sync::Arc;
 
 /// `model.kind = "gpt"` in the family registry.
-pub const FAMILY: Family = Family {
+pub static FAMILY: Family = Family {
     kind: "gpt",
     name: "GPT",
     defaults: || FamilySettings::Gpt,

@@ -64,7 +64,7 @@ pub struct LlamaConfig {
 }
 
 /// `model.kind = "llama"` in the family registry.
-pub const FAMILY: Family = Family {
+pub static FAMILY: Family = Family {
     kind: "llama",
     name: "Llama",
     defaults: || FamilySettings::Llama(LlamaSettings::default()),

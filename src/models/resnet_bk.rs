@@ -43,7 +43,7 @@ use crate::nn::{ActLayout, Cost, Init, Kernels, Param, ParamBuilder, f32_bytes, 
 use std::sync::Arc;
 
 /// `model.kind = "resnet_bk"` in the family registry.
-pub const FAMILY: Family = Family {
+pub static FAMILY: Family = Family {
     kind: "resnet_bk",
     name: "ResNet-BK",
     defaults: || FamilySettings::ResnetBk(ResnetBkSettings::default()),
