@@ -469,19 +469,13 @@ fn summary(note: &str, stats: &generate::Stats, pool_peak: Option<usize>) -> Str
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::data::gguf::GgufFile;
-    use crate::data::gguf::writer::gguf_bytes;
 
     /// A vocabulary that asks for BOS (the SentencePiece fixture's GGUF metadata, as Llama 2's
     /// files do) puts it in front of a plain prompt once, and leaves a chat prompt as its
     /// template wrote it; one that does not ask gets none.
     #[test]
     fn plain_prompts_start_with_bos_where_the_tokenizer_asks() {
-        let (_, md) = crate::data::hf_tokenizer::spm_fixture_gguf_metadata();
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("spm.gguf");
-        std::fs::write(&path, gguf_bytes(&md, &[])).unwrap();
-        let tok = data::HfTokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
+        let tok = crate::data::hf_tokenizer::spm_fixture_tokenizer();
         let bos = prompt_bos_of(&tok);
         assert_eq!(bos, Some(1));
         let text = "ROMEO: Wherefore art thou?";

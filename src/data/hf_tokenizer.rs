@@ -830,6 +830,16 @@ pub(crate) fn spm_fixture_gguf_metadata() -> (Json, Vec<(&'static str, super::gg
     (fixture, md)
 }
 
+/// The fixture's tokenizer as kiln reads it from a GGUF file of that metadata.
+#[cfg(test)]
+pub(crate) fn spm_fixture_tokenizer() -> HfTokenizer {
+    let (_, md) = spm_fixture_gguf_metadata();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("spm.gguf");
+    std::fs::write(&path, super::gguf::writer::gguf_bytes(&md, &[])).unwrap();
+    HfTokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap()
+}
+
 /// BOS, EOS, padding and the chat template from a GGUF file's `tokenizer.*` metadata, for
 /// its vocabulary `tokens` (`is_control` tells its control tokens). Generation ends at EOS and
 /// at the end-of-turn and end-of-message ids the file names, and, as llama.cpp does, at the
@@ -1076,12 +1086,8 @@ mod tests {
     /// a GGUF file encodes 314 texts to the ids sentencepiece gave, and decodes them back.
     #[test]
     fn a_gguf_sentencepiece_vocabulary_encodes_as_sentencepiece_does() {
-        let (fixture, md) = spm_fixture_gguf_metadata();
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("spm.gguf");
-        std::fs::write(&path, gguf_bytes(&md, &[])).unwrap();
-        let tok = HfTokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
-        encodes_the_fixture_as_sentencepiece_does(&tok, &fixture);
+        let (fixture, _) = spm_fixture_gguf_metadata();
+        encodes_the_fixture_as_sentencepiece_does(&spm_fixture_tokenizer(), &fixture);
     }
 
     /// The same vocabulary as SentencePiece saves it (`tokenizer.model`,

@@ -31,6 +31,8 @@ pub struct SentencePieceModel {
 enum Value<'a> {
     Varint(u64),
     Fixed32(u32),
+    /// A 64-bit value: no field kiln reads has one, so it is skipped unread.
+    Fixed64,
     Bytes(&'a [u8]),
 }
 
@@ -73,7 +75,7 @@ impl<'a> Iterator for Fields<'a> {
                 0 => Value::Varint(varint(&mut self.buf)?),
                 1 => {
                     take(&mut self.buf, 8)?;
-                    Value::Varint(0)
+                    Value::Fixed64
                 }
                 2 => {
                     let n = varint(&mut self.buf)? as usize;

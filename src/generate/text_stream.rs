@@ -78,9 +78,7 @@ impl TextStream {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::data::gguf::GgufFile;
-    use crate::data::gguf::writer::gguf_bytes;
-    use crate::data::{HfTokenizer, tokenizer_by_name};
+    use crate::data::tokenizer_by_name;
     use crate::generate::stops::tests::TEXT;
 
     /// Streams `ids[k..]` after the prompt `ids[..k]` and checks that the prompt's text and the
@@ -121,11 +119,7 @@ mod tests {
     /// which decoding each token alone loses.
     #[test]
     fn sentencepiece_streams_keep_their_spaces() {
-        let (_, md) = crate::data::hf_tokenizer::spm_fixture_gguf_metadata();
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("spm.gguf");
-        std::fs::write(&path, gguf_bytes(&md, &[])).unwrap();
-        let tok = HfTokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
+        let tok = crate::data::hf_tokenizer::spm_fixture_tokenizer();
         let ids = tok.encode("ROMEO: Wherefore art thou");
         assert_eq!(
             tok.decode(&ids[ids.len() - 1..]),

@@ -485,19 +485,27 @@ fn from_sentencepiece_model(
             V::U32(m.unk_id as u32),
         ),
     ];
-    if let Some(id) = tok.bos_id() {
-        meta.push(("tokenizer.ggml.bos_token_id".into(), V::U32(id)));
-    }
-    if let Some(&id) = tok.eos_ids().first() {
-        meta.push(("tokenizer.ggml.eos_token_id".into(), V::U32(id)));
-    }
-    if let Some(id) = tok.pad_id() {
-        meta.push(("tokenizer.ggml.padding_token_id".into(), V::U32(id)));
-    }
-    if let Some(t) = tok.chat_template() {
-        meta.push(("tokenizer.chat_template".into(), V::String(t.into())));
-    }
+    meta.extend(special_metadata(tok));
     Ok(meta)
+}
+
+/// The special ids and the chat template of `tok`, as llama.cpp's keys.
+fn special_metadata(tok: &HfTokenizer) -> Vec<(String, V)> {
+    let ids = [
+        ("tokenizer.ggml.bos_token_id", tok.bos_id()),
+        (
+            "tokenizer.ggml.eos_token_id",
+            tok.eos_ids().first().copied(),
+        ),
+        ("tokenizer.ggml.padding_token_id", tok.pad_id()),
+    ];
+    ids.into_iter()
+        .filter_map(|(k, id)| Some((k.to_string(), V::U32(id?))))
+        .chain(
+            tok.chat_template()
+                .map(|t| ("tokenizer.chat_template".to_string(), V::String(t.into()))),
+        )
+        .collect()
 }
 
 fn from_tokenizer_json(
@@ -601,18 +609,7 @@ fn from_tokenizer_json(
             V::Bool(tok.adds_bos()),
         ),
     ];
-    if let Some(id) = tok.bos_id() {
-        meta.push(("tokenizer.ggml.bos_token_id".into(), V::U32(id)));
-    }
-    if let Some(&id) = tok.eos_ids().first() {
-        meta.push(("tokenizer.ggml.eos_token_id".into(), V::U32(id)));
-    }
-    if let Some(id) = tok.pad_id() {
-        meta.push(("tokenizer.ggml.padding_token_id".into(), V::U32(id)));
-    }
-    if let Some(t) = tok.chat_template() {
-        meta.push(("tokenizer.chat_template".into(), V::String(t.into())));
-    }
+    meta.extend(special_metadata(tok));
     Ok(meta)
 }
 
