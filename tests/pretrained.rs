@@ -720,3 +720,100 @@ fn windowed_models_export_and_import_back_to_the_same_logits() {
         );
     }
 }
+
+/// A Phi-3 checkpoint (fused projections, LongRoPE, a window) trains from `--init-from`, may
+/// take a context up to the one its long factors were made for (and no more), and exports
+/// back to Phi-3's layout with its rotary settings.
+#[test]
+fn phi3_checkpoints_train_and_export_back_with_their_layout() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("phi3");
+    let cfg = ResolvedConfig::resolve(
+        None,
+        &[
+            "model.kind=llama".into(),
+            "model.d_model=16".into(),
+            "model.n_layers=1".into(),
+            "model.n_heads=2".into(),
+            "model.rot_dim=4".into(),
+            "model.context=16".into(),
+            "model.rope_original_context=16".into(),
+            "model.rope_short_factors=[1.0, 1.5]".into(),
+            "model.rope_long_factors=[2.0, 3.0]".into(),
+            "model.rope_attention_factor=1.1".into(),
+            "model.sliding_window=6".into(),
+            "model.checkpoint_arch=phi3".into(),
+            "train.seq_len=16".into(),
+            format!("data.tokenizer={}", minilm_dir().display()),
+        ],
+    )
+    .unwrap()
+    .config;
+    let vocab = kiln::train::model_vocab(&cfg).unwrap();
+    let pool = MemoryPool::new(Device::Cpu);
+    let model = models::build(&cfg.model, vocab, &pool, 3).unwrap();
+    export::export_hf(
+        model.as_ref(),
+        &cfg.model,
+        vocab,
+        &minilm_dir().display().to_string(),
+        &m,
+    )
+    .unwrap();
+    edit_config(&m, |v| {
+        assert_eq!(v["architectures"][0], "Phi3ForCausalLM");
+        assert_eq!(v["sliding_window"], 6);
+        assert_eq!(v["rope_scaling"]["rope_type"], "longrope");
+        v["max_position_embeddings"] = serde_json::json!(64);
+    });
+    let p = pretrained::open(&m).unwrap();
+    assert_eq!((p.model.context, p.longest_context), (16, 64));
+    let ids: Vec<u32> = (0..12).map(|i| (i * 977 + 13) % 30522).collect();
+    let want = model.next_logits(&ids).unwrap();
+    assert_eq!(p.build(&pool).unwrap().next_logits(&ids).unwrap(), want);
+
+    let run = dir.path().join("run");
+    let train = |run: &Path, context: &str| {
+        kiln(&[
+            "train",
+            "--init-from",
+            m.to_str().unwrap(),
+            "--out",
+            run.to_str().unwrap(),
+            "train.steps=2",
+            &format!("model.context={context}"),
+            &format!("train.seq_len={context}"),
+            "train.micro_batch=2",
+            "train.eval_batches=1",
+            "data.val_fraction=0.01",
+        ])
+    };
+    let o = train(&run, "32");
+    assert!(o.status.success(), "{}", text(&o).1);
+    let o = train(&dir.path().join("too-long"), "128");
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o).1);
+    assert!(text(&o).1.contains("at most 64"), "{}", text(&o).1);
+    assert!(!dir.path().join("too-long").exists(), "nothing written");
+
+    let hf = dir.path().join("hf");
+    let o = kiln(&[
+        "export",
+        "--run",
+        run.to_str().unwrap(),
+        "--to",
+        hf.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o).1);
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(hf.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["architectures"][0], "Phi3ForCausalLM");
+    assert_eq!(
+        config["rope_scaling"]["long_factor"],
+        serde_json::json!([2.0, 3.0])
+    );
+    let back = pretrained::open(&hf).unwrap();
+    let l = back.model.llama().unwrap();
+    assert_eq!(l.rope_short_factors, vec![1.0, 1.5]);
+    assert!((l.rope_attention_factor - 1.1).abs() < 1e-12);
+    assert_eq!((l.sliding_window, l.rot_dim), (6, 4));
+}

@@ -464,7 +464,19 @@ const KEYS: &[(&str, &str)] = &[
     ),
     (
         "model.rope_original_context",
-        "llama: Llama 3 scaling original context",
+        "llama: context the rotary frequencies were trained for (Llama 3 scaling, LongRoPE)",
+    ),
+    (
+        "model.rope_short_factors",
+        "llama: LongRoPE per-pair frequency divisors up to rope_original_context; [] = none",
+    ),
+    (
+        "model.rope_long_factors",
+        "llama: LongRoPE per-pair frequency divisors past rope_original_context",
+    ),
+    (
+        "model.rope_attention_factor",
+        "llama: rotary cos/sin multiplier (LongRoPE attention factor); 1 = none",
     ),
     ("model.norm_eps", "llama: RMS norm epsilon"),
     (
@@ -482,6 +494,10 @@ const KEYS: &[(&str, &str)] = &[
     (
         "model.full_attention_layers",
         "llama: first layers without the window (max_window_layers)",
+    ),
+    (
+        "model.checkpoint_arch",
+        "llama: Hugging Face layout export writes; \"\" = from the settings, \"phi3\" = Phi3ForCausalLM",
     ),
     (
         "data.corpus",
@@ -1151,6 +1167,23 @@ fn set(
         (Value::Boolean(_), _) => return Err(wrong("true or false")),
         (Value::String(_), Value::String(_)) => value.clone(),
         (Value::String(_), _) => return Err(wrong("a string")),
+        // Lists of numbers (LongRoPE's factors), integers widened as for float keys.
+        (Value::Array(_), Value::Array(items))
+            if items
+                .iter()
+                .all(|v| matches!(v, Value::Float(_) | Value::Integer(_))) =>
+        {
+            Value::Array(
+                items
+                    .iter()
+                    .map(|v| match v {
+                        Value::Integer(i) => Value::Float(*i as f64),
+                        v => v.clone(),
+                    })
+                    .collect(),
+            )
+        }
+        (Value::Array(_), _) => return Err(wrong("a list of numbers, like [1.0, 1.5]")),
         _ => return Err(wrong("a scalar value")),
     };
     values.insert(key.clone(), checked);

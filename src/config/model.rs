@@ -172,8 +172,16 @@ pub struct LlamaSettings {
     pub rope_low_freq_factor: f64,
     /// Llama 3 scaling, high-frequency factor.
     pub rope_high_freq_factor: f64,
-    /// Llama 3 scaling, the context the frequencies were trained for.
+    /// The context the rotary frequencies were trained for (Llama 3 scaling; LongRoPE takes
+    /// its short factors up to it, its long ones for a longer model.context).
     pub rope_original_context: usize,
+    /// LongRoPE (Phi-3): per-pair divisors of the rotary frequencies, one a rotated pair,
+    /// taken when model.context is at most model.rope_original_context; empty for none.
+    pub rope_short_factors: Vec<f64>,
+    /// LongRoPE's divisors for a model.context past model.rope_original_context.
+    pub rope_long_factors: Vec<f64>,
+    /// The rotary cos and sin multiplied by this (LongRoPE's attention factor); 1 for none.
+    pub rope_attention_factor: f64,
     /// Epsilon of the RMS norms.
     pub norm_eps: f64,
     /// Biases on the query, key and value projections (Qwen2).
@@ -187,6 +195,10 @@ pub struct LlamaSettings {
     /// The first layers that attend fully even with a window (Qwen2's `max_window_layers`);
     /// the window applies from this layer on.
     pub full_attention_layers: usize,
+    /// The Hugging Face architecture whose tensor layout export writes: "" chooses from the
+    /// settings (Llama, Mistral, Qwen2, Qwen3), "phi3" writes Phi3ForCausalLM's fused
+    /// query/key/value and gate/up projections.
+    pub checkpoint_arch: String,
 }
 
 impl Default for LlamaSettings {
@@ -201,11 +213,15 @@ impl Default for LlamaSettings {
             rope_low_freq_factor: 1.0,
             rope_high_freq_factor: 4.0,
             rope_original_context: 8192,
+            rope_short_factors: Vec::new(),
+            rope_long_factors: Vec::new(),
+            rope_attention_factor: 1.0,
             norm_eps: 1e-5,
             qkv_bias: false,
             qk_norm: false,
             sliding_window: 0,
             full_attention_layers: 0,
+            checkpoint_arch: String::new(),
         }
     }
 }

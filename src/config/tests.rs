@@ -823,3 +823,54 @@ fn a_checkpoint_model_written_before_families_still_loads() {
     assert!(!keys.contains(&"rope_theta"), "{keys:?}");
     assert_eq!(serde_json::from_value::<ModelConfig>(out).unwrap(), m);
 }
+
+/// LongRoPE's factor lists are lists of numbers on the command line (integers widened), one
+/// a rotated pair, and both or neither.
+#[test]
+fn longrope_factor_lists_resolve_and_are_checked() {
+    let base = [
+        "model.kind=llama",
+        "model.d_model=64",
+        "model.n_heads=4",
+        "model.rot_dim=8",
+    ];
+    fn with<'a>(base: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
+        base.iter().chain(extra).copied().collect()
+    }
+    let r = ResolvedConfig::resolve(
+        None,
+        &ov(&with(
+            &base,
+            &[
+                "model.rope_short_factors=[1, 1.5, 2.0, 2.5]",
+                "model.rope_long_factors=[2.0, 3.0, 4.0, 5.0]",
+                "model.rope_attention_factor=1.2",
+            ],
+        )),
+    )
+    .expect("factor lists resolve");
+    let l = r.config.model.llama().unwrap();
+    assert_eq!(l.rope_short_factors, vec![1.0, 1.5, 2.0, 2.5]);
+    assert_eq!(l.rope_long_factors, vec![2.0, 3.0, 4.0, 5.0]);
+    r.config.validate().expect("valid LongRoPE settings");
+    let e = override_err(&with(&base, &["model.rope_short_factors=[1.0, 2.0]"]));
+    assert!(e.contains("model.rope_short_factors"), "{e}");
+    let mut c = r.config.clone();
+    if let FamilySettings::Llama(l) = &mut c.model.family {
+        l.rope_long_factors = vec![1.0, 2.0];
+    }
+    let e = c.validate().unwrap_err().to_string();
+    assert!(
+        e.contains("model.rope_long_factors") && e.contains("4 rotated dimension pairs"),
+        "{e}"
+    );
+    if let FamilySettings::Llama(l) = &mut c.model.family {
+        l.rope_long_factors = vec![1.0, 2.0, 0.0, 1.0];
+    }
+    let e = c.validate().unwrap_err().to_string();
+    assert!(e.contains("positive"), "{e}");
+    let e = override_err(&with(&base, &["model.rope_short_factors=true"]));
+    assert!(e.contains("a list of numbers"), "{e}");
+    let e = override_err(&with(&base, &["model.checkpoint_arch=gemma"]));
+    assert!(e.contains("phi3"), "{e}");
+}

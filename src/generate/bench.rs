@@ -41,6 +41,8 @@ pub fn preset(name: &str) -> Option<LlamaConfig> {
         rope_theta: 1e5,
         rot_dim: 64,
         rope_scaling: None,
+        rope_factors: None,
+        rope_attention_factor: 1.0,
         norm_eps: 1e-5,
         tied_head: true,
         qkv_bias: false,

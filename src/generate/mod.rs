@@ -790,6 +790,8 @@ mod tests {
             rope_theta: 1000.0,
             rot_dim: 8,
             rope_scaling: None,
+            rope_factors: None,
+            rope_attention_factor: 1.0,
             norm_eps: 1e-5,
             tied_head: true,
             qkv_bias: false,

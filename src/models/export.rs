@@ -52,11 +52,20 @@ pub(crate) fn hf_tensors(
         crate::models::llama::LlamaConfig::from_model(m, vocab),
     ) {
         (_, Some(l)) => {
+            let settings = m.llama().cloned().unwrap_or_default();
+            let phi3 = settings.checkpoint_arch == "phi3";
+            if phi3 && (l.qk_norm || l.qkv_bias || l.full_attention_layers > 0) {
+                return Err(KilnError::Setting(
+                    "Phi3ForCausalLM has no query/key norms, projection biases or full-attention first layers; export this model with model.checkpoint_arch=\"\" for the architecture its settings describe".into(),
+                ));
+            }
             // transformers' Llama has no window: a windowed model is a Mistral, or a Qwen2
             // when its first layers attend fully or its projections have biases (Qwen2's
             // are always there; a model without them writes zeros).
             let windowed = l.sliding_window > 0;
-            let (arch, model_type) = if l.qk_norm {
+            let (arch, model_type) = if phi3 {
+                ("Phi3ForCausalLM", "phi3")
+            } else if l.qk_norm {
                 ("Qwen3ForCausalLM", "qwen3")
             } else if windowed && (l.qkv_bias || l.full_attention_layers > 0) {
                 ("Qwen2ForCausalLM", "qwen2")
@@ -85,21 +94,29 @@ pub(crate) fn hf_tensors(
                     get(&format!("{k}.ln1.weight"))?.1,
                 );
                 let (_, qkv) = get(&format!("{k}.attn.qkv.weight"))?;
-                put(
-                    format!("{p}.self_attn.q_proj.weight"),
-                    vec![qd, d],
-                    rows(&qkv, d, 0, qd),
-                );
-                put(
-                    format!("{p}.self_attn.k_proj.weight"),
-                    vec![kvd, d],
-                    rows(&qkv, d, qd, qd + kvd),
-                );
-                put(
-                    format!("{p}.self_attn.v_proj.weight"),
-                    vec![kvd, d],
-                    rows(&qkv, d, qd + kvd, qd + 2 * kvd),
-                );
+                if phi3 {
+                    put(
+                        format!("{p}.self_attn.qkv_proj.weight"),
+                        vec![qd + 2 * kvd, d],
+                        qkv,
+                    );
+                } else {
+                    put(
+                        format!("{p}.self_attn.q_proj.weight"),
+                        vec![qd, d],
+                        rows(&qkv, d, 0, qd),
+                    );
+                    put(
+                        format!("{p}.self_attn.k_proj.weight"),
+                        vec![kvd, d],
+                        rows(&qkv, d, qd, qd + kvd),
+                    );
+                    put(
+                        format!("{p}.self_attn.v_proj.weight"),
+                        vec![kvd, d],
+                        rows(&qkv, d, qd + kvd, qd + 2 * kvd),
+                    );
+                }
                 if l.qk_norm {
                     for x in ["q", "k"] {
                         put(
@@ -142,16 +159,20 @@ pub(crate) fn hf_tensors(
                     get(&format!("{k}.ln2.weight"))?.1,
                 );
                 let (_, gu) = get(&format!("{k}.mlp.gate_up.weight"))?;
-                put(
-                    format!("{p}.mlp.gate_proj.weight"),
-                    vec![ffn, d],
-                    rows(&gu, d, 0, ffn),
-                );
-                put(
-                    format!("{p}.mlp.up_proj.weight"),
-                    vec![ffn, d],
-                    rows(&gu, d, ffn, 2 * ffn),
-                );
+                if phi3 {
+                    put(format!("{p}.mlp.gate_up_proj.weight"), vec![2 * ffn, d], gu);
+                } else {
+                    put(
+                        format!("{p}.mlp.gate_proj.weight"),
+                        vec![ffn, d],
+                        rows(&gu, d, 0, ffn),
+                    );
+                    put(
+                        format!("{p}.mlp.up_proj.weight"),
+                        vec![ffn, d],
+                        rows(&gu, d, ffn, 2 * ffn),
+                    );
+                }
                 put(
                     format!("{p}.mlp.down_proj.weight"),
                     vec![d, ffn],
@@ -195,7 +216,9 @@ pub(crate) fn hf_tensors(
                     "original_max_position_embeddings": s.original_context,
                 });
             }
-            if windowed {
+            if phi3 {
+                phi3_config(&mut c, &settings, &l);
+            } else if windowed {
                 c["sliding_window"] = json!(l.sliding_window);
                 if arch != "MistralForCausalLM" {
                     let layer_types: Vec<&str> = (0..l.n_layers)
@@ -282,6 +305,39 @@ pub(crate) fn hf_tensors(
         }
     };
     Ok((out, config))
+}
+
+/// The keys of a Phi3ForCausalLM config.json beyond a Llama's: its window (null for none),
+/// LongRoPE with its attention factor written out (transformers would derive one from the
+/// positions otherwise), and no special-token ids (Phi3Config's defaults, 32000 among them,
+/// may lie outside a small vocabulary; the tokenizer files carry the real ones).
+fn phi3_config(
+    c: &mut serde_json::Value,
+    settings: &crate::config::LlamaSettings,
+    l: &crate::models::llama::LlamaConfig,
+) {
+    c["sliding_window"] = if l.sliding_window > 0 {
+        json!(l.sliding_window)
+    } else {
+        serde_json::Value::Null
+    };
+    for key in ["pad_token_id", "bos_token_id", "eos_token_id"] {
+        c[key] = serde_json::Value::Null;
+    }
+    for key in ["resid_pdrop", "embd_pdrop", "attention_dropout"] {
+        c[key] = json!(0.0);
+    }
+    if !settings.rope_short_factors.is_empty() {
+        c["original_max_position_embeddings"] = json!(settings.rope_original_context);
+        c["max_position_embeddings"] = json!(l.context.max(settings.rope_original_context));
+        c["rope_scaling"] = json!({
+            "rope_type": "longrope",
+            "short_factor": settings.rope_short_factors,
+            "long_factor": settings.rope_long_factors,
+            "original_max_position_embeddings": settings.rope_original_context,
+            "attention_factor": settings.rope_attention_factor,
+        });
+    }
 }
 
 /// Writes `model` (of settings `m`, `vocab` embedding rows) as a Hugging Face directory in

@@ -274,6 +274,18 @@ pub fn export_gguf(
             ));
         }
     };
+    if l.rope_factors.is_some() || m.llama().is_some_and(|s| !s.rope_short_factors.is_empty()) {
+        return Err(KilnError::Setting(
+            "the model's LongRoPE factors have no place in a llama-architecture GGUF file (llama.cpp keeps them in its phi3 architecture, which kiln does not write); export it as a Hugging Face directory".into(),
+        ));
+    }
+    // A Phi-3 layout (fused projections) is written with the split names llama.cpp's llama
+    // architecture reads: the same weights.
+    let mut split = m.clone();
+    if let crate::config::FamilySettings::Llama(s) = &mut split.family {
+        s.checkpoint_arch.clear();
+    }
+    let m = &split;
     let mut notes = Vec::new();
     if l.sliding_window > 0 {
         notes.push(format!(

@@ -20,7 +20,7 @@ use crate::config::{
     ConfigError, FamilySettings, LlamaSettings, ModelConfig, finite, out_of_range,
 };
 use crate::engine::cpu::kv_cache::CacheShape;
-use crate::engine::cpu::rope::{self, Llama3Scaling};
+use crate::engine::cpu::rope::{self, Llama3Scaling, PairFactors};
 use crate::engine::ops::Ids;
 use crate::engine::{DType, MemoryPool, Result, Tensor, ops};
 use crate::nn::gqa::{GqaAttention, GqaSaved, Heads, Rotary};
@@ -46,6 +46,13 @@ pub struct LlamaConfig {
     /// Rotated dimensions of each head (`head_dim` unless the model uses partial rotary).
     pub rot_dim: usize,
     pub rope_scaling: Option<Llama3Scaling>,
+    /// LongRoPE's per-pair divisors chosen for this context (the short factors up to the
+    /// trained context, the long ones past it); `None` without LongRoPE.
+    #[serde(default)]
+    pub rope_factors: Option<PairFactors>,
+    /// The rotary cos and sin multiplied by this (LongRoPE's attention factor); 1 for none.
+    #[serde(default = "one")]
+    pub rope_attention_factor: f32,
     pub norm_eps: f32,
     pub tied_head: bool,
     /// Biases on the query, key and value projections (Qwen2).
@@ -61,6 +68,10 @@ pub struct LlamaConfig {
     /// `max_window_layers`).
     #[serde(default)]
     pub full_attention_layers: usize,
+}
+
+fn one() -> f32 {
+    1.0
 }
 
 /// `model.kind = "llama"` in the family registry.
@@ -108,6 +119,14 @@ fn validate(m: &ModelConfig) -> std::result::Result<(), ConfigError> {
         ("model.norm_eps", l.norm_eps),
         ("model.rope_scaling_factor", l.rope_scaling_factor),
     ])?;
+    check_longrope(m, l)?;
+    if !matches!(l.checkpoint_arch.as_str(), "" | "phi3") {
+        return Err(out_of_range(
+            "model.checkpoint_arch",
+            format!("\"{}\"", l.checkpoint_arch),
+            "kiln writes \"\" (the layout chosen from the settings) or \"phi3\"",
+        ));
+    }
     if l.sliding_window > MAX_SLIDING_WINDOW {
         return Err(out_of_range(
             "model.sliding_window",
@@ -146,6 +165,65 @@ fn validate(m: &ModelConfig) -> std::result::Result<(), ConfigError> {
     Ok(())
 }
 
+/// LongRoPE's settings: both factor lists or neither, one positive factor a rotated pair,
+/// not beside Llama 3's scaling, and a positive attention factor.
+fn check_longrope(m: &ModelConfig, l: &LlamaSettings) -> std::result::Result<(), ConfigError> {
+    if !(l.rope_attention_factor.is_finite() && l.rope_attention_factor > 0.0) {
+        return Err(out_of_range(
+            "model.rope_attention_factor",
+            l.rope_attention_factor,
+            "it must be a positive number (1 for none)",
+        ));
+    }
+    let (short, long) = (&l.rope_short_factors, &l.rope_long_factors);
+    if short.is_empty() && long.is_empty() {
+        return Ok(());
+    }
+    if short.is_empty() || long.is_empty() {
+        return Err(out_of_range(
+            "model.rope_short_factors",
+            format!("{} factors", short.len()),
+            "LongRoPE needs both model.rope_short_factors and model.rope_long_factors (or neither)",
+        ));
+    }
+    if l.rope_scaling_factor > 0.0 {
+        return Err(out_of_range(
+            "model.rope_scaling_factor",
+            l.rope_scaling_factor,
+            "Llama 3 scaling and LongRoPE factors cannot both stretch the rotary frequencies; set one",
+        ));
+    }
+    let head_dim = if l.head_dim > 0 {
+        l.head_dim
+    } else {
+        m.d_model / m.n_heads.max(1)
+    };
+    let pairs = (if l.rot_dim > 0 { l.rot_dim } else { head_dim }) / 2;
+    for (key, list) in [
+        ("model.rope_short_factors", short),
+        ("model.rope_long_factors", long),
+    ] {
+        if list.len() != pairs || pairs > rope::MAX_ROPE_PAIRS {
+            return Err(out_of_range(
+                key,
+                format!("{} factors", list.len()),
+                format!(
+                    "it needs one factor for each of the {pairs} rotated dimension pairs (model.rot_dim / 2, at most {})",
+                    rope::MAX_ROPE_PAIRS
+                ),
+            ));
+        }
+        if let Some(bad) = list.iter().find(|f| !(f.is_finite() && **f > 0.0)) {
+            return Err(out_of_range(
+                key,
+                format!("a factor {bad}"),
+                "every factor must be a positive number",
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The longest window the settings accept: far past any context a model is trained or run
 /// at (a window at least as long as the sequence is full attention), and small enough for
 /// the kernels' 32-bit positions.
@@ -168,6 +246,18 @@ impl LlamaConfig {
             high_freq_factor: l.rope_high_freq_factor as f32,
             original_context: l.rope_original_context,
         });
+        let rot_dim = if l.rot_dim > 0 { l.rot_dim } else { head_dim };
+        // LongRoPE picks its factors once for the model's context, as transformers picks them
+        // for a sequence: the long ones only past the trained context. Lists of the wrong
+        // length (which `validate` refuses) are left out here.
+        let factors = if m.context > l.rope_original_context {
+            &l.rope_long_factors
+        } else {
+            &l.rope_short_factors
+        };
+        let rope_factors = (!factors.is_empty() && factors.len() == rot_dim / 2)
+            .then(|| factors.iter().map(|&f| f as f32).collect::<Vec<f32>>())
+            .and_then(|f| PairFactors::new(&f));
         Some(LlamaConfig {
             vocab,
             d_model: m.d_model,
@@ -186,8 +276,10 @@ impl LlamaConfig {
             },
             context: m.context,
             rope_theta: l.rope_theta as f32,
-            rot_dim: if l.rot_dim > 0 { l.rot_dim } else { head_dim },
+            rot_dim,
             rope_scaling,
+            rope_factors,
+            rope_attention_factor: l.rope_attention_factor as f32,
             norm_eps: l.norm_eps as f32,
             tied_head: m.tied_head,
             qkv_bias: l.qkv_bias,
@@ -449,8 +541,19 @@ impl Llama {
         } else {
             Some(Linear::new(&mut b.scope("lm_head"), c, vocab, false, 0.02)?)
         };
-        let inv = rope::inverse_frequencies(cfg.rope_theta, cfg.rot_dim, cfg.rope_scaling);
-        let (cos, sin) = rope::rope_tables(&inv, cfg.context);
+        let inv = match &cfg.rope_factors {
+            Some(f) => {
+                rope::factored_inverse_frequencies(cfg.rope_theta, cfg.rot_dim, f.as_slice())
+            }
+            None => rope::inverse_frequencies(cfg.rope_theta, cfg.rot_dim, cfg.rope_scaling),
+        };
+        let (mut cos, mut sin) = rope::rope_tables(&inv, cfg.context);
+        if cfg.rope_attention_factor != 1.0 {
+            // transformers scales the f32 tables, so the rotation is no longer orthogonal and
+            // its backward (the tables' transpose) carries the same factor.
+            let a = cfg.rope_attention_factor;
+            cos.iter_mut().chain(sin.iter_mut()).for_each(|v| *v *= a);
+        }
         let half = cfg.rot_dim / 2;
         let rotary = Rotary {
             cos: Tensor::from_vec(pool, &[cfg.context, half], DType::F32, cos)?,
@@ -884,6 +987,8 @@ pub(crate) mod tests {
             rope_theta: 100.0,
             rot_dim: 4,
             rope_scaling: None,
+            rope_factors: None,
+            rope_attention_factor: 1.0,
             norm_eps: 1e-5,
             tied_head: tied,
             qkv_bias: !tied,

@@ -80,6 +80,69 @@ pub fn inverse_frequencies(theta: f32, rot_dim: usize, scaling: Option<Llama3Sca
         .collect()
 }
 
+/// Most dimension pairs a head's per-pair rotary factors cover (head size 256).
+pub const MAX_ROPE_PAIRS: usize = 128;
+
+/// Per-pair divisors of the rotary frequencies (LongRoPE's short or long factors, Phi-3):
+/// pair `i` turns by `pos / (factor[i] * theta^(2i/rot))`. A fixed array, so that a model's
+/// shape stays `Copy`; serialised as the list of its values.
+#[derive(Clone, Copy, PartialEq)]
+pub struct PairFactors {
+    len: usize,
+    values: [f32; MAX_ROPE_PAIRS],
+}
+
+impl PairFactors {
+    /// The factors `values`, or `None` past [`MAX_ROPE_PAIRS`] of them.
+    pub fn new(values: &[f32]) -> Option<PairFactors> {
+        if values.len() > MAX_ROPE_PAIRS {
+            return None;
+        }
+        let mut v = [0.0; MAX_ROPE_PAIRS];
+        v[..values.len()].copy_from_slice(values);
+        Some(PairFactors {
+            len: values.len(),
+            values: v,
+        })
+    }
+
+    pub fn as_slice(&self) -> &[f32] {
+        &self.values[..self.len]
+    }
+}
+
+impl std::fmt::Debug for PairFactors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.as_slice()).finish()
+    }
+}
+
+impl serde::Serialize for PairFactors {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.as_slice())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for PairFactors {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = Vec::<f32>::deserialize(d)?;
+        PairFactors::new(&v).ok_or_else(|| {
+            serde::de::Error::custom(format!("{} rotary factors, past {MAX_ROPE_PAIRS}", v.len()))
+        })
+    }
+}
+
+/// The inverse frequencies with LongRoPE's per-pair divisors: `1 / (factor[i] *
+/// theta^(2i/rot))`, in f32 in the order transformers computes them.
+pub fn factored_inverse_frequencies(theta: f32, rot_dim: usize, factors: &[f32]) -> Vec<f32> {
+    assert_eq!(factors.len(), rot_dim / 2, "rope: one factor per pair");
+    factors
+        .iter()
+        .enumerate()
+        .map(|(i, f)| 1.0 / (f * theta.powf((2 * i) as f32 / rot_dim as f32)))
+        .collect()
+}
+
 /// `cos` and `sin` tables `[positions, rot/2]` for the inverse frequencies `inv_freq`.
 pub fn rope_tables(inv_freq: &[f32], positions: usize) -> (Vec<f32>, Vec<f32>) {
     let mut cos = Vec::with_capacity(positions * inv_freq.len());
@@ -296,5 +359,21 @@ mod tests {
             (scaled[last] * 32.0 - plain[last]).abs() < 1e-12,
             "the slowest is divided"
         );
+    }
+
+    #[test]
+    fn longrope_factors_divide_each_pair() {
+        let plain = inverse_frequencies(10000.0, 8, None);
+        let f = [1.0, 2.0, 4.0, 8.0];
+        let scaled = factored_inverse_frequencies(10000.0, 8, &f);
+        for i in 0..4 {
+            assert!((scaled[i] * f[i] - plain[i]).abs() <= 1e-6 * plain[i]);
+        }
+        let p = PairFactors::new(&f).unwrap();
+        assert_eq!(p.as_slice(), &f);
+        let json = serde_json::to_string(&p).unwrap();
+        assert_eq!(json, "[1.0,2.0,4.0,8.0]");
+        assert_eq!(serde_json::from_str::<PairFactors>(&json).unwrap(), p);
+        assert!(PairFactors::new(&[1.0; MAX_ROPE_PAIRS + 1]).is_none());
     }
 }

@@ -48,6 +48,10 @@ pub struct Pretrained {
     pub weights: BTreeMap<String, HostTensor>,
     pub tokenizer: HfTokenizer,
     pub source: Provenance,
+    /// The longest `model.context` a run may ask of this model: its own context, or for a
+    /// LongRoPE model (imported at the context its short factors serve) the longest its long
+    /// factors were made for.
+    pub longest_context: usize,
 }
 
 /// Architectures kiln imports, in the order error messages list them.
@@ -56,6 +60,7 @@ pub const ARCHITECTURES: &[&str] = &[
     "MistralForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
+    "Phi3ForCausalLM",
     "GPT2LMHeadModel",
     "GGUF general.architecture = llama, qwen2 or qwen3",
 ];
@@ -239,9 +244,13 @@ fn open_hf_dir(dir: &Path) -> Result<Pretrained> {
         )
     })?;
     let raw = read_safetensors(&files)?;
+    let mut longest_context = 0;
     let (model, vocab, weights) = match arch.as_str() {
-        "LlamaForCausalLM" | "MistralForCausalLM" | "Qwen2ForCausalLM" | "Qwen3ForCausalLM" => {
-            llama_from_hf(&cfg_path, &cfg, &arch, raw)?
+        "LlamaForCausalLM" | "MistralForCausalLM" | "Qwen2ForCausalLM" | "Qwen3ForCausalLM"
+        | "Phi3ForCausalLM" => {
+            let (m, vocab, w, longest) = llama_from_hf(&cfg_path, &cfg, &arch, raw)?;
+            longest_context = longest;
+            (m, vocab, w)
         }
         "GPT2LMHeadModel" => gpt2_from_hf(&cfg_path, &cfg, raw)?,
         other => {
@@ -256,6 +265,7 @@ fn open_hf_dir(dir: &Path) -> Result<Pretrained> {
     };
     check_tokenizer(dir, &tokenizer, vocab)?;
     Ok(Pretrained {
+        longest_context: longest_context.max(model.context),
         model,
         vocab,
         weights,
@@ -383,6 +393,26 @@ fn sliding_window_from_hf(
 ) -> Result<(usize, usize)> {
     let mistral = arch == "MistralForCausalLM";
     let qwen = matches!(arch, "Qwen2ForCausalLM" | "Qwen3ForCausalLM");
+    if arch == "Phi3ForCausalLM" {
+        // transformers' Phi-3 masks with its window whenever one is set (Phi-3-mini-4k:
+        // 2047); one at least as long as the model's positions is full attention.
+        let longest = json_usize(cfg, "max_position_embeddings").unwrap_or(4096);
+        return Ok(match cfg.get("sliding_window") {
+            None | Some(Value::Null) => (0, 0),
+            Some(v) => match v.as_u64() {
+                Some(w) if w as usize >= longest => (0, 0),
+                Some(w) if w >= 1 => (w as usize, 0),
+                _ => {
+                    return Err(bad(
+                        path,
+                        format!(
+                            "has \"sliding_window\": {v}; it must be a whole number of positions, at least 1, or null for full attention"
+                        ),
+                    ));
+                }
+            },
+        });
+    }
     let enabled = cfg
         .get("use_sliding_window")
         .and_then(Value::as_bool)
@@ -447,12 +477,16 @@ fn sliding_window_from_hf(
     })
 }
 
+/// A Llama-family checkpoint's settings, vocabulary and weights under kiln's names, and the
+/// longest context a run may ask of it (past its own only for LongRoPE).
+#[allow(clippy::type_complexity)]
 fn llama_from_hf(
     path: &Path,
     cfg: &Value,
     arch: &str,
     mut raw: BTreeMap<String, HostTensor>,
-) -> Result<(ModelConfig, usize, BTreeMap<String, HostTensor>)> {
+) -> Result<(ModelConfig, usize, BTreeMap<String, HostTensor>, usize)> {
+    let phi3 = arch == "Phi3ForCausalLM";
     let d = need(path, "hidden_size", json_usize(cfg, "hidden_size"))?;
     let n_layers = need(
         path,
@@ -472,7 +506,8 @@ fn llama_from_hf(
         json_usize(cfg, "intermediate_size"),
     )?;
     let vocab = need(path, "vocab_size", json_usize(cfg, "vocab_size"))?;
-    let context = json_usize(cfg, "max_position_embeddings").unwrap_or(2048);
+    let mut context = json_usize(cfg, "max_position_embeddings").unwrap_or(2048);
+    let longest_context = context;
     let (sliding_window, full_attention_layers) =
         sliding_window_from_hf(path, cfg, arch, n_layers)?;
     let tied = cfg
@@ -499,6 +534,7 @@ fn llama_from_hf(
         qk_norm: arch == "Qwen3ForCausalLM",
         sliding_window,
         full_attention_layers,
+        checkpoint_arch: if phi3 { "phi3".into() } else { String::new() },
         ..LlamaSettings::default()
     };
     if let Some(s) = cfg.get("rope_scaling").filter(|s| !s.is_null()).or(rope) {
@@ -507,13 +543,51 @@ fn llama_from_hf(
             .or_else(|| s.get("type"))
             .and_then(Value::as_str)
             .unwrap_or("");
-        if !matches!(kind, "llama3" | "default" | "") {
+        if !matches!(kind, "llama3" | "longrope" | "default" | "") {
             return Err(bad(
                 path,
                 format!(
-                    "uses rope_scaling type \"{kind}\"; kiln implements Llama 3's (\"llama3\") only"
+                    "uses rope_scaling type \"{kind}\"; kiln implements Llama 3's (\"llama3\") and LongRoPE (\"longrope\") only"
                 ),
             ));
+        }
+        if kind == "longrope" {
+            let original = json_usize(s, "original_max_position_embeddings")
+                .or_else(|| json_usize(cfg, "original_max_position_embeddings"))
+                .unwrap_or(context);
+            let factors = |key: &str| -> Result<Vec<f64>> {
+                let list = s.get(key).and_then(Value::as_array).ok_or_else(|| {
+                    bad(
+                        path,
+                        format!("uses LongRoPE but has no rope_scaling.{key} list"),
+                    )
+                })?;
+                list.iter()
+                    .map(|v| {
+                        v.as_f64().ok_or_else(|| {
+                            bad(
+                                path,
+                                format!("has a rope_scaling.{key} entry {v} that is not a number"),
+                            )
+                        })
+                    })
+                    .collect()
+            };
+            l.rope_short_factors = factors("short_factor")?;
+            l.rope_long_factors = factors("long_factor")?;
+            l.rope_original_context = original;
+            // transformers' rule: the attention factor given, or from the stretch of the
+            // context (the `factor` given, or max_position_embeddings over the original).
+            let stretch = json_f64(s, "factor").unwrap_or(context as f64 / original as f64);
+            l.rope_attention_factor = match json_f64(s, "attention_factor") {
+                Some(a) => a,
+                None if stretch <= 1.0 => 1.0,
+                None => (1.0 + stretch.ln() / (original as f64).ln()).sqrt(),
+            };
+            // Imported at the context its short factors serve, as transformers runs every
+            // sequence that fits it; a run may ask for more (model.context), and then takes
+            // the long factors for every position.
+            context = context.min(original);
         }
         if kind == "llama3" {
             l.rope_scaling_factor = need(path, "rope_scaling.factor", json_f64(s, "factor"))?;
@@ -556,10 +630,18 @@ fn llama_from_hf(
                 .map(|(x, rows)| (format!("{p}.self_attn.{x}_proj.{part}"), rows))
                 .to_vec()
         };
-        w.insert(
-            format!("{k}.attn.qkv.weight"),
-            take_stacked(path, &mut raw, &qkv("weight"), &[d])?,
-        );
+        // Phi-3 stores the query/key/value and gate/up projections fused, in kiln's order.
+        let qkv_weight = if phi3 {
+            take(
+                path,
+                &mut raw,
+                &format!("{p}.self_attn.qkv_proj.weight"),
+                &[qd + 2 * kvd, d],
+            )?
+        } else {
+            take_stacked(path, &mut raw, &qkv("weight"), &[d])?
+        };
+        w.insert(format!("{k}.attn.qkv.weight"), qkv_weight);
         if qkv_bias {
             w.insert(
                 format!("{k}.attn.qkv.bias"),
@@ -599,10 +681,17 @@ fn llama_from_hf(
         );
         let gate_up = [("gate", ffn), ("up", ffn)]
             .map(|(x, rows)| (format!("{p}.mlp.{x}_proj.weight"), rows));
-        w.insert(
-            format!("{k}.mlp.gate_up.weight"),
-            take_stacked(path, &mut raw, &gate_up, &[d])?,
-        );
+        let gate_up_weight = if phi3 {
+            take(
+                path,
+                &mut raw,
+                &format!("{p}.mlp.gate_up_proj.weight"),
+                &[2 * ffn, d],
+            )?
+        } else {
+            take_stacked(path, &mut raw, &gate_up, &[d])?
+        };
+        w.insert(format!("{k}.mlp.gate_up.weight"), gate_up_weight);
         w.insert(
             format!("{k}.mlp.down.weight"),
             take(
@@ -623,7 +712,7 @@ fn llama_from_hf(
             pad_rows(take(path, &mut raw, "lm_head.weight", &[vocab, d])?, padded),
         );
     }
-    Ok((m, vocab, w))
+    Ok((m, vocab, w, longest_context))
 }
 
 fn gpt2_from_hf(
@@ -1016,6 +1105,7 @@ fn open_gguf(path: &Path) -> Result<Pretrained> {
     }
     check_tokenizer(path, &tokenizer, vocab)?;
     Ok(Pretrained {
+        longest_context: m.context,
         model: m,
         vocab,
         weights: w,
@@ -1093,6 +1183,16 @@ impl Pretrained {
                 format!("model.qk_norm={}", l.qk_norm),
                 format!("model.sliding_window={}", l.sliding_window),
                 format!("model.full_attention_layers={}", l.full_attention_layers),
+                format!(
+                    "model.rope_short_factors={}",
+                    float_list(&l.rope_short_factors)
+                ),
+                format!(
+                    "model.rope_long_factors={}",
+                    float_list(&l.rope_long_factors)
+                ),
+                format!("model.rope_attention_factor={:?}", l.rope_attention_factor),
+                format!("model.checkpoint_arch={}", l.checkpoint_arch),
             ]);
         }
         v
@@ -1110,20 +1210,26 @@ impl Pretrained {
                 value
                     .trim()
                     .parse::<usize>()
-                    .map_or(true, |c| c > self.model.context)
+                    .map_or(true, |c| c > self.longest_context)
             } else {
                 key.starts_with("model.") || key == "data.tokenizer"
             };
             if contradicts {
                 return Err(KilnError::Setting(format!(
-                    "{o} contradicts --init-from {}, which sets the model's shape and tokenizer itself; drop it (model.context may only shrink, to at most {})",
+                    "{o} contradicts --init-from {}, which sets the model's shape and tokenizer itself; drop it (model.context may be at most {})",
                     self.source.path.display(),
-                    self.model.context
+                    self.longest_context
                 )));
             }
         }
         Ok(())
     }
+}
+
+/// A list of numbers as a `KEY=VALUE` override writes it: `[1.0, 1.5]`, each value exact.
+fn float_list(v: &[f64]) -> String {
+    let items: Vec<String> = v.iter().map(|x| format!("{x:?}")).collect();
+    format!("[{}]", items.join(", "))
 }
 
 #[cfg(test)]
@@ -1340,7 +1446,7 @@ mod tests {
             std::fs::write(dir.join("config.json"), self.cfg.to_string()).unwrap();
             let arch = self.cfg["architectures"][0].as_str().unwrap();
             let raw = read_safetensors(&[file]).unwrap();
-            let (m, vocab, weights) =
+            let (m, vocab, weights, _) =
                 llama_from_hf(&dir.join("config.json"), &self.cfg, arch, raw).unwrap();
             let pool = crate::engine::MemoryPool::new(crate::engine::Device::Cpu);
             crate::models::load(&m, vocab, &pool, &weights, dir).unwrap()
@@ -1392,5 +1498,216 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let err = open(&tiny.gguf(dir.path())).err().unwrap().to_string();
         assert!(err.contains("without query/key norms"), "{err}");
+    }
+
+    /// A tiny Phi-3 checkpoint's config.json and tensors (fused query/key/value and gate/up
+    /// projections, half the head rotated, LongRoPE over 64 trained positions stretched to
+    /// 256, an untied head), and the same weights as a Llama checkpoint with split
+    /// projections and the same rotary settings.
+    fn tiny_phi3(window: Option<usize>) -> [(Value, BTreeMap<String, HostTensor>); 2] {
+        let (d, layers, heads, kv, ffn, vocab) = (32, 2, 4, 2, 48, 40);
+        let hd = d / heads;
+        let mut rng = crate::engine::rng::Rng::new(11, crate::engine::rng::stream::INIT);
+        let mut phi = BTreeMap::new();
+        let mut llama = BTreeMap::new();
+        let mut put = |_name: &str, shape: Vec<usize>, center: f32| {
+            let n = shape.iter().product();
+            let data: Vec<f32> = (0..n)
+                .map(|_| center + 0.4 * (rng.next_f32() - 0.5))
+                .collect();
+            HostTensor { shape, data }
+        };
+        for (name, shape, center) in [
+            ("model.embed_tokens.weight", vec![vocab, d], 0.0),
+            ("model.norm.weight", vec![d], 1.0),
+            ("lm_head.weight", vec![vocab, d], 0.0),
+        ] {
+            let t = put(name, shape, center);
+            phi.insert(name.to_string(), t.clone());
+            llama.insert(name.to_string(), t);
+        }
+        let split = |t: &HostTensor,
+                     at: &[(&str, usize)],
+                     p: &str,
+                     out: &mut BTreeMap<String, HostTensor>| {
+            let mut row = 0;
+            for (name, rows) in at {
+                out.insert(
+                    format!("{p}.{name}.weight"),
+                    HostTensor {
+                        shape: vec![*rows, d],
+                        data: t.data[row * d..(row + rows) * d].to_vec(),
+                    },
+                );
+                row += rows;
+            }
+        };
+        for l in 0..layers {
+            let p = format!("model.layers.{l}");
+            for (name, shape, center) in [
+                ("input_layernorm", vec![d], 1.0),
+                ("post_attention_layernorm", vec![d], 1.0),
+                ("self_attn.o_proj", vec![d, heads * hd], 0.0),
+                ("mlp.down_proj", vec![d, ffn], 0.0),
+            ] {
+                let t = put(name, shape, center);
+                phi.insert(format!("{p}.{name}.weight"), t.clone());
+                llama.insert(format!("{p}.{name}.weight"), t);
+            }
+            let qkv = put("qkv", vec![(heads + 2 * kv) * hd, d], 0.0);
+            split(
+                &qkv,
+                &[
+                    ("self_attn.q_proj", heads * hd),
+                    ("self_attn.k_proj", kv * hd),
+                    ("self_attn.v_proj", kv * hd),
+                ],
+                &p,
+                &mut llama,
+            );
+            phi.insert(format!("{p}.self_attn.qkv_proj.weight"), qkv);
+            let gate_up = put("gate_up", vec![2 * ffn, d], 0.0);
+            split(
+                &gate_up,
+                &[("mlp.gate_proj", ffn), ("mlp.up_proj", ffn)],
+                &p,
+                &mut llama,
+            );
+            phi.insert(format!("{p}.mlp.gate_up_proj.weight"), gate_up);
+        }
+        let cfg = |arch: &str| {
+            serde_json::json!({
+                "architectures": [arch],
+                "hidden_size": d, "num_hidden_layers": layers, "num_attention_heads": heads,
+                "num_key_value_heads": kv, "intermediate_size": ffn, "vocab_size": vocab,
+                "max_position_embeddings": 256, "original_max_position_embeddings": 64,
+                "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+                "rope_scaling": {"type": "longrope", "short_factor": [1.0, 1.5],
+                                 "long_factor": [3.0, 7.5]},
+                "sliding_window": window, "tie_word_embeddings": false,
+            })
+        };
+        [
+            (cfg("Phi3ForCausalLM"), phi),
+            (cfg("LlamaForCausalLM"), llama),
+        ]
+    }
+
+    fn load_llama(
+        m: &ModelConfig,
+        vocab: usize,
+        w: &BTreeMap<String, HostTensor>,
+    ) -> Box<dyn Model> {
+        let pool = crate::engine::MemoryPool::new(crate::engine::Device::Cpu);
+        crate::models::load(m, vocab, &pool, w, Path::new("tiny")).unwrap()
+    }
+
+    /// Phi-3's fused projections import as kiln's own fused ones (the same logits, bit for bit,
+    /// as the split Llama checkpoint); LongRoPE follows transformers: the short factors at the
+    /// trained context, the long ones for a longer model.context, and an attention factor of
+    /// sqrt(1 + ln(256 / 64) / ln 64); export writes Phi-3's layout back and reads back as the
+    /// same model.
+    #[test]
+    fn phi3_checkpoints_import_fused_and_export_back() {
+        let path = Path::new("config.json");
+        let [(phi_cfg, phi), (llama_cfg, llama)] = tiny_phi3(None);
+        let (m, vocab, w, longest) = llama_from_hf(path, &phi_cfg, "Phi3ForCausalLM", phi).unwrap();
+        let l = m.llama().unwrap().clone();
+        assert_eq!((m.context, longest), (64, 256));
+        assert_eq!((l.rot_dim, l.rope_original_context), (4, 64));
+        assert_eq!(l.rope_short_factors, vec![1.0, 1.5]);
+        assert_eq!(l.rope_long_factors, vec![3.0, 7.5]);
+        let want = (1.0 + (4.0f64).ln() / (64.0f64).ln()).sqrt();
+        assert!(
+            (l.rope_attention_factor - want).abs() < 1e-12,
+            "{}",
+            l.rope_attention_factor
+        );
+        assert_eq!(l.checkpoint_arch, "phi3");
+        let (lm, _, lw, _) = llama_from_hf(path, &llama_cfg, "LlamaForCausalLM", llama).unwrap();
+        let ids = [3u32, 1, 2, 2, 0, 3, 1, 1, 2, 3, 0, 0, 5, 9];
+        let phi_model = load_llama(&m, vocab, &w);
+        let logits = phi_model.next_logits(&ids).unwrap();
+        assert_eq!(
+            load_llama(&lm, vocab, &lw).next_logits(&ids).unwrap(),
+            logits
+        );
+
+        // A longer context takes the long factors, and they change the logits.
+        let cfg = crate::models::llama::LlamaConfig::from_model(&m, vocab).unwrap();
+        assert_eq!(cfg.rope_factors.unwrap().as_slice(), &[1.0, 1.5]);
+        let mut long = m.clone();
+        long.context = 128;
+        let cfg = crate::models::llama::LlamaConfig::from_model(&long, vocab).unwrap();
+        assert_eq!(cfg.rope_factors.unwrap().as_slice(), &[3.0, 7.5]);
+        assert_ne!(
+            load_llama(&long, vocab, &w).next_logits(&ids).unwrap(),
+            logits
+        );
+        // Without the attention factor the logits change too: it scales queries and keys.
+        let mut plain = m.clone();
+        if let crate::config::FamilySettings::Llama(s) = &mut plain.family {
+            s.rope_attention_factor = 1.0;
+        }
+        assert_ne!(
+            load_llama(&plain, vocab, &w).next_logits(&ids).unwrap(),
+            logits
+        );
+
+        let (tensors, config) =
+            crate::models::export::hf_tensors(phi_model.as_ref(), &m, vocab).unwrap();
+        assert_eq!(config["architectures"][0], "Phi3ForCausalLM");
+        assert!(tensors.contains_key("model.layers.1.self_attn.qkv_proj.weight"));
+        assert!(tensors.contains_key("model.layers.1.mlp.gate_up_proj.weight"));
+        assert!(!tensors.contains_key("model.layers.1.self_attn.q_proj.weight"));
+        assert_eq!(config["rope_scaling"]["rope_type"], "longrope");
+        let raw: BTreeMap<String, HostTensor> = tensors
+            .into_iter()
+            .map(|(k, t)| {
+                (
+                    k,
+                    HostTensor {
+                        shape: t.shape,
+                        data: t.data,
+                    },
+                )
+            })
+            .collect();
+        let (back, _, bw, _) = llama_from_hf(path, &config, "Phi3ForCausalLM", raw).unwrap();
+        // The epsilon goes out as the f32 the model computes with.
+        let mut back_l = back.llama().unwrap().clone();
+        assert_eq!(back_l.norm_eps as f32, l.norm_eps as f32);
+        back_l.norm_eps = l.norm_eps;
+        assert_eq!(back_l, l);
+        assert_eq!(back.context, m.context);
+        assert_eq!(
+            load_llama(&back, vocab, &bw).next_logits(&ids).unwrap(),
+            logits
+        );
+    }
+
+    /// Phi-3's window: one shorter than the positions masks (and changes the logits of a
+    /// sequence longer than it), one at least as long is full attention, a bad one is refused.
+    #[test]
+    fn phi3_sliding_windows_import_as_transformers_masks() {
+        let path = Path::new("config.json");
+        let ids = [3u32, 1, 2, 2, 0, 3, 1, 1, 2, 3, 0, 0, 5, 9];
+        let mut logits = Vec::new();
+        for window in [None, Some(4), Some(256)] {
+            let [(cfg, phi), _] = tiny_phi3(window);
+            let (m, vocab, w, _) = llama_from_hf(path, &cfg, "Phi3ForCausalLM", phi).unwrap();
+            let l = m.llama().unwrap();
+            assert_eq!(l.sliding_window, if window == Some(4) { 4 } else { 0 });
+            logits.push(load_llama(&m, vocab, &w).next_logits(&ids).unwrap());
+        }
+        assert_eq!(logits[0], logits[2]);
+        assert_ne!(logits[0], logits[1]);
+        let [(mut cfg, phi), _] = tiny_phi3(None);
+        cfg["sliding_window"] = serde_json::json!(-3);
+        let e = llama_from_hf(path, &cfg, "Phi3ForCausalLM", phi)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("sliding_window"), "{e}");
     }
 }

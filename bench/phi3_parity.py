@@ -1,0 +1,182 @@
+"""Parity of kiln's Phi-3 import and export with transformers' Phi3ForCausalLM, in one run.
+
+transformers builds random-initialised Phi3ForCausalLM models from published shapes (four
+layers each, to keep the run short; the SmolLM2 tokenizer's 49152 ids where Phi-3's own
+vocabulary is smaller) and saves them with save_pretrained; kiln imports each directory
+(`kiln generate --init-from`, fp32 on the GPU) and decodes 64 greedy tokens for three prompts,
+which transformers decodes from the same ids (llama_parity.py's comparison):
+
+- phi-3-mini-4k: width 3072, 32 heads of 96, window 2047, no rotary scaling;
+- phi-3.5-mini: the same with LongRoPE (131072 positions over 4096 trained: short factors at
+  these lengths, attention factor sqrt(1 + ln 32 / ln 4096));
+- phi-4-mini: 24 heads of 128 sharing 8 key/value heads, three quarters of each head rotated,
+  LongRoPE, a tied head, 200064 ids.
+
+Then the long factors: a small LongRoPE model trained for 64 positions, run by kiln at a
+context of 512 (a one-step run at a learning rate of 1e-30, which leaves every weight as imported) on prompts
+of about 100 tokens and 128 new ones, against transformers, which takes the long factors for
+every sequence past 64. As a control, the same weights with the long factors replaced by the
+short ones score kiln's tokens: that difference must be large.
+
+Last, export: a kiln run trained two steps from phi-3.5-mini is exported (`kiln export`) and
+loaded by transformers as Phi3ForCausalLM; its greedy tokens and log-probabilities are compared
+with kiln's own from the run.
+
+    python3 bench/phi3_parity.py --kiln target/release/kiln --tokenizer DIR --work /tmp/phi3
+"""
+
+import argparse
+import math
+import os
+import shutil
+import subprocess
+import sys
+
+import torch
+import transformers as tf
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import llama_parity as lp  # noqa: E402
+
+SHORT = [round(1.0 + 0.03 * i, 4) for i in range(48)]
+LONG = [round(1.0 + 1.5 * i, 4) for i in range(48)]
+
+
+def phi3(**kw):
+    """A Phi3Config; LongRoPE given as transformers 5's rope_parameters (or, for an older
+    transformers, as rope_scaling)."""
+    rope = kw.pop("longrope", None)
+    theta = kw.pop("rope_theta", 10000.0)
+    if rope is None:
+        return tf.Phi3Config(rope_parameters={"rope_type": "default", "rope_theta": theta}, **kw)
+    short, long_, original = rope
+    params = {"rope_type": "longrope", "rope_theta": theta, "short_factor": short,
+              "long_factor": long_, "original_max_position_embeddings": original}
+    if "partial_rotary_factor" in kw:
+        params["partial_rotary_factor"] = kw["partial_rotary_factor"]
+    try:
+        return tf.Phi3Config(rope_parameters=params, original_max_position_embeddings=original, **kw)
+    except TypeError:
+        return tf.Phi3Config(rope_theta=theta, original_max_position_embeddings=original,
+                             rope_scaling={"type": "longrope", "short_factor": short,
+                                           "long_factor": long_}, **kw)
+
+
+def configs():
+    common = dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=4,
+                  rms_norm_eps=1e-5, pad_token_id=None, bos_token_id=1, eos_token_id=2)
+    mini = phi3(vocab_size=49152, num_attention_heads=32, num_key_value_heads=32,
+                max_position_embeddings=4096, sliding_window=2047, tie_word_embeddings=False,
+                **common)
+    mini35 = phi3(vocab_size=49152, num_attention_heads=32, num_key_value_heads=32,
+                  max_position_embeddings=131072, sliding_window=262144,
+                  tie_word_embeddings=False, longrope=(SHORT, LONG, 4096), **common)
+    phi4mini = phi3(vocab_size=200064, num_attention_heads=24, num_key_value_heads=8,
+                    partial_rotary_factor=0.75, max_position_embeddings=131072,
+                    sliding_window=262144, tie_word_embeddings=True,
+                    longrope=(SHORT, LONG, 4096), **common)
+    return [("phi-3-mini-4k", mini), ("phi-3.5-mini", mini35), ("phi-4-mini", phi4mini)]
+
+
+def long_config(long_factors):
+    return phi3(vocab_size=49152, hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
+                num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=4096,
+                rms_norm_eps=1e-5, pad_token_id=None, bos_token_id=1, eos_token_id=2,
+                tie_word_embeddings=False,
+                longrope=([round(1.0 + 0.02 * i, 4) for i in range(32)], long_factors, 64))
+
+
+def kiln_run(kiln, src, run, extra):
+    shutil.rmtree(run, ignore_errors=True)
+    return subprocess.run([kiln, "train", "--init-from", src, "--out", run, "--device", "cuda",
+                           "train.precision=fp32", "train.micro_batch=2", "train.eval_batches=1",
+                           "-q", *extra], capture_output=True, text=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kiln", required=True)
+    ap.add_argument("--tokenizer", required=True, help="a directory with tokenizer.json")
+    ap.add_argument("--work", default="/tmp/kiln-phi3")
+    a = ap.parse_args()
+    os.makedirs(a.work, exist_ok=True)
+    print("transformers", tf.__version__, flush=True)
+    rows = []
+    for name, cfg in configs():
+        path = os.path.join(a.work, name)
+        model = lp.save(cfg, path, a.tokenizer).cuda().eval()
+        if name == "phi-3.5-mini":
+            rot = model.model.rotary_emb
+            want = math.sqrt(1 + math.log(32) / math.log(4096))
+            print(f"{name}: transformers' attention scaling {rot.attention_scaling:.6f} "
+                  f"(formula {want:.6f})", flush=True)
+        lines, note = lp.kiln_generate(a.kiln, ["--init-from", path], a.work, name)
+        if lines is None:
+            rows.append((name, "kiln refused", note))
+        else:
+            same, total, worst = lp.compare(model, lines)
+            rows.append((name, f"{same}/{total} greedy tokens identical",
+                         f"max |logprob diff| {worst:.2e}; {note}"))
+        del model
+        torch.cuda.empty_cache()
+        print(rows[-1], flush=True)
+
+    # Past the trained context: the long factors, in both engines.
+    name = "longrope-past-64"
+    long_factors = [round(1.0 + 0.5 * i, 4) for i in range(32)]
+    path = os.path.join(a.work, name)
+    model = lp.save(long_config(long_factors), path, a.tokenizer).cuda().eval()
+    run = os.path.join(a.work, "long-run")
+    r = kiln_run(a.kiln, path, run, ["model.context=512", "train.seq_len=512", "train.steps=1",
+                                     "optim.lr=1e-30", "optim.min_lr=0", "optim.warmup_steps=0",
+                                     "optim.weight_decay=0"])
+    if r.returncode != 0:
+        rows.append((name, "kiln train failed", r.stderr.strip()[-300:]))
+    else:
+        lines, note = lp.kiln_generate(a.kiln, ["--run", run], a.work, name,
+                                       prompts=lp.LONG_PROMPTS, tokens=128)
+        if lines is None:
+            rows.append((name, "kiln refused", note))
+        else:
+            same, total, worst = lp.compare(model, lines)
+            state = model.state_dict()
+            short = tf.AutoModelForCausalLM.from_config(
+                long_config([round(1.0 + 0.02 * i, 4) for i in range(32)]),
+                torch_dtype=torch.float32)
+            short.load_state_dict(state)
+            short = short.cuda().eval()
+            control = 0.0
+            for line in lines:
+                s = line["samples"][0]
+                ref = lp.hf_logprobs(short, line["prompt_tokens"], s["tokens"])
+                control = max(control, max(abs(x - y) for x, y in zip(ref, s["logprobs"])))
+            del short
+            rows.append((name, f"{same}/{total} greedy tokens identical",
+                         f"max |logprob diff| {worst:.2e}; with the short factors instead "
+                         f"{control:.2e}; {note}"))
+    del model
+    torch.cuda.empty_cache()
+    print(rows[-1], flush=True)
+
+    # Export: train phi-3.5-mini two steps, export, load in transformers.
+    src = os.path.join(a.work, "phi-3.5-mini")
+    run = os.path.join(a.work, "run")
+    r = kiln_run(a.kiln, src, run, ["train.steps=2", "train.seq_len=128"])
+    if r.returncode != 0:
+        rows.append(("export", "kiln train failed", r.stderr.strip()[-300:]))
+    else:
+        exp = os.path.join(a.work, "exported")
+        subprocess.run([a.kiln, "export", "--run", run, "--to", exp], check=True)
+        lines, note = lp.kiln_generate(a.kiln, ["--run", run], a.work, "export")
+        model = tf.AutoModelForCausalLM.from_pretrained(exp, torch_dtype=torch.float32).cuda().eval()
+        arch = type(model).__name__
+        same, total, worst = lp.compare(model, lines)
+        rows.append((f"export (trained run, loaded as {arch})",
+                     f"{same}/{total} greedy tokens identical", f"max |logprob diff| {worst:.2e}"))
+    print("\n| model | tokens | detail |\n|---|---|---|")
+    for r in rows:
+        print(f"| {r[0]} | {r[1]} | {r[2]} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
