@@ -14,13 +14,28 @@
 //! Mistral and Qwen2 attend within a sliding window: a query sees only the `window` latest
 //! positions, its own included; every attention kernel takes the window and skips the key
 //! tiles wholly outside it.
+//!
+//! On a GPU at a head size the fused kernels lack (Phi-3-mini's 96), attention runs as
+//! [`crate::nn::attention`]'s unfused chain: batched products around a causal softmax whose
+//! `[B, H, T, T]` probabilities are kept for the backward (and a window shorter than the
+//! sequence is refused there, as that softmax has none).
 
+use super::attention::{
+    attention_backward_unfused, attention_forward_unfused, unfused_probs_bytes,
+};
 use super::linear::Linear;
 use super::rmsnorm::RmsNorm;
 use super::{ActLayout, Cost, ParamBuilder, f32_bytes, params};
 use crate::engine::AttnShape;
 use crate::engine::cpu::rope::RopeShape;
-use crate::engine::{Result, Tensor, ops};
+use crate::engine::{Device, EngineError, Result, Tensor, ops};
+
+/// Whether attention of heads of `head_dim` on `device` runs as the unfused chain: on a GPU
+/// (or the planner's meta device) at a head size no fused kernel has. The one rule the layer
+/// and its cost both follow.
+pub fn gemm_attention(device: Device, head_dim: usize) -> bool {
+    device != Device::Cpu && !crate::engine::cuda::attention::has_head_size(head_dim)
+}
 
 /// The heads of one attention layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,7 +184,22 @@ impl GqaAttention {
         let (qkv, qk) = self.project(x)?;
         let packed = ops::rope_expand_forward(&qkv, pos, &rot.cos, &rot.sin, rs)?;
         drop(qkv);
-        let (att, stats) = ops::windowed_attention_forward(&packed, s, self.window)?;
+        let (att, stats) = if gemm_attention(packed.device(), self.heads.head_dim) {
+            if self.window > 0 && self.window < seq {
+                return Err(EngineError::Shape {
+                    op: "attention",
+                    detail: format!(
+                        "head size {} has no fused GPU kernel, and the unfused attention that runs instead has no sliding window; train on sequences of at most the window ({} positions: train.seq_len) or on the CPU",
+                        self.heads.head_dim, self.window
+                    ),
+                });
+            }
+            let mut att = Tensor::uninit(packed.pool(), &[batch, seq, s.channels], packed.dtype())?;
+            let probs = attention_forward_unfused(&mut att, &packed, s)?;
+            (att, probs)
+        } else {
+            ops::windowed_attention_forward(&packed, s, self.window)?
+        };
         let out = self.out.forward(&att)?;
         Ok((
             out,
@@ -193,14 +223,21 @@ impl GqaAttention {
         let (batch, seq) = (x.shape()[0], x.shape()[1]);
         let (rs, s) = self.shapes(batch, seq);
         let datt = self.out.backward(dout, &saved.att)?;
-        let dpacked = ops::windowed_attention_backward(
-            &datt,
-            &saved.packed,
-            &saved.att,
-            &saved.stats,
-            s,
-            self.window,
-        )?;
+        let dpacked = if gemm_attention(saved.packed.device(), self.heads.head_dim) {
+            let p = &saved.packed;
+            let mut d = Tensor::uninit(p.pool(), p.shape(), p.dtype())?;
+            attention_backward_unfused(&mut d, &datt, p, &saved.stats, s)?;
+            d
+        } else {
+            ops::windowed_attention_backward(
+                &datt,
+                &saved.packed,
+                &saved.att,
+                &saved.stats,
+                s,
+                self.window,
+            )?
+        };
         drop(datt);
         let mut dqkv = ops::rope_expand_backward(&dpacked, pos, &rot.cos, &rot.sin, rs)?;
         drop(dpacked);
@@ -234,14 +271,19 @@ impl GqaAttention {
             heads: h.heads,
             channels: width,
         };
-        let stats: usize = ops::attention_stats_shape(layout.device, stats)
-            .iter()
-            .product();
+        let stats_bytes = if gemm_attention(layout.device, h.head_dim) {
+            unfused_probs_bytes(h.heads, batch, seq, layout)
+        } else {
+            let n: usize = ops::attention_stats_shape(layout.device, stats)
+                .iter()
+                .product();
+            f32_bytes(n)
+        };
         let core = Cost {
             params: 0,
             flops_forward: 4 * pairs * h.head_dim as u64,
             flops_backward: 8 * pairs * h.head_dim as u64,
-            saved_bytes: layout.act_bytes(tokens * 4 * width) + f32_bytes(stats),
+            saved_bytes: layout.act_bytes(tokens * 4 * width) + stats_bytes,
         };
         Linear::cost_of(c, (h.heads + 2 * h.kv_heads) * h.head_dim, bias, tokens)
             + core
@@ -279,5 +321,56 @@ mod tests {
             );
         }
         assert!(attended_pairs(64, 16) < attended_pairs(64, 0));
+    }
+
+    /// On a GPU (a meta pool stands for it) heads of 96, which no fused kernel has, run the
+    /// unfused chain and keep its probabilities, as the cost says; heads of 64 keep the fused
+    /// kernel's row statistics; a window shorter than the sequence is refused on the unfused
+    /// path, and the CPU takes every head size through its own kernel.
+    #[test]
+    fn head_sizes_without_a_fused_kernel_attend_through_gemms_on_a_gpu() {
+        use crate::engine::{DType, MemoryPool};
+        let (batch, seq) = (2, 8);
+        for (device, hd, want_probs) in [
+            (Device::Cuda(0), 96, true),
+            (Device::Cuda(0), 64, false),
+            (Device::Cpu, 96, false),
+        ] {
+            let pool = if device == Device::Cpu {
+                MemoryPool::new(Device::Cpu)
+            } else {
+                MemoryPool::meta(device)
+            };
+            let heads = Heads {
+                heads: 2,
+                kv_heads: 1,
+                head_dim: hd,
+                rot_dim: hd,
+            };
+            let mut rng = crate::engine::rng::Rng::new(3, crate::engine::rng::stream::INIT);
+            let mut b = ParamBuilder::init(&pool, &mut rng);
+            let attn = GqaAttention::new(&mut b, 16, heads, false, None, 0.02).unwrap();
+            let x = Tensor::zeros(&pool, &[batch, seq, 16], DType::F32).unwrap();
+            let rot = Rotary {
+                cos: Tensor::zeros(&pool, &[seq, hd / 2], DType::F32).unwrap(),
+                sin: Tensor::zeros(&pool, &[seq, hd / 2], DType::F32).unwrap(),
+            };
+            let pos: Vec<u32> = (0..batch * seq).map(|i| (i % seq) as u32).collect();
+            let (_, saved) = attn.forward(&x, &pos, &rot).unwrap();
+            // (The CPU's fused kernel keeps the probabilities too; on a GPU only the
+            // unfused chain does.)
+            if device != Device::Cpu {
+                let probs = saved.stats.shape().iter().product::<usize>() == batch * 2 * seq * seq;
+                assert_eq!(probs, want_probs, "{device:?}, head size {hd}");
+            }
+            assert_eq!(gemm_attention(device, hd), want_probs);
+            let windowed = attn.with_window(4);
+            let r = windowed.forward(&x, &pos, &rot);
+            assert_eq!(
+                r.is_err(),
+                want_probs,
+                "{device:?}, head size {hd}, window 4"
+            );
+        }
     }
 }
