@@ -18,6 +18,10 @@ of about 100 tokens and 128 new ones, against transformers, which takes the long
 every sequence past 64. As a control, the same weights with the long factors replaced by the
 short ones score kiln's tokens: that difference must be large.
 
+With --llama-cpp, llama.cpp's own converter writes the phi-3.5-mini and phi-4-mini directories as
+f32 GGUF files (architecture phi3: fused projections, LongRoPE factors as tensors), which kiln
+decodes against transformers on the directories.
+
 Training at head size 96 (no fused GPU kernel: the unfused attention runs): a small Phi-3 trained
 six steps in fp32 on the GPU and on the CPU from the same weights, data and seed; the losses of
 every step compared.
@@ -30,6 +34,7 @@ with kiln's own from the run.
 """
 
 import argparse
+import json
 import math
 import os
 import shutil
@@ -102,6 +107,9 @@ def main():
     ap.add_argument("--kiln", required=True)
     ap.add_argument("--tokenizer", required=True, help="a directory with tokenizer.json")
     ap.add_argument("--work", default="/tmp/kiln-phi3")
+    ap.add_argument("--llama-cpp", default="",
+                    help="a llama.cpp source tree (convert_hf_to_gguf.py, conversion/, gguf-py/): "
+                         "its converter writes the LongRoPE models as GGUF files for kiln to read")
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
     print("transformers", tf.__version__, flush=True)
@@ -162,6 +170,39 @@ def main():
     torch.cuda.empty_cache()
     print(rows[-1], flush=True)
 
+    # GGUF files written by llama.cpp's own converter from the LongRoPE directories (f32, so
+    # the weights are exactly transformers'): kiln reads the file, transformers the directory.
+    if a.llama_cpp:
+        for name in ["phi-3.5-mini", "phi-4-mini"]:
+            src = os.path.join(a.work, name)
+            tc = os.path.join(src, "tokenizer_config.json")
+            with open(tc) as f:
+                t = json.load(f)
+            t["tokenizer_class"] = "GPT2Tokenizer"  # the converter's byte-level BPE path
+            with open(tc, "w") as f:
+                json.dump(t, f)
+            gguf_file = os.path.join(a.work, f"{name}.f32.gguf")
+            env = dict(os.environ, PYTHONPATH=os.path.join(a.llama_cpp, "gguf-py"))
+            r = subprocess.run([sys.executable, os.path.join(a.llama_cpp, "convert_hf_to_gguf.py"),
+                                src, "--outtype", "f32", "--outfile", gguf_file],
+                               capture_output=True, text=True, env=env)
+            row = f"{name} GGUF (llama.cpp's converter, f32)"
+            if r.returncode != 0:
+                rows.append((row, "conversion failed", r.stderr.strip()[-300:]))
+                print(rows[-1], flush=True)
+                continue
+            model = tf.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).cuda().eval()
+            lines, note = lp.kiln_generate(a.kiln, ["--init-from", gguf_file], a.work, name + "-gguf")
+            if lines is None:
+                rows.append((row, "kiln refused", note))
+            else:
+                same, total, worst = lp.compare(model, lines)
+                rows.append((row, f"{same}/{total} greedy tokens identical",
+                             f"max |logprob diff| {worst:.2e}; {note}"))
+            del model
+            torch.cuda.empty_cache()
+            print(rows[-1], flush=True)
+
     # Training at head size 96, which no fused GPU kernel has: the unfused attention on the
     # GPU against the CPU's kernels, fp32, the same data and seed, loss at every step.
     name = "train-hs96-gpu-vs-cpu"
@@ -182,7 +223,6 @@ def main():
         if r.returncode != 0:
             losses[device] = r.stderr.strip()[-300:]
             continue
-        import json
         losses[device] = [json.loads(l)["loss"] for l in open(os.path.join(run, "metrics.jsonl"))
                           if json.loads(l).get("kind") == "train"]
     if all(isinstance(v, list) for v in losses.values()):

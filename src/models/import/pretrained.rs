@@ -62,7 +62,7 @@ pub const ARCHITECTURES: &[&str] = &[
     "Qwen3ForCausalLM",
     "Phi3ForCausalLM",
     "GPT2LMHeadModel",
-    "GGUF general.architecture = llama, qwen2 or qwen3",
+    "GGUF general.architecture = llama, qwen2, qwen3 or phi3",
 ];
 
 pub(super) fn bad(path: &Path, reason: impl Into<String>) -> KilnError {
@@ -810,6 +810,9 @@ fn unpermute_rotary_rows(t: HostTensor, heads: usize) -> HostTensor {
 /// The GGUF tensor of per-pair rotary divisors (llama.cpp's form of Llama 3's scaling: pair
 /// `i` turns at `theta^(-2i/rot) / divisor[i]`).
 pub(crate) const ROPE_FREQS: &str = "rope_freqs.weight";
+/// Phi-3's LongRoPE factors in a GGUF file, one a rotated pair.
+const ROPE_FACTORS_LONG: &str = "rope_factors_long.weight";
+const ROPE_FACTORS_SHORT: &str = "rope_factors_short.weight";
 
 /// The Llama 3 scaling whose divisors are `table`, or `None` for a table of ones.
 ///
@@ -890,15 +893,18 @@ pub(crate) fn llama3_scaling_from_divisors(
 }
 
 /// GGUF architectures kiln imports: llama.cpp's names for the Llama family.
-const GGUF_ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3"];
+const GGUF_ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3", "phi3"];
 
 /// A Llama-family GGUF file (`general.architecture` llama, qwen2 or qwen3), metadata under
 /// `<arch>.*`. llama.cpp's converter interleaves the rotary halves of llama's query and key
 /// rows (its rotation pairs neighbours) and leaves qwen2's and qwen3's as Hugging Face has
 /// them (its NEOX rotation pairs halves, as kiln's does), so only llama's are put back. Qwen2
 /// brings query, key and value biases, Qwen3 per-head query and key norms (`attn_q_norm`,
-/// `attn_k_norm`) and a head width of its own (`attention.key_length`). llama.cpp runs these
-/// files with full attention, so a GGUF import has no sliding window.
+/// `attn_k_norm`) and a head width of its own (`attention.key_length`). Phi-3 keeps its
+/// projections fused (`attn_qkv`, and gate and up in one `ffn_up`) and LongRoPE's factors as
+/// `rope_factors_short` / `rope_factors_long` with `rope.scaling.*` metadata. llama.cpp runs
+/// these files with full attention (Phi-3's window included), so a GGUF import has no
+/// sliding window.
 fn open_gguf(path: &Path) -> Result<Pretrained> {
     let g = GgufFile::open(path)?;
     let arch = g.get_str("general.architecture").unwrap_or("").to_string();
@@ -966,6 +972,8 @@ fn open_gguf(path: &Path) -> Result<Pretrained> {
     }
     let has = |name: &str| g.tensor_names().any(|n| n == name);
     let has_output = has("output.weight");
+    let phi3 = arch == "phi3";
+    let fused_qkv = has("blk.0.attn_qkv.weight");
     let qkv_bias = has("blk.0.attn_q.bias");
     let qk_norm = has("blk.0.attn_q_norm.weight");
     if arch == "qwen2" && !qkv_bias {
@@ -993,8 +1001,35 @@ fn open_gguf(path: &Path) -> Result<Pretrained> {
             .unwrap_or(1e-5),
         qkv_bias,
         qk_norm,
+        checkpoint_arch: if phi3 { "phi3".into() } else { String::new() },
         ..LlamaSettings::default()
     };
+    let mut context = context;
+    let longest_context = context;
+    if phi3 && has(ROPE_FACTORS_LONG) {
+        let pairs = [l.rot_dim / 2];
+        l.rope_long_factors = read(ROPE_FACTORS_LONG, &pairs)?
+            .data
+            .iter()
+            .map(|&v| v as f64)
+            .collect();
+        l.rope_short_factors = read(ROPE_FACTORS_SHORT, &pairs)?
+            .data
+            .iter()
+            .map(|&v| v as f64)
+            .collect();
+        let original = meta_usize("rope.scaling.original_context_length")?;
+        l.rope_original_context = original;
+        // llama.cpp's converter stores the factor it derives from the stretch of the context.
+        l.rope_attention_factor = match g.get_f64(&key("rope.scaling.attn_factor")) {
+            Some(a) => a,
+            None if context > original => {
+                (1.0 + (context as f64 / original as f64).ln() / (original as f64).ln()).sqrt()
+            }
+            None => 1.0,
+        };
+        context = context.min(original);
+    }
     // Llama 3.1 and later carry their frequency scaling as a table of per-pair divisors.
     if has(ROPE_FREQS) {
         let (shape, table) = g.tensor_f32(ROPE_FREQS)?;
@@ -1053,6 +1088,12 @@ fn open_gguf(path: &Path) -> Result<Pretrained> {
             read(&format!("{p}.attn_norm.weight"), &[d])?,
         );
         let qkv = |part: &str, cols: &[usize]| -> Result<HostTensor> {
+            if fused_qkv {
+                let shape: Vec<usize> = std::iter::once(qd + 2 * kvd)
+                    .chain(cols.iter().copied())
+                    .collect();
+                return read(&format!("{p}.attn_qkv.{part}"), &shape);
+            }
             let shape = |rows: usize| -> Vec<usize> {
                 std::iter::once(rows).chain(cols.iter().copied()).collect()
             };
@@ -1085,12 +1126,15 @@ fn open_gguf(path: &Path) -> Result<Pretrained> {
             format!("{k}.ln2.weight"),
             read(&format!("{p}.ffn_norm.weight"), &[d])?,
         );
-        let gate = read(&format!("{p}.ffn_gate.weight"), &[ffn, d])?;
-        let up = read(&format!("{p}.ffn_up.weight"), &[ffn, d])?;
-        w.insert(
-            format!("{k}.mlp.gate_up.weight"),
-            concat_rows(vec![gate, up]),
-        );
+        let gate_up = if phi3 {
+            // gate then up, in one tensor of twice the rows.
+            read(&format!("{p}.ffn_up.weight"), &[2 * ffn, d])?
+        } else {
+            let gate = read(&format!("{p}.ffn_gate.weight"), &[ffn, d])?;
+            let up = read(&format!("{p}.ffn_up.weight"), &[ffn, d])?;
+            concat_rows(vec![gate, up])
+        };
+        w.insert(format!("{k}.mlp.gate_up.weight"), gate_up);
         w.insert(
             format!("{k}.mlp.down.weight"),
             read(&format!("{p}.ffn_down.weight"), &[d, ffn])?,
@@ -1105,7 +1149,7 @@ fn open_gguf(path: &Path) -> Result<Pretrained> {
     }
     check_tokenizer(path, &tokenizer, vocab)?;
     Ok(Pretrained {
-        longest_context: m.context,
+        longest_context: longest_context.max(m.context),
         model: m,
         vocab,
         weights: w,
@@ -1709,5 +1753,114 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(e.contains("sliding_window"), "{e}");
+    }
+
+    /// A phi3 GGUF as llama.cpp's converter writes one (fused `attn_qkv` and `ffn_up`, no
+    /// interleaved rows, LongRoPE's factors as tensors and its attention factor and trained
+    /// context as metadata, the window dropped) gives the logits of the same weights read from
+    /// the Hugging Face directory, bit for bit, and exports back as Phi-3.
+    #[test]
+    fn phi3_gguf_files_give_the_logits_of_their_hf_weights() {
+        use crate::data::gguf::GgufValue as V;
+        use crate::data::gguf::writer::{Tensor, gguf_bytes};
+        let path = Path::new("config.json");
+        let [(cfg, phi), _] = tiny_phi3(None);
+        let (m, vocab, w, _) = llama_from_hf(path, &cfg, "Phi3ForCausalLM", phi.clone()).unwrap();
+        let l = m.llama().unwrap();
+        let gguf_name = |name: &str| -> String {
+            let name = name
+                .replace("model.layers.", "blk.")
+                .replace(".self_attn.qkv_proj", ".attn_qkv")
+                .replace(".self_attn.o_proj", ".attn_output")
+                .replace(".mlp.gate_up_proj", ".ffn_up")
+                .replace(".mlp.down_proj", ".ffn_down")
+                .replace(".input_layernorm", ".attn_norm")
+                .replace(".post_attention_layernorm", ".ffn_norm");
+            match name.as_str() {
+                "model.embed_tokens.weight" => "token_embd.weight".into(),
+                "model.norm.weight" => "output_norm.weight".into(),
+                "lm_head.weight" => "output.weight".into(),
+                _ => name,
+            }
+        };
+        let f32_tensor = |name: String, shape: &[usize], data: &[f32]| Tensor {
+            name,
+            dims: shape.iter().rev().map(|&n| n as u64).collect(),
+            ggml_type: 0,
+            data: data.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        };
+        let mut tensors: Vec<Tensor> = phi
+            .iter()
+            .map(|(name, t)| f32_tensor(gguf_name(name), &t.shape, &t.data))
+            .collect();
+        for (name, f) in [
+            (ROPE_FACTORS_SHORT, &l.rope_short_factors),
+            (ROPE_FACTORS_LONG, &l.rope_long_factors),
+        ] {
+            let v: Vec<f32> = f.iter().map(|&x| x as f32).collect();
+            tensors.push(f32_tensor(name.into(), &[v.len()], &v));
+        }
+        let c = &cfg;
+        let u = |k: &str| V::U32(c[k].as_u64().unwrap() as u32);
+        let keys: Vec<(&str, V)> = vec![
+            ("general.architecture", V::String("phi3".into())),
+            ("phi3.embedding_length", u("hidden_size")),
+            ("phi3.block_count", u("num_hidden_layers")),
+            ("phi3.attention.head_count", u("num_attention_heads")),
+            ("phi3.attention.head_count_kv", u("num_key_value_heads")),
+            ("phi3.feed_forward_length", u("intermediate_size")),
+            ("phi3.context_length", u("max_position_embeddings")),
+            (
+                "phi3.rope.scaling.original_context_length",
+                u("original_max_position_embeddings"),
+            ),
+            ("phi3.rope.dimension_count", V::U32(l.rot_dim as u32)),
+            ("phi3.rope.freq_base", V::F32(10000.0)),
+            (
+                "phi3.rope.scaling.attn_factor",
+                V::F32(l.rope_attention_factor as f32),
+            ),
+            ("phi3.attention.layer_norm_rms_epsilon", V::F32(1e-5)),
+            ("phi3.attention.sliding_window", V::U32(0)),
+            ("tokenizer.ggml.model", V::String("gpt2".into())),
+            ("tokenizer.ggml.pre", V::String("qwen2".into())),
+            (
+                "tokenizer.ggml.tokens",
+                V::Array(
+                    ["<|endoftext|>", "a", "b", "ab"]
+                        .map(|t| V::String(t.into()))
+                        .to_vec(),
+                ),
+            ),
+            (
+                "tokenizer.ggml.merges",
+                V::Array(vec![V::String("a b".into())]),
+            ),
+        ];
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("phi3.gguf");
+        std::fs::write(&file, gguf_bytes(&keys, &tensors)).unwrap();
+        let p = open(&file).unwrap();
+        assert_eq!(p.source.architecture, "phi3");
+        assert_eq!((p.model.context, p.longest_context), (64, 256));
+        let gl = p.model.llama().unwrap();
+        assert_eq!(gl.checkpoint_arch, "phi3");
+        assert_eq!(
+            (&gl.rope_short_factors, &gl.rope_long_factors),
+            (&l.rope_short_factors, &l.rope_long_factors)
+        );
+        assert!((gl.rope_attention_factor - l.rope_attention_factor).abs() < 1e-6);
+        let ids = [3u32, 1, 2, 2, 0, 3, 1, 1, 2, 3, 0, 0, 5, 9];
+        // The attention factor went through f32 metadata: give the HF model the same.
+        let mut hf = m.clone();
+        if let FamilySettings::Llama(s) = &mut hf.family {
+            s.rope_attention_factor = gl.rope_attention_factor;
+        }
+        let want = load_llama(&hf, vocab, &w).next_logits(&ids).unwrap();
+        let from_gguf = p.build_on_cpu().unwrap();
+        assert_eq!(from_gguf.next_logits(&ids).unwrap(), want);
+        let (_, config) =
+            crate::models::export::hf_tensors(from_gguf.as_ref(), &p.model, p.vocab).unwrap();
+        assert_eq!(config["architectures"][0], "Phi3ForCausalLM");
     }
 }
