@@ -22,9 +22,10 @@ With --llama-cpp, llama.cpp's own converter writes the phi-3.5-mini and phi-4-mi
 f32 GGUF files (architecture phi3: fused projections, LongRoPE factors as tensors), which kiln
 decodes against transformers on the directories.
 
-Training at head size 96 (no fused GPU kernel: the unfused attention runs): a small Phi-3 trained
-six steps in fp32 on the GPU and on the CPU from the same weights, data and seed; the losses of
-every step compared.
+Training at head size 96: a small Phi-3 trained six steps from the same weights, data and seed
+in fp32 on the GPU (the unfused attention: f32 has no fused kernel at 96), in bf16-mixed on the
+GPU (the mma.sync tensor-core kernels at 96) and in fp32 on the CPU; the losses of every step
+compared (--only-training runs this alone).
 
 Last, export: a kiln run trained two steps from phi-3.5-mini is exported (`kiln export`) and
 loaded by transformers as Phi3ForCausalLM; its greedy tokens and log-probabilities are compared
@@ -102,18 +103,8 @@ def kiln_run(kiln, src, run, extra):
                            "-q", *extra], capture_output=True, text=True)
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--kiln", required=True)
-    ap.add_argument("--tokenizer", required=True, help="a directory with tokenizer.json")
-    ap.add_argument("--work", default="/tmp/kiln-phi3")
-    ap.add_argument("--llama-cpp", default="",
-                    help="a llama.cpp source tree (convert_hf_to_gguf.py, conversion/, gguf-py/): "
-                         "its converter writes the LongRoPE models as GGUF files for kiln to read")
-    a = ap.parse_args()
-    os.makedirs(a.work, exist_ok=True)
-    print("transformers", tf.__version__, flush=True)
-    rows = []
+def run_models(a, rows):
+    """The published shapes, imported from save_pretrained directories."""
     for name, cfg in configs():
         path = os.path.join(a.work, name)
         model = lp.save(cfg, path, a.tokenizer).cuda().eval()
@@ -133,6 +124,9 @@ def main():
         torch.cuda.empty_cache()
         print(rows[-1], flush=True)
 
+
+def run_long_context(a, rows):
+    """LongRoPE's long factors past the trained context."""
     # Past the trained context: the long factors, in both engines.
     name = "longrope-past-64"
     long_factors = [round(1.0 + 0.5 * i, 4) for i in range(32)]
@@ -170,41 +164,47 @@ def main():
     torch.cuda.empty_cache()
     print(rows[-1], flush=True)
 
+
+def run_gguf(a, rows):
+    """The LongRoPE directories as GGUF files from llama.cpp's converter."""
     # GGUF files written by llama.cpp's own converter from the LongRoPE directories (f32, so
     # the weights are exactly transformers'): kiln reads the file, transformers the directory.
-    if a.llama_cpp:
-        for name in ["phi-3.5-mini", "phi-4-mini"]:
-            src = os.path.join(a.work, name)
-            tc = os.path.join(src, "tokenizer_config.json")
-            with open(tc) as f:
-                t = json.load(f)
-            t["tokenizer_class"] = "GPT2Tokenizer"  # the converter's byte-level BPE path
-            with open(tc, "w") as f:
-                json.dump(t, f)
-            gguf_file = os.path.join(a.work, f"{name}.f32.gguf")
-            env = dict(os.environ, PYTHONPATH=os.path.join(a.llama_cpp, "gguf-py"))
-            r = subprocess.run([sys.executable, os.path.join(a.llama_cpp, "convert_hf_to_gguf.py"),
-                                src, "--outtype", "f32", "--outfile", gguf_file],
-                               capture_output=True, text=True, env=env)
-            row = f"{name} GGUF (llama.cpp's converter, f32)"
-            if r.returncode != 0:
-                rows.append((row, "conversion failed", r.stderr.strip()[-300:]))
-                print(rows[-1], flush=True)
-                continue
-            model = tf.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).cuda().eval()
-            lines, note = lp.kiln_generate(a.kiln, ["--init-from", gguf_file], a.work, name + "-gguf")
-            if lines is None:
-                rows.append((row, "kiln refused", note))
-            else:
-                same, total, worst = lp.compare(model, lines)
-                rows.append((row, f"{same}/{total} greedy tokens identical",
-                             f"max |logprob diff| {worst:.2e}; {note}"))
-            del model
-            torch.cuda.empty_cache()
+    for name in ["phi-3.5-mini", "phi-4-mini"]:
+        src = os.path.join(a.work, name)
+        tc = os.path.join(src, "tokenizer_config.json")
+        with open(tc) as f:
+            t = json.load(f)
+        t["tokenizer_class"] = "GPT2Tokenizer"  # the converter's byte-level BPE path
+        with open(tc, "w") as f:
+            json.dump(t, f)
+        gguf_file = os.path.join(a.work, f"{name}.f32.gguf")
+        env = dict(os.environ, PYTHONPATH=os.path.join(a.llama_cpp, "gguf-py"))
+        r = subprocess.run([sys.executable, os.path.join(a.llama_cpp, "convert_hf_to_gguf.py"),
+                            src, "--outtype", "f32", "--outfile", gguf_file],
+                           capture_output=True, text=True, env=env)
+        row = f"{name} GGUF (llama.cpp's converter, f32)"
+        if r.returncode != 0:
+            rows.append((row, "conversion failed", r.stderr.strip()[-300:]))
             print(rows[-1], flush=True)
+            continue
+        model = tf.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).cuda().eval()
+        lines, note = lp.kiln_generate(a.kiln, ["--init-from", gguf_file], a.work, name + "-gguf")
+        if lines is None:
+            rows.append((row, "kiln refused", note))
+        else:
+            same, total, worst = lp.compare(model, lines)
+            rows.append((row, f"{same}/{total} greedy tokens identical",
+                         f"max |logprob diff| {worst:.2e}; {note}"))
+        del model
+        torch.cuda.empty_cache()
+        print(rows[-1], flush=True)
 
-    # Training at head size 96, which no fused GPU kernel has: the unfused attention on the
-    # GPU against the CPU's kernels, fp32, the same data and seed, loss at every step.
+
+def run_training(a, rows):
+    """Training at head size 96 on the GPU against the CPU."""
+    # The same weights, data and seed, the loss of every step: fp32 on the GPU (f32 at head
+    # size 96 runs the unfused attention) and in bf16-mixed (the head-size-96 tensor-core
+    # kernels) against fp32 on the CPU.
     name = "train-hs96-gpu-vs-cpu"
     small = phi3(vocab_size=49152, hidden_size=384, intermediate_size=768, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
@@ -213,27 +213,35 @@ def main():
     path = os.path.join(a.work, name)
     lp.save(small, path, a.tokenizer)
     losses = {}
-    for device in ["cuda", "cpu"]:
-        run = os.path.join(a.work, f"hs96-{device}")
+    for device, precision in [("cuda", "fp32"), ("cpu", "fp32"), ("cuda", "bf16-mixed")]:
+        key = f"{device}-{precision}"
+        run = os.path.join(a.work, f"hs96-{key}")
         shutil.rmtree(run, ignore_errors=True)
         r = subprocess.run([a.kiln, "train", "--init-from", path, "--out", run, "--device", device,
-                            "train.precision=fp32", "train.steps=6", "train.seq_len=128",
+                            f"train.precision={precision}", "train.steps=6", "train.seq_len=128",
                             "train.micro_batch=2", "train.eval_batches=1", "train.log_every=1",
                             "-q"], capture_output=True, text=True)
         if r.returncode != 0:
-            losses[device] = r.stderr.strip()[-300:]
+            losses[key] = r.stderr.strip()[-300:]
             continue
-        losses[device] = [json.loads(l)["loss"] for l in open(os.path.join(run, "metrics.jsonl"))
+        losses[key] = [json.loads(l)["loss"] for l in open(os.path.join(run, "metrics.jsonl"))
                           if json.loads(l).get("kind") == "train"]
     if all(isinstance(v, list) for v in losses.values()):
-        diff = max(abs(x - y) for x, y in zip(losses["cuda"], losses["cpu"]))
-        rows.append((name, f"{len(losses['cuda'])} steps",
-                     f"max |loss diff| {diff:.2e}; GPU {['%.5f' % x for x in losses['cuda']]}; "
-                     f"CPU {['%.5f' % x for x in losses['cpu']]}"))
+        cpu = losses["cpu-fp32"]
+        diff = lambda k: max(abs(x - y) for x, y in zip(losses[k], cpu))  # noqa: E731
+        fmt = lambda k: ["%.5f" % x for x in losses[k]]  # noqa: E731
+        rows.append((name, f"{len(cpu)} steps",
+                     f"GPU fp32 (unfused attention) against the CPU: max |loss diff| "
+                     f"{diff('cuda-fp32'):.2e}; GPU bf16-mixed (the head-size-96 tensor-core "
+                     f"kernels): {diff('cuda-bf16-mixed'):.2e}; CPU {fmt('cpu-fp32')}; "
+                     f"GPU bf16 {fmt('cuda-bf16-mixed')}"))
     else:
         rows.append((name, "kiln train failed", str(losses)))
     print(rows[-1], flush=True)
 
+
+def run_export(a, rows):
+    """A trained run exported and loaded by transformers."""
     # Export: train phi-3.5-mini two steps, export, load in transformers.
     src = os.path.join(a.work, "phi-3.5-mini")
     run = os.path.join(a.work, "run")
@@ -249,6 +257,31 @@ def main():
         same, total, worst = lp.compare(model, lines)
         rows.append((f"export (trained run, loaded as {arch})",
                      f"{same}/{total} greedy tokens identical", f"max |logprob diff| {worst:.2e}"))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kiln", required=True)
+    ap.add_argument("--tokenizer", required=True, help="a directory with tokenizer.json")
+    ap.add_argument("--work", default="/tmp/kiln-phi3")
+    ap.add_argument("--only-training", action="store_true",
+                    help="only the head-size-96 training check")
+    ap.add_argument("--llama-cpp", default="",
+                    help="a llama.cpp source tree (convert_hf_to_gguf.py, conversion/, gguf-py/): "
+                         "its converter writes the LongRoPE models as GGUF files for kiln to read")
+    a = ap.parse_args()
+    os.makedirs(a.work, exist_ok=True)
+    print("transformers", tf.__version__, flush=True)
+    rows = []
+    if a.only_training:
+        run_training(a, rows)
+    else:
+        run_models(a, rows)
+        run_long_context(a, rows)
+        if a.llama_cpp:
+            run_gguf(a, rows)
+        run_training(a, rows)
+        run_export(a, rows)
     print("\n| model | tokens | detail |\n|---|---|---|")
     for r in rows:
         print(f"| {r[0]} | {r[1]} | {r[2]} |")

@@ -15,7 +15,8 @@
 //! positions, its own included; every attention kernel takes the window and skips the key
 //! tiles wholly outside it.
 //!
-//! On a GPU at a head size the fused kernels lack (Phi-3-mini's 96), attention runs as
+//! On a GPU at a head size and dtype the fused kernels lack (f32 at Phi-3-mini's 96; the
+//! 16-bit kernels take it), attention runs as
 //! [`crate::nn::attention`]'s unfused chain: batched products around a causal softmax whose
 //! `[B, H, T, T]` probabilities are kept for the backward (and a window shorter than the
 //! sequence is refused there, as that softmax has none).
@@ -28,13 +29,13 @@ use super::rmsnorm::RmsNorm;
 use super::{ActLayout, Cost, ParamBuilder, f32_bytes, params};
 use crate::engine::AttnShape;
 use crate::engine::cpu::rope::RopeShape;
-use crate::engine::{Device, EngineError, Result, Tensor, ops};
+use crate::engine::{DType, Device, EngineError, Result, Tensor, ops};
 
 /// Whether attention of heads of `head_dim` on `device` runs as the unfused chain: on a GPU
 /// (or the planner's meta device) at a head size no fused kernel has. The one rule the layer
 /// and its cost both follow.
-pub fn gemm_attention(device: Device, head_dim: usize) -> bool {
-    device != Device::Cpu && !crate::engine::cuda::attention::has_head_size(head_dim)
+pub fn gemm_attention(device: Device, dtype: DType, head_dim: usize) -> bool {
+    device != Device::Cpu && !crate::engine::cuda::attention::has_kernel(head_dim, dtype)
 }
 
 /// The heads of one attention layer.
@@ -184,7 +185,7 @@ impl GqaAttention {
         let (qkv, qk) = self.project(x)?;
         let packed = ops::rope_expand_forward(&qkv, pos, &rot.cos, &rot.sin, rs)?;
         drop(qkv);
-        let (att, stats) = if gemm_attention(packed.device(), self.heads.head_dim) {
+        let (att, stats) = if gemm_attention(packed.device(), packed.dtype(), self.heads.head_dim) {
             if self.window > 0 && self.window < seq {
                 return Err(EngineError::Shape {
                     op: "attention",
@@ -223,7 +224,11 @@ impl GqaAttention {
         let (batch, seq) = (x.shape()[0], x.shape()[1]);
         let (rs, s) = self.shapes(batch, seq);
         let datt = self.out.backward(dout, &saved.att)?;
-        let dpacked = if gemm_attention(saved.packed.device(), self.heads.head_dim) {
+        let dpacked = if gemm_attention(
+            saved.packed.device(),
+            saved.packed.dtype(),
+            self.heads.head_dim,
+        ) {
             let p = &saved.packed;
             let mut d = Tensor::uninit(p.pool(), p.shape(), p.dtype())?;
             attention_backward_unfused(&mut d, &datt, p, &saved.stats, s)?;
@@ -271,7 +276,7 @@ impl GqaAttention {
             heads: h.heads,
             channels: width,
         };
-        let stats_bytes = if gemm_attention(layout.device, h.head_dim) {
+        let stats_bytes = if gemm_attention(layout.device, layout.weights, h.head_dim) {
             unfused_probs_bytes(h.heads, batch, seq, layout)
         } else {
             let n: usize = ops::attention_stats_shape(layout.device, stats)
@@ -323,13 +328,17 @@ mod tests {
         assert!(attended_pairs(64, 16) < attended_pairs(64, 0));
     }
 
-    /// On a GPU (a meta pool stands for it) heads of 96, which no fused kernel has, run the
-    /// unfused chain and keep its probabilities, as the cost says; heads of 64 keep the fused
-    /// kernel's row statistics; a window shorter than the sequence is refused on the unfused
-    /// path, and the CPU takes every head size through its own kernel.
+    /// On a GPU (a meta pool stands for it) f32 heads of 96, which no fused kernel takes, run
+    /// the unfused chain and keep its probabilities, as the cost says; heads of 64 keep the
+    /// fused kernel's row statistics; a window shorter than the sequence is refused on the
+    /// unfused path, and the CPU takes every head size through its own kernel. 16-bit heads of
+    /// 96 have tensor-core kernels; heads of 80 have none in any dtype.
     #[test]
     fn head_sizes_without_a_fused_kernel_attend_through_gemms_on_a_gpu() {
-        use crate::engine::{DType, MemoryPool};
+        use crate::engine::MemoryPool;
+        let gpu = Device::Cuda(0);
+        assert!(!gemm_attention(gpu, DType::BF16, 96) && !gemm_attention(gpu, DType::F16, 96));
+        assert!(gemm_attention(gpu, DType::BF16, 80));
         let (batch, seq) = (2, 8);
         for (device, hd, want_probs) in [
             (Device::Cuda(0), 96, true),
@@ -363,7 +372,7 @@ mod tests {
                 let probs = saved.stats.shape().iter().product::<usize>() == batch * 2 * seq * seq;
                 assert_eq!(probs, want_probs, "{device:?}, head size {hd}");
             }
-            assert_eq!(gemm_attention(device, hd), want_probs);
+            assert_eq!(gemm_attention(device, DType::F32, hd), want_probs);
             let windowed = attn.with_window(4);
             let r = windowed.forward(&x, &pos, &rot);
             assert_eq!(

@@ -83,7 +83,7 @@ pub(super) const PROGRAM_TC: Program = Program {
     name: "attention_tc",
     source: concat!(
         include_str!("attention_tc.cu"),
-        "\nTC_ENTRY_POINTS(64, TcBf16, bf16)\nTC_ENTRY_POINTS(64, TcF16, f16)\nTC_ENTRY_POINTS(128, TcBf16, bf16)\nTC_ENTRY_POINTS(128, TcF16, f16)\n",
+        "\nTC_ENTRY_POINTS(64, TcBf16, bf16)\nTC_ENTRY_POINTS(64, TcF16, f16)\nTC_ENTRY_POINTS(128, TcBf16, bf16)\nTC_ENTRY_POINTS(128, TcF16, f16)\nTC_ENTRY_POINTS(96, TcBf16, bf16)\nTC_ENTRY_POINTS(96, TcF16, f16)\n",
         include_str!("attention_wgmma.cu"),
         "\nWG_ENTRY_POINTS(64, WgBf16, bf16)\nWG_ENTRY_POINTS(64, WgF16, f16)\nWG_ENTRY_POINTS(128, WgBf16, bf16)\nWG_ENTRY_POINTS(128, WgF16, f16)\n",
         "WG_TMA_ENTRY_POINT(64, 64, WgBf16, attention_forward_bf16_hs64_wgmma_tma)\n",
@@ -100,6 +100,9 @@ pub(super) const PROGRAM_TC: Program = Program {
         ElemKernel::AttentionForwardHs128Tc,
         ElemKernel::AttentionBackwardDqHs128Tc,
         ElemKernel::AttentionBackwardDkvHs128Tc,
+        ElemKernel::AttentionForwardHs96Tc,
+        ElemKernel::AttentionBackwardDqHs96Tc,
+        ElemKernel::AttentionBackwardDkvHs96Tc,
         ElemKernel::AttentionForwardHs64Wgmma,
         ElemKernel::AttentionBackwardDqHs64Wgmma,
         ElemKernel::AttentionBackwardDkvHs64Wgmma,
@@ -153,8 +156,11 @@ const TC_THREADS: u32 = 128;
 const fn tc_forward_rows(hs: usize) -> u32 {
     if hs == 64 { 2 * TC_ROWS } else { TC_ROWS }
 }
-/// Head sizes of the tensor-core kernels.
+/// Head sizes of the tensor-core kernels in every form (mma.sync, wgmma, f32).
 const TC_HEAD_SIZES: [usize; 2] = [64, 128];
+/// Head sizes with mma.sync kernels for 16-bit activations only (Phi-3-mini's 96): no Hopper
+/// or f32 form, so f32 at these sizes has no fused kernel.
+const TC_16BIT_HEAD_SIZES: [usize; 1] = [96];
 
 /// f32 values of the scratch an attention backward takes from the driver outside the pool:
 /// the row terms d of every (batch, head, query), then two bound words a head (read only by
@@ -362,6 +368,11 @@ fn tc_kernels(hs: usize) -> Option<[ElemKernel; 3]> {
             AttentionBackwardDqHs128Tc,
             AttentionBackwardDkvHs128Tc,
         ]),
+        96 => Some([
+            AttentionForwardHs96Tc,
+            AttentionBackwardDqHs96Tc,
+            AttentionBackwardDkvHs96Tc,
+        ]),
         _ => None,
     }
 }
@@ -470,9 +481,18 @@ const fn tc_shared(hs: usize) -> TcShared {
     }
 }
 
-/// Whether the fused attention has kernels for head size `hs` (128 on sm_80 or newer).
+/// Whether the fused attention has kernels for head size `hs` in some dtype (128 and 96 on
+/// sm_80 or newer).
 pub fn has_head_size(hs: usize) -> bool {
     cuda_core_kernels(hs).is_some() || tc_kernels(hs).is_some()
+}
+
+/// Whether the fused attention has kernels for head size `hs` with `dtype` activations: the
+/// CUDA-core ones (16, 32, 64), the tensor-core ones at 64 and 128 in every dtype, and at 96
+/// for 16-bit activations only.
+pub fn has_kernel(hs: usize, dtype: DType) -> bool {
+    cuda_core_kernels(hs).is_some()
+        || (tc_kernels(hs).is_some() && (dtype != DType::F32 || TC_HEAD_SIZES.contains(&hs)))
 }
 
 /// Checks the shape and returns `(T, C, NH, HS)` as the kernels' ints.
@@ -607,7 +627,8 @@ impl CudaBackend {
     /// the activations' type: head size 64 or 128 on sm_80+ (16-bit `mma.sync` for bf16 and
     /// f16, tf32 for f32).
     pub fn attention_uses_tensor_cores(&self, head_size: usize) -> bool {
-        TC_HEAD_SIZES.contains(&head_size) && self.info.arch() >= 80
+        (TC_HEAD_SIZES.contains(&head_size) || TC_16BIT_HEAD_SIZES.contains(&head_size))
+            && self.info.arch() >= 80
     }
 
     /// The kernels of a call: the tensor-core ones where [`Self::attention_uses_tensor_cores`]
@@ -716,7 +737,7 @@ impl CudaBackend {
         static SAID: Mutex<Option<HashSet<String>>> = Mutex::new(None);
         let why = if self.info.arch() < 80 {
             format!("sm_{} (they need sm_80 or newer)", self.info.arch())
-        } else if !TC_HEAD_SIZES.contains(&hs) {
+        } else if !TC_HEAD_SIZES.contains(&hs) && !TC_16BIT_HEAD_SIZES.contains(&hs) {
             format!("head size {hs}")
         } else if !aligned {
             "a buffer off a 16-byte boundary".to_string()
@@ -1133,6 +1154,13 @@ mod tests {
                 names.extend(hopper.iter().map(|k| k.name(dtype)));
                 names.push(tma.forward.name(dtype));
                 names.extend(tma.backward.iter().flatten().map(|k| k.name(dtype)));
+            }
+        }
+        for hs in TC_16BIT_HEAD_SIZES {
+            let kernels = tc_kernels(hs).unwrap_or_else(|| panic!("no kernels for {hs}"));
+            assert!(wgmma_kernels(hs).is_none() && tf32_kernels(hs, GemmMath::Tf32).is_none());
+            for dtype in [DType::BF16, DType::F16] {
+                names.extend(kernels.iter().map(|k| k.name(dtype)));
             }
         }
         assert_program_defines(&PROGRAM_TC, names);

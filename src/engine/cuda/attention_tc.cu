@@ -1,5 +1,7 @@
-// Tensor-core kernels: bf16 or f16 activations, head size 64 or 128, sm_80 and newer
-// (mma.sync on 16-bit operands).
+// Tensor-core kernels: bf16 or f16 activations, head size 64, 96 or 128, sm_80 and newer
+// (mma.sync on 16-bit operands). Head size 96 (Phi-3-mini) takes the 128 layouts' shapes
+// (32-row streamed tiles, K and V of dK/dV in shared memory) with six k-chunks a row; it has
+// no Hopper (wgmma) or f32 form, so it runs these kernels on every sm_80+ GPU.
 //
 // The same three kernels as attention.cu's CUDA-core ones (forward; dQ and the row term d;
 // dK/dV), but a block owns 64 rows and each of its 4 warps owns 16 of them (the forward at head
@@ -86,9 +88,10 @@ template <int HS> struct TcShape {
     static constexpr int dkv_bytes = dkv_elems * 2 + 4 * stream * 4;
 };
 
-// 1 / sqrt(HS), the softmax's score scale.
+// 1 / sqrt(HS), the softmax's score scale (head size 96: Phi-3-mini's).
 template <int HS> __device__ __forceinline__ float tc_scale() {
-    return HS == 64 ? 0.125f : 0.08838834764831845f;
+    static_assert(HS == 64 || HS == 96 || HS == 128, "a head size with a score scale");
+    return HS == 64 ? 0.125f : HS == 96 ? 0.10206207261596575f : 0.08838834764831845f;
 }
 
 __device__ __forceinline__ unsigned tc_smem_addr(const void* p) {

@@ -450,7 +450,7 @@ impl PrefillRuns {
     /// leaves the call to the cache kernel.
     pub(super) fn of(q: &Tensor, slot: Ids, pos: Ids, head_dim: usize) -> Option<PrefillRuns> {
         if !matches!(q.device(), Device::Cuda(_))
-            || !crate::engine::cuda::attention::has_head_size(head_dim)
+            || !crate::engine::cuda::attention::has_kernel(head_dim, q.dtype())
         {
             return None;
         }
