@@ -464,19 +464,19 @@ const KEYS: &[(&str, &str)] = &[
     ),
     (
         "model.rope_original_context",
-        "llama: context the rotary frequencies were trained for (Llama 3 scaling, LongRoPE)",
+        "llama: trained rotary context (Llama 3, LongRoPE)",
     ),
     (
         "model.rope_short_factors",
-        "llama: LongRoPE per-pair frequency divisors up to rope_original_context; [] = none",
+        "llama: LongRoPE divisors up to trained context; [] = none",
     ),
     (
         "model.rope_long_factors",
-        "llama: LongRoPE per-pair frequency divisors past rope_original_context",
+        "llama: LongRoPE divisors past the trained context",
     ),
     (
         "model.rope_attention_factor",
-        "llama: rotary cos/sin multiplier (LongRoPE attention factor); 1 = none",
+        "llama: rotary cos/sin scale (LongRoPE); 1 = none",
     ),
     ("model.norm_eps", "llama: RMS norm epsilon"),
     (
@@ -497,7 +497,7 @@ const KEYS: &[(&str, &str)] = &[
     ),
     (
         "model.checkpoint_arch",
-        "llama: Hugging Face layout export writes; \"\" = from the settings, \"phi3\" = Phi3ForCausalLM",
+        "llama: export layout: \"\" = from the settings, or \"phi3\"",
     ),
     (
         "data.corpus",
