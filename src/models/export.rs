@@ -216,8 +216,11 @@ pub(crate) fn hf_tensors(
                     "original_max_position_embeddings": s.original_context,
                 });
             }
+            if !settings.rope_short_factors.is_empty() {
+                longrope_config(&mut c, &settings, &l);
+            }
             if phi3 {
-                phi3_config(&mut c, &settings, &l);
+                phi3_config(&mut c, &l);
             } else if windowed {
                 c["sliding_window"] = json!(l.sliding_window);
                 if arch != "MistralForCausalLM" {
@@ -307,15 +310,29 @@ pub(crate) fn hf_tensors(
     Ok((out, config))
 }
 
-/// The keys of a Phi3ForCausalLM config.json beyond a Llama's: its window (null for none),
-/// LongRoPE with its attention factor written out (transformers would derive one from the
-/// positions otherwise), and no special-token ids (Phi3Config's defaults, 32000 among them,
-/// may lie outside a small vocabulary; the tokenizer files carry the real ones).
-fn phi3_config(
+/// LongRoPE's keys, which every Llama-family config.json of transformers reads: both factor
+/// lists, the trained context, and the attention factor written out (transformers would
+/// derive one from the positions otherwise).
+fn longrope_config(
     c: &mut serde_json::Value,
     settings: &crate::config::LlamaSettings,
     l: &crate::models::llama::LlamaConfig,
 ) {
+    c["original_max_position_embeddings"] = json!(settings.rope_original_context);
+    c["max_position_embeddings"] = json!(l.context.max(settings.rope_original_context));
+    c["rope_scaling"] = json!({
+        "rope_type": "longrope",
+        "short_factor": settings.rope_short_factors,
+        "long_factor": settings.rope_long_factors,
+        "original_max_position_embeddings": settings.rope_original_context,
+        "attention_factor": settings.rope_attention_factor,
+    });
+}
+
+/// The keys of a Phi3ForCausalLM config.json beyond a Llama's: its window (null for none) and
+/// no special-token ids (Phi3Config's defaults, 32000 among them, may lie outside a small
+/// vocabulary; the tokenizer files carry the real ones).
+fn phi3_config(c: &mut serde_json::Value, l: &crate::models::llama::LlamaConfig) {
     c["sliding_window"] = if l.sliding_window > 0 {
         json!(l.sliding_window)
     } else {
@@ -326,17 +343,6 @@ fn phi3_config(
     }
     for key in ["resid_pdrop", "embd_pdrop", "attention_dropout"] {
         c[key] = json!(0.0);
-    }
-    if !settings.rope_short_factors.is_empty() {
-        c["original_max_position_embeddings"] = json!(settings.rope_original_context);
-        c["max_position_embeddings"] = json!(l.context.max(settings.rope_original_context));
-        c["rope_scaling"] = json!({
-            "rope_type": "longrope",
-            "short_factor": settings.rope_short_factors,
-            "long_factor": settings.rope_long_factors,
-            "original_max_position_embeddings": settings.rope_original_context,
-            "attention_factor": settings.rope_attention_factor,
-        });
     }
 }
 

@@ -1728,6 +1728,17 @@ mod tests {
             load_llama(&back, vocab, &bw).next_logits(&ids).unwrap(),
             logits
         );
+
+        // The split Llama checkpoint with the same LongRoPE exports its factors as well.
+        let llama_model = load_llama(&lm, vocab, &lw);
+        let (_, config) =
+            crate::models::export::hf_tensors(llama_model.as_ref(), &lm, vocab).unwrap();
+        assert_eq!(config["architectures"][0], "LlamaForCausalLM");
+        assert_eq!(config["rope_scaling"]["rope_type"], "longrope");
+        assert_eq!(
+            config["rope_scaling"]["long_factor"],
+            serde_json::json!([3.0, 7.5])
+        );
     }
 
     /// Phi-3's window: one shorter than the positions masks (and changes the logits of a
