@@ -190,8 +190,10 @@ impl GqaAttention {
                 return Err(EngineError::Shape {
                     op: "attention",
                     detail: format!(
-                        "head size {} has no fused GPU kernel, and the unfused attention that runs instead has no sliding window; train on sequences of at most the window ({} positions: train.seq_len) or on the CPU",
-                        self.heads.head_dim, self.window
+                        "head size {} has no fused GPU kernel for {:?} activations, and the unfused attention that runs instead has no sliding window; train on sequences of at most the window ({} positions: train.seq_len), in bf16 or fp16 where the head size has kernels, or on the CPU",
+                        self.heads.head_dim,
+                        packed.dtype(),
+                        self.window
                     ),
                 });
             }
