@@ -14,7 +14,8 @@ const BOUND_BF16_CHAIN: f64 = 5e-2;
 /// rows that form runs from position 0: queries and cached keys and values packed, padded to
 /// the longest run) against the CPU's cache attention, on tensors of the GPU pool: three
 /// prompts of ragged lengths in scrambled slots of a cache whose other positions hold NaN, at
-/// SmolLM2's, Llama-3.2-1B's and a head size 128 shape, with and without a window. Measured
+/// SmolLM2's, Llama-3.2-1B's, a head size 128 and Phi-3-mini's (heads of 96) shape, with and
+/// without a window. Measured
 /// per head vector against the head's largest output, as the training attention is.
 pub(super) fn prefill_attention_rows(pool: &Arc<MemoryPool>, inp: &mut Inputs) -> Vec<Row> {
     let mut rows = Vec::new();
@@ -26,7 +27,7 @@ pub(super) fn prefill_attention_rows(pool: &Arc<MemoryPool>, inp: &mut Inputs) -
         .flat_map(|(&n, s)| std::iter::repeat_n(s, n))
         .collect();
     let pos: Vec<u32> = lens.iter().flat_map(|&n| 0..n as u32).collect();
-    for (heads, kv_heads, head_dim) in [(9, 3, 64), (32, 8, 64), (16, 8, 128)] {
+    for (heads, kv_heads, head_dim) in [(9, 3, 64), (32, 8, 64), (16, 8, 128), (32, 32, 96)] {
         for window in [0, 16] {
             let c = cpu::kv_cache::CacheShape {
                 slots: 4,
