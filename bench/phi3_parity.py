@@ -103,6 +103,17 @@ def kiln_run(kiln, src, run, extra):
                            "-q", *extra], capture_output=True, text=True)
 
 
+def greedy_row(a, rows, row, model, kiln_args, work_name):
+    """kiln's greedy tokens (from `kiln_args`) against transformers' `model`, as one row."""
+    lines, note = lp.kiln_generate(a.kiln, kiln_args, a.work, work_name)
+    if lines is None:
+        rows.append((row, "kiln refused", note))
+        return
+    same, total, worst = lp.compare(model, lines)
+    rows.append((row, f"{same}/{total} greedy tokens identical",
+                 f"max |logprob diff| {worst:.2e}; {note}"))
+
+
 def run_models(a, rows):
     """The published shapes, imported from save_pretrained directories."""
     for name, cfg in configs():
@@ -113,13 +124,7 @@ def run_models(a, rows):
             want = math.sqrt(1 + math.log(32) / math.log(4096))
             print(f"{name}: transformers' attention scaling {rot.attention_scaling:.6f} "
                   f"(formula {want:.6f})", flush=True)
-        lines, note = lp.kiln_generate(a.kiln, ["--init-from", path], a.work, name)
-        if lines is None:
-            rows.append((name, "kiln refused", note))
-        else:
-            same, total, worst = lp.compare(model, lines)
-            rows.append((name, f"{same}/{total} greedy tokens identical",
-                         f"max |logprob diff| {worst:.2e}; {note}"))
+        greedy_row(a, rows, name, model, ["--init-from", path], name)
         del model
         torch.cuda.empty_cache()
         print(rows[-1], flush=True)
@@ -188,13 +193,7 @@ def run_gguf(a, rows):
             print(rows[-1], flush=True)
             continue
         model = tf.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).cuda().eval()
-        lines, note = lp.kiln_generate(a.kiln, ["--init-from", gguf_file], a.work, name + "-gguf")
-        if lines is None:
-            rows.append((row, "kiln refused", note))
-        else:
-            same, total, worst = lp.compare(model, lines)
-            rows.append((row, f"{same}/{total} greedy tokens identical",
-                         f"max |logprob diff| {worst:.2e}; {note}"))
+        greedy_row(a, rows, row, model, ["--init-from", gguf_file], name + "-gguf")
         del model
         torch.cuda.empty_cache()
         print(rows[-1], flush=True)

@@ -216,22 +216,29 @@ fn exported_llama_imports_back_to_the_same_logits() {
 }
 
 fn write_tiny_llama(dir: &Path) {
-    let cfg = ResolvedConfig::resolve(
-        None,
-        &[
-            "model.kind=llama".into(),
-            "model.d_model=16".into(),
-            "model.n_layers=1".into(),
-            "model.n_heads=2".into(),
-            "model.context=16".into(),
-            "train.seq_len=16".into(),
-            format!("data.tokenizer={}", minilm_dir().display()),
-        ],
-    )
-    .unwrap()
-    .config;
+    write_tiny_llama_with(dir, &[], 1);
+}
+
+/// A tiny Llama-family model (width 16, one layer, two heads, context 16, MiniLM's
+/// tokenizer) with `extra` settings on top, initialised from `seed`, exported as a Hugging
+/// Face directory in `dir`; returns the model.
+fn write_tiny_llama_with(dir: &Path, extra: &[&str], seed: u64) -> Box<dyn models::Model> {
+    let mut overrides: Vec<String> = [
+        "model.kind=llama",
+        "model.d_model=16",
+        "model.n_layers=1",
+        "model.n_heads=2",
+        "model.context=16",
+        "train.seq_len=16",
+    ]
+    .iter()
+    .chain(extra)
+    .map(|s| s.to_string())
+    .collect();
+    overrides.push(format!("data.tokenizer={}", minilm_dir().display()));
+    let cfg = ResolvedConfig::resolve(None, &overrides).unwrap().config;
     let vocab = kiln::train::model_vocab(&cfg).unwrap();
-    let model = models::build(&cfg.model, vocab, &MemoryPool::new(Device::Cpu), 1).unwrap();
+    let model = models::build(&cfg.model, vocab, &MemoryPool::new(Device::Cpu), seed).unwrap();
     export::export_hf(
         model.as_ref(),
         &cfg.model,
@@ -240,6 +247,7 @@ fn write_tiny_llama(dir: &Path) {
         dir,
     )
     .unwrap();
+    model
 }
 
 fn edit_config(dir: &Path, f: impl FnOnce(&mut serde_json::Value)) {
@@ -728,38 +736,20 @@ fn windowed_models_export_and_import_back_to_the_same_logits() {
 fn phi3_checkpoints_train_and_export_back_with_their_layout() {
     let dir = tempfile::tempdir().unwrap();
     let m = dir.path().join("phi3");
-    let cfg = ResolvedConfig::resolve(
-        None,
-        &[
-            "model.kind=llama".into(),
-            "model.d_model=16".into(),
-            "model.n_layers=1".into(),
-            "model.n_heads=2".into(),
-            "model.rot_dim=4".into(),
-            "model.context=16".into(),
-            "model.rope_original_context=16".into(),
-            "model.rope_short_factors=[1.0, 1.5]".into(),
-            "model.rope_long_factors=[2.0, 3.0]".into(),
-            "model.rope_attention_factor=1.1".into(),
-            "model.sliding_window=6".into(),
-            "model.checkpoint_arch=phi3".into(),
-            "train.seq_len=16".into(),
-            format!("data.tokenizer={}", minilm_dir().display()),
-        ],
-    )
-    .unwrap()
-    .config;
-    let vocab = kiln::train::model_vocab(&cfg).unwrap();
-    let pool = MemoryPool::new(Device::Cpu);
-    let model = models::build(&cfg.model, vocab, &pool, 3).unwrap();
-    export::export_hf(
-        model.as_ref(),
-        &cfg.model,
-        vocab,
-        &minilm_dir().display().to_string(),
+    let model = write_tiny_llama_with(
         &m,
-    )
-    .unwrap();
+        &[
+            "model.rot_dim=4",
+            "model.rope_original_context=16",
+            "model.rope_short_factors=[1.0, 1.5]",
+            "model.rope_long_factors=[2.0, 3.0]",
+            "model.rope_attention_factor=1.1",
+            "model.sliding_window=6",
+            "model.checkpoint_arch=phi3",
+        ],
+        3,
+    );
+    let pool = MemoryPool::new(Device::Cpu);
     edit_config(&m, |v| {
         assert_eq!(v["architectures"][0], "Phi3ForCausalLM");
         assert_eq!(v["sliding_window"], 6);

@@ -274,7 +274,7 @@ pub fn export_gguf(
             ));
         }
     };
-    if l.rope_factors.is_some() || m.llama().is_some_and(|s| !s.rope_short_factors.is_empty()) {
+    if m.llama().is_some_and(|s| !s.rope_short_factors.is_empty()) {
         return Err(KilnError::Setting(
             "the model's LongRoPE factors have no place in a llama-architecture GGUF file (llama.cpp keeps them in its phi3 architecture, which kiln does not write); export it as a Hugging Face directory".into(),
         ));

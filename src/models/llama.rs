@@ -193,12 +193,7 @@ fn check_longrope(m: &ModelConfig, l: &LlamaSettings) -> std::result::Result<(),
             "Llama 3 scaling and LongRoPE factors cannot both stretch the rotary frequencies; set one",
         ));
     }
-    let head_dim = if l.head_dim > 0 {
-        l.head_dim
-    } else {
-        m.d_model / m.n_heads.max(1)
-    };
-    let pairs = (if l.rot_dim > 0 { l.rot_dim } else { head_dim }) / 2;
+    let pairs = LlamaConfig::from_model(m, 1).map_or(0, |c| c.rot_dim / 2);
     for (key, list) in [
         ("model.rope_short_factors", short),
         ("model.rope_long_factors", long),

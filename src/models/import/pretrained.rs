@@ -579,11 +579,8 @@ fn llama_from_hf(
             // transformers' rule: the attention factor given, or from the stretch of the
             // context (the `factor` given, or max_position_embeddings over the original).
             let stretch = json_f64(s, "factor").unwrap_or(context as f64 / original as f64);
-            l.rope_attention_factor = match json_f64(s, "attention_factor") {
-                Some(a) => a,
-                None if stretch <= 1.0 => 1.0,
-                None => (1.0 + stretch.ln() / (original as f64).ln()).sqrt(),
-            };
+            l.rope_attention_factor = json_f64(s, "attention_factor")
+                .unwrap_or_else(|| longrope_attention_factor(stretch, original));
             // Imported at the context its short factors serve, as transformers runs every
             // sequence that fits it; a run may ask for more (model.context), and then takes
             // the long factors for every position.
@@ -1021,13 +1018,11 @@ fn open_gguf(path: &Path) -> Result<Pretrained> {
         let original = meta_usize("rope.scaling.original_context_length")?;
         l.rope_original_context = original;
         // llama.cpp's converter stores the factor it derives from the stretch of the context.
-        l.rope_attention_factor = match g.get_f64(&key("rope.scaling.attn_factor")) {
-            Some(a) => a,
-            None if context > original => {
-                (1.0 + (context as f64 / original as f64).ln() / (original as f64).ln()).sqrt()
-            }
-            None => 1.0,
-        };
+        l.rope_attention_factor =
+            g.get_f64(&key("rope.scaling.attn_factor"))
+                .unwrap_or_else(|| {
+                    longrope_attention_factor(context as f64 / original as f64, original)
+                });
         context = context.min(original);
     }
     // Llama 3.1 and later carry their frequency scaling as a table of per-pair divisors.
@@ -1267,6 +1262,17 @@ impl Pretrained {
             }
         }
         Ok(())
+    }
+}
+
+/// LongRoPE's attention factor for a context stretched `stretch` times past the `original`
+/// one it was trained for: sqrt(1 + ln(stretch) / ln(original)), 1 for no stretch (the rule of
+/// transformers and of llama.cpp's converter).
+fn longrope_attention_factor(stretch: f64, original: usize) -> f64 {
+    if stretch <= 1.0 {
+        1.0
+    } else {
+        (1.0 + stretch.ln() / (original as f64).ln()).sqrt()
     }
 }
 
@@ -1554,7 +1560,7 @@ mod tests {
         let mut rng = crate::engine::rng::Rng::new(11, crate::engine::rng::stream::INIT);
         let mut phi = BTreeMap::new();
         let mut llama = BTreeMap::new();
-        let mut put = |_name: &str, shape: Vec<usize>, center: f32| {
+        let mut put = |shape: Vec<usize>, center: f32| {
             let n = shape.iter().product();
             let data: Vec<f32> = (0..n)
                 .map(|_| center + 0.4 * (rng.next_f32() - 0.5))
@@ -1566,7 +1572,7 @@ mod tests {
             ("model.norm.weight", vec![d], 1.0),
             ("lm_head.weight", vec![vocab, d], 0.0),
         ] {
-            let t = put(name, shape, center);
+            let t = put(shape, center);
             phi.insert(name.to_string(), t.clone());
             llama.insert(name.to_string(), t);
         }
@@ -1594,11 +1600,11 @@ mod tests {
                 ("self_attn.o_proj", vec![d, heads * hd], 0.0),
                 ("mlp.down_proj", vec![d, ffn], 0.0),
             ] {
-                let t = put(name, shape, center);
+                let t = put(shape, center);
                 phi.insert(format!("{p}.{name}.weight"), t.clone());
                 llama.insert(format!("{p}.{name}.weight"), t);
             }
-            let qkv = put("qkv", vec![(heads + 2 * kv) * hd, d], 0.0);
+            let qkv = put(vec![(heads + 2 * kv) * hd, d], 0.0);
             split(
                 &qkv,
                 &[
@@ -1610,7 +1616,7 @@ mod tests {
                 &mut llama,
             );
             phi.insert(format!("{p}.self_attn.qkv_proj.weight"), qkv);
-            let gate_up = put("gate_up", vec![2 * ffn, d], 0.0);
+            let gate_up = put(vec![2 * ffn, d], 0.0);
             split(
                 &gate_up,
                 &[("mlp.gate_proj", ffn), ("mlp.up_proj", ffn)],
