@@ -2,8 +2,9 @@
 //! Studio, kiln itself) runs, with its tokenizer and chat template in the metadata.
 //!
 //! The inverse of `import::pretrained`'s GGUF reading, in llama.cpp's converter's layout:
-//! `general.architecture` llama, qwen2 (query/key/value biases) or qwen3 (per-head query/key
-//! norms); llama's query and key rows interleaved for its pairwise rotation; Llama 3's
+//! `general.architecture` llama, qwen2 (query/key/value biases), qwen3 (per-head query/key
+//! norms) or phi3 (Phi-3's fused projections, LongRoPE's factors as `rope_factors_long` and
+//! `rope_factors_short`); llama's query and key rows interleaved for its pairwise rotation; Llama 3's
 //! frequency scaling as `rope_freqs.weight` divisors; matrices in F32, F16, BF16, Q8_0, Q4_0 or Q4_K and
 //! vectors in F32, as the converter writes them.
 
@@ -15,7 +16,7 @@ use crate::engine::cpu::rope::inverse_frequencies;
 use crate::error::{KilnError, Result};
 use crate::models::Model;
 use crate::models::export::hf_tensors;
-use crate::models::import::pretrained::ROPE_FREQS;
+use crate::models::import::pretrained::{ROPE_FACTORS_LONG, ROPE_FACTORS_SHORT, ROPE_FREQS};
 use crate::models::llama::LlamaConfig;
 use std::path::Path;
 
@@ -209,11 +210,14 @@ pub(crate) fn gguf_name(hf: &str) -> Option<String> {
             "self_attn.q_proj" => "attn_q",
             "self_attn.k_proj" => "attn_k",
             "self_attn.v_proj" => "attn_v",
+            "self_attn.qkv_proj" => "attn_qkv",
             "self_attn.o_proj" => "attn_output",
             "self_attn.q_norm" => "attn_q_norm",
             "self_attn.k_norm" => "attn_k_norm",
             "mlp.gate_proj" => "ffn_gate",
             "mlp.up_proj" => "ffn_up",
+            // Phi-3's gate and up rows in one matrix, gate first, as llama.cpp's phi3 reads it.
+            "mlp.gate_up_proj" => "ffn_up",
             "mlp.down_proj" => "ffn_down",
             _ => return None,
         };
@@ -264,34 +268,46 @@ pub fn export_gguf(
             m.kind()
         ))
     })?;
-    let arch = match (l.qkv_bias, l.qk_norm) {
-        (false, false) => "llama",
-        (true, false) => "qwen2",
-        (false, true) => "qwen3",
-        (true, true) => {
+    let settings = m.llama().cloned().unwrap_or_default();
+    let longrope = !settings.rope_short_factors.is_empty();
+    // Phi-3 layouts and LongRoPE go out as llama.cpp's phi3 architecture, as its converter
+    // writes Phi3ForCausalLM: fused projections, rotary halves as they are, and LongRoPE's
+    // factors as two tensors beside its trained context and attention factor.
+    let phi3 = longrope || settings.checkpoint_arch == "phi3";
+    let arch = match (phi3, l.qkv_bias, l.qk_norm) {
+        (true, false, false) => "phi3",
+        (true, _, _) => {
+            return Err(KilnError::Setting(
+                "the model has LongRoPE factors or Phi-3's layout together with query/key/value biases or query/key norms, which llama.cpp's phi3 architecture does not have; export it as a Hugging Face directory".into(),
+            ));
+        }
+        (false, false, false) => "llama",
+        (false, true, false) => "qwen2",
+        (false, false, true) => "qwen3",
+        (false, true, true) => {
             return Err(KilnError::Setting(
                 "the model has both query/key/value biases and query/key norms, which no GGUF architecture llama.cpp runs has; export it as a Hugging Face directory".into(),
             ));
         }
     };
-    if m.llama().is_some_and(|s| !s.rope_short_factors.is_empty()) {
-        return Err(KilnError::Setting(
-            "the model's LongRoPE factors have no place in a llama-architecture GGUF file (llama.cpp keeps them in its phi3 architecture, which kiln does not write); export it as a Hugging Face directory".into(),
-        ));
+    let mut layout = m.clone();
+    if let crate::config::FamilySettings::Llama(s) = &mut layout.family {
+        s.checkpoint_arch = if phi3 { "phi3".into() } else { String::new() };
     }
-    // A Phi-3 layout (fused projections) is written with the split names llama.cpp's llama
-    // architecture reads: the same weights.
-    let mut split = m.clone();
-    if let crate::config::FamilySettings::Llama(s) = &mut split.family {
-        s.checkpoint_arch.clear();
-    }
-    let m = &split;
+    let m = &layout;
     let mut notes = Vec::new();
     if l.sliding_window > 0 {
-        notes.push(format!(
-            "the sliding window of {} positions is not stored: llama.cpp runs {arch} GGUF files with full attention",
-            l.sliding_window
-        ));
+        notes.push(if phi3 {
+            format!(
+                "the sliding window of {} positions is stored, but llama.cpp runs phi3 GGUF files with full attention (it turns Phi's window off), and kiln imports them so",
+                l.sliding_window
+            )
+        } else {
+            format!(
+                "the sliding window of {} positions is not stored: llama.cpp runs {arch} GGUF files with full attention",
+                l.sliding_window
+            )
+        });
     }
     let (hf, _) = hf_tensors(model, m, vocab)?;
     let mut tensors = Vec::with_capacity(hf.len() + 1);
@@ -356,6 +372,21 @@ pub fn export_gguf(
         });
     }
 
+    if longrope {
+        for (name, factors) in [
+            (ROPE_FACTORS_LONG, &settings.rope_long_factors),
+            (ROPE_FACTORS_SHORT, &settings.rope_short_factors),
+        ] {
+            let v: Vec<f32> = factors.iter().map(|&f| f as f32).collect();
+            tensors.push(Tensor {
+                name: name.into(),
+                dims: vec![v.len() as u64],
+                ggml_type: 0,
+                data: GgufType::F32.encode(&v),
+            });
+        }
+    }
+
     let key = |k: &str| format!("{arch}.{k}");
     let u = |v: usize| V::U32(v as u32);
     let mut meta: Vec<(String, V)> = vec![
@@ -375,13 +406,56 @@ pub fn export_gguf(
         (key("attention.layer_norm_rms_epsilon"), V::F32(l.norm_eps)),
         (key("vocab_size"), u(vocab)),
     ];
+    if phi3 {
+        // llama.cpp's phi3 reads its window here (0: none); the context it states is the
+        // longest LongRoPE was made for, the trained one beside it.
+        meta.push((key("attention.sliding_window"), u(l.sliding_window)));
+        if longrope {
+            let original = settings.rope_original_context;
+            meta.retain(|(k, _)| *k != key("context_length"));
+            meta.push((key("context_length"), u(l.context.max(original))));
+            meta.push((key("rope.scaling.original_context_length"), u(original)));
+            meta.push((
+                key("rope.scaling.attn_factor"),
+                V::F32(settings.rope_attention_factor as f32),
+            ));
+        }
+    }
     meta.extend(tokenizer_metadata(tokenizer, vocab)?);
+    if let Some(note) = keep_clear_of_phi3_vocab_rules(&mut meta) {
+        notes.push(note);
+    }
     let refs: Vec<(&str, V)> = meta.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
     if let Some(dir) = to.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| KilnError::output(dir, e))?;
     }
     std::fs::write(to, gguf_bytes(&refs, &tensors)).map_err(|e| KilnError::output(to, e))?;
     Ok(notes)
+}
+
+/// llama.cpp gives a model whose `general.name` contains "phi-3" or "phi3" Phi-3's
+/// special-token rules, which look up `</s>`, `<unk>`, `<s>` and `<|endoftext|>` and fail to
+/// load the file when the vocabulary lacks one (Phi-4's and GPT-2's do). Where that would
+/// happen the name is written with "phi_3" instead; returns the note that says so.
+fn keep_clear_of_phi3_vocab_rules(meta: &mut [(String, V)]) -> Option<String> {
+    let has_all = meta.iter().any(|(k, v)| {
+        k == "tokenizer.ggml.tokens"
+            && matches!(v, V::Array(tokens) if ["</s>", "<unk>", "<s>", "<|endoftext|>"]
+                .iter()
+                .all(|want| tokens.iter().any(|t| matches!(t, V::String(s) if s == want))))
+    });
+    let (_, name) = meta.iter_mut().find(|(k, _)| k == "general.name")?;
+    let V::String(text) = name else { return None };
+    let lower = text.to_lowercase();
+    if has_all || !(lower.contains("phi-3") || lower.contains("phi3")) {
+        return None;
+    }
+    let safe = lower.replace("phi-3", "phi_3").replace("phi3", "phi_3");
+    let note = format!(
+        "general.name is \"{safe}\", not \"{text}\": llama.cpp applies Phi-3's special-token rules to models named phi-3 or phi3, and they need </s>, <unk>, <s> and <|endoftext|>, which this vocabulary lacks"
+    );
+    *text = safe;
+    Some(note)
 }
 
 /// `general.name`: the file's stem.
@@ -719,6 +793,56 @@ mod tests {
             assert_eq!(
                 p.tokenizer.encode(text),
                 HfTokenizer::from_builtin("gpt2").unwrap().encode(text)
+            );
+        }
+    }
+
+    /// A file named like a Phi-3 whose vocabulary lacks Phi-3's special tokens gets a name
+    /// llama.cpp does not take for Phi-3's (whose token rules would refuse the vocabulary),
+    /// with a note; one whose name says nothing of Phi-3 keeps it.
+    #[test]
+    fn phi3_names_stay_clear_of_llama_cpp_vocab_rules() {
+        use crate::config::ResolvedConfig;
+        use crate::engine::{Device, MemoryPool};
+        let o: Vec<String> = [
+            "model.kind=llama",
+            "model.d_model=16",
+            "model.n_layers=1",
+            "model.n_heads=2",
+            "model.context=16",
+            "train.seq_len=16",
+            "data.tokenizer=gpt2",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let cfg = ResolvedConfig::resolve(None, &o).unwrap().config;
+        let vocab = crate::train::model_vocab(&cfg).unwrap();
+        let model =
+            crate::models::build(&cfg.model, vocab, &MemoryPool::new(Device::Cpu), 3).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        for (file, name, noted) in [
+            ("My-Phi3-ft.gguf", "my-phi_3-ft", true),
+            ("phi-3-mini.gguf", "phi_3-mini", true),
+            ("smol-ft.gguf", "smol-ft", false),
+        ] {
+            let path = dir.path().join(file);
+            let notes = export_gguf(
+                model.as_ref(),
+                &cfg.model,
+                vocab,
+                "gpt2",
+                &path,
+                GgufType::F32,
+            )
+            .unwrap();
+            let g = GgufFile::open(&path).unwrap();
+            assert_eq!(g.get_str("general.name"), Some(name));
+            assert_eq!(
+                notes
+                    .iter()
+                    .any(|n| n.contains("Phi-3's special-token rules")),
+                noted
             );
         }
     }

@@ -808,8 +808,8 @@ fn unpermute_rotary_rows(t: HostTensor, heads: usize) -> HostTensor {
 /// `i` turns at `theta^(-2i/rot) / divisor[i]`).
 pub(crate) const ROPE_FREQS: &str = "rope_freqs.weight";
 /// Phi-3's LongRoPE factors in a GGUF file, one a rotated pair.
-const ROPE_FACTORS_LONG: &str = "rope_factors_long.weight";
-const ROPE_FACTORS_SHORT: &str = "rope_factors_short.weight";
+pub(crate) const ROPE_FACTORS_LONG: &str = "rope_factors_long.weight";
+pub(crate) const ROPE_FACTORS_SHORT: &str = "rope_factors_short.weight";
 
 /// The Llama 3 scaling whose divisors are `table`, or `None` for a table of ones.
 ///
@@ -1775,7 +1775,8 @@ mod tests {
     /// A phi3 GGUF as llama.cpp's converter writes one (fused `attn_qkv` and `ffn_up`, no
     /// interleaved rows, LongRoPE's factors as tensors and its attention factor and trained
     /// context as metadata, the window dropped) gives the logits of the same weights read from
-    /// the Hugging Face directory, bit for bit, and exports back as Phi-3.
+    /// the Hugging Face directory, bit for bit, and exports back as Phi-3: to a Hugging Face
+    /// directory, and to the same GGUF file.
     #[test]
     fn phi3_gguf_files_give_the_logits_of_their_hf_weights() {
         use crate::data::gguf::GgufValue as V;
@@ -1843,10 +1844,14 @@ mod tests {
             ("tokenizer.ggml.pre", V::String("qwen2".into())),
             (
                 "tokenizer.ggml.tokens",
+                // One token an embedding row, as the converter writes them.
                 V::Array(
                     ["<|endoftext|>", "a", "b", "ab"]
-                        .map(|t| V::String(t.into()))
-                        .to_vec(),
+                        .into_iter()
+                        .map(String::from)
+                        .chain((4..vocab).map(|i| format!("t{i}")))
+                        .map(V::String)
+                        .collect(),
                 ),
             ),
             (
@@ -1879,5 +1884,50 @@ mod tests {
         let (_, config) =
             crate::models::export::hf_tensors(from_gguf.as_ref(), &p.model, p.vocab).unwrap();
         assert_eq!(config["architectures"][0], "Phi3ForCausalLM");
+
+        // kiln's GGUF export of the same model writes the converter's file: the same tensors
+        // bit for bit, the same metadata (the context stated as the model's, as the Hugging
+        // Face export states it), and it reads back to the same logits.
+        let out = dir.path().join("kiln-phi3.gguf");
+        crate::models::export_gguf::export_gguf(
+            from_gguf.as_ref(),
+            &p.model,
+            p.vocab,
+            file.to_str().unwrap(),
+            &out,
+            crate::models::export_gguf::GgufType::F32,
+        )
+        .unwrap();
+        let (theirs, ours) = (
+            GgufFile::open(&file).unwrap(),
+            GgufFile::open(&out).unwrap(),
+        );
+        let names = |g: &GgufFile| {
+            let mut n: Vec<String> = g.tensor_names().map(String::from).collect();
+            n.sort();
+            n
+        };
+        assert_eq!(names(&ours), names(&theirs));
+        for name in names(&theirs) {
+            assert_eq!(
+                ours.tensor_f32(&name).unwrap(),
+                theirs.tensor_f32(&name).unwrap(),
+                "{name}"
+            );
+        }
+        for (k, v) in &keys {
+            let got = ours.metadata().iter().find(|(n, _)| n == k).map(|(_, v)| v);
+            if *k == "phi3.context_length" {
+                assert_eq!(got, Some(&V::U32(64)));
+            } else {
+                assert_eq!(got, Some(v), "{k}");
+            }
+        }
+        let again = open(&out).unwrap();
+        assert_eq!(again.model.llama(), p.model.llama());
+        assert_eq!(
+            again.build_on_cpu().unwrap().next_logits(&ids).unwrap(),
+            want
+        );
     }
 }
