@@ -263,7 +263,8 @@ impl HfTokenizer {
     /// (Llama 2, Mistral), with the special tokens and chat template of the configuration
     /// files beside it. Like transformers' converter it applies no normalizer beyond the
     /// space in front and spaces as "\u{2581}". A BOS goes in front of each text unless
-    /// tokenizer_config.json says otherwise (LlamaTokenizer's default).
+    /// tokenizer_config.json says otherwise (LlamaTokenizer's default); its
+    /// `added_tokens_decoder` entries past the pieces are added tokens.
     pub fn from_sentencepiece_model(path: &Path) -> Result<HfTokenizer, DataError> {
         let bytes =
             std::fs::read(path).map_err(|e| file_error(path, format!("cannot read it: {e}")))?;
@@ -291,7 +292,7 @@ impl HfTokenizer {
         let tokens: Vec<&str> = m.pieces.iter().map(|p| p.0.as_str()).collect();
         let scores: Vec<f32> = m.pieces.iter().map(|p| p.1).collect();
         let types: Vec<i64> = m.pieces.iter().map(|p| p.2).collect();
-        let json = sentencepiece_bpe_json(
+        let mut json = sentencepiece_bpe_json(
             &tokens,
             &scores,
             &types,
@@ -300,6 +301,25 @@ impl HfTokenizer {
             m.byte_fallback,
         );
         let dir = path.parent().unwrap_or(Path::new("."));
+        // Tokens the configuration adds past the pieces (Phi-3's <|user|>, <|end|> and the
+        // rest at 32000 and up), as transformers adds them.
+        if let Some(decoder) = read_json(&dir.join("tokenizer_config.json"))?
+            .and_then(|c| c.get("added_tokens_decoder").cloned())
+            .and_then(|d| d.as_object().cloned())
+        {
+            let added = json["added_tokens"].as_array_mut().expect("built above");
+            for (id, t) in decoder {
+                let (Ok(id), Some(content)) = (id.parse::<usize>(), t["content"].as_str()) else {
+                    continue;
+                };
+                if id >= tokens.len() {
+                    added.push(json!({
+                        "id": id, "content": content, "single_word": false, "lstrip": false,
+                        "rstrip": false, "normalized": false, "special": t["special"] == true,
+                    }));
+                }
+            }
+        }
         let mut config = DirConfig::read(dir)?;
         let piece = |id: i64| usize::try_from(id).ok().and_then(|i| tokens.get(i));
         if config.bos_token.is_none() && config.bos_id.is_none() {

@@ -510,7 +510,8 @@ fn tokenizer_metadata(tokenizer: &str, vocab: usize) -> Result<Vec<(String, V)>>
 }
 
 /// The `tokenizer.*` keys of a SentencePiece `tokenizer.model` (`tokenizer.ggml.model =
-/// llama`): pieces, scores and types in id order (rows past them as unused pieces), the space
+/// llama`): pieces, scores and types in id order (rows past them as `tok`'s added tokens, or
+/// unused pieces where it has none), the space
 /// in front, and the special ids and chat template of `tok`, the tokenizer kiln built from it.
 fn from_sentencepiece_model(
     path: &Path,
@@ -545,6 +546,17 @@ fn from_sentencepiece_model(
         tokens.push(V::String(text));
         scores.push(V::F32(score));
         types.push(V::I32(ty as i32));
+    }
+    // Tokens added past the pieces (Phi-3's <|user|>, <|end|> and the rest at 32000 and up)
+    // keep their text, as the converter writes them: control tokens (3) where special, else
+    // user-defined (4), score -1000.
+    for (id, t) in tok.inner().get_added_tokens_decoder() {
+        let id = id as usize;
+        if id >= m.pieces.len() && id < vocab {
+            tokens[id] = V::String(t.content.clone());
+            scores[id] = V::F32(-1000.0);
+            types[id] = V::I32(if t.special { 3 } else { 4 });
+        }
     }
     let mut meta = vec![
         (
@@ -934,6 +946,35 @@ mod tests {
             g.get_f32_array("tokenizer.ggml.scores").unwrap().len(),
             1200
         );
+    }
+
+    /// Tokens a directory's configuration adds past the SentencePiece pieces (as Phi-3's
+    /// <|user|> and <|end|> follow its 32000 pieces) go into the file with their text, as
+    /// control tokens, and read back as single ids.
+    #[test]
+    fn tokens_added_past_the_pieces_keep_their_text() {
+        let dir = tempfile::tempdir().unwrap();
+        let hf = dir.path().join("hf");
+        std::fs::create_dir(&hf).unwrap();
+        std::fs::write(
+            hf.join("tokenizer.model"),
+            include_bytes!("../../tests/data/spm_bpe.model"),
+        )
+        .unwrap();
+        let config = serde_json::json!({
+            "added_tokens_decoder": {
+                "1200": {"content": "<|user|>", "special": true},
+                "1201": {"content": "<|end|>", "special": true},
+            }
+        });
+        std::fs::write(hf.join("tokenizer_config.json"), config.to_string()).unwrap();
+        let path = sentencepiece_llama_round_trip(&hf, 1202);
+        let g = GgufFile::open(&path).unwrap();
+        let tokens = g.get_str_array("tokenizer.ggml.tokens").unwrap();
+        assert_eq!((tokens[1200], tokens[1201]), ("<|user|>", "<|end|>"));
+        let p = crate::models::import::pretrained::open(&path).unwrap();
+        let ids = p.tokenizer.encode("<|user|>ROMEO<|end|>");
+        assert_eq!((ids[0], *ids.last().unwrap()), (1200, 1201), "{ids:?}");
     }
 
     /// A Llama over the tokenizer at `vocab_file` (`n` pieces) through GGUF and back: the
