@@ -16,7 +16,6 @@ tied head), two layers each and narrower than the published ones, and saves them
 """
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -82,12 +81,7 @@ def main():
         model.save_pretrained(src)
         for f in os.listdir(a.tokenizer):
             shutil.copy(os.path.join(a.tokenizer, f), src)
-        tc = os.path.join(src, "tokenizer_config.json")
-        with open(tc) as f:
-            t = json.load(f)
-        t["tokenizer_class"] = "GPT2Tokenizer"  # the converter's byte-level BPE path
-        with open(tc, "w") as f:
-            json.dump(t, f)
+        pp.converter_tokenizer(src)
         ref = os.path.join(a.work, f"{name}.converter.gguf")
         ours = os.path.join(a.work, f"{name}.kiln.gguf")
         env = dict(os.environ, PYTHONPATH=os.path.join(a.llama_cpp, "gguf-py"))

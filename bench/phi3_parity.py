@@ -96,6 +96,17 @@ def long_config(long_factors):
                 longrope=([round(1.0 + 0.02 * i, 4) for i in range(32)], long_factors, 64))
 
 
+def converter_tokenizer(src):
+    """Points llama.cpp's converter at its byte-level BPE path for the directory's tokenizer
+    (Phi-3's own path expects a SentencePiece tokenizer.model)."""
+    tc = os.path.join(src, "tokenizer_config.json")
+    with open(tc) as f:
+        t = json.load(f)
+    t["tokenizer_class"] = "GPT2Tokenizer"
+    with open(tc, "w") as f:
+        json.dump(t, f)
+
+
 def kiln_run(kiln, src, run, extra):
     shutil.rmtree(run, ignore_errors=True)
     return subprocess.run([kiln, "train", "--init-from", src, "--out", run, "--device", "cuda",
@@ -176,12 +187,7 @@ def run_gguf(a, rows):
     # the weights are exactly transformers'): kiln reads the file, transformers the directory.
     for name in ["phi-3.5-mini", "phi-4-mini"]:
         src = os.path.join(a.work, name)
-        tc = os.path.join(src, "tokenizer_config.json")
-        with open(tc) as f:
-            t = json.load(f)
-        t["tokenizer_class"] = "GPT2Tokenizer"  # the converter's byte-level BPE path
-        with open(tc, "w") as f:
-            json.dump(t, f)
+        converter_tokenizer(src)
         gguf_file = os.path.join(a.work, f"{name}.f32.gguf")
         env = dict(os.environ, PYTHONPATH=os.path.join(a.llama_cpp, "gguf-py"))
         r = subprocess.run([sys.executable, os.path.join(a.llama_cpp, "convert_hf_to_gguf.py"),

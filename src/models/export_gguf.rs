@@ -732,13 +732,36 @@ mod tests {
         }
     }
 
+    /// A small Llama on GPT-2's vocabulary with `extra` settings, randomly initialised.
+    fn gpt2_llama(extra: &[&str]) -> (crate::config::Config, usize, Box<dyn Model>) {
+        use crate::config::ResolvedConfig;
+        use crate::engine::{Device, MemoryPool};
+        let o: Vec<String> = [
+            "model.kind=llama",
+            "model.d_model=32",
+            "model.n_layers=2",
+            "model.n_heads=4",
+            "model.context=64",
+            "model.ffn_hidden=64",
+            "train.seq_len=64",
+            "data.tokenizer=gpt2",
+        ]
+        .iter()
+        .chain(extra)
+        .map(|s| s.to_string())
+        .collect();
+        let cfg = ResolvedConfig::resolve(None, &o).unwrap().config;
+        let vocab = crate::train::model_vocab(&cfg).unwrap();
+        let model =
+            crate::models::build(&cfg.model, vocab, &MemoryPool::new(Device::Cpu), 11).unwrap();
+        (cfg, vocab, model)
+    }
+
     /// A Llama (with Llama 3's scaling), a Qwen2-style model (biases) and a Qwen3-style one
     /// (query/key norms), written as GGUF and read back by the importer, give the same logits;
     /// the file names its architecture and stores the scaling as divisors.
     #[test]
     fn exported_gguf_files_import_to_the_same_logits() {
-        use crate::config::ResolvedConfig;
-        use crate::engine::{Device, MemoryPool};
         let cases: [(&[&str], &str); 3] = [
             (
                 &["model.rope_scaling_factor=8", "model.n_kv_heads=2"],
@@ -749,24 +772,7 @@ mod tests {
         ];
         let dir = tempfile::tempdir().unwrap();
         for (extra, arch) in cases {
-            let mut o: Vec<String> = [
-                "model.kind=llama",
-                "model.d_model=32",
-                "model.n_layers=2",
-                "model.n_heads=4",
-                "model.context=64",
-                "model.ffn_hidden=64",
-                "train.seq_len=64",
-                "data.tokenizer=gpt2",
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-            o.extend(extra.iter().map(|s| s.to_string()));
-            let cfg = ResolvedConfig::resolve(None, &o).unwrap().config;
-            let vocab = crate::train::model_vocab(&cfg).unwrap();
-            let pool = MemoryPool::new(Device::Cpu);
-            let model = crate::models::build(&cfg.model, vocab, &pool, 11).unwrap();
+            let (cfg, vocab, model) = gpt2_llama(extra);
             let path = dir.path().join(format!("{arch}.gguf"));
             export_gguf(
                 model.as_ref(),
@@ -814,24 +820,7 @@ mod tests {
     /// with a note; one whose name says nothing of Phi-3 keeps it.
     #[test]
     fn phi3_names_stay_clear_of_llama_cpp_vocab_rules() {
-        use crate::config::ResolvedConfig;
-        use crate::engine::{Device, MemoryPool};
-        let o: Vec<String> = [
-            "model.kind=llama",
-            "model.d_model=16",
-            "model.n_layers=1",
-            "model.n_heads=2",
-            "model.context=16",
-            "train.seq_len=16",
-            "data.tokenizer=gpt2",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        let cfg = ResolvedConfig::resolve(None, &o).unwrap().config;
-        let vocab = crate::train::model_vocab(&cfg).unwrap();
-        let model =
-            crate::models::build(&cfg.model, vocab, &MemoryPool::new(Device::Cpu), 3).unwrap();
+        let (cfg, vocab, model) = gpt2_llama(&[]);
         let dir = tempfile::tempdir().unwrap();
         for (file, name, noted) in [
             ("My-Phi3-ft.gguf", "my-phi_3-ft", true),
