@@ -8,7 +8,7 @@ tied head), two layers each and narrower than the published ones, and saves them
 - `kiln export --init-from DIR --to FILE.gguf --outtype f32` writes the same directory;
 - gguf-py reads both: every tensor's name, shape and values, and every metadata key the
   converter wrote, compared (the context length apart: kiln states the model's context, as
-  its Hugging Face export does);
+  its Hugging Face export does; and two differences kiln makes on purpose, listed beside);
 - kiln decodes from its own export, transformers from the directory: greedy tokens and
   log-probabilities compared (llama_parity.py's comparison).
 
@@ -102,11 +102,19 @@ def main():
         names_equal = sorted(rt) == sorted(kt)
         same_tensors = sum(1 for n in rt if n in kt and rt[n][0] == kt[n][0]
                            and np.array_equal(rt[n][1], kt[n][1]))
-        differing = []
+        # Differences kiln makes on purpose: the window where the converter copies one at
+        # least as long as the positions (full attention: kiln writes 0), and add_eos_token
+        # left to llama.cpp's default where the converter writes that default (false).
+        expected, differing = [], []
+        positions = rm.get("phi3.context_length", 0)
         for k, v in rm.items():
             if k.startswith("general.") and k != "general.architecture":
                 continue
-            if k not in km:
+            if k == "phi3.attention.sliding_window" and km.get(k) == 0 and v >= positions:
+                expected.append(f"window {v} written as 0")
+            elif k == "tokenizer.ggml.add_eos_token" and k not in km and v is False:
+                expected.append("add_eos_token (false) not written")
+            elif k not in km:
                 differing.append(f"{k} missing")
             elif k.endswith(".context_length"):
                 continue
@@ -122,7 +130,8 @@ def main():
                      f"{same_tensors}/{len(rt)} tensors identical"
                      + ("" if names_equal else f" (names differ: {sorted(set(rt) ^ set(kt))})"),
                      "metadata: " + ("every converter key equal" if not differing else "; ".join(differing))
-                     + f"; context_length {rm.get(f'phi3.context_length')} vs {km.get('phi3.context_length')}"))
+                     + f" (context_length {rm.get('phi3.context_length')} vs {km.get('phi3.context_length')}; "
+                     + ", ".join(expected) + ")"))
         print(rows[-1], flush=True)
         hf = tf.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).cuda().eval()
         lines, note = lp.kiln_generate(a.kiln, ["--init-from", ours], a.work, name)
