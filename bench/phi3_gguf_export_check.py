@@ -7,8 +7,8 @@ tied head), two layers each and narrower than the published ones, and saves them
 - llama.cpp's convert_hf_to_gguf.py writes each directory as an f32 GGUF file;
 - `kiln export --init-from DIR --to FILE.gguf --outtype f32` writes the same directory;
 - gguf-py reads both: every tensor's name, shape and values, and every metadata key the
-  converter wrote, compared (the context length apart: kiln states the model's context, as
-  its Hugging Face export does; and two differences kiln makes on purpose, listed beside);
+  converter wrote, compared (the context length shown beside, not compared; and two
+  differences kiln makes on purpose, listed beside);
 - kiln decodes from its own export, transformers from the directory: greedy tokens and
   log-probabilities compared (llama_parity.py's comparison).
 

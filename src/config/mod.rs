@@ -478,6 +478,10 @@ const KEYS: &[(&str, &str)] = &[
         "model.rope_attention_factor",
         "llama: rotary cos/sin scale (LongRoPE); 1 = none",
     ),
+    (
+        "model.rope_longest_context",
+        "llama: positions LongRoPE was made for; 0 = unstated",
+    ),
     ("model.norm_eps", "llama: RMS norm epsilon"),
     (
         "model.qkv_bias",

@@ -182,6 +182,9 @@ pub struct LlamaSettings {
     pub rope_long_factors: Vec<f64>,
     /// The rotary cos and sin multiplied by this (LongRoPE's attention factor); 1 for none.
     pub rope_attention_factor: f64,
+    /// The most positions LongRoPE's long factors were made for (a checkpoint's
+    /// max_position_embeddings), which exports state again; 0 where none is known.
+    pub rope_longest_context: usize,
     /// Epsilon of the RMS norms.
     pub norm_eps: f64,
     /// Biases on the query, key and value projections (Qwen2).
@@ -216,6 +219,7 @@ impl Default for LlamaSettings {
             rope_short_factors: Vec::new(),
             rope_long_factors: Vec::new(),
             rope_attention_factor: 1.0,
+            rope_longest_context: 0,
             norm_eps: 1e-5,
             qkv_bias: false,
             qk_norm: false,

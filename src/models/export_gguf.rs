@@ -408,12 +408,14 @@ pub fn export_gguf(
     ];
     if phi3 {
         // llama.cpp's phi3 reads its window here (0: none); the context it states is the
-        // longest LongRoPE was made for, the trained one beside it.
+        // longest LongRoPE was made for (the checkpoint's, where it came from one), the
+        // trained one beside it.
         meta.push((key("attention.sliding_window"), u(l.sliding_window)));
         if longrope {
             let original = settings.rope_original_context;
             meta.retain(|(k, _)| *k != key("context_length"));
-            meta.push((key("context_length"), u(l.context.max(original))));
+            let longest = l.context.max(original).max(settings.rope_longest_context);
+            meta.push((key("context_length"), u(longest)));
             meta.push((key("rope.scaling.original_context_length"), u(original)));
             meta.push((
                 key("rope.scaling.attn_factor"),

@@ -583,7 +583,8 @@ fn llama_from_hf(
                 .unwrap_or_else(|| longrope_attention_factor(stretch, original));
             // Imported at the context its short factors serve, as transformers runs every
             // sequence that fits it; a run may ask for more (model.context), and then takes
-            // the long factors for every position.
+            // the long factors for every position. Exports state the longest again.
+            l.rope_longest_context = context;
             context = context.min(original);
         }
         if kind == "llama3" {
@@ -1023,6 +1024,7 @@ fn open_gguf(path: &Path) -> Result<Pretrained> {
                 .unwrap_or_else(|| {
                     longrope_attention_factor(context as f64 / original as f64, original)
                 });
+        l.rope_longest_context = context;
         context = context.min(original);
     }
     // Llama 3.1 and later carry their frequency scaling as a table of per-pair divisors.
@@ -1231,6 +1233,7 @@ impl Pretrained {
                     float_list(&l.rope_long_factors)
                 ),
                 format!("model.rope_attention_factor={:?}", l.rope_attention_factor),
+                format!("model.rope_longest_context={}", l.rope_longest_context),
                 format!("model.checkpoint_arch={}", l.checkpoint_arch),
             ]);
         }
@@ -1663,7 +1666,7 @@ mod tests {
         let [(phi_cfg, phi), (llama_cfg, llama)] = tiny_phi3(None);
         let (m, vocab, w, longest) = llama_from_hf(path, &phi_cfg, "Phi3ForCausalLM", phi).unwrap();
         let l = m.llama().unwrap().clone();
-        assert_eq!((m.context, longest), (64, 256));
+        assert_eq!((m.context, longest, l.rope_longest_context), (64, 256, 256));
         assert_eq!((l.rot_dim, l.rope_original_context), (4, 64));
         assert_eq!(l.rope_short_factors, vec![1.0, 1.5]);
         assert_eq!(l.rope_long_factors, vec![3.0, 7.5]);
@@ -1711,6 +1714,8 @@ mod tests {
         assert!(tensors.contains_key("model.layers.1.mlp.gate_up_proj.weight"));
         assert!(!tensors.contains_key("model.layers.1.self_attn.q_proj.weight"));
         assert_eq!(config["rope_scaling"]["rope_type"], "longrope");
+        // The checkpoint's positions, stated again though the model runs at 64.
+        assert_eq!(config["max_position_embeddings"], 256);
         let raw: BTreeMap<String, HostTensor> = tensors
             .into_iter()
             .map(|(k, t)| {
@@ -1886,8 +1891,8 @@ mod tests {
         assert_eq!(config["architectures"][0], "Phi3ForCausalLM");
 
         // kiln's GGUF export of the same model writes the converter's file: the same tensors
-        // bit for bit, the same metadata (the context stated as the model's, as the Hugging
-        // Face export states it), and it reads back to the same logits.
+        // bit for bit, the same metadata (the longest context stated again), and it reads
+        // back to the same logits.
         let out = dir.path().join("kiln-phi3.gguf");
         crate::models::export_gguf::export_gguf(
             from_gguf.as_ref(),
@@ -1917,11 +1922,7 @@ mod tests {
         }
         for (k, v) in &keys {
             let got = ours.metadata().iter().find(|(n, _)| n == k).map(|(_, v)| v);
-            if *k == "phi3.context_length" {
-                assert_eq!(got, Some(&V::U32(64)));
-            } else {
-                assert_eq!(got, Some(v), "{k}");
-            }
+            assert_eq!(got, Some(v), "{k}");
         }
         let again = open(&out).unwrap();
         assert_eq!(again.model.llama(), p.model.llama());
