@@ -230,6 +230,17 @@ impl Default for LlamaSettings {
     }
 }
 
+impl LlamaSettings {
+    /// The positions a LongRoPE model's exports state (`max_position_embeddings`, GGUF's
+    /// `context_length`): the longest its factors were made for, at least the trained context
+    /// and the model's own `context`.
+    pub fn stated_positions(&self, context: usize) -> usize {
+        context
+            .max(self.rope_original_context)
+            .max(self.rope_longest_context)
+    }
+}
+
 /// The dotted keys of `settings` alone (its variant's, without `model.kind`) with their values.
 pub(crate) fn own_keys(settings: &FamilySettings) -> BTreeMap<String, Value> {
     // Serializing a derived enum of numbers, strings and bools cannot fail.

@@ -319,11 +319,7 @@ fn longrope_config(
     l: &crate::models::llama::LlamaConfig,
 ) {
     c["original_max_position_embeddings"] = json!(settings.rope_original_context);
-    c["max_position_embeddings"] = json!(
-        l.context
-            .max(settings.rope_original_context)
-            .max(settings.rope_longest_context)
-    );
+    c["max_position_embeddings"] = json!(settings.stated_positions(l.context));
     c["rope_scaling"] = json!({
         "rope_type": "longrope",
         "short_factor": settings.rope_short_factors,

@@ -393,7 +393,14 @@ pub fn export_gguf(
         ("general.architecture".into(), V::String(arch.into())),
         ("general.name".into(), V::String(model_name(to))),
         ("general.file_type".into(), V::U32(ty.file_type())),
-        (key("context_length"), u(l.context)),
+        (
+            key("context_length"),
+            u(if longrope {
+                settings.stated_positions(l.context)
+            } else {
+                l.context
+            }),
+        ),
         (key("embedding_length"), u(l.d_model)),
         (key("block_count"), u(l.n_layers)),
         (key("feed_forward_length"), u(l.ffn_hidden)),
@@ -407,15 +414,11 @@ pub fn export_gguf(
         (key("vocab_size"), u(vocab)),
     ];
     if phi3 {
-        // llama.cpp's phi3 reads its window here (0: none); the context it states is the
-        // longest LongRoPE was made for (the checkpoint's, where it came from one), the
-        // trained one beside it.
+        // llama.cpp's phi3 reads its window here (0: none), and LongRoPE's trained context
+        // beside the longest stated above.
         meta.push((key("attention.sliding_window"), u(l.sliding_window)));
         if longrope {
             let original = settings.rope_original_context;
-            meta.retain(|(k, _)| *k != key("context_length"));
-            let longest = l.context.max(original).max(settings.rope_longest_context);
-            meta.push((key("context_length"), u(longest)));
             meta.push((key("rope.scaling.original_context_length"), u(original)));
             meta.push((
                 key("rope.scaling.attn_factor"),
