@@ -533,6 +533,54 @@ mod tests {
         assert!(grads(&alone).iter().all(|g| g.iter().any(|v| *v != 0.0)));
     }
 
+    /// Adapter gradients are cleared by their first write of a step: after a deferred clear
+    /// the next backward leaves exactly its own gradients (not the stale ones plus them), a
+    /// second backward then adds to them, alone and with the adapters run together.
+    #[test]
+    fn adapter_gradients_are_cleared_by_their_first_write() {
+        let p = pool();
+        let spec = LoraSpec::plain(2, &["all-linear"]);
+        for together in [false, true] {
+            let mut lin = build(&p, "qkv", 1, |b| Linear::new(b, 3, 7, false, 0.5));
+            lin.set_blocks(&[("q".into(), 3), ("k".into(), 2), ("v".into(), 2)]);
+            build(&p, "qkv", 2, |b| lin.attach_lora(b, &spec));
+            for (i, ad) in lin.adapters.iter_mut().enumerate() {
+                let vals = random_tensor(&p, &[ad.b.value.len()], 20 + i as u64);
+                ad.b.value.copy_from_host(&vals.to_vec().unwrap()).unwrap();
+            }
+            let x = random_tensor(&p, &[2, 3, 3], 5);
+            let dy = random_tensor(&p, &[2, 3, 7], 6);
+            let grads = |lin: &Linear| -> Vec<Vec<f32>> {
+                lin.adapters
+                    .iter()
+                    .flat_map(|ad| [ad.a.grad.to_vec().unwrap(), ad.b.grad.to_vec().unwrap()])
+                    .collect()
+            };
+            let backward = |lin: &mut Linear, pass: u64| {
+                let _pass = together.then(|| super::super::lora::dropout_scope(pass));
+                if together {
+                    lin.forward(&x).unwrap();
+                }
+                lin.backward(&dy, &x).unwrap();
+            };
+            backward(&mut lin, 1);
+            let once = grads(&lin);
+            assert!(once.iter().all(|g| g.iter().any(|v| *v != 0.0)));
+            for ad in lin.adapters.iter_mut() {
+                ad.a.defer_grad_clear().unwrap();
+                ad.b.defer_grad_clear().unwrap();
+            }
+            assert_eq!(grads(&lin), once, "the clear waits for the first write");
+            backward(&mut lin, 2);
+            assert_eq!(grads(&lin), once, "together {together}: a cleared step");
+            backward(&mut lin, 3);
+            for (g, o) in grads(&lin).iter().zip(&once) {
+                let doubled: Vec<f32> = o.iter().map(|v| v + v).collect();
+                assert_eq!(g, &doubled, "together {together}: a second pass adds");
+            }
+        }
+    }
+
     /// An NF4 frozen layer computes exactly what a dense layer whose weight is the
     /// dequantised NF4 weight computes (bit for bit on the CPU), forward and backward; its
     /// dense copy is freed; merging makes it dense again, adapters included.

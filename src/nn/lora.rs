@@ -162,8 +162,14 @@ impl Adapter {
     ) -> Result<Adapter> {
         let mut scope = layer.scope(format_args!("lora.{}", block.short_name()));
         let bound = 1.0 / (c_in as f32).sqrt();
-        let a = scope.param("A", &[spec.rank, c_in], Init::Uniform(bound))?;
-        let b = scope.param("B", &[block.cols, spec.rank], Init::Zeros)?;
+        // Their gradients are cleared by their first write of a step (`gradients` overwrites
+        // then), not by a launch per adapter before it.
+        let a = scope
+            .param("A", &[spec.rank, c_in], Init::Uniform(bound))?
+            .with_lazy_grad();
+        let b = scope
+            .param("B", &[block.cols, spec.rank], Init::Zeros)?
+            .with_lazy_grad();
         Ok(Adapter {
             mask_salt: name_hash(scope.prefix()),
             block,
@@ -472,23 +478,23 @@ fn gradients(adapters: &mut [Adapter], dy: &Tensor, x: &Tensor, h: Tensor) -> Re
             0.0,
             &mut dh,
         )?;
-        // dB += scale * dy[:, block]^T @ H[:, k]   ([cols, r])
-        if let Some(db) = ad.b.grad_mut()? {
+        // dB += scale * dy[:, block]^T @ H[:, k]   ([cols, r]); = on a step's first write.
+        if let Some(db) = ad.b.grad_target() {
             ops::matmul_view(
                 GemmShape::single(true, false, cols, r, rows),
                 [dy_block, own, MatrixView::packed(r)],
                 ad.scale,
                 dy,
                 &h,
-                1.0,
-                db,
+                if db.overwrite { 0.0 } else { 1.0 },
+                db.grad,
             )?;
         }
         k0 += r;
     }
     drop(h);
     // dA = dH^T @ x ([R, in]): straight into a single adapter's gradient, else into an f32
-    // scratch whose rows each adapter adds to its own.
+    // scratch whose rows each adapter adds to its own (or copies, on a step's first write).
     let views = [
         MatrixView::packed(big_r),
         MatrixView::packed(c_in),
@@ -496,17 +502,23 @@ fn gradients(adapters: &mut [Adapter], dy: &Tensor, x: &Tensor, h: Tensor) -> Re
     ];
     let shape = GemmShape::single(true, false, big_r, c_in, rows);
     if let [ad] = adapters {
-        if let Some(da) = ad.a.grad_mut()? {
-            ops::matmul_view(shape, views, 1.0, &dh, x, 1.0, da)?;
+        if let Some(da) = ad.a.grad_target() {
+            let beta = if da.overwrite { 0.0 } else { 1.0 };
+            ops::matmul_view(shape, views, 1.0, &dh, x, beta, da.grad)?;
         }
     } else if adapters.iter().any(|ad| !ad.a.frozen) {
-        let mut da_all = Tensor::zeros(dy.pool(), &[big_r, c_in], DType::F32)?;
+        // The product writes every element (beta = 0).
+        let mut da_all = Tensor::uninit(dy.pool(), &[big_r, c_in], DType::F32)?;
         ops::matmul_view(shape, views, 1.0, &dh, x, 0.0, &mut da_all)?;
         let mut k0 = 0;
         for ad in adapters.iter_mut() {
             let n = ad.rank() * c_in;
-            if let Some(da) = ad.a.grad_mut()? {
-                ops::add_from_at(da, &da_all, k0)?;
+            if let Some(da) = ad.a.grad_target() {
+                if da.overwrite {
+                    ops::copy_from_at(da.grad, &da_all, k0)?;
+                } else {
+                    ops::add_from_at(da.grad, &da_all, k0)?;
+                }
             }
             k0 += n;
         }

@@ -196,6 +196,17 @@ impl Param {
         self.compute.as_ref().unwrap_or(&self.value)
     }
 
+    /// The gradient for a write that covers every element of it, or `None` for a frozen
+    /// parameter: to be overwritten when a deferred clear is pending (which this ends), else
+    /// added to.
+    pub fn grad_target(&mut self) -> Option<ops::WeightGrad<'_>> {
+        let overwrite = std::mem::take(&mut self.grad_stale);
+        (!self.frozen).then_some(ops::WeightGrad {
+            grad: &mut self.grad,
+            overwrite,
+        })
+    }
+
     /// The weight to read and the gradient for a product that writes every element of it:
     /// to be overwritten when a deferred clear is pending (which this ends), else added to.
     pub fn weight_and_grad_target(&mut self) -> (&Tensor, Option<ops::WeightGrad<'_>>) {

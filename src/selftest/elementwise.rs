@@ -230,11 +230,14 @@ pub(super) fn check_offsets<T: Elem>(
     let mut d_big = gpu.upload_as::<T>(&big)?;
     let d_part = gpu.upload_as::<T>(&part)?;
     let mut d_dst = gpu.upload_as::<T>(&dst)?;
+    let mut d_copy = poisoned::<T>(gpu, n)?;
     gpu.copy_into_at(&mut d_big, at, &d_part)?;
     gpu.add_assign_from(&mut d_dst, &d_big, at, n)?;
+    gpu.copy_from_at(&mut d_copy, &d_big, at)?;
     Ok(worst(&[
         rel_err(&gpu.download_f32(&d_big)?, &want_big, ELEMENTWISE_FLOOR),
         rel_err(&gpu.download_f32(&d_dst)?, &want_dst, ELEMENTWISE_FLOOR),
+        rel_err(&gpu.download_f32(&d_copy)?, &part, ELEMENTWISE_FLOOR),
     ]))
 }
 

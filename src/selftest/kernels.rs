@@ -89,10 +89,16 @@ pub(super) fn run_checks(gpu: &CudaBackend, inp: &mut Inputs, only: &KernelFilte
         both_dtypes!(check_add, "add, add_assign", &format!("{n}"), n);
     }
     // Stacking three rank-16 adapters' A (Llama-3.2-1B width) and adding one's rows of the
-    // stacked gradient back, and ragged sizes.
+    // stacked gradient back (or copying them, on a step's first write), and ragged sizes.
     for (n, at) in [(16 * 2048, 16 * 2048), (37, 11)] {
         let shape = format!("n{n} at{at}");
-        both_dtypes!(check_offsets, "copy_into_at, add_assign_from", shape, n, at);
+        both_dtypes!(
+            check_offsets,
+            "copy_into_at, add_assign_from, copy_from_at",
+            shape,
+            n,
+            at
+        );
     }
     // A rank-16 adapter's columns of a fused QKV projection (SmolLM2 shape), and ragged sizes.
     for (n, row, col0, c) in [(16384, 960, 576, 192), (37, 101, 13, 29)] {

@@ -70,6 +70,23 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// `dst = src[offset .. offset + dst.len()]`.
+    pub fn copy_from_at<T: Elem>(
+        &self,
+        dst: &mut CudaSlice<T>,
+        src: &CudaSlice<T>,
+        offset: usize,
+    ) -> Result<()> {
+        let n = dst.len();
+        check_len("copy_from_at", "src", src, offset + n)?;
+        if n == 0 {
+            return Ok(());
+        }
+        self.stream
+            .memcpy_dtod(&src.slice(offset..offset + n), dst)?;
+        Ok(())
+    }
+
     /// `dst += src` over the first `n` elements.
     pub fn add_assign<T: Elem>(
         &self,

@@ -200,6 +200,36 @@ pub fn copy_into_at(dst: &mut Tensor, offset: usize, src: &Tensor) -> Result<()>
     Ok(())
 }
 
+/// `dst = src[offset .. offset + dst.len()]` (same dtype): one adapter's rows of a gradient
+/// computed for a layer's stacked adapters, written where [`add_from_at`] would add them.
+pub fn copy_from_at(dst: &mut Tensor, src: &Tensor, offset: usize) -> Result<()> {
+    const OP: &str = "copy_from_at";
+    let _prof = profile::scope(OP, src);
+    let on = device_of(OP, &[dst, src])?;
+    let n = dst.len();
+    if offset + n > src.len() || dst.dtype() != src.dtype() {
+        return Err(EngineError::Shape {
+            op: OP,
+            detail: format!(
+                "{n} {:?} values from {offset} of a source of {} {:?}",
+                dst.dtype(),
+                src.len(),
+                src.dtype()
+            ),
+        });
+    }
+    match on {
+        On::Meta => {}
+        On::Cpu => dst
+            .host_mut()
+            .copy_from_slice(&src.host()[offset..offset + n]),
+        On::Gpu(g) => {
+            with_elem!(src.dtype(), T => g.copy_from_at::<T>(dst.cuda_mut(), src.cuda(), offset))?
+        }
+    }
+    Ok(())
+}
+
 /// `dst += src`, elementwise (two gradients of one tensor meeting).
 pub fn add_in_place(dst: &mut Tensor, src: &Tensor) -> Result<()> {
     let _prof = profile::scope("add_in_place", src);
