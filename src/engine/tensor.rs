@@ -384,11 +384,12 @@ impl Tensor {
     }
 
     pub(crate) fn cuda_mut<T: DeviceElem>(&mut self) -> &mut CudaSlice<T> {
-        let what = format!("{self:?}");
-        match T::of_mut(self) {
-            Some(s) => s,
-            None => panic!("{what} written as a GPU {} buffer", T::SUFFIX),
+        // Checked through a shared borrow first, so the message is formatted only on the
+        // failure path (this runs for every buffer every GPU op writes).
+        if T::of(self).is_none() {
+            panic!("{self:?} written as a GPU {} buffer", T::SUFFIX);
         }
+        T::of_mut(self).expect("the storage was checked above")
     }
 
     /// Copies values from host memory, rounding to this tensor's dtype.
