@@ -926,13 +926,7 @@ mod tests {
     #[test]
     fn a_tokenizer_model_llama_goes_through_gguf_and_back() {
         let dir = tempfile::tempdir().unwrap();
-        let hf = dir.path().join("hf");
-        std::fs::create_dir(&hf).unwrap();
-        std::fs::write(
-            hf.join("tokenizer.model"),
-            include_bytes!("../../tests/data/spm_bpe.model"),
-        )
-        .unwrap();
+        let hf = spm_model_dir(dir.path());
         let path = sentencepiece_llama_round_trip(&hf, 1200);
         let g = GgufFile::open(&path).unwrap();
         assert_eq!(g.get_str("tokenizer.ggml.model"), Some("llama"));
@@ -948,13 +942,7 @@ mod tests {
     #[test]
     fn tokens_added_past_the_pieces_keep_their_text() {
         let dir = tempfile::tempdir().unwrap();
-        let hf = dir.path().join("hf");
-        std::fs::create_dir(&hf).unwrap();
-        std::fs::write(
-            hf.join("tokenizer.model"),
-            include_bytes!("../../tests/data/spm_bpe.model"),
-        )
-        .unwrap();
+        let hf = spm_model_dir(dir.path());
         let config = serde_json::json!({
             "added_tokens_decoder": {
                 "1200": {"content": "<|user|>", "special": true},
@@ -969,6 +957,19 @@ mod tests {
         let p = crate::models::import::pretrained::open(&path).unwrap();
         let ids = p.tokenizer.encode("<|user|>ROMEO<|end|>");
         assert_eq!((ids[0], *ids.last().unwrap()), (1200, 1201), "{ids:?}");
+    }
+
+    /// A Hugging Face directory `hf` under `root` holding only the SentencePiece fixture's
+    /// `tokenizer.model`.
+    fn spm_model_dir(root: &Path) -> std::path::PathBuf {
+        let hf = root.join("hf");
+        std::fs::create_dir(&hf).unwrap();
+        std::fs::write(
+            hf.join("tokenizer.model"),
+            include_bytes!("../../tests/data/spm_bpe.model"),
+        )
+        .unwrap();
+        hf
     }
 
     /// A Llama over the tokenizer at `vocab_file` (`n` pieces) through GGUF and back: the

@@ -486,7 +486,7 @@ fn gradients(adapters: &mut [Adapter], dy: &Tensor, x: &Tensor, h: Tensor) -> Re
                 ad.scale,
                 dy,
                 &h,
-                if db.overwrite { 0.0 } else { 1.0 },
+                db.beta(),
                 db.grad,
             )?;
         }
@@ -503,8 +503,7 @@ fn gradients(adapters: &mut [Adapter], dy: &Tensor, x: &Tensor, h: Tensor) -> Re
     let shape = GemmShape::single(true, false, big_r, c_in, rows);
     if let [ad] = adapters {
         if let Some(da) = ad.a.grad_target() {
-            let beta = if da.overwrite { 0.0 } else { 1.0 };
-            ops::matmul_view(shape, views, 1.0, &dh, x, beta, da.grad)?;
+            ops::matmul_view(shape, views, 1.0, &dh, x, da.beta(), da.grad)?;
         }
     } else if adapters.iter().any(|ad| !ad.a.frozen) {
         // The product writes every element (beta = 0).

@@ -88,6 +88,16 @@ pub enum Init {
     Uniform(f32),
 }
 
+/// [`Param::grad_target`] on a parameter's fields, so that its weight can be borrowed beside it.
+fn grad_target_of<'a>(
+    grad: &'a mut Tensor,
+    stale: &mut bool,
+    frozen: bool,
+) -> Option<ops::WeightGrad<'a>> {
+    let overwrite = std::mem::take(stale);
+    (!frozen).then_some(ops::WeightGrad { grad, overwrite })
+}
+
 impl Param {
     /// A parameter drawn from `init`, frozen from the start (no gradient buffer is ever
     /// allocated) when `frozen`.
@@ -200,21 +210,13 @@ impl Param {
     /// parameter: to be overwritten when a deferred clear is pending (which this ends), else
     /// added to.
     pub fn grad_target(&mut self) -> Option<ops::WeightGrad<'_>> {
-        let overwrite = std::mem::take(&mut self.grad_stale);
-        (!self.frozen).then_some(ops::WeightGrad {
-            grad: &mut self.grad,
-            overwrite,
-        })
+        grad_target_of(&mut self.grad, &mut self.grad_stale, self.frozen)
     }
 
     /// The weight to read and the gradient for a product that writes every element of it:
     /// to be overwritten when a deferred clear is pending (which this ends), else added to.
     pub fn weight_and_grad_target(&mut self) -> (&Tensor, Option<ops::WeightGrad<'_>>) {
-        let overwrite = std::mem::take(&mut self.grad_stale);
-        let grad = (!self.frozen).then_some(ops::WeightGrad {
-            grad: &mut self.grad,
-            overwrite,
-        });
+        let grad = grad_target_of(&mut self.grad, &mut self.grad_stale, self.frozen);
         (self.compute.as_ref().unwrap_or(&self.value), grad)
     }
 

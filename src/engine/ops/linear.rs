@@ -206,6 +206,11 @@ pub struct WeightGrad<'a> {
 }
 
 impl<'a> WeightGrad<'a> {
+    /// The `beta` of a product writing this gradient whole: 0 to overwrite, 1 to add.
+    pub fn beta(&self) -> f32 {
+        if self.overwrite { 0.0 } else { 1.0 }
+    }
+
     /// The buffer, checked to be on `on`'s device, and whether the product overwrites it. The
     /// CPU's products only add, so there an overwrite becomes a clear first (the same bits).
     fn prepare(self, op: &'static str, on: &On) -> Result<(&'a mut Tensor, bool)> {
