@@ -429,6 +429,28 @@ fn add_outputs(adapters: &[Adapter], h: &Tensor, y: &mut Tensor, beta: f32) -> R
     let (rows, row) = ops::rows_cols("lora forward", y)?;
     let big_r = h.shape()[h.shape().len() - 1];
     let mut k0 = 0;
+    let fused: Vec<ops::AdapterOutput> = adapters
+        .iter()
+        .map(|ad| {
+            let at = ops::AdapterColumns {
+                col0: ad.block.col0,
+                cols: ad.block.cols,
+                k0,
+                rank: ad.rank(),
+                scale: ad.scale,
+            };
+            k0 += ad.rank();
+            ops::AdapterOutput {
+                b: ad.b.weight(),
+                at,
+            }
+        })
+        .collect();
+    // One launch for all of them where the GPU kernel takes the shapes.
+    if ops::lora_outputs(y, h, &fused, beta)? {
+        return Ok(());
+    }
+    let mut k0 = 0;
     for ad in adapters {
         let r = ad.rank();
         ops::matmul_view(

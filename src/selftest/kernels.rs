@@ -579,6 +579,41 @@ pub(super) fn run_checks(gpu: &CudaBackend, inp: &mut Inputs, only: &KernelFilte
             push("few_rows_swiglu", "f16", shape, BOUND_F16, r);
         }
     }
+    // Low-rank adapters' outputs, every adapter of a layer in one launch: Llama-3.2-1B's
+    // query/key/value blocks added after the layer's product, its gate/up blocks written
+    // before it (rank 32), SmolLM2-135M's blocks (576 columns: a part tile), one rank-64
+    // adapter on a block inside a wider output, and rank 48; rows off the 64-row tiles.
+    let lora_cases: [(usize, usize, &[AdapterBlock], bool); 5] = [
+        (
+            200,
+            3072,
+            &[(0, 2048, 16), (2048, 512, 16), (2560, 512, 16)],
+            true,
+        ),
+        (130, 3072, &[(0, 1536, 32), (1536, 1536, 32)], false),
+        (
+            77,
+            960,
+            &[(0, 576, 16), (576, 192, 16), (768, 192, 16)],
+            true,
+        ),
+        (65, 516, &[(68, 196, 64)], true),
+        (1, 256, &[(0, 96, 48), (128, 128, 16)], false),
+    ];
+    for (rows, ld_y, blocks, accumulate) in lora_cases {
+        let ranks: Vec<String> = blocks.iter().map(|b| format!("{}r{}", b.1, b.2)).collect();
+        let shape = format!(
+            "{rows}x{ld_y} [{}]{}",
+            ranks.join(" "),
+            if accumulate { " +=" } else { "" }
+        );
+        if wants("lora_outputs") {
+            let r = check_lora_outputs::<Bf16>(gpu, inp, rows, ld_y, blocks, accumulate);
+            push("lora_outputs", "bf16", shape.clone(), BOUND_BF16, r);
+            let r = check_lora_outputs::<F16>(gpu, inp, rows, ld_y, blocks, accumulate);
+            push("lora_outputs", "f16", shape, BOUND_F16, r);
+        }
+    }
     // The decode MLP's chain (fused gate/up, then the down product added into the stream),
     // three layers, launched overlapped where the GPU can (engine/cuda/overlap.rs): the same
     // bits as plain launches, and the CPU's chain within the bound.

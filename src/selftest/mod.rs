@@ -34,6 +34,7 @@ use cudarc::driver::CudaSlice;
 use std::sync::Arc;
 use std::time::Instant;
 
+mod adapters;
 mod attention;
 mod bk;
 mod decode;
@@ -45,6 +46,7 @@ mod nf4;
 mod norms;
 mod optim;
 mod training;
+use adapters::*;
 use attention::*;
 use bk::*;
 use decode::*;

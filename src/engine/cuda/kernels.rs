@@ -192,6 +192,7 @@ kernel_table! {
         FewRowsSwigluX1W16 = "few_rows_swiglu" + "_x1_w16" in [BF16, F16],
         FewRowsSwigluX2W16 = "few_rows_swiglu" + "_x2_w16" in [BF16, F16],
         FewRowsProductX2W12 = "few_rows_product" + "_x2_w12" in [BF16, F16],
+        LoraOutputs = "lora_outputs" in [BF16, F16],
         EmbeddingForward = "embedding_forward",
         EmbeddingBackwardRows = "embedding_backward_rows",
         EmbeddingBackwardWpe = "embedding_backward_wpe",

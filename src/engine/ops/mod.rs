@@ -49,6 +49,7 @@ macro_rules! with_elem {
     };
 }
 
+mod adapters;
 mod attention;
 mod bk;
 mod diversity;
@@ -61,6 +62,7 @@ mod optim;
 mod rope;
 mod rows;
 mod sampling;
+pub use adapters::*;
 pub use attention::*;
 pub use bk::*;
 pub use diversity::*;
