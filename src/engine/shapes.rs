@@ -92,3 +92,47 @@ impl MatrixView {
         }
     }
 }
+
+/// One low-rank adapter's backward products over `rows` rows: its `cols` columns of a layer's
+/// output gradient `dy` and its rank-`rank` slice of the forward's `H = x A^T` (`[rows, R]`
+/// for the layer's adapters side by side, as is `dH`), with `B` `[cols, rank]` packed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoraGradShape {
+    pub rows: usize,
+    pub cols: usize,
+    pub rank: usize,
+}
+
+impl LoraGradShape {
+    /// `dH = dy B`: `[rows, cols] @ [cols, rank]`.
+    pub fn dh_product(&self) -> GemmShape {
+        GemmShape::single(false, false, self.rows, self.rank, self.cols)
+    }
+
+    /// `dB = dy^T H`: `[cols, rows] @ [rows, rank]`.
+    pub fn db_product(&self) -> GemmShape {
+        GemmShape::single(true, false, self.cols, self.rank, self.rows)
+    }
+
+    /// Whether buffers of `lens` elements (dy, B, H and dH, dB) hold the operands where the
+    /// views place them (`[dy, h]`: the view of dy, and the one H and dH share); if not, which
+    /// falls short. A missing dB (a frozen B) is `None`.
+    pub fn check_views(
+        &self,
+        [dy, h]: [MatrixView; 2],
+        [dy_len, b_len, h_len, dh_len]: [usize; 4],
+        db_len: Option<usize>,
+    ) -> Result<(), String> {
+        let packed = MatrixView::packed(self.rank);
+        self.dh_product()
+            .check_views([dy, packed, h], [dy_len, b_len, dh_len])
+            .map_err(|e| format!("dH = dy B: {e}"))?;
+        match db_len {
+            Some(db_len) => self
+                .db_product()
+                .check_views([dy, h, packed], [dy_len, h_len, db_len])
+                .map_err(|e| format!("dB = dy^T H: {e}")),
+            None => Ok(()),
+        }
+    }
+}

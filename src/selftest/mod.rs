@@ -10,8 +10,9 @@
 //! can run anywhere; with a GPU any failure gives a non-zero exit.
 //!
 //! This module draws the inputs, holds the bounds and prints the table. The checks live by kind
-//! of kernel in `norms`, `elementwise`, `gemm`, `attention`, `decode` (the key/value cache,
-//! the few-row products and the sampler), `optim` and `bk`; `kernels` lists the `kernels`
+//! of kernel in `norms`, `elementwise`, `gemm`, `lora` (an adapter's fused backward products),
+//! `attention`, `decode` (the key/value cache, the few-row products and the sampler), `optim`
+//! and `bk`; `kernels` lists the `kernels`
 //! group's checks in order; `training`, `nf4` and `diversity` hold the other groups.
 
 use crate::config::ResolvedConfig;
@@ -42,6 +43,7 @@ mod diversity;
 mod elementwise;
 mod gemm;
 mod kernels;
+mod lora;
 mod nf4;
 mod norms;
 mod optim;
@@ -54,6 +56,7 @@ use diversity::*;
 use elementwise::*;
 use gemm::*;
 use kernels::*;
+use lora::*;
 use nf4::*;
 use norms::*;
 use optim::*;

@@ -111,14 +111,15 @@ template <class Ops> __device__ __forceinline__ void lora_outputs(const LoraOutD
         const int row0 = rt * LO_ROWS + warp * 16;
         if (row0 >= d.rows) break;
 
-        // The old values of the pieces this lane stores (beta 1): piece p = lane + 32 i of
-        // half `i / 4` is row p / 16 of the warp's 16 and columns 4 (p % 16) .. + 3 of the
-        // half. Loaded first, so that their trips overlap the products.
-        uint2 prior[8];
+        // The old values of the pieces this lane stores (beta 1): a half tile is 16 rows of 16
+        // pieces of four columns; piece p = lane + 32 i of half `i / 8` is row p / 16 of the
+        // warp's 16 and columns 4 (p % 16) .. + 3 of the half. Loaded first, so that their
+        // trips overlap the products.
+        uint2 prior[16];
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const int p = lane + 32 * (i % 4), r = row0 + p / 16;
-            const int col = (i / 4) * LO_HALF + 4 * (p % 16);
+        for (int i = 0; i < 16; i++) {
+            const int p = lane + 32 * (i % 8), r = row0 + p / 16;
+            const int col = (i / 8) * LO_HALF + 4 * (p % 16);
             prior[i] = make_uint2(0u, 0u);
             if (d.accumulate && r < d.rows && col < tile_cols)
                 prior[i] = *(const uint2*)(y + (size_t)r * d.ld_y + col);
@@ -157,12 +158,12 @@ template <class Ops> __device__ __forceinline__ void lora_outputs(const LoraOutD
             }
             __syncwarp();
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
+            for (int i = 0; i < 8; i++) {
                 const int p = lane + 32 * i, rr = p / 16, cc = 4 * (p % 16), r = row0 + rr;
                 const int col = half * LO_HALF + cc;
                 if (r >= d.rows || col >= tile_cols) continue;
                 const float4 v = *(const float4*)&st[rr][cc];
-                const uint2 old = prior[half * 4 + i];
+                const uint2 old = prior[half * 8 + i];
                 float v0 = scale * v.x, v1 = scale * v.y, v2 = scale * v.z, v3 = scale * v.w;
                 if (d.accumulate) {
                     v0 += Ops::low(old.x);

@@ -7,11 +7,31 @@ use super::*;
 pub use crate::engine::cuda::AdapterColumns;
 use cudarc::driver::CudaSlice;
 
-/// Whether the fused adapter kernels may run: `KILN_LORA_KERNELS=0` takes the plain products
-/// instead, so that one binary measures both ways.
-pub fn adapter_kernels_on() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("KILN_LORA_KERNELS").map_or(true, |v| v != "0"))
+/// The fused adapter kernels, for [`adapter_kernel_on`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdapterKernel {
+    /// [`lora_outputs`]: every adapter's output of a layer in one launch.
+    Outputs,
+    /// [`lora_grads`]: an adapter's two backward products from one read of dy.
+    Grads,
+}
+
+/// Whether a fused adapter kernel may run. `KILN_LORA_KERNELS` picks them for measuring one
+/// binary several ways: `0` takes the plain products everywhere, `outputs` or `grads` keeps
+/// only that kernel; unset (or anything else), both run.
+pub fn adapter_kernel_on(kernel: AdapterKernel) -> bool {
+    static CHOICE: std::sync::OnceLock<Option<AdapterKernel>> = std::sync::OnceLock::new();
+    static NONE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let var = || std::env::var("KILN_LORA_KERNELS").unwrap_or_default();
+    if *NONE.get_or_init(|| var() == "0") {
+        return false;
+    }
+    let only = CHOICE.get_or_init(|| match var().as_str() {
+        "outputs" => Some(AdapterKernel::Outputs),
+        "grads" => Some(AdapterKernel::Grads),
+        _ => None,
+    });
+    only.is_none_or(|k| k == kernel)
 }
 
 /// One adapter's `B` (`[cols, rank]`) and where its output goes, for [`lora_outputs`].
@@ -35,7 +55,7 @@ pub fn lora_outputs(
     let On::Gpu(g) = device_of(OP, &all)? else {
         return Ok(false);
     };
-    if !adapter_kernels_on()
+    if !adapter_kernel_on(AdapterKernel::Outputs)
         || !(beta == 0.0 || beta == 1.0)
         || all.iter().any(|t| t.dtype() != h.dtype())
         || h.dtype() == DType::F32

@@ -5,9 +5,10 @@
 //! the CUDA kernel with the same semantics. Layers call these and stay device-agnostic.
 //!
 //! This module holds what every operation shares (the device of a call, output checks, row
-//! ids); the operations live by kind in `linear` (products), `elementwise`, `norms`, `rope`,
-//! `attention`, `loss`, `rows` (embeddings, gathers, scatters), `optim`, `bk`, `kv_cache`,
-//! `sampling` and `diversity`, all re-exported here, so callers name them `ops::name`.
+//! ids); the operations live by kind in `linear` (products), `lora` (an adapter's backward
+//! products), `elementwise`, `norms`, `rope`, `attention`, `loss`, `rows` (embeddings, gathers,
+//! scatters), `optim`, `bk`, `kv_cache`, `sampling` and `diversity`, all re-exported here, so
+//! callers name them `ops::name`.
 
 use super::AttnShape;
 use super::GemmShape;
@@ -56,6 +57,7 @@ mod diversity;
 mod elementwise;
 mod kv_cache;
 mod linear;
+mod lora;
 mod loss;
 mod norms;
 mod optim;
@@ -69,6 +71,7 @@ pub use diversity::*;
 pub use elementwise::*;
 pub use kv_cache::*;
 pub use linear::*;
+pub use lora::*;
 pub use loss::*;
 pub use norms::*;
 pub use optim::*;

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Low-rank adapters' outputs in one launch a layer (lora_outputs kernel) against one cuBLASLt
-# product an adapter (KILN_LORA_KERNELS=0), one binary both ways: the kernel's selftest
-# checks, then LoRA rank 16 on all linear layers at the Llama-3.2-1B shape (8 x 1024) and the
-# SmolLM2-135M shape (16 x 1024), bf16-mixed, the two ways alternating twice, and a trace of
-# each way split by op (bench/trace_gaps.py --by-op).
+# The fused low-rank adapter kernels (lora_outputs: every adapter's output of a layer in one
+# launch; lora_grads: an adapter's dH and dB from one read of dy) against one cuBLASLt product
+# each (KILN_LORA_KERNELS=0), one binary all ways (1: both, outputs, grads, 0: neither): the
+# kernels' selftest checks, then LoRA rank 16 on all linear layers at the Llama-3.2-1B shape
+# (8 x 1024) and the SmolLM2-135M shape (16 x 1024), bf16-mixed, the four ways in turn twice,
+# and a trace of both split by op (bench/trace_gaps.py --by-op).
 set -u
 xz -dc gpubin/kiln-new.xz > /tmp/kiln; chmod +x /tmp/kiln
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 s=$(date +%s)
-/tmp/kiln selftest --only kernels --match lora_outputs 2>&1 | tail -24
+/tmp/kiln selftest --only kernels --match lora 2>&1 | grep -E "^lora|checks" 
 echo "selftest t=$(( $(date +%s)-s ))"
 common="train.precision=bf16-mixed train.seq_len=1024 train.eval_every=0 train.checkpoint_every=0 train.log_every=1 optim.warmup_steps=5"
 L1B="model.kind=llama model.vocab=128256 model.d_model=2048 model.n_layers=16 model.n_heads=32 model.n_kv_heads=8 model.head_dim=64 model.ffn_hidden=8192 model.context=1024 model.rope_theta=500000.0 model.rot_dim=64 model.tied_head=true data.tokenizer=gpt2"
@@ -25,12 +26,12 @@ for shape in l1b s135; do
   timeout 120 /tmp/kiln train --device cuda --out /tmp/base-$shape -q --profile none $common $M train.steps=1 train.save_final=true > /dev/null 2>&1; echo "$shape base rc $?"
   timeout 120 /tmp/kiln export --run /tmp/base-$shape --to /tmp/basex-$shape > /dev/null 2>&1; echo "$shape export rc $? t=$(( $(date +%s)-s ))"
   for round in 1 2; do
-    for k in 1 0; do
+    for k in 1 0 outputs grads; do
       o=/tmp/lora-$shape-$k-$round
       KILN_LORA_KERNELS=$k timeout 150 /tmp/kiln finetune --device cuda --init-from /tmp/basex-$shape --data $D --out $o -q --profile none $common $LORA train.micro_batch=${M##*=} train.steps=24 train.save_final=false > $OUT/lora-$shape-kernels$k-$round.log 2>&1; echo "$shape kernels=$k round $round rc $? t=$(( $(date +%s)-s ))"; med $o "$shape kernels=$k round $round" 5 $tok
     done
   done
-  for k in 1 0; do
+  for k in 1; do
     KILN_LORA_KERNELS=$k timeout 150 /tmp/kiln finetune --device cuda --init-from /tmp/basex-$shape --data $D --out /tmp/lorat-$shape-$k -q --profile none $common $LORA train.micro_batch=${M##*=} train.steps=14 train.save_final=false --trace $OUT/lora-$shape-kernels$k.json --trace-steps 12..=12 > /dev/null 2>&1; echo "$shape trace kernels=$k rc $? t=$(( $(date +%s)-s ))"
     python3 bench/trace_gaps.py $OUT/lora-$shape-kernels$k.json --by-op | grep -v 'host-bound gaps before' | head -8
   done
