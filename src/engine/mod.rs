@@ -23,7 +23,7 @@ pub mod tensor;
 pub use device::Device;
 pub use dtype::DType;
 pub use pool::{MemoryPool, MemoryStats, MetaTag, Phase};
-pub use shapes::{AttnShape, GemmShape, LoraGradShape, MatrixView};
+pub use shapes::{AttnShape, GemmShape, MatrixView};
 pub use tensor::Tensor;
 
 use thiserror::Error;

@@ -26,7 +26,7 @@
 //! of 16 x 1024 in bf16) for the backward rather than reading the input again to recompute it.
 
 use super::{Init, Param, ParamBuilder, params};
-use crate::engine::{DType, GemmShape, LoraGradShape, MatrixView, Result, Tensor, ops};
+use crate::engine::{DType, GemmShape, MatrixView, Result, Tensor, ops};
 use std::cell::Cell;
 use std::sync::Mutex;
 
@@ -429,28 +429,6 @@ fn add_outputs(adapters: &[Adapter], h: &Tensor, y: &mut Tensor, beta: f32) -> R
     let (rows, row) = ops::rows_cols("lora forward", y)?;
     let big_r = h.shape()[h.shape().len() - 1];
     let mut k0 = 0;
-    let fused: Vec<ops::AdapterOutput> = adapters
-        .iter()
-        .map(|ad| {
-            let at = ops::AdapterColumns {
-                col0: ad.block.col0,
-                cols: ad.block.cols,
-                k0,
-                rank: ad.rank(),
-                scale: ad.scale,
-            };
-            k0 += ad.rank();
-            ops::AdapterOutput {
-                b: ad.b.weight(),
-                at,
-            }
-        })
-        .collect();
-    // One launch for all of them where the GPU kernel takes the shapes.
-    if ops::lora_outputs(y, h, &fused, beta)? {
-        return Ok(());
-    }
-    let mut k0 = 0;
     for ad in adapters {
         let r = ad.rank();
         ops::matmul_view(
@@ -491,15 +469,27 @@ fn gradients(adapters: &mut [Adapter], dy: &Tensor, x: &Tensor, h: Tensor) -> Re
             ld: big_r,
             offset: k0,
         };
-        // dH[:, k] = scale * dy[:, block] @ B and dB += scale * dy[:, block]^T @ H[:, k]
-        // ([cols, r]; = on a step's first write), from one read of dy where a kernel takes it.
-        let shape = LoraGradShape {
-            rows,
-            cols,
-            rank: r,
-        };
-        let (b, db) = ad.b.weight_and_grad_target();
-        ops::lora_grads(shape, ad.scale, [dy_block, own], dy, b, &h, &mut dh, db)?;
+        ops::matmul_view(
+            GemmShape::single(false, false, rows, r, cols),
+            [dy_block, MatrixView::packed(r), own],
+            ad.scale,
+            dy,
+            ad.b.weight(),
+            0.0,
+            &mut dh,
+        )?;
+        // dB += scale * dy[:, block]^T @ H[:, k]   ([cols, r]); = on a step's first write.
+        if let Some(db) = ad.b.grad_target() {
+            ops::matmul_view(
+                GemmShape::single(true, false, cols, r, rows),
+                [dy_block, own, MatrixView::packed(r)],
+                ad.scale,
+                dy,
+                &h,
+                db.beta(),
+                db.grad,
+            )?;
+        }
         k0 += r;
     }
     drop(h);

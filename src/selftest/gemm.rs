@@ -119,7 +119,7 @@ pub(super) fn check_linear_backward<T: Elem>(
 /// The error of a gradient accumulated into a buffer that started at `start` (random values,
 /// which would dominate its scale): what the GPU added (`got - start`) against what the CPU
 /// added (`want - start`), so that the check stays sharp.
-pub(super) fn accumulated_err(got: &[f32], start: &[f32], want: &[f32], floor: f64) -> f64 {
+fn accumulated_err(got: &[f32], start: &[f32], want: &[f32], floor: f64) -> f64 {
     let added = |v: &[f32]| -> Vec<f32> { v.iter().zip(start).map(|(a, s)| a - s).collect() };
     rel_err(&added(got), &added(want), floor)
 }

@@ -579,41 +579,6 @@ pub(super) fn run_checks(gpu: &CudaBackend, inp: &mut Inputs, only: &KernelFilte
             push("few_rows_swiglu", "f16", shape, BOUND_F16, r);
         }
     }
-    // Low-rank adapters' outputs, every adapter of a layer in one launch: Llama-3.2-1B's
-    // query/key/value blocks added after the layer's product, its gate/up blocks written
-    // before it (rank 32), SmolLM2-135M's blocks (576 columns: a part tile), one rank-64
-    // adapter on a block inside a wider output, and rank 48; rows off the 64-row tiles.
-    let lora_cases: [(usize, usize, &[AdapterBlock], bool); 5] = [
-        (
-            200,
-            3072,
-            &[(0, 2048, 16), (2048, 512, 16), (2560, 512, 16)],
-            true,
-        ),
-        (130, 3072, &[(0, 1536, 32), (1536, 1536, 32)], false),
-        (
-            77,
-            960,
-            &[(0, 576, 16), (576, 192, 16), (768, 192, 16)],
-            true,
-        ),
-        (65, 516, &[(68, 196, 64)], true),
-        (1, 256, &[(0, 96, 48), (128, 128, 16)], false),
-    ];
-    for (rows, ld_y, blocks, accumulate) in lora_cases {
-        let ranks: Vec<String> = blocks.iter().map(|b| format!("{}r{}", b.1, b.2)).collect();
-        let shape = format!(
-            "{rows}x{ld_y} [{}]{}",
-            ranks.join(" "),
-            if accumulate { " +=" } else { "" }
-        );
-        if wants("lora_outputs") {
-            let r = check_lora_outputs::<Bf16>(gpu, inp, rows, ld_y, blocks, accumulate);
-            push("lora_outputs", "bf16", shape.clone(), BOUND_BF16, r);
-            let r = check_lora_outputs::<F16>(gpu, inp, rows, ld_y, blocks, accumulate);
-            push("lora_outputs", "f16", shape, BOUND_F16, r);
-        }
-    }
     // The decode MLP's chain (fused gate/up, then the down product added into the stream),
     // three layers, launched overlapped where the GPU can (engine/cuda/overlap.rs): the same
     // bits as plain launches, and the CPU's chain within the bound.
@@ -701,80 +666,6 @@ pub(super) fn run_checks(gpu: &CudaBackend, inp: &mut Inputs, only: &KernelFilte
             push("matmul_view", "bf16", shape.clone(), BOUND_BF16, r);
             let r = check_matmul_view::<Bf16, f32>(gpu, inp, g, off);
             push("matmul_view", "bf16 into f32", shape, BOUND_BF16, r);
-        }
-    }
-    // A LoRA adapter's backward products from one read of dy (engine/cuda/lora.cu), at every
-    // rank the kernels take, its dB overwritten, added to, or absent (a frozen B), on column
-    // blocks of wider matrices: 16-byte aligned (SmolLM2-135M's k block of its fused q|k|v
-    // output); dy aligned and H not (a stride off 8 elements); neither (odd offsets and
-    // strides), with columns off the 16-column tiles and rows off the 32-row sub-tiles; then
-    // grids of several chunks and stripes, ragged, and at SmolLM2's rows of a batch.
-    if wants("lora_grads") {
-        let mut cases = Vec::new();
-        for rank in cuda::LORA_FUSED_RANKS {
-            let aligned = LoraCase {
-                rows: 1000,
-                cols: 192,
-                col0: 576,
-                ldy: 960,
-                rank,
-                k0: 16,
-                ldh: 16 + rank + 8,
-            };
-            let h_unaligned = LoraCase {
-                ldh: 16 + rank + 4,
-                ..aligned
-            };
-            let ragged = LoraCase {
-                rows: 77,
-                cols: 1001,
-                col0: 3,
-                ldy: 1010,
-                rank,
-                k0: 5,
-                ldh: rank + 9,
-            };
-            let packed = LoraCase {
-                rows: 300,
-                cols: 576,
-                col0: 0,
-                ldy: 576,
-                rank,
-                k0: 0,
-                ldh: rank,
-            };
-            cases.extend([
-                (aligned, LoraDb::Overwrite),
-                (h_unaligned, LoraDb::Add),
-                (ragged, LoraDb::Add),
-                (packed, LoraDb::Frozen),
-            ]);
-        }
-        let several = LoraCase {
-            rows: 4133,
-            cols: 2600,
-            col0: 2600,
-            ldy: 5200,
-            rank: 16,
-            k0: 16,
-            ldh: 64,
-        };
-        let smollm2 = LoraCase {
-            rows: 16384,
-            cols: 576,
-            col0: 0,
-            ldy: 960,
-            rank: 16,
-            k0: 0,
-            ldh: 112,
-        };
-        cases.extend([(several, LoraDb::Add), (smollm2, LoraDb::Overwrite)]);
-        for (case, db) in cases {
-            let shape = format!("{case}, {db}");
-            let r = check_lora_grads::<Bf16>(gpu, inp, case, db);
-            push("lora_grads", "bf16", shape.clone(), BOUND_BF16, r);
-            let r = check_lora_grads::<F16>(gpu, inp, case, db);
-            push("lora_grads", "f16", shape, BOUND_F16, r);
         }
     }
     // The last shape has head size 64 (the tensor-core path in bf16) and a ragged last tile.

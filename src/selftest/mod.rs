@@ -10,9 +10,8 @@
 //! can run anywhere; with a GPU any failure gives a non-zero exit.
 //!
 //! This module draws the inputs, holds the bounds and prints the table. The checks live by kind
-//! of kernel in `norms`, `elementwise`, `gemm`, `lora` (an adapter's fused backward products),
-//! `attention`, `decode` (the key/value cache, the few-row products and the sampler), `optim`
-//! and `bk`; `kernels` lists the `kernels`
+//! of kernel in `norms`, `elementwise`, `gemm`, `attention`, `decode` (the key/value cache,
+//! the few-row products and the sampler), `optim` and `bk`; `kernels` lists the `kernels`
 //! group's checks in order; `training`, `nf4` and `diversity` hold the other groups.
 
 use crate::config::ResolvedConfig;
@@ -35,7 +34,6 @@ use cudarc::driver::CudaSlice;
 use std::sync::Arc;
 use std::time::Instant;
 
-mod adapters;
 mod attention;
 mod bk;
 mod decode;
@@ -43,12 +41,10 @@ mod diversity;
 mod elementwise;
 mod gemm;
 mod kernels;
-mod lora;
 mod nf4;
 mod norms;
 mod optim;
 mod training;
-use adapters::*;
 use attention::*;
 use bk::*;
 use decode::*;
@@ -56,7 +52,6 @@ use diversity::*;
 use elementwise::*;
 use gemm::*;
 use kernels::*;
-use lora::*;
 use nf4::*;
 use norms::*;
 use optim::*;

@@ -25,8 +25,6 @@ mod kernels;
 mod kv_cache;
 mod layernorm;
 pub mod loader;
-mod lora;
-mod lora_outputs;
 mod nf4;
 pub mod nvrtc;
 mod overlap;
@@ -47,8 +45,6 @@ pub use gemm::{
     GemmAlgorithms, GemmMath, WORKSPACE_BYTES as GEMM_WORKSPACE_BYTES, gelu_epilogue_fits,
 };
 pub use kv_cache::{AttnPlan, attention_plan};
-pub use lora::{LORA_FUSED_RANKS, LoraGrid, lora_kernels_take};
-pub use lora_outputs::{AdapterColumns, LORA_OUTPUTS_MAX, lora_outputs_fit};
 pub use nf4::Nf4Device;
 pub use overlap::{OVERLAP_ENV, Overlapped};
 
@@ -377,8 +373,6 @@ const PROGRAMS: &[Program] = &[
     nf4::PROGRAM,
     diversity::PROGRAM,
     few_rows::PROGRAM,
-    lora::PROGRAM,
-    lora_outputs::PROGRAM,
 ];
 
 /// How the kernels were obtained at start-up.

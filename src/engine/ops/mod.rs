@@ -5,10 +5,9 @@
 //! the CUDA kernel with the same semantics. Layers call these and stay device-agnostic.
 //!
 //! This module holds what every operation shares (the device of a call, output checks, row
-//! ids); the operations live by kind in `linear` (products), `lora` (an adapter's backward
-//! products), `elementwise`, `norms`, `rope`, `attention`, `loss`, `rows` (embeddings, gathers,
-//! scatters), `optim`, `bk`, `kv_cache`, `sampling` and `diversity`, all re-exported here, so
-//! callers name them `ops::name`.
+//! ids); the operations live by kind in `linear` (products), `elementwise`, `norms`, `rope`,
+//! `attention`, `loss`, `rows` (embeddings, gathers, scatters), `optim`, `bk`, `kv_cache`,
+//! `sampling` and `diversity`, all re-exported here, so callers name them `ops::name`.
 
 use super::AttnShape;
 use super::GemmShape;
@@ -50,28 +49,24 @@ macro_rules! with_elem {
     };
 }
 
-mod adapters;
 mod attention;
 mod bk;
 mod diversity;
 mod elementwise;
 mod kv_cache;
 mod linear;
-mod lora;
 mod loss;
 mod norms;
 mod optim;
 mod rope;
 mod rows;
 mod sampling;
-pub use adapters::*;
 pub use attention::*;
 pub use bk::*;
 pub use diversity::*;
 pub use elementwise::*;
 pub use kv_cache::*;
 pub use linear::*;
-pub use lora::*;
 pub use loss::*;
 pub use norms::*;
 pub use optim::*;
