@@ -449,6 +449,14 @@ impl Mixer for GqaAttention {
     type Saved = GqaSaved;
     type Pass<'p> = RotaryPass<'p>;
 
+    fn fold_width(&self) -> usize {
+        self.qkv.fold_width()
+    }
+
+    fn fold_inputs(&self, x: &mut Tensor) -> Result<()> {
+        self.qkv.fold_inputs(x)
+    }
+
     fn mix(
         &self,
         x: &Tensor,
@@ -970,9 +978,20 @@ pub(crate) mod tests {
 
     /// [`tiny`] attending within `window` positions from layer `full_layers` on.
     fn tiny_windowed(tied: bool, kv_heads: usize, window: usize, full_layers: usize) -> Llama {
+        tiny_wide(tied, kv_heads, window, full_layers, 16)
+    }
+
+    /// [`tiny_windowed`] with a residual stream `d_model` wide.
+    fn tiny_wide(
+        tied: bool,
+        kv_heads: usize,
+        window: usize,
+        full_layers: usize,
+        d_model: usize,
+    ) -> Llama {
         let cfg = LlamaConfig {
             vocab: 13,
-            d_model: 16,
+            d_model,
             n_layers: 2,
             n_heads: 4,
             n_kv_heads: kv_heads,
@@ -1089,6 +1108,69 @@ pub(crate) mod tests {
                 zero.forward_backward_weighted(&x, &y, 2, 7, p, &[1.0])
                     .is_err()
             );
+        }
+    }
+
+    /// LoRA on every projection (rank 8), trained through a pass with the adapters folded
+    /// into their frozen products (query/key/value and gate/up, fed by RMSNorms: with Qwen3's
+    /// q/k norms, and with Qwen2's QKV biases, which keep that product apart) gives the loss
+    /// and adapter gradients of the adapters run apart, and recomputing blocks changes no bit.
+    /// The stream is 40 wide: 40 + 24 (three rank-8 adapters) stays within 64.
+    #[test]
+    fn folded_adapters_train_as_adapters_apart() {
+        use crate::nn::lora::{self, LoraSpec};
+        for tied in [true, false] {
+            let run = |fold: bool, recompute: Recompute| {
+                let mut model = tiny_wide(tied, 2, 0, 0, 40);
+                model
+                    .lm
+                    .attach_lora(&LoraSpec::plain(8, &["all-linear"]), 5)
+                    .unwrap();
+                for (i, p) in model.params_mut().into_iter().enumerate() {
+                    if p.name.ends_with(".B") {
+                        let v: Vec<f32> = (0..p.value.len())
+                            .map(|j| ((i * 31 + j * 7) % 11) as f32 / 11.0 - 0.45)
+                            .collect();
+                        p.value.copy_from_host(&v).unwrap();
+                        p.refresh_compute().unwrap();
+                    }
+                }
+                model.set_recompute(recompute).unwrap();
+                lora::keep_apart_on_this_thread(!fold);
+                let (x, y) = batch();
+                let p = StepPrecision {
+                    grad_scale: 0.5,
+                    grad_dtype: DType::F32,
+                };
+                let loss = {
+                    let _pass = lora::dropout_scope(9);
+                    assert_eq!(model.lm.blocks[0].mlp.gate_up.fold_width() > 0, fold);
+                    model.forward_backward(&x, &y, 2, 7, p).unwrap()
+                };
+                lora::keep_apart_on_this_thread(false);
+                let grads: Vec<Vec<f32>> = model
+                    .params()
+                    .iter()
+                    .filter(|p| !p.frozen)
+                    .map(|p| p.grad.to_vec().unwrap())
+                    .collect();
+                (loss, grads)
+            };
+            let (want_loss, want) = run(false, Recompute::None);
+            let (loss, got) = run(true, Recompute::None);
+            assert!(
+                (loss - want_loss).abs() < 1e-5 * want_loss.abs(),
+                "{loss} vs {want_loss}"
+            );
+            let scale = want.iter().flatten().fold(0.0f32, |m, v| m.max(v.abs()));
+            assert!(scale > 1e-3, "the adapters' gradient is not trivially zero");
+            assert_eq!(got.len(), want.len());
+            for (g, w) in got.iter().flatten().zip(want.iter().flatten()) {
+                assert!((g - w).abs() < 1e-5 * scale, "tied={tied}: {g} vs {w}");
+            }
+            let (rloss, rgot) = run(true, Recompute::Blocks);
+            assert_eq!(rloss.to_bits(), loss.to_bits());
+            assert_eq!(rgot, got, "recomputed blocks");
         }
     }
 

@@ -32,9 +32,32 @@ use crate::nn::{ActLayout, Cost, Kernels, Param, Params, params};
 pub trait StreamNorm: Params + Send {
     /// What the norm's backward needs besides its input.
     type Stats;
+    /// Whether the norm writes rows wider than its input (for a projection whose adapters are
+    /// folded into it, `nn::lora`) and reads its output gradient from such rows.
+    const WIDENS: bool = false;
 
     /// `(normed, stats)` of `x`.
     fn normalize(&self, x: &Tensor) -> Result<(Tensor, Self::Stats)>;
+
+    /// [`StreamNorm::normalize`] into rows `pad` columns wider (zeros there); only norms that
+    /// [`StreamNorm::WIDENS`] take a `pad` above 0.
+    fn normalize_widened(&self, x: &Tensor, pad: usize) -> Result<(Tensor, Self::Stats)> {
+        debug_assert_eq!(pad, 0, "this norm does not widen its rows");
+        self.normalize(x)
+    }
+
+    /// [`StreamNorm::add_normalize`] into rows `pad` columns wider (see
+    /// [`StreamNorm::normalize_widened`]).
+    fn add_normalize_widened(
+        &self,
+        x: &Tensor,
+        delta: &Tensor,
+        pad: usize,
+        kernels: Kernels,
+    ) -> Result<(Tensor, Tensor, Self::Stats)> {
+        debug_assert_eq!(pad, 0, "this norm does not widen its rows");
+        self.add_normalize(x, delta, kernels)
+    }
 
     /// `sum = x + delta` and its norm: `(sum, normed, stats)`.
     fn add_normalize(
@@ -88,9 +111,24 @@ impl StreamNorm for LayerNorm {
 impl StreamNorm for RmsNorm {
     /// The reciprocal root mean square of each row.
     type Stats = Tensor;
+    const WIDENS: bool = true;
 
     fn normalize(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {
         self.forward(x)
+    }
+
+    fn normalize_widened(&self, x: &Tensor, pad: usize) -> Result<(Tensor, Tensor)> {
+        ops::rmsnorm_forward_padded(x, self.gamma.weight(), self.eps, pad)
+    }
+
+    fn add_normalize_widened(
+        &self,
+        x: &Tensor,
+        delta: &Tensor,
+        pad: usize,
+        _kernels: Kernels,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        ops::residual_rmsnorm_forward_padded(x, delta, self.gamma.weight(), self.eps, pad)
     }
 
     fn add_normalize(
@@ -184,6 +222,18 @@ pub trait Block: Params + Send + Sized {
 
     /// The norm that opens the block.
     fn norm(&self) -> &Self::Norm;
+
+    /// The columns by which the opening norm's output is widened for the block's first
+    /// projection (its adapters folded into it: `nn::lora`), 0 for none.
+    fn input_fold_width(&self) -> usize {
+        0
+    }
+
+    /// Fills the widened columns of the opening norm's output (see
+    /// [`Block::input_fold_width`]); a no-op on an output that was not widened.
+    fn fold_inputs(&self, _normed: &mut Tensor) -> Result<()> {
+        Ok(())
+    }
 
     /// Runs the block on its input and that input's norm, short of its last branch's output.
     fn forward(
@@ -319,6 +369,12 @@ impl<E: TokenEmbedding, B: Block> Lm<E, B> {
         self.blocks.get(l + 1).map_or(&self.ln_f, |b| b.norm())
     }
 
+    /// How much wider block `l`'s opening norm writes its rows (0 past the last block: the
+    /// final norm feeds the head).
+    fn fold_width_of(&self, l: usize) -> usize {
+        self.blocks.get(l).map_or(0, Block::input_fold_width)
+    }
+
     /// The norm of the stream entering the stack: the first block's, or the final one.
     pub fn first_norm(&self) -> &B::Norm {
         self.blocks.first().map_or(&self.ln_f, |b| b.norm())
@@ -335,10 +391,13 @@ impl<E: TokenEmbedding, B: Block> Lm<E, B> {
         super::check_context(self.name, seq, self.context)?;
         let kernels = self.kernels;
         let mut input = self.embed.embed(tokens, batch, seq)?;
-        let (mut normed, mut stats) = self.first_norm().normalize(&input)?;
+        let (mut normed, mut stats) = self
+            .first_norm()
+            .normalize_widened(&input, self.fold_width_of(0))?;
         let mut kept = Vec::with_capacity(self.blocks.len());
         let mut reports = Vec::with_capacity(self.blocks.len());
         for (l, block) in self.blocks.iter().enumerate() {
+            block.fold_inputs(&mut normed)?;
             let mut saved = block.forward(&input, &normed, kernels, pass)?;
             let out = block.last_branch(&mut saved)?;
             let acts = BlockActs {
@@ -347,9 +406,12 @@ impl<E: TokenEmbedding, B: Block> Lm<E, B> {
                 stats,
                 saved,
             };
-            let (next, next_normed, next_stats) =
-                self.norm_after(l)
-                    .add_normalize(B::last_residual(&acts), &out, kernels)?;
+            let (next, next_normed, next_stats) = self.norm_after(l).add_normalize_widened(
+                B::last_residual(&acts),
+                &out,
+                self.fold_width_of(l + 1),
+                kernels,
+            )?;
             drop(out);
             if keep != Keep::Output {
                 reports.push(B::report(&acts.saved));
@@ -462,7 +524,10 @@ impl<E: TokenEmbedding, B: Block> Lm<E, B> {
             let acts = match block_kept {
                 BlockKept::All(a) => *a,
                 BlockKept::Input(input) => {
-                    let (normed, stats) = block.norm().normalize(&input)?;
+                    let (mut normed, stats) = block
+                        .norm()
+                        .normalize_widened(&input, block.input_fold_width())?;
+                    block.fold_inputs(&mut normed)?;
                     let saved = block.forward(&input, &normed, kernels, pass)?;
                     BlockActs {
                         input,

@@ -37,6 +37,17 @@ pub trait Mixer: Params + Send {
         pass: &Self::Pass<'_>,
         saved: &Self::Saved,
     ) -> Result<Tensor>;
+
+    /// The columns by which the normed input is widened for a projection whose adapters are
+    /// folded into it (`nn::lora`), 0 for none; [`Mixer::fold_inputs`] fills them (and leaves
+    /// an input that was not widened alone).
+    fn fold_width(&self) -> usize {
+        0
+    }
+
+    fn fold_inputs(&self, _x: &mut Tensor) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// The position-wise feed-forward, split before its output projection so the skeleton can
@@ -52,6 +63,15 @@ pub trait FeedForward: Params + Send {
 
     /// Accumulates the parameter gradients and returns the gradient of `x`.
     fn ff_backward(&mut self, dout: &Tensor, x: &Tensor, saved: &Self::Saved) -> Result<Tensor>;
+
+    /// As [`Mixer::fold_width`], for the feed-forward's input projection.
+    fn fold_width(&self) -> usize {
+        0
+    }
+
+    fn fold_inputs(&self, _x: &mut Tensor) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// `x + mixer(norm1(x))`, then `+ ff(norm2(...))`, the second add left to the skeleton.
@@ -89,6 +109,14 @@ impl<N: StreamNorm, A: Mixer, F: FeedForward> Block for PreNormBlock<N, A, F> {
         &self.ln1
     }
 
+    fn input_fold_width(&self) -> usize {
+        if N::WIDENS { self.attn.fold_width() } else { 0 }
+    }
+
+    fn fold_inputs(&self, normed: &mut Tensor) -> Result<()> {
+        self.attn.fold_inputs(normed)
+    }
+
     /// Attention, the residual add fused with the second norm, and the feed-forward short
     /// of its output projection.
     fn forward(
@@ -99,8 +127,12 @@ impl<N: StreamNorm, A: Mixer, F: FeedForward> Block for PreNormBlock<N, A, F> {
         pass: &A::Pass<'_>,
     ) -> Result<Self::Saved> {
         let (attn_out, attn) = self.attn.mix(ln1, kernels, pass)?;
-        let (mid, ln2, ln2_stats) = self.ln2.add_normalize(input, &attn_out, kernels)?;
+        let pad = if N::WIDENS { self.mlp.fold_width() } else { 0 };
+        let (mid, mut ln2, ln2_stats) = self
+            .ln2
+            .add_normalize_widened(input, &attn_out, pad, kernels)?;
         drop(attn_out);
+        self.mlp.fold_inputs(&mut ln2)?;
         let mlp = self.mlp.hidden(&ln2)?;
         Ok(PreNormSaved {
             attn,
@@ -177,6 +209,14 @@ impl FeedForward for Mlp {
 
 impl FeedForward for SwiGlu {
     type Saved = SwiGluSaved;
+
+    fn fold_width(&self) -> usize {
+        self.gate_up.fold_width()
+    }
+
+    fn fold_inputs(&self, x: &mut Tensor) -> Result<()> {
+        self.gate_up.fold_inputs(x)
+    }
 
     fn hidden(&self, x: &Tensor) -> Result<SwiGluSaved> {
         self.activations(x)

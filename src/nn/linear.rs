@@ -3,7 +3,7 @@
 //! weight-gradient GEMM, and may be kept only in NF4 (QLoRA): then each GEMM that reads it
 //! first expands it into the model's shared [`DequantWorkspace`].
 
-use super::lora::{self, Adapter, KeptSlot, LoraSpec, OutputBlock};
+use super::lora::{self, Adapter, FoldedWeight, KeptSlot, LoraSpec, OutputBlock};
 use super::{Cost, Init, Param, ParamBuilder, params};
 use crate::engine::quant::{DequantWorkspace, Nf4Weight};
 use crate::engine::{EngineError, GemmShape, MatrixView, Result, Tensor, ops};
@@ -30,6 +30,8 @@ pub struct Linear {
     pub adapters: Vec<Adapter>,
     /// What the adapters' forward keeps for their backward in a training pass.
     kept: KeptSlot,
+    /// `[W | B]` when the adapters are folded into the product (see [`Linear::fold_width`]).
+    folded: FoldedWeight,
 }
 
 params!(Linear {
@@ -65,6 +67,7 @@ impl Linear {
             blocks: Vec::new(),
             adapters: Vec::new(),
             kept: KeptSlot::default(),
+            folded: FoldedWeight::default(),
         })
     }
 
@@ -168,10 +171,46 @@ impl Linear {
             Tensor::from_vec(value.pool(), &[self.c_out, self.c_in], value.dtype(), w)?;
         self.weight.refresh_compute()?;
         self.adapters.clear();
+        self.folded.clear();
         Ok(())
     }
 
+    /// The columns by which this layer's input is widened when its adapters are folded into
+    /// its product ([`lora::fold_width`]: a dense frozen weight without bias, an input width
+    /// the widening keeps below the next power of two), else 0. The
+    /// producer of the input (an RMSNorm) writes its rows that much wider, with zeros there,
+    /// and [`Linear::fold_inputs`] fills them before the forward.
+    pub fn fold_width(&self) -> usize {
+        if self.bias.is_some() || self.nf4.is_some() || !self.weight.frozen {
+            return 0;
+        }
+        lora::fold_width(&self.adapters, self.c_in)
+    }
+
+    /// Fills the extra columns of a widened input with the adapters' `scale * x A^T`; an
+    /// input of the layer's own width (nothing folded) is left as it is.
+    pub fn fold_inputs(&self, x: &mut Tensor) -> Result<()> {
+        if !self.folded_input(x) {
+            return Ok(());
+        }
+        lora::fold_inputs(&self.adapters, x)
+    }
+
+    /// Whether `x` is an input widened for the folded product.
+    fn folded_input(&self, x: &Tensor) -> bool {
+        let width = x.shape().last().copied().unwrap_or(0);
+        width != self.c_in && width == self.c_in + self.fold_width()
+    }
+
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if self.folded_input(x) {
+            // One product against [W | B]: x W^T + (scale x A^T) B^T.
+            return self
+                .folded
+                .with(&self.adapters, self.weight.weight(), true, |w| {
+                    ops::linear_forward(x, w, None)
+                });
+        }
         if self.bias.is_none() && lora::adapters_first(&self.adapters, self.c_in, self.c_out) {
             return self.forward_adapters_first(x);
         }
@@ -232,6 +271,16 @@ impl Linear {
 
     /// Returns `dx`; accumulates the parameter gradients. `x` is the forward's input.
     pub fn backward(&mut self, dout: &Tensor, x: &Tensor) -> Result<Tensor> {
+        if self.folded_input(x) {
+            // dY [W | B]: the input gradient (widened, as the input) with dY B after it.
+            let mut dx = self
+                .folded
+                .with(&self.adapters, self.weight.weight(), false, |w| {
+                    ops::linear_backward(dout, x, w, None, None)
+                })?;
+            lora::fold_backward(&mut self.adapters, dout, x, &mut dx)?;
+            return Ok(dx);
+        }
         if self.weight.frozen && self.bias.is_none() && lora::together(&self.adapters) {
             return self.backward_adapters_first(dout, x);
         }
@@ -465,6 +514,44 @@ mod tests {
         }
     }
 
+    /// A frozen q/k/v layer (3 + 2 + 2 outputs) over `c_in` inputs with `spec`'s adapters,
+    /// their `B`s drawn from `seed` on (a fresh `B` is zero and would hide half the paths).
+    fn qkv_with_adapters(
+        p: &Arc<crate::engine::MemoryPool>,
+        c_in: usize,
+        bias: bool,
+        spec: &LoraSpec,
+        seed: u64,
+    ) -> Linear {
+        let mut lin = build(p, "qkv", 1, |b| Linear::new(b, c_in, 7, bias, 0.5));
+        lin.set_blocks(&[("q".into(), 3), ("k".into(), 2), ("v".into(), 2)]);
+        build(p, "qkv", 2, |b| lin.attach_lora(b, spec));
+        for (i, ad) in lin.adapters.iter_mut().enumerate() {
+            let vals = random_tensor(p, &[ad.b.value.len()], seed + i as u64);
+            ad.b.value.copy_from_host(&vals.to_vec().unwrap()).unwrap();
+        }
+        lin
+    }
+
+    /// Every adapter's `A` and `B` gradients, in order.
+    fn adapter_grads(lin: &Linear) -> Vec<Vec<f32>> {
+        lin.adapters
+            .iter()
+            .flat_map(|ad| [ad.a.grad.to_vec().unwrap(), ad.b.grad.to_vec().unwrap()])
+            .collect()
+    }
+
+    /// `a` within 1e-5 (relative, above 1) of `b`, element by element.
+    fn assert_close(what: &str, a: &[f32], b: &[f32]) {
+        assert_eq!(a.len(), b.len(), "{what}");
+        for (x, y) in a.iter().zip(b) {
+            assert!(
+                (x - y).abs() <= 1e-5 * (1.0 + y.abs()),
+                "{what}: {x} vs {y}"
+            );
+        }
+    }
+
     /// A layer's adapters run together inside a training pass (one `x A^T` kept from the
     /// forward, one `A` gradient product, one input-gradient product): the outputs and every
     /// gradient equal those of the adapters run one by one outside a pass, and a backward
@@ -482,32 +569,8 @@ mod tests {
     fn adapters_together(bias: bool) {
         let p = pool();
         let spec = LoraSpec::plain(2, &["all-linear"]);
-        let layer = || {
-            let mut lin = build(&p, "qkv", 1, |b| Linear::new(b, 3, 7, bias, 0.5));
-            lin.set_blocks(&[("q".into(), 3), ("k".into(), 2), ("v".into(), 2)]);
-            build(&p, "qkv", 2, |b| lin.attach_lora(b, &spec));
-            for (i, ad) in lin.adapters.iter_mut().enumerate() {
-                let n = ad.b.value.len();
-                let vals = random_tensor(&p, &[n], 10 + i as u64).to_vec().unwrap();
-                ad.b.value.copy_from_host(&vals).unwrap();
-            }
-            lin
-        };
-        let grads = |lin: &Linear| -> Vec<Vec<f32>> {
-            lin.adapters
-                .iter()
-                .flat_map(|ad| [ad.a.grad.to_vec().unwrap(), ad.b.grad.to_vec().unwrap()])
-                .collect()
-        };
-        let close = |what: &str, a: &[f32], b: &[f32]| {
-            assert_eq!(a.len(), b.len());
-            for (x, y) in a.iter().zip(b) {
-                assert!(
-                    (x - y).abs() <= 1e-5 * (1.0 + y.abs()),
-                    "{what}: {x} vs {y}"
-                );
-            }
-        };
+        let layer = || qkv_with_adapters(&p, 3, bias, &spec, 10);
+        let (grads, close) = (adapter_grads, assert_close);
         let x = random_tensor(&p, &[2, 3, 3], 3);
         let dy = random_tensor(&p, &[2, 3, 7], 4);
         let mut alone = layer();
@@ -533,6 +596,58 @@ mod tests {
         assert!(grads(&alone).iter().all(|g| g.iter().any(|v| *v != 0.0)));
     }
 
+    /// Adapters folded into a frozen layer's product (ranks summing to a multiple of 8, no
+    /// bias, in a training pass): the widened input's last columns hold `scale * x A^T`, and
+    /// the output, the input gradient (the widened gradient's first columns) and every adapter
+    /// gradient equal those of the adapters run apart outside a pass.
+    #[test]
+    fn folded_adapters_compute_what_they_compute_apart() {
+        let p = pool();
+        let spec = LoraSpec::plain(8, &["all-linear"]);
+        let layer = || qkv_with_adapters(&p, 40, false, &spec, 30);
+        let (grads, close) = (adapter_grads, assert_close);
+        let x = random_tensor(&p, &[2, 3, 40], 7);
+        let dy = random_tensor(&p, &[2, 3, 7], 8);
+        let mut apart = layer();
+        assert_eq!(
+            apart.fold_width(),
+            0,
+            "outside a training pass nothing folds"
+        );
+        let y_apart = apart.forward(&x).unwrap().to_vec().unwrap();
+        let dx_apart = apart.backward(&dy, &x).unwrap().to_vec().unwrap();
+        let mut folded = layer();
+        let _pass = super::super::lora::dropout_scope(3);
+        let wider = qkv_with_adapters(&p, 48, false, &spec, 30);
+        assert_eq!(wider.fold_width(), 0, "48 + 24 passes 64: kept apart");
+        let r = folded.fold_width();
+        assert_eq!(r, 24, "three adapters of rank 8");
+        // The widened input as its norm leaves it: x, then zeros.
+        let wide: Vec<f32> = x
+            .to_vec()
+            .unwrap()
+            .chunks(40)
+            .flat_map(|row| row.iter().copied().chain(std::iter::repeat_n(0.0, r)))
+            .collect();
+        let mut xw = Tensor::from_vec(&p, &[2, 3, 40 + r], x.dtype(), wide).unwrap();
+        folded.fold_inputs(&mut xw).unwrap();
+        let y = folded.forward(&xw).unwrap().to_vec().unwrap();
+        close("y", &y, &y_apart);
+        let dxw = folded.backward(&dy, &xw).unwrap();
+        assert_eq!(dxw.shape(), &[2, 3, 40 + r]);
+        let dx: Vec<f32> = dxw
+            .to_vec()
+            .unwrap()
+            .chunks(40 + r)
+            .flat_map(|row| row[..40].to_vec())
+            .collect();
+        close("dx", &dx, &dx_apart);
+        for (g, want) in grads(&folded).iter().zip(grads(&apart).iter()) {
+            close("adapter gradient", g, want);
+        }
+        assert!(grads(&apart).iter().all(|g| g.iter().any(|v| *v != 0.0)));
+    }
+
     /// Adapter gradients are cleared by their first write of a step: after a deferred clear
     /// the next backward leaves exactly its own gradients (not the stale ones plus them), a
     /// second backward then adds to them, alone and with the adapters run together.
@@ -541,21 +656,10 @@ mod tests {
         let p = pool();
         let spec = LoraSpec::plain(2, &["all-linear"]);
         for together in [false, true] {
-            let mut lin = build(&p, "qkv", 1, |b| Linear::new(b, 3, 7, false, 0.5));
-            lin.set_blocks(&[("q".into(), 3), ("k".into(), 2), ("v".into(), 2)]);
-            build(&p, "qkv", 2, |b| lin.attach_lora(b, &spec));
-            for (i, ad) in lin.adapters.iter_mut().enumerate() {
-                let vals = random_tensor(&p, &[ad.b.value.len()], 20 + i as u64);
-                ad.b.value.copy_from_host(&vals.to_vec().unwrap()).unwrap();
-            }
+            let mut lin = qkv_with_adapters(&p, 3, false, &spec, 20);
             let x = random_tensor(&p, &[2, 3, 3], 5);
             let dy = random_tensor(&p, &[2, 3, 7], 6);
-            let grads = |lin: &Linear| -> Vec<Vec<f32>> {
-                lin.adapters
-                    .iter()
-                    .flat_map(|ad| [ad.a.grad.to_vec().unwrap(), ad.b.grad.to_vec().unwrap()])
-                    .collect()
-            };
+            let grads = adapter_grads;
             let backward = |lin: &mut Linear, pass: u64| {
                 let _pass = together.then(|| super::super::lora::dropout_scope(pass));
                 if together {

@@ -24,15 +24,24 @@
 //! gradient, and the input gradient gets one rank-`R` product instead of one per adapter.
 //! The forward keeps `H = x A^T` (`[rows, R]`: at rank 16, 3.5 MB a SmolLM2 layer for a batch
 //! of 16 x 1024 in bf16) for the backward rather than reading the input again to recompute it.
+//!
+//! A frozen layer fed by an RMSNorm can go further and fold its adapters into its own product
+//! ([`fold_width`]): the norm writes its rows `R` columns wide, `scale * x A^T` fills the last
+//! `R` ([`fold_inputs`]), and one GEMM against `[W | B]` ([`FoldedWeight`]) gives
+//! `x W^T + scale * (x A^T) B^T`, with no pass of the adapters over the layer's output. In the
+//! backward the same GEMM's input gradient `dY [W | B]` carries `dY B` in its last `R`
+//! columns, which is the adapters' `dH` without a product of their own ([`fold_backward`]).
 
 use super::{Init, Param, ParamBuilder, params};
 use crate::engine::{DType, GemmShape, MatrixView, Result, Tensor, ops};
 use std::cell::Cell;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 thread_local! {
     /// The seed of the training pass running on this thread, if adapter dropout is on.
     static DROPOUT_SEED: Cell<Option<u64>> = const { Cell::new(None) };
+    /// Adapters kept apart from their layers' products on this thread (tests compare both).
+    static FOLD_OFF: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Adapter dropout is live on this thread while the scope lives (see the module comment).
@@ -291,6 +300,11 @@ impl KeptSlot {
     }
 }
 
+/// The adapters' ranks added: the rows of their stacked `A`s.
+fn total_rank(adapters: &[Adapter]) -> usize {
+    adapters.iter().map(Adapter::rank).sum()
+}
+
 /// Whether a layer's adapters run together: they share an input unless dropout masks it per
 /// adapter.
 fn grouped(adapters: &[Adapter]) -> bool {
@@ -305,7 +319,7 @@ fn stack_a(adapters: &[Adapter]) -> Result<Option<Tensor>> {
     }
     let first = adapters[0].a.weight();
     let c_in = first.shape()[1];
-    let rows: usize = adapters.iter().map(Adapter::rank).sum();
+    let rows = total_rank(adapters);
     let mut stacked = Tensor::uninit(first.pool(), &[rows, c_in], first.dtype())?;
     let mut at = 0;
     for ad in adapters {
@@ -452,6 +466,43 @@ fn add_outputs(adapters: &[Adapter], h: &Tensor, y: &mut Tensor, beta: f32) -> R
     Ok(())
 }
 
+/// `dA = dH^T @ x` (`[R, in]`) for every adapter that trains: straight into a single adapter's
+/// gradient, else into an f32 scratch whose rows each adapter adds to its own (or copies, on a
+/// step's first write). `x` is read through `x_view` (its rows may be wider than `c_in`).
+fn a_gradients(
+    adapters: &mut [Adapter],
+    dh: &Tensor,
+    x: &Tensor,
+    x_view: MatrixView,
+    c_in: usize,
+) -> Result<()> {
+    let (rows, big_r) = ops::rows_cols("lora backward", dh)?;
+    let views = [MatrixView::packed(big_r), x_view, MatrixView::packed(c_in)];
+    let shape = GemmShape::single(true, false, big_r, c_in, rows);
+    if let [ad] = adapters {
+        if let Some(da) = ad.a.grad_target() {
+            ops::matmul_view(shape, views, 1.0, dh, x, da.beta(), da.grad)?;
+        }
+    } else if adapters.iter().any(|ad| !ad.a.frozen) {
+        // The product writes every element (beta = 0).
+        let mut da_all = Tensor::uninit(dh.pool(), &[big_r, c_in], DType::F32)?;
+        ops::matmul_view(shape, views, 1.0, dh, x, 0.0, &mut da_all)?;
+        let mut k0 = 0;
+        for ad in adapters.iter_mut() {
+            let n = ad.rank() * c_in;
+            if let Some(da) = ad.a.grad_target() {
+                if da.overwrite {
+                    ops::copy_from_at(da.grad, &da_all, k0)?;
+                } else {
+                    ops::add_from_at(da.grad, &da_all, k0)?;
+                }
+            }
+            k0 += n;
+        }
+    }
+    Ok(())
+}
+
 /// Accumulates every adapter's `A` and `B` gradients from the layer's output gradient `dy`,
 /// their input `x` and `H = x A^T` (side by side, `[rows, R]`), and returns
 /// `dH = scale * dy[:, block] @ B` for each adapter's columns (`[rows, R]`), from which the
@@ -459,7 +510,7 @@ fn add_outputs(adapters: &[Adapter], h: &Tensor, y: &mut Tensor, beta: f32) -> R
 fn gradients(adapters: &mut [Adapter], dy: &Tensor, x: &Tensor, h: Tensor) -> Result<Tensor> {
     let (rows, row) = ops::rows_cols("lora backward", dy)?;
     let (_, c_in) = ops::rows_cols("lora backward", x)?;
-    let big_r: usize = adapters.iter().map(Adapter::rank).sum();
+    let big_r = total_rank(adapters);
     let mut dh = Tensor::uninit(dy.pool(), &[rows, big_r], h.dtype())?;
     let mut k0 = 0;
     for ad in adapters.iter_mut() {
@@ -493,34 +544,184 @@ fn gradients(adapters: &mut [Adapter], dy: &Tensor, x: &Tensor, h: Tensor) -> Re
         k0 += r;
     }
     drop(h);
-    // dA = dH^T @ x ([R, in]): straight into a single adapter's gradient, else into an f32
-    // scratch whose rows each adapter adds to its own (or copies, on a step's first write).
-    let views = [
-        MatrixView::packed(big_r),
-        MatrixView::packed(c_in),
-        MatrixView::packed(c_in),
-    ];
-    let shape = GemmShape::single(true, false, big_r, c_in, rows);
-    if let [ad] = adapters {
-        if let Some(da) = ad.a.grad_target() {
-            ops::matmul_view(shape, views, 1.0, &dh, x, da.beta(), da.grad)?;
-        }
-    } else if adapters.iter().any(|ad| !ad.a.frozen) {
-        // The product writes every element (beta = 0).
-        let mut da_all = Tensor::uninit(dy.pool(), &[big_r, c_in], DType::F32)?;
-        ops::matmul_view(shape, views, 1.0, &dh, x, 0.0, &mut da_all)?;
-        let mut k0 = 0;
-        for ad in adapters.iter_mut() {
-            let n = ad.rank() * c_in;
-            if let Some(da) = ad.a.grad_target() {
-                if da.overwrite {
-                    ops::copy_from_at(da.grad, &da_all, k0)?;
-                } else {
-                    ops::add_from_at(da.grad, &da_all, k0)?;
-                }
-            }
-            k0 += n;
-        }
-    }
+    a_gradients(adapters, &dh, x, MatrixView::packed(c_in), c_in)?;
     Ok(dh)
+}
+
+/// Whether adapters may be folded into their layers' products (`KILN_LORA_FOLD=0` keeps them
+/// apart, so that one binary can be measured both ways).
+fn fold_switched_on() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    !FOLD_OFF.with(Cell::get)
+        && *ON.get_or_init(|| std::env::var("KILN_LORA_FOLD").map_or(true, |v| v != "0"))
+}
+
+/// Keeps this thread's adapters apart from their layers' products (`off`) or lets them fold.
+#[cfg(test)]
+pub(crate) fn keep_apart_on_this_thread(off: bool) {
+    FOLD_OFF.with(|f| f.set(off));
+}
+
+/// The columns by which a frozen layer's input is widened when its adapters are folded into
+/// its product (see the module comment), or 0 when they are not: in a training pass with the
+/// adapters [`together`], one scale for all of them (it goes into `x A^T`), a total rank that
+/// keeps 16-bit rows 16-byte aligned, and a widened input no wider than the power of two at or
+/// above the layer's input width `c_in`. That last bound is measured, not derived: cuBLASLt's
+/// products slow by about a sixth once their reduction passes 2048 (an H200, bf16: the
+/// Llama-3.2-1B gate/up product 681 us at 2048, 802 us at 2080 and 2112), which took the whole
+/// gain of the fold at that shape, while SmolLM2-135M's 576 widened to 608 and 624 gained
+/// (`docs/perf-log.md`, "LoRA adapters folded into their frozen products").
+pub fn fold_width(adapters: &[Adapter], c_in: usize) -> usize {
+    if !fold_switched_on() || !together(adapters) {
+        return 0;
+    }
+    let scale = adapters[0].scale;
+    let big_r = total_rank(adapters);
+    if adapters.iter().any(|a| a.scale != scale)
+        || !big_r.is_multiple_of(8)
+        || c_in + big_r > c_in.next_power_of_two()
+    {
+        return 0;
+    }
+    big_r
+}
+
+/// Adds `scale * x A^T` of every adapter into the last `R` columns of the widened input `x`
+/// (`[rows, in + R]`, zeros there as its norm writes them).
+pub fn fold_inputs(adapters: &[Adapter], x: &mut Tensor) -> Result<()> {
+    let (rows, wide) = ops::rows_cols("lora fold", x)?;
+    let big_r = total_rank(adapters);
+    let c_in = wide - big_r;
+    let stacked = stack_a(adapters)?;
+    let a = stacked.as_ref().unwrap_or(adapters[0].a.weight());
+    let h = ops::matmul_view_new(
+        GemmShape::single(false, true, rows, big_r, c_in),
+        [
+            MatrixView {
+                ld: wide,
+                offset: 0,
+            },
+            MatrixView::packed(c_in),
+            MatrixView::packed(big_r),
+        ],
+        adapters[0].scale,
+        x,
+        a,
+    )?;
+    ops::add_cols_scaled(x, &h, c_in, 1.0)
+}
+
+/// The backward of a folded layer's adapters. `dx` is the frozen product's input gradient
+/// `dY [W | B]` (`[rows, in + R]`), whose last `R` columns are `dY B`, and `x` the widened
+/// input, whose last `R` columns hold `scale * x A^T`: accumulates every adapter's gradients
+/// and adds their input gradient `scale * dY B A` into `dx`'s first `in` columns.
+pub fn fold_backward(
+    adapters: &mut [Adapter],
+    dy: &Tensor,
+    x: &Tensor,
+    dx: &mut Tensor,
+) -> Result<()> {
+    let (rows, wide) = ops::rows_cols("lora fold backward", x)?;
+    let (_, row) = ops::rows_cols("lora fold backward", dy)?;
+    let big_r = total_rank(adapters);
+    let c_in = wide - big_r;
+    let dh = ops::cols_scaled(dx, c_in, big_r, adapters[0].scale)?;
+    let mut k0 = 0;
+    for ad in adapters.iter_mut() {
+        let (r, cols, dy_block) = (ad.rank(), ad.block.cols, ad.columns_of(row));
+        // dB += dy[:, block]^T @ (scale * H[:, k])   ([cols, r]); = on a step's first write.
+        if let Some(db) = ad.b.grad_target() {
+            ops::matmul_view(
+                GemmShape::single(true, false, cols, r, rows),
+                [
+                    dy_block,
+                    MatrixView {
+                        ld: wide,
+                        offset: c_in + k0,
+                    },
+                    MatrixView::packed(r),
+                ],
+                1.0,
+                dy,
+                x,
+                db.beta(),
+                db.grad,
+            )?;
+        }
+        k0 += r;
+    }
+    a_gradients(
+        adapters,
+        &dh,
+        x,
+        MatrixView {
+            ld: wide,
+            offset: 0,
+        },
+        c_in,
+    )?;
+    // dx[:, :in] += dH @ A
+    let stacked = stack_a(adapters)?;
+    let a = stacked.as_ref().unwrap_or(adapters[0].a.weight());
+    ops::matmul_view(
+        GemmShape::single(false, false, rows, c_in, big_r),
+        [
+            MatrixView::packed(big_r),
+            MatrixView::packed(c_in),
+            MatrixView {
+                ld: wide,
+                offset: 0,
+            },
+        ],
+        1.0,
+        &dh,
+        a,
+        1.0,
+        dx,
+    )
+}
+
+/// A frozen layer's weight widened by its adapters' `B`s, `[W | B]` (`[out, in + R]`): each
+/// adapter's `B` in its block of rows at its columns of the last `R`, zeros elsewhere. Built
+/// on a layer's first folded forward and kept (a second copy of the frozen weight).
+#[derive(Default)]
+pub struct FoldedWeight(Mutex<Option<Tensor>>);
+
+impl FoldedWeight {
+    /// Runs `f` on the widened weight of `w` and `adapters`; with `refresh` (each forward) the
+    /// adapters' current `B`s are copied in first.
+    pub fn with<T>(
+        &self,
+        adapters: &[Adapter],
+        w: &Tensor,
+        refresh: bool,
+        f: impl FnOnce(&Tensor) -> Result<T>,
+    ) -> Result<T> {
+        let mut held = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let (c_out, c_in) = (w.shape()[0], w.shape()[1]);
+        let big_r = total_rank(adapters);
+        let wide = c_in + big_r;
+        let stale = held
+            .as_ref()
+            .is_none_or(|t| t.shape() != [c_out, wide].as_slice() || t.dtype() != w.dtype());
+        if stale {
+            let mut t = Tensor::zeros(w.pool(), &[c_out, wide], w.dtype())?;
+            ops::add_cols_scaled(&mut t, w, 0, 1.0)?;
+            *held = Some(t);
+        }
+        let t = held.as_mut().expect("built above");
+        if refresh || stale {
+            let mut k0 = 0;
+            for ad in adapters {
+                ops::set_block(t, ad.b.weight(), ad.block.col0, c_in + k0)?;
+                k0 += ad.rank();
+            }
+        }
+        f(t)
+    }
+
+    /// Drops the widened copy (the adapters were merged or removed).
+    pub fn clear(&self) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
 }

@@ -259,10 +259,25 @@ pub(super) fn check_cols<T: Elem>(
     let mut d_dst = gpu.upload_as::<T>(&dst)?;
     let mut d_cols = poisoned::<T>(gpu, n * c)?;
     gpu.cols_scaled(&mut d_cols, &d_dst, n, row, col0, c, -1.5)?;
+    // The first half of src's rows set into dst's last rows (set_block).
+    let (m, at) = (n / 2, n - n / 2);
+    let mut want_set = dst.clone();
+    cpu::add::set_block(&mut want_set, &src[..m * c], row, at, col0, c);
+    let mut d_set = gpu.upload_as::<T>(&dst)?;
+    gpu.set_block(
+        &mut d_set,
+        &gpu.upload_as::<T>(&src[..m * c])?,
+        m,
+        row,
+        at,
+        col0,
+        c,
+    )?;
     gpu.add_cols_scaled(&mut d_dst, &d_src, n, row, col0, c, 0.75)?;
     Ok(worst(&[
         rel_err(&gpu.download_f32(&d_dst)?, &want_add, ELEMENTWISE_FLOOR),
         rel_err(&gpu.download_f32(&d_cols)?, &want_cols, ELEMENTWISE_FLOOR),
+        rel_err(&gpu.download_f32(&d_set)?, &want_set, ELEMENTWISE_FLOOR),
     ]))
 }
 

@@ -105,7 +105,7 @@ pub(super) fn run_checks(gpu: &CudaBackend, inp: &mut Inputs, only: &KernelFilte
         let shape = format!("N{n} row{row} cols{col0}+{c}");
         both_dtypes!(
             check_cols,
-            "add_cols_scaled, cols_scaled",
+            "add_cols_scaled, cols_scaled, set_block",
             shape,
             n,
             row,

@@ -195,6 +195,16 @@ pub(super) fn check_layernorm_backward<T: Elem>(
 /// Rows of the rotary tables in the selftest; positions are drawn below it.
 pub(super) const ROPE_POSITIONS: usize = 4096;
 
+/// Extra columns of the strided rows the RMSNorm checks also write and read.
+const NORM_PAD: usize = 16;
+
+/// Rows of `c` values widened by NORM_PAD columns of `fill`.
+fn widened(rows: &[f32], c: usize, fill: f32) -> Vec<f32> {
+    rows.chunks(c)
+        .flat_map(|r| r.iter().copied().chain(std::iter::repeat_n(fill, NORM_PAD)))
+        .collect()
+}
+
 pub(super) fn check_rmsnorm_forward<T: Elem>(
     gpu: &CudaBackend,
     inp: &mut Inputs,
@@ -205,14 +215,32 @@ pub(super) fn check_rmsnorm_forward<T: Elem>(
     let d = T::DTYPE;
     let (x, g) = (inp.uniform(n * c, 2.0, d), inp.uniform(c, 1.0, d));
     let (mut out, mut rstd) = (vec![0.0; n * c], vec![0.0; n]);
-    cpu::rmsnorm::rmsnorm_forward(&mut out, &mut rstd, &x, &g, c, eps);
+    cpu::rmsnorm::rmsnorm_forward(&mut out, &mut rstd, &x, &g, c, c, eps);
     let mut d_out = poisoned::<T>(gpu, n * c)?;
     let mut d_rstd = poisoned::<f32>(gpu, n)?;
     let (d_x, d_g) = (gpu.upload_as::<T>(&x)?, gpu.upload_as::<T>(&g)?);
-    gpu.rmsnorm_forward(&mut d_out, &mut d_rstd, &d_x, &d_g, n, c, eps)?;
+    gpu.rmsnorm_forward(&mut d_out, &mut d_rstd, &d_x, &d_g, n, c, c, eps)?;
+    // Rows written NORM_PAD columns apart, zeros in the extra ones (a folded adapter layer's
+    // input).
+    let mut d_wide = poisoned::<T>(gpu, n * (c + NORM_PAD))?;
+    gpu.rmsnorm_forward(
+        &mut d_wide,
+        &mut d_rstd,
+        &d_x,
+        &d_g,
+        n,
+        c,
+        c + NORM_PAD,
+        eps,
+    )?;
     Ok(worst(&[
         rel_err(&gpu.download_f32(&d_out)?, &out, ELEMENTWISE_FLOOR),
         rel_err(&gpu.download(&d_rstd)?, &rstd, ELEMENTWISE_FLOOR),
+        rel_err(
+            &gpu.download_f32(&d_wide)?,
+            &widened(&out, c, 0.0),
+            ELEMENTWISE_FLOOR,
+        ),
     ]))
 }
 
@@ -231,11 +259,11 @@ pub(super) fn check_residual_rmsnorm<T: Elem>(
     let (mut sum, mut out, mut rstd) = (vec![0.0; n * c], vec![0.0; n * c], vec![0.0; n]);
     if d == DType::F32 {
         cpu::rmsnorm::residual_rmsnorm_forward(
-            &mut sum, &mut out, &mut rstd, &x, &delta, &g, c, eps,
+            &mut sum, &mut out, &mut rstd, &x, &delta, &g, c, c, eps,
         );
     } else {
         sum = x.iter().zip(&delta).map(|(a, b)| d.round(a + b)).collect();
-        cpu::rmsnorm::rmsnorm_forward(&mut out, &mut rstd, &sum, &g, c, eps);
+        cpu::rmsnorm::rmsnorm_forward(&mut out, &mut rstd, &sum, &g, c, c, eps);
     }
     let (mut d_sum, mut d_out) = (poisoned::<T>(gpu, n * c)?, poisoned::<T>(gpu, n * c)?);
     let mut d_rstd = poisoned::<f32>(gpu, n)?;
@@ -250,12 +278,32 @@ pub(super) fn check_residual_rmsnorm<T: Elem>(
         &d_g,
         n,
         c,
+        c,
+        eps,
+    )?;
+    let mut d_wide = poisoned::<T>(gpu, n * (c + NORM_PAD))?;
+    let mut d_sum2 = poisoned::<T>(gpu, n * c)?;
+    gpu.residual_rmsnorm_forward(
+        &mut d_sum2,
+        &mut d_wide,
+        &mut d_rstd,
+        &d_x,
+        &d_delta,
+        &d_g,
+        n,
+        c,
+        c + NORM_PAD,
         eps,
     )?;
     Ok(worst(&[
         rel_err(&gpu.download_f32(&d_sum)?, &sum, ELEMENTWISE_FLOOR),
         rel_err(&gpu.download_f32(&d_out)?, &out, ELEMENTWISE_FLOOR),
         rel_err(&gpu.download(&d_rstd)?, &rstd, ELEMENTWISE_FLOOR),
+        rel_err(
+            &gpu.download_f32(&d_wide)?,
+            &widened(&out, c, 0.0),
+            ELEMENTWISE_FLOOR,
+        ),
     ]))
 }
 
@@ -268,12 +316,12 @@ pub(super) fn check_rmsnorm_backward<T: Elem>(
     let d = T::DTYPE;
     let (x, g) = (inp.uniform(n * c, 2.0, d), inp.uniform(c, 1.0, d));
     let (mut out, mut rstd) = (vec![0.0; n * c], vec![0.0; n]);
-    cpu::rmsnorm::rmsnorm_forward(&mut out, &mut rstd, &x, &g, c, 1e-5);
+    cpu::rmsnorm::rmsnorm_forward(&mut out, &mut rstd, &x, &g, c, c, 1e-5);
     let dout = inp.uniform(n * c, 1.0, d);
     // Both gradients accumulate: start them from random values, not zeros.
     let (dx0, dg0) = (inp.uniform(n * c, 1.0, d), inp.uniform(c, 1.0, DType::F32));
     let (mut dx, mut dg) = (dx0.clone(), dg0.clone());
-    cpu::rmsnorm::rmsnorm_backward(&mut dx, &mut dg, &dout, &x, &g, &rstd, c);
+    cpu::rmsnorm::rmsnorm_backward(&mut dx, &mut dg, &dout, &x, &g, &rstd, c, c);
     let (mut d_dx, mut d_dg) = (gpu.upload_as::<T>(&dx0)?, gpu.upload(&dg0)?);
     let (d_dout, d_x, d_g) = (
         gpu.upload_as::<T>(&dout)?,
@@ -290,14 +338,45 @@ pub(super) fn check_rmsnorm_backward<T: Elem>(
         &d_rstd,
         n,
         c,
+        c,
     )?;
     // A frozen gain: the same input gradient, no gain gradient formed.
     let mut d_dx_frozen = gpu.upload_as::<T>(&dx0)?;
-    gpu.rmsnorm_backward(&mut d_dx_frozen, None, &d_dout, &d_x, &d_g, &d_rstd, n, c)?;
+    gpu.rmsnorm_backward(
+        &mut d_dx_frozen,
+        None,
+        &d_dout,
+        &d_x,
+        &d_g,
+        &d_rstd,
+        n,
+        c,
+        c,
+    )?;
+    // dout in rows NORM_PAD columns wider, the extra columns NaN (never read), with and
+    // without the gain's gradient.
+    let dout_wide = widened(&dout, c, f32::NAN);
+    let d_dout_wide = gpu.upload_as::<T>(&dout_wide)?;
+    let (mut d_dx_wide, mut d_dg_wide) = (gpu.upload_as::<T>(&dx0)?, gpu.upload(&dg0)?);
+    let mut d_dx_wide_frozen = gpu.upload_as::<T>(&dx0)?;
+    for (dx, dg) in [
+        (&mut d_dx_wide, Some(&mut d_dg_wide)),
+        (&mut d_dx_wide_frozen, None),
+    ] {
+        let ld = c + NORM_PAD;
+        gpu.rmsnorm_backward(dx, dg, &d_dout_wide, &d_x, &d_g, &d_rstd, n, c, ld)?;
+    }
     Ok(worst(&[
         rel_err(&gpu.download_f32(&d_dx)?, &dx, ELEMENTWISE_FLOOR),
         rel_err(&gpu.download(&d_dg)?, &dg, ELEMENTWISE_FLOOR),
         rel_err(&gpu.download_f32(&d_dx_frozen)?, &dx, ELEMENTWISE_FLOOR),
+        rel_err(&gpu.download_f32(&d_dx_wide)?, &dx, ELEMENTWISE_FLOOR),
+        rel_err(&gpu.download(&d_dg_wide)?, &dg, ELEMENTWISE_FLOOR),
+        rel_err(
+            &gpu.download_f32(&d_dx_wide_frozen)?,
+            &dx,
+            ELEMENTWISE_FLOOR,
+        ),
     ]))
 }
 

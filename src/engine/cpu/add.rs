@@ -53,6 +53,15 @@ pub fn cols_scaled(out: &mut [f32], src: &[f32], row: usize, col0: usize, c: usi
         });
 }
 
+/// `dst[row0 + r, col0 + j] = src[r, j]` for the rows of `src` (`c` values each) and rows of
+/// `row` values in `dst`.
+pub fn set_block(dst: &mut [f32], src: &[f32], row: usize, row0: usize, col0: usize, c: usize) {
+    for (r, s) in src.chunks(c.max(1)).enumerate() {
+        let at = (row0 + r) * row + col0;
+        dst[at..at + c].copy_from_slice(s);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -46,22 +46,28 @@ pub fn normed_rows(
     out
 }
 
-/// `out = rmsnorm(x) * gamma` per row of width `c`; saves `rstd` per row.
+/// `out = rmsnorm(x) * gamma` per row of width `c`, `out`'s rows `ldo` apart (zeros in the
+/// columns past `c`); saves `rstd` per row.
 pub fn rmsnorm_forward(
     out: &mut [f32],
     rstd: &mut [f32],
     x: &[f32],
     gamma: &[f32],
     c: usize,
+    ldo: usize,
     eps: f32,
 ) {
-    out.par_chunks_mut(c)
+    out.par_chunks_mut(ldo)
         .zip(x.par_chunks(c))
         .zip(rstd.par_iter_mut())
-        .for_each(|((o, x), r)| *r = normalise_row(o, x, gamma, eps));
+        .for_each(|((o, x), r)| {
+            o[c..].fill(0.0);
+            *r = normalise_row(&mut o[..c], x, gamma, eps)
+        });
 }
 
-/// `sum = x + delta; out = rmsnorm(sum) * gamma`, in one pass over the rows.
+/// `sum = x + delta; out = rmsnorm(sum) * gamma`, in one pass over the rows; `out`'s rows
+/// `ldo` apart (zeros past `c`).
 #[allow(clippy::too_many_arguments)]
 pub fn residual_rmsnorm_forward(
     sum: &mut [f32],
@@ -71,10 +77,11 @@ pub fn residual_rmsnorm_forward(
     delta: &[f32],
     gamma: &[f32],
     c: usize,
+    ldo: usize,
     eps: f32,
 ) {
     sum.par_chunks_mut(c)
-        .zip(out.par_chunks_mut(c))
+        .zip(out.par_chunks_mut(ldo))
         .zip(x.par_chunks(c).zip(delta.par_chunks(c)))
         .zip(rstd.par_iter_mut())
         .for_each(|(((s, o), (x, d)), r)| {
@@ -82,7 +89,8 @@ pub fn residual_rmsnorm_forward(
                 .zip(x)
                 .zip(d)
                 .for_each(|((s, x), d)| *s = x + d);
-            *r = normalise_row(o, s, gamma, eps);
+            o[c..].fill(0.0);
+            *r = normalise_row(&mut o[..c], s, gamma, eps);
         });
 }
 
@@ -91,6 +99,7 @@ pub fn residual_rmsnorm_forward(
 /// With `xhat = x * rstd` and `g = dout * gamma`: `dx = rstd * (g - xhat * mean(g * xhat))`,
 /// `dgamma = sum over rows of dout * xhat`. The gain gradient is summed row by row in a fixed
 /// order (rows split into fixed chunks, chunks added in order), so it is reproducible.
+/// `dout`'s rows are `ldd` apart (only their first `c` values are read).
 #[allow(clippy::too_many_arguments)]
 pub fn rmsnorm_backward(
     dx: &mut [f32],
@@ -100,12 +109,14 @@ pub fn rmsnorm_backward(
     gamma: &[f32],
     rstd: &[f32],
     c: usize,
+    ldd: usize,
 ) {
     dx.par_chunks_mut(c)
-        .zip(dout.par_chunks(c))
+        .zip(dout.par_chunks(ldd))
         .zip(x.par_chunks(c))
         .zip(rstd.par_iter())
         .for_each(|(((dx, dy), x), &r)| {
+            let dy = &dy[..c];
             let dot = dy
                 .iter()
                 .zip(gamma)
@@ -119,13 +130,13 @@ pub fn rmsnorm_backward(
         });
     const ROWS_PER_CHUNK: usize = 64;
     let partials: Vec<Vec<f32>> = dout
-        .par_chunks(ROWS_PER_CHUNK * c)
+        .par_chunks(ROWS_PER_CHUNK * ldd)
         .zip(x.par_chunks(ROWS_PER_CHUNK * c))
         .zip(rstd.par_chunks(ROWS_PER_CHUNK))
         .map(|((dy, x), r)| {
             let mut acc = vec![0.0f32; c];
-            for ((dy, x), &r) in dy.chunks(c).zip(x.chunks(c)).zip(r) {
-                for ((a, dy), x) in acc.iter_mut().zip(dy).zip(x) {
+            for ((dy, x), &r) in dy.chunks(ldd).zip(x.chunks(c)).zip(r) {
+                for ((a, dy), x) in acc.iter_mut().zip(&dy[..c]).zip(x) {
                     *a += dy * x * r;
                 }
             }
@@ -145,7 +156,7 @@ mod tests {
     fn loss(x: &[f32], gamma: &[f32], w: &[f32], c: usize) -> f64 {
         let mut out = vec![0.0; x.len()];
         let mut rstd = vec![0.0; x.len() / c];
-        rmsnorm_forward(&mut out, &mut rstd, x, gamma, c, 1e-5);
+        rmsnorm_forward(&mut out, &mut rstd, x, gamma, c, c, 1e-5);
         out.iter().zip(w).map(|(o, w)| *o as f64 * *w as f64).sum()
     }
 
@@ -158,7 +169,7 @@ mod tests {
             random(c, 3, 1.0),
         );
         let (mut sum, mut out, mut rstd) = (vec![0.0; n * c], vec![0.0; n * c], vec![0.0; n]);
-        residual_rmsnorm_forward(&mut sum, &mut out, &mut rstd, &x, &d, &gamma, c, 1e-5);
+        residual_rmsnorm_forward(&mut sum, &mut out, &mut rstd, &x, &d, &gamma, c, c, 1e-5);
         let mut want = Vec::new();
         for row in 0..n {
             let s: Vec<f64> = (0..c)
@@ -170,8 +181,57 @@ mod tests {
         }
         assert_close(&out, &want, 1e-5, "rmsnorm");
         let (mut plain, mut r2) = (vec![0.0; n * c], vec![0.0; n]);
-        rmsnorm_forward(&mut plain, &mut r2, &sum, &gamma, c, 1e-5);
+        rmsnorm_forward(&mut plain, &mut r2, &sum, &gamma, c, c, 1e-5);
         assert_eq!(plain, out, "the fused sum normalises the same way");
+    }
+
+    #[test]
+    fn strided_rows_give_the_packed_results() {
+        let (n, c, pad) = (6, 12, 4);
+        let (x, d, gamma, dy) = (
+            random(n * c, 8, 2.0),
+            random(n * c, 9, 1.0),
+            random(c, 10, 1.0),
+            random(n * c, 11, 1.0),
+        );
+        let (mut sum, mut out, mut rstd) = (vec![0.0; n * c], vec![0.0; n * c], vec![0.0; n]);
+        residual_rmsnorm_forward(&mut sum, &mut out, &mut rstd, &x, &d, &gamma, c, c, 1e-5);
+        let (mut sum2, mut wide, mut rstd2) =
+            (vec![0.0; n * c], vec![7.0; n * (c + pad)], vec![0.0; n]);
+        residual_rmsnorm_forward(
+            &mut sum2,
+            &mut wide,
+            &mut rstd2,
+            &x,
+            &d,
+            &gamma,
+            c,
+            c + pad,
+            1e-5,
+        );
+        for (row, w) in wide.chunks(c + pad).enumerate() {
+            assert_eq!(&w[..c], &out[row * c..(row + 1) * c]);
+            assert!(w[c..].iter().all(|&v| v == 0.0), "the padding is zeroed");
+        }
+        let (mut dx, mut dg) = (vec![0.0; n * c], vec![0.0; c]);
+        rmsnorm_backward(&mut dx, &mut dg, &dy, &sum, &gamma, &rstd, c, c);
+        let mut dy_wide = vec![f32::NAN; n * (c + pad)];
+        for (row, w) in dy_wide.chunks_mut(c + pad).enumerate() {
+            w[..c].copy_from_slice(&dy[row * c..(row + 1) * c]);
+        }
+        let (mut dx2, mut dg2) = (vec![0.0; n * c], vec![0.0; c]);
+        rmsnorm_backward(
+            &mut dx2,
+            &mut dg2,
+            &dy_wide,
+            &sum,
+            &gamma,
+            &rstd,
+            c,
+            c + pad,
+        );
+        assert_eq!(dx, dx2);
+        assert_eq!(dg, dg2);
     }
 
     #[test]
@@ -183,10 +243,10 @@ mod tests {
             random(n * c, 6, 1.0),
         );
         let (mut out, mut rstd) = (vec![0.0; n * c], vec![0.0; n]);
-        rmsnorm_forward(&mut out, &mut rstd, &x, &gamma, c, 1e-5);
+        rmsnorm_forward(&mut out, &mut rstd, &x, &gamma, c, c, 1e-5);
         let base = random(n * c, 7, 1.0);
         let (mut dx, mut dgamma) = (base.clone(), vec![0.5; c]);
-        rmsnorm_backward(&mut dx, &mut dgamma, &w, &x, &gamma, &rstd, c);
+        rmsnorm_backward(&mut dx, &mut dgamma, &w, &x, &gamma, &rstd, c, c);
         let h = 1e-2f32;
         for i in (0..n * c).step_by(97) {
             let (mut p, mut m) = (x.clone(), x.clone());

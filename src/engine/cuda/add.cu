@@ -55,6 +55,19 @@ __device__ void cols_scaled(T* out, const T* src, long long n, int row, int col0
     }
 }
 
+// set_block copies src[n, c] into rows row0.. and columns col0.. of dst[.., row]: a low-rank
+// adapter's B into its block of the widened frozen weight (nn/lora.rs, FoldedWeight).
+template <typename T>
+__device__ void set_block(T* dst, const T* src, long long n, int row, long long row0, int col0,
+                          int c) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n * c; i += stride) {
+        const long long r = i / c;
+        const int j = (int)(i - r * c);
+        dst[(row0 + r) * row + col0 + j] = src[i];
+    }
+}
+
 #define COLS_KERNELS(T, SUFFIX)                                                                 \
     extern "C" __global__ void add_cols_scaled_##SUFFIX(T* dst, const T* src, long long n,      \
                                                         int row, int col0, int c, float alpha) { \
@@ -63,6 +76,10 @@ __device__ void cols_scaled(T* out, const T* src, long long n, int row, int col0
     extern "C" __global__ void cols_scaled_##SUFFIX(T* out, const T* src, long long n, int row, \
                                                     int col0, int c, float alpha) {             \
         cols_scaled<T>(out, src, n, row, col0, c, alpha);                                       \
+    }                                                                                          \
+    extern "C" __global__ void set_block_##SUFFIX(T* dst, const T* src, long long n, int row,   \
+                                                  long long row0, int col0, int c) {            \
+        set_block<T>(dst, src, n, row, row0, col0, c);                                          \
     }
 
 COLS_KERNELS(float, f32)

@@ -14,11 +14,21 @@ pub(super) const PROGRAM: Program = Program {
         ElemKernel::AddAssign,
         ElemKernel::AddColsScaled,
         ElemKernel::ColsScaled,
+        ElemKernel::SetBlock,
     ],
     dtypes: ELEM_DTYPES,
 };
 
 const BLOCK: u32 = 256;
+
+/// One thread per element of an `n x c` block, grid-strided (the column-block kernels).
+fn block_grid(elems: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (elementwise_grid(elems, BLOCK), 1, 1),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
 
 /// Each thread takes four elements per access.
 fn grid(n: usize) -> LaunchConfig {
@@ -169,6 +179,50 @@ impl CudaBackend {
         self.cols_kernel(ElemKernel::ColsScaled, out, src, (n, row, col0, c), alpha)
     }
 
+    /// `dst[row0 + r, col0 + j] = src[r, j]` over `n` rows of `c` (src) into rows of `row`
+    /// (dst); reference: [`crate::engine::cpu::add::set_block`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn set_block<T: Elem>(
+        &self,
+        dst: &mut CudaSlice<T>,
+        src: &CudaSlice<T>,
+        n: usize,
+        row: usize,
+        row0: usize,
+        col0: usize,
+        c: usize,
+    ) -> Result<()> {
+        if col0 + c > row || dst.len() < (row0 + n) * row || src.len() < n * c {
+            return Err(super::CudaError::Shape {
+                op: "set_block",
+                detail: format!(
+                    "rows {row0}..{} and columns {col0}..{} of rows of {row} do not fit buffers of {} and {}",
+                    row0 + n,
+                    col0 + c,
+                    dst.len(),
+                    src.len()
+                ),
+            });
+        }
+        if n * c == 0 {
+            return Ok(());
+        }
+        let f = self.elem_function::<T>(ElemKernel::SetBlock)?;
+        let (n64, row32, row0_64, col32, c32) =
+            (n as i64, row as i32, row0 as i64, col0 as i32, c as i32);
+        let mut l = self.stream.launch_builder(f);
+        l.arg(dst)
+            .arg(src)
+            .arg(&n64)
+            .arg(&row32)
+            .arg(&row0_64)
+            .arg(&col32)
+            .arg(&c32);
+        // SAFETY: the checks above keep every index inside both buffers.
+        unsafe { l.launch(block_grid(n * c)) }?;
+        Ok(())
+    }
+
     /// Launches one of the column-block kernels; `(n, row, col0, c)` as they take them. The
     /// first buffer is the `[N, row]` one for `add_cols_scaled`, the `[N, c]` one for
     /// `cols_scaled`.
@@ -207,13 +261,8 @@ impl CudaBackend {
             .arg(&col32)
             .arg(&c32)
             .arg(&alpha);
-        let cfg = LaunchConfig {
-            grid_dim: (elementwise_grid(n * c, BLOCK), 1, 1),
-            block_dim: (BLOCK, 1, 1),
-            shared_mem_bytes: 0,
-        };
         // SAFETY: the checks above keep every index inside both buffers.
-        unsafe { l.launch(cfg) }?;
+        unsafe { l.launch(block_grid(n * c)) }?;
         Ok(())
     }
 }

@@ -138,7 +138,7 @@ __device__ __forceinline__ void store4(f16* p, const float v[4]) {
 // as loaded, and the row's rstd, where the row is one of the block's (below `end`).
 template <typename T, int GROUPS>
 __device__ __forceinline__ void norm_fetch_row(const T* dout, const T* x, const float* rstd, int row,
-                                               int end, int c, Raw4<T> (&nd)[GROUPS],
+                                               int end, int c, int ldd, Raw4<T> (&nd)[GROUPS],
                                                Raw4<T> (&nx)[GROUPS], float& nr) {
     if (row >= end) return;
     const long long off = (long long)row * c;
@@ -146,7 +146,7 @@ __device__ __forceinline__ void norm_fetch_row(const T* dout, const T* x, const 
     for (int k = 0; k < GROUPS; ++k) {
         const int g = threadIdx.x + k * blockDim.x;
         if (g >= c / 4) continue;
-        load_raw4(dout + off + 4 * g, nd[k]);
+        load_raw4(dout + (long long)row * ldd + 4 * g, nd[k]);
         load_raw4(x + off + 4 * g, nx[k]);
     }
 }

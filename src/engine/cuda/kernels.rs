@@ -121,6 +121,7 @@ kernel_table! {
         AddAssign = "add_assign",
         AddColsScaled = "add_cols_scaled",
         ColsScaled = "cols_scaled",
+        SetBlock = "set_block",
         AttentionForwardHs16 = "attention_forward" + "_hs16",
         AttentionForwardHs32 = "attention_forward" + "_hs32",
         AttentionForwardHs64 = "attention_forward" + "_hs64",

@@ -147,7 +147,7 @@ __device__ void layernorm_backward_fused(T* dinp, float* partial_gamma, float* p
     // round's are reduced and written, so each block waits on memory once, not once a round.
     Raw4<T> nd[LN_HELD], nx[LN_HELD];
     float nr = 0.f;
-    auto fetch = [&](int base) { norm_fetch_row<T, LN_HELD>(dout, inp, rstd, base + lane, end, c, nd, nx, nr); };
+    auto fetch = [&](int base) { norm_fetch_row<T, LN_HELD>(dout, inp, rstd, base + lane, end, c, c, nd, nx, nr); };
     fetch(begin);
     for (int base = begin; base < end; base += blockDim.y) {  // uniform over the block
         const int row = base + lane;

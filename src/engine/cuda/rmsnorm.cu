@@ -4,6 +4,12 @@
 // case: 576 channels over 96 threads), a thread moves 4 elements per access and keeps its
 // elements in registers between the two passes (`held_row`); otherwise the row is read
 // twice, the second read hitting L1/L2.
+//
+// Row strides: `ldo` is the stride of the forward's `out` rows and `ldd` of the backward's
+// `dout` rows, each at least c (a multiple of 4 where the held paths run). A layer whose
+// low-rank adapters are folded into its product reads its input `c + R` wide, the adapters'
+// `x A^T` in the last R columns (nn/lora.rs): the norm writes the first c of each row and
+// zeros in the rest, and its backward reads the first c of that product's input gradient.
 
 // Up to two 4-element groups of a row per thread (group v = threadIdx.x + k * blockDim.x).
 #define HELD 2
@@ -11,11 +17,19 @@ template <typename T> __device__ __forceinline__ bool held_row(const T* p, int c
     return c % 4 == 0 && c <= 4 * HELD * (int)blockDim.x && aligned4(p);
 }
 
+// Zeros in the columns c .. ldo of this block's row of out (a folded adapter layer's input
+// fills them afterwards by adding into them).
+template <typename T> __device__ __forceinline__ void zero_padding(T* out, int c, int ldo) {
+    T* row = out + (long long)blockIdx.x * ldo;
+    for (int i = c + threadIdx.x; i < ldo; i += blockDim.x) row[i] = store<T>(0.f);
+}
+
 template <typename T, bool RESIDUAL>
 __device__ void rmsnorm_forward_held(T* sum, T* out, float* rstd, const T* x, const T* delta,
-                                     const T* gamma, int c, float eps) {
+                                     const T* gamma, int c, int ldo, float eps) {
     __shared__ float scratch[32];
     const long long off = (long long)blockIdx.x * c;
+    const long long out_off = (long long)blockIdx.x * ldo;
     const int groups = c / 4;
     float v[HELD][4];
     float acc = 0.f;
@@ -32,17 +46,18 @@ __device__ void rmsnorm_forward_held(T* sum, T* out, float* rstd, const T* x, co
         float w[4];
         load4(gamma + 4 * g, w);
         for (int j = 0; j < 4; ++j) w[j] = v[k][j] * r * w[j];
-        store4(out + off + 4 * g, w);
+        store4(out + out_off + 4 * g, w);
     }
+    zero_padding(out, c, ldo);
     if (threadIdx.x == 0) rstd[blockIdx.x] = r;
 }
 
 template <typename T, bool RESIDUAL>
 __device__ void rmsnorm_forward(T* sum, T* out, float* rstd, const T* x, const T* delta,
-                                const T* gamma, int c, float eps) {
-    if (held_row(x, c) && held_row(out, c) && held_row(gamma, c) &&
+                                const T* gamma, int c, int ldo, float eps) {
+    if (held_row(x, c) && held_row(out, c) && ldo % 4 == 0 && held_row(gamma, c) &&
         (!RESIDUAL || (held_row(sum, c) && held_row(delta, c)))) {
-        rmsnorm_forward_held<T, RESIDUAL>(sum, out, rstd, x, delta, gamma, c, eps);
+        rmsnorm_forward_held<T, RESIDUAL>(sum, out, rstd, x, delta, gamma, c, ldo, eps);
         return;
     }
     __shared__ float scratch[32];
@@ -62,8 +77,9 @@ __device__ void rmsnorm_forward(T* sum, T* out, float* rstd, const T* x, const T
     const T* src = RESIDUAL ? sum : x;
     const float r = 1.0f / sqrtf(block_sum(acc, scratch) / c + eps);
     for (int i = threadIdx.x; i < c; i += blockDim.x) {
-        out[off + i] = store<T>(load(src[off + i]) * r * load(gamma[i]));
+        out[(long long)blockIdx.x * ldo + i] = store<T>(load(src[off + i]) * r * load(gamma[i]));
     }
+    zero_padding(out, c, ldo);
     if (threadIdx.x == 0) rstd[blockIdx.x] = r;
 }
 
@@ -71,17 +87,18 @@ __device__ void rmsnorm_forward(T* sum, T* out, float* rstd, const T* x, const T
 // runs it only for rows rmsnorm_backward_fused cannot hold (see rmsnorm.rs).
 template <typename T>
 __device__ void rmsnorm_backward_input(T* dx, const T* dout, const T* x, const T* gamma,
-                                       const float* rstd, int c) {
+                                       const float* rstd, int c, int ldd) {
     __shared__ float scratch[32];
     const long long off = (long long)blockIdx.x * c;
+    const long long d_off = (long long)blockIdx.x * ldd;
     const float r = rstd[blockIdx.x];
     float dot = 0.f;
     for (int i = threadIdx.x; i < c; i += blockDim.x) {
-        dot += load(dout[off + i]) * load(gamma[i]) * load(x[off + i]);
+        dot += load(dout[d_off + i]) * load(gamma[i]) * load(x[off + i]);
     }
     const float mean_dot = block_sum(dot, scratch) * r / c;
     for (int i = threadIdx.x; i < c; i += blockDim.x) {
-        const float gdy = load(gamma[i]) * load(dout[off + i]);
+        const float gdy = load(gamma[i]) * load(dout[d_off + i]);
         const float xhat = load(x[off + i]) * r;
         dx[off + i] = store<T>(load(dx[off + i]) + r * (gdy - xhat * mean_dot));
     }
@@ -98,7 +115,7 @@ __device__ void rmsnorm_backward_input(T* dx, const T* dout, const T* x, const T
 #define RMS_BWD_LANES 4
 template <typename T>
 __device__ void rmsnorm_backward_fused(T* dx, float* partial, const T* dout, const T* x,
-                                       const T* gamma, const float* rstd, int n, int c,
+                                       const T* gamma, const float* rstd, int n, int c, int ldd,
                                        int rows_per_chunk) {
     __shared__ float lane_dot[RMS_BWD_LANES][32];
     extern __shared__ float chunk_dg[];  // c values: the lanes' gain gradients, added in turn
@@ -115,7 +132,7 @@ __device__ void rmsnorm_backward_fused(T* dx, float* partial, const T* dout, con
     // round's are reduced and written, so each block waits on memory once, not once a round.
     Raw4<T> nd[HELD], nx[HELD];
     float nr = 0.f;
-    auto fetch = [&](int base) { norm_fetch_row<T, HELD>(dout, x, rstd, base + lane, end, c, nd, nx, nr); };
+    auto fetch = [&](int base) { norm_fetch_row<T, HELD>(dout, x, rstd, base + lane, end, c, ldd, nd, nx, nr); };
     fetch(begin);
     for (int base = begin; base < end; base += blockDim.y) {  // uniform over the block
         const int row = base + lane;
@@ -166,7 +183,8 @@ __device__ void rmsnorm_backward_fused(T* dx, float* partial, const T* dout, con
 // chunks in order, so the result does not depend on scheduling.
 template <typename T>
 __device__ void rmsnorm_param_grad_partial(float* partial, const T* dout, const T* x,
-                                           const float* rstd, int n, int c, int rows_per_chunk) {
+                                           const float* rstd, int n, int c, int ldd,
+                                           int rows_per_chunk) {
     const int col = blockIdx.x * blockDim.x + threadIdx.x;
     if (col >= c) return;
     const int begin = blockIdx.y * rows_per_chunk;
@@ -174,34 +192,36 @@ __device__ void rmsnorm_param_grad_partial(float* partial, const T* dout, const 
     float dg = 0.f;
     for (int row = begin; row < end; ++row) {
         const long long i = (long long)row * c + col;
-        dg += load(dout[i]) * load(x[i]) * rstd[row];
+        dg += load(dout[(long long)row * ldd + col]) * load(x[i]) * rstd[row];
     }
     partial[(long long)blockIdx.y * c + col] = dg;
 }
 
-#define RMSNORM_KERNELS(T, SUFFIX, BWD_REGS)                                                              \
+#define RMSNORM_KERNELS(T, SUFFIX, BWD_REGS)                                                   \
     extern "C" __global__ void rmsnorm_forward_##SUFFIX(T* out, float* rstd, const T* x,       \
-                                                        const T* gamma, int c, float eps) {    \
-        rmsnorm_forward<T, false>(nullptr, out, rstd, x, nullptr, gamma, c, eps);              \
+                                                        const T* gamma, int c, int ldo,        \
+                                                        float eps) {                            \
+        rmsnorm_forward<T, false>(nullptr, out, rstd, x, nullptr, gamma, c, ldo, eps);         \
     }                                                                                           \
     extern "C" __global__ void residual_rmsnorm_forward_##SUFFIX(                              \
         T* sum, T* out, float* rstd, const T* x, const T* delta, const T* gamma, int c,        \
-        float eps) {                                                                            \
-        rmsnorm_forward<T, true>(sum, out, rstd, x, delta, gamma, c, eps);                     \
+        int ldo, float eps) {                                                                   \
+        rmsnorm_forward<T, true>(sum, out, rstd, x, delta, gamma, c, ldo, eps);                \
     }                                                                                           \
     extern "C" __global__ void rmsnorm_backward_input_##SUFFIX(                                \
-        T* dx, const T* dout, const T* x, const T* gamma, const float* rstd, int c) {          \
-        rmsnorm_backward_input<T>(dx, dout, x, gamma, rstd, c);                                \
+        T* dx, const T* dout, const T* x, const T* gamma, const float* rstd, int c, int ldd) { \
+        rmsnorm_backward_input<T>(dx, dout, x, gamma, rstd, c, ldd);                           \
     }                                                                                           \
-    extern "C" __global__ void BWD_REGS rmsnorm_backward_fused_##SUFFIX(                \
+    extern "C" __global__ void BWD_REGS rmsnorm_backward_fused_##SUFFIX(                        \
         T* dx, float* partial, const T* dout, const T* x, const T* gamma, const float* rstd,   \
-        int n, int c, int rows_per_chunk) {                                                     \
-        rmsnorm_backward_fused<T>(dx, partial, dout, x, gamma, rstd, n, c, rows_per_chunk);    \
+        int n, int c, int ldd, int rows_per_chunk) {                                            \
+        rmsnorm_backward_fused<T>(dx, partial, dout, x, gamma, rstd, n, c, ldd,                \
+                                  rows_per_chunk);                                              \
     }                                                                                           \
     extern "C" __global__ void rmsnorm_param_grad_partial_##SUFFIX(                            \
-        float* partial, const T* dout, const T* x, const float* rstd, int n, int c,            \
+        float* partial, const T* dout, const T* x, const float* rstd, int n, int c, int ldd,   \
         int rows_per_chunk) {                                                                   \
-        rmsnorm_param_grad_partial<T>(partial, dout, x, rstd, n, c, rows_per_chunk);           \
+        rmsnorm_param_grad_partial<T>(partial, dout, x, rstd, n, c, ldd, rows_per_chunk);      \
     }
 
 RMSNORM_KERNELS(float, f32, )

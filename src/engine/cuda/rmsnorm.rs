@@ -46,8 +46,20 @@ fn check_rows(op: &'static str, n: usize, c: usize) -> Result<i32> {
     Ok(c32)
 }
 
+/// A row stride of at least `c`, as the kernels' int.
+fn check_stride(op: &'static str, what: &str, c: usize, ld: usize) -> Result<i32> {
+    if ld < c {
+        return Err(CudaError::Shape {
+            op,
+            detail: format!("{what}'s rows are {ld} apart, narrower than their {c} values"),
+        });
+    }
+    as_i32(op, "row stride", ld)
+}
+
 impl CudaBackend {
-    /// `out = x / sqrt(mean(x^2) + eps) * gamma` per row of width `c`; writes `rstd`.
+    /// `out = x / sqrt(mean(x^2) + eps) * gamma` per row of width `c`, `out`'s rows `ldo`
+    /// apart (at least `c`); writes `rstd`.
     #[allow(clippy::too_many_arguments)]
     pub fn rmsnorm_forward<T: Elem>(
         &self,
@@ -57,11 +69,13 @@ impl CudaBackend {
         gamma: &CudaSlice<T>,
         n: usize,
         c: usize,
+        ldo: usize,
         eps: f32,
     ) -> Result<()> {
         const OP: &str = "rmsnorm_forward";
         let c32 = check_rows(OP, n, c)?;
-        check_len(OP, "out", out, n * c)?;
+        let ldo32 = check_stride(OP, "out", c, ldo)?;
+        check_len(OP, "out", out, n * ldo)?;
         check_len(OP, "x", x, n * c)?;
         check_len(OP, "rstd", rstd, n)?;
         check_len(OP, "gamma", gamma, c)?;
@@ -70,13 +84,20 @@ impl CudaBackend {
         }
         let f = self.elem_function::<T>(ElemKernel::RmsnormForward)?;
         let mut b = self.stream.launch_builder(f);
-        b.arg(out).arg(rstd).arg(x).arg(gamma).arg(&c32).arg(&eps);
+        b.arg(out)
+            .arg(rstd)
+            .arg(x)
+            .arg(gamma)
+            .arg(&c32)
+            .arg(&ldo32)
+            .arg(&eps);
         // SAFETY: lengths checked above; one block per row.
         unsafe { b.launch(one_block_per_row(n, c)) }?;
         Ok(())
     }
 
-    /// `sum = x + delta; out = rmsnorm(sum) * gamma`, in one pass over the rows.
+    /// `sum = x + delta; out = rmsnorm(sum) * gamma`, in one pass over the rows; `out`'s
+    /// rows `ldo` apart.
     #[allow(clippy::too_many_arguments)]
     pub fn residual_rmsnorm_forward<T: Elem>(
         &self,
@@ -88,12 +109,14 @@ impl CudaBackend {
         gamma: &CudaSlice<T>,
         n: usize,
         c: usize,
+        ldo: usize,
         eps: f32,
     ) -> Result<()> {
         const OP: &str = "residual_rmsnorm_forward";
         let c32 = check_rows(OP, n, c)?;
+        let ldo32 = check_stride(OP, "out", c, ldo)?;
         check_len(OP, "sum", sum, n * c)?;
-        check_len(OP, "out", out, n * c)?;
+        check_len(OP, "out", out, n * ldo)?;
         check_len(OP, "x", x, n * c)?;
         check_len(OP, "delta", delta, n * c)?;
         check_len(OP, "rstd", rstd, n)?;
@@ -110,6 +133,7 @@ impl CudaBackend {
             .arg(delta)
             .arg(gamma)
             .arg(&c32)
+            .arg(&ldo32)
             .arg(&eps);
         // SAFETY: lengths checked above; one block per row.
         unsafe { b.launch(one_block_per_row(n, c)) }?;
@@ -118,7 +142,7 @@ impl CudaBackend {
 
     /// Backward: ACCUMULATES into `dx` (the fused residual backward: pass the residual
     /// stream's incoming gradient as `dx`) and `dgamma`; without `dgamma` (a frozen gain) the
-    /// gain's gradient is not formed at all.
+    /// gain's gradient is not formed at all. `dout`'s rows are `ldd` apart.
     #[allow(clippy::too_many_arguments)]
     pub fn rmsnorm_backward<T: Elem>(
         &self,
@@ -130,11 +154,13 @@ impl CudaBackend {
         rstd: &CudaSlice<f32>,
         n: usize,
         c: usize,
+        ldd: usize,
     ) -> Result<()> {
         const OP: &str = "rmsnorm_backward";
         let c32 = check_rows(OP, n, c)?;
+        let ldd32 = check_stride(OP, "dout", c, ldd)?;
         check_len(OP, "dx", dx, n * c)?;
-        check_len(OP, "dout", dout, n * c)?;
+        check_len(OP, "dout", dout, n * ldd)?;
         check_len(OP, "x", x, n * c)?;
         if let Some(dg) = &dgamma {
             check_len(OP, "dgamma", *dg, c)?;
@@ -146,7 +172,7 @@ impl CudaBackend {
         }
         let n32 = n as i32;
         let row = one_block_per_row(n, c);
-        if self.norm_backward_fuses([&*dx, dout, x, gamma], c) {
+        if ldd.is_multiple_of(4) && self.norm_backward_fuses([&*dx, dout, x, gamma], c) {
             let grid = reduce::fused_norm_grid(n, c, 1);
             let chunks = grid.grid_dim.0 as usize;
             let rpc = reduce::FUSED_NORM_ROWS as i32;
@@ -169,6 +195,7 @@ impl CudaBackend {
                 .arg(rstd)
                 .arg(&n32)
                 .arg(&c32)
+                .arg(&ldd32)
                 .arg(&rpc);
             // SAFETY: lengths checked above; block x covers FUSED_NORM_ROWS rows of the n,
             // writes partial row x (chunks x c values) if given and takes c f32 of shared
@@ -181,7 +208,13 @@ impl CudaBackend {
         }
         let f = self.elem_function::<T>(ElemKernel::RmsnormBackwardInput)?;
         let mut b = self.stream.launch_builder(f);
-        b.arg(dx).arg(dout).arg(x).arg(gamma).arg(rstd).arg(&c32);
+        b.arg(dx)
+            .arg(dout)
+            .arg(x)
+            .arg(gamma)
+            .arg(rstd)
+            .arg(&c32)
+            .arg(&ldd32);
         // SAFETY: lengths checked above; one block per row.
         unsafe { b.launch(row) }?;
         let Some(dgamma) = dgamma else {
@@ -198,6 +231,7 @@ impl CudaBackend {
             .arg(rstd)
             .arg(&n32)
             .arg(&c32)
+            .arg(&ldd32)
             .arg(&rpc);
         // SAFETY: the partial buffer holds `chunks * c` values; the grid is `chunks` rows of
         // column blocks.

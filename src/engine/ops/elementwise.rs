@@ -49,6 +49,37 @@ pub fn add_cols_scaled(dst: &mut Tensor, src: &Tensor, col0: usize, alpha: f32) 
     Ok(())
 }
 
+/// `dst[row0 + r, col0 + j] = src[r, j]` for every row `r` of `src[n, c]`, into `dst[N, row]`:
+/// a low-rank adapter's `B` into its block of the widened frozen weight (`nn::lora`).
+pub fn set_block(dst: &mut Tensor, src: &Tensor, row0: usize, col0: usize) -> Result<()> {
+    const OP: &str = "set_block";
+    let _prof = profile::scope(OP, src);
+    let on = device_of(OP, &[dst, src])?;
+    let (rows, row) = rows_cols(OP, dst)?;
+    let (n, c) = rows_cols(OP, src)?;
+    if row0 + n > rows || col0 + c > row {
+        return Err(EngineError::Shape {
+            op: OP,
+            detail: format!(
+                "rows {row0}..{} and columns {col0}..{} of a [{rows}, {row}] tensor",
+                row0 + n,
+                col0 + c
+            ),
+        });
+    }
+    match on {
+        On::Meta => {}
+        On::Cpu => cpu::add::set_block(dst.host_mut(), src.host(), row, row0, col0, c),
+        On::Gpu(g) => {
+            same_gpu_dtype(OP, dst, src)?;
+            with_elem!(src.dtype(), T => g.set_block::<T>(
+                dst.cuda_mut(), src.cuda(), n, row, row0, col0, c,
+            ))?
+        }
+    }
+    Ok(())
+}
+
 /// `alpha * src[.., col0 .. col0 + c]` as a new `[N, c]` tensor: the gradient that reaches a
 /// low-rank adapter from its columns of a fused projection.
 pub fn cols_scaled(src: &Tensor, col0: usize, c: usize, alpha: f32) -> Result<Tensor> {

@@ -165,11 +165,31 @@ pub fn layernorm_backward(
 
 /// `out = rmsnorm(x) * gamma` per row; returns `(out, rstd[rows])`.
 pub fn rmsnorm_forward(x: &Tensor, gamma: &Tensor, eps: f32) -> Result<(Tensor, Tensor)> {
+    rmsnorm_forward_padded(x, gamma, eps, 0)
+}
+
+/// The shape of a norm's output rows widened by `pad` columns.
+fn padded_shape(x: &Tensor, pad: usize) -> Vec<usize> {
+    let mut shape = x.shape().to_vec();
+    if let Some(last) = shape.last_mut() {
+        *last += pad;
+    }
+    shape
+}
+
+/// [`rmsnorm_forward`] into rows `pad` columns wider than `x`'s, the extra columns zero (for
+/// a layer whose adapters are folded into its product: `nn::lora`).
+pub fn rmsnorm_forward_padded(
+    x: &Tensor,
+    gamma: &Tensor,
+    eps: f32,
+    pad: usize,
+) -> Result<(Tensor, Tensor)> {
     let _prof = profile::scope("rmsnorm_forward", x);
     let on = device_of("rmsnorm", &[x, gamma])?;
     let (n, c) = rows_cols("rmsnorm", x)?;
     expect_len("rmsnorm", "gamma", gamma, c)?;
-    let mut out = Tensor::uninit(x.pool(), x.shape(), act_dtype(x))?;
+    let mut out = Tensor::uninit(x.pool(), &padded_shape(x, pad), act_dtype(x))?;
     let mut rstd = Tensor::uninit(x.pool(), &[n], DType::F32)?;
     match on {
         On::Meta => {}
@@ -179,6 +199,7 @@ pub fn rmsnorm_forward(x: &Tensor, gamma: &Tensor, eps: f32) -> Result<(Tensor, 
             x.host(),
             gamma.host(),
             c,
+            c + pad,
             eps,
         ),
         On::Gpu(g) => with_elem!(x.dtype(), T => g.rmsnorm_forward::<T>(
@@ -188,6 +209,7 @@ pub fn rmsnorm_forward(x: &Tensor, gamma: &Tensor, eps: f32) -> Result<(Tensor, 
             gamma.cuda(),
             n,
             c,
+            c + pad,
             eps,
         ))?,
     }
@@ -201,13 +223,25 @@ pub fn residual_rmsnorm_forward(
     gamma: &Tensor,
     eps: f32,
 ) -> Result<(Tensor, Tensor, Tensor)> {
+    residual_rmsnorm_forward_padded(x, delta, gamma, eps, 0)
+}
+
+/// [`residual_rmsnorm_forward`] with `out`'s rows `pad` columns wider than `x`'s (see
+/// [`rmsnorm_forward_padded`]).
+pub fn residual_rmsnorm_forward_padded(
+    x: &Tensor,
+    delta: &Tensor,
+    gamma: &Tensor,
+    eps: f32,
+    pad: usize,
+) -> Result<(Tensor, Tensor, Tensor)> {
     let _prof = profile::scope("residual_rmsnorm_forward", x);
     let on = device_of("residual_rmsnorm", &[x, delta, gamma])?;
     let (n, c) = rows_cols("residual_rmsnorm", x)?;
     expect_len("residual_rmsnorm", "delta", delta, n * c)?;
     expect_len("residual_rmsnorm", "gamma", gamma, c)?;
     let mut sum = Tensor::uninit(x.pool(), x.shape(), act_dtype(x))?;
-    let mut out = Tensor::uninit(x.pool(), x.shape(), act_dtype(x))?;
+    let mut out = Tensor::uninit(x.pool(), &padded_shape(x, pad), act_dtype(x))?;
     let mut rstd = Tensor::uninit(x.pool(), &[n], DType::F32)?;
     match on {
         On::Meta => {}
@@ -219,6 +253,7 @@ pub fn residual_rmsnorm_forward(
             delta.host(),
             gamma.host(),
             c,
+            c + pad,
             eps,
         ),
         On::Gpu(g) => with_elem!(x.dtype(), T => g.residual_rmsnorm_forward::<T>(
@@ -230,6 +265,7 @@ pub fn residual_rmsnorm_forward(
             gamma.cuda(),
             n,
             c,
+            c + pad,
             eps,
         ))?,
     }
@@ -237,7 +273,8 @@ pub fn residual_rmsnorm_forward(
 }
 
 /// Accumulates the input gradient into `dx` (the residual stream's gradient) and the gain
-/// gradient into `dgamma` (f32).
+/// gradient into `dgamma` (f32). `dout`'s rows may be wider than `x`'s (the input gradient
+/// of a layer whose adapters are folded into its product): their first columns are read.
 pub fn rmsnorm_backward(
     dx: &mut Tensor,
     dgamma: Option<&mut Tensor>,
@@ -252,7 +289,13 @@ pub fn rmsnorm_backward(
         device_of("rmsnorm_backward", &[*dg])?;
     }
     let (n, c) = rows_cols("rmsnorm_backward", x)?;
-    expect_len("rmsnorm_backward", "dout", dout, x.len())?;
+    let (dout_rows, ldd) = rows_cols("rmsnorm_backward", dout)?;
+    if dout_rows != n || ldd < c {
+        return Err(EngineError::Shape {
+            op: "rmsnorm_backward",
+            detail: format!("dout is {dout_rows} rows of {ldd}, needs {n} rows of at least {c}"),
+        });
+    }
     expect_len("rmsnorm_backward", "dx", dx, x.len())?;
     if let Some(dg) = &dgamma {
         expect_len("rmsnorm_backward", "dgamma", dg, c)?;
@@ -281,6 +324,7 @@ pub fn rmsnorm_backward(
             gamma.host(),
             rstd.host(),
             c,
+            ldd,
         ),
         On::Gpu(g) => with_elem!(x.dtype(), T => g.rmsnorm_backward::<T>(
             dx.cuda_mut(),
@@ -291,6 +335,7 @@ pub fn rmsnorm_backward(
             rstd.cuda(),
             n,
             c,
+            ldd,
         ))?,
     }
     Ok(())
