@@ -16,7 +16,11 @@ Then the long factors: a small LongRoPE model trained for 64 positions, run by k
 context of 512 (a one-step run at a learning rate of 1e-30, which leaves every weight as imported) on prompts
 of about 100 tokens and 128 new ones, against transformers, which takes the long factors for
 every sequence past 64. As a control, the same weights with the long factors replaced by the
-short ones score kiln's tokens: that difference must be large.
+short ones score kiln's tokens: that difference must be large. The same run then decodes 128
+tokens after short prompts, across the 64 positions: transformers' generate takes the short
+factors until a step's largest position passes 64 and the long ones after, keeping the keys
+it cached; kiln's log-probabilities are compared with generate's own logits (--only-long runs
+these two rows alone).
 
 With --llama-cpp, llama.cpp's own converter writes the phi-3.5-mini and phi-4-mini directories as
 f32 GGUF files (architecture phi3: fused projections, LongRoPE factors as tensors), which kiln
@@ -176,9 +180,50 @@ def run_long_context(a, rows):
             rows.append((name, f"{same}/{total} greedy tokens identical",
                          f"max |logprob diff| {worst:.2e}; with the short factors instead "
                          f"{control:.2e}; {note}"))
+        print(rows[-1], flush=True)
+        crossing_row(a, rows, model, run)
     del model
     torch.cuda.empty_cache()
     print(rows[-1], flush=True)
+
+
+def generate_logprobs(model, ids, n):
+    """transformers' cached greedy generation of `n` tokens after `ids`: the tokens and the
+    log-probability of each under the logits that chose it (each step's own forward call,
+    which picks LongRoPE's factors by that call's largest position)."""
+    with torch.no_grad():
+        g = model.generate(torch.tensor([ids], device="cuda"), max_new_tokens=n,
+                           min_new_tokens=n, do_sample=False, pad_token_id=0,
+                           return_dict_in_generate=True, output_logits=True)
+    tokens = g.sequences[0, len(ids):].tolist()
+    lps = [torch.log_softmax(step[0].float(), -1)[t].item() for step, t in zip(g.logits, tokens)]
+    return tokens, lps
+
+
+def crossing_row(a, rows, model, run):
+    """Short prompts decoded across the trained 64 positions: transformers' generate prefills
+    and starts decoding with the short factors and takes the long ones from the first step past
+    64, keeping the keys already cached; kiln's generation must do the same."""
+    name = "longrope-crossing-64"
+    lines, note = lp.kiln_generate(a.kiln, ["--run", run], a.work, name, prompts=lp.PROMPTS,
+                                   tokens=128)
+    if lines is None:
+        rows.append((name, "kiln refused", note))
+        return
+    same, total, worst, full = 0, 0, 0.0, 0.0
+    for line in lines:
+        ids, s = line["prompt_tokens"], line["samples"][0]
+        tokens, lps = generate_logprobs(model, ids, len(s["tokens"]))
+        total += len(tokens)
+        same += next((i for i, (x, y) in enumerate(zip(tokens, s["tokens"])) if x != y),
+                     len(tokens))
+        worst = max(worst, max(abs(x - y) for x, y in zip(lps, s["logprobs"])))
+        # Control: one forward over the whole sequence takes the long factors everywhere.
+        ref = lp.hf_logprobs(model, ids, s["tokens"])
+        full = max(full, max(abs(x - y) for x, y in zip(ref, s["logprobs"])))
+    rows.append((name, f"{same}/{total} greedy tokens identical",
+                 f"max |logprob diff| against generate's own logits {worst:.2e}; against one "
+                 f"forward over the whole sequence (long factors throughout) {full:.2e}; {note}"))
 
 
 def run_gguf(a, rows):
@@ -271,6 +316,8 @@ def main():
     ap.add_argument("--work", default="/tmp/kiln-phi3")
     ap.add_argument("--only-training", action="store_true",
                     help="only the head-size-96 training check")
+    ap.add_argument("--only-long", action="store_true",
+                    help="only the LongRoPE checks past and across the trained context")
     ap.add_argument("--llama-cpp", default="",
                     help="a llama.cpp source tree (convert_hf_to_gguf.py, conversion/, gguf-py/): "
                          "its converter writes the LongRoPE models as GGUF files for kiln to read")
@@ -280,6 +327,8 @@ def main():
     rows = []
     if a.only_training:
         run_training(a, rows)
+    elif a.only_long:
+        run_long_context(a, rows)
     else:
         run_models(a, rows)
         run_long_context(a, rows)

@@ -173,12 +173,14 @@ pub struct LlamaSettings {
     /// Llama 3 scaling, high-frequency factor.
     pub rope_high_freq_factor: f64,
     /// The context the rotary frequencies were trained for (Llama 3 scaling; LongRoPE takes
-    /// its short factors up to it, its long ones for a longer model.context).
+    /// its short factors for passes up to it, its long ones for longer passes).
     pub rope_original_context: usize,
     /// LongRoPE (Phi-3): per-pair divisors of the rotary frequencies, one a rotated pair,
-    /// taken when model.context is at most model.rope_original_context; empty for none.
+    /// taken by a pass whose longest sequence fits model.rope_original_context; empty for
+    /// none.
     pub rope_short_factors: Vec<f64>,
-    /// LongRoPE's divisors for a model.context past model.rope_original_context.
+    /// LongRoPE's divisors for a pass whose longest sequence passes
+    /// model.rope_original_context (only a longer model.context reads them).
     pub rope_long_factors: Vec<f64>,
     /// The rotary cos and sin multiplied by this (LongRoPE's attention factor); 1 for none.
     pub rope_attention_factor: f64,

@@ -42,6 +42,8 @@ pub fn preset(name: &str) -> Option<LlamaConfig> {
         rot_dim: 64,
         rope_scaling: None,
         rope_factors: None,
+        rope_long_factors: None,
+        rope_trained_context: 0,
         rope_attention_factor: 1.0,
         norm_eps: 1e-5,
         tied_head: true,

@@ -472,6 +472,7 @@ impl Engine<'_> {
                     slot: Ids::Host(&slot),
                     pos: Ids::Host(&pos),
                     longest,
+                    positions: longest,
                     distinct_slots: false,
                     emit: Some(Ids::Host(&emit)),
                 },
@@ -643,6 +644,7 @@ fn cached(
                     slot: r.slots(),
                     pos: r.pos(),
                     longest: bound,
+                    positions: longest,
                     distinct_slots: true,
                     emit: None,
                 },
@@ -651,7 +653,7 @@ fn cached(
             ops::sample_rows(logits, None, Some(r.slots()), rows, st, &params)
         };
         match &mut graphs {
-            Some(g) => g.run((bound, rows), &mut step)?,
+            Some(g) => g.run((bound, rows, d.rotary_variant(longest)), &mut step)?,
             None => step()?,
         }
         stats.decode_steps += 1;
@@ -791,6 +793,8 @@ mod tests {
             rot_dim: 8,
             rope_scaling: None,
             rope_factors: None,
+            rope_long_factors: None,
+            rope_trained_context: 0,
             rope_attention_factor: 1.0,
             norm_eps: 1e-5,
             tied_head: true,
@@ -799,6 +803,17 @@ mod tests {
             sliding_window: 0,
             full_attention_layers: 0,
         };
+        Llama::new(&MemoryPool::new(Device::Cpu), cfg, 11).unwrap()
+    }
+
+    /// [`tiny`] with LongRoPE: short factors for passes up to 24 positions, long ones past.
+    fn tiny_longrope(long: bool) -> Llama {
+        use crate::engine::cpu::rope::PairFactors;
+        let mut cfg = tiny().cfg;
+        cfg.rope_factors = PairFactors::new(&[1.0, 1.3, 1.7, 2.0]);
+        cfg.rope_long_factors = long.then(|| PairFactors::new(&[2.0, 4.0, 8.0, 16.0]).unwrap());
+        cfg.rope_trained_context = 24;
+        cfg.rope_attention_factor = 1.1;
         Llama::new(&MemoryPool::new(Device::Cpu), cfg, 11).unwrap()
     }
 
@@ -841,6 +856,49 @@ mod tests {
         assert_eq!(got[0].tokens, tokens[6..]);
         assert_eq!(got[0].finish, Finish::Length);
         assert_eq!(got[0].logprobs.len(), 12);
+    }
+
+    /// A LongRoPE model decoding across its trained context does what transformers' cached
+    /// generation does: each step takes the factors its largest position calls for, and keys
+    /// already cached keep the rotation they entered with. The reference steps through the
+    /// decoder one token at a time; steps queued ahead agree, and the switch changes the
+    /// output.
+    #[test]
+    fn longrope_generation_switches_factors_step_by_step() {
+        use crate::models::Decoder;
+        let model = tiny_longrope(true);
+        let prompt: Vec<u32> = (0..20).map(|i| 65 + (i * 5) % 26).collect();
+        let n = 16;
+        let req = [Request {
+            prompt: prompt.clone(),
+            samples: 1,
+        }];
+        let mut o = opts(Sampling::GREEDY, n);
+        let got = run(&model, &req, &o);
+        o.overlap_steps = !o.overlap_steps;
+        assert_eq!(run(&model, &req, &o)[0].logprobs, got[0].logprobs);
+
+        let mut cache = model.new_cache(1, 64).unwrap();
+        let pos: Vec<u32> = (0..prompt.len() as u32).collect();
+        let last = [prompt.len() as u32 - 1];
+        let mut logits = model
+            .decode(&mut cache, &prompt, &vec![0; prompt.len()], &pos, &last)
+            .unwrap();
+        let mut tokens = prompt.clone();
+        for i in 0..n {
+            let next = sampling::sample(&logits, &[], &Sampling::GREEDY, &mut Rng::new(0, 0));
+            let max = logits.iter().fold(f32::MIN, |m, &v| m.max(v));
+            let sum: f32 = logits.iter().map(|&v| (v - max).exp()).sum();
+            let logprob = logits[next as usize] - max - sum.ln();
+            assert!((got[0].logprobs[i] - logprob).abs() < 1e-5, "step {i}");
+            tokens.push(next);
+            let p = tokens.len() as u32 - 1;
+            logits = model.decode(&mut cache, &[next], &[0], &[p], &[0]).unwrap();
+        }
+        assert_eq!(got[0].tokens, tokens[prompt.len()..]);
+        assert!(tokens.len() > 24 + 1, "the steps pass the trained context");
+        let short_only = run(&tiny_longrope(false), &req, &o);
+        assert_ne!(short_only[0].logprobs, got[0].logprobs);
     }
 
     /// A sample's tokens depend on (seed, prompt, sample) only: the same with other prompts

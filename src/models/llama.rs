@@ -46,10 +46,18 @@ pub struct LlamaConfig {
     /// Rotated dimensions of each head (`head_dim` unless the model uses partial rotary).
     pub rot_dim: usize,
     pub rope_scaling: Option<Llama3Scaling>,
-    /// LongRoPE's per-pair divisors chosen for this context (the short factors up to the
-    /// trained context, the long ones past it); `None` without LongRoPE.
+    /// LongRoPE's per-pair divisors of passes up to `rope_trained_context` positions (its
+    /// short factors), or of every pass when `rope_long_factors` is `None`; `None` without
+    /// LongRoPE.
     #[serde(default)]
     pub rope_factors: Option<PairFactors>,
+    /// LongRoPE's divisors of passes longer than `rope_trained_context` (its long factors),
+    /// where the context is longer than that; `None` otherwise.
+    #[serde(default)]
+    pub rope_long_factors: Option<PairFactors>,
+    /// The context LongRoPE's short factors were trained for.
+    #[serde(default)]
+    pub rope_trained_context: usize,
     /// The rotary cos and sin multiplied by this (LongRoPE's attention factor); 1 for none.
     #[serde(default = "one")]
     pub rope_attention_factor: f32,
@@ -242,17 +250,20 @@ impl LlamaConfig {
             original_context: l.rope_original_context,
         });
         let rot_dim = if l.rot_dim > 0 { l.rot_dim } else { head_dim };
-        // LongRoPE picks its factors once for the model's context, as transformers picks them
-        // for a sequence: the long ones only past the trained context. Lists of the wrong
+        // LongRoPE picks its factors for each pass, as transformers does for each forward
+        // call: the short ones while the pass's longest sequence fits the trained context,
+        // the long ones past it (so only a longer context needs them). Lists of the wrong
         // length (which `validate` refuses) are left out here.
-        let factors = if m.context > l.rope_original_context {
-            &l.rope_long_factors
-        } else {
-            &l.rope_short_factors
+        let pair_factors = |factors: &[f64]| {
+            (!factors.is_empty() && factors.len() == rot_dim / 2)
+                .then(|| factors.iter().map(|&f| f as f32).collect::<Vec<f32>>())
+                .and_then(|f| PairFactors::new(&f))
         };
-        let rope_factors = (!factors.is_empty() && factors.len() == rot_dim / 2)
-            .then(|| factors.iter().map(|&f| f as f32).collect::<Vec<f32>>())
-            .and_then(|f| PairFactors::new(&f));
+        let rope_factors = pair_factors(&l.rope_short_factors);
+        let rope_long_factors = match m.context > l.rope_original_context {
+            true => pair_factors(&l.rope_long_factors).filter(|_| rope_factors.is_some()),
+            false => None,
+        };
         Some(LlamaConfig {
             vocab,
             d_model: m.d_model,
@@ -274,6 +285,8 @@ impl LlamaConfig {
             rot_dim,
             rope_scaling,
             rope_factors,
+            rope_long_factors,
+            rope_trained_context: l.rope_original_context,
             rope_attention_factor: l.rope_attention_factor as f32,
             norm_eps: l.norm_eps as f32,
             tied_head: m.tied_head,
@@ -421,6 +434,32 @@ pub struct RotaryPass<'p> {
     rotary: &'p Rotary,
 }
 
+/// The rotary tables of positions `0..positions` for `cfg`'s frequencies, divided pair by
+/// pair by `factors` (LongRoPE) where given.
+fn rotary_tables(
+    pool: &Arc<MemoryPool>,
+    cfg: &LlamaConfig,
+    factors: Option<&PairFactors>,
+    positions: usize,
+) -> Result<Rotary> {
+    let inv = match factors {
+        Some(f) => rope::factored_inverse_frequencies(cfg.rope_theta, cfg.rot_dim, f.as_slice()),
+        None => rope::inverse_frequencies(cfg.rope_theta, cfg.rot_dim, cfg.rope_scaling),
+    };
+    let (mut cos, mut sin) = rope::rope_tables(&inv, positions);
+    if cfg.rope_attention_factor != 1.0 {
+        // transformers scales the f32 tables, so the rotation is no longer orthogonal and
+        // its backward (the tables' transpose) carries the same factor.
+        let a = cfg.rope_attention_factor;
+        cos.iter_mut().chain(sin.iter_mut()).for_each(|v| *v *= a);
+    }
+    let half = cfg.rot_dim / 2;
+    Ok(Rotary::new(
+        Tensor::from_vec(pool, &[positions, half], DType::F32, cos)?,
+        Tensor::from_vec(pool, &[positions, half], DType::F32, sin)?,
+    ))
+}
+
 impl Projections for LlamaBlock {
     const SCOPE: &'static str = "layers";
     const NAMES: &'static [&'static str] = &["attn.qkv", "attn.out", "mlp.gate_up", "mlp.down"];
@@ -544,23 +583,17 @@ impl Llama {
         } else {
             Some(Linear::new(&mut b.scope("lm_head"), c, vocab, false, 0.02)?)
         };
-        let inv = match &cfg.rope_factors {
-            Some(f) => {
-                rope::factored_inverse_frequencies(cfg.rope_theta, cfg.rot_dim, f.as_slice())
+        let rotary = match cfg.rope_long_factors {
+            // LongRoPE past its trained context: the short factors' tables need only the
+            // positions of a pass that fits that context.
+            Some(long) => {
+                let trained = cfg.rope_trained_context.min(cfg.context);
+                let mut short = rotary_tables(pool, &cfg, cfg.rope_factors.as_ref(), trained)?;
+                let long = rotary_tables(pool, &cfg, Some(&long), cfg.context)?;
+                short.long = Some((trained, Box::new(long)));
+                short
             }
-            None => rope::inverse_frequencies(cfg.rope_theta, cfg.rot_dim, cfg.rope_scaling),
-        };
-        let (mut cos, mut sin) = rope::rope_tables(&inv, cfg.context);
-        if cfg.rope_attention_factor != 1.0 {
-            // transformers scales the f32 tables, so the rotation is no longer orthogonal and
-            // its backward (the tables' transpose) carries the same factor.
-            let a = cfg.rope_attention_factor;
-            cos.iter_mut().chain(sin.iter_mut()).for_each(|v| *v *= a);
-        }
-        let half = cfg.rot_dim / 2;
-        let rotary = Rotary {
-            cos: Tensor::from_vec(pool, &[cfg.context, half], DType::F32, cos)?,
-            sin: Tensor::from_vec(pool, &[cfg.context, half], DType::F32, sin)?,
+            None => rotary_tables(pool, &cfg, cfg.rope_factors.as_ref(), cfg.context)?,
         };
         let lm = Lm::new("llama", embed, blocks, ln_f, head, cfg.vocab, cfg.context);
         Ok(Llama {
@@ -575,7 +608,7 @@ impl Llama {
     fn pass(&self, batch: usize, seq: usize) -> RotaryPass<'_> {
         RotaryPass {
             pos: positions(batch, seq),
-            rotary: &self.rotary,
+            rotary: self.rotary.for_positions(seq),
         }
     }
 
@@ -590,9 +623,10 @@ impl Llama {
         p: StepPrecision,
         token_weights: Option<&[f32]>,
     ) -> Result<f64> {
+        // The fields apart: the pass borrows the tables while the stack is borrowed to train.
         let pass = RotaryPass {
             pos: positions(batch, seq),
-            rotary: &self.rotary,
+            rotary: self.rotary.for_positions(seq),
         };
         let (loss, _) =
             self.lm
@@ -752,6 +786,7 @@ impl Decoder for Llama {
             slot: Ids::Host(slot),
             pos: Ids::Host(pos),
             longest,
+            positions: longest,
             distinct_slots: {
                 let mut seen = slot.to_vec();
                 seen.sort_unstable();
@@ -791,6 +826,13 @@ impl Decoder for Llama {
             None => ln,
         };
         ops::linear_forward_into(logits, &last, self.lm.head_weight(), None)
+    }
+
+    fn rotary_variant(&self, positions: usize) -> usize {
+        match &self.rotary.long {
+            Some((trained, _)) if positions > *trained => 1,
+            _ => 0,
+        }
     }
 }
 
@@ -880,11 +922,12 @@ impl Llama {
         let mut x = ops::token_embedding_at(r.tokens, 1, rows, self.lm.embed.weight())?
             .reshaped(&[rows, self.cfg.d_model]);
         let at = ops::CacheRows::new(&x, r.slot, r.pos, c.head_dim)?;
+        let rotary = self.rotary.for_positions(r.positions);
         let (mut ln, _) = self.lm.first_norm().normalize(&x)?;
         for (l, block) in self.lm.blocks.iter().enumerate() {
             let (k, v) = &mut cache.layers[l];
             let (qkv, _) = block.attn.project(&ln)?;
-            let q = ops::kv_append_at(&qkv, k, v, &at, &self.rotary.cos, &self.rotary.sin, rs, c)?;
+            let q = ops::kv_append_at(&qkv, k, v, &at, &rotary.cos, &rotary.sin, rs, c)?;
             drop(qkv);
             let att = ops::cache_attention_at(
                 &q,
@@ -917,6 +960,7 @@ impl Llama {
         let mut x = ops::token_embedding_at(r.tokens, 1, rows, self.lm.embed.weight())?
             .reshaped(&[rows, self.cfg.d_model]);
         let at = ops::CacheRows::new(&x, r.slot, r.pos, c.head_dim)?;
+        let rotary = self.rotary.for_positions(r.positions);
         // The layers' outputs live through the loop, so that a step's kernels follow one
         // another with no allocation between them (which lets them overlap on a GPU that can:
         // see engine/cuda/overlap.rs).
@@ -930,7 +974,7 @@ impl Llama {
             ops::linear_forward_into(&mut qkv, &x, block.attn.qkv.weight.weight(), None)?;
             // The bias, if any, is the append's to add after the row factor.
             let bias = block.attn.qkv.bias.as_ref().map(Param::weight);
-            let (cos, sin) = (&self.rotary.cos, &self.rotary.sin);
+            let (cos, sin) = (&rotary.cos, &rotary.sin);
             let eps = block.ln1.eps;
             let (window, longest) = (block.attn.window, r.longest);
             if r.distinct_slots {
@@ -1002,6 +1046,8 @@ pub(crate) mod tests {
             rot_dim: 4,
             rope_scaling: None,
             rope_factors: None,
+            rope_long_factors: None,
+            rope_trained_context: 0,
             rope_attention_factor: 1.0,
             norm_eps: 1e-5,
             tied_head: tied,

@@ -362,6 +362,14 @@ pub trait Decoder {
         rows: &DecodeRows,
         logits: &mut Tensor,
     ) -> Result<()>;
+
+    /// Which rotary tables a call whose rows reach `positions` positions reads
+    /// ([`DecodeRows::positions`]): 0, or 1 for LongRoPE's long factors past the trained
+    /// context. A step captured into a graph holds the tables it read, so graphs are kept
+    /// per variant.
+    fn rotary_variant(&self, _positions: usize) -> usize {
+        0
+    }
 }
 
 /// The rows of one [`Decoder::decode_into`] call: row `i` feeds `tokens[i]` at position
@@ -374,6 +382,10 @@ pub struct DecodeRows<'a> {
     /// GPU blocks, which decides the last bits of the result: calls that must agree bit for
     /// bit (a step run directly and the same step replayed from a graph) pass the same bound.
     pub longest: usize,
+    /// Every row's position + 1, the most: exactly, where `longest` may be a bound. LongRoPE
+    /// picks its rotary factors by it ([`Decoder::rotary_variant`]), as transformers picks them
+    /// by a forward call's largest position.
+    pub positions: usize,
     /// Every row names a different slot (a decode step, not a prefill): each row's key and
     /// value can then be appended and attended to in one kernel.
     pub distinct_slots: bool,

@@ -47,10 +47,34 @@ pub struct Heads {
     pub rot_dim: usize,
 }
 
-/// The rotary tables `cos`, `sin` (`[context, rot/2]`, f32) every layer shares.
+/// The rotary tables `cos`, `sin` (`[positions, rot/2]`, f32) every layer shares.
 pub struct Rotary {
     pub cos: Tensor,
     pub sin: Tensor,
+    /// LongRoPE: the tables a pass reads when its longest sequence passes `.0` positions
+    /// (the trained context); `cos` and `sin` then serve only shorter passes.
+    pub long: Option<(usize, Box<Rotary>)>,
+}
+
+impl Rotary {
+    /// Tables for every pass, whatever its length.
+    pub fn new(cos: Tensor, sin: Tensor) -> Rotary {
+        Rotary {
+            cos,
+            sin,
+            long: None,
+        }
+    }
+
+    /// The tables of a pass whose longest sequence has `positions` positions (its largest
+    /// position + 1). LongRoPE's frequencies depend on it, as transformers picks them for
+    /// each forward call: the short factors up to the trained context, the long ones past it.
+    pub fn for_positions(&self, positions: usize) -> &Rotary {
+        match &self.long {
+            Some((trained, long)) if positions > *trained => long,
+            _ => self,
+        }
+    }
 }
 
 pub struct GqaAttention {
@@ -362,10 +386,10 @@ mod tests {
             let mut b = ParamBuilder::init(&pool, &mut rng);
             let attn = GqaAttention::new(&mut b, 16, heads, false, None, 0.02).unwrap();
             let x = Tensor::zeros(&pool, &[batch, seq, 16], DType::F32).unwrap();
-            let rot = Rotary {
-                cos: Tensor::zeros(&pool, &[seq, hd / 2], DType::F32).unwrap(),
-                sin: Tensor::zeros(&pool, &[seq, hd / 2], DType::F32).unwrap(),
-            };
+            let rot = Rotary::new(
+                Tensor::zeros(&pool, &[seq, hd / 2], DType::F32).unwrap(),
+                Tensor::zeros(&pool, &[seq, hd / 2], DType::F32).unwrap(),
+            );
             let pos: Vec<u32> = (0..batch * seq).map(|i| (i % seq) as u32).collect();
             let (_, saved) = attn.forward(&x, &pos, &rot).unwrap();
             // (The CPU's fused kernel keeps the probabilities too; on a GPU only the

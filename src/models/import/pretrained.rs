@@ -581,9 +581,10 @@ fn llama_from_hf(
             let stretch = json_f64(s, "factor").unwrap_or(context as f64 / original as f64);
             l.rope_attention_factor = json_f64(s, "attention_factor")
                 .unwrap_or_else(|| longrope_attention_factor(stretch, original));
-            // Imported at the context its short factors serve, as transformers runs every
-            // sequence that fits it; a run may ask for more (model.context), and then takes
-            // the long factors for every position. Exports state the longest again.
+            // Imported at the context its short factors serve, the most positions a
+            // sequence has before transformers switches to the long factors; a run may ask
+            // for more (model.context), and then passes longer than the trained context take
+            // the long factors. Exports state the longest again.
             l.rope_longest_context = context;
             context = context.min(original);
         }
@@ -1686,17 +1687,50 @@ mod tests {
             logits
         );
 
-        // A longer context takes the long factors, and they change the logits.
+        // A longer context keeps the short factors for passes that fit the trained 64
+        // positions and takes the long ones past them, pass by pass, as transformers does.
         let cfg = crate::models::llama::LlamaConfig::from_model(&m, vocab).unwrap();
         assert_eq!(cfg.rope_factors.unwrap().as_slice(), &[1.0, 1.5]);
-        let mut long = m.clone();
-        long.context = 128;
+        assert_eq!(cfg.rope_long_factors, None);
+        let with_factors = |short: [f64; 2], long: [f64; 2]| {
+            let mut c = m.clone();
+            c.context = 128;
+            if let crate::config::FamilySettings::Llama(s) = &mut c.family {
+                (s.rope_short_factors, s.rope_long_factors) = (short.to_vec(), long.to_vec());
+            }
+            c
+        };
+        let long = with_factors([1.0, 1.5], [3.0, 7.5]);
         let cfg = crate::models::llama::LlamaConfig::from_model(&long, vocab).unwrap();
-        assert_eq!(cfg.rope_factors.unwrap().as_slice(), &[3.0, 7.5]);
-        assert_ne!(
-            load_llama(&long, vocab, &w).next_logits(&ids).unwrap(),
-            logits
-        );
+        assert_eq!(cfg.rope_factors.unwrap().as_slice(), &[1.0, 1.5]);
+        assert_eq!(cfg.rope_long_factors.unwrap().as_slice(), &[3.0, 7.5]);
+        assert_eq!(cfg.rope_trained_context, 64);
+        let long_model = load_llama(&long, vocab, &w);
+        assert_eq!(long_model.next_logits(&ids).unwrap(), logits);
+        let all_short = load_llama(&with_factors([1.0, 1.5], [1.0, 1.5]), vocab, &w);
+        let all_long = load_llama(&with_factors([3.0, 7.5], [3.0, 7.5]), vocab, &w);
+        let past: Vec<u32> = (0..80u32).map(|i| (i * 7 + 3) % vocab as u32).collect();
+        let past_logits = long_model.next_logits(&past).unwrap();
+        assert_eq!(past_logits, all_long.next_logits(&past).unwrap());
+        assert_ne!(past_logits, all_short.next_logits(&past).unwrap());
+
+        // Decoding across the trained context: the prompt's keys were rotated with the short
+        // factors when they entered the cache and stay so; the first step past 64 positions
+        // rotates its query and key with the long ones (transformers' cached generation).
+        let step = |prefill: &dyn Model, next: &dyn Model| -> Vec<f32> {
+            let (dp, dn) = (prefill.decoder().unwrap(), next.decoder().unwrap());
+            let mut cache = dp.new_cache(1, 128).unwrap();
+            let prompt = &past[..64];
+            let pos: Vec<u32> = (0..64).collect();
+            dp.decode(&mut cache, prompt, &[0; 64], &pos, &[63])
+                .unwrap();
+            dn.decode(&mut cache, &past[64..65], &[0], &[64], &[0])
+                .unwrap()
+        };
+        let switched = step(long_model.as_ref(), long_model.as_ref());
+        assert_eq!(switched, step(all_short.as_ref(), all_long.as_ref()));
+        assert_ne!(switched, step(all_short.as_ref(), all_short.as_ref()));
+        assert_ne!(switched, step(all_long.as_ref(), all_long.as_ref()));
         // Without the attention factor the logits change too: it scales queries and keys.
         let mut plain = m.clone();
         if let crate::config::FamilySettings::Llama(s) = &mut plain.family {
