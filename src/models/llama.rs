@@ -829,10 +829,7 @@ impl Decoder for Llama {
     }
 
     fn rotary_variant(&self, positions: usize) -> usize {
-        match &self.rotary.long {
-            Some((trained, _)) if positions > *trained => 1,
-            _ => 0,
-        }
+        usize::from(self.rotary.takes_long(positions))
     }
 }
 

@@ -71,9 +71,16 @@ impl Rotary {
     /// each forward call: the short factors up to the trained context, the long ones past it.
     pub fn for_positions(&self, positions: usize) -> &Rotary {
         match &self.long {
-            Some((trained, long)) if positions > *trained => long,
+            Some((_, long)) if self.takes_long(positions) => long,
             _ => self,
         }
+    }
+
+    /// Whether a pass of `positions` positions reads the long tables.
+    pub fn takes_long(&self, positions: usize) -> bool {
+        self.long
+            .as_ref()
+            .is_some_and(|(trained, _)| positions > *trained)
     }
 }
 
