@@ -330,11 +330,36 @@ fn stack_a(adapters: &[Adapter]) -> Result<Option<Tensor>> {
     Ok(Some(stacked))
 }
 
+/// The `A` that serves all the adapters at once: the stacked one, or a lone adapter's own.
+fn all_a<'t>(adapters: &'t [Adapter], stacked: &'t Option<Tensor>) -> &'t Tensor {
+    stacked.as_ref().unwrap_or(adapters[0].a.weight())
+}
+
 /// The stacked `A`s (see [`stack_a`]) and `H = x A^T` for all the adapters at once.
 fn stacked_h(adapters: &[Adapter], x: &Tensor) -> Result<(Option<Tensor>, Tensor)> {
     let stacked = stack_a(adapters)?;
-    let h = ops::linear_forward(x, stacked.as_ref().unwrap_or(adapters[0].a.weight()), None)?;
+    let h = ops::linear_forward(x, all_a(adapters, &stacked), None)?;
     Ok((stacked, h))
+}
+
+/// `dx[:, :in] = beta * dx[:, :in] + dH @ A` (`[rows, in]`), `A` all the adapters' (see
+/// [`all_a`]) and `dx`'s rows `ld` elements apart.
+fn input_gradient(a: &Tensor, dh: &Tensor, dx: &mut Tensor, ld: usize, beta: f32) -> Result<()> {
+    let (rows, big_r) = ops::rows_cols("lora backward", dh)?;
+    let c_in = a.shape()[1];
+    ops::matmul_view(
+        GemmShape::single(false, false, rows, c_in, big_r),
+        [
+            MatrixView::packed(big_r),
+            MatrixView::packed(c_in),
+            MatrixView { ld, offset: 0 },
+        ],
+        1.0,
+        dh,
+        a,
+        beta,
+        dx,
+    )
 }
 
 /// Whether a layer's adapters run together in this pass: a training pass, and no dropout.
@@ -418,23 +443,8 @@ pub fn backward_layer(
         _ => stacked_h(adapters, x)?,
     };
     let dh = gradients(adapters, dy, x, h)?;
-    let (rows, c_in) = ops::rows_cols("lora backward", x)?;
-    let big_r = dh.shape()[1];
-    // dx = beta * dx + dH @ A   ([rows, in])
-    let a = stacked.as_ref().unwrap_or(adapters[0].a.weight());
-    ops::matmul_view(
-        GemmShape::single(false, false, rows, c_in, big_r),
-        [
-            MatrixView::packed(big_r),
-            MatrixView::packed(c_in),
-            MatrixView::packed(c_in),
-        ],
-        1.0,
-        &dh,
-        a,
-        beta,
-        dx,
-    )
+    let (_, c_in) = ops::rows_cols("lora backward", x)?;
+    input_gradient(all_a(adapters, &stacked), &dh, dx, c_in, beta)
 }
 
 /// `scale * H[:, k] B^T` of every adapter into its columns of `y` (`beta` 1: added; 0:
@@ -593,7 +603,6 @@ pub fn fold_inputs(adapters: &[Adapter], x: &mut Tensor) -> Result<()> {
     let big_r = total_rank(adapters);
     let c_in = wide - big_r;
     let stacked = stack_a(adapters)?;
-    let a = stacked.as_ref().unwrap_or(adapters[0].a.weight());
     let h = ops::matmul_view_new(
         GemmShape::single(false, true, rows, big_r, c_in),
         [
@@ -606,7 +615,7 @@ pub fn fold_inputs(adapters: &[Adapter], x: &mut Tensor) -> Result<()> {
         ],
         adapters[0].scale,
         x,
-        a,
+        all_a(adapters, &stacked),
     )?;
     ops::add_cols_scaled(x, &h, c_in, 1.0)
 }
@@ -660,25 +669,8 @@ pub fn fold_backward(
         },
         c_in,
     )?;
-    // dx[:, :in] += dH @ A
     let stacked = stack_a(adapters)?;
-    let a = stacked.as_ref().unwrap_or(adapters[0].a.weight());
-    ops::matmul_view(
-        GemmShape::single(false, false, rows, c_in, big_r),
-        [
-            MatrixView::packed(big_r),
-            MatrixView::packed(c_in),
-            MatrixView {
-                ld: wide,
-                offset: 0,
-            },
-        ],
-        1.0,
-        &dh,
-        a,
-        1.0,
-        dx,
-    )
+    input_gradient(all_a(adapters, &stacked), &dh, dx, wide, 1.0)
 }
 
 /// A frozen layer's weight widened by its adapters' `B`s, `[W | B]` (`[out, in + R]`): each
