@@ -457,8 +457,12 @@ fn summary(note: &str, stats: &generate::Stats, pool_peak: Option<usize>) -> Str
     let peak = pool_peak
         .map(|b| format!("; pool peak {} ({b} bytes)", crate::plan::gib(b)))
         .unwrap_or_default();
+    let restarts = match stats.restarts {
+        0 => String::new(),
+        n => format!("; {n} sequences prefilled again past LongRoPE's trained context"),
+    };
     format!(
-        "{note}: prefill {} tokens at {:.0} tok/s, decode {} tokens at {:.0} tok/s{graphs}{peak}",
+        "{note}: prefill {} tokens at {:.0} tok/s, decode {} tokens at {:.0} tok/s{graphs}{restarts}{peak}",
         stats.prefill_tokens,
         stats.prefill_rate(),
         stats.decode_tokens,

@@ -19,9 +19,8 @@ use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-/// What a captured step is keyed by: the attention bound, the number of rows and the rotary
-/// tables it reads ([`crate::models::Decoder::rotary_variant`]).
-pub(crate) type StepKey = (usize, usize, usize);
+/// What a captured step is keyed by: the attention bound and the number of rows.
+pub(crate) type StepKey = (usize, usize);
 
 /// The captured steps of one generation call, by attention bound and row count.
 pub(crate) struct StepGraphs {

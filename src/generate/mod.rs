@@ -144,6 +144,10 @@ pub struct Stats {
     pub graph_captures: usize,
     /// Why CUDA graphs were not used, when they were asked for on a GPU and failed.
     pub graphs_off: Option<String>,
+    /// Sequences prefilled again at LongRoPE's trained context
+    /// ([`crate::models::Decoder::restart_at`]); their tokens count as prefill tokens.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub restarts: usize,
 }
 
 impl Stats {
@@ -434,70 +438,125 @@ impl Engine<'_> {
                 None => groups.push((s.prompt, vec![s.slot])),
             }
         }
-        let params = self.o.sampling.params();
         let mut run = 0;
         let mut g = 0;
         while g < groups.len() {
             let mut end = g;
             let mut rows = 0;
+            // A pass's prompts share their rotary tables (LongRoPE: their own lengths' choice).
+            let variant = |p: usize| self.d.rotary_variant(self.prompts[p].0.len());
             while end < groups.len()
-                && (end == g || rows + self.prompts[groups[end].0].0.len() <= PREFILL_ROWS)
+                && (end == g
+                    || (rows + self.prompts[groups[end].0].0.len() <= PREFILL_ROWS
+                        && variant(groups[end].0) == variant(groups[g].0)))
             {
                 rows += self.prompts[groups[end].0].0.len();
                 end += 1;
             }
-            let (mut tokens, mut slot, mut pos, mut emit) = (vec![], vec![], vec![], vec![]);
-            let (mut src_row, mut sample_slot) = (vec![], vec![]);
-            for (q, (p, slots)) in groups[g..end].iter().enumerate() {
-                let prompt = &self.prompts[*p].0;
-                tokens.extend_from_slice(prompt);
-                slot.extend(std::iter::repeat_n(slots[0] as u32, prompt.len()));
-                pos.extend(0..prompt.len() as u32);
-                emit.push(tokens.len() as u32 - 1);
-                for &s in slots {
-                    src_row.push(q as u32);
-                    sample_slot.push(s as u32);
-                }
-            }
-            let mut logits = self.d.new_logits(end - g)?;
-            let longest = groups[g..end]
+            let runs: Vec<(&[u32], usize)> = groups[g..end]
                 .iter()
-                .map(|(p, _)| self.prompts[*p].0.len())
-                .max()
-                .unwrap_or(1);
-            self.d.decode_into(
-                &mut self.cache,
-                &DecodeRows {
-                    tokens: Ids::Host(&tokens),
-                    slot: Ids::Host(&slot),
-                    pos: Ids::Host(&pos),
-                    longest,
-                    positions: longest,
-                    distinct_slots: false,
-                    emit: Some(Ids::Host(&emit)),
-                },
-                &mut logits,
-            )?;
-            for (p, slots) in &groups[g..end] {
-                for &to in &slots[1..] {
-                    self.cache
-                        .copy_slot(slots[0], to, self.prompts[*p].0.len())?;
+                .map(|(p, slots)| (&self.prompts[*p].0[..], slots[0]))
+                .collect();
+            let draws: Vec<(usize, usize)> = groups[g..end]
+                .iter()
+                .enumerate()
+                .flat_map(|(q, (_, slots))| slots.iter().map(move |&s| (q, s)))
+                .collect();
+            self.prefill_pass(&runs, &draws, |cache| {
+                // The prompt's other samples start from its cached keys.
+                for (p, slots) in &groups[g..end] {
+                    for &to in &slots[1..] {
+                        cache.copy_slot(slots[0], to, self.prompts[*p].0.len())?;
+                    }
                 }
-            }
-            ops::sample_rows(
-                &logits,
-                Some(Ids::Host(&src_row)),
-                Some(Ids::Host(&sample_slot)),
-                src_row.len(),
-                &mut self.st,
-                &params,
-            )?;
+                Ok(())
+            })?;
             run += rows;
             g = end;
         }
         let drawn = self.st.read()?;
-        take_drawn(entering, &drawn, on_token);
+        take_drawn(entering.iter_mut(), &drawn, on_token);
         Ok(run)
+    }
+
+    /// Prefills the sequences `which` of `live` again from their first token (the decoder's
+    /// [`Decoder::restart_at`]: each one's next token sits at LongRoPE's trained context),
+    /// in their own slots, then each draws its next token as a decode step would have.
+    /// Returns the tokens run.
+    fn restart(
+        &mut self,
+        live: &mut [Live],
+        which: &[usize],
+        on_token: &mut dyn FnMut(usize, usize, u32),
+    ) -> Result<usize> {
+        let mut run = 0;
+        let per_pass = (PREFILL_ROWS / live[which[0]].tokens.len()).max(1);
+        for chunk in which.chunks(per_pass) {
+            let runs: Vec<(&[u32], usize)> = chunk
+                .iter()
+                .map(|&i| (&live[i].tokens[..], live[i].slot))
+                .collect();
+            let draws: Vec<(usize, usize)> = chunk
+                .iter()
+                .enumerate()
+                .map(|(q, &i)| (q, live[i].slot))
+                .collect();
+            self.prefill_pass(&runs, &draws, |_| Ok(()))?;
+            run += runs.iter().map(|r| r.0.len()).sum::<usize>();
+        }
+        let drawn = self.st.read()?;
+        let restarted = live
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| which.contains(i))
+            .map(|(_, s)| s);
+        take_drawn(restarted, &drawn, on_token);
+        Ok(run)
+    }
+
+    /// One prefill pass: each run's tokens into its slot at positions from 0, emitting its
+    /// last row's logits; `then` works on the cache; then each draw `(run, slot)` samples
+    /// `slot`'s next token from that run's logits.
+    fn prefill_pass(
+        &mut self,
+        runs: &[(&[u32], usize)],
+        draws: &[(usize, usize)],
+        then: impl FnOnce(&mut KvCache) -> Result<()>,
+    ) -> Result<()> {
+        let (mut tokens, mut slot, mut pos, mut emit) = (vec![], vec![], vec![], vec![]);
+        for (run, s) in runs {
+            tokens.extend_from_slice(run);
+            slot.extend(std::iter::repeat_n(*s as u32, run.len()));
+            pos.extend(0..run.len() as u32);
+            emit.push(tokens.len() as u32 - 1);
+        }
+        let longest = runs.iter().map(|r| r.0.len()).max().unwrap_or(1);
+        let mut logits = self.d.new_logits(runs.len())?;
+        self.d.decode_into(
+            &mut self.cache,
+            &DecodeRows {
+                tokens: Ids::Host(&tokens),
+                slot: Ids::Host(&slot),
+                pos: Ids::Host(&pos),
+                longest,
+                positions: longest,
+                distinct_slots: false,
+                emit: Some(Ids::Host(&emit)),
+            },
+            &mut logits,
+        )?;
+        then(&mut self.cache)?;
+        let src_row: Vec<u32> = draws.iter().map(|d| d.0 as u32).collect();
+        let sample_slot: Vec<u32> = draws.iter().map(|d| d.1 as u32).collect();
+        ops::sample_rows(
+            &logits,
+            Some(Ids::Host(&src_row)),
+            Some(Ids::Host(&sample_slot)),
+            draws.len(),
+            &mut self.st,
+            &self.o.sampling.params(),
+        )?;
+        Ok(())
     }
 }
 
@@ -543,6 +602,7 @@ fn cached(
         SlotState::Gpu(g, _, _) => Some(g.clone()),
         _ => None,
     };
+    let restart_at = d.restart_at();
     let mut graphs = gpu
         .clone()
         .filter(|_| o.cuda_graphs)
@@ -583,6 +643,27 @@ fn cached(
         }
         if live.is_empty() {
             break;
+        }
+        if let Some(at) = restart_at {
+            // A sequence whose next token would sit at the trained context is prefilled
+            // again (see Decoder::restart_at); the step in flight, which gives it that
+            // token, lands first.
+            let ahead = usize::from(in_flight.is_some());
+            if live.iter().any(|s| s.tokens.len() + ahead == at + 1) {
+                let t = Instant::now();
+                if let Some(read) = in_flight.take() {
+                    stats.decode_tokens += land(&mut eng.st, read, &mut live, on_token)?;
+                    decode_time += t.elapsed();
+                    continue;
+                }
+                let which: Vec<usize> = (0..live.len())
+                    .filter(|&i| live[i].tokens.len() == at + 1)
+                    .collect();
+                stats.prefill_tokens += eng.restart(&mut live, &which, on_token)?;
+                stats.restarts += which.len();
+                prefill_time += t.elapsed();
+                continue;
+            }
         }
         let t1 = Instant::now();
         // Every live sequence gains a token from the step in flight; those that it ends by
@@ -653,7 +734,7 @@ fn cached(
             ops::sample_rows(logits, None, Some(r.slots()), rows, st, &params)
         };
         match &mut graphs {
-            Some(g) => g.run((bound, rows, d.rotary_variant(longest)), &mut step)?,
+            Some(g) => g.run((bound, rows), &mut step)?,
             None => step()?,
         }
         stats.decode_steps += 1;
@@ -697,21 +778,23 @@ fn land(
     on_token: &mut dyn FnMut(usize, usize, u32),
 ) -> Result<usize> {
     let drawn = st.finish_read(read)?;
-    Ok(take_drawn(live, &drawn, on_token))
+    Ok(take_drawn(live.iter_mut(), &drawn, on_token))
 }
 
-/// Appends each live sequence's drawn token and log-probability (by slot); returns how many.
-fn take_drawn(
-    live: &mut [Live],
+/// Appends each sequence's drawn token and log-probability (by slot); returns how many.
+fn take_drawn<'a>(
+    seqs: impl IntoIterator<Item = &'a mut Live>,
     (tokens, logprobs): &(Vec<u32>, Vec<f32>),
     on_token: &mut dyn FnMut(usize, usize, u32),
 ) -> usize {
-    for s in live.iter_mut() {
+    let mut n = 0;
+    for s in seqs {
         s.tokens.push(tokens[s.slot]);
         s.logprobs.push(logprobs[s.slot]);
         on_token(s.prompt, s.sample, tokens[s.slot]);
+        n += 1;
     }
-    live.len()
+    n
 }
 
 /// Generation for models without a cache: each token re-runs the sequence's window, and
@@ -858,14 +941,13 @@ mod tests {
         assert_eq!(got[0].logprobs.len(), 12);
     }
 
-    /// A LongRoPE model decoding across its trained context does what transformers' cached
-    /// generation does: each step takes the factors its largest position calls for, and keys
-    /// already cached keep the rotation they entered with. The reference steps through the
-    /// decoder one token at a time; steps queued ahead agree, and the switch changes the
-    /// output.
+    /// A LongRoPE model decoding across its trained context does what transformers' Phi-3
+    /// generation does: the short factors while the sequence fits that context, then its
+    /// cache computed again with the long ones, so that every token's logits are those of a
+    /// forward call over the whole sequence so far (the window path, which re-runs it for
+    /// each token). Steps queued ahead agree, and the switch changes the output.
     #[test]
-    fn longrope_generation_switches_factors_step_by_step() {
-        use crate::models::Decoder;
+    fn longrope_generation_recomputes_the_cache_past_the_trained_context() {
         let model = tiny_longrope(true);
         let prompt: Vec<u32> = (0..20).map(|i| 65 + (i * 5) % 26).collect();
         let n = 16;
@@ -874,31 +956,52 @@ mod tests {
             samples: 1,
         }];
         let mut o = opts(Sampling::GREEDY, n);
-        let got = run(&model, &req, &o);
+        let (got, stats) = generate(&model, &ByteTokenizer, &req, &o, &mut |_, _, _| {}).unwrap();
+        assert_eq!(stats.restarts, 1);
         o.overlap_steps = !o.overlap_steps;
         assert_eq!(run(&model, &req, &o)[0].logprobs, got[0].logprobs);
 
-        let mut cache = model.new_cache(1, 64).unwrap();
-        let pos: Vec<u32> = (0..prompt.len() as u32).collect();
-        let last = [prompt.len() as u32 - 1];
-        let mut logits = model
-            .decode(&mut cache, &prompt, &vec![0; prompt.len()], &pos, &last)
-            .unwrap();
         let mut tokens = prompt.clone();
         for i in 0..n {
+            let logits = model.next_logits(&tokens).unwrap();
             let next = sampling::sample(&logits, &[], &Sampling::GREEDY, &mut Rng::new(0, 0));
             let max = logits.iter().fold(f32::MIN, |m, &v| m.max(v));
             let sum: f32 = logits.iter().map(|&v| (v - max).exp()).sum();
             let logprob = logits[next as usize] - max - sum.ln();
             assert!((got[0].logprobs[i] - logprob).abs() < 1e-5, "step {i}");
             tokens.push(next);
-            let p = tokens.len() as u32 - 1;
-            logits = model.decode(&mut cache, &[next], &[0], &[p], &[0]).unwrap();
         }
         assert_eq!(got[0].tokens, tokens[prompt.len()..]);
         assert!(tokens.len() > 24 + 1, "the steps pass the trained context");
         let short_only = run(&tiny_longrope(false), &req, &o);
         assert_ne!(short_only[0].logprobs, got[0].logprobs);
+    }
+
+    /// Each sequence of a LongRoPE batch takes the factors its own length calls for, as
+    /// transformers does generating it alone: a prompt past the trained context prefills with
+    /// the long factors while a shorter one in the same call keeps the short ones, and in
+    /// decode steps a row reads the long factors once its own cache was recomputed with them,
+    /// not when the batch's longest sequence passes the trained context. So every sequence's
+    /// tokens and log-probabilities are those it gets alone.
+    #[test]
+    fn longrope_sequences_switch_factors_each_by_its_own_length() {
+        let model = tiny_longrope(true);
+        let prompt = |n: u32| (0..n).map(|i| 65 + (i * 7) % 26).collect::<Vec<u32>>();
+        // Past the trained 24 positions from the start; crossing them at the 5th step; at the 12th.
+        let reqs: Vec<Request> = [30, 20, 13]
+            .into_iter()
+            .map(|n| Request {
+                prompt: prompt(n),
+                samples: 1,
+            })
+            .collect();
+        let o = opts(Sampling::GREEDY, 16);
+        let together = run(&model, &reqs, &o);
+        for (i, req) in reqs.iter().enumerate() {
+            let alone = run(&model, std::slice::from_ref(req), &o);
+            assert_eq!(together[i].tokens, alone[0].tokens, "prompt {i}");
+            assert_eq!(together[i].logprobs, alone[0].logprobs, "prompt {i}");
+        }
     }
 
     /// A sample's tokens depend on (seed, prompt, sample) only: the same with other prompts

@@ -23,7 +23,7 @@ use crate::engine::cpu::kv_cache::CacheShape;
 use crate::engine::cpu::rope::{self, Llama3Scaling, PairFactors};
 use crate::engine::ops::Ids;
 use crate::engine::{DType, MemoryPool, Result, Tensor, ops};
-use crate::nn::gqa::{GqaAttention, GqaSaved, Heads, Rotary};
+use crate::nn::gqa::{GqaAttention, GqaSaved, Heads, LongTables, Rotary};
 use crate::nn::linear::Linear;
 use crate::nn::rmsnorm::RmsNorm;
 use crate::nn::swiglu::SwiGlu;
@@ -434,14 +434,14 @@ pub struct RotaryPass<'p> {
     rotary: &'p Rotary,
 }
 
-/// The rotary tables of positions `0..positions` for `cfg`'s frequencies, divided pair by
-/// pair by `factors` (LongRoPE) where given.
-fn rotary_tables(
-    pool: &Arc<MemoryPool>,
+/// The rotary tables (`cos`, `sin`, `[positions, rot/2]` row-major) of positions
+/// `0..positions` for `cfg`'s frequencies, divided pair by pair by `factors` (LongRoPE) where
+/// given.
+fn rotary_values(
     cfg: &LlamaConfig,
     factors: Option<&PairFactors>,
     positions: usize,
-) -> Result<Rotary> {
+) -> (Vec<f32>, Vec<f32>) {
     let inv = match factors {
         Some(f) => rope::factored_inverse_frequencies(cfg.rope_theta, cfg.rot_dim, f.as_slice()),
         None => rope::inverse_frequencies(cfg.rope_theta, cfg.rot_dim, cfg.rope_scaling),
@@ -453,11 +453,48 @@ fn rotary_tables(
         let a = cfg.rope_attention_factor;
         cos.iter_mut().chain(sin.iter_mut()).for_each(|v| *v *= a);
     }
+    (cos, sin)
+}
+
+/// [`rotary_values`] on `pool`'s device.
+fn rotary_tables(
+    pool: &Arc<MemoryPool>,
+    cfg: &LlamaConfig,
+    (cos, sin): (Vec<f32>, Vec<f32>),
+) -> Result<Rotary> {
     let half = cfg.rot_dim / 2;
+    let positions = cos.len() / half.max(1);
     Ok(Rotary::new(
         Tensor::from_vec(pool, &[positions, half], DType::F32, cos)?,
         Tensor::from_vec(pool, &[positions, half], DType::F32, sin)?,
     ))
+}
+
+/// Every rotary table `cfg` asks for: with LongRoPE's long factors, the short factors' tables
+/// for the trained context, the long factors' for the whole context, and a decode step's
+/// (short below the trained context, long from it on: see [`LongTables::stepwise`]).
+fn rotary(pool: &Arc<MemoryPool>, cfg: &LlamaConfig) -> Result<Rotary> {
+    let Some(long_factors) = &cfg.rope_long_factors else {
+        return rotary_tables(
+            pool,
+            cfg,
+            rotary_values(cfg, cfg.rope_factors.as_ref(), cfg.context),
+        );
+    };
+    // The short factors' tables need only the positions of a pass that fits that context.
+    let trained = cfg.rope_trained_context.min(cfg.context);
+    let short = rotary_values(cfg, cfg.rope_factors.as_ref(), trained);
+    let long = rotary_values(cfg, Some(long_factors), cfg.context);
+    let split = trained * (cfg.rot_dim / 2);
+    let stepwise = |s: &[f32], l: &[f32]| [&s[..split], &l[split..]].concat();
+    let step = (stepwise(&short.0, &long.0), stepwise(&short.1, &long.1));
+    let mut tables = rotary_tables(pool, cfg, short)?;
+    tables.long = Some(Box::new(LongTables {
+        trained,
+        long: rotary_tables(pool, cfg, long)?,
+        stepwise: rotary_tables(pool, cfg, step)?,
+    }));
+    Ok(tables)
 }
 
 impl Projections for LlamaBlock {
@@ -583,18 +620,7 @@ impl Llama {
         } else {
             Some(Linear::new(&mut b.scope("lm_head"), c, vocab, false, 0.02)?)
         };
-        let rotary = match cfg.rope_long_factors {
-            // LongRoPE past its trained context: the short factors' tables need only the
-            // positions of a pass that fits that context.
-            Some(long) => {
-                let trained = cfg.rope_trained_context.min(cfg.context);
-                let mut short = rotary_tables(pool, &cfg, cfg.rope_factors.as_ref(), trained)?;
-                let long = rotary_tables(pool, &cfg, Some(&long), cfg.context)?;
-                short.long = Some((trained, Box::new(long)));
-                short
-            }
-            None => rotary_tables(pool, &cfg, cfg.rope_factors.as_ref(), cfg.context)?,
-        };
+        let rotary = rotary(pool, &cfg)?;
         let lm = Lm::new("llama", embed, blocks, ln_f, head, cfg.vocab, cfg.context);
         Ok(Llama {
             cfg,
@@ -831,6 +857,10 @@ impl Decoder for Llama {
     fn rotary_variant(&self, positions: usize) -> usize {
         usize::from(self.rotary.takes_long(positions))
     }
+
+    fn restart_at(&self) -> Option<usize> {
+        self.rotary.long.as_ref().map(|l| l.trained)
+    }
 }
 
 /// `w[o, i] *= gain[i]` for a `[out, in]` weight: what a norm's gain contributes to the
@@ -897,6 +927,16 @@ impl Llama {
         Ok(true)
     }
 
+    /// The rotary tables of a decode call: a step's (every row its own sequence's only new
+    /// token) or, for a prefill, those of its longest prompt.
+    fn decode_rotary(&self, r: &DecodeRows) -> &Rotary {
+        if r.distinct_slots {
+            self.rotary.for_step()
+        } else {
+            self.rotary.for_positions(r.positions)
+        }
+    }
+
     /// The rotary shape of a decode call's `rows` rows.
     fn decode_rope_shape(&self, rows: usize) -> crate::engine::cpu::rope::RopeShape {
         crate::engine::cpu::rope::RopeShape {
@@ -919,7 +959,7 @@ impl Llama {
         let mut x = ops::token_embedding_at(r.tokens, 1, rows, self.lm.embed.weight())?
             .reshaped(&[rows, self.cfg.d_model]);
         let at = ops::CacheRows::new(&x, r.slot, r.pos, c.head_dim)?;
-        let rotary = self.rotary.for_positions(r.positions);
+        let rotary = self.decode_rotary(r);
         let (mut ln, _) = self.lm.first_norm().normalize(&x)?;
         for (l, block) in self.lm.blocks.iter().enumerate() {
             let (k, v) = &mut cache.layers[l];
@@ -957,7 +997,7 @@ impl Llama {
         let mut x = ops::token_embedding_at(r.tokens, 1, rows, self.lm.embed.weight())?
             .reshaped(&[rows, self.cfg.d_model]);
         let at = ops::CacheRows::new(&x, r.slot, r.pos, c.head_dim)?;
-        let rotary = self.rotary.for_positions(r.positions);
+        let rotary = self.decode_rotary(r);
         // The layers' outputs live through the loop, so that a step's kernels follow one
         // another with no allocation between them (which lets them overlap on a GPU that can:
         // see engine/cuda/overlap.rs).

@@ -363,12 +363,22 @@ pub trait Decoder {
         logits: &mut Tensor,
     ) -> Result<()>;
 
-    /// Which rotary tables a call whose rows reach `positions` positions reads
-    /// ([`DecodeRows::positions`]): 0, or 1 for LongRoPE's long factors past the trained
-    /// context. A step captured into a graph holds the tables it read, so graphs are kept
-    /// per variant.
+    /// Which rotary tables a prefill whose longest prompt has `positions` positions reads:
+    /// 0, or 1 for LongRoPE's long factors past the trained context. transformers picks them
+    /// by each forward call's largest position, so a prompt's choice is its own length's: a
+    /// prefill pass runs prompts of one variant only. (A decode step gives every row its own
+    /// sequence's choice from one table, whatever the variants of the rows.)
     fn rotary_variant(&self, _positions: usize) -> usize {
         0
+    }
+
+    /// LongRoPE: the trained context, where generation prefills a sequence again from its
+    /// first token when its next token would sit there (its keys so far carry the short
+    /// factors' rotation; after, all of them carry the long factors', as in a forward call
+    /// over the whole sequence). transformers' Phi-3 generation, the family LongRoPE comes
+    /// with, drops its cache at that step the same way. `None`: never.
+    fn restart_at(&self) -> Option<usize> {
+        None
     }
 }
 
@@ -382,9 +392,9 @@ pub struct DecodeRows<'a> {
     /// GPU blocks, which decides the last bits of the result: calls that must agree bit for
     /// bit (a step run directly and the same step replayed from a graph) pass the same bound.
     pub longest: usize,
-    /// Every row's position + 1, the most: exactly, where `longest` may be a bound. LongRoPE
-    /// picks its rotary factors by it ([`Decoder::rotary_variant`]), as transformers picks them
-    /// by a forward call's largest position.
+    /// Every row's position + 1, the most: exactly, where `longest` may be a bound. A
+    /// prefill picks LongRoPE's factors by it ([`Decoder::rotary_variant`]); a decode step
+    /// (`distinct_slots`) reads each row's own ([`crate::nn::gqa::LongTables::stepwise`]).
     pub positions: usize,
     /// Every row names a different slot (a decode step, not a prefill): each row's key and
     /// value can then be appended and attended to in one kernel.

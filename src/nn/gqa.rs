@@ -51,9 +51,25 @@ pub struct Heads {
 pub struct Rotary {
     pub cos: Tensor,
     pub sin: Tensor,
-    /// LongRoPE: the tables a pass reads when its longest sequence passes `.0` positions
-    /// (the trained context); `cos` and `sin` then serve only shorter passes.
-    pub long: Option<(usize, Box<Rotary>)>,
+    /// LongRoPE: the tables of passes past the trained context and of decode steps; `cos`
+    /// and `sin` then serve only passes within that context.
+    pub long: Option<Box<LongTables>>,
+}
+
+/// LongRoPE's tables besides the short factors' (transformers picks the factors for each
+/// forward call by its largest position: the short ones up to the trained context, the long
+/// ones past it).
+pub struct LongTables {
+    /// The trained context: a pass of more positions reads `long`.
+    pub trained: usize,
+    /// The long factors' tables at every position.
+    pub long: Rotary,
+    /// A decode step's tables: the short factors' rows below `trained`, the long factors'
+    /// from it on. A step feeds each sequence one token at its own position `p`, which a
+    /// forward call of that sequence alone rotates with the long factors exactly when
+    /// `p + 1 > trained`; so one table gives every row of a step its own sequence's choice,
+    /// whatever the other rows' lengths (a row's tokens never depend on its batch).
+    pub stepwise: Rotary,
 }
 
 impl Rotary {
@@ -67,20 +83,26 @@ impl Rotary {
     }
 
     /// The tables of a pass whose longest sequence has `positions` positions (its largest
-    /// position + 1). LongRoPE's frequencies depend on it, as transformers picks them for
-    /// each forward call: the short factors up to the trained context, the long ones past it.
+    /// position + 1), for passes that run whole sequences (training, evaluation, a prefill
+    /// of prompts that all fall on the same side of the trained context).
     pub fn for_positions(&self, positions: usize) -> &Rotary {
         match &self.long {
-            Some((_, long)) if self.takes_long(positions) => long,
+            Some(l) if positions > l.trained => &l.long,
             _ => self,
+        }
+    }
+
+    /// The tables of a decode step (one new token per sequence, each at its own position).
+    pub fn for_step(&self) -> &Rotary {
+        match &self.long {
+            Some(l) => &l.stepwise,
+            None => self,
         }
     }
 
     /// Whether a pass of `positions` positions reads the long tables.
     pub fn takes_long(&self, positions: usize) -> bool {
-        self.long
-            .as_ref()
-            .is_some_and(|(trained, _)| positions > *trained)
+        self.long.as_ref().is_some_and(|l| positions > l.trained)
     }
 }
 

@@ -1714,9 +1714,11 @@ mod tests {
         assert_eq!(past_logits, all_long.next_logits(&past).unwrap());
         assert_ne!(past_logits, all_short.next_logits(&past).unwrap());
 
-        // Decoding across the trained context: the prompt's keys were rotated with the short
-        // factors when they entered the cache and stay so; the first step past 64 positions
-        // rotates its query and key with the long ones (transformers' cached generation).
+        // A decode step at the trained context: the prompt's keys were rotated with the short
+        // factors when they entered the cache and stay so; the row at position 64 rotates its
+        // query and key with the long ones (each row its own choice). Generation prefills a
+        // sequence again before such a step (Decoder::restart_at), as transformers' Phi-3
+        // generation does, so that its keys all carry the long factors.
         let step = |prefill: &dyn Model, next: &dyn Model| -> Vec<f32> {
             let (dp, dn) = (prefill.decoder().unwrap(), next.decoder().unwrap());
             let mut cache = dp.new_cache(1, 128).unwrap();
