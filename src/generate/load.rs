@@ -58,10 +58,15 @@ pub fn to_device(
     precision: Option<&str>,
 ) -> Result<(Box<dyn Model>, String)> {
     let (pool, dtype, note) = open_for_generation(device, precision)?;
+    // Norm gains folded on the host, in f32, as the device would fold them before converting
+    // (folding the converted matrices would round them twice); the device's own fold below
+    // then meets gains of one and changes no value.
+    let mut model = model;
+    model.fold_norm_gains()?;
     // The host model's values by name, each released as it is read (host memory stays at
     // one copy), then the device model built from them frozen: no initialisation, no
-    // gradient buffers, so the device holds the f32 values alone until they are converted.
-    let mut model = model;
+    // gradient buffers, each matrix converted to the generation dtype as it arrives, so the
+    // device holds one matrix in f32 at most.
     let mut weights = std::collections::BTreeMap::new();
     for p in model.params_mut() {
         let t = crate::nn::builder::HostTensor {
@@ -79,7 +84,7 @@ pub fn to_device(
         &pool,
         &weights,
         origin,
-        crate::models::Role::Run,
+        crate::models::Role::Run(dtype),
     )?;
     drop(weights);
     ready_for_generation(on.as_mut(), dtype)?;

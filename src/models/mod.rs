@@ -476,11 +476,13 @@ impl RoutingStats {
 
 /// What a built or loaded model is for: `Train` (gradient buffers allocated as training needs
 /// them) or `Run` (every parameter frozen from the start, so no gradient buffer is ever
-/// allocated: generation, which then peaks at the values alone).
+/// allocated: generation, which then peaks at the values alone). `Run(Some(dtype))` also
+/// holds every matrix in `dtype` from the moment it is made (see
+/// [`crate::nn::ParamBuilder::frozen_in`]), so a device never holds all of them in f32.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
     Train,
-    Run,
+    Run(Option<crate::engine::DType>),
 }
 
 /// The model `cfg` describes (its family's [`family::Family::build`]), with a `vocab`-token
@@ -494,7 +496,7 @@ pub fn build(
     build_for(cfg, vocab, pool, seed, Role::Train)
 }
 
-/// [`build`] for `role`: with [`Role::Run`] the planner's stand-in for [`load_for`] with the
+/// [`build`] for `role`: with [`Role::Run`], the planner's stand-in for [`load_for`] with the
 /// same role, booking the same memory.
 pub fn build_for(
     cfg: &ModelConfig,
@@ -505,8 +507,8 @@ pub fn build_for(
 ) -> std::result::Result<Box<dyn Model>, KilnError> {
     let mut rng = Rng::new(seed, stream::INIT);
     let mut b = ParamBuilder::init(pool, &mut rng);
-    if role == Role::Run {
-        b = b.frozen();
+    if let Role::Run(dtype) = role {
+        b = b.frozen_in(dtype);
     }
     (cfg.entry().build)(cfg, vocab, &mut b)
 }
@@ -553,8 +555,8 @@ pub fn load_deferring(
         source = source.deferring(d);
     }
     let mut b = ParamBuilder::load(pool, &mut source);
-    if role == Role::Run {
-        b = b.frozen();
+    if let Role::Run(dtype) = role {
+        b = b.frozen_in(dtype);
     }
     let model = (cfg.entry().build)(cfg, vocab, &mut b)?;
     drop(b);

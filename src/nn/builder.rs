@@ -10,7 +10,7 @@
 
 use super::{Init, Param};
 use crate::engine::rng::Rng;
-use crate::engine::{EngineError, MemoryPool, Result};
+use crate::engine::{DType, EngineError, MemoryPool, Result};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Display;
 use std::sync::Arc;
@@ -155,6 +155,8 @@ pub struct ParamBuilder<'a, 'w> {
     fill: Fill<'a, 'w>,
     /// Parameters are made frozen (no gradient buffer): a model to run, not to train.
     frozen: bool,
+    /// With `frozen`: the dtype every matrix is held in from the moment it is made.
+    held_in: Option<DType>,
 }
 
 impl<'a, 'w> ParamBuilder<'a, 'w> {
@@ -165,6 +167,7 @@ impl<'a, 'w> ParamBuilder<'a, 'w> {
             prefix: String::new(),
             fill: Fill::Init(rng),
             frozen: false,
+            held_in: None,
         }
     }
 
@@ -178,6 +181,7 @@ impl<'a, 'w> ParamBuilder<'a, 'w> {
             prefix: String::new(),
             fill: Fill::Load(source),
             frozen: false,
+            held_in: None,
         }
     }
 
@@ -186,6 +190,29 @@ impl<'a, 'w> ParamBuilder<'a, 'w> {
     pub fn frozen(mut self) -> Self {
         self.frozen = true;
         self
+    }
+
+    /// [`Self::frozen`], with every matrix (two or more dimensions) converted to `dtype` as
+    /// soon as it is made (`None`: kept in f32), so that a model built to run in bf16 never
+    /// holds more than one matrix in f32: its peak while loading is its bf16 values and the
+    /// largest matrix in f32, where converting afterwards would peak at every value in f32.
+    /// Vectors stay f32 until [`Param::set_compute_dtype`]: the parameters a layer reads as
+    /// f32 masters (the BK-Core's) are vectors.
+    pub fn frozen_in(mut self, dtype: Option<DType>) -> Self {
+        self.frozen = true;
+        self.held_in = dtype;
+        self
+    }
+
+    /// `p` as [`Self::frozen_in`] holds it.
+    fn held(&self, mut p: Param) -> Result<Param> {
+        if let Some(d) = self.held_in
+            && p.value.shape().len() >= 2
+            && p.value.dtype() != d
+        {
+            p.value = p.value.converted(self.pool, d)?;
+        }
+        Ok(p)
     }
 
     pub fn pool(&self) -> &'a Arc<MemoryPool> {
@@ -216,23 +243,25 @@ impl<'a, 'w> ParamBuilder<'a, 'w> {
                 Fill::Load(source) => Fill::Load(source),
             },
             frozen: self.frozen,
+            held_in: self.held_in,
         }
     }
 
     /// Parameter `part` of this scope, of `shape`, initialised by `init` or loaded.
     pub fn param(&mut self, part: &str, shape: &[usize], init: Init) -> Result<Param> {
         let name = self.name(part);
-        match &mut self.fill {
+        let p = match &mut self.fill {
             Fill::Init(rng) => Param::initialised(self.pool, name, shape, init, rng, self.frozen),
             Fill::Load(source) if source.defer.is_some_and(|d| d(&name)) => {
                 source.take_ref(&name, shape)?;
-                Param::holding(self.pool, name, &[0], Vec::new(), true)
+                return Param::holding(self.pool, name, &[0], Vec::new(), true);
             }
             Fill::Load(source) => {
                 let values = source.take(&name, shape)?;
                 Param::holding(self.pool, name, shape, values, self.frozen)
             }
-        }
+        }?;
+        self.held(p)
     }
 
     /// Parameter `part` starting from `values` (or loaded).
@@ -242,7 +271,8 @@ impl<'a, 'w> ParamBuilder<'a, 'w> {
             Fill::Init(_) => values,
             Fill::Load(source) => source.take(&name, shape)?,
         };
-        Param::holding(self.pool, name, shape, values, self.frozen)
+        let p = Param::holding(self.pool, name, shape, values, self.frozen)?;
+        self.held(p)
     }
 }
 

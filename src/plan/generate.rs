@@ -99,7 +99,8 @@ pub fn meta_generate(
     let start = Instant::now();
     let pool = MemoryPool::meta(device);
     // As generation loads a model onto its device: frozen from the start.
-    let mut model = crate::models::build_for(cfg, vocab, &pool, 0, crate::models::Role::Run)?;
+    let mut model =
+        crate::models::build_for(cfg, vocab, &pool, 0, crate::models::Role::Run(dtype))?;
     generate::load::ready_for_generation(model.as_mut(), dtype)?;
     let weights = pool.stats().current;
     // Ids spread over the vocabulary; their values change no booking.
@@ -196,7 +197,7 @@ mod tests {
                 let pool = MemoryPool::new(Device::Cpu);
                 // As `generate::load::to_device` builds it (loaded instead of drawn).
                 let mut model =
-                    crate::models::build_for(&cfg, 256, &pool, 7, crate::models::Role::Run)
+                    crate::models::build_for(&cfg, 256, &pool, 7, crate::models::Role::Run(None))
                         .unwrap();
                 generate::load::ready_for_generation(model.as_mut(), None).unwrap();
                 assert_eq!(pool.stats().current, plan.weights, "{kind}");
@@ -228,6 +229,47 @@ mod tests {
                 };
                 assert_eq!(plan.slots, slots, "{kind}");
             }
+        }
+    }
+
+    /// A model built to run in bf16 holds each matrix in f32 only while converting it: its
+    /// peak while loading is its bf16 matrices, its f32 vectors and one matrix in f32, where
+    /// one held in f32 first peaks at every value in f32. Generation then keeps the same
+    /// bytes either way.
+    #[test]
+    fn a_model_built_to_run_in_bf16_holds_one_matrix_in_f32_at_most() {
+        for kind in ["gpt", "llama"] {
+            let cfg = tiny(kind);
+            let built = |dtype: Option<DType>| {
+                let pool = MemoryPool::meta(Device::Cuda(0));
+                let mut model =
+                    crate::models::build_for(&cfg, 256, &pool, 0, crate::models::Role::Run(dtype))
+                        .unwrap();
+                let (loaded, counts) = (pool.stats().peak, model.params().len());
+                generate::load::ready_for_generation(model.as_mut(), Some(DType::BF16)).unwrap();
+                (loaded, counts, pool.stats().current, model)
+            };
+            let (peak_f32, _, ready_f32, _) = built(None);
+            let (peak, count, ready, model) = built(Some(DType::BF16));
+            let (mut matrices, mut vectors, mut largest) = (0, 0, 0);
+            for p in model.params() {
+                let n = p.value.len();
+                if p.value.shape().len() >= 2 {
+                    matrices += n;
+                    largest = largest.max(n);
+                } else {
+                    vectors += n;
+                }
+            }
+            assert_eq!(ready, ready_f32, "{kind}");
+            assert!(peak_f32 >= 4 * (matrices + vectors), "{kind}");
+            // The pool rounds each booking up; a kilobyte a tensor covers it.
+            let bound = 2 * matrices + 4 * vectors + 4 * largest + 1024 * count;
+            assert!(
+                peak <= bound,
+                "{kind}: {peak} > {bound} (f32 first: {peak_f32})"
+            );
+            assert!(peak < peak_f32, "{kind}");
         }
     }
 
