@@ -479,7 +479,7 @@ impl Engine<'_> {
         Ok(run)
     }
 
-    /// Prefills the sequences `which` of `live` again from their first token (the decoder's
+    /// Prefills the sequences `which` (ascending indices) of `live` again from their first token (the decoder's
     /// [`Decoder::restart_at`]: each one's next token sits at LongRoPE's trained context),
     /// in their own slots, then each draws its next token as a decode step would have.
     /// Returns the tokens run.
@@ -508,7 +508,7 @@ impl Engine<'_> {
         let restarted = live
             .iter_mut()
             .enumerate()
-            .filter(|(i, _)| which.contains(i))
+            .filter(|(i, _)| which.binary_search(i).is_ok())
             .map(|(_, s)| s);
         take_drawn(restarted, &drawn, on_token);
         Ok(run)

@@ -87,7 +87,7 @@ impl Rotary {
     /// of prompts that all fall on the same side of the trained context).
     pub fn for_positions(&self, positions: usize) -> &Rotary {
         match &self.long {
-            Some(l) if positions > l.trained => &l.long,
+            Some(l) if self.takes_long(positions) => &l.long,
             _ => self,
         }
     }
