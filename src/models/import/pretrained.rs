@@ -217,6 +217,25 @@ pub(crate) fn read_safetensors(files: &[PathBuf]) -> Result<BTreeMap<String, Hos
     Ok(out)
 }
 
+/// The error for a config.json whose architecture kiln cannot import.
+fn unsupported_architecture(cfg_path: &Path, arch: &str) -> KilnError {
+    // Phi-3-small shares Phi-3's name but not its layers: block-sparse attention in alternate
+    // layers, a GeGELU MLP and muP scalings, none of which kiln has.
+    let why = if arch == "Phi3SmallForCausalLM" {
+        " (Phi-3-small's block-sparse attention and GeGELU MLP are not Phi-3-mini's layers; \
+         Phi-3-mini and Phi-3-medium directories, Phi3ForCausalLM, import)"
+    } else {
+        ""
+    };
+    bad(
+        cfg_path,
+        format!(
+            "declares the architecture \"{arch}\", which kiln cannot import{why}; supported: {}",
+            ARCHITECTURES.join(", ")
+        ),
+    )
+}
+
 fn open_hf_dir(dir: &Path) -> Result<Pretrained> {
     let cfg_path = dir.join("config.json");
     let text = std::fs::read_to_string(&cfg_path).map_err(|e| {
@@ -236,6 +255,10 @@ fn open_hf_dir(dir: &Path) -> Result<Pretrained> {
             ),
         ));
     }
+    // Refused before a byte of the weights is read.
+    if !ARCHITECTURES.contains(&arch.as_str()) {
+        return Err(unsupported_architecture(&cfg_path, &arch));
+    }
     let files = weight_files(dir)?;
     let tokenizer = HfTokenizer::from_dir(dir).map_err(|e| {
         bad(
@@ -253,15 +276,7 @@ fn open_hf_dir(dir: &Path) -> Result<Pretrained> {
             (m, vocab, w)
         }
         "GPT2LMHeadModel" => gpt2_from_hf(&cfg_path, &cfg, raw)?,
-        other => {
-            return Err(bad(
-                &cfg_path,
-                format!(
-                    "declares the architecture \"{other}\", which kiln cannot import; supported: {}",
-                    ARCHITECTURES.join(", ")
-                ),
-            ));
-        }
+        other => return Err(unsupported_architecture(&cfg_path, other)),
     };
     check_tokenizer(dir, &tokenizer, vocab)?;
     Ok(Pretrained {
@@ -1289,6 +1304,30 @@ fn float_list(v: &[f64]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An architecture kiln cannot import is refused from config.json alone, before any
+    /// weights or tokenizer are read (this directory has neither), naming what imports;
+    /// Phi-3-small's refusal says how it differs from the Phi-3 kiln reads.
+    #[test]
+    fn an_unsupported_architecture_is_refused_before_the_weights() {
+        let dir = tempfile::tempdir().unwrap();
+        for (arch, extra) in [
+            ("Phi3SmallForCausalLM", "block-sparse attention"),
+            ("FalconForCausalLM", "supported: LlamaForCausalLM"),
+        ] {
+            std::fs::write(
+                dir.path().join("config.json"),
+                format!(r#"{{"architectures": ["{arch}"], "hidden_size": 64}}"#),
+            )
+            .unwrap();
+            let e = open_hf_dir(dir.path()).err().unwrap().to_string();
+            assert!(
+                e.contains(&format!("\"{arch}\", which kiln cannot import")),
+                "{e}"
+            );
+            assert!(e.contains(extra) && e.contains("Phi3ForCausalLM"), "{e}");
+        }
+    }
 
     /// Interleaving each head's halves (what llama.cpp's converter does) and undoing it
     /// gives back the original rows.
