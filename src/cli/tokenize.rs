@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 
 Each input line (its \\n or \\r\\n removed) becomes one line of output, a JSON array of ids:
 [15496, 995]. Special tokens written in the text of a pretrained tokenizer (<|im_start|>) are
-single ids. --special adds the ids the model puts around a text ([CLS] ... [SEP], or BOS when
-the model's configuration asks for it), as Hugging Face's add_special_tokens=True does.")]
+single ids. --special adds the ids the model puts around a text ([CLS] ... [SEP], or BOS and
+EOS where the model's tokenizer adds them), as Hugging Face's add_special_tokens=True does.")]
 pub struct TokenizeArgs {
     /// Tokenizer: byte, gpt2, or the path of a pretrained model's tokenizer (a Hugging Face
     /// directory, a tokenizer.json, a tokenizer.model or a .gguf file), as in the setting
@@ -25,7 +25,8 @@ pub struct TokenizeArgs {
     /// Read lines from this file instead of standard input.
     #[arg(long, value_name = "FILE")]
     pub input: Option<PathBuf>,
-    /// Add the model's special tokens (BOS, [CLS]/[SEP]); pretrained tokenizers only.
+    /// Add the model's special tokens (BOS and EOS as its files ask, [CLS]/[SEP]); pretrained
+    /// tokenizers only.
     #[arg(long)]
     pub special: bool,
 }

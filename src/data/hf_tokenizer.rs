@@ -29,6 +29,7 @@ pub struct HfTokenizer {
     eos_ids: Vec<u32>,
     pad: Option<u32>,
     adds_bos: bool,
+    adds_eos: bool,
     chat_template: Option<String>,
     chunk_safe: bool,
 }
@@ -54,6 +55,7 @@ struct DirConfig {
     pad_token: Option<String>,
     pad_id: Option<u32>,
     add_bos: Option<bool>,
+    add_eos: Option<bool>,
     chat_template: Option<String>,
 }
 
@@ -194,6 +196,9 @@ impl DirConfig {
             if let Some(b) = j.get("add_bos_token").and_then(Json::as_bool) {
                 c.add_bos = Some(b);
             }
+            if let Some(b) = j.get("add_eos_token").and_then(Json::as_bool) {
+                c.add_eos = Some(b);
+            }
             match j.get("chat_template") {
                 Some(Json::String(t)) => c.chat_template = Some(t.clone()),
                 // Several named templates: transformers uses the one called "default".
@@ -237,7 +242,13 @@ impl HfTokenizer {
             )
         })?;
         let dir = path.parent().unwrap_or(Path::new("."));
-        let config = DirConfig::read(dir)?;
+        let mut config = DirConfig::read(dir)?;
+        // transformers (5.x) takes BOS and EOS from tokenizer.json's post-processor whatever
+        // tokenizer_config.json's add_bos_token and add_eos_token say, for every tokenizer
+        // class (bench/add_eos_parity.py); the flags count only where there is no
+        // tokenizer.json (a SentencePiece tokenizer.model, a GGUF file).
+        config.add_bos = None;
+        config.add_eos = None;
         Self::build(json, path, path.display().to_string(), config, None)
     }
 
@@ -561,18 +572,57 @@ impl HfTokenizer {
             eos_ids,
             pad,
             adds_bos: false,
+            adds_eos: false,
             chat_template: config.chat_template,
             chunk_safe,
         };
-        // Without a setting, the post-processor is the truth: does it put BOS in front?
-        tok.adds_bos = match config.add_bos {
-            Some(b) => b,
-            None => {
-                let ids = tok.try_encode("a", true).map_err(|e| file_error(path, e))?;
-                tok.bos_id().is_some() && ids.first().copied() == tok.bos_id()
-            }
-        };
+        // Without a setting, the post-processor is the truth: does it put BOS in front, EOS
+        // behind? (A setting wins, as in transformers' Llama-family tokenizers, which rebuild
+        // the post-processor from add_bos_token and add_eos_token.)
+        let (pp_bos, pp_eos) = tok.post_processor_adds().map_err(|e| file_error(path, e))?;
+        tok.adds_bos = config.add_bos.unwrap_or(pp_bos);
+        tok.adds_eos = config.add_eos.unwrap_or(pp_eos) && tok.eos.is_some();
         Ok(tok)
+    }
+
+    /// Whether the library's post-processor alone puts the BOS token in front of a text and
+    /// the EOS token behind it.
+    fn post_processor_adds(&self) -> Result<(bool, bool), String> {
+        let plain = self.try_encode("a", false)?;
+        let ids = self.try_encode("a", true)?;
+        let eos = self.eos.as_ref().map(|e| e.0);
+        let bos = self.bos_id().is_some() && ids.first().copied() == self.bos_id();
+        let eos = eos.is_some() && ids.last().copied() == eos && plain.last().copied() != eos;
+        Ok((bos, eos))
+    }
+
+    /// A `TemplateProcessing` post-processor that puts this tokenizer's BOS in front and its
+    /// EOS behind each text as [`adds_bos`](Self::adds_bos) and [`adds_eos`](Self::adds_eos)
+    /// say (a pair: both texts, each so wrapped, the second with type id 1).
+    fn template_processing(&self) -> Json {
+        let special =
+            |b: &(u32, String), n: u32| json!({"SpecialToken": {"id": b.1, "type_id": n}});
+        let seq = |ty: &str, n: u32| json!({"Sequence": {"id": ty, "type_id": n}});
+        let bos = self.bos.as_ref().filter(|_| self.adds_bos);
+        let eos = self.eos.as_ref().filter(|_| self.adds_eos);
+        let wrap = |ty: &str, n: u32| -> Vec<Json> {
+            let mut out: Vec<Json> = bos.map(|b| special(b, n)).into_iter().collect();
+            out.push(seq(ty, n));
+            out.extend(eos.map(|e| special(e, n)));
+            out
+        };
+        let mut pair = wrap("A", 0);
+        pair.extend(wrap("B", 1));
+        let mut tokens = serde_json::Map::new();
+        for (id, t) in bos.into_iter().chain(eos) {
+            tokens.insert(t.clone(), json!({"id": t, "ids": [id], "tokens": [t]}));
+        }
+        json!({
+            "type": "TemplateProcessing",
+            "single": wrap("A", 0),
+            "pair": pair,
+            "special_tokens": tokens,
+        })
     }
 
     fn try_encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>, String> {
@@ -591,16 +641,27 @@ impl HfTokenizer {
     }
 
     /// Token ids of `text` with the tokenizer's post-processing (Hugging Face's
-    /// `add_special_tokens=True`: BERT's [CLS] ... [SEP], Llama's BOS), and with the BOS token
-    /// in front exactly when `add_bos` is true (for tokenizers that have one).
+    /// `add_special_tokens=True`: BERT's [CLS] ... [SEP], Llama's BOS), with the BOS token
+    /// in front exactly when `add_bos` is true (for tokenizers that have one), and the EOS
+    /// token behind exactly when the model's configuration asks for it
+    /// ([`adds_eos`](Self::adds_eos)).
     pub fn encode_with_special(&self, text: &str, add_bos: bool) -> Vec<u32> {
         let mut ids = self.try_encode(text, true).unwrap_or_default();
+        let plain = || self.encode(text);
         if let Some(bos) = self.bos_id() {
             let has = ids.first() == Some(&bos);
             if add_bos && !has {
                 ids.insert(0, bos);
-            } else if !add_bos && has && self.encode(text).first() != Some(&bos) {
+            } else if !add_bos && has && plain().first() != Some(&bos) {
                 ids.remove(0);
+            }
+        }
+        if let Some((eos, _)) = self.eos {
+            let has = ids.last() == Some(&eos);
+            if self.adds_eos && !has {
+                ids.push(eos);
+            } else if !self.adds_eos && has && plain().last() != Some(&eos) {
+                ids.pop();
             }
         }
         ids
@@ -610,6 +671,13 @@ impl HfTokenizer {
     /// (`add_bos_token`), the usual second argument of [`encode_with_special`](Self::encode_with_special).
     pub fn adds_bos(&self) -> bool {
         self.adds_bos
+    }
+
+    /// Whether the model's configuration asks for the EOS token behind each text
+    /// (`add_eos_token`, GGUF's `tokenizer.ggml.add_eos_token`; or the post-processor adds it).
+    /// Generation prompts never take it: a prompt is continued, not ended.
+    pub fn adds_eos(&self) -> bool {
+        self.adds_eos
     }
 
     /// The text of `ids`, special tokens included, so that decoding undoes [`encode`](Self::encode).
@@ -711,25 +779,22 @@ impl HfTokenizer {
                 file_error(&json, "cannot be written: the tokenizer does not serialise")
             })?;
         // transformers' PreTrainedTokenizerFast adds special tokens through the post-processor
-        // alone (it ignores add_bos_token): a tokenizer that adds BOS without one (a
-        // SentencePiece vocabulary from GGUF or tokenizer.model) gets Llama's template.
-        if let (true, Json::Null, Some((id, t))) =
-            (self.adds_bos, &tokenizer["post_processor"], &self.bos)
-        {
-            let bos = json!({"SpecialToken": {"id": t, "type_id": 0}});
-            let seq = |ty: &str, n: u32| json!({"Sequence": {"id": ty, "type_id": n}});
-            tokenizer["post_processor"] = json!({
-                "type": "TemplateProcessing",
-                "single": [bos, seq("A", 0)],
-                "pair": [bos, seq("A", 0), {"SpecialToken": {"id": t, "type_id": 1}}, seq("B", 1)],
-                "special_tokens": {t: {"id": t, "ids": [id], "tokens": [t]}},
-            });
+        // alone (it ignores add_bos_token and add_eos_token): where the post-processor does not
+        // do what this tokenizer does (a SentencePiece vocabulary from GGUF or tokenizer.model
+        // has none; a configuration may ask for EOS), it gets Llama's template with exactly
+        // this tokenizer's BOS and EOS.
+        let post_processor = self
+            .post_processor_adds()
+            .map_err(|e| file_error(&json, e))?;
+        if post_processor != (self.adds_bos, self.adds_eos) {
+            tokenizer["post_processor"] = self.template_processing();
         }
         std::fs::write(&json, serde_json::to_string(&tokenizer).unwrap_or_default())
             .map_err(|e| file_error(&json, format!("cannot be written: {e}")))?;
         let mut cfg = serde_json::json!({
             "tokenizer_class": "PreTrainedTokenizerFast",
             "add_bos_token": self.adds_bos,
+            "add_eos_token": self.adds_eos,
             "clean_up_tokenization_spaces": false,
         });
         if let Some((_, t)) = &self.bos {
@@ -906,6 +971,7 @@ fn gguf_special_tokens(
             g.get_bool("tokenizer.ggml.add_bos_token")
                 .unwrap_or(add_bos),
         ),
+        add_eos: g.get_bool("tokenizer.ggml.add_eos_token"),
         chat_template: g.get_str("tokenizer.chat_template").map(String::from),
     }
 }
@@ -1165,6 +1231,76 @@ mod tests {
         std::fs::remove_file(&model).unwrap();
         let e = HfTokenizer::from_dir(dir.path()).unwrap_err().to_string();
         assert!(e.contains("tokenizer.model"), "{e}");
+    }
+
+    /// `add_eos_token` beside a SentencePiece model (GGUF's `tokenizer.ggml.add_eos_token`
+    /// likewise) puts EOS behind each text encoded with special tokens, and only then; a saved
+    /// directory's tokenizer.json does the same by itself (transformers reads no flag beside a
+    /// tokenizer.json), its tokenizer_config.json says so, and the flags read back.
+    #[test]
+    fn add_eos_token_ends_each_text_and_survives_a_save() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("tokenizer.model"),
+            include_bytes!("../../tests/data/spm_bpe.model"),
+        )
+        .unwrap();
+        let text = "Hello world";
+        let plain = HfTokenizer::from_dir(dir.path()).unwrap();
+        assert!(!plain.adds_eos());
+        let (bos, eos) = (plain.bos_id().unwrap(), plain.eos_ids()[0]);
+        let body = plain.encode(text);
+        assert_eq!(
+            plain.encode_with_special(text, true),
+            [&[bos], &body[..]].concat()
+        );
+        for (bos_flag, eos_flag) in [(true, true), (false, true), (true, false)] {
+            std::fs::write(
+                dir.path().join("tokenizer_config.json"),
+                format!(r#"{{"add_bos_token": {bos_flag}, "add_eos_token": {eos_flag}}}"#),
+            )
+            .unwrap();
+            let tok = HfTokenizer::from_dir(dir.path()).unwrap();
+            assert_eq!((tok.adds_bos(), tok.adds_eos()), (bos_flag, eos_flag));
+            let mut want = body.clone();
+            if bos_flag {
+                want.insert(0, bos);
+            }
+            if eos_flag {
+                want.push(eos);
+            }
+            assert_eq!(tok.encode_with_special(text, tok.adds_bos()), want);
+            assert_eq!(
+                tok.encode(text),
+                body,
+                "plain encoding takes no special token"
+            );
+            let saved = tempfile::tempdir().unwrap();
+            tok.save_dir(saved.path()).unwrap();
+            let raw =
+                tokenizers::Tokenizer::from_file(saved.path().join("tokenizer.json")).unwrap();
+            assert_eq!(raw.encode(text, true).unwrap().get_ids(), &want[..]);
+            let cfg: Json = serde_json::from_str(
+                &std::fs::read_to_string(saved.path().join("tokenizer_config.json")).unwrap(),
+            )
+            .unwrap();
+            assert_eq!(cfg["add_eos_token"], Json::Bool(eos_flag));
+            let back = HfTokenizer::from_dir(saved.path()).unwrap();
+            assert_eq!((back.adds_bos(), back.adds_eos()), (bos_flag, eos_flag));
+            assert_eq!(back.encode_with_special(text, back.adds_bos()), want);
+            // Beside a tokenizer.json the flags are not read: its post-processor decides.
+            std::fs::write(
+                saved.path().join("tokenizer_config.json"),
+                format!(
+                    r#"{{"add_bos_token": {}, "add_eos_token": {}}}"#,
+                    !bos_flag, !eos_flag
+                ),
+            )
+            .unwrap();
+            let back = HfTokenizer::from_dir(saved.path()).unwrap();
+            assert_eq!((back.adds_bos(), back.adds_eos()), (bos_flag, eos_flag));
+            assert_eq!(back.encode_with_special(text, back.adds_bos()), want);
+        }
     }
 
     /// The byte offset of `TrainerSpec.model_type`'s value in a model file (field 2, then its

@@ -358,7 +358,16 @@ impl TextEncoder {
                 let mut a = tokenizer.encode(text);
                 let sep = tokenizer.encode(DECODER_PAIR_SEPARATOR);
                 let mut b = pair.map(|p| tokenizer.encode(p)).unwrap_or_default();
-                let fixed = bos.len() + if pair.is_some() { sep.len() } else { 0 };
+                // The EOS token ends the input where the model's configuration asks for it
+                // (add_eos_token), as its own tokenizer would put it there.
+                let eos: Vec<u32> = tokenizer
+                    .eos_ids()
+                    .first()
+                    .copied()
+                    .filter(|_| tokenizer.adds_eos())
+                    .into_iter()
+                    .collect();
+                let fixed = bos.len() + eos.len() + if pair.is_some() { sep.len() } else { 0 };
                 let room = self.max_length.saturating_sub(fixed).max(1);
                 let truncated = a.len() + b.len() > room;
                 // Longest first, as the tokenizers library truncates pairs.
@@ -375,6 +384,7 @@ impl TextEncoder {
                     ids.extend(sep);
                     ids.extend(b);
                 }
+                ids.extend(eos);
                 if ids.is_empty() {
                     // An empty text still needs one position to pool over.
                     ids.push(self.pad_id);

@@ -580,6 +580,10 @@ fn from_sentencepiece_model(
             V::Bool(tok.adds_bos()),
         ),
         (
+            "tokenizer.ggml.add_eos_token".to_string(),
+            V::Bool(tok.adds_eos()),
+        ),
+        (
             "tokenizer.ggml.add_space_prefix".to_string(),
             V::Bool(m.add_dummy_prefix),
         ),
@@ -710,6 +714,10 @@ fn from_tokenizer_json(
         (
             "tokenizer.ggml.add_bos_token".to_string(),
             V::Bool(tok.adds_bos()),
+        ),
+        (
+            "tokenizer.ggml.add_eos_token".to_string(),
+            V::Bool(tok.adds_eos()),
         ),
     ];
     meta.extend(special_metadata(tok));
