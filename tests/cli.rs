@@ -189,6 +189,28 @@ fn sequences_longer_than_the_context_are_refused() {
         &[],
     );
     assert_fails(&out, 2, &["longer than the model's context of 32"]);
+    // A streamed reply echoes its prompt with the first token: a refused prompt prints only
+    // its error.
+    let long = "a".repeat(40);
+    let out = kiln(
+        &[
+            "generate",
+            "--run",
+            run.to_str().unwrap(),
+            "--prompt",
+            &long,
+        ],
+        &[],
+    );
+    assert_fails(
+        &out,
+        2,
+        &[
+            "prompt 1 has 40 tokens",
+            "more than the model's context of 32",
+        ],
+    );
+    assert!(out.stdout.is_empty(), "{}", text(&out));
 }
 
 #[test]

@@ -368,9 +368,10 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     };
     let stream = a.prompts.is_none() && a.num_samples == 1;
     let mut out = std::io::stdout();
-    if stream && !a.chat {
-        print!("{}", texts[0]);
-    }
+    // The prompt is echoed with the first token (or after the run when no token comes), not
+    // before: a prompt the engine refuses (too long, say) prints its error alone.
+    let echo = stream && !a.chat;
+    let mut echoed = false;
     // Whole characters only, with the spaces a decoder gives a token after others.
     let mut streamed = generate::text_stream::TextStream::new(
         l.tokenizer.as_ref(),
@@ -380,6 +381,10 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let mut on_token = |_: usize, _: usize, t: u32| {
         if !stream || opts.stop_ids.contains(&t) {
             return;
+        }
+        if echo && !echoed {
+            print!("{}", texts[0]);
+            echoed = true;
         }
         if let Some(text) = streamed.push(tokenizer.as_ref(), t) {
             print!("{text}");
@@ -394,6 +399,9 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         &mut on_token,
     )?;
     if stream {
+        if echo && !echoed {
+            print!("{}", texts[0]);
+        }
         println!("{}", streamed.finish(l.tokenizer.as_ref()));
     } else {
         let mut sink: Box<dyn Write> = match &a.out {

@@ -196,6 +196,8 @@ fn prepare(model: &dyn Model, reqs: &[Request], o: &Options) -> Result<Vec<(Vec<
     reqs.iter()
         .enumerate()
         .map(|(i, r)| {
+            // Counted from 1, as the lines of a --prompts file are.
+            let i = i + 1;
             if r.samples == 0 {
                 return Err(KilnError::Setting(format!(
                     "prompt {i} asks for 0 samples; use --num-samples 1 or more"
