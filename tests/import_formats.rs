@@ -169,3 +169,111 @@ fn minilm_tokenizer_json_adds_cls_and_sep() {
     assert_eq!(tok.decode_skip_special(&ids), "hello world");
     assert!(tok.chat_template().is_none());
 }
+
+/// The shapes fine-tuning data comes in (chat `messages`, ShareGPT `conversations`, TRL's
+/// prompt/completion turn lists, Alpaca lines read as a chat) give the same tokens and the
+/// same trained positions for the same conversation, through SmolLM2's chat template; TRL's
+/// form trains only its completion; Alpaca's own format trains the output under Alpaca's
+/// prompt; a speaker kiln does not know is named with its line.
+#[test]
+fn fine_tuning_data_shapes_render_and_mask_alike() {
+    use kiln::data::sft::{SftFormat, SftTokenizer, alpaca_prompt, examples};
+    let g = GgufFile::open(&smollm2_gguf()).unwrap();
+    let tok = HfTokenizer::from_gguf(&g).unwrap();
+    let st = SftTokenizer::Pretrained(&tok);
+    let p = std::path::Path::new("data.jsonl");
+    let lines = [
+        r#"{"messages": [{"role": "user", "content": "Who art thou?"}, {"role": "assistant", "content": "A friend to this ground."}]}"#,
+        r#"{"conversations": [{"from": "human", "value": "Who art thou?"}, {"from": "gpt", "value": "A friend to this ground."}]}"#,
+        r#"{"prompt": [{"role": "user", "content": "Who art thou?"}], "completion": [{"role": "assistant", "content": "A friend to this ground."}]}"#,
+        r#"{"instruction": "Who art thou?", "input": "", "output": "A friend to this ground."}"#,
+    ];
+    let ex = examples(p, &lines.join("\n"), SftFormat::Chat, &st).unwrap();
+    assert_eq!(ex.len(), 4);
+    for e in &ex[1..] {
+        assert_eq!(e, &ex[0]);
+    }
+    let trained: Vec<u32> = ex[0]
+        .tokens
+        .iter()
+        .zip(&ex[0].trained)
+        .filter(|(_, t)| **t)
+        .map(|(i, _)| *i)
+        .collect();
+    assert_eq!(tok.decode(&trained), "A friend to this ground.<|im_end|>\n");
+    assert!(
+        tok.decode(&ex[0].tokens)
+            .contains("<|im_start|>user\nWho art thou?<|im_end|>")
+    );
+
+    // TRL's form trains the completion's turns only, not an assistant turn of its prompt.
+    let trl = r#"{"prompt": [{"role": "user", "content": "Hail."}, {"role": "assistant", "content": "Hail to thee."}, {"role": "user", "content": "Whence?"}], "completion": [{"role": "assistant", "content": "From Padua."}]}"#;
+    let all = trl
+        .replace("], \"completion\": [", ", ")
+        .replace("\"prompt\"", "\"messages\"");
+    let ex = examples(p, &format!("{trl}\n{all}"), SftFormat::Chat, &st).unwrap();
+    assert_eq!(ex[0].tokens, ex[1].tokens);
+    let text = |e: &kiln::data::sft::SftExample| {
+        let ids: Vec<u32> = e
+            .tokens
+            .iter()
+            .zip(&e.trained)
+            .filter(|(_, t)| **t)
+            .map(|(i, _)| *i)
+            .collect();
+        tok.decode(&ids)
+    };
+    assert_eq!(text(&ex[0]), "From Padua.<|im_end|>\n");
+    assert_eq!(
+        text(&ex[1]),
+        "Hail to thee.<|im_end|>\nFrom Padua.<|im_end|>\n"
+    );
+
+    // Alpaca's own format: its prompt text untrained, the output and EOS trained.
+    let ex = examples(
+        p,
+        r#"{"instruction": "Name a play.", "input": "By Shakespeare.", "output": "Hamlet"}"#,
+        SftFormat::Alpaca,
+        &st,
+    )
+    .unwrap();
+    let prompt = alpaca_prompt("Name a play.", "By Shakespeare.");
+    assert!(prompt.contains("### Input:\nBy Shakespeare.\n\n### Response:\n"));
+    let untrained: Vec<u32> = ex[0]
+        .tokens
+        .iter()
+        .zip(&ex[0].trained)
+        .filter(|(_, t)| !**t)
+        .map(|(i, _)| *i)
+        .collect();
+    assert_eq!(tok.decode(&untrained), prompt);
+    assert_eq!(text(&ex[0]), "Hamlet<|im_end|>");
+
+    // Bad lines are named, with what is wrong in them.
+    let bad = [
+        (
+            r#"{"conversations": [{"from": "robot", "value": "Beep."}]}"#,
+            "\"robot\"",
+        ),
+        (
+            r#"{"conversations": [{"from": "human", "text": "Hi"}]}"#,
+            "\"conversations\" turn 1",
+        ),
+        (
+            r#"{"prompt": [{"role": "user", "content": "Hi"}], "completion": [{"role": "user", "content": "Hi"}]}"#,
+            "no assistant turn in its \"completion\"",
+        ),
+        (r#"{"text": "plain"}"#, "has no conversation"),
+        (r#"{"instruction": "Hi", "output": 3}"#, "\"output\""),
+    ];
+    for (line, want) in bad {
+        let e = examples(p, &format!("{}\n{line}", lines[0]), SftFormat::Chat, &st)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("line 2") && e.contains(want), "{line}: {e}");
+    }
+    let e = examples(p, r#"{"instruction": "Hi"}"#, SftFormat::Alpaca, &st)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("line 1") && e.contains("\"output\""), "{e}");
+}

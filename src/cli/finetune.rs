@@ -27,8 +27,13 @@ use std::path::{Path, PathBuf};
                        CE - 0.5 * D: 8 replies sampled per prompt, their diversity rewarded
 
 --data takes plain text (every token trained) or JSON lines, detected from the first line:
-{\"prompt\": ..., \"completion\": ...} trains the completion, {\"messages\": [...]} trains the
-assistant turns. data.format=text|prompt_completion|chat overrides the detection. At the end
+{\"prompt\": ..., \"completion\": ...} trains the completion; Alpaca's {\"instruction\": ...,
+\"input\": ..., \"output\": ...} trains the output under Alpaca's prompt; chats train the
+assistant turns through the model's chat template: {\"messages\": [{\"role\", \"content\"}]},
+ShareGPT's {\"conversations\": [{\"from\", \"value\"}]} (human, gpt, system), or TRL's
+{\"prompt\": [turns], \"completion\": [turns]} (the completion's turns trained).
+data.format=text|prompt_completion|alpaca|chat overrides the detection (chat also renders
+Alpaca lines as a user turn and its reply). At the end
 the adapters are written to DIR/adapter (adapter_model.safetensors + adapter_config.json),
 which peft.PeftModel.from_pretrained(base, DIR/adapter) loads; `kiln export --run DIR` writes
 the merged model.
@@ -155,8 +160,10 @@ impl PolychromicArgs {
     }
 }
 
-/// `data.format` for a file: JSON lines with `messages` are chats, with `prompt` pairs;
-/// anything else is text.
+/// `data.format` for a file, from its first line: JSON with `messages` or `conversations`
+/// (ShareGPT), or with `prompt` as a list of turns (TRL's conversational form), is a chat; with
+/// `instruction`, an Alpaca line; with a `prompt` or `completion` string, a pair; anything else
+/// is text.
 pub fn detect_format(path: &Path) -> Result<&'static str> {
     let text = std::fs::read_to_string(path).map_err(|e| {
         KilnError::Data(crate::data::DataError::File {
@@ -166,7 +173,9 @@ pub fn detect_format(path: &Path) -> Result<&'static str> {
     })?;
     let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
     Ok(match serde_json::from_str::<serde_json::Value>(first) {
-        Ok(v) if v.get("messages").is_some() => "chat",
+        Ok(v) if v.get("messages").is_some() || v.get("conversations").is_some() => "chat",
+        Ok(v) if v.get("prompt").is_some_and(|p| p.is_array()) => "chat",
+        Ok(v) if v.get("instruction").is_some() => "alpaca",
         Ok(v) if v.get("prompt").is_some() || v.get("completion").is_some() => "prompt_completion",
         _ => "text",
     })
@@ -260,4 +269,36 @@ pub fn run(mut a: FinetuneArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::detect_format;
+
+    #[test]
+    fn the_first_line_decides_the_format() {
+        let dir = tempfile::tempdir().unwrap();
+        let cases = [
+            (r#"{"messages": []}"#, "chat"),
+            (
+                r#"{"conversations": [{"from": "human", "value": "hi"}]}"#,
+                "chat",
+            ),
+            (
+                r#"{"prompt": [{"role": "user", "content": "hi"}], "completion": []}"#,
+                "chat",
+            ),
+            (r#"{"instruction": "hi", "output": "ho"}"#, "alpaca"),
+            (
+                r#"{"prompt": "hi", "completion": "ho"}"#,
+                "prompt_completion",
+            ),
+            ("Plain text, not JSON.", "text"),
+        ];
+        for (i, (first, want)) in cases.iter().enumerate() {
+            let path = dir.path().join(format!("{i}.jsonl"));
+            std::fs::write(&path, format!("\n{first}\nanything\n")).unwrap();
+            assert_eq!(detect_format(&path).unwrap(), *want, "{first}");
+        }
+    }
 }

@@ -86,9 +86,11 @@ pub struct DataConfig {
     /// Threads that tokenise the corpus; 0 means one per CPU thread.
     pub loader_threads: usize,
     /// How to read data.corpus: "text" (plain text, every token trained), "prompt_completion"
-    /// (JSON lines with `prompt` and `completion`; only completions trained) or "chat" (JSON
-    /// lines with `messages`, rendered by the model's chat template; only assistant turns
-    /// trained).
+    /// (JSON lines with `prompt` and `completion`; only completions trained), "alpaca" (JSON
+    /// lines with `instruction`, optional `input` and `output` under Alpaca's prompt; only
+    /// outputs trained) or "chat" (conversations as `messages`, ShareGPT's `conversations`,
+    /// TRL's `prompt`/`completion` turn lists or Alpaca lines, rendered by the model's chat
+    /// template; only assistant turns trained).
     pub format: String,
 }
 
@@ -522,7 +524,7 @@ const KEYS: &[(&str, &str)] = &[
     ),
     (
         "data.format",
-        "\"text\", \"prompt_completion\" or \"chat\" (JSON lines)",
+        "\"text\", \"prompt_completion\", \"alpaca\" or \"chat\" (JSON lines)",
     ),
     ("train.device", "\"auto\", \"cpu\", \"cuda\" or \"cuda:N\""),
     (

@@ -144,7 +144,7 @@ impl Config {
         one_of(
             "data.format",
             &d.format,
-            &["text", "prompt_completion", "chat"],
+            &["text", "prompt_completion", "chat", "alpaca"],
         )?;
         self.validate_lora()?;
         self.validate_dist()?;

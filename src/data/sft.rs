@@ -1,6 +1,12 @@
-//! Supervised fine-tuning data: JSON lines of prompt/completion pairs or chat conversations,
-//! tokenised with the model's own tokenizer (and chat template), packed into rows of
-//! `seq + 1` tokens with a loss mask.
+//! Supervised fine-tuning data: JSON lines of prompt/completion pairs, Alpaca instructions or
+//! chat conversations, tokenised with the model's own tokenizer (and chat template), packed
+//! into rows of `seq + 1` tokens with a loss mask.
+//!
+//! The shapes fine-tuning data has on disk are read as they are: `{"prompt", "completion"}`
+//! strings; Stanford Alpaca's `{"instruction", "input", "output"}` (rendered with Alpaca's own
+//! prompt text, or as one user turn and its reply through the chat template); conversations as
+//! `{"messages": [{"role", "content"}]}`, ShareGPT's `{"conversations": [{"from", "value"}]}`
+//! and TRL's conversational `{"prompt": [turns], "completion": [turns]}`.
 //!
 //! Only completion tokens (and, for chats, assistant turns) are trained: every other target is
 //! [`IGNORE_TARGET`], which the cross-entropy kernels give zero loss and zero gradient.
@@ -25,8 +31,13 @@ use std::path::Path;
 pub enum SftFormat {
     /// `{"prompt": ..., "completion": ...}`: the completion is trained.
     PromptCompletion,
-    /// `{"messages": [{"role", "content"}, ...]}`: assistant turns are trained.
+    /// A conversation rendered by the model's chat template; its assistant turns are trained
+    /// (with TRL's `{"prompt": [turns], "completion": [turns]}`, those of the completion).
+    /// See [`conversation`] for the shapes read.
     Chat,
+    /// Stanford Alpaca's `{"instruction", "input", "output"}` (`input` optional or empty) under
+    /// Alpaca's prompt text: the output is trained.
+    Alpaca,
 }
 
 impl SftFormat {
@@ -35,6 +46,7 @@ impl SftFormat {
         match s {
             "prompt_completion" => Some(SftFormat::PromptCompletion),
             "chat" => Some(SftFormat::Chat),
+            "alpaca" => Some(SftFormat::Alpaca),
             _ => None,
         }
     }
@@ -140,6 +152,135 @@ fn line_error(path: &Path, line: usize, reason: impl std::fmt::Display) -> DataE
     }
 }
 
+/// Stanford Alpaca's prompt for an instruction and its optional input: the text the Alpaca
+/// models were trained on, which the output follows.
+pub fn alpaca_prompt(instruction: &str, input: &str) -> String {
+    if input.is_empty() {
+        format!(
+            "Below is an instruction that describes a task. Write a response that appropriately completes the request.\n\n### Instruction:\n{instruction}\n\n### Response:\n"
+        )
+    } else {
+        format!(
+            "Below is an instruction that describes a task, paired with an input that provides further context. Write a response that appropriately completes the request.\n\n### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
+        )
+    }
+}
+
+/// An optional string field: absent or null reads as empty; anything else but a string is
+/// an error.
+fn optional_str<'a>(v: &'a serde_json::Value, name: &str) -> Result<&'a str, String> {
+    match v.get(name) {
+        None | Some(serde_json::Value::Null) => Ok(""),
+        Some(serde_json::Value::String(s)) => Ok(s),
+        Some(other) => Err(format!(
+            "field \"{name}\" is {} where a string belongs",
+            json_kind(other)
+        )),
+    }
+}
+
+fn json_kind(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "a list",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
+/// One turn: `{"role", "content"}`, or ShareGPT's `{"from", "value"}` with its speakers
+/// (`human` and `gpt`) named as chat templates name them (`user` and `assistant`).
+fn turn(v: &serde_json::Value, list: &str, i: usize) -> Result<ChatMessage, String> {
+    let text = |key: &str| v.get(key).and_then(|x| x.as_str());
+    if let (Some(role), Some(content)) = (text("role"), text("content")) {
+        return Ok(ChatMessage::new(role, content));
+    }
+    if let (Some(from), Some(value)) = (text("from"), text("value")) {
+        let role = match from {
+            "human" | "user" => "user",
+            "gpt" | "assistant" => "assistant",
+            "system" => "system",
+            "tool" | "function_response" | "observation" => "tool",
+            other => {
+                return Err(format!(
+                    "\"{list}\" turn {} is from \"{other}\", a speaker kiln does not know; ShareGPT turns are from \"human\", \"gpt\", \"system\" or \"tool\"",
+                    i + 1
+                ));
+            }
+        };
+        return Ok(ChatMessage::new(role, value));
+    }
+    Err(format!(
+        "\"{list}\" turn {} is not {{\"role\": string, \"content\": string}} or ShareGPT's {{\"from\": string, \"value\": string}} (it is {})",
+        i + 1,
+        match v {
+            serde_json::Value::Object(m) => format!(
+                "an object with {}",
+                m.iter()
+                    .map(|(k, x)| format!("\"{k}\" ({})", json_kind(x)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            other => json_kind(other).to_string(),
+        }
+    ))
+}
+
+fn turns(v: &serde_json::Value, list: &str) -> Result<Vec<ChatMessage>, String> {
+    let items = v
+        .as_array()
+        .ok_or_else(|| format!("\"{list}\" is {}, not a list of turns", json_kind(v)))?;
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, t)| turn(t, list, i))
+        .collect()
+}
+
+/// The conversation of a chat line and the index of its first turn that may be trained: a
+/// `messages` or `conversations` list (every assistant turn trained), TRL's conversational
+/// `prompt` and `completion` lists (only the completion's assistant turns), or an Alpaca
+/// line as one user turn (instruction, a blank line, input) and the output as the reply.
+pub fn conversation(v: &serde_json::Value) -> Result<(Vec<ChatMessage>, usize), String> {
+    if let Some(m) = v.get("messages") {
+        return Ok((turns(m, "messages")?, 0));
+    }
+    if let Some(c) = v.get("conversations") {
+        return Ok((turns(c, "conversations")?, 0));
+    }
+    if let Some(p) = v.get("prompt").filter(|p| p.is_array()) {
+        let mut all = turns(p, "prompt")?;
+        let first = all.len();
+        let c = v
+            .get("completion")
+            .ok_or("has a \"prompt\" list of turns but no \"completion\" list")?;
+        all.extend(turns(c, "completion")?);
+        return Ok((all, first));
+    }
+    if let Some(instruction) = v.get("instruction").and_then(|x| x.as_str()) {
+        let input = optional_str(v, "input")?;
+        let output = v
+            .get("output")
+            .and_then(|x| x.as_str())
+            .ok_or("has an \"instruction\" but no string \"output\"")?;
+        let user = if input.is_empty() {
+            instruction.to_string()
+        } else {
+            format!("{instruction}\n\n{input}")
+        };
+        return Ok((
+            vec![
+                ChatMessage::new("user", user),
+                ChatMessage::new("assistant", output),
+            ],
+            0,
+        ));
+    }
+    Err("has no conversation: data.format=chat reads {\"messages\": [{\"role\", \"content\"}, ...]}, ShareGPT's {\"conversations\": [{\"from\", \"value\"}, ...]}, TRL's {\"prompt\": [turns], \"completion\": [turns]} or an Alpaca {\"instruction\", \"input\", \"output\"}".into())
+}
+
 /// Tokenises one JSON line.
 fn example(
     path: &Path,
@@ -179,6 +320,15 @@ fn example(
                 ex.push(&[eos], true);
             }
         }
+        SftFormat::Alpaca => {
+            let (instruction, output) = (field("instruction")?, field("output")?);
+            let input = optional_str(&v, "input").map_err(|r| line_error(path, line, r))?;
+            ex.push(&tok.encode(&alpaca_prompt(instruction, input)), false);
+            ex.push(&tok.encode(output), true);
+            if let Some(eos) = tok.eos() {
+                ex.push(&[eos], true);
+            }
+        }
         SftFormat::Chat => {
             let SftTokenizer::Pretrained(hf) = tok else {
                 return Err(DataError::InvalidSpec(
@@ -191,22 +341,18 @@ fn example(
                         .into(),
                 )
             })?;
-            let messages: Vec<ChatMessage> = v
-                .get("messages")
-                .cloned()
-                .ok_or_else(|| {
-                    line_error(path, line, "has no \"messages\" list; data.format=chat needs {\"messages\": [{\"role\": ..., \"content\": ...}, ...]}")
-                })
-                .and_then(|m| {
-                    serde_json::from_value(m).map_err(|e| {
-                        line_error(path, line, format!("\"messages\" is not a list of {{role, content}} strings ({e})"))
-                    })
-                })?;
-            if !messages.iter().any(|m| m.role == "assistant") {
+            let (messages, first_trained) =
+                conversation(&v).map_err(|r| line_error(path, line, r))?;
+            let trained = |i: usize| i >= first_trained && messages[i].role == "assistant";
+            if !(0..messages.len()).any(trained) {
                 return Err(line_error(
                     path,
                     line,
-                    "has no assistant message, so nothing in it would be trained",
+                    if first_trained > 0 {
+                        "has no assistant turn in its \"completion\", so nothing in it would be trained"
+                    } else {
+                        "has no assistant message, so nothing in it would be trained"
+                    },
                 ));
             }
             let render = |upto: usize, prompt: bool| {
@@ -221,8 +367,8 @@ fn example(
             // The text grows turn by turn; each piece is tokenised on its own and an assistant
             // turn's piece (after its generation prompt) is trained.
             let mut done = String::new();
-            for (i, m) in messages.iter().enumerate() {
-                if m.role == "assistant" {
+            for i in 0..messages.len() {
+                if trained(i) {
                     let prompt = render(i, true)?;
                     if let Some(piece) = prompt.strip_prefix(done.as_str()) {
                         ex.push(&tok.encode(piece), false);
@@ -237,7 +383,7 @@ fn example(
                         "the chat template renders a conversation that is not an extension of its first turns; it cannot be masked per turn",
                     )
                 })?;
-                ex.push(&tok.encode(piece), m.role == "assistant");
+                ex.push(&tok.encode(piece), trained(i));
                 done = full;
             }
             // The template's text starts with its own BOS where it writes one.
@@ -254,6 +400,7 @@ fn fmt_name(f: SftFormat) -> &'static str {
     match f {
         SftFormat::PromptCompletion => "prompt_completion",
         SftFormat::Chat => "chat",
+        SftFormat::Alpaca => "alpaca",
     }
 }
 
@@ -261,6 +408,9 @@ fn fmt_fields(f: SftFormat) -> &'static str {
     match f {
         SftFormat::PromptCompletion => "{\"prompt\": ..., \"completion\": ...} on every line",
         SftFormat::Chat => "{\"messages\": [...]} on every line",
+        SftFormat::Alpaca => {
+            "{\"instruction\": ..., \"input\": ... (optional), \"output\": ...} on every line"
+        }
     }
 }
 
