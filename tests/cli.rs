@@ -675,7 +675,8 @@ fn resnet_bk_trains_checkpoints_and_resumes_bit_exactly() {
             "generate",
             "--run",
             full.to_str().unwrap(),
-            "--tokens",
+            // transformers' name for --tokens
+            "--max-new-tokens",
             "20",
         ],
         &[],

@@ -39,6 +39,55 @@ fn smollm2_gguf_answers_a_chat_prompt() {
     assert!(err.contains("decode"), "a throughput summary: {err}");
 }
 
+/// `--system` puts a system message before the user's in place of the template's default
+/// one: the prompt prefilled is exactly the template rendered with both messages; without
+/// `--chat` the flag is refused.
+#[test]
+fn a_system_message_goes_before_the_prompt() {
+    use kiln::data::{ChatMessage, HfTokenizer, render_chat};
+    let gguf = smollm2_gguf();
+    let tok =
+        HfTokenizer::from_gguf(&kiln::models::import::GgufFile::open(&gguf).unwrap()).unwrap();
+    let template = tok.chat_template().unwrap();
+    let prefill = |messages: &[ChatMessage]| {
+        let text = render_chat(template, messages, true, tok.bos_token(), tok.eos_token()).unwrap();
+        format!("prefill {} tokens", tok.encode(&text).len())
+    };
+    let user = ChatMessage::new("user", "What is the capital of France?");
+    let system = ChatMessage::new("system", "Answer in one word.");
+    let with = prefill(&[system.clone(), user.clone()]);
+    assert_ne!(with, prefill(std::slice::from_ref(&user)));
+    let args = |chat: bool| {
+        let mut v = vec![
+            "generate",
+            "--init-from",
+            gguf.to_str().unwrap(),
+            "--system",
+            "Answer in one word.",
+            "--prompt",
+            "What is the capital of France?",
+            "--temperature",
+            "0",
+            "--tokens",
+            "4",
+        ];
+        if chat {
+            v.push("--chat");
+        }
+        kiln(&v)
+    };
+    let o = args(true);
+    let (_, err) = text(&o);
+    assert!(
+        o.status.success() && err.contains(&with),
+        "want '{with}': {err}"
+    );
+    let o = args(false);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("--chat"), "{err}");
+}
+
 /// The greedy 16-token reply of `model` to a chat prompt (stdout, stderr); it must succeed.
 fn capital_of_france(model: &Path) -> (String, String) {
     let o = kiln(&[

@@ -17,6 +17,7 @@ use std::path::PathBuf;
   kiln generate --prompt 'JULIET:' --tokens 400 --temperature 0.7
   kiln generate --run runs/big --top-k 0 --seed 7   top-k 0 samples from the full distribution
   kiln generate --init-from SmolLM2-135M-Instruct.Q4_1.gguf --chat --prompt 'What is the capital of France?' --temperature 0
+  kiln generate --init-from DIR --chat --system 'Answer in one word.' --prompt 'Capital of Peru?'
   kiln generate --init-from DIR --prompts prompts.jsonl --num-samples 4 --out replies.jsonl
   kiln generate --run runs/big --checkpoint step_400  an earlier checkpoint
 
@@ -47,11 +48,16 @@ pub struct GenerateArgs {
     /// Render prompts through the model's chat template (imported models).
     #[arg(long)]
     pub chat: bool,
+    /// With --chat: a system message before each prompt given as text (--prompt, or a
+    /// --prompts line's "prompt"; a line's own "messages" stay as written). Without it the
+    /// template's own default applies, as in transformers.
+    #[arg(long, value_name = "TEXT", requires = "chat")]
+    pub system: Option<String>,
     /// Replies per prompt (sharing the prompt's prefill).
     #[arg(long, default_value_t = 1)]
     pub num_samples: usize,
-    /// Most new tokens per reply.
-    #[arg(long, default_value_t = 300)]
+    /// Most new tokens per reply (transformers' max_new_tokens).
+    #[arg(long, visible_alias = "max-new-tokens", default_value_t = 300)]
     pub tokens: usize,
     /// Softmax temperature; 0 picks the most likely token.
     #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
@@ -241,6 +247,7 @@ struct PromptLine {
 fn render(
     l: &Loaded,
     chat: bool,
+    system: Option<&str>,
     prompt: Option<String>,
     messages: Option<Vec<data::ChatMessage>>,
     line: usize,
@@ -254,10 +261,11 @@ fn render(
     })?;
     let messages = match (messages, prompt) {
         (Some(m), _) => m,
-        (None, Some(p)) => vec![data::ChatMessage {
-            role: "user".into(),
-            content: p,
-        }],
+        (None, Some(p)) => system
+            .map(|s| data::ChatMessage::new("system", s))
+            .into_iter()
+            .chain([data::ChatMessage::new("user", p)])
+            .collect(),
         (None, None) => {
             return Err(KilnError::Setting(format!(
                 "prompt {line} has neither \"prompt\" nor \"messages\""
@@ -309,7 +317,14 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     generate::check_stop_strings(l.tokenizer.as_ref(), &a.stop)?;
     let mut texts = Vec::new();
     match &a.prompts {
-        None => texts.push(render(&l, a.chat, Some(a.prompt.clone()), None, 1)?),
+        None => texts.push(render(
+            &l,
+            a.chat,
+            a.system.as_deref(),
+            Some(a.prompt.clone()),
+            None,
+            1,
+        )?),
         Some(path) => {
             let f = std::fs::File::open(path).map_err(|e| {
                 KilnError::Data(data::DataError::File {
@@ -334,7 +349,14 @@ pub fn run(a: GenerateArgs) -> Result<()> {
                         i + 1
                     ))
                 })?;
-                texts.push(render(&l, a.chat, p.prompt, p.messages, i + 1)?);
+                texts.push(render(
+                    &l,
+                    a.chat,
+                    a.system.as_deref(),
+                    p.prompt,
+                    p.messages,
+                    i + 1,
+                )?);
             }
         }
     }

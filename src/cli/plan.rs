@@ -67,7 +67,13 @@ pub struct PlanArgs {
     #[arg(long, value_name = "N", default_value_t = 64, requires = "generate")]
     pub prompt_tokens: usize,
     /// With --generate: new tokens per reply (as `kiln generate --tokens`).
-    #[arg(long, value_name = "N", default_value_t = 300, requires = "generate")]
+    #[arg(
+        long,
+        value_name = "N",
+        visible_alias = "max-new-tokens",
+        default_value_t = 300,
+        requires = "generate"
+    )]
     pub tokens: usize,
     /// With --generate: the most sequences decoded at once (as `kiln generate --max-batch`).
     #[arg(long, value_name = "N", requires = "generate")]
