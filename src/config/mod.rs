@@ -198,14 +198,17 @@ impl Default for TrainConfig {
     }
 }
 
-/// `[optim]`: AdamW and the warmup + cosine learning-rate schedule.
+/// `[optim]`: AdamW and the learning-rate schedule (warmup, then cosine, linear or constant).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct OptimConfig {
     /// Peak learning rate, reached after warmup.
     pub lr: f64,
-    /// Learning rate at the end of the cosine decay.
+    /// Learning rate at the last step, where the decay ends (cosine and linear schedules).
     pub min_lr: f64,
+    /// The schedule after warmup: "cosine" (to min_lr), "linear" (to min_lr, the Hugging Face
+    /// Trainer's default shape) or "constant" (lr to the end).
+    pub schedule: String,
     /// Steps of linear warmup from 0 to `lr`.
     pub warmup_steps: usize,
     /// Decoupled (AdamW) weight decay.
@@ -225,6 +228,7 @@ impl Default for OptimConfig {
         Self {
             lr: 3e-3,
             min_lr: 3e-4,
+            schedule: "cosine".into(),
             warmup_steps: 20,
             weight_decay: 0.1,
             beta1: 0.9,
@@ -587,7 +591,11 @@ const KEYS: &[(&str, &str)] = &[
         "cap on pool memory, e.g. \"12GiB\"; empty = none",
     ),
     ("optim.lr", "peak learning rate"),
-    ("optim.min_lr", "final learning rate after cosine decay"),
+    ("optim.min_lr", "final learning rate after the decay"),
+    (
+        "optim.schedule",
+        "\"cosine\", \"linear\" or \"constant\" after warmup",
+    ),
     ("optim.warmup_steps", "linear warmup steps"),
     ("optim.weight_decay", "AdamW weight decay"),
     ("optim.beta1", "Adam beta1"),

@@ -197,9 +197,11 @@ fn field_in_wrong_section_is_suggested() {
 
 #[test]
 fn unknown_key_without_close_match_lists_section() {
-    let msg = override_err(&["optim.learning_rate_schedule=cosine"]);
+    let msg = override_err(&["optim.nesterov_dampening=0.1"]);
     assert!(msg.contains("valid keys in [optim]"), "{msg}");
     assert!(msg.contains("optim.warmup_steps"), "{msg}");
+    let msg = override_err(&["optim.lr_schedule=linear"]);
+    assert!(msg.contains("'optim.schedule'"), "{msg}");
     let msg = override_err(&["zzzzzzzz.qqqqqqqqqq=1"]);
     assert!(msg.contains("model, data, train, optim"), "{msg}");
 }

@@ -146,6 +146,11 @@ impl Config {
             &d.format,
             &["text", "prompt_completion", "chat", "alpaca"],
         )?;
+        one_of(
+            "optim.schedule",
+            &o.schedule,
+            &crate::optim::schedule::ScheduleShape::NAMES,
+        )?;
         self.validate_lora()?;
         self.validate_dist()?;
         self.validate_polychromic()?;

@@ -17,7 +17,7 @@ use crate::models::{self, Model, Recompute, RoutingStats, StepPrecision};
 use crate::nn::Kernels;
 use crate::nn::lora::LoraSpec;
 use crate::optim::adamw::{AdamW, AdamWConfig, OFFLOAD_CHUNK};
-use crate::optim::schedule::CosineSchedule;
+use crate::optim::schedule::{LrSchedule, ScheduleShape};
 use crate::optim::{clip_coefficient, grad_sum_squares};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -63,7 +63,7 @@ pub struct Trainer {
     pub vocab: usize,
     pub opt: AdamW,
     pub precision: Precision,
-    pub schedule: CosineSchedule,
+    pub schedule: LrSchedule,
     pub state: TrainState,
     pub pool: Arc<MemoryPool>,
     /// Rows per forward/backward pass, smaller than the micro-batch after memory ran out.
@@ -255,7 +255,9 @@ impl Trainer {
             vocab,
             opt,
             precision,
-            schedule: CosineSchedule {
+            schedule: LrSchedule {
+                // Validated with the settings.
+                shape: ScheduleShape::from_setting(&o.schedule).unwrap_or(ScheduleShape::Cosine),
                 max_lr: o.lr,
                 min_lr: o.min_lr,
                 warmup_steps: o.warmup_steps as u64,
