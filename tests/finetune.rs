@@ -1058,3 +1058,54 @@ fn bench_scu_compares_the_controller_with_fixed_lambdas_over_seeds() {
     ]);
     assert_eq!(bad.status.code(), Some(2));
 }
+
+/// `kiln generate --interactive` over a model of context 64: every line is a turn answered
+/// with the turns before it; when the conversation outgrows the context its oldest turns are
+/// dropped, a message too long on its own is refused, and the conversation goes on.
+#[test]
+fn a_conversation_drops_its_oldest_turns_to_fit_the_context() {
+    use std::io::Write;
+    let tmp = tempfile::tempdir().unwrap();
+    let family = [
+        "model.kind=llama",
+        "model.n_kv_heads=2",
+        "model.ffn_hidden=64",
+    ];
+    let base = random_base(&tmp.path().join("base"), &family, 3, |_| {});
+    let long = "word ".repeat(80);
+    let input = format!(
+        "Good morrow, sir.\nHow fares the king?\n\nAnd the queen?\nWhat news from Padua?\n{long}\nFarewell.\n"
+    );
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args([
+            "generate",
+            "--init-from",
+            base.to_str().unwrap(),
+            "--device",
+            "cpu",
+            "-i",
+            "--system",
+            "Be brief.",
+            "--tokens",
+            "4",
+            "--temperature",
+            "0",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    let err = ok(&o);
+    assert!(err.contains("oldest turns were dropped"), "{err}");
+    assert!(err.contains("say it in fewer words"), "{err}");
+    // Six messages, one refused, the blank line skipped.
+    assert!(err.contains("5 turns;"), "{err}");
+}

@@ -88,6 +88,47 @@ fn a_system_message_goes_before_the_prompt() {
     assert!(err.contains("--chat"), "{err}");
 }
 
+/// `--interactive` answers each line of standard input as a chat turn, the first as a lone
+/// `--chat` prompt is answered; `/reset` and `/exit` are commands, not turns.
+#[test]
+fn an_interactive_conversation_answers_each_line() {
+    use std::io::Write;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args([
+            "generate",
+            "--init-from",
+            smollm2_gguf().to_str().unwrap(),
+            "-i",
+            "--temperature",
+            "0",
+            "--tokens",
+            "16",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"What is the capital of France?\n/reset\nAnd of Italy?\n/exit\nnever read\n")
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert_eq!(
+        out.lines().next(),
+        Some("The capital of France is Paris."),
+        "{err}"
+    );
+    assert!(
+        err.contains("conversation is forgotten") && err.contains("2 turns;"),
+        "{err}"
+    );
+}
+
 /// The greedy 16-token reply of `model` to a chat prompt (stdout, stderr); it must succeed.
 fn capital_of_france(model: &Path) -> (String, String) {
     let o = kiln(&[

@@ -18,6 +18,7 @@ use std::path::PathBuf;
   kiln generate --run runs/big --top-k 0 --seed 7   top-k 0 samples from the full distribution
   kiln generate --init-from SmolLM2-135M-Instruct.Q4_1.gguf --chat --prompt 'What is the capital of France?' --temperature 0
   kiln generate --init-from DIR --chat --system 'Answer in one word.' --prompt 'Capital of Peru?'
+  kiln generate --init-from SmolLM2-135M-Instruct.Q4_1.gguf -i --temperature 0.7   a conversation
   kiln generate --init-from DIR --prompts prompts.jsonl --num-samples 4 --out replies.jsonl
   kiln generate --run runs/big --checkpoint step_400  an earlier checkpoint
 
@@ -48,11 +49,17 @@ pub struct GenerateArgs {
     /// Render prompts through the model's chat template (imported models).
     #[arg(long)]
     pub chat: bool,
-    /// With --chat: a system message before each prompt given as text (--prompt, or a
-    /// --prompts line's "prompt"; a line's own "messages" stay as written). Without it the
-    /// template's own default applies, as in transformers.
-    #[arg(long, value_name = "TEXT", requires = "chat")]
+    /// With --chat or --interactive: a system message before each prompt given as text
+    /// (--prompt, or a --prompts line's "prompt"; a line's own "messages" stay as written).
+    /// Without it the template's own default applies, as in transformers.
+    #[arg(long, value_name = "TEXT")]
     pub system: Option<String>,
+    /// A conversation: each line read from standard input is the user's turn, answered
+    /// through the chat template with the turns before it (implies --chat). `/reset` forgets
+    /// the turns, `/exit` or end of input ends it; the oldest turns are dropped when the
+    /// conversation outgrows the context.
+    #[arg(short, long, conflicts_with_all = ["prompts", "prompt", "num_samples"])]
+    pub interactive: bool,
     /// Replies per prompt (sharing the prompt's prefill).
     #[arg(long, default_value_t = 1)]
     pub num_samples: usize,
@@ -111,6 +118,11 @@ pub struct GenerateArgs {
 impl GenerateArgs {
     /// Refuses arguments that would print garbage or nothing, before the model is loaded.
     fn validate(&self) -> Result<()> {
+        if self.system.is_some() && !self.chat && !self.interactive {
+            return Err(KilnError::Setting(
+                "--system is a chat message: give --chat (or --interactive) with it".into(),
+            ));
+        }
         if !self.temperature.is_finite() || self.temperature < 0.0 {
             return Err(KilnError::Setting(format!(
                 "--temperature {} must be a finite number of 0 or more (0 picks the most likely token; 0.7 to 1.0 is usual)",
@@ -315,6 +327,9 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     }
     let l = load(&a)?;
     generate::check_stop_strings(l.tokenizer.as_ref(), &a.stop)?;
+    if a.interactive {
+        return converse(&a, &l, sampling);
+    }
     let mut texts = Vec::new();
     match &a.prompts {
         None => texts.push(render(
@@ -470,6 +485,114 @@ pub fn run(a: GenerateArgs) -> Result<()> {
             stats.slots,
             crate::plan::gib(stats.cache_bytes)
         );
+    }
+    Ok(())
+}
+
+/// `--interactive`: a conversation on standard input, each line the user's turn and each
+/// reply streamed as it is drawn. The whole conversation is prefilled again each turn (no
+/// cache is kept between turns); when it no longer fits the context with room for a reply,
+/// its oldest turns after the system message are dropped, as chat front ends do.
+fn converse(a: &GenerateArgs, l: &Loaded, sampling: Sampling) -> Result<()> {
+    use std::io::IsTerminal;
+    let t = l.chat.as_ref().ok_or_else(|| {
+        KilnError::Setting(
+            "--interactive renders the conversation with the model's chat template, and this model has none; use --prompt or --prompts".into(),
+        )
+    })?;
+    let tok = l.tokenizer.as_ref();
+    let context = l.model_cfg.context;
+    let stdin = std::io::stdin();
+    let terminal = stdin.is_terminal();
+    if terminal {
+        eprintln!(
+            "{}: type a message and press Enter; /reset forgets the conversation, /exit or Ctrl-D ends it",
+            l.note
+        );
+    }
+    let first: Vec<data::ChatMessage> = a
+        .system
+        .iter()
+        .map(|s| data::ChatMessage::new("system", s.as_str()))
+        .collect();
+    let mut history = first.clone();
+    let mut out = std::io::stdout();
+    let mut totals = generate::Stats::default();
+    let mut turn: u64 = 0;
+    for line in stdin.lock().lines() {
+        let line = line.map_err(|e| KilnError::Setting(format!("standard input: {e}")))?;
+        let said = line.trim();
+        match said {
+            "" => continue,
+            "/exit" | "/quit" => break,
+            "/reset" => {
+                history.clone_from(&first);
+                eprintln!("(the conversation is forgotten)");
+                continue;
+            }
+            _ => {}
+        }
+        history.push(data::ChatMessage::new("user", said));
+        // The conversation as prompt ids, dropping the oldest exchange until it leaves room
+        // for a reply of a token or more.
+        let prompt = loop {
+            let text = data::render_chat(&t.template, &history, true, &t.bos, &t.eos)?;
+            let ids = encode_prompt(tok, l.prompt_bos, &text, true);
+            if ids.len() < context || history.len() <= first.len() + 1 {
+                break ids;
+            }
+            // The oldest turn after the system message, and its reply with it.
+            history.remove(first.len());
+            if history.len() > first.len() + 1 && history[first.len()].role == "assistant" {
+                history.remove(first.len());
+            }
+            eprintln!("(the oldest turns were dropped to fit the context of {context} tokens)");
+        };
+        if prompt.len() >= context {
+            eprintln!(
+                "this message makes a prompt of {} tokens, {} more than the context of {context} leaves room for; say it in fewer words",
+                prompt.len(),
+                prompt.len() + 1 - context
+            );
+            history.pop();
+            continue;
+        }
+        let opts = Options {
+            max_new_tokens: a.tokens,
+            sampling,
+            stop_ids: l.stop_ids.clone(),
+            stop_strings: a.stop.clone(),
+            // Each turn its own draws, the conversation reproducible from --seed.
+            seed: a.seed.wrapping_add(turn),
+            cuda_graphs: !a.no_cuda_graphs,
+            overlap_steps: !a.no_overlap,
+            truncate_left: false,
+            max_batch: None,
+        };
+        let mut streamed = generate::text_stream::TextStream::new(tok, &prompt);
+        let mut on_token = |_: usize, _: usize, id: u32| {
+            if opts.stop_ids.contains(&id) {
+                return;
+            }
+            if let Some(text) = streamed.push(tok, id) {
+                print!("{text}");
+                let _ = out.flush();
+            }
+        };
+        let request = [Request { prompt, samples: 1 }];
+        let (done, stats) =
+            generate::generate(l.model.as_ref(), tok, &request, &opts, &mut on_token)?;
+        println!("{}", streamed.finish(tok));
+        let reply = done.first().map(|c| c.text.clone()).unwrap_or_default();
+        history.push(data::ChatMessage::new("assistant", reply));
+        totals.prefill_tokens += stats.prefill_tokens;
+        totals.prefill_secs += stats.prefill_secs;
+        totals.decode_tokens += stats.decode_tokens;
+        totals.decode_secs += stats.decode_secs;
+        turn += 1;
+    }
+    if turn > 0 {
+        eprintln!("{} turns; {}", turn, summary(&l.note, &totals, None));
     }
     Ok(())
 }
