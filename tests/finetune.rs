@@ -1064,7 +1064,6 @@ fn bench_scu_compares_the_controller_with_fixed_lambdas_over_seeds() {
 /// dropped, a message too long on its own is refused, and the conversation goes on.
 #[test]
 fn a_conversation_drops_its_oldest_turns_to_fit_the_context() {
-    use std::io::Write;
     let tmp = tempfile::tempdir().unwrap();
     let family = [
         "model.kind=llama",
@@ -1076,8 +1075,8 @@ fn a_conversation_drops_its_oldest_turns_to_fit_the_context() {
     let input = format!(
         "Good morrow, sir.\nHow fares the king?\n\nAnd the queen?\nWhat news from Padua?\n{long}\nFarewell.\n"
     );
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args([
+    let o = common::kiln_with_stdin(
+        &[
             "generate",
             "--init-from",
             base.to_str().unwrap(),
@@ -1090,19 +1089,9 @@ fn a_conversation_drops_its_oldest_turns_to_fit_the_context() {
             "4",
             "--temperature",
             "0",
-        ])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    let o = child.wait_with_output().unwrap();
+        ],
+        &input,
+    );
     let err = ok(&o);
     assert!(err.contains("oldest turns were dropped"), "{err}");
     assert!(err.contains("say it in fewer words"), "{err}");

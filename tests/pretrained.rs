@@ -92,9 +92,8 @@ fn a_system_message_goes_before_the_prompt() {
 /// `--chat` prompt is answered; `/reset` and `/exit` are commands, not turns.
 #[test]
 fn an_interactive_conversation_answers_each_line() {
-    use std::io::Write;
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args([
+    let o = common::kiln_with_stdin(
+        &[
             "generate",
             "--init-from",
             smollm2_gguf().to_str().unwrap(),
@@ -103,19 +102,9 @@ fn an_interactive_conversation_answers_each_line() {
             "0",
             "--tokens",
             "16",
-        ])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"What is the capital of France?\n/reset\nAnd of Italy?\n/exit\nnever read\n")
-        .unwrap();
-    let o = child.wait_with_output().unwrap();
+        ],
+        "What is the capital of France?\n/reset\nAnd of Italy?\n/exit\nnever read\n",
+    );
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
     assert_eq!(

@@ -5,24 +5,13 @@
 mod common;
 
 use common::fixtures::{minilm_dir, smollm2_gguf};
-use std::io::Write;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 
 fn tokenize(args: &[&str], stdin: impl AsRef<[u8]>) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .arg("tokenize")
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("kiln runs");
-    // A command that fails before reading its input closes the pipe: not a test failure.
-    let written = child.stdin.take().unwrap().write_all(stdin.as_ref());
-    if let Err(e) = written {
-        assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "{e}");
-    }
-    child.wait_with_output().expect("kiln finishes")
+    let all: Vec<&str> = std::iter::once("tokenize")
+        .chain(args.iter().copied())
+        .collect();
+    common::kiln_with_stdin(&all, stdin)
 }
 
 /// The ids of each output line, checking that the command succeeded.

@@ -66,3 +66,22 @@ pub fn resident_bytes(extra: &[&str]) -> usize {
     let _t = Trainer::new(&cfg, 256, &pool, Precision::Fp32).unwrap();
     pool.stats().current
 }
+
+/// `kiln ARGS` with `input` on its standard input (then closed), and what it wrote.
+pub fn kiln_with_stdin(args: &[&str], input: impl AsRef<[u8]>) -> std::process::Output {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kiln runs");
+    // A command that ends before reading its input closes the pipe: not a test failure.
+    let written = child.stdin.take().unwrap().write_all(input.as_ref());
+    if let Err(e) = written {
+        assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "{e}");
+    }
+    child.wait_with_output().expect("kiln finishes")
+}
