@@ -1233,12 +1233,12 @@ mod tests {
             assert!(e.to_string().contains(phrase), "{e}");
         }
     }
-    /// The Llama without its cache: generation re-runs windows and samples on the host.
-    struct Uncached(Llama);
+    /// A model without its cache: generation re-runs windows and samples on the host.
+    struct Uncached<M: Model>(M);
 
-    crate::nn::params!(Uncached { 0 });
+    crate::nn::params!(impl[M: Model] Uncached<M> { 0 });
 
-    impl Model for Uncached {
+    impl<M: Model> Model for Uncached<M> {
         fn forward_backward(
             &mut self,
             inputs: &[u32],
@@ -1313,6 +1313,79 @@ mod tests {
                 assert!((a - b).abs() < 1e-3, "{a} vs {b}");
             }
         }
+    }
+
+    /// A GPT (learned positions, no rotation, as many key/value heads as heads) decodes
+    /// through its cache as re-running each window does: greedy tokens equal, sampled
+    /// tokens equal with several samples a prompt, log-probabilities within float rounding,
+    /// and the cache ends at the position table's end (the context).
+    #[test]
+    fn a_gpt_decodes_through_its_cache_as_through_windows() {
+        use crate::models::gpt::{Gpt, GptConfig};
+        let gpt = || {
+            let cfg = GptConfig {
+                vocab: 256,
+                d_model: 32,
+                n_layers: 2,
+                n_heads: 4,
+                context: 40,
+                tied_head: true,
+            };
+            Gpt::new(&MemoryPool::new(Device::Cpu), cfg, 9).unwrap()
+        };
+        let reqs = [
+            Request {
+                prompt: b"ROMEO:".iter().map(|&b| b as u32).collect(),
+                samples: 1,
+            },
+            Request {
+                prompt: vec![66, 97, 121, 32, 111, 33, 10],
+                samples: 3,
+            },
+        ];
+        let sampled = Sampling {
+            temperature: 0.9,
+            top_k: 20,
+            top_p: 0.95,
+            min_p: 0.0,
+            repetition_penalty: 1.1,
+        };
+        for s in [Sampling::GREEDY, sampled] {
+            // 40 positions: the prompts plus every new token fill the context.
+            let o = opts(s, 34);
+            let cached = generate(&gpt(), &ByteTokenizer, &reqs, &o, &mut |_, _, _| {})
+                .unwrap()
+                .0;
+            let windows = generate(
+                &Uncached(gpt()),
+                &ByteTokenizer,
+                &reqs,
+                &o,
+                &mut |_, _, _| {},
+            )
+            .unwrap()
+            .0;
+            assert_eq!(cached.len(), 4);
+            for (c, w) in cached.iter().zip(&windows) {
+                assert_eq!(
+                    c.tokens, w.tokens,
+                    "prompt {} sample {}",
+                    c.prompt, c.sample
+                );
+                assert_eq!(c.finish, w.finish);
+                for (a, b) in c.logprobs.iter().zip(&w.logprobs) {
+                    assert!((a - b).abs() < 1e-4, "{a} vs {b}");
+                }
+            }
+            // The last token, drawn at the context's last position, needs none of its own.
+            assert!(
+                cached
+                    .iter()
+                    .all(|c| c.tokens.len() + reqs[c.prompt].prompt.len() <= 40 + 1)
+            );
+            assert!(cached.iter().any(|c| c.finish == Finish::Length));
+        }
+        assert!(gpt().decoder().is_some());
     }
 
     /// An over-long prompt is cut from the left only when asked, keeping room for the new

@@ -6,6 +6,10 @@
 //! the block, its shape and the Hugging Face module names (GPT-2's) adapters are saved
 //! under. Every layernorm after the first is fused with the residual add that precedes it.
 //!
+//! Generation runs the blocks against a key/value cache ([`super::cached`]): the token and
+//! position embeddings of the new rows, then each block's projections, the cache append (keys
+//! and values as they are: GPT has no rotation) and the cache attention.
+//!
 //! The vocabulary is padded to a multiple of [`super::VOCAB_ALIGN`] in the embedding table and
 //! the head (see [`super::padded_vocab`]).
 //!
@@ -16,13 +20,16 @@
 //! softmax whose probabilities are kept for the backward.
 
 use super::adapters::Projections;
+use super::cached::CachedStack;
 use super::family::{Family, Features};
 use super::lm::{self, Lm};
 use super::prenorm::PreNormBlock;
-use super::{Model, Recompute, StepPrecision};
+use super::{DecodeRows, Decoder, KvCache, Model, Recompute, StepPrecision};
 use crate::config::{ConfigError, FamilySettings, ModelConfig};
 
-use crate::engine::{MemoryPool, Result};
+use crate::engine::cpu::kv_cache::CacheShape;
+use crate::engine::cpu::rope::RopeShape;
+use crate::engine::{DType, MemoryPool, Result, Tensor, ops};
 use crate::nn::attention::CausalSelfAttention;
 use crate::nn::embedding::Embedding;
 use crate::nn::layernorm::LayerNorm;
@@ -51,6 +58,7 @@ pub static FAMILY: Family = Family {
         unfused_kernels: true,
         analytic_plan: true,
         lora: true,
+        kv_cache: true,
         ..Features::NONE
     },
     nf4_weights: Some(super::adapters::is_projection_weight::<GptBlock>),
@@ -75,6 +83,71 @@ pub struct GptConfig {
     pub n_heads: usize,
     pub context: usize,
     pub tied_head: bool,
+}
+
+impl CachedStack for Gpt {
+    fn cached_layers(&self) -> usize {
+        self.cfg.n_layers
+    }
+
+    fn cache_layout(&self, slots: usize, max_len: usize) -> (CacheShape, DType) {
+        let shape = CacheShape {
+            slots,
+            kv_heads: self.cfg.n_heads,
+            // The position table ends at the context.
+            max_len: max_len.min(self.cfg.context),
+            head_dim: self.cfg.d_model / self.cfg.n_heads,
+        };
+        let wte = &self.lm.embed.wte.value;
+        (
+            shape,
+            ops::activation_dtype(wte.pool().device(), self.lm.embed.wte.weight().dtype()),
+        )
+    }
+
+    fn head(&self) -> &Tensor {
+        self.lm.head_weight()
+    }
+
+    fn logit_vocab(&self) -> usize {
+        self.cfg.vocab
+    }
+
+    fn decode_hidden(&self, cache: &mut KvCache, r: &DecodeRows) -> Result<Tensor> {
+        let (rows, c, heads) = (r.tokens.len(), self.cfg.d_model, self.cfg.n_heads);
+        let shape = cache.shape;
+        let embed = &self.lm.embed;
+        let tokens =
+            ops::token_embedding_at(r.tokens, 1, rows, embed.wte.weight())?.reshaped(&[rows, c]);
+        let positions = ops::gather_rows_at(embed.wpe.weight(), r.pos, None)?;
+        let at = ops::CacheRows::new(&tokens, r.slot, r.pos, shape.head_dim)?;
+        // Nothing rotates (rot_dim 0), so the append reads no table: a placeholder stands in.
+        let no_table = Tensor::uninit(tokens.pool(), &[1], DType::F32)?;
+        let rs = RopeShape {
+            rows,
+            heads,
+            kv_heads: heads,
+            head_dim: shape.head_dim,
+            rot_dim: 0,
+        };
+        // The embeddings' sum and the first block's norm of it, in one kernel.
+        let (mut x, mut ln, _) = self.lm.first_norm().forward_residual(&tokens, &positions)?;
+        drop((tokens, positions));
+        for (l, block) in self.lm.blocks.iter().enumerate() {
+            let (k, v) = &mut cache.layers[l];
+            let qkv = block.attn.qkv.forward(&ln)?;
+            let q = ops::kv_append_at(&qkv, k, v, &at, &no_table, &no_table, rs, shape)?;
+            drop(qkv);
+            let att = ops::cache_attention_at(&q, k, v, &at, heads, 0, r.longest, shape)?;
+            let o = block.attn.proj.forward(&att)?;
+            let (mid, ln2, _) = block.ln2.forward_residual(&x, &o)?;
+            let act = block.mlp.activations(&ln2)?;
+            let down = block.mlp.output(&act)?;
+            let (next, next_ln, _) = self.lm.norm_after(l).forward_residual(&mid, &down)?;
+            (x, ln) = (next, next_ln);
+        }
+        Ok(ln)
+    }
 }
 
 impl GptConfig {
@@ -232,6 +305,10 @@ impl Model for Gpt {
 
     fn vocab(&self) -> usize {
         self.cfg.vocab
+    }
+
+    fn decoder(&self) -> Option<&dyn Decoder> {
+        Some(self)
     }
 
     /// Sums the built layers' costs (fp32 on the CPU); [`GptConfig::cost_on`] gives the same

@@ -12,6 +12,7 @@
 //! them.
 
 use super::adapters::Projections;
+use super::cached::CachedStack;
 use super::family::{Family, Features, other_family, tiny_shape};
 use super::lm::{self, Keep, Lm, StreamNorm};
 use super::prenorm::{Mixer, PreNormBlock};
@@ -21,7 +22,6 @@ use crate::config::{
 };
 use crate::engine::cpu::kv_cache::CacheShape;
 use crate::engine::cpu::rope::{self, Llama3Scaling, PairFactors};
-use crate::engine::ops::Ids;
 use crate::engine::{DType, MemoryPool, Result, Tensor, ops};
 use crate::nn::gqa::{GqaAttention, GqaSaved, Heads, LongTables, Rotary};
 use crate::nn::linear::Linear;
@@ -762,8 +762,12 @@ impl Model for Llama {
     }
 }
 
-impl Llama {
-    fn cache_shape(&self, slots: usize, max_len: usize) -> (CacheShape, DType) {
+impl CachedStack for Llama {
+    fn cached_layers(&self) -> usize {
+        self.cfg.n_layers
+    }
+
+    fn cache_layout(&self, slots: usize, max_len: usize) -> (CacheShape, DType) {
         let shape = CacheShape {
             slots,
             kv_heads: self.cfg.n_kv_heads,
@@ -776,89 +780,24 @@ impl Llama {
             ops::activation_dtype(pool.device(), self.lm.embed.weight().dtype()),
         )
     }
-}
 
-impl Decoder for Llama {
-    fn cache_bytes(&self, slots: usize, max_len: usize) -> usize {
-        let (shape, dtype) = self.cache_shape(slots, max_len);
-        2 * self.cfg.n_layers * shape.len() * dtype.size_bytes()
+    fn head(&self) -> &Tensor {
+        self.lm.head_weight()
     }
 
-    fn new_cache(&self, slots: usize, max_len: usize) -> Result<KvCache> {
-        let (shape, dtype) = self.cache_shape(slots, max_len);
-        let pool = self.lm.embed.value.pool();
-        let layers = (0..self.cfg.n_layers)
-            .map(|_| {
-                Ok((
-                    Tensor::zeros(pool, &[shape.len()], dtype)?,
-                    Tensor::zeros(pool, &[shape.len()], dtype)?,
-                ))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(KvCache { layers, shape })
+    fn logit_vocab(&self) -> usize {
+        self.cfg.vocab
     }
 
-    fn decode(
-        &self,
-        cache: &mut KvCache,
-        tokens: &[u32],
-        slot: &[u32],
-        pos: &[u32],
-        emit: &[u32],
-    ) -> Result<Vec<f32>> {
-        let longest = pos.iter().map(|&p| p as usize + 1).max().unwrap_or(0);
-        let rows = DecodeRows {
-            tokens: Ids::Host(tokens),
-            slot: Ids::Host(slot),
-            pos: Ids::Host(pos),
-            longest,
-            positions: longest,
-            distinct_slots: {
-                let mut seen = slot.to_vec();
-                seen.sort_unstable();
-                seen.windows(2).all(|w| w[0] != w[1])
-            },
-            emit: None,
-        };
-        let ln = self.decode_hidden(cache, &rows)?;
-        let last = ops::gather_rows(&ln, emit, None)?;
-        let logits = ops::linear_forward(&last, self.lm.head_weight(), None)?.to_vec()?;
-        let padded = padded_vocab(self.cfg.vocab);
-        Ok(logits
-            .chunks(padded)
-            .flat_map(|row| &row[..self.cfg.vocab])
-            .copied()
-            .collect())
+    fn decode_hidden(&self, cache: &mut KvCache, rows: &DecodeRows) -> Result<Tensor> {
+        Llama::decode_hidden(self, cache, rows)
     }
 
-    fn new_logits(&self, rows: usize) -> Result<Tensor> {
-        let (_, dtype) = self.cache_shape(1, 1);
-        Tensor::uninit(
-            self.lm.embed.value.pool(),
-            &[rows, padded_vocab(self.cfg.vocab)],
-            dtype,
-        )
-    }
-
-    fn decode_into(
-        &self,
-        cache: &mut KvCache,
-        rows: &DecodeRows,
-        logits: &mut Tensor,
-    ) -> Result<()> {
-        let ln = self.decode_hidden(cache, rows)?;
-        let last = match rows.emit {
-            Some(emit) => ops::gather_rows_at(&ln, emit, None)?,
-            None => ln,
-        };
-        ops::linear_forward_into(logits, &last, self.lm.head_weight(), None)
-    }
-
-    fn rotary_variant(&self, positions: usize) -> usize {
+    fn prefill_variant(&self, positions: usize) -> usize {
         usize::from(self.rotary.takes_long(positions))
     }
 
-    fn restart_at(&self) -> Option<usize> {
+    fn restart_position(&self) -> Option<usize> {
         self.rotary.long.as_ref().map(|l| l.trained)
     }
 }

@@ -2,6 +2,7 @@
 
 pub mod adapters;
 pub mod bert;
+pub mod cached;
 pub mod export;
 pub mod export_gguf;
 pub mod family;

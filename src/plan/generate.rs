@@ -221,13 +221,8 @@ mod tests {
                 assert_eq!(stats.slots, plan.slots, "{kind} {shape:?}");
                 assert_eq!(stats.cache_bytes, plan.cache_bytes, "{kind} {shape:?}");
                 assert_eq!(pool.stats().peak, plan.pool_peak, "{kind} {shape:?}");
-                // GPT re-runs its window for each token (no cache); Llama decodes from one.
-                let slots = if kind == "llama" {
-                    max_batch.unwrap_or(prompts * samples)
-                } else {
-                    0
-                };
-                assert_eq!(plan.slots, slots, "{kind}");
+                // Both decode from a cache.
+                assert_eq!(plan.slots, max_batch.unwrap_or(prompts * samples), "{kind}");
             }
         }
     }

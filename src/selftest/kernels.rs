@@ -204,17 +204,26 @@ pub(super) fn run_checks(gpu: &CudaBackend, inp: &mut Inputs, only: &KernelFilte
     // of 64 sequences in distinct slots at positions up to 1500, of 4 long ones (rows split
     // over the cache length, some splits empty) and of 8 below 250 (unsplit), and a prefill of
     // 37 tokens into one slot. Cache positions no row covers hold NaN, so a stray read or write shows.
+    // Then GPT-2 small's and the default GPT's (a theta of 0: no rotation, keys and values
+    // appended as projected, a key/value head per head; head size 32 on the general kernels).
     for (heads, kv_heads, head_dim, theta) in [
         (9, 3, 64, 100_000.0),
         (32, 8, 64, 500_000.0),
         (16, 8, 128, 1_000_000.0),
         (16, 1, 64, 10_000.0),
         (14, 2, 64, 1_000_000.0),
+        (12, 12, 64, 0.0),
+        (4, 4, 32, 0.0),
     ] {
-        let (cos, sin) = cpu::rope::rope_tables(
-            &cpu::rope::inverse_frequencies(theta, head_dim, None),
-            KV_MAX_LEN,
-        );
+        let rot_dim = if theta > 0.0 { head_dim } else { 0 };
+        // Without rotation no table is read; one entry stands in for it.
+        let (cos, sin) = match rot_dim {
+            0 => (vec![1.0], vec![0.0]),
+            _ => cpu::rope::rope_tables(
+                &cpu::rope::inverse_frequencies(theta, head_dim, None),
+                KV_MAX_LEN,
+            ),
+        };
         let tables = (&cos[..], &sin[..]);
         // Rows of up to 250 positions are never split: a block of the appending kernel a
         // position a thread then takes two rounds of positions at head size 64, four at 128.
@@ -230,7 +239,7 @@ pub(super) fn run_checks(gpu: &CudaBackend, inp: &mut Inputs, only: &KernelFilte
                 heads,
                 kv_heads,
                 head_dim,
-                rot_dim: head_dim,
+                rot_dim,
             };
             let longest = pos.iter().map(|&p| p as usize + 1).max().unwrap_or(0);
             let plan = |read: usize| {
