@@ -1061,7 +1061,8 @@ fn bench_scu_compares_the_controller_with_fixed_lambdas_over_seeds() {
 
 /// `kiln generate --interactive` over a model of context 64: every line is a turn answered
 /// with the turns before it; when the conversation outgrows the context its oldest turns are
-/// dropped, a message too long on its own is refused, and the conversation goes on.
+/// dropped, a message too long on its own is refused, and the conversation goes on. Turns
+/// reuse the key/value cache of the turns before.
 #[test]
 fn a_conversation_drops_its_oldest_turns_to_fit_the_context() {
     let tmp = tempfile::tempdir().unwrap();
@@ -1097,4 +1098,9 @@ fn a_conversation_drops_its_oldest_turns_to_fit_the_context() {
     assert!(err.contains("say it in fewer words"), "{err}");
     // Six messages, one refused, the blank line skipped.
     assert!(err.contains("5 turns;"), "{err}");
+    // Later turns run only what the cache kept from the turns before lacks.
+    assert!(
+        err.contains("more read from the conversation's cache"),
+        "{err}"
+    );
 }

@@ -89,7 +89,8 @@ fn a_system_message_goes_before_the_prompt() {
 }
 
 /// `--interactive` answers each line of standard input as a chat turn, the first as a lone
-/// `--chat` prompt is answered; `/reset` and `/exit` are commands, not turns.
+/// `--chat` prompt is answered; `/reset` and `/exit` are commands, not turns, and `/reset`
+/// forgets the key/value cache with the conversation.
 #[test]
 fn an_interactive_conversation_answers_each_line() {
     let o = common::kiln_with_stdin(
@@ -116,6 +117,8 @@ fn an_interactive_conversation_answers_each_line() {
         err.contains("conversation is forgotten") && err.contains("2 turns;"),
         "{err}"
     );
+    // `/reset` forgot the cache too: the second turn ran its whole prompt.
+    assert!(!err.contains("read from the conversation's cache"), "{err}");
 }
 
 /// The greedy 16-token reply of `model` to a chat prompt (stdout, stderr); it must succeed.

@@ -518,6 +518,8 @@ fn converse(a: &GenerateArgs, l: &Loaded, sampling: Sampling) -> Result<()> {
     let mut history = first.clone();
     let mut out = std::io::stdout();
     let mut totals = generate::Stats::default();
+    // The keys and values of the conversation so far, kept between turns.
+    let mut kept = generate::Conversation::new();
     let mut turn: u64 = 0;
     for line in stdin.lock().lines() {
         let line = line.map_err(|e| KilnError::Setting(format!("standard input: {e}")))?;
@@ -527,6 +529,7 @@ fn converse(a: &GenerateArgs, l: &Loaded, sampling: Sampling) -> Result<()> {
             "/exit" | "/quit" => break,
             "/reset" => {
                 history.clone_from(&first);
+                kept.forget();
                 eprintln!("(the conversation is forgotten)");
                 continue;
             }
@@ -579,12 +582,17 @@ fn converse(a: &GenerateArgs, l: &Loaded, sampling: Sampling) -> Result<()> {
                 let _ = out.flush();
             }
         };
-        let request = [Request { prompt, samples: 1 }];
-        let (done, stats) =
-            generate::generate(l.model.as_ref(), tok, &request, &opts, &mut on_token)?;
+        let (done, stats) = generate::generate_turn(
+            l.model.as_ref(),
+            tok,
+            &mut kept,
+            &prompt,
+            &opts,
+            &mut on_token,
+        )?;
         println!("{}", streamed.finish(tok));
-        let reply = done.first().map(|c| c.text.clone()).unwrap_or_default();
-        history.push(data::ChatMessage::new("assistant", reply));
+        history.push(data::ChatMessage::new("assistant", done.text));
+        totals.reused_tokens += stats.reused_tokens;
         totals.prefill_tokens += stats.prefill_tokens;
         totals.prefill_secs += stats.prefill_secs;
         totals.decode_tokens += stats.decode_tokens;
@@ -614,8 +622,12 @@ fn summary(note: &str, stats: &generate::Stats, pool_peak: Option<usize>) -> Str
         0 => String::new(),
         n => format!("; {n} sequences prefilled again past LongRoPE's trained context"),
     };
+    let reused = match stats.reused_tokens {
+        0 => String::new(),
+        n => format!(" ({n} more read from the conversation's cache)"),
+    };
     format!(
-        "{note}: prefill {} tokens at {:.0} tok/s, decode {} tokens at {:.0} tok/s{graphs}{restarts}{peak}",
+        "{note}: prefill {} tokens{reused} at {:.0} tok/s, decode {} tokens at {:.0} tok/s{graphs}{restarts}{peak}",
         stats.prefill_tokens,
         stats.prefill_rate(),
         stats.decode_tokens,

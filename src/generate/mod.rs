@@ -148,6 +148,10 @@ pub struct Stats {
     /// ([`crate::models::Decoder::restart_at`]); their tokens count as prefill tokens.
     #[serde(skip_serializing_if = "is_zero")]
     pub restarts: usize,
+    /// Prompt tokens whose keys and values a conversation's cache already held
+    /// ([`generate_turn`]): not run again, and not counted in `prefill_tokens`.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub reused_tokens: usize,
 }
 
 impl Stats {
@@ -175,6 +179,9 @@ struct Live {
     /// text; a step whose last tokens hold none leaves it).
     checked: usize,
     truncated: usize,
+    /// Positions of its prompt whose keys and values its slot already holds when it enters
+    /// (a conversation's earlier turns, [`generate_turn`]); its prefill runs the rest.
+    cached: usize,
 }
 
 impl Live {
@@ -389,23 +396,152 @@ pub fn generate(
                 finish: None,
                 checked: 0,
                 truncated: *cut,
+                cached: 0,
             });
         }
     }
     let mut done = Vec::with_capacity(live.len());
     let stats = match model.decoder() {
-        Some(d) => cached(
-            model, d, tok, &prompts, o, max_len, live, &mut done, on_token,
-        )?,
+        Some(d) => {
+            let cache = new_cache(
+                model,
+                d,
+                live.len().min(o.max_batch.unwrap_or(usize::MAX)),
+                max_len,
+            )?;
+            cached(
+                model, d, tok, &prompts, o, max_len, live, &mut done, on_token, cache,
+            )?
+            .0
+        }
         None => windows(model, tok, o, live, &mut done, on_token)?,
     };
     done.sort_by_key(|c| (c.prompt, c.sample));
     Ok((done, stats))
 }
 
+/// A conversation's key/value cache, kept between the turns of [`generate_turn`]: each turn
+/// runs only the prompt tokens after the longest prefix the cache already holds (the earlier
+/// turns and replies, where the chat template renders them again as before), instead of
+/// prefilling the whole conversation again.
+#[derive(Default)]
+pub struct Conversation {
+    /// The cache (one slot) and the tokens whose keys and values it holds, from position 0.
+    held: Option<(KvCache, Vec<u32>)>,
+}
+
+impl Conversation {
+    pub fn new() -> Conversation {
+        Conversation::default()
+    }
+
+    /// Forgets the cache: the next turn prefills its whole prompt.
+    pub fn forget(&mut self) {
+        self.held = None;
+    }
+
+    /// Tokens whose keys and values the cache holds.
+    pub fn held_tokens(&self) -> usize {
+        self.held.as_ref().map_or(0, |h| h.1.len())
+    }
+}
+
+/// One reply to `prompt` (a whole conversation so far), reusing what `conv` holds from the
+/// turns before: the prompt's tokens agreeing with the cache's run no more, and the reply's
+/// are kept for the next turn. The reply is the one [`generate`] gives for the same prompt
+/// and options, but for the rounding of keys and values that a decode step computed where a
+/// prefill would (exact on the CPU in f32 up to the order of sums). A model without a cache,
+/// or one that prefills again at LongRoPE's trained context, runs [`generate`] each turn.
+pub fn generate_turn(
+    model: &dyn Model,
+    tok: &dyn Tokenizer,
+    conv: &mut Conversation,
+    prompt: &[u32],
+    o: &Options,
+    on_token: &mut dyn FnMut(usize, usize, u32),
+) -> Result<(Completion, Stats)> {
+    let reqs = [Request {
+        prompt: prompt.to_vec(),
+        samples: 1,
+    }];
+    let d = match model.decoder() {
+        Some(d) if d.restart_at().is_none() => d,
+        _ => {
+            conv.forget();
+            let (mut done, stats) = generate(model, tok, &reqs, o, on_token)?;
+            return Ok((done.remove(0), stats));
+        }
+    };
+    let prompts = prepare(model, &reqs, o)?;
+    let (prompt, cut) = &prompts[0];
+    let max_len = (prompt.len() + o.max_new_tokens).min(model.context());
+    let (cache, reused) = match conv.held.take() {
+        Some((cache, held)) if cache.shape.max_len >= max_len => {
+            let same = held.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+            // The last prompt token runs in any case: its logits draw the first new token.
+            (cache, same.min(prompt.len() - 1))
+        }
+        old => {
+            // The old cache goes first.
+            drop(old);
+            let room = turn_room(max_len, model.context());
+            (new_cache(model, d, 1, room)?.0, 0)
+        }
+    };
+    let live = vec![Live {
+        prompt: 0,
+        sample: 0,
+        slot: 0,
+        tokens: prompt.clone(),
+        prompt_len: prompt.len(),
+        logprobs: Vec::new(),
+        seed: hash3(o.seed, 0, 0),
+        finish: None,
+        checked: 0,
+        truncated: *cut,
+        cached: reused,
+    }];
+    let mut done = Vec::with_capacity(1);
+    let (mut stats, cache) = cached(
+        model,
+        d,
+        tok,
+        &prompts,
+        o,
+        max_len,
+        live,
+        &mut done,
+        on_token,
+        (cache, 1),
+    )?;
+    stats.reused_tokens = reused;
+    let reply = done.remove(0);
+    // Every token but the last drawn one ran through the model (a stop token is not in
+    // `reply.tokens`, so this may keep one position fewer than the cache holds).
+    let mut held = prompt.clone();
+    held.extend_from_slice(&reply.tokens[..reply.tokens.len().saturating_sub(1)]);
+    conv.held = Some((cache, held));
+    Ok((reply, stats))
+}
+
+/// The positions a conversation's cache is made with for a turn of up to `max_len`: twice
+/// that rounded up to a power of two, and at least 1024, within the context. The next turns
+/// fit in it for a while, so that a conversation makes a new cache (and prefills everything
+/// again) a few times only, however many turns it has.
+fn turn_room(max_len: usize, context: usize) -> usize {
+    (2 * max_len)
+        .next_power_of_two()
+        .max(1024)
+        .min(context)
+        .max(max_len)
+}
+
 /// Prompt tokens per prefill forward pass: long enough to fill a GPU, short enough that the
 /// pass's activations stay small beside the weights.
 const PREFILL_ROWS: usize = 8192;
+
+/// A prefill run: tokens, the slot they go into, and the position of the first of them.
+type Run<'t> = (&'t [u32], usize, usize);
 
 /// What the cached path works with while it admits and decodes sequences.
 struct Engine<'a> {
@@ -440,24 +576,36 @@ impl Engine<'_> {
                 None => groups.push((s.prompt, vec![s.slot])),
             }
         }
+        // The positions of each prompt already in its first slot (see `Live::cached`).
+        let held = |slot: usize| {
+            entering
+                .iter()
+                .find(|s| s.slot == slot)
+                .map_or(0, |s| s.cached)
+        };
         let mut run = 0;
         let mut g = 0;
         while g < groups.len() {
             let mut end = g;
             let mut rows = 0;
+            let new_rows =
+                |(p, slots): &(usize, Vec<usize>)| self.prompts[*p].0.len() - held(slots[0]);
             // A pass's prompts share their rotary tables (LongRoPE: their own lengths' choice).
             let variant = |p: usize| self.d.rotary_variant(self.prompts[p].0.len());
             while end < groups.len()
                 && (end == g
-                    || (rows + self.prompts[groups[end].0].0.len() <= PREFILL_ROWS
+                    || (rows + new_rows(&groups[end]) <= PREFILL_ROWS
                         && variant(groups[end].0) == variant(groups[g].0)))
             {
-                rows += self.prompts[groups[end].0].0.len();
+                rows += new_rows(&groups[end]);
                 end += 1;
             }
-            let runs: Vec<(&[u32], usize)> = groups[g..end]
+            let runs: Vec<Run> = groups[g..end]
                 .iter()
-                .map(|(p, slots)| (&self.prompts[*p].0[..], slots[0]))
+                .map(|(p, slots)| {
+                    let from = held(slots[0]);
+                    (&self.prompts[*p].0[from..], slots[0], from)
+                })
                 .collect();
             let draws: Vec<(usize, usize)> = groups[g..end]
                 .iter()
@@ -494,9 +642,9 @@ impl Engine<'_> {
         let mut run = 0;
         let per_pass = (PREFILL_ROWS / live[which[0]].tokens.len()).max(1);
         for chunk in which.chunks(per_pass) {
-            let runs: Vec<(&[u32], usize)> = chunk
+            let runs: Vec<Run> = chunk
                 .iter()
-                .map(|&i| (&live[i].tokens[..], live[i].slot))
+                .map(|&i| (&live[i].tokens[..], live[i].slot, 0))
                 .collect();
             let draws: Vec<(usize, usize)> = chunk
                 .iter()
@@ -516,23 +664,23 @@ impl Engine<'_> {
         Ok(run)
     }
 
-    /// One prefill pass: each run's tokens into its slot at positions from 0, emitting its
-    /// last row's logits; `then` works on the cache; then each draw `(run, slot)` samples
-    /// `slot`'s next token from that run's logits.
+    /// One prefill pass: each run's tokens into its slot at positions from its start,
+    /// emitting its last row's logits; `then` works on the cache; then each draw
+    /// `(run, slot)` samples `slot`'s next token from that run's logits.
     fn prefill_pass(
         &mut self,
-        runs: &[(&[u32], usize)],
+        runs: &[Run],
         draws: &[(usize, usize)],
         then: impl FnOnce(&mut KvCache) -> Result<()>,
     ) -> Result<()> {
         let (mut tokens, mut slot, mut pos, mut emit) = (vec![], vec![], vec![], vec![]);
-        for (run, s) in runs {
+        for &(run, s, from) in runs {
             tokens.extend_from_slice(run);
-            slot.extend(std::iter::repeat_n(*s as u32, run.len()));
-            pos.extend(0..run.len() as u32);
+            slot.extend(std::iter::repeat_n(s as u32, run.len()));
+            pos.extend(from as u32..(from + run.len()) as u32);
             emit.push(tokens.len() as u32 - 1);
         }
-        let longest = runs.iter().map(|r| r.0.len()).max().unwrap_or(1);
+        let longest = runs.iter().map(|r| r.2 + r.0.len()).max().unwrap_or(1);
         let mut logits = self.d.new_logits(runs.len())?;
         self.d.decode_into(
             &mut self.cache,
@@ -562,7 +710,8 @@ impl Engine<'_> {
     }
 }
 
-/// Generation through the model's key/value cache, sampling where the logits are.
+/// Generation through the model's key/value cache `cache` (its slots the most sequences
+/// decoded at once), sampling where the logits are. Gives the cache back.
 #[allow(clippy::too_many_arguments)]
 fn cached(
     model: &dyn Model,
@@ -574,13 +723,9 @@ fn cached(
     sequences: Vec<Live>,
     done: &mut Vec<Completion>,
     on_token: &mut dyn FnMut(usize, usize, u32),
-) -> Result<Stats> {
-    let wanted = sequences
-        .len()
-        .min(o.max_batch.unwrap_or(usize::MAX))
-        .max(1);
+    (cache, slots): (KvCache, usize),
+) -> Result<(Stats, KvCache)> {
     let pool = model.params()[0].value.pool().clone();
-    let (cache, slots) = new_cache(model, d, wanted, max_len)?;
     let mut stats = Stats {
         cache_bytes: cache.bytes(),
         slots,
@@ -760,7 +905,7 @@ fn cached(
         stats.graph_captures = g.captures;
         stats.graphs_off = g.failed;
     }
-    Ok(stats)
+    Ok((stats, eng.cache))
 }
 
 /// Whether `s` has reached its length once it holds `ahead` more tokens: its limit of new
@@ -913,6 +1058,89 @@ mod tests {
         generate(model, &ByteTokenizer, reqs, o, &mut |_, _, _| {})
             .unwrap()
             .0
+    }
+
+    /// A conversation's turns, each reusing the keys and values of the turns before, reply
+    /// as a fresh generation of the same prompt does (greedy and sampled, with a repetition
+    /// penalty reading the whole prompt), and run only the prompt tokens the cache lacks:
+    /// after a reply, everything but the reply's last token; after an edit in the middle,
+    /// up to the edit; past the cache's room, all of it again in a larger cache.
+    #[test]
+    fn conversation_turns_reuse_the_cache_and_reply_as_fresh_prompts_do() {
+        let mut cfg = tiny().cfg;
+        cfg.context = 4096;
+        let model = Llama::new(&MemoryPool::new(Device::Cpu), cfg, 11).unwrap();
+        for sampling in [
+            Sampling::GREEDY,
+            Sampling {
+                temperature: 0.9,
+                top_k: 0,
+                top_p: 0.95,
+                min_p: 0.0,
+                repetition_penalty: 1.2,
+            },
+        ] {
+            let o = opts(sampling, 8);
+            let mut conv = Conversation::new();
+            let fresh = |prompt: &[u32]| {
+                let req = [Request {
+                    prompt: prompt.to_vec(),
+                    samples: 1,
+                }];
+                generate(&model, &ByteTokenizer, &req, &o, &mut |_, _, _| {}).unwrap()
+            };
+            let turn = |conv: &mut Conversation, prompt: &[u32]| {
+                let (got, stats) =
+                    generate_turn(&model, &ByteTokenizer, conv, prompt, &o, &mut |_, _, _| {})
+                        .unwrap();
+                let (want, fresh_stats) = fresh(prompt);
+                assert_eq!(got.tokens, want[0].tokens, "{sampling:?}");
+                for (a, b) in got.logprobs.iter().zip(&want[0].logprobs) {
+                    assert!((a - b).abs() < 1e-4, "{a} against {b}");
+                }
+                assert_eq!(stats.prefill_tokens + stats.reused_tokens, prompt.len());
+                assert_eq!(fresh_stats.prefill_tokens, prompt.len());
+                (got, stats)
+            };
+            let first: Vec<u32> = b"ROMEO: say".iter().map(|&b| b as u32).collect();
+            let (reply, stats) = turn(&mut conv, &first);
+            assert_eq!(stats.reused_tokens, 0);
+            assert_eq!(reply.tokens.len(), 8);
+            // The next prompt repeats the first and its reply, then says more (within the
+            // first turn's cache of 1024 positions).
+            let mut second = first.clone();
+            second.extend(&reply.tokens);
+            second.extend(b" JUL:".iter().map(|&b| b as u32));
+            let (_, stats) = turn(&mut conv, &second);
+            assert_eq!(stats.reused_tokens, first.len() + reply.tokens.len() - 1);
+            // An edit at position 3: the cache serves the three before it.
+            let mut edited = second.clone();
+            edited[3] = b'X' as u32;
+            let (_, stats) = turn(&mut conv, &edited);
+            assert_eq!(stats.reused_tokens, 3);
+            assert_eq!(conv.held_tokens(), edited.len() + 7);
+            // A prompt past the cache's 1024 positions (with its 8 new tokens): a cache of
+            // 4096, filled from the start.
+            let long: Vec<u32> = edited.iter().cycle().take(1020).copied().collect();
+            assert_eq!(turn_room(long.len() + 8, 4096), 4096);
+            let (_, stats) = turn(&mut conv, &long);
+            assert_eq!(stats.reused_tokens, 0);
+            let (_, stats) = turn(&mut conv, &long);
+            assert_eq!(stats.reused_tokens, long.len() - 1);
+            conv.forget();
+            assert_eq!(turn(&mut conv, &long).1.reused_tokens, 0);
+        }
+    }
+
+    /// A conversation's cache: twice the turn, a power of two, at least 1024, within the
+    /// context, and never short of the turn.
+    #[test]
+    fn a_conversation_cache_leaves_room_for_the_next_turns() {
+        assert_eq!(turn_room(59, 8192), 1024);
+        assert_eq!(turn_room(600, 8192), 2048);
+        assert_eq!(turn_room(5000, 8192), 8192);
+        assert_eq!(turn_room(59, 512), 512);
+        assert_eq!(turn_room(40, 40), 40);
     }
 
     /// Greedy decoding through the cache equals re-running the whole window for each token.
