@@ -724,3 +724,47 @@ fn eval_at_start_reports_the_untrained_loss_and_changes_no_weight() {
     assert!(evals[0]["val_loss"].as_f64().unwrap() > last, "{evals:?}");
     assert!(records(&a, "eval").iter().all(|r| r["step"] != 0));
 }
+
+/// `train.early_stop_patience`: a run whose validation loss stops improving (here no fall
+/// counts, with a threshold of 100) ends at the evaluation that uses up its patience, with a
+/// checkpoint there and the best evaluation in its summary; resumed, it rebuilds the count
+/// from its metrics (so it stops at the next evaluation, not two later); a run that keeps
+/// improving runs to `train.steps`.
+#[test]
+fn early_stopping_ends_a_run_that_stopped_improving_and_survives_resume() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+    let args = [
+        "train.steps=20",
+        "train.eval_every=2",
+        "train.checkpoint_every=0",
+        "train.early_stop_patience=2",
+        "train.early_stop_min_delta=100",
+    ];
+    let s = run_to(&a, &args, false, None).unwrap();
+    assert_eq!(s.steps, 6);
+    let e = s.early_stop.as_ref().expect("an early-stop report");
+    assert!(e.stopped);
+    assert_eq!(e.best_step, 2);
+    let ckpt = s.checkpoint.clone().expect("a checkpoint at the stop");
+    assert!(ckpt.ends_with(&train::checkpoint::step_name(6)), "{ckpt}");
+    let evals: Vec<u64> = records(&a, "eval")
+        .iter()
+        .map(|r| r["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(evals, [2, 4, 6]);
+    let resumed = run_to(&a, &[], true, None).unwrap();
+    assert_eq!(resumed.steps, 8);
+    assert!(resumed.early_stop.unwrap().stopped);
+
+    let improving = [
+        "train.steps=6",
+        "train.eval_every=2",
+        "train.early_stop_patience=1",
+    ];
+    let s = run_to(&b, &improving, false, None).unwrap();
+    assert_eq!(s.steps, 6);
+    let e = s.early_stop.expect("an early-stop report");
+    assert!(!e.stopped);
+    assert_eq!(e.best_step, 6);
+}

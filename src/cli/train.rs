@@ -272,6 +272,18 @@ pub fn run(a: TrainArgs) -> Result<()> {
         "val loss {:.4} ({:.3} bits/token) vs unigram {:.4}; train loss {:.4}",
         summary.val_loss, summary.val_bits_per_token, summary.unigram_val_loss, summary.train_loss
     );
+    if let Some(e) = &summary.early_stop {
+        println!(
+            "early stopping: best val loss {:.4} at step {}{}",
+            e.best_val_loss,
+            e.best_step,
+            if e.stopped {
+                "; the run stopped before train.steps"
+            } else {
+                ""
+            }
+        );
+    }
     if summary.effective_micro_batch < config_micro_batch {
         println!(
             "micro-batch: {} sequences per forward/backward pass after running out of memory (train.micro_batch={config_micro_batch}; the global batch was kept)",

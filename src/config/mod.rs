@@ -133,6 +133,12 @@ pub struct TrainConfig {
     pub eval_every: usize,
     /// Validation batches averaged per evaluation.
     pub eval_batches: usize,
+    /// Stop the run (with a checkpoint) once this many evaluations in a row have not
+    /// lowered the best validation loss by more than `early_stop_min_delta`; 0 never stops
+    /// early. Needs `eval_every` > 0.
+    pub early_stop_patience: usize,
+    /// The least fall of the validation loss that counts as an improvement.
+    pub early_stop_min_delta: f64,
     /// Save a checkpoint every this many steps; 0 saves only at the end.
     pub checkpoint_every: usize,
     /// Write checkpoints on a background thread from a host copy of the state (gathered
@@ -183,6 +189,8 @@ impl Default for TrainConfig {
             seed: 1337,
             eval_every: 100,
             eval_batches: 16,
+            early_stop_patience: 0,
+            early_stop_min_delta: 0.0,
             checkpoint_every: 100,
             checkpoint_async: true,
             save_final: true,
@@ -549,6 +557,14 @@ const KEYS: &[(&str, &str)] = &[
         "steps between evals; 0 = only at the end",
     ),
     ("train.eval_batches", "batches per eval"),
+    (
+        "train.early_stop_patience",
+        "evals without a better val loss before stopping; 0 = never",
+    ),
+    (
+        "train.early_stop_min_delta",
+        "least val loss fall that counts as better",
+    ),
     (
         "train.checkpoint_every",
         "steps between checkpoints; 0 = only at the end",

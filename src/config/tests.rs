@@ -876,3 +876,24 @@ fn longrope_factor_lists_resolve_and_are_checked() {
     let e = override_err(&with(&base, &["model.checkpoint_arch=gemma"]));
     assert!(e.contains("phi3"), "{e}");
 }
+
+/// Early stopping counts evaluations, so it needs periodic ones; its threshold is a fall of
+/// the loss, never negative, and a number.
+#[test]
+fn validate_early_stopping() {
+    let msg = validate_err(|c| {
+        c.train.early_stop_patience = 3;
+        c.train.eval_every = 0;
+    });
+    assert!(
+        msg.starts_with("train.early_stop_patience") && msg.contains("train.eval_every=50"),
+        "{msg}"
+    );
+    let msg = validate_err(|c| c.train.early_stop_min_delta = -0.1);
+    assert!(msg.starts_with("train.early_stop_min_delta"), "{msg}");
+    let msg = validate_err(|c| c.train.early_stop_min_delta = f64::NAN);
+    assert!(msg.contains("train.early_stop_min_delta"), "{msg}");
+    let mut c = Config::default();
+    c.train.early_stop_patience = 3;
+    c.validate().unwrap();
+}

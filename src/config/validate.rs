@@ -111,6 +111,7 @@ impl Config {
         finite(&[
             ("data.val_fraction", d.val_fraction),
             ("train.loss_scale_init", t.loss_scale_init),
+            ("train.early_stop_min_delta", t.early_stop_min_delta),
             ("optim.lr", o.lr),
             ("optim.min_lr", o.min_lr),
             ("optim.weight_decay", o.weight_decay),
@@ -195,6 +196,20 @@ impl Config {
                 "train.fused_kernels",
                 t.fused_kernels,
                 "the offloaded optimizer (train.offload_optimizer=true) has one host pass and no unfused form; set train.offload_optimizer=false or train.fused_kernels=true",
+            ));
+        }
+        if t.early_stop_min_delta < 0.0 {
+            return Err(out_of_range(
+                "train.early_stop_min_delta",
+                t.early_stop_min_delta,
+                "it must be 0 or more (a loss fall of at least this much counts as better)",
+            ));
+        }
+        if t.early_stop_patience > 0 && t.eval_every == 0 {
+            return Err(out_of_range(
+                "train.early_stop_patience",
+                t.early_stop_patience,
+                "it counts evaluations, and train.eval_every=0 evaluates only at the end; set train.eval_every to the steps between evaluations, e.g. train.eval_every=50",
             ));
         }
         if let Err(rule) = parse_bytes(&t.memory_limit) {

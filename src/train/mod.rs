@@ -11,6 +11,7 @@
 
 pub mod checkpoint;
 pub mod diversity;
+pub mod early_stop;
 pub mod lock;
 pub mod metrics;
 pub mod oom;
@@ -87,6 +88,10 @@ pub struct Summary {
     /// Polychromic fine-tuning: D of sampled replies to held-out prompts at the last eval.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub val_diversity: Option<f64>,
+    /// Early stopping (`train.early_stop_patience`): the best evaluation and whether the run
+    /// stopped for it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub early_stop: Option<early_stop::EarlyStopReport>,
 }
 
 /// Opens the device and checks the precision against it; returns the precision that will
@@ -590,6 +595,14 @@ fn run_locked(opts: RunOptions, lock: Option<&lock::RunLock>) -> Result<Summary>
     let mut val_loss = f64::NAN;
     let start_tokens = trainer.state.tokens;
     let start_step = trainer.state.step;
+    let mut early = early_stop::EarlyStop::new(
+        cfg.train.early_stop_patience,
+        cfg.train.early_stop_min_delta,
+    );
+    if let Some(e) = early.as_mut().filter(|_| root) {
+        e.replay(&run_dir.join("metrics.jsonl"), start_step);
+    }
+    let mut stopped_early = false;
     trainer.pool.reset_peak();
     if cfg.train.eval_at_start && start_step == 0 && root {
         let v = trainer.evaluate(&val)?;
@@ -603,6 +616,9 @@ fn run_locked(opts: RunOptions, lock: Option<&lock::RunLock>) -> Result<Summary>
             "step     0: val loss {v:.4} ({:.3} bits/token) before training",
             v / std::f64::consts::LN_2
         ));
+        if let Some(e) = &mut early {
+            e.observe(0, v);
+        }
     }
 
     // Rank 0 traces a data-parallel run (its file is the run's).
@@ -802,6 +818,18 @@ fn run_locked(opts: RunOptions, lock: Option<&lock::RunLock>) -> Result<Summary>
                 "step {step:>5}: val loss {val_loss:.4} ({:.3} bits/token)",
                 val_loss / std::f64::consts::LN_2
             ));
+            if let Some(e) = &mut early
+                && e.observe(step, val_loss)
+                && step < last
+            {
+                let (best_step, best) = e.best();
+                progress.message(&format!(
+                    "step {step}: {} evaluations without a val loss below {best:.4} (step {best_step}) by more than train.early_stop_min_delta={}; stopping early with a checkpoint",
+                    e.stale(),
+                    cfg.train.early_stop_min_delta
+                ));
+                stopped_early = true;
+            }
             if let Some(p) = &polychromic {
                 let d = p.held_out_diversity(trainer.model.as_ref())?;
                 val_diversity = Some(d);
@@ -820,8 +848,13 @@ fn run_locked(opts: RunOptions, lock: Option<&lock::RunLock>) -> Result<Summary>
         let mut stop = signals::stop_requested();
         let mut save_request = signals::take_save_request();
         if let Some(d) = &mut trainer.dist {
-            // Every rank stops and saves at the same step, or none does.
-            let mut flags = [stop.is_some() as u8 as f64, save_request as u8 as f64];
+            // Every rank stops and saves at the same step, or none does; rank 0, which
+            // evaluates, decides an early stop.
+            let mut flags = [
+                stop.is_some() as u8 as f64,
+                save_request as u8 as f64,
+                stopped_early as u8 as f64,
+            ];
             d.control
                 .all_reduce_max(&mut flags, "the stop and save requests")
                 .map_err(KilnError::Dist)?;
@@ -829,6 +862,7 @@ fn run_locked(opts: RunOptions, lock: Option<&lock::RunLock>) -> Result<Summary>
                 stop = Some("a stop request to another rank");
             }
             save_request = flags[1] > 0.0;
+            stopped_early = flags[2] > 0.0;
         }
         if stop.is_some() && !stop_note_shown {
             progress.message(&format!(
@@ -837,8 +871,8 @@ fn run_locked(opts: RunOptions, lock: Option<&lock::RunLock>) -> Result<Summary>
             ));
             stop_note_shown = true;
         }
-        let scheduled =
-            every(cfg.train.checkpoint_every, step) || (step == last && cfg.train.save_final);
+        let scheduled = every(cfg.train.checkpoint_every, step)
+            || ((step == last || stopped_early) && cfg.train.save_final);
         let mut written_inline = None;
         if (scheduled || stop.is_some() || save_request) && trainer.dist.is_some() {
             gather_for_checkpoint(&mut trainer)?;
@@ -909,6 +943,9 @@ fn run_locked(opts: RunOptions, lock: Option<&lock::RunLock>) -> Result<Summary>
                 run_dir: run_dir.clone(),
             });
         }
+        if stopped_early {
+            break;
+        }
     }
     if let Some(w) = writer.wait()? {
         record_checkpoint(&mut metrics, &mut ckpt_note, &w, &in_flight)?;
@@ -949,6 +986,7 @@ fn run_locked(opts: RunOptions, lock: Option<&lock::RunLock>) -> Result<Summary>
         effective_micro_batch: trainer.passes.largest(cfg.train.micro_batch),
         checkpoint: last_ckpt.map(|p| p.display().to_string()),
         val_diversity,
+        early_stop: early.and_then(|e| e.report(stopped_early)),
     };
     if root {
         let json =
