@@ -1146,3 +1146,30 @@ fn a_key_of_another_family_is_refused_and_an_older_run_directory_still_loads() {
     );
     assert!(ex.status.success(), "{}", text(&ex));
 }
+
+/// `data.val_corpus`: a text run validates on its own file and `kiln eval` evaluates the same
+/// file (the run's last validation loss, to the digits both print).
+#[test]
+fn a_validation_file_is_what_train_and_eval_validate_on() {
+    let tmp = tempfile::tempdir().unwrap();
+    let corpus_text = kiln::data::Corpus::load(None).unwrap().text;
+    let (train, val) = (tmp.path().join("train.txt"), tmp.path().join("val.txt"));
+    fs::write(&train, &corpus_text[..200_000]).unwrap();
+    fs::write(&val, &corpus_text[corpus_text.len() - 20_000..]).unwrap();
+    let run = tmp.path().join("run");
+    let corpus = format!("data.corpus={}", train.display());
+    let val_corpus = format!("data.val_corpus={}", val.display());
+    train_tiny(&run, &[&corpus, &val_corpus]);
+    let summary: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
+    let want = format!("val loss {:.4}", summary["val_loss"].as_f64().unwrap());
+    let ev = kiln(&["eval", "--run", run.to_str().unwrap()], &[]);
+    assert!(ev.status.success(), "{}", text(&ev));
+    assert!(text(&ev).contains(&want), "{want} in {}", text(&ev));
+    // Without the file, the tail of the corpus validates: another loss.
+    let tail = tmp.path().join("tail");
+    train_tiny(&tail, &[&corpus]);
+    let other: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(tail.join("summary.json")).unwrap()).unwrap();
+    assert_ne!(other["val_loss"], summary["val_loss"]);
+}

@@ -1104,3 +1104,70 @@ fn a_conversation_drops_its_oldest_turns_to_fit_the_context() {
         "{err}"
     );
 }
+
+/// `--val-data FILE`: every example of `--data` trains and the file's examples validate (the
+/// run says so and its config keeps the file); a file of another shape is refused before
+/// anything is written.
+#[test]
+fn a_validation_file_validates_and_all_of_the_data_trains() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (base, data) = fixture(tmp.path());
+    let lines: Vec<String> = std::fs::read_to_string(&data)
+        .unwrap()
+        .lines()
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let (train, val) = (tmp.path().join("train.jsonl"), tmp.path().join("val.jsonl"));
+    std::fs::write(&train, lines[..lines.len() - 7].concat()).unwrap();
+    std::fs::write(&val, lines[lines.len() - 7..].concat()).unwrap();
+    let run = tmp.path().join("run");
+    let mut args = vec![
+        "finetune",
+        "--init-from",
+        base.to_str().unwrap(),
+        "--data",
+        train.to_str().unwrap(),
+        "--val-data",
+        val.to_str().unwrap(),
+        "--out",
+        run.to_str().unwrap(),
+        "train.steps=2",
+    ];
+    // Not quiet: the data line is the check.
+    args.extend(COMMON.iter().filter(|a| **a != "-q"));
+    let out = ok(&kiln(&args));
+    let want = format!(
+        "fine-tuning data: {} training and 7 validation examples",
+        lines.len() - 7
+    );
+    assert!(out.contains(&want), "{out}");
+    let config = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    assert!(
+        config.contains("val_corpus") && config.contains("val.jsonl"),
+        "{config}"
+    );
+
+    let text = tmp.path().join("val.txt");
+    std::fs::write(&text, "plain text\n").unwrap();
+    let other = tmp.path().join("other");
+    let o = kiln(&[
+        "finetune",
+        "--init-from",
+        base.to_str().unwrap(),
+        "--data",
+        train.to_str().unwrap(),
+        "--val-data",
+        text.to_str().unwrap(),
+        "--out",
+        other.to_str().unwrap(),
+        "--device",
+        "cpu",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("reads as text") && err.contains("chat"),
+        "{err}"
+    );
+    assert!(!other.exists());
+}

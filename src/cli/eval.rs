@@ -86,9 +86,18 @@ pub fn run(a: EvalArgs) -> Result<()> {
             cfg.model.context, cfg.model.context
         )));
     }
-    let corpus = Corpus::load(train::data_spec(cfg).corpus.as_deref())?;
+    let spec = train::data_spec(cfg);
+    let corpus = Corpus::load(spec.corpus.as_deref())?;
     let tokenizer = data::tokenizer_by_name(&cfg.data.tokenizer)?;
-    let splits = data::split_tokens(tokenizer.encode(&corpus.text), cfg.data.val_fraction);
+    let splits = match &spec.val_corpus {
+        // The run validated on its own file (data.val_corpus); all of the corpus trained.
+        Some(file) => data::TokenSplits {
+            train: std::sync::Arc::new(tokenizer.encode(&corpus.text)),
+            val: std::sync::Arc::new(tokenizer.encode(&Corpus::load(Some(file.as_path()))?.text)),
+            sft: None,
+        },
+        None => data::split_tokens(tokenizer.encode(&corpus.text), cfg.data.val_fraction),
+    };
     let batches = data::val_batches(
         &splits.val,
         a.batches.unwrap_or(cfg.train.eval_batches),

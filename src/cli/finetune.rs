@@ -52,6 +52,10 @@ pub struct FinetuneArgs {
     /// The fine-tuning data: a text file or JSON lines (see below).
     #[arg(long, value_name = "FILE")]
     pub data: Option<PathBuf>,
+    /// A validation file in the shape of --data (data.val_corpus): every example of --data
+    /// then trains, in place of holding out its last data.val_fraction.
+    #[arg(long, value_name = "FILE", requires = "data")]
+    pub val_data: Option<PathBuf>,
     /// Train every weight instead of low-rank adapters over a frozen base.
     #[arg(long)]
     pub full: bool,
@@ -203,6 +207,17 @@ pub fn run(mut a: FinetuneArgs) -> Result<()> {
             .any(|o| o.starts_with("data.format="))
         {
             pre.push(format!("data.format={}", detect_format(data)?));
+        }
+        if let Some(val) = &a.val_data {
+            let (shape, val_shape) = (detect_format(data)?, detect_format(val)?);
+            if shape != val_shape {
+                return Err(KilnError::Setting(format!(
+                    "--val-data {} reads as {val_shape} and --data {} as {shape}; give the validation examples in the shape of the training ones",
+                    val.display(),
+                    data.display()
+                )));
+            }
+            pre.push(format!("data.val_corpus={}", val.display()));
         }
     } else if !resuming {
         return Err(KilnError::Setting(

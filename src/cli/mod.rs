@@ -51,7 +51,7 @@ pub enum Command {
     Train(train::TrainArgs),
     /// Fine-tune a pretrained model: LoRA adapters over a frozen base (or every weight), on
     /// text, prompt/completion pairs or chats; adapters saved in PEFT's format.
-    Finetune(finetune::FinetuneArgs),
+    Finetune(Box<finetune::FinetuneArgs>),
     /// Evaluate a run's latest checkpoint (or a pretrained model) on held-out text.
     Eval(eval::EvalArgs),
     /// Sample text from a run's latest checkpoint or a pretrained model (one prompt or many).
@@ -94,7 +94,7 @@ pub enum Command {
 pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Train(a) => train::run(a),
-        Command::Finetune(a) => finetune::run(a),
+        Command::Finetune(a) => finetune::run(*a),
         Command::Eval(a) => eval::run(a),
         Command::Generate(a) => generate::run(a),
         Command::Export(a) => export::run(a),

@@ -81,6 +81,10 @@ pub struct DataConfig {
     pub tokenizer: String,
     /// Fraction of the corpus held out for validation, in (0, 0.5).
     pub val_fraction: f64,
+    /// A validation file in the shape of `corpus` (text, or the same JSON lines): all of
+    /// `corpus` then trains and this validates, in place of `val_fraction`'s tail. Empty:
+    /// the tail.
+    pub val_corpus: String,
     /// Batches prepared ahead of the training loop.
     pub prefetch: usize,
     /// Threads that tokenise the corpus; 0 means one per CPU thread.
@@ -100,6 +104,7 @@ impl Default for DataConfig {
             corpus: String::new(),
             tokenizer: "byte".into(),
             val_fraction: 0.05,
+            val_corpus: String::new(),
             prefetch: 4,
             loader_threads: 0,
             format: "text".into(),
@@ -528,6 +533,10 @@ const KEYS: &[(&str, &str)] = &[
     (
         "data.val_fraction",
         "share of corpus held out for validation",
+    ),
+    (
+        "data.val_corpus",
+        "validation file; empty = data.corpus's last val_fraction",
     ),
     ("data.prefetch", "batches prepared ahead of time"),
     (

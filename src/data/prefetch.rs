@@ -28,6 +28,8 @@ pub struct DataSpec {
     pub tokenizer: String,
     /// Fraction of tokens held out at the end for validation, in [0, 1).
     pub val_fraction: f64,
+    /// A validation file in the corpus's shape: the whole corpus then trains.
+    pub val_corpus: Option<PathBuf>,
     pub seed: u64,
     pub micro_batch: usize,
     pub seq: usize,
@@ -223,7 +225,32 @@ fn prepare(spec: &DataSpec, cancel: &AtomicBool) -> Result<Option<TokenSplits>, 
         return Ok(None);
     };
     drop(corpus);
-    let splits = split_tokens(tokens, spec.val_fraction);
+    let splits = match &spec.val_corpus {
+        None => split_tokens(tokens, spec.val_fraction),
+        Some(path) => {
+            let text = Corpus::load(Some(path.as_path()))?.text;
+            let Some(val) = encode_chunked(tokenizer.as_ref(), &text, cancel, spec.threads) else {
+                return Ok(None);
+            };
+            // Validation windows are train.seq_len + 1 tokens.
+            if val.len() <= spec.seq {
+                return Err(DataError::File {
+                    path: path.clone(),
+                    reason: format!(
+                        "holds {} tokens, and a validation window of train.seq_len={} needs {}; give a longer validation file (data.val_corpus) or lower train.seq_len",
+                        val.len(),
+                        spec.seq,
+                        spec.seq + 1
+                    ),
+                });
+            }
+            TokenSplits {
+                train: Arc::new(tokens),
+                val: Arc::new(val),
+                sft: None,
+            }
+        }
+    };
     check_train_len(&splits.train, spec.seq)?;
     Ok(Some(splits))
 }
@@ -245,7 +272,11 @@ fn prepare_sft(spec: &DataSpec, format: SftFormat) -> Result<TokenSplits, DataEr
         plain = tokenizer_by_name(&spec.tokenizer)?;
         SftTokenizer::Plain(plain.as_ref())
     };
-    let data = sft::load(path, format, &tok, spec.seq, spec.val_fraction)?;
+    let holdout = match &spec.val_corpus {
+        Some(file) => sft::Holdout::File(file),
+        None => sft::Holdout::Fraction(spec.val_fraction),
+    };
+    let data = sft::load(path, format, &tok, spec.seq, holdout)?;
     let trained = |r: &sft::SftRows| -> Vec<u32> {
         r.targets
             .iter()
@@ -307,6 +338,7 @@ mod tests {
             corpus,
             tokenizer: tokenizer.to_string(),
             val_fraction: 0.05,
+            val_corpus: None,
             seed: 1234,
             micro_batch: 4,
             seq: 32,
@@ -348,6 +380,34 @@ mod tests {
         // Splits stay available after batches started flowing.
         assert_eq!(p.splits().unwrap(), expect);
         let _ = p.wait_stats();
+    }
+
+    /// With a validation file the whole corpus trains and the file validates; a file too
+    /// short for one validation window is refused by name.
+    #[test]
+    fn a_validation_file_replaces_the_held_out_tail() {
+        let text = "The quick brown fox jumps over the lazy dog.\n".repeat(50);
+        let val_text = "Pack my box with five dozen liquor jugs.\n".repeat(3);
+        let (path, val) = (temp_corpus("whole", &text), temp_corpus("val", &val_text));
+        let mut s = spec(Some(path.clone()), "byte");
+        s.val_corpus = Some(val.clone());
+        let splits = Prefetcher::spawn(s.clone(), 0, 2).splits().unwrap();
+        assert_eq!(
+            *splits.train,
+            text.bytes().map(u32::from).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            *splits.val,
+            val_text.bytes().map(u32::from).collect::<Vec<_>>()
+        );
+        s.seq = val_text.len();
+        let e = Prefetcher::spawn(s, 0, 2).splits().unwrap_err().to_string();
+        assert!(
+            e.contains(&*val.to_string_lossy()) && e.contains("train.seq_len"),
+            "{e}"
+        );
+        std::fs::remove_file(&path).unwrap();
+        std::fs::remove_file(&val).unwrap();
     }
 
     #[test]

@@ -477,33 +477,79 @@ pub fn validation_examples(examples: usize, val_fraction: f64) -> usize {
     ((examples as f64 * val_fraction).round() as usize).clamp(1, examples.saturating_sub(1).max(1))
 }
 
-/// Reads, tokenises, splits and packs a fine-tuning file.
+/// Where a fine-tune's validation examples come from.
+#[derive(Debug, Clone, Copy)]
+pub enum Holdout<'a> {
+    /// The last share of the data file's examples ([`validation_examples`]).
+    Fraction(f64),
+    /// A second file of the same format (`data.val_corpus`); every example of the data
+    /// file trains.
+    File(&'a Path),
+}
+
+/// The examples of a file, read and tokenised.
+fn read_examples(
+    path: &Path,
+    format: SftFormat,
+    tok: &SftTokenizer,
+) -> Result<Vec<SftExample>, DataError> {
+    let text = std::fs::read_to_string(path).map_err(|e| DataError::File {
+        path: path.to_path_buf(),
+        reason: format!("cannot be read ({e})"),
+    })?;
+    examples(path, &text, format, tok)
+}
+
+/// A fine-tuning file's examples as training and validation examples, by `holdout`.
+pub fn split_examples(
+    path: &Path,
+    format: SftFormat,
+    tok: &SftTokenizer,
+    holdout: Holdout,
+) -> Result<(Vec<SftExample>, Vec<SftExample>), DataError> {
+    let mut all = read_examples(path, format, tok)?;
+    match holdout {
+        Holdout::Fraction(val_fraction) => {
+            if all.len() < 2 {
+                return Err(DataError::File {
+                    path: path.to_path_buf(),
+                    reason: format!(
+                        "holds {} example(s); fine-tuning needs at least 2 (one for validation)",
+                        all.len()
+                    ),
+                });
+            }
+            let n_val = validation_examples(all.len(), val_fraction);
+            let val = all.split_off(all.len() - n_val);
+            Ok((all, val))
+        }
+        Holdout::File(val_path) => {
+            let val = read_examples(val_path, format, tok)?;
+            for (file, n) in [(path, all.len()), (val_path, val.len())] {
+                if n == 0 {
+                    return Err(DataError::File {
+                        path: file.to_path_buf(),
+                        reason: "holds no examples; give at least one".into(),
+                    });
+                }
+            }
+            Ok((all, val))
+        }
+    }
+}
+
+/// Reads, tokenises, splits and packs a fine-tuning file (and its validation file).
 pub fn load(
     path: &Path,
     format: SftFormat,
     tok: &SftTokenizer,
     seq: usize,
-    val_fraction: f64,
+    holdout: Holdout,
 ) -> Result<SftSplits, DataError> {
-    let text = std::fs::read_to_string(path).map_err(|e| DataError::File {
-        path: path.to_path_buf(),
-        reason: format!("cannot be read ({e})"),
-    })?;
-    let all = examples(path, &text, format, tok)?;
-    if all.len() < 2 {
-        return Err(DataError::File {
-            path: path.to_path_buf(),
-            reason: format!(
-                "holds {} example(s); fine-tuning needs at least 2 (one for validation)",
-                all.len()
-            ),
-        });
-    }
-    let n_val = validation_examples(all.len(), val_fraction);
-    let (train_ex, val_ex) = all.split_at(all.len() - n_val);
+    let (train_ex, val_ex) = split_examples(path, format, tok, holdout)?;
     let pad = tok.eos().unwrap_or(0);
-    let (train, t1) = pack(train_ex, seq, pad);
-    let (val, t2) = pack(val_ex, seq, pad);
+    let (train, t1) = pack(&train_ex, seq, pad);
+    let (val, t2) = pack(&val_ex, seq, pad);
     let stats = SftStats {
         examples: train_ex.len(),
         val_examples: val_ex.len(),
@@ -511,13 +557,17 @@ pub fn load(
         train_trained_tokens: train.trained_tokens(),
         val_trained_tokens: val.trained_tokens(),
     };
-    for (split, n) in [
-        ("training", stats.train_trained_tokens),
-        ("validation", stats.val_trained_tokens),
+    let val_path = match holdout {
+        Holdout::File(p) => p,
+        Holdout::Fraction(_) => path,
+    };
+    for (split, n, file) in [
+        ("training", stats.train_trained_tokens, path),
+        ("validation", stats.val_trained_tokens, val_path),
     ] {
         if n == 0 {
             return Err(DataError::File {
-                path: path.to_path_buf(),
+                path: file.to_path_buf(),
                 reason: format!(
                     "its {split} examples have no trainable tokens after masking (only completion or assistant tokens are trained, and examples are cut to train.seq_len + 1 tokens); give non-empty completions or raise train.seq_len"
                 ),
@@ -603,6 +653,34 @@ mod tests {
         // Rows of 9 tokens hold both; a row of 3 cuts both.
         assert_eq!(pack(&ex, 8, 0).0.len(), 1);
         assert_eq!(pack(&ex, 2, 0).1, 2);
+    }
+
+    /// A validation file: every example of the data file trains and the file's examples
+    /// validate; a validation file with nothing to train is refused by its own name.
+    #[test]
+    fn a_validation_file_holds_out_its_own_examples() {
+        let t = tok();
+        let tk = SftTokenizer::Plain(&t);
+        let dir = tempfile::tempdir().unwrap();
+        let (data, val) = (dir.path().join("train.jsonl"), dir.path().join("val.jsonl"));
+        let line = |p: &str, c: &str| format!("{{\"prompt\": \"{p}\", \"completion\": \"{c}\"}}\n");
+        std::fs::write(
+            &data,
+            line("ab", "cd") + &line("e", "fgh") + &line("i", "jk"),
+        )
+        .unwrap();
+        std::fs::write(&val, line("x", "yz")).unwrap();
+        let f = SftFormat::PromptCompletion;
+        let s = load(&data, f, &tk, 8, Holdout::File(&val)).unwrap();
+        assert_eq!((s.stats.examples, s.stats.val_examples), (3, 1));
+        assert_eq!(s.stats.val_trained_tokens, 2);
+        let held = load(&data, f, &tk, 8, Holdout::Fraction(0.3)).unwrap();
+        assert_eq!((held.stats.examples, held.stats.val_examples), (2, 1));
+        std::fs::write(&val, line("x", "")).unwrap();
+        let e = load(&data, f, &tk, 8, Holdout::File(&val))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("val.jsonl") && e.contains("validation"), "{e}");
     }
 
     #[test]

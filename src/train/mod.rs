@@ -130,6 +130,7 @@ pub fn data_spec(cfg: &crate::config::Config) -> DataSpec {
         corpus: (!cfg.data.corpus.is_empty()).then(|| PathBuf::from(&cfg.data.corpus)),
         tokenizer: cfg.data.tokenizer.clone(),
         val_fraction: cfg.data.val_fraction,
+        val_corpus: (!cfg.data.val_corpus.is_empty()).then(|| PathBuf::from(&cfg.data.val_corpus)),
         seed: cfg.train.seed,
         micro_batch: cfg.train.micro_batch,
         seq: cfg.train.seq_len,

@@ -153,26 +153,34 @@ impl Polychromic {
         }
         let tokenizer = tokenizer_from_path(Path::new(&cfg.data.tokenizer))?;
         let path = PathBuf::from(&cfg.data.corpus);
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| data_error(&path, format!("cannot be read ({e})")))?;
-        let examples = sft::examples(&path, &text, format, &SftTokenizer::Pretrained(&tokenizer))?;
-        if examples.len() < 2 {
-            return Err(data_error(
-                &path,
-                format!(
-                    "holds {} example(s); fine-tuning needs at least 2 (one for validation)",
-                    examples.len()
-                ),
-            ));
-        }
-        for (i, ex) in examples.iter().enumerate() {
+        let val_file =
+            (!cfg.data.val_corpus.is_empty()).then(|| PathBuf::from(&cfg.data.val_corpus));
+        let holdout = match &val_file {
+            Some(f) => sft::Holdout::File(f),
+            None => sft::Holdout::Fraction(cfg.data.val_fraction),
+        };
+        let (train, val) = sft::split_examples(
+            &path,
+            format,
+            &SftTokenizer::Pretrained(&tokenizer),
+            holdout,
+        )?;
+        // Each example named by its file and its number there.
+        let numbered = train
+            .iter()
+            .enumerate()
+            .map(|(i, ex)| (&path, i + 1, ex))
+            .chain(val.iter().enumerate().map(|(i, ex)| match &val_file {
+                Some(f) => (f, i + 1, ex),
+                None => (&path, train.len() + i + 1, ex),
+            }));
+        for (file, n, ex) in numbered {
             let len = prompt_of(ex).len();
             if len == 0 {
                 return Err(data_error(
-                    &path,
+                    file,
                     format!(
-                        "example {} has an empty prompt, and a reply needs something to follow; give every example a prompt",
-                        i + 1
+                        "example {n} has an empty prompt, and a reply needs something to follow; give every example a prompt"
                     ),
                 ));
             }
@@ -186,17 +194,14 @@ impl Polychromic {
                     "shorten it: the prompt alone fills the context".into()
                 };
                 return Err(data_error(
-                    &path,
+                    file,
                     format!(
-                        "example {}'s prompt has {len} tokens, and with polychromic.max_new_tokens={} new ones that is longer than the model's context of {context}; {fix}",
-                        i + 1,
+                        "example {n}'s prompt has {len} tokens, and with polychromic.max_new_tokens={} new ones that is longer than the model's context of {context}; {fix}",
                         p.max_new_tokens
                     ),
                 ));
             }
         }
-        let n_val = sft::validation_examples(examples.len(), cfg.data.val_fraction);
-        let (train, val) = examples.split_at(examples.len() - n_val);
         let train_prompts: Vec<Vec<u32>> = train.iter().map(|e| prompt_of(e).to_vec()).collect();
         let picks = HELD_OUT_PROMPTS.min(val.len());
         let held_out = (0..picks)
