@@ -1106,8 +1106,8 @@ fn a_conversation_drops_its_oldest_turns_to_fit_the_context() {
 }
 
 /// `--val-data FILE`: every example of `--data` trains and the file's examples validate (the
-/// run says so and its config keeps the file); a file of another shape is refused before
-/// anything is written.
+/// run says so and its config keeps the file); with `train.keep_best` the adapters come from
+/// the best checkpoint; a file of another shape is refused before anything is written.
 #[test]
 fn a_validation_file_validates_and_all_of_the_data_trains() {
     let tmp = tempfile::tempdir().unwrap();
@@ -1135,7 +1135,11 @@ fn a_validation_file_validates_and_all_of_the_data_trains() {
     ];
     // Not quiet: the data line is the check.
     args.extend(COMMON.iter().filter(|a| **a != "-q"));
+    // The adapters come from the best checkpoint when one is kept.
+    args.extend(["train.eval_every=1", "train.keep_best=true"]);
     let out = ok(&kiln(&args));
+    assert!(out.contains("from the best checkpoint (step "), "{out}");
+    assert!(out.contains("(--checkpoint best)"), "{out}");
     let want = format!(
         "fine-tuning data: {} training and 7 validation examples",
         lines.len() - 7

@@ -756,6 +756,8 @@ fn early_stopping_ends_a_run_that_stopped_improving_and_survives_resume() {
     let resumed = run_to(&a, &[], true, None).unwrap();
     assert_eq!(resumed.steps, 8);
     assert!(resumed.early_stop.unwrap().stopped);
+    // No best checkpoint was asked for.
+    assert!(train::checkpoint::best(&a).is_none());
 
     let improving = [
         "train.steps=6",
@@ -767,4 +769,53 @@ fn early_stopping_ends_a_run_that_stopped_improving_and_survives_resume() {
     let e = s.early_stop.expect("an early-stop report");
     assert!(!e.stopped);
     assert_eq!(e.best_step, 6);
+}
+
+/// `train.keep_best`: every evaluation that sets a new best is checkpointed and the newest of
+/// those outlives pruning (`checkpoints/best` names it, `--checkpoint best` resolves to it);
+/// with early stopping, the run's last checkpoint is the stop and the best one is older.
+#[test]
+fn the_best_checkpoint_outlives_pruning() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+    let args = [
+        "train.steps=20",
+        "train.eval_every=2",
+        "train.checkpoint_every=1",
+        "train.early_stop_patience=3",
+        "train.early_stop_min_delta=100",
+        "train.keep_best=true",
+    ];
+    let s = run_to(&a, &args, false, None).unwrap();
+    assert_eq!(s.steps, 8);
+    let best = train::checkpoint::resolve(&a, Some("best")).unwrap();
+    assert!(best.ends_with(train::checkpoint::step_name(2)), "{best:?}");
+    let names: Vec<String> = train::checkpoint::list(&a)
+        .iter()
+        .map(|c| c.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    // A checkpoint every step, the newest two kept, and the best.
+    assert_eq!(names, [8, 7, 2].map(train::checkpoint::step_name));
+    let weights = |c: &std::path::Path| std::fs::read(c.join("model.safetensors")).unwrap();
+    assert_ne!(weights(&best), final_weights(&a));
+
+    // Improving from eval to eval with frequent checkpoints: the best follows the loss and
+    // survives the pruning of the other checkpoints.
+    let improving = [
+        "train.steps=12",
+        "train.eval_every=4",
+        "train.checkpoint_every=1",
+        "train.keep_best=true",
+    ];
+    let s = run_to(&b, &improving, false, None).unwrap();
+    let e = s.early_stop.expect("a best evaluation");
+    let best = train::checkpoint::resolve(&b, Some("best")).unwrap();
+    assert!(
+        best.ends_with(train::checkpoint::step_name(e.best_step)),
+        "{best:?} {e:?}"
+    );
+    assert!(train::checkpoint::list(&b).len() <= 3);
+    // A run without it has no best to read.
+    let err = train::checkpoint::resolve(&a.with_file_name("none"), Some("best")).unwrap_err();
+    assert!(err.to_string().contains("train.keep_best=true"), "{err}");
 }

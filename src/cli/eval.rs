@@ -33,7 +33,8 @@ pub struct EvalArgs {
     /// Tokens per evaluated sequence (default: the run's train.seq_len; at most its context).
     #[arg(long)]
     pub seq_len: Option<usize>,
-    /// Evaluate this checkpoint (step_N or N) instead of the latest.
+    /// Evaluate this checkpoint (step_N, N, or best: a train.keep_best run's lowest
+    /// validation loss) instead of the latest.
     #[arg(long, value_name = "step_N")]
     pub checkpoint: Option<String>,
 }

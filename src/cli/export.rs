@@ -36,7 +36,8 @@ pub struct ExportArgs {
     /// With --init-from: a PEFT adapter directory merged into the model before export.
     #[arg(long, value_name = "DIR", requires = "init_from")]
     pub adapter: Option<PathBuf>,
-    /// Export this checkpoint (step_N or N) instead of the latest.
+    /// Export this checkpoint (step_N, N, or best: a train.keep_best run's lowest
+    /// validation loss) instead of the latest.
     #[arg(long, value_name = "step_N")]
     pub checkpoint: Option<String>,
     /// Directory to write (created if missing), or a FILE.gguf: a single file for llama.cpp
@@ -76,7 +77,8 @@ pub struct MergeArgs {
     /// With --init-from: the PEFT adapter directory to merge.
     #[arg(long, value_name = "DIR", requires = "init_from")]
     pub adapter: Option<PathBuf>,
-    /// Merge the adapters of this checkpoint (step_N or N) instead of the latest.
+    /// Merge the adapters of this checkpoint (step_N, N, or best: a train.keep_best run's
+    /// lowest validation loss) instead of the latest.
     #[arg(long, value_name = "step_N")]
     pub checkpoint: Option<String>,
     /// Directory to write (created if missing), or a FILE.gguf for llama.cpp.

@@ -266,19 +266,25 @@ pub fn run(mut a: FinetuneArgs) -> Result<()> {
         .unwrap_or_else(super::new_run_dir);
     a.train.out = a.train.resume.is_none().then(|| run_dir.clone());
     super::train::run(a.train)?;
-    // The adapters in PEFT's format, from the run's last checkpoint; a run told to keep none
-    // (train.save_final=false, no periodic checkpoints) has nothing to write them from.
+    // The adapters in PEFT's format, from the run's best checkpoint (train.keep_best) or its
+    // last; a run told to keep none (train.save_final=false, no periodic checkpoints) has
+    // nothing to write them from.
     if train::checkpoint::latest(&run_dir)?.is_none() {
         println!("adapters: not written (the run kept no checkpoint: train.save_final=false)");
         return Ok(());
     }
-    let loaded = train::load_run(&run_dir, None)?;
+    let best = train::checkpoint::best(&run_dir).filter(|b| b.is_dir());
+    let loaded = train::load_run(&run_dir, best.as_ref().map(|_| "best"))?;
     let lora = &loaded.config.lora;
     if lora.enabled {
         let dir = run_dir.join("adapter");
         let n = crate::models::peft::save_adapter(loaded.model.as_ref(), lora, &lora.base, &dir)?;
+        let from = match &best {
+            Some(_) => format!(" from the best checkpoint (step {})", loaded.step),
+            None => String::new(),
+        };
         println!(
-            "adapters: {n} modules in PEFT's format in {}   (merged model: kiln export --run {} --to DIR)",
+            "adapters: {n} modules in PEFT's format in {}{from}   (merged model: kiln export --run {} --to DIR)",
             dir.display(),
             run_dir.display()
         );

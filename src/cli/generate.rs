@@ -94,7 +94,8 @@ pub struct GenerateArgs {
     /// Weights and activations on a GPU: bf16 (the default there) or fp32. The CPU runs fp32.
     #[arg(long, value_name = "fp32|bf16")]
     pub precision: Option<String>,
-    /// Sample from this checkpoint (step_N or N) instead of the latest.
+    /// Sample from this checkpoint (step_N, N, or best: a train.keep_best run's lowest
+    /// validation loss) instead of the latest.
     #[arg(long, value_name = "step_N")]
     pub checkpoint: Option<String>,
     /// Run every decode step as its kernels one by one instead of replaying it from a CUDA

@@ -273,12 +273,16 @@ pub fn run(a: TrainArgs) -> Result<()> {
         summary.val_loss, summary.val_bits_per_token, summary.unigram_val_loss, summary.train_loss
     );
     if let Some(e) = &summary.early_stop {
+        let kept = train::checkpoint::best(&run_dir)
+            .filter(|b| b.is_dir())
+            .map(|b| format!("; kept in {} (--checkpoint best)", b.display()))
+            .unwrap_or_default();
         println!(
-            "early stopping: best val loss {:.4} at step {}{}",
+            "best val loss {:.4} at step {}{kept}{}",
             e.best_val_loss,
             e.best_step,
             if e.stopped {
-                "; the run stopped before train.steps"
+                "; stopped early, before train.steps"
             } else {
                 ""
             }

@@ -144,6 +144,10 @@ pub struct TrainConfig {
     pub early_stop_patience: usize,
     /// The least fall of the validation loss that counts as an improvement.
     pub early_stop_min_delta: f64,
+    /// Checkpoint every evaluation that lowers the best validation loss (by more than
+    /// `early_stop_min_delta`) and keep the newest such checkpoint through pruning;
+    /// `checkpoints/best` names it and `--checkpoint best` reads it. Needs `eval_every` > 0.
+    pub keep_best: bool,
     /// Save a checkpoint every this many steps; 0 saves only at the end.
     pub checkpoint_every: usize,
     /// Write checkpoints on a background thread from a host copy of the state (gathered
@@ -196,6 +200,7 @@ impl Default for TrainConfig {
             eval_batches: 16,
             early_stop_patience: 0,
             early_stop_min_delta: 0.0,
+            keep_best: false,
             checkpoint_every: 100,
             checkpoint_async: true,
             save_final: true,
@@ -573,6 +578,10 @@ const KEYS: &[(&str, &str)] = &[
     (
         "train.early_stop_min_delta",
         "least val loss fall that counts as better",
+    ),
+    (
+        "train.keep_best",
+        "keep the checkpoint of the best val loss (--checkpoint best)",
     ),
     (
         "train.checkpoint_every",

@@ -889,6 +889,11 @@ fn validate_early_stopping() {
         msg.starts_with("train.early_stop_patience") && msg.contains("train.eval_every=50"),
         "{msg}"
     );
+    let msg = validate_err(|c| {
+        c.train.keep_best = true;
+        c.train.eval_every = 0;
+    });
+    assert!(msg.starts_with("train.keep_best"), "{msg}");
     let msg = validate_err(|c| c.train.early_stop_min_delta = -0.1);
     assert!(msg.starts_with("train.early_stop_min_delta"), "{msg}");
     let msg = validate_err(|c| c.train.early_stop_min_delta = f64::NAN);

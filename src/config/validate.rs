@@ -212,6 +212,13 @@ impl Config {
                 "it counts evaluations, and train.eval_every=0 evaluates only at the end; set train.eval_every to the steps between evaluations, e.g. train.eval_every=50",
             ));
         }
+        if t.keep_best && t.eval_every == 0 {
+            return Err(out_of_range(
+                "train.keep_best",
+                t.keep_best,
+                "the best checkpoint is chosen among evaluations, and train.eval_every=0 evaluates only at the end; set train.eval_every to the steps between evaluations, e.g. train.eval_every=50",
+            ));
+        }
         if let Err(rule) = parse_bytes(&t.memory_limit) {
             return Err(out_of_range("train.memory_limit", &t.memory_limit, rule));
         }

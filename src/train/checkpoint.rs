@@ -57,6 +57,9 @@ const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 const STATE_FILE: &str = "trainer.json";
 pub const MANIFEST_FILE: &str = "manifest.json";
 const LATEST: &str = "latest";
+/// The file naming the checkpoint of the lowest validation loss (`train.keep_best`), which
+/// pruning keeps; `--checkpoint best` reads it.
+const BEST: &str = "best";
 /// The files a manifest lists, in the order they are written.
 const DATA_FILES: [&str; 3] = [MODEL_FILE, OPTIMIZER_FILE, STATE_FILE];
 /// Older checkpoints beyond this many are deleted after a new one is in place.
@@ -350,6 +353,9 @@ impl SnapshotFile {
 /// A checkpoint copied to host memory at a step boundary, ready to be written by any thread.
 pub struct Snapshot {
     pub step: u64,
+    /// The checkpoint of the best validation loss so far (`train.keep_best`): once written,
+    /// `checkpoints/best` names it and pruning keeps it.
+    pub best: bool,
     name: String,
     files: Vec<SnapshotFile>,
     /// The page-locked buffer the tensors were gathered into, if they were.
@@ -427,6 +433,7 @@ pub fn snapshot(trainer: &Trainer) -> Result<Snapshot> {
     files.push(SnapshotFile::whole(STATE_FILE, state_json(trainer)?));
     Ok(Snapshot {
         step: trainer.state.step,
+        best: false,
         name: step_name(trainer.state.step),
         files,
         staging: None,
@@ -460,6 +467,7 @@ pub fn snapshot_staged(trainer: &Trainer, mut staging: HostStaging) -> Result<Sn
     files.push(SnapshotFile::whole(STATE_FILE, state_json(trainer)?));
     Ok(Snapshot {
         step: trainer.state.step,
+        best: false,
         name: step_name(trainer.state.step),
         files,
         staging: Some(staging),
@@ -543,6 +551,12 @@ pub fn write(snap: &Snapshot, run_dir: &Path) -> Result<Written> {
         let _ = fs::remove_file(&pointer_tmp);
     }
     let final_dir = result?;
+    if snap.best {
+        // Named only once the checkpoint is in place, so `best` never names a partial one.
+        let best_tmp = dir.join(".best.tmp");
+        write_synced(&best_tmp, &[snap.name.as_bytes()])?;
+        fs::rename(&best_tmp, dir.join(BEST)).map_err(|e| KilnError::output(dir.join(BEST), e))?;
+    }
     prune(&dir, KEEP);
     Ok(Written {
         dir: final_dir,
@@ -684,7 +698,11 @@ pub const DELETING_SUFFIX: &str = ".deleting";
 fn prune(dir: &Path, keep: usize) {
     let mut names = step_names(dir);
     names.sort();
+    let best = best_name(dir);
     for old in names.iter().rev().skip(keep) {
+        if best.as_deref() == Some(old.as_str()) {
+            continue;
+        }
         let doomed = dir.join(format!(".{old}{DELETING_SUFFIX}"));
         if fs::rename(dir.join(old), &doomed).is_ok() {
             let _ = fs::remove_dir_all(&doomed);
@@ -699,6 +717,19 @@ fn prune(dir: &Path, keep: usize) {
             let _ = fs::remove_dir_all(e.path());
         }
     }
+}
+
+/// The checkpoint name `checkpoints/best` holds, if it holds one.
+fn best_name(dir: &Path) -> Option<String> {
+    let name = fs::read_to_string(dir.join(BEST)).ok()?;
+    let name = name.trim();
+    name.starts_with("step_").then(|| name.to_string())
+}
+
+/// The checkpoint of the lowest validation loss a `train.keep_best` run kept, if any.
+pub fn best(run_dir: &Path) -> Option<PathBuf> {
+    let dir = checkpoints_dir(run_dir);
+    best_name(&dir).map(|n| dir.join(n))
 }
 
 /// Names of the `step_N` directories under a `checkpoints/` directory, unordered.
@@ -852,7 +883,7 @@ pub fn explain(err: KilnError, run_dir: &Path, ckpt: &Path) -> KilnError {
     }
 }
 
-/// The checkpoint to read: `choice` (`step_N`, `N`, or a checkpoint directory's name) or the
+/// The checkpoint to read: `choice` (`step_N`, `N`, `best`, or a checkpoint directory's name) or the
 /// one `latest` points to. A missing choice, a dangling pointer or no checkpoint at all is a
 /// checkpoint error that lists what there is.
 pub fn resolve(run_dir: &Path, choice: Option<&str>) -> Result<PathBuf> {
@@ -868,6 +899,22 @@ pub fn resolve(run_dir: &Path, choice: Option<&str>) -> Result<PathBuf> {
             format!("the run has {}", names.join(", "))
         }
     };
+    if choice == Some("best") {
+        return match best(run_dir) {
+            Some(ckpt) if ckpt.is_dir() => Ok(ckpt),
+            Some(ckpt) => Err(KilnError::checkpoint(
+                &ckpt,
+                format!(
+                    "is named by checkpoints/best but does not exist; {}",
+                    have()
+                ),
+            )),
+            None => Err(KilnError::Setting(format!(
+                "--checkpoint best: the run kept no best checkpoint (train.keep_best=true with train.eval_every keeps the one of the lowest validation loss); {}",
+                have()
+            ))),
+        };
+    }
     if let Some(choice) = choice {
         let digits = choice.strip_prefix("step_").unwrap_or(choice);
         let step: u64 = digits.parse().map_err(|_| {
@@ -1176,6 +1223,15 @@ mod tests {
             .collect();
         left.sort();
         assert_eq!(left, vec![step_name(3), step_name(4)]);
+        // The checkpoint `best` names stays, however old; the others go as before.
+        for step in 5..=6 {
+            fs::create_dir_all(dir.join(step_name(step))).unwrap();
+        }
+        fs::write(dir.join(BEST), step_name(3)).unwrap();
+        prune(dir, 2);
+        let mut left = step_names(dir);
+        left.sort();
+        assert_eq!(left, vec![step_name(3), step_name(5), step_name(6)]);
     }
 
     /// A tiny CPU trainer whose weights are seeded and whose moments hold distinct values

@@ -1,9 +1,12 @@
+//! The best validation loss of a run, for early stopping and the best checkpoint.
+//!
 //! Early stopping (`train.early_stop_patience`): a run ends, with a checkpoint, once its
 //! validation loss has gone that many evaluations without beating the best so far by
 //! `train.early_stop_min_delta`, as Lightning's `EarlyStopping` and transformers'
-//! `EarlyStoppingCallback` end theirs. The state is the evaluations themselves, so a resumed
-//! run rebuilds it from the eval records of its `metrics.jsonl` rather than from the
-//! checkpoint, and resumes with the patience it had left.
+//! `EarlyStoppingCallback` end theirs. `train.keep_best` checkpoints each evaluation that sets
+//! a new best and keeps the latest such checkpoint. The state is the evaluations themselves,
+//! so a resumed run rebuilds it from the eval records of its `metrics.jsonl` rather than from
+//! the checkpoint, and resumes with the patience it had left.
 
 use serde::Serialize;
 use std::path::Path;
@@ -29,10 +32,10 @@ pub struct EarlyStopReport {
 }
 
 impl EarlyStop {
-    /// The rule of `patience` evaluations (0: none) and improvements of more than
-    /// `min_delta`.
-    pub fn new(patience: usize, min_delta: f64) -> Option<EarlyStop> {
-        (patience > 0).then_some(EarlyStop {
+    /// The rule of `patience` evaluations (0: never stop) and improvements of more than
+    /// `min_delta`; `None` when there is neither a patience nor a best checkpoint to `keep`.
+    pub fn new(patience: usize, min_delta: f64, keep: bool) -> Option<EarlyStop> {
+        (patience > 0 || keep).then_some(EarlyStop {
             patience,
             min_delta,
             best: f64::INFINITY,
@@ -56,7 +59,12 @@ impl EarlyStop {
 
     /// Whether the patience has run out.
     pub fn exhausted(&self) -> bool {
-        self.stale >= self.patience
+        self.patience > 0 && self.stale >= self.patience
+    }
+
+    /// Whether the evaluation at `step` set the best loss (the last one observed there).
+    pub fn best_at(&self, step: u64) -> bool {
+        self.best.is_finite() && self.best_step == step && self.stale == 0
     }
 
     /// Evaluations since the best one.
@@ -113,10 +121,12 @@ mod tests {
     /// third evaluation without one stops the run.
     #[test]
     fn patience_counts_evaluations_without_an_improvement() {
-        let mut e = EarlyStop::new(3, 0.01).unwrap();
+        let mut e = EarlyStop::new(3, 0.01, false).unwrap();
         assert!(!e.observe(10, 2.0));
         assert!(!e.observe(20, 1.5));
+        assert!(e.best_at(20));
         assert!(!e.observe(30, 1.495)); // within min_delta: no improvement
+        assert!(!e.best_at(30) && !e.best_at(20));
         assert!(!e.observe(40, 1.6));
         assert_eq!(e.stale(), 2);
         assert_eq!(e.best(), (20, 1.5));
@@ -126,7 +136,11 @@ mod tests {
         assert!(!e.observe(70, 1.3));
         assert!(e.observe(80, 1.2));
         assert_eq!(e.best(), (50, 1.2));
-        assert!(EarlyStop::new(0, 0.0).is_none());
+        assert!(EarlyStop::new(0, 0.0, false).is_none());
+        // Only keeping the best: it never stops.
+        let mut keep = EarlyStop::new(0, 0.0, true).unwrap();
+        assert!((1..10).all(|s| !keep.observe(s, 1.0)));
+        assert_eq!(keep.best(), (1, 1.0));
     }
 
     /// A resumed run's state is the evaluations up to its checkpoint, each step once, the
@@ -146,14 +160,14 @@ mod tests {
             r#"{"kind":"eval","step":20,"val_loss":2.4}"#,
         ];
         std::fs::write(&path, lines.join("\n")).unwrap();
-        let mut e = EarlyStop::new(5, 0.0).unwrap();
+        let mut e = EarlyStop::new(5, 0.0, false).unwrap();
         e.replay(&path, 20);
         assert_eq!(e.best(), (10, 2.0));
         assert_eq!(e.stale(), 1);
-        let mut all = EarlyStop::new(5, 0.0).unwrap();
+        let mut all = EarlyStop::new(5, 0.0, false).unwrap();
         all.replay(&path, 30);
         assert_eq!((all.best(), all.stale()), ((30, 1.0), 0));
-        let mut none = EarlyStop::new(5, 0.0).unwrap();
+        let mut none = EarlyStop::new(5, 0.0, true).unwrap();
         none.replay(&tmp.path().join("missing.jsonl"), 30);
         assert!(none.report(false).is_none());
     }

@@ -599,6 +599,7 @@ fn run_locked(opts: RunOptions, lock: Option<&lock::RunLock>) -> Result<Summary>
     let mut early = early_stop::EarlyStop::new(
         cfg.train.early_stop_patience,
         cfg.train.early_stop_min_delta,
+        cfg.train.keep_best,
     );
     if let Some(e) = early.as_mut().filter(|_| root) {
         e.replay(&run_dir.join("metrics.jsonl"), start_step);
@@ -802,6 +803,8 @@ fn run_locked(opts: RunOptions, lock: Option<&lock::RunLock>) -> Result<Summary>
         if report.skipped {
             continue;
         }
+        // Set by this step's evaluation when it is the best so far (train.keep_best).
+        let mut best_now = false;
         if (every(cfg.train.eval_every, step) || step == last) && root {
             let eval_start = Instant::now();
             val_loss = trainer.evaluate(&val)?;
@@ -819,17 +822,18 @@ fn run_locked(opts: RunOptions, lock: Option<&lock::RunLock>) -> Result<Summary>
                 "step {step:>5}: val loss {val_loss:.4} ({:.3} bits/token)",
                 val_loss / std::f64::consts::LN_2
             ));
-            if let Some(e) = &mut early
-                && e.observe(step, val_loss)
-                && step < last
-            {
-                let (best_step, best) = e.best();
-                progress.message(&format!(
+            if let Some(e) = &mut early {
+                let exhausted = e.observe(step, val_loss);
+                best_now = cfg.train.keep_best && e.best_at(step);
+                if exhausted && step < last {
+                    let (best_step, best) = e.best();
+                    progress.message(&format!(
                     "step {step}: {} evaluations without a val loss below {best:.4} (step {best_step}) by more than train.early_stop_min_delta={}; stopping early with a checkpoint",
                     e.stale(),
                     cfg.train.early_stop_min_delta
                 ));
-                stopped_early = true;
+                    stopped_early = true;
+                }
             }
             if let Some(p) = &polychromic {
                 let d = p.held_out_diversity(trainer.model.as_ref())?;
@@ -855,6 +859,7 @@ fn run_locked(opts: RunOptions, lock: Option<&lock::RunLock>) -> Result<Summary>
                 stop.is_some() as u8 as f64,
                 save_request as u8 as f64,
                 stopped_early as u8 as f64,
+                best_now as u8 as f64,
             ];
             d.control
                 .all_reduce_max(&mut flags, "the stop and save requests")
@@ -864,6 +869,7 @@ fn run_locked(opts: RunOptions, lock: Option<&lock::RunLock>) -> Result<Summary>
             }
             save_request = flags[1] > 0.0;
             stopped_early = flags[2] > 0.0;
+            best_now = flags[3] > 0.0;
         }
         if stop.is_some() && !stop_note_shown {
             progress.message(&format!(
@@ -873,7 +879,8 @@ fn run_locked(opts: RunOptions, lock: Option<&lock::RunLock>) -> Result<Summary>
             stop_note_shown = true;
         }
         let scheduled = every(cfg.train.checkpoint_every, step)
-            || ((step == last || stopped_early) && cfg.train.save_final);
+            || ((step == last || stopped_early) && cfg.train.save_final)
+            || best_now;
         let mut written_inline = None;
         if (scheduled || stop.is_some() || save_request) && trainer.dist.is_some() {
             gather_for_checkpoint(&mut trainer)?;
@@ -886,7 +893,8 @@ fn run_locked(opts: RunOptions, lock: Option<&lock::RunLock>) -> Result<Summary>
                 last_ckpt = Some(w.dir);
             }
             let snapshot_start = Instant::now();
-            let snap = writer.snapshot(&trainer)?;
+            let mut snap = writer.snapshot(&trainer)?;
+            snap.best = best_now;
             let timing = SaveTiming {
                 wait_s: (snapshot_start - ckpt_start).as_secs_f64(),
                 snapshot_s: snapshot_start.elapsed().as_secs_f64(),
