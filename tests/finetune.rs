@@ -1175,3 +1175,75 @@ fn a_validation_file_validates_and_all_of_the_data_trains() {
     );
     assert!(!other.exists());
 }
+
+/// `/undo` takes back the last exchange and `/save FILE` appends the conversation as a line
+/// of chat messages, which `kiln generate --prompts` reads back; saving nothing is refused
+/// without ending the conversation.
+#[test]
+fn a_conversation_takes_back_an_exchange_and_saves_itself() {
+    let tmp = tempfile::tempdir().unwrap();
+    let family = [
+        "model.kind=llama",
+        "model.n_kv_heads=2",
+        "model.ffn_hidden=64",
+    ];
+    let base = random_base(&tmp.path().join("base"), &family, 3, |_| {});
+    let saved = tmp.path().join("chats.jsonl");
+    let input = format!(
+        "Good morrow, sir.\n/undo\n/save {f}\nHow fares the king?\nAnd the queen?\n/undo\n/save {f}\n",
+        f = saved.display()
+    );
+    let args = [
+        "generate",
+        "--init-from",
+        base.to_str().unwrap(),
+        "--device",
+        "cpu",
+        "-i",
+        "--system",
+        "Be brief.",
+        "--tokens",
+        "4",
+        "--temperature",
+        "0",
+    ];
+    let err = ok(&common::kiln_with_stdin(&args, &input));
+    assert!(err.contains("last exchange is taken back"), "{err}");
+    assert!(err.contains("3 turns;"), "{err}");
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&saved)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    // The first save held the system message alone; the second, after taking back "And the
+    // queen?", the system message and one exchange.
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    let roles = |v: &serde_json::Value| -> Vec<String> {
+        v["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["role"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(roles(&lines[0]), ["system"]);
+    assert_eq!(roles(&lines[1]), ["system", "user", "assistant"]);
+    assert_eq!(lines[1]["messages"][1]["content"], "How fares the king?");
+    // The saved file is a --prompts file.
+    let out = tmp.path().join("replies.jsonl");
+    let mut again = vec![
+        "generate",
+        "--init-from",
+        base.to_str().unwrap(),
+        "--device",
+        "cpu",
+        "--chat",
+        "--prompts",
+        saved.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    again.extend(["--tokens", "2"]);
+    ok(&kiln(&again));
+    assert_eq!(std::fs::read_to_string(&out).unwrap().lines().count(), 2);
+}

@@ -172,7 +172,9 @@ pub fn detect_format(path: &Path) -> Result<&'static str> {
     let text = std::fs::read_to_string(path).map_err(|e| {
         KilnError::Data(crate::data::DataError::File {
             path: path.to_path_buf(),
-            reason: format!("cannot be read ({e}); --data takes a text or JSON-lines file"),
+            reason: format!(
+                "cannot be read ({e}); --data and --val-data take a text or JSON-lines file"
+            ),
         })
     })?;
     let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");

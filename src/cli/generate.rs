@@ -55,7 +55,9 @@ pub struct GenerateArgs {
     #[arg(long, value_name = "TEXT")]
     pub system: Option<String>,
     /// A conversation: each line read from standard input is the user's turn, answered
-    /// through the chat template with the turns before it (implies --chat). `/reset` forgets
+    /// through the chat template with the turns before it (implies --chat). `/undo` takes
+    /// back the last exchange, `/save FILE` appends the conversation to FILE as a line of
+    /// chat messages (the shape --prompts and kiln finetune --data read), `/reset` forgets
     /// the turns, `/exit` or end of input ends it; the oldest turns are dropped when the
     /// conversation outgrows the context.
     #[arg(short, long, conflicts_with_all = ["prompts", "prompt", "num_samples"])]
@@ -507,7 +509,7 @@ fn converse(a: &GenerateArgs, l: &Loaded, sampling: Sampling) -> Result<()> {
     let terminal = stdin.is_terminal();
     if terminal {
         eprintln!(
-            "{}: type a message and press Enter; /reset forgets the conversation, /exit or Ctrl-D ends it",
+            "{}: type a message and press Enter; /undo takes back the last exchange, /save FILE appends the conversation to FILE as a line of chat messages, /reset forgets it, /exit or Ctrl-D ends it",
             l.note
         );
     }
@@ -534,7 +536,34 @@ fn converse(a: &GenerateArgs, l: &Loaded, sampling: Sampling) -> Result<()> {
                 eprintln!("(the conversation is forgotten)");
                 continue;
             }
+            // The cache keeps what the next prompt shares with it, so nothing is run again.
+            "/undo" => {
+                match history.len() > first.len() {
+                    true => {
+                        history.pop();
+                        if history.len() > first.len()
+                            && history.last().is_some_and(|m| m.role == "user")
+                        {
+                            history.pop();
+                        }
+                        eprintln!("(the last exchange is taken back)");
+                    }
+                    false => eprintln!("(nothing to take back)"),
+                }
+                continue;
+            }
             _ => {}
+        }
+        if said == "/save" || said.starts_with("/save ") {
+            let file = said["/save".len()..].trim();
+            match save_conversation(file, &history) {
+                Ok(()) => eprintln!(
+                    "(the conversation, {} messages, appended to {file})",
+                    history.len()
+                ),
+                Err(why) => eprintln!("(not saved: {why})"),
+            }
+            continue;
         }
         history.push(data::ChatMessage::new("user", said));
         // The conversation as prompt ids, dropping the oldest exchange until it leaves room
@@ -604,6 +633,29 @@ fn converse(a: &GenerateArgs, l: &Loaded, sampling: Sampling) -> Result<()> {
         eprintln!("{} turns; {}", turn, summary(&l.note, &totals, None));
     }
     Ok(())
+}
+
+/// Appends `history` to `file` as one JSON line `{"messages": [...]}`, the chat shape that
+/// `kiln finetune --data` and `kiln generate --prompts` read. The reason when it cannot.
+fn save_conversation(file: &str, history: &[data::ChatMessage]) -> std::result::Result<(), String> {
+    use std::io::Write as _;
+    if file.is_empty() {
+        return Err("give a file, as in /save chats.jsonl".into());
+    }
+    if history.is_empty() {
+        return Err("the conversation is empty".into());
+    }
+    let messages: Vec<serde_json::Value> = history
+        .iter()
+        .map(|m| serde_json::json!({"role": m.role, "content": m.content}))
+        .collect();
+    let line = serde_json::json!({ "messages": messages }).to_string();
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(file)
+        .and_then(|mut f| writeln!(f, "{line}"))
+        .map_err(|e| format!("{file}: {e}"))
 }
 
 /// The closing line: prefill and decode rates, how decode steps ran, and the pool's peak.
