@@ -1106,8 +1106,9 @@ fn a_conversation_drops_its_oldest_turns_to_fit_the_context() {
 }
 
 /// `--val-data FILE`: every example of `--data` trains and the file's examples validate (the
-/// run says so and its config keeps the file); with `train.keep_best` the adapters come from
-/// the best checkpoint; a file of another shape is refused before anything is written.
+/// run says so and its config keeps the file, and `kiln eval` scores it as the run did); with
+/// `train.keep_best` the adapters come from the best checkpoint; a file of another shape is
+/// refused before anything is written.
 #[test]
 fn a_validation_file_validates_and_all_of_the_data_trains() {
     let tmp = tempfile::tempdir().unwrap();
@@ -1150,6 +1151,16 @@ fn a_validation_file_validates_and_all_of_the_data_trains() {
         config.contains("val_corpus") && config.contains("val.jsonl"),
         "{config}"
     );
+    // `kiln eval` scores the run's validation examples as its training did: the assistant
+    // tokens of the validation file, the run's own last loss.
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
+    let want = format!(
+        "val loss {:.4} nats/token",
+        summary["val_loss"].as_f64().unwrap()
+    );
+    let ev = ok(&kiln(&["eval", "--run", run.to_str().unwrap()]));
+    assert!(ev.contains(&want), "{want} in {ev}");
 
     let text = tmp.path().join("val.txt");
     std::fs::write(&text, "plain text\n").unwrap();

@@ -1,6 +1,8 @@
-//! `kiln eval`: loss and bits per token of a checkpoint on the held-out tail of its corpus.
+//! `kiln eval`: loss and bits per token of a checkpoint on its run's validation split (the
+//! held-out tail of its corpus, its validation file, or its fine-tuning data's held-out
+//! examples), as its training evaluated it.
 
-use crate::data::{self, Corpus};
+use crate::data;
 use crate::error::{KilnError, Result};
 use crate::train;
 use clap::Args;
@@ -87,32 +89,27 @@ pub fn run(a: EvalArgs) -> Result<()> {
             cfg.model.context, cfg.model.context
         )));
     }
-    let spec = train::data_spec(cfg);
-    let corpus = Corpus::load(spec.corpus.as_deref())?;
-    let tokenizer = data::tokenizer_by_name(&cfg.data.tokenizer)?;
-    let splits = match &spec.val_corpus {
-        // The run validated on its own file (data.val_corpus); all of the corpus trained.
-        Some(file) => data::TokenSplits {
-            train: std::sync::Arc::new(tokenizer.encode(&corpus.text)),
-            val: std::sync::Arc::new(tokenizer.encode(&Corpus::load(Some(file.as_path()))?.text)),
-            sft: None,
-        },
-        None => data::split_tokens(tokenizer.encode(&corpus.text), cfg.data.val_fraction),
+    // The validation split as the run's training evaluated it: the corpus's tail or
+    // data.val_corpus, and for fine-tuning data (JSON lines) the packed rows whose completion
+    // or assistant tokens alone are scored.
+    let mut spec = train::data_spec(cfg);
+    spec.seq = seq;
+    let mut loader = data::Prefetcher::spawn(spec, 0, 1);
+    let splits = loader.splits()?;
+    drop(loader);
+    let n_batches = a.batches.unwrap_or(cfg.train.eval_batches);
+    let batches = match &splits.sft {
+        Some(d) => data::sft::val_batches(&d.val, n_batches, cfg.train.micro_batch),
+        None => data::val_batches(&splits.val, n_batches, cfg.train.micro_batch, seq)?,
     };
-    let batches = data::val_batches(
-        &splits.val,
-        a.batches.unwrap_or(cfg.train.eval_batches),
-        cfg.train.micro_batch,
-        seq,
-    )?;
     let mut loss = 0.0;
     let mut tokens = 0usize;
     for b in &batches {
         loss += loaded.model.loss(&b.inputs, &b.targets, b.batch, b.seq)?;
-        tokens += b.inputs.len();
+        tokens += train::trainer::trained_targets(&b.targets);
     }
-    let loss = loss / tokens as f64;
-    let unigram = data::unigram_cross_entropy(&splits.train, &splits.val, tokenizer.vocab_size());
+    let loss = loss / tokens.max(1) as f64;
+    let unigram = data::unigram_cross_entropy(&splits.train, &splits.val, train::model_vocab(cfg)?);
     println!(
         "checkpoint {} (step {})",
         loaded.checkpoint.display(),
