@@ -485,7 +485,15 @@ pub fn generate_turn(
             // The old cache goes first.
             drop(old);
             let room = turn_room(max_len, model.context());
-            (new_cache(model, d, 1, room)?.0, 0)
+            let cache = match new_cache(model, d, 1, room) {
+                Ok((cache, _)) => cache,
+                // No room to grow: a cache of this turn's length, if that fits.
+                Err(KilnError::DoesNotFit(_)) if room > max_len => {
+                    new_cache(model, d, 1, max_len)?.0
+                }
+                Err(e) => return Err(e),
+            };
+            (cache, 0)
         }
     };
     let live = vec![Live {
@@ -1130,6 +1138,32 @@ mod tests {
             conv.forget();
             assert_eq!(turn(&mut conv, &long).1.reused_tokens, 0);
         }
+    }
+
+    /// Where memory leaves no room for a conversation's cache to grow, it is made the turn's
+    /// length and the turn goes on.
+    #[test]
+    fn a_conversation_cache_without_room_to_grow_takes_the_turns_length() {
+        let mut cfg = tiny().cfg;
+        cfg.context = 4096;
+        let pool = MemoryPool::new(Device::Cpu);
+        let model = Llama::new(&pool, cfg, 11).unwrap();
+        // 1024 positions of cache take 256 KiB here; the turn's 14 take 3.5 KiB.
+        pool.set_limit(pool.stats().current + 128 * 1024);
+        let prompt: Vec<u32> = b"ROMEO:".iter().map(|&b| b as u32).collect();
+        let o = opts(Sampling::GREEDY, 8);
+        let mut conv = Conversation::new();
+        let (got, stats) = generate_turn(
+            &model,
+            &ByteTokenizer,
+            &mut conv,
+            &prompt,
+            &o,
+            &mut |_, _, _| {},
+        )
+        .unwrap();
+        assert_eq!(got.tokens.len(), 8);
+        assert_eq!(stats.cache_bytes, model.cache_bytes(1, 14));
     }
 
     /// A conversation's cache: twice the turn, a power of two, at least 1024, within the
