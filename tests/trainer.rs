@@ -819,3 +819,25 @@ fn the_best_checkpoint_outlives_pruning() {
     let err = train::checkpoint::resolve(&a.with_file_name("none"), Some("best")).unwrap_err();
     assert!(err.to_string().contains("train.keep_best=true"), "{err}");
 }
+
+/// `train.epochs` decides the steps: enough to draw that many times the training rows (here
+/// windows of 32 tokens of a small corpus, 4 a step), whatever `train.steps` says.
+#[test]
+fn epochs_decide_the_number_of_steps() {
+    let tmp = tempfile::tempdir().unwrap();
+    let corpus = tmp.path().join("corpus.txt");
+    let text = kiln::data::Corpus::load(None).unwrap().text;
+    std::fs::write(&corpus, &text[..8000]).unwrap();
+    let data = format!("data.corpus={}", corpus.display());
+    let args = [
+        data.as_str(),
+        "train.epochs=0.5",
+        "train.steps=1000",
+        "train.eval_every=0",
+    ];
+    let s = run_to(&tmp.path().join("run"), &args, false, None).unwrap();
+    // 95% of 8000 bytes trains: 7600 tokens, 237 windows of 32; half of them, 4 a step.
+    assert_eq!(s.steps, 30);
+    let bad = run_to(&tmp.path().join("bad"), &["train.epochs=-1"], false, None).unwrap_err();
+    assert!(bad.to_string().contains("train.epochs"), "{bad}");
+}

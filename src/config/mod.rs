@@ -132,6 +132,11 @@ pub struct TrainConfig {
     pub global_batch: usize,
     /// Number of optimizer steps to run.
     pub steps: usize,
+    /// When above 0, decides `steps` instead: enough steps to draw this many times as many
+    /// rows as the training data holds (its packed fine-tuning rows, or its windows of
+    /// `seq_len` tokens). Rows are drawn at random, so an epoch is a count of rows, not one
+    /// pass over each of them.
+    pub epochs: f64,
     /// Seed for weight init and data order; same seed, same run.
     pub seed: u64,
     /// Evaluate every this many steps; 0 evaluates only at the end.
@@ -195,6 +200,7 @@ impl Default for TrainConfig {
             grad_accum: 1,
             global_batch: 0,
             steps: 300,
+            epochs: 0.0,
             seed: 1337,
             eval_every: 100,
             eval_batches: 16,
@@ -565,6 +571,10 @@ const KEYS: &[(&str, &str)] = &[
         "sequences per optimizer step; 0 = micro x accum",
     ),
     ("train.steps", "optimizer steps to run"),
+    (
+        "train.epochs",
+        "> 0: steps drawing this many times the data's rows",
+    ),
     ("train.seed", "random seed"),
     (
         "train.eval_every",

@@ -112,6 +112,7 @@ impl Config {
             ("data.val_fraction", d.val_fraction),
             ("train.loss_scale_init", t.loss_scale_init),
             ("train.early_stop_min_delta", t.early_stop_min_delta),
+            ("train.epochs", t.epochs),
             ("optim.lr", o.lr),
             ("optim.min_lr", o.min_lr),
             ("optim.weight_decay", o.weight_decay),
@@ -196,6 +197,13 @@ impl Config {
                 "train.fused_kernels",
                 t.fused_kernels,
                 "the offloaded optimizer (train.offload_optimizer=true) has one host pass and no unfused form; set train.offload_optimizer=false or train.fused_kernels=true",
+            ));
+        }
+        if t.epochs < 0.0 {
+            return Err(out_of_range(
+                "train.epochs",
+                t.epochs,
+                "it must be 0 (train.steps decides) or more, e.g. train.epochs=3",
             ));
         }
         if t.early_stop_min_delta < 0.0 {

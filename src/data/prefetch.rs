@@ -212,6 +212,18 @@ impl Drop for Prefetcher {
     }
 }
 
+/// The training rows an epoch of `spec`'s data draws: its packed fine-tuning rows, or the
+/// windows of `spec.seq` tokens its training split holds. Loads and tokenises the data (as
+/// the loader does again for the run).
+pub fn epoch_rows(spec: &DataSpec) -> Result<usize, DataError> {
+    let splits = prepare(spec, &AtomicBool::new(false))?
+        .ok_or_else(|| DataError::Loader("the data was not loaded".into()))?;
+    Ok(match &splits.sft {
+        Some(d) => d.train.len(),
+        None => splits.train.len() / spec.seq,
+    })
+}
+
 /// Loads, tokenises and splits; `Ok(None)` when cancelled part way.
 fn prepare(spec: &DataSpec, cancel: &AtomicBool) -> Result<Option<TokenSplits>, DataError> {
     spec.validate()?;

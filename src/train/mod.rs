@@ -379,6 +379,21 @@ fn run_locked(opts: RunOptions, lock: Option<&lock::RunLock>) -> Result<Summary>
         cfg.train.device = rank_device(&cfg.train.device, w);
         cfg.train.grad_accum = rank_grad_accum(&cfg, w.world_size)?;
     }
+    if cfg.train.epochs > 0.0 {
+        let rows = crate::data::epoch_rows(&data_spec(&cfg))?;
+        let world_size = world.as_ref().map_or(1, |w| w.world_size);
+        let per_step = match cfg.train.global_batch {
+            0 => cfg.train.micro_batch * cfg.train.grad_accum * world_size,
+            n => n,
+        };
+        cfg.train.steps = ((cfg.train.epochs * rows as f64) / per_step as f64)
+            .ceil()
+            .max(1.0) as usize;
+        progress.message(&format!(
+            "train.epochs={}: {} steps of {per_step} rows over the {rows} training rows of {} tokens",
+            cfg.train.epochs, cfg.train.steps, cfg.train.seq_len
+        ));
+    }
     let (pool, precision, notes) = open_device(&cfg.train.device, &cfg.train.precision)?;
     set_memory_limit(&pool, &cfg)?;
     let device = pool.device();
