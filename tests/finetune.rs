@@ -37,14 +37,39 @@ fn export_run(run: &Path, to: &Path) {
 }
 
 /// A tiny random Llama with SmolLM2's tokenizer and chat template, as a Hugging Face
-/// directory, and chat data from the bundled corpus.
-fn fixture(dir: &Path) -> (PathBuf, PathBuf) {
+/// directory `dir/base`.
+fn tiny_llama(dir: &Path) -> PathBuf {
     let family = [
         "model.kind=llama",
         "model.n_kv_heads=2",
         "model.ffn_hidden=64",
     ];
-    let base = random_base(&dir.join("base"), &family, 3, |_| {});
+    random_base(&dir.join("base"), &family, 3, |_| {})
+}
+
+/// `kiln generate -i` on the CPU over `base`, with a system message and greedy replies of
+/// 4 tokens, reading `input` as the user's lines.
+fn converse(base: &Path, input: &str) -> Output {
+    let args = [
+        "generate",
+        "--init-from",
+        base.to_str().unwrap(),
+        "--device",
+        "cpu",
+        "-i",
+        "--system",
+        "Be brief.",
+        "--tokens",
+        "4",
+        "--temperature",
+        "0",
+    ];
+    common::kiln_with_stdin(&args, input)
+}
+
+/// [`tiny_llama`] and chat data from the bundled corpus.
+fn fixture(dir: &Path) -> (PathBuf, PathBuf) {
+    let base = tiny_llama(dir);
     let text = kiln::data::Corpus::load(None).unwrap().text;
     let speeches: Vec<&str> = text
         .split("\n\n")
@@ -1066,33 +1091,12 @@ fn bench_scu_compares_the_controller_with_fixed_lambdas_over_seeds() {
 #[test]
 fn a_conversation_drops_its_oldest_turns_to_fit_the_context() {
     let tmp = tempfile::tempdir().unwrap();
-    let family = [
-        "model.kind=llama",
-        "model.n_kv_heads=2",
-        "model.ffn_hidden=64",
-    ];
-    let base = random_base(&tmp.path().join("base"), &family, 3, |_| {});
+    let base = tiny_llama(tmp.path());
     let long = "word ".repeat(80);
     let input = format!(
         "Good morrow, sir.\nHow fares the king?\n\nAnd the queen?\nWhat news from Padua?\n{long}\nFarewell.\n"
     );
-    let o = common::kiln_with_stdin(
-        &[
-            "generate",
-            "--init-from",
-            base.to_str().unwrap(),
-            "--device",
-            "cpu",
-            "-i",
-            "--system",
-            "Be brief.",
-            "--tokens",
-            "4",
-            "--temperature",
-            "0",
-        ],
-        &input,
-    );
+    let o = converse(&base, &input);
     let err = ok(&o);
     assert!(err.contains("oldest turns were dropped"), "{err}");
     assert!(err.contains("say it in fewer words"), "{err}");
@@ -1193,32 +1197,13 @@ fn a_validation_file_validates_and_all_of_the_data_trains() {
 #[test]
 fn a_conversation_takes_back_an_exchange_and_saves_itself() {
     let tmp = tempfile::tempdir().unwrap();
-    let family = [
-        "model.kind=llama",
-        "model.n_kv_heads=2",
-        "model.ffn_hidden=64",
-    ];
-    let base = random_base(&tmp.path().join("base"), &family, 3, |_| {});
+    let base = tiny_llama(tmp.path());
     let saved = tmp.path().join("chats.jsonl");
     let input = format!(
         "Good morrow, sir.\n/undo\n/save {f}\nHow fares the king?\nAnd the queen?\n/undo\n/save {f}\n",
         f = saved.display()
     );
-    let args = [
-        "generate",
-        "--init-from",
-        base.to_str().unwrap(),
-        "--device",
-        "cpu",
-        "-i",
-        "--system",
-        "Be brief.",
-        "--tokens",
-        "4",
-        "--temperature",
-        "0",
-    ];
-    let err = ok(&common::kiln_with_stdin(&args, &input));
+    let err = ok(&converse(&base, &input));
     assert!(err.contains("last exchange is taken back"), "{err}");
     assert!(err.contains("3 turns;"), "{err}");
     let lines: Vec<serde_json::Value> = std::fs::read_to_string(&saved)

@@ -94,9 +94,7 @@ pub fn run(a: EvalArgs) -> Result<()> {
     // or assistant tokens alone are scored.
     let mut spec = train::data_spec(cfg);
     spec.seq = seq;
-    let mut loader = data::Prefetcher::spawn(spec, 0, 1);
-    let splits = loader.splits()?;
-    drop(loader);
+    let splits = data::load_splits(&spec)?;
     let n_batches = a.batches.unwrap_or(cfg.train.eval_batches);
     let batches = match &splits.sft {
         Some(d) => data::sft::val_batches(&d.val, n_batches, cfg.train.micro_batch),

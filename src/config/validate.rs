@@ -213,19 +213,30 @@ impl Config {
                 "it must be 0 or more (a loss fall of at least this much counts as better)",
             ));
         }
-        if t.early_stop_patience > 0 && t.eval_every == 0 {
-            return Err(out_of_range(
+        // Both choose among periodic evaluations.
+        for (key, on, value, what) in [
+            (
                 "train.early_stop_patience",
-                t.early_stop_patience,
-                "it counts evaluations, and train.eval_every=0 evaluates only at the end; set train.eval_every to the steps between evaluations, e.g. train.eval_every=50",
-            ));
-        }
-        if t.keep_best && t.eval_every == 0 {
-            return Err(out_of_range(
+                t.early_stop_patience > 0,
+                t.early_stop_patience.to_string(),
+                "it counts evaluations",
+            ),
+            (
                 "train.keep_best",
                 t.keep_best,
-                "the best checkpoint is chosen among evaluations, and train.eval_every=0 evaluates only at the end; set train.eval_every to the steps between evaluations, e.g. train.eval_every=50",
-            ));
+                t.keep_best.to_string(),
+                "the best checkpoint is chosen among evaluations",
+            ),
+        ] {
+            if on && t.eval_every == 0 {
+                return Err(out_of_range(
+                    key,
+                    value,
+                    format!(
+                        "{what}, and train.eval_every=0 evaluates only at the end; set train.eval_every to the steps between evaluations, e.g. train.eval_every=50"
+                    ),
+                ));
+            }
         }
         if let Err(rule) = parse_bytes(&t.memory_limit) {
             return Err(out_of_range("train.memory_limit", &t.memory_limit, rule));

@@ -29,7 +29,7 @@ pub use corpus::{BUNDLED_SOURCE, Corpus};
 pub use error::DataError;
 pub use hf_tokenizer::HfTokenizer;
 pub use import_error::ImportError;
-pub use prefetch::{DataSpec, Prefetcher, epoch_rows};
+pub use prefetch::{DataSpec, Prefetcher, epoch_rows, load_splits};
 pub use tokenizer::{
     ByteTokenizer, Gpt2Tokenizer, TOKENIZER_NAMES, Tokenizer, chunk_text, encode_chunked,
     is_tokenizer_path, tokenizer_by_name, tokenizer_from_path, tokenizer_vocab_size,

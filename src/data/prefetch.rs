@@ -216,12 +216,17 @@ impl Drop for Prefetcher {
 /// windows of `spec.seq` tokens its training split holds. Loads and tokenises the data (as
 /// the loader does again for the run).
 pub fn epoch_rows(spec: &DataSpec) -> Result<usize, DataError> {
-    let splits = prepare(spec, &AtomicBool::new(false))?
-        .ok_or_else(|| DataError::Loader("the data was not loaded".into()))?;
+    let splits = load_splits(spec)?;
     Ok(match &splits.sft {
         Some(d) => d.train.len(),
         None => splits.train.len() / spec.seq,
     })
+}
+
+/// `spec`'s training and validation splits, loaded in this thread as the loader would.
+pub fn load_splits(spec: &DataSpec) -> Result<TokenSplits, DataError> {
+    prepare(spec, &AtomicBool::new(false))?
+        .ok_or_else(|| DataError::Loader("the data was not loaded".into()))
 }
 
 /// Loads, tokenises and splits; `Ok(None)` when cancelled part way.

@@ -185,6 +185,31 @@ struct Live {
 }
 
 impl Live {
+    /// Sample `sample` of prompt `prompt` (its tokens, `cut` from the left), in `slot`, with
+    /// `cached` of its positions already in the slot's cache.
+    fn new(
+        prompt: usize,
+        sample: usize,
+        slot: usize,
+        (tokens, cut): &(Vec<u32>, usize),
+        seed: u64,
+        cached: usize,
+    ) -> Live {
+        Live {
+            prompt,
+            sample,
+            slot,
+            tokens: tokens.clone(),
+            prompt_len: tokens.len(),
+            logprobs: Vec::new(),
+            seed: hash3(seed, prompt as u64, sample as u64),
+            finish: None,
+            checked: 0,
+            truncated: *cut,
+            cached,
+        }
+    }
+
     fn generated(&self) -> &[u32] {
         &self.tokens[self.prompt_len..]
     }
@@ -383,21 +408,9 @@ pub fn generate(
         .min(model.context());
     // The samples of prompt p take consecutive slots.
     let mut live: Vec<Live> = Vec::new();
-    for (p, ((prompt, cut), r)) in prompts.iter().zip(reqs).enumerate() {
+    for (p, (prompt, r)) in prompts.iter().zip(reqs).enumerate() {
         for s in 0..r.samples {
-            live.push(Live {
-                prompt: p,
-                sample: s,
-                slot: live.len(),
-                tokens: prompt.clone(),
-                prompt_len: prompt.len(),
-                logprobs: Vec::new(),
-                seed: hash3(o.seed, p as u64, s as u64),
-                finish: None,
-                checked: 0,
-                truncated: *cut,
-                cached: 0,
-            });
+            live.push(Live::new(p, s, live.len(), prompt, o.seed, 0));
         }
     }
     let mut done = Vec::with_capacity(live.len());
@@ -473,7 +486,7 @@ pub fn generate_turn(
         }
     };
     let prompts = prepare(model, &reqs, o)?;
-    let (prompt, cut) = &prompts[0];
+    let prompt = &prompts[0].0;
     let max_len = (prompt.len() + o.max_new_tokens).min(model.context());
     let (cache, reused) = match conv.held.take() {
         Some((cache, held)) if cache.shape.max_len >= max_len => {
@@ -496,19 +509,7 @@ pub fn generate_turn(
             (cache, 0)
         }
     };
-    let live = vec![Live {
-        prompt: 0,
-        sample: 0,
-        slot: 0,
-        tokens: prompt.clone(),
-        prompt_len: prompt.len(),
-        logprobs: Vec::new(),
-        seed: hash3(o.seed, 0, 0),
-        finish: None,
-        checked: 0,
-        truncated: *cut,
-        cached: reused,
-    }];
+    let live = vec![Live::new(0, 0, 0, &prompts[0], o.seed, reused)];
     let mut done = Vec::with_capacity(1);
     let (mut stats, cache) = cached(
         model,
