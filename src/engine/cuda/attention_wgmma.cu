@@ -168,6 +168,7 @@ template <int HS> struct WgForward {
 
 // Every variant the kernels use, for one element type.
 #define WG_MMA_VARIANTS(TY)                                                                      \
+    WG_MMA_RS(wg_mma_##TY##_n32, #TY, 32, "16", "17", "18", "19", "20", "21", "22")             \
     WG_MMA_RS(wg_mma_##TY##_n64, #TY, 64, "32", "33", "34", "35", "36", "37", "38")             \
     WG_MMA_RS(wg_mma_##TY##_n128, #TY, 128, "64", "65", "66", "67", "68", "69", "70")           \
     WG_MMA_SS(wg_mma_ss_##TY##_n32, #TY, 32, "16", "17", "18")                                  \
@@ -185,7 +186,8 @@ WG_MMA_VARIANTS(f16)
         template <int N, int TRANS_B, int SCALE_D>                                               \
         static __device__ __forceinline__ void mma(float (&d)[N / 8][4], const unsigned (&a)[4], \
                                                    unsigned long long desc) {                    \
-            if constexpr (N == 64) wg_mma_##TY##_n64<TRANS_B, SCALE_D>(d, a, desc);              \
+            if constexpr (N == 32) wg_mma_##TY##_n32<TRANS_B, SCALE_D>(d, a, desc);              \
+            else if constexpr (N == 64) wg_mma_##TY##_n64<TRANS_B, SCALE_D>(d, a, desc);         \
             else wg_mma_##TY##_n128<TRANS_B, SCALE_D>(d, a, desc);                               \
         }                                                                                        \
         template <int N, int SCALE_D>                                                            \
@@ -990,6 +992,13 @@ __device__ __forceinline__ void wg_row_norms(const typename Ops::elem* __restric
 // (attention.rs mirrors this).
 template <int HS> struct WgBackward {
     static constexpr int stream = HS == 64 ? 64 : 32;
+    // The block's own tiles whose A operands (of S and dP) the products read from registers
+    // rather than shared memory (wg_backward's RA), as measured on an H200 (B 4, T 4096;
+    // docs/perf-log.md): at head size 128 both of dQ's (Q, dO) and dK/dV's K (V's 32
+    // registers more would not fit beside dK and dV), 5-7% off the backward; at 64 dK/dV's
+    // two only, as dQ's made that kernel slower.
+    static constexpr int dq_regs = HS == 64 ? 0 : 3;
+    static constexpr int dkv_regs = HS == 64 ? 3 : 1;
 };
 
 // Shared memory of the backward at head size HS with N-row streamed tiles: the block's two
@@ -1011,7 +1020,12 @@ template <int HS, int N, bool DKV> struct WgBackShape {
 // dQ K and V, for dK/dV Q; `map_g`: dout as [B][T][C], dK/dV's dO; boxes of 64 columns by N
 // rows, the 128-byte swizzle), and every thread waits on the stage's mbarrier; dK/dV's lse and
 // d and the block's own tiles stay cp.async copies.
-template <class Ops, int HS, int N, bool DKV, bool TMA = false>
+// RA's bits choose the block's tiles that S's and dP's products take from registers (bit 0 x1,
+// bit 1 x2; the fragments read once from global memory, wg_load_q) rather than from shared
+// memory: a product of N = 32 columns with both operands in shared memory reads 3 KiB a
+// 64 x 32 x 16 step, more than the 128 bytes a cycle shared memory gives the tensor cores'
+// rate; with A in registers, 1 KiB.
+template <class Ops, int HS, int N, bool DKV, bool TMA = false, int RA = 0>
 __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict__ qkv,
                                             const typename Ops::elem* __restrict__ out,
                                             const typename Ops::elem* __restrict__ dout,
@@ -1061,13 +1075,16 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
         tiles = min(r0 + WG_ROWS - 1, T - 1) / N - first + 1;
     }
 
-    if constexpr (DKV) {
-        wg_tile_copy<HS, WG_ROWS, WG_THREADS>(x1, base + C, stride, r0, T);
-        wg_tile_copy<HS, WG_ROWS, WG_THREADS>(x2, base + 2 * C, stride, r0, T);
-    } else {
-        wg_tile_copy<HS, WG_ROWS, WG_THREADS>(x1, base, stride, r0, T);
-        wg_tile_copy<HS, WG_ROWS, WG_THREADS>(x2, gbase, C, r0, T);
-    }
+    // The block's own tiles: x1 (dQ: Q; dK/dV: K) and x2 (dO; V), in shared memory or, by RA,
+    // as A fragments in registers.
+    const E* const x1_src = DKV ? base + C : base;
+    const E* const x2_src = DKV ? base + 2 * C : gbase;
+    const size_t x2_stride = DKV ? stride : (size_t)C;
+    if constexpr (!(RA & 1)) wg_tile_copy<HS, WG_ROWS, WG_THREADS>(x1, x1_src, stride, r0, T);
+    if constexpr (!(RA & 2)) wg_tile_copy<HS, WG_ROWS, WG_THREADS>(x2, x2_src, x2_stride, r0, T);
+    unsigned xf1[RA & 1 ? HS / 16 : 1][4], xf2[RA & 2 ? HS / 16 : 1][4];
+    if constexpr (RA & 1) wg_load_q<HS>(xf1, x1_src, stride, row0, t, T);
+    if constexpr (RA & 2) wg_load_q<HS>(xf2, x2_src, x2_stride, row0, t, T);
     // dK/dV: the lse and d of tile j's queries.
     auto copy_row_terms = [&](int j, int stage) {
         const int s0 = (first + j) * N;
@@ -1193,15 +1210,25 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
         for (int kk = 0; kk < HS / 16; kk++) {
             const unsigned ka = ((kk >> 2) * S::own_sub + (kk & 3) * 32) >> 4;
             const unsigned kb = ((kk >> 2) * S::sub + (kk & 3) * 32) >> 4;
-            if (kk == 0) Ops::template mma_ss<N, 0>(s, a1 + ka, b1 + kb);
-            else Ops::template mma_ss<N, 1>(s, a1 + ka, b1 + kb);
+            if constexpr (RA & 1) {
+                if (kk == 0) Ops::template mma<N, 0, 0>(s, xf1[0], b1 + kb);
+                else Ops::template mma<N, 0, 1>(s, xf1[kk], b1 + kb);
+            } else {
+                if (kk == 0) Ops::template mma_ss<N, 0>(s, a1 + ka, b1 + kb);
+                else Ops::template mma_ss<N, 1>(s, a1 + ka, b1 + kb);
+            }
         }
         #pragma unroll
         for (int kk = 0; kk < HS / 16; kk++) {
             const unsigned ka = ((kk >> 2) * S::own_sub + (kk & 3) * 32) >> 4;
             const unsigned kb = ((kk >> 2) * S::sub + (kk & 3) * 32) >> 4;
-            if (kk == 0) Ops::template mma_ss<N, 0>(dp, a2 + ka, b2 + kb);
-            else Ops::template mma_ss<N, 1>(dp, a2 + ka, b2 + kb);
+            if constexpr (RA & 2) {
+                if (kk == 0) Ops::template mma<N, 0, 0>(dp, xf2[0], b2 + kb);
+                else Ops::template mma<N, 0, 1>(dp, xf2[kk], b2 + kb);
+            } else {
+                if (kk == 0) Ops::template mma_ss<N, 0>(dp, a2 + ka, b2 + kb);
+                else Ops::template mma_ss<N, 1>(dp, a2 + ka, b2 + kb);
+            }
         }
         wg_commit();
     };
@@ -1352,14 +1379,14 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
     extern "C" __global__ void __launch_bounds__(WG_THREADS, 2) attention_backward_dq_##SUFFIX##_hs##HS##_wgmma( \
         const OPS::elem* qkv, const OPS::elem* out, const OPS::elem* dout, const float* lse, float* d,     \
         unsigned* bounds, OPS::elem* dqkv, int T, int C, int NH, int W) {                                  \
-        wg_backward<OPS, HS, WgBackward<HS>::stream, false>(qkv, out, dout, lse, d, bounds, dqkv, T, C, NH, \
-                                                            W);                                            \
+        wg_backward<OPS, HS, WgBackward<HS>::stream, false, false, WgBackward<HS>::dq_regs>(                   \
+            qkv, out, dout, lse, d, bounds, dqkv, T, C, NH, W);                                            \
     }                                                                                                      \
     extern "C" __global__ void __launch_bounds__(WG_THREADS, 2) attention_backward_dkv_##SUFFIX##_hs##HS##_wgmma( \
         const OPS::elem* qkv, const OPS::elem* dout, const float* lse, const float* d, unsigned* bounds,   \
         OPS::elem* dqkv, int T, int C, int NH, int W) {                                                    \
-        wg_backward<OPS, HS, WgBackward<HS>::stream, true>(qkv, nullptr, dout, lse, const_cast<float*>(d), \
-                                                           bounds, dqkv, T, C, NH, W);                     \
+        wg_backward<OPS, HS, WgBackward<HS>::stream, true, false, WgBackward<HS>::dkv_regs>(                   \
+            qkv, nullptr, dout, lse, const_cast<float*>(d), bounds, dqkv, T, C, NH, W);                   \
     }
 // The backward fed by TMA (wg_backward's TMA), its tensor maps extra parameters: dQ's of qkv,
 // dK/dV's of qkv and of dout.
@@ -1367,13 +1394,13 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
     extern "C" __global__ void __launch_bounds__(WG_THREADS, 2) attention_backward_dq_##SUFFIX##_hs##HS##_wgmma_tma( \
         const OPS::elem* qkv, const OPS::elem* out, const OPS::elem* dout, const float* lse, float* d,           \
         unsigned* bounds, OPS::elem* dqkv, int T, int C, int NH, int W, const __grid_constant__ WgTensorMap map_y) { \
-        wg_backward<OPS, HS, WgBackward<HS>::stream, false, true>(qkv, out, dout, lse, d, bounds, dqkv, T, C, NH, \
-                                                                  W, &map_y);                                    \
+        wg_backward<OPS, HS, WgBackward<HS>::stream, false, true, WgBackward<HS>::dq_regs>(                         \
+            qkv, out, dout, lse, d, bounds, dqkv, T, C, NH, W, &map_y);                                          \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(WG_THREADS, 2) attention_backward_dkv_##SUFFIX##_hs##HS##_wgmma_tma( \
         const OPS::elem* qkv, const OPS::elem* dout, const float* lse, const float* d, unsigned* bounds,         \
         OPS::elem* dqkv, int T, int C, int NH, int W, const __grid_constant__ WgTensorMap map_y,                 \
         const __grid_constant__ WgTensorMap map_g) {                                                             \
-        wg_backward<OPS, HS, WgBackward<HS>::stream, true, true>(qkv, nullptr, dout, lse, const_cast<float*>(d),  \
-                                                                 bounds, dqkv, T, C, NH, W, &map_y, &map_g);     \
+        wg_backward<OPS, HS, WgBackward<HS>::stream, true, true, WgBackward<HS>::dkv_regs>(                         \
+            qkv, nullptr, dout, lse, const_cast<float*>(d), bounds, dqkv, T, C, NH, W, &map_y, &map_g);          \
     }
