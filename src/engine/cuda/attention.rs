@@ -337,21 +337,34 @@ const fn wgmma_shared(hs: usize) -> u32 {
 }
 
 /// Dynamic shared memory of the Hopper backward at head size `hs` (`WgBackShape::bytes` of
-/// attention_wgmma.cu, which traps when launched with less): the block's two tiles of 64 rows,
-/// three stages of two streamed tiles ([`wgmma_backward_rows`]), all of 128-byte rows, for
-/// dK/dV each stage's queries' lse and d (f32), and 1024 bytes to align the tiles.
+/// attention_wgmma.cu, which traps when launched with less): the block's own tiles of 64 rows
+/// that its products read from shared memory ([`wgmma_backward_owned_shared`]), three stages
+/// of two streamed tiles ([`wgmma_backward_rows`]), all of 128-byte rows, for dK/dV each
+/// stage's queries' lse and d (f32), and 1024 bytes to align the tiles.
 const fn wgmma_backward_shared(hs: usize, dkv: bool) -> u32 {
-    let stream = wgmma_backward_rows(hs);
+    let stream = wgmma_backward_rows(hs, dkv);
     let own = (hs / 64) * 64 * 128;
     let tile = (hs / 64) * stream * 128;
     let row_terms = if dkv { 2 * stream * 4 } else { 0 };
-    (2 * own + 3 * (2 * tile + row_terms) + 1024) as u32
+    (wgmma_backward_owned_shared(hs, dkv) * own + 3 * (2 * tile + row_terms) + 1024) as u32
 }
 
-/// Rows of the tiles the Hopper backward streams (`WgBackward::stream`): 64 at head size 64,
-/// 32 at 128.
-const fn wgmma_backward_rows(hs: usize) -> usize {
-    if hs == 64 { 64 } else { 32 }
+/// How many of the Hopper backward's two own tiles stay in shared memory (`WgBackShape::owned`
+/// of `WgBackward`'s `dq_regs` / `dkv_regs`; the others are register operands): dQ none at
+/// head size 128 and both at 64; dK/dV none at 64 and V at 128.
+const fn wgmma_backward_owned_shared(hs: usize, dkv: bool) -> usize {
+    match (hs, dkv) {
+        (64, false) => 2,
+        (64, true) => 0,
+        (_, false) => 0,
+        (_, true) => 1,
+    }
+}
+
+/// Rows of the tiles the Hopper backward streams (`WgBackward::dq_stream` / `dkv_stream`): 64,
+/// except dK/dV's 32 at head size 128 (where dK's and dV's accumulators take 128 registers).
+const fn wgmma_backward_rows(hs: usize, dkv: bool) -> usize {
+    if dkv && hs != 64 { 32 } else { 64 }
 }
 
 /// The forward, dQ and dK/dV tensor-core kernels at head size `hs`.
@@ -921,7 +934,10 @@ impl CudaBackend {
         // The TMA forms' maps of the streamed tiles: K, V (dQ) and Q (dK/dV) in `qkv`, dO.
         let mut maps = None;
         if plan.backward_maps() {
-            let rows = wgmma_backward_rows(hs);
+            // One box shape for both kernels' maps: the TMA backward runs where they stream
+            // tiles of the same rows (head size 64).
+            let rows = wgmma_backward_rows(hs, true);
+            debug_assert_eq!(rows, wgmma_backward_rows(hs, false));
             let encoded = rows_tensor_map::<T>(raw_ptr(qkv, &self.stream), 3 * s.channels, s, rows)
                 .and_then(|q| {
                     let g = rows_tensor_map::<T>(raw_ptr(dout, &self.stream), s.channels, s, rows)?;
@@ -1076,24 +1092,25 @@ mod tests {
     /// kernel (what their registers allow) fit an sm_90 SM's shared memory.
     #[test]
     fn wgmma_backward_shared_memory_is_the_kernel_layout_and_two_blocks_fit() {
-        // Head size 64: Q and dO (or K and V), 64 x 64 each; three stages of two 64-row tiles;
-        // dK/dV adds each stage's 64 lse and 64 d.
+        // Head size 64: dQ's Q and dO, 64 x 64 each (dK/dV's K and V are in registers);
+        // three stages of two 64-row tiles; dK/dV adds each stage's 64 lse and 64 d.
         assert_eq!(
             wgmma_backward_shared(64, false),
             2 * 64 * 128 + 3 * 2 * 64 * 128 + 1024
         );
         assert_eq!(
             wgmma_backward_shared(64, true),
-            2 * 64 * 128 + 3 * (2 * 64 * 128 + 2 * 64 * 4) + 1024
+            3 * (2 * 64 * 128 + 2 * 64 * 4) + 1024
         );
-        // Head size 128: rows of two 64-column halves; 32-row streamed tiles.
+        // Head size 128: rows of two 64-column halves; dQ streams 64-row tiles with Q and dO
+        // in registers, dK/dV 32-row tiles with V alone in shared memory.
         assert_eq!(
             wgmma_backward_shared(128, false),
-            2 * 2 * 64 * 128 + 3 * 2 * 2 * 32 * 128 + 1024
+            3 * 2 * 2 * 64 * 128 + 1024
         );
         assert_eq!(
             wgmma_backward_shared(128, true),
-            2 * 2 * 64 * 128 + 3 * (2 * 2 * 32 * 128 + 2 * 32 * 4) + 1024
+            2 * 64 * 128 + 3 * (2 * 2 * 32 * 128 + 2 * 32 * 4) + 1024
         );
         for hs in TC_HEAD_SIZES {
             for dkv in [false, true] {

@@ -986,12 +986,12 @@ __device__ __forceinline__ void wg_row_norms(const typename Ops::elem* __restric
     }
 }
 
-// Rows of the tiles the backward streams: 64 at head size 64; 32 at 128, where the dK/dV
-// kernel's two 64 x 128 f32 accumulators take 128 registers a thread and 32-row tiles keep the
-// scores at 16 registers each and the stages at 48 KiB, so that two blocks share an SM
-// (attention.rs mirrors this).
+// Rows of the tiles the backward streams: 64, except dK/dV's 32 at head size 128, where its two
+// 64 x 128 f32 accumulators take 128 registers a thread and 32-row tiles keep the scores at 16
+// registers each, so that two blocks share an SM (attention.rs mirrors this).
 template <int HS> struct WgBackward {
-    static constexpr int stream = HS == 64 ? 64 : 32;
+    static constexpr int dq_stream = 64;
+    static constexpr int dkv_stream = HS == 64 ? 64 : 32;
     // The block's own tiles whose A operands (of S and dP) the products read from registers
     // rather than shared memory (wg_backward's RA), as measured on an H200 (B 4, T 4096;
     // docs/perf-log.md): at head size 128 both of dQ's (Q, dO) and dK/dV's K (V's 32
@@ -1001,18 +1001,19 @@ template <int HS> struct WgBackward {
     static constexpr int dkv_regs = HS == 64 ? 3 : 1;
 };
 
-// Shared memory of the backward at head size HS with N-row streamed tiles: the block's two
-// tiles of 64 rows, three stages of two streamed tiles (128-byte swizzled rows, HS / 64
+// Shared memory of the backward at head size HS with N-row streamed tiles: the block's own
+// tiles of 64 rows that RA leaves in shared memory, three stages of two streamed tiles (128-byte swizzled rows, HS / 64
 // sub-tiles each), for dK/dV three stages of the queries' lse and d (f32), and 1024 bytes to
 // align the tiles.
-template <int HS, int N, bool DKV> struct WgBackShape {
+template <int HS, int N, bool DKV, int RA = 0> struct WgBackShape {
     static constexpr int own_sub = WG_ROWS * 128;  // bytes of one 64-column sub-tile of an owned tile
     static constexpr int own = (HS / 64) * own_sub;
+    static constexpr int owned = (RA & 1 ? 0 : 1) + (RA & 2 ? 0 : 1);  // owned tiles in shared memory
     static constexpr int sub = N * 128;            // the same for a streamed tile
     static constexpr int tile = (HS / 64) * sub;
     static constexpr int stages = 3;
     static constexpr int row_terms = DKV ? 2 * N * 4 : 0;  // a stage's lse and d, bytes
-    static constexpr int bytes = 2 * own + stages * (2 * tile + row_terms) + 1024;
+    static constexpr int bytes = owned * own + stages * (2 * tile + row_terms) + 1024;
     static_assert(bytes <= 113 * 1024, "two blocks fit an SM's shared memory");
 };
 
@@ -1035,7 +1036,7 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
                                             int NH, int W, const WgTensorMap* map_y = nullptr,
                                             const WgTensorMap* map_g = nullptr) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    typedef WgBackShape<HS, N, DKV> S;
+    typedef WgBackShape<HS, N, DKV, RA> S;
     typedef typename Ops::elem E;
     extern __shared__ __align__(1024) unsigned char wg_smem[];
     tc_need_shared(S::bytes);
@@ -1043,10 +1044,10 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
     const unsigned smem0 = (tc_smem_addr(wg_smem) + 1023u) & ~1023u;
     // The block's tiles x1 (dQ: Q; dK/dV: K) and x2 (dO; V); stage i's streamed tiles y1
     // (K; Q) and y2 (V; dO), and for dK/dV its queries' lse and d.
-    const unsigned x1 = smem0, x2 = smem0 + S::own;
-    auto y1 = [&](int i) { return smem0 + 2 * S::own + 2 * i * S::tile; };
+    const unsigned x1 = smem0, x2 = smem0 + (RA & 1 ? 0 : S::own);
+    auto y1 = [&](int i) { return smem0 + S::owned * S::own + 2 * i * S::tile; };
     auto y2 = [&](int i) { return y1(i) + S::tile; };
-    float* const row_terms = reinterpret_cast<float*>(wg_smem + (smem0 - tc_smem_addr(wg_smem)) + 2 * S::own +
+    float* const row_terms = reinterpret_cast<float*>(wg_smem + (smem0 - tc_smem_addr(wg_smem)) + S::owned * S::own +
                                                       S::stages * 2 * S::tile);
     auto lses = [&](int i) { return row_terms + 2 * i * N; };
     auto ds = [&](int i) { return row_terms + (2 * i + 1) * N; };
@@ -1379,13 +1380,13 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
     extern "C" __global__ void __launch_bounds__(WG_THREADS, 2) attention_backward_dq_##SUFFIX##_hs##HS##_wgmma( \
         const OPS::elem* qkv, const OPS::elem* out, const OPS::elem* dout, const float* lse, float* d,     \
         unsigned* bounds, OPS::elem* dqkv, int T, int C, int NH, int W) {                                  \
-        wg_backward<OPS, HS, WgBackward<HS>::stream, false, false, WgBackward<HS>::dq_regs>(                   \
+        wg_backward<OPS, HS, WgBackward<HS>::dq_stream, false, false, WgBackward<HS>::dq_regs>(                   \
             qkv, out, dout, lse, d, bounds, dqkv, T, C, NH, W);                                            \
     }                                                                                                      \
     extern "C" __global__ void __launch_bounds__(WG_THREADS, 2) attention_backward_dkv_##SUFFIX##_hs##HS##_wgmma( \
         const OPS::elem* qkv, const OPS::elem* dout, const float* lse, const float* d, unsigned* bounds,   \
         OPS::elem* dqkv, int T, int C, int NH, int W) {                                                    \
-        wg_backward<OPS, HS, WgBackward<HS>::stream, true, false, WgBackward<HS>::dkv_regs>(                   \
+        wg_backward<OPS, HS, WgBackward<HS>::dkv_stream, true, false, WgBackward<HS>::dkv_regs>(                   \
             qkv, nullptr, dout, lse, const_cast<float*>(d), bounds, dqkv, T, C, NH, W);                   \
     }
 // The backward fed by TMA (wg_backward's TMA), its tensor maps extra parameters: dQ's of qkv,
@@ -1394,13 +1395,13 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
     extern "C" __global__ void __launch_bounds__(WG_THREADS, 2) attention_backward_dq_##SUFFIX##_hs##HS##_wgmma_tma( \
         const OPS::elem* qkv, const OPS::elem* out, const OPS::elem* dout, const float* lse, float* d,           \
         unsigned* bounds, OPS::elem* dqkv, int T, int C, int NH, int W, const __grid_constant__ WgTensorMap map_y) { \
-        wg_backward<OPS, HS, WgBackward<HS>::stream, false, true, WgBackward<HS>::dq_regs>(                         \
+        wg_backward<OPS, HS, WgBackward<HS>::dq_stream, false, true, WgBackward<HS>::dq_regs>(                         \
             qkv, out, dout, lse, d, bounds, dqkv, T, C, NH, W, &map_y);                                          \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(WG_THREADS, 2) attention_backward_dkv_##SUFFIX##_hs##HS##_wgmma_tma( \
         const OPS::elem* qkv, const OPS::elem* dout, const float* lse, const float* d, unsigned* bounds,         \
         OPS::elem* dqkv, int T, int C, int NH, int W, const __grid_constant__ WgTensorMap map_y,                 \
         const __grid_constant__ WgTensorMap map_g) {                                                             \
-        wg_backward<OPS, HS, WgBackward<HS>::stream, true, true, WgBackward<HS>::dkv_regs>(                         \
+        wg_backward<OPS, HS, WgBackward<HS>::dkv_stream, true, true, WgBackward<HS>::dkv_regs>(                         \
             qkv, nullptr, dout, lse, const_cast<float*>(d), bounds, dqkv, T, C, NH, W, &map_y, &map_g);          \
     }
