@@ -196,9 +196,10 @@ fn wgmma_kernels(hs: usize) -> Option<[ElemKernel; 3]> {
 #[derive(Debug, Clone, Copy)]
 struct TmaKernels {
     forward: ElemKernel,
-    /// dQ and dK/dV: head size 64 only. At 128 (32-row streamed tiles) the TMA backward
-    /// measured level with the threads' copies in bf16 and 3.4% slower in f16 on an H200, and
-    /// 1-1.4% slower again with four stages (docs/benchmarks/2026-11-30-h200/attention-tma).
+    /// dQ and dK/dV: head size 64 only. At 128 (when both kernels streamed 32-row tiles) the
+    /// TMA backward measured level with the threads' copies in bf16 and 3.4% slower in f16 on
+    /// an H200, and 1-1.4% slower again with four stages
+    /// (docs/benchmarks/2026-11-30-h200/attention-tma); dQ's 64-row tiles since are untried.
     backward: Option<[ElemKernel; 2]>,
 }
 
