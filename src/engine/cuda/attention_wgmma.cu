@@ -417,10 +417,11 @@ __device__ __forceinline__ void wg_load_q(unsigned (&qf)[HS / 16][4], const E* b
 // Issues S = Q K^T from the K tile at shared address `k_tile` (sub-tiles `sub` bytes apart), Q
 // from registers or, with QS, from shared memory through the descriptor qd (sub-tiles `q_sub`
 // apart). One k-step (16 columns) is 32 bytes along a swizzled row, four of them a sub-tile,
-// for K and Q alike.
+// for K and Q alike. wg_issue_products leaves their group open, for a caller that adds more
+// products to it (the backward's S and dP); wg_issue_s closes it.
 template <class Ops, int HS, int N, bool QS, int QF>
-__device__ __forceinline__ void wg_issue_s(float (&s)[N / 8][4], const unsigned (&qf)[QF][4], unsigned long long qd,
-                                           int q_sub, unsigned k_tile, int sub) {
+__device__ __forceinline__ void wg_issue_products(float (&s)[N / 8][4], const unsigned (&qf)[QF][4],
+                                                  unsigned long long qd, int q_sub, unsigned k_tile, int sub) {
     const unsigned long long kd = wg_desc(k_tile, 16, 1024);
     #pragma unroll
     for (int kk = 0; kk < HS / 16; kk++) {
@@ -434,6 +435,11 @@ __device__ __forceinline__ void wg_issue_s(float (&s)[N / 8][4], const unsigned 
             else Ops::template mma<N, 0, 1>(s, qf[kk], kstep);
         }
     }
+}
+template <class Ops, int HS, int N, bool QS, int QF>
+__device__ __forceinline__ void wg_issue_s(float (&s)[N / 8][4], const unsigned (&qf)[QF][4], unsigned long long qd,
+                                           int q_sub, unsigned k_tile, int sub) {
+    wg_issue_products<Ops, HS, N, QS>(s, qf, qd, q_sub, k_tile, sub);
     wg_commit();
 }
 
@@ -1202,35 +1208,12 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
         }
         tc_commit();
     };
-    // Issues S = x1 y1^T and dP = x2 y2^T from `stage` (a k-step is 32 bytes along a swizzled
-    // row, four of them a sub-tile).
+    // Issues S = x1 y1^T and dP = x2 y2^T from `stage` in one group, x1 and x2 from registers
+    // or shared memory by RA (wg_issue_s's steps).
     auto issue_s_dp = [&](int stage) {
         const unsigned long long a1 = wg_desc(x1, 16, 1024), a2 = wg_desc(x2, 16, 1024);
-        const unsigned long long b1 = wg_desc(y1(stage), 16, 1024), b2 = wg_desc(y2(stage), 16, 1024);
-        #pragma unroll
-        for (int kk = 0; kk < HS / 16; kk++) {
-            const unsigned ka = ((kk >> 2) * S::own_sub + (kk & 3) * 32) >> 4;
-            const unsigned kb = ((kk >> 2) * S::sub + (kk & 3) * 32) >> 4;
-            if constexpr (RA & 1) {
-                if (kk == 0) Ops::template mma<N, 0, 0>(s, xf1[0], b1 + kb);
-                else Ops::template mma<N, 0, 1>(s, xf1[kk], b1 + kb);
-            } else {
-                if (kk == 0) Ops::template mma_ss<N, 0>(s, a1 + ka, b1 + kb);
-                else Ops::template mma_ss<N, 1>(s, a1 + ka, b1 + kb);
-            }
-        }
-        #pragma unroll
-        for (int kk = 0; kk < HS / 16; kk++) {
-            const unsigned ka = ((kk >> 2) * S::own_sub + (kk & 3) * 32) >> 4;
-            const unsigned kb = ((kk >> 2) * S::sub + (kk & 3) * 32) >> 4;
-            if constexpr (RA & 2) {
-                if (kk == 0) Ops::template mma<N, 0, 0>(dp, xf2[0], b2 + kb);
-                else Ops::template mma<N, 0, 1>(dp, xf2[kk], b2 + kb);
-            } else {
-                if (kk == 0) Ops::template mma_ss<N, 0>(dp, a2 + ka, b2 + kb);
-                else Ops::template mma_ss<N, 1>(dp, a2 + ka, b2 + kb);
-            }
-        }
+        wg_issue_products<Ops, HS, N, !(RA & 1)>(s, xf1, a1, S::own_sub, y1(stage), S::sub);
+        wg_issue_products<Ops, HS, N, !(RA & 2)>(dp, xf2, a2, S::own_sub, y2(stage), S::sub);
         wg_commit();
     };
     // Issues dV += P^T dO (dK/dV) and dQ += dS K or dK += dS^T Q from `stage`, the streamed
