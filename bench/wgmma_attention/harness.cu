@@ -59,6 +59,18 @@ WG_TMA_ENTRY_POINT(64, 64, WgBf16, wg_bf16_hs64_n64_tma)
 WG_TMA_ENTRY_POINT(64, 64, WgF16, wg_f16_hs64_n64_tma)
 WG_TMA_ENTRY_POINT(128, 64, WgBf16, wg_bf16_hs128_n64_tma)
 WG_TMA_ENTRY_POINT(128, 64, WgF16, wg_f16_hs128_n64_tma)
+// The persistent warp-specialised forward (WgPersistShape: head size, key tile, stages; pp:
+// the consumers' products in turn), one block an SM.
+WG_PERSIST_ENTRY_POINT(128, 128, 2, true, WgBf16, wp_bf16_hs128_n128_s2_pp)
+WG_PERSIST_ENTRY_POINT(128, 128, 2, true, WgF16, wp_f16_hs128_n128_s2_pp)
+WG_PERSIST_ENTRY_POINT(128, 128, 2, false, WgBf16, wp_bf16_hs128_n128_s2)
+WG_PERSIST_ENTRY_POINT(128, 64, 4, true, WgBf16, wp_bf16_hs128_n64_s4_pp)
+WG_PERSIST_ENTRY_POINT(128, 64, 4, true, WgF16, wp_f16_hs128_n64_s4_pp)
+WG_PERSIST_ENTRY_POINT(128, 64, 4, false, WgBf16, wp_bf16_hs128_n64_s4)
+WG_PERSIST_ENTRY_POINT(64, 128, 3, true, WgBf16, wp_bf16_hs64_n128_s3_pp)
+WG_PERSIST_ENTRY_POINT(64, 128, 3, true, WgF16, wp_f16_hs64_n128_s3_pp)
+WG_PERSIST_ENTRY_POINT(64, 64, 4, true, WgBf16, wp_bf16_hs64_n64_s4_pp)
+WG_PERSIST_ENTRY_POINT(64, 64, 4, false, WgBf16, wp_bf16_hs64_n64_s4)
 #endif
 // The warp-specialised forward (WgWsShape: head size, key tile, stages, Q in shared memory):
 // two consumer warpgroups of 64 queries and a producer warpgroup a block.
@@ -108,6 +120,7 @@ struct Kernel {
     bool engine;  // the configuration the engine launches on sm_90
     bool g1_variant = false;  // a one-warpgroup variant (two stages, TMA): compared with n<keys> g1 bit for bit
     bool tma = false;         // takes a tensor map of qkv as its last parameter (KILN_HARNESS_TMA)
+    bool persistent = false;  // one block an SM walking the work tiles; B x NH after the map
 };
 
 // IEEE half by hand (round to nearest even, overflow to inf; the inputs here are small).
@@ -214,11 +227,15 @@ static double err_abs(const std::vector<float>& got, const std::vector<float>& w
     return worst;
 }
 
+static int sm_count = 0;
 static void launch(const Kernel& k, const void* qkv, void* out, float* lse, int B, int T, int NH, int W) {
     dim3 grid((T + k.rows - 1) / k.rows, B * NH);
     int C = NH * k.hs;
+    int BNH = B * NH;
+    if (k.persistent) grid = dim3(std::min(grid.x * grid.y, (unsigned)sm_count));
     WgTensorMap map;
-    void* args[] = {(void*)&qkv, (void*)&out, (void*)&lse, (void*)&T, (void*)&C, (void*)&NH, (void*)&W, (void*)&map};
+    void* args[] = {(void*)&qkv, (void*)&out, (void*)&lse, (void*)&T, (void*)&C, (void*)&NH, (void*)&W, (void*)&map,
+                    (void*)&BNH};
 #ifdef KILN_HARNESS_TMA
     if (k.tma) {
         // qkv as [B][T][3C], boxes of 64 columns (128 bytes, the swizzle's span) by the key tile.
@@ -316,6 +333,7 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+    sm_count = prop.multiProcessorCount;
 #define WG(NAME, HS, N, G, QS, F16, ENGINE) \
     {#NAME, (Fwd)NAME, HS, G * 64, WgShape<HS, N, G, QS>::bytes, F16, G * 128, N, ENGINE}
 #define WG2(NAME, HS, N, QS, F16) \
@@ -324,6 +342,9 @@ int main(int argc, char** argv) {
     {#NAME, (Fwd)NAME, HS, 64, WgShape<HS, N, 1, false>::bytes, F16, 128, N, false, true, true}
 #define WS(NAME, HS, N, ST, QS, F16) \
     {#NAME, (Fwd)NAME, HS, 128, WgWsShape<HS, N, ST, QS>::bytes, F16, WgWsShape<HS, N, ST, QS>::threads, N, false}
+#define WP(NAME, HS, N, ST, F16) \
+    {#NAME, (Fwd)NAME, HS, 128, WgPersistShape<HS, N, ST>::bytes, F16, WgPersistShape<HS, N, ST>::threads, N, false, \
+     false, true, true}
     // Names: n<key tile>, g2 two warpgroups a block (128 queries), q Q in shared memory; ws the
     // warp-specialised forward with s<stages> (and q: Q in shared memory; pp: the consumers'
     // products issued in turn).
@@ -359,6 +380,16 @@ int main(int argc, char** argv) {
         WGT(wg_f16_hs64_n64_tma, 64, 64, true),
         WGT(wg_bf16_hs128_n64_tma, 128, 64, false),
         WGT(wg_f16_hs128_n64_tma, 128, 64, true),
+        WP(wp_bf16_hs128_n128_s2_pp, 128, 128, 2, false),
+        WP(wp_f16_hs128_n128_s2_pp, 128, 128, 2, true),
+        WP(wp_bf16_hs128_n128_s2, 128, 128, 2, false),
+        WP(wp_bf16_hs128_n64_s4_pp, 128, 64, 4, false),
+        WP(wp_f16_hs128_n64_s4_pp, 128, 64, 4, true),
+        WP(wp_bf16_hs128_n64_s4, 128, 64, 4, false),
+        WP(wp_bf16_hs64_n128_s3_pp, 64, 128, 3, false),
+        WP(wp_f16_hs64_n128_s3_pp, 64, 128, 3, true),
+        WP(wp_bf16_hs64_n64_s4_pp, 64, 64, 4, false),
+        WP(wp_bf16_hs64_n64_s4, 64, 64, 4, false),
 #endif
         WS(ws_bf16_hs64_n64_s3, 64, 64, 3, false, false),
         WS(ws_f16_hs64_n64_s3, 64, 64, 3, false, true),
@@ -385,6 +416,7 @@ int main(int argc, char** argv) {
 #undef WG2
 #undef WGT
 #undef WS
+#undef WP
     // HARNESS_ONLY=NAME,NAME: only the configurations named (and the mma.sync forwards, the
     // checks' references), for a quick comparison of builds.
     std::vector<Kernel> kept;

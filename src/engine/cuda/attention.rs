@@ -90,7 +90,10 @@ pub(super) const PROGRAM_TC: Program = Program {
         "WG_TMA_ENTRY_POINT(64, 64, WgF16, attention_forward_f16_hs64_wgmma_tma)\n",
         "WG_TMA_ENTRY_POINT(128, 64, WgBf16, attention_forward_bf16_hs128_wgmma_tma)\n",
         "WG_TMA_ENTRY_POINT(128, 64, WgF16, attention_forward_f16_hs128_wgmma_tma)\n",
-        "WG_TMA_BACKWARD_ENTRY_POINTS(64, WgBf16, bf16)\nWG_TMA_BACKWARD_ENTRY_POINTS(64, WgF16, f16)\n"
+        "WG_TMA_BACKWARD_ENTRY_POINTS(64, WgBf16, bf16)\nWG_TMA_BACKWARD_ENTRY_POINTS(64, WgF16, f16)\n",
+        "WG_TMA_DQ_ENTRY_POINT(128, WgBf16, bf16)\nWG_TMA_DQ_ENTRY_POINT(128, WgF16, f16)\n",
+        "WG_PERSIST_ENTRY_POINT(128, 128, 2, true, WgBf16, attention_forward_bf16_hs128_wgmma_persist)\n",
+        "WG_PERSIST_ENTRY_POINT(128, 128, 2, true, WgF16, attention_forward_f16_hs128_wgmma_persist)\n"
     ),
     kernels: &[],
     elem_kernels: &[
@@ -113,6 +116,8 @@ pub(super) const PROGRAM_TC: Program = Program {
         ElemKernel::AttentionBackwardDqHs64WgmmaTma,
         ElemKernel::AttentionBackwardDkvHs64WgmmaTma,
         ElemKernel::AttentionForwardHs128WgmmaTma,
+        ElemKernel::AttentionBackwardDqHs128WgmmaTma,
+        ElemKernel::AttentionForwardHs128WgmmaPersist,
     ],
     dtypes: &[DType::BF16, DType::F16],
 };
@@ -196,11 +201,14 @@ fn wgmma_kernels(hs: usize) -> Option<[ElemKernel; 3]> {
 #[derive(Debug, Clone, Copy)]
 struct TmaKernels {
     forward: ElemKernel,
-    /// dQ and dK/dV: head size 64 only. At 128 (when both kernels streamed 32-row tiles) the
-    /// TMA backward measured level with the threads' copies in bf16 and 3.4% slower in f16 on
-    /// an H200, and 1-1.4% slower again with four stages
-    /// (docs/benchmarks/2026-11-30-h200/attention-tma); dQ's 64-row tiles since are untried.
-    backward: Option<[ElemKernel; 2]>,
+    /// dQ's TMA form: at head size 128 (64-row tiles) 1.5-3% faster than the threads' copies
+    /// on an H200 (docs/benchmarks/2026-12-02-h200/persistent-forward).
+    dq: Option<ElemKernel>,
+    /// dK/dV's TMA form: head size 64 only. At 128 (when both kernels streamed 32-row tiles)
+    /// the TMA backward measured level with the threads' copies in bf16 and 3.4% slower in
+    /// f16 on an H200, and 1-1.4% slower again with four stages
+    /// (docs/benchmarks/2026-11-30-h200/attention-tma); dK/dV still streams 32-row tiles there.
+    dkv: Option<ElemKernel>,
 }
 
 fn wgmma_tma_kernels(hs: usize) -> Option<TmaKernels> {
@@ -208,17 +216,59 @@ fn wgmma_tma_kernels(hs: usize) -> Option<TmaKernels> {
     match hs {
         64 => Some(TmaKernels {
             forward: AttentionForwardHs64WgmmaTma,
-            backward: Some([
-                AttentionBackwardDqHs64WgmmaTma,
-                AttentionBackwardDkvHs64WgmmaTma,
-            ]),
+            dq: Some(AttentionBackwardDqHs64WgmmaTma),
+            dkv: Some(AttentionBackwardDkvHs64WgmmaTma),
         }),
         128 => Some(TmaKernels {
             forward: AttentionForwardHs128WgmmaTma,
-            backward: None,
+            dq: Some(AttentionBackwardDqHs128WgmmaTma),
+            dkv: None,
         }),
         _ => None,
     }
+}
+
+/// The persistent warp-specialised forward at head size `hs` (`wg_forward_persist`: one block
+/// an SM walks the work tiles of 128 queries; two consumer warpgroups, one producer thread
+/// issuing TMA copies, the consumers' products in turn), sm_90's forward at head size 128 with
+/// the TMA forms unless `KILN_ATTENTION_PERSISTENT=0` ([`attention_persistent`]). On an H200
+/// (B 4, T 4096, 16 heads of 128) it took 14-16% off the one-warpgroup TMA forward; at head
+/// size 64 (128-key tiles, three stages) it measured 5-9% slower than that forward, which
+/// stays there (docs/benchmarks/2026-12-02-h200/persistent-forward).
+fn wgmma_persistent_forward(hs: usize) -> Option<ElemKernel> {
+    match hs {
+        128 => Some(ElemKernel::AttentionForwardHs128WgmmaPersist),
+        _ => None,
+    }
+}
+
+/// Key rows and stages of the persistent forward at head size `hs`: its entry points'
+/// `WgPersistShape` (attention_wgmma.cu), which this mirrors: 128-key tiles, two stages.
+const fn persistent_config(_hs: usize) -> (usize, usize) {
+    (128, 2)
+}
+/// Queries and threads of a persistent forward block (two consumer warpgroups of 64 queries
+/// and a producer warpgroup).
+const PERSISTENT_ROWS: u32 = 128;
+const PERSISTENT_THREADS: u32 = 384;
+
+/// Dynamic shared memory of the persistent forward (`WgPersistShape::bytes`): 1024 bytes of
+/// alignment, the block's 128 rows of Q, the stages of K and V, each warp's output staging
+/// (16 rows of 2 hs + 16 bytes) and the barriers (four a stage, two for Q).
+const fn persistent_shared(hs: usize) -> u32 {
+    let (keys, stages) = persistent_config(hs);
+    let q = (hs / 64) * 128 * 128;
+    let tile = (hs / 64) * keys * 128;
+    let staging = 4 * 2 * 16 * (2 * hs + 16);
+    (1024 + q + 2 * stages * tile + staging + (4 * stages + 2) * 8) as u32
+}
+
+/// Whether the Hopper forward is the persistent one where it has one (with the TMA forms on):
+/// yes unless `KILN_ATTENTION_PERSISTENT=0`, which takes the one-warpgroup forward, to
+/// compare the two in one build.
+fn attention_persistent() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("KILN_ATTENTION_PERSISTENT").map_or(true, |v| v != "0"))
 }
 
 /// Whether the Hopper kernels run their TMA forms: yes unless `KILN_ATTENTION_TMA=0`, which
@@ -582,7 +632,16 @@ fn is_tma_kernel(kernel: ElemKernel) -> bool {
     TC_HEAD_SIZES
         .iter()
         .filter_map(|&hs| wgmma_tma_kernels(hs))
-        .any(|k| k.forward == kernel || k.backward.is_some_and(|b| b.contains(&kernel)))
+        .any(|k| k.forward == kernel || k.dq == Some(kernel) || k.dkv == Some(kernel))
+        || is_persistent_kernel(kernel)
+}
+
+/// Whether `kernel` is a persistent forward ([`wgmma_persistent_forward`]): a TMA form whose
+/// grid is the SMs and which takes batch x heads after its map.
+fn is_persistent_kernel(kernel: ElemKernel) -> bool {
+    TC_HEAD_SIZES
+        .iter()
+        .any(|&hs| wgmma_persistent_forward(hs) == Some(kernel))
 }
 
 impl Plan {
@@ -592,11 +651,16 @@ impl Plan {
         is_tma_kernel(self.forward.kernel)
     }
 
-    /// The backward is the TMA form: the dQ kernel takes a tensor map of `qkv` as its last
-    /// parameter, the dK/dV kernel one of `qkv` then one of `dout` (boxes of
-    /// [`wgmma_backward_rows`]).
-    fn backward_maps(&self) -> bool {
+    /// The dQ kernel is the TMA form: it takes a tensor map of `qkv` as its last parameter
+    /// (boxes of [`wgmma_backward_rows`]).
+    fn dq_map(&self) -> bool {
         is_tma_kernel(self.dq.kernel)
+    }
+
+    /// The dK/dV kernel is the TMA form: it takes a tensor map of `qkv` then one of `dout`
+    /// (boxes of [`wgmma_backward_rows`]).
+    fn dkv_maps(&self) -> bool {
+        is_tma_kernel(self.dkv.kernel)
     }
 
     /// The same call on the Hopper kernels whose threads copy the tiles (the launch shapes are
@@ -608,7 +672,9 @@ impl Plan {
         Plan {
             forward: Launch {
                 kernel: forward,
-                ..self.forward
+                rows: wgmma_rows(hs),
+                threads: wgmma_threads(hs),
+                shared: wgmma_shared(hs),
             },
             dq: Launch {
                 kernel: dq,
@@ -690,15 +756,29 @@ impl CudaBackend {
             {
                 // The backward: one warpgroup (128 threads) per 64 rows, as TC_ROWS.
                 let tma = attention_tma().then(|| wgmma_tma_kernels(hs)).flatten();
-                let forward = tma.map_or(forward, |k| k.forward);
-                let [dq, dkv] = tma.and_then(|k| k.backward).unwrap_or([dq, dkv]);
-                return Ok(Plan {
-                    forward: Launch {
-                        kernel: forward,
+                let dq = tma.and_then(|k| k.dq).unwrap_or(dq);
+                let dkv = tma.and_then(|k| k.dkv).unwrap_or(dkv);
+                let persistent = tma
+                    .is_some()
+                    .then(|| attention_persistent().then(|| wgmma_persistent_forward(hs)))
+                    .flatten()
+                    .flatten();
+                let forward = match persistent {
+                    Some(kernel) => Launch {
+                        kernel,
+                        rows: PERSISTENT_ROWS,
+                        threads: PERSISTENT_THREADS,
+                        shared: persistent_shared(hs),
+                    },
+                    None => Launch {
+                        kernel: tma.map_or(forward, |k| k.forward),
                         rows: wgmma_rows(hs),
                         threads: wgmma_threads(hs),
                         shared: wgmma_shared(hs),
                     },
+                };
+                return Ok(Plan {
+                    forward,
                     dq: launch(dq, TC_ROWS, wgmma_backward_shared(hs, false)),
                     dkv: launch(dkv, TC_ROWS, wgmma_backward_shared(hs, true)),
                     tensor_cores: true,
@@ -836,7 +916,10 @@ impl CudaBackend {
         )?;
         let mut map = None;
         if plan.forward_map() {
-            let keys = wgmma_config(hs).keys;
+            let keys = match is_persistent_kernel(plan.forward.kernel) {
+                true => persistent_config(hs).0,
+                false => wgmma_config(hs).keys,
+            };
             match rows_tensor_map::<T>(raw_ptr(qkv, &self.stream), 3 * s.channels, s, keys) {
                 Ok(m) => map = Some(m),
                 Err(e) => {
@@ -857,9 +940,18 @@ impl CudaBackend {
         if let Some(map) = &map {
             b.arg(map);
         }
-        // SAFETY: buffer sizes checked above; the grid covers B*NH x ceil(T/rows) row tiles;
-        // the TMA form's map describes `qkv` itself.
-        unsafe { b.launch(rows_grid(s.seq, plan.forward, s)) }?;
+        let mut grid = rows_grid(s.seq, plan.forward, s);
+        let heads = (s.batch * s.heads) as i32;
+        if is_persistent_kernel(plan.forward.kernel) {
+            // One block an SM (at most one a work tile), each walking the work tiles.
+            b.arg(&heads);
+            let work = grid.grid_dim.0 * grid.grid_dim.1;
+            grid.grid_dim = (work.min(self.info.sm_count), 1, 1);
+        }
+        // SAFETY: buffer sizes checked above; the grid covers B*NH x ceil(T/rows) row tiles
+        // (the persistent form's blocks walk them all); the TMA form's map describes `qkv`
+        // itself.
+        unsafe { b.launch(grid) }?;
         Ok(())
     }
 
@@ -932,26 +1024,33 @@ impl CudaBackend {
         if plan.head_bounds && T::DTYPE == DType::F16 {
             self.stream.memset_zeros(&mut bounds)?;
         }
-        // The TMA forms' maps of the streamed tiles: K, V (dQ) and Q (dK/dV) in `qkv`, dO.
-        let mut maps = None;
-        if plan.backward_maps() {
-            // One box shape for both kernels' maps: the TMA backward runs where they stream
-            // tiles of the same rows (head size 64).
-            let rows = wgmma_backward_rows(hs, true);
-            debug_assert_eq!(rows, wgmma_backward_rows(hs, false));
-            let encoded = rows_tensor_map::<T>(raw_ptr(qkv, &self.stream), 3 * s.channels, s, rows)
-                .and_then(|q| {
+        // The TMA forms' maps of the streamed tiles, each kernel's boxes its own tile rows:
+        // dQ's of K and V in `qkv`; dK/dV's of Q in `qkv` and of dO.
+        let qkv_map =
+            |rows| rows_tensor_map::<T>(raw_ptr(qkv, &self.stream), 3 * s.channels, s, rows);
+        let encoded = (|| -> Result<_> {
+            let dq_map = match plan.dq_map() {
+                true => Some(qkv_map(wgmma_backward_rows(hs, false))?),
+                false => None,
+            };
+            let dkv_maps = match plan.dkv_maps() {
+                true => {
+                    let rows = wgmma_backward_rows(hs, true);
                     let g = rows_tensor_map::<T>(raw_ptr(dout, &self.stream), s.channels, s, rows)?;
-                    Ok((q, g))
-                });
-            match encoded {
-                Ok(m) => maps = Some(m),
-                Err(e) => {
-                    note_tma_fallback(&e);
-                    plan = plan.without_tma(hs);
+                    Some((qkv_map(rows)?, g))
                 }
+                false => None,
+            };
+            Ok((dq_map, dkv_maps))
+        })();
+        let (dq_map, dkv_maps) = match encoded {
+            Ok(m) => m,
+            Err(e) => {
+                note_tma_fallback(&e);
+                plan = plan.without_tma(hs);
+                (None, None)
             }
-        }
+        };
         {
             let f = self.attention_kernel::<T>(plan.dq)?;
             let mut b = self.stream.launch_builder(f);
@@ -964,8 +1063,8 @@ impl CudaBackend {
                 b.arg(&mut bounds);
             }
             b.arg(&mut *dqkv).arg(&t).arg(&c).arg(&nh).arg(&w);
-            if let Some((qkv_map, _)) = &maps {
-                b.arg(qkv_map);
+            if let Some(map) = &dq_map {
+                b.arg(map);
             }
             // SAFETY: as above; this kernel writes the Q third of each dqkv row, `d`, and with
             // head_bounds two words a head of `bounds` (its `2 B NH` values); the TMA form's map
@@ -981,7 +1080,7 @@ impl CudaBackend {
             b.arg(&mut bounds);
         }
         b.arg(dqkv).arg(&t).arg(&c).arg(&nh).arg(&w);
-        if let Some((qkv_map, dout_map)) = &maps {
+        if let Some((qkv_map, dout_map)) = &dkv_maps {
             b.arg(qkv_map).arg(dout_map);
         }
         // SAFETY: as above; this kernel writes only the K and V thirds of each dqkv row; the
@@ -1124,6 +1223,22 @@ mod tests {
         }
     }
 
+    /// The persistent forward's shared memory is its kernel's layout (`WgPersistShape::bytes`):
+    /// Q's 128 rows, two stages of 128-key K and V tiles, eight warps' output staging and the
+    /// barriers; one block an SM with the driver's reserved KiB. Head size 64 has none.
+    #[test]
+    fn persistent_shared_memory_is_the_kernel_layout() {
+        assert_eq!(persistent_config(128), (128, 2));
+        assert_eq!(
+            persistent_shared(128),
+            1024 + 2 * 128 * 128 + 2 * 2 * 2 * 128 * 128 + 8 * 16 * 272 + 10 * 8
+        );
+        assert!(persistent_shared(128) + 1024 <= 228 << 10);
+        let kernel = wgmma_persistent_forward(128).expect("a persistent forward at 128");
+        assert!(is_persistent_kernel(kernel) && is_tma_kernel(kernel));
+        assert!(wgmma_persistent_forward(64).is_none());
+    }
+
     /// Where a tensor map cannot be encoded, a TMA plan falls back to the kernels whose threads
     /// copy the tiles, with the same launch shapes and no maps.
     #[test]
@@ -1131,7 +1246,7 @@ mod tests {
         for hs in TC_HEAD_SIZES {
             let tma = wgmma_tma_kernels(hs).unwrap_or_else(|| panic!("no TMA kernels for {hs}"));
             let [forward, dq, dkv] = wgmma_kernels(hs).unwrap_or_else(|| panic!("none for {hs}"));
-            let [tma_dq, tma_dkv] = tma.backward.unwrap_or([dq, dkv]);
+            let (tma_dq, tma_dkv) = (tma.dq.unwrap_or(dq), tma.dkv.unwrap_or(dkv));
             let launch = |kernel, shared| Launch {
                 kernel,
                 rows: TC_ROWS,
@@ -1145,16 +1260,42 @@ mod tests {
                 tensor_cores: true,
                 head_bounds: true,
             };
-            assert!(plan.forward_map() && plan.backward_maps() == tma.backward.is_some());
+            assert!(plan.forward_map());
+            assert_eq!(
+                (plan.dq_map(), plan.dkv_maps()),
+                (tma.dq.is_some(), tma.dkv.is_some())
+            );
             let back = plan.without_tma(hs);
             assert_eq!(
                 [back.forward.kernel, back.dq.kernel, back.dkv.kernel],
                 [forward, dq, dkv]
             );
-            assert!(!back.forward_map() && !back.backward_maps());
+            assert!(!back.forward_map() && !back.dq_map() && !back.dkv_maps());
             assert!(back.tensor_cores && back.head_bounds);
             assert_eq!(back.forward.shared, wgmma_shared(hs));
             assert_eq!(back.dkv.shared, wgmma_backward_shared(hs, true));
+            // The persistent forward falls back to the one-warpgroup forward's launch shape.
+            if let Some(kernel) = wgmma_persistent_forward(hs) {
+                let persistent = Plan {
+                    forward: Launch {
+                        kernel,
+                        rows: PERSISTENT_ROWS,
+                        threads: PERSISTENT_THREADS,
+                        shared: persistent_shared(hs),
+                    },
+                    dq: launch(tma_dq, wgmma_backward_shared(hs, false)),
+                    dkv: launch(tma_dkv, wgmma_backward_shared(hs, true)),
+                    tensor_cores: true,
+                    head_bounds: true,
+                };
+                assert!(persistent.forward_map());
+                let back = persistent.without_tma(hs);
+                assert_eq!(back.forward.kernel, forward);
+                assert_eq!(
+                    (back.forward.rows, back.forward.threads, back.forward.shared),
+                    (wgmma_rows(hs), wgmma_threads(hs), wgmma_shared(hs))
+                );
+            }
         }
     }
 
@@ -1171,7 +1312,8 @@ mod tests {
                 names.extend(kernels.iter().map(|k| k.name(dtype)));
                 names.extend(hopper.iter().map(|k| k.name(dtype)));
                 names.push(tma.forward.name(dtype));
-                names.extend(tma.backward.iter().flatten().map(|k| k.name(dtype)));
+                names.extend([tma.dq, tma.dkv].iter().flatten().map(|k| k.name(dtype)));
+                names.extend(wgmma_persistent_forward(hs).map(|k| k.name(dtype)));
             }
         }
         for hs in TC_16BIT_HEAD_SIZES {

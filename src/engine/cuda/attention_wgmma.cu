@@ -113,6 +113,9 @@ template <int HS, int N, int G = 1, bool QS = false, int STAGES = 3> struct WgSh
 //   64 keys and Q in shared memory were 4% faster at head size 64 and T 4096 (576 against 599
 //   us) but 2% slower at T 1024, so the engine keeps one there too. bench/wgmma_attention
 //   checks and times every configuration.
+// With the TMA forms (sm_90's default) head size 128 runs the persistent warp-specialised
+// forward instead (wg_forward_persist: 128-key tiles, two stages, the consumers' products in
+// turn), 14-16% faster there on an H200; at head size 64 it was slower than this one.
 template <int HS> struct WgForward {
     static constexpr int keys = 64;
     static constexpr int groups = 1;
@@ -936,6 +939,252 @@ __device__ __forceinline__ void wg_forward_ws(const typename Ops::elem* __restri
         wg_forward_ws<OPS, HS, N, STAGES, QS, PP>(qkv, out, lse, T, C, NH, W);                     \
     }
 
+// The persistent warp-specialised forward fed by TMA (sm_90a; checked and timed by
+// bench/wgmma_attention as `wp_*`). wg_forward_ws's blocks pay their start (Q's load, the first
+// tile's wait) and end (the output's store) with nothing else on the SM to cover them, one
+// block an SM; here a block per SM stays resident and walks the work tiles (128 queries of
+// one head each, the last query tiles first), and its producer, one thread issuing TMA copies,
+// runs ahead into the next tile while the consumers finish the last:
+// - Q: the block's 128 rows in shared memory (HS / 64 sub-tiles of 128 rows, consumer w's
+//   rows 64 w on), copied by the TMA unit once both consumers have issued their last S of the
+//   tile before (`empty_q`), counted on `full_q`;
+// - K_j and V_j: their own full barriers, so that S_j waits for K_j alone and O += P_{j-1}
+//   V_{j-1} for V_{j-1}; released apart as in wg_forward_ws. The stage and phase of a tile
+//   follow a running count over all the block's work tiles, which producer and consumers
+//   keep alike.
+// With PP the consumers' turns run on across work tiles (each takes tiles + 1 turns a work
+// tile), so the first pass and the last wait are the kernel's, not a tile's.
+// The consumers' arithmetic is wg_forward's with Q from shared memory: the same results, bit
+// for bit, as the one-warpgroup block of the same key tile.
+template <int HS, int N, int STAGES> struct WgPersistShape {
+    static_assert(STAGES >= 2 && 128 % N == 0, "stages; Q's rows in boxes of N");
+    static constexpr int consumers = 2;
+    static constexpr int threads = (consumers + 1) * WG_THREADS;
+    static constexpr int rows = consumers * WG_ROWS;
+    static constexpr int sub = N * 128;           // bytes of a 64-column sub-tile of K or V
+    static constexpr int tile = (HS / 64) * sub;  // bytes of a K or V tile
+    static constexpr int q_sub = rows * 128;      // bytes of a 64-column sub-tile of the block's Q
+    static constexpr int q_bytes = (HS / 64) * q_sub;
+    static constexpr int out_pitch = 2 * HS + 16;
+    static constexpr int staging = 4 * consumers * 16 * out_pitch;
+    // Q, the stages, the staging, the barriers: full_k, full_v, empty_k, empty_v a stage,
+    // full_q, empty_q.
+    static constexpr int bytes = 1024 + q_bytes + 2 * STAGES * tile + staging + (4 * STAGES + 2) * 8;
+    static_assert(bytes <= 227 * 1024, "a block's shared memory fits an SM");
+    static constexpr int producer_regs = 24, consumer_regs = 240;  // 128 x 24 + 256 x 240 <= 64K
+};
+
+template <class Ops, int HS, int N, int STAGES, bool PP>
+__device__ __forceinline__ void wg_forward_persist(const typename Ops::elem* __restrict__ qkv,
+                                                   typename Ops::elem* __restrict__ out,
+                                                   float* __restrict__ lse, int T, int C, int NH, int W, int BNH,
+                                                   const WgTensorMap* map) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    typedef WgPersistShape<HS, N, STAGES> S;
+    extern __shared__ __align__(1024) unsigned char wg_smem[];
+    tc_need_shared(S::bytes);
+    if (blockDim.x != S::threads) __trap();
+    const unsigned smem0 = (tc_smem_addr(wg_smem) + 1023u) & ~1023u;
+    const unsigned qs = smem0;
+    auto ks = [&](int i) { return smem0 + S::q_bytes + 2 * i * S::tile; };
+    auto vs = [&](int i) { return smem0 + S::q_bytes + (2 * i + 1) * S::tile; };
+    const unsigned staging = smem0 + S::q_bytes + 2 * STAGES * S::tile;
+    const unsigned bars = staging + S::staging;
+    auto full_k = [&](int i) { return bars + 8 * i; };
+    auto full_v = [&](int i) { return bars + 8 * (STAGES + i); };
+    auto empty_k = [&](int i) { return bars + 8 * (2 * STAGES + i); };
+    auto empty_v = [&](int i) { return bars + 8 * (3 * STAGES + i); };
+    const unsigned full_q = bars + 8 * 4 * STAGES, empty_q = full_q + 8;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int group = __shfl_sync(0xffffffffu, warp >> 2, 0);  // 0, 1: consumers; 2: the producer
+    const int qtiles = (T + S::rows - 1) / S::rows;
+    const int work = qtiles * BNH;
+    // Work tile w: query tile qtiles - 1 - w / BNH (the longest first) of head w % BNH.
+    auto decode = [&](int w, int& b, int& h, int& q0, int& kt0, int& tiles) {
+        const int bh = w % BNH;
+        b = bh / NH;
+        h = bh % NH;
+        q0 = (qtiles - 1 - w / BNH) * S::rows;
+        kt0 = tc_first_key_tile(q0, W, N);
+        tiles = min(q0 + S::rows - 1, T - 1) / N - kt0 + 1;
+    };
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < STAGES; i++) {
+            wg_mbar_init(full_k(i), 1);  // the producer's arrival with the tile's bytes
+            wg_mbar_init(full_v(i), 1);
+            wg_mbar_init(empty_k(i), 4 * S::consumers);  // lane 0 of every consumer warp
+            wg_mbar_init(empty_v(i), 4 * S::consumers);
+        }
+        wg_mbar_init(full_q, 1);
+        wg_mbar_init(empty_q, 4 * S::consumers);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+
+    if (group == S::consumers) {
+        // The producer: one thread issues every copy.
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(S::producer_regs));
+        if (threadIdx.x != S::consumers * WG_THREADS) return;
+        int j = 0;  // tiles copied so far, over all work tiles
+        int n = 0;  // work tiles begun
+        for (int w = blockIdx.x; w < work; w += gridDim.x, n++) {
+            int b, h, q0, kt0, tiles;
+            decode(w, b, h, q0, kt0, tiles);
+            if (n > 0) wg_mbar_wait(empty_q, (n - 1) & 1);
+            // Boxes of N rows wholly past T are not copied: only a consumer without rows
+            // would read them, and it issues no products.
+            const int boxes = min(S::rows / N, (T - q0 + N - 1) / N);
+            wg_mbar_expect_tx(full_q, boxes * (HS / 64) * S::sub);
+            #pragma unroll
+            for (int i = 0; i < HS / 64; i++) {
+                #pragma unroll
+                for (int r = 0; r < S::rows / N; r++) {
+                    if (r < boxes)
+                        wg_tma_load_3d(qs + i * S::q_sub + r * N * 128, map, h * HS + 64 * i, q0 + r * N, b, full_q);
+                }
+            }
+            for (int it = 0; it < tiles; it++, j++) {
+                const int stage = j % STAGES, use = j / STAGES;
+                const int k0 = (kt0 + it) * N;
+                if (use > 0) wg_mbar_wait(empty_k(stage), (use - 1) & 1);
+                wg_mbar_expect_tx(full_k(stage), S::tile);
+                #pragma unroll
+                for (int i = 0; i < HS / 64; i++)
+                    wg_tma_load_3d(ks(stage) + i * S::sub, map, C + h * HS + 64 * i, k0, b, full_k(stage));
+                if (use > 0) wg_mbar_wait(empty_v(stage), (use - 1) & 1);
+                wg_mbar_expect_tx(full_v(stage), S::tile);
+                #pragma unroll
+                for (int i = 0; i < HS / 64; i++)
+                    wg_tma_load_3d(vs(stage) + i * S::sub, map, 2 * C + h * HS + 64 * i, k0, b, full_v(stage));
+            }
+        }
+        return;
+    }
+
+    // A consumer: warpgroup `group`, rows 64 group .. 64 group + 63 of each work tile.
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(S::consumer_regs));
+    const float c = tc_scale<HS>() * TC_LOG2E;
+    const unsigned long long qd = wg_desc(qs + group * WG_ROWS * 128, 16, 1024);
+    const unsigned qf[1][4] = {{0u, 0u, 0u, 0u}};  // unused: Q is read from shared memory
+    unsigned char* const stage_out = wg_smem + (staging - tc_smem_addr(wg_smem)) + warp * 16 * S::out_pitch;
+    auto release = [&](unsigned bar) {
+        if (lane == 0) wg_mbar_arrive(bar);
+    };
+    auto wait_k = [&](int j) { wg_mbar_wait(full_k(j % STAGES), (j / STAGES) & 1); };
+    auto wait_v = [&](int j) { wg_mbar_wait(full_v(j % STAGES), (j / STAGES) & 1); };
+    auto turn_wait = [&]() {
+        if constexpr (PP) wg_turn_wait(group);
+    };
+    auto turn_pass = [&]() {
+        if constexpr (PP) wg_turn_pass(group);
+    };
+    if constexpr (PP) {
+        if (group == 1) wg_turn_pass(group);
+    }
+    int j0 = 0;  // the running count of this work tile's first key tile
+    int n = 0;
+    for (int w = blockIdx.x; w < work; w += gridDim.x, n++) {
+        int b, h, q0, kt0, tiles;
+        decode(w, b, h, q0, kt0, tiles);
+        const int warp_row0 = q0 + warp * 16;
+        const int row0 = warp_row0 + g;
+        const int wg_q0 = q0 + WG_ROWS * group;
+        float o[HS / 8][4], s[N / 8][4];
+        #pragma unroll
+        for (int i = 0; i < HS / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+        #pragma unroll
+        for (int i = 0; i < N / 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+        unsigned p[N / 16][4];
+        float m[2] = {KILN_NEG_INF, KILN_NEG_INF}, l[2] = {0.0f, 0.0f}, corr[2];
+        auto issue_s = [&](int stage) { wg_issue_s<Ops, HS, N, true>(s, qf, qd, S::q_sub, ks(stage), S::sub); };
+        auto issue_pv = [&](int stage) { wg_issue_pv<Ops, HS, N>(o, p, vs(stage), S::sub); };
+        const int first = wg_q0 < T ? tc_first_key_tile(wg_q0, W, N) - kt0 : tiles;
+        const int last = wg_q0 < T ? min(wg_q0 + WG_ROWS - 1, T - 1) / N - kt0 : tiles - 1;
+        for (int it = 0; it < first; it++) {
+            wait_k(j0 + it);
+            wait_v(j0 + it);
+            turn_wait();
+            turn_pass();
+            release(empty_k((j0 + it) % STAGES));
+            release(empty_v((j0 + it) % STAGES));
+        }
+        if (first <= last) {
+            wg_mbar_wait(full_q, n & 1);
+            wait_k(j0 + first);
+            turn_wait();
+            wg_fence();
+            issue_s((j0 + first) % STAGES);
+            turn_pass();
+            wg_wait<0>();
+            wg_pin(s);
+            release(empty_k((j0 + first) % STAGES));
+            if (first == last) release(empty_q);
+            wg_softmax<Ops, N>(s, m, l, corr, (kt0 + first) * N, warp_row0, row0, t, c, W, T);
+            wg_pack_p<Ops, N>(p, s);
+            for (int it = first + 1; it <= last; it++) {
+                const int stage = (j0 + it) % STAGES, prev = (j0 + it - 1) % STAGES;
+                wait_k(j0 + it);
+                wait_v(j0 + it - 1);
+                turn_wait();
+                wg_fence();
+                issue_s(stage);
+                issue_pv(prev);
+                turn_pass();
+                wg_wait<1>();  // S_j is done: K_j's buffer (and, for the last, Q) is free
+                wg_pin(s);
+                release(empty_k(stage));
+                if (it == last) release(empty_q);
+                wg_softmax<Ops, N>(s, m, l, corr, (kt0 + it) * N, warp_row0, row0, t, c, W, T);
+                wg_wait<0>();  // O += P_{j-1} V_{j-1} is done: V_{j-1}'s buffer is free
+                wg_pin(o);
+                release(empty_v(prev));
+                wg_rescale_o<HS>(o, corr);
+                wg_pack_p<Ops, N>(p, s);
+            }
+            wait_v(j0 + last);
+            turn_wait();
+            wg_fence();
+            issue_pv((j0 + last) % STAGES);
+            turn_pass();
+            wg_wait<0>();
+            wg_pin(o);
+            release(empty_v((j0 + last) % STAGES));
+        } else {
+            // No rows before T: Q's phase is still waited for, so that the release counts in it.
+            wg_mbar_wait(full_q, n & 1);
+            release(empty_q);
+            turn_wait();
+            turn_pass();
+        }
+        for (int it = last + 1; it < tiles; it++) {
+            wait_k(j0 + it);
+            wait_v(j0 + it);
+            turn_wait();
+            turn_pass();
+            release(empty_k((j0 + it) % STAGES));
+            release(empty_v((j0 + it) % STAGES));
+        }
+        if (first <= last)
+            wg_store_output<Ops, HS>(o, l, m, stage_out, S::out_pitch, out, lse, b, h, NH, warp_row0, row0, T, C);
+        j0 += tiles;
+    }
+    if constexpr (PP) {
+        if (group == 0) wg_turn_wait(group);  // consumer 1's last pass
+    }
+#elif defined(__CUDA_ARCH__)
+    __trap();
+#endif
+}
+
+// An entry point of the persistent forward (bench/wgmma_attention instantiates them): as many
+// blocks as SMs (at most the work tiles), one each; BNH = batch x heads.
+#define WG_PERSIST_ENTRY_POINT(HS, N, STAGES, PP, OPS, NAME)                                           \
+    extern "C" __global__ void __launch_bounds__(WgPersistShape<HS, N, STAGES>::threads, 1)            \
+        NAME(const OPS::elem* qkv, OPS::elem* out, float* lse, int T, int C, int NH, int W,             \
+             const __grid_constant__ WgTensorMap map, int BNH) {                                        \
+        wg_forward_persist<OPS, HS, N, STAGES, PP>(qkv, out, lse, T, C, NH, W, BNH, &map);             \
+    }
+
 // The backward on warpgroup MMA: attention_tc.cu's two kernels (dQ with the row term d; dK and
 // dV) with their sums, masks and f16 scaling, each products' operands read by the tensor cores
 // from shared memory. A block is one warpgroup that owns 64 rows, whose two tiles (dQ: Q and dO;
@@ -1373,14 +1622,16 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
             qkv, nullptr, dout, lse, const_cast<float*>(d), bounds, dqkv, T, C, NH, W);                   \
     }
 // The backward fed by TMA (wg_backward's TMA), its tensor maps extra parameters: dQ's of qkv,
-// dK/dV's of qkv and of dout.
-#define WG_TMA_BACKWARD_ENTRY_POINTS(HS, OPS, SUFFIX)                                                            \
+// dK/dV's of qkv and of dout. WG_TMA_DQ_ENTRY_POINT is dQ's alone.
+#define WG_TMA_DQ_ENTRY_POINT(HS, OPS, SUFFIX)                                                                   \
     extern "C" __global__ void __launch_bounds__(WG_THREADS, 2) attention_backward_dq_##SUFFIX##_hs##HS##_wgmma_tma( \
         const OPS::elem* qkv, const OPS::elem* out, const OPS::elem* dout, const float* lse, float* d,           \
         unsigned* bounds, OPS::elem* dqkv, int T, int C, int NH, int W, const __grid_constant__ WgTensorMap map_y) { \
         wg_backward<OPS, HS, WgBackward<HS>::dq_stream, false, true, WgBackward<HS>::dq_regs>(                         \
             qkv, out, dout, lse, d, bounds, dqkv, T, C, NH, W, &map_y);                                          \
-    }                                                                                                            \
+    }
+#define WG_TMA_BACKWARD_ENTRY_POINTS(HS, OPS, SUFFIX)                                                            \
+    WG_TMA_DQ_ENTRY_POINT(HS, OPS, SUFFIX)                                                                       \
     extern "C" __global__ void __launch_bounds__(WG_THREADS, 2) attention_backward_dkv_##SUFFIX##_hs##HS##_wgmma_tma( \
         const OPS::elem* qkv, const OPS::elem* dout, const float* lse, const float* d, unsigned* bounds,         \
         OPS::elem* dqkv, int T, int C, int NH, int W, const __grid_constant__ WgTensorMap map_y,                 \
