@@ -72,29 +72,6 @@ WG_PERSIST_ENTRY_POINT(64, 128, 3, true, WgF16, wp_f16_hs64_n128_s3_pp)
 WG_PERSIST_ENTRY_POINT(64, 64, 4, true, WgBf16, wp_bf16_hs64_n64_s4_pp)
 WG_PERSIST_ENTRY_POINT(64, 64, 4, false, WgBf16, wp_bf16_hs64_n64_s4)
 #endif
-// The warp-specialised forward (WgWsShape: head size, key tile, stages, Q in shared memory):
-// two consumer warpgroups of 64 queries and a producer warpgroup a block.
-WG_WS_ENTRY_POINT(64, 64, 3, false, WgBf16, ws_bf16_hs64_n64_s3)
-WG_WS_ENTRY_POINT(64, 64, 3, false, WgF16, ws_f16_hs64_n64_s3)
-WG_WS_ENTRY_POINT(64, 128, 2, false, WgBf16, ws_bf16_hs64_n128_s2)
-WG_WS_ENTRY_POINT(64, 128, 2, false, WgF16, ws_f16_hs64_n128_s2)
-WG_WS_ENTRY_POINT(64, 128, 3, false, WgBf16, ws_bf16_hs64_n128_s3)
-WG_WS_ENTRY_POINT(64, 128, 3, false, WgF16, ws_f16_hs64_n128_s3)
-WG_WS_ENTRY_POINT(128, 64, 4, false, WgBf16, ws_bf16_hs128_n64_s4)
-WG_WS_ENTRY_POINT(128, 64, 4, false, WgF16, ws_f16_hs128_n64_s4)
-WG_WS_ENTRY_POINT(128, 128, 2, true, WgBf16, ws_bf16_hs128_n128_s2q)
-WG_WS_ENTRY_POINT(128, 128, 2, true, WgF16, ws_f16_hs128_n128_s2q)
-// The same with the consumers' products issued in turn (ping-pong, `pp`).
-WG_WS_PP_ENTRY_POINT(64, 64, 3, false, true, WgBf16, ws_bf16_hs64_n64_s3_pp)
-WG_WS_PP_ENTRY_POINT(64, 64, 3, false, true, WgF16, ws_f16_hs64_n64_s3_pp)
-WG_WS_PP_ENTRY_POINT(64, 128, 2, false, true, WgBf16, ws_bf16_hs64_n128_s2_pp)
-WG_WS_PP_ENTRY_POINT(64, 128, 2, false, true, WgF16, ws_f16_hs64_n128_s2_pp)
-WG_WS_PP_ENTRY_POINT(64, 128, 3, false, true, WgBf16, ws_bf16_hs64_n128_s3_pp)
-WG_WS_PP_ENTRY_POINT(64, 128, 3, false, true, WgF16, ws_f16_hs64_n128_s3_pp)
-WG_WS_PP_ENTRY_POINT(128, 64, 4, false, true, WgBf16, ws_bf16_hs128_n64_s4_pp)
-WG_WS_PP_ENTRY_POINT(128, 64, 4, false, true, WgF16, ws_f16_hs128_n64_s4_pp)
-WG_WS_PP_ENTRY_POINT(128, 128, 2, true, true, WgBf16, ws_bf16_hs128_n128_s2q_pp)
-WG_WS_PP_ENTRY_POINT(128, 128, 2, true, true, WgF16, ws_f16_hs128_n128_s2q_pp)
 // The configurations marked [engine] below are WgForward's.
 static_assert(WgForward<64>::keys == 64 && WgForward<64>::groups == 1 && !WgForward<64>::q_shared, "engine hs 64");
 static_assert(WgForward<128>::keys == 64 && WgForward<128>::groups == 1 && !WgForward<128>::q_shared, "engine hs 128");
@@ -340,14 +317,12 @@ int main(int argc, char** argv) {
     {#NAME, (Fwd)NAME, HS, 64, WgShape<HS, N, 1, QS, 2>::bytes, F16, 128, N, false, true}
 #define WGT(NAME, HS, N, F16) \
     {#NAME, (Fwd)NAME, HS, 64, WgShape<HS, N, 1, false>::bytes, F16, 128, N, false, true, true}
-#define WS(NAME, HS, N, ST, QS, F16) \
-    {#NAME, (Fwd)NAME, HS, 128, WgWsShape<HS, N, ST, QS>::bytes, F16, WgWsShape<HS, N, ST, QS>::threads, N, false}
 #define WP(NAME, HS, N, ST, F16) \
     {#NAME, (Fwd)NAME, HS, 128, WgPersistShape<HS, N, ST>::bytes, F16, WgPersistShape<HS, N, ST>::threads, N, false, \
      false, true, true}
-    // Names: n<key tile>, g2 two warpgroups a block (128 queries), q Q in shared memory; ws the
-    // warp-specialised forward with s<stages> (and q: Q in shared memory; pp: the consumers'
-    // products issued in turn).
+    // Names: n<key tile>, g2 two warpgroups a block (128 queries), q Q in shared memory, s<stages>
+    // of K and V, tma copied by the TMA unit; wp the persistent warp-specialised forward (pp:
+    // the consumers' products issued in turn).
     Kernel all[] = {
         {"tc bf16 hs64", (Fwd)attention_forward_bf16_hs64_tc, 64, 128, 4 * 64 * 72 * 2, false, 128, 0, false},
         {"tc f16 hs64", (Fwd)attention_forward_f16_hs64_tc, 64, 128, 4 * 64 * 72 * 2, true, 128, 0, false},
@@ -391,31 +366,10 @@ int main(int argc, char** argv) {
         WP(wp_bf16_hs64_n64_s4_pp, 64, 64, 4, false),
         WP(wp_bf16_hs64_n64_s4, 64, 64, 4, false),
 #endif
-        WS(ws_bf16_hs64_n64_s3, 64, 64, 3, false, false),
-        WS(ws_f16_hs64_n64_s3, 64, 64, 3, false, true),
-        WS(ws_bf16_hs64_n128_s2, 64, 128, 2, false, false),
-        WS(ws_f16_hs64_n128_s2, 64, 128, 2, false, true),
-        WS(ws_bf16_hs64_n128_s3, 64, 128, 3, false, false),
-        WS(ws_f16_hs64_n128_s3, 64, 128, 3, false, true),
-        WS(ws_bf16_hs128_n64_s4, 128, 64, 4, false, false),
-        WS(ws_f16_hs128_n64_s4, 128, 64, 4, false, true),
-        WS(ws_bf16_hs128_n128_s2q, 128, 128, 2, true, false),
-        WS(ws_f16_hs128_n128_s2q, 128, 128, 2, true, true),
-        WS(ws_bf16_hs64_n64_s3_pp, 64, 64, 3, false, false),
-        WS(ws_f16_hs64_n64_s3_pp, 64, 64, 3, false, true),
-        WS(ws_bf16_hs64_n128_s2_pp, 64, 128, 2, false, false),
-        WS(ws_f16_hs64_n128_s2_pp, 64, 128, 2, false, true),
-        WS(ws_bf16_hs64_n128_s3_pp, 64, 128, 3, false, false),
-        WS(ws_f16_hs64_n128_s3_pp, 64, 128, 3, false, true),
-        WS(ws_bf16_hs128_n64_s4_pp, 128, 64, 4, false, false),
-        WS(ws_f16_hs128_n64_s4_pp, 128, 64, 4, false, true),
-        WS(ws_bf16_hs128_n128_s2q_pp, 128, 128, 2, true, false),
-        WS(ws_f16_hs128_n128_s2q_pp, 128, 128, 2, true, true),
     };
 #undef WG
 #undef WG2
 #undef WGT
-#undef WS
 #undef WP
     // HARNESS_ONLY=NAME,NAME: only the configurations named (and the mma.sync forwards, the
     // checks' references), for a quick comparison of builds.

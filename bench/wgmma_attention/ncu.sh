@@ -1,7 +1,8 @@
 #!/bin/bash
 # Nsight Compute's view of Hopper forward configurations at B 8, T 4096, causal: the engine's
-# one-warpgroup forward and the warp-specialised ones at head size 128 by default, or the
-# configurations named as arguments (the harness's names, e.g. ws_bf16_hs128_n128_s2q). Each
+# one-warpgroup forward (with the threads' copies and with TMA) and the persistent one at head
+# size 128 by default, or the configurations named as arguments (the harness's names, e.g.
+# wp_bf16_hs128_n64_s4_pp; built with the TMA configurations, as `TMA=1 run.sh` builds). Each
 # runs alone (`harness profile NAME`: five warm-up launches, the sixth profiled) with issue,
 # stall, occupancy and memory sections, then once more for its warp-stall reasons (warps
 # stalled for each reason per issued instruction) and pipe utilisations, which
@@ -11,8 +12,13 @@ set -o pipefail
 dir=$(dirname "$0")
 out=${OUT:-/tmp}
 names=("$@")
-[ ${#names[@]} -eq 0 ] && names=(wg_bf16_hs128_n64 ws_bf16_hs128_n64_s4 ws_bf16_hs128_n128_s2q)
-nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o /tmp/wgmma_harness "$dir/harness.cu" || exit 1
+[ ${#names[@]} -eq 0 ] && names=(wg_bf16_hs128_n64 wg_bf16_hs128_n64_tma wp_bf16_hs128_n128_s2_pp)
+# The TMA configurations need the driver's cuTensorMapEncodeTiled, as in run.sh.
+libcuda=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 /{print $NF; exit}')
+cuda=$(dirname "$(dirname "$(which nvcc)")")
+if [ -n "$libcuda" ]; then extra=(-DKILN_HARNESS_TMA -Xlinker "$libcuda")
+else extra=(-DKILN_HARNESS_TMA -L"$cuda/lib64/stubs" -lcuda); fi
+nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a "${extra[@]}" -o /tmp/wgmma_harness "$dir/harness.cu" || exit 1
 NCU=$(which ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 for n in "${names[@]}"; do
     "$NCU" -k "regex:^$n\$" -s 5 -c 1 --section SpeedOfLight --section WarpStateStats \

@@ -16,7 +16,7 @@ def ptxas(path):
         if m:
             spill = m.group(0)
         m = re.search(r"Used (\d+) registers", line)
-        if m and name and name.startswith(("wg_", "ws_")):
+        if m and name and name.startswith(("wg_", "wp_")):
             print(f"ptxas {name:24s} {m.group(1):>3s} registers, {spill}")
             name = None
 

@@ -396,7 +396,7 @@ __device__ __forceinline__ void wg_softmax(float (&s)[N / 8][4], float (&m)[2], 
     });
 }
 
-// The forward's steps, shared by wg_forward and wg_forward_ws (one warpgroup's view: its
+// The forward's steps, shared by wg_forward and wg_forward_persist (one warpgroup's view: its
 // warp's 16 rows, this lane's rows row0 and row0 + 8).
 
 // Q as the A operand of every k-chunk, read once from global memory into registers: register
@@ -694,264 +694,29 @@ __device__ __forceinline__ void wg_forward(const typename Ops::elem* __restrict_
 #endif
 }
 
-// The warp-specialised forward (sm_90a; checked and timed by bench/wgmma_attention, not
-// launched by the engine: on an H100 it measured 1.02x wg_forward at head size 128 and T 4096
-// with four stages, level at T 1024, and slower at head size 64; on an H200 with K and V
-// released apart, level with four stages and 16% slower with 128-key tiles). wg_forward's
-// blocks keep each warpgroup's steps in turn, products then softmax then rescale, with one
-// block barrier a tile; at head size 128 Nsight Compute has it at 40% of issue slots busy and
-// 62% of L2 throughput, two warpgroups an SM. Here a block
-// is two consumer warpgroups of 64 queries each (128 a block, so each K and V tile is read
-// from L2 once per 128 queries) and a producer warpgroup that copies the tiles:
-// - the producer copies K_j and V_j into stage j % STAGES, each once both consumers have
-//   released what that stage's K or V buffer held (its `empty_k` or `empty_v` barrier); with
-//   K_j's copies issued it waits for its own copies of tile j - 1, makes them visible to the
-//   tensor cores' proxy and arrives on that stage's `full` barrier, then copies V_j: a tile's
-//   copies overlap the next one's issue;
-// - each consumer runs wg_forward's steps for its rows (S_j beside O += P_{j-1} V_{j-1},
-//   softmax while the second runs) on its own: it waits on tile j's `full` barrier, releases
-//   K_j once S_j is done and V_{j-1} once the product reading it is done. Nothing makes the
-//   two consumers wait for each other, so one's softmax can run beside the other's products.
-// K and V are released apart so that two stages suffice: the producer's V_j waits for V_{j-2},
-// which the consumers release in step j - 1, which needs only tile j - 1's `full`, already
-// signalled after K_j's issue; K_j waits for K_{j-2}, released in step j - 2. (With one
-// release a stage, two stages would wait on each other.) Two stages leave room for 128-key
-// tiles at head size 128, whose scores then need Q in shared memory (QS: each consumer copies
-// its 64 rows in K's layout; in registers they would spill).
-// The consumers take Q into registers or shared memory and stage their output as wg_forward
-// does; their arithmetic is wg_forward's with one warpgroup, tile for tile: the same results,
-// bit for bit, as the one-warpgroup block of the same key tile (the harness checks it). The
-// producer gives its registers to the consumers (`setmaxnreg`).
-template <int HS, int N, int STAGES, bool QS = false> struct WgWsShape {
-    static_assert(STAGES >= 2, "the producer signals each tile a tile behind its copies");
-    static constexpr int consumers = 2;
-    static constexpr int threads = (consumers + 1) * WG_THREADS;
-    static constexpr int rows = consumers * WG_ROWS;
-    static constexpr int sub = N * 128;           // bytes of a 64-column sub-tile of K or V
-    static constexpr int tile = (HS / 64) * sub;  // bytes of a K or V tile
-    static constexpr int q_sub = WG_ROWS * 128;   // bytes of a 64-column sub-tile of a consumer's Q
-    static constexpr int q_bytes = QS ? consumers * (HS / 64) * q_sub : 0;
-    static constexpr int out_pitch = 2 * HS + 16;  // output staging row, bytes (wg_forward's)
-    static constexpr int staging = 4 * consumers * 16 * out_pitch;  // a warp's 16 rows each
-    // Q, the stages (1024-byte aligned), the consumers' output staging, the barriers (full,
-    // empty_k, empty_v a stage).
-    static constexpr int bytes = 1024 + q_bytes + 2 * STAGES * tile + staging + 3 * STAGES * 8;
-    static_assert(bytes <= 227 * 1024, "a block's shared memory fits an SM");
-    // Registers after `setmaxnreg`: the producer's few, the consumers' the rest of the 64K
-    // (128 x 56 + 256 x 224 = 64512). At launch every thread has at most 65536 / 384.
-    static constexpr int producer_regs = 56, consumer_regs = 224;
-};
-
-template <class Ops, int HS, int N, int STAGES, bool QS, bool PP = false>
-__device__ __forceinline__ void wg_forward_ws(const typename Ops::elem* __restrict__ qkv,
-                                              typename Ops::elem* __restrict__ out,
-                                              float* __restrict__ lse, int T, int C, int NH, int W) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    typedef WgWsShape<HS, N, STAGES, QS> S;
-    typedef typename Ops::elem E;
-    extern __shared__ __align__(1024) unsigned char wg_smem[];
-    tc_need_shared(S::bytes);
-    if (blockDim.x != S::threads) __trap();
-    const unsigned smem0 = (tc_smem_addr(wg_smem) + 1023u) & ~1023u;
-    auto ks = [&](int i) { return smem0 + S::q_bytes + 2 * i * S::tile; };
-    auto vs = [&](int i) { return smem0 + S::q_bytes + (2 * i + 1) * S::tile; };
-    const unsigned staging = smem0 + S::q_bytes + 2 * STAGES * S::tile;
-    const unsigned bars = staging + S::staging;
-    auto full = [&](int i) { return bars + 8 * i; };
-    auto empty_k = [&](int i) { return bars + 8 * (STAGES + i); };
-    auto empty_v = [&](int i) { return bars + 8 * (2 * STAGES + i); };
-    const int b = blockIdx.y / NH, h = blockIdx.y % NH;
-    const int qt = gridDim.x - 1 - blockIdx.x;  // the last query tiles see the most keys
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    // 0, 1: consumers; 2: the producer. Taken through a shuffle so that the compiler sees it
-    // uniform over the warp, and the wgmma under the branches that depend on it stays whole.
-    const int group = __shfl_sync(0xffffffffu, warp >> 2, 0);
-    const size_t stride = 3 * (size_t)C;
-    const E* base = qkv + (size_t)b * T * stride + h * HS;
-    const int q0 = qt * S::rows;
-    const int kt0 = tc_first_key_tile(q0, W, N);
-    const int tiles = min(q0 + S::rows - 1, T - 1) / N - kt0 + 1;
-    if (threadIdx.x == 0) {
-        for (int i = 0; i < STAGES; i++) {
-            wg_mbar_init(full(i), WG_THREADS);             // every producer thread's copies
-            wg_mbar_init(empty_k(i), 4 * S::consumers);  // lane 0 of every consumer warp
-            wg_mbar_init(empty_v(i), 4 * S::consumers);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    __syncthreads();
-
-    if (group == S::consumers) {
-        // The producer.
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(S::producer_regs));
-        const int tid = threadIdx.x - S::consumers * WG_THREADS;
-        for (int j = 0; j < tiles; j++) {
-            const int stage = j % STAGES, use = j / STAGES;
-            const int k0 = (kt0 + j) * N;
-            if (use > 0) wg_mbar_wait(empty_k(stage), (use - 1) & 1);
-            wg_tile_copy<HS, N, WG_THREADS>(ks(stage), base + C, stride, k0, T, tid);
-            tc_commit();
-            if (j > 0) {
-                tc_wait<1>();  // this thread's copies of tile j - 1 (all but K_j's)
-                wg_fence_proxy();
-                wg_mbar_arrive(full((j - 1) % STAGES));
-            }
-            if (use > 0) wg_mbar_wait(empty_v(stage), (use - 1) & 1);
-            wg_tile_copy<HS, N, WG_THREADS>(vs(stage), base + 2 * C, stride, k0, T, tid);
-            tc_commit();
-        }
-        tc_wait<0>();
-        wg_fence_proxy();
-        wg_mbar_arrive(full((tiles - 1) % STAGES));
-        return;
-    }
-
-    // A consumer: warpgroup `group`, rows q0 + 64 group .. q0 + 64 group + 63, warp w of the
-    // block rows q0 + 16 w .. q0 + 16 w + 15.
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(S::consumer_regs));
-    const int warp_row0 = q0 + warp * 16;
-    const int row0 = warp_row0 + g;  // this lane's rows: row0 and row0 + 8
-    const int wg_q0 = q0 + WG_ROWS * group;
-    const float c = tc_scale<HS>() * TC_LOG2E;
-    unsigned qf[QS ? 1 : HS / 16][4];
-    const unsigned q_tile = smem0 + group * (S::q_bytes / S::consumers);
-    if constexpr (QS) {
-        // This warpgroup's 64 rows of Q in K's layout, copied by its own threads, visible to
-        // the tensor cores' proxy before any of them issues a product (named barrier 1 + group
-        // over the warpgroup's 128 threads; barrier 0 is the block's).
-        wg_tile_copy<HS, WG_ROWS, WG_THREADS>(q_tile, base, stride, wg_q0, T, threadIdx.x - group * WG_THREADS);
-        tc_commit();
-        tc_wait<0>();
-        wg_fence_proxy();
-        if (group == 0) asm volatile("bar.sync 1, %0;" :: "n"(WG_THREADS) : "memory");
-        else asm volatile("bar.sync 2, %0;" :: "n"(WG_THREADS) : "memory");
-    } else {
-        wg_load_q<HS>(qf, base, stride, row0, t, T);
-    }
-    const unsigned long long qd = wg_desc(q_tile, 16, 1024);
-    float o[HS / 8][4], s[N / 8][4];
-    #pragma unroll
-    for (int n = 0; n < HS / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    #pragma unroll
-    for (int n = 0; n < N / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-    unsigned p[N / 16][4];
-    float m[2] = {KILN_NEG_INF, KILN_NEG_INF}, l[2] = {0.0f, 0.0f}, corr[2];
-    auto wait_tile = [&](int j) { wg_mbar_wait(full(j % STAGES), (j / STAGES) & 1); };
-    auto release_k = [&](int j) {
-        if (lane == 0) wg_mbar_arrive(empty_k(j % STAGES));
-    };
-    auto release_v = [&](int j) {
-        if (lane == 0) wg_mbar_arrive(empty_v(j % STAGES));
-    };
-    auto issue_s = [&](int stage) { wg_issue_s<Ops, HS, N, QS>(s, qf, qd, S::q_sub, ks(stage), S::sub); };
-    auto issue_pv = [&](int stage) { wg_issue_pv<Ops, HS, N>(o, p, vs(stage), S::sub); };
-    auto pack_p = [&]() { wg_pack_p<Ops, N>(p, s); };
-    // This warpgroup's key tiles (indices from kt0, as the producer counts them): those its
-    // rows see, so that its sums are a one-warpgroup block's exactly. The block's other tiles
-    // it only waits for and releases (the wait keeps each release in its tile's phase of the
-    // stage's barriers); a warpgroup with no row before T has none of its own.
-    const int first = wg_q0 < T ? tc_first_key_tile(wg_q0, W, N) - kt0 : tiles;
-    const int last = wg_q0 < T ? min(wg_q0 + WG_ROWS - 1, T - 1) / N - kt0 : tiles - 1;
-    // With PP every consumer takes one turn a tile of the block and one more for the last
-    // O += P V (or, with no rows, an empty one), so both take tiles + 1 turns; consumer 0 goes
-    // first, and takes one turn more at the end for consumer 1's last pass.
-    auto turn_wait = [&]() {
-        if constexpr (PP) wg_turn_wait(group);
-    };
-    auto turn_pass = [&]() {
-        if constexpr (PP) wg_turn_pass(group);
-    };
-    if constexpr (PP) {
-        if (group == 1) wg_turn_pass(group);
-    }
-    for (int j = 0; j < first; j++) {
-        wait_tile(j);
-        turn_wait();
-        turn_pass();
-        release_k(j);
-        release_v(j);
-    }
-    if (first <= last) {
-        wait_tile(first);
-        turn_wait();
-        wg_fence();
-        issue_s(first % STAGES);
-        turn_pass();
-        wg_wait<0>();
-        wg_pin(s);
-        release_k(first);
-        wg_softmax<Ops, N>(s, m, l, corr, (kt0 + first) * N, warp_row0, row0, t, c, W, T);
-        pack_p();
-        for (int it = first + 1; it <= last; it++) {
-            const int stage = it % STAGES, prev = (it - 1) % STAGES;
-            wait_tile(it);
-            turn_wait();
-            wg_fence();
-            issue_s(stage);
-            issue_pv(prev);
-            turn_pass();
-            wg_wait<1>();  // S_j is done: K_j's buffer is free
-            wg_pin(s);
-            release_k(it);
-            wg_softmax<Ops, N>(s, m, l, corr, (kt0 + it) * N, warp_row0, row0, t, c, W, T);
-            wg_wait<0>();  // O += P_{j-1} V_{j-1} is done: V_{j-1}'s buffer is free
-            wg_pin(o);
-            release_v(it - 1);
-            wg_rescale_o<HS>(o, corr);
-            pack_p();
-        }
-        turn_wait();
-        wg_fence();
-        issue_pv(last % STAGES);
-        turn_pass();
-        wg_wait<0>();
-        wg_pin(o);
-        release_v(last);
-    } else {
-        turn_wait();
-        turn_pass();
-    }
-    for (int j = last + 1; j < tiles; j++) {
-        wait_tile(j);
-        turn_wait();
-        turn_pass();
-        release_k(j);
-        release_v(j);
-    }
-    if constexpr (PP) {
-        if (group == 0) wg_turn_wait(group);  // consumer 1's last pass
-    }
-
-    // Each warp stages its 16 rows in its own part of the staging area.
-    unsigned char* const stage_out = wg_smem + (staging - tc_smem_addr(wg_smem)) + warp * 16 * S::out_pitch;
-    wg_store_output<Ops, HS>(o, l, m, stage_out, S::out_pitch, out, lse, b, h, NH, warp_row0, row0, T, C);
-#elif defined(__CUDA_ARCH__)
-    __trap();
-#endif
-}
-
-// An entry point of the warp-specialised forward (bench/wgmma_attention instantiates them):
-// one block an SM, its registers shared out by setmaxnreg.
-#define WG_WS_ENTRY_POINT(HS, N, STAGES, QS, OPS, NAME) WG_WS_PP_ENTRY_POINT(HS, N, STAGES, QS, false, OPS, NAME)
-#define WG_WS_PP_ENTRY_POINT(HS, N, STAGES, QS, PP, OPS, NAME)                                      \
-    extern "C" __global__ void __launch_bounds__(WgWsShape<HS, N, STAGES, QS>::threads, 1)          \
-        NAME(const OPS::elem* qkv, OPS::elem* out, float* lse, int T, int C, int NH, int W) {      \
-        wg_forward_ws<OPS, HS, N, STAGES, QS, PP>(qkv, out, lse, T, C, NH, W);                     \
-    }
-
-// The persistent warp-specialised forward fed by TMA (sm_90a; checked and timed by
-// bench/wgmma_attention as `wp_*`). wg_forward_ws's blocks pay their start (Q's load, the first
-// tile's wait) and end (the output's store) with nothing else on the SM to cover them, one
-// block an SM; here a block per SM stays resident and walks the work tiles (128 queries of
-// one head each, the last query tiles first), and its producer, one thread issuing TMA copies,
-// runs ahead into the next tile while the consumers finish the last:
+// The persistent warp-specialised forward fed by TMA (sm_90a), the engine's at head size 128
+// with the TMA forms (attention.rs; bench/wgmma_attention checks and times it as `wp_*`). A
+// block is two consumer warpgroups of 64 queries each, which share every K and V tile (read
+// from L2 once per 128 queries), and a producer warpgroup of which one thread issues every
+// copy and the rest exit; the producer gives its registers to the consumers (`setmaxnreg`).
+// One block an SM stays resident and walks the work tiles (128 queries of one head each, the
+// last query tiles first), and its producer runs ahead into the next work tile while the
+// consumers finish the last, so that a block's start (Q's load, the first tile's wait) and
+// end (the output's store) do not leave the SM idle. (A non-persistent form, a block a work
+// tile with 128 threads' cp.async copies, measured level with the one-warpgroup forward and
+// was removed; docs/perf-log.md.) Each consumer runs wg_forward's steps for its rows on its
+// own (S_j beside O += P_{j-1} V_{j-1}, the softmax while the second runs), waiting on the
+// stages' mbarriers; with PP they take turns to issue their products (FlashAttention-3's
+// ping-pong), so that one's softmax runs while the other's products do.
 // - Q: the block's 128 rows in shared memory (HS / 64 sub-tiles of 128 rows, consumer w's
 //   rows 64 w on), copied by the TMA unit once both consumers have issued their last S of the
 //   tile before (`empty_q`), counted on `full_q`;
 // - K_j and V_j: their own full barriers, so that S_j waits for K_j alone and O += P_{j-1}
-//   V_{j-1} for V_{j-1}; released apart as in wg_forward_ws. The stage and phase of a tile
-//   follow a running count over all the block's work tiles, which producer and consumers
-//   keep alike.
+//   V_{j-1} for V_{j-1}, and their own empty barriers: K_j is released once S_j is done, V_j
+//   once the product reading it is, so that two stages suffice (the producer's V_j waits for
+//   V_{j-2}, released in step j - 1, which needs only K_{j-1} and V_{j-2}, both copied before
+//   it). The stage and phase of a tile follow a running count over all the block's work
+//   tiles, which producer and consumers keep alike.
 // With PP the consumers' turns run on across work tiles (each takes tiles + 1 turns a work
 // tile), so the first pass and the last wait are the kernel's, not a tile's.
 // The consumers' arithmetic is wg_forward's with Q from shared memory: the same results, bit
