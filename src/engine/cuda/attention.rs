@@ -233,7 +233,7 @@ fn wgmma_tma_kernels(hs: usize) -> Option<TmaKernels> {
 /// issuing TMA copies, the consumers' products in turn), sm_90's forward at head size 128 with
 /// the TMA forms unless `KILN_ATTENTION_PERSISTENT=0` ([`attention_persistent`]). On an H200
 /// (B 4, T 4096, 16 heads of 128) it took 14-16% off the one-warpgroup TMA forward; at head
-/// size 64 (128-key tiles, three stages) it measured 5-9% slower than that forward, which
+/// size 64 (128-key tiles, three stages) it measured 4-9% slower than that forward, which
 /// stays there (docs/benchmarks/2026-12-02-h200/persistent-forward).
 fn wgmma_persistent_forward(hs: usize) -> Option<ElemKernel> {
     match hs {
@@ -758,11 +758,10 @@ impl CudaBackend {
                 let tma = attention_tma().then(|| wgmma_tma_kernels(hs)).flatten();
                 let dq = tma.and_then(|k| k.dq).unwrap_or(dq);
                 let dkv = tma.and_then(|k| k.dkv).unwrap_or(dkv);
-                let persistent = tma
-                    .is_some()
-                    .then(|| attention_persistent().then(|| wgmma_persistent_forward(hs)))
-                    .flatten()
-                    .flatten();
+                let persistent = match tma.is_some() && attention_persistent() {
+                    true => wgmma_persistent_forward(hs),
+                    false => None,
+                };
                 let forward = match persistent {
                     Some(kernel) => Launch {
                         kernel,
