@@ -915,9 +915,10 @@ impl CudaBackend {
         )?;
         let mut map = None;
         if plan.forward_map() {
-            let keys = match is_persistent_kernel(plan.forward.kernel) {
-                true => persistent_config(hs).0,
-                false => wgmma_config(hs).keys,
+            let keys = if is_persistent_kernel(plan.forward.kernel) {
+                persistent_config(hs).0
+            } else {
+                wgmma_config(hs).keys
             };
             match rows_tensor_map::<T>(raw_ptr(qkv, &self.stream), 3 * s.channels, s, keys) {
                 Ok(m) => map = Some(m),
@@ -1027,20 +1028,18 @@ impl CudaBackend {
         // dQ's of K and V in `qkv`; dK/dV's of Q in `qkv` and of dO.
         let qkv_map =
             |rows| rows_tensor_map::<T>(raw_ptr(qkv, &self.stream), 3 * s.channels, s, rows);
+        let encode_dkv = |rows| -> Result<_> {
+            let g = rows_tensor_map::<T>(raw_ptr(dout, &self.stream), s.channels, s, rows)?;
+            Ok((qkv_map(rows)?, g))
+        };
         let encoded = (|| -> Result<_> {
-            let dq_map = match plan.dq_map() {
-                true => Some(qkv_map(wgmma_backward_rows(hs, false))?),
-                false => None,
-            };
-            let dkv_maps = match plan.dkv_maps() {
-                true => {
-                    let rows = wgmma_backward_rows(hs, true);
-                    let g = rows_tensor_map::<T>(raw_ptr(dout, &self.stream), s.channels, s, rows)?;
-                    Some((qkv_map(rows)?, g))
-                }
-                false => None,
-            };
-            Ok((dq_map, dkv_maps))
+            let dq = plan
+                .dq_map()
+                .then(|| qkv_map(wgmma_backward_rows(hs, false)));
+            let dkv = plan
+                .dkv_maps()
+                .then(|| encode_dkv(wgmma_backward_rows(hs, true)));
+            Ok((dq.transpose()?, dkv.transpose()?))
         })();
         let (dq_map, dkv_maps) = match encoded {
             Ok(m) => m,

@@ -865,14 +865,17 @@ __device__ __forceinline__ void wg_forward_persist(const typename Ops::elem* __r
         auto issue_pv = [&](int stage) { wg_issue_pv<Ops, HS, N>(o, p, vs(stage), S::sub); };
         const int first = wg_q0 < T ? tc_first_key_tile(wg_q0, W, N) - kt0 : tiles;
         const int last = wg_q0 < T ? min(wg_q0 + WG_ROWS - 1, T - 1) / N - kt0 : tiles - 1;
-        for (int it = 0; it < first; it++) {
-            wait_k(j0 + it);
-            wait_v(j0 + it);
+        // A tile this warpgroup's rows do not see: waited for, its turn taken and released,
+        // so that barrier phases and turns stay in step with the other consumer's.
+        auto pass_tile = [&](int j) {
+            wait_k(j);
+            wait_v(j);
             turn_wait();
             turn_pass();
-            release(empty_k((j0 + it) % STAGES));
-            release(empty_v((j0 + it) % STAGES));
-        }
+            release(empty_k(j % STAGES));
+            release(empty_v(j % STAGES));
+        };
+        for (int it = 0; it < first; it++) pass_tile(j0 + it);
         if (first <= last) {
             wg_mbar_wait(full_q, n & 1);
             wait_k(j0 + first);
@@ -921,14 +924,7 @@ __device__ __forceinline__ void wg_forward_persist(const typename Ops::elem* __r
             turn_wait();
             turn_pass();
         }
-        for (int it = last + 1; it < tiles; it++) {
-            wait_k(j0 + it);
-            wait_v(j0 + it);
-            turn_wait();
-            turn_pass();
-            release(empty_k((j0 + it) % STAGES));
-            release(empty_v((j0 + it) % STAGES));
-        }
+        for (int it = last + 1; it < tiles; it++) pass_tile(j0 + it);
         if (first <= last)
             wg_store_output<Ops, HS>(o, l, m, stage_out, S::out_pitch, out, lse, b, h, NH, warp_row0, row0, T, C);
         j0 += tiles;
