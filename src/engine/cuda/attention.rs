@@ -93,7 +93,8 @@ pub(super) const PROGRAM_TC: Program = Program {
         "WG_TMA_BACKWARD_ENTRY_POINTS(64, WgBf16, bf16)\nWG_TMA_BACKWARD_ENTRY_POINTS(64, WgF16, f16)\n",
         "WG_TMA_DQ_ENTRY_POINT(128, WgBf16, bf16)\nWG_TMA_DQ_ENTRY_POINT(128, WgF16, f16)\n",
         "WG_PERSIST_ENTRY_POINT(128, 128, 2, true, WgBf16, attention_forward_bf16_hs128_wgmma_persist)\n",
-        "WG_PERSIST_ENTRY_POINT(128, 128, 2, true, WgF16, attention_forward_f16_hs128_wgmma_persist)\n"
+        "WG_PERSIST_ENTRY_POINT(128, 128, 2, true, WgF16, attention_forward_f16_hs128_wgmma_persist)\n",
+        "WG_VALUE_BOUND_ENTRY_POINT(64)\nWG_VALUE_BOUND_ENTRY_POINT(128)\n"
     ),
     kernels: &[],
     elem_kernels: &[
@@ -118,6 +119,8 @@ pub(super) const PROGRAM_TC: Program = Program {
         ElemKernel::AttentionForwardHs128WgmmaTma,
         ElemKernel::AttentionBackwardDqHs128WgmmaTma,
         ElemKernel::AttentionForwardHs128WgmmaPersist,
+        ElemKernel::AttentionValueBoundHs64,
+        ElemKernel::AttentionValueBoundHs128,
     ],
     dtypes: &[DType::BF16, DType::F16],
 };
@@ -168,12 +171,22 @@ const TC_HEAD_SIZES: [usize; 2] = [64, 128];
 const TC_16BIT_HEAD_SIZES: [usize; 1] = [96];
 
 /// f32 values of the scratch an attention backward takes from the driver outside the pool:
-/// the row terms d of every (batch, head, query), then two bound words a head (read only by
+/// the row terms d of every (batch, head, query), then three bound words a head (read only by
 /// the Hopper f16 kernels, taken on every path so that the planner's figure does not depend on
 /// the GPU).
 pub fn backward_scratch_len(s: AttnShape) -> usize {
     let heads = s.batch * s.heads;
-    heads * s.seq + 2 * heads
+    heads * s.seq + 3 * heads
+}
+
+/// The f16 Hopper backward's first kernel at head size `hs`: each head's largest |V_j| into
+/// its bounds ([`Plan::head_bounds`]).
+fn value_bound_kernel(hs: usize) -> Option<ElemKernel> {
+    match hs {
+        64 => Some(ElemKernel::AttentionValueBoundHs64),
+        128 => Some(ElemKernel::AttentionValueBoundHs128),
+        _ => None,
+    }
 }
 
 /// The Hopper (sm_90) forward, dQ and dK/dV kernels at head size `hs`; the forward's
@@ -388,16 +401,39 @@ const fn wgmma_shared(hs: usize) -> u32 {
 }
 
 /// Dynamic shared memory of the Hopper backward at head size `hs` (`WgBackShape::bytes` of
-/// attention_wgmma.cu, which traps when launched with less): the block's own tiles of 64 rows
-/// that its products read from shared memory ([`wgmma_backward_owned_shared`]), three stages
-/// of two streamed tiles ([`wgmma_backward_rows`]), all of 128-byte rows, for dK/dV each
-/// stage's queries' lse and d (f32), and 1024 bytes to align the tiles.
-const fn wgmma_backward_shared(hs: usize, dkv: bool) -> u32 {
+/// attention_wgmma.cu, which traps when launched with less): each warpgroup's own tiles of 64
+/// rows that its products read from shared memory ([`wgmma_backward_owned_shared`]), three
+/// stages of two streamed tiles ([`wgmma_backward_rows`]) that the block's warpgroups share,
+/// all of 128-byte rows, for dK/dV each stage's queries' lse and d (f32), and 1024 bytes to
+/// align the tiles; `groups` warpgroups a block ([`wgmma_backward_groups`]).
+const fn wgmma_backward_shared(hs: usize, dkv: bool, groups: u32) -> u32 {
     let stream = wgmma_backward_rows(hs, dkv);
     let own = (hs / 64) * 64 * 128;
     let tile = (hs / 64) * stream * 128;
     let row_terms = if dkv { 2 * stream * 4 } else { 0 };
-    (wgmma_backward_owned_shared(hs, dkv) * own + 3 * (2 * tile + row_terms) + 1024) as u32
+    (groups as usize * wgmma_backward_owned_shared(hs, dkv) * own
+        + 3 * (2 * tile + row_terms)
+        + 1024) as u32
+}
+
+/// Warpgroups a block of the Hopper backward (`WgBackward`'s `dq_groups`, `dkv_groups` and
+/// `dkv_tma_groups`), each owning 64 rows and sharing the streamed tiles: two in dK/dV's TMA
+/// form at head size 64, where on an H200 that took 3-4% off the backward; one elsewhere,
+/// where two measured slower (docs/benchmarks/2026-12-02-h200/backward-pairs).
+const fn wgmma_backward_groups(hs: usize, dkv: bool, tma: bool) -> u32 {
+    if dkv && tma && hs == 64 { 2 } else { 1 }
+}
+
+/// How a Hopper backward kernel at head size `hs` is launched: 64 rows and 128 threads a
+/// warpgroup, [`wgmma_backward_shared`] bytes.
+fn wgmma_backward_launch(kernel: ElemKernel, hs: usize, dkv: bool) -> Launch {
+    let groups = wgmma_backward_groups(hs, dkv, is_tma_kernel(kernel));
+    Launch {
+        kernel,
+        rows: groups * TC_ROWS,
+        threads: groups * TC_THREADS,
+        shared: wgmma_backward_shared(hs, dkv, groups),
+    }
 }
 
 /// How many of the Hopper backward's two own tiles stay in shared memory (`WgBackShape::owned`
@@ -621,9 +657,10 @@ struct Plan {
     /// The tensor-core dQ kernel takes the row term d from the forward's output (`out`); the
     /// CUDA-core one sums it over the keys and takes no `out`.
     tensor_cores: bool,
-    /// The Hopper backward: both kernels take `bounds` after `d`, two u32 a head, where in f16
-    /// the dQ kernel records the head's largest |dO_i| and |d_i| for the dK/dV kernel's dS
-    /// scales (zeroed before the dQ kernel runs).
+    /// The Hopper backward: both kernels take `bounds` after `d`, three u32 a head, where in
+    /// f16 the dQ kernel records the head's largest |dO_i| and |d_i| for the dK/dV kernel, and
+    /// [`value_bound_kernel`], launched first, its largest |V_j| for both: the bounds that fix
+    /// their dS scales (zeroed before).
     head_bounds: bool,
 }
 
@@ -663,8 +700,8 @@ impl Plan {
         is_tma_kernel(self.dkv.kernel)
     }
 
-    /// The same call on the Hopper kernels whose threads copy the tiles (the launch shapes are
-    /// the TMA forms'), for when a tensor map cannot be encoded.
+    /// The same call on the Hopper kernels whose threads copy the tiles (with their own launch
+    /// shapes), for when a tensor map cannot be encoded.
     fn without_tma(self, hs: usize) -> Plan {
         let Some([forward, dq, dkv]) = wgmma_kernels(hs) else {
             return self;
@@ -676,14 +713,8 @@ impl Plan {
                 threads: wgmma_threads(hs),
                 shared: wgmma_shared(hs),
             },
-            dq: Launch {
-                kernel: dq,
-                ..self.dq
-            },
-            dkv: Launch {
-                kernel: dkv,
-                ..self.dkv
-            },
+            dq: wgmma_backward_launch(dq, hs, false),
+            dkv: wgmma_backward_launch(dkv, hs, true),
             ..self
         }
     }
@@ -754,7 +785,6 @@ impl CudaBackend {
             if self.info.arch() == 90
                 && let Some([forward, dq, dkv]) = wgmma_kernels(hs)
             {
-                // The backward: one warpgroup (128 threads) per 64 rows, as TC_ROWS.
                 let tma = attention_tma().then(|| wgmma_tma_kernels(hs)).flatten();
                 let dq = tma.and_then(|k| k.dq).unwrap_or(dq);
                 let dkv = tma.and_then(|k| k.dkv).unwrap_or(dkv);
@@ -778,8 +808,8 @@ impl CudaBackend {
                 };
                 return Ok(Plan {
                     forward,
-                    dq: launch(dq, TC_ROWS, wgmma_backward_shared(hs, false)),
-                    dkv: launch(dkv, TC_ROWS, wgmma_backward_shared(hs, true)),
+                    dq: wgmma_backward_launch(dq, hs, false),
+                    dkv: wgmma_backward_launch(dkv, hs, true),
                     tensor_cores: true,
                     head_bounds: true,
                 });
@@ -1021,8 +1051,23 @@ impl CudaBackend {
         // row terms d, then the heads' bounds (Plan::head_bounds), as f32 bit patterns.
         let mut scratch = self.alloc::<f32>(backward_scratch_len(s))?;
         let (mut d, mut bounds) = scratch.split_at_mut(rows);
-        if plan.head_bounds && T::DTYPE == DType::F16 {
+        if plan.head_bounds
+            && T::DTYPE == DType::F16
+            && let Some(kernel) = value_bound_kernel(hs)
+        {
             self.stream.memset_zeros(&mut bounds)?;
+            let f = self.elem_function::<T>(kernel)?;
+            let mut b = self.stream.launch_builder(f);
+            b.arg(qkv).arg(&mut bounds).arg(&t).arg(&c).arg(&nh);
+            let launch = Launch {
+                kernel,
+                rows: TC_ROWS,
+                threads: TC_THREADS,
+                shared: 0,
+            };
+            // SAFETY: the kernel reads the V third of `qkv` ([B, T, 3C], checked above) and
+            // adds one word a head into `bounds` (3 B NH values) by atomicMax.
+            unsafe { b.launch(rows_grid(s.seq, launch, s)) }?;
         }
         // The TMA forms' maps of the streamed tiles, each kernel's boxes its own tile rows:
         // dQ's of K and V in `qkv`; dK/dV's of Q in `qkv` and of dO.
@@ -1065,7 +1110,7 @@ impl CudaBackend {
                 b.arg(map);
             }
             // SAFETY: as above; this kernel writes the Q third of each dqkv row, `d`, and with
-            // head_bounds two words a head of `bounds` (its `2 B NH` values); the TMA form's map
+            // head_bounds two of the three words a head of `bounds` (its `3 B NH` values); the TMA form's map
             // describes `qkv` itself.
             unsafe { b.launch(rows_grid(s.seq, plan.dq, s)) }?;
         }
@@ -1186,36 +1231,63 @@ mod tests {
         assert!(2 * (wgmma_shared(128) + 1024 + TMA_STATIC_SHARED) <= 228 << 10);
     }
 
-    /// The Hopper backward's byte counts are `WgBackShape::bytes`, and two blocks of each
-    /// kernel (what their registers allow) fit an sm_90 SM's shared memory.
+    /// The Hopper backward's byte counts are `WgBackShape::bytes`, and two warpgroups of each
+    /// kernel (what their registers allow: two blocks of one, or one of two) fit an sm_90 SM's
+    /// shared memory.
     #[test]
     fn wgmma_backward_shared_memory_is_the_kernel_layout_and_two_blocks_fit() {
+        // Warpgroups a block (WgBackward's dq_groups, dkv_groups, dkv_tma_groups): two in
+        // dK/dV's TMA form at head size 64, launched as 128 rows of 256 threads.
+        for (hs, dkv, tma, groups) in [
+            (64, true, true, 2),
+            (64, true, false, 1),
+            (64, false, true, 1),
+            (128, true, true, 1),
+            (128, false, true, 1),
+        ] {
+            assert_eq!(
+                wgmma_backward_groups(hs, dkv, tma),
+                groups,
+                "{hs} {dkv} {tma}"
+            );
+        }
+        let l = wgmma_backward_launch(ElemKernel::AttentionBackwardDkvHs64WgmmaTma, 64, true);
+        assert_eq!((l.rows, l.threads), (128, 256));
+        let l = wgmma_backward_launch(ElemKernel::AttentionBackwardDkvHs64Wgmma, 64, true);
+        assert_eq!((l.rows, l.threads), (64, 128));
         // Head size 64: dQ's Q and dO, 64 x 64 each (dK/dV's K and V are in registers);
         // three stages of two 64-row tiles; dK/dV adds each stage's 64 lse and 64 d.
         assert_eq!(
-            wgmma_backward_shared(64, false),
+            wgmma_backward_shared(64, false, 1),
             2 * 64 * 128 + 3 * 2 * 64 * 128 + 1024
         );
-        assert_eq!(
-            wgmma_backward_shared(64, true),
-            3 * (2 * 64 * 128 + 2 * 64 * 4) + 1024
-        );
+        for groups in [1, 2] {
+            assert_eq!(
+                wgmma_backward_shared(64, true, groups),
+                3 * (2 * 64 * 128 + 2 * 64 * 4) + 1024
+            );
+        }
         // Head size 128: rows of two 64-column halves; dQ streams 64-row tiles with Q and dO
-        // in registers, dK/dV 32-row tiles with V alone in shared memory.
+        // in registers, dK/dV 32-row tiles with V alone in shared memory (a warpgroup's own).
         assert_eq!(
-            wgmma_backward_shared(128, false),
+            wgmma_backward_shared(128, false, 1),
             3 * 2 * 2 * 64 * 128 + 1024
         );
-        assert_eq!(
-            wgmma_backward_shared(128, true),
-            2 * 64 * 128 + 3 * (2 * 2 * 32 * 128 + 2 * 32 * 4) + 1024
-        );
+        for groups in [1, 2] {
+            assert_eq!(
+                wgmma_backward_shared(128, true, groups),
+                groups * 2 * 64 * 128 + 3 * (2 * 2 * 32 * 128 + 2 * 32 * 4) + 1024
+            );
+        }
         for hs in TC_HEAD_SIZES {
             for dkv in [false, true] {
-                // Two blocks, each with the 1 KiB the driver reserves and the TMA forms' static
-                // barriers.
+                // Two warpgroups' blocks, each with the 1 KiB the driver reserves and the TMA
+                // forms' static barriers.
+                let groups = wgmma_backward_groups(hs, dkv, true);
                 assert!(
-                    2 * (wgmma_backward_shared(hs, dkv) + 1024 + TMA_STATIC_SHARED) <= 228 << 10
+                    2 / groups
+                        * (wgmma_backward_shared(hs, dkv, groups) + 1024 + TMA_STATIC_SHARED)
+                        <= 228 << 10
                 );
             }
         }
@@ -1238,23 +1310,22 @@ mod tests {
     }
 
     /// Where a tensor map cannot be encoded, a TMA plan falls back to the kernels whose threads
-    /// copy the tiles, with the same launch shapes and no maps.
+    /// copy the tiles, with their launch shapes and no maps.
     #[test]
     fn a_tma_plan_without_tma_takes_the_threads_copies() {
         for hs in TC_HEAD_SIZES {
             let tma = wgmma_tma_kernels(hs).unwrap_or_else(|| panic!("no TMA kernels for {hs}"));
             let [forward, dq, dkv] = wgmma_kernels(hs).unwrap_or_else(|| panic!("none for {hs}"));
             let (tma_dq, tma_dkv) = (tma.dq.unwrap_or(dq), tma.dkv.unwrap_or(dkv));
-            let launch = |kernel, shared| Launch {
-                kernel,
-                rows: TC_ROWS,
-                threads: TC_THREADS,
-                shared,
-            };
             let plan = Plan {
-                forward: launch(tma.forward, wgmma_shared(hs)),
-                dq: launch(tma_dq, wgmma_backward_shared(hs, false)),
-                dkv: launch(tma_dkv, wgmma_backward_shared(hs, true)),
+                forward: Launch {
+                    kernel: tma.forward,
+                    rows: wgmma_rows(hs),
+                    threads: wgmma_threads(hs),
+                    shared: wgmma_shared(hs),
+                },
+                dq: wgmma_backward_launch(tma_dq, hs, false),
+                dkv: wgmma_backward_launch(tma_dkv, hs, true),
                 tensor_cores: true,
                 head_bounds: true,
             };
@@ -1271,7 +1342,13 @@ mod tests {
             assert!(!back.forward_map() && !back.dq_map() && !back.dkv_maps());
             assert!(back.tensor_cores && back.head_bounds);
             assert_eq!(back.forward.shared, wgmma_shared(hs));
-            assert_eq!(back.dkv.shared, wgmma_backward_shared(hs, true));
+            // The backward's blocks are the threads' copies' (one warpgroup in dK/dV).
+            for (launch, dkv) in [(back.dq, false), (back.dkv, true)] {
+                assert_eq!(
+                    (launch.rows, launch.threads, launch.shared),
+                    (TC_ROWS, TC_THREADS, wgmma_backward_shared(hs, dkv, 1))
+                );
+            }
             // The persistent forward falls back to the one-warpgroup forward's launch shape.
             if let Some(kernel) = wgmma_persistent_forward(hs) {
                 let persistent = Plan {
@@ -1281,8 +1358,8 @@ mod tests {
                         threads: PERSISTENT_THREADS,
                         shared: persistent_shared(hs),
                     },
-                    dq: launch(tma_dq, wgmma_backward_shared(hs, false)),
-                    dkv: launch(tma_dkv, wgmma_backward_shared(hs, true)),
+                    dq: wgmma_backward_launch(tma_dq, hs, false),
+                    dkv: wgmma_backward_launch(tma_dkv, hs, true),
                     tensor_cores: true,
                     head_bounds: true,
                 };

@@ -1015,13 +1015,21 @@ template <int HS> struct WgBackward {
     // two only, as dQ's made that kernel slower.
     static constexpr int dq_regs = HS == 64 ? 0 : 3;
     static constexpr int dkv_regs = HS == 64 ? 3 : 1;
+    // Warpgroups a block (wg_backward's G), as measured on an H200 (B 4, T 4096): two at head
+    // size 64 in dK/dV's TMA form, sharing each streamed tile, 3-4% off the backward; 1%
+    // slower in its threads' copies; dQ at 64 (three one-warpgroup blocks an SM, where two
+    // warpgroups' blocks fit one) and both kernels at 128 slower with two.
+    static constexpr int dq_groups = 1;
+    static constexpr int dkv_groups = 1;
+    static constexpr int dkv_tma_groups = HS == 64 ? 2 : 1;
 };
 
-// Shared memory of the backward at head size HS with N-row streamed tiles: the block's own
-// tiles of 64 rows that RA leaves in shared memory, three stages of two streamed tiles (128-byte swizzled rows, HS / 64
-// sub-tiles each), for dK/dV three stages of the queries' lse and d (f32), and 1024 bytes to
-// align the tiles.
-template <int HS, int N, bool DKV, int RA = 0> struct WgBackShape {
+// Shared memory of the backward at head size HS with N-row streamed tiles and G warpgroups a
+// block: each warpgroup's own tiles of 64 rows that RA leaves in shared memory, three stages of
+// two streamed tiles (128-byte swizzled rows, HS / 64 sub-tiles each) that the warpgroups
+// share, for dK/dV three stages of the queries' lse and d (f32), and 1024 bytes to align the
+// tiles.
+template <int HS, int N, bool DKV, int RA = 0, int G = 1> struct WgBackShape {
     static constexpr int own_sub = WG_ROWS * 128;  // bytes of one 64-column sub-tile of an owned tile
     static constexpr int own = (HS / 64) * own_sub;
     static constexpr int owned = (RA & 1 ? 0 : 1) + (RA & 2 ? 0 : 1);  // owned tiles in shared memory
@@ -1029,8 +1037,8 @@ template <int HS, int N, bool DKV, int RA = 0> struct WgBackShape {
     static constexpr int tile = (HS / 64) * sub;
     static constexpr int stages = 3;
     static constexpr int row_terms = DKV ? 2 * N * 4 : 0;  // a stage's lse and d, bytes
-    static constexpr int bytes = owned * own + stages * (2 * tile + row_terms) + 1024;
-    static_assert(bytes <= 113 * 1024, "two blocks fit an SM's shared memory");
+    static constexpr int bytes = G * owned * own + stages * (2 * tile + row_terms) + 1024;
+    static_assert(bytes <= (G == 1 ? 113 : 227) * 1024, "two blocks of one warpgroup fit an SM's shared memory");
 };
 
 // With TMA thread 0 has the TMA unit copy each streamed tile (`map_y`: qkv as [B][T][3C], for
@@ -1042,7 +1050,9 @@ template <int HS, int N, bool DKV, int RA = 0> struct WgBackShape {
 // memory: a product of N = 32 columns with both operands in shared memory reads 3 KiB a
 // 64 x 32 x 16 step, more than the 128 bytes a cycle shared memory gives the tensor cores'
 // rate; with A in registers, 1 KiB.
-template <class Ops, int HS, int N, bool DKV, bool TMA = false, int RA = 0>
+// G warpgroups a block (1 or 2) each own 64 consecutive rows and share the streamed tiles, so a
+// tile's copy and its waits serve G times the products (WgBackward says where that pays).
+template <class Ops, int HS, int N, bool DKV, bool TMA = false, int RA = 0, int G = 1>
 __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict__ qkv,
                                             const typename Ops::elem* __restrict__ out,
                                             const typename Ops::elem* __restrict__ dout,
@@ -1052,44 +1062,49 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
                                             int NH, int W, const WgTensorMap* map_y = nullptr,
                                             const WgTensorMap* map_g = nullptr) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    typedef WgBackShape<HS, N, DKV, RA> S;
+    typedef WgBackShape<HS, N, DKV, RA, G> S;
     typedef typename Ops::elem E;
     extern __shared__ __align__(1024) unsigned char wg_smem[];
     tc_need_shared(S::bytes);
-    if (blockDim.x != WG_THREADS) __trap();
+    if (blockDim.x != G * WG_THREADS) __trap();
+    // This thread's warpgroup and its index there.
+    const int wg = G == 1 ? 0 : threadIdx.x / WG_THREADS, wtid = G == 1 ? threadIdx.x : threadIdx.x % WG_THREADS;
     const unsigned smem0 = (tc_smem_addr(wg_smem) + 1023u) & ~1023u;
-    // The block's tiles x1 (dQ: Q; dK/dV: K) and x2 (dO; V); stage i's streamed tiles y1
+    // The warpgroup's tiles x1 (dQ: Q; dK/dV: K) and x2 (dO; V); stage i's streamed tiles y1
     // (K; Q) and y2 (V; dO), and for dK/dV its queries' lse and d.
-    const unsigned x1 = smem0, x2 = smem0 + (RA & 1 ? 0 : S::own);
-    auto y1 = [&](int i) { return smem0 + S::owned * S::own + 2 * i * S::tile; };
+    const unsigned x1 = smem0 + wg * S::owned * S::own, x2 = x1 + (RA & 1 ? 0 : S::own);
+    auto y1 = [&](int i) { return smem0 + G * S::owned * S::own + 2 * i * S::tile; };
     auto y2 = [&](int i) { return y1(i) + S::tile; };
-    float* const row_terms = reinterpret_cast<float*>(wg_smem + (smem0 - tc_smem_addr(wg_smem)) + S::owned * S::own +
-                                                      S::stages * 2 * S::tile);
+    float* const row_terms = reinterpret_cast<float*>(wg_smem + (smem0 - tc_smem_addr(wg_smem)) +
+                                                      G * S::owned * S::own + S::stages * 2 * S::tile);
     auto lses = [&](int i) { return row_terms + 2 * i * N; };
     auto ds = [&](int i) { return row_terms + (2 * i + 1) * N; };
     const int b = blockIdx.y / NH, h = blockIdx.y % NH;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int warp = wtid >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const size_t stride = 3 * (size_t)C;
     const E* base = qkv + (size_t)b * T * stride + h * HS;
     const E* gbase = dout + (size_t)b * T * C + h * HS;
     const size_t lse_row = ((size_t)b * NH + h) * T;
     const float c = tc_scale<HS>() * TC_LOG2E;
-    // The block's 64 rows: keys (the first key tiles see the most queries) or queries (the
-    // last see the most keys); each starts the longest first.
-    const int r0 = (DKV ? blockIdx.x : gridDim.x - 1 - blockIdx.x) * WG_ROWS;
+    // The block's G x 64 rows from rb: keys (the first key tiles see the most queries) or
+    // queries (the last see the most keys); each starts the longest first. The warpgroup's 64
+    // from r0.
+    const int rb = (DKV ? blockIdx.x : gridDim.x - 1 - blockIdx.x) * G * WG_ROWS, last = rb + G * WG_ROWS - 1;
+    const int r0 = rb + wg * WG_ROWS;
     const int warp_row0 = r0 + warp * 16;
     const int row0 = warp_row0 + g;  // this lane's rows: row0 and row0 + 8
-    // The streamed tiles: dK/dV from the tile holding query r0 (the first that sees key r0) to
+    // The streamed tiles: dK/dV from the tile holding query rb (the first that sees key rb) to
     // the last query that sees the block's last key; dQ from the first key its window reaches
-    // to its last query's.
+    // to its last query's. With G = 2, the tiles one warpgroup's rows do not reach are masked
+    // whole for it.
     int first, tiles;
     if constexpr (DKV) {
-        first = r0 / N;
+        first = rb / N;
         const int all = (T + N - 1) / N;
-        tiles = (W > 0 ? min(all, (r0 + WG_ROWS - 1 + W - 1) / N + 1) : all) - first;
+        tiles = (W > 0 ? min(all, (last + W - 1) / N + 1) : all) - first;
     } else {
-        first = tc_first_key_tile(r0, W, N);
-        tiles = min(r0 + WG_ROWS - 1, T - 1) / N - first + 1;
+        first = tc_first_key_tile(rb, W, N);
+        tiles = min(last, T - 1) / N - first + 1;
     }
 
     // The block's own tiles: x1 (dQ: Q; dK/dV: K) and x2 (dO; V), in shared memory or, by RA,
@@ -1097,15 +1112,15 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
     const E* const x1_src = DKV ? base + C : base;
     const E* const x2_src = DKV ? base + 2 * C : gbase;
     const size_t x2_stride = DKV ? stride : (size_t)C;
-    if constexpr (!(RA & 1)) wg_tile_copy<HS, WG_ROWS, WG_THREADS>(x1, x1_src, stride, r0, T);
-    if constexpr (!(RA & 2)) wg_tile_copy<HS, WG_ROWS, WG_THREADS>(x2, x2_src, x2_stride, r0, T);
+    if constexpr (!(RA & 1)) wg_tile_copy<HS, WG_ROWS, WG_THREADS>(x1, x1_src, stride, r0, T, wtid);
+    if constexpr (!(RA & 2)) wg_tile_copy<HS, WG_ROWS, WG_THREADS>(x2, x2_src, x2_stride, r0, T, wtid);
     unsigned xf1[RA & 1 ? HS / 16 : 1][4], xf2[RA & 2 ? HS / 16 : 1][4];
     if constexpr (RA & 1) wg_load_q<HS>(xf1, x1_src, stride, row0, t, T);
     if constexpr (RA & 2) wg_load_q<HS>(xf2, x2_src, x2_stride, row0, t, T);
     // dK/dV: the lse and d of tile j's queries.
     auto copy_row_terms = [&](int j, int stage) {
         const int s0 = (first + j) * N;
-        for (int i = threadIdx.x; i < N; i += WG_THREADS) {
+        for (int i = threadIdx.x; i < N; i += G * WG_THREADS) {
             const bool in = s0 + i < T;
             const size_t at = lse_row + (in ? s0 + i : 0);
             tc_copy_async4(lses(stage) + i, lse + at, in);
@@ -1115,12 +1130,12 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
     auto copy_tile = [&](int j, int stage) {
         const int s0 = (first + j) * N;
         if constexpr (DKV) {
-            wg_tile_copy<HS, N, WG_THREADS>(y1(stage), base, stride, s0, T);
-            wg_tile_copy<HS, N, WG_THREADS>(y2(stage), gbase, C, s0, T);
+            wg_tile_copy<HS, N, G * WG_THREADS>(y1(stage), base, stride, s0, T);
+            wg_tile_copy<HS, N, G * WG_THREADS>(y2(stage), gbase, C, s0, T);
             copy_row_terms(j, stage);
         } else {
-            wg_tile_copy<HS, N, WG_THREADS>(y1(stage), base + C, stride, s0, T);
-            wg_tile_copy<HS, N, WG_THREADS>(y2(stage), base + 2 * C, stride, s0, T);
+            wg_tile_copy<HS, N, G * WG_THREADS>(y1(stage), base + C, stride, s0, T);
+            wg_tile_copy<HS, N, G * WG_THREADS>(y2(stage), base + 2 * C, stride, s0, T);
         }
     };
     // TMA: a full barrier a stage (one arrival, thread 0's, with the tile's bytes).
@@ -1162,18 +1177,28 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
     }
     float s[N / 8][4], dp[N / 8][4];  // S then P, and dP then dS, of the current tile
     unsigned pa[DKV ? N / 16 : 1][4], dsa[N / 16][4];  // P and dS of the last tile as A operands
-    // f16's per-row dS scales (tc_fit_ds_scales); dQ computes dS with its rows' scales already
-    // in (dd_scaled: the row term d times the scale), dK/dV multiplies them in when packing.
+    // f16's per-row dS scales (fixed below); dQ computes dS with its rows' scales already in
+    // (dd_scaled: the row term d times the scale), dK/dV multiplies them in when packing.
     float ds_scale[2] = {1.0f, 1.0f}, dd_scaled[2] = {0.0f, 0.0f};
-    unsigned* const head_bounds = bounds + 2 * ((size_t)b * NH + h);
+    unsigned* const head_bounds = bounds + 3 * ((size_t)b * NH + h);
+    // f16 fixes each row's dS scale before the loop from a bound on the row's |dS|: |dS_ij| =
+    // P_ij |dP_ij - d_i| <= |dO_i| |V_j| + |d_i| (P <= 1, Cauchy-Schwarz for dP = dO_i . V_j),
+    // times P's scale in dK/dV. The power of two that puts the bound in [2^14, 2^15)
+    // (tc_ds_scale) keeps every scaled dS under f16's largest value with room for the sums'
+    // rounding and leaves 28 binades below it before dS turns subnormal, so no tile needs its
+    // scales refitted (tc_fit_ds_scales, which the mma.sync kernels keep). The head's largest
+    // |V_j| comes from attention_value_bound (launched first), its largest |dO_i| and |d_i|
+    // from the dQ kernel for dK/dV's: as float bits, which order as unsigned integers for
+    // values >= 0.
     if constexpr (Ops::scaled && !DKV) {
-        ds_scale[0] = ds_scale[1] = tc_ds_scale_start();
-        dd_scaled[0] = rowd[0] * ds_scale[0];
-        dd_scaled[1] = rowd[1] * ds_scale[1];
-        // The head's largest |dO_i| and |d_i| for the dK/dV kernel's scales (below): as float
-        // bits, which order as unsigned integers for values >= 0.
         float norm[2];
         wg_row_norms<Ops, HS>(gbase, C, row0, t, T, norm);
+        const float v_max = __uint_as_float(head_bounds[2]);
+        #pragma unroll
+        for (int r = 0; r < 2; r++) {
+            ds_scale[r] = tc_ds_scale(fmaf(norm[r], v_max, fabsf(rowd[r])));
+            dd_scaled[r] = rowd[r] * ds_scale[r];
+        }
         const float norm_max = warp_max(fmaxf(norm[0], norm[1]));
         const float d_max = warp_max(fmaxf(fabsf(rowd[0]), fabsf(rowd[1])));
         if (lane == 0) {
@@ -1182,18 +1207,10 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
         }
     }
     if constexpr (Ops::scaled && DKV) {
-        // dK/dV fixes each key row's scale before the loop: |dS_ji| = P_ij |dP_ij - d_i| <=
-        // p_scale (|V_j| |dO_i| + |d_i|) (P <= 1 before its scale, Cauchy-Schwarz for dP =
-        // dO_i . V_j), and the dQ kernel, launched before, recorded the head's largest |dO_i|
-        // and |d_i|. The power of two that puts the bound in [2^14, 2^15) keeps every scaled
-        // dS under f16's largest value with room for the sums' rounding, and leaves 29 binades
-        // below it before dS turns subnormal. A tile then needs no fitting (tc_fit_ds_scales,
-        // which dQ keeps).
+        // One scale for the head's rows, from its largest |V_j|, |dO_i| and |d_i|.
         const float dout_max = __uint_as_float(head_bounds[0]), d_max = __uint_as_float(head_bounds[1]);
-        float norm[2];
-        wg_row_norms<Ops, HS>(base + 2 * C, stride, row0, t, T, norm);
-        #pragma unroll
-        for (int r = 0; r < 2; r++) ds_scale[r] = tc_ds_scale(Ops::p_scale() * fmaf(norm[r], dout_max, d_max));
+        const float v_max = __uint_as_float(head_bounds[2]);
+        ds_scale[0] = ds_scale[1] = tc_ds_scale(Ops::p_scale() * fmaf(v_max, dout_max, d_max));
     }
     constexpr bool prescaled = Ops::scaled && !DKV;
 
@@ -1271,10 +1288,8 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
                                  : tc_all_see(warp_row0, warp_row0 + 15, s0, s0 + N - 1, W, T);
         tc_masked_or_not(all_see, [&](bool masked) { p_ds(j, stage, masked); });
     };
-    // P (already times its scale) and dS (times its row's) as the next products' A operands,
-    // after the dS accumulator's rows are rescaled to what this tile needs (f16).
+    // P (already times its scale) and dS (times its row's) as the next products' A operands.
     auto pack = [&]() {
-        if constexpr (!DKV) tc_fit_ds_scales<Ops, HS, N, prescaled>(acc, dp, ds_scale, dd_scaled);
         // dQ's dS carries its scale already (and bf16's is 1).
         const float k0 = prescaled ? 1.0f : ds_scale[0], k1 = prescaled ? 1.0f : ds_scale[1];
         #pragma unroll
@@ -1352,6 +1367,26 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
 #endif
 }
 
+// f16's backward: the head's largest |V_j| (an L2 norm over the head's columns) as float bits
+// into bounds[3 (b NH + h) + 2], zeroed before, for both backward kernels' dS scales
+// (wg_backward). A block of four warps takes 64 rows of one head, 16 a warp.
+template <class Ops, int HS>
+__device__ __forceinline__ void wg_value_bound(const typename Ops::elem* __restrict__ qkv,
+                                               unsigned* __restrict__ bounds, int T, int C, int NH) {
+    const int b = blockIdx.y / NH, h = blockIdx.y % NH;
+    const int lane = threadIdx.x & 31;
+    const int row0 = blockIdx.x * WG_ROWS + (threadIdx.x >> 5) * 16 + (lane >> 2);
+    float norm[2];
+    wg_row_norms<Ops, HS>(qkv + (size_t)b * T * 3 * C + 2 * C + h * HS, 3 * (size_t)C, row0, lane & 3, T, norm);
+    const float largest = warp_max(fmaxf(norm[0], norm[1]));
+    if (lane == 0) atomicMax(bounds + 3 * ((size_t)b * NH + h) + 2, __float_as_uint(largest));
+}
+#define WG_VALUE_BOUND_ENTRY_POINT(HS)                                                                     \
+    extern "C" __global__ void __launch_bounds__(WG_THREADS) attention_value_bound_f16_hs##HS(              \
+        const WgF16::elem* qkv, unsigned* bounds, int T, int C, int NH) {                                  \
+        wg_value_bound<WgF16, HS>(qkv, bounds, T, C, NH);                                                  \
+    }
+
 // Entry points for a configuration (WgShape); attention.rs appends the engine's, those of
 // WgForward, one per element type and head size.
 #define WG_ENTRY_POINT(HS, N, G, QS, OPS, NAME) WG_STAGES_ENTRY_POINT(HS, N, G, QS, 3, OPS, NAME)
@@ -1367,36 +1402,38 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
         NAME(const OPS::elem* qkv, OPS::elem* out, float* lse, int T, int C, int NH, int W) {              \
         wg_forward<OPS, HS, N, G, QS, ST>(qkv, out, lse, T, C, NH, W);                                    \
     }
+// The backward's kernels: dQ and dK/dV at head size HS (WgBackward's tiles, register operands
+// and warpgroups), with the threads' copies or (TMA) fed by the TMA unit, whose tensor maps
+// are extra parameters: dQ's of qkv, dK/dV's of qkv and of dout.
+#define WG_DQ_KERNEL(HS, TMA, OPS, NAME, MAP_PARAMS, MAPS)                                               \
+    extern "C" __global__ void __launch_bounds__(WgBackward<HS>::dq_groups * WG_THREADS,                  \
+                                                 WgBackward<HS>::dq_groups == 1 ? 2 : 1) NAME(            \
+        const OPS::elem* qkv, const OPS::elem* out, const OPS::elem* dout, const float* lse, float* d,     \
+        unsigned* bounds, OPS::elem* dqkv, int T, int C, int NH, int W MAP_PARAMS) {                      \
+        wg_backward<OPS, HS, WgBackward<HS>::dq_stream, false, TMA, WgBackward<HS>::dq_regs,              \
+                    WgBackward<HS>::dq_groups>(qkv, out, dout, lse, d, bounds, dqkv, T, C, NH, W MAPS);     \
+    }
+#define WG_DKV_KERNEL(HS, TMA, G, OPS, NAME, MAP_PARAMS, MAPS)                                           \
+    extern "C" __global__ void __launch_bounds__(G * WG_THREADS, G == 1 ? 2 : 1) NAME(                    \
+        const OPS::elem* qkv, const OPS::elem* dout, const float* lse, const float* d, unsigned* bounds,   \
+        OPS::elem* dqkv, int T, int C, int NH, int W MAP_PARAMS) {                                        \
+        wg_backward<OPS, HS, WgBackward<HS>::dkv_stream, true, TMA, WgBackward<HS>::dkv_regs, G>(         \
+            qkv, nullptr, dout, lse, const_cast<float*>(d), bounds, dqkv, T, C, NH, W MAPS);              \
+    }
+#define WG_NO_MAPS
+#define WG_DQ_MAP_PARAMS , const __grid_constant__ WgTensorMap map_y
+#define WG_DQ_MAPS , &map_y
+#define WG_DKV_MAP_PARAMS , const __grid_constant__ WgTensorMap map_y, const __grid_constant__ WgTensorMap map_g
+#define WG_DKV_MAPS , &map_y, &map_g
 #define WG_ENTRY_POINTS(HS, OPS, SUFFIX)                                                                   \
     WG_ENTRY_POINT(HS, WgForward<HS>::keys, WgForward<HS>::groups, WgForward<HS>::q_shared, OPS,           \
                    attention_forward_##SUFFIX##_hs##HS##_wgmma)                                            \
-    extern "C" __global__ void __launch_bounds__(WG_THREADS, 2) attention_backward_dq_##SUFFIX##_hs##HS##_wgmma( \
-        const OPS::elem* qkv, const OPS::elem* out, const OPS::elem* dout, const float* lse, float* d,     \
-        unsigned* bounds, OPS::elem* dqkv, int T, int C, int NH, int W) {                                  \
-        wg_backward<OPS, HS, WgBackward<HS>::dq_stream, false, false, WgBackward<HS>::dq_regs>(                   \
-            qkv, out, dout, lse, d, bounds, dqkv, T, C, NH, W);                                            \
-    }                                                                                                      \
-    extern "C" __global__ void __launch_bounds__(WG_THREADS, 2) attention_backward_dkv_##SUFFIX##_hs##HS##_wgmma( \
-        const OPS::elem* qkv, const OPS::elem* dout, const float* lse, const float* d, unsigned* bounds,   \
-        OPS::elem* dqkv, int T, int C, int NH, int W) {                                                    \
-        wg_backward<OPS, HS, WgBackward<HS>::dkv_stream, true, false, WgBackward<HS>::dkv_regs>(                   \
-            qkv, nullptr, dout, lse, const_cast<float*>(d), bounds, dqkv, T, C, NH, W);                   \
-    }
-// The backward fed by TMA (wg_backward's TMA), its tensor maps extra parameters: dQ's of qkv,
-// dK/dV's of qkv and of dout. WG_TMA_DQ_ENTRY_POINT is dQ's alone.
-#define WG_TMA_DQ_ENTRY_POINT(HS, OPS, SUFFIX)                                                                   \
-    extern "C" __global__ void __launch_bounds__(WG_THREADS, 2) attention_backward_dq_##SUFFIX##_hs##HS##_wgmma_tma( \
-        const OPS::elem* qkv, const OPS::elem* out, const OPS::elem* dout, const float* lse, float* d,           \
-        unsigned* bounds, OPS::elem* dqkv, int T, int C, int NH, int W, const __grid_constant__ WgTensorMap map_y) { \
-        wg_backward<OPS, HS, WgBackward<HS>::dq_stream, false, true, WgBackward<HS>::dq_regs>(                         \
-            qkv, out, dout, lse, d, bounds, dqkv, T, C, NH, W, &map_y);                                          \
-    }
-#define WG_TMA_BACKWARD_ENTRY_POINTS(HS, OPS, SUFFIX)                                                            \
-    WG_TMA_DQ_ENTRY_POINT(HS, OPS, SUFFIX)                                                                       \
-    extern "C" __global__ void __launch_bounds__(WG_THREADS, 2) attention_backward_dkv_##SUFFIX##_hs##HS##_wgmma_tma( \
-        const OPS::elem* qkv, const OPS::elem* dout, const float* lse, const float* d, unsigned* bounds,         \
-        OPS::elem* dqkv, int T, int C, int NH, int W, const __grid_constant__ WgTensorMap map_y,                 \
-        const __grid_constant__ WgTensorMap map_g) {                                                             \
-        wg_backward<OPS, HS, WgBackward<HS>::dkv_stream, true, true, WgBackward<HS>::dkv_regs>(                         \
-            qkv, nullptr, dout, lse, const_cast<float*>(d), bounds, dqkv, T, C, NH, W, &map_y, &map_g);          \
-    }
+    WG_DQ_KERNEL(HS, false, OPS, attention_backward_dq_##SUFFIX##_hs##HS##_wgmma, WG_NO_MAPS, WG_NO_MAPS)  \
+    WG_DKV_KERNEL(HS, false, WgBackward<HS>::dkv_groups, OPS, attention_backward_dkv_##SUFFIX##_hs##HS##_wgmma,    \
+                  WG_NO_MAPS, WG_NO_MAPS)
+#define WG_TMA_DQ_ENTRY_POINT(HS, OPS, SUFFIX)                                                             \
+    WG_DQ_KERNEL(HS, true, OPS, attention_backward_dq_##SUFFIX##_hs##HS##_wgmma_tma, WG_DQ_MAP_PARAMS, WG_DQ_MAPS)
+#define WG_TMA_BACKWARD_ENTRY_POINTS(HS, OPS, SUFFIX)                                                      \
+    WG_TMA_DQ_ENTRY_POINT(HS, OPS, SUFFIX)                                                                 \
+    WG_DKV_KERNEL(HS, true, WgBackward<HS>::dkv_tma_groups, OPS, attention_backward_dkv_##SUFFIX##_hs##HS##_wgmma_tma, \
+                  WG_DKV_MAP_PARAMS, WG_DKV_MAPS)
