@@ -1110,8 +1110,8 @@ impl CudaBackend {
                 b.arg(map);
             }
             // SAFETY: as above; this kernel writes the Q third of each dqkv row, `d`, and with
-            // head_bounds two of the three words a head of `bounds` (its `3 B NH` values); the TMA form's map
-            // describes `qkv` itself.
+            // head_bounds two of the three words a head of `bounds` (its `3 B NH` values); the
+            // TMA form's map describes `qkv` itself.
             unsafe { b.launch(rows_grid(s.seq, plan.dq, s)) }?;
         }
         let f = self.attention_kernel::<T>(plan.dkv)?;

@@ -1038,7 +1038,7 @@ template <int HS, int N, bool DKV, int RA = 0, int G = 1> struct WgBackShape {
     static constexpr int stages = 3;
     static constexpr int row_terms = DKV ? 2 * N * 4 : 0;  // a stage's lse and d, bytes
     static constexpr int bytes = G * owned * own + stages * (2 * tile + row_terms) + 1024;
-    static_assert(bytes <= (G == 1 ? 113 : 227) * 1024, "two blocks of one warpgroup fit an SM's shared memory");
+    static_assert(bytes <= (G == 1 ? 113 : 227) * 1024, "two warpgroups' blocks fit an SM's shared memory");
 };
 
 // With TMA thread 0 has the TMA unit copy each streamed tile (`map_y`: qkv as [B][T][3C], for
