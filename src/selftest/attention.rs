@@ -355,6 +355,37 @@ pub(super) fn check_attention_large_ds<T: Elem>(
     Ok(rel_err_per_head(&g, &dqkv, s.head_size()))
 }
 
+/// The f16 Hopper backward's first kernel (`attention_value_bound`): each head's largest |V_j|
+/// against the CPU's over the same f16 values, relative to it.
+pub(super) fn check_attention_value_bound(
+    gpu: &CudaBackend,
+    inp: &mut Inputs,
+    s: AttnShape,
+) -> Check {
+    let qkv = inp.uniform(s.batch * s.seq * 3 * s.channels, 2.0, DType::F16);
+    let got = gpu.attention_value_bounds(&gpu.upload_as::<F16>(&qkv)?, s)?;
+    Ok(rel_err(&got, &value_bounds(&qkv, s), GEMM_FLOOR))
+}
+
+/// Each head's largest L2 norm of a token's values in `qkv` ([B, T, 3C], V the last third), in
+/// f64 rounded once.
+fn value_bounds(qkv: &[f32], s: AttnShape) -> Vec<f32> {
+    let (c, hs) = (s.channels, s.head_size());
+    let mut largest = vec![0.0f64; s.batch * s.heads];
+    for (i, row) in qkv.chunks_exact(3 * c).enumerate() {
+        let b = i / s.seq;
+        for (h, v) in row[2 * c..].chunks_exact(hs).enumerate() {
+            let norm = v
+                .iter()
+                .map(|&x| (x as f64) * (x as f64))
+                .sum::<f64>()
+                .sqrt();
+            largest[b * s.heads + h] = largest[b * s.heads + h].max(norm);
+        }
+    }
+    largest.into_iter().map(|x| x as f32).collect()
+}
+
 /// The attention output, log-sum-exp and dqkv a GPU computed.
 type AttentionResults = (Vec<f32>, Vec<f32>, Vec<f32>);
 
@@ -529,4 +560,35 @@ fn check_attention_unfused(
         ]),
         rel_err(&g_dqkv, &dqkv, GEMM_FLOOR),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The value bound's reference takes each head's V (the last third of a row), not Q or K,
+    /// and the largest norm over every token of its batch.
+    #[test]
+    fn value_bounds_take_each_heads_largest_value_norm() {
+        // B 2, T 2, two heads of 2: C 4, rows of 12 (Q, K, V); Q and K hold larger values.
+        let s = AttnShape {
+            batch: 2,
+            seq: 2,
+            heads: 2,
+            channels: 4,
+        };
+        let row = |v: [f32; 4]| {
+            let mut r = vec![9.0; 8];
+            r.extend(v);
+            r
+        };
+        let qkv: Vec<f32> = [
+            row([3.0, 4.0, 0.0, 1.0]),
+            row([1.0, 0.0, 6.0, 8.0]),
+            row([0.0, 0.0, 0.0, 0.0]),
+            row([-1.0, 0.0, 0.0, -2.0]),
+        ]
+        .concat();
+        assert_eq!(value_bounds(&qkv, s), vec![5.0, 10.0, 1.0, 2.0]);
+    }
 }

@@ -721,6 +721,26 @@ pub(super) fn run_checks(gpu: &CudaBackend, inp: &mut Inputs, only: &KernelFilte
             push("attention_backward", "f16", shape, BOUND_F16, bwd);
         }
     }
+    // The f16 Hopper backward's bound on each head's |V_j| (sm_90 only), at head sizes 64 and
+    // 128, sequences ending inside a block.
+    if gpu.info().arch() == 90 && wants("attention_value_bound") {
+        for (b, t, nh, c) in [(2, 520, 4, 256), (3, 333, 2, 256)] {
+            let s = AttnShape {
+                batch: b,
+                seq: t,
+                heads: nh,
+                channels: c,
+            };
+            let r = check_attention_value_bound(gpu, inp, s);
+            push(
+                "attention_value_bound",
+                "f16",
+                format!("B{b} T{t} H{nh} C{c}"),
+                BOUND_FP32,
+                r,
+            );
+        }
+    }
     // Sliding-window attention (Mistral, Qwen2): windows shorter than a tile, not a multiple
     // of one, and longer than several, over head sizes 64 (the tensor cores in bf16) and 32;
     // then a window of the whole sequence, which must change nothing, bit for bit.

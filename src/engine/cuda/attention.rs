@@ -17,12 +17,13 @@
 //! Both take a sliding window (`window`, 0 for none) and skip the key tiles it leaves out.
 
 use super::{
-    CudaBackend, CudaError, Elem, ElemKernel, GemmMath, Program, Result, as_i32, check_len, raw_ptr,
+    CudaBackend, CudaError, Elem, ElemKernel, F16, GemmMath, Program, Result, as_i32, check_len,
+    raw_ptr,
 };
 use crate::engine::AttnShape;
 use crate::engine::DType;
 use cudarc::driver::sys::CUfunction_attribute;
-use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaViewMut, LaunchConfig, PushKernelArg};
 
 /// The CUDA-core kernels of every head size, as each element type's program instantiates them.
 const CUDA_CORE_KERNELS: &[ElemKernel] = &[
@@ -1001,6 +1002,61 @@ impl CudaBackend {
         self.windowed_attention_backward(dqkv, dout, qkv, out, lse, s, 0, math)
     }
 
+    /// Each head's largest |V_j| (the L2 norm of a token's head-size values) in an f16 `qkv` of
+    /// `[B, T, 3C]`, as the f16 Hopper backward's first kernel ([`value_bound_kernel`]) finds
+    /// it for its dS scales: sm_90 and head sizes 64 and 128 only. `B NH` values, for the
+    /// selftest's check of that kernel against the CPU.
+    pub fn attention_value_bounds(&self, qkv: &CudaSlice<F16>, s: AttnShape) -> Result<Vec<f32>> {
+        let (_, _, _, hs) = dims(s)?;
+        check_len(
+            "attention_value_bounds",
+            "qkv",
+            qkv,
+            3 * s.batch * s.seq * s.channels,
+        )?;
+        let kernel = value_bound_kernel(hs)
+            .filter(|_| self.info.arch() == 90)
+            .ok_or_else(|| CudaError::Shape {
+                op: "attention_value_bounds",
+                detail: format!(
+                    "the value bound kernel runs on sm_90 at head sizes 64 and 128, not sm_{} \
+                     at head size {hs}",
+                    self.info.arch()
+                ),
+            })?;
+        let mut words = self.alloc::<f32>(3 * s.batch * s.heads)?;
+        let mut bounds = words.slice_mut(..);
+        self.stream.memset_zeros(&mut bounds)?;
+        self.launch_value_bound(kernel, qkv, &mut bounds, s)?;
+        let words = self.download_f32(&words)?;
+        Ok(words.chunks_exact(3).map(|w| w[2]).collect())
+    }
+
+    /// Launches the value bound kernel `kernel` on `qkv` into `bounds` (three words a head,
+    /// zeroed before: it raises the third of each to the head's largest |V_j|, as f32 bits).
+    fn launch_value_bound<T: Elem>(
+        &self,
+        kernel: ElemKernel,
+        qkv: &CudaSlice<T>,
+        bounds: &mut CudaViewMut<f32>,
+        s: AttnShape,
+    ) -> Result<()> {
+        let (t, c, nh, _) = dims(s)?;
+        let f = self.elem_function::<T>(kernel)?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(qkv).arg(bounds).arg(&t).arg(&c).arg(&nh);
+        let launch = Launch {
+            kernel,
+            rows: TC_ROWS,
+            threads: TC_THREADS,
+            shared: 0,
+        };
+        // SAFETY: the kernel reads the V third of `qkv` ([B, T, 3C], checked by the callers)
+        // and raises one word a head of `bounds` (3 B NH values) by atomicMax.
+        unsafe { b.launch(rows_grid(s.seq, launch, s)) }?;
+        Ok(())
+    }
+
     /// [`Self::attention_backward`] of [`Self::windowed_attention_forward`] with the same
     /// `window`.
     #[allow(clippy::too_many_arguments)]
@@ -1056,18 +1112,7 @@ impl CudaBackend {
             && let Some(kernel) = value_bound_kernel(hs)
         {
             self.stream.memset_zeros(&mut bounds)?;
-            let f = self.elem_function::<T>(kernel)?;
-            let mut b = self.stream.launch_builder(f);
-            b.arg(qkv).arg(&mut bounds).arg(&t).arg(&c).arg(&nh);
-            let launch = Launch {
-                kernel,
-                rows: TC_ROWS,
-                threads: TC_THREADS,
-                shared: 0,
-            };
-            // SAFETY: the kernel reads the V third of `qkv` ([B, T, 3C], checked above) and
-            // adds one word a head into `bounds` (3 B NH values) by atomicMax.
-            unsafe { b.launch(rows_grid(s.seq, launch, s)) }?;
+            self.launch_value_bound(kernel, qkv, &mut bounds, s)?;
         }
         // The TMA forms' maps of the streamed tiles, each kernel's boxes its own tile rows:
         // dQ's of K and V in `qkv`; dK/dV's of Q in `qkv` and of dO.
@@ -1390,6 +1435,7 @@ mod tests {
                 names.extend([tma.dq, tma.dkv].iter().flatten().map(|k| k.name(dtype)));
                 names.extend(wgmma_persistent_forward(hs).map(|k| k.name(dtype)));
             }
+            names.extend(value_bound_kernel(hs).map(|k| k.name(DType::F16)));
         }
         for hs in TC_16BIT_HEAD_SIZES {
             let kernels = tc_kernels(hs).unwrap_or_else(|| panic!("no kernels for {hs}"));
