@@ -445,16 +445,13 @@ __device__ __forceinline__ float tc_ds_scale_start() {
 
 // For element types that need it (f16), lowers the scale of each of this lane's two
 // accumulator rows to what the tile's dS needs (the smallest any tile so far needed, see
-// tc_ds_scale), rescaling the row's accumulator to match. A lane first compares its own |dS|
-// with the limit each row may reach (2^15 scaled) and the warp votes; only a warp in which
-// some row needs a smaller scale (its first tile, then rarely) takes the row maxima over the
-// lanes and lowers the scales. With PRESCALED the tile's dS already carries its row's scale
-// (the caller computed P (dP - d) as P fma(dP, scale, -d scale), exact for a power of two) and
-// is rescaled here with the accumulator, as is `d_scaled` (d times the scale, two values);
-// otherwise the caller multiplies by the scale afterwards and `d_scaled` is not read.
-template <class Ops, int HS, int K, bool PRESCALED>
-__device__ __forceinline__ void tc_fit_ds_scales(float (&acc)[HS / 8][4], float (&ds)[K / 8][4], float (&scale)[2],
-                                                 float* d_scaled) {
+// tc_ds_scale), rescaling the row's accumulator to match; the caller multiplies dS by the
+// scale afterwards. A lane first compares its own |dS| with the limit each row may reach
+// (2^15 scaled) and the warp votes; only a warp in which some row needs a smaller scale (its
+// first tile, then rarely) takes the row maxima over the lanes and lowers the scales.
+template <class Ops, int HS, int K>
+__device__ __forceinline__ void tc_fit_ds_scales(float (&acc)[HS / 8][4], const float (&ds)[K / 8][4],
+                                                 float (&scale)[2]) {
     if constexpr (Ops::scaled) {
         float mine[2];
         bool over = false;
@@ -463,7 +460,7 @@ __device__ __forceinline__ void tc_fit_ds_scales(float (&acc)[HS / 8][4], float 
             mine[r] = 0.0f;
             #pragma unroll
             for (int n = 0; n < K / 8; n++) mine[r] = fmaxf(mine[r], fmaxf(fabsf(ds[n][2 * r]), fabsf(ds[n][2 * r + 1])));
-            over |= mine[r] >= (PRESCALED ? 32768.0f : 32768.0f / scale[r]);
+            over |= mine[r] >= 32768.0f / scale[r];
         }
         if (!__any_sync(0xffffffffu, over)) return;
         #pragma unroll
@@ -473,20 +470,12 @@ __device__ __forceinline__ void tc_fit_ds_scales(float (&acc)[HS / 8][4], float 
             // The power of two that brings the row to [2^14, 2^15): below 1 only when the row
             // reaches 2^15 under its scale (the scaled maximum's scale is the unscaled one's
             // divided by the row's scale: powers of two, and the cap of 2^64 binds only above 1).
-            const float ratio = PRESCALED ? tc_ds_scale(largest) : tc_ds_scale(largest) / scale[r];
+            const float ratio = tc_ds_scale(largest) / scale[r];
             if (ratio < 1.0f) {
                 #pragma unroll
                 for (int n = 0; n < HS / 8; n++) {
                     acc[n][2 * r] *= ratio;
                     acc[n][2 * r + 1] *= ratio;
-                }
-                if constexpr (PRESCALED) {
-                    #pragma unroll
-                    for (int n = 0; n < K / 8; n++) {
-                        ds[n][2 * r] *= ratio;
-                        ds[n][2 * r + 1] *= ratio;
-                    }
-                    d_scaled[r] *= ratio;
                 }
                 scale[r] *= ratio;
             }
@@ -742,7 +731,7 @@ __device__ __forceinline__ void tc_backward_dq(const typename Ops::elem* __restr
             tc_masked_or_not(tc_all_see(warp_row0, warp_row0 + 15, k0, k0 + KC - 1, W, T), [&](bool masked) {
                 tc_dq_p_ds<KC>(s, dp, k0, row0, t, c, lse2, rowd, W, masked);
             });
-            tc_fit_ds_scales<Ops, HS, KC, false>(dq, dp, ds_scale, nullptr);
+            tc_fit_ds_scales<Ops, HS, KC>(dq, dp, ds_scale);
             tc_mma_x_tile<Ops, HS, KC>(&dq, &dp, ks(buf), &ds_scale);
         }
         __syncthreads();
@@ -855,7 +844,7 @@ __device__ __forceinline__ void tc_backward_dkv(const typename Ops::elem* __rest
                 tc_dkv_p_ds<QC>(s, dp, q0, key0, t, c, lses(buf), ds(buf), 1, W, T, masked);
             });
             tc_mma_x_tile<Ops, HS, QC>(&dv, &s, gs(buf), &p_scale);
-            tc_fit_ds_scales<Ops, HS, QC, false>(dk, dp, ds_scale, nullptr);
+            tc_fit_ds_scales<Ops, HS, QC>(dk, dp, ds_scale);
             tc_mma_x_tile<Ops, HS, QC>(&dk, &dp, qs(buf), &ds_scale);
         }
         __syncthreads();

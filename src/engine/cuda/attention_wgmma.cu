@@ -962,12 +962,12 @@ __device__ __forceinline__ void wg_forward_persist(const typename Ops::elem* __r
 // the stage of tile j - 2, as in the forward.
 //
 // P and dS are rounded once to the operand type, P times TcF16::p_scale() and each row's dS
-// times its own power of two in f16, as attention_tc.cu's header describes, at less work a
-// tile than the mma.sync kernels: dQ fits its row scales with tc_fit_ds_scales as there and
-// takes each inside P (dP - d) as P fma(dP, scale, -d scale) (the same bits); dK/dV fixes its
-// key rows' scales before the loop from a bound on |dS| (the head's largest |dO_i| and |d_i|,
-// which the dQ kernel records in `bounds`: two f32 bit patterns a head, zeroed before it
-// runs), so that no tile takes the fitting's vote and maxima; its P takes 2^12 inside its
+// times a power of two in f16, as attention_tc.cu's header describes, at less work a tile
+// than the mma.sync kernels: both kernels fix their scales before the loop from a bound on
+// |dS| (wg_backward; the heads' largest |V_j|, |dO_i| and |d_i| in `bounds`, three f32 bit
+// patterns a head, zeroed before attention_value_bound and the dQ kernel record them), so
+// that no tile takes tc_fit_ds_scales's vote and maxima; dQ takes its row's scale inside
+// P (dP - d) as P fma(dP, scale, -d scale) (exact for a power of two); dK/dV's P takes 2^12 inside its
 // exponent (within a rounding of the exponent's argument of the mma.sync kernels' P), and
 // dS = P (dP - d) then carries 2^12 as well, which the output removes. Every sum is in a fixed
 // order and the bounds are maxima, whatever order the blocks record them in: results are
