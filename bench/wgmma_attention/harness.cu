@@ -60,17 +60,17 @@ WG_TMA_ENTRY_POINT(64, 64, WgF16, wg_f16_hs64_n64_tma)
 WG_TMA_ENTRY_POINT(128, 64, WgBf16, wg_bf16_hs128_n64_tma)
 WG_TMA_ENTRY_POINT(128, 64, WgF16, wg_f16_hs128_n64_tma)
 // The persistent warp-specialised forward (WgPersistShape: head size, key tile, stages; pp:
-// the consumers' products in turn), one block an SM.
-WG_PERSIST_ENTRY_POINT(128, 128, 2, true, WgBf16, wp_bf16_hs128_n128_s2_pp)
-WG_PERSIST_ENTRY_POINT(128, 128, 2, true, WgF16, wp_f16_hs128_n128_s2_pp)
-WG_PERSIST_ENTRY_POINT(128, 128, 2, false, WgBf16, wp_bf16_hs128_n128_s2)
-WG_PERSIST_ENTRY_POINT(128, 64, 4, true, WgBf16, wp_bf16_hs128_n64_s4_pp)
-WG_PERSIST_ENTRY_POINT(128, 64, 4, true, WgF16, wp_f16_hs128_n64_s4_pp)
-WG_PERSIST_ENTRY_POINT(128, 64, 4, false, WgBf16, wp_bf16_hs128_n64_s4)
-WG_PERSIST_ENTRY_POINT(64, 128, 3, true, WgBf16, wp_bf16_hs64_n128_s3_pp)
-WG_PERSIST_ENTRY_POINT(64, 128, 3, true, WgF16, wp_f16_hs64_n128_s3_pp)
-WG_PERSIST_ENTRY_POINT(64, 64, 4, true, WgBf16, wp_bf16_hs64_n64_s4_pp)
-WG_PERSIST_ENTRY_POINT(64, 64, 4, false, WgBf16, wp_bf16_hs64_n64_s4)
+// the consumers' products in turn; c3: three consumer warpgroups, 192 queries), one block an
+// SM.
+WG_PERSIST_ENTRY_POINT(128, 128, 2, true, 2, WgBf16, wp_bf16_hs128_n128_s2_pp)
+WG_PERSIST_ENTRY_POINT(128, 128, 2, true, 2, WgF16, wp_f16_hs128_n128_s2_pp)
+WG_PERSIST_ENTRY_POINT(128, 128, 2, false, 2, WgBf16, wp_bf16_hs128_n128_s2)
+WG_PERSIST_ENTRY_POINT(64, 128, 3, true, 2, WgBf16, wp_bf16_hs64_n128_s3_pp)
+WG_PERSIST_ENTRY_POINT(64, 128, 2, true, 3, WgBf16, wp_bf16_hs64_n128_s2_pp_c3)
+WG_PERSIST_ENTRY_POINT(64, 128, 2, true, 3, WgF16, wp_f16_hs64_n128_s2_pp_c3)
+WG_PERSIST_ENTRY_POINT(64, 128, 3, true, 3, WgBf16, wp_bf16_hs64_n128_s3_pp_c3)
+WG_PERSIST_ENTRY_POINT(64, 128, 2, false, 3, WgBf16, wp_bf16_hs64_n128_s2_c3)
+WG_PERSIST_ENTRY_POINT(64, 64, 4, true, 3, WgBf16, wp_bf16_hs64_n64_s4_pp_c3)
 #endif
 // The configurations marked [engine] below are WgForward's.
 static_assert(WgForward<64>::keys == 64 && WgForward<64>::groups == 1 && !WgForward<64>::q_shared, "engine hs 64");
@@ -317,9 +317,9 @@ int main(int argc, char** argv) {
     {#NAME, (Fwd)NAME, HS, 64, WgShape<HS, N, 1, QS, 2>::bytes, F16, 128, N, false, true}
 #define WGT(NAME, HS, N, F16) \
     {#NAME, (Fwd)NAME, HS, 64, WgShape<HS, N, 1, false>::bytes, F16, 128, N, false, true, true}
-#define WP(NAME, HS, N, ST, F16) \
-    {#NAME, (Fwd)NAME, HS, 128, WgPersistShape<HS, N, ST>::bytes, F16, WgPersistShape<HS, N, ST>::threads, N, false, \
-     false, true, true}
+#define WP(NAME, HS, N, ST, CONS, F16)                                                                   \
+    {#NAME, (Fwd)NAME, HS, WgPersistShape<HS, N, ST, CONS>::rows, WgPersistShape<HS, N, ST, CONS>::bytes, F16, \
+     WgPersistShape<HS, N, ST, CONS>::threads, N, false, false, true, true}
     // Names: n<key tile>, g2 two warpgroups a block (128 queries), q Q in shared memory, s<stages>
     // of K and V, tma copied by the TMA unit; wp the persistent warp-specialised forward (pp:
     // the consumers' products issued in turn).
@@ -355,16 +355,15 @@ int main(int argc, char** argv) {
         WGT(wg_f16_hs64_n64_tma, 64, 64, true),
         WGT(wg_bf16_hs128_n64_tma, 128, 64, false),
         WGT(wg_f16_hs128_n64_tma, 128, 64, true),
-        WP(wp_bf16_hs128_n128_s2_pp, 128, 128, 2, false),
-        WP(wp_f16_hs128_n128_s2_pp, 128, 128, 2, true),
-        WP(wp_bf16_hs128_n128_s2, 128, 128, 2, false),
-        WP(wp_bf16_hs128_n64_s4_pp, 128, 64, 4, false),
-        WP(wp_f16_hs128_n64_s4_pp, 128, 64, 4, true),
-        WP(wp_bf16_hs128_n64_s4, 128, 64, 4, false),
-        WP(wp_bf16_hs64_n128_s3_pp, 64, 128, 3, false),
-        WP(wp_f16_hs64_n128_s3_pp, 64, 128, 3, true),
-        WP(wp_bf16_hs64_n64_s4_pp, 64, 64, 4, false),
-        WP(wp_bf16_hs64_n64_s4, 64, 64, 4, false),
+        WP(wp_bf16_hs128_n128_s2_pp, 128, 128, 2, 2, false),
+        WP(wp_f16_hs128_n128_s2_pp, 128, 128, 2, 2, true),
+        WP(wp_bf16_hs128_n128_s2, 128, 128, 2, 2, false),
+        WP(wp_bf16_hs64_n128_s3_pp, 64, 128, 3, 2, false),
+        WP(wp_bf16_hs64_n128_s2_pp_c3, 64, 128, 2, 3, false),
+        WP(wp_f16_hs64_n128_s2_pp_c3, 64, 128, 2, 3, true),
+        WP(wp_bf16_hs64_n128_s3_pp_c3, 64, 128, 3, 3, false),
+        WP(wp_bf16_hs64_n128_s2_c3, 64, 128, 2, 3, false),
+        WP(wp_bf16_hs64_n64_s4_pp_c3, 64, 64, 4, 3, false),
 #endif
     };
 #undef WG

@@ -93,8 +93,10 @@ pub(super) const PROGRAM_TC: Program = Program {
         "WG_TMA_ENTRY_POINT(128, 64, WgF16, attention_forward_f16_hs128_wgmma_tma)\n",
         "WG_TMA_BACKWARD_ENTRY_POINTS(64, WgBf16, bf16)\nWG_TMA_BACKWARD_ENTRY_POINTS(64, WgF16, f16)\n",
         "WG_TMA_DQ_ENTRY_POINT(128, WgBf16, bf16)\nWG_TMA_DQ_ENTRY_POINT(128, WgF16, f16)\n",
-        "WG_PERSIST_ENTRY_POINT(128, 128, 2, true, WgBf16, attention_forward_bf16_hs128_wgmma_persist)\n",
-        "WG_PERSIST_ENTRY_POINT(128, 128, 2, true, WgF16, attention_forward_f16_hs128_wgmma_persist)\n",
+        "WG_PERSIST_ENTRY_POINT(128, 128, 2, true, 2, WgBf16, attention_forward_bf16_hs128_wgmma_persist)\n",
+        "WG_PERSIST_ENTRY_POINT(128, 128, 2, true, 2, WgF16, attention_forward_f16_hs128_wgmma_persist)\n",
+        "WG_PERSIST_ENTRY_POINT(64, 128, 2, true, 3, WgBf16, attention_forward_bf16_hs64_wgmma_persist)\n",
+        "WG_PERSIST_ENTRY_POINT(64, 128, 2, true, 3, WgF16, attention_forward_f16_hs64_wgmma_persist)\n",
         "WG_VALUE_BOUND_ENTRY_POINT(64)\nWG_VALUE_BOUND_ENTRY_POINT(128)\n"
     ),
     kernels: &[],
@@ -120,6 +122,7 @@ pub(super) const PROGRAM_TC: Program = Program {
         ElemKernel::AttentionForwardHs128WgmmaTma,
         ElemKernel::AttentionBackwardDqHs128WgmmaTma,
         ElemKernel::AttentionForwardHs128WgmmaPersist,
+        ElemKernel::AttentionForwardHs64WgmmaPersist,
         ElemKernel::AttentionValueBoundHs64,
         ElemKernel::AttentionValueBoundHs128,
     ],
@@ -243,43 +246,65 @@ fn wgmma_tma_kernels(hs: usize) -> Option<TmaKernels> {
 }
 
 /// The persistent warp-specialised forward at head size `hs` (`wg_forward_persist`: one block
-/// an SM walks the work tiles of 128 queries; two consumer warpgroups, one producer thread
-/// issuing TMA copies, the consumers' products in turn), sm_90's forward at head size 128 with
-/// the TMA forms unless `KILN_ATTENTION_PERSISTENT=0` ([`attention_persistent`]). On an H200
-/// (B 4, T 4096, 16 heads of 128) it took 14-16% off the one-warpgroup TMA forward; at head
-/// size 64 (128-key tiles, three stages) it measured 4-9% slower than that forward, which
-/// stays there (docs/benchmarks/2026-12-02-h200/persistent-forward).
+/// an SM walks the work tiles; its consumer warpgroups of 64 queries each, one producer thread
+/// issuing TMA copies, the consumers' products in turn), sm_90's forward with the TMA forms
+/// unless `KILN_ATTENTION_PERSISTENT=0` ([`attention_persistent`]). On an H200 (B 4, T 4096) it
+/// took 14-16% off the one-warpgroup TMA forward at head size 128 with two consumers
+/// (docs/benchmarks/2026-12-02-h200/persistent-forward) and 12% at head size 64 with three
+/// (docs/benchmarks/2026-12-02-h200/three-consumers), where two had measured 4-9% slower.
 fn wgmma_persistent_forward(hs: usize) -> Option<ElemKernel> {
     match hs {
         128 => Some(ElemKernel::AttentionForwardHs128WgmmaPersist),
+        64 => Some(ElemKernel::AttentionForwardHs64WgmmaPersist),
         _ => None,
     }
 }
 
-/// Key rows and stages of the persistent forward at head size `hs`: its entry points'
-/// `WgPersistShape` (attention_wgmma.cu), which this mirrors: 128-key tiles, two stages.
-const fn persistent_config(_hs: usize) -> (usize, usize) {
-    (128, 2)
+/// The persistent forward's shape at head size `hs`, its entry points' `WgPersistShape`
+/// (attention_wgmma.cu), which this mirrors: 128-key tiles, two stages, and two consumer
+/// warpgroups at head size 128 or three at 64 (FlashAttention-3's 192-query tile there).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PersistentShape {
+    keys: usize,
+    stages: usize,
+    consumers: usize,
 }
-/// Queries and threads of a persistent forward block (two consumer warpgroups of 64 queries
-/// and a producer warpgroup).
-const PERSISTENT_ROWS: u32 = 128;
-const PERSISTENT_THREADS: u32 = 384;
+
+const fn persistent_config(hs: usize) -> PersistentShape {
+    PersistentShape {
+        keys: 128,
+        stages: 2,
+        consumers: if hs == 64 { 3 } else { 2 },
+    }
+}
+
+/// Queries and threads of a persistent forward block: its consumer warpgroups of 64 queries
+/// each and a producer warpgroup.
+const fn persistent_rows(hs: usize) -> u32 {
+    64 * persistent_config(hs).consumers as u32
+}
+const fn persistent_threads(hs: usize) -> u32 {
+    128 * (persistent_config(hs).consumers as u32 + 1)
+}
 
 /// Dynamic shared memory of the persistent forward (`WgPersistShape::bytes`): 1024 bytes of
-/// alignment, the block's 128 rows of Q, the stages of K and V, each warp's output staging
-/// (16 rows of 2 hs + 16 bytes) and the barriers (four a stage, two for Q).
+/// alignment, the block's rows of Q, the stages of K and V, each consumer warp's output
+/// staging (16 rows of 2 hs + 16 bytes) and the barriers (four a stage, two for Q).
 const fn persistent_shared(hs: usize) -> u32 {
-    let (keys, stages) = persistent_config(hs);
-    let q = (hs / 64) * 128 * 128;
+    let PersistentShape {
+        keys,
+        stages,
+        consumers,
+    } = persistent_config(hs);
+    let q = (hs / 64) * 64 * consumers * 128;
     let tile = (hs / 64) * keys * 128;
-    let staging = 4 * 2 * 16 * (2 * hs + 16);
+    let staging = 4 * consumers * 16 * (2 * hs + 16);
     (1024 + q + 2 * stages * tile + staging + (4 * stages + 2) * 8) as u32
 }
 
-/// Whether the Hopper forward is the persistent one where it has one (with the TMA forms on):
-/// yes unless `KILN_ATTENTION_PERSISTENT=0`, which takes the one-warpgroup forward, to
-/// compare the two in one build.
+/// Whether the Hopper forward is the persistent one (with the TMA forms on): yes unless
+/// `KILN_ATTENTION_PERSISTENT=0`, which takes the one-warpgroup forward, to compare the two
+/// in one build (their key tiles differ, so their bits may too; both are in the selftest).
 fn attention_persistent() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("KILN_ATTENTION_PERSISTENT").map_or(true, |v| v != "0"))
@@ -796,8 +821,8 @@ impl CudaBackend {
                 let forward = match persistent {
                     Some(kernel) => Launch {
                         kernel,
-                        rows: PERSISTENT_ROWS,
-                        threads: PERSISTENT_THREADS,
+                        rows: persistent_rows(hs),
+                        threads: persistent_threads(hs),
                         shared: persistent_shared(hs),
                     },
                     None => Launch {
@@ -947,7 +972,7 @@ impl CudaBackend {
         let mut map = None;
         if plan.forward_map() {
             let keys = if is_persistent_kernel(plan.forward.kernel) {
-                persistent_config(hs).0
+                persistent_config(hs).keys
             } else {
                 wgmma_config(hs).keys
             };
@@ -1339,19 +1364,35 @@ mod tests {
     }
 
     /// The persistent forward's shared memory is its kernel's layout (`WgPersistShape::bytes`):
-    /// Q's 128 rows, two stages of 128-key K and V tiles, eight warps' output staging and the
-    /// barriers; one block an SM with the driver's reserved KiB. Head size 64 has none.
+    /// Q's rows, two stages of 128-key K and V tiles, the consumer warps' output staging and
+    /// the barriers; one block an SM with the driver's reserved KiB.
     #[test]
     fn persistent_shared_memory_is_the_kernel_layout() {
-        assert_eq!(persistent_config(128), (128, 2));
+        assert_eq!(
+            persistent_config(128),
+            PersistentShape {
+                keys: 128,
+                stages: 2,
+                consumers: 2
+            }
+        );
+        assert_eq!((persistent_rows(128), persistent_threads(128)), (128, 384));
         assert_eq!(
             persistent_shared(128),
             1024 + 2 * 128 * 128 + 2 * 2 * 2 * 128 * 128 + 8 * 16 * 272 + 10 * 8
         );
-        assert!(persistent_shared(128) + 1024 <= 228 << 10);
-        let kernel = wgmma_persistent_forward(128).expect("a persistent forward at 128");
-        assert!(is_persistent_kernel(kernel) && is_tma_kernel(kernel));
-        assert!(wgmma_persistent_forward(64).is_none());
+        // Head size 64: three consumers, 192 rows of Q, twelve warps' staging.
+        assert_eq!(persistent_config(64).consumers, 3);
+        assert_eq!((persistent_rows(64), persistent_threads(64)), (192, 512));
+        assert_eq!(
+            persistent_shared(64),
+            1024 + 192 * 128 + 2 * 2 * 128 * 128 + 12 * 16 * 144 + 10 * 8
+        );
+        for hs in [64, 128] {
+            assert!(persistent_shared(hs) + 1024 <= 228 << 10);
+            let kernel = wgmma_persistent_forward(hs).expect("a persistent forward");
+            assert!(is_persistent_kernel(kernel) && is_tma_kernel(kernel));
+        }
     }
 
     /// Where a tensor map cannot be encoded, a TMA plan falls back to the kernels whose threads
@@ -1399,8 +1440,8 @@ mod tests {
                 let persistent = Plan {
                     forward: Launch {
                         kernel,
-                        rows: PERSISTENT_ROWS,
-                        threads: PERSISTENT_THREADS,
+                        rows: persistent_rows(hs),
+                        threads: persistent_threads(hs),
                         shared: persistent_shared(hs),
                     },
                     dq: wgmma_backward_launch(tma_dq, hs, false),

@@ -113,9 +113,9 @@ template <int HS, int N, int G = 1, bool QS = false, int STAGES = 3> struct WgSh
 //   64 keys and Q in shared memory were 4% faster at head size 64 and T 4096 (576 against 599
 //   us) but 2% slower at T 1024, so the engine keeps one there too. bench/wgmma_attention
 //   checks and times every configuration.
-// With the TMA forms (sm_90's default) head size 128 runs the persistent warp-specialised
+// With the TMA forms (sm_90's default) the engine runs the persistent warp-specialised
 // forward instead (wg_forward_persist: 128-key tiles, two stages, the consumers' products in
-// turn), 14-16% faster there on an H200; at head size 64 it was slower than this one.
+// turn; two consumers at head size 128, three at 64), 14-16% and 12% faster on an H200.
 template <int HS> struct WgForward {
     static constexpr int keys = 64;
     static constexpr int groups = 1;
@@ -251,18 +251,32 @@ __device__ __forceinline__ void wg_mbar_expect_tx(unsigned bar, unsigned bytes) 
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
 }
 
-// Named barriers of the consumers' turns (PP): a consumer waits on its own (3 + group) before
-// issuing a step's products and arrives on the other's (4 - group) once they are issued, so
-// the two consumers' products go to the tensor cores in turn and each one's softmax runs while
-// the other's products do (FlashAttention-3's ping-pong schedule). 1 and 2 are the consumers'
-// Q barriers, 0 the block's.
-__device__ __forceinline__ void wg_turn_wait(int group) {
-    if (group == 0) asm volatile("bar.sync 3, %0;" :: "n"(2 * WG_THREADS) : "memory");
-    else asm volatile("bar.sync 4, %0;" :: "n"(2 * WG_THREADS) : "memory");
+// Named barriers of the consumers' turns (PP), a ring of CONS consumers: a consumer waits on
+// its own (3 + group) before issuing a step's products and arrives on the next one's
+// (3 + (group + 1) % CONS) once they are issued, so the consumers' products go to the tensor
+// cores in turn and each one's softmax runs while another's products do (FlashAttention-3's
+// ping-pong schedule). Each barrier counts its waiter and the consumer before it. 1 and 2 are
+// the consumers' Q barriers, 0 the block's.
+// Two consumers name their barriers as immediates; three take the number from a register,
+// which makes ptxas reserve all sixteen (no cost at one block an SM) but measured no spills
+// where the immediates' branches cost the 128-register consumers 20 bytes.
+template <int CONS> __device__ __forceinline__ void wg_turn_wait(int group) {
+    static_assert(CONS == 2 || CONS == 3, "two or three consumers");
+    if constexpr (CONS == 2) {
+        if (group == 0) asm volatile("bar.sync 3, %0;" :: "n"(2 * WG_THREADS) : "memory");
+        else asm volatile("bar.sync 4, %0;" :: "n"(2 * WG_THREADS) : "memory");
+    } else {
+        asm volatile("bar.sync %0, %1;" :: "r"(3 + group), "n"(2 * WG_THREADS) : "memory");
+    }
 }
-__device__ __forceinline__ void wg_turn_pass(int group) {
-    if (group == 0) asm volatile("bar.arrive 4, %0;" :: "n"(2 * WG_THREADS) : "memory");
-    else asm volatile("bar.arrive 3, %0;" :: "n"(2 * WG_THREADS) : "memory");
+template <int CONS> __device__ __forceinline__ void wg_turn_pass(int group) {
+    if constexpr (CONS == 2) {
+        if (group == 0) asm volatile("bar.arrive 4, %0;" :: "n"(2 * WG_THREADS) : "memory");
+        else asm volatile("bar.arrive 3, %0;" :: "n"(2 * WG_THREADS) : "memory");
+    } else {
+        asm volatile("bar.arrive %0, %1;" :: "r"(group + 1 == CONS ? 3 : 4 + group), "n"(2 * WG_THREADS)
+                     : "memory");
+    }
 }
 
 // A TMA tensor map as the driver encodes it (CUtensorMap: 128 bytes; the copies need 64-byte
@@ -694,23 +708,25 @@ __device__ __forceinline__ void wg_forward(const typename Ops::elem* __restrict_
 #endif
 }
 
-// The persistent warp-specialised forward fed by TMA (sm_90a), the engine's at head size 128
-// with the TMA forms (attention.rs; bench/wgmma_attention checks and times it as `wp_*`). A
-// block is two consumer warpgroups of 64 queries each, which share every K and V tile (read
-// from L2 once per 128 queries), and a producer warpgroup of which one thread issues every
-// copy and the rest exit; the producer gives its registers to the consumers (`setmaxnreg`).
-// One block an SM stays resident and walks the work tiles (128 queries of one head each, the
-// last query tiles first), and its producer runs ahead into the next work tile while the
-// consumers finish the last, so that a block's start (Q's load, the first tile's wait) and
-// end (the output's store) do not leave the SM idle. (A non-persistent form, a block a work
-// tile with 128 threads' cp.async copies, measured level with the one-warpgroup forward and
-// was removed; docs/perf-log.md.) Each consumer runs wg_forward's steps for its rows on its
-// own (S_j beside O += P_{j-1} V_{j-1}, the softmax while the second runs), waiting on the
-// stages' mbarriers; with PP they take turns to issue their products (FlashAttention-3's
-// ping-pong), so that one's softmax runs while the other's products do.
-// - Q: the block's 128 rows in shared memory (HS / 64 sub-tiles of 128 rows, consumer w's
-//   rows 64 w on), copied by the TMA unit once both consumers have issued their last S of the
-//   tile before (`empty_q`), counted on `full_q`;
+// The persistent warp-specialised forward fed by TMA (sm_90a), the engine's forward with the
+// TMA forms (attention.rs; bench/wgmma_attention checks and times it as `wp_*`). A
+// block is CONS consumer warpgroups of 64 queries each (two at head size 128; three, as
+// FlashAttention-3's 192-query tile, at 64), which share every K and V tile (read from L2 once
+// per 64 CONS queries), and a producer warpgroup of which one thread issues every copy and the
+// rest exit; the producer gives its registers to the consumers (`setmaxnreg`; with three,
+// ptxas still allocates for 512 threads, 128 registers). One block an SM stays resident and
+// walks the work tiles (64 CONS queries of one head each, the last query tiles first), and
+// its producer runs ahead into the next work tile while the consumers finish the last, so
+// that a block's start (Q's load, the first tile's wait) and end (the output's store) do not
+// leave the SM idle. (A non-persistent form, a block a work tile with 128 threads' cp.async
+// copies, measured level with the one-warpgroup forward and was removed; docs/perf-log.md.)
+// Each consumer runs wg_forward's steps for its rows on its own (S_j beside O += P_{j-1}
+// V_{j-1}, the softmax while the second runs), waiting on the stages' mbarriers; with PP they
+// take turns to issue their products (FlashAttention-3's ping-pong), so that one's softmax
+// runs while another's products do.
+// - Q: the block's 64 CONS rows in shared memory (HS / 64 sub-tiles, consumer w's rows 64 w
+//   on), copied by the TMA unit once every consumer has issued its last S of the tile before
+//   (`empty_q`), counted on `full_q`;
 // - K_j and V_j: their own full barriers, so that S_j waits for K_j alone and O += P_{j-1}
 //   V_{j-1} for V_{j-1}, and their own empty barriers: K_j is released once S_j is done, V_j
 //   once the product reading it is, so that two stages suffice (the producer's V_j waits for
@@ -721,11 +737,16 @@ __device__ __forceinline__ void wg_forward(const typename Ops::elem* __restrict_
 // tile), so the first pass and the last wait are the kernel's, not a tile's.
 // The consumers' arithmetic is wg_forward's with Q from shared memory: the same results, bit
 // for bit, as the one-warpgroup block of the same key tile.
-template <int HS, int N, int STAGES> struct WgPersistShape {
-    static_assert(STAGES >= 2 && 128 % N == 0, "stages; Q's rows in boxes of N");
-    static constexpr int consumers = 2;
+template <int HS, int N, int STAGES, int CONS = 2> struct WgPersistShape {
+    static_assert(STAGES >= 2 && (CONS == 2 || CONS == 3), "stages; two or three consumers");
+    static constexpr int consumers = CONS;
     static constexpr int threads = (consumers + 1) * WG_THREADS;
     static constexpr int rows = consumers * WG_ROWS;
+    // Q's rows are copied in boxes of N rows (the tensor map's, shared with K and V): box r at
+    // row min(r N, rows - N), so that with 192 rows and 128-key boxes the second box overlaps
+    // the first by 64 rows, which both copy with the same bytes.
+    static_assert(rows >= N && N % 64 == 0, "Q's rows in boxes of N");
+    static constexpr int q_boxes = (rows + N - 1) / N;
     static constexpr int sub = N * 128;           // bytes of a 64-column sub-tile of K or V
     static constexpr int tile = (HS / 64) * sub;  // bytes of a K or V tile
     static constexpr int q_sub = rows * 128;      // bytes of a 64-column sub-tile of the block's Q
@@ -736,16 +757,17 @@ template <int HS, int N, int STAGES> struct WgPersistShape {
     // full_q, empty_q.
     static constexpr int bytes = 1024 + q_bytes + 2 * STAGES * tile + staging + (4 * STAGES + 2) * 8;
     static_assert(bytes <= 227 * 1024, "a block's shared memory fits an SM");
-    static constexpr int producer_regs = 24, consumer_regs = 240;  // 128 x 24 + 256 x 240 <= 64K
+    // 128 x 24 + 256 x 240 <= 64K with two consumers, 128 x 24 + 384 x 160 with three.
+    static constexpr int producer_regs = 24, consumer_regs = CONS == 2 ? 240 : 160;
 };
 
-template <class Ops, int HS, int N, int STAGES, bool PP>
+template <class Ops, int HS, int N, int STAGES, bool PP, int CONS>
 __device__ __forceinline__ void wg_forward_persist(const typename Ops::elem* __restrict__ qkv,
                                                    typename Ops::elem* __restrict__ out,
                                                    float* __restrict__ lse, int T, int C, int NH, int W, int BNH,
                                                    const WgTensorMap* map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    typedef WgPersistShape<HS, N, STAGES> S;
+    typedef WgPersistShape<HS, N, STAGES, CONS> S;
     extern __shared__ __align__(1024) unsigned char wg_smem[];
     tc_need_shared(S::bytes);
     if (blockDim.x != S::threads) __trap();
@@ -761,7 +783,7 @@ __device__ __forceinline__ void wg_forward_persist(const typename Ops::elem* __r
     auto empty_v = [&](int i) { return bars + 8 * (3 * STAGES + i); };
     const unsigned full_q = bars + 8 * 4 * STAGES, empty_q = full_q + 8;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int group = __shfl_sync(0xffffffffu, warp >> 2, 0);  // 0, 1: consumers; 2: the producer
+    const int group = __shfl_sync(0xffffffffu, warp >> 2, 0);  // below CONS: consumers; CONS: the producer
     const int qtiles = (T + S::rows - 1) / S::rows;
     const int work = qtiles * BNH;
     // Work tile w: query tile qtiles - 1 - w / BNH (the longest first) of head w % BNH.
@@ -798,14 +820,18 @@ __device__ __forceinline__ void wg_forward_persist(const typename Ops::elem* __r
             if (n > 0) wg_mbar_wait(empty_q, (n - 1) & 1);
             // Boxes of N rows wholly past T are not copied: only a consumer without rows
             // would read them, and it issues no products.
-            const int boxes = min(S::rows / N, (T - q0 + N - 1) / N);
+            auto box_row = [&](int r) { return min(r * N, S::rows - N); };
+            int boxes = 0;
+            #pragma unroll
+            for (int r = 0; r < S::q_boxes; r++) boxes += q0 + box_row(r) < T;
             wg_mbar_expect_tx(full_q, boxes * (HS / 64) * S::sub);
             #pragma unroll
             for (int i = 0; i < HS / 64; i++) {
                 #pragma unroll
-                for (int r = 0; r < S::rows / N; r++) {
-                    if (r < boxes)
-                        wg_tma_load_3d(qs + i * S::q_sub + r * N * 128, map, h * HS + 64 * i, q0 + r * N, b, full_q);
+                for (int r = 0; r < S::q_boxes; r++) {
+                    if (q0 + box_row(r) < T)
+                        wg_tma_load_3d(qs + i * S::q_sub + box_row(r) * 128, map, h * HS + 64 * i, q0 + box_row(r), b,
+                                       full_q);
                 }
             }
             for (int it = 0; it < tiles; it++, j++) {
@@ -838,13 +864,13 @@ __device__ __forceinline__ void wg_forward_persist(const typename Ops::elem* __r
     auto wait_k = [&](int j) { wg_mbar_wait(full_k(j % STAGES), (j / STAGES) & 1); };
     auto wait_v = [&](int j) { wg_mbar_wait(full_v(j % STAGES), (j / STAGES) & 1); };
     auto turn_wait = [&]() {
-        if constexpr (PP) wg_turn_wait(group);
+        if constexpr (PP) wg_turn_wait<CONS>(group);
     };
     auto turn_pass = [&]() {
-        if constexpr (PP) wg_turn_pass(group);
+        if constexpr (PP) wg_turn_pass<CONS>(group);
     };
     if constexpr (PP) {
-        if (group == 1) wg_turn_pass(group);
+        if (group == CONS - 1) wg_turn_pass<CONS>(group);  // consumer 0 takes the first turn
     }
     int j0 = 0;  // the running count of this work tile's first key tile
     int n = 0;
@@ -866,7 +892,7 @@ __device__ __forceinline__ void wg_forward_persist(const typename Ops::elem* __r
         const int first = wg_q0 < T ? tc_first_key_tile(wg_q0, W, N) - kt0 : tiles;
         const int last = wg_q0 < T ? min(wg_q0 + WG_ROWS - 1, T - 1) / N - kt0 : tiles - 1;
         // A tile this warpgroup's rows do not see: waited for, its turn taken and released,
-        // so that barrier phases and turns stay in step with the other consumer's.
+        // so that barrier phases and turns stay in step with the other consumers'.
         auto pass_tile = [&](int j) {
             wait_k(j);
             wait_v(j);
@@ -930,7 +956,7 @@ __device__ __forceinline__ void wg_forward_persist(const typename Ops::elem* __r
         j0 += tiles;
     }
     if constexpr (PP) {
-        if (group == 0) wg_turn_wait(group);  // consumer 1's last pass
+        if (group == 0) wg_turn_wait<CONS>(group);  // the last consumer's last pass
     }
 #elif defined(__CUDA_ARCH__)
     __trap();
@@ -939,11 +965,11 @@ __device__ __forceinline__ void wg_forward_persist(const typename Ops::elem* __r
 
 // An entry point of the persistent forward (bench/wgmma_attention instantiates them): as many
 // blocks as SMs (at most the work tiles), one each; BNH = batch x heads.
-#define WG_PERSIST_ENTRY_POINT(HS, N, STAGES, PP, OPS, NAME)                                           \
-    extern "C" __global__ void __launch_bounds__(WgPersistShape<HS, N, STAGES>::threads, 1)            \
+#define WG_PERSIST_ENTRY_POINT(HS, N, STAGES, PP, CONS, OPS, NAME)                                     \
+    extern "C" __global__ void __launch_bounds__(WgPersistShape<HS, N, STAGES, CONS>::threads, 1)      \
         NAME(const OPS::elem* qkv, OPS::elem* out, float* lse, int T, int C, int NH, int W,             \
              const __grid_constant__ WgTensorMap map, int BNH) {                                        \
-        wg_forward_persist<OPS, HS, N, STAGES, PP>(qkv, out, lse, T, C, NH, W, BNH, &map);             \
+        wg_forward_persist<OPS, HS, N, STAGES, PP, CONS>(qkv, out, lse, T, C, NH, W, BNH, &map);       \
     }
 
 // The backward on warpgroup MMA: attention_tc.cu's two kernels (dQ with the row term d; dK and
