@@ -71,6 +71,9 @@ WG_PERSIST_ENTRY_POINT(64, 128, 2, true, 3, WgF16, wp_f16_hs64_n128_s2_pp_c3)
 WG_PERSIST_ENTRY_POINT(64, 128, 3, true, 3, WgBf16, wp_bf16_hs64_n128_s3_pp_c3)
 WG_PERSIST_ENTRY_POINT(64, 128, 2, false, 3, WgBf16, wp_bf16_hs64_n128_s2_c3)
 WG_PERSIST_ENTRY_POINT(64, 64, 4, true, 3, WgBf16, wp_bf16_hs64_n64_s4_pp_c3)
+WG_PERSIST_ENTRY_POINT(128, 64, 2, true, 3, WgBf16, wp_bf16_hs128_n64_s2_pp_c3)
+WG_PERSIST_ENTRY_POINT(128, 64, 3, true, 3, WgBf16, wp_bf16_hs128_n64_s3_pp_c3)
+WG_PERSIST_ENTRY_POINT(128, 64, 3, true, 3, WgF16, wp_f16_hs128_n64_s3_pp_c3)
 #endif
 // The configurations marked [engine] below are WgForward's.
 static_assert(WgForward<64>::keys == 64 && WgForward<64>::groups == 1 && !WgForward<64>::q_shared, "engine hs 64");
@@ -364,6 +367,9 @@ int main(int argc, char** argv) {
         WP(wp_bf16_hs64_n128_s3_pp_c3, 64, 128, 3, 3, false),
         WP(wp_bf16_hs64_n128_s2_c3, 64, 128, 2, 3, false),
         WP(wp_bf16_hs64_n64_s4_pp_c3, 64, 64, 4, 3, false),
+        WP(wp_bf16_hs128_n64_s2_pp_c3, 128, 64, 2, 3, false),
+        WP(wp_bf16_hs128_n64_s3_pp_c3, 128, 64, 3, 3, false),
+        WP(wp_f16_hs128_n64_s3_pp_c3, 128, 64, 3, 3, true),
 #endif
     };
 #undef WG
