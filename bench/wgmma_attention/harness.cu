@@ -74,6 +74,13 @@ WG_PERSIST_ENTRY_POINT(64, 64, 4, true, 3, WgBf16, wp_bf16_hs64_n64_s4_pp_c3)
 WG_PERSIST_ENTRY_POINT(128, 64, 2, true, 3, WgBf16, wp_bf16_hs128_n64_s2_pp_c3)
 WG_PERSIST_ENTRY_POINT(128, 64, 3, true, 3, WgBf16, wp_bf16_hs128_n64_s3_pp_c3)
 WG_PERSIST_ENTRY_POINT(128, 64, 3, true, 3, WgF16, wp_f16_hs128_n64_s3_pp_c3)
+// The engine's persistent forwards with the other work orders (WG_ORDER_*: `_snake`, `_sec`).
+WG_PERSIST_ORDER_ENTRY_POINT(64, 128, 2, true, 3, WG_ORDER_SNAKE, WgBf16, wp_bf16_hs64_n128_s2_pp_c3_snake)
+WG_PERSIST_ORDER_ENTRY_POINT(64, 128, 2, true, 3, WG_ORDER_SNAKE, WgF16, wp_f16_hs64_n128_s2_pp_c3_snake)
+WG_PERSIST_ORDER_ENTRY_POINT(64, 128, 2, true, 3, WG_ORDER_SECTIONS, WgBf16, wp_bf16_hs64_n128_s2_pp_c3_sec)
+WG_PERSIST_ORDER_ENTRY_POINT(128, 128, 2, true, 2, WG_ORDER_SNAKE, WgBf16, wp_bf16_hs128_n128_s2_pp_snake)
+WG_PERSIST_ORDER_ENTRY_POINT(128, 128, 2, true, 2, WG_ORDER_SNAKE, WgF16, wp_f16_hs128_n128_s2_pp_snake)
+WG_PERSIST_ORDER_ENTRY_POINT(128, 128, 2, true, 2, WG_ORDER_SECTIONS, WgBf16, wp_bf16_hs128_n128_s2_pp_sec)
 #endif
 // The configurations marked [engine] below are WgForward's.
 static_assert(WgForward<64>::keys == 64 && WgForward<64>::groups == 1 && !WgForward<64>::q_shared, "engine hs 64");
@@ -370,6 +377,12 @@ int main(int argc, char** argv) {
         WP(wp_bf16_hs128_n64_s2_pp_c3, 128, 64, 2, 3, false),
         WP(wp_bf16_hs128_n64_s3_pp_c3, 128, 64, 3, 3, false),
         WP(wp_f16_hs128_n64_s3_pp_c3, 128, 64, 3, 3, true),
+        WP(wp_bf16_hs64_n128_s2_pp_c3_snake, 64, 128, 2, 3, false),
+        WP(wp_f16_hs64_n128_s2_pp_c3_snake, 64, 128, 2, 3, true),
+        WP(wp_bf16_hs64_n128_s2_pp_c3_sec, 64, 128, 2, 3, false),
+        WP(wp_bf16_hs128_n128_s2_pp_snake, 128, 128, 2, 2, false),
+        WP(wp_f16_hs128_n128_s2_pp_snake, 128, 128, 2, 2, true),
+        WP(wp_bf16_hs128_n128_s2_pp_sec, 128, 128, 2, 2, false),
 #endif
     };
 #undef WG

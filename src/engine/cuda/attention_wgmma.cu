@@ -715,7 +715,7 @@ __device__ __forceinline__ void wg_forward(const typename Ops::elem* __restrict_
 // per 64 CONS queries), and a producer warpgroup of which one thread issues every copy and the
 // rest exit; the producer gives its registers to the consumers (`setmaxnreg`; with three,
 // ptxas still allocates for 512 threads, 128 registers). One block an SM stays resident and
-// walks the work tiles (64 CONS queries of one head each, the last query tiles first), and
+// walks the work tiles (64 CONS queries of one head each, in the order ORDER gives), and
 // its producer runs ahead into the next work tile while the consumers finish the last, so
 // that a block's start (Q's load, the first tile's wait) and end (the output's store) do not
 // leave the SM idle. (A non-persistent form, a block a work tile with 128 threads' cp.async
@@ -761,7 +761,25 @@ template <int HS, int N, int STAGES, int CONS = 2> struct WgPersistShape {
     static constexpr int producer_regs = 24, consumer_regs = CONS == 2 ? 240 : 160;
 };
 
-template <class Ops, int HS, int N, int STAGES, bool PP, int CONS>
+// The order of the work tiles among the blocks (ORDER; the harness compares them, the engine
+// runs WG_ORDER_HEADS):
+// - WG_ORDER_HEADS: tile w is query tile qtiles - 1 - w / BNH of head w % BNH (every head's
+//   longest first) and block i takes tiles i, i + G, i + 2 G, ... (G blocks);
+// - WG_ORDER_SNAKE: the same tiles, block i taking position i of round k (tiles k G .. k G +
+//   G - 1) for even k and G - 1 - i for odd k, so that a block drawing a long tile in one round
+//   draws a short one in the next (the kernel ends with its busiest block, whose key tiles run
+//   10% past the mean with the heads' order at B 4, 12 heads of 64, T 4096, 0.3% with the
+//   snake: bench/wgmma_attention/work_balance.py);
+// - WG_ORDER_SECTIONS: the snake over sections of heads whose K and V (T HS 4 bytes a head)
+//   fill about 24 MiB of L2, each section's query tiles the longest first, its heads
+//   alternating, so that the blocks at work together read a few heads' K and V from DRAM
+//   about once (with the heads' order, at head size 128, B 8, T 4096, the forward read 3.7
+//   TB/s from DRAM with 28% L2 hits; sections measured 7-9% faster at head size 128, B 4, T
+//   8192, but without the snake they unbalanced the blocks elsewhere, and with it their
+//   boundaries still do at some shapes: work_balance.py).
+enum { WG_ORDER_HEADS = 0, WG_ORDER_SNAKE = 1, WG_ORDER_SECTIONS = 2 };
+
+template <class Ops, int HS, int N, int STAGES, bool PP, int CONS, int ORDER = WG_ORDER_HEADS>
 __device__ __forceinline__ void wg_forward_persist(const typename Ops::elem* __restrict__ qkv,
                                                    typename Ops::elem* __restrict__ out,
                                                    float* __restrict__ lse, int T, int C, int NH, int W, int BNH,
@@ -786,14 +804,30 @@ __device__ __forceinline__ void wg_forward_persist(const typename Ops::elem* __r
     const int group = __shfl_sync(0xffffffffu, warp >> 2, 0);  // below CONS: consumers; CONS: the producer
     const int qtiles = (T + S::rows - 1) / S::rows;
     const int work = qtiles * BNH;
-    // Work tile w: query tile qtiles - 1 - w / BNH (the longest first) of head w % BNH.
+    // Work tile w's head and query tile (ORDER above).
+    const int section = ORDER == WG_ORDER_SECTIONS ? max(1, (int)((24ll << 20) / ((long long)T * HS * 4))) : BNH;
     auto decode = [&](int w, int& b, int& h, int& q0, int& kt0, int& tiles) {
-        const int bh = w % BNH;
+        int bh;
+        if constexpr (ORDER == WG_ORDER_SECTIONS) {
+            const int sec = w / (qtiles * section);
+            const int heads = min(section, BNH - sec * section);  // fewer in the last section
+            const int r = w - sec * qtiles * section;
+            bh = sec * section + r % heads;
+            q0 = (qtiles - 1 - r / heads) * S::rows;
+        } else {
+            bh = w % BNH;
+            q0 = (qtiles - 1 - w / BNH) * S::rows;
+        }
         b = bh / NH;
         h = bh % NH;
-        q0 = (qtiles - 1 - w / BNH) * S::rows;
         kt0 = tc_first_key_tile(q0, W, N);
         tiles = min(q0 + S::rows - 1, T - 1) / N - kt0 + 1;
+    };
+    // This block's tile of round k (its next after `w`, the last round's); only the last
+    // round holds tiles at or past `work`, so a block's first such tile ends its walk.
+    auto next_tile = [&](int w, int k) {
+        if constexpr (ORDER == WG_ORDER_HEADS) return w + (int)gridDim.x;
+        else return k * (int)gridDim.x + ((k & 1) ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x);
     };
     if (threadIdx.x == 0) {
         for (int i = 0; i < STAGES; i++) {
@@ -814,7 +848,7 @@ __device__ __forceinline__ void wg_forward_persist(const typename Ops::elem* __r
         if (threadIdx.x != S::consumers * WG_THREADS) return;
         int j = 0;  // tiles copied so far, over all work tiles
         int n = 0;  // work tiles begun
-        for (int w = blockIdx.x; w < work; w += gridDim.x, n++) {
+        for (int w = blockIdx.x, k = 0; w < work; w = next_tile(w, ++k), n++) {
             int b, h, q0, kt0, tiles;
             decode(w, b, h, q0, kt0, tiles);
             if (n > 0) wg_mbar_wait(empty_q, (n - 1) & 1);
@@ -874,7 +908,7 @@ __device__ __forceinline__ void wg_forward_persist(const typename Ops::elem* __r
     }
     int j0 = 0;  // the running count of this work tile's first key tile
     int n = 0;
-    for (int w = blockIdx.x; w < work; w += gridDim.x, n++) {
+    for (int w = blockIdx.x, k = 0; w < work; w = next_tile(w, ++k), n++) {
         int b, h, q0, kt0, tiles;
         decode(w, b, h, q0, kt0, tiles);
         const int warp_row0 = q0 + warp * 16;
@@ -965,12 +999,14 @@ __device__ __forceinline__ void wg_forward_persist(const typename Ops::elem* __r
 
 // An entry point of the persistent forward (bench/wgmma_attention instantiates them): as many
 // blocks as SMs (at most the work tiles), one each; BNH = batch x heads.
-#define WG_PERSIST_ENTRY_POINT(HS, N, STAGES, PP, CONS, OPS, NAME)                                     \
+#define WG_PERSIST_ORDER_ENTRY_POINT(HS, N, STAGES, PP, CONS, ORDER, OPS, NAME)                        \
     extern "C" __global__ void __launch_bounds__(WgPersistShape<HS, N, STAGES, CONS>::threads, 1)      \
         NAME(const OPS::elem* qkv, OPS::elem* out, float* lse, int T, int C, int NH, int W,             \
              const __grid_constant__ WgTensorMap map, int BNH) {                                        \
-        wg_forward_persist<OPS, HS, N, STAGES, PP, CONS>(qkv, out, lse, T, C, NH, W, BNH, &map);       \
+        wg_forward_persist<OPS, HS, N, STAGES, PP, CONS, ORDER>(qkv, out, lse, T, C, NH, W, BNH, &map); \
     }
+#define WG_PERSIST_ENTRY_POINT(HS, N, STAGES, PP, CONS, OPS, NAME) \
+    WG_PERSIST_ORDER_ENTRY_POINT(HS, N, STAGES, PP, CONS, WG_ORDER_HEADS, OPS, NAME)
 
 // The backward on warpgroup MMA: attention_tc.cu's two kernels (dQ with the row term d; dK and
 // dV) with their sums, masks and f16 scaling, each products' operands read by the tensor cores
