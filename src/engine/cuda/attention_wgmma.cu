@@ -804,7 +804,8 @@ __device__ __forceinline__ void wg_forward_persist(const typename Ops::elem* __r
     const int group = __shfl_sync(0xffffffffu, warp >> 2, 0);  // below CONS: consumers; CONS: the producer
     const int qtiles = (T + S::rows - 1) / S::rows;
     const int work = qtiles * BNH;
-    // Work tile w's head and query tile (ORDER above).
+    // Work tile w's head and query tile (ORDER above); `section` is read by the sections order
+    // only (BNH heads, one section, would give the heads' order).
     const int section = ORDER == WG_ORDER_SECTIONS ? max(1, (int)((24ll << 20) / ((long long)T * HS * 4))) : BNH;
     auto decode = [&](int w, int& b, int& h, int& q0, int& kt0, int& tiles) {
         int bh;
@@ -823,8 +824,8 @@ __device__ __forceinline__ void wg_forward_persist(const typename Ops::elem* __r
         kt0 = tc_first_key_tile(q0, W, N);
         tiles = min(q0 + S::rows - 1, T - 1) / N - kt0 + 1;
     };
-    // This block's tile of round k (its next after `w`, the last round's); only the last
-    // round holds tiles at or past `work`, so a block's first such tile ends its walk.
+    // This block's tile in round k, after its tile `w` of round k - 1. Only the last round
+    // holds tiles at or past `work`, so the first such tile ends the block's walk.
     auto next_tile = [&](int w, int k) {
         if constexpr (ORDER == WG_ORDER_HEADS) return w + (int)gridDim.x;
         else return k * (int)gridDim.x + ((k & 1) ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x);
