@@ -12,10 +12,14 @@ load and output store are not counted). Orders, as in the kernel:
   snake     the same tiles; block i takes position i of even rounds and G-1-i of odd ones
   sections  the snake over sections of heads whose K and V fill about 24 MiB
   sections-rr  sections without the snake (measured 2026-12-03, not kept)
+  dyn-heads, dyn-sections  the heads' or the sections' tiles handed out by a counter
+            (WG_ORDER_COUNTER, WG_ORDER_COUNTER_SECTIONS), each to the block that comes free
+            first (a key tile's time a unit)
 
   python3 bench/wgmma_attention/work_balance.py --batch 4 --heads 12 --head-size 64 --seq 4096
 """
 import argparse
+import heapq
 
 
 def key_tiles(T, HS, BNH, blocks, order):
@@ -23,7 +27,7 @@ def key_tiles(T, HS, BNH, blocks, order):
     keys = 128
     qtiles = (T + rows - 1) // rows
     work = qtiles * BNH
-    section = max(1, (24 << 20) // (T * HS * 4)) if order.startswith("sections") else BNH
+    section = max(1, (24 << 20) // (T * HS * 4)) if "sections" in order else BNH
     snake = order in ("snake", "sections")
 
     def tiles_of(w):
@@ -33,6 +37,14 @@ def key_tiles(T, HS, BNH, blocks, order):
         q0 = (qtiles - 1 - r // heads) * rows
         return min(q0 + rows - 1, T - 1) // keys + 1
 
+    if order.startswith("dyn-"):
+        free = [(0, i) for i in range(blocks)]  # (when the block comes free, the block)
+        loads = [0] * blocks
+        for w in range(work):
+            t, i = heapq.heappop(free)
+            loads[i] = t + tiles_of(w)
+            heapq.heappush(free, (loads[i], i))
+        return loads
     loads = []
     for i in range(blocks):
         total, w, k = 0, i, 0
@@ -57,7 +69,7 @@ def main():
           "busiest block's key tiles over the mean")
     for T in args.seq:
         cells = []
-        for order in ("heads", "snake", "sections", "sections-rr"):
+        for order in ("heads", "snake", "sections", "sections-rr", "dyn-heads", "dyn-sections"):
             loads = key_tiles(T, args.head_size, bnh, args.sms, order)
             cells.append(f"{order} {max(loads) / (sum(loads) / len(loads)):.3f}")
         print(f"T {T:5d}: " + ", ".join(cells))

@@ -776,8 +776,26 @@ template <int HS, int N, int STAGES, int CONS = 2> struct WgPersistShape {
 //   about once (with the heads' order, at head size 128, B 8, T 4096, the forward read 3.7
 //   TB/s from DRAM with 28% L2 hits; sections measured 7-9% faster at head size 128, B 4, T
 //   8192, but without the snake they unbalanced the blocks elsewhere, and with it their
-//   boundaries still do at some shapes: work_balance.py).
-enum { WG_ORDER_HEADS = 0, WG_ORDER_SNAKE = 1, WG_ORDER_SECTIONS = 2 };
+//   boundaries still do at some shapes: work_balance.py);
+// - WG_ORDER_COUNTER and WG_ORDER_COUNTER_SECTIONS: the heads' or the sections' tiles, block i
+//   taking tile i first and then whichever tile a counter in global memory gives next, so that
+//   the block that comes free first takes the next tile (balanced whatever the sections'
+//   boundaries: work_balance.py's dyn-* orders). The producer thread fetches each next tile
+//   one work tile ahead and hands it to the consumers in shared memory beside Q's barrier; the
+//   last block to finish resets the counter for the next launch, so launches of these kernels
+//   must not run concurrently with each other (kiln launches attention on one stream a
+//   device).
+enum {
+    WG_ORDER_HEADS = 0,
+    WG_ORDER_SNAKE = 1,
+    WG_ORDER_SECTIONS = 2,
+    WG_ORDER_COUNTER = 3,
+    WG_ORDER_COUNTER_SECTIONS = 4
+};
+
+// The counter orders' next tile (beyond the grid's first) and their finished blocks, zero
+// between launches.
+__device__ unsigned wg_persist_counter[2];
 
 template <class Ops, int HS, int N, int STAGES, bool PP, int CONS, int ORDER = WG_ORDER_HEADS>
 __device__ __forceinline__ void wg_forward_persist(const typename Ops::elem* __restrict__ qkv,
@@ -806,10 +824,15 @@ __device__ __forceinline__ void wg_forward_persist(const typename Ops::elem* __r
     const int work = qtiles * BNH;
     // Work tile w's head and query tile (ORDER above); `section` is read by the sections order
     // only (BNH heads, one section, would give the heads' order).
-    const int section = ORDER == WG_ORDER_SECTIONS ? max(1, (int)((24ll << 20) / ((long long)T * HS * 4))) : BNH;
+    constexpr bool sections = ORDER == WG_ORDER_SECTIONS || ORDER == WG_ORDER_COUNTER_SECTIONS;
+    constexpr bool counter = ORDER == WG_ORDER_COUNTER || ORDER == WG_ORDER_COUNTER_SECTIONS;
+    const int section = sections ? max(1, (int)((24ll << 20) / ((long long)T * HS * 4))) : BNH;
+    // The counter orders' tile of the current work tile, written by the producer before Q's
+    // barrier arrival and read by the consumers after its wait (work or more: no more tiles).
+    __shared__ int handed_tile;
     auto decode = [&](int w, int& b, int& h, int& q0, int& kt0, int& tiles) {
         int bh;
-        if constexpr (ORDER == WG_ORDER_SECTIONS) {
+        if constexpr (sections) {
             const int sec = w / (qtiles * section);
             const int heads = min(section, BNH - sec * section);  // fewer in the last section
             const int r = w - sec * qtiles * section;
@@ -827,7 +850,7 @@ __device__ __forceinline__ void wg_forward_persist(const typename Ops::elem* __r
     // This block's tile in round k, after its tile `w` of round k - 1. Only the last round
     // holds tiles at or past `work`, so the first such tile ends the block's walk.
     auto next_tile = [&](int w, int k) {
-        if constexpr (ORDER == WG_ORDER_HEADS) return w + (int)gridDim.x;
+        if constexpr (ORDER == WG_ORDER_HEADS || counter) return w + (int)gridDim.x;
         else return k * (int)gridDim.x + ((k & 1) ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x);
     };
     if (threadIdx.x == 0) {
@@ -849,10 +872,28 @@ __device__ __forceinline__ void wg_forward_persist(const typename Ops::elem* __r
         if (threadIdx.x != S::consumers * WG_THREADS) return;
         int j = 0;  // tiles copied so far, over all work tiles
         int n = 0;  // work tiles begun
-        for (int w = blockIdx.x, k = 0; w < work; w = next_tile(w, ++k), n++) {
+        for (int w = blockIdx.x, k = 0;; n++) {
+            // The next tile, fetched now so that its round trip hides behind this tile's copies.
+            int next = work;
+            if constexpr (counter) {
+                if (w < work) next = (int)gridDim.x + (int)atomicAdd(&wg_persist_counter[0], 1u);
+            } else {
+                next = next_tile(w, ++k);
+            }
+            if constexpr (!counter) {
+                if (w >= work) break;
+            }
+            if (n > 0) wg_mbar_wait(empty_q, (n - 1) & 1);
+            if constexpr (counter) {
+                // The consumers have read the last tile's number (before releasing Q).
+                *(volatile int*)&handed_tile = w;
+                if (w >= work) {
+                    wg_mbar_expect_tx(full_q, 0);  // no Q: the consumers read the end and stop
+                    break;
+                }
+            }
             int b, h, q0, kt0, tiles;
             decode(w, b, h, q0, kt0, tiles);
-            if (n > 0) wg_mbar_wait(empty_q, (n - 1) & 1);
             // Boxes of N rows wholly past T are not copied: only a consumer without rows
             // would read them, and it issues no products.
             auto box_row = [&](int r) { return min(r * N, S::rows - N); };
@@ -883,6 +924,16 @@ __device__ __forceinline__ void wg_forward_persist(const typename Ops::elem* __r
                 for (int i = 0; i < HS / 64; i++)
                     wg_tma_load_3d(vs(stage) + i * S::sub, map, 2 * C + h * HS + 64 * i, k0, b, full_v(stage));
             }
+            w = next;
+        }
+        if constexpr (counter) {
+            // Every block's last fetch comes before its count here, so the last block to count
+            // resets both for the next launch.
+            __threadfence();
+            if (atomicAdd(&wg_persist_counter[1], 1u) == gridDim.x - 1) {
+                atomicExch(&wg_persist_counter[0], 0u);
+                atomicExch(&wg_persist_counter[1], 0u);
+            }
         }
         return;
     }
@@ -909,7 +960,12 @@ __device__ __forceinline__ void wg_forward_persist(const typename Ops::elem* __r
     }
     int j0 = 0;  // the running count of this work tile's first key tile
     int n = 0;
-    for (int w = blockIdx.x, k = 0; w < work; w = next_tile(w, ++k), n++) {
+    for (int w = blockIdx.x, k = 0;; w = next_tile(w, ++k), n++) {
+        if constexpr (counter) {
+            wg_mbar_wait(full_q, n & 1);
+            w = *(volatile int*)&handed_tile;
+        }
+        if (w >= work) break;
         int b, h, q0, kt0, tiles;
         decode(w, b, h, q0, kt0, tiles);
         const int warp_row0 = q0 + warp * 16;
