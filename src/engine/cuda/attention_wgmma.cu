@@ -783,8 +783,8 @@ template <int HS, int N, int STAGES, int CONS = 2> struct WgPersistShape {
 //   boundaries: work_balance.py's dyn-* orders). The producer thread fetches each next tile
 //   one work tile ahead and hands it to the consumers in shared memory beside Q's barrier; the
 //   last block to finish resets the counter for the next launch, so launches of these kernels
-//   must not run concurrently with each other (kiln launches attention on one stream a
-//   device).
+//   must not run concurrently with each other (a kiln backend loads its own modules and
+//   launches on one stream).
 enum {
     WG_ORDER_HEADS = 0,
     WG_ORDER_SNAKE = 1,
