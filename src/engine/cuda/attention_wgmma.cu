@@ -1171,6 +1171,34 @@ template <int HS, int N, bool DKV, int RA = 0, int G = 1> struct WgBackShape {
 // rate; with A in registers, 1 KiB.
 // G warpgroups a block (1 or 2) each own 64 consecutive rows and share the streamed tiles, so a
 // tile's copy and its waits serve G times the products (WgBackward says where that pays).
+// The backward's blocks (a grid of gridDim.x row tiles by gridDim.y = B NH heads): which head
+// and tile block (blockIdx.x, blockIdx.y) takes. The GPU starts blocks in the order of their
+// linear index blockIdx.y gridDim.x + blockIdx.x as room frees, so that order decides what
+// runs at the end. WG_BACKWARD_ORDER 0: the grid's own (each head's tiles, the longest
+// first, one head after another); 1: every head's longest tile, then every head's next; 2: 1
+// within sections of heads whose streamed tiles (T HS 4 bytes a head) fill about 24 MiB.
+#ifndef WG_BACKWARD_ORDER
+#define WG_BACKWARD_ORDER 0
+#endif
+template <int HS>
+__device__ __forceinline__ void wg_backward_tile(int T, int& bh, int& xt) {
+#if WG_BACKWARD_ORDER == 0
+    bh = blockIdx.y;
+    xt = blockIdx.x;
+#else
+    const int X = gridDim.x, BNH = gridDim.y, L = blockIdx.y * X + blockIdx.x;
+#if WG_BACKWARD_ORDER == 1
+    xt = L / BNH;
+    bh = L % BNH;
+#else
+    const int s = max(1, (int)((24ll << 20) / ((long long)T * HS * 4)));
+    const int sec = L / (X * s), heads = min(s, BNH - sec * s), r = L - sec * X * s;
+    xt = r / heads;
+    bh = sec * s + r % heads;
+#endif
+#endif
+}
+
 template <class Ops, int HS, int N, bool DKV, bool TMA = false, int RA = 0, int G = 1>
 __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict__ qkv,
                                             const typename Ops::elem* __restrict__ out,
@@ -1198,7 +1226,9 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
                                                       G * S::owned * S::own + S::stages * 2 * S::tile);
     auto lses = [&](int i) { return row_terms + 2 * i * N; };
     auto ds = [&](int i) { return row_terms + (2 * i + 1) * N; };
-    const int b = blockIdx.y / NH, h = blockIdx.y % NH;
+    int bh, xt;
+    wg_backward_tile<HS>(T, bh, xt);
+    const int b = bh / NH, h = bh % NH;
     const int warp = wtid >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const size_t stride = 3 * (size_t)C;
     const E* base = qkv + (size_t)b * T * stride + h * HS;
@@ -1208,7 +1238,7 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
     // The block's G x 64 rows from rb: keys (the first key tiles see the most queries) or
     // queries (the last see the most keys); each starts the longest first. The warpgroup's 64
     // from r0.
-    const int rb = (DKV ? blockIdx.x : gridDim.x - 1 - blockIdx.x) * G * WG_ROWS, last = rb + G * WG_ROWS - 1;
+    const int rb = (DKV ? xt : gridDim.x - 1 - xt) * G * WG_ROWS, last = rb + G * WG_ROWS - 1;
     const int r0 = rb + wg * WG_ROWS;
     const int warp_row0 = r0 + warp * 16;
     const int row0 = warp_row0 + g;  // this lane's rows: row0 and row0 + 8
