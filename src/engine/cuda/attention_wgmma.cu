@@ -762,7 +762,8 @@ template <int HS, int N, int STAGES, int CONS = 2> struct WgPersistShape {
 };
 
 // The order of the work tiles among the blocks (ORDER; the harness compares them, the engine
-// runs WG_ORDER_SNAKE, measured 1-6% faster than the heads' order at B 4: perf-log.md):
+// runs WG_ORDER_COUNTER_SECTIONS, measured 1-2% faster than the snake at T 4096 and 7-8% at
+// head size 128, T 8192, the snake 1-6% faster than the heads' order: perf-log.md):
 // - WG_ORDER_HEADS: tile w is query tile qtiles - 1 - w / BNH of head w % BNH (every head's
 //   longest first) and block i takes tiles i, i + G, i + 2 G, ... (G blocks);
 // - WG_ORDER_SNAKE: the same tiles, block i taking position i of round k (tiles k G .. k G +
@@ -1177,8 +1178,10 @@ template <int HS, int N, bool DKV, int RA = 0, int G = 1> struct WgBackShape {
 // runs at the end. WG_BACKWARD_ORDER 0: the grid's own (each head's tiles, the longest
 // first, one head after another); 1: every head's longest tile, then every head's next; 2: 1
 // within sections of heads whose streamed tiles (T HS 4 bytes a head) fill about 24 MiB.
+// The engine runs 2: 2-7% off the backward at T 4096, 15-17% at head size 64, T 1024 (H200,
+// docs/benchmarks/2026-12-03-h200/counter-order).
 #ifndef WG_BACKWARD_ORDER
-#define WG_BACKWARD_ORDER 0
+#define WG_BACKWARD_ORDER 2
 #endif
 template <int HS>
 __device__ __forceinline__ void wg_backward_tile(int T, int& bh, int& xt) {
