@@ -794,6 +794,21 @@ enum {
     WG_ORDER_COUNTER_SECTIONS = 4
 };
 
+// Heads a section holds (the sectioned orders here and WG_BACKWARD_ORDER 2): as many as fill
+// about 24 MiB of L2 with T HS 4 bytes each (a head's K and V, or its streamed tiles).
+template <int HS>
+__device__ __forceinline__ int wg_section_heads(int T) {
+    return max(1, (int)((24ll << 20) / ((long long)T * HS * 4)));
+}
+
+// Entry e of a sectioned order over `tiles` tiles a head of BNH heads, s heads a section:
+// each section's heads alternate within each of its tiles in turn (fewer heads in the last).
+__device__ __forceinline__ void wg_section_entry(int e, int tiles, int BNH, int s, int& bh, int& tile) {
+    const int sec = e / (tiles * s), heads = min(s, BNH - sec * s), r = e - sec * tiles * s;
+    bh = sec * s + r % heads;
+    tile = r / heads;
+}
+
 // The counter orders' next tile (beyond the grid's first) and their finished blocks, zero
 // between launches.
 __device__ unsigned wg_persist_counter[2];
@@ -827,18 +842,16 @@ __device__ __forceinline__ void wg_forward_persist(const typename Ops::elem* __r
     // only (BNH heads, one section, would give the heads' order).
     constexpr bool sections = ORDER == WG_ORDER_SECTIONS || ORDER == WG_ORDER_COUNTER_SECTIONS;
     constexpr bool counter = ORDER == WG_ORDER_COUNTER || ORDER == WG_ORDER_COUNTER_SECTIONS;
-    const int section = sections ? max(1, (int)((24ll << 20) / ((long long)T * HS * 4))) : BNH;
+    const int section = sections ? wg_section_heads<HS>(T) : BNH;
     // The counter orders' tile of the current work tile, written by the producer before Q's
     // barrier arrival and read by the consumers after its wait (work or more: no more tiles).
     __shared__ int handed_tile;
     auto decode = [&](int w, int& b, int& h, int& q0, int& kt0, int& tiles) {
         int bh;
         if constexpr (sections) {
-            const int sec = w / (qtiles * section);
-            const int heads = min(section, BNH - sec * section);  // fewer in the last section
-            const int r = w - sec * qtiles * section;
-            bh = sec * section + r % heads;
-            q0 = (qtiles - 1 - r / heads) * S::rows;
+            int tile;
+            wg_section_entry(w, qtiles, BNH, section, bh, tile);
+            q0 = (qtiles - 1 - tile) * S::rows;
         } else {
             bh = w % BNH;
             q0 = (qtiles - 1 - w / BNH) * S::rows;
@@ -1194,10 +1207,7 @@ __device__ __forceinline__ void wg_backward_tile(int T, int& bh, int& xt) {
     xt = L / BNH;
     bh = L % BNH;
 #else
-    const int s = max(1, (int)((24ll << 20) / ((long long)T * HS * 4)));
-    const int sec = L / (X * s), heads = min(s, BNH - sec * s), r = L - sec * X * s;
-    xt = r / heads;
-    bh = sec * s + r % heads;
+    wg_section_entry(L, X, BNH, wg_section_heads<HS>(T), bh, xt);
 #endif
 #endif
 }
