@@ -144,12 +144,18 @@ class Bench:
             i = [0]
             replays = None
             if graphed and self.cuda:
-                try:
-                    replays = self.graphs([lambda s=s: fn(*s) for s in sets])
-                    op = op + " (CUDA graph)"
-                except Exception as e:  # an operation that cannot be captured
-                    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                    op = op + f" (eager: capture failed: {first[:80]})"
+                # Two attempts: the first capture of SDPA's backward in a process has failed
+                # (bf16's, the first type timed) where the captures after it succeeded.
+                failure = None
+                for _ in range(2):
+                    try:
+                        replays = self.graphs([lambda s=s: fn(*s) for s in sets])
+                        failure = None
+                        break
+                    except Exception as e:  # an operation that cannot be captured
+                        failure = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                        self.sync()
+                op = op + (f" (eager: capture failed: {failure[:80]})" if failure else " (CUDA graph)")
 
             def call():
                 j = i[0] % k
