@@ -1102,7 +1102,8 @@ __device__ __forceinline__ void wg_forward_persist(const typename Ops::elem* __r
 // that no tile takes tc_fit_ds_scales's vote and maxima; dQ takes its row's scale inside
 // P (dP - d) as P fma(dP, scale, -d scale) (exact for a power of two); dK/dV's P takes 2^12 inside its
 // exponent (within a rounding of the exponent's argument of the mma.sync kernels' P), and
-// dS = P (dP - d) then carries 2^12 as well, which the output removes. Every sum is in a fixed
+// dS = P (dP - d) then carries 2^12 as well, which the output removes, and the head's one
+// scale as dQ's rows do theirs. Every sum is in a fixed
 // order and the bounds are maxima, whatever order the blocks record them in: results are
 // deterministic.
 
@@ -1339,8 +1340,9 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
     }
     float s[N / 8][4], dp[N / 8][4];  // S then P, and dP then dS, of the current tile
     unsigned pa[DKV ? N / 16 : 1][4], dsa[N / 16][4];  // P and dS of the last tile as A operands
-    // f16's per-row dS scales (fixed below); dQ computes dS with its rows' scales already in
-    // (dd_scaled: the row term d times the scale), dK/dV multiplies them in when packing.
+    // f16's per-row dS scales k (fixed below), taken into dS as it is computed: dQ's rows by
+    // dd_scaled (the row term d times k), dK/dV's one scale by its column pairs' d (p_ds). As k
+    // is a power of two, P fma(dP, k, -k d) rounds to exactly k times bf16's P (dP - d).
     float ds_scale[2] = {1.0f, 1.0f}, dd_scaled[2] = {0.0f, 0.0f};
     unsigned* const head_bounds = bounds + 3 * ((size_t)b * NH + h);
     // f16 fixes each row's dS scale before the loop from a bound on the row's |dS|: |dS_ij| =
@@ -1428,6 +1430,10 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
             if constexpr (DKV) {
                 lse_pair = *reinterpret_cast<const float2*>(lses(stage) + n * 8 + 2 * t);
                 d_pair = *reinterpret_cast<const float2*>(ds(stage) + n * 8 + 2 * t);
+                // f16: the head's one dS scale goes in here, two products a column pair, so
+                // that each dS is k (dP - d) P by one fma and one product as in bf16, not
+                // multiplied again when packed.
+                if constexpr (Ops::scaled) d_pair = {d_pair.x * ds_scale[0], d_pair.y * ds_scale[0]};
             }
             #pragma unroll
             for (int e = 0; e < 4; e++) {
@@ -1440,6 +1446,7 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
                 if (mask && !(tc_sees(query, key, W) && query < T)) p = 0.0f;
                 s[n][e] = p;
                 if constexpr (prescaled) dp[n][e] = p * fmaf(dp[n][e], ds_scale[r], -dd_scaled[r]);
+                else if constexpr (Ops::scaled) dp[n][e] = p * fmaf(dp[n][e], ds_scale[0], -dd);
                 else dp[n][e] = p * (dp[n][e] - dd);
             }
         }
@@ -1452,8 +1459,7 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
     };
     // P (already times its scale) and dS (times its row's) as the next products' A operands.
     auto pack = [&]() {
-        // dQ's dS carries its scale already (and bf16's is 1).
-        const float k0 = prescaled ? 1.0f : ds_scale[0], k1 = prescaled ? 1.0f : ds_scale[1];
+        // dS carries its scale already (and bf16's is 1).
         #pragma unroll
         for (int kk = 0; kk < N / 16; kk++) {
             if constexpr (DKV) {
@@ -1462,10 +1468,10 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
                 pa[kk][2] = Ops::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
                 pa[kk][3] = Ops::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
             }
-            dsa[kk][0] = Ops::pack(dp[2 * kk][0] * k0, dp[2 * kk][1] * k0);
-            dsa[kk][1] = Ops::pack(dp[2 * kk][2] * k1, dp[2 * kk][3] * k1);
-            dsa[kk][2] = Ops::pack(dp[2 * kk + 1][0] * k0, dp[2 * kk + 1][1] * k0);
-            dsa[kk][3] = Ops::pack(dp[2 * kk + 1][2] * k1, dp[2 * kk + 1][3] * k1);
+            dsa[kk][0] = Ops::pack(dp[2 * kk][0], dp[2 * kk][1]);
+            dsa[kk][1] = Ops::pack(dp[2 * kk][2], dp[2 * kk][3]);
+            dsa[kk][2] = Ops::pack(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
+            dsa[kk][3] = Ops::pack(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
         }
     };
     auto pin_grads = [&]() {
