@@ -144,18 +144,12 @@ class Bench:
             i = [0]
             replays = None
             if graphed and self.cuda:
-                # Two attempts: the first capture of SDPA's backward in a process has failed
-                # (bf16's, the first type timed) where the captures after it succeeded.
-                failure = None
-                for _ in range(2):
-                    try:
-                        replays = self.graphs([lambda s=s: fn(*s) for s in sets])
-                        failure = None
-                        break
-                    except Exception as e:  # an operation that cannot be captured
-                        failure = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                        self.sync()
-                op = op + (f" (eager: capture failed: {failure[:80]})" if failure else " (CUDA graph)")
+                try:
+                    replays = self.graphs([lambda s=s: fn(*s) for s in sets])
+                    op = op + " (CUDA graph)"
+                except Exception as e:  # an operation that cannot be captured
+                    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                    op = op + f" (eager: capture failed: {first[:80]})"
 
             def call():
                 j = i[0] % k
@@ -286,6 +280,9 @@ def attention(b, n, name, dt):
         qkv = b.rand(bsz, t, 3 * c, dtype=dt, grad=True)
         return sdpa(qkv), qkv, b.rand(bsz, t, c, dtype=dt)
 
+    # SDPA's bf16 backward alone fails to capture (PyTorch 2.11 on an H200, in the default and
+    # the relaxed error modes, on a second attempt too), so its row times eager calls and says
+    # so; the forward + backward row captures in both types and is the one to compare.
     b.run("attention_backward", name, n, "autograd of SDPA (causal)", working_set, graph,
           lambda out, qkv, dy: torch.autograd.grad(out, qkv, dy, retain_graph=True), graphed=True)
     b.run("attention_forward+backward", name, n, "SDPA (causal) forward + autograd backward",
