@@ -1103,9 +1103,8 @@ __device__ __forceinline__ void wg_forward_persist(const typename Ops::elem* __r
 // P (dP - d) as P fma(dP, scale, -d scale) (exact for a power of two); dK/dV's P takes 2^12 inside its
 // exponent (within a rounding of the exponent's argument of the mma.sync kernels' P), and
 // dS = P (dP - d) then carries 2^12 as well, which the output removes, and the head's one
-// scale as dQ's rows do theirs. Every sum is in a fixed
-// order and the bounds are maxima, whatever order the blocks record them in: results are
-// deterministic.
+// scale, taken in as dQ's rows take theirs. Every sum is in a fixed order and the bounds are
+// maxima, whatever order the blocks record them in: results are deterministic.
 
 // The L2 norms of this lane's two accumulator rows, row0 and row0 + 8, of a [T, stride] matrix
 // of 16-bit values (0 for rows at or past T): the four lanes of a row each sum the squares of
@@ -1342,7 +1341,7 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
     unsigned pa[DKV ? N / 16 : 1][4], dsa[N / 16][4];  // P and dS of the last tile as A operands
     // f16's per-row dS scales k (fixed below), taken into dS as it is computed: dQ's rows by
     // dd_scaled (the row term d times k), dK/dV's one scale by its column pairs' d (p_ds). As k
-    // is a power of two, P fma(dP, k, -k d) rounds to exactly k times bf16's P (dP - d).
+    // is a power of two, P fma(dP, k, -k d) rounds to exactly k times P (dP - d).
     float ds_scale[2] = {1.0f, 1.0f}, dd_scaled[2] = {0.0f, 0.0f};
     unsigned* const head_bounds = bounds + 3 * ((size_t)b * NH + h);
     // f16 fixes each row's dS scale before the loop from a bound on the row's |dS|: |dS_ij| =
