@@ -1174,17 +1174,6 @@ template <int HS, int N, bool DKV, int RA = 0, int G = 1> struct WgBackShape {
     static_assert(bytes <= (G == 1 ? 113 : 227) * 1024, "two warpgroups' blocks fit an SM's shared memory");
 };
 
-// With TMA thread 0 has the TMA unit copy each streamed tile (`map_y`: qkv as [B][T][3C], for
-// dQ K and V, for dK/dV Q; `map_g`: dout as [B][T][C], dK/dV's dO; boxes of 64 columns by N
-// rows, the 128-byte swizzle), and every thread waits on the stage's mbarrier; dK/dV's lse and
-// d and the block's own tiles stay cp.async copies.
-// RA's bits choose the block's tiles that S's and dP's products take from registers (bit 0 x1,
-// bit 1 x2; the fragments read once from global memory, wg_load_q) rather than from shared
-// memory: a product of N = 32 columns with both operands in shared memory reads 3 KiB a
-// 64 x 32 x 16 step, more than the 128 bytes a cycle shared memory gives the tensor cores'
-// rate; with A in registers, 1 KiB.
-// G warpgroups a block (1 or 2) each own 64 consecutive rows and share the streamed tiles, so a
-// tile's copy and its waits serve G times the products (WgBackward says where that pays).
 // The backward's blocks (a grid of gridDim.x row tiles by gridDim.y = B NH heads): which head
 // and tile block (blockIdx.x, blockIdx.y) takes. The GPU starts blocks in the order of their
 // linear index blockIdx.y gridDim.x + blockIdx.x as room frees, so that order decides what
@@ -1212,6 +1201,17 @@ __device__ __forceinline__ void wg_backward_tile(int T, int& bh, int& xt) {
 #endif
 }
 
+// With TMA thread 0 has the TMA unit copy each streamed tile (`map_y`: qkv as [B][T][3C], for
+// dQ K and V, for dK/dV Q; `map_g`: dout as [B][T][C], dK/dV's dO; boxes of 64 columns by N
+// rows, the 128-byte swizzle), and every thread waits on the stage's mbarrier; dK/dV's lse and
+// d and the block's own tiles stay cp.async copies.
+// RA's bits choose the block's tiles that S's and dP's products take from registers (bit 0 x1,
+// bit 1 x2; the fragments read once from global memory, wg_load_q) rather than from shared
+// memory: a product of N = 32 columns with both operands in shared memory reads 3 KiB a
+// 64 x 32 x 16 step, more than the 128 bytes a cycle shared memory gives the tensor cores'
+// rate; with A in registers, 1 KiB.
+// G warpgroups a block (1 or 2) each own 64 consecutive rows and share the streamed tiles, so a
+// tile's copy and its waits serve G times the products (WgBackward says where that pays).
 template <class Ops, int HS, int N, bool DKV, bool TMA = false, int RA = 0, int G = 1>
 __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict__ qkv,
                                             const typename Ops::elem* __restrict__ out,
@@ -1375,7 +1375,6 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
         const float v_max = __uint_as_float(head_bounds[2]);
         ds_scale[0] = ds_scale[1] = tc_ds_scale(Ops::p_scale() * fmaf(v_max, dout_max, d_max));
     }
-    constexpr bool prescaled = Ops::scaled && !DKV;
 
     // Waits for tile j's copies (in `stage`), and for the block's own tiles at j = 0.
     auto wait_tile = [&](int j, int stage) {
@@ -1440,12 +1439,12 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
                 const int query = DKV ? s0 + col : row0 + 8 * r, key = DKV ? row0 + 8 * r : s0 + col;
                 // dK/dV's P times 2^p_log2 (f16's operand scale), folded into the exponent.
                 const float neg_l2 = DKV ? fmaf(e & 1 ? lse_pair.y : lse_pair.x, -TC_LOG2E, Ops::p_log2) : -lse2[r];
-                const float dd = DKV ? (e & 1 ? d_pair.y : d_pair.x) : rowd[r];
+                // f16's d carries its row's scale already (dd_scaled, or d_pair above).
+                const float dd = DKV ? (e & 1 ? d_pair.y : d_pair.x) : Ops::scaled ? dd_scaled[r] : rowd[r];
                 float p = tc_exp2(fmaf(s[n][e], c, neg_l2));
                 if (mask && !(tc_sees(query, key, W) && query < T)) p = 0.0f;
                 s[n][e] = p;
-                if constexpr (prescaled) dp[n][e] = p * fmaf(dp[n][e], ds_scale[r], -dd_scaled[r]);
-                else if constexpr (Ops::scaled) dp[n][e] = p * fmaf(dp[n][e], ds_scale[0], -dd);
+                if constexpr (Ops::scaled) dp[n][e] = p * fmaf(dp[n][e], ds_scale[r], -dd);
                 else dp[n][e] = p * (dp[n][e] - dd);
             }
         }
