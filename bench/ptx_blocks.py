@@ -8,7 +8,8 @@ that holds at least --min instructions: its instruction count and its most frequ
 (a predicated instruction counts under its opcode). The blocks of a hot loop stand out by
 their mma/wgmma and ex2 counts; predicate and select instructions beside them are work the
 loop does on every iteration. With --arch sm_XX (or sm_90a) it also prints ptxas's registers
-and spills for the kernel.
+and spills for the kernel, and with --cubin FILE writes the program's cubin for nvdisasm (the
+PyPI wheel nvidia-cuda-nvdisasm has one) to read the kernel's SASS.
 
   LD_LIBRARY_PATH=.ci/nvrtc/nvidia/cu13/lib python3 bench/ptx_blocks.py attention_tc \\
       attention_backward_dkv_bf16_hs64_wgmma --arch compute_90a
@@ -71,7 +72,7 @@ def program_source(name):
     sys.exit(f"no program named {name!r} in {CUDA}/*.rs")
 
 
-def compile_program(source, arch, verbose):
+def compile_program(source, arch, verbose, cubin=None):
     lib = ctypes.CDLL("libnvrtc.so.13")
     prog = ctypes.c_void_p()
     if lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"program.cu", 0, None, None):
@@ -90,6 +91,12 @@ def compile_program(source, arch, verbose):
         ptx = ctypes.create_string_buffer(n.value)
         lib.nvrtcGetPTX(prog, ptx)
         return ptx.value.decode(), log.value.decode()
+    if cubin:
+        lib.nvrtcGetCUBINSize(prog, ctypes.byref(n))
+        image = ctypes.create_string_buffer(n.value)
+        lib.nvrtcGetCUBIN(prog, image)
+        with open(cubin, "wb") as f:
+            f.write(image.raw)
     return None, log.value.decode()
 
 
@@ -120,11 +127,13 @@ def main():
     ap.add_argument("kernel", help="an entry point of that program")
     ap.add_argument("--arch", default="compute_90a",
                     help="compute_XX for the PTX blocks, sm_XX for ptxas's registers and spills")
+    ap.add_argument("--cubin", metavar="FILE",
+                    help="with --arch sm_XX, also write the program's cubin to FILE (for nvdisasm)")
     ap.add_argument("--min", type=int, default=40, help="the fewest instructions a block shown has")
     a = ap.parse_args()
     source = program_source(a.program)
     if a.arch.startswith("sm_"):
-        _, log = compile_program(source, a.arch, True)
+        _, log = compile_program(source, a.arch, True, a.cubin)
         lines = log.splitlines()
         for i, l in enumerate(lines):
             if "Compiling entry" in l and f"'{a.kernel}'" in l:

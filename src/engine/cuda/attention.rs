@@ -92,7 +92,7 @@ pub(super) const PROGRAM_TC: Program = Program {
         "WG_TMA_ENTRY_POINT(128, 64, WgBf16, attention_forward_bf16_hs128_wgmma_tma)\n",
         "WG_TMA_ENTRY_POINT(128, 64, WgF16, attention_forward_f16_hs128_wgmma_tma)\n",
         "WG_TMA_BACKWARD_ENTRY_POINTS(64, WgBf16, bf16)\nWG_TMA_BACKWARD_ENTRY_POINTS(64, WgF16, f16)\n",
-        "WG_TMA_DQ_ENTRY_POINT(128, WgBf16, bf16)\nWG_TMA_DQ_ENTRY_POINT(128, WgF16, f16)\n",
+        "WG_TMA_BACKWARD_ENTRY_POINTS(128, WgBf16, bf16)\nWG_TMA_BACKWARD_ENTRY_POINTS(128, WgF16, f16)\n",
         "WG_PERSIST_ORDER_ENTRY_POINT(128, 128, 2, true, 2, WG_ORDER_COUNTER_SECTIONS, WgBf16, attention_forward_bf16_hs128_wgmma_persist)\n",
         "WG_PERSIST_ORDER_ENTRY_POINT(128, 128, 2, true, 2, WG_ORDER_COUNTER_SECTIONS, WgF16, attention_forward_f16_hs128_wgmma_persist)\n",
         "WG_PERSIST_ORDER_ENTRY_POINT(64, 128, 2, true, 3, WG_ORDER_COUNTER_SECTIONS, WgBf16, attention_forward_bf16_hs64_wgmma_persist)\n",
@@ -121,6 +121,7 @@ pub(super) const PROGRAM_TC: Program = Program {
         ElemKernel::AttentionBackwardDkvHs64WgmmaTma,
         ElemKernel::AttentionForwardHs128WgmmaTma,
         ElemKernel::AttentionBackwardDqHs128WgmmaTma,
+        ElemKernel::AttentionBackwardDkvHs128WgmmaTma,
         ElemKernel::AttentionForwardHs128WgmmaPersist,
         ElemKernel::AttentionForwardHs64WgmmaPersist,
         ElemKernel::AttentionValueBoundHs64,
@@ -239,7 +240,7 @@ fn wgmma_tma_kernels(hs: usize) -> Option<TmaKernels> {
         128 => Some(TmaKernels {
             forward: AttentionForwardHs128WgmmaTma,
             dq: Some(AttentionBackwardDqHs128WgmmaTma),
-            dkv: None,
+            dkv: Some(AttentionBackwardDkvHs128WgmmaTma),
         }),
         _ => None,
     }
@@ -432,52 +433,57 @@ const fn wgmma_shared(hs: usize) -> u32 {
 /// stages of two streamed tiles ([`wgmma_backward_rows`]) that the block's warpgroups share,
 /// all of 128-byte rows, for dK/dV each stage's queries' lse and d (f32), and 1024 bytes to
 /// align the tiles; `groups` warpgroups a block ([`wgmma_backward_groups`]).
-const fn wgmma_backward_shared(hs: usize, dkv: bool, groups: u32) -> u32 {
-    let stream = wgmma_backward_rows(hs, dkv);
+const fn wgmma_backward_shared(hs: usize, dkv: bool, tma: bool, groups: u32) -> u32 {
+    let stream = wgmma_backward_rows(hs, dkv, tma);
     let own = (hs / 64) * 64 * 128;
     let tile = (hs / 64) * stream * 128;
     let row_terms = if dkv { 2 * stream * 4 } else { 0 };
-    (groups as usize * wgmma_backward_owned_shared(hs, dkv) * own
+    (groups as usize * wgmma_backward_owned_shared(hs, dkv, tma) * own
         + 3 * (2 * tile + row_terms)
         + 1024) as u32
 }
 
 /// Warpgroups a block of the Hopper backward (`WgBackward`'s `dq_groups`, `dkv_groups` and
 /// `dkv_tma_groups`), each owning 64 rows and sharing the streamed tiles: two in dK/dV's TMA
-/// form at head size 64, where on an H200 that took 3-4% off the backward; one elsewhere,
-/// where two measured slower (docs/benchmarks/2026-12-02-h200/backward-pairs).
-const fn wgmma_backward_groups(hs: usize, dkv: bool, tma: bool) -> u32 {
-    if dkv && tma && hs == 64 { 2 } else { 1 }
+/// form, where on an H200 that took 3-4% off the backward at head size 64 and, with 64-row
+/// tiles, 10-12% at 128 (docs/benchmarks/2026-12-03-h200/dkv-64-rows); one elsewhere, where two
+/// measured slower (docs/benchmarks/2026-12-02-h200/backward-pairs).
+const fn wgmma_backward_groups(dkv: bool, tma: bool) -> u32 {
+    if dkv && tma { 2 } else { 1 }
 }
 
 /// How a Hopper backward kernel at head size `hs` is launched: 64 rows and 128 threads a
 /// warpgroup, [`wgmma_backward_shared`] bytes.
 fn wgmma_backward_launch(kernel: ElemKernel, hs: usize, dkv: bool) -> Launch {
-    let groups = wgmma_backward_groups(hs, dkv, is_tma_kernel(kernel));
+    let tma = is_tma_kernel(kernel);
+    let groups = wgmma_backward_groups(dkv, tma);
     Launch {
         kernel,
         rows: groups * TC_ROWS,
         threads: groups * TC_THREADS,
-        shared: wgmma_backward_shared(hs, dkv, groups),
+        shared: wgmma_backward_shared(hs, dkv, tma, groups),
     }
 }
 
 /// How many of the Hopper backward's two own tiles stay in shared memory (`WgBackShape::owned`
-/// of `WgBackward`'s `dq_regs` / `dkv_regs`; the others are register operands): dQ none at
-/// head size 128 and both at 64; dK/dV none at 64 and V at 128.
-const fn wgmma_backward_owned_shared(hs: usize, dkv: bool) -> usize {
+/// of `WgBackward`'s `dq_regs` / `dkv_regs` / `dkv_tma_regs`; the others are register
+/// operands): dQ none at head size 128 and both at 64; dK/dV none at 64, and at 128 V in its
+/// threads' copies and both K and V in its TMA form.
+const fn wgmma_backward_owned_shared(hs: usize, dkv: bool, tma: bool) -> usize {
     match (hs, dkv) {
         (64, false) => 2,
         (64, true) => 0,
         (_, false) => 0,
+        (_, true) if tma => 2,
         (_, true) => 1,
     }
 }
 
-/// Rows of the tiles the Hopper backward streams (`WgBackward::dq_stream` / `dkv_stream`): 64,
-/// except dK/dV's 32 at head size 128 (where dK's and dV's accumulators take 128 registers).
-const fn wgmma_backward_rows(hs: usize, dkv: bool) -> usize {
-    if dkv && hs != 64 { 32 } else { 64 }
+/// Rows of the tiles the Hopper backward streams (`WgBackward::dq_stream` / `dkv_stream` /
+/// `dkv_tma_stream`): 64, except dK/dV's 32 at head size 128 in its threads' copies (where
+/// dK's and dV's accumulators take 128 registers and K stays in registers too).
+const fn wgmma_backward_rows(hs: usize, dkv: bool, tma: bool) -> usize {
+    if dkv && hs != 64 && !tma { 32 } else { 64 }
 }
 
 /// The forward, dQ and dK/dV tensor-core kernels at head size `hs`.
@@ -1150,10 +1156,10 @@ impl CudaBackend {
         let encoded = (|| -> Result<_> {
             let dq = plan
                 .dq_map()
-                .then(|| qkv_map(wgmma_backward_rows(hs, false)));
+                .then(|| qkv_map(wgmma_backward_rows(hs, false, true)));
             let dkv = plan
                 .dkv_maps()
-                .then(|| encode_dkv(wgmma_backward_rows(hs, true)));
+                .then(|| encode_dkv(wgmma_backward_rows(hs, true, true)));
             Ok((dq.transpose()?, dkv.transpose()?))
         })();
         let (dq_map, dkv_maps) = match encoded {
@@ -1307,19 +1313,15 @@ mod tests {
     #[test]
     fn wgmma_backward_shared_memory_is_the_kernel_layout_and_two_blocks_fit() {
         // Warpgroups a block (WgBackward's dq_groups, dkv_groups, dkv_tma_groups): two in
-        // dK/dV's TMA form at head size 64, launched as 128 rows of 256 threads.
+        // dK/dV's TMA form at both head sizes, launched as 128 rows of 256 threads.
         for (hs, dkv, tma, groups) in [
             (64, true, true, 2),
             (64, true, false, 1),
             (64, false, true, 1),
-            (128, true, true, 1),
+            (128, true, true, 2),
             (128, false, true, 1),
         ] {
-            assert_eq!(
-                wgmma_backward_groups(hs, dkv, tma),
-                groups,
-                "{hs} {dkv} {tma}"
-            );
+            assert_eq!(wgmma_backward_groups(dkv, tma), groups, "{hs} {dkv} {tma}");
         }
         let l = wgmma_backward_launch(ElemKernel::AttentionBackwardDkvHs64WgmmaTma, 64, true);
         assert_eq!((l.rows, l.threads), (128, 256));
@@ -1328,35 +1330,38 @@ mod tests {
         // Head size 64: dQ's Q and dO, 64 x 64 each (dK/dV's K and V are in registers);
         // three stages of two 64-row tiles; dK/dV adds each stage's 64 lse and 64 d.
         assert_eq!(
-            wgmma_backward_shared(64, false, 1),
+            wgmma_backward_shared(64, false, false, 1),
             2 * 64 * 128 + 3 * 2 * 64 * 128 + 1024
         );
         for groups in [1, 2] {
             assert_eq!(
-                wgmma_backward_shared(64, true, groups),
+                wgmma_backward_shared(64, true, groups == 2, groups),
                 3 * (2 * 64 * 128 + 2 * 64 * 4) + 1024
             );
         }
         // Head size 128: rows of two 64-column halves; dQ streams 64-row tiles with Q and dO
         // in registers, dK/dV 32-row tiles with V alone in shared memory (a warpgroup's own).
         assert_eq!(
-            wgmma_backward_shared(128, false, 1),
+            wgmma_backward_shared(128, false, false, 1),
             3 * 2 * 2 * 64 * 128 + 1024
         );
-        for groups in [1, 2] {
-            assert_eq!(
-                wgmma_backward_shared(128, true, groups),
-                groups * 2 * 64 * 128 + 3 * (2 * 2 * 32 * 128 + 2 * 32 * 4) + 1024
-            );
-        }
+        assert_eq!(
+            wgmma_backward_shared(128, true, false, 1),
+            2 * 64 * 128 + 3 * (2 * 2 * 32 * 128 + 2 * 32 * 4) + 1024
+        );
+        // dK/dV's TMA form: two warpgroups, each with K and V in shared memory, 64-row tiles.
+        assert_eq!(
+            wgmma_backward_shared(128, true, true, 2),
+            2 * 2 * 2 * 64 * 128 + 3 * (2 * 2 * 64 * 128 + 2 * 64 * 4) + 1024
+        );
         for hs in TC_HEAD_SIZES {
             for dkv in [false, true] {
                 // Two warpgroups' blocks, each with the 1 KiB the driver reserves and the TMA
                 // forms' static barriers.
-                let groups = wgmma_backward_groups(hs, dkv, true);
+                let groups = wgmma_backward_groups(dkv, true);
                 assert!(
                     2 / groups
-                        * (wgmma_backward_shared(hs, dkv, groups) + 1024 + TMA_STATIC_SHARED)
+                        * (wgmma_backward_shared(hs, dkv, true, groups) + 1024 + TMA_STATIC_SHARED)
                         <= 228 << 10
                 );
             }
@@ -1432,7 +1437,11 @@ mod tests {
             for (launch, dkv) in [(back.dq, false), (back.dkv, true)] {
                 assert_eq!(
                     (launch.rows, launch.threads, launch.shared),
-                    (TC_ROWS, TC_THREADS, wgmma_backward_shared(hs, dkv, 1))
+                    (
+                        TC_ROWS,
+                        TC_THREADS,
+                        wgmma_backward_shared(hs, dkv, false, 1)
+                    )
                 );
             }
             // The persistent forward falls back to the one-warpgroup forward's launch shape.

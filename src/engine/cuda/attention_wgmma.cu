@@ -1135,9 +1135,10 @@ __device__ __forceinline__ void wg_row_norms(const typename Ops::elem* __restric
     }
 }
 
-// Rows of the tiles the backward streams: 64, except dK/dV's 32 at head size 128, where its two
-// 64 x 128 f32 accumulators take 128 registers a thread and 32-row tiles keep the scores at 16
-// registers each, so that two blocks share an SM (attention.rs mirrors this).
+// Rows of the tiles the backward streams: 64, except dK/dV's 32 at head size 128 in its threads'
+// copies, where its two 64 x 128 f32 accumulators take 128 registers a thread and 32-row tiles
+// keep the scores at 16 registers each, so that two blocks share an SM (attention.rs mirrors
+// this). dK/dV's TMA form streams 64 rows at both head sizes (dkv_tma_*).
 template <int HS> struct WgBackward {
     static constexpr int dq_stream = 64;
     static constexpr int dkv_stream = HS == 64 ? 64 : 32;
@@ -1148,13 +1149,22 @@ template <int HS> struct WgBackward {
     // two only, as dQ's made that kernel slower.
     static constexpr int dq_regs = HS == 64 ? 0 : 3;
     static constexpr int dkv_regs = HS == 64 ? 3 : 1;
-    // Warpgroups a block (wg_backward's G), as measured on an H200 (B 4, T 4096): two at head
-    // size 64 in dK/dV's TMA form, sharing each streamed tile, 3-4% off the backward; 1%
-    // slower in its threads' copies; dQ at 64 (three one-warpgroup blocks an SM, where two
-    // warpgroups' blocks fit one) and both kernels at 128 slower with two.
+    // Warpgroups a block (wg_backward's G), as measured on an H200 (B 4, T 4096): two in dK/dV's
+    // TMA form, sharing each streamed tile (3-4% off the backward at head size 64; at 128 see
+    // dkv_tma_stream); 1% slower in its threads' copies; dQ at 64 (three one-warpgroup blocks
+    // an SM, where two warpgroups' blocks fit one) and both thread-copy kernels at 128 slower
+    // with two.
     static constexpr int dq_groups = 1;
     static constexpr int dkv_groups = 1;
-    static constexpr int dkv_tma_groups = HS == 64 ? 2 : 1;
+    static constexpr int dkv_tma_groups = 2;
+    // dK/dV's TMA form at head size 128: two warpgroups sharing 64-row tiles, K and V read from
+    // shared memory (dK's and dV's accumulators leave no registers for them; 255 registers, one
+    // block of eight warps an SM in 162.5 KiB). Against 32-row tiles with K in registers in two
+    // one-warpgroup blocks (the threads' copies), half the tiles and barriers a key block and
+    // no per-thread copy arithmetic: 10% off the bf16 backward at T 4096, 12% at 8192 on an
+    // H200 (docs/perf-log.md).
+    static constexpr int dkv_tma_stream = 64;
+    static constexpr int dkv_tma_regs = HS == 64 ? 3 : 0;
 };
 
 // Shared memory of the backward at head size HS with N-row streamed tiles and G warpgroups a
@@ -1583,7 +1593,8 @@ __device__ __forceinline__ void wg_value_bound(const typename Ops::elem* __restr
     extern "C" __global__ void __launch_bounds__(G * WG_THREADS, G == 1 ? 2 : 1) NAME(                    \
         const OPS::elem* qkv, const OPS::elem* dout, const float* lse, const float* d, unsigned* bounds,   \
         OPS::elem* dqkv, int T, int C, int NH, int W MAP_PARAMS) {                                        \
-        wg_backward<OPS, HS, WgBackward<HS>::dkv_stream, true, TMA, WgBackward<HS>::dkv_regs, G>(         \
+        wg_backward<OPS, HS, TMA ? WgBackward<HS>::dkv_tma_stream : WgBackward<HS>::dkv_stream, true, TMA,     \
+                    TMA ? WgBackward<HS>::dkv_tma_regs : WgBackward<HS>::dkv_regs, G>(                          \
             qkv, nullptr, dout, lse, const_cast<float*>(d), bounds, dqkv, T, C, NH, W MAPS);              \
     }
 #define WG_NO_MAPS

@@ -151,6 +151,7 @@ kernel_table! {
         AttentionBackwardDqHs64WgmmaTma = "attention_backward_dq" + "_hs64_wgmma_tma" in [BF16, F16],
         AttentionBackwardDkvHs64WgmmaTma = "attention_backward_dkv" + "_hs64_wgmma_tma" in [BF16, F16],
         AttentionBackwardDqHs128WgmmaTma = "attention_backward_dq" + "_hs128_wgmma_tma" in [BF16, F16],
+        AttentionBackwardDkvHs128WgmmaTma = "attention_backward_dkv" + "_hs128_wgmma_tma" in [BF16, F16],
         AttentionForwardHs128WgmmaPersist = "attention_forward" + "_hs128_wgmma_persist" in [BF16, F16],
         AttentionForwardHs64WgmmaPersist = "attention_forward" + "_hs64_wgmma_persist" in [BF16, F16],
         AttentionValueBoundHs64 = "attention_value_bound" + "_hs64" in [F16],
