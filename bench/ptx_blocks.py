@@ -131,6 +131,8 @@ def main():
                     help="with --arch sm_XX, also write the program's cubin to FILE (for nvdisasm)")
     ap.add_argument("--min", type=int, default=40, help="the fewest instructions a block shown has")
     a = ap.parse_args()
+    if a.cubin and not a.arch.startswith("sm_"):
+        ap.error("--cubin needs --arch sm_XX (a cubin is compiled for one GPU), e.g. --arch sm_90a")
     source = program_source(a.program)
     if a.arch.startswith("sm_"):
         _, log = compile_program(source, a.arch, True, a.cubin)

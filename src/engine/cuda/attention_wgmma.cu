@@ -1165,6 +1165,13 @@ template <int HS> struct WgBackward {
     // H200 (docs/perf-log.md).
     static constexpr int dkv_tma_stream = 64;
     static constexpr int dkv_tma_regs = HS == 64 ? 3 : 0;
+    // dK/dV's streamed rows, register operands and warpgroups in its threads' copies or its
+    // TMA form.
+    template <bool TMA> struct Dkv {
+        static constexpr int stream = TMA ? dkv_tma_stream : dkv_stream;
+        static constexpr int regs = TMA ? dkv_tma_regs : dkv_regs;
+        static constexpr int groups = TMA ? dkv_tma_groups : dkv_groups;
+    };
 };
 
 // Shared memory of the backward at head size HS with N-row streamed tiles and G warpgroups a
@@ -1589,13 +1596,14 @@ __device__ __forceinline__ void wg_value_bound(const typename Ops::elem* __restr
         wg_backward<OPS, HS, WgBackward<HS>::dq_stream, false, TMA, WgBackward<HS>::dq_regs,              \
                     WgBackward<HS>::dq_groups>(qkv, out, dout, lse, d, bounds, dqkv, T, C, NH, W MAPS);     \
     }
-#define WG_DKV_KERNEL(HS, TMA, G, OPS, NAME, MAP_PARAMS, MAPS)                                           \
-    extern "C" __global__ void __launch_bounds__(G * WG_THREADS, G == 1 ? 2 : 1) NAME(                    \
+#define WG_DKV_KERNEL(HS, TMA, OPS, NAME, MAP_PARAMS, MAPS)                                              \
+    extern "C" __global__ void __launch_bounds__(WgBackward<HS>::Dkv<TMA>::groups * WG_THREADS,           \
+                                                 WgBackward<HS>::Dkv<TMA>::groups == 1 ? 2 : 1) NAME(     \
         const OPS::elem* qkv, const OPS::elem* dout, const float* lse, const float* d, unsigned* bounds,   \
         OPS::elem* dqkv, int T, int C, int NH, int W MAP_PARAMS) {                                        \
-        wg_backward<OPS, HS, TMA ? WgBackward<HS>::dkv_tma_stream : WgBackward<HS>::dkv_stream, true, TMA,     \
-                    TMA ? WgBackward<HS>::dkv_tma_regs : WgBackward<HS>::dkv_regs, G>(                          \
-            qkv, nullptr, dout, lse, const_cast<float*>(d), bounds, dqkv, T, C, NH, W MAPS);              \
+        wg_backward<OPS, HS, WgBackward<HS>::Dkv<TMA>::stream, true, TMA, WgBackward<HS>::Dkv<TMA>::regs,  \
+                    WgBackward<HS>::Dkv<TMA>::groups>(qkv, nullptr, dout, lse, const_cast<float*>(d), bounds, \
+                                                      dqkv, T, C, NH, W MAPS);                             \
     }
 #define WG_NO_MAPS
 #define WG_DQ_MAP_PARAMS , const __grid_constant__ WgTensorMap map_y
@@ -1606,11 +1614,10 @@ __device__ __forceinline__ void wg_value_bound(const typename Ops::elem* __restr
     WG_ENTRY_POINT(HS, WgForward<HS>::keys, WgForward<HS>::groups, WgForward<HS>::q_shared, OPS,           \
                    attention_forward_##SUFFIX##_hs##HS##_wgmma)                                            \
     WG_DQ_KERNEL(HS, false, OPS, attention_backward_dq_##SUFFIX##_hs##HS##_wgmma, WG_NO_MAPS, WG_NO_MAPS)  \
-    WG_DKV_KERNEL(HS, false, WgBackward<HS>::dkv_groups, OPS, attention_backward_dkv_##SUFFIX##_hs##HS##_wgmma,    \
-                  WG_NO_MAPS, WG_NO_MAPS)
+    WG_DKV_KERNEL(HS, false, OPS, attention_backward_dkv_##SUFFIX##_hs##HS##_wgmma, WG_NO_MAPS, WG_NO_MAPS)
 #define WG_TMA_DQ_ENTRY_POINT(HS, OPS, SUFFIX)                                                             \
     WG_DQ_KERNEL(HS, true, OPS, attention_backward_dq_##SUFFIX##_hs##HS##_wgmma_tma, WG_DQ_MAP_PARAMS, WG_DQ_MAPS)
 #define WG_TMA_BACKWARD_ENTRY_POINTS(HS, OPS, SUFFIX)                                                      \
     WG_TMA_DQ_ENTRY_POINT(HS, OPS, SUFFIX)                                                                 \
-    WG_DKV_KERNEL(HS, true, WgBackward<HS>::dkv_tma_groups, OPS, attention_backward_dkv_##SUFFIX##_hs##HS##_wgmma_tma, \
-                  WG_DKV_MAP_PARAMS, WG_DKV_MAPS)
+    WG_DKV_KERNEL(HS, true, OPS, attention_backward_dkv_##SUFFIX##_hs##HS##_wgmma_tma, WG_DKV_MAP_PARAMS,  \
+                  WG_DKV_MAPS)
