@@ -829,22 +829,25 @@ pub(super) fn run_checks(gpu: &CudaBackend, inp: &mut Inputs, only: &KernelFilte
             GemmMath::Fp32
         );
     }
-    // Every attention kernel sums in a fixed order (no atomics): two runs agree bit for bit
-    // (bound 0), here on a long sequence with thousands of blocks.
-    let s = AttnShape {
-        batch: 4,
-        seq: 4096,
-        heads: 12,
-        channels: 768,
-    };
+    // Every attention kernel sums in a fixed order (atomics only for maxima, or where blocks
+    // take turns): two runs agree bit for bit (bound 0), here on long sequences with
+    // thousands of blocks, at head sizes 64 and 128.
     if wants("attention_repeatable") {
-        for (dtype, result) in [
-            ("f32", check_attention_repeatable::<f32>(gpu, inp, s)),
-            ("bf16", check_attention_repeatable::<Bf16>(gpu, inp, s)),
-            ("f16", check_attention_repeatable::<F16>(gpu, inp, s)),
-        ] {
-            let shape = "B4 T4096 H12 C768 twice".to_string();
-            push("attention_repeatable", dtype, shape, 0.0, result);
+        for (heads, channels) in [(12, 768), (16, 2048)] {
+            let s = AttnShape {
+                batch: 4,
+                seq: 4096,
+                heads,
+                channels,
+            };
+            for (dtype, result) in [
+                ("f32", check_attention_repeatable::<f32>(gpu, inp, s)),
+                ("bf16", check_attention_repeatable::<Bf16>(gpu, inp, s)),
+                ("f16", check_attention_repeatable::<F16>(gpu, inp, s)),
+            ] {
+                let shape = format!("B4 T4096 H{heads} C{channels} twice");
+                push("attention_repeatable", dtype, shape, 0.0, result);
+            }
         }
     }
     // The tensor-core kernels at head sizes 64 and 128 in f32 (both product kinds), bf16 and

@@ -1135,6 +1135,38 @@ __device__ __forceinline__ void wg_row_norms(const typename Ops::elem* __restric
     }
 }
 
+// dQ's row term d_i = dO_i . O_i (tc_row_term's sums, bit for bit) and, for f16's dS scales,
+// the L2 norm of dO_i, from one read of the rows: lane L reads half of row L / 2, as in
+// tc_row_term_pieces. Returned for the lane's accumulator rows, row0 and row0 + 8. (Reading dO
+// again for its norms cost f16's dQ a second round of global loads before its loop.)
+template <class Ops, int HS>
+__device__ __forceinline__ void wg_row_term_norms(const typename Ops::elem* __restrict__ out,
+                                                  const typename Ops::elem* __restrict__ dout, size_t first,
+                                                  int warp_row0, int T, int C, float rowd[2], float norm[2]) {
+    const int lane = threadIdx.x & 31, row = warp_row0 + (lane >> 1);
+    float sum = 0.0f, squares = 0.0f;
+    if (row < T) {
+        const size_t at = first + (size_t)row * C + (lane & 1) * (HS / 2);
+        const uint4* o = reinterpret_cast<const uint4*>(out + at);
+        const uint4* g = reinterpret_cast<const uint4*>(dout + at);
+        #pragma unroll
+        for (int i = 0; i < HS / 16; i++) {
+            const uint4 ov = o[i], gv = g[i];
+            const unsigned ow[4] = {ov.x, ov.y, ov.z, ov.w}, gw[4] = {gv.x, gv.y, gv.z, gv.w};
+            #pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const float glo = Ops::low(gw[j]), ghi = Ops::high(gw[j]);
+                sum += Ops::low(ow[j]) * glo + Ops::high(ow[j]) * ghi;
+                squares = fmaf(glo, glo, fmaf(ghi, ghi, squares));
+            }
+        }
+    }
+    tc_row_term_to_rows(sum, rowd);
+    tc_row_term_to_rows(squares, norm);
+    norm[0] = sqrtf(norm[0]);
+    norm[1] = sqrtf(norm[1]);
+}
+
 // Rows of the tiles the backward streams: 64, except dK/dV's 32 at head size 128 in its threads'
 // copies, where its two 64 x 128 f32 accumulators take 128 registers a thread and 32-row tiles
 // keep the scores at 16 registers each, so that two blocks share an SM (attention.rs mirrors
@@ -1340,9 +1372,14 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
     tc_commit();
 
     // dQ: the row term d_i = dO_i . O_i (from the stored output) and lse, per query row.
-    float rowd[2] = {0.0f, 0.0f}, lse2[2] = {0.0f, 0.0f};
+    // f16 also takes the norms of its dO rows (dout_norm) for its dS scales below.
+    float rowd[2] = {0.0f, 0.0f}, lse2[2] = {0.0f, 0.0f}, dout_norm[2] = {0.0f, 0.0f};
     if constexpr (!DKV) {
-        tc_row_term<Ops, HS>(out, dout, (size_t)b * T * C + h * HS, warp_row0, T, C, rowd);
+        if constexpr (Ops::scaled) {
+            wg_row_term_norms<Ops, HS>(out, dout, (size_t)b * T * C + h * HS, warp_row0, T, C, rowd, dout_norm);
+        } else {
+            tc_row_term<Ops, HS>(out, dout, (size_t)b * T * C + h * HS, warp_row0, T, C, rowd);
+        }
         #pragma unroll
         for (int r = 0; r < 2; r++) lse2[r] = row0 + 8 * r < T ? lse[lse_row + row0 + 8 * r] * TC_LOG2E : 0.0f;
     }
@@ -1371,8 +1408,7 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
     // from the dQ kernel for dK/dV's: as float bits, which order as unsigned integers for
     // values >= 0.
     if constexpr (Ops::scaled && !DKV) {
-        float norm[2];
-        wg_row_norms<Ops, HS>(gbase, C, row0, t, T, norm);
+        const float(&norm)[2] = dout_norm;
         const float v_max = __uint_as_float(head_bounds[2]);
         #pragma unroll
         for (int r = 0; r < 2; r++) {
