@@ -829,9 +829,9 @@ pub(super) fn run_checks(gpu: &CudaBackend, inp: &mut Inputs, only: &KernelFilte
             GemmMath::Fp32
         );
     }
-    // Every attention kernel sums in a fixed order (atomics only for maxima, or where blocks
-    // take turns): two runs agree bit for bit (bound 0), here on long sequences with
-    // thousands of blocks, at head sizes 64 and 128.
+    // Every attention kernel sums in a fixed order (atomics only take maxima or hand out work):
+    // two runs agree bit for bit (bound 0), here on long sequences with thousands of blocks, at
+    // head sizes 64 and 128.
     if wants("attention_repeatable") {
         for (heads, channels) in [(12, 768), (16, 2048)] {
             let s = AttnShape {
