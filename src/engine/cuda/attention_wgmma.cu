@@ -1136,32 +1136,23 @@ __device__ __forceinline__ void wg_row_norms(const typename Ops::elem* __restric
 }
 
 // dQ's row term d_i = dO_i . O_i (tc_row_term's sums, bit for bit) and, for f16's dS scales,
-// the L2 norm of dO_i, from one read of the rows: lane L reads half of row L / 2, as in
-// tc_row_term_pieces. Returned for the lane's accumulator rows, row0 and row0 + 8. (Reading dO
-// again for its norms cost f16's dQ a second round of global loads before its loop.)
+// the L2 norm of dO_i, from one read of the rows (tc_row_term_pieces' lanes and pieces; reading
+// dO again for its norms cost f16's dQ a second round of global loads before its loop).
+// Returned for the lane's accumulator rows, row0 and row0 + 8.
 template <class Ops, int HS>
 __device__ __forceinline__ void wg_row_term_norms(const typename Ops::elem* __restrict__ out,
                                                   const typename Ops::elem* __restrict__ dout, size_t first,
                                                   int warp_row0, int T, int C, float rowd[2], float norm[2]) {
-    const int lane = threadIdx.x & 31, row = warp_row0 + (lane >> 1);
-    float sum = 0.0f, squares = 0.0f;
-    if (row < T) {
-        const size_t at = first + (size_t)row * C + (lane & 1) * (HS / 2);
-        const uint4* o = reinterpret_cast<const uint4*>(out + at);
-        const uint4* g = reinterpret_cast<const uint4*>(dout + at);
+    float squares = 0.0f;
+    tc_row_term_pieces<uint4, HS>(out, dout, first, warp_row0, T, C, rowd, [&](float& sum, uint4 ov, uint4 gv) {
+        const unsigned ow[4] = {ov.x, ov.y, ov.z, ov.w}, gw[4] = {gv.x, gv.y, gv.z, gv.w};
         #pragma unroll
-        for (int i = 0; i < HS / 16; i++) {
-            const uint4 ov = o[i], gv = g[i];
-            const unsigned ow[4] = {ov.x, ov.y, ov.z, ov.w}, gw[4] = {gv.x, gv.y, gv.z, gv.w};
-            #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const float glo = Ops::low(gw[j]), ghi = Ops::high(gw[j]);
-                sum += Ops::low(ow[j]) * glo + Ops::high(ow[j]) * ghi;
-                squares = fmaf(glo, glo, fmaf(ghi, ghi, squares));
-            }
+        for (int j = 0; j < 4; j++) {
+            const float glo = Ops::low(gw[j]), ghi = Ops::high(gw[j]);
+            sum += Ops::low(ow[j]) * glo + Ops::high(ow[j]) * ghi;
+            squares = fmaf(glo, glo, fmaf(ghi, ghi, squares));
         }
-    }
-    tc_row_term_to_rows(sum, rowd);
+    });
     tc_row_term_to_rows(squares, norm);
     norm[0] = sqrtf(norm[0]);
     norm[1] = sqrtf(norm[1]);
@@ -1408,14 +1399,13 @@ __device__ __forceinline__ void wg_backward(const typename Ops::elem* __restrict
     // from the dQ kernel for dK/dV's: as float bits, which order as unsigned integers for
     // values >= 0.
     if constexpr (Ops::scaled && !DKV) {
-        const float(&norm)[2] = dout_norm;
         const float v_max = __uint_as_float(head_bounds[2]);
         #pragma unroll
         for (int r = 0; r < 2; r++) {
-            ds_scale[r] = tc_ds_scale(fmaf(norm[r], v_max, fabsf(rowd[r])));
+            ds_scale[r] = tc_ds_scale(fmaf(dout_norm[r], v_max, fabsf(rowd[r])));
             dd_scaled[r] = rowd[r] * ds_scale[r];
         }
-        const float norm_max = warp_max(fmaxf(norm[0], norm[1]));
+        const float norm_max = warp_max(fmaxf(dout_norm[0], dout_norm[1]));
         const float d_max = warp_max(fmaxf(fabsf(rowd[0]), fabsf(rowd[1])));
         if (lane == 0) {
             atomicMax(head_bounds, __float_as_uint(norm_max));
